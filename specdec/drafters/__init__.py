@@ -1,0 +1,13 @@
+"""Drafters: the cheap models M_q. Each proposes γ tokens and reports the q it sampled them from.
+
+Kinds: `ModelDrafter` (a smaller transformers model), `NGramDrafter` (unigram/bigram tables),
+`PromptLookupDrafter` (copy from the context; deterministic). Adding a drafter is one file:
+subclass `Drafter` and implement `propose`.
+"""
+
+from specdec.drafters.base import Drafter, Proposal
+from specdec.drafters.model import ModelDrafter
+from specdec.drafters.ngram import NGramDrafter
+from specdec.drafters.prompt_lookup import PromptLookupDrafter
+
+__all__ = ["Drafter", "Proposal", "ModelDrafter", "NGramDrafter", "PromptLookupDrafter"]

@@ -1,0 +1,77 @@
+"""A smaller causal LM as drafter, with its own KV cache kept in lockstep with the committed text."""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.core import SamplingConfig, sample, standardize_logits
+from specdec.drafters.base import Drafter, Proposal
+from specdec.models.hf import HFCausalLM
+from specdec.sequences import TokenBuffer
+
+
+class ModelDrafter(Drafter):
+    """Drafts autoregressively with a `transformers` causal LM (same vocabulary as the target).
+
+    Its cache holds committed tokens plus the drafts of the current step; `commit` crops it back to
+    the committed prefix, so the next `propose` feeds only the tokens it has not seen (1 or 2).
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self.lm = HFCausalLM(model)
+        self.vocab_size = self.lm.vocab_size
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.lm.model
+
+    def begin(self, context: TokenBuffer, vocab_size: int) -> None:
+        self.lm.reset(context.batch_size)
+
+    @torch.inference_mode()
+    def propose(
+        self,
+        context: TokenBuffer,
+        num_draft_tokens: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+        confidence_threshold: float | None = None,
+    ) -> Proposal:
+        unseen = context.lengths - self.lm.lengths  # ≥ 1: at least the last committed token
+        block, valid = context.tail(int(unseen.max()), unseen)
+        logits = self.lm.forward(block, valid)[:, -1]
+        tokens, probs = [], []
+        active = torch.ones_like(context.lengths, dtype=torch.bool)
+        lengths = torch.zeros_like(context.lengths)
+        for i in range(num_draft_tokens):
+            if i > 0:
+                logits = self.lm.forward(tokens[-1][:, None])[:, -1]
+            if sampling.greedy:
+                token = logits.argmax(-1)
+                q_token = logits.float().softmax(-1).max(-1).values if confidence_threshold is not None else None
+            else:
+                q = standardize_logits(logits, sampling)
+                token = sample(q, generator)
+                probs.append(q)
+                q_token = q.gather(1, token[:, None]).squeeze(1)
+            tokens.append(token)
+            lengths += active.long()
+            if confidence_threshold is not None:
+                # Stop a row once its drafter is unsure of the token it just drafted.
+                active &= q_token >= confidence_threshold
+                if not bool(active.any()):
+                    break
+        return Proposal(
+            tokens=torch.stack(tokens, 1),
+            probs=torch.stack(probs, 1) if probs else None,
+            lengths=lengths if confidence_threshold is not None else None,
+            forward_passes=len(tokens),
+        )
+
+    def commit(self, context: TokenBuffer) -> None:
+        # Keep what is still committed text: the old prefix and the accepted drafts (never the last token,
+        # which the next step feeds).
+        self.lm.crop(torch.minimum(self.lm.lengths, context.lengths - 1))
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        self.lm.select_rows(index)

@@ -1,0 +1,110 @@
+"""SpecStats: what a generation run measured, with the paper's formulas next to each field.
+
+Counted over (row, step) pairs: a "row-step" is one active row in one target verification pass.
+Returned by `specdec.generate`, never printed by the library.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class SpecStats:
+    # --- counts -----------------------------------------------------------------------------------
+    num_generated_tokens: int = 0  # tokens returned to the caller (after EOS / max_new_tokens cuts)
+    num_steps: int = 0  # target verification passes (batch-level)
+    target_calls: int = 0  # all target forward passes, prefill included
+    drafter_calls: int = 0  # drafter forward passes (model drafters); table/lookup drafters: 0
+    row_steps: int = 0  # Σ_steps active rows
+    speculative_row_steps: int = 0  # row-steps in which the row had at least one draft
+    drafted_tokens: int = 0  # Σ draft lengths
+    accepted_tokens: int = 0  # Σ accepted drafts
+    algorithm_tokens: int = 0  # Σ (accepted + 1): tokens the algorithm produced, before any cut
+    max_num_draft_tokens: int = 0  # largest γ used
+    # β = Σ_x min(p(x), q(x)) at each verified position whose prefix is committed text (positions
+    # 1..min(n+1, γ) of a step); α = E[β] (Cor 3.6).
+    beta_sum: float = 0.0
+    beta_count: int = 0
+    accepted_by_position: list[int] = field(default_factory=list)  # [γ] drafts accepted at position i
+    reached_by_position: list[int] = field(default_factory=list)  # [γ] drafts verified at position i
+    # --- timings (seconds) ------------------------------------------------------------------------
+    prefill_time_s: float = 0.0
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+    wall_time_s: float = 0.0
+    # A plain-decoding timing of the same work, when the caller measured one (e.g. the benchmark).
+    baseline_wall_time_s: float | None = None
+
+    @property
+    def alpha(self) -> float | None:
+        """α = mean β over verified positions (exact, from p and q; Cor 3.6). None without drafts."""
+        return self.beta_sum / self.beta_count if self.beta_count else None
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """τ = tokens per target call per row, bonus/correction included (plain decoding: 1.0)."""
+        return self.algorithm_tokens / self.row_steps if self.row_steps else 0.0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted drafts / drafted tokens (depends on γ; α does not)."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None
+
+    @property
+    def acceptance_per_position(self) -> list[float]:
+        """P(draft i accepted | draft i verified), i = 1..γ."""
+        return [a / r if r else float("nan") for a, r in zip(self.accepted_by_position, self.reached_by_position)]
+
+    @property
+    def mean_num_draft_tokens(self) -> float:
+        """Mean drafts per speculative row-step (γ, or its average under an adaptive policy)."""
+        return self.drafted_tokens / self.speculative_row_steps if self.speculative_row_steps else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.num_generated_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
+
+    @property
+    def cost_ratio(self) -> float | None:
+        """c = time of one drafter forward / time of one target forward, measured in this run."""
+        verify_calls = self.num_steps
+        if not self.drafter_calls or not verify_calls or self.verify_time_s <= 0:
+            return None
+        return (self.draft_time_s / self.drafter_calls) / (self.verify_time_s / verify_calls)
+
+    @property
+    def predicted_speedup(self) -> float | None:
+        """Thm 3.8 from the measured α, c and the mean γ: (1 − α^(γ+1)) / ((1 − α)(γc + 1))."""
+        from specdec.analysis import walltime_improvement
+
+        alpha, c, gamma = self.alpha, self.cost_ratio, self.mean_num_draft_tokens
+        if alpha is None or gamma <= 0:
+            return None
+        return _interpolate_gamma(lambda g: walltime_improvement(alpha, g, c if c is not None else 0.0), gamma)
+
+    @property
+    def measured_speedup(self) -> float | None:
+        """Plain-decoding wall time of the same work / this run's wall time, when measured."""
+        if self.baseline_wall_time_s is None or self.wall_time_s <= 0:
+            return None
+        return self.baseline_wall_time_s / self.wall_time_s
+
+    def to_dict(self) -> dict:
+        """Fields plus the derived quantities, JSON-ready."""
+        out = asdict(self)
+        for name in (
+            "alpha", "mean_accepted_length", "acceptance_rate", "acceptance_per_position", "mean_num_draft_tokens",
+            "tokens_per_second", "cost_ratio", "predicted_speedup", "measured_speedup",
+        ):
+            out[name] = getattr(self, name)
+        return out
+
+
+def _interpolate_gamma(fn, gamma: float) -> float:
+    # γ may be a mean over steps under an adaptive policy; interpolate the integer formula linearly.
+    low = int(gamma)
+    if low == gamma:
+        return fn(low)
+    frac = gamma - low
+    return (1 - frac) * fn(max(low, 0)) + frac * fn(low + 1)

@@ -1,0 +1,73 @@
+"""The committed tokens of a batch of ragged sequences, right-padded in one preallocated tensor."""
+
+from __future__ import annotations
+
+import torch
+
+
+class TokenBuffer:
+    """Committed tokens per row: `tokens [B, capacity]` (row b valid in `[0, lengths[b])`).
+
+    `start_lengths [B]` marks where generation began (the prompt for decoder-only targets, the decoder
+    start token for encoder-decoder ones); `source` optionally keeps encoder inputs for drafters that
+    copy from them.
+    """
+
+    def __init__(self, rows: list[list[int]], capacity: int, device: torch.device | str = "cpu"):
+        batch = len(rows)
+        longest = max((len(r) for r in rows), default=0)
+        capacity = max(capacity, longest)
+        self.tokens = torch.zeros(batch, capacity, dtype=torch.long)
+        for b, row in enumerate(rows):
+            self.tokens[b, : len(row)] = torch.as_tensor(row, dtype=torch.long)
+        self.tokens = self.tokens.to(device)
+        self.lengths = torch.tensor([len(r) for r in rows], dtype=torch.long, device=device)
+        self.start_lengths = self.lengths.clone()
+        self.source: list[list[int]] | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def capacity(self) -> int:
+        return self.tokens.shape[1]
+
+    def tail(self, width: int, counts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last `counts[b]` tokens of each row, right-aligned in `[B, width]`, and their validity mask.
+
+        Slots left of a row's tokens (when counts[b] < width) are padding (token 0, valid False).
+        """
+        if counts is None:
+            counts = torch.full_like(self.lengths, width)
+        offsets = torch.arange(width, device=self.tokens.device)[None, :] - width  # -width .. -1
+        index = self.lengths[:, None] + offsets
+        valid = (offsets >= -counts[:, None]) & (index >= 0)
+        tokens = self.tokens.gather(1, index.clamp_min(0)) * valid
+        return tokens, valid
+
+    def append(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> None:
+        """Append the first `counts[b]` of `new_tokens [B, k]` to row b."""
+        k = new_tokens.shape[1]
+        needed = int((self.lengths + counts).max()) if self.batch_size else 0
+        if needed > self.capacity:
+            grown = torch.zeros(self.batch_size, max(needed, 2 * self.capacity), dtype=torch.long, device=self.tokens.device)
+            grown[:, : self.capacity] = self.tokens
+            self.tokens = grown
+        cols = self.lengths[:, None] + torch.arange(k, device=self.tokens.device)[None, :]
+        write = torch.arange(k, device=self.tokens.device)[None, :] < counts[:, None]
+        cols = torch.where(write, cols, torch.zeros_like(cols))
+        # Write only the counted tokens; masked entries rewrite column 0 with its own value.
+        current = self.tokens.gather(1, cols)
+        self.tokens.scatter_(1, cols, torch.where(write, new_tokens, current))
+        self.lengths = self.lengths + counts
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        self.tokens = self.tokens[index]
+        self.lengths = self.lengths[index]
+        self.start_lengths = self.start_lengths[index]
+        if self.source is not None:
+            self.source = [self.source[i] for i in index.tolist()]
+
+    def row(self, b: int) -> list[int]:
+        return self.tokens[b, : int(self.lengths[b])].tolist()
