@@ -134,13 +134,15 @@ def _decode(target, drafter, policy, prompts, max_new_tokens, sampling, eos, gen
     outputs: list[list[int]] = [[] for _ in range(batch)]
     device = target.device
     eos_ids = torch.tensor(sorted(eos), dtype=torch.long, device=device)
+    # Targets with static shapes (CUDA graphs) keep finished rows in the batch, masked out.
+    drop_rows = getattr(target, "drop_finished_rows", True) and getattr(drafter, "drop_finished_rows", True)
     t_start = time.perf_counter()
     if max_new_tokens == 0:
         holder["result"] = GenerateResult(outputs, stats)
         return
 
     context = target.begin(prompts, max_new_tokens)
-    stats.target_calls += int(int(max(len(p) for p in prompts)) > 1)
+    stats.target_calls += int(max(len(p) for p in prompts) > 1)
     if drafter is not None:
         drafter.begin(context, target.vocab_size)
     _sync(device)
@@ -148,18 +150,20 @@ def _decode(target, drafter, policy, prompts, max_new_tokens, sampling, eos, gen
 
     original_row = torch.arange(batch, device=device)  # active row → caller's row
     generated = torch.zeros(batch, dtype=torch.long, device=device)
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    clock = _Clock(device)
     step = 0
-    while context.batch_size:
+    num_active = batch
+    while num_active:
         # 1. draft
-        t0 = time.perf_counter()
+        clock.mark(0)
         gamma = policy.num_draft_tokens() if policy is not None else 0
         if gamma > 0:
             proposal = drafter.propose(context, gamma, sampling, generator, policy.confidence_threshold())
         else:
             proposal = empty_proposal(context.batch_size, device)
         gamma = proposal.tokens.shape[1]
-        _sync(device)
-        t1 = time.perf_counter()
+        clock.mark(1)
 
         # 2. one target pass over [last committed token, drafts]
         last, _ = context.tail(1)
@@ -174,45 +178,54 @@ def _decode(target, drafter, policy, prompts, max_new_tokens, sampling, eos, gen
 
         # 4. emit, cut at EOS / max_new_tokens, roll back
         new_tokens = result.tokens(proposal.tokens)  # [B, γ+1]
-        counts = torch.minimum(result.num_accepted + 1, max_new_tokens - generated)
+        active = ~finished
+        counts = torch.minimum(result.num_accepted + 1, max_new_tokens - generated) * active
         cols = torch.arange(gamma + 1, device=device)[None, :]
         is_eos = torch.isin(new_tokens, eos_ids) & (cols < counts[:, None])
         hit_eos = is_eos.any(1)
         counts = torch.where(hit_eos, is_eos.long().argmax(1) + 1, counts)
         context.append(new_tokens, counts)
         generated += counts
-        finished = hit_eos | (generated >= max_new_tokens)
+        newly_finished = active & (hit_eos | (generated >= max_new_tokens))
+        finished |= newly_finished
         target.crop(context.lengths - 1)
         if drafter is not None and gamma > 0:
             drafter.commit(context)
-        _sync(device)
-        t2 = time.perf_counter()
+        clock.mark(2)
 
-        # bookkeeping on the host (one transfer per step)
+        # bookkeeping: exactly one device → host transfer per step
         draft_lengths = proposal.lengths if proposal.lengths is not None else torch.full_like(counts, gamma)
-        host = torch.cat(
-            [new_tokens, counts[:, None], finished[:, None].long(), original_row[:, None]], dim=1
-        ).tolist()
-        _update_stats(stats, result, draft_lengths, proposal, gamma, t1 - t0, t2 - t1)
+        summary = _step_summary(result, draft_lengths, active, gamma)
+        rows = torch.cat(
+            [new_tokens, result.num_accepted[:, None], draft_lengths[:, None], active[:, None].long(),
+             counts[:, None], newly_finished[:, None].long(), original_row[:, None]], 1,
+        )
+        host = torch.cat([rows.flatten().double(), summary]).tolist()
+        width = gamma + 7
+        table = [host[i * width : (i + 1) * width] for i in range(context.batch_size)]
+        draft_s, verify_s = clock.elapsed(0, 1), clock.elapsed(1, 2)
+        num_active_before = _record_step(stats, host[len(table) * width :], gamma, proposal, draft_s, verify_s)
         event_rows, event_tokens, done = [], [], []
-        for row in host:
-            n, fin, orig = row[-3], row[-2], row[-1]
+        for row in table:
+            n, fin, orig = int(row[-3]), row[-2], int(row[-1])
             if n:
-                outputs[orig].extend(row[:n])
+                tokens = [int(t) for t in row[:n]]
+                outputs[orig].extend(tokens)
                 event_rows.append(orig)
-                event_tokens.append(row[:n])
+                event_tokens.append(tokens)
             if fin:
                 done.append(orig)
         stats.num_generated_tokens += sum(len(t) for t in event_tokens)
+        num_active = num_active_before - len(done)
         if policy is not None:
-            policy.update(StepOutcome(gamma, result.num_accepted, draft_lengths, t1 - t0, t2 - t1))
+            outcome = torch.tensor([[int(r[-6]), int(r[-5])] for r in table if r[-4]], dtype=torch.long).reshape(-1, 2)
+            policy.update(StepOutcome(gamma, outcome[:, 0], outcome[:, 1], draft_s, verify_s))
         yield TokenEvent(step=step, rows=event_rows, tokens=event_tokens, finished=done)
         step += 1
 
-        if done:
+        if done and drop_rows and num_active:
             keep = (~finished).nonzero().squeeze(1)
-            original_row = original_row[keep]
-            generated = generated[keep]
+            original_row, generated, finished = original_row[keep], generated[keep], finished[keep]
             context.select_rows(keep)
             target.select_rows(keep)
             if drafter is not None:
@@ -222,46 +235,75 @@ def _decode(target, drafter, policy, prompts, max_new_tokens, sampling, eos, gen
     holder["result"] = GenerateResult(outputs, stats)
 
 
-def _update_stats(stats: SpecStats, result, draft_lengths, proposal: Proposal, gamma, draft_s, verify_s) -> None:
-    batch = result.num_accepted.shape[0]
-    stats.num_steps += 1
-    stats.target_calls += 1
-    stats.drafter_calls += proposal.forward_passes
-    stats.row_steps += batch
-    stats.draft_time_s += draft_s
-    stats.verify_time_s += verify_s
-    stats.max_num_draft_tokens = max(stats.max_num_draft_tokens, gamma)
-    if gamma == 0:
-        stats.algorithm_tokens += batch
-        return
+class _Clock:
+    """Step timings: perf_counter on CPU; CUDA events on GPU (read after the step's one host sync)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.events = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+        else:
+            self.times = [0.0] * 3
+
+    def mark(self, i: int) -> None:
+        if self.cuda:
+            self.events[i].record()
+        else:
+            self.times[i] = time.perf_counter()
+
+    def elapsed(self, i: int, j: int) -> float:
+        if self.cuda:
+            self.events[j].synchronize()
+            return self.events[i].elapsed_time(self.events[j]) / 1000.0
+        return self.times[j] - self.times[i]
+
+
+def _step_summary(result, draft_lengths, active, gamma) -> torch.Tensor:
+    """Per-step counts for SpecStats as one float64 vector (stays on the device until the step's transfer).
+
+    Layout: reached[γ], accepted[γ], β-sum, Σn, Σdraft lengths, rows with drafts, active rows.
+    """
     n = result.num_accepted
     pos = torch.arange(gamma, device=n.device)[None, :]
-    drafted = pos < draft_lengths[:, None]
-    reached = drafted & (pos <= n[:, None])  # prefixes of committed text
-    accepted = pos < n[:, None]
-    packed = torch.cat(
+    drafted = (pos < draft_lengths[:, None]) & active[:, None]
+    reached = drafted & (pos <= n[:, None])  # positions whose prefix is committed text
+    accepted = pos < (n * active)[:, None]
+    return torch.cat(
         [
             reached.sum(0).double(),
             accepted.sum(0).double(),
             (result.beta.double() * reached).sum().reshape(1),
-            torch.stack([n.sum(), draft_lengths.sum(), (draft_lengths > 0).sum()]).double(),
+            torch.stack([(n * active).sum(), (draft_lengths * active).sum(), ((draft_lengths > 0) & active).sum(), active.sum()]).double(),
         ]
-    ).tolist()
-    reached_pos, accepted_pos = packed[:gamma], packed[gamma : 2 * gamma]
-    beta_sum, n_sum, drafted_sum, spec_rows = packed[2 * gamma :]
+    )
+
+
+def _record_step(stats: SpecStats, summary: list[float], gamma: int, proposal: Proposal, draft_s, verify_s) -> int:
+    """Fold one step's summary into the stats; returns the number of rows active in the step."""
+    reached, accepted = summary[:gamma], summary[gamma : 2 * gamma]
+    beta_sum, n_sum, drafted_sum, spec_rows, active = summary[2 * gamma :]
+    active = int(active)
+    stats.num_steps += 1
+    stats.target_calls += 1
+    stats.drafter_calls += proposal.forward_passes
+    stats.row_steps += active
+    stats.draft_time_s += draft_s
+    stats.verify_time_s += verify_s
+    stats.max_num_draft_tokens = max(stats.max_num_draft_tokens, gamma)
     if len(stats.reached_by_position) < gamma:
         extra = gamma - len(stats.reached_by_position)
         stats.reached_by_position += [0] * extra
         stats.accepted_by_position += [0] * extra
     for i in range(gamma):
-        stats.reached_by_position[i] += int(reached_pos[i])
-        stats.accepted_by_position[i] += int(accepted_pos[i])
+        stats.reached_by_position[i] += int(reached[i])
+        stats.accepted_by_position[i] += int(accepted[i])
     stats.beta_sum += beta_sum
-    stats.beta_count += int(sum(reached_pos))
+    stats.beta_count += int(sum(reached))
     stats.accepted_tokens += int(n_sum)
     stats.drafted_tokens += int(drafted_sum)
     stats.speculative_row_steps += int(spec_rows)
-    stats.algorithm_tokens += int(n_sum) + batch
+    stats.algorithm_tokens += int(n_sum) + active
+    return active
 
 
 def _sync(device: torch.device) -> None:
