@@ -17,6 +17,7 @@ transformers is never imported here: models are duck-typed Hugging Face causal L
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import math
 import statistics
@@ -263,34 +264,33 @@ def measure_alpha(
     )
 
 
-def _time_decode_step(
-    model: torch.nn.Module,
-    *,
-    batch_size: int,
-    context_length: int,
-    num_tokens: int,
-    warmup: int,
-    vocab_size: int,
-    device: torch.device,
-    generator: torch.Generator,
-) -> float:
-    """Median seconds of one single-token forward pass with a KV cache of ~context_length tokens."""
-    import torch
+class _DecodeTimer:
+    """One model prefilled with random context, stepping one token at a time on its KV cache."""
 
-    context = torch.randint(vocab_size, (batch_size, context_length), generator=generator).to(device)
-    steps = torch.randint(vocab_size, (batch_size, warmup + num_tokens), generator=generator).to(device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    times: list[float] = []
-    with torch.inference_mode():
-        cache = model(input_ids=context, use_cache=True).past_key_values
-        for i in range(warmup + num_tokens):
-            sync()
-            start = time.perf_counter()
-            cache = model(input_ids=steps[:, i : i + 1], past_key_values=cache, use_cache=True).past_key_values
-            sync()
-            if i >= warmup:
-                times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    def __init__(self, model: torch.nn.Module, context: torch.Tensor, steps: torch.Tensor) -> None:
+        import torch
+
+        self.model, self.steps, self.next = model, steps, 0
+        self.device = _model_device(model)
+        # transformers renamed `past_key_values` to `cache` during the 5.x series; accept both.
+        params = inspect.signature(model.forward).parameters
+        self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self.sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        self.cache = self._forward(context.to(self.device), None)
+
+    def _forward(self, ids: torch.Tensor, cache: object) -> object:
+        out = self.model(input_ids=ids, use_cache=True, **({self.cache_kwarg: cache} if cache is not None else {}))
+        return out.cache if hasattr(out, "cache") else out.past_key_values
+
+    def step(self) -> float:
+        """Seconds for one single-token forward pass."""
+        ids = self.steps[:, self.next : self.next + 1].to(self.device)
+        self.next += 1
+        self.sync()
+        start = time.perf_counter()
+        self.cache = self._forward(ids, self.cache)
+        self.sync()
+        return time.perf_counter() - start
 
 
 def measure_cost_ratio(
@@ -306,9 +306,12 @@ def measure_cost_ratio(
 ) -> float:
     """Measure c = t_draft / t_target: walltime of one decode step of the drafter over one of the target.
 
-    Each model is prefilled with `context_length` random tokens (batch `batch_size`), then runs
-    `warmup` untimed and `num_tokens` timed single-token forward passes on its KV cache; c is the
-    ratio of the median step times. On CUDA every step is bracketed by `torch.cuda.synchronize`.
+    Each model is prefilled with the same `context_length` random tokens (batch `batch_size`), then
+    runs `warmup` untimed and `num_tokens` timed single-token forward passes on its KV cache; c is
+    the ratio of the median step times. Target and draft steps alternate, so that a machine whose
+    speed drifts (other processes, clocks) slows both alike. On CUDA every step is bracketed by
+    `torch.cuda.synchronize`. Python and framework overhead per call is included on purpose: the
+    decoding loop pays it too.
 
     device  where to time both models; when given, both are moved there (`Module.to` is in place).
             None = leave them where they are (a warning is logged if the two devices differ,
@@ -322,16 +325,23 @@ def measure_cost_ratio(
     if device is not None:
         target.to(device)
         draft.to(device)
-    target_device, draft_device = _model_device(target), _model_device(draft)
-    if target_device != draft_device:
-        logger.warning("timing target on %s and draft on %s: c compares different hardware", target_device, draft_device)
+    if _model_device(target) != _model_device(draft):
+        logger.warning("timing target on %s and draft on %s: c compares different hardware",
+                       _model_device(target), _model_device(draft))
     vocab_size = min(_vocab_size(target), _vocab_size(draft))
     generator = torch.Generator().manual_seed(seed)  # own generator: never touch the global RNG
-    kwargs = dict(batch_size=batch_size, context_length=context_length, num_tokens=num_tokens, warmup=warmup,
-                  vocab_size=vocab_size, generator=generator)
-    with _eval_mode(target, draft):
-        t_target = _time_decode_step(target, device=target_device, **kwargs)
-        t_draft = _time_decode_step(draft, device=draft_device, **kwargs)
+    context = torch.randint(vocab_size, (batch_size, context_length), generator=generator)
+    steps = torch.randint(vocab_size, (batch_size, warmup + num_tokens), generator=generator)
+    target_times: list[float] = []
+    draft_times: list[float] = []
+    with _eval_mode(target, draft), torch.inference_mode():
+        timers = _DecodeTimer(target, context, steps), _DecodeTimer(draft, context, steps)
+        for i in range(warmup + num_tokens):
+            t_target, t_draft = timers[0].step(), timers[1].step()
+            if i >= warmup:
+                target_times.append(t_target)
+                draft_times.append(t_draft)
+    t_target, t_draft = statistics.median(target_times), statistics.median(draft_times)
     logger.info("decode step: target %.3f ms, draft %.3f ms", 1e3 * t_target, 1e3 * t_draft)
     return t_draft / t_target
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import math
+import copy
 
 import pytest
 
@@ -114,9 +114,171 @@ def test_bad_arguments_name_themselves(call, name: str) -> None:
 
 
 def test_formulas_do_not_import_torch() -> None:
+    # Load analysis.py on its own (the package __init__ imports torch) with torch made unimportable.
     import subprocess
     import sys
 
-    code = "import sys, specdec.analysis as a; a.optimal_gamma(0.8, 0.05); print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    code = (
+        "import sys, importlib.util; sys.modules['torch'] = None; "
+        "spec = importlib.util.spec_from_file_location('a', 'specdec/analysis.py'); "
+        "a = importlib.util.module_from_spec(spec); sys.modules['a'] = a; spec.loader.exec_module(a); "
+        "print(a.optimal_gamma(0.8, 0.05), a.walltime_improvement(0.8, 2, 0.1), a.operations_increase(0.8, 2, 0.1))"
+    )
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[0] == "8"
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurements on tiny random Llama models
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from specdec.analysis import AlphaMeasurement, measure_alpha, measure_cost_ratio, op_cost_ratio  # noqa: E402
+from specdec.core import SamplingConfig, standardize_logits  # noqa: E402
+
+
+def tiny_llama(seed: int, *, hidden_size: int = 32, layers: int = 2, tie: bool = False) -> torch.nn.Module:
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=tie,
+    )
+    torch.manual_seed(seed)
+    # random init gives near-uniform logits; scale them up so argmaxes are stable and p, q differ clearly
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30.0)
+    return model
+
+
+@pytest.fixture(scope="module")
+def target() -> torch.nn.Module:
+    return tiny_llama(0)
+
+
+@pytest.fixture(scope="module")
+def draft(target) -> torch.nn.Module:
+    # a perturbed copy of the target: close enough that greedy argmaxes often agree (0 < α < 1)
+    model = copy.deepcopy(target)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * p.std() * torch.randn(p.shape, generator=g))
+    return model
+
+
+def brute_force_betas(target, draft, rows, starts, sampling: SamplingConfig) -> list[float]:
+    betas = []
+    with torch.no_grad():
+        for row, start in zip(rows, starts):
+            for t in range(start, len(row)):  # the distribution predicting token t, from prefix row[:t]
+                prefix = torch.tensor([row[:t]])
+                p = standardize_logits(target(input_ids=prefix).logits[0, -1], sampling)
+                q = standardize_logits(draft(input_ids=prefix).logits[0, -1], sampling)
+                betas.append(float(torch.minimum(p, q).sum()))
+    return betas
+
+
+def random_rows(seed: int, lengths: list[int]) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(64, (n,), generator=g).tolist() for n in lengths]
+
+
+def test_same_model_has_alpha_one(target) -> None:
+    rows = random_rows(0, [12, 7, 20])
+    for temperature in (0.0, 1.0, 0.7):
+        m = measure_alpha(target, target, rows, prompt_lengths=[3, 2, 5], temperature=temperature, top_k=10)
+        assert isinstance(m, AlphaMeasurement)
+        assert m.alpha == pytest.approx(1.0, abs=1e-6)
+        assert m.num_positions == (12 - 3) + (7 - 2) + (20 - 5)
+
+
+def test_alpha_matches_brute_force_on_ragged_batch(target, draft) -> None:
+    rows = random_rows(1, [12, 4, 9, 16, 11])
+    starts = [4, 1, 3, 10, 11]  # the last row has no generated tokens: contributes nothing
+    sampling = SamplingConfig(temperature=1.0, top_k=0, top_p=0.9)
+    expected = brute_force_betas(target, draft, rows, starts, sampling)
+    m = measure_alpha(target, draft, rows, prompt_lengths=starts, temperature=1.0, top_p=0.9,
+                      batch_size=2, return_betas=True)
+    assert m.num_positions == len(expected)
+    assert m.betas is not None
+    torch.testing.assert_close(m.betas, torch.tensor(expected), atol=1e-5, rtol=0)
+    assert m.alpha == pytest.approx(sum(expected) / len(expected), abs=1e-6)
+    assert 0.0 < m.alpha < 1.0
+
+
+def test_alpha_on_tensor_input_and_default_prompt_length(target, draft) -> None:
+    ids = torch.randint(64, (3, 10), generator=torch.Generator().manual_seed(2))
+    m = measure_alpha(target, draft, ids, temperature=1.0, return_betas=True)
+    assert m.num_positions == 3 * 9  # every position with at least one token of context
+    expected = brute_force_betas(target, draft, ids.tolist(), [1, 1, 1], SamplingConfig(temperature=1.0))
+    assert m.alpha == pytest.approx(sum(expected) / len(expected), abs=1e-6)
+
+
+def test_greedy_betas_are_zero_or_one(target, draft) -> None:
+    rows = random_rows(3, [20, 18])
+    m = measure_alpha(target, draft, rows, prompt_lengths=2, temperature=0.0, return_betas=True)
+    assert m.betas is not None
+    assert set(m.betas.tolist()) <= {0.0, 1.0}
+    expected = brute_force_betas(target, draft, rows, [2, 2], SamplingConfig(temperature=0.0))
+    assert m.betas.tolist() == expected
+    assert 0.0 < m.alpha < 1.0
+
+
+def test_measure_alpha_restores_train_mode(target) -> None:
+    model = tiny_llama(5).train()
+    measure_alpha(target, model, [[1, 2, 3]])
+    assert model.training and not target.training
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        (dict(sequences=[]), "empty"),
+        (dict(sequences=[[1, 2, 3]], prompt_lengths=0), "prompt_lengths"),
+        (dict(sequences=[[1, 2, 3]], prompt_lengths=5), "prompt_lengths"),
+        (dict(sequences=[[1, 2, 3]], prompt_lengths=[1, 2]), "prompt_lengths"),
+        (dict(sequences=[[1, 2, 3]], prompt_lengths=3), "no positions"),
+        (dict(sequences=[[1, 2, 3]], temperature=-1.0), "temperature"),
+    ],
+)
+def test_measure_alpha_bad_input(target, kwargs, fragment) -> None:
+    with pytest.raises(ValueError, match=fragment):
+        measure_alpha(target, target, **kwargs)
+
+
+def test_measure_alpha_vocab_mismatch(target) -> None:
+    config = transformers.LlamaConfig(vocab_size=80, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2)
+    other = transformers.LlamaForCausalLM(config).eval()
+    with pytest.raises(ValueError, match="vocabular"):
+        measure_alpha(target, other, [[1, 2, 3]])
+
+
+def test_cost_ratio_of_a_model_with_itself_is_about_one(target) -> None:
+    # loose bounds: CI machines are shared and noisy; the point is "same model → same order"
+    c = measure_cost_ratio(target, target, context_length=16, num_tokens=32)
+    assert 1 / 3 < c < 3.0
+
+
+def test_cost_ratio_sees_a_bigger_target() -> None:
+    small = tiny_llama(0, hidden_size=32, layers=1)
+    big = tiny_llama(1, hidden_size=256, layers=8)
+    c = measure_cost_ratio(big, small, context_length=32, num_tokens=16)
+    assert 0.0 < c < 0.7
+
+
+def test_op_cost_ratio_counts_matmul_parameters() -> None:
+    a, b = tiny_llama(0), tiny_llama(1, hidden_size=64, layers=3)
+    assert op_cost_ratio(a, a) == 1.0
+
+    def matmul_params(m) -> int:  # everything but the input embedding table (lm_head is a matmul)
+        return sum(p.numel() for p in m.parameters()) - m.get_input_embeddings().weight.numel()
+
+    assert op_cost_ratio(a, b) == pytest.approx(matmul_params(b) / matmul_params(a))  # draft / target
+    # tying the weights changes the parameter count but not the arithmetic per token
+    tied = tiny_llama(2, tie=True)
+    assert sum(p.numel() for p in tied.parameters()) < sum(p.numel() for p in a.parameters())
+    assert op_cost_ratio(tied, a) == 1.0
