@@ -61,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
     if args.max_gamma < 1:
         raise CLIError(f"--max-gamma must be >= 1, got {args.max_gamma}")
     if args.target is not None or args.draft is not None or args.prompts is not None:
+        if args.alpha is not None:
+            raise CLIError("--alpha cannot be combined with --target/--draft/--prompts (those measure alpha)")
         measured = _measure(args)
         alpha, cost_ratio, op_ratio = measured["alpha"], measured["cost_ratio"], measured["op_cost_ratio"]
     elif args.alpha is not None:
@@ -121,9 +123,10 @@ def format_report(report: dict[str, Any]) -> str:
     lines = []
     if "num_positions" in report:
         lines.append(
-            f"measured: alpha = {report['alpha']:.3f} over {report['num_positions']} positions "
-            f"(temperature {report['temperature']:g}), c = {report['cost_ratio']:.4f}"
-            f"{' (given)' if report.get('cost_ratio_given') else ''}, c_hat = {report['op_cost_ratio']:.4f}"
+            f"target {report['target']}, draft {report['draft']} on {report['device']}: alpha measured over "
+            f"{report['num_positions']} generated positions from {report['num_prompts']} prompts "
+            f"(temperature {report['temperature']:g}); c {'given' if report['cost_ratio_given'] else 'timed'}; "
+            f"c_hat {'given' if report['op_cost_ratio_given'] else 'from parameter counts'}"
         )
     lines.append(
         f"alpha = {report['alpha']:.3f}   c = {report['cost_ratio']:.4f}   c_hat = {report['op_cost_ratio']:.4f}"
@@ -151,8 +154,131 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 def _plot(report: dict[str, Any], path: Path) -> Path:
-    raise CLIError("--plot is not implemented yet")
+    """PNG of the predicted speedup (Thm 3.8) against γ, with the recommended γ marked."""
+    try:
+        from matplotlib.figure import Figure  # no pyplot: no global backend state to set or leak
+    except ImportError as err:
+        raise CLIError("--plot needs matplotlib (pip install 'specdec[plot]')") from err
+    if not path.parent.is_dir():
+        raise CLIError(f"--plot: directory {path.parent} does not exist")
+    last = min(report["max_gamma"], max(16, 2 * report["best_gamma"]))
+    rows = report["table"][: last + 1]
+    gammas = [row["gamma"] for row in rows]
+    fig = Figure(figsize=(6, 4), dpi=100)
+    ax = fig.add_subplot()
+    ax.plot(gammas, [row["speedup"] for row in rows], marker="o", markersize=3, label="predicted speedup")
+    ax.axhline(1.0, color="gray", linewidth=0.8, linestyle="--", label="plain decoding")
+    best = report["best_gamma"]
+    ax.plot([best], [report["table"][best]["speedup"]], marker="*", markersize=14, color="C3", linestyle="none",
+            label=f"best gamma = {best} ({report['table'][best]['speedup']:.2f}X)")
+    ax.set_xlabel("gamma (draft tokens per step)")
+    ax.set_ylabel("predicted walltime speedup (Thm 3.8)")
+    ax.set_title(f"alpha = {report['alpha']:.3f}, c = {report['cost_ratio']:.4f}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    return path
+
+
+def _read_prompts(path: Path) -> list[str]:
+    if not path.is_file():
+        raise CLIError(f"--prompts: no such file: {path}")
+    prompts = [line.rstrip("\n") for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not prompts:
+        raise CLIError(f"--prompts: {path} has no non-empty lines")
+    return prompts
+
+
+def _load(kind: str, path: Path, device: str) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    if not path.is_dir():
+        raise CLIError(f"--{kind}: no such directory: {path} (give a local checkpoint saved with save_pretrained)")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as err:
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CLIError(f"--{kind}: cannot load a causal LM from {path}: {first_line}") from err
+    return model.to(device).eval()
 
 
 def _measure(args: argparse.Namespace) -> dict[str, Any]:
-    raise CLIError("--target mode is not implemented yet")
+    """Generate target text from the prompts, then measure α on it, c by timing, and ĉ by counting."""
+    missing = [flag for flag, value in (("--target", args.target), ("--draft", args.draft), ("--prompts", args.prompts))
+               if value is None]
+    if missing:
+        raise CLIError(f"measuring needs --target, --draft and --prompts (missing {', '.join(missing)})")
+    if args.max_new_tokens < 1:
+        raise CLIError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.context_length < 1:
+        raise CLIError(f"--context-length must be >= 1, got {args.context_length}")
+    from specdec.core import SamplingConfig
+
+    sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)  # validates
+    prompts = _read_prompts(args.prompts)
+    for flag, path in (("--target", args.target), ("--draft", args.draft)):
+        if not path.is_dir():
+            raise CLIError(f"{flag}: no such directory: {path} (give a local checkpoint saved with save_pretrained)")
+
+    import torch
+    from transformers import AutoTokenizer
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(args.target), local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise CLIError(f"--target: cannot load a tokenizer from {args.target}: {str(err).strip().splitlines()[0]}") from err
+    target = _load("target", args.target, device)
+    draft = _load("draft", args.draft, device)
+
+    # 1. target text: α is defined on what the target itself would generate (Cor 3.6)
+    torch.manual_seed(args.seed)  # the CLI owns the process; HF generate samples from the global RNG
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    gen_kwargs: dict[str, Any] = {"max_new_tokens": args.max_new_tokens, "pad_token_id": pad_id if pad_id is not None else 0}
+    if sampling.greedy:
+        gen_kwargs["do_sample"] = False
+    else:
+        gen_kwargs.update(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
+    sequences, prompt_lengths = [], []
+    with torch.inference_mode():
+        for line, prompt in enumerate(prompts, 1):
+            encoded = tokenizer(prompt, return_tensors="pt")
+            if encoded.input_ids.shape[1] == 0:
+                raise CLIError(f"--prompts: line {line} encodes to no tokens")
+            output = target.generate(
+                input_ids=encoded.input_ids.to(device), attention_mask=encoded.attention_mask.to(device), **gen_kwargs
+            )
+            sequences.append(output[0].tolist())
+            prompt_lengths.append(encoded.input_ids.shape[1])
+    generated = sum(len(s) - n for s, n in zip(sequences, prompt_lengths))
+    logger.info("generated %d target tokens from %d prompts", generated, len(prompts))
+    if generated == 0:
+        raise CLIError("the target generated no tokens (EOS right away?): nothing to measure alpha on")
+
+    # 2. α teacher-forced on that text, with p and q standardized identically
+    measurement = analysis.measure_alpha(
+        target, draft, sequences, prompt_lengths=prompt_lengths,
+        temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+    )
+    # 3. c by timing (unless given) and ĉ by counting parameters (unless given)
+    if args.cost_ratio is not None:
+        cost_ratio = args.cost_ratio
+    else:
+        cost_ratio = analysis.measure_cost_ratio(target, draft, context_length=args.context_length)
+    op_ratio = args.op_cost_ratio if args.op_cost_ratio is not None else analysis.op_cost_ratio(target, draft)
+    return {
+        "alpha": measurement.alpha,
+        "num_positions": measurement.num_positions,
+        "num_prompts": len(prompts),
+        "temperature": sampling.temperature,
+        "top_k": sampling.top_k,
+        "top_p": sampling.top_p,
+        "cost_ratio": cost_ratio,
+        "cost_ratio_given": args.cost_ratio is not None,
+        "op_cost_ratio": op_ratio,
+        "op_cost_ratio_given": args.op_cost_ratio is not None,
+        "target": str(args.target),
+        "draft": str(args.draft),
+        "device": device,
+    }

@@ -55,3 +55,129 @@ def test_user_errors_are_one_line(capsys: pytest.CaptureFixture[str], argv: list
     code, _, err = run_cli(capsys, *argv)
     assert code == 2
     assert fragment in err and len(err.strip().splitlines()) == 1
+
+
+def test_alpha_mode_plot(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "speedup.png"
+    code, out, _ = run_cli(capsys, "--alpha", "0.8", "--cost-ratio", "0.05", "--plot", str(png))
+    assert code == 0 and f"plot written to {png}" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Measured mode on tiny random checkpoints saved to disk
+
+
+WORDS = [f"w{i}" for i in range(60)]
+
+
+def save_tiny_checkpoint(path, seed: int, layers: int = 2) -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {word: i for i, word in enumerate(WORDS + ["[UNK]", "[PAD]", "[BOS]", "[EOS]"])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", bos_token="[BOS]", eos_token="[EOS]"
+    )
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, pad_token_id=vocab["[PAD]"],
+        bos_token_id=vocab["[BOS]"], eos_token_id=vocab["[EOS]"],
+    )
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(10.0)  # peaked logits: a random model otherwise drafts near-uniform noise
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpt")
+    save_tiny_checkpoint(root / "target", seed=0, layers=2)
+    save_tiny_checkpoint(root / "draft", seed=1, layers=1)
+    prompts = root / "prompts.txt"
+    prompts.write_text("w1 w2 w3\n\nw10 w11\nw5 w6 w7 w8 w9\n", encoding="utf-8")
+    return root
+
+
+def measured_cli(capsys, checkpoints, *extra: str) -> tuple[int, dict, str]:
+    code, out, err = run_cli(
+        capsys, "--target", str(checkpoints / "target"), "--draft", str(checkpoints / "draft"),
+        "--prompts", str(checkpoints / "prompts.txt"), "--max-new-tokens", "6", "--context-length", "16",
+        "--device", "cpu", *extra,
+    )
+    report = json.loads(out.strip().splitlines()[-1]) if code == 0 and "--json" in extra else {}
+    return code, report, out + err
+
+
+def test_measured_mode_json_and_plot(capsys, checkpoints, tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "pair.png"
+    code, report, text = measured_cli(capsys, checkpoints, "--json", "--plot", str(png))
+    assert code == 0, text
+    assert report["num_prompts"] == 3  # the blank line is skipped
+    assert 0 < report["num_positions"] <= 3 * 6
+    assert 0.0 <= report["alpha"] <= 1.0
+    assert report["cost_ratio"] > 0 and not report["cost_ratio_given"]
+    assert 0 < report["op_cost_ratio"] < 1  # the 1-layer draft does less arithmetic than the 2-layer target
+    assert isinstance(report["recommended_gamma"], int) and report["predicted_speedup"] >= 1.0
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_measured_mode_same_model_has_alpha_one(capsys, checkpoints) -> None:
+    target = str(checkpoints / "target")
+    code, out, err = run_cli(
+        capsys, "--target", target, "--draft", target, "--prompts", str(checkpoints / "prompts.txt"),
+        "--max-new-tokens", "5", "--cost-ratio", "0.1", "--temperature", "1.0", "--top-k", "20", "--json",
+    )
+    assert code == 0, err
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["alpha"] == pytest.approx(1.0, abs=1e-6)
+    assert report["cost_ratio"] == 0.1 and report["cost_ratio_given"]
+    assert report["op_cost_ratio"] == 1.0
+    assert report["recommended_gamma"] == report["max_gamma"]  # α = 1: every extra draft pays
+
+
+def test_measured_mode_table(capsys, checkpoints) -> None:
+    code, _, text = measured_cli(capsys, checkpoints, "--cost-ratio", "0.02")
+    assert code == 0, text
+    assert "generated positions from 3 prompts" in text and "gamma" in text
+
+
+@pytest.mark.parametrize(
+    "which, fragment",
+    [("target", "--target: no such directory"), ("draft", "--draft: no such directory"),
+     ("prompts", "--prompts: no such file")],
+)
+def test_measured_mode_missing_paths(capsys, checkpoints, tmp_path, which: str, fragment: str) -> None:
+    paths = {"target": checkpoints / "target", "draft": checkpoints / "draft", "prompts": checkpoints / "prompts.txt"}
+    paths[which] = tmp_path / "nope"
+    code, _, err = run_cli(capsys, *(x for k, v in paths.items() for x in (f"--{k}", str(v))))
+    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1
+
+
+def test_measured_mode_needs_all_three(capsys, checkpoints) -> None:
+    code, _, err = run_cli(capsys, "--target", str(checkpoints / "target"))
+    assert code == 2 and "--draft" in err and "--prompts" in err
+
+
+def test_alpha_and_target_conflict(capsys, checkpoints) -> None:
+    code, _, err = run_cli(capsys, "--alpha", "0.5", "--target", str(checkpoints / "target"))
+    assert code == 2 and "--alpha cannot be combined" in err
+
+
+def test_directory_that_is_not_a_checkpoint(capsys, checkpoints, tmp_path) -> None:
+    (tmp_path / "empty").mkdir()
+    code, _, err = run_cli(
+        capsys, "--target", str(checkpoints / "target"), "--draft", str(tmp_path / "empty"),
+        "--prompts", str(checkpoints / "prompts.txt"),
+    )
+    # (transformers may draw its own loading progress bar on stderr before that)
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and last.startswith("specdec analyze: error: --draft: cannot load")
