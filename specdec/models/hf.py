@@ -74,6 +74,8 @@ class HFCausalLM:
     def begin(self, prompts: list[list[int]], max_new_tokens: int) -> TokenBuffer:
         """Start a batch: the committed text is the prompts; prefill all but each prompt's last token."""
         longest = max(len(p) for p in prompts)
+        if self.max_positions is not None and longest > self.max_positions:
+            raise ValueError(f"prompt length {longest} exceeds the model's context of {self.max_positions} tokens")
         if self.position_limit is not None and longest + max_new_tokens > self.position_limit:
             raise ValueError(
                 f"prompt length {longest} + max_new_tokens {max_new_tokens} exceeds the model's context of "

@@ -1,0 +1,29 @@
+"""Reference implementations the tests compare against."""
+
+from __future__ import annotations
+
+import torch
+
+
+def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos: list[int]) -> list[int]:
+    """transformers' own greedy generate for one prompt, cut after the first EOS."""
+    out = model.generate(
+        torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), do_sample=False,
+        max_new_tokens=max_new_tokens, pad_token_id=0, eos_token_id=eos or None,
+    )[0, len(prompt):].tolist()
+    for i, tok in enumerate(out):
+        if tok in eos:
+            return out[: i + 1]
+    return out
+
+
+def assert_same_greedy(model, prompt: list[int], ours: list[int], ref: list[int]) -> None:
+    """Token equality; where they first differ, the target's top-2 logit margin must be a float tie (< 1e-4)."""
+    if ours == ref:
+        return
+    i = next((j for j, (a, b) in enumerate(zip(ours, ref)) if a != b), min(len(ours), len(ref)))
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + ref[:i]])).logits[0, -1]
+    top2 = logits.topk(2).values
+    margin = float(top2[0] - top2[1])
+    assert margin < 1e-4, f"outputs differ at token {i} with a clear margin {margin}: ours={ours} ref={ref}"

@@ -1,0 +1,150 @@
+"""Hand-built cases for the pure functions in specdec.core."""
+
+import pytest
+import torch
+
+from specdec.core import SamplingConfig, acceptance_beta, sample, standardize_logits, verify, verify_greedy
+
+
+def onehot(i, v=4):
+    out = torch.zeros(v)
+    out[i] = 1.0
+    return out
+
+
+def test_accept_all_then_bonus_from_last_position():
+    p = torch.tensor([[[0.5, 0.5, 0, 0], [0.1, 0.6, 0.3, 0], [0, 0, 0, 1.0]]])  # [1, 3, 4]
+    q = torch.tensor([[[0.5, 0.5, 0, 0], [0.1, 0.6, 0.3, 0]]])
+    drafts = torch.tensor([[1, 2]])
+    res = verify(drafts, q, p, uniforms=torch.tensor([[0.99, 0.99]]))  # p == q: always accepted
+    assert res.num_accepted.tolist() == [2]
+    assert res.next_token.tolist() == [3]  # the bonus comes from p_3, which is one-hot at 3
+    assert res.tokens(drafts).tolist() == [[1, 2, 3]]
+
+
+def test_reject_first_samples_from_residual():
+    p = torch.tensor([[[0.2, 0.8, 0, 0], [0.25, 0.25, 0.25, 0.25]]])
+    q = torch.tensor([[[1.0, 0, 0, 0]]])  # drafter is sure of token 0
+    # accept 0 with p/q = 0.2: r = 0.5 rejects; the residual max(0, p - q) is one-hot at token 1
+    res = verify(torch.tensor([[0]]), q, p, uniforms=torch.tensor([[0.5]]))
+    assert res.num_accepted.tolist() == [0]
+    assert res.next_token.tolist() == [1]
+    res = verify(torch.tensor([[0]]), q, p, uniforms=torch.tensor([[0.1]]))
+    assert res.num_accepted.tolist() == [1]
+
+
+def test_reject_in_the_middle_discards_later_drafts():
+    v = 4
+    p = torch.stack([onehot(1), onehot(2), onehot(3), onehot(0)])[None]  # [1, 4, 4]
+    q = torch.stack([onehot(1), onehot(0), onehot(3)])[None]
+    res = verify(torch.tensor([[1, 0, 3]]), q, p, uniforms=torch.zeros(1, 3))
+    assert res.num_accepted.tolist() == [1]  # x_2 = 0 has p = 0: rejected even with r = 0
+    assert res.next_token.tolist() == [2]  # residual at position 2 is one-hot at 2
+    assert res.tokens(torch.tensor([[1, 0, 3]]))[0, :2].tolist() == [1, 2]
+    assert v == p.shape[-1]
+
+
+def test_zero_probability_token_is_never_accepted():
+    p = torch.tensor([[[0.0, 1.0], [0.5, 0.5]]])
+    q = torch.tensor([[[1.0, 0.0]]])
+    res = verify(torch.tensor([[0]]), q, p, uniforms=torch.zeros(1, 1))
+    assert res.num_accepted.tolist() == [0] and res.next_token.tolist() == [1]
+
+
+def test_deterministic_drafts_accept_with_probability_p():
+    p = torch.tensor([[[0.3, 0.7], [1.0, 0.0]], [[0.3, 0.7], [1.0, 0.0]]])
+    drafts = torch.tensor([[1], [0]])
+    res = verify(drafts, None, p, uniforms=torch.tensor([[0.69], [0.31]]))
+    assert res.num_accepted.tolist() == [1, 0]
+    assert res.next_token.tolist() == [0, 1]  # row 1: residual of one-hot q at 0 is one-hot at 1
+    assert torch.allclose(res.beta, torch.tensor([[0.7], [0.3]]))
+
+
+def test_rows_accept_their_own_counts_and_draft_lengths():
+    p = torch.stack([onehot(1), onehot(1), onehot(1)])[None].repeat(3, 1, 1)
+    drafts = torch.tensor([[1, 1], [2, 1], [1, 1]])
+    res = verify(drafts, None, p, draft_lengths=torch.tensor([2, 2, 1]), uniforms=torch.zeros(3, 2))
+    assert res.num_accepted.tolist() == [2, 0, 1]
+    # row 2 drafted only one token: its next token comes from p at position 2 (not a residual)
+    assert res.next_token.tolist() == [1, 1, 1]
+
+
+def test_plain_sampling_is_gamma_zero():
+    p = torch.tensor([[[0.0, 0.0, 1.0, 0.0]]])
+    res = verify(torch.zeros(1, 0, dtype=torch.long), None, p, torch.Generator().manual_seed(0))
+    assert res.num_accepted.tolist() == [0] and res.next_token.tolist() == [2]
+
+
+def test_verify_rejects_wrong_shapes():
+    with pytest.raises(ValueError, match="target_probs"):
+        verify(torch.zeros(1, 2, dtype=torch.long), None, torch.ones(1, 2, 4) / 4)
+
+
+def test_greedy_path_matches_argmax():
+    logits = torch.tensor([[[0.0, 5.0, 1.0], [3.0, 0.0, 1.0], [0.0, 0.0, 9.0]]])
+    res = verify_greedy(torch.tensor([[1, 2]]), logits)
+    assert res.num_accepted.tolist() == [1] and res.next_token.tolist() == [0]
+    assert res.beta.tolist() == [[1.0, 0.0]]
+    res = verify_greedy(torch.tensor([[1, 0]]), logits)
+    assert res.num_accepted.tolist() == [2] and res.next_token.tolist() == [2]
+
+
+def test_beta_is_one_minus_total_variation():
+    p = torch.tensor([[[0.5, 0.5, 0.0], [1 / 3, 1 / 3, 1 / 3]]])
+    q = torch.tensor([[[0.25, 0.25, 0.5]]])
+    beta = acceptance_beta(p, q, torch.tensor([[0]]))
+    tv = 0.5 * (p[0, 0] - q[0, 0]).abs().sum()
+    assert beta.item() == pytest.approx(1 - tv.item())
+
+
+def test_sample_follows_probs_and_never_picks_zero():
+    g = torch.Generator().manual_seed(0)
+    probs = torch.tensor([0.1, 0.0, 0.6, 0.3]).expand(100_000, -1)
+    counts = torch.bincount(sample(probs, g), minlength=4).float() / 100_000
+    assert counts[1] == 0
+    assert torch.allclose(counts, torch.tensor([0.1, 0.0, 0.6, 0.3]), atol=0.01)
+
+
+class TestStandardize:
+    def test_greedy_is_one_hot(self):
+        probs = standardize_logits(torch.tensor([[1.0, 3.0, 2.0]]), SamplingConfig(temperature=0))
+        assert probs.tolist() == [[0.0, 1.0, 0.0]]
+
+    def test_matches_transformers_warpers(self):
+        from transformers.generation.logits_process import (
+            TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
+        )
+
+        torch.manual_seed(0)
+        logits = torch.randn(6, 50) * 3
+        for t, k, p in [(0.7, 0, 1.0), (1.0, 5, 1.0), (1.3, 0, 0.8), (0.5, 10, 0.9), (1.0, 1, 0.5), (2.0, 0, 0.05)]:
+            ref = logits.clone()
+            for warper in [TemperatureLogitsWarper(t)] + ([TopKLogitsWarper(k)] if k else []) + (
+                [TopPLogitsWarper(p)] if p < 1 else []
+            ):
+                ref = warper(None, ref)
+            ours = standardize_logits(logits, SamplingConfig(temperature=t, top_k=k, top_p=p))
+            assert torch.allclose(ours, ref.softmax(-1), atol=1e-6), (t, k, p)
+
+    def test_top_p_keeps_smallest_prefix_reaching_p(self):
+        logits = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
+        probs = standardize_logits(logits, SamplingConfig(top_p=0.8))
+        assert torch.allclose(probs, torch.tensor([0.625, 0.375, 0.0, 0.0]))
+
+    @pytest.mark.parametrize(
+        "kwargs, match",
+        [
+            ({"temperature": -0.1}, "temperature"),
+            ({"temperature": float("nan")}, "temperature"),
+            ({"top_p": 0.0}, "top_p"),
+            ({"top_p": 1.5}, "top_p"),
+            ({"top_k": -1}, "top_k"),
+        ],
+    )
+    def test_bad_config(self, kwargs, match):
+        with pytest.raises(ValueError, match=match):
+            SamplingConfig(**kwargs)
+
+    def test_nan_logits_raise(self):
+        with pytest.raises(ValueError, match="NaN"):
+            standardize_logits(torch.tensor([0.0, float("nan")]), SamplingConfig())
