@@ -1,0 +1,162 @@
+"""`specdec train`: prepare local corpora and train target/draft pairs (see specdec.zoo).
+
+    specdec train prepare --corpus code --out data/code      # Python sources of this interpreter
+    specdec train prepare --corpus ende --out data/ende      # gettext de catalogs
+    specdec train presets                                    # list presets
+    specdec train pair --preset demo --data data/code --out runs/demo
+    specdec train distill --target runs/demo/target --draft runs/demo/draft0 --data data/code --out runs/d
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+from specdec.cli import CLIError
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("train", help="prepare corpora and train target/draft model pairs",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="train_command", metavar="STEP")
+
+    prep = sub.add_parser("prepare", help="read a local corpus, train the tokenizer, write a data folder")
+    prep.add_argument("--corpus", choices=("code", "ende"), required=True)
+    prep.add_argument("--out", required=True, help="output folder (e.g. data/code)")
+    prep.add_argument("--vocab-size", type=int, default=8192)
+    prep.add_argument("--val-fraction", type=float, default=None, help="default: 0.01 code, 0.05 ende")
+    prep.add_argument("--max-train-tokens", type=int, default=40_000_000, help="code: cap on training tokens")
+    prep.add_argument("--roots", nargs="+", default=None, help="code: folders to read instead of stdlib+site-packages")
+    prep.add_argument("--mo-files", nargs="+", default=None, help="ende: .mo catalogs instead of the de locale dirs")
+    prep.add_argument("--no-progress", action="store_true")
+    prep.set_defaults(run=run)
+
+    lst = sub.add_parser("presets", help="list the presets")
+    lst.set_defaults(run=run)
+
+    pair = sub.add_parser("pair", help="train a preset's target and drafters (then distill the drafters)")
+    pair.add_argument("--preset", required=True, help="tiny, tiny-ende, demo, gpu, gpu-ende")
+    pair.add_argument("--data", required=True, help="folder written by `specdec train prepare`")
+    pair.add_argument("--out", required=True)
+    pair.add_argument("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:1, ...")
+    pair.add_argument("--budget-scale", type=float, default=1.0, help="multiply every phase's time budget")
+    pair.add_argument("--no-progress", action="store_true")
+    pair.set_defaults(run=run)
+
+    dist = sub.add_parser("distill", help="distill an existing drafter on an existing target")
+    dist.add_argument("--target", required=True)
+    dist.add_argument("--draft", required=True)
+    dist.add_argument("--data", required=True)
+    dist.add_argument("--out", required=True, help="folder for the distilled drafter + logs")
+    dist.add_argument("--preset", default="demo", help="whose distillation settings to use")
+    dist.add_argument("--seconds", type=float, default=None, help="time budget (default: the preset's)")
+    dist.add_argument("--steps", type=int, default=None)
+    dist.add_argument("--lr", type=float, default=None)
+    dist.add_argument("--device", default="auto")
+    dist.add_argument("--no-progress", action="store_true")
+    dist.set_defaults(run=run)
+    parser.set_defaults(run=lambda args: _usage(parser))
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.train_command == "presets":
+        from specdec.zoo.presets import PRESETS
+
+        for name, preset in PRESETS.items():
+            print(f"{name:10s} {preset.description}")
+        return 0
+    if args.train_command == "prepare":
+        return _prepare(args)
+    if args.train_command == "pair":
+        return _pair(args)
+    if args.train_command == "distill":
+        return _distill(args)
+    raise CLIError(f"unknown step {args.train_command!r}")
+
+
+def _prepare(args) -> int:
+    from specdec.zoo.data import prepare_code_data, prepare_ende_data
+
+    if args.corpus == "code":
+        meta = prepare_code_data(args.out, roots=args.roots, vocab_size=args.vocab_size,
+                                 val_fraction=0.01 if args.val_fraction is None else args.val_fraction,
+                                 max_train_tokens=args.max_train_tokens, progress=not args.no_progress)
+    else:
+        meta = prepare_ende_data(args.out, mo_files=args.mo_files, vocab_size=args.vocab_size,
+                                 val_fraction=0.05 if args.val_fraction is None else args.val_fraction)
+    shown = {k: v for k, v in meta.items() if not isinstance(v, list)}
+    print(json.dumps(shown, indent=1))
+    return 0
+
+
+def _pair(args) -> int:
+    from specdec.zoo.pipeline import train_pair
+    from specdec.zoo.presets import get_preset, scale_budget
+
+    preset = get_preset(args.preset)
+    if args.budget_scale <= 0:
+        raise CLIError(f"--budget-scale must be positive, got {args.budget_scale}")
+    if args.budget_scale != 1.0:
+        preset = scale_budget(preset, args.budget_scale)
+    summary = train_pair(preset, args.data, args.out, device=args.device, progress=not args.no_progress)
+    print(json.dumps(_brief(summary), indent=1))
+    return 0
+
+
+def _brief(summary: dict) -> dict:
+    """The numbers a person looks at first."""
+    out = {"preset": summary["preset"], "device": summary["device_name"], "total_seconds": summary.get("total_seconds"),
+           "target": {k: summary["target"][k] for k in ("params", "steps", "tokens", "seconds", "val_loss",
+                                                        "tokens_per_s", "mfu", "skipped_steps")}}
+    out["drafts"] = []
+    for d in summary.get("drafts", []):
+        row = {k: d[k] for k in ("params", "params_ratio", "steps", "seconds", "val_loss", "tokens_per_s")}
+        if "distill" in d:
+            row["alpha_before"] = d["distill"]["alpha_before"]
+            row["alpha_after"] = d["distill"]["alpha_after"]
+            row["distill_val_loss"] = d["distill"]["train"]["val_loss"]
+        out["drafts"].append(row)
+    return out
+
+
+def _distill(args) -> int:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    from specdec.zoo.data import load_data
+    from specdec.zoo.distill import distill_draft
+    from specdec.zoo.presets import get_preset
+    from specdec.zoo.train import save_model
+
+    preset = get_preset(args.preset)
+    if preset.distill is None:
+        raise CLIError(f"preset {args.preset!r} has no distillation settings")
+    tc = preset.distill.train
+    tc = replace(tc, max_seconds=args.seconds if args.seconds is not None else tc.max_seconds,
+                 steps=args.steps if args.steps is not None else tc.steps, lr=args.lr if args.lr is not None else tc.lr)
+    for path in (args.target, args.draft):
+        if not (Path(path) / "config.json").is_file():
+            raise CLIError(f"{path} is not a model folder (no config.json)")
+    encdec = AutoConfig.from_pretrained(args.target).is_encoder_decoder
+    auto = AutoModelForSeq2SeqLM if encdec else AutoModelForCausalLM
+    target = auto.from_pretrained(args.target, dtype=torch.float32)
+    draft = auto.from_pretrained(args.draft, dtype=torch.float32)
+    data = load_data(args.data)
+    out = Path(args.out)
+    result = distill_draft(target, draft, data, replace(preset.distill, train=tc), log_path=out / "distill.csv",
+                           device=args.device, progress=not args.no_progress)
+    save_model(draft, out / "draft", data.tokenizer_dir, dtype=preset.export_dtype,
+               max_shard_size=preset.max_shard_size)
+    (out / "distill.json").write_text(json.dumps(result.to_dict(), indent=1))
+    print(json.dumps({"alpha_before": result.alpha_before, "alpha_after": result.alpha_after,
+                      "val_loss": result.train.val_loss, "seconds": result.train.seconds}, indent=1))
+    return 0

@@ -1,0 +1,282 @@
+"""Prepared data folders: what the CPU data-prep step writes and the (GPU) training step reads.
+
+code folder (`prepare_code_data`):      ende folder (`prepare_ende_data`):
+    tokenizer/      shared BPE               tokenizer/        shared BPE (appends </s>)
+    train.bin.gz    uint16 token stream      train.jsonl.gz    {"en", "de", "source"} per line
+    val.bin.gz      uint16 token stream      val.jsonl.gz
+    meta.json       sources, counts          meta.json
+
+Token streams are documents joined with `</s>` after each one. gzip keeps a 40M-token stream near
+30 MB, so the folder can travel to a machine that lacks the source files.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specdec.zoo.corpus import DEFAULT_LOCALE_ROOTS, EmptyCorpusError, code_documents, ende_pairs, python_source_roots
+from specdec.zoo.tokenizer import EOS, load_tokenizer, train_bpe_tokenizer
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+
+
+def _progress(iterable, total: int | None, desc: str, enabled: bool):
+    if not enabled:
+        return iterable
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, total=total, desc=desc, file=sys.stderr, leave=False)
+
+
+def _write_tokens(path: Path, tokens: np.ndarray) -> None:
+    with gzip.open(path, "wb", compresslevel=6) as fh:
+        fh.write(tokens.astype(np.uint16).tobytes())
+
+
+def _read_tokens(path: Path) -> np.ndarray:
+    with gzip.open(path, "rb") as fh:
+        return np.frombuffer(fh.read(), dtype=np.uint16)
+
+
+def _encode_stream(tokenizer, texts: Sequence[str], eos_id: int, max_tokens: int | None, progress: bool, desc: str):
+    """Encode documents in chunks, append `</s>` to each; stop after the document that crosses max_tokens."""
+    backend = tokenizer.backend_tokenizer
+    parts: list[np.ndarray] = []
+    total, used = 0, 0
+    chunk = 256
+    for start in _progress(range(0, len(texts), chunk), (len(texts) + chunk - 1) // chunk, desc, progress):
+        for enc in backend.encode_batch(list(texts[start : start + chunk]), add_special_tokens=False):
+            ids = np.asarray(enc.ids + [eos_id], dtype=np.uint16)
+            parts.append(ids)
+            total += len(ids)
+            used += 1
+            if max_tokens is not None and total >= max_tokens:
+                return np.concatenate(parts), used
+    if not parts:
+        return np.zeros(0, dtype=np.uint16), 0
+    return np.concatenate(parts), used
+
+
+def prepare_code_data(
+    out_dir: str | os.PathLike,
+    *,
+    roots: Sequence[str | os.PathLike] | None = None,
+    vocab_size: int = 8192,
+    val_fraction: float = 0.01,
+    max_train_tokens: int | None = 40_000_000,
+    tokenizer_train_chars: int = 30_000_000,
+    progress: bool = True,
+) -> dict:
+    """Code corpus → tokenizer + gzip'd token streams + meta.json in `out_dir`. Returns the meta dict.
+
+    Training documents are taken in order of their content hash (a deterministic shuffle), so a token cap
+    keeps a mix of stdlib and packages instead of the alphabetically first few.
+    """
+    if vocab_size > 65536:
+        raise ValueError(f"vocab_size must fit uint16 (≤ 65536), got {vocab_size}")
+    out = Path(out_dir)
+    docs = code_documents(roots, val_fraction=val_fraction)
+    train = sorted((d for d in docs if d.split == "train"), key=lambda d: d.sha256)
+    val = sorted((d for d in docs if d.split == "val"), key=lambda d: d.sha256)
+    if not train or not val:
+        raise EmptyCorpusError(f"code corpus: {len(train)} train / {len(val)} val files; need both "
+                               f"(raise val_fraction or add files)")
+    sample, chars = [], 0
+    for d in train:
+        if chars >= tokenizer_train_chars:
+            break
+        sample.append(d.text)
+        chars += len(d.text)
+    tokenizer = train_bpe_tokenizer(sample, vocab_size)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(str(out / "tokenizer"))
+    eos_id = tokenizer.convert_tokens_to_ids(EOS)
+    train_tokens, train_used = _encode_stream(tokenizer, [d.text for d in train], eos_id, max_train_tokens, progress, "encode train")
+    val_tokens, _ = _encode_stream(tokenizer, [d.text for d in val], eos_id, None, progress, "encode val")
+    _write_tokens(out / "train.bin.gz", train_tokens)
+    _write_tokens(out / "val.bin.gz", val_tokens)
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "corpus": "code",
+        "roots": [str(r) for r in (roots if roots is not None else python_source_roots())],
+        "unique_files": len(docs),
+        "train_files": len(train),
+        "train_files_used": train_used,
+        "val_files": len(val),
+        "val_fraction": val_fraction,
+        "vocab_size": len(tokenizer),
+        "train_tokens": int(len(train_tokens)),
+        "val_tokens": int(len(val_tokens)),
+        "train_chars_used": int(sum(len(d.text) for d in train[:train_used])),
+        "tokenizer_train_chars": chars,
+        "train_sha256": hashlib.sha256(train_tokens.tobytes()).hexdigest(),
+        "val_sha256": hashlib.sha256(val_tokens.tobytes()).hexdigest(),
+        "val_sources": [d.source for d in val],
+    }
+    (out / "meta.json").write_text(json.dumps(meta, indent=1))
+    logger.info("code data: %d train / %d val tokens in %s", len(train_tokens), len(val_tokens), out)
+    return meta
+
+
+def prepare_ende_data(
+    out_dir: str | os.PathLike,
+    *,
+    mo_files: Sequence[str | os.PathLike] | None = None,
+    locale_roots: Sequence[str | os.PathLike] = DEFAULT_LOCALE_ROOTS,
+    vocab_size: int = 8192,
+    val_fraction: float = 0.05,
+) -> dict:
+    """gettext EnDe pairs → tokenizer (appends </s>) + gzip'd JSON lines + meta.json in `out_dir`."""
+    pairs = ende_pairs(mo_files, locale_roots=locale_roots, val_fraction=val_fraction)
+    train = [p for p in pairs if p.split == "train"]
+    val = [p for p in pairs if p.split == "val"]
+    if not train or not val:
+        raise EmptyCorpusError(f"ende corpus: {len(train)} train / {len(val)} val pairs; need both")
+    tokenizer = train_bpe_tokenizer((t for p in train for t in (p.en, p.de)), vocab_size, append_eos=True)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(str(out / "tokenizer"))
+    for name, rows in (("train", train), ("val", val)):
+        with gzip.open(out / f"{name}.jsonl.gz", "wt", encoding="utf-8", compresslevel=6) as fh:
+            for p in rows:
+                fh.write(json.dumps({"en": p.en, "de": p.de, "source": Path(p.source).name}, ensure_ascii=False) + "\n")
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "corpus": "ende",
+        "catalogs": sorted({p.source for p in pairs}),
+        "val_catalogs": sorted({Path(p.source).name for p in val}),
+        "train_pairs": len(train),
+        "val_pairs": len(val),
+        "val_fraction": val_fraction,
+        "vocab_size": len(tokenizer),
+    }
+    (out / "meta.json").write_text(json.dumps(meta, indent=1))
+    return meta
+
+
+# ------------------------------------------------------------------------------------------ reading
+
+
+def read_meta(folder: str | os.PathLike) -> dict:
+    path = Path(folder) / "meta.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder} is not a prepared data folder (no meta.json); run `specdec train prepare` first")
+    return json.loads(path.read_text())
+
+
+@dataclass
+class TokenData:
+    """A prepared code folder in memory: uint16 streams + the tokenizer folder."""
+
+    train: np.ndarray
+    val: np.ndarray
+    tokenizer_dir: Path
+    meta: dict
+
+    @classmethod
+    def load(cls, folder: str | os.PathLike) -> TokenData:
+        folder = Path(folder)
+        meta = read_meta(folder)
+        if meta.get("corpus") != "code":
+            raise ValueError(f"{folder} holds a {meta.get('corpus')!r} corpus, expected 'code'")
+        return cls(_read_tokens(folder / "train.bin.gz"), _read_tokens(folder / "val.bin.gz"), folder / "tokenizer", meta)
+
+    def train_batch(self, batch_size: int, seq_len: int, rng: np.random.Generator) -> torch.Tensor:
+        """Random windows of seq_len + 1 tokens: `[B, T+1]` (inputs are [:, :-1], targets [:, 1:])."""
+        return _windows(self.train, rng.integers(0, len(self.train) - seq_len - 1, size=batch_size), seq_len)
+
+    def val_batches(self, batch_size: int, seq_len: int, max_batches: int) -> list[torch.Tensor]:
+        """Fixed contiguous windows from the start of the validation stream (same every call)."""
+        starts = np.arange(0, len(self.val) - seq_len - 1, seq_len)[: batch_size * max_batches]
+        if len(starts) == 0:
+            raise ValueError(f"validation stream ({len(self.val)} tokens) is shorter than seq_len+1={seq_len + 1}")
+        return [_windows(self.val, starts[i : i + batch_size], seq_len) for i in range(0, len(starts), batch_size)]
+
+
+def _windows(stream: np.ndarray, starts: np.ndarray, seq_len: int) -> torch.Tensor:
+    idx = starts[:, None] + np.arange(seq_len + 1)[None, :]
+    return torch.from_numpy(stream[idx].astype(np.int64))
+
+
+@dataclass(frozen=True)
+class Seq2SeqBatch:
+    input_ids: torch.Tensor  # [B, S] source tokens (</s> at the end), padded with 0
+    attention_mask: torch.Tensor  # [B, S]
+    labels: torch.Tensor  # [B, T] target tokens (</s> at the end), -100 on padding
+
+    def to(self, device: torch.device | str) -> Seq2SeqBatch:
+        return Seq2SeqBatch(self.input_ids.to(device), self.attention_mask.to(device), self.labels.to(device))
+
+
+@dataclass
+class PairData:
+    """A prepared ende folder in memory, tokenized: lists of (source ids, target ids)."""
+
+    train: list[tuple[list[int], list[int]]]
+    val: list[tuple[list[int], list[int]]]
+    tokenizer_dir: Path
+    meta: dict
+    max_len: int
+
+    @classmethod
+    def load(cls, folder: str | os.PathLike, max_len: int = 96) -> PairData:
+        folder = Path(folder)
+        meta = read_meta(folder)
+        if meta.get("corpus") != "ende":
+            raise ValueError(f"{folder} holds a {meta.get('corpus')!r} corpus, expected 'ende'")
+        tokenizer = load_tokenizer(folder / "tokenizer")
+
+        def read(name: str) -> list[tuple[list[int], list[int]]]:
+            with gzip.open(folder / f"{name}.jsonl.gz", "rt", encoding="utf-8") as fh:
+                rows = [json.loads(line) for line in fh]
+            src = tokenizer.backend_tokenizer.encode_batch([r["en"] for r in rows])
+            tgt = tokenizer.backend_tokenizer.encode_batch([r["de"] for r in rows])
+            # keep </s> at the end when truncating long messages
+            return [(s.ids[: max_len - 1] + s.ids[-1:], t.ids[: max_len - 1] + t.ids[-1:]) for s, t in zip(src, tgt)]
+
+        return cls(read("train"), read("val"), folder / "tokenizer", meta, max_len)
+
+    @staticmethod
+    def collate(rows: Sequence[tuple[list[int], list[int]]]) -> Seq2SeqBatch:
+        s_len = max(len(s) for s, _ in rows)
+        t_len = max(len(t) for _, t in rows)
+        input_ids = torch.zeros(len(rows), s_len, dtype=torch.long)
+        attention_mask = torch.zeros(len(rows), s_len, dtype=torch.long)
+        labels = torch.full((len(rows), t_len), -100, dtype=torch.long)
+        for i, (s, t) in enumerate(rows):
+            input_ids[i, : len(s)] = torch.tensor(s)
+            attention_mask[i, : len(s)] = 1
+            labels[i, : len(t)] = torch.tensor(t)
+        return Seq2SeqBatch(input_ids, attention_mask, labels)
+
+    def train_batch(self, batch_size: int, seq_len: int, rng: np.random.Generator) -> Seq2SeqBatch:
+        del seq_len  # pairs are short; padded to the longest row
+        return self.collate([self.train[i] for i in rng.integers(0, len(self.train), size=batch_size)])
+
+    def val_batches(self, batch_size: int, seq_len: int, max_batches: int) -> list[Seq2SeqBatch]:
+        del seq_len
+        rows = self.val[: batch_size * max_batches]
+        return [self.collate(rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
+
+
+def load_data(folder: str | os.PathLike) -> TokenData | PairData:
+    """Either kind of prepared folder, by its meta.json."""
+    corpus = read_meta(folder).get("corpus")
+    if corpus == "code":
+        return TokenData.load(folder)
+    if corpus == "ende":
+        return PairData.load(folder)
+    raise ValueError(f"{folder}: unknown corpus {corpus!r} in meta.json")

@@ -1,0 +1,451 @@
+"""Training: build `transformers` models from a `ModelShape`, one stable loop, save like user checkpoints.
+
+Stability measures (a 216M Llama with plain bf16 autocast went NaN within 400 steps before these):
+fp32 master weights + bf16 autocast (CUDA only), AdamW with β2 = 0.95 and weight decay on matrices only,
+linear warm-up then cosine decay, gradient clipping, scaled residual init (output projections × 1/√(2L)),
+a small z-loss on the log-partition, and a step whose loss or gradient norm is not finite is skipped
+(logged, weights untouched) instead of applied. Every step is logged to CSV (step, loss, lr, grad norm,
+tokens/s, MFU; validation loss at intervals); a JSON summary sits next to it.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from specdec.zoo.data import PairData, Seq2SeqBatch, TokenData
+from specdec.zoo.presets import ModelShape, TrainConfig
+
+logger = logging.getLogger(__name__)
+
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2  # fixed by specdec.zoo.tokenizer.SPECIAL_TOKENS
+MAX_CONSECUTIVE_SKIPS = 25
+
+# Dense bf16 peak of known accelerators, for MFU (vendor datasheet numbers).
+PEAK_BF16_FLOPS = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12, "L4": 121e12, "A10": 125e12}
+
+
+# ------------------------------------------------------------------------------------------- models
+
+
+def build_model(shape: ModelShape, vocab_size: int, seed: int = 0) -> torch.nn.Module:
+    """A freshly initialized HF model: LlamaForCausalLM (SDPA attention) or T5ForConditionalGeneration."""
+    torch.manual_seed(seed)
+    if shape.arch == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        if shape.dim % shape.heads:
+            raise ValueError(f"dim {shape.dim} is not divisible by heads {shape.heads}")
+        config = LlamaConfig(
+            vocab_size=vocab_size,
+            hidden_size=shape.dim,
+            intermediate_size=shape.ff,
+            num_hidden_layers=shape.layers,
+            num_attention_heads=shape.heads,
+            num_key_value_heads=shape.kv_heads or shape.heads,
+            max_position_embeddings=shape.max_len,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=True,
+            initializer_range=0.02,
+            bos_token_id=BOS_ID,
+            eos_token_id=EOS_ID,
+            pad_token_id=PAD_ID,
+            attn_implementation="sdpa",
+        )
+        model = LlamaForCausalLM(config)
+        # scaled residual init (GPT-2): each block adds two outputs to the residual stream
+        scale = 1.0 / math.sqrt(2 * shape.layers)
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.o_proj.weight.mul_(scale)
+                layer.mlp.down_proj.weight.mul_(scale)
+    elif shape.arch == "t5":
+        from transformers import T5Config, T5ForConditionalGeneration
+
+        config = T5Config(
+            vocab_size=vocab_size,
+            d_model=shape.dim,
+            d_kv=shape.dim // shape.heads,
+            d_ff=shape.ff,
+            num_layers=shape.layers,
+            num_decoder_layers=shape.layers,
+            num_heads=shape.heads,
+            feed_forward_proj="gated-gelu",
+            tie_word_embeddings=False,
+            dropout_rate=0.0,
+            pad_token_id=PAD_ID,
+            eos_token_id=EOS_ID,
+            decoder_start_token_id=PAD_ID,
+        )
+        model = T5ForConditionalGeneration(config)
+    else:
+        raise ValueError(f"unknown arch {shape.arch!r}; expected 'llama' or 't5'")
+    gen = model.generation_config
+    gen.eos_token_id, gen.pad_token_id = EOS_ID, PAD_ID
+    if shape.arch == "llama":
+        gen.bos_token_id = BOS_ID
+    else:
+        gen.decoder_start_token_id = PAD_ID
+    return model
+
+
+def count_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def flops_per_token(model: torch.nn.Module, seq_len: int) -> float:
+    """Training FLOPs per token: 6·(matmul params) + 12·L·d·T for attention (PaLM appendix B)."""
+    cfg = model.config
+    emb = model.get_input_embeddings().weight.numel()
+    matmul_params = count_params(model) - emb  # input embedding is a lookup, not a matmul
+    if getattr(cfg, "tie_word_embeddings", False):
+        matmul_params += emb  # ...but the tied output head is
+    layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "num_layers", 0) * 2
+    dim = getattr(cfg, "hidden_size", None) or getattr(cfg, "d_model")
+    return 6.0 * matmul_params + 12.0 * layers * dim * seq_len
+
+
+def peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, value in PEAK_BF16_FLOPS.items():
+        if key in name:
+            return value
+    return None
+
+
+# -------------------------------------------------------------------------------------------- loss
+
+
+def forward_logits(model: torch.nn.Module, batch: torch.Tensor | Seq2SeqBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits [B, T, V], targets [B, T] with -100 where ignored) for either kind of batch."""
+    if isinstance(batch, Seq2SeqBatch):
+        decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels=batch.labels)
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                    decoder_input_ids=decoder_input_ids, use_cache=False)
+        return out.logits, batch.labels
+    out = model(input_ids=batch[:, :-1], use_cache=False)
+    return out.logits, batch[:, 1:]
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor, z_loss: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss to optimize, cross-entropy alone), both fp32 means over non-ignored positions."""
+    logits = logits.float().flatten(0, 1)
+    targets = targets.flatten()
+    ce = F.cross_entropy(logits, targets, ignore_index=-100)
+    if z_loss <= 0:
+        return ce, ce
+    mask = targets != -100
+    lse = torch.logsumexp(logits[mask], dim=-1)
+    return ce + z_loss * lse.pow(2).mean(), ce
+
+
+# ----------------------------------------------------------------------------------------- logging
+
+
+@dataclass
+class TrainLog:
+    """CSV per step (+ JSON summary); `rows` stay in memory for tests and reports."""
+
+    path: Path | None
+    rows: list[dict] = field(default_factory=list)
+    columns: tuple[str, ...] = ("step", "tokens", "loss", "ce", "lr", "grad_norm", "val_loss", "tokens_per_s",
+                                "mfu", "elapsed_s", "skipped")
+
+    def __post_init__(self) -> None:
+        self._fh = None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = open(self.path, "w", newline="")
+            self._writer = csv.DictWriter(self._fh, fieldnames=list(self.columns), extrasaction="ignore")
+            self._writer.writeheader()
+
+    def write(self, row: dict) -> None:
+        self.rows.append(row)
+        if self._fh is not None:
+            self._writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in self.columns})
+            self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    skipped_steps: int
+    tokens: int
+    seconds: float
+    final_loss: float
+    val_loss: float
+    val_curve: list[tuple[int, float]]
+    tokens_per_s: float
+    mfu: float | None
+    params: int
+    log_path: str | None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# -------------------------------------------------------------------------------------------- loop
+
+
+def resolve_device(device: str | torch.device | None = None) -> torch.device:
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW; weight decay on matrices (ndim ≥ 2) only, never on norms or biases."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    kwargs = {"fused": True} if device.type == "cuda" else {}
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8, **kwargs)
+
+
+def lr_at(step: int, total_steps: int, cfg: TrainConfig) -> float:
+    """Linear warm-up to cfg.lr, then cosine decay to cfg.lr * min_lr_ratio at total_steps."""
+    warmup = max(1, min(cfg.warmup_steps, total_steps // 2))
+    if step < warmup:
+        return cfg.lr * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def _to(batch, device):
+    return batch.to(device, non_blocking=True) if isinstance(batch, torch.Tensor) else batch.to(device)
+
+
+def _num_tokens(batch) -> int:
+    if isinstance(batch, Seq2SeqBatch):
+        return int((batch.labels != -100).sum()) + int(batch.attention_mask.sum())
+    return batch.shape[0] * (batch.shape[1] - 1)
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, batches: list, device: torch.device, bf16: bool = True) -> float:
+    """Token-weighted mean cross-entropy (nats) over `batches`."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for batch in batches:
+        batch = _to(batch, device)
+        with _autocast(device, bf16):
+            logits, targets = forward_logits(model, batch)
+        n = int((targets != -100).sum())
+        total += float(F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100,
+                                       reduction="sum"))
+        count += n
+    model.train(was_training)
+    return total / max(1, count)
+
+
+def _autocast(device: torch.device, bf16: bool):
+    if device.type == "cuda" and bf16:
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast(device.type, enabled=False)
+
+
+LossFn = Callable[[torch.nn.Module, object], tuple[torch.Tensor, torch.Tensor]]
+
+
+def run_training(
+    model: torch.nn.Module,
+    data: TokenData | PairData,
+    cfg: TrainConfig,
+    *,
+    loss_fn: LossFn | None = None,
+    log_path: str | os.PathLike | None = None,
+    device: str | torch.device | None = None,
+    progress: bool = True,
+    desc: str = "train",
+    extra_flops_per_token: float = 0.0,
+) -> TrainResult:
+    """Train `model` in place on `data` under `cfg`. `loss_fn(model, batch) -> (loss, ce)` defaults to
+    cross-entropy + z-loss; distillation passes its own. Returns a summary; the CSV log is at `log_path`."""
+    device = resolve_device(device)
+    model.to(device).train()
+    if loss_fn is None:
+        def loss_fn(m, b):
+            logits, targets = forward_logits(m, b)
+            return lm_loss(logits, targets, cfg.z_loss)
+
+    optimizer = make_optimizer(model, cfg, device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    rng = np.random.default_rng(cfg.seed)
+    val = data.val_batches(cfg.batch_size, cfg.seq_len, cfg.eval_batches)
+    log = TrainLog(Path(log_path) if log_path else None)
+    fpt = flops_per_token(model, cfg.seq_len) + extra_flops_per_token
+    peak = peak_flops(device)
+    calib_start, calib_end = 5, 25  # steps whose timing fixes the step count under max_seconds
+    total_steps = cfg.steps
+    val_curve: list[tuple[int, float]] = []
+    eval_seconds = 0.0
+
+    def run_eval(step: int) -> float:
+        nonlocal eval_seconds
+        t = time.perf_counter()
+        v = evaluate(model, val, device, cfg.bf16)
+        eval_seconds += time.perf_counter() - t
+        val_curve.append((step, v))
+        return v
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total_steps, desc=desc, file=sys.stderr, dynamic_ncols=True, leave=False)
+    t0 = time.perf_counter()
+    first_val = run_eval(0)
+    log.write({"step": 0, "tokens": 0, "val_loss": round(first_val, 5), "elapsed_s": 0.0, "skipped": 0})
+    tokens = skipped = consecutive_skips = 0
+    step = 0
+    last_loss = float("nan")
+    t_calib = t_window = time.perf_counter()
+    tokens_window = 0
+    while step < total_steps:
+        if step == calib_start:
+            t_calib = time.perf_counter()
+        if step == calib_end and cfg.max_seconds is not None:
+            per_step = (time.perf_counter() - t_calib) / (calib_end - calib_start)
+            remaining = cfg.max_seconds - (time.perf_counter() - t0)
+            # leave room for the evaluations still to come (each costs about what the first did)
+            eval_cost = eval_seconds / max(1, len(val_curve))
+            fit = int(remaining / (per_step + eval_cost / max(1, cfg.eval_every)))
+            total_steps = max(step + 1, min(cfg.steps, step + fit))
+            if bar is not None:
+                bar.total = total_steps
+                bar.refresh()
+            logger.info("%s: %.1f ms/step -> %d steps in %.0f s", desc, 1e3 * per_step, total_steps, cfg.max_seconds)
+        lr = lr_at(step, total_steps, cfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        batch = _to(data.train_batch(cfg.batch_size, cfg.seq_len, rng), device)
+        with _autocast(device, cfg.bf16):
+            loss, ce = loss_fn(model, batch)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        loss = loss.detach()
+        finite = bool(torch.isfinite(loss) & torch.isfinite(grad_norm))  # one host sync per step
+        if finite:
+            optimizer.step()
+            consecutive_skips = 0
+        else:
+            skipped += 1
+            consecutive_skips += 1
+            logger.warning("%s step %d: non-finite loss/grad (loss=%s, grad_norm=%s); step skipped",
+                           desc, step, float(loss), float(grad_norm))
+            if consecutive_skips >= MAX_CONSECUTIVE_SKIPS:
+                log.close()
+                raise FloatingPointError(f"{desc}: {consecutive_skips} consecutive non-finite steps at step {step}")
+        optimizer.zero_grad(set_to_none=True)
+        n_tok = _num_tokens(batch)
+        tokens += n_tok
+        tokens_window += n_tok
+        step += 1
+        last_loss = float(loss)
+        row = {"step": step, "tokens": tokens, "loss": round(last_loss, 5), "ce": round(float(ce.detach()), 5),
+               "lr": f"{lr:.3e}", "grad_norm": round(float(grad_norm), 4),
+               "elapsed_s": round(time.perf_counter() - t0, 2), "skipped": skipped}
+        if step % 10 == 0 or step == total_steps:
+            now = time.perf_counter()
+            tps = tokens_window / max(1e-9, now - t_window)
+            row["tokens_per_s"] = round(tps, 1)
+            row["mfu"] = None if peak is None else round(tps * fpt / peak, 4)
+            t_window, tokens_window = now, 0
+        stop_for_time = cfg.max_seconds is not None and time.perf_counter() - t0 > 1.1 * cfg.max_seconds
+        if step % cfg.eval_every == 0 or step == total_steps or stop_for_time:
+            row["val_loss"] = round(run_eval(step), 5)
+        log.write(row)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{last_loss:.3f}", val=f"{val_curve[-1][1]:.3f}", lr=f"{lr:.1e}")
+        if stop_for_time:
+            logger.warning("%s: over the time budget, stopping at step %d of %d", desc, step, total_steps)
+            break
+    if bar is not None:
+        bar.close()
+    seconds = time.perf_counter() - t0
+    log.close()
+    train_seconds = max(1e-9, seconds - eval_seconds)
+    tps = tokens / train_seconds
+    result = TrainResult(
+        steps=step, skipped_steps=skipped, tokens=tokens, seconds=round(seconds, 2), final_loss=last_loss,
+        val_loss=val_curve[-1][1], val_curve=val_curve, tokens_per_s=round(tps, 1),
+        mfu=None if peak is None else round(tps * fpt / peak, 4), params=count_params(model),
+        log_path=None if log_path is None else str(log_path),
+    )
+    if log_path is not None:
+        Path(log_path).with_suffix(".json").write_text(json.dumps(result.to_dict(), indent=1))
+    return result
+
+
+def train_model(
+    shape: ModelShape,
+    data: TokenData | PairData,
+    cfg: TrainConfig,
+    *,
+    vocab_size: int,
+    log_path: str | os.PathLike | None = None,
+    device: str | torch.device | None = None,
+    progress: bool = True,
+    desc: str = "train",
+) -> tuple[torch.nn.Module, TrainResult]:
+    """Build a model of `shape` and train it from scratch; returns (model, result)."""
+    model = build_model(shape, vocab_size, seed=cfg.seed)
+    result = run_training(model, data, cfg, log_path=log_path, device=device, progress=progress, desc=desc)
+    return model, result
+
+
+# -------------------------------------------------------------------------------------------- save
+
+
+def save_model(
+    model: torch.nn.Module,
+    out_dir: str | os.PathLike,
+    tokenizer_dir: str | os.PathLike,
+    *,
+    dtype: str | None = None,
+    max_shard_size: str | None = None,
+) -> Path:
+    """`save_pretrained` (safetensors) + the tokenizer, so the folder loads like any user checkpoint.
+
+    dtype: store the weights in this dtype ("float16"/"bfloat16") to save space; config.json still says
+    float32, so `from_pretrained(folder)` computes in fp32 (what CPU decoding wants).
+    """
+    from specdec.zoo.tokenizer import load_tokenizer
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    to_save = copy.deepcopy(model).to("cpu").float()
+    if dtype is not None:
+        to_save = to_save.to(getattr(torch, dtype))
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    to_save.save_pretrained(str(out), safe_serialization=True, **kwargs)
+    config_path = out / "config.json"
+    config = json.loads(config_path.read_text())
+    for key in ("dtype", "torch_dtype"):
+        if key in config:
+            config[key] = "float32"
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    load_tokenizer(tokenizer_dir).save_pretrained(str(out))
+    return out
