@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "train": "specdec.cli.train",
     "demo": "specdec.cli.demo",
     "bench": "specdec.cli.bench",
+    "policies": "specdec.cli.policies",
 }
 
 
