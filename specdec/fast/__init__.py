@@ -1,0 +1,17 @@
+"""The GPU fast path: a compact Llama with a static per-row KV cache and CUDA-graph decode steps.
+
+Terms:
+  FastLlama    plain-PyTorch Llama (fused q|k|v and gate|up weights) loaded from a transformers Llama
+  KVCache      `[B, H_kv, S, D]` per layer; row b's token at position t lives in slot t (no holes), so
+               rollback is a pointer move: `crop(lengths)` only sets `lengths`
+  FastTarget   the target interface of `specdec.models.hf.HFCausalLM` (begin / forward / crop / select_rows)
+  FastDrafter  a `specdec.drafters.base.Drafter` whose γ single-token steps are one captured graph
+
+Use them with the ordinary loop: `specdec.generate(FastTarget(m), prompts, drafter=FastDrafter(d))`.
+Both set `drop_finished_rows = False`: shapes stay fixed for a whole request, so graphs stay valid.
+"""
+
+from specdec.fast.model import FastLlama, KVCache, LlamaShape
+from specdec.fast.target import FastDrafter, FastTarget, load_fast_llama
+
+__all__ = ["FastLlama", "KVCache", "LlamaShape", "FastTarget", "FastDrafter", "load_fast_llama"]

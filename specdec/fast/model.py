@@ -1,0 +1,298 @@
+"""A compact Llama in plain PyTorch with a static, per-row KV cache (gpt-fast style).
+
+Terms:
+  slot        one position of the KV cache along S. Row b's token at position t lives in slot t: prompts
+              are right-padded, so a row's text is slots [0, lengths[b]) with no holes.
+  lengths [B] tokens in each row's cache. A forward of k new tokens writes row b's slots
+              [lengths[b], lengths[b] + k) (its own slots, per row) and advances lengths by k.
+              Rollback (`crop`) only moves lengths: slots past it are invisible and later overwritten.
+  junk slot   the last slot of the cache, never attended to: padding tokens (valid == False) write there.
+  mask        a query at position t sees slots j <= t (and never the junk slot).
+
+Weights are fused for batch-1 speed (one q|k|v matrix, one gate|up matrix). `FastLlama.from_hf` loads a
+transformers `LlamaForCausalLM` (object or local folder); `FastLlama.random` builds random weights
+directly on the device (the 8B-shaped system benchmark). Every forward is free of host syncs and,
+with fixed shapes, can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["LlamaShape", "KVCache", "FastLlama"]
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    """The numbers that define a Llama forward pass."""
+
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = False
+
+    @classmethod
+    def from_hf(cls, config) -> "LlamaShape":
+        if getattr(config, "model_type", "llama") not in ("llama",):
+            raise ValueError(f"FastLlama loads Llama models only, got model_type={config.model_type!r}")
+        if getattr(config, "mlp_bias", False) or getattr(config, "attention_bias", False):
+            raise ValueError("FastLlama does not support Llama variants with biases (attention_bias / mlp_bias)")
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        rope = getattr(config, "rope_parameters", None) or {}
+        theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        return cls(
+            vocab_size=config.vocab_size,
+            dim=config.hidden_size,
+            n_layers=config.num_hidden_layers,
+            n_heads=heads,
+            n_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            head_dim=head_dim,
+            intermediate_size=config.intermediate_size,
+            rms_norm_eps=config.rms_norm_eps,
+            rope_theta=float(theta),
+            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        )
+
+    @property
+    def num_parameters(self) -> int:
+        qkv = self.dim * (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
+        layer = qkv + self.n_heads * self.head_dim * self.dim + 3 * self.dim * self.intermediate_size + 2 * self.dim
+        head = 0 if self.tie_word_embeddings else self.vocab_size * self.dim
+        return self.n_layers * layer + self.vocab_size * self.dim + head + self.dim
+
+
+@dataclass
+class KVCache:
+    """keys/values: one `[B, H_kv, S, D]` tensor per layer (slot S−1 is the junk slot); lengths `[B]`."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    lengths: torch.Tensor
+
+    @property
+    def num_slots(self) -> int:
+        """Usable slots (the junk slot excluded)."""
+        return self.keys[0].shape[2] - 1
+
+    @property
+    def batch_size(self) -> int:
+        return self.keys[0].shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+    def select_rows(self, index: torch.Tensor) -> "KVCache":
+        return KVCache(
+            [k.index_select(0, index) for k in self.keys],
+            [v.index_select(0, index) for v in self.values],
+            self.lengths.index_select(0, index),
+        )
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return (n + multiple - 1) // multiple * multiple
+
+
+class FastLlama(torch.nn.Module):
+    """Llama decoder with fused weights; `forward(tokens, cache, ...)` reads and writes a `KVCache`."""
+
+    def __init__(self, shape: LlamaShape, *, inv_freq: torch.Tensor | None = None, rope_scaling: float = 1.0,
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.shape = shape
+        s = shape
+        qkv_out = (s.n_heads + 2 * s.n_kv_heads) * s.head_dim
+
+        def empty(*size):
+            return torch.nn.Parameter(torch.empty(*size, device=device, dtype=dtype), requires_grad=False)
+
+        self.embed = empty(s.vocab_size, s.dim)
+        self.wqkv = torch.nn.ParameterList([empty(qkv_out, s.dim) for _ in range(s.n_layers)])
+        self.wo = torch.nn.ParameterList([empty(s.dim, s.n_heads * s.head_dim) for _ in range(s.n_layers)])
+        self.w_gate_up = torch.nn.ParameterList([empty(2 * s.intermediate_size, s.dim) for _ in range(s.n_layers)])
+        self.w_down = torch.nn.ParameterList([empty(s.dim, s.intermediate_size) for _ in range(s.n_layers)])
+        self.attn_norm = torch.nn.ParameterList([empty(s.dim) for _ in range(s.n_layers)])
+        self.mlp_norm = torch.nn.ParameterList([empty(s.dim) for _ in range(s.n_layers)])
+        self.final_norm = empty(s.dim)
+        self.lm_head = self.embed if s.tie_word_embeddings else empty(s.vocab_size, s.dim)
+        if inv_freq is None:
+            inv_freq = 1.0 / (s.rope_theta ** (torch.arange(0, s.head_dim, 2, dtype=torch.float32) / s.head_dim))
+        self.register_buffer("inv_freq", inv_freq.detach().float().to(device), persistent=False)
+        self.rope_scaling = float(rope_scaling)  # HF's `attention_scaling` (1.0 except for some rope types)
+        self.config = None  # the transformers config, when loaded from one
+        self.generation_config = None
+        self._rope_cache: tuple[int, torch.Tensor, torch.Tensor] | None = None
+
+    # ------------------------------------------------------------------------------------------- loading
+    @classmethod
+    def random(cls, shape: LlamaShape, *, device="cuda", dtype=torch.bfloat16, std: float = 0.02,
+               seed: int = 0) -> "FastLlama":
+        """Random weights made on the device (fast even for 8B shapes). Benchmark use only."""
+        model = cls(shape, device=device, dtype=dtype)
+        gen = torch.Generator(device=device)
+        gen.manual_seed(seed)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" in name:
+                    p.fill_(1.0)
+                else:
+                    p.normal_(0.0, std, generator=gen)
+        return model.eval()
+
+    @classmethod
+    def from_hf(cls, model, *, device=None, dtype: torch.dtype | None = None) -> "FastLlama":
+        """Load a transformers `LlamaForCausalLM` (an object, or a local folder for `from_pretrained`)."""
+        if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
+            from transformers import AutoModelForCausalLM  # dependency at the edge
+
+            model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype or torch.float32)
+        config = model.config
+        shape = LlamaShape.from_hf(config)
+        params = dict(model.named_parameters())
+        ref = params["model.embed_tokens.weight"]
+        device = torch.device(device) if device is not None else ref.device
+        dtype = dtype or ref.dtype
+        rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+        rope_type = getattr(rotary, "rope_type", "default")
+        if rope_type == "dynamic":
+            raise ValueError("FastLlama does not support dynamic RoPE scaling (its frequencies depend on the length)")
+        inv_freq = getattr(rotary, "inv_freq", None)
+        scaling = float(getattr(rotary, "attention_scaling", 1.0))
+        fast = cls(shape, inv_freq=inv_freq, rope_scaling=scaling, device=device, dtype=dtype)
+
+        def get(name):
+            return params[name].detach().to(device=device, dtype=dtype)
+
+        with torch.no_grad():
+            fast.embed.copy_(get("model.embed_tokens.weight"))
+            for i in range(shape.n_layers):
+                pre = f"model.layers.{i}."
+                attn, mlp = pre + "self_attn.", pre + "mlp."
+                fast.wqkv[i].copy_(torch.cat([get(attn + n + ".weight") for n in ("q_proj", "k_proj", "v_proj")]))
+                fast.wo[i].copy_(get(attn + "o_proj.weight"))
+                fast.w_gate_up[i].copy_(torch.cat([get(mlp + "gate_proj.weight"), get(mlp + "up_proj.weight")]))
+                fast.w_down[i].copy_(get(mlp + "down_proj.weight"))
+                fast.attn_norm[i].copy_(get(pre + "input_layernorm.weight"))
+                fast.mlp_norm[i].copy_(get(pre + "post_attention_layernorm.weight"))
+            fast.final_norm.copy_(get("model.norm.weight"))
+            if not shape.tie_word_embeddings:
+                fast.lm_head.copy_(get("lm_head.weight"))
+        fast.config = config
+        fast.generation_config = getattr(model, "generation_config", None)
+        return fast.eval()
+
+    # ------------------------------------------------------------------------------------------- helpers
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes a decode step must read (every weight once; the embedding is only gathered)."""
+        seen, total = set(), 0
+        for name, p in self.named_parameters():
+            if id(p) in seen or name == "embed" and not self.shape.tie_word_embeddings:
+                continue
+            seen.add(id(p))
+            total += p.numel() * p.element_size()
+        return total
+
+    def new_cache(self, batch_size: int, num_slots: int) -> KVCache:
+        """A zeroed cache with at least `num_slots` usable slots (+1 junk slot, rounded up to 16)."""
+        s = self.shape
+        total = _round_up(num_slots + 1, 16)  # aligned for the fused attention kernels
+        size = (batch_size, s.n_kv_heads, total, s.head_dim)
+        make = lambda: torch.zeros(size, device=self.device, dtype=self.dtype)  # noqa: E731
+        lengths = torch.zeros(batch_size, dtype=torch.long, device=self.device)
+        return KVCache([make() for _ in range(s.n_layers)], [make() for _ in range(s.n_layers)], lengths)
+
+    def rope_tables(self, num_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin `[P, D]` in the model dtype, as HF computes them (float32 then cast)."""
+        if self._rope_cache is None or self._rope_cache[0] < num_positions:
+            pos = torch.arange(num_positions, device=self.device, dtype=torch.float32)
+            freqs = pos[:, None] * self.inv_freq[None, :]
+            emb = torch.cat([freqs, freqs], dim=-1)
+            cos = (emb.cos() * self.rope_scaling).to(self.dtype)
+            sin = (emb.sin() * self.rope_scaling).to(self.dtype)
+            half = self.shape.head_dim // 2
+            # rotate_half(x) * sin == roll(x, D/2) * [-sin_lo, sin_hi]
+            sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
+            self._rope_cache = (num_positions, cos, sin_signed)
+        return self._rope_cache[1], self._rope_cache[2]
+
+    # ------------------------------------------------------------------------------------------- forward
+    def forward(self, tokens: torch.Tensor, cache: KVCache, valid: torch.Tensor | None = None,
+                *, last_only: bool = False, advance: bool = True) -> torch.Tensor:
+        """Append `tokens [B, k]` to each row at its own slots → logits `[B, k, V]` (float32).
+
+        valid [B, k] (optional): False marks padding; a row's valid tokens are written contiguously from
+        `cache.lengths[b]` in order, padding goes to the junk slot and its logits are meaningless.
+        last_only: return logits of the last column only (`[B, 1, V]`). advance: move `cache.lengths`.
+        No host synchronization: with fixed shapes this can be captured in a CUDA graph.
+        """
+        s = self.shape
+        batch, k = tokens.shape
+        num_slots_total = cache.keys[0].shape[2]
+        junk = num_slots_total - 1
+        if valid is None:
+            positions = cache.lengths[:, None] + torch.arange(k, device=tokens.device)[None, :]
+            slots = positions.clamp(max=junk)  # past the end: junk (callers size the cache so this never happens)
+            added = k
+        else:
+            valid_long = valid.long()
+            positions = cache.lengths[:, None] + valid_long.cumsum(1) - 1
+            positions = positions.clamp_min(0)
+            slots = torch.where(valid, positions.clamp(max=junk), torch.full_like(positions, junk))
+            added = valid_long.sum(1)
+        cos_table, sin_table = self.rope_tables(num_slots_total)
+        cos = cos_table[positions.clamp(max=junk)][:, :, None, :]  # [B, k, 1, D]
+        sin = sin_table[positions.clamp(max=junk)][:, :, None, :]
+        # Additive attention bias shared by all layers: [B, 1, G·k, S]; query (g, i) sees slots j <= pos_i.
+        group = s.n_heads // s.n_kv_heads
+        j = torch.arange(num_slots_total, device=tokens.device)
+        allowed = (j[None, None, :] <= positions[:, :, None]) & (j < junk)  # [B, k, S]
+        bias = torch.zeros(allowed.shape, device=tokens.device, dtype=self.dtype).masked_fill_(~allowed, float("-inf"))
+        bias = bias[:, None, None].expand(batch, 1, group, k, num_slots_total).reshape(batch, 1, group * k, num_slots_total)
+        write_index = slots[:, None, :, None].expand(batch, s.n_kv_heads, k, s.head_dim)
+
+        x = F.embedding(tokens, self.embed)  # [B, k, dim]
+        nq, nkv, hd = s.n_heads, s.n_kv_heads, s.head_dim
+        for i in range(s.n_layers):
+            h = F.rms_norm(x, (s.dim,), self.attn_norm[i], s.rms_norm_eps)
+            qkv = F.linear(h, self.wqkv[i])
+            qkv = qkv.view(batch, k, nq + 2 * nkv, hd)
+            qk, v = qkv[:, :, : nq + nkv], qkv[:, :, nq + nkv :]
+            qk = torch.addcmul(qk * cos, torch.roll(qk, hd // 2, dims=-1), sin)  # RoPE on q and k at once
+            q, key = qk[:, :, :nq], qk[:, :, nq:]
+            cache.keys[i].scatter_(2, write_index, key.transpose(1, 2))
+            cache.values[i].scatter_(2, write_index, v.transpose(1, 2))
+            # Fold the query heads that share a KV head into the query length: plain MHA over H_kv heads.
+            q = q.reshape(batch, k, nkv, group, hd).permute(0, 2, 3, 1, 4).reshape(batch, nkv, group * k, hd)
+            attn = F.scaled_dot_product_attention(q, cache.keys[i], cache.values[i], attn_mask=bias)
+            attn = attn.view(batch, nkv, group, k, hd).permute(0, 3, 1, 2, 4).reshape(batch * k, nq * hd)
+            x = x.view(batch * k, s.dim).addmm_(attn, self.wo[i].t())  # residual add fused into the GEMM
+            h = F.rms_norm(x, (s.dim,), self.mlp_norm[i], s.rms_norm_eps)
+            gate, up = F.linear(h, self.w_gate_up[i]).chunk(2, dim=-1)
+            x = x.addmm_(F.silu(gate) * up, self.w_down[i].t()).view(batch, k, s.dim)
+        if last_only:
+            x = x[:, -1:]
+        x = F.rms_norm(x, (s.dim,), self.final_norm, s.rms_norm_eps)
+        logits = F.linear(x, self.lm_head).float()
+        if advance:
+            cache.lengths.add_(added)
+        return logits

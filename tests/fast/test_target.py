@@ -1,0 +1,200 @@
+"""FastTarget / FastDrafter / fast_generate give the target's own greedy output and the exact sampling law."""
+
+import copy
+
+import pytest
+import torch
+
+import specdec
+from conftest import RAGGED_PROMPTS
+from helpers import assert_same_greedy, hf_greedy
+from specdec.core import SamplingConfig, standardize_logits, verify, verify_greedy
+from specdec.fast import FastDrafter, FastTarget
+from specdec.fast.engine import fast_generate
+from specdec.fast.sampling import sample_with_noise, standardize_probs
+from specdec.fast.verify import verify_greedy_nosync, verify_with_noise
+
+MAX_NEW = 20
+
+
+@pytest.fixture(scope="module")
+def near_copy(llama):
+    """A drafter close to the target (high α): exercises accept-all steps and partial rejections."""
+    model = copy.deepcopy(llama)
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(5)
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.02)
+    return model
+
+
+def _drafters(kind, llama, llama_draft, near_copy):
+    corpus = [[(i * 7 + j) % 64 for i in range(100)] for j in range(3)]
+    return {
+        "none": None,
+        "fast_small": FastDrafter(llama_draft),
+        "fast_near": FastDrafter(near_copy),
+        "fast_self": FastDrafter(llama),
+        "bigram": specdec.NGramDrafter(2).fit(corpus, 64),
+        "prompt_lookup": specdec.PromptLookupDrafter(),
+    }[kind]
+
+
+KINDS = ["none", "fast_small", "fast_near", "fast_self", "bigram", "prompt_lookup"]
+
+
+@pytest.mark.parametrize("engine", ["loop", "fused"])
+@pytest.mark.parametrize("gamma", [1, 4])
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_equals_hf(llama, llama_draft, near_copy, kind, gamma, engine):
+    eos = [2]
+    refs = [hf_greedy(llama, p, MAX_NEW, eos) for p in RAGGED_PROMPTS]
+    target = FastTarget(llama)
+    drafter = _drafters(kind, llama, llama_draft, near_copy)
+    run = specdec.generate if engine == "loop" else fast_generate
+    res = run(target, RAGGED_PROMPTS, drafter=drafter, temperature=0, max_new_tokens=MAX_NEW,
+              num_draft_tokens=gamma, eos_token_id=eos)
+    for prompt, ours, ref in zip(RAGGED_PROMPTS, res.sequences, refs):
+        assert_same_greedy(llama, prompt, ours, ref)
+    if kind == "fast_self":
+        assert res.stats.alpha == 1.0
+    assert res.stats.num_generated_tokens == sum(len(s) for s in res.sequences)
+
+
+def test_fast_drafter_matches_hf_model_drafter(llama, near_copy):
+    """Same greedy drafts and the same acceptance as the HF ModelDrafter in the ordinary loop."""
+    kw = dict(temperature=0, max_new_tokens=MAX_NEW, num_draft_tokens=3, eos_token_id=[])
+    ref = specdec.generate(llama, RAGGED_PROMPTS, drafter=near_copy, **kw)
+    ours = specdec.generate(FastTarget(llama), RAGGED_PROMPTS, drafter=FastDrafter(near_copy), **kw)
+    assert ours.sequences == ref.sequences
+    assert ours.stats.accepted_by_position == ref.stats.accepted_by_position
+    assert ours.stats.alpha == pytest.approx(ref.stats.alpha)
+
+
+def test_engine_reuses_its_graph_state_across_requests(llama, near_copy):
+    target, drafter = FastTarget(llama), FastDrafter(near_copy)
+    kw = dict(temperature=0, max_new_tokens=12, num_draft_tokens=3, eos_token_id=[])
+    first = fast_generate(target, RAGGED_PROMPTS, drafter=drafter, **kw)
+    again = fast_generate(target, RAGGED_PROMPTS, drafter=drafter, **kw)
+    other = fast_generate(target, RAGGED_PROMPTS[:2], drafter=drafter, **kw)
+    assert first.sequences == again.sequences
+    assert other.sequences == first.sequences[:2]
+
+
+def test_cache_is_sized_to_the_request(llama):
+    target = FastTarget(llama, max_draft_tokens=5)
+    target.begin([[1, 2, 3], [4]], max_new_tokens=10)
+    assert target.cache.num_slots >= 3 + 10 + 5
+    assert target.cache.num_slots < 3 + 10 + 5 + 16
+    assert target.lengths.tolist() == [2, 0]  # all but each prompt's last token
+
+
+def test_crop_and_select_rows(llama):
+    target = FastTarget(llama)
+    target.begin([[1, 2, 3, 4], [5, 6]], max_new_tokens=8)
+    target.forward(torch.tensor([[4, 9], [6, 9]]))
+    target.crop(torch.tensor([4, 2]))
+    with pytest.raises(ValueError, match="shorten"):
+        target.crop(torch.tensor([9, 2]))
+    target.select_rows(torch.tensor([1]))
+    out = target.forward(torch.tensor([[7]]))
+    ref = llama(torch.tensor([[5, 6, 7]])).logits[0, -1]
+    torch.testing.assert_close(out[0, 0], ref, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=0.7, top_k=5),
+                                      SamplingConfig(temperature=1.3, top_p=0.8), SamplingConfig(temperature=0)])
+def test_sync_free_twins_equal_the_core(sampling):
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(3, 5, 16, generator=gen)
+    torch.testing.assert_close(standardize_probs(logits, sampling), standardize_logits(logits, sampling))
+    if sampling.greedy:
+        draft = torch.randint(0, 16, (3, 4), generator=gen)
+        a, b = verify_greedy(draft, logits), verify_greedy_nosync(draft, logits)
+        assert torch.equal(a.num_accepted, b.num_accepted) and torch.equal(a.next_token, b.next_token)
+        return
+    p = standardize_logits(logits, sampling)
+    q = standardize_logits(torch.randn(3, 4, 16, generator=gen), sampling)
+    draft = torch.stack([sample_with_noise(q[:, i], torch.empty(3, 16).exponential_(generator=gen)) for i in range(4)], 1)
+    for probs, lengths in ((q, None), (None, torch.tensor([4, 2, 0]))):
+        uniforms = torch.rand(3, 4, generator=gen)
+        state = gen.get_state()
+        ref = verify(draft, probs, p, gen, draft_lengths=lengths, uniforms=uniforms)
+        gen.set_state(state)
+        noise = torch.empty(3, 16).exponential_(generator=gen)  # what core.sample draws next
+        ours = verify_with_noise(draft, probs, p, uniforms, noise, lengths)
+        assert torch.equal(ref.num_accepted, ours.num_accepted)
+        assert torch.equal(ref.next_token, ours.next_token)
+        torch.testing.assert_close(ref.beta, ours.beta)
+
+
+def test_fast_drafter_reports_the_q_it_sampled_from(llama_draft):
+    drafter = FastDrafter(llama_draft)
+    target = FastTarget(llama_draft)
+    context = target.begin([[1, 2, 3, 4], [5]], max_new_tokens=8)
+    drafter.begin(context, 64)
+    sampling = SamplingConfig(temperature=0.8, top_k=20)
+    gen = torch.Generator().manual_seed(3)
+    state = gen.get_state()
+    proposal = drafter.propose(context, 3, sampling, gen)
+    gen.set_state(state)
+    noise = torch.empty(2, 3, 64).exponential_(generator=gen)
+    for b, prefix in enumerate([[1, 2, 3, 4], [5]]):
+        seq = list(prefix)
+        for i in range(3):
+            with torch.no_grad():
+                q = standardize_logits(llama_draft(torch.tensor([seq])).logits[0, -1], sampling)
+            torch.testing.assert_close(proposal.probs[b, i], q, atol=1e-5, rtol=0)
+            assert int(proposal.tokens[b, i]) == int(sample_with_noise(q, noise[b, i]))
+            seq.append(int(proposal.tokens[b, i]))
+
+
+def _exact_two_token_law(model, prompt, sampling):
+    """P(x1, x2 | prompt) of the standardized target, by enumeration (small vocabulary)."""
+    with torch.no_grad():
+        p1 = standardize_logits(model(torch.tensor([prompt])).logits[0, -1], sampling)
+        vocab = p1.shape[0]
+        seqs = torch.tensor([prompt + [x] for x in range(vocab)])
+        p2 = standardize_logits(model(seqs).logits[:, -1], sampling)
+    return p1[:, None] * p2  # [V, V]
+
+
+@pytest.mark.parametrize("wrong_rule", [False, True])
+def test_sampling_law_is_the_targets(make_llama, wrong_rule):
+    """Joint law of the first two tokens (fused engine, model drafter, γ=2) vs the exact target law.
+
+    Covers the first token, the token after a rejection (residual) and the bonus token. Negative control:
+    a drafter that reports the wrong q (uniform) must fail the same test.
+    """
+    target_model = make_llama(11, layers=2, vocab=8)
+    draft_model = make_llama(12, layers=1, vocab=8)
+    sampling = SamplingConfig(temperature=1.0)
+    prompt = [1, 2, 3]
+    rows = 6000
+    drafter = FastDrafter(draft_model)
+    if wrong_rule:
+        original = drafter.propose
+
+        def lying(*args, **kwargs):
+            proposal = original(*args, **kwargs)
+            return specdec.Proposal(tokens=proposal.tokens, probs=torch.full_like(proposal.probs, 1 / 8),
+                                    forward_passes=proposal.forward_passes)
+
+        drafter.propose = lying
+    res = fast_generate(FastTarget(target_model), [prompt] * rows, drafter=drafter, temperature=1.0,
+                        max_new_tokens=2, num_draft_tokens=2, eos_token_id=[], seed=0)
+    counts = torch.zeros(8, 8)
+    for seq in res.sequences:
+        counts[seq[0], seq[1]] += 1
+    expected = _exact_two_token_law(target_model, prompt, sampling) * rows
+    keep = expected > 5
+    chi2 = float((((counts - expected) ** 2) / expected)[keep].sum())
+    dof = int(keep.sum()) - 1
+    from scipy.stats import chi2 as chi2_dist
+
+    p_value = chi2_dist.sf(chi2, dof)
+    if wrong_rule:
+        assert p_value < 1e-6, f"the negative control passed (p={p_value})"
+    else:
+        assert p_value > 1e-3, f"chi2={chi2:.1f} dof={dof} p={p_value}"
+        assert expected[~keep].sum() < 0.01 * rows
