@@ -71,5 +71,3 @@ def make_llama():
 def make_gpt2():
     return _gpt2
 
-
-RAGGED_PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12], [3, 4, 5], [7, 7, 7, 7, 8, 9, 7, 7, 7, 7, 8]]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+RAGGED_PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12], [3, 4, 5], [7, 7, 7, 7, 8, 9, 7, 7, 7, 7, 8]]
+
 
 def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos: list[int]) -> list[int]:
     """transformers' own greedy generate for one prompt, cut after the first EOS."""

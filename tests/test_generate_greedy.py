@@ -4,8 +4,7 @@ import pytest
 import torch
 
 import specdec
-from helpers import assert_same_greedy, hf_greedy
-from conftest import RAGGED_PROMPTS
+from helpers import RAGGED_PROMPTS, assert_same_greedy, hf_greedy
 
 MAX_NEW = 24
 
