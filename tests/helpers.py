@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 RAGGED_PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12], [3, 4, 5], [7, 7, 7, 7, 8, 9, 7, 7, 7, 7, 8]]
@@ -29,3 +30,30 @@ def assert_same_greedy(model, prompt: list[int], ours: list[int], ref: list[int]
     top2 = logits.topk(2).values
     margin = float(top2[0] - top2[1])
     assert margin < 1e-4, f"outputs differ at token {i} with a clear margin {margin}: ours={ours} ref={ref}"
+
+
+WORDS = [f"w{i}" for i in range(60)]
+
+
+def save_tiny_checkpoint(path, seed: int, layers: int = 2) -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {word: i for i, word in enumerate(WORDS + ["[UNK]", "[PAD]", "[BOS]", "[EOS]"])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", bos_token="[BOS]", eos_token="[EOS]"
+    )
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, pad_token_id=vocab["[PAD]"],
+        bos_token_id=vocab["[BOS]"], eos_token_id=vocab["[EOS]"],
+    )
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(10.0)  # peaked logits: a random model otherwise drafts near-uniform noise
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)

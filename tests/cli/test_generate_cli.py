@@ -1,0 +1,74 @@
+"""`specdec generate` on tiny checkpoints saved to disk."""
+
+import json
+
+import pytest
+
+from helpers import save_tiny_checkpoint
+from specdec.cli import main
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gen")
+    save_tiny_checkpoint(root / "target", seed=0, layers=2)
+    save_tiny_checkpoint(root / "draft", seed=1, layers=1)
+    return root
+
+
+def cli(capsys, *argv):
+    code = main(["generate", *argv])
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+@pytest.mark.parametrize("draft", [None, "draft", "ngram", "unigram", "prompt-lookup"])
+def test_greedy_text_is_identical_for_every_drafter(capsys, ckpt, draft):
+    base = ["--target", str(ckpt / "target"), "--prompt", "w1 w2 w3 w1 w2", "--temperature", "0",
+            "--max-new-tokens", "12", "--json"]
+    code, out, err = cli(capsys, *base)
+    assert code == 0, err
+    plain = json.loads(out.strip().splitlines()[-1])
+    extra = [] if draft is None else ["--draft", str(ckpt / "draft") if draft == "draft" else draft]
+    code, out, err = cli(capsys, *base, *extra)
+    assert code == 0, err
+    spec = json.loads(out.strip().splitlines()[-1])
+    assert spec["sequences"] == plain["sequences"] and spec["texts"] == plain["texts"]
+    assert spec["stats"]["mean_accepted_length"] >= 1.0
+
+
+def test_streams_text_then_stats(capsys, ckpt):
+    code, out, err = cli(capsys, "--target", str(ckpt / "target"), "--draft", str(ckpt / "draft"),
+                         "--prompt", "w1 w2", "--max-new-tokens", "8", "--seed", "0")
+    assert code == 0, err
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("w1 w2")
+    assert "α=" in lines[-1] and "τ=" in lines[-1] and "tokens/s=" in lines[-1]
+
+
+def test_batch_of_prompts(capsys, ckpt):
+    code, out, err = cli(capsys, "--target", str(ckpt / "target"), "--draft", "prompt-lookup", "--prompt", "w1 w2",
+                         "--prompt", "w3 w4 w5 w3 w4", "--temperature", "0", "--max-new-tokens", "5", "--json")
+    assert code == 0, err
+    assert len(json.loads(out.strip().splitlines()[-1])["texts"]) == 2
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--target", "/nonexistent/dir", "--prompt", "w1"], "not found"),
+        (["--draft", "/nonexistent/draft", "--prompt", "w1"], "not found"),
+        (["--prompt", "w1", "--top-p", "0"], "top_p"),
+        (["--prompt", "w1", "--temperature", "-1"], "temperature"),
+        (["--prompt", "w1", "--num-draft-tokens", "0", "--draft", "ngram"], "num_draft_tokens"),
+        (["--prompt", "w1", "--draft", "ngram", "--ngram-data", "/nonexistent.txt"], "not found"),
+    ],
+)
+def test_bad_input_is_one_line_and_nonzero(capsys, ckpt, argv, fragment):
+    if "--target" not in argv:
+        argv = ["--target", str(ckpt / "target"), *argv]
+    code, out, err = cli(capsys, *argv)
+    assert code == 2
+    assert fragment in err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
