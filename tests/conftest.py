@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers import RAGGED_PROMPTS  # noqa: F401  (re-exported: some tests import it from conftest)
+
 transformers = pytest.importorskip("transformers")
 
 VOCAB = 64
