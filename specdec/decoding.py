@@ -141,6 +141,7 @@ def _decode(target, drafter, policy, prompts, max_new_tokens, sampling, eos, gen
         holder["result"] = GenerateResult(outputs, stats)
         return
 
+    stats.op_cost_ratio = _op_cost_ratio(target, drafter)
     context = target.begin(prompts, max_new_tokens)
     stats.target_calls += int(max(len(p) for p in prompts) > 1)
     if drafter is not None:
@@ -233,6 +234,20 @@ def _decode(target, drafter, policy, prompts, max_new_tokens, sampling, eos, gen
 
     stats.wall_time_s = time.perf_counter() - t_start
     holder["result"] = GenerateResult(outputs, stats)
+
+
+def _op_cost_ratio(target, drafter) -> float | None:
+    """ĉ for the stats: parameter-count ratio for model drafters, 0 for table/lookup drafters."""
+    if drafter is None:
+        return None
+    draft_model, target_model = getattr(drafter, "model", None), getattr(target, "model", None)
+    if draft_model is None:
+        return 0.0
+    if not isinstance(draft_model, torch.nn.Module) or not isinstance(target_model, torch.nn.Module):
+        return None
+    from specdec.analysis import op_cost_ratio
+
+    return op_cost_ratio(target_model, draft_model)
 
 
 class _Clock:

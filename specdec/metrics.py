@@ -35,6 +35,8 @@ class SpecStats:
     wall_time_s: float = 0.0
     # A plain-decoding timing of the same work, when the caller measured one (e.g. the benchmark).
     baseline_wall_time_s: float | None = None
+    # ĉ: arithmetic per token of the drafter / of the target (from parameter counts; 0 for tables/lookup)
+    op_cost_ratio: float | None = None
 
     @property
     def alpha(self) -> float | None:
@@ -84,6 +86,16 @@ class SpecStats:
         return _interpolate_gamma(lambda g: walltime_improvement(alpha, g, c if c is not None else 0.0), gamma)
 
     @property
+    def operations_increase(self) -> float | None:
+        """Thm 3.11: (1 − α)(γĉ + γ + 1) / (1 − α^(γ+1)), from the measured α, ĉ and the mean γ."""
+        from specdec.analysis import operations_increase
+
+        alpha, gamma = self.alpha, self.mean_num_draft_tokens
+        if alpha is None or gamma <= 0 or self.op_cost_ratio is None:
+            return None
+        return _interpolate_gamma(lambda g: operations_increase(alpha, g, self.op_cost_ratio), gamma)
+
+    @property
     def measured_speedup(self) -> float | None:
         """Plain-decoding wall time of the same work / this run's wall time, when measured."""
         if self.baseline_wall_time_s is None or self.wall_time_s <= 0:
@@ -95,7 +107,7 @@ class SpecStats:
         out = asdict(self)
         for name in (
             "alpha", "mean_accepted_length", "acceptance_rate", "acceptance_per_position", "mean_num_draft_tokens",
-            "tokens_per_second", "cost_ratio", "predicted_speedup", "measured_speedup",
+            "tokens_per_second", "cost_ratio", "predicted_speedup", "operations_increase", "measured_speedup",
         ):
             out[name] = getattr(self, name)
         return out
