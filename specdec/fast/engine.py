@@ -87,7 +87,7 @@ class FastEngine:
 
     # ----------------------------------------------------------------------------------------- verify step
     def _verify_body(self, s: dict, inputs: dict, gamma: int, sampling: SamplingConfig, eos_ids: torch.Tensor | None,
-                     max_gamma: int):
+                     max_gamma: int, synthetic: float | None):
         target = self.target
         tokens, lengths, generated, finished = s["tokens"], s["lengths"], s["generated"], s["finished"]
         capacity = tokens.shape[1]
@@ -100,7 +100,12 @@ class FastEngine:
             block = torch.cat([last, draft_tokens], 1)  # [B, γ+1]
             target.cache.lengths.copy_(lengths - 1)
             logits = target.model(block, target.cache)  # [B, γ+1, V]
-            if sampling.greedy:
+            if synthetic is not None:  # BENCHMARK ONLY: accept each draft with probability `synthetic`
+                accepted = inputs["uniforms"] < synthetic
+                n = accepted.long().cumprod(1).sum(1)
+                next_token = logits.argmax(-1).gather(1, n[:, None]).squeeze(1)
+                result = VerifyResult(num_accepted=n, next_token=next_token, beta=accepted.float())
+            elif sampling.greedy:
                 result = verify_greedy_nosync(draft_tokens, logits, draft_lengths)
             else:
                 probs = standardize_probs(logits, sampling)
@@ -147,13 +152,13 @@ class FastEngine:
         else:
             counters[-1:].add_(active.sum().double())
 
-    def _verify(self, s, gamma, sampling, eos_ids, max_gamma, inputs: dict):
+    def _verify(self, s, gamma, sampling, eos_ids, max_gamma, inputs: dict, synthetic: float | None):
         cuda_graphs = self.target.cuda_graphs
-        make = lambda static: self._verify_body(s, static, gamma, sampling, eos_ids, max_gamma)  # noqa: E731
+        make = lambda static: self._verify_body(s, static, gamma, sampling, eos_ids, max_gamma, synthetic)  # noqa: E731
         if not cuda_graphs:
             return make(inputs)()
         key = (gamma, sampling, tuple((k, tuple(v.shape)) for k, v in sorted(inputs.items())),
-               None if eos_ids is None else eos_ids.numel())
+               None if eos_ids is None else eos_ids.numel(), synthetic)
         entry = self._graphs.get(key)
         if entry is None:
             from specdec.fast.graphs import CapturedStep
@@ -173,8 +178,15 @@ class FastEngine:
     def generate(self, prompts, max_new_tokens: int = 64, temperature: float = 1.0, top_k: int = 0,
                  top_p: float = 1.0, num_draft_tokens: int = 4, eos_token_id: "int | Sequence[int] | None" = None,
                  seed: int | None = None, *, generator: torch.Generator | None = None,
-                 auto_off: bool = False) -> GenerateResult:
+                 auto_off: bool = False, synthetic_acceptance: float | None = None) -> GenerateResult:
+        """Arguments as `specdec.generate` (num_draft_tokens: a fixed int). auto_off: see the module doc.
+
+        synthetic_acceptance: BENCHMARK ONLY — accept each drafted token with this fixed probability instead
+        of the rule, to time the engine at a chosen α; the output is then NOT the target's distribution.
+        """
         target, drafter = self.target, self.drafter
+        if synthetic_acceptance is not None and not 0.0 <= synthetic_acceptance <= 1.0:
+            raise ValueError(f"synthetic_acceptance must be in [0, 1], got {synthetic_acceptance!r}")
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
         rows = normalize_prompts(prompts, None, target.vocab_size)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -231,10 +243,11 @@ class FastEngine:
                 inputs["draft_probs"] = proposal.probs
             if proposal.lengths is not None:
                 inputs["draft_lengths"] = proposal.lengths
-            if not sampling.greedy:
+            if not sampling.greedy or synthetic_acceptance is not None:
                 inputs["uniforms"] = torch.rand(batch, proposal.tokens.shape[1], generator=generator, device=device)
+            if not sampling.greedy and synthetic_acceptance is None:
                 inputs["noise"] = torch.empty(batch, target.vocab_size, device=device).exponential_(generator=generator)
-            self._verify(s, proposal.tokens.shape[1], sampling, eos_ids, max_gamma, inputs)
+            self._verify(s, proposal.tokens.shape[1], sampling, eos_ids, max_gamma, inputs, synthetic_acceptance)
             if g > 0 and not isinstance(drafter, FastDrafter):
                 drafter.commit(context)
             timer.mark(2)
@@ -319,7 +332,7 @@ def _fill_stats(stats: SpecStats, counters: list[float], max_gamma: int) -> None
 def fast_generate(target: FastTarget, prompts, drafter=None, max_new_tokens: int = 64, temperature: float = 1.0,
                   top_k: int = 0, top_p: float = 1.0, num_draft_tokens: int = 4, eos_token_id=None,
                   seed: int | None = None, *, generator: torch.Generator | None = None,
-                  auto_off: bool = False) -> GenerateResult:
+                  auto_off: bool = False, synthetic_acceptance: float | None = None) -> GenerateResult:
     """`specdec.generate` for a `FastTarget` with the fused, one-sync-per-step decode (see module doc).
 
     The engine (and its captured graphs) is kept on the target per drafter, so repeated calls replay.
@@ -330,5 +343,5 @@ def fast_generate(target: FastTarget, prompts, drafter=None, max_new_tokens: int
         engine = engines[id(drafter)] = (drafter, FastEngine(target, drafter))
     return engine[1].generate(
         prompts, max_new_tokens, temperature, top_k, top_p, num_draft_tokens, eos_token_id, seed,
-        generator=generator, auto_off=auto_off,
+        generator=generator, auto_off=auto_off, synthetic_acceptance=synthetic_acceptance,
     )

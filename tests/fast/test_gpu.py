@@ -4,8 +4,7 @@ import pytest
 import torch
 
 import specdec
-from conftest import RAGGED_PROMPTS
-from helpers import assert_same_greedy, hf_greedy
+from helpers import RAGGED_PROMPTS, assert_same_greedy, hf_greedy
 from specdec.fast import FastDrafter, FastTarget
 from specdec.fast.engine import fast_generate
 

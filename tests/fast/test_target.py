@@ -6,8 +6,7 @@ import pytest
 import torch
 
 import specdec
-from conftest import RAGGED_PROMPTS
-from helpers import assert_same_greedy, hf_greedy
+from helpers import RAGGED_PROMPTS, assert_same_greedy, hf_greedy
 from specdec.core import SamplingConfig, standardize_logits, verify, verify_greedy
 from specdec.fast import FastDrafter, FastTarget
 from specdec.fast.engine import fast_generate

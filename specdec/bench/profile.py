@@ -1,0 +1,66 @@
+"""Where a decode step's time goes: GPU kernel time by kind (torch.profiler), against the step's wall time.
+
+Used to explain a missed target with a measurement: e.g. MBU below 70% because the GEMMs themselves read
+weights at X TB/s, or because N small kernels per layer add Y µs per step.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import torch
+
+KINDS = (
+    ("gemm", ("gemm", "gemv", "cutlass", "xmma", "nvjet", "splitk", "sm90_", "cublas")),
+    ("attention", ("fmha", "attention", "flash", "efficient")),
+    ("norm", ("rms", "norm")),
+    ("copy/index", ("copy", "scatter", "gather", "index", "cat", "roll")),
+)
+
+
+def _kind(name: str) -> str:
+    low = name.lower()
+    for kind, keys in KINDS:
+        if any(k in low for k in keys):
+            return kind
+    return "elementwise/other"
+
+
+def profile_steps(fn, steps: int, device: torch.device) -> dict:
+    """Profile `fn()` (which runs `steps` decode steps); kernel time per step by kind, top kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()  # warm: graphs captured outside the profile
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize(device)
+    wall_ms = start.elapsed_time(end)
+    by_kind: dict = collections.defaultdict(lambda: [0.0, 0])
+    by_name: dict = collections.defaultdict(lambda: [0.0, 0])
+    for evt in prof.events():
+        if evt.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        us = evt.device_time if hasattr(evt, "device_time") else evt.cuda_time
+        if not us:
+            continue
+        kind = _kind(evt.name)
+        by_kind[kind][0] += us
+        by_kind[kind][1] += 1
+        by_name[evt.name][0] += us
+        by_name[evt.name][1] += 1
+    total_us = sum(v[0] for v in by_kind.values())
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:12]
+    return {
+        "steps": steps,
+        "wall_ms_per_step": wall_ms / steps,
+        "kernel_ms_per_step": total_us / 1e3 / steps,
+        "kernels_per_step": sum(v[1] for v in by_kind.values()) / steps,
+        "by_kind_ms_per_step": {k: round(v[0] / 1e3 / steps, 4) for k, v in by_kind.items()},
+        "kernels_by_kind_per_step": {k: round(v[1] / steps, 1) for k, v in by_kind.items()},
+        "top_kernels": [{"name": n[:90], "ms_per_step": round(v[0] / 1e3 / steps, 4), "calls_per_step": v[1] / steps}
+                        for n, v in top],
+    }

@@ -1,0 +1,187 @@
+"""`specdec bench`: our decoding vs Hugging Face generate, side by side on the same prompts.
+
+    specdec bench --preset smoke --json                     # CPU, tiny random models, < 1 minute
+    specdec bench --preset gpu --data data/code --train     # train the zoo gpu pair, then benchmark it
+    specdec bench --preset gpu --data data/code --pair runs/gpu
+    specdec bench --preset system --profile                 # 8B-shaped Llama: MBU + engine vs Thm 3.8
+
+Writes OUT/bench_<preset>.json, OUT/bench_<preset>.md and PNG plots; prints the Markdown table, and with
+--json one JSON object on the last line. Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from specdec.cli import CLIError
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="benchmark ours vs transformers generate (tokens/s, α, c, Thm 3.8)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=("smoke", "gpu", "system"), default="smoke")
+    p.add_argument("--out", default=None, help="folder for the JSON, Markdown and PNG files (default runs/bench)")
+    p.add_argument("--json", action="store_true", help="print one JSON summary object on the last line")
+    p.add_argument("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:1")
+    p.add_argument("--pair", default=None, help="gpu: folder of a trained zoo pair (target/, draft0/)")
+    p.add_argument("--data", default=None, help="gpu: prepared code corpus (prompts, bigram fit, training)")
+    p.add_argument("--train", action="store_true", help="gpu: train the zoo gpu pair first (into --pair or OUT/pair)")
+    p.add_argument("--budget-scale", type=float, default=1.0, help="gpu --train: scale the zoo's time budgets")
+    p.add_argument("--max-new-tokens", type=int, default=None)
+    p.add_argument("--gamma", type=int, default=None, help="γ of the main grid (default: the preset's)")
+    p.add_argument("--repeats", type=int, default=None, help="timed runs per configuration (median reported)")
+    p.add_argument("--no-hf", action="store_true", help="skip the transformers baselines")
+    p.add_argument("--profile", action="store_true", help="CUDA: kernel-time profile of plain and speculative steps")
+    p.set_defaults(run=run)
+
+
+def _log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from specdec.bench import presets
+    from specdec.bench.device import device_info, documented_peak_bandwidth, mbu
+    from specdec.bench.report import markdown_report, write_json, write_plots
+    from specdec.bench.runner import headline, run_grid
+
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if args.device == "auto" else args.device))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise CLIError("--device cuda requested but CUDA is not available")
+    out = Path(args.out or "runs/bench")
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    info = device_info(device)
+    _log(f"device: {info}")
+    notes: list[str] = []
+    kw = {k: v for k, v in (("max_new_tokens", args.max_new_tokens),) if v is not None}
+    if args.preset == "smoke":
+        if device.type == "cpu":
+            torch.set_num_threads(1)  # tiny models: threads cost more than they give on small CPUs
+        setup = presets.smoke(device, **kw)
+    elif args.preset == "gpu":
+        data = Path(args.data) if args.data else None
+        pair = Path(args.pair) if args.pair else None
+        if args.train:
+            if data is None:
+                raise CLIError("--train needs --data (a prepared code corpus: `specdec train prepare --corpus code`)")
+            pair = pair or out / "pair"
+            _log(f"training the zoo gpu pair (budget scale {args.budget_scale}) into {pair}")
+            summary = presets.train_gpu_pair(data, pair, args.budget_scale, device)
+            notes.append(f"pair trained in this run: zoo preset gpu, budget scale {args.budget_scale}, "
+                         f"{summary.get('total_seconds')} s; target val loss "
+                         f"{summary.get('target', {}).get('final_val_loss', summary.get('target', {}).get('val_loss'))}")
+            (out / "zoo_summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        extra = {k: v for k, v in (("gamma", args.gamma), ("repeats", args.repeats)) if v is not None}
+        setup = presets.gpu(device, pair_dir=pair, data_dir=data, **kw, **extra)
+    else:
+        extra = {k: v for k, v in (("repeats", args.repeats),) if v is not None}
+        setup = presets.system(device, **kw, **extra)
+    if args.gamma is not None and args.preset != "gpu":
+        setup.gamma = args.gamma
+    if args.repeats is not None:
+        setup.repeats = args.repeats
+    if args.no_hf:
+        setup.hf_target = setup.hf_draft = None
+    setup.notes.extend(notes)
+    documented = documented_peak_bandwidth(info.get("name", "")) if device.type == "cuda" else None
+    measured = info.get("measured_copy_bandwidth_tbs")
+    setup.peak_bandwidth = documented or (measured * 1e12 if measured else None)
+    _log(f"preset {setup.name}: {len(setup.prompts)} prompts of {len(setup.prompts[0])} tokens, "
+         f"max_new_tokens={setup.max_new_tokens}, γ={setup.gamma}")
+
+    rows = run_grid(setup, log=_log)
+    for row in rows:
+        if row.get("target_forwards_per_s") and measured:
+            row["mbu_vs_copy"] = mbu(setup.weight_bytes.get("target", 0), row["target_forwards_per_s"], measured * 1e12)
+
+    result = {
+        "preset": setup.name,
+        "device_info": info,
+        "models": {k: f"{v / 2**20:.1f} MiB" for k, v in setup.weight_bytes.items()},
+        "workload": {"prompts": len(setup.prompts), "prompt_tokens": len(setup.prompts[0]),
+                     "max_new_tokens": setup.max_new_tokens, "gamma": setup.gamma, "repeats": setup.repeats,
+                     "peak_bandwidth_tbs": setup.peak_bandwidth / 1e12 if setup.peak_bandwidth else None,
+                     "peak_bandwidth_source": "datasheet" if documented else ("measured copy" if measured else None)},
+        "notes": setup.notes,
+        "rows": rows,
+        "headline": headline(rows),
+    }
+    if args.profile and device.type == "cuda":
+        result["profile"] = _profile(setup)
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    prefix = f"bench_{setup.name}"
+    write_json(result, out / f"{prefix}.json")
+    report = markdown_report(result)
+    (out / f"{prefix}.md").write_text(report + "\n")
+    try:
+        result["plots"] = write_plots(rows, out, prefix)
+    except ImportError:
+        result["plots"] = []
+        _log("matplotlib is not installed: no plots")
+    print(report)
+    if args.json:
+        print(json.dumps(_summary(result, out / f"{prefix}.json"), default=str))
+    return 0
+
+
+def _profile(setup) -> dict:
+    from specdec.bench.profile import profile_steps
+    from specdec.fast.engine import FastEngine
+
+    out = {}
+    steps = 32
+    prompts = setup.prompts[:1]
+    for name, drafter, gamma in (("plain_b1", None, 1), ("model_b1", setup.drafter, setup.gamma)):
+        if name == "model_b1" and drafter is None:
+            continue
+        setup.target.release()
+        engine = FastEngine(setup.target, drafter)
+        result = {}
+
+        def fn():
+            result["r"] = engine.generate(prompts, steps, 0.0, num_draft_tokens=gamma, eos_token_id=[], seed=0)
+
+        prof = profile_steps(fn, 1, setup.device)
+        num_steps = result["r"].stats.num_steps
+        for key in ("wall_ms_per_step", "kernel_ms_per_step", "kernels_per_step"):
+            prof[key] = prof[key] / num_steps
+        prof["by_kind_ms_per_step"] = {k: v / num_steps for k, v in prof["by_kind_ms_per_step"].items()}
+        prof["kernels_by_kind_per_step"] = {k: v / num_steps for k, v in prof["kernels_by_kind_per_step"].items()}
+        prof["top_kernels"] = [dict(t, ms_per_step=t["ms_per_step"] / num_steps, calls_per_step=t["calls_per_step"] / num_steps)
+                               for t in prof["top_kernels"]]
+        prof["steps"] = num_steps
+        gemm_ms = prof["by_kind_ms_per_step"].get("gemm")
+        if name == "plain_b1" and gemm_ms:
+            prof["gemm_read_tbs"] = setup.weight_bytes["target"] / (gemm_ms / 1e3) / 1e12
+        out[name] = prof
+        _log(f"profile {name}: {json.dumps(prof)[:600]}")
+    return out
+
+
+def _summary(result: dict, json_path: Path) -> dict:
+    head = result["headline"]
+    t0 = head.get("t0", {})
+    return {
+        "preset": result["preset"],
+        "device": result["device_info"].get("name"),
+        "alpha": t0.get("alpha"),
+        "tau": t0.get("tau"),
+        "c": t0.get("c"),
+        "gamma": t0.get("gamma"),
+        "predicted_speedup": t0.get("predicted_speedup"),
+        "measured_speedup": t0.get("measured_speedup"),
+        "tokens_per_s": t0.get("tokens_per_s"),
+        "t1": head.get("t1"),
+        "hf_assisted": head.get("hf_assisted"),
+        "hf_plain": head.get("hf_plain"),
+        "json": str(json_path),
+        "seconds": result["seconds"],
+    }
