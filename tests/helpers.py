@@ -10,8 +10,10 @@ RAGGED_PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12], [3, 4, 5], [7, 7, 7, 7, 8, 9, 7
 
 def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos: list[int]) -> list[int]:
     """transformers' own greedy generate for one prompt, cut after the first EOS."""
+    device = model.device
     out = model.generate(
-        torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), do_sample=False,
+        torch.tensor([prompt], device=device), attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=device),
+        do_sample=False,
         max_new_tokens=max_new_tokens, pad_token_id=0, eos_token_id=eos or None,
     )[0, len(prompt):].tolist()
     for i, tok in enumerate(out):
@@ -20,16 +22,16 @@ def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos: list[int]) -> 
     return out
 
 
-def assert_same_greedy(model, prompt: list[int], ours: list[int], ref: list[int]) -> None:
-    """Token equality; where they first differ, the target's top-2 logit margin must be a float tie (< 1e-4)."""
+def assert_same_greedy(model, prompt: list[int], ours: list[int], ref: list[int], tie: float = 1e-4) -> None:
+    """Token equality; where they first differ, the target's top-2 logit margin must be a float tie (< `tie`)."""
     if ours == ref:
         return
     i = next((j for j, (a, b) in enumerate(zip(ours, ref)) if a != b), min(len(ours), len(ref)))
     with torch.no_grad():
-        logits = model(torch.tensor([prompt + ref[:i]])).logits[0, -1]
+        logits = model(torch.tensor([prompt + ref[:i]], device=model.device)).logits[0, -1].float()
     top2 = logits.topk(2).values
     margin = float(top2[0] - top2[1])
-    assert margin < 1e-4, f"outputs differ at token {i} with a clear margin {margin}: ours={ours} ref={ref}"
+    assert margin < tie, f"outputs differ at token {i} with a clear margin {margin}: ours={ours} ref={ref}"
 
 
 WORDS = [f"w{i}" for i in range(60)]
