@@ -60,6 +60,9 @@ class HFCausalLM:
         self.position_limit = self.max_positions if _learned_positions(config) else None
         self._cache_kwarg = _cache_kwarg(model)
         self._new_cache = lambda: DynamicCache(config=config)
+        # Rows that accept fewer drafts than the batch's best leave holes; once more than this many
+        # slots are holes, `crop` compacts the cache so memory stays proportional to the text.
+        self.compact_after_holes = 256
         self.reset(0)
 
     @property
@@ -131,6 +134,8 @@ class HFCausalLM:
         for layer in _cache_layers(self.cache):
             layer.keys = layer.keys[..., :num_slots, :]
             layer.values = layer.values[..., :num_slots, :]
+        if num_slots - int(lengths.min()) > self.compact_after_holes:
+            self.compact()
 
     def select_rows(self, index: torch.Tensor) -> None:
         """Keep only the rows in `index` (e.g. drop finished rows)."""

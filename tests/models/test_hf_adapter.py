@@ -46,3 +46,27 @@ def test_crop_cannot_grow(llama):
         assert "shorten" in str(err)
     else:
         raise AssertionError("crop to a longer length must fail")
+
+
+def test_automatic_compaction_keeps_greedy_output(llama, llama_draft, monkeypatch):
+    import specdec
+    from specdec.models import hf
+
+    prompts = [[5, 6, 7], [9], [10, 11, 12, 13, 14]]
+    expected = specdec.generate(llama, prompts, drafter=llama_draft, temperature=0, max_new_tokens=40, eos_token_id=[])
+    calls = []
+    original_init, original_compact = hf.HFCausalLM.__init__, hf.HFCausalLM.compact
+
+    def init(self, model):
+        original_init(self, model)
+        self.compact_after_holes = 2  # compact almost every step
+
+    def compact(self):
+        calls.append(self.num_slots)
+        original_compact(self)
+
+    monkeypatch.setattr(hf.HFCausalLM, "__init__", init)
+    monkeypatch.setattr(hf.HFCausalLM, "compact", compact)
+    got = specdec.generate(llama, prompts, drafter=llama_draft, temperature=0, max_new_tokens=40, eos_token_id=[])
+    assert calls, "compaction never ran"
+    assert got.sequences == expected.sequences
