@@ -104,19 +104,38 @@ def gpu(device: torch.device, *, pair_dir: Path | None, data_dir: Path | None, m
     if pair_dir is None:
         raise ValueError("--preset gpu needs --pair DIR (a trained zoo pair) or --data DIR with --train")
     dtype = torch.bfloat16
-    hf_target, hf_draft = _load_pair(pair_dir, device, dtype)
+    if str(pair_dir) == "random":
+        hf_target, hf_draft = _random_zoo_pair(device, dtype)
+    else:
+        hf_target, hf_draft = _load_pair(pair_dir, device, dtype)
     for model in (hf_target, hf_draft):
         model.generation_config.eos_token_id = None
     target = FastTarget(hf_target, dtype=dtype, max_draft_tokens=8)
     drafter = FastDrafter(hf_draft, dtype=dtype, max_draft_tokens=8)
-    prompts, corpus = _code_prompts(data_dir, prompt_len, count=8)
+    if data_dir is None and str(pair_dir) == "random":
+        prompts = _motif_prompts(hf_target.config.vocab_size, 8, prompt_len, seed=2)
+        corpus = _motif_prompts(hf_target.config.vocab_size, 64, 512, seed=3)
+    else:
+        prompts, corpus = _code_prompts(data_dir, prompt_len, count=8)
     setup = BenchSetup(
         name="gpu", device=device, target=target, drafter=drafter, prompts=prompts, max_new_tokens=max_new_tokens,
         gamma=gamma, repeats=repeats, hf_target=hf_target, hf_draft=hf_draft, hf_repeats=1, fit_corpus=corpus,
     )
     setup.weight_bytes = {"target": target.model.weight_bytes, "draft": drafter.model.weight_bytes,
                           "hf_target": _hf_weight_bytes(hf_target), "hf_draft": _hf_weight_bytes(hf_draft)}
+    if str(pair_dir) == "random":
+        setup.notes.append("gpu --pair random: the zoo gpu SHAPES with random weights (timings only; α is meaningless)")
     return setup
+
+
+def _random_zoo_pair(device: torch.device, dtype: torch.dtype, vocab_size: int = 8192):
+    from specdec.zoo.presets import get_preset
+    from specdec.zoo.train import build_model
+
+    preset = get_preset("gpu")
+    target = build_model(preset.target, vocab_size, seed=0).to(device=device, dtype=dtype).eval()
+    draft = build_model(preset.drafts[0], vocab_size, seed=1).to(device=device, dtype=dtype).eval()
+    return target, draft
 
 
 def _code_prompts(data_dir: Path | None, prompt_len: int, count: int) -> tuple[list[list[int]], list[list[int]]]:
