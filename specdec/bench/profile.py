@@ -44,7 +44,7 @@ def profile_steps(fn, steps: int, device: torch.device) -> dict:
     for evt in prof.events():
         if evt.device_type != torch.autograd.DeviceType.CUDA:
             continue
-        us = evt.device_time if hasattr(evt, "device_time") else evt.cuda_time
+        us = evt.time_range.elapsed_us()
         if not us:
             continue
         kind = _kind(evt.name)
