@@ -25,16 +25,16 @@ if [ "$MODE" = validate ]; then
 fi
 if [ "$MODE" = validate ] || [ "$MODE" = system ]; then
   log "bench --preset system --profile"
-  timeout 200 $PY -m specdec bench --preset system --profile --json --out "$RES/system" 2>&1 | tee "$RES/system.log" | tail -40 | tee -a "$OUT/run.log"
+  timeout 200 $PY -m specdec.cli.bench --preset system --profile --json --out "$RES/system" 2>&1 | tee "$RES/system.log" | tail -40 | tee -a "$OUT/run.log"
 fi
 if [ "$MODE" = validate ]; then
   log "bench --preset gpu --pair random (zoo gpu shapes, random weights: timings only)"
-  timeout 200 $PY -m specdec bench --preset gpu --pair random --repeats 2 --profile --json --out "$RES/gpu_random" 2>&1 | tee "$RES/gpu_random.log" | tail -60 | tee -a "$OUT/run.log"
+  timeout 200 $PY -m specdec.cli.bench --preset gpu --pair random --repeats 2 --profile --json --out "$RES/gpu_random" 2>&1 | tee "$RES/gpu_random.log" | tail -60 | tee -a "$OUT/run.log"
 fi
 if [ "$MODE" = gpu ]; then
   SCALE=${2:-0.5}
   log "bench --preset gpu --train (budget scale $SCALE)"
-  timeout 480 $PY -m specdec bench --preset gpu --data data/code --train --budget-scale "$SCALE" --profile --json \
+  timeout 480 $PY -m specdec.cli.bench --preset gpu --data data/code --train --budget-scale "$SCALE" --profile --json \
       --out "$RES/gpu" 2>&1 | tee "$RES/gpu.log" | grep -v "^\[bench.*step" | tail -80 | tee -a "$OUT/run.log"
   rm -rf "$RES/gpu/pair"  # weights do not come back (too large)
 fi

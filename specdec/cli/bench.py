@@ -196,3 +196,15 @@ def _summary(result: dict, json_path: Path) -> dict:
         "json": str(json_path),
         "seconds": result["seconds"],
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m specdec.cli.bench ...`: the bench alone, without loading the other subcommands."""
+    parser = argparse.ArgumentParser(prog="specdec")
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
