@@ -1,0 +1,163 @@
+"""`specdec policies`: compare draft-length policies (fixed γ, heuristic, optimal, threshold, guarded) against
+plain decoding on workloads with different acceptance profiles; tokens/s, speedup, τ, α, mean γ and c.
+
+    specdec policies                      # the shipped demo pair, code / text / repetitive, ~10 min on 2 CPU cores
+    specdec policies --quick --json       # < 1 minute smoke run
+    specdec policies --target DIR --draft DIR --workloads code,text --policies 2,4,heuristic,guarded
+
+Writes OUT/policies.json (everything, per-run numbers included) and OUT/policies.md (the table and the
+command that reproduces it); prints the Markdown table, and with --json one JSON object on the last line.
+Progress goes to stderr. See specdec/policy_bench.py for the timing protocol.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from specdec.cli import CLIError
+
+DEMO_PAIR = Path(__file__).resolve().parent.parent / "assets" / "demo_pair"
+QUICK = {"prompts": 1, "max_new_tokens": 32, "repeats": 1, "warmup_tokens": 4}
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("policies", help="benchmark draft-length policies (tokens/s, τ, α) on several workloads",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", type=Path, default=None, help=f"target checkpoint (default {DEMO_PAIR}/target)")
+    p.add_argument("--draft", type=Path, default=None, help="draft checkpoint (default: the demo pair's draft)")
+    p.add_argument("--tokenizer", type=Path, default=None, help="tokenizer folder (default: the target's folder)")
+    p.add_argument("--workloads", default="code,text,repetitive", help="comma list of code, text, repetitive")
+    p.add_argument("--policies", default="1,2,4,6,8,heuristic,optimal,threshold,guarded",
+                   help="comma list: integers (fixed γ) and policy names; plain decoding always runs")
+    p.add_argument("--drafters", default="model",
+                   help="comma list: model (the draft checkpoint), lookup (prompt lookup); each runs every policy")
+    p.add_argument("--prompts", type=int, default=4, help="prompts per workload (default 4)")
+    p.add_argument("--prompt-tokens", type=int, default=128, help="prompt length in tokens (default 128)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt (default 128)")
+    p.add_argument("--repeats", type=int, default=3, help="timed repeats, interleaved (default 3; median reported)")
+    p.add_argument("--temperature", default="0", help="comma list of temperatures (default 0; e.g. 0,1)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default 1: on small shared CPUs more threads oversubscribe)")
+    p.add_argument("--keep-eos", action="store_true", help="stop at EOS (default: always generate max-new-tokens)")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: 1 prompt per workload, 32 new tokens, 1 repeat (< 1 minute on the demo pair)")
+    p.add_argument("--out", type=Path, default=Path("runs/policies"), help="output folder (default runs/policies)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
+    p.set_defaults(run=run)
+    return p
+
+
+def _log(msg: str) -> None:
+    print(f"[policies {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _split(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _default_draft(pair: Path) -> Path:
+    for name in ("draft", "draft0"):
+        if (pair / name).is_dir():
+            return pair / name
+    return pair / "draft"
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from specdec.drafters import PromptLookupDrafter
+    from specdec.loading import load_model, load_tokenizer
+    from specdec.policy_bench import BenchSettings, build_workloads, run_policy_bench
+
+    if args.quick:
+        for name, value in QUICK.items():
+            if name != "warmup_tokens":
+                setattr(args, name, value)
+    for flag, value in (("--prompts", args.prompts), ("--prompt-tokens", args.prompt_tokens),
+                        ("--max-new-tokens", args.max_new_tokens), ("--repeats", args.repeats),
+                        ("--threads", args.threads)):
+        if value < 1:
+            raise CLIError(f"{flag} must be >= 1, got {value}")
+    try:
+        temperatures = tuple(float(t) for t in _split(args.temperature))
+    except ValueError as err:
+        raise CLIError(f"--temperature: not a comma list of numbers: {args.temperature!r}") from err
+    policies = tuple(int(p) if p.isdigit() else p.lower() for p in _split(args.policies))
+    drafter_names = _split(args.drafters)
+    for name in drafter_names:
+        if name not in ("model", "lookup"):
+            raise CLIError(f"--drafters: unknown drafter {name!r} (use model, lookup)")
+    if len(set(drafter_names)) != len(drafter_names) or not drafter_names:
+        raise CLIError(f"--drafters: give each of model, lookup at most once, got {args.drafters!r}")
+    settings = BenchSettings(policies=policies, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+                             temperatures=temperatures, seed=args.seed, ignore_eos=not args.keep_eos,
+                             warmup_tokens=QUICK["warmup_tokens"] if args.quick else 16)
+
+    target_dir = args.target or DEMO_PAIR / "target"
+    draft_dir = args.draft or _default_draft(DEMO_PAIR)
+    if args.target is None and not target_dir.is_dir():
+        raise CLIError(f"the demo pair is not installed at {DEMO_PAIR}: give --target and --draft")
+    torch.set_num_threads(args.threads)  # the CLI owns the process
+    tokenizer = load_tokenizer(args.tokenizer or target_dir)
+    target = load_model(target_dir, device="cpu", dtype="float32", what="target")
+    drafters = {}
+    if "model" in drafter_names:
+        drafters["model"] = load_model(draft_dir, device="cpu", dtype="float32", what="draft")
+    if "lookup" in drafter_names:
+        drafters["lookup"] = PromptLookupDrafter()
+    workloads = build_workloads(tokenizer, _split(args.workloads), args.prompts, args.prompt_tokens)
+    for w in workloads:
+        _log(f"workload {w.name}: {len(w.prompts)} prompts ({w.description})")
+
+    result = run_policy_bench(target, drafters, workloads, settings, eos_token_id=tokenizer.eos_token_id,
+                              on_progress=_log)
+    command = reproduce_command(args, target_dir, draft_dir)
+    data = result.to_dict()
+    data["command"] = command
+    data["target"], data["draft"] = str(target_dir), str(draft_dir) if "model" in drafters else None
+    report = result.to_markdown()
+    report_md = (f"Command: `{command}`\n\nTarget `{target_dir}`, draft `{draft_dir}`; {len(workloads)} workloads × "
+                 f"{args.prompts} prompts of {args.prompt_tokens} tokens, {args.max_new_tokens} new tokens each, batch 1, "
+                 f"{args.repeats} interleaved repeats (median tok/s), {args.threads} CPU thread(s); "
+                 f"{result.wall_time_s:.0f} s in all.\n\n{report}\n")
+    args.out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = args.out / "policies.json", args.out / "policies.md"
+    json_path.write_text(json.dumps(data, indent=1, default=str))
+    md_path.write_text(report_md)
+    print(report_md)
+    _log(f"wrote {json_path} and {md_path} ({result.wall_time_s:.0f} s)")
+    if args.json:
+        summary = {"command": command, "winners": data["winners"], "json": str(json_path), "markdown": str(md_path),
+                   "wall_time_s": result.wall_time_s,
+                   "rows": [{k: v for k, v in row.items() if k != "stats"} for row in data["rows"]]}
+        print(json.dumps(summary, default=str))
+    return 0
+
+
+def reproduce_command(args: argparse.Namespace, target_dir: Path, draft_dir: Path) -> str:
+    parts = ["specdec", "policies"]
+    if args.target is not None:
+        parts += ["--target", str(target_dir)]
+    if args.draft is not None:
+        parts += ["--draft", str(draft_dir)]
+    if args.tokenizer is not None:
+        parts += ["--tokenizer", str(args.tokenizer)]
+    parts += ["--workloads", args.workloads, "--policies", args.policies]
+    if args.drafters != "model":
+        parts += ["--drafters", args.drafters]
+    if args.quick:
+        parts.append("--quick")
+    else:
+        parts += ["--prompts", str(args.prompts), "--prompt-tokens", str(args.prompt_tokens),
+                  "--max-new-tokens", str(args.max_new_tokens), "--repeats", str(args.repeats)]
+    parts += ["--temperature", args.temperature, "--threads", str(args.threads)]
+    if args.temperature != "0":
+        parts += ["--seed", str(args.seed)]
+    if args.keep_eos:
+        parts.append("--keep-eos")
+    return " ".join(parts)

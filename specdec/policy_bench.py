@@ -1,0 +1,567 @@
+"""Draft-length policy benchmark: tokens/s, τ, α, mean γ and c of each policy on several workloads.
+
+A *workload* is a named list of prompts (token ids) with its own acceptance profile; a *configuration*
+is plain decoding (drafter None, the baseline) or one drafter under one draft-length policy (a fixed γ
+or a `resolve_policy` name: "heuristic", "optimal", "threshold", "guarded"). Every configuration
+decodes the same prompts with the same `max_new_tokens`, batch 1, one prompt at a time.
+
+Timing protocol (CPU machines are shared and noisy, so comparisons are paired and interleaved):
+  - a short warm-up run of every configuration first (untimed);
+  - for each repeat, workload and prompt, every configuration runs once, in an order rotated from one
+    prompt to the next, so slow phases of the machine hit all configurations alike;
+  - a configuration's time in a repeat is the sum over the workload's prompts; tokens/s is the median
+    over repeats; speedup is the median over repeats of (its tokens/s ÷ plain's tokens/s, same repeat).
+τ, α, mean γ and c are pooled over all prompts and repeats (`SpecStats` counts summed).
+
+With `ignore_eos` (the default) every run generates exactly `max_new_tokens` per prompt, so all
+configurations do the same work. At temperature 0 every configuration must reproduce plain
+decoding's output; the result counts the outputs that did (`identical_outputs`).
+
+`run_policy_bench` returns a `PolicyBenchResult` (rows, winners, `to_dict`, `to_markdown`); nothing is
+printed. The workload builders (`code_workload`, `text_workload`, `repetitive_workload`) read local
+files only: held-out stdlib sources and gettext catalogs (see `specdec.zoo.corpus`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import platform
+import statistics
+import sysconfig
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from specdec.metrics import SpecStats
+
+__all__ = [
+    "Workload",
+    "BenchSettings",
+    "PolicyRow",
+    "PolicyBenchResult",
+    "DEFAULT_POLICIES",
+    "ADAPTIVE_POLICIES",
+    "run_policy_bench",
+    "code_workload",
+    "text_workload",
+    "repetitive_workload",
+    "build_workloads",
+    "WORKLOAD_NAMES",
+]
+
+logger = logging.getLogger(__name__)
+
+ADAPTIVE_POLICIES = ("heuristic", "optimal", "threshold", "guarded")
+DEFAULT_POLICIES: tuple[int | str, ...] = (1, 2, 4, 6, 8, *ADAPTIVE_POLICIES)
+PLAIN = "plain"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Prompts with one acceptance profile. `sources` says where each prompt came from."""
+
+    name: str
+    description: str
+    prompts: tuple[tuple[int, ...], ...]
+    sources: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if not self.prompts or any(len(p) == 0 for p in self.prompts):
+            raise ValueError(f"workload {self.name!r} needs at least one prompt and no empty prompt")
+
+    def summary(self) -> dict:
+        lengths = [len(p) for p in self.prompts]
+        return {"name": self.name, "description": self.description, "num_prompts": len(self.prompts),
+                "prompt_tokens_min": min(lengths), "prompt_tokens_max": max(lengths), "sources": list(self.sources)}
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    policies: tuple[int | str, ...] = DEFAULT_POLICIES
+    max_new_tokens: int = 128
+    repeats: int = 3
+    temperatures: tuple[float, ...] = (0.0,)
+    seed: int = 0  # temperature > 0: prompt i of repeat r uses seed + 1000·r + i in every configuration
+    ignore_eos: bool = True
+    warmup_tokens: int = 16  # untimed warm-up run of every configuration (0 = none)
+
+    def __post_init__(self):
+        if not self.policies:
+            raise ValueError("policies is empty: give at least one draft-length policy")
+        for p in self.policies:
+            if isinstance(p, bool) or not isinstance(p, (int, str)) or (isinstance(p, int) and p < 1):
+                raise ValueError(f"policies: each must be an int >= 1 or a policy name, got {p!r}")
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
+            raise ValueError(f"repeats must be an integer >= 1, got {self.repeats!r}")
+        if not self.temperatures or any(t < 0 for t in self.temperatures):
+            raise ValueError(f"temperatures must be a non-empty list of numbers >= 0, got {self.temperatures!r}")
+        if self.warmup_tokens < 0:
+            raise ValueError(f"warmup_tokens must be >= 0, got {self.warmup_tokens}")
+
+
+def policy_label(policy: int | str) -> str:
+    """"fixed-4" for an int (or a digit string), else the policy name."""
+    if isinstance(policy, int) or (isinstance(policy, str) and policy.strip().isdigit()):
+        return f"fixed-{int(policy)}"
+    return str(policy).strip().lower()
+
+
+def is_adaptive(label: str) -> bool:
+    return not label.startswith("fixed") and label != PLAIN
+
+
+@dataclass(frozen=True)
+class PolicyRow:
+    """One (workload, temperature, drafter, policy) cell of the benchmark."""
+
+    workload: str
+    temperature: float
+    drafter: str | None  # None = plain decoding
+    policy: str  # "plain", "fixed-4", "heuristic", ...
+    tokens_per_second: float  # median over repeats
+    tokens_per_second_runs: tuple[float, ...]  # one per repeat
+    speedup: float  # median over repeats of tokens/s ÷ plain's tokens/s in the same repeat
+    speedup_runs: tuple[float, ...]
+    mean_accepted_length: float  # τ, pooled
+    alpha: float | None  # α (exact, mean β), pooled
+    mean_num_draft_tokens: float  # mean γ per speculative step
+    cost_ratio: float | None  # c measured in these runs
+    acceptance_rate: float | None
+    predicted_speedup: float | None  # Thm 3.8 from the pooled α, c and mean γ
+    generated_tokens: int  # per repeat (all prompts)
+    identical_outputs: int | None  # temperature 0: outputs equal to plain decoding's (prompts × repeats)
+    compared_outputs: int | None
+    stats: dict = field(repr=False, default_factory=dict)  # pooled SpecStats.to_dict()
+
+    @property
+    def label(self) -> str:
+        return PLAIN if self.drafter is None else f"{self.drafter}:{self.policy}"
+
+
+@dataclass(frozen=True)
+class PolicyBenchResult:
+    rows: tuple[PolicyRow, ...]
+    workloads: tuple[dict, ...]
+    settings: dict
+    environment: dict
+    wall_time_s: float
+
+    def row(self, workload: str, policy: str, *, drafter: str | None = "model", temperature: float | None = None) -> PolicyRow:
+        for r in self.rows:
+            if r.workload == workload and r.policy == policy and (policy == PLAIN or r.drafter == drafter) and (
+                temperature is None or r.temperature == temperature
+            ):
+                return r
+        raise KeyError(f"no row for workload={workload!r} policy={policy!r} drafter={drafter!r}")
+
+    def winners(self) -> list[dict]:
+        """Per (workload, temperature): plain, the fastest configuration, the best fixed γ, the best adaptive
+        policy, and the adaptive-vs-fixed ratio (> 1: the adaptive policy beat every fixed γ)."""
+        out = []
+        keys = sorted({(r.workload, r.temperature) for r in self.rows}, key=lambda k: (self._workload_index(k[0]), k[1]))
+        for workload, temperature in keys:
+            cell = [r for r in self.rows if r.workload == workload and r.temperature == temperature]
+            plain = next((r for r in cell if r.drafter is None), None)
+            spec = [r for r in cell if r.drafter is not None]
+            best = max(cell, key=lambda r: r.tokens_per_second)
+            fixed = [r for r in spec if not is_adaptive(r.policy)]
+            adaptive = [r for r in spec if is_adaptive(r.policy)]
+            best_fixed = max(fixed, key=lambda r: r.tokens_per_second) if fixed else None
+            best_adaptive = max(adaptive, key=lambda r: r.tokens_per_second) if adaptive else None
+            entry: dict[str, Any] = {
+                "workload": workload, "temperature": temperature,
+                "plain_tokens_per_second": plain.tokens_per_second if plain else None,
+                "best": best.label, "best_tokens_per_second": best.tokens_per_second, "best_speedup": best.speedup,
+            }
+            if best_fixed is not None:
+                entry.update(best_fixed=best_fixed.label, best_fixed_tokens_per_second=best_fixed.tokens_per_second,
+                             best_fixed_speedup=best_fixed.speedup)
+            if best_adaptive is not None:
+                entry.update(best_adaptive=best_adaptive.label,
+                             best_adaptive_tokens_per_second=best_adaptive.tokens_per_second,
+                             best_adaptive_speedup=best_adaptive.speedup)
+            if best_fixed is not None and best_adaptive is not None:
+                entry["adaptive_over_fixed"] = best_adaptive.tokens_per_second / best_fixed.tokens_per_second
+            out.append(entry)
+        return out
+
+    def _workload_index(self, name: str) -> int:
+        names = [w["name"] for w in self.workloads]
+        return names.index(name) if name in names else len(names)
+
+    def to_dict(self) -> dict:
+        rows = []
+        for r in self.rows:
+            d = asdict(r)
+            d["label"] = r.label
+            rows.append(d)
+        return {"rows": rows, "winners": self.winners(), "workloads": list(self.workloads), "settings": self.settings,
+                "environment": self.environment, "wall_time_s": self.wall_time_s}
+
+    def to_markdown(self) -> str:
+        """One table per temperature: a row per (workload, configuration), then the winners."""
+        lines: list[str] = []
+        multi_drafter = len({r.drafter for r in self.rows if r.drafter is not None}) > 1
+        for temperature in sorted({r.temperature for r in self.rows}):
+            if len(lines):
+                lines.append("")
+            lines.append(f"temperature {temperature:g}")
+            lines.append("")
+            lines.append("| workload | policy | tok/s (median) | tok/s min–max | speedup | τ | α | mean γ | c | pred. |"
+                         + (" same as plain |" if temperature == 0 else ""))
+            lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if temperature == 0 else ""))
+            rows = sorted((r for r in self.rows if r.temperature == temperature),
+                          key=lambda r: (self._workload_index(r.workload)))
+            for r in rows:
+                name = r.label if multi_drafter else r.policy
+                runs = r.tokens_per_second_runs
+                cells = [
+                    r.workload, name, f"{r.tokens_per_second:.1f}", f"{min(runs):.1f}–{max(runs):.1f}",
+                    f"{r.speedup:.2f}x", f"{r.mean_accepted_length:.2f}", _fmt(r.alpha, ".3f"),
+                    f"{r.mean_num_draft_tokens:.2f}" if r.drafter is not None else "0",
+                    _fmt(r.cost_ratio, ".3f"), _fmt(r.predicted_speedup, ".2f", "x"),
+                ]
+                if temperature == 0:
+                    cells.append("–" if r.compared_outputs is None else f"{r.identical_outputs}/{r.compared_outputs}")
+                lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+        for w in self.winners():
+            text = (f"- {w['workload']} (temperature {w['temperature']:g}): fastest {w['best']} "
+                    f"{w['best_tokens_per_second']:.1f} tok/s = {w['best_speedup']:.2f}x plain")
+            if "best_fixed" in w and "best_adaptive" in w:
+                ratio = w["adaptive_over_fixed"]
+                text += (f"; best fixed {w['best_fixed']} {w['best_fixed_speedup']:.2f}x, best adaptive "
+                         f"{w['best_adaptive']} {w['best_adaptive_speedup']:.2f}x "
+                         f"(adaptive/fixed tok/s {ratio:.3f}: {_verdict(ratio)})")
+            lines.append(text)
+        return "\n".join(lines)
+
+
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "–" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _verdict(ratio: float) -> str:
+    if ratio > 1:
+        return f"adaptive ahead by {100 * (ratio - 1):.1f}%"
+    return f"best fixed γ ahead by {100 * (1 / ratio - 1):.1f}%"
+
+
+# ---------------------------------------------------------------------------------------------------
+# The benchmark
+
+
+def run_policy_bench(
+    target,
+    drafters: dict[str, Any],
+    workloads: Sequence[Workload],
+    settings: BenchSettings = BenchSettings(),
+    *,
+    eos_token_id: int | Sequence[int] | None = None,
+    on_progress: Callable[[str], None] | None = None,
+) -> PolicyBenchResult:
+    """Run every configuration on every workload; see the module docstring for the protocol.
+
+    target       a transformers causal LM (or a specdec target)
+    drafters     name → drafter (a transformers draft model, a `Drafter`); each runs under every policy
+    workloads    `Workload`s (token-id prompts)
+    eos_token_id used when `settings.ignore_eos` is False (None = the target's own)
+    on_progress  called with a one-line message after each (repeat, workload) block
+    """
+    from specdec.decoding import generate
+
+    if not workloads:
+        raise ValueError("workloads is empty: give at least one workload")
+    if len({w.name for w in workloads}) != len(workloads):
+        raise ValueError(f"workload names must be unique, got {[w.name for w in workloads]}")
+    if not drafters:
+        raise ValueError("drafters is empty: give at least one drafter (e.g. {'model': draft_model})")
+    configs: list[tuple[str | None, str, int | str | None]] = [(None, PLAIN, None)]
+    for drafter_name in drafters:
+        for policy in settings.policies:
+            configs.append((drafter_name, policy_label(policy), policy))
+    if len({(d, label) for d, label, _ in configs}) != len(configs):
+        raise ValueError(f"policies contain duplicates: {list(settings.policies)}")
+    eos = [] if settings.ignore_eos else eos_token_id
+
+    def run_one(config, prompt, temperature, max_new_tokens, seed):
+        drafter_name, _, policy = config
+        drafter = None if drafter_name is None else drafters[drafter_name]
+        start = time.perf_counter()
+        result = generate(
+            target, [list(prompt)], drafter=drafter, max_new_tokens=max_new_tokens, temperature=temperature,
+            num_draft_tokens=policy if policy is not None else 4, eos_token_id=eos, seed=seed,
+        )
+        return time.perf_counter() - start, result
+
+    t_start = time.perf_counter()
+    if settings.warmup_tokens:
+        for config in configs:
+            for temperature in settings.temperatures:
+                run_one(config, workloads[0].prompts[0], temperature, settings.warmup_tokens, settings.seed)
+        _report(on_progress, f"warm-up done ({len(configs)} configurations)")
+
+    # per (temperature, workload, config): time and tokens per repeat, stats of every run, outputs
+    times: dict[tuple, list[float]] = {}
+    tokens: dict[tuple, list[int]] = {}
+    stats: dict[tuple, list[SpecStats]] = {}
+    same: dict[tuple, list[bool]] = {}
+    for repeat in range(settings.repeats):
+        for temperature in settings.temperatures:
+            for workload in workloads:
+                block_start = time.perf_counter()
+                elapsed = {c[:2]: 0.0 for c in configs}
+                produced = {c[:2]: 0 for c in configs}
+                for i, prompt in enumerate(workload.prompts):
+                    shift = (repeat * len(workload.prompts) + i) % len(configs)
+                    outputs = {}
+                    for config in configs[shift:] + configs[:shift]:
+                        seconds, result = run_one(config, prompt, temperature, settings.max_new_tokens,
+                                                  settings.seed + 1000 * repeat + i)
+                        elapsed[config[:2]] += seconds
+                        produced[config[:2]] += result.stats.num_generated_tokens
+                        stats.setdefault((temperature, workload.name, *config[:2]), []).append(result.stats)
+                        outputs[config[:2]] = result.sequences[0]
+                    if temperature == 0:
+                        for key, output in outputs.items():
+                            same.setdefault((temperature, workload.name, *key), []).append(
+                                output == outputs[(None, PLAIN)])
+                for key in elapsed:
+                    times.setdefault((temperature, workload.name, *key), []).append(elapsed[key])
+                    tokens.setdefault((temperature, workload.name, *key), []).append(produced[key])
+                _report(on_progress, f"repeat {repeat + 1}/{settings.repeats} temperature {temperature:g} "
+                                     f"{workload.name}: {time.perf_counter() - block_start:.1f}s")
+
+    rows = []
+    for temperature in settings.temperatures:
+        for workload in workloads:
+            plain_key = (temperature, workload.name, None, PLAIN)
+            plain_tps = [n / t for n, t in zip(tokens[plain_key], times[plain_key])]
+            for drafter_name, label, _ in configs:
+                key = (temperature, workload.name, drafter_name, label)
+                tps = [n / t for n, t in zip(tokens[key], times[key])]
+                pooled = merge_stats(stats[key])
+                matches = same.get(key)
+                rows.append(PolicyRow(
+                    workload=workload.name, temperature=temperature, drafter=drafter_name, policy=label,
+                    tokens_per_second=statistics.median(tps), tokens_per_second_runs=tuple(tps),
+                    speedup=statistics.median(a / b for a, b in zip(tps, plain_tps)),
+                    speedup_runs=tuple(a / b for a, b in zip(tps, plain_tps)),
+                    mean_accepted_length=pooled.mean_accepted_length, alpha=pooled.alpha,
+                    mean_num_draft_tokens=pooled.mean_num_draft_tokens, cost_ratio=pooled.cost_ratio,
+                    acceptance_rate=pooled.acceptance_rate, predicted_speedup=pooled.predicted_speedup,
+                    generated_tokens=int(statistics.median(tokens[key])),
+                    identical_outputs=None if matches is None else sum(matches),
+                    compared_outputs=None if matches is None else len(matches),
+                    stats=pooled.to_dict(),
+                ))
+    settings_dict = asdict(settings)
+    settings_dict["policies"] = [policy_label(p) for p in settings.policies]
+    settings_dict["drafters"] = list(drafters)
+    return PolicyBenchResult(
+        rows=tuple(rows), workloads=tuple(w.summary() for w in workloads), settings=settings_dict,
+        environment=environment(), wall_time_s=time.perf_counter() - t_start,
+    )
+
+
+def merge_stats(runs: Sequence[SpecStats]) -> SpecStats:
+    """Pool several runs' `SpecStats`: counts and times add up, per-position lists add element-wise, optional
+    fields (default None) are kept when every run agrees."""
+    merged = SpecStats()
+    for s in runs:
+        for f in fields(SpecStats):
+            value = getattr(s, f.name)
+            if f.name == "max_num_draft_tokens":
+                merged.max_num_draft_tokens = max(merged.max_num_draft_tokens, value)
+            elif f.default is None:  # optional per-run facts (a baseline timing, the pair's ĉ): kept if all agree
+                first = getattr(runs[0], f.name)
+                setattr(merged, f.name, first if all(getattr(r, f.name) == first for r in runs) else None)
+            elif isinstance(value, list):
+                acc = getattr(merged, f.name)
+                acc += [0] * (len(value) - len(acc))
+                for i, v in enumerate(value):
+                    acc[i] += v
+            else:
+                setattr(merged, f.name, getattr(merged, f.name) + value)
+    return merged
+
+
+def environment() -> dict:
+    import torch
+
+    env = {"python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+           "machine": platform.machine(), "processor": platform.processor() or None}
+    try:
+        import transformers
+
+        env["transformers"] = transformers.__version__
+    except ImportError:  # pragma: no cover
+        pass
+    return env
+
+
+def _report(callback: Callable[[str], None] | None, message: str) -> None:
+    logger.info(message)
+    if callback is not None:
+        callback(message)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Workloads
+
+
+WORKLOAD_NAMES = ("code", "text", "repetitive")
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _document_start(tokenizer) -> list[int]:
+    # The zoo's training streams put EOS between documents, so a document start follows EOS.
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return [eos] if isinstance(eos, int) else []
+
+
+def _cut(tokenizer, text: str, prompt_tokens: int) -> list[int] | None:
+    ids = _encode(tokenizer, text[: 16 * prompt_tokens])  # a token is rarely over 16 characters
+    if len(ids) < prompt_tokens:
+        return None
+    return _document_start(tokenizer) + ids[:prompt_tokens]
+
+
+def heldout_stdlib_files(val_fraction: float = 0.01, min_bytes: int = 3000) -> list[Path]:
+    """Standard-library sources in the zoo's validation split (by content hash, as `code_documents` splits
+    them), so a model trained by `specdec train prepare --corpus code` never saw them. Sorted by hash;
+    codec tables (`encodings/`) are skipped."""
+    from specdec.zoo.corpus import iter_python_files, split_of
+
+    root = sysconfig.get_paths()["stdlib"]
+    found = []
+    for path in iter_python_files([root]):
+        if "encodings" in path.parts or path.is_symlink():
+            continue
+        try:
+            raw = path.read_bytes()
+        except OSError:
+            continue
+        if len(raw) < min_bytes:
+            continue
+        digest = hashlib.sha256(raw).hexdigest()
+        if split_of(digest, val_fraction) == "val":
+            found.append((digest, path))
+    return [p for _, p in sorted(found)]
+
+
+def code_workload(tokenizer, num_prompts: int = 4, prompt_tokens: int = 128, *, val_fraction: float = 0.01) -> Workload:
+    """Held-out Python: each prompt starts at the first top-level `def`/`class` of a held-out stdlib file."""
+    prompts, sources = [], []
+    for path in heldout_stdlib_files(val_fraction):
+        lines = path.read_text(encoding="utf-8", errors="replace").replace("\r\n", "\n").split("\n")
+        start = next((i for i, line in enumerate(lines) if line.startswith(("def ", "class "))), None)
+        if start is None:
+            continue
+        ids = _cut(tokenizer, "\n".join(lines[start:]), prompt_tokens)
+        if ids is None:
+            continue
+        prompts.append(tuple(ids))
+        sources.append(f"{Path(*path.parts[-2:])}:{start + 1}")
+        if len(prompts) == num_prompts:
+            break
+    if not prompts:
+        raise ValueError("code workload: no held-out stdlib file long enough for a prompt")
+    return Workload("code", f"held-out stdlib Python from the first def/class, {prompt_tokens} tokens",
+                    tuple(prompts), tuple(sources))
+
+
+_FALLBACK_PROSE = (
+    "The library keeps a small cache of recently opened files so that a second request for the same file does "
+    "not have to wait for the disk. When the cache is full, the file that was used least recently is closed. "
+    "This works well for most programs, but a program that opens thousands of files once each gains nothing.",
+    "Before you change the settings of the system, make a copy of the current configuration. If the new settings "
+    "do not work as expected, you can restore the copy and start again. Most problems come from a single wrong "
+    "value, so change one thing at a time and check the result after every change.",
+    "A good report describes what you did, what you expected to happen and what happened instead. Include the "
+    "exact version of the program and the steps that lead to the problem. Reports that others can reproduce are "
+    "fixed much sooner than reports that only say that something is broken.",
+    "The window manager decides where new windows appear and how they are arranged on the screen. Some users "
+    "prefer windows that open in the center, others like them next to the window that opened them. The choice "
+    "can be changed at any time and takes effect for the next window that opens.",
+)
+
+
+def text_workload(tokenizer, num_prompts: int = 4, prompt_tokens: int = 128) -> Workload:
+    """English prose: full-sentence English messages of the held-out gettext catalogs (the zoo's EnDe
+    validation split), joined into paragraphs; a fixed list of English paragraphs if no catalog exists."""
+    sentences: list[str] = []
+    origin = "gettext"
+    try:
+        from specdec.zoo.corpus import EmptyCorpusError, ende_pairs
+
+        sentences = [p.en for p in ende_pairs() if p.split == "val" and _is_sentence(p.en)]
+    except (EmptyCorpusError, OSError):
+        sentences = []
+    prompts, sources = [], []
+    if sentences:
+        paragraph: list[str] = []
+        for sentence in sentences:
+            paragraph.append(sentence)
+            ids = _cut(tokenizer, " ".join(paragraph), prompt_tokens)
+            if ids is not None:
+                prompts.append(tuple(ids))
+                sources.append(f"gettext val sentences: {paragraph[0][:40]!r}…")
+                paragraph = []
+                if len(prompts) == num_prompts:
+                    break
+    if not prompts:
+        origin = "built-in"
+        for i, text in enumerate(_FALLBACK_PROSE[:num_prompts]):
+            ids = _document_start(tokenizer) + _encode(tokenizer, text)[:prompt_tokens]
+            prompts.append(tuple(ids))
+            sources.append(f"built-in paragraph {i}")
+    return Workload("text", f"English prose ({origin}), {prompt_tokens} tokens", tuple(prompts), tuple(sources))
+
+
+def _is_sentence(text: str) -> bool:
+    return (len(text) >= 60 and text[0].isupper() and text.rstrip().endswith(".") and "%" not in text
+            and "\n" not in text and "{" not in text)
+
+
+_REPETITIVE_TEMPLATES = (
+    "    def test_case_{i}(self):\n        self.assertEqual(compute({i}), EXPECTED[{i}])\n\n",
+    "ERROR_CODE_{i} = {i}\n",
+    "    \"option_{i}\": Option(name=\"option_{i}\", index={i}, enabled=True),\n",
+    "assert table[{i}] == {i} * {i}, \"row {i}\"\n",
+)
+_REPETITIVE_HEADERS = ("class TestCompute(unittest.TestCase):\n", "", "OPTIONS = {\n", "")
+
+
+def repetitive_workload(tokenizer, num_prompts: int = 4, prompt_tokens: int = 128) -> Workload:
+    """Highly repetitive code: a template repeated with an incrementing index; the continuation is the
+    next repetitions, which both models predict almost perfectly (α near 1)."""
+    prompts, sources = [], []
+    for k in range(num_prompts):
+        template, header = _REPETITIVE_TEMPLATES[k % len(_REPETITIVE_TEMPLATES)], _REPETITIVE_HEADERS[k % 4]
+        text, i = header, k // len(_REPETITIVE_TEMPLATES)  # later rounds start at another index
+        while len(_encode(tokenizer, text)) < prompt_tokens:
+            text += template.format(i=i)
+            i += 1
+        prompts.append(tuple(_document_start(tokenizer) + _encode(tokenizer, text)))
+        sources.append(f"template {k % len(_REPETITIVE_TEMPLATES)}")
+    return Workload("repetitive", "a code line template repeated with an incrementing index", tuple(prompts),
+                    tuple(sources))
+
+
+def build_workloads(tokenizer, names: Sequence[str], num_prompts: int = 4, prompt_tokens: int = 128) -> list[Workload]:
+    builders = {"code": code_workload, "text": text_workload, "repetitive": repetitive_workload}
+    out = []
+    for name in names:
+        if name not in builders:
+            raise ValueError(f"unknown workload {name!r}: use {', '.join(WORKLOAD_NAMES)}")
+        out.append(builders[name](tokenizer, num_prompts, prompt_tokens))
+    return out
