@@ -199,6 +199,7 @@ class TrainResult:
     mfu: float | None
     params: int
     log_path: str | None
+    peak_memory_gb: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -375,6 +376,8 @@ def run_training(
         stop_for_time = cfg.max_seconds is not None and time.perf_counter() - t0 > 1.1 * cfg.max_seconds
         if step % cfg.eval_every == 0 or step == total_steps or stop_for_time:
             row["val_loss"] = round(run_eval(step), 5)
+            logger.info("%s step %d/%d: loss %.4f, val %.4f, lr %.2e, grad norm %.3f, %.0f s", desc, step,
+                        total_steps, last_loss, row["val_loss"], lr, float(grad_norm), time.perf_counter() - t0)
         log.write(row)
         if bar is not None:
             bar.update(1)
@@ -393,6 +396,7 @@ def run_training(
         val_loss=val_curve[-1][1], val_curve=val_curve, tokens_per_s=round(tps, 1),
         mfu=None if peak is None else round(tps * fpt / peak, 4), params=count_params(model),
         log_path=None if log_path is None else str(log_path),
+        peak_memory_gb=round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if device.type == "cuda" else None,
     )
     if log_path is not None:
         Path(log_path).with_suffix(".json").write_text(json.dumps(result.to_dict(), indent=1))
