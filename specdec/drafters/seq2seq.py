@@ -1,0 +1,34 @@
+"""A smaller encoder-decoder model as drafter (the paper's T5-small for T5-XXL), caches in lockstep.
+
+It encodes the same encoder inputs as the target once per batch (`context.source`), then drafts
+decoder tokens exactly like `ModelDrafter`: its decoder cache holds the committed text plus this
+step's drafts, and `commit` crops it back to the committed prefix.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.drafters.model import ModelDrafter
+from specdec.models.seq2seq import HFSeq2SeqLM
+from specdec.sequences import TokenBuffer
+
+
+class Seq2SeqModelDrafter(ModelDrafter):
+    """Drafts with a `transformers` encoder-decoder model (same vocabulary as the target).
+
+    If its decoder start token differs from the target's, it reads the committed text with its own
+    start token in front (the adapter always feeds position 0 as the model's start token).
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self.lm = HFSeq2SeqLM(model)
+        self.vocab_size = self.lm.vocab_size
+
+    def begin(self, context: TokenBuffer, vocab_size: int) -> None:
+        if context.source is None:
+            raise ValueError(
+                "Seq2SeqModelDrafter needs an encoder-decoder target: the context carries no encoder inputs "
+                "(context.source is None)"
+            )
+        self.lm.encode(context.source)
