@@ -1,0 +1,159 @@
+"""`specdec demo`: the shipped code pair on CPU, plain vs speculative greedy decoding side by side.
+
+Loads `specdec/assets/demo_pair/{target,draft}` (see its MODEL_CARD.md), completes a few Python prompts
+twice (plain decoding, then speculative decoding with the drafter; same loop, batch 1, temperature 0),
+checks that the texts are identical token for token, and reports α, τ, tokens/s and the speedup.
+Both runs are timed after a warm-up and interleaved prompt by prompt, so a CPU whose speed drifts slows
+both alike. `--json` prints one JSON object on the last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from specdec.cli import CLIError
+
+DEMO_PAIR = Path(__file__).resolve().parent.parent / "assets" / "demo_pair"
+DEFAULT_GAMMA = 4  # best of γ ∈ {2..7} measured on the 2-core CPU (MODEL_CARD.md)
+
+PROMPTS = (
+    'import os\nimport sys\n\n\ndef main(argv=None):\n    """Parse the command line and run."""\n',
+    'class Stack:\n    """A last-in, first-out stack."""\n\n    def __init__(self):\n',
+    'def read_lines(path, encoding="utf-8"):\n    """Return the lines of a text file."""\n',
+    "import unittest\n\n\nclass TestSplit(unittest.TestCase):\n\n    def test_split(self):\n",
+)
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("demo", help="CPU demo: the shipped code pair, plain vs speculative decoding",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pair", type=Path, default=DEMO_PAIR, help="folder with target/ and draft/ (default: shipped)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--num-draft-tokens", type=int, default=DEFAULT_GAMMA, help="γ")
+    p.add_argument("--prompt", action="append", default=None, help="replace the built-in prompts (repeatable)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
+    p.set_defaults(run=run)
+
+
+def load_pair(folder: Path):
+    """(target, draft, tokenizer) from a demo-pair folder, fp32 on CPU, eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    for name in ("target", "draft"):
+        if not (folder / name / "config.json").is_file():
+            raise CLIError(f"{folder / name} is not a model folder (no config.json)")
+    target = AutoModelForCausalLM.from_pretrained(str(folder / "target"), dtype=torch.float32).eval()
+    draft = AutoModelForCausalLM.from_pretrained(str(folder / "draft"), dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(folder / "target"))
+    return target, draft, tokenizer
+
+
+def _columns(left: str, right: str, width: int = 56, max_lines: int = 14) -> str:
+    """Two texts side by side, each line cut to `width` characters."""
+    def cut(line: str) -> str:
+        line = line.replace("\t", "    ")
+        return line if len(line) <= width else line[: width - 1] + "…"
+
+    a, b = left.splitlines() or [""], right.splitlines() or [""]
+    rows = []
+    for i in range(min(max(len(a), len(b)), max_lines)):
+        rows.append(f"{cut(a[i]) if i < len(a) else '':<{width}} │ {cut(b[i]) if i < len(b) else ''}")
+    if max(len(a), len(b)) > max_lines:
+        rows.append(f"{'…':<{width}} │ …")
+    return "\n".join(rows)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    import specdec
+
+    if args.max_new_tokens < 1:
+        raise CLIError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if args.num_draft_tokens < 1:
+        raise CLIError(f"--num-draft-tokens must be at least 1, got {args.num_draft_tokens}")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise CLIError(f"--threads must be at least 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    target, draft, tokenizer = load_pair(args.pair)
+    prompts = args.prompt or list(PROMPTS)
+    prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
+    if any(not ids for ids in prompt_ids):
+        raise CLIError("every prompt must contain at least one token")
+    eos = tokenizer.eos_token_id
+    gamma = args.num_draft_tokens
+
+    def plain(ids, n):
+        return specdec.generate(target, [ids], drafter=None, max_new_tokens=n, temperature=0, eos_token_id=eos)
+
+    def spec(ids, n):
+        return specdec.generate(target, [ids], drafter=draft, max_new_tokens=n, temperature=0,
+                                num_draft_tokens=gamma, eos_token_id=eos)
+
+    with torch.inference_mode():
+        plain(prompt_ids[0], 16)  # warm-up: first calls pay allocator and dispatcher set-up
+        spec(prompt_ids[0], 16)
+        rows = []
+        for text, ids in zip(prompts, prompt_ids):
+            base = plain(ids, args.max_new_tokens)
+            fast = spec(ids, args.max_new_tokens)
+            rows.append((text, ids, base, fast))
+
+    plain_time = sum(r[2].stats.wall_time_s for r in rows)
+    spec_time = sum(r[3].stats.wall_time_s for r in rows)
+    plain_tokens = sum(r[2].stats.num_generated_tokens for r in rows)
+    spec_tokens = sum(r[3].stats.num_generated_tokens for r in rows)
+    beta_sum = sum(r[3].stats.beta_sum for r in rows)
+    beta_count = sum(r[3].stats.beta_count for r in rows)
+    algorithm_tokens = sum(r[3].stats.algorithm_tokens for r in rows)
+    row_steps = sum(r[3].stats.row_steps for r in rows)
+    draft_s = sum(r[3].stats.draft_time_s for r in rows)
+    verify_s = sum(r[3].stats.verify_time_s for r in rows)
+    drafter_calls = sum(r[3].stats.drafter_calls for r in rows)
+    verify_calls = sum(r[3].stats.num_steps for r in rows)
+    identical = all(r[2].sequences == r[3].sequences for r in rows)
+    summary = {
+        "prompts": len(rows),
+        "max_new_tokens": args.max_new_tokens,
+        "num_draft_tokens": gamma,
+        "threads": torch.get_num_threads(),
+        "identical": identical,
+        "alpha": beta_sum / beta_count if beta_count else None,
+        "mean_accepted_length": algorithm_tokens / row_steps if row_steps else None,
+        "plain_tokens_per_second": plain_tokens / plain_time,
+        "speculative_tokens_per_second": spec_tokens / spec_time,
+        "speedup": (spec_tokens / spec_time) / (plain_tokens / plain_time),
+        "cost_ratio": (draft_s / drafter_calls) / (verify_s / verify_calls) if drafter_calls and verify_calls else None,
+        "plain_wall_time_s": plain_time,
+        "speculative_wall_time_s": spec_time,
+        "generated_tokens": spec_tokens,
+    }
+
+    if not args.json:
+        width = 56
+        print(f"demo pair: {args.pair}  (target {sum(p.numel() for p in target.parameters()) / 1e6:.1f}M params, "
+              f"draft {sum(p.numel() for p in draft.parameters()) / 1e6:.1f}M; greedy, batch 1, γ={gamma}, "
+              f"{torch.get_num_threads()} CPU threads)\n")
+        for text, _ids, base, fast in rows:
+            print("─" * (2 * width + 3))
+            print(text.rstrip("\n"))
+            print(f"{'▸ plain decoding':<{width}} │ ▸ speculative decoding")
+            print(_columns(tokenizer.decode(base.sequences[0]), tokenizer.decode(fast.sequences[0]), width))
+            same = "identical" if base.sequences == fast.sequences else "DIFFERENT"
+            print(f"{base.stats.tokens_per_second:6.1f} tok/s{'':<{width - 12}} │ "
+                  f"{fast.stats.tokens_per_second:6.1f} tok/s  α={fast.stats.alpha or 0:.2f} "
+                  f"τ={fast.stats.mean_accepted_length:.2f}  [{same}]")
+        print("─" * (2 * width + 3))
+        print(f"greedy outputs identical: {'yes' if identical else 'NO'}")
+        print(f"α = {summary['alpha']:.3f}   τ = {summary['mean_accepted_length']:.2f} tokens per target call   "
+              f"c = {summary['cost_ratio']:.3f}")
+        print(f"plain {summary['plain_tokens_per_second']:.1f} tok/s → speculative "
+              f"{summary['speculative_tokens_per_second']:.1f} tok/s: speedup {summary['speedup']:.2f}×")
+    if args.json:
+        print(json.dumps(summary))
+    return 0
