@@ -314,3 +314,14 @@ def test_context_limits_and_missing_start_token(models):
         HFSeq2SeqLM(no_start)
     with pytest.raises(TypeError, match="encoder-decoder"):
         HFSeq2SeqLM(transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2)))
+
+
+def test_drafts_past_the_decoder_context_are_harmless(models):
+    """max_new_tokens == BART's position table: drafts beyond it are dropped, the output is still exact."""
+    model = models["bart"]
+    limit = model.config.max_position_embeddings
+    ref = hf_greedy(model, PROMPTS[0], limit, [])
+    for drafter in (model, models["bart_noisy"]):
+        res = specdec.generate(model, PROMPTS[:1], drafter=drafter, temperature=0, max_new_tokens=limit,
+                               num_draft_tokens=5, eos_token_id=[])
+        assert_same_greedy(model, PROMPTS[0], res.sequences[0], ref)
