@@ -88,15 +88,15 @@ def _load_pair(pair_dir: Path, device: torch.device, dtype: torch.dtype):
     return target, draft
 
 
-def train_gpu_pair(data_dir: Path, out_dir: Path, budget_scale: float, device: torch.device) -> dict:
-    """Train the zoo's `gpu` preset (scaled time budget) into out_dir; returns the zoo summary."""
+def train_gpu_pair(data_dir: Path, out_dir: Path, budget_scale: float, device: torch.device,
+                   preset: str = "gpu") -> dict:
+    """Train a zoo preset (default `gpu`; scaled time budget) into out_dir; returns the zoo summary."""
     try:
         from specdec.zoo.pipeline import train_pair
         from specdec.zoo.presets import get_preset, scale_budget
     except ImportError as err:  # pragma: no cover - the zoo is optional
         raise ValueError(f"the model zoo (specdec.zoo) is not available to train the gpu pair: {err}") from err
-    preset = scale_budget(get_preset("gpu"), budget_scale)
-    return train_pair(preset, data_dir, out_dir, device=device, progress=False)
+    return train_pair(scale_budget(get_preset(preset), budget_scale), data_dir, out_dir, device=device, progress=False)
 
 
 def gpu(device: torch.device, *, pair_dir: Path | None, data_dir: Path | None, max_new_tokens: int = 128,

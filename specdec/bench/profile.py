@@ -64,3 +64,42 @@ def profile_steps(fn, steps: int, device: torch.device) -> dict:
         "top_kernels": [{"name": n[:90], "ms_per_step": round(v[0] / 1e3 / steps, 4), "calls_per_step": v[1] / steps}
                         for n, v in top],
     }
+
+
+def forward_costs(lm, batch: int, ks, prompt_len: int = 128, iters: int = 50) -> dict:
+    """Graph-replayed forward time (ms) of a fast model on k new tokens after `prompt_len` cached ones.
+
+    `lm` is a FastTarget or a FastDrafter's `.lm`. Shows how much a (γ+1)-token verification costs over a
+    1-token plain step: Thm 3.8 assumes the two cost the same.
+    """
+    from specdec.fast.graphs import CapturedStep
+
+    device = lm.device
+    lm.release()
+    lm.allocate(batch, prompt_len + max(ks) + 8)
+    model, cache = lm.model, lm.cache
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    with torch.inference_mode():
+        prompt = torch.randint(3, model.shape.vocab_size, (batch, prompt_len), generator=gen).to(device)
+        model(prompt, cache)
+        out = {}
+        for k in ks:
+            tokens = torch.randint(3, model.shape.vocab_size, (batch, k), generator=gen).to(device)
+
+            def body(tokens=tokens):
+                cache.lengths.fill_(prompt_len)
+                return model(tokens, cache)
+
+            step = CapturedStep(body, pool=lm.pool(), restore=[cache.lengths])
+            for _ in range(3):
+                step.replay()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                step.replay()
+            end.record()
+            end.synchronize()
+            out[k] = round(start.elapsed_time(end) / iters, 4)
+            del step
+    lm.release()
+    return out

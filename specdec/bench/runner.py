@@ -210,13 +210,16 @@ def _hf_unsupported(kind: str, temperature: float, batch: int) -> dict:
             "note": "not supported by transformers (assisted generation needs batch size 1)"}
 
 
-def run_grid(setup: BenchSetup, log: Callable[[str], None] = logger.info) -> list[dict]:
+def run_grid(setup: BenchSetup, log: Callable[[str], None] = logger.info,
+             on_row: Callable[[dict], None] | None = None) -> list[dict]:
     """All configurations of `setup`; fills measured_speedup from the matching plain row."""
     rows: list[dict] = []
 
     def add(row: dict) -> None:
         rows.append(row)
         log(_one_line(row))
+        if on_row is not None:
+            on_row(row)
 
     for temperature in setup.temperatures:
         # γ sweep first (model drafter, batch 1, fused engine): it also picks nothing; the grid uses setup.gamma

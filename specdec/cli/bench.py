@@ -31,6 +31,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--data", default=None, help="gpu: prepared code corpus (prompts, bigram fit, training)")
     p.add_argument("--train", action="store_true", help="gpu: train the zoo gpu pair first (into --pair or OUT/pair)")
     p.add_argument("--budget-scale", type=float, default=1.0, help="gpu --train: scale the zoo's time budgets")
+    p.add_argument("--zoo-preset", default="gpu", help="gpu --train: which zoo preset to train (tests use tiny)")
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--gamma", type=int, default=None, help="γ of the main grid (default: the preset's)")
     p.add_argument("--repeats", type=int, default=None, help="timed runs per configuration (median reported)")
@@ -73,11 +74,16 @@ def run(args: argparse.Namespace) -> int:
             if data is None:
                 raise CLIError("--train needs --data (a prepared code corpus: `specdec train prepare --corpus code`)")
             pair = pair or out / "pair"
-            _log(f"training the zoo gpu pair (budget scale {args.budget_scale}) into {pair}")
-            summary = presets.train_gpu_pair(data, pair, args.budget_scale, device)
-            notes.append(f"pair trained in this run: zoo preset gpu, budget scale {args.budget_scale}, "
-                         f"{summary.get('total_seconds')} s; target val loss "
-                         f"{summary.get('target', {}).get('final_val_loss', summary.get('target', {}).get('val_loss'))}")
+            _log(f"training the zoo {args.zoo_preset} pair (budget scale {args.budget_scale}) into {pair}")
+            summary = presets.train_gpu_pair(data, pair, args.budget_scale, device, preset=args.zoo_preset)
+            target_info = summary.get("target", {})
+            drafts = summary.get("drafts") or [{}]
+            distill = drafts[0].get("distill", {})
+            notes.append(f"pair trained in this run by specdec.zoo (preset {args.zoo_preset}, budget scale {args.budget_scale}, "
+                         f"{summary.get('total_seconds')} s): target {target_info.get('params')} params, "
+                         f"{target_info.get('steps')} steps, val loss {target_info.get('val_loss')}; drafter "
+                         f"{drafts[0].get('params')} params; teacher-forced α before/after distillation "
+                         f"{distill.get('alpha_before')} / {distill.get('alpha_after')}")
             (out / "zoo_summary.json").write_text(json.dumps(summary, indent=1, default=str))
         extra = {k: v for k, v in (("gamma", args.gamma), ("repeats", args.repeats)) if v is not None}
         setup = presets.gpu(device, pair_dir=pair, data_dir=data, **kw, **extra)
@@ -97,7 +103,17 @@ def run(args: argparse.Namespace) -> int:
     _log(f"preset {setup.name}: {len(setup.prompts)} prompts of {len(setup.prompts[0])} tokens, "
          f"max_new_tokens={setup.max_new_tokens}, γ={setup.gamma}")
 
-    rows = run_grid(setup, log=_log)
+    partial = out / f"bench_{setup.name}.partial.jsonl"  # rows as they come (survives a killed run)
+    partial.write_text("")
+
+    def log_row(msg: str) -> None:
+        _log(msg)
+
+    def on_row(row: dict) -> None:
+        with partial.open("a") as fh:
+            fh.write(json.dumps(row, default=str) + "\n")
+
+    rows = run_grid(setup, log=log_row, on_row=on_row)
     for row in rows:
         if row.get("target_forwards_per_s") and measured:
             row["mbu_vs_copy"] = mbu(setup.weight_bytes.get("target", 0), row["target_forwards_per_s"], measured * 1e12)
@@ -174,6 +190,17 @@ def _profile(setup) -> dict:
             prof["gemm_read_tbs"] = setup.weight_bytes["target"] / (gemm_ms / 1e3) / 1e12
         out[name] = prof
         _log(f"profile {name}: {json.dumps(prof)[:600]}")
+    from specdec.bench.profile import forward_costs
+
+    top = setup.target.max_draft_tokens + 1
+    ks = sorted({1, 2, 3, 5, min(9, top), top} & set(range(1, top + 1)))
+    costs = {}
+    for batch in sorted(set(setup.batch_sizes)):
+        costs[f"target_b{batch}"] = forward_costs(setup.target, batch, ks)
+        if setup.drafter is not None:
+            costs[f"draft_b{batch}"] = forward_costs(setup.drafter.lm, batch, [1, 2])
+    out["forward_ms"] = costs
+    _log(f"forward ms by k: {json.dumps(costs)}")
     return out
 
 

@@ -3,35 +3,42 @@
 `fast_generate(target, prompts, drafter=None, ...)` runs the same algorithm as `specdec.generate`
 (Algorithm 1 through `fast.verify`, the core's rule without host syncs) with a `FastTarget`:
 
-  per step   [drafter.propose]  e0→e1   (a `FastDrafter` is one graph; table/lookup drafters run eagerly)
-             [verify graph]     e1→e2   target pass over [last, x_1..x_γ] → accept → append to the token
-                                        buffer in place → EOS / max_new_tokens cut → crop (a pointer move)
-                                        → device-side SpecStats counters → "all rows finished" flag
+  per step   draft graph      e0→e1   a `FastDrafter` drafts γ tokens straight from the committed-token
+                                      buffer; prompt lookup (and greedy n-gram tables) are captured too;
+                                      other drafters run eagerly and their proposal is copied in
+             verify graph     e1→e2   target pass over [last, x_1..x_γ] → accept → append to the token
+                                      buffer in place → EOS / max_new_tokens cut → crop (a pointer move)
+                                      → device-side SpecStats counters → "all rows finished" flag
              host reads the flag: the step's only synchronization; e0/e1/e2 are CUDA events
+Random numbers are drawn from the caller's generator, in place, into the graphs' static inputs.
 Finished rows stay in the batch (static shapes), masked out. Outputs and counters are read once at the end.
 `auto_off=True` probes a few speculative and a few plain steps and keeps whichever makes tokens faster
-(so speculation never makes a batch slower than plain decoding).
+(so speculation never makes a batch much slower than plain decoding).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
 from specdec.core import SamplingConfig, VerifyResult
 from specdec.decoding import GenerateResult, as_drafter, normalize_prompts, resolve_eos
-from specdec.drafters.base import Drafter, Proposal
+from specdec.drafters.base import Drafter
+from specdec.drafters.ngram import NGramDrafter
+from specdec.drafters.prompt_lookup import PromptLookupDrafter
+from specdec.fast.graphs import CapturedStep
 from specdec.fast.sampling import standardize_probs
-from specdec.fast.target import FastDrafter, FastTarget
+from specdec.fast.target import FastDrafter, FastTarget, draft_from_buffer
 from specdec.fast.verify import verify_greedy_nosync, verify_with_noise
 from specdec.metrics import SpecStats
 
 __all__ = ["fast_generate", "FastEngine"]
 
-_PROBE_STEPS = 6  # per phase of the auto_off probe (the first step of a phase is not timed)
+_PROBE_STEPS = 4  # per phase of the auto_off probe (the first step of a phase is not timed)
 
 
 class _Timer:
@@ -54,6 +61,38 @@ class _Timer:
         return self.times[j] - self.times[i]
 
 
+class _Step:
+    """`fn()` → tuple of tensors. With graphs it is captured once and its outputs are static tensors;
+    without, each call runs `fn` eagerly and `outputs` holds the latest results."""
+
+    def __init__(self, fn: Callable[[], tuple], graphs: bool, pool=None, restore=()):
+        self.fn, self.graphs, self.outputs = fn, graphs, None
+        if graphs:
+            self.captured = CapturedStep(fn, pool=pool, restore=restore)
+            self.outputs = self.captured.outputs
+
+    def __call__(self) -> tuple:
+        if self.graphs:
+            self.captured.replay()
+        else:
+            self.outputs = self.fn()
+        return self.outputs
+
+
+@dataclass
+class _Plan:
+    """Static tensors and steps of one step shape: (γ, sampling, EOS count, synthetic α)."""
+
+    gamma: int
+    draft_noise: torch.Tensor | None = None  # [B, γ, V] Exp(1) for a sampling FastDrafter
+    rand: dict = field(default_factory=dict)  # verify's uniforms [B, γ] / noise [B, V], drawn in place
+    draft: _Step | None = None
+    inputs: dict | None = None  # what the verify step reads: draft_tokens / draft_probs / draft_lengths + rand
+    copy_in: bool = False  # eager drafter feeding a captured verify: copy its proposal into static inputs
+    verify: _Step | None = None
+    forward_passes: int = 0
+
+
 class FastEngine:
     """Owns the static step buffers of one (target, drafter) pair; reuses graphs across same-shape requests."""
 
@@ -63,15 +102,16 @@ class FastEngine:
         self.target = target
         self.drafter = as_drafter(drafter, target)
         self._static: dict = {}
-        self._graphs: dict = {}
+        self._plans: dict = {}
         self.last_auto_off_decision: int | None = None
 
     # ----------------------------------------------------------------------------------------- buffers
     def _buffers(self, batch: int, capacity: int, max_gamma: int) -> dict:
-        key = (batch, capacity, max_gamma, id(self.target.cache))
+        drafter_cache = self.drafter.lm.cache if isinstance(self.drafter, FastDrafter) else None
+        key = (batch, capacity, max_gamma, id(self.target.cache), id(drafter_cache))
         if self._static.get("key") != key:
             dev = self.target.device
-            self._graphs.clear()
+            self._plans.clear()
             self._static = {
                 "key": key,
                 "tokens": torch.zeros(batch, capacity, dtype=torch.long, device=dev),
@@ -79,15 +119,95 @@ class FastEngine:
                 "generated": torch.zeros(batch, dtype=torch.long, device=dev),
                 "finished": torch.zeros(batch, dtype=torch.bool, device=dev),
                 "max_new": torch.zeros((), dtype=torch.long, device=dev),
-                # reached[γmax], accepted[γmax], β-sum, Σn, Σ draft lengths, rows with drafts, active rows
-                "counters": torch.zeros(2 * max_gamma + 5, dtype=torch.float64, device=dev),
                 "all_done": torch.zeros((), dtype=torch.bool, device=dev),
+                "counters": {},  # γ → [2γ + 5] float64: reached[γ], accepted[γ], β-sum, Σn, Σdrafted, rows drafting, active
             }
         return self._static
 
-    # ----------------------------------------------------------------------------------------- verify step
-    def _verify_body(self, s: dict, inputs: dict, gamma: int, sampling: SamplingConfig, eos_ids: torch.Tensor | None,
-                     max_gamma: int, synthetic: float | None):
+    def _counters(self, s: dict, gamma: int) -> torch.Tensor:
+        if gamma not in s["counters"]:
+            s["counters"][gamma] = torch.zeros(2 * gamma + 5, dtype=torch.float64, device=self.target.device)
+        return s["counters"][gamma]
+
+    # ----------------------------------------------------------------------------------------- one step
+    def _plan(self, context, gamma: int, sampling: SamplingConfig, eos_ids, synthetic, generator) -> _Plan:
+        key = (gamma, sampling, None if eos_ids is None else eos_ids.numel(), synthetic)
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        s, target, drafter = self._static, self.target, self.drafter
+        graphs, device, batch = target.cuda_graphs, target.device, context.batch_size
+        plan = _Plan(gamma)
+        if gamma and isinstance(drafter, FastDrafter):
+            if not sampling.greedy:
+                plan.draft_noise = torch.empty(batch, gamma, drafter.vocab_size, device=device).exponential_(
+                    generator=generator)
+
+            def draft_fn():
+                return draft_from_buffer(drafter, s["tokens"], s["lengths"], gamma, sampling, plan.draft_noise)[:2]
+
+            use_graph = graphs and drafter.lm.cuda_graphs
+            plan.draft = _Step(draft_fn, use_graph, drafter.lm.pool() if use_graph else None,
+                               restore=[drafter.lm.cache.lengths])
+            plan.forward_passes = gamma
+        elif gamma and graphs and _graph_safe(drafter, sampling):
+            def draft_fn():
+                p = drafter.propose(context, gamma, sampling, None, None)
+                return p.tokens, p.probs, p.lengths
+
+            plan.draft = _Step(draft_fn, True, target.pool())
+        elif gamma:
+            def draft_fn():
+                p = drafter.propose(context, gamma, sampling, generator, None)
+                plan.forward_passes = p.forward_passes
+                return p.tokens, p.probs, p.lengths
+
+            plan.draft = _Step(draft_fn, False)
+        else:
+            plan.inputs = {"draft_tokens": torch.zeros(batch, 0, dtype=torch.long, device=device)}
+        if not sampling.greedy or (gamma and synthetic is not None):
+            plan.rand["uniforms"] = torch.rand(batch, gamma, generator=generator, device=device)
+        if not sampling.greedy and synthetic is None:
+            plan.rand["noise"] = torch.empty(batch, target.vocab_size, device=device).exponential_(generator=generator)
+        self._plans[key] = plan
+        return plan
+
+    def _run_step(self, plan: _Plan, sampling: SamplingConfig, eos_ids, synthetic, generator) -> None:
+        """Draft (graph or eager), draw the verify randomness in place, verify (graph or eager)."""
+        if plan.draft is not None:
+            if plan.draft_noise is not None:
+                plan.draft_noise.exponential_(generator=generator)
+            outputs = plan.draft()
+            named = {n: t for n, t in zip(("draft_tokens", "draft_probs", "draft_lengths"), outputs) if t is not None}
+            if sampling.greedy:
+                named.pop("draft_probs", None)
+            if plan.inputs is None:
+                plan.copy_in = self.target.cuda_graphs and not plan.draft.graphs
+                plan.inputs = {n: t.clone() for n, t in named.items()} if plan.copy_in else dict(named)
+                plan.inputs.update(plan.rand)
+            elif plan.copy_in:
+                for n, t in named.items():
+                    plan.inputs[n].copy_(t)
+            else:
+                plan.inputs.update(named)
+        elif plan.rand and set(plan.rand) - set(plan.inputs):
+            plan.inputs.update(plan.rand)
+        self.timer.mark(1)
+        if "uniforms" in plan.rand:
+            plan.rand["uniforms"].uniform_(generator=generator)
+        if "noise" in plan.rand:
+            plan.rand["noise"].exponential_(generator=generator)
+        if plan.verify is None:
+            s, target = self._static, self.target
+            counters = self._counters(s, plan.gamma)
+            body = self._verify_body(s, plan.inputs, plan.gamma, sampling, eos_ids, synthetic, counters)
+            restore = [s["tokens"], s["lengths"], s["generated"], s["finished"], s["all_done"], counters,
+                       target.cache.lengths]
+            plan.verify = _Step(body, target.cuda_graphs, target.pool() if target.cuda_graphs else None, restore)
+        plan.verify()
+
+    def _verify_body(self, s: dict, inputs: dict, gamma: int, sampling: SamplingConfig, eos_ids, synthetic,
+                     counters: torch.Tensor):
         target = self.target
         tokens, lengths, generated, finished = s["tokens"], s["lengths"], s["generated"], s["finished"]
         capacity = tokens.shape[1]
@@ -128,50 +248,11 @@ class FastEngine:
             generated.add_(counts)
             finished.logical_or_(active & (hit_eos | (generated >= s["max_new"])))
             target.cache.lengths.copy_(lengths - 1)  # roll back: a pointer move
-            self._count(s["counters"], result, draft_lengths, active, gamma, max_gamma)
+            _count(counters, result, draft_lengths, active, gamma)
             s["all_done"].copy_(finished.all())
+            return ()
 
         return body
-
-    @staticmethod
-    def _count(counters: torch.Tensor, result: VerifyResult, draft_lengths, active, gamma: int, max_gamma: int):
-        n = result.num_accepted
-        parts = []
-        if gamma:
-            lengths = draft_lengths if draft_lengths is not None else torch.full_like(n, gamma)
-            pos = torch.arange(gamma, device=n.device)[None, :]
-            drafted = (pos < lengths[:, None]) & active[:, None]
-            reached = drafted & (pos <= n[:, None])
-            accepted = pos < (n * active)[:, None]
-            pad = torch.zeros(max_gamma - gamma, dtype=torch.float64, device=n.device)
-            parts = [reached.sum(0).double(), pad, accepted.sum(0).double(), pad,
-                     (result.beta.double() * reached).sum().reshape(1),
-                     torch.stack([(n * active).sum(), (lengths * active).sum(), ((lengths > 0) & active).sum(),
-                                  active.sum()]).double()]
-            counters.add_(torch.cat(parts))
-        else:
-            counters[-1:].add_(active.sum().double())
-
-    def _verify(self, s, gamma, sampling, eos_ids, max_gamma, inputs: dict, synthetic: float | None):
-        cuda_graphs = self.target.cuda_graphs
-        make = lambda static: self._verify_body(s, static, gamma, sampling, eos_ids, max_gamma, synthetic)  # noqa: E731
-        if not cuda_graphs:
-            return make(inputs)()
-        key = (gamma, sampling, tuple((k, tuple(v.shape)) for k, v in sorted(inputs.items())),
-               None if eos_ids is None else eos_ids.numel(), synthetic)
-        entry = self._graphs.get(key)
-        if entry is None:
-            from specdec.fast.graphs import CapturedStep
-
-            static = {k: v.clone() for k, v in inputs.items()}
-            restore = [s["tokens"], s["lengths"], s["generated"], s["finished"], s["counters"], s["all_done"],
-                       self.target.cache.lengths]
-            step = CapturedStep(make(static), pool=self.target.pool(), restore=restore)
-            entry = self._graphs[key] = (static, step)
-        static, step = entry
-        for k, v in inputs.items():
-            static[k].copy_(v)
-        step.replay()
 
     # ----------------------------------------------------------------------------------------- generate
     @torch.inference_mode()
@@ -194,9 +275,8 @@ class FastEngine:
         gamma = 0 if drafter is None else num_draft_tokens
         if drafter is not None and (isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1):
             raise ValueError(f"fast_generate needs num_draft_tokens as an integer >= 1, got {num_draft_tokens!r}")
-        max_gamma = target.max_draft_tokens
-        if gamma > max_gamma:
-            raise ValueError(f"num_draft_tokens {gamma} exceeds the target's max_draft_tokens {max_gamma}")
+        if gamma > target.max_draft_tokens:
+            raise ValueError(f"num_draft_tokens {gamma} exceeds the target's max_draft_tokens {target.max_draft_tokens}")
         eos = resolve_eos(eos_token_id, target)
         device = target.device
         if generator is None:
@@ -211,43 +291,31 @@ class FastEngine:
         context = target.begin(rows, max_new_tokens)
         stats.target_calls += int(max(len(r) for r in rows) > 1)
         batch = context.batch_size
-        s = self._buffers(batch, context.capacity, max_gamma)
+        if drafter is not None:
+            drafter.begin(context, target.vocab_size)
+        s = self._buffers(batch, context.capacity, target.max_draft_tokens)
         s["tokens"].copy_(context.tokens)
         s["lengths"].copy_(context.lengths)
         s["generated"].zero_()
         s["finished"].zero_()
         s["max_new"].fill_(max_new_tokens)
-        s["counters"].zero_()
         s["all_done"].zero_()
-        context.tokens, context.lengths = s["tokens"], s["lengths"]  # the buffer the graphs write into
-        if drafter is not None:
-            drafter.begin(context, target.vocab_size)
+        for counters in s["counters"].values():
+            counters.zero_()
+        context.tokens, context.lengths = s["tokens"], s["lengths"]  # the buffer the graphs read and write
         eos_ids = torch.tensor(sorted(eos), dtype=torch.long, device=device) if eos else None
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         stats.prefill_time_s = time.perf_counter() - t_start
 
-        timer = _Timer(device)
+        self.timer = timer = _Timer(device)
         probe = _Probe(gamma) if auto_off and gamma > 0 else None
         step, done = 0, False
         while not done and step < max_new_tokens:
             g = probe.gamma() if probe is not None else gamma
+            plan = self._plan(context, g, sampling, eos_ids, synthetic_acceptance, generator)
             timer.mark(0)
-            if g > 0:
-                proposal = drafter.propose(context, g, sampling, generator, None)
-            else:
-                proposal = Proposal(tokens=torch.zeros(batch, 0, dtype=torch.long, device=device))
-            timer.mark(1)
-            inputs = {"draft_tokens": proposal.tokens}
-            if proposal.probs is not None and not sampling.greedy:
-                inputs["draft_probs"] = proposal.probs
-            if proposal.lengths is not None:
-                inputs["draft_lengths"] = proposal.lengths
-            if not sampling.greedy or synthetic_acceptance is not None:
-                inputs["uniforms"] = torch.rand(batch, proposal.tokens.shape[1], generator=generator, device=device)
-            if not sampling.greedy and synthetic_acceptance is None:
-                inputs["noise"] = torch.empty(batch, target.vocab_size, device=device).exponential_(generator=generator)
-            self._verify(s, proposal.tokens.shape[1], sampling, eos_ids, max_gamma, inputs, synthetic_acceptance)
+            self._run_step(plan, sampling, eos_ids, synthetic_acceptance, generator)
             if g > 0 and not isinstance(drafter, FastDrafter):
                 drafter.commit(context)
             timer.mark(2)
@@ -255,25 +323,55 @@ class FastEngine:
             draft_s, verify_s = timer.elapsed(0, 1), timer.elapsed(1, 2)
             stats.num_steps += 1
             stats.target_calls += 1
-            stats.drafter_calls += proposal.forward_passes
+            stats.drafter_calls += plan.forward_passes
             stats.draft_time_s += draft_s
             stats.verify_time_s += verify_s
             stats.max_num_draft_tokens = max(stats.max_num_draft_tokens, g)
             if probe is not None:
-                probe.record(g, draft_s + verify_s, s["counters"])
+                probe.record(g, draft_s + verify_s, self._counters(s, g))
             step += 1
 
-        host = torch.cat([s["counters"], s["generated"].double(), context.start_lengths.double()]).tolist()
-        counters, generated, starts = host[: 2 * max_gamma + 5], host[2 * max_gamma + 5 : -batch], host[-batch:]
+        gammas = sorted(s["counters"])
+        host = torch.cat([s["counters"][g] for g in gammas] + [s["generated"].double(),
+                                                                context.start_lengths.double()]).tolist()
         token_rows = s["tokens"].tolist()
+        generated, starts = host[-2 * batch : -batch], host[-batch:]
         for b in range(batch):
             start = int(starts[b])
             outputs[b] = token_rows[b][start : start + int(generated[b])]
-        _fill_stats(stats, counters, max_gamma)
+        offset = 0
+        for g in gammas:
+            _fill_stats(stats, host[offset : offset + 2 * g + 5], g)
+            offset += 2 * g + 5
         stats.num_generated_tokens = sum(len(o) for o in outputs)
         stats.wall_time_s = time.perf_counter() - t_start
         self.last_auto_off_decision = probe.decision if probe is not None else None  # γ kept (0 = turned off)
         return GenerateResult(outputs, stats)
+
+
+def _graph_safe(drafter: Drafter, sampling: SamplingConfig) -> bool:
+    """Drafters whose `propose` is free of host syncs and of the random generator, so it can be captured."""
+    if type(drafter) is PromptLookupDrafter:
+        return True
+    return type(drafter) is NGramDrafter and sampling.greedy
+
+
+def _count(counters: torch.Tensor, result: VerifyResult, draft_lengths, active, gamma: int) -> None:
+    """Add this step's SpecStats counts (same definitions as the decoding loop's `_step_summary`)."""
+    n = result.num_accepted
+    act = active.double()
+    if gamma:
+        lengths = draft_lengths if draft_lengths is not None else torch.full_like(n, gamma)
+        pos = torch.arange(gamma, device=n.device)[None, :]
+        drafted = (pos < lengths[:, None]) & active[:, None]
+        reached = (drafted & (pos <= n[:, None])).double()
+        accepted = (pos < (n * active)[:, None]).double()
+        per_row = torch.cat([reached, accepted, (result.beta.double() * reached).sum(1, keepdim=True),
+                             torch.stack([n * active, lengths * active, ((lengths > 0) & active).long()], 1).double(),
+                             act[:, None]], 1)
+        counters.add_(per_row.sum(0))
+    else:
+        counters[-1:].add_(act.sum())
 
 
 class _Probe:
@@ -298,9 +396,9 @@ class _Probe:
     def record(self, gamma: int, seconds: float, counters: torch.Tensor) -> None:
         if self.phase == 2:
             return
-        # tokens the algorithm produced so far: Σn + active row-steps (read only during the probe)
-        produced = float(counters[-5]) + float(counters[-1])
-        if self._last is not None and self.steps > 0:
+        # tokens the algorithm produced in this phase so far: Σn + active row-steps (read only while probing)
+        produced = float(counters[-4]) + float(counters[-1]) if gamma else float(counters[-1])
+        if self.steps > 0:
             self.time[self.phase] += seconds
             self.tokens[self.phase] += produced - self._last
         self._last = produced
@@ -314,19 +412,24 @@ class _Probe:
                 self.decision = self.spec_gamma if spec_rate >= plain_rate else 0
 
 
-def _fill_stats(stats: SpecStats, counters: list[float], max_gamma: int) -> None:
-    reached, accepted = counters[:max_gamma], counters[max_gamma : 2 * max_gamma]
-    beta_sum, n_sum, drafted, spec_rows, active = counters[2 * max_gamma :]
-    gamma = stats.max_num_draft_tokens
-    stats.reached_by_position = [int(x) for x in reached[:gamma]]
-    stats.accepted_by_position = [int(x) for x in accepted[:gamma]]
-    stats.beta_sum = beta_sum
-    stats.beta_count = int(sum(reached))
-    stats.accepted_tokens = int(n_sum)
-    stats.drafted_tokens = int(drafted)
-    stats.speculative_row_steps = int(spec_rows)
-    stats.row_steps = int(active)
-    stats.algorithm_tokens = int(n_sum) + int(active)
+def _fill_stats(stats: SpecStats, counters: list[float], gamma: int) -> None:
+    """Fold one γ's counters into `stats` (called once per γ used; γ = 0 contributes only row-steps)."""
+    reached, accepted = counters[:gamma], counters[gamma : 2 * gamma]
+    beta_sum, n_sum, drafted, spec_rows, active = counters[2 * gamma :]
+    if len(stats.reached_by_position) < gamma:
+        extra = gamma - len(stats.reached_by_position)
+        stats.reached_by_position += [0] * extra
+        stats.accepted_by_position += [0] * extra
+    for i in range(gamma):
+        stats.reached_by_position[i] += int(reached[i])
+        stats.accepted_by_position[i] += int(accepted[i])
+    stats.beta_sum += beta_sum
+    stats.beta_count += int(sum(reached))
+    stats.accepted_tokens += int(n_sum)
+    stats.drafted_tokens += int(drafted)
+    stats.speculative_row_steps += int(spec_rows)
+    stats.row_steps += int(active)
+    stats.algorithm_tokens += int(n_sum) + int(active)
 
 
 def fast_generate(target: FastTarget, prompts, drafter=None, max_new_tokens: int = 64, temperature: float = 1.0,

@@ -197,12 +197,7 @@ class FastDrafter(Drafter):
         gamma = num_draft_tokens
         if gamma > lm.max_draft_tokens:
             raise ValueError(f"FastDrafter was built for at most {lm.max_draft_tokens} draft tokens (got {gamma})")
-        pos = context.lengths[:, None] - 2 + torch.arange(2, device=lm.device)[None, :]
-        inputs = {
-            "pair": context.tokens.gather(1, pos.clamp_min(0)),
-            "valid": pos >= 0,
-            "base": (context.lengths - 2).clamp_min(0),
-        }
+        inputs = pair_inputs(context.tokens, context.lengths)
         if not sampling.greedy:
             noise = torch.empty(context.batch_size, gamma, lm.vocab_size, device=lm.device)
             inputs["noise"] = noise.exponential_(generator=generator)
@@ -251,3 +246,18 @@ def _draft_step(model: FastLlama, cache: KVCache, inputs: dict, gamma: int, samp
         streak = torch.stack(confident[:-1], 1).long().cumprod(1).sum(1) if gamma > 1 else tokens[0] * 0
         lengths = streak + 1
     return torch.stack(tokens, 1), (torch.stack(probs, 1) if probs else None), lengths
+
+
+def pair_inputs(tokens: torch.Tensor, lengths: torch.Tensor) -> dict:
+    """The last two committed tokens of each row and where they go: `pair [B, 2]`, `valid [B, 2]`, `base [B]`."""
+    pos = lengths[:, None] - 2 + torch.arange(2, device=tokens.device)[None, :]
+    return {"pair": tokens.gather(1, pos.clamp_min(0)), "valid": pos >= 0, "base": (lengths - 2).clamp_min(0)}
+
+
+def draft_from_buffer(drafter: FastDrafter, tokens: torch.Tensor, lengths: torch.Tensor, gamma: int,
+                      sampling: SamplingConfig, noise: torch.Tensor | None):
+    """Graph body for the fused engine: draft straight from the (static) committed-token buffer."""
+    inputs = pair_inputs(tokens, lengths)
+    if noise is not None:
+        inputs["noise"] = noise
+    return _draft_step(drafter.model, drafter.lm.cache, inputs, gamma, sampling, None)
