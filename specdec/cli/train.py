@@ -119,10 +119,10 @@ def _brief(summary: dict) -> dict:
                                                         "tokens_per_s", "mfu", "skipped_steps")}}
     out["drafts"] = []
     for d in summary.get("drafts", []):
-        row = {k: d[k] for k in ("params", "params_ratio", "steps", "seconds", "val_loss", "tokens_per_s")}
+        row = {k: d.get(k) for k in ("params", "params_ratio", "init", "steps", "seconds", "val_loss")}
         if "distill" in d:
-            row["alpha_before"] = d["distill"]["alpha_before"]
-            row["alpha_after"] = d["distill"]["alpha_after"]
+            for key in ("alpha_before", "alpha_after", "alpha_generated_before", "alpha_generated_after"):
+                row[key] = d["distill"][key]
             row["distill_val_loss"] = d["distill"]["train"]["val_loss"]
         out["drafts"].append(row)
     return out
@@ -138,9 +138,12 @@ def _distill(args) -> int:
     from specdec.zoo.train import save_model
 
     preset = get_preset(args.preset)
-    if preset.distill is None:
+    recipe = next((r for r in preset.drafts if r.distill is not None), None)
+    if recipe is None:
         raise CLIError(f"preset {args.preset!r} has no distillation settings")
-    tc = preset.distill.train
+    # corpus text only here: a generated pool belongs to a whole-pair run (`specdec train pair`)
+    distill_cfg = replace(recipe.distill, generated_fraction=0.0)
+    tc = distill_cfg.train
     tc = replace(tc, max_seconds=args.seconds if args.seconds is not None else tc.max_seconds,
                  steps=args.steps if args.steps is not None else tc.steps, lr=args.lr if args.lr is not None else tc.lr)
     for path in (args.target, args.draft):
@@ -152,7 +155,7 @@ def _distill(args) -> int:
     draft = auto.from_pretrained(args.draft, dtype=torch.float32)
     data = load_data(args.data)
     out = Path(args.out)
-    result = distill_draft(target, draft, data, replace(preset.distill, train=tc), log_path=out / "distill.csv",
+    result = distill_draft(target, draft, data, replace(distill_cfg, train=tc), log_path=out / "distill.csv",
                            device=args.device, progress=not args.no_progress)
     save_model(draft, out / "draft", data.tokenizer_dir, dtype=preset.export_dtype,
                max_shard_size=preset.max_shard_size)

@@ -3,7 +3,7 @@
 `train_pair(preset, data_dir, out_dir)` writes:
 
     out_dir/target/          HF folder (config, safetensors, tokenizer)
-    out_dir/draft0/, ...     distilled drafters, same format
+    out_dir/draft0/, ...     drafters (pre-trained and/or initialized from the target, then distilled)
     out_dir/logs/*.csv       per-step logs (+ .json summaries) of every phase
     out_dir/summary.json     sizes, validation losses, α before/after distillation, timings
 """
@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 from specdec.zoo.data import load_data
-from specdec.zoo.distill import distill_draft
-from specdec.zoo.presets import PairPreset
-from specdec.zoo.train import count_params, resolve_device, save_model, train_model
+from specdec.zoo.distill import distill_draft, generate_greedy, init_from_target, prompts_from_stream
+from specdec.zoo.presets import GeneratedPool, PairPreset
+from specdec.zoo.train import build_model, count_params, resolve_device, run_training, save_model, train_model
 
 logger = logging.getLogger(__name__)
 
@@ -68,16 +68,32 @@ def train_pair(
     save(target, "target")
     summary["target"] = {"shape": asdict(preset.target), "params": count_params(target), **target_result.to_dict()}
     _write(out / "summary.json", summary)
+    pool = val_pool = None
+    if preset.pool is not None and any(r.distill and r.distill.generated_fraction > 0 for r in preset.drafts):
+        pool, val_pool = _make_pools(target, data, preset.pool, device)
+        summary["generated_pool"] = {"train_sequences": len(pool), "val_sequences": len(val_pool),
+                                     **asdict(preset.pool)}
     summary["drafts"] = []
-    for i, shape in enumerate(preset.drafts):
-        draft, draft_result = train_model(shape, data, preset.draft_train, vocab_size=vocab,
-                                          log_path=logs / f"draft{i}.csv", device=device, progress=progress,
-                                          desc=f"{preset.name} draft{i}")
-        entry = {"shape": asdict(shape), "params": count_params(draft),
-                 "params_ratio": round(count_params(target) / count_params(draft), 1), **draft_result.to_dict()}
-        if preset.distill is not None:
-            distilled = distill_draft(target, draft, data, preset.distill, log_path=logs / f"distill{i}.csv",
-                                      device=device, progress=progress, desc=f"{preset.name} distill{i}")
+    for i, recipe in enumerate(preset.drafts):
+        shape = recipe.shape
+        draft = build_model(shape, vocab, seed=i + 1)
+        entry: dict = {"shape": asdict(shape), "init": recipe.init, "params": count_params(draft),
+                       "params_ratio": round(count_params(target) / count_params(draft), 1)}
+        if recipe.init == "target":
+            entry["copied_from_target"] = init_from_target(draft, target)
+            if not entry["copied_from_target"]:
+                logger.warning("draft%d: shapes differ from the target's, nothing copied (random init)", i)
+        elif recipe.init != "scratch":
+            raise ValueError(f"draft{i}: init must be 'scratch' or 'target', got {recipe.init!r}")
+        if recipe.pretrain is not None:
+            pre = run_training(draft, data, recipe.pretrain, log_path=logs / f"draft{i}.csv", device=device,
+                               progress=progress, desc=f"{preset.name} draft{i}")
+            entry.update(pre.to_dict())
+        if recipe.distill is not None:
+            distilled = distill_draft(target, draft, data, recipe.distill, log_path=logs / f"distill{i}.csv",
+                                      device=device, progress=progress, desc=f"{preset.name} distill{i}",
+                                      pool=pool, val_pool=val_pool,
+                                      prompt_len=preset.pool.prompt_len if preset.pool else 0)
             entry["distill"] = distilled.to_dict()
         save(draft, f"draft{i}")
         summary["drafts"].append(entry)
@@ -86,6 +102,20 @@ def train_pair(
     summary["total_seconds"] = round(time.perf_counter() - t_start, 1)
     _write(out / "summary.json", summary)
     return summary
+
+
+def _make_pools(target, data, pool_cfg: GeneratedPool, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy target text from random train-stream prompts (distillation) and val-stream prompts (α)."""
+    t0 = time.perf_counter()
+    n_train = pool_cfg.batch_size * 64  # upper bound; max_seconds usually stops earlier
+    train_prompts = prompts_from_stream(data.train, n_train, pool_cfg.prompt_len, seed=1)
+    pool = generate_greedy(target, train_prompts, pool_cfg.new_tokens, batch_size=pool_cfg.batch_size,
+                           max_seconds=pool_cfg.max_seconds, device=device)
+    val_prompts = prompts_from_stream(data.val, pool_cfg.val_sequences, pool_cfg.prompt_len, seed=2)
+    val_pool = generate_greedy(target, val_prompts, pool_cfg.new_tokens, batch_size=pool_cfg.batch_size, device=device)
+    logger.info("generated %d + %d greedy sequences of %d tokens in %.1f s", len(pool), len(val_pool),
+                pool.shape[1], time.perf_counter() - t0)
+    return pool, val_pool
 
 
 def _write(path: Path, obj: dict) -> None:

@@ -2,10 +2,10 @@
 
 - `tiny`, `tiny-ende`: CPU, seconds; what the tests train.
 - `demo`: the decoder-only code pair shipped in `specdec/assets/demo_pair` (see its MODEL_CARD.md).
-  Shapes chosen by CPU timing (scripts/zoo_cpu_timing.py): on a 2-core CPU with HF eager models the
-  per-layer Python overhead dominates, so a deep narrow target (12 layers, dim 320) against a one-layer
-  drafter gives a cost ratio c ≈ 0.1 while the weights stay ≤ 40 MiB in fp16.
-- `gpu`: a deep ≥300M-parameter target with a ~100× smaller shallow drafter, ~6 minutes on one H100/H200.
+  Shapes chosen by CPU timing (scripts/zoo_cpu_timing.py): with HF eager models on a 2-core CPU a
+  one-layer drafter costs c ≈ 0.1 of a deep narrow target (24 layers, dim 192), and the target's
+  multi-token verification pass costs little more than a one-token pass; weights ≤ 40 MiB in fp16.
+- `gpu`: a deep ≥300M-parameter target with a ~86× smaller shallow drafter, ~6 minutes on one H100/H200.
 - `gpu-ende`: an encoder-decoder (T5) EnDe pair for the gettext corpus.
 
 Budgets are wall-clock seconds (`max_seconds`): the loop measures its step time after a few steps and
@@ -14,7 +14,7 @@ fixes the number of steps (and so the cosine schedule) to fit, capped by `steps`
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,31 @@ class DistillConfig:
     train: TrainConfig
     temperature: float = 1.0  # of the teacher/student softmax inside KL(p‖q)
     alpha_batches: int = 8  # held-out batches for α before/after
+    # Fraction of each batch drawn from text the target generated greedily (from corpus prompts), the
+    # text a greedy demo decodes; the rest is corpus text. 0 = corpus only.
+    generated_fraction: float = 0.0
+
+
+@dataclass(frozen=True)
+class GeneratedPool:
+    """Greedy target continuations of corpus prompts, made once per pair for distillation and for α."""
+
+    prompt_len: int = 64
+    new_tokens: int = 192
+    batch_size: int = 256
+    max_seconds: float = 20.0  # training pool; stops after the batch that crosses it
+    val_sequences: int = 64  # held-out prompts (validation split) for α on generated text
+
+
+@dataclass(frozen=True)
+class DraftRecipe:
+    """How one drafter is made: `init` "scratch" (random) or "target" (copy the target's embeddings,
+    first layer(s) and final norm, when the shapes allow), then optional CE pre-training, then distillation."""
+
+    shape: ModelShape
+    init: str = "scratch"
+    pretrain: TrainConfig | None = None
+    distill: DistillConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -62,50 +87,61 @@ class PairPreset:
     name: str
     corpus: str  # "code" | "ende"
     target: ModelShape
-    drafts: tuple[ModelShape, ...]  # several candidates may be trained; all share the tokenizer
     target_train: TrainConfig
-    draft_train: TrainConfig
-    distill: DistillConfig | None
+    drafts: tuple[DraftRecipe, ...]  # several candidates may be trained; all share the tokenizer
+    pool: GeneratedPool | None = None  # needed when a distillation uses generated text
     export_dtype: str | None = None  # "float16" for the shipped pair; None keeps fp32
     max_shard_size: str | None = None
     description: str = ""
-    notes: tuple[str, ...] = field(default_factory=tuple)
 
 
 def _tiny(corpus: str) -> PairPreset:
     arch = "llama" if corpus == "code" else "t5"
     tr = TrainConfig(steps=40, batch_size=8, seq_len=64, lr=3e-3, warmup_steps=5, eval_every=20, eval_batches=2,
                      z_loss=1e-4)
+    distill = DistillConfig(replace(tr, steps=30, lr=1e-3, warmup_steps=3), alpha_batches=2)
     return PairPreset(
         name="tiny" if corpus == "code" else "tiny-ende",
         corpus=corpus,
         target=ModelShape(arch, dim=64, layers=2, heads=2, ff=128, max_len=256),
-        drafts=(ModelShape(arch, dim=32, layers=1, heads=1, ff=64, max_len=256),),
         target_train=tr,
-        draft_train=tr,
-        distill=DistillConfig(replace(tr, steps=30, lr=1e-3, warmup_steps=3), alpha_batches=2),
+        drafts=(DraftRecipe(ModelShape(arch, dim=32, layers=1, heads=1, ff=64, max_len=256), pretrain=tr,
+                            distill=distill),),
         description="CPU smoke test: trains in seconds",
     )
+
+
+def _distill(seconds: float, batch_size: int, seq_len: int, lr: float, generated_fraction: float = 0.0,
+             warmup: int = 30) -> DistillConfig:
+    return DistillConfig(TrainConfig(steps=100_000, max_seconds=seconds, batch_size=batch_size, seq_len=seq_len,
+                                     lr=lr, warmup_steps=warmup, min_lr_ratio=0.05, eval_every=250, eval_batches=8,
+                                     z_loss=0.0), generated_fraction=generated_fraction)
+
+
+def _pretrain(seconds: float, batch_size: int = 64, seq_len: int = 512, lr: float = 3e-3) -> TrainConfig:
+    return TrainConfig(steps=100_000, max_seconds=seconds, batch_size=batch_size, seq_len=seq_len, lr=lr,
+                       warmup_steps=100, eval_every=250, eval_batches=8)
 
 
 PRESETS: dict[str, PairPreset] = {
     "tiny": _tiny("code"),
     "tiny-ende": _tiny("ende"),
+    # v1 of the demo pair (dim 320 × 12 layers) reached only 1.2× on the 2-core CPU: a 5-token verification
+    # pass cost 1.7× a 1-token pass there (small-M matmuls), so the target is now deeper and narrower
+    # (its time per pass is more per-layer overhead and less weight traffic), see MODEL_CARD.md.
     "demo": PairPreset(
         name="demo",
         corpus="code",
-        target=ModelShape("llama", dim=320, layers=12, heads=5, ff=896, max_len=1024),
+        target=ModelShape("llama", dim=192, layers=24, heads=3, ff=512, max_len=1024),
+        target_train=TrainConfig(steps=100_000, max_seconds=180, batch_size=96, seq_len=512, lr=1.5e-3,
+                                 warmup_steps=200, eval_every=250, eval_batches=8),
         drafts=(
-            ModelShape("llama", dim=128, layers=1, heads=2, ff=384, max_len=1024),
-            ModelShape("llama", dim=256, layers=1, heads=4, ff=704, max_len=1024),
+            DraftRecipe(ModelShape("llama", dim=192, layers=1, heads=3, ff=512, max_len=1024), init="target",
+                        distill=_distill(75, 64, 256, 2e-3, generated_fraction=0.5, warmup=50)),
+            DraftRecipe(ModelShape("llama", dim=128, layers=1, heads=2, ff=384, max_len=1024),
+                        pretrain=_pretrain(35), distill=_distill(45, 64, 256, 1e-3, generated_fraction=0.5)),
         ),
-        target_train=TrainConfig(steps=20_000, max_seconds=100, batch_size=64, seq_len=512, lr=2e-3,
-                                 warmup_steps=150, eval_every=250, eval_batches=8),
-        draft_train=TrainConfig(steps=10_000, max_seconds=20, batch_size=64, seq_len=512, lr=3e-3,
-                                warmup_steps=100, eval_every=250, eval_batches=8),
-        distill=DistillConfig(TrainConfig(steps=10_000, max_seconds=25, batch_size=64, seq_len=512, lr=1e-3,
-                                          warmup_steps=30, min_lr_ratio=0.05, eval_every=250, eval_batches=8,
-                                          z_loss=0.0)),
+        pool=GeneratedPool(prompt_len=64, new_tokens=192, batch_size=256, max_seconds=20, val_sequences=64),
         export_dtype="float16",
         max_shard_size="15MB",
         description="the CPU demo pair shipped in specdec/assets/demo_pair (Python code)",
@@ -114,28 +150,20 @@ PRESETS: dict[str, PairPreset] = {
         name="gpu",
         corpus="code",
         target=ModelShape("llama", dim=1024, layers=24, heads=16, ff=2816, max_len=1024),
-        drafts=(ModelShape("llama", dim=256, layers=2, heads=4, ff=704, max_len=1024),),
         target_train=TrainConfig(steps=50_000, max_seconds=300, batch_size=32, seq_len=1024, lr=5e-4,
                                  warmup_steps=200, eval_every=200, eval_batches=8),
-        draft_train=TrainConfig(steps=20_000, max_seconds=30, batch_size=64, seq_len=512, lr=3e-3,
-                                warmup_steps=100, eval_every=250, eval_batches=8),
-        distill=DistillConfig(TrainConfig(steps=10_000, max_seconds=30, batch_size=32, seq_len=512, lr=1e-3,
-                                          warmup_steps=30, min_lr_ratio=0.05, eval_every=250, eval_batches=8,
-                                          z_loss=0.0)),
+        drafts=(DraftRecipe(ModelShape("llama", dim=256, layers=2, heads=4, ff=704, max_len=1024),
+                            pretrain=_pretrain(30), distill=_distill(30, 32, 512, 1e-3)),),
         description="one H100/H200: 317M-parameter 24-layer target, 3.7M 2-layer drafter, ~6 minutes",
     ),
     "gpu-ende": PairPreset(
         name="gpu-ende",
         corpus="ende",
         target=ModelShape("t5", dim=512, layers=6, heads=8, ff=1536, max_len=128),
-        drafts=(ModelShape("t5", dim=128, layers=1, heads=2, ff=384, max_len=128),),
         target_train=TrainConfig(steps=20_000, max_seconds=120, batch_size=128, seq_len=96, lr=1e-3,
                                  warmup_steps=100, eval_every=200, eval_batches=8),
-        draft_train=TrainConfig(steps=20_000, max_seconds=30, batch_size=128, seq_len=96, lr=2e-3,
-                                warmup_steps=100, eval_every=200, eval_batches=8),
-        distill=DistillConfig(TrainConfig(steps=10_000, max_seconds=30, batch_size=128, seq_len=96, lr=1e-3,
-                                          warmup_steps=30, min_lr_ratio=0.05, eval_every=200, eval_batches=8,
-                                          z_loss=0.0)),
+        drafts=(DraftRecipe(ModelShape("t5", dim=128, layers=1, heads=2, ff=384, max_len=128),
+                            pretrain=_pretrain(30, 128, 96, 2e-3), distill=_distill(30, 128, 96, 1e-3)),),
         description="encoder-decoder EnDe pair (T5) on the gettext catalogs",
     ),
 }
@@ -151,8 +179,13 @@ def get_preset(name: str) -> PairPreset:
 def scale_budget(preset: PairPreset, factor: float) -> PairPreset:
     """The same preset with every max_seconds multiplied by `factor` (e.g. to fit a shorter device run)."""
 
-    def sc(tc: TrainConfig) -> TrainConfig:
-        return replace(tc, max_seconds=None if tc.max_seconds is None else tc.max_seconds * factor)
+    def sc(tc: TrainConfig | None) -> TrainConfig | None:
+        if tc is None or tc.max_seconds is None:
+            return tc
+        return replace(tc, max_seconds=tc.max_seconds * factor)
 
-    distill = None if preset.distill is None else replace(preset.distill, train=sc(preset.distill.train))
-    return replace(preset, target_train=sc(preset.target_train), draft_train=sc(preset.draft_train), distill=distill)
+    drafts = tuple(replace(r, pretrain=sc(r.pretrain),
+                           distill=None if r.distill is None else replace(r.distill, train=sc(r.distill.train)))
+                   for r in preset.drafts)
+    pool = None if preset.pool is None else replace(preset.pool, max_seconds=preset.pool.max_seconds * factor)
+    return replace(preset, target_train=sc(preset.target_train), drafts=drafts, pool=pool)

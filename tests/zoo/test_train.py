@@ -50,7 +50,7 @@ def test_save_and_load_like_a_user_checkpoint(code_data, tmp_path):
 
 def test_non_finite_step_is_skipped_not_applied(code_data):
     data = TokenData.load(code_data)
-    model = build_model(TINY.draft if hasattr(TINY, "draft") else TINY.drafts[0], data.meta["vocab_size"])
+    model = build_model(TINY.drafts[0].shape, data.meta["vocab_size"])
     before = {k: v.clone() for k, v in model.state_dict().items()}
     calls = {"n": 0}
 
@@ -100,6 +100,6 @@ def test_gpu_preset_sizes_match_the_issue():
     per_layer = sum(p.numel() for p in target.model.layers[0].parameters())
     emb = target.model.embed_tokens.weight.numel()
     total = emb + per_layer * preset.target.layers
-    draft = sum(p.numel() for p in build_model(preset.drafts[0], 8192).parameters())
+    draft = sum(p.numel() for p in build_model(preset.drafts[0].shape, 8192).parameters())
     assert total >= 300e6 and preset.target.layers >= 24
-    assert 70 <= total / draft <= 130 and preset.drafts[0].layers <= 2
+    assert 70 <= total / draft <= 130 and preset.drafts[0].shape.layers <= 2
