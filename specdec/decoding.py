@@ -143,7 +143,7 @@ def _decode(target, drafter, policy, prompts, max_new_tokens, sampling, eos, gen
 
     stats.op_cost_ratio = _op_cost_ratio(target, drafter)
     context = target.begin(prompts, max_new_tokens)
-    stats.target_calls += int(max(len(p) for p in prompts) > 1)
+    stats.target_calls += getattr(target, "begin_forward_passes", 1)  # prefill (or encoder) pass
     if drafter is not None:
         drafter.begin(context, target.vocab_size)
     _sync(device)

@@ -73,3 +73,12 @@ def test_attention_mask_shape(llama):
 
 def test_zero_new_tokens_returns_empty(llama):
     assert specdec.generate(llama, [[1, 2], [3]], max_new_tokens=0).sequences == [[], []]
+
+
+def test_drafts_past_a_learned_position_table_are_not_an_error(make_gpt2):
+    # prompt + max_new_tokens fills the context exactly; the last steps draft past it
+    model = make_gpt2(0, n_positions=32)
+    plain = specdec.generate(model, [list(range(3, 13))], temperature=0, max_new_tokens=22, eos_token_id=[])
+    spec = specdec.generate(model, [list(range(3, 13))], drafter=model, temperature=0, max_new_tokens=22,
+                            num_draft_tokens=4, eos_token_id=[])
+    assert spec.sequences == plain.sequences and len(spec.sequences[0]) == 22

@@ -9,5 +9,6 @@ from specdec.drafters.base import Drafter, Proposal
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NGramDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
+from specdec.drafters.seq2seq import Seq2SeqModelDrafter
 
-__all__ = ["Drafter", "Proposal", "ModelDrafter", "NGramDrafter", "PromptLookupDrafter"]
+__all__ = ["Drafter", "Proposal", "ModelDrafter", "NGramDrafter", "PromptLookupDrafter", "Seq2SeqModelDrafter"]

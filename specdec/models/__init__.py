@@ -6,5 +6,6 @@ A target owns its KV cache and offers `begin(prompts, max_new_tokens) -> TokenBu
 """
 
 from specdec.models.hf import HFCausalLM
+from specdec.models.seq2seq import HFSeq2SeqLM
 
-__all__ = ["HFCausalLM"]
+__all__ = ["HFCausalLM", "HFSeq2SeqLM"]

@@ -86,6 +86,7 @@ class HFCausalLM:
             )
         context = TokenBuffer(prompts, capacity=longest + max_new_tokens + 1, device=self.device)
         self.reset(len(prompts))
+        self.begin_forward_passes = int(longest > 1)
         if longest > 1:
             block, valid = context.tail(longest, context.lengths)  # prompts right-aligned (left padding)
             self.forward(block[:, :-1], valid[:, :-1])
@@ -100,13 +101,14 @@ class HFCausalLM:
         """Append `tokens [B, k]` (slots where `valid [B, k]` is False are padding) → logits `[B, k, V]`."""
         if valid is None:
             valid = torch.ones_like(tokens, dtype=torch.bool)
+        positions = self.lengths[:, None] + valid.long().cumsum(1) - 1  # position id of each new token
+        if self.position_limit is not None:
+            # Drafts past a learned position table can never be committed (`begin` checked that prompt +
+            # max_new_tokens fits), so they become padding instead of an index error.
+            valid = valid & (positions < self.position_limit)
+            positions = positions.clamp(max=self.position_limit - 1)
         valid_long = valid.long()
-        positions = self.lengths[:, None] + valid_long.cumsum(1) - 1  # position id of each new token
         new_lengths = self.lengths + valid_long.sum(1)
-        if self.position_limit is not None and int(new_lengths.max()) > self.position_limit:
-            raise ValueError(
-                f"sequence length {int(new_lengths.max())} exceeds the model's context of {self.position_limit} tokens"
-            )
         positions = positions.clamp_min(0)
         self.mask = torch.cat([self.mask, valid_long], dim=1)
         out = self.model(
