@@ -72,3 +72,33 @@ def test_bad_input_is_one_line_and_nonzero(capsys, ckpt, argv, fragment):
     assert fragment in err
     assert "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_encoder_decoder_checkpoint_is_detected(capsys, tmp_path):
+    import torch
+    import transformers
+
+    from helpers import WORDS, save_tiny_checkpoint
+
+    save_tiny_checkpoint(tmp_path / "tok", seed=0)  # reuse its word-level tokenizer
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "tok")
+    config = transformers.T5Config(
+        vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+        decoder_start_token_id=tokenizer.pad_token_id, pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    model = transformers.T5ForConditionalGeneration(config)
+    model.save_pretrained(tmp_path / "t5")
+    tokenizer.save_pretrained(tmp_path / "t5")
+    prompt = " ".join(WORDS[:6])
+    code, out, err = cli(capsys, "--target", str(tmp_path / "t5"), "--draft", str(tmp_path / "t5"), "--prompt", prompt,
+                         "--temperature", "0", "--max-new-tokens", "8", "--json")
+    assert code == 0, err
+    spec = json.loads(out.strip().splitlines()[-1])
+    ids = tokenizer(prompt, return_tensors="pt")
+    ref = model.generate(**ids, do_sample=False, max_new_tokens=8)[0, 1:].tolist()
+    eos = tokenizer.eos_token_id
+    ref = ref[: ref.index(eos) + 1] if eos in ref else ref
+    assert spec["sequences"][0] == ref
+    assert spec["stats"]["alpha"] == pytest.approx(1.0)
