@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Device run of issue 6 (fast path + benchmarks) on one GPU. Usage, from the repo root on the device:
 #   bash scripts/gpu_bench.sh validate        # GPU tests, 8B-shaped system check (+profile), gpu shapes with random weights
-#   bash scripts/gpu_bench.sh full [SCALE]    # system check, then train the zoo gpu pair (budget scale SCALE,
+#   bash scripts/gpu_bench.sh full [SCALE] [LIMIT_S] [REPEATS]
+#                                             # system check, then train the zoo gpu pair (budget scale SCALE,
 #                                             # default 0.5; needs data/code carried) and benchmark it
 #   bash scripts/gpu_bench.sh system          # the system check alone
 # Logs and results land in $OUT (run.log + results.tar.gz: every JSON/Markdown/PNG the benches wrote).
@@ -31,11 +32,12 @@ if [ "$MODE" = validate ]; then
   log "pytest tests/fast (GPU tests included)"
   timeout 150 $PY -m pytest -q -x tests/fast -p no:cacheprovider 2>&1 | tail -15 | tee -a "$OUT/run.log"
 fi
-case "$MODE" in validate|system|full) bench system 150 --preset system --profile ;; esac
+case "$MODE" in validate|system) bench system 150 --preset system --profile ;; full) bench system 75 --preset system --profile ;; esac
 if [ "$MODE" = validate ]; then
   bench gpu_random 200 --preset gpu --pair random --repeats 2 --profile
 fi
 if [ "$MODE" = full ]; then
-  bench gpu 420 --preset gpu --data data/code --train --pair /tmp/pair --budget-scale "${2:-0.5}" --profile
+  bench gpu "${3:-420}" --preset gpu --data data/code --train --pair /tmp/pair --budget-scale "${2:-0.5}" \
+      --repeats "${4:-3}" --profile
 fi
 log done

@@ -70,7 +70,7 @@ def smoke(device: torch.device, max_new_tokens: int = 16) -> BenchSetup:
         target=FastTarget(target, max_draft_tokens=4), drafter=FastDrafter(draft, max_draft_tokens=4),
         prompts=prompts, max_new_tokens=max_new_tokens, gamma=3, batch_sizes=(1, 4), gamma_sweep=(2, 4),
         repeats=1, hf_target=target, hf_draft=draft, hf_repeats=1,
-        fit_corpus=_motif_prompts(256, 64, 64, seed=3), guarded_batch=4,
+        fit_corpus=_motif_prompts(256, 64, 64, seed=3), guarded_batch=4, b1_prompts=2,
     )
     setup.weight_bytes = {"target": setup.target.model.weight_bytes, "draft": setup.drafter.model.weight_bytes,
                           "hf_target": _hf_weight_bytes(target), "hf_draft": _hf_weight_bytes(draft)}
@@ -120,6 +120,7 @@ def gpu(device: torch.device, *, pair_dir: Path | None, data_dir: Path | None, m
     setup = BenchSetup(
         name="gpu", device=device, target=target, drafter=drafter, prompts=prompts, max_new_tokens=max_new_tokens,
         gamma=gamma, repeats=repeats, hf_target=hf_target, hf_draft=hf_draft, hf_repeats=1, fit_corpus=corpus,
+        b1_prompts=4,
     )
     setup.weight_bytes = {"target": target.model.weight_bytes, "draft": drafter.model.weight_bytes,
                           "hf_target": _hf_weight_bytes(hf_target), "hf_draft": _hf_weight_bytes(hf_draft)}

@@ -66,7 +66,7 @@ def profile_steps(fn, steps: int, device: torch.device) -> dict:
     }
 
 
-def forward_costs(lm, batch: int, ks, prompt_len: int = 128, iters: int = 50) -> dict:
+def forward_costs(lm, batch: int, ks, prompt_len: int = 128, iters: int = 50, kernels: tuple = ()) -> dict:
     """Graph-replayed forward time (ms) of a fast model on k new tokens after `prompt_len` cached ones.
 
     `lm` is a FastTarget or a FastDrafter's `.lm`. Shows how much a (γ+1)-token verification costs over a
@@ -100,6 +100,24 @@ def forward_costs(lm, batch: int, ks, prompt_len: int = 128, iters: int = 50) ->
             end.record()
             end.synchronize()
             out[k] = round(start.elapsed_time(end) / iters, 4)
+            if k in kernels:  # which kernels one forward of k tokens runs (profiled eagerly, same kernels)
+                out[f"kernels_k{k}"] = _kernel_table(lambda: body())
             del step
     lm.release()
     return out
+
+
+def _kernel_table(fn) -> dict:
+    """name → [calls, total µs] of the CUDA kernels `fn()` launches (eager run under the profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    table: dict = collections.defaultdict(lambda: [0, 0.0])
+    for evt in prof.events():
+        if evt.device_type == torch.autograd.DeviceType.CUDA:
+            table[evt.name[:80]][0] += 1
+            table[evt.name[:80]][1] += evt.time_range.elapsed_us()
+    return {name: [calls, round(us, 1)] for name, (calls, us) in sorted(table.items(), key=lambda kv: -kv[1][1])}

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 import specdec
+from specdec.metrics import SpecStats
 from specdec.bench.device import mbu, peak_memory
 from specdec.fast import FastDrafter, FastTarget
 from specdec.fast.engine import FastEngine
@@ -51,6 +52,7 @@ class BenchSetup:
     synthetic_alphas: tuple[float, ...] = ()
     synthetic_gammas: tuple[int, ...] = (2, 4, 8)
     guarded_batch: int | None = 8  # batch size at which auto_off rows are added (None: none)
+    b1_prompts: int = 1  # batch-1 rows run this many prompts one after another (α of one prompt is noisy)
     weight_bytes: dict = field(default_factory=dict)
     peak_bandwidth: float | None = None
     notes: list[str] = field(default_factory=list)
@@ -87,9 +89,13 @@ def _release(setup: BenchSetup) -> None:
         setup.drafter.lm.release()
 
 
-def _timed(device: torch.device, fn: Callable[[int], object], repeats: int) -> tuple[float, object]:
-    """Warm up once, then time `repeats` runs; (median wall seconds, result of the median run)."""
-    fn(0)
+def _timed(device: torch.device, fn: Callable[[int], object], repeats: int,
+           warmup: Callable[[], object] | None = None) -> tuple[float, object]:
+    """Warm up once (`warmup()`, default a full `fn(0)`), then time `repeats` runs; (median wall s, its result)."""
+    if warmup is not None:
+        warmup()
+    else:
+        fn(0)
     runs = []
     for i in range(repeats):
         _sync(device)
@@ -105,7 +111,7 @@ def _timed(device: torch.device, fn: Callable[[int], object], repeats: int) -> t
 def measure_ours(setup: BenchSetup, engine: str, kind: str, temperature: float, batch: int, gamma: int, *,
                  auto_off: bool = False, synthetic: float | None = None) -> dict:
     """One configuration of our decoding: engine 'engine' (fused, one sync/step) or 'loop' (specdec.generate)."""
-    prompts = setup.prompts[:batch]
+    requests = [setup.prompts[i : i + 1] for i in range(setup.b1_prompts)] if batch == 1 else [setup.prompts[:batch]]
     drafter = make_drafter(setup, kind)
     gamma = gamma if drafter is not None else 0
     _release(setup)
@@ -114,21 +120,25 @@ def measure_ours(setup: BenchSetup, engine: str, kind: str, temperature: float, 
         if engine == "engine":
             eng = FastEngine(setup.target, drafter)
 
-            def run(seed):
+            def one(prompts, seed):
                 return eng.generate(prompts, setup.max_new_tokens, temperature, num_draft_tokens=max(gamma, 1),
                                     eos_token_id=[], seed=seed, auto_off=auto_off, synthetic_acceptance=synthetic)
         else:
-            def run(seed):
+            def one(prompts, seed):
                 return specdec.generate(setup.target, prompts, drafter=drafter, max_new_tokens=setup.max_new_tokens,
                                         temperature=temperature, num_draft_tokens=max(gamma, 1), eos_token_id=[],
                                         seed=seed)
 
-        wall, result = _timed(setup.device, run, setup.repeats)
+        def run(seed):
+            return [one(prompts, seed * 100 + i) for i, prompts in enumerate(requests)]
+
+        wall, results = _timed(setup.device, run, setup.repeats)
         decision = eng.last_auto_off_decision if engine == "engine" else None
-        del run
+        del run, one
         if engine == "engine":
             del eng
-    stats = result.stats
+    result = _merge([r.stats for r in results])
+    stats = result
     if gamma and stats.drafter_calls == 0:
         stats.drafter_calls = stats.num_steps * gamma  # table/lookup drafters: c per drafted position
     tokens = stats.num_generated_tokens
@@ -143,6 +153,7 @@ def measure_ours(setup: BenchSetup, engine: str, kind: str, temperature: float, 
         "wall_s": wall,
         "prefill_s": stats.prefill_time_s,
         "steps": stats.num_steps,
+        "requests": len(requests),
         "alpha": stats.alpha,
         "tau": stats.mean_accepted_length,
         "c": stats.cost_ratio,
@@ -163,6 +174,23 @@ def measure_ours(setup: BenchSetup, engine: str, kind: str, temperature: float, 
     return row
 
 
+def _merge(stats_list: list[SpecStats]) -> SpecStats:
+    """One SpecStats for several requests run one after another (counts and times add up)."""
+    total = SpecStats()
+    for st in stats_list:
+        for name in ("num_generated_tokens", "num_steps", "target_calls", "drafter_calls", "row_steps",
+                     "speculative_row_steps", "drafted_tokens", "accepted_tokens", "algorithm_tokens", "beta_sum",
+                     "beta_count", "prefill_time_s", "draft_time_s", "verify_time_s", "wall_time_s"):
+            setattr(total, name, getattr(total, name) + getattr(st, name))
+        total.max_num_draft_tokens = max(total.max_num_draft_tokens, st.max_num_draft_tokens)
+        for field_name in ("reached_by_position", "accepted_by_position"):
+            mine, theirs = getattr(total, field_name), getattr(st, field_name)
+            mine += [0] * (len(theirs) - len(mine))
+            for i, v in enumerate(theirs):
+                mine[i] += v
+    return total
+
+
 def _mib(nbytes):
     return None if nbytes is None else nbytes / 2**20
 
@@ -171,9 +199,8 @@ def measure_hf(setup: BenchSetup, kind: str, temperature: float, batch: int) -> 
     """transformers `generate`: plain, assisted (assistant_model) or prompt lookup; same prompts and length."""
     model = setup.hf_target
     max_new = setup.hf_max_new_tokens or setup.max_new_tokens
-    ids = torch.tensor(setup.prompts[:batch], device=setup.device)
-    kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=max_new, min_new_tokens=max_new,
-                  do_sample=temperature > 0, pad_token_id=0)
+    requests = [setup.prompts[i : i + 1] for i in range(setup.b1_prompts)] if batch == 1 else [setup.prompts[:batch]]
+    kwargs = dict(max_new_tokens=max_new, min_new_tokens=max_new, do_sample=temperature > 0, pad_token_id=0)
     if temperature > 0:
         kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
     if kind == "assisted":
@@ -182,12 +209,17 @@ def measure_hf(setup: BenchSetup, kind: str, temperature: float, batch: int) -> 
         kwargs["prompt_lookup_num_tokens"] = HF_PROMPT_LOOKUP_TOKENS
     mem: dict = {}
     with peak_memory(setup.device, mem), torch.inference_mode():
-        def run(seed):
+        def run(seed, requests=requests, kwargs=kwargs):
             torch.manual_seed(seed)
-            return model.generate(ids, **kwargs)
+            made = 0
+            for prompts in requests:
+                ids = torch.tensor(prompts, device=setup.device)
+                out = model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+                made += (out.shape[1] - ids.shape[1]) * ids.shape[0]
+            return made
 
-        wall, out = _timed(setup.device, run, setup.hf_repeats)
-    tokens = (out.shape[1] - ids.shape[1]) * batch
+        short = dict(kwargs, max_new_tokens=8, min_new_tokens=8)  # eager HF needs no long warm-up
+        wall, tokens = _timed(setup.device, run, setup.hf_repeats, warmup=lambda: run(0, requests[:1], short))
     weights = setup.weight_bytes.get("hf_target", 0) + (setup.weight_bytes.get("hf_draft", 0) if kind == "assisted" else 0)
     return {
         "method": "hf",
@@ -197,6 +229,7 @@ def measure_hf(setup: BenchSetup, kind: str, temperature: float, batch: int) -> 
         "gamma": None,
         "tokens_per_s": tokens / wall,
         "wall_s": wall,
+        "requests": len(requests),
         "peak_extra_mib": _mib(mem.get("peak_extra_bytes")),
         "weights_mib": _mib(weights),
         "note": "HF defaults (assistant: num_assistant_tokens=20, its own schedule)" if kind == "assisted" else

@@ -196,7 +196,8 @@ def _profile(setup) -> dict:
     ks = sorted({1, 2, 3, 5, min(9, top), top} & set(range(1, top + 1)))
     costs = {}
     for batch in sorted(set(setup.batch_sizes)):
-        costs[f"target_b{batch}"] = forward_costs(setup.target, batch, ks)
+        probe_ks = (1, min(setup.gamma + 1, top)) if batch == 1 else ()
+        costs[f"target_b{batch}"] = forward_costs(setup.target, batch, ks, kernels=probe_ks)
         if setup.drafter is not None:
             costs[f"draft_b{batch}"] = forward_costs(setup.drafter.lm, batch, [1, 2])
     out["forward_ms"] = costs

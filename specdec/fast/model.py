@@ -260,8 +260,14 @@ class FastLlama(torch.nn.Module):
             slots = torch.where(valid, positions.clamp(max=junk), torch.full_like(positions, junk))
             added = valid_long.sum(1)
         cos_table, sin_table = self.rope_tables(num_slots_total)
-        cos = cos_table[positions.clamp(max=junk)][:, :, None, :]  # [B, k, 1, D]
-        sin = sin_table[positions.clamp(max=junk)][:, :, None, :]
+        # RoPE factors for the whole q|k|v block (v heads get cos = 1, sin = 0): rotating the contiguous block
+        # keeps every elementwise kernel vectorized and `roll` copy-free for any k.
+        nq, nkv, hd = s.n_heads, s.n_kv_heads, s.head_dim
+        rope_pos = positions.clamp(max=junk)
+        cos = torch.cat([cos_table[rope_pos][:, :, None, :].expand(batch, k, nq + nkv, hd),
+                         torch.ones(batch, k, nkv, hd, device=tokens.device, dtype=self.dtype)], dim=2)
+        sin = torch.cat([sin_table[rope_pos][:, :, None, :].expand(batch, k, nq + nkv, hd),
+                         torch.zeros(batch, k, nkv, hd, device=tokens.device, dtype=self.dtype)], dim=2)
         # Additive attention bias shared by all layers: [B, 1, G·k, S]; query (g, i) sees slots j <= pos_i.
         group = s.n_heads // s.n_kv_heads
         j = torch.arange(num_slots_total, device=tokens.device)
@@ -271,14 +277,11 @@ class FastLlama(torch.nn.Module):
         write_index = slots[:, None, :, None].expand(batch, s.n_kv_heads, k, s.head_dim)
 
         x = F.embedding(tokens, self.embed)  # [B, k, dim]
-        nq, nkv, hd = s.n_heads, s.n_kv_heads, s.head_dim
         for i in range(s.n_layers):
             h = F.rms_norm(x, (s.dim,), self.attn_norm[i], s.rms_norm_eps)
-            qkv = F.linear(h, self.wqkv[i])
-            qkv = qkv.view(batch, k, nq + 2 * nkv, hd)
-            qk, v = qkv[:, :, : nq + nkv], qkv[:, :, nq + nkv :]
-            qk = torch.addcmul(qk * cos, torch.roll(qk, hd // 2, dims=-1), sin)  # RoPE on q and k at once
-            q, key = qk[:, :, :nq], qk[:, :, nq:]
+            qkv = F.linear(h, self.wqkv[i]).view(batch, k, nq + 2 * nkv, hd)
+            qkv = torch.addcmul(qkv * cos, torch.roll(qkv, hd // 2, dims=-1), sin)  # RoPE on q and k at once
+            q, key, v = qkv[:, :, :nq], qkv[:, :, nq : nq + nkv], qkv[:, :, nq + nkv :]
             cache.keys[i].scatter_(2, write_index, key.transpose(1, 2))
             cache.values[i].scatter_(2, write_index, v.transpose(1, 2))
             # Fold the query heads that share a KV head into the query length: plain MHA over H_kv heads.
