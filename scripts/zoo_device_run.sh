@@ -8,7 +8,7 @@ OUT=${OUT:-/tmp/out}
 GPU_SCALE=${1:-0.6}
 DATA=$(realpath "${DATA:-data/code}")
 PY=${PYTHON:-python3}
-PRESETS=${2:-"demo gpu"}
+PRESETS=${2:-"demo gpu"}  # run 2 trained "demo" alone
 mkdir -p "$OUT"
 # Run the zoo from an isolated copy: the rest of the package (written concurrently) is not needed here.
 ISO=/tmp/iso

@@ -133,7 +133,7 @@ PRESETS: dict[str, PairPreset] = {
         name="demo",
         corpus="code",
         target=ModelShape("llama", dim=192, layers=24, heads=3, ff=512, max_len=1024),
-        target_train=TrainConfig(steps=100_000, max_seconds=180, batch_size=96, seq_len=512, lr=1.5e-3,
+        target_train=TrainConfig(steps=100_000, max_seconds=200, batch_size=96, seq_len=512, lr=1.5e-3,
                                  warmup_steps=200, eval_every=250, eval_batches=8),
         drafts=(
             DraftRecipe(ModelShape("llama", dim=192, layers=1, heads=3, ff=512, max_len=1024), init="target",
