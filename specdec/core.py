@@ -55,14 +55,15 @@ class SamplingConfig:
         return self.temperature == 0
 
 
-def standardize_logits(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+def standardize_logits(logits: torch.Tensor, sampling: SamplingConfig, *, check_nan: bool = True) -> torch.Tensor:
     """Turn logits `[..., V]` into the probabilities `[..., V]` (float32) we actually sample from.
 
     The same call must be used for p and q so that both are adjusted identically (§2.2).
-    Raises ValueError on NaN logits: a silent NaN would corrupt the acceptance test.
+    Raises ValueError on NaN logits: a silent NaN would corrupt the acceptance test. The check is a
+    host sync; code inside a CUDA graph passes `check_nan=False` and checks once per step itself.
     """
     logits = logits.float()
-    if torch.isnan(logits).any():
+    if check_nan and torch.isnan(logits).any():
         raise ValueError("logits contain NaN; the model produced invalid scores")
     if sampling.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(torch.float32)
@@ -84,13 +85,15 @@ def standardize_logits(logits: torch.Tensor, sampling: SamplingConfig) -> torch.
     return logits.softmax(-1)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None, *, noise: torch.Tensor | None = None) -> torch.Tensor:
     """Draw one token per row from `probs [..., V]` → `[...]` (long).
 
     Exponential race: argmax_x p(x)/E_x with E_x ~ Exp(1) picks x with probability p(x)/Σp exactly,
     needs no cumulative sum, never picks a zero-probability token, and never syncs with the host.
+    `noise` (Exp(1), shaped like probs) may be drawn by the caller, e.g. outside a captured graph.
     """
-    noise = torch.empty_like(probs, dtype=torch.float32).exponential_(generator=generator)
+    if noise is None:
+        noise = torch.empty_like(probs, dtype=torch.float32).exponential_(generator=generator)
     return (probs.float() / noise).argmax(-1)
 
 
@@ -143,6 +146,7 @@ def verify(
     *,
     draft_lengths: torch.Tensor | None = None,
     uniforms: torch.Tensor | None = None,
+    noise: torch.Tensor | None = None,
 ) -> VerifyResult:
     """Speculative sampling for a batch of drafts (Algorithm 1, steps 3–5).
 
@@ -151,7 +155,8 @@ def verify(
     target_probs   [B, γ+1, V]  p_1..p_{γ+1} from one target pass
     draft_lengths  [B]          optional: row b drafted only its first draft_lengths[b] tokens; the
                                 position after them is treated as "no draft" (sample from p there)
-    uniforms       [B, γ]       optional explicit r_i ~ U(0,1) for the accept test (tests)
+    uniforms       [B, γ]       optional explicit r_i ~ U(0,1) for the accept test
+    noise          [B, V]       optional explicit Exp(1) noise for the next-token draw (see `sample`)
 
     Row b accepts x_i while r_i·q_i(x_i) < p_i(x_i) — i.e. r_i < p/q, so p(x) = 0 is never accepted —
     then samples its next token from norm(max(0, p − q)) at the first rejection, or from p_{γ+1}.
@@ -191,7 +196,7 @@ def verify(
     # If max(0, p − q) vanishes then p = q there and the position cannot have rejected; fall back to p
     # so that float round-off can never produce an all-zero distribution.
     next_dist = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p_next)
-    next_token = sample(next_dist, generator)
+    next_token = sample(next_dist, generator, noise=noise)
 
     beta = acceptance_beta(target_probs, draft_probs, draft_tokens)
     return VerifyResult(num_accepted=num_accepted, next_token=next_token, beta=beta)
@@ -202,6 +207,7 @@ def verify_greedy(
     target_logits: torch.Tensor,
     *,
     draft_lengths: torch.Tensor | None = None,
+    check_nan: bool = True,
 ) -> VerifyResult:
     """The exact argmax path: accept drafts while they equal the target's argmax.
 
@@ -209,7 +215,7 @@ def verify_greedy(
     greedy decoding. β is 1 where the draft equals the target argmax, else 0 (one-hot p and q).
     """
     batch, gamma = draft_tokens.shape
-    if torch.isnan(target_logits).any():
+    if check_nan and torch.isnan(target_logits).any():
         raise ValueError("target logits contain NaN; the model produced invalid scores")
     target_tokens = target_logits.argmax(-1)  # [B, γ+1]
     match = (target_tokens[:, :gamma] == draft_tokens) & _draft_mask(draft_tokens, draft_lengths)
