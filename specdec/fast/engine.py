@@ -1,7 +1,7 @@
 """The fused decode step: draft → verify → emit → roll back as CUDA-graph replays, one host sync per step.
 
 `fast_generate(target, prompts, drafter=None, ...)` runs the same algorithm as `specdec.generate`
-(Algorithm 1 through `fast.verify`, the core's rule without host syncs) with a `FastTarget`:
+(Algorithm 1: `core.verify` / `core.verify_greedy` with `check_nan=False` and explicit noise) with a `FastTarget`:
 
   per step   draft graph      e0→e1   a `FastDrafter` drafts γ tokens straight from the committed-token
                                       buffer; prompt lookup (and greedy n-gram tables) are captured too;
@@ -25,15 +25,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec.core import SamplingConfig, VerifyResult
+from specdec.core import SamplingConfig, VerifyResult, standardize_logits, verify, verify_greedy
 from specdec.decoding import GenerateResult, as_drafter, normalize_prompts, resolve_eos
 from specdec.drafters.base import Drafter
 from specdec.drafters.ngram import NGramDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
 from specdec.fast.graphs import CapturedStep
-from specdec.fast.sampling import standardize_probs
 from specdec.fast.target import FastDrafter, FastTarget, draft_from_buffer
-from specdec.fast.verify import verify_greedy_nosync, verify_with_noise
 from specdec.metrics import SpecStats
 
 __all__ = ["fast_generate", "FastEngine"]
@@ -119,7 +117,7 @@ class FastEngine:
                 "generated": torch.zeros(batch, dtype=torch.long, device=dev),
                 "finished": torch.zeros(batch, dtype=torch.bool, device=dev),
                 "max_new": torch.zeros((), dtype=torch.long, device=dev),
-                "all_done": torch.zeros((), dtype=torch.bool, device=dev),
+                "flags": torch.zeros(2, dtype=torch.bool, device=dev),  # [all rows finished, NaN logits seen]
                 "counters": {},  # γ → [2γ + 5] float64: reached[γ], accepted[γ], β-sum, Σn, Σdrafted, rows drafting, active
             }
         return self._static
@@ -201,7 +199,7 @@ class FastEngine:
             s, target = self._static, self.target
             counters = self._counters(s, plan.gamma)
             body = self._verify_body(s, plan.inputs, plan.gamma, sampling, eos_ids, synthetic, counters)
-            restore = [s["tokens"], s["lengths"], s["generated"], s["finished"], s["all_done"], counters,
+            restore = [s["tokens"], s["lengths"], s["generated"], s["finished"], s["flags"], counters,
                        target.cache.lengths]
             plan.verify = _Step(body, target.cuda_graphs, target.pool() if target.cuda_graphs else None, restore)
         plan.verify()
@@ -220,17 +218,18 @@ class FastEngine:
             block = torch.cat([last, draft_tokens], 1)  # [B, γ+1]
             target.cache.lengths.copy_(lengths - 1)
             logits = target.model(block, target.cache)  # [B, γ+1, V]
+            s["flags"][1].logical_or_(torch.isnan(logits).any())  # checked on the host with the step's flag
             if synthetic is not None:  # BENCHMARK ONLY: accept each draft with probability `synthetic`
                 accepted = inputs["uniforms"] < synthetic
                 n = accepted.long().cumprod(1).sum(1)
                 next_token = logits.argmax(-1).gather(1, n[:, None]).squeeze(1)
                 result = VerifyResult(num_accepted=n, next_token=next_token, beta=accepted.float())
             elif sampling.greedy:
-                result = verify_greedy_nosync(draft_tokens, logits, draft_lengths)
+                result = verify_greedy(draft_tokens, logits, draft_lengths=draft_lengths, check_nan=False)
             else:
-                probs = standardize_probs(logits, sampling)
-                result = verify_with_noise(draft_tokens, draft_probs, probs, inputs["uniforms"], inputs["noise"],
-                                           draft_lengths)
+                probs = standardize_logits(logits, sampling, check_nan=False)
+                result = verify(draft_tokens, draft_probs, probs, None, draft_lengths=draft_lengths,
+                                uniforms=inputs["uniforms"], noise=inputs["noise"])
             new_tokens = result.tokens(draft_tokens)  # [B, γ+1]
             active = ~finished
             counts = torch.minimum(result.num_accepted + 1, s["max_new"] - generated) * active
@@ -249,7 +248,7 @@ class FastEngine:
             finished.logical_or_(active & (hit_eos | (generated >= s["max_new"])))
             target.cache.lengths.copy_(lengths - 1)  # roll back: a pointer move
             _count(counters, result, draft_lengths, active, gamma)
-            s["all_done"].copy_(finished.all())
+            s["flags"][0].copy_(finished.all())
             return ()
 
         return body
@@ -299,7 +298,7 @@ class FastEngine:
         s["generated"].zero_()
         s["finished"].zero_()
         s["max_new"].fill_(max_new_tokens)
-        s["all_done"].zero_()
+        s["flags"].zero_()
         for counters in s["counters"].values():
             counters.zero_()
         context.tokens, context.lengths = s["tokens"], s["lengths"]  # the buffer the graphs read and write
@@ -319,7 +318,9 @@ class FastEngine:
             if g > 0 and not isinstance(drafter, FastDrafter):
                 drafter.commit(context)
             timer.mark(2)
-            done = bool(s["all_done"])  # the step's one host synchronization
+            done, nan = s["flags"].tolist()  # the step's one host synchronization
+            if nan:
+                raise ValueError("target logits contain NaN; the model produced invalid scores")
             draft_s, verify_s = timer.elapsed(0, 1), timer.elapsed(1, 2)
             stats.num_steps += 1
             stats.target_calls += 1

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import torch
 
-from specdec.core import SamplingConfig
+from specdec.core import SamplingConfig, sample, standardize_logits
 from specdec.drafters.base import Drafter, Proposal
 from specdec.fast.graphs import CapturedStep, new_pool
 from specdec.fast.model import FastLlama, KVCache
-from specdec.fast.sampling import sample_with_noise, standardize_probs
 from specdec.sequences import TokenBuffer
 
 __all__ = ["FastTarget", "FastDrafter", "load_fast_llama"]
@@ -234,8 +233,8 @@ def _draft_step(model: FastLlama, cache: KVCache, inputs: dict, gamma: int, samp
             if confidence_threshold is not None:
                 confident.append(logits.softmax(-1).max(-1).values >= confidence_threshold)
         else:
-            q = standardize_probs(logits, sampling)
-            token = sample_with_noise(q, inputs["noise"][:, i])
+            q = standardize_logits(logits, sampling, check_nan=False)  # no host sync inside a graph
+            token = sample(q, noise=inputs["noise"][:, i])  # noise drawn outside, from the caller's generator
             probs.append(q)
             if confidence_threshold is not None:
                 confident.append(q.gather(1, token[:, None]).squeeze(1) >= confidence_threshold)
