@@ -231,8 +231,12 @@ class PolicyBenchResult:
                 lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
         for w in self.winners():
-            text = (f"- {w['workload']} (temperature {w['temperature']:g}): fastest {w['best']} "
-                    f"{w['best_tokens_per_second']:.1f} tok/s = {w['best_speedup']:.2f}x plain")
+            if w["best"] == PLAIN:
+                text = (f"- {w['workload']} (temperature {w['temperature']:g}): plain decoding fastest "
+                        f"({w['best_tokens_per_second']:.1f} tok/s): no policy paid off")
+            else:
+                text = (f"- {w['workload']} (temperature {w['temperature']:g}): fastest {w['best']} "
+                        f"{w['best_tokens_per_second']:.1f} tok/s = {w['best_speedup']:.2f}x plain")
             if "best_fixed" in w and "best_adaptive" in w:
                 ratio = w["adaptive_over_fixed"]
                 text += (f"; best fixed {w['best_fixed']} {w['best_fixed_speedup']:.2f}x, best adaptive "

@@ -1,7 +1,7 @@
 """`specdec policies`: compare draft-length policies (fixed γ, heuristic, optimal, threshold, guarded) against
 plain decoding on workloads with different acceptance profiles; tokens/s, speedup, τ, α, mean γ and c.
 
-    specdec policies                      # the shipped demo pair, code / text / repetitive, ~10 min on 2 CPU cores
+    specdec policies                      # the shipped demo pair, code / text / repetitive, < 10 min on one CPU core
     specdec policies --quick --json       # < 1 minute smoke run
     specdec policies --target DIR --draft DIR --workloads code,text --policies 2,4,heuristic,guarded
 
@@ -37,7 +37,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="comma list: model (the draft checkpoint), lookup (prompt lookup); each runs every policy")
     p.add_argument("--prompts", type=int, default=4, help="prompts per workload (default 4)")
     p.add_argument("--prompt-tokens", type=int, default=128, help="prompt length in tokens (default 128)")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt (default 128)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt (default 64)")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats, interleaved (default 3; median reported)")
     p.add_argument("--temperature", default="0", help="comma list of temperatures (default 0; e.g. 0,1)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
