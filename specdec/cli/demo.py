@@ -33,7 +33,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--num-draft-tokens", type=int, default=DEFAULT_GAMMA, help="γ")
     p.add_argument("--prompt", action="append", default=None, help="replace the built-in prompts (repeatable)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default 1: steadiest on a small shared CPU; 0 = torch's choice)")
+    p.add_argument("--repeats", type=int, default=1, help="time every prompt this many times (more = steadier)")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     p.set_defaults(run=run)
 
@@ -76,9 +78,11 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     if args.num_draft_tokens < 1:
         raise CLIError(f"--num-draft-tokens must be at least 1, got {args.num_draft_tokens}")
-    if args.threads is not None:
-        if args.threads < 1:
-            raise CLIError(f"--threads must be at least 1, got {args.threads}")
+    if args.threads < 0:
+        raise CLIError(f"--threads must be 0 (torch's choice) or more, got {args.threads}")
+    if args.repeats < 1:
+        raise CLIError(f"--repeats must be at least 1, got {args.repeats}")
+    if args.threads:
         torch.set_num_threads(args.threads)
     target, draft, tokenizer = load_pair(args.pair)
     prompts = args.prompt or list(PROMPTS)
@@ -99,10 +103,11 @@ def run(args: argparse.Namespace) -> int:
         plain(prompt_ids[0], 16)  # warm-up: first calls pay allocator and dispatcher set-up
         spec(prompt_ids[0], 16)
         rows = []
-        for text, ids in zip(prompts, prompt_ids):
-            base = plain(ids, args.max_new_tokens)
-            fast = spec(ids, args.max_new_tokens)
-            rows.append((text, ids, base, fast))
+        for _ in range(args.repeats):
+            for text, ids in zip(prompts, prompt_ids):
+                base = plain(ids, args.max_new_tokens)
+                fast = spec(ids, args.max_new_tokens)
+                rows.append((text, ids, base, fast))
 
     plain_time = sum(r[2].stats.wall_time_s for r in rows)
     spec_time = sum(r[3].stats.wall_time_s for r in rows)
@@ -118,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
     verify_calls = sum(r[3].stats.num_steps for r in rows)
     identical = all(r[2].sequences == r[3].sequences for r in rows)
     summary = {
-        "prompts": len(rows),
+        "prompts": len(prompts),
+        "repeats": args.repeats,
         "max_new_tokens": args.max_new_tokens,
         "num_draft_tokens": gamma,
         "threads": torch.get_num_threads(),
@@ -139,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"demo pair: {args.pair}  (target {sum(p.numel() for p in target.parameters()) / 1e6:.1f}M params, "
               f"draft {sum(p.numel() for p in draft.parameters()) / 1e6:.1f}M; greedy, batch 1, γ={gamma}, "
               f"{torch.get_num_threads()} CPU threads)\n")
-        for text, _ids, base, fast in rows:
+        for text, _ids, base, fast in rows[: len(prompts)]:
             print("─" * (2 * width + 3))
             print(text.rstrip("\n"))
             print(f"{'▸ plain decoding':<{width}} │ ▸ speculative decoding")

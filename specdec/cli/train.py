@@ -55,6 +55,22 @@ def add_parser(subparsers) -> None:
     dist.add_argument("--seconds", type=float, default=None, help="time budget (default: the preset's)")
     dist.add_argument("--steps", type=int, default=None)
     dist.add_argument("--lr", type=float, default=None)
+    dist.add_argument("--batch-size", type=int, default=None)
+    dist.add_argument("--seq-len", type=int, default=None)
+    dist.add_argument("--loss", choices=("kl", "ce"), default="kl",
+                      help="kl: KL(p‖q) with the target's logits; ce: cross-entropy on the text (hard labels on "
+                           "generated text, no teacher pass)")
+    dist.add_argument("--generate", type=int, default=0, metavar="N",
+                      help="first generate N greedy target continuations of corpus prompts to train on")
+    dist.add_argument("--generated-fraction", type=float, default=None,
+                      help="share of each batch from the generated text (default 1.0 with --generate, else 0)")
+    dist.add_argument("--prompt-len", type=int, default=32)
+    dist.add_argument("--new-tokens", type=int, default=192)
+    dist.add_argument("--document-starts", type=float, default=0.5,
+                      help="share of prompts that begin a file (the rest start anywhere)")
+    dist.add_argument("--val-generate", type=int, default=32, help="held-out prompts for α on generated text")
+    dist.add_argument("--gen-batch-size", type=int, default=64)
+    dist.add_argument("--seed", type=int, default=0)
     dist.add_argument("--device", default="auto")
     dist.add_argument("--no-progress", action="store_true")
     dist.set_defaults(run=run)
@@ -135,17 +151,20 @@ def _distill(args) -> int:
     from specdec.zoo.data import load_data
     from specdec.zoo.distill import distill_draft
     from specdec.zoo.presets import get_preset
-    from specdec.zoo.train import save_model
+    from specdec.zoo.train import resolve_device, save_model
 
     preset = get_preset(args.preset)
     recipe = next((r for r in preset.drafts if r.distill is not None), None)
     if recipe is None:
         raise CLIError(f"preset {args.preset!r} has no distillation settings")
-    # corpus text only here: a generated pool belongs to a whole-pair run (`specdec train pair`)
-    distill_cfg = replace(recipe.distill, generated_fraction=0.0)
+    fraction = args.generated_fraction if args.generated_fraction is not None else (1.0 if args.generate else 0.0)
+    if fraction and not args.generate:
+        raise CLIError("--generated-fraction needs --generate N")
+    distill_cfg = replace(recipe.distill, generated_fraction=fraction, loss=args.loss)
     tc = distill_cfg.train
     tc = replace(tc, max_seconds=args.seconds if args.seconds is not None else tc.max_seconds,
-                 steps=args.steps if args.steps is not None else tc.steps, lr=args.lr if args.lr is not None else tc.lr)
+                 steps=args.steps if args.steps is not None else tc.steps, lr=args.lr if args.lr is not None else tc.lr,
+                 batch_size=args.batch_size or tc.batch_size, seq_len=args.seq_len or tc.seq_len, seed=args.seed)
     for path in (args.target, args.draft):
         if not (Path(path) / "config.json").is_file():
             raise CLIError(f"{path} is not a model folder (no config.json)")
@@ -155,11 +174,29 @@ def _distill(args) -> int:
     draft = auto.from_pretrained(args.draft, dtype=torch.float32)
     data = load_data(args.data)
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    pool = val_pool = None
+    if args.generate or args.val_generate:
+        if encdec:
+            raise CLIError("--generate/--val-generate need a decoder-only pair")
+        from specdec.zoo.distill import generate_greedy, prompts_from_stream
+
+        device = resolve_device(args.device)
+        if args.generate:
+            prompts = prompts_from_stream(data.train, args.generate, args.prompt_len, seed=args.seed + 1,
+                                          document_starts=args.document_starts)
+            pool = generate_greedy(target, prompts, args.new_tokens, batch_size=args.gen_batch_size, device=device)
+        if args.val_generate:
+            prompts = prompts_from_stream(data.val, args.val_generate, args.prompt_len, seed=args.seed + 2,
+                                          document_starts=args.document_starts)
+            val_pool = generate_greedy(target, prompts, args.new_tokens, batch_size=args.gen_batch_size, device=device)
     result = distill_draft(target, draft, data, replace(distill_cfg, train=tc), log_path=out / "distill.csv",
-                           device=args.device, progress=not args.no_progress)
+                           device=args.device, progress=not args.no_progress, pool=pool, val_pool=val_pool,
+                           prompt_len=args.prompt_len)
     save_model(draft, out / "draft", data.tokenizer_dir, dtype=preset.export_dtype,
                max_shard_size=preset.max_shard_size)
     (out / "distill.json").write_text(json.dumps(result.to_dict(), indent=1))
-    print(json.dumps({"alpha_before": result.alpha_before, "alpha_after": result.alpha_after,
-                      "val_loss": result.train.val_loss, "seconds": result.train.seconds}, indent=1))
+    brief = result.to_dict()
+    brief["train"] = {k: brief["train"][k] for k in ("steps", "seconds", "val_loss", "final_loss")}
+    print(json.dumps(brief, indent=1))
     return 0

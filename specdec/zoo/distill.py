@@ -1,7 +1,9 @@
 """Draft distillation: fine-tune the drafter q on the target's soft distribution p, and measure α.
 
 Loss: KL(p‖q) = Σ_x p(x) (log p(x) − log q(x)), averaged over positions of corpus text (teacher forcing),
-with p and q at a softening temperature (1 by default). This is the quantity §3 of the paper cares about:
+with p and q at a softening temperature (1 by default). Optionally part of every batch is text the target
+generated greedily ("generated pool"), the text a greedy speculative decoder verifies; on such text plain
+cross-entropy (`loss="ce"`) is hard-label distillation of the target's greedy choices. This is the quantity §3 of the paper cares about:
 α = E[Σ_x min(p(x), q(x))] = 1 − E[D_TV(p, q)], and Pinsker bounds D_TV by √(KL/2).
 
 α here is measured the same way on held-out text: mean over positions of Σ_x min(p(x), q(x)) with p, q
@@ -15,7 +17,7 @@ import inspect
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -134,12 +136,19 @@ def _cache_of(out) -> object:
     return out.cache if getattr(out, "cache", None) is not None else out.past_key_values
 
 
-def prompts_from_stream(stream, count: int, prompt_len: int, seed: int = 0) -> torch.Tensor:
-    """`count` random windows of `prompt_len` tokens from a token stream (numpy uint16), `[count, P]`."""
+def prompts_from_stream(stream, count: int, prompt_len: int, seed: int = 0, document_starts: float = 0.0,
+                        eos_id: int = 2) -> torch.Tensor:
+    """`count` windows of `prompt_len` tokens from a token stream (numpy uint16), `[count, P]`: a fraction
+    `document_starts` begin a file (right after </s>), the rest start anywhere."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
     starts = rng.integers(0, len(stream) - prompt_len, size=count)
+    n_doc = int(round(document_starts * count))
+    if n_doc:
+        boundaries = np.flatnonzero(stream[: len(stream) - prompt_len - 1] == eos_id) + 1
+        if len(boundaries):
+            starts[:n_doc] = rng.choice(boundaries, size=n_doc)
     return torch.from_numpy(stream[starts[:, None] + np.arange(prompt_len)[None, :]].astype(np.int64))
 
 
@@ -240,6 +249,28 @@ def distill_draft(
             raise ValueError("generated_fraction > 0 needs a decoder-only corpus and a pool of generated text")
         data = MixedData(data, pool, cfg.generated_fraction)
 
+    if cfg.loss == "ce":
+        # hard labels: on the target's greedy text the next token IS argmax p, so plain cross-entropy on
+        # the pool distils the target's greedy choices (no teacher pass needed: cheap on a CPU)
+        result = run_training(draft, data, replace(tc, z_loss=0.0), log_path=log_path, device=device,
+                              progress=progress, desc=desc)
+    elif cfg.loss == "kl":
+        result = _train_kl(target, draft, data, cfg, log_path, device, progress, desc)
+    else:
+        raise ValueError(f"distillation loss must be 'kl' or 'ce', got {cfg.loss!r}")
+    after = alpha_on_batches(target, draft, held_out, device=device, bf16=tc.bf16)
+    logger.info("%s: alpha after %s", desc, after)
+    gen_after = None
+    if gen_batches:
+        gen_after = alpha_on_batches(target, draft, gen_batches, device=device, bf16=tc.bf16,
+                                     first_position=prompt_len - 1)
+        logger.info("%s: alpha on generated text after %s", desc, gen_after)
+    return DistillResult(before, after, result, gen_before, gen_after)
+
+
+def _train_kl(target, draft, data, cfg: DistillConfig, log_path, device, progress, desc) -> TrainResult:
+    tc = cfg.train
+
     def loss_fn(model, batch):
         with torch.no_grad():
             p_logits, targets = forward_logits(target, batch)
@@ -251,13 +282,5 @@ def distill_draft(
 
     # the teacher's forward costs 2 FLOPs per parameter per token on top of the student's training
     teacher_fpt = 2.0 * sum(p.numel() for p in target.parameters())
-    result = run_training(draft, data, tc, loss_fn=loss_fn, log_path=log_path, device=device, progress=progress,
-                          desc=desc, extra_flops_per_token=teacher_fpt)
-    after = alpha_on_batches(target, draft, held_out, device=device, bf16=tc.bf16)
-    logger.info("%s: alpha after %s", desc, after)
-    gen_after = None
-    if gen_batches:
-        gen_after = alpha_on_batches(target, draft, gen_batches, device=device, bf16=tc.bf16,
-                                     first_position=prompt_len - 1)
-        logger.info("%s: alpha on generated text after %s", desc, gen_after)
-    return DistillResult(before, after, result, gen_before, gen_after)
+    return run_training(draft, data, tc, loss_fn=loss_fn, log_path=log_path, device=device, progress=progress,
+                        desc=desc, extra_flops_per_token=teacher_fpt)

@@ -58,6 +58,7 @@ class DistillConfig:
     # Fraction of each batch drawn from text the target generated greedily (from corpus prompts), the
     # text a greedy demo decodes; the rest is corpus text. 0 = corpus only.
     generated_fraction: float = 0.0
+    loss: str = "kl"  # "kl": KL(p‖q) with the target's logits; "ce": cross-entropy on the batch text
 
 
 @dataclass(frozen=True)
