@@ -69,6 +69,14 @@ def generate(
     seed            int → reproducible; otherwise pass `generator` or get fresh OS randomness
     on_tokens       called with a `TokenEvent` after every step (streaming)
     """
+    fast = _fused_engine_for(target, num_draft_tokens, on_tokens)
+    if fast is not None:
+        if attention_mask is not None:
+            prompts = normalize_prompts(prompts, attention_mask, target.vocab_size)
+        return fast(
+            target, prompts, drafter, max_new_tokens, temperature, top_k, top_p, num_draft_tokens, eos_token_id,
+            seed, generator=generator,
+        )
     run = stream(
         target, prompts, drafter, max_new_tokens, temperature, top_k, top_p, num_draft_tokens, eos_token_id, seed,
         generator=generator, attention_mask=attention_mask,
@@ -77,6 +85,23 @@ def generate(
         if on_tokens is not None:
             on_tokens(event)
     return run.result
+
+
+def _fused_engine_for(target, num_draft_tokens, on_tokens):
+    """`specdec.fast.fast_generate` when it applies: a FastTarget, a fixed γ, no per-step callback.
+
+    It runs the same algorithm with every step as CUDA-graph replays and one host sync (see specdec/fast).
+    """
+    import sys
+
+    fast_target = sys.modules.get("specdec.fast.target")  # never import the fast path just to check
+    if fast_target is None or not isinstance(target, fast_target.FastTarget) or on_tokens is not None:
+        return None
+    if not isinstance(num_draft_tokens, int) or isinstance(num_draft_tokens, bool):
+        return None
+    from specdec.fast.engine import fast_generate
+
+    return fast_generate
 
 
 class GenerationStream:
@@ -143,6 +168,8 @@ def _decode(target, drafter, policy, prompts, max_new_tokens, sampling, eos, gen
 
     stats.op_cost_ratio = _op_cost_ratio(target, drafter)
     context = target.begin(prompts, max_new_tokens)
+    context.reserve(int(context.lengths.max()) + max_new_tokens)
+    context.growable = False
     stats.target_calls += getattr(target, "begin_forward_passes", 1)  # prefill (or encoder) pass
     if drafter is not None:
         drafter.begin(context, target.vocab_size)
@@ -171,10 +198,12 @@ def _decode(target, drafter, policy, prompts, max_new_tokens, sampling, eos, gen
         logits = target.forward(torch.cat([last, proposal.tokens], dim=1))  # [B, γ+1, V]
 
         # 3. verify
+        # NaN logits are checked on the device and reported with the step's one transfer below.
+        has_nan = torch.isnan(logits).any()
         if sampling.greedy:
-            result = verify_greedy(proposal.tokens, logits, draft_lengths=proposal.lengths)
+            result = verify_greedy(proposal.tokens, logits, draft_lengths=proposal.lengths, check_nan=False)
         else:
-            target_probs = standardize_logits(logits, sampling)
+            target_probs = standardize_logits(logits, sampling, check_nan=False)
             result = verify(proposal.tokens, proposal.probs, target_probs, generator, draft_lengths=proposal.lengths)
 
         # 4. emit, cut at EOS / max_new_tokens, roll back
@@ -201,7 +230,9 @@ def _decode(target, drafter, policy, prompts, max_new_tokens, sampling, eos, gen
             [new_tokens, result.num_accepted[:, None], draft_lengths[:, None], active[:, None].long(),
              counts[:, None], newly_finished[:, None].long(), original_row[:, None]], 1,
         )
-        host = torch.cat([rows.flatten().double(), summary]).tolist()
+        host = torch.cat([rows.flatten().double(), summary, has_nan.double().reshape(1)]).tolist()
+        if host.pop():
+            raise ValueError("target logits contain NaN; the model produced invalid scores")
         width = gamma + 7
         table = [host[i * width : (i + 1) * width] for i in range(context.batch_size)]
         draft_s, verify_s = clock.elapsed(0, 1), clock.elapsed(1, 2)

@@ -24,6 +24,9 @@ class TokenBuffer:
         self.lengths = torch.tensor([len(r) for r in rows], dtype=torch.long, device=device)
         self.start_lengths = self.lengths.clone()
         self.source: list[list[int]] | None = None
+        # The decoding loop never appends past prompt + max_new_tokens, reserves that capacity up front and
+        # turns growth off, which saves a host sync per step.
+        self.growable = True
 
     @property
     def batch_size(self) -> int:
@@ -49,11 +52,10 @@ class TokenBuffer:
     def append(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> None:
         """Append the first `counts[b]` of `new_tokens [B, k]` to row b."""
         k = new_tokens.shape[1]
-        needed = int((self.lengths + counts).max()) if self.batch_size else 0
-        if needed > self.capacity:
-            grown = torch.zeros(self.batch_size, max(needed, 2 * self.capacity), dtype=torch.long, device=self.tokens.device)
-            grown[:, : self.capacity] = self.tokens
-            self.tokens = grown
+        if self.growable:
+            needed = int((self.lengths + counts).max()) if self.batch_size else 0
+            if needed > self.capacity:
+                self.reserve(max(needed, 2 * self.capacity))
         cols = self.lengths[:, None] + torch.arange(k, device=self.tokens.device)[None, :]
         write = torch.arange(k, device=self.tokens.device)[None, :] < counts[:, None]
         cols = torch.where(write, cols, torch.zeros_like(cols))
@@ -61,6 +63,13 @@ class TokenBuffer:
         current = self.tokens.gather(1, cols)
         self.tokens.scatter_(1, cols, torch.where(write, new_tokens, current))
         self.lengths = self.lengths + counts
+
+    def reserve(self, capacity: int) -> None:
+        """Make room for `capacity` tokens per row."""
+        if capacity > self.capacity:
+            grown = torch.zeros(self.batch_size, capacity, dtype=torch.long, device=self.tokens.device)
+            grown[:, : self.capacity] = self.tokens
+            self.tokens = grown
 
     def select_rows(self, index: torch.Tensor) -> None:
         self.tokens = self.tokens[index]
