@@ -326,30 +326,13 @@ def _step_summary(result, draft_lengths, active, gamma) -> torch.Tensor:
 
 def _record_step(stats: SpecStats, summary: list[float], gamma: int, proposal: Proposal, draft_s, verify_s) -> int:
     """Fold one step's summary into the stats; returns the number of rows active in the step."""
-    reached, accepted = summary[:gamma], summary[gamma : 2 * gamma]
-    beta_sum, n_sum, drafted_sum, spec_rows, active = summary[2 * gamma :]
-    active = int(active)
     stats.num_steps += 1
     stats.target_calls += 1
     stats.drafter_calls += proposal.forward_passes
-    stats.row_steps += active
     stats.draft_time_s += draft_s
     stats.verify_time_s += verify_s
     stats.max_num_draft_tokens = max(stats.max_num_draft_tokens, gamma)
-    if len(stats.reached_by_position) < gamma:
-        extra = gamma - len(stats.reached_by_position)
-        stats.reached_by_position += [0] * extra
-        stats.accepted_by_position += [0] * extra
-    for i in range(gamma):
-        stats.reached_by_position[i] += int(reached[i])
-        stats.accepted_by_position[i] += int(accepted[i])
-    stats.beta_sum += beta_sum
-    stats.beta_count += int(sum(reached))
-    stats.accepted_tokens += int(n_sum)
-    stats.drafted_tokens += int(drafted_sum)
-    stats.speculative_row_steps += int(spec_rows)
-    stats.algorithm_tokens += int(n_sum) + active
-    return active
+    return stats.add_counts(summary, gamma)
 
 
 def _sync(device: torch.device) -> None:

@@ -415,22 +415,7 @@ class _Probe:
 
 def _fill_stats(stats: SpecStats, counters: list[float], gamma: int) -> None:
     """Fold one γ's counters into `stats` (called once per γ used; γ = 0 contributes only row-steps)."""
-    reached, accepted = counters[:gamma], counters[gamma : 2 * gamma]
-    beta_sum, n_sum, drafted, spec_rows, active = counters[2 * gamma :]
-    if len(stats.reached_by_position) < gamma:
-        extra = gamma - len(stats.reached_by_position)
-        stats.reached_by_position += [0] * extra
-        stats.accepted_by_position += [0] * extra
-    for i in range(gamma):
-        stats.reached_by_position[i] += int(reached[i])
-        stats.accepted_by_position[i] += int(accepted[i])
-    stats.beta_sum += beta_sum
-    stats.beta_count += int(sum(reached))
-    stats.accepted_tokens += int(n_sum)
-    stats.drafted_tokens += int(drafted)
-    stats.speculative_row_steps += int(spec_rows)
-    stats.row_steps += int(active)
-    stats.algorithm_tokens += int(n_sum) + int(active)
+    stats.add_counts(counters, gamma)
 
 
 def fast_generate(target: FastTarget, prompts, drafter=None, max_new_tokens: int = 64, temperature: float = 1.0,
