@@ -18,11 +18,15 @@ from specdec.cli import CLIError
 DEMO_PAIR = Path(__file__).resolve().parent.parent / "assets" / "demo_pair"
 DEFAULT_GAMMA = 4  # best of γ ∈ {2..7} measured on the 2-core CPU (MODEL_CARD.md)
 
+# Each prompt ends inside a line: a prompt ending in "\n" would cut the byte-level BPE's usual
+# "newline + indentation" token in two, and the model would read it as a return to column 0.
 PROMPTS = (
-    'import os\nimport sys\n\n\ndef main(argv=None):\n    """Parse the command line and run."""\n',
-    'class Stack:\n    """A last-in, first-out stack."""\n\n    def __init__(self):\n',
-    'def read_lines(path, encoding="utf-8"):\n    """Return the lines of a text file."""\n',
-    "import unittest\n\n\nclass TestSplit(unittest.TestCase):\n\n    def test_split(self):\n",
+    'import os\nimport sys\n\n\ndef main(argv=None):\n    """Parse the command line and run."""\n    parser =',
+    'class Stack:\n    """A last-in, first-out stack."""\n\n    def __init__(self):\n        self.',
+    'def read_lines(path, encoding="utf-8"):\n    """Return the lines of a text file."""\n    with open(',
+    "import unittest\n\n\nclass TestSplit(unittest.TestCase):\n\n    def test_split(self):\n        self.",
+    "import json\n\n\ndef load_config(path):\n    with open(path",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    if',
 )
 
 
