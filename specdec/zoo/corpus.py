@@ -217,6 +217,9 @@ def ende_pairs(
 ) -> list[Pair]:
     """Deduplicated English→German pairs from gettext catalogs; split by catalog (domain) name."""
     files = [Path(f) for f in mo_files] if mo_files is not None else find_mo_files(locale_roots)
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise FileNotFoundError(f"ende corpus: no such catalog(s): {', '.join(missing)}")
     if not files:
         where = ", ".join(str(f) for f in (mo_files or [f"{r}/de*/LC_MESSAGES" for r in locale_roots]))
         raise EmptyCorpusError(f"ende corpus is empty: no .mo catalogs found in {where}")
