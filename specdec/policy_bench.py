@@ -12,6 +12,8 @@ Timing protocol (CPU machines are shared and noisy, so comparisons are paired an
   - a configuration's time in a repeat is the sum over the workload's prompts; tokens/s is the median
     over repeats; speedup is the median over repeats of (its tokens/s ÷ plain's tokens/s, same repeat).
 τ, α, mean γ and c are pooled over all prompts and repeats (`SpecStats` counts summed).
+(Process CPU time was tried as a steadier clock: on the shared 2-core machine it tracked wall time within
+a few percent, so the noise there is contention, not preemption, and only wall time is kept.)
 
 With `ignore_eos` (the default) every run generates exactly `max_new_tokens` per prompt, so all
 configurations do the same work. At temperature 0 every configuration must reproduce plain
@@ -45,6 +47,9 @@ __all__ = [
     "DEFAULT_POLICIES",
     "ADAPTIVE_POLICIES",
     "run_policy_bench",
+    "merge_stats",
+    "policy_label",
+    "heldout_stdlib_files",
     "code_workload",
     "text_workload",
     "repetitive_workload",
@@ -160,33 +165,47 @@ class PolicyBenchResult:
         raise KeyError(f"no row for workload={workload!r} policy={policy!r} drafter={drafter!r}")
 
     def winners(self) -> list[dict]:
-        """Per (workload, temperature): plain, the fastest configuration, the best fixed γ, the best adaptive
-        policy, and the adaptive-vs-fixed ratio (> 1: the adaptive policy beat every fixed γ)."""
+        """Per (workload, temperature), ranked by median paired speedup over plain (steadier than raw tok/s
+        when the machine's speed drifts between repeats): the fastest configuration and the runner-up, the
+        best fixed γ, the best adaptive policy, adaptive ÷ fixed speedup (> 1: an adaptive policy beat every
+        fixed γ) and in how many repeats the best adaptive policy beat the best fixed γ head to head (same
+        repeat, same plain baseline)."""
         out = []
         keys = sorted({(r.workload, r.temperature) for r in self.rows}, key=lambda k: (self._workload_index(k[0]), k[1]))
         for workload, temperature in keys:
             cell = [r for r in self.rows if r.workload == workload and r.temperature == temperature]
             plain = next((r for r in cell if r.drafter is None), None)
+            sp = {r.label: (r.speedup, r.speedup_runs) for r in cell}
+            ranked = sorted(cell, key=lambda r: sp[r.label][0], reverse=True)
+            best, runner_up = ranked[0], (ranked[1] if len(ranked) > 1 else None)
             spec = [r for r in cell if r.drafter is not None]
-            best = max(cell, key=lambda r: r.tokens_per_second)
             fixed = [r for r in spec if not is_adaptive(r.policy)]
             adaptive = [r for r in spec if is_adaptive(r.policy)]
-            best_fixed = max(fixed, key=lambda r: r.tokens_per_second) if fixed else None
-            best_adaptive = max(adaptive, key=lambda r: r.tokens_per_second) if adaptive else None
+            best_fixed = max(fixed, key=lambda r: sp[r.label][0]) if fixed else None
+            best_adaptive = max(adaptive, key=lambda r: sp[r.label][0]) if adaptive else None
+
+            def wins(a: PolicyRow, b: PolicyRow) -> int:
+                return sum(x > y for x, y in zip(sp[a.label][1], sp[b.label][1]))
+
             entry: dict[str, Any] = {
                 "workload": workload, "temperature": temperature,
                 "plain_tokens_per_second": plain.tokens_per_second if plain else None,
-                "best": best.label, "best_tokens_per_second": best.tokens_per_second, "best_speedup": best.speedup,
+                "best": best.label, "best_tokens_per_second": best.tokens_per_second, "best_speedup": sp[best.label][0],
             }
+            if runner_up is not None:
+                entry.update(runner_up=runner_up.label, runner_up_speedup=sp[runner_up.label][0],
+                             best_wins_repeats=wins(best, runner_up))
             if best_fixed is not None:
                 entry.update(best_fixed=best_fixed.label, best_fixed_tokens_per_second=best_fixed.tokens_per_second,
-                             best_fixed_speedup=best_fixed.speedup)
+                             best_fixed_speedup=sp[best_fixed.label][0])
             if best_adaptive is not None:
                 entry.update(best_adaptive=best_adaptive.label,
                              best_adaptive_tokens_per_second=best_adaptive.tokens_per_second,
-                             best_adaptive_speedup=best_adaptive.speedup)
+                             best_adaptive_speedup=sp[best_adaptive.label][0])
             if best_fixed is not None and best_adaptive is not None:
-                entry["adaptive_over_fixed"] = best_adaptive.tokens_per_second / best_fixed.tokens_per_second
+                entry["adaptive_over_fixed"] = sp[best_adaptive.label][0] / sp[best_fixed.label][0]
+                entry["adaptive_wins_repeats"] = wins(best_adaptive, best_fixed)
+            entry["repeats"] = len(sp[best.label][1])
             out.append(entry)
         return out
 
@@ -203,6 +222,19 @@ class PolicyBenchResult:
         return {"rows": rows, "winners": self.winners(), "workloads": list(self.workloads), "settings": self.settings,
                 "environment": self.environment, "wall_time_s": self.wall_time_s}
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "PolicyBenchResult":
+        """Rebuild a result from `to_dict()` output (e.g. a saved policies.json) to re-render or re-rank it."""
+        names = {f.name for f in fields(PolicyRow)}
+        rows = []
+        for row in data["rows"]:
+            kw = {k: v for k, v in row.items() if k in names}
+            kw["tokens_per_second_runs"] = tuple(kw["tokens_per_second_runs"])
+            kw["speedup_runs"] = tuple(kw["speedup_runs"])
+            rows.append(PolicyRow(**kw))
+        return cls(rows=tuple(rows), workloads=tuple(data["workloads"]), settings=data["settings"],
+                   environment=data["environment"], wall_time_s=data["wall_time_s"])
+
     def to_markdown(self) -> str:
         """One table per temperature: a row per (workload, configuration), then the winners."""
         lines: list[str] = []
@@ -212,8 +244,8 @@ class PolicyBenchResult:
                 lines.append("")
             lines.append(f"temperature {temperature:g}")
             lines.append("")
-            lines.append("| workload | policy | tok/s (median) | tok/s min–max | speedup | τ | α | mean γ | c | pred. |"
-                         + (" same as plain |" if temperature == 0 else ""))
+            lines.append("| workload | policy | tok/s (median) | tok/s min–max | speedup (min–max) | τ | α | mean γ | c "
+                         "| pred. |" + (" same as plain |" if temperature == 0 else ""))
             lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if temperature == 0 else ""))
             rows = sorted((r for r in self.rows if r.temperature == temperature),
                           key=lambda r: (self._workload_index(r.workload)))
@@ -222,7 +254,8 @@ class PolicyBenchResult:
                 runs = r.tokens_per_second_runs
                 cells = [
                     r.workload, name, f"{r.tokens_per_second:.1f}", f"{min(runs):.1f}–{max(runs):.1f}",
-                    f"{r.speedup:.2f}x", f"{r.mean_accepted_length:.2f}", _fmt(r.alpha, ".3f"),
+                    f"{r.speedup:.2f}x ({min(r.speedup_runs):.2f}–{max(r.speedup_runs):.2f})",
+                    f"{r.mean_accepted_length:.2f}", _fmt(r.alpha, ".3f"),
                     f"{r.mean_num_draft_tokens:.2f}" if r.drafter is not None else "0",
                     _fmt(r.cost_ratio, ".3f"), _fmt(r.predicted_speedup, ".2f", "x"),
                 ]
@@ -230,18 +263,23 @@ class PolicyBenchResult:
                     cells.append("–" if r.compared_outputs is None else f"{r.identical_outputs}/{r.compared_outputs}")
                 lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+        lines.append("Ranked by median speedup over plain decoding (paired within each repeat):")
+        lines.append("")
         for w in self.winners():
+            head = f"- {w['workload']} (temperature {w['temperature']:g}): "
             if w["best"] == PLAIN:
-                text = (f"- {w['workload']} (temperature {w['temperature']:g}): plain decoding fastest "
-                        f"({w['best_tokens_per_second']:.1f} tok/s): no policy paid off")
+                text = head + f"plain decoding fastest ({w['best_tokens_per_second']:.1f} tok/s): no policy paid off"
             else:
-                text = (f"- {w['workload']} (temperature {w['temperature']:g}): fastest {w['best']} "
-                        f"{w['best_tokens_per_second']:.1f} tok/s = {w['best_speedup']:.2f}x plain")
+                text = head + (f"fastest {w['best']} {w['best_speedup']:.2f}x plain "
+                               f"({w['best_tokens_per_second']:.1f} tok/s)")
+            if "runner_up" in w:
+                text += (f", next {w['runner_up']} {w['runner_up_speedup']:.2f}x "
+                         f"(the fastest led it in {w['best_wins_repeats']}/{w['repeats']} repeats)")
             if "best_fixed" in w and "best_adaptive" in w:
                 ratio = w["adaptive_over_fixed"]
-                text += (f"; best fixed {w['best_fixed']} {w['best_fixed_speedup']:.2f}x, best adaptive "
-                         f"{w['best_adaptive']} {w['best_adaptive_speedup']:.2f}x "
-                         f"(adaptive/fixed tok/s {ratio:.3f}: {_verdict(ratio)})")
+                text += (f"; best fixed {w['best_fixed']} {w['best_fixed_speedup']:.2f}x vs best adaptive "
+                         f"{w['best_adaptive']} {w['best_adaptive_speedup']:.2f}x: {_verdict(ratio)}, adaptive ahead in "
+                         f"{w['adaptive_wins_repeats']}/{w['repeats']} repeats")
             lines.append(text)
         return "\n".join(lines)
 
@@ -536,29 +574,29 @@ def _is_sentence(text: str) -> bool:
             and "\n" not in text and "{" not in text)
 
 
-_REPETITIVE_TEMPLATES = (
-    "    def test_case_{i}(self):\n        self.assertEqual(compute({i}), EXPECTED[{i}])\n\n",
-    "ERROR_CODE_{i} = {i}\n",
-    "    \"option_{i}\": Option(name=\"option_{i}\", index={i}, enabled=True),\n",
-    "assert table[{i}] == {i} * {i}, \"row {i}\"\n",
+# Verbatim repetition: the continuation is one more copy of the block. These blocks are ones the
+# shipped demo target keeps copying (a weak target breaks out of many other repetitions), so the
+# workload measures copying: prompt lookup drafts it perfectly, a one-layer model drafter does not.
+_REPETITIVE_BLOCKS = (
+    "ERROR_CODE = 15\n",
+    "assert table[8] == 8 * 8, \"row 8\"\n",
+    "for i in range(10):\n    total += values[i] * weights[i]\n    count += 1\n",
+    "result = client.get(url, timeout=30)\nresult.raise_for_status()\n",
 )
-_REPETITIVE_HEADERS = ("class TestCompute(unittest.TestCase):\n", "", "OPTIONS = {\n", "")
 
 
 def repetitive_workload(tokenizer, num_prompts: int = 4, prompt_tokens: int = 128) -> Workload:
-    """Highly repetitive code: a template repeated with an incrementing index; the continuation is the
-    next repetitions, which both models predict almost perfectly (α near 1)."""
+    """Highly repetitive code: a block of code repeated verbatim (whole copies, at least `prompt_tokens`
+    tokens); the target's continuation is more copies, which prompt lookup predicts exactly."""
     prompts, sources = [], []
     for k in range(num_prompts):
-        template, header = _REPETITIVE_TEMPLATES[k % len(_REPETITIVE_TEMPLATES)], _REPETITIVE_HEADERS[k % 4]
-        text, i = header, k // len(_REPETITIVE_TEMPLATES)  # later rounds start at another index
-        while len(_encode(tokenizer, text)) < prompt_tokens:
-            text += template.format(i=i)
-            i += 1
-        prompts.append(tuple(_document_start(tokenizer) + _encode(tokenizer, text)))
-        sources.append(f"template {k % len(_REPETITIVE_TEMPLATES)}")
-    return Workload("repetitive", "a code line template repeated with an incrementing index", tuple(prompts),
-                    tuple(sources))
+        block = _REPETITIVE_BLOCKS[k % len(_REPETITIVE_BLOCKS)]
+        copies = 1
+        while len(_encode(tokenizer, block * copies)) < prompt_tokens:
+            copies += 1
+        prompts.append(tuple(_document_start(tokenizer) + _encode(tokenizer, block * copies)))
+        sources.append(f"block {k % len(_REPETITIVE_BLOCKS)} × {copies}")
+    return Workload("repetitive", "a code block repeated verbatim", tuple(prompts), tuple(sources))
 
 
 def build_workloads(tokenizer, names: Sequence[str], num_prompts: int = 4, prompt_tokens: int = 128) -> list[Workload]:

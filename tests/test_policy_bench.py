@@ -142,3 +142,13 @@ def test_code_and_text_workloads_from_local_files(tmp_path) -> None:
     assert text.name == "text" and 1 <= len(text.prompts) <= 2
     with pytest.raises(ValueError, match="unknown workload"):
         build_workloads(tokenizer, ["poetry"])
+
+
+def test_result_round_trips_through_json(pair) -> None:
+    target, draft = pair
+    result = run_policy_bench(target, {"model": draft}, [Workload("w", "", ((1, 2, 3),))],
+                              BenchSettings(policies=(1, "optimal"), max_new_tokens=4, repeats=2, warmup_tokens=0))
+    again = PolicyBenchResult.from_dict(json.loads(json.dumps(result.to_dict())))
+    assert again.to_markdown() == result.to_markdown() and again.winners() == result.winners()
+    winner = again.winners()[0]
+    assert winner["repeats"] == 2 and 0 <= winner["adaptive_wins_repeats"] <= 2

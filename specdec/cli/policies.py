@@ -35,7 +35,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="comma list: integers (fixed γ) and policy names; plain decoding always runs")
     p.add_argument("--drafters", default="model",
                    help="comma list: model (the draft checkpoint), lookup (prompt lookup); each runs every policy")
-    p.add_argument("--prompts", type=int, default=4, help="prompts per workload (default 4)")
+    p.add_argument("--prompts", type=int, default=3, help="prompts per workload (default 3)")
     p.add_argument("--prompt-tokens", type=int, default=128, help="prompt length in tokens (default 128)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt (default 64)")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats, interleaved (default 3; median reported)")
