@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.core import SamplingConfig, VerifyResult, standardize_logits, verify, verify_greedy
-from specdec.decoding import GenerateResult, as_drafter, normalize_prompts, resolve_eos
+from specdec.decoding import GenerateResult, _Clock, as_drafter, normalize_prompts, resolve_eos
 from specdec.drafters.base import Drafter
 from specdec.drafters.ngram import NGramDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
@@ -38,25 +38,8 @@ __all__ = ["fast_generate", "FastEngine"]
 
 _PROBE_STEPS = 4  # per phase of the auto_off probe (the first step of a phase is not timed)
 
-
-class _Timer:
-    """CUDA events on GPU, perf_counter on CPU; read only after the step's host sync."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self.events = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if self.cuda else None
-        self.times = [0.0] * 3
-
-    def mark(self, i: int) -> None:
-        if self.cuda:
-            self.events[i].record()
-        else:
-            self.times[i] = time.perf_counter()
-
-    def elapsed(self, i: int, j: int) -> float:
-        if self.cuda:
-            return self.events[i].elapsed_time(self.events[j]) / 1000.0
-        return self.times[j] - self.times[i]
+# Step timings: CUDA events on GPU, perf_counter on CPU, read after the step's host sync.
+_Timer = _Clock
 
 
 class _Step:
