@@ -123,16 +123,9 @@ class HFCausalLM:
 
     def crop(self, lengths: torch.Tensor | int) -> None:
         """Roll back to an absolute length: keep the first `lengths[b]` valid tokens of row b."""
-        if isinstance(lengths, int):
-            lengths = torch.full_like(self.lengths, lengths)
-        if bool((lengths > self.lengths).any()) or bool((lengths < 0).any()):
-            raise ValueError("crop can only shorten sequences (0 <= lengths <= current lengths)")
-        valid = self.mask.bool()
-        keep = valid & (valid.long().cumsum(1) <= lengths[:, None])
-        used = keep.any(0).nonzero()
-        num_slots = int(used[-1]) + 1 if used.numel() else 0
+        lengths, keep, num_slots = keep_first_valid(self.mask, self.lengths, lengths)
         self.mask = keep[:, :num_slots].long()
-        self.lengths = lengths.clone()
+        self.lengths = lengths
         for layer in _cache_layers(self.cache):
             layer.keys = layer.keys[..., :num_slots, :]
             layer.values = layer.values[..., :num_slots, :]
@@ -163,6 +156,21 @@ class HFCausalLM:
             idx = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
             layer.keys = layer.keys.gather(2, idx)
             layer.values = layer.values.gather(2, idx)
+
+
+def keep_first_valid(mask: torch.Tensor, current: torch.Tensor, lengths: "torch.Tensor | int"):
+    """Which slots survive `crop(lengths)`: each row keeps its first `lengths[b]` valid slots.
+
+    mask [B, S] (1 = valid), current [B] valid counts → (lengths [B], keep [B, S] bool, slots still used).
+    """
+    if isinstance(lengths, int):
+        lengths = torch.full_like(current, lengths)
+    if bool((lengths > current).any()) or bool((lengths < 0).any()):
+        raise ValueError("crop can only shorten sequences (0 <= lengths <= current lengths)")
+    valid = mask.bool()
+    keep = valid & (valid.long().cumsum(1) <= lengths[:, None])
+    used = keep.any(0).nonzero()
+    return lengths.clone(), keep, int(used[-1]) + 1 if used.numel() else 0
 
 
 def _cache_layers(cache):

@@ -31,7 +31,7 @@ import logging
 
 import torch
 
-from specdec.models.hf import _cache_kwarg, _cache_layers, _max_positions
+from specdec.models.hf import _cache_kwarg, _cache_layers, _max_positions, keep_first_valid
 from specdec.sequences import TokenBuffer
 
 logger = logging.getLogger(__name__)
@@ -274,16 +274,9 @@ class HFSeq2SeqLM:
 
     def crop(self, lengths: torch.Tensor | int) -> None:
         """Roll back the decoder self-attention cache: keep the first `lengths[b]` tokens of row b."""
-        if isinstance(lengths, int):
-            lengths = torch.full_like(self.lengths, lengths)
-        if bool((lengths > self.lengths).any()) or bool((lengths < 0).any()):
-            raise ValueError("crop can only shorten sequences (0 <= lengths <= current lengths)")
-        valid = self.mask.bool()
-        keep = valid & (valid.long().cumsum(1) <= lengths[:, None])
-        used = keep.any(0).nonzero()
-        num_slots = int(used[-1]) + 1 if used.numel() else 0
+        lengths, keep, num_slots = keep_first_valid(self.mask, self.lengths, lengths)
         self.mask = keep.long()
-        self.lengths = lengths.clone()
+        self.lengths = lengths
         self._keep_slots(num_slots)
 
     def select_rows(self, index: torch.Tensor) -> None:

@@ -3,10 +3,14 @@ and the first two decoder tokens follow the target's exact law (chi-square, with
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
+import seq2seq_models
 import specdec
+from seq2seq_models import teacher_forced_logits
 from specdec.drafters.base import Drafter, Proposal
 from specdec.drafters.seq2seq import Seq2SeqModelDrafter
 from specdec.models.seq2seq import HFSeq2SeqLM, decoder_start_token_id
@@ -20,40 +24,8 @@ PROMPT = [3, 7, 5, 9, 3, 7, 12]  # repeats, so that prompt lookup proposes somet
 RAGGED = [[5, 6, 7, 8, 9, 10, 11], [12], [3, 4, 5], [7, 7, 7, 7, 8, 9, 7, 7, 7, 7, 8], [2, 3]]
 
 
-def _scramble(model, std, position_std, embedding_std=None, head_std=None):
-    # Larger random weights than the default init: varied, position-dependent outputs (see tests/models).
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                continue
-            scale = std
-            if "relative_attention_bias" in name or "embed_positions" in name:
-                scale = position_std
-            elif name == "shared.weight" and embedding_std is not None:
-                scale = embedding_std
-            elif name.startswith("lm_head") and head_std is not None:
-                scale = head_std
-            param.normal_(0, scale)
-    return model.eval()
-
-
-def make_t5(seed=0, layers=2, d_model=32, vocab=VOCAB, **kw):
-    torch.manual_seed(seed)
-    cfg = transformers.T5Config(
-        vocab_size=vocab, d_model=d_model, d_kv=8, d_ff=2 * d_model, num_layers=layers, num_decoder_layers=layers,
-        num_heads=4, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, **kw,
-    )
-    return _scramble(transformers.T5ForConditionalGeneration(cfg), 0.5, 3.0, embedding_std=2.0)
-
-
-def make_bart(seed=0, layers=2, d_model=32, vocab=VOCAB, **kw):
-    torch.manual_seed(seed)
-    cfg = transformers.BartConfig(
-        vocab_size=vocab, d_model=d_model, encoder_layers=layers, decoder_layers=layers, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=2 * d_model, decoder_ffn_dim=2 * d_model,
-        max_position_embeddings=64, forced_eos_token_id=None, tie_word_embeddings=False, **kw,
-    )
-    return _scramble(transformers.BartForConditionalGeneration(cfg), 0.1, 0.3, head_std=1.0)
+make_t5 = partial(seq2seq_models.make_t5, vocab=VOCAB)
+make_bart = partial(seq2seq_models.make_bart, vocab=VOCAB, max_positions=64)
 
 
 @pytest.fixture(scope="module")
@@ -64,11 +36,6 @@ def models():
         "bart": make_bart(0),
         "bart_draft": make_bart(1, layers=1, d_model=16),
     }
-
-
-def teacher_forced_logits(model, prompt, decoder_text) -> torch.Tensor:
-    with torch.no_grad():
-        return model(input_ids=torch.tensor([prompt]), decoder_input_ids=torch.tensor([decoder_text])).logits[0]
 
 
 # -- the exact law of the first two decoder tokens ---------------------------------------------------------

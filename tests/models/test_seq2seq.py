@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import random
+from functools import partial
 
 import pytest
 import torch
 
+import seq2seq_models
 import specdec
+from seq2seq_models import teacher_forced_logits
 from specdec.models.seq2seq import HFSeq2SeqLM
 
 transformers = pytest.importorskip("transformers")
@@ -18,43 +21,8 @@ random.seed(0)
 PROMPTS = [[random.randrange(2, VOCAB) for _ in range(n)] for n in (7, 1, 3, 11, 5, 9)]
 
 
-def _scramble(model, std: float, position_std: float, embedding_std: float | None = None, head_std: float | None = None):
-    # Default inits make tiny random models repeat one token forever; larger weights (and position
-    # tables) give varied outputs whose greedy path depends on every position.
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                continue
-            scale = std
-            if "relative_attention_bias" in name or "embed_positions" in name:
-                scale = position_std
-            elif name == "shared.weight" and embedding_std is not None:
-                scale = embedding_std
-            elif name.startswith("lm_head") and head_std is not None:
-                scale = head_std
-            param.normal_(0, scale)
-    return model.eval()
-
-
-def make_t5(seed: int = 0, layers: int = 2, d_model: int = 32, vocab: int = VOCAB, **kw):
-    torch.manual_seed(seed)
-    cfg = transformers.T5Config(
-        vocab_size=vocab, d_model=d_model, d_kv=8, d_ff=2 * d_model, num_layers=layers, num_decoder_layers=layers,
-        num_heads=4, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, **kw,
-    )
-    return _scramble(transformers.T5ForConditionalGeneration(cfg), 0.5, 3.0, embedding_std=2.0)
-
-
-def make_bart(seed: int = 0, layers: int = 2, d_model: int = 32, vocab: int = VOCAB, **kw):
-    torch.manual_seed(seed)
-    cfg = transformers.BartConfig(
-        vocab_size=vocab, d_model=d_model, encoder_layers=layers, decoder_layers=layers, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=2 * d_model, decoder_ffn_dim=2 * d_model,
-        max_position_embeddings=128, forced_eos_token_id=None, tie_word_embeddings=False, **kw,
-    )
-    return _scramble(transformers.BartForConditionalGeneration(cfg), 0.1, 0.3, head_std=1.0)
-
-
+make_t5 = partial(seq2seq_models.make_t5, vocab=VOCAB)
+make_bart = partial(seq2seq_models.make_bart, vocab=VOCAB)
 MAKERS = {"t5": make_t5, "bart": make_bart}
 
 
@@ -89,12 +57,6 @@ def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos: list[int]) -> 
         if tok in eos:
             return out[: i + 1]
     return out
-
-
-def teacher_forced_logits(model, prompt: list[int], decoder_text: list[int]) -> torch.Tensor:
-    """Logits `[len(decoder_text), V]` of the whole model run on one encoder input (no cache, no padding)."""
-    with torch.no_grad():
-        return model(input_ids=torch.tensor([prompt]), decoder_input_ids=torch.tensor([decoder_text])).logits[0]
 
 
 def assert_same_greedy(model, prompt: list[int], ours: list[int], ref: list[int]) -> None:
