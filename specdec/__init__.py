@@ -9,7 +9,9 @@ Layers: `core` (pure tensor functions) ← `models` (targets), `drafters` ← `d
 """
 
 from specdec.core import SamplingConfig, standardize_logits, verify, verify_greedy
-from specdec.decoding import GenerateResult, GenerationStream, TokenEvent, generate, stream
+from specdec.decoding import GenerationStream, generate, stream
+from specdec.request import SamplingParams
+from specdec.step import GenerateResult, TokenEvent
 from specdec.drafters import Drafter, ModelDrafter, NGramDrafter, PromptLookupDrafter, Proposal
 from specdec.metrics import SpecStats
 from specdec.policy import DraftLengthPolicy, FixedPolicy, StepOutcome
@@ -24,6 +26,7 @@ __all__ = [
     "TokenEvent",
     "SpecStats",
     "SamplingConfig",
+    "SamplingParams",
     "standardize_logits",
     "verify",
     "verify_greedy",

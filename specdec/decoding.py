@@ -11,35 +11,26 @@ The target's cache always holds all committed tokens but the last, which the nex
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 
 import torch
 
 from specdec.core import SamplingConfig, standardize_logits, verify, verify_greedy
-from specdec.drafters.base import Drafter, Proposal, empty_proposal
+from specdec.drafters.base import Proposal, empty_proposal
 from specdec.metrics import SpecStats
 from specdec.policy import DraftLengthPolicy, StepOutcome, resolve_policy
+from specdec.request import (
+    as_drafter,
+    as_target,
+    check_max_new_tokens,
+    new_generator,
+    normalize_prompts,
+    resolve_eos,
+)
+from specdec.step import Clock, GenerateResult, StepCounts, TokenEvent, commit_counts, step_counters
 
 __all__ = ["generate", "stream", "GenerateResult", "TokenEvent", "GenerationStream"]
-
-
-@dataclass(frozen=True)
-class GenerateResult:
-    sequences: list[list[int]]  # new tokens per row, prompt excluded, cut after EOS
-    stats: SpecStats
-
-
-@dataclass(frozen=True)
-class TokenEvent:
-    """Tokens committed in one step: `tokens[i]` were appended to prompt `rows[i]`."""
-
-    step: int
-    rows: list[int]
-    tokens: list[list[int]]
-    finished: list[int]  # rows that finished in this step
 
 
 def generate(
@@ -69,14 +60,6 @@ def generate(
     seed            int → reproducible; otherwise pass `generator` or get fresh OS randomness
     on_tokens       called with a `TokenEvent` after every step (streaming)
     """
-    fast = _fused_engine_for(target, num_draft_tokens, on_tokens)
-    if fast is not None:
-        if attention_mask is not None:
-            prompts = normalize_prompts(prompts, attention_mask, target.vocab_size)
-        return fast(
-            target, prompts, drafter, max_new_tokens, temperature, top_k, top_p, num_draft_tokens, eos_token_id,
-            seed, generator=generator,
-        )
     run = stream(
         target, prompts, drafter, max_new_tokens, temperature, top_k, top_p, num_draft_tokens, eos_token_id, seed,
         generator=generator, attention_mask=attention_mask,
@@ -85,23 +68,6 @@ def generate(
         if on_tokens is not None:
             on_tokens(event)
     return run.result
-
-
-def _fused_engine_for(target, num_draft_tokens, on_tokens):
-    """`specdec.fast.fast_generate` when it applies: a FastTarget, a fixed γ, no per-step callback.
-
-    It runs the same algorithm with every step as CUDA-graph replays and one host sync (see specdec/fast).
-    """
-    import sys
-
-    fast_target = sys.modules.get("specdec.fast.target")  # never import the fast path just to check
-    if fast_target is None or not isinstance(target, fast_target.FastTarget) or on_tokens is not None:
-        return None
-    if not isinstance(num_draft_tokens, int) or isinstance(num_draft_tokens, bool):
-        return None
-    from specdec.fast.engine import fast_generate
-
-    return fast_generate
 
 
 class GenerationStream:
@@ -142,12 +108,10 @@ def stream(
     drafter = as_drafter(drafter, target)
     policy = resolve_policy_by_name(num_draft_tokens) if drafter is not None else None
     rows = normalize_prompts(prompts, attention_mask, target.vocab_size)
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    max_new_tokens = check_max_new_tokens(max_new_tokens)
     eos = resolve_eos(eos_token_id, target)
     if generator is None:
-        generator = torch.Generator(device=target.device)
-        generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
+        generator = new_generator(seed, target.device)
     holder: dict = {}
     steps = _decode(target, drafter, policy, rows, max_new_tokens, sampling, eos, generator, holder)
     return GenerationStream(steps, holder)
@@ -179,7 +143,7 @@ def _decode(target, drafter, policy, prompts, max_new_tokens, sampling, eos, gen
     original_row = torch.arange(batch, device=device)  # active row → caller's row
     generated = torch.zeros(batch, dtype=torch.long, device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
-    clock = _Clock(device)
+    clock = Clock(device)
     step = 0
     num_active = batch
     while num_active:
@@ -209,11 +173,7 @@ def _decode(target, drafter, policy, prompts, max_new_tokens, sampling, eos, gen
         # 4. emit, cut at EOS / max_new_tokens, roll back
         new_tokens = result.tokens(proposal.tokens)  # [B, γ+1]
         active = ~finished
-        counts = torch.minimum(result.num_accepted + 1, max_new_tokens - generated) * active
-        cols = torch.arange(gamma + 1, device=device)[None, :]
-        is_eos = torch.isin(new_tokens, eos_ids) & (cols < counts[:, None])
-        hit_eos = is_eos.any(1)
-        counts = torch.where(hit_eos, is_eos.long().argmax(1) + 1, counts)
+        counts, hit_eos = commit_counts(new_tokens, result.num_accepted, max_new_tokens - generated, eos_ids, active)
         context.append(new_tokens, counts)
         generated += counts
         newly_finished = active & (hit_eos | (generated >= max_new_tokens))
@@ -225,21 +185,23 @@ def _decode(target, drafter, policy, prompts, max_new_tokens, sampling, eos, gen
 
         # bookkeeping: exactly one device → host transfer per step
         draft_lengths = proposal.lengths if proposal.lengths is not None else torch.full_like(counts, gamma)
-        summary = _step_summary(result, draft_lengths, active, gamma)
+        counters = step_counters(result.num_accepted, result.beta, draft_lengths, active, gamma)
         rows = torch.cat(
-            [new_tokens, result.num_accepted[:, None], draft_lengths[:, None], active[:, None].long(),
-             counts[:, None], newly_finished[:, None].long(), original_row[:, None]], 1,
+            [new_tokens.double(), counts[:, None].double(), newly_finished[:, None].double(),
+             original_row[:, None].double(), counters], 1,
         )
-        host = torch.cat([rows.flatten().double(), summary, has_nan.double().reshape(1)]).tolist()
+        host = torch.cat([rows.flatten(), has_nan.double().reshape(1)]).tolist()
         if host.pop():
             raise ValueError("target logits contain NaN; the model produced invalid scores")
-        width = gamma + 7
+        width = gamma + 4 + StepCounts.width(gamma)
         table = [host[i * width : (i + 1) * width] for i in range(context.batch_size)]
         draft_s, verify_s = clock.elapsed(0, 1), clock.elapsed(1, 2)
-        num_active_before = _record_step(stats, host[len(table) * width :], gamma, proposal, draft_s, verify_s)
+        row_counts = [StepCounts.from_row(row[gamma + 4 :], gamma) for row in table]
+        step_total = _sum_counts(row_counts, gamma)
+        _record_step(stats, step_total, gamma, proposal, draft_s, verify_s)
         event_rows, event_tokens, done = [], [], []
         for row in table:
-            n, fin, orig = int(row[-3]), row[-2], int(row[-1])
+            n, fin, orig = int(row[gamma + 1]), row[gamma + 2], int(row[gamma + 3])
             if n:
                 tokens = [int(t) for t in row[:n]]
                 outputs[orig].extend(tokens)
@@ -248,9 +210,10 @@ def _decode(target, drafter, policy, prompts, max_new_tokens, sampling, eos, gen
             if fin:
                 done.append(orig)
         stats.num_generated_tokens += sum(len(t) for t in event_tokens)
-        num_active = num_active_before - len(done)
+        num_active = step_total.active_rows - len(done)
         if policy is not None:
-            outcome = torch.tensor([[int(r[-6]), int(r[-5])] for r in table if r[-4]], dtype=torch.long).reshape(-1, 2)
+            outcome = torch.tensor([[c.num_accepted, c.num_drafted] for c in row_counts if c.active_rows],
+                                   dtype=torch.long).reshape(-1, 2)
             policy.update(StepOutcome(gamma, outcome[:, 0], outcome[:, 1], draft_s, verify_s))
         yield TokenEvent(step=step, rows=event_rows, tokens=event_tokens, finished=done)
         step += 1
@@ -281,58 +244,28 @@ def _op_cost_ratio(target, drafter) -> float | None:
     return op_cost_ratio(target_model, draft_model)
 
 
-class _Clock:
-    """Step timings: perf_counter on CPU; CUDA events on GPU (read after the step's one host sync)."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        if self.cuda:
-            self.events = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
-        else:
-            self.times = [0.0] * 3
-
-    def mark(self, i: int) -> None:
-        if self.cuda:
-            self.events[i].record()
-        else:
-            self.times[i] = time.perf_counter()
-
-    def elapsed(self, i: int, j: int) -> float:
-        if self.cuda:
-            self.events[j].synchronize()
-            return self.events[i].elapsed_time(self.events[j]) / 1000.0
-        return self.times[j] - self.times[i]
-
-
-def _step_summary(result, draft_lengths, active, gamma) -> torch.Tensor:
-    """Per-step counts for SpecStats as one float64 vector (stays on the device until the step's transfer).
-
-    Layout: reached[γ], accepted[γ], β-sum, Σn, Σdraft lengths, rows with drafts, active rows.
-    """
-    n = result.num_accepted
-    pos = torch.arange(gamma, device=n.device)[None, :]
-    drafted = (pos < draft_lengths[:, None]) & active[:, None]
-    reached = drafted & (pos <= n[:, None])  # positions whose prefix is committed text
-    accepted = pos < (n * active)[:, None]
-    return torch.cat(
-        [
-            reached.sum(0).double(),
-            accepted.sum(0).double(),
-            (result.beta.double() * reached).sum().reshape(1),
-            torch.stack([(n * active).sum(), (draft_lengths * active).sum(), ((draft_lengths > 0) & active).sum(), active.sum()]).double(),
-        ]
+def _sum_counts(rows: list[StepCounts], gamma: int) -> StepCounts:
+    return StepCounts(
+        gamma=gamma,
+        reached=tuple(sum(r.reached[i] for r in rows) for i in range(gamma)),
+        accepted=tuple(sum(r.accepted[i] for r in rows) for i in range(gamma)),
+        beta_sum=sum(r.beta_sum for r in rows),
+        num_accepted=sum(r.num_accepted for r in rows),
+        num_drafted=sum(r.num_drafted for r in rows),
+        drafting_rows=sum(r.drafting_rows for r in rows),
+        active_rows=sum(r.active_rows for r in rows),
     )
 
 
-def _record_step(stats: SpecStats, summary: list[float], gamma: int, proposal: Proposal, draft_s, verify_s) -> int:
-    """Fold one step's summary into the stats; returns the number of rows active in the step."""
+def _record_step(stats: SpecStats, counts: StepCounts, gamma: int, proposal: Proposal, draft_s, verify_s) -> None:
+    """Fold one step's counters and timings into the stats."""
     stats.num_steps += 1
     stats.target_calls += 1
     stats.drafter_calls += proposal.forward_passes
     stats.draft_time_s += draft_s
     stats.verify_time_s += verify_s
     stats.max_num_draft_tokens = max(stats.max_num_draft_tokens, gamma)
-    return stats.add_counts(summary, gamma)
+    stats.add_counts(counts)
 
 
 def _sync(device: torch.device) -> None:
@@ -340,112 +273,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-# ---------------------------------------------------------------------------------------------------
-# Input normalization: every bad input gets a clear error naming the argument.
-
-
-def as_target(target):
-    """A specdec target from a transformers model (or a specdec target, passed through)."""
-    if all(hasattr(target, name) for name in ("begin", "forward", "crop", "select_rows")):
-        return target
-    config = getattr(target, "config", None)
-    if config is None or not isinstance(target, torch.nn.Module):
-        raise TypeError(f"target must be a transformers model or a specdec target, got {type(target).__name__}")
-    if getattr(config, "is_encoder_decoder", False):
-        from specdec.models.seq2seq import HFSeq2SeqLM
-
-        return HFSeq2SeqLM(target)
-    from specdec.models.hf import HFCausalLM
-
-    return HFCausalLM(target)
-
-
-def as_drafter(drafter, target) -> Drafter | None:
-    """A specdec Drafter from a transformers model or a Drafter; checks the vocabularies agree."""
-    if drafter is None:
-        return None
-    if not isinstance(drafter, Drafter):
-        config = getattr(drafter, "config", None)
-        if config is None or not isinstance(drafter, torch.nn.Module):
-            raise TypeError(
-                f"drafter must be None, a transformers model or a specdec Drafter, got {type(drafter).__name__}"
-            )
-        target_is_seq2seq = bool(getattr(getattr(target, "config", None), "is_encoder_decoder", False))
-        if bool(getattr(config, "is_encoder_decoder", False)) != target_is_seq2seq:
-            raise ValueError(
-                "drafter and target must both be decoder-only or both encoder-decoder models "
-                f"(target is_encoder_decoder={target_is_seq2seq}, drafter is_encoder_decoder={not target_is_seq2seq})"
-            )
-        if target_is_seq2seq:
-            from specdec.drafters.seq2seq import Seq2SeqModelDrafter
-
-            drafter = Seq2SeqModelDrafter(drafter)
-        else:
-            from specdec.drafters.model import ModelDrafter
-
-            drafter = ModelDrafter(drafter)
-    if drafter.vocab_size is not None and drafter.vocab_size != target.vocab_size:
-        raise ValueError(
-            f"draft and target vocabularies differ: drafter has {drafter.vocab_size} tokens, "
-            f"target has {target.vocab_size}; speculative decoding needs the same vocabulary"
-        )
-    return drafter
-
-
 def resolve_policy_by_name(spec) -> DraftLengthPolicy:
     if isinstance(spec, int) and not isinstance(spec, bool) and spec < 1:
         raise ValueError(f"num_draft_tokens must be >= 1 with a drafter (got {spec}); use drafter=None for plain decoding")
     return resolve_policy(spec)
-
-
-def normalize_prompts(prompts, attention_mask, vocab_size: int) -> list[list[int]]:
-    """list[list[int]] from a ragged list or a [B, T] tensor (+ optional attention mask)."""
-    if isinstance(prompts, torch.Tensor):
-        if prompts.dim() == 1:
-            prompts = prompts[None, :]
-        if prompts.dim() != 2 or prompts.dtype not in (torch.long, torch.int, torch.int16, torch.int8, torch.uint8):
-            raise ValueError(f"prompts tensor must be an integer tensor [B, T], got {prompts.dtype} {tuple(prompts.shape)}")
-        if attention_mask is not None:
-            if attention_mask.shape != prompts.shape:
-                raise ValueError(
-                    f"attention_mask shape {tuple(attention_mask.shape)} must equal prompts shape {tuple(prompts.shape)}"
-                )
-            keep = attention_mask.bool().cpu()
-            rows = [row[m].tolist() for row, m in zip(prompts.cpu(), keep)]
-        else:
-            rows = prompts.cpu().tolist()
-    else:
-        if attention_mask is not None:
-            raise ValueError("attention_mask is only accepted with a prompts tensor")
-        if not isinstance(prompts, (list, tuple)) or (prompts and not all(isinstance(p, (list, tuple)) for p in prompts)):
-            raise ValueError("prompts must be a list of token-id lists (list[list[int]]) or a LongTensor [B, T]")
-        rows = [list(p) for p in prompts]
-    if not rows:
-        raise ValueError("prompts is empty: give at least one prompt")
-    for i, row in enumerate(rows):
-        if not row:
-            raise ValueError(f"prompt {i} is empty: every prompt needs at least one token")
-        for tok in row:
-            if isinstance(tok, bool) or not isinstance(tok, int):
-                raise ValueError(f"prompt {i} contains a non-integer token id {tok!r}")
-        lo, hi = min(row), max(row)
-        if lo < 0 or hi >= vocab_size:
-            raise ValueError(f"prompt {i} has token id {lo if lo < 0 else hi} outside the vocabulary [0, {vocab_size})")
-    return rows
-
-
-def resolve_eos(eos_token_id, target) -> list[int]:
-    """EOS ids: the argument, else the model's generation config, else its config (as in transformers)."""
-    if eos_token_id is None:
-        model = getattr(target, "model", None)
-        for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
-            eos_token_id = getattr(source, "eos_token_id", None) if source is not None else None
-            if eos_token_id is not None:
-                break
-    if eos_token_id is None:
-        return []
-    ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-    for tok in ids:
-        if isinstance(tok, bool) or not isinstance(tok, int):
-            raise ValueError(f"eos_token_id must be an int or a list of ints, got {eos_token_id!r}")
-    return ids

@@ -102,29 +102,24 @@ class SpecStats:
             return None
         return self.baseline_wall_time_s / self.wall_time_s
 
-    def add_counts(self, counters: list[float], gamma: int) -> int:
-        """Fold acceptance counters of one or more steps at draft length γ; returns the row-steps added.
-
-        Layout (as the decoding loops build it on the device): reached[γ], accepted[γ], β-sum, Σ accepted,
-        Σ draft lengths, row-steps with drafts, active row-steps.
-        """
-        reached, accepted = counters[:gamma], counters[gamma : 2 * gamma]
-        beta_sum, n_sum, drafted, spec_rows, active = counters[2 * gamma : 2 * gamma + 5]
+    def add_counts(self, counts) -> int:
+        """Fold a `specdec.step.StepCounts` (one or more steps at one draft length); returns the row-steps added."""
+        gamma = counts.gamma
         if len(self.reached_by_position) < gamma:
             extra = gamma - len(self.reached_by_position)
             self.reached_by_position += [0] * extra
             self.accepted_by_position += [0] * extra
         for i in range(gamma):
-            self.reached_by_position[i] += int(reached[i])
-            self.accepted_by_position[i] += int(accepted[i])
-        self.beta_sum += beta_sum
-        self.beta_count += int(sum(reached))
-        self.accepted_tokens += int(n_sum)
-        self.drafted_tokens += int(drafted)
-        self.speculative_row_steps += int(spec_rows)
-        self.row_steps += int(active)
-        self.algorithm_tokens += int(n_sum) + int(active)
-        return int(active)
+            self.reached_by_position[i] += counts.reached[i]
+            self.accepted_by_position[i] += counts.accepted[i]
+        self.beta_sum += counts.beta_sum
+        self.beta_count += sum(counts.reached)
+        self.accepted_tokens += counts.num_accepted
+        self.drafted_tokens += counts.num_drafted
+        self.speculative_row_steps += counts.drafting_rows
+        self.row_steps += counts.active_rows
+        self.algorithm_tokens += counts.num_accepted + counts.active_rows
+        return counts.active_rows
 
     def to_dict(self) -> dict:
         """Fields plus the derived quantities, JSON-ready."""

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.core import SamplingConfig, VerifyResult, standardize_logits, verify, verify_greedy
-from specdec.decoding import GenerateResult, _Clock, as_drafter, normalize_prompts, resolve_eos
+from specdec.request import as_drafter, normalize_prompts, resolve_eos
+from specdec.step import Clock, GenerateResult, StepCounts
 from specdec.drafters.base import Drafter
 from specdec.drafters.ngram import NGramDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
@@ -39,7 +40,7 @@ __all__ = ["fast_generate", "FastEngine"]
 _PROBE_STEPS = 4  # per phase of the auto_off probe (the first step of a phase is not timed)
 
 # Step timings: CUDA events on GPU, perf_counter on CPU, read after the step's host sync.
-_Timer = _Clock
+_Timer = Clock
 
 
 class _Step:
@@ -398,7 +399,7 @@ class _Probe:
 
 def _fill_stats(stats: SpecStats, counters: list[float], gamma: int) -> None:
     """Fold one γ's counters into `stats` (called once per γ used; γ = 0 contributes only row-steps)."""
-    stats.add_counts(counters, gamma)
+    stats.add_counts(StepCounts.from_row(counters, gamma))
 
 
 def fast_generate(target: FastTarget, prompts, drafter=None, max_new_tokens: int = 64, temperature: float = 1.0,

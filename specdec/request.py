@@ -1,0 +1,231 @@
+"""What a request is, checked once: prompts, sampling parameters, EOS ids, seeds, the target and drafter objects.
+
+Every runner (the eager transformers loop in `specdec.decoding`, the request-level engine in `specdec.engine`)
+normalizes its arguments here, so a bad argument gets the same error, naming it, whichever runner takes it.
+Numbers are bounded here, before anything is allocated.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from specdec.core import SamplingConfig
+
+__all__ = [
+    "SamplingParams",
+    "MAX_NUM_DRAFT_TOKENS",
+    "MAX_NEW_TOKENS",
+    "as_int",
+    "check_max_new_tokens",
+    "normalize_prompts",
+    "resolve_eos",
+    "resolve_seed",
+    "new_generator",
+    "as_target",
+    "as_drafter",
+]
+
+#: Largest γ a step may draft: beyond it a step costs more than any acceptance rate can repay.
+MAX_NUM_DRAFT_TOKENS = 64
+#: Largest max_new_tokens accepted before the model's own context check.
+MAX_NEW_TOKENS = 1 << 20
+_SEED_LIMIT = 1 << 63
+
+
+def as_int(value, name: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    """`value` as a Python int (numpy and torch integers accepted), bounded; the error names `name`."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, got a bool ({value!r})")
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.dtype.is_floating_point or value.dtype == torch.bool:
+            raise TypeError(f"{name} must be an integer, got a tensor of shape {tuple(value.shape)} ({value.dtype})")
+        value = value.item()
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
+    if minimum is not None and number < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {number}")
+    if maximum is not None and number > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {number}")
+    return number
+
+
+def check_max_new_tokens(value) -> int:
+    return as_int(value, "max_new_tokens", minimum=0, maximum=MAX_NEW_TOKENS)
+
+
+def resolve_seed(seed) -> int:
+    """The request's seed: the given one (0 <= seed < 2**63), or fresh OS randomness."""
+    if seed is None:
+        return int.from_bytes(os.urandom(8), "little") >> 1
+    return as_int(seed, "seed", minimum=0, maximum=_SEED_LIMIT - 1)
+
+
+def new_generator(seed, device: torch.device | str) -> torch.Generator:
+    generator = torch.Generator(device=device)
+    generator.manual_seed(resolve_seed(seed))
+    return generator
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """One request's decoding parameters (validated on construction; errors name the field).
+
+    temperature 0 = greedy (the exact argmax path); top_k 0 and top_p 1.0 = off. `eos_token_ids` () = none.
+    `seed` None = fresh randomness; with a seed, the request's tokens depend only on its prompt, its
+    parameters and the seed (not on other requests in the batch). `logprobs`: report log p(token) of the
+    target's raw distribution for each generated token.
+    """
+
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    logprobs: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "max_new_tokens", check_max_new_tokens(self.max_new_tokens))
+        if self.seed is not None:
+            object.__setattr__(self, "seed", resolve_seed(self.seed))
+        ids = self.eos_token_ids
+        if isinstance(ids, (int,)) or hasattr(ids, "__index__"):
+            ids = (ids,)
+        object.__setattr__(self, "eos_token_ids", tuple(as_int(t, "eos_token_id", minimum=0) for t in ids))
+        self.sampling  # validates temperature / top_k / top_p
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def normalize_prompts(prompts, attention_mask, vocab_size: int) -> list[list[int]]:
+    """list[list[int]] from a ragged list or a [B, T] tensor (+ optional attention mask)."""
+    if isinstance(prompts, torch.Tensor):
+        if prompts.dim() == 1:
+            prompts = prompts[None, :]
+        if prompts.dim() != 2 or prompts.dtype not in (torch.long, torch.int, torch.int16, torch.int8, torch.uint8):
+            raise ValueError(f"prompts tensor must be an integer tensor [B, T], got {prompts.dtype} {tuple(prompts.shape)}")
+        if attention_mask is not None:
+            if attention_mask.shape != prompts.shape:
+                raise ValueError(
+                    f"attention_mask shape {tuple(attention_mask.shape)} must equal prompts shape {tuple(prompts.shape)}"
+                )
+            keep = attention_mask.bool().cpu()
+            rows = [row[m].tolist() for row, m in zip(prompts.cpu(), keep)]
+        else:
+            rows = prompts.cpu().tolist()
+    else:
+        if attention_mask is not None:
+            raise ValueError("attention_mask is only accepted with a prompts tensor")
+        if not isinstance(prompts, (list, tuple)) or (prompts and not all(isinstance(p, (list, tuple)) for p in prompts)):
+            raise ValueError("prompts must be a list of token-id lists (list[list[int]]) or a LongTensor [B, T]")
+        rows = [list(p) for p in prompts]
+    if not rows:
+        raise ValueError("prompts is empty: give at least one prompt")
+    for i, row in enumerate(rows):
+        if not row:
+            raise ValueError(f"prompt {i} is empty: every prompt needs at least one token")
+        for j, tok in enumerate(row):
+            if isinstance(tok, bool) or not hasattr(tok, "__index__"):
+                raise ValueError(f"prompt {i} contains a non-integer token id {tok!r}")
+            row[j] = operator.index(tok)
+        lo, hi = min(row), max(row)
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(f"prompt {i} has token id {lo if lo < 0 else hi} outside the vocabulary [0, {vocab_size})")
+    return rows
+
+
+def resolve_eos(eos_token_id, target) -> list[int]:
+    """EOS ids: the argument, else the model's generation config, else its config (as in transformers)."""
+    if eos_token_id is None:
+        model = getattr(target, "model", target)
+        for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
+            eos_token_id = getattr(source, "eos_token_id", None) if source is not None else None
+            if eos_token_id is not None:
+                break
+    if eos_token_id is None:
+        return []
+    if isinstance(eos_token_id, bool):
+        raise ValueError(f"eos_token_id must be an int or a list of ints, got {eos_token_id!r}")
+    ids = [eos_token_id] if hasattr(eos_token_id, "__index__") else eos_token_id
+    if not isinstance(ids, (list, tuple)):
+        raise ValueError(f"eos_token_id must be an int or a list of ints, got {eos_token_id!r}")
+    out = []
+    for tok in ids:
+        if isinstance(tok, bool) or not hasattr(tok, "__index__"):
+            raise ValueError(f"eos_token_id must be an int or a list of ints, got {eos_token_id!r}")
+        out.append(operator.index(tok))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# The objects a request runs on.
+
+
+def as_target(target):
+    """A specdec target from a transformers model (or a specdec target, passed through)."""
+    if all(hasattr(target, name) for name in ("begin", "forward", "crop", "select_rows")):
+        return target
+    config = getattr(target, "config", None)
+    if config is None or not isinstance(target, torch.nn.Module):
+        raise TypeError(f"target must be a transformers model or a specdec target, got {type(target).__name__}")
+    if getattr(config, "is_encoder_decoder", False):
+        from specdec.models.seq2seq import HFSeq2SeqLM
+
+        return HFSeq2SeqLM(target)
+    from specdec.models.hf import HFCausalLM
+
+    return HFCausalLM(target)
+
+
+def as_drafter(drafter, target):
+    """A specdec Drafter from a transformers model or a Drafter; checks the vocabularies agree."""
+    from specdec.drafters.base import Drafter
+
+    if drafter is None:
+        return None
+    if not isinstance(drafter, Drafter):
+        config = getattr(drafter, "config", None)
+        if config is None or not isinstance(drafter, torch.nn.Module):
+            raise TypeError(
+                f"drafter must be None, a transformers model or a specdec Drafter, got {type(drafter).__name__}"
+            )
+        target_is_seq2seq = bool(getattr(getattr(target, "config", None), "is_encoder_decoder", False))
+        if bool(getattr(config, "is_encoder_decoder", False)) != target_is_seq2seq:
+            raise ValueError(
+                "drafter and target must both be decoder-only or both encoder-decoder models "
+                f"(target is_encoder_decoder={target_is_seq2seq}, drafter is_encoder_decoder={not target_is_seq2seq})"
+            )
+        if target_is_seq2seq:
+            from specdec.drafters.seq2seq import Seq2SeqModelDrafter
+
+            drafter = Seq2SeqModelDrafter(drafter)
+        else:
+            from specdec.drafters.model import ModelDrafter
+
+            drafter = ModelDrafter(drafter)
+    if drafter.vocab_size is not None and drafter.vocab_size != target.vocab_size:
+        raise ValueError(
+            f"draft and target vocabularies differ: drafter has {drafter.vocab_size} tokens, "
+            f"target has {target.vocab_size}; speculative decoding needs the same vocabulary"
+        )
+    return drafter
+
+
+def check_eos_sequence(eos: Sequence[int], vocab_size: int) -> list[int]:
+    for tok in eos:
+        if not 0 <= tok < vocab_size:
+            raise ValueError(f"eos_token_id {tok} is outside the vocabulary [0, {vocab_size})")
+    return list(eos)

@@ -1,0 +1,141 @@
+"""One definition of what a step commits and counts, shared by every runner (eager loop, engine).
+
+  commit rule   a row's step produced n+1 tokens (n accepted drafts, then the residual or bonus token);
+                it keeps the first min(n+1, budget) of them, cut after its first EOS (`commit_counts`)
+  counters      per row, per step: drafts verified/accepted at each position, Σβ, drafted, active
+                (`step_counters` on the device → `StepCounts` on the host → `SpecStats.add_counts`)
+  results       `GenerateResult` (per-prompt tokens + stats) and `TokenEvent` (what one step committed)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from specdec.metrics import SpecStats
+
+__all__ = ["GenerateResult", "TokenEvent", "StepCounts", "commit_counts", "step_counters", "Clock"]
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    sequences: list[list[int]]  # new tokens per row, prompt excluded, cut after EOS
+    stats: SpecStats
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """Tokens committed in one step: `tokens[i]` were appended to prompt `rows[i]`."""
+
+    step: int
+    rows: list[int]
+    tokens: list[list[int]]
+    finished: list[int]  # rows that finished in this step
+
+
+def commit_counts(
+    new_tokens: torch.Tensor,
+    num_accepted: torch.Tensor,
+    remaining: torch.Tensor,
+    eos_ids: torch.Tensor | None,
+    active: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """How many of each row's `new_tokens [B, k]` are committed → (counts [B], hit_eos [B]).
+
+    num_accepted [B]: drafts accepted (the row produced num_accepted + 1 tokens); remaining [B] (or a scalar):
+    tokens the row may still generate; eos_ids: [E] shared by all rows, or [B, E] per row padded with -1,
+    or None; active [B] bool: inactive rows commit nothing. A row's tokens are cut after its first EOS.
+    """
+    counts = torch.minimum(num_accepted + 1, remaining) * active
+    if eos_ids is None or eos_ids.numel() == 0:
+        return counts, torch.zeros_like(active)
+    if eos_ids.dim() == 1:
+        is_eos = torch.isin(new_tokens, eos_ids)
+    else:
+        is_eos = (new_tokens[:, :, None] == eos_ids[:, None, :]).any(-1)
+    cols = torch.arange(new_tokens.shape[1], device=new_tokens.device)[None, :]
+    is_eos &= cols < counts[:, None]
+    hit_eos = is_eos.any(1)
+    counts = torch.where(hit_eos, is_eos.long().argmax(1) + 1, counts)
+    return counts, hit_eos
+
+
+def step_counters(
+    num_accepted: torch.Tensor, beta: torch.Tensor, draft_lengths: torch.Tensor | None, active: torch.Tensor,
+    gamma: int,
+) -> torch.Tensor:
+    """Per-row acceptance counters of one step, `[B, StepCounts.width(γ)]` float64, still on the device.
+
+    Position i (0-based) of a row is *reached* when it was drafted and its prefix is committed text
+    (i <= n), and *accepted* when i < n. β (Σ min(p, q)) is summed over reached positions (Cor 3.6).
+    """
+    n = num_accepted * active
+    lengths = draft_lengths if draft_lengths is not None else torch.full_like(n, gamma)
+    lengths = lengths * active
+    pos = torch.arange(gamma, device=n.device)[None, :]
+    drafted = pos < lengths[:, None]
+    reached = drafted & (pos <= n[:, None])
+    accepted = pos < n[:, None]
+    beta_sum = (beta.double() * reached).sum(1, keepdim=True) if gamma else n[:, None].double() * 0
+    scalars = torch.stack([n, lengths, (lengths > 0).long(), active.long()], 1).double()
+    return torch.cat([reached.double(), accepted.double(), beta_sum, scalars], 1)
+
+
+@dataclass(frozen=True)
+class StepCounts:
+    """Host-side acceptance counters of one or more steps at draft length γ (see `step_counters`)."""
+
+    gamma: int
+    reached: tuple[int, ...]  # [γ] drafts verified at position i
+    accepted: tuple[int, ...]  # [γ] drafts accepted at position i
+    beta_sum: float  # Σ β over reached positions
+    num_accepted: int  # Σ accepted drafts
+    num_drafted: int  # Σ draft lengths
+    drafting_rows: int  # row-steps with at least one draft
+    active_rows: int  # row-steps of active rows
+
+    @staticmethod
+    def width(gamma: int) -> int:
+        return 2 * gamma + 5
+
+    @classmethod
+    def from_row(cls, values: list[float], gamma: int) -> "StepCounts":
+        """From one row (or a column sum) of `step_counters`' output, read to the host."""
+        if len(values) != cls.width(gamma):
+            raise ValueError(f"expected {cls.width(gamma)} counters for γ={gamma}, got {len(values)}")
+        beta_sum, n, drafted, drafting, active = values[2 * gamma :]
+        return cls(
+            gamma=gamma,
+            reached=tuple(int(v) for v in values[:gamma]),
+            accepted=tuple(int(v) for v in values[gamma : 2 * gamma]),
+            beta_sum=float(beta_sum),
+            num_accepted=int(n),
+            num_drafted=int(drafted),
+            drafting_rows=int(drafting),
+            active_rows=int(active),
+        )
+
+
+class Clock:
+    """Step timings: perf_counter on CPU; CUDA events on GPU (read after the step's one host sync)."""
+
+    def __init__(self, device: torch.device, marks: int = 3):
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.events = [torch.cuda.Event(enable_timing=True) for _ in range(marks)]
+        else:
+            self.times = [0.0] * marks
+
+    def mark(self, i: int) -> None:
+        if self.cuda:
+            self.events[i].record()
+        else:
+            self.times[i] = time.perf_counter()
+
+    def elapsed(self, i: int, j: int) -> float:
+        if self.cuda:
+            self.events[j].synchronize()
+            return self.events[i].elapsed_time(self.events[j]) / 1000.0
+        return self.times[j] - self.times[i]
