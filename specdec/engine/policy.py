@@ -44,14 +44,18 @@ class _RowEstimate:
 class GammaPolicy:
     def __init__(self, spec, max_draft_tokens: int):
         self.fixed = None if spec == "auto" else int(spec)
-        if self.fixed is not None:
-            self.candidates = [self.fixed] if self.fixed else []
-        else:
-            self.candidates = [g for g in (1, 2, 3, 4, 6, 8, 12, 16) if g <= max_draft_tokens] if max_draft_tokens else []
+        self.max_draft_tokens = max_draft_tokens
+        self.candidates = [g for g in (1, 2, 3, 4, 6, 8, 12, 16) if g <= max_draft_tokens]
         self.default = min(4, max_draft_tokens) if max_draft_tokens else 0
         self.times: dict[tuple[int, int], float] = {}
         self._since_refresh = 0
         self._last = None
+
+    def set_fixed(self, spec) -> None:
+        """Switch between a fixed γ (an int, 0 = plain) and "auto" (for a new call on a kept engine)."""
+        self.fixed = None if spec == "auto" else int(spec)
+        if self.fixed is not None and self.fixed > self.max_draft_tokens:
+            raise ValueError(f"num_draft_tokens {self.fixed} exceeds this engine's max_draft_tokens")
 
     def choose(self, batch: int, running) -> int:
         if self.fixed is not None or not self.candidates:
