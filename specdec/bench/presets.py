@@ -135,7 +135,7 @@ def _random_zoo_pair(device: torch.device, dtype: torch.dtype, vocab_size: int =
 
     preset = get_preset("gpu")
     target = build_model(preset.target, vocab_size, seed=0).to(device=device, dtype=dtype).eval()
-    draft = build_model(preset.drafts[0], vocab_size, seed=1).to(device=device, dtype=dtype).eval()
+    draft = build_model(preset.drafts[0].shape, vocab_size, seed=1).to(device=device, dtype=dtype).eval()
     return target, draft
 
 

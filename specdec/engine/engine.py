@@ -338,7 +338,9 @@ class Engine:
                 positions = _MIN_POSITIONS
                 while True:
                     for gamma in gammas:
-                        self._step_for(batch, gamma, min(positions, self.num_positions), Flavor(True, False, False, False))
+                        run = self._step_for(batch, gamma, min(positions, self.num_positions),
+                                             Flavor(True, False, False, False))
+                        run.capture()
                         built += 1
                     if positions >= limit:
                         break
@@ -408,22 +410,31 @@ class _StepRunner:
             columns.append(logits.log_softmax(-1).gather(-1, new_tokens[..., None])[..., 0].double())
         return torch.cat([torch.cat(columns, 1).flatten(), has_nan.double().reshape(1)])
 
-    def draft(self) -> None:
+    def capture(self) -> None:
+        """Capture both halves once (CUDA graphs); a no-op when the engine runs eagerly."""
         e = self.engine
-        if not e.cuda_graphs:
+        if not e.cuda_graphs or self._verify_graph is not None:
+            return
+        if self.gamma == 0:  # nothing to draft: a static empty proposal
+            self.drafts = self._draft_body()
+        else:
+            restore = [e.drafter.cache.lengths] if hasattr(e.drafter, "cache") else []
+            self._draft_graph = CapturedStep(self._draft_body, pool=e._pool, restore=restore)
+            self.drafts = self._draft_graph.outputs
+        s = e.state
+        restore = [s.tokens, s.lengths, s.generated, e.cache.lengths]
+        self._verify_graph = CapturedStep(self._verify_body, pool=e._pool, restore=restore)
+
+    def draft(self) -> None:
+        if not self.engine.cuda_graphs:
             self.drafts = self._draft_body()
             return
-        if self._draft_graph is None:
-            restore = [e.drafter.cache.lengths] if e.drafter is not None and hasattr(e.drafter, "cache") else []
-            self._draft_graph = CapturedStep(self._draft_body, pool=e._pool, restore=restore)
-        self.drafts = self._draft_graph.replay()
+        self.capture()
+        if self._draft_graph is not None:
+            self._draft_graph.replay()
 
     def verify(self) -> torch.Tensor:
-        e = self.engine
-        if not e.cuda_graphs:
+        if not self.engine.cuda_graphs:
             return self._verify_body()
-        if self._verify_graph is None:
-            s = e.state
-            restore = [s.tokens, s.lengths, s.generated, e.cache.lengths]
-            self._verify_graph = CapturedStep(self._verify_body, pool=e._pool, restore=restore)
+        self.capture()
         return self._verify_graph.replay()

@@ -46,7 +46,8 @@ def engine_for(target, drafter, *, seq_len: int, batch: int, num_draft_tokens) -
     """The cached engine for (target, drafter), rebuilt larger when this call needs more."""
     owner = _owner(target)
     store = owner.__dict__.setdefault("_specdec_engines", {})
-    key = id(drafter)
+    device = _device(owner)
+    key = (id(drafter), device)
     entry = store.get(key)
     engine = None
     if entry is not None and entry[0]() is drafter:
@@ -68,13 +69,21 @@ def engine_for(target, drafter, *, seq_len: int, batch: int, num_draft_tokens) -
         buckets = 1 << max(batch - 1, 0).bit_length()
         store.pop(key, None)
         engine = None  # free the old engine's cache and graphs before allocating the new one
-        fast_model = owner.__dict__.get("_specdec_fast_model")
+        fast_models = owner.__dict__.setdefault("_specdec_fast_models", {})
+        fast_model = fast_models.get(device)
         config = EngineConfig(max_batch_size=min(buckets, 64), max_seq_len=want, num_draft_tokens="auto",
                               max_draft_tokens=max_draft)
         engine = Engine(fast_model if fast_model is not None else target, drafter, config)
-        owner.__dict__["_specdec_fast_model"] = engine.model
+        fast_models[device] = engine.model
         store[key] = (_ref(drafter), engine)
     return engine
+
+
+def _device(owner) -> str:
+    if isinstance(owner, torch.nn.Module):
+        param = next(owner.parameters(), None)
+        return str(param.device) if param is not None else "cpu"
+    return str(getattr(owner, "device", "cpu"))
 
 
 def _ref(obj):
