@@ -21,7 +21,7 @@ from specdec import rng
 from specdec.core import sample, standardize_rows
 from specdec.drafters.ngram import NGramDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
-from specdec.engine.slots import SlotCache, SlotState
+from specdec.engine.slots import SlotCache, SlotState, prefill_row
 from specdec.fast.model import FastLlama
 
 __all__ = ["Flavor", "StepView", "EngineModelDrafter", "EngineLookupDrafter", "EngineNGramDrafter", "WINDOW"]
@@ -80,11 +80,7 @@ class EngineModelDrafter:
 
     def prefill(self, state: SlotState, slot: int, start: int, end: int, chunk: int) -> None:
         """Feed committed positions [start, end) of `slot` (eager; the cache then holds them)."""
-        cache = self.cache.view(slice(slot, slot + 1), self.cache.num_positions)
-        cache.lengths.fill_(start)
-        for lo in range(start, end, chunk):
-            hi = min(lo + chunk, end)
-            self.model(state.tokens[slot : slot + 1, lo:hi], cache, last_only=True)
+        prefill_row(self.model, self.cache, state, slot, start, end, chunk)
 
     def propose(self, view: StepView, gamma: int):
         cache = self.cache.view(slice(0, view.batch), view.num_positions)

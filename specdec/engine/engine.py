@@ -32,7 +32,7 @@ from specdec.core import verify, verify_greedy
 from specdec.engine.config import BATCH_BUCKETS, EngineConfig, UnsupportedModel
 from specdec.engine.drafters import Flavor, StepView
 from specdec.engine.policy import GammaPolicy
-from specdec.engine.slots import MAX_EOS_IDS, SlotCache, SlotState
+from specdec.engine.slots import MAX_EOS_IDS, SlotCache, SlotState, prefill_row
 from specdec.fast.graphs import CapturedStep, new_pool
 from specdec.metrics import SpecStats
 from specdec.request import SamplingParams, normalize_prompts, resolve_seed
@@ -93,6 +93,9 @@ class Engine:
             self.num_positions = self.cache.num_positions
             self.state = SlotState(self.max_batch, self.num_positions, self.device)
             self.drafter = build_drafter(drafter, self) if drafter is not None else None
+            self.model.rope_tables(self.num_positions)  # built before any capture (graphs keep their address)
+            if hasattr(self.drafter, "model"):
+                self.drafter.model.rope_tables(self.num_positions)
         on_cuda = self.device.type == "cuda"
         if config.cuda_graphs and not on_cuda:
             raise ValueError("cuda_graphs=True needs the model on a CUDA device")
@@ -237,12 +240,7 @@ class Engine:
             request.stats.target_calls += 1 if len(request.prompt) > 1 else 0
 
     def _prefill_target(self, slot: int, prompt_len: int) -> None:
-        cache = self.cache.view(slice(slot, slot + 1), self.num_positions)
-        cache.lengths.fill_(0)
-        chunk = self.config.prefill_chunk
-        for lo in range(0, prompt_len - 1, chunk):
-            hi = min(lo + chunk, prompt_len - 1)
-            self.model(self.state.tokens[slot : slot + 1, lo:hi], cache, last_only=True)
+        prefill_row(self.model, self.cache, self.state, slot, 0, prompt_len - 1, self.config.prefill_chunk)
 
     def _catch_up_drafter(self, gamma: int) -> None:
         """Rows that ran plain steps fell behind in the drafter's cache; feed what it has not seen."""
@@ -327,21 +325,23 @@ class Engine:
             run = self._steps[key] = _StepRunner(self, batch, gamma, positions, flavor)
         return run
 
-    def warmup(self, batch_sizes=(1,), gammas=None, max_length: int | None = None) -> int:
-        """Capture the decode graphs for these batch sizes, γ values and every length bucket up to
-        `max_length` (default: max_seq_len), greedy flavor; returns how many steps were built."""
+    def warmup(self, batch_sizes=(1,), gammas=None, max_length: int | None = None,
+               temperatures=(0.0,)) -> int:
+        """Capture the decode graphs ahead of traffic (as servers do at start-up) for these batch sizes,
+        γ values (default: every γ the policy may pick), every length bucket up to `max_length` (default:
+        max_seq_len) and these temperatures (no top-k/top-p); returns how many step shapes were built."""
         gammas = gammas if gammas is not None else sorted({0, *self.policy.candidates})
         limit = min(self.num_positions, max_length + self.max_draft_tokens + 2 if max_length else self.num_positions)
+        flavors = {Flavor(t == 0, False, False, False) for t in temperatures}
         built = 0
         with torch.inference_mode():
-            for batch in {next(b for b in BATCH_BUCKETS if b >= s) for s in batch_sizes}:
+            for batch in sorted({next(b for b in BATCH_BUCKETS if b >= s) for s in batch_sizes}):
                 positions = _MIN_POSITIONS
                 while True:
                     for gamma in gammas:
-                        run = self._step_for(batch, gamma, min(positions, self.num_positions),
-                                             Flavor(True, False, False, False))
-                        run.capture()
-                        built += 1
+                        for flavor in flavors:
+                            self._step_for(batch, gamma, min(positions, self.num_positions), flavor).capture()
+                            built += 1
                     if positions >= limit:
                         break
                     positions *= 2
@@ -421,6 +421,7 @@ class _StepRunner:
             restore = [e.drafter.cache.lengths] if hasattr(e.drafter, "cache") else []
             self._draft_graph = CapturedStep(self._draft_body, pool=e._pool, restore=restore)
             self.drafts = self._draft_graph.outputs
+            self._draft_graph.replay()  # capture only records: give the verify warm-up real drafts to read
         s = e.state
         restore = [s.tokens, s.lengths, s.generated, e.cache.lengths]
         self._verify_graph = CapturedStep(self._verify_body, pool=e._pool, restore=restore)

@@ -15,7 +15,7 @@ import torch
 from specdec.fast.model import FastLlama, KVCache
 from specdec.request import SamplingParams
 
-__all__ = ["SlotCache", "SlotState", "MAX_EOS_IDS"]
+__all__ = ["SlotCache", "SlotState", "MAX_EOS_IDS", "prefill_row"]
 
 MAX_EOS_IDS = 16  # EOS ids one request may name
 
@@ -103,3 +103,21 @@ class SlotState:
         self.active[slot] = False
         self.lengths[slot] = 1
         self.generated[slot] = 0
+
+
+def prefill_row(model: FastLlama, cache: SlotCache, state: SlotState, slot: int, start: int, end: int,
+                chunk: int) -> None:
+    """Feed committed positions [start, end) of `slot` into `cache` (eager, chunked).
+
+    Each chunk is padded to a power of two (padding goes to the junk slot), so prompts of any length run
+    a handful of shapes: no new kernels or allocations for a new prompt length.
+    """
+    view = cache.view(slice(slot, slot + 1), cache.num_positions)
+    view.lengths.fill_(start)
+    capacity = state.tokens.shape[1]
+    for lo in range(start, end, chunk):
+        width = min(chunk, end - lo)
+        bucket = min(max(16, 1 << (width - 1).bit_length()), chunk, capacity - lo)
+        tokens = state.tokens[slot : slot + 1, lo : lo + bucket]
+        valid = torch.arange(bucket, device=tokens.device)[None, :] < width
+        model(tokens * valid, view, valid, last_only=True)

@@ -277,8 +277,15 @@ class FastLlama(torch.nn.Module):
         return KVCache([make() for _ in range(s.n_layers)], [make() for _ in range(s.n_layers)], lengths)
 
     def rope_tables(self, num_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin `[P, D]` in the model dtype, as HF computes them (float32 then cast)."""
+        """cos, sin `[P, D]` in the model dtype, as HF computes them (float32 then cast).
+
+        Built once for the whole context (at least `num_positions`): captured graphs hold the tables'
+        addresses, so a table must never be replaced by a larger one while graphs that read it live.
+        """
         if self._rope_cache is None or self._rope_cache[0] < num_positions:
+            if self._rope_cache is not None and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("RoPE tables must be built before CUDA graph capture")
+            num_positions = max(num_positions, self.shape.max_positions or 0, 4096)
             pos = torch.arange(num_positions, device=self.device, dtype=torch.float32)
             freqs = pos[:, None] * self.inv_freq[None, :]
             emb = torch.cat([freqs, freqs], dim=-1)
