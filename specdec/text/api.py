@@ -79,6 +79,11 @@ class LLM:
         self.max_batch_size = as_int(max_batch_size, "max_batch_size", minimum=1, maximum=4096)
         self._max_seq_len = max_seq_len
         self.num_draft_tokens = check_num_draft_tokens(num_draft_tokens if drafter is not None else 0)
+        if drafter is not None and self.num_draft_tokens == 0:
+            raise ValueError("num_draft_tokens must be >= 1 when a draft is given (requests may still ask for "
+                             "num_draft_tokens=0, plain decoding)")
+        # an encoder-decoder's prompt is the encoder's input, not text its output continues
+        self._continues_prompt = not getattr(getattr(target, "config", None), "is_encoder_decoder", False)
         eos = resolve_eos(None, target) or ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
         self.defaults = GenerationDefaults.from_model(target, eos)
         self.driver = Driver()
@@ -138,7 +143,8 @@ class LLM:
     def submit(self, prompt_ids, sampling, stop, gamma, sink, request_id: str | None = None) -> TextRequest:
         """Start a request; `sink` gets its RequestOutputs (then maybe an Exception) on the driver thread."""
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
-        request = TextRequest(rid, self.tokenizer, prompt_ids, stop, logprobs=sampling.logprobs)
+        request = TextRequest(rid, self.tokenizer, prompt_ids, stop, logprobs=sampling.logprobs,
+                              decode_context=prompt_ids if self._continues_prompt else ())
         self.driver.submit(self.runner(gamma), prompt_ids, sampling, sink, rid)
         return request
 

@@ -94,10 +94,11 @@ class TextRequest:
     """The text side of one running request (fed from one thread at a time)."""
 
     def __init__(self, request_id: str, tokenizer, prompt_ids: list[int], stop: tuple[str, ...] = (),
-                 logprobs: bool = False):
+                 logprobs: bool = False, decode_context=None):
         self.request_id = request_id
         self.prompt_ids = list(prompt_ids)
-        self.text = IncrementalText(tokenizer, prompt_ids, stop)
+        context = self.prompt_ids if decode_context is None else list(decode_context)
+        self.text = IncrementalText(tokenizer, context, stop)
         self.want_logprobs = logprobs
         self.logprobs: list[float] = []
         self.finished = False
