@@ -21,6 +21,7 @@ __all__ = [
     "SamplingConfig",
     "VerifyResult",
     "standardize_logits",
+    "standardize_rows",
     "sample",
     "verify",
     "verify_greedy",
@@ -83,6 +84,43 @@ def standardize_logits(logits: torch.Tensor, sampling: SamplingConfig, *, check_
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits.softmax(-1)
+
+
+def standardize_rows(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    *,
+    filter_top_k: bool = True,
+    filter_top_p: bool = True,
+) -> torch.Tensor:
+    """`standardize_logits` with each row's own parameters: logits `[B, k, V]` → probabilities `[B, k, V]`.
+
+    temperature [B] (0 = greedy: one-hot argmax), top_k [B] long (0 = off), top_p [B] (1.0 = off).
+    filter_top_k / filter_top_p = False skip a filter no row uses (the caller knows its rows' parameters).
+    Same order and rules as `standardize_logits`; top-p as transformers' TopPLogitsWarper (ascending
+    cumulative mass; a token goes when the mass below it, itself included, is <= 1 − top_p; the most likely
+    token always stays). No host synchronization, so it can run inside a CUDA graph.
+    """
+    logits = logits.float()
+    greedy = temperature == 0
+    scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature).float()[:, None, None]
+    vocab = logits.shape[-1]
+    if filter_top_k:
+        k = top_k.clamp(0, vocab)
+        kth_index = (torch.where(k > 0, k, torch.full_like(k, vocab)) - 1)[:, None, None].expand(-1, logits.shape[1], 1)
+        kth = scaled.sort(dim=-1, descending=True).values.gather(-1, kth_index)
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if filter_top_p:
+        ascending, order = scaled.sort(dim=-1)
+        below = ascending.softmax(-1).cumsum(-1)
+        drop_sorted = below <= (1 - top_p.float())[:, None, None]
+        drop_sorted[..., -1] = False
+        scaled = scaled.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), float("-inf"))
+    probs = scaled.softmax(-1)
+    one_hot = torch.nn.functional.one_hot(logits.argmax(-1), vocab).to(probs.dtype)
+    return torch.where(greedy[:, None, None], one_hot, probs)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None, *, noise: torch.Tensor | None = None) -> torch.Tensor:

@@ -28,7 +28,15 @@ from specdec.request import (
     normalize_prompts,
     resolve_eos,
 )
-from specdec.step import Clock, GenerateResult, StepCounts, TokenEvent, commit_counts, step_counters
+from specdec.step import (
+    Clock,
+    GenerateResult,
+    GenerationStream,
+    StepCounts,
+    TokenEvent,
+    commit_counts,
+    step_counters,
+)
 
 __all__ = ["generate", "stream", "GenerateResult", "TokenEvent", "GenerationStream"]
 
@@ -48,6 +56,7 @@ def generate(
     generator: torch.Generator | None = None,
     attention_mask: torch.Tensor | None = None,
     on_tokens: Callable[[TokenEvent], None] | None = None,
+    engine: str = "auto",
 ) -> GenerateResult:
     """Generate up to `max_new_tokens` per prompt with speculative decoding (plain decoding if drafter=None).
 
@@ -59,32 +68,19 @@ def generate(
     eos_token_id    int or list; None = the target's generation_config / config EOS (as in transformers)
     seed            int → reproducible; otherwise pass `generator` or get fresh OS randomness
     on_tokens       called with a `TokenEvent` after every step (streaming)
+    engine          "auto": the request-level engine (`specdec.engine`) when the target is on CUDA and its
+                    architecture is covered (Llama, Mistral, Qwen2, Qwen3), else the transformers loop here;
+                    "fast": the engine (also on CPU, without graphs; an error for an uncovered model);
+                    "hf": this module's loop over the transformers model
     """
     run = stream(
         target, prompts, drafter, max_new_tokens, temperature, top_k, top_p, num_draft_tokens, eos_token_id, seed,
-        generator=generator, attention_mask=attention_mask,
+        generator=generator, attention_mask=attention_mask, engine=engine,
     )
     for event in run:
         if on_tokens is not None:
             on_tokens(event)
     return run.result
-
-
-class GenerationStream:
-    """Iterate to get a `TokenEvent` per step; `.result` holds the `GenerateResult` once exhausted."""
-
-    def __init__(self, steps: Iterator[TokenEvent], holder: dict):
-        self._steps = steps
-        self._holder = holder
-
-    def __iter__(self) -> Iterator[TokenEvent]:
-        yield from self._steps
-
-    @property
-    def result(self) -> GenerateResult:
-        if "result" not in self._holder:
-            raise RuntimeError("the stream has not finished yet: iterate over it first")
-        return self._holder["result"]
 
 
 def stream(
@@ -101,8 +97,16 @@ def stream(
     *,
     generator: torch.Generator | None = None,
     attention_mask: torch.Tensor | None = None,
+    engine: str = "auto",
 ) -> GenerationStream:
     """Like `generate`, but returns a `GenerationStream` of per-step `TokenEvent`s (arguments validated now)."""
+    if _use_engine(engine, target, drafter, num_draft_tokens):
+        from specdec.engine.generate import engine_stream
+
+        return engine_stream(
+            target, prompts, drafter, max_new_tokens, temperature, top_k, top_p, num_draft_tokens, eos_token_id,
+            seed, generator=generator, attention_mask=attention_mask,
+        )
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
     target = as_target(target)
     drafter = as_drafter(drafter, target)
@@ -115,6 +119,24 @@ def stream(
     holder: dict = {}
     steps = _decode(target, drafter, policy, rows, max_new_tokens, sampling, eos, generator, holder)
     return GenerationStream(steps, holder)
+
+
+def _use_engine(engine, target, drafter, num_draft_tokens) -> bool:
+    """The runner for this call (see `generate`'s `engine` argument)."""
+    if engine not in ("auto", "fast", "hf"):
+        raise ValueError(f"engine must be 'auto', 'fast' or 'hf', got {engine!r}")
+    if engine == "hf":
+        return False
+    if engine == "fast":
+        return True
+    device = getattr(target, "device", None)
+    if not isinstance(device, torch.device) or device.type != "cuda":
+        return False
+    if not (num_draft_tokens == "auto" or (isinstance(num_draft_tokens, int) and not isinstance(num_draft_tokens, bool))):
+        return False  # the transformers loop's policies
+    from specdec.engine.build import covers
+
+    return covers(target) and (drafter is None or not hasattr(drafter, "config") or covers(drafter))
 
 
 def _decode(target, drafter, policy, prompts, max_new_tokens, sampling, eos, generator, holder) -> Iterator[TokenEvent]:

@@ -10,13 +10,14 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
 from specdec.metrics import SpecStats
 
-__all__ = ["GenerateResult", "TokenEvent", "StepCounts", "commit_counts", "step_counters", "Clock"]
+__all__ = ["GenerateResult", "GenerationStream", "TokenEvent", "StepCounts", "commit_counts", "step_counters", "Clock"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,23 @@ class TokenEvent:
     rows: list[int]
     tokens: list[list[int]]
     finished: list[int]  # rows that finished in this step
+
+
+class GenerationStream:
+    """Iterate to get a `TokenEvent` per step; `.result` holds the `GenerateResult` once exhausted."""
+
+    def __init__(self, steps: Iterator[TokenEvent], holder: dict):
+        self._steps = steps
+        self._holder = holder
+
+    def __iter__(self) -> Iterator[TokenEvent]:
+        yield from self._steps
+
+    @property
+    def result(self) -> GenerateResult:
+        if "result" not in self._holder:
+            raise RuntimeError("the stream has not finished yet: iterate over it first")
+        return self._holder["result"]
 
 
 def commit_counts(

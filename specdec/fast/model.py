@@ -1,4 +1,4 @@
-"""A compact Llama in plain PyTorch with a static, per-row KV cache (gpt-fast style).
+"""A compact Llama-family decoder (Llama 1/2/3, Mistral, Qwen2, Qwen3) in plain PyTorch with a static, per-row KV cache (gpt-fast style).
 
 Terms:
   slot        one position of the KV cache along S. Row b's token at position t lives in slot t: prompts
@@ -39,13 +39,30 @@ class LlamaShape:
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     tie_word_embeddings: bool = False
+    qkv_bias: bool = False  # Qwen2 (and Llama/Qwen3 with attention_bias)
+    o_bias: bool = False  # Llama/Qwen3 with attention_bias
+    qk_norm: bool = False  # Qwen3: RMSNorm over each q and k head before RoPE
+    sliding_window: int | None = None  # attention window of some layers (exact only for texts within it)
+    max_positions: int | None = None  # the config's max_position_embeddings
 
     @classmethod
     def from_hf(cls, config) -> "LlamaShape":
-        if getattr(config, "model_type", "llama") not in ("llama",):
-            raise ValueError(f"FastLlama loads Llama models only, got model_type={config.model_type!r}")
-        if getattr(config, "mlp_bias", False) or getattr(config, "attention_bias", False):
-            raise ValueError("FastLlama does not support Llama variants with biases (attention_bias / mlp_bias)")
+        """The shape of a transformers Llama / Mistral / Qwen2 / Qwen3 config; anything else is refused."""
+        model_type = getattr(config, "model_type", None)
+        if model_type not in FAMILIES:
+            raise ValueError(
+                f"the fast model covers model_type {', '.join(FAMILIES)}; got {model_type!r} "
+                "(other models run on the transformers path: engine='hf')"
+            )
+        if getattr(config, "mlp_bias", False):
+            raise ValueError(f"{model_type} checkpoints with mlp_bias are not covered by the fast model")
+        if getattr(config, "hidden_act", "silu") != "silu":
+            raise ValueError(f"the fast model needs hidden_act='silu', got {config.hidden_act!r}")
+        rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+        if rope_type in ("dynamic", "longrope"):
+            raise ValueError(f"RoPE type {rope_type!r} depends on the text length; the fast model does not cover it")
+        attention_bias = bool(getattr(config, "attention_bias", False))
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         rope = getattr(config, "rope_parameters", None) or {}
@@ -61,14 +78,35 @@ class LlamaShape:
             rms_norm_eps=config.rms_norm_eps,
             rope_theta=float(theta),
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            qkv_bias=attention_bias or model_type == "qwen2",
+            o_bias=attention_bias and model_type != "qwen2",
+            qk_norm=model_type == "qwen3",
+            sliding_window=_sliding_window(config),
+            max_positions=getattr(config, "max_position_embeddings", None),
         )
 
     @property
-    def num_parameters(self) -> int:
+    def num_parameters(self) -> int:  # biases and q/k norms (a few thousand weights) left out
         qkv = self.dim * (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
         layer = qkv + self.n_heads * self.head_dim * self.dim + 3 * self.dim * self.intermediate_size + 2 * self.dim
         head = 0 if self.tie_word_embeddings else self.vocab_size * self.dim
         return self.n_layers * layer + self.vocab_size * self.dim + head + self.dim
+
+
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def _sliding_window(config) -> int | None:
+    """The attention window of the layers that have one, or None when every layer attends to all."""
+    window = getattr(config, "sliding_window", None)
+    if not window:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return int(window) if "sliding_attention" in layer_types else None
+    if getattr(config, "model_type", "") == "qwen2" and not getattr(config, "use_sliding_window", False):
+        return None
+    return int(window)
 
 
 @dataclass
@@ -122,6 +160,10 @@ class FastLlama(torch.nn.Module):
         self.wo = torch.nn.ParameterList([empty(s.dim, s.n_heads * s.head_dim) for _ in range(s.n_layers)])
         self.w_gate_up = torch.nn.ParameterList([empty(2 * s.intermediate_size, s.dim) for _ in range(s.n_layers)])
         self.w_down = torch.nn.ParameterList([empty(s.dim, s.intermediate_size) for _ in range(s.n_layers)])
+        self.bqkv = torch.nn.ParameterList([empty(qkv_out) for _ in range(s.n_layers)]) if s.qkv_bias else None
+        self.bo = torch.nn.ParameterList([empty(s.dim) for _ in range(s.n_layers)]) if s.o_bias else None
+        self.q_norm = torch.nn.ParameterList([empty(s.head_dim) for _ in range(s.n_layers)]) if s.qk_norm else None
+        self.k_norm = torch.nn.ParameterList([empty(s.head_dim) for _ in range(s.n_layers)]) if s.qk_norm else None
         self.attn_norm = torch.nn.ParameterList([empty(s.dim) for _ in range(s.n_layers)])
         self.mlp_norm = torch.nn.ParameterList([empty(s.dim) for _ in range(s.n_layers)])
         self.final_norm = empty(s.dim)
@@ -146,17 +188,23 @@ class FastLlama(torch.nn.Module):
             for name, p in model.named_parameters():
                 if "norm" in name:
                     p.fill_(1.0)
+                elif name.startswith(("bqkv", "bo")):
+                    p.zero_()
                 else:
                     p.normal_(0.0, std, generator=gen)
         return model.eval()
 
     @classmethod
     def from_hf(cls, model, *, device=None, dtype: torch.dtype | None = None) -> "FastLlama":
-        """Load a transformers `LlamaForCausalLM` (an object, or a local folder for `from_pretrained`)."""
-        if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
-            from transformers import AutoModelForCausalLM  # dependency at the edge
+        """Load a transformers Llama / Mistral / Qwen2 / Qwen3 causal LM (an object, or a local folder).
 
-            model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype or torch.float32)
+        A folder loads in the checkpoint's own dtype unless `dtype` is given (local files only, no remote code).
+        """
+        if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
+            from transformers import AutoConfig, AutoModelForCausalLM  # dependency at the edge
+
+            LlamaShape.from_hf(AutoConfig.from_pretrained(model, local_files_only=True))  # refuse before loading
+            model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype or "auto", local_files_only=True)
         config = model.config
         shape = LlamaShape.from_hf(config)
         params = dict(model.named_parameters())
@@ -183,6 +231,13 @@ class FastLlama(torch.nn.Module):
                 fast.wo[i].copy_(get(attn + "o_proj.weight"))
                 fast.w_gate_up[i].copy_(torch.cat([get(mlp + "gate_proj.weight"), get(mlp + "up_proj.weight")]))
                 fast.w_down[i].copy_(get(mlp + "down_proj.weight"))
+                if shape.qkv_bias:
+                    fast.bqkv[i].copy_(torch.cat([get(attn + n + ".bias") for n in ("q_proj", "k_proj", "v_proj")]))
+                if shape.o_bias:
+                    fast.bo[i].copy_(get(attn + "o_proj.bias"))
+                if shape.qk_norm:
+                    fast.q_norm[i].copy_(get(attn + "q_norm.weight"))
+                    fast.k_norm[i].copy_(get(attn + "k_norm.weight"))
                 fast.attn_norm[i].copy_(get(pre + "input_layernorm.weight"))
                 fast.mlp_norm[i].copy_(get(pre + "post_attention_layernorm.weight"))
             fast.final_norm.copy_(get("model.norm.weight"))
@@ -279,7 +334,11 @@ class FastLlama(torch.nn.Module):
         x = F.embedding(tokens, self.embed)  # [B, k, dim]
         for i in range(s.n_layers):
             h = F.rms_norm(x, (s.dim,), self.attn_norm[i], s.rms_norm_eps)
-            qkv = F.linear(h, self.wqkv[i]).view(batch, k, nq + 2 * nkv, hd)
+            qkv = F.linear(h, self.wqkv[i], self.bqkv[i] if s.qkv_bias else None).view(batch, k, nq + 2 * nkv, hd)
+            if s.qk_norm:
+                qkv = torch.cat([F.rms_norm(qkv[:, :, :nq], (hd,), self.q_norm[i], s.rms_norm_eps),
+                                 F.rms_norm(qkv[:, :, nq : nq + nkv], (hd,), self.k_norm[i], s.rms_norm_eps),
+                                 qkv[:, :, nq + nkv :]], dim=2)
             qkv = torch.addcmul(qkv * cos, torch.roll(qkv, hd // 2, dims=-1), sin)  # RoPE on q and k at once
             q, key, v = qkv[:, :, :nq], qkv[:, :, nq : nq + nkv], qkv[:, :, nq + nkv :]
             cache.keys[i].scatter_(2, write_index, key.transpose(1, 2))
@@ -289,6 +348,8 @@ class FastLlama(torch.nn.Module):
             attn = F.scaled_dot_product_attention(q, cache.keys[i], cache.values[i], attn_mask=bias)
             attn = attn.view(batch, nkv, group, k, hd).permute(0, 3, 1, 2, 4).reshape(batch * k, nq * hd)
             x = x.view(batch * k, s.dim).addmm_(attn, self.wo[i].t())  # residual add fused into the GEMM
+            if s.o_bias:
+                x = x + self.bo[i]
             h = F.rms_norm(x, (s.dim,), self.mlp_norm[i], s.rms_norm_eps)
             gate, up = F.linear(h, self.w_gate_up[i]).chunk(2, dim=-1)
             x = x.addmm_(F.silu(gate) * up, self.w_down[i].t()).view(batch, k, s.dim)

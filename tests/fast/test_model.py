@@ -86,7 +86,7 @@ def test_random_weights_and_parameter_count():
 
 
 def test_rejects_unsupported_models(make_llama, gpt2):
-    with pytest.raises(ValueError, match="Llama"):
+    with pytest.raises(ValueError, match="model_type"):
         FastLlama.from_hf(gpt2)
-    with pytest.raises(ValueError, match="bias"):
-        FastLlama.from_hf(make_llama(0, attention_bias=True))
+    with pytest.raises(ValueError, match="mlp_bias"):
+        FastLlama.from_hf(make_llama(0, mlp_bias=True))

@@ -1,0 +1,82 @@
+"""Turning what a user passes (transformers models, folders, specdec drafters) into the engine's pieces.
+
+Anything the engine does not cover raises `UnsupportedModel` here, before any compute.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from specdec.drafters.base import Drafter
+from specdec.drafters.ngram import NGramDrafter
+from specdec.drafters.prompt_lookup import PromptLookupDrafter
+from specdec.engine.config import UnsupportedModel
+from specdec.engine.drafters import EngineLookupDrafter, EngineModelDrafter, EngineNGramDrafter
+from specdec.fast.model import FAMILIES, FastLlama
+
+__all__ = ["build_model", "build_drafter", "covers"]
+
+
+def covers(model) -> bool:
+    """True when the engine can run this model (a covered architecture and attention variant)."""
+    try:
+        _fast_model(model, check_only=True)
+    except UnsupportedModel:
+        return False
+    return True
+
+
+def _fast_model(model, check_only: bool = False) -> FastLlama | None:
+    if isinstance(model, FastLlama):
+        return model
+    inner = getattr(model, "model", None)  # specdec wrappers: HFCausalLM, ModelDrafter, FastTarget, FastDrafter
+    if not isinstance(model, torch.nn.Module) and inner is not None and not isinstance(model, (str, Path)):
+        return _fast_model(inner, check_only)
+    if isinstance(model, (str, Path)):
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(str(model), local_files_only=True)
+    else:
+        config = getattr(model, "config", None)
+        if config is None or not isinstance(model, torch.nn.Module):
+            raise UnsupportedModel(f"the engine needs a transformers model or a local folder, got {type(model).__name__}")
+    model_type = getattr(config, "model_type", None)
+    if getattr(config, "is_encoder_decoder", False) or model_type not in FAMILIES:
+        raise UnsupportedModel(
+            f"the engine covers model_type {', '.join(FAMILIES)}; got {model_type!r} (use engine='hf')"
+        )
+    try:
+        from specdec.fast.model import LlamaShape
+
+        LlamaShape.from_hf(config)
+    except ValueError as err:
+        raise UnsupportedModel(str(err)) from None
+    if check_only:
+        return None
+    return FastLlama.from_hf(model)
+
+
+def build_model(target) -> FastLlama:
+    return _fast_model(target)
+
+
+def build_drafter(drafter, engine):
+    vocab = engine.vocab_size
+    if isinstance(drafter, PromptLookupDrafter):
+        return EngineLookupDrafter(drafter)
+    if isinstance(drafter, NGramDrafter):
+        if drafter.vocab_size is not None and drafter.vocab_size != vocab:
+            raise ValueError(f"draft and target vocabularies differ: drafter has {drafter.vocab_size} tokens, "
+                             f"target has {vocab}")
+        return EngineNGramDrafter(drafter, engine.device)
+    if isinstance(drafter, Drafter) and getattr(drafter, "model", None) is None:
+        raise UnsupportedModel(f"the engine does not run {type(drafter).__name__} drafters (use engine='hf')")
+    model = _fast_model(drafter)
+    if model.device != engine.device:
+        model = model.to(engine.device)
+    if model.shape.vocab_size != vocab:
+        raise ValueError(f"draft and target vocabularies differ: drafter has {model.shape.vocab_size} tokens, "
+                         f"target has {vocab}; speculative decoding needs the same vocabulary")
+    return EngineModelDrafter(model, engine.max_batch, engine.num_positions)

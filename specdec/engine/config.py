@@ -1,0 +1,47 @@
+"""Engine configuration and the error for models the engine does not cover."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specdec.request import MAX_NUM_DRAFT_TOKENS, as_int
+
+__all__ = ["EngineConfig", "UnsupportedModel", "BATCH_BUCKETS"]
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class UnsupportedModel(ValueError):
+    """The engine does not cover this model (architecture, attention variant); use engine='hf'."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Sizes fixed at construction: nothing is re-allocated or re-captured while requests come and go.
+
+    max_batch_size    requests decoded together; more wait in the queue (continuous batching)
+    max_seq_len       prompt + generated tokens of one request; None = the model's context, at most 4096
+    num_draft_tokens  γ: an int (fixed, exactly that γ every step) or "auto" (the engine picks γ in
+                      {0, 1, .., max_draft_tokens} each step from measured step costs and acceptance)
+    max_draft_tokens  the largest γ (sizes buffers; "auto" never goes beyond it)
+    cuda_graphs       None = on CUDA; decode steps are captured once per (batch bucket, k, length bucket)
+    prefill_chunk     prompt tokens per prefill forward (long prompts are prefilled in chunks)
+    """
+
+    max_batch_size: int = 64
+    max_seq_len: int | None = None
+    num_draft_tokens: int | str = "auto"
+    max_draft_tokens: int = 8
+    cuda_graphs: bool | None = None
+    prefill_chunk: int = 512
+
+    def __post_init__(self) -> None:
+        as_int(self.max_batch_size, "max_batch_size", minimum=1, maximum=BATCH_BUCKETS[-1])
+        if self.max_seq_len is not None:
+            as_int(self.max_seq_len, "max_seq_len", minimum=2, maximum=1 << 20)
+        as_int(self.max_draft_tokens, "max_draft_tokens", minimum=1, maximum=MAX_NUM_DRAFT_TOKENS)
+        if self.num_draft_tokens != "auto":
+            as_int(self.num_draft_tokens, "num_draft_tokens", minimum=0, maximum=self.max_draft_tokens)
+        as_int(self.prefill_chunk, "prefill_chunk", minimum=16, maximum=1 << 16)
+        if self.cuda_graphs not in (None, True, False):
+            raise TypeError(f"cuda_graphs must be None, True or False, got {self.cuda_graphs!r}")

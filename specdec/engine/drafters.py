@@ -1,0 +1,149 @@
+"""Drafters as the engine runs them: they read the slot state and draw per-row randomness by counter.
+
+Each engine drafter proposes `tokens [b, γ]`, the q they were drawn from (`[b, γ, V]`, None when every
+row's q is one-hot) and per-row draft lengths (None = all γ), with no host synchronization, so a whole
+step can be captured. The rules come from the ordinary drafters and the core; only the bookkeeping is here.
+
+  EngineModelDrafter   a small fast model with its own slot cache; each proposal re-feeds the last
+                       `WINDOW` committed tokens, so rejected drafts never need to be rolled back
+  EngineLookupDrafter  `PromptLookupDrafter` over the committed tokens (deterministic)
+  EngineNGramDrafter   `NGramDrafter`'s tables, sampled per row
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+
+from specdec import rng
+from specdec.core import sample, standardize_rows
+from specdec.drafters.ngram import NGramDrafter
+from specdec.drafters.prompt_lookup import PromptLookupDrafter
+from specdec.engine.slots import SlotCache, SlotState
+from specdec.fast.model import FastLlama
+
+__all__ = ["Flavor", "StepView", "EngineModelDrafter", "EngineLookupDrafter", "EngineNGramDrafter", "WINDOW"]
+
+WINDOW = 4  # committed tokens a model drafter re-feeds per proposal
+
+
+@dataclass(frozen=True)
+class Flavor:
+    """What the rows of one step need (known on the host from their parameters); part of a graph's key."""
+
+    all_greedy: bool
+    top_k: bool
+    top_p: bool
+    logprobs: bool
+
+
+class StepView:
+    """The first b slots of the state over the first `num_positions` positions, and per-row sampling."""
+
+    source = None  # no encoder input (prompt lookup reads `tokens` / `lengths` like a TokenBuffer)
+
+    def __init__(self, state: SlotState, batch: int, num_positions: int, flavor: Flavor):
+        rows = slice(0, batch)
+        self.batch, self.num_positions, self.flavor = batch, num_positions, flavor
+        self.tokens = state.tokens[rows, :num_positions]
+        self.lengths = state.lengths[rows]
+        self.seed = state.seed[rows]
+        self.temperature, self.top_k, self.top_p = state.temperature[rows], state.top_k[rows], state.top_p[rows]
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """Each row's standardized law: logits `[b, k, V]` → probabilities `[b, k, V]`."""
+        f = self.flavor
+        return standardize_rows(logits, self.temperature, self.top_k, self.top_p, filter_top_k=f.top_k,
+                                filter_top_p=f.top_p)
+
+    def draw(self, logits: torch.Tensor, position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A draft token per row from logits `[b, V]` at absolute `position [b]` → (token [b], q [b, V] or None)."""
+        if self.flavor.all_greedy:
+            return logits.argmax(-1), None
+        q = self.probs(logits[:, None])[:, 0]
+        noise = rng.exponentials(self.seed, position[:, None], rng.DRAFT, q.shape[-1])[:, 0]
+        return sample(q, noise=noise), q
+
+
+class EngineModelDrafter:
+    """A small `FastLlama` drafting γ tokens autoregressively from its own slot cache."""
+
+    def __init__(self, model: FastLlama, max_batch: int, num_positions: int):
+        self.model = model
+        self.cache = SlotCache(model, max_batch, num_positions)
+        self.vocab_size = model.shape.vocab_size
+
+    def forward_passes(self, gamma: int) -> int:
+        return gamma
+
+    def prefill(self, state: SlotState, slot: int, start: int, end: int, chunk: int) -> None:
+        """Feed committed positions [start, end) of `slot` (eager; the cache then holds them)."""
+        cache = self.cache.view(slice(slot, slot + 1), self.cache.num_positions)
+        cache.lengths.fill_(start)
+        for lo in range(start, end, chunk):
+            hi = min(lo + chunk, end)
+            self.model(state.tokens[slot : slot + 1, lo:hi], cache, last_only=True)
+
+    def propose(self, view: StepView, gamma: int):
+        cache = self.cache.view(slice(0, view.batch), view.num_positions)
+        lengths = view.lengths
+        pos = lengths[:, None] - WINDOW + torch.arange(WINDOW, device=lengths.device)[None, :]
+        valid = pos >= 0
+        window = view.tokens.gather(1, pos.clamp_min(0)) * valid
+        cache.lengths.copy_((lengths - WINDOW).clamp_min(0))
+        logits = self.model(window, cache, valid, last_only=True)[:, 0]
+        tokens, probs = [], []
+        for i in range(gamma):
+            if i > 0:
+                logits = self.model(tokens[-1][:, None], cache, last_only=True)[:, 0]
+            token, q = view.draw(logits, lengths + i)
+            tokens.append(token)
+            if q is not None:
+                probs.append(q)
+        return torch.stack(tokens, 1), (torch.stack(probs, 1) if probs else None), None
+
+    def move(self, src: int, dst: int) -> None:
+        self.cache.move(src, dst, self.cache.num_positions)
+
+
+class EngineLookupDrafter:
+    """Prompt lookup (copy what followed the last earlier occurrence of the text's final n-gram)."""
+
+    def __init__(self, drafter: PromptLookupDrafter):
+        self.drafter = drafter
+
+    def forward_passes(self, gamma: int) -> int:
+        return 0
+
+    def propose(self, view: StepView, gamma: int):
+        proposal = self.drafter.propose(view, gamma, None, None)  # reads view.tokens / view.lengths
+        return proposal.tokens, None, proposal.lengths
+
+
+class EngineNGramDrafter:
+    """Unigram / bigram tables (`NGramDrafter`), each row drafting with its own parameters and seed."""
+
+    def __init__(self, drafter: NGramDrafter, device: torch.device):
+        if drafter.unigram is None:
+            raise ValueError("NGramDrafter is not fitted: call .fit(sequences, vocab_size) first")
+        self.tables = copy.copy(drafter)  # the same rule (`_distribution`) with its tables on the device
+        self.tables.unigram = drafter.unigram.to(device)
+        if drafter.order == 2:
+            self.tables.successors = drafter.successors.to(device)
+            self.tables.successor_probs = drafter.successor_probs.to(device)
+
+    def forward_passes(self, gamma: int) -> int:
+        return 0
+
+    def propose(self, view: StepView, gamma: int):
+        prev = view.tokens.gather(1, (view.lengths - 1)[:, None]).squeeze(1)
+        tokens, probs = [], []
+        for i in range(gamma):
+            logits = self.tables._distribution(prev).clamp_min(1e-30).log()
+            prev, q = view.draw(logits, view.lengths + i)
+            tokens.append(prev)
+            if q is not None:
+                probs.append(q)
+        return torch.stack(tokens, 1), (torch.stack(probs, 1) if probs else None), None

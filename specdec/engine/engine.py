@@ -1,0 +1,429 @@
+"""The request-level engine: continuous batching of speculative decoding over a static slot cache.
+
+    engine = Engine(target, drafter, EngineConfig(max_batch_size=64))
+    engine.add_request(prompt_ids, SamplingParams(temperature=0, max_new_tokens=128))
+    while engine.has_unfinished():
+        for out in engine.step(): ...          # RequestOutput: new tokens, finished, finish_reason
+
+One `step()`: admit waiting requests into free slots (prefill, eager, chunked), then one decode step for
+every running request: the policy picks γ; the drafter proposes (one graph), the target scores
+[last, x_1..x_γ] and `core.verify` accepts (a second graph, which also commits with `step.commit_counts`
+and counts with `step.step_counters`); one device→host transfer reads what each row committed; finished
+requests leave and their slots are refilled at the next step. Rollback is free: each row's cache write
+position is its committed length − 1, reset at every step.
+
+Graphs are captured once per (batch bucket, γ, length bucket, flavor) and replayed; the cache is allocated
+once. Each request carries its own parameters and seed; its random draws are a function of (seed, position)
+(`specdec.rng`), so with a fixed γ its tokens do not depend on the other requests in the batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec import rng
+from specdec.core import verify, verify_greedy
+from specdec.engine.config import BATCH_BUCKETS, EngineConfig, UnsupportedModel
+from specdec.engine.drafters import Flavor, StepView
+from specdec.engine.policy import GammaPolicy
+from specdec.engine.slots import MAX_EOS_IDS, SlotCache, SlotState
+from specdec.fast.graphs import CapturedStep, new_pool
+from specdec.metrics import SpecStats
+from specdec.request import SamplingParams, normalize_prompts, resolve_seed
+from specdec.step import Clock, StepCounts, commit_counts, step_counters
+
+__all__ = ["Engine", "RequestOutput"]
+
+_MIN_POSITIONS = 64
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """What one step did for one request (see the module doc)."""
+
+    request_id: str
+    new_token_ids: list[int]
+    logprobs: list[float] | None
+    num_accepted: int  # the first num_accepted of new_token_ids were accepted drafts
+    num_drafted: int  # drafts proposed for this request in this step (0 = a plain step)
+    finished: bool
+    finish_reason: str | None  # "stop" (EOS) | "length" | "abort"
+    stats: SpecStats | None = None  # the request's own statistics, on its final output
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    seed: int
+    arrival: float
+    length: int = 0  # committed tokens (prompt + generated), as the host knows them
+    draft_valid: int = 0  # positions below this are in the drafter's cache
+    stats: SpecStats = field(default_factory=SpecStats)
+    estimate: object = None  # the policy's acceptance estimate for this request
+
+
+class Engine:
+    """See the module doc. `add_request` and `abort` are thread-safe; `step` runs on one thread."""
+
+    def __init__(self, target, drafter=None, config: EngineConfig | None = None):
+        from specdec.engine.build import build_drafter, build_model  # loading is at the edge
+
+        self.config = config = config or EngineConfig()
+        with torch.inference_mode():
+            self.model = build_model(target)
+            shape = self.model.shape
+            self.device = self.model.device
+            self.vocab_size = shape.vocab_size
+            context = shape.max_positions or 4096
+            self.max_seq_len = int(config.max_seq_len or min(context, 4096))
+            if self.max_seq_len > context:
+                raise ValueError(f"max_seq_len {self.max_seq_len} exceeds the model's context of {context} tokens")
+            self.max_draft_tokens = 0 if drafter is None else config.max_draft_tokens
+            positions = self.max_seq_len + self.max_draft_tokens + 2  # verify writes + the junk slot
+            self.max_batch = config.max_batch_size
+            self.cache = SlotCache(self.model, self.max_batch, positions)
+            self.num_positions = self.cache.num_positions
+            self.state = SlotState(self.max_batch, self.num_positions, self.device)
+            self.drafter = build_drafter(drafter, self) if drafter is not None else None
+        on_cuda = self.device.type == "cuda"
+        if config.cuda_graphs and not on_cuda:
+            raise ValueError("cuda_graphs=True needs the model on a CUDA device")
+        self.cuda_graphs = on_cuda if config.cuda_graphs is None else config.cuda_graphs
+        self.policy = GammaPolicy(config.num_draft_tokens if drafter is not None else 0, self.max_draft_tokens)
+        self.stats = SpecStats()
+        self._running: list[_Request] = []  # index = slot
+        self._waiting: deque[_Request] = deque()
+        self._aborted: set[str] = set()
+        self._known: set[str] = set()
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._steps: dict = {}
+        self._pool = None
+        self._clock = Clock(self.device)
+
+    # ------------------------------------------------------------------------------------------ public
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._running or self._waiting or self._aborted)
+
+    def add_request(self, prompt_ids, params: SamplingParams | None = None, request_id: str | None = None) -> str:
+        """Queue a request (validated now; errors name the argument). Returns its id."""
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        prompt = normalize_prompts([prompt_ids], None, self.vocab_size)[0]
+        total = len(prompt) + params.max_new_tokens
+        if total > self.max_seq_len:
+            raise ValueError(
+                f"prompt length {len(prompt)} + max_new_tokens {params.max_new_tokens} = {total} exceeds the "
+                f"engine's max_seq_len of {self.max_seq_len} tokens"
+            )
+        window = self.model.shape.sliding_window
+        if window is not None and total > window:
+            raise ValueError(
+                f"prompt length {len(prompt)} + max_new_tokens {params.max_new_tokens} exceeds this model's "
+                f"sliding attention window of {window} tokens, which the fast model does not implement"
+            )
+        if len(params.eos_token_ids) > MAX_EOS_IDS:
+            raise ValueError(f"at most {MAX_EOS_IDS} eos_token_ids per request, got {len(params.eos_token_ids)}")
+        for tok in params.eos_token_ids:
+            if tok >= self.vocab_size:
+                raise ValueError(f"eos_token_id {tok} is outside the vocabulary [0, {self.vocab_size})")
+        seed = resolve_seed(params.seed)
+        with self._lock:
+            if request_id is None:
+                request_id = f"req-{next(self._ids)}"
+            elif not isinstance(request_id, str) or not request_id:
+                raise TypeError(f"request_id must be a non-empty string, got {request_id!r}")
+            if request_id in self._known:
+                raise ValueError(f"request_id {request_id!r} is already in use")
+            self._known.add(request_id)
+            self._waiting.append(_Request(request_id, prompt, params, seed, time.perf_counter(), len(prompt)))
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request; its slot is freed at the next `step()`, which reports it finished ("abort")."""
+        with self._lock:
+            if request_id in self._known:
+                self._aborted.add(request_id)
+
+    @torch.inference_mode()
+    def step(self) -> list[RequestOutput]:
+        outputs = self._handle_aborts()
+        self._admit(outputs)
+        if not self._running:
+            return outputs
+        n = len(self._running)
+        batch = next(b for b in BATCH_BUCKETS if b >= n)
+        gamma = self.policy.choose(batch, self._running)
+        self._catch_up_drafter(gamma)
+        need = max(r.length for r in self._running) + gamma + 2
+        positions = min(max(_MIN_POSITIONS, 1 << (need - 1).bit_length()), self.num_positions)
+        params = [r.params for r in self._running]
+        flavor = Flavor(
+            all_greedy=all(p.greedy for p in params),
+            top_k=any(p.top_k > 0 and not p.greedy for p in params),
+            top_p=any(p.top_p < 1.0 and not p.greedy for p in params),
+            logprobs=any(p.logprobs for p in params),
+        )
+        run = self._step_for(batch, gamma, positions, flavor)
+        first_run = not run.ran  # its time includes graph capture: not a step time
+        run.ran = True
+        clock = self._clock
+        clock.mark(0)
+        run.draft()
+        clock.mark(1)
+        packed = run.verify()
+        clock.mark(2)
+        host = packed.tolist()  # the step's one device → host synchronization
+        if host.pop():
+            raise ValueError("target logits contain NaN; the model produced invalid scores")
+        draft_s, verify_s = clock.elapsed(0, 1), clock.elapsed(1, 2)
+        if not first_run:
+            self.policy.record_time(batch, gamma, draft_s + verify_s)
+        outputs += self._commit(host, n, gamma, draft_s, verify_s)
+        return outputs
+
+    # -------------------------------------------------------------------------------------- scheduling
+    def _handle_aborts(self) -> list[RequestOutput]:
+        with self._lock:
+            aborted, self._aborted = self._aborted, set()
+            if aborted:
+                self._waiting = deque(r for r in self._waiting if r.request_id not in aborted)
+        outputs = [RequestOutput(rid, [], None, 0, 0, True, "abort") for rid in sorted(aborted)]
+        for slot in sorted((i for i, r in enumerate(self._running) if r.request_id in aborted), reverse=True):
+            self._release(slot)
+        with self._lock:
+            self._known -= aborted
+        return outputs
+
+    def _admit(self, outputs: list[RequestOutput]) -> None:
+        while len(self._running) < self.max_batch:
+            with self._lock:
+                if not self._waiting:
+                    return
+                request = self._waiting.popleft()
+            if request.params.max_new_tokens == 0:
+                request.stats.wall_time_s = time.perf_counter() - request.arrival
+                outputs.append(RequestOutput(request.request_id, [], None, 0, 0, True, "length", request.stats))
+                with self._lock:
+                    self._known.discard(request.request_id)
+                continue
+            slot = len(self._running)
+            self._running.append(request)
+            self.state.admit(slot, request.prompt, request.params, request.seed)
+            start = time.perf_counter()
+            self._prefill_target(slot, len(request.prompt))
+            if self.drafter is not None and hasattr(self.drafter, "prefill"):
+                valid = max(len(request.prompt) - 2, 0)
+                self.drafter.prefill(self.state, slot, 0, valid, self.config.prefill_chunk)
+                request.draft_valid = valid
+            request.stats.prefill_time_s = time.perf_counter() - start
+            request.stats.target_calls += 1 if len(request.prompt) > 1 else 0
+
+    def _prefill_target(self, slot: int, prompt_len: int) -> None:
+        cache = self.cache.view(slice(slot, slot + 1), self.num_positions)
+        cache.lengths.fill_(0)
+        chunk = self.config.prefill_chunk
+        for lo in range(0, prompt_len - 1, chunk):
+            hi = min(lo + chunk, prompt_len - 1)
+            self.model(self.state.tokens[slot : slot + 1, lo:hi], cache, last_only=True)
+
+    def _catch_up_drafter(self, gamma: int) -> None:
+        """Rows that ran plain steps fell behind in the drafter's cache; feed what it has not seen."""
+        if gamma == 0 or self.drafter is None or not hasattr(self.drafter, "prefill"):
+            return
+        from specdec.engine.drafters import WINDOW
+
+        for slot, request in enumerate(self._running):
+            behind_from = request.length - WINDOW
+            if behind_from > request.draft_valid:
+                self.drafter.prefill(self.state, slot, request.draft_valid, behind_from, self.config.prefill_chunk)
+                request.draft_valid = behind_from
+
+    def _release(self, slot: int) -> None:
+        """Free `slot`: the last running request moves into it, so running requests stay in 0..n-1."""
+        last = len(self._running) - 1
+        if slot != last:
+            moved = self._running[last]
+            positions = min(self.num_positions, 1 << max(moved.length + 1, 1).bit_length())
+            self.cache.move(last, slot, positions)
+            self.state.move(last, slot)
+            if self.drafter is not None and hasattr(self.drafter, "move"):
+                self.drafter.move(last, slot)
+            self._running[slot] = moved
+        self._running.pop()
+        self.state.clear(last)
+
+    # ------------------------------------------------------------------------------------------- steps
+    def _commit(self, host: list[float], n: int, gamma: int, draft_s: float, verify_s: float) -> list[RequestOutput]:
+        k = gamma + 1
+        width = k + 4 + StepCounts.width(gamma) + (k if any(r.params.logprobs for r in self._running) else 0)
+        passes = self.drafter.forward_passes(gamma) if gamma and self.drafter is not None else 0
+        total = None
+        outputs, finished_slots = [], []
+        for slot in range(n):
+            request = self._running[slot]
+            row = host[slot * width : (slot + 1) * width]
+            count, hit_eos, finished = int(row[k]), bool(row[k + 1]), bool(row[k + 2])
+            counts = StepCounts.from_row(row[k + 4 : k + 4 + StepCounts.width(gamma)], gamma)
+            tokens = [int(t) for t in row[:count]]
+            logprobs = row[k + 4 + StepCounts.width(gamma) :][:count] if request.params.logprobs else None
+            request.length += count
+            if gamma:
+                request.draft_valid = max(request.draft_valid, request.length - count)
+            stats = request.stats
+            stats.add_counts(counts)
+            stats.num_steps += 1
+            stats.target_calls += 1
+            stats.drafter_calls += passes
+            stats.num_generated_tokens += count
+            stats.max_num_draft_tokens = max(stats.max_num_draft_tokens, gamma)
+            self.policy.record_row(request, counts)
+            total = counts if total is None else _add(total, counts)
+            reason = None
+            if finished:
+                reason = "stop" if hit_eos else "length"
+                stats.wall_time_s = time.perf_counter() - request.arrival
+                finished_slots.append(slot)
+            outputs.append(RequestOutput(request.request_id, tokens, logprobs, min(counts.num_accepted, count),
+                                         counts.num_drafted, finished, reason, stats if finished else None))
+        s = self.stats
+        s.add_counts(total)
+        s.num_steps += 1
+        s.target_calls += 1
+        s.drafter_calls += passes
+        s.draft_time_s += draft_s
+        s.verify_time_s += verify_s
+        s.num_generated_tokens += sum(len(o.new_token_ids) for o in outputs)
+        s.max_num_draft_tokens = max(s.max_num_draft_tokens, gamma)
+        for slot in reversed(finished_slots):
+            with self._lock:
+                self._known.discard(self._running[slot].request_id)
+            self._release(slot)
+        return outputs
+
+    def _step_for(self, batch: int, gamma: int, positions: int, flavor: Flavor) -> "_StepRunner":
+        key = (batch, gamma, positions, flavor)
+        run = self._steps.get(key)
+        if run is None:
+            if self.cuda_graphs and self._pool is None:
+                self._pool = new_pool()
+            run = self._steps[key] = _StepRunner(self, batch, gamma, positions, flavor)
+        return run
+
+    def warmup(self, batch_sizes=(1,), gammas=None, max_length: int | None = None) -> int:
+        """Capture the decode graphs for these batch sizes, γ values and every length bucket up to
+        `max_length` (default: max_seq_len), greedy flavor; returns how many steps were built."""
+        gammas = gammas if gammas is not None else sorted({0, *self.policy.candidates})
+        limit = min(self.num_positions, max_length + self.max_draft_tokens + 2 if max_length else self.num_positions)
+        built = 0
+        with torch.inference_mode():
+            for batch in {next(b for b in BATCH_BUCKETS if b >= s) for s in batch_sizes}:
+                positions = _MIN_POSITIONS
+                while True:
+                    for gamma in gammas:
+                        self._step_for(batch, gamma, min(positions, self.num_positions), Flavor(True, False, False, False))
+                        built += 1
+                    if positions >= limit:
+                        break
+                    positions *= 2
+        return built
+
+
+def _add(a: StepCounts, b: StepCounts) -> StepCounts:
+    return StepCounts(a.gamma, tuple(x + y for x, y in zip(a.reached, b.reached)),
+                      tuple(x + y for x, y in zip(a.accepted, b.accepted)), a.beta_sum + b.beta_sum,
+                      a.num_accepted + b.num_accepted, a.num_drafted + b.num_drafted,
+                      a.drafting_rows + b.drafting_rows, a.active_rows + b.active_rows)
+
+
+class _StepRunner:
+    """The draft and verify halves of one step shape, eager or captured (each once)."""
+
+    def __init__(self, engine: Engine, batch: int, gamma: int, positions: int, flavor: Flavor):
+        self.engine, self.batch, self.gamma, self.positions, self.flavor = engine, batch, gamma, positions, flavor
+        self.view = StepView(engine.state, batch, positions, flavor)
+        self.drafts = None
+        self.ran = False
+        self._draft_graph = self._verify_graph = None
+
+    # The graph bodies read and write only the engine's static tensors (state, caches, these drafts).
+    def _draft_body(self):
+        e, gamma = self.engine, self.gamma
+        if gamma == 0:
+            return torch.zeros(self.batch, 0, dtype=torch.long, device=e.device), None, None
+        return e.drafter.propose(self.view, gamma)
+
+    def _verify_body(self) -> torch.Tensor:
+        e, view, gamma, flavor = self.engine, self.view, self.gamma, self.flavor
+        rows, state = slice(0, self.batch), e.state
+        draft_tokens, draft_probs, draft_lengths = self.drafts
+        lengths = view.lengths
+        cache = e.cache.view(rows, self.positions)
+        cache.lengths.copy_(lengths - 1)
+        last = state.tokens[rows].gather(1, (lengths - 1)[:, None])
+        logits = e.model(torch.cat([last, draft_tokens], 1), cache)  # [b, γ+1, V]
+        has_nan = torch.isnan(logits).any()
+        if flavor.all_greedy:
+            result = verify_greedy(draft_tokens, logits, draft_lengths=draft_lengths, check_nan=False)
+        else:
+            target_probs = view.probs(logits)
+            offsets = torch.arange(gamma, device=e.device)[None, :]
+            uniforms = rng.uniforms(view.seed, lengths[:, None] + offsets, rng.ACCEPT)
+            noise = rng.exponentials(view.seed, lengths[:, None], rng.NEXT, logits.shape[-1])[:, 0]
+            result = verify(draft_tokens, draft_probs, target_probs, None, draft_lengths=draft_lengths,
+                            uniforms=uniforms, noise=noise)
+        new_tokens = result.tokens(draft_tokens)  # [b, γ+1]
+        active, generated = state.active[rows], state.generated[rows]
+        counts, hit_eos = commit_counts(new_tokens, result.num_accepted, state.max_new[rows] - generated,
+                                        state.eos[rows], active)
+        tokens = state.tokens[rows]
+        cols = torch.arange(gamma + 1, device=e.device)[None, :]
+        write = cols < counts[:, None]
+        where = torch.where(write, (lengths[:, None] + cols).clamp(max=tokens.shape[1] - 1), torch.zeros_like(cols))
+        tokens.scatter_(1, where, torch.where(write, new_tokens, tokens.gather(1, where)))
+        lengths.add_(counts)
+        generated.add_(counts)
+        finished = active & (hit_eos | (generated >= state.max_new[rows]))
+        columns = [new_tokens.double(), counts[:, None].double(), hit_eos[:, None].double(),
+                   finished[:, None].double(), torch.zeros_like(counts)[:, None].double(),
+                   step_counters(result.num_accepted, result.beta, draft_lengths, active, gamma)]
+        if flavor.logprobs:
+            columns.append(logits.log_softmax(-1).gather(-1, new_tokens[..., None])[..., 0].double())
+        return torch.cat([torch.cat(columns, 1).flatten(), has_nan.double().reshape(1)])
+
+    def draft(self) -> None:
+        e = self.engine
+        if not e.cuda_graphs:
+            self.drafts = self._draft_body()
+            return
+        if self._draft_graph is None:
+            restore = [e.drafter.cache.lengths] if e.drafter is not None and hasattr(e.drafter, "cache") else []
+            self._draft_graph = CapturedStep(self._draft_body, pool=e._pool, restore=restore)
+        self.drafts = self._draft_graph.replay()
+
+    def verify(self) -> torch.Tensor:
+        e = self.engine
+        if not e.cuda_graphs:
+            return self._verify_body()
+        if self._verify_graph is None:
+            s = e.state
+            restore = [s.tokens, s.lengths, s.generated, e.cache.lengths]
+            self._verify_graph = CapturedStep(self._verify_body, pool=e._pool, restore=restore)
+        return self._verify_graph.replay()

@@ -1,0 +1,168 @@
+"""`specdec.generate` / `specdec.stream` on the engine: a batch of prompts becomes a batch of requests.
+
+The engine (and its captured graphs) is kept on the target object, per drafter, and reused by later calls;
+it is rebuilt only when a call needs longer texts than it was sized for (sizes grow by powers of two).
+Each prompt i of a call with seed s gets the request seed (s, i), so the same call repeats exactly.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Iterator
+
+import torch
+
+from specdec.engine.config import EngineConfig, UnsupportedModel
+from specdec.engine.engine import Engine
+from specdec.fast.model import FastLlama
+from specdec.metrics import SpecStats
+from specdec.request import (
+    SamplingParams,
+    as_int,
+    check_max_new_tokens,
+    normalize_prompts,
+    resolve_eos,
+    resolve_seed,
+)
+from specdec.step import GenerateResult, GenerationStream, TokenEvent
+
+__all__ = ["engine_stream", "engine_for"]
+
+_MIN_SEQ_LEN = 256
+_SEED_MIX = 0x9E3779B97F4A7C15
+
+
+def _request_seed(seed: int, index: int) -> int:
+    return (seed * 1_000_003 + index * _SEED_MIX) % (1 << 63)
+
+
+def _owner(target):
+    """The object engines are kept on: the model itself, or what a specdec wrapper wraps."""
+    return target if isinstance(target, torch.nn.Module) else getattr(target, "model", target)
+
+
+def engine_for(target, drafter, *, seq_len: int, batch: int, num_draft_tokens) -> Engine:
+    """The cached engine for (target, drafter), rebuilt larger when this call needs more."""
+    owner = _owner(target)
+    store = owner.__dict__.setdefault("_specdec_engines", {})
+    key = id(drafter)
+    entry = store.get(key)
+    engine = None
+    if entry is not None and entry[0]() is drafter:
+        engine = entry[1]
+    max_draft = max(8, num_draft_tokens if isinstance(num_draft_tokens, int) else 8)
+    fits = engine is not None and engine.max_seq_len >= seq_len and engine.max_batch >= batch \
+        and engine.max_draft_tokens >= (max_draft if drafter is not None else 0)
+    if not fits:
+        context = _context(owner)
+        want = max(_MIN_SEQ_LEN, 1 << (seq_len - 1).bit_length())
+        if engine is not None:
+            want = max(want, engine.max_seq_len)
+            batch = max(batch, engine.max_batch)
+        if context is not None:
+            if seq_len > context:
+                raise ValueError(f"prompt + max_new_tokens = {seq_len} tokens exceeds the model's context of "
+                                 f"{context} tokens")
+            want = min(want, context)
+        buckets = 1 << max(batch - 1, 0).bit_length()
+        store.pop(key, None)
+        engine = None  # free the old engine's cache and graphs before allocating the new one
+        fast_model = owner.__dict__.get("_specdec_fast_model")
+        config = EngineConfig(max_batch_size=min(buckets, 64), max_seq_len=want, num_draft_tokens="auto",
+                              max_draft_tokens=max_draft)
+        engine = Engine(fast_model if fast_model is not None else target, drafter, config)
+        owner.__dict__["_specdec_fast_model"] = engine.model
+        store[key] = (_ref(drafter), engine)
+    return engine
+
+
+def _ref(obj):
+    try:
+        return weakref.ref(obj)
+    except TypeError:  # None and other objects without weak references
+        return lambda: obj
+
+
+def _context(owner) -> int | None:
+    if isinstance(owner, FastLlama):
+        return owner.shape.max_positions
+    config = getattr(owner, "config", None)
+    value = getattr(config, "max_position_embeddings", None)
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def engine_stream(target, prompts, drafter=None, max_new_tokens: int = 64, temperature: float = 1.0, top_k: int = 0,
+                  top_p: float = 1.0, num_draft_tokens=4, eos_token_id=None, seed=None, *, generator=None,
+                  attention_mask=None) -> GenerationStream:
+    """`specdec.stream` on the engine (arguments validated now; see the module doc)."""
+    if drafter is None:
+        gamma = 0
+    elif num_draft_tokens == "auto":
+        gamma = "auto"
+    elif isinstance(num_draft_tokens, str) or not hasattr(num_draft_tokens, "__index__"):
+        raise ValueError(
+            f"the engine takes num_draft_tokens as an integer or 'auto', got {num_draft_tokens!r} "
+            "(draft-length policy objects run on the transformers path: engine='hf')"
+        )
+    else:
+        gamma = as_int(num_draft_tokens, "num_draft_tokens", minimum=1, maximum=64)
+    max_new_tokens = check_max_new_tokens(max_new_tokens)
+    vocab = _vocab(target)
+    rows = normalize_prompts(prompts, attention_mask, vocab)
+    eos = tuple(resolve_eos(eos_token_id, _owner(target)))
+    if generator is not None:
+        seed = int(torch.randint(0, 1 << 62, (1,), generator=generator, device=generator.device))
+    base_seed = resolve_seed(seed)
+    params = [SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                             seed=_request_seed(base_seed, i), eos_token_ids=eos) for i in range(len(rows))]
+    engine = engine_for(target, drafter, seq_len=max(len(r) for r in rows) + max_new_tokens, batch=len(rows),
+                        num_draft_tokens=gamma)
+    holder: dict = {}
+    return GenerationStream(_run(engine, rows, params, gamma, holder), holder)
+
+
+def _vocab(target) -> int:
+    owner = _owner(target)
+    if isinstance(owner, FastLlama):
+        return owner.shape.vocab_size
+    config = getattr(owner, "config", None)
+    if config is None:
+        raise UnsupportedModel(f"the engine needs a transformers model, got {type(target).__name__}")
+    return owner.get_output_embeddings().weight.shape[0] if hasattr(owner, "get_output_embeddings") else config.vocab_size
+
+
+def _run(engine: Engine, rows, params, gamma, holder) -> Iterator[TokenEvent]:
+    start = time.perf_counter()
+    engine.policy.set_fixed(gamma)
+    engine.stats = SpecStats()
+    ids = [engine.add_request(row, p) for row, p in zip(rows, params)]
+    index = {rid: i for i, rid in enumerate(ids)}
+    outputs: list[list[int]] = [[] for _ in rows]
+    prefill = 0.0
+    step = 0
+    try:
+        while engine.has_unfinished():
+            event_rows, event_tokens, finished = [], [], []
+            for out in engine.step():
+                i = index[out.request_id]
+                if out.new_token_ids:
+                    outputs[i].extend(out.new_token_ids)
+                    event_rows.append(i)
+                    event_tokens.append(out.new_token_ids)
+                if out.finished:
+                    finished.append(i)
+                    if out.stats is not None:
+                        prefill += out.stats.prefill_time_s
+            yield TokenEvent(step=step, rows=event_rows, tokens=event_tokens, finished=finished)
+            step += 1
+    finally:
+        for rid in ids:  # a stream closed early leaves nothing running
+            engine.abort(rid)
+        if engine.has_unfinished():
+            engine.step()
+    stats = engine.stats
+    stats.prefill_time_s = prefill
+    stats.target_calls += sum(1 for r in rows if len(r) > 1)
+    stats.wall_time_s = time.perf_counter() - start
+    holder["result"] = GenerateResult(outputs, stats)

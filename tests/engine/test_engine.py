@@ -1,0 +1,176 @@
+"""The engine (CPU, no graphs): exact greedy output for every covered family, requests joining mid-flight,
+seeds that repeat, batch independence, abort, logprobs, and errors that name the argument."""
+
+import pytest
+import torch
+import transformers
+
+import specdec
+from helpers import RAGGED_PROMPTS, hf_greedy
+from specdec.engine import Engine, EngineConfig, UnsupportedModel
+from specdec.request import SamplingParams
+
+COMMON = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=256)
+
+
+def _perturbed(model, seed):
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+        model.lm_head.weight.mul_(8.0)  # peaked logits, so drafts get accepted
+    return model.eval()
+
+
+FAMILIES = {
+    "llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON)),
+    "llama3-rope": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON, rope_parameters={
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 32})),
+    "mistral": lambda: transformers.MistralForCausalLM(transformers.MistralConfig(**COMMON, sliding_window=None)),
+    "qwen2": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**COMMON)),
+    "qwen3": lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**COMMON, head_dim=16)),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request):
+    torch.manual_seed(0)
+    target = _perturbed(FAMILIES[request.param](), 1)
+    torch.manual_seed(1)
+    draft = _perturbed(FAMILIES[request.param](), 2)
+    return target, draft
+
+
+def test_successive_calls_give_transformers_greedy(family):
+    """Changing prompt lengths, batch sizes and γ on one kept engine: always the target's greedy text."""
+    target, draft = family
+    calls = [(RAGGED_PROMPTS, 12, 3), ([[9] * 40 + [3, 4]], 30, 4), (RAGGED_PROMPTS[1:3], 7, 1),
+             ([[1, 2, 3]] * 5, 20, 0), ([list(range(5, 60))], 25, 8)]
+    for prompts, new, gamma in calls:
+        res = specdec.generate(target, prompts, drafter=draft if gamma else None, max_new_tokens=new, temperature=0,
+                               num_draft_tokens=max(gamma, 1), eos_token_id=[], engine="fast")
+        for prompt, out in zip(prompts, res.sequences):
+            assert out == hf_greedy(target, prompt, new, [])
+
+
+def test_requests_join_mid_flight(make_llama):
+    target, draft = make_llama(0), make_llama(1, layers=1)
+    engine = Engine(target, draft, EngineConfig(max_batch_size=2, max_seq_len=128, num_draft_tokens=3))
+    prompts = RAGGED_PROMPTS + [[4, 4, 9], [11, 12, 13, 14, 15, 16, 17, 18]]
+    outputs, ids = {}, {}
+    pending = list(enumerate(prompts))
+    while pending or engine.has_unfinished():
+        if pending:  # one new request per step, while others run
+            i, prompt = pending.pop(0)
+            ids[engine.add_request(prompt, SamplingParams(temperature=0, max_new_tokens=9 + i))] = i
+        for out in engine.step():
+            outputs.setdefault(ids[out.request_id], []).extend(out.new_token_ids)
+            assert out.finish_reason in (None, "length")
+    for i, prompt in enumerate(prompts):
+        assert outputs[i] == hf_greedy(target, prompt, 9 + i, [])
+
+
+def _sampled(engine, prompt, params, others=()):
+    rid = engine.add_request(prompt, params)
+    for other in others:
+        engine.add_request(other, SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=15, seed=5))
+    tokens = []
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.request_id == rid:
+                tokens += out.new_token_ids
+    return tokens
+
+
+def test_seeded_request_is_independent_of_its_batch(make_llama):
+    target, draft = make_llama(0), make_llama(1, layers=1)
+    engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=3))
+    params = SamplingParams(temperature=1.0, top_k=20, max_new_tokens=16, seed=11)
+    alone = _sampled(engine, [5, 6, 7], params)
+    crowded = _sampled(engine, [5, 6, 7], params, others=[[1, 2], [9, 9, 9, 9], [3] * 12])
+    again = _sampled(engine, [5, 6, 7], params)
+    other_seed = _sampled(engine, [5, 6, 7], SamplingParams(temperature=1.0, top_k=20, max_new_tokens=16, seed=12))
+    assert alone == crowded == again and len(alone) == 16
+    assert other_seed != alone
+
+
+def test_generate_with_seed_repeats_across_calls(make_llama):
+    target, draft = make_llama(0), make_llama(1, layers=1)
+    runs = [specdec.generate(target, RAGGED_PROMPTS, drafter=draft, max_new_tokens=12, temperature=0.9, seed=3,
+                             eos_token_id=[], engine="fast").sequences for _ in range(3)]
+    assert runs[0] == runs[1] == runs[2]
+
+
+def test_mixed_greedy_and_sampled_rows_share_a_batch(make_llama):
+    target, draft = make_llama(0), make_llama(1, layers=1)
+    engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=4))
+    greedy = engine.add_request(RAGGED_PROMPTS[0], SamplingParams(temperature=0, max_new_tokens=20))
+    for i, prompt in enumerate(RAGGED_PROMPTS[1:]):
+        engine.add_request(prompt, SamplingParams(temperature=1.2, top_p=0.7, top_k=9, max_new_tokens=20, seed=i))
+    tokens = []
+    while engine.has_unfinished():
+        tokens += [t for out in engine.step() if out.request_id == greedy for t in out.new_token_ids]
+    assert tokens == hf_greedy(target, RAGGED_PROMPTS[0], 20, [])
+
+
+def test_eos_stop_and_logprobs(make_llama):
+    target = make_llama(0)
+    reference = hf_greedy(target, [5, 6, 7], 20, [])
+    eos = reference[6]
+    engine = Engine(target, None, EngineConfig(max_batch_size=1, max_seq_len=64))
+    engine.add_request([5, 6, 7], SamplingParams(temperature=0, max_new_tokens=20, eos_token_ids=(eos,), logprobs=True))
+    outs = []
+    while engine.has_unfinished():
+        outs += engine.step()
+    tokens = [t for o in outs for t in o.new_token_ids]
+    assert tokens == reference[: reference.index(eos) + 1]
+    assert outs[-1].finish_reason == "stop" and outs[-1].stats.num_generated_tokens == len(tokens)
+    logprobs = [lp for o in outs for lp in o.logprobs]
+    with torch.no_grad():
+        expected = target(torch.tensor([[5, 6, 7] + tokens])).logits[0, 2:-1].log_softmax(-1)
+    assert logprobs == pytest.approx(expected.gather(-1, torch.tensor(tokens)[:, None])[:, 0].tolist(), abs=1e-4)
+
+
+def test_abort_frees_the_slot(make_llama):
+    target = make_llama(0)
+    engine = Engine(target, None, EngineConfig(max_batch_size=1, max_seq_len=64))
+    first = engine.add_request([1, 2, 3], SamplingParams(temperature=0, max_new_tokens=50))
+    second = engine.add_request([4, 5], SamplingParams(temperature=0, max_new_tokens=3))
+    engine.step()
+    assert engine.num_running == 1 and engine.num_waiting == 1
+    engine.abort(first)
+    outs = engine.step()
+    assert any(o.request_id == first and o.finish_reason == "abort" for o in outs)
+    assert any(o.request_id == second for o in outs)  # admitted into the freed slot at once
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.num_running == 0
+
+
+def test_errors_name_the_argument(make_llama, gpt2):
+    target = make_llama(0)
+    engine = Engine(target, None, EngineConfig(max_batch_size=1, max_seq_len=32))
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        engine.add_request([1] * 10, SamplingParams(max_new_tokens=30))
+    with pytest.raises(ValueError, match="vocabulary"):
+        engine.add_request([1, 99], SamplingParams())
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=-1)
+    with pytest.raises(TypeError, match="seed"):
+        SamplingParams(seed=1.5)
+    with pytest.raises(UnsupportedModel, match="model_type"):
+        Engine(gpt2)
+    with pytest.raises(ValueError, match="engine"):
+        specdec.generate(target, [[1]], engine="turbo")
+    with pytest.raises(ValueError, match="num_draft_tokens"):
+        specdec.generate(target, [[1]], drafter=make_llama(1, layers=1), num_draft_tokens="heuristic", engine="fast")
+
+
+def test_sliding_window_checkpoint_is_refused_before_compute():
+    model = transformers.MistralForCausalLM(transformers.MistralConfig(**COMMON, sliding_window=16))
+    engine = Engine(model, None, EngineConfig(max_batch_size=1, max_seq_len=64))
+    with pytest.raises(ValueError, match="sliding attention window"):
+        engine.add_request([1] * 10, SamplingParams(max_new_tokens=10))
+    engine.add_request([1] * 10, SamplingParams(max_new_tokens=6, temperature=0))  # inside the window: exact
