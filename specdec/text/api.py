@@ -17,6 +17,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from specdec.engine.config import BATCH_BUCKETS
 from specdec.request import MAX_NUM_DRAFT_TOKENS, as_int, resolve_eos
 from specdec.text.driver import Driver
 from specdec.text.outputs import Completion, TextDelta, TextRequest
@@ -112,23 +113,25 @@ class LLM:
             return made
 
     def _make_runner(self, gamma):
+        """The request-level engine when it covers the model (falling back only on `UnsupportedModel`)."""
         drafter = self.drafter if gamma != 0 else None
         if self.runner_choice != "fallback":
+            from specdec.engine import Engine, EngineConfig, UnsupportedModel
+
+            if isinstance(gamma, str) and gamma != "auto":
+                raise ValueError(f"num_draft_tokens={gamma!r}: the engine takes an int or 'auto' "
+                                 "(policy names run on runner='fallback')")
+            config = EngineConfig(max_batch_size=min(self.max_batch_size, BATCH_BUCKETS[-1]),
+                                  max_seq_len=self._max_seq_len, num_draft_tokens=gamma,
+                                  max_draft_tokens=max(8, gamma if isinstance(gamma, int) else 0))
             try:
-                from specdec.engine import Engine, EngineConfig, UnsupportedModel
-            except ImportError:
+                return Engine(self.target, drafter, config=config)
+            except UnsupportedModel:
                 if self.runner_choice == "engine":
                     raise
-            else:
-                try:
-                    config = EngineConfig(max_batch_size=self.max_batch_size, max_seq_len=self._max_seq_len,
-                                          num_draft_tokens=gamma if gamma != 0 else 1)
-                    return Engine(self.target, drafter, config=config)
-                except UnsupportedModel:
-                    if self.runner_choice == "engine":
-                        raise
-        return FallbackRunner(self.target, drafter, num_draft_tokens=gamma if gamma != 0 else 1,
-                              max_batch_size=self.max_batch_size, max_seq_len=self._max_seq_len)
+        policy = "guarded" if gamma == "auto" else gamma if gamma != 0 else 1  # the loop's nearest to "auto"
+        return FallbackRunner(self.target, drafter, num_draft_tokens=policy, max_batch_size=self.max_batch_size,
+                              max_seq_len=self._max_seq_len)
 
     # --- requests -------------------------------------------------------------------------------------
     def prepare(self, prompt, **params):
@@ -242,15 +245,17 @@ class TextStream:
 
 
 def check_num_draft_tokens(value):
-    """γ: an int in [0, MAX_NUM_DRAFT_TOKENS] (0 = plain decoding) or a draft-length policy name."""
+    """γ: an int in [0, MAX_NUM_DRAFT_TOKENS] (0 = plain decoding), "auto" (the engine picks γ each step), or a
+    draft-length policy name of the eager loop (runner="fallback")."""
     if isinstance(value, str):
         from specdec.policy import POLICY_NAMES
 
         name = value.strip().lower()
         if name.isdigit():
             return check_num_draft_tokens(int(name))
-        if name not in POLICY_NAMES:
-            raise ValueError(f"num_draft_tokens must be an int or one of {', '.join(POLICY_NAMES)}, got {value!r}")
+        if name not in ("auto", *POLICY_NAMES):
+            raise ValueError(f"num_draft_tokens must be an int, 'auto' or one of {', '.join(POLICY_NAMES)}, "
+                             f"got {value!r}")
         return name
     return as_int(value, "num_draft_tokens", minimum=0, maximum=MAX_NUM_DRAFT_TOKENS)
 

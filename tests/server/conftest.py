@@ -82,7 +82,7 @@ _LOCAL: list = []
 def _load_local(chat_template_file):
     import specdec
 
-    return specdec.load(DEMO / "target", draft=DEMO / "draft", num_draft_tokens=GAMMA,
+    return specdec.load(DEMO / "target", draft=DEMO / "draft", num_draft_tokens=GAMMA, max_batch_size=4,
                         chat_template=str(chat_template_file))
 
 
