@@ -54,8 +54,14 @@ def build(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
+    from specdec.cli import CLIError
 
+    try:
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn
+    except ImportError as err:
+        raise CLIError(f"specdec serve needs {err.name}: pip install 'specdec[serve]'") from None
     app, llm = build(args)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"specdec serve: listening on {args.host}: reachable from other machines, with no authentication",
