@@ -77,12 +77,12 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        parsed = P.parse_completion(P.parse_body(await request.body()), llm, limit)
+        parsed = P.parse_completion(P.parse_body(await _read_body(request)), llm, limit)
         return await _serve(request, parsed, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        parsed = P.parse_chat(P.parse_body(await request.body()), llm, limit)
+        parsed = P.parse_chat(P.parse_body(await _read_body(request)), llm, limit)
         return await _serve(request, parsed, chat=True)
 
     async def _serve(request, parsed: P.ParsedRequest, chat: bool):
@@ -159,6 +159,19 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
         yield "data: [DONE]\n\n"
 
     return app
+
+
+async def _read_body(request) -> bytes:
+    """The body, refused with 413 past `MAX_BODY_BYTES` without reading it all."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > P.MAX_BODY_BYTES:
+        raise P.APIError(f"request body is larger than {P.MAX_BODY_BYTES} bytes", status=413)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > P.MAX_BODY_BYTES:
+            raise P.APIError(f"request body is larger than {P.MAX_BODY_BYTES} bytes", status=413)
+    return bytes(body)
 
 
 async def _abort_on_disconnect(request, run: "_Run") -> None:

@@ -39,13 +39,13 @@ class ServerMetrics:
         self.request_success = Counter(f"{p}request_success", "Finished requests by finish reason (stop, length).",
                                        ["finished_reason"], registry=r)
         self.request_aborted = Counter(f"{p}request_aborted",
-                                       "Requests aborted (client disconnects, stop strings reached).", registry=r)
+                                       "Requests aborted (client disconnects).", registry=r)
         self.request_failed = Counter(f"{p}request_failed", "Requests that failed with a server error.", registry=r)
         self.requests_received = Counter(f"{p}requests_received", "Requests admitted to a runner.", registry=r)
         self.running = Gauge(f"{p}num_requests_running", "Requests in the running batch.", registry=r)
         self.waiting = Gauge(f"{p}num_requests_waiting", "Requests waiting for a slot.", registry=r)
-        self.running.set_function(lambda: self._runner_sum("num_running"))
-        self.waiting.set_function(lambda: self._runner_sum("num_waiting"))
+        self.running.set_function(lambda: llm.num_running)
+        self.waiting.set_function(lambda: llm.num_waiting)
         self.ttft = Histogram(f"{p}time_to_first_token_seconds", "Time from admission to the first token.",
                               buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram(f"{p}inter_token_latency_seconds",
@@ -57,12 +57,6 @@ class ServerMetrics:
         self._times: dict[str, list] = {}  # request id -> [admitted at, last output at]
         # stop strings abort a request on purpose: it finishes as "stop", not as an abort
         self._stopping: set[str] = set()
-
-    def _runner_sum(self, name: str) -> float:
-        total = 0
-        for runner in list(self.llm._runners.values()):
-            total += int(getattr(runner, name, 0) or 0)
-        return total
 
     def admitted(self, request_id: str, num_prompt_tokens: int) -> None:
         now = time.perf_counter()

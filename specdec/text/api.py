@@ -154,6 +154,15 @@ class LLM:
     def abort(self, request_id: str) -> None:
         self.driver.abort(request_id)
 
+    @property
+    def num_running(self) -> int:
+        """Requests in the runners' running batches (read from any thread: a snapshot)."""
+        return sum(int(getattr(r, "num_running", 0)) for r in list(self._runners.values()))
+
+    @property
+    def num_waiting(self) -> int:
+        return sum(int(getattr(r, "num_waiting", 0)) for r in list(self._runners.values()))
+
     def generate(self, prompts, **params) -> "Completion | list[Completion]":
         """Completions for a prompt (a `Completion`) or a list of prompts (a list, in order).
 
@@ -271,8 +280,8 @@ def _check_weights(folder: Path, allow_pickle: bool, what: str) -> None:
     raise ValueError(f"{what} directory {folder} has no .safetensors weights{hint}")
 
 
-def _read_template(template: str) -> str:
-    if "{" not in template and Path(template).is_file():
+def _read_template(template) -> str:
+    if isinstance(template, Path) or (isinstance(template, str) and "{" not in template and Path(template).is_file()):
         return Path(template).read_text(encoding="utf-8")
     if not isinstance(template, str) or "{" not in template:
         raise ValueError(f"chat_template must be a Jinja template string or a file, got {template!r}")

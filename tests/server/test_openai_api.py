@@ -44,6 +44,18 @@ def test_greedy_completion_equals_the_text_api(client, local_llm, prompt):
     assert 1.0 <= extra["accepted_per_step"] <= 5.0
 
 
+def test_several_prompts_in_one_request_give_choices_in_order(client):
+    both = client.completions.create(model="demo", prompt=PROMPTS[:2], max_tokens=10, temperature=0)
+    singles = [client.completions.create(model="demo", prompt=p, max_tokens=10, temperature=0) for p in PROMPTS[:2]]
+    assert [c.index for c in both.choices] == [0, 1]
+    assert [c.text for c in both.choices] == [s.choices[0].text for s in singles]
+    assert both.usage.completion_tokens == sum(s.usage.completion_tokens for s in singles)
+    streamed = ["", ""]
+    for chunk in client.completions.create(model="demo", prompt=PROMPTS[:2], max_tokens=10, temperature=0, stream=True):
+        streamed[chunk.choices[0].index] += chunk.choices[0].text
+    assert streamed == [c.text for c in both.choices]
+
+
 def test_streamed_completion_concatenates_to_the_full_text(client):
     full = client.completions.create(model="demo", prompt=PROMPTS[2], max_tokens=20, temperature=0)
     chunks = list(client.completions.create(model="demo", prompt=PROMPTS[2], max_tokens=20, temperature=0, stream=True))
