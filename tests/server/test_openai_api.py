@@ -120,6 +120,11 @@ def test_client_disconnect_aborts_the_request_and_frees_its_slot(server, idle):
     assert after[aborted] == before[aborted] + 1
     generated = ("specdec:generation_tokens_total", ())
     assert after[generated] - before[generated] < 1000
+    # a non-streamed request whose client gives up is cancelled too
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server + "/v1/completions", json={**body, "stream": False}, timeout=1.0)
+    final = idle(timeout=5)
+    assert final[aborted] == after[aborted] + 1 and final[generated] - after[generated] < 1000
 
 
 def test_metrics_parse_and_add_up_to_the_responses(server, client, idle, read_metrics):
