@@ -15,6 +15,7 @@ from specdec.step import GenerateResult, TokenEvent
 from specdec.drafters import Drafter, ModelDrafter, NGramDrafter, PromptLookupDrafter, Proposal
 from specdec.metrics import SpecStats
 from specdec.policy import DraftLengthPolicy, FixedPolicy, StepOutcome
+from specdec.text import load
 
 __version__ = "0.1.0"
 
@@ -38,4 +39,5 @@ __all__ = [
     "DraftLengthPolicy",
     "FixedPolicy",
     "StepOutcome",
+    "load",
 ]

@@ -130,7 +130,12 @@ def normalize_prompts(prompts, attention_mask, vocab_size: int) -> list[list[int
         if attention_mask is not None:
             raise ValueError("attention_mask is only accepted with a prompts tensor")
         if not isinstance(prompts, (list, tuple)) or (prompts and not all(isinstance(p, (list, tuple)) for p in prompts)):
-            raise ValueError("prompts must be a list of token-id lists (list[list[int]]) or a LongTensor [B, T]")
+            hint = ""
+            if isinstance(prompts, str) or hasattr(prompts, "input_ids") or (
+                    isinstance(prompts, (list, tuple)) and any(isinstance(p, (str, dict)) for p in prompts)):
+                hint = ("; for text, chat messages or a tokenizer's output use the text API: "
+                        "llm = specdec.load(target_dir, draft); llm.generate(\"def f(\")")
+            raise ValueError("prompts must be a list of token-id lists (list[list[int]]) or a LongTensor [B, T]" + hint)
         rows = [list(p) for p in prompts]
     if not rows:
         raise ValueError("prompts is empty: give at least one prompt")

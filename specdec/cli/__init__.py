@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "demo": "specdec.cli.demo",
     "bench": "specdec.cli.bench",
     "policies": "specdec.cli.policies",
+    "serve": "specdec.cli.serve",
 }
 
 

@@ -21,9 +21,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--prompt", action="append", required=True,
                    help="prompt text; repeat for a batch (rows are generated together, printed in order)")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--temperature", type=float, default=None,
+                   help="0 = greedy (default: the model's generation_config: greedy unless do_sample)")
+    p.add_argument("--top-k", type=int, default=None, help="default: the generation_config's, else 0 (off)")
+    p.add_argument("--top-p", type=float, default=None, help="default: the generation_config's, else 1.0 (off)")
     p.add_argument("--num-draft-tokens", default="4",
                    help="γ: an integer, or a policy name (heuristic, optimal, threshold, guarded)")
     p.add_argument("--seed", type=int, default=None)
@@ -55,8 +56,8 @@ def _drafter(args, tokenizer, target, prompts_ids):
 
 
 def run(args: argparse.Namespace) -> int:
-    import specdec
     from specdec.loading import load_model, load_tokenizer
+    from specdec.text import LLM
 
     if args.max_new_tokens < 0:
         raise ValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
@@ -68,33 +69,32 @@ def run(args: argparse.Namespace) -> int:
         if not ids:
             raise ValueError(f"prompt {i} is empty after tokenization")
     drafter = _drafter(args, tokenizer, target, prompts)
+    if drafter is not None and isinstance(gamma, int) and gamma < 1:
+        raise ValueError(f"num_draft_tokens must be >= 1 with a draft (got {gamma}); omit --draft for plain decoding")
 
+    params = {"max_new_tokens": args.max_new_tokens, "seed": args.seed}
+    for name in ("temperature", "top_k", "top_p"):
+        if getattr(args, name) is not None:  # explicit arguments win over the generation_config
+            params[name] = getattr(args, name)
     single = len(prompts) == 1
-    out = [[] for _ in prompts]
-    shown = [""]
-
-    def on_tokens(event):
-        for row, toks in zip(event.rows, event.tokens):
-            out[row].extend(toks)
+    with LLM(target, tokenizer, drafter, num_draft_tokens=gamma if drafter is not None else 0) as llm:
         if single and not args.json:
-            text = tokenizer.decode(out[0], skip_special_tokens=True)
-            sys.stdout.write(text[len(shown[0]):] if text.startswith(shown[0]) else "\n" + text)
-            sys.stdout.flush()
-            shown[0] = text
-
-    if single and not args.json:
-        sys.stdout.write(args.prompt[0])
-    result = specdec.generate(
-        target, prompts, drafter=drafter, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-        top_k=args.top_k, top_p=args.top_p, num_draft_tokens=gamma, seed=args.seed, on_tokens=on_tokens,
-    )
-    texts = [tokenizer.decode(seq, skip_special_tokens=True) for seq in result.sequences]
-    s = result.stats
-    alpha = f"{s.alpha:.3f}" if s.alpha is not None else "n/a"
-    summary = (f"α={alpha} τ={s.mean_accepted_length:.2f} tokens/s={s.tokens_per_second:.1f} "
-               f"({s.num_generated_tokens} tokens, {s.num_steps} target calls, {s.wall_time_s:.2f}s)")
+            # deltas are whole characters and concatenate to the final text (no reprinting)
+            sys.stdout.write(args.prompt[0])
+            stream = llm.stream(prompts[0], **params)
+            for delta in stream:
+                sys.stdout.write(delta)
+                sys.stdout.flush()
+            completions = [stream.completion]
+        else:
+            completions = llm.generate(prompts, **params)
+    texts = [c.text for c in completions]
+    stats = _stats(completions)
+    alpha = f"{stats['alpha']:.3f}" if stats["alpha"] is not None else "n/a"
+    summary = (f"α={alpha} τ={stats['mean_accepted_length']:.2f} tokens/s={stats['tokens_per_second']:.1f} "
+               f"({stats['num_generated_tokens']} tokens, {stats['num_steps']} target calls, {stats['wall_time_s']:.2f}s)")
     if args.json:
-        print(json.dumps({"texts": texts, "sequences": result.sequences, "stats": s.to_dict()}))
+        print(json.dumps({"texts": texts, "sequences": [c.token_ids for c in completions], "stats": stats}))
         return 0
     if not single:
         for prompt, text in zip(args.prompt, texts):
@@ -103,3 +103,22 @@ def run(args: argparse.Namespace) -> int:
         print()
     print(summary)
     return 0
+
+
+def _stats(completions) -> dict:
+    """One prompt: the loop's SpecStats when the runner reports them; several: sums over the prompts."""
+    if len(completions) == 1 and completions[0].stats.spec is not None:
+        out = completions[0].stats.spec.to_dict()
+        out["wall_time_s"] = max(out["wall_time_s"], completions[0].stats.wall_time_s)
+        return out
+    per = [c.stats for c in completions]
+    steps = sum(s.num_steps for s in per)
+    wall = max(s.wall_time_s for s in per)
+    tokens = sum(s.num_generated_tokens for s in per)
+    alphas = [s.alpha for s in per if s.alpha is not None]
+    return {
+        "alpha": sum(alphas) / len(alphas) if alphas else None,
+        "mean_accepted_length": (sum(s.num_accepted_tokens for s in per) + steps) / steps if steps else 0.0,
+        "tokens_per_second": tokens / wall if wall > 0 else 0.0, "num_generated_tokens": tokens, "num_steps": steps,
+        "wall_time_s": wall, "per_prompt": [s.to_dict() for s in per],
+    }

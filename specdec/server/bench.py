@@ -1,0 +1,159 @@
+"""Load test of a running `specdec serve`: N concurrent streaming clients, plain vs speculative decoding.
+
+Each of N clients sends `requests_per_client` streaming /v1/completions requests one after another (a closed
+loop), all clients at once. Per request: time to first token (TTFT), the gaps between streamed chunks
+(inter-token latency, ITL: a speculative step delivers its tokens in one chunk), time per output token after
+the first (TPOT), and the token count from `usage`. Plain requests ask for `num_draft_tokens: 0` on the same
+server, so both modes share the model, the batch limits and the machine. Returns results; never prints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+__all__ = ["RequestTiming", "LevelResult", "run_level", "run_benchmark"]
+
+
+@dataclass(frozen=True)
+class RequestTiming:
+    ttft_s: float
+    chunk_gaps_s: list[float]
+    e2e_s: float
+    tokens: int
+
+
+@dataclass(frozen=True)
+class LevelResult:
+    mode: str  # "plain" | "speculative"
+    concurrency: int
+    requests: int
+    output_tokens: int
+    duration_s: float
+    throughput_tok_s: float  # output tokens / wall time of the level
+    ttft_p50_s: float
+    ttft_p99_s: float
+    itl_p50_s: float
+    itl_p99_s: float
+    tpot_p50_s: float
+    accepted_per_step: float | None  # τ from the server's metrics over the level (speculative only)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+async def _one(client, url: str, body: dict) -> RequestTiming:
+    start = time.perf_counter()
+    first = last = None
+    gaps, tokens = [], 0
+    async with client.stream("POST", url + "/v1/completions", json=body) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"HTTP {response.status_code}: {(await response.aread())[:200]!r}")
+        async for line in response.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            now = time.perf_counter()
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            if not chunk.get("choices") or not chunk["choices"][0].get("text"):
+                continue
+            if first is None:
+                first = now
+            else:
+                gaps.append(now - last)
+            last = now
+    end = time.perf_counter()
+    return RequestTiming(ttft_s=(first or end) - start, chunk_gaps_s=gaps, e2e_s=end - start, tokens=tokens)
+
+
+async def run_level(url: str, prompts: list[str], *, mode: str, concurrency: int, requests_per_client: int,
+                    max_tokens: int, num_draft_tokens: int, model: str = "bench") -> LevelResult:
+    import httpx
+
+    async def client_loop(client, index: int) -> list[RequestTiming]:
+        out = []
+        for r in range(requests_per_client):
+            body = {"model": model, "prompt": prompts[(index + r) % len(prompts)], "max_tokens": max_tokens,
+                    "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+                    "specdec": {"num_draft_tokens": 0 if mode == "plain" else num_draft_tokens}}
+            out.append(await _one(client, url, body))
+        return out
+
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        before = await _spec_counters(client, url)
+        start = time.perf_counter()
+        per_client = await asyncio.gather(*(client_loop(client, i) for i in range(concurrency)))
+        duration = time.perf_counter() - start
+        after = await _spec_counters(client, url)
+    timings = [t for ts in per_client for t in ts]
+    tokens = sum(t.tokens for t in timings)
+    gaps = [g for t in timings for g in t.chunk_gaps_s]
+    tpot = [(t.e2e_s - t.ttft_s) / (t.tokens - 1) for t in timings if t.tokens > 1]
+    steps = after["drafts"] - before["drafts"]
+    tau = (after["accepted"] - before["accepted"] + steps) / steps if mode != "plain" and steps else None
+    return LevelResult(
+        mode=mode, concurrency=concurrency, requests=len(timings), output_tokens=tokens, duration_s=duration,
+        throughput_tok_s=tokens / duration if duration > 0 else 0.0,
+        ttft_p50_s=_percentile([t.ttft_s for t in timings], 0.5), ttft_p99_s=_percentile([t.ttft_s for t in timings], 0.99),
+        itl_p50_s=_percentile(gaps, 0.5), itl_p99_s=_percentile(gaps, 0.99), tpot_p50_s=_percentile(tpot, 0.5),
+        accepted_per_step=tau,
+    )
+
+
+async def _spec_counters(client, url: str) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = (await client.get(url + "/metrics")).text
+    values = {"drafts": 0.0, "accepted": 0.0}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "specdec:spec_decode_num_drafts_total":
+                values["drafts"] = s.value
+            elif s.name == "specdec:spec_decode_num_accepted_tokens_total":
+                values["accepted"] = s.value
+    return values
+
+
+def run_benchmark(url: str, prompts: list[str], *, concurrency: list[int], requests_per_client: int = 2,
+                  max_tokens: int = 64, num_draft_tokens: int = 4, warmup: bool = True) -> list[LevelResult]:
+    """Every concurrency level, plain then speculative, against the server at `url`."""
+
+    async def main():
+        results = []
+        if warmup:
+            for mode in ("plain", "speculative"):
+                await run_level(url, prompts, mode=mode, concurrency=1, requests_per_client=1, max_tokens=8,
+                                num_draft_tokens=num_draft_tokens)
+        for n in concurrency:
+            for mode in ("plain", "speculative"):
+                results.append(await run_level(url, prompts, mode=mode, concurrency=n,
+                                               requests_per_client=requests_per_client, max_tokens=max_tokens,
+                                               num_draft_tokens=num_draft_tokens))
+        return results
+
+    return asyncio.run(main())
+
+
+def markdown_table(results: list[LevelResult]) -> str:
+    rows = ["| clients | mode | requests | tokens | throughput (tok/s) | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) "
+            "| TPOT p50 (ms) | τ |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        tau = f"{r.accepted_per_step:.2f}" if r.accepted_per_step is not None else "–"
+        rows.append(f"| {r.concurrency} | {r.mode} | {r.requests} | {r.output_tokens} | {r.throughput_tok_s:.1f} | "
+                    f"{1e3 * r.ttft_p50_s:.0f} / {1e3 * r.ttft_p99_s:.0f} | {1e3 * r.itl_p50_s:.1f} / "
+                    f"{1e3 * r.itl_p99_s:.1f} | {1e3 * r.tpot_p50_s:.1f} | {tau} |")
+    return "\n".join(rows)

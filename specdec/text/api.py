@@ -1,0 +1,311 @@
+"""`specdec.load(...)`: text in, text out, over the request-level engine (or the eager loop where it cannot run).
+
+    llm = specdec.load("path/to/target", draft="path/to/draft")      # or "prompt-lookup", "ngram"
+    llm.generate("def fib(n):", max_new_tokens=64).text
+    for delta in llm.stream([{"role": "user", "content": "hi"}], temperature=0.7, seed=0):
+        print(delta, end="")
+
+Defaults come from the target's generation_config (greedy unless do_sample), explicit arguments win.
+Requests run on one background thread (`Driver`); `generate`/`stream` block only the calling thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from specdec.engine.config import BATCH_BUCKETS
+from specdec.request import MAX_NUM_DRAFT_TOKENS, as_int, resolve_eos
+from specdec.text.driver import Driver
+from specdec.text.outputs import Completion, TextDelta, TextRequest
+from specdec.text.prompts import GenerationDefaults, encode_prompts, make_params, render_chat
+from specdec.text.runner import FallbackRunner
+
+__all__ = ["load", "LLM", "TextStream"]
+
+DRAFT_NAMES = ("prompt-lookup", "ngram")
+RUNNERS = ("auto", "engine", "fallback")
+#: distinct num_draft_tokens values served at once (each runner holds its own KV cache)
+MAX_RUNNERS = 4
+
+
+def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num_draft_tokens=4,
+         chat_template: str | None = None, allow_pickle: bool = False, runner: str = "auto",
+         max_batch_size: int = 32, max_seq_len: int | None = None, ngram_data=None) -> "LLM":
+    """Load a target (and a draft) for text generation.
+
+    target          a local checkpoint folder, or a transformers model (then pass `tokenizer`)
+    draft           None | a folder | a transformers model | "prompt-lookup" | "ngram" (fit on `ngram_data`:
+                    a text file or a list of strings) | a specdec Drafter
+    tokenizer       a folder or a tokenizer object (default: the target folder's)
+    num_draft_tokens default γ (an int, or a policy name on the fallback runner); 0 = plain decoding
+    chat_template   a Jinja chat template (string or file) replacing the tokenizer's own
+    allow_pickle    load .bin/.pt weights (pickle can run code); safetensors only by default
+    runner          "auto": the request-level engine when it covers the model, else the eager loop;
+                    "engine" / "fallback" to force one
+    """
+    from specdec.loading import load_model, load_tokenizer
+
+    if runner not in RUNNERS:
+        raise ValueError(f"runner must be one of {', '.join(RUNNERS)}, got {runner!r}")
+    if isinstance(target, (str, Path)):
+        _check_weights(Path(target), allow_pickle, "target")
+        target_model = load_model(target, device=device, dtype=dtype, what="target")
+        tokenizer = tokenizer if tokenizer is not None else target
+    else:
+        target_model = target
+        if tokenizer is None:
+            raise ValueError("tokenizer is required when target is a model object (pass a folder or a tokenizer)")
+    if isinstance(tokenizer, (str, Path)):
+        tokenizer = load_tokenizer(tokenizer)
+    if chat_template is not None:
+        tokenizer.chat_template = _read_template(chat_template)
+    drafter = _load_draft(draft, target_model, tokenizer, allow_pickle, ngram_data)
+    return LLM(target_model, tokenizer, drafter, num_draft_tokens=num_draft_tokens, runner=runner,
+               max_batch_size=max_batch_size, max_seq_len=max_seq_len)
+
+
+class LLM:
+    """A target (+ drafter) and its tokenizer, serving text requests through runners on a background thread."""
+
+    def __init__(self, target, tokenizer, drafter=None, *, num_draft_tokens=4, runner: str = "auto",
+                 max_batch_size: int = 32, max_seq_len: int | None = None):
+        self.target = target
+        self.tokenizer = tokenizer
+        self.drafter = drafter
+        self.runner_choice = runner
+        self.max_batch_size = as_int(max_batch_size, "max_batch_size", minimum=1, maximum=4096)
+        self._max_seq_len = max_seq_len
+        self.num_draft_tokens = check_num_draft_tokens(num_draft_tokens if drafter is not None else 0)
+        if drafter is not None and self.num_draft_tokens == 0:
+            raise ValueError("num_draft_tokens must be >= 1 when a draft is given (requests may still ask for "
+                             "num_draft_tokens=0, plain decoding)")
+        # an encoder-decoder's prompt is the encoder's input, not text its output continues
+        self._continues_prompt = not getattr(getattr(target, "config", None), "is_encoder_decoder", False)
+        eos = resolve_eos(None, target) or ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
+        self.defaults = GenerationDefaults.from_model(target, eos)
+        self.driver = Driver()
+        self._runners: dict = {}
+        self._runner_lock = threading.Lock()
+        self._ids = itertools.count()
+        first = self.runner(self.num_draft_tokens)  # fails now (not at the first request) on a bad setup
+        self.runner_kind = "fallback" if isinstance(first, FallbackRunner) else "engine"
+        self.vocab_size = int(first.vocab_size)
+        self.max_seq_len = int(first.max_seq_len)
+
+    # --- runners ------------------------------------------------------------------------------------
+    def runner(self, num_draft_tokens):
+        """The runner serving requests at this γ (created on first use; 0 = plain decoding)."""
+        key = check_num_draft_tokens(num_draft_tokens)
+        if key != 0 and self.drafter is None:
+            raise ValueError(f"num_draft_tokens={key!r} needs a draft model; this model was loaded without one")
+        with self._runner_lock:
+            current = self._runners.get(key)
+            if current is not None and current not in self.driver.failed:
+                return current
+            if current is None and len(self._runners) >= MAX_RUNNERS:
+                raise ValueError(f"num_draft_tokens: at most {MAX_RUNNERS} distinct values are served at once, "
+                                 f"already serving {sorted(map(str, self._runners))}")
+            self._runners[key] = made = self._make_runner(key)
+            return made
+
+    def _make_runner(self, gamma):
+        """The request-level engine when it covers the model (falling back only on `UnsupportedModel`)."""
+        drafter = self.drafter if gamma != 0 else None
+        if self.runner_choice != "fallback":
+            from specdec.engine import Engine, EngineConfig, UnsupportedModel
+
+            if isinstance(gamma, str) and gamma != "auto":
+                raise ValueError(f"num_draft_tokens={gamma!r}: the engine takes an int or 'auto' "
+                                 "(policy names run on runner='fallback')")
+            config = EngineConfig(max_batch_size=min(self.max_batch_size, BATCH_BUCKETS[-1]),
+                                  max_seq_len=self._max_seq_len, num_draft_tokens=gamma,
+                                  max_draft_tokens=max(8, gamma if isinstance(gamma, int) else 0))
+            try:
+                return Engine(self.target, drafter, config=config)
+            except UnsupportedModel:
+                if self.runner_choice == "engine":
+                    raise
+        policy = "guarded" if gamma == "auto" else gamma if gamma != 0 else 1  # the loop's nearest to "auto"
+        return FallbackRunner(self.target, drafter, num_draft_tokens=policy, max_batch_size=self.max_batch_size,
+                              max_seq_len=self._max_seq_len)
+
+    # --- requests -------------------------------------------------------------------------------------
+    def prepare(self, prompt, **params):
+        """(prompt_ids, SamplingParams, stop strings, γ) for one prompt, every argument checked."""
+        batch, single = encode_prompts(prompt, self.tokenizer, self.vocab_size)
+        if not single:
+            raise ValueError(f"prompt must be one prompt (a string, token ids or chat messages), got {len(batch)}")
+        ids = batch[0]
+        sampling, stop, gamma = make_params(self, len(ids), params)
+        return ids, sampling, stop, gamma
+
+    def submit(self, prompt_ids, sampling, stop, gamma, sink, request_id: str | None = None) -> TextRequest:
+        """Start a request; `sink` gets its RequestOutputs (then maybe an Exception) on the driver thread."""
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        request = TextRequest(rid, self.tokenizer, prompt_ids, stop, logprobs=sampling.logprobs,
+                              decode_context=prompt_ids if self._continues_prompt else ())
+        self.driver.submit(self.runner(gamma), prompt_ids, sampling, sink, rid)
+        return request
+
+    def abort(self, request_id: str) -> None:
+        self.driver.abort(request_id)
+
+    @property
+    def num_running(self) -> int:
+        """Requests in the runners' running batches (read from any thread: a snapshot)."""
+        return sum(int(getattr(r, "num_running", 0)) for r in list(self._runners.values()))
+
+    @property
+    def num_waiting(self) -> int:
+        return sum(int(getattr(r, "num_waiting", 0)) for r in list(self._runners.values()))
+
+    def generate(self, prompts, **params) -> "Completion | list[Completion]":
+        """Completions for a prompt (a `Completion`) or a list of prompts (a list, in order).
+
+        A prompt is a string, token ids, or chat messages `[{"role": ..., "content": ...}]`.
+        params: max_new_tokens, temperature, top_k, top_p, seed, stop, num_draft_tokens, logprobs.
+        """
+        batch, single = encode_prompts(prompts, self.tokenizer, self.vocab_size)
+        prepared = [make_params(self, len(ids), params) for ids in batch]
+        outputs: queue.Queue = queue.Queue()
+        requests = []
+        try:
+            for i, (ids, (sampling, stop, gamma)) in enumerate(zip(batch, prepared)):
+                sink = (lambda i: lambda item: outputs.put((i, item)))(i)
+                requests.append(self.submit(ids, sampling, stop, gamma, sink))
+            pending = len(requests)
+            while pending:
+                i, item = outputs.get()
+                if isinstance(item, BaseException):
+                    raise item
+                request = requests[i]
+                request.feed(item)
+                if item.finished:
+                    pending -= 1
+                elif request.stop_reached:
+                    self.abort(request.request_id)
+        except BaseException:
+            for request in requests:
+                if not request.finished:
+                    self.abort(request.request_id)
+            raise
+        completions = [r.completion() for r in requests]
+        return completions[0] if single else completions
+
+    def stream(self, prompt, **params) -> "TextStream":
+        """Text deltas for one prompt (valid UTF-8; they concatenate to `.completion.text`)."""
+        ids, sampling, stop, gamma = self.prepare(prompt, **params)
+        return TextStream(self, ids, sampling, stop, gamma)
+
+    def render_chat(self, messages) -> str:
+        return render_chat(self.tokenizer, messages)
+
+    def close(self) -> None:
+        self.driver.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class TextStream:
+    """Iterate for `str` deltas (or `.deltas()` for `TextDelta`s); `.completion` once exhausted."""
+
+    def __init__(self, llm: LLM, ids, sampling, stop, gamma):
+        self._llm = llm
+        self._args = (ids, sampling, stop, gamma)
+        self._request: TextRequest | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        for delta in self.deltas():
+            if delta.text:
+                yield delta.text
+
+    def deltas(self) -> Iterator[TextDelta]:
+        if self._request is not None:
+            raise RuntimeError("a TextStream can be iterated once")
+        outputs: queue.Queue = queue.Queue()
+        self._request = request = self._llm.submit(*self._args, outputs.put)
+        try:
+            while not request.finished:
+                item = outputs.get()
+                if isinstance(item, BaseException):
+                    raise item
+                delta = request.feed(item)
+                if request.stop_reached and not item.finished:
+                    self._llm.abort(request.request_id)
+                if delta.text or delta.finish_reason or delta.pieces:
+                    yield delta
+        finally:
+            if not request.finished:  # the consumer stopped early (break, exception, garbage collection)
+                self._llm.abort(request.request_id)
+
+    @property
+    def completion(self) -> Completion:
+        if self._request is None or not self._request.finished:
+            raise RuntimeError("the stream has not finished yet: iterate over it first")
+        return self._request.completion()
+
+
+def check_num_draft_tokens(value):
+    """γ: an int in [0, MAX_NUM_DRAFT_TOKENS] (0 = plain decoding), "auto" (the engine picks γ each step), or a
+    draft-length policy name of the eager loop (runner="fallback")."""
+    if isinstance(value, str):
+        from specdec.policy import POLICY_NAMES
+
+        name = value.strip().lower()
+        if name.isdigit():
+            return check_num_draft_tokens(int(name))
+        if name not in ("auto", *POLICY_NAMES):
+            raise ValueError(f"num_draft_tokens must be an int, 'auto' or one of {', '.join(POLICY_NAMES)}, "
+                             f"got {value!r}")
+        return name
+    return as_int(value, "num_draft_tokens", minimum=0, maximum=MAX_NUM_DRAFT_TOKENS)
+
+
+def _check_weights(folder: Path, allow_pickle: bool, what: str) -> None:
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{what} directory not found: {folder} (specdec loads local checkpoints only)")
+    if allow_pickle or any(folder.glob("*.safetensors")):
+        return
+    pickles = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
+    hint = f" (found {', '.join(pickles)}: pass allow_pickle=True / --allow-pickle to load pickle weights, " \
+           "which can run arbitrary code)" if pickles else ""
+    raise ValueError(f"{what} directory {folder} has no .safetensors weights{hint}")
+
+
+def _read_template(template) -> str:
+    if isinstance(template, Path) or (isinstance(template, str) and "{" not in template and Path(template).is_file()):
+        return Path(template).read_text(encoding="utf-8")
+    if not isinstance(template, str) or "{" not in template:
+        raise ValueError(f"chat_template must be a Jinja template string or a file, got {template!r}")
+    return template
+
+
+def _load_draft(draft, target, tokenizer, allow_pickle: bool, ngram_data):
+    import specdec
+    from specdec.loading import load_model
+
+    if draft is None:
+        return None
+    if isinstance(draft, str) and draft.lower() in DRAFT_NAMES:
+        if draft.lower() == "prompt-lookup":
+            return specdec.PromptLookupDrafter()
+        if ngram_data is None:
+            raise ValueError("draft='ngram' needs ngram_data (a text file or a list of strings) to fit its table on; "
+                             "draft='prompt-lookup' needs no data")
+        texts = [Path(ngram_data).read_text(encoding="utf-8", errors="replace")] \
+            if isinstance(ngram_data, (str, Path)) else list(ngram_data)
+        vocab = target.get_output_embeddings().weight.shape[0]
+        return specdec.NGramDrafter(2).fit([tokenizer.encode(t) for t in texts if t], vocab)
+    if isinstance(draft, (str, Path)):
+        _check_weights(Path(draft), allow_pickle, "draft")
+        dtype = next(target.parameters()).dtype
+        return load_model(draft, device=target.device, dtype=dtype, what="draft")
+    return draft

@@ -1,0 +1,188 @@
+"""Prompts and parameters of text requests: strings, ids, chat messages → token ids; kwargs → SamplingParams.
+
+Defaults come from the target's generation_config as transformers reads it: greedy unless `do_sample`,
+its temperature / top_k / top_p / max_new_tokens when set; explicit arguments win.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+from specdec.request import MAX_NEW_TOKENS, SamplingParams, as_int
+from specdec.text.detokenize import MAX_STOP_LENGTH, MAX_STOP_STRINGS
+
+__all__ = ["GenerationDefaults", "encode_prompts", "render_chat", "make_params", "PARAMS"]
+
+PARAMS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "num_draft_tokens", "logprobs")
+_DEFAULT_MAX_NEW_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class GenerationDefaults:
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_new_tokens: int | None = None  # None = 64, capped by the room left in the context
+    eos_token_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def from_model(cls, model, eos_token_ids) -> "GenerationDefaults":
+        config = getattr(model, "generation_config", None)
+
+        def get(name, default):
+            value = getattr(config, name, None) if config is not None else None
+            return default if value is None else value
+
+        sample = bool(get("do_sample", False))
+        return cls(
+            temperature=float(get("temperature", 1.0)) if sample else 0.0,
+            top_k=int(get("top_k", 0)),
+            top_p=float(get("top_p", 1.0)),
+            max_new_tokens=get("max_new_tokens", None),
+            eos_token_ids=tuple(eos_token_ids),
+        )
+
+
+def render_chat(tokenizer, messages) -> str:
+    """Chat messages rendered with the tokenizer's chat template, ending with the assistant's turn."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ValueError(f"messages[{i}] must be a dict with string 'role' and 'content', got {m!r}")
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this tokenizer has no chat template: pass chat_template= to specdec.load "
+                         "(--chat-template FILE for the CLI and server), or send a plain text prompt")
+    return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+
+
+def encode_prompts(prompts, tokenizer, vocab_size: int) -> tuple[list[list[int]], bool]:
+    """(token ids per prompt, whether a single prompt was given).
+
+    One prompt: a string, a list of ids, chat messages (a list of dicts), a 1-D tensor. Several: a list of
+    those, a 2-D tensor, or a tokenizer's output (`BatchEncoding` / dict with input_ids, attention_mask honoured).
+    """
+    import torch
+
+    if isinstance(prompts, dict) or hasattr(prompts, "input_ids") and not isinstance(prompts, torch.Tensor):
+        return _from_encoding(prompts, vocab_size)
+    if isinstance(prompts, torch.Tensor):
+        if prompts.dim() not in (1, 2):
+            raise ValueError(f"prompts tensor must be [T] or [B, T], got shape {tuple(prompts.shape)}")
+        rows = prompts.tolist() if prompts.dim() == 2 else [prompts.tolist()]
+        return [_ids(r, i, vocab_size) for i, r in enumerate(rows)], prompts.dim() == 1
+    if isinstance(prompts, str) or _is_prompt_list(prompts):
+        return [_encode_one(prompts, 0, tokenizer, vocab_size)], True
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise ValueError("prompts must be a string, token ids, chat messages, or a non-empty list of those; "
+                         f"got {type(prompts).__name__}")
+    return [_encode_one(p, i, tokenizer, vocab_size) for i, p in enumerate(prompts)], False
+
+
+def _is_prompt_list(value) -> bool:
+    """A list that is ONE prompt: token ids or chat messages."""
+    if not isinstance(value, (list, tuple)) or not value:
+        return False
+    first = value[0]
+    return isinstance(first, dict) or (hasattr(first, "__index__") and not isinstance(first, (str, list, tuple)))
+
+
+def _encode_one(prompt, index: int, tokenizer, vocab_size: int) -> list[int]:
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ValueError(f"prompt {index} is empty")
+        ids = tokenizer.encode(prompt)
+    elif isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
+        ids = tokenizer.encode(render_chat(tokenizer, prompt), add_special_tokens=False)
+    elif isinstance(prompt, (list, tuple)):
+        ids = prompt
+    else:
+        raise ValueError(f"prompt {index} must be a string, token ids or chat messages, got {type(prompt).__name__}")
+    return _ids(ids, index, vocab_size)
+
+
+def _ids(ids, index: int, vocab_size: int) -> list[int]:
+    if not ids:
+        raise ValueError(f"prompt {index} has no tokens")
+    out = []
+    for tok in ids:
+        if isinstance(tok, bool) or not hasattr(tok, "__index__"):
+            raise ValueError(f"prompt {index} contains a non-integer token id {tok!r}")
+        tok = operator.index(tok)
+        if not 0 <= tok < vocab_size:
+            raise ValueError(f"prompt {index} has token id {tok} outside the vocabulary [0, {vocab_size})")
+        out.append(tok)
+    return out
+
+
+def _from_encoding(encoding, vocab_size: int) -> tuple[list[list[int]], bool]:
+    import torch
+
+    ids = encoding["input_ids"]
+    mask = encoding.get("attention_mask") if hasattr(encoding, "get") else None
+    ids = ids.tolist() if isinstance(ids, torch.Tensor) else ids
+    mask = mask.tolist() if isinstance(mask, torch.Tensor) else mask
+    single = bool(ids) and not isinstance(ids[0], (list, tuple))
+    rows, masks = ([ids], [mask] if mask is not None else None) if single else (ids, mask)
+    if masks is not None:
+        rows = [[t for t, m in zip(r, mr) if m] for r, mr in zip(rows, masks)]
+    return [_ids(r, i, vocab_size) for i, r in enumerate(rows)], single
+
+
+def make_params(llm, prompt_len: int, params: dict):
+    """(SamplingParams, stop strings, γ) from keyword arguments over the model's defaults."""
+    from specdec.text.api import check_num_draft_tokens
+
+    unknown = sorted(set(params) - set(PARAMS))
+    if unknown:
+        raise TypeError(f"unknown parameter {unknown[0]!r}; the parameters are {', '.join(PARAMS)}")
+    d = llm.defaults
+    room = llm.max_seq_len - prompt_len
+    if room < 1:
+        raise ValueError(f"prompt is {prompt_len} tokens: it must be shorter than the model context of "
+                         f"{llm.max_seq_len} tokens")
+    max_new = params.get("max_new_tokens")
+    if max_new is None:
+        max_new = min(d.max_new_tokens or _DEFAULT_MAX_NEW_TOKENS, room)
+    max_new = as_int(max_new, "max_new_tokens", minimum=0, maximum=MAX_NEW_TOKENS)
+    if max_new > room:
+        raise ValueError(f"max_new_tokens={max_new} does not fit: the prompt has {prompt_len} tokens and the "
+                         f"model context is {llm.max_seq_len} (at most {room} new tokens)")
+    gamma = check_num_draft_tokens(params.get("num_draft_tokens", llm.num_draft_tokens))
+    sampling = SamplingParams(
+        max_new_tokens=max_new,
+        temperature=_number(params.get("temperature", d.temperature), "temperature"),
+        top_k=as_int(params.get("top_k", d.top_k), "top_k", minimum=0),
+        top_p=_number(params.get("top_p", d.top_p), "top_p"),
+        seed=params.get("seed"),
+        eos_token_ids=d.eos_token_ids,
+        logprobs=_flag(params.get("logprobs", False), "logprobs"),
+    )
+    return sampling, check_stop(params.get("stop")), gamma
+
+
+def check_stop(stop) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    stops = (stop,) if isinstance(stop, str) else stop
+    if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) for s in stops):
+        raise TypeError(f"stop must be a string or a list of strings, got {stop!r}")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise ValueError(f"stop: at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
+    for s in stops:
+        if not s or len(s) > MAX_STOP_LENGTH:
+            raise ValueError(f"stop strings must have 1 to {MAX_STOP_LENGTH} characters, got {s!r:.80}")
+    return tuple(stops)
+
+
+def _number(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    return float(value)
+
+
+def _flag(value, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value

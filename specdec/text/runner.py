@@ -1,0 +1,286 @@
+"""What the text layer drives: a request-level runner (add_request / abort / step), and the fallback runner.
+
+The request-level engine (`specdec.engine.Engine`) is a runner. `FallbackRunner` gives the same interface
+for targets the engine does not cover (encoder-decoder, GPT-2, ...): it serves requests through the eager
+loop `specdec.stream(...)`, a batch of requests at a time when their sampling parameters match.
+`add_request` and `abort` are thread-safe; `step` is called from one thread (the `Driver`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from specdec.metrics import SpecStats
+from specdec.policy import DraftLengthPolicy, StepOutcome, resolve_policy
+from specdec.request import SamplingParams, as_int
+
+__all__ = ["RequestOutput", "Runner", "FallbackRunner", "context_length", "DEFAULT_CONTEXT"]
+
+#: Context assumed for a model whose config names none (relative-position models such as T5).
+DEFAULT_CONTEXT = 4096
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """What one step committed for one request (the engine's own `RequestOutput` has the same fields)."""
+
+    request_id: str
+    new_token_ids: list[int]
+    logprobs: list[float] | None
+    num_accepted: int  # the first num_accepted of new_token_ids were accepted drafts
+    num_drafted: int  # drafts proposed for this request this step (0 = a plain step)
+    finished: bool
+    finish_reason: str | None  # "stop" (EOS) | "length" | "abort"
+    stats: SpecStats | None = None
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """A request-level runner: `specdec.engine.Engine` or `FallbackRunner`."""
+
+    vocab_size: int
+    max_seq_len: int
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> str: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def step(self) -> list: ...
+
+    def has_unfinished(self) -> bool: ...
+
+
+def context_length(model) -> int | None:
+    """The model's context window from its config (None when the config names none)."""
+    config = getattr(model, "config", None)
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+class _RecordingPolicy(DraftLengthPolicy):
+    """Delegates to a policy and remembers the γ of the latest step (the eager loop does not report it per row)."""
+
+    def __init__(self, inner: DraftLengthPolicy):
+        self.inner = inner
+        self.last = 0
+
+    def num_draft_tokens(self) -> int:
+        self.last = self.inner.num_draft_tokens()
+        return self.last
+
+    def confidence_threshold(self) -> float | None:
+        return self.inner.confidence_threshold()
+
+    def update(self, outcome: StepOutcome) -> None:
+        self.inner.update(outcome)
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    generated: list[int] = field(default_factory=list)
+    stats: SpecStats = field(default_factory=SpecStats)
+    done: bool = False
+
+
+class FallbackRunner:
+    """The runner interface over the eager loop (`specdec.stream`), for any target `specdec.generate` takes.
+
+    A batch is formed from waiting requests with the same sampling parameters and EOS ids (a seeded sampled
+    request runs alone, so its tokens depend only on its seed); the batch runs to its end while new requests
+    wait. An aborted request leaves at the next step; a batch whose requests are all aborted stops at once.
+    Per-request `num_drafted` is the step's γ (a prompt-lookup row that found no match counts γ too).
+    """
+
+    def __init__(self, target, drafter=None, *, num_draft_tokens=4, max_batch_size: int = 8,
+                 max_seq_len: int | None = None):
+        self.target = target
+        self.drafter = drafter
+        self.num_draft_tokens = num_draft_tokens
+        if drafter is not None:
+            resolve_policy(num_draft_tokens)  # validate now, not at the first request
+        self.max_batch_size = as_int(max_batch_size, "max_batch_size", minimum=1)
+        self.vocab_size = int(target.get_output_embeddings().weight.shape[0])
+        context = context_length(target) or DEFAULT_CONTEXT
+        self.max_seq_len = context if max_seq_len is None else as_int(max_seq_len, "max_seq_len", minimum=2, maximum=context)
+        self.stats = SpecStats()
+        self._lock = threading.Lock()
+        self._waiting: deque[_Request] = deque()
+        self._aborted: set[str] = set()
+        self._batch: list[_Request] = []
+        self._run = None
+        self._steps = None
+        self._policy: _RecordingPolicy | None = None
+        self._ids = itertools.count()
+
+    # --- thread-safe ----------------------------------------------------------------------------
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> str:
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        prompt = [as_int(t, "prompt_ids", minimum=0, maximum=self.vocab_size - 1) for t in prompt_ids]
+        if not prompt:
+            raise ValueError("prompt_ids is empty: a prompt needs at least one token")
+        if len(prompt) + params.max_new_tokens > self.max_seq_len:
+            raise ValueError(
+                f"prompt ({len(prompt)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds the "
+                f"context of {self.max_seq_len} tokens"
+            )
+        with self._lock:
+            rid = request_id if request_id is not None else f"fallback-{next(self._ids)}"
+            self._waiting.append(_Request(rid, prompt, params))
+        return rid
+
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            self._aborted.add(request_id)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return sum(not r.done for r in self._batch)
+
+    # --- the stepping thread ----------------------------------------------------------------------
+    def has_unfinished(self) -> bool:
+        return bool(self._waiting) or self._run is not None
+
+    def step(self) -> list[RequestOutput]:
+        outputs = self._apply_aborts()
+        if self._run is None:
+            self._start_batch()
+        if self._run is None:
+            return outputs
+        event = next(self._steps, None)
+        if event is None:  # the loop ended: its stats belong to a batch of one
+            self._close_batch()
+            return outputs
+        gamma = self._policy.last if self._policy is not None else 0
+        for row, tokens in zip(event.rows, event.tokens):
+            outputs.extend(self._commit(self._batch[row], tokens, gamma, row in event.finished))
+        if all(r.done for r in self._batch):
+            if len(self._batch) == 1 and outputs and outputs[-1].finished and outputs[-1].finish_reason != "abort":
+                outputs[-1] = replace(outputs[-1], stats=self._exact_stats(outputs[-1].stats))
+            self._close_batch()
+        return outputs
+
+    def _exact_stats(self, counted: SpecStats) -> SpecStats:
+        """A batch of one: the loop's own SpecStats (with α) once it has run to its end."""
+        for _ in self._steps:  # the request is done; the loop ends at once (or after rows past its budget)
+            pass
+        try:
+            return self._run.result.stats
+        except RuntimeError:
+            return counted
+
+    def _apply_aborts(self) -> list[RequestOutput]:
+        with self._lock:
+            aborted, self._aborted = self._aborted, set()
+            waiting = [r for r in self._waiting if r.request_id in aborted]
+            self._waiting = deque(r for r in self._waiting if r.request_id not in aborted)
+        outputs = [self._final(r, [], 0, 0, "abort") for r in waiting]
+        for r in self._batch:
+            if r.request_id in aborted and not r.done:
+                outputs.append(self._final(r, [], 0, 0, "abort"))
+        if self._batch and all(r.done for r in self._batch):
+            self._close_batch()
+        return outputs
+
+    def _start_batch(self) -> None:
+        with self._lock:
+            if not self._waiting:
+                return
+            first = self._waiting.popleft()
+            batch = [first]
+            key = _batch_key(first)
+            if key is not None:
+                for r in list(self._waiting):
+                    if len(batch) >= self.max_batch_size:
+                        break
+                    if _batch_key(r) == key:
+                        batch.append(r)
+                        self._waiting.remove(r)
+        from specdec.decoding import stream
+
+        params = first.params
+        self._policy = _RecordingPolicy(resolve_policy(self.num_draft_tokens)) if self.drafter is not None else None
+        self._batch = batch
+        self._run = stream(
+            self.target, [r.prompt for r in batch], self.drafter,
+            max_new_tokens=max(r.params.max_new_tokens for r in batch), temperature=params.temperature,
+            top_k=params.top_k, top_p=params.top_p, num_draft_tokens=self._policy or 1,
+            eos_token_id=list(params.eos_token_ids), seed=params.seed,
+        )
+        self._steps = iter(self._run)
+
+    def _close_batch(self) -> None:
+        self._run = self._steps = self._policy = None
+        self._batch = []
+
+    def _commit(self, req: _Request, tokens: list[int], gamma: int, loop_finished: bool) -> list[RequestOutput]:
+        if req.done:
+            return []
+        budget = req.params.max_new_tokens - len(req.generated)
+        tokens = tokens[:budget]
+        req.generated.extend(tokens)
+        accepted = max(len(tokens) - 1, 0)
+        self._count(req.stats, accepted, gamma)
+        self._count(self.stats, accepted, gamma)
+        logprobs = self._logprobs(req, len(tokens)) if req.params.logprobs else None
+        hit_eos = bool(tokens) and tokens[-1] in req.params.eos_token_ids
+        if hit_eos or len(req.generated) >= req.params.max_new_tokens or loop_finished:
+            return [self._final(req, tokens, accepted, gamma, "stop" if hit_eos else "length", logprobs)]
+        return [RequestOutput(req.request_id, tokens, logprobs, accepted, gamma, False, None)]
+
+    @staticmethod
+    def _count(stats: SpecStats, accepted: int, gamma: int) -> None:
+        stats.row_steps += 1
+        stats.algorithm_tokens += accepted + 1
+        stats.accepted_tokens += accepted
+        stats.drafted_tokens += gamma
+        stats.speculative_row_steps += gamma > 0
+        stats.max_num_draft_tokens = max(stats.max_num_draft_tokens, gamma)
+
+    def _final(self, req, tokens, accepted, gamma, reason, logprobs=None) -> RequestOutput:
+        req.done = True
+        req.stats.num_generated_tokens = len(req.generated)
+        return RequestOutput(req.request_id, tokens, logprobs, accepted, gamma, True, reason, req.stats)
+
+    @torch.inference_mode()
+    def _logprobs(self, req: _Request, count: int) -> list[float]:
+        """log p(token) of the target's raw distribution for the request's last `count` tokens (one teacher-forced pass)."""
+        if count == 0:
+            return []
+        device = self.target.device
+        if getattr(self.target.config, "is_encoder_decoder", False):
+            start = self.target.config.decoder_start_token_id
+            decoder = torch.tensor([[start, *req.generated]], device=device)
+            logits = self.target(input_ids=torch.tensor([req.prompt], device=device), decoder_input_ids=decoder).logits[0]
+            scored = logits[len(req.generated) - count : len(req.generated)]
+        else:
+            ids = torch.tensor([req.prompt + req.generated], device=device)
+            logits = self.target(input_ids=ids).logits[0]
+            end = len(req.prompt) + len(req.generated) - 1
+            scored = logits[end - count : end]
+        logp = torch.log_softmax(scored.float(), dim=-1)
+        return logp.gather(1, torch.tensor(req.generated[-count:], device=device)[:, None])[:, 0].tolist()
+
+
+def _batch_key(req: _Request):
+    """Requests with equal keys may share a batch; None = must run alone (seeded sampling)."""
+    p = req.params
+    if not p.greedy and p.seed is not None:
+        return None
+    return (p.temperature, p.top_k, p.top_p, p.eos_token_ids)

@@ -1,0 +1,126 @@
+"""One live `specdec serve` (the shipped demo pair, a test chat template) on 127.0.0.1 for the server tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+pytest.importorskip("prometheus_client")
+httpx = pytest.importorskip("httpx")
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "specdec" / "assets" / "demo_pair"
+# A small chat template in the demo tokenizer's world (it was trained on Python code).
+CHAT_TEMPLATE = "{% for m in messages %}# {{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}def{% endif %}"
+GAMMA = 4
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def chat_template_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("serve") / "chat.jinja"
+    path.write_text(CHAT_TEMPLATE, encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def server(chat_template_file):
+    """Base URL of a `specdec serve` subprocess; its log is printed if it fails to start.
+
+    While the subprocess loads, this process loads the same pair for `local_llm` (two cores, both busy).
+    """
+    port = _free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    log = chat_template_file.parent / "serve.log"
+    cmd = [sys.executable, "-m", "specdec", "serve", "--target", str(DEMO / "target"), "--draft", str(DEMO / "draft"),
+           "--port", str(port), "--num-draft-tokens", str(GAMMA), "--chat-template", str(chat_template_file),
+           "--served-model-name", "demo", "--max-batch-size", "16"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _LOCAL.append(_load_local(chat_template_file))
+        deadline = time.time() + 120
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"specdec serve exited with {proc.returncode}:\n{log.read_text()}")
+            try:
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.time() > deadline:
+                pytest.fail(f"specdec serve did not start:\n{log.read_text()}")
+            time.sleep(0.2)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        for llm in _LOCAL:
+            llm.close()
+
+
+_LOCAL: list = []
+
+
+def _load_local(chat_template_file):
+    import specdec
+
+    return specdec.load(DEMO / "target", draft=DEMO / "draft", num_draft_tokens=GAMMA, max_batch_size=4,
+                        chat_template=str(chat_template_file))
+
+
+@pytest.fixture(scope="session")
+def local_llm(server):
+    """The same pair through the Python text API, in this process."""
+    return _LOCAL[0]
+
+
+def metric_values(base: str) -> dict:
+    """{(sample name, labels tuple): value} of /metrics, parsed with prometheus_client's parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(base + "/metrics", timeout=10).text
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            values[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return values
+
+
+def wait_idle(base: str, timeout: float = 10.0) -> dict:
+    deadline = time.time() + timeout
+    while True:
+        values = metric_values(base)
+        if values[("specdec:num_requests_running", ())] == 0 and values[("specdec:num_requests_waiting", ())] == 0:
+            return values
+        if time.time() > deadline:
+            raise AssertionError(f"server still busy: {values}")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def read_metrics(server):
+    return lambda: metric_values(server)
+
+
+@pytest.fixture(scope="session")
+def idle(server):
+    """Call to wait until the server has no running or waiting request; returns the metrics then."""
+    return lambda timeout=10.0: wait_idle(server, timeout)
