@@ -23,8 +23,13 @@ if [ "$MODE" = validate ]; then
       --max-new-tokens 128 2>&1 | tail -150 | tee -a "$OUT/run.log"
 fi
 if [ "$MODE" = full ]; then
+  # the server's dependencies travel as wheels (.whl, see the device README)
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=$PWD:/tmp/site
   log "train the zoo gpu pair + engine bench"
-  timeout 560 python3 -m specdec.bench.engine_bench --pair /tmp/pair --train --budget-scale "${2:-0.5}" \
+  timeout "${3:-400}" python3 -m specdec.bench.engine_bench --pair /tmp/pair --train --budget-scale "${2:-0.5}" \
       --data data/code --out "$OUT/full" --max-new-tokens 128 2>&1 | grep -v "^INFO" | tail -200 | tee -a "$OUT/run.log"
+  log "serving bench (specdec serve, streaming clients)"
+  timeout "${4:-140}" python3 scripts/bench_serve.py --target /tmp/pair/target --draft /tmp/pair/draft0 \
+      --concurrency 1 8 32 64 --max-tokens 128 --device cuda --dtype bfloat16 2>&1 | tail -40 | tee -a "$OUT/run.log"
 fi
 log done
