@@ -283,8 +283,8 @@ class Engine:
             tokens = [int(t) for t in row[:count]]
             logprobs = row[k + 4 + StepCounts.width(gamma) :][:count] if request.params.logprobs else None
             request.length += count
-            if gamma:
-                request.draft_valid = max(request.draft_valid, request.length - count)
+            if gamma:  # the window re-fed committed text and the accepted drafts were fed: all but the last 2
+                request.draft_valid = max(request.draft_valid, request.length - 2)
             stats = request.stats
             stats.add_counts(counts)
             stats.num_steps += 1

@@ -45,7 +45,7 @@ class GammaPolicy:
     def __init__(self, spec, max_draft_tokens: int):
         self.fixed = None if spec == "auto" else int(spec)
         self.max_draft_tokens = max_draft_tokens
-        self.candidates = [g for g in (1, 2, 3, 4, 6, 8, 12, 16) if g <= max_draft_tokens]
+        self.candidates = [g for g in (1, 2, 4, 6) if g <= max_draft_tokens]
         self.default = min(4, max_draft_tokens) if max_draft_tokens else 0
         self.times: dict[tuple[int, int], float] = {}
         self._since_refresh = 0
