@@ -63,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as err:
         raise CLIError(f"specdec serve needs {err.name}: pip install 'specdec[serve]'") from None
     app, llm = build(args)
+    for gamma in {llm.num_draft_tokens, 0} if llm.drafter is not None else {0}:
+        llm.runner(gamma)  # build (and on CUDA, capture) before the first request, not during it
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"specdec serve: listening on {args.host}: reachable from other machines, with no authentication",
               file=sys.stderr)

@@ -171,6 +171,7 @@ class Engine:
         self._admit(outputs)
         if not self._running:
             return outputs
+        started = time.perf_counter()
         n = len(self._running)
         batch = next(b for b in BATCH_BUCKETS if b >= n)
         gamma = self.policy.choose(batch, self._running)
@@ -197,9 +198,9 @@ class Engine:
         if host.pop():
             raise ValueError("target logits contain NaN; the model produced invalid scores")
         draft_s, verify_s = clock.elapsed(0, 1), clock.elapsed(1, 2)
-        if not first_run:
-            self.policy.record_time(batch, gamma, draft_s + verify_s)
         outputs += self._commit(host, n, gamma, draft_s, verify_s)
+        if not first_run:  # the policy weighs whole steps: device time and the host's share alike
+            self.policy.record_time(batch, gamma, time.perf_counter() - started)
         return outputs
 
     # -------------------------------------------------------------------------------------- scheduling

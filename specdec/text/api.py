@@ -125,10 +125,15 @@ class LLM:
                                   max_seq_len=self._max_seq_len, num_draft_tokens=gamma,
                                   max_draft_tokens=max(8, gamma if isinstance(gamma, int) else 0))
             try:
-                return Engine(self.target, drafter, config=config)
+                engine = Engine(self.target, drafter, config=config)
             except UnsupportedModel:
                 if self.runner_choice == "engine":
                     raise
+            else:
+                if engine.cuda_graphs:  # capture every decode shape now, not while serving (as vLLM does)
+                    buckets = [b for b in BATCH_BUCKETS if b <= config.max_batch_size]
+                    engine.warmup(batch_sizes=buckets, temperatures=(0.0, 1.0))
+                return engine
         policy = "guarded" if gamma == "auto" else gamma if gamma != 0 else 1  # the loop's nearest to "auto"
         return FallbackRunner(self.target, drafter, num_draft_tokens=policy, max_batch_size=self.max_batch_size,
                               max_seq_len=self._max_seq_len)
