@@ -174,3 +174,21 @@ def test_sliding_window_checkpoint_is_refused_before_compute():
     with pytest.raises(ValueError, match="sliding attention window"):
         engine.add_request([1] * 10, SamplingParams(max_new_tokens=10))
     engine.add_request([1] * 10, SamplingParams(max_new_tokens=6, temperature=0))  # inside the window: exact
+
+
+def test_plain_steps_between_speculative_ones_keep_the_drafter_in_step(make_llama):
+    """The auto policy switches speculation off and on; the drafter's cache must catch up exactly."""
+    target, draft = make_llama(0), make_llama(1, layers=1)
+    engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens="auto"))
+    ids = {engine.add_request(p, SamplingParams(temperature=0, max_new_tokens=30)): p for p in RAGGED_PROMPTS}
+    pattern = [3, 0, 0, 0, 0, 0, 2, 0, 4, 0, 0, 0, 1]
+    outputs = {rid: [] for rid in ids}
+    step = 0
+    while engine.has_unfinished():
+        engine.policy.set_fixed(pattern[step % len(pattern)])
+        for out in engine.step():
+            outputs[out.request_id] += out.new_token_ids
+        step += 1
+    for rid, prompt in ids.items():
+        assert outputs[rid] == hf_greedy(target, prompt, 30, [])
+    assert engine.stats.accepted_tokens > 0  # the speculative steps after catch-ups drafted real tokens
