@@ -21,7 +21,7 @@ from specdec import rng
 from specdec.core import sample, standardize_rows
 from specdec.drafters.ngram import NGramDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
-from specdec.engine.slots import SlotCache, SlotState, prefill_row
+from specdec.engine.slots import SlotCache, SlotState, prefill_rows
 from specdec.fast.model import FastLlama
 
 __all__ = ["Flavor", "StepView", "EngineModelDrafter", "EngineLookupDrafter", "EngineNGramDrafter", "WINDOW"]
@@ -78,9 +78,9 @@ class EngineModelDrafter:
     def forward_passes(self, gamma: int) -> int:
         return gamma
 
-    def prefill(self, state: SlotState, slot: int, start: int, end: int, chunk: int) -> None:
-        """Feed committed positions [start, end) of `slot` (eager; the cache then holds them)."""
-        prefill_row(self.model, self.cache, state, slot, start, end, chunk)
+    def prefill(self, state: SlotState, rows: slice, starts: list[int], ends: list[int], chunk: int) -> None:
+        """Feed committed positions [starts[i], ends[i]) of the slots in `rows` (eager; the cache then holds them)."""
+        prefill_rows(self.model, self.cache, state, rows, starts, ends, chunk)
 
     def propose(self, view: StepView, gamma: int):
         cache = self.cache.view(slice(0, view.batch), view.num_positions)

@@ -32,7 +32,7 @@ from specdec.core import verify, verify_greedy
 from specdec.engine.config import BATCH_BUCKETS, EngineConfig, UnsupportedModel
 from specdec.engine.drafters import Flavor, StepView
 from specdec.engine.policy import GammaPolicy
-from specdec.engine.slots import MAX_EOS_IDS, SlotCache, SlotState, prefill_row
+from specdec.engine.slots import MAX_EOS_IDS, SlotCache, SlotState, prefill_rows
 from specdec.fast.graphs import CapturedStep, new_pool
 from specdec.metrics import SpecStats
 from specdec.request import SamplingParams, normalize_prompts, resolve_seed
@@ -217,10 +217,13 @@ class Engine:
         return outputs
 
     def _admit(self, outputs: list[RequestOutput]) -> None:
+        """Move waiting requests into free slots; those admitted together prefill together."""
+        first = len(self._running)
+        admitted: list[_Request] = []
         while len(self._running) < self.max_batch:
             with self._lock:
                 if not self._waiting:
-                    return
+                    break
                 request = self._waiting.popleft()
             if request.params.max_new_tokens == 0:
                 request.stats.wall_time_s = time.perf_counter() - request.arrival
@@ -228,20 +231,24 @@ class Engine:
                 with self._lock:
                     self._known.discard(request.request_id)
                 continue
-            slot = len(self._running)
+            self.state.admit(len(self._running), request.prompt, request.params, request.seed)
             self._running.append(request)
-            self.state.admit(slot, request.prompt, request.params, request.seed)
-            start = time.perf_counter()
-            self._prefill_target(slot, len(request.prompt))
-            if self.drafter is not None and hasattr(self.drafter, "prefill"):
-                valid = max(len(request.prompt) - 2, 0)
-                self.drafter.prefill(self.state, slot, 0, valid, self.config.prefill_chunk)
-                request.draft_valid = valid
-            request.stats.prefill_time_s = time.perf_counter() - start
-            request.stats.target_calls += 1 if len(request.prompt) > 1 else 0
-
-    def _prefill_target(self, slot: int, prompt_len: int) -> None:
-        prefill_row(self.model, self.cache, self.state, slot, 0, prompt_len - 1, self.config.prefill_chunk)
+            admitted.append(request)
+        if not admitted:
+            return
+        start = time.perf_counter()
+        rows, chunk = slice(first, len(self._running)), self.config.prefill_chunk
+        lengths = [len(r.prompt) for r in admitted]
+        prefill_rows(self.model, self.cache, self.state, rows, [0] * len(admitted), [n - 1 for n in lengths], chunk)
+        if self.drafter is not None and hasattr(self.drafter, "prefill"):
+            valid = [max(n - 2, 0) for n in lengths]
+            self.drafter.prefill(self.state, rows, [0] * len(admitted), valid, chunk)
+            for request, v in zip(admitted, valid):
+                request.draft_valid = v
+        seconds = time.perf_counter() - start
+        for request, n in zip(admitted, lengths):
+            request.stats.prefill_time_s = seconds
+            request.stats.target_calls += 1 if n > 1 else 0
 
     def _catch_up_drafter(self, gamma: int) -> None:
         """Rows that ran plain steps fell behind in the drafter's cache; feed what it has not seen."""
@@ -252,7 +259,8 @@ class Engine:
         for slot, request in enumerate(self._running):
             behind_from = request.length - WINDOW
             if behind_from > request.draft_valid:
-                self.drafter.prefill(self.state, slot, request.draft_valid, behind_from, self.config.prefill_chunk)
+                self.drafter.prefill(self.state, slice(slot, slot + 1), [request.draft_valid], [behind_from],
+                                     self.config.prefill_chunk)
                 request.draft_valid = behind_from
 
     def _release(self, slot: int) -> None:

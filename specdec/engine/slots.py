@@ -15,7 +15,7 @@ import torch
 from specdec.fast.model import FastLlama, KVCache
 from specdec.request import SamplingParams
 
-__all__ = ["SlotCache", "SlotState", "MAX_EOS_IDS", "prefill_row"]
+__all__ = ["SlotCache", "SlotState", "MAX_EOS_IDS", "prefill_rows"]
 
 MAX_EOS_IDS = 16  # EOS ids one request may name
 
@@ -105,19 +105,28 @@ class SlotState:
         self.generated[slot] = 0
 
 
-def prefill_row(model: FastLlama, cache: SlotCache, state: SlotState, slot: int, start: int, end: int,
-                chunk: int) -> None:
-    """Feed committed positions [start, end) of `slot` into `cache` (eager, chunked).
+def prefill_rows(model: FastLlama, cache: SlotCache, state: SlotState, rows: slice, starts: list[int],
+                 ends: list[int], chunk: int) -> None:
+    """Feed committed positions [starts[i], ends[i]) of the slots in `rows` into `cache` (eager, chunked).
 
-    Each chunk is padded to a power of two (padding goes to the junk slot), so prompts of any length run
-    a handful of shapes: no new kernels or allocations for a new prompt length.
+    Several requests admitted together prefill in one forward per chunk. Each chunk is padded to a power of
+    two (padding goes to the junk slot), so prompts of any length run a handful of shapes: no new kernels
+    or allocations for a new prompt length.
     """
-    view = cache.view(slice(slot, slot + 1), cache.num_positions)
-    view.lengths.fill_(start)
+    if max(e - s for s, e in zip(starts, ends)) <= 0:
+        return
+    view = cache.view(rows, cache.num_positions)
+    device = state.tokens.device
+    start_t = torch.tensor(starts, device=device)[:, None]
+    end_t = torch.tensor(ends, device=device)[:, None]
+    view.lengths.copy_(start_t[:, 0])
     capacity = state.tokens.shape[1]
-    for lo in range(start, end, chunk):
-        width = min(chunk, end - lo)
-        bucket = min(max(16, 1 << (width - 1).bit_length()), chunk, capacity - lo)
-        tokens = state.tokens[slot : slot + 1, lo : lo + bucket]
-        valid = torch.arange(bucket, device=tokens.device)[None, :] < width
-        model(tokens * valid, view, valid, last_only=True)
+    lo, hi = min(starts), max(ends)
+    for first in range(lo, hi, chunk):
+        width = min(chunk, hi - first)
+        bucket = min(max(16, 1 << (width - 1).bit_length()), chunk, capacity - first)
+        cols = first + torch.arange(bucket, device=device)[None, :]
+        valid = (cols >= start_t) & (cols < end_t)
+        if not bool(valid.any()):
+            continue
+        model(state.tokens[rows, first : first + bucket] * valid, view, valid, last_only=True)
