@@ -22,6 +22,9 @@ __all__ = [
     "MAX_NEW_TOKENS",
     "as_int",
     "check_max_new_tokens",
+    "check_num_draft_tokens",
+    "check_context",
+    "step_num_draft_tokens",
     "normalize_prompts",
     "resolve_eos",
     "resolve_seed",
@@ -30,9 +33,10 @@ __all__ = [
     "as_drafter",
 ]
 
-#: Largest γ a step may draft: beyond it a step costs more than any acceptance rate can repay.
+#: Largest γ a step may draft: beyond it a step costs more than any acceptance rate can repay. A larger
+#: integer is refused; a policy asking for more in a step is clamped to it.
 MAX_NUM_DRAFT_TOKENS = 64
-#: Largest max_new_tokens accepted before the model's own context check.
+#: Largest max_new_tokens accepted; the model's context (prompt + max_new_tokens) is checked too.
 MAX_NEW_TOKENS = 1 << 20
 _SEED_LIMIT = 1 << 63
 
@@ -58,6 +62,59 @@ def as_int(value, name: str, *, minimum: int | None = None, maximum: int | None 
 
 def check_max_new_tokens(value) -> int:
     return as_int(value, "max_new_tokens", minimum=0, maximum=MAX_NEW_TOKENS)
+
+
+def check_num_draft_tokens(value, name: str = "num_draft_tokens", minimum: int = 1) -> int:
+    """γ given as an integer: `minimum` <= γ <= MAX_NUM_DRAFT_TOKENS (the error names `name`)."""
+    return as_int(value, name, minimum=minimum, maximum=MAX_NUM_DRAFT_TOKENS)
+
+
+def step_num_draft_tokens(requested, remaining: int, *limits: int | None) -> int:
+    """The γ a step really drafts: the policy's `requested` γ clamped to MAX_NUM_DRAFT_TOKENS, to what the
+    step can commit (a row with `remaining` tokens to go keeps at most `remaining` = γ + 1 of them, so more
+    drafts are wasted work) and to the target's and drafter's own `limits` (None = none). Exactness does
+    not depend on γ, so clamping never changes the output law."""
+    gamma = as_int(requested, "the policy's num_draft_tokens()", minimum=0)
+    for limit in (MAX_NUM_DRAFT_TOKENS, remaining - 1, *limits):
+        if limit is not None:
+            gamma = min(gamma, limit)
+    return max(gamma, 0)
+
+
+def _context_length(target) -> int | None:
+    """The number of positions a decoder-only target can attend over, if it says (None = unknown)."""
+    limit = getattr(target, "max_positions", None)
+    if limit is None:
+        config = getattr(target, "config", None) or getattr(getattr(target, "model", None), "config", None)
+        for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+            value = getattr(config, name, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return limit if isinstance(limit, int) and limit > 0 else None
+
+
+def check_context(target, prompts: list[list[int]], max_new_tokens: int) -> None:
+    """Refuse, before anything is allocated, a request the model's context cannot hold: for every
+    architecture, prompt + max_new_tokens must fit the decoder's positions (encoder-decoder: the prompt fits
+    the encoder's and max_new_tokens the decoder's, where the model has absolute positions)."""
+    longest = max(len(p) for p in prompts)
+    if hasattr(target, "encode"):  # encoder-decoder adapter: `position_limit` is None for relative positions
+        limit = getattr(target, "position_limit", None)
+        if limit is not None and longest > limit:
+            raise ValueError(f"prompt length {longest} exceeds the encoder's context of {limit} tokens")
+        if limit is not None and max_new_tokens > limit:
+            raise ValueError(f"max_new_tokens {max_new_tokens} exceeds the decoder's context of {limit} tokens")
+        return
+    limit = _context_length(target)
+    if limit is None:
+        return
+    if longest > limit:
+        raise ValueError(f"prompt length {longest} exceeds the model's context of {limit} tokens")
+    if longest + max_new_tokens > limit:
+        raise ValueError(
+            f"prompt length {longest} + max_new_tokens {max_new_tokens} exceeds the model's context of {limit} "
+            f"tokens: lower max_new_tokens to at most {limit - longest}"
+        )
 
 
 def resolve_seed(seed) -> int:
@@ -107,11 +164,13 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.sampling.greedy  # temperature below core.TEMPERATURE_FLOOR
 
 
 def normalize_prompts(prompts, attention_mask, vocab_size: int) -> list[list[int]]:
-    """list[list[int]] from a ragged list or a [B, T] tensor (+ optional attention mask)."""
+    """list[list[int]] from a ragged list or a [B, T] tensor (+ optional attention mask); numpy arrays too."""
+    if _is_array(prompts):  # numpy: [B, T] or one prompt [T]
+        prompts = prompts.tolist() if prompts.ndim != 1 else [prompts.tolist()]
     if isinstance(prompts, torch.Tensor):
         if prompts.dim() == 1:
             prompts = prompts[None, :]
@@ -129,9 +188,9 @@ def normalize_prompts(prompts, attention_mask, vocab_size: int) -> list[list[int
     else:
         if attention_mask is not None:
             raise ValueError("attention_mask is only accepted with a prompts tensor")
-        if not isinstance(prompts, (list, tuple)) or (prompts and not all(isinstance(p, (list, tuple)) for p in prompts)):
+        if not isinstance(prompts, (list, tuple)) or not all(_is_row(p) for p in prompts):
             raise ValueError("prompts must be a list of token-id lists (list[list[int]]) or a LongTensor [B, T]")
-        rows = [list(p) for p in prompts]
+        rows = [p.tolist() if not isinstance(p, (list, tuple)) else list(p) for p in prompts]
     if not rows:
         raise ValueError("prompts is empty: give at least one prompt")
     for i, row in enumerate(rows):
@@ -145,6 +204,18 @@ def normalize_prompts(prompts, attention_mask, vocab_size: int) -> list[list[int
         if lo < 0 or hi >= vocab_size:
             raise ValueError(f"prompt {i} has token id {lo if lo < 0 else hi} outside the vocabulary [0, {vocab_size})")
     return rows
+
+
+def _is_array(value) -> bool:
+    return not isinstance(value, (torch.Tensor, list, tuple, str, bytes)) and hasattr(value, "tolist") \
+        and hasattr(value, "ndim")
+
+
+def _is_row(value) -> bool:
+    """One prompt: a list/tuple of ids, or a 1-D tensor / numpy array."""
+    if isinstance(value, (list, tuple)):
+        return True
+    return (isinstance(value, torch.Tensor) or _is_array(value)) and value.ndim == 1
 
 
 def resolve_eos(eos_token_id, target) -> list[int]:

@@ -7,7 +7,7 @@ plain decoding on workloads with different acceptance profiles; tokens/s, speedu
 
 Writes OUT/policies.json (everything, per-run numbers included) and OUT/policies.md (the table and the
 command that reproduces it); prints the Markdown table, and with --json one JSON object on the last line.
-Progress goes to stderr. See specdec/policy_bench.py for the timing protocol.
+Progress goes to stderr. See specdec/bench/policy_bench.py for the timing protocol.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
 
     from specdec.drafters import PromptLookupDrafter
     from specdec.loading import load_model, load_tokenizer
-    from specdec.policy_bench import BenchSettings, build_workloads, run_policy_bench
+    from specdec.bench.policy_bench import BenchSettings, build_workloads, run_policy_bench
 
     if args.quick:
         for name, value in QUICK.items():
