@@ -6,6 +6,7 @@ one-hot (`Proposal.probs is None`), and verification then accepts x with probabi
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -56,6 +57,21 @@ class Drafter:
 
     def select_rows(self, index: torch.Tensor) -> None:
         """Keep only the rows in `index` (finished rows leave the batch)."""
+
+    # Stateful drafters (a KV cache in lockstep with one batch) serve one generation at a time: `begin`
+    # claims the drafter for that generation's context, and `propose`/`commit` refuse any other context
+    # with a clear error (two interleaved streams sharing one drafter would otherwise corrupt its cache).
+
+    def _claim(self, context: TokenBuffer) -> None:
+        self._owner = weakref.ref(context)
+
+    def _check_owner(self, context: TokenBuffer) -> None:
+        owner = getattr(self, "_owner", None)
+        if owner is None or owner() is not context:
+            raise ValueError(
+                f"drafter: this {type(self).__name__} was taken over by another generate/stream call (its cache "
+                "follows one batch at a time); give each concurrent call its own drafter"
+            )
 
 
 def empty_proposal(batch_size: int, device: torch.device) -> Proposal:
