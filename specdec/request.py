@@ -31,6 +31,7 @@ __all__ = [
     "new_generator",
     "as_target",
     "as_drafter",
+    "check_supported_model",
 ]
 
 #: Largest γ a step may draft: beyond it a step costs more than any acceptance rate can repay. A larger
@@ -245,6 +246,33 @@ def resolve_eos(eos_token_id, target) -> list[int]:
 # The objects a request runs on.
 
 
+def check_supported_model(config, what: str = "model") -> None:
+    """Refuse, before any compute, a transformers config whose attention the adapters cannot roll back.
+
+    The adapters crop a per-layer key/value cache to absolute lengths; transformers builds a sliding-window
+    (or other non-plain) cache layer for sliding-window attention (Mistral with `sliding_window` set,
+    Gemma 2/3, Qwen2 with `use_sliding_window`) and for linear/recurrent layers, and those cannot be cropped.
+    """
+    from transformers import DynamicCache  # dependency at the edge
+
+    vocab = getattr(config, "vocab_size", None)
+    if isinstance(vocab, int) and vocab < 1:
+        raise ValueError(f"{what}: config.vocab_size must be >= 1, got {vocab}")
+    try:
+        layers = DynamicCache(config=config).layers
+    except Exception as err:  # noqa: BLE001 - any failure here means a layout we do not know
+        raise ValueError(f"{what}: cannot build a key/value cache for this config ({type(err).__name__}: {err})") from None
+    kinds = sorted({type(layer).__name__ for layer in layers} - {"DynamicLayer"})
+    if kinds:
+        window = getattr(config, "sliding_window", None)
+        hint = (f"; its contexts shorter than the window ({window}) are exact with config.sliding_window = None"
+                if isinstance(window, int) else "")
+        raise ValueError(
+            f"{what}: {getattr(config, 'model_type', '?')} uses attention specdec cannot roll back "
+            f"({', '.join(kinds)}: sliding-window or recurrent layers){hint}"
+        )
+
+
 def as_target(target):
     """A specdec target from a transformers model (or a specdec target, passed through)."""
     if all(hasattr(target, name) for name in ("begin", "forward", "crop", "select_rows")):
@@ -252,6 +280,7 @@ def as_target(target):
     config = getattr(target, "config", None)
     if config is None or not isinstance(target, torch.nn.Module):
         raise TypeError(f"target must be a transformers model or a specdec target, got {type(target).__name__}")
+    check_supported_model(config, "target")
     if getattr(config, "is_encoder_decoder", False):
         from specdec.models.seq2seq import HFSeq2SeqLM
 
@@ -273,6 +302,7 @@ def as_drafter(drafter, target):
             raise TypeError(
                 f"drafter must be None, a transformers model or a specdec Drafter, got {type(drafter).__name__}"
             )
+        check_supported_model(config, "drafter")
         target_is_seq2seq = bool(getattr(getattr(target, "config", None), "is_encoder_decoder", False))
         if bool(getattr(config, "is_encoder_decoder", False)) != target_is_seq2seq:
             raise ValueError(
