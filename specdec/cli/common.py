@@ -6,12 +6,12 @@ Imports nothing heavy at module level (`specdec --help` builds every subparser).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
 
 from specdec.cli import CLIError
+from specdec.strict_json import dumps, finite_or_none  # noqa: F401  (re-exported for the subcommands)
 
 #: Default torch CPU threads for subcommands that run models. Measured on the 2-core CPU machine with the
 #: demo pair (docs/BENCHMARKS.md, "CPU threads"): one thread is faster than two for these small models,
@@ -78,33 +78,6 @@ def check_float(flag: str, value: float | None, minimum: float | None = None, ma
     if maximum is not None and value > maximum:
         raise CLIError(f"{flag} must be <= {maximum}, got {value}")
     return value
-
-
-def finite_or_none(value):
-    """Replace NaN/±inf floats by None, recursively (dicts, lists, tuples): strict JSON has no such numbers."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): finite_or_none(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite_or_none(v) for v in value]
-    return value
-
-
-def dumps(obj, **kwargs) -> str:
-    """Strict JSON (RFC 8259): non-finite floats become null; other objects become strings."""
-    return json.dumps(finite_or_none(obj), allow_nan=False, default=_default, **kwargs)
-
-
-def _default(value):
-    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
-        try:
-            return finite_or_none(value.item())
-        except (TypeError, ValueError):
-            pass
-    if hasattr(value, "to_dict"):
-        return finite_or_none(value.to_dict())
-    return str(value)
 
 
 def print_json(obj) -> None:
