@@ -73,9 +73,14 @@ class SamplingConfig:
 
 
 def invalid_scores(logits: torch.Tensor) -> torch.Tensor:
-    """A 0-dim bool tensor (on the logits' device, no host sync): True when `logits [..., V]` contain a NaN
-    or a row in which every entry is -inf — scores from which no distribution can be formed."""
-    return torch.isnan(logits).any() | (logits == float("-inf")).all(-1).any()
+    """A 0-dim bool tensor (on the logits' device, no host sync): True when `logits [..., V]` contain a NaN or
+    a +inf (what a float16 overflow produces: no model means it), or a row in which every entry is -inf —
+    scores from which no trustworthy distribution can be formed. -inf entries alone are fine (masked tokens)."""
+    return torch.isnan(logits).any() | (logits == float("inf")).any() | (logits == float("-inf")).all(-1).any()
+
+
+INVALID_SCORES = ("contain NaN or +inf (a float16 overflow? load the model in float32 or bfloat16), or a row of "
+                  "only -inf; the model produced invalid scores")
 
 
 def _check_logits(logits, name: str) -> None:
@@ -92,18 +97,19 @@ def standardize_logits(logits: torch.Tensor, sampling: SamplingConfig, *, check_
 
     The same call must be used for p and q so that both are adjusted identically (§2.2). Temperature, top-k
     and top-p are computed exactly as transformers' warpers compute them (same boundary on ties).
-    Non-finite scores: a row with +inf entries is the softmax limit, uniform over its +inf entries; -inf
-    entries get probability 0; a temperature so small that dividing overflows is computed from the
-    max-shifted logits (the same law, no ±inf). Raises ValueError on NaN logits or a row of only -inf (no
-    distribution exists): a silent NaN would corrupt the acceptance test. The check is a host sync; code
-    inside a CUDA graph passes `check_nan=False` and checks `invalid_scores` once per step itself.
+    Non-finite scores: -inf entries get probability 0; a temperature so small that dividing overflows is
+    computed from the max-shifted logits (the same law, no ±inf); temperatures below TEMPERATURE_FLOOR are
+    greedy. Raises ValueError when `invalid_scores` (NaN, +inf, or a row of only -inf): a silent NaN would
+    corrupt the acceptance test and sample token 0. The check is a host sync; code inside a CUDA graph passes
+    `check_nan=False` and checks `invalid_scores` once per step itself (a row with +inf entries is then
+    computed as the softmax limit, uniform over them, so that nothing downstream sees a NaN).
     """
     _check_logits(logits, "logits")
     if not isinstance(sampling, SamplingConfig):
         raise TypeError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
     logits = logits.float()
     if check_nan and bool(invalid_scores(logits)):
-        raise ValueError("logits contain NaN (or a row of only -inf); the model produced invalid scores")
+        raise ValueError(f"logits {INVALID_SCORES}")
     if sampling.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(torch.float32)
     inf = float("inf")
@@ -317,7 +323,7 @@ def verify_greedy(
 
     draft_tokens [B, γ]; target_logits [B, γ+1, V]. The output is token for token the target's own
     greedy decoding. β is 1 where the draft equals the target argmax, else 0 (one-hot p and q). Slots past
-    `draft_lengths` are never read. Raises ValueError on NaN logits or a row of only -inf (a host sync;
+    `draft_lengths` are never read. Raises ValueError when `invalid_scores(target_logits)` (a host sync;
     `check_nan=False` skips it for callers that check `invalid_scores` themselves).
     """
     _check_logits(target_logits, "target_logits")
@@ -327,7 +333,7 @@ def verify_greedy(
             f"target_logits must be [B, γ+1, V] = [{batch}, {gamma + 1}, V], got {tuple(target_logits.shape)}"
         )
     if check_nan and bool(invalid_scores(target_logits)):
-        raise ValueError("target logits contain NaN (or a row of only -inf); the model produced invalid scores")
+        raise ValueError(f"target logits {INVALID_SCORES}")
     target_tokens = target_logits.argmax(-1)  # [B, γ+1]
     match = (target_tokens[:, :gamma] == draft_tokens) & _draft_mask(draft_tokens, draft_lengths)
     num_accepted = match.long().cumprod(dim=1).sum(dim=1)

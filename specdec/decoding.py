@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from specdec.core import SamplingConfig, invalid_scores, standardize_logits, verify, verify_greedy
+from specdec.core import INVALID_SCORES, SamplingConfig, invalid_scores, standardize_logits, verify, verify_greedy
 from specdec.drafters.base import Proposal, empty_proposal
 from specdec.metrics import SpecStats
 from specdec.policy import DraftLengthPolicy, StepOutcome, resolve_policy
@@ -198,7 +198,7 @@ def _decode(target, drafter, policy, prompts, max_new_tokens, sampling, eos, gen
         )
         host = torch.cat([rows.flatten(), has_nan.double().reshape(1)]).tolist()
         if host.pop():
-            raise ValueError("target logits contain NaN (or a row of only -inf); the model produced invalid scores")
+            raise ValueError(f"target logits {INVALID_SCORES}")
         width = gamma + 4 + StepCounts.width(gamma)
         table = [host[i * width : (i + 1) * width] for i in range(context.batch_size)]
         draft_s, verify_s = clock.elapsed(0, 1), clock.elapsed(1, 2)

@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "run", None):
-        parser.print_help(sys.stderr)
+        print(f"specdec: error: give a command ({', '.join(SUBCOMMANDS)}); see specdec --help", file=sys.stderr)
         return USAGE_ERROR
     try:
         return int(args.run(args) or 0)

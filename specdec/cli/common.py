@@ -48,9 +48,12 @@ def apply_model_options(args: argparse.Namespace) -> None:
 
     try:
         device = resolve_device(args.device)
+    except (ValueError, TypeError) as err:
+        raise CLIError(f"--device: {err}") from None
+    try:
         resolve_dtype(args.dtype, device)
     except (ValueError, TypeError) as err:
-        raise CLIError(f"--device/--dtype: {err}") from None
+        raise CLIError(f"--dtype: {err}") from None
     if args.threads:
         import torch
 

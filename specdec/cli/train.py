@@ -88,10 +88,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
-    import sys
-
-    parser.print_help(sys.stderr)
-    return 2
+    raise CLIError("give a step (prepare, presets, pair, distill); see specdec train --help")
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
