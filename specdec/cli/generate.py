@@ -48,7 +48,7 @@ def _gamma(text: str):
         except ValueError as err:
             raise CLIError(f"--num-draft-tokens: {err}") from None
     if value not in POLICY_NAMES:
-        raise CLIError(f"--num-draft-tokens must be an integer 1..64 or one of {', '.join(POLICY_NAMES)}, got {text!r}")
+        raise CLIError(f"--num-draft-tokens must be an integer 1..64 or a policy name ({', '.join(POLICY_NAMES)}), got {text!r}")
     return value
 
 
@@ -107,13 +107,14 @@ def run(args: argparse.Namespace) -> int:
     single = len(prompts) == 1
     echo = single and not args.json
     out = [[] for _ in prompts]
-    shown = ""
-    if echo:
-        sys.stdout.write(args.prompt[0])
+    shown = None  # the prompt is echoed with the first tokens, so a failed first step prints nothing
     for event in run_:
         for row, toks in zip(event.rows, event.tokens):
             out[row].extend(toks)
         if echo:
+            if shown is None:
+                sys.stdout.write(args.prompt[0])
+                shown = ""
             text = tokenizer.decode(out[0], skip_special_tokens=True)
             sys.stdout.write(text[len(shown):] if text.startswith(shown) else "\n" + text)
             sys.stdout.flush()
@@ -128,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         for prompt, text in zip(args.prompt, texts):
             print(f"{prompt}{text}\n---")
     else:
-        print()
+        print(args.prompt[0] if shown is None else "")
     alpha = f"{s.alpha:.3f}" if s.alpha is not None else "n/a"
     log(args, f"α={alpha} τ={s.mean_accepted_length:.2f} tokens/s={s.tokens_per_second:.1f} "
               f"({s.num_generated_tokens} tokens, {s.num_steps} target calls, {s.wall_time_s:.2f}s)")
