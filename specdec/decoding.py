@@ -25,9 +25,9 @@ from specdec.request import (
     as_target,
     check_context,
     check_max_new_tokens,
-    new_generator,
     normalize_prompts,
     resolve_eos,
+    resolve_generator,
     step_num_draft_tokens,
 )
 from specdec.step import Clock, GenerateResult, StepCounts, TokenEvent, commit_counts, step_counters
@@ -62,6 +62,8 @@ def generate(
     seed            int → reproducible; otherwise pass `generator` or get fresh OS randomness
     on_tokens       called with a `TokenEvent` after every step (streaming)
     """
+    if on_tokens is not None and not callable(on_tokens):
+        raise TypeError(f"on_tokens must be None or a callable taking a TokenEvent, got {type(on_tokens).__name__}")
     run = stream(
         target, prompts, drafter, max_new_tokens, temperature, top_k, top_p, num_draft_tokens, eos_token_id, seed,
         generator=generator, attention_mask=attention_mask,
@@ -109,12 +111,13 @@ def stream(
     target = as_target(target)
     drafter = as_drafter(drafter, target)
     policy = resolve_policy_by_name(num_draft_tokens) if drafter is not None else None
+    if drafter is None and not (type(num_draft_tokens) is int and num_draft_tokens == 0):
+        resolve_policy_by_name(num_draft_tokens)  # checked even when unused (0 = plain decoding is fine)
     rows = normalize_prompts(prompts, attention_mask, target.vocab_size)
     max_new_tokens = check_max_new_tokens(max_new_tokens)
     check_context(target, rows, max_new_tokens)
     eos = resolve_eos(eos_token_id, target)
-    if generator is None:
-        generator = new_generator(seed, target.device)
+    generator = resolve_generator(generator, seed, target.device)
     holder: dict = {}
     steps = _decode(target, drafter, policy, rows, max_new_tokens, sampling, eos, generator, holder)
     return GenerationStream(steps, holder)

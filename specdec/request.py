@@ -29,6 +29,7 @@ __all__ = [
     "resolve_eos",
     "resolve_seed",
     "new_generator",
+    "resolve_generator",
     "as_target",
     "as_drafter",
     "check_supported_model",
@@ -131,6 +132,19 @@ def new_generator(seed, device: torch.device | str) -> torch.Generator:
     return generator
 
 
+def resolve_generator(generator, seed, device: torch.device | str) -> torch.Generator:
+    """The call's random generator: `generator` if given (checked), else one seeded by `seed` (checked too)."""
+    if generator is None:
+        return new_generator(seed, device)
+    if seed is not None:
+        resolve_seed(seed)
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be None or a torch.Generator, got {type(generator).__name__}")
+    if torch.device(generator.device).type != torch.device(device).type:
+        raise ValueError(f"generator is on {generator.device} but the target is on {device}")
+    return generator
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """One request's decoding parameters (validated on construction; errors name the field).
@@ -153,10 +167,14 @@ class SamplingParams:
         object.__setattr__(self, "max_new_tokens", check_max_new_tokens(self.max_new_tokens))
         if self.seed is not None:
             object.__setattr__(self, "seed", resolve_seed(self.seed))
-        ids = self.eos_token_ids
-        if isinstance(ids, (int,)) or hasattr(ids, "__index__"):
+        ids = () if self.eos_token_ids is None else self.eos_token_ids
+        if hasattr(ids, "__index__") and not isinstance(ids, bool):
             ids = (ids,)
+        if not isinstance(ids, (list, tuple)):
+            raise TypeError(f"eos_token_ids must be an int or a list of ints, got {type(ids).__name__} {ids!r}")
         object.__setattr__(self, "eos_token_ids", tuple(as_int(t, "eos_token_id", minimum=0) for t in ids))
+        if not isinstance(self.logprobs, bool):
+            raise TypeError(f"logprobs must be a bool, got {type(self.logprobs).__name__}")
         self.sampling  # validates temperature / top_k / top_p
 
     @property
@@ -178,6 +196,8 @@ def normalize_prompts(prompts, attention_mask, vocab_size: int) -> list[list[int
         if prompts.dim() != 2 or prompts.dtype not in (torch.long, torch.int, torch.int16, torch.int8, torch.uint8):
             raise ValueError(f"prompts tensor must be an integer tensor [B, T], got {prompts.dtype} {tuple(prompts.shape)}")
         if attention_mask is not None:
+            if not isinstance(attention_mask, torch.Tensor):
+                raise TypeError(f"attention_mask must be a tensor [B, T] like prompts, got {type(attention_mask).__name__}")
             if attention_mask.shape != prompts.shape:
                 raise ValueError(
                     f"attention_mask shape {tuple(attention_mask.shape)} must equal prompts shape {tuple(prompts.shape)}"
