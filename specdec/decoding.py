@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 
 from specdec.core import INVALID_SCORES, SamplingConfig, invalid_scores, standardize_logits, verify, verify_greedy
-from specdec.drafters.base import Proposal, empty_proposal
+from specdec.drafters.base import Proposal, checked_proposal, empty_proposal
 from specdec.metrics import SpecStats
 from specdec.policy import DraftLengthPolicy, StepOutcome, resolve_policy
 from specdec.request import (
@@ -161,6 +161,7 @@ def _decode(target, drafter, policy, prompts, max_new_tokens, sampling, eos, gen
         gamma = step_num_draft_tokens(gamma, most_remaining, *gamma_limits)
         if gamma > 0:
             proposal = drafter.propose(context, gamma, sampling, generator, policy.confidence_threshold())
+            proposal = checked_proposal(proposal, context.batch_size, gamma, target.vocab_size)
         else:
             proposal = empty_proposal(context.batch_size, device)
         gamma = proposal.tokens.shape[1]

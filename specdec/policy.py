@@ -380,5 +380,6 @@ def resolve_policy(spec: int | str | DraftLengthPolicy) -> DraftLengthPolicy:
         }
         if name in factories:
             return factories[name]()
-        raise ValueError(f"unknown draft-length policy {spec!r}: use an int >= 1 or one of {', '.join(POLICY_NAMES)}")
+        raise ValueError(f"num_draft_tokens: unknown draft-length policy {spec!r}: use an int >= 1 or one of "
+                         f"{', '.join(POLICY_NAMES)}")
     raise ValueError(f"num_draft_tokens must be an int >= 1, a policy name or a DraftLengthPolicy, got {spec!r}")

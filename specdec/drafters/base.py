@@ -74,5 +74,34 @@ class Drafter:
             )
 
 
+def checked_proposal(proposal: Proposal, batch_size: int, num_draft_tokens: int, vocab_size: int) -> Proposal:
+    """A drafter's proposal, checked (shapes, with errors naming the drafter) and made safe to feed the target.
+
+    A row's draft ends at its `lengths` (if given) or at its first id outside [0, V) — e.g. vLLM's -1 padding —
+    whichever comes first; slots past the end become 0 (never read by `verify`, but fed to the target, whose
+    embedding must not see -1). Stopping a draft early keeps the output law exact. No host sync.
+    """
+    if not isinstance(proposal, Proposal) or not isinstance(proposal.tokens, torch.Tensor):
+        raise TypeError(f"drafter.propose must return a Proposal with a tokens tensor, got {type(proposal).__name__}")
+    tokens, probs, lengths = proposal.tokens, proposal.probs, proposal.lengths
+    if tokens.dim() != 2 or tokens.shape[0] != batch_size or tokens.shape[1] > num_draft_tokens \
+            or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        raise ValueError(f"drafter returned tokens {tuple(tokens.shape)} {tokens.dtype}; expected integer ids "
+                         f"[B={batch_size}, <= {num_draft_tokens}]")
+    gamma = tokens.shape[1]
+    if probs is not None and (not isinstance(probs, torch.Tensor) or tuple(probs.shape) != (batch_size, gamma, vocab_size)):
+        shape = tuple(probs.shape) if isinstance(probs, torch.Tensor) else type(probs).__name__
+        raise ValueError(f"drafter returned probs {shape}; expected None or [B, γ, V] = [{batch_size}, {gamma}, {vocab_size}]")
+    if lengths is not None and (not isinstance(lengths, torch.Tensor) or tuple(lengths.shape) != (batch_size,)):
+        shape = tuple(lengths.shape) if isinstance(lengths, torch.Tensor) else type(lengths).__name__
+        raise ValueError(f"drafter returned lengths {shape}; expected None or [B] = [{batch_size}]")
+    in_vocab = (tokens >= 0) & (tokens < vocab_size)
+    leading = in_vocab.long().cumprod(1).sum(1)  # [B] valid ids before the first invalid one
+    lengths = leading if lengths is None else torch.minimum(lengths.long().clamp(0, gamma), leading)
+    keep = torch.arange(gamma, device=tokens.device)[None, :] < lengths[:, None]
+    tokens = torch.where(keep, tokens, torch.zeros_like(tokens)).long()
+    return Proposal(tokens=tokens, probs=probs, lengths=lengths, forward_passes=proposal.forward_passes)
+
+
 def empty_proposal(batch_size: int, device: torch.device) -> Proposal:
     return Proposal(tokens=torch.zeros(batch_size, 0, dtype=torch.long, device=device))
