@@ -12,7 +12,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from specdec import analysis
 from specdec.cli import CLIError
 from specdec.cli.common import add_model_options, apply_model_options, check_float, check_int, print_json
 
@@ -91,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
 
 def build_report(alpha: float, cost_ratio: float, op_cost_ratio: float, max_gamma: int) -> dict[str, Any]:
     """Everything the command prints, as plain data: one row per γ in 0..max_gamma plus the advice."""
+    from specdec import analysis
+
     rows = [
         {
             "gamma": gamma,
@@ -207,6 +208,8 @@ def _load(kind: str, path: Path, args: argparse.Namespace) -> Any:
 
 def _measure(args: argparse.Namespace) -> dict[str, Any]:
     """Generate target text from the prompts, then measure α on it, c by timing, and ĉ by counting."""
+    from specdec import analysis
+
     missing = [flag for flag, value in (("--target", args.target), ("--draft", args.draft), ("--prompts", args.prompts))
                if value is None]
     if missing:
