@@ -296,7 +296,9 @@ def verify(
         has_draft = real.gather(1, at).squeeze(1) & (num_accepted < gamma)
         q_next = torch.zeros_like(p_next).scatter_(1, safe_tokens.gather(1, at), has_draft[:, None].to(p_next.dtype))
     else:
-        q_pad = torch.cat([draft_probs * drafted[..., None], draft_probs.new_zeros(batch, 1, vocab)], 1)
+        # where, not a product: a drafter may leave anything (even NaN) in the q of slots it did not draft
+        q_drafted_only = torch.where(drafted[..., None], draft_probs, torch.zeros_like(draft_probs))
+        q_pad = torch.cat([q_drafted_only, draft_probs.new_zeros(batch, 1, vocab)], 1)
         q_next = q_pad.gather(1, index).squeeze(1).to(p_next.dtype)
     residual = (p_next - q_next).clamp_min(0)
     mass = residual.sum(-1, keepdim=True)
@@ -306,9 +308,10 @@ def verify(
     next_token = sample(next_dist, generator, noise=noise)
 
     if draft_probs is None:
-        beta = p_drafted * real
+        beta = torch.where(real, p_drafted, torch.zeros_like(p_drafted))
     else:
-        beta = acceptance_beta(target_probs, draft_probs, draft_tokens) * drafted
+        beta = acceptance_beta(target_probs, draft_probs, draft_tokens)
+        beta = torch.where(drafted, beta, torch.zeros_like(beta))
     return VerifyResult(num_accepted=num_accepted, next_token=next_token, beta=beta)
 
 

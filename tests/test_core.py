@@ -246,6 +246,13 @@ class TestDraftSlotsPastTheirLength:
             b = verify(zero_padded, probs, p, draft_lengths=lengths, uniforms=u, noise=noise)
             assert torch.equal(a.num_accepted, b.num_accepted) and torch.equal(a.next_token, b.next_token)
             assert torch.equal(a.beta, b.beta) and a.beta[1, 1:].tolist() == [0.0, 0.0]
+        q_garbage = q.clone()
+        q_garbage[1, 1:] = float("nan")  # slots past a row's length may hold anything
+        q_garbage[2] = float("nan")
+        a = verify(drafts, q_garbage, p, draft_lengths=lengths, uniforms=u, noise=noise)
+        b = verify(zero_padded, q, p, draft_lengths=lengths, uniforms=u, noise=noise)
+        assert torch.equal(a.num_accepted, b.num_accepted) and torch.equal(a.next_token, b.next_token)
+        assert torch.equal(a.beta, b.beta) and not a.beta.isnan().any()
         g = verify_greedy(drafts, p.log(), draft_lengths=lengths)
         assert torch.equal(g.num_accepted, verify_greedy(zero_padded, p.log(), draft_lengths=lengths).num_accepted)
 
