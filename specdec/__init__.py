@@ -14,6 +14,7 @@ pay for importing torch.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
@@ -47,7 +48,9 @@ __all__ = list(_EXPORTS)
 def __getattr__(name: str):
     module = _EXPORTS.get(name)
     if module is None:
-        raise AttributeError(f"module 'specdec' has no attribute {name!r}")
+        if name.startswith("_") or importlib.util.find_spec(f"specdec.{name}") is None:
+            raise AttributeError(f"module 'specdec' has no attribute {name!r}")
+        return importlib.import_module(f"specdec.{name}")  # `specdec.core` etc. after a bare `import specdec`
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # later look-ups skip this function
     return value
