@@ -13,6 +13,8 @@ Randomness always comes in as an explicit `torch.Generator` (or explicit uniform
 
 from __future__ import annotations
 
+import numbers
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +22,8 @@ import torch
 __all__ = [
     "SamplingConfig",
     "VerifyResult",
+    "TEMPERATURE_FLOOR",
+    "invalid_scores",
     "standardize_logits",
     "standardize_rows",
     "sample",
@@ -29,12 +33,18 @@ __all__ = [
 ]
 
 
+#: Temperatures below this are greedy decoding (the exact argmax path), as in vLLM (`_SAMPLING_EPS`): the
+#: law at such a temperature differs from the argmax only where the top logits lie within ~1e-5 of each other.
+TEMPERATURE_FLOOR = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """How logits become the distribution we sample from (paper §2.2).
 
-    Order: temperature → top-k → top-p, as in Hugging Face transformers. `temperature == 0`
-    means argmax (a one-hot distribution); `top_k == 0` and `top_p == 1.0` disable those filters.
+    Order: temperature → top-k → top-p, as in Hugging Face transformers. `temperature == 0` (or any
+    temperature below `TEMPERATURE_FLOOR` = 1e-5) means argmax (a one-hot distribution); `top_k == 0` and
+    `top_p == 1.0` disable those filters.
     """
 
     temperature: float = 1.0
@@ -43,46 +53,90 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         t = self.temperature
-        if not isinstance(t, (int, float)) or t != t or t < 0 or t == float("inf"):
+        if isinstance(t, bool) or not isinstance(t, numbers.Real) or t != t or t < 0 or t == float("inf"):
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+        object.__setattr__(self, "temperature", float(t))
+        try:
+            top_k = None if isinstance(self.top_k, bool) else operator.index(self.top_k)
+        except TypeError:
+            top_k = None
+        if top_k is None or top_k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        object.__setattr__(self, "top_k", top_k)
         p = self.top_p
-        if not isinstance(p, (int, float)) or not (0.0 < p <= 1.0):
+        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not (0.0 < p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1], got {p!r}")
+        object.__setattr__(self, "top_p", float(p))
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < TEMPERATURE_FLOOR
+
+
+def invalid_scores(logits: torch.Tensor) -> torch.Tensor:
+    """A 0-dim bool tensor (on the logits' device, no host sync): True when `logits [..., V]` contain a NaN or
+    a +inf (what a float16 overflow produces: no model means it), or a row in which every entry is -inf —
+    scores from which no trustworthy distribution can be formed. -inf entries alone are fine (masked tokens)."""
+    return torch.isnan(logits).any() | (logits == float("inf")).any() | (logits == float("-inf")).all(-1).any()
+
+
+INVALID_SCORES = ("contain NaN or +inf (a float16 overflow? load the model in float32 or bfloat16), or a row of "
+                  "only -inf; the model produced invalid scores")
+
+
+def _check_logits(logits, name: str) -> None:
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor [..., V], got {type(logits).__name__}")
+    if logits.dim() < 1 or logits.shape[-1] < 1:
+        raise ValueError(f"{name} must have a vocabulary axis [..., V] with V >= 1, got shape {tuple(logits.shape)}")
+    if logits.is_complex():
+        raise TypeError(f"{name} must be real, got {logits.dtype}")
 
 
 def standardize_logits(logits: torch.Tensor, sampling: SamplingConfig, *, check_nan: bool = True) -> torch.Tensor:
     """Turn logits `[..., V]` into the probabilities `[..., V]` (float32) we actually sample from.
 
-    The same call must be used for p and q so that both are adjusted identically (§2.2).
-    Raises ValueError on NaN logits: a silent NaN would corrupt the acceptance test. The check is a
-    host sync; code inside a CUDA graph passes `check_nan=False` and checks once per step itself.
+    The same call must be used for p and q so that both are adjusted identically (§2.2). Temperature, top-k
+    and top-p are computed exactly as transformers' warpers compute them (same boundary on ties).
+    Non-finite scores: -inf entries get probability 0; a temperature so small that dividing overflows is
+    computed from the max-shifted logits (the same law, no ±inf); temperatures below TEMPERATURE_FLOOR are
+    greedy. Raises ValueError when `invalid_scores` (NaN, +inf, or a row of only -inf): a silent NaN would
+    corrupt the acceptance test and sample token 0. The check is a host sync; code inside a CUDA graph passes
+    `check_nan=False` and checks `invalid_scores` once per step itself (a row with +inf entries is then
+    computed as the softmax limit, uniform over them, so that nothing downstream sees a NaN).
     """
+    _check_logits(logits, "logits")
+    if not isinstance(sampling, SamplingConfig):
+        raise TypeError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
     logits = logits.float()
-    if check_nan and torch.isnan(logits).any():
-        raise ValueError("logits contain NaN; the model produced invalid scores")
+    if check_nan and bool(invalid_scores(logits)):
+        raise ValueError(f"logits {INVALID_SCORES}")
     if sampling.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(torch.float32)
+    inf = float("inf")
+    pos_inf = logits == inf
+    logits = torch.where(pos_inf.any(-1, keepdim=True), torch.where(pos_inf, 0.0, -inf), logits)
     if sampling.temperature != 1.0:
-        logits = logits / sampling.temperature
+        scaled = logits / sampling.temperature
+        if sampling.temperature < 1.0:  # only shrinking temperatures can overflow finite logits
+            overflow = (scaled.isinf() & logits.isfinite()).any(-1, keepdim=True)
+            shifted = (logits - logits.amax(-1, keepdim=True)) / sampling.temperature
+            scaled = torch.where(overflow, shifted, scaled)
+        logits = scaled
     vocab = logits.shape[-1]
     if 0 < sampling.top_k < vocab:
         kth = torch.topk(logits, sampling.top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))  # ties with the k-th survive, as in HF
+        logits = logits.masked_fill(logits < kth, -inf)  # ties with the k-th survive, as in HF
     if sampling.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        sorted_probs = sorted_logits.softmax(-1)
-        mass_before = sorted_probs.cumsum(-1) - sorted_probs
-        # Keep the smallest prefix whose mass reaches top_p; the most likely token always survives.
-        drop_sorted = mass_before >= sampling.top_p
-        drop_sorted[..., 0] = False
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
+        # Keep the smallest prefix (by probability) whose mass reaches top_p, computed exactly as transformers'
+        # TopPLogitsWarper does: ascending sort, drop while the cumulative mass from below is <= 1 - top_p, so
+        # the boundary (and ties on it) fall the same way. The most likely token always survives.
+        sorted_logits, order = torch.sort(logits, descending=False)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        drop_sorted = cumulative <= (1 - sampling.top_p)
+        drop_sorted[..., -1:] = False
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, -inf)
     return logits.softmax(-1)
 
 
@@ -97,14 +151,14 @@ def standardize_rows(
 ) -> torch.Tensor:
     """`standardize_logits` with each row's own parameters: logits `[B, k, V]` → probabilities `[B, k, V]`.
 
-    temperature [B] (0 = greedy: one-hot argmax), top_k [B] long (0 = off), top_p [B] (1.0 = off).
+    temperature [B] (below `TEMPERATURE_FLOOR` = greedy: one-hot argmax), top_k [B] long (0 = off), top_p [B] (1.0 = off).
     filter_top_k / filter_top_p = False skip a filter no row uses (the caller knows its rows' parameters).
     Same order and rules as `standardize_logits`; top-p as transformers' TopPLogitsWarper (ascending
     cumulative mass; a token goes when the mass below it, itself included, is <= 1 − top_p; the most likely
     token always stays). No host synchronization, so it can run inside a CUDA graph.
     """
     logits = logits.float()
-    greedy = temperature == 0
+    greedy = temperature < TEMPERATURE_FLOOR
     scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature).float()[:, None, None]
     vocab = logits.shape[-1]
     if filter_top_k:
@@ -161,19 +215,70 @@ def _draft_mask(draft_tokens: torch.Tensor, draft_lengths: torch.Tensor | None) 
     return torch.arange(gamma, device=draft_tokens.device)[None, :] < draft_lengths[:, None]
 
 
+def _check_drafts(draft_tokens, draft_lengths, device: torch.device | None = None) -> tuple[int, int]:
+    """Shapes and dtypes only (no host sync, so it may run inside a CUDA graph) → (B, γ)."""
+    if not isinstance(draft_tokens, torch.Tensor):
+        raise TypeError(f"draft_tokens must be a torch.Tensor [B, γ], got {type(draft_tokens).__name__}")
+    if draft_tokens.dim() != 2 or draft_tokens.dtype.is_floating_point or draft_tokens.is_complex() \
+            or draft_tokens.dtype == torch.bool:
+        raise ValueError(f"draft_tokens must be an integer tensor [B, γ], got {draft_tokens.dtype} "
+                         f"{tuple(draft_tokens.shape)}")
+    batch, _ = draft_tokens.shape
+    if draft_lengths is not None:
+        if not isinstance(draft_lengths, torch.Tensor) or draft_lengths.shape != (batch,) \
+                or draft_lengths.dtype.is_floating_point or draft_lengths.is_complex():
+            shape = tuple(draft_lengths.shape) if isinstance(draft_lengths, torch.Tensor) else type(draft_lengths).__name__
+            raise ValueError(f"draft_lengths must be None or an integer tensor [B] = [{batch}], got {shape}")
+    for name, tensor in (("draft_tokens", draft_tokens), ("draft_lengths", draft_lengths)):
+        if device is not None and tensor is not None and tensor.device != device:
+            raise ValueError(f"{name} is on {tensor.device} but the scores are on {device}")
+    return draft_tokens.shape
+
+
+def _safe_drafts(draft_tokens: torch.Tensor, drafted: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draft slots that are real tokens `[B, γ]` (drafted and in [0, V)), and the tokens with every other slot
+    (padding such as vLLM's -1 past a row's draft length) replaced by 0, safe to index with."""
+    real = drafted & (draft_tokens >= 0) & (draft_tokens < vocab)
+    return real, torch.where(real, draft_tokens, torch.zeros_like(draft_tokens)).long()
+
+
 def acceptance_beta(
     target_probs: torch.Tensor, draft_probs: torch.Tensor | None, draft_tokens: torch.Tensor
 ) -> torch.Tensor:
     """β = Σ_x min(p(x), q(x)) per drafted position → `[B, γ]` (Thm 3.5: 1 − TV distance).
 
     target_probs [B, γ(+1), V]; draft_probs [B, γ, V] or None for a deterministic drafter (one-hot q,
-    where β is simply p(x_i)).
+    where β is simply p(x_i); 0 for a slot that is not a token of the vocabulary, e.g. -1 padding).
     """
     gamma = draft_tokens.shape[1]
     p = target_probs[:, :gamma]
     if draft_probs is None:
-        return p.gather(-1, draft_tokens[..., None]).squeeze(-1)
+        real, safe = _safe_drafts(draft_tokens, torch.ones_like(draft_tokens, dtype=torch.bool), p.shape[-1])
+        return p.gather(-1, safe[..., None]).squeeze(-1) * real
     return torch.minimum(p, draft_probs).sum(-1)
+
+
+def _check_verify_inputs(draft_tokens, draft_probs, target_probs, draft_lengths, uniforms, noise) -> None:
+    if not isinstance(target_probs, torch.Tensor) or not target_probs.dtype.is_floating_point:
+        kind = target_probs.dtype if isinstance(target_probs, torch.Tensor) else type(target_probs).__name__
+        raise TypeError(f"target_probs must be a floating-point tensor [B, γ+1, V], got {kind}")
+    batch, gamma = _check_drafts(draft_tokens, draft_lengths, target_probs.device)
+    if target_probs.dim() != 3 or target_probs.shape[:2] != (batch, gamma + 1) or target_probs.shape[2] < 1:
+        raise ValueError(
+            f"target_probs must be [B, γ+1, V] = [{batch}, {gamma + 1}, V], got {tuple(target_probs.shape)}"
+        )
+    vocab = target_probs.shape[2]
+    expected = {"draft_probs": (batch, gamma, vocab), "uniforms": (batch, gamma), "noise": (batch, vocab)}
+    for name, tensor in (("draft_probs", draft_probs), ("uniforms", uniforms), ("noise", noise)):
+        if tensor is None:
+            continue
+        if not isinstance(tensor, torch.Tensor) or not tensor.dtype.is_floating_point:
+            kind = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+            raise TypeError(f"{name} must be None or a floating-point tensor {list(expected[name])}, got {kind}")
+        if tuple(tensor.shape) != expected[name]:
+            raise ValueError(f"{name} must be {list(expected[name])}, got {tuple(tensor.shape)}")
+        if tensor.device != target_probs.device:
+            raise ValueError(f"{name} is on {tensor.device} but target_probs is on {target_probs.device}")
 
 
 def verify(
@@ -192,43 +297,47 @@ def verify(
     draft_probs    [B, γ, V]    q_i the drafts were sampled from; None = deterministic drafter (one-hot q)
     target_probs   [B, γ+1, V]  p_1..p_{γ+1} from one target pass
     draft_lengths  [B]          optional: row b drafted only its first draft_lengths[b] tokens; the
-                                position after them is treated as "no draft" (sample from p there)
+                                position after them is treated as "no draft" (sample from p there), and
+                                slots past them are never read (any value, e.g. -1 padding, is fine)
     uniforms       [B, γ]       optional explicit r_i ~ U(0,1) for the accept test
     noise          [B, V]       optional explicit Exp(1) noise for the next-token draw (see `sample`)
 
     Row b accepts x_i while r_i·q_i(x_i) < p_i(x_i) — i.e. r_i < p/q, so p(x) = 0 is never accepted —
     then samples its next token from norm(max(0, p − q)) at the first rejection, or from p_{γ+1}.
+    A drafted id outside [0, V) has p = 0: it is rejected like any token the target cannot produce.
+    Shapes are checked (no host sync); values are not.
     """
+    _check_verify_inputs(draft_tokens, draft_probs, target_probs, draft_lengths, uniforms, noise)
     batch, gamma = draft_tokens.shape
-    if target_probs.shape[:2] != (batch, gamma + 1):
-        raise ValueError(
-            f"target_probs must be [B, γ+1, V] = [{batch}, {gamma + 1}, V], got {tuple(target_probs.shape)}"
-        )
+    vocab = target_probs.shape[-1]
     drafted = _draft_mask(draft_tokens, draft_lengths)
-    p_drafted = target_probs[:, :gamma].gather(-1, draft_tokens[..., None]).squeeze(-1)  # [B, γ]
+    real, safe_tokens = _safe_drafts(draft_tokens, drafted, vocab)
+    p_drafted = target_probs[:, :gamma].gather(-1, safe_tokens[..., None]).squeeze(-1)  # [B, γ]
     if draft_probs is None:
-        q_drafted = drafted.to(p_drafted.dtype)
+        q_drafted = real.to(p_drafted.dtype)
     else:
-        q_drafted = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1)
+        q_drafted = draft_probs.gather(-1, safe_tokens[..., None]).squeeze(-1)
     if uniforms is None:
         uniforms = torch.rand(batch, gamma, generator=generator, device=draft_tokens.device)
-    accepted = (uniforms * q_drafted < p_drafted) & drafted & (q_drafted > 0)
+    accepted = (uniforms * q_drafted < p_drafted) & real & (q_drafted > 0)
     num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)  # [B]
 
     # Distribution of the next token: residual at the first rejection, p itself after the last draft
     # (or where the row did not draft): pad q with zeros at position γ and where nothing was drafted.
-    index = num_accepted[:, None, None].expand(-1, 1, target_probs.shape[-1])
+    index = num_accepted[:, None, None].expand(-1, 1, vocab)
     p_next = target_probs.gather(1, index).squeeze(1)  # [B, V]
     if gamma == 0:
         q_next = torch.zeros_like(p_next)
     elif draft_probs is None:
         # one-hot q at the rejected draft; zero where the row proposed nothing (position ≥ its length or γ)
         at = num_accepted.clamp(max=gamma - 1)[:, None]
-        has_draft = drafted.gather(1, at).squeeze(1) & (num_accepted < gamma)
-        q_next = torch.zeros_like(p_next).scatter_(1, draft_tokens.gather(1, at), has_draft[:, None].to(p_next.dtype))
+        has_draft = real.gather(1, at).squeeze(1) & (num_accepted < gamma)
+        q_next = torch.zeros_like(p_next).scatter_(1, safe_tokens.gather(1, at), has_draft[:, None].to(p_next.dtype))
     else:
-        q_pad = torch.cat([draft_probs * drafted[..., None], draft_probs.new_zeros(batch, 1, draft_probs.shape[-1])], 1)
-        q_next = q_pad.gather(1, index).squeeze(1)
+        # where, not a product: a drafter may leave anything (even NaN) in the q of slots it did not draft
+        q_drafted_only = torch.where(drafted[..., None], draft_probs, torch.zeros_like(draft_probs))
+        q_pad = torch.cat([q_drafted_only, draft_probs.new_zeros(batch, 1, vocab)], 1)
+        q_next = q_pad.gather(1, index).squeeze(1).to(p_next.dtype)
     residual = (p_next - q_next).clamp_min(0)
     mass = residual.sum(-1, keepdim=True)
     # If max(0, p − q) vanishes then p = q there and the position cannot have rejected; fall back to p
@@ -236,7 +345,11 @@ def verify(
     next_dist = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p_next)
     next_token = sample(next_dist, generator, noise=noise)
 
-    beta = acceptance_beta(target_probs, draft_probs, draft_tokens)
+    if draft_probs is None:
+        beta = torch.where(real, p_drafted, torch.zeros_like(p_drafted))
+    else:
+        beta = acceptance_beta(target_probs, draft_probs, draft_tokens)
+        beta = torch.where(drafted, beta, torch.zeros_like(beta))
     return VerifyResult(num_accepted=num_accepted, next_token=next_token, beta=beta)
 
 
@@ -250,11 +363,18 @@ def verify_greedy(
     """The exact argmax path: accept drafts while they equal the target's argmax.
 
     draft_tokens [B, γ]; target_logits [B, γ+1, V]. The output is token for token the target's own
-    greedy decoding. β is 1 where the draft equals the target argmax, else 0 (one-hot p and q).
+    greedy decoding. β is 1 where the draft equals the target argmax, else 0 (one-hot p and q). Slots past
+    `draft_lengths` are never read. Raises ValueError when `invalid_scores(target_logits)` (a host sync;
+    `check_nan=False` skips it for callers that check `invalid_scores` themselves).
     """
-    batch, gamma = draft_tokens.shape
-    if check_nan and torch.isnan(target_logits).any():
-        raise ValueError("target logits contain NaN; the model produced invalid scores")
+    _check_logits(target_logits, "target_logits")
+    batch, gamma = _check_drafts(draft_tokens, draft_lengths, target_logits.device)
+    if target_logits.dim() != 3 or target_logits.shape[:2] != (batch, gamma + 1):
+        raise ValueError(
+            f"target_logits must be [B, γ+1, V] = [{batch}, {gamma + 1}, V], got {tuple(target_logits.shape)}"
+        )
+    if check_nan and bool(invalid_scores(target_logits)):
+        raise ValueError(f"target logits {INVALID_SCORES}")
     target_tokens = target_logits.argmax(-1)  # [B, γ+1]
     match = (target_tokens[:, :gamma] == draft_tokens) & _draft_mask(draft_tokens, draft_lengths)
     num_accepted = match.long().cumprod(dim=1).sum(dim=1)

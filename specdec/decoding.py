@@ -16,17 +16,19 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from specdec.core import SamplingConfig, standardize_logits, verify, verify_greedy
-from specdec.drafters.base import Proposal, empty_proposal
+from specdec.core import INVALID_SCORES, SamplingConfig, invalid_scores, standardize_logits, verify, verify_greedy
+from specdec.drafters.base import Proposal, checked_proposal, empty_proposal
 from specdec.metrics import SpecStats
 from specdec.policy import DraftLengthPolicy, StepOutcome, resolve_policy
 from specdec.request import (
     as_drafter,
     as_target,
+    check_context,
     check_max_new_tokens,
-    new_generator,
     normalize_prompts,
     resolve_eos,
+    resolve_generator,
+    step_num_draft_tokens,
 )
 from specdec.step import (
     Clock,
@@ -73,6 +75,8 @@ def generate(
                     "fast": the engine (also on CPU, without graphs; an error for an uncovered model);
                     "hf": this module's loop over the transformers model
     """
+    if on_tokens is not None and not callable(on_tokens):
+        raise TypeError(f"on_tokens must be None or a callable taking a TokenEvent, got {type(on_tokens).__name__}")
     run = stream(
         target, prompts, drafter, max_new_tokens, temperature, top_k, top_p, num_draft_tokens, eos_token_id, seed,
         generator=generator, attention_mask=attention_mask, engine=engine,
@@ -111,11 +115,13 @@ def stream(
     target = as_target(target)
     drafter = as_drafter(drafter, target)
     policy = resolve_policy_by_name(num_draft_tokens) if drafter is not None else None
+    if drafter is None and not (type(num_draft_tokens) is int and num_draft_tokens == 0):
+        resolve_policy_by_name(num_draft_tokens)  # checked even when unused (0 = plain decoding is fine)
     rows = normalize_prompts(prompts, attention_mask, target.vocab_size)
     max_new_tokens = check_max_new_tokens(max_new_tokens)
+    check_context(target, rows, max_new_tokens)
     eos = resolve_eos(eos_token_id, target)
-    if generator is None:
-        generator = new_generator(seed, target.device)
+    generator = resolve_generator(generator, seed, target.device)
     holder: dict = {}
     steps = _decode(target, drafter, policy, rows, max_new_tokens, sampling, eos, generator, holder)
     return GenerationStream(steps, holder)
@@ -168,12 +174,16 @@ def _decode(target, drafter, policy, prompts, max_new_tokens, sampling, eos, gen
     clock = Clock(device)
     step = 0
     num_active = batch
+    most_remaining = max_new_tokens  # the most tokens an active row may still commit
+    gamma_limits = (getattr(target, "max_draft_tokens", None), getattr(drafter, "max_draft_tokens", None))
     while num_active:
         # 1. draft
         clock.mark(0)
         gamma = policy.num_draft_tokens() if policy is not None else 0
+        gamma = step_num_draft_tokens(gamma, most_remaining, *gamma_limits)
         if gamma > 0:
             proposal = drafter.propose(context, gamma, sampling, generator, policy.confidence_threshold())
+            proposal = checked_proposal(proposal, context.batch_size, gamma, target.vocab_size)
         else:
             proposal = empty_proposal(context.batch_size, device)
         gamma = proposal.tokens.shape[1]
@@ -185,7 +195,7 @@ def _decode(target, drafter, policy, prompts, max_new_tokens, sampling, eos, gen
 
         # 3. verify
         # NaN logits are checked on the device and reported with the step's one transfer below.
-        has_nan = torch.isnan(logits).any()
+        has_nan = invalid_scores(logits)
         if sampling.greedy:
             result = verify_greedy(proposal.tokens, logits, draft_lengths=proposal.lengths, check_nan=False)
         else:
@@ -214,7 +224,7 @@ def _decode(target, drafter, policy, prompts, max_new_tokens, sampling, eos, gen
         )
         host = torch.cat([rows.flatten(), has_nan.double().reshape(1)]).tolist()
         if host.pop():
-            raise ValueError("target logits contain NaN; the model produced invalid scores")
+            raise ValueError(f"target logits {INVALID_SCORES}")
         width = gamma + 4 + StepCounts.width(gamma)
         table = [host[i * width : (i + 1) * width] for i in range(context.batch_size)]
         draft_s, verify_s = clock.elapsed(0, 1), clock.elapsed(1, 2)
@@ -222,7 +232,8 @@ def _decode(target, drafter, policy, prompts, max_new_tokens, sampling, eos, gen
         step_total = _sum_counts(row_counts, gamma)
         _record_step(stats, step_total, gamma, proposal, draft_s, verify_s)
         event_rows, event_tokens, done = [], [], []
-        for row in table:
+        most_remaining = 0
+        for row, row_count in zip(table, row_counts):
             n, fin, orig = int(row[gamma + 1]), row[gamma + 2], int(row[gamma + 3])
             if n:
                 tokens = [int(t) for t in row[:n]]
@@ -231,6 +242,8 @@ def _decode(target, drafter, policy, prompts, max_new_tokens, sampling, eos, gen
                 event_tokens.append(tokens)
             if fin:
                 done.append(orig)
+            elif row_count.active_rows:
+                most_remaining = max(most_remaining, max_new_tokens - len(outputs[orig]))
         stats.num_generated_tokens += sum(len(t) for t in event_tokens)
         num_active = step_total.active_rows - len(done)
         if policy is not None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.analysis import optimal_gamma, walltime_improvement
+from specdec.request import MAX_NUM_DRAFT_TOKENS, as_int
 
 __all__ = [
     "StepOutcome",
@@ -63,10 +64,18 @@ class StepOutcome:
 
 
 class DraftLengthPolicy:
-    """Base class: a fixed γ unless a subclass adapts it."""
+    """Base class: a fixed γ unless a subclass adapts it.
+
+    A policy's state belongs to one generation: `resolve_policy` calls `reset()` when a `generate`/`stream`
+    call starts with it, so an instance passed to several calls starts each one afresh (and what it learned
+    in the last call stays readable afterwards). Subclasses with state override `reset`.
+    """
 
     def num_draft_tokens(self) -> int:
         raise NotImplementedError
+
+    def reset(self) -> None:
+        """Forget everything learned in a previous generation."""
 
     def confidence_threshold(self) -> float | None:
         return None
@@ -75,10 +84,15 @@ class DraftLengthPolicy:
         pass
 
 
-def _check_int(value: int, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
+def _check_int(value: int, name: str, minimum: int, maximum: int | None = None) -> int:
+    try:
+        return as_int(value, name, minimum=minimum, maximum=maximum)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}") from None
+
+
+def _check_gamma(value: int, name: str) -> int:
+    return _check_int(value, name, 1, MAX_NUM_DRAFT_TOKENS)
 
 
 def _check_unit(value: float, name: str, *, low_open: bool = False) -> float:
@@ -92,7 +106,7 @@ class FixedPolicy(DraftLengthPolicy):
     """Always draft γ tokens (the paper's setting)."""
 
     def __init__(self, num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS):
-        self.gamma = _check_int(num_draft_tokens, "num_draft_tokens", 1)
+        self.gamma = _check_gamma(num_draft_tokens, "num_draft_tokens")
 
     def num_draft_tokens(self) -> int:
         return self.gamma
@@ -111,11 +125,15 @@ class HeuristicPolicy(DraftLengthPolicy):
     """
 
     def __init__(self, initial: int = 5, max_draft_tokens: int = 32):
-        self.max_draft_tokens = _check_int(max_draft_tokens, "max_draft_tokens", 1)
-        self.gamma = min(_check_int(initial, "initial", 1), self.max_draft_tokens)
+        self.max_draft_tokens = _check_gamma(max_draft_tokens, "max_draft_tokens")
+        self.initial = min(_check_gamma(initial, "initial"), self.max_draft_tokens)
+        self.gamma = self.initial
 
     def num_draft_tokens(self) -> int:
         return self.gamma
+
+    def reset(self) -> None:
+        self.gamma = self.initial
 
     def update(self, outcome: StepOutcome) -> None:
         if outcome.num_draft_tokens == 0 or outcome.num_accepted.numel() == 0:
@@ -218,14 +236,18 @@ class OptimalPolicy(DraftLengthPolicy):
 
     def __init__(self, initial: int = DEFAULT_NUM_DRAFT_TOKENS, max_draft_tokens: int = 16,
                  warmup_steps: int = 4, decay: float = 0.9):
-        self.max_draft_tokens = _check_int(max_draft_tokens, "max_draft_tokens", 1)
-        self.initial = min(_check_int(initial, "initial", 1), self.max_draft_tokens)
+        self.max_draft_tokens = _check_gamma(max_draft_tokens, "max_draft_tokens")
+        self.initial = min(_check_gamma(initial, "initial"), self.max_draft_tokens)
         self.warmup_steps = _check_int(warmup_steps, "warmup_steps", 0)
         self.estimates = OnlineEstimates(decay)
         self.gamma = self.initial
 
     def num_draft_tokens(self) -> int:
         return self.gamma
+
+    def reset(self) -> None:
+        self.estimates = OnlineEstimates(self.estimates.decay)
+        self.gamma = self.initial
 
     def update(self, outcome: StepOutcome) -> None:
         self.estimates.update(outcome)
@@ -248,7 +270,7 @@ class ThresholdPolicy(DraftLengthPolicy):
     """
 
     def __init__(self, max_draft_tokens: int = 8, threshold: float = 0.4):
-        self.max_draft_tokens = _check_int(max_draft_tokens, "max_draft_tokens", 1)
+        self.max_draft_tokens = _check_gamma(max_draft_tokens, "max_draft_tokens")
         self.threshold = _check_unit(threshold, "threshold")
 
     def num_draft_tokens(self) -> int:
@@ -272,8 +294,10 @@ class GuardedPolicy(DraftLengthPolicy):
 
     def __init__(self, inner: DraftLengthPolicy | None = None, *, min_speedup: float = 1.0, warmup_steps: int = 4,
                  probe_every: int = 16, probe_steps: int = 2, decay: float = 0.8):
+        if inner is not None and not isinstance(inner, DraftLengthPolicy):
+            raise TypeError(f"inner must be a DraftLengthPolicy or None, got {type(inner).__name__}")
         self.inner = inner if inner is not None else OptimalPolicy()
-        if not isinstance(min_speedup, (int, float)) or isinstance(min_speedup, bool) or min_speedup <= 0:
+        if not isinstance(min_speedup, (int, float)) or isinstance(min_speedup, bool) or not 0 < min_speedup < float("inf"):
             raise ValueError(f"min_speedup must be a number > 0, got {min_speedup!r}")
         self.min_speedup = float(min_speedup)
         self.warmup_steps = _check_int(warmup_steps, "warmup_steps", 0)
@@ -281,6 +305,11 @@ class GuardedPolicy(DraftLengthPolicy):
         self.probe_steps = _check_int(probe_steps, "probe_steps", 1)
         # Its own, faster-forgetting estimates: a few good probes must be able to switch drafting back on.
         self.estimates = OnlineEstimates(decay)
+        self.reset()
+
+    def reset(self) -> None:
+        self.inner.reset()
+        self.estimates = OnlineEstimates(self.estimates.decay)
         self.speculating = True
         self._plain_streak = 0  # plain steps since the last probe
         self._probe_left = 0  # speculative probe steps still to run
@@ -328,14 +357,19 @@ def resolve_policy(spec: int | str | DraftLengthPolicy) -> DraftLengthPolicy:
     """An int → FixedPolicy; a name → a fresh policy with default settings; a policy passes through.
 
     Names: "fixed" (γ = 4), "heuristic", "optimal", "threshold", "guarded" (guarding "optimal").
+    A policy instance is `reset()` (a new generation starts with it) and returned. Integers are bounded:
+    1 <= γ <= MAX_NUM_DRAFT_TOKENS.
     """
     if isinstance(spec, DraftLengthPolicy):
+        spec.reset()
         return spec
-    if isinstance(spec, int) and not isinstance(spec, bool):
+    if not isinstance(spec, (bool, str, float)) and hasattr(spec, "__index__"):  # int, numpy / torch integers
         return FixedPolicy(spec)
     if isinstance(spec, str):
         name = spec.strip().lower()
-        if name.isdigit():
+        if name.isdigit() or (name.startswith("-") and name[1:].isdigit()):
+            if len(name) > 20:
+                raise ValueError(f"num_draft_tokens must be <= {MAX_NUM_DRAFT_TOKENS}, got {spec!r}")
             return FixedPolicy(int(name))
         factories = {
             "fixed": FixedPolicy,
@@ -346,5 +380,6 @@ def resolve_policy(spec: int | str | DraftLengthPolicy) -> DraftLengthPolicy:
         }
         if name in factories:
             return factories[name]()
-        raise ValueError(f"unknown draft-length policy {spec!r}: use an int >= 1 or one of {', '.join(POLICY_NAMES)}")
+        raise ValueError(f"num_draft_tokens: unknown draft-length policy {spec!r}: use an int >= 1 or one of "
+                         f"{', '.join(POLICY_NAMES)}")
     raise ValueError(f"num_draft_tokens must be an int >= 1, a policy name or a DraftLengthPolicy, got {spec!r}")

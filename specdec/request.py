@@ -22,17 +22,23 @@ __all__ = [
     "MAX_NEW_TOKENS",
     "as_int",
     "check_max_new_tokens",
+    "check_num_draft_tokens",
+    "check_context",
+    "step_num_draft_tokens",
     "normalize_prompts",
     "resolve_eos",
     "resolve_seed",
     "new_generator",
+    "resolve_generator",
     "as_target",
     "as_drafter",
+    "check_supported_model",
 ]
 
-#: Largest γ a step may draft: beyond it a step costs more than any acceptance rate can repay.
+#: Largest γ a step may draft: beyond it a step costs more than any acceptance rate can repay. A larger
+#: integer is refused; a policy asking for more in a step is clamped to it.
 MAX_NUM_DRAFT_TOKENS = 64
-#: Largest max_new_tokens accepted before the model's own context check.
+#: Largest max_new_tokens accepted; the model's context (prompt + max_new_tokens) is checked too.
 MAX_NEW_TOKENS = 1 << 20
 _SEED_LIMIT = 1 << 63
 
@@ -60,6 +66,59 @@ def check_max_new_tokens(value) -> int:
     return as_int(value, "max_new_tokens", minimum=0, maximum=MAX_NEW_TOKENS)
 
 
+def check_num_draft_tokens(value, name: str = "num_draft_tokens", minimum: int = 1) -> int:
+    """γ given as an integer: `minimum` <= γ <= MAX_NUM_DRAFT_TOKENS (the error names `name`)."""
+    return as_int(value, name, minimum=minimum, maximum=MAX_NUM_DRAFT_TOKENS)
+
+
+def step_num_draft_tokens(requested, remaining: int, *limits: int | None) -> int:
+    """The γ a step really drafts: the policy's `requested` γ clamped to MAX_NUM_DRAFT_TOKENS, to what the
+    step can commit (a row with `remaining` tokens to go keeps at most `remaining` = γ + 1 of them, so more
+    drafts are wasted work) and to the target's and drafter's own `limits` (None = none). Exactness does
+    not depend on γ, so clamping never changes the output law."""
+    gamma = as_int(requested, "the policy's num_draft_tokens()", minimum=0)
+    for limit in (MAX_NUM_DRAFT_TOKENS, remaining - 1, *limits):
+        if limit is not None:
+            gamma = min(gamma, limit)
+    return max(gamma, 0)
+
+
+def _context_length(target) -> int | None:
+    """The number of positions a decoder-only target can attend over, if it says (None = unknown)."""
+    limit = getattr(target, "max_positions", None)
+    if limit is None:
+        config = getattr(target, "config", None) or getattr(getattr(target, "model", None), "config", None)
+        for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+            value = getattr(config, name, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return limit if isinstance(limit, int) and limit > 0 else None
+
+
+def check_context(target, prompts: list[list[int]], max_new_tokens: int) -> None:
+    """Refuse, before anything is allocated, a request the model's context cannot hold: for every
+    architecture, prompt + max_new_tokens must fit the decoder's positions (encoder-decoder: the prompt fits
+    the encoder's and max_new_tokens the decoder's, where the model has absolute positions)."""
+    longest = max(len(p) for p in prompts)
+    if hasattr(target, "encode"):  # encoder-decoder adapter: `position_limit` is None for relative positions
+        limit = getattr(target, "position_limit", None)
+        if limit is not None and longest > limit:
+            raise ValueError(f"prompt length {longest} exceeds the encoder's context of {limit} tokens")
+        if limit is not None and max_new_tokens > limit:
+            raise ValueError(f"max_new_tokens {max_new_tokens} exceeds the decoder's context of {limit} tokens")
+        return
+    limit = _context_length(target)
+    if limit is None:
+        return
+    if longest > limit:
+        raise ValueError(f"prompt length {longest} exceeds the model's context of {limit} tokens")
+    if longest + max_new_tokens > limit:
+        raise ValueError(
+            f"prompt length {longest} + max_new_tokens {max_new_tokens} exceeds the model's context of {limit} "
+            f"tokens: lower max_new_tokens to at most {limit - longest}"
+        )
+
+
 def resolve_seed(seed) -> int:
     """The request's seed: the given one (0 <= seed < 2**63), or fresh OS randomness."""
     if seed is None:
@@ -70,6 +129,19 @@ def resolve_seed(seed) -> int:
 def new_generator(seed, device: torch.device | str) -> torch.Generator:
     generator = torch.Generator(device=device)
     generator.manual_seed(resolve_seed(seed))
+    return generator
+
+
+def resolve_generator(generator, seed, device: torch.device | str) -> torch.Generator:
+    """The call's random generator: `generator` if given (checked), else one seeded by `seed` (checked too)."""
+    if generator is None:
+        return new_generator(seed, device)
+    if seed is not None:
+        resolve_seed(seed)
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be None or a torch.Generator, got {type(generator).__name__}")
+    if torch.device(generator.device).type != torch.device(device).type:
+        raise ValueError(f"generator is on {generator.device} but the target is on {device}")
     return generator
 
 
@@ -95,10 +167,14 @@ class SamplingParams:
         object.__setattr__(self, "max_new_tokens", check_max_new_tokens(self.max_new_tokens))
         if self.seed is not None:
             object.__setattr__(self, "seed", resolve_seed(self.seed))
-        ids = self.eos_token_ids
-        if isinstance(ids, (int,)) or hasattr(ids, "__index__"):
+        ids = () if self.eos_token_ids is None else self.eos_token_ids
+        if hasattr(ids, "__index__") and not isinstance(ids, bool):
             ids = (ids,)
+        if not isinstance(ids, (list, tuple)):
+            raise TypeError(f"eos_token_ids must be an int or a list of ints, got {type(ids).__name__} {ids!r}")
         object.__setattr__(self, "eos_token_ids", tuple(as_int(t, "eos_token_id", minimum=0) for t in ids))
+        if not isinstance(self.logprobs, bool):
+            raise TypeError(f"logprobs must be a bool, got {type(self.logprobs).__name__}")
         self.sampling  # validates temperature / top_k / top_p
 
     @property
@@ -107,17 +183,21 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.sampling.greedy  # temperature below core.TEMPERATURE_FLOOR
 
 
 def normalize_prompts(prompts, attention_mask, vocab_size: int) -> list[list[int]]:
-    """list[list[int]] from a ragged list or a [B, T] tensor (+ optional attention mask)."""
+    """list[list[int]] from a ragged list or a [B, T] tensor (+ optional attention mask); numpy arrays too."""
+    if _is_array(prompts):  # numpy: [B, T] or one prompt [T]
+        prompts = prompts.tolist() if prompts.ndim != 1 else [prompts.tolist()]
     if isinstance(prompts, torch.Tensor):
         if prompts.dim() == 1:
             prompts = prompts[None, :]
         if prompts.dim() != 2 or prompts.dtype not in (torch.long, torch.int, torch.int16, torch.int8, torch.uint8):
             raise ValueError(f"prompts tensor must be an integer tensor [B, T], got {prompts.dtype} {tuple(prompts.shape)}")
         if attention_mask is not None:
+            if not isinstance(attention_mask, torch.Tensor):
+                raise TypeError(f"attention_mask must be a tensor [B, T] like prompts, got {type(attention_mask).__name__}")
             if attention_mask.shape != prompts.shape:
                 raise ValueError(
                     f"attention_mask shape {tuple(attention_mask.shape)} must equal prompts shape {tuple(prompts.shape)}"
@@ -129,14 +209,14 @@ def normalize_prompts(prompts, attention_mask, vocab_size: int) -> list[list[int
     else:
         if attention_mask is not None:
             raise ValueError("attention_mask is only accepted with a prompts tensor")
-        if not isinstance(prompts, (list, tuple)) or (prompts and not all(isinstance(p, (list, tuple)) for p in prompts)):
+        if not isinstance(prompts, (list, tuple)) or not all(_is_row(p) for p in prompts):
             hint = ""
             if isinstance(prompts, str) or hasattr(prompts, "input_ids") or (
                     isinstance(prompts, (list, tuple)) and any(isinstance(p, (str, dict)) for p in prompts)):
                 hint = ("; for text, chat messages or a tokenizer's output use the text API: "
                         "llm = specdec.load(target_dir, draft); llm.generate(\"def f(\")")
             raise ValueError("prompts must be a list of token-id lists (list[list[int]]) or a LongTensor [B, T]" + hint)
-        rows = [list(p) for p in prompts]
+        rows = [p.tolist() if not isinstance(p, (list, tuple)) else list(p) for p in prompts]
     if not rows:
         raise ValueError("prompts is empty: give at least one prompt")
     for i, row in enumerate(rows):
@@ -150,6 +230,18 @@ def normalize_prompts(prompts, attention_mask, vocab_size: int) -> list[list[int
         if lo < 0 or hi >= vocab_size:
             raise ValueError(f"prompt {i} has token id {lo if lo < 0 else hi} outside the vocabulary [0, {vocab_size})")
     return rows
+
+
+def _is_array(value) -> bool:
+    return not isinstance(value, (torch.Tensor, list, tuple, str, bytes)) and hasattr(value, "tolist") \
+        and hasattr(value, "ndim")
+
+
+def _is_row(value) -> bool:
+    """One prompt: a list/tuple of ids, or a 1-D tensor / numpy array."""
+    if isinstance(value, (list, tuple)):
+        return True
+    return (isinstance(value, torch.Tensor) or _is_array(value)) and value.ndim == 1
 
 
 def resolve_eos(eos_token_id, target) -> list[int]:
@@ -179,6 +271,33 @@ def resolve_eos(eos_token_id, target) -> list[int]:
 # The objects a request runs on.
 
 
+def check_supported_model(config, what: str = "model") -> None:
+    """Refuse, before any compute, a transformers config whose attention the adapters cannot roll back.
+
+    The adapters crop a per-layer key/value cache to absolute lengths; transformers builds a sliding-window
+    (or other non-plain) cache layer for sliding-window attention (Mistral with `sliding_window` set,
+    Gemma 2/3, Qwen2 with `use_sliding_window`) and for linear/recurrent layers, and those cannot be cropped.
+    """
+    from transformers import DynamicCache  # dependency at the edge
+
+    vocab = getattr(config, "vocab_size", None)
+    if isinstance(vocab, int) and vocab < 1:
+        raise ValueError(f"{what}: config.vocab_size must be >= 1, got {vocab}")
+    try:
+        layers = DynamicCache(config=config).layers
+    except Exception as err:  # noqa: BLE001 - any failure here means a layout we do not know
+        raise ValueError(f"{what}: cannot build a key/value cache for this config ({type(err).__name__}: {err})") from None
+    kinds = sorted({type(layer).__name__ for layer in layers} - {"DynamicLayer"})
+    if kinds:
+        window = getattr(config, "sliding_window", None)
+        hint = (f"; its contexts shorter than the window ({window}) are exact with config.sliding_window = None"
+                if isinstance(window, int) else "")
+        raise ValueError(
+            f"{what}: {getattr(config, 'model_type', '?')} uses attention specdec cannot roll back "
+            f"({', '.join(kinds)}: sliding-window or recurrent layers){hint}"
+        )
+
+
 def as_target(target):
     """A specdec target from a transformers model (or a specdec target, passed through)."""
     if all(hasattr(target, name) for name in ("begin", "forward", "crop", "select_rows")):
@@ -186,6 +305,7 @@ def as_target(target):
     config = getattr(target, "config", None)
     if config is None or not isinstance(target, torch.nn.Module):
         raise TypeError(f"target must be a transformers model or a specdec target, got {type(target).__name__}")
+    check_supported_model(config, "target")
     if getattr(config, "is_encoder_decoder", False):
         from specdec.models.seq2seq import HFSeq2SeqLM
 
@@ -207,6 +327,7 @@ def as_drafter(drafter, target):
             raise TypeError(
                 f"drafter must be None, a transformers model or a specdec Drafter, got {type(drafter).__name__}"
             )
+        check_supported_model(config, "drafter")
         target_is_seq2seq = bool(getattr(getattr(target, "config", None), "is_encoder_decoder", False))
         if bool(getattr(config, "is_encoder_decoder", False)) != target_is_seq2seq:
             raise ValueError(

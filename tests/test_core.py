@@ -148,3 +148,116 @@ class TestStandardize:
     def test_nan_logits_raise(self):
         with pytest.raises(ValueError, match="NaN"):
             standardize_logits(torch.tensor([0.0, float("nan")]), SamplingConfig())
+
+
+class TestTopPBoundaryAsTransformers:
+    """top-p keeps the smallest prefix whose mass reaches top_p, with the boundary (and ties on it) decided
+    exactly as transformers' TopPLogitsWarper decides it."""
+
+    @staticmethod
+    def reference(logits, t=1.0, k=0, p=1.0):
+        from transformers.generation.logits_process import (
+            TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
+        )
+
+        ref = logits.clone()
+        for warper in ([TemperatureLogitsWarper(t)] if t != 1.0 else []) + ([TopKLogitsWarper(k)] if k else []) + (
+            [TopPLogitsWarper(p)] if p < 1 else []
+        ):
+            ref = warper(None, ref)
+        return ref.softmax(-1)
+
+    def test_leading_mass_equal_to_top_p(self):
+        # the issue's case: 0.5 + 0.3 = 0.8 exactly reaches top_p, so two tokens survive (transformers keeps two)
+        logits = torch.tensor([[0.3, 0.1, 0.1, 0.5]]).log()
+        probs = standardize_logits(logits, SamplingConfig(top_p=0.8))
+        assert (probs > 0).tolist() == [[True, False, False, True]]
+        assert torch.equal(probs, self.reference(logits, p=0.8))
+
+    def test_ties_and_boundaries_match_transformers(self):
+        gen = torch.Generator().manual_seed(0)
+        cases = [torch.tensor([[0.25, 0.25, 0.25, 0.25]]).log(), torch.tensor([[0.4, 0.2, 0.2, 0.1, 0.1]]).log(),
+                 torch.tensor([[0.5, 0.25, 0.125, 0.125]]).log(), torch.randint(0, 3, (64, 12), generator=gen).float(),
+                 torch.randn(64, 30, generator=gen)]
+        top_ps = [0.1, 0.25, 0.5, 0.6, 0.75, 0.8, 0.875, 0.9, 0.95, 0.99]
+        for logits in cases:
+            for p in top_ps:
+                for t, k in ((1.0, 0), (0.7, 0), (1.0, 3)):
+                    ours = standardize_logits(logits, SamplingConfig(temperature=t, top_k=k, top_p=p))
+                    ref = self.reference(logits, t, k, p)
+                    assert torch.equal(ours > 0, ref > 0), (logits[0], p, t, k)
+                    assert torch.allclose(ours, ref, atol=1e-6)
+
+
+class TestNonFiniteScores:
+    def test_plus_inf_nan_and_all_minus_inf_are_errors(self):
+        inf = float("inf")
+        for row in ([0.0, inf, 1.0], [0.0, float("nan"), 1.0], [-inf, -inf, -inf]):
+            for t in (0.0, 1.0):
+                with pytest.raises(ValueError, match=r"NaN or \+inf"):
+                    standardize_logits(torch.tensor([row]), SamplingConfig(temperature=t))
+            with pytest.raises(ValueError, match="target logits"):
+                verify_greedy(torch.zeros(1, 0, dtype=torch.long), torch.tensor([[row]]))
+
+    def test_minus_inf_entries_are_masked_tokens(self):
+        probs = standardize_logits(torch.tensor([[-float("inf"), 0.0, 0.0]]), SamplingConfig(top_p=0.9))
+        assert probs.tolist() == [[0.0, 0.5, 0.5]]
+
+    def test_unchecked_plus_inf_is_the_softmax_limit_not_nan(self):
+        # inside a CUDA graph the check is skipped: the law must still be a distribution (no NaN → token 0)
+        probs = standardize_logits(torch.tensor([[1.0, float("inf"), 2.0, float("inf")]]), SamplingConfig(),
+                                   check_nan=False)
+        assert probs.tolist() == [[0.0, 0.5, 0.0, 0.5]]
+
+    def test_tiny_temperature_does_not_overflow(self):
+        # 1e34 / 2e-5 overflows float32 (both top logits become +inf, softmax NaN); the max-shifted logits give
+        # the same law without ±inf
+        logits = torch.tensor([[1e34, 2e34, -3e34]])
+        probs = standardize_logits(logits, SamplingConfig(temperature=2e-5))
+        assert probs.tolist() == [[0.0, 1.0, 0.0]]
+        moderate = torch.tensor([[0.0, 1e-4, 5.0]])
+        assert torch.allclose(standardize_logits(moderate, SamplingConfig(temperature=2e-5)),
+                              torch.tensor([[0.0, 0.0, 1.0]]))
+
+    def test_temperature_floor_is_greedy(self):
+        from specdec.core import TEMPERATURE_FLOOR
+
+        assert SamplingConfig(temperature=1e-38).greedy and SamplingConfig(temperature=TEMPERATURE_FLOOR / 2).greedy
+        assert not SamplingConfig(temperature=TEMPERATURE_FLOOR).greedy
+        probs = standardize_logits(torch.tensor([[3.0, 1.0, 7.0]]), SamplingConfig(temperature=1e-38))
+        assert probs.tolist() == [[0.0, 0.0, 1.0]]
+
+
+class TestDraftSlotsPastTheirLength:
+    """`verify` never reads a row's slots past draft_lengths: vLLM-style -1 padding (or any value) is fine."""
+
+    def test_minus_one_padding_equals_zero_padding(self):
+        gen = torch.Generator().manual_seed(3)
+        p = torch.rand(3, 4, 7, generator=gen)
+        p = p / p.sum(-1, keepdim=True)
+        q = torch.rand(3, 3, 7, generator=gen)
+        q = q / q.sum(-1, keepdim=True)
+        lengths = torch.tensor([3, 1, 0])
+        drafts = torch.tensor([[1, 2, 3], [4, -1, -1], [-1, -1, -1]])
+        zero_padded = drafts.clamp_min(0)
+        u, noise = torch.rand(3, 3, generator=gen), torch.empty(3, 7).exponential_(generator=gen)
+        for probs in (None, q):
+            a = verify(drafts, probs, p, draft_lengths=lengths, uniforms=u, noise=noise)
+            b = verify(zero_padded, probs, p, draft_lengths=lengths, uniforms=u, noise=noise)
+            assert torch.equal(a.num_accepted, b.num_accepted) and torch.equal(a.next_token, b.next_token)
+            assert torch.equal(a.beta, b.beta) and a.beta[1, 1:].tolist() == [0.0, 0.0]
+        q_garbage = q.clone()
+        q_garbage[1, 1:] = float("nan")  # slots past a row's length may hold anything
+        q_garbage[2] = float("nan")
+        a = verify(drafts, q_garbage, p, draft_lengths=lengths, uniforms=u, noise=noise)
+        b = verify(zero_padded, q, p, draft_lengths=lengths, uniforms=u, noise=noise)
+        assert torch.equal(a.num_accepted, b.num_accepted) and torch.equal(a.next_token, b.next_token)
+        assert torch.equal(a.beta, b.beta) and not a.beta.isnan().any()
+        g = verify_greedy(drafts, p.log(), draft_lengths=lengths)
+        assert torch.equal(g.num_accepted, verify_greedy(zero_padded, p.log(), draft_lengths=lengths).num_accepted)
+
+    def test_out_of_vocabulary_draft_is_rejected_and_residual_is_p(self):
+        p = torch.tensor([[[0.2, 0.8], [0.5, 0.5]]])
+        res = verify(torch.tensor([[9]]), None, p, uniforms=torch.zeros(1, 1), noise=torch.ones(1, 2))
+        assert res.num_accepted.tolist() == [0] and res.next_token.tolist() == [1]  # argmax of p/1
+        assert res.beta.tolist() == [[0.0]]

@@ -117,7 +117,9 @@ SAMPLING_CASES = [
 def test_two_token_joint_law_matches_target(small_vocab_pair, sampling, gamma):
     target, draft = small_vocab_pair
     res = specdec.generate(
-        target, [PROMPT] * ROWS, drafter=draft, max_new_tokens=2, temperature=sampling.temperature,
+        # 3 new tokens so that a step may draft γ = 2 (a step never drafts more than it can commit); the test
+        # looks at the first two, whose law involves the first two verified positions
+        target, [PROMPT] * ROWS, drafter=draft, max_new_tokens=3, temperature=sampling.temperature,
         top_k=sampling.top_k, top_p=sampling.top_p, num_draft_tokens=gamma, seed=1, eos_token_id=[],
     )
     pairs = np.array([s[0] * 16 + s[1] for s in res.sequences])
@@ -135,7 +137,7 @@ def test_two_token_law_with_table_and_lookup_drafters(small_vocab_pair, drafter_
     )
     prompt = PROMPT + [3, 1]  # "3 1" occurs earlier: prompt lookup proposes "4 1 5"
     res = specdec.generate(
-        target, [prompt] * ROWS, drafter=drafter, max_new_tokens=2, temperature=1.0, num_draft_tokens=3, seed=2,
+        target, [prompt] * ROWS, drafter=drafter, max_new_tokens=3, temperature=1.0, num_draft_tokens=3, seed=2,
         eos_token_id=[],
     )
     with torch.no_grad():
@@ -164,7 +166,7 @@ def test_negative_control_drafter_reporting_wrong_q_fails(small_vocab_pair):
     target, draft = small_vocab_pair
     sampling = SamplingConfig(temperature=1.0)
     res = specdec.generate(
-        target, [PROMPT] * ROWS, drafter=LyingDrafter(draft), max_new_tokens=2, temperature=1.0,
+        target, [PROMPT] * ROWS, drafter=LyingDrafter(draft), max_new_tokens=3, temperature=1.0,
         num_draft_tokens=3, seed=1, eos_token_id=[],
     )
     pairs = np.array([s[0] * 16 + s[1] for s in res.sequences])

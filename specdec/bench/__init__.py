@@ -6,5 +6,6 @@ row, MBU of plain decoding, peak extra GPU memory). Methods: `ours-engine` (`spe
 host sync per step), `ours-loop` (`specdec.generate` with a `FastTarget`), `hf` (transformers `generate`).
 
 Modules: `presets` (smoke / gpu / system setups), `runner` (timing and the grid), `device` (bandwidth,
-memory, MBU), `profile` (kernel time by kind), `report` (Markdown, JSON, plots).
+memory, MBU), `profile` (kernel time by kind), `report` (Markdown, JSON, plots); `policy_bench` (draft-length
+policies against plain decoding, behind `specdec policies`).
 """

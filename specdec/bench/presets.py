@@ -79,12 +79,16 @@ def smoke(device: torch.device, max_new_tokens: int = 16) -> BenchSetup:
     return setup
 
 
-def _load_pair(pair_dir: Path, device: torch.device, dtype: torch.dtype):
-    from transformers import AutoModelForCausalLM
+def _load_pair(pair_dir: Path, device: torch.device, dtype: torch.dtype, allow_pickle: bool = False):
+    """A trained pair from local folders only (`specdec.loading`: no hub, no remote code, safetensors)."""
+    from specdec.loading import load_model
 
-    target = AutoModelForCausalLM.from_pretrained(pair_dir / "target", dtype=dtype).to(device).eval()
+    pair_dir = Path(pair_dir)
+    if not pair_dir.is_dir():
+        raise FileNotFoundError(f"--pair folder not found: {pair_dir} (a trained zoo pair with target/ and draft0/)")
+    target = load_model(pair_dir / "target", device=device, dtype=dtype, what="pair target", allow_pickle=allow_pickle)
     draft_dir = pair_dir / "draft0" if (pair_dir / "draft0").is_dir() else pair_dir / "draft"
-    draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=dtype).to(device).eval()
+    draft = load_model(draft_dir, device=device, dtype=dtype, what="pair draft", allow_pickle=allow_pickle)
     return target, draft
 
 
@@ -100,14 +104,14 @@ def train_gpu_pair(data_dir: Path, out_dir: Path, budget_scale: float, device: t
 
 
 def gpu(device: torch.device, *, pair_dir: Path | None, data_dir: Path | None, max_new_tokens: int = 128,
-        prompt_len: int = 128, gamma: int = 4, repeats: int = 3) -> BenchSetup:
+        prompt_len: int = 128, gamma: int = 4, repeats: int = 3, allow_pickle: bool = False) -> BenchSetup:
     if pair_dir is None:
         raise ValueError("--preset gpu needs --pair DIR (a trained zoo pair) or --data DIR with --train")
     dtype = torch.bfloat16
     if str(pair_dir) == "random":
         hf_target, hf_draft = _random_zoo_pair(device, dtype)
     else:
-        hf_target, hf_draft = _load_pair(pair_dir, device, dtype)
+        hf_target, hf_draft = _load_pair(pair_dir, device, dtype, allow_pickle)
     for model in (hf_target, hf_draft):
         model.generation_config.eos_token_id = None
     target = FastTarget(hf_target, dtype=dtype, max_draft_tokens=8)

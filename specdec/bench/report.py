@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from specdec.strict_json import dumps
+
 COLUMNS = [
     ("method", "method", None),
     ("drafter", "drafter", None),
@@ -74,13 +76,8 @@ def markdown_report(result: dict) -> str:
 
 
 def write_json(result: dict, path: Path) -> None:
-    path.write_text(json.dumps(result, indent=1, default=_jsonable))
-
-
-def _jsonable(x):
-    if isinstance(x, float):
-        return x
-    return str(x)
+    """Strict JSON (NaN/Infinity written as null)."""
+    path.write_text(dumps(result, indent=1))
 
 
 def write_plots(rows: list[dict], out_dir: Path, prefix: str) -> list[str]:

@@ -8,15 +8,17 @@ Two modes:
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
-from specdec import analysis
 from specdec.cli import CLIError
+from specdec.cli.common import add_model_options, apply_model_options, check_float, check_int, print_json
 
 logger = logging.getLogger(__name__)
+
+MAX_GAMMA = 1024  # the table has one row per γ: bounded so that a typo cannot make it run for minutes
+MAX_CONTEXT = 1 << 16
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -46,11 +48,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     measured.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     measured.add_argument("--top-k", type=int, default=0, help="0 = off (default)")
     measured.add_argument("--top-p", type=float, default=1.0, help="1.0 = off (default)")
-    measured.add_argument("--max-new-tokens", type=int, default=64, help="target tokens generated per prompt")
-    measured.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
-    measured.add_argument("--context-length", type=int, default=128, help="KV-cache length when timing c")
-    measured.add_argument("--seed", type=int, default=0, help="seed for sampled generation")
-    parser.add_argument("--max-gamma", type=int, default=64, help="largest γ considered (default 64)")
+    measured.add_argument("--max-new-tokens", type=int, default=64, help="target tokens generated per prompt (default 64)")
+    measured.add_argument("--context-length", type=int, default=128, help="KV-cache length when timing c (default 128)")
+    add_model_options(measured, seed=0, seed_help="seed for sampled generation")
+    parser.add_argument("--max-gamma", type=int, default=64, help=f"largest γ considered, 1..{MAX_GAMMA} (default 64)")
     parser.add_argument("--plot", type=Path, help="write a PNG of predicted speedup vs γ")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.set_defaults(run=run)
@@ -58,8 +59,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.max_gamma < 1:
-        raise CLIError(f"--max-gamma must be >= 1, got {args.max_gamma}")
+    check_int("--max-gamma", args.max_gamma, 1, MAX_GAMMA)
+    check_float("--alpha", args.alpha, 0.0, 1.0)
+    check_float("--cost-ratio", args.cost_ratio, 0.0)
+    check_float("--op-cost-ratio", args.op_cost_ratio, 0.0)
     if args.target is not None or args.draft is not None or args.prompts is not None:
         if args.alpha is not None:
             raise CLIError("--alpha cannot be combined with --target/--draft/--prompts (those measure alpha)")
@@ -79,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         report["plot"] = str(_plot(report, args.plot))
     if args.json:
-        print(json.dumps(report))
+        print_json(report)
     else:
         print(format_report(report))
     return 0
@@ -87,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
 
 def build_report(alpha: float, cost_ratio: float, op_cost_ratio: float, max_gamma: int) -> dict[str, Any]:
     """Everything the command prints, as plain data: one row per γ in 0..max_gamma plus the advice."""
+    from specdec import analysis
+
     rows = [
         {
             "gamma": gamma,
@@ -190,29 +195,29 @@ def _read_prompts(path: Path) -> list[str]:
     return prompts
 
 
-def _load(kind: str, path: Path, device: str) -> Any:
-    from transformers import AutoModelForCausalLM
+def _load(kind: str, path: Path, args: argparse.Namespace) -> Any:
+    from specdec.loading import load_model
 
     if not path.is_dir():
         raise CLIError(f"--{kind}: no such directory: {path} (give a local checkpoint saved with save_pretrained)")
-    try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError) as err:
-        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CLIError(f"--{kind}: cannot load a causal LM from {path}: {first_line}") from err
-    return model.to(device).eval()
+    model = load_model(path, device=args.device, dtype=args.dtype, what=f"--{kind}", allow_pickle=args.allow_pickle)
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise CLIError(f"--{kind}: {path} is an encoder-decoder model; analyze measures decoder-only pairs")
+    return model
 
 
 def _measure(args: argparse.Namespace) -> dict[str, Any]:
     """Generate target text from the prompts, then measure α on it, c by timing, and ĉ by counting."""
+    from specdec import analysis
+
     missing = [flag for flag, value in (("--target", args.target), ("--draft", args.draft), ("--prompts", args.prompts))
                if value is None]
     if missing:
         raise CLIError(f"measuring needs --target, --draft and --prompts (missing {', '.join(missing)})")
-    if args.max_new_tokens < 1:
-        raise CLIError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.context_length < 1:
-        raise CLIError(f"--context-length must be >= 1, got {args.context_length}")
+    from specdec.request import MAX_NEW_TOKENS
+
+    check_int("--max-new-tokens", args.max_new_tokens, 1, MAX_NEW_TOKENS)
+    check_int("--context-length", args.context_length, 1, MAX_CONTEXT)
     from specdec.core import SamplingConfig
 
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)  # validates
@@ -221,16 +226,20 @@ def _measure(args: argparse.Namespace) -> dict[str, Any]:
         if not path.is_dir():
             raise CLIError(f"{flag}: no such directory: {path} (give a local checkpoint saved with save_pretrained)")
 
+    apply_model_options(args)
     import torch
-    from transformers import AutoTokenizer
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(args.target), local_files_only=True)
-    except (OSError, ValueError) as err:
-        raise CLIError(f"--target: cannot load a tokenizer from {args.target}: {str(err).strip().splitlines()[0]}") from err
-    target = _load("target", args.target, device)
-    draft = _load("draft", args.draft, device)
+    from specdec.loading import load_tokenizer
+    from specdec.request import check_context
+
+    tokenizer = load_tokenizer(args.target, what="--target tokenizer")
+    target = _load("target", args.target, args)
+    draft = _load("draft", args.draft, args)
+    device = str(target.device)
+    if target.get_output_embeddings().weight.shape[0] != draft.get_output_embeddings().weight.shape[0]:
+        raise CLIError("--target and --draft have different vocabularies; they must share one tokenizer")
+    for model in (target, draft):
+        check_context(model, [[0]], args.context_length)
 
     # 1. target text: α is defined on what the target itself would generate (Cor 3.6)
     torch.manual_seed(args.seed)  # the CLI owns the process; HF generate samples from the global RNG
@@ -246,6 +255,10 @@ def _measure(args: argparse.Namespace) -> dict[str, Any]:
             encoded = tokenizer(prompt, return_tensors="pt")
             if encoded.input_ids.shape[1] == 0:
                 raise CLIError(f"--prompts: line {line} encodes to no tokens")
+            try:
+                check_context(target, [encoded.input_ids[0].tolist()], args.max_new_tokens)
+            except ValueError as err:
+                raise CLIError(f"--prompts line {line}: {err}") from None
             output = target.generate(
                 input_ids=encoded.input_ids.to(device), attention_mask=encoded.attention_mask.to(device), **gen_kwargs
             )

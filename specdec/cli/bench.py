@@ -12,50 +12,74 @@ Writes OUT/bench_<preset>.json, OUT/bench_<preset>.md and PNG plots; prints the 
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import sys
 import time
 from pathlib import Path
 
 from specdec.cli import CLIError
+from specdec.cli.common import add_model_options, apply_model_options, check_int, dumps, log, print_json
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("bench", help="benchmark ours vs transformers generate (tokens/s, α, c, Thm 3.8)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", choices=("smoke", "gpu", "system"), default="smoke")
+    p.add_argument("--preset", choices=("smoke", "gpu", "system"), default="smoke", help="(default smoke)")
     p.add_argument("--out", default=None, help="folder for the JSON, Markdown and PNG files (default runs/bench)")
     p.add_argument("--json", action="store_true", help="print one JSON summary object on the last line")
-    p.add_argument("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:1")
-    p.add_argument("--pair", default=None, help="gpu: folder of a trained zoo pair (target/, draft0/)")
+    p.add_argument("--pair", default=None, help="gpu: folder of a trained zoo pair (target/, draft0/), or `random`")
     p.add_argument("--data", default=None, help="gpu: prepared code corpus (prompts, bigram fit, training)")
     p.add_argument("--train", action="store_true", help="gpu: train the zoo gpu pair first (into --pair or OUT/pair)")
-    p.add_argument("--budget-scale", type=float, default=1.0, help="gpu --train: scale the zoo's time budgets")
-    p.add_argument("--zoo-preset", default="gpu", help="gpu --train: which zoo preset to train (tests use tiny)")
-    p.add_argument("--max-new-tokens", type=int, default=None)
-    p.add_argument("--gamma", type=int, default=None, help="γ of the main grid (default: the preset's)")
-    p.add_argument("--repeats", type=int, default=None, help="timed runs per configuration (median reported)")
+    p.add_argument("--budget-scale", type=float, default=1.0, help="gpu --train: scale the zoo's time budgets (default 1)")
+    p.add_argument("--zoo-preset", default="gpu", help="gpu --train: which zoo preset to train (default gpu; tests use tiny)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per prompt (default: the preset's)")
+    p.add_argument("--gamma", type=int, default=None, help="γ of the main grid, 1..8 (default: the preset's)")
+    p.add_argument("--repeats", type=int, default=None, help="timed runs per configuration, median reported (default: the preset's)")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers baselines")
     p.add_argument("--profile", action="store_true", help="CUDA: kernel-time profile of plain and speculative steps")
+    add_model_options(p, seed_help="unused: the bench workloads are seeded", dtype="auto")
     p.set_defaults(run=run)
 
 
+#: the fast target/drafter of the presets are built for at most this many draft tokens per step
+MAX_BENCH_GAMMA = 8
+
+_ARGS: argparse.Namespace | None = None  # for --quiet in _log
+
+
 def _log(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+    log(_ARGS or argparse.Namespace(quiet=False), msg, prefix="bench")
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Every number range-checked before anything is built or loaded."""
+    from specdec.request import MAX_NEW_TOKENS
+
+    check_int("--gamma", args.gamma, 1, MAX_BENCH_GAMMA)
+    check_int("--repeats", args.repeats, 1, 1000)
+    check_int("--max-new-tokens", args.max_new_tokens, 1, MAX_NEW_TOKENS)
+    if not (math.isfinite(args.budget_scale) and args.budget_scale > 0):
+        raise CLIError(f"--budget-scale must be a finite number > 0, got {args.budget_scale}")
+    if args.dtype not in ("auto", "bfloat16", "bf16"):
+        raise CLIError(f"--dtype: the bench presets run in bfloat16 on CUDA and float32 on CPU (use auto), got {args.dtype!r}")
+    if args.preset == "gpu" and args.pair not in (None, "random") and not Path(args.pair).is_dir():
+        raise CLIError(f"--pair: no such folder: {args.pair} (a trained zoo pair with target/ and draft0/, or `random`)")
+    if args.data is not None and not Path(args.data).is_dir():
+        raise CLIError(f"--data: no such folder: {args.data} (prepare one with `specdec train prepare`)")
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
+    global _ARGS
+    _ARGS = args
+    _check(args)
+    apply_model_options(args)
     from specdec.bench import presets
     from specdec.bench.device import device_info, documented_peak_bandwidth, mbu
     from specdec.bench.report import markdown_report, write_json, write_plots
     from specdec.bench.runner import headline, run_grid
+    from specdec.loading import resolve_device
 
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise CLIError("--device cuda requested but CUDA is not available")
+    device = resolve_device(args.device)
     out = Path(args.out or "runs/bench")
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -64,8 +88,6 @@ def run(args: argparse.Namespace) -> int:
     notes: list[str] = []
     kw = {k: v for k, v in (("max_new_tokens", args.max_new_tokens),) if v is not None}
     if args.preset == "smoke":
-        if device.type == "cpu":
-            torch.set_num_threads(1)  # tiny models: threads cost more than they give on small CPUs
         setup = presets.smoke(device, **kw)
     elif args.preset == "gpu":
         data = Path(args.data) if args.data else None
@@ -84,12 +106,16 @@ def run(args: argparse.Namespace) -> int:
                          f"{target_info.get('steps')} steps, val loss {target_info.get('val_loss')}; drafter "
                          f"{drafts[0].get('params')} params; teacher-forced α before/after distillation "
                          f"{distill.get('alpha_before')} / {distill.get('alpha_after')}")
-            (out / "zoo_summary.json").write_text(json.dumps(summary, indent=1, default=str))
+            (out / "zoo_summary.json").write_text(dumps(summary, indent=1))
         extra = {k: v for k, v in (("gamma", args.gamma), ("repeats", args.repeats)) if v is not None}
-        setup = presets.gpu(device, pair_dir=pair, data_dir=data, **kw, **extra)
+        setup = presets.gpu(device, pair_dir=pair, data_dir=data, allow_pickle=args.allow_pickle, **kw, **extra)
     else:
         extra = {k: v for k, v in (("repeats", args.repeats),) if v is not None}
         setup = presets.system(device, **kw, **extra)
+    limit = getattr(setup.target, "max_draft_tokens", MAX_BENCH_GAMMA)
+    if args.gamma is not None and args.gamma > limit:
+        raise CLIError(f"--gamma must be <= {limit} for the {args.preset} preset (its models are built for it), "
+                       f"got {args.gamma}")
     if args.gamma is not None and args.preset != "gpu":
         setup.gamma = args.gamma
     if args.repeats is not None:
@@ -111,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
 
     def on_row(row: dict) -> None:
         with partial.open("a") as fh:
-            fh.write(json.dumps(row, default=str) + "\n")
+            fh.write(dumps(row) + "\n")
 
     rows = run_grid(setup, log=log_row, on_row=on_row)
     for row in rows:
@@ -144,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
         _log("matplotlib is not installed: no plots")
     print(report)
     if args.json:
-        print(json.dumps(_summary(result, out / f"{prefix}.json"), default=str))
+        print_json(_summary(result, out / f"{prefix}.json"))
     return 0
 
 
@@ -189,7 +215,7 @@ def _profile(setup) -> dict:
         if name == "plain_b1" and gemm_ms:
             prof["gemm_read_tbs"] = setup.weight_bytes["target"] / (gemm_ms / 1e3) / 1e12
         out[name] = prof
-        _log(f"profile {name}: {json.dumps(prof)[:600]}")
+        _log(f"profile {name}: {dumps(prof)[:600]}")
     from specdec.bench.profile import forward_costs
 
     top = setup.target.max_draft_tokens + 1
@@ -201,7 +227,7 @@ def _profile(setup) -> dict:
         if setup.drafter is not None:
             costs[f"draft_b{batch}"] = forward_costs(setup.drafter.lm, batch, [1, 2])
     out["forward_ms"] = costs
-    _log(f"forward ms by k: {json.dumps(costs)}")
+    _log(f"forward ms by k: {dumps(costs)}")
     return out
 
 
@@ -228,10 +254,9 @@ def _summary(result: dict, json_path: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m specdec.cli.bench ...`: the bench alone, without loading the other subcommands."""
-    parser = argparse.ArgumentParser(prog="specdec")
-    add_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
-    return run(args)
+    from specdec.cli import main as cli_main
+
+    return cli_main(["bench", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

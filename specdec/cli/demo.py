@@ -10,10 +10,10 @@ both alike. `--json` prints one JSON object on the last line.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from specdec.cli import CLIError
+from specdec.cli.common import add_model_options, apply_model_options, check_int, print_json
 
 DEMO_PAIR = Path(__file__).resolve().parent.parent / "assets" / "demo_pair"
 DEFAULT_GAMMA = 4  # best of γ ∈ {2..7} measured on the 2-core CPU (MODEL_CARD.md)
@@ -34,27 +34,25 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("demo", help="CPU demo: the shipped code pair, plain vs speculative decoding",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pair", type=Path, default=DEMO_PAIR, help="folder with target/ and draft/ (default: shipped)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--num-draft-tokens", type=int, default=DEFAULT_GAMMA, help="γ")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens per completion (default 128)")
+    p.add_argument("--num-draft-tokens", type=int, default=DEFAULT_GAMMA, help=f"γ, 1..64 (default {DEFAULT_GAMMA})")
     p.add_argument("--prompt", action="append", default=None, help="replace the built-in prompts (repeatable)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (default 1: steadiest on a small shared CPU; 0 = torch's choice)")
-    p.add_argument("--repeats", type=int, default=1, help="time every prompt this many times (more = steadier)")
+    p.add_argument("--repeats", type=int, default=1, help="time every prompt this many times (default 1; more = steadier)")
+    add_model_options(p, device="cpu", seed_help="unused: the demo decodes greedily")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     p.set_defaults(run=run)
 
 
-def load_pair(folder: Path):
-    """(target, draft, tokenizer) from a demo-pair folder, fp32 on CPU, eval mode."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_pair(folder: Path, device: str = "cpu", dtype: str = "float32", allow_pickle: bool = False):
+    """(target, draft, tokenizer) from a demo-pair folder (default fp32 on CPU), eval mode; local files only."""
+    from specdec.loading import load_model, load_tokenizer
 
     for name in ("target", "draft"):
         if not (folder / name / "config.json").is_file():
             raise CLIError(f"{folder / name} is not a model folder (no config.json)")
-    target = AutoModelForCausalLM.from_pretrained(str(folder / "target"), dtype=torch.float32).eval()
-    draft = AutoModelForCausalLM.from_pretrained(str(folder / "draft"), dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(str(folder / "target"))
+    target = load_model(folder / "target", device=device, dtype=dtype, what="target", allow_pickle=allow_pickle)
+    draft = load_model(folder / "draft", device=device, dtype=dtype, what="draft", allow_pickle=allow_pickle)
+    tokenizer = load_tokenizer(folder / "target")
     return target, draft, tokenizer
 
 
@@ -73,22 +71,22 @@ def _columns(left: str, right: str, width: int = 56, max_lines: int = 14) -> str
     return "\n".join(rows)
 
 
+def _num(value, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
     import specdec
 
-    if args.max_new_tokens < 1:
-        raise CLIError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-    if args.num_draft_tokens < 1:
-        raise CLIError(f"--num-draft-tokens must be at least 1, got {args.num_draft_tokens}")
-    if args.threads < 0:
-        raise CLIError(f"--threads must be 0 (torch's choice) or more, got {args.threads}")
-    if args.repeats < 1:
-        raise CLIError(f"--repeats must be at least 1, got {args.repeats}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    target, draft, tokenizer = load_pair(args.pair)
+    from specdec.request import MAX_NEW_TOKENS, MAX_NUM_DRAFT_TOKENS
+
+    check_int("--max-new-tokens", args.max_new_tokens, 1, MAX_NEW_TOKENS)
+    check_int("--num-draft-tokens", args.num_draft_tokens, 1, MAX_NUM_DRAFT_TOKENS)
+    check_int("--repeats", args.repeats, 1, 1000)
+    apply_model_options(args)
+    target, draft, tokenizer = load_pair(args.pair, args.device, args.dtype, args.allow_pickle)
     prompts = args.prompt or list(PROMPTS)
     prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
     if any(not ids for ids in prompt_ids):
@@ -160,10 +158,10 @@ def run(args: argparse.Namespace) -> int:
                   f"τ={fast.stats.mean_accepted_length:.2f}  [{same}]")
         print("─" * (2 * width + 3))
         print(f"greedy outputs identical: {'yes' if identical else 'NO'}")
-        print(f"α = {summary['alpha']:.3f}   τ = {summary['mean_accepted_length']:.2f} tokens per target call   "
-              f"c = {summary['cost_ratio']:.3f}")
+        print(f"α = {_num(summary['alpha'], '.3f')}   τ = {_num(summary['mean_accepted_length'], '.2f')} tokens per "
+              f"target call   c = {_num(summary['cost_ratio'], '.3f')}")
         print(f"plain {summary['plain_tokens_per_second']:.1f} tok/s → speculative "
               f"{summary['speculative_tokens_per_second']:.1f} tok/s: speedup {summary['speedup']:.2f}×")
     if args.json:
-        print(json.dumps(summary))
+        print_json(summary)
     return 0

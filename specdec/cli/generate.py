@@ -1,17 +1,21 @@
-"""`specdec generate`: stream a completion from local checkpoints, then print α, τ and tokens/s."""
+"""`specdec generate`: stream a completion from local checkpoints; α, τ and tokens/s go to stderr."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
+from specdec.cli import CLIError
+from specdec.cli.common import add_model_options, apply_model_options, check_int, log, print_json
+
 DRAFT_KINDS = ("ngram", "bigram", "unigram", "prompt-lookup")
+POLICY_NAMES = ("fixed", "heuristic", "optimal", "threshold", "guarded")  # = specdec.policy.POLICY_NAMES
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("generate", help="generate text with speculative decoding from local checkpoints")
+    p = subparsers.add_parser("generate", help="generate text with speculative decoding from local checkpoints",
+                              description=__doc__)
     p.add_argument("--target", required=True, type=Path, help="target checkpoint directory (from_pretrained)")
     p.add_argument("--draft", default=None,
                    help="draft checkpoint directory, or one of: ngram (= bigram), unigram, prompt-lookup; omit for plain decoding")
@@ -20,18 +24,33 @@ def add_parser(subparsers) -> None:
     p.add_argument("--tokenizer", type=Path, default=None, help="tokenizer directory (default: --target)")
     p.add_argument("--prompt", action="append", required=True,
                    help="prompt text; repeat for a batch (rows are generated together, printed in order)")
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per prompt (default 64)")
     p.add_argument("--temperature", type=float, default=None,
                    help="0 = greedy (default: the model's generation_config: greedy unless do_sample)")
     p.add_argument("--top-k", type=int, default=None, help="default: the generation_config's, else 0 (off)")
     p.add_argument("--top-p", type=float, default=None, help="default: the generation_config's, else 1.0 (off)")
     p.add_argument("--num-draft-tokens", default="4",
-                   help="γ: an integer, or a policy name (heuristic, optimal, threshold, guarded)")
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
-    p.add_argument("--json", action="store_true", help="print a JSON object with the texts and stats on the last line")
+                   help="γ: an integer 1..64, or a policy name (heuristic, optimal, threshold, guarded) (default 4)")
+    add_model_options(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object with the texts and stats (stdout)")
     p.set_defaults(run=run)
+
+
+def _gamma(text: str):
+    """--num-draft-tokens: an integer (bounded) or a policy name, checked before anything is loaded."""
+    from specdec.request import check_num_draft_tokens
+
+    value = text.strip().lower()
+    if value.lstrip("-").isdigit():
+        if len(value) > 20:
+            raise CLIError(f"--num-draft-tokens must be an integer 1..64 or a policy name, got {text!r}")
+        try:
+            return check_num_draft_tokens(int(value))
+        except ValueError as err:
+            raise CLIError(f"--num-draft-tokens: {err}") from None
+    if value not in POLICY_NAMES:
+        raise CLIError(f"--num-draft-tokens must be an integer 1..64 or a policy name ({', '.join(POLICY_NAMES)}), got {text!r}")
+    return value
 
 
 def _drafter(args, tokenizer, target, prompts_ids):
@@ -52,22 +71,35 @@ def _drafter(args, tokenizer, target, prompts_ids):
             data = prompts_ids
         vocab = target.get_output_embeddings().weight.shape[0]
         return specdec.NGramDrafter(1 if kind == "unigram" else 2).fit(data, vocab)
-    return load_model(args.draft, device=target.device, dtype=next(target.parameters()).dtype, what="draft")
+    return load_model(args.draft, device=target.device, dtype=next(target.parameters()).dtype, what="draft",
+                      allow_pickle=args.allow_pickle)
 
 
 def run(args: argparse.Namespace) -> int:
+    from specdec.request import MAX_NEW_TOKENS, SamplingParams
+
+    # every number is checked before anything is loaded
+    check_int("--max-new-tokens", args.max_new_tokens, 0, MAX_NEW_TOKENS)
+    gamma = _gamma(args.num_draft_tokens)
+    try:
+        SamplingParams(max_new_tokens=args.max_new_tokens,
+                       temperature=1.0 if args.temperature is None else args.temperature,
+                       top_k=0 if args.top_k is None else args.top_k,
+                       top_p=1.0 if args.top_p is None else args.top_p, seed=args.seed)
+    except (ValueError, TypeError) as err:
+        raise CLIError(f"--{str(err).split(' ')[0].replace('_', '-')}: {err}") from None
+    apply_model_options(args)
+
     from specdec.loading import load_model, load_tokenizer
     from specdec.text import LLM
 
-    if args.max_new_tokens < 0:
-        raise ValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
-    gamma = int(args.num_draft_tokens) if args.num_draft_tokens.strip().lstrip("-").isdigit() else args.num_draft_tokens
-    target = load_model(args.target, device=args.device, dtype=args.dtype, what="target")
+    target = load_model(args.target, device=args.device, dtype=args.dtype, what="target",
+                        allow_pickle=args.allow_pickle)
     tokenizer = load_tokenizer(args.tokenizer or args.target)
     prompts = [tokenizer.encode(text) for text in args.prompt]
     for i, ids in enumerate(prompts):
         if not ids:
-            raise ValueError(f"prompt {i} is empty after tokenization")
+            raise CLIError(f"--prompt {i + 1} is empty after tokenization")
     drafter = _drafter(args, tokenizer, target, prompts)
     if drafter is not None and isinstance(gamma, int) and gamma < 1:
         raise ValueError(f"num_draft_tokens must be >= 1 with a draft (got {gamma}); omit --draft for plain decoding")
@@ -77,12 +109,15 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, name) is not None:  # explicit arguments win over the generation_config
             params[name] = getattr(args, name)
     single = len(prompts) == 1
+    shown = None  # the prompt is echoed with the first text, so a failure before it prints nothing
     with LLM(target, tokenizer, drafter, num_draft_tokens=gamma if drafter is not None else 0) as llm:
         if single and not args.json:
             # deltas are whole characters and concatenate to the final text (no reprinting)
-            sys.stdout.write(args.prompt[0])
             stream = llm.stream(prompts[0], **params)
             for delta in stream:
+                if shown is None:
+                    sys.stdout.write(args.prompt[0])
+                    shown = ""
                 sys.stdout.write(delta)
                 sys.stdout.flush()
             completions = [stream.completion]
@@ -90,18 +125,17 @@ def run(args: argparse.Namespace) -> int:
             completions = llm.generate(prompts, **params)
     texts = [c.text for c in completions]
     stats = _stats(completions)
-    alpha = f"{stats['alpha']:.3f}" if stats["alpha"] is not None else "n/a"
-    summary = (f"α={alpha} τ={stats['mean_accepted_length']:.2f} tokens/s={stats['tokens_per_second']:.1f} "
-               f"({stats['num_generated_tokens']} tokens, {stats['num_steps']} target calls, {stats['wall_time_s']:.2f}s)")
     if args.json:
-        print(json.dumps({"texts": texts, "sequences": [c.token_ids for c in completions], "stats": stats}))
+        print_json({"texts": texts, "sequences": [c.token_ids for c in completions], "stats": stats})
         return 0
     if not single:
         for prompt, text in zip(args.prompt, texts):
             print(f"{prompt}{text}\n---")
     else:
-        print()
-    print(summary)
+        print(args.prompt[0] if shown is None else "")
+    alpha = f"{stats['alpha']:.3f}" if stats["alpha"] is not None else "n/a"
+    log(args, f"α={alpha} τ={stats['mean_accepted_length']:.2f} tokens/s={stats['tokens_per_second']:.1f} "
+              f"({stats['num_generated_tokens']} tokens, {stats['num_steps']} target calls, {stats['wall_time_s']:.2f}s)")
     return 0
 
 

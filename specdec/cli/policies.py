@@ -7,18 +7,16 @@ plain decoding on workloads with different acceptance profiles; tokens/s, speedu
 
 Writes OUT/policies.json (everything, per-run numbers included) and OUT/policies.md (the table and the
 command that reproduces it); prints the Markdown table, and with --json one JSON object on the last line.
-Progress goes to stderr. See specdec/policy_bench.py for the timing protocol.
+Progress goes to stderr. See specdec/bench/policy_bench.py for the timing protocol.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-import time
 from pathlib import Path
 
 from specdec.cli import CLIError
+from specdec.cli.common import add_model_options, apply_model_options, check_float, check_int, dumps, log, print_json
 
 DEMO_PAIR = Path(__file__).resolve().parent.parent / "assets" / "demo_pair"
 QUICK = {"prompts": 1, "max_new_tokens": 32, "repeats": 1, "warmup_tokens": 4}
@@ -40,20 +38,21 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt (default 64)")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats, interleaved (default 3; median reported)")
     p.add_argument("--temperature", default="0", help="comma list of temperatures (default 0; e.g. 0,1)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (default 1: on small shared CPUs more threads oversubscribe)")
     p.add_argument("--keep-eos", action="store_true", help="stop at EOS (default: always generate max-new-tokens)")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: 1 prompt per workload, 32 new tokens, 1 repeat (< 1 minute on the demo pair)")
     p.add_argument("--out", type=Path, default=Path("runs/policies"), help="output folder (default runs/policies)")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
+    add_model_options(p, device="cpu", seed=0, seed_help="sampling seed (temperature > 0)")
     p.set_defaults(run=run)
     return p
 
 
+_ARGS: argparse.Namespace | None = None  # for --quiet in _log
+
+
 def _log(msg: str) -> None:
-    print(f"[policies {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+    log(_ARGS or argparse.Namespace(quiet=False), msg, prefix="policies")
 
 
 def _split(text: str) -> list[str]:
@@ -68,26 +67,38 @@ def _default_draft(pair: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from specdec.drafters import PromptLookupDrafter
     from specdec.loading import load_model, load_tokenizer
-    from specdec.policy_bench import BenchSettings, build_workloads, run_policy_bench
+    from specdec.bench.policy_bench import BenchSettings, build_workloads, run_policy_bench
 
     if args.quick:
         for name, value in QUICK.items():
             if name != "warmup_tokens":
                 setattr(args, name, value)
-    for flag, value in (("--prompts", args.prompts), ("--prompt-tokens", args.prompt_tokens),
-                        ("--max-new-tokens", args.max_new_tokens), ("--repeats", args.repeats),
-                        ("--threads", args.threads)):
-        if value < 1:
-            raise CLIError(f"{flag} must be >= 1, got {value}")
+    global _ARGS
+    _ARGS = args
+    from specdec.policy import resolve_policy
+    from specdec.request import MAX_NEW_TOKENS
+
+    for flag, value, top in (("--prompts", args.prompts, 1000), ("--prompt-tokens", args.prompt_tokens, 1 << 16),
+                             ("--max-new-tokens", args.max_new_tokens, MAX_NEW_TOKENS), ("--repeats", args.repeats, 1000)):
+        check_int(flag, value, 1, top)
     try:
         temperatures = tuple(float(t) for t in _split(args.temperature))
     except ValueError as err:
         raise CLIError(f"--temperature: not a comma list of numbers: {args.temperature!r}") from err
+    if not temperatures:
+        raise CLIError("--temperature: give at least one temperature")
+    for t in temperatures:
+        check_float("--temperature", t, 0.0)
     policies = tuple(int(p) if p.isdigit() else p.lower() for p in _split(args.policies))
+    if not policies:
+        raise CLIError("--policies: give at least one policy")
+    for policy in policies:
+        try:
+            resolve_policy(policy)
+        except ValueError as err:
+            raise CLIError(f"--policies: {err}") from None
     drafter_names = _split(args.drafters)
     for name in drafter_names:
         if name not in ("model", "lookup"):
@@ -102,12 +113,13 @@ def run(args: argparse.Namespace) -> int:
     draft_dir = args.draft or _default_draft(DEMO_PAIR)
     if args.target is None and not target_dir.is_dir():
         raise CLIError(f"the demo pair is not installed at {DEMO_PAIR}: give --target and --draft")
-    torch.set_num_threads(args.threads)  # the CLI owns the process
+    apply_model_options(args)
     tokenizer = load_tokenizer(args.tokenizer or target_dir)
-    target = load_model(target_dir, device="cpu", dtype="float32", what="target")
+    target = load_model(target_dir, device=args.device, dtype=args.dtype, what="target", allow_pickle=args.allow_pickle)
     drafters = {}
     if "model" in drafter_names:
-        drafters["model"] = load_model(draft_dir, device="cpu", dtype="float32", what="draft")
+        drafters["model"] = load_model(draft_dir, device=args.device, dtype=args.dtype, what="draft",
+                                       allow_pickle=args.allow_pickle)
     if "lookup" in drafter_names:
         drafters["lookup"] = PromptLookupDrafter()
     workloads = build_workloads(tokenizer, _split(args.workloads), args.prompts, args.prompt_tokens)
@@ -127,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
                  f"{result.wall_time_s:.0f} s in all.\n\n{report}\n")
     args.out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = args.out / "policies.json", args.out / "policies.md"
-    json_path.write_text(json.dumps(data, indent=1, default=str))
+    json_path.write_text(dumps(data, indent=1))
     md_path.write_text(report_md)
     print(report_md)
     _log(f"wrote {json_path} and {md_path} ({result.wall_time_s:.0f} s)")
@@ -135,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         summary = {"command": command, "winners": data["winners"], "json": str(json_path), "markdown": str(md_path),
                    "wall_time_s": result.wall_time_s,
                    "rows": [{k: v for k, v in row.items() if k != "stats"} for row in data["rows"]]}
-        print(json.dumps(summary, default=str))
+        print_json(summary)
     return 0
 
 

@@ -10,12 +10,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from dataclasses import replace
 from pathlib import Path
 
 from specdec.cli import CLIError
+from specdec.cli.common import DEFAULT_THREADS, check_float, check_int, dumps
 
 
 def add_parser(subparsers) -> None:
@@ -42,8 +42,9 @@ def add_parser(subparsers) -> None:
     pair.add_argument("--data", required=True, help="folder written by `specdec train prepare`")
     pair.add_argument("--out", required=True)
     pair.add_argument("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:1, ...")
-    pair.add_argument("--budget-scale", type=float, default=1.0, help="multiply every phase's time budget")
+    pair.add_argument("--budget-scale", type=float, default=1.0, help="multiply every phase's time budget (default 1)")
     pair.add_argument("--no-progress", action="store_true")
+    _add_run_options(pair)
     pair.set_defaults(run=run)
 
     dist = sub.add_parser("distill", help="distill an existing drafter on an existing target")
@@ -70,20 +71,66 @@ def add_parser(subparsers) -> None:
                       help="share of prompts that begin a file (the rest start anywhere)")
     dist.add_argument("--val-generate", type=int, default=32, help="held-out prompts for α on generated text")
     dist.add_argument("--gen-batch-size", type=int, default=64)
-    dist.add_argument("--seed", type=int, default=0)
-    dist.add_argument("--device", default="auto")
+    dist.add_argument("--seed", type=int, default=0, help="(default 0)")
+    dist.add_argument("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:N (default auto)")
     dist.add_argument("--no-progress", action="store_true")
+    dist.add_argument("--allow-pickle", action="store_true",
+                      help="also load pickled .bin weights (unpickling can run code: only for checkpoints you trust)")
+    _add_run_options(dist)
     dist.set_defaults(run=run)
     parser.set_defaults(run=lambda args: _usage(parser))
 
 
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS,
+                        help=f"torch CPU threads; 0 = torch's choice (default {DEFAULT_THREADS})")
+    parser.add_argument("--quiet", action="store_true", help="no progress or log lines on stderr")
+
+
 def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_help()
-    return 2
+    raise CLIError("give a step (prepare, presets, pair, distill); see specdec train --help")
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    """Every number range-checked before a corpus is read or a model is built."""
+    if args.train_command == "prepare":
+        check_int("--vocab-size", args.vocab_size, 260, 1 << 20)  # byte-level BPE needs the 256 bytes + specials
+        if args.val_fraction is not None:
+            check_float("--val-fraction", args.val_fraction, 0.0, 0.5, open_low=True)
+        check_int("--max-train-tokens", args.max_train_tokens, 1)
+    if args.train_command in ("pair", "distill"):
+        if args.train_command == "pair":
+            check_float("--budget-scale", args.budget_scale, 0.0, open_low=True)
+        else:
+            check_float("--seconds", args.seconds, 0.0, open_low=True)
+            check_float("--lr", args.lr, 0.0, 1.0, open_low=True)
+            for flag, value, low, high in (("--steps", args.steps, 1, None), ("--batch-size", args.batch_size, 1, 1 << 16),
+                                           ("--seq-len", args.seq_len, 2, 1 << 16), ("--generate", args.generate, 0, 1 << 20),
+                                           ("--prompt-len", args.prompt_len, 1, 1 << 16),
+                                           ("--new-tokens", args.new_tokens, 1, 1 << 16),
+                                           ("--val-generate", args.val_generate, 0, 1 << 20),
+                                           ("--gen-batch-size", args.gen_batch_size, 1, 1 << 16),
+                                           ("--seed", args.seed, 0, (1 << 63) - 1)):
+                check_int(flag, value, low, high)
+            if args.generated_fraction is not None:
+                check_float("--generated-fraction", args.generated_fraction, 0.0, 1.0)
+            check_float("--document-starts", args.document_starts, 0.0, 1.0)
+        from specdec.loading import resolve_device
+
+        resolve_device(args.device)
+        check_int("--threads", args.threads, 0, 1024)
+        if args.threads:
+            import torch
+
+            torch.set_num_threads(args.threads)
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    quiet = getattr(args, "quiet", False)
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if quiet:
+        args.no_progress = True
+    _check_numbers(args)
     if args.train_command == "presets":
         from specdec.zoo.presets import PRESETS
 
@@ -110,7 +157,7 @@ def _prepare(args) -> int:
         meta = prepare_ende_data(args.out, mo_files=args.mo_files, vocab_size=args.vocab_size,
                                  val_fraction=0.05 if args.val_fraction is None else args.val_fraction)
     shown = {k: v for k, v in meta.items() if not isinstance(v, list)}
-    print(json.dumps(shown, indent=1))
+    print(dumps(shown, indent=1))
     return 0
 
 
@@ -119,12 +166,10 @@ def _pair(args) -> int:
     from specdec.zoo.presets import get_preset, scale_budget
 
     preset = get_preset(args.preset)
-    if args.budget_scale <= 0:
-        raise CLIError(f"--budget-scale must be positive, got {args.budget_scale}")
     if args.budget_scale != 1.0:
         preset = scale_budget(preset, args.budget_scale)
     summary = train_pair(preset, args.data, args.out, device=args.device, progress=not args.no_progress)
-    print(json.dumps(_brief(summary), indent=1))
+    print(dumps(_brief(summary), indent=1))
     return 0
 
 
@@ -145,9 +190,7 @@ def _brief(summary: dict) -> dict:
 
 
 def _distill(args) -> int:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
-
+    from specdec.loading import load_model
     from specdec.zoo.data import load_data
     from specdec.zoo.distill import distill_draft
     from specdec.zoo.presets import get_preset
@@ -168,10 +211,11 @@ def _distill(args) -> int:
     for path in (args.target, args.draft):
         if not (Path(path) / "config.json").is_file():
             raise CLIError(f"{path} is not a model folder (no config.json)")
-    encdec = AutoConfig.from_pretrained(args.target).is_encoder_decoder
-    auto = AutoModelForSeq2SeqLM if encdec else AutoModelForCausalLM
-    target = auto.from_pretrained(args.target, dtype=torch.float32)
-    draft = auto.from_pretrained(args.draft, dtype=torch.float32)
+    target = load_model(args.target, device="cpu", dtype="float32", what="--target", allow_pickle=args.allow_pickle)
+    draft = load_model(args.draft, device="cpu", dtype="float32", what="--draft", allow_pickle=args.allow_pickle)
+    encdec = bool(getattr(target.config, "is_encoder_decoder", False))
+    if encdec != bool(getattr(draft.config, "is_encoder_decoder", False)):
+        raise CLIError("--target and --draft must both be decoder-only or both encoder-decoder models")
     data = load_data(args.data)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -195,8 +239,8 @@ def _distill(args) -> int:
                            prompt_len=args.prompt_len)
     save_model(draft, out / "draft", data.tokenizer_dir, dtype=preset.export_dtype,
                max_shard_size=preset.max_shard_size)
-    (out / "distill.json").write_text(json.dumps(result.to_dict(), indent=1))
+    (out / "distill.json").write_text(dumps(result.to_dict(), indent=1))
     brief = result.to_dict()
     brief["train"] = {k: brief["train"][k] for k in ("steps", "seconds", "val_loss", "final_loss")}
-    print(json.dumps(brief, indent=1))
+    print(dumps(brief, indent=1))
     return 0

@@ -6,6 +6,7 @@ one-hot (`Proposal.probs is None`), and verification then accepts x with probabi
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -56,6 +57,50 @@ class Drafter:
 
     def select_rows(self, index: torch.Tensor) -> None:
         """Keep only the rows in `index` (finished rows leave the batch)."""
+
+    # Stateful drafters (a KV cache in lockstep with one batch) serve one generation at a time: `begin`
+    # claims the drafter for that generation's context, and `propose`/`commit` refuse any other context
+    # with a clear error (two interleaved streams sharing one drafter would otherwise corrupt its cache).
+
+    def _claim(self, context: TokenBuffer) -> None:
+        self._owner = weakref.ref(context)
+
+    def _check_owner(self, context: TokenBuffer) -> None:
+        owner = getattr(self, "_owner", None)
+        if owner is None or owner() is not context:
+            raise ValueError(
+                f"drafter: this {type(self).__name__} was taken over by another generate/stream call (its cache "
+                "follows one batch at a time); give each concurrent call its own drafter"
+            )
+
+
+def checked_proposal(proposal: Proposal, batch_size: int, num_draft_tokens: int, vocab_size: int) -> Proposal:
+    """A drafter's proposal, checked (shapes, with errors naming the drafter) and made safe to feed the target.
+
+    A row's draft ends at its `lengths` (if given) or at its first id outside [0, V) — e.g. vLLM's -1 padding —
+    whichever comes first; slots past the end become 0 (never read by `verify`, but fed to the target, whose
+    embedding must not see -1). Stopping a draft early keeps the output law exact. No host sync.
+    """
+    if not isinstance(proposal, Proposal) or not isinstance(proposal.tokens, torch.Tensor):
+        raise TypeError(f"drafter.propose must return a Proposal with a tokens tensor, got {type(proposal).__name__}")
+    tokens, probs, lengths = proposal.tokens, proposal.probs, proposal.lengths
+    if tokens.dim() != 2 or tokens.shape[0] != batch_size or tokens.shape[1] > num_draft_tokens \
+            or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        raise ValueError(f"drafter returned tokens {tuple(tokens.shape)} {tokens.dtype}; expected integer ids "
+                         f"[B={batch_size}, <= {num_draft_tokens}]")
+    gamma = tokens.shape[1]
+    if probs is not None and (not isinstance(probs, torch.Tensor) or tuple(probs.shape) != (batch_size, gamma, vocab_size)):
+        shape = tuple(probs.shape) if isinstance(probs, torch.Tensor) else type(probs).__name__
+        raise ValueError(f"drafter returned probs {shape}; expected None or [B, γ, V] = [{batch_size}, {gamma}, {vocab_size}]")
+    if lengths is not None and (not isinstance(lengths, torch.Tensor) or tuple(lengths.shape) != (batch_size,)):
+        shape = tuple(lengths.shape) if isinstance(lengths, torch.Tensor) else type(lengths).__name__
+        raise ValueError(f"drafter returned lengths {shape}; expected None or [B] = [{batch_size}]")
+    in_vocab = (tokens >= 0) & (tokens < vocab_size)
+    leading = in_vocab.long().cumprod(1).sum(1)  # [B] valid ids before the first invalid one
+    lengths = leading if lengths is None else torch.minimum(lengths.long().clamp(0, gamma), leading)
+    keep = torch.arange(gamma, device=tokens.device)[None, :] < lengths[:, None]
+    tokens = torch.where(keep, tokens, torch.zeros_like(tokens)).long()
+    return Proposal(tokens=tokens, probs=probs, lengths=lengths, forward_passes=proposal.forward_passes)
 
 
 def empty_proposal(batch_size: int, device: torch.device) -> Proposal:

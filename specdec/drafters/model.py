@@ -26,6 +26,7 @@ class ModelDrafter(Drafter):
         return self.lm.model
 
     def begin(self, context: TokenBuffer, vocab_size: int) -> None:
+        self._claim(context)
         self.lm.reset(context.batch_size)
 
     @torch.inference_mode()
@@ -37,6 +38,7 @@ class ModelDrafter(Drafter):
         generator: torch.Generator | None,
         confidence_threshold: float | None = None,
     ) -> Proposal:
+        self._check_owner(context)
         unseen = context.lengths - self.lm.lengths  # ≥ 1: at least the last committed token
         block, valid = context.tail(int(unseen.max()), unseen)
         logits = self.lm.forward(block, valid)[:, -1]
@@ -71,6 +73,7 @@ class ModelDrafter(Drafter):
     def commit(self, context: TokenBuffer) -> None:
         # Keep what is still committed text: the old prefix and the accepted drafts (never the last token,
         # which the next step feeds).
+        self._check_owner(context)
         self.lm.crop(torch.minimum(self.lm.lengths, context.lengths - 1))
 
     def select_rows(self, index: torch.Tensor) -> None:

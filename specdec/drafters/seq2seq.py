@@ -26,6 +26,7 @@ class Seq2SeqModelDrafter(ModelDrafter):
         self.vocab_size = self.lm.vocab_size
 
     def begin(self, context: TokenBuffer, vocab_size: int) -> None:
+        self._claim(context)
         if context.source is None:
             raise ValueError(
                 "Seq2SeqModelDrafter needs an encoder-decoder target: the context carries no encoder inputs "

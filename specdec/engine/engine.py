@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec import rng
-from specdec.core import verify, verify_greedy
+from specdec.core import INVALID_SCORES, invalid_scores, verify, verify_greedy
 from specdec.engine.config import BATCH_BUCKETS, EngineConfig, UnsupportedModel
 from specdec.engine.drafters import Flavor, StepView
 from specdec.engine.policy import GammaPolicy
@@ -196,7 +196,7 @@ class Engine:
         clock.mark(2)
         host = packed.tolist()  # the step's one device → host synchronization
         if host.pop():
-            raise ValueError("target logits contain NaN; the model produced invalid scores")
+            raise ValueError(f"target logits {INVALID_SCORES}")
         draft_s, verify_s = clock.elapsed(0, 1), clock.elapsed(1, 2)
         outputs += self._commit(host, n, gamma, draft_s, verify_s)
         if not first_run:  # the policy weighs whole steps: device time and the host's share alike
@@ -390,7 +390,7 @@ class _StepRunner:
         cache.lengths.copy_(lengths - 1)
         last = state.tokens[rows].gather(1, (lengths - 1)[:, None])
         logits = e.model(torch.cat([last, draft_tokens], 1), cache)  # [b, γ+1, V]
-        has_nan = torch.isnan(logits).any()
+        has_nan = invalid_scores(logits)
         if flavor.all_greedy:
             result = verify_greedy(draft_tokens, logits, draft_lengths=draft_lengths, check_nan=False)
         else:

@@ -52,8 +52,7 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
     if runner not in RUNNERS:
         raise ValueError(f"runner must be one of {', '.join(RUNNERS)}, got {runner!r}")
     if isinstance(target, (str, Path)):
-        _check_weights(Path(target), allow_pickle, "target")
-        target_model = load_model(target, device=device, dtype=dtype, what="target")
+        target_model = load_model(target, device=device, dtype=dtype, what="target", allow_pickle=allow_pickle)
         tokenizer = tokenizer if tokenizer is not None else target
     else:
         target_model = target
@@ -274,17 +273,6 @@ def check_num_draft_tokens(value):
     return as_int(value, "num_draft_tokens", minimum=0, maximum=MAX_NUM_DRAFT_TOKENS)
 
 
-def _check_weights(folder: Path, allow_pickle: bool, what: str) -> None:
-    if not folder.is_dir():
-        raise FileNotFoundError(f"{what} directory not found: {folder} (specdec loads local checkpoints only)")
-    if allow_pickle or any(folder.glob("*.safetensors")):
-        return
-    pickles = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
-    hint = f" (found {', '.join(pickles)}: pass allow_pickle=True / --allow-pickle to load pickle weights, " \
-           "which can run arbitrary code)" if pickles else ""
-    raise ValueError(f"{what} directory {folder} has no .safetensors weights{hint}")
-
-
 def _read_template(template) -> str:
     if isinstance(template, Path) or (isinstance(template, str) and "{" not in template and Path(template).is_file()):
         return Path(template).read_text(encoding="utf-8")
@@ -310,7 +298,6 @@ def _load_draft(draft, target, tokenizer, allow_pickle: bool, ngram_data):
         vocab = target.get_output_embeddings().weight.shape[0]
         return specdec.NGramDrafter(2).fit([tokenizer.encode(t) for t in texts if t], vocab)
     if isinstance(draft, (str, Path)):
-        _check_weights(Path(draft), allow_pickle, "draft")
         dtype = next(target.parameters()).dtype
-        return load_model(draft, device=target.device, dtype=dtype, what="draft")
+        return load_model(draft, device=target.device, dtype=dtype, what="draft", allow_pickle=allow_pickle)
     return draft

@@ -148,7 +148,7 @@ def make_params(llm, prompt_len: int, params: dict):
     max_new = as_int(max_new, "max_new_tokens", minimum=0, maximum=MAX_NEW_TOKENS)
     if max_new > room:
         raise ValueError(f"max_new_tokens={max_new} does not fit: the prompt has {prompt_len} tokens and the "
-                         f"model context is {llm.max_seq_len} (at most {room} new tokens)")
+                         f"model context of {llm.max_seq_len} tokens leaves room for at most {room} new tokens")
     gamma = check_num_draft_tokens(params.get("num_draft_tokens", llm.num_draft_tokens))
     sampling = SamplingParams(
         max_new_tokens=max_new,

@@ -83,4 +83,4 @@ def load_tokenizer(folder: str | os.PathLike):
     folder = Path(folder)
     if not (folder / "tokenizer.json").is_file():
         raise FileNotFoundError(f"no tokenizer.json in {folder}")
-    return AutoTokenizer.from_pretrained(str(folder))
+    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)

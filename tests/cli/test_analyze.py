@@ -48,7 +48,9 @@ def test_max_gamma_caps_the_search(capsys: pytest.CaptureFixture[str]) -> None:
     [
         (["--alpha", "0.8"], "--cost-ratio"),
         (["--alpha", "1.5", "--cost-ratio", "0.1"], "alpha"),
-        (["--alpha", "0.5", "--cost-ratio", "-1"], "cost_ratio"),
+        (["--alpha", "0.5", "--cost-ratio", "-1"], "--cost-ratio"),
+        (["--alpha", "nan", "--cost-ratio", "0.1"], "--alpha"),
+        (["--alpha", "0.5", "--cost-ratio", "0.1", "--max-gamma", "100000000"], "--max-gamma"),
         ([], "--alpha"),
     ],
 )
@@ -152,6 +154,6 @@ def test_directory_that_is_not_a_checkpoint(capsys, checkpoints, tmp_path) -> No
         capsys, "--target", str(checkpoints / "target"), "--draft", str(tmp_path / "empty"),
         "--prompts", str(checkpoints / "prompts.txt"),
     )
-    # (transformers may draw its own loading progress bar on stderr before that)
-    last = err.strip().splitlines()[-1]
-    assert code == 2 and last.startswith("specdec analyze: error: --draft: cannot load")
+    # refused before any model is loaded: one line, nothing else on stderr
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert err.startswith("specdec analyze: error: --draft directory") and "no config.json" in err

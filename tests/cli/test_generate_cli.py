@@ -42,8 +42,11 @@ def test_streams_text_then_stats(capsys, ckpt):
                          "--prompt", "w1 w2", "--max-new-tokens", "8", "--seed", "0")
     assert code == 0, err
     lines = out.strip().splitlines()
-    assert lines[0].startswith("w1 w2")
-    assert "α=" in lines[-1] and "τ=" in lines[-1] and "tokens/s=" in lines[-1]
+    assert lines[0].startswith("w1 w2") and "α=" not in out  # the text on stdout, the stats on stderr
+    assert "α=" in err and "τ=" in err and "tokens/s=" in err
+    code, out, quiet = cli(capsys, "--target", str(ckpt / "target"), "--prompt", "w1 w2", "--max-new-tokens", "4",
+                           "--quiet")
+    assert code == 0 and quiet == "" and out.startswith("w1 w2")
 
 
 def test_batch_of_prompts(capsys, ckpt):

@@ -99,11 +99,13 @@ class LyingDrafter(Drafter):
 
 
 def run_two_tokens(target, drafter, sampling: dict, seed: int = 0, gamma: int = 3):
+    # 3 new tokens so that the first step may draft γ (a step never drafts more than it can commit, so with 2
+    # it would draft 1); the law tested is that of the first two
     res = specdec.generate(
-        target, [PROMPT] * NUM_ROWS, drafter=drafter, max_new_tokens=2, num_draft_tokens=gamma, seed=seed,
+        target, [PROMPT] * NUM_ROWS, drafter=drafter, max_new_tokens=3, num_draft_tokens=gamma, seed=seed,
         eos_token_id=[], **sampling,
     )
-    assert all(len(s) == 2 for s in res.sequences)
+    assert all(len(s) == 3 for s in res.sequences)
     return two_token_counts(res.sequences, VOCAB), res.stats
 
 

@@ -128,9 +128,10 @@ def test_prompt_tensor_with_attention_mask(family, models):
 @pytest.mark.parametrize("family", ["t5", "bart"])
 def test_same_model_drafter_accepts_everything(family, models):
     model = models[family]
+    # 36 (and 30 below) tokens = a whole number of (γ + 1)-token steps: no step is clamped to the tokens left
     for gamma in (1, 3, 8):
         res = specdec.generate(
-            model, PROMPTS, drafter=model, temperature=0, max_new_tokens=30, num_draft_tokens=gamma, eos_token_id=[]
+            model, PROMPTS, drafter=model, temperature=0, max_new_tokens=36, num_draft_tokens=gamma, eos_token_id=[]
         )
         assert res.stats.alpha == pytest.approx(1.0, abs=1e-5)
         assert res.stats.mean_accepted_length == pytest.approx(gamma + 1)

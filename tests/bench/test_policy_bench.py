@@ -1,4 +1,4 @@
-"""Smoke tests for the draft-length policy benchmark (specdec.policy_bench, `specdec policies`)."""
+"""Smoke tests for the draft-length policy benchmark (specdec.bench.policy_bench, `specdec policies`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from helpers import save_tiny_checkpoint
 from specdec.cli import main
-from specdec.policy_bench import (
+from specdec.bench.policy_bench import (
     BenchSettings,
     PolicyBenchResult,
     Workload,
@@ -56,7 +56,7 @@ def test_bench_structure_and_greedy_outputs_match_plain(pair) -> None:
         assert row.compared_outputs == 4 and row.identical_outputs == 4
     plain, fixed, heuristic = result.rows
     assert plain.speedup == 1.0 and plain.mean_accepted_length == 1.0 and plain.alpha is None
-    assert fixed.mean_num_draft_tokens == pytest.approx(3.0)
+    assert 2.0 < fixed.mean_num_draft_tokens <= 3.0  # 3, but the last steps draft only what they can commit
     for row in (fixed, heuristic):
         assert 1.0 <= row.mean_accepted_length <= row.mean_num_draft_tokens + 1
         assert 0.0 <= row.alpha <= 1.0 and row.cost_ratio > 0
@@ -132,7 +132,7 @@ def test_cli_policies_errors(tmp_path, capsys) -> None:
 
 
 def test_code_and_text_workloads_from_local_files(tmp_path) -> None:
-    from specdec.policy_bench import build_workloads
+    from specdec.bench.policy_bench import build_workloads
 
     save_tiny_checkpoint(tmp_path, seed=0)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
