@@ -16,6 +16,7 @@ from specdec.drafters import Drafter, ModelDrafter, NGramDrafter, PromptLookupDr
 from specdec.metrics import SpecStats
 from specdec.policy import DraftLengthPolicy, FixedPolicy, StepOutcome
 from specdec.text import load
+from specdec.drafters.hierarchical import HierarchicalDrafter
 
 __version__ = "0.1.0"
 
@@ -40,4 +41,5 @@ __all__ = [
     "FixedPolicy",
     "StepOutcome",
     "load",
+    "HierarchicalDrafter",
 ]
