@@ -17,6 +17,7 @@ from specdec.metrics import SpecStats
 from specdec.policy import DraftLengthPolicy, FixedPolicy, StepOutcome
 from specdec.text import load
 from specdec.drafters.hierarchical import HierarchicalDrafter
+from specdec.beam import BeamSearchResult, beam_search
 
 __version__ = "0.1.0"
 
@@ -42,4 +43,6 @@ __all__ = [
     "StepOutcome",
     "load",
     "HierarchicalDrafter",
+    "beam_search",
+    "BeamSearchResult",
 ]
