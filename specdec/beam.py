@@ -26,6 +26,7 @@ import torch
 
 from specdec.beam_rules import BeamConfig, BeamState, beam_step
 from specdec.models.tree_lm import TreeCausalLM
+from specdec.request import normalize_prompts, resolve_eos
 
 __all__ = ["beam_search", "BeamSearchResult", "BeamStats"]
 
@@ -82,8 +83,6 @@ def beam_search(
     eos_token_id      int or list; None = the target's generation config (as in transformers)
     length_penalty, early_stopping   as in transformers (defaults 1.0, False)
     """
-    from specdec.decoding import normalize_prompts, resolve_eos
-
     w = _int_in("num_beams", num_beams, 1, MAX_BEAMS)
     u = w if draft_beams is None else _int_in("draft_beams", draft_beams, w, MAX_BEAMS)
     gamma = _int_in("num_draft_tokens", num_draft_tokens, 0, 64) if drafter is not None else 0

@@ -13,21 +13,31 @@ One step for every active row:
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
 from specdec.core import SamplingConfig, standardize_logits
 from specdec.metrics import SpecStats
 from specdec.models.tree_lm import TreeCausalLM
+from specdec.request import check_max_new_tokens, new_generator, normalize_prompts, resolve_eos
+from specdec.step import Clock, GenerateResult, GenerationStream, TokenEvent, commit_counts
 from specdec.tree import MODES, TreeSpec, verify_tree, verify_tree_greedy
 
-__all__ = ["tree_generate"]
+__all__ = ["tree_generate", "tree_stream"]
 
 
-def tree_generate(
+def tree_generate(target, prompts, drafter, draft_tree: Sequence[int], *args, on_tokens: Callable | None = None, **kwargs):
+    """Generate with draft trees → `GenerateResult`; arguments as `tree_stream`, plus `on_tokens` per step."""
+    run = tree_stream(target, prompts, drafter, draft_tree, *args, **kwargs)
+    for event in run:
+        if on_tokens is not None:
+            on_tokens(event)
+    return run.result
+
+
+def tree_stream(
     target,
     prompts,
     drafter,
@@ -42,17 +52,14 @@ def tree_generate(
     generator: torch.Generator | None = None,
     attention_mask: torch.Tensor | None = None,
     tree_mode: str = "without_replacement",
-    on_tokens: Callable | None = None,
-):
-    """Generate with draft trees; arguments as `specdec.generate`, plus:
+) -> GenerationStream:
+    """`GenerationStream` of per-step `TokenEvent`s; arguments as `specdec.generate`, plus:
 
     draft_tree   [k_1, ..., k_D]: children per node at each depth (e.g. [2, 2, 1]: 2 + 4 + 4 nodes)
     tree_mode    "without_replacement" (children distinct; RSD) or "iid" (SpecInfer); see `specdec.tree`
     target       a transformers decoder-only model; drafter: a transformers model or a drafter with
                  `propose_tree` / `commit_tree` (e.g. `TreeModelDrafter`)
     """
-    from specdec.decoding import GenerateResult, TokenEvent, normalize_prompts, resolve_eos
-
     spec = TreeSpec(draft_tree)
     if tree_mode not in MODES:
         raise ValueError(f"tree_mode must be one of {MODES}, got {tree_mode!r}")
@@ -60,18 +67,22 @@ def tree_generate(
     target = _tree_target(target)
     drafter = _tree_drafter(drafter, target)
     rows = normalize_prompts(prompts, attention_mask, target.vocab_size)
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    max_new_tokens = check_max_new_tokens(max_new_tokens)
     eos = resolve_eos(eos_token_id, target)
     if generator is None:
-        generator = torch.Generator(device=target.device)
-        generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
+        generator = new_generator(seed, target.device)
+    holder: dict = {}
+    steps = _tree_decode(target, drafter, spec, tree_mode, rows, max_new_tokens, sampling, eos, generator, holder)
+    return GenerationStream(steps, holder)
 
+
+def _tree_decode(target, drafter, spec, tree_mode, rows, max_new_tokens, sampling, eos, generator, holder) -> Iterator[TokenEvent]:
     stats = SpecStats()
     outputs: list[list[int]] = [[] for _ in rows]
     t_start = time.perf_counter()
     if max_new_tokens == 0:
-        return GenerateResult(outputs, stats)
+        holder["result"] = GenerateResult(outputs, stats)
+        return
     device = target.device
     context = target.begin(rows, max_new_tokens)
     context.reserve(int(context.lengths.max()) + max_new_tokens)
@@ -82,14 +93,14 @@ def tree_generate(
     eos_ids = torch.tensor(sorted(eos), dtype=torch.long, device=device)
     original_row = torch.arange(len(rows), device=device)
     generated = torch.zeros(len(rows), dtype=torch.long, device=device)
-    depth, nodes = spec.depth, spec.num_nodes - 1
     parents = spec.parents.to(device)
+    clock = Clock(device)
     step = 0
     while original_row.numel():
         batch = original_row.numel()
-        t0 = time.perf_counter()
+        clock.mark(0)
         proposal = drafter.propose_tree(context, spec, sampling, generator, tree_mode)
-        t1 = time.perf_counter()
+        clock.mark(1)
         target.begin_tree()
         logits = target.forward_tree(proposal.tokens, parents.expand(batch, -1))  # [B, N+1, V]
         if sampling.greedy:
@@ -98,23 +109,19 @@ def tree_generate(
             target_probs = standardize_logits(logits, sampling)
             result = verify_tree(spec, proposal.tokens, proposal.probs, target_probs, generator, mode=tree_mode)
         keep = torch.zeros(batch, spec.num_nodes, dtype=torch.bool, device=device)
-        keep[:, 0] = True  # the root (last committed token) is now in the cache
         keep.scatter_(1, result.path.clamp_min(0), result.path >= 0)
-        keep[:, 0] = True
+        keep[:, 0] = True  # the root (the last committed token) is now in the cache
         target.commit_path(keep)
 
         new_tokens = result.tokens(proposal.tokens)  # [B, D+1]
-        counts = torch.minimum(result.num_accepted + 1, max_new_tokens - generated)
-        cols = torch.arange(depth + 1, device=device)[None, :]
-        is_eos = torch.isin(new_tokens, eos_ids) & (cols < counts[:, None])
-        hit_eos = is_eos.any(1)
-        counts = torch.where(hit_eos, is_eos.long().argmax(1) + 1, counts)
+        active = torch.ones(batch, dtype=torch.bool, device=device)
+        counts, hit_eos = commit_counts(new_tokens, result.num_accepted, max_new_tokens - generated, eos_ids, active)
         context.append(new_tokens, counts)
         generated += counts
         finished = hit_eos | (generated >= max_new_tokens)
         target.crop(context.lengths - 1)
         drafter.commit_tree(context, spec, proposal.tokens)
-        t2 = time.perf_counter()
+        clock.mark(2)
 
         host = torch.cat([new_tokens, result.num_accepted[:, None], counts[:, None], finished[:, None].long(),
                           original_row[:, None]], 1).tolist()
@@ -127,10 +134,9 @@ def tree_generate(
                 event_tokens.append(row[:n])
             if fin:
                 done.append(orig)
-        _fold(stats, [row[-4] for row in host], depth, nodes, proposal.forward_passes, t1 - t0, t2 - t1)
+        _fold(stats, [row[-4] for row in host], spec, proposal.forward_passes, clock.elapsed(0, 1), clock.elapsed(1, 2))
         stats.num_generated_tokens += sum(len(t) for t in event_tokens)
-        if on_tokens is not None:
-            on_tokens(TokenEvent(step=step, rows=event_rows, tokens=event_tokens, finished=done))
+        yield TokenEvent(step=step, rows=event_rows, tokens=event_tokens, finished=done)
         step += 1
         if done:
             keep_rows = (~finished).nonzero().squeeze(1)
@@ -140,11 +146,13 @@ def tree_generate(
                 target.select_rows(keep_rows)
                 drafter.select_rows(keep_rows)
     stats.wall_time_s = time.perf_counter() - t_start
-    return GenerateResult(outputs, stats)
+    holder["result"] = GenerateResult(outputs, stats)
 
 
-def _fold(stats: SpecStats, accepted: list[int], depth: int, nodes: int, drafter_passes: int, draft_s, verify_s) -> None:
-    """One tree step into SpecStats. Positions are depths; α (a single-draft β) is not defined for trees."""
+def _fold(stats: SpecStats, accepted: list[int], spec: TreeSpec, drafter_passes: int, draft_s, verify_s) -> None:
+    """One tree step into SpecStats. Positions are depths; α (a single-draft β) is not defined for trees, and
+    `drafted_tokens` counts tree nodes (N per row-step)."""
+    depth, nodes = spec.depth, spec.num_nodes - 1
     stats.num_steps += 1
     stats.target_calls += 1
     stats.drafter_calls += drafter_passes

@@ -111,3 +111,28 @@ def test_bad_leniency_is_named(bad):
         verify(torch.tensor([[0]]), None, p, leniency=bad)
     with pytest.raises(ValueError, match="leniency"):
         verify_greedy(torch.tensor([[0]]), p, leniency=bad)
+
+
+# ------------------------------------------------------------------------------------------------
+# Through specdec.generate
+
+import specdec  # noqa: E402
+from helpers import RAGGED_PROMPTS  # noqa: E402
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_generate_leniency_one_is_the_default_and_lower_l_accepts_more(llama, llama_draft, temperature):
+    kw = dict(drafter=llama_draft, max_new_tokens=12, temperature=temperature, num_draft_tokens=3, seed=4, eos_token_id=[])
+    exact = specdec.generate(llama, RAGGED_PROMPTS, **kw)
+    same = specdec.generate(llama, RAGGED_PROMPTS, leniency=1.0, **kw)
+    assert same.sequences == exact.sequences and same.stats.alpha == exact.stats.alpha
+    lenient = specdec.generate(llama, RAGGED_PROMPTS, leniency=0.05, **kw)
+    assert lenient.stats.mean_accepted_length > exact.stats.mean_accepted_length
+    assert lenient.stats.target_calls < exact.stats.target_calls
+
+
+def test_generate_rejects_bad_leniency_and_the_fast_engine(llama):
+    with pytest.raises(ValueError, match="leniency"):
+        specdec.generate(llama, [[1, 2]], max_new_tokens=2, leniency=0)
+    with pytest.raises(ValueError, match="leniency"):
+        specdec.generate(llama, [[1, 2]], max_new_tokens=2, leniency=0.5, engine="fast")

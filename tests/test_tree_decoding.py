@@ -110,3 +110,15 @@ def test_argument_errors(llama, llama_draft):
         tree_generate(llama, [[1]], specdec.PromptLookupDrafter(), [2])
     with pytest.raises(ValueError, match="max_new_tokens"):
         tree_generate(llama, [[1]], llama_draft, [2], max_new_tokens=-1)
+
+
+def test_through_specdec_generate(llama, llama_draft):
+    res = specdec.generate(llama, RAGGED_PROMPTS, drafter=llama_draft, max_new_tokens=8, temperature=0, eos_token_id=[],
+                           draft_tree=[2, 1])
+    for prompt, seq in zip(RAGGED_PROMPTS, res.sequences):
+        assert seq == hf_greedy(llama, prompt, 8, [])
+    events = list(specdec.stream(llama, RAGGED_PROMPTS, drafter=llama_draft, max_new_tokens=8, temperature=0,
+                                 eos_token_id=[], draft_tree=[2, 1]))
+    assert sum(len(t) for e in events for t in e.tokens) == 8 * len(RAGGED_PROMPTS)
+    with pytest.raises(ValueError, match="draft_tree"):
+        specdec.generate(llama, [[1]], drafter=llama_draft, draft_tree=[2], engine="fast")
