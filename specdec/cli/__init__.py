@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "bench": "specdec.cli.bench",
     "policies": "specdec.cli.policies",
     "serve": "specdec.cli.serve",
+    "beam": "specdec.cli.beam",
 }
 
 

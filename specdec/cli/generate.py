@@ -28,6 +28,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--num-draft-tokens", default="4",
                    help="γ: an integer, or a policy name (heuristic, optimal, threshold, guarded)")
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--leniency", type=float, default=1.0, help="l in (0, 1]: 1 = exact; < 1 accepts more, LOSSY (A.5)")
+    p.add_argument("--draft-tree", default=None, help="verify a token tree per step, e.g. 2,2,1 (needs a draft model)")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
     p.add_argument("--json", action="store_true", help="print a JSON object with the texts and stats on the last line")
@@ -72,6 +74,10 @@ def run(args: argparse.Namespace) -> int:
     if drafter is not None and isinstance(gamma, int) and gamma < 1:
         raise ValueError(f"num_draft_tokens must be >= 1 with a draft (got {gamma}); omit --draft for plain decoding")
 
+    if args.leniency != 1.0 or args.draft_tree is not None:  # run on specdec.generate (docs/EXTENSIONS.md)
+        from specdec.cli.extensions import run_generate
+
+        return run_generate(args, target, tokenizer, drafter, prompts, gamma)
     params = {"max_new_tokens": args.max_new_tokens, "seed": args.seed}
     for name in ("temperature", "top_k", "top_p"):
         if getattr(args, name) is not None:  # explicit arguments win over the generation_config
