@@ -2,7 +2,8 @@
 beam search, token trees. Prints markdown tables (the ones in docs/EXTENSIONS.md) and writes a JSON file.
 
 Run:  OMP_NUM_THREADS=1 python scripts/bench_extensions.py --part all --json /tmp/extensions.json
-Each configuration decodes the 6 demo prompts one at a time (batch 1, one thread) and sums the CPU time of
+Each configuration decodes the 6 demo prompts one at a time (batch 1, one thread; at T = 1 with seeds 0, 1, 2,
+as sampled runs vary a lot with the seed) and sums the CPU time of
 this process (time.process_time: with one thread it is the compute time, steady on a shared machine where
 wall time is not); tokens/s and speedups are computed from it.
 """
@@ -26,10 +27,13 @@ def clock() -> float:
     return time.process_time()
 
 
-def run_prompts(fn, prompts):
-    """fn(prompt) → result with .stats; returns (results, CPU seconds)."""
+SEEDS = {0.0: (0,), 1.0: (0, 1, 2)}  # sampled runs vary with the seed: T = 1 sums three seeds
+
+
+def run_prompts(fn, prompts, temperature=0.0):
+    """fn(prompt, seed) → result with .stats, for every prompt (and seed at T > 0) → (results, CPU seconds)."""
     t0 = clock()
-    results = [fn(p) for p in prompts]
+    results = [fn(p, seed) for seed in SEEDS[temperature] for p in prompts]
     return results, clock() - t0
 
 
@@ -51,13 +55,14 @@ def fmt(x, digits=2):
 def lenience(target, draft, ids, n, gamma):
     rows, out = [], []
     for temperature in (0.0, 1.0):
-        plain, plain_s = run_prompts(lambda p: specdec.generate(target, [p], None, max_new_tokens=n, temperature=temperature,
-                                                                seed=0, eos_token_id=[], engine="hf"), ids)
+        plain, plain_s = run_prompts(lambda p, seed: specdec.generate(
+            target, [p], None, max_new_tokens=n, temperature=temperature, seed=seed, eos_token_id=[], engine="hf"),
+            ids, temperature)
         exact_text = [r.sequences[0] for r in plain] if temperature == 0 else None
         for leniency in (1.0, 0.5, 0.2, 0.1, 0.01):
-            res, wall = run_prompts(lambda p: specdec.generate(
-                target, [p], draft, max_new_tokens=n, temperature=temperature, num_draft_tokens=gamma, seed=0,
-                eos_token_id=[], leniency=leniency, engine="hf"), ids)
+            res, wall = run_prompts(lambda p, seed: specdec.generate(
+                target, [p], draft, max_new_tokens=n, temperature=temperature, num_draft_tokens=gamma, seed=seed,
+                eos_token_id=[], leniency=leniency, engine="hf"), ids, temperature)
             f = fold(res)
             same = None
             if exact_text is not None:
@@ -67,7 +72,7 @@ def lenience(target, draft, ids, n, gamma):
             out.append(row)
             rows.append(f"| {temperature:g} | {leniency:g} | {fmt(f['alpha'], 3)} | {fmt(f['tau'])} | {f['target_calls']} | "
                         f"{f['tokens'] / wall:.1f} | {plain_s / wall:.2f}× | {fmt(same) if same is not None else '–'} |")
-    print(f"\n### Lenience (γ = {gamma}, {len(ids)} prompts × {n} tokens)\n")
+    print(f"\n### Lenience (γ = {gamma}, {len(ids)} prompts × {n} tokens; T = 1: × 3 seeds)\n")
     print("| T | l | α | τ | target calls | tokens/s | speedup vs plain | same tokens as exact (T=0) |")
     print("|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
@@ -91,18 +96,19 @@ def hierarchical(target, draft, tok, ids, n, gamma):
         configs.append((f"draft ← stdlib bigram, k={k}", lambda k=k: HierarchicalDrafter(draft, bigram, k), k))
     rows, out = [], []
     for temperature in (0.0, 1.0):
-        plain, plain_s = run_prompts(lambda p: specdec.generate(target, [p], None, max_new_tokens=n, temperature=temperature,
-                                                                seed=0, eos_token_id=[], engine="hf"), ids)
+        plain, plain_s = run_prompts(lambda p, seed: specdec.generate(
+            target, [p], None, max_new_tokens=n, temperature=temperature, seed=seed, eos_token_id=[], engine="hf"),
+            ids, temperature)
         for name, make, k in configs:
             drafters = []
 
-            def one(p):
+            def one(p, seed):
                 d = make()
                 drafters.append(d)
                 return specdec.generate(target, [p], d, max_new_tokens=n, temperature=temperature, num_draft_tokens=gamma,
-                                        seed=0, eos_token_id=[], engine="hf")
+                                        seed=seed, eos_token_id=[], engine="hf")
 
-            res, wall = run_prompts(one, ids)
+            res, wall = run_prompts(one, ids, temperature)
             f = fold(res)
             steps = sum(r.stats.num_steps for r in res)
             if k:
@@ -117,7 +123,7 @@ def hierarchical(target, draft, tok, ids, n, gamma):
             out.append(row)
             rows.append(f"| {temperature:g} | {name} | {fmt(f['alpha'], 3)} | {fmt(f['tau'])} | {middle / steps:.2f} | "
                         f"{fmt(inner)} | {draft_s:.2f} | {f['tokens'] / wall:.1f} | {plain_s / wall:.2f}× |")
-    print(f"\n### Hierarchical drafts (γ = {gamma}, {len(ids)} prompts × {n} tokens)\n")
+    print(f"\n### Hierarchical drafts (γ = {gamma}, {len(ids)} prompts × {n} tokens; T = 1: × 3 seeds)\n")
     print("| T | drafter | α | τ | draft-model passes per step | inner acceptance | drafting time (s) | tokens/s | speedup vs plain |")
     print("|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
@@ -132,13 +138,13 @@ def beams(target, draft, ids, n):
             target.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long), do_sample=False,
                             num_beams=w, num_return_sequences=w, max_new_tokens=n, pad_token_id=0, eos_token_id=None)
         hf_s = clock() - t0
-        plain, plain_s = run_prompts(lambda p: specdec.beam_search(target, [p], None, num_beams=w, max_new_tokens=n,
-                                                                   eos_token_id=[]), ids)
+        plain, plain_s = run_prompts(lambda p, seed: specdec.beam_search(target, [p], None, num_beams=w, max_new_tokens=n,
+                                                                         eos_token_id=[]), ids)
         reference = [r.sequences for r in plain]
         rows.append(f"| {w} | – | 0 | {sum(r.stats.target_calls for r in plain)} | 1.00 | {plain_s:.2f} | 1.00× | {hf_s:.2f} | yes |")
         for u in (w, 2 * w):
             for gamma in (1, 3, 5):
-                res, wall = run_prompts(lambda p: specdec.beam_search(target, [p], draft, num_beams=w, draft_beams=u,
+                res, wall = run_prompts(lambda p, seed: specdec.beam_search(target, [p], draft, num_beams=w, draft_beams=u,
                                                                       num_draft_tokens=gamma, max_new_tokens=n,
                                                                       eos_token_id=[]), ids)
                 same = [r.sequences for r in res] == reference
@@ -158,22 +164,23 @@ def beams(target, draft, ids, n):
 def trees(target, draft, ids, n):
     rows, out = [], []
     for temperature in (0.0, 1.0):
-        plain, plain_s = run_prompts(lambda p: specdec.generate(target, [p], None, max_new_tokens=n, temperature=temperature,
-                                                                seed=0, eos_token_id=[], engine="hf"), ids)
+        plain, plain_s = run_prompts(lambda p, seed: specdec.generate(
+            target, [p], None, max_new_tokens=n, temperature=temperature, seed=seed, eos_token_id=[], engine="hf"),
+            ids, temperature)
         configs = [("chain γ=4 (plain speculative)", None), ("[1,1,1,1]", [1, 1, 1, 1]), ("[2,2,1]", [2, 2, 1]),
                    ("[2,2,2,1]", [2, 2, 2, 1]), ("[3,2,1,1]", [3, 2, 1, 1]), ("[4,2,2]", [4, 2, 2])]
         chain_s = None
         for name, tree in configs:
-            res, wall = run_prompts(lambda p: specdec.generate(target, [p], draft, max_new_tokens=n, temperature=temperature,
-                                                               num_draft_tokens=4, seed=0, eos_token_id=[], draft_tree=tree,
-                                                               engine="hf"), ids)
+            res, wall = run_prompts(lambda p, seed: specdec.generate(
+                target, [p], draft, max_new_tokens=n, temperature=temperature, num_draft_tokens=4, seed=seed,
+                eos_token_id=[], draft_tree=tree, engine="hf"), ids, temperature)
             f = fold(res)
             chain_s = wall if tree is None else chain_s
             out.append({"temperature": temperature, "tree": name, **f, "tok_s": f["tokens"] / wall,
                         "speedup": plain_s / wall, "vs_chain": chain_s / wall})
             rows.append(f"| {temperature:g} | {name} | {fmt(f['tau'])} | {f['target_calls']} | {f['drafter_calls']} | "
                         f"{f['tokens'] / wall:.1f} | {plain_s / wall:.2f}× | {chain_s / wall:.2f}× |")
-    print(f"\n### Token trees ({len(ids)} prompts × {n} tokens; tree_mode without_replacement)\n")
+    print(f"\n### Token trees ({len(ids)} prompts × {n} tokens; T = 1: × 3 seeds; tree_mode without_replacement)\n")
     print("| T | draft | τ | target calls | drafter calls | tokens/s | speedup vs plain | vs chain γ=4 |")
     print("|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
