@@ -57,8 +57,7 @@ def two_token_law(model, sampling):
     [
         ([2, 2], "without_replacement", SamplingConfig(1.0)),
         ([3, 1], "iid", SamplingConfig(1.0, top_k=5)),
-        ([2, 2], "without_replacement", SamplingConfig(1.0, top_p=0.8)),
-        ([1], "iid", SamplingConfig(1.0, top_k=8, top_p=0.9)),
+        ([2, 2], "without_replacement", SamplingConfig(1.0, top_k=8, top_p=0.8)),
     ],
 )
 def test_two_token_joint_law_matches_target(small_pair, tree, mode, sampling):
