@@ -27,7 +27,11 @@ def run_generate(args, target, tokenizer, drafter, prompts: list[list[int]], gam
     tree = parse_draft_tree(args.draft_tree)
     if tree is not None and drafter is None:
         raise ValueError("--draft-tree needs --draft (a draft model checkpoint)")
-    sampling = {name: getattr(args, name) for name in ("temperature", "top_k", "top_p") if getattr(args, name) is not None}
+    from specdec.text.prompts import GenerationDefaults
+
+    defaults = GenerationDefaults.from_model(target, ())  # as plain `specdec generate`: the generation_config
+    sampling = {name: getattr(defaults, name) if getattr(args, name) is None else getattr(args, name)
+                for name in ("temperature", "top_k", "top_p")}
     result = specdec.generate(
         target, prompts, drafter=drafter, max_new_tokens=args.max_new_tokens, num_draft_tokens=gamma if drafter else 4,
         seed=args.seed, leniency=args.leniency, draft_tree=tree, **sampling,
