@@ -41,6 +41,9 @@ _EXPORTS = {
     "FixedPolicy": "specdec.policy",
     "StepOutcome": "specdec.policy",
     "load": "specdec.text",
+    "HierarchicalDrafter": "specdec.drafters.hierarchical",
+    "beam_search": "specdec.beam",
+    "BeamSearchResult": "specdec.beam",
 }
 
 __all__ = list(_EXPORTS)

@@ -13,6 +13,7 @@ Randomness always comes in as an explicit `torch.Generator` (or explicit uniform
 
 from __future__ import annotations
 
+import math
 import numbers
 import operator
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ __all__ = [
     "verify",
     "verify_greedy",
     "acceptance_beta",
+    "check_leniency",
 ]
 
 
@@ -243,18 +245,26 @@ def _safe_drafts(draft_tokens: torch.Tensor, drafted: torch.Tensor, vocab: int) 
 
 
 def acceptance_beta(
-    target_probs: torch.Tensor, draft_probs: torch.Tensor | None, draft_tokens: torch.Tensor
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    draft_tokens: torch.Tensor,
+    *,
+    leniency: float = 1.0,
 ) -> torch.Tensor:
     """β = Σ_x min(p(x), q(x)) per drafted position → `[B, γ]` (Thm 3.5: 1 − TV distance).
 
     target_probs [B, γ(+1), V]; draft_probs [B, γ, V] or None for a deterministic drafter (one-hot q,
     where β is simply p(x_i); 0 for a slot that is not a token of the vocabulary, e.g. -1 padding).
+    With leniency l < 1 (appendix A.5): β = Σ_x min(p(x)/l, q(x)).
     """
     gamma = draft_tokens.shape[1]
     p = target_probs[:, :gamma]
+    if leniency != 1.0:
+        p = p / leniency
     if draft_probs is None:
         real, safe = _safe_drafts(draft_tokens, torch.ones_like(draft_tokens, dtype=torch.bool), p.shape[-1])
-        return p.gather(-1, safe[..., None]).squeeze(-1) * real
+        beta = p.gather(-1, safe[..., None]).squeeze(-1) * real
+        return beta if leniency == 1.0 else beta.clamp(max=1.0)
     return torch.minimum(p, draft_probs).sum(-1)
 
 
@@ -281,6 +291,13 @@ def _check_verify_inputs(draft_tokens, draft_probs, target_probs, draft_lengths,
             raise ValueError(f"{name} is on {tensor.device} but target_probs is on {target_probs.device}")
 
 
+def check_leniency(leniency: float) -> float:
+    """Validate l ∈ (0, 1] (1 = exact); returns it as a float."""
+    if isinstance(leniency, bool) or not isinstance(leniency, (int, float)) or not (0.0 < leniency <= 1.0):
+        raise ValueError(f"leniency must be a number in (0, 1] (1 = exact), got {leniency!r}")
+    return float(leniency)
+
+
 def verify(
     draft_tokens: torch.Tensor,
     draft_probs: torch.Tensor | None,
@@ -290,6 +307,7 @@ def verify(
     draft_lengths: torch.Tensor | None = None,
     uniforms: torch.Tensor | None = None,
     noise: torch.Tensor | None = None,
+    leniency: float = 1.0,
 ) -> VerifyResult:
     """Speculative sampling for a batch of drafts (Algorithm 1, steps 3–5).
 
@@ -302,12 +320,17 @@ def verify(
     uniforms       [B, γ]       optional explicit r_i ~ U(0,1) for the accept test
     noise          [B, V]       optional explicit Exp(1) noise for the next-token draw (see `sample`)
 
-    Row b accepts x_i while r_i·q_i(x_i) < p_i(x_i) — i.e. r_i < p/q, so p(x) = 0 is never accepted —
+    leniency       l ∈ (0, 1]: 1 = exact (the default); l < 1 is lenient and LOSSY (appendix A.5)
+
+    Row b accepts x_i while r_i·l·q_i(x_i) < p_i(x_i) — i.e. r_i < p/(l·q), so p(x) = 0 is never accepted —
     then samples its next token from norm(max(0, p − q)) at the first rejection, or from p_{γ+1}.
+    With l < 1 a position emits x with probability min(q(x), p(x)/l) + (1 − β_l)·norm(max(0, p − q))(x),
+    β_l = Σ min(p/l, q): never more than p(x)/l (where p > q never more than p(x) itself).
     A drafted id outside [0, V) has p = 0: it is rejected like any token the target cannot produce.
     Shapes are checked (no host sync); values are not.
     """
     _check_verify_inputs(draft_tokens, draft_probs, target_probs, draft_lengths, uniforms, noise)
+    leniency = check_leniency(leniency)
     batch, gamma = draft_tokens.shape
     vocab = target_probs.shape[-1]
     drafted = _draft_mask(draft_tokens, draft_lengths)
@@ -319,7 +342,8 @@ def verify(
         q_drafted = draft_probs.gather(-1, safe_tokens[..., None]).squeeze(-1)
     if uniforms is None:
         uniforms = torch.rand(batch, gamma, generator=generator, device=draft_tokens.device)
-    accepted = (uniforms * q_drafted < p_drafted) & real & (q_drafted > 0)
+    q_scaled = q_drafted if leniency == 1.0 else q_drafted * leniency
+    accepted = (uniforms * q_scaled < p_drafted) & real & (q_drafted > 0)
     num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)  # [B]
 
     # Distribution of the next token: residual at the first rejection, p itself after the last draft
@@ -347,8 +371,10 @@ def verify(
 
     if draft_probs is None:
         beta = torch.where(real, p_drafted, torch.zeros_like(p_drafted))
+        if leniency != 1.0:
+            beta = (beta / leniency).clamp(max=1.0)
     else:
-        beta = acceptance_beta(target_probs, draft_probs, draft_tokens)
+        beta = acceptance_beta(target_probs, draft_probs, draft_tokens, leniency=leniency)
         beta = torch.where(drafted, beta, torch.zeros_like(beta))
     return VerifyResult(num_accepted=num_accepted, next_token=next_token, beta=beta)
 
@@ -359,6 +385,7 @@ def verify_greedy(
     *,
     draft_lengths: torch.Tensor | None = None,
     check_nan: bool = True,
+    leniency: float = 1.0,
 ) -> VerifyResult:
     """The exact argmax path: accept drafts while they equal the target's argmax.
 
@@ -366,7 +393,10 @@ def verify_greedy(
     greedy decoding. β is 1 where the draft equals the target argmax, else 0 (one-hot p and q). Slots past
     `draft_lengths` are never read. Raises ValueError when `invalid_scores(target_logits)` (a host sync;
     `check_nan=False` skips it for callers that check `invalid_scores` themselves).
+    leniency l < 1 (LOSSY, appendix A.5, applied before standardizing): also accept x when
+    p(x) ≥ l·max p under softmax(logits), i.e. logit(x) ≥ max logit + log l; a rejection still emits the argmax.
     """
+    leniency = check_leniency(leniency)
     _check_logits(target_logits, "target_logits")
     batch, gamma = _check_drafts(draft_tokens, draft_lengths, target_logits.device)
     if target_logits.dim() != 3 or target_logits.shape[:2] != (batch, gamma + 1):
@@ -376,7 +406,12 @@ def verify_greedy(
     if check_nan and bool(invalid_scores(target_logits)):
         raise ValueError(f"target logits {INVALID_SCORES}")
     target_tokens = target_logits.argmax(-1)  # [B, γ+1]
-    match = (target_tokens[:, :gamma] == draft_tokens) & _draft_mask(draft_tokens, draft_lengths)
+    match = target_tokens[:, :gamma] == draft_tokens
+    if leniency != 1.0:
+        logits = target_logits[:, :gamma].float()
+        draft_logit = logits.gather(-1, draft_tokens[..., None]).squeeze(-1)
+        match |= draft_logit >= logits.max(-1).values + math.log(leniency)
+    match &= _draft_mask(draft_tokens, draft_lengths)
     num_accepted = match.long().cumprod(dim=1).sum(dim=1)
     next_token = target_tokens.gather(1, num_accepted[:, None]).squeeze(1)
     return VerifyResult(num_accepted=num_accepted, next_token=next_token, beta=match.float())

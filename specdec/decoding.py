@@ -16,7 +16,15 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from specdec.core import INVALID_SCORES, SamplingConfig, invalid_scores, standardize_logits, verify, verify_greedy
+from specdec.core import (
+    INVALID_SCORES,
+    SamplingConfig,
+    check_leniency,
+    invalid_scores,
+    standardize_logits,
+    verify,
+    verify_greedy,
+)
 from specdec.drafters.base import Proposal, checked_proposal, empty_proposal
 from specdec.metrics import SpecStats
 from specdec.policy import DraftLengthPolicy, StepOutcome, resolve_policy
@@ -59,6 +67,8 @@ def generate(
     attention_mask: torch.Tensor | None = None,
     on_tokens: Callable[[TokenEvent], None] | None = None,
     engine: str = "auto",
+    leniency: float = 1.0,
+    draft_tree: "Sequence[int] | None" = None,
 ) -> GenerateResult:
     """Generate up to `max_new_tokens` per prompt with speculative decoding (plain decoding if drafter=None).
 
@@ -74,12 +84,14 @@ def generate(
                     architecture is covered (Llama, Mistral, Qwen2, Qwen3), else the transformers loop here;
                     "fast": the engine (also on CPU, without graphs; an error for an uncovered model);
                     "hf": this module's loop over the transformers model
+    leniency        l ∈ (0, 1]: 1 = exact; l < 1 accepts more drafts and is LOSSY (appendix A.5, `core.verify`)
+    draft_tree      [k_1, ..., k_D]: verify a token tree per step instead of a chain (`specdec.tree_decoding`)
     """
     if on_tokens is not None and not callable(on_tokens):
         raise TypeError(f"on_tokens must be None or a callable taking a TokenEvent, got {type(on_tokens).__name__}")
     run = stream(
         target, prompts, drafter, max_new_tokens, temperature, top_k, top_p, num_draft_tokens, eos_token_id, seed,
-        generator=generator, attention_mask=attention_mask, engine=engine,
+        generator=generator, attention_mask=attention_mask, engine=engine, leniency=leniency, draft_tree=draft_tree,
     )
     for event in run:
         if on_tokens is not None:
@@ -102,9 +114,18 @@ def stream(
     generator: torch.Generator | None = None,
     attention_mask: torch.Tensor | None = None,
     engine: str = "auto",
+    leniency: float = 1.0,
+    draft_tree: "Sequence[int] | None" = None,
 ) -> GenerationStream:
     """Like `generate`, but returns a `GenerationStream` of per-step `TokenEvent`s (arguments validated now)."""
-    if _use_engine(engine, target, drafter, num_draft_tokens):
+    if (check_leniency(leniency) != 1.0 or draft_tree is not None) and engine == "fast":
+        raise ValueError("leniency and draft_tree run on the transformers loop: use engine='auto' or 'hf'")
+    if draft_tree is not None:
+        from specdec.tree_decoding import tree_stream
+
+        return tree_stream(target, prompts, drafter, draft_tree, max_new_tokens, temperature, top_k, top_p,
+                           eos_token_id, seed, generator=generator, attention_mask=attention_mask)
+    if leniency == 1.0 and _use_engine(engine, target, drafter, num_draft_tokens):
         from specdec.engine.generate import engine_stream
 
         return engine_stream(
@@ -123,7 +144,7 @@ def stream(
     eos = resolve_eos(eos_token_id, target)
     generator = resolve_generator(generator, seed, target.device)
     holder: dict = {}
-    steps = _decode(target, drafter, policy, rows, max_new_tokens, sampling, eos, generator, holder)
+    steps = _decode(target, drafter, policy, rows, max_new_tokens, sampling, eos, generator, holder, leniency)
     return GenerationStream(steps, holder)
 
 
@@ -140,12 +161,12 @@ def _use_engine(engine, target, drafter, num_draft_tokens) -> bool:
         return False
     if not (num_draft_tokens == "auto" or (isinstance(num_draft_tokens, int) and not isinstance(num_draft_tokens, bool))):
         return False  # the transformers loop's policies
-    from specdec.engine.build import covers
+    from specdec.engine.build import covers, covers_drafter
 
-    return covers(target) and (drafter is None or not hasattr(drafter, "config") or covers(drafter))
+    return covers(target) and covers_drafter(drafter)
 
 
-def _decode(target, drafter, policy, prompts, max_new_tokens, sampling, eos, generator, holder) -> Iterator[TokenEvent]:
+def _decode(target, drafter, policy, prompts, max_new_tokens, sampling, eos, generator, holder, leniency=1.0) -> Iterator[TokenEvent]:
     stats = SpecStats()
     batch = len(prompts)
     outputs: list[list[int]] = [[] for _ in range(batch)]
@@ -197,10 +218,11 @@ def _decode(target, drafter, policy, prompts, max_new_tokens, sampling, eos, gen
         # NaN logits are checked on the device and reported with the step's one transfer below.
         has_nan = invalid_scores(logits)
         if sampling.greedy:
-            result = verify_greedy(proposal.tokens, logits, draft_lengths=proposal.lengths, check_nan=False)
+            result = verify_greedy(proposal.tokens, logits, draft_lengths=proposal.lengths, check_nan=False, leniency=leniency)
         else:
             target_probs = standardize_logits(logits, sampling, check_nan=False)
-            result = verify(proposal.tokens, proposal.probs, target_probs, generator, draft_lengths=proposal.lengths)
+            result = verify(proposal.tokens, proposal.probs, target_probs, generator, draft_lengths=proposal.lengths,
+                            leniency=leniency)
 
         # 4. emit, cut at EOS / max_new_tokens, roll back
         new_tokens = result.tokens(proposal.tokens)  # [B, γ+1]

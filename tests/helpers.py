@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specdec.core import VerifyResult
+from specdec.drafters.hierarchical import HierarchicalDrafter
+
 RAGGED_PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12], [3, 4, 5], [7, 7, 7, 7, 8, 9, 7, 7, 7, 7, 8]]
 
 
@@ -59,3 +62,13 @@ def save_tiny_checkpoint(path, seed: int, layers: int = 2) -> None:
         model.lm_head.weight.mul_(10.0)  # peaked logits: a random model otherwise drafts near-uniform noise
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
+
+
+
+class UnverifiedHierarchicalDrafter(HierarchicalDrafter):
+    """Negative control: keeps the inner drafts without the middle model's accept test, still reporting M_m's q."""
+
+    def _verify(self, inner, logits, sampling, generator):
+        result, probs = super()._verify(inner, logits, sampling, generator)
+        accept_all = torch.full_like(result.num_accepted, inner.tokens.shape[1])
+        return VerifyResult(accept_all, result.next_token, result.beta), probs

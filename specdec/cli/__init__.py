@@ -22,6 +22,7 @@ SUBCOMMANDS = {
     "bench": "specdec.cli.bench",
     "policies": "specdec.cli.policies",
     "serve": "specdec.cli.serve",
+    "beam": "specdec.cli.beam",
 }
 
 USAGE_ERROR = 2

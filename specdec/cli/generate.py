@@ -31,6 +31,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--top-p", type=float, default=None, help="default: the generation_config's, else 1.0 (off)")
     p.add_argument("--num-draft-tokens", default="4",
                    help="γ: an integer 1..64, or a policy name (heuristic, optimal, threshold, guarded) (default 4)")
+    p.add_argument("--leniency", type=float, default=1.0, help="l in (0, 1]: 1 = exact; < 1 accepts more, LOSSY (A.5)")
+    p.add_argument("--draft-tree", default=None, help="verify a token tree per step, e.g. 2,2,1 (needs a draft model)")
     add_model_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object with the texts and stats (stdout)")
     p.set_defaults(run=run)
@@ -104,6 +106,10 @@ def run(args: argparse.Namespace) -> int:
     if drafter is not None and isinstance(gamma, int) and gamma < 1:
         raise ValueError(f"num_draft_tokens must be >= 1 with a draft (got {gamma}); omit --draft for plain decoding")
 
+    if args.leniency != 1.0 or args.draft_tree is not None:  # run on specdec.generate (docs/EXTENSIONS.md)
+        from specdec.cli.extensions import run_generate
+
+        return run_generate(args, target, tokenizer, drafter, prompts, gamma)
     params = {"max_new_tokens": args.max_new_tokens, "seed": args.seed}
     for name in ("temperature", "top_k", "top_p"):
         if getattr(args, name) is not None:  # explicit arguments win over the generation_config

@@ -1,14 +1,16 @@
 """Drafters: the cheap models M_q. Each proposes γ tokens and reports the q it sampled them from.
 
 Kinds: `ModelDrafter` (a smaller transformers model), `NGramDrafter` (unigram/bigram tables),
-`PromptLookupDrafter` (copy from the context; deterministic). Adding a drafter is one file:
+`PromptLookupDrafter` (copy from the context; deterministic), `HierarchicalDrafter` (a draft model decoded
+speculatively by an inner drafter). Adding a drafter is one file:
 subclass `Drafter` and implement `propose`.
 """
 
 from specdec.drafters.base import Drafter, Proposal
+from specdec.drafters.hierarchical import HierarchicalDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NGramDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
 from specdec.drafters.seq2seq import Seq2SeqModelDrafter
 
-__all__ = ["Drafter", "Proposal", "ModelDrafter", "NGramDrafter", "PromptLookupDrafter", "Seq2SeqModelDrafter"]
+__all__ = ["Drafter", "Proposal", "ModelDrafter", "NGramDrafter", "PromptLookupDrafter", "Seq2SeqModelDrafter", "HierarchicalDrafter"]

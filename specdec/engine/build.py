@@ -16,7 +16,7 @@ from specdec.engine.config import UnsupportedModel
 from specdec.engine.drafters import EngineLookupDrafter, EngineModelDrafter, EngineNGramDrafter
 from specdec.fast.model import FAMILIES, FastLlama
 
-__all__ = ["build_model", "build_drafter", "covers"]
+__all__ = ["build_model", "build_drafter", "covers", "covers_drafter"]
 
 
 def covers(model) -> bool:
@@ -26,6 +26,20 @@ def covers(model) -> bool:
     except UnsupportedModel:
         return False
     return True
+
+
+def covers_drafter(drafter) -> bool:
+    """True for the drafters the engine runs: None, prompt lookup, n-gram tables, and models it covers
+    (transformers models, `ModelDrafter`, `FastDrafter`); other `Drafter` kinds run on the transformers loop."""
+    if drafter is None or isinstance(drafter, (PromptLookupDrafter, NGramDrafter)):
+        return True
+    if isinstance(drafter, Drafter):
+        from specdec.drafters.model import ModelDrafter
+        from specdec.fast.target import FastDrafter
+
+        if type(drafter) not in (ModelDrafter, FastDrafter):
+            return False
+    return covers(drafter)
 
 
 def _fast_model(model, check_only: bool = False) -> FastLlama | None:
@@ -71,7 +85,7 @@ def build_drafter(drafter, engine):
             raise ValueError(f"draft and target vocabularies differ: drafter has {drafter.vocab_size} tokens, "
                              f"target has {vocab}")
         return EngineNGramDrafter(drafter, engine.device)
-    if isinstance(drafter, Drafter) and getattr(drafter, "model", None) is None:
+    if not covers_drafter(drafter):
         raise UnsupportedModel(f"the engine does not run {type(drafter).__name__} drafters (use engine='hf')")
     model = _fast_model(drafter)
     if model.device != engine.device:

@@ -78,3 +78,45 @@ def test_prompt_lookup_is_deterministic_and_copies_latest_match():
 def test_prompt_lookup_argument_errors():
     with pytest.raises(ValueError, match="ngram"):
         specdec.PromptLookupDrafter(max_ngram_size=1, min_ngram_size=2)
+
+
+# ------------------------------------------------------------------------------------------------
+# Hierarchical drafts: the middle model decoded speculatively reports ITS law, which the samples follow.
+
+from helpers import UnverifiedHierarchicalDrafter as _Unverified  # noqa: E402
+from specdec.drafters.hierarchical import HierarchicalDrafter  # noqa: E402
+
+
+def _inner(kind, make_llama):
+    if kind == "bigram":
+        return specdec.NGramDrafter(2, top_k_successors=4).fit([[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11] * 4], 16)
+    return ModelDrafter(make_llama(6, layers=1, hidden=16, vocab=16))
+
+
+@pytest.mark.parametrize(
+    "inner, sampling",
+    [("bigram", SamplingConfig(1.0)), ("model", SamplingConfig(0.8, top_k=6)), ("bigram", SamplingConfig(1.1, top_p=0.8))],
+)
+def test_hierarchical_drafter_reports_the_middle_models_law(make_llama, inner, sampling):
+    middle = make_llama(5, layers=1, vocab=16)
+    drafter = HierarchicalDrafter(middle, drafter=_inner(inner, make_llama), num_inner_draft_tokens=3)
+    proposal = propose_many(drafter, 16, sampling, gamma=3)
+    check_reported_q(proposal)
+    # ... and that law is the middle model's own standardized distribution
+    plain, one = ModelDrafter(middle), TokenBuffer([CONTEXT], 16)
+    plain.begin(one, 16)
+    plain = plain.propose(one, 1, sampling, torch.Generator().manual_seed(0))
+    assert torch.allclose(proposal.probs[0, 0], plain.probs[0, 0], atol=1e-5)
+    assert drafter.counters.inner_drafted > 0 and drafter.counters.middle_calls >= 1
+
+
+def test_hierarchical_nests(make_llama):
+    middle, lower = make_llama(5, layers=1, vocab=16), make_llama(7, layers=1, vocab=16)
+    drafter = HierarchicalDrafter(middle, drafter=HierarchicalDrafter(lower, drafter=_inner("bigram", make_llama)))
+    check_reported_q(propose_many(drafter, 16, SamplingConfig(1.0), gamma=2))
+
+
+def test_negative_control_unverified_hierarchy_fails_the_kit(make_llama):
+    middle = make_llama(5, layers=1, vocab=16)
+    proposal = propose_many(_Unverified(middle, drafter=_inner("bigram", make_llama)), 16, SamplingConfig(1.0))
+    assert chi2_pvalue(proposal.tokens[:, 0].numpy(), proposal.probs[0, 0].double().numpy()) < 1e-8

@@ -1,0 +1,353 @@
+"""Speculative beam search (paper appendix A.4): `specdec.beam_search(target, prompts, drafter=...)`.
+
+The result is identical to the target's own beam search of width w (transformers'
+`generate(num_beams=w, do_sample=False)`, whose rules `specdec.beam_rules` reproduces), in fewer target passes:
+
+  1. draft: from the w running beams (with their target scores) the drafter runs beam search of width
+     u ≥ w for γ levels (continuations ending in EOS are not expanded, as they never run on in the target);
+     each level is one drafter pass over the new nodes (tree attention);
+  2. verify: the target scores the running beams' last tokens and all u·γ draft nodes in ONE tree pass
+     (row = running beam, its tree = the draft nodes descending from it);
+  3. accept: replay the target's beam steps on those scores. Step d needs p at the running beams of step
+     d − 1, so the replay goes on while the target's new running beams are all draft nodes
+     (top_w(target) ⊆ top_u(draft)) — up to γ + 1 steps per pass, at least 1;
+  4. commit: the new running beams' rows are re-gathered from their roots and keep exactly their path's
+     KV slots (`TreeCausalLM.commit_path`), in the target and in the drafter.
+Without a drafter (or γ = 0) it is plain beam search, one target pass per token.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec.beam_rules import BeamConfig, BeamState, beam_step
+from specdec.models.tree_lm import TreeCausalLM
+from specdec.request import normalize_prompts, resolve_eos
+
+__all__ = ["beam_search", "BeamSearchResult", "BeamStats"]
+
+MAX_BEAMS = 256
+
+
+@dataclass
+class BeamStats:
+    """target_calls includes the prefill; beam_steps = Σ over prompts of beam steps (= generated length)."""
+
+    target_calls: int = 0
+    drafter_calls: int = 0
+    passes: int = 0  # target verification passes
+    beam_steps: int = 0
+    prompt_passes: int = 0  # Σ over passes of the prompts still running
+    draft_nodes: int = 0
+    wall_time_s: float = 0.0
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+
+    @property
+    def steps_per_pass(self) -> float:
+        """Beam steps per target pass per prompt (1.0 for plain beam search)."""
+        return self.beam_steps / self.prompt_passes if self.prompt_passes else 0.0
+
+
+@dataclass(frozen=True)
+class BeamSearchResult:
+    sequences: list[list[list[int]]]  # [prompt][beam]: generated tokens (EOS included), best beam first
+    scores: list[list[float]]  # transformers' sequences_scores: Σ log p / length ** length_penalty
+    stats: BeamStats = field(default_factory=BeamStats)
+
+
+def beam_search(
+    target,
+    prompts,
+    drafter=None,
+    *,
+    num_beams: int = 4,
+    draft_beams: int | None = None,
+    num_draft_tokens: int = 3,
+    max_new_tokens: int = 32,
+    eos_token_id: "int | Sequence[int] | None" = None,
+    length_penalty: float = 1.0,
+    early_stopping: "bool | str" = False,
+    attention_mask: torch.Tensor | None = None,
+) -> BeamSearchResult:
+    """Beam search of width `num_beams` = w, identical to transformers' `generate(num_beams=w, do_sample=False)`.
+
+    target            a transformers decoder-only model
+    prompts           list[list[int]] (ragged) or LongTensor [B, T] (+ attention_mask)
+    drafter           None (plain beam search) or a transformers decoder-only model with the same vocabulary
+    draft_beams       u ≥ w, the drafter's beam width (default w); num_draft_tokens γ ≥ 0 levels per pass
+    eos_token_id      int or list; None = the target's generation config (as in transformers)
+    length_penalty, early_stopping   as in transformers (defaults 1.0, False)
+    """
+    w = _int_in("num_beams", num_beams, 1, MAX_BEAMS)
+    u = w if draft_beams is None else _int_in("draft_beams", draft_beams, w, MAX_BEAMS)
+    gamma = _int_in("num_draft_tokens", num_draft_tokens, 0, 64) if drafter is not None else 0
+    n = _int_in("max_new_tokens", max_new_tokens, 1, 1 << 20)
+    if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)) or length_penalty != length_penalty:
+        raise ValueError(f"length_penalty must be a number, got {length_penalty!r}")
+    if early_stopping not in (True, False, "never"):
+        raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")
+    model = _decoder_only(target, "target")
+    lm = TreeCausalLM(model)
+    rows = normalize_prompts(prompts, attention_mask, lm.vocab_size)
+    eos = tuple(resolve_eos(eos_token_id, lm))
+    draft = None
+    if drafter is not None and gamma > 0:
+        draft = TreeCausalLM(_decoder_only(drafter, "drafter"))
+        if draft.vocab_size != lm.vocab_size:
+            raise ValueError(f"draft and target vocabularies differ: drafter has {draft.vocab_size} tokens, target has {lm.vocab_size}")
+        if u > draft.vocab_size:
+            raise ValueError(f"draft_beams ({u}) cannot exceed the vocabulary size ({draft.vocab_size})")
+    config = BeamConfig(w, n, eos, float(length_penalty), early_stopping)
+    return _Search(lm, draft, config, u, gamma).run(rows)
+
+
+class _Search:
+    """One beam search: w rows per prompt in the target (and the drafter), each row = one running beam.
+
+    Both caches hold each running beam's text but its last token (`self.last`); the drafter may also lag
+    by one token (`self.pending`, a last-level draft node it never fed) that it feeds with the next proposal.
+    """
+
+    def __init__(self, lm: TreeCausalLM, draft: TreeCausalLM | None, config: BeamConfig, u: int, gamma: int):
+        self.lm, self.draft, self.config, self.u, self.gamma = lm, draft, config, u, gamma
+        self.stats = BeamStats()
+
+    def run(self, prompts: list[list[int]]) -> BeamSearchResult:
+        t_start = time.perf_counter()
+        w, device = self.config.num_beams, self.lm.device
+        state = BeamState.start(len(prompts), self.config, device)
+        prompt_of = torch.arange(len(prompts), device=device)  # running prompt slot → caller's prompt
+        final: dict[int, tuple] = {}
+        if not bool(state.done.all()):
+            beams = [p for p in prompts for _ in range(w)]  # w copies of each prompt, as transformers does
+            context = self.lm.begin(beams, self.config.max_new_tokens)
+            self.stats.target_calls += self.lm.begin_forward_passes
+            self.last = context.tail(1)[0][:, 0]  # [P·w] last token of each running beam
+            if self.draft is not None:
+                self.draft.begin(beams, self.config.max_new_tokens)
+                self.stats.drafter_calls += self.draft.begin_forward_passes
+                self.pending = torch.full_like(self.last, -1)
+        while True:
+            for i in state.done.nonzero().squeeze(1).tolist():
+                final[int(prompt_of[i])] = (state.finished_tokens[i], state.finished_scores[i], state.finished_lengths[i])
+            running = (~state.done).nonzero().squeeze(1)
+            if running.numel() == 0:
+                break
+            if running.numel() < state.done.numel():  # finished prompts leave the batch
+                state, prompt_of = state.select(running), prompt_of[running]
+                self._select_rows((running[:, None] * w + torch.arange(w, device=device)).flatten())
+            state = self._pass(state)
+        self.stats.wall_time_s = time.perf_counter() - t_start
+        sequences, scores = [], []
+        for i in range(len(prompts)):
+            tokens, s, lengths = final[i]
+            sequences.append([tokens[j, : int(lengths[j])].tolist() for j in range(w)])
+            scores.append([float(x) for x in s])
+        return BeamSearchResult(sequences, scores, self.stats)
+
+    def _select_rows(self, rows: torch.Tensor) -> None:
+        self.lm.select_rows(rows)
+        self.last = self.last[rows]
+        if self.draft is not None:
+            self.draft.select_rows(rows)
+            self.pending = self.pending[rows]
+
+    def _pass(self, state: BeamState) -> BeamState:
+        """Draft, verify in one target pass, replay the target's beam steps, commit."""
+        w, gamma = self.config.num_beams, self.gamma
+        num_prompts, device = state.t.shape[0], self.last.device
+        t0 = time.perf_counter()
+        tree = self._draft(state) if self.draft is not None else None
+        t1 = time.perf_counter()
+        # target rows: (prompt, beam j) = [beam j's last token] + the draft nodes under it, level by level
+        tokens = self.last[:, None]
+        parents = torch.full_like(tokens, -1)
+        if tree is not None:
+            tokens = torch.cat([tokens, tree.tokens], 1)
+            parents = torch.cat([parents, tree.parents + 1], 1)  # block slot s is tree slot s + 1; level 0 → root
+        self.lm.begin_tree()
+        log_probs = self.lm.forward_tree(tokens, parents).float().log_softmax(-1)  # [P·w, 1 + M, V]
+        log_probs = log_probs.reshape(num_prompts, w, tokens.shape[1], -1)
+        self.stats.target_calls += 1
+        self.stats.passes += 1
+        self.stats.prompt_passes += num_prompts
+
+        # replay the target's beam steps while its new running beams are all draft nodes
+        rows = torch.arange(num_prompts, device=device)[:, None]
+        root = torch.arange(w, device=device).expand(num_prompts, -1).clone()  # running beam → its row's beam
+        node = torch.full((num_prompts, w), -1, dtype=torch.long, device=device)  # running beam → its draft node
+        path = torch.full((num_prompts, w, gamma + 1), -1, dtype=torch.long, device=device)  # node per level
+        last = torch.zeros(num_prompts, w, dtype=torch.long, device=device)
+        steps = torch.zeros(num_prompts, dtype=torch.long, device=device)
+        stepping = ~state.done
+        for d in range(gamma + 1):
+            slot = torch.zeros_like(node) if d == 0 else tree.levels[d - 1].tslot.gather(1, node.clamp_min(0)) + 1
+            state, parent, token = beam_step(state, log_probs[rows, root, slot], self.config, stepping)
+            on = stepping[:, None]
+            steps += stepping.long()
+            parent_node = node.gather(1, parent)
+            root = torch.where(on, root.gather(1, parent), root)
+            path = torch.where(on[..., None], path.gather(1, parent[..., None].expand_as(path)), path)
+            last = torch.where(on, token, last)
+            if d == gamma:
+                break
+            child = tree.child(d, root if d == 0 else parent_node, token)  # −1: not a draft node
+            path[:, :, d] = torch.where(on, child, path[:, :, d])
+            node = torch.where(on, child, node)
+            stepping = stepping & ~state.done & (child >= 0).all(1)
+            if not bool(stepping.any()):
+                break
+        self.stats.beam_steps += int(steps.sum())
+        self._commit(root, path, steps, last, tree)
+        self.stats.draft_time_s += t1 - t0
+        self.stats.verify_time_s += time.perf_counter() - t1
+        return state
+
+    def _commit(self, root, path, steps, last, tree) -> None:
+        """Rows for the new running beams: gathered from their roots, keeping their path but the newest token."""
+        w, device = self.config.num_beams, root.device
+        num_prompts = root.shape[0]
+        rows = (torch.arange(num_prompts, device=device)[:, None] * w + root).flatten()
+        levels = torch.arange(path.shape[2], device=device)[None, None, :]
+        on_path = (levels < (steps - 1)[:, None, None]) & (path >= 0)  # draft nodes of the accepted steps
+        keep = torch.zeros(num_prompts, w, self.lm.num_nodes, dtype=torch.bool, device=device)
+        keep[..., 0] = True  # the beam's previous last token
+        if tree is not None:
+            keep.scatter_(2, torch.where(on_path, tree.slots(path, "tslot") + 1, 0), on_path)
+            keep[..., 0] = True
+        self.lm.commit_path(keep.reshape(num_prompts * w, -1), rows=rows)
+        self.last = last.flatten()
+        if self.draft is not None:
+            dslot = tree.slots(path, "dslot")
+            fed = on_path & (dslot >= 0)
+            dkeep = torch.zeros(num_prompts, w, self.draft.num_nodes + 1, dtype=torch.bool, device=device)
+            dkeep.scatter_(2, torch.where(fed, dslot, self.draft.num_nodes), fed)
+            self.draft.commit_path(dkeep[..., :-1].reshape(num_prompts * w, -1), rows=rows)
+            unfed = (on_path & (dslot < 0)).any(2)  # a last-level node the drafter never saw
+            pending = tree.slots(path, "token").masked_fill(~(on_path & (dslot < 0)), -1).max(2).values
+            self.pending = torch.where(unfed, pending, -1).flatten()
+
+    def _draft(self, state: BeamState) -> "_DraftTree":
+        """The drafter's beam search of width u for γ levels from the running beams (target scores)."""
+        w, u, gamma = self.config.num_beams, self.u, self.gamma
+        num_prompts = state.t.shape[0]
+        block = torch.stack([self.pending.clamp_min(0), self.last], 1)
+        valid = torch.stack([self.pending >= 0, torch.ones_like(self.last, dtype=torch.bool)], 1)
+        parent_logq = self.draft.forward(block, valid)[:, -1].float().log_softmax(-1)
+        vocab = parent_logq.shape[-1]
+        parent_logq = parent_logq.reshape(num_prompts, w, vocab)
+        self.stats.drafter_calls += 1
+        self.draft.begin_tree()
+        tree = _DraftTree(num_prompts, w)
+        scores = state.running_scores
+        eos = list(self.config.eos)
+        prompts = torch.arange(num_prompts, device=scores.device)[:, None]
+        for level in range(gamma):
+            candidates = scores[:, :, None] + parent_logq
+            if eos:
+                candidates[:, :, eos] = float("-inf")  # beams ending in EOS never run on
+            scores, index = candidates.reshape(num_prompts, -1).topk(u)
+            parent, token = index // vocab, index % vocab
+            node_root = parent if level == 0 else tree.levels[-1].root.gather(1, parent)
+            feed = level < gamma - 1  # the last level is only scored by the target
+            block_tokens, block_parents = tree.add_level(parent, token, node_root, fed=feed)
+            if feed:
+                logits = self.draft.forward_tree(block_tokens, block_parents)  # [P·w, m, V]
+                self.stats.drafter_calls += 1
+                logq = logits.float().log_softmax(-1).reshape(num_prompts, w, -1, vocab)
+                parent_logq = logq[prompts, node_root, tree.levels[-1].rank]  # [P, u, V]
+        self.stats.draft_nodes += num_prompts * u * gamma
+        return tree
+
+
+@dataclass
+class _Level:
+    """Draft nodes of one level, [P, u] each: parent (root beam at level 0, else node index one level up),
+    token, root beam, rank among the nodes of the same row, slot in the target's node block (tslot) and
+    in the drafter's tree phase (dslot, −1 = not fed)."""
+
+    parent: torch.Tensor
+    token: torch.Tensor
+    root: torch.Tensor
+    rank: torch.Tensor
+    tslot: torch.Tensor
+    dslot: torch.Tensor
+
+
+class _DraftTree:
+    """The draft beams of one pass as per-row node blocks (rows = running beams)."""
+
+    def __init__(self, num_prompts: int, w: int):
+        self.num_prompts, self.w = num_prompts, w
+        self.levels: list[_Level] = []
+        self._tokens: list[torch.Tensor] = []
+        self._parents: list[torch.Tensor] = []
+        self.width = 0  # target block slots used
+        self.fed_width = 0  # drafter tree slots used
+
+    def add_level(self, parent, token, root, *, fed: bool):
+        """Place the level's nodes in their rows; returns the drafter's block (tokens, parents) [P·w, m]."""
+        p, w = self.num_prompts, self.w
+        onehot = torch.nn.functional.one_hot(root, w)  # [P, u, w]
+        rank = (onehot.cumsum(1) * onehot).sum(-1) - 1
+        m = int(onehot.sum(1).max())
+        prompts = torch.arange(p, device=token.device)[:, None]
+        up = self.levels[-1] if self.levels else None
+        tslot = self.width + rank
+        dslot = self.fed_width + rank if fed else torch.full_like(rank, -1)
+        block_tokens = torch.zeros(p, w, m, dtype=torch.long, device=token.device)
+        block_tokens[prompts, root, rank] = token
+        block_parents = torch.full_like(block_tokens, -1)
+        block_parents[prompts, root, rank] = up.tslot.gather(1, parent) if up is not None else torch.full_like(rank, -1)
+        self._tokens.append(block_tokens)
+        self._parents.append(block_parents)
+        self.levels.append(_Level(parent, token, root, rank, tslot, dslot))
+        self.width += m
+        draft_parents = torch.full_like(block_tokens, -1)
+        if up is not None:
+            draft_parents[prompts, root, rank] = up.dslot.gather(1, parent)
+        if fed:
+            self.fed_width += m
+        return block_tokens.reshape(p * w, m), draft_parents.reshape(p * w, m)
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        return torch.cat(self._tokens, 2).reshape(self.num_prompts * self.w, -1)
+
+    @property
+    def parents(self) -> torch.Tensor:
+        return torch.cat(self._parents, 2).reshape(self.num_prompts * self.w, -1)
+
+    def child(self, level: int, parent: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+        """Index of the level-`level` node with this parent and token for each beam [P, w], or −1."""
+        nodes = self.levels[level]
+        match = (nodes.parent[:, None, :] == parent[..., None]) & (nodes.token[:, None, :] == token[..., None])
+        return torch.where(match.any(2), match.long().argmax(2), -1)
+
+    def slots(self, path: torch.Tensor, name: str) -> torch.Tensor:
+        """`name` (tslot, dslot or token) of the node on each beam's path per level: [P, w, levels] (0 where none)."""
+        out = torch.zeros_like(path)
+        for level, nodes in enumerate(self.levels):
+            index = path[:, :, level].clamp_min(0)
+            out[:, :, level] = getattr(nodes, name).gather(1, index)
+        return out
+
+
+def _int_in(name: str, value, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not (low <= value <= high):
+        raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+    return value
+
+
+def _decoder_only(model, what: str) -> torch.nn.Module:
+    inner = getattr(model, "model", None) if not isinstance(model, torch.nn.Module) else model
+    if not isinstance(inner, torch.nn.Module) or getattr(inner, "config", None) is None:
+        raise TypeError(f"{what} must be a transformers decoder-only model, got {type(model).__name__}")
+    if getattr(inner.config, "is_encoder_decoder", False):
+        raise ValueError(f"beam_search supports decoder-only models only ({what} is an encoder-decoder model)")
+    return inner

@@ -1,0 +1,66 @@
+"""`specdec beam`: beam search from local checkpoints, speculative when a draft model is given.
+
+The beams are identical to transformers' `generate(num_beams=w, do_sample=False)` (see specdec/beam.py);
+the draft model only saves target passes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("beam", help="(speculative) beam search from local checkpoints",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", required=True, type=Path, help="target checkpoint directory (decoder-only)")
+    p.add_argument("--draft", type=Path, default=None, help="draft checkpoint directory; omit for plain beam search")
+    p.add_argument("--tokenizer", type=Path, default=None, help="tokenizer directory (default: --target)")
+    p.add_argument("--prompt", action="append", required=True, help="prompt text; repeat for a batch")
+    p.add_argument("--num-beams", type=int, default=4, help="w")
+    p.add_argument("--draft-beams", type=int, default=None, help="u ≥ w, the drafter's beam width (default w)")
+    p.add_argument("--num-draft-tokens", type=int, default=3, help="γ: drafter beam levels per target pass")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--length-penalty", type=float, default=1.0)
+    p.add_argument("--early-stopping", choices=["false", "true", "never"], default="false")
+    p.add_argument("--no-eos", action="store_true", help="ignore EOS (always generate --max-new-tokens)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
+    p.add_argument("--json", action="store_true", help="print one JSON object (beams, scores, stats)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import specdec
+    from specdec.loading import load_model, load_tokenizer
+
+    target = load_model(args.target, device=args.device, dtype=args.dtype, what="target")
+    draft = None
+    if args.draft is not None:
+        draft = load_model(args.draft, device=target.device, dtype=next(target.parameters()).dtype, what="draft")
+    tokenizer = load_tokenizer(args.tokenizer or args.target)
+    prompts = [tokenizer.encode(text) for text in args.prompt]
+    for i, ids in enumerate(prompts):
+        if not ids:
+            raise ValueError(f"prompt {i} is empty after tokenization")
+    early = {"false": False, "true": True, "never": "never"}[args.early_stopping]
+    result = specdec.beam_search(
+        target, prompts, draft, num_beams=args.num_beams, draft_beams=args.draft_beams,
+        num_draft_tokens=args.num_draft_tokens, max_new_tokens=args.max_new_tokens,
+        eos_token_id=[] if args.no_eos else None, length_penalty=args.length_penalty, early_stopping=early,
+    )
+    s = result.stats
+    summary = (f"target calls={s.target_calls} (prefill + {s.passes} passes for {s.beam_steps} beam steps, "
+               f"{s.steps_per_pass:.2f} per pass), drafter calls={s.drafter_calls}, {s.wall_time_s:.2f}s")
+    texts = [[tokenizer.decode(beam, skip_special_tokens=True) for beam in beams] for beams in result.sequences]
+    if args.json:
+        print(json.dumps({"texts": texts, "sequences": result.sequences, "scores": result.scores,
+                          "stats": {**s.__dict__, "steps_per_pass": s.steps_per_pass}}))
+        return 0
+    for prompt, beams, scores in zip(args.prompt, texts, result.scores):
+        for rank, (text, score) in enumerate(zip(beams, scores), start=1):
+            print(f"[beam {rank}, score {score:.4f}] {prompt}{text}")
+        print("---")
+    print(summary)
+    return 0
