@@ -62,7 +62,10 @@ def ende_merge(args) -> None:
     (assets / "ende_tables.json").write_text(json.dumps(result, indent=1) + "\n")
     if (src / "ende_speedup.png").is_file():
         shutil.copy(src / "ende_speedup.png", assets / "ende_speedup.png")
-    section = ende_markdown(result) + "\n\n![EnDe speedup vs γ](paper_tables/ende_speedup.png)"
+    command = ("Reproduce: `bash scripts/ende_tables.sh` on one H200 with `data/ende` carried (see the script's header), "
+               "then `python scripts/paper_tables.py ende-merge --from DIR/ende`; every number is in "
+               "`docs/paper_tables/ende_tables.json`.")
+    section = f"{command}\n\n{ende_markdown(result)}\n\n![EnDe speedup vs γ](paper_tables/ende_speedup.png)"
     text = DOC.read_text()
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)

@@ -47,7 +47,7 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=run)
     from specdec.cli import demo_image
 
-    kinds = p.add_subparsers(dest="demo_kind", metavar="[image]")
+    kinds = p.add_subparsers(dest="demo_kind", title="other pairs", metavar="image")
     demo_image.add_parser(kinds)
 
 

@@ -28,11 +28,10 @@ _ASCII = " .:-=+*#%@"  # grey levels, light to dark
 
 
 def add_parser(subparsers) -> None:
-    from specdec.zoo.images import IMAGE_PAIR
-
     p = subparsers.add_parser("image", help="the shipped 8×8 digit-image pair: plain vs speculative, PNG grid",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pair", type=Path, default=IMAGE_PAIR, help="folder with target/ and draft/ (default: shipped)")
+    p.add_argument("--pair", type=Path, default=None,
+                   help="folder with target/ and draft/ (default: the shipped specdec/assets/image_pair)")
     p.add_argument("--num-draft-tokens", type=int, default=DEFAULT_GAMMA, help="γ")
     p.add_argument("--classes", type=int, nargs="+", default=None, help="digit classes to draw (default: all)")
     p.add_argument("--samples", type=int, default=2, help="sampled images per class and per decoder (0 = none)")
@@ -82,10 +81,11 @@ def run(args: argparse.Namespace) -> int:
     import specdec
     from specdec.cli.demo import compare_runs
     from specdec.cli.image_grid import render_grid, write_png
-    from specdec.zoo.images import load_image_pair
+    from specdec.zoo.images import IMAGE_PAIR, load_image_pair
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    args.pair = args.pair or IMAGE_PAIR
     pair = load_image_pair(args.pair)
     layout = pair.layout
     classes = _check(args, layout.num_classes)
