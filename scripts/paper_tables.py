@@ -1,6 +1,7 @@
 """Reproduce the paper-table analogs in docs/PAPER_TABLES.md.
 
     python scripts/paper_tables.py code [--out docs/paper_tables]       # Table 3, shipped code pair (CPU)
+    python scripts/paper_tables.py images [--out docs/paper_tables]     # Table 3, shipped digit-image pair (CPU)
     python scripts/paper_tables.py ende --data data/ende --out OUT      # train the EnDe pair, Tables 2/3/4 (GPU)
     python scripts/paper_tables.py ende-merge --from OUT                # put OUT's EnDe section into the docs
 
@@ -36,6 +37,16 @@ def code(args) -> None:
     print(table3_markdown(result["rows"]))
 
 
+def images(args) -> None:
+    from specdec.bench.alpha_table import image_pair_table3, table3_markdown
+
+    torch.set_num_threads(args.threads)
+    result = image_pair_table3(samples_per_class=args.samples_per_class)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "image_table3.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(table3_markdown(result["rows"]))
+
+
 def ende(args) -> None:
     from specdec.bench.ende_tables import ENDE_PRESETS, EndeTablesConfig, run_ende_tables
 
@@ -62,7 +73,8 @@ def ende_merge(args) -> None:
     (assets / "ende_tables.json").write_text(json.dumps(result, indent=1) + "\n")
     if (src / "ende_speedup.png").is_file():
         shutil.copy(src / "ende_speedup.png", assets / "ende_speedup.png")
-    command = ("Reproduce: `bash scripts/ende_tables.sh` on one H200 with `data/ende` carried (see the script's header), "
+    command = ("Reproduce: `bash scripts/ende_tables.sh` on one H200 with `data/ende` carried (see the script's "
+               "header), "
                "then `python scripts/paper_tables.py ende-merge --from DIR/ende`; every number is in "
                "`docs/paper_tables/ende_tables.json`.")
     section = f"{command}\n\n{ende_markdown(result)}\n\n![EnDe speedup vs γ](paper_tables/ende_speedup.png)"
@@ -83,6 +95,11 @@ def main() -> None:
     c.add_argument("--ngram-tokens", type=int, default=5_000_000)
     c.add_argument("--threads", type=int, default=1)
     c.set_defaults(run=code)
+    i = sub.add_parser("images", help="Table 3 analog on the shipped digit-image pair, CPU")
+    i.add_argument("--out", type=Path, default=Path("docs/paper_tables"))
+    i.add_argument("--samples-per-class", type=int, default=20)
+    i.add_argument("--threads", type=int, default=1)
+    i.set_defaults(run=images)
     e = sub.add_parser("ende", help="train the EnDe pair and measure Tables 2/3/4 (one GPU, ~10 minutes)")
     e.add_argument("--data", type=Path, required=True, help="folder from `specdec train prepare --corpus ende`")
     e.add_argument("--out", type=Path, required=True)

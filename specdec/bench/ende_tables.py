@@ -192,7 +192,8 @@ def speed_table(target, drafters: Mapping[str, object], sources: Sequence[Sequen
         before = run(None, t, 1)
         spec = {(name, g): run(d, t, g) for name, d in drafters.items() for g in gammas}
         after = run(None, t, 1)
-        plain_tps = (before.num_generated_tokens + after.num_generated_tokens) / (before.wall_time_s + after.wall_time_s)
+        plain_tokens = before.num_generated_tokens + after.num_generated_tokens
+        plain_tps = plain_tokens / (before.wall_time_s + after.wall_time_s)
         rows.append({"drafter": "plain", "temperature": t, "gamma": 0, "tokens_per_s": plain_tps})
         for (name, g), s in spec.items():
             rows.append({"drafter": name, "temperature": t, "gamma": g, "tokens_per_s": s.tokens_per_second,
@@ -354,9 +355,11 @@ def ende_markdown(result: dict) -> str:
               "| drafter | T | α (ours) | positions | paper α (T5-XXL EnDe) |", "|---|---|---|---|---|"]
     for r in result["table3"]:
         paper = paper_alpha("T5-XXL (EnDe)", PAPER_NAME.get(r["drafter"], ""), r["temperature"])
-        lines.append(f"| {r['drafter']} | {r['temperature']:g} | {r['alpha']:.3f} | {r['positions']} | {_f(paper, '.2f')} |")
+        lines.append(f"| {r['drafter']} | {r['temperature']:g} | {r['alpha']:.3f} | {r['positions']} | "
+                     f"{_f(paper, '.2f')} |")
     lines += ["", "**Table 2 analog** (batch 1, transformers encoder-decoder path, tokens/s and speedup over plain):",
-              "", "| drafter | T | γ | α | τ | c | speedup (ours) | Thm 3.8 from this run |", "|---|---|---|---|---|---|---|---|"]
+              "", "| drafter | T | γ | α | τ | c | speedup (ours) | Thm 3.8 from this run |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in result["table2"]:
         if r["drafter"] == "plain":
             lines.append(f"| plain | {r['temperature']:g} | – | – | – | – | {r['tokens_per_s']:.1f} tok/s | – |")
@@ -366,7 +369,8 @@ def ende_markdown(result: dict) -> str:
     lines += ["", "Paper (T5-XXL on TPU-v4): " + "; ".join(f"{d} T={t:g} γ={g}: α {a}, {s}×"
                                                        for d, t, g, a, s in PAPER_TABLE2_ENDE) + ".", "",
               "**Table 4 analog** (predicted from α and c by Thm 3.8 vs measured):", "",
-              "| drafter | T | α | c | γ* | predicted | measured at γ* | best measured (γ) |", "|---|---|---|---|---|---|---|---|"]
+              "| drafter | T | α | c | γ* | predicted | measured at γ* | best measured (γ) |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in result["table4"]:
         gamma = r["predicted_gamma"] or "0 (plain)"
         lines.append(f"| {r['drafter']} | {r['temperature']:g} | {r['alpha']:.3f} | {r['cost_ratio']:.3f} | "

@@ -149,7 +149,8 @@ def run(args: argparse.Namespace) -> int:
               f"{summary['speculative_tokens_per_second']:.1f} tok/s: speedup {summary['speedup']:.2f}×")
         if sampled:
             s = summary["sampled"]
-            print(f"sampled ({t}, {args.samples} per class): α = {s['alpha']:.3f}   τ = {s['mean_accepted_length']:.2f}"
+            print(f"sampled ({t}, {args.samples} per class): α = {s['alpha']:.3f}   "
+                  f"τ = {s['mean_accepted_length']:.2f}"
                   f"   plain {s['plain_tokens_per_second']:.1f} tok/s → speculative "
                   f"{s['speculative_tokens_per_second']:.1f} tok/s: speedup {s['speedup']:.2f}×")
         print(f"PNG grid (rows: plain / speculative, greedy then sampled): {summary['png']}")

@@ -63,7 +63,8 @@ def test_demo_image_json_is_identical_and_writes_the_grid(capsys, tmp_path):
     assert summary["identical"] is True
     assert 0.3 < summary["alpha"] <= 1.0 and summary["mean_accepted_length"] > 1.0
     assert summary["speedup"] > 0 and summary["sampled"]["alpha"] > 0
-    assert summary["generated_tokens"] == 2 * 64 and summary["invalid_pixels"] == 0
+    assert summary["generated_tokens"] == 2 * 64
+    assert 0 <= summary["invalid_pixels"] <= 8  # T = 1 rarely samples a non-pixel token (drawn red)
     assert summary["png"] == str(out.resolve())
     grid = read_png(out)
     assert grid.shape[0] > 4 * 64 and grid.shape[1] > 2 * 64  # 4 rows (greedy, sampled × plain, spec), 2 columns
