@@ -24,7 +24,7 @@ mkdir -p "$OUT/ende"
   $PY -c "import sacrebleu; print('sacrebleu', sacrebleu.__version__)" 2>/dev/null || echo "sacrebleu missing: BLEU/chrF are scored by ende-merge afterwards"
 } 2>&1 | tee "$OUT/run.log"
 echo "=== ende tables, budget scale $SCALE, $(date +%T)" | tee -a "$OUT/run.log"
-timeout 570 $PY scripts/paper_tables.py ende --data "$DATA" --out /tmp/ende --budget-scale "$SCALE" "$@" 2>&1 \
+timeout 560 $PY scripts/paper_tables.py ende --data "$DATA" --out /tmp/ende --budget-scale "$SCALE" "$@" 2>&1 \
   | grep -v "Loading weights\|Writing model" | tee -a "$OUT/run.log"
 echo "=== packing $(date +%T)" | tee -a "$OUT/run.log"
 cp /tmp/ende/ende_tables.* /tmp/ende/translations.jsonl /tmp/ende/ende_speedup.png "$OUT/ende/" 2>/dev/null

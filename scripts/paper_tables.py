@@ -106,7 +106,7 @@ def main() -> None:
     e.add_argument("--preset", default="ende-tables", help="ende-tables (GPU) or ende-tables-tiny (CPU smoke run)")
     e.add_argument("--pair", type=Path, default=None, help="an already trained pair folder: skip training")
     e.add_argument("--budget-scale", type=float, default=1.0)
-    e.add_argument("--speed-sentences", type=int, default=20)
+    e.add_argument("--speed-sentences", type=int, default=16)
     e.add_argument("--alpha-sentences", type=int, default=512)
     e.add_argument("--quality-sentences", type=int, default=None)
     e.add_argument("--gammas", default="1,3,5,7")
