@@ -73,6 +73,10 @@ def ende_merge(args) -> None:
     (assets / "ende_tables.json").write_text(json.dumps(result, indent=1) + "\n")
     if (src / "ende_speedup.png").is_file():
         shutil.copy(src / "ende_speedup.png", assets / "ende_speedup.png")
+    elif result.get("table2"):  # the run stopped before plotting
+        from specdec.bench.ende_report import plot_speedups
+
+        plot_speedups(result["table2"], assets / "ende_speedup.png")
     command = ("Reproduce: `bash scripts/ende_tables.sh` on one H200 with `data/ende` carried (see the script's "
                "header), "
                "then `python scripts/paper_tables.py ende-merge --from DIR/ende`; every number is in "
