@@ -5,6 +5,9 @@ twice (plain decoding, then speculative decoding with the drafter; same loop, ba
 checks that the texts are identical token for token, and reports α, τ, tokens/s and the speedup.
 Both runs are timed after a warm-up and interleaved prompt by prompt, so a CPU whose speed drifts slows
 both alike. `--json` prints one JSON object on the last line.
+
+`specdec demo image` does the same for the shipped 8×8 digit-image pair (pixel tokens) and writes a PNG grid
+of the samples (see `specdec demo image --help`).
 """
 
 from __future__ import annotations
@@ -41,6 +44,10 @@ def add_parser(subparsers) -> None:
     add_model_options(p, device="cpu", seed_help="unused: the demo decodes greedily")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     p.set_defaults(run=run)
+    from specdec.cli import demo_image
+
+    kinds = p.add_subparsers(dest="demo_kind", title="other pairs", metavar="image")
+    demo_image.add_parser(kinds)
 
 
 def load_pair(folder: Path, device: str = "cpu", dtype: str = "float32", allow_pickle: bool = False):
@@ -73,6 +80,35 @@ def _columns(left: str, right: str, width: int = 56, max_lines: int = 14) -> str
 
 def _num(value, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
+
+
+def compare_runs(pairs) -> dict:
+    """Pooled numbers over `(plain, speculative)` `GenerateResult` pairs of the same work: whether the tokens
+    are identical, α and τ of the speculative runs, tokens/s of both, the speedup and the cost ratio c."""
+    plain_time = sum(base.stats.wall_time_s for base, _ in pairs)
+    spec_time = sum(fast.stats.wall_time_s for _, fast in pairs)
+    plain_tokens = sum(base.stats.num_generated_tokens for base, _ in pairs)
+    spec_tokens = sum(fast.stats.num_generated_tokens for _, fast in pairs)
+    beta_sum = sum(fast.stats.beta_sum for _, fast in pairs)
+    beta_count = sum(fast.stats.beta_count for _, fast in pairs)
+    algorithm_tokens = sum(fast.stats.algorithm_tokens for _, fast in pairs)
+    row_steps = sum(fast.stats.row_steps for _, fast in pairs)
+    draft_s = sum(fast.stats.draft_time_s for _, fast in pairs)
+    verify_s = sum(fast.stats.verify_time_s for _, fast in pairs)
+    drafter_calls = sum(fast.stats.drafter_calls for _, fast in pairs)
+    verify_calls = sum(fast.stats.num_steps for _, fast in pairs)
+    return {
+        "identical": all(base.sequences == fast.sequences for base, fast in pairs),
+        "alpha": beta_sum / beta_count if beta_count else None,
+        "mean_accepted_length": algorithm_tokens / row_steps if row_steps else None,
+        "plain_tokens_per_second": plain_tokens / plain_time,
+        "speculative_tokens_per_second": spec_tokens / spec_time,
+        "speedup": (spec_tokens / spec_time) / (plain_tokens / plain_time),
+        "cost_ratio": (draft_s / drafter_calls) / (verify_s / verify_calls) if drafter_calls and verify_calls else None,
+        "plain_wall_time_s": plain_time,
+        "speculative_wall_time_s": spec_time,
+        "generated_tokens": spec_tokens,
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -111,35 +147,13 @@ def run(args: argparse.Namespace) -> int:
                 fast = spec(ids, args.max_new_tokens)
                 rows.append((text, ids, base, fast))
 
-    plain_time = sum(r[2].stats.wall_time_s for r in rows)
-    spec_time = sum(r[3].stats.wall_time_s for r in rows)
-    plain_tokens = sum(r[2].stats.num_generated_tokens for r in rows)
-    spec_tokens = sum(r[3].stats.num_generated_tokens for r in rows)
-    beta_sum = sum(r[3].stats.beta_sum for r in rows)
-    beta_count = sum(r[3].stats.beta_count for r in rows)
-    algorithm_tokens = sum(r[3].stats.algorithm_tokens for r in rows)
-    row_steps = sum(r[3].stats.row_steps for r in rows)
-    draft_s = sum(r[3].stats.draft_time_s for r in rows)
-    verify_s = sum(r[3].stats.verify_time_s for r in rows)
-    drafter_calls = sum(r[3].stats.drafter_calls for r in rows)
-    verify_calls = sum(r[3].stats.num_steps for r in rows)
-    identical = all(r[2].sequences == r[3].sequences for r in rows)
     summary = {
         "prompts": len(prompts),
         "repeats": args.repeats,
         "max_new_tokens": args.max_new_tokens,
         "num_draft_tokens": gamma,
         "threads": torch.get_num_threads(),
-        "identical": identical,
-        "alpha": beta_sum / beta_count if beta_count else None,
-        "mean_accepted_length": algorithm_tokens / row_steps if row_steps else None,
-        "plain_tokens_per_second": plain_tokens / plain_time,
-        "speculative_tokens_per_second": spec_tokens / spec_time,
-        "speedup": (spec_tokens / spec_time) / (plain_tokens / plain_time),
-        "cost_ratio": (draft_s / drafter_calls) / (verify_s / verify_calls) if drafter_calls and verify_calls else None,
-        "plain_wall_time_s": plain_time,
-        "speculative_wall_time_s": spec_time,
-        "generated_tokens": spec_tokens,
+        **compare_runs([(r[2], r[3]) for r in rows]),
     }
 
     if not args.json:
@@ -157,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
                   f"{fast.stats.tokens_per_second:6.1f} tok/s  α={fast.stats.alpha or 0:.2f} "
                   f"τ={fast.stats.mean_accepted_length:.2f}  [{same}]")
         print("─" * (2 * width + 3))
-        print(f"greedy outputs identical: {'yes' if identical else 'NO'}")
+        print(f"greedy outputs identical: {'yes' if summary['identical'] else 'NO'}")
         print(f"α = {_num(summary['alpha'], '.3f')}   τ = {_num(summary['mean_accepted_length'], '.2f')} tokens per "
               f"target call   c = {_num(summary['cost_ratio'], '.3f')}")
         print(f"plain {summary['plain_tokens_per_second']:.1f} tok/s → speculative "

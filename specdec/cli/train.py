@@ -5,6 +5,7 @@
     specdec train presets                                    # list presets
     specdec train pair --preset demo --data data/code --out runs/demo
     specdec train distill --target runs/demo/target --draft runs/demo/draft0 --data data/code --out runs/d
+    specdec train image --preset digits --out runs/digits    # 8×8 digit images (needs scikit-learn)
 """
 
 from __future__ import annotations
@@ -78,6 +79,14 @@ def add_parser(subparsers) -> None:
                       help="also load pickled .bin weights (unpickling can run code: only for checkpoints you trust)")
     _add_run_options(dist)
     dist.set_defaults(run=run)
+
+    image = sub.add_parser("image", help="train an image pair on scikit-learn's 8×8 digits (pixel tokens)")
+    image.add_argument("--preset", default="digits", help="digits, digits-tiny")
+    image.add_argument("--out", required=True)
+    image.add_argument("--device", default="cpu", help="cpu (default), auto, cuda, ...")
+    image.add_argument("--no-augment", action="store_true", help="train on the images only, without shifts")
+    image.add_argument("--no-progress", action="store_true")
+    image.set_defaults(run=run)
     parser.set_defaults(run=lambda args: _usage(parser))
 
 
@@ -143,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
         return _pair(args)
     if args.train_command == "distill":
         return _distill(args)
+    if args.train_command == "image":
+        return _image(args)
     raise CLIError(f"unknown step {args.train_command!r}")
 
 
@@ -243,4 +254,13 @@ def _distill(args) -> int:
     brief = result.to_dict()
     brief["train"] = {k: brief["train"][k] for k in ("steps", "seconds", "val_loss", "final_loss")}
     print(dumps(brief, indent=1))
+    return 0
+
+
+def _image(args) -> int:
+    from specdec.zoo.images import get_image_preset, train_image_pair
+
+    summary = train_image_pair(get_image_preset(args.preset), args.out, device=args.device,
+                               progress=not args.no_progress, augment=not args.no_augment)
+    print(json.dumps(_brief({**summary, "device_name": summary["device"]}), indent=1))
     return 0

@@ -12,6 +12,7 @@ Terms used across the package:
 - distillation: fine-tuning the drafter q on the target's soft distribution p (KL(p‖q)) to raise α.
 
 Modules: `corpus` (read + split), `tokenizer` (byte-level BPE), `train` (models, loop, saving),
-`distill` (KL fine-tuning, α on held-out text), `presets`, `pipeline` (data prep + whole-pair recipes).
+`distill` (KL fine-tuning, α on held-out text), `presets`, `pipeline` (data prep + whole-pair recipes),
+`images` (8×8 digit images as pixel tokens: layout, data, presets and the pair recipe; scikit-learn).
 Nothing here is imported by the decoding core.
 """

@@ -426,12 +426,13 @@ def train_model(
 def save_model(
     model: torch.nn.Module,
     out_dir: str | os.PathLike,
-    tokenizer_dir: str | os.PathLike,
+    tokenizer_dir: str | os.PathLike | None,
     *,
     dtype: str | None = None,
     max_shard_size: str | None = None,
 ) -> Path:
-    """`save_pretrained` (safetensors) + the tokenizer, so the folder loads like any user checkpoint.
+    """`save_pretrained` (safetensors) + the tokenizer, so the folder loads like any user checkpoint
+    (`tokenizer_dir=None`: models over non-text tokens, e.g. `specdec.zoo.images`, have no tokenizer).
 
     dtype: store the weights in this dtype ("float16"/"bfloat16") to save space; config.json still says
     float32, so `from_pretrained(folder)` computes in fp32 (what CPU decoding wants).
@@ -451,5 +452,6 @@ def save_model(
         if key in config:
             config[key] = "float32"
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    load_tokenizer(tokenizer_dir).save_pretrained(str(out))
+    if tokenizer_dir is not None:
+        load_tokenizer(tokenizer_dir).save_pretrained(str(out))
     return out
