@@ -20,7 +20,6 @@ import specdec
 from specdec.metrics import SpecStats
 from specdec.bench.device import mbu, peak_memory
 from specdec.fast import FastDrafter, FastTarget
-from specdec.fast.engine import FastEngine
 
 logger = logging.getLogger(__name__)
 
@@ -118,22 +117,20 @@ def measure_ours(setup: BenchSetup, engine: str, kind: str, temperature: float, 
     mem: dict = {}
     with peak_memory(setup.device, mem):
         if engine == "engine":
-            eng = FastEngine(setup.target, drafter)
+            eng = _engine(setup, drafter, batch, gamma, auto_off, synthetic)
 
             def one(prompts, seed):
-                return eng.generate(prompts, setup.max_new_tokens, temperature, num_draft_tokens=max(gamma, 1),
-                                    eos_token_id=[], seed=seed, auto_off=auto_off, synthetic_acceptance=synthetic)
+                return _run_engine(eng, prompts, setup.max_new_tokens, temperature, seed)
         else:
             def one(prompts, seed):
                 return specdec.generate(setup.target, prompts, drafter=drafter, max_new_tokens=setup.max_new_tokens,
                                         temperature=temperature, num_draft_tokens=max(gamma, 1), eos_token_id=[],
-                                        seed=seed)
+                                        seed=seed, engine="hf")
 
         def run(seed):
             return [one(prompts, seed * 100 + i) for i, prompts in enumerate(requests)]
 
         wall, results = _timed(setup.device, run, setup.repeats)
-        decision = eng.last_auto_off_decision if engine == "engine" else None
         del run, one
         if engine == "engine":
             del eng
@@ -166,12 +163,49 @@ def measure_ours(setup: BenchSetup, engine: str, kind: str, temperature: float, 
         "synthetic_alpha": synthetic,
     }
     if auto_off:
-        row["auto_off_kept_gamma"] = decision
+        row["auto_off_kept_gamma"] = stats.mean_num_draft_tokens  # the γ the engine's "auto" policy used, on average
     if not gamma:
         forwards_per_s = stats.num_steps / decode_s
         row["target_forwards_per_s"] = forwards_per_s
         row["mbu"] = mbu(setup.weight_bytes.get("target", 0), forwards_per_s, setup.peak_bandwidth)
     return row
+
+
+def _engine(setup: BenchSetup, drafter, batch: int, gamma: int, auto: bool, synthetic: float | None):
+    """A request-level engine for one configuration (its graphs are captured by `_timed`'s warm-up run)."""
+    from specdec.engine import Engine, EngineConfig
+
+    model = setup.target.model if hasattr(setup.target, "model") else setup.target
+    longest = max(len(p) for p in setup.prompts) + setup.max_new_tokens + 1
+    seq = 1 << (longest - 1).bit_length()
+    context = getattr(model.shape, "max_positions", None) or seq
+    config = EngineConfig(max_batch_size=max(batch, 1), max_seq_len=min(seq, context),
+                          num_draft_tokens="auto" if auto else gamma, max_draft_tokens=max(gamma, 1),
+                          synthetic_acceptance=synthetic)
+    return Engine(setup.target, drafter, config)
+
+
+def _run_engine(engine, prompts, max_new_tokens: int, temperature: float, seed: int):
+    """One batch of requests through `engine`, to completion → a `GenerateResult`."""
+    from specdec.request import SamplingParams
+    from specdec.step import GenerateResult
+
+    start = time.perf_counter()
+    engine.stats = SpecStats()
+    ids = [engine.add_request(p, SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature,
+                                                seed=seed * 1000 + i)) for i, p in enumerate(prompts)]
+    index = {rid: i for i, rid in enumerate(ids)}
+    outputs: list[list[int]] = [[] for _ in prompts]
+    prefill = 0.0
+    while engine.has_unfinished():
+        for out in engine.step():
+            outputs[index[out.request_id]].extend(out.new_token_ids)
+            if out.stats is not None:
+                prefill = max(prefill, out.stats.prefill_time_s)
+    engine.stats.prefill_time_s = prefill
+    engine.stats.target_calls += 1  # the prefill pass
+    engine.stats.wall_time_s = time.perf_counter() - start
+    return GenerateResult(outputs, engine.stats)
 
 
 def _merge(stats_list: list[SpecStats]) -> SpecStats:

@@ -176,33 +176,27 @@ def run(args: argparse.Namespace) -> int:
 
 def _profile(setup) -> dict:
     from specdec.bench.profile import profile_steps
-    from specdec.fast.engine import FastEngine
+    from specdec.bench.runner import _engine, _run_engine
 
     out = {}
     steps = 32
     prompts = setup.prompts[:1]
-    for name, drafter, gamma in (("plain_b1", None, 1), ("model_b1", setup.drafter, setup.gamma)):
+    for name, drafter, gamma in (("plain_b1", None, 0), ("model_b1", setup.drafter, setup.gamma)):
         if name == "model_b1" and drafter is None:
             continue
         setup.target.release()
-        engine = FastEngine(setup.target, drafter)
         result = {}
+        engine = _engine(setup, drafter, 1, gamma, False, None)
 
         def fn():
-            result["r"] = engine.generate(prompts, steps, 0.0, num_draft_tokens=gamma, eos_token_id=[], seed=0)
+            result["r"] = _run_engine(engine, prompts, steps, 0.0, 0)
 
+        fn()  # capture the graphs outside the profile
         prof = profile_steps(fn, 1, setup.device)
         if not prof["kernels_per_step"]:  # kernels inside graph replays not traced: profile the same kernels eagerly
-            models = [setup.target] + ([drafter.lm] if drafter is not None else [])
-            saved = [m.cuda_graphs for m in models]
-            for m in models:
-                m.cuda_graphs = False
-            setup.target.release()
-            engine = FastEngine(setup.target, drafter)
+            engine.cuda_graphs = False
             prof = profile_steps(fn, 1, setup.device)
             prof["note"] = "profiled without CUDA graphs (kernel times are the graph's kernels; wall is eager)"
-            for m, g in zip(models, saved):
-                m.cuda_graphs = g
         num_steps = result["r"].stats.num_steps
         for key in ("wall_ms_per_step", "kernel_ms_per_step", "kernels_per_step"):
             prof[key] = prof[key] / num_steps

@@ -26,6 +26,8 @@ class EngineConfig:
     max_draft_tokens  the largest γ (sizes buffers; "auto" never goes beyond it)
     cuda_graphs       None = on CUDA; decode steps are captured once per (batch bucket, k, length bucket)
     prefill_chunk     prompt tokens per prefill forward (long prompts are prefilled in chunks)
+    synthetic_acceptance  BENCHMARK ONLY: accept each draft with this probability instead of the rule, to time
+                      the engine at a chosen α (the output is then NOT the target's distribution)
     """
 
     max_batch_size: int = 64
@@ -34,6 +36,7 @@ class EngineConfig:
     max_draft_tokens: int = 8
     cuda_graphs: bool | None = None
     prefill_chunk: int = 512
+    synthetic_acceptance: float | None = None
 
     def __post_init__(self) -> None:
         as_int(self.max_batch_size, "max_batch_size", minimum=1, maximum=BATCH_BUCKETS[-1])
@@ -43,5 +46,8 @@ class EngineConfig:
         if self.num_draft_tokens != "auto":
             as_int(self.num_draft_tokens, "num_draft_tokens", minimum=0, maximum=self.max_draft_tokens)
         as_int(self.prefill_chunk, "prefill_chunk", minimum=16, maximum=1 << 16)
+        a = self.synthetic_acceptance
+        if a is not None and (isinstance(a, bool) or not isinstance(a, (int, float)) or not 0.0 <= a <= 1.0):
+            raise ValueError(f"synthetic_acceptance must be None or in [0, 1], got {a!r}")
         if self.cuda_graphs not in (None, True, False):
             raise TypeError(f"cuda_graphs must be None, True or False, got {self.cuda_graphs!r}")

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec import rng
-from specdec.core import INVALID_SCORES, invalid_scores, verify, verify_greedy
+from specdec.core import INVALID_SCORES, VerifyResult, invalid_scores, verify, verify_greedy
 from specdec.engine.config import BATCH_BUCKETS, EngineConfig, UnsupportedModel
 from specdec.engine.drafters import Flavor, StepView
 from specdec.engine.policy import GammaPolicy
@@ -391,7 +391,13 @@ class _StepRunner:
         last = state.tokens[rows].gather(1, (lengths - 1)[:, None])
         logits = e.model(torch.cat([last, draft_tokens], 1), cache)  # [b, γ+1, V]
         has_nan = invalid_scores(logits)
-        if flavor.all_greedy:
+        synthetic = e.config.synthetic_acceptance
+        if synthetic is not None:  # BENCHMARK ONLY (EngineConfig): accept each draft with a fixed probability
+            offsets = torch.arange(gamma, device=e.device)[None, :]
+            accepted = rng.uniforms(view.seed, lengths[:, None] + offsets, rng.ACCEPT) < synthetic
+            n = accepted.long().cumprod(1).sum(1)
+            result = VerifyResult(n, logits.argmax(-1).gather(1, n[:, None]).squeeze(1), accepted.float())
+        elif flavor.all_greedy:
             result = verify_greedy(draft_tokens, logits, draft_lengths=draft_lengths, check_nan=False)
         else:
             target_probs = view.probs(logits)

@@ -1,5 +1,6 @@
 """The benchmark harness: rows, speedups, report files, and the `specdec bench --preset smoke --json` contract."""
 
+import dataclasses
 import json
 
 import pytest
@@ -34,7 +35,7 @@ def test_grid_rows_and_speedups(mini_setup):
     assert model and all(0 <= r["alpha"] <= 1 and r["tau"] >= 1 and r["c"] > 0 for r in model)
     assert all(r["predicted_speedup"] > 0 and r["measured_speedup"] > 0 for r in model)
     guarded = [r for r in rows if r.get("auto_off")]
-    assert guarded and all(r["auto_off_kept_gamma"] in (0, mini_setup.gamma, None) for r in guarded)
+    assert guarded and all(0 <= r["auto_off_kept_gamma"] <= mini_setup.gamma for r in guarded)  # mean γ of "auto"
     head = headline(rows)
     assert "t0" in head and "hf_assisted" in head
     table = markdown_table(rows)
@@ -42,9 +43,10 @@ def test_grid_rows_and_speedups(mini_setup):
 
 
 def test_synthetic_acceptance_controls_alpha(mini_setup):
-    row = measure_ours(mini_setup, "engine", "model", 0.0, 1, 3, synthetic=0.5)
+    setup = dataclasses.replace(mini_setup, max_new_tokens=48)
+    row = measure_ours(setup, "engine", "model", 0.0, 1, 3, synthetic=0.5)
     assert "synthetic" in row["drafter"]
-    assert 0.2 < row["alpha"] < 0.8  # 6 tokens: a loose bound around the set α
+    assert 0.3 < row["alpha"] < 0.7  # ~70 verified positions: a loose bound around the set α
 
 
 def test_plots(tmp_path):
