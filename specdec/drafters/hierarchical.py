@@ -111,6 +111,7 @@ class HierarchicalDrafter(Drafter):
         confidence = torch.zeros(batch, gamma, device=start.device)
         cols = torch.arange(k + 1, device=start.device)[None, :]
         middle_calls = 0
+        self.inner._claim(text)  # the inner drafter follows the scratch text during this proposal
         while True:
             need = gamma - (text.lengths - start)  # [B] tokens still to draft per row
             if not bool((need > 0).any()):
@@ -140,6 +141,7 @@ class HierarchicalDrafter(Drafter):
             self.lm.crop(text.lengths - 1)
             self.inner.commit(text)
             self._count(inner, result, counts, need, width)
+        self.inner._claim(context)  # and the committed text again for `commit`
         tokens = text.tokens.gather(1, start[:, None] + torch.arange(gamma, device=start.device)[None, :])
         lengths = None
         if confidence_threshold is not None:
