@@ -77,6 +77,7 @@ def test_two_ranks_match_one_process(checkpoints, tmp_path):
     for folder in targets:
         ref = run(FastLlama.from_hf(folder), drafter)
         assert got["results"][folder]["kv_heads"] == 1  # each rank holds 1 of the 2 kv heads (and caches only it)
+        assert got["results"][folder]["shard_model_same"]
         assert got["results"][folder]["greedy"] == ref["greedy"], folder
         assert got["results"][folder]["sampled"] == ref["sampled"], folder
         assert len({tuple(s) for s in ref["greedy"] + ref["sampled"]}) > 3  # not one degenerate sequence

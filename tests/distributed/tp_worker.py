@@ -1,6 +1,6 @@
 """Run by test_tensor_parallel.py under `torchrun --nproc-per-node 2`: sharded generation on each rank.
 
-argv: OUT.json TARGET_DIR... -- DRAFT_DIR. Rank 0 writes {target: {"greedy", "sampled", "kv_heads"}} and
+argv: OUT.json TARGET_DIR... -- DRAFT_DIR. Rank 0 writes {target: {"greedy", "sampled", "kv_heads", "shard_model_same"}} and
 whether every rank produced the same tokens.
 """
 
@@ -15,7 +15,7 @@ import torch.distributed as dist
 torch.set_num_threads(1)
 
 import specdec  # noqa: E402
-from specdec.distributed import init_tensor_parallel, is_main_rank, load_sharded  # noqa: E402
+from specdec.distributed import init_tensor_parallel, is_main_rank, load_sharded, shard_model  # noqa: E402
 
 PROMPTS = [[5, 6, 7, 8, 9], [12, 3], [7, 7, 8, 9, 7, 7]]
 MAX_NEW = 12
@@ -36,7 +36,13 @@ def main() -> None:
     draft_dir = targets.pop()
     init_tensor_parallel(2, "cpu")
     drafter = AutoModelForCausalLM.from_pretrained(draft_dir, local_files_only=True).eval()
-    results = {folder: run(load_sharded(folder), drafter) for folder in targets}
+    results = {}
+    for folder in targets:
+        model = load_sharded(folder)
+        results[folder] = run(model, drafter)
+        # slicing a model in memory gives the same shard as reading the slices from safetensors
+        sliced = shard_model(AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)).state_dict()
+        results[folder]["shard_model_same"] = all(torch.equal(t, sliced[k]) for k, t in model.state_dict().items())
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, results)
     if is_main_rank():
