@@ -122,3 +122,23 @@ def test_shard_shape_splits_heads_and_refuses_what_does_not_divide():
         shard_shape(LlamaShape(64, 32, 2, n_heads=4, n_kv_heads=4, head_dim=8, intermediate_size=90), 4)
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         shard_shape(shape, 0)
+
+
+@pytest.mark.parametrize("family", ["llama3", "mistral", "qwen3"])
+def test_rope_tables_come_from_the_config_as_transformers_computes_them(family):
+    from specdec.distributed.sharded import _rope
+
+    small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=256)
+    if family == "llama3":
+        config = transformers.LlamaConfig(**small, rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                                                 "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                                 "original_max_position_embeddings": 64})
+        model = transformers.LlamaForCausalLM(config)
+    elif family == "mistral":
+        model = transformers.MistralForCausalLM(transformers.MistralConfig(**small, sliding_window=None))
+    else:
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**small, head_dim=8))
+    inv_freq, scaling = _rope(model.config)
+    assert torch.equal(inv_freq, model.model.rotary_emb.inv_freq)
+    assert scaling == model.model.rotary_emb.attention_scaling
