@@ -6,7 +6,10 @@ Per layer, with N ranks and rank r:
   w_gate_up     column-parallel: intermediate columns [r·I/N, (r+1)·I/N) of gate and of up
   wo, w_down    row-parallel: the matching input columns; the partial products are summed with one
                 all_reduce each (`_row_parallel`), then added to the replicated residual stream
-  embed, lm_head, norms, bo, q/k norms   replicated (every rank computes the full logits `[B, k, V]`)
+  lm_head       vocab-parallel when untied and V divides by N: rank r holds rows [r·V/N, (r+1)·V/N) and the
+                logits are all-gathered (halves the head's reads per step on 2 ranks); else replicated
+  embed, norms, bo, q/k norms   replicated (the embedding is only gathered, never read whole)
+Every rank ends with the full logits `[B, k, V]`.
 
 `ShardedFastLlama.shape` is the per-rank shape (nq/N heads, nkv/N kv heads, I/N intermediate): the engine
 sizes its KV cache from it and runs the unchanged `FastLlama.forward`; `full_shape` is the model's.
@@ -26,6 +29,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from specdec.fast.model import FastLlama, LlamaShape
 
@@ -58,11 +62,24 @@ class ShardedFastLlama(FastLlama):
         self.group = group
         self.rank = rank
         self.world_size = world
+        s = self.shape
+        self.vocab_parallel = world > 1 and not s.tie_word_embeddings and s.vocab_size % world == 0
+        if self.vocab_parallel:
+            self.lm_head = torch.nn.Parameter(torch.empty(s.vocab_size // world, s.dim, device=device, dtype=dtype),
+                                              requires_grad=False)
 
     def _row_parallel(self, x: torch.Tensor, inp: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         partial = inp @ weight.t()  # [N, dim]: this rank's heads / intermediate columns
         dist.all_reduce(partial, group=self.group)
         return x.add_(partial)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.vocab_parallel:
+            return super()._logits(x)
+        local = F.linear(x, self.lm_head)  # [B, k, V/N]: this rank's rows of the head
+        parts = [torch.empty_like(local) for _ in range(self.world_size)]
+        dist.all_gather(parts, local, group=self.group)
+        return torch.cat(parts, dim=-1).float()
 
 
 # ------------------------------------------------------------------------------------------------ loading
@@ -99,7 +116,10 @@ def _fill(fast: ShardedFastLlama, read) -> None:
             put(fast.attn_norm[i], read(pre + "input_layernorm.weight", None, 0, 0))
             put(fast.mlp_norm[i], read(pre + "post_attention_layernorm.weight", None, 0, 0))
         put(fast.final_norm, read("model.norm.weight", None, 0, 0))
-        if not s.tie_word_embeddings:
+        if fast.vocab_parallel:
+            rows = s.vocab_size // fast.world_size
+            put(fast.lm_head, read("lm_head.weight", 0, r * rows, rows))
+        elif not s.tie_word_embeddings:
             put(fast.lm_head, read("lm_head.weight", None, 0, 0))
 
 

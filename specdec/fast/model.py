@@ -302,6 +302,10 @@ class FastLlama(torch.nn.Module):
         """x += inp @ weightᵀ in place (`x [N, dim]`); a tensor-parallel subclass all-reduces the product."""
         return x.addmm_(inp, weight.t())
 
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Float32 logits `[B, k, V]` of final hidden states `x [B, k, dim]`; a vocab-parallel subclass gathers them."""
+        return F.linear(x, self.lm_head).float()
+
     def forward(self, tokens: torch.Tensor, cache: KVCache, valid: torch.Tensor | None = None,
                 *, last_only: bool = False, advance: bool = True) -> torch.Tensor:
         """Append `tokens [B, k]` to each row at its own slots → logits `[B, k, V]` (float32).
@@ -367,7 +371,7 @@ class FastLlama(torch.nn.Module):
         if last_only:
             x = x[:, -1:]
         x = F.rms_norm(x, (s.dim,), self.final_norm, s.rms_norm_eps)
-        logits = F.linear(x, self.lm_head).float()
+        logits = self._logits(x)
         if advance:
             cache.lengths.add_(added)
         return logits

@@ -1,6 +1,6 @@
 """Tensor parallelism on CPU: 2 gloo ranks under torchrun give the single-process tokens exactly (fp32).
 
-Two launches (~10 s each on 2 cores): the library on a tiny Llama and a Qwen2 with q/k/v biases (greedy and
+Two launches (~10 s each on 2 cores): the library on a tiny Llama and a tied Qwen2 with q/k/v biases (greedy and
 seeded sampling, with a model drafter replicated on both ranks), and the CLI `torchrun -m specdec generate`.
 """
 
@@ -37,7 +37,7 @@ def checkpoints(tmp_path_factory):
     torch.manual_seed(2)
     config = transformers.Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                                      use_sliding_window=False)
+                                      use_sliding_window=False, tie_word_embeddings=True)
     qwen = transformers.Qwen2ForCausalLM(config)
     with torch.no_grad():
         for name, p in qwen.named_parameters():
@@ -81,6 +81,8 @@ def test_two_ranks_match_one_process(checkpoints, tmp_path):
         assert got["results"][folder]["greedy"] == ref["greedy"], folder
         assert got["results"][folder]["sampled"] == ref["sampled"], folder
         assert len({tuple(s) for s in ref["greedy"] + ref["sampled"]}) > 3  # not one degenerate sequence
+    # untied Llama: a vocab-parallel head (32 of the 64 rows, logits gathered); tied Qwen2: the replicated embedding
+    assert [got["results"][folder]["head_rows"] for folder in targets] == [32, False]
 
 
 def test_cli_torchrun_prints_the_single_process_text(checkpoints, capsys):

@@ -1,6 +1,6 @@
 """Run by test_tensor_parallel.py under `torchrun --nproc-per-node 2`: sharded generation on each rank.
 
-argv: OUT.json TARGET_DIR... -- DRAFT_DIR. Rank 0 writes {target: {"greedy", "sampled", "kv_heads", "shard_model_same"}} and
+argv: OUT.json TARGET_DIR... -- DRAFT_DIR. Rank 0 writes {target: {"greedy", "sampled", "kv_heads", "head_rows", "shard_model_same"}} and
 whether every rank produced the same tokens.
 """
 
@@ -26,7 +26,8 @@ def run(target, drafter) -> dict:
                               engine="fast", seed=0).sequences
     sampled = specdec.generate(target, PROMPTS, drafter, max_new_tokens=MAX_NEW, temperature=1.0, num_draft_tokens=3,
                                engine="fast", seed=11).sequences
-    return {"greedy": greedy, "sampled": sampled, "kv_heads": target.shape.n_kv_heads}
+    return {"greedy": greedy, "sampled": sampled, "kv_heads": target.shape.n_kv_heads,
+            "head_rows": getattr(target, "vocab_parallel", False) and target.lm_head.shape[0]}
 
 
 def main() -> None:
