@@ -44,7 +44,7 @@ def checkpoints(tmp_path_factory):
             if name.endswith("bias"):
                 p.normal_(0.0, 0.1)  # the q/k/v biases are sharded with their heads: make them matter
         qwen.lm_head.weight.mul_(10.0)
-    qwen.save_pretrained(base / "qwen")
+    qwen.save_pretrained(base / "qwen", max_shard_size="50KB")  # several files + model.safetensors.index.json
     return {name: str(base / name) for name in ("llama", "draft", "qwen")}
 
 
@@ -144,3 +144,8 @@ def test_rope_tables_come_from_the_config_as_transformers_computes_them(family):
     inv_freq, scaling = _rope(model.config)
     assert torch.equal(inv_freq, model.model.rotary_emb.inv_freq)
     assert scaling == model.model.rotary_emb.attention_scaling
+
+
+def test_fixture_qwen_is_sharded_over_files(checkpoints):
+    files = list(Path(checkpoints["qwen"]).glob("model-*.safetensors"))
+    assert len(files) > 1 and (Path(checkpoints["qwen"]) / "model.safetensors.index.json").is_file()
