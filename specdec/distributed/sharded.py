@@ -64,7 +64,7 @@ class ShardedFastLlama(FastLlama):
         self.world_size = world
         s = self.shape
         self.vocab_parallel = world > 1 and not s.tie_word_embeddings and s.vocab_size % world == 0
-        if self.vocab_parallel:
+        if self.vocab_parallel:  # (FastLlama allocated the full head first: freed here, reused by the allocator)
             self.lm_head = torch.nn.Parameter(torch.empty(s.vocab_size // world, s.dim, device=device, dtype=dtype),
                                               requires_grad=False)
 
