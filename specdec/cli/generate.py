@@ -34,6 +34,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--leniency", type=float, default=1.0, help="l in (0, 1]: 1 = exact; < 1 accepts more, LOSSY (A.5)")
     p.add_argument("--draft-tree", default=None, help="verify a token tree per step, e.g. 2,2,1 (needs a draft model)")
     add_model_options(p)
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="shard the target over N ranks; launch with torchrun --nproc-per-node N (default 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the texts and stats (stdout)")
     p.set_defaults(run=run)
 
@@ -91,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as err:
         raise CLIError(f"--{str(err).split(' ')[0].replace('_', '-')}: {err}") from None
     apply_model_options(args)
+    if check_int("--tensor-parallel-size", args.tensor_parallel_size, 1, 1024) > 1:
+        from specdec.cli.tensor_parallel import run_tensor_parallel
+
+        return run_tensor_parallel(args, gamma)
 
     from specdec.loading import load_model, load_tokenizer
     from specdec.text import LLM

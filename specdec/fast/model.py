@@ -298,6 +298,14 @@ class FastLlama(torch.nn.Module):
         return self._rope_cache[1], self._rope_cache[2]
 
     # ------------------------------------------------------------------------------------------- forward
+    def _row_parallel(self, x: torch.Tensor, inp: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """x += inp @ weightᵀ in place (`x [N, dim]`); a tensor-parallel subclass all-reduces the product."""
+        return x.addmm_(inp, weight.t())
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Float32 logits `[B, k, V]` of final hidden states `x [B, k, dim]`; a vocab-parallel subclass gathers them."""
+        return F.linear(x, self.lm_head).float()
+
     def forward(self, tokens: torch.Tensor, cache: KVCache, valid: torch.Tensor | None = None,
                 *, last_only: bool = False, advance: bool = True) -> torch.Tensor:
         """Append `tokens [B, k]` to each row at its own slots → logits `[B, k, V]` (float32).
@@ -354,16 +362,16 @@ class FastLlama(torch.nn.Module):
             q = q.reshape(batch, k, nkv, group, hd).permute(0, 2, 3, 1, 4).reshape(batch, nkv, group * k, hd)
             attn = F.scaled_dot_product_attention(q, cache.keys[i], cache.values[i], attn_mask=bias)
             attn = attn.view(batch, nkv, group, k, hd).permute(0, 3, 1, 2, 4).reshape(batch * k, nq * hd)
-            x = x.view(batch * k, s.dim).addmm_(attn, self.wo[i].t())  # residual add fused into the GEMM
+            x = self._row_parallel(x.view(batch * k, s.dim), attn, self.wo[i])  # residual add fused into the GEMM
             if s.o_bias:
                 x = x + self.bo[i]
             h = F.rms_norm(x, (s.dim,), self.mlp_norm[i], s.rms_norm_eps)
             gate, up = F.linear(h, self.w_gate_up[i]).chunk(2, dim=-1)
-            x = x.addmm_(F.silu(gate) * up, self.w_down[i].t()).view(batch, k, s.dim)
+            x = self._row_parallel(x, F.silu(gate) * up, self.w_down[i]).view(batch, k, s.dim)
         if last_only:
             x = x[:, -1:]
         x = F.rms_norm(x, (s.dim,), self.final_norm, s.rms_norm_eps)
-        logits = F.linear(x, self.lm_head).float()
+        logits = self._logits(x)
         if advance:
             cache.lengths.add_(added)
         return logits

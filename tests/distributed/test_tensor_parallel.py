@@ -1,0 +1,151 @@
+"""Tensor parallelism on CPU: 2 gloo ranks under torchrun give the single-process tokens exactly (fp32).
+
+Two launches (~10 s each on 2 cores): the library on a tiny Llama and a tied Qwen2 with q/k/v biases (greedy and
+seeded sampling, with a model drafter replicated on both ranks), and the CLI `torchrun -m specdec generate`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import save_tiny_checkpoint
+from specdec.cli import main
+from specdec.distributed import shard_shape
+from specdec.fast.model import FastLlama, LlamaShape
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("tp_worker.py")
+TIMEOUT_S = 180
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    base = tmp_path_factory.mktemp("tp")
+    save_tiny_checkpoint(base / "llama", seed=0)
+    save_tiny_checkpoint(base / "draft", seed=1, layers=1)
+    torch.manual_seed(2)
+    config = transformers.Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                      use_sliding_window=False, tie_word_embeddings=True)
+    qwen = transformers.Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        for name, p in qwen.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0.0, 0.1)  # the q/k/v biases are sharded with their heads: make them matter
+        qwen.lm_head.weight.mul_(10.0)
+    qwen.save_pretrained(base / "qwen", max_shard_size="50KB")  # several files + model.safetensors.index.json
+    return {name: str(base / name) for name in ("llama", "draft", "qwen")}
+
+
+def _torchrun(*args: str) -> subprocess.CompletedProcess:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--nnodes", "1",
+           "--master-addr", "127.0.0.1", "--master-port", str(port), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_two_ranks_match_one_process(checkpoints, tmp_path):
+    sys.path.insert(0, str(WORKER.parent))
+    try:
+        from tp_worker import run
+    finally:
+        sys.path.remove(str(WORKER.parent))
+    out = tmp_path / "out.json"
+    targets = [checkpoints["llama"], checkpoints["qwen"]]
+    _torchrun(str(WORKER), str(out), *targets, checkpoints["draft"])
+    got = json.loads(out.read_text())
+    assert got["ranks_agree"]
+    drafter = transformers.AutoModelForCausalLM.from_pretrained(checkpoints["draft"]).eval()
+    for folder in targets:
+        ref = run(FastLlama.from_hf(folder), drafter)
+        assert got["results"][folder]["kv_heads"] == 1  # each rank holds 1 of the 2 kv heads (and caches only it)
+        assert got["results"][folder]["shard_model_same"]
+        assert got["results"][folder]["greedy"] == ref["greedy"], folder
+        assert got["results"][folder]["sampled"] == ref["sampled"], folder
+        assert len({tuple(s) for s in ref["greedy"] + ref["sampled"]}) > 3  # not one degenerate sequence
+    # untied Llama: a vocab-parallel head (32 of the 64 rows, logits gathered); tied Qwen2: the replicated embedding
+    assert [got["results"][folder]["head_rows"] for folder in targets] == [32, False]
+
+
+def test_cli_torchrun_prints_the_single_process_text(checkpoints, capsys):
+    common = ["--device", "cpu", "--target", checkpoints["llama"], "--draft", checkpoints["draft"],
+              "--prompt", "w1 w2 w3 w4", "--temperature", "0", "--max-new-tokens", "10", "--quiet"]
+    proc = _torchrun("-m", "specdec", "generate", "--tensor-parallel-size", "2", *common)
+    assert main(["generate", *common]) == 0
+    single = capsys.readouterr().out
+    assert len(single.split()) > 4
+    assert proc.stdout == single  # rank 0 alone prints, the same text
+
+
+def test_cli_refuses_without_torchrun_or_wrong_world_size(checkpoints, capsys, monkeypatch):
+    args = ["generate", "--device", "cpu", "--target", checkpoints["llama"], "--prompt", "w1", "--tensor-parallel-size"]
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR"):
+        monkeypatch.delenv(name, raising=False)
+    assert main([*args, "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "torchrun --nproc-per-node 2" in err
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    assert main([*args, "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "world size (4)" in err
+    assert main([*args, "0"]) == 2
+    assert "--tensor-parallel-size must be >= 1" in capsys.readouterr().err
+    assert main([*args, "2", "--num-draft-tokens", "heuristic"]) == 2
+    assert "integer --num-draft-tokens" in capsys.readouterr().err
+
+
+def test_shard_shape_splits_heads_and_refuses_what_does_not_divide():
+    shape = LlamaShape(vocab_size=64, dim=32, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=4, intermediate_size=96)
+    two = shard_shape(shape, 2)
+    assert (two.n_heads, two.n_kv_heads, two.intermediate_size, two.vocab_size) == (4, 1, 48, 64)
+    with pytest.raises(ValueError, match=r"tensor_parallel_size 4 must divide the model's key/value heads \(2\)"):
+        shard_shape(shape, 4)
+    with pytest.raises(ValueError, match="intermediate_size"):
+        shard_shape(LlamaShape(64, 32, 2, n_heads=4, n_kv_heads=4, head_dim=8, intermediate_size=90), 4)
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        shard_shape(shape, 0)
+
+
+@pytest.mark.parametrize("family", ["llama3", "mistral", "qwen3"])
+def test_rope_tables_come_from_the_config_as_transformers_computes_them(family):
+    from specdec.distributed.sharded import _rope
+
+    small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=256)
+    if family == "llama3":
+        config = transformers.LlamaConfig(**small, rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                                                 "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                                 "original_max_position_embeddings": 64})
+        model = transformers.LlamaForCausalLM(config)
+    elif family == "mistral":
+        model = transformers.MistralForCausalLM(transformers.MistralConfig(**small, sliding_window=None))
+    else:
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**small, head_dim=8))
+    inv_freq, scaling = _rope(model.config)
+    assert torch.equal(inv_freq, model.model.rotary_emb.inv_freq)
+    assert scaling == model.model.rotary_emb.attention_scaling
+
+
+def test_fixture_qwen_is_sharded_over_files(checkpoints):
+    files = list(Path(checkpoints["qwen"]).glob("model-*.safetensors"))
+    assert len(files) > 1 and (Path(checkpoints["qwen"]) / "model.safetensors.index.json").is_file()
