@@ -37,7 +37,7 @@ from specdec.analysis import optimal_gamma, walltime_improvement
 from specdec.bench.alpha_table import NGramLM
 from specdec.bench.ende_report import DRAFT_NAMES, ende_markdown, plot_speedups
 from specdec.drafters.ngram import NGramDrafter
-from specdec.policy_bench import merge_stats
+from specdec.bench.policy_bench import merge_stats
 from specdec.zoo.presets import DistillConfig, DraftRecipe, ModelShape, PairPreset, TrainConfig
 
 logger = logging.getLogger(__name__)
