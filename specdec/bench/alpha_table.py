@@ -168,7 +168,7 @@ def code_pair_table3(
     """The Table 3 analog on the shipped demo pair: unigram, bigram (fitted on `ngram_tokens` tokens of
     training-split Python) and the pair's one-layer drafter, at T = 0 and T = 1. Returns a JSON-ready dict."""
     from specdec.cli.demo import DEMO_PAIR, load_pair
-    from specdec.policy_bench import code_workload
+    from specdec.bench.policy_bench import code_workload
 
     t0 = time.perf_counter()
     target, draft, tokenizer = load_pair(Path(pair_dir) if pair_dir else DEMO_PAIR)
