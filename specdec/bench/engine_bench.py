@@ -94,6 +94,35 @@ def concurrent(engines: dict, prompts, max_new: int, sizes=(8, 32, 64), temperat
     return rows
 
 
+def step_profile(engine: Engine, prompts, gamma, max_new: int = 64) -> dict:
+    """Where a step's time goes at this batch size: host vs device per step (graphs), and the device time
+    by kernel kind from an eager profile of the same steps (kernels inside graph replays are not traced)."""
+    from specdec.bench.profile import profile_steps
+    from specdec.metrics import SpecStats
+
+    engine.policy.set_fixed(gamma)
+    params = SamplingParams(temperature=0, max_new_tokens=max_new)
+    run_requests(engine, prompts, params)
+    engine.stats = SpecStats()
+    seconds, tokens, _ = run_requests(engine, prompts, params)
+    st = engine.stats
+    steps = max(st.num_steps, 1)
+    out = {"requests": len(prompts), "gamma": gamma, "steps": st.num_steps, "tokens_per_step": tokens / steps,
+           "wall_ms_per_step": 1e3 * seconds / steps, "draft_ms_per_step": 1e3 * st.draft_time_s / steps,
+           "verify_ms_per_step": 1e3 * st.verify_time_s / steps}
+    engine.cuda_graphs = False
+    try:
+        engine.stats = SpecStats()
+        prof = profile_steps(lambda: run_requests(engine, prompts, params), 1, engine.device)
+        eager_steps = max(engine.stats.num_steps // 2, 1)  # profile_steps runs fn twice (warm + profiled)
+        out["eager_kernel_ms_per_step"] = prof["kernel_ms_per_step"] / eager_steps
+        out["eager_kernels_per_step"] = prof["kernels_per_step"] / eager_steps
+        out["eager_ms_by_kind_per_step"] = {k: v / eager_steps for k, v in prof["by_kind_ms_per_step"].items()}
+    finally:
+        engine.cuda_graphs = True
+    return out
+
+
 def shapes(device: torch.device, max_new: int = 128) -> list[dict]:
     from specdec.bench.device import documented_peak_bandwidth
     from specdec.fast.model import FastLlama, LlamaShape
@@ -172,6 +201,9 @@ def main(argv=None) -> dict:
     results["batch1_T1"] = batch1(engines["plain"][0], engines["model"][0], prompts[:n_b1], max_new, 1.0)
     sizes = (8,) if args.quick else (8, 32, 64)
     results["concurrent"] = concurrent(engines, prompts, max_new, sizes=sizes)
+    if device.type == "cuda":
+        results["profile"] = [step_profile(engine, [prompts[i] for i in range(n)], gamma)
+                              for n in (1, 64) for engine, gamma in ((engines["plain"][0], 0), (engines["model"][0], 4))]
     del engines
     if device.type == "cuda" and not args.no_shapes:
         torch.cuda.empty_cache()
