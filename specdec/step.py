@@ -17,7 +17,7 @@ import torch
 
 from specdec.metrics import SpecStats
 
-__all__ = ["GenerateResult", "GenerationStream", "TokenEvent", "StepCounts", "commit_counts", "step_counters", "Clock"]
+__all__ = ["GenerateResult", "GenerationStream", "RequestOutput", "TokenEvent", "StepCounts", "commit_counts", "step_counters", "Clock"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,20 @@ class GenerationStream:
         if "result" not in self._holder:
             raise RuntimeError("the stream has not finished yet: iterate over it first")
         return self._holder["result"]
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """What one engine step did for one request (every runner that serves requests reports these)."""
+
+    request_id: str
+    new_token_ids: list[int]
+    logprobs: list[float] | None
+    num_accepted: int  # the first num_accepted of new_token_ids were accepted drafts
+    num_drafted: int  # drafts proposed for this request in this step (0 = a plain step)
+    finished: bool
+    finish_reason: str | None  # "stop" (EOS) | "length" | "abort"
+    stats: SpecStats | None = None  # the request's own statistics, on its final output
 
 
 def commit_counts(

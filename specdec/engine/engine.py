@@ -36,25 +36,11 @@ from specdec.engine.slots import MAX_EOS_IDS, SlotCache, SlotState, prefill_rows
 from specdec.fast.graphs import CapturedStep, new_pool
 from specdec.metrics import SpecStats
 from specdec.request import SamplingParams, normalize_prompts, resolve_seed
-from specdec.step import Clock, StepCounts, commit_counts, step_counters
+from specdec.step import Clock, RequestOutput, StepCounts, commit_counts, step_counters
 
 __all__ = ["Engine", "RequestOutput"]
 
 _MIN_POSITIONS = 64
-
-
-@dataclass(frozen=True)
-class RequestOutput:
-    """What one step did for one request (see the module doc)."""
-
-    request_id: str
-    new_token_ids: list[int]
-    logprobs: list[float] | None
-    num_accepted: int  # the first num_accepted of new_token_ids were accepted drafts
-    num_drafted: int  # drafts proposed for this request in this step (0 = a plain step)
-    finished: bool
-    finish_reason: str | None  # "stop" (EOS) | "length" | "abort"
-    stats: SpecStats | None = None  # the request's own statistics, on its final output
 
 
 @dataclass

@@ -19,25 +19,12 @@ import torch
 from specdec.metrics import SpecStats
 from specdec.policy import DraftLengthPolicy, StepOutcome, resolve_policy
 from specdec.request import SamplingParams, as_int
+from specdec.step import RequestOutput
 
 __all__ = ["RequestOutput", "Runner", "FallbackRunner", "context_length", "DEFAULT_CONTEXT"]
 
 #: Context assumed for a model whose config names none (relative-position models such as T5).
 DEFAULT_CONTEXT = 4096
-
-
-@dataclass(frozen=True)
-class RequestOutput:
-    """What one step committed for one request (the engine's own `RequestOutput` has the same fields)."""
-
-    request_id: str
-    new_token_ids: list[int]
-    logprobs: list[float] | None
-    num_accepted: int  # the first num_accepted of new_token_ids were accepted drafts
-    num_drafted: int  # drafts proposed for this request this step (0 = a plain step)
-    finished: bool
-    finish_reason: str | None  # "stop" (EOS) | "length" | "abort"
-    stats: SpecStats | None = None
 
 
 @runtime_checkable
