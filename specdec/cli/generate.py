@@ -57,7 +57,9 @@ def _gamma(text: str):
     return value
 
 
-def _drafter(args, tokenizer, target, prompts_ids):
+def load_drafter(args, tokenizer, vocab_size: int, prompts_ids, device, dtype):
+    """The drafter `--draft` names: None, prompt lookup, an n-gram table (fit on --ngram-data or the prompts)
+    or a local checkpoint folder (loaded on `device` in `dtype`)."""
     import specdec
     from specdec.loading import load_model
 
@@ -67,16 +69,13 @@ def _drafter(args, tokenizer, target, prompts_ids):
     if kind == "prompt-lookup":
         return specdec.PromptLookupDrafter()
     if kind in ("ngram", "bigram", "unigram"):
+        data = prompts_ids
         if args.ngram_data is not None:
             if not args.ngram_data.is_file():
                 raise FileNotFoundError(f"--ngram-data file not found: {args.ngram_data}")
             data = [tokenizer.encode(args.ngram_data.read_text(encoding="utf-8", errors="replace"))]
-        else:
-            data = prompts_ids
-        vocab = target.get_output_embeddings().weight.shape[0]
-        return specdec.NGramDrafter(1 if kind == "unigram" else 2).fit(data, vocab)
-    return load_model(args.draft, device=target.device, dtype=next(target.parameters()).dtype, what="draft",
-                      allow_pickle=args.allow_pickle)
+        return specdec.NGramDrafter(1 if kind == "unigram" else 2).fit(data, vocab_size)
+    return load_model(args.draft, device=device, dtype=dtype, what="draft", allow_pickle=getattr(args, "allow_pickle", False))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
     for i, ids in enumerate(prompts):
         if not ids:
             raise CLIError(f"--prompt {i + 1} is empty after tokenization")
-    drafter = _drafter(args, tokenizer, target, prompts)
+    drafter = load_drafter(args, tokenizer, target.get_output_embeddings().weight.shape[0], prompts, target.device,
+                           next(target.parameters()).dtype)
     if drafter is not None and isinstance(gamma, int) and gamma < 1:
         raise ValueError(f"num_draft_tokens must be >= 1 with a draft (got {gamma}); omit --draft for plain decoding")
 

@@ -27,25 +27,6 @@ def _check(args: argparse.Namespace, gamma) -> None:
         raise CLIError("--tensor-parallel-size loads safetensors checkpoints only (drop --allow-pickle)")
 
 
-def _drafter(args, tokenizer, vocab_size: int, prompts, device, dtype):
-    import specdec
-    from specdec.loading import load_model
-
-    if args.draft is None:
-        return None
-    kind = args.draft.lower()
-    if kind == "prompt-lookup":
-        return specdec.PromptLookupDrafter()
-    if kind in ("ngram", "bigram", "unigram"):
-        data = prompts
-        if args.ngram_data is not None:
-            if not args.ngram_data.is_file():
-                raise FileNotFoundError(f"--ngram-data file not found: {args.ngram_data}")
-            data = [tokenizer.encode(args.ngram_data.read_text(encoding="utf-8", errors="replace"))]
-        return specdec.NGramDrafter(1 if kind == "unigram" else 2).fit(data, vocab_size)
-    return load_model(args.draft, device=device, dtype=dtype, what="draft")
-
-
 def _text(tokenizer, prompt: list[int], tokens: list[int]) -> str:
     from specdec.text.detokenize import IncrementalText
 
@@ -76,7 +57,9 @@ def run_tensor_parallel(args: argparse.Namespace, gamma) -> int:
         for i, ids in enumerate(prompts):
             if not ids:
                 raise CLIError(f"--prompt {i + 1} is empty after tokenization")
-        drafter = _drafter(args, tokenizer, target.shape.vocab_size, prompts, device, dtype)
+        from specdec.cli.generate import load_drafter
+
+        drafter = load_drafter(args, tokenizer, target.shape.vocab_size, prompts, device, dtype)
         if drafter is not None and gamma < 1:
             raise ValueError(f"num_draft_tokens must be >= 1 with a draft (got {gamma}); omit --draft for plain decoding")
         defaults = GenerationDefaults.from_model(target, resolve_eos(None, target))
