@@ -132,6 +132,13 @@ class StepCounts:
     def width(gamma: int) -> int:
         return 2 * gamma + 5
 
+    @staticmethod
+    def summary(values: list[float], gamma: int) -> tuple[int, int, float, int, int]:
+        """(accepted, drafted, β-sum, verified positions, drafting rows) of one row's values, without building
+        the structure (the engine reads this for every row of every step)."""
+        return (int(values[2 * gamma + 1]), int(values[2 * gamma + 2]), values[2 * gamma], int(sum(values[:gamma])),
+                int(values[2 * gamma + 3]))
+
     @classmethod
     def from_row(cls, values: list[float], gamma: int) -> "StepCounts":
         """From one row (or a column sum) of `step_counters`' output, read to the host."""

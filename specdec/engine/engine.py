@@ -20,6 +20,7 @@ once. Each request carries its own parameters and seed; its random draws are a f
 from __future__ import annotations
 
 import itertools
+import operator
 import threading
 import time
 from collections import deque
@@ -54,6 +55,8 @@ class _Request:
     draft_valid: int = 0  # positions below this are in the drafter's cache
     stats: SpecStats = field(default_factory=SpecStats)
     estimate: object = None  # the policy's acceptance estimate for this request
+    needs: tuple = ()  # (greedy, top-k, top-p, logprobs): what this request asks of a step's flavor
+    pending: dict = field(default_factory=dict)  # γ → summed step counters, folded into `stats` when it ends
 
 
 class Engine:
@@ -142,7 +145,10 @@ class Engine:
             if request_id in self._known:
                 raise ValueError(f"request_id {request_id!r} is already in use")
             self._known.add(request_id)
-            self._waiting.append(_Request(request_id, prompt, params, seed, time.perf_counter(), len(prompt)))
+            greedy = params.greedy
+            needs = (greedy, params.top_k > 0 and not greedy, params.top_p < 1.0 and not greedy, params.logprobs)
+            self._waiting.append(_Request(request_id, prompt, params, seed, time.perf_counter(), len(prompt),
+                                          needs=needs))
         return request_id
 
     def abort(self, request_id: str) -> None:
@@ -164,13 +170,9 @@ class Engine:
         self._catch_up_drafter(gamma)
         need = max(r.length for r in self._running) + gamma + 2
         positions = min(max(_MIN_POSITIONS, 1 << (need - 1).bit_length()), self.num_positions)
-        params = [r.params for r in self._running]
-        flavor = Flavor(
-            all_greedy=all(p.greedy for p in params),
-            top_k=any(p.top_k > 0 and not p.greedy for p in params),
-            top_p=any(p.top_p < 1.0 and not p.greedy for p in params),
-            logprobs=any(p.logprobs for p in params),
-        )
+        needs = [r.needs for r in self._running]  # (greedy, top-k, top-p, logprobs) per request
+        flavor = Flavor(all(n[0] for n in needs), any(n[1] for n in needs), any(n[2] for n in needs),
+                        any(n[3] for n in needs))
         run = self._step_for(batch, gamma, positions, flavor)
         first_run = not run.ran  # its time includes graph capture: not a step time
         run.ran = True
@@ -242,12 +244,16 @@ class Engine:
             return
         from specdec.engine.drafters import WINDOW
 
-        for slot, request in enumerate(self._running):
-            behind_from = request.length - WINDOW
-            if behind_from > request.draft_valid:
-                self.drafter.prefill(self.state, slice(slot, slot + 1), [request.draft_valid], [behind_from],
-                                     self.config.prefill_chunk)
-                request.draft_valid = behind_from
+        behind = [max(r.length - WINDOW, 0) for r in self._running]
+        lagging = [i for i, r in enumerate(self._running) if behind[i] > r.draft_valid]
+        if not lagging:
+            return
+        rows = range(lagging[0], lagging[-1] + 1)  # one batched prefill; rows not lagging feed nothing
+        starts = [self._running[i].draft_valid if i in lagging else 0 for i in rows]
+        ends = [behind[i] if i in lagging else 0 for i in rows]
+        self.drafter.prefill(self.state, slice(rows.start, rows.stop), starts, ends, self.config.prefill_chunk)
+        for i in lagging:
+            self._running[i].draft_valid = behind[i]
 
     def _release(self, slot: int) -> None:
         """Free `slot`: the last running request moves into it, so running requests stay in 0..n-1."""
@@ -268,36 +274,44 @@ class Engine:
         k = gamma + 1
         width = k + 4 + StepCounts.width(gamma) + (k if any(r.params.logprobs for r in self._running) else 0)
         passes = self.drafter.forward_passes(gamma) if gamma and self.drafter is not None else 0
-        total = None
+        row_values = []
         outputs, finished_slots = [], []
         for slot in range(n):
             request = self._running[slot]
             row = host[slot * width : (slot + 1) * width]
             count, hit_eos, finished = int(row[k]), bool(row[k + 1]), bool(row[k + 2])
-            counts = StepCounts.from_row(row[k + 4 : k + 4 + StepCounts.width(gamma)], gamma)
+            values = row[k + 4 : k + 4 + StepCounts.width(gamma)]
+            row_values.append(values)
+            accepted, drafted, beta_sum, reached, drafting = StepCounts.summary(values, gamma)
+            pending = request.pending.get(gamma)
+            if pending is None:
+                request.pending[gamma] = list(values)
+            else:
+                pending[:] = map(operator.add, pending, values)
             tokens = [int(t) for t in row[:count]]
             logprobs = row[k + 4 + StepCounts.width(gamma) :][:count] if request.params.logprobs else None
             request.length += count
             if gamma:  # the window re-fed committed text and the accepted drafts were fed: all but the last 2
                 request.draft_valid = max(request.draft_valid, request.length - 2)
+                self.policy.record_row(request, beta_sum, reached, drafting)
             stats = request.stats
-            stats.add_counts(counts)
             stats.num_steps += 1
             stats.target_calls += 1
             stats.drafter_calls += passes
             stats.num_generated_tokens += count
             stats.max_num_draft_tokens = max(stats.max_num_draft_tokens, gamma)
-            self.policy.record_row(request, counts)
-            total = counts if total is None else _add(total, counts)
             reason = None
             if finished:
                 reason = "stop" if hit_eos else "length"
+                for g, summed in request.pending.items():
+                    stats.add_counts(StepCounts.from_row(summed, g))
+                request.pending.clear()
                 stats.wall_time_s = time.perf_counter() - request.arrival
                 finished_slots.append(slot)
-            outputs.append(RequestOutput(request.request_id, tokens, logprobs, min(counts.num_accepted, count),
-                                         counts.num_drafted, finished, reason, stats if finished else None))
+            outputs.append(RequestOutput(request.request_id, tokens, logprobs, min(accepted, count), drafted,
+                                         finished, reason, stats if finished else None))
         s = self.stats
-        s.add_counts(total)
+        s.add_counts(StepCounts.from_row([sum(column) for column in zip(*row_values)], gamma))
         s.num_steps += 1
         s.target_calls += 1
         s.drafter_calls += passes
@@ -341,13 +355,6 @@ class Engine:
                         break
                     positions *= 2
         return built
-
-
-def _add(a: StepCounts, b: StepCounts) -> StepCounts:
-    return StepCounts(a.gamma, tuple(x + y for x, y in zip(a.reached, b.reached)),
-                      tuple(x + y for x, y in zip(a.accepted, b.accepted)), a.beta_sum + b.beta_sum,
-                      a.num_accepted + b.num_accepted, a.num_drafted + b.num_drafted,
-                      a.drafting_rows + b.drafting_rows, a.active_rows + b.active_rows)
 
 
 class _StepRunner:

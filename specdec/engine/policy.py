@@ -93,14 +93,13 @@ class GammaPolicy:
         else:
             self.times[key] = seconds
 
-    def record_row(self, request, counts) -> None:
-        if counts.gamma == 0 or not counts.active_rows:
-            return
+    def record_row(self, request, beta_sum: float, reached: int, drafting: int) -> None:
+        """One speculative step of one request: its Σβ, verified positions, and whether it drafted anything."""
         est = _estimate(request)
-        est.beta_sum += counts.beta_sum
-        est.reached += sum(counts.reached)
+        est.beta_sum += beta_sum
+        est.reached += reached
         est.spec_steps += 1
-        est.drafting_steps += counts.drafting_rows
+        est.drafting_steps += drafting
 
 
 def _estimate(request) -> _RowEstimate:
