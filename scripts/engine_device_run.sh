@@ -2,8 +2,10 @@
 # Device run of the engine (issue 9) on one GPU, from the repo root with data/code carried:
 #   bash scripts/engine_device_run.sh validate        # GPU tests of the engine, then the engine bench on the
 #                                                     # zoo gpu SHAPES with random weights (timings only)
-#   bash scripts/engine_device_run.sh full [SCALE]    # train the zoo gpu pair (budget scale, default 0.5),
-#                                                     # then the engine bench on it (+ 8B-shaped plain decoding)
+#   bash scripts/engine_device_run.sh full [SCALE] [BENCH_S] [SERVE_S] [EXTRA]
+#                                                     # train the zoo gpu pair (budget scale, default 0.5),
+#                                                     # then the engine bench on it (+ 8B-shaped plain decoding;
+#                                                     # EXTRA="--no-shapes" skips those) and `specdec serve`
 # Everything lands in $OUT: run.log and <mode>/engine.json.
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -27,7 +29,8 @@ if [ "$MODE" = full ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=$PWD:/tmp/site
   log "train the zoo gpu pair + engine bench"
   timeout "${3:-400}" python3 -m specdec.bench.engine_bench --pair /tmp/pair --train --budget-scale "${2:-0.5}" \
-      --data data/code --out "$OUT/full" --max-new-tokens 128 2>&1 | grep -v "^INFO" | tail -200 | tee -a "$OUT/run.log"
+      --data data/code --out "$OUT/full" --max-new-tokens 128 ${5:-} 2>&1 | grep -v "^INFO" | tail -200 \
+      | tee -a "$OUT/run.log"
   log "serving bench (specdec serve, streaming clients)"
   timeout "${4:-140}" python3 scripts/bench_serve.py --target /tmp/pair/target --draft /tmp/pair/draft0 \
       --concurrency 1 8 32 64 --max-tokens 128 --device cuda --dtype bfloat16 2>&1 | tail -40 | tee -a "$OUT/run.log"

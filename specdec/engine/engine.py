@@ -186,10 +186,10 @@ class Engine:
         if host.pop():
             raise ValueError(f"target logits {INVALID_SCORES}")
         draft_s, verify_s = clock.elapsed(0, 1), clock.elapsed(1, 2)
-        outputs += self._commit(host, n, gamma, draft_s, verify_s)
+        committed, produced = self._commit(host, n, gamma, draft_s, verify_s)
         if not first_run:  # the policy weighs whole steps: device time and the host's share alike
-            self.policy.record_time(batch, gamma, time.perf_counter() - started)
-        return outputs
+            self.policy.record_step(batch, gamma, time.perf_counter() - started, produced / n)
+        return outputs + committed
 
     # -------------------------------------------------------------------------------------- scheduling
     def _handle_aborts(self) -> list[RequestOutput]:
@@ -270,12 +270,15 @@ class Engine:
         self.state.clear(last)
 
     # ------------------------------------------------------------------------------------------- steps
-    def _commit(self, host: list[float], n: int, gamma: int, draft_s: float, verify_s: float) -> list[RequestOutput]:
+    def _commit(self, host: list[float], n: int, gamma: int, draft_s: float,
+                verify_s: float) -> tuple[list[RequestOutput], int]:
+        """Read the step's transfer: outputs per request, and the tokens the algorithm produced (Σ accepted + 1)."""
         k = gamma + 1
         width = k + 4 + StepCounts.width(gamma) + (k if any(r.params.logprobs for r in self._running) else 0)
         passes = self.drafter.forward_passes(gamma) if gamma and self.drafter is not None else 0
         row_values = []
         outputs, finished_slots = [], []
+        produced = 0
         for slot in range(n):
             request = self._running[slot]
             row = host[slot * width : (slot + 1) * width]
@@ -283,6 +286,7 @@ class Engine:
             values = row[k + 4 : k + 4 + StepCounts.width(gamma)]
             row_values.append(values)
             accepted, drafted, beta_sum, reached, drafting = StepCounts.summary(values, gamma)
+            produced += accepted + 1
             pending = request.pending.get(gamma)
             if pending is None:
                 request.pending[gamma] = list(values)
@@ -323,7 +327,7 @@ class Engine:
             with self._lock:
                 self._known.discard(self._running[slot].request_id)
             self._release(slot)
-        return outputs
+        return outputs, produced
 
     def _step_for(self, batch: int, gamma: int, positions: int, flavor: Flavor) -> "_StepRunner":
         key = (batch, gamma, positions, flavor)

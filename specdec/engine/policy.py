@@ -1,24 +1,24 @@
-"""How many tokens the engine drafts in its next step (0 = a plain step), from measured costs and acceptance.
+"""How many tokens the engine drafts in its next step (0 = a plain step), from measured steps.
 
-A fixed integer γ means exactly that γ. "auto" picks, before each step, the γ with the highest expected
-tokens per second for the rows in the batch:
+A fixed integer γ means exactly that γ. "auto" treats each γ ∈ {0} ∪ candidates as an arm and, per batch
+bucket b, keeps two measurements of it: T(b, γ), the wall time of a whole step (device and host), and τ(b, γ),
+the tokens each running row produced per step (accepted drafts + 1, before EOS/budget cuts). It picks the arm
+with the highest measured rate τ / T — tokens per second, whatever the drafter, the batch size or the
+temperature — so it runs plain decoding where speculation measures slower.
 
-    rate(γ) = Σ_rows E_row(γ) / T(b, γ),   E_row(γ) = 1 + ρ · ((1 − α^(γ+1)) / (1 − α) − 1)   (Thm 3.8's E)
-
-where T(b, γ) is the measured time of a step of that shape (draft + verify; a linear fit in γ where a
-shape has not been timed yet), α the row's measured acceptance (Σβ / verified positions, with a prior)
-and ρ the share of the row's speculative steps in which its drafter proposed anything (prompt lookup
-often finds nothing). So speculation turns itself off where it would be slower than plain decoding —
-whatever the drafter, the batch size or the temperature — and comes back when it pays.
+An arm not yet measured at b is tried when a model says it could win: τ from each row's measured acceptance
+(Thm 3.8's E(α, γ) = (1 − α^(γ+1)) / (1 − α), α = Σβ / verified positions with a prior, times the share ρ of
+the row's speculative steps in which its drafter proposed anything) over T interpolated linearly in γ. Every
+`_REFRESH` steps the runner-up arm is measured again, so stale numbers cannot stick.
 """
 
 from __future__ import annotations
 
 __all__ = ["GammaPolicy"]
 
-_DECAY = 0.8  # EMA weight of the old step time
+_DECAY = 0.8  # EMA weight of the old measurement
 _PRIOR_ALPHA, _PRIOR_WEIGHT = 0.5, 4.0
-_REFRESH = 32  # steps between re-measurements of the option not taken
+_REFRESH = 32  # steps between re-measurements of the runner-up arm
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -47,9 +47,12 @@ class GammaPolicy:
         self.max_draft_tokens = max_draft_tokens
         self.candidates = [g for g in (1, 2, 4, 6) if g <= max_draft_tokens]
         self.default = min(4, max_draft_tokens) if max_draft_tokens else 0
-        self.times: dict[tuple[int, int], float] = {}
+        self.arms: dict[tuple[int, int], list[float]] = {}  # (b, γ) → [T seconds, τ tokens per row] (EMAs)
         self._since_refresh = 0
-        self._last = None
+
+    @property
+    def times(self) -> dict[tuple[int, int], float]:
+        return {key: arm[0] for key, arm in self.arms.items()}
 
     def set_fixed(self, spec) -> None:
         """Switch between a fixed γ (an int, 0 = plain) and "auto" (for a new call on a kept engine)."""
@@ -60,38 +63,43 @@ class GammaPolicy:
     def choose(self, batch: int, running) -> int:
         if self.fixed is not None or not self.candidates:
             return self.fixed or 0
-        plain = self.times.get((batch, 0))
-        if (batch, self.default) not in self.times and not any((batch, g) in self.times for g in self.candidates):
-            return self.default  # first time at this batch size: time a speculative step
-        if plain is None:
-            return 0  # then a plain one
-        rows = [_estimate(r) for r in running]
-        best, best_rate = 0, len(rows) / plain
-        slope = self._slope(batch, plain)
-        for gamma in self.candidates:
-            seconds = self.times.get((batch, gamma), plain + gamma * slope)
-            rate = sum(r.tokens(gamma) for r in rows) / max(seconds, 1e-9)
-            if rate > best_rate:
-                best, best_rate = gamma, rate
+        arms = self.arms
+        for first in (self.default, 0):  # a new batch bucket: time one speculative step, then a plain one
+            if (batch, first) not in arms:
+                return first
+        measured = {g: arm[1] / max(arm[0], 1e-9) for (b, g), arm in arms.items() if b == batch}
+        ranked = sorted(measured, key=measured.get, reverse=True)
+        best = ranked[0]
+        unmeasured = [g for g in self.candidates if g not in measured]
+        if unmeasured:  # try an untimed γ when the acceptance model says it could beat the best measured rate
+            rows = [_estimate(r) for r in running]
+            plain = arms[(batch, 0)][0]
+            slope = self._slope(batch, plain)
+            for gamma in unmeasured:
+                tau = sum(r.tokens(gamma) for r in rows) / max(len(rows), 1)
+                if tau / (plain + gamma * slope) > measured[best]:
+                    return gamma
         self._since_refresh += 1
-        if self._since_refresh >= _REFRESH:  # re-time the option not taken, so stale numbers cannot stick
+        if self._since_refresh >= _REFRESH and len(ranked) > 1:
             self._since_refresh = 0
-            best = self.default if best == 0 else 0
+            return ranked[1]
         return best
 
     def _slope(self, batch: int, plain: float) -> float:
-        timed = [(g, t) for (b, g), t in self.times.items() if b == batch and g > 0]
+        timed = [(g, arm[0]) for (b, g), arm in self.arms.items() if b == batch and g > 0]
         if not timed:
             return 0.1 * plain
         gamma, seconds = max(timed)
         return max(seconds - plain, 0.0) / gamma
 
-    def record_time(self, batch: int, gamma: int, seconds: float) -> None:
-        key = (batch, gamma)
-        if key in self.times:
-            self.times[key] = _DECAY * self.times[key] + (1 - _DECAY) * seconds
+    def record_step(self, batch: int, gamma: int, seconds: float, tokens_per_row: float) -> None:
+        """A whole step at (b, γ) took `seconds` and each running row produced `tokens_per_row` on average."""
+        arm = self.arms.get((batch, gamma))
+        if arm is None:
+            self.arms[(batch, gamma)] = [seconds, tokens_per_row]
         else:
-            self.times[key] = seconds
+            arm[0] = _DECAY * arm[0] + (1 - _DECAY) * seconds
+            arm[1] = _DECAY * arm[1] + (1 - _DECAY) * tokens_per_row
 
     def record_row(self, request, beta_sum: float, reached: int, drafting: int) -> None:
         """One speculative step of one request: its Σβ, verified positions, and whether it drafted anything."""
