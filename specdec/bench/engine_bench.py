@@ -188,6 +188,9 @@ def main(argv=None) -> dict:
     engines = {"plain": (Engine(hf_target, None, config), 0), "model": (Engine(hf_target, hf_draft, config), "auto"),
                "bigram": (Engine(hf_target, bigram, config), "auto"),
                "prompt_lookup": (Engine(hf_target, PromptLookupDrafter(), config), "auto")}
+    def save() -> None:  # after every section, so a run cut off by its time limit keeps what it measured
+        (out_dir / "engine.json").write_text(json.dumps(results, indent=1, default=str))
+
     t0 = time.perf_counter()
     buckets = tuple(b for b in (1, 2, 4, 8, 16, 32, 64) if b <= config.max_batch_size)
     for engine, _ in engines.values():  # every shape the runs below can reach, as a server does at start-up
@@ -196,11 +199,14 @@ def main(argv=None) -> dict:
     n_lat = 12 if args.quick else 40
     results["latency_plain"] = latency(engines["plain"][0], prompts[:n_lat], max_new, 0)
     results["latency_model"] = latency(engines["model"][0], prompts[:n_lat], max_new, 4)
+    save()
     n_b1 = 12 if args.quick else 48
     results["batch1_T0"] = batch1(engines["plain"][0], engines["model"][0], prompts[:n_b1], max_new, 0.0)
     results["batch1_T1"] = batch1(engines["plain"][0], engines["model"][0], prompts[:n_b1], max_new, 1.0)
+    save()
     sizes = (8,) if args.quick else (8, 32, 64)
     results["concurrent"] = concurrent(engines, prompts, max_new, sizes=sizes)
+    save()
     if device.type == "cuda":
         results["profile"] = [step_profile(engine, [prompts[i] for i in range(n)], gamma)
                               for n in (1, 64) for engine, gamma in ((engines["plain"][0], 0), (engines["model"][0], 4))]
