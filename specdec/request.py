@@ -342,6 +342,11 @@ def as_drafter(drafter, target):
             from specdec.drafters.model import ModelDrafter
 
             drafter = ModelDrafter(drafter)
+    return check_same_vocabulary(drafter, target)
+
+
+def check_same_vocabulary(drafter, target):
+    """`drafter`, after checking it proposes over the target's vocabulary (None = takes the target's)."""
     if drafter.vocab_size is not None and drafter.vocab_size != target.vocab_size:
         raise ValueError(
             f"draft and target vocabularies differ: drafter has {drafter.vocab_size} tokens, "

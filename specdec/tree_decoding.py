@@ -198,9 +198,6 @@ def _tree_drafter(drafter, target: TreeCausalLM):
         from specdec.drafters.tree import TreeModelDrafter
 
         drafter = TreeModelDrafter(drafter)
-    if drafter.vocab_size is not None and drafter.vocab_size != target.vocab_size:
-        raise ValueError(
-            f"draft and target vocabularies differ: drafter has {drafter.vocab_size} tokens, "
-            f"target has {target.vocab_size}; speculative decoding needs the same vocabulary"
-        )
-    return drafter
+    from specdec.request import check_same_vocabulary
+
+    return check_same_vocabulary(drafter, target)
