@@ -51,17 +51,11 @@ class TokenBuffer:
 
     def append(self, new_tokens: torch.Tensor, counts: torch.Tensor) -> None:
         """Append the first `counts[b]` of `new_tokens [B, k]` to row b."""
-        k = new_tokens.shape[1]
         if self.growable:
             needed = int((self.lengths + counts).max()) if self.batch_size else 0
             if needed > self.capacity:
                 self.reserve(max(needed, 2 * self.capacity))
-        cols = self.lengths[:, None] + torch.arange(k, device=self.tokens.device)[None, :]
-        write = torch.arange(k, device=self.tokens.device)[None, :] < counts[:, None]
-        cols = torch.where(write, cols, torch.zeros_like(cols))
-        # Write only the counted tokens; masked entries rewrite column 0 with its own value.
-        current = self.tokens.gather(1, cols)
-        self.tokens.scatter_(1, cols, torch.where(write, new_tokens, current))
+        write_tokens(self.tokens, self.lengths, new_tokens, counts)
         self.lengths = self.lengths + counts
 
     def reserve(self, capacity: int) -> None:
@@ -80,3 +74,17 @@ class TokenBuffer:
 
     def row(self, b: int) -> list[int]:
         return self.tokens[b, : int(self.lengths[b])].tolist()
+
+
+def write_tokens(tokens: torch.Tensor, lengths: torch.Tensor, new_tokens: torch.Tensor, counts: torch.Tensor) -> None:
+    """Write the first `counts[b]` of `new_tokens [B, k]` into `tokens [B, capacity]` from column `lengths[b]`,
+    in place, with no host sync (the engine's graphs call it too). Lengths are not moved.
+
+    Columns past the capacity are clamped to the last one (callers size the buffer so this never commits);
+    masked entries rewrite column 0 with its own value.
+    """
+    k = new_tokens.shape[1]
+    cols = torch.arange(k, device=tokens.device)[None, :]
+    write = cols < counts[:, None]
+    where = torch.where(write, (lengths[:, None] + cols).clamp(max=tokens.shape[1] - 1), torch.zeros_like(cols))
+    tokens.scatter_(1, where, torch.where(write, new_tokens, tokens.gather(1, where)))

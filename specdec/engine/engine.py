@@ -36,7 +36,8 @@ from specdec.engine.policy import GammaPolicy
 from specdec.engine.slots import MAX_EOS_IDS, SlotCache, SlotState, prefill_rows
 from specdec.fast.graphs import CapturedStep, new_pool
 from specdec.metrics import SpecStats
-from specdec.request import SamplingParams, normalize_prompts, resolve_seed
+from specdec.request import SamplingParams, as_int, normalize_prompts, resolve_seed
+from specdec.sequences import write_tokens
 from specdec.step import Clock, RequestOutput, StepCounts, commit_counts, step_counters
 
 __all__ = ["Engine", "RequestOutput"]
@@ -344,6 +345,14 @@ class Engine:
         γ values (default: every γ the policy may pick), every length bucket up to `max_length` (default:
         max_seq_len) and these temperatures (no top-k/top-p); returns how many step shapes were built."""
         gammas = gammas if gammas is not None else sorted({0, *self.policy.candidates})
+        for size in batch_sizes:
+            as_int(size, "batch_sizes", minimum=1, maximum=self.max_batch)
+        for gamma in gammas:
+            as_int(gamma, "gammas", minimum=0, maximum=self.max_draft_tokens)
+        if max_length is not None:
+            as_int(max_length, "max_length", minimum=1, maximum=self.max_seq_len)
+        for temperature in temperatures:
+            SamplingParams(temperature=temperature)  # a number >= 0, named in the error
         limit = min(self.num_positions, max_length + self.max_draft_tokens + 2 if max_length else self.num_positions)
         flavors = {Flavor(t == 0, False, False, False) for t in temperatures}
         built = 0
@@ -407,11 +416,7 @@ class _StepRunner:
         active, generated = state.active[rows], state.generated[rows]
         counts, hit_eos = commit_counts(new_tokens, result.num_accepted, state.max_new[rows] - generated,
                                         state.eos[rows], active)
-        tokens = state.tokens[rows]
-        cols = torch.arange(gamma + 1, device=e.device)[None, :]
-        write = cols < counts[:, None]
-        where = torch.where(write, (lengths[:, None] + cols).clamp(max=tokens.shape[1] - 1), torch.zeros_like(cols))
-        tokens.scatter_(1, where, torch.where(write, new_tokens, tokens.gather(1, where)))
+        write_tokens(state.tokens[rows], lengths, new_tokens, counts)
         lengths.add_(counts)
         generated.add_(counts)
         finished = active & (hit_eos | (generated >= state.max_new[rows]))
