@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specdec.fast.kernels.attention import slot_attention
+
 __all__ = ["LlamaShape", "KVCache", "FastLlama"]
 
 
@@ -307,12 +309,14 @@ class FastLlama(torch.nn.Module):
         return F.linear(x, self.lm_head).float()
 
     def forward(self, tokens: torch.Tensor, cache: KVCache, valid: torch.Tensor | None = None,
-                *, last_only: bool = False, advance: bool = True) -> torch.Tensor:
+                *, last_only: bool = False, advance: bool = True, return_hidden: bool = False):
         """Append `tokens [B, k]` to each row at its own slots → logits `[B, k, V]` (float32).
 
         valid [B, k] (optional): False marks padding; a row's valid tokens are written contiguously from
         `cache.lengths[b]` in order, padding goes to the junk slot and its logits are meaningless.
         last_only: return logits of the last column only (`[B, 1, V]`). advance: move `cache.lengths`.
+        return_hidden: return `(logits, hidden)`, hidden `[B, k, dim]` the final-normed states the LM head reads
+        (what feature-level drafters consume).
         No host synchronization: with fixed shapes this can be captured in a CUDA graph.
         """
         s = self.shape
@@ -338,12 +342,6 @@ class FastLlama(torch.nn.Module):
                          torch.ones(batch, k, nkv, hd, device=tokens.device, dtype=self.dtype)], dim=2)
         sin = torch.cat([sin_table[rope_pos][:, :, None, :].expand(batch, k, nq + nkv, hd),
                          torch.zeros(batch, k, nkv, hd, device=tokens.device, dtype=self.dtype)], dim=2)
-        # Additive attention bias shared by all layers: [B, 1, G·k, S]; query (g, i) sees slots j <= pos_i.
-        group = s.n_heads // s.n_kv_heads
-        j = torch.arange(num_slots_total, device=tokens.device)
-        allowed = (j[None, None, :] <= positions[:, :, None]) & (j < junk)  # [B, k, S]
-        bias = torch.zeros(allowed.shape, device=tokens.device, dtype=self.dtype).masked_fill_(~allowed, float("-inf"))
-        bias = bias[:, None, None].expand(batch, 1, group, k, num_slots_total).reshape(batch, 1, group * k, num_slots_total)
         write_index = slots[:, None, :, None].expand(batch, s.n_kv_heads, k, s.head_dim)
 
         x = F.embedding(tokens, self.embed)  # [B, k, dim]
@@ -358,10 +356,7 @@ class FastLlama(torch.nn.Module):
             q, key, v = qkv[:, :, :nq], qkv[:, :, nq : nq + nkv], qkv[:, :, nq + nkv :]
             cache.keys[i].scatter_(2, write_index, key.transpose(1, 2))
             cache.values[i].scatter_(2, write_index, v.transpose(1, 2))
-            # Fold the query heads that share a KV head into the query length: plain MHA over H_kv heads.
-            q = q.reshape(batch, k, nkv, group, hd).permute(0, 2, 3, 1, 4).reshape(batch, nkv, group * k, hd)
-            attn = F.scaled_dot_product_attention(q, cache.keys[i], cache.values[i], attn_mask=bias)
-            attn = attn.view(batch, nkv, group, k, hd).permute(0, 3, 1, 2, 4).reshape(batch * k, nq * hd)
+            attn = slot_attention(q, cache.keys[i], cache.values[i], rope_pos).reshape(batch * k, nq * hd)
             x = self._row_parallel(x.view(batch * k, s.dim), attn, self.wo[i])  # residual add fused into the GEMM
             if s.o_bias:
                 x = x + self.bo[i]
@@ -374,4 +369,4 @@ class FastLlama(torch.nn.Module):
         logits = self._logits(x)
         if advance:
             cache.lengths.add_(added)
-        return logits
+        return (logits, x) if return_hidden else logits
