@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from helpers import RAGGED_PROMPTS  # noqa: F401  (re-exported: some tests import it from conftest)
 
 transformers = pytest.importorskip("transformers")
+
+# Without a GPU, Triton kernels run in Triton's interpreter (on CPU tensors): set before anything imports triton.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 VOCAB = 64
 
