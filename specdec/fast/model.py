@@ -308,23 +308,26 @@ class FastLlama(torch.nn.Module):
         """Float32 logits `[B, k, V]` of final hidden states `x [B, k, dim]`; a vocab-parallel subclass gathers them."""
         return F.linear(x, self.lm_head).float()
 
-    def forward(self, tokens: torch.Tensor, cache: KVCache, valid: torch.Tensor | None = None,
-                *, last_only: bool = False, advance: bool = True, return_hidden: bool = False):
+    def forward(self, tokens: torch.Tensor | None, cache: KVCache, valid: torch.Tensor | None = None,
+                *, embeds: torch.Tensor | None = None, last_only: bool = False, advance: bool = True,
+                return_hidden: bool = False, compute_logits: bool = True):
         """Append `tokens [B, k]` to each row at its own slots → logits `[B, k, V]` (float32).
 
         valid [B, k] (optional): False marks padding; a row's valid tokens are written contiguously from
         `cache.lengths[b]` in order, padding goes to the junk slot and its logits are meaningless.
         last_only: return logits of the last column only (`[B, 1, V]`). advance: move `cache.lengths`.
+        embeds [B, k, dim] (optional): input vectors in place of `embed[tokens]` (tokens may then be None).
         return_hidden: return `(logits, hidden)`, hidden `[B, k, dim]` the final-normed states the LM head reads
-        (what feature-level drafters consume).
+        (what feature-level drafters consume); compute_logits=False skips the LM head (logits None).
         No host synchronization: with fixed shapes this can be captured in a CUDA graph.
         """
         s = self.shape
-        batch, k = tokens.shape
+        batch, k = (tokens if embeds is None else embeds).shape[:2]
+        device = cache.lengths.device
         num_slots_total = cache.keys[0].shape[2]
         junk = num_slots_total - 1
         if valid is None:
-            positions = cache.lengths[:, None] + torch.arange(k, device=tokens.device)[None, :]
+            positions = cache.lengths[:, None] + torch.arange(k, device=device)[None, :]
             slots = positions.clamp(max=junk)  # past the end: junk (callers size the cache so this never happens)
             added = k
         else:
@@ -339,12 +342,12 @@ class FastLlama(torch.nn.Module):
         nq, nkv, hd = s.n_heads, s.n_kv_heads, s.head_dim
         rope_pos = positions.clamp(max=junk)
         cos = torch.cat([cos_table[rope_pos][:, :, None, :].expand(batch, k, nq + nkv, hd),
-                         torch.ones(batch, k, nkv, hd, device=tokens.device, dtype=self.dtype)], dim=2)
+                         torch.ones(batch, k, nkv, hd, device=device, dtype=self.dtype)], dim=2)
         sin = torch.cat([sin_table[rope_pos][:, :, None, :].expand(batch, k, nq + nkv, hd),
-                         torch.zeros(batch, k, nkv, hd, device=tokens.device, dtype=self.dtype)], dim=2)
+                         torch.zeros(batch, k, nkv, hd, device=device, dtype=self.dtype)], dim=2)
         write_index = slots[:, None, :, None].expand(batch, s.n_kv_heads, k, s.head_dim)
 
-        x = F.embedding(tokens, self.embed)  # [B, k, dim]
+        x = F.embedding(tokens, self.embed) if embeds is None else embeds.to(self.dtype)  # [B, k, dim]
         for i in range(s.n_layers):
             h = F.rms_norm(x, (s.dim,), self.attn_norm[i], s.rms_norm_eps)
             qkv = F.linear(h, self.wqkv[i], self.bqkv[i] if s.qkv_bias else None).view(batch, k, nq + 2 * nkv, hd)
@@ -366,7 +369,7 @@ class FastLlama(torch.nn.Module):
         if last_only:
             x = x[:, -1:]
         x = F.rms_norm(x, (s.dim,), self.final_norm, s.rms_norm_eps)
-        logits = self._logits(x)
+        logits = self._logits(x) if compute_logits else None
         if advance:
             cache.lengths.add_(added)
         return (logits, x) if return_hidden else logits
