@@ -34,6 +34,8 @@ def slot_attention_reference(q: torch.Tensor, keys: torch.Tensor, values: torch.
 
 
 def slot_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
-                   scale: float | None = None) -> torch.Tensor:
-    """`slot_attention_reference`'s function; a fused kernel replaces the body where one exists."""
+                   scale: float | None = None, *, kernel: str = "auto") -> torch.Tensor:
+    """`slot_attention_reference`'s function. kernel: "auto" (the fused kernel where one runs), "triton", "reference"."""
+    if kernel not in ("auto", "triton", "reference"):
+        raise ValueError(f"kernel must be 'auto', 'triton' or 'reference', got {kernel!r}")
     return slot_attention_reference(q, keys, values, positions, scale)
