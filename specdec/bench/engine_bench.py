@@ -10,6 +10,13 @@ Measured side by side in one process, on the held-in code prompt set (`specdec.b
   concurrent   N requests submitted at once (N = 8, 32, 64; continuous batching), plain vs each drafter
                (model, bigram, prompt lookup), T=0 and T=1, γ "auto": tokens/s and the ratio to plain
   shapes       8B-shaped Llama and Qwen2 random weights: plain decoding tok/s at batch 1 and the MBU
+  synthetic    8B-shaped target with a small random drafter, each draft accepted with probability α = 0.8
+               (EngineConfig.synthetic_acceptance), γ = 4: measured speedup vs Thm 3.8 at the measured c
+
+Each speculative batch-1 row carries two predictions next to the measured speedup: the paper's Thm 3.8,
+E(α, γ) / (γc + 1), and the cost-aware one, E(α, γ) / (γc + r), where c = one drafter forward / one plain
+(1-token) target step and r = the (γ+1)-token verify / the 1-token step, all timed on the device in this run
+(`cost_model`). Host time is in neither prediction: measured / cost-aware is what the host and the rest cost.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import torch
 from specdec.engine import Engine, EngineConfig
 from specdec.request import SamplingParams
 
-__all__ = ["run_requests", "latency", "batch1", "concurrent", "shapes", "main"]
+__all__ = ["run_requests", "latency", "batch1", "cost_model", "concurrent", "shapes", "synthetic", "main"]
 
 
 def run_requests(engine: Engine, prompts, params: SamplingParams) -> tuple[float, int, list]:
@@ -57,9 +64,35 @@ def latency(engine: Engine, prompts, max_new: int, gamma) -> dict:
             "ratio_p99": ratios[min(len(ratios) - 1, int(0.99 * len(ratios)))]}
 
 
-def batch1(engine_plain: Engine, engine_spec: Engine, prompts, max_new: int, temperature: float = 0.0) -> dict:
+def cost_model(plain, spec) -> dict:
+    """The two predictions of a speculative run from device timings of this run (see the module doc).
+
+    plain, spec: `SpecStats` of a plain run and a speculative run of the same prompts.
+    """
+    from specdec.analysis import expected_tokens
+
+    step_1 = plain.verify_time_s / max(plain.num_steps, 1)  # one 1-token target step
+    out = {"plain_step_ms": 1e3 * step_1}
+    alpha, gamma = spec.alpha, spec.mean_num_draft_tokens
+    if alpha is None or gamma <= 0 or step_1 <= 0 or not spec.num_steps:
+        return out
+    c = (spec.draft_time_s / spec.drafter_calls) / step_1 if spec.drafter_calls else 0.0
+    r = (spec.verify_time_s / spec.num_steps) / step_1
+    g = round(gamma)
+    e = expected_tokens(alpha, g)
+    out.update({"c": c, "verify_ratio": r, "draft_ms_per_step": 1e3 * spec.draft_time_s / spec.num_steps,
+                "verify_ms_per_step": 1e3 * spec.verify_time_s / spec.num_steps,
+                "predicted_thm38": e / (g * c + 1.0), "predicted_cost_aware": e / (g * c + r)})
+    return out
+
+
+def batch1(engine_plain: Engine, spec_engines: dict, prompts, max_new: int, temperature: float = 0.0,
+           gammas=(4, 8, "auto")) -> dict:
+    """Batch 1, every prompt in turn: plain, then each drafter (name → engine) at each γ."""
     out = {}
-    for name, engine, gamma in (("plain", engine_plain, 0), ("gamma4", engine_spec, 4), ("auto", engine_spec, "auto")):
+    arms = [("plain", engine_plain, 0)] + [(f"{d}_gamma{g}" if g != "auto" else f"{d}_auto", e, g)
+                                           for d, e in spec_engines.items() for g in gammas]
+    for name, engine, gamma in arms:
         engine.policy.set_fixed(gamma)
         engine.stats = type(engine.stats)()
         seconds, tokens = 0.0, 0
@@ -68,9 +101,17 @@ def batch1(engine_plain: Engine, engine_spec: Engine, prompts, max_new: int, tem
             seconds += s
             tokens += t
         out[name] = {"tok_s": tokens / seconds, "alpha": engine.stats.alpha,
-                     "tau": engine.stats.mean_accepted_length, "mean_gamma": engine.stats.mean_num_draft_tokens}
-    for name in ("gamma4", "auto"):
-        out[name]["speedup"] = out[name]["tok_s"] / out["plain"]["tok_s"]
+                     "tau": engine.stats.mean_accepted_length, "mean_gamma": engine.stats.mean_num_draft_tokens,
+                     "stats": engine.stats}
+    plain = out["plain"]
+    for name, row in out.items():
+        if name != "plain":
+            row["speedup"] = row["tok_s"] / plain["tok_s"]
+            row.update(cost_model(plain["stats"], row["stats"]))
+            if "predicted_cost_aware" in row:
+                row["measured_vs_cost_aware"] = row["speedup"] / row["predicted_cost_aware"]
+    for row in out.values():
+        row.pop("stats")
     return out
 
 
@@ -147,6 +188,42 @@ def shapes(device: torch.device, max_new: int = 128) -> list[dict]:
     return rows
 
 
+def synthetic(device: torch.device, alpha: float = 0.8, gamma: int = 4, max_new: int = 256) -> dict:
+    """8B-shaped target, a small random drafter, each draft accepted with probability `alpha`: measured
+    speedup over plain decoding vs Thm 3.8 at the c measured in the same run (batch 1)."""
+    from specdec.analysis import walltime_improvement
+    from specdec.fast.model import FastLlama, LlamaShape
+
+    target_shape = LlamaShape(vocab_size=128256, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, head_dim=128,
+                              intermediate_size=14336, rope_theta=500000.0, max_positions=8192)
+    draft_shape = LlamaShape(vocab_size=128256, dim=1024, n_layers=2, n_heads=8, n_kv_heads=8, head_dim=128,
+                             intermediate_size=2816, rope_theta=500000.0, max_positions=8192)
+    target = FastLlama.random(target_shape, device=device, dtype=torch.bfloat16)
+    draft = FastLlama.random(draft_shape, device=device, dtype=torch.bfloat16, seed=1)
+    prompt = list(range(1000, 1128))
+    params = SamplingParams(temperature=0, max_new_tokens=max_new)
+    rows = {}
+    for name, drafter, gamma_ in (("plain", None, 0), ("synthetic", draft, gamma)):
+        config = EngineConfig(max_batch_size=1, max_seq_len=1024, num_draft_tokens=gamma_, max_draft_tokens=max(gamma, 1),
+                              synthetic_acceptance=alpha if drafter is not None else None)
+        engine = Engine(target, drafter, config)
+        run_requests(engine, [prompt], params)  # capture
+        engine.stats = type(engine.stats)()
+        seconds, tokens, _ = run_requests(engine, [prompt], params)
+        rows[name] = {"tok_s": tokens / seconds, "stats": engine.stats}
+        del engine
+    plain, spec = rows["plain"], rows["synthetic"]
+    costs = cost_model(plain["stats"], spec["stats"])
+    c = costs.get("c", 0.0)
+    thm = walltime_improvement(alpha, gamma, c)
+    speedup = spec["tok_s"] / plain["tok_s"]
+    del target, draft
+    torch.cuda.empty_cache()
+    return {"alpha": alpha, "gamma": gamma, "plain_tok_s": plain["tok_s"], "spec_tok_s": spec["tok_s"],
+            "speedup": speedup, "predicted_thm38": thm, "measured_vs_thm38": speedup / thm,
+            "tau": spec["stats"].mean_accepted_length, **costs}
+
+
 def main(argv=None) -> dict:
     from specdec.bench.presets import _load_pair, _random_zoo_pair, train_gpu_pair
     from specdec.bench.prompts import code_prompts
@@ -201,8 +278,9 @@ def main(argv=None) -> dict:
     results["latency_model"] = latency(engines["model"][0], prompts[:n_lat], max_new, 4)
     save()
     n_b1 = 12 if args.quick else 48
-    results["batch1_T0"] = batch1(engines["plain"][0], engines["model"][0], prompts[:n_b1], max_new, 0.0)
-    results["batch1_T1"] = batch1(engines["plain"][0], engines["model"][0], prompts[:n_b1], max_new, 1.0)
+    spec = {"model": engines["model"][0]}
+    results["batch1_T0"] = batch1(engines["plain"][0], spec, prompts[:n_b1], max_new, 0.0)
+    results["batch1_T1"] = batch1(engines["plain"][0], spec, prompts[:n_b1], max_new, 1.0, gammas=(4, "auto"))
     save()
     sizes = (8,) if args.quick else (8, 32, 64)
     results["concurrent"] = concurrent(engines, prompts, max_new, sizes=sizes)
@@ -214,6 +292,8 @@ def main(argv=None) -> dict:
     if device.type == "cuda" and not args.no_shapes:
         torch.cuda.empty_cache()
         results["shapes"] = shapes(device)
+        save()
+        results["synthetic"] = synthetic(device)
     (out_dir / "engine.json").write_text(json.dumps(results, indent=1, default=str))
     return results
 
