@@ -369,7 +369,7 @@ class FastLlama(torch.nn.Module):
 
     def _fused_layers(self, x: torch.Tensor, cache: KVCache, rope_pos: torch.Tensor, slots: torch.Tensor,
                       cos_table: torch.Tensor, sin_table: torch.Tensor) -> torch.Tensor:
-        """The decoder layers on the fused kernels: per layer RMSNorm, qkv GEMM, RoPE + KV write, attention,
+        """The decoder layers on the fused kernels: per layer RMSNorm, qkv GEMM, (bias +) RoPE + KV write, attention,
         o GEMM (+ residual), RMSNorm (+ o bias), gate|up GEMM, SiLU·mul, down GEMM (+ residual)."""
         s = self.shape
         batch, k = x.shape[:2]
@@ -378,9 +378,9 @@ class FastLlama(torch.nn.Module):
         x = x.reshape(batch * k, s.dim)  # the residual stream, updated in place by the row-parallel GEMMs
         for i in range(s.n_layers):
             h = rms_norm(x, self.attn_norm[i], eps, kernel=mode)
-            qkv = F.linear(h, self.wqkv[i], self.bqkv[i] if s.qkv_bias else None).view(batch, k, -1)
+            qkv = F.linear(h, self.wqkv[i]).view(batch, k, -1)  # (the bias is added by the RoPE kernel)
             q = rope_cache_write(qkv, cache.keys[i], cache.values[i], rope_pos, slots, cos_table, sin_table, nq,
-                                 q_norm=self.q_norm[i] if s.qk_norm else None,
+                                 bias=self.bqkv[i] if s.qkv_bias else None, q_norm=self.q_norm[i] if s.qk_norm else None,
                                  k_norm=self.k_norm[i] if s.qk_norm else None, eps=eps, kernel=mode)
             attn = slot_attention(q, cache.keys[i], cache.values[i], rope_pos, kernel=self.kernels)
             x = self._row_parallel(x, attn.reshape(batch * k, nq * hd), self.wo[i])  # residual add in the GEMM

@@ -3,7 +3,7 @@
 One launch per layer replaces: per-forward cos/sin tensors, the rotation of the q|k|v block, two cache
 scatters (and, for Qwen3, the per-head q/k RMSNorm). Shapes:
 
-  qkv        `[B, k, (H + 2·H_kv)·D]`  the q|k|v projection (bias included) of k new tokens per row
+  qkv        `[B, k, (H + 2·H_kv)·D]`  the q|k|v projection of k new tokens per row
   keys/values `[B, H_kv, S, D]`        one layer's cache (any strides: views of a larger slot cache work)
   positions  `[B, k]` long              each token's RoPE position (the row of the tables it reads)
   slots      `[B, k]` long              the cache slot its k and v go to (padding: the junk slot S−1)
@@ -11,6 +11,7 @@ scatters (and, for Qwen3, the per-head q/k RMSNorm). Shapes:
                                         rotate_half(x)·sin == roll(x, D/2)·sin_signed (`sin_signed[:D/2] = −sin`)
   → q        `[B, k, H, D]`             rotated queries, contiguous, ready for `slot_attention`
 
+bias `[(H + 2·H_kv)·D]` (optional, Qwen2): the projection's bias, added first (so the GEMM needs no bias launch).
 q_norm/k_norm `[D]` (optional, Qwen3): RMSNorm over each q and k head (weights, eps) before the rotation.
 """
 
@@ -28,12 +29,14 @@ __all__ = ["rope_cache_write", "rope_cache_write_reference"]
 
 def rope_cache_write_reference(qkv: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
                                slots: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, *,
-                               q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None,
-                               eps: float = 1e-6) -> torch.Tensor:
+                               bias: torch.Tensor | None = None, q_norm: torch.Tensor | None = None,
+                               k_norm: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
     """The eager definition (rotation in float32, rounded once to the input dtype); see the module doc."""
     batch, k = qkv.shape[:2]
     kv_heads, dim = keys.shape[1], keys.shape[3]
     x = qkv.reshape(batch, k, n_heads + 2 * kv_heads, dim)
+    if bias is not None:
+        x = (x.float() + bias.float().view(n_heads + 2 * kv_heads, dim)).to(qkv.dtype)
     q, key, v = x[:, :, :n_heads], x[:, :, n_heads : n_heads + kv_heads], x[:, :, n_heads + kv_heads :]
     if q_norm is not None:
         q = F.rms_norm(q.float(), (dim,), q_norm.float(), eps)
@@ -53,8 +56,8 @@ def rope_cache_write_reference(qkv: torch.Tensor, keys: torch.Tensor, values: to
 
 def rope_cache_write(qkv: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
                      slots: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, *,
-                     q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None, eps: float = 1e-6,
-                     kernel: str = "auto") -> torch.Tensor:
+                     bias: torch.Tensor | None = None, q_norm: torch.Tensor | None = None,
+                     k_norm: torch.Tensor | None = None, eps: float = 1e-6, kernel: str = "auto") -> torch.Tensor:
     """`rope_cache_write_reference`'s function in one launch. kernel: "auto", "triton", "reference"."""
     batch, k = qkv.shape[:2]
     kv_heads, dim = keys.shape[1], keys.shape[3]
@@ -65,22 +68,26 @@ def rope_cache_write(qkv: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
     if positions.shape != (batch, k) or slots.shape != (batch, k):
         raise ValueError(f"positions and slots must be [{batch}, {k}], got {tuple(positions.shape)}, "
                          f"{tuple(slots.shape)}")
+    if bias is not None and bias.shape != (heads * dim,):
+        raise ValueError(f"bias must be [{heads * dim}], got {tuple(bias.shape)}")
     if (q_norm is None) != (k_norm is None):
         raise ValueError("q_norm and k_norm come together (Qwen3) or not at all")
     supported = (dim % 2 == 0 and dim <= 1024 and qkv.stride(-1) == 1 and cos.stride(-1) == 1
-                 and sin.stride(-1) == 1 and cos.shape[-1] == dim and sin.shape[-1] == dim and qkv.numel() > 0)
+                 and sin.stride(-1) == 1 and cos.shape[-1] == dim and sin.shape[-1] == dim and qkv.numel() > 0
+                 and (bias is None or bias.is_contiguous()))
     if not use_triton(kernel, qkv.device, supported, "rope_cache_write"):
         return rope_cache_write_reference(qkv, keys, values, positions, slots, cos, sin, n_heads,
-                                          q_norm=q_norm, k_norm=k_norm, eps=eps)
+                                          bias=bias, q_norm=q_norm, k_norm=k_norm, eps=eps)
     rows = qkv.reshape(batch * k, heads * dim)
     q = torch.empty(batch, k, n_heads, dim, device=qkv.device, dtype=qkv.dtype)
     norm = q_norm is not None
     block = next_power_of_2(dim)
     _kernel()[(batch * k, heads)](
         rows, q, keys, values, positions.contiguous(), slots.contiguous(), cos, sin,
-        q_norm if norm else cos, k_norm if norm else cos,
+        bias if bias is not None else cos, q_norm if norm else cos, k_norm if norm else cos,
         k, rows.stride(0), cos.stride(0), sin.stride(0), *keys.stride(), *values.stride(), float(eps),
-        H=n_heads, HKV=kv_heads, D=dim, BLOCK_D=block, QK_NORM=norm, num_warps=1 if block <= 128 else 4,
+        H=n_heads, HKV=kv_heads, D=dim, BLOCK_D=block, BIAS=bias is not None, QK_NORM=norm,
+        num_warps=1 if block <= 128 else 4,
     )
     return q
 
@@ -91,22 +98,28 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def rope_cache_kernel(qkv_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr,
-                          tokens_per_row, stride_qkv, stride_cos, stride_sin,
+    def rope_cache_kernel(qkv_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, bias_ptr, qw_ptr,
+                          kw_ptr, tokens_per_row, stride_qkv, stride_cos, stride_sin,
                           skb, skh, sks, skd, svb, svh, svs, svd, eps,
                           H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                          QK_NORM: tl.constexpr):
+                          BIAS: tl.constexpr, QK_NORM: tl.constexpr):
         n = tl.program_id(0).to(tl.int64)  # token (row b = n // k, column n % k)
         head = tl.program_id(1)  # [0, H): q, [H, H + HKV): k, then v
         d = tl.arange(0, BLOCK_D)
         mask = d < D
         src = qkv_ptr + n * stride_qkv + head * D
         x = tl.load(src + d, mask=mask, other=0.0).to(tl.float32)
+        if BIAS:  # rounded to the projection's dtype, as the biased GEMM would store it
+            x = x + tl.load(bias_ptr + head * D + d, mask=mask, other=0.0).to(tl.float32)
+            x = x.to(qkv_ptr.dtype.element_ty).to(tl.float32)
         b = n // tokens_per_row
         slot = tl.load(slot_ptr + n)
         if head < H + HKV:
             partner = tl.where(d < D // 2, d + D // 2, d - D // 2)  # roll(x, D/2)
             xr = tl.load(src + partner, mask=mask, other=0.0).to(tl.float32)
+            if BIAS:
+                xr = xr + tl.load(bias_ptr + head * D + partner, mask=mask, other=0.0).to(tl.float32)
+                xr = xr.to(qkv_ptr.dtype.element_ty).to(tl.float32)
             if QK_NORM:
                 inv_rms = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
                 if head < H:

@@ -1,7 +1,8 @@
 """RoPE + KV-cache write in one kernel equals its eager reference, which equals transformers' rotation.
 
 Checked: q out, keys/values written at each token's slot of a strided cache view, padding tokens only
-touching the junk slot, every other slot left alone; Qwen3's per-head q/k RMSNorm fused in.
+touching the junk slot, every other slot left alone; the q|k|v bias (Qwen2) and Qwen3's per-head q/k RMSNorm
+fused in.
 """
 
 import pytest
@@ -42,13 +43,15 @@ def _case(device, dtype, k, seed=0):
 
 @pytest.mark.parametrize("device, dtype, tol", CASES)
 @pytest.mark.parametrize("k", [1, 4])
-@pytest.mark.parametrize("qk_norm", [False, True])
-def test_rope_cache_write_matches_reference(device, dtype, tol, k, qk_norm):
+@pytest.mark.parametrize("extra", ["plain", "bias", "qk_norm"])
+def test_rope_cache_write_matches_reference(device, dtype, tol, k, extra):
     qkv, positions, slots, valid = _case(device, dtype, k)
     cos, sin = _tables(32, D, dtype, device)
     g = torch.Generator().manual_seed(7)
     norms = dict(q_norm=(1 + torch.randn(D, generator=g)).to(device, dtype),
-                 k_norm=(1 + torch.randn(D, generator=g)).to(device, dtype)) if qk_norm else {}
+                 k_norm=(1 + torch.randn(D, generator=g)).to(device, dtype)) if extra == "qk_norm" else {}
+    if extra == "bias":
+        norms["bias"] = torch.randn(qkv.shape[-1], generator=g).to(device, dtype)
     caches = []
     for kernel in ("reference", "triton"):
         slot_cache = torch.zeros(3, 2, HKV, S, D, device=device, dtype=dtype)  # keys and values interleaved
@@ -89,5 +92,7 @@ def test_shape_checks():
         rope_cache_write(qkv, keys, keys.clone(), positions, slots, cos, sin, H + 1)
     with pytest.raises(ValueError, match="positions"):
         rope_cache_write(qkv, keys, keys.clone(), positions[:, :1], slots, cos, sin, H)
+    with pytest.raises(ValueError, match="bias"):
+        rope_cache_write(qkv, keys, keys.clone(), positions, slots, cos, sin, H, bias=torch.zeros(3))
     with pytest.raises(ValueError, match="q_norm"):
         rope_cache_write(qkv, keys, keys.clone(), positions, slots, cos, sin, H, q_norm=torch.ones(D))
