@@ -81,13 +81,15 @@ def rope_cache_write(qkv: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
     rows = qkv.reshape(batch * k, heads * dim)
     q = torch.empty(batch, k, n_heads, dim, device=qkv.device, dtype=qkv.dtype)
     norm = q_norm is not None
-    block = next_power_of_2(dim)
-    _kernel()[(batch * k, heads)](
+    block_d = next_power_of_2(dim)
+    # heads per program: a few on the GPU (many programs even at batch 1), all of them in the interpreter
+    block_h = min(next_power_of_2(heads), max(1, 512 // block_d) if qkv.device.type == "cuda" else 1 << 30)
+    _kernel()[(batch * k, (heads + block_h - 1) // block_h)](
         rows, q, keys, values, positions.contiguous(), slots.contiguous(), cos, sin,
         bias if bias is not None else cos, q_norm if norm else cos, k_norm if norm else cos,
         k, rows.stride(0), cos.stride(0), sin.stride(0), *keys.stride(), *values.stride(), float(eps),
-        H=n_heads, HKV=kv_heads, D=dim, BLOCK_D=block, BIAS=bias is not None, QK_NORM=norm,
-        num_warps=1 if block <= 128 else 4,
+        H=n_heads, HKV=kv_heads, D=dim, BLOCK_H=block_h, BLOCK_D=block_d, BIAS=bias is not None, QK_NORM=norm,
+        num_warps=max(1, min(8, block_h * block_d // 256)),
     )
     return q
 
@@ -101,46 +103,48 @@ def _kernel():
     def rope_cache_kernel(qkv_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, bias_ptr, qw_ptr,
                           kw_ptr, tokens_per_row, stride_qkv, stride_cos, stride_sin,
                           skb, skh, sks, skd, svb, svh, svs, svd, eps,
-                          H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                          BIAS: tl.constexpr, QK_NORM: tl.constexpr):
-        n = tl.program_id(0).to(tl.int64)  # token (row b = n // k, column n % k)
-        head = tl.program_id(1)  # [0, H): q, [H, H + HKV): k, then v
+                          H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr,
+                          BLOCK_D: tl.constexpr, BIAS: tl.constexpr, QK_NORM: tl.constexpr):
+        n = tl.program_id(0).to(tl.int64)  # token: row b = n // k
+        j = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # heads [0, H): q, [H, H + HKV): k, then v
         d = tl.arange(0, BLOCK_D)
-        mask = d < D
-        src = qkv_ptr + n * stride_qkv + head * D
-        x = tl.load(src + d, mask=mask, other=0.0).to(tl.float32)
-        if BIAS:  # rounded to the projection's dtype, as the biased GEMM would store it
-            x = x + tl.load(bias_ptr + head * D + d, mask=mask, other=0.0).to(tl.float32)
+        partner = tl.where(d < D // 2, d + D // 2, d - D // 2)  # roll(x, D/2)
+        is_q = j < H
+        is_k = (j >= H) & (j < H + HKV)
+        is_v = (j >= H + HKV) & (j < H + 2 * HKV)
+        mask = (j < H + 2 * HKV)[:, None] & (d < D)[None, :]
+        src = qkv_ptr + n * stride_qkv + j[:, None] * D
+        x = tl.load(src + d[None, :], mask=mask, other=0.0).to(tl.float32)  # [BLOCK_H, BLOCK_D]
+        xr = tl.load(src + partner[None, :], mask=mask, other=0.0).to(tl.float32)
+        if BIAS:  # rounded to the projection's dtype, as a biased GEMM would store it
+            bias = bias_ptr + j[:, None] * D
+            x = x + tl.load(bias + d[None, :], mask=mask, other=0.0).to(tl.float32)
+            xr = xr + tl.load(bias + partner[None, :], mask=mask, other=0.0).to(tl.float32)
             x = x.to(qkv_ptr.dtype.element_ty).to(tl.float32)
+            xr = xr.to(qkv_ptr.dtype.element_ty).to(tl.float32)
+        if QK_NORM:  # RMSNorm of each q and k head (v heads pass through)
+            inv_rms = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)  # [BLOCK_H]
+            in_d = d < D
+            w = tl.where(is_q[:, None], tl.load(qw_ptr + d, mask=in_d, other=0.0).to(tl.float32)[None, :],
+                         tl.load(kw_ptr + d, mask=in_d, other=0.0).to(tl.float32)[None, :])
+            wr = tl.where(is_q[:, None], tl.load(qw_ptr + partner, mask=in_d, other=0.0).to(tl.float32)[None, :],
+                          tl.load(kw_ptr + partner, mask=in_d, other=0.0).to(tl.float32)[None, :])
+            normed = (is_q | is_k)[:, None]
+            x = tl.where(normed, x * inv_rms[:, None] * w, x)
+            xr = tl.where(normed, xr * inv_rms[:, None] * wr, xr)
+        pos = tl.load(pos_ptr + n)
+        c = tl.load(cos_ptr + pos * stride_cos + d, mask=d < D, other=0.0).to(tl.float32)
+        s = tl.load(sin_ptr + pos * stride_sin + d, mask=d < D, other=0.0).to(tl.float32)
+        y = x * c[None, :] + xr * s[None, :]
+        tl.store(q_ptr + (n * H + j[:, None]) * D + d[None, :], y.to(q_ptr.dtype.element_ty),
+                 mask=mask & is_q[:, None])
         b = n // tokens_per_row
         slot = tl.load(slot_ptr + n)
-        if head < H + HKV:
-            partner = tl.where(d < D // 2, d + D // 2, d - D // 2)  # roll(x, D/2)
-            xr = tl.load(src + partner, mask=mask, other=0.0).to(tl.float32)
-            if BIAS:
-                xr = xr + tl.load(bias_ptr + head * D + partner, mask=mask, other=0.0).to(tl.float32)
-                xr = xr.to(qkv_ptr.dtype.element_ty).to(tl.float32)
-            if QK_NORM:
-                inv_rms = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
-                if head < H:
-                    w = tl.load(qw_ptr + d, mask=mask, other=0.0).to(tl.float32)
-                    wr = tl.load(qw_ptr + partner, mask=mask, other=0.0).to(tl.float32)
-                else:
-                    w = tl.load(kw_ptr + d, mask=mask, other=0.0).to(tl.float32)
-                    wr = tl.load(kw_ptr + partner, mask=mask, other=0.0).to(tl.float32)
-                x = x * inv_rms * w
-                xr = xr * inv_rms * wr
-            pos = tl.load(pos_ptr + n)
-            c = tl.load(cos_ptr + pos * stride_cos + d, mask=mask, other=0.0).to(tl.float32)
-            s = tl.load(sin_ptr + pos * stride_sin + d, mask=mask, other=0.0).to(tl.float32)
-            y = x * c + xr * s
-            if head < H:
-                tl.store(q_ptr + (n * H + head) * D + d, y.to(q_ptr.dtype.element_ty), mask=mask)
-            else:
-                dst = k_ptr + b * skb + (head - H) * skh + slot * sks + d * skd
-                tl.store(dst, y.to(k_ptr.dtype.element_ty), mask=mask)
-        else:
-            dst = v_ptr + b * svb + (head - H - HKV) * svh + slot * svs + d * svd
-            tl.store(dst, x.to(v_ptr.dtype.element_ty), mask=mask)
+        kh = tl.where(is_k, j - H, 0)
+        k_dst = k_ptr + b * skb + kh[:, None] * skh + slot * sks + d[None, :] * skd
+        tl.store(k_dst, y.to(k_ptr.dtype.element_ty), mask=mask & is_k[:, None])
+        vh = tl.where(is_v, j - H - HKV, 0)
+        v_dst = v_ptr + b * svb + vh[:, None] * svh + slot * svs + d[None, :] * svd
+        tl.store(v_dst, x.to(v_ptr.dtype.element_ty), mask=mask & is_v[:, None])
 
     return rope_cache_kernel

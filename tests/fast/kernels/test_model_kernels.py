@@ -37,22 +37,22 @@ def _steps(fast, device):
     """Logits `[B, k, V]` (valid positions) of successive forwards, and the cache after them."""
     g = torch.Generator().manual_seed(1)
     tokens = lambda b, k: torch.randint(0, 64, (b, k), generator=g).to(device)  # noqa: E731
-    cache = fast.new_cache(3, 24)
-    valid = torch.tensor([[True] * 5, [True, True, False, False, False], [False, False, True, True, True]])
+    cache = fast.new_cache(2, 20)
+    valid = torch.tensor([[True] * 4, [False, True, True, False]], device=device)  # padding on both sides
     outs = []
     with torch.inference_mode():
-        outs.append(fast(tokens(3, 5), cache, valid.to(device))[valid.to(device)])  # ragged prefill
-        outs.append(fast(tokens(3, 1), cache))  # decode, k = 1
-        outs.append(fast(tokens(3, 4), cache))  # verify, k = 4
-        cache.lengths.sub_(torch.tensor([2, 0, 1], device=device))  # rollback is a pointer move
-        block_valid = torch.tensor([[True] * 3, [False, True, True], [True] * 3], device=device)
-        outs.append(fast(tokens(3, 3), cache, block_valid)[block_valid])
-        hidden_in = torch.randn(3, 2, fast.shape.dim, generator=g).to(device, fast.dtype)
+        outs.append(fast(tokens(2, 4), cache, valid)[valid])  # ragged prefill
+        outs.append(fast(tokens(2, 1), cache))  # decode, k = 1
+        outs.append(fast(tokens(2, 3), cache))  # verify, k = 3
+        cache.lengths.sub_(torch.tensor([2, 1], device=device))  # rollback is a pointer move
+        block_valid = torch.tensor([[True] * 3, [False, True, True]], device=device)
+        outs.append(fast(tokens(2, 3), cache, block_valid)[block_valid])
+        hidden_in = torch.randn(2, 2, fast.shape.dim, generator=g).to(device, fast.dtype)
         before = hidden_in.clone()
         logits, hidden = fast(None, cache, embeds=hidden_in, return_hidden=True)
         assert torch.equal(hidden_in, before)  # the caller's embeds are not written
         outs += [logits, hidden]
-    assert cache.lengths.tolist() == [13, 11, 12]
+    assert cache.lengths.tolist() == [11, 9]
     return outs, cache
 
 
