@@ -15,9 +15,10 @@ directly on the device (the 8B-shaped system benchmark). Every forward is free o
 with fixed shapes, can be captured in a CUDA graph.
 
 kernels ("auto" | "triton" | "reference", an attribute and a constructor / `from_hf` / `random` argument):
-"reference" runs the eager PyTorch layer; "triton" runs each layer as GEMM, RMSNorm, GEMM, RoPE + KV write,
-attention, GEMM (+ residual), RMSNorm (+ o bias), GEMM, SiLU·mul, GEMM (+ residual) with the fused kernels of
-`specdec.fast.kernels`; "auto" is "triton" on CUDA where Triton imports, else "reference".
+"reference" runs the eager PyTorch layer; "triton" runs each layer in 8 launches + attention with the fused
+kernels of `specdec.fast.kernels`: RMSNorm, q|k|v GEMM, (bias +) RoPE + KV write, attention, o GEMM (+ residual),
+RMSNorm (+ o bias), gate|up GEMM, SiLU·mul, down GEMM (+ residual); "auto" is "triton" on CUDA where Triton
+imports, else "reference".
 """
 
 from __future__ import annotations
@@ -380,7 +381,8 @@ class FastLlama(torch.nn.Module):
             h = rms_norm(x, self.attn_norm[i], eps, kernel=mode)
             qkv = F.linear(h, self.wqkv[i]).view(batch, k, -1)  # (the bias is added by the RoPE kernel)
             q = rope_cache_write(qkv, cache.keys[i], cache.values[i], rope_pos, slots, cos_table, sin_table, nq,
-                                 bias=self.bqkv[i] if s.qkv_bias else None, q_norm=self.q_norm[i] if s.qk_norm else None,
+                                 bias=self.bqkv[i] if s.qkv_bias else None,
+                                 q_norm=self.q_norm[i] if s.qk_norm else None,
                                  k_norm=self.k_norm[i] if s.qk_norm else None, eps=eps, kernel=mode)
             attn = slot_attention(q, cache.keys[i], cache.values[i], rope_pos, kernel=self.kernels)
             x = self._row_parallel(x, attn.reshape(batch * k, nq * hd), self.wo[i])  # residual add in the GEMM
