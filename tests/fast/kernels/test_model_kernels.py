@@ -108,3 +108,22 @@ def test_kernels_mode_is_validated():
     assert EngineConfig(kernels="triton").kernels == "triton"
     with pytest.raises(ValueError, match="kernels"):
         EngineConfig(kernels="eager")
+
+
+def test_row_parallel_hook_still_carries_both_residual_adds():
+    """The tensor-parallel subclass overrides `_row_parallel` (it all-reduces there): the fused layer calls it."""
+    calls = []
+
+    class Recording(FastLlama):
+        def _row_parallel(self, x, inp, weight):
+            calls.append(tuple(weight.shape))
+            return super()._row_parallel(x, inp, weight)
+
+    hf = _hf("qwen2")
+    fast = Recording.from_hf(hf, kernels="triton")
+    with torch.inference_mode():
+        out = fast(torch.tensor([[3, 4]]), fast.new_cache(1, 8))
+        ref = FastLlama.from_hf(hf, kernels="reference")(torch.tensor([[3, 4]]), fast.new_cache(1, 8))
+    s = fast.shape
+    assert calls == [(s.dim, s.n_heads * s.head_dim), (s.dim, s.intermediate_size)] * s.n_layers
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
