@@ -72,8 +72,10 @@ def _fast_model(model, check_only: bool = False) -> FastLlama | None:
     return FastLlama.from_hf(model)
 
 
-def build_model(target) -> FastLlama:
-    return _fast_model(target)
+def build_model(target, kernels: str = "auto") -> FastLlama:
+    model = _fast_model(target)
+    model.kernels = kernels
+    return model
 
 
 def build_drafter(drafter, engine):
@@ -93,4 +95,5 @@ def build_drafter(drafter, engine):
     if model.shape.vocab_size != vocab:
         raise ValueError(f"draft and target vocabularies differ: drafter has {model.shape.vocab_size} tokens, "
                          f"target has {vocab}; speculative decoding needs the same vocabulary")
+    model.kernels = engine.config.kernels
     return EngineModelDrafter(model, engine.max_batch, engine.num_positions)

@@ -28,6 +28,8 @@ class EngineConfig:
     prefill_chunk     prompt tokens per prefill forward (long prompts are prefilled in chunks)
     synthetic_acceptance  BENCHMARK ONLY: accept each draft with this probability instead of the rule, to time
                       the engine at a chosen α (the output is then NOT the target's distribution)
+    kernels           the layer kernels of the target and model drafters: "auto" (fused Triton kernels on CUDA
+                      where Triton imports), "triton", "reference" (eager PyTorch); see FastLlama
     """
 
     max_batch_size: int = 64
@@ -37,6 +39,7 @@ class EngineConfig:
     cuda_graphs: bool | None = None
     prefill_chunk: int = 512
     synthetic_acceptance: float | None = None
+    kernels: str = "auto"
 
     def __post_init__(self) -> None:
         as_int(self.max_batch_size, "max_batch_size", minimum=1, maximum=BATCH_BUCKETS[-1])
@@ -49,5 +52,7 @@ class EngineConfig:
         a = self.synthetic_acceptance
         if a is not None and (isinstance(a, bool) or not isinstance(a, (int, float)) or not 0.0 <= a <= 1.0):
             raise ValueError(f"synthetic_acceptance must be None or in [0, 1], got {a!r}")
+        if self.kernels not in ("auto", "triton", "reference"):
+            raise ValueError(f"kernels must be 'auto', 'triton' or 'reference', got {self.kernels!r}")
         if self.cuda_graphs not in (None, True, False):
             raise TypeError(f"cuda_graphs must be None, True or False, got {self.cuda_graphs!r}")

@@ -68,7 +68,7 @@ class Engine:
 
         self.config = config = config or EngineConfig()
         with torch.inference_mode():
-            self.model = build_model(target)
+            self.model = build_model(target, config.kernels)
             shape = self.model.shape
             self.device = self.model.device
             self.vocab_size = shape.vocab_size

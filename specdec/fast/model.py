@@ -13,6 +13,12 @@ Weights are fused for batch-1 speed (one q|k|v matrix, one gate|up matrix). `Fas
 transformers `LlamaForCausalLM` (object or local folder); `FastLlama.random` builds random weights
 directly on the device (the 8B-shaped system benchmark). Every forward is free of host syncs and,
 with fixed shapes, can be captured in a CUDA graph.
+
+kernels ("auto" | "triton" | "reference", an attribute and a constructor / `from_hf` / `random` argument):
+"reference" runs the eager PyTorch layer; "triton" runs each layer in 8 launches + attention with the fused
+kernels of `specdec.fast.kernels`: RMSNorm, q|k|v GEMM, (bias +) RoPE + KV write, attention, o GEMM (+ residual),
+RMSNorm (+ o bias), gate|up GEMM, SiLU·mul, down GEMM (+ residual); "auto" is "triton" on CUDA where Triton
+imports, else "reference".
 """
 
 from __future__ import annotations
@@ -23,6 +29,10 @@ import torch
 import torch.nn.functional as F
 
 from specdec.fast.kernels.attention import slot_attention
+from specdec.fast.kernels.mlp import silu_mul
+from specdec.fast.kernels.norm import add_rms_norm, rms_norm
+from specdec.fast.kernels.rope import rope_cache_write
+from specdec.fast.kernels.select import check_kernel, use_triton
 
 __all__ = ["LlamaShape", "KVCache", "FastLlama"]
 
@@ -148,9 +158,10 @@ class FastLlama(torch.nn.Module):
     """Llama decoder with fused weights; `forward(tokens, cache, ...)` reads and writes a `KVCache`."""
 
     def __init__(self, shape: LlamaShape, *, inv_freq: torch.Tensor | None = None, rope_scaling: float = 1.0,
-                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, kernels: str = "auto"):
         super().__init__()
         self.shape = shape
+        self.kernels = kernels
         s = shape
         qkv_out = (s.n_heads + 2 * s.n_kv_heads) * s.head_dim
 
@@ -181,9 +192,9 @@ class FastLlama(torch.nn.Module):
     # ------------------------------------------------------------------------------------------- loading
     @classmethod
     def random(cls, shape: LlamaShape, *, device="cuda", dtype=torch.bfloat16, std: float = 0.02,
-               seed: int = 0) -> "FastLlama":
+               seed: int = 0, kernels: str = "auto") -> "FastLlama":
         """Random weights made on the device (fast even for 8B shapes). Benchmark use only."""
-        model = cls(shape, device=device, dtype=dtype)
+        model = cls(shape, device=device, dtype=dtype, kernels=kernels)
         gen = torch.Generator(device=device)
         gen.manual_seed(seed)
         with torch.no_grad():
@@ -197,7 +208,7 @@ class FastLlama(torch.nn.Module):
         return model.eval()
 
     @classmethod
-    def from_hf(cls, model, *, device=None, dtype: torch.dtype | None = None) -> "FastLlama":
+    def from_hf(cls, model, *, device=None, dtype: torch.dtype | None = None, kernels: str = "auto") -> "FastLlama":
         """Load a transformers Llama / Mistral / Qwen2 / Qwen3 causal LM (an object, or a local folder).
 
         A folder loads in the checkpoint's own dtype unless `dtype` is given (local files only, no remote code).
@@ -219,7 +230,7 @@ class FastLlama(torch.nn.Module):
             raise ValueError("FastLlama does not support dynamic RoPE scaling (its frequencies depend on the length)")
         inv_freq = getattr(rotary, "inv_freq", None)
         scaling = float(getattr(rotary, "attention_scaling", 1.0))
-        fast = cls(shape, inv_freq=inv_freq, rope_scaling=scaling, device=device, dtype=dtype)
+        fast = cls(shape, inv_freq=inv_freq, rope_scaling=scaling, device=device, dtype=dtype, kernels=kernels)
 
         def get(name):
             return params[name].detach().to(device=device, dtype=dtype)
@@ -250,6 +261,20 @@ class FastLlama(torch.nn.Module):
         return fast.eval()
 
     # ------------------------------------------------------------------------------------------- helpers
+    @property
+    def kernels(self) -> str:
+        """Which layer kernels forward runs: "auto", "triton" or "reference" (see the module doc)."""
+        return self._kernels
+
+    @kernels.setter
+    def kernels(self, value: str) -> None:
+        self._kernels = check_kernel(value, "kernels")
+
+    def _fused(self) -> bool:
+        """True when this forward runs the fused layer (host-side only: no sync, capture-safe)."""
+        supported = self.shape.head_dim % 2 == 0 and self.shape.head_dim <= 1024
+        return use_triton(self.kernels, self.device, supported, "FastLlama")
+
     @property
     def device(self) -> torch.device:
         return self.embed.device
@@ -308,6 +333,67 @@ class FastLlama(torch.nn.Module):
         """Float32 logits `[B, k, V]` of final hidden states `x [B, k, dim]`; a vocab-parallel subclass gathers them."""
         return F.linear(x, self.lm_head).float()
 
+    def _eager_layers(self, x: torch.Tensor, cache: KVCache, rope_pos: torch.Tensor, slots: torch.Tensor,
+                      cos_table: torch.Tensor, sin_table: torch.Tensor) -> torch.Tensor:
+        """The decoder layers in eager PyTorch (kernels="reference"): `x [B, k, dim]` → `[B, k, dim]`."""
+        s = self.shape
+        batch, k = x.shape[:2]
+        device = x.device
+        # RoPE factors for the whole q|k|v block (v heads get cos = 1, sin = 0): rotating the contiguous block
+        # keeps every elementwise kernel vectorized and `roll` copy-free for any k.
+        nq, nkv, hd = s.n_heads, s.n_kv_heads, s.head_dim
+        cos = torch.cat([cos_table[rope_pos][:, :, None, :].expand(batch, k, nq + nkv, hd),
+                         torch.ones(batch, k, nkv, hd, device=device, dtype=self.dtype)], dim=2)
+        sin = torch.cat([sin_table[rope_pos][:, :, None, :].expand(batch, k, nq + nkv, hd),
+                         torch.zeros(batch, k, nkv, hd, device=device, dtype=self.dtype)], dim=2)
+        write_index = slots[:, None, :, None].expand(batch, s.n_kv_heads, k, s.head_dim)
+        for i in range(s.n_layers):
+            h = F.rms_norm(x, (s.dim,), self.attn_norm[i], s.rms_norm_eps)
+            qkv = F.linear(h, self.wqkv[i], self.bqkv[i] if s.qkv_bias else None).view(batch, k, nq + 2 * nkv, hd)
+            if s.qk_norm:
+                qkv = torch.cat([F.rms_norm(qkv[:, :, :nq], (hd,), self.q_norm[i], s.rms_norm_eps),
+                                 F.rms_norm(qkv[:, :, nq : nq + nkv], (hd,), self.k_norm[i], s.rms_norm_eps),
+                                 qkv[:, :, nq + nkv :]], dim=2)
+            qkv = torch.addcmul(qkv * cos, torch.roll(qkv, hd // 2, dims=-1), sin)  # RoPE on q and k at once
+            q, key, v = qkv[:, :, :nq], qkv[:, :, nq : nq + nkv], qkv[:, :, nq + nkv :]
+            cache.keys[i].scatter_(2, write_index, key.transpose(1, 2))
+            cache.values[i].scatter_(2, write_index, v.transpose(1, 2))
+            attn = slot_attention(q, cache.keys[i], cache.values[i], rope_pos, kernel=self.kernels)
+            attn = attn.reshape(batch * k, nq * hd)
+            x = self._row_parallel(x.view(batch * k, s.dim), attn, self.wo[i])  # residual add fused into the GEMM
+            if s.o_bias:
+                x = x + self.bo[i]
+            h = F.rms_norm(x, (s.dim,), self.mlp_norm[i], s.rms_norm_eps)
+            gate, up = F.linear(h, self.w_gate_up[i]).chunk(2, dim=-1)
+            x = self._row_parallel(x, F.silu(gate) * up, self.w_down[i]).view(batch, k, s.dim)
+        return x
+
+    def _fused_layers(self, x: torch.Tensor, cache: KVCache, rope_pos: torch.Tensor, slots: torch.Tensor,
+                      cos_table: torch.Tensor, sin_table: torch.Tensor) -> torch.Tensor:
+        """The decoder layers on the fused kernels: per layer RMSNorm, qkv GEMM, (bias +) RoPE + KV write, attention,
+        o GEMM (+ residual), RMSNorm (+ o bias), gate|up GEMM, SiLU·mul, down GEMM (+ residual)."""
+        s = self.shape
+        batch, k = x.shape[:2]
+        nq, hd, eps = s.n_heads, s.head_dim, s.rms_norm_eps
+        mode = "triton"  # forward checked that the fused kernels run here; attention picks by the model's mode
+        x = x.reshape(batch * k, s.dim)  # the residual stream, updated in place by the row-parallel GEMMs
+        for i in range(s.n_layers):
+            h = rms_norm(x, self.attn_norm[i], eps, kernel=mode)
+            qkv = F.linear(h, self.wqkv[i]).view(batch, k, -1)  # (the bias is added by the RoPE kernel)
+            q = rope_cache_write(qkv, cache.keys[i], cache.values[i], rope_pos, slots, cos_table, sin_table, nq,
+                                 bias=self.bqkv[i] if s.qkv_bias else None,
+                                 q_norm=self.q_norm[i] if s.qk_norm else None,
+                                 k_norm=self.k_norm[i] if s.qk_norm else None, eps=eps, kernel=mode)
+            attn = slot_attention(q, cache.keys[i], cache.values[i], rope_pos, kernel=self.kernels)
+            x = self._row_parallel(x, attn.reshape(batch * k, nq * hd), self.wo[i])  # residual add in the GEMM
+            if s.o_bias:
+                x, h = add_rms_norm(x, self.bo[i], self.mlp_norm[i], eps, kernel=mode)
+            else:
+                h = rms_norm(x, self.mlp_norm[i], eps, kernel=mode)
+            act = silu_mul(F.linear(h, self.w_gate_up[i]), kernel=mode)
+            x = self._row_parallel(x, act, self.w_down[i])
+        return x.view(batch, k, s.dim)
+
     def forward(self, tokens: torch.Tensor | None, cache: KVCache, valid: torch.Tensor | None = None,
                 *, embeds: torch.Tensor | None = None, last_only: bool = False, advance: bool = True,
                 return_hidden: bool = False, compute_logits: bool = True):
@@ -337,35 +423,13 @@ class FastLlama(torch.nn.Module):
             slots = torch.where(valid, positions.clamp(max=junk), torch.full_like(positions, junk))
             added = valid_long.sum(1)
         cos_table, sin_table = self.rope_tables(num_slots_total)
-        # RoPE factors for the whole q|k|v block (v heads get cos = 1, sin = 0): rotating the contiguous block
-        # keeps every elementwise kernel vectorized and `roll` copy-free for any k.
-        nq, nkv, hd = s.n_heads, s.n_kv_heads, s.head_dim
         rope_pos = positions.clamp(max=junk)
-        cos = torch.cat([cos_table[rope_pos][:, :, None, :].expand(batch, k, nq + nkv, hd),
-                         torch.ones(batch, k, nkv, hd, device=device, dtype=self.dtype)], dim=2)
-        sin = torch.cat([sin_table[rope_pos][:, :, None, :].expand(batch, k, nq + nkv, hd),
-                         torch.zeros(batch, k, nkv, hd, device=device, dtype=self.dtype)], dim=2)
-        write_index = slots[:, None, :, None].expand(batch, s.n_kv_heads, k, s.head_dim)
-
-        x = F.embedding(tokens, self.embed) if embeds is None else embeds.to(self.dtype)  # [B, k, dim]
-        for i in range(s.n_layers):
-            h = F.rms_norm(x, (s.dim,), self.attn_norm[i], s.rms_norm_eps)
-            qkv = F.linear(h, self.wqkv[i], self.bqkv[i] if s.qkv_bias else None).view(batch, k, nq + 2 * nkv, hd)
-            if s.qk_norm:
-                qkv = torch.cat([F.rms_norm(qkv[:, :, :nq], (hd,), self.q_norm[i], s.rms_norm_eps),
-                                 F.rms_norm(qkv[:, :, nq : nq + nkv], (hd,), self.k_norm[i], s.rms_norm_eps),
-                                 qkv[:, :, nq + nkv :]], dim=2)
-            qkv = torch.addcmul(qkv * cos, torch.roll(qkv, hd // 2, dims=-1), sin)  # RoPE on q and k at once
-            q, key, v = qkv[:, :, :nq], qkv[:, :, nq : nq + nkv], qkv[:, :, nq + nkv :]
-            cache.keys[i].scatter_(2, write_index, key.transpose(1, 2))
-            cache.values[i].scatter_(2, write_index, v.transpose(1, 2))
-            attn = slot_attention(q, cache.keys[i], cache.values[i], rope_pos).reshape(batch * k, nq * hd)
-            x = self._row_parallel(x.view(batch * k, s.dim), attn, self.wo[i])  # residual add fused into the GEMM
-            if s.o_bias:
-                x = x + self.bo[i]
-            h = F.rms_norm(x, (s.dim,), self.mlp_norm[i], s.rms_norm_eps)
-            gate, up = F.linear(h, self.w_gate_up[i]).chunk(2, dim=-1)
-            x = self._row_parallel(x, F.silu(gate) * up, self.w_down[i]).view(batch, k, s.dim)
+        x = F.embedding(tokens, self.embed) if embeds is None else embeds.to(self.dtype, copy=True)  # [B, k, dim]
+        # (a copy: the layers add to x in place, the caller's embeds stay as they were)
+        if self._fused():
+            x = self._fused_layers(x, cache, rope_pos, slots, cos_table, sin_table)
+        else:
+            x = self._eager_layers(x, cache, rope_pos, slots, cos_table, sin_table)
         if last_only:
             x = x[:, -1:]
         x = F.rms_norm(x, (s.dim,), self.final_norm, s.rms_norm_eps)

@@ -2,4 +2,9 @@
 
   attention   `slot_attention`: queries of k new tokens per row over that row's slot cache, each query
               seeing the slots at or before its own position (one definition for k = 1 and for k = γ+1)
+  norm        `rms_norm`, `add_rms_norm`: RMSNorm (after a residual add) in one launch, float32 inside
+  rope        `rope_cache_write`: bias, RoPE (and Qwen3's q/k norm) on the q|k|v projection, k and v written
+              straight into the slot cache, q returned for attention
+  mlp         `silu_mul`: silu(gate)·up over the fused gate|up projection
+  select      the `kernel="auto" | "triton" | "reference"` rule (Triton imported lazily)
 """
