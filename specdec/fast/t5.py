@@ -1,0 +1,328 @@
+"""A compact T5 decoder (T5 v1.0 relu, v1.1 gated-gelu) with a static per-row cache, for CUDA-graph decoding.
+
+Terms (as in `specdec.fast.model`):
+  slot        row b's decoder token at position t lives in self-attention slot t; rollback moves `lengths`.
+  junk slot   the last slot, never attended to: padding tokens (valid == False) write there.
+  source      the encoder output of a request, padded to a fixed width T (a power of two, so a handful of
+              shapes serve every request); `source_mask [B, T]` marks real encoder tokens.
+  cross K/V   each layer's cross-attention keys/values `[B, H, T, D]`, computed once per request
+              (`FastT5Decoder.set_source`, one GEMM for all layers) and read by every decode step.
+
+T5 specifics, as transformers' `T5Attention`: no 1/√d scaling of q·k; the first layer's relative position
+bias (unidirectional buckets in the decoder: a query at position p attending slot s uses bucket(p − s))
+is shared by every layer's self-attention; cross-attention has no position bias; RMS norm without mean or
+bias; decoder outputs scaled by d_model^-0.5 before the LM head when the config says so (T5 v1.0, tied).
+The encoder is transformers' own module (one call per request). `forward` has no host syncs.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["T5Shape", "T5Cache", "FastT5Decoder"]
+
+# dense_act_fn (from feed_forward_proj) → the activation; anything else is refused
+_ACTIVATIONS = {
+    "relu": F.relu,
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu": F.gelu,
+    "silu": F.silu,
+}
+
+
+@dataclass(frozen=True)
+class T5Shape:
+    """The numbers that define a T5 decoder pass."""
+
+    vocab_size: int
+    dim: int
+    n_layers: int  # decoder layers
+    n_heads: int
+    head_dim: int  # d_kv
+    ff: int  # d_ff
+    gated: bool  # v1.1 (gated-gelu): act(wi_0 x) * wi_1 x; v1.0: act(wi x)
+    act: str  # dense_act_fn
+    eps: float
+    num_buckets: int
+    max_distance: int
+    scale_outputs: bool  # multiply the final states by dim^-0.5 before the LM head
+
+    @classmethod
+    def from_hf(cls, config) -> "T5Shape":
+        """The shape of a transformers T5 config; anything the fast decoder does not reproduce is refused."""
+        model_type = getattr(config, "model_type", None)
+        if model_type != "t5":
+            raise ValueError(
+                f"the fast encoder-decoder path covers model_type 't5'; got {model_type!r} "
+                "(other models run on the transformers path)"
+            )
+        proj = str(getattr(config, "feed_forward_proj", "relu"))
+        act = getattr(config, "dense_act_fn", proj.split("-")[-1])
+        parts = proj.split("-")
+        if len(parts) > 2 or (len(parts) == 2 and parts[0] != "gated") or act not in _ACTIVATIONS:
+            raise ValueError(
+                f"the fast T5 decoder covers feed_forward_proj relu, gelu, silu and their gated- forms; got "
+                f"{proj!r} (dense_act_fn {act!r})"
+            )
+        scale = getattr(config, "scale_decoder_outputs", None)  # transformers 5.x; 4.x: tie_word_embeddings
+        if scale is None:
+            scale = getattr(config, "tie_word_embeddings", True)
+        return cls(
+            vocab_size=config.vocab_size,
+            dim=config.d_model,
+            n_layers=config.num_decoder_layers if config.num_decoder_layers is not None else config.num_layers,
+            n_heads=config.num_heads,
+            head_dim=config.d_kv,
+            ff=config.d_ff,
+            gated=len(parts) == 2,
+            act=act,
+            eps=float(config.layer_norm_epsilon),
+            num_buckets=int(config.relative_attention_num_buckets),
+            max_distance=int(config.relative_attention_max_distance),
+            scale_outputs=bool(scale),
+        )
+
+
+@dataclass
+class T5Cache:
+    """Self-attention K/V `[B, H, S, D]` per layer (slot S−1 = junk), `lengths [B]`, and the request's source:
+    cross K/V `[B, H, T, D]` per layer and `source_mask [B, T]` (bool)."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    lengths: torch.Tensor
+    cross_keys: list[torch.Tensor]
+    cross_values: list[torch.Tensor]
+    source_mask: torch.Tensor
+
+    @property
+    def num_slots(self) -> int:
+        """Usable slots (the junk slot excluded)."""
+        return self.keys[0].shape[2] - 1
+
+    @property
+    def batch_size(self) -> int:
+        return self.keys[0].shape[0]
+
+    @property
+    def source_width(self) -> int:
+        return self.source_mask.shape[1]
+
+    def select_rows(self, index: torch.Tensor) -> "T5Cache":
+        pick = lambda ts: [t.index_select(0, index) for t in ts]  # noqa: E731
+        return T5Cache(pick(self.keys), pick(self.values), self.lengths.index_select(0, index),
+                       pick(self.cross_keys), pick(self.cross_values), self.source_mask.index_select(0, index))
+
+
+def _decoder_buckets(num_distances: int, num_buckets: int, max_distance: int) -> torch.Tensor:
+    """bucket[d] for a query d positions after the key (d ≥ 0), exactly transformers' unidirectional buckets."""
+    from transformers.models.t5.modeling_t5 import T5Attention  # the one definition of the bucketing
+
+    relative = -torch.arange(num_distances, dtype=torch.long)  # memory − query
+    return T5Attention._relative_position_bucket(relative, bidirectional=False, num_buckets=num_buckets,
+                                                 max_distance=max_distance)
+
+
+class FastT5Decoder(torch.nn.Module):
+    """T5 decoder with fused weights (self q|k|v; every layer's cross k|v; gated wi_0|wi_1) and the encoder.
+
+    `encode(ids, mask)` runs the encoder; `set_source(states, mask, cache)` fills the cache's cross K/V;
+    `forward(tokens, cache, valid)` appends decoder tokens. Built with `from_hf`.
+    """
+
+    def __init__(self, shape: T5Shape, encoder: torch.nn.Module, *, device, dtype: torch.dtype):
+        super().__init__()
+        self.shape = s = shape
+        inner = s.n_heads * s.head_dim
+
+        def empty(*size):
+            return torch.nn.Parameter(torch.empty(*size, device=device, dtype=dtype), requires_grad=False)
+
+        def per_layer(*size):
+            return torch.nn.ParameterList([empty(*size) for _ in range(s.n_layers)])
+
+        self.encoder = encoder
+        self.embed = empty(s.vocab_size, s.dim)
+        self.self_norm, self.cross_norm, self.ff_norm = per_layer(s.dim), per_layer(s.dim), per_layer(s.dim)
+        self.wqkv, self.wo = per_layer(3 * inner, s.dim), per_layer(s.dim, inner)
+        self.cross_wq, self.cross_wo = per_layer(inner, s.dim), per_layer(s.dim, inner)
+        self.cross_wkv = empty(s.n_layers * 2 * inner, s.dim)  # [k_0; v_0; k_1; v_1; ...]
+        self.wi = per_layer((2 if s.gated else 1) * s.ff, s.dim)
+        self.wff_out = per_layer(s.dim, s.ff)
+        self.final_norm = empty(s.dim)  # folds the dim^-0.5 output scaling when the config has it
+        self.lm_head = empty(s.vocab_size, s.dim)
+        self.bias_table = empty(s.max_distance + 1, s.n_heads)  # bias by distance p − s (saturates at max)
+        self.act = _ACTIVATIONS[s.act]
+        self.start_token_id = 0
+        self.config = None
+        self.generation_config = None
+
+    @classmethod
+    def from_hf(cls, model, *, device=None, dtype: torch.dtype | None = None) -> "FastT5Decoder":
+        """From a transformers `T5ForConditionalGeneration` (refused: other types, configs it does not cover)."""
+        from specdec.models.seq2seq import decoder_start_token_id
+
+        config = getattr(model, "config", None)
+        if config is None or not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a transformers T5ForConditionalGeneration, got {type(model).__name__}")
+        shape = T5Shape.from_hf(config)
+        if type(model).__name__ != "T5ForConditionalGeneration":
+            raise ValueError(f"the fast T5 decoder loads T5ForConditionalGeneration, got {type(model).__name__}")
+        params = dict(model.named_parameters())
+        ref = params["shared.weight"]
+        device = torch.device(device) if device is not None else ref.device
+        dtype = dtype or ref.dtype
+        encoder = model.get_encoder()
+        if ref.device != device or ref.dtype != dtype:
+            encoder = copy.deepcopy(encoder).to(device=device, dtype=dtype)
+        fast = cls(shape, encoder.eval(), device=device, dtype=dtype)
+
+        def get(name):
+            return params[name].detach().to(device=device, dtype=dtype)
+
+        s = shape
+        with torch.no_grad():
+            fast.embed.copy_(get("decoder.embed_tokens.weight" if "decoder.embed_tokens.weight" in params
+                                 else "shared.weight"))
+            cross_kv = []
+            for i in range(s.n_layers):
+                pre = f"decoder.block.{i}.layer."
+                att, cross, ff = pre + "0.SelfAttention.", pre + "1.EncDecAttention.", pre + "2.DenseReluDense."
+                fast.wqkv[i].copy_(torch.cat([get(att + n + ".weight") for n in "qkv"]))
+                fast.wo[i].copy_(get(att + "o.weight"))
+                fast.cross_wq[i].copy_(get(cross + "q.weight"))
+                fast.cross_wo[i].copy_(get(cross + "o.weight"))
+                cross_kv += [get(cross + "k.weight"), get(cross + "v.weight")]
+                fast.wi[i].copy_(torch.cat([get(ff + "wi_0.weight"), get(ff + "wi_1.weight")]) if s.gated
+                                 else get(ff + "wi.weight"))
+                fast.wff_out[i].copy_(get(ff + "wo.weight"))
+                fast.self_norm[i].copy_(get(pre + "0.layer_norm.weight"))
+                fast.cross_norm[i].copy_(get(pre + "1.layer_norm.weight"))
+                fast.ff_norm[i].copy_(get(pre + "2.layer_norm.weight"))
+            fast.cross_wkv.copy_(torch.cat(cross_kv))
+            final = params["decoder.final_layer_norm.weight"].detach().float()
+            if s.scale_outputs:
+                final = final * s.dim**-0.5
+            fast.final_norm.copy_(final.to(device=device, dtype=dtype))
+            head = "lm_head.weight" if "lm_head.weight" in params else "shared.weight"
+            fast.lm_head.copy_(get(head))
+            table = params["decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"].detach()
+            buckets = _decoder_buckets(s.max_distance + 1, s.num_buckets, s.max_distance).to(table.device)
+            fast.bias_table.copy_(table[buckets].to(device=device, dtype=dtype))
+        fast.start_token_id = decoder_start_token_id(model)
+        fast.config = config
+        fast.generation_config = getattr(model, "generation_config", None)
+        return fast.eval()
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    # ------------------------------------------------------------------------------------------- state
+    def new_cache(self, batch_size: int, num_slots: int, source_width: int) -> T5Cache:
+        """A zeroed cache: ≥ `num_slots` usable slots (+1 junk, rounded up to 16) and `source_width` source slots."""
+        s = self.shape
+        total = (num_slots + 1 + 15) // 16 * 16
+
+        def make(width):
+            return torch.zeros(batch_size, s.n_heads, width, s.head_dim, device=self.device, dtype=self.dtype)
+
+        layers = range(s.n_layers)
+        return T5Cache([make(total) for _ in layers], [make(total) for _ in layers],
+                       torch.zeros(batch_size, dtype=torch.long, device=self.device),
+                       [make(source_width) for _ in layers], [make(source_width) for _ in layers],
+                       torch.zeros(batch_size, source_width, dtype=torch.bool, device=self.device))
+
+    @torch.inference_mode()
+    def encode(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Encoder output `[B, T, dim]` of right-padded `ids [B, T]` with `mask [B, T]` (transformers' encoder)."""
+        return self.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+
+    @torch.inference_mode()
+    def set_source(self, states: torch.Tensor, mask: torch.Tensor, cache: T5Cache) -> None:
+        """Write the cross K/V of encoder `states [B, T, dim]` (`mask [B, T]`) into `cache` in place (T ≤ width)."""
+        s = self.shape
+        batch, width = states.shape[0], states.shape[1]
+        if width > cache.source_width or batch != cache.batch_size:
+            raise ValueError(f"source of shape {tuple(states.shape[:2])} does not fit the cache "
+                             f"({cache.batch_size} rows × {cache.source_width} source slots)")
+        kv = F.linear(states.to(self.dtype), self.cross_wkv)  # [B, T, L·2·H·D]
+        kv = kv.view(batch, width, s.n_layers, 2, s.n_heads, s.head_dim).permute(2, 3, 0, 4, 1, 5)
+        for i in range(s.n_layers):
+            for store, new in ((cache.cross_keys[i], kv[i, 0]), (cache.cross_values[i], kv[i, 1])):
+                store.zero_()
+                store[:, :, :width].copy_(new)
+        cache.source_mask.zero_()
+        cache.source_mask[:, :width].copy_(mask.bool())
+
+    # ------------------------------------------------------------------------------------------- forward
+    def forward(self, tokens: torch.Tensor, cache: T5Cache, valid: torch.Tensor | None = None, *,
+                last_only: bool = False, advance: bool = True) -> torch.Tensor:
+        """Append decoder `tokens [B, k]` at each row's own slots → float32 logits `[B, k, V]` (`[B, 1, V]` last_only).
+
+        valid [B, k] (optional): False marks padding; a row's valid tokens go to slots lengths[b], lengths[b]+1, …
+        in order, padding to the junk slot (its logits are meaningless). Position 0 always reads this model's
+        decoder start token (a drafter shares the target's text, whose start id may differ).
+        """
+        s = self.shape
+        batch, k = tokens.shape
+        device = tokens.device
+        total = cache.keys[0].shape[2]
+        junk = total - 1
+        if valid is None:
+            positions = cache.lengths[:, None] + torch.arange(k, device=device)[None, :]
+            slots = positions.clamp(max=junk)
+            added = k
+        else:
+            valid_long = valid.long()
+            positions = (cache.lengths[:, None] + valid_long.cumsum(1) - 1).clamp_min(0)
+            slots = torch.where(valid, positions.clamp(max=junk), torch.full_like(positions, junk))
+            added = valid_long.sum(1)
+        tokens = torch.where(positions == 0, torch.full_like(tokens, self.start_token_id), tokens)
+        # Self-attention bias [B, H, k, S]: relative position bias where a query may look, −inf elsewhere.
+        slot_index = torch.arange(total, device=device)
+        distance = positions.clamp(max=junk)[:, :, None] - slot_index[None, None, :]  # [B, k, S]
+        allowed = (distance >= 0) & (slot_index < junk)
+        self_bias = self.bias_table[distance.clamp(0, s.max_distance)].permute(0, 3, 1, 2).contiguous()
+        self_bias = self_bias.masked_fill(~allowed[:, None], float("-inf"))
+        cross_bias = torch.zeros(cache.source_mask.shape, device=device, dtype=self.dtype)
+        cross_bias = cross_bias.masked_fill(~cache.source_mask, float("-inf"))[:, None, None, :]  # [B, 1, 1, T]
+        write_index = slots[:, None, :, None].expand(batch, s.n_heads, k, s.head_dim)
+
+        nh, hd = s.n_heads, s.head_dim
+        x = F.embedding(tokens, self.embed)  # [B, k, dim]
+        for i in range(s.n_layers):
+            h = F.rms_norm(x, (s.dim,), self.self_norm[i], s.eps)
+            q, key, v = F.linear(h, self.wqkv[i]).view(batch, k, 3, nh, hd).permute(2, 0, 3, 1, 4)  # [B, H, k, D]
+            cache.keys[i].scatter_(2, write_index, key)
+            cache.values[i].scatter_(2, write_index, v)
+            attn = F.scaled_dot_product_attention(q, cache.keys[i], cache.values[i], attn_mask=self_bias, scale=1.0)
+            x = x + F.linear(attn.transpose(1, 2).reshape(batch, k, nh * hd), self.wo[i])
+            h = F.rms_norm(x, (s.dim,), self.cross_norm[i], s.eps)
+            q = F.linear(h, self.cross_wq[i]).view(batch, k, nh, hd).transpose(1, 2)
+            attn = F.scaled_dot_product_attention(q, cache.cross_keys[i], cache.cross_values[i], attn_mask=cross_bias,
+                                                  scale=1.0)
+            x = x + F.linear(attn.transpose(1, 2).reshape(batch, k, nh * hd), self.cross_wo[i])
+            h = F.rms_norm(x, (s.dim,), self.ff_norm[i], s.eps)
+            if s.gated:
+                gate, up = F.linear(h, self.wi[i]).chunk(2, dim=-1)
+                h = self.act(gate) * up
+            else:
+                h = self.act(F.linear(h, self.wi[i]))
+            x = x + F.linear(h, self.wff_out[i])
+        if last_only:
+            x = x[:, -1:]
+        x = F.rms_norm(x, (s.dim,), self.final_norm, s.eps)
+        logits = F.linear(x, self.lm_head).float()
+        if advance:
+            cache.lengths.add_(added)
+        return logits
