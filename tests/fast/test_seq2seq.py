@@ -213,6 +213,21 @@ def test_refuses_what_it_does_not_cover(pairs):
     assert [source_width(n) for n in (1, 16, 17, 100)] == [16, 16, 32, 128]
 
 
+def test_table2_measurement_picks_the_fast_path(pairs):
+    from specdec.bench.ende_tables import speed_models, speed_table
+
+    model, draft = pairs["v1.1"]
+    bigram = specdec.NGramDrafter(2).fit([[0] + s for s in SOURCES], VOCAB)
+    drafters = {"bigram": bigram, "small": draft}
+    assert speed_models(model, drafters, 3)[2] == "transformers"  # "auto" on CPU
+    assert speed_models(model, {"bart": seq2seq_models.make_bart(0, vocab=VOCAB)}, 3, "always")[2] == "transformers"
+    target, fast, path = speed_models(model, drafters, 3, "always")
+    assert path == "fast" and isinstance(target, FastSeq2SeqTarget) and isinstance(fast["small"], FastSeq2SeqDrafter)
+    assert fast["bigram"] is bigram
+    rows = speed_table(target, fast, SOURCES[:2], gammas=(1, 3), temperatures=(0.0,), max_new_tokens=6, warmup=True)
+    assert len(rows) == 1 + 2 * 2 and all(r["tokens_per_s"] > 0 for r in rows)
+
+
 # -- CUDA: graphs equal eager; fp32 equals transformers; bf16 runs -------------------------------------------
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
