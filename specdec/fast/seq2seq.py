@@ -5,11 +5,11 @@ and `Seq2SeqModelDrafter`, so the ordinary loop runs it unchanged:
     drafter = FastSeq2SeqDrafter(hf_small_t5, device="cuda")
     specdec.generate(target, sources, drafter=drafter, temperature=0)
 
-Per request: transformers' encoder runs once, its output is padded to a power-of-two width and turned into
+Per request: the sources are right-padded to a power-of-two width, encoded once and turned into
 cross-attention K/V (one GEMM for all layers) in a cache of fixed shape. Shapes then never change inside a
-request (`drop_finished_rows = False`), so on CUDA the target's verify pass (per k) and the drafter's whole
-γ-token proposal are CUDA-graph replays, captured once per cache shape (batch, decoder slots, source width)
-and reused by later requests of that shape. Models the fast decoder does not cover raise ValueError
+request (`drop_finished_rows = False`), so on CUDA the encoding, the target's verify pass (per k) and the
+drafter's whole γ-token proposal are CUDA-graph replays, captured once per cache shape (batch, decoder
+slots, source width) and reused by later requests of that shape. Models the fast decoder does not cover raise ValueError
 (`covers_seq2seq` says so without raising): use the transformers path for them.
 """
 
@@ -20,7 +20,7 @@ import torch
 from specdec.core import SamplingConfig
 from specdec.drafters.base import Drafter, Proposal
 from specdec.fast.graphs import CapturedStep, new_pool
-from specdec.fast.t5 import FastT5Decoder, T5Cache
+from specdec.fast.t5 import FastT5, T5Cache
 from specdec.fast.target import _draft_step, pair_inputs
 from specdec.sequences import TokenBuffer
 
@@ -39,12 +39,12 @@ def covers_seq2seq(model) -> bool:
 
 
 def load_fast_t5(model, *, device=None, dtype: torch.dtype | None = None, check_only: bool = False):
-    """A `FastT5Decoder` from a FastT5Decoder or a transformers T5ForConditionalGeneration (None if check_only)."""
+    """A `FastT5` from a FastT5 or a transformers T5ForConditionalGeneration (None if check_only)."""
     from specdec.fast.t5 import T5Shape
 
-    if isinstance(model, FastT5Decoder):
+    if isinstance(model, FastT5):
         if (device is not None and torch.device(device) != model.device) or (dtype is not None and dtype != model.dtype):
-            raise ValueError("pass device/dtype when loading from transformers, not with a FastT5Decoder")
+            raise ValueError("pass device/dtype when loading from transformers, not with a FastT5")
         return None if check_only else model
     config = getattr(model, "config", None)
     if config is None or not isinstance(model, torch.nn.Module):
@@ -52,7 +52,7 @@ def load_fast_t5(model, *, device=None, dtype: torch.dtype | None = None, check_
     T5Shape.from_hf(config)
     if type(model).__name__ != "T5ForConditionalGeneration":
         raise ValueError(f"the fast encoder-decoder path loads T5ForConditionalGeneration, got {type(model).__name__}")
-    return None if check_only else FastT5Decoder.from_hf(model, device=device, dtype=dtype)
+    return None if check_only else FastT5.from_hf(model, device=device, dtype=dtype)
 
 
 def source_width(longest: int) -> int:
@@ -72,7 +72,7 @@ class _State:
 
 
 class _FastSeq2SeqLM:
-    """A FastT5Decoder, a cache per shape (graphs included), and the current request's cache."""
+    """A FastT5, a cache per shape (graphs included), and the current request's cache."""
 
     def __init__(self, model, device, dtype, max_draft_tokens: int, cuda_graphs: bool | None):
         self.model = load_fast_t5(model, device=device, dtype=dtype)
@@ -111,18 +111,22 @@ class _FastSeq2SeqLM:
             if len(source) == 0:
                 raise ValueError(f"prompt {i} is empty: every encoder input needs at least one token")
         longest = max(len(p) for p in sources)
-        ids = torch.full((len(sources), longest), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros(len(sources), longest, dtype=torch.long)
+        key = (len(sources), num_slots, source_width(longest))
+        ids = torch.full((len(sources), key[2]), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros(len(sources), key[2], dtype=torch.bool)
         for b, source in enumerate(sources):
             ids[b, : len(source)] = torch.as_tensor(source, dtype=torch.long)
-            mask[b, : len(source)] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        key = (len(sources), num_slots, source_width(longest))
+            mask[b, : len(source)] = True
         if key not in self._states:  # made outside inference mode: crop writes lengths in place
             self._states[key] = _State(self.model.new_cache(*key))
         self.state = self._states[key]
-        self.model.set_source(self.model.encode(ids, mask), mask, self.state.cache)
-        self.state.cache.lengths.zero_()
+        cache, model = self.state.cache, self.model
+
+        def make(static):
+            return lambda: model.encode_into(static["ids"], static["mask"], cache)
+
+        with torch.inference_mode():
+            self.run(("encode",), make, {"ids": ids.to(self.device), "mask": mask.to(self.device)})
 
     def release(self) -> None:
         """Free every cache and graph (e.g. between benchmark configurations)."""
@@ -223,7 +227,7 @@ class FastSeq2SeqDrafter(Drafter):
         self.max_draft_tokens = max_draft_tokens
 
     @property
-    def model(self) -> FastT5Decoder:
+    def model(self) -> FastT5:
         return self.lm.model
 
     @property

@@ -1,4 +1,4 @@
-"""The fast encoder-decoder path (FastT5Decoder, FastSeq2SeqTarget/Drafter): transformers' logits through calls
+"""The fast encoder-decoder path (FastT5, FastSeq2SeqTarget/Drafter): transformers' logits through calls
 and rollbacks, transformers' greedy output, the exact sampling law, refusal of what it does not cover."""
 
 from __future__ import annotations
@@ -65,6 +65,22 @@ def test_logits_equal_transformers_through_calls_and_crops(version, pairs):
     for b, (n, c) in enumerate(zip(lengths.tolist(), counts.tolist())):
         assert_close_logits(logits[b, :c], refs[b][n : n + c])
     assert torch.equal(target.lengths, lengths + counts)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_encoder_equals_transformers_with_padding(version, pairs):
+    model = pairs[version][0]
+    fast = FastSeq2SeqTarget(model).model
+    width = source_width(max(map(len, SOURCES)))
+    ids = torch.zeros(len(SOURCES), width, dtype=torch.long)
+    mask = torch.zeros(len(SOURCES), width, dtype=torch.bool)
+    for b, source in enumerate(SOURCES):
+        ids[b, : len(source)], mask[b, : len(source)] = torch.tensor(source), True
+    with torch.no_grad():
+        ours = fast.encode(ids, mask)
+        for b, source in enumerate(SOURCES):
+            ref = model.get_encoder()(input_ids=torch.tensor([source])).last_hidden_state[0]
+            assert_close_logits(ours[b, : len(source)], ref)
 
 
 def greedy_reference(model, source, max_new_tokens, eos):
