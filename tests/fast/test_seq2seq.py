@@ -84,8 +84,9 @@ def test_encoder_equals_transformers_with_padding(version, pairs):
 
 
 def greedy_reference(model, source, max_new_tokens, eos):
-    out = model.generate(torch.tensor([source]), do_sample=False, max_new_tokens=max_new_tokens,
-                         eos_token_id=eos or None)[0, 1:].tolist()
+    """transformers' greedy translation of one source (eos: a non-empty list), cut after the first EOS."""
+    out = model.generate(torch.tensor([source], device=model.device), do_sample=False, max_new_tokens=max_new_tokens,
+                         eos_token_id=eos)[0, 1:].tolist()
     return next((out[: i + 1] for i, t in enumerate(out) if t in eos), out)
 
 
@@ -152,9 +153,9 @@ def test_fast_drafter_with_transformers_target_and_its_own_start_token():
                      eos_token_id=[])
     assert checking.checked > len(SOURCES)
     res = specdec.generate(target, SOURCES, drafter=FastSeq2SeqDrafter(draft), temperature=0, max_new_tokens=12,
-                           num_draft_tokens=3, eos_token_id=[])
+                           num_draft_tokens=3, eos_token_id=[1])
     for source, ours in zip(SOURCES, res.sequences):
-        assert_same_greedy(target, source, ours, greedy_reference(target, source, 12, []))
+        assert_same_greedy(target, source, ours, greedy_reference(target, source, 12, [1]))
 
 
 def test_sampling_is_seeded_and_reports_the_q_it_sampled_from(pairs):
@@ -271,16 +272,16 @@ def test_greedy_equals_transformers_on_cuda(pairs):
     target, drafter = FastSeq2SeqTarget(model), FastSeq2SeqDrafter(draft)
     assert target.cuda_graphs and drafter.lm.cuda_graphs
     for source in SOURCES:
-        ref = model.generate(torch.tensor([source], device="cuda"), do_sample=False, max_new_tokens=16,
-                             eos_token_id=None)[0, 1:].tolist()
+        ref = greedy_reference(model, source, 16, [1])
         for gamma in (1, 4):
             ours = specdec.generate(target, [source], drafter=drafter, temperature=0, max_new_tokens=16,
-                                    num_draft_tokens=gamma, eos_token_id=[]).sequences[0]
+                                    num_draft_tokens=gamma, eos_token_id=[1]).sequences[0]
             assert_same_greedy(model, source, ours, ref)
     rows = specdec.generate(target, SOURCES, drafter=drafter, temperature=0, max_new_tokens=16, num_draft_tokens=4,
                             eos_token_id=[]).sequences
     plain = specdec.generate(target, SOURCES, temperature=0, max_new_tokens=16, eos_token_id=[]).sequences
-    assert rows == plain
+    for source, ours, ref in zip(SOURCES, rows, plain):  # a ragged batch, graphs per k, against plain decoding
+        assert_same_greedy(model, source, ours, ref)
     print("fp32 CUDA graphs: greedy == transformers for every source and γ ∈ {1, 4}")
 
 
