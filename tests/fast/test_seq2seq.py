@@ -65,6 +65,13 @@ def test_logits_equal_transformers_through_calls_and_crops(version, pairs):
     for b, (n, c) in enumerate(zip(lengths.tolist(), counts.tolist())):
         assert_close_logits(logits[b, :c], refs[b][n : n + c])
     assert torch.equal(target.lengths, lengths + counts)
+    keep = torch.tensor([3, 0])  # rows leave the batch (the loop keeps them; other callers may not)
+    target.select_rows(keep)
+    lengths = (lengths + counts)[keep]
+    block = torch.stack([text[b, n : n + 2] for b, n in zip(keep.tolist(), lengths.tolist())])
+    logits = target.forward(block)
+    for row, (b, n) in enumerate(zip(keep.tolist(), lengths.tolist())):
+        assert_close_logits(logits[row], refs[b][n : n + 2])
 
 
 @pytest.mark.parametrize("version", VERSIONS)
