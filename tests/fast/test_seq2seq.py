@@ -90,6 +90,26 @@ def test_encoder_equals_transformers_with_padding(version, pairs):
             assert_close_logits(ours[b, : len(source)], ref)
 
 
+def test_graph_bodies_never_read_device_data_on_the_host(pairs):
+    """encode_into, forward and the drafter's γ steps run on the meta device: no .item(), no host branching
+    on tensor values, no host-made tensors, so on CUDA they can be captured in graphs."""
+    from specdec.fast.t5 import FastT5, T5Shape
+    from specdec.fast.target import _draft_step, pair_inputs
+
+    fast = FastT5(T5Shape.from_hf(pairs["v1.1"][0].config), device="meta", dtype=torch.float32)
+    cache = fast.new_cache(2, 20, 16)
+    with torch.inference_mode():
+        fast.encode_into(torch.zeros(2, 16, dtype=torch.long, device="meta"),
+                         torch.ones(2, 16, dtype=torch.bool, device="meta"), cache)
+        assert fast(torch.zeros(2, 4, dtype=torch.long, device="meta"), cache).shape == (2, 4, VOCAB)
+        inputs = pair_inputs(torch.zeros(2, 10, dtype=torch.long, device="meta"),
+                             torch.ones(2, dtype=torch.long, device="meta"))
+        inputs["noise"] = torch.empty(2, 3, VOCAB, device="meta")
+        for sampling in (specdec.SamplingConfig(temperature=0), specdec.SamplingConfig(temperature=0.7, top_p=0.9)):
+            tokens, _, _ = _draft_step(fast, cache, inputs, 3, sampling, None)
+            assert tokens.shape == (2, 3)
+
+
 def greedy_reference(model, source, max_new_tokens, eos):
     """transformers' greedy translation of one source (eos: a non-empty list), cut after the first EOS."""
     out = model.generate(torch.tensor([source], device=model.device), do_sample=False, max_new_tokens=max_new_tokens,
