@@ -32,7 +32,8 @@ def load_models(pair: Path | None, vocab: int, device: str):
         def load(name):
             return AutoModelForSeq2SeqLM.from_pretrained(str(pair / name), dtype=torch.float32).to(device).eval()
 
-        return load("target"), {n: load(f"draft{i}") for i, n in enumerate(("small", "base")) if (pair / f"draft{i}").is_dir()}
+        drafts = {n: f"draft{i}" for i, n in enumerate(("small", "base")) if (pair / f"draft{i}").is_dir()}
+        return load("target"), {n: load(folder) for n, folder in drafts.items()}
     from specdec.zoo.train import build_model
 
     target = build_model(ENDE_TABLES_PRESET.target, vocab, seed=0).to(device).eval()
