@@ -4,7 +4,7 @@ Terms (as in `specdec.fast.model`):
   slot        row b's decoder token at position t lives in self-attention slot t; rollback moves `lengths`.
   junk slot   the last slot, never attended to: padding tokens (valid == False) write there.
   source      the encoder output of a request, padded to a fixed width T (a power of two, so a handful of
-              shapes serve every request); `source_mask [B, T]` marks real encoder tokens.
+              shapes serve every request); `cross_bias [B, 1, 1, T]` is 0 at real encoder tokens, −inf at padding.
   cross K/V   each layer's cross-attention keys/values `[B, H, T, D]`, computed once per request
               (`FastT5.encode_into`: the encoder, then one GEMM for all layers) and read by every decode step.
 
@@ -93,15 +93,18 @@ class T5Shape:
 
 @dataclass
 class T5Cache:
-    """Self-attention K/V `[B, H, S, D]` per layer (slot S−1 = junk), `lengths [B]`, and the request's source:
-    cross K/V `[B, H, T, D]` per layer and `source_mask [B, T]` (bool)."""
+    """Self-attention K/V `[B, H, S, D]` per layer (slot S−1 = junk) and `lengths [B]`; `self_bias [S, H, S]`: the
+    additive self-attention bias of a query at each position over every slot (relative position bias where
+    it may look, −inf elsewhere); the request's source: cross K/V `[B, H, T, D]` per layer and `cross_bias
+    [B, 1, 1, T]` (0 at real encoder tokens, −inf at padding)."""
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     lengths: torch.Tensor
+    self_bias: torch.Tensor
     cross_keys: list[torch.Tensor]
     cross_values: list[torch.Tensor]
-    source_mask: torch.Tensor
+    cross_bias: torch.Tensor
 
     @property
     def num_slots(self) -> int:
@@ -114,12 +117,12 @@ class T5Cache:
 
     @property
     def source_width(self) -> int:
-        return self.source_mask.shape[1]
+        return self.cross_bias.shape[-1]
 
     def select_rows(self, index: torch.Tensor) -> "T5Cache":
         pick = lambda ts: [t.index_select(0, index) for t in ts]  # noqa: E731
-        return T5Cache(pick(self.keys), pick(self.values), self.lengths.index_select(0, index),
-                       pick(self.cross_keys), pick(self.cross_values), self.source_mask.index_select(0, index))
+        return T5Cache(pick(self.keys), pick(self.values), self.lengths.index_select(0, index), self.self_bias,
+                       pick(self.cross_keys), pick(self.cross_values), self.cross_bias.index_select(0, index))
 
 
 def _buckets(relative: torch.Tensor, bidirectional: bool, shape: T5Shape) -> torch.Tensor:
@@ -260,11 +263,15 @@ class FastT5(torch.nn.Module):
         def make(width):
             return torch.zeros(batch_size, s.n_heads, width, s.head_dim, device=self.device, dtype=self.dtype)
 
+        slot = torch.arange(total, device=self.device)
+        distance = slot[:, None] - slot[None, :]  # [query position, slot]
+        self_bias = self.bias_table[distance.clamp(0, s.max_distance)].permute(0, 2, 1)  # [S, H, S]
+        self_bias = self_bias.masked_fill(((distance < 0) | (slot[None, :] == total - 1))[:, None], float("-inf"))
         layers = range(s.n_layers)
         return T5Cache([make(total) for _ in layers], [make(total) for _ in layers],
-                       torch.zeros(batch_size, dtype=torch.long, device=self.device),
+                       torch.zeros(batch_size, dtype=torch.long, device=self.device), self_bias.contiguous(),
                        [make(source_width) for _ in layers], [make(source_width) for _ in layers],
-                       torch.zeros(batch_size, source_width, dtype=torch.bool, device=self.device))
+                       torch.zeros(batch_size, 1, 1, source_width, device=self.device, dtype=self.dtype))
 
     # ------------------------------------------------------------------------------------------- blocks
     def _ffn(self, x: torch.Tensor, norm, wi, wo) -> torch.Tensor:
@@ -310,7 +317,8 @@ class FastT5(torch.nn.Module):
         for i in range(s.n_layers):
             cache.cross_keys[i].copy_(kv[i, 0])
             cache.cross_values[i].copy_(kv[i, 1])
-        cache.source_mask.copy_(mask.bool())
+        cache.cross_bias.copy_(torch.zeros_like(cache.cross_bias).masked_fill(~mask.bool()[:, None, None, :],
+                                                                              float("-inf")))
         cache.lengths.zero_()
 
     # ------------------------------------------------------------------------------------------- decoder
@@ -337,14 +345,7 @@ class FastT5(torch.nn.Module):
             slots = torch.where(valid, positions.clamp(max=junk), torch.full_like(positions, junk))
             added = valid_long.sum(1)
         tokens = torch.where(positions == 0, torch.full_like(tokens, self.start_token_id), tokens)
-        # Self-attention bias [B, H, k, S]: relative position bias where a query may look, −inf elsewhere.
-        slot_index = torch.arange(total, device=device)
-        distance = positions.clamp(max=junk)[:, :, None] - slot_index[None, None, :]  # [B, k, S]
-        allowed = (distance >= 0) & (slot_index < junk)
-        self_bias = self.bias_table[distance.clamp(0, s.max_distance)].permute(0, 3, 1, 2).contiguous()
-        self_bias = self_bias.masked_fill(~allowed[:, None], float("-inf"))
-        cross_bias = torch.zeros(cache.source_mask.shape, device=device, dtype=self.dtype)
-        cross_bias = cross_bias.masked_fill(~cache.source_mask, float("-inf"))[:, None, None, :]  # [B, 1, 1, T]
+        self_bias = cache.self_bias[positions.clamp(max=junk)].transpose(1, 2).contiguous()  # [B, H, k, S]
         write_index = slots[:, None, :, None].expand(batch, s.n_heads, k, s.head_dim)
 
         nh, hd = s.n_heads, s.head_dim
@@ -357,7 +358,7 @@ class FastT5(torch.nn.Module):
             x = x + self._attend(q, cache.keys[i], cache.values[i], self_bias, self.wo[i])
             h = F.rms_norm(x, (s.dim,), self.cross_norm[i], s.eps)
             q = F.linear(h, self.cross_wq[i]).view(batch, k, nh, hd).transpose(1, 2)
-            x = x + self._attend(q, cache.cross_keys[i], cache.cross_values[i], cross_bias, self.cross_wo[i])
+            x = x + self._attend(q, cache.cross_keys[i], cache.cross_values[i], cache.cross_bias, self.cross_wo[i])
             x = self._ffn(x, self.ff_norm[i], self.wi[i], self.wff_out[i])
         if last_only:
             x = x[:, -1:]
