@@ -7,7 +7,6 @@ import copy
 import random
 from functools import partial
 
-import numpy as np
 import pytest
 import torch
 
@@ -17,7 +16,6 @@ from seq2seq_models import teacher_forced_logits
 from specdec.drafters.base import Drafter, Proposal
 from specdec.fast.seq2seq import FastSeq2SeqDrafter, FastSeq2SeqTarget, covers_seq2seq, source_width
 from specdec.models.seq2seq import decoder_start_token_id
-from stats_utils import chi2_pvalue
 
 VOCAB = 64
 random.seed(0)
@@ -220,6 +218,10 @@ VOCAB_LAW = 16
 
 
 def test_first_two_tokens_follow_the_exact_target_law():
+    np = pytest.importorskip("numpy")
+    pytest.importorskip("scipy")
+    from stats_utils import chi2_pvalue
+
     target, draft = seq2seq_models.make_t5(0, vocab=VOCAB_LAW), seq2seq_models.make_t5(1, layers=1, d_model=16,
                                                                                         vocab=VOCAB_LAW)
     source, rows = [3, 7, 5, 9, 3, 7, 12], 3_000
