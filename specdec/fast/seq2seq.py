@@ -20,7 +20,7 @@ import torch
 from specdec.core import SamplingConfig
 from specdec.drafters.base import Drafter, Proposal
 from specdec.fast.graphs import CapturedStep, new_pool
-from specdec.fast.t5 import FastT5, T5Cache
+from specdec.fast.t5 import FastT5, T5Cache, check_t5
 from specdec.fast.target import _draft_step, pair_inputs
 from specdec.sequences import TokenBuffer
 
@@ -40,18 +40,11 @@ def covers_seq2seq(model) -> bool:
 
 def load_fast_t5(model, *, device=None, dtype: torch.dtype | None = None, check_only: bool = False):
     """A `FastT5` from a FastT5 or a transformers T5ForConditionalGeneration (None if check_only)."""
-    from specdec.fast.t5 import T5Shape
-
     if isinstance(model, FastT5):
         if (device is not None and torch.device(device) != model.device) or (dtype is not None and dtype != model.dtype):
             raise ValueError("pass device/dtype when loading from transformers, not with a FastT5")
         return None if check_only else model
-    config = getattr(model, "config", None)
-    if config is None or not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a transformers T5ForConditionalGeneration, got {type(model).__name__}")
-    T5Shape.from_hf(config)
-    if type(model).__name__ != "T5ForConditionalGeneration":
-        raise ValueError(f"the fast encoder-decoder path loads T5ForConditionalGeneration, got {type(model).__name__}")
+    check_t5(model)
     return None if check_only else FastT5.from_hf(model, device=device, dtype=dtype)
 
 

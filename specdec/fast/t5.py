@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["T5Shape", "T5Cache", "FastT5"]
+__all__ = ["T5Shape", "T5Cache", "FastT5", "check_t5"]
 
 # dense_act_fn (from feed_forward_proj) → the activation; anything else is refused
 _ACTIVATIONS = {
@@ -133,6 +133,20 @@ def _buckets(relative: torch.Tensor, bidirectional: bool, shape: T5Shape) -> tor
                                                  num_buckets=shape.num_buckets, max_distance=shape.max_distance)
 
 
+def check_t5(model) -> T5Shape:
+    """The shape of a transformers T5ForConditionalGeneration the fast T5 reproduces; TypeError/ValueError else."""
+    config = getattr(model, "config", None)
+    if config is None or not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a transformers T5ForConditionalGeneration, got {type(model).__name__}")
+    shape = T5Shape.from_hf(config)
+    if type(model).__name__ != "T5ForConditionalGeneration":
+        raise ValueError(f"the fast T5 loads T5ForConditionalGeneration, got {type(model).__name__}")
+    odd = sorted({str(p.dtype) for p in model.parameters() if not p.is_floating_point()})
+    if odd:
+        raise ValueError(f"the fast T5 needs floating-point weights; this model has {', '.join(odd)} (quantized?)")
+    return shape
+
+
 class FastT5(torch.nn.Module):
     """T5 encoder + decoder with fused weights (q|k|v; every decoder layer's cross k|v in one matrix; gated
     wi_0|wi_1). `encode_into(ids, mask, cache)` runs the encoder and fills the cross K/V; `forward(tokens,
@@ -182,12 +196,8 @@ class FastT5(torch.nn.Module):
         """From a transformers `T5ForConditionalGeneration` (refused: other types, configs it does not cover)."""
         from specdec.models.seq2seq import decoder_start_token_id
 
-        config = getattr(model, "config", None)
-        if config is None or not isinstance(model, torch.nn.Module):
-            raise TypeError(f"model must be a transformers T5ForConditionalGeneration, got {type(model).__name__}")
-        shape = T5Shape.from_hf(config)
-        if type(model).__name__ != "T5ForConditionalGeneration":
-            raise ValueError(f"the fast T5 loads T5ForConditionalGeneration, got {type(model).__name__}")
+        shape = check_t5(model)
+        config = model.config
         params = dict(model.named_parameters())  # tied weights appear once, under their first name
         ref = params["shared.weight"]
         device = torch.device(device) if device is not None else ref.device

@@ -243,7 +243,12 @@ def test_first_two_tokens_follow_the_exact_target_law():
 def test_refuses_what_it_does_not_cover(pairs):
     bart = seq2seq_models.make_bart(0, vocab=VOCAB)
     tanh = make_t5(0, feed_forward_proj="tanh")
-    for model, words in ((bart, "model_type 't5'"), (tanh, "feed_forward_proj"), (torch.nn.Linear(2, 2), "T5")):
+    quantized = make_t5(0)
+    attention = quantized.decoder.block[0].layer[0].SelfAttention
+    attention.q.weight = torch.nn.Parameter(attention.q.weight.detach().to(torch.int8), requires_grad=False)
+    cases = ((bart, "model_type 't5'"), (tanh, "feed_forward_proj"), (torch.nn.Linear(2, 2), "T5"),
+             (quantized, "floating-point"))
+    for model, words in cases:
         assert not covers_seq2seq(model)
         with pytest.raises((ValueError, TypeError), match=words):
             FastSeq2SeqTarget(model)
