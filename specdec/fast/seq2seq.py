@@ -243,17 +243,21 @@ class FastSeq2SeqDrafter(Drafter):
         gamma = num_draft_tokens
         if gamma > lm.max_draft_tokens:
             raise ValueError(f"FastSeq2SeqDrafter was built for at most {lm.max_draft_tokens} draft tokens (got {gamma})")
-        inputs = pair_inputs(context.tokens, context.lengths)
+        inputs = {"tokens": context.tokens, "lengths": context.lengths}  # the pair to re-feed is read in the graph
         if not sampling.greedy:
             noise = torch.empty(context.batch_size, gamma, lm.vocab_size, device=lm.device)
             inputs["noise"] = noise.exponential_(generator=generator)
         cache, model = lm.cache, lm.model
 
         def make(static):
-            return lambda: _draft_step(model, cache, static, gamma, sampling, confidence_threshold)
+            def step():
+                step_inputs = {**pair_inputs(static["tokens"], static["lengths"]), "noise": static.get("noise")}
+                return _draft_step(model, cache, step_inputs, gamma, sampling, confidence_threshold)
+
+            return step
 
         with torch.inference_mode():
-            key = ("draft", context.batch_size, gamma, sampling, confidence_threshold)
+            key = ("draft", tuple(context.tokens.shape), gamma, sampling, confidence_threshold)
             tokens, probs, lengths = lm.run(key, make, inputs)
         return Proposal(
             tokens=tokens.clone(),
