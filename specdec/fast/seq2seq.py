@@ -27,6 +27,7 @@ from specdec.sequences import TokenBuffer
 __all__ = ["FastSeq2SeqTarget", "FastSeq2SeqDrafter", "covers_seq2seq", "load_fast_t5"]
 
 MIN_SOURCE_WIDTH = 16
+MAX_STATES = 32  # cache shapes (batch, decoder slots, source width) kept with their graphs
 
 
 def covers_seq2seq(model) -> bool:
@@ -111,6 +112,8 @@ class _FastSeq2SeqLM:
             ids[b, : len(source)] = torch.as_tensor(source, dtype=torch.long)
             mask[b, : len(source)] = True
         if key not in self._states:  # made outside inference mode: crop writes lengths in place
+            if len(self._states) >= MAX_STATES:  # many shapes seen: start over rather than hold every cache
+                self.release()
             self._states[key] = _State(self.model.new_cache(*key))
         self.state = self._states[key]
         cache, model = self.state.cache, self.model
