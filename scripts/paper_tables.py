@@ -52,11 +52,12 @@ def ende(args) -> None:
 
     config = EndeTablesConfig(budget_scale=args.budget_scale, speed_sentences=args.speed_sentences,
                               alpha_sentences=args.alpha_sentences, quality_sentences=args.quality_sentences,
-                              gammas=tuple(int(g) for g in args.gammas.split(",")))
+                              gammas=tuple(int(g) for g in args.gammas.split(",")), fast_path=args.fast_path)
     result = run_ende_tables(args.data, args.out, preset=ENDE_PRESETS[args.preset], config=config,
                              device=args.device, pair_dir=args.pair)
     print((args.out / "ende_tables.md").read_text())
-    print(json.dumps({"seconds": result["seconds"], "train_seconds": result["train_seconds"]}))
+    print(json.dumps({"seconds": result["seconds"], "train_seconds": result["train_seconds"],
+                      "path": result.get("table2_path")}))
 
 
 def ende_merge(args) -> None:
@@ -115,6 +116,8 @@ def main() -> None:
     e.add_argument("--quality-sentences", type=int, default=None)
     e.add_argument("--gammas", default="1,3,5,7")
     e.add_argument("--device", default="auto")
+    e.add_argument("--fast-path", default="auto", choices=("auto", "never", "always"),
+                   help="Table 2 on the fast encoder-decoder path: auto = on CUDA when it covers the models")
     e.set_defaults(run=ende)
     m = sub.add_parser("ende-merge", help="merge an `ende` run's results into docs/PAPER_TABLES.md")
     m.add_argument("--from", dest="source", type=Path, required=True)

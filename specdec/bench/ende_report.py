@@ -56,7 +56,9 @@ def ende_markdown(result: dict) -> str:
         paper = paper_alpha("T5-XXL (EnDe)", PAPER_NAME.get(r["drafter"], ""), r["temperature"])
         lines.append(f"| {r['drafter']} | {r['temperature']:g} | {r['alpha']:.3f} | {r['positions']} | "
                      f"{_f(paper, '.2f')} |")
-    lines += ["", "**Table 2 analog** (batch 1, transformers encoder-decoder path, tokens/s and speedup over plain):",
+    path = ("fast encoder-decoder path (specdec.fast.seq2seq, CUDA graphs)" if result.get("table2_path") == "fast"
+            else "transformers encoder-decoder path")
+    lines += ["", f"**Table 2 analog** (batch 1, {path}, tokens/s and speedup over plain):",
               "", "| drafter | T | γ | α | τ | c | speedup (ours) | Thm 3.8 from this run |",
               "|---|---|---|---|---|---|---|---|"]
     for r in result.get("table2", []):

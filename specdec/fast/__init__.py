@@ -9,9 +9,13 @@ Terms:
 
 Use them with the ordinary loop: `specdec.generate(FastTarget(m), prompts, drafter=FastDrafter(d))`.
 Both set `drop_finished_rows = False`: shapes stay fixed for a whole request, so graphs stay valid.
+Encoder-decoder (T5): `FastSeq2SeqTarget` / `FastSeq2SeqDrafter` (`fast/seq2seq.py`, model in `fast/t5.py`).
 """
 
 from specdec.fast.model import FastLlama, KVCache, LlamaShape
 from specdec.fast.target import FastDrafter, FastTarget, load_fast_llama
 
-__all__ = ["FastLlama", "KVCache", "LlamaShape", "FastTarget", "FastDrafter", "load_fast_llama"]
+from specdec.fast.seq2seq import FastSeq2SeqDrafter, FastSeq2SeqTarget, covers_seq2seq
+
+__all__ = ["FastLlama", "KVCache", "LlamaShape", "FastTarget", "FastDrafter", "load_fast_llama",
+           "FastSeq2SeqTarget", "FastSeq2SeqDrafter", "covers_seq2seq"]
