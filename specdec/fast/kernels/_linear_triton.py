@@ -1,0 +1,124 @@
+"""Triton kernels behind `specdec.fast.kernels.linear` (imported only where Triton is installed).
+
+Program (pid_n, pid_k, pid_m) computes out[m-block, n-block] over K slice pid_k. Tiles are held transposed,
+`[BLOCK_N, BLOCK_M]`, so the weight tile is the wide operand of `tl.dot` (Hopper's wgmma wants ≥ 64 rows on
+that side) and the few activation rows are the narrow one.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, p_ptr,
+                   M, N, K, k_per_split,
+                   stride_xm, stride_xk, stride_wn, stride_rm, stride_om,
+                   HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr, FMA: tl.constexpr,
+                   IEEE: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_mask = offs_n < N
+    m_mask = offs_m < M
+    # Slices are whole tiles (k_per_split is a multiple of BLOCK_K), so only K's end needs a mask (none if EVEN_K).
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    offs_k = k_start + tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]  # [BLOCK_N, BLOCK_K], K contiguous
+    if FMA:
+        x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk  # [BLOCK_M, BLOCK_K]
+        acc3 = tl.zeros((BLOCK_N, BLOCK_M, BLOCK_K), dtype=tl.float32)
+    else:
+        x_ptrs = x_ptr + offs_k[:, None] * stride_xk + offs_m[None, :] * stride_xm  # [BLOCK_K, BLOCK_M]
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        if EVEN_K:
+            w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
+        else:
+            w = tl.load(w_ptrs, mask=n_mask[:, None] & (offs_k[None, :] < K), other=0.0)
+        if FMA:
+            if EVEN_K:
+                xr = tl.load(x_ptrs, mask=m_mask[:, None], other=0.0)
+            else:
+                xr = tl.load(x_ptrs, mask=m_mask[:, None] & (offs_k[None, :] < K), other=0.0)
+            acc3 += w.to(tl.float32)[:, None, :] * xr.to(tl.float32)[None, :, :]
+        else:
+            if EVEN_K:
+                xt = tl.load(x_ptrs, mask=m_mask[None, :], other=0.0)
+            else:
+                xt = tl.load(x_ptrs, mask=(offs_k[:, None] < K) & m_mask[None, :], other=0.0)
+            if IEEE:
+                acc = tl.dot(w, xt, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(w, xt, acc)
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K * stride_xk
+        offs_k += BLOCK_K
+    if FMA:
+        acc = tl.sum(acc3, axis=2)
+    mask = n_mask[:, None] & m_mask[None, :]
+    if SPLIT:
+        # Partial product of this K slice: p[pid_k, m, n], summed in a fixed order by _split_reduce_kernel.
+        tl.store(p_ptr + pid_k * M * N + offs_m[None, :] * N + offs_n[:, None], acc, mask=mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+        if HAS_RES:
+            acc += tl.load(r_ptr + offs_m[None, :] * stride_rm + offs_n[:, None], mask=mask, other=0.0).to(tl.float32)
+        tl.store(o_ptr + offs_m[None, :] * stride_om + offs_n[:, None], acc.to(o_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _split_reduce_kernel(p_ptr, b_ptr, r_ptr, o_ptr, M, N, num_splits, stride_rm, stride_om,
+                         HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    pid_n = tl.program_id(0)
+    m = tl.program_id(1)
+    offs = pid_n * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(0, num_splits):
+        acc += tl.load(p_ptr + s * M * N + m * N + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RES:
+        acc += tl.load(r_ptr + m * stride_rm + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(o_ptr + m * stride_om + offs, acc.to(o_ptr.dtype.element_ty), mask=mask)
+
+
+def _block_m(m: int, variant: str) -> int:
+    """Rows per program: 16 for tl.dot (its smallest operand side); a power of two ≤ 16 for the FMA variant."""
+    if variant == "dot":
+        return 16
+    return min(16, triton.next_power_of_2(m))
+
+
+def launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, out: torch.Tensor, config) -> None:
+    """out `[M, N]` = x `[M, K]` @ weight `[N, K]`ᵀ (+ bias) (+ residual `[M, N]`); all rows K/N-contiguous."""
+    m, k = x.shape
+    n = weight.shape[0]
+    block_k = config.block_k
+    k_per_split = triton.cdiv(triton.cdiv(k, config.split_k), block_k) * block_k
+    splits = triton.cdiv(k, k_per_split)
+    block_m = _block_m(m, config.variant)
+    grid = (triton.cdiv(n, config.block_n), splits, triton.cdiv(m, block_m))
+    partial = torch.empty(splits, m, n, device=x.device, dtype=torch.float32) if splits > 1 else out
+    dummy = out  # never read where its flag is off
+    _linear_kernel[grid](
+        x, weight, bias if bias is not None else dummy, residual if residual is not None else dummy, out, partial,
+        m, n, k, k_per_split,
+        x.stride(0), x.stride(1), weight.stride(0),
+        residual.stride(0) if residual is not None else 0, out.stride(0),
+        HAS_BIAS=bias is not None, HAS_RES=residual is not None, SPLIT=splits > 1, FMA=config.variant == "fma",
+        IEEE=x.dtype == torch.float32, EVEN_K=k % block_k == 0, BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=block_k,
+        num_warps=config.num_warps, num_stages=config.num_stages)
+    if splits > 1:
+        block = min(1024, triton.next_power_of_2(n))
+        _split_reduce_kernel[(triton.cdiv(n, block), m)](
+            partial, bias if bias is not None else dummy, residual if residual is not None else dummy, out,
+            m, n, splits, residual.stride(0) if residual is not None else 0, out.stride(0),
+            HAS_BIAS=bias is not None, HAS_RES=residual is not None, BLOCK=block, num_warps=4)
