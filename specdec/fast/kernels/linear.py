@@ -91,13 +91,17 @@ def _m_bucket(m: int) -> int:
 
 
 def pick_config(m: int, n: int, k: int, num_sms: int = _DEFAULT_SMS) -> LinearConfig:
-    """The table's config for (M bucket, N, K), else a heuristic: 64 columns per program (fewer when N is
-    small), and K split in halves until there are ≥ 2 programs per SM, keeping ≥ 2 tiles of K per slice."""
+    """The table's config for (M bucket, N, K), else a heuristic: the widest column block (64, 32, 16) that
+    can still fill the SMs, then K split in halves until there are ≥ 2 programs per SM, keeping slices ≥ 2
+    tiles deep."""
     entry = CONFIGS.get((_m_bucket(m), n, k))
     if entry is not None:
         return LinearConfig(*entry)
-    block_n = 64 if n >= 64 * num_sms // 2 else 32 if n >= 32 * 32 else 16
     block_k = 128
+    max_split = max(1, k // (2 * block_k))
+    for block_n in (64, 32, 16):
+        if -(-n // block_n) * max_split >= num_sms:
+            break
     blocks = -(-n // block_n)
     split_k = 1
     while blocks * split_k < 2 * num_sms and k // (2 * split_k) >= 2 * block_k:
