@@ -30,35 +30,30 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, p_ptr,
     k_end = tl.minimum(k_start + k_per_split, K)
     offs_k = k_start + tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]  # [BLOCK_N, BLOCK_K], K contiguous
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk  # [BLOCK_M, BLOCK_K]
     if FMA:
-        x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk  # [BLOCK_M, BLOCK_K]
         acc3 = tl.zeros((BLOCK_N, BLOCK_M, BLOCK_K), dtype=tl.float32)
     else:
-        x_ptrs = x_ptr + offs_k[:, None] * stride_xk + offs_m[None, :] * stride_xm  # [BLOCK_K, BLOCK_M]
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    # The weight loads are pipelined by the compiler (cp.async, num_stages deep); the activation tile is not,
+    # so it is prefetched by hand one tile ahead (an L2 hit, but its latency would otherwise stall each step).
+    xr = tl.load(x_ptrs, mask=m_mask[:, None] & (offs_k[None, :] < K), other=0.0)
     for k0 in range(k_start, k_end, BLOCK_K):
         if EVEN_K:
             w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
         else:
             w = tl.load(w_ptrs, mask=n_mask[:, None] & (offs_k[None, :] < K), other=0.0)
-        if FMA:
-            if EVEN_K:
-                xr = tl.load(x_ptrs, mask=m_mask[:, None], other=0.0)
-            else:
-                xr = tl.load(x_ptrs, mask=m_mask[:, None] & (offs_k[None, :] < K), other=0.0)
-            acc3 += w.to(tl.float32)[:, None, :] * xr.to(tl.float32)[None, :, :]
-        else:
-            if EVEN_K:
-                xt = tl.load(x_ptrs, mask=m_mask[None, :], other=0.0)
-            else:
-                xt = tl.load(x_ptrs, mask=(offs_k[:, None] < K) & m_mask[None, :], other=0.0)
-            if IEEE:
-                acc = tl.dot(w, xt, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(w, xt, acc)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K * stride_xk
         offs_k += BLOCK_K
+        x_next = tl.load(x_ptrs, mask=m_mask[:, None] & (offs_k[None, :] < K), other=0.0)
+        if FMA:
+            acc3 += w.to(tl.float32)[:, None, :] * xr.to(tl.float32)[None, :, :]
+        elif IEEE:
+            acc = tl.dot(w, tl.trans(xr), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w, tl.trans(xr), acc)
+        xr = x_next
     if FMA:
         acc = tl.sum(acc3, axis=2)
     mask = n_mask[:, None] & m_mask[None, :]
