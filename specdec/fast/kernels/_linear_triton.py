@@ -12,7 +12,8 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+# M is not specialized (Triton would compile M = 1 and M % 16 == 0 apart): one binary serves every row count.
+@triton.jit(do_not_specialize=["M"])
 def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, p_ptr,
                    M, N, K, k_per_split,
                    stride_xm, stride_xk, stride_wn, stride_rm, stride_om,
@@ -68,7 +69,7 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, p_ptr,
         tl.store(o_ptr + offs_m[None, :] * stride_om + offs_n[:, None], acc.to(o_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "num_splits"])
 def _split_reduce_kernel(p_ptr, b_ptr, r_ptr, o_ptr, M, N, num_splits, stride_rm, stride_om,
                          HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
     pid_n = tl.program_id(0)
