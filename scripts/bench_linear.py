@@ -127,7 +127,7 @@ def main() -> None:
     import torch
     import torch.nn.functional as F
 
-    from specdec.fast.kernels.linear import linear, pick_config
+    from specdec.fast.kernels.linear import LinearConfig, linear, pick_config
 
     t_start = time.perf_counter()
     cuda = not args.interpret
@@ -164,13 +164,14 @@ def main() -> None:
                 x = torch.randn(m, k, device=device, dtype=dtype)
                 want = F.linear(x.float(), weights[0].float())
 
-                def timed(config):
+                def timed(config, split_reduce="fused"):
                     """(seconds per call, relative error) of the Triton kernel with this config."""
-                    got = linear(x, weights[0], kernel="triton", config=config)
+                    got = linear(x, weights[0], kernel="triton", config=config, split_reduce=split_reduce)
                     err = ((got.float() - want).norm() / want.norm()).item()
                     if not err <= 1e-2:
                         return None, err
-                    return timer(lambda w: linear(x, w, kernel="triton", config=config), weights, calls), err
+                    return timer(lambda w: linear(x, w, kernel="triton", config=config, split_reduce=split_reduce),
+                                 weights, calls), err
 
                 t_cublas = timer(lambda w: F.linear(x, w), weights, calls)
                 heuristic = pick_config(m, n, k, num_sms)
@@ -200,12 +201,17 @@ def main() -> None:
                 if best is not None:
                     best["gbs"] = weight_bytes / (best["us"] / 1e6) / 1e9
                     best["cublas_over_triton"] = t_cublas * 1e6 / best["us"]
+                    if best["config"][3] > 1:  # what the fused split-K reduction saves over a second kernel
+                        t_two, _ = timed(LinearConfig(*best["config"]), split_reduce="kernel")
+                        best["two_kernel_reduce_us"] = t_two and t_two * 1e6
                 report["rows"].append(row)
                 b = best or {"us": float("nan"), "gbs": float("nan"), "config": None, "cublas_over_triton": float("nan")}
+                two = b.get("two_kernel_reduce_us")
                 print(f"{model:4} {matrix:8} N={n:6} K={k:5} M={m:2}  cuBLAS {t_cublas * 1e6:8.1f} us "
                       f"{weight_bytes / t_cublas / 1e9:7.0f} GB/s | triton best {b['us']:8.1f} us {b['gbs']:7.0f} GB/s "
-                      f"x{b['cublas_over_triton']:.2f} {b['config']} | heuristic "
-                      f"{(tried[0]['us'] or float('nan')):8.1f} us  ({len(tried)} configs)", flush=True)
+                      f"x{b['cublas_over_triton']:.2f} {b['config']}"
+                      + (f" (2-kernel reduce {two:.1f} us)" if two else "")
+                      + f" | heuristic {(tried[0]['us'] or float('nan')):8.1f} us  ({len(tried)} configs)", flush=True)
             del weights
             if cuda:
                 torch.cuda.empty_cache()

@@ -14,7 +14,7 @@ import triton.language as tl
 
 # M is not specialized (Triton would compile M = 1 and M % 16 == 0 apart): one binary serves every row count.
 @triton.jit(do_not_specialize=["M"])
-def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, p_ptr,
+def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr,
                    M, N, K, k_per_split,
                    stride_xm, stride_xk, stride_wn, stride_rm, stride_om,
                    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr, FMA: tl.constexpr,
@@ -58,15 +58,35 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, p_ptr,
     if FMA:
         acc = tl.sum(acc3, axis=2)
     mask = n_mask[:, None] & m_mask[None, :]
-    if SPLIT:
-        # Partial product of this K slice: p[pid_k, m, n], summed in a fixed order by _split_reduce_kernel.
-        tl.store(p_ptr + pid_k * M * N + offs_m[None, :] * N + offs_n[:, None], acc, mask=mask)
+    if SPLIT == 0:
+        _epilogue(acc, offs_m, offs_n, N, mask, b_ptr, r_ptr, o_ptr, stride_rm, stride_om, HAS_BIAS, HAS_RES)
     else:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-        if HAS_RES:
-            acc += tl.load(r_ptr + offs_m[None, :] * stride_rm + offs_n[:, None], mask=mask, other=0.0).to(tl.float32)
-        tl.store(o_ptr + offs_m[None, :] * stride_om + offs_n[:, None], acc.to(o_ptr.dtype.element_ty), mask=mask)
+        # Partial product of this K slice: p[pid_k, m, n], summed over the slices in a fixed order (deterministic)
+        # by _split_reduce_kernel (SPLIT == 1) or here by the tile's last slice to finish (SPLIT == 2).
+        p_tile = p_ptr + offs_m[None, :] * N + offs_n[:, None]
+        tl.store(p_tile + pid_k * M * N, acc, mask=mask)
+        if SPLIT == 2:
+            num_splits = tl.num_programs(1)
+            counter = c_ptr + pid_m * tl.num_programs(0) + pid_n
+            tl.debug_barrier()  # every thread's partial stores precede the release below
+            arrived = tl.atomic_add(counter, 1, sem="acq_rel")
+            if arrived == num_splits - 1:
+                total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+                for s in range(0, num_splits):
+                    total += tl.load(p_tile + s * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+                _epilogue(total, offs_m, offs_n, N, mask, b_ptr, r_ptr, o_ptr, stride_rm, stride_om, HAS_BIAS, HAS_RES)
+                tl.atomic_xchg(counter, 0)  # zero again for the next launch
+
+
+@triton.jit
+def _epilogue(acc, offs_m, offs_n, N, mask, b_ptr, r_ptr, o_ptr, stride_rm, stride_om,
+              HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr):
+    """out[m, n] = acc[n, m] (+ bias[n]) (+ residual[m, n]) in fp32, cast to out's dtype."""
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[:, None]
+    if HAS_RES:
+        acc += tl.load(r_ptr + offs_m[None, :] * stride_rm + offs_n[:, None], mask=mask, other=0.0).to(tl.float32)
+    tl.store(o_ptr + offs_m[None, :] * stride_om + offs_n[:, None], acc.to(o_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["M", "num_splits"])
@@ -93,8 +113,31 @@ def _block_m(m: int, variant: str) -> int:
     return min(16, triton.next_power_of_2(m))
 
 
-def launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, out: torch.Tensor, config) -> None:
-    """out `[M, N]` = x `[M, K]` @ weight `[N, K]`ᵀ (+ bias) (+ residual `[M, N]`); all rows K/N-contiguous."""
+_COUNTERS: dict[torch.device, torch.Tensor] = {}  # per device: one int32 arrival counter per output tile, all 0
+_OUTGROWN: list[torch.Tensor] = []  # replaced counter buffers stay alive: captured graphs may still point at them
+
+
+def _counters(device: torch.device, size: int) -> torch.Tensor | None:
+    """Zeroed arrival counters for `size` tiles (the kernel leaves them zero), or None while a CUDA graph is being
+    captured and none are ready: an allocation made during capture is zeroed only when the graph replays."""
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < size:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        if buf is not None:
+            _OUTGROWN.append(buf)
+        buf = _COUNTERS[device] = torch.zeros(max(size, 4096), dtype=torch.int32, device=device)
+    return buf
+
+
+def launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, out: torch.Tensor, config,
+           split_reduce: str = "fused") -> None:
+    """out `[M, N]` = x `[M, K]` @ weight `[N, K]`ᵀ (+ bias) (+ residual `[M, N]`); all rows K/N-contiguous.
+
+    split_reduce: "fused" (the last K slice of each tile sums the partials: no second launch; falls back to
+    "kernel" when the counters cannot be set up) or "kernel" (a second small kernel sums them). Both add the
+    partials in the same order, so they give the same bits. Launches on one stream at a time share the counters.
+    """
     m, k = x.shape
     n = weight.shape[0]
     block_k = config.block_k
@@ -102,17 +145,22 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, out: torch.Ten
     splits = triton.cdiv(k, k_per_split)
     block_m = _block_m(m, config.variant)
     grid = (triton.cdiv(n, config.block_n), splits, triton.cdiv(m, block_m))
-    partial = torch.empty(splits, m, n, device=x.device, dtype=torch.float32) if splits > 1 else out
     dummy = out  # never read where its flag is off
+    partial, counters, mode = dummy, dummy, 0
+    if splits > 1:
+        partial = torch.empty(splits, m, n, device=x.device, dtype=torch.float32)
+        counters = _counters(x.device, grid[0] * grid[2]) if split_reduce == "fused" else None
+        mode = 1 if counters is None else 2
+        counters = dummy if counters is None else counters
     _linear_kernel[grid](
         x, weight, bias if bias is not None else dummy, residual if residual is not None else dummy, out, partial,
-        m, n, k, k_per_split,
+        counters, m, n, k, k_per_split,
         x.stride(0), x.stride(1), weight.stride(0),
         residual.stride(0) if residual is not None else 0, out.stride(0),
-        HAS_BIAS=bias is not None, HAS_RES=residual is not None, SPLIT=splits > 1, FMA=config.variant == "fma",
-        IEEE=x.dtype == torch.float32, EVEN_K=k % block_k == 0, BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=block_k,
-        num_warps=config.num_warps, num_stages=config.num_stages)
-    if splits > 1:
+        HAS_BIAS=bias is not None, HAS_RES=residual is not None, SPLIT=mode, FMA=config.variant == "fma",
+        IEEE=x.dtype == torch.float32, EVEN_K=k % block_k == 0, BLOCK_M=block_m, BLOCK_N=config.block_n,
+        BLOCK_K=block_k, num_warps=config.num_warps, num_stages=config.num_stages)
+    if mode == 1:
         block = min(1024, triton.next_power_of_2(n))
         _split_reduce_kernel[(triton.cdiv(n, block), m)](
             partial, bias if bias is not None else dummy, residual if residual is not None else dummy, out,

@@ -138,13 +138,16 @@ def _triton_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
            residual: torch.Tensor | None = None, out: torch.Tensor | None = None, kernel: str = "auto",
-           config: LinearConfig | None = None, split_k: int | None = None) -> torch.Tensor:
+           config: LinearConfig | None = None, split_k: int | None = None,
+           split_reduce: str = "fused") -> torch.Tensor:
     """`linear_reference`'s function: x `[..., K]` @ weight `[N, K]`ᵀ (+ bias `[N]`) (+ residual `[..., N]`).
 
     fp32 accumulation, output in x's dtype. out `[..., N]` (optional) receives the result and may be `residual`
     itself (each output element is read and written by the same program). kernel: "auto" (the Triton kernel
     on CUDA for ≤ 16 rows of bf16/fp16 with K % 16 == 0, else the reference), "triton" (forced; any M, also in
     Triton's interpreter on CPU tensors), "reference". config / split_k override the table (tests, benchmarks).
+    split_reduce: how split-K partials are summed, "fused" (by the last slice to finish, no second launch) or
+    "kernel" (a second small kernel); the same bits either way.
     No host synchronization: capturable in a CUDA graph once warm.
     """
     if kernel not in ("auto", "triton", "reference"):
@@ -169,6 +172,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             raise ValueError(f"split_k must be ≥ 1, got {split_k}")
         config = LinearConfig(config.variant, config.block_n, config.block_k, split_k, config.num_warps,
                               config.num_stages)
+    if split_reduce not in ("fused", "kernel"):
+        raise ValueError(f"split_reduce must be 'fused' or 'kernel', got {split_reduce!r}")
     if config.variant not in ("dot", "fma"):
         raise ValueError(f"config.variant must be 'dot' or 'fma', got {config.variant!r}")
     res2 = None if residual is None else residual.reshape(-1, n)
@@ -178,5 +183,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         x2 = x2.contiguous()
     out2 = torch.empty(m, n, device=x.device, dtype=x.dtype) if out is None else out.view(-1, n)
     if m > 0:
-        _triton().launch(x2, weight if weight.stride(1) == 1 else weight.contiguous(), bias, res2, out2, config)
+        _triton().launch(x2, weight if weight.stride(1) == 1 else weight.contiguous(), bias, res2, out2, config,
+                         split_reduce)
     return out2.view(*lead, n) if out is None else out

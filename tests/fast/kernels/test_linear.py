@@ -47,6 +47,18 @@ def test_fma_variant_matches_reference_in_interpreter(m):
         assert rel_err(got, linear_reference(x, w, b, residual=r)) < 1e-5
 
 
+def test_split_reductions_fused_and_kernel_give_the_same_bits():
+    x, w, b, r = inputs(5, 40, 96, bias=True, residual=True, seed=3)
+    config = LinearConfig("dot", split_k=3, **SMALL)
+    fused = linear(x, w, b, residual=r, kernel="triton", config=config, split_reduce="fused")
+    assert torch.equal(fused, linear(x, w, b, residual=r, kernel="triton", config=config, split_reduce="kernel"))
+    assert rel_err(fused, linear_reference(x, w, b, residual=r)) < 1e-5
+    # The fused path leaves its arrival counters at zero for the next launch.
+    from specdec.fast.kernels._linear_triton import _COUNTERS
+    assert not _COUNTERS[x.device].any()
+    assert torch.equal(fused, linear(x, w, b, residual=r, kernel="triton", config=config))
+
+
 def test_leading_dims_out_aliasing_residual_and_strided_x():
     x, w, b, r = inputs(0, 40, 64, bias=True, residual=True, lead=(2, 3))
     want = linear_reference(x, w, b, residual=r)
@@ -89,6 +101,8 @@ def test_errors_name_the_argument():
         linear(x, w, residual=torch.randn(2, 9))
     with pytest.raises(ValueError, match="split_k"):
         linear(x, w, kernel="triton", split_k=0)
+    with pytest.raises(ValueError, match="split_reduce"):
+        linear(x, w, kernel="triton", split_reduce="atomic")
 
 
 # ----------------------------------------------------------------------------------------------- CUDA
@@ -117,17 +131,25 @@ def test_bf16_on_cuda_matches_reference(m, n, k):
 @pytest.mark.parametrize("m", [1, 5, 9])
 @pytest.mark.gpu
 @needs_cuda
-def test_cuda_graph_replay_equals_eager_and_split_k_is_deterministic(m):
+def test_cuda_graph_replay_equals_eager_and_split_k_is_deterministic(m, monkeypatch):
     x, w, b, r = inputs(m, 1024, 2816, bias=False, residual=True, dtype=torch.bfloat16, device="cuda")
     config = LinearConfig("dot", 32, 128, 8, 4, 4)
     eager = linear(x, w, residual=r, config=config)
-    assert torch.equal(eager, linear(x, w, residual=r, config=config))  # fixed-order split-K sum: bitwise repeatable
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = linear(x, w, residual=r, config=config)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(captured, eager)
+    for _ in range(20):  # fixed-order split-K sum: bitwise repeatable, whichever slice finishes last
+        assert torch.equal(eager, linear(x, w, residual=r, config=config))
+    assert torch.equal(eager, linear(x, w, residual=r, config=config, split_reduce="kernel"))
+    from specdec.fast.kernels import _linear_triton
+    for counters_ready in (True, False):  # without counters (first use inside a capture): the two-kernel reduce
+        if not counters_ready:
+            monkeypatch.setattr(_linear_triton, "_COUNTERS", {})
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = linear(x, w, residual=r, config=config)
+        assert (x.device in _linear_triton._COUNTERS) == counters_ready
+        captured.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, eager)
 
 
 @pytest.mark.gpu
