@@ -117,6 +117,8 @@ def _check(x, weight, bias, residual, out):
     n, k = weight.shape
     if x.shape[-1] != k:
         raise ValueError(f"x's last dimension ({x.shape[-1]}) must equal weight's K ({k})")
+    if weight.device != x.device:
+        raise ValueError(f"weight is on {weight.device}, x on {x.device}")
     if weight.dtype != x.dtype:
         raise TypeError(f"weight dtype {weight.dtype} must equal x's {x.dtype}")
     if bias is not None and (bias.shape != (n,) or bias.dtype != x.dtype):
