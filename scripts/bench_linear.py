@@ -68,12 +68,16 @@ def _compile_some(jobs) -> int:
     import torch
 
     from specdec.fast.kernels.linear import LinearConfig, linear
+    failed = []
     for config, m, k, split_reduce in jobs:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(256, k, device="cuda", dtype=torch.bfloat16)
-        linear(x, w, kernel="triton", config=LinearConfig(*config), split_reduce=split_reduce)
+        try:
+            linear(x, w, kernel="triton", config=LinearConfig(*config), split_reduce=split_reduce)
+        except Exception as e:  # e.g. out of shared memory: the search drops that config later
+            failed.append((config, m, k, split_reduce, repr(e)[:300]))
     torch.cuda.synchronize()
-    return len(jobs)
+    return failed
 
 
 def compile_jobs(bases, ks, num_sms: int) -> list[tuple]:
@@ -96,15 +100,15 @@ def compile_jobs(bases, ks, num_sms: int) -> list[tuple]:
     return jobs
 
 
-def precompile(jobs, workers: int) -> float:
-    """Run `_compile_some` over the jobs in parallel worker processes; returns the seconds it took."""
+def precompile(jobs, workers: int) -> tuple[float, list]:
+    """Run `_compile_some` over the jobs in parallel worker processes → (seconds it took, failed jobs)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
     t0 = time.perf_counter()
     chunks = [jobs[i::workers] for i in range(workers)]
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        list(pool.map(_compile_some, [c for c in chunks if c]))
-    return time.perf_counter() - t0
+        failed = [f for fails in pool.map(_compile_some, [c for c in chunks if c]) for f in fails]
+    return time.perf_counter() - t0, failed
 
 
 class Timer:
@@ -194,12 +198,15 @@ def main() -> None:
     else:
         num_sms, l2_bytes = 4, 4096
     jobs = compile_jobs(bases, [nk for mats in shapes.values() for nk in mats.values()], num_sms)
-    compile_s = precompile(jobs, args.workers) if cuda else 0.0
+    compile_s, compile_failed = precompile(jobs, args.workers) if cuda else (0.0, [])
+    for failure in compile_failed:
+        print("compile failed:", failure)
     timer = Timer(torch, cuda, args.reps)
     torch.manual_seed(0)
     report = {"device": torch.cuda.get_device_name() if cuda else "cpu (interpreter)", "torch": torch.__version__,
               "triton": __import__("triton").__version__, "num_sms": num_sms, "l2_bytes": l2_bytes,
               "copy_gbs": copy_bandwidth(torch, 2 ** 30) if cuda else None, "compile_s": compile_s, "compiled_launches": len(jobs),
+              "compile_failed": compile_failed,
               "rows": [], "dropped": []}
     t_search = time.perf_counter()
     best_table: dict[tuple[int, int, int], tuple] = {}
@@ -218,8 +225,12 @@ def main() -> None:
                 want = F.linear(x.float(), weights[0].float())
 
                 def timed(config, split_reduce="fused"):
-                    """(seconds per call, relative error) of the Triton kernel with this config."""
-                    got = linear(x, weights[0], kernel="triton", config=config, split_reduce=split_reduce)
+                    """(seconds per call, relative error) of the Triton kernel with this config; (None, why) if it
+                    fails or is wrong."""
+                    try:
+                        got = linear(x, weights[0], kernel="triton", config=config, split_reduce=split_reduce)
+                    except Exception as e:  # noqa: BLE001 (a config the compiler or the device refuses)
+                        return None, repr(e)[:300]
                     err = ((got.float() - want).norm() / want.norm()).item()
                     if not err <= 1e-2:
                         return None, err
