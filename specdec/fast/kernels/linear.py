@@ -18,6 +18,7 @@ without it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass
@@ -132,9 +133,10 @@ def _check(x, weight, bias, residual, out):
 
 
 def _triton_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Where "auto" runs the kernel: CUDA, few rows, 16-bit floats, K a multiple of 16 (16-byte loads)."""
+    """Where "auto" runs the kernel: CUDA, few rows, 16-bit floats, K a multiple of 16 and K-contiguous weight
+    rows (16-byte loads)."""
     rows = x.numel() // max(x.shape[-1], 1)
-    return (x.is_cuda and weight.is_cuda and not _interpreting() and 1 <= rows <= 16
+    return (x.is_cuda and weight.is_cuda and not _interpreting() and 1 <= rows <= 16 and weight.stride(1) == 1
             and x.dtype in (torch.bfloat16, torch.float16) and x.shape[-1] % 16 == 0 and _triton() is not None)
 
 
@@ -154,6 +156,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """
     if kernel not in ("auto", "triton", "reference"):
         raise ValueError(f"kernel must be 'auto', 'triton' or 'reference', got {kernel!r}")
+    if split_reduce not in ("fused", "kernel"):
+        raise ValueError(f"split_reduce must be 'fused' or 'kernel', got {split_reduce!r}")
+    if split_k is not None and split_k < 1:
+        raise ValueError(f"split_k must be ≥ 1, got {split_k}")
+    if config is not None and config.variant not in ("dot", "fma"):
+        raise ValueError(f"config.variant must be 'dot' or 'fma', got {config.variant!r}")
     _check(x, weight, bias, residual, out)
     use_triton = kernel == "triton" or (kernel == "auto" and _triton_supported(x, weight))
     if use_triton and _triton() is None:
@@ -170,19 +178,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if config is None:
         config = pick_config(m, n, k, _num_sms(x.device.index if x.is_cuda else None))
     if split_k is not None:
-        if split_k < 1:
-            raise ValueError(f"split_k must be ≥ 1, got {split_k}")
-        config = LinearConfig(config.variant, config.block_n, config.block_k, split_k, config.num_warps,
-                              config.num_stages)
-    if split_reduce not in ("fused", "kernel"):
-        raise ValueError(f"split_reduce must be 'fused' or 'kernel', got {split_reduce!r}")
-    if config.variant not in ("dot", "fma"):
-        raise ValueError(f"config.variant must be 'dot' or 'fma', got {config.variant!r}")
+        config = dataclasses.replace(config, split_k=split_k)
     res2 = None if residual is None else residual.reshape(-1, n)
     if res2 is not None and res2.stride(1) != 1:
         res2 = res2.contiguous()
     if x2.stride(1) != 1 and x2.stride(0) != 1:
         x2 = x2.contiguous()
+    if bias is not None and bias.stride(0) != 1:
+        bias = bias.contiguous()
     out2 = torch.empty(m, n, device=x.device, dtype=x.dtype) if out is None else out.view(-1, n)
     if m > 0:
         _triton().launch(x2, weight if weight.stride(1) == 1 else weight.contiguous(), bias, res2, out2, config,
