@@ -205,7 +205,8 @@ def main() -> None:
     torch.manual_seed(0)
     report = {"device": torch.cuda.get_device_name() if cuda else "cpu (interpreter)", "torch": torch.__version__,
               "triton": __import__("triton").__version__, "num_sms": num_sms, "l2_bytes": l2_bytes,
-              "copy_gbs": copy_bandwidth(torch, 2 ** 30) if cuda else None, "compile_s": compile_s, "compiled_launches": len(jobs),
+              "copy_gbs": copy_bandwidth(torch, 2 ** 30) if cuda else None, "compile_s": compile_s,
+              "compiled_launches": len(jobs),
               "compile_failed": compile_failed,
               "rows": [], "dropped": []}
     t_search = time.perf_counter()
@@ -269,7 +270,8 @@ def main() -> None:
                         t_two, _ = timed(LinearConfig(*best["config"]), split_reduce="kernel")
                         best["two_kernel_reduce_us"] = t_two and t_two * 1e6
                 report["rows"].append(row)
-                b = best or {"us": float("nan"), "gbs": float("nan"), "config": None, "cublas_over_triton": float("nan")}
+                nan = float("nan")
+                b = best or {"us": nan, "gbs": nan, "config": None, "cublas_over_triton": nan}
                 two = b.get("two_kernel_reduce_us")
                 print(f"{model:4} {matrix:8} N={n:6} K={k:5} M={m:2}  cuBLAS {t_cublas * 1e6:8.1f} us "
                       f"{weight_bytes / t_cublas / 1e9:7.0f} GB/s | triton best {b['us']:8.1f} us {b['gbs']:7.0f} GB/s "
@@ -319,7 +321,8 @@ def main() -> None:
     print("# best config per (M, N, K) → paste into specdec.fast.kernels.linear.CONFIGS")
     print(f"CONFIGS = {literal}")
     if out_of_budget:
-        print(f"(some (matrix, M) pairs ran out of their share of --budget-s {args.budget_s}: not every config was tried)")
+        print(f"(some (matrix, M) pairs ran out of their share of --budget-s {args.budget_s}: "
+              "not every config was tried)")
     print(f"elapsed {report['elapsed_s']:.1f} s (parallel compile {compile_s:.1f} s)")
     Path(args.out).write_text(json.dumps(report, indent=1, default=str))
 

@@ -18,7 +18,8 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr,
                    M, N, K, k_per_split,
                    stride_xm, stride_xk, stride_wn, stride_rm, stride_om,
                    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr, FMA: tl.constexpr,
-                   IEEE: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                   IEEE: tl.constexpr, EVEN_K: tl.constexpr, STAGES: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -36,10 +37,11 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr,
         acc3 = tl.zeros((BLOCK_N, BLOCK_M, BLOCK_K), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    # The weight loads are pipelined by the compiler (cp.async, num_stages deep); the activation tile is not,
-    # so it is prefetched by hand one tile ahead (an L2 hit, but its latency would otherwise stall each step).
+    # The weight loads are pipelined by the compiler (cp.async, STAGES deep: tl.range's num_stages makes that hold
+    # for the FMA variant too); the activation tile of the dot variant is not, so it is prefetched by hand one
+    # tile ahead (an L2 hit, but its latency would otherwise stall each step).
     xr = tl.load(x_ptrs, mask=m_mask[:, None] & (offs_k[None, :] < K), other=0.0)
-    for k0 in range(k_start, k_end, BLOCK_K):
+    for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=STAGES):
         if EVEN_K:
             w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
         else:
@@ -158,8 +160,9 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, out: torch.Ten
         x.stride(0), x.stride(1), weight.stride(0),
         residual.stride(0) if residual is not None else 0, out.stride(0),
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, SPLIT=mode, FMA=config.variant == "fma",
-        IEEE=x.dtype == torch.float32, EVEN_K=k % block_k == 0, BLOCK_M=block_m, BLOCK_N=config.block_n,
-        BLOCK_K=block_k, num_warps=config.num_warps, num_stages=config.num_stages)
+        IEEE=x.dtype == torch.float32, EVEN_K=k % block_k == 0, STAGES=config.num_stages,
+        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=block_k,
+        num_warps=config.num_warps, num_stages=config.num_stages)
     if mode == 1:
         block = min(1024, triton.next_power_of_2(n))
         _split_reduce_kernel[(triton.cdiv(n, block), m)](

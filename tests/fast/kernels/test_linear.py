@@ -1,4 +1,5 @@
-"""The few-row linear kernel against its eager reference: Triton's interpreter on CPU (fp32, tiny shapes), bf16 on CUDA."""
+"""The few-row linear kernel against its eager reference: Triton's interpreter on CPU (fp32, tiny shapes),
+bf16 on CUDA."""
 
 import pytest
 import torch
