@@ -151,8 +151,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     on CUDA for ≤ 16 rows of bf16/fp16 with K % 16 == 0, else the reference), "triton" (forced; any M, also in
     Triton's interpreter on CPU tensors), "reference". config / split_k override the table (tests, benchmarks).
     split_reduce: how split-K partials are summed, "fused" (by the last slice to finish, no second launch) or
-    "kernel" (a second small kernel); the same bits either way.
-    No host synchronization: capturable in a CUDA graph once warm.
+    "kernel" (a second small kernel); the same bits either way. Fused split-K launches share per-device arrival
+    counters: run them on one stream at a time. No host synchronization: capturable in a CUDA graph once warm
+    (the first call compiles; a first call inside a capture takes the two-kernel reduce).
     """
     if kernel not in ("auto", "triton", "reference"):
         raise ValueError(f"kernel must be 'auto', 'triton' or 'reference', got {kernel!r}")

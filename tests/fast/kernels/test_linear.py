@@ -127,6 +127,9 @@ def test_bf16_on_cuda_matches_reference(m, n, k):
             got = linear(x, w, b, residual=residual, kernel="triton", split_k=split)
             assert got.dtype == torch.bfloat16 and rel_err(got, ref) <= 1e-2, (split, residual is not None)
     assert rel_err(linear(x, w, b, residual=r), want) <= 1e-2  # auto takes the kernel here
+    inplace = r.clone()
+    assert linear(x, w, b, residual=inplace, out=inplace) is inplace  # the model's x.addmm_(...) form
+    assert rel_err(inplace, want) <= 1e-2
 
 
 @pytest.mark.parametrize("m", [1, 5, 9])
