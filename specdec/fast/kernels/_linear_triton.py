@@ -27,9 +27,9 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr,
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     n_mask = offs_n < N
     m_mask = offs_m < M
-    # Slices are whole tiles (k_per_split is a multiple of BLOCK_K), so only K's end needs a mask (none if EVEN_K).
+    # Slices are whole tiles (k_per_split is a multiple of BLOCK_K); only K's end needs a mask, and none where
+    # EVEN_K (the slices tile K exactly). Tiles of the last slice past K are fully masked (no memory traffic).
     k_start = pid_k * k_per_split
-    k_end = tl.minimum(k_start + k_per_split, K)
     offs_k = k_start + tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]  # [BLOCK_N, BLOCK_K], K contiguous
     x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk  # [BLOCK_M, BLOCK_K]
@@ -41,7 +41,7 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr,
     # for the FMA variant too); the activation tile of the dot variant is not, so it is prefetched by hand one
     # tile ahead (an L2 hit, but its latency would otherwise stall each step).
     xr = tl.load(x_ptrs, mask=m_mask[:, None] & (offs_k[None, :] < K), other=0.0)
-    for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=STAGES):
+    for _ in tl.range(0, k_per_split, BLOCK_K, num_stages=STAGES):  # the pointers carry the position
         if EVEN_K:
             w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
         else:
@@ -160,7 +160,7 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, out: torch.Ten
         x.stride(0), x.stride(1), weight.stride(0),
         residual.stride(0) if residual is not None else 0, out.stride(0),
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, SPLIT=mode, FMA=config.variant == "fma",
-        IEEE=x.dtype == torch.float32, EVEN_K=k % block_k == 0, STAGES=config.num_stages,
+        IEEE=x.dtype == torch.float32, EVEN_K=k % block_k == 0 and splits * k_per_split == k, STAGES=config.num_stages,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=block_k,
         num_warps=config.num_warps, num_stages=config.num_stages)
     if mode == 1:

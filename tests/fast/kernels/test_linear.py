@@ -25,14 +25,16 @@ def inputs(m, n, k, *, bias, residual, seed=0, dtype=torch.float32, device="cpu"
 
 
 # Small tiles so that the tiny shapes still span several programs and K tiles; N = 40 and K = 80 are not
-# multiples of block_n = 16 / block_k = 32 (masked tails), K = 72 is not even a multiple of 16.
+# multiples of block_n = 16 / block_k = 32 (masked tails), K = 72 is not even a multiple of 16; K = 160 is, but
+# its slices are not (the last slice's second tile lies past K).
 SMALL = dict(block_n=16, block_k=32, num_warps=4, num_stages=2)
 
 
 @pytest.mark.parametrize("m", [1, 2, 5, 9, 16])
 def test_dot_variant_matches_reference_in_interpreter(m):
     for (n, k), split, bias, residual in [((40, 80), 1, False, False), ((40, 80), 3, True, True),
-                                          ((24, 72), 1, True, False), ((24, 72), 2, False, True)]:
+                                          ((24, 72), 1, True, False), ((24, 72), 2, False, True),
+                                          ((40, 160), 3, False, True)]:  # K = 5 tiles in slices of 2: one overruns
         x, w, b, r = inputs(m, n, k, bias=bias, residual=residual, seed=m)
         got = linear(x, w, b, residual=r, kernel="triton", config=LinearConfig("dot", split_k=split, **SMALL))
         want = linear_reference(x, w, b, residual=r)
