@@ -71,7 +71,7 @@ def _compile_some(jobs) -> int:
     failed = []
     for config, m, k, split_reduce in jobs:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(256, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(1024, k, device="cuda", dtype=torch.bfloat16)  # N ≥ 1024: the reduce block as for real N
         try:
             linear(x, w, kernel="triton", config=LinearConfig(*config), split_reduce=split_reduce)
         except Exception as e:  # e.g. out of shared memory: the search drops that config later
