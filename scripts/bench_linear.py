@@ -318,12 +318,34 @@ def main() -> None:
                 f"M={m}: cuBLAS {v['cublas']:.2f} triton {v['triton']:.2f}" for m, v in flat.items()))
     literal = "{\n" + "".join(f"    {key!r}: {value!r},\n" for key, value in sorted(best_table.items())) + "}"
     report["configs_literal"] = literal
+    # One config per matrix for every M (the same kernel for a 1-token pass and a γ+1 verify): among the configs
+    # timed at every M, the one with the least summed time.
+    uniform_table, report["uniform"] = {}, {}
+    for model, matrices in shapes.items():
+        for matrix, (n, k) in matrices.items():
+            per_m = {m: {tuple(e["config"]): e["us"] for e in r["tried"] if e["us"] is not None}
+                     for m in rows if (r := row_of(model, matrix, m)) is not None}
+            common = set.intersection(*(set(t) for t in per_m.values())) if per_m else set()
+            if not common:
+                continue
+            config = min(common, key=lambda c: sum(t[c] for t in per_m.values()))
+            times = {m: t[config] for m, t in per_m.items()}
+            report["uniform"][f"{model}.{matrix}"] = {"config": config, "us": times}
+            uniform_table.update({(m, n, k): config for m in per_m})
+            print(f"one config for every M {model}.{matrix:8}: {config} "
+                  + "  ".join(f"M={m}: {t:.1f} us" for m, t in times.items())
+                  + f"  (vs best per M: {sum(times.values()) / sum(min(t.values()) for t in per_m.values()):.3f}x)")
+    uniform_literal = "{\n" + "".join(f"    {key!r}: {value!r},\n" for key, value in sorted(uniform_table.items()))
+    uniform_literal += "}"
+    report["uniform_configs_literal"] = uniform_literal
     report["out_of_budget"] = out_of_budget
     report["elapsed_s"] = time.perf_counter() - t_start
     if report["copy_gbs"]:
         print(f"device-to-device copy: {report['copy_gbs']:.0f} GB/s (read + write)")
     print("# best config per (M, N, K) → paste into specdec.fast.kernels.linear.CONFIGS")
     print(f"CONFIGS = {literal}")
+    print("# or: one config per (N, K) for every M (equal kernels for decode and verify)")
+    print(f"CONFIGS = {uniform_literal}")
     if out_of_budget:
         print(f"(some (matrix, M) pairs ran out of their share of --budget-s {args.budget_s}: "
               "not every config was tried)")
