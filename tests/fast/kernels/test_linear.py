@@ -8,12 +8,16 @@ from specdec.fast.kernels.linear import CONFIGS, LinearConfig, linear, linear_re
 
 triton = pytest.importorskip("triton")
 
+# fp32 checks of the kernel's logic: in Triton's interpreter on CPU (conftest sets TRITON_INTERPRET=1 there),
+# compiled (IEEE fp32 dot) on a GPU machine.
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.float() - want.float()).norm() / want.float().norm()).item()
 
 
-def inputs(m, n, k, *, bias, residual, seed=0, dtype=torch.float32, device="cpu", lead=None):
+def inputs(m, n, k, *, bias, residual, seed=0, dtype=torch.float32, device=DEV, lead=None):
     g = torch.Generator().manual_seed(seed)
     shape = (m,) if lead is None else lead
 
@@ -67,13 +71,13 @@ def test_leading_dims_out_aliasing_residual_and_strided_x():
     want = linear_reference(x, w, b, residual=r)
     got = linear(x, w, b, residual=r, out=r, kernel="triton", split_k=2)  # in place, as the model's addmm_
     assert got is r and got.shape == (2, 3, 40) and rel_err(got, want) < 1e-5
-    wide = torch.randn(4, 128)
+    wide = torch.randn(4, 128, device=DEV)
     x_view = wide[:, ::2]  # K stride 2
     assert rel_err(linear(x_view, w, kernel="triton", split_k=1), linear_reference(x_view, w)) < 1e-5
 
 
 def test_auto_on_cpu_is_the_reference():
-    x, w, b, r = inputs(3, 40, 64, bias=True, residual=True)
+    x, w, b, r = inputs(3, 40, 64, bias=True, residual=True, device="cpu")
     assert torch.equal(linear(x, w, b, residual=r), linear_reference(x, w, b, residual=r))
     assert torch.equal(linear(x, w, kernel="reference"), torch.nn.functional.linear(x, w))
 
@@ -91,7 +95,7 @@ def test_pick_config_table_then_heuristic(monkeypatch):
 
 
 def test_errors_name_the_argument():
-    x, w, _, _ = inputs(2, 8, 16, bias=False, residual=False)
+    x, w, _, _ = inputs(2, 8, 16, bias=False, residual=False, device="cpu")
     with pytest.raises(ValueError, match="kernel"):
         linear(x, w, kernel="cublas")
     with pytest.raises(ValueError, match="K"):
