@@ -7,4 +7,6 @@
               straight into the slot cache, q returned for attention
   mlp         `silu_mul`: silu(gate)·up over the fused gate|up projection
   select      the `kernel="auto" | "triton" | "reference"` rule (Triton imported lazily)
+  linear      `linear`: x @ Wᵀ (+ bias) (+ residual) for few rows (decode / verify, M ≤ 16) as one weight-streaming
+              Triton kernel for every M (configs per shape in `linear.CONFIGS`, from scripts/bench_linear.py)
 """
