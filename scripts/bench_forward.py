@@ -38,7 +38,9 @@ SHAPES = {
                  intermediate_size=128, rms_norm_eps=1e-5, rope_theta=10000.0),
 }
 BATCHES = {"zoo-gpu": (1, 64), "llama-8b": (1,), "tiny": (1, 3)}
-MODES = ("reference", "triton")
+MODES = ("reference", "triton-cublas", "triton")  # eager; fused kernels with cuBLAS GEMMs; fused + kernels.linear
+_SETTINGS = {"reference": ("reference", "reference"), "triton-cublas": ("triton", "reference"),
+             "triton": ("triton", "auto")}  # mode -> (model.kernels, model.linear_kernel)
 
 
 def _timer(model, cache, tokens, live, iters, cuda):
@@ -92,7 +94,7 @@ def bench_shape(name: str, args, device: torch.device) -> list[dict]:
         tokens = {k: torch.randint(3, shape.vocab_size, (batch, k), generator=gen).to(device) for k in ks}
         logits = {}
         for mode in MODES:
-            model.kernels = mode
+            model.kernels, model.linear_kernel = _SETTINGS[mode]
             with torch.inference_mode():
                 base = None
                 for k in ks:
@@ -117,7 +119,7 @@ def bench_shape(name: str, args, device: torch.device) -> list[dict]:
             if row["shape"] == name and row["batch"] == batch:
                 row["max_abs_logit_diff_k1"] = round(diff, 5)
                 row["max_abs_logit_k1"] = round(scale, 5)
-                if row["kernels"] == "triton":
+                if row["kernels"] != "reference":
                     ref = next(r for r in rows if r["shape"] == name and r["batch"] == batch
                                and r["kernels"] == "reference" and r["k"] == row["k"])
                     row["speedup_vs_reference"] = round(ref["ms"] / row["ms"], 4)

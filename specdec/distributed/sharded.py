@@ -68,14 +68,15 @@ class ShardedFastLlama(FastLlama):
             self.lm_head = torch.nn.Parameter(torch.empty(s.vocab_size // world, s.dim, device=device, dtype=dtype),
                                               requires_grad=False)
 
-    def _row_parallel(self, x: torch.Tensor, inp: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def _row_parallel(self, x: torch.Tensor, inp: torch.Tensor, weight: torch.Tensor,
+                      kernel: str = "reference") -> torch.Tensor:
         partial = inp @ weight.t()  # [N, dim]: this rank's heads / intermediate columns
         dist.all_reduce(partial, group=self.group)
         return x.add_(partial)
 
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+    def _logits(self, x: torch.Tensor, kernel: str = "reference") -> torch.Tensor:
         if not self.vocab_parallel:
-            return super()._logits(x)
+            return super()._logits(x, kernel)
         local = F.linear(x, self.lm_head)  # [B, k, V/N]: this rank's rows of the head
         parts = [torch.empty_like(local) for _ in range(self.world_size)]
         dist.all_gather(parts, local, group=self.group)

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.fast.kernels.attention import slot_attention
+from specdec.fast.kernels.linear import linear
 from specdec.fast.kernels.mlp import silu_mul
 from specdec.fast.kernels.norm import add_rms_norm, rms_norm
 from specdec.fast.kernels.rope import rope_cache_write
@@ -162,6 +163,9 @@ class FastLlama(torch.nn.Module):
         super().__init__()
         self.shape = shape
         self.kernels = kernels
+        # GEMMs of the fused path: "auto" = `kernels.linear`'s Triton kernel where it covers the shape (CUDA,
+        # ≤ 16 rows), cuBLAS elsewhere; "reference" = cuBLAS always (the benchmark compares the two).
+        self.linear_kernel = "auto"
         s = shape
         qkv_out = (s.n_heads + 2 * s.n_kv_heads) * s.head_dim
 
@@ -325,13 +329,21 @@ class FastLlama(torch.nn.Module):
         return self._rope_cache[1], self._rope_cache[2]
 
     # ------------------------------------------------------------------------------------------- forward
-    def _row_parallel(self, x: torch.Tensor, inp: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """x += inp @ weightᵀ in place (`x [N, dim]`); a tensor-parallel subclass all-reduces the product."""
-        return x.addmm_(inp, weight.t())
+    def _row_parallel(self, x: torch.Tensor, inp: torch.Tensor, weight: torch.Tensor,
+                      kernel: str = "reference") -> torch.Tensor:
+        """x += inp @ weightᵀ in place (`x [N, dim]`); a tensor-parallel subclass all-reduces the product.
 
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        kernel: "reference" is cuBLAS's addmm_; otherwise `kernels.linear` (its weight-streaming kernel for few rows).
+        """
+        if kernel == "reference":
+            return x.addmm_(inp, weight.t())
+        return linear(inp, weight, residual=x, out=x, kernel=kernel)
+
+    def _logits(self, x: torch.Tensor, kernel: str = "reference") -> torch.Tensor:
         """Float32 logits `[B, k, V]` of final hidden states `x [B, k, dim]`; a vocab-parallel subclass gathers them."""
-        return F.linear(x, self.lm_head).float()
+        if kernel == "reference":
+            return F.linear(x, self.lm_head).float()
+        return linear(x, self.lm_head, kernel=kernel).float()
 
     def _eager_layers(self, x: torch.Tensor, cache: KVCache, rope_pos: torch.Tensor, slots: torch.Tensor,
                       cos_table: torch.Tensor, sin_table: torch.Tensor) -> torch.Tensor:
@@ -376,22 +388,23 @@ class FastLlama(torch.nn.Module):
         batch, k = x.shape[:2]
         nq, hd, eps = s.n_heads, s.head_dim, s.rms_norm_eps
         mode = "triton"  # forward checked that the fused kernels run here; attention picks by the model's mode
+        gemm = self.linear_kernel  # "auto": the weight-streaming kernel for ≤ 16 rows on CUDA, cuBLAS otherwise
         x = x.reshape(batch * k, s.dim)  # the residual stream, updated in place by the row-parallel GEMMs
         for i in range(s.n_layers):
             h = rms_norm(x, self.attn_norm[i], eps, kernel=mode)
-            qkv = F.linear(h, self.wqkv[i]).view(batch, k, -1)  # (the bias is added by the RoPE kernel)
+            qkv = linear(h, self.wqkv[i], kernel=gemm).view(batch, k, -1)  # (the bias is added by the RoPE kernel)
             q = rope_cache_write(qkv, cache.keys[i], cache.values[i], rope_pos, slots, cos_table, sin_table, nq,
                                  bias=self.bqkv[i] if s.qkv_bias else None,
                                  q_norm=self.q_norm[i] if s.qk_norm else None,
                                  k_norm=self.k_norm[i] if s.qk_norm else None, eps=eps, kernel=mode)
             attn = slot_attention(q, cache.keys[i], cache.values[i], rope_pos, kernel=self.kernels)
-            x = self._row_parallel(x, attn.reshape(batch * k, nq * hd), self.wo[i])  # residual add in the GEMM
+            x = self._row_parallel(x, attn.reshape(batch * k, nq * hd), self.wo[i], gemm)  # residual add in the GEMM
             if s.o_bias:
                 x, h = add_rms_norm(x, self.bo[i], self.mlp_norm[i], eps, kernel=mode)
             else:
                 h = rms_norm(x, self.mlp_norm[i], eps, kernel=mode)
-            act = silu_mul(F.linear(h, self.w_gate_up[i]), kernel=mode)
-            x = self._row_parallel(x, act, self.w_down[i])
+            act = silu_mul(linear(h, self.w_gate_up[i], kernel=gemm), kernel=mode)
+            x = self._row_parallel(x, act, self.w_down[i], gemm)
         return x.view(batch, k, s.dim)
 
     def forward(self, tokens: torch.Tensor | None, cache: KVCache, valid: torch.Tensor | None = None,
@@ -426,14 +439,15 @@ class FastLlama(torch.nn.Module):
         rope_pos = positions.clamp(max=junk)
         x = F.embedding(tokens, self.embed) if embeds is None else embeds.to(self.dtype, copy=True)  # [B, k, dim]
         # (a copy: the layers add to x in place, the caller's embeds stay as they were)
-        if self._fused():
+        fused = self._fused()
+        if fused:
             x = self._fused_layers(x, cache, rope_pos, slots, cos_table, sin_table)
         else:
             x = self._eager_layers(x, cache, rope_pos, slots, cos_table, sin_table)
         if last_only:
             x = x[:, -1:]
         x = F.rms_norm(x, (s.dim,), self.final_norm, s.rms_norm_eps)
-        logits = self._logits(x) if compute_logits else None
+        logits = self._logits(x, self.linear_kernel if fused else "reference") if compute_logits else None
         if advance:
             cache.lengths.add_(added)
         return (logits, x) if return_hidden else logits

@@ -115,9 +115,9 @@ def test_row_parallel_hook_still_carries_both_residual_adds():
     calls = []
 
     class Recording(FastLlama):
-        def _row_parallel(self, x, inp, weight):
+        def _row_parallel(self, x, inp, weight, kernel="reference"):
             calls.append(tuple(weight.shape))
-            return super()._row_parallel(x, inp, weight)
+            return super()._row_parallel(x, inp, weight, kernel)
 
     hf = _hf("qwen2")
     fast = Recording.from_hf(hf, kernels="triton")
@@ -127,3 +127,18 @@ def test_row_parallel_hook_still_carries_both_residual_adds():
     s = fast.shape
     assert calls == [(s.dim, s.n_heads * s.head_dim), (s.dim, s.intermediate_size)] * s.n_layers
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_fused_layers_on_the_triton_linear():
+    """The fused path with `kernels.linear` for every GEMM (the in-place residual form included) and the LM head."""
+    hf = _hf("llama-bias")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    fast = FastLlama.from_hf(hf, kernels="triton", device=device)
+    fast.linear_kernel = "triton"
+    ref = FastLlama.from_hf(hf, kernels="reference", device=device)
+    tokens = torch.tensor([[3, 4, 5], [6, 7, 8]], device=device)
+    with torch.inference_mode():
+        cache, ref_cache = fast.new_cache(2, 8), ref.new_cache(2, 8)
+        for cols in (slice(0, 2), slice(2, 3)):
+            torch.testing.assert_close(fast(tokens[:, cols], cache), ref(tokens[:, cols], ref_cache),
+                                       atol=1e-4, rtol=1e-4)
