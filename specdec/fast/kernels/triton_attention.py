@@ -27,11 +27,21 @@ MAX_SPLITS = 32
 
 
 @triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    """a @ b in fp32; IEEE (fp32 inputs) keeps full fp32 products instead of TF32."""
+    if IEEE:
+        c = tl.dot(a, b, input_precision="ieee")
+    else:
+        c = tl.dot(a, b)
+    return c
+
+
+@triton.jit(do_not_specialize=["spb", "k_len", "num_slots", "rows_pad"])  # one compile for k = 1..9
 def _split_attention(Q, K, V, POS, OUT, PART_ACC, PART_M, PART_L,
                      sqb, sqk, sqh, sqd, skb, skh, sks, skd, svb, svh, svs, svd, spb, spk, sob, sok, soh, sod,
                      k_len, num_slots, rows_pad, scale_log2,
                      KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr):
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     tile = tl.program_id(2)
@@ -62,7 +72,7 @@ def _split_attention(Q, K, V, POS, OUT, PART_ACC, PART_M, PART_L,
         j = start + tl.arange(0, BLOCK_N)
         j_ok = j < hi
         keys = tl.load(k_base + j[:, None] * sks + d[None, :] * skd, mask=j_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(keys), input_precision="ieee") * scale_log2  # [BLOCK_M, BLOCK_N] fp32
+        s = _dot(q, tl.trans(keys), IEEE) * scale_log2  # [BLOCK_M, BLOCK_N] fp32
         s = tl.where((j[None, :] <= pos[:, None]) & j_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet stay at zero weight
@@ -70,7 +80,7 @@ def _split_attention(Q, K, V, POS, OUT, PART_ACC, PART_M, PART_L,
         p = tl.exp2(s - m_safe[:, None])
         lsum = lsum * alpha + tl.sum(p, axis=1)
         vals = tl.load(v_base + j[:, None] * svs + d[None, :] * svd, mask=j_ok[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vals.dtype), vals, input_precision="ieee")
+        acc = acc * alpha[:, None] + _dot(p.to(vals.dtype), vals, IEEE)
         m = m_new
 
     if NUM_SPLITS == 1:
@@ -143,7 +153,7 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positio
         *q.stride(), *keys.stride(), *values.stride(), *positions.stride(), *out.stride(),
         k, num_slots, rows_pad, scale * math.log2(math.e),
         KV_HEADS=kv_heads, GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_SPLITS=splits,
-        num_warps=num_warps,
+        IEEE=q.dtype == torch.float32, num_warps=num_warps,
     )
     if splits > 1:
         _combine[(batch * kv_heads, rows)](

@@ -1,0 +1,197 @@
+"""Time the fast model's kernels against their eager references on one GPU (issue 12).
+
+    python scripts/kernel_bench.py --part attention --out $OUT/attn.json     # H200: < 60 s
+    python scripts/kernel_bench.py --part attention --dry-run --out /tmp/a.json  # CPU, Triton interpreter, tiny
+
+Parts (`--part`, repeatable; default all):
+  attention  `slot_attention` (one layer's call) for kernel="reference" (SDPA + additive mask) and "triton"
+             (split-K), k = 1..9 new tokens per row, over views of a SlotCache-like `[max_batch, H_kv, S_max, D]`
+             cache with S in {512, 2048, 4096} slots and live lengths ≈ S/2; shapes: the zoo `gpu` target
+             (H = H_kv = 16, D = 64) and an 8B Llama (H = 32, H_kv = 8, D = 128), batch 1 and 64.
+
+Timing: CUDA-graph replay of `--calls` back-to-back calls, median over `--reps` replays (CUDA events), per call.
+On CPU (`--dry-run`) wall-clock medians of eager calls: that checks the script's logic, not speed.
+Every row also records the kernel's relative error against the reference on the same inputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+# ------------------------------------------------------------------------------------------------- timing
+def time_call(fn: Callable[[], object], *, cuda: bool, calls: int, reps: int) -> float:
+    """Median milliseconds per call of fn (graph replay of `calls` calls on CUDA; eager wall clock on CPU)."""
+    import torch
+
+    if not cuda:
+        fn()
+        samples = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(samples)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up (compiles) outside the capture, on a side stream as torch advises
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / calls)
+    del graph
+    return statistics.median(samples)
+
+
+# ---------------------------------------------------------------------------------------------- attention
+ATTENTION_SHAPES = {  # name: (H, H_kv, D)
+    "gpu": (16, 16, 64),  # the zoo `gpu` target (24 layers; one layer's call is timed)
+    "8B": (32, 8, 128),  # Llama-3-8B attention
+}
+
+
+def attention_configs(dry_run: bool):
+    """(shape name, H, H_kv, D, batch, S, ks) rows to time."""
+    if dry_run:
+        shapes = {"gpu": (2, 2, 16), "8B": (4, 1, 16)}
+        return [(n, *hkd, b, s, (1, 3)) for n, hkd in shapes.items() for b in (1, 2) for s in (64, 128)]
+    return [(n, *hkd, b, s, tuple(range(1, 10))) for n, hkd in ATTENTION_SHAPES.items() for b in (1, 64)
+            for s in (512, 2048, 4096)]
+
+
+def bench_attention(args) -> list[dict]:
+    import torch
+
+    from specdec.fast.kernels import attention as attn
+
+    device = "cpu" if args.dry_run else "cuda"
+    dtype = torch.float32 if args.dry_run else torch.bfloat16
+    cuda = device == "cuda"
+    gen = torch.Generator(device=device).manual_seed(0)
+    rows, caches = [], {}
+    for name, heads, kv_heads, dim, batch, num_slots, ks in attention_configs(args.dry_run):
+        s_max = max(c[5] for c in attention_configs(args.dry_run)) + 16
+        max_batch = max(c[4] for c in attention_configs(args.dry_run))
+        key = (kv_heads, dim)
+        if key not in caches:  # one SlotCache-like layer per KV shape: [max_batch, H_kv, S_max, D]
+            caches.clear()
+            if cuda:
+                torch.cuda.empty_cache()
+            caches[key] = tuple(torch.randn(max_batch, kv_heads, s_max, dim, generator=gen, device=device, dtype=dtype)
+                                for _ in range(2))
+        keys, values = (c[:batch, :, :num_slots] for c in caches[key])  # the views the fast model passes
+        jitter = torch.randint(-num_slots // 8, num_slots // 8 + 1, (batch,), generator=gen, device=device)
+        starts = num_slots // 2 + jitter  # live lengths ≈ S/2
+        for k in ks:
+            q = torch.randn(batch, k, heads, dim, generator=gen, device=device, dtype=dtype)
+            positions = starts[:, None] + torch.arange(k, device=device)[None, :]
+            row = dict(part="attention", shape=name, heads=heads, kv_heads=kv_heads, head_dim=dim, batch=batch,
+                       num_slots=num_slots, k=k, dtype=str(dtype).removeprefix("torch."),
+                       live_mean=float(starts.float().mean()) + k)
+            ref = attn.slot_attention_reference(q, keys, values, positions)
+            for kernel in ("reference", "triton"):
+                def fn(kernel=kernel):
+                    return attn.slot_attention(q, keys, values, positions, kernel=kernel)
+                try:
+                    row[f"{kernel}_ms"] = time_call(fn, cuda=cuda, calls=args.calls, reps=args.reps)
+                    if kernel == "triton":
+                        out = fn().float()
+                        row["rel_err"] = ((out - ref.float()).norm() / ref.float().norm()).item()
+                except Exception as exc:  # a failing kernel is a result to report, not a reason to stop the table
+                    row[f"{kernel}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            if cuda and "triton_ms" in row:  # K/V bytes the live slots hold over the time: the bandwidth reached
+                live_bytes = 2 * batch * kv_heads * row["live_mean"] * dim * keys.element_size()
+                row["triton_GBps"] = live_bytes / row["triton_ms"] / 1e6
+            rows.append(row)
+            print(".", end="", flush=True, file=sys.stderr)
+    print(file=sys.stderr)
+    print_attention_table(rows)
+    return rows
+
+
+def print_attention_table(rows: list[dict]) -> None:
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["shape"], r["batch"], r["num_slots"]), []).append(r)
+    ks = sorted({r["k"] for r in rows})
+    head = f"{'shape':<5} {'B':>3} {'S':>5} {'kernel':<9} " + " ".join(f"{'k=' + str(k):>7}" for k in ks)
+    print("slot_attention, ms per call (one layer); ratio = max over k of t(k) / t(1)")
+    print(head + f" {'ratio':>6} {'max err':>8}")
+    for (shape, batch, num_slots), rs in groups.items():
+        by_k = {r["k"]: r for r in rs}
+        for kernel in ("reference", "triton"):
+            times = [by_k[k].get(f"{kernel}_ms") if k in by_k else None for k in ks]
+            cells = " ".join(f"{t:7.4f}" if t is not None else f"{'ERR':>7}" for t in times)
+            ratio = max(t / times[0] for t in times) if None not in times else float("nan")
+            err = max((r.get("rel_err", float("nan")) for r in rs), default=float("nan")) if kernel == "triton" else None
+            tail = f" {ratio:6.3f}" + (f" {err:8.1e}" if err is not None else "")
+            print(f"{shape:<5} {batch:>3} {num_slots:>5} {kernel:<9} {cells}{tail}")
+    for r in rows:
+        for kernel in ("reference", "triton"):
+            if f"{kernel}_error" in r:
+                print(f"error {kernel} {r['shape']} B={r['batch']} S={r['num_slots']} k={r['k']}: {r[kernel + '_error']}")
+
+
+PARTS = {"attention": bench_attention}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--part", action="append", choices=sorted(PARTS), help="part to run (repeatable; default all)")
+    parser.add_argument("--out", type=Path, required=True, help="JSON file for the rows")
+    parser.add_argument("--calls", type=int, default=20, help="calls captured per CUDA graph")
+    parser.add_argument("--reps", type=int, default=15, help="graph replays timed (median)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="tiny shapes on CPU under the Triton interpreter (checks the script, not speed)")
+    args = parser.parse_args(argv)
+    if args.dry_run:
+        os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (the kernels import it on first use)
+        args.reps = min(args.reps, 2)
+    import torch
+
+    if not args.dry_run and not torch.cuda.is_available():
+        parser.error("needs a CUDA device (or --dry-run)")
+    env = dict(torch=torch.__version__, device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    t0 = time.perf_counter()
+    results = {"env": env, "args": {k: str(v) for k, v in vars(args).items()}, "rows": []}
+    for part in args.part or sorted(PARTS):
+        results["rows"] += PARTS[part](args)
+    results["seconds"] = time.perf_counter() - t0
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1))
+    print(f"{len(results['rows'])} rows in {results['seconds']:.1f} s -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
