@@ -134,26 +134,33 @@ def bench_attention(args) -> list[dict]:
 
 
 def print_attention_table(rows: list[dict]) -> None:
+    """One line per (shape, B, S, kernel): ms per k, max_k t(k)/t(1), and for triton the median speedup over the
+    reference, the best bandwidth over the live K/V bytes and the worst relative error."""
+    nan = float("nan")
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["shape"], r["batch"], r["num_slots"]), []).append(r)
     ks = sorted({r["k"] for r in rows})
-    head = f"{'shape':<5} {'B':>3} {'S':>5} {'kernel':<9} " + " ".join(f"{'k=' + str(k):>7}" for k in ks)
-    print("slot_attention, ms per call (one layer); ratio = max over k of t(k) / t(1)")
-    print(head + f" {'ratio':>6} {'max err':>8}")
+    print("slot_attention, ms per call (one layer); k/1 = max over k of t(k) / t(1); x = median reference/triton")
+    print(f"{'shape':<5} {'B':>3} {'S':>5} {'kernel':<9} " + " ".join(f"{'k=' + str(k):>7}" for k in ks)
+          + f" {'k/1':>6} {'x':>6} {'GB/s':>6} {'rel err':>8}")
     for (shape, batch, num_slots), rs in groups.items():
         by_k = {r["k"]: r for r in rs}
         for kernel in ("reference", "triton"):
-            times = [by_k[k].get(f"{kernel}_ms") if k in by_k else None for k in ks]
-            cells = " ".join(f"{t:7.4f}" if t is not None else f"{'ERR':>7}" for t in times)
-            ratio = max(t / times[0] for t in times) if None not in times else float("nan")
-            err = max((r.get("rel_err", float("nan")) for r in rs), default=float("nan")) if kernel == "triton" else None
-            tail = f" {ratio:6.3f}" + (f" {err:8.1e}" if err is not None else "")
-            print(f"{shape:<5} {batch:>3} {num_slots:>5} {kernel:<9} {cells}{tail}")
+            times = [by_k.get(k, {}).get(f"{kernel}_ms", nan) for k in ks]
+            cells = " ".join(f"{t:7.4f}" for t in times)
+            line = f"{shape:<5} {batch:>3} {num_slots:>5} {kernel:<9} {cells} {max(t / times[0] for t in times):6.3f}"
+            if kernel == "triton":
+                speedup = statistics.median(r.get("reference_ms", nan) / r.get("triton_ms", nan) for r in rs)
+                gbps = max((r.get("triton_GBps", nan) for r in rs), default=nan)
+                err = max((r.get("rel_err", nan) for r in rs), default=nan)
+                line += f" {speedup:6.2f} {gbps:6.0f} {err:8.1e}"
+            print(line)
     for r in rows:
         for kernel in ("reference", "triton"):
             if f"{kernel}_error" in r:
-                print(f"error {kernel} {r['shape']} B={r['batch']} S={r['num_slots']} k={r['k']}: {r[kernel + '_error']}")
+                where = f"{r['shape']} B={r['batch']} S={r['num_slots']} k={r['k']}"
+                print(f"error {kernel} {where}: {r[kernel + '_error']}")
 
 
 PARTS = {"attention": bench_attention}

@@ -51,14 +51,16 @@ def _triton_module():
     return triton_attention
 
 
-def triton_unsupported(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> str | None:
+def triton_unsupported(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                       positions: torch.Tensor) -> str | None:
     """Why the Triton kernel cannot run these arguments (None when it can)."""
     dim = q.shape[-1]
     if q.dtype not in _TRITON_DTYPES or keys.dtype != q.dtype or values.dtype != q.dtype:
         return f"q, keys and values must share one of {_TRITON_DTYPES}, got {q.dtype}, {keys.dtype}, {values.dtype}"
     if dim < 16 or dim > 256 or dim & (dim - 1):
         return f"head dim must be a power of two in [16, 256], got {dim}"
-    if not (q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+    interpreting = os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
+    if not (q.is_cuda or interpreting):
         return "needs CUDA tensors (or TRITON_INTERPRET=1 for CPU tensors)"
     if positions.dtype not in (torch.int32, torch.int64):
         return f"positions must be int32 or int64, got {positions.dtype}"
@@ -75,9 +77,9 @@ def slot_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, po
     """
     if kernel not in ("auto", "triton", "reference"):
         raise ValueError(f"kernel must be 'auto', 'triton' or 'reference', got {kernel!r}")
-    if kernel == "reference":
-        return slot_attention_reference(q, keys, values, positions, scale)
     batch, k, heads, dim = q.shape
+    if kernel == "reference" or (kernel == "auto" and (not q.is_cuda or k > MAX_TRITON_K)):
+        return slot_attention_reference(q, keys, values, positions, scale)
     if keys.shape[0] != batch or keys.shape[-1] != dim or heads % keys.shape[1] or values.shape != keys.shape:
         raise ValueError(f"keys/values must be [B, H_kv, S, D] with H % H_kv == 0 for q {tuple(q.shape)}, "
                          f"got {tuple(keys.shape)} and {tuple(values.shape)}")
@@ -85,8 +87,8 @@ def slot_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, po
         raise ValueError(f"positions must be [B, k] = {(batch, k)}, got {tuple(positions.shape)}")
     module = _triton_module()
     why = "triton does not import" if module is None else triton_unsupported(q, keys, values, positions)
-    if kernel == "auto" and (why is not None or not q.is_cuda or k > MAX_TRITON_K):
-        return slot_attention_reference(q, keys, values, positions, scale)
     if why is not None:
+        if kernel == "auto":
+            return slot_attention_reference(q, keys, values, positions, scale)
         raise ValueError(f"kernel='triton': {why}")
     return module.attention(q, keys, values, positions, scale, num_splits=num_splits)
