@@ -13,6 +13,7 @@ CUDA graph captures a fixed launch whatever the lengths.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -21,7 +22,7 @@ import triton.language as tl
 
 __all__ = ["attention", "choose_splits", "NUM_SMS"]
 
-NUM_SMS = 132  # an H200; only the split heuristic reads it
+NUM_SMS = 132  # an H200's; the split heuristic reads the device's own count where there is one
 MIN_SLOTS_PER_SPLIT = 256  # of the cache size S: about 128 live slots per split at half-full caches
 MAX_SPLITS = 32
 
@@ -115,10 +116,18 @@ def _combine(PART_ACC, PART_M, PART_L, OUT, sob, sok, soh, sod, rows_pad,
     tl.store(OUT + b * sob + (row // GROUP) * sok + head * soh + d * sod, out.to(OUT.dtype.element_ty))
 
 
-def choose_splits(batch: int, kv_heads: int, num_slots: int, row_tiles: int = 1) -> int:
-    """Splits of each row's live slots, from shapes only: enough programs for ~2 waves over the SMs."""
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return NUM_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def choose_splits(batch: int, kv_heads: int, num_slots: int, row_tiles: int = 1, num_sms: int = NUM_SMS) -> int:
+    """Splits of each row's live slots, from shapes only: enough programs for ~2 waves over the SMs, each split
+    owning at least MIN_SLOTS_PER_SPLIT of the S slots (the live part is what it reads)."""
     programs = batch * kv_heads * row_tiles
-    want = triton.cdiv(2 * NUM_SMS, programs)
+    want = triton.cdiv(2 * num_sms, programs)
     return max(1, min(want, triton.cdiv(num_slots, MIN_SLOTS_PER_SPLIT), MAX_SPLITS))
 
 
@@ -135,7 +144,10 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positio
     block_m = min(max(16, triton.next_power_of_2(rows)), 64 if dim > 128 else 128)
     row_tiles = triton.cdiv(rows, block_m)
     block_n = 32 if dim > 128 else 64
-    splits = choose_splits(batch, kv_heads, num_slots, row_tiles) if num_splits is None else int(num_splits)
+    if num_splits is None:
+        splits = choose_splits(batch, kv_heads, num_slots, row_tiles, _num_sms(q.device))
+    else:
+        splits = int(num_splits)
     if splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     scale = 1.0 / math.sqrt(dim) if scale is None else float(scale)

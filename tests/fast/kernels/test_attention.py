@@ -121,6 +121,18 @@ def test_dispatch_and_errors():
         slot_attention(q, keys, values, positions[:, :1], kernel="triton")
 
 
+def test_split_count_comes_from_shapes_only():
+    from specdec.fast.kernels.triton_attention import MAX_SPLITS, choose_splits
+
+    assert choose_splits(64, 16, 4096, num_sms=132) == 1  # 1024 programs fill the SMs already
+    assert choose_splits(1, 16, 4096, num_sms=132) == 16  # batch 1: split the long rows
+    assert choose_splits(1, 8, 512, num_sms=132) == 2  # short caches: few splits
+    assert choose_splits(1, 1, 1 << 20, num_sms=132) == MAX_SPLITS
+    keys, values = slot_cache_views(1, 2, 30, 16)
+    with pytest.raises(ValueError, match="num_splits"):
+        slot_attention(torch.randn(1, 1, 2, 16), keys, values, torch.tensor([[3]]), kernel="triton", num_splits=0)
+
+
 # ----------------------------------------------------------------------------------------------- GPU (bf16)
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -135,8 +147,9 @@ def test_bf16_on_cuda_matches_reference(batch, num_slots, k, heads, kv_heads, di
     q = torch.randn(batch, k, heads, dim, device="cuda").bfloat16()
     positions = verify_positions(batch, k, num_slots, device="cuda")
     ref = slot_attention_reference(q.float(), keys.float(), values.float(), positions)
-    out = slot_attention(q, keys, values, positions)  # auto: the Triton kernel on CUDA
+    out = slot_attention(q, keys, values, positions, kernel="triton")
     assert out.dtype == torch.bfloat16
+    assert torch.equal(slot_attention(q, keys, values, positions), out)  # auto takes the Triton kernel on CUDA
     err = rel_err(out, ref)
     bf16_ref_err = rel_err(slot_attention_reference(q, keys, values, positions), ref)
     assert err < max(2 * bf16_ref_err, 1e-2), (err, bf16_ref_err)
