@@ -74,13 +74,13 @@ ATTENTION_SHAPES = {  # name: (H, H_kv, D)
 }
 
 
-def attention_configs(dry_run: bool):
+def attention_configs(args):
     """(shape name, H, H_kv, D, batch, S, ks) rows to time."""
-    if dry_run:
+    if args.dry_run:
         shapes = {"gpu": (2, 2, 16), "8B": (4, 1, 16)}
-        return [(n, *hkd, b, s, (1, 3)) for n, hkd in shapes.items() for b in (1, 2) for s in (64, 128)]
-    return [(n, *hkd, b, s, tuple(range(1, 10))) for n, hkd in ATTENTION_SHAPES.items() for b in (1, 64)
-            for s in (512, 2048, 4096)]
+        return [(n, *hkd, b, s, (1, 3)) for n, hkd in shapes.items() for b in (1, 2) for s in (64, 300)]
+    ks = tuple(range(1, args.max_k + 1))
+    return [(n, *hkd, b, s, ks) for n, hkd in ATTENTION_SHAPES.items() for b in args.batches for s in args.slots]
 
 
 def bench_attention(args) -> list[dict]:
@@ -88,22 +88,26 @@ def bench_attention(args) -> list[dict]:
 
     from specdec.fast.kernels import attention as attn
 
+    try:
+        from specdec.fast.kernels.triton_attention import _num_sms, plan
+    except ImportError:
+        plan = None
     device = "cpu" if args.dry_run else "cuda"
     dtype = torch.float32 if args.dry_run else torch.bfloat16
     cuda = device == "cuda"
     gen = torch.Generator(device=device).manual_seed(0)
+    configs = attention_configs(args)
+    s_max = max(c[5] for c in configs) + 16
+    max_batch = max(c[4] for c in configs)
     rows, caches = [], {}
-    for name, heads, kv_heads, dim, batch, num_slots, ks in attention_configs(args.dry_run):
-        s_max = max(c[5] for c in attention_configs(args.dry_run)) + 16
-        max_batch = max(c[4] for c in attention_configs(args.dry_run))
-        key = (kv_heads, dim)
-        if key not in caches:  # one SlotCache-like layer per KV shape: [max_batch, H_kv, S_max, D]
+    for name, heads, kv_heads, dim, batch, num_slots, ks in configs:
+        if (kv_heads, dim) not in caches:  # one SlotCache-like layer per KV shape: [max_batch, H_kv, S_max, D]
             caches.clear()
             if cuda:
                 torch.cuda.empty_cache()
-            caches[key] = tuple(torch.randn(max_batch, kv_heads, s_max, dim, generator=gen, device=device, dtype=dtype)
-                                for _ in range(2))
-        keys, values = (c[:batch, :, :num_slots] for c in caches[key])  # the views the fast model passes
+            caches[kv_heads, dim] = tuple(torch.randn(max_batch, kv_heads, s_max, dim, generator=gen, device=device,
+                                                      dtype=dtype) for _ in range(2))
+        keys, values = (c[:batch, :, :num_slots] for c in caches[kv_heads, dim])  # the views the fast model passes
         jitter = torch.randint(-num_slots // 8, num_slots // 8 + 1, (batch,), generator=gen, device=device)
         starts = num_slots // 2 + jitter  # live lengths ≈ S/2
         for k in ks:
@@ -112,6 +116,8 @@ def bench_attention(args) -> list[dict]:
             row = dict(part="attention", shape=name, heads=heads, kv_heads=kv_heads, head_dim=dim, batch=batch,
                        num_slots=num_slots, k=k, dtype=str(dtype).removeprefix("torch."),
                        live_mean=float(starts.float().mean()) + k)
+            if plan is not None:
+                row["plan"] = vars(plan(batch, k, heads, kv_heads, dim, num_slots, _num_sms(q.device)))
             ref = attn.slot_attention_reference(q, keys, values, positions)
             for kernel in ("reference", "triton"):
                 def fn(kernel=kernel):
@@ -170,8 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--part", action="append", choices=sorted(PARTS), help="part to run (repeatable; default all)")
     parser.add_argument("--out", type=Path, required=True, help="JSON file for the rows")
-    parser.add_argument("--calls", type=int, default=20, help="calls captured per CUDA graph")
-    parser.add_argument("--reps", type=int, default=15, help="graph replays timed (median)")
+    parser.add_argument("--calls", type=int, default=10, help="calls captured per CUDA graph")
+    parser.add_argument("--reps", type=int, default=10, help="graph replays timed (median)")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 64], help="attention: batch sizes")
+    parser.add_argument("--slots", type=int, nargs="+", default=[512, 2048, 4096], help="attention: cache sizes S")
+    parser.add_argument("--max-k", type=int, default=9, help="attention: k = 1..max_k new tokens per row")
     parser.add_argument("--dry-run", action="store_true",
                         help="tiny shapes on CPU under the Triton interpreter (checks the script, not speed)")
     args = parser.parse_args(argv)

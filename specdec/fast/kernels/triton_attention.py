@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["attention", "choose_splits", "NUM_SMS"]
+__all__ = ["attention", "plan", "choose_splits", "LaunchPlan", "NUM_SMS"]
 
 NUM_SMS = 132  # an H200's; the split heuristic reads the device's own count where there is one
 MIN_SLOTS_PER_SPLIT = 256  # of the cache size S: about 128 live slots per split at half-full caches
@@ -131,6 +132,31 @@ def choose_splits(batch: int, kv_heads: int, num_slots: int, row_tiles: int = 1,
     return max(1, min(want, triton.cdiv(num_slots, MIN_SLOTS_PER_SPLIT), MAX_SPLITS))
 
 
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Tile sizes and grid of one call: G·k query rows per KV head in row_tiles tiles of block_m rows, slots in
+    blocks of block_n, each row's live slots in `splits` parts."""
+
+    block_m: int
+    block_n: int
+    row_tiles: int
+    splits: int
+    num_warps: int
+
+
+def plan(batch: int, k: int, heads: int, kv_heads: int, dim: int, num_slots: int, num_sms: int = NUM_SMS,
+         num_splits: int | None = None) -> LaunchPlan:
+    """The launch for these shapes (never for these lengths: a CUDA graph replays it for any positions)."""
+    rows = heads // kv_heads * k
+    block_m = min(max(16, triton.next_power_of_2(rows)), 64 if dim > 128 else 128)
+    row_tiles = triton.cdiv(rows, block_m)
+    splits = choose_splits(batch, kv_heads, num_slots, row_tiles, num_sms) if num_splits is None else num_splits
+    if splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    return LaunchPlan(block_m=block_m, block_n=32 if dim > 128 else 64, row_tiles=row_tiles, splits=int(splits),
+                      num_warps=8 if block_m * dim >= 128 * 128 else 4)
+
+
 def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
               scale: float | None = None, num_splits: int | None = None) -> torch.Tensor:
     """`slot_attention_reference` by the split-K kernel; shapes are checked by the caller.
@@ -140,37 +166,27 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positio
     batch, k, heads, dim = q.shape
     kv_heads, num_slots = keys.shape[1], keys.shape[2]
     group = heads // kv_heads
-    rows = group * k
-    block_m = min(max(16, triton.next_power_of_2(rows)), 64 if dim > 128 else 128)
-    row_tiles = triton.cdiv(rows, block_m)
-    block_n = 32 if dim > 128 else 64
-    if num_splits is None:
-        splits = choose_splits(batch, kv_heads, num_slots, row_tiles, _num_sms(q.device))
-    else:
-        splits = int(num_splits)
-    if splits < 1:
-        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    p = plan(batch, k, heads, kv_heads, dim, num_slots, _num_sms(q.device), num_splits)
     scale = 1.0 / math.sqrt(dim) if scale is None else float(scale)
     out = torch.empty(batch, k, heads, dim, device=q.device, dtype=q.dtype)
-    rows_pad = row_tiles * block_m
-    if splits > 1:
-        part_acc = torch.empty(batch * kv_heads, splits, rows_pad, dim, device=q.device, dtype=torch.float32)
-        part_m = torch.empty(batch * kv_heads, splits, rows_pad, device=q.device, dtype=torch.float32)
+    rows_pad = p.row_tiles * p.block_m
+    if p.splits > 1:  # fp32 scratch [B·H_kv, splits, rows_pad(, D)]: unnormalized outputs, row maxima, row sums
+        part_acc = torch.empty(batch * kv_heads, p.splits, rows_pad, dim, device=q.device, dtype=torch.float32)
+        part_m = torch.empty(batch * kv_heads, p.splits, rows_pad, device=q.device, dtype=torch.float32)
         part_l = torch.empty_like(part_m)
     else:
         part_acc = part_m = part_l = out  # unused
-    num_warps = 8 if block_m * dim >= 128 * 128 else 4
-    _split_attention[(batch * kv_heads, splits, row_tiles)](
+    _split_attention[(batch * kv_heads, p.splits, p.row_tiles)](
         q, keys, values, positions, out, part_acc, part_m, part_l,
         *q.stride(), *keys.stride(), *values.stride(), *positions.stride(), *out.stride(),
         k, num_slots, rows_pad, scale * math.log2(math.e),
-        KV_HEADS=kv_heads, GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, NUM_SPLITS=splits,
-        IEEE=q.dtype == torch.float32, num_warps=num_warps,
+        KV_HEADS=kv_heads, GROUP=group, HEAD_DIM=dim, BLOCK_M=p.block_m, BLOCK_N=p.block_n, NUM_SPLITS=p.splits,
+        IEEE=q.dtype == torch.float32, num_warps=p.num_warps,
     )
-    if splits > 1:
-        _combine[(batch * kv_heads, rows)](
+    if p.splits > 1:
+        _combine[(batch * kv_heads, group * k)](
             part_acc, part_m, part_l, out, *out.stride(), rows_pad,
-            KV_HEADS=kv_heads, GROUP=group, HEAD_DIM=dim, NUM_SPLITS=splits,
-            SPLITS_P2=triton.next_power_of_2(splits), num_warps=4 if dim >= 128 else 2,
+            KV_HEADS=kv_heads, GROUP=group, HEAD_DIM=dim, NUM_SPLITS=p.splits,
+            SPLITS_P2=triton.next_power_of_2(p.splits), num_warps=4 if dim >= 128 else 2,
         )
     return out
