@@ -117,7 +117,8 @@ def bench_attention(args) -> list[dict]:
                        num_slots=num_slots, k=k, dtype=str(dtype).removeprefix("torch."),
                        live_mean=float(starts.float().mean()) + k)
             if plan is not None:
-                row["plan"] = vars(plan(batch, k, heads, kv_heads, dim, num_slots, _num_sms(q.device)))
+                row["plan"] = vars(plan(batch, k, heads, kv_heads, dim, num_slots, _num_sms(q.device),
+                                         fp32=dtype == torch.float32))
             ref = attn.slot_attention_reference(q, keys, values, positions)
             for kernel in ("reference", "triton"):
                 def fn(kernel=kernel):

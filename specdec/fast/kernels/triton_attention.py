@@ -90,10 +90,10 @@ def _split_attention(Q, K, V, POS, OUT, PART_ACC, PART_M, PART_L,
         tl.store(OUT + b * sob + qi[:, None] * sok + head[:, None] * soh + d[None, :] * sod,
                  out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
     else:
-        part = (pid_bh.to(tl.int64) * NUM_SPLITS + split) * rows_pad + rows  # [B·H_kv, splits, rows_pad]
-        tl.store(PART_M + part, m)
-        tl.store(PART_L + part, lsum)
-        tl.store(PART_ACC + part[:, None] * HEAD_DIM + d[None, :], acc)
+        part = (pid_bh.to(tl.int64) * NUM_SPLITS + split) * rows_pad  # [B·H_kv, splits, rows_pad(, D)]
+        tl.store(PART_M + part + rows, m)
+        tl.store(PART_L + part + rows, lsum)
+        tl.store(PART_ACC + part * HEAD_DIM + rows[:, None] * HEAD_DIM + d[None, :], acc)
 
 
 @triton.jit
@@ -142,19 +142,28 @@ class LaunchPlan:
     row_tiles: int
     splits: int
     num_warps: int
+    num_stages: int
 
 
 def plan(batch: int, k: int, heads: int, kv_heads: int, dim: int, num_slots: int, num_sms: int = NUM_SMS,
-         num_splits: int | None = None) -> LaunchPlan:
-    """The launch for these shapes (never for these lengths: a CUDA graph replays it for any positions)."""
+         num_splits: int | None = None, fp32: bool = False) -> LaunchPlan:
+    """The launch for these shapes (never for these lengths: a CUDA graph replays it for any positions).
+
+    Tiles were sized so sm_90 compiles keep to registers (ptxas resource usage, Triton 3.9); fp32 inputs (full
+    fp32 dots, not the target) take narrower slot blocks and two pipeline stages to fit shared memory.
+    """
     rows = heads // kv_heads * k
-    block_m = min(max(16, triton.next_power_of_2(rows)), 64 if dim > 128 else 128)
+    block_m = min(max(16, triton.next_power_of_2(rows)), 64 if dim > 128 or fp32 else 128)
     row_tiles = triton.cdiv(rows, block_m)
     splits = choose_splits(batch, kv_heads, num_slots, row_tiles, num_sms) if num_splits is None else num_splits
     if splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
-    return LaunchPlan(block_m=block_m, block_n=32 if dim > 128 else 64, row_tiles=row_tiles, splits=int(splits),
-                      num_warps=8 if block_m * dim >= 128 * 128 else 4)
+    if fp32:
+        block_n, warps, stages = (16 if dim > 128 else 32), (8 if block_m * dim >= 64 * 64 else 4), 2
+    else:
+        block_n, warps, stages = (32 if dim > 128 else 64), (8 if block_m * dim >= 64 * 128 else 4), 3
+    return LaunchPlan(block_m=block_m, block_n=block_n, row_tiles=row_tiles, splits=int(splits), num_warps=warps,
+                      num_stages=stages)
 
 
 def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
@@ -166,7 +175,7 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positio
     batch, k, heads, dim = q.shape
     kv_heads, num_slots = keys.shape[1], keys.shape[2]
     group = heads // kv_heads
-    p = plan(batch, k, heads, kv_heads, dim, num_slots, _num_sms(q.device), num_splits)
+    p = plan(batch, k, heads, kv_heads, dim, num_slots, _num_sms(q.device), num_splits, q.dtype == torch.float32)
     scale = 1.0 / math.sqrt(dim) if scale is None else float(scale)
     out = torch.empty(batch, k, heads, dim, device=q.device, dtype=q.dtype)
     rows_pad = p.row_tiles * p.block_m
@@ -181,7 +190,7 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positio
         *q.stride(), *keys.stride(), *values.stride(), *positions.stride(), *out.stride(),
         k, num_slots, rows_pad, scale * math.log2(math.e),
         KV_HEADS=kv_heads, GROUP=group, HEAD_DIM=dim, BLOCK_M=p.block_m, BLOCK_N=p.block_n, NUM_SPLITS=p.splits,
-        IEEE=q.dtype == torch.float32, num_warps=p.num_warps,
+        IEEE=q.dtype == torch.float32, num_warps=p.num_warps, num_stages=p.num_stages,
     )
     if p.splits > 1:
         _combine[(batch * kv_heads, group * k)](
