@@ -78,9 +78,9 @@ def attention_configs(args):
     """(shape name, H, H_kv, D, batch, S, ks) rows to time."""
     if args.dry_run:
         shapes = {"gpu": (2, 2, 16), "8B": (4, 1, 16)}
-        return [(n, *hkd, b, s, (1, 3)) for n, hkd in shapes.items() for b in (1, 2) for s in (64, 300)]
+        return [(n, *hkd, b, s, (1, 3)) for b in (1, 2) for n, hkd in shapes.items() for s in (64, 300)]
     ks = tuple(range(1, args.max_k + 1))
-    return [(n, *hkd, b, s, ks) for n, hkd in ATTENTION_SHAPES.items() for b in args.batches for s in args.slots]
+    return [(n, *hkd, b, s, ks) for b in args.batches for n, hkd in ATTENTION_SHAPES.items() for s in args.slots]
 
 
 def bench_attention(args) -> list[dict]:
@@ -89,7 +89,7 @@ def bench_attention(args) -> list[dict]:
     from specdec.fast.kernels import attention as attn
 
     try:
-        from specdec.fast.kernels.triton_attention import _num_sms, plan
+        from specdec.fast.kernels.triton_attention import sm_count, plan
     except ImportError:
         plan = None
     device = "cpu" if args.dry_run else "cuda"
@@ -100,7 +100,12 @@ def bench_attention(args) -> list[dict]:
     s_max = max(c[5] for c in configs) + 16
     max_batch = max(c[4] for c in configs)
     rows, caches = [], {}
+    t0 = time.perf_counter()
     for name, heads, kv_heads, dim, batch, num_slots, ks in configs:
+        if time.perf_counter() - t0 > args.budget_s:  # keep a device command inside its limit; say what was left
+            print(f"budget: skipped {name} B={batch} S={num_slots}", file=sys.stderr)
+            rows.append(dict(part="attention", shape=name, batch=batch, num_slots=num_slots, skipped="budget"))
+            continue
         if (kv_heads, dim) not in caches:  # one SlotCache-like layer per KV shape: [max_batch, H_kv, S_max, D]
             caches.clear()
             if cuda:
@@ -117,7 +122,7 @@ def bench_attention(args) -> list[dict]:
                        num_slots=num_slots, k=k, dtype=str(dtype).removeprefix("torch."),
                        live_mean=float(starts.float().mean()) + k)
             if plan is not None:
-                row["plan"] = vars(plan(batch, k, heads, kv_heads, dim, num_slots, _num_sms(q.device),
+                row["plan"] = vars(plan(batch, k, heads, kv_heads, dim, num_slots, sm_count(q.device),
                                          fp32=dtype == torch.float32))
             ref = attn.slot_attention_reference(q, keys, values, positions)
             for kernel in ("reference", "triton"):
@@ -146,8 +151,9 @@ def print_attention_table(rows: list[dict]) -> None:
     nan = float("nan")
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        groups.setdefault((r["shape"], r["batch"], r["num_slots"]), []).append(r)
-    ks = sorted({r["k"] for r in rows})
+        if "k" in r:  # rows skipped for the time budget have none
+            groups.setdefault((r["shape"], r["batch"], r["num_slots"]), []).append(r)
+    ks = sorted({r["k"] for rs in groups.values() for r in rs})
     print("slot_attention, ms per call (one layer); k/1 = max over k of t(k) / t(1); x = median reference/triton")
     print(f"{'shape':<5} {'B':>3} {'S':>5} {'kernel':<9} " + " ".join(f"{'k=' + str(k):>7}" for k in ks)
           + f" {'k/1':>6} {'x':>6} {'GB/s':>6} {'rel err':>8}")
@@ -164,6 +170,8 @@ def print_attention_table(rows: list[dict]) -> None:
                 line += f" {speedup:6.2f} {gbps:6.0f} {err:8.1e}"
             print(line)
     for r in rows:
+        if "skipped" in r:
+            print(f"skipped ({r['skipped']}): {r['shape']} B={r['batch']} S={r['num_slots']}")
         for kernel in ("reference", "triton"):
             if f"{kernel}_error" in r:
                 where = f"{r['shape']} B={r['batch']} S={r['num_slots']} k={r['k']}"
@@ -182,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 64], help="attention: batch sizes")
     parser.add_argument("--slots", type=int, nargs="+", default=[512, 2048, 4096], help="attention: cache sizes S")
     parser.add_argument("--max-k", type=int, default=9, help="attention: k = 1..max_k new tokens per row")
+    parser.add_argument("--budget-s", type=float, default=50.0, help="skip the configs left after this many seconds")
     parser.add_argument("--dry-run", action="store_true",
                         help="tiny shapes on CPU under the Triton interpreter (checks the script, not speed)")
     args = parser.parse_args(argv)

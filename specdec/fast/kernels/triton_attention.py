@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["attention", "plan", "choose_splits", "LaunchPlan", "NUM_SMS"]
+__all__ = ["attention", "plan", "choose_splits", "sm_count", "LaunchPlan", "NUM_SMS"]
 
 NUM_SMS = 132  # an H200's; the split heuristic reads the device's own count where there is one
 MIN_SLOTS_PER_SPLIT = 256  # of the cache size S: about 128 live slots per split at half-full caches
@@ -118,7 +118,7 @@ def _combine(PART_ACC, PART_M, PART_L, OUT, sob, sok, soh, sod, rows_pad,
 
 
 @functools.cache
-def _num_sms(device: torch.device) -> int:
+def sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return NUM_SMS
     return torch.cuda.get_device_properties(device).multi_processor_count
@@ -175,7 +175,7 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positio
     batch, k, heads, dim = q.shape
     kv_heads, num_slots = keys.shape[1], keys.shape[2]
     group = heads // kv_heads
-    p = plan(batch, k, heads, kv_heads, dim, num_slots, _num_sms(q.device), num_splits, q.dtype == torch.float32)
+    p = plan(batch, k, heads, kv_heads, dim, num_slots, sm_count(q.device), num_splits, q.dtype == torch.float32)
     scale = 1.0 / math.sqrt(dim) if scale is None else float(scale)
     out = torch.empty(batch, k, heads, dim, device=q.device, dtype=q.dtype)
     rows_pad = p.row_tiles * p.block_m
