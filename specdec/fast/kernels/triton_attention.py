@@ -38,7 +38,7 @@ def _dot(a, b, IEEE: tl.constexpr):
     return c
 
 
-@triton.jit(do_not_specialize=["spb", "k_len", "num_slots", "rows_pad"])  # one compile for k = 1..9
+@triton.jit(do_not_specialize=["spb", "k_len", "num_slots", "rows_pad"])  # no recompile per k or length
 def _split_attention(Q, K, V, POS, OUT, PART_ACC, PART_M, PART_L,
                      sqb, sqk, sqh, sqd, skb, skh, sks, skd, svb, svh, svs, svd, spb, spk, sob, sok, soh, sod,
                      k_len, num_slots, rows_pad, scale_log2,
