@@ -121,6 +121,27 @@ def test_dispatch_and_errors():
         slot_attention(q, keys, values, positions[:, :1], kernel="triton")
 
 
+def test_without_triton_auto_takes_the_reference_and_triton_says_why(monkeypatch):
+    import sys
+
+    from specdec.fast import kernels
+    from specdec.fast.kernels import attention as attn
+
+    monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` raises ImportError
+    monkeypatch.delitem(sys.modules, "specdec.fast.kernels.triton_attention", raising=False)
+    monkeypatch.delattr(kernels, "triton_attention", raising=False)
+    attn._triton_module.cache_clear()
+    try:
+        keys, values = slot_cache_views(1, 2, 30, 16)
+        q, positions = torch.randn(1, 2, 4, 16), torch.tensor([[3, 4]])
+        ref = slot_attention_reference(q, keys, values, positions)
+        assert torch.equal(slot_attention(q, keys, values, positions), ref)
+        with pytest.raises(ValueError, match="triton does not import"):
+            slot_attention(q, keys, values, positions, kernel="triton")
+    finally:
+        attn._triton_module.cache_clear()
+
+
 def test_split_count_comes_from_shapes_only():
     from specdec.fast.kernels.triton_attention import MAX_SPLITS, choose_splits
 
