@@ -145,6 +145,7 @@ class LaunchPlan:
     num_stages: int
 
 
+@functools.cache  # called per layer per step: the arithmetic once per shape
 def plan(batch: int, k: int, heads: int, kv_heads: int, dim: int, num_slots: int, num_sms: int = NUM_SMS,
          num_splits: int | None = None, fp32: bool = False) -> LaunchPlan:
     """The launch for these shapes (never for these lengths: a CUDA graph replays it for any positions).
