@@ -3,6 +3,11 @@
 Terms (as in `specdec.fast.model`): row b's token at position t lives in slot t of `keys/values [B, H_kv, S, D]`;
 slot S−1 is the junk slot (never attended to). Query i of row b sits at `positions[b, i]` and sees slots
 j <= positions[b, i] (j < S−1). Query heads are grouped over KV heads: head h reads KV head h // (H / H_kv).
+
+Two implementations of one function: `slot_attention_reference` (eager SDPA with an additive mask: reads every
+slot, and SDPA picks a different kernel for k = 1 than for k > 1) and the Triton split-K kernel in
+`triton_attention` (reads only each row's live slots, one kernel for k = 1..32). `slot_attention(kernel=...)`
+chooses; "auto" takes the kernel on CUDA where triton imports and the shape is supported.
 """
 
 from __future__ import annotations
