@@ -9,4 +9,6 @@
   select      the `kernel="auto" | "triton" | "reference"` rule (Triton imported lazily)
   linear      `linear`: x @ Wᵀ (+ bias) (+ residual) for few rows (decode / verify, M ≤ 16) as one weight-streaming
               Triton kernel for every M (configs per shape in `linear.CONFIGS`, from scripts/bench_linear.py)
+  triton_attention  its split-K (flash-decoding) Triton kernel, imported only when triton is (kernel="auto"
+              takes it for CUDA tensors; tests run it under TRITON_INTERPRET=1 on CPU)
 """

@@ -1,0 +1,202 @@
+"""Triton split-K decode attention over a slot cache (imported lazily by `attention.slot_attention`).
+
+One program per (row b, KV head, split, row tile). It holds the G·k queries that read its KV head (G = H / H_kv,
+query i's head g at tile row r = i·G + g, padded to a power of two ≥ 16 so `tl.dot` runs on tensor cores) and
+walks its share of the row's live slots [0, max position + 1) in blocks of BLOCK_N, with an online softmax in
+fp32 (base-2: scores are prescaled by scale·log2 e). Blocks past the row's largest position are never read, so
+the cost follows the live length, not the cache size, and barely depends on k.
+
+With one split the program writes the output; with several, each writes its unnormalized accumulator and its
+(max, sum) to fp32 scratch and `_combine` merges the splits. The split count comes from shapes only, so one
+CUDA graph captures a fixed launch whatever the lengths.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["attention", "plan", "choose_splits", "sm_count", "LaunchPlan", "NUM_SMS"]
+
+NUM_SMS = 132  # an H200's; the split heuristic reads the device's own count where there is one
+MIN_SLOTS_PER_SPLIT = 256  # of the cache size S: about 128 live slots per split at half-full caches
+MAX_SPLITS = 32
+
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    """a @ b in fp32; IEEE (fp32 inputs) keeps full fp32 products instead of TF32."""
+    if IEEE:
+        c = tl.dot(a, b, input_precision="ieee")
+    else:
+        c = tl.dot(a, b)
+    return c
+
+
+@triton.jit(do_not_specialize=["spb", "k_len", "num_slots", "rows_pad"])  # no recompile per k or length
+def _split_attention(Q, K, V, POS, OUT, PART_ACC, PART_M, PART_L,
+                     sqb, sqk, sqh, sqd, skb, skh, sks, skd, svb, svh, svs, svd, spb, spk, sob, sok, soh, sod,
+                     k_len, num_slots, rows_pad, scale_log2,
+                     KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr):
+    pid_bh = tl.program_id(0)
+    split = tl.program_id(1)
+    tile = tl.program_id(2)
+    b = (pid_bh // KV_HEADS).to(tl.int64)
+    kvh = pid_bh % KV_HEADS
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # tile row r = query i · GROUP + head-in-group g
+    row_ok = rows < GROUP * k_len
+    qi = rows // GROUP
+    head = kvh * GROUP + rows % GROUP
+    d = tl.arange(0, HEAD_DIM)
+
+    # Query i sees slots j <= positions[b, i], never the junk slot S-1; padding rows see nothing.
+    pos = tl.load(POS + b * spb + qi * spk, mask=row_ok, other=-1).to(tl.int32)
+    pos = tl.minimum(pos, num_slots - 2)
+    live = tl.max(pos, axis=0) + 1  # this tile reads slots [0, live)
+    chunk = tl.cdiv(tl.cdiv(live, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, live)
+
+    q = tl.load(Q + b * sqb + qi[:, None] * sqk + head[:, None] * sqh + d[None, :] * sqd,
+                mask=row_ok[:, None], other=0.0)
+    k_base = K + b * skb + kvh * skh
+    v_base = V + b * svb + kvh * svh
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    lsum = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        j = start + tl.arange(0, BLOCK_N)
+        j_ok = j < hi
+        keys = tl.load(k_base + j[:, None] * sks + d[None, :] * skd, mask=j_ok[:, None], other=0.0)
+        s = _dot(q, tl.trans(keys), IEEE) * scale_log2  # [BLOCK_M, BLOCK_N] fp32
+        s = tl.where((j[None, :] <= pos[:, None]) & j_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet stay at zero weight
+        alpha = tl.exp2(m - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        lsum = lsum * alpha + tl.sum(p, axis=1)
+        vals = tl.load(v_base + j[:, None] * svs + d[None, :] * svd, mask=j_ok[:, None], other=0.0)
+        acc = acc * alpha[:, None] + _dot(p.to(vals.dtype), vals, IEEE)
+        m = m_new
+
+    if NUM_SPLITS == 1:
+        out = acc / tl.where(lsum == 0.0, 1.0, lsum)[:, None]  # padding rows (not stored) saw nothing
+        tl.store(OUT + b * sob + qi[:, None] * sok + head[:, None] * soh + d[None, :] * sod,
+                 out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        part = (pid_bh.to(tl.int64) * NUM_SPLITS + split) * rows_pad  # [B·H_kv, splits, rows_pad(, D)]
+        tl.store(PART_M + part + rows, m)
+        tl.store(PART_L + part + rows, lsum)
+        tl.store(PART_ACC + part * HEAD_DIM + rows[:, None] * HEAD_DIM + d[None, :], acc)
+
+
+@triton.jit
+def _combine(PART_ACC, PART_M, PART_L, OUT, sob, sok, soh, sod, rows_pad,
+             KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+             NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
+    pid_bh = tl.program_id(0)
+    row = tl.program_id(1)
+    b = (pid_bh // KV_HEADS).to(tl.int64)
+    kvh = pid_bh % KV_HEADS
+    sp = tl.arange(0, SPLITS_P2)
+    sp_ok = sp < NUM_SPLITS
+    d = tl.arange(0, HEAD_DIM)
+    part = (pid_bh.to(tl.int64) * NUM_SPLITS + sp) * rows_pad + row
+    m = tl.load(PART_M + part, mask=sp_ok, other=float("-inf"))
+    lsum = tl.load(PART_L + part, mask=sp_ok, other=0.0)
+    acc = tl.load(PART_ACC + part[:, None] * HEAD_DIM + d[None, :], mask=sp_ok[:, None], other=0.0)
+    w = tl.exp2(m - tl.max(m, axis=0))  # splits that saw nothing (m = -inf) weigh 0
+    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(w * lsum, axis=0)
+    head = kvh * GROUP + row % GROUP
+    tl.store(OUT + b * sob + (row // GROUP) * sok + head * soh + d * sod, out.to(OUT.dtype.element_ty))
+
+
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return NUM_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def choose_splits(batch: int, kv_heads: int, num_slots: int, row_tiles: int = 1, num_sms: int = NUM_SMS) -> int:
+    """Splits of each row's live slots, from shapes only: enough programs for ~2 waves over the SMs, each split
+    owning at least MIN_SLOTS_PER_SPLIT of the S slots (the live part is what it reads)."""
+    programs = batch * kv_heads * row_tiles
+    want = triton.cdiv(2 * num_sms, programs)
+    return max(1, min(want, triton.cdiv(num_slots, MIN_SLOTS_PER_SPLIT), MAX_SPLITS))
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Tile sizes and grid of one call: G·k query rows per KV head in row_tiles tiles of block_m rows, slots in
+    blocks of block_n, each row's live slots in `splits` parts."""
+
+    block_m: int
+    block_n: int
+    row_tiles: int
+    splits: int
+    num_warps: int
+    num_stages: int
+
+
+@functools.cache  # called per layer per step: the arithmetic once per shape
+def plan(batch: int, k: int, heads: int, kv_heads: int, dim: int, num_slots: int, num_sms: int = NUM_SMS,
+         num_splits: int | None = None, fp32: bool = False) -> LaunchPlan:
+    """The launch for these shapes (never for these lengths: a CUDA graph replays it for any positions).
+
+    Tiles were sized so sm_90 compiles keep to registers (ptxas resource usage, Triton 3.9); fp32 inputs (full
+    fp32 dots, not the target) take narrower slot blocks and two pipeline stages to fit shared memory.
+    """
+    rows = heads // kv_heads * k
+    block_m = min(max(16, triton.next_power_of_2(rows)), 64 if dim > 128 or fp32 else 128)
+    row_tiles = triton.cdiv(rows, block_m)
+    splits = choose_splits(batch, kv_heads, num_slots, row_tiles, num_sms) if num_splits is None else num_splits
+    if splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    if fp32:
+        block_n, warps, stages = (16 if dim > 128 else 32), (8 if block_m * dim >= 64 * 64 else 4), 2
+    else:
+        block_n, warps, stages = (32 if dim > 128 else 64), (8 if block_m * dim >= 64 * 128 else 4), 3
+    return LaunchPlan(block_m=block_m, block_n=block_n, row_tiles=row_tiles, splits=int(splits), num_warps=warps,
+                      num_stages=stages)
+
+
+def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
+              scale: float | None = None, num_splits: int | None = None) -> torch.Tensor:
+    """`slot_attention_reference` by the split-K kernel; shapes are checked by the caller.
+
+    q `[B, k, H, D]`, keys/values `[B, H_kv, S, D]` (any strides), positions `[B, k]` → `[B, k, H, D]` in q's dtype.
+    """
+    batch, k, heads, dim = q.shape
+    kv_heads, num_slots = keys.shape[1], keys.shape[2]
+    group = heads // kv_heads
+    p = plan(batch, k, heads, kv_heads, dim, num_slots, sm_count(q.device), num_splits, q.dtype == torch.float32)
+    scale = 1.0 / math.sqrt(dim) if scale is None else float(scale)
+    out = torch.empty(batch, k, heads, dim, device=q.device, dtype=q.dtype)
+    rows_pad = p.row_tiles * p.block_m
+    if p.splits > 1:  # fp32 scratch [B·H_kv, splits, rows_pad(, D)]: unnormalized outputs, row maxima, row sums
+        part_acc = torch.empty(batch * kv_heads, p.splits, rows_pad, dim, device=q.device, dtype=torch.float32)
+        part_m = torch.empty(batch * kv_heads, p.splits, rows_pad, device=q.device, dtype=torch.float32)
+        part_l = torch.empty_like(part_m)
+    else:
+        part_acc = part_m = part_l = out  # unused
+    _split_attention[(batch * kv_heads, p.splits, p.row_tiles)](
+        q, keys, values, positions, out, part_acc, part_m, part_l,
+        *q.stride(), *keys.stride(), *values.stride(), *positions.stride(), *out.stride(),
+        k, num_slots, rows_pad, scale * math.log2(math.e),
+        KV_HEADS=kv_heads, GROUP=group, HEAD_DIM=dim, BLOCK_M=p.block_m, BLOCK_N=p.block_n, NUM_SPLITS=p.splits,
+        IEEE=q.dtype == torch.float32, num_warps=p.num_warps, num_stages=p.num_stages,
+    )
+    if p.splits > 1:
+        _combine[(batch * kv_heads, group * k)](
+            part_acc, part_m, part_l, out, *out.stride(), rows_pad,
+            KV_HEADS=kv_heads, GROUP=group, HEAD_DIM=dim, NUM_SPLITS=p.splits,
+            SPLITS_P2=triton.next_power_of_2(p.splits), num_warps=4 if dim >= 128 else 2,
+        )
+    return out
