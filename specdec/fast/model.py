@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from specdec.fast.kernels.attention import slot_attention
+from specdec.fast.kernels.attention import slot_attention, triton_unsupported
 from specdec.fast.kernels.linear import linear
 from specdec.fast.kernels.mlp import silu_mul
 from specdec.fast.kernels.norm import add_rms_norm, rms_norm
@@ -388,6 +388,7 @@ class FastLlama(torch.nn.Module):
         batch, k = x.shape[:2]
         nq, hd, eps = s.n_heads, s.head_dim, s.rms_norm_eps
         mode = "triton"  # forward checked that the fused kernels run here; attention picks by the model's mode
+        attn_kernel = None
         gemm = self.linear_kernel  # "auto": the weight-streaming kernel for ≤ 16 rows on CUDA, cuBLAS otherwise
         x = x.reshape(batch * k, s.dim)  # the residual stream, updated in place by the row-parallel GEMMs
         for i in range(s.n_layers):
@@ -397,7 +398,11 @@ class FastLlama(torch.nn.Module):
                                  bias=self.bqkv[i] if s.qkv_bias else None,
                                  q_norm=self.q_norm[i] if s.qk_norm else None,
                                  k_norm=self.k_norm[i] if s.qk_norm else None, eps=eps, kernel=mode)
-            attn = slot_attention(q, cache.keys[i], cache.values[i], rope_pos, kernel=self.kernels)
+            if attn_kernel is None:  # "triton" insists only where the attention kernel covers the shape
+                attn_kernel = self.kernels
+                if attn_kernel == "triton" and triton_unsupported(q, cache.keys[i], cache.values[i], rope_pos):
+                    attn_kernel = "reference"
+            attn = slot_attention(q, cache.keys[i], cache.values[i], rope_pos, kernel=attn_kernel)
             x = self._row_parallel(x, attn.reshape(batch * k, nq * hd), self.wo[i], gemm)  # residual add in the GEMM
             if s.o_bias:
                 x, h = add_rms_norm(x, self.bo[i], self.mlp_norm[i], eps, kernel=mode)
