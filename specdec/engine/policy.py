@@ -14,7 +14,7 @@ the row's speculative steps in which its drafter proposed anything) over T inter
 
 from __future__ import annotations
 
-__all__ = ["GammaPolicy"]
+__all__ = ["GammaPolicy", "row_estimate"]
 
 _DECAY = 0.8  # EMA weight of the old measurement
 _PRIOR_ALPHA, _PRIOR_WEIGHT = 0.5, 4.0
@@ -60,7 +60,10 @@ class GammaPolicy:
         if self.fixed is not None and self.fixed > self.max_draft_tokens:
             raise ValueError(f"num_draft_tokens {self.fixed} exceeds this engine's max_draft_tokens")
 
-    def choose(self, batch: int, running) -> int:
+    def choose(self, batch: int, running, estimates=None) -> int:
+        """γ for the next step at batch bucket `batch`. Each running row's acceptance estimate comes from
+        `record_row` (kept on the row), or, when given, from `estimates()` → one `row_estimate` per row (the
+        engine keeps the counts on the device and reads them only when an unmeasured arm needs them)."""
         if self.fixed is not None or not self.candidates:
             return self.fixed or 0
         arms = self.arms
@@ -72,7 +75,7 @@ class GammaPolicy:
         best = ranked[0]
         unmeasured = [g for g in self.candidates if g not in measured]
         if unmeasured:  # try an untimed γ when the acceptance model says it could beat the best measured rate
-            rows = [_estimate(r) for r in running]
+            rows = estimates() if estimates is not None else [_estimate(r) for r in running]
             plain = arms[(batch, 0)][0]
             slope = self._slope(batch, plain)
             for gamma in unmeasured:
@@ -108,6 +111,13 @@ class GammaPolicy:
         est.reached += reached
         est.spec_steps += 1
         est.drafting_steps += drafting
+
+
+def row_estimate(beta_sum: float, reached: float, spec_steps: int, drafting_steps: float) -> _RowEstimate:
+    """A row's acceptance estimate from its totals (what `record_row` sums step by step)."""
+    est = _RowEstimate()
+    est.beta_sum, est.reached, est.spec_steps, est.drafting_steps = beta_sum, reached, spec_steps, drafting_steps
+    return est
 
 
 def _estimate(request) -> _RowEstimate:
