@@ -8,7 +8,9 @@ proposal and the verify pass — on a GPU these are graph replays); the rest is 
 further by timing the engine's own methods (admit, policy, catch-up, commit, ...). Requests are long enough
 not to finish inside the measured window (steady state: no admission, no churn); a second pass with short
 requests (`churn`) times steps in which requests finish and new ones are admitted (prefill excluded).
-Prints µs per step (medians over steps).
+`--stub` replaces the model bodies by a replay of one real step's output (the engine's state on the device then
+stands still, its host bookkeeping runs as usual): the step time is then host work alone, free of the noise of
+the forwards on a shared CPU. Prints µs per step (medians over steps).
 """
 
 from __future__ import annotations
@@ -36,16 +38,19 @@ def _llama(seed: int, layers: int) -> torch.nn.Module:
 class _Timers:
     def __init__(self):
         self.acc: dict[str, float] = {}
+        self.stamps: dict[str, float] = {}  # name → [start, end] of its last call
 
     def wrap(self, fn, name):
-        acc = self.acc
+        acc, stamps = self.acc, self.stamps
 
         def timed(*args, **kwargs):
             t = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
-                acc[name] = acc.get(name, 0.0) + time.perf_counter() - t
+                end = time.perf_counter()
+                acc[name] = acc.get(name, 0.0) + end - t
+                stamps[name] = (t, end)
         return timed
 
 
@@ -66,6 +71,45 @@ def _patch_bodies(timers: _Timers):
     runner.draft = timers.wrap(saved[0], "MODEL draft")
     runner.verify = timers.wrap(saved[1], "MODEL verify")
     return lambda: (setattr(runner, "draft", saved[0]), setattr(runner, "verify", saved[1]))
+
+
+def _stub_bodies(engine: Engine):
+    """Each step shape runs for real once; later steps of that shape replay its verify output, no model work."""
+    runner = engine_module._StepRunner
+    saved = runner.draft, runner.verify
+
+    def draft(self):
+        if not hasattr(self, "_stub"):
+            saved[0](self)
+
+    def verify(self):
+        if not hasattr(self, "_stub"):
+            self._stub = saved[1](self)
+        return self._stub
+
+    runner.draft, runner.verify = draft, verify
+    return lambda: (setattr(runner, "draft", saved[0]), setattr(runner, "verify", saved[1]))
+
+
+def measure_stub(target, draft, n: int, gamma: int, steps: int, temperature: float) -> dict:
+    config = EngineConfig(max_batch_size=max(n, 1), max_seq_len=1024, num_draft_tokens=gamma, max_draft_tokens=8)
+    engine = Engine(target, draft if gamma else None, config)
+    for i in range(n):
+        engine.add_request([(3 * i + j) % 60 + 1 for j in range(8)],
+                           SamplingParams(temperature=temperature, max_new_tokens=900, seed=i))
+    for _ in range(3):
+        engine.step()
+    restore = _stub_bodies(engine)
+    times = []
+    try:
+        for _ in range(steps):
+            start = time.perf_counter()
+            engine.step()
+            times.append(time.perf_counter() - start)
+    finally:
+        restore()
+    host = statistics.median(times) * 1e6
+    return {"n": n, "gamma": gamma, "stub": True, "us": {"total": host, "model": 0.0, "host": host}}
 
 
 def measure(target, draft, n: int, gamma: int, steps: int, temperature: float, churn: bool) -> dict:
@@ -91,10 +135,15 @@ def measure(target, draft, n: int, gamma: int, steps: int, temperature: float, c
                     engine.add_request(prompts[extra % n], params[extra % n])
                     extra += 1
             timers.acc.clear()
+            timers.stamps.clear()
             start = time.perf_counter()
             outs = engine.step()
-            total = time.perf_counter() - start
+            end = time.perf_counter()
+            total = end - start
             parts = dict(timers.acc)
+            if "MODEL verify" in timers.stamps:  # host time before the draft and after the verify body
+                parts["pre-draft"] = timers.stamps["MODEL draft"][0] - start
+                parts["post-verify"] = end - timers.stamps["MODEL verify"][1]
             model = parts.get("MODEL draft", 0.0) + parts.get("MODEL verify", 0.0)
             admit = parts.get("admit", 0.0)  # includes prefill (model work) when requests join
             rows.append({"total": total, "model": model, "host": total - model - (admit if churn else 0.0),
@@ -109,19 +158,23 @@ def measure(target, draft, n: int, gamma: int, steps: int, temperature: float, c
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="1,8,64")
-    parser.add_argument("--gammas", default="0,4")
+    parser.add_argument("--gammas", default="0,4", help="comma-separated; \"auto\" = the engine's policy")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--churn", action="store_true", help="short requests: finishes and admissions every step")
+    parser.add_argument("--stub", action="store_true", help="no model work: host time alone (see the doc)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
     target, draft = _llama(0, 2), _llama(1, 1)
     results = []
     with torch.inference_mode():
-        for gamma in [int(g) for g in args.gammas.split(",")]:
+        for gamma in [g if g == "auto" else int(g) for g in args.gammas.split(",")]:
             for n in [int(s) for s in args.sizes.split(",")]:
-                r = measure(target, draft, n, gamma, args.steps, args.temperature, args.churn)
+                if args.stub:
+                    r = measure_stub(target, draft, n, gamma, args.steps, args.temperature)
+                else:
+                    r = measure(target, draft, n, gamma, args.steps, args.temperature, args.churn)
                 results.append(r)
                 us = r["us"]
                 parts = "  ".join(f"{k}={v:.0f}" for k, v in us.items() if k not in ("total", "model", "host"))

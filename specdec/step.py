@@ -154,6 +154,11 @@ class StepCounts:
         return 2 * gamma + cls._SCALARS.index(name)
 
     @staticmethod
+    def positions(name: str, gamma: int) -> slice:
+        """Where the per-position counters `name` ("reached" or "accepted") sit in a row of `step_counters`."""
+        return {"reached": slice(0, gamma), "accepted": slice(gamma, 2 * gamma)}[name]
+
+    @staticmethod
     def widen(counters: torch.Tensor, gamma: int, to_gamma: int) -> torch.Tensor:
         """`step_counters` rows `[B, width(γ)]` laid out for a larger γ' `[B, width(γ')]` (positions γ..γ'-1 count
         zero), so that steps of different γ add up in one running sum (read back with `from_row(.., γ')`)."""

@@ -219,7 +219,7 @@ class Engine:
         if tail[0]:
             raise ValueError(f"target logits {INVALID_SCORES}")
         draft_s, verify_s = clock.elapsed(0, 1), clock.elapsed(1, 2)
-        committed = self._commit(host, logprobs, n, gamma, draft_s, verify_s, tail[2])
+        committed = self._commit(host, logprobs, n, gamma, draft_s, verify_s, tail)
         produced = tail[1]
         if not first_run:  # the policy weighs whole steps: device time and the host's share alike
             self.policy.record_step(batch, gamma, time.perf_counter() - started, produced / n)
@@ -327,8 +327,9 @@ class Engine:
 
     # ------------------------------------------------------------------------------------------- steps
     def _commit(self, host: list[list[int]], logprobs: list[list[float]] | None, n: int, gamma: int,
-                draft_s: float, verify_s: float, generated: int) -> list[RequestOutput]:
-        """Read the step's transfer (`_StepRunner._verify_body` packs it): an output per running request."""
+                draft_s: float, verify_s: float, tail: list[int]) -> list[RequestOutput]:
+        """Read the step's transfer (`_StepRunner._verify_body` packs it): an output per running request.
+        `host`: the rows of the transfer; `tail`: its last row (NaN?, Σ accepted + 1, Σ committed, finished)."""
         k = gamma + 1
         step = self._num_steps
         self._num_steps = step + 1
@@ -336,25 +337,24 @@ class Engine:
         passes = self.drafter.forward_passes(gamma) if gamma and self.drafter is not None else 0
         self._passes += passes
         self._spec_steps += 1 if gamma else 0
-        make = RequestOutput.make
-        outputs, finished_slots = [], []
-        for slot, (request, row) in enumerate(zip(self._running, host)):
-            count = row[k]
-            request.length += count
-            lp = logprobs[slot][:count] if logprobs is not None and request.needs[3] else None
-            if row[k + 3]:  # finished
-                finished_slots.append(slot)
-            outputs.append(make(request.request_id, row[:count], lp, row[k + 1], row[k + 2]))
+        make, running = RequestOutput.make, self._running
+        if logprobs is None:
+            outputs = [make(r.request_id, row[: row[k]], None, row[k + 1], row[k + 2]) for r, row in zip(running, host)]
+        else:
+            outputs = [make(r.request_id, row[: row[k]], lp[: row[k]] if r.needs[3] else None, row[k + 1], row[k + 2])
+                       for r, row, lp in zip(running, host, logprobs)]
+        for request, row in zip(running, host):
+            request.length += row[k]
         s = self._stats
         s.num_steps += 1
         s.target_calls += 1
         s.drafter_calls += passes
         s.draft_time_s += draft_s
         s.verify_time_s += verify_s
-        s.num_generated_tokens += generated
+        s.num_generated_tokens += tail[2]
         s.max_num_draft_tokens = max(s.max_num_draft_tokens, gamma)
-        if finished_slots:
-            self._finish(finished_slots, host, outputs, k)
+        if tail[3]:  # some requests finished
+            self._finish([slot for slot in range(n) if host[slot][k + 3]], host, outputs, k)
         return outputs
 
     def _finish(self, slots: list[int], host: list[list[int]], outputs: list[RequestOutput], k: int) -> None:
@@ -382,13 +382,13 @@ class Engine:
 
     def _row_estimates(self) -> list:
         """The γ policy's per-row acceptance estimates, from the device's running counters (a host read)."""
-        gamma = self.max_draft_tokens
-        spec_steps = self._spec_steps
-        rows = []
-        for request, values in zip(self._running, self.state.counters[: len(self._running)].tolist()):
-            c = StepCounts.from_row(values, gamma)
-            rows.append(row_estimate(c.beta_sum, sum(c.reached), spec_steps - request.admitted_at[1], c.drafting_rows))
-        return rows
+        gamma, spec_steps = self.max_draft_tokens, self._spec_steps
+        counters = self.state.counters[: len(self._running)]
+        sums = torch.stack([counters[:, StepCounts.column("beta_sum", gamma)],
+                            counters[:, StepCounts.positions("reached", gamma)].sum(1),
+                            counters[:, StepCounts.column("drafting_rows", gamma)]], 1).tolist()
+        return [row_estimate(beta_sum, reached, spec_steps - r.admitted_at[1], drafting)
+                for r, (beta_sum, reached, drafting) in zip(self._running, sums)]
 
     def _step_for(self, batch: int, gamma: int, positions: int, flavor: Flavor) -> "_StepRunner":
         key = (batch, gamma, positions, flavor)
@@ -455,7 +455,7 @@ class _StepRunner:
         """Verify and commit on the device → the step's transfer, int64 `[b + 1, γ+6 (+ γ+1 with logprobs)]`:
         per row its new tokens `[γ+1]`, then committed count, accepted drafts among them, drafted, finished,
         hit EOS (and the new tokens' logprobs as float64 bits); a last row of (NaN in the logits?, Σ accepted + 1,
-        Σ committed). The acceptance counters are added into `state.counters` and `engine.counter_sums`."""
+        Σ committed, finished rows). The acceptance counters are added into `state.counters` and `engine.counter_sums`."""
         e, view, gamma, flavor = self.engine, self.view, self.gamma, self.flavor
         rows, state = slice(0, self.batch), e.state
         draft_tokens, draft_probs, draft_lengths = self.drafts
@@ -499,8 +499,8 @@ class _StepRunner:
         if flavor.logprobs:
             columns.append(logits.log_softmax(-1).gather(-1, new_tokens[..., None])[..., 0].double().view(torch.long))
         table = torch.cat(columns, 1)
-        tail = torch.stack([has_nan.long().reshape(()), (accepted + active).sum(), counts.sum()])
-        tail = torch.cat([tail, tail.new_zeros(table.shape[1] - 3)])
+        tail = torch.stack([has_nan.long().reshape(()), (accepted + active).sum(), counts.sum(), finished.sum()])
+        tail = torch.cat([tail, tail.new_zeros(table.shape[1] - 4)])
         return torch.cat([table, tail[None]])
 
     def capture(self) -> None:
