@@ -448,7 +448,8 @@ class _StepRunner:
     def _draft_body(self):
         e, gamma = self.engine, self.gamma
         if gamma == 0:
-            return torch.zeros(self.batch, 0, dtype=torch.long, device=e.device), None, None
+            rows = self.view.lengths.shape[0]  # the bucket, cut at max_batch_size
+            return torch.zeros(rows, 0, dtype=torch.long, device=e.device), None, None
         return e.drafter.propose(self.view, gamma)
 
     def _verify_body(self) -> torch.Tensor:
