@@ -34,7 +34,7 @@ from specdec import rng
 from specdec.core import INVALID_SCORES, VerifyResult, invalid_scores, verify, verify_greedy
 from specdec.engine.config import BATCH_BUCKETS, EngineConfig, UnsupportedModel
 from specdec.engine.drafters import Flavor, StepView
-from specdec.engine.policy import GammaPolicy, row_estimate
+from specdec.engine.policy import GammaPolicy
 from specdec.engine.slots import MAX_EOS_IDS, SlotCache, SlotState, prefill_rows
 from specdec.fast.graphs import CapturedStep, new_pool
 from specdec.metrics import SpecStats
@@ -380,14 +380,15 @@ class Engine:
                 self._known.discard(self._running[slot].request_id)
             self._release(slot)
 
-    def _row_estimates(self) -> list:
-        """The γ policy's per-row acceptance estimates, from the device's running counters (a host read)."""
+    def _row_estimates(self) -> list[tuple]:
+        """The γ policy's per-row totals (Σβ, verified positions, speculative steps, steps that drafted), from
+        the device's running counters (a host read)."""
         gamma, spec_steps = self.max_draft_tokens, self._spec_steps
         counters = self.state.counters[: len(self._running)]
         sums = torch.stack([counters[:, StepCounts.column("beta_sum", gamma)],
                             counters[:, StepCounts.positions("reached", gamma)].sum(1),
                             counters[:, StepCounts.column("drafting_rows", gamma)]], 1).tolist()
-        return [row_estimate(beta_sum, reached, spec_steps - r.admitted_at[1], drafting)
+        return [(beta_sum, reached, spec_steps - r.admitted_at[1], drafting)
                 for r, (beta_sum, reached, drafting) in zip(self._running, sums)]
 
     def _step_for(self, batch: int, gamma: int, positions: int, flavor: Flavor) -> "_StepRunner":
