@@ -10,7 +10,8 @@ not to finish inside the measured window (steady state: no admission, no churn);
 requests (`churn`) times steps in which requests finish and new ones are admitted (prefill excluded).
 `--stub` replaces the model bodies by a replay of one real step's output (the engine's state on the device then
 stands still, its host bookkeeping runs as usual): the step time is then host work alone, free of the noise of
-the forwards on a shared CPU. Prints µs per step (medians over steps).
+the forwards on a shared CPU; with `--device cuda` it includes the step's device→host transfer and the graph
+launches. Prints µs per step (medians over steps).
 """
 
 from __future__ import annotations
@@ -162,12 +163,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--churn", action="store_true", help="short requests: finishes and admissions every step")
+    parser.add_argument("--device", default="cpu", help="cuda: the same on a GPU (graphs on; --stub recommended)")
     parser.add_argument("--stub", action="store_true", help="no model work: host time alone (see the doc)")
     parser.add_argument("--repeats", type=int, default=1, help="keep each number's minimum over repeats")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    target, draft = _llama(0, 2), _llama(1, 1)
+    target, draft = _llama(0, 2).to(args.device), _llama(1, 1).to(args.device)
     gammas = [g if g == "auto" else int(g) for g in args.gammas.split(",")]
     sizes = [int(x) for x in args.sizes.split(",")]
     best: dict = {}  # (γ, n) → per-part minimum over repeats of the per-step medians (a shared CPU drifts)
