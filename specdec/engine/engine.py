@@ -384,10 +384,13 @@ class Engine:
         """The γ policy's per-row totals (Σβ, verified positions, speculative steps, steps that drafted), from
         the device's running counters (a host read)."""
         gamma, spec_steps = self.max_draft_tokens, self._spec_steps
+        beta, drafting = StepCounts.column("beta_sum", gamma), StepCounts.column("drafting_rows", gamma)
+        reached = StepCounts.positions("reached", gamma)
         counters = self.state.counters[: len(self._running)]
-        sums = torch.stack([counters[:, StepCounts.column("beta_sum", gamma)],
-                            counters[:, StepCounts.positions("reached", gamma)].sum(1),
-                            counters[:, StepCounts.column("drafting_rows", gamma)]], 1).tolist()
+        if len(self._running) <= 16:  # few rows: read them whole; many: sum on the device first
+            sums = [(v[beta], sum(v[reached]), v[drafting]) for v in counters.tolist()]
+        else:
+            sums = torch.stack([counters[:, beta], counters[:, reached].sum(1), counters[:, drafting]], 1).tolist()
         return [(beta_sum, reached, spec_steps - r.admitted_at[1], drafting)
                 for r, (beta_sum, reached, drafting) in zip(self._running, sums)]
 
