@@ -118,7 +118,9 @@ class Engine:
         values = self.counter_sums.tolist()
         with torch.inference_mode():  # the engine's tensors are inference tensors
             self.counter_sums.zero_()
-        stats.add_counts(StepCounts.from_row(values, self.max_draft_tokens).narrow(stats.max_num_draft_tokens))
+        counts = StepCounts.from_row(values, self.max_draft_tokens)
+        counted = max((i + 1 for i, r in enumerate(counts.reached) if r), default=0)  # (a step that raised)
+        stats.add_counts(counts.narrow(max(stats.max_num_draft_tokens, counted)))
         return stats
 
     @stats.setter
