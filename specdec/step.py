@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -65,6 +65,20 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None  # "stop" (EOS) | "length" | "abort"
     stats: SpecStats | None = None  # the request's own statistics, on its final output
+
+    @classmethod
+    def make(cls, request_id: str, new_token_ids: list[int], logprobs: list[float] | None, num_accepted: int,
+             num_drafted: int, finished: bool = False, finish_reason: str | None = None,
+             stats: SpecStats | None = None) -> "RequestOutput":
+        """The same frozen object as `RequestOutput(...)`, built without the dataclass `__init__`'s one
+        `object.__setattr__` per field (the engine builds one per running request per step)."""
+        out = object.__new__(cls)
+        object.__setattr__(out, "__dict__", {
+            "request_id": request_id, "new_token_ids": new_token_ids, "logprobs": logprobs,
+            "num_accepted": num_accepted, "num_drafted": num_drafted, "finished": finished,
+            "finish_reason": finish_reason, "stats": stats,
+        })
+        return out
 
 
 def commit_counts(
@@ -128,16 +142,38 @@ class StepCounts:
     drafting_rows: int  # row-steps with at least one draft
     active_rows: int  # row-steps of active rows
 
+    _SCALARS = ("beta_sum", "num_accepted", "num_drafted", "drafting_rows", "active_rows")  # after the 2γ positions
+
     @staticmethod
     def width(gamma: int) -> int:
         return 2 * gamma + 5
 
+    @classmethod
+    def column(cls, name: str, gamma: int) -> int:
+        """Where the scalar counter `name` sits in a row of `step_counters(..., γ)`."""
+        return 2 * gamma + cls._SCALARS.index(name)
+
     @staticmethod
-    def summary(values: list[float], gamma: int) -> tuple[int, int, float, int, int]:
-        """(accepted, drafted, β-sum, verified positions, drafting rows) of one row's values, without building
-        the structure (the engine reads this for every row of every step)."""
-        return (int(values[2 * gamma + 1]), int(values[2 * gamma + 2]), values[2 * gamma], int(sum(values[:gamma])),
-                int(values[2 * gamma + 3]))
+    def positions(name: str, gamma: int) -> slice:
+        """Where the per-position counters `name` ("reached" or "accepted") sit in a row of `step_counters`."""
+        return {"reached": slice(0, gamma), "accepted": slice(gamma, 2 * gamma)}[name]
+
+    @staticmethod
+    def widen(counters: torch.Tensor, gamma: int, to_gamma: int) -> torch.Tensor:
+        """`step_counters` rows `[B, width(γ)]` laid out for a larger γ' `[B, width(γ')]` (positions γ..γ'-1 count
+        zero), so that steps of different γ add up in one running sum (read back with `from_row(.., γ')`)."""
+        if to_gamma == gamma:
+            return counters
+        if to_gamma < gamma:
+            raise ValueError(f"to_gamma {to_gamma} is smaller than gamma {gamma}")
+        pad = counters.new_zeros(counters.shape[0], to_gamma - gamma)
+        return torch.cat([counters[:, :gamma], pad, counters[:, gamma : 2 * gamma], pad, counters[:, 2 * gamma :]], 1)
+
+    def narrow(self, gamma: int) -> "StepCounts":
+        """The same counts at a smaller γ (the positions from γ on must count nothing)."""
+        if any(self.reached[gamma:]) or any(self.accepted[gamma:]):
+            raise ValueError(f"gamma {gamma} drops positions that counted drafts")
+        return replace(self, gamma=gamma, reached=self.reached[:gamma], accepted=self.accepted[:gamma])
 
     @classmethod
     def from_row(cls, values: list[float], gamma: int) -> "StepCounts":

@@ -8,7 +8,10 @@
 One `step()`: admit waiting requests into free slots (prefill, eager, chunked), then one decode step for
 every running request: the policy picks γ; the drafter proposes (one graph), the target scores
 [last, x_1..x_γ] and `core.verify` accepts (a second graph, which also commits with `step.commit_counts`
-and counts with `step.step_counters`); one device→host transfer reads what each row committed; finished
+and counts with `step.step_counters`); one device→host transfer of a small int64 table reads what each row
+committed. The acceptance counters never travel per step: the verify graph adds them into per-slot running
+sums on the device (`SlotState.counters`) and an engine-wide sum, read when a request finishes (its
+`SpecStats`), when `engine.stats` is read, and when the γ policy needs per-row acceptance. Finished
 requests leave and their slots are refilled at the next step. Rollback is free: each row's cache write
 position is its committed length − 1, reset at every step.
 
@@ -20,7 +23,6 @@ once. Each request carries its own parameters and seed; its random draws are a f
 from __future__ import annotations
 
 import itertools
-import operator
 import threading
 import time
 from collections import deque
@@ -55,9 +57,8 @@ class _Request:
     length: int = 0  # committed tokens (prompt + generated), as the host knows them
     draft_valid: int = 0  # positions below this are in the drafter's cache
     stats: SpecStats = field(default_factory=SpecStats)
-    estimate: object = None  # the policy's acceptance estimate for this request
     needs: tuple = ()  # (greedy, top-k, top-p, logprobs): what this request asks of a step's flavor
-    pending: dict = field(default_factory=dict)  # γ → summed step counters, folded into `stats` when it ends
+    admitted_at: tuple = (0, 0, 0)  # the engine's (steps, speculative steps, drafter passes) when it joined
 
 
 class Engine:
@@ -81,7 +82,9 @@ class Engine:
             self.max_batch = config.max_batch_size
             self.cache = SlotCache(self.model, self.max_batch, positions)
             self.num_positions = self.cache.num_positions
-            self.state = SlotState(self.max_batch, self.num_positions, self.device)
+            width = StepCounts.width(self.max_draft_tokens)  # counters of any γ, laid out at the largest
+            self.state = SlotState(self.max_batch, self.num_positions, self.device, counter_width=width)
+            self.counter_sums = torch.zeros(width, dtype=torch.float64, device=self.device)  # engine-wide
             self.drafter = build_drafter(drafter, self) if drafter is not None else None
             self.model.rope_tables(self.num_positions)  # built before any capture (graphs keep their address)
             if hasattr(self.drafter, "model"):
@@ -92,6 +95,11 @@ class Engine:
         self.cuda_graphs = on_cuda if config.cuda_graphs is None else config.cuda_graphs
         self.policy = GammaPolicy(config.num_draft_tokens if drafter is not None else 0, self.max_draft_tokens)
         self.stats = SpecStats()
+        self._num_steps = self._spec_steps = self._passes = 0  # steps run (requests diff these at the end)
+        self._last_used: dict[int, int] = {}  # γ → index of the last step that ran it
+        self._flavor = None  # of the running set; None = recompute (requests joined or left)
+        self._drafter_synced = True  # every row's drafter cache holds all but its last 2 tokens (see catch-up)
+        self._last_run = (None, None)
         self._running: list[_Request] = []  # index = slot
         self._waiting: deque[_Request] = deque()
         self._aborted: set[str] = set()
@@ -103,6 +111,24 @@ class Engine:
         self._clock = Clock(self.device)
 
     # ------------------------------------------------------------------------------------------ public
+    @property
+    def stats(self) -> SpecStats:
+        """Engine-wide statistics since the last assignment (acceptance counters folded in from the device)."""
+        stats = self._stats
+        values = self.counter_sums.tolist()
+        with torch.inference_mode():  # the engine's tensors are inference tensors
+            self.counter_sums.zero_()
+        counts = StepCounts.from_row(values, self.max_draft_tokens)
+        counted = max((i + 1 for i, r in enumerate(counts.reached) if r), default=0)  # (a step that raised)
+        stats.add_counts(counts.narrow(max(stats.max_num_draft_tokens, counted)))
+        return stats
+
+    @stats.setter
+    def stats(self, value: SpecStats) -> None:
+        with torch.inference_mode():
+            self.counter_sums.zero_()
+        self._stats = value
+
     @property
     def num_running(self) -> int:
         return len(self._running)
@@ -165,15 +191,18 @@ class Engine:
         if not self._running:
             return outputs
         started = time.perf_counter()
-        n = len(self._running)
+        running = self._running
+        n = len(running)
         batch = next(b for b in BATCH_BUCKETS if b >= n)
-        gamma = self.policy.choose(batch, self._running)
+        gamma = self.policy.choose(batch, running, self._row_estimates)
         self._catch_up_drafter(gamma)
-        need = max(r.length for r in self._running) + gamma + 2
+        need = max([r.length for r in running]) + gamma + 2
         positions = min(max(_MIN_POSITIONS, 1 << (need - 1).bit_length()), self.num_positions)
-        needs = [r.needs for r in self._running]  # (greedy, top-k, top-p, logprobs) per request
-        flavor = Flavor(all(n[0] for n in needs), any(n[1] for n in needs), any(n[2] for n in needs),
-                        any(n[3] for n in needs))
+        flavor = self._flavor
+        if flavor is None:  # the running set changed
+            needs = [r.needs for r in running]  # (greedy, top-k, top-p, logprobs) per request
+            flavor = self._flavor = Flavor(all(n[0] for n in needs), any(n[1] for n in needs),
+                                           any(n[2] for n in needs), any(n[3] for n in needs))
         run = self._step_for(batch, gamma, positions, flavor)
         first_run = not run.ran  # its time includes graph capture: not a step time
         run.ran = True
@@ -183,17 +212,25 @@ class Engine:
         clock.mark(1)
         packed = run.verify()
         clock.mark(2)
-        host = packed.tolist()  # the step's one device → host synchronization
-        if host.pop():
+        if flavor.logprobs:  # the step's one device → host synchronization
+            packed = packed.cpu()
+            host, logprobs = packed[:, : gamma + 6].tolist(), packed[:-1, gamma + 6 :].view(torch.float64).tolist()
+        else:
+            host, logprobs = packed.tolist(), None
+        tail = host.pop()
+        if tail[0]:
             raise ValueError(f"target logits {INVALID_SCORES}")
         draft_s, verify_s = clock.elapsed(0, 1), clock.elapsed(1, 2)
-        committed, produced = self._commit(host, n, gamma, draft_s, verify_s)
+        committed = self._commit(host, logprobs, n, gamma, draft_s, verify_s, tail)
+        produced = tail[1]
         if not first_run:  # the policy weighs whole steps: device time and the host's share alike
             self.policy.record_step(batch, gamma, time.perf_counter() - started, produced / n)
         return outputs + committed
 
     # -------------------------------------------------------------------------------------- scheduling
     def _handle_aborts(self) -> list[RequestOutput]:
+        if not self._aborted:  # read without the lock: an abort that races this is seen at the next step
+            return []
         with self._lock:
             aborted, self._aborted = self._aborted, set()
             if aborted:
@@ -222,6 +259,7 @@ class Engine:
                 continue
             self.state.admit(len(self._running), request.prompt, request.params, request.seed)
             self._running.append(request)
+            self._joined(request)
             admitted.append(request)
         if not admitted:
             return
@@ -239,10 +277,28 @@ class Engine:
             request.stats.prefill_time_s = seconds
             request.stats.target_calls += 1 if n > 1 else 0
 
+    def _joined(self, request: _Request) -> None:
+        """A request took a slot (its steps, passes and counters start counting from here)."""
+        request.admitted_at = (self._num_steps, self._spec_steps, self._passes)
+        self._flavor = None
+
     def _catch_up_drafter(self, gamma: int) -> None:
-        """Rows that ran plain steps fell behind in the drafter's cache; feed what it has not seen."""
-        if gamma == 0 or self.drafter is None or not hasattr(self.drafter, "prefill"):
+        """Rows that ran plain steps fell behind in the drafter's cache; feed what it has not seen.
+
+        After a speculative step every row's drafter cache holds all but its last 2 committed tokens (the window
+        re-fed committed text and the accepted drafts were fed); `_drafter_synced` says so for all rows at once,
+        and the rows' `draft_valid` is written only when a plain step follows."""
+        if self.drafter is None or not hasattr(self.drafter, "prefill"):
             return
+        if gamma == 0:
+            if self._drafter_synced:
+                for r in self._running:
+                    r.draft_valid = max(r.draft_valid, r.length - 2)
+                self._drafter_synced = False
+            return
+        if self._drafter_synced:  # nothing lags: WINDOW >= 2
+            return
+        self._drafter_synced = True  # after this step
         from specdec.engine.drafters import WINDOW
 
         behind = [max(r.length - WINDOW, 0) for r in self._running]
@@ -268,75 +324,89 @@ class Engine:
                 self.drafter.move(last, slot)
             self._running[slot] = moved
         self._running.pop()
+        self._flavor = None
         self.state.clear(last)
 
     # ------------------------------------------------------------------------------------------- steps
-    def _commit(self, host: list[float], n: int, gamma: int, draft_s: float,
-                verify_s: float) -> tuple[list[RequestOutput], int]:
-        """Read the step's transfer: outputs per request, and the tokens the algorithm produced (Σ accepted + 1)."""
+    def _commit(self, host: list[list[int]], logprobs: list[list[float]] | None, n: int, gamma: int,
+                draft_s: float, verify_s: float, tail: list[int]) -> list[RequestOutput]:
+        """Read the step's transfer (`_StepRunner._verify_body` packs it): an output per running request.
+        `host`: the rows of the transfer; `tail`: its last row (NaN?, Σ accepted + 1, Σ committed, finished)."""
         k = gamma + 1
-        width = k + 4 + StepCounts.width(gamma) + (k if any(r.params.logprobs for r in self._running) else 0)
+        step = self._num_steps
+        self._num_steps = step + 1
+        self._last_used[gamma] = step
         passes = self.drafter.forward_passes(gamma) if gamma and self.drafter is not None else 0
-        row_values = []
-        outputs, finished_slots = [], []
-        produced = 0
-        for slot in range(n):
-            request = self._running[slot]
-            row = host[slot * width : (slot + 1) * width]
-            count, hit_eos, finished = int(row[k]), bool(row[k + 1]), bool(row[k + 2])
-            values = row[k + 4 : k + 4 + StepCounts.width(gamma)]
-            row_values.append(values)
-            accepted, drafted, beta_sum, reached, drafting = StepCounts.summary(values, gamma)
-            produced += accepted + 1
-            pending = request.pending.get(gamma)
-            if pending is None:
-                request.pending[gamma] = list(values)
-            else:
-                pending[:] = map(operator.add, pending, values)
-            tokens = [int(t) for t in row[:count]]
-            logprobs = row[k + 4 + StepCounts.width(gamma) :][:count] if request.params.logprobs else None
-            request.length += count
-            if gamma:  # the window re-fed committed text and the accepted drafts were fed: all but the last 2
-                request.draft_valid = max(request.draft_valid, request.length - 2)
-                self.policy.record_row(request, beta_sum, reached, drafting)
-            stats = request.stats
-            stats.num_steps += 1
-            stats.target_calls += 1
-            stats.drafter_calls += passes
-            stats.num_generated_tokens += count
-            stats.max_num_draft_tokens = max(stats.max_num_draft_tokens, gamma)
-            reason = None
-            if finished:
-                reason = "stop" if hit_eos else "length"
-                for g, summed in request.pending.items():
-                    stats.add_counts(StepCounts.from_row(summed, g))
-                request.pending.clear()
-                stats.wall_time_s = time.perf_counter() - request.arrival
-                finished_slots.append(slot)
-            outputs.append(RequestOutput(request.request_id, tokens, logprobs, min(accepted, count), drafted,
-                                         finished, reason, stats if finished else None))
-        s = self.stats
-        s.add_counts(StepCounts.from_row([sum(column) for column in zip(*row_values)], gamma))
+        self._passes += passes
+        self._spec_steps += 1 if gamma else 0
+        make, running = RequestOutput.make, self._running
+        if logprobs is None:
+            outputs = [make(r.request_id, row[: row[k]], None, row[k + 1], row[k + 2]) for r, row in zip(running, host)]
+        else:
+            outputs = [make(r.request_id, row[: row[k]], lp[: row[k]] if r.needs[3] else None, row[k + 1], row[k + 2])
+                       for r, row, lp in zip(running, host, logprobs)]
+        for request, row in zip(running, host):
+            request.length += row[k]
+        s = self._stats
         s.num_steps += 1
         s.target_calls += 1
         s.drafter_calls += passes
         s.draft_time_s += draft_s
         s.verify_time_s += verify_s
-        s.num_generated_tokens += sum(len(o.new_token_ids) for o in outputs)
+        s.num_generated_tokens += tail[2]
         s.max_num_draft_tokens = max(s.max_num_draft_tokens, gamma)
-        for slot in reversed(finished_slots):
+        if tail[3]:  # some requests finished
+            self._finish([slot for slot in range(n) if host[slot][k + 3]], host, outputs, k)
+        return outputs
+
+    def _finish(self, slots: list[int], host: list[list[int]], outputs: list[RequestOutput], k: int) -> None:
+        """Requests that finished this step: their statistics (counters read from the device) and slots."""
+        sums = self.state.counters[slots].tolist()
+        now = time.perf_counter()
+        for slot, values in zip(slots, sums):
+            request, row, out = self._running[slot], host[slot], outputs[slot]
+            steps, _, passes = request.admitted_at
+            stats = request.stats
+            stats.num_steps += self._num_steps - steps
+            stats.target_calls += self._num_steps - steps
+            stats.drafter_calls += self._passes - passes
+            stats.num_generated_tokens += request.length - len(request.prompt)
+            gamma = max([g for g, last in self._last_used.items() if last >= steps], default=0)
+            stats.max_num_draft_tokens = max(stats.max_num_draft_tokens, gamma)
+            stats.add_counts(StepCounts.from_row(values, self.max_draft_tokens).narrow(gamma))
+            stats.wall_time_s = now - request.arrival
+            outputs[slot] = RequestOutput.make(out.request_id, out.new_token_ids, out.logprobs, out.num_accepted,
+                                               out.num_drafted, True, "stop" if row[k + 4] else "length", stats)
+        for slot in reversed(slots):
             with self._lock:
                 self._known.discard(self._running[slot].request_id)
             self._release(slot)
-        return outputs, produced
+
+    def _row_estimates(self) -> list[tuple]:
+        """The γ policy's per-row totals (Σβ, verified positions, speculative steps, steps that drafted), from
+        the device's running counters (a host read)."""
+        gamma, spec_steps = self.max_draft_tokens, self._spec_steps
+        beta, drafting = StepCounts.column("beta_sum", gamma), StepCounts.column("drafting_rows", gamma)
+        reached = StepCounts.positions("reached", gamma)
+        counters = self.state.counters[: len(self._running)]
+        if len(self._running) <= 16:  # few rows: read them whole; many: sum on the device first
+            sums = [(v[beta], sum(v[reached]), v[drafting]) for v in counters.tolist()]
+        else:
+            sums = torch.stack([counters[:, beta], counters[:, reached].sum(1), counters[:, drafting]], 1).tolist()
+        return [(beta_sum, reached, spec_steps - r.admitted_at[1], drafting)
+                for r, (beta_sum, reached, drafting) in zip(self._running, sums)]
 
     def _step_for(self, batch: int, gamma: int, positions: int, flavor: Flavor) -> "_StepRunner":
         key = (batch, gamma, positions, flavor)
+        last_key, run = self._last_run
+        if key == last_key:  # the usual case: the same shape as the last step
+            return run
         run = self._steps.get(key)
         if run is None:
             if self.cuda_graphs and self._pool is None:
                 self._pool = new_pool()
             run = self._steps[key] = _StepRunner(self, batch, gamma, positions, flavor)
+        self._last_run = (key, run)
         return run
 
     def warmup(self, batch_sizes=(1,), gammas=None, max_length: int | None = None,
@@ -384,10 +454,15 @@ class _StepRunner:
     def _draft_body(self):
         e, gamma = self.engine, self.gamma
         if gamma == 0:
-            return torch.zeros(self.batch, 0, dtype=torch.long, device=e.device), None, None
+            rows = self.view.lengths.shape[0]  # the bucket, cut at max_batch_size
+            return torch.zeros(rows, 0, dtype=torch.long, device=e.device), None, None
         return e.drafter.propose(self.view, gamma)
 
     def _verify_body(self) -> torch.Tensor:
+        """Verify and commit on the device → the step's transfer, int64 `[b + 1, γ+6 (+ γ+1 with logprobs)]`:
+        per row its new tokens `[γ+1]`, then committed count, accepted drafts among them, drafted, finished,
+        hit EOS (and the new tokens' logprobs as float64 bits); a last row of (NaN in the logits?, Σ accepted + 1,
+        Σ committed, finished rows). The acceptance counters are added into `state.counters` and `engine.counter_sums`."""
         e, view, gamma, flavor = self.engine, self.view, self.gamma, self.flavor
         rows, state = slice(0, self.batch), e.state
         draft_tokens, draft_probs, draft_lengths = self.drafts
@@ -420,12 +495,20 @@ class _StepRunner:
         lengths.add_(counts)
         generated.add_(counts)
         finished = active & (hit_eos | (generated >= state.max_new[rows]))
-        columns = [new_tokens.double(), counts[:, None].double(), hit_eos[:, None].double(),
-                   finished[:, None].double(), torch.zeros_like(counts)[:, None].double(),
-                   step_counters(result.num_accepted, result.beta, draft_lengths, active, gamma)]
+        counters = step_counters(result.num_accepted, result.beta, draft_lengths, active, gamma)  # [b, width(γ)]
+        wide = StepCounts.widen(counters, gamma, e.max_draft_tokens)
+        state.counters[rows].add_(wide)
+        e.counter_sums.add_(wide.sum(0))
+        accepted = counters[:, StepCounts.column("num_accepted", gamma)].long()
+        drafted = counters[:, StepCounts.column("num_drafted", gamma)].long()
+        columns = [new_tokens, counts[:, None], torch.minimum(accepted, counts)[:, None], drafted[:, None],
+                   finished[:, None].long(), hit_eos[:, None].long()]
         if flavor.logprobs:
-            columns.append(logits.log_softmax(-1).gather(-1, new_tokens[..., None])[..., 0].double())
-        return torch.cat([torch.cat(columns, 1).flatten(), has_nan.double().reshape(1)])
+            columns.append(logits.log_softmax(-1).gather(-1, new_tokens[..., None])[..., 0].double().view(torch.long))
+        table = torch.cat(columns, 1)
+        tail = torch.stack([has_nan.long().reshape(()), (accepted + active).sum(), counts.sum(), finished.sum()])
+        tail = torch.cat([tail, tail.new_zeros(table.shape[1] - 4)])
+        return torch.cat([table, tail[None]])
 
     def capture(self) -> None:
         """Capture both halves once (CUDA graphs); a no-op when the engine runs eagerly."""
@@ -440,7 +523,7 @@ class _StepRunner:
             self.drafts = self._draft_graph.outputs
             self._draft_graph.replay()  # capture only records: give the verify warm-up real drafts to read
         s = e.state
-        restore = [s.tokens, s.lengths, s.generated, e.cache.lengths]
+        restore = [s.tokens, s.lengths, s.generated, e.cache.lengths, s.counters, e.counter_sums]
         self._verify_graph = CapturedStep(self._verify_body, pool=e._pool, restore=restore)
 
     def draft(self) -> None:

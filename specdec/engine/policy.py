@@ -35,10 +35,15 @@ class _RowEstimate:
     def __init__(self):
         self.beta_sum = self.reached = self.spec_steps = self.drafting_steps = 0.0
 
-    def tokens(self, gamma: int) -> float:
-        alpha = (self.beta_sum + _PRIOR_ALPHA * _PRIOR_WEIGHT) / (self.reached + _PRIOR_WEIGHT)
-        coverage = (self.drafting_steps + 1) / (self.spec_steps + 1)
-        return 1.0 + coverage * (expected_tokens(alpha, gamma) - 1.0)
+    def totals(self) -> tuple[float, float, float, float]:
+        return self.beta_sum, self.reached, self.spec_steps, self.drafting_steps
+
+
+def _alpha_coverage(beta_sum: float, reached: float, spec_steps: float, drafting_steps: float) -> tuple[float, float]:
+    """A row's α (Σβ over verified positions, with a prior) and the share of its speculative steps that drafted."""
+    alpha = (beta_sum + _PRIOR_ALPHA * _PRIOR_WEIGHT) / (reached + _PRIOR_WEIGHT)
+    coverage = (drafting_steps + 1) / (spec_steps + 1)
+    return alpha, coverage
 
 
 class GammaPolicy:
@@ -60,7 +65,11 @@ class GammaPolicy:
         if self.fixed is not None and self.fixed > self.max_draft_tokens:
             raise ValueError(f"num_draft_tokens {self.fixed} exceeds this engine's max_draft_tokens")
 
-    def choose(self, batch: int, running) -> int:
+    def choose(self, batch: int, running, estimates=None) -> int:
+        """γ for the next step at batch bucket `batch`. Each running row's acceptance totals (Σβ, verified
+        positions, speculative steps, steps that drafted) come from `record_row` (kept on the row) or, when
+        given, from `estimates()` → one such tuple per row (the engine keeps them on the device and reads them
+        only when an unmeasured arm needs them)."""
         if self.fixed is not None or not self.candidates:
             return self.fixed or 0
         arms = self.arms
@@ -72,11 +81,18 @@ class GammaPolicy:
         best = ranked[0]
         unmeasured = [g for g in self.candidates if g not in measured]
         if unmeasured:  # try an untimed γ when the acceptance model says it could beat the best measured rate
-            rows = [_estimate(r) for r in running]
+            totals = estimates() if estimates is not None else [_estimate(r).totals() for r in running]
+            rows = [_alpha_coverage(*t) for t in totals]
             plain = arms[(batch, 0)][0]
             slope = self._slope(batch, plain)
-            for gamma in unmeasured:
-                tau = sum(r.tokens(gamma) for r in rows) / max(len(rows), 1)
+            below_one = all(alpha < 1.0 for alpha, _ in rows)  # always, from record_row's or the engine's sums
+            for gamma in unmeasured:  # the mean over rows of each row's expected tokens per step
+                if below_one:  # expected_tokens(α, γ) inlined (this runs per row per step)
+                    e = gamma + 1
+                    tau = sum([1.0 + c * ((1 - a**e) / (1 - a) - 1.0) for a, c in rows])
+                else:
+                    tau = sum([1.0 + c * (expected_tokens(a, gamma) - 1.0) for a, c in rows])
+                tau /= max(len(rows), 1)
                 if tau / (plain + gamma * slope) > measured[best]:
                     return gamma
         self._since_refresh += 1

@@ -5,7 +5,8 @@ running request into it), so a decode step over a batch bucket b works on the vi
 fixed addresses, hence capturable once per shape. Rows n..b-1 of a bucket are idle padding.
 
   SlotCache  one model's K/V for every slot `[L, max_batch, H_kv, S, D]` and its write positions `[max_batch]`
-  SlotState  committed tokens and each request's parameters, on the device
+  SlotState  committed tokens and each request's parameters, on the device, and the running sums of its
+             acceptance counters (`step.StepCounts` laid out at the largest γ; read when the request ends)
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class SlotCache:
 class SlotState:
     """Committed tokens `[max_batch, capacity]`, lengths, budgets and sampling parameters per slot."""
 
-    def __init__(self, max_batch: int, capacity: int, device: torch.device):
+    def __init__(self, max_batch: int, capacity: int, device: torch.device, counter_width: int = 5):
         def zeros(*shape, dtype=torch.long):
             return torch.zeros(*shape, dtype=dtype, device=device)
 
@@ -71,8 +72,9 @@ class SlotState:
         self.top_p = zeros(max_batch, dtype=torch.float32).fill_(1.0)
         self.seed = zeros(max_batch)
         self.eos = zeros(max_batch, MAX_EOS_IDS).fill_(-1)
+        self.counters = zeros(max_batch, counter_width, dtype=torch.float64)  # Σ over the request's steps
         self._fields = ("tokens", "lengths", "generated", "max_new", "active", "temperature", "top_k", "top_p",
-                        "seed", "eos")
+                        "seed", "eos", "counters")
 
     @property
     def capacity(self) -> int:
@@ -91,6 +93,7 @@ class SlotState:
         self.top_p[slot] = float(params.top_p)
         self.seed[slot] = seed
         self.eos[slot] = -1
+        self.counters[slot] = 0
         if params.eos_token_ids:
             self.eos[slot, : len(params.eos_token_ids)] = torch.tensor(params.eos_token_ids, device=device)
 

@@ -192,3 +192,35 @@ def test_plain_steps_between_speculative_ones_keep_the_drafter_in_step(make_llam
     for rid, prompt in ids.items():
         assert outputs[rid] == hf_greedy(target, prompt, 30, [])
     assert engine.stats.accepted_tokens > 0  # the speculative steps after catch-ups drafted real tokens
+
+
+def test_request_stats_add_up_to_the_engines(make_llama):
+    """Counters summed on the device per slot: each request's SpecStats agrees with its own outputs, and the
+    requests together give the engine's totals, across steps of different γ and slots that move."""
+    target, draft = make_llama(0), make_llama(1, layers=1)
+    engine = Engine(target, draft, EngineConfig(max_batch_size=3, max_seq_len=128, num_draft_tokens="auto"))
+    for i, prompt in enumerate(RAGGED_PROMPTS + [[4, 4, 9]]):
+        engine.add_request(prompt, SamplingParams(temperature=0.9 if i % 2 else 0, max_new_tokens=6 + 4 * i, seed=i))
+    pattern, step = [3, 0, 2, 0, 0, 4], 0
+    outs: dict[str, list] = {}
+    while engine.has_unfinished():
+        engine.policy.set_fixed(pattern[step % len(pattern)])
+        for out in engine.step():
+            outs.setdefault(out.request_id, []).append(out)
+        step += 1
+    total = engine.stats
+    finals = [o[-1].stats for o in outs.values()]
+    for rid, seq in outs.items():
+        stats = seq[-1].stats
+        assert seq[-1].finished and all(not o.finished for o in seq[:-1])
+        assert stats.num_steps == len(seq) and stats.drafted_tokens == sum(o.num_drafted for o in seq)
+        assert stats.num_generated_tokens == sum(len(o.new_token_ids) for o in seq)
+        assert stats.max_num_draft_tokens == max(o.num_drafted for o in seq)
+        assert len(stats.reached_by_position) == stats.max_num_draft_tokens
+        assert stats.row_steps == len(seq) and stats.accepted_tokens >= sum(o.num_accepted for o in seq)
+    for name in ("row_steps", "speculative_row_steps", "drafted_tokens", "accepted_tokens", "beta_count",
+                 "algorithm_tokens", "num_generated_tokens"):
+        assert getattr(total, name) == sum(getattr(s, name) for s in finals), name
+    assert total.beta_sum == pytest.approx(sum(s.beta_sum for s in finals))
+    assert total.reached_by_position == [sum(v) for v in zip(*[s.reached_by_position + [0] * 4 for s in finals])][:4]
+    assert total.accepted_tokens > 0 and total.max_num_draft_tokens == 4
