@@ -221,6 +221,12 @@ class Seq2SeqBatch:
         return Seq2SeqBatch(self.input_ids.to(device), self.attention_mask.to(device), self.labels.to(device))
 
 
+def _clip(ids: list[int], max_len: int) -> list[int]:
+    """At most max_len ids, keeping the final </s> when a long message is cut (short ones are untouched:
+    appending ids[-1:] unconditionally used to end every pair with </s> </s>)."""
+    return ids if len(ids) <= max_len else ids[: max_len - 1] + ids[-1:]
+
+
 @dataclass
 class PairData:
     """A prepared ende folder in memory, tokenized: lists of (source ids, target ids)."""
@@ -244,8 +250,7 @@ class PairData:
                 rows = [json.loads(line) for line in fh]
             src = tokenizer.backend_tokenizer.encode_batch([r["en"] for r in rows])
             tgt = tokenizer.backend_tokenizer.encode_batch([r["de"] for r in rows])
-            # keep </s> at the end when truncating long messages
-            return [(s.ids[: max_len - 1] + s.ids[-1:], t.ids[: max_len - 1] + t.ids[-1:]) for s, t in zip(src, tgt)]
+            return [(_clip(s.ids, max_len), _clip(t.ids, max_len)) for s, t in zip(src, tgt)]
 
         return cls(read("train"), read("val"), folder / "tokenizer", meta, max_len)
 

@@ -91,6 +91,11 @@ def build_model(shape: ModelShape, vocab_size: int, seed: int = 0) -> torch.nn.M
             decoder_start_token_id=PAD_ID,
         )
         model = T5ForConditionalGeneration(config)
+        # transformers initializes an untied T5 head with std 1.0 (made for a tied head whose input is scaled
+        # by d_model^-0.5): logits then have std ≈ √d_model (≈ 23 at d = 512, initial loss ≈ 170 nats instead
+        # of ln V ≈ 9) and AdamW spends the whole budget shrinking the head; std d_model^-0.5 gives unit logits
+        with torch.no_grad():
+            model.lm_head.weight.normal_(0.0, shape.dim**-0.5)
     else:
         raise ValueError(f"unknown arch {shape.arch!r}; expected 'llama' or 't5'")
     gen = model.generation_config
