@@ -48,6 +48,8 @@ class TrainConfig:
     eval_batches: int = 8
     seed: int = 0
     bf16: bool = True  # bf16 autocast on CUDA (fp32 master weights); CPU always runs fp32
+    compile: bool = True  # torch.compile the model and loss on CUDA (fixed-shape decoder-only batches); never on CPU
+    log_every: int = 10  # on CUDA the host reads the loss every log_every steps (CPU: every step)
 
 
 @dataclass(frozen=True)
