@@ -19,7 +19,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +31,7 @@ from specdec.zoo.tokenizer import EOS, load_tokenizer, train_bpe_tokenizer
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
+BUCKET_BATCHES = 8  # PairData.train_batch sorts this many batches' worth of pairs by length at a time
 
 
 def _progress(iterable, total: int | None, desc: str, enabled: bool):
@@ -236,6 +237,7 @@ class PairData:
     tokenizer_dir: Path
     meta: dict
     max_len: int
+    _pending: dict[int, list[list[int]]] = field(default_factory=dict, repr=False)  # batches drawn, not yet used
 
     @classmethod
     def load(cls, folder: str | os.PathLike, max_len: int = 96) -> PairData:
@@ -268,8 +270,17 @@ class PairData:
         return Seq2SeqBatch(input_ids, attention_mask, labels)
 
     def train_batch(self, batch_size: int, seq_len: int, rng: np.random.Generator) -> Seq2SeqBatch:
+        """`batch_size` random training pairs, padded to the longest row. Pairs are drawn uniformly, 8 batches
+        at a time; those are sorted by length and handed out in random order, so a batch pads to a length
+        near its rows' (uniform draws pad 20-token pairs to ~96 tokens) while every pair stays equally likely."""
         del seq_len  # pairs are short; padded to the longest row
-        return self.collate([self.train[i] for i in rng.integers(0, len(self.train), size=batch_size)])
+        pending = self._pending.get(batch_size)
+        if not pending:
+            draws = rng.integers(0, len(self.train), size=batch_size * BUCKET_BATCHES)
+            draws = sorted(draws.tolist(), key=lambda i: len(self.train[i][0]) + len(self.train[i][1]))
+            chunks = [draws[k : k + batch_size] for k in range(0, len(draws), batch_size)]
+            pending = self._pending[batch_size] = [chunks[k] for k in rng.permutation(len(chunks))]
+        return self.collate([self.train[i] for i in pending.pop()])
 
     def val_batches(self, batch_size: int, seq_len: int, max_batches: int) -> list[Seq2SeqBatch]:
         del seq_len

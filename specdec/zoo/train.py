@@ -93,7 +93,7 @@ def build_model(shape: ModelShape, vocab_size: int, seed: int = 0) -> torch.nn.M
             num_heads=shape.heads,
             feed_forward_proj="gated-gelu",
             tie_word_embeddings=False,
-            dropout_rate=0.0,
+            dropout_rate=shape.dropout,
             pad_token_id=PAD_ID,
             eos_token_id=EOS_ID,
             decoder_start_token_id=PAD_ID,
@@ -369,9 +369,29 @@ def run_training(
         nonlocal eval_seconds
         t = time.perf_counter()
         v = evaluate(model, val, device, cfg.bf16)
-        eval_seconds += time.perf_counter() - t
+        eval_times.append(time.perf_counter() - t)
+        eval_seconds += eval_times[-1]
         val_curve.append((step, v))
         return v
+
+    eval_times: list[float] = []
+
+    def replan(step: int) -> None:
+        """Fix the step count (and so the cosine schedule) to end at max_seconds, from the steps timed since
+        calib_start; redone after each evaluation, since the first evaluation (device warm-up) overstates
+        what the later ones cost, and the step time may drift."""
+        nonlocal total_steps
+        _sync(device)
+        now = time.perf_counter()
+        per_step = (now - steady["t"] - (eval_seconds - steady["eval"])) / max(1, step - calib_start)
+        later = eval_times[1:] or eval_times
+        eval_cost = sum(later) / max(1, len(later))
+        fit = int((cfg.max_seconds - (now - t0)) / (per_step + eval_cost / max(1, cfg.eval_every)))
+        total_steps = max(step + 1, min(cfg.steps, step + fit))
+        if bar is not None:
+            bar.total = total_steps
+            bar.refresh()
+        logger.info("%s: %.1f ms/step -> %d steps in %.0f s", desc, 1e3 * per_step, total_steps, cfg.max_seconds)
 
     bar = None
     if progress:
@@ -387,28 +407,16 @@ def run_training(
         consecutive_dev = torch.zeros((), device=device)
         step = 0
         last_loss = float("nan")
-        t_calib = t_window = time.perf_counter()
+        t_window = time.perf_counter()
         tokens_window = 0
         first_step_s = None
         steady = {"t": None, "tokens": 0, "eval": 0.0}
         while step < total_steps:
             if step == calib_start:
                 _sync(device)
-                t_calib = time.perf_counter()
-                steady.update(t=t_calib, tokens=tokens, eval=eval_seconds)
+                steady.update(t=time.perf_counter(), tokens=tokens, eval=eval_seconds)
             if step == calib_end and cfg.max_seconds is not None:
-                _sync(device)
-                per_step = (time.perf_counter() - t_calib) / (calib_end - calib_start)
-                remaining = cfg.max_seconds - (time.perf_counter() - t0)
-                # leave room for the evaluations still to come (each costs about what the first did)
-                eval_cost = eval_seconds / max(1, len(val_curve))
-                fit = int(remaining / (per_step + eval_cost / max(1, cfg.eval_every)))
-                total_steps = max(step + 1, min(cfg.steps, step + fit))
-                if bar is not None:
-                    bar.total = total_steps
-                    bar.refresh()
-                logger.info("%s: %.1f ms/step -> %d steps in %.0f s", desc, 1e3 * per_step, total_steps,
-                            cfg.max_seconds)
+                replan(step)
             lr = lr_at(step, total_steps, cfg)
             for group in optimizer.param_groups:
                 group["lr"] = lr
@@ -478,6 +486,8 @@ def run_training(
                 logger.info("%s step %d/%d: loss %.4f, val %.4f, lr %.2e, grad norm %.3f, %.0f s", desc, step,
                             total_steps, last_loss, row["val_loss"], lr, float(grad_norm), time.perf_counter() - t0)
                 t_window, tokens_window = time.perf_counter(), 0  # the next window excludes the evaluation
+                if cfg.max_seconds is not None and calib_end < step < total_steps and not stop_for_time:
+                    replan(step)
             log.write(row)
             if bar is not None:
                 bar.update(1)

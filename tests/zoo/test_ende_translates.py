@@ -67,3 +67,16 @@ def test_tiny_t5_overfits_and_greedy_decoding_reproduces_the_pairs(locale_root, 
     refs = [t for _, t in data.train]
     exact = np.mean([h == r or h == r[:-1] for h, r in zip(hyps, refs)])  # with or without the final </s>
     assert exact >= 0.75, (exact, hyps[:3], refs[:3])
+
+
+def test_train_batches_group_similar_lengths(locale_root, tmp_path):
+    prepare_ende_data(tmp_path / "ende", locale_roots=[locale_root], vocab_size=300, val_fraction=0.3)
+    data = PairData.load(tmp_path / "ende")
+    data.train = [(s, t + [5] * (i % 13)) for i, (s, t) in enumerate(data.train)]  # varied lengths
+    rng = np.random.default_rng(0)
+    batches = [data.train_batch(4, 0, rng) for _ in range(8)]  # one pool of 8 batches
+    spans = sorted(((b.labels != -100).sum(1).min().item(), (b.labels != -100).sum(1).max().item()) for b in batches)
+    lengths = {len(s) + len(t) for s, t in data.train}
+    assert len(lengths) > 4
+    # the 8 batches are consecutive chunks of one length-sorted draw: their length ranges do not interleave
+    assert all(hi <= nxt_lo + 1 for (_, hi), (nxt_lo, _) in zip(spans, spans[1:])), spans

@@ -96,3 +96,12 @@ def test_fast_path_trains_logs_every_n_and_skips_on_device(code_data, tmp_path):
     with pytest.raises(FloatingPointError, match="consecutive"):
         run_training(draft, data, replace(cfg, steps=MAX_CONSECUTIVE_SKIPS + 5), loss_fn=nan_loss, device="cpu",
                      progress=False, fast=True)
+
+
+def test_time_budget_is_met_by_replanning(code_data):
+    data = TokenData.load(code_data)
+    cfg = replace(TINY.target_train, steps=100_000, max_seconds=4.0, eval_every=20)
+    result = run_training(build_model(TINY.target, data.meta["vocab_size"]), data, cfg, device="cpu", progress=False)
+    assert 30 < result.steps < 100_000
+    assert 2.5 < result.seconds < 4.0 * 1.1 + 0.5  # stops near the budget, evaluations included
+    assert result.val_curve[-1][0] == result.steps  # the planned last step was reached (not cut by the guard)
