@@ -61,7 +61,7 @@ def hf_attention():
 
     @contextlib.contextmanager
     def off(model, enabled=True):
-        yield False
+        yield speed.AttentionSwap()
 
     speed.causal_attention = off
     try:

@@ -65,22 +65,39 @@ def _register() -> None:
         _registered = True
 
 
+class AttentionSwap:
+    """What `causal_attention` yields: `bool(swap)` says whether the model attends causally now; `restore()`
+    puts its own implementation back early (the training loop's fallback when the first step fails)."""
+
+    def __init__(self, config=None):
+        self.config, self.before = config, None if config is None else config._attn_implementation
+        if config is not None:
+            config._attn_implementation = CAUSAL_ATTENTION
+
+    def __bool__(self) -> bool:
+        return self.config is not None
+
+    def restore(self) -> None:
+        if self.config is not None:
+            self.config._attn_implementation = self.before
+            self.config = None
+
+
 @contextlib.contextmanager
-def causal_attention(model: torch.nn.Module, enabled: bool = True) -> Iterator[bool]:
-    """Inside: a decoder-only HF model attends through `causal_sdpa_attention` (yields whether it does);
-    the model's own implementation is restored on exit, so saved checkpoints say "sdpa" as before."""
+def causal_attention(model: torch.nn.Module, enabled: bool = True) -> Iterator[AttentionSwap]:
+    """Inside: a decoder-only HF model attends through `causal_sdpa_attention` (the yielded swap is true when
+    it does); the model's own implementation is restored on exit, so saved checkpoints say "sdpa" as before."""
     config = getattr(model, "config", None)
     if not enabled or config is None or getattr(config, "is_encoder_decoder", False) \
             or getattr(config, "model_type", None) != "llama":
-        yield False
+        yield AttentionSwap()
         return
     _register()
-    before = config._attn_implementation
-    config._attn_implementation = CAUSAL_ATTENTION
+    swap = AttentionSwap(config)
     try:
-        yield True
+        yield swap
     finally:
-        config._attn_implementation = before
+        swap.restore()
 
 
 def skip_non_finite_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:

@@ -425,11 +425,13 @@ def run_training(
                 with _autocast(device, cfg.bf16):
                     loss, ce = loss_fn(train_model, batch)
                 loss.backward()
-            except Exception as err:  # a compile failure at the first step: train eagerly instead
-                if not (compiled and step == 0 and train_model is not model):
+            except Exception as err:  # the first step failed compiled or with causal SDPA: train plainly
+                if step > 0 or not (compiled or causal):
                     raise
-                logger.warning("%s: torch.compile failed (%s: %s); training eagerly", desc, type(err).__name__, err)
+                logger.warning("%s: first step failed with compile=%s, causal SDPA=%s (%s: %s); training eagerly "
+                               "with the model's own attention", desc, compiled, bool(causal), type(err).__name__, err)
                 optimizer.zero_grad(set_to_none=True)
+                causal.restore()
                 train_model, loss_of, compiled = model, lm_loss, False
                 with _autocast(device, cfg.bf16):
                     loss, ce = loss_fn(train_model, batch)
@@ -495,6 +497,7 @@ def run_training(
             if stop_for_time:
                 logger.warning("%s: over the time budget, stopping at step %d of %d", desc, step, total_steps)
                 break
+        causal_used = bool(causal)
     if bar is not None:
         bar.close()
     _sync(device)
@@ -512,7 +515,7 @@ def run_training(
         mfu=None if peak is None else round(tps * fpt / peak, 4), params=count_params(model),
         log_path=None if log_path is None else str(log_path),
         peak_memory_gb=round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if cuda else None,
-        fast=fast, compiled=compiled, causal_attention=causal,
+        fast=fast, compiled=compiled, causal_attention=causal_used,
         first_step_seconds=None if first_step_s is None else round(first_step_s, 2),
         steady_tokens_per_s=None if steady_tps is None else round(steady_tps, 1),
         steady_mfu=None if peak is None or steady_tps is None else round(steady_tps * fpt / peak, 4),

@@ -38,8 +38,9 @@ def test_causal_attention_matches_hf_sdpa(kv_heads):
     with torch.no_grad():
         ref = model(input_ids=ids).logits
         with causal_attention(model) as on:
+            assert on and model.config._attn_implementation != "sdpa"
             out = model(input_ids=ids).logits
-    assert on and model.config._attn_implementation == "sdpa"  # restored
+    assert model.config._attn_implementation == "sdpa"  # restored
     assert torch.allclose(out, ref, atol=1e-5)
 
 
