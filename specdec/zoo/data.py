@@ -31,7 +31,7 @@ from specdec.zoo.tokenizer import EOS, load_tokenizer, train_bpe_tokenizer
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
-BUCKET_BATCHES = 8  # PairData.train_batch sorts this many batches' worth of pairs by length at a time
+BUCKET_BATCHES = 32  # PairData.train_batch sorts this many batches' worth of pairs by length at a time
 
 
 def _progress(iterable, total: int | None, desc: str, enabled: bool):
@@ -270,9 +270,10 @@ class PairData:
         return Seq2SeqBatch(input_ids, attention_mask, labels)
 
     def train_batch(self, batch_size: int, seq_len: int, rng: np.random.Generator) -> Seq2SeqBatch:
-        """`batch_size` random training pairs, padded to the longest row. Pairs are drawn uniformly, 8 batches
-        at a time; those are sorted by length and handed out in random order, so a batch pads to a length
-        near its rows' (uniform draws pad 20-token pairs to ~96 tokens) while every pair stays equally likely."""
+        """`batch_size` random training pairs, padded to the longest row. Pairs are drawn uniformly,
+        BUCKET_BATCHES batches at a time; those are sorted by length and handed out in random order, so a batch
+        pads to a length near its rows' while every pair stays equally likely (gettext pairs: 87% of a uniform
+        batch of 256 is padding, 27% of a bucketed one)."""
         del seq_len  # pairs are short; padded to the longest row
         pending = self._pending.get(batch_size)
         if not pending:
