@@ -106,3 +106,22 @@ def test_time_budget_is_met_by_replanning(code_data):
     assert 30 < result.steps < 100_000
     assert 2.5 < result.seconds < 4.0 * 1.1 + 0.5  # stops near the budget, evaluations included
     assert result.val_curve[-1][0] == result.steps  # the planned last step was reached (not cut by the guard)
+
+
+def test_compiled_graph_attends_causally_without_a_mask():
+    """Under torch.compile (torch < 2.14) HF's own SDPA path passes a [B, 1, T, T] mask (no flash kernel);
+    inside `causal_attention` the captured graph calls SDPA with is_causal=True and no mask."""
+    model = build_model(ModelShape("llama", dim=32, layers=1, heads=2, ff=64, max_len=64), 97)
+    ids = torch.randint(3, 97, (2, 16))
+    calls = []
+
+    def capture(gm, inputs):
+        calls.extend((n.kwargs.get("attn_mask"), n.kwargs.get("is_causal"), len(n.args)) for n in gm.graph.nodes
+                     if "scaled_dot_product" in str(n.target))
+        return gm.forward
+
+    torch._dynamo.reset()
+    with causal_attention(model):
+        torch.compile(model, backend=capture)(input_ids=ids, use_cache=False)
+    torch._dynamo.reset()
+    assert calls == [(None, True, 3)]
