@@ -114,7 +114,8 @@ def main() -> None:
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("train_speed.py measures GPU training; no CUDA device here (smoke run: --preset tiny --device cpu)")
+        raise SystemExit("train_speed.py measures GPU training; no CUDA device here "
+                         "(smoke run: --preset tiny --device cpu)")
     t0 = time.perf_counter()
     data = TokenData.load(args.data)
     device = torch.device(args.device)
@@ -143,9 +144,9 @@ def main() -> None:
         if "error" in row:
             print(f"{name:<16} {row['error']}", flush=True)
         else:
-            mfu = row["steady_mfu"]
+            mfu, peak_gb = row["steady_mfu"], row["peak_memory_gb"] or "-"
             print(f"{name:<16} {row['batch_size']:>5} {row['steady_tokens_per_s'] or 0:>10.0f} "
-                  f"{'-' if mfu is None else f'{mfu:.1%}':>6} {row['first_step_s']:>10.1f} {row['peak_memory_gb'] or '-':>8}",
+                  f"{'-' if mfu is None else f'{mfu:.1%}':>6} {row['first_step_s']:>10.1f} {peak_gb:>8}",
                   flush=True)
         out["seconds"] = round(time.perf_counter() - t0, 1)
         args.out.parent.mkdir(parents=True, exist_ok=True)
