@@ -11,9 +11,9 @@ evaluation, PaLM FLOPs: 6·N + 12·L·d·T per token against the bf16 dense peak
                      compile), two-pass fp32 loss (cross-entropy + a second logsumexp for the z-loss)
     fast             fused AdamW skipped on the device, device-side windows, causal SDPA, one-lse loss, no compile
     fast+compile     + torch.compile of the model and the loss (the default on CUDA now)
-    compile-hf-attn  fast+compile but HF's own SDPA attention (shows what the mask costs under compile)
     all-b48          fast+compile at batch 48 (lr unchanged: throughput only)
     draft-eager / draft-compile   the 3.7M drafter's pre-training settings (batch 64 × 512), without / with compile
+    compile-hf-attn  fast+compile but HF's own SDPA attention (shows what the mask costs under compile)
 
 The JSON is rewritten after every variant; a variant that runs out of memory is recorded as such.
 """
@@ -38,7 +38,7 @@ from specdec.zoo import speed, train  # noqa: E402
 from specdec.zoo.data import TokenData  # noqa: E402
 from specdec.zoo.presets import get_preset  # noqa: E402
 
-VARIANTS = ("baseline", "fast", "fast+compile", "compile-hf-attn", "all-b48", "draft-eager", "draft-compile")
+VARIANTS = ("baseline", "fast", "fast+compile", "all-b48", "draft-eager", "draft-compile", "compile-hf-attn")
 
 
 def old_loss(z_loss: float):
