@@ -5,10 +5,10 @@
   sorted order wins); a file is in the validation split when the hash of its content falls below
   `val_fraction`, so the split does not depend on where the file happens to live.
 - `ende_pairs()`: (English, German) message pairs from gettext catalogs (`*.mo`) of the `de` locales.
-  The header entry (empty msgid) is skipped, a context prefix (`msgctxt\\x04`) is dropped, and a plural
-  entry contributes its singular forms. Pairs are deduplicated on (en, de); the split is chosen per
-  catalog FILE (by the hash of its domain name, e.g. `coreutils`), so a program's messages never straddle
-  the two splits.
+  The header entry (empty msgid) is skipped, a context prefix (`msgctxt\\x04`) is dropped, a plural
+  entry contributes its singular forms, untranslated entries (empty, or msgstr == msgid) are dropped.
+  Pairs are deduplicated on (en, de); the split is chosen per catalog FILE (by the hash of its domain
+  name, e.g. `coreutils`), so a program's messages never straddle the two splits.
 """
 
 from __future__ import annotations
@@ -205,8 +205,11 @@ _FORMAT_SPEC = re.compile(r"%(\d+\$)?[-+ #0']*(\*|\d+)?(\.(\*|\d+))?(hh|h|ll|l|L
 
 
 def _usable_pair(en: str, de: str) -> bool:
-    # skip untranslated entries and pure format strings such as "%s: %s" or "{name}"
-    return bool(en.strip()) and bool(de.strip()) and any(ch.isalpha() for ch in _FORMAT_SPEC.sub("", en))
+    # skip untranslated entries (empty, or msgstr == msgid: 21% of the Ubuntu catalogs' pairs, mostly ISO
+    # language and region names, which taught the translator to copy its input) and pure format strings
+    # such as "%s: %s" or "{name}"
+    return (bool(en.strip()) and bool(de.strip()) and en.strip() != de.strip()
+            and any(ch.isalpha() for ch in _FORMAT_SPEC.sub("", en)))
 
 
 def ende_pairs(

@@ -19,7 +19,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +31,7 @@ from specdec.zoo.tokenizer import EOS, load_tokenizer, train_bpe_tokenizer
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
+BUCKET_BATCHES = 32  # PairData.train_batch sorts this many batches' worth of pairs by length at a time
 
 
 def _progress(iterable, total: int | None, desc: str, enabled: bool):
@@ -221,6 +222,12 @@ class Seq2SeqBatch:
         return Seq2SeqBatch(self.input_ids.to(device), self.attention_mask.to(device), self.labels.to(device))
 
 
+def _clip(ids: list[int], max_len: int) -> list[int]:
+    """At most max_len ids, keeping the final </s> when a long message is cut (short ones are untouched:
+    appending ids[-1:] unconditionally used to end every pair with </s> </s>)."""
+    return ids if len(ids) <= max_len else ids[: max_len - 1] + ids[-1:]
+
+
 @dataclass
 class PairData:
     """A prepared ende folder in memory, tokenized: lists of (source ids, target ids)."""
@@ -230,6 +237,7 @@ class PairData:
     tokenizer_dir: Path
     meta: dict
     max_len: int
+    _pending: dict[int, list[list[int]]] = field(default_factory=dict, repr=False)  # batches drawn, not yet used
 
     @classmethod
     def load(cls, folder: str | os.PathLike, max_len: int = 96) -> PairData:
@@ -244,8 +252,7 @@ class PairData:
                 rows = [json.loads(line) for line in fh]
             src = tokenizer.backend_tokenizer.encode_batch([r["en"] for r in rows])
             tgt = tokenizer.backend_tokenizer.encode_batch([r["de"] for r in rows])
-            # keep </s> at the end when truncating long messages
-            return [(s.ids[: max_len - 1] + s.ids[-1:], t.ids[: max_len - 1] + t.ids[-1:]) for s, t in zip(src, tgt)]
+            return [(_clip(s.ids, max_len), _clip(t.ids, max_len)) for s, t in zip(src, tgt)]
 
         return cls(read("train"), read("val"), folder / "tokenizer", meta, max_len)
 
@@ -263,8 +270,18 @@ class PairData:
         return Seq2SeqBatch(input_ids, attention_mask, labels)
 
     def train_batch(self, batch_size: int, seq_len: int, rng: np.random.Generator) -> Seq2SeqBatch:
+        """`batch_size` random training pairs, padded to the longest row. Pairs are drawn uniformly,
+        BUCKET_BATCHES batches at a time; those are sorted by length and handed out in random order, so a batch
+        pads to a length near its rows' while every pair stays equally likely (gettext pairs: 87% of a uniform
+        batch of 256 is padding, 27% of a bucketed one)."""
         del seq_len  # pairs are short; padded to the longest row
-        return self.collate([self.train[i] for i in rng.integers(0, len(self.train), size=batch_size)])
+        pending = self._pending.get(batch_size)
+        if not pending:
+            draws = rng.integers(0, len(self.train), size=batch_size * BUCKET_BATCHES)
+            draws = sorted(draws.tolist(), key=lambda i: len(self.train[i][0]) + len(self.train[i][1]))
+            chunks = [draws[k : k + batch_size] for k in range(0, len(draws), batch_size)]
+            pending = self._pending[batch_size] = [chunks[k] for k in rng.permutation(len(chunks))]
+        return self.collate([self.train[i] for i in pending.pop()])
 
     def val_batches(self, batch_size: int, seq_len: int, max_batches: int) -> list[Seq2SeqBatch]:
         del seq_len

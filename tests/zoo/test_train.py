@@ -103,3 +103,22 @@ def test_gpu_preset_sizes_match_the_issue():
     draft = sum(p.numel() for p in build_model(preset.drafts[0].shape, 8192).parameters())
     assert total >= 300e6 and preset.target.layers >= 24
     assert 70 <= total / draft <= 130 and preset.drafts[0].shape.layers <= 2
+
+
+def _budget(preset) -> float:
+    seconds = preset.target_train.max_seconds + (preset.pool.max_seconds if preset.pool else 0.0)
+    for r in preset.drafts:
+        seconds += (r.pretrain.max_seconds if r.pretrain else 0.0) + (r.distill.train.max_seconds if r.distill else 0.0)
+    return seconds
+
+
+def test_device_recipes_fit_one_ten_minute_command():
+    """At budget scale 1: the gpu pair trains in ~7 minutes (leaving room for loading, saving and α), the EnDe
+    tables train in ~5.5 (the tables take ~3 more); the gpu drafter distils on the target's own text."""
+    from specdec.bench.ende_tables import ENDE_TABLES_PRESET
+
+    gpu = get_preset("gpu")
+    assert _budget(gpu) <= 400 and gpu.target_train.max_seconds >= 300
+    assert gpu.pool is not None and gpu.drafts[0].distill.generated_fraction > 0
+    assert _budget(ENDE_TABLES_PRESET) <= 330
+    assert ENDE_TABLES_PRESET.target == get_preset("gpu-ende").target
