@@ -38,9 +38,11 @@ SHAPES = {
                  intermediate_size=128, rms_norm_eps=1e-5, rope_theta=10000.0),
 }
 BATCHES = {"zoo-gpu": (1, 64), "llama-8b": (1,), "tiny": (1, 3)}
-MODES = ("reference", "triton-cublas", "triton")  # eager; fused kernels with cuBLAS GEMMs; fused + kernels.linear
+# eager; fused kernels with cuBLAS GEMMs; fused + kernels.linear where it measured faster (the default); fused +
+# kernels.linear for every GEMM
+MODES = ("reference", "triton-cublas", "triton", "triton-linear")
 _SETTINGS = {"reference": ("reference", "reference"), "triton-cublas": ("triton", "reference"),
-             "triton": ("triton", "auto")}  # mode -> (model.kernels, model.linear_kernel)
+             "triton": ("triton", "auto"), "triton-linear": ("triton", "triton")}  # → (kernels, linear_kernel)
 
 
 def _timer(model, cache, tokens, live, iters, cuda):

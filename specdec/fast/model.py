@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.fast.kernels.attention import slot_attention, triton_unsupported
-from specdec.fast.kernels.linear import linear
+from specdec.fast.kernels.linear import FASTER_THAN_CUBLAS, linear
 from specdec.fast.kernels.mlp import silu_mul
 from specdec.fast.kernels.norm import add_rms_norm, rms_norm
 from specdec.fast.kernels.rope import rope_cache_write
@@ -163,8 +163,9 @@ class FastLlama(torch.nn.Module):
         super().__init__()
         self.shape = shape
         self.kernels = kernels
-        # GEMMs of the fused path: "auto" = `kernels.linear`'s Triton kernel where it covers the shape (CUDA,
-        # ≤ 16 rows), cuBLAS elsewhere; "reference" = cuBLAS always (the benchmark compares the two).
+        # GEMMs of the fused path: "auto" = `kernels.linear`'s Triton kernel for the weights it measured faster on
+        # (`FASTER_THAN_CUBLAS`, ≤ 16 rows on CUDA), cuBLAS for the rest; "triton" = that kernel for every weight it
+        # covers; "reference" = cuBLAS always (scripts/bench_forward.py compares them).
         self.linear_kernel = "auto"
         s = shape
         qkv_out = (s.n_heads + 2 * s.n_kv_heads) * s.head_dim
@@ -329,6 +330,13 @@ class FastLlama(torch.nn.Module):
         return self._rope_cache[1], self._rope_cache[2]
 
     # ------------------------------------------------------------------------------------------- forward
+    def _gemm(self, weight: torch.Tensor) -> str:
+        """The `kernels.linear` mode for this weight on the fused path (see `linear_kernel`)."""
+        mode = self.linear_kernel
+        if mode == "auto" and tuple(weight.shape) not in FASTER_THAN_CUBLAS:
+            return "reference"
+        return mode
+
     def _row_parallel(self, x: torch.Tensor, inp: torch.Tensor, weight: torch.Tensor,
                       kernel: str = "reference") -> torch.Tensor:
         """x += inp @ weightᵀ in place (`x [N, dim]`); a tensor-parallel subclass all-reduces the product.
@@ -389,11 +397,10 @@ class FastLlama(torch.nn.Module):
         nq, hd, eps = s.n_heads, s.head_dim, s.rms_norm_eps
         mode = "triton"  # forward checked that the fused kernels run here; attention picks by the model's mode
         attn_kernel = None
-        gemm = self.linear_kernel  # "auto": the weight-streaming kernel for ≤ 16 rows on CUDA, cuBLAS otherwise
         x = x.reshape(batch * k, s.dim)  # the residual stream, updated in place by the row-parallel GEMMs
         for i in range(s.n_layers):
             h = rms_norm(x, self.attn_norm[i], eps, kernel=mode)
-            qkv = linear(h, self.wqkv[i], kernel=gemm).view(batch, k, -1)  # (the bias is added by the RoPE kernel)
+            qkv = linear(h, self.wqkv[i], kernel=self._gemm(self.wqkv[i])).view(batch, k, -1)  # (the bias is added by the RoPE kernel)
             q = rope_cache_write(qkv, cache.keys[i], cache.values[i], rope_pos, slots, cos_table, sin_table, nq,
                                  bias=self.bqkv[i] if s.qkv_bias else None,
                                  q_norm=self.q_norm[i] if s.qk_norm else None,
@@ -403,13 +410,13 @@ class FastLlama(torch.nn.Module):
                 if attn_kernel == "triton" and triton_unsupported(q, cache.keys[i], cache.values[i], rope_pos):
                     attn_kernel = "reference"
             attn = slot_attention(q, cache.keys[i], cache.values[i], rope_pos, kernel=attn_kernel)
-            x = self._row_parallel(x, attn.reshape(batch * k, nq * hd), self.wo[i], gemm)  # residual add in the GEMM
+            x = self._row_parallel(x, attn.reshape(batch * k, nq * hd), self.wo[i], self._gemm(self.wo[i]))  # residual add in the GEMM
             if s.o_bias:
                 x, h = add_rms_norm(x, self.bo[i], self.mlp_norm[i], eps, kernel=mode)
             else:
                 h = rms_norm(x, self.mlp_norm[i], eps, kernel=mode)
-            act = silu_mul(linear(h, self.w_gate_up[i], kernel=gemm), kernel=mode)
-            x = self._row_parallel(x, act, self.w_down[i], gemm)
+            act = silu_mul(linear(h, self.w_gate_up[i], kernel=self._gemm(self.w_gate_up[i])), kernel=mode)
+            x = self._row_parallel(x, act, self.w_down[i], self._gemm(self.w_down[i]))
         return x.view(batch, k, s.dim)
 
     def forward(self, tokens: torch.Tensor | None, cache: KVCache, valid: torch.Tensor | None = None,
@@ -452,7 +459,7 @@ class FastLlama(torch.nn.Module):
         if last_only:
             x = x[:, -1:]
         x = F.rms_norm(x, (s.dim,), self.final_norm, s.rms_norm_eps)
-        logits = self._logits(x, self.linear_kernel if fused else "reference") if compute_logits else None
+        logits = self._logits(x, self._gemm(self.lm_head) if fused else "reference") if compute_logits else None
         if advance:
             cache.lengths.add_(added)
         return (logits, x) if return_hidden else logits
