@@ -5,7 +5,8 @@ running request into it), so a decode step over a batch bucket b works on the vi
 fixed addresses, hence capturable once per shape. Rows n..b-1 of a bucket are idle padding.
 
   SlotCache  one model's K/V for every slot `[L, max_batch, H_kv, S, D]` and its write positions `[max_batch]`
-  SlotState  committed tokens and each request's parameters, on the device
+  SlotState  committed tokens and each request's parameters, on the device (and, for feature drafters,
+             the target's final-normed hidden state at each committed position: `features`)
 """
 
 from __future__ import annotations
@@ -71,8 +72,16 @@ class SlotState:
         self.top_p = zeros(max_batch, dtype=torch.float32).fill_(1.0)
         self.seed = zeros(max_batch)
         self.eos = zeros(max_batch, MAX_EOS_IDS).fill_(-1)
+        self.features: torch.Tensor | None = None  # [max_batch, capacity, dim], see `enable_features`
         self._fields = ("tokens", "lengths", "generated", "max_new", "active", "temperature", "top_k", "top_p",
                         "seed", "eos")
+
+    def enable_features(self, dim: int, dtype: torch.dtype) -> None:
+        """Keep the target's features `[max_batch, capacity, dim]`: row b holds them at positions
+        [0, lengths[b] − 1) (the last committed token's comes with the next verify pass)."""
+        if self.features is None:
+            self.features = torch.zeros(*self.tokens.shape, dim, dtype=dtype, device=self.tokens.device)
+            self._fields = (*self._fields, "features")
 
     @property
     def capacity(self) -> int:
@@ -106,8 +115,12 @@ class SlotState:
 
 
 def prefill_rows(model: FastLlama, cache: SlotCache, state: SlotState, rows: slice, starts: list[int],
-                 ends: list[int], chunk: int) -> None:
+                 ends: list[int], chunk: int, *, features: torch.Tensor | None = None, embeds=None) -> None:
     """Feed committed positions [starts[i], ends[i]) of the slots in `rows` into `cache` (eager, chunked).
+
+    features `[max_batch, capacity, dim]` (optional): also store the model's final-normed hidden state at
+    each fed position there. embeds (optional): `embeds(rows, first, width) -> [b, width, dim]`, the input
+    vectors of positions [first, first + width) in place of the token embeddings (feature drafters).
 
     Several requests admitted together prefill in one forward per chunk. Each chunk is padded to a power of
     two (padding goes to the junk slot), so prompts of any length run a handful of shapes: no new kernels
@@ -129,4 +142,11 @@ def prefill_rows(model: FastLlama, cache: SlotCache, state: SlotState, rows: sli
         valid = (cols >= start_t) & (cols < end_t)
         if not bool(valid.any()):
             continue
-        model(state.tokens[rows, first : first + bucket] * valid, view, valid, last_only=True)
+        tokens = None if embeds is not None else state.tokens[rows, first : first + bucket] * valid
+        vectors = None if embeds is None else embeds(rows, first, bucket)
+        want = features is not None
+        _, hidden = model(tokens, view, valid, embeds=vectors, last_only=not want, return_hidden=True,
+                          compute_logits=False)
+        if want:
+            block = features[rows, first : first + bucket]
+            block.copy_(torch.where(valid[..., None], hidden.to(block.dtype), block))

@@ -1,0 +1,244 @@
+"""Training a feature-level draft head (`specdec.fast.head.FeatureHead`) on a frozen target (EAGLE's recipe).
+
+Per batch of corpus tokens x_0..x_{N−1}, the frozen target gives its final-normed features f_t and logits
+(p_t: the law of x_{t+1}). The head reads (f_t, x_{t+1}) at position t and predicts f̂_{t+1}:
+
+    loss = smooth-L1(f̂_{t+1}, f_{t+1}) + kl_weight · KL(p_{t+1} ‖ softmax(lm_head(f̂_{t+1})))
+
+averaged over t = 0..N−2. Teacher forcing with true features matches only the first draft step; later steps
+read the head's own predictions, so `feature_noise` adds U(−a, a) to the input features (EAGLE: a = 0.1)
+to make it robust to its own errors. α is reported like `specdec.zoo.distill` does (β = Σ min(p, q) per
+position on held-out batches, temperatures 0 and 1), for the first draft step.
+
+The trainable head is a transformers one-layer Llama (vocabulary 1: it reads `inputs_embeds`) plus `fc`;
+`TrainableHead.to_feature_head` converts it with `FastLlama.from_hf` (one weight mapping, not two).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from specdec.fast.head import FeatureHead, HeadConfig
+from specdec.fast.model import FastLlama, LlamaShape
+from specdec.zoo.data import TokenData
+from specdec.zoo.distill import acceptance_per_position, kl_loss
+from specdec.zoo.presets import TrainConfig
+from specdec.zoo.train import TrainLog, _autocast, lr_at, make_optimizer, resolve_device
+
+__all__ = ["HeadTrainConfig", "HeadTrainResult", "TrainableHead", "train_head", "head_alpha", "DEFAULT_HEAD"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HeadTrainConfig:
+    train: TrainConfig  # steps (upper bound), batch_size, seq_len, lr, max_seconds, warm-up, AdamW, clip, seed, bf16
+    kl_weight: float = 0.5  # weight of KL(p‖q) next to the feature regression
+    feature_noise: float = 0.1  # input features + U(−a, a) during training (0 = off)
+    alpha_batches: int = 4  # held-out batches for α before/after
+    init: str = "last-layer"  # "last-layer": the head's layer starts as a copy of the target's last; "random"
+
+    def __post_init__(self) -> None:
+        if self.kl_weight < 0 or not math.isfinite(self.kl_weight):
+            raise ValueError(f"kl_weight must be a finite number ≥ 0, got {self.kl_weight}")
+        if self.feature_noise < 0 or not math.isfinite(self.feature_noise):
+            raise ValueError(f"feature_noise must be a finite number ≥ 0, got {self.feature_noise}")
+        if self.init not in ("last-layer", "random"):
+            raise ValueError(f"init must be 'last-layer' or 'random', got {self.init!r}")
+
+
+# The GPU default (one H200, the zoo `gpu` target): ~90 s.
+DEFAULT_HEAD = HeadTrainConfig(TrainConfig(steps=100_000, max_seconds=90, batch_size=32, seq_len=512, lr=1e-3,
+                                           warmup_steps=100, min_lr_ratio=0.05, weight_decay=0.0, z_loss=0.0))
+
+
+@dataclass
+class HeadTrainResult:
+    steps: int
+    seconds: float
+    first_loss: float
+    final_loss: float
+    tokens_per_s: float
+    alpha_before: dict[float, float]
+    alpha_after: dict[float, float]
+    params: int
+    log_path: str | None = None
+    losses: list[float] = field(default_factory=list, repr=False)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out.pop("losses")
+        out["alpha_before"] = {str(k): v for k, v in self.alpha_before.items()}
+        out["alpha_after"] = {str(k): v for k, v in self.alpha_after.items()}
+        return out
+
+
+class TrainableHead(torch.nn.Module):
+    """fc + a transformers one-layer Llama; `forward(features, next_tokens, embed) -> f̂` (differentiable)."""
+
+    def __init__(self, config: HeadConfig, seed: int = 0):
+        super().__init__()
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        torch.manual_seed(seed)
+        self.config = config
+        self.fc = torch.nn.Linear(2 * config.dim, config.dim, bias=False)
+        hf = LlamaConfig(vocab_size=1, hidden_size=config.dim, intermediate_size=config.intermediate_size,
+                         num_hidden_layers=1, num_attention_heads=config.n_heads,
+                         num_key_value_heads=config.n_kv_heads, head_dim=config.head_dim,
+                         max_position_embeddings=config.max_positions or 4096, rms_norm_eps=config.rms_norm_eps,
+                         rope_theta=config.rope_theta, tie_word_embeddings=True, attn_implementation="sdpa",
+                         bos_token_id=None, eos_token_id=None, pad_token_id=None)
+        self.decoder = LlamaForCausalLM(hf)
+        self.decoder.model.embed_tokens.weight.requires_grad_(False)  # a placeholder: the head reads vectors
+
+    def forward(self, features: torch.Tensor, next_tokens: torch.Tensor, embed: torch.Tensor) -> torch.Tensor:
+        """(f_t `[B, T, dim]`, x_{t+1} `[B, T]`) at positions 0..T−1 → f̂_{t+1} `[B, T, dim]` (final-normed)."""
+        x = self.fc(torch.cat([F.embedding(next_tokens, embed).to(features.dtype), features], -1))
+        return self.decoder.model(inputs_embeds=x, use_cache=False).last_hidden_state
+
+    def init_from(self, target: torch.nn.Module) -> None:
+        """The layer starts as the target's last layer; fc passes the features through (identity on f_t)."""
+        with torch.no_grad():
+            self.decoder.model.layers[0].load_state_dict(target.model.layers[-1].state_dict())
+            self.decoder.model.norm.load_state_dict(target.model.norm.state_dict())
+            dim = self.config.dim
+            self.fc.weight.zero_()
+            self.fc.weight[:, dim:].copy_(torch.eye(dim))
+            self.fc.weight[:, :dim].normal_(0.0, 0.02)
+
+    def to_feature_head(self, device="cpu", dtype: torch.dtype = torch.float32) -> FeatureHead:
+        """The engine's `FeatureHead` with these weights (unbound)."""
+        layer = FastLlama.from_hf(self.decoder, device=device, dtype=dtype)
+        head = FeatureHead(self.config, layer=layer)
+        with torch.no_grad():
+            head.fc.copy_(self.fc.weight)
+        return head.eval()
+
+
+def _target_pass(target, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Frozen target: (final-normed features `[B, N, dim]`, logits `[B, N, V]`) of tokens `[B, N]`."""
+    hidden = target.model(input_ids=batch, use_cache=False).last_hidden_state  # LlamaModel applies the final norm
+    return hidden, target.lm_head(hidden)
+
+
+def _head_pass(head: TrainableHead, target, hidden: torch.Tensor, batch: torch.Tensor, noise: float = 0.0,
+               generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(f̂_{1..N−1} `[B, N−1, dim]`, their logits through the target's LM head `[B, N−1, V]`)."""
+    features = hidden[:, :-1]
+    if noise > 0:
+        u = torch.rand(features.shape, device=features.device, generator=generator, dtype=torch.float32)
+        features = features + ((2 * u - 1) * noise).to(features.dtype)
+    predicted = head(features, batch[:, 1:], target.get_input_embeddings().weight)
+    return predicted, target.lm_head(predicted.to(hidden.dtype))
+
+
+@torch.no_grad()
+def head_alpha(target, head: TrainableHead, batches: list, *, temperatures=(0.0, 1.0), device=None,
+               bf16: bool = True) -> dict[float, float]:
+    """First-draft-step α: mean β(p_{t+1}, q(f̂_{t+1})) over held-out batches, per temperature."""
+    device = resolve_device(device)
+    was_training = head.training
+    head.eval()
+    sums, count = {t: 0.0 for t in temperatures}, 0
+    for batch in batches:
+        batch = batch.to(device)
+        with _autocast(device, bf16):
+            hidden, p_logits = _target_pass(target, batch)
+            _, q_logits = _head_pass(head, target, hidden, batch)
+        p, q = p_logits[:, 1:].float().flatten(0, 1), q_logits.float().flatten(0, 1)
+        for t in temperatures:
+            sums[t] += float(acceptance_per_position(p, q, t).sum())
+        count += p.shape[0]
+    head.train(was_training)
+    return {t: s / max(1, count) for t, s in sums.items()}
+
+
+def train_head(target: torch.nn.Module, data: TokenData, cfg: HeadTrainConfig, *, device=None,
+               log_path: str | os.PathLike | None = None, head: TrainableHead | None = None
+               ) -> tuple[TrainableHead, HeadTrainResult]:
+    """Train a head on `target` (a transformers Llama-family causal LM, kept frozen) over `data`'s corpus.
+
+    Returns the trainable head (`.to_feature_head()` for the engine) and a summary with α before/after.
+    bf16 autocast and fused AdamW on CUDA; fp32 on CPU.
+    """
+    if not isinstance(data, TokenData):
+        raise TypeError(f"data must be a decoder-only corpus (TokenData), got {type(data).__name__}")
+    device = resolve_device(device)
+    tc = cfg.train
+    target.to(device).eval()
+    for p in target.parameters():
+        p.requires_grad_(False)
+    if head is None:
+        head = TrainableHead(HeadConfig.for_target(LlamaShape.from_hf(target.config)), seed=tc.seed)
+        if cfg.init == "last-layer":
+            head.init_from(target)
+    head.to(device).train()
+    held_out = data.val_batches(tc.batch_size, tc.seq_len, cfg.alpha_batches)
+    before = head_alpha(target, head, held_out, device=device, bf16=tc.bf16)
+    logger.info("head: alpha before %s", before)
+    optimizer = make_optimizer(head, tc, device)
+    params = [p for p in head.parameters() if p.requires_grad]
+    rng = np.random.default_rng(tc.seed)
+    noise_gen = torch.Generator(device=device).manual_seed(tc.seed)
+    log = TrainLog(Path(log_path) if log_path else None,
+                   columns=("step", "tokens", "loss", "regression", "kl", "lr", "grad_norm", "elapsed_s"))
+    total_steps, losses, tokens = tc.steps, [], 0
+    t0 = time.perf_counter()
+    t_calib = t0
+    step = 0
+    while step < total_steps:
+        if step == 5:
+            t_calib = time.perf_counter()
+        if step == 15 and tc.max_seconds is not None:  # fix the schedule's length to the time budget
+            per_step = (time.perf_counter() - t_calib) / 10
+            fit = int((tc.max_seconds - (time.perf_counter() - t0)) / per_step)
+            total_steps = max(step + 1, min(tc.steps, step + fit))
+            logger.info("head: %.1f ms/step -> %d steps in %.0f s", 1e3 * per_step, total_steps, tc.max_seconds)
+        lr = lr_at(step, total_steps, tc)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        batch = data.train_batch(tc.batch_size, tc.seq_len, rng).to(device, non_blocking=True)
+        with _autocast(device, tc.bf16):
+            with torch.no_grad():
+                hidden, p_logits = _target_pass(target, batch)
+            predicted, q_logits = _head_pass(head, target, hidden, batch, cfg.feature_noise, noise_gen)
+            regression = F.smooth_l1_loss(predicted.float(), hidden[:, 1:].float())
+            mask = torch.ones(q_logits.shape[:2], dtype=torch.bool, device=device)
+            kl = kl_loss(p_logits[:, 1:], q_logits, mask)
+            loss = regression + cfg.kl_weight * kl
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
+        if bool(torch.isfinite(loss) & torch.isfinite(grad_norm)):  # one host sync per step
+            optimizer.step()
+        else:
+            logger.warning("head step %d: non-finite loss/grad; step skipped", step)
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        tokens += batch.shape[0] * (batch.shape[1] - 1)
+        losses.append(float(loss.detach()))
+        log.write({"step": step, "tokens": tokens, "loss": round(losses[-1], 5),
+                   "regression": round(float(regression.detach()), 5), "kl": round(float(kl.detach()), 5), "lr": f"{lr:.3e}",
+                   "grad_norm": round(float(grad_norm), 4), "elapsed_s": round(time.perf_counter() - t0, 2)})
+        if tc.max_seconds is not None and time.perf_counter() - t0 > 1.1 * tc.max_seconds:
+            logger.warning("head: over the time budget, stopping at step %d of %d", step, total_steps)
+            break
+    log.close()
+    seconds = time.perf_counter() - t0
+    after = head_alpha(target, head, held_out, device=device, bf16=tc.bf16)
+    logger.info("head: %d steps in %.1f s, loss %.4f -> %.4f, alpha after %s", step, seconds, losses[0],
+                losses[-1], after)
+    result = HeadTrainResult(steps=step, seconds=round(seconds, 2), first_loss=losses[0], final_loss=losses[-1],
+                             tokens_per_s=round(tokens / max(seconds, 1e-9), 1), alpha_before=before,
+                             alpha_after=after, params=sum(p.numel() for p in params),
+                             log_path=None if log_path is None else str(log_path), losses=losses)
+    return head, result
