@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from specdec.fast.head import FeatureHead, HeadConfig
 from specdec.fast.model import FastLlama, LlamaShape
 from specdec.zoo.data import TokenData
-from specdec.zoo.distill import acceptance_per_position, kl_loss
+from specdec.zoo.distill import MixedData, acceptance_per_position, kl_loss
 from specdec.zoo.presets import TrainConfig
 from specdec.zoo.train import TrainLog, _autocast, lr_at, make_optimizer, resolve_device
 
@@ -46,12 +46,15 @@ class HeadTrainConfig:
     feature_noise: float = 0.1  # input features + U(−a, a) during training (0 = off)
     alpha_batches: int = 4  # held-out batches for α before/after
     init: str = "last-layer"  # "last-layer": the head's layer starts as a copy of the target's last; "random"
+    generated_fraction: float = 0.0  # share of each batch from the target's own greedy text (`pool` of train_head)
 
     def __post_init__(self) -> None:
         if self.kl_weight < 0 or not math.isfinite(self.kl_weight):
             raise ValueError(f"kl_weight must be a finite number ≥ 0, got {self.kl_weight}")
         if self.feature_noise < 0 or not math.isfinite(self.feature_noise):
             raise ValueError(f"feature_noise must be a finite number ≥ 0, got {self.feature_noise}")
+        if not 0.0 <= self.generated_fraction <= 1.0:
+            raise ValueError(f"generated_fraction must be in [0, 1], got {self.generated_fraction}")
         if self.init not in ("last-layer", "random"):
             raise ValueError(f"init must be 'last-layer' or 'random', got {self.init!r}")
 
@@ -164,9 +167,10 @@ def head_alpha(target, head: TrainableHead, batches: list, *, temperatures=(0.0,
 
 
 def train_head(target: torch.nn.Module, data: TokenData, cfg: HeadTrainConfig, *, device=None,
-               log_path: str | os.PathLike | None = None, head: TrainableHead | None = None
-               ) -> tuple[TrainableHead, HeadTrainResult]:
-    """Train a head on `target` (a transformers Llama-family causal LM, kept frozen) over `data`'s corpus.
+               log_path: str | os.PathLike | None = None, head: TrainableHead | None = None,
+               pool: torch.Tensor | None = None) -> tuple[TrainableHead, HeadTrainResult]:
+    """Train a head on `target` (a transformers Llama-family causal LM, kept frozen) over `data`'s corpus
+    (and, with `cfg.generated_fraction` > 0, over `pool`: the target's greedy text, `distill.generate_greedy`).
 
     Returns the trainable head (`.to_feature_head()` for the engine) and a summary with α before/after.
     bf16 autocast and fused AdamW on CUDA; fp32 on CPU.
@@ -184,6 +188,10 @@ def train_head(target: torch.nn.Module, data: TokenData, cfg: HeadTrainConfig, *
             head.init_from(target)
     head.to(device).train()
     held_out = data.val_batches(tc.batch_size, tc.seq_len, cfg.alpha_batches)
+    if cfg.generated_fraction > 0:
+        if pool is None:
+            raise ValueError("generated_fraction > 0 needs a pool of generated text (pool=)")
+        data = MixedData(data, pool, cfg.generated_fraction)
     before = head_alpha(target, head, held_out, device=device, bf16=tc.bf16)
     logger.info("head: alpha before %s", before)
     optimizer = make_optimizer(head, tc, device)
