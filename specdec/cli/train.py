@@ -156,7 +156,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
         if args.train_command == "pair":
             check_float("--budget-scale", args.budget_scale, 0.0, open_low=True)
             check_float("--head-seconds", args.head_seconds, 0.0)
-        else:
+        elif args.train_command == "distill":
             check_float("--seconds", args.seconds, 0.0, open_low=True)
             check_float("--lr", args.lr, 0.0, 1.0, open_low=True)
             for flag, value, low, high in (("--steps", args.steps, 1, None), ("--batch-size", args.batch_size, 1, 1 << 16),
