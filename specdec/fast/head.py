@@ -215,10 +215,11 @@ def is_feature_head(obj) -> bool:
 
 
 def load_feature_head(obj, target: FastLlama, name: str = "drafter") -> FeatureHead:
-    """A `FeatureHead` (or folder) bound to `target`, on its device and dtype."""
+    """A `FeatureHead` (or folder) bound to `target`, on its device and dtype (a copy when `obj` is elsewhere,
+    in another dtype, or already bound to another target)."""
     if isinstance(obj, FeatureHead):
         check_matches(obj.config, target.shape, name)
-        if obj.device != target.device or obj.dtype != target.dtype:
-            obj = obj.copy_to(target.device, target.dtype)
+        if obj.device != target.device or obj.dtype != target.dtype or (obj._target and obj._target[0] is not target):
+            obj = obj.copy_to(target.device, target.dtype)  # never rebind a head another target drafts with
         return obj.bind(target, name)
     return FeatureHead.load(obj, target=target, name=name)

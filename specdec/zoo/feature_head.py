@@ -47,6 +47,7 @@ class HeadTrainConfig:
     alpha_batches: int = 4  # held-out batches for α before/after
     init: str = "last-layer"  # "last-layer": the head's layer starts as a copy of the target's last; "random"
     generated_fraction: float = 0.0  # share of each batch from the target's own greedy text (`pool` of train_head)
+    batch_reuse: int = 1  # head steps per target pass (the frozen target's forward dominates a step's cost)
 
     def __post_init__(self) -> None:
         if self.kl_weight < 0 or not math.isfinite(self.kl_weight):
@@ -55,6 +56,8 @@ class HeadTrainConfig:
             raise ValueError(f"feature_noise must be a finite number ≥ 0, got {self.feature_noise}")
         if not 0.0 <= self.generated_fraction <= 1.0:
             raise ValueError(f"generated_fraction must be in [0, 1], got {self.generated_fraction}")
+        if isinstance(self.batch_reuse, bool) or not isinstance(self.batch_reuse, int) or self.batch_reuse < 1:
+            raise ValueError(f"batch_reuse must be an integer ≥ 1, got {self.batch_reuse!r}")
         if self.init not in ("last-layer", "random"):
             raise ValueError(f"init must be 'last-layer' or 'random', got {self.init!r}")
 
@@ -215,10 +218,12 @@ def train_head(target: torch.nn.Module, data: TokenData, cfg: HeadTrainConfig, *
         lr = lr_at(step, total_steps, tc)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        batch = data.train_batch(tc.batch_size, tc.seq_len, rng).to(device, non_blocking=True)
-        with _autocast(device, tc.bf16):
-            with torch.no_grad():
+        if step % cfg.batch_reuse == 0:
+            batch = data.train_batch(tc.batch_size, tc.seq_len, rng).to(device, non_blocking=True)
+            tokens += batch.shape[0] * (batch.shape[1] - 1)  # target tokens seen
+            with _autocast(device, tc.bf16), torch.no_grad():
                 hidden, p_logits = _target_pass(target, batch)
+        with _autocast(device, tc.bf16):
             predicted, q_logits = _head_pass(head, target, hidden, batch, cfg.feature_noise, noise_gen)
             regression = F.smooth_l1_loss(predicted.float(), hidden[:, 1:].float())
             mask = torch.ones(q_logits.shape[:2], dtype=torch.bool, device=device)
@@ -232,7 +237,6 @@ def train_head(target: torch.nn.Module, data: TokenData, cfg: HeadTrainConfig, *
             logger.warning("head step %d: non-finite loss/grad; step skipped", step)
         optimizer.zero_grad(set_to_none=True)
         step += 1
-        tokens += batch.shape[0] * (batch.shape[1] - 1)
         losses.append(float(loss.detach()))
         log.write({"step": step, "tokens": tokens, "loss": round(losses[-1], 5),
                    "regression": round(float(regression.detach()), 5), "kl": round(float(kl.detach()), 5), "lr": f"{lr:.3e}",

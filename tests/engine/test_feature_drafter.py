@@ -153,3 +153,24 @@ def test_negative_control_reused_randomness_fails(pair, monkeypatch):
     monkeypatch.setattr(rng, "_row_keys", lambda seed, position, stream: real(seed, position * 0, 0))
     pairs, _ = _two_token_pairs(target, head, ROWS // 3)
     assert chi2_pvalue(pairs, exact_two_token_law(target, SamplingConfig(1.0))) < FAIL
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graphs_keep_greedy_exact_and_seeds_repeating(make_llama):
+    from helpers import assert_same_greedy
+
+    target = make_llama(0).cuda()
+    head = start_head(target)  # on the CPU: the engine copies it to the target's device
+    prompts = RAGGED_PROMPTS + [[1] * 30, list(range(2, 60))]
+    for gamma in (1, 3, "auto"):
+        res = specdec.generate(target, prompts, drafter=head, max_new_tokens=40, temperature=0,
+                               num_draft_tokens=gamma, eos_token_id=[])
+        for prompt, out in zip(prompts, res.sequences):
+            assert_same_greedy(target, prompt, out, hf_greedy(target, prompt, 40, []))
+    engine = Engine(target, head, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=3))
+    assert engine.cuda_graphs and engine.state.features.is_cuda
+    kwargs = dict(max_new_tokens=30, temperature=1.0, num_draft_tokens=3, seed=7, eos_token_id=[])
+    first = specdec.generate(target, prompts, drafter=head, **kwargs)
+    assert specdec.generate(target, prompts, drafter=head, **kwargs).sequences == first.sequences
+    assert first.stats.accepted_tokens > 0
