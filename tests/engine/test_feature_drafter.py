@@ -2,6 +2,8 @@
 "auto", requests joining mid-flight), the target features it keeps, the first draft against the head run
 offline, the joint law of two tokens at T=1 (chi-square, with a negative control), and the errors."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -153,6 +155,32 @@ def test_negative_control_reused_randomness_fails(pair, monkeypatch):
     monkeypatch.setattr(rng, "_row_keys", lambda seed, position, stream: real(seed, position * 0, 0))
     pairs, _ = _two_token_pairs(target, head, ROWS // 3)
     assert chi2_pvalue(pairs, exact_two_token_law(target, SamplingConfig(1.0))) < FAIL
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0, max_new_tokens=4),
+                                    SamplingParams(temperature=0.7, top_k=5, max_new_tokens=4)])
+def test_kit_reported_q_is_the_law_of_the_drafts(pair, params):
+    """The drafter kit's check (`check_reported_q`) on the engine drafter: many rows, one context, own seeds."""
+    from drafters.test_drafter_kit import CONTEXT, ROWS as KIT_ROWS, check_reported_q
+
+    target, head = pair
+    engine = Engine(target, head, EngineConfig(max_batch_size=256, max_seq_len=32, num_draft_tokens=2))
+    for _ in range(256):
+        engine.add_request(CONTEXT, params)
+    tokens, probs = [], []
+    with torch.inference_mode():
+        engine._admit([])
+        view = StepView(engine.state, 256, 32, Flavor(False, params.top_k > 0, False, False))
+        for i in range(KIT_ROWS // 256 + 1):
+            engine.state.seed[:256] = torch.arange(256) + 256 * i  # fresh draws for the same context
+            drafts, q, _ = engine.drafter.propose(view, 2)
+            tokens.append(drafts)
+            probs.append(q)
+    tokens, probs = torch.cat(tokens), torch.cat(probs)
+    check_reported_q(SimpleNamespace(tokens=tokens, probs=probs))
+    sharper = probs**2 / (probs**2).sum(-1, keepdim=True)  # negative control: a misreported q fails the check
+    with pytest.raises(AssertionError):
+        check_reported_q(SimpleNamespace(tokens=tokens, probs=sharper))
 
 
 @pytest.mark.gpu
