@@ -97,6 +97,8 @@ def add_parser(subparsers) -> None:
     head.add_argument("--feature-noise", type=float, default=0.1, help="U(−a, a) added to input features")
     head.add_argument("--init", choices=("last-layer", "random"), default="last-layer")
     head.add_argument("--batch-reuse", type=int, default=1, help="head steps per target pass (default 1)")
+    head.add_argument("--depth", type=int, default=3,
+                      help="draft steps unrolled in training (1 = teacher forcing only; default 3)")
     head.add_argument("--generate", type=int, default=0, metavar="N",
                       help="first generate N greedy target continuations of corpus prompts to train on")
     head.add_argument("--generated-fraction", type=float, default=None,
@@ -149,7 +151,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
                                        ("--prompt-len", args.prompt_len, 1, 1 << 16),
                                        ("--new-tokens", args.new_tokens, 1, 1 << 16),
                                        ("--gen-batch-size", args.gen_batch_size, 1, 1 << 16),
-                                       ("--batch-reuse", args.batch_reuse, 1, 1024),
+                                       ("--batch-reuse", args.batch_reuse, 1, 1024), ("--depth", args.depth, 1, 16),
                                        ("--seed", args.seed, 0, (1 << 63) - 1)):
             check_int(flag, value, low, high)
         if args.generated_fraction is not None:
@@ -348,7 +350,7 @@ def _head(args) -> int:
     tc = replace(DEFAULT_HEAD.train, max_seconds=args.max_seconds, steps=args.steps, batch_size=args.batch_size,
                  seq_len=args.seq_len, lr=args.lr, seed=args.seed)
     cfg = replace(DEFAULT_HEAD, train=tc, kl_weight=args.kl_weight, feature_noise=args.feature_noise, init=args.init,
-                  generated_fraction=fraction, batch_reuse=args.batch_reuse)
+                  generated_fraction=fraction, batch_reuse=args.batch_reuse, depth=args.depth)
     device = resolve_device(args.device)
     pool = None
     if args.generate:

@@ -48,6 +48,7 @@ class HeadTrainConfig:
     init: str = "last-layer"  # "last-layer": the head's layer starts as a copy of the target's last; "random"
     generated_fraction: float = 0.0  # share of each batch from the target's own greedy text (`pool` of train_head)
     batch_reuse: int = 1  # head steps per target pass (the frozen target's forward dominates a step's cost)
+    depth: int = 3  # draft steps unrolled in training (1 = teacher forcing only; `TrainableHead.unrolled`)
 
     def __post_init__(self) -> None:
         if self.kl_weight < 0 or not math.isfinite(self.kl_weight):
@@ -58,6 +59,8 @@ class HeadTrainConfig:
             raise ValueError(f"generated_fraction must be in [0, 1], got {self.generated_fraction}")
         if isinstance(self.batch_reuse, bool) or not isinstance(self.batch_reuse, int) or self.batch_reuse < 1:
             raise ValueError(f"batch_reuse must be an integer ≥ 1, got {self.batch_reuse!r}")
+        if isinstance(self.depth, bool) or not isinstance(self.depth, int) or not 1 <= self.depth <= 16:
+            raise ValueError(f"depth must be an integer in [1, 16], got {self.depth!r}")
         if self.init not in ("last-layer", "random"):
             raise ValueError(f"init must be 'last-layer' or 'random', got {self.init!r}")
 
@@ -77,6 +80,7 @@ class HeadTrainResult:
     alpha_before: dict[float, float]
     alpha_after: dict[float, float]
     params: int
+    alpha_after_by_step: dict[int, dict[float, float]] = field(default_factory=dict)  # draft step → α per T
     log_path: str | None = None
     losses: list[float] = field(default_factory=list, repr=False)
 
@@ -85,6 +89,7 @@ class HeadTrainResult:
         out.pop("losses")
         out["alpha_before"] = {str(k): v for k, v in self.alpha_before.items()}
         out["alpha_after"] = {str(k): v for k, v in self.alpha_after.items()}
+        out["alpha_after_by_step"] = {str(s): {str(k): v for k, v in a.items()} for s, a in self.alpha_after_by_step.items()}
         return out
 
 
@@ -112,6 +117,38 @@ class TrainableHead(torch.nn.Module):
         x = self.fc(torch.cat([F.embedding(next_tokens, embed).to(features.dtype), features], -1))
         return self.decoder.model(inputs_embeds=x, use_cache=False).last_hidden_state
 
+    def unrolled(self, features: torch.Tensor, tokens: torch.Tensor, embed: torch.Tensor, depth: int) -> list:
+        """Draft steps 1..depth from every origin at once (EAGLE-3's "training-time test").
+
+        features `[B, N, dim]` (f_0..f_{N−1}), tokens `[B, N]` → [f̂ of step s: `[B, N−s, dim]` for s = 1..depth],
+        row t of step s predicting f_{t+s}. Step 1 reads the true features; step s reads step s−1's predictions
+        at position t+s−1 and attends, as when drafting, to the true entries at positions ≤ t and to its own
+        chain (a block mask over the concatenated steps; positions as in the engine's head cache).
+        """
+        n = features.shape[1]
+        embedded = F.embedding(tokens, embed).to(features.dtype)
+        device = features.device
+        blocks = [self.fc(torch.cat([embedded[:, 1:], features[:, :-1]], -1))]
+        origins, steps = [torch.arange(n - 1, device=device)], [torch.ones(n - 1, dtype=torch.long, device=device)]
+        outputs = []
+        for s in range(1, depth + 1):
+            origin, step = torch.cat(origins), torch.cat(steps)
+            true_key = (step[None, :] == 1) & (origin[None, :] <= origin[:, None])
+            own_chain = (step[None, :] > 1) & (step[None, :] <= step[:, None]) & (origin[None, :] == origin[:, None])
+            mask = (true_key | own_chain)[None, None].expand(features.shape[0], 1, -1, -1)
+            positions = (origin + step - 1)[None].expand(features.shape[0], -1)
+            hidden = self.decoder.model(inputs_embeds=torch.cat(blocks, 1), attention_mask=mask,
+                                        position_ids=positions, use_cache=False).last_hidden_state
+            out = hidden[:, -blocks[-1].shape[1]:]
+            outputs.append(out)
+            width = n - 1 - s  # origins 0..N−2−s have a token x_{t+s+1} to feed
+            if s == depth or width <= 0:
+                break
+            blocks.append(self.fc(torch.cat([embedded[:, s + 1 :], out[:, :width]], -1)))
+            origins.append(torch.arange(width, device=device))
+            steps.append(torch.full((width,), s + 1, dtype=torch.long, device=device))
+        return outputs
+
     def init_from(self, target: torch.nn.Module) -> None:
         """The layer starts as the target's last layer; fc passes the features through (identity on f_t)."""
         with torch.no_grad():
@@ -137,21 +174,27 @@ def _target_pass(target, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return hidden, target.lm_head(hidden)
 
 
-def _head_pass(head: TrainableHead, target, hidden: torch.Tensor, batch: torch.Tensor, noise: float = 0.0,
-               generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(f̂_{1..N−1} `[B, N−1, dim]`, their logits through the target's LM head `[B, N−1, V]`)."""
-    features = hidden[:, :-1]
+def _head_pass(head: TrainableHead, target, hidden: torch.Tensor, batch: torch.Tensor, depth: int = 1,
+               noise: float = 0.0, generator: torch.Generator | None = None) -> list:
+    """Per draft step s = 1..depth: (f̂ `[B, N−s, dim]` predicting f_{s..N−1}, its logits through the target's
+    LM head `[B, N−s, V]`)."""
+    features = hidden
     if noise > 0:
         u = torch.rand(features.shape, device=features.device, generator=generator, dtype=torch.float32)
         features = features + ((2 * u - 1) * noise).to(features.dtype)
-    predicted = head(features, batch[:, 1:], target.get_input_embeddings().weight)
-    return predicted, target.lm_head(predicted.to(hidden.dtype))
+    embed = target.get_input_embeddings().weight
+    if depth == 1:
+        predicted = [head(features[:, :-1], batch[:, 1:], embed)]
+    else:
+        predicted = head.unrolled(features, batch, embed, depth)
+    return [(f, target.lm_head(f.to(hidden.dtype))) for f in predicted]
 
 
 @torch.no_grad()
 def head_alpha(target, head: TrainableHead, batches: list, *, temperatures=(0.0, 1.0), device=None,
-               bf16: bool = True) -> dict[float, float]:
-    """First-draft-step α: mean β(p_{t+1}, q(f̂_{t+1})) over held-out batches, per temperature."""
+               bf16: bool = True, step: int = 1) -> dict[float, float]:
+    """α of draft step `step` (1: mean β(p_{t+1}, q(f̂_{t+1})), teacher-forced; s > 1: the head's own predicted
+    features for steps 1..s−1, the true tokens) over held-out batches, per temperature."""
     device = resolve_device(device)
     was_training = head.training
     head.eval()
@@ -160,8 +203,8 @@ def head_alpha(target, head: TrainableHead, batches: list, *, temperatures=(0.0,
         batch = batch.to(device)
         with _autocast(device, bf16):
             hidden, p_logits = _target_pass(target, batch)
-            _, q_logits = _head_pass(head, target, hidden, batch)
-        p, q = p_logits[:, 1:].float().flatten(0, 1), q_logits.float().flatten(0, 1)
+            _, q_logits = _head_pass(head, target, hidden, batch, step)[-1]
+        p, q = p_logits[:, step:].float().flatten(0, 1), q_logits.float().flatten(0, 1)
         for t in temperatures:
             sums[t] += float(acceptance_per_position(p, q, t).sum())
         count += p.shape[0]
@@ -224,10 +267,12 @@ def train_head(target: torch.nn.Module, data: TokenData, cfg: HeadTrainConfig, *
             with _autocast(device, tc.bf16), torch.no_grad():
                 hidden, p_logits = _target_pass(target, batch)
         with _autocast(device, tc.bf16):
-            predicted, q_logits = _head_pass(head, target, hidden, batch, cfg.feature_noise, noise_gen)
-            regression = F.smooth_l1_loss(predicted.float(), hidden[:, 1:].float())
-            mask = torch.ones(q_logits.shape[:2], dtype=torch.bool, device=device)
-            kl = kl_loss(p_logits[:, 1:], q_logits, mask)
+            regression = kl = 0.0
+            for s, (predicted, q_logits) in enumerate(_head_pass(head, target, hidden, batch, cfg.depth,
+                                                                 cfg.feature_noise, noise_gen), 1):
+                regression = regression + F.smooth_l1_loss(predicted.float(), hidden[:, s:].float()) / cfg.depth
+                mask = torch.ones(q_logits.shape[:2], dtype=torch.bool, device=device)
+                kl = kl + kl_loss(p_logits[:, s:], q_logits, mask) / cfg.depth
             loss = regression + cfg.kl_weight * kl
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
@@ -247,10 +292,12 @@ def train_head(target: torch.nn.Module, data: TokenData, cfg: HeadTrainConfig, *
     log.close()
     seconds = time.perf_counter() - t0
     after = head_alpha(target, head, held_out, device=device, bf16=tc.bf16)
+    by_step = {s: head_alpha(target, head, held_out, device=device, bf16=tc.bf16, step=s) for s in (2, 3)}
     logger.info("head: %d steps in %.1f s, loss %.4f -> %.4f, alpha after %s", step, seconds, losses[0],
                 losses[-1], after)
     result = HeadTrainResult(steps=step, seconds=round(seconds, 2), first_loss=losses[0], final_loss=losses[-1],
                              tokens_per_s=round(tokens / max(seconds, 1e-9), 1), alpha_before=before,
-                             alpha_after=after, params=sum(p.numel() for p in params),
+                             alpha_after=after, alpha_after_by_step={1: after, **by_step},
+                             params=sum(p.numel() for p in params),
                              log_path=None if log_path is None else str(log_path), losses=losses)
     return head, result

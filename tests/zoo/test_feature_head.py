@@ -94,3 +94,23 @@ def test_cli_trains_a_head_folder(trained, code_data, tmp_path, capsys):
     FeatureHead.load(tmp_path / "head", target=FastLlama.from_hf(target))
     code = main(["train", "head", "--target", str(folder), "--data", str(code_data), "--out", str(tmp_path / "x"), "--generated-fraction", "0.5", "--quiet"])
     assert code == 2 and "--generated-fraction needs --generate" in capsys.readouterr().err
+
+
+def test_unrolled_training_steps_are_the_engines_draft_chain(make_llama):
+    """Step s of `TrainableHead.unrolled` (one block-masked pass) = the head drafting s steps from origin t in a
+    KV cache holding the true entries 0..t (teacher tokens, its own predicted features)."""
+    target = make_llama(0)
+    head = TrainableHead(HeadConfig.for_target(LlamaShape.from_hf(target.config)), seed=1).eval()
+    tokens = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        features = target.model(input_ids=tokens).last_hidden_state
+        steps = head.unrolled(features, tokens, target.get_input_embeddings().weight, 3)
+        assert [s.shape[1] for s in steps] == [11, 10, 9]
+        bound = head.to_feature_head().bind(FastLlama.from_hf(target))
+        for t in (0, 4, 8):
+            cache = bound.layer.new_cache(2, 32)
+            predicted = bound(features[:, : t + 1], tokens[:, 1 : t + 2], cache)[:, -1:]
+            for s in range(3):
+                if s:
+                    predicted = bound(predicted, tokens[:, t + s + 1 : t + s + 2], cache)
+                torch.testing.assert_close(predicted[:, 0], steps[s][:, t], atol=1e-5, rtol=1e-5)
