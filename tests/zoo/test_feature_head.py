@@ -92,6 +92,13 @@ def test_cli_trains_a_head_folder(trained, code_data, tmp_path, capsys):
     assert summary["steps"] == 4 and set(summary["alpha_after"]) == {"0.0", "1.0"}
     assert (tmp_path / "head" / "head.csv").is_file()
     FeatureHead.load(tmp_path / "head", target=FastLlama.from_hf(target))
+    texts = []
+    for draft in ([], ["--draft", str(tmp_path / "head")]):  # `specdec generate --draft HEAD`: the greedy text
+        code = main(["generate", "--target", str(folder), *draft, "--prompt", "def func_1(x, y):", "--temperature",
+                     "0", "--max-new-tokens", "12", "--quiet"])
+        assert code == 0
+        texts.append(capsys.readouterr().out)
+    assert texts[0] == texts[1] and texts[0].strip()
     code = main(["train", "head", "--target", str(folder), "--data", str(code_data), "--out", str(tmp_path / "x"), "--generated-fraction", "0.5", "--quiet"])
     assert code == 2 and "--generated-fraction needs --generate" in capsys.readouterr().err
 
