@@ -85,16 +85,6 @@ class FeatureHead(torch.nn.Module):
                                      requires_grad=False)
         self._target: tuple[FastLlama, ...] = ()  # a tuple, so the target's weights are not this module's
 
-    @classmethod
-    def random(cls, config: HeadConfig, *, seed: int = 0, std: float = 0.02, device: torch.device | str = "cpu",
-               dtype: torch.dtype = torch.float32) -> "FeatureHead":
-        """Random weights (tests, and the untrained baseline of an α comparison)."""
-        head = cls(config, layer=FastLlama.random(config.layer_shape(), device=device, dtype=dtype, std=std, seed=seed))
-        gen = torch.Generator(device=device).manual_seed(seed + 1)
-        with torch.no_grad():
-            head.fc.normal_(0.0, std, generator=gen)
-        return head.eval()
-
     # ------------------------------------------------------------------------------------------ binding
     @property
     def target(self) -> FastLlama:
