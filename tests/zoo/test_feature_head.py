@@ -99,7 +99,8 @@ def test_cli_trains_a_head_folder(trained, code_data, tmp_path, capsys):
         assert code == 0
         texts.append(capsys.readouterr().out)
     assert texts[0] == texts[1] and texts[0].strip()
-    code = main(["train", "head", "--target", str(folder), "--data", str(code_data), "--out", str(tmp_path / "x"), "--generated-fraction", "0.5", "--quiet"])
+    code = main(["train", "head", "--target", str(folder), "--data", str(code_data), "--out", str(tmp_path / "x"),
+                 "--generated-fraction", "0.5", "--quiet"])
     assert code == 2 and "--generated-fraction needs --generate" in capsys.readouterr().err
 
 
