@@ -47,7 +47,12 @@ class EngineFeatureDrafter:
         return self.head.inputs(self.state.features[rows, first : first + width], tokens[:, cols])
 
     def prefill(self, state: SlotState, rows: slice, starts: list[int], ends: list[int], chunk: int) -> None:
-        """Feed head entries at positions [starts[i], ends[i]) (their features must be known: ends ≤ L − 1)."""
+        """Feed head entries at positions [starts[i], ends[i]) (their features must be known: ends ≤ L − 1).
+
+        A row that feeds anything also re-feeds the `window` entries before starts[i]: the engine counts a step's
+        accepted drafts as fed, which holds for token drafters, but this head fed them with predicted features
+        (only the next proposal's window would overwrite them, and plain steps may come first)."""
+        starts = [max(s - self.window, 0) if e > s else s for s, e in zip(starts, ends)]
         prefill_rows(self.head.layer, self.cache, state, rows, starts, ends, chunk, embeds=self._entries)
 
     def propose(self, view: StepView, gamma: int):

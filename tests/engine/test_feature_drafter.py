@@ -14,6 +14,7 @@ from specdec import rng
 from specdec.core import SamplingConfig
 from specdec.engine import Engine, EngineConfig, UnsupportedModel
 from specdec.engine.drafters import Flavor, StepView
+from specdec.engine.slots import SlotCache, prefill_rows
 from specdec.fast.head import FeatureHead, HeadConfig
 from specdec.fast.model import LlamaShape
 from specdec.request import SamplingParams
@@ -85,6 +86,30 @@ def test_requests_join_mid_flight_and_features_stay_the_targets(target, head):
     assert checked > 5
     for i, prompt in enumerate(prompts):
         assert outputs[i] == hf_greedy(target, prompt, 9 + i, [])
+
+
+def test_plain_steps_between_speculative_ones_leave_only_true_head_entries(target, head):
+    """After speculative steps, plain steps and the catch-up, the head's cache below the proposal window holds
+    exactly the entries (f_t, x_{t+1}) a fresh prefill writes (none left from drafts' predicted features)."""
+    engine = Engine(target, head, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens="auto"))
+    for prompt in RAGGED_PROMPTS:
+        engine.add_request(prompt, SamplingParams(temperature=0, max_new_tokens=40))
+    drafter = engine.drafter
+    for gamma in [3, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]:
+        engine.policy.set_fixed(gamma)
+        engine.step()
+    with torch.inference_mode():
+        engine._catch_up_drafter(3)  # what the next speculative step does first
+        n = engine.num_running
+        fresh = SlotCache(drafter.head.layer, engine.max_batch, engine.num_positions)
+        lengths = engine.state.lengths[:n].tolist()
+        prefill_rows(drafter.head.layer, fresh, engine.state, slice(0, n), [0] * n, [L - 1 for L in lengths], 512,
+                     embeds=drafter._entries)
+    assert n >= 2
+    for slot, length in enumerate(lengths):
+        below = length - 1 - drafter.window  # the next proposal re-feeds the window itself
+        assert below > 4
+        torch.testing.assert_close(drafter.cache.keys[:, slot, :, :below], fresh.keys[:, slot, :, :below])
 
 
 def test_first_draft_is_the_head_over_true_features(target, head):
