@@ -120,6 +120,11 @@ def stream(
     """Like `generate`, but returns a `GenerationStream` of per-step `TokenEvent`s (arguments validated now)."""
     if (check_leniency(leniency) != 1.0 or draft_tree is not None) and engine == "fast":
         raise ValueError("leniency and draft_tree run on the transformers loop: use engine='auto' or 'hf'")
+    if _is_feature_head(drafter) and (engine == "hf" or leniency != 1.0 or draft_tree is not None):
+        from specdec.engine.config import UnsupportedModel
+
+        raise UnsupportedModel("drafter: a feature head reads the target's hidden states, which only the engine "
+                               "keeps: use engine='fast' (or 'auto'), without leniency or draft_tree")
     if draft_tree is not None:
         from specdec.tree_decoding import tree_stream
 
@@ -154,7 +159,7 @@ def _use_engine(engine, target, drafter, num_draft_tokens) -> bool:
         raise ValueError(f"engine must be 'auto', 'fast' or 'hf', got {engine!r}")
     if engine == "hf":
         return False
-    if engine == "fast":
+    if engine == "fast" or _is_feature_head(drafter):  # a feature head runs on the engine only
         return True
     device = getattr(target, "device", None)
     if not isinstance(device, torch.device) or device.type != "cuda":
@@ -164,6 +169,12 @@ def _use_engine(engine, target, drafter, num_draft_tokens) -> bool:
     from specdec.engine.build import covers, covers_drafter
 
     return covers(target) and covers_drafter(drafter)
+
+
+def _is_feature_head(drafter) -> bool:
+    from specdec.fast.head import is_feature_head  # lazily: the transformers loop does not need the fast model
+
+    return is_feature_head(drafter)
 
 
 def _decode(target, drafter, policy, prompts, max_new_tokens, sampling, eos, generator, holder, leniency=1.0) -> Iterator[TokenEvent]:

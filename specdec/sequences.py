@@ -78,13 +78,31 @@ class TokenBuffer:
 
 def write_tokens(tokens: torch.Tensor, lengths: torch.Tensor, new_tokens: torch.Tensor, counts: torch.Tensor) -> None:
     """Write the first `counts[b]` of `new_tokens [B, k]` into `tokens [B, capacity]` from column `lengths[b]`,
-    in place, with no host sync (the engine's graphs call it too). Lengths are not moved.
+    in place, with no host sync (the engine's graphs call it too). Lengths are not moved. See `write_rows`."""
+    write_rows(tokens, lengths, new_tokens, counts)
 
-    Columns past the capacity are clamped to the last one (callers size the buffer so this never commits);
-    masked entries rewrite column 0 with its own value.
+
+def write_rows(buffer: torch.Tensor, starts: torch.Tensor, new: torch.Tensor, counts: torch.Tensor) -> None:
+    """Write the first `counts[b]` entries of `new [B, k, ...]` into `buffer [B, capacity, ...]` from column
+    `starts[b]`, in place, with no host sync: committed tokens `[B, capacity]`, and the target's features
+    `[B, capacity, dim]` for feature drafters, follow this one rule.
+
+    Columns past the capacity are clamped to the last one (callers size the buffer so this never commits).
+    Masked entries rewrite column `starts[b]` with the value it ends up holding anyway, so no two writes to a
+    column disagree (scatter order does not matter).
     """
-    k = new_tokens.shape[1]
-    cols = torch.arange(k, device=tokens.device)[None, :]
+    k = new.shape[1]
+    last = buffer.shape[1] - 1
+    cols = torch.arange(k, device=buffer.device)[None, :]
     write = cols < counts[:, None]
-    where = torch.where(write, (lengths[:, None] + cols).clamp(max=tokens.shape[1] - 1), torch.zeros_like(cols))
-    tokens.scatter_(1, where, torch.where(write, new_tokens, tokens.gather(1, where)))
+    first = starts.clamp(max=last)[:, None]  # [B, 1]
+    where = torch.where(write, (starts[:, None] + cols).clamp(max=last), first)  # [B, k]
+    trailing = buffer.shape[2:]
+    expand = (*where.shape, *trailing)
+    index = where.view(*where.shape, *(1,) * len(trailing)).expand(expand)
+    first_index = first.view(*first.shape, *(1,) * len(trailing)).expand(first.shape[0], 1, *trailing)
+    new = new.to(buffer.dtype)
+    fill = torch.where((counts[:, None] > 0).view(-1, 1, *(1,) * len(trailing)), new[:, :1],
+                       buffer.gather(1, first_index))  # [B, 1, ...]: what column starts[b] will hold
+    mask = write.view(*write.shape, *(1,) * len(trailing))
+    buffer.scatter_(1, index, torch.where(mask, new, fill.expand(expand)))

@@ -238,6 +238,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--quick", action="store_true", help="fewer prompts and sizes (a smoke run)")
     parser.add_argument("--no-shapes", action="store_true")
+    parser.add_argument("--head", default=None, help="a feature head folder (`specdec train head`): adds a 'head' drafter")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -265,6 +266,8 @@ def main(argv=None) -> dict:
     engines = {"plain": (Engine(hf_target, None, config), 0), "model": (Engine(hf_target, hf_draft, config), "auto"),
                "bigram": (Engine(hf_target, bigram, config), "auto"),
                "prompt_lookup": (Engine(hf_target, PromptLookupDrafter(), config), "auto")}
+    if args.head:
+        engines["head"] = (Engine(hf_target, args.head, config), "auto")
     def save() -> None:  # after every section, so a run cut off by its time limit keeps what it measured
         (out_dir / "engine.json").write_text(json.dumps(results, indent=1, default=str))
 
@@ -279,6 +282,8 @@ def main(argv=None) -> dict:
     save()
     n_b1 = 12 if args.quick else 48
     spec = {"model": engines["model"][0]}
+    if args.head:
+        spec["head"] = engines["head"][0]
     results["batch1_T0"] = batch1(engines["plain"][0], spec, prompts[:n_b1], max_new, 0.0)
     results["batch1_T1"] = batch1(engines["plain"][0], spec, prompts[:n_b1], max_new, 1.0, gammas=(4, "auto"))
     save()

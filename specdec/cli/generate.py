@@ -75,6 +75,10 @@ def load_drafter(args, tokenizer, vocab_size: int, prompts_ids, device, dtype):
                 raise FileNotFoundError(f"--ngram-data file not found: {args.ngram_data}")
             data = [tokenizer.encode(args.ngram_data.read_text(encoding="utf-8", errors="replace"))]
         return specdec.NGramDrafter(1 if kind == "unigram" else 2).fit(data, vocab_size)
+    from specdec.fast.head import is_feature_head
+
+    if is_feature_head(args.draft):  # a feature-head folder (`specdec train head`): the engine loads it
+        return args.draft
     return load_model(args.draft, device=device, dtype=dtype, what="draft", allow_pickle=getattr(args, "allow_pickle", False))
 
 

@@ -6,6 +6,8 @@
     specdec train pair --preset demo --data data/code --out runs/demo
     specdec train distill --target runs/demo/target --draft runs/demo/draft0 --data data/code --out runs/d
     specdec train image --preset digits --out runs/digits    # 8×8 digit images (needs scikit-learn)
+    specdec train head --target runs/demo/target --data data/code --out runs/head --max-seconds 90
+                                                             # a feature-level draft head (EAGLE-style)
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ def add_parser(subparsers) -> None:
     pair.add_argument("--out", required=True)
     pair.add_argument("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:1, ...")
     pair.add_argument("--budget-scale", type=float, default=1.0, help="multiply every phase's time budget (default 1)")
+    pair.add_argument("--head-seconds", type=float, default=0.0,
+                      help="also train a feature-level draft head on the target for this long (out/head; default 0 = no)")
     pair.add_argument("--no-progress", action="store_true")
     _add_run_options(pair)
     pair.set_defaults(run=run)
@@ -80,6 +84,36 @@ def add_parser(subparsers) -> None:
     _add_run_options(dist)
     dist.set_defaults(run=run)
 
+    head = sub.add_parser("head", help="train a feature-level draft head (reads the target's hidden state)")
+    head.add_argument("--target", required=True, help="a Llama-family target folder")
+    head.add_argument("--data", required=True, help="folder written by `specdec train prepare --corpus code`")
+    head.add_argument("--out", required=True, help="the head folder (feature_head.json, model.safetensors, logs)")
+    head.add_argument("--max-seconds", type=float, default=90.0, help="training time budget (default 90)")
+    head.add_argument("--steps", type=int, default=100_000, help="upper bound on steps (default 100000)")
+    head.add_argument("--batch-size", type=int, default=32)
+    head.add_argument("--seq-len", type=int, default=512)
+    head.add_argument("--lr", type=float, default=1e-3)
+    head.add_argument("--kl-weight", type=float, default=0.5, help="weight of KL(p‖q) next to the feature loss")
+    head.add_argument("--feature-noise", type=float, default=0.1, help="U(−a, a) added to input features")
+    head.add_argument("--init", choices=("last-layer", "random"), default="last-layer")
+    head.add_argument("--batch-reuse", type=int, default=1, help="head steps per target pass (default 1)")
+    head.add_argument("--depth", type=int, default=3,
+                      help="draft steps unrolled in training (1 = teacher forcing only; default 3)")
+    head.add_argument("--generate", type=int, default=0, metavar="N",
+                      help="first generate N greedy target continuations of corpus prompts to train on")
+    head.add_argument("--generated-fraction", type=float, default=None,
+                      help="share of each batch from the generated text (default 0.5 with --generate, else 0)")
+    head.add_argument("--prompt-len", type=int, default=32)
+    head.add_argument("--new-tokens", type=int, default=192)
+    head.add_argument("--gen-batch-size", type=int, default=64)
+    head.add_argument("--seed", type=int, default=0, help="(default 0)")
+    head.add_argument("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:N (default auto)")
+    head.add_argument("--no-progress", action="store_true")
+    head.add_argument("--allow-pickle", action="store_true",
+                      help="also load pickled .bin weights (unpickling can run code: only for checkpoints you trust)")
+    _add_run_options(head)
+    head.set_defaults(run=run)
+
     image = sub.add_parser("image", help="train an image pair on scikit-learn's 8×8 digits (pixel tokens)")
     image.add_argument("--preset", default="digits", help="digits, digits-tiny")
     image.add_argument("--out", required=True)
@@ -97,7 +131,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
-    raise CLIError("give a step (prepare, presets, pair, distill); see specdec train --help")
+    raise CLIError("give a step (prepare, presets, pair, distill, head, image); see specdec train --help")
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
@@ -107,10 +141,26 @@ def _check_numbers(args: argparse.Namespace) -> None:
         if args.val_fraction is not None:
             check_float("--val-fraction", args.val_fraction, 0.0, 0.5, open_low=True)
         check_int("--max-train-tokens", args.max_train_tokens, 1)
-    if args.train_command in ("pair", "distill"):
+    if args.train_command == "head":
+        check_float("--max-seconds", args.max_seconds, 0.0, open_low=True)
+        check_float("--lr", args.lr, 0.0, 1.0, open_low=True)
+        check_float("--kl-weight", args.kl_weight, 0.0)
+        check_float("--feature-noise", args.feature_noise, 0.0)
+        for flag, value, low, high in (("--steps", args.steps, 1, None), ("--batch-size", args.batch_size, 1, 1 << 16),
+                                       ("--seq-len", args.seq_len, 2, 1 << 16), ("--generate", args.generate, 0, 1 << 20),
+                                       ("--prompt-len", args.prompt_len, 1, 1 << 16),
+                                       ("--new-tokens", args.new_tokens, 1, 1 << 16),
+                                       ("--gen-batch-size", args.gen_batch_size, 1, 1 << 16),
+                                       ("--batch-reuse", args.batch_reuse, 1, 1024), ("--depth", args.depth, 1, 16),
+                                       ("--seed", args.seed, 0, (1 << 63) - 1)):
+            check_int(flag, value, low, high)
+        if args.generated_fraction is not None:
+            check_float("--generated-fraction", args.generated_fraction, 0.0, 1.0)
+    if args.train_command in ("pair", "distill", "head"):
         if args.train_command == "pair":
             check_float("--budget-scale", args.budget_scale, 0.0, open_low=True)
-        else:
+            check_float("--head-seconds", args.head_seconds, 0.0)
+        elif args.train_command == "distill":
             check_float("--seconds", args.seconds, 0.0, open_low=True)
             check_float("--lr", args.lr, 0.0, 1.0, open_low=True)
             for flag, value, low, high in (("--steps", args.steps, 1, None), ("--batch-size", args.batch_size, 1, 1 << 16),
@@ -154,6 +204,8 @@ def run(args: argparse.Namespace) -> int:
         return _distill(args)
     if args.train_command == "image":
         return _image(args)
+    if args.train_command == "head":
+        return _head(args)
     raise CLIError(f"unknown step {args.train_command!r}")
 
 
@@ -179,7 +231,15 @@ def _pair(args) -> int:
     preset = get_preset(args.preset)
     if args.budget_scale != 1.0:
         preset = scale_budget(preset, args.budget_scale)
-    summary = train_pair(preset, args.data, args.out, device=args.device, progress=not args.no_progress)
+    head = None
+    if args.head_seconds > 0:
+        from specdec.zoo.feature_head import DEFAULT_HEAD
+
+        base = DEFAULT_HEAD.train
+        head = replace(DEFAULT_HEAD, train=replace(base, max_seconds=args.head_seconds,
+                                                   batch_size=min(base.batch_size, preset.target_train.batch_size),
+                                                   seq_len=min(base.seq_len, preset.target_train.seq_len)))
+    summary = train_pair(preset, args.data, args.out, device=args.device, progress=not args.no_progress, head=head)
     print(dumps(_brief(summary), indent=1))
     return 0
 
@@ -189,6 +249,8 @@ def _brief(summary: dict) -> dict:
     out = {"preset": summary["preset"], "device": summary["device_name"], "total_seconds": summary.get("total_seconds"),
            "target": {k: summary["target"][k] for k in ("params", "steps", "tokens", "seconds", "val_loss",
                                                         "tokens_per_s", "mfu", "skipped_steps")}}
+    if "head" in summary:
+        out["head"] = {k: summary["head"][k] for k in ("steps", "seconds", "final_loss", "alpha_before", "alpha_after")}
     out["drafts"] = []
     for d in summary.get("drafts", []):
         row = {k: d.get(k) for k in ("params", "params_ratio", "init", "steps", "seconds", "val_loss")}
@@ -263,4 +325,47 @@ def _image(args) -> int:
     summary = train_image_pair(get_image_preset(args.preset), args.out, device=args.device,
                                progress=not args.no_progress, augment=not args.no_augment)
     print(json.dumps(_brief({**summary, "device_name": summary["device"]}), indent=1))
+    return 0
+
+
+def _head(args) -> int:
+    from specdec.loading import load_model
+    from specdec.zoo.data import TokenData, load_data
+    from specdec.zoo.feature_head import DEFAULT_HEAD, train_head
+    from specdec.zoo.train import resolve_device
+
+    fraction = args.generated_fraction if args.generated_fraction is not None else (0.5 if args.generate else 0.0)
+    if fraction and not args.generate:
+        raise CLIError("--generated-fraction needs --generate N")
+    if not (Path(args.target) / "config.json").is_file():
+        raise CLIError(f"{args.target} is not a model folder (no config.json)")
+    target = load_model(args.target, device="cpu", dtype="float32", what="--target", allow_pickle=args.allow_pickle)
+    if getattr(target.config, "model_type", None) != "llama":
+        raise CLIError(f"--target: the head trainer covers Llama targets, got {target.config.model_type!r}")
+    data = load_data(args.data)
+    if not isinstance(data, TokenData):
+        raise CLIError("--data: the head trains on a decoder-only corpus (`specdec train prepare --corpus code`)")
+    if int(data.meta["vocab_size"]) != target.config.vocab_size:
+        raise CLIError(f"--data: its tokenizer has {data.meta['vocab_size']} tokens, the target {target.config.vocab_size}")
+    tc = replace(DEFAULT_HEAD.train, max_seconds=args.max_seconds, steps=args.steps, batch_size=args.batch_size,
+                 seq_len=args.seq_len, lr=args.lr, seed=args.seed)
+    cfg = replace(DEFAULT_HEAD, train=tc, kl_weight=args.kl_weight, feature_noise=args.feature_noise, init=args.init,
+                  generated_fraction=fraction, batch_reuse=args.batch_reuse, depth=args.depth)
+    device = resolve_device(args.device)
+    pool = None
+    if args.generate:
+        from specdec.zoo.distill import generate_greedy, prompts_from_stream
+
+        prompts = prompts_from_stream(data.train, args.generate, args.prompt_len, seed=args.seed + 1,
+                                      document_starts=0.5)
+        pool = generate_greedy(target, prompts, args.new_tokens, batch_size=args.gen_batch_size, device=device)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    head, result = train_head(target, data, cfg, device=device, log_path=out / "head.csv", pool=pool)
+    head.to_feature_head().save(out)
+    summary = {"target": str(args.target), "config": {"kl_weight": cfg.kl_weight, "feature_noise": cfg.feature_noise,
+               "init": cfg.init, "generated_fraction": fraction, "generated_sequences": 0 if pool is None else len(pool)},
+               **result.to_dict()}
+    (out / "head_train.json").write_text(dumps(summary, indent=1))
+    print(dumps(summary, indent=1))
     return 0

@@ -14,6 +14,7 @@ from specdec.drafters.ngram import NGramDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
 from specdec.engine.config import UnsupportedModel
 from specdec.engine.drafters import EngineLookupDrafter, EngineModelDrafter, EngineNGramDrafter
+from specdec.fast.head import is_feature_head, load_feature_head
 from specdec.fast.model import FAMILIES, FastLlama
 
 __all__ = ["build_model", "build_drafter", "covers", "covers_drafter"]
@@ -29,9 +30,9 @@ def covers(model) -> bool:
 
 
 def covers_drafter(drafter) -> bool:
-    """True for the drafters the engine runs: None, prompt lookup, n-gram tables, and models it covers
+    """True for the drafters the engine runs: None, prompt lookup, n-gram tables, feature heads, and models it covers
     (transformers models, `ModelDrafter`, `FastDrafter`); other `Drafter` kinds run on the transformers loop."""
-    if drafter is None or isinstance(drafter, (PromptLookupDrafter, NGramDrafter)):
+    if drafter is None or isinstance(drafter, (PromptLookupDrafter, NGramDrafter)) or is_feature_head(drafter):
         return True
     if isinstance(drafter, Drafter):
         from specdec.drafters.model import ModelDrafter
@@ -87,6 +88,12 @@ def build_drafter(drafter, engine):
             raise ValueError(f"draft and target vocabularies differ: drafter has {drafter.vocab_size} tokens, "
                              f"target has {vocab}")
         return EngineNGramDrafter(drafter, engine.device)
+    if is_feature_head(drafter):  # a FeatureHead or its folder: drafts from the target's hidden states
+        from specdec.engine.feature_drafter import EngineFeatureDrafter
+
+        head = load_feature_head(drafter, engine.model, "drafter")
+        return EngineFeatureDrafter(head, engine.state, engine.max_batch, engine.num_positions,
+                                    engine.max_draft_tokens)
     if not covers_drafter(drafter):
         raise UnsupportedModel(f"the engine does not run {type(drafter).__name__} drafters (use engine='hf')")
     model = _fast_model(drafter)

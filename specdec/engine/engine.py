@@ -39,7 +39,7 @@ from specdec.engine.slots import MAX_EOS_IDS, SlotCache, SlotState, prefill_rows
 from specdec.fast.graphs import CapturedStep, new_pool
 from specdec.metrics import SpecStats
 from specdec.request import SamplingParams, as_int, normalize_prompts, resolve_seed
-from specdec.sequences import write_tokens
+from specdec.sequences import write_rows, write_tokens
 from specdec.step import Clock, RequestOutput, StepCounts, commit_counts, step_counters
 
 __all__ = ["Engine", "RequestOutput"]
@@ -86,6 +86,8 @@ class Engine:
             self.state = SlotState(self.max_batch, self.num_positions, self.device, counter_width=width)
             self.counter_sums = torch.zeros(width, dtype=torch.float64, device=self.device)  # engine-wide
             self.drafter = build_drafter(drafter, self) if drafter is not None else None
+            if getattr(self.drafter, "needs_features", False):  # feature drafters read the target's hidden states
+                self.state.enable_features(shape.dim, self.model.dtype)
             self.model.rope_tables(self.num_positions)  # built before any capture (graphs keep their address)
             if hasattr(self.drafter, "model"):
                 self.drafter.model.rope_tables(self.num_positions)
@@ -266,7 +268,8 @@ class Engine:
         start = time.perf_counter()
         rows, chunk = slice(first, len(self._running)), self.config.prefill_chunk
         lengths = [len(r.prompt) for r in admitted]
-        prefill_rows(self.model, self.cache, self.state, rows, [0] * len(admitted), [n - 1 for n in lengths], chunk)
+        prefill_rows(self.model, self.cache, self.state, rows, [0] * len(admitted), [n - 1 for n in lengths], chunk,
+                     features=self.state.features)
         if self.drafter is not None and hasattr(self.drafter, "prefill"):
             valid = [max(n - 2, 0) for n in lengths]
             self.drafter.prefill(self.state, rows, [0] * len(admitted), valid, chunk)
@@ -470,7 +473,8 @@ class _StepRunner:
         cache = e.cache.view(rows, self.positions)
         cache.lengths.copy_(lengths - 1)
         last = state.tokens[rows].gather(1, (lengths - 1)[:, None])
-        logits = e.model(torch.cat([last, draft_tokens], 1), cache)  # [b, γ+1, V]
+        features = state.features
+        logits, hidden = e.model(torch.cat([last, draft_tokens], 1), cache, return_hidden=True)  # [b, γ+1, V]
         has_nan = invalid_scores(logits)
         synthetic = e.config.synthetic_acceptance
         if synthetic is not None:  # BENCHMARK ONLY (EngineConfig): accept each draft with a fixed probability
@@ -492,6 +496,8 @@ class _StepRunner:
         counts, hit_eos = commit_counts(new_tokens, result.num_accepted, state.max_new[rows] - generated,
                                         state.eos[rows], active)
         write_tokens(state.tokens[rows], lengths, new_tokens, counts)
+        if features is not None:  # the features of the committed prefix: positions lengths − 1 + i, i < counts
+            write_rows(features[rows], lengths - 1, hidden, counts)
         lengths.add_(counts)
         generated.add_(counts)
         finished = active & (hit_eos | (generated >= state.max_new[rows]))

@@ -6,7 +6,9 @@ fixed addresses, hence capturable once per shape. Rows n..b-1 of a bucket are id
 
   SlotCache  one model's K/V for every slot `[L, max_batch, H_kv, S, D]` and its write positions `[max_batch]`
   SlotState  committed tokens and each request's parameters, on the device, and the running sums of its
-             acceptance counters (`step.StepCounts` laid out at the largest γ; read when the request ends)
+             acceptance counters (`step.StepCounts` laid out at the largest γ; read when the request ends);
+             for feature drafters also the target's final-normed hidden state at each committed position
+             (`features`)
 """
 
 from __future__ import annotations
@@ -73,8 +75,16 @@ class SlotState:
         self.seed = zeros(max_batch)
         self.eos = zeros(max_batch, MAX_EOS_IDS).fill_(-1)
         self.counters = zeros(max_batch, counter_width, dtype=torch.float64)  # Σ over the request's steps
+        self.features: torch.Tensor | None = None  # [max_batch, capacity, dim], see `enable_features`
         self._fields = ("tokens", "lengths", "generated", "max_new", "active", "temperature", "top_k", "top_p",
                         "seed", "eos", "counters")
+
+    def enable_features(self, dim: int, dtype: torch.dtype) -> None:
+        """Keep the target's features `[max_batch, capacity, dim]`: row b holds them at positions
+        [0, lengths[b] − 1) (the last committed token's comes with the next verify pass)."""
+        if self.features is None:
+            self.features = torch.zeros(*self.tokens.shape, dim, dtype=dtype, device=self.tokens.device)
+            self._fields = (*self._fields, "features")
 
     @property
     def capacity(self) -> int:
@@ -109,8 +119,12 @@ class SlotState:
 
 
 def prefill_rows(model: FastLlama, cache: SlotCache, state: SlotState, rows: slice, starts: list[int],
-                 ends: list[int], chunk: int) -> None:
+                 ends: list[int], chunk: int, *, features: torch.Tensor | None = None, embeds=None) -> None:
     """Feed committed positions [starts[i], ends[i]) of the slots in `rows` into `cache` (eager, chunked).
+
+    features `[max_batch, capacity, dim]` (optional): also store the model's final-normed hidden state at
+    each fed position there. embeds (optional): `embeds(rows, first, width) -> [b, width, dim]`, the input
+    vectors of positions [first, first + width) in place of the token embeddings (feature drafters).
 
     Several requests admitted together prefill in one forward per chunk. Each chunk is padded to a power of
     two (padding goes to the junk slot), so prompts of any length run a handful of shapes: no new kernels
@@ -132,4 +146,11 @@ def prefill_rows(model: FastLlama, cache: SlotCache, state: SlotState, rows: sli
         valid = (cols >= start_t) & (cols < end_t)
         if not bool(valid.any()):
             continue
-        model(state.tokens[rows, first : first + bucket] * valid, view, valid, last_only=True)
+        tokens = None if embeds is not None else state.tokens[rows, first : first + bucket] * valid
+        vectors = None if embeds is None else embeds(rows, first, bucket)
+        want = features is not None
+        _, hidden = model(tokens, view, valid, embeds=vectors, last_only=not want, return_hidden=True,
+                          compute_logits=False)
+        if want:
+            block = features[rows, first : first + bucket]
+            block.copy_(torch.where(valid[..., None], hidden.to(block.dtype), block))

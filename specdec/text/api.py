@@ -297,6 +297,10 @@ def _load_draft(draft, target, tokenizer, allow_pickle: bool, ngram_data):
             if isinstance(ngram_data, (str, Path)) else list(ngram_data)
         vocab = target.get_output_embeddings().weight.shape[0]
         return specdec.NGramDrafter(2).fit([tokenizer.encode(t) for t in texts if t], vocab)
+    from specdec.fast.head import is_feature_head
+
+    if is_feature_head(draft):  # a feature-head folder: the engine loads it onto the target
+        return str(draft)
     if isinstance(draft, (str, Path)):
         dtype = next(target.parameters()).dtype
         return load_model(draft, device=target.device, dtype=dtype, what="draft", allow_pickle=allow_pickle)

@@ -4,6 +4,7 @@
 
     out_dir/target/          HF folder (config, safetensors, tokenizer)
     out_dir/draft0/, ...     drafters (pre-trained and/or initialized from the target, then distilled)
+    out_dir/head/            optional (`head=`): a feature-level draft head (`specdec.zoo.feature_head`)
     out_dir/logs/*.csv       per-step logs (+ .json summaries) of every phase
     out_dir/summary.json     sizes, validation losses, α before/after distillation, timings
 """
@@ -34,8 +35,11 @@ def train_pair(
     *,
     device: str | torch.device | None = None,
     progress: bool = True,
+    head=None,
 ) -> dict:
-    """Train `preset`'s target and drafters on the prepared folder `data_dir`; returns the summary dict."""
+    """Train `preset`'s target and drafters on the prepared folder `data_dir`; returns the summary dict.
+
+    head: a `specdec.zoo.feature_head.HeadTrainConfig` to also train a feature head on the target (out_dir/head)."""
     device = resolve_device(device)
     data = load_data(data_dir)
     if data.meta.get("corpus") != preset.corpus:
@@ -73,6 +77,14 @@ def train_pair(
         pool, val_pool = _make_pools(target, data, preset.pool, device)
         summary["generated_pool"] = {"train_sequences": len(pool), "val_sequences": len(val_pool),
                                      **asdict(preset.pool)}
+    if head is not None:
+        from specdec.zoo.feature_head import train_head
+
+        trained, head_result = train_head(target, data, head, device=device, log_path=logs / "head.csv", pool=pool)
+        trained.to_feature_head().save(out / "head")
+        summary["head"] = head_result.to_dict()
+        _write(out / "summary.json", summary)
+        del trained
     summary["drafts"] = []
     for i, recipe in enumerate(preset.drafts):
         shape = recipe.shape

@@ -1,0 +1,84 @@
+"""The engine's feature drafter: a `FeatureHead` drafting from the target's hidden states.
+
+The engine keeps the target's features per committed position (`SlotState.features`, written by prefill and
+by every verify pass for the committed prefix), so with a row's length L, features are known at positions
+[0, L − 1). The head's own slot cache holds one entry per position t: (f_t, token_{t+1}).
+
+A proposal re-feeds the last `window` entries with true features, positions [L − 1 − window, L − 2]
+(window = the engine's largest γ + 1, so it covers everything the previous step committed: the entries
+the previous drafts wrote from predicted features are overwritten, and rejected drafts need no rollback),
+then drafts γ tokens: (f_{L−2}, x_{L−1}) → f̂_{L−1} → x̂_L, then (f̂_{L−1}, x̂_L) → f̂_L → x̂_{L+1}, ...
+each drawn with `StepView.draw` at its absolute position (counter-based randomness, as the model drafter),
+so q is exactly the law each token was drawn from and `core.verify` keeps the output law the target's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.engine.drafters import StepView
+from specdec.engine.slots import SlotCache, SlotState, prefill_rows
+from specdec.fast.head import FeatureHead
+
+__all__ = ["EngineFeatureDrafter"]
+
+
+class EngineFeatureDrafter:
+    """A bound `FeatureHead` with its own slot cache; needs the engine to keep the target's features."""
+
+    needs_features = True
+
+    def __init__(self, head: FeatureHead, state: SlotState, max_batch: int, num_positions: int, max_draft_tokens: int):
+        self.head = head
+        self.model = head.layer  # the engine builds its RoPE tables before any capture
+        self.state = state
+        self.cache = SlotCache(head.layer, max_batch, num_positions)
+        self.vocab_size = head.config.vocab_size
+        self.window = max_draft_tokens + 1
+
+    def forward_passes(self, gamma: int) -> int:
+        return gamma
+
+    def _entries(self, rows: slice, first: int, width: int) -> torch.Tensor:
+        """fc inputs of head entries at positions [first, first + width): (f_t, token_{t+1}) → `[b, width, dim]`."""
+        tokens = self.state.tokens[rows]
+        capacity = tokens.shape[1]
+        cols = (first + 1 + torch.arange(width, device=tokens.device)).clamp(max=capacity - 1)
+        return self.head.inputs(self.state.features[rows, first : first + width], tokens[:, cols])
+
+    def prefill(self, state: SlotState, rows: slice, starts: list[int], ends: list[int], chunk: int) -> None:
+        """Feed head entries at positions [starts[i], ends[i]) (their features must be known: ends ≤ L − 1).
+
+        A row that feeds anything also re-feeds the `window` entries before starts[i]: the engine counts a step's
+        accepted drafts as fed, which holds for token drafters, but this head fed them with predicted features
+        (only the next proposal's window would overwrite them, and plain steps may come first)."""
+        starts = [max(s - self.window, 0) if e > s else s for s, e in zip(starts, ends)]
+        prefill_rows(self.head.layer, self.cache, state, rows, starts, ends, chunk, embeds=self._entries)
+
+    def propose(self, view: StepView, gamma: int):
+        head, batch, w = self.head, view.batch, self.window
+        cache = self.cache.view(slice(0, batch), view.num_positions)
+        lengths = view.lengths
+        pos = lengths[:, None] - 1 - w + torch.arange(w, device=lengths.device)[None, :]  # [b, w]: L−1−w .. L−2
+        # A one-token text has no feature yet: its last entry becomes (0, x_0), alone in the window, so its
+        # first draft reads only what the row holds (never a previous request's cache slots).
+        start = pos == -1
+        valid = (pos >= 0) | (start & (lengths[:, None] == 1))
+        at = pos.clamp_min(0)
+        features = self.state.features[:batch].gather(1, at[..., None].expand(batch, w, head.config.dim))
+        features = features * (pos >= 0)[..., None]
+        next_tokens = view.tokens.gather(1, (pos + 1).clamp_min(0)) * valid
+        cache.lengths.copy_((lengths - 1 - w).clamp_min(0))
+        hidden = head(features, next_tokens, cache, valid, last_only=True)  # f̂_{L−1}: [b, 1, dim]
+        tokens, probs = [], []
+        for i in range(gamma):
+            if i > 0:
+                hidden = head(hidden, tokens[-1][:, None], cache)
+            token, q = view.draw(head.logits(hidden)[:, 0], lengths + i)
+            tokens.append(token)
+            if q is not None:
+                probs.append(q)
+        return torch.stack(tokens, 1), (torch.stack(probs, 1) if probs else None), None
+
+    def move(self, src: int, dst: int) -> None:
+        self.cache.move(src, dst, self.cache.num_positions)

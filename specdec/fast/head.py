@@ -1,0 +1,215 @@
+"""A feature-level draft head (EAGLE-style): one decoder layer that reads the target's last hidden state.
+
+Terms (positions are the target's):
+  feature f_t     the target's final-normed hidden state at position t (what its LM head reads)
+  head step       input (f_t, token_{t+1}) at position t → f̂_{t+1}, the head's own final-normed output;
+                  logits = the target's LM head(f̂_{t+1}) → q for token_{t+2}
+  drafting        continues on its own predictions: (f̂_{t+1}, drafted token_{t+2}) → f̂_{t+2} → ...
+
+The head is `fc: [2·dim → dim]` over concat(target_embed[token_{t+1}], f_t) feeding a one-layer `FastLlama`
+(its own attention, MLP and final norm; its token embedding is a 1-row placeholder it never reads). The
+token embedding and the LM head are the TARGET's tensors, shared (bound with `bind`, never copied or saved).
+
+A head is saved as a small folder: `feature_head.json` (the target shape numbers it was trained for and its
+layer's numbers) and `model.safetensors` (fc, the layer, its norms). Never pickled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from specdec.fast.model import FastLlama, KVCache, LlamaShape
+
+__all__ = ["HeadConfig", "FeatureHead", "is_feature_head", "load_feature_head", "CONFIG_NAME", "WEIGHTS_NAME"]
+
+CONFIG_NAME = "feature_head.json"
+WEIGHTS_NAME = "model.safetensors"
+FORMAT = "specdec-feature-head"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """The target numbers a head is trained for (vocab_size, dim; target_layers informational) and its layer's."""
+
+    vocab_size: int
+    dim: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_positions: int | None = None
+    target_layers: int | None = None
+
+    @classmethod
+    def for_target(cls, shape: LlamaShape, **overrides) -> "HeadConfig":
+        """A head shaped like one layer of the target `shape` (RoPE: the default, at the target's theta)."""
+        base = dict(vocab_size=shape.vocab_size, dim=shape.dim, n_heads=shape.n_heads, n_kv_heads=shape.n_kv_heads,
+                    head_dim=shape.head_dim, intermediate_size=shape.intermediate_size,
+                    rms_norm_eps=shape.rms_norm_eps, rope_theta=shape.rope_theta, max_positions=shape.max_positions,
+                    target_layers=shape.n_layers)
+        return cls(**{**base, **overrides})
+
+    def layer_shape(self) -> LlamaShape:
+        """The head's one-layer decoder (vocabulary 1: its token embedding is never read)."""
+        return LlamaShape(vocab_size=1, dim=self.dim, n_layers=1, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads,
+                          head_dim=self.head_dim, intermediate_size=self.intermediate_size,
+                          rms_norm_eps=self.rms_norm_eps, rope_theta=self.rope_theta, tie_word_embeddings=True,
+                          max_positions=self.max_positions)
+
+
+class FeatureHead(torch.nn.Module):
+    """fc + a one-layer `FastLlama`; `bind(target)` shares the target's embedding and LM head."""
+
+    def __init__(self, config: HeadConfig, *, layer: FastLlama | None = None, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32):
+        super().__init__()
+        if not isinstance(config, HeadConfig):
+            raise TypeError(f"config must be a HeadConfig, got {type(config).__name__}")
+        self.config = config
+        if layer is None:
+            layer = FastLlama(config.layer_shape(), device=device, dtype=dtype)
+        elif layer.shape.n_layers != 1 or layer.shape.dim != config.dim:
+            raise ValueError(f"layer must be a one-layer FastLlama of width {config.dim}, got "
+                             f"{layer.shape.n_layers} layers of width {layer.shape.dim}")
+        self.layer = layer
+        self.fc = torch.nn.Parameter(torch.zeros(config.dim, 2 * config.dim, device=layer.device, dtype=layer.dtype),
+                                     requires_grad=False)
+        self._target: tuple[FastLlama, ...] = ()  # a tuple, so the target's weights are not this module's
+
+    # ------------------------------------------------------------------------------------------ binding
+    @property
+    def target(self) -> FastLlama:
+        if not self._target:
+            raise ValueError("this FeatureHead is not bound to a target: call head.bind(target) first")
+        return self._target[0]
+
+    def bind(self, target: FastLlama, name: str = "target") -> "FeatureHead":
+        """Share `target`'s token embedding and LM head (checked: same width and vocabulary); returns self."""
+        check_matches(self.config, target.shape, name)
+        self._target = (target,)
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.dtype
+
+    # ------------------------------------------------------------------------------------------ forward
+    def inputs(self, features: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
+        """fc(concat(target_embed[next_tokens], features)): `[B, k, dim]`, `[B, k]` → `[B, k, dim]`."""
+        embedded = F.embedding(next_tokens, self.target.embed).to(self.dtype)
+        return F.linear(torch.cat([embedded, features.to(self.dtype)], -1), self.fc)
+
+    def forward(self, features: torch.Tensor, next_tokens: torch.Tensor, cache: KVCache,
+                valid: torch.Tensor | None = None, *, last_only: bool = False) -> torch.Tensor:
+        """Head steps at the cache's next positions: (f_t `[B, k, dim]`, token_{t+1} `[B, k]`) → f̂_{t+1} `[B, k, dim]`
+        (`[B, 1, dim]` with last_only). Writes the head's KV cache like `FastLlama.forward`."""
+        _, hidden = self.layer(None, cache, valid, embeds=self.inputs(features, next_tokens), last_only=last_only,
+                               return_hidden=True, compute_logits=False)
+        return hidden
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's LM head on predicted features: `[B, k, dim]` → float32 `[B, k, V]`."""
+        return self.target._logits(hidden.to(self.target.dtype))
+
+    def copy_to(self, device, dtype: torch.dtype) -> "FeatureHead":
+        """A copy on `device` in `dtype` (unbound; RoPE frequencies stay float32, unlike `Module.to`)."""
+        head = FeatureHead(self.config, device=device, dtype=dtype)
+        params = dict(head.named_parameters())
+        with torch.no_grad():
+            for key, value in self.named_parameters():
+                params[key].copy_(value)
+        return head.eval()
+
+    # ------------------------------------------------------------------------------------------ save/load
+    def save(self, folder: str | os.PathLike) -> Path:
+        """Write `feature_head.json` + `model.safetensors` (fc, the layer, its norms; never the target's tensors)."""
+        from safetensors.torch import save_file
+
+        out = Path(folder)
+        out.mkdir(parents=True, exist_ok=True)
+        tensors = {"fc": self.fc}
+        for name, param in self.layer.named_parameters():
+            if name not in ("embed", "lm_head"):
+                tensors[f"layer.{name}"] = param
+        save_file({k: v.detach().float().cpu().contiguous() for k, v in tensors.items()}, str(out / WEIGHTS_NAME))
+        meta = {"format": FORMAT, "version": VERSION, **asdict(self.config)}
+        (out / CONFIG_NAME).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+        return out
+
+    @classmethod
+    def load(cls, folder: str | os.PathLike, *, target: FastLlama | None = None, device=None,
+             dtype: torch.dtype | None = None, name: str = "target") -> "FeatureHead":
+        """Load a saved head (refused before reading weights when `target`'s width/vocabulary differ; then bound)."""
+        config = read_config(folder)
+        if target is not None:
+            check_matches(config, target.shape, name)
+            device = target.device if device is None else device
+            dtype = target.dtype if dtype is None else dtype
+        from safetensors.torch import load_file
+
+        head = cls(config, device=device or "cpu", dtype=dtype or torch.float32)
+        state = load_file(str(Path(folder) / WEIGHTS_NAME))
+        expected = {"fc"} | {f"layer.{n}" for n, _ in head.layer.named_parameters() if n not in ("embed", "lm_head")}
+        if set(state) != expected:
+            missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
+            raise ValueError(f"{folder}: not a feature head of this shape (missing {missing}, unexpected {extra})")
+        params = dict(head.named_parameters())
+        with torch.no_grad():
+            for key, value in state.items():
+                param = params[key]
+                if param.shape != value.shape:
+                    raise ValueError(f"{folder}: {key} has shape {tuple(value.shape)}, expected {tuple(param.shape)}")
+                param.copy_(value.to(param.dtype))
+            head.layer.embed.zero_()
+        return head.bind(target, name) if target is not None else head.eval()
+
+
+def check_matches(config: HeadConfig, shape: LlamaShape, name: str = "target") -> None:
+    """A head only drafts for targets of the width and vocabulary it was trained for (ValueError naming `name`)."""
+    if config.dim != shape.dim or config.vocab_size != shape.vocab_size:
+        raise ValueError(f"{name}: the feature head was trained for a target of dim {config.dim} and vocabulary "
+                         f"{config.vocab_size}; this one has dim {shape.dim} and vocabulary {shape.vocab_size}")
+
+
+def read_config(folder: str | os.PathLike) -> HeadConfig:
+    path = Path(folder) / CONFIG_NAME
+    if not path.is_file():
+        raise ValueError(f"{folder} is not a feature head folder (no {CONFIG_NAME})")
+    meta = json.loads(path.read_text())
+    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+        raise ValueError(f"{path}: not a {FORMAT} v{VERSION} config")
+    known = {f.name for f in fields(HeadConfig)}
+    return HeadConfig(**{k: v for k, v in meta.items() if k in known})
+
+
+def is_feature_head(obj) -> bool:
+    """True for a `FeatureHead` or a folder holding one."""
+    if isinstance(obj, FeatureHead):
+        return True
+    if isinstance(obj, (str, os.PathLike)):
+        return (Path(obj) / CONFIG_NAME).is_file()
+    return False
+
+
+def load_feature_head(obj, target: FastLlama, name: str = "drafter") -> FeatureHead:
+    """A `FeatureHead` (or folder) bound to `target`, on its device and dtype (a copy when `obj` is elsewhere,
+    in another dtype, or already bound to another target)."""
+    if isinstance(obj, FeatureHead):
+        check_matches(obj.config, target.shape, name)
+        if obj.device != target.device or obj.dtype != target.dtype or (obj._target and obj._target[0] is not target):
+            obj = obj.copy_to(target.device, target.dtype)  # never rebind a head another target drafts with
+        return obj.bind(target, name)
+    return FeatureHead.load(obj, target=target, name=name)
