@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The zoo gpu pair + its feature head, then the engine benchmark on them, on one GPU (two calls: the machine
+# stays warm between them, and /tmp/pair with it). From the repo root with data/code carried:
+#   bash scripts/pair_device_run.sh train [SCALE] [HEAD_S]   # specdec train pair --preset gpu (budget SCALE, 0.85)
+#                                                             # + specdec train head (HEAD_S seconds, 80)
+#   bash scripts/pair_device_run.sh bench [BENCH_S]          # engine_bench on /tmp/pair (+ /tmp/pair/head)
+# Everything lands in $OUT: run.log, summary/log JSON, engine.json.
+set -o pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+MODE=${1:-train}
+log() { echo "=== $* $(date +%T)" | tee -a "$OUT/run.log"; }
+if [ "$MODE" = train ]; then
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee -a "$OUT/run.log"
+  log "train the zoo gpu pair (budget scale ${2:-0.85})"
+  rm -rf /tmp/pair
+  timeout 420 python3 -m specdec train pair --preset gpu --data data/code --out /tmp/pair --budget-scale "${2:-0.85}" \
+      --no-progress 2>&1 | grep -v "^INFO" | tail -40 | tee -a "$OUT/run.log"
+  log "train the feature head (${3:-80} s)"
+  timeout 200 python3 -m specdec train head --target /tmp/pair/target --data data/code --out /tmp/pair/head \
+      --max-seconds "${3:-80}" --generate 1024 --gen-batch-size 512 2>&1 | tail -25 | tee -a "$OUT/run.log"
+  cp /tmp/pair/summary.json "$OUT/summary.json" 2>/dev/null
+  (cd /tmp/pair && tar -czf "$OUT/logs.tar.gz" logs head/*.json 2>/dev/null)
+fi
+if [ "$MODE" = bench ]; then
+  HEAD=""
+  [ -f /tmp/pair/head/feature_head.json ] && HEAD="--head /tmp/pair/head"
+  log "engine bench on /tmp/pair $HEAD"
+  timeout "${2:-540}" python3 -m specdec.bench.engine_bench --pair /tmp/pair --data data/code --out "$OUT" \
+      --max-new-tokens 128 $HEAD 2>&1 | grep -v "^INFO" | tail -30 | tee -a "$OUT/run.log"
+fi
+log done
