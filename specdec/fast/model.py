@@ -275,10 +275,10 @@ class FastLlama(torch.nn.Module):
     def kernels(self, value: str) -> None:
         self._kernels = check_kernel(value, "kernels")
 
-    def _fused(self) -> bool:
+    def _fused(self, kernels: str | None = None) -> bool:
         """True when this forward runs the fused layer (host-side only: no sync, capture-safe)."""
         supported = self.shape.head_dim % 2 == 0 and self.shape.head_dim <= 1024
-        return use_triton(self.kernels, self.device, supported, "FastLlama")
+        return use_triton(self.kernels if kernels is None else kernels, self.device, supported, "FastLlama")
 
     @property
     def device(self) -> torch.device:
@@ -378,7 +378,7 @@ class FastLlama(torch.nn.Module):
             q, key, v = qkv[:, :, :nq], qkv[:, :, nq : nq + nkv], qkv[:, :, nq + nkv :]
             cache.keys[i].scatter_(2, write_index, key.transpose(1, 2))
             cache.values[i].scatter_(2, write_index, v.transpose(1, 2))
-            attn = slot_attention(q, cache.keys[i], cache.values[i], rope_pos, kernel=self.kernels)
+            attn = slot_attention(q, cache.keys[i], cache.values[i], rope_pos, kernel="reference")
             attn = attn.reshape(batch * k, nq * hd)
             x = self._row_parallel(x.view(batch * k, s.dim), attn, self.wo[i])  # residual add fused into the GEMM
             if s.o_bias:
@@ -421,7 +421,7 @@ class FastLlama(torch.nn.Module):
 
     def forward(self, tokens: torch.Tensor | None, cache: KVCache, valid: torch.Tensor | None = None,
                 *, embeds: torch.Tensor | None = None, last_only: bool = False, advance: bool = True,
-                return_hidden: bool = False, compute_logits: bool = True):
+                return_hidden: bool = False, compute_logits: bool = True, kernels: str | None = None):
         """Append `tokens [B, k]` to each row at its own slots → logits `[B, k, V]` (float32).
 
         valid [B, k] (optional): False marks padding; a row's valid tokens are written contiguously from
@@ -430,6 +430,8 @@ class FastLlama(torch.nn.Module):
         embeds [B, k, dim] (optional): input vectors in place of `embed[tokens]` (tokens may then be None).
         return_hidden: return `(logits, hidden)`, hidden `[B, k, dim]` the final-normed states the LM head reads
         (what feature-level drafters consume); compute_logits=False skips the LM head (logits None).
+        kernels: this call's kernels in place of `self.kernels` (the engine prefills eagerly on "reference":
+        outside CUDA graphs each Triton launch costs the host tens of µs, cuBLAS/SDPA calls a few).
         No host synchronization: with fixed shapes this can be captured in a CUDA graph.
         """
         s = self.shape
@@ -451,7 +453,9 @@ class FastLlama(torch.nn.Module):
         rope_pos = positions.clamp(max=junk)
         x = F.embedding(tokens, self.embed) if embeds is None else embeds.to(self.dtype, copy=True)  # [B, k, dim]
         # (a copy: the layers add to x in place, the caller's embeds stay as they were)
-        fused = self._fused()
+        if kernels is not None:
+            check_kernel(kernels, "kernels")
+        fused = self._fused(kernels)
         if fused:
             x = self._fused_layers(x, cache, rope_pos, slots, cos_table, sin_table)
         else:
