@@ -162,3 +162,22 @@ def test_times_are_medians_of_the_last_steps_and_untimed_gammas_interpolate():
     alpha = (100 + policy.prior_alpha * 4) / 104  # the row's Σβ / verified with the pooled prior (weight 4)
     for g, t in ((2, 1.5), (6, 2.5)):  # T interpolated between 0 and 4, extended from 4 with their slope
         assert policy.last_rates[g] == pytest.approx(expected_tokens(alpha, g) / t)
+
+
+def test_a_decision_is_kept_for_a_few_steps_but_not_across_batch_buckets():
+    policy = GammaPolicy("auto", 8)
+    for bucket in (4, 8):
+        for gamma, seconds in ((0, 1.0), (4, 1.4)):
+            for _ in range(3):
+                policy.record_step(bucket, gamma, seconds, 1.0)
+    rows, calls = [_Row(0.5) for _ in range(4)], []
+
+    def estimates():  # every row: α ≈ 0.9 over 100 verified positions, drafting at every speculative step
+        calls.append(1)
+        return [(90.0, 100.0, 25.0, 25.0)] * len(rows)
+
+    chosen = [policy.choose(4, rows, estimates) for _ in range(_HOLD)]
+    assert chosen == [6] * _HOLD and len(calls) == 1  # one read for the whole held decision
+    policy.samples[(8, 0)] = [0.1] * 3  # at bucket 8 plain steps measure 14x faster: plain wins there
+    assert policy.choose(8, rows + rows, estimates) == 0 and len(calls) == 2  # a new bucket re-decides at once
+    assert policy.choose(16, rows * 4, estimates) == 4  # an untimed bucket times γ = default first
