@@ -6,9 +6,9 @@ A fixed integer γ means exactly that γ. "auto" picks, per batch bucket b,
 
 T(b, γ): the measured wall time of a whole step (device and host), the median of its last `_WINDOW` timed
 steps; a γ not yet timed at b is interpolated linearly in γ between timed ones (extended along the line
-from γ = 0 to the largest). Step times are stable, so each arm needs timing only a few times per bucket: a new bucket times
-γ = default and γ = 0 (`_FIRST_SAMPLES` steps each), then the model decides; an untimed γ that the model
-ranks first runs and so gets timed.
+from γ = 0 to the largest). Step times are stable, so each arm needs timing only a few times per bucket: a
+new bucket times γ = default and γ = 0 (`_FIRST_SAMPLES` steps each), then the model decides; an untimed γ
+that the model ranks first runs and so gets timed.
 
 τ_row(γ) = 1 + ρ · (E(α, γ) − 1): the tokens a row is expected to produce per step, not a measured average
 of past steps (which is noisy, 1..γ+1 per row, and was measured on whichever rows ran then). E is Thm 3.8's
@@ -110,8 +110,8 @@ class GammaPolicy:
         return ranked[0], _HOLD
 
     def _rows(self, totals) -> list[tuple[float, float]]:
-        """Each row's (α, ρ): α = (Σβ + α₀·w) / (verified + w), α₀ the pooled α of the rows (or of those seen
-        at the last decision with verified positions); ρ = (steps that drafted + 1) / (speculative steps + 1)."""
+        """Each row's (α, ρ): α = (Σβ + α₀·w) / (verified + w), α₀ the pooled α of the rows (or of those
+        seen at the last decision with verified positions); ρ = (steps that drafted + 1) / (spec. steps + 1)."""
         beta = sum([t[0] for t in totals])
         reached = sum([t[1] for t in totals])
         if reached > 0:
