@@ -192,12 +192,12 @@ class Engine:
         self._admit(outputs)
         if not self._running:
             return outputs
-        started = time.perf_counter()
         running = self._running
         n = len(running)
         batch = next(b for b in BATCH_BUCKETS if b >= n)
         gamma = self.policy.choose(batch, running, self._row_estimates)
-        self._catch_up_drafter(gamma)
+        started = time.perf_counter()  # the step's time: not the policy's reads, not admission (see _admit)
+        caught_up = self._catch_up_drafter(gamma)
         need = max([r.length for r in running]) + gamma + 2
         positions = min(max(_MIN_POSITIONS, 1 << (need - 1).bit_length()), self.num_positions)
         flavor = self._flavor
@@ -225,7 +225,8 @@ class Engine:
         draft_s, verify_s = clock.elapsed(0, 1), clock.elapsed(1, 2)
         committed = self._commit(host, logprobs, n, gamma, draft_s, verify_s, tail)
         produced = tail[1]
-        if not first_run:  # the policy weighs whole steps: device time and the host's share alike
+        if not first_run and not caught_up:  # the policy weighs whole steps: device time and the host's share
+            # alike; a step that captured its graphs or fed the drafter what plain steps skipped is no step time
             self.policy.record_step(batch, gamma, time.perf_counter() - started, produced / n)
         return outputs + committed
 
@@ -275,6 +276,8 @@ class Engine:
             self.drafter.prefill(self.state, rows, [0] * len(admitted), valid, chunk)
             for request, v in zip(admitted, valid):
                 request.draft_valid = v
+        if self.device.type == "cuda":  # prefill runs ahead of the host: finish it here, or its device time
+            torch.cuda.synchronize(self.device)  # lands in the next step's (the policy's) and prefill_time_s
         seconds = time.perf_counter() - start
         for request, n in zip(admitted, lengths):
             request.stats.prefill_time_s = seconds
@@ -285,35 +288,36 @@ class Engine:
         request.admitted_at = (self._num_steps, self._spec_steps, self._passes)
         self._flavor = None
 
-    def _catch_up_drafter(self, gamma: int) -> None:
+    def _catch_up_drafter(self, gamma: int) -> bool:
         """Rows that ran plain steps fell behind in the drafter's cache; feed what it has not seen.
 
         After a speculative step every row's drafter cache holds all but its last 2 committed tokens (the window
         re-fed committed text and the accepted drafts were fed); `_drafter_synced` says so for all rows at once,
-        and the rows' `draft_valid` is written only when a plain step follows."""
+        and the rows' `draft_valid` is written only when a plain step follows. → whether it fed anything."""
         if self.drafter is None or not hasattr(self.drafter, "prefill"):
-            return
+            return False
         if gamma == 0:
             if self._drafter_synced:
                 for r in self._running:
                     r.draft_valid = max(r.draft_valid, r.length - 2)
                 self._drafter_synced = False
-            return
+            return False
         if self._drafter_synced:  # nothing lags: WINDOW >= 2
-            return
+            return False
         self._drafter_synced = True  # after this step
         from specdec.engine.drafters import WINDOW
 
         behind = [max(r.length - WINDOW, 0) for r in self._running]
         lagging = [i for i, r in enumerate(self._running) if behind[i] > r.draft_valid]
         if not lagging:
-            return
+            return False
         rows = range(lagging[0], lagging[-1] + 1)  # one batched prefill; rows not lagging feed nothing
         starts = [self._running[i].draft_valid if i in lagging else 0 for i in rows]
         ends = [behind[i] if i in lagging else 0 for i in rows]
         self.drafter.prefill(self.state, slice(rows.start, rows.stop), starts, ends, self.config.prefill_chunk)
         for i in lagging:
             self._running[i].draft_valid = behind[i]
+        return True
 
     def _release(self, slot: int) -> None:
         """Free `slot`: the last running request moves into it, so running requests stay in 0..n-1."""

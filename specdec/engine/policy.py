@@ -1,32 +1,40 @@
-"""How many tokens the engine drafts in its next step (0 = a plain step), from measured steps.
+"""How many tokens the engine drafts in its next step (0 = a plain step): the paper's rule with measured costs.
 
-A fixed integer γ means exactly that γ. "auto" treats each γ ∈ {0} ∪ candidates as an arm and, per batch
-bucket b, keeps two measurements of it: T(b, γ), the wall time of a whole step (device and host), and τ(b, γ),
-the tokens each running row produced per step (accepted drafts + 1, before EOS/budget cuts). It picks the arm
-with the highest measured rate τ / T — tokens per second, whatever the drafter, the batch size or the
-temperature — so it runs plain decoding where speculation measures slower.
+A fixed integer γ means exactly that γ. "auto" picks, per batch bucket b,
 
-An arm not yet measured at b is tried when a model says it could win: τ from each row's measured acceptance
-(Thm 3.8's E(α, γ) = (1 − α^(γ+1)) / (1 − α), α = Σβ / verified positions with a prior, times the share ρ of
-the row's speculative steps in which its drafter proposed anything) over T interpolated linearly in γ. Every
-`_REFRESH` steps the runner-up arm is measured again, so stale numbers cannot stick.
+    γ* = argmax over γ ∈ {0} ∪ candidates of  mean over running rows of τ_row(γ)  /  T(b, γ)
+
+T(b, γ): the measured wall time of a whole step (device and host), the median of its last `_WINDOW` timed
+steps; a γ not yet timed at b is interpolated linearly in γ between timed ones (extended along the line
+from γ = 0 to the largest). Step times are stable, so each arm needs timing only a few times per bucket: a
+new bucket times γ = default and γ = 0 (`_FIRST_SAMPLES` steps each), then the model decides; an untimed γ
+that the model ranks first runs and so gets timed.
+
+τ_row(γ) = 1 + ρ · (E(α, γ) − 1): the tokens a row is expected to produce per step, not a measured average
+of past steps (which is noisy, 1..γ+1 per row, and was measured on whichever rows ran then). E is Thm 3.8's
+expected tokens (`specdec.analysis.expected_tokens`); α = the row's Σβ over its verified positions with a
+prior (the pooled α of the rows seen so far); ρ = the share of the row's speculative steps in which its
+drafter proposed anything.
+
+Reading the rows' totals from the device costs a host sync, so a decision is kept for `_HOLD` steps (or
+until the batch bucket changes, or the number of running rows changes, after at least `_MIN_GAP` steps).
+Every `_REFRESH` decisions another arm runs once (`_MIN_GAP` steps; the runner-up, then the next ones in
+turn), so no arm keeps a time from a few unlucky steps, and the rows' acceptance does not go stale while the
+policy sits at γ = 0.
 """
 
 from __future__ import annotations
 
+from specdec.analysis import expected_tokens
+
 __all__ = ["GammaPolicy"]
 
-_DECAY = 0.8  # EMA weight of the old measurement
-_PRIOR_ALPHA, _PRIOR_WEIGHT = 0.5, 4.0
-_REFRESH = 32  # steps between re-measurements of the runner-up arm
-
-
-def expected_tokens(alpha: float, gamma: int) -> float:
-    if gamma == 0:
-        return 1.0
-    if alpha >= 1.0:
-        return gamma + 1.0
-    return (1 - alpha ** (gamma + 1)) / (1 - alpha)
+_WINDOW = 8  # timed steps kept per (bucket, γ); T is their median (robust to a stray slow step)
+_FIRST_SAMPLES = 3  # timed steps of γ = default, then γ = 0, at a new bucket before the model decides
+_HOLD = 8  # steps a decision is kept
+_MIN_GAP = 2  # the fewest steps a decision is kept (a change in the running rows re-decides after these)
+_REFRESH = 32  # decisions between runs of the runner-up arm
+_PRIOR_ALPHA, _PRIOR_WEIGHT = 0.5, 4.0  # α before any row was verified; weight (positions) of a row's prior
 
 
 class _RowEstimate:
@@ -39,83 +47,88 @@ class _RowEstimate:
         return self.beta_sum, self.reached, self.spec_steps, self.drafting_steps
 
 
-def _alpha_coverage(beta_sum: float, reached: float, spec_steps: float, drafting_steps: float) -> tuple[float, float]:
-    """A row's α (Σβ over verified positions, with a prior) and the share of its speculative steps that drafted."""
-    alpha = (beta_sum + _PRIOR_ALPHA * _PRIOR_WEIGHT) / (reached + _PRIOR_WEIGHT)
-    coverage = (drafting_steps + 1) / (spec_steps + 1)
-    return alpha, coverage
-
-
 class GammaPolicy:
     def __init__(self, spec, max_draft_tokens: int):
         self.fixed = None if spec == "auto" else int(spec)
         self.max_draft_tokens = max_draft_tokens
         self.candidates = [g for g in (1, 2, 4, 6) if g <= max_draft_tokens]
         self.default = min(4, max_draft_tokens) if max_draft_tokens else 0
-        self.arms: dict[tuple[int, int], list[float]] = {}  # (b, γ) → [T seconds, τ tokens per row] (EMAs)
-        self._since_refresh = 0
+        self.samples: dict[tuple[int, int], list[float]] = {}  # (b, γ) → its last step times (seconds)
+        self.tokens: dict[tuple[int, int], float] = {}  # (b, γ) → EMA of tokens per row per step (reported)
+        self.prior_alpha = _PRIOR_ALPHA  # the pooled α of the rows seen at the last decision
+        self.last_rates: dict[int, float] = {}  # γ → predicted tokens per row per second at the last decision
+        self._choice = None  # the kept decision: γ, (bucket, rows) it was made for, steps since, steps to keep
+        self._key, self._age, self._keep = None, 0, 0
+        self._decisions = 0
 
     @property
     def times(self) -> dict[tuple[int, int], float]:
-        return {key: arm[0] for key, arm in self.arms.items()}
+        """(b, γ) → the step time the policy uses (median of the last timed steps)."""
+        return {key: _median(values) for key, values in self.samples.items() if values}
 
     def set_fixed(self, spec) -> None:
         """Switch between a fixed γ (an int, 0 = plain) and "auto" (for a new call on a kept engine)."""
         self.fixed = None if spec == "auto" else int(spec)
         if self.fixed is not None and self.fixed > self.max_draft_tokens:
             raise ValueError(f"num_draft_tokens {self.fixed} exceeds this engine's max_draft_tokens")
+        self._choice = None
 
     def choose(self, batch: int, running, estimates=None) -> int:
         """γ for the next step at batch bucket `batch`. Each running row's acceptance totals (Σβ, verified
         positions, speculative steps, steps that drafted) come from `record_row` (kept on the row) or, when
-        given, from `estimates()` → one such tuple per row (the engine keeps them on the device and reads them
-        only when an unmeasured arm needs them)."""
+        given, from `estimates()` → one such tuple per row (the engine keeps them on the device: a host read,
+        made only when the policy re-decides)."""
         if self.fixed is not None or not self.candidates:
             return self.fixed or 0
-        arms = self.arms
-        for first in (self.default, 0):  # a new batch bucket: time one speculative step, then a plain one
-            if (batch, first) not in arms:
-                return first
-        measured = {g: arm[1] / max(arm[0], 1e-9) for (b, g), arm in arms.items() if b == batch}
-        ranked = sorted(measured, key=measured.get, reverse=True)
-        best = ranked[0]
-        unmeasured = [g for g in self.candidates if g not in measured]
-        if unmeasured:  # try an untimed γ when the acceptance model says it could beat the best measured rate
-            totals = estimates() if estimates is not None else [_estimate(r).totals() for r in running]
-            rows = [_alpha_coverage(*t) for t in totals]
-            plain = arms[(batch, 0)][0]
-            slope = self._slope(batch, plain)
-            below_one = all(alpha < 1.0 for alpha, _ in rows)  # always, from record_row's or the engine's sums
-            for gamma in unmeasured:  # the mean over rows of each row's expected tokens per step
-                if below_one:  # expected_tokens(α, γ) inlined (this runs per row per step)
-                    e = gamma + 1
-                    tau = sum([1.0 + c * ((1 - a**e) / (1 - a) - 1.0) for a, c in rows])
-                else:
-                    tau = sum([1.0 + c * (expected_tokens(a, gamma) - 1.0) for a, c in rows])
-                tau /= max(len(rows), 1)
-                if tau / (plain + gamma * slope) > measured[best]:
-                    return gamma
-        self._since_refresh += 1
-        if self._since_refresh >= _REFRESH and len(ranked) > 1:
-            self._since_refresh = 0
-            return ranked[1]
-        return best
+        key = (batch, len(running))
+        if self._choice is not None and self._key[0] == batch and self._age < self._keep and (
+                key == self._key or self._age < _MIN_GAP):
+            self._age += 1
+            return self._choice
+        gamma, keep = self._decide(batch, running, estimates)
+        self._choice, self._key, self._age, self._keep = gamma, key, 1, keep
+        return gamma
 
-    def _slope(self, batch: int, plain: float) -> float:
-        timed = [(g, arm[0]) for (b, g), arm in self.arms.items() if b == batch and g > 0]
-        if not timed:
-            return 0.1 * plain
-        gamma, seconds = max(timed)
-        return max(seconds - plain, 0.0) / gamma
+    def _decide(self, batch: int, running, estimates) -> tuple[int, int]:
+        """→ (γ, steps to keep it)."""
+        for first in (self.default, 0):  # a new batch bucket: time a speculative step, then a plain one
+            if len(self.samples.get((batch, first), ())) < _FIRST_SAMPLES:
+                return first, 1
+        totals = estimates() if estimates is not None else [_estimate(r).totals() for r in running]
+        rows = self._rows(totals)
+        times = {g: _median(v) for (b, g), v in self.samples.items() if b == batch and v}
+        rates = {}
+        for gamma in [0, *self.candidates]:
+            tau = sum([1.0 + c * (expected_tokens(a, gamma) - 1.0) for a, c in rows]) / len(rows) if rows else 1.0
+            rates[gamma] = tau / max(_interpolate(times, gamma), 1e-12)
+        self.last_rates = rates
+        ranked = sorted(rates, key=rates.get, reverse=True)
+        self._decisions += 1
+        if self._decisions % _REFRESH == 0 and len(ranked) > 1:  # the others in turn, runner-up first
+            turn = self._decisions // _REFRESH - 1
+            return ranked[1 + turn % (len(ranked) - 1)], _MIN_GAP
+        return ranked[0], _HOLD
+
+    def _rows(self, totals) -> list[tuple[float, float]]:
+        """Each row's (α, ρ): α = (Σβ + α₀·w) / (verified + w), α₀ the pooled α of the rows (or of those
+        seen at the last decision with verified positions); ρ = (steps that drafted + 1) / (spec. steps + 1)."""
+        beta = sum([t[0] for t in totals])
+        reached = sum([t[1] for t in totals])
+        if reached > 0:
+            self.prior_alpha = (beta + self.prior_alpha * _PRIOR_WEIGHT) / (reached + _PRIOR_WEIGHT)
+        prior = self.prior_alpha * _PRIOR_WEIGHT
+        return [(min((b + prior) / (r + _PRIOR_WEIGHT), 1.0), (d + 1) / (s + 1)) for b, r, s, d in totals]
 
     def record_step(self, batch: int, gamma: int, seconds: float, tokens_per_row: float) -> None:
-        """A whole step at (b, γ) took `seconds` and each running row produced `tokens_per_row` on average."""
-        arm = self.arms.get((batch, gamma))
-        if arm is None:
-            self.arms[(batch, gamma)] = [seconds, tokens_per_row]
-        else:
-            arm[0] = _DECAY * arm[0] + (1 - _DECAY) * seconds
-            arm[1] = _DECAY * arm[1] + (1 - _DECAY) * tokens_per_row
+        """A whole step at (b, γ) took `seconds` and each running row produced `tokens_per_row` on average
+        (the time decides; the tokens are kept for reports)."""
+        key = (batch, gamma)
+        values = self.samples.setdefault(key, [])
+        values.append(seconds)
+        if len(values) > _WINDOW:
+            del values[0]
+        old = self.tokens.get(key)
+        self.tokens[key] = tokens_per_row if old is None else 0.8 * old + 0.2 * tokens_per_row
 
     def record_row(self, request, beta_sum: float, reached: int, drafting: int) -> None:
         """One speculative step of one request: its Σβ, verified positions, and whether it drafted anything."""
@@ -124,6 +137,26 @@ class GammaPolicy:
         est.reached += reached
         est.spec_steps += 1
         est.drafting_steps += drafting
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
+def _interpolate(times: dict[int, float], gamma: int) -> float:
+    """T(γ) from the timed γ's: measured, else linear between the nearest timed neighbours, else extended
+    along the line from γ = 0 to the largest (slope >= 0). `times` holds γ = 0 and one γ > 0 at least."""
+    if gamma in times:
+        return times[gamma]
+    below = max(g for g in times if g < gamma)
+    above = [g for g in times if g > gamma]
+    if above:
+        hi = min(above)
+        return times[below] + (times[hi] - times[below]) * (gamma - below) / (hi - below)
+    slope = max(times[below] - times[0], 0.0) / below if below else 0.0
+    return times[below] + slope * (gamma - below)
 
 
 def _estimate(request) -> _RowEstimate:

@@ -183,7 +183,10 @@ def test_plain_steps_between_speculative_ones_keep_the_drafter_in_step(make_llam
     ids = {engine.add_request(p, SamplingParams(temperature=0, max_new_tokens=30)): p for p in RAGGED_PROMPTS}
     pattern = [3, 0, 0, 0, 0, 0, 2, 0, 4, 0, 0, 0, 1]
     outputs = {rid: [] for rid in ids}
-    step = 0
+    step, caught_up, timed = 0, [], []
+    catch_up, record_step = engine._catch_up_drafter, engine.policy.record_step
+    engine._catch_up_drafter = lambda gamma: caught_up.append(catch_up(gamma)) or caught_up[-1]
+    engine.policy.record_step = lambda *args: timed.append(step) or record_step(*args)
     while engine.has_unfinished():
         engine.policy.set_fixed(pattern[step % len(pattern)])
         for out in engine.step():
@@ -192,6 +195,8 @@ def test_plain_steps_between_speculative_ones_keep_the_drafter_in_step(make_llam
     for rid, prompt in ids.items():
         assert outputs[rid] == hf_greedy(target, prompt, 30, [])
     assert engine.stats.accepted_tokens > 0  # the speculative steps after catch-ups drafted real tokens
+    fed = {i for i, c in enumerate(caught_up) if c}
+    assert fed and not fed & set(timed) and timed  # a step that fed the drafter's backlog is no step time
 
 
 def test_request_stats_add_up_to_the_engines(make_llama):
