@@ -3,7 +3,8 @@
 # stays warm between them, and /tmp/pair with it). From the repo root with data/code carried:
 #   bash scripts/pair_device_run.sh train [SCALE] [HEAD_S]   # specdec train pair --preset gpu (budget SCALE, 0.85)
 #                                                             # + specdec train head (HEAD_S seconds, 80)
-#   bash scripts/pair_device_run.sh bench [BENCH_S]          # engine_bench on /tmp/pair (+ /tmp/pair/head)
+#   bash scripts/pair_device_run.sh bench [BENCH_S] [SERVE_S] # bench_forward, engine_bench on /tmp/pair (+ head),
+#                                                             # and scripts/bench_serve.py when .whl is carried
 # Everything lands in $OUT: run.log, summary/log JSON, engine.json.
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -26,8 +27,16 @@ fi
 if [ "$MODE" = bench ]; then
   HEAD=""
   [ -f /tmp/pair/head/feature_head.json ] && HEAD="--head /tmp/pair/head"
+  log "forward cost (kernels)"
+  timeout 120 python3 scripts/bench_forward.py --out "$OUT/forward.json" --no-profile 2>&1 | grep "^|" | tee -a "$OUT/run.log"
   log "engine bench on /tmp/pair $HEAD"
   timeout "${2:-540}" python3 -m specdec.bench.engine_bench --pair /tmp/pair --data data/code --out "$OUT" \
       --max-new-tokens 128 $HEAD 2>&1 | grep -v "^INFO" | tail -30 | tee -a "$OUT/run.log"
+  if [ -d .whl ]; then  # the server's dependencies travel as wheels (see the device README)
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=$PWD:/tmp/site
+    log "serving bench (specdec serve, streaming clients)"
+    timeout "${3:-120}" python3 scripts/bench_serve.py --target /tmp/pair/target --draft /tmp/pair/draft0 \
+        --concurrency 1 8 32 64 --max-tokens 128 --device cuda --dtype bfloat16 2>&1 | tail -25 | tee -a "$OUT/run.log"
+  fi
 fi
 log done
