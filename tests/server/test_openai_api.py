@@ -5,6 +5,8 @@ from __future__ import annotations
 import concurrent.futures
 import json
 
+import time
+
 import pytest
 
 openai = pytest.importorskip("openai")
@@ -108,22 +110,36 @@ def test_sixteen_concurrent_streams_equal_their_full_texts(client, idle):
     idle()
 
 
-def test_client_disconnect_aborts_the_request_and_frees_its_slot(server, idle):
+def _metrics_when(read_metrics, ready, timeout: float = 5.0) -> dict:
+    """The server's metrics once `ready(values)` holds (or, at the timeout, as they are: the caller asserts)."""
+    deadline = time.time() + timeout
+    values = read_metrics()
+    while not ready(values) and time.time() < deadline:
+        time.sleep(0.02)
+        values = read_metrics()
+    return values
+
+
+def test_client_disconnect_aborts_the_request_and_frees_its_slot(server, idle, read_metrics):
     before = idle()
     body = {"model": "demo", "prompt": PROMPTS[1], "max_tokens": 1000, "temperature": 0, "stream": True}
     with httpx.stream("POST", server + "/v1/completions", json=body, timeout=30) as response:
         for line in response.iter_lines():
             if line.startswith("data: {"):
                 break  # one chunk arrived: the request is running; leave
-    after = idle(timeout=5)
+    idle(timeout=5)
     aborted = ("specdec:request_aborted_total", ())
+    # the slot frees inside the engine's step, the abort is counted when the driver thread reads its outputs
+    # right after: a scrape in between sees the server idle with the abort not yet counted
+    after = _metrics_when(read_metrics, lambda v: v[aborted] >= before[aborted] + 1)
     assert after[aborted] == before[aborted] + 1
     generated = ("specdec:generation_tokens_total", ())
     assert after[generated] - before[generated] < 1000
     # a non-streamed request whose client gives up is cancelled too
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server + "/v1/completions", json={**body, "stream": False}, timeout=1.0)
-    final = idle(timeout=5)
+    idle(timeout=5)
+    final = _metrics_when(read_metrics, lambda v: v[aborted] >= after[aborted] + 1)
     assert final[aborted] == after[aborted] + 1 and final[generated] - after[generated] < 1000
 
 
