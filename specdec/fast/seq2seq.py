@@ -21,7 +21,7 @@ from specdec.core import SamplingConfig
 from specdec.drafters.base import Drafter, Proposal
 from specdec.fast.graphs import CapturedStep, new_pool
 from specdec.fast.t5 import FastT5, T5Cache, check_t5
-from specdec.fast.target import _draft_step, pair_inputs
+from specdec.fast.target import _draft_step, owned_proposal, pair_inputs
 from specdec.sequences import TokenBuffer
 
 __all__ = ["FastSeq2SeqTarget", "FastSeq2SeqDrafter", "covers_seq2seq", "load_fast_t5"]
@@ -261,13 +261,7 @@ class FastSeq2SeqDrafter(Drafter):
 
         with torch.inference_mode():
             key = ("draft", tuple(context.tokens.shape), gamma, sampling, confidence_threshold)
-            tokens, probs, lengths = lm.run(key, make, inputs)
-        return Proposal(
-            tokens=tokens.clone(),
-            probs=probs.clone() if probs is not None else None,
-            lengths=lengths.clone() if lengths is not None else None,
-            forward_passes=gamma,
-        )
+            return owned_proposal(*lm.run(key, make, inputs), gamma)
 
     def select_rows(self, index: torch.Tensor) -> None:
         self.lm.select_rows(index)

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specdec.fast.model import KVCache
+
 __all__ = ["T5Shape", "T5Cache", "FastT5", "check_t5"]
 
 # dense_act_fn (from feed_forward_proj) → the activation; anything else is refused
@@ -92,28 +94,16 @@ class T5Shape:
 
 
 @dataclass
-class T5Cache:
-    """Self-attention K/V `[B, H, S, D]` per layer (slot S−1 = junk) and `lengths [B]`; `self_bias [S, H, S]`: the
-    additive self-attention bias of a query at each position over every slot (relative position bias where
-    it may look, −inf elsewhere); the request's source: cross K/V `[B, H, T, D]` per layer and `cross_bias
-    [B, 1, 1, T]` (0 at real encoder tokens, −inf at padding)."""
+class T5Cache(KVCache):
+    """Self-attention K/V `[B, H, S, D]` per layer (slot S−1 = junk) and `lengths [B]` (a `KVCache`); `self_bias
+    [S, H, S]`: the additive self-attention bias of a query at each position over every slot (relative position
+    bias where it may look, −inf elsewhere); the request's source: cross K/V `[B, H, T, D]` per layer and
+    `cross_bias [B, 1, 1, T]` (0 at real encoder tokens, −inf at padding)."""
 
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
-    lengths: torch.Tensor
     self_bias: torch.Tensor
     cross_keys: list[torch.Tensor]
     cross_values: list[torch.Tensor]
     cross_bias: torch.Tensor
-
-    @property
-    def num_slots(self) -> int:
-        """Usable slots (the junk slot excluded)."""
-        return self.keys[0].shape[2] - 1
-
-    @property
-    def batch_size(self) -> int:
-        return self.keys[0].shape[0]
 
     @property
     def source_width(self) -> int:

@@ -207,16 +207,17 @@ class FastDrafter(Drafter):
 
         with torch.inference_mode():
             key = ("draft", context.batch_size, gamma, sampling, confidence_threshold)
-            tokens, probs, lengths = lm.run(key, make, inputs)
-        return Proposal(
-            tokens=tokens.clone(),
-            probs=probs.clone() if probs is not None else None,
-            lengths=lengths.clone() if lengths is not None else None,
-            forward_passes=gamma,
-        )
+            return owned_proposal(*lm.run(key, make, inputs), gamma)
 
     def select_rows(self, index: torch.Tensor) -> None:
         self.lm.select_rows(index)
+
+
+def owned_proposal(tokens: torch.Tensor, probs: torch.Tensor | None, lengths: torch.Tensor | None,
+                   gamma: int) -> Proposal:
+    """A `Proposal` of a graph's outputs, copied: the static tensors are overwritten by the next replay."""
+    return Proposal(tokens=tokens.clone(), probs=probs.clone() if probs is not None else None,
+                    lengths=lengths.clone() if lengths is not None else None, forward_passes=gamma)
 
 
 def _draft_step(model: FastLlama, cache: KVCache, inputs: dict, gamma: int, sampling: SamplingConfig,
