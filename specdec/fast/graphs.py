@@ -36,5 +36,15 @@ class CapturedStep:
         return self.outputs
 
 
+def graph_options(device: torch.device, max_draft_tokens, cuda_graphs) -> tuple[int, bool]:
+    """The fast wrappers' two options, checked: (max_draft_tokens ≥ 1, whether to capture graphs: None = on CUDA)."""
+    if isinstance(max_draft_tokens, bool) or not isinstance(max_draft_tokens, int) or max_draft_tokens < 1:
+        raise ValueError(f"max_draft_tokens must be an integer >= 1, got {max_draft_tokens!r}")
+    on_cuda = device.type == "cuda"
+    if cuda_graphs and not on_cuda:
+        raise ValueError("cuda_graphs=True needs the model on a CUDA device")
+    return max_draft_tokens, on_cuda if cuda_graphs is None else bool(cuda_graphs)
+
+
 def new_pool():
     return torch.cuda.graph_pool_handle()

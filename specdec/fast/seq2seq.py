@@ -19,7 +19,7 @@ import torch
 
 from specdec.core import SamplingConfig
 from specdec.drafters.base import Drafter, Proposal
-from specdec.fast.graphs import CapturedStep, new_pool
+from specdec.fast.graphs import CapturedStep, graph_options, new_pool
 from specdec.fast.t5 import FastT5, T5Cache, check_t5
 from specdec.fast.target import _draft_step, owned_proposal, pair_inputs
 from specdec.sequences import TokenBuffer
@@ -70,17 +70,11 @@ class _FastSeq2SeqLM:
 
     def __init__(self, model, device, dtype, max_draft_tokens: int, cuda_graphs: bool | None):
         self.model = load_fast_t5(model, device=device, dtype=dtype)
-        if isinstance(max_draft_tokens, bool) or not isinstance(max_draft_tokens, int) or max_draft_tokens < 1:
-            raise ValueError(f"max_draft_tokens must be an integer >= 1, got {max_draft_tokens!r}")
-        self.max_draft_tokens = max_draft_tokens
+        self.max_draft_tokens, self.cuda_graphs = graph_options(self.model.device, max_draft_tokens, cuda_graphs)
         self.vocab_size: int = self.model.shape.vocab_size
         self.decoder_start_token_id: int = self.model.start_token_id
         self.pad_token_id = getattr(self.model.config, "pad_token_id", None) or 0
         self.position_limit = None  # relative positions: no decoder or encoder length limit
-        on_cuda = self.model.device.type == "cuda"
-        if cuda_graphs and not on_cuda:
-            raise ValueError("cuda_graphs=True needs the model on a CUDA device")
-        self.cuda_graphs = on_cuda if cuda_graphs is None else bool(cuda_graphs)
         self._states: dict[tuple[int, int, int], _State] = {}
         self.state: _State | None = None
         self._pool = None

@@ -17,7 +17,7 @@ import torch
 
 from specdec.core import SamplingConfig, sample, standardize_logits
 from specdec.drafters.base import Drafter, Proposal
-from specdec.fast.graphs import CapturedStep, new_pool
+from specdec.fast.graphs import CapturedStep, graph_options, new_pool
 from specdec.fast.model import FastLlama, KVCache
 from specdec.sequences import TokenBuffer
 
@@ -40,14 +40,8 @@ class _FastLM:
 
     def __init__(self, model, device, dtype, max_draft_tokens: int, cuda_graphs: bool | None):
         self.model = load_fast_llama(model, device=device, dtype=dtype)
-        if isinstance(max_draft_tokens, bool) or not isinstance(max_draft_tokens, int) or max_draft_tokens < 1:
-            raise ValueError(f"max_draft_tokens must be an integer >= 1, got {max_draft_tokens!r}")
-        self.max_draft_tokens = max_draft_tokens
+        self.max_draft_tokens, self.cuda_graphs = graph_options(self.model.device, max_draft_tokens, cuda_graphs)
         self.vocab_size: int = self.model.shape.vocab_size
-        on_cuda = self.model.device.type == "cuda"
-        if cuda_graphs and not on_cuda:
-            raise ValueError("cuda_graphs=True needs the model on a CUDA device")
-        self.cuda_graphs = on_cuda if cuda_graphs is None else bool(cuda_graphs)
         self.cache: KVCache | None = None
         self._graphs: dict = {}
         self._pool = None
