@@ -66,21 +66,10 @@ def add_parser(subparsers) -> None:
     dist.add_argument("--loss", choices=("kl", "ce"), default="kl",
                       help="kl: KL(p‖q) with the target's logits; ce: cross-entropy on the text (hard labels on "
                            "generated text, no teacher pass)")
-    dist.add_argument("--generate", type=int, default=0, metavar="N",
-                      help="first generate N greedy target continuations of corpus prompts to train on")
-    dist.add_argument("--generated-fraction", type=float, default=None,
-                      help="share of each batch from the generated text (default 1.0 with --generate, else 0)")
-    dist.add_argument("--prompt-len", type=int, default=32)
-    dist.add_argument("--new-tokens", type=int, default=192)
+    _add_training_options(dist, generated_default="1.0")
     dist.add_argument("--document-starts", type=float, default=0.5,
                       help="share of prompts that begin a file (the rest start anywhere)")
     dist.add_argument("--val-generate", type=int, default=32, help="held-out prompts for α on generated text")
-    dist.add_argument("--gen-batch-size", type=int, default=64)
-    dist.add_argument("--seed", type=int, default=0, help="(default 0)")
-    dist.add_argument("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:N (default auto)")
-    dist.add_argument("--no-progress", action="store_true")
-    dist.add_argument("--allow-pickle", action="store_true",
-                      help="also load pickled .bin weights (unpickling can run code: only for checkpoints you trust)")
     _add_run_options(dist)
     dist.set_defaults(run=run)
 
@@ -99,18 +88,7 @@ def add_parser(subparsers) -> None:
     head.add_argument("--batch-reuse", type=int, default=1, help="head steps per target pass (default 1)")
     head.add_argument("--depth", type=int, default=3,
                       help="draft steps unrolled in training (1 = teacher forcing only; default 3)")
-    head.add_argument("--generate", type=int, default=0, metavar="N",
-                      help="first generate N greedy target continuations of corpus prompts to train on")
-    head.add_argument("--generated-fraction", type=float, default=None,
-                      help="share of each batch from the generated text (default 0.5 with --generate, else 0)")
-    head.add_argument("--prompt-len", type=int, default=32)
-    head.add_argument("--new-tokens", type=int, default=192)
-    head.add_argument("--gen-batch-size", type=int, default=64)
-    head.add_argument("--seed", type=int, default=0, help="(default 0)")
-    head.add_argument("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:N (default auto)")
-    head.add_argument("--no-progress", action="store_true")
-    head.add_argument("--allow-pickle", action="store_true",
-                      help="also load pickled .bin weights (unpickling can run code: only for checkpoints you trust)")
+    _add_training_options(head, generated_default="0.5")
     _add_run_options(head)
     head.set_defaults(run=run)
 
@@ -134,6 +112,36 @@ def _usage(parser: argparse.ArgumentParser) -> int:
     raise CLIError("give a step (prepare, presets, pair, distill, head, image); see specdec train --help")
 
 
+def _add_training_options(parser: argparse.ArgumentParser, generated_default: str) -> None:
+    """The options `distill` and `head` share: the target-generated text to train on, the seed, the device."""
+    parser.add_argument("--generate", type=int, default=0, metavar="N",
+                        help="first generate N greedy target continuations of corpus prompts to train on")
+    parser.add_argument("--generated-fraction", type=float, default=None,
+                        help=f"share of each batch from the generated text (default {generated_default} with "
+                             "--generate, else 0)")
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=192)
+    parser.add_argument("--gen-batch-size", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0, help="(default 0)")
+    parser.add_argument("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:N (default auto)")
+    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--allow-pickle", action="store_true",
+                        help="also load pickled .bin weights (unpickling can run code: only for checkpoints you trust)")
+
+
+def _check_training_options(args: argparse.Namespace) -> None:
+    """Ranges of the numbers `distill` and `head` share (and of their --steps/--batch-size/--seq-len)."""
+    for flag, value, low, high in (("--steps", args.steps, 1, None), ("--batch-size", args.batch_size, 1, 1 << 16),
+                                   ("--seq-len", args.seq_len, 2, 1 << 16), ("--generate", args.generate, 0, 1 << 20),
+                                   ("--prompt-len", args.prompt_len, 1, 1 << 16),
+                                   ("--new-tokens", args.new_tokens, 1, 1 << 16),
+                                   ("--gen-batch-size", args.gen_batch_size, 1, 1 << 16),
+                                   ("--seed", args.seed, 0, (1 << 63) - 1)):
+        check_int(flag, value, low, high)
+    if args.generated_fraction is not None:
+        check_float("--generated-fraction", args.generated_fraction, 0.0, 1.0)
+
+
 def _check_numbers(args: argparse.Namespace) -> None:
     """Every number range-checked before a corpus is read or a model is built."""
     if args.train_command == "prepare":
@@ -146,16 +154,9 @@ def _check_numbers(args: argparse.Namespace) -> None:
         check_float("--lr", args.lr, 0.0, 1.0, open_low=True)
         check_float("--kl-weight", args.kl_weight, 0.0)
         check_float("--feature-noise", args.feature_noise, 0.0)
-        for flag, value, low, high in (("--steps", args.steps, 1, None), ("--batch-size", args.batch_size, 1, 1 << 16),
-                                       ("--seq-len", args.seq_len, 2, 1 << 16), ("--generate", args.generate, 0, 1 << 20),
-                                       ("--prompt-len", args.prompt_len, 1, 1 << 16),
-                                       ("--new-tokens", args.new_tokens, 1, 1 << 16),
-                                       ("--gen-batch-size", args.gen_batch_size, 1, 1 << 16),
-                                       ("--batch-reuse", args.batch_reuse, 1, 1024), ("--depth", args.depth, 1, 16),
-                                       ("--seed", args.seed, 0, (1 << 63) - 1)):
-            check_int(flag, value, low, high)
-        if args.generated_fraction is not None:
-            check_float("--generated-fraction", args.generated_fraction, 0.0, 1.0)
+        check_int("--batch-reuse", args.batch_reuse, 1, 1024)
+        check_int("--depth", args.depth, 1, 16)
+        _check_training_options(args)
     if args.train_command in ("pair", "distill", "head"):
         if args.train_command == "pair":
             check_float("--budget-scale", args.budget_scale, 0.0, open_low=True)
@@ -163,16 +164,8 @@ def _check_numbers(args: argparse.Namespace) -> None:
         elif args.train_command == "distill":
             check_float("--seconds", args.seconds, 0.0, open_low=True)
             check_float("--lr", args.lr, 0.0, 1.0, open_low=True)
-            for flag, value, low, high in (("--steps", args.steps, 1, None), ("--batch-size", args.batch_size, 1, 1 << 16),
-                                           ("--seq-len", args.seq_len, 2, 1 << 16), ("--generate", args.generate, 0, 1 << 20),
-                                           ("--prompt-len", args.prompt_len, 1, 1 << 16),
-                                           ("--new-tokens", args.new_tokens, 1, 1 << 16),
-                                           ("--val-generate", args.val_generate, 0, 1 << 20),
-                                           ("--gen-batch-size", args.gen_batch_size, 1, 1 << 16),
-                                           ("--seed", args.seed, 0, (1 << 63) - 1)):
-                check_int(flag, value, low, high)
-            if args.generated_fraction is not None:
-                check_float("--generated-fraction", args.generated_fraction, 0.0, 1.0)
+            check_int("--val-generate", args.val_generate, 0, 1 << 20)
+            _check_training_options(args)
             check_float("--document-starts", args.document_starts, 0.0, 1.0)
         from specdec.loading import resolve_device
 
