@@ -5,6 +5,9 @@
 #                                                             # + specdec train head (HEAD_S seconds, 80)
 #   bash scripts/pair_device_run.sh bench [BENCH_S] [SERVE_S] # bench_forward, engine_bench on /tmp/pair (+ head),
 #                                                             # and scripts/bench_serve.py when .whl is carried
+#   bash scripts/pair_device_run.sh all [SCALE] [HEAD_S]     # ONE command (< 10 min on an H200): the pair (budget
+#                                                             # SCALE, 0.55), the head (HEAD_S, 100), then the batch-1
+#                                                             # table (engine_bench --sections batch1, 32 prompts/arm)
 # Everything lands in $OUT: run.log, summary/log JSON, engine.json.
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -12,7 +15,11 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 MODE=${1:-train}
 log() { echo "=== $* $(date +%T)" | tee -a "$OUT/run.log"; }
-if [ "$MODE" = train ]; then
+if [ "$MODE" = all ]; then  # the issue-12 table from nothing, in one command: train, then measure
+  set -- train "${2:-0.55}" "${3:-100}"
+  DO_TABLE=1
+fi
+if [ "$MODE" = train ] || [ "$MODE" = all ]; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee -a "$OUT/run.log"
   log "train the zoo gpu pair (budget scale ${2:-0.85})"
   rm -rf /tmp/pair
@@ -23,6 +30,13 @@ if [ "$MODE" = train ]; then
       --max-seconds "${3:-80}" --generate 1024 --gen-batch-size 512 2>&1 | tail -25 | tee -a "$OUT/run.log"
   cp /tmp/pair/summary.json "$OUT/summary.json" 2>/dev/null
   (cd /tmp/pair && tar -czf "$OUT/logs.tar.gz" logs head/*.json 2>/dev/null)
+fi
+if [ -n "$DO_TABLE" ]; then
+  log "batch-1 table on /tmp/pair + head (engine_bench --sections batch1)"
+  timeout 200 python3 -m specdec.bench.engine_bench --pair /tmp/pair --head /tmp/pair/head --data data/code \
+      --out "$OUT" --max-new-tokens 128 --sections batch1 --batch1-prompts 32 2>&1 | grep -v "^INFO" | tail -5 \
+      | tee -a "$OUT/run.log"
+  python3 scripts/engine_table.py "$OUT/engine.json" 2>&1 | tee -a "$OUT/run.log"
 fi
 if [ "$MODE" = bench ]; then
   HEAD=""

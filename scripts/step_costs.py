@@ -1,12 +1,16 @@
 """Step costs of the engine per batch bucket: plain vs fixed γ vs "auto", zoo-`gpu`-shaped random pair.
 
     python scripts/step_costs.py --out step_costs.json [--alpha 0.75] [--sizes 1 8 64]
+    python scripts/step_costs.py --out F.json --pair /tmp/pair [--head /tmp/pair/head] --data data/code  # trained pair
 
 Each draft is accepted with probability --alpha (`EngineConfig.synthetic_acceptance`, BENCHMARK ONLY: the output
 is not the target's law), so the policy sees a known acceptance on random weights. For N concurrent requests
 (one prompt length per request, 30..520 tokens, 128 new tokens) and each arm, after an untimed run that captures
 the graphs: tokens/s, the ratio to plain, wall / draft / verify ms per step, the steps the drafter was caught up,
 the graphs captured during the timed run, and the γ the policy chose (histogram). Prints one line per row.
+With --pair (a trained zoo pair, real acceptance, the held-in code prompts) the arms are plain, then γ=4 and
+"auto" for the 2-layer drafter and (with --head) the feature head. Every row also splits the run's wall time:
+admission (prefill, synchronized), the decode steps (p50 / p99 / max step wall), and the rest (the host loop).
 """
 
 from __future__ import annotations
@@ -40,7 +44,23 @@ def run(engine: Engine, prompts, params) -> dict:
         catch_ups += bool(fed)
         return fed
 
-    engine.policy.choose, engine._catch_up_drafter = choose, catch_up
+    admit_s, step_walls = 0.0, []
+    original_admit, original_step = engine._admit, engine.step
+
+    def admit(outputs):
+        nonlocal admit_s
+        t = time.perf_counter()
+        original_admit(outputs)
+        admit_s += time.perf_counter() - t
+
+    def step():
+        t = time.perf_counter()
+        before = admit_s
+        out = original_step()
+        step_walls.append(time.perf_counter() - t - (admit_s - before))
+        return out
+
+    engine.policy.choose, engine._catch_up_drafter, engine._admit = choose, catch_up, admit
     graphs_before = len(engine._steps)
     engine.stats = type(engine.stats)()
     torch.cuda.synchronize()
@@ -49,9 +69,11 @@ def run(engine: Engine, prompts, params) -> dict:
         engine.add_request(p, params)
     tokens = 0
     while engine.has_unfinished():
-        tokens += sum(len(o.new_token_ids) for o in engine.step())
+        tokens += sum(len(o.new_token_ids) for o in step())
     seconds = time.perf_counter() - start
+    del engine._admit  # back to the class's method
     engine.policy.choose, engine._catch_up_drafter = original_choose, original_catch_up
+    walls = sorted(step_walls) or [0.0]
     st = engine.stats
     steps = max(st.num_steps, 1)
     return {"tok_s": tokens / seconds, "seconds": seconds, "steps": st.num_steps,
@@ -67,21 +89,46 @@ def main(argv=None) -> int:
     parser.add_argument("--alpha", type=float, default=0.75)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    parser.add_argument("--pair", default=None, help="a trained zoo pair folder (real acceptance; needs --data)")
+    parser.add_argument("--head", default=None, help="with --pair: a feature head folder, added as two more arms")
+    parser.add_argument("--data", default="data/code", help="with --pair: the prepared code corpus (prompts)")
     args = parser.parse_args(argv)
     device = torch.device("cuda")
-    target, draft = _random_zoo_pair(device, torch.bfloat16)
     gen = torch.Generator().manual_seed(0)
     lengths = [30, 45, 61, 80, 120, 200, 350, 520]
-    config = EngineConfig(max_batch_size=64, max_seq_len=1024, max_draft_tokens=8,
-                          synthetic_acceptance=args.alpha)
-    engines = {"plain": (Engine(target, None, EngineConfig(max_batch_size=64, max_seq_len=1024)), 0),
-               "gamma4": (Engine(target, draft, config), 4), "auto": (Engine(target, draft, config), "auto")}
+    plain_config = EngineConfig(max_batch_size=64, max_seq_len=1024)
+    if args.pair:
+        from pathlib import Path
+
+        from tokenizers import Tokenizer
+
+        from specdec.bench.presets import _load_pair
+        from specdec.bench.prompts import code_prompts
+
+        target, draft = _load_pair(Path(args.pair), device, torch.bfloat16)
+        tokenizer = Tokenizer.from_file(str(Path(args.data) / "tokenizer" / "tokenizer.json"))
+        pool = code_prompts(lambda s: tokenizer.encode(s).ids, count=160, max_tokens=1024 - 128 - 16)
+        config = EngineConfig(max_batch_size=64, max_seq_len=1024, max_draft_tokens=8)
+        engines = {"plain": (Engine(target, None, plain_config), 0), "model4": (Engine(target, draft, config), 4),
+                   "model_auto": (Engine(target, draft, config), "auto")}
+        if args.head:
+            engines["head4"] = (Engine(target, args.head, config), 4)
+            engines["head_auto"] = (Engine(target, args.head, config), "auto")
+    else:
+        target, draft = _random_zoo_pair(device, torch.bfloat16)
+        pool = None
+        config = EngineConfig(max_batch_size=64, max_seq_len=1024, max_draft_tokens=8,
+                              synthetic_acceptance=args.alpha)
+        engines = {"plain": (Engine(target, None, plain_config), 0),
+                   "gamma4": (Engine(target, draft, config), 4), "auto": (Engine(target, draft, config), "auto")}
     t0 = time.perf_counter()
     for engine, _ in engines.values():
-        engine.warmup(batch_sizes=(1, 2, 4, 8, 16, 32, 64), max_length=1024, temperatures=(0.0, 1.0))
+        engine.warmup(batch_sizes=[b for b in (1, 2, 4, 8, 16, 32, 64) if b < 2 * max(args.sizes)], max_length=1024,
+                      temperatures=args.temperatures)
     rows = [{"warmup_s": time.perf_counter() - t0}]
     for n in args.sizes:
-        prompts = [torch.randint(3, 8000, (lengths[i % len(lengths)],), generator=gen).tolist() for i in range(n)]
+        prompts = ([pool[i % len(pool)] for i in range(n)] if pool is not None else
+                   [torch.randint(3, 8000, (lengths[i % len(lengths)],), generator=gen).tolist() for i in range(n)])
         for temperature in args.temperatures:
             params = SamplingParams(temperature=temperature, max_new_tokens=128, seed=1)  # no EOS ids: 128 each
             plain = None

@@ -32,6 +32,8 @@ import torch
 from specdec.engine import Engine, EngineConfig
 from specdec.request import SamplingParams
 
+SECTIONS = ("latency", "batch1", "concurrent", "profile", "shapes", "synthetic")
+
 __all__ = ["run_requests", "latency", "batch1", "cost_model", "concurrent", "shapes", "synthetic", "main"]
 
 
@@ -239,7 +241,14 @@ def main(argv=None) -> dict:
     parser.add_argument("--quick", action="store_true", help="fewer prompts and sizes (a smoke run)")
     parser.add_argument("--no-shapes", action="store_true")
     parser.add_argument("--head", default=None, help="a feature head folder (`specdec train head`): adds a 'head' drafter")
+    parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS),
+                        help="what to run (default: all; e.g. `--sections batch1` for the batch-1 table alone)")
+    parser.add_argument("--batch1-prompts", type=int, default=None,
+                        help="prompts per batch-1 arm (default 48, --quick 12)")
     args = parser.parse_args(argv)
+    if args.batch1_prompts is not None and not 1 <= args.batch1_prompts <= 160:
+        parser.error(f"--batch1-prompts must be in [1, 160], got {args.batch1_prompts}")
+    sections = set(args.sections)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     out_dir = Path(args.out)
@@ -260,12 +269,13 @@ def main(argv=None) -> dict:
                           "median": statistics.median(map(len, prompts)), "max": max(map(len, prompts))}
     from specdec.zoo.data import TokenData
 
-    corpus = TokenData.load(Path(args.data)).train[:4_000_000].astype("int64").tolist()
-    bigram = NGramDrafter(order=2).fit([corpus], hf_target.config.vocab_size)
     config = EngineConfig(max_batch_size=8 if args.quick else 64, max_seq_len=seq, num_draft_tokens="auto", max_draft_tokens=8)
-    engines = {"plain": (Engine(hf_target, None, config), 0), "model": (Engine(hf_target, hf_draft, config), "auto"),
-               "bigram": (Engine(hf_target, bigram, config), "auto"),
-               "prompt_lookup": (Engine(hf_target, PromptLookupDrafter(), config), "auto")}
+    engines = {"plain": (Engine(hf_target, None, config), 0), "model": (Engine(hf_target, hf_draft, config), "auto")}
+    if "concurrent" in sections:
+        corpus = TokenData.load(Path(args.data)).train[:4_000_000].astype("int64").tolist()
+        bigram = NGramDrafter(order=2).fit([corpus], hf_target.config.vocab_size)
+        engines["bigram"] = (Engine(hf_target, bigram, config), "auto")
+        engines["prompt_lookup"] = (Engine(hf_target, PromptLookupDrafter(), config), "auto")
     if args.head:
         engines["head"] = (Engine(hf_target, args.head, config), "auto")
     def save() -> None:  # after every section, so a run cut off by its time limit keeps what it measured
@@ -273,31 +283,38 @@ def main(argv=None) -> dict:
 
     t0 = time.perf_counter()
     buckets = tuple(b for b in (1, 2, 4, 8, 16, 32, 64) if b <= config.max_batch_size)
+    if "concurrent" not in sections:  # batch 1 only: capture batch 1's shapes alone
+        buckets = (1,)
     for engine, _ in engines.values():  # every shape the runs below can reach, as a server does at start-up
         engine.warmup(batch_sizes=buckets, max_length=seq, temperatures=(0.0, 1.0))
     results["warmup_s"] = time.perf_counter() - t0
     n_lat = 12 if args.quick else 40
-    results["latency_plain"] = latency(engines["plain"][0], prompts[:n_lat], max_new, 0)
-    results["latency_model"] = latency(engines["model"][0], prompts[:n_lat], max_new, 4)
-    save()
-    n_b1 = 12 if args.quick else 48
+    if "latency" in sections:
+        results["latency_plain"] = latency(engines["plain"][0], prompts[:n_lat], max_new, 0)
+        results["latency_model"] = latency(engines["model"][0], prompts[:n_lat], max_new, 4)
+        save()
+    n_b1 = args.batch1_prompts or (12 if args.quick else 48)
     spec = {"model": engines["model"][0]}
     if args.head:
         spec["head"] = engines["head"][0]
-    results["batch1_T0"] = batch1(engines["plain"][0], spec, prompts[:n_b1], max_new, 0.0)
-    results["batch1_T1"] = batch1(engines["plain"][0], spec, prompts[:n_b1], max_new, 1.0, gammas=(4, "auto"))
-    save()
+    if "batch1" in sections:
+        results["batch1_T0"] = batch1(engines["plain"][0], spec, prompts[:n_b1], max_new, 0.0)
+        results["batch1_T1"] = batch1(engines["plain"][0], spec, prompts[:n_b1], max_new, 1.0, gammas=(4, "auto"))
+        save()
     sizes = (8,) if args.quick else (8, 32, 64)
-    results["concurrent"] = concurrent(engines, prompts, max_new, sizes=sizes)
-    save()
-    if device.type == "cuda":
+    if "concurrent" in sections:
+        results["concurrent"] = concurrent(engines, prompts, max_new, sizes=sizes)
+        save()
+    if device.type == "cuda" and "profile" in sections:
         results["profile"] = [step_profile(engine, [prompts[i] for i in range(n)], gamma)
                               for n in (1, 64) for engine, gamma in ((engines["plain"][0], 0), (engines["model"][0], 4))]
     del engines
-    if device.type == "cuda" and not args.no_shapes:
+    if device.type == "cuda" and not args.no_shapes and "shapes" in sections:
         torch.cuda.empty_cache()
         results["shapes"] = shapes(device)
         save()
+    if device.type == "cuda" and not args.no_shapes and "synthetic" in sections:
+        torch.cuda.empty_cache()
         results["synthetic"] = synthetic(device)
     (out_dir / "engine.json").write_text(json.dumps(results, indent=1, default=str))
     return results
