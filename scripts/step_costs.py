@@ -38,9 +38,15 @@ def run(engine: Engine, prompts, params) -> dict:
         gammas[g] += 1
         return g
 
-    def catch_up(gamma):
-        nonlocal catch_ups
+    catch_up_s = 0.0
+
+    def catch_up(gamma):  # synchronized around it, to time it (the engine itself never waits here)
+        nonlocal catch_ups, catch_up_s
+        torch.cuda.synchronize()
+        t = time.perf_counter()
         fed = original_catch_up(gamma)
+        torch.cuda.synchronize()
+        catch_up_s += time.perf_counter() - t
         catch_ups += bool(fed)
         return fed
 
@@ -79,8 +85,11 @@ def run(engine: Engine, prompts, params) -> dict:
     return {"tok_s": tokens / seconds, "seconds": seconds, "steps": st.num_steps,
             "wall_ms_per_step": 1e3 * seconds / steps, "draft_ms_per_step": 1e3 * st.draft_time_s / steps,
             "verify_ms_per_step": 1e3 * st.verify_time_s / steps, "tau": st.mean_accepted_length,
-            "catch_ups": catch_ups, "graphs_captured_in_run": len(engine._steps) - graphs_before,
-            "gammas": dict(sorted(gammas.items()))}
+            "catch_ups": catch_ups, "catch_up_s": catch_up_s, "graphs_captured_in_run": len(engine._steps) - graphs_before,
+            "gammas": dict(sorted(gammas.items())), "alpha": st.alpha,
+            "admission_s": admit_s, "steps_s": sum(step_walls), "other_s": seconds - admit_s - sum(step_walls),
+            "step_wall_ms_p50": 1e3 * walls[len(walls) // 2], "step_wall_ms_p99": 1e3 * walls[int(0.99 * (len(walls) - 1))],
+            "step_wall_ms_max": 1e3 * walls[-1]}
 
 
 def main(argv=None) -> int:

@@ -101,6 +101,7 @@ class Engine:
         self._last_used: dict[int, int] = {}  # γ → index of the last step that ran it
         self._flavor = None  # of the running set; None = recompute (requests joined or left)
         self._drafter_synced = True  # every row's drafter cache holds all but its last 2 tokens (see catch-up)
+        self._plain_run = 0  # plain steps since the last speculative one (what a catch-up makes up for)
         self._last_run = (None, None)
         self._running: list[_Request] = []  # index = slot
         self._waiting: deque[_Request] = deque()
@@ -225,9 +226,16 @@ class Engine:
         draft_s, verify_s = clock.elapsed(0, 1), clock.elapsed(1, 2)
         committed = self._commit(host, logprobs, n, gamma, draft_s, verify_s, tail)
         produced = tail[1]
-        if not first_run and not caught_up:  # the policy weighs whole steps: device time and the host's share
-            # alike; a step that captured its graphs or fed the drafter what plain steps skipped is no step time
-            self.policy.record_step(batch, gamma, time.perf_counter() - started, produced / n)
+        seconds = time.perf_counter() - started
+        if first_run:  # its time includes graph capture: not a step time
+            pass
+        elif caught_up:  # fed the drafter what plain steps skipped: the excess is the plain steps' cost
+            usual = self.policy.times.get((batch, gamma))
+            if usual is not None:
+                self.policy.record_catch_up(batch, seconds - usual, self._plain_run)
+        else:  # the policy weighs whole steps: device time and the host's share alike
+            self.policy.record_step(batch, gamma, seconds, produced / n)
+        self._plain_run = self._plain_run + 1 if gamma == 0 else 0
         return outputs + committed
 
     # -------------------------------------------------------------------------------------- scheduling

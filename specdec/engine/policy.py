@@ -16,6 +16,12 @@ expected tokens (`specdec.analysis.expected_tokens`); α = the row's Σβ over i
 prior (the pooled α of the rows seen so far); ρ = the share of the row's speculative steps in which its
 drafter proposed anything.
 
+A plain step with a drafter that keeps a cache (a model drafter, a feature head) has a deferred cost: the
+next speculative step first feeds the drafter what the plain steps committed (the engine's catch-up, an
+eager prefill). The engine reports that cost (`record_catch_up`: the catch-up step's time beyond the usual
+step at its (b, γ), spread over the plain steps that caused it), and T(b, 0) includes it (the median of the
+last `_WINDOW` reports), so the policy does not choose plain steps whose real cost it never saw.
+
 Reading the rows' totals from the device costs a host sync, so a decision is kept for `_HOLD` steps (or
 until the batch bucket changes, or the number of running rows changes, after at least `_MIN_GAP` steps).
 Every `_REFRESH` decisions another arm runs once (`_MIN_GAP` steps; the runner-up, then the next ones in
@@ -54,6 +60,7 @@ class GammaPolicy:
         self.candidates = [g for g in (1, 2, 4, 6) if g <= max_draft_tokens]
         self.default = min(4, max_draft_tokens) if max_draft_tokens else 0
         self.samples: dict[tuple[int, int], list[float]] = {}  # (b, γ) → its last step times (seconds)
+        self.catch_up: dict[int, list[float]] = {}  # b → the last catch-up costs per plain step (seconds)
         self.tokens: dict[tuple[int, int], float] = {}  # (b, γ) → EMA of tokens per row per step (reported)
         self.prior_alpha = _PRIOR_ALPHA  # the pooled α of the rows seen at the last decision
         self.last_rates: dict[int, float] = {}  # γ → predicted tokens per row per second at the last decision
@@ -97,6 +104,8 @@ class GammaPolicy:
         totals = estimates() if estimates is not None else [_estimate(r).totals() for r in running]
         rows = self._rows(totals)
         times = {g: _median(v) for (b, g), v in self.samples.items() if b == batch and v}
+        if self.catch_up.get(batch):  # a plain step also costs the drafter's catch-up it makes necessary
+            times[0] += _median(self.catch_up[batch])
         rates = {}
         for gamma in [0, *self.candidates]:
             tau = sum([1.0 + c * (expected_tokens(a, gamma) - 1.0) for a, c in rows]) / len(rows) if rows else 1.0
@@ -129,6 +138,14 @@ class GammaPolicy:
             del values[0]
         old = self.tokens.get(key)
         self.tokens[key] = tokens_per_row if old is None else 0.8 * old + 0.2 * tokens_per_row
+
+    def record_catch_up(self, batch: int, seconds: float, plain_steps: int) -> None:
+        """A speculative step at bucket b that first fed the drafter what `plain_steps` plain steps committed
+        took `seconds` longer than that step usually takes: each of those plain steps cost that much more."""
+        values = self.catch_up.setdefault(batch, [])
+        values.append(max(seconds, 0.0) / max(plain_steps, 1))
+        if len(values) > _WINDOW:
+            del values[0]
 
     def record_row(self, request, beta_sum: float, reached: int, drafting: int) -> None:
         """One speculative step of one request: its Σβ, verified positions, and whether it drafted anything."""

@@ -181,3 +181,22 @@ def test_a_decision_is_kept_for_a_few_steps_but_not_across_batch_buckets():
     policy.samples[(8, 0)] = [0.1] * 3  # at bucket 8 plain steps measure 14x faster: plain wins there
     assert policy.choose(8, rows + rows, estimates) == 0 and len(calls) == 2  # a new bucket re-decides at once
     assert policy.choose(16, rows * 4, estimates) == 4  # an untimed bucket times γ = default first
+
+
+def test_a_catch_up_after_plain_steps_counts_against_plain_steps():
+    """Plain steps look cheap, but the next speculative step feeds the drafter what they committed: with that
+    cost reported, a choice that was plain (low α) turns speculative."""
+    policy = GammaPolicy("auto", 8)
+    for _ in range(3):
+        policy.record_step(8, 0, 1.0, 1.0)
+        policy.record_step(8, 4, 2.0, 1.0)
+    rows = [_Row(0.5) for _ in range(8)]
+
+    def estimates():  # α 0.2 over 100 verified positions: every γ > 0 gives < 1 token per second (T(1) = 1.25 s)
+        return [(20.0, 100.0, 25.0, 25.0)] * len(rows)
+
+    assert policy.choose(8, rows, estimates) == 0
+    policy.record_catch_up(8, seconds=3.0, plain_steps=4)  # 0.75 s more per plain step: 1 token per 1.75 s
+    policy.set_fixed("auto")  # drop the kept decision
+    assert policy.choose(8, rows, estimates) != 0
+    assert policy.last_rates[0] == pytest.approx(1.0 / 1.75)
