@@ -116,7 +116,7 @@ def test_cuda_bits_equal_reference_at_real_sizes(rows, size):
         assert torch.equal(_bits(rng.exponentials(seed, position, stream, size)), _bits(ref))
         assert torch.equal(_bits(rng.uniforms(seed, position, stream)),
                            _bits(rng.uniforms(seed, position, stream, kernel="reference")))
-        probs = _race_probs(rows, size).cuda() if rows > 3 else torch.softmax(torch.randn(rows, size, device="cuda"), -1)
+        probs = _race_probs(max(rows, 4), size)[:rows].cuda()
         assert torch.equal(rng.sample(probs, seed, position[:, 0], stream),
                            rng.sample(probs, seed, position[:, 0], stream, kernel="reference"))
 
@@ -139,8 +139,8 @@ def test_cuda_graph_replays_draw_the_new_coordinates():
     probs = torch.softmax(torch.randn(rows, size, device="cuda") * 2, -1)
 
     def draw():
-        return (rng.exponentials(seed, position[:, None], rng.NEXT, size), rng.uniforms(seed, position[:, None], rng.ACCEPT),
-                rng.sample(probs, seed, position, rng.DRAFT))
+        return (rng.exponentials(seed, position[:, None], rng.NEXT, size),
+                rng.uniforms(seed, position[:, None], rng.ACCEPT), rng.sample(probs, seed, position, rng.DRAFT))
 
     draw()  # compile outside the capture
     torch.cuda.synchronize()
