@@ -24,7 +24,7 @@ __all__ = ["exponentials", "uniforms", "race", "neg_log_unit", "race_splits"]
 
 BLOCK = 1024  # noise elements per program
 RACE_BLOCK = 1024  # columns per race iteration
-TARGET_PROGRAMS = 264  # a long row is split until about two programs per SM (H200: 132 SMs) are busy
+TARGET_PROGRAMS = 528  # a long row is split until about four programs per SM (H200: 132 SMs) are busy
 MAX_SPLITS = 256
 
 
