@@ -12,16 +12,23 @@ whether a draw was discarded (a rejection earlier in the step) never depends on 
 
 The hash is `lowbias32` (Chris Wellons' integer-hash search), chained over the coordinates, computed on
 int64 tensors holding 32-bit values with multiplications split in 16-bit halves, so nothing overflows.
+An exponential is -ln u rounded once to float32 from float64, so its bits are the same on every device.
+
+This torch code is the reference (and the CPU path). On CUDA tensors the draws run as single Triton launches
+with the same bits (`specdec.fast.kernels.random`); `kernel=` ("auto", "triton", "reference"; default the
+module's `KERNEL`) picks the path, and `sample` draws a token by exponential race without materializing
+the noise.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["DRAFT", "ACCEPT", "NEXT", "uniforms", "exponentials"]
+__all__ = ["DRAFT", "ACCEPT", "NEXT", "KERNEL", "uniforms", "exponentials", "sample"]
 
 DRAFT, ACCEPT, NEXT = 0, 1, 2  # streams
 _MASK = 0xFFFFFFFF
+KERNEL = "auto"  # the default of every `kernel=` below; tests set "reference" or "triton" to force a path
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
@@ -47,16 +54,59 @@ def _row_keys(seed: torch.Tensor, position: torch.Tensor, stream: int) -> torch.
 
 
 def _to_unit(h: torch.Tensor) -> torch.Tensor:
-    return ((h >> 9).float() + 0.5) * (1.0 / (1 << 23))
+    return ((h >> 9).float() + 0.5) * (1.0 / (1 << 23))  # exact in float32
 
 
-def uniforms(seed: torch.Tensor, position: torch.Tensor, stream: int) -> torch.Tensor:
+def _neg_log(u: torch.Tensor) -> torch.Tensor:
+    """-ln u for float32 u, rounded once to float32 from float64. Float32 logs differ by an ulp between
+    libraries (torch's CPU log and numpy's disagree on 1.75M of the 2^23 possible u); but every one of those
+    u has -ln u at least 74 float64 ulps away from a float32 rounding midpoint (tests/test_rng.py checks it
+    exhaustively), so any float64 log within a few ulps (torch CPU / CUDA, numpy, libdevice) gives these bits."""
+    return (-torch.log(u.double())).float()
+
+
+def uniforms(seed: torch.Tensor, position: torch.Tensor, stream: int, *, kernel: str | None = None) -> torch.Tensor:
     """One U(0, 1) per (row, position): seed [B], position [B, n] → [B, n] float32."""
+    if _use_kernel(kernel, seed, position):
+        from specdec.fast.kernels import random
+
+        return random.uniforms(seed, position, stream)
     return _to_unit(_mix(_row_keys(seed, position, stream)))
 
 
-def exponentials(seed: torch.Tensor, position: torch.Tensor, stream: int, size: int) -> torch.Tensor:
+def exponentials(seed: torch.Tensor, position: torch.Tensor, stream: int, size: int, *,
+                 kernel: str | None = None) -> torch.Tensor:
     """`size` Exp(1) draws per (row, position): seed [B], position [B, n] → [B, n, size] float32."""
+    if _use_kernel(kernel, seed, position):
+        from specdec.fast.kernels import random
+
+        return random.exponentials(seed, position, stream, size)
     keys = _row_keys(seed, position, stream)[..., None]
     element = _mix(torch.arange(size, device=seed.device, dtype=torch.long) ^ 0x5BD1E995)
-    return -torch.log(_to_unit(_mix(keys ^ element)))
+    return _neg_log(_to_unit(_mix(keys ^ element)))
+
+
+def sample(probs: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, stream: int, *,
+           kernel: str | None = None) -> torch.Tensor:
+    """One token per row by exponential race: probs [B, V], seed [B], position [B] → [B] (long), the token of
+    `core.sample(probs, noise=exponentials(seed, position[:, None], stream, V)[:, 0])`. The Triton path
+    fuses the noise into the argmax (the [B, V] noise is never written)."""
+    supported = probs.dim() == 2 and position.dim() == 1 and probs.is_floating_point()
+    if _use_kernel(kernel, seed, position, supported):
+        from specdec.fast.kernels import random
+
+        return random.race(probs, seed, position, stream)
+    from specdec.core import sample as race
+
+    return race(probs, noise=exponentials(seed, position[:, None], stream, probs.shape[-1], kernel=kernel)[:, 0])
+
+
+def _use_kernel(kernel: str | None, seed: torch.Tensor, position: torch.Tensor, supported: bool = True) -> bool:
+    """Whether the Triton path runs (see `kernels.select.use_triton`); CPU calls with "auto" import nothing."""
+    kernel = KERNEL if kernel is None else kernel
+    if kernel == "reference" or (kernel == "auto" and seed.device.type != "cuda"):
+        return False
+    from specdec.fast.kernels.select import use_triton
+
+    supported = supported and seed.dim() == 1 and seed.dtype == position.dtype == torch.long
+    return use_triton(kernel, seed.device, supported, "specdec.rng")

@@ -11,4 +11,7 @@
               Triton kernel for every M (configs per shape in `linear.CONFIGS`, from scripts/bench_linear.py)
   triton_attention  its split-K (flash-decoding) Triton kernel, imported only when triton is (kernel="auto"
               takes it for CUDA tensors; tests run it under TRITON_INTERPRET=1 on CPU)
+  random      `specdec.rng`'s counter-based draws (exponentials, uniforms) in one launch each, bit-identical to
+              the torch reference, and `race`: the exponential-race token without writing the noise (`rng`
+              dispatches to them for CUDA tensors; kernels in `_random_triton`)
 """
