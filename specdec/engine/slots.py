@@ -18,9 +18,10 @@ import torch
 from specdec.fast.model import FastLlama, KVCache
 from specdec.request import SamplingParams
 
-__all__ = ["SlotCache", "SlotState", "MAX_EOS_IDS", "prefill_rows"]
+__all__ = ["SlotCache", "SlotState", "MAX_EOS_IDS", "MIN_POSITIONS", "prefill_rows", "positions_bucket", "to_device"]
 
 MAX_EOS_IDS = 16  # EOS ids one request may name
+MIN_POSITIONS = 64  # the smallest positions bucket a forward attends over
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -91,21 +92,33 @@ class SlotState:
         return self.tokens.shape[1]
 
     def admit(self, slot: int, prompt: list[int], params: SamplingParams, seed: int) -> None:
-        device = self.tokens.device
-        self.tokens[slot].zero_()
-        self.tokens[slot, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=device)
-        self.lengths[slot] = len(prompt)
-        self.generated[slot] = 0
-        self.max_new[slot] = params.max_new_tokens
-        self.active[slot] = True
-        self.temperature[slot] = float(params.temperature)
-        self.top_k[slot] = params.top_k
-        self.top_p[slot] = float(params.top_p)
-        self.seed[slot] = seed
-        self.eos[slot] = -1
-        self.counters[slot] = 0
-        if params.eos_token_ids:
-            self.eos[slot, : len(params.eos_token_ids)] = torch.tensor(params.eos_token_ids, device=device)
+        self.admit_rows(slot, [prompt], [params], [seed])
+
+    def admit_rows(self, first: int, prompts: list[list[int]], params: list[SamplingParams], seeds: list[int]) -> None:
+        """`admit` for slots first, first + 1, ...: the same writes, with two host→device transfers for them all
+        (and no host synchronization on CUDA) instead of a dozen small writes and blocking copies per request."""
+        n = len(prompts)
+        if n == 0:
+            return
+        rows, device = slice(first, first + n), self.tokens.device
+        longest = max(len(p) for p in prompts)
+        ints = [p + [0] * (longest - len(p)) + [len(p), q.max_new_tokens, q.top_k, seed]
+                + list(q.eos_token_ids) + [-1] * (MAX_EOS_IDS - len(q.eos_token_ids))
+                for p, q, seed in zip(prompts, params, seeds)]
+        ints = to_device(ints, device)  # [n, longest + 4 + MAX_EOS_IDS]
+        floats = to_device([[float(q.temperature), float(q.top_p)] for q in params], device, torch.float32)
+        self.tokens[rows].zero_()
+        self.tokens[rows, :longest] = ints[:, :longest]
+        self.lengths[rows] = ints[:, longest]
+        self.max_new[rows] = ints[:, longest + 1]
+        self.top_k[rows] = ints[:, longest + 2]
+        self.seed[rows] = ints[:, longest + 3]
+        self.eos[rows] = ints[:, longest + 4 :]
+        self.temperature[rows] = floats[:, 0]
+        self.top_p[rows] = floats[:, 1]
+        self.generated[rows] = 0
+        self.active[rows] = True
+        self.counters[rows] = 0
 
     def move(self, src: int, dst: int) -> None:
         for name in self._fields:
@@ -118,34 +131,62 @@ class SlotState:
         self.generated[slot] = 0
 
 
+def positions_bucket(end: int, num_positions: int) -> int:
+    """The positions a forward attends over when every entry that matters lies below `end`: a power of two ≥ 64
+    and > `end` (its last position, the junk slot, lies beyond them all), at most `num_positions`."""
+    return min(max(MIN_POSITIONS, 1 << max(end, 0).bit_length()), num_positions)
+
+
+def to_device(values, device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """A host list (nested: rectangular) as a tensor on `device`, without a host synchronization on CUDA
+    (staged in pinned memory; PyTorch's host allocator keeps the buffer until the copy has run)."""
+    host = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def prefill_rows(model: FastLlama, cache: SlotCache, state: SlotState, rows: slice, starts: list[int],
-                 ends: list[int], chunk: int, *, features: torch.Tensor | None = None, embeds=None) -> None:
+                 ends: list[int], chunk: int, *, features: torch.Tensor | None = None, embeds=None,
+                 extent: int | None = None) -> None:
     """Feed committed positions [starts[i], ends[i]) of the slots in `rows` into `cache` (eager, chunked).
 
     features `[max_batch, capacity, dim]` (optional): also store the model's final-normed hidden state at
     each fed position there. embeds (optional): `embeds(rows, first, width) -> [b, width, dim]`, the input
     vectors of positions [first, first + width) in place of the token embeddings (feature drafters).
+    extent (optional): no row of `rows` holds an entry at a position ≥ extent that must survive, beside those
+    fed here (0 for freshly admitted rows). Each chunk then attends over a power-of-two bucket of positions
+    past everything that matters (`positions_bucket`), whose last position is the chunk's junk slot; None =
+    unknown: every chunk attends over the whole cache (its junk slot is the cache's last position). The
+    span changes which masked-out positions attention reads, never a result.
 
     Several requests admitted together prefill in one forward per chunk. Each chunk is padded to a power of
     two (padding goes to the junk slot), so prompts of any length run a handful of shapes: no new kernels
-    or allocations for a new prompt length.
+    or allocations for a new prompt length. No host synchronization: the chunks to run are known on the host.
     """
     if max(e - s for s, e in zip(starts, ends)) <= 0:
         return
-    view = cache.view(rows, cache.num_positions)
     device = state.tokens.device
-    start_t = torch.tensor(starts, device=device)[:, None]
-    end_t = torch.tensor(ends, device=device)[:, None]
-    view.lengths.copy_(start_t[:, 0])
+    bounds = to_device([starts, ends], device)  # one transfer: [2, b]
+    start_t, end_t = bounds[0][:, None], bounds[1][:, None]
+    cache.lengths[rows].copy_(bounds[0])
     capacity = state.tokens.shape[1]
     lo, hi = min(starts), max(ends)
+    fed = [(s, e) for s, e in zip(starts, ends) if e > s]
+    floor = max(max(starts), extent) if extent is not None else None  # positions that must survive lie below
+    views: dict[int, object] = {}
     for first in range(lo, hi, chunk):
         width = min(chunk, hi - first)
+        if not any(s < first + width and e > first for s, e in fed):  # no row feeds a position of this chunk
+            continue
         bucket = min(max(16, 1 << (width - 1).bit_length()), chunk, capacity - first)
+        span = cache.num_positions if floor is None else positions_bucket(max(floor, first + width),
+                                                                          cache.num_positions)
+        view = views.get(span)
+        if view is None:
+            view = views[span] = cache.view(rows, span)
         cols = first + torch.arange(bucket, device=device)[None, :]
         valid = (cols >= start_t) & (cols < end_t)
-        if not bool(valid.any()):
-            continue
         tokens = None if embeds is not None else state.tokens[rows, first : first + bucket] * valid
         vectors = None if embeds is None else embeds(rows, first, bucket)
         want = features is not None
