@@ -79,10 +79,11 @@ class EngineModelDrafter:
         return gamma
 
     def prefill(self, state: SlotState, rows: slice, starts: list[int], ends: list[int], chunk: int, *,
-                extent: int | None = None) -> None:
+                extent: int | None = None, graphs=None) -> None:
         """Feed committed positions [starts[i], ends[i]) of the slots in `rows` (eager; the cache then holds them).
-        extent: as `prefill_rows` (no row holds an entry at or past it that must survive; None = unknown)."""
-        prefill_rows(self.model, self.cache, state, rows, starts, ends, chunk, extent=extent)
+        extent, graphs: as `prefill_rows` (extent: no row holds an entry at or past it that must survive, None =
+        unknown; graphs: a `PrefillGraphs` replaying chunk shapes seen before, None = eager)."""
+        prefill_rows(self.model, self.cache, state, rows, starts, ends, chunk, extent=extent, graphs=graphs)
 
     def propose(self, view: StepView, gamma: int):
         cache = self.cache.view(slice(0, view.batch), view.num_positions)

@@ -47,15 +47,17 @@ class EngineFeatureDrafter:
         return self.head.inputs(self.state.features[rows, first : first + width], tokens[:, cols])
 
     def prefill(self, state: SlotState, rows: slice, starts: list[int], ends: list[int], chunk: int, *,
-                extent: int | None = None) -> None:
+                extent: int | None = None, graphs=None) -> None:
         """Feed head entries at positions [starts[i], ends[i]) (their features must be known: ends ≤ L − 1).
 
         A row that feeds anything also re-feeds the `window` entries before starts[i]: the engine counts a step's
         accepted drafts as fed, which holds for token drafters, but this head fed them with predicted features
         (only the next proposal's window would overwrite them, and plain steps may come first).
-        extent: as `prefill_rows` (no row holds an entry at or past it that must survive; None = unknown)."""
+        extent, graphs: as `prefill_rows` (extent: no row holds an entry at or past it that must survive, None =
+        unknown; graphs: a `PrefillGraphs` replaying chunk shapes seen before, None = eager)."""
         starts = [max(s - self.window, 0) if e > s else s for s, e in zip(starts, ends)]
-        prefill_rows(self.head.layer, self.cache, state, rows, starts, ends, chunk, embeds=self._entries, extent=extent)
+        prefill_rows(self.head.layer, self.cache, state, rows, starts, ends, chunk, embeds=self._entries, extent=extent,
+                     graphs=graphs)
 
     def propose(self, view: StepView, gamma: int):
         head, batch, w = self.head, view.batch, self.window

@@ -13,12 +13,14 @@ fixed addresses, hence capturable once per shape. Rows n..b-1 of a bucket are id
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from specdec.fast.model import FastLlama, KVCache
 from specdec.request import SamplingParams
 
-__all__ = ["SlotCache", "SlotState", "MAX_EOS_IDS", "MIN_POSITIONS", "prefill_rows", "positions_bucket", "to_device"]
+__all__ = ["SlotCache", "SlotState", "MAX_EOS_IDS", "MIN_POSITIONS", "PrefillGraphs", "prefill_rows", "positions_bucket", "to_device"]
 
 MAX_EOS_IDS = 16  # EOS ids one request may name
 MIN_POSITIONS = 64  # the smallest positions bucket a forward attends over
@@ -146,9 +148,61 @@ def to_device(values, device: torch.device, dtype: torch.dtype = torch.long) -> 
     return host.pin_memory().to(device, non_blocking=True)
 
 
+class PrefillGraphs:
+    """Prefill chunks replayed as CUDA graphs (opt-in, see `prefill_rows`): outside graphs an eager forward costs
+    the host one launch per kernel, hundreds per chunk. A chunk — its tensors (cache, state, features, embeds'
+    owner) and shape (rows, first column, width bucket, positions span) — seen `after` times runs eagerly; at the
+    next sighting it is captured (with its own static copy of the rows' bounds) and every later one replays. The
+    rows are not padded to a bucket: a graph runs exactly the GEMM and attention shapes of the eager forward, so
+    the same kernels. What `embeds` reads must be static tensors too (the feature drafter's are the engine's).
+    One memory pool for all (replayed one at a time)."""
+
+    def __init__(self, after: int = 1):
+        self.after = after
+        self.graphs: dict[tuple, tuple] = {}
+        self.seen: dict[tuple, int] = {}
+        self._pool = None
+
+    def run(self, key: tuple, body, bounds: torch.Tensor, lengths: torch.Tensor) -> None:
+        """body(bounds) once, eager or as the graph of `key`; `lengths` (the cache's) is restored around capture."""
+        entry = self.graphs.get(key)
+        if entry is None:
+            self.seen[key] = self.seen.get(key, 0) + 1
+            if self.seen[key] <= self.after:
+                body(bounds)
+                return
+            from specdec.fast.graphs import CapturedStep, new_pool
+
+            if self._pool is None:
+                self._pool = new_pool()
+            static = bounds.clone()
+            entry = self.graphs[key] = (CapturedStep(lambda: body(static), pool=self._pool, restore=[lengths]), static)
+        graph, static = entry
+        static.copy_(bounds)
+        graph.replay()
+
+
+def _prefill_chunk(model: FastLlama, view: KVCache, state: SlotState, rows: slice, first: int, bucket: int,
+                   features: torch.Tensor | None, embeds, bounds: torch.Tensor) -> None:
+    """One chunk of `prefill_rows`: columns [first, first + bucket) of the rows, bounds `[2, b]` (starts; ends)."""
+    cols = first + torch.arange(bucket, device=bounds.device)[None, :]
+    valid = (cols >= bounds[0][:, None]) & (cols < bounds[1][:, None])
+    tokens = None if embeds is not None else state.tokens[rows, first : first + bucket] * valid
+    vectors = None if embeds is None else embeds(rows, first, bucket)
+    want = features is not None
+    # eager forwards on the reference kernels: launched one by one from Python, a fused Triton layer costs the
+    # host more than cuBLAS/SDPA do (measured on an H200: ~10 ms per request at batch 1); decode steps, replayed
+    # as CUDA graphs, run the fused kernels
+    _, hidden = model(tokens, view, valid, embeds=vectors, last_only=not want, return_hidden=True,
+                      compute_logits=False, kernels="reference")
+    if want:
+        block = features[rows, first : first + bucket]
+        block.copy_(torch.where(valid[..., None], hidden.to(block.dtype), block))
+
+
 def prefill_rows(model: FastLlama, cache: SlotCache, state: SlotState, rows: slice, starts: list[int],
                  ends: list[int], chunk: int, *, features: torch.Tensor | None = None, embeds=None,
-                 extent: int | None = None) -> None:
+                 extent: int | None = None, graphs: PrefillGraphs | None = None) -> None:
     """Feed committed positions [starts[i], ends[i]) of the slots in `rows` into `cache` (eager, chunked).
 
     features `[max_batch, capacity, dim]` (optional): also store the model's final-normed hidden state at
@@ -159,6 +213,7 @@ def prefill_rows(model: FastLlama, cache: SlotCache, state: SlotState, rows: sli
     past everything that matters (`positions_bucket`), whose last position is the chunk's junk slot; None =
     unknown: every chunk attends over the whole cache (its junk slot is the cache's last position). The
     span changes which masked-out positions attention reads, never a result.
+    graphs (optional, CUDA): replay chunk shapes seen before as CUDA graphs (`PrefillGraphs`).
 
     Several requests admitted together prefill in one forward per chunk. Each chunk is padded to a power of
     two (padding goes to the junk slot), so prompts of any length run a handful of shapes: no new kernels
@@ -166,15 +221,12 @@ def prefill_rows(model: FastLlama, cache: SlotCache, state: SlotState, rows: sli
     """
     if max(e - s for s, e in zip(starts, ends)) <= 0:
         return
-    device = state.tokens.device
-    bounds = to_device([starts, ends], device)  # one transfer: [2, b]
-    start_t, end_t = bounds[0][:, None], bounds[1][:, None]
+    bounds = to_device([starts, ends], state.tokens.device)  # one transfer: [2, b]
     cache.lengths[rows].copy_(bounds[0])
     capacity = state.tokens.shape[1]
     lo, hi = min(starts), max(ends)
     fed = [(s, e) for s, e in zip(starts, ends) if e > s]
     floor = max(max(starts), extent) if extent is not None else None  # positions that must survive lie below
-    views: dict[int, object] = {}
     for first in range(lo, hi, chunk):
         width = min(chunk, hi - first)
         if not any(s < first + width and e > first for s, e in fed):  # no row feeds a position of this chunk
@@ -182,19 +234,13 @@ def prefill_rows(model: FastLlama, cache: SlotCache, state: SlotState, rows: sli
         bucket = min(max(16, 1 << (width - 1).bit_length()), chunk, capacity - first)
         span = cache.num_positions if floor is None else positions_bucket(max(floor, first + width),
                                                                           cache.num_positions)
-        view = views.get(span)
-        if view is None:
-            view = views[span] = cache.view(rows, span)
-        cols = first + torch.arange(bucket, device=device)[None, :]
-        valid = (cols >= start_t) & (cols < end_t)
-        tokens = None if embeds is not None else state.tokens[rows, first : first + bucket] * valid
-        vectors = None if embeds is None else embeds(rows, first, bucket)
-        want = features is not None
-        # eager forwards on the reference kernels: launched one by one from Python, a fused Triton layer costs the
-        # host more than cuBLAS/SDPA do (measured on an H200: ~10 ms per request at batch 1); decode steps, replayed
-        # as CUDA graphs, run the fused kernels
-        _, hidden = model(tokens, view, valid, embeds=vectors, last_only=not want, return_hidden=True,
-                          compute_logits=False, kernels="reference")
-        if want:
-            block = features[rows, first : first + bucket]
-            block.copy_(torch.where(valid[..., None], hidden.to(block.dtype), block))
+        view = cache.view(rows, span)
+        body = functools.partial(_prefill_chunk, model, view, state, rows, first, bucket, features, embeds)
+        if graphs is None:
+            body(bounds)
+        else:
+            # the tensors by address (a graph holds them, so no address is reused while it lives) and the shape
+            key = (cache.keys.data_ptr(), state.tokens.data_ptr(), 0 if features is None else features.data_ptr(),
+                   0 if embeds is None else id(getattr(embeds, "__self__", embeds)), rows.start, rows.stop, first,
+                   bucket, span)
+            graphs.run(key, body, bounds, cache.lengths)

@@ -137,3 +137,71 @@ def test_admit_rows_writes_each_requests_slot():
         assert state.eos[slot].tolist() == list(p.eos_token_ids) + [-1] * (16 - len(p.eos_token_ids))
         assert state.counters[slot].tolist() == [0.0] * 3
     assert state.tokens[0].tolist() == [9] * 32 and not bool(state.active[0])  # other slots untouched
+
+
+class _EagerCapture:
+    """Stands in for `CapturedStep` on CPU: runs the body as capture's warm-ups do (twice, then restores), and
+    `replay` runs it again, on whatever its static inputs hold by then."""
+
+    captured = 0
+
+    def __init__(self, fn, *, pool=None, restore=()):
+        saved = [t.clone() for t in restore]
+        fn()
+        fn()
+        for t, s in zip(restore, saved):
+            t.copy_(s)
+        self.fn, self.outputs = fn, None
+        _EagerCapture.captured += 1
+
+    def replay(self):
+        self.fn()
+
+
+@torch.inference_mode()
+def test_prefill_graphs_replay_a_shape_on_new_bounds_and_tokens(model, monkeypatch):
+    """The graph logic on CPU: a shape seen once runs eagerly, then is captured with its own static bounds; replays
+    on other rows' text of other lengths (same chunk shapes) give what an eager prefill gives."""
+    import specdec.fast.graphs as graphs_module
+
+    from specdec.engine.slots import PrefillGraphs
+
+    monkeypatch.setattr(graphs_module, "CapturedStep", _EagerCapture)
+    monkeypatch.setattr(graphs_module, "new_pool", lambda: None)
+    graphs = PrefillGraphs()
+    cache, state = _filled_cache(model), _state(features=True)  # static tensors, as the engine's
+    features = state.features.clone()
+    for seed, ends in enumerate([[5, 70, 37], [9, 66, 40], [20, 65, 33]]):  # the same chunks and spans
+        state.tokens.copy_(_state(seed=10 + seed).tokens)  # new text in place
+        eager, eager_features = _filled_cache(model, seed=9), features.clone()
+        prefill_rows(model, cache, state, ROWS, [0, 0, 0], ends, CHUNK, features=features, extent=0, graphs=graphs)
+        prefill_rows(model, eager, state, ROWS, [0, 0, 0], ends, CHUNK, features=eager_features, extent=0)
+        _assert_same_prefix(cache, eager, ends)
+        assert torch.equal(features, eager_features)
+    assert len(graphs.graphs) == 3 and _EagerCapture.captured == 3  # three chunk shapes, each captured once
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@torch.inference_mode()
+def test_bounded_span_and_graphs_are_exact_on_cuda():
+    """bf16 on CUDA: the whole-cache span, the bounded span and replayed graphs leave bit-identical entries."""
+    from specdec.engine.slots import PrefillGraphs
+
+    model = FastLlama.random(SHAPE, device="cuda", dtype=torch.bfloat16, std=0.2, seed=3)
+    state = SlotState(MAX_BATCH, POSITIONS + 16, torch.device("cuda"))
+    state.tokens.copy_(torch.randint(0, SHAPE.vocab_size, state.tokens.shape, generator=torch.Generator().manual_seed(0)))
+    cache, graphs = SlotCache(model, MAX_BATCH, POSITIONS), PrefillGraphs()
+    results = []
+    for extent, use in ((None, None), (0, None), (0, graphs), (0, graphs), (0, graphs)):  # eager; eager, capture, replay
+        cache.keys.zero_()
+        cache.values.zero_()
+        prefill_rows(model, cache, state, ROWS, [0, 0, 0], ENDS, CHUNK, extent=extent, graphs=use)
+        torch.cuda.synchronize()
+        results.append((cache.keys.clone(), cache.values.clone()))
+    assert len(graphs.graphs) == 3
+    for keys, values in results[1:]:
+        for i, end in enumerate(ENDS):
+            slot = ROWS.start + i
+            assert torch.equal(results[0][0][:, slot, :, :end], keys[:, slot, :, :end])
+            assert torch.equal(results[0][1][:, slot, :, :end], values[:, slot, :, :end])
