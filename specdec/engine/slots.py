@@ -17,10 +17,12 @@ import functools
 
 import torch
 
+from specdec.fast.graphs import CapturedStep, new_pool
 from specdec.fast.model import FastLlama, KVCache
 from specdec.request import SamplingParams
 
-__all__ = ["SlotCache", "SlotState", "MAX_EOS_IDS", "MIN_POSITIONS", "PrefillGraphs", "prefill_rows", "positions_bucket", "to_device"]
+__all__ = ["SlotCache", "SlotState", "MAX_EOS_IDS", "MIN_POSITIONS", "PrefillGraphs", "prefill_rows",
+           "positions_bucket", "to_device"]
 
 MAX_EOS_IDS = 16  # EOS ids one request may name
 MIN_POSITIONS = 64  # the smallest positions bucket a forward attends over
@@ -171,8 +173,6 @@ class PrefillGraphs:
             if self.seen[key] <= self.after:
                 body(bounds)
                 return
-            from specdec.fast.graphs import CapturedStep, new_pool
-
             if self._pool is None:
                 self._pool = new_pool()
             static = bounds.clone()

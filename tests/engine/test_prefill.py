@@ -162,12 +162,11 @@ class _EagerCapture:
 def test_prefill_graphs_replay_a_shape_on_new_bounds_and_tokens(model, monkeypatch):
     """The graph logic on CPU: a shape seen once runs eagerly, then is captured with its own static bounds; replays
     on other rows' text of other lengths (same chunk shapes) give what an eager prefill gives."""
-    import specdec.fast.graphs as graphs_module
-
+    import specdec.engine.slots as slots_module
     from specdec.engine.slots import PrefillGraphs
 
-    monkeypatch.setattr(graphs_module, "CapturedStep", _EagerCapture)
-    monkeypatch.setattr(graphs_module, "new_pool", lambda: None)
+    monkeypatch.setattr(slots_module, "CapturedStep", _EagerCapture)
+    monkeypatch.setattr(slots_module, "new_pool", lambda: None)
     graphs = PrefillGraphs()
     cache, state = _filled_cache(model), _state(features=True)  # static tensors, as the engine's
     features = state.features.clone()
@@ -190,10 +189,12 @@ def test_bounded_span_and_graphs_are_exact_on_cuda():
 
     model = FastLlama.random(SHAPE, device="cuda", dtype=torch.bfloat16, std=0.2, seed=3)
     state = SlotState(MAX_BATCH, POSITIONS + 16, torch.device("cuda"))
-    state.tokens.copy_(torch.randint(0, SHAPE.vocab_size, state.tokens.shape, generator=torch.Generator().manual_seed(0)))
+    gen = torch.Generator().manual_seed(0)
+    state.tokens.copy_(torch.randint(0, SHAPE.vocab_size, state.tokens.shape, generator=gen))
     cache, graphs = SlotCache(model, MAX_BATCH, POSITIONS), PrefillGraphs()
     results = []
-    for extent, use in ((None, None), (0, None), (0, graphs), (0, graphs), (0, graphs)):  # eager; eager, capture, replay
+    # whole span; bounded span; bounded span with graphs: seen once (eager), captured, replayed
+    for extent, use in ((None, None), (0, None), (0, graphs), (0, graphs), (0, graphs)):
         cache.keys.zero_()
         cache.values.zero_()
         prefill_rows(model, cache, state, ROWS, [0, 0, 0], ENDS, CHUNK, extent=extent, graphs=use)
