@@ -1,13 +1,17 @@
 """Admission prefill (`slots.prefill_rows`) attending over a positions bucket gives exactly what attending over the
 whole cache gives: cache contents, features and the next forward's logits, for several rows of different lengths,
 prompts longer than a chunk, and the feature drafter; `extent` keeps what rows that feed nothing hold; the batched
-slot-state writes of an admission (`SlotState.admit_rows`) are the per-request ones."""
+slot-state writes of an admission (`SlotState.admit_rows`) are the per-request ones; `PrefillGraphs`' logic (a
+stand-in for capture on CPU; bit-exactness and the engine's tokens on CUDA, GPU-marked)."""
 
 import pytest
 import torch
 
+import specdec.engine.slots as slots_module
+from helpers import RAGGED_PROMPTS
+from specdec.engine import Engine, EngineConfig
 from specdec.engine.feature_drafter import EngineFeatureDrafter
-from specdec.engine.slots import SlotCache, SlotState, positions_bucket, prefill_rows
+from specdec.engine.slots import PrefillGraphs, SlotCache, SlotState, positions_bucket, prefill_rows
 from specdec.fast.head import FeatureHead, HeadConfig
 from specdec.fast.model import FastLlama, LlamaShape
 from specdec.request import SamplingParams
@@ -162,9 +166,6 @@ class _EagerCapture:
 def test_prefill_graphs_replay_a_shape_on_new_bounds_and_tokens(model, monkeypatch):
     """The graph logic on CPU: a shape seen once runs eagerly, then is captured with its own static bounds; replays
     on other rows' text of other lengths (same chunk shapes) give what an eager prefill gives."""
-    import specdec.engine.slots as slots_module
-    from specdec.engine.slots import PrefillGraphs
-
     monkeypatch.setattr(slots_module, "CapturedStep", _EagerCapture)
     monkeypatch.setattr(slots_module, "new_pool", lambda: None)
     graphs = PrefillGraphs()
@@ -185,8 +186,6 @@ def test_prefill_graphs_replay_a_shape_on_new_bounds_and_tokens(model, monkeypat
 @torch.inference_mode()
 def test_bounded_span_and_graphs_are_exact_on_cuda():
     """bf16 on CUDA: the whole-cache span, the bounded span and replayed graphs leave bit-identical entries."""
-    from specdec.engine.slots import PrefillGraphs
-
     model = FastLlama.random(SHAPE, device="cuda", dtype=torch.bfloat16, std=0.2, seed=3)
     state = SlotState(MAX_BATCH, POSITIONS + 16, torch.device("cuda"))
     gen = torch.Generator().manual_seed(0)
@@ -206,3 +205,23 @@ def test_bounded_span_and_graphs_are_exact_on_cuda():
             slot = ROWS.start + i
             assert torch.equal(results[0][0][:, slot, :, :end], keys[:, slot, :, :end])
             assert torch.equal(results[0][1][:, slot, :, :end], values[:, slot, :, :end])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_engine_with_prefill_graphs_gives_the_same_tokens(make_llama):
+    target, draft = make_llama(0).cuda(), make_llama(1, layers=1).cuda()
+    params = SamplingParams(temperature=0, max_new_tokens=12)
+    outputs = []
+    for graphs in (None, PrefillGraphs()):
+        engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=3))
+        engine.prefill_graphs = graphs
+        for _ in range(3):  # graphs: seen, captured, replayed
+            ids = [engine.add_request(p, params) for p in RAGGED_PROMPTS]
+            tokens = {i: [] for i in ids}
+            while engine.has_unfinished():
+                for out in engine.step():
+                    tokens[out.request_id].extend(out.new_token_ids)
+            outputs.append([tokens[i] for i in ids])
+        assert graphs is None or graphs.graphs
+    assert outputs[:3] == outputs[3:]
