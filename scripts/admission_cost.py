@@ -42,7 +42,7 @@ from specdec.engine import feature_drafter as feature_module
 from specdec.engine.feature_drafter import EngineFeatureDrafter
 from specdec.engine.slots import PrefillGraphs
 from specdec.fast.head import FeatureHead, HeadConfig
-from specdec.fast.model import FastLlama, LlamaShape
+from specdec.fast.model import FastLlama, KVCache, LlamaShape
 from specdec.request import SamplingParams
 from specdec.zoo.presets import get_preset
 
@@ -69,7 +69,9 @@ def _old_state_admit(state, slot, prompt, params, seed) -> None:
 def _old_prefill_rows(model, cache, state, rows, starts, ends, chunk, *, features=None, embeds=None) -> None:
     if max(e - s for s, e in zip(starts, ends)) <= 0:
         return
-    view = cache.view(rows, cache.num_positions)
+    layers, span = range(cache.keys.shape[0]), cache.num_positions  # (SlotCache.view as it was)
+    view = KVCache([cache.keys[i, rows, :, :span] for i in layers], [cache.values[i, rows, :, :span] for i in layers],
+                   cache.lengths[rows])
     device = state.tokens.device
     start_t = torch.tensor(starts, device=device)[:, None]
     end_t = torch.tensor(ends, device=device)[:, None]
