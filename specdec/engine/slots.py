@@ -157,10 +157,10 @@ class PrefillGraphs:
     next sighting it is captured (with its own static copy of the rows' bounds) and every later one replays. The
     rows are not padded to a bucket: a graph runs exactly the GEMM and attention shapes of the eager forward, so
     the same kernels. What `embeds` reads must be static tensors too (the feature drafter's are the engine's).
-    One memory pool for all (replayed one at a time)."""
+    One memory pool for all (replayed one at a time); past `limit` graphs, new chunk shapes run eagerly."""
 
-    def __init__(self, after: int = 1):
-        self.after = after
+    def __init__(self, after: int = 1, limit: int = 256):
+        self.after, self.limit = after, limit
         self.graphs: dict[tuple, tuple] = {}
         self.seen: dict[tuple, int] = {}
         self._pool = None
@@ -170,7 +170,7 @@ class PrefillGraphs:
         entry = self.graphs.get(key)
         if entry is None:
             self.seen[key] = self.seen.get(key, 0) + 1
-            if self.seen[key] <= self.after:
+            if self.seen[key] <= self.after or len(self.graphs) >= self.limit:
                 body(bounds)
                 return
             if self._pool is None:
