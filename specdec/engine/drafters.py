@@ -77,9 +77,12 @@ class EngineModelDrafter:
     def forward_passes(self, gamma: int) -> int:
         return gamma
 
-    def prefill(self, state: SlotState, rows: slice, starts: list[int], ends: list[int], chunk: int) -> None:
-        """Feed committed positions [starts[i], ends[i]) of the slots in `rows` (eager; the cache then holds them)."""
-        prefill_rows(self.model, self.cache, state, rows, starts, ends, chunk)
+    def prefill(self, state: SlotState, rows: slice, starts: list[int], ends: list[int], chunk: int, *,
+                extent: int | None = None, graphs=None) -> None:
+        """Feed committed positions [starts[i], ends[i]) of the slots in `rows` (eager; the cache then holds them).
+        extent, graphs: as `prefill_rows` (extent: no row holds an entry at or past it that must survive, None =
+        unknown; graphs: a `PrefillGraphs` replaying chunk shapes seen before, None = eager)."""
+        prefill_rows(self.model, self.cache, state, rows, starts, ends, chunk, extent=extent, graphs=graphs)
 
     def propose(self, view: StepView, gamma: int):
         cache = self.cache.view(slice(0, view.batch), view.num_positions)
@@ -99,8 +102,9 @@ class EngineModelDrafter:
                 probs.append(q)
         return torch.stack(tokens, 1), (torch.stack(probs, 1) if probs else None), None
 
-    def move(self, src: int, dst: int) -> None:
-        self.cache.move(src, dst, self.cache.num_positions)
+    def move(self, src: int, dst: int, num_positions: int | None = None) -> None:
+        """Slot `src`'s cache into slot `dst` over its first `num_positions` positions (None = all)."""
+        self.cache.move(src, dst, num_positions or self.cache.num_positions)
 
 
 class EngineLookupDrafter:

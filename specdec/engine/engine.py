@@ -268,20 +268,25 @@ class Engine:
                 with self._lock:
                     self._known.discard(request.request_id)
                 continue
-            self.state.admit(len(self._running), request.prompt, request.params, request.seed)
             self._running.append(request)
             self._joined(request)
             admitted.append(request)
         if not admitted:
             return
+        self.state.admit_rows(first, [r.prompt for r in admitted], [r.params for r in admitted],
+                              [r.seed for r in admitted])
         start = time.perf_counter()
         rows, chunk = slice(first, len(self._running)), self.config.prefill_chunk
         lengths = [len(r.prompt) for r in admitted]
+        # extent=0: the admitted slots hold nothing that must survive, so each chunk attends over a positions
+        # bucket just past what it feeds, not the whole cache. EXPERIMENTAL: an engine given a `slots.PrefillGraphs`
+        # as `prefill_graphs` replays chunk shapes it has seen before as CUDA graphs (scripts/admission_cost.py)
+        graphs = getattr(self, "prefill_graphs", None)
         prefill_rows(self.model, self.cache, self.state, rows, [0] * len(admitted), [n - 1 for n in lengths], chunk,
-                     features=self.state.features)
+                     features=self.state.features, extent=0, graphs=graphs)
         if self.drafter is not None and hasattr(self.drafter, "prefill"):
             valid = [max(n - 2, 0) for n in lengths]
-            self.drafter.prefill(self.state, rows, [0] * len(admitted), valid, chunk)
+            self.drafter.prefill(self.state, rows, [0] * len(admitted), valid, chunk, extent=0, graphs=graphs)
             for request, v in zip(admitted, valid):
                 request.draft_valid = v
         if self.device.type == "cuda":  # prefill runs ahead of the host: finish it here, or its device time
@@ -336,7 +341,7 @@ class Engine:
             self.cache.move(last, slot, positions)
             self.state.move(last, slot)
             if self.drafter is not None and hasattr(self.drafter, "move"):
-                self.drafter.move(last, slot)
+                self.drafter.move(last, slot, positions)
             self._running[slot] = moved
         self._running.pop()
         self._flavor = None

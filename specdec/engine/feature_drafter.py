@@ -46,14 +46,18 @@ class EngineFeatureDrafter:
         cols = (first + 1 + torch.arange(width, device=tokens.device)).clamp(max=capacity - 1)
         return self.head.inputs(self.state.features[rows, first : first + width], tokens[:, cols])
 
-    def prefill(self, state: SlotState, rows: slice, starts: list[int], ends: list[int], chunk: int) -> None:
+    def prefill(self, state: SlotState, rows: slice, starts: list[int], ends: list[int], chunk: int, *,
+                extent: int | None = None, graphs=None) -> None:
         """Feed head entries at positions [starts[i], ends[i]) (their features must be known: ends ≤ L − 1).
 
         A row that feeds anything also re-feeds the `window` entries before starts[i]: the engine counts a step's
         accepted drafts as fed, which holds for token drafters, but this head fed them with predicted features
-        (only the next proposal's window would overwrite them, and plain steps may come first)."""
+        (only the next proposal's window would overwrite them, and plain steps may come first).
+        extent, graphs: as `prefill_rows` (extent: no row holds an entry at or past it that must survive, None =
+        unknown; graphs: a `PrefillGraphs` replaying chunk shapes seen before, None = eager)."""
         starts = [max(s - self.window, 0) if e > s else s for s, e in zip(starts, ends)]
-        prefill_rows(self.head.layer, self.cache, state, rows, starts, ends, chunk, embeds=self._entries)
+        prefill_rows(self.head.layer, self.cache, state, rows, starts, ends, chunk, embeds=self._entries, extent=extent,
+                     graphs=graphs)
 
     def propose(self, view: StepView, gamma: int):
         head, batch, w = self.head, view.batch, self.window
@@ -80,5 +84,6 @@ class EngineFeatureDrafter:
                 probs.append(q)
         return torch.stack(tokens, 1), (torch.stack(probs, 1) if probs else None), None
 
-    def move(self, src: int, dst: int) -> None:
-        self.cache.move(src, dst, self.cache.num_positions)
+    def move(self, src: int, dst: int, num_positions: int | None = None) -> None:
+        """Slot `src`'s cache into slot `dst` over its first `num_positions` positions (None = all)."""
+        self.cache.move(src, dst, num_positions or self.cache.num_positions)

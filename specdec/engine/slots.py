@@ -13,14 +13,19 @@ fixed addresses, hence capturable once per shape. Rows n..b-1 of a bucket are id
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
+from specdec.fast.graphs import CapturedStep, new_pool
 from specdec.fast.model import FastLlama, KVCache
 from specdec.request import SamplingParams
 
-__all__ = ["SlotCache", "SlotState", "MAX_EOS_IDS", "prefill_rows"]
+__all__ = ["SlotCache", "SlotState", "MAX_EOS_IDS", "MIN_POSITIONS", "PrefillGraphs", "prefill_rows",
+           "positions_bucket", "to_device"]
 
 MAX_EOS_IDS = 16  # EOS ids one request may name
+MIN_POSITIONS = 64  # the smallest positions bucket a forward attends over
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -44,10 +49,10 @@ class SlotCache:
 
     def view(self, rows: slice, num_positions: int) -> KVCache:
         """Slots `rows` over the first `num_positions` positions (the last of them is the junk slot)."""
-        layers = range(self.keys.shape[0])
+        # (one slice, then unbind: a few host calls instead of three per layer and tensor)
         return KVCache(
-            [self.keys[i, rows, :, :num_positions] for i in layers],
-            [self.values[i, rows, :, :num_positions] for i in layers],
+            list(self.keys[:, rows, :, :num_positions].unbind(0)),
+            list(self.values[:, rows, :, :num_positions].unbind(0)),
             self.lengths[rows],
         )
 
@@ -91,21 +96,33 @@ class SlotState:
         return self.tokens.shape[1]
 
     def admit(self, slot: int, prompt: list[int], params: SamplingParams, seed: int) -> None:
-        device = self.tokens.device
-        self.tokens[slot].zero_()
-        self.tokens[slot, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=device)
-        self.lengths[slot] = len(prompt)
-        self.generated[slot] = 0
-        self.max_new[slot] = params.max_new_tokens
-        self.active[slot] = True
-        self.temperature[slot] = float(params.temperature)
-        self.top_k[slot] = params.top_k
-        self.top_p[slot] = float(params.top_p)
-        self.seed[slot] = seed
-        self.eos[slot] = -1
-        self.counters[slot] = 0
-        if params.eos_token_ids:
-            self.eos[slot, : len(params.eos_token_ids)] = torch.tensor(params.eos_token_ids, device=device)
+        self.admit_rows(slot, [prompt], [params], [seed])
+
+    def admit_rows(self, first: int, prompts: list[list[int]], params: list[SamplingParams], seeds: list[int]) -> None:
+        """`admit` for slots first, first + 1, ...: the same writes, with two host→device transfers for them all
+        (and no host synchronization on CUDA) instead of a dozen small writes and blocking copies per request."""
+        n = len(prompts)
+        if n == 0:
+            return
+        rows, device = slice(first, first + n), self.tokens.device
+        longest = max(len(p) for p in prompts)
+        ints = [p + [0] * (longest - len(p)) + [len(p), q.max_new_tokens, q.top_k, seed]
+                + list(q.eos_token_ids) + [-1] * (MAX_EOS_IDS - len(q.eos_token_ids))
+                for p, q, seed in zip(prompts, params, seeds)]
+        ints = to_device(ints, device)  # [n, longest + 4 + MAX_EOS_IDS]
+        floats = to_device([[float(q.temperature), float(q.top_p)] for q in params], device, torch.float32)
+        self.tokens[rows].zero_()
+        self.tokens[rows, :longest] = ints[:, :longest]
+        self.lengths[rows] = ints[:, longest]
+        self.max_new[rows] = ints[:, longest + 1]
+        self.top_k[rows] = ints[:, longest + 2]
+        self.seed[rows] = ints[:, longest + 3]
+        self.eos[rows] = ints[:, longest + 4 :]
+        self.temperature[rows] = floats[:, 0]
+        self.top_p[rows] = floats[:, 1]
+        self.generated[rows] = 0
+        self.active[rows] = True
+        self.counters[rows] = 0
 
     def move(self, src: int, dst: int) -> None:
         for name in self._fields:
@@ -118,42 +135,112 @@ class SlotState:
         self.generated[slot] = 0
 
 
+def positions_bucket(end: int, num_positions: int) -> int:
+    """The positions a forward attends over when every entry that matters lies below `end`: a power of two ≥ 64
+    and > `end` (its last position, the junk slot, lies beyond them all), at most `num_positions`."""
+    return min(max(MIN_POSITIONS, 1 << max(end, 0).bit_length()), num_positions)
+
+
+def to_device(values, device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """A host list (nested: rectangular) as a tensor on `device`, without a host synchronization on CUDA
+    (staged in pinned memory; PyTorch's host allocator keeps the buffer until the copy has run)."""
+    host = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+class PrefillGraphs:
+    """Prefill chunks replayed as CUDA graphs (opt-in, see `prefill_rows`): outside graphs an eager forward costs
+    the host one launch per kernel, hundreds per chunk. A chunk — its tensors (cache, state, features, embeds'
+    owner) and shape (rows, first column, width bucket, positions span) — seen `after` times runs eagerly; at the
+    next sighting it is captured (with its own static copy of the rows' bounds) and every later one replays. The
+    rows are not padded to a bucket: a graph runs exactly the GEMM and attention shapes of the eager forward, so
+    the same kernels. What `embeds` reads must be static tensors too (the feature drafter's are the engine's).
+    One memory pool for all (replayed one at a time); past `limit` graphs, new chunk shapes run eagerly."""
+
+    def __init__(self, after: int = 1, limit: int = 256):
+        self.after, self.limit = after, limit
+        self.graphs: dict[tuple, tuple] = {}
+        self.seen: dict[tuple, int] = {}
+        self._pool = None
+
+    def run(self, key: tuple, body, bounds: torch.Tensor, lengths: torch.Tensor) -> None:
+        """body(bounds) once, eager or as the graph of `key`; `lengths` (the cache's) is restored around capture."""
+        entry = self.graphs.get(key)
+        if entry is None:
+            self.seen[key] = self.seen.get(key, 0) + 1
+            if self.seen[key] <= self.after or len(self.graphs) >= self.limit:
+                body(bounds)
+                return
+            if self._pool is None:
+                self._pool = new_pool()
+            static = bounds.clone()
+            entry = self.graphs[key] = (CapturedStep(lambda: body(static), pool=self._pool, restore=[lengths]), static)
+        graph, static = entry
+        static.copy_(bounds)
+        graph.replay()
+
+
+def _prefill_chunk(model: FastLlama, view: KVCache, state: SlotState, rows: slice, first: int, bucket: int,
+                   features: torch.Tensor | None, embeds, bounds: torch.Tensor) -> None:
+    """One chunk of `prefill_rows`: columns [first, first + bucket) of the rows, bounds `[2, b]` (starts; ends)."""
+    cols = first + torch.arange(bucket, device=bounds.device)[None, :]
+    valid = (cols >= bounds[0][:, None]) & (cols < bounds[1][:, None])
+    tokens = None if embeds is not None else state.tokens[rows, first : first + bucket] * valid
+    vectors = None if embeds is None else embeds(rows, first, bucket)
+    want = features is not None
+    # eager forwards on the reference kernels: launched one by one from Python, a fused Triton layer costs the
+    # host more than cuBLAS/SDPA do (measured on an H200: ~10 ms per request at batch 1); decode steps, replayed
+    # as CUDA graphs, run the fused kernels
+    _, hidden = model(tokens, view, valid, embeds=vectors, last_only=not want, return_hidden=True,
+                      compute_logits=False, kernels="reference")
+    if want:
+        block = features[rows, first : first + bucket]
+        block.copy_(torch.where(valid[..., None], hidden.to(block.dtype), block))
+
+
 def prefill_rows(model: FastLlama, cache: SlotCache, state: SlotState, rows: slice, starts: list[int],
-                 ends: list[int], chunk: int, *, features: torch.Tensor | None = None, embeds=None) -> None:
+                 ends: list[int], chunk: int, *, features: torch.Tensor | None = None, embeds=None,
+                 extent: int | None = None, graphs: PrefillGraphs | None = None) -> None:
     """Feed committed positions [starts[i], ends[i]) of the slots in `rows` into `cache` (eager, chunked).
 
     features `[max_batch, capacity, dim]` (optional): also store the model's final-normed hidden state at
     each fed position there. embeds (optional): `embeds(rows, first, width) -> [b, width, dim]`, the input
     vectors of positions [first, first + width) in place of the token embeddings (feature drafters).
+    extent (optional): no row of `rows` holds an entry at a position ≥ extent that must survive, beside those
+    fed here (0 for freshly admitted rows). Each chunk then attends over a power-of-two bucket of positions
+    past everything that matters (`positions_bucket`), whose last position is the chunk's junk slot; None =
+    unknown: every chunk attends over the whole cache (its junk slot is the cache's last position). The
+    span changes which masked-out positions attention reads, never a result.
+    graphs (optional, CUDA): replay chunk shapes seen before as CUDA graphs (`PrefillGraphs`).
 
     Several requests admitted together prefill in one forward per chunk. Each chunk is padded to a power of
     two (padding goes to the junk slot), so prompts of any length run a handful of shapes: no new kernels
-    or allocations for a new prompt length.
+    or allocations for a new prompt length. No host synchronization: the chunks to run are known on the host.
     """
     if max(e - s for s, e in zip(starts, ends)) <= 0:
         return
-    view = cache.view(rows, cache.num_positions)
-    device = state.tokens.device
-    start_t = torch.tensor(starts, device=device)[:, None]
-    end_t = torch.tensor(ends, device=device)[:, None]
-    view.lengths.copy_(start_t[:, 0])
+    bounds = to_device([starts, ends], state.tokens.device)  # one transfer: [2, b]
+    cache.lengths[rows].copy_(bounds[0])
     capacity = state.tokens.shape[1]
     lo, hi = min(starts), max(ends)
+    fed = [(s, e) for s, e in zip(starts, ends) if e > s]
+    floor = max(max(starts), extent) if extent is not None else None  # positions that must survive lie below
     for first in range(lo, hi, chunk):
         width = min(chunk, hi - first)
-        bucket = min(max(16, 1 << (width - 1).bit_length()), chunk, capacity - first)
-        cols = first + torch.arange(bucket, device=device)[None, :]
-        valid = (cols >= start_t) & (cols < end_t)
-        if not bool(valid.any()):
+        if not any(s < first + width and e > first for s, e in fed):  # no row feeds a position of this chunk
             continue
-        tokens = None if embeds is not None else state.tokens[rows, first : first + bucket] * valid
-        vectors = None if embeds is None else embeds(rows, first, bucket)
-        want = features is not None
-        # eager forwards on the reference kernels: launched one by one from Python, a fused Triton layer costs the
-        # host more than cuBLAS/SDPA do (measured on an H200: ~10 ms per request at batch 1); decode steps, replayed
-        # as CUDA graphs, run the fused kernels
-        _, hidden = model(tokens, view, valid, embeds=vectors, last_only=not want, return_hidden=True,
-                          compute_logits=False, kernels="reference")
-        if want:
-            block = features[rows, first : first + bucket]
-            block.copy_(torch.where(valid[..., None], hidden.to(block.dtype), block))
+        bucket = min(max(16, 1 << (width - 1).bit_length()), chunk, capacity - first)
+        span = cache.num_positions if floor is None else positions_bucket(max(floor, first + width),
+                                                                          cache.num_positions)
+        view = cache.view(rows, span)
+        body = functools.partial(_prefill_chunk, model, view, state, rows, first, bucket, features, embeds)
+        if graphs is None:
+            body(bounds)
+        else:
+            # the tensors by address (a graph holds them, so no address is reused while it lives) and the shape
+            key = (cache.keys.data_ptr(), state.tokens.data_ptr(), 0 if features is None else features.data_ptr(),
+                   0 if embeds is None else id(getattr(embeds, "__self__", embeds)), rows.start, rows.stop, first,
+                   bucket, span)
+            graphs.run(key, body, bounds, cache.lengths)
