@@ -327,7 +327,9 @@ class Engine:
         rows = range(lagging[0], lagging[-1] + 1)  # one batched prefill; rows not lagging feed nothing
         starts = [self._running[i].draft_valid if i in lagging else 0 for i in rows]
         ends = [behind[i] if i in lagging else 0 for i in rows]
-        self.drafter.prefill(self.state, slice(rows.start, rows.stop), starts, ends, self.config.prefill_chunk)
+        extent = max(self._running[i].length for i in rows) + self.max_draft_tokens + 2  # what a row may hold
+        self.drafter.prefill(self.state, slice(rows.start, rows.stop), starts, ends, self.config.prefill_chunk,
+                             extent=extent)
         for i in lagging:
             self._running[i].draft_valid = behind[i]
         return True

@@ -224,8 +224,8 @@ def prefill_rows(model: FastLlama, cache: SlotCache, state: SlotState, rows: sli
     bounds = to_device([starts, ends], state.tokens.device)  # one transfer: [2, b]
     cache.lengths[rows].copy_(bounds[0])
     capacity = state.tokens.shape[1]
-    lo, hi = min(starts), max(ends)
     fed = [(s, e) for s, e in zip(starts, ends) if e > s]
+    lo, hi = min(s for s, _ in fed), max(ends)  # rows that feed nothing (a catch-up's others) do not move lo
     floor = max(max(starts), extent) if extent is not None else None  # positions that must survive lie below
     for first in range(lo, hi, chunk):
         width = min(chunk, hi - first)
