@@ -15,7 +15,8 @@ the weights. Variants (same batch size and rows):
     target-pass   `train_head` without the cache: target on every batch, KV-reusing unroll, `soft_kl`,
                   device-side step skip
     cache         `train_head --feature-cache-tokens` (fill time reported apart; head steps read the cache)
-    cache-b64     the same at batch 64
+    cache-refresh4  the cache, + one target pass over fresh corpus rows every 4 head steps
+    cache-b64     the same at batch 64 (cache-b128: 128)
     cache-d1      the cache at depth 1 (teacher forcing only)
 
 Each runs 5 warm-up steps + `--steps` timed steps (synchronized); rows: ms/step, steps/s, head positions/s,
@@ -45,7 +46,7 @@ from specdec.zoo.feature_head import DEFAULT_HEAD, TrainableHead, _target_pass, 
 from specdec.zoo.presets import ModelShape, get_preset  # noqa: E402
 from specdec.zoo.train import _autocast, _sync, build_model, make_optimizer  # noqa: E402
 
-VARIANTS = ("before", "target-pass", "cache", "cache-b64", "cache-d1")
+VARIANTS = ("before", "target-pass", "cache", "cache-refresh4", "cache-b64", "cache-b128", "cache-d1")
 WARMUP = 5
 
 
@@ -120,8 +121,11 @@ def main(argv=None) -> int:
                    train=replace(DEFAULT_HEAD.train, batch_size=batch_size, steps=WARMUP + steps, max_seconds=None,
                                  seq_len=pool_width - 1 if args.tiny else 512))
     configs = {"before": base, "target-pass": base, "cache": replace(base, feature_cache_tokens=cache_tokens),
+               "cache-refresh4": replace(base, feature_cache_tokens=cache_tokens, feature_cache_refresh=4),
                "cache-b64": replace(base, feature_cache_tokens=cache_tokens,
                                     train=replace(base.train, batch_size=2 * batch_size)),
+               "cache-b128": replace(base, feature_cache_tokens=cache_tokens,
+                                     train=replace(base.train, batch_size=4 * batch_size)),
                "cache-d1": replace(base, feature_cache_tokens=cache_tokens, depth=1)}
     rows_len = min(base.train.seq_len + 1, pool_width)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

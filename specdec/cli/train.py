@@ -92,6 +92,9 @@ def add_parser(subparsers) -> None:
                       help="run the target once over N positions (generated rows + corpus windows), keep its "
                            "features on the device (2·dim bytes each in bf16) and train from them; 0 = a target "
                            "pass per batch (default 0; see docs/FEATURE_HEAD.md)")
+    head.add_argument("--feature-cache-refresh", type=int, default=0, metavar="K",
+                      help="with the cache: every K head steps one target pass replaces batch-size corpus rows "
+                           "with fresh windows (default 0 = never)")
     _add_training_options(head, generated_default="0.5")
     _add_run_options(head)
     head.set_defaults(run=run)
@@ -161,6 +164,9 @@ def _check_numbers(args: argparse.Namespace) -> None:
         check_int("--batch-reuse", args.batch_reuse, 1, 1024)
         check_int("--depth", args.depth, 1, 16)
         check_int("--feature-cache-tokens", args.feature_cache_tokens, 0, 1 << 40)
+        check_int("--feature-cache-refresh", args.feature_cache_refresh, 0, 1 << 30)
+        if args.feature_cache_refresh and not args.feature_cache_tokens:
+            raise CLIError("--feature-cache-refresh needs --feature-cache-tokens N")
         if args.feature_cache_tokens and args.batch_reuse > 1:
             raise CLIError("--batch-reuse applies without the feature cache only (--feature-cache-tokens 0)")
         _check_training_options(args)
@@ -351,7 +357,7 @@ def _head(args) -> int:
                  seq_len=args.seq_len, lr=args.lr, seed=args.seed)
     cfg = replace(DEFAULT_HEAD, train=tc, kl_weight=args.kl_weight, feature_noise=args.feature_noise, init=args.init,
                   generated_fraction=fraction, batch_reuse=args.batch_reuse, depth=args.depth,
-                  feature_cache_tokens=args.feature_cache_tokens)
+                  feature_cache_tokens=args.feature_cache_tokens, feature_cache_refresh=args.feature_cache_refresh)
     device = resolve_device(args.device)
     pool = None
     if args.generate:
@@ -366,7 +372,8 @@ def _head(args) -> int:
     head.to_feature_head().save(out)
     summary = {"target": str(args.target), "config": {"kl_weight": cfg.kl_weight, "feature_noise": cfg.feature_noise,
                "init": cfg.init, "generated_fraction": fraction, "generated_sequences": 0 if pool is None else len(pool),
-               "depth": cfg.depth, "feature_cache_tokens": cfg.feature_cache_tokens},
+               "depth": cfg.depth, "feature_cache_tokens": cfg.feature_cache_tokens,
+               "feature_cache_refresh": cfg.feature_cache_refresh, "batch_size": tc.batch_size, "lr": tc.lr},
                **result.to_dict()}
     (out / "head_train.json").write_text(dumps(summary, indent=1))
     print(dumps(summary, indent=1))

@@ -40,7 +40,7 @@ from specdec.zoo.distill import MixedData, acceptance_per_position
 from specdec.zoo.head_cache import build_feature_cache, target_features
 from specdec.zoo.presets import TrainConfig
 from specdec.zoo.speed import skip_non_finite_step
-from specdec.zoo.train import TrainLog, _autocast, _sync, lr_at, make_optimizer, resolve_device
+from specdec.zoo.train import TrainLog, _autocast, _sync, _to, lr_at, make_optimizer, resolve_device
 
 __all__ = ["HeadTrainConfig", "HeadTrainResult", "TrainableHead", "train_head", "head_alpha", "head_loss", "soft_kl",
            "DEFAULT_HEAD"]
@@ -59,6 +59,7 @@ class HeadTrainConfig:
     batch_reuse: int = 1  # head steps per target pass, without the cache (the target's forward is most of a step)
     depth: int = 3  # draft steps unrolled in training (1 = teacher forcing only; `TrainableHead.unrolled`)
     feature_cache_tokens: int = 0  # > 0: run the target once over this many positions (`head_cache`); 0 = per step
+    feature_cache_refresh: int = 0  # > 0: every this many head steps, one target pass replaces batch_size corpus rows
     log_every: int = 25  # CUDA: one host sync per this many steps (CSV rows are still written for every step)
 
     def __post_init__(self) -> None:
@@ -72,10 +73,12 @@ class HeadTrainConfig:
             raise ValueError(f"batch_reuse must be an integer ≥ 1, got {self.batch_reuse!r}")
         if isinstance(self.depth, bool) or not isinstance(self.depth, int) or not 1 <= self.depth <= 16:
             raise ValueError(f"depth must be an integer in [1, 16], got {self.depth!r}")
-        for name in ("feature_cache_tokens", "log_every"):
+        for name in ("feature_cache_tokens", "feature_cache_refresh", "log_every"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < (name == "log_every"):
                 raise ValueError(f"{name} must be an integer ≥ {int(name == 'log_every')}, got {value!r}")
+        if self.feature_cache_refresh and not self.feature_cache_tokens:
+            raise ValueError("feature_cache_refresh needs the feature cache (feature_cache_tokens > 0)")
         if self.feature_cache_tokens and self.batch_reuse > 1:
             raise ValueError("batch_reuse applies without the feature cache only (feature_cache_tokens=0)")
         if self.init not in ("last-layer", "random"):
@@ -385,11 +388,14 @@ def train_head(target: torch.nn.Module, data: TokenData, cfg: HeadTrainConfig, *
         for group in optimizer.param_groups:
             group["lr"] = lr
         if cache is not None:
+            if cfg.feature_cache_refresh and step and step % cfg.feature_cache_refresh == 0 and cache.corpus is not None:
+                with _autocast(device, tc.bf16):
+                    cache.refresh(target, data, rng, tc.batch_size)
             batch, hidden = cache.sample(tc.batch_size, noise_gen)
             with _autocast(device, tc.bf16), torch.no_grad():
                 p_logits = target.lm_head(hidden)  # the target's logits = its LM head on its final-normed features
         elif step % cfg.batch_reuse == 0:
-            batch = data.train_batch(tc.batch_size, tc.seq_len, rng).to(device, non_blocking=True)
+            batch = _to(data.train_batch(tc.batch_size, tc.seq_len, rng), device)  # pinned: no host sync
             with _autocast(device, tc.bf16), torch.no_grad():
                 hidden, p_logits = _target_pass(target, batch)
         tokens += batch.shape[0] * (batch.shape[1] - 1)  # positions the head trained on

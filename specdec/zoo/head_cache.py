@@ -53,14 +53,16 @@ class CachedRows:
         return self.tokens[picked, index].long(), self.features[picked, index]
 
 
-@dataclass(frozen=True)
+@dataclass
 class FeatureCache:
-    """Training rows with their target features; `sample` draws batches on the device (no host sync)."""
+    """Training rows with their target features; `sample` draws batches on the device (no host sync);
+    `refresh` replaces the oldest corpus rows with fresh windows (a ring)."""
 
     length: int  # L: positions per training row
     generated_fraction: float
     generated: CachedRows | None
     corpus: CachedRows | None
+    next_row: int = 0  # the corpus row `refresh` overwrites first
 
     @property
     def tokens_held(self) -> int:
@@ -81,6 +83,28 @@ class FeatureCache:
         if len(pieces) == 1:
             return pieces[0]
         return torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces])
+
+
+    @torch.no_grad()
+    def refresh(self, target: torch.nn.Module, data: TokenData, rng: np.random.Generator, rows: int) -> None:
+        """Overwrite `rows` corpus rows (the oldest first) with new random windows and their features (one target
+        pass; call under the training autocast)."""
+        if self.corpus is None:
+            raise ValueError("refresh: this cache holds no corpus rows (generated_fraction 1)")
+        n, device = self.corpus.tokens.shape[0], self.corpus.tokens.device
+        rows = min(rows, n)
+        index = (self.next_row + torch.arange(rows, device=device)) % n
+        self.next_row = (self.next_row + rows) % n
+        windows = _corpus_windows(data, rows, self.length, rng)
+        windows = (windows.pin_memory() if device.type == "cuda" else windows).to(device, non_blocking=True)
+        self.corpus.tokens[index] = windows.to(torch.int32)
+        self.corpus.features[index] = target_features(target, windows).to(self.corpus.features.dtype)
+
+
+def _corpus_windows(data: TokenData, n: int, length: int, rng: np.random.Generator) -> torch.Tensor:
+    """n random windows of `length` tokens of the training stream: `[n, length]` int64 (CPU)."""
+    starts = rng.integers(0, len(data.train) - length, size=n)
+    return torch.from_numpy(data.train[starts[:, None] + np.arange(length)[None, :]].astype(np.int64))
 
 
 def _free_bytes(device: torch.device) -> int | None:
@@ -152,8 +176,6 @@ def build_feature_cache(target: torch.nn.Module, data: TokenData, *, max_tokens:
         generated = _fill(target, pool[picked].long(), dim, dtype, device)
     corpus = None
     if corpus_rows:
-        starts = rng.integers(0, len(data.train) - length, size=corpus_rows)
-        windows = torch.from_numpy(data.train[starts[:, None] + np.arange(length)[None, :]].astype(np.int64))
-        corpus = _fill(target, windows, dim, dtype, device)
+        corpus = _fill(target, _corpus_windows(data, corpus_rows, length, rng), dim, dtype, device)
     return FeatureCache(length=length, generated_fraction=generated_fraction if gen_rows else 0.0,
                         generated=generated, corpus=corpus)

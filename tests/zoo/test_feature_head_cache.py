@@ -80,6 +80,20 @@ def test_generated_rows_are_windows_of_the_pool_with_their_features(setup):
     torch.testing.assert_close(features[2:], target_features(target, tokens[2:]), atol=1e-5, rtol=1e-5)
 
 
+def test_refresh_replaces_the_oldest_corpus_rows_with_fresh_features(setup):
+    target, data, _ = setup
+    cache = build_feature_cache(target, data, max_tokens=6 * 16, batch_size=2, seq_len=15,
+                                rng=np.random.default_rng(1), device="cpu", dtype=torch.float32)
+    before = cache.corpus.tokens.clone()
+    for _ in range(2):
+        cache.refresh(target, data, np.random.default_rng(5 + _), rows=4)
+    assert cache.next_row == 2
+    changed = (cache.corpus.tokens != before).any(1)
+    assert changed.tolist() == [True] * 6  # rows 0..3, then 4, 5 and (the ring) 0, 1 again
+    torch.testing.assert_close(cache.corpus.features, target_features(target, cache.corpus.tokens.long()),
+                               atol=1e-5, rtol=1e-5)
+
+
 def test_cache_bounds_name_the_argument(setup, code_data, tmp_path, capsys):
     target, data, _ = setup
     with pytest.raises(ValueError, match=r"feature_cache_tokens \(40\) must hold at least one batch"):
@@ -100,6 +114,10 @@ def test_cache_bounds_name_the_argument(setup, code_data, tmp_path, capsys):
     assert "--feature-cache-tokens must be >= 0" in capsys.readouterr().err
     assert main([*base, "--feature-cache-tokens", "1000", "--batch-reuse", "2"]) == 2
     assert "--batch-reuse applies without the feature cache" in capsys.readouterr().err
+    assert main([*base, "--feature-cache-refresh", "4"]) == 2
+    assert "--feature-cache-refresh needs --feature-cache-tokens" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="feature_cache_refresh needs the feature cache"):
+        HeadTrainConfig(TRAIN, feature_cache_refresh=4)
 
 
 @pytest.mark.parametrize("kv_heads", [4, 2])
@@ -144,7 +162,8 @@ def test_cached_training_lowers_the_loss_and_the_cli_writes_a_loadable_head(setu
     target, data, _ = setup
     torch.set_num_threads(1)
     pool = torch.from_numpy(data.train[:160].astype(np.int64)).view(8, 20)
-    cfg = HeadTrainConfig(TRAIN, alpha_batches=1, feature_cache_tokens=2000, generated_fraction=0.5, init="random")
+    cfg = HeadTrainConfig(TRAIN, alpha_batches=1, feature_cache_tokens=2000, generated_fraction=0.5, init="random",
+                          feature_cache_refresh=5)
     head, result = train_head(target, data, cfg, device="cpu", pool=pool, log_path=tmp_path / "head.csv")
     assert result.steps == TRAIN.steps and len(result.losses) == TRAIN.steps and result.step_ms > 0
     assert sum(result.losses[-5:]) < 0.8 * sum(result.losses[:5])
