@@ -99,7 +99,7 @@ class HeadTrainResult:
     seconds: float
     first_loss: float
     final_loss: float
-    tokens_per_s: float
+    tokens_per_s: float  # head training positions per second (batch rows × (L − 1) per step), cache fill included
     alpha_before: dict[float, float]
     alpha_after: dict[float, float]
     params: int
