@@ -371,7 +371,8 @@ def _head(args) -> int:
     head, result = train_head(target, data, cfg, device=device, log_path=out / "head.csv", pool=pool)
     head.to_feature_head().save(out)
     summary = {"target": str(args.target), "config": {"kl_weight": cfg.kl_weight, "feature_noise": cfg.feature_noise,
-               "init": cfg.init, "generated_fraction": fraction, "generated_sequences": 0 if pool is None else len(pool),
+               "init": cfg.init, "generated_fraction": fraction,
+               "generated_sequences": 0 if pool is None else len(pool),
                "depth": cfg.depth, "feature_cache_tokens": cfg.feature_cache_tokens,
                "feature_cache_refresh": cfg.feature_cache_refresh, "batch_size": tc.batch_size, "lr": tc.lr},
                **result.to_dict()}

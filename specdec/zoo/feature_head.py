@@ -388,7 +388,8 @@ def train_head(target: torch.nn.Module, data: TokenData, cfg: HeadTrainConfig, *
         for group in optimizer.param_groups:
             group["lr"] = lr
         if cache is not None:
-            if cfg.feature_cache_refresh and step and step % cfg.feature_cache_refresh == 0 and cache.corpus is not None:
+            refresh = cfg.feature_cache_refresh
+            if refresh and step and step % refresh == 0 and cache.corpus is not None:
                 with _autocast(device, tc.bf16):
                     cache.refresh(target, data, rng, tc.batch_size)
             batch, hidden = cache.sample(tc.batch_size, noise_gen)

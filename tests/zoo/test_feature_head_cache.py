@@ -4,6 +4,7 @@ gradients), `soft_kl` equals `distill.kl_loss`, and a cached run trains a head t
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -31,7 +32,7 @@ def setup(make_llama):
         p.requires_grad_(False)
     rng = np.random.default_rng(0)  # a periodic stream with 10% random tokens: a head can learn the next feature
     stream = np.where(rng.random(4000) < 0.1, rng.integers(0, 64, 4000), (np.arange(4000) * 7) % 29).astype(np.uint16)
-    data = TokenData(train=stream, val=stream[:600], tokenizer_dir=Path("."), meta={"vocab_size": target.config.vocab_size})
+    data = TokenData(train=stream, val=stream[:600], tokenizer_dir=Path("."), meta={"vocab_size": 64})
     head = TrainableHead(HeadConfig.for_target(LlamaShape.from_hf(target.config)), seed=1)
     head.init_from(target)
     return target, data, head
@@ -55,7 +56,8 @@ def test_cached_loss_equals_the_target_pass_loss(setup):
             hidden, p_logits = _target_pass(target, tokens)
         loss, regression, kl = head_loss(head, target, hidden, tokens, p_logits, cfg, torch.Generator().manual_seed(7))
         loss.backward()
-        results.append((loss.detach(), regression.detach(), kl.detach(), [p.grad.clone() for p in head.fc.parameters()]))
+        grads = [p.grad.clone() for p in head.fc.parameters()]
+        results.append((loss.detach(), regression.detach(), kl.detach(), grads))
     (a, *ra, ga), (b, *rb, gb) = results
     assert float(a) > 0 and float(ra[1]) > 0
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
@@ -109,7 +111,8 @@ def test_cache_bounds_name_the_argument(setup, code_data, tmp_path, capsys):
         HeadTrainConfig(TRAIN, feature_cache_tokens=1000, batch_reuse=2)
     from specdec.cli import main
 
-    base = ["train", "head", "--target", str(tmp_path), "--data", str(code_data), "--out", str(tmp_path / "h"), "--quiet"]
+    base = ["train", "head", "--target", str(tmp_path), "--data", str(code_data), "--out", str(tmp_path / "h"),
+            "--quiet"]
     assert main([*base, "--feature-cache-tokens", "-1"]) == 2
     assert "--feature-cache-tokens must be >= 0" in capsys.readouterr().err
     assert main([*base, "--feature-cache-tokens", "1000", "--batch-reuse", "2"]) == 2
@@ -186,3 +189,27 @@ def test_cached_training_lowers_the_loss_and_the_cli_writes_a_loadable_head(setu
 
     fast = FastLlama.from_hf(load_model(folder, device="cpu", dtype="float32"))
     assert FeatureHead.load(tmp_path / "h", target=fast).config.dim == 64
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_cached_path_matches_the_target_pass_and_trains(setup):
+    """On the GPU (bf16 autocast, bf16 cache, fused AdamW skipped on the device): the cached loss is the
+    target-pass loss within bf16 tolerance, and a cached run with refreshes trains."""
+    target, data, head = setup
+    target, head = copy.deepcopy(target).cuda(), copy.deepcopy(head).cuda()
+    cfg = HeadTrainConfig(TRAIN, depth=3, feature_noise=0.0)
+    cache = build_feature_cache(target, data, max_tokens=64 * 16, batch_size=4, seq_len=15,
+                                rng=np.random.default_rng(1), device="cuda")
+    assert cache.corpus.features.dtype == torch.bfloat16
+    tokens, features = cache.sample(4, torch.Generator(device="cuda").manual_seed(0))
+    with torch.autocast("cuda", dtype=torch.bfloat16), torch.no_grad():
+        cached = head_loss(head, target, features, tokens, target.lm_head(features), cfg)[0]
+        fresh = head_loss(head, target, *_target_pass(target, tokens)[:1], tokens, _target_pass(target, tokens)[1],
+                          cfg)[0]
+    torch.testing.assert_close(cached.float(), fresh.float(), atol=2e-2, rtol=2e-2)
+    run = HeadTrainConfig(replace(TRAIN, steps=60), alpha_batches=1, feature_cache_tokens=2000,
+                          feature_cache_refresh=4, log_every=7)
+    _, result = train_head(target, data, run, device="cuda")
+    assert result.steps == 60 and len(result.losses) == 60 and all(np.isfinite(result.losses))
+    assert sum(result.losses[-5:]) < sum(result.losses[:5])
