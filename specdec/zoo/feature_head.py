@@ -167,7 +167,7 @@ class TrainableHead(torch.nn.Module):
             h = layer.input_layernorm(x)
             q, k, v = (proj(h).view(b, width, -1, attn.head_dim).transpose(1, 2)
                        for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
-            q, k = apply_rotary_pos_emb(q, k, *model.rotary_emb(h, positions))
+            q, k = apply_rotary_pos_emb(q, k, *model.rotary_emb(x, positions))  # cos/sin in x's dtype, as HF does
             keys.append(k)
             values.append(v)
             key, value = torch.cat(keys, 2), torch.cat(values, 2)
@@ -355,6 +355,9 @@ def train_head(target: torch.nn.Module, data: TokenData, cfg: HeadTrainConfig, *
                                         generated_fraction=cfg.generated_fraction,
                                         dtype=torch.bfloat16 if cuda and tc.bf16 else torch.float32)
         _sync(device)
+        if tc.max_seconds is not None and time.perf_counter() - t0 > 0.5 * tc.max_seconds:
+            logger.warning("head: filling the feature cache took %.0f s of the %.0f s budget; lower "
+                           "feature_cache_tokens", time.perf_counter() - t0, tc.max_seconds)
         logger.info("head: feature cache of %d tokens (%.2f GiB) in %.1f s", cache.tokens_held, cache.nbytes / 2**30,
                     time.perf_counter() - t0)
     elif cfg.generated_fraction > 0:
