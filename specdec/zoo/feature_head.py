@@ -175,7 +175,8 @@ class TrainableHead(torch.nn.Module):
                 rep = q.shape[1] // key.shape[1]
                 key, value = key.repeat_interleave(rep, dim=1), value.repeat_interleave(rep, dim=1)
             mask = None if s == 1 else self._chain_mask(n, s, x.device)
-            a = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, is_causal=s == 1, scale=attn.scaling)
+            a = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, is_causal=s == 1,
+                                               scale=getattr(attn, "scaling", attn.head_dim**-0.5))
             x = x + attn.o_proj(a.transpose(1, 2).reshape(b, width, -1))
             out = model.norm(x + layer.mlp(layer.post_attention_layernorm(x)))
             outputs.append(out)
