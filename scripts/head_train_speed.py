@@ -12,7 +12,7 @@ the weights. Variants (same batch size and rows):
     before        the loop as it was: the 24-layer target on every batch, the block-masked unrolled pass
                   (`TrainableHead.unrolled_reference`, every draft step recomputes the earlier ones),
                   `distill.kl_loss` per draft step, host syncs every step
-    target-pass   `train_head` without the cache: target on every batch, KV-reusing unroll, `soft_kl`,
+    target-pass   `train_head` without the cache: target on every batch, KV-reusing unroll, fused KL,
                   device-side step skip
     cache         `train_head --feature-cache-tokens` (fill time reported apart; head steps read the cache)
     cache-refresh4  the cache, + one target pass over fresh corpus rows every 4 head steps

@@ -16,7 +16,7 @@ The trainable head is a transformers one-layer Llama (vocabulary 1: it reads `in
 Speed (α per second is what a short budget buys): `feature_cache_tokens` > 0 runs the frozen target once over
 a pool of rows and trains from its cached features (`specdec.zoo.head_cache`; p = the target's LM head on them);
 `TrainableHead.unrolled` keeps earlier draft steps' keys/values (the layer runs on N rows per step, not s·N);
-the KL uses p computed once per batch (`soft_kl`); on CUDA the optimizer step is skipped on the device and the
+the KL and its gradient come from one fused pass over the logits (`head_kl.kl_rows`); on CUDA the optimizer step is skipped on the device and the
 host syncs once per `log_every` steps.
 """
 
@@ -38,11 +38,12 @@ from specdec.fast.model import FastLlama, LlamaShape
 from specdec.zoo.data import TokenData
 from specdec.zoo.distill import MixedData, acceptance_per_position
 from specdec.zoo.head_cache import build_feature_cache, target_features
+from specdec.zoo.head_kl import kl_rows
 from specdec.zoo.presets import TrainConfig
 from specdec.zoo.speed import skip_non_finite_step
 from specdec.zoo.train import TrainLog, _autocast, _sync, _to, lr_at, make_optimizer, resolve_device
 
-__all__ = ["HeadTrainConfig", "HeadTrainResult", "TrainableHead", "train_head", "head_alpha", "head_loss", "soft_kl",
+__all__ = ["HeadTrainConfig", "HeadTrainResult", "TrainableHead", "train_head", "head_alpha", "head_loss",
            "DEFAULT_HEAD"]
 
 logger = logging.getLogger(__name__)
@@ -264,27 +265,15 @@ def _head_pass(head: TrainableHead, target, hidden: torch.Tensor, batch: torch.T
     return [(f, target.lm_head(f.to(target.lm_head.weight.dtype))) for f in predicted]
 
 
-def soft_kl(q_logits: torch.Tensor, p_probs: torch.Tensor, p_entropy: torch.Tensor) -> torch.Tensor:
-    """Mean KL(p‖q) over positions = logsumexp(z_q) − Σ p·z_q − H(p), with p fixed: q logits `[..., V]` (any float
-    dtype), p `[..., V]` and H(p) `[...]` float32 (`distill.kl_loss`'s value; p is computed once per batch, not
-    once per draft step, and no mask gather)."""
-    z = q_logits.float()
-    return (torch.logsumexp(z, -1) - (p_probs * z).sum(-1) - p_entropy).mean()
-
-
 def head_loss(head: TrainableHead, target, features: torch.Tensor, tokens: torch.Tensor, p_logits: torch.Tensor,
               cfg: HeadTrainConfig, generator: torch.Generator | None = None) -> tuple:
     """(loss, regression, kl) of one batch: features `[B, N, dim]` and logits `[B, N, V]` of the frozen target on
     tokens `[B, N]`, averaged over the `cfg.depth` unrolled draft steps (call under the training autocast)."""
-    log_p = F.log_softmax(p_logits.float(), -1)
-    p = log_p.exp()
-    entropy = -(p * log_p).sum(-1)
-    del log_p
     regression = kl = 0.0
     for s, (predicted, q_logits) in enumerate(_head_pass(head, target, features, tokens, cfg.depth,
                                                          cfg.feature_noise, generator), 1):
         regression = regression + F.smooth_l1_loss(predicted.float(), features[:, s:].float()) / cfg.depth
-        kl = kl + soft_kl(q_logits, p[:, s:], entropy[:, s:]) / cfg.depth
+        kl = kl + kl_rows(q_logits, p_logits[:, s:]).mean() / cfg.depth  # = distill.kl_loss; fused on CUDA
     return regression + cfg.kl_weight * kl, regression, kl
 
 

@@ -1,6 +1,6 @@
 """The fast feature-head training path: the cached-feature loss equals the per-batch target pass's, the cache's
 bounds name their argument, the KV-reusing unrolled pass equals the block-masked reference (values and
-gradients), `soft_kl` equals `distill.kl_loss`, and a cached run trains a head the engine loads (CPU, fp32)."""
+gradients), the fused KL kernel equals `distill.kl_loss`, and a cached run trains a head the engine loads (CPU, fp32)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from specdec.fast.head import FeatureHead, HeadConfig
 from specdec.fast.model import FastLlama, LlamaShape
 from specdec.zoo.data import TokenData
 from specdec.zoo.distill import kl_loss
-from specdec.zoo.feature_head import HeadTrainConfig, TrainableHead, _target_pass, head_loss, soft_kl, train_head
+from specdec.zoo.feature_head import HeadTrainConfig, TrainableHead, _target_pass, head_loss, train_head
 from specdec.zoo.head_cache import build_feature_cache, check_cache_memory, target_features
+from specdec.zoo.head_kl import kl_rows
 from specdec.zoo.presets import PRESETS
 
 TRAIN = replace(PRESETS["tiny"].target_train, steps=30, batch_size=4, seq_len=15, lr=3e-3, warmup_steps=3,
@@ -147,18 +148,29 @@ def test_unrolled_equals_the_block_masked_reference(kv_heads):
     torch.testing.assert_close(g_fast, g_ref, atol=1e-4, rtol=1e-4)
 
 
-def test_soft_kl_is_the_kl_loss():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_kl_is_the_kl_loss_with_its_gradient(dtype):
+    """`kl_rows` (the Triton kernel; Triton's interpreter on CPU) = its eager reference = `distill.kl_loss`, on a
+    shifted view of p like the training's `p_logits[:, s:]`, a vocabulary that is not a power of 2, and the
+    gradient for per-position weights."""
     gen = torch.Generator().manual_seed(0)
-    p_logits, q_logits = torch.randn(3, 5, 40, generator=gen) * 3, torch.randn(3, 5, 40, generator=gen)
-    log_p = torch.log_softmax(p_logits, -1)
-    q = q_logits.clone().requires_grad_(True)
-    got = soft_kl(q, log_p.exp(), -(log_p.exp() * log_p).sum(-1))
-    q2 = q_logits.clone().requires_grad_(True)
-    want = kl_loss(p_logits, q2, torch.ones(3, 5, dtype=torch.bool))
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    got.backward()
-    want.backward()
-    torch.testing.assert_close(q.grad, q2.grad, atol=1e-6, rtol=1e-5)
+    p_logits = (torch.randn(2, 7, 40, generator=gen) * 3).to(dtype)[:, 2:]
+    q0 = torch.randn(2, 5, 40, generator=gen).to(dtype)
+    weights = torch.rand(2, 5, generator=gen)
+    out = {}
+    for kernel in ("triton", "reference"):
+        q = q0.clone().requires_grad_(True)
+        kl = kl_rows(q, p_logits, kernel=kernel)
+        (kl * weights).sum().backward()
+        out[kernel] = (kl.detach(), q.grad.float())
+    assert out["triton"][0].dtype == torch.float32 and out["triton"][0].shape == (2, 5)
+    torch.testing.assert_close(out["triton"][0], out["reference"][0], atol=1e-5, rtol=1e-5)
+    tol = 1e-6 if dtype == torch.float32 else 8e-3  # bf16 gradients: one rounding apart
+    torch.testing.assert_close(out["triton"][1], out["reference"][1], atol=tol, rtol=tol)
+    want = kl_loss(p_logits, q0, torch.ones(2, 5, dtype=torch.bool))
+    torch.testing.assert_close(out["reference"][0].mean(), want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="q_logits and p_logits must both be"):
+        kl_rows(q0, p_logits[:, 1:])
 
 
 def test_cached_training_lowers_the_loss_and_the_cli_writes_a_loadable_head(setup, code_data, tmp_path, capsys):
@@ -208,6 +220,17 @@ def test_cuda_cached_path_matches_the_target_pass_and_trains(setup):
         fresh = head_loss(head, target, *_target_pass(target, tokens)[:1], tokens, _target_pass(target, tokens)[1],
                           cfg)[0]
     torch.testing.assert_close(cached.float(), fresh.float(), atol=2e-2, rtol=2e-2)
+    gen = torch.Generator(device="cuda").manual_seed(0)  # the fused KL at the zoo's vocabulary, bf16
+    p_logits = torch.randn(4, 100, 8192, device="cuda", generator=gen).bfloat16() * 4
+    q0 = torch.randn(4, 100, 8192, device="cuda", generator=gen).bfloat16()
+    grads = []
+    for kernel in ("triton", "reference"):
+        q = q0.clone().requires_grad_(True)
+        kl = kl_rows(q, p_logits, kernel=kernel)
+        kl.mean().backward()
+        grads.append((kl.detach(), q.grad.float()))
+    torch.testing.assert_close(grads[0][0], grads[1][0], atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(grads[0][1], grads[1][1], atol=1e-8, rtol=1e-2)
     run = HeadTrainConfig(replace(TRAIN, steps=60), alpha_batches=1, feature_cache_tokens=2000,
                           feature_cache_refresh=4, log_every=7)
     _, result = train_head(target, data, run, device="cuda")
