@@ -18,6 +18,7 @@ the weights. Variants (same batch size and rows):
     cache-refresh4  the cache, + one target pass over fresh corpus rows every 4 head steps
     cache-b64     the same at batch 64 (cache-b128: 128)
     cache-d1      the cache at depth 1 (teacher forcing only)
+    cache-eager-kl  the cache with the KL by eager autograd (`kl_kernel="reference"`), to see the fused pass's share
 
 Each runs 5 warm-up steps + `--steps` timed steps (synchronized); rows: ms/step, steps/s, head positions/s,
 speed-up over `before`, peak device memory. The JSON is rewritten after every variant.
@@ -46,7 +47,7 @@ from specdec.zoo.feature_head import DEFAULT_HEAD, TrainableHead, _target_pass, 
 from specdec.zoo.presets import ModelShape, get_preset  # noqa: E402
 from specdec.zoo.train import _autocast, _sync, build_model, make_optimizer  # noqa: E402
 
-VARIANTS = ("before", "target-pass", "cache", "cache-refresh4", "cache-b64", "cache-b128", "cache-d1")
+VARIANTS = ("before", "target-pass", "cache", "cache-refresh4", "cache-b64", "cache-b128", "cache-d1", "cache-eager-kl")
 WARMUP = 5
 
 
@@ -126,7 +127,8 @@ def main(argv=None) -> int:
                                     train=replace(base.train, batch_size=2 * batch_size)),
                "cache-b128": replace(base, feature_cache_tokens=cache_tokens,
                                      train=replace(base.train, batch_size=4 * batch_size)),
-               "cache-d1": replace(base, feature_cache_tokens=cache_tokens, depth=1)}
+               "cache-d1": replace(base, feature_cache_tokens=cache_tokens, depth=1),
+               "cache-eager-kl": replace(base, feature_cache_tokens=cache_tokens, kl_kernel="reference")}
     rows_len = min(base.train.seq_len + 1, pool_width)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     report = {"device": name, "torch": torch.__version__, "target_params": sum(p.numel() for p in target.parameters()),

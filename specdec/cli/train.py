@@ -92,6 +92,8 @@ def add_parser(subparsers) -> None:
                       help="run the target once over N positions (generated rows + corpus windows), keep its "
                            "features on the device (2·dim bytes each in bf16) and train from them; 0 = a target "
                            "pass per batch (default 0; see docs/FEATURE_HEAD.md)")
+    head.add_argument("--kl-kernel", choices=("auto", "triton", "reference"), default="auto",
+                      help="the KL loss: auto = the fused Triton pass on CUDA; reference = eager autograd")
     head.add_argument("--feature-cache-refresh", type=int, default=0, metavar="K",
                       help="with the cache: every K head steps one target pass replaces batch-size corpus rows "
                            "with fresh windows (default 0 = never)")
@@ -357,7 +359,7 @@ def _head(args) -> int:
                  seq_len=args.seq_len, lr=args.lr, seed=args.seed)
     cfg = replace(DEFAULT_HEAD, train=tc, kl_weight=args.kl_weight, feature_noise=args.feature_noise, init=args.init,
                   generated_fraction=fraction, batch_reuse=args.batch_reuse, depth=args.depth,
-                  feature_cache_tokens=args.feature_cache_tokens, feature_cache_refresh=args.feature_cache_refresh)
+                  feature_cache_tokens=args.feature_cache_tokens, feature_cache_refresh=args.feature_cache_refresh, kl_kernel=args.kl_kernel)
     device = resolve_device(args.device)
     pool = None
     if args.generate:

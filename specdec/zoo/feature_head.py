@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.fast.head import FeatureHead, HeadConfig
+from specdec.fast.kernels.select import check_kernel
 from specdec.fast.model import FastLlama, LlamaShape
 from specdec.zoo.data import TokenData
 from specdec.zoo.distill import MixedData, acceptance_per_position
@@ -62,6 +63,7 @@ class HeadTrainConfig:
     feature_cache_tokens: int = 0  # > 0: run the target once over this many positions (`head_cache`); 0 = per step
     feature_cache_refresh: int = 0  # > 0: every this many head steps, one target pass replaces batch_size corpus rows
     log_every: int = 25  # CUDA: one host sync per this many steps (CSV rows are still written for every step)
+    kl_kernel: str = "auto"  # `head_kl.kl_rows`: "auto" (Triton on CUDA), "triton", "reference" (eager)
 
     def __post_init__(self) -> None:
         if self.kl_weight < 0 or not math.isfinite(self.kl_weight):
@@ -82,6 +84,7 @@ class HeadTrainConfig:
             raise ValueError("feature_cache_refresh needs the feature cache (feature_cache_tokens > 0)")
         if self.feature_cache_tokens and self.batch_reuse > 1:
             raise ValueError("batch_reuse applies without the feature cache only (feature_cache_tokens=0)")
+        check_kernel(self.kl_kernel, "kl_kernel")
         if self.init not in ("last-layer", "random"):
             raise ValueError(f"init must be 'last-layer' or 'random', got {self.init!r}")
 
@@ -273,7 +276,7 @@ def head_loss(head: TrainableHead, target, features: torch.Tensor, tokens: torch
     for s, (predicted, q_logits) in enumerate(_head_pass(head, target, features, tokens, cfg.depth,
                                                          cfg.feature_noise, generator), 1):
         regression = regression + F.smooth_l1_loss(predicted.float(), features[:, s:].float()) / cfg.depth
-        kl = kl + kl_rows(q_logits, p_logits[:, s:]).mean() / cfg.depth  # = distill.kl_loss; fused on CUDA
+        kl = kl + kl_rows(q_logits, p_logits[:, s:], kernel=cfg.kl_kernel).mean() / cfg.depth  # = distill.kl_loss; fused on CUDA
     return regression + cfg.kl_weight * kl, regression, kl
 
 

@@ -105,7 +105,8 @@ def test_cache_bounds_name_the_argument(setup, code_data, tmp_path, capsys):
     with pytest.raises(ValueError, match="feature_cache_tokens: 1000000000000 tokens .* free memory"):
         check_cache_memory(10**12, 1024, torch.bfloat16, "cpu")
     assert check_cache_memory(1000, 32, torch.float32, "cpu") == 1000 * (32 * 4 + 4)
-    for bad in (dict(feature_cache_tokens=-1), dict(feature_cache_tokens=True), dict(log_every=0)):
+    for bad in (dict(feature_cache_tokens=-1), dict(feature_cache_tokens=True), dict(log_every=0),
+                dict(kl_kernel="fast")):
         with pytest.raises(ValueError, match=next(iter(bad))):
             HeadTrainConfig(TRAIN, **bad)
     with pytest.raises(ValueError, match="batch_reuse applies without the feature cache"):
