@@ -359,7 +359,8 @@ def _head(args) -> int:
                  seq_len=args.seq_len, lr=args.lr, seed=args.seed)
     cfg = replace(DEFAULT_HEAD, train=tc, kl_weight=args.kl_weight, feature_noise=args.feature_noise, init=args.init,
                   generated_fraction=fraction, batch_reuse=args.batch_reuse, depth=args.depth,
-                  feature_cache_tokens=args.feature_cache_tokens, feature_cache_refresh=args.feature_cache_refresh, kl_kernel=args.kl_kernel)
+                  feature_cache_tokens=args.feature_cache_tokens, feature_cache_refresh=args.feature_cache_refresh,
+                  kl_kernel=args.kl_kernel)
     device = resolve_device(args.device)
     pool = None
     if args.generate:

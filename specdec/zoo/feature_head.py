@@ -16,8 +16,8 @@ The trainable head is a transformers one-layer Llama (vocabulary 1: it reads `in
 Speed (α per second is what a short budget buys): `feature_cache_tokens` > 0 runs the frozen target once over
 a pool of rows and trains from its cached features (`specdec.zoo.head_cache`; p = the target's LM head on them);
 `TrainableHead.unrolled` keeps earlier draft steps' keys/values (the layer runs on N rows per step, not s·N);
-the KL and its gradient come from one fused pass over the logits (`head_kl.kl_rows`); on CUDA the optimizer step is skipped on the device and the
-host syncs once per `log_every` steps.
+the KL and its gradient come from one fused pass over the logits (`head_kl.kl_rows`); on CUDA the optimizer
+step is skipped on the device and the host syncs once per `log_every` steps.
 """
 
 from __future__ import annotations
