@@ -218,8 +218,8 @@ def test_cuda_cached_path_matches_the_target_pass_and_trains(setup):
     tokens, features = cache.sample(4, torch.Generator(device="cuda").manual_seed(0))
     with torch.autocast("cuda", dtype=torch.bfloat16), torch.no_grad():
         cached = head_loss(head, target, features, tokens, target.lm_head(features), cfg)[0]
-        fresh = head_loss(head, target, *_target_pass(target, tokens)[:1], tokens, _target_pass(target, tokens)[1],
-                          cfg)[0]
+        hidden, p_logits = _target_pass(target, tokens)
+        fresh = head_loss(head, target, hidden, tokens, p_logits, cfg)[0]
     torch.testing.assert_close(cached.float(), fresh.float(), atol=2e-2, rtol=2e-2)
     gen = torch.Generator(device="cuda").manual_seed(0)  # the fused KL at the zoo's vocabulary, bf16
     p_logits = torch.randn(4, 100, 8192, device="cuda", generator=gen).bfloat16() * 4
