@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (a smoke check of the script)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps per variant (default 30; tiny 4)")
     ap.add_argument("--batch-size", type=int, default=None, help="default 32 (tiny 4)")
-    ap.add_argument("--cache-tokens", type=int, default=None, help="feature cache size (default 1M; tiny 4096)")
+    ap.add_argument("--cache-tokens", type=int, default=None, help="feature cache size (default 500k; tiny 4096)")
     ap.add_argument("--only", nargs="+", choices=VARIANTS, default=None)
     args = ap.parse_args(argv)
     device = torch.device("cpu" if args.tiny else "cuda")
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
         shape, vocab, pool_rows, pool_width = get_preset("gpu").target, 8192, 1024, 224
     steps = args.steps or (4 if args.tiny else 30)
     batch_size = args.batch_size or (4 if args.tiny else 32)
-    cache_tokens = args.cache_tokens or (4096 if args.tiny else 1_000_000)
+    cache_tokens = args.cache_tokens or (4096 if args.tiny else 500_000)
     target = build_model(shape, vocab).to(device).eval()
     for p in target.parameters():
         p.requires_grad_(False)
