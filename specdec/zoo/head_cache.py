@@ -84,7 +84,6 @@ class FeatureCache:
             return pieces[0]
         return torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces])
 
-
     @torch.no_grad()
     def refresh(self, target: torch.nn.Module, data: TokenData, rng: np.random.Generator, rows: int) -> None:
         """Overwrite `rows` corpus rows (the oldest first) with new random windows and their features (one target
