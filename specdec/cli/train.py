@@ -88,6 +88,15 @@ def add_parser(subparsers) -> None:
     head.add_argument("--batch-reuse", type=int, default=1, help="head steps per target pass (default 1)")
     head.add_argument("--depth", type=int, default=3,
                       help="draft steps unrolled in training (1 = teacher forcing only; default 3)")
+    head.add_argument("--feature-cache-tokens", type=int, default=0, metavar="N",
+                      help="run the target once over N positions (generated rows + corpus windows), keep its "
+                           "features on the device (2·dim bytes each in bf16) and train from them; 0 = a target "
+                           "pass per batch (default 0; see docs/FEATURE_HEAD.md)")
+    head.add_argument("--kl-kernel", choices=("auto", "triton", "reference"), default="auto",
+                      help="the KL loss: auto = the fused Triton pass on CUDA; reference = eager autograd")
+    head.add_argument("--feature-cache-refresh", type=int, default=0, metavar="K",
+                      help="with the cache: every K head steps one target pass replaces batch-size corpus rows "
+                           "with fresh windows (default 0 = never)")
     _add_training_options(head, generated_default="0.5")
     _add_run_options(head)
     head.set_defaults(run=run)
@@ -156,6 +165,12 @@ def _check_numbers(args: argparse.Namespace) -> None:
         check_float("--feature-noise", args.feature_noise, 0.0)
         check_int("--batch-reuse", args.batch_reuse, 1, 1024)
         check_int("--depth", args.depth, 1, 16)
+        check_int("--feature-cache-tokens", args.feature_cache_tokens, 0, 1 << 40)
+        check_int("--feature-cache-refresh", args.feature_cache_refresh, 0, 1 << 30)
+        if args.feature_cache_refresh and not args.feature_cache_tokens:
+            raise CLIError("--feature-cache-refresh needs --feature-cache-tokens N")
+        if args.feature_cache_tokens and args.batch_reuse > 1:
+            raise CLIError("--batch-reuse applies without the feature cache only (--feature-cache-tokens 0)")
         _check_training_options(args)
     if args.train_command in ("pair", "distill", "head"):
         if args.train_command == "pair":
@@ -343,7 +358,9 @@ def _head(args) -> int:
     tc = replace(DEFAULT_HEAD.train, max_seconds=args.max_seconds, steps=args.steps, batch_size=args.batch_size,
                  seq_len=args.seq_len, lr=args.lr, seed=args.seed)
     cfg = replace(DEFAULT_HEAD, train=tc, kl_weight=args.kl_weight, feature_noise=args.feature_noise, init=args.init,
-                  generated_fraction=fraction, batch_reuse=args.batch_reuse, depth=args.depth)
+                  generated_fraction=fraction, batch_reuse=args.batch_reuse, depth=args.depth,
+                  feature_cache_tokens=args.feature_cache_tokens, feature_cache_refresh=args.feature_cache_refresh,
+                  kl_kernel=args.kl_kernel)
     device = resolve_device(args.device)
     pool = None
     if args.generate:
@@ -357,7 +374,10 @@ def _head(args) -> int:
     head, result = train_head(target, data, cfg, device=device, log_path=out / "head.csv", pool=pool)
     head.to_feature_head().save(out)
     summary = {"target": str(args.target), "config": {"kl_weight": cfg.kl_weight, "feature_noise": cfg.feature_noise,
-               "init": cfg.init, "generated_fraction": fraction, "generated_sequences": 0 if pool is None else len(pool)},
+               "init": cfg.init, "generated_fraction": fraction,
+               "generated_sequences": 0 if pool is None else len(pool),
+               "depth": cfg.depth, "feature_cache_tokens": cfg.feature_cache_tokens,
+               "feature_cache_refresh": cfg.feature_cache_refresh, "batch_size": tc.batch_size, "lr": tc.lr},
                **result.to_dict()}
     (out / "head_train.json").write_text(dumps(summary, indent=1))
     print(dumps(summary, indent=1))

@@ -12,6 +12,12 @@ position on held-out batches, temperatures 0 and 1), for the first draft step.
 
 The trainable head is a transformers one-layer Llama (vocabulary 1: it reads `inputs_embeds`) plus `fc`;
 `TrainableHead.to_feature_head` converts it with `FastLlama.from_hf` (one weight mapping, not two).
+
+Speed (α per second is what a short budget buys): `feature_cache_tokens` > 0 runs the frozen target once over
+a pool of rows and trains from its cached features (`specdec.zoo.head_cache`; p = the target's LM head on them);
+`TrainableHead.unrolled` keeps earlier draft steps' keys/values (the layer runs on N rows per step, not s·N);
+the KL and its gradient come from one fused pass over the logits (`head_kl.kl_rows`); on CUDA the optimizer
+step is skipped on the device and the host syncs once per `log_every` steps.
 """
 
 from __future__ import annotations
@@ -28,13 +34,18 @@ import torch
 import torch.nn.functional as F
 
 from specdec.fast.head import FeatureHead, HeadConfig
+from specdec.fast.kernels.select import check_kernel
 from specdec.fast.model import FastLlama, LlamaShape
 from specdec.zoo.data import TokenData
-from specdec.zoo.distill import MixedData, acceptance_per_position, kl_loss
+from specdec.zoo.distill import MixedData, acceptance_per_position
+from specdec.zoo.head_cache import build_feature_cache, target_features
+from specdec.zoo.head_kl import kl_rows
 from specdec.zoo.presets import TrainConfig
-from specdec.zoo.train import TrainLog, _autocast, lr_at, make_optimizer, resolve_device
+from specdec.zoo.speed import skip_non_finite_step
+from specdec.zoo.train import TrainLog, _autocast, _sync, _to, lr_at, make_optimizer, resolve_device
 
-__all__ = ["HeadTrainConfig", "HeadTrainResult", "TrainableHead", "train_head", "head_alpha", "DEFAULT_HEAD"]
+__all__ = ["HeadTrainConfig", "HeadTrainResult", "TrainableHead", "train_head", "head_alpha", "head_loss",
+           "DEFAULT_HEAD"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +58,12 @@ class HeadTrainConfig:
     alpha_batches: int = 4  # held-out batches for α before/after
     init: str = "last-layer"  # "last-layer": the head's layer starts as a copy of the target's last; "random"
     generated_fraction: float = 0.0  # share of each batch from the target's own greedy text (`pool` of train_head)
-    batch_reuse: int = 1  # head steps per target pass (the frozen target's forward dominates a step's cost)
+    batch_reuse: int = 1  # head steps per target pass, without the cache (the target's forward is most of a step)
     depth: int = 3  # draft steps unrolled in training (1 = teacher forcing only; `TrainableHead.unrolled`)
+    feature_cache_tokens: int = 0  # > 0: run the target once over this many positions (`head_cache`); 0 = per step
+    feature_cache_refresh: int = 0  # > 0: every this many head steps, one target pass replaces batch_size corpus rows
+    log_every: int = 25  # CUDA: one host sync per this many steps (CSV rows are still written for every step)
+    kl_kernel: str = "auto"  # `head_kl.kl_rows`: "auto" (Triton on CUDA), "triton", "reference" (eager)
 
     def __post_init__(self) -> None:
         if self.kl_weight < 0 or not math.isfinite(self.kl_weight):
@@ -61,6 +76,15 @@ class HeadTrainConfig:
             raise ValueError(f"batch_reuse must be an integer ≥ 1, got {self.batch_reuse!r}")
         if isinstance(self.depth, bool) or not isinstance(self.depth, int) or not 1 <= self.depth <= 16:
             raise ValueError(f"depth must be an integer in [1, 16], got {self.depth!r}")
+        for name in ("feature_cache_tokens", "feature_cache_refresh", "log_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (name == "log_every"):
+                raise ValueError(f"{name} must be an integer ≥ {int(name == 'log_every')}, got {value!r}")
+        if self.feature_cache_refresh and not self.feature_cache_tokens:
+            raise ValueError("feature_cache_refresh needs the feature cache (feature_cache_tokens > 0)")
+        if self.feature_cache_tokens and self.batch_reuse > 1:
+            raise ValueError("batch_reuse applies without the feature cache only (feature_cache_tokens=0)")
+        check_kernel(self.kl_kernel, "kl_kernel")
         if self.init not in ("last-layer", "random"):
             raise ValueError(f"init must be 'last-layer' or 'random', got {self.init!r}")
 
@@ -70,17 +94,22 @@ DEFAULT_HEAD = HeadTrainConfig(TrainConfig(steps=100_000, max_seconds=90, batch_
                                            warmup_steps=100, min_lr_ratio=0.05, weight_decay=0.0, z_loss=0.0))
 
 
+CALIBRATE = (5, 15)  # the steps whose timing fixes the schedule's length under max_seconds
+
+
 @dataclass
 class HeadTrainResult:
     steps: int
     seconds: float
     first_loss: float
     final_loss: float
-    tokens_per_s: float
+    tokens_per_s: float  # head training positions per second (batch rows × (L − 1) per step), cache fill included
     alpha_before: dict[float, float]
     alpha_after: dict[float, float]
     params: int
     alpha_after_by_step: dict[int, dict[float, float]] = field(default_factory=dict)  # draft step → α per T
+    cache_seconds: float = 0.0  # filling the feature cache (inside `seconds`)
+    step_ms: float | None = None  # steady time per head step (synchronized, after the first CALIBRATE[0] steps)
     log_path: str | None = None
     losses: list[float] = field(default_factory=list, repr=False)
 
@@ -111,6 +140,7 @@ class TrainableHead(torch.nn.Module):
                          bos_token_id=None, eos_token_id=None, pad_token_id=None)
         self.decoder = LlamaForCausalLM(hf)
         self.decoder.model.embed_tokens.weight.requires_grad_(False)  # a placeholder: the head reads vectors
+        self._masks: dict = {}  # `_chain_mask` by (N, step, device)
 
     def forward(self, features: torch.Tensor, next_tokens: torch.Tensor, embed: torch.Tensor) -> torch.Tensor:
         """(f_t `[B, T, dim]`, x_{t+1} `[B, T]`) at positions 0..T−1 → f̂_{t+1} `[B, T, dim]` (final-normed)."""
@@ -123,8 +153,56 @@ class TrainableHead(torch.nn.Module):
         features `[B, N, dim]` (f_0..f_{N−1}), tokens `[B, N]` → [f̂ of step s: `[B, N−s, dim]` for s = 1..depth],
         row t of step s predicting f_{t+s}. Step 1 reads the true features; step s reads step s−1's predictions
         at position t+s−1 and attends, as when drafting, to the true entries at positions ≤ t and to its own
-        chain (a block mask over the concatenated steps; positions as in the engine's head cache).
+        chain (positions as in the engine's head cache). The function of `unrolled_reference`, computed with the
+        keys/values of earlier steps kept: step s runs the layer on its own N−s rows only (3N rows at depth 3,
+        not 6N) and attends `[N−s, Σ_{j≤s} (N−j)]` (step 1: plain causal attention).
         """
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        n = features.shape[1]
+        model = self.decoder.model
+        layer, attn = model.layers[0], model.layers[0].self_attn
+        embedded = F.embedding(tokens, embed).to(features.dtype)
+        x = self.fc(torch.cat([embedded[:, 1:], features[:, :-1]], -1))
+        keys, values, outputs = [], [], []
+        for s in range(1, depth + 1):
+            b, width = x.shape[:2]
+            positions = torch.arange(s - 1, s - 1 + width, device=x.device)[None]
+            h = layer.input_layernorm(x)
+            q, k, v = (proj(h).view(b, width, -1, attn.head_dim).transpose(1, 2)
+                       for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+            q, k = apply_rotary_pos_emb(q, k, *model.rotary_emb(x, positions))  # cos/sin in x's dtype, as HF does
+            keys.append(k)
+            values.append(v)
+            key, value = torch.cat(keys, 2), torch.cat(values, 2)
+            if key.shape[1] != q.shape[1]:  # grouped-query attention
+                rep = q.shape[1] // key.shape[1]
+                key, value = key.repeat_interleave(rep, dim=1), value.repeat_interleave(rep, dim=1)
+            mask = None if s == 1 else self._chain_mask(n, s, x.device)
+            a = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, is_causal=s == 1,
+                                               scale=getattr(attn, "scaling", attn.head_dim**-0.5))
+            x = x + attn.o_proj(a.transpose(1, 2).reshape(b, width, -1))
+            out = model.norm(x + layer.mlp(layer.post_attention_layernorm(x)))
+            outputs.append(out)
+            if s == depth or n - 1 - s <= 0:
+                break
+            x = self.fc(torch.cat([embedded[:, s + 1 :], out[:, : n - 1 - s]], -1))  # origins 0..N−2−s
+        return outputs
+
+    def _chain_mask(self, n: int, s: int, device) -> torch.Tensor:
+        """`[N−s, Σ_{j≤s} (N−j)]` bool: step s's origin t sees step 1's origins ≤ t and its own chain (steps 2..s)."""
+        key = (n, s, str(device))
+        if key not in self._masks:
+            origin = torch.arange(n - s, device=device)[:, None]
+            blocks = [torch.arange(n - 1, device=device)[None] <= origin]
+            blocks += [torch.arange(n - j, device=device)[None] == origin for j in range(2, s + 1)]
+            self._masks[key] = torch.cat(blocks, 1)
+        return self._masks[key]
+
+    def unrolled_reference(self, features: torch.Tensor, tokens: torch.Tensor, embed: torch.Tensor,
+                           depth: int) -> list:
+        """`unrolled` as one block-masked transformers pass over the concatenated steps per draft step (every
+        step recomputes the earlier blocks): the readable reference the fast version is tested against."""
         n = features.shape[1]
         embedded = F.embedding(tokens, embed).to(features.dtype)
         device = features.device
@@ -170,7 +248,7 @@ class TrainableHead(torch.nn.Module):
 
 def _target_pass(target, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Frozen target: (final-normed features `[B, N, dim]`, logits `[B, N, V]`) of tokens `[B, N]`."""
-    hidden = target.model(input_ids=batch, use_cache=False).last_hidden_state  # LlamaModel applies the final norm
+    hidden = target_features(target, batch)
     return hidden, target.lm_head(hidden)
 
 
@@ -187,7 +265,19 @@ def _head_pass(head: TrainableHead, target, hidden: torch.Tensor, batch: torch.T
         predicted = [head(features[:, :-1], batch[:, 1:], embed)]
     else:
         predicted = head.unrolled(features, batch, embed, depth)
-    return [(f, target.lm_head(f.to(hidden.dtype))) for f in predicted]
+    return [(f, target.lm_head(f.to(target.lm_head.weight.dtype))) for f in predicted]
+
+
+def head_loss(head: TrainableHead, target, features: torch.Tensor, tokens: torch.Tensor, p_logits: torch.Tensor,
+              cfg: HeadTrainConfig, generator: torch.Generator | None = None) -> tuple:
+    """(loss, regression, kl) of one batch: features `[B, N, dim]` and logits `[B, N, V]` of the frozen target on
+    tokens `[B, N]`, averaged over the `cfg.depth` unrolled draft steps (call under the training autocast)."""
+    regression = kl = 0.0
+    for s, (predicted, q_logits) in enumerate(_head_pass(head, target, features, tokens, cfg.depth,
+                                                         cfg.feature_noise, generator), 1):
+        regression = regression + F.smooth_l1_loss(predicted.float(), features[:, s:].float()) / cfg.depth
+        kl = kl + kl_rows(q_logits, p_logits[:, s:], kernel=cfg.kl_kernel).mean() / cfg.depth  # = distill.kl_loss; fused on CUDA
+    return regression + cfg.kl_weight * kl, regression, kl
 
 
 @torch.no_grad()
@@ -218,12 +308,16 @@ def train_head(target: torch.nn.Module, data: TokenData, cfg: HeadTrainConfig, *
     """Train a head on `target` (a transformers Llama-family causal LM, kept frozen) over `data`'s corpus
     (and, with `cfg.generated_fraction` > 0, over `pool`: the target's greedy text, `distill.generate_greedy`).
 
+    With `cfg.feature_cache_tokens` > 0 the target runs once, filling a `FeatureCache` (inside the time budget),
+    and head steps read batches from it; otherwise every `cfg.batch_reuse` head steps run the target on a batch.
     Returns the trainable head (`.to_feature_head()` for the engine) and a summary with α before/after.
-    bf16 autocast and fused AdamW on CUDA; fp32 on CPU.
+    bf16 autocast and fused AdamW stepped/skipped on the device (one host sync per `log_every` steps) on CUDA;
+    fp32 on CPU.
     """
     if not isinstance(data, TokenData):
         raise TypeError(f"data must be a decoder-only corpus (TokenData), got {type(data).__name__}")
     device = resolve_device(device)
+    cuda = device.type == "cuda"
     tc = cfg.train
     target.to(device).eval()
     for p in target.parameters():
@@ -234,10 +328,8 @@ def train_head(target: torch.nn.Module, data: TokenData, cfg: HeadTrainConfig, *
             head.init_from(target)
     head.to(device).train()
     held_out = data.val_batches(tc.batch_size, tc.seq_len, cfg.alpha_batches)
-    if cfg.generated_fraction > 0:
-        if pool is None:
-            raise ValueError("generated_fraction > 0 needs a pool of generated text (pool=)")
-        data = MixedData(data, pool, cfg.generated_fraction)
+    if cfg.generated_fraction > 0 and pool is None:
+        raise ValueError("generated_fraction > 0 needs a pool of generated text (pool=)")
     before = head_alpha(target, head, held_out, device=device, bf16=tc.bf16)
     logger.info("head: alpha before %s", before)
     optimizer = make_optimizer(head, tc, device)
@@ -245,52 +337,92 @@ def train_head(target: torch.nn.Module, data: TokenData, cfg: HeadTrainConfig, *
     rng = np.random.default_rng(tc.seed)
     noise_gen = torch.Generator(device=device).manual_seed(tc.seed)
     log = TrainLog(Path(log_path) if log_path else None,
-                   columns=("step", "tokens", "loss", "regression", "kl", "lr", "grad_norm", "elapsed_s"))
-    total_steps, losses, tokens = tc.steps, [], 0
+                   columns=("step", "tokens", "loss", "regression", "kl", "lr", "grad_norm", "skipped", "elapsed_s"))
+    log_every = cfg.log_every if cuda else 1
     t0 = time.perf_counter()
+    cache = None
+    if cfg.feature_cache_tokens:
+        with _autocast(device, tc.bf16), torch.no_grad():
+            cache = build_feature_cache(target, data, max_tokens=cfg.feature_cache_tokens, batch_size=tc.batch_size,
+                                        seq_len=tc.seq_len, rng=rng, device=device, pool=pool,
+                                        generated_fraction=cfg.generated_fraction,
+                                        dtype=torch.bfloat16 if cuda and tc.bf16 else torch.float32)
+        _sync(device)
+        if tc.max_seconds is not None and time.perf_counter() - t0 > 0.5 * tc.max_seconds:
+            logger.warning("head: filling the feature cache took %.0f s of the %.0f s budget; lower "
+                           "feature_cache_tokens", time.perf_counter() - t0, tc.max_seconds)
+        logger.info("head: feature cache of %d tokens (%.2f GiB) in %.1f s", cache.tokens_held, cache.nbytes / 2**30,
+                    time.perf_counter() - t0)
+    elif cfg.generated_fraction > 0:
+        data = MixedData(data, pool, cfg.generated_fraction)
+    cache_seconds = time.perf_counter() - t0
+    total_steps, losses, tokens, pending = tc.steps, [], 0, []
     t_calib = t0
     step = 0
+
+    def flush() -> None:  # one host sync for the buffered steps' numbers
+        values = torch.stack([row.pop("values") for row in pending]).tolist()
+        for row, (loss_v, regression_v, kl_v, norm_v, skipped_v) in zip(pending, values):
+            losses.append(loss_v)
+            if skipped_v:
+                logger.warning("head step %d: non-finite loss/grad; step skipped", row["step"])
+            log.write({**row, "loss": round(loss_v, 5), "regression": round(regression_v, 5), "kl": round(kl_v, 5),
+                       "grad_norm": round(norm_v, 4), "skipped": int(skipped_v)})
+        pending.clear()
+
     while step < total_steps:
-        if step == 5:
+        if step == CALIBRATE[0]:
+            _sync(device)
             t_calib = time.perf_counter()
-        if step == 15 and tc.max_seconds is not None:  # fix the schedule's length to the time budget
-            per_step = (time.perf_counter() - t_calib) / 10
+        if step == CALIBRATE[1] and tc.max_seconds is not None:  # fix the schedule's length to the time budget
+            _sync(device)
+            per_step = (time.perf_counter() - t_calib) / (CALIBRATE[1] - CALIBRATE[0])
             fit = int((tc.max_seconds - (time.perf_counter() - t0)) / per_step)
             total_steps = max(step + 1, min(tc.steps, step + fit))
             logger.info("head: %.1f ms/step -> %d steps in %.0f s", 1e3 * per_step, total_steps, tc.max_seconds)
         lr = lr_at(step, total_steps, tc)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        if step % cfg.batch_reuse == 0:
-            batch = data.train_batch(tc.batch_size, tc.seq_len, rng).to(device, non_blocking=True)
-            tokens += batch.shape[0] * (batch.shape[1] - 1)  # target tokens seen
+        if cache is not None:
+            refresh = cfg.feature_cache_refresh
+            if refresh and step and step % refresh == 0 and cache.corpus is not None:
+                with _autocast(device, tc.bf16):
+                    cache.refresh(target, data, rng, tc.batch_size)
+            batch, hidden = cache.sample(tc.batch_size, noise_gen)
+            with _autocast(device, tc.bf16), torch.no_grad():
+                p_logits = target.lm_head(hidden)  # the target's logits = its LM head on its final-normed features
+        elif step % cfg.batch_reuse == 0:
+            batch = _to(data.train_batch(tc.batch_size, tc.seq_len, rng), device)  # pinned: no host sync
             with _autocast(device, tc.bf16), torch.no_grad():
                 hidden, p_logits = _target_pass(target, batch)
+        tokens += batch.shape[0] * (batch.shape[1] - 1)  # positions the head trained on
         with _autocast(device, tc.bf16):
-            regression = kl = 0.0
-            for s, (predicted, q_logits) in enumerate(_head_pass(head, target, hidden, batch, cfg.depth,
-                                                                 cfg.feature_noise, noise_gen), 1):
-                regression = regression + F.smooth_l1_loss(predicted.float(), hidden[:, s:].float()) / cfg.depth
-                mask = torch.ones(q_logits.shape[:2], dtype=torch.bool, device=device)
-                kl = kl + kl_loss(p_logits[:, s:], q_logits, mask) / cfg.depth
-            loss = regression + cfg.kl_weight * kl
+            loss, regression, kl = head_loss(head, target, hidden, batch, p_logits, cfg, noise_gen)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
-        if bool(torch.isfinite(loss) & torch.isfinite(grad_norm)):  # one host sync per step
-            optimizer.step()
+        if optimizer.defaults.get("fused"):
+            skipped = skip_non_finite_step(optimizer, loss, grad_norm)  # decided on the device: no host sync
         else:
-            logger.warning("head step %d: non-finite loss/grad; step skipped", step)
+            skipped = torch.tensor(0.0 if bool(torch.isfinite(loss) & torch.isfinite(grad_norm)) else 1.0)
+            if not skipped:
+                optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
-        losses.append(float(loss.detach()))
-        log.write({"step": step, "tokens": tokens, "loss": round(losses[-1], 5),
-                   "regression": round(float(regression.detach()), 5), "kl": round(float(kl.detach()), 5), "lr": f"{lr:.3e}",
-                   "grad_norm": round(float(grad_norm), 4), "elapsed_s": round(time.perf_counter() - t0, 2)})
-        if tc.max_seconds is not None and time.perf_counter() - t0 > 1.1 * tc.max_seconds:
-            logger.warning("head: over the time budget, stopping at step %d of %d", step, total_steps)
-            break
+        values = torch.stack([loss.detach(), regression.detach(), kl.detach(), grad_norm, skipped]).float()
+        pending.append({"step": step, "tokens": tokens, "lr": f"{lr:.3e}", "values": values,
+                        "elapsed_s": round(time.perf_counter() - t0, 2)})
+        if step % log_every == 0 or step == total_steps:
+            flush()
+            if tc.max_seconds is not None and time.perf_counter() - t0 > 1.1 * tc.max_seconds:
+                logger.warning("head: over the time budget, stopping at step %d of %d", step, total_steps)
+                break
+    if pending:
+        flush()
     log.close()
+    _sync(device)
     seconds = time.perf_counter() - t0
+    step_ms = 1e3 * (time.perf_counter() - t_calib) / (step - CALIBRATE[0]) if step > CALIBRATE[0] else None
+    del cache
     after = head_alpha(target, head, held_out, device=device, bf16=tc.bf16)
     by_step = {s: head_alpha(target, head, held_out, device=device, bf16=tc.bf16, step=s) for s in (2, 3)}
     logger.info("head: %d steps in %.1f s, loss %.4f -> %.4f, alpha after %s", step, seconds, losses[0],
@@ -298,6 +430,7 @@ def train_head(target: torch.nn.Module, data: TokenData, cfg: HeadTrainConfig, *
     result = HeadTrainResult(steps=step, seconds=round(seconds, 2), first_loss=losses[0], final_loss=losses[-1],
                              tokens_per_s=round(tokens / max(seconds, 1e-9), 1), alpha_before=before,
                              alpha_after=after, alpha_after_by_step={1: after, **by_step},
-                             params=sum(p.numel() for p in params),
+                             params=sum(p.numel() for p in params), cache_seconds=round(cache_seconds, 2),
+                             step_ms=None if step_ms is None else round(step_ms, 3),
                              log_path=None if log_path is None else str(log_path), losses=losses)
     return head, result

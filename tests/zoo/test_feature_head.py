@@ -46,6 +46,16 @@ def test_training_lowers_the_loss_and_raises_alpha(trained):
                                                                              device="cpu")[0.0] + 0.3
 
 
+def test_training_from_the_feature_cache_reaches_the_same_alpha(trained):
+    """The same recipe from cached features (the target ran once over 64 windows) trains as well."""
+    data, target, _, result, _ = trained
+    cfg = HeadTrainConfig(HEAD_TRAIN, alpha_batches=2, feature_cache_tokens=64 * (HEAD_TRAIN.seq_len + 1))
+    _, cached = train_head(target, data, cfg, device="cpu")
+    assert cached.steps == HEAD_TRAIN.steps and cached.cache_seconds > 0
+    assert cached.alpha_after[0.0] > cached.alpha_before[0.0] + 0.2
+    assert cached.alpha_after[0.0] > result.alpha_after[0.0] - 0.1
+
+
 def test_trained_head_drafts_better_than_an_untrained_one_in_the_engine(trained):
     data, target, head, _, _ = trained
     prompts = [row[: 16 + 5 * i].tolist() for i, row in enumerate(data.val_batches(6, 64, 1)[0])]
