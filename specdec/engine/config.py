@@ -26,6 +26,8 @@ class EngineConfig:
     max_draft_tokens  the largest γ (sizes buffers; "auto" never goes beyond it)
     cuda_graphs       None = on CUDA; decode steps are captured once per (batch bucket, k, length bucket)
     prefill_chunk     prompt tokens per prefill forward (long prompts are prefilled in chunks)
+    prefill_graphs    replay admission prefill chunks as CUDA graphs once a chunk shape was seen before (eager
+                      prefill is launch-bound at small batches); None = with cuda_graphs
     synthetic_acceptance  BENCHMARK ONLY: accept each draft with this probability instead of the rule, to time
                       the engine at a chosen α (the output is then NOT the target's distribution)
     kernels           the layer kernels of the target and model drafters: "auto" (fused Triton kernels on CUDA
@@ -38,6 +40,7 @@ class EngineConfig:
     max_draft_tokens: int = 8
     cuda_graphs: bool | None = None
     prefill_chunk: int = 512
+    prefill_graphs: bool | None = False
     synthetic_acceptance: float | None = None
     kernels: str = "auto"
 
@@ -56,3 +59,5 @@ class EngineConfig:
             raise ValueError(f"kernels must be 'auto', 'triton' or 'reference', got {self.kernels!r}")
         if self.cuda_graphs not in (None, True, False):
             raise TypeError(f"cuda_graphs must be None, True or False, got {self.cuda_graphs!r}")
+        if self.prefill_graphs not in (None, True, False):
+            raise TypeError(f"prefill_graphs must be None, True or False, got {self.prefill_graphs!r}")

@@ -35,7 +35,7 @@ from specdec.core import INVALID_SCORES, VerifyResult, invalid_scores, verify, v
 from specdec.engine.config import BATCH_BUCKETS, EngineConfig, UnsupportedModel
 from specdec.engine.drafters import Flavor, StepView
 from specdec.engine.policy import GammaPolicy
-from specdec.engine.slots import MAX_EOS_IDS, SlotCache, SlotState, prefill_rows
+from specdec.engine.slots import MAX_EOS_IDS, PrefillGraphs, SlotCache, SlotState, prefill_rows
 from specdec.fast.graphs import CapturedStep, new_pool
 from specdec.metrics import SpecStats
 from specdec.request import SamplingParams, as_int, normalize_prompts, resolve_seed
@@ -95,6 +95,10 @@ class Engine:
         if config.cuda_graphs and not on_cuda:
             raise ValueError("cuda_graphs=True needs the model on a CUDA device")
         self.cuda_graphs = on_cuda if config.cuda_graphs is None else config.cuda_graphs
+        if config.prefill_graphs and not self.cuda_graphs:
+            raise ValueError("prefill_graphs=True needs cuda_graphs (a CUDA device)")
+        use = self.cuda_graphs if config.prefill_graphs is None else config.prefill_graphs
+        self.prefill_graphs = PrefillGraphs() if use else None  # admission chunks as CUDA graphs (slots.py)
         self.policy = GammaPolicy(config.num_draft_tokens if drafter is not None else 0, self.max_draft_tokens)
         self.stats = SpecStats()
         self._num_steps = self._spec_steps = self._passes = 0  # steps run (requests diff these at the end)
@@ -279,9 +283,9 @@ class Engine:
         rows, chunk = slice(first, len(self._running)), self.config.prefill_chunk
         lengths = [len(r.prompt) for r in admitted]
         # extent=0: the admitted slots hold nothing that must survive, so each chunk attends over a positions
-        # bucket just past what it feeds, not the whole cache. EXPERIMENTAL: an engine given a `slots.PrefillGraphs`
-        # as `prefill_graphs` replays chunk shapes it has seen before as CUDA graphs (scripts/admission_cost.py)
-        graphs = getattr(self, "prefill_graphs", None)
+        # bucket just past what it feeds, not the whole cache; with EngineConfig.prefill_graphs chunk shapes seen
+        # before replay as CUDA graphs (scripts/admission_cost.py)
+        graphs = self.prefill_graphs
         prefill_rows(self.model, self.cache, self.state, rows, [0] * len(admitted), [n - 1 for n in lengths], chunk,
                      features=self.state.features, extent=0, graphs=graphs)
         if self.drafter is not None and hasattr(self.drafter, "prefill"):

@@ -7,6 +7,7 @@ owner share a memory pool (they are replayed one at a time).
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Sequence
 
 import torch
@@ -26,8 +27,16 @@ class CapturedStep:
         for t, s in zip(restore, saved):
             t.copy_(s)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.outputs = fn()
+        # No garbage collection while capturing: a collected cycle that holds CUDA graphs (an engine dropped
+        # earlier) would destroy them mid-capture, which CUDA forbids and which invalidates this capture.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.graph(self.graph, pool=pool):
+                self.outputs = fn()
+        finally:
+            if collecting:
+                gc.enable()
         for t, s in zip(restore, saved):  # capture records kernels without running them; be safe anyway
             t.copy_(s)
 

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from specdec.fast.kernels.attention import slot_attention, triton_unsupported
+from specdec.fast.kernels.attention import (slot_attention, slot_attention_bias, slot_attention_reference,
+                                            triton_unsupported)
 from specdec.fast.kernels.linear import FASTER_THAN_CUBLAS, linear
 from specdec.fast.kernels.mlp import silu_mul
 from specdec.fast.kernels.norm import add_rms_norm, rms_norm
@@ -367,6 +368,7 @@ class FastLlama(torch.nn.Module):
         sin = torch.cat([sin_table[rope_pos][:, :, None, :].expand(batch, k, nq + nkv, hd),
                          torch.zeros(batch, k, nkv, hd, device=device, dtype=self.dtype)], dim=2)
         write_index = slots[:, None, :, None].expand(batch, s.n_kv_heads, k, s.head_dim)
+        bias = slot_attention_bias(rope_pos, cache.keys[0].shape[2], nq // nkv, self.dtype)  # one mask, every layer
         for i in range(s.n_layers):
             h = F.rms_norm(x, (s.dim,), self.attn_norm[i], s.rms_norm_eps)
             qkv = F.linear(h, self.wqkv[i], self.bqkv[i] if s.qkv_bias else None).view(batch, k, nq + 2 * nkv, hd)
@@ -378,7 +380,7 @@ class FastLlama(torch.nn.Module):
             q, key, v = qkv[:, :, :nq], qkv[:, :, nq : nq + nkv], qkv[:, :, nq + nkv :]
             cache.keys[i].scatter_(2, write_index, key.transpose(1, 2))
             cache.values[i].scatter_(2, write_index, v.transpose(1, 2))
-            attn = slot_attention(q, cache.keys[i], cache.values[i], rope_pos, kernel="reference")
+            attn = slot_attention_reference(q, cache.keys[i], cache.values[i], rope_pos, bias=bias)
             attn = attn.reshape(batch * k, nq * hd)
             x = self._row_parallel(x.view(batch * k, s.dim), attn, self.wo[i])  # residual add fused into the GEMM
             if s.o_bias:

@@ -214,8 +214,9 @@ def test_engine_with_prefill_graphs_gives_the_same_tokens(make_llama):
     params = SamplingParams(temperature=0, max_new_tokens=12)
     outputs = []
     for graphs in (None, PrefillGraphs()):
-        engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=3))
-        engine.prefill_graphs = graphs
+        engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=3,
+                                                    prefill_graphs=graphs is not None))
+        graphs = engine.prefill_graphs
         for _ in range(3):  # graphs: seen, captured, replayed
             ids = [engine.add_request(p, params) for p in RAGGED_PROMPTS]
             tokens = {i: [] for i in ids}
@@ -225,3 +226,11 @@ def test_engine_with_prefill_graphs_gives_the_same_tokens(make_llama):
             outputs.append([tokens[i] for i in ids])
         assert graphs is None or graphs.graphs
     assert outputs[:3] == outputs[3:]
+
+
+def test_prefill_graphs_option_is_checked(make_llama):
+    with pytest.raises(TypeError, match="prefill_graphs"):
+        EngineConfig(prefill_graphs="yes")
+    with pytest.raises(ValueError, match="prefill_graphs=True needs cuda_graphs"):
+        Engine(make_llama(0), None, EngineConfig(max_batch_size=2, max_seq_len=64, prefill_graphs=True))
+    assert Engine(make_llama(0), None, EngineConfig(max_batch_size=2, max_seq_len=64, prefill_graphs=None)).prefill_graphs is None

@@ -18,24 +18,33 @@ import os
 import torch
 import torch.nn.functional as F
 
-__all__ = ["slot_attention", "slot_attention_reference", "triton_unsupported"]
+__all__ = ["slot_attention", "slot_attention_reference", "slot_attention_bias", "triton_unsupported"]
+
+
+def slot_attention_bias(positions: torch.Tensor, num_slots: int, group: int, dtype: torch.dtype) -> torch.Tensor:
+    """The reference's additive mask: positions `[B, k]` → `[B, 1, group·k, S]` (0 where query row r may read slot
+    j: j <= its position and j is not the junk slot S − 1; −inf elsewhere). It depends on the positions and the
+    span only, so a forward builds it once for all its layers (`slot_attention_reference(bias=...)`)."""
+    batch, k = positions.shape
+    j = torch.arange(num_slots, device=positions.device)
+    allowed = (j[None, None, :] <= positions[:, :, None]) & (j < num_slots - 1)  # [B, k, S]
+    bias = torch.zeros(allowed.shape, device=positions.device, dtype=dtype).masked_fill_(~allowed, float("-inf"))
+    return bias[:, None, None].expand(batch, 1, group, k, num_slots).reshape(batch, 1, group * k, num_slots)
 
 
 def slot_attention_reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
-                             scale: float | None = None) -> torch.Tensor:
+                             scale: float | None = None, *, bias: torch.Tensor | None = None) -> torch.Tensor:
     """The eager definition: q `[B, k, H, D]`, keys/values `[B, H_kv, S, D]`, positions `[B, k]` → `[B, k, H, D]`.
 
-    One SDPA call over the whole cache with an additive mask; the query heads that share a KV head are folded
-    into the query length (plain MHA over H_kv heads).
+    One SDPA call over the whole cache with an additive mask (`slot_attention_bias`; pass `bias` when it is
+    already built for these positions and this span); the query heads that share a KV head are folded into
+    the query length (plain MHA over H_kv heads).
     """
     batch, k, heads, dim = q.shape
     kv_heads, num_slots = keys.shape[1], keys.shape[2]
     group = heads // kv_heads
-    junk = num_slots - 1
-    j = torch.arange(num_slots, device=q.device)
-    allowed = (j[None, None, :] <= positions[:, :, None]) & (j < junk)  # [B, k, S]
-    bias = torch.zeros(allowed.shape, device=q.device, dtype=q.dtype).masked_fill_(~allowed, float("-inf"))
-    bias = bias[:, None, None].expand(batch, 1, group, k, num_slots).reshape(batch, 1, group * k, num_slots)
+    if bias is None:
+        bias = slot_attention_bias(positions, num_slots, group, q.dtype)
     q = q.reshape(batch, k, kv_heads, group, dim).permute(0, 2, 3, 1, 4).reshape(batch, kv_heads, group * k, dim)
     out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=scale)
     return out.view(batch, kv_heads, group, k, dim).permute(0, 3, 1, 2, 4).reshape(batch, k, heads, dim)
