@@ -26,8 +26,9 @@ class EngineConfig:
     max_draft_tokens  the largest γ (sizes buffers; "auto" never goes beyond it)
     cuda_graphs       None = on CUDA; decode steps are captured once per (batch bucket, k, length bucket)
     prefill_chunk     prompt tokens per prefill forward (long prompts are prefilled in chunks)
-    prefill_graphs    replay admission prefill chunks as CUDA graphs once a chunk shape was seen before (eager
-                      prefill is launch-bound at small batches); None = with cuda_graphs
+    prefill_graphs    replay the prefill chunks of a request admitted alone into an empty engine as CUDA graphs
+                      once their shape was seen before (eager prefill is launch-bound at batch 1); None = with
+                      cuda_graphs
     synthetic_acceptance  BENCHMARK ONLY: accept each draft with this probability instead of the rule, to time
                       the engine at a chosen α (the output is then NOT the target's distribution)
     kernels           the layer kernels of the target and model drafters: "auto" (fused Triton kernels on CUDA
@@ -40,7 +41,7 @@ class EngineConfig:
     max_draft_tokens: int = 8
     cuda_graphs: bool | None = None
     prefill_chunk: int = 512
-    prefill_graphs: bool | None = False
+    prefill_graphs: bool | None = None
     synthetic_acceptance: float | None = None
     kernels: str = "auto"
 

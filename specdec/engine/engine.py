@@ -283,9 +283,11 @@ class Engine:
         rows, chunk = slice(first, len(self._running)), self.config.prefill_chunk
         lengths = [len(r.prompt) for r in admitted]
         # extent=0: the admitted slots hold nothing that must survive, so each chunk attends over a positions
-        # bucket just past what it feeds, not the whole cache; with EngineConfig.prefill_graphs chunk shapes seen
-        # before replay as CUDA graphs (scripts/admission_cost.py)
-        graphs = self.prefill_graphs
+        # bucket just past what it feeds, not the whole cache. With EngineConfig.prefill_graphs, a request admitted
+        # alone into slot 0 (the batch-1 case, where eager prefill is launch-bound: ~7 ms vs ~2 ms replayed on an
+        # H200) replays its chunk shapes as CUDA graphs once seen; other admissions vary in their rows, which would
+        # multiply the shapes (and the mid-traffic captures), and are GPU-bound enough at 8+ rows to run eagerly.
+        graphs = self.prefill_graphs if first == 0 and len(admitted) == 1 else None
         prefill_rows(self.model, self.cache, self.state, rows, [0] * len(admitted), [n - 1 for n in lengths], chunk,
                      features=self.state.features, extent=0, graphs=graphs)
         if self.drafter is not None and hasattr(self.drafter, "prefill"):

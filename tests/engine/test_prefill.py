@@ -217,15 +217,22 @@ def test_engine_with_prefill_graphs_gives_the_same_tokens(make_llama):
         engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=3,
                                                     prefill_graphs=graphs is not None))
         graphs = engine.prefill_graphs
-        for _ in range(3):  # graphs: seen, captured, replayed
-            ids = [engine.add_request(p, params) for p in RAGGED_PROMPTS]
+        for _ in range(3):  # graphs: seen, captured, replayed (a request admitted alone into slot 0)
+            for p in RAGGED_PROMPTS:
+                rid, tokens = engine.add_request(p, params), []
+                while engine.has_unfinished():
+                    for out in engine.step():
+                        tokens.extend(out.new_token_ids)
+                outputs.append(tokens)
+            ids = [engine.add_request(p, params) for p in RAGGED_PROMPTS]  # admitted together: eager
             tokens = {i: [] for i in ids}
             while engine.has_unfinished():
                 for out in engine.step():
                     tokens[out.request_id].extend(out.new_token_ids)
             outputs.append([tokens[i] for i in ids])
         assert graphs is None or graphs.graphs
-    assert outputs[:3] == outputs[3:]
+    half = len(outputs) // 2
+    assert outputs[:half] == outputs[half:]
 
 
 def test_prefill_graphs_option_is_checked(make_llama):
