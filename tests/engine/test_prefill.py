@@ -219,7 +219,8 @@ def test_engine_with_prefill_graphs_gives_the_same_tokens(make_llama):
         graphs = engine.prefill_graphs
         for _ in range(3):  # graphs: seen, captured, replayed (a request admitted alone into slot 0)
             for p in RAGGED_PROMPTS:
-                rid, tokens = engine.add_request(p, params), []
+                engine.add_request(p, params)
+                tokens = []
                 while engine.has_unfinished():
                     for out in engine.step():
                         tokens.extend(out.new_token_ids)
