@@ -2,7 +2,8 @@
 # The zoo gpu pair + its feature head, then the engine benchmark on them, on one GPU (two calls: the machine
 # stays warm between them, and /tmp/pair with it). From the repo root with data/code carried:
 #   bash scripts/pair_device_run.sh train [SCALE] [HEAD_S]   # specdec train pair --preset gpu (budget SCALE, 0.85)
-#                                                             # + specdec train head (HEAD_S seconds, 80)
+#                                                             # + specdec train head (HEAD_S seconds, 80; from a
+#                                                             #   feature cache of 4M positions: ~4x the steps)
 #   bash scripts/pair_device_run.sh bench [BENCH_S] [SERVE_S] # bench_forward, engine_bench on /tmp/pair (+ head),
 #                                                             # and scripts/bench_serve.py when .whl is carried
 #   bash scripts/pair_device_run.sh all [SCALE] [HEAD_S]     # ONE command (< 10 min on an H200): the pair (budget
@@ -27,7 +28,8 @@ if [ "$MODE" = train ] || [ "$MODE" = all ]; then
       --no-progress 2>&1 | grep -v "^INFO" | tail -40 | tee -a "$OUT/run.log"
   log "train the feature head (${3:-80} s)"
   timeout 200 python3 -m specdec train head --target /tmp/pair/target --data data/code --out /tmp/pair/head \
-      --max-seconds "${3:-80}" --generate 1024 --gen-batch-size 512 2>&1 | tail -25 | tee -a "$OUT/run.log"
+      --max-seconds "${3:-80}" --generate 2048 --gen-batch-size 1024 --feature-cache-tokens 4000000 \
+      2>&1 | tail -25 | tee -a "$OUT/run.log"
   cp /tmp/pair/summary.json "$OUT/summary.json" 2>/dev/null
   (cd /tmp/pair && tar -czf "$OUT/logs.tar.gz" logs head/*.json 2>/dev/null)
 fi
