@@ -7,6 +7,15 @@ Counted from every runner output on the driver thread, so the spec-decode counte
   spec_decode_num_draft_tokens         drafts proposed
   spec_decode_num_accepted_tokens      drafts accepted
   spec_decode_num_accepted_tokens_per_pos{position}   drafts accepted at position i (0-based)
+
+and where serving time goes (to tell an engine stall from a server one):
+  graph_captures_total                 CUDA graph pairs the runners have captured (start-up warm-up included: a
+                                       rise while serving is a capture a request in flight waited for)
+  step_shapes                          distinct decode step shapes the runners have built (eager ones too)
+  engine_step_seconds{num_draft_tokens}  time of each runner step on the driver thread (admission + prefill +
+                                       the decode step + any capture)
+  driver_handoff_seconds               driver thread time spent handing one step's outputs over (metrics, sinks)
+  output_delivery_seconds              driver thread → event loop: from a step's hand-off to its outputs' queues
 """
 
 from __future__ import annotations
@@ -19,6 +28,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 __all__ = ["ServerMetrics", "CONTENT_TYPE_LATEST"]
 
+_STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15,
+                 0.2, 0.3, 0.5, 1.0, 2.5, 5.0)
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
                     1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 
@@ -53,6 +64,21 @@ class ServerMetrics:
                              buckets=_LATENCY_BUCKETS, registry=r)
         self.e2e = Histogram(f"{p}e2e_request_latency_seconds", "Time from admission to the last token.",
                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.step_seconds = Histogram(f"{p}engine_step_seconds", "Time of one runner step on the driver thread "
+                                      "(admission, prefill, decode step, graph capture).", ["num_draft_tokens"],
+                                      buckets=_STEP_BUCKETS, registry=r)
+        self.delivery = Histogram(f"{p}output_delivery_seconds", "From the end of a step to its outputs reaching "
+                                  "their requests on the event loop.", buckets=_STEP_BUCKETS, registry=r)
+        self.handoff_seconds = Histogram(f"{p}driver_handoff_seconds", "Driver thread time handing one step's "
+                                         "outputs to metrics and requests (the device waits meanwhile).",
+                                         buckets=_STEP_BUCKETS, registry=r)
+        self.graph_captures = Counter(f"{p}graph_captures", "CUDA graph pairs captured by the runners (start-up "
+                                      "warm-up included).", registry=r)
+        self.step_shapes = Gauge(f"{p}step_shapes", "Distinct decode step shapes the runners have built.", registry=r)
+        self.step_shapes.set_function(lambda: llm.step_shapes)
+        self._captures_seen = 0
+        self._runner_labels: dict[int, str] = {}
+        self._per_pos: list = []  # accepted_per_pos children by position (labels() is a locked lookup)
         self._lock = threading.Lock()
         self._times: dict[str, list] = {}  # request id -> [admitted at, last output at]
         # stop strings abort a request on purpose: it finishes as "stop", not as an abort
@@ -82,8 +108,11 @@ class ServerMetrics:
             self.num_draft_tokens.inc(drafted)
         if accepted:
             self.num_accepted_tokens.inc(accepted)
+            per_pos = self._per_pos
+            while len(per_pos) < accepted:
+                per_pos.append(self.accepted_per_pos.labels(position=str(len(per_pos))))
             for i in range(accepted):
-                self.accepted_per_pos.labels(position=str(i)).inc()
+                per_pos[i].inc()
         if n:
             self.generation_tokens.inc(n)
         with self._lock:
@@ -107,5 +136,21 @@ class ServerMetrics:
             else:
                 self.request_success.labels(finished_reason=str(out.finish_reason)).inc()
 
+    def on_step(self, timing) -> None:
+        """Driver-thread step listener (`text.driver.StepTiming`): the step's time, under the γ its runner serves."""
+        label = self._runner_labels.get(id(timing.runner))
+        if label is None:
+            label = self._runner_labels[id(timing.runner)] = str(self.llm.runner_key(timing.runner))
+        self.step_seconds.labels(num_draft_tokens=label).observe(timing.step_s)
+        self.handoff_seconds.observe(timing.deliver_s)
+
+    def delivered(self, seconds: float) -> None:
+        self.delivery.observe(seconds)
+
     def render(self) -> bytes:
+        captures = self.llm.graph_captures  # a count read from the runners, exported as a counter
+        with self._lock:
+            if captures > self._captures_seen:
+                self.graph_captures.inc(captures - self._captures_seen)
+                self._captures_seen = captures
         return generate_latest(self.registry)
