@@ -107,3 +107,12 @@ def test_the_driver_reports_each_step_after_its_outputs(ckpt):
         assert llm.runner_key(seen[0].runner) == 2 and llm.runner_key(object()) is None
         assert out.stats.num_generated_tokens == 8 or out.finish_reason == "stop"
         assert llm.graph_captures == 0 and llm.step_shapes >= 1 and llm.warmups == {}  # CPU: no warm-up
+
+
+def test_synthetic_acceptance_reaches_the_engine_and_is_refused_on_the_fallback(ckpt):
+    """BENCHMARK ONLY: α = 1 accepts every draft (the server's --synthetic-acceptance for a random pair)."""
+    with specdec.load(ckpt / "target", draft=ckpt / "draft", num_draft_tokens=2, synthetic_acceptance=1.0) as llm:
+        out = llm.generate("w1 w2 w3", max_new_tokens=9)
+        assert out.stats.num_accepted_tokens == out.stats.num_draft_tokens > 0
+    with pytest.raises(ValueError, match="synthetic_acceptance"):
+        specdec.load(ckpt / "target", draft=ckpt / "draft", runner="fallback", synthetic_acceptance=0.5)
