@@ -9,8 +9,9 @@ server, so both modes share the model, the batch limits and the machine. Returns
 From the server's /metrics, read before and after each level: τ, the CUDA graphs captured during the level
 (`specdec:graph_captures_total`: a capture while timed is a stall of ~0.1 s), and quantiles of the level's
 engine steps, of the driver thread's hand-off of a step's outputs and of their delivery to the event loop
-(bucket upper bounds of the histograms): a long ITL with short steps is a server-side stall, a long step
-an engine-side one (admission prefill, capture).
+(bucket upper bounds of the histograms), and the full garbage collections (each pauses every thread): a long
+ITL with short steps is a server-side stall, a long step an engine-side one (admission prefill, capture) or a
+collection that ran on the driver thread.
 """
 
 from __future__ import annotations
@@ -52,8 +53,13 @@ class LevelResult:
     step_p50_s: float | None = None  # engine step time quantiles (histogram bucket upper bounds)
     step_p99_s: float | None = None
     step_max_s: float | None = None  # upper bound of the slowest step's bucket
+    decode_step_p99_s: float | None = None  # steps that admitted nothing
+    admit_steps: int | None = None  # steps that admitted (and prefilled) requests
+    admit_step_max_s: float | None = None
     handoff_p99_s: float | None = None  # driver thread: handing a step's outputs over
     delivery_p99_s: float | None = None  # a step's outputs: driver thread → event loop
+    gc_full_passes: int | None = None  # full (generation 2) garbage collections during the level
+    gc_full_max_s: float | None = None  # upper bound of the longest one's bucket
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -130,6 +136,7 @@ async def run_level(url: str, prompts: list[str], *, mode: str, concurrency: int
 
 _HISTOGRAMS = {"step": "specdec:engine_step_seconds", "handoff": "specdec:driver_handoff_seconds",
                "delivery": "specdec:output_delivery_seconds"}
+_GC = "specdec:gc_pause_seconds"
 
 
 def parse_counters(text: str) -> dict:
@@ -137,7 +144,8 @@ def parse_counters(text: str) -> dict:
     of `_HISTOGRAMS`, {upper bound: cumulative count} summed over its labels."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    values = {"drafts": 0.0, "accepted": 0.0, "captures": None, **{k: {} for k in _HISTOGRAMS}}
+    values = {"drafts": 0.0, "accepted": 0.0, "captures": None, "gc2": {}, "step_decode": {}, "step_admit": {},
+              **{k: {} for k in _HISTOGRAMS}}
     buckets = {f"{name}_bucket": key for key, name in _HISTOGRAMS.items()}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -147,10 +155,15 @@ def parse_counters(text: str) -> dict:
                 values["accepted"] = s.value
             elif s.name == "specdec:graph_captures_total":
                 values["captures"] = s.value
+            elif s.name == f"{_GC}_bucket" and s.labels.get("generation") == "2":
+                values["gc2"][float(s.labels["le"])] = s.value
             elif s.name in buckets:
-                hist = values[buckets[s.name]]
                 bound = float(s.labels["le"])
-                hist[bound] = hist.get(bound, 0.0) + s.value
+                keys = [buckets[s.name]]
+                if keys[0] == "step" and s.labels.get("kind") in ("decode", "admit"):
+                    keys.append(f"step_{s.labels['kind']}")
+                for key in keys:
+                    values[key][bound] = values[key].get(bound, 0.0) + s.value
     return values
 
 
@@ -180,8 +193,18 @@ def level_server_stats(before: dict, after: dict) -> dict:
            "step_p50_s": _bucket_quantile(before["step"], step, 0.5),
            "step_p99_s": _bucket_quantile(before["step"], step, 0.99),
            "step_max_s": _bucket_quantile(before["step"], step, 1.0),
+           "decode_step_p99_s": _bucket_quantile(before["step_decode"], after["step_decode"], 0.99),
+           "admit_steps": None, "admit_step_max_s": _bucket_quantile(before["step_admit"], after["step_admit"], 1.0),
            "handoff_p99_s": _bucket_quantile(before["handoff"], after["handoff"], 0.99),
-           "delivery_p99_s": _bucket_quantile(before["delivery"], after["delivery"], 0.99)}
+           "delivery_p99_s": _bucket_quantile(before["delivery"], after["delivery"], 0.99),
+           "gc_full_passes": None, "gc_full_max_s": None}
+    admit = after["step_admit"]
+    if admit:
+        out["admit_steps"] = int(admit[max(admit)] - before["step_admit"].get(max(admit), 0.0))
+    gc2 = after["gc2"]
+    if gc2:
+        out["gc_full_passes"] = int(gc2[max(gc2)] - before["gc2"].get(max(gc2), 0.0))
+        out["gc_full_max_s"] = _bucket_quantile(before["gc2"], gc2, 1.0)
     return out
 
 
@@ -210,8 +233,9 @@ def markdown_table(results: list[LevelResult]) -> str:
         return "–" if value is None else "inf" if value == float("inf") else f"{1e3 * value:.{digits}f}"
 
     rows = ["| clients | mode | requests | tokens | throughput (tok/s) | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) "
-            "| TPOT p50 (ms) | τ | captures | steps | step p50 / p99 / max (ms ≤) | hand-off / delivery p99 (ms ≤) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| TPOT p50 (ms) | τ | captures | steps | step p50 / p99 / max (ms ≤) | decode-step p99 (ms ≤) "
+            "| admit steps (max ms ≤) | hand-off / delivery p99 (ms ≤) | full GCs (max ms ≤) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         tau = f"{r.accepted_per_step:.2f}" if r.accepted_per_step is not None else "–"
         captures = "–" if r.graph_captures is None else str(r.graph_captures)
@@ -220,5 +244,8 @@ def markdown_table(results: list[LevelResult]) -> str:
                     f"{1e3 * r.ttft_p50_s:.0f} / {1e3 * r.ttft_p99_s:.0f} | {1e3 * r.itl_p50_s:.1f} / "
                     f"{1e3 * r.itl_p99_s:.1f} | {1e3 * r.tpot_p50_s:.1f} | {tau} | {captures} | {steps} | "
                     f"{ms(r.step_p50_s, 1)} / {ms(r.step_p99_s, 1)} / {ms(r.step_max_s, 1)} | "
-                    f"{ms(r.handoff_p99_s, 1)} / {ms(r.delivery_p99_s, 1)} |")
+                    f"{ms(r.decode_step_p99_s, 1)} | {'–' if r.admit_steps is None else r.admit_steps} "
+                    f"({ms(r.admit_step_max_s, 1)}) | "
+                    f"{ms(r.handoff_p99_s, 1)} / {ms(r.delivery_p99_s, 1)} | "
+                    f"{'–' if r.gc_full_passes is None else r.gc_full_passes} ({ms(r.gc_full_max_s)}) |")
     return "\n".join(rows)

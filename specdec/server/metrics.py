@@ -12,16 +12,23 @@ and where serving time goes (to tell an engine stall from a server one):
   graph_captures_total                 CUDA graph pairs the runners have captured (start-up warm-up included: a
                                        rise while serving is a capture a request in flight waited for)
   step_shapes                          distinct decode step shapes the runners have built (eager ones too)
-  engine_step_seconds{num_draft_tokens}  time of each runner step on the driver thread (admission + prefill +
-                                       the decode step + any capture)
+  engine_step_seconds{num_draft_tokens, kind}  time of each runner step on the driver thread (admission +
+                                       prefill + the decode step + any capture); kind "admit" when requests were
+                                       waiting at its start (it prefilled), else "decode"
   driver_handoff_seconds               driver thread time spent handing one step's outputs over (metrics, sinks)
   output_delivery_seconds              driver thread → event loop: from a step's hand-off to its outputs' queues
+  gc_pause_seconds{generation}         Python garbage collections: each pauses every thread (the driver's steps
+                                       and the event loop alike); a full (generation 2) pass over a heap holding
+                                       torch, transformers and the captured steps takes ~0.1-0.7 s unless the
+                                       start-up heap is frozen (`specdec serve` calls gc.freeze() after warm-up)
 """
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import weakref
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -65,7 +72,7 @@ class ServerMetrics:
         self.e2e = Histogram(f"{p}e2e_request_latency_seconds", "Time from admission to the last token.",
                              buckets=_LATENCY_BUCKETS, registry=r)
         self.step_seconds = Histogram(f"{p}engine_step_seconds", "Time of one runner step on the driver thread "
-                                      "(admission, prefill, decode step, graph capture).", ["num_draft_tokens"],
+                                      "(admission, prefill, decode step, graph capture).", ["num_draft_tokens", "kind"],
                                       buckets=_STEP_BUCKETS, registry=r)
         self.delivery = Histogram(f"{p}output_delivery_seconds", "From the end of a step to its outputs reaching "
                                   "their requests on the event loop.", buckets=_STEP_BUCKETS, registry=r)
@@ -76,6 +83,10 @@ class ServerMetrics:
                                       "warm-up included).", registry=r)
         self.step_shapes = Gauge(f"{p}step_shapes", "Distinct decode step shapes the runners have built.", registry=r)
         self.step_shapes.set_function(lambda: llm.step_shapes)
+        self.gc_pause = Histogram(f"{p}gc_pause_seconds", "Python garbage collection pauses (every thread waits).",
+                                  ["generation"], buckets=_STEP_BUCKETS, registry=r)
+        self._gc_children = [self.gc_pause.labels(generation=str(g)) for g in range(3)]
+        _watch_gc(self)
         self._captures_seen = 0
         self._runner_labels: dict[int, str] = {}
         self._per_pos: list = []  # accepted_per_pos children by position (labels() is a locked lookup)
@@ -141,7 +152,8 @@ class ServerMetrics:
         label = self._runner_labels.get(id(timing.runner))
         if label is None:
             label = self._runner_labels[id(timing.runner)] = str(self.llm.runner_key(timing.runner))
-        self.step_seconds.labels(num_draft_tokens=label).observe(timing.step_s)
+        kind = "admit" if timing.admitted else "decode"
+        self.step_seconds.labels(num_draft_tokens=label, kind=kind).observe(timing.step_s)
         self.handoff_seconds.observe(timing.deliver_s)
 
     def delivered(self, seconds: float) -> None:
@@ -154,3 +166,21 @@ class ServerMetrics:
                 self.graph_captures.inc(captures - self._captures_seen)
                 self._captures_seen = captures
         return generate_latest(self.registry)
+
+
+def _watch_gc(metrics: ServerMetrics) -> None:
+    """Time every garbage collection into `metrics.gc_pause` (gc.callbacks is process-wide: the callback holds the
+    metrics weakly and does nothing once they are gone)."""
+    ref = weakref.ref(metrics)
+    started = [0.0]
+
+    def callback(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+            return
+        target = ref()
+        if target is None:  # (not removed here: the collector is iterating over gc.callbacks)
+            return
+        target._gc_children[min(int(info.get("generation", 2)), 2)].observe(time.perf_counter() - started[0])
+
+    gc.callbacks.append(callback)

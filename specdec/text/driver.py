@@ -32,6 +32,7 @@ class StepTiming:
     step_s: float  # in `runner.step()`: admission and prefill, the decode step, any graph capture
     deliver_s: float  # handing its outputs to the listeners and sinks
     num_outputs: int
+    admitted: bool = False  # requests were waiting when the step began (it admitted and prefilled some)
 
 
 class Driver:
@@ -116,13 +117,14 @@ class Driver:
                     self._step(runner)
 
     def _step(self, runner) -> None:
+        admitting = bool(getattr(runner, "num_waiting", 0))
         start = time.perf_counter()
         try:
             outputs = runner.step()
         except Exception as err:  # noqa: BLE001 - delivered to the requests, which raise it
             logger.exception("runner step failed; failing its requests")
             self._fail(runner, err)
-            self._after_step(StepTiming(runner, time.perf_counter() - start, 0.0, 0))
+            self._after_step(StepTiming(runner, time.perf_counter() - start, 0.0, 0, admitting))
             return
         stepped = time.perf_counter()
         for out in outputs:
@@ -137,7 +139,7 @@ class Driver:
                     logger.exception("output listener failed")
             if entry is not None:
                 entry[1](out)
-        self._after_step(StepTiming(runner, stepped - start, time.perf_counter() - stepped, len(outputs)))
+        self._after_step(StepTiming(runner, stepped - start, time.perf_counter() - stepped, len(outputs), admitting))
 
     def _after_step(self, timing: "StepTiming") -> None:
         for listener in self._step_listeners:

@@ -2,6 +2,7 @@
 by the benchmark; the driver → event loop mailbox wakes the loop once per step."""
 
 import asyncio
+import gc
 import threading
 
 import httpx
@@ -33,19 +34,33 @@ def test_level_stats_from_two_scrapes():
     for _ in range(98):
         metrics.on_step(StepTiming(llm.spec, 0.005, 0.0002, 8))
     metrics.on_step(StepTiming(llm.spec, 0.12, 0.0002, 8))  # a step that captured a graph
-    metrics.on_step(StepTiming(llm.spec, 0.13, 0.004, 8))
+    metrics.on_step(StepTiming(llm.spec, 0.13, 0.004, 8, admitted=True))  # one that prefilled a new request
     metrics.delivered(0.0015)
     llm.graph_captures = 12
     after = parse_counters(metrics.render().decode())
     stats = level_server_stats(before, after)
     assert stats["graph_captures"] == 2 and stats["steps"] == 100
     assert stats["step_p50_s"] == 0.006 and stats["step_p99_s"] == 0.15 and stats["step_max_s"] == 0.15
+    assert stats["decode_step_p99_s"] == 0.15 and stats["admit_steps"] == 1 and stats["admit_step_max_s"] == 0.15
     assert stats["handoff_p99_s"] == 0.0005 and stats["delivery_p99_s"] == 0.002
     # labelled by the γ each runner serves
-    assert 'specdec:engine_step_seconds_count{num_draft_tokens="4"} 100.0' in metrics.render().decode()
+    text = metrics.render().decode()
+    assert 'specdec:engine_step_seconds_count{kind="decode",num_draft_tokens="4"} 99.0' in text
+    assert 'specdec:engine_step_seconds_count{kind="admit",num_draft_tokens="4"} 1.0' in text
     row = LevelResult("speculative", 8, 16, 2048, 1.0, 2048.0, 0.01, 0.02, 0.003, 0.12, 0.002, 3.0, **stats)
     table = markdown_table([row])
-    assert "| 2 | 100 | 6.0 / 150.0 / 150.0 | 0.5 / 2.0 |" in table
+    assert "| 2 | 100 | 6.0 / 150.0 / 150.0 | 150.0 | 1 (150.0) | 0.5 / 2.0 |" in table
+
+
+def test_full_collections_are_timed_and_counted_per_level():
+    metrics = ServerMetrics(FakeLLM())
+    before = parse_counters(metrics.render().decode())
+    gc.collect()
+    after = parse_counters(metrics.render().decode())
+    stats = level_server_stats(before, after)
+    assert stats["gc_full_passes"] >= 1 and stats["gc_full_max_s"] > 0
+    row = LevelResult("plain", 1, 1, 8, 1.0, 8.0, 0.01, 0.01, 0.001, 0.001, 0.001, None, **stats)
+    assert f"| {stats['gc_full_passes']} (" in markdown_table([row])
 
 
 def test_level_stats_without_the_metrics():
@@ -54,7 +69,7 @@ def test_level_stats_without_the_metrics():
     stats = level_server_stats(empty, empty)
     assert stats == {k: None for k in stats}
     row = LevelResult("plain", 1, 1, 8, 1.0, 8.0, 0.01, 0.01, 0.001, 0.001, 0.001, None, **stats)
-    assert "| – | – | – / – / – | – / – |" in markdown_table([row])
+    assert "| – | – | – / – / – | – | – (–) | – / – | – (–) |" in markdown_table([row])
 
 
 def test_the_mailbox_wakes_the_loop_once_per_flush():
@@ -96,7 +111,8 @@ def test_live_server_exports_steps_and_no_captures_on_cpu(server, idle):
     values = idle()
     assert values[("specdec:graph_captures_total", ())] == 0
     assert values[("specdec:step_shapes", ())] >= 1
-    assert values[("specdec:engine_step_seconds_count", (("num_draft_tokens", "4"),))] >= 1
+    assert values[("specdec:engine_step_seconds_count", (("kind", "admit"), ("num_draft_tokens", "4")))] >= 1
+    assert values[("specdec:engine_step_seconds_count", (("kind", "decode"), ("num_draft_tokens", "4")))] >= 1
     assert values[("specdec:output_delivery_seconds_count", ())] >= 1
     assert values[("specdec:driver_handoff_seconds_count", ())] >= 1
     labels = {dict(key[1]).get("num_draft_tokens") for key in values if key[0] == "specdec:engine_step_seconds_count"}
