@@ -63,6 +63,8 @@ def start_server(args, log) -> tuple[subprocess.Popen, str]:
         cmd += ["--draft", str(args.draft)]
     if args.synthetic_acceptance is not None:
         cmd += ["--synthetic-acceptance", str(args.synthetic_acceptance)]
+    if args.switch_interval is not None:
+        cmd += ["--switch-interval", str(args.switch_interval)]
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log)
     url = f"http://127.0.0.1:{port}"
@@ -97,6 +99,7 @@ def main() -> int:
                    help="serve a random pair of this zoo preset's shapes (default gpu) instead of --target/--draft")
     p.add_argument("--synthetic-acceptance", type=float, default=None, metavar="ALPHA",
                    help="BENCHMARK ONLY, passed to the server (default 0.75 with --random-pair)")
+    p.add_argument("--switch-interval", type=float, default=None, help="the server's --switch-interval")
     p.add_argument("--out", type=Path, default=None, help="write the results (and the server's log lines) as JSON")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench_serve_") as tmp:

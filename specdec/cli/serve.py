@@ -31,6 +31,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--synthetic-acceptance", type=float, default=None, metavar="ALPHA",
                    help="BENCHMARK ONLY: accept each draft with probability ALPHA (a random pair at a known α); "
                         "the output is then NOT the target's distribution")
+    p.add_argument("--switch-interval", type=float, default=None, metavar="SECONDS",
+                   help="Python's thread switch interval (sys.setswitchinterval; Python's default 0.005)")
     p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(run=run)
 
@@ -80,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
     # every thread for 0.1-0.7 s (measured on the demo pair), a gap every running stream sees.
     gc.collect()
     gc.freeze()
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     print(f"specdec serve: {gc.get_freeze_count()} start-up objects frozen (out of the garbage collector's passes)",
           file=sys.stderr)
     if llm.synthetic_acceptance is not None:
