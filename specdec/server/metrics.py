@@ -90,6 +90,9 @@ class ServerMetrics:
         self._captures_seen = 0
         self._runner_labels: dict[int, str] = {}
         self._per_pos: list = []  # accepted_per_pos children by position (labels() is a locked lookup)
+        # this step's counts (driver thread): drafting outputs, drafts, accepted, generated; accepted per position
+        self._step_sums = [0, 0, 0, 0]
+        self._step_per_pos: list[int] = []
         self._lock = threading.Lock()
         self._times: dict[str, list] = {}  # request id -> [admitted at, last output at]
         # stop strings abort a request on purpose: it finishes as "stop", not as an abort
@@ -111,21 +114,25 @@ class ServerMetrics:
             self._times.pop(request_id, None)
 
     def on_output(self, runner, out) -> None:
-        """Driver-thread listener: count one RequestOutput."""
+        """Driver-thread listener: one RequestOutput. Its draft and token counts are summed and added to the
+        counters once per step (`on_step`, before the step's outputs reach the event loop): on this thread the
+        device waits, and locked counter updates per accepted token cost ~4x a plain output's."""
         now = time.perf_counter()
         drafted, accepted, n = int(out.num_drafted), int(out.num_accepted), len(out.new_token_ids)
+        sums = self._step_sums
         if drafted:
-            self.num_drafts.inc()
-            self.num_draft_tokens.inc(drafted)
+            sums[0] += 1
+            sums[1] += drafted
         if accepted:
-            self.num_accepted_tokens.inc(accepted)
-            per_pos = self._per_pos
-            while len(per_pos) < accepted:
-                per_pos.append(self.accepted_per_pos.labels(position=str(len(per_pos))))
+            sums[2] += accepted
+            per_pos = self._step_per_pos
+            if len(per_pos) < accepted:
+                per_pos.extend([0] * (accepted - len(per_pos)))
             for i in range(accepted):
-                per_pos[i].inc()
-        if n:
-            self.generation_tokens.inc(n)
+                per_pos[i] += 1
+        sums[3] += n
+        if not n and not out.finished:
+            return
         with self._lock:
             times = self._times.get(out.request_id)
             if out.finished:
@@ -152,9 +159,28 @@ class ServerMetrics:
         label = self._runner_labels.get(id(timing.runner))
         if label is None:
             label = self._runner_labels[id(timing.runner)] = str(self.llm.runner_key(timing.runner))
+        self._add_step_sums()
         kind = "admit" if timing.admitted else "decode"
         self.step_seconds.labels(num_draft_tokens=label, kind=kind).observe(timing.step_s)
         self.handoff_seconds.observe(timing.deliver_s)
+
+    def _add_step_sums(self) -> None:
+        drafts, draft_tokens, accepted, generated = self._step_sums
+        if drafts:
+            self.num_drafts.inc(drafts)
+            self.num_draft_tokens.inc(draft_tokens)
+        if accepted:
+            self.num_accepted_tokens.inc(accepted)
+        if generated:
+            self.generation_tokens.inc(generated)
+        children = self._per_pos
+        for i, count in enumerate(self._step_per_pos):
+            if len(children) <= i:
+                children.append(self.accepted_per_pos.labels(position=str(i)))
+            if count:
+                children[i].inc(count)
+        self._step_sums = [0, 0, 0, 0]
+        self._step_per_pos = []
 
     def delivered(self, seconds: float) -> None:
         self.delivery.observe(seconds)

@@ -117,3 +117,28 @@ def test_live_server_exports_steps_and_no_captures_on_cpu(server, idle):
     assert values[("specdec:driver_handoff_seconds_count", ())] >= 1
     labels = {dict(key[1]).get("num_draft_tokens") for key in values if key[0] == "specdec:engine_step_seconds_count"}
     assert labels <= {"0", "4"}  # every stepping runner is one the model holds
+
+
+def test_draft_counts_are_added_once_per_step():
+    """The driver thread sums a step's counts and adds them at the step's end (before its outputs are woken)."""
+    from specdec.step import RequestOutput
+
+    llm = FakeLLM()
+    metrics = ServerMetrics(llm)
+    outputs = [RequestOutput("a", [5, 6, 7], None, 2, 4, False, None),
+               RequestOutput("b", [8], None, 0, 4, False, None), RequestOutput("c", [9], None, 0, 0, False, None)]
+    for out in outputs:
+        metrics.on_output(llm.spec, out)
+
+    def value(name, **labels):
+        return metrics.registry.get_sample_value(name, labels)
+
+    assert value("specdec:spec_decode_num_drafts_total") == 0  # not before the step's end
+    metrics.on_step(StepTiming(llm.spec, 0.004, 0.0001, len(outputs)))
+    assert value("specdec:spec_decode_num_drafts_total") == 2
+    assert value("specdec:spec_decode_num_draft_tokens_total") == 8
+    assert value("specdec:spec_decode_num_accepted_tokens_total") == 2
+    assert value("specdec:generation_tokens_total") == 5
+    assert [value("specdec:spec_decode_num_accepted_tokens_per_pos_total", position=str(i)) for i in range(2)] == [1, 1]
+    metrics.on_step(StepTiming(llm.spec, 0.004, 0.0001, 0))  # an empty step adds nothing
+    assert value("specdec:spec_decode_num_drafts_total") == 2
