@@ -2,11 +2,11 @@
 
 Model steps never run on the caller's thread (nor on a server's event loop): `submit` queues a request with a
 sink, the thread calls `runner.step()` while any runner has work and hands each output to its request's sink
-(the server's sink forwards it to an asyncio queue with `loop.call_soon_threadsafe`). Listeners see every
-output first (the server's metrics); step listeners are called once per step, after its outputs, with its
-`StepTiming`. A step that raises fails every
-request of that runner with the error. Work on this thread delays the next step (on a GPU the device idles
-meanwhile), so sinks and listeners must be cheap: hand the outputs over, count, and return.
+(the server's sinks collect a step's outputs for its event loop). Listeners see every output first (the
+server's metrics); step listeners are called once per step, after its outputs, with its `StepTiming` (the
+server wakes its event loop there, once for the whole step). A step that raises fails every request of that
+runner with the error. Work on this thread delays the next step (on a GPU the device idles meanwhile), so
+sinks and listeners must be cheap: hand the outputs over, count, and return.
 """
 
 from __future__ import annotations
