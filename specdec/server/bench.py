@@ -7,7 +7,8 @@ the first (TPOT), and the token count from `usage`. Plain requests ask for `num_
 server, so both modes share the model, the batch limits and the machine. Returns results; never prints.
 
 From the server's /metrics, read before and after each level: τ, the CUDA graphs captured during the level
-(`specdec:graph_captures_total`: a capture while timed is a stall of ~0.1 s), and quantiles of the level's
+(`specdec:graph_captures_total`: a capture while timed is a stall of ~0.1 s), the step shapes used for the
+first time (`specdec:step_shapes_run`: a new batch or length bucket, its graphs' first replay), and quantiles of the level's
 engine steps, of the driver thread's hand-off of a step's outputs and of their delivery to the event loop
 (bucket upper bounds of the histograms), and the full garbage collections (each pauses every thread): a long
 ITL with short steps is a server-side stall, a long step an engine-side one (admission prefill, capture) or a
@@ -49,6 +50,7 @@ class LevelResult:
     tpot_p50_s: float
     accepted_per_step: float | None  # τ from the server's metrics over the level (speculative only)
     graph_captures: int | None = None  # CUDA graph pairs captured while the level ran (None: not exported)
+    new_shapes: int | None = None  # step shapes used for the first time during the level (first replays)
     steps: int | None = None  # engine steps during the level
     step_p50_s: float | None = None  # engine step time quantiles (histogram bucket upper bounds)
     step_p99_s: float | None = None
@@ -144,7 +146,7 @@ def parse_counters(text: str) -> dict:
     of `_HISTOGRAMS`, {upper bound: cumulative count} summed over its labels."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    values = {"drafts": 0.0, "accepted": 0.0, "captures": None, "gc2": {}, "step_decode": {}, "step_admit": {},
+    values = {"drafts": 0.0, "accepted": 0.0, "captures": None, "shapes_run": None, "gc2": {}, "step_decode": {}, "step_admit": {},
               **{k: {} for k in _HISTOGRAMS}}
     buckets = {f"{name}_bucket": key for key, name in _HISTOGRAMS.items()}
     for family in text_string_to_metric_families(text):
@@ -155,6 +157,8 @@ def parse_counters(text: str) -> dict:
                 values["accepted"] = s.value
             elif s.name == "specdec:graph_captures_total":
                 values["captures"] = s.value
+            elif s.name == "specdec:step_shapes_run":
+                values["shapes_run"] = s.value
             elif s.name == f"{_GC}_bucket" and s.labels.get("generation") == "2":
                 values["gc2"][float(s.labels["le"])] = s.value
             elif s.name in buckets:
@@ -189,6 +193,7 @@ def level_server_stats(before: dict, after: dict) -> dict:
     """LevelResult's server-side fields from the counters read before and after a level."""
     step = after["step"]
     out = {"graph_captures": None if after["captures"] is None else int(after["captures"] - (before["captures"] or 0)),
+           "new_shapes": None if after["shapes_run"] is None else int(after["shapes_run"] - (before["shapes_run"] or 0)),
            "steps": int(step[max(step)] - before["step"].get(max(step), 0.0)) if step else None,
            "step_p50_s": _bucket_quantile(before["step"], step, 0.5),
            "step_p99_s": _bucket_quantile(before["step"], step, 0.99),
@@ -233,12 +238,14 @@ def markdown_table(results: list[LevelResult]) -> str:
         return "–" if value is None else "inf" if value == float("inf") else f"{1e3 * value:.{digits}f}"
 
     rows = ["| clients | mode | requests | tokens | throughput (tok/s) | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) "
-            "| TPOT p50 (ms) | τ | captures | steps | step p50 / p99 / max (ms ≤) | decode-step p99 (ms ≤) "
+            "| TPOT p50 (ms) | τ | captures / new shapes | steps | step p50 / p99 / max (ms ≤) | decode-step p99 (ms ≤) "
             "| admit steps (max ms ≤) | hand-off / delivery p99 (ms ≤) | full GCs (max ms ≤) |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         tau = f"{r.accepted_per_step:.2f}" if r.accepted_per_step is not None else "–"
         captures = "–" if r.graph_captures is None else str(r.graph_captures)
+        if r.new_shapes is not None:
+            captures += f" / {r.new_shapes}"
         steps = "–" if r.steps is None else str(r.steps)
         rows.append(f"| {r.concurrency} | {r.mode} | {r.requests} | {r.output_tokens} | {r.throughput_tok_s:.1f} | "
                     f"{1e3 * r.ttft_p50_s:.0f} / {1e3 * r.ttft_p99_s:.0f} | {1e3 * r.itl_p50_s:.1f} / "

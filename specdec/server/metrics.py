@@ -12,6 +12,7 @@ and where serving time goes (to tell an engine stall from a server one):
   graph_captures_total                 CUDA graph pairs the runners have captured (start-up warm-up included: a
                                        rise while serving is a capture a request in flight waited for)
   step_shapes                          distinct decode step shapes the runners have built (eager ones too)
+  step_shapes_run                      those that have served a step (a rise: shapes used for the first time)
   engine_step_seconds{num_draft_tokens, kind}  time of each runner step on the driver thread (admission +
                                        prefill + the decode step + any capture); kind "admit" when requests were
                                        waiting at its start (it prefilled), else "decode"
@@ -83,6 +84,9 @@ class ServerMetrics:
                                       "warm-up included).", registry=r)
         self.step_shapes = Gauge(f"{p}step_shapes", "Distinct decode step shapes the runners have built.", registry=r)
         self.step_shapes.set_function(lambda: llm.step_shapes)
+        self.step_shapes_run = Gauge(f"{p}step_shapes_run", "Decode step shapes that have served a step (a shape's "
+                                     "first step is its first replay).", registry=r)
+        self.step_shapes_run.set_function(lambda: getattr(llm, "step_shapes_run", 0))
         self.gc_pause = Histogram(f"{p}gc_pause_seconds", "Python garbage collection pauses (every thread waits).",
                                   ["generation"], buckets=_STEP_BUCKETS, registry=r)
         self._gc_children = [self.gc_pause.labels(generation=str(g)) for g in range(3)]

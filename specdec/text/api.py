@@ -24,7 +24,7 @@ from specdec.text.driver import Driver
 from specdec.text.outputs import Completion, TextDelta, TextRequest
 from specdec.text.prompts import GenerationDefaults, encode_prompts, make_params, render_chat
 from specdec.text.runner import FallbackRunner
-from specdec.text.warmup import MAX_WARMUP_SHAPES, graph_captures, step_shapes, warm_up
+from specdec.text.warmup import MAX_WARMUP_SHAPES, graph_captures, step_shapes, step_shapes_run, warm_up
 
 logger = logging.getLogger(__name__)
 
@@ -190,6 +190,11 @@ class LLM:
     def step_shapes(self) -> int:
         """Distinct decode step shapes the runners have built (eager or captured)."""
         return sum(step_shapes(r) for r in list(self._runners.values()))
+
+    @property
+    def step_shapes_run(self) -> int:
+        """Step shapes that have served at least one step (their first replay is behind them)."""
+        return sum(step_shapes_run(r) for r in list(self._runners.values()))
 
     @property
     def num_running(self) -> int:

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 from specdec.engine.config import BATCH_BUCKETS
 
-__all__ = ["MAX_WARMUP_SHAPES", "WarmupPlan", "plan_warmup", "warm_up", "graph_captures", "step_shapes"]
+__all__ = ["MAX_WARMUP_SHAPES", "WarmupPlan", "plan_warmup", "warm_up", "graph_captures", "step_shapes",
+           "step_shapes_run"]
 
 #: the most decode step shapes one runner captures at start-up
 MAX_WARMUP_SHAPES = 512
@@ -111,3 +112,9 @@ def graph_captures(runner) -> int:
     """CUDA graph pairs the runner has captured (read-only: the engine keeps its step shapes in `_steps`)."""
     steps = getattr(runner, "_steps", None) or {}
     return sum(1 for step in list(steps.values()) if getattr(step, "_verify_graph", None) is not None)
+
+
+def step_shapes_run(runner) -> int:
+    """Step shapes that have run at least once (a warm-up capture does not run a shape: its first replay does)."""
+    steps = getattr(runner, "_steps", None) or {}
+    return sum(1 for step in list(steps.values()) if getattr(step, "ran", False))

@@ -16,6 +16,7 @@ from specdec.text.driver import StepTiming
 class FakeLLM:
     num_running = num_waiting = 0
     step_shapes = 3
+    step_shapes_run = 1
 
     def __init__(self):
         self.graph_captures = 10
@@ -37,9 +38,10 @@ def test_level_stats_from_two_scrapes():
     metrics.on_step(StepTiming(llm.spec, 0.13, 0.004, 8, admitted=True))  # one that prefilled a new request
     metrics.delivered(0.0015)
     llm.graph_captures = 12
+    llm.step_shapes_run = 3
     after = parse_counters(metrics.render().decode())
     stats = level_server_stats(before, after)
-    assert stats["graph_captures"] == 2 and stats["steps"] == 100
+    assert stats["graph_captures"] == 2 and stats["new_shapes"] == 2 and stats["steps"] == 100
     assert stats["step_p50_s"] == 0.006 and stats["step_p99_s"] == 0.15 and stats["step_max_s"] == 0.15
     assert stats["decode_step_p99_s"] == 0.15 and stats["admit_steps"] == 1 and stats["admit_step_max_s"] == 0.15
     assert stats["handoff_p99_s"] == 0.0005 and stats["delivery_p99_s"] == 0.002
@@ -49,7 +51,7 @@ def test_level_stats_from_two_scrapes():
     assert 'specdec:engine_step_seconds_count{kind="admit",num_draft_tokens="4"} 1.0' in text
     row = LevelResult("speculative", 8, 16, 2048, 1.0, 2048.0, 0.01, 0.02, 0.003, 0.12, 0.002, 3.0, **stats)
     table = markdown_table([row])
-    assert "| 2 | 100 | 6.0 / 150.0 / 150.0 | 150.0 | 1 (150.0) | 0.5 / 2.0 |" in table
+    assert "| 2 / 2 | 100 | 6.0 / 150.0 / 150.0 | 150.0 | 1 (150.0) | 0.5 / 2.0 |" in table
 
 
 def test_full_collections_are_timed_and_counted_per_level():
@@ -110,7 +112,7 @@ def test_live_server_exports_steps_and_no_captures_on_cpu(server, idle):
     assert httpx.post(server + "/v1/completions", json=body, timeout=60).status_code == 200
     values = idle()
     assert values[("specdec:graph_captures_total", ())] == 0
-    assert values[("specdec:step_shapes", ())] >= 1
+    assert values[("specdec:step_shapes", ())] >= values[("specdec:step_shapes_run", ())] >= 1
     assert values[("specdec:engine_step_seconds_count", (("kind", "admit"), ("num_draft_tokens", "4")))] >= 1
     assert values[("specdec:engine_step_seconds_count", (("kind", "decode"), ("num_draft_tokens", "4")))] >= 1
     assert values[("specdec:output_delivery_seconds_count", ())] >= 1

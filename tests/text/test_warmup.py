@@ -10,7 +10,7 @@ from specdec.engine.config import BATCH_BUCKETS
 from specdec.request import SamplingParams
 from specdec.text.driver import StepTiming
 from specdec.text.warmup import (FIRST_LENGTH_BUCKET, MAX_WARMUP_SHAPES, graph_captures, plan_warmup, runner_gammas,
-                                 step_shapes)
+                                 step_shapes, step_shapes_run)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,7 @@ def test_the_engine_builds_exactly_the_planned_shapes_and_traffic_reaches_no_oth
     built = engine.warmup(batch_sizes=plan.batch_sizes, gammas=plan.gammas, max_length=plan.max_length,
                           temperatures=plan.temperatures)
     assert built == plan.num_shapes == step_shapes(engine)
-    assert graph_captures(engine) == 0  # nothing is captured on CPU
+    assert graph_captures(engine) == 0 == step_shapes_run(engine)  # nothing is captured on CPU, nothing ran
     gen = torch.Generator().manual_seed(0)
     for n in (1, 2, 3, 6):  # buckets 1, 2, 4, 8 (cut at 6); prompts long enough for two length buckets
         for _ in range(n):
@@ -74,6 +74,7 @@ def test_the_engine_builds_exactly_the_planned_shapes_and_traffic_reaches_no_oth
         while engine.has_unfinished():
             engine.step()
     assert step_shapes(engine) == built
+    assert 4 <= step_shapes_run(engine) < built  # 4 batch buckets × 2 length buckets at most, greedy only
 
 
 def test_runner_gammas_follow_the_policy(ckpt):
