@@ -83,7 +83,7 @@ class ServerMetrics:
         self.graph_captures = Counter(f"{p}graph_captures", "CUDA graph pairs captured by the runners (start-up "
                                       "warm-up included).", registry=r)
         self.step_shapes = Gauge(f"{p}step_shapes", "Distinct decode step shapes the runners have built.", registry=r)
-        self.step_shapes.set_function(lambda: llm.step_shapes)
+        self.step_shapes.set_function(lambda: getattr(llm, "step_shapes", 0))
         self.step_shapes_run = Gauge(f"{p}step_shapes_run", "Decode step shapes that have served a step (a shape's "
                                      "first step is its first replay).", registry=r)
         self.step_shapes_run.set_function(lambda: getattr(llm, "step_shapes_run", 0))
@@ -162,7 +162,8 @@ class ServerMetrics:
         """Driver-thread step listener (`text.driver.StepTiming`): the step's time, under the γ its runner serves."""
         label = self._runner_labels.get(id(timing.runner))
         if label is None:
-            label = self._runner_labels[id(timing.runner)] = str(self.llm.runner_key(timing.runner))
+            key = getattr(self.llm, "runner_key", lambda runner: None)(timing.runner)
+            label = self._runner_labels[id(timing.runner)] = str(key)
         self._add_step_sums()
         kind = "admit" if timing.admitted else "decode"
         self.step_seconds.labels(num_draft_tokens=label, kind=kind).observe(timing.step_s)
@@ -190,7 +191,7 @@ class ServerMetrics:
         self.delivery.observe(seconds)
 
     def render(self) -> bytes:
-        captures = self.llm.graph_captures  # a count read from the runners, exported as a counter
+        captures = getattr(self.llm, "graph_captures", 0)  # a count read from the runners, exported as a counter
         with self._lock:
             if captures > self._captures_seen:
                 self.graph_captures.inc(captures - self._captures_seen)
