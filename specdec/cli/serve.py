@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from pathlib import Path
 
@@ -27,6 +28,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--allow-pickle", action="store_true", help="allow .bin/.pt weights (pickle can run code)")
+    p.add_argument("--synthetic-acceptance", type=float, default=None, metavar="ALPHA",
+                   help="BENCHMARK ONLY: accept each draft with probability ALPHA (a random pair at a known α); "
+                        "the output is then NOT the target's distribution")
+    p.add_argument("--switch-interval", type=float, default=None, metavar="SECONDS",
+                   help="Python's thread switch interval (sys.setswitchinterval; Python's default 0.005)")
     p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(run=run)
 
@@ -48,7 +54,8 @@ def build(args: argparse.Namespace):
     llm = specdec.load(args.target, args.draft, tokenizer=args.tokenizer, device=args.device, dtype=args.dtype,
                        num_draft_tokens=gamma, chat_template=str(args.chat_template) if args.chat_template else None,
                        allow_pickle=args.allow_pickle, runner=args.runner, max_batch_size=args.max_batch_size,
-                       max_seq_len=args.max_seq_len, ngram_data=args.ngram_data)
+                       max_seq_len=args.max_seq_len, ngram_data=args.ngram_data,
+                       synthetic_acceptance=getattr(args, "synthetic_acceptance", None))
     name = args.served_model_name or Path(args.target).resolve().name
     return create_app(llm, model_name=name, max_tokens_limit=args.max_tokens), llm
 
@@ -65,6 +72,23 @@ def run(args: argparse.Namespace) -> int:
     app, llm = build(args)
     for gamma in {llm.num_draft_tokens, 0} if llm.drafter is not None else {0}:
         llm.runner(gamma)  # build (and on CUDA, capture) before the first request, not during it
+    for gamma, r in sorted(llm.warmups.items(), key=lambda kv: str(kv[0])):
+        print(f"specdec serve: warm-up num_draft_tokens={gamma}: {r['shapes']} decode step shapes captured in "
+              f"{r['seconds']:.1f} s (batch sizes {r['batch_sizes']}, γ {r['gammas']}, {r['length_buckets']} length "
+              f"buckets, T=0 and T=1)" + ("" if r["complete"] else f"; requests past {r['max_length']} tokens capture "
+                                          "on first use (warm-up bound)"), file=sys.stderr)
+    # Everything alive now (torch, transformers, the models, the captured steps: ~0.4M objects) lives as long as
+    # the server: frozen, the collector's full passes skip it. Unfrozen, each full pass walks it all and pauses
+    # every thread for 0.1-0.7 s (measured on the demo pair), a gap every running stream sees.
+    gc.collect()
+    gc.freeze()
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
+    print(f"specdec serve: {gc.get_freeze_count()} start-up objects frozen (out of the garbage collector's passes)",
+          file=sys.stderr)
+    if llm.synthetic_acceptance is not None:
+        print(f"specdec serve: BENCHMARK ONLY: drafts accepted with probability {llm.synthetic_acceptance} "
+              "(the output is not the target's distribution)", file=sys.stderr)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"specdec serve: listening on {args.host}: reachable from other machines, with no authentication",
               file=sys.stderr)

@@ -1,8 +1,10 @@
 """The OpenAI-compatible HTTP app: /v1/models, /v1/completions, /v1/chat/completions, /health, /metrics, /.
 
 Model steps run on the LLM's driver thread; this event loop only parses, detokenizes and writes. Each
-request's outputs arrive on an asyncio queue (`loop.call_soon_threadsafe`). A client that disconnects has
-its requests aborted at once (the runner frees their slots at its next step).
+request's outputs arrive on an asyncio queue through a `_Mailbox`: one loop wake-up per step's outputs, not
+one per output (each wake-up makes the loop thread take the GIL while the driver thread prepares the next
+step). A client that disconnects has its requests aborted at once (the runner frees their slots at its next
+step).
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
+import time
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -33,6 +37,27 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
     app = FastAPI(title="specdec", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = ServerMetrics(llm)
     llm.driver.add_listener(metrics.on_output)
+    llm.driver.add_step_listener(metrics.on_step)
+    mailboxes: dict = {}  # event loop → its _Mailbox (one per loop serving this app)
+    lock = threading.Lock()
+
+    def mailbox() -> "_Mailbox":
+        loop = asyncio.get_running_loop()
+        with lock:
+            for closed in [k for k in mailboxes if k.is_closed()]:
+                del mailboxes[closed]
+            box = mailboxes.get(loop)
+            if box is None:
+                box = mailboxes[loop] = _Mailbox(loop, metrics)
+        return box
+
+    def flush(timing) -> None:  # driver thread, once per step: one wake-up of each loop for all its outputs
+        with lock:
+            boxes = list(mailboxes.values())
+        for box in boxes:
+            box.flush()
+
+    llm.driver.add_step_listener(flush)
     limit = llm.max_seq_len if max_tokens_limit is None else min(max_tokens_limit, llm.max_seq_len)
     app.state.llm, app.state.metrics, app.state.model_name = llm, metrics, model_name
 
@@ -86,7 +111,7 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
         return await _serve(request, parsed, chat=True)
 
     async def _serve(request, parsed: P.ParsedRequest, chat: bool):
-        run = _Run(llm, metrics, parsed)
+        run = _Run(llm, metrics, parsed, mailbox())
         await run.start()
         if parsed.stream:
             return StreamingResponse(_sse(run, chat), media_type="text/event-stream",
@@ -185,8 +210,8 @@ async def _abort_on_disconnect(request, run: "_Run") -> None:
 class _Run:
     """The runner requests of one HTTP request (several prompts → several requests)."""
 
-    def __init__(self, llm, metrics: ServerMetrics, parsed: P.ParsedRequest):
-        self.llm, self.metrics, self.parsed = llm, metrics, parsed
+    def __init__(self, llm, metrics: ServerMetrics, parsed: P.ParsedRequest, mailbox: "_Mailbox"):
+        self.llm, self.metrics, self.parsed, self.mailbox = llm, metrics, parsed, mailbox
         self.requests: list = []
         self.gamma = parsed.params[0]["num_draft_tokens"]
         self.created = P.created()
@@ -208,10 +233,7 @@ class _Run:
                 rid = P.new_id("req")
 
                 def sink(item, i=i):
-                    try:
-                        loop.call_soon_threadsafe(self._queue.put_nowait, (i, item))
-                    except RuntimeError:  # the loop is closed: nobody is listening any more
-                        pass
+                    self.mailbox.put(self._queue, (i, item))
 
                 self.metrics.admitted(rid, len(ids))
                 try:
@@ -245,3 +267,41 @@ class _Run:
         for request in self.requests:
             if not request.finished:
                 self.llm.abort(request.request_id)
+
+
+class _Mailbox:
+    """Outputs handed from the driver thread to one event loop: `put` collects a step's outputs, `flush` (at the
+    end of the step) schedules one drain for all of them (`call_soon_threadsafe`: one wake-up of the loop)."""
+
+    def __init__(self, loop, metrics: ServerMetrics):
+        self.loop, self.metrics = loop, metrics
+        self._lock = threading.Lock()
+        self._items: list = []  # (asyncio queue, item)
+        self._since: float | None = None  # when the pending items were flushed
+        self._scheduled = False
+
+    def put(self, queue: asyncio.Queue, item) -> None:
+        """Driver thread: an output (or an exception) for `queue`, delivered at the next `flush`."""
+        with self._lock:
+            self._items.append((queue, item))
+
+    def flush(self) -> None:
+        """Driver thread: deliver what `put` collected (one drain on the loop)."""
+        with self._lock:
+            if not self._items or self._scheduled:
+                return
+            self._scheduled, self._since = True, time.perf_counter()
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            with self._lock:
+                self._items.clear()
+                self._scheduled = False
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._items, self._scheduled, since = self._items, [], False, self._since
+        if since is not None:
+            self.metrics.delivered(time.perf_counter() - since)
+        for queue, item in items:
+            queue.put_nowait(item)

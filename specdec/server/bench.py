@@ -5,6 +5,14 @@ loop), all clients at once. Per request: time to first token (TTFT), the gaps be
 (inter-token latency, ITL: a speculative step delivers its tokens in one chunk), time per output token after
 the first (TPOT), and the token count from `usage`. Plain requests ask for `num_draft_tokens: 0` on the same
 server, so both modes share the model, the batch limits and the machine. Returns results; never prints.
+
+From the server's /metrics, read before and after each level: τ, the CUDA graphs captured during the level
+(`specdec:graph_captures_total`: a capture while timed is a stall of ~0.1 s), the step shapes used for the
+first time (`specdec:step_shapes_run`: a new batch or length bucket, its graphs' first replay), and quantiles of the level's
+engine steps, of the driver thread's hand-off of a step's outputs and of their delivery to the event loop
+(bucket upper bounds of the histograms), and the full garbage collections (each pauses every thread): a long
+ITL with short steps is a server-side stall, a long step an engine-side one (admission prefill, capture) or a
+collection that ran on the driver thread.
 """
 
 from __future__ import annotations
@@ -15,7 +23,8 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 
-__all__ = ["RequestTiming", "LevelResult", "run_level", "run_benchmark"]
+__all__ = ["RequestTiming", "LevelResult", "run_level", "run_benchmark", "parse_counters", "level_server_stats",
+           "markdown_table"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +49,19 @@ class LevelResult:
     itl_p99_s: float
     tpot_p50_s: float
     accepted_per_step: float | None  # τ from the server's metrics over the level (speculative only)
+    graph_captures: int | None = None  # CUDA graph pairs captured while the level ran (None: not exported)
+    new_shapes: int | None = None  # step shapes used for the first time during the level (first replays)
+    steps: int | None = None  # engine steps during the level
+    step_p50_s: float | None = None  # engine step time quantiles (histogram bucket upper bounds)
+    step_p99_s: float | None = None
+    step_max_s: float | None = None  # upper bound of the slowest step's bucket
+    decode_step_p99_s: float | None = None  # steps that admitted nothing
+    admit_steps: int | None = None  # steps that admitted (and prefilled) requests
+    admit_step_max_s: float | None = None
+    handoff_p99_s: float | None = None  # driver thread: handing a step's outputs over
+    delivery_p99_s: float | None = None  # a step's outputs: driver thread → event loop
+    gc_full_passes: int | None = None  # full (generation 2) garbage collections during the level
+    gc_full_max_s: float | None = None  # upper bound of the longest one's bucket
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -94,11 +116,11 @@ async def run_level(url: str, prompts: list[str], *, mode: str, concurrency: int
 
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        before = await _spec_counters(client, url)
+        before = await server_counters(client, url)
         start = time.perf_counter()
         per_client = await asyncio.gather(*(client_loop(client, i) for i in range(concurrency)))
         duration = time.perf_counter() - start
-        after = await _spec_counters(client, url)
+        after = await server_counters(client, url)
     timings = [t for ts in per_client for t in ts]
     tokens = sum(t.tokens for t in timings)
     gaps = [g for t in timings for g in t.chunk_gaps_s]
@@ -110,22 +132,85 @@ async def run_level(url: str, prompts: list[str], *, mode: str, concurrency: int
         throughput_tok_s=tokens / duration if duration > 0 else 0.0,
         ttft_p50_s=_percentile([t.ttft_s for t in timings], 0.5), ttft_p99_s=_percentile([t.ttft_s for t in timings], 0.99),
         itl_p50_s=_percentile(gaps, 0.5), itl_p99_s=_percentile(gaps, 0.99), tpot_p50_s=_percentile(tpot, 0.5),
-        accepted_per_step=tau,
+        accepted_per_step=tau, **level_server_stats(before, after),
     )
 
 
-async def _spec_counters(client, url: str) -> dict:
+_HISTOGRAMS = {"step": "specdec:engine_step_seconds", "handoff": "specdec:driver_handoff_seconds",
+               "delivery": "specdec:output_delivery_seconds"}
+_GC = "specdec:gc_pause_seconds"
+
+
+def parse_counters(text: str) -> dict:
+    """The /metrics values a level reads: drafts, accepted, captures (None when not exported) and, per histogram
+    of `_HISTOGRAMS`, {upper bound: cumulative count} summed over its labels."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = (await client.get(url + "/metrics")).text
-    values = {"drafts": 0.0, "accepted": 0.0}
+    values = {"drafts": 0.0, "accepted": 0.0, "captures": None, "shapes_run": None, "gc2": {}, "step_decode": {}, "step_admit": {},
+              **{k: {} for k in _HISTOGRAMS}}
+    buckets = {f"{name}_bucket": key for key, name in _HISTOGRAMS.items()}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name == "specdec:spec_decode_num_drafts_total":
                 values["drafts"] = s.value
             elif s.name == "specdec:spec_decode_num_accepted_tokens_total":
                 values["accepted"] = s.value
+            elif s.name == "specdec:graph_captures_total":
+                values["captures"] = s.value
+            elif s.name == "specdec:step_shapes_run":
+                values["shapes_run"] = s.value
+            elif s.name == f"{_GC}_bucket" and s.labels.get("generation") == "2":
+                values["gc2"][float(s.labels["le"])] = s.value
+            elif s.name in buckets:
+                bound = float(s.labels["le"])
+                keys = [buckets[s.name]]
+                if keys[0] == "step" and s.labels.get("kind") in ("decode", "admit"):
+                    keys.append(f"step_{s.labels['kind']}")
+                for key in keys:
+                    values[key][bound] = values[key].get(bound, 0.0) + s.value
     return values
+
+
+async def server_counters(client, url: str) -> dict:
+    return parse_counters((await client.get(url + "/metrics")).text)
+
+
+def _bucket_quantile(before: dict, after: dict, q: float) -> float | None:
+    """The upper bound of the bucket holding quantile q of the observations between two cumulative histograms
+    (q = 1: the slowest one's bucket; inf when it is past the last bound)."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = counts[-1] if counts else 0.0
+    if total <= 0:
+        return None
+    for bound, count in zip(bounds, counts):
+        if count >= q * total - 1e-9:
+            return bound
+    return bounds[-1]
+
+
+def level_server_stats(before: dict, after: dict) -> dict:
+    """LevelResult's server-side fields from the counters read before and after a level."""
+    step = after["step"]
+    out = {"graph_captures": None if after["captures"] is None else int(after["captures"] - (before["captures"] or 0)),
+           "new_shapes": None if after["shapes_run"] is None else int(after["shapes_run"] - (before["shapes_run"] or 0)),
+           "steps": int(step[max(step)] - before["step"].get(max(step), 0.0)) if step else None,
+           "step_p50_s": _bucket_quantile(before["step"], step, 0.5),
+           "step_p99_s": _bucket_quantile(before["step"], step, 0.99),
+           "step_max_s": _bucket_quantile(before["step"], step, 1.0),
+           "decode_step_p99_s": _bucket_quantile(before["step_decode"], after["step_decode"], 0.99),
+           "admit_steps": None, "admit_step_max_s": _bucket_quantile(before["step_admit"], after["step_admit"], 1.0),
+           "handoff_p99_s": _bucket_quantile(before["handoff"], after["handoff"], 0.99),
+           "delivery_p99_s": _bucket_quantile(before["delivery"], after["delivery"], 0.99),
+           "gc_full_passes": None, "gc_full_max_s": None}
+    admit = after["step_admit"]
+    if admit:
+        out["admit_steps"] = int(admit[max(admit)] - before["step_admit"].get(max(admit), 0.0))
+    gc2 = after["gc2"]
+    if gc2:
+        out["gc_full_passes"] = int(gc2[max(gc2)] - before["gc2"].get(max(gc2), 0.0))
+        out["gc_full_max_s"] = _bucket_quantile(before["gc2"], gc2, 1.0)
+    return out
 
 
 def run_benchmark(url: str, prompts: list[str], *, concurrency: list[int], requests_per_client: int = 2,
@@ -149,11 +234,25 @@ def run_benchmark(url: str, prompts: list[str], *, concurrency: list[int], reque
 
 
 def markdown_table(results: list[LevelResult]) -> str:
+    def ms(value, digits=0):
+        return "–" if value is None else "inf" if value == float("inf") else f"{1e3 * value:.{digits}f}"
+
     rows = ["| clients | mode | requests | tokens | throughput (tok/s) | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) "
-            "| TPOT p50 (ms) | τ |", "|---|---|---|---|---|---|---|---|---|"]
+            "| TPOT p50 (ms) | τ | captures / new shapes | steps | step p50 / p99 / max (ms ≤) | decode-step p99 (ms ≤) "
+            "| admit steps (max ms ≤) | hand-off / delivery p99 (ms ≤) | full GCs (max ms ≤) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         tau = f"{r.accepted_per_step:.2f}" if r.accepted_per_step is not None else "–"
+        captures = "–" if r.graph_captures is None else str(r.graph_captures)
+        if r.new_shapes is not None:
+            captures += f" / {r.new_shapes}"
+        steps = "–" if r.steps is None else str(r.steps)
         rows.append(f"| {r.concurrency} | {r.mode} | {r.requests} | {r.output_tokens} | {r.throughput_tok_s:.1f} | "
                     f"{1e3 * r.ttft_p50_s:.0f} / {1e3 * r.ttft_p99_s:.0f} | {1e3 * r.itl_p50_s:.1f} / "
-                    f"{1e3 * r.itl_p99_s:.1f} | {1e3 * r.tpot_p50_s:.1f} | {tau} |")
+                    f"{1e3 * r.itl_p99_s:.1f} | {1e3 * r.tpot_p50_s:.1f} | {tau} | {captures} | {steps} | "
+                    f"{ms(r.step_p50_s, 1)} / {ms(r.step_p99_s, 1)} / {ms(r.step_max_s, 1)} | "
+                    f"{ms(r.decode_step_p99_s, 1)} | {'–' if r.admit_steps is None else r.admit_steps} "
+                    f"({ms(r.admit_step_max_s, 1)}) | "
+                    f"{ms(r.handoff_p99_s, 1)} / {ms(r.delivery_p99_s, 1)} | "
+                    f"{'–' if r.gc_full_passes is None else r.gc_full_passes} ({ms(r.gc_full_max_s)}) |")
     return "\n".join(rows)

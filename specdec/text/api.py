@@ -12,6 +12,7 @@ Requests run on one background thread (`Driver`); `generate`/`stream` block only
 from __future__ import annotations
 
 import itertools
+import logging
 import queue
 import threading
 from collections.abc import Iterator
@@ -23,6 +24,9 @@ from specdec.text.driver import Driver
 from specdec.text.outputs import Completion, TextDelta, TextRequest
 from specdec.text.prompts import GenerationDefaults, encode_prompts, make_params, render_chat
 from specdec.text.runner import FallbackRunner
+from specdec.text.warmup import MAX_WARMUP_SHAPES, graph_captures, step_shapes, step_shapes_run, warm_up
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["load", "LLM", "TextStream"]
 
@@ -34,7 +38,8 @@ MAX_RUNNERS = 4
 
 def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num_draft_tokens=4,
          chat_template: str | None = None, allow_pickle: bool = False, runner: str = "auto",
-         max_batch_size: int = 32, max_seq_len: int | None = None, ngram_data=None) -> "LLM":
+         max_batch_size: int = 32, max_seq_len: int | None = None, ngram_data=None,
+         synthetic_acceptance: float | None = None) -> "LLM":
     """Load a target (and a draft) for text generation.
 
     target          a local checkpoint folder, or a transformers model (then pass `tokenizer`)
@@ -46,6 +51,9 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
     allow_pickle    load .bin/.pt weights (pickle can run code); safetensors only by default
     runner          "auto": the request-level engine when it covers the model, else the eager loop;
                     "engine" / "fallback" to force one
+    synthetic_acceptance  BENCHMARK ONLY (the engine's `EngineConfig.synthetic_acceptance`): each draft is
+                    accepted with this probability, so a random pair serves at a known α; the output is then
+                    NOT the target's distribution
     """
     from specdec.loading import load_model, load_tokenizer
 
@@ -64,20 +72,22 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
         tokenizer.chat_template = _read_template(chat_template)
     drafter = _load_draft(draft, target_model, tokenizer, allow_pickle, ngram_data)
     return LLM(target_model, tokenizer, drafter, num_draft_tokens=num_draft_tokens, runner=runner,
-               max_batch_size=max_batch_size, max_seq_len=max_seq_len)
+               max_batch_size=max_batch_size, max_seq_len=max_seq_len, synthetic_acceptance=synthetic_acceptance)
 
 
 class LLM:
     """A target (+ drafter) and its tokenizer, serving text requests through runners on a background thread."""
 
     def __init__(self, target, tokenizer, drafter=None, *, num_draft_tokens=4, runner: str = "auto",
-                 max_batch_size: int = 32, max_seq_len: int | None = None):
+                 max_batch_size: int = 32, max_seq_len: int | None = None,
+                 synthetic_acceptance: float | None = None):
         self.target = target
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.runner_choice = runner
         self.max_batch_size = as_int(max_batch_size, "max_batch_size", minimum=1, maximum=4096)
         self._max_seq_len = max_seq_len
+        self.synthetic_acceptance = synthetic_acceptance  # BENCHMARK ONLY (see `load`)
         self.num_draft_tokens = check_num_draft_tokens(num_draft_tokens if drafter is not None else 0)
         if drafter is not None and self.num_draft_tokens == 0:
             raise ValueError("num_draft_tokens must be >= 1 when a draft is given (requests may still ask for "
@@ -88,6 +98,7 @@ class LLM:
         self.defaults = GenerationDefaults.from_model(target, eos)
         self.driver = Driver()
         self._runners: dict = {}
+        self.warmups: dict = {}  # γ → the start-up capture's report (`text.warmup.warm_up`), CUDA runners only
         self._runner_lock = threading.Lock()
         self._ids = itertools.count()
         first = self.runner(self.num_draft_tokens)  # fails now (not at the first request) on a bad setup
@@ -122,7 +133,8 @@ class LLM:
                                  "(policy names run on runner='fallback')")
             config = EngineConfig(max_batch_size=min(self.max_batch_size, BATCH_BUCKETS[-1]),
                                   max_seq_len=self._max_seq_len, num_draft_tokens=gamma,
-                                  max_draft_tokens=max(8, gamma if isinstance(gamma, int) else 0))
+                                  max_draft_tokens=max(8, gamma if isinstance(gamma, int) else 0),
+                                  synthetic_acceptance=self.synthetic_acceptance)
             try:
                 engine = Engine(self.target, drafter, config=config)
             except UnsupportedModel:
@@ -130,9 +142,16 @@ class LLM:
                     raise
             else:
                 if engine.cuda_graphs:  # capture every decode shape now, not while serving (as vLLM does)
-                    buckets = [b for b in BATCH_BUCKETS if b <= config.max_batch_size]
-                    engine.warmup(batch_sizes=buckets, temperatures=(0.0, 1.0))
+                    report = self.warmups[gamma] = warm_up(engine, engine.max_batch)
+                    logger.info("num_draft_tokens=%s: captured %d decode step shapes in %.1f s (batch sizes %s, γ %s, "
+                                "%d length buckets%s)", gamma, report["shapes"], report["seconds"],
+                                report["batch_sizes"], report["gammas"], report["length_buckets"],
+                                "" if report["complete"] else f" up to {report['max_length']} tokens: longer requests "
+                                f"capture on first use (bound: {MAX_WARMUP_SHAPES} shapes)")
                 return engine
+        if self.synthetic_acceptance is not None:
+            raise ValueError("synthetic_acceptance needs the request-level engine (runner='engine'); this model "
+                             "runs on the fallback runner")
         policy = "guarded" if gamma == "auto" else gamma if gamma != 0 else 1  # the loop's nearest to "auto"
         return FallbackRunner(self.target, drafter, num_draft_tokens=policy, max_batch_size=self.max_batch_size,
                               max_seq_len=self._max_seq_len)
@@ -157,6 +176,25 @@ class LLM:
 
     def abort(self, request_id: str) -> None:
         self.driver.abort(request_id)
+
+    def runner_key(self, runner):
+        """The num_draft_tokens value `runner` serves (None for a runner this model does not hold)."""
+        return next((k for k, r in list(self._runners.items()) if r is runner), None)
+
+    @property
+    def graph_captures(self) -> int:
+        """CUDA graph pairs captured by the runners so far (start-up warm-up included; 0 on CPU)."""
+        return sum(graph_captures(r) for r in list(self._runners.values()))
+
+    @property
+    def step_shapes(self) -> int:
+        """Distinct decode step shapes the runners have built (eager or captured)."""
+        return sum(step_shapes(r) for r in list(self._runners.values()))
+
+    @property
+    def step_shapes_run(self) -> int:
+        """Step shapes that have served at least one step (their first replay is behind them)."""
+        return sum(step_shapes_run(r) for r in list(self._runners.values()))
 
     @property
     def num_running(self) -> int:

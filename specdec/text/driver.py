@@ -2,21 +2,37 @@
 
 Model steps never run on the caller's thread (nor on a server's event loop): `submit` queues a request with a
 sink, the thread calls `runner.step()` while any runner has work and hands each output to its request's sink
-(the server's sink forwards it to an asyncio queue with `loop.call_soon_threadsafe`). Listeners see every
-output first (the server's metrics). A step that raises fails every request of that runner with the error.
+(the server's sinks collect a step's outputs for its event loop). Listeners see every output first (the
+server's metrics); step listeners are called once per step, after its outputs, with its `StepTiming` (the
+server wakes its event loop there, once for the whole step). A step that raises fails every request of that
+runner with the error. Work on this thread delays the next step (on a GPU the device idles meanwhile), so
+sinks and listeners must be cheap: hand the outputs over, count, and return.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Driver"]
+__all__ = ["Driver", "StepTiming"]
 
 Sink = Callable[[object], None]  # receives RequestOutputs, then possibly an Exception
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """One step on the driver thread."""
+
+    runner: object
+    step_s: float  # in `runner.step()`: admission and prefill, the decode step, any graph capture
+    deliver_s: float  # handing its outputs to the listeners and sinks
+    num_outputs: int
+    admitted: bool = False  # requests were waiting when the step began (it admitted and prefilled some)
 
 
 class Driver:
@@ -27,6 +43,7 @@ class Driver:
         self._runners: list = []
         self._sinks: dict[str, tuple[object, Sink]] = {}  # request id -> (runner, sink)
         self._listeners: list[Callable[[object, object], None]] = []
+        self._step_listeners: list[Callable[[StepTiming], None]] = []
         self._thread: threading.Thread | None = None
         self._stopped = False
         self.failed: set = set()  # runners whose step raised (their owner replaces them)
@@ -64,6 +81,11 @@ class Driver:
         """`listener(runner, output)` is called on the driver thread for every output, before its sink."""
         self._listeners.append(listener)
 
+    def add_step_listener(self, listener: Callable[["StepTiming"], None]) -> None:
+        """`listener(StepTiming)` is called on the driver thread after each step's outputs reached their sinks
+        (after a step that raised too): a server hands the step's outputs to its event loop here, in one go."""
+        self._step_listeners.append(listener)
+
     @property
     def num_requests(self) -> int:
         return len(self._sinks)
@@ -95,12 +117,16 @@ class Driver:
                     self._step(runner)
 
     def _step(self, runner) -> None:
+        admitting = bool(getattr(runner, "num_waiting", 0))
+        start = time.perf_counter()
         try:
             outputs = runner.step()
         except Exception as err:  # noqa: BLE001 - delivered to the requests, which raise it
             logger.exception("runner step failed; failing its requests")
             self._fail(runner, err)
+            self._after_step(StepTiming(runner, time.perf_counter() - start, 0.0, 0, admitting))
             return
+        stepped = time.perf_counter()
         for out in outputs:
             with self._lock:
                 entry = self._sinks.get(out.request_id)
@@ -113,6 +139,14 @@ class Driver:
                     logger.exception("output listener failed")
             if entry is not None:
                 entry[1](out)
+        self._after_step(StepTiming(runner, stepped - start, time.perf_counter() - stepped, len(outputs), admitting))
+
+    def _after_step(self, timing: "StepTiming") -> None:
+        for listener in self._step_listeners:
+            try:
+                listener(timing)
+            except Exception:  # noqa: BLE001 - a metrics bug must not stop generation
+                logger.exception("step listener failed")
 
     def _fail(self, runner, err: Exception) -> None:
         with self._lock:
