@@ -4,8 +4,9 @@
 #   bash scripts/pair_device_run.sh train [SCALE] [HEAD_S]   # specdec train pair --preset gpu (budget SCALE, 0.85)
 #                                                             # + specdec train head (HEAD_S seconds, 80; from a
 #                                                             #   feature cache of 4M positions: ~4x the steps)
-#   bash scripts/pair_device_run.sh bench [BENCH_S] [SERVE_S] # bench_forward, engine_bench on /tmp/pair (+ head),
-#                                                             # and scripts/bench_serve.py when .whl is carried
+#   bash scripts/pair_device_run.sh bench [BENCH_S]           # bench_forward, engine_bench on /tmp/pair (+ head)
+#   bash scripts/pair_device_run.sh serve [STEPS_S] [SERVE_S] # step_costs on /tmp/pair, and scripts/bench_serve.py
+#                                                             # when .whl is carried
 #   bash scripts/pair_device_run.sh all [SCALE] [HEAD_S]     # ONE command (< 10 min on an H200): the pair (budget
 #                                                             # SCALE, 0.55), the head (HEAD_S, 100), then the batch-1
 #                                                             # table (engine_bench --sections batch1, 32 prompts/arm)
@@ -40,19 +41,27 @@ if [ -n "$DO_TABLE" ]; then
       | tee -a "$OUT/run.log"
   python3 scripts/engine_table.py "$OUT/engine.json" 2>&1 | tee -a "$OUT/run.log"
 fi
-if [ "$MODE" = bench ]; then
+if [ "$MODE" = bench ]; then  # SECTIONS: engine_bench's sections (default: all but the batch-1 table and profile)
   HEAD=""
   [ -f /tmp/pair/head/feature_head.json ] && HEAD="--head /tmp/pair/head"
   log "forward cost (kernels)"
   timeout 120 python3 scripts/bench_forward.py --out "$OUT/forward.json" --no-profile 2>&1 | grep "^|" | tee -a "$OUT/run.log"
   log "engine bench on /tmp/pair $HEAD"
-  timeout "${2:-540}" python3 -m specdec.bench.engine_bench --pair /tmp/pair --data data/code --out "$OUT" \
-      --max-new-tokens 128 $HEAD 2>&1 | grep -v "^INFO" | tail -30 | tee -a "$OUT/run.log"
+  timeout "${2:-420}" python3 -m specdec.bench.engine_bench --pair /tmp/pair --data data/code --out "$OUT" \
+      --max-new-tokens 128 $HEAD --sections ${SECTIONS:-latency concurrent shapes synthetic} 2>&1 | grep -v "^INFO" \
+      | tail -30 | tee -a "$OUT/run.log"
+fi
+if [ "$MODE" = serve ]; then  # the step split on the trained pair, then serving (each level twice: first use vs steady)
+  log "step costs on /tmp/pair (admission / steps / catch-ups)"
+  timeout "${2:-150}" python3 scripts/step_costs.py --out "$OUT/step_costs_pair.json" --pair /tmp/pair \
+      --head /tmp/pair/head --data data/code --sizes 8 32 --temperatures 0 1 2>&1 | grep -v "^INFO" | tail -22 \
+      | tee -a "$OUT/run.log"
   if [ -d .whl ]; then  # the server's dependencies travel as wheels (see the device README)
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=$PWD:/tmp/site
     log "serving bench (specdec serve, streaming clients)"
-    timeout "${3:-120}" python3 scripts/bench_serve.py --target /tmp/pair/target --draft /tmp/pair/draft0 \
-        --concurrency 1 8 32 64 --max-tokens 128 --device cuda --dtype bfloat16 2>&1 | tail -25 | tee -a "$OUT/run.log"
+    timeout "${3:-240}" python3 scripts/bench_serve.py --target /tmp/pair/target --draft /tmp/pair/draft0 \
+        --concurrency 1 8 8 32 32 64 64 --max-tokens 128 --device cuda --dtype bfloat16 --out "$OUT/serve.json" \
+        2>&1 | tail -30 | tee -a "$OUT/run.log"
   fi
 fi
 log done
