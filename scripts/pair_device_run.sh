@@ -54,7 +54,7 @@ fi
 if [ "$MODE" = serve ]; then  # the step split on the trained pair, then serving (each level twice: first use vs steady)
   log "step costs on /tmp/pair (admission / steps / catch-ups)"
   timeout "${2:-150}" python3 scripts/step_costs.py --out "$OUT/step_costs_pair.json" --pair /tmp/pair \
-      --head /tmp/pair/head --data data/code --sizes 8 32 --temperatures 0 1 2>&1 | grep -v "^INFO" | tail -22 \
+      --head /tmp/pair/head --data data/code --sizes 8 32 64 --temperatures 0 1 2>&1 | grep -v "^INFO" | tail -22 \
       | tee -a "$OUT/run.log"
   if [ -d .whl ]; then  # the server's dependencies travel as wheels (see the device README)
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=$PWD:/tmp/site

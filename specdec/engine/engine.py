@@ -35,7 +35,7 @@ from specdec.core import INVALID_SCORES, VerifyResult, invalid_scores, verify, v
 from specdec.engine.config import BATCH_BUCKETS, EngineConfig, UnsupportedModel
 from specdec.engine.drafters import Flavor, StepView
 from specdec.engine.policy import GammaPolicy
-from specdec.engine.slots import MAX_EOS_IDS, PrefillGraphs, SlotCache, SlotState, prefill_rows
+from specdec.engine.slots import MAX_EOS_IDS, PrefillGraphs, SlotCache, SlotState, chunk_shapes, prefill_rows
 from specdec.fast.graphs import CapturedStep, new_pool
 from specdec.metrics import SpecStats
 from specdec.request import SamplingParams, as_int, normalize_prompts, resolve_seed
@@ -288,19 +288,49 @@ class Engine:
         # H200) replays its chunk shapes as CUDA graphs once seen; other admissions vary in their rows, which would
         # multiply the shapes (and the mid-traffic captures), and are GPU-bound enough at 8+ rows to run eagerly.
         graphs = self.prefill_graphs if first == 0 and len(admitted) == 1 else None
-        prefill_rows(self.model, self.cache, self.state, rows, [0] * len(admitted), [n - 1 for n in lengths], chunk,
-                     features=self.state.features, extent=0, graphs=graphs)
-        if self.drafter is not None and hasattr(self.drafter, "prefill"):
-            valid = [max(n - 2, 0) for n in lengths]
-            self.drafter.prefill(self.state, rows, [0] * len(admitted), valid, chunk, extent=0, graphs=graphs)
-            for request, v in zip(admitted, valid):
-                request.draft_valid = v
+        valid = self._prefill(rows, lengths, graphs)
+        for request, v in zip(admitted, valid):
+            request.draft_valid = v
         if self.device.type == "cuda":  # prefill runs ahead of the host: finish it here, or its device time
             torch.cuda.synchronize(self.device)  # lands in the next step's (the policy's) and prefill_time_s
         seconds = time.perf_counter() - start
         for request, n in zip(admitted, lengths):
             request.stats.prefill_time_s = seconds
             request.stats.target_calls += 1 if n > 1 else 0
+
+    def _prefill(self, rows: slice, lengths: list[int], graphs) -> list[int]:
+        """Prefill freshly admitted `rows` with prompts of `lengths`: the target all but each prompt's last token,
+        the drafter (if it keeps a cache) all but its last two → the drafter's valid positions per row."""
+        chunk, zeros = self.config.prefill_chunk, [0] * len(lengths)
+        prefill_rows(self.model, self.cache, self.state, rows, zeros, [n - 1 for n in lengths], chunk,
+                     features=self.state.features, extent=0, graphs=graphs)
+        valid = [max(n - 2, 0) for n in lengths]
+        if self.drafter is not None and hasattr(self.drafter, "prefill"):
+            self.drafter.prefill(self.state, rows, zeros, valid, chunk, extent=0, graphs=graphs)
+        return valid
+
+    def _warm_prefill(self, max_length: int) -> int:
+        """Capture the prefill graphs of a request admitted alone into slot 0, for every prompt length up to
+        `max_length` (one length per distinct set of chunk shapes; slot 0 must be free) → lengths run."""
+        graphs = self.prefill_graphs
+        if graphs is None or self._running:
+            return 0
+        capacity, runs = self.state.capacity, 0
+        drafter_positions = getattr(getattr(self.drafter, "cache", None), "num_positions", None)
+        seen: set = set()
+        for n in range(2, max_length + 1):
+            shapes = {("target", *x) for x in chunk_shapes([0], [n - 1], self.config.prefill_chunk, 0, capacity,
+                                                           self.cache.num_positions)}
+            if drafter_positions is not None and hasattr(self.drafter, "prefill"):
+                shapes |= {("drafter", *x) for x in chunk_shapes([0], [max(n - 2, 0)], self.config.prefill_chunk, 0,
+                                                                 capacity, drafter_positions)}
+            if shapes <= seen:
+                continue
+            seen |= shapes
+            for _ in range(graphs.after + 1):  # seen `after` times, then captured
+                self._prefill(slice(0, 1), [n], graphs)
+            runs += 1
+        return runs
 
     def _joined(self, request: _Request) -> None:
         """A request took a slot (its steps, passes and counters start counting from here)."""
@@ -441,7 +471,9 @@ class Engine:
                temperatures=(0.0,)) -> int:
         """Capture the decode graphs ahead of traffic (as servers do at start-up) for these batch sizes,
         γ values (default: every γ the policy may pick), every length bucket up to `max_length` (default:
-        max_seq_len) and these temperatures (no top-k/top-p); returns how many step shapes were built."""
+        max_seq_len) and these temperatures (no top-k/top-p), and the prefill graphs of a request admitted
+        alone (`EngineConfig.prefill_graphs`) for prompts up to `max_length`; returns how many step shapes
+        were built."""
         gammas = gammas if gammas is not None else sorted({0, *self.policy.candidates})
         for size in batch_sizes:
             as_int(size, "batch_sizes", minimum=1, maximum=self.max_batch)
@@ -465,6 +497,7 @@ class Engine:
                     if positions >= limit:
                         break
                     positions *= 2
+            self._warm_prefill(max_length or self.max_seq_len)
         return built
 
 

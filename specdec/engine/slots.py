@@ -21,7 +21,7 @@ from specdec.fast.graphs import CapturedStep, new_pool
 from specdec.fast.model import FastLlama, KVCache
 from specdec.request import SamplingParams
 
-__all__ = ["SlotCache", "SlotState", "MAX_EOS_IDS", "MIN_POSITIONS", "PrefillGraphs", "prefill_rows",
+__all__ = ["SlotCache", "SlotState", "MAX_EOS_IDS", "MIN_POSITIONS", "PrefillGraphs", "chunk_shapes", "prefill_rows",
            "positions_bucket", "to_device"]
 
 MAX_EOS_IDS = 16  # EOS ids one request may name
@@ -200,6 +200,26 @@ def _prefill_chunk(model: FastLlama, view: KVCache, state: SlotState, rows: slic
         block.copy_(torch.where(valid[..., None], hidden.to(block.dtype), block))
 
 
+def chunk_shapes(starts: list[int], ends: list[int], chunk: int, extent: int | None, capacity: int,
+                 num_positions: int) -> list[tuple[int, int, int]]:
+    """The forwards `prefill_rows` runs to feed [starts[i], ends[i]): (first column, width bucket, positions span)
+    per chunk that feeds anything (see `prefill_rows` for extent; capacity: the state's columns)."""
+    fed = [(s, e) for s, e in zip(starts, ends) if e > s]
+    if not fed:
+        return []
+    lo, hi = min(s for s, _ in fed), max(ends)  # rows that feed nothing (a catch-up's others) do not move lo
+    floor = max(max(starts), extent) if extent is not None else None  # positions that must survive lie below
+    shapes = []
+    for first in range(lo, hi, chunk):
+        width = min(chunk, hi - first)
+        if not any(s < first + width and e > first for s, e in fed):  # no row feeds a position of this chunk
+            continue
+        bucket = min(max(16, 1 << (width - 1).bit_length()), chunk, capacity - first)
+        span = num_positions if floor is None else positions_bucket(max(floor, first + width), num_positions)
+        shapes.append((first, bucket, span))
+    return shapes
+
+
 def prefill_rows(model: FastLlama, cache: SlotCache, state: SlotState, rows: slice, starts: list[int],
                  ends: list[int], chunk: int, *, features: torch.Tensor | None = None, embeds=None,
                  extent: int | None = None, graphs: PrefillGraphs | None = None) -> None:
@@ -219,21 +239,12 @@ def prefill_rows(model: FastLlama, cache: SlotCache, state: SlotState, rows: sli
     two (padding goes to the junk slot), so prompts of any length run a handful of shapes: no new kernels
     or allocations for a new prompt length. No host synchronization: the chunks to run are known on the host.
     """
-    if max(e - s for s, e in zip(starts, ends)) <= 0:
+    shapes = chunk_shapes(starts, ends, chunk, extent, state.tokens.shape[1], cache.num_positions)
+    if not shapes:
         return
     bounds = to_device([starts, ends], state.tokens.device)  # one transfer: [2, b]
     cache.lengths[rows].copy_(bounds[0])
-    capacity = state.tokens.shape[1]
-    fed = [(s, e) for s, e in zip(starts, ends) if e > s]
-    lo, hi = min(s for s, _ in fed), max(ends)  # rows that feed nothing (a catch-up's others) do not move lo
-    floor = max(max(starts), extent) if extent is not None else None  # positions that must survive lie below
-    for first in range(lo, hi, chunk):
-        width = min(chunk, hi - first)
-        if not any(s < first + width and e > first for s, e in fed):  # no row feeds a position of this chunk
-            continue
-        bucket = min(max(16, 1 << (width - 1).bit_length()), chunk, capacity - first)
-        span = cache.num_positions if floor is None else positions_bucket(max(floor, first + width),
-                                                                          cache.num_positions)
+    for first, bucket, span in shapes:
         view = cache.view(rows, span)
         body = functools.partial(_prefill_chunk, model, view, state, rows, first, bucket, features, embeds)
         if graphs is None:

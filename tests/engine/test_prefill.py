@@ -242,3 +242,27 @@ def test_prefill_graphs_option_is_checked(make_llama):
     with pytest.raises(ValueError, match="prefill_graphs=True needs cuda_graphs"):
         Engine(make_llama(0), None, EngineConfig(max_batch_size=2, max_seq_len=64, prefill_graphs=True))
     assert Engine(make_llama(0), None, EngineConfig(max_batch_size=2, max_seq_len=64, prefill_graphs=None)).prefill_graphs is None
+
+
+class _CountingGraphs(PrefillGraphs):
+    """PrefillGraphs that records its keys and runs eagerly (CPU): what warm-up would capture."""
+
+    def run(self, key, body, bounds, lengths):
+        self.seen[key] = self.seen.get(key, 0) + 1
+        body(bounds)
+
+
+def test_warmup_covers_every_prompt_length_of_a_lone_admission(make_llama):
+    """After warm-up, a request admitted alone meets only chunk shapes warm-up ran `after + 1` times."""
+    engine = Engine(make_llama(0), make_llama(1, layers=1), EngineConfig(max_batch_size=2, max_seq_len=96,
+                                                                      num_draft_tokens=2, prefill_chunk=32))
+    engine.prefill_graphs = graphs = _CountingGraphs()
+    with torch.inference_mode():
+        runs = engine._warm_prefill(96)
+    warmed = dict(graphs.seen)
+    assert 0 < runs < 96 and all(count >= graphs.after + 1 for count in warmed.values())
+    for n in (2, 3, 17, 33, 64, 65, 90):
+        engine.add_request([1 + i % 60 for i in range(n)], SamplingParams(temperature=0, max_new_tokens=2))
+        while engine.has_unfinished():
+            engine.step()
+    assert set(graphs.seen) == set(warmed)  # no new chunk shape
