@@ -38,7 +38,11 @@ def test_tiny_run_writes_every_table(locale_root, tmp_path):
     out = tmp_path / "out"
     assert json.loads((out / "ende_tables.json").read_text())["table3"] == result["table3"]
     assert "Table 4 analog" in (out / "ende_tables.md").read_text()
-    assert len((out / "translations.jsonl").read_text().splitlines()) == result["quality"]["sentences"]
+    rows = [json.loads(line) for line in (out / "translations.jsonl").read_text().splitlines()]
+    assert sum(r["set"] == "val" for r in rows) == quality["sentences"] == quality["of"]
+    assert sum(r["set"] == "ood" for r in rows) == result["quality_ood"]["sentences"] == 2  # the apt catalog
+    assert result["ood_catalogs"] == ["apt.mo"]
+    assert "out-of-domain" in (out / "ende_tables.md").read_text()
 
 
 def test_seq2seq_alpha_matches_unpadded_per_sentence_sums():
