@@ -38,8 +38,8 @@ def main() -> None:
     rng = np.random.default_rng(0)
     data.train = [data.train[i] for i in rng.permutation(len(data.train))[: args.pairs]]
     steps = int(args.epochs * len(data.train) / args.batch)
-    ood = data.val_batches(args.batch, 0, 8) if not data.ood else [
-        PairData.collate(data.ood[i : i + args.batch]) for i in range(0, min(len(data.ood), 8 * args.batch), args.batch)]
+    ood_rows = data.ood[: 8 * args.batch]
+    ood = [PairData.collate(ood_rows[i : i + args.batch]) for i in range(0, len(ood_rows), args.batch)]
     base = TrainConfig(steps=steps, batch_size=args.batch, seq_len=96, lr=2e-3, warmup_steps=min(100, steps // 10),
                        eval_every=max(1, steps // 4), eval_batches=8, seed=0)
     for spec in args.variants.split(","):

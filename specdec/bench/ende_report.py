@@ -45,7 +45,8 @@ def _quality_line(result: dict) -> str:
     signature = next((x["bleu_signature"] for x in (q, ood or {}) if "bleu_signature" in x), None)
     sig = f" (sacrebleu `{signature}`)" if signature else ""
     if ood is None and "val_set" not in result:  # a run from before the in-domain split
-        return f"**Translation quality** of the target (greedy) on the held-out catalogs ({catalogs}): {_score(q)}{sig}."
+        return (f"**Translation quality** of the target (greedy) on the held-out catalogs ({catalogs}): "
+                f"{_score(q)}{sig}.")
     line = (f"**Translation quality** of the target (greedy): in-domain test set (random held-out messages, no "
             f"English message also in training; the analog of WMT's news test sets): {_score(q)}")
     if ood is not None:

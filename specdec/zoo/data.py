@@ -151,7 +151,8 @@ def prepare_ende_data(
     pairs = ende_pairs(mo_files, locale_roots=locale_roots, val_fraction=val_fraction, seed=seed,
                        ood_domains=ood_domains)
     train = [p for p in pairs if p.split == "train"]
-    val = sorted((p for p in pairs if p.split == "val"), key=lambda p: hashlib.sha256(f"{seed}:{p.en}".encode()).digest())
+    val = sorted((p for p in pairs if p.split == "val"),
+                 key=lambda p: hashlib.sha256(f"{seed}:{p.en}".encode()).digest())  # a seeded shuffle
     ood = [p for p in pairs if p.split == "ood"]
     if not train or not val:
         raise EmptyCorpusError(f"ende corpus: {len(train)} train / {len(val)} val pairs; need both")

@@ -79,7 +79,8 @@ def test_find_catalogs_mo_and_po_german_only(locale_root):
 def test_read_po_joins_lines_unescapes_and_skips_fuzzy(tmp_path):
     po = tmp_path / "x.po"
     po.write_text('msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n\n'
-                  '#, c-format\nmsgctxt "menu"\nmsgid ""\n"Save \\"all\\" "\n"files"\nmsgstr "Alle \\"Dateien\\" speichern"\n'
+                  '#, c-format\nmsgctxt "menu"\nmsgid ""\n"Save \\"all\\" "\n"files"\n'
+                  'msgstr "Alle \\"Dateien\\" speichern"\n'
                   '#, fuzzy\nmsgid "Close"\nmsgstr "Schließen?"\n\n'
                   'msgid "%d file"\nmsgid_plural "%d files"\nmsgstr[0] "%d Datei"\nmsgstr[1] "%d Dateien"\n\n'
                   '#~ msgid "Old"\n#~ msgstr "Alt"\n', encoding="utf-8")
@@ -105,7 +106,8 @@ def test_ende_pairs_splits(locale_root):
 
 def test_length_filters(tmp_path):
     mo = tmp_path / "de" / "LC_MESSAGES" / "x.mo"
-    write_mo(mo, {b"Open the file now": b"Jetzt die Datei wirklich ganz und gar und vollst\xc3\xa4ndig \xc3\xb6ffnen, bitte",
+    long_de = "Jetzt die Datei wirklich ganz und gar und vollständig öffnen, bitte".encode()
+    write_mo(mo, {b"Open the file now": long_de,
                   b"x" * 301 + b" a": b"y" * 301, b"Open": b"\xc3\x96ffnen"})
     assert [(p.en, p.de) for p in ende_pairs([mo], val_fraction=0.0)] == [("Open", "Öffnen")]
 
