@@ -7,8 +7,8 @@
 - `ende_pairs()`: (English, German) message pairs from the German gettext catalogs (`.mo` and `.po`, see
   `specdec.zoo.catalogs`) below the locale roots: the system's (apt packages, LibreOffice, Vim) and the
   folder scripts/ende_packages.sh installs pip packages into. Untranslated entries (empty, or msgstr ==
-  msgid), pure format strings, over-long and length-mismatched pairs are dropped; pairs are deduplicated
-  on (en, de). Three splits, no English message in two of them: "ood", the messages of three whole
+  msgid), pure format strings, identifier msgids, over-long and length-mismatched pairs are dropped;
+  shortcut markers (`_Open`, `&Open`, `~Open`) are removed; pairs are deduplicated on (en, de). Three splits, no English message in two of them: "ood", the messages of three whole
   catalogs of other programs (`OOD_DOMAINS`: apt, findutils, gsettings-desktop-schemas); "val", the
   in-domain test set, a seeded random `val_fraction` of the other English messages (one reference each);
   "train", the rest.
@@ -174,12 +174,35 @@ MAX_LENGTH_RATIO = 3.0  # German/English character ratio beyond this (either way
 _FORMAT_SPEC = re.compile(r"%(\d+\$)?[-+ #0']*(\*|\d+)?(\.(\*|\d+))?(hh|h|ll|l|L|q|j|z|t)?[a-zA-Z%]|\{[^{}]*\}")
 
 
+_IDENTIFIER = re.compile(r"[a-z0-9]+(?:_[a-z0-9]+)+|[A-Z0-9]+(?:_[A-Z0-9]+)+")  # Plone's "box_sign_in", "SESSION_NAME"
+_MNEMONIC_MARKS = ("_", "&", "~")  # GTK "_Open", KDE/Qt "&Open", LibreOffice "~Open": the menu's shortcut letter
+
+
+def _strip_mnemonic(text: str, other: str) -> str:
+    """`text` without its keyboard-shortcut marker: a `_`, `&` or `~` before a letter or digit, once in the
+    text, in a word that `other` (the pair's other side) does not contain verbatim, as it would an identifier
+    (`h_aliases`), a format (`~a`) or an entity (`&nbsp;`)."""
+    for mark in _MNEMONIC_MARKS:
+        words = re.findall(r"[^\W_]*" + re.escape(mark) + r"[^\W_]+;?", text)
+        if len(words) == 1 and words[0] not in other and not words[0].endswith(";"):
+            return text.replace(words[0], words[0].replace(mark, "", 1), 1)
+    return text
+
+
+def normalize_pair(en: str, de: str) -> tuple[str, str]:
+    """Both sides stripped of surrounding space and of their shortcut markers (`Ma_ximize` → `Maximize`,
+    `Ver_größern` → `Vergrößern`): 6% of the pairs carry one, at a different letter on each side."""
+    en, de = en.strip(), de.strip()
+    return _strip_mnemonic(en, de), _strip_mnemonic(de, en)
+
+
 def _usable_pair(en: str, de: str) -> bool:
     # skip untranslated entries (empty, or msgstr == msgid: 21% of the Ubuntu catalogs' pairs, mostly ISO
     # language and region names, which taught the translator to copy its input), pure format strings
-    # such as "%s: %s" or "{name}", messages too long for the models, and pairs whose lengths disagree
+    # such as "%s: %s" or "{name}", message ids that are not English (Plone's "box_sign_in"), messages too
+    # long for the models, and pairs whose lengths disagree
     en, de = en.strip(), de.strip()
-    if not en or not de or en == de or max(len(en), len(de)) > MAX_PAIR_CHARS:
+    if not en or not de or en == de or max(len(en), len(de)) > MAX_PAIR_CHARS or _IDENTIFIER.fullmatch(en):
         return False
     if max(len(en), len(de)) > 20 and max(len(en), len(de)) > MAX_LENGTH_RATIO * min(len(en), len(de)):
         return False
@@ -225,7 +248,7 @@ def ende_pairs(
             continue
         in_ood = catalog_domain(path) in ood
         for en, de in entries:
-            en, de = en.strip(), de.strip()
+            en, de = normalize_pair(en, de)
             if _usable_pair(en, de) and (en, de) not in seen:
                 seen.add((en, de))
                 rows.append((path, en, de, in_ood))

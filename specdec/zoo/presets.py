@@ -169,7 +169,7 @@ PRESETS: dict[str, PairPreset] = {
         pool=GeneratedPool(prompt_len=64, new_tokens=192, batch_size=512, max_seconds=20, val_sequences=64),
         description="one H100/H200: 317M-parameter 24-layer target, 3.7M 2-layer drafter, ~7 minutes",
     ),
-    # EnDe on the gettext corpus (228K training pairs since scripts/ende_packages.sh; 44K before). Batches of 512
+    # EnDe on the gettext corpus (223K training pairs since scripts/ende_packages.sh; 44K before). Batches of 512
     # pairs of similar lengths (PairData.train_batch): the eager HF T5 step is host-bound on an H200 (MFU 1.2%,
     # ~11.7 steps/s at 256 pairs in the 44K-pair run), so doubling the batch should nearly double the pairs seen
     # in the 240 s: ~6 epochs of the new corpus (the old one saw its 44K pairs ~16 times and overfit: train

@@ -112,6 +112,16 @@ def test_length_filters(tmp_path):
     assert [(p.en, p.de) for p in ende_pairs([mo], val_fraction=0.0)] == [("Open", "Öffnen")]
 
 
+def test_shortcut_markers_are_removed_and_identifier_ids_dropped(tmp_path):
+    mo = tmp_path / "de" / "LC_MESSAGES" / "x.mo"
+    write_mo(mo, {b"Ma_ximize": "Ver_größern".encode(), b"&None": b"&Keine", b"~Move": b"~Verschieben",
+                  b"Result: h_aliases=%s": b"Ergebnis: h_aliases=%s", b"Drag & Drop": b"Ziehen & Ablegen",
+                  b"box_sign_in": b"Anmelden"})
+    assert sorted((p.en, p.de) for p in ende_pairs([mo], val_fraction=0.0)) == [
+        ("Drag & Drop", "Ziehen & Ablegen"), ("Maximize", "Vergrößern"), ("Move", "Verschieben"), ("None", "Keine"),
+        ("Result: h_aliases=%s", "Ergebnis: h_aliases=%s")]
+
+
 def test_empty_ende_corpus(tmp_path):
     with pytest.raises(EmptyCorpusError, match="no German .mo/.po catalogs"):
         ende_pairs(locale_roots=[tmp_path])
