@@ -39,6 +39,9 @@ for f in find_catalogs([src]):
 EOF
 }
 
+if [ -e "$DEST" ] && [ ! -f "$DEST/MANIFEST.txt" ] && [ -n "$(ls -A "$DEST")" ]; then
+  echo "$DEST exists and is not a folder this script made (no MANIFEST.txt): not replacing it" >&2; exit 1
+fi
 rm -rf "$DEST" && mkdir -p "$DEST/apt" "$DEST/pip" "$TMP/debs"
 if [ "$(id -u)" = 0 ]; then apt-get update -qq || true; fi
 (cd "$TMP/debs" && apt-get download $APT_PACKAGES)
