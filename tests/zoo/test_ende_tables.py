@@ -86,3 +86,13 @@ def test_prediction_table_uses_thm_3_8_and_the_nearest_measured_gamma():
     assert row["predicted_speedup"] == pytest.approx(walltime_improvement(0.8, row["predicted_gamma"], 0.1))
     assert row["best_measured_gamma"] == 3 and row["best_measured_speedup"] == 2.0
     assert "predicted" in ende_markdown({"table3": alpha_rows, "table2": speed, "table4": [row], "quality": {}})
+
+
+def test_quality_line_reports_both_test_sets_and_reads_old_results():
+    score = {"bleu": 20.5, "chrf": 50.1, "bleu_signature": "nrefs:1|tok:13a", "sentences": 2000, "of": 5475}
+    new = ende_markdown({"quality": score, "quality_ood": {**score, "bleu": 9.0, "sentences": 1078, "of": 1078},
+                         "val_set": "in-domain", "ood_catalogs": ["apt.mo"]})
+    assert "in-domain test set" in new and "BLEU 20.5, chrF 50.1 (2000 of 5475 sentences)" in new
+    assert "out-of-domain (whole catalogs of other programs: apt.mo): BLEU 9.0" in new and "(1078 sentences)" in new
+    old = ende_markdown({"quality": {**score, "sentences": 1179, "of": None}, "val_catalogs": ["apt.mo"]})
+    assert "on the held-out catalogs (apt.mo): BLEU 20.5, chrF 50.1 (1179 sentences)" in old
