@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from specdec.zoo.catalogs import catalog_domain, find_catalogs, read_po
-from specdec.zoo.corpus import EmptyCorpusError, code_documents, ende_pairs, read_mo, split_of
+from specdec.zoo.corpus import EmptyCorpusError, code_documents, ende_pairs, read_mo, split_key, split_of
 from specdec.zoo.data import TokenData, prepare_code_data, prepare_ende_data
 
 from .conftest import write_mo
@@ -102,6 +102,24 @@ def test_ende_pairs_splits(locale_root):
     assert {p.split for p in pairs} == {"train", "val", "ood"}
     assert ende_pairs(locale_roots=[locale_root], val_fraction=0.3) == pairs
     assert ende_pairs(locale_roots=[locale_root], val_fraction=0.3, seed=1) != pairs  # the seed picks the sample
+
+
+def test_near_duplicates_share_a_split(tmp_path):
+    """"Open file 7", "open file 7:" and "Open  file-7" differ only in case, spaces and punctuation."""
+    mo = tmp_path / "de" / "LC_MESSAGES" / "x.mo"
+    entries = {}
+    for k in range(60):
+        entries[f"Open file {k}".encode()] = f"Datei {k} öffnen".encode()
+        entries[f"open file {k}:".encode()] = f"Datei {k} öffnen:".encode()
+        entries[f"Open  file-{k}".encode()] = f"Datei-{k} öffnen".encode()
+    write_mo(mo, entries)
+    pairs = ende_pairs([mo], val_fraction=0.3)
+    by_key: dict[str, set[str]] = {}
+    for p in pairs:
+        by_key.setdefault(split_key(p.en), set()).add(p.split)
+    assert len(by_key) == 60 and all(len(s) == 1 for s in by_key.values())
+    assert {p.split for p in pairs} == {"train", "val"}
+    assert len([p for p in pairs if p.split == "val"]) == sum(s == {"val"} for s in by_key.values())  # one each
 
 
 def test_length_filters(tmp_path):
