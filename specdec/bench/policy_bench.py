@@ -539,13 +539,13 @@ _FALLBACK_PROSE = (
 
 def text_workload(tokenizer, num_prompts: int = 4, prompt_tokens: int = 128) -> Workload:
     """English prose: full-sentence English messages of the held-out gettext catalogs (the zoo's EnDe
-    validation split), joined into paragraphs; a fixed list of English paragraphs if no catalog exists."""
+    out-of-domain split), joined into paragraphs; a fixed list of English paragraphs if no catalog exists."""
     sentences: list[str] = []
     origin = "gettext"
     try:
         from specdec.zoo.corpus import EmptyCorpusError, ende_pairs
 
-        sentences = [p.en for p in ende_pairs() if p.split == "val" and _is_sentence(p.en)]
+        sentences = [p.en for p in ende_pairs() if p.split == "ood" and _is_sentence(p.en)]
     except (EmptyCorpusError, OSError):
         sentences = []
     prompts, sources = [], []

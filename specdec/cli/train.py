@@ -30,10 +30,14 @@ def add_parser(subparsers) -> None:
     prep.add_argument("--corpus", choices=("code", "ende"), required=True)
     prep.add_argument("--out", required=True, help="output folder (e.g. data/code)")
     prep.add_argument("--vocab-size", type=int, default=8192)
-    prep.add_argument("--val-fraction", type=float, default=None, help="default: 0.01 code, 0.05 ende")
+    prep.add_argument("--val-fraction", type=float, default=None, help="default: 0.01 code, 0.025 ende (in-domain test set)")
     prep.add_argument("--max-train-tokens", type=int, default=40_000_000, help="code: cap on training tokens")
     prep.add_argument("--roots", nargs="+", default=None, help="code: folders to read instead of stdlib+site-packages")
-    prep.add_argument("--mo-files", nargs="+", default=None, help="ende: .mo catalogs instead of the de locale dirs")
+    prep.add_argument("--mo-files", nargs="+", default=None,
+                      help="ende: .mo/.po catalogs instead of those found below the locale dirs")
+    prep.add_argument("--locale-dirs", nargs="+", default=None,
+                      help="ende: folders to search for German catalogs (default: the system's locale folders "
+                           "and the one scripts/ende_packages.sh fills)")
     prep.add_argument("--no-progress", action="store_true")
     prep.set_defaults(run=run)
 
@@ -225,8 +229,9 @@ def _prepare(args) -> int:
                                  val_fraction=0.01 if args.val_fraction is None else args.val_fraction,
                                  max_train_tokens=args.max_train_tokens, progress=not args.no_progress)
     else:
-        meta = prepare_ende_data(args.out, mo_files=args.mo_files, vocab_size=args.vocab_size,
-                                 val_fraction=0.05 if args.val_fraction is None else args.val_fraction)
+        meta = prepare_ende_data(args.out, mo_files=args.mo_files, locale_roots=args.locale_dirs,
+                                 vocab_size=args.vocab_size,
+                                 val_fraction=0.025 if args.val_fraction is None else args.val_fraction)
     shown = {k: v for k, v in meta.items() if not isinstance(v, list)}
     print(dumps(shown, indent=1))
     return 0

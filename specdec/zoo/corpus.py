@@ -4,11 +4,14 @@
   Roots and walks are sorted; files are deduplicated by the SHA-256 of their bytes (the first path in
   sorted order wins); a file is in the validation split when the hash of its content falls below
   `val_fraction`, so the split does not depend on where the file happens to live.
-- `ende_pairs()`: (English, German) message pairs from gettext catalogs (`*.mo`) of the `de` locales.
-  The header entry (empty msgid) is skipped, a context prefix (`msgctxt\\x04`) is dropped, a plural
-  entry contributes its singular forms, untranslated entries (empty, or msgstr == msgid) are dropped.
-  Pairs are deduplicated on (en, de); the split is chosen per catalog FILE (by the hash of its domain
-  name, e.g. `coreutils`), so a program's messages never straddle the two splits.
+- `ende_pairs()`: (English, German) message pairs from the German gettext catalogs (`.mo` and `.po`, see
+  `specdec.zoo.catalogs`) below the locale roots: the system's and the folder scripts/ende_packages.sh
+  fills from apt and pip packages. Untranslated entries (empty, or msgstr == msgid), pure format strings,
+  identifier msgids, over-long and length-mismatched pairs are dropped; shortcut markers (`_Open`, `&Open`,
+  `~Open`) are removed; pairs are deduplicated on (en, de). Three splits, no English message (ignoring
+  case, spaces and punctuation) in two of them: "ood", the messages of three whole catalogs of other
+  programs (`OOD_DOMAINS`: apt, findutils, gsettings-desktop-schemas); "val", the in-domain test set, a
+  seeded random `val_fraction` of the other English messages (one reference each); "train", the rest.
 """
 
 from __future__ import annotations
@@ -17,20 +20,39 @@ import hashlib
 import logging
 import os
 import re
-import struct
 import sys
 import sysconfig
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdec.zoo.catalogs import catalog_domain, find_catalogs, read_catalog, read_mo  # noqa: F401 (re-exported)
+
 logger = logging.getLogger(__name__)
 
+# Where German gettext catalogs live once the packages of scripts/ende_packages.sh are installed: the system
+# locale folders (apt packages), LibreOffice's and Vim's own, and the pip packages' folder (installed there
+# with --target, outside any environment: they are read, never imported).
 DEFAULT_LOCALE_ROOTS: tuple[str, ...] = (
     "/usr/share/locale",
     "/usr/share/locale-langpack",
     "/usr/local/share/locale",
+    "/usr/lib/libreoffice/program/resource",
+    "/usr/share/vim",
 )
+ENDE_PACKAGES_ENV = "SPECDEC_ENDE_PACKAGES"  # overrides the pip packages' folder below
+
+
+def ende_packages_dir() -> Path:
+    """The folder scripts/ende_packages.sh installs the pip packages into ($SPECDEC_ENDE_PACKAGES or
+    ~/.cache/specdec/ende-packages)."""
+    env = os.environ.get(ENDE_PACKAGES_ENV)
+    return Path(env) if env else Path.home() / ".cache" / "specdec" / "ende-packages"
+
+
+def default_locale_roots() -> list[Path]:
+    """DEFAULT_LOCALE_ROOTS and the pip packages' folder, those that exist."""
+    return [p for p in (*map(Path, DEFAULT_LOCALE_ROOTS), ende_packages_dir()) if p.is_dir()]
 _PRUNED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
 MAX_CODE_FILE_BYTES = 1_000_000  # larger .py files are generated tables, not code worth learning
 
@@ -142,107 +164,116 @@ def code_documents(
 
 # --------------------------------------------------------------------------------------------- ende
 
-
-def read_mo(path: str | os.PathLike) -> list[tuple[str, str]]:
-    """(msgid, msgstr) entries of a GNU .mo catalog, decoded with the catalog's own charset.
-
-    Plural entries (`msgid\\0msgid_plural` → `form0\\0form1...`) give (msgid, form0); the header entry is
-    skipped; a context prefix `ctx\\x04` is removed.
-    """
-    data = Path(path).read_bytes()
-    if len(data) < 28:
-        raise ValueError(f"{path}: not a .mo file (too short)")
-    magic = struct.unpack("<I", data[:4])[0]
-    if magic == 0x950412DE:
-        order = "<"
-    elif magic == 0xDE120495:
-        order = ">"
-    else:
-        raise ValueError(f"{path}: not a .mo file (bad magic {magic:#x})")
-    _revision, count, orig_offset, trans_offset = struct.unpack(order + "4I", data[4:20])
-    raw: list[tuple[bytes, bytes]] = []
-    for i in range(count):
-        olen, ooff = struct.unpack(order + "2I", data[orig_offset + 8 * i : orig_offset + 8 * i + 8])
-        tlen, toff = struct.unpack(order + "2I", data[trans_offset + 8 * i : trans_offset + 8 * i + 8])
-        raw.append((data[ooff : ooff + olen], data[toff : toff + tlen]))
-    charset = "utf-8"
-    for msgid, msgstr in raw:
-        if msgid == b"":  # header: "Content-Type: text/plain; charset=ISO-8859-1"
-            for line in msgstr.decode("ascii", "replace").splitlines():
-                if line.lower().startswith("content-type:") and "charset=" in line:
-                    charset = line.split("charset=", 1)[1].strip().strip(";") or "utf-8"
-    try:
-        "".encode(charset)
-    except LookupError:
-        charset = "utf-8"
-    entries: list[tuple[str, str]] = []
-    for msgid, msgstr in raw:
-        if not msgid:
-            continue
-        if b"\x04" in msgid:
-            msgid = msgid.split(b"\x04", 1)[1]
-        msgid = msgid.split(b"\x00", 1)[0]
-        msgstr = msgstr.split(b"\x00", 1)[0]
-        entries.append((msgid.decode(charset, "replace"), msgstr.decode(charset, "replace")))
-    return entries
-
-
-def find_mo_files(locale_roots: Iterable[str | os.PathLike] = DEFAULT_LOCALE_ROOTS, lang: str = "de") -> list[Path]:
-    """`<root>/<lang>*/LC_MESSAGES/*.mo` for each root that exists, sorted (de, de_AT, de_CH, ...)."""
-    found: set[Path] = set()
-    for root in locale_roots:
-        root = Path(root)
-        if not root.is_dir():
-            continue
-        for locale_dir in root.iterdir():
-            name = locale_dir.name
-            if name == lang or name.startswith(lang + "_") or name.startswith(lang + "@"):
-                found.update(p for p in (locale_dir / "LC_MESSAGES").glob("*.mo") if p.is_file())
-    return sorted(found)
+# The three catalogs the first EnDe runs held out whole (chosen then by the hash of the domain name):
+# other programs' messages, kept fixed as the out-of-domain test set so its numbers compare across corpora.
+OOD_DOMAINS: tuple[str, ...] = ("apt", "findutils", "gsettings-desktop-schemas")
+MAX_PAIR_CHARS = 300  # longer messages (help paragraphs) would be cut at the models' 96 tokens
+MAX_LENGTH_RATIO = 3.0  # German/English character ratio beyond this (either way) is a misaligned pair
 
 
 _FORMAT_SPEC = re.compile(r"%(\d+\$)?[-+ #0']*(\*|\d+)?(\.(\*|\d+))?(hh|h|ll|l|L|q|j|z|t)?[a-zA-Z%]|\{[^{}]*\}")
 
 
+_IDENTIFIER = re.compile(r"[a-z0-9]+(?:_[a-z0-9]+)+|[A-Z0-9]+(?:_[A-Z0-9]+)+")  # Plone's "box_sign_in", "SESSION_NAME"
+_MNEMONIC_MARKS = ("_", "&", "~")  # GTK "_Open", KDE/Qt "&Open", LibreOffice "~Open": the menu's shortcut letter
+
+
+def _strip_mnemonic(text: str, other: str) -> str:
+    """`text` without its keyboard-shortcut marker: a `_`, `&` or `~` before a letter or digit, once in the
+    text, in a word that `other` (the pair's other side) does not contain verbatim, as it would an identifier
+    (`h_aliases`), a format (`~a`) or an entity (`&nbsp;`)."""
+    for mark in _MNEMONIC_MARKS:
+        words = re.findall(r"[^\W_]*" + re.escape(mark) + r"[^\W_]+;?", text)
+        if len(words) == 1 and words[0] not in other and not words[0].endswith(";"):
+            return text.replace(words[0], words[0].replace(mark, "", 1), 1)
+    return text
+
+
+def normalize_pair(en: str, de: str) -> tuple[str, str]:
+    """Both sides stripped of surrounding space and of their shortcut markers (`Ma_ximize` → `Maximize`,
+    `Ver_größern` → `Vergrößern`): 6% of the pairs carry one, at a different letter on each side."""
+    en, de = en.strip(), de.strip()
+    return _strip_mnemonic(en, de), _strip_mnemonic(de, en)
+
+
+def split_key(en: str) -> str:
+    """What decides an English message's split: its letters and digits, lower-cased, so that near-duplicates
+    ("Blending", "Blending:", "blending") fall on the same side (10% of a random test set had one in training)."""
+    return re.sub(r"[\W_]+", "", en.lower())
+
+
 def _usable_pair(en: str, de: str) -> bool:
     # skip untranslated entries (empty, or msgstr == msgid: 21% of the Ubuntu catalogs' pairs, mostly ISO
-    # language and region names, which taught the translator to copy its input) and pure format strings
-    # such as "%s: %s" or "{name}"
-    return (bool(en.strip()) and bool(de.strip()) and en.strip() != de.strip()
-            and any(ch.isalpha() for ch in _FORMAT_SPEC.sub("", en)))
+    # language and region names, which taught the translator to copy its input), pure format strings
+    # such as "%s: %s" or "{name}", message ids that are not English (Plone's "box_sign_in"), messages too
+    # long for the models, and pairs whose lengths disagree
+    en, de = en.strip(), de.strip()
+    if not en or not de or en == de or max(len(en), len(de)) > MAX_PAIR_CHARS or _IDENTIFIER.fullmatch(en):
+        return False
+    if max(len(en), len(de)) > 20 and max(len(en), len(de)) > MAX_LENGTH_RATIO * min(len(en), len(de)):
+        return False
+    return any(ch.isalpha() for ch in _FORMAT_SPEC.sub("", en))
 
 
 def ende_pairs(
-    mo_files: Sequence[str | os.PathLike] | None = None,
+    files: Sequence[str | os.PathLike] | None = None,
     *,
-    locale_roots: Iterable[str | os.PathLike] = DEFAULT_LOCALE_ROOTS,
-    val_fraction: float = 0.05,
+    locale_roots: Iterable[str | os.PathLike] | None = None,
+    val_fraction: float = 0.025,
+    seed: int = 0,
+    ood_domains: Iterable[str] = OOD_DOMAINS,
 ) -> list[Pair]:
-    """Deduplicated English→German pairs from gettext catalogs; split by catalog (domain) name."""
-    files = [Path(f) for f in mo_files] if mo_files is not None else find_mo_files(locale_roots)
-    missing = [str(f) for f in files if not f.is_file()]
+    """Deduplicated English→German pairs from gettext catalogs, each tagged "train", "val" or "ood".
+
+    files: catalogs (`.mo`/`.po`) to read; default: `find_catalogs(locale_roots or default_locale_roots())`.
+    "ood": every English message of the `ood_domains` catalogs, once (the first translation in path order).
+    "val" (the in-domain test set): of the other English messages, those whose seeded hash falls below
+    `val_fraction`, once each. "train": every other (en, de) pair (an English message keeps all its
+    distinct translations). Messages are compared by `split_key` (case, spaces and punctuation ignored): no
+    English message, nor a near-duplicate of it, is in two splits.
+    """
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    roots = list(default_locale_roots() if locale_roots is None else locale_roots)
+    paths = [Path(f) for f in files] if files is not None else find_catalogs(roots)
+    missing = [str(f) for f in paths if not f.is_file()]
     if missing:
         raise FileNotFoundError(f"ende corpus: no such catalog(s): {', '.join(missing)}")
-    if not files:
-        where = ", ".join(str(f) for f in (mo_files or [f"{r}/de*/LC_MESSAGES" for r in locale_roots]))
-        raise EmptyCorpusError(f"ende corpus is empty: no .mo catalogs found in {where}")
+    if not paths:
+        where = ", ".join(str(r) for r in roots)
+        raise EmptyCorpusError(f"ende corpus is empty: no German .mo/.po catalogs found below {where}")
+    ood = frozenset(ood_domains)
     seen: set[tuple[str, str]] = set()
-    pairs: list[Pair] = []
+    rows: list[tuple[Path, str, str, bool]] = []  # (catalog, en, de, from an ood catalog)
     bad = 0
-    for path in files:
+    for path in paths:
         try:
-            entries = read_mo(path)
+            entries = read_catalog(path)
         except (OSError, ValueError) as err:
             logger.warning("skipping %s: %s", path, err)
             bad += 1
             continue
-        split = split_of(path.stem, val_fraction)  # the domain: de and de_CH catalogs of one program agree
+        in_ood = catalog_domain(path) in ood
         for en, de in entries:
-            if not _usable_pair(en, de) or (en, de) in seen:
-                continue
-            seen.add((en, de))
-            pairs.append(Pair(str(path), en, de, split))
-    if not pairs:
-        raise EmptyCorpusError(f"ende corpus is empty: {len(files)} catalog(s) held no usable pairs ({bad} unreadable)")
-    logger.info("ende corpus: %d unique pairs from %d catalogs", len(pairs), len(files))
+            en, de = normalize_pair(en, de)
+            if _usable_pair(en, de) and (en, de) not in seen:
+                seen.add((en, de))
+                rows.append((path, en, de, in_ood))
+    if not rows:
+        raise EmptyCorpusError(f"ende corpus is empty: {len(paths)} catalog(s) held no usable pairs ({bad} unreadable)")
+    ood_keys = {split_key(en) for _, en, _, in_ood in rows if in_ood}
+    pairs: list[Pair] = []
+    once: set[str] = set()  # test messages already taken (one reference each)
+    for path, en, de, in_ood in rows:
+        key = split_key(en)
+        if key in ood_keys:
+            split = "ood"
+        else:
+            split = "val" if hash_fraction(f"ende-val:{seed}:{key}") < val_fraction else "train"
+        if split != "train":
+            if key in once or (split == "ood" and not in_ood):
+                continue  # one reference per test message; an ood message's from its own catalog
+            once.add(key)
+        pairs.append(Pair(str(path), en, de, split))
+    logger.info("ende corpus: %d unique pairs from %d catalogs", len(pairs), len(paths))
     return pairs

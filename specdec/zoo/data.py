@@ -3,8 +3,9 @@
 code folder (`prepare_code_data`):      ende folder (`prepare_ende_data`):
     tokenizer/      shared BPE               tokenizer/        shared BPE (appends </s>)
     train.bin.gz    uint16 token stream      train.jsonl.gz    {"en", "de", "source"} per line
-    val.bin.gz      uint16 token stream      val.jsonl.gz
-    meta.json       sources, counts          meta.json
+    val.bin.gz      uint16 token stream      val.jsonl.gz      in-domain test pairs
+    meta.json       sources, counts          ood.jsonl.gz      out-of-domain test pairs (whole catalogs)
+                                             meta.json
 
 Token streams are documents joined with `</s>` after each one. gzip keeps a 40M-token stream near
 30 MB, so the folder can travel to a machine that lacks the source files.
@@ -25,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdec.zoo.corpus import DEFAULT_LOCALE_ROOTS, EmptyCorpusError, code_documents, ende_pairs, python_source_roots
+from specdec.zoo.corpus import OOD_DOMAINS, EmptyCorpusError, code_documents, ende_pairs, python_source_roots
 from specdec.zoo.tokenizer import EOS, load_tokenizer, train_bpe_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -136,32 +137,51 @@ def prepare_ende_data(
     out_dir: str | os.PathLike,
     *,
     mo_files: Sequence[str | os.PathLike] | None = None,
-    locale_roots: Sequence[str | os.PathLike] = DEFAULT_LOCALE_ROOTS,
+    locale_roots: Sequence[str | os.PathLike] | None = None,
     vocab_size: int = 8192,
-    val_fraction: float = 0.05,
+    val_fraction: float = 0.025,
+    seed: int = 0,
+    ood_domains: Sequence[str] = OOD_DOMAINS,
 ) -> dict:
-    """gettext EnDe pairs → tokenizer (appends </s>) + gzip'd JSON lines + meta.json in `out_dir`."""
-    pairs = ende_pairs(mo_files, locale_roots=locale_roots, val_fraction=val_fraction)
+    """gettext EnDe pairs → tokenizer (appends </s>) + gzip'd JSON lines + meta.json in `out_dir`.
+
+    train.jsonl.gz, val.jsonl.gz (the in-domain test set, in the order of a seeded shuffle, so any prefix is
+    a random sample) and ood.jsonl.gz (the out-of-domain catalogs; absent from the corpus → no file);
+    see `specdec.zoo.corpus.ende_pairs`. mo_files: catalogs (.mo/.po) to read instead of the locale roots."""
+    pairs = ende_pairs(mo_files, locale_roots=locale_roots, val_fraction=val_fraction, seed=seed,
+                       ood_domains=ood_domains)
     train = [p for p in pairs if p.split == "train"]
-    val = [p for p in pairs if p.split == "val"]
+    val = sorted((p for p in pairs if p.split == "val"),
+                 key=lambda p: hashlib.sha256(f"{seed}:{p.en}".encode()).digest())  # a seeded shuffle
+    ood = [p for p in pairs if p.split == "ood"]
     if not train or not val:
         raise EmptyCorpusError(f"ende corpus: {len(train)} train / {len(val)} val pairs; need both")
     tokenizer = train_bpe_tokenizer((t for p in train for t in (p.en, p.de)), vocab_size, append_eos=True)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(str(out / "tokenizer"))
-    for name, rows in (("train", train), ("val", val)):
+    (out / "ood.jsonl.gz").unlink(missing_ok=True)
+    for name, rows in (("train", train), ("val", val), ("ood", ood)):
+        if not rows:
+            continue
         with gzip.open(out / f"{name}.jsonl.gz", "wt", encoding="utf-8", compresslevel=6) as fh:
             for p in rows:
                 fh.write(json.dumps({"en": p.en, "de": p.de, "source": Path(p.source).name}, ensure_ascii=False) + "\n")
+    catalogs = sorted({p.source for p in pairs})
     meta = {
         "format_version": FORMAT_VERSION,
         "corpus": "ende",
-        "catalogs": sorted({p.source for p in pairs}),
-        "val_catalogs": sorted({Path(p.source).name for p in val}),
+        "catalogs": catalogs,
+        "catalog_count": len(catalogs),
         "train_pairs": len(train),
         "val_pairs": len(val),
+        "val": "in-domain: a seeded random sample of the English messages (no English message in two splits)",
         "val_fraction": val_fraction,
+        "seed": seed,
+        "ood_pairs": len(ood),
+        "ood": "out-of-domain: every message of whole catalogs of other programs",
+        "ood_catalogs": sorted({Path(p.source).name for p in ood}),
+        "train_english_messages": len({p.en for p in train}),
         "vocab_size": len(tokenizer),
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
@@ -237,6 +257,7 @@ class PairData:
     tokenizer_dir: Path
     meta: dict
     max_len: int
+    ood: list[tuple[list[int], list[int]]] = field(default_factory=list)  # out-of-domain test pairs, if any
     _pending: dict[int, list[list[int]]] = field(default_factory=dict, repr=False)  # batches drawn, not yet used
 
     @classmethod
@@ -254,7 +275,8 @@ class PairData:
             tgt = tokenizer.backend_tokenizer.encode_batch([r["de"] for r in rows])
             return [(_clip(s.ids, max_len), _clip(t.ids, max_len)) for s, t in zip(src, tgt)]
 
-        return cls(read("train"), read("val"), folder / "tokenizer", meta, max_len)
+        ood = read("ood") if (folder / "ood.jsonl.gz").is_file() else []
+        return cls(read("train"), read("val"), folder / "tokenizer", meta, max_len, ood)
 
     @staticmethod
     def collate(rows: Sequence[tuple[list[int], list[int]]]) -> Seq2SeqBatch:

@@ -76,7 +76,25 @@ def locale_root(tmp_path_factory) -> Path:
         write_mo(root / "de" / "LC_MESSAGES" / f"prog{d}.mo", entries)
     write_mo(root / "de_CH" / "LC_MESSAGES" / "latin.mo", {b"Size": "Größe".encode("latin-1")}, charset="ISO-8859-1")
     write_mo(root / "fr" / "LC_MESSAGES" / "prog0.mo", {b"Quit": b"Quitter"})
+    write_mo(root / "de@hebrew" / "LC_MESSAGES" / "prog0.mo", {b"Stop": "שטאָפּ".encode()})  # not German text
+    # an out-of-domain catalog (OOD_DOMAINS): "Quit" is in it too, so it leaves the training set
+    write_mo(root / "de" / "LC_MESSAGES" / "apt.mo", {b"Quit": b"Beenden", b"Remove package": b"Paket entfernen"})
+    # .po files, as pip packages ship them: a Django-style tree and a Tryton-style `<module>/locale/de.po`
+    write_po(root / "site" / "app" / "locale" / "de" / "LC_MESSAGES" / "django.po",
+             [("Add user", "Benutzer hinzufügen"), ("Delete user", "Benutzer löschen")])
+    write_po(root / "site" / "mod" / "locale" / "de.po", [("Save record", "Datensatz speichern")])
+    write_po(root / "site" / "mod" / "locale" / "fr.po", [("Save record", "Enregistrer")])
     return root
+
+
+def write_po(path: Path, entries: list[tuple[str, str]]) -> None:
+    """A .po file: header, the entries, and one fuzzy entry (which readers skip)."""
+    lines = ['msgid ""', 'msgstr ""', '"Content-Type: text/plain; charset=UTF-8\\n"', ""]
+    for en, de in entries:
+        lines += [f'msgid "{en}"', f'msgstr "{de}"', ""]
+    lines += ["#, fuzzy", 'msgid "Guessed"', 'msgstr "Geraten"', ""]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines), encoding="utf-8")
 
 
 @pytest.fixture(autouse=True)

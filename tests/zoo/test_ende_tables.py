@@ -38,7 +38,11 @@ def test_tiny_run_writes_every_table(locale_root, tmp_path):
     out = tmp_path / "out"
     assert json.loads((out / "ende_tables.json").read_text())["table3"] == result["table3"]
     assert "Table 4 analog" in (out / "ende_tables.md").read_text()
-    assert len((out / "translations.jsonl").read_text().splitlines()) == result["quality"]["sentences"]
+    rows = [json.loads(line) for line in (out / "translations.jsonl").read_text().splitlines()]
+    assert sum(r["set"] == "val" for r in rows) == quality["sentences"] == quality["of"]
+    assert sum(r["set"] == "ood" for r in rows) == result["quality_ood"]["sentences"] == 2  # the apt catalog
+    assert result["ood_catalogs"] == ["apt.mo"]
+    assert "out-of-domain" in (out / "ende_tables.md").read_text()
 
 
 def test_seq2seq_alpha_matches_unpadded_per_sentence_sums():
@@ -82,3 +86,13 @@ def test_prediction_table_uses_thm_3_8_and_the_nearest_measured_gamma():
     assert row["predicted_speedup"] == pytest.approx(walltime_improvement(0.8, row["predicted_gamma"], 0.1))
     assert row["best_measured_gamma"] == 3 and row["best_measured_speedup"] == 2.0
     assert "predicted" in ende_markdown({"table3": alpha_rows, "table2": speed, "table4": [row], "quality": {}})
+
+
+def test_quality_line_reports_both_test_sets_and_reads_old_results():
+    score = {"bleu": 20.5, "chrf": 50.1, "bleu_signature": "nrefs:1|tok:13a", "sentences": 2000, "of": 5475}
+    new = ende_markdown({"quality": score, "quality_ood": {**score, "bleu": 9.0, "sentences": 1078, "of": 1078},
+                         "val_set": "in-domain", "ood_catalogs": ["apt.mo"]})
+    assert "in-domain test set" in new and "BLEU 20.5, chrF 50.1 (2000 of 5475 sentences)" in new
+    assert "out-of-domain (whole catalogs of other programs: apt.mo): BLEU 9.0" in new and "(1078 sentences)" in new
+    old = ende_markdown({"quality": {**score, "sentences": 1179, "of": None}, "val_catalogs": ["apt.mo"]})
+    assert "on the held-out catalogs (apt.mo): BLEU 20.5, chrF 50.1 (1179 sentences)" in old
