@@ -99,7 +99,8 @@ class Engine:
             raise ValueError("prefill_graphs=True needs cuda_graphs (a CUDA device)")
         use = self.cuda_graphs if config.prefill_graphs is None else config.prefill_graphs
         self.prefill_graphs = PrefillGraphs() if use else None  # admission chunks as CUDA graphs (slots.py)
-        self.policy = GammaPolicy(config.num_draft_tokens if drafter is not None else 0, self.max_draft_tokens)
+        self.policy = GammaPolicy(config.num_draft_tokens if drafter is not None else 0, self.max_draft_tokens,
+                                  plain_catches_up=hasattr(self.drafter, "prefill"))
         self.stats = SpecStats()
         self._num_steps = self._spec_steps = self._passes = 0  # steps run (requests diff these at the end)
         self._last_used: dict[int, int] = {}  # γ → index of the last step that ran it

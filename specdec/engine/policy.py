@@ -20,7 +20,11 @@ A plain step with a drafter that keeps a cache (a model drafter, a feature head)
 next speculative step first feeds the drafter what the plain steps committed (the engine's catch-up, an
 eager prefill). The engine reports that cost (`record_catch_up`: the catch-up step's time beyond the usual
 step at its (b, γ), spread over the plain steps that caused it), and T(b, 0) includes it (the median of the
-last `_WINDOW` reports), so the policy does not choose plain steps whose real cost it never saw.
+last `_WINDOW` reports), so the policy does not choose plain steps whose real cost it never saw. Such a
+policy (`plain_catches_up=True`) also never explores γ = 0 by itself (no plain steps at a new bucket, none in
+the refresh turns): on an H200 one catch-up after a few exploring plain steps cost 55–78 ms at 8–32 rows, more
+than the exploration could win in a short run. It then chooses between the speculative γ's only (the worst case,
+a drafter that is never right, runs γ = 1); `num_draft_tokens=0` asks for plain decoding.
 
 Reading the rows' totals from the device costs a host sync, so a decision is kept for `_HOLD` steps (or
 until the batch bucket changes, or the number of running rows changes, after at least `_MIN_GAP` steps).
@@ -54,8 +58,9 @@ class _RowEstimate:
 
 
 class GammaPolicy:
-    def __init__(self, spec, max_draft_tokens: int):
+    def __init__(self, spec, max_draft_tokens: int, plain_catches_up: bool = False):
         self.fixed = None if spec == "auto" else int(spec)
+        self.plain_catches_up = plain_catches_up  # a plain step costs the drafter a catch-up later (see the doc)
         self.max_draft_tokens = max_draft_tokens
         self.candidates = [g for g in (1, 2, 4, 6) if g <= max_draft_tokens]
         self.default = min(4, max_draft_tokens) if max_draft_tokens else 0
@@ -98,7 +103,8 @@ class GammaPolicy:
 
     def _decide(self, batch: int, running, estimates) -> tuple[int, int]:
         """→ (γ, steps to keep it)."""
-        for first in (self.default, 0):  # a new batch bucket: time a speculative step, then a plain one
+        firsts = (self.default,) if self.plain_catches_up else (self.default, 0)
+        for first in firsts:  # a new batch bucket: time a speculative step, then (maybe) a plain one
             if len(self.samples.get((batch, first), ())) < _FIRST_SAMPLES:
                 return first, 1
         totals = estimates() if estimates is not None else [_estimate(r).totals() for r in running]
@@ -107,7 +113,8 @@ class GammaPolicy:
         if self.catch_up.get(batch):  # a plain step also costs the drafter's catch-up it makes necessary
             times[0] += _median(self.catch_up[batch])
         rates = {}
-        for gamma in [0, *self.candidates]:
+        arms = self.candidates if self.plain_catches_up and 0 not in times else [0, *self.candidates]
+        for gamma in arms:
             tau = sum([1.0 + c * (expected_tokens(a, gamma) - 1.0) for a, c in rows]) / len(rows) if rows else 1.0
             rates[gamma] = tau / max(_interpolate(times, gamma), 1e-12)
         self.last_rates = rates
@@ -164,16 +171,23 @@ def _median(values: list[float]) -> float:
 
 def _interpolate(times: dict[int, float], gamma: int) -> float:
     """T(γ) from the timed γ's: measured, else linear between the nearest timed neighbours, else extended
-    along the line from γ = 0 to the largest (slope >= 0). `times` holds γ = 0 and one γ > 0 at least."""
+    along the line from the smallest timed γ (γ = 0 when timed) to the largest (slope >= 0); below every timed
+    γ (a policy that never timed γ = 0), along the line through the two smallest, at least half the smallest's."""
     if gamma in times:
         return times[gamma]
-    below = max(g for g in times if g < gamma)
-    above = [g for g in times if g > gamma]
-    if above:
-        hi = min(above)
-        return times[below] + (times[hi] - times[below]) * (gamma - below) / (hi - below)
-    slope = max(times[below] - times[0], 0.0) / below if below else 0.0
-    return times[below] + slope * (gamma - below)
+    timed = sorted(times)
+    below = [g for g in timed if g < gamma]
+    above = [g for g in timed if g > gamma]
+    if below and above:
+        lo, hi = below[-1], above[0]
+        return times[lo] + (times[hi] - times[lo]) * (gamma - lo) / (hi - lo)
+    if below:
+        lo, hi = timed[0], below[-1]
+        slope = max(times[hi] - times[lo], 0.0) / (hi - lo) if hi > lo else 0.0
+        return times[hi] + slope * (gamma - hi)
+    a = above[0]
+    slope = max(times[above[1]] - times[a], 0.0) / (above[1] - a) if len(above) > 1 else 0.0
+    return max(times[a] - slope * (a - gamma), 0.5 * times[a])
 
 
 def _estimate(request) -> _RowEstimate:

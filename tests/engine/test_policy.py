@@ -200,3 +200,25 @@ def test_a_catch_up_after_plain_steps_counts_against_plain_steps():
     policy.set_fixed("auto")  # drop the kept decision
     assert policy.choose(8, rows, estimates) != 0
     assert policy.last_rates[0] == pytest.approx(1.0 / 1.75)
+
+
+def test_a_policy_whose_plain_steps_need_a_catch_up_never_explores_plain_steps():
+    """With a drafter that keeps a cache, "auto" times only speculative γ's and chooses among them."""
+    policy = GammaPolicy("auto", 8, plain_catches_up=True)
+    rows = [_Row(0.5) for _ in range(4)]
+
+    def estimates():  # α 0.05: plain would win if it were an arm
+        return [(5.0, 100.0, 25.0, 25.0)] * len(rows)
+
+    chosen = []
+    for _ in range(200):
+        gamma = policy.choose(4, rows, estimates)
+        chosen.append(gamma)
+        policy.record_step(4, gamma, 1.0 + 0.1 * gamma, 1.0)
+    assert 0 not in chosen and chosen[-1] == 1  # the cheapest speculative step once timed
+    assert set(policy.last_rates) == {1, 2, 4, 6}
+    unguarded = GammaPolicy("auto", 8)  # the same traffic: plain steps are explored, then chosen
+    for _ in range(200):
+        gamma = unguarded.choose(4, rows, estimates)
+        unguarded.record_step(4, gamma, 1.0 + 0.1 * gamma, 1.0)
+    assert gamma == 0
