@@ -25,7 +25,7 @@ import torch
 import transformers
 
 from specdec.engine import Engine, EngineConfig
-from specdec.engine import engine as engine_module
+from specdec.engine import step_runner as step_runner_module
 from specdec.request import SamplingParams
 
 
@@ -67,7 +67,7 @@ def _instrument(engine: Engine, timers: _Timers) -> None:
 
 def _patch_bodies(timers: _Timers):
     """Time the model bodies (draft and verify): on a GPU these are graph replays, not host work."""
-    runner = engine_module._StepRunner
+    runner = step_runner_module.StepRunner
     saved = runner.draft, runner.verify
     runner.draft = timers.wrap(saved[0], "MODEL draft")
     runner.verify = timers.wrap(saved[1], "MODEL verify")
@@ -76,7 +76,7 @@ def _patch_bodies(timers: _Timers):
 
 def _stub_bodies(engine: Engine):
     """Each step shape runs for real once; later steps of that shape replay its verify output, no model work."""
-    runner = engine_module._StepRunner
+    runner = step_runner_module.StepRunner
     saved = runner.draft, runner.verify
 
     def draft(self):

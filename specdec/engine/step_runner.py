@@ -1,0 +1,125 @@
+"""One decode step shape of the engine (batch bucket, γ, length bucket, flavor): its draft and verify halves,
+run eagerly or captured once as CUDA graphs and replayed. The verify half verifies, commits and counts on the
+device and packs the step's one device → host transfer (`Engine._commit` reads it)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from specdec import rng
+from specdec.core import VerifyResult, invalid_scores, verify, verify_greedy
+from specdec.engine.drafters import Flavor, StepView
+from specdec.fast.graphs import CapturedStep
+from specdec.sequences import write_rows, write_tokens
+from specdec.step import StepCounts, commit_counts, step_counters
+
+if TYPE_CHECKING:
+    from specdec.engine.engine import Engine
+
+__all__ = ["StepRunner"]
+
+
+class StepRunner:
+    """The draft and verify halves of one step shape, eager or captured (each once)."""
+
+    def __init__(self, engine: Engine, batch: int, gamma: int, positions: int, flavor: Flavor):
+        self.engine, self.batch, self.gamma, self.positions, self.flavor = engine, batch, gamma, positions, flavor
+        self.view = StepView(engine.state, batch, positions, flavor)
+        self.drafts = None
+        self.ran = False
+        self._draft_graph = self._verify_graph = None
+
+    # The graph bodies read and write only the engine's static tensors (state, caches, these drafts).
+    def _draft_body(self):
+        e, gamma = self.engine, self.gamma
+        if gamma == 0:
+            rows = self.view.lengths.shape[0]  # the bucket, cut at max_batch_size
+            return torch.zeros(rows, 0, dtype=torch.long, device=e.device), None, None
+        return e.drafter.propose(self.view, gamma)
+
+    def _verify_body(self) -> torch.Tensor:
+        """Verify and commit on the device → the step's transfer, int64 `[b + 1, γ+6 (+ γ+1 with logprobs)]`:
+        per row its new tokens `[γ+1]`, then committed count, accepted drafts among them, drafted, finished,
+        hit EOS (and the new tokens' logprobs as float64 bits); a last row of (NaN in the logits?, Σ accepted + 1,
+        Σ committed, finished rows). The acceptance counters are added into `state.counters` and `engine.counter_sums`."""
+        e, view, gamma, flavor = self.engine, self.view, self.gamma, self.flavor
+        rows, state = slice(0, self.batch), e.state
+        draft_tokens, draft_probs, draft_lengths = self.drafts
+        lengths = view.lengths
+        cache = e.cache.view(rows, self.positions)
+        cache.lengths.copy_(lengths - 1)
+        last = state.tokens[rows].gather(1, (lengths - 1)[:, None])
+        features = state.features
+        logits, hidden = e.model(torch.cat([last, draft_tokens], 1), cache, return_hidden=True)  # [b, γ+1, V]
+        has_nan = invalid_scores(logits)
+        synthetic = e.config.synthetic_acceptance
+        if synthetic is not None:  # BENCHMARK ONLY (EngineConfig): accept each draft with a fixed probability
+            offsets = torch.arange(gamma, device=e.device)[None, :]
+            accepted = rng.uniforms(view.seed, lengths[:, None] + offsets, rng.ACCEPT) < synthetic
+            n = accepted.long().cumprod(1).sum(1)
+            result = VerifyResult(n, logits.argmax(-1).gather(1, n[:, None]).squeeze(1), accepted.float())
+        elif flavor.all_greedy:
+            result = verify_greedy(draft_tokens, logits, draft_lengths=draft_lengths, check_nan=False)
+        else:
+            target_probs = view.probs(logits)
+            offsets = torch.arange(gamma, device=e.device)[None, :]
+            uniforms = rng.uniforms(view.seed, lengths[:, None] + offsets, rng.ACCEPT)
+            noise = rng.exponentials(view.seed, lengths[:, None], rng.NEXT, logits.shape[-1])[:, 0]
+            result = verify(draft_tokens, draft_probs, target_probs, None, draft_lengths=draft_lengths,
+                            uniforms=uniforms, noise=noise)
+        new_tokens = result.tokens(draft_tokens)  # [b, γ+1]
+        active, generated = state.active[rows], state.generated[rows]
+        counts, hit_eos = commit_counts(new_tokens, result.num_accepted, state.max_new[rows] - generated,
+                                        state.eos[rows], active)
+        write_tokens(state.tokens[rows], lengths, new_tokens, counts)
+        if features is not None:  # the features of the committed prefix: positions lengths − 1 + i, i < counts
+            write_rows(features[rows], lengths - 1, hidden, counts)
+        lengths.add_(counts)
+        generated.add_(counts)
+        finished = active & (hit_eos | (generated >= state.max_new[rows]))
+        counters = step_counters(result.num_accepted, result.beta, draft_lengths, active, gamma)  # [b, width(γ)]
+        wide = StepCounts.widen(counters, gamma, e.max_draft_tokens)
+        state.counters[rows].add_(wide)
+        e.counter_sums.add_(wide.sum(0))
+        accepted = counters[:, StepCounts.column("num_accepted", gamma)].long()
+        drafted = counters[:, StepCounts.column("num_drafted", gamma)].long()
+        columns = [new_tokens, counts[:, None], torch.minimum(accepted, counts)[:, None], drafted[:, None],
+                   finished[:, None].long(), hit_eos[:, None].long()]
+        if flavor.logprobs:
+            columns.append(logits.log_softmax(-1).gather(-1, new_tokens[..., None])[..., 0].double().view(torch.long))
+        table = torch.cat(columns, 1)
+        tail = torch.stack([has_nan.long().reshape(()), (accepted + active).sum(), counts.sum(), finished.sum()])
+        tail = torch.cat([tail, tail.new_zeros(table.shape[1] - 4)])
+        return torch.cat([table, tail[None]])
+
+    def capture(self) -> None:
+        """Capture both halves once (CUDA graphs); a no-op when the engine runs eagerly."""
+        e = self.engine
+        if not e.cuda_graphs or self._verify_graph is not None:
+            return
+        if self.gamma == 0:  # nothing to draft: a static empty proposal
+            self.drafts = self._draft_body()
+        else:
+            restore = [e.drafter.cache.lengths] if hasattr(e.drafter, "cache") else []
+            self._draft_graph = CapturedStep(self._draft_body, pool=e._pool, restore=restore)
+            self.drafts = self._draft_graph.outputs
+            self._draft_graph.replay()  # capture only records: give the verify warm-up real drafts to read
+        s = e.state
+        restore = [s.tokens, s.lengths, s.generated, e.cache.lengths, s.counters, e.counter_sums]
+        self._verify_graph = CapturedStep(self._verify_body, pool=e._pool, restore=restore)
+
+    def draft(self) -> None:
+        if not self.engine.cuda_graphs:
+            self.drafts = self._draft_body()
+            return
+        self.capture()
+        if self._draft_graph is not None:
+            self._draft_graph.replay()
+
+    def verify(self) -> torch.Tensor:
+        if not self.engine.cuda_graphs:
+            return self._verify_body()
+        self.capture()
+        return self._verify_graph.replay()
