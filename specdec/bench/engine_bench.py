@@ -8,7 +8,8 @@ Measured side by side in one process, on the held-in code prompt set (`specdec.b
                per-request p50/p99 ratio
   batch1       batch 1, T=0, every prompt in turn: plain vs speculative (fixed γ=4 and "auto") tokens/s
   concurrent   N requests submitted at once (N = 8, 32, 64; continuous batching), plain vs each drafter
-               (model, bigram, prompt lookup), T=0 and T=1, γ "auto": tokens/s and the ratio to plain
+               (model, bigram, prompt lookup, head), T=0 and T=1, γ "auto" (and γ=4 for model and head):
+               tokens/s and the ratio to plain
   shapes       8B-shaped Llama and Qwen2 random weights: plain decoding tok/s at batch 1 and the MBU
   synthetic    8B-shaped target with a small random drafter, each draft accepted with probability α = 0.8
                (EngineConfig.synthetic_acceptance), γ = 4: measured speedup vs Thm 3.8 at the measured c
@@ -280,6 +281,7 @@ def main(argv=None) -> dict:
         engines["prompt_lookup"] = (Engine(hf_target, PromptLookupDrafter(), config), "auto")
     if args.head:
         engines["head"] = (Engine(hf_target, args.head, config), "auto")
+    fixed = {f"{name}_gamma4": (engines[name][0], 4) for name in ("model", "head") if name in engines}
     def save() -> None:  # after every section, so a run cut off by its time limit keeps what it measured
         (out_dir / "engine.json").write_text(json.dumps(results, indent=1, default=str))
 
@@ -305,7 +307,7 @@ def main(argv=None) -> dict:
         save()
     sizes = (8,) if args.quick else (8, 32, 64)
     if "concurrent" in sections:
-        results["concurrent"] = concurrent(engines, prompts, max_new, sizes=sizes)
+        results["concurrent"] = concurrent({**engines, **fixed}, prompts, max_new, sizes=sizes)  # auto and γ=4
         save()
     if device.type == "cuda" and "profile" in sections:
         results["profile"] = [step_profile(engine, [prompts[i] for i in range(n)], gamma)
