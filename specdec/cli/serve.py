@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import sys
 from pathlib import Path
 
@@ -47,6 +48,9 @@ def build(args: argparse.Namespace):
         value = getattr(args, name)
         if value is not None and value < (0 if name == "port" else 1):
             raise CLIError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    interval = getattr(args, "switch_interval", None)
+    if interval is not None and not (math.isfinite(interval) and 0 < interval <= 1):
+        raise CLIError(f"--switch-interval must be a number of seconds in (0, 1], got {interval}")
     if args.ngram_data is not None and not args.ngram_data.is_file():
         raise FileNotFoundError(f"--ngram-data file not found: {args.ngram_data}")
     gamma = args.num_draft_tokens.strip()

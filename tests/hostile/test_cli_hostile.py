@@ -97,6 +97,10 @@ ERROR_CASES = {
     "policies 0": (lambda ck: ["policies", "--policies", "0"], "--policies"),
     "train negative budget": (lambda ck: ["train", "pair", "--preset", "tiny", "--data", "/nonexistent",
                                           "--out", "/nonexistent", "--budget-scale", "-1"], "--budget-scale"),
+    "serve switch interval": (lambda ck: ["serve", "--target", str(ck["good"]), "--switch-interval", "-1"],
+                              "--switch-interval"),
+    "serve switch interval nan": (lambda ck: ["serve", "--target", str(ck["good"]), "--switch-interval", "nan"],
+                                  "--switch-interval"),
     "no command": (lambda ck: [], "give a command"),
 }
 
