@@ -65,6 +65,18 @@ class StepView:
         q = self.probs(logits[:, None])[:, 0]
         return rng.sample(q, self.seed, position, rng.DRAFT), q  # on CUDA one fused kernel, no [b, V] noise
 
+    def draft_chain(self, gamma: int, next_logits):
+        """γ tokens drawn one after another (`draw`, at positions lengths + i): next_logits(i, previous token
+        [b] or None) → the logits `[b, V]` of token i → (tokens [b, γ], q [b, γ, V] or None, None: every row
+        drafts all γ) — what `propose` returns."""
+        tokens, probs, token = [], [], None
+        for i in range(gamma):
+            token, q = self.draw(next_logits(i, token), self.lengths + i)
+            tokens.append(token)
+            if q is not None:
+                probs.append(q)
+        return torch.stack(tokens, 1), (torch.stack(probs, 1) if probs else None), None
+
 
 class EngineModelDrafter:
     """A small `FastLlama` drafting γ tokens autoregressively from its own slot cache."""
@@ -91,16 +103,9 @@ class EngineModelDrafter:
         valid = pos >= 0
         window = view.tokens.gather(1, pos.clamp_min(0)) * valid
         cache.lengths.copy_((lengths - WINDOW).clamp_min(0))
-        logits = self.model(window, cache, valid, last_only=True)[:, 0]
-        tokens, probs = [], []
-        for i in range(gamma):
-            if i > 0:
-                logits = self.model(tokens[-1][:, None], cache, last_only=True)[:, 0]
-            token, q = view.draw(logits, lengths + i)
-            tokens.append(token)
-            if q is not None:
-                probs.append(q)
-        return torch.stack(tokens, 1), (torch.stack(probs, 1) if probs else None), None
+        first = self.model(window, cache, valid, last_only=True)[:, 0]
+        return view.draft_chain(gamma, lambda i, prev: first if i == 0 else
+                                self.model(prev[:, None], cache, last_only=True)[:, 0])
 
     def move(self, src: int, dst: int, num_positions: int | None = None) -> None:
         """Slot `src`'s cache into slot `dst` over its first `num_positions` positions (None = all)."""
@@ -137,12 +142,6 @@ class EngineNGramDrafter:
         return 0
 
     def propose(self, view: StepView, gamma: int):
-        prev = view.tokens.gather(1, (view.lengths - 1)[:, None]).squeeze(1)
-        tokens, probs = [], []
-        for i in range(gamma):
-            logits = self.tables._distribution(prev).clamp_min(1e-30).log()
-            prev, q = view.draw(logits, view.lengths + i)
-            tokens.append(prev)
-            if q is not None:
-                probs.append(q)
-        return torch.stack(tokens, 1), (torch.stack(probs, 1) if probs else None), None
+        last = view.tokens.gather(1, (view.lengths - 1)[:, None]).squeeze(1)
+        return view.draft_chain(gamma, lambda i, prev: self.tables._distribution(last if prev is None else prev)
+                                .clamp_min(1e-30).log())

@@ -231,13 +231,12 @@ class Engine:
         committed = self._commit(host, logprobs, n, gamma, draft_s, verify_s, tail)
         produced = tail[1]
         seconds = time.perf_counter() - started
-        if first_run:  # its time includes graph capture: not a step time
-            pass
-        elif caught_up:  # fed the drafter what plain steps skipped: the excess is the plain steps' cost
-            usual = self.policy.times.get((batch, gamma))
-            if usual is not None:
-                self.policy.record_catch_up(batch, seconds - usual, self._plain_run)
-        else:  # the policy weighs whole steps: device time and the host's share alike
+        # the policy weighs whole steps, device time and the host's share alike; a first run's time includes its
+        # graph capture (no step time); a catch-up step's excess over the usual step is the plain steps' cost
+        usual = self.policy.times.get((batch, gamma)) if caught_up and not first_run else None
+        if usual is not None:
+            self.policy.record_catch_up(batch, seconds - usual, self._plain_run)
+        elif not first_run and not caught_up:
             self.policy.record_step(batch, gamma, seconds, produced / n)
         self._plain_run = self._plain_run + 1 if gamma == 0 else 0
         return outputs + committed

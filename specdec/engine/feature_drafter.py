@@ -74,15 +74,14 @@ class EngineFeatureDrafter:
         next_tokens = view.tokens.gather(1, (pos + 1).clamp_min(0)) * valid
         cache.lengths.copy_((lengths - 1 - w).clamp_min(0))
         hidden = head(features, next_tokens, cache, valid, last_only=True)  # f̂_{L−1}: [b, 1, dim]
-        tokens, probs = [], []
-        for i in range(gamma):
+
+        def next_logits(i, prev):  # each draft step runs the head on its own previous feature and token
+            nonlocal hidden
             if i > 0:
-                hidden = head(hidden, tokens[-1][:, None], cache)
-            token, q = view.draw(head.logits(hidden)[:, 0], lengths + i)
-            tokens.append(token)
-            if q is not None:
-                probs.append(q)
-        return torch.stack(tokens, 1), (torch.stack(probs, 1) if probs else None), None
+                hidden = head(hidden, prev[:, None], cache)
+            return head.logits(hidden)[:, 0]
+
+        return view.draft_chain(gamma, next_logits)
 
     def move(self, src: int, dst: int, num_positions: int | None = None) -> None:
         """Slot `src`'s cache into slot `dst` over its first `num_positions` positions (None = all)."""
