@@ -20,12 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from specdec.bench.device import time_call  # noqa: E402  (after the path insert)
 
 BATCHES = (1, 8, 64)
 VOCABS = (8192, 128256)
@@ -57,36 +58,8 @@ def _draw_fn(variant: str, view, logits, rng, sample):
 
 
 def _time(run, device) -> float:
-    """Median seconds per call of `run` (a CUDA graph replay on CUDA; eager on CPU)."""
-    if device.type != "cuda":
-        run()
-        times = []
-        for _ in range(3):
-            t = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - t)
-        return statistics.median(times)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        run()  # compile and warm up outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(REPS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    del graph
-    return statistics.median(times)
+    """Median seconds per call of `run` (REPS replays of one CUDA graph on CUDA; eager on CPU)."""
+    return time_call(run, cuda=device.type == "cuda", calls=1, reps=REPS if device.type == "cuda" else 3) / 1e3
 
 
 def main() -> None:

@@ -27,48 +27,11 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-
-# ------------------------------------------------------------------------------------------------- timing
-def time_call(fn: Callable[[], object], *, cuda: bool, calls: int, reps: int) -> float:
-    """Median milliseconds per call of fn (graph replay of `calls` calls on CUDA; eager wall clock on CPU)."""
-    import torch
-
-    if not cuda:
-        fn()
-        samples = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(samples)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm up (compiles) outside the capture, on a side stream as torch advises
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / calls)
-    del graph
-    return statistics.median(samples)
+from specdec.bench.device import time_call  # noqa: E402  (after the path insert)
 
 
 # ---------------------------------------------------------------------------------------------- attention

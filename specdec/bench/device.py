@@ -7,7 +7,9 @@ memory bandwidth: the fraction of the card's bandwidth a batch-1 decode step tur
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import statistics
+import time
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -81,3 +83,39 @@ def mbu(weight_bytes: int, forwards_per_second: float, peak_bandwidth: float | N
     if not peak_bandwidth:
         return None
     return weight_bytes * forwards_per_second / peak_bandwidth
+
+
+def time_call(fn: Callable[[], object], *, cuda: bool, calls: int, reps: int) -> float:
+    """Median milliseconds per call of fn: on CUDA one graph of `calls` calls, replayed `reps` times (after a
+    warm-up on a side stream, so compiles stay outside the capture); on CPU the eager wall clock."""
+    if not cuda:
+        fn()
+        samples = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(samples)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up (compiles) outside the capture, on a side stream as torch advises
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / calls)
+    del graph
+    return statistics.median(samples)
