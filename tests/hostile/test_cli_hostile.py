@@ -101,6 +101,11 @@ ERROR_CASES = {
                               "--switch-interval"),
     "serve switch interval nan": (lambda ck: ["serve", "--target", str(ck["good"]), "--switch-interval", "nan"],
                                   "--switch-interval"),
+    "serve synthetic acceptance": (lambda ck: ["serve", "--target", str(ck["good"]), "--synthetic-acceptance", "2"],
+                                   "synthetic_acceptance"),
+    "train head cache tokens": (lambda ck: ["train", "head", "--target", str(ck["good"]), "--data", "/nonexistent",
+                                            "--out", "/nonexistent", "--feature-cache-tokens", "-3"],
+                                "--feature-cache-tokens"),
     "no command": (lambda ck: [], "give a command"),
 }
 
