@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The EnDe paper tables (Tables 2, 3, 4 + BLEU/chrF) in ONE device command on one H200 (~9 of its 10 minutes):
-# ~5.5 minutes of training (target 240 s, two drafts 80 s, the zoo `gpu-ende` recipe), ~3 minutes of tables.
+# ~6.5 minutes of training (target 240 s, two drafts 140 s, the zoo `gpu-ende` recipe), ~2 minutes of tables.
 #
 # Here (CPU), once: fetch the German catalogs by package name (~2 minutes, ~35 MB kept in
 # ~/.cache/specdec/ende-packages) and write the data folder the device needs (git-ignored, ~6 MB; re-run when

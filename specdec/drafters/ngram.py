@@ -32,6 +32,7 @@ class NGramDrafter(Drafter):
         self.unigram: torch.Tensor | None = None  # [V]
         self.successors: torch.Tensor | None = None  # [V, K] long
         self.successor_probs: torch.Tensor | None = None  # [V, K]
+        self._device_tables: tuple | None = None  # the three tables on the device last drafted on
 
     @classmethod
     def fit_new(cls, sequences: Iterable[Sequence[int]], vocab_size: int, order: int = 2, **kwargs) -> "NGramDrafter":
@@ -56,6 +57,7 @@ class NGramDrafter(Drafter):
         if total == 0:
             raise ValueError("NGramDrafter.fit got no tokens: the fitting sequences are empty")
         self.vocab_size = vocab_size
+        self._device_tables = None
         unigram = counts + self.smoothing
         self.unigram = (unigram / unigram.sum()).float()
         if self.order == 2:
@@ -76,13 +78,21 @@ class NGramDrafter(Drafter):
             self.successor_probs[prev[keep], rank[keep]] = (pair_counts[keep] / prev_totals[prev[keep]]).float()
         return self
 
+    def _tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(unigram, successors, successor_probs) on `device`, copied there once (a copy per draft token cost
+        ~0.8 ms on a GPU: the bigram drafter ran at 0.2-0.6x of plain decoding)."""
+        if self._device_tables is None or self._device_tables[0].device != device:
+            self._device_tables = tuple(None if t is None else t.to(device)
+                                        for t in (self.unigram, self.successors, self.successor_probs))
+        return self._device_tables
+
     def _distribution(self, prev: torch.Tensor) -> torch.Tensor:
         """q(· | prev) for `prev [B]` → `[B, V]` (unigram when order == 1)."""
-        unigram = self.unigram.to(prev.device)
+        unigram, successors, successor_probs = self._tables(prev.device)
         if self.order == 1:
             return unigram.expand(prev.shape[0], -1)
-        succ = self.successors.to(prev.device)[prev]
-        succ_p = self.successor_probs.to(prev.device)[prev]
+        succ = successors[prev]
+        succ_p = successor_probs[prev]
         leftover = (1.0 - succ_p.sum(-1, keepdim=True)).clamp_min(0)
         return (leftover * unigram[None, :]).scatter_add(1, succ, succ_p)
 

@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 BUCKET_BATCHES = 32  # PairData.train_batch sorts this many batches' worth of pairs by length at a time
+PAD_MULTIPLE = 2  # PairData.token_batch pads each length up to a multiple of this
 
 
 def _progress(iterable, total: int | None, desc: str, enabled: bool):
@@ -259,6 +260,7 @@ class PairData:
     max_len: int
     ood: list[tuple[list[int], list[int]]] = field(default_factory=list)  # out-of-domain test pairs, if any
     _pending: dict[int, list[list[int]]] = field(default_factory=dict, repr=False)  # batches drawn, not yet used
+    _arrays: tuple | None = field(default=None, repr=False)  # token_batch's padded matrices, built on first use
 
     @classmethod
     def load(cls, folder: str | os.PathLike, max_len: int = 96) -> PairData:
@@ -304,6 +306,60 @@ class PairData:
             chunks = [draws[k : k + batch_size] for k in range(0, len(draws), batch_size)]
             pending = self._pending[batch_size] = [chunks[k] for k in rng.permutation(len(chunks))]
         return self.collate([self.train[i] for i in pending.pop()])
+
+    def token_batch(self, max_tokens: int, rng: np.random.Generator, multiple: int = PAD_MULTIPLE) -> Seq2SeqBatch:
+        """Random training pairs filling at most `max_tokens` padded positions, source and target together:
+        rows × (longest source + longest target), each length rounded up to `multiple`.
+
+        Pairs are drawn uniformly, about BUCKET_BATCHES batches' worth at a time; those are sorted by padded
+        length (the longer side first), cut greedily into batches under the budget and handed out in random
+        order. So every drawn pair is trained on once, a batch pads little (gettext pairs: ~9% padding), and a
+        batch of long pairs holds as many tokens as one of short pairs, so it dominates neither the memory nor
+        the loss."""
+        if max_tokens < 2 * self.max_len:
+            raise ValueError(f"max_tokens must be ≥ 2 × max_len = {2 * self.max_len} so that any pair fits, "
+                             f"got {max_tokens}")
+        src, src_len, tgt, tgt_len = self._train_arrays()
+        key = -max_tokens  # token batches pend apart from fixed-size ones
+        pending = self._pending.get(key)
+        if not pending:
+            mean = float(src_len.mean() + tgt_len.mean())
+            draws = rng.integers(0, len(self.train), size=max(64, int(BUCKET_BATCHES * max_tokens / mean)))
+            s_up = -(-src_len[draws] // multiple) * multiple
+            t_up = -(-tgt_len[draws] // multiple) * multiple
+            order = np.lexsort((t_up, s_up, np.maximum(s_up, t_up)))
+            draws, s_up, t_up = draws[order], s_up[order], t_up[order]
+            # greedy cut: a batch ends where one more row would push rows × (max s + max t) over the budget
+            chunks, lo, s_max, t_max = [], 0, 0, 0
+            for k in range(len(draws)):
+                s_new, t_new = max(s_max, s_up[k]), max(t_max, t_up[k])
+                if k > lo and (k - lo + 1) * (s_new + t_new) > max_tokens:
+                    chunks.append(draws[lo:k])
+                    lo, s_new, t_new = k, s_up[k], t_up[k]
+                s_max, t_max = s_new, t_new
+            chunks.append(draws[lo:])
+            pending = self._pending[key] = [chunks[k] for k in rng.permutation(len(chunks))]
+        rows = pending.pop()
+        s_len = int(-(-src_len[rows].max() // multiple) * multiple)
+        t_len = int(-(-tgt_len[rows].max() // multiple) * multiple)
+        input_ids = torch.from_numpy(src[rows, :s_len].astype(np.int64))
+        labels = torch.from_numpy(tgt[rows, :t_len].astype(np.int64))
+        attention_mask = (torch.arange(s_len)[None, :] < torch.from_numpy(src_len[rows])[:, None]).long()
+        return Seq2SeqBatch(input_ids, attention_mask, labels)
+
+    def _train_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The training pairs as padded matrices (source: 0-padded; target: -100-padded) and their lengths."""
+        if self._arrays is None:
+            n = len(self.train)
+            src = np.zeros((n, self.max_len), dtype=np.int32)
+            tgt = np.full((n, self.max_len), -100, dtype=np.int32)
+            src_len = np.fromiter((len(s) for s, _ in self.train), dtype=np.int64, count=n)
+            tgt_len = np.fromiter((len(t) for _, t in self.train), dtype=np.int64, count=n)
+            for i, (s, t) in enumerate(self.train):
+                src[i, : len(s)] = s
+                tgt[i, : len(t)] = t
+            self._arrays = (src, src_len, tgt, tgt_len)
+        return self._arrays
 
     def val_batches(self, batch_size: int, seq_len: int, max_batches: int) -> list[Seq2SeqBatch]:
         del seq_len

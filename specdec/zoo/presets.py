@@ -51,6 +51,9 @@ class TrainConfig:
     bf16: bool = True  # bf16 autocast on CUDA (fp32 master weights); CPU always runs fp32
     compile: bool = True  # torch.compile the model and loss on CUDA (fixed-shape decoder-only batches); never on CPU
     log_every: int = 10  # on CUDA the host reads the loss every log_every steps (CPU: every step)
+    # Pair corpora only: batches of at most this many padded positions (source + target, see
+    # `PairData.token_batch`) instead of `batch_size` pairs. None = `batch_size` pairs per batch.
+    batch_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -116,10 +119,10 @@ def _tiny(corpus: str) -> PairPreset:
 
 
 def _distill(seconds: float, batch_size: int, seq_len: int, lr: float, generated_fraction: float = 0.0,
-             warmup: int = 30) -> DistillConfig:
+             warmup: int = 30, batch_tokens: int | None = None) -> DistillConfig:
     return DistillConfig(TrainConfig(steps=100_000, max_seconds=seconds, batch_size=batch_size, seq_len=seq_len,
                                      lr=lr, warmup_steps=warmup, min_lr_ratio=0.05, eval_every=250, eval_batches=8,
-                                     z_loss=0.0), generated_fraction=generated_fraction)
+                                     z_loss=0.0, batch_tokens=batch_tokens), generated_fraction=generated_fraction)
 
 
 def _eager(d: DistillConfig) -> DistillConfig:
@@ -169,25 +172,28 @@ PRESETS: dict[str, PairPreset] = {
         pool=GeneratedPool(prompt_len=64, new_tokens=192, batch_size=512, max_seconds=20, val_sequences=64),
         description="one H100/H200: 317M-parameter 24-layer target, 3.7M 2-layer drafter, ~7 minutes",
     ),
-    # EnDe on the gettext corpus (223K training pairs since scripts/ende_packages.sh; 44K before). Batches of 512
-    # pairs of similar lengths (PairData.train_batch): the eager HF T5 step is host-bound on an H200 (MFU 1.2%,
-    # ~11.7 steps/s at 256 pairs in the 44K-pair run), so doubling the batch should nearly double the pairs seen
-    # in the 240 s: ~6 epochs of the new corpus (the old one saw its 44K pairs ~16 times and overfit: train
-    # loss 0.6-2.7, held-out 4.51). Regularization from small CPU runs (scripts/ende_regularization_cpu.py, a
-    # 2.5M-parameter T5, 375 steps, held-out in-domain / out-of-domain loss, lower is better):
+    # EnDe on the gettext corpus (223K training pairs from scripts/ende_packages.sh). Batches of ~64K padded
+    # positions (source + target, PairData.token_batch: ~2.6K pairs, 9% padding) instead of 512 pairs, and no
+    # cuDNN attention in training (zoo.train._training_attention): on an H200 the eager T5 step trained 5.1K
+    # pairs/s at 512-pair batches (session 3's run: 2234 steps in 240 s, ~5 epochs, held-out loss still falling
+    # at 2.89) and 21K pairs/s with both (`python scripts/ende_train_profile.py --variants
+    # target-b512,target-t64-nocudnn`), so 240 s are now ~20 epochs; lr 1e-3 → 1.5e-3 for the 5× larger batch.
+    # Regularization from small CPU runs (scripts/ende_regularization_cpu.py, a 2.5M-parameter T5, 375 steps,
+    # held-out in-domain / out-of-domain loss, lower is better):
     #   3 epochs of 8K pairs:  dropout 0 → 6.31 / 6.18; dropout 0.1 → 6.41 / 6.26; 0.1, no weight decay → 6.43 / 6.30
     #   12 epochs of 2K pairs: dropout 0 → 7.04 / 6.86 (rising from 6.96: overfitting); dropout 0.1 → 6.86 / 6.66
-    # so dropout costs ~0.1 nats at 3 epochs and saves ~0.2 at 12; the 51M target, 20× the CPU model, at ~6
-    # epochs keeps dropout 0.1 and weight decay 0.1. (The same compute on 4× more distinct pairs: 6.31 vs 6.86,
-    # more than any regularizer.) No label smoothing: it would flatten p itself, the law T=1 sampling and α measure.
+    # so dropout costs ~0.1 nats at 3 epochs and saves ~0.2 at 12: the target, at ~20 epochs, keeps dropout 0.1
+    # and weight decay 0.1. No label smoothing: it would flatten p itself, the law T=1 sampling and α measure.
     "gpu-ende": PairPreset(
         name="gpu-ende",
         corpus="ende",
         target=ModelShape("t5", dim=512, layers=6, heads=8, ff=1536, max_len=128, dropout=0.1),
-        target_train=TrainConfig(steps=20_000, max_seconds=240, batch_size=512, seq_len=96, lr=1e-3,
-                                 warmup_steps=200, eval_every=300, eval_batches=8, weight_decay=0.1),
+        target_train=TrainConfig(steps=20_000, max_seconds=240, batch_size=512, seq_len=96, lr=1.5e-3,
+                                 warmup_steps=200, eval_every=300, eval_batches=8, weight_decay=0.1,
+                                 batch_tokens=65536),
         drafts=(DraftRecipe(ModelShape("t5", dim=128, layers=1, heads=2, ff=384, max_len=128),
-                            pretrain=_pretrain(30, 256, 96, 2e-3), distill=_distill(30, 256, 96, 1e-3)),),
+                            pretrain=replace(_pretrain(30, 256, 96, 2e-3), batch_tokens=65536),
+                            distill=_distill(30, 256, 96, 1e-3, batch_tokens=65536)),),
         description="encoder-decoder EnDe pair (T5) on the gettext catalogs",
     ),
 }

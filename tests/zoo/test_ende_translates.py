@@ -81,3 +81,51 @@ def test_train_batches_group_similar_lengths(locale_root, tmp_path):
     assert len(lengths) > 4
     # the 8 batches are consecutive chunks of one draw sorted by source + target length: ranges do not interleave
     assert all(hi <= nxt_lo for (_, hi), (nxt_lo, _) in zip(spans, spans[1:])), spans
+
+
+def _varied_pairs(locale_root, tmp_path) -> PairData:
+    prepare_ende_data(tmp_path / "ende", locale_roots=[locale_root], vocab_size=300, val_fraction=0.3)
+    data = PairData.load(tmp_path / "ende")
+    data.train = [(s, t + [5] * (i % 13)) for i, (s, t) in enumerate(data.train)]  # varied lengths
+    return data
+
+
+def test_token_batches_stay_under_the_budget_and_hold_the_pairs_exactly(locale_root, tmp_path):
+    data = _varied_pairs(locale_root, tmp_path)
+    rng = np.random.default_rng(0)
+    budget = 4 * data.max_len
+    pairs = {(tuple(s), tuple(t)) for s, t in data.train}
+    seen = 0
+    for _ in range(40):
+        b = data.token_batch(budget, rng)
+        rows, s_len = b.input_ids.shape
+        assert rows * (s_len + b.labels.shape[1]) <= budget
+        assert s_len % 2 == 0 and b.labels.shape[1] % 2 == 0  # PAD_MULTIPLE
+        for ids, mask, labels in zip(b.input_ids.tolist(), b.attention_mask.tolist(), b.labels.tolist()):
+            n = sum(mask)
+            assert mask == [1] * n + [0] * (s_len - n) and ids[n:] == [0] * (s_len - n)
+            tgt = [x for x in labels if x != -100]
+            assert labels == tgt + [-100] * (len(labels) - len(tgt))
+            assert (tuple(ids[:n]), tuple(tgt)) in pairs  # a real pair, not a mix of two
+            seen += 1
+    assert seen > 40  # several pairs per batch
+
+
+def test_token_batches_refuse_a_budget_a_long_pair_cannot_fit(locale_root, tmp_path):
+    data = _varied_pairs(locale_root, tmp_path)
+    with pytest.raises(ValueError, match="max_tokens"):
+        data.token_batch(2 * data.max_len - 1, np.random.default_rng(0))
+
+
+def test_training_on_token_batches_learns(locale_root, tmp_path):
+    """`TrainConfig.batch_tokens` switches a pair corpus to token batches; the loss still falls."""
+    prepare_ende_data(tmp_path / "ende", locale_roots=[locale_root], vocab_size=300, val_fraction=0.3)
+    data = PairData.load(tmp_path / "ende", max_len=48)
+    data.train = data.train[:: len(data.train) // 16][:16]
+    data.val = data.train
+    shape = ModelShape("t5", dim=64, layers=2, heads=2, ff=128, max_len=64)
+    cfg = TrainConfig(steps=80, batch_size=16, seq_len=32, lr=1e-2, warmup_steps=10, eval_every=80, eval_batches=1,
+                      batch_tokens=512)
+    model = build_model(shape, data.meta["vocab_size"])
+    result = run_training(model, data, cfg, device="cpu", progress=False)
+    assert result.val_curve[-1][1] < 0.5 * result.val_curve[0][1], result.val_curve

@@ -114,11 +114,11 @@ def _budget(preset) -> float:
 
 def test_device_recipes_fit_one_ten_minute_command():
     """At budget scale 1: the gpu pair trains in ~7 minutes (leaving room for loading, saving and α), the EnDe
-    tables train in ~5.5 (the tables take ~3 more); the gpu drafter distils on the target's own text."""
+    tables train in ~6.5 (the tables take ~2 more); the gpu drafter distils on the target's own text."""
     from specdec.bench.ende_tables import ENDE_TABLES_PRESET
 
     gpu = get_preset("gpu")
     assert _budget(gpu) <= 400 and gpu.target_train.max_seconds >= 300
     assert gpu.pool is not None and gpu.drafts[0].distill.generated_fraction > 0
-    assert _budget(ENDE_TABLES_PRESET) <= 330
+    assert _budget(ENDE_TABLES_PRESET) <= 390
     assert ENDE_TABLES_PRESET.target == get_preset("gpu-ende").target
