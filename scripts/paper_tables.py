@@ -97,6 +97,8 @@ def ende_merge(args) -> None:
 
 
 def main() -> None:
+    from specdec.bench.ende_tables import EndeTablesConfig
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="table", required=True)
     c = sub.add_parser("code", help="Table 3 analog on the shipped demo pair (Python code), CPU")
@@ -117,11 +119,12 @@ def main() -> None:
     e.add_argument("--preset", default="ende-tables", help="ende-tables (GPU) or ende-tables-tiny (CPU smoke run)")
     e.add_argument("--pair", type=Path, default=None, help="an already trained pair folder: skip training")
     e.add_argument("--budget-scale", type=float, default=1.0)
-    e.add_argument("--speed-sentences", type=int, default=16)
-    e.add_argument("--alpha-sentences", type=int, default=512)
+    defaults = EndeTablesConfig()
+    e.add_argument("--speed-sentences", type=int, default=defaults.speed_sentences)
+    e.add_argument("--alpha-sentences", type=int, default=defaults.alpha_sentences)
     e.add_argument("--quality-sentences", type=int, default=2000,
                    help="in-domain test pairs translated for BLEU/chrF (a random sample; 0 = all)")
-    e.add_argument("--gammas", default="1,3,5,7")
+    e.add_argument("--gammas", default=",".join(map(str, defaults.gammas)))
     e.add_argument("--device", default="auto")
     e.add_argument("--fast-path", default="auto", choices=("auto", "never", "always"),
                    help="Table 2 on the fast encoder-decoder path: auto = on CUDA when it covers the models")
