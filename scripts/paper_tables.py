@@ -89,6 +89,12 @@ def ende_merge(args) -> None:
                "then `python scripts/paper_tables.py ende-merge --from DIR/ende`; every number is in "
                "`docs/paper_tables/ende_tables.json`.")
     section = f"{command}\n\n{ende_markdown(result)}\n\n![EnDe speedup vs γ](paper_tables/ende_speedup.png)"
+    if (src / "translations.jsonl").is_file():
+        from specdec.bench.ende_report import translation_samples
+
+        if rows is None:
+            rows = [json.loads(line) for line in (src / "translations.jsonl").read_text(encoding="utf-8").splitlines()]
+        section += "\n\n" + translation_samples(rows)
     text = DOC.read_text()
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)

@@ -127,3 +127,25 @@ def plot_speedups(rows: Sequence[dict], path: str | Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def translation_samples(rows: Sequence[dict], per_set: dict[str, int] | None = None, seed: int = 0) -> str:
+    """A seeded random (not hand-picked) sample of the target's greedy translations beside the references, as
+    Markdown: `rows` are translations.jsonl lines ({"set", "en", "hyp", "ref"}); `per_set` says how many per set."""
+    import random
+
+    per_set = per_set or {"val": 10, "ood": 4}
+    names = {"val": "in-domain", "ood": "out-of-domain"}
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    lines = [f"**Sample translations** (greedy; {', '.join(f'{n} {names.get(s, s)}' for s, n in per_set.items())}, "
+             f"drawn with random.Random({seed}), not picked):", "",
+             "| set | English | ours | reference |", "|---|---|---|---|"]
+    rng = random.Random(seed)
+    for split, n in per_set.items():
+        chosen = [r for r in rows if r.get("set", "val") == split]
+        for r in rng.sample(chosen, min(n, len(chosen))):
+            lines.append(f"| {names.get(split, split)} | {cell(r['en'])} | {cell(r['hyp'])} | {cell(r['ref'])} |")
+    return "\n".join(lines)

@@ -33,6 +33,7 @@ class NGramDrafter(Drafter):
         self.successors: torch.Tensor | None = None  # [V, K] long
         self.successor_probs: torch.Tensor | None = None  # [V, K]
         self._device_tables: tuple | None = None  # the three tables on the device last drafted on
+        self._greedy: torch.Tensor | None = None  # [V] argmax of q(· | prev), on that device
 
     @classmethod
     def fit_new(cls, sequences: Iterable[Sequence[int]], vocab_size: int, order: int = 2, **kwargs) -> "NGramDrafter":
@@ -57,7 +58,7 @@ class NGramDrafter(Drafter):
         if total == 0:
             raise ValueError("NGramDrafter.fit got no tokens: the fitting sequences are empty")
         self.vocab_size = vocab_size
-        self._device_tables = None
+        self._device_tables = self._greedy = None
         unigram = counts + self.smoothing
         self.unigram = (unigram / unigram.sum()).float()
         if self.order == 2:
@@ -86,6 +87,14 @@ class NGramDrafter(Drafter):
                                         for t in (self.unigram, self.successors, self.successor_probs))
         return self._device_tables
 
+    def _greedy_next(self, device: torch.device) -> torch.Tensor:
+        """`[V]`: argmax_x q(x | prev) for every prev, computed once per device (greedy drafting is then one
+        gather per draft token instead of building a `[B, V]` row)."""
+        if self._greedy is None or self._greedy.device != device:
+            prev = torch.arange(self.vocab_size, device=device)
+            self._greedy = torch.cat([self._distribution(chunk).argmax(-1) for chunk in prev.split(1024)])
+        return self._greedy
+
     def _distribution(self, prev: torch.Tensor) -> torch.Tensor:
         """q(· | prev) for `prev [B]` → `[B, V]` (unigram when order == 1)."""
         unigram, successors, successor_probs = self._tables(prev.device)
@@ -104,14 +113,15 @@ class NGramDrafter(Drafter):
     def propose(self, context, num_draft_tokens, sampling: SamplingConfig, generator, confidence_threshold=None):
         prev = context.tokens.gather(1, (context.lengths - 1)[:, None]).squeeze(1)
         tokens, probs = [], []
+        if sampling.greedy:
+            greedy_next = self._greedy_next(prev.device)
+            for _ in range(num_draft_tokens):
+                prev = greedy_next[prev]
+                tokens.append(prev)
+            return Proposal(tokens=torch.stack(tokens, 1), probs=None)
         for _ in range(num_draft_tokens):
-            q = self._distribution(prev)
-            if sampling.greedy:
-                token = q.argmax(-1)
-            else:
-                q = standardize_logits(q.clamp_min(1e-30).log(), sampling)
-                token = sample(q, generator)
-                probs.append(q)
-            tokens.append(token)
-            prev = token
-        return Proposal(tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1) if probs else None)
+            q = standardize_logits(self._distribution(prev).clamp_min(1e-30).log(), sampling)
+            prev = sample(q, generator)
+            tokens.append(prev)
+            probs.append(q)
+        return Proposal(tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1))

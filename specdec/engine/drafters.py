@@ -12,7 +12,6 @@ step can be captured. The rules come from the ordinary drafters and the core; on
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import torch
@@ -132,11 +131,8 @@ class EngineNGramDrafter:
     def __init__(self, drafter: NGramDrafter, device: torch.device):
         if drafter.unigram is None:
             raise ValueError("NGramDrafter is not fitted: call .fit(sequences, vocab_size) first")
-        self.tables = copy.copy(drafter)  # the same rule (`_distribution`) with its tables on the device
-        self.tables.unigram = drafter.unigram.to(device)
-        if drafter.order == 2:
-            self.tables.successors = drafter.successors.to(device)
-            self.tables.successor_probs = drafter.successor_probs.to(device)
+        self.tables = drafter  # the same rule (`_distribution`); it copies its tables to the device once
+        drafter._tables(device)
 
     def forward_passes(self, gamma: int) -> int:
         return 0

@@ -53,6 +53,22 @@ def test_ngram_q_is_a_distribution_over_the_vocabulary():
     assert (q > 0).all()  # smoothing: every token possible, so sampling stays exact
 
 
+@pytest.mark.parametrize("order", [1, 2])
+def test_ngram_greedy_drafts_follow_the_argmax_of_q(order):
+    """Greedy drafting reads a precomputed argmax table: it must chain argmax q(· | prev) exactly, and refit
+    must rebuild the table."""
+    corpus = [CONTEXT * 3, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11] * 4]
+    drafter = specdec.NGramDrafter(order, top_k_successors=4).fit(corpus, 16)
+    context = TokenBuffer([[3, 1], [7]], capacity=8)
+    for _ in range(2):
+        tokens = drafter.propose(context, 6, SamplingConfig(0.0), None).tokens
+        prev = torch.tensor([1, 7])
+        for i in range(6):
+            prev = drafter._distribution(prev).argmax(-1)
+            assert torch.equal(tokens[:, i], prev)
+        drafter.fit([[5, 9, 5, 9, 5, 9]], 16)  # the second round checks the table of the new fit
+
+
 def test_ngram_fit_errors():
     with pytest.raises(ValueError, match="order"):
         specdec.NGramDrafter(3)

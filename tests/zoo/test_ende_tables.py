@@ -96,3 +96,16 @@ def test_quality_line_reports_both_test_sets_and_reads_old_results():
     assert "out-of-domain (whole catalogs of other programs: apt.mo): BLEU 9.0" in new and "(1078 sentences)" in new
     old = ende_markdown({"quality": {**score, "sentences": 1179, "of": None}, "val_catalogs": ["apt.mo"]})
     assert "on the held-out catalogs (apt.mo): BLEU 20.5, chrF 50.1 (1179 sentences)" in old
+
+
+def test_translation_samples_are_seeded_counted_and_escaped():
+    from specdec.bench.ende_report import translation_samples
+
+    rows = [{"set": "val", "en": f"a|{i}", "hyp": f"h{i}", "ref": f"r{i}"} for i in range(30)]
+    rows += [{"set": "ood", "en": f"o{i}", "hyp": "x", "ref": "y"} for i in range(2)]
+    text = translation_samples(rows, {"val": 5, "ood": 4}, seed=3)
+    assert text == translation_samples(rows, {"val": 5, "ood": 4}, seed=3)
+    table = [line for line in text.splitlines() if line.startswith("| in-domain") or line.startswith("| out-of")]
+    assert sum(line.startswith("| in-domain") for line in table) == 5
+    assert sum(line.startswith("| out-of-domain") for line in table) == 2  # all there are
+    assert all("a\\|" in line for line in table if line.startswith("| in-domain"))  # a | would split the cell
