@@ -30,7 +30,7 @@ mkdir -p "$OUT/ende"
 echo "=== ende tables, budget scale $SCALE, $(date +%T)" | tee -a "$OUT/run.log"
 $PY -c "import json,sys; m=json.load(open(sys.argv[1])); print('data:', m['train_pairs'], 'train /', m['val_pairs'], 'in-domain test /', m.get('ood_pairs', 0), 'out-of-domain test pairs')" \
   "$DATA/meta.json" 2>&1 | tee -a "$OUT/run.log"
-timeout 560 $PY scripts/paper_tables.py ende --data "$DATA" --out /tmp/ende --budget-scale "$SCALE" "$@" 2>&1 \
+timeout 575 $PY scripts/paper_tables.py ende --data "$DATA" --out /tmp/ende --budget-scale "$SCALE" "$@" 2>&1 \
   | grep -v "Loading weights\|Writing model" | tee -a "$OUT/run.log"
 echo "=== packing $(date +%T)" | tee -a "$OUT/run.log"
 cp /tmp/ende/ende_tables.* /tmp/ende/translations.jsonl /tmp/ende/ende_speedup.png "$OUT/ende/" 2>/dev/null

@@ -17,14 +17,17 @@ from specdec.bench.ende_tables import (
 from specdec.drafters.ngram import NGramDrafter
 
 
-def test_tiny_run_writes_every_table(locale_root, tmp_path):
+@pytest.mark.parametrize("fast_path", ["auto", "always"])  # on CPU: the transformers path; the fast one, warmed up
+def test_tiny_run_writes_every_table(locale_root, tmp_path, fast_path):
     from specdec.zoo.data import prepare_ende_data
 
     data = tmp_path / "ende"
     prepare_ende_data(data, locale_roots=[locale_root], vocab_size=300, val_fraction=0.3)
     tiny = replace(ENDE_TINY_PRESET, target_train=replace(ENDE_TINY_PRESET.target_train, steps=12))
-    config = EndeTablesConfig(alpha_sentences=8, speed_sentences=2, gammas=(1, 3), max_new_tokens=12)
+    config = EndeTablesConfig(alpha_sentences=8, speed_sentences=2, gammas=(1, 3), max_new_tokens=12,
+                              fast_path=fast_path)
     result = run_ende_tables(data, tmp_path / "out", preset=tiny, config=config, device="cpu")
+    assert result["table2_path"] == ("fast" if fast_path == "always" else "transformers")
 
     assert set(result["params"]) == {"target", *DRAFT_NAMES}
     assert {(r["drafter"], r["temperature"]) for r in result["table3"]} == {
