@@ -29,7 +29,14 @@ def code(args) -> None:
     from specdec.bench.alpha_table import code_pair_table3, plot_table3, table3_markdown
 
     torch.set_num_threads(args.threads)
-    result = code_pair_table3(num_prompts=args.prompts, new_tokens=args.new_tokens, ngram_tokens=args.ngram_tokens)
+    extra = {}
+    for item in args.extra_draft:
+        name, sep, folder = item.rpartition("=")
+        if not sep or not name or not folder:
+            raise SystemExit(f"--extra-draft: expected NAME=FOLDER, got {item!r}")
+        extra[name] = folder
+    result = code_pair_table3(num_prompts=args.prompts, new_tokens=args.new_tokens, ngram_tokens=args.ngram_tokens,
+                              extra_drafters=extra)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "code_table3.json").write_text(json.dumps(result, indent=1) + "\n")
     plot_table3(result["rows"], args.out / "code_table3.png",
@@ -113,6 +120,9 @@ def main() -> None:
     c.add_argument("--new-tokens", type=int, default=256)
     c.add_argument("--ngram-tokens", type=int, default=5_000_000)
     c.add_argument("--threads", type=int, default=1)
+    c.add_argument("--extra-draft", action="append", default=[], metavar="NAME=FOLDER",
+                   help="another drafter for the shipped target, as a row (scripts/code_small_vs_distilled.py "
+                        "writes the pre-trained-only and re-distilled ones); repeatable")
     c.set_defaults(run=code)
     i = sub.add_parser("images", help="Table 3 analog on the shipped digit-image pair, CPU")
     i.add_argument("--out", type=Path, default=Path("docs/paper_tables"))

@@ -164,19 +164,27 @@ def code_pair_table3(
     new_tokens: int = 256,
     ngram_tokens: int = 5_000_000,
     seed: int = 0,
+    extra_drafters: dict[str, str | Path] | None = None,
 ) -> dict:
     """The Table 3 analog on the shipped demo pair: unigram, bigram (fitted on `ngram_tokens` tokens of
-    training-split Python) and the pair's one-layer drafter, at T = 0 and T = 1. Returns a JSON-ready dict."""
+    training-split Python) and the pair's one-layer drafter, at T = 0 and T = 1; `extra_drafters` (name →
+    model folder, e.g. from scripts/code_small_vs_distilled.py) add rows. Returns a JSON-ready dict."""
     from specdec.cli.demo import DEMO_PAIR, load_pair
     from specdec.bench.policy_bench import code_workload
+    from specdec.loading import load_model
 
     t0 = time.perf_counter()
     target, draft, tokenizer = load_pair(Path(pair_dir) if pair_dir else DEMO_PAIR)
     vocab = target.config.vocab_size
+    extra = {name: load_model(folder, device="cpu", dtype="float32", what=f"extra drafter {name!r}")
+             for name, folder in (extra_drafters or {}).items()}
+    for name, model in extra.items():
+        if model.config.vocab_size != vocab:
+            raise ValueError(f"extra drafter {name!r}: {model.config.vocab_size} tokens, the target has {vocab}")
     fit_seqs, fit_meta = ngram_fitting_tokens(tokenizer, ngram_tokens)
     drafters = {"unigram": NGramLM(NGramDrafter(1).fit(fit_seqs, vocab)),
                 "bigram": NGramLM(NGramDrafter(2).fit(fit_seqs, vocab)),
-                "small model (1 layer, distilled)": draft}
+                "small model (1 layer, distilled)": draft, **extra}
     del fit_seqs
     # held-out stdlib files (the zoo's validation split): a prompt of `prompt_tokens` tokens from each
     # file's first def/class; the file's real next `new_tokens` tokens are the `heldout` text
@@ -188,6 +196,7 @@ def code_pair_table3(
         "pair": str(pair_dir) if pair_dir else "specdec/assets/demo_pair",
         "target_params": sum(p.numel() for p in target.parameters()),
         "draft_params": sum(p.numel() for p in draft.parameters()),
+        "extra_drafters": {name: str(folder) for name, folder in (extra_drafters or {}).items()},
         "ngram_fit": fit_meta,
         "prompts": {"count": len(prompts), "tokens": prompt_tokens, "new_tokens": new_tokens,
                     "sources": list(work.sources)},

@@ -33,6 +33,9 @@ def add_parser(subparsers) -> None:
     prep.add_argument("--val-fraction", type=float, default=None, help="default: 0.01 code, 0.025 ende (in-domain test set)")
     prep.add_argument("--max-train-tokens", type=int, default=40_000_000, help="code: cap on training tokens")
     prep.add_argument("--roots", nargs="+", default=None, help="code: folders to read instead of stdlib+site-packages")
+    prep.add_argument("--tokenizer", default=None, metavar="DIR",
+                      help="code: encode with this folder's tokenizer.json (e.g. a trained pair's target, to train "
+                           "more drafters for it) instead of training a new tokenizer")
     prep.add_argument("--mo-files", nargs="+", default=None,
                       help="ende: .mo/.po catalogs instead of those found below the locale dirs")
     prep.add_argument("--locale-dirs", nargs="+", default=None,
@@ -225,10 +228,18 @@ def _prepare(args) -> int:
     from specdec.zoo.data import prepare_code_data, prepare_ende_data
 
     if args.corpus == "code":
+        tokenizer = None
+        if args.tokenizer is not None:
+            tokenizer = Path(args.tokenizer)
+            if not (tokenizer / "tokenizer.json").is_file():
+                raise CLIError(f"--tokenizer: {tokenizer} has no tokenizer.json (give a model or tokenizer folder)")
         meta = prepare_code_data(args.out, roots=args.roots, vocab_size=args.vocab_size,
                                  val_fraction=0.01 if args.val_fraction is None else args.val_fraction,
-                                 max_train_tokens=args.max_train_tokens, progress=not args.no_progress)
+                                 max_train_tokens=args.max_train_tokens, progress=not args.no_progress,
+                                 tokenizer_dir=tokenizer)
     else:
+        if args.tokenizer is not None:
+            raise CLIError("--tokenizer: only for --corpus code (ende trains its own shared tokenizer)")
         meta = prepare_ende_data(args.out, mo_files=args.mo_files, locale_roots=args.locale_dirs,
                                  vocab_size=args.vocab_size,
                                  val_fraction=0.025 if args.val_fraction is None else args.val_fraction)
@@ -337,7 +348,7 @@ def _image(args) -> int:
 
     summary = train_image_pair(get_image_preset(args.preset), args.out, device=args.device,
                                progress=not args.no_progress, augment=not args.no_augment)
-    print(json.dumps(_brief({**summary, "device_name": summary["device"]}), indent=1))
+    print(dumps(_brief({**summary, "device_name": summary["device"]}), indent=1))
     return 0
 
 

@@ -82,11 +82,14 @@ def prepare_code_data(
     max_train_tokens: int | None = 40_000_000,
     tokenizer_train_chars: int = 30_000_000,
     progress: bool = True,
+    tokenizer_dir: str | os.PathLike | None = None,
 ) -> dict:
     """Code corpus → tokenizer + gzip'd token streams + meta.json in `out_dir`. Returns the meta dict.
 
     Training documents are taken in order of their content hash (a deterministic shuffle), so a token cap
     keeps a mix of stdlib and packages instead of the alphabetically first few.
+    tokenizer_dir: encode with this existing tokenizer (e.g. a trained pair's, to train more drafters for it)
+    instead of training one; `vocab_size` is then the tokenizer's own.
     """
     if vocab_size > 65536:
         raise ValueError(f"vocab_size must fit uint16 (≤ 65536), got {vocab_size}")
@@ -98,12 +101,19 @@ def prepare_code_data(
         raise EmptyCorpusError(f"code corpus: {len(train)} train / {len(val)} val files; need both "
                                f"(raise val_fraction or add files)")
     sample, chars = [], 0
-    for d in train:
-        if chars >= tokenizer_train_chars:
-            break
-        sample.append(d.text)
-        chars += len(d.text)
-    tokenizer = train_bpe_tokenizer(sample, vocab_size)
+    if tokenizer_dir is not None:
+        tokenizer = load_tokenizer(tokenizer_dir)
+        if tokenizer.convert_tokens_to_ids(EOS) in (None, tokenizer.unk_token_id):
+            raise ValueError(f"tokenizer_dir: {tokenizer_dir} has no {EOS} token to end documents with")
+    else:
+        for d in train:
+            if chars >= tokenizer_train_chars:
+                break
+            sample.append(d.text)
+            chars += len(d.text)
+        tokenizer = train_bpe_tokenizer(sample, vocab_size)
+    if len(tokenizer) > 65536:
+        raise ValueError(f"vocab_size must fit uint16 (≤ 65536), the tokenizer has {len(tokenizer)}")
     out.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(str(out / "tokenizer"))
     eos_id = tokenizer.convert_tokens_to_ids(EOS)
@@ -125,6 +135,7 @@ def prepare_code_data(
         "val_tokens": int(len(val_tokens)),
         "train_chars_used": int(sum(len(d.text) for d in train[:train_used])),
         "tokenizer_train_chars": chars,
+        "tokenizer_from": None if tokenizer_dir is None else str(tokenizer_dir),
         "train_sha256": hashlib.sha256(train_tokens.tobytes()).hexdigest(),
         "val_sha256": hashlib.sha256(val_tokens.tobytes()).hexdigest(),
         "val_sources": [d.source for d in val],
