@@ -48,17 +48,25 @@ def test_untranslated_entries_are_dropped(tmp_path):
     assert [(p.en, p.de) for p in ende_pairs([mo], val_fraction=0.0)] == [("Red", "Rot")]
 
 
+SMALL_T5 = ModelShape("t5", dim=64, layers=2, heads=2, ff=128, max_len=64)
+
+
+def _sixteen_pairs(locale_root, tmp_path, max_len: int = 96) -> PairData:
+    """16 training pairs from every catalog of the test locale, which are also the validation pairs."""
+    prepare_ende_data(tmp_path / "ende", locale_roots=[locale_root], vocab_size=300, val_fraction=0.3)
+    data = PairData.load(tmp_path / "ende", max_len=max_len)
+    data.train = data.train[:: len(data.train) // 16][:16]  # from every catalog
+    data.val = data.train
+    return data
+
+
 def test_tiny_t5_overfits_and_greedy_decoding_reproduces_the_pairs(locale_root, tmp_path):
     """Train on 16 pairs only: greedy translations of those sources (specdec.generate, the BLEU path of
     specdec.bench.ende_tables) must mostly equal their references."""
-    prepare_ende_data(tmp_path / "ende", locale_roots=[locale_root], vocab_size=300, val_fraction=0.3)
-    data = PairData.load(tmp_path / "ende")
-    data.train = data.train[:: len(data.train) // 16][:16]  # from every catalog
-    data.val = data.train
-    shape = ModelShape("t5", dim=64, layers=2, heads=2, ff=128, max_len=64)
+    data = _sixteen_pairs(locale_root, tmp_path)
     cfg = TrainConfig(steps=150, batch_size=16, seq_len=32, lr=1e-2, warmup_steps=10, eval_every=150, eval_batches=1,
                       min_lr_ratio=0.1)
-    model = build_model(shape, data.meta["vocab_size"])
+    model = build_model(SMALL_T5, data.meta["vocab_size"])
     result = run_training(model, data, cfg, device="cpu", progress=False)
     assert result.val_curve[-1][1] < 0.5, result.val_curve
     model.eval()
@@ -119,13 +127,9 @@ def test_token_batches_refuse_a_budget_a_long_pair_cannot_fit(locale_root, tmp_p
 
 def test_training_on_token_batches_learns(locale_root, tmp_path):
     """`TrainConfig.batch_tokens` switches a pair corpus to token batches; the loss still falls."""
-    prepare_ende_data(tmp_path / "ende", locale_roots=[locale_root], vocab_size=300, val_fraction=0.3)
-    data = PairData.load(tmp_path / "ende", max_len=48)
-    data.train = data.train[:: len(data.train) // 16][:16]
-    data.val = data.train
-    shape = ModelShape("t5", dim=64, layers=2, heads=2, ff=128, max_len=64)
+    data = _sixteen_pairs(locale_root, tmp_path, max_len=48)
     cfg = TrainConfig(steps=80, batch_size=16, seq_len=32, lr=1e-2, warmup_steps=10, eval_every=80, eval_batches=1,
                       batch_tokens=512)
-    model = build_model(shape, data.meta["vocab_size"])
+    model = build_model(SMALL_T5, data.meta["vocab_size"])
     result = run_training(model, data, cfg, device="cpu", progress=False)
     assert result.val_curve[-1][1] < 0.5 * result.val_curve[0][1], result.val_curve
