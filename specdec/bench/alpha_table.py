@@ -16,6 +16,7 @@ holds the paper's numbers for the side-by-side table in docs/PAPER_TABLES.md.
 from __future__ import annotations
 
 import logging
+import textwrap
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -257,12 +258,12 @@ def plot_table3(rows: Sequence[dict], path: str | Path, *, title: str, paper_tar
     import matplotlib.pyplot as plt
 
     gen = [r for r in rows if r["text"] == "generated"]
-    labels = [f"{r['drafter']}\nT={r['temperature']:g}" for r in gen]
+    labels = ["\n".join(textwrap.wrap(r["drafter"], 18)) + f"\nT={r['temperature']:g}" for r in gen]
     ours = [r["alpha"] for r in gen]
     paper = [paper_alpha(paper_target, r["drafter"] if r["drafter"] in ("unigram", "bigram") else model_paper_name,
                          r["temperature"]) for r in gen]
     x = range(len(gen))
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(gen)), 3.6))
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(gen)), 4.0))
     ax.bar([i - 0.2 for i in x], ours, width=0.4, label="ours (measured, Σ min(p, q))")
     ax.bar([i + 0.2 for i in x], [p if p is not None else 0 for p in paper], width=0.4,
            label=f"paper ({paper_label})", alpha=0.6)
