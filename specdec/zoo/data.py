@@ -271,7 +271,7 @@ class PairData:
     max_len: int
     ood: list[tuple[list[int], list[int]]] = field(default_factory=list)  # out-of-domain test pairs, if any
     _pending: dict[int, list[list[int]]] = field(default_factory=dict, repr=False)  # batches drawn, not yet used
-    _arrays: tuple | None = field(default=None, repr=False)  # token_batch's padded matrices, built on first use
+    _arrays: tuple | None = field(default=None, repr=False)  # (train, token_batch's padded matrices), built on use
 
     @classmethod
     def load(cls, folder: str | os.PathLike, max_len: int = 96) -> PairData:
@@ -327,8 +327,11 @@ class PairData:
         order. So every drawn pair is trained on once, a batch pads little (gettext pairs: ~9% padding), and a
         batch of long pairs holds as many tokens as one of short pairs, so it dominates neither the memory nor
         the loss."""
-        if max_tokens < 2 * self.max_len:
-            raise ValueError(f"max_tokens must be ≥ 2 × max_len = {2 * self.max_len} so that any pair fits, "
+        if multiple < 1:
+            raise ValueError(f"multiple must be ≥ 1, got {multiple}")
+        longest = 2 * (-(-self.max_len // multiple) * multiple)  # a pair of two clipped sides, padded
+        if max_tokens < longest:
+            raise ValueError(f"max_tokens must be ≥ {longest} (2 × max_len, padded) so that any pair fits, "
                              f"got {max_tokens}")
         src, src_len, tgt, tgt_len = self._train_arrays()
         key = -max_tokens  # token batches pend apart from fixed-size ones
@@ -360,7 +363,7 @@ class PairData:
 
     def _train_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The training pairs as padded matrices (source: 0-padded; target: -100-padded) and their lengths."""
-        if self._arrays is None:
+        if self._arrays is None or self._arrays[0] is not self.train:  # built for this list of pairs
             n = len(self.train)
             src = np.zeros((n, self.max_len), dtype=np.int32)
             tgt = np.full((n, self.max_len), -100, dtype=np.int32)
@@ -369,8 +372,8 @@ class PairData:
             for i, (s, t) in enumerate(self.train):
                 src[i, : len(s)] = s
                 tgt[i, : len(t)] = t
-            self._arrays = (src, src_len, tgt, tgt_len)
-        return self._arrays
+            self._arrays = (self.train, (src, src_len, tgt, tgt_len))
+        return self._arrays[1]
 
     def val_batches(self, batch_size: int, seq_len: int, max_batches: int) -> list[Seq2SeqBatch]:
         del seq_len

@@ -133,3 +133,15 @@ def test_training_on_token_batches_learns(locale_root, tmp_path):
     model = build_model(SMALL_T5, data.meta["vocab_size"])
     result = run_training(model, data, cfg, device="cpu", progress=False)
     assert result.val_curve[-1][1] < 0.5 * result.val_curve[0][1], result.val_curve
+
+
+def test_token_batches_follow_a_replaced_pair_list(locale_root, tmp_path):
+    data = _varied_pairs(locale_root, tmp_path)
+    rng = np.random.default_rng(0)
+    data.token_batch(4 * data.max_len, rng)
+    data.train = [(s, t) for s, t in data.train if len(t) % 2 == 0][:10]  # a new list: the matrices are rebuilt
+    data._pending.clear()
+    kept = {(tuple(s), tuple(t)) for s, t in data.train}
+    b = data.token_batch(4 * data.max_len, rng)
+    for ids, mask, labels in zip(b.input_ids.tolist(), b.attention_mask.tolist(), b.labels.tolist()):
+        assert (tuple(ids[: sum(mask)]), tuple(x for x in labels if x != -100)) in kept
