@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from helpers import RAGGED_PROMPTS  # noqa: F401  (re-exported: some tests import it from conftest)
+from helpers import RAGGED_PROMPTS, save_tiny_pair  # noqa: F401  (RAGGED_PROMPTS: some tests import it from conftest)
 
 transformers = pytest.importorskip("transformers")
 
@@ -79,3 +79,9 @@ def make_llama():
 def make_gpt2():
     return _gpt2
 
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """A folder with a tiny random target and drafter checkpoint (`target/`, `draft/`), one per test module."""
+    return save_tiny_pair(tmp_path_factory.mktemp("ckpt"))

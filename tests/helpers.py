@@ -72,3 +72,10 @@ class UnverifiedHierarchicalDrafter(HierarchicalDrafter):
         result, probs = super()._verify(inner, logits, sampling, generator)
         accept_all = torch.full_like(result.num_accepted, inner.tokens.shape[1])
         return VerifyResult(accept_all, result.next_token, result.beta), probs
+
+
+def save_tiny_pair(root):
+    """A tiny random target (2 layers, seed 0) and drafter (1 layer, seed 1) saved as root/target and root/draft."""
+    save_tiny_checkpoint(root / "target", seed=0, layers=2)
+    save_tiny_checkpoint(root / "draft", seed=1, layers=1)
+    return root

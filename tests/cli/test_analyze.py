@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from helpers import save_tiny_checkpoint
+from helpers import save_tiny_pair
 from specdec.cli import main
 
 
@@ -74,9 +74,7 @@ def test_alpha_mode_plot(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ckpt")
-    save_tiny_checkpoint(root / "target", seed=0, layers=2)
-    save_tiny_checkpoint(root / "draft", seed=1, layers=1)
+    root = save_tiny_pair(tmp_path_factory.mktemp("ckpt"))
     prompts = root / "prompts.txt"
     prompts.write_text("w1 w2 w3\n\nw10 w11\nw5 w6 w7 w8 w9\n", encoding="utf-8")
     return root

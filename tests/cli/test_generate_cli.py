@@ -4,16 +4,7 @@ import json
 
 import pytest
 
-from helpers import save_tiny_checkpoint
 from specdec.cli import main
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gen")
-    save_tiny_checkpoint(root / "target", seed=0, layers=2)
-    save_tiny_checkpoint(root / "draft", seed=1, layers=1)
-    return root
 
 
 def cli(capsys, *argv):

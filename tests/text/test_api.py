@@ -4,18 +4,9 @@ import pytest
 import torch
 
 import specdec
-from helpers import save_tiny_checkpoint
 from specdec.text.prompts import make_params
 
 TEMPLATE = "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}w9{% endif %}"
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    root = tmp_path_factory.mktemp("text")
-    save_tiny_checkpoint(root / "target", seed=0, layers=2)
-    save_tiny_checkpoint(root / "draft", seed=1, layers=1)
-    return root
 
 
 @pytest.fixture(scope="module")

@@ -4,21 +4,12 @@ import pytest
 import torch
 
 import specdec
-from helpers import save_tiny_checkpoint
 from specdec.engine import Engine, EngineConfig
 from specdec.engine.config import BATCH_BUCKETS
 from specdec.request import SamplingParams
 from specdec.text.driver import StepTiming
 from specdec.text.warmup import (FIRST_LENGTH_BUCKET, MAX_WARMUP_SHAPES, graph_captures, plan_warmup, runner_gammas,
                                  step_shapes, step_shapes_run)
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    root = tmp_path_factory.mktemp("warmup")
-    save_tiny_checkpoint(root / "target", seed=0, layers=2)
-    save_tiny_checkpoint(root / "draft", seed=1, layers=1)
-    return root
 
 
 def reachable_batch_buckets(max_batch: int) -> set[int]:
