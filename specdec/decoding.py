@@ -25,7 +25,7 @@ from specdec.core import (
     verify,
     verify_greedy,
 )
-from specdec.drafters.base import Proposal, checked_proposal, empty_proposal
+from specdec.drafters.base import checked_proposal, empty_proposal
 from specdec.metrics import SpecStats
 from specdec.policy import DraftLengthPolicy, StepOutcome, resolve_policy
 from specdec.request import (
@@ -42,9 +42,11 @@ from specdec.step import (
     Clock,
     GenerateResult,
     GenerationStream,
-    StepCounts,
+    StepLayout,
+    StepRecord,
     TokenEvent,
     commit_counts,
+    pack_step,
     step_counters,
 )
 
@@ -178,7 +180,7 @@ def _is_feature_head(drafter) -> bool:
 
 
 def _decode(target, drafter, policy, prompts, max_new_tokens, sampling, eos, generator, holder, leniency=1.0) -> Iterator[TokenEvent]:
-    stats = SpecStats()
+    stats = SpecStats(op_cost_ratio=_op_cost_ratio(target, drafter) if max_new_tokens else None)
     batch = len(prompts)
     outputs: list[list[int]] = [[] for _ in range(batch)]
     device = target.device
@@ -190,17 +192,16 @@ def _decode(target, drafter, policy, prompts, max_new_tokens, sampling, eos, gen
         holder["result"] = GenerateResult(outputs, stats)
         return
 
-    stats.op_cost_ratio = _op_cost_ratio(target, drafter)
     context = target.begin(prompts, max_new_tokens)
     context.reserve(int(context.lengths.max()) + max_new_tokens)
     context.growable = False
-    stats.target_calls += getattr(target, "begin_forward_passes", 1)  # prefill (or encoder) pass
     if drafter is not None:
         drafter.begin(context, target.vocab_size)
     _sync(device)
-    stats.prefill_time_s = time.perf_counter() - t_start
+    stats.add_prefill(time.perf_counter() - t_start, getattr(target, "begin_forward_passes", 1))  # (or encoder)
 
-    original_row = torch.arange(batch, device=device)  # active row → caller's row
+    original = list(range(batch))  # the step's row → caller's row (host)
+    alive = [True] * batch  # the step's row is still generating (static targets keep finished rows, masked)
     generated = torch.zeros(batch, dtype=torch.long, device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     clock = Clock(device)
@@ -249,52 +250,47 @@ def _decode(target, drafter, policy, prompts, max_new_tokens, sampling, eos, gen
         clock.mark(2)
 
         # bookkeeping: exactly one device → host transfer per step
-        draft_lengths = proposal.lengths if proposal.lengths is not None else torch.full_like(counts, gamma)
-        counters = step_counters(result.num_accepted, result.beta, draft_lengths, active, gamma)
-        rows = torch.cat(
-            [new_tokens.double(), counts[:, None].double(), newly_finished[:, None].double(),
-             original_row[:, None].double(), counters], 1,
-        )
-        host = torch.cat([rows.flatten(), has_nan.double().reshape(1)]).tolist()
-        if host.pop():
-            raise ValueError(f"target logits {INVALID_SCORES}")
-        width = gamma + 4 + StepCounts.width(gamma)
-        table = [host[i * width : (i + 1) * width] for i in range(context.batch_size)]
+        layout = StepLayout(gamma, counters=True)
+        counters = step_counters(result.num_accepted, result.beta, proposal.lengths, active, gamma)
+        packed = pack_step(layout, new_tokens, counts, result.num_accepted, proposal.lengths, newly_finished, hit_eos,
+                           active, has_nan, counters=counters)
         draft_s, verify_s = clock.elapsed(0, 1), clock.elapsed(1, 2)
-        row_counts = [StepCounts.from_row(row[gamma + 4 :], gamma) for row in table]
-        step_total = _sum_counts(row_counts, gamma)
-        _record_step(stats, step_total, gamma, proposal, draft_s, verify_s)
-        event_rows, event_tokens, done = [], [], []
+        record = StepRecord.unpack(packed, layout, drafter_calls=proposal.forward_passes, draft_time_s=draft_s,
+                                   verify_time_s=verify_s)
+        stats.add_step(record)
+        event_rows, event_tokens, event_counts, done = [], [], [], []
         most_remaining = 0
-        for row, row_count in zip(table, row_counts):
-            n, fin, orig = int(row[gamma + 1]), row[gamma + 2], int(row[gamma + 3])
-            if n:
-                tokens = [int(t) for t in row[:n]]
+        for i, tokens in enumerate(record.tokens):
+            orig = original[i]
+            if tokens:
                 outputs[orig].extend(tokens)
                 event_rows.append(orig)
                 event_tokens.append(tokens)
-            if fin:
+                event_counts.append(record.row_counts[i])
+            if record.finished[i]:
                 done.append(orig)
-            elif row_count.active_rows:
+            elif alive[i]:
                 most_remaining = max(most_remaining, max_new_tokens - len(outputs[orig]))
-        stats.num_generated_tokens += sum(len(t) for t in event_tokens)
-        num_active = step_total.active_rows - len(done)
         if policy is not None:
-            outcome = torch.tensor([[c.num_accepted, c.num_drafted] for c in row_counts if c.active_rows],
-                                   dtype=torch.long).reshape(-1, 2)
+            outcome = torch.tensor([[record.num_accepted[i], record.num_drafted[i]] for i in range(len(alive))
+                                    if alive[i]], dtype=torch.long).reshape(-1, 2)
             policy.update(StepOutcome(gamma, outcome[:, 0], outcome[:, 1], draft_s, verify_s))
-        yield TokenEvent(step=step, rows=event_rows, tokens=event_tokens, finished=done)
+        alive = [a and not f for a, f in zip(alive, record.finished)]
+        num_active = sum(alive)
+        yield TokenEvent(step=step, rows=event_rows, tokens=event_tokens, finished=done, counts=event_counts)
         step += 1
 
         if done and drop_rows and num_active:
             keep = (~finished).nonzero().squeeze(1)
-            original_row, generated, finished = original_row[keep], generated[keep], finished[keep]
+            original = [o for o, a in zip(original, alive) if a]
+            alive = [True] * len(original)
+            generated, finished = generated[keep], finished[keep]
             context.select_rows(keep)
             target.select_rows(keep)
             if drafter is not None:
                 drafter.select_rows(keep)
 
-    stats.wall_time_s = time.perf_counter() - t_start
+    stats.set_wall_time(time.perf_counter() - t_start)
     holder["result"] = GenerateResult(outputs, stats)
 
 
@@ -310,30 +306,6 @@ def _op_cost_ratio(target, drafter) -> float | None:
     from specdec.analysis import op_cost_ratio
 
     return op_cost_ratio(target_model, draft_model)
-
-
-def _sum_counts(rows: list[StepCounts], gamma: int) -> StepCounts:
-    return StepCounts(
-        gamma=gamma,
-        reached=tuple(sum(r.reached[i] for r in rows) for i in range(gamma)),
-        accepted=tuple(sum(r.accepted[i] for r in rows) for i in range(gamma)),
-        beta_sum=sum(r.beta_sum for r in rows),
-        num_accepted=sum(r.num_accepted for r in rows),
-        num_drafted=sum(r.num_drafted for r in rows),
-        drafting_rows=sum(r.drafting_rows for r in rows),
-        active_rows=sum(r.active_rows for r in rows),
-    )
-
-
-def _record_step(stats: SpecStats, counts: StepCounts, gamma: int, proposal: Proposal, draft_s, verify_s) -> None:
-    """Fold one step's counters and timings into the stats."""
-    stats.num_steps += 1
-    stats.target_calls += 1
-    stats.drafter_calls += proposal.forward_passes
-    stats.draft_time_s += draft_s
-    stats.verify_time_s += verify_s
-    stats.max_num_draft_tokens = max(stats.max_num_draft_tokens, gamma)
-    stats.add_counts(counts)
 
 
 def _sync(device: torch.device) -> None:

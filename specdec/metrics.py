@@ -2,11 +2,16 @@
 
 Counted over (row, step) pairs: a "row-step" is one active row in one target verification pass.
 Returned by `specdec.generate`, never printed by the library.
+
+The fields are written only by the fold below (`add_step`, `add_steps`, `add_counts`, `add_prefill`,
+`set_wall_time`, `merge`): a step body emits a `specdec.step.StepRecord` and folds it, nothing else writes.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import copy
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, fields
 
 
 @dataclass
@@ -102,9 +107,68 @@ class SpecStats:
             return None
         return self.baseline_wall_time_s / self.wall_time_s
 
+    # --- the fold: the only writers of the fields above ---------------------------------------------
+    def add_step(self, record) -> None:
+        """Fold one step's `specdec.step.StepRecord` (one target verification pass)."""
+        self.add_steps(1, drafter_calls=record.drafter_calls, num_generated_tokens=record.num_committed,
+                       max_gamma=record.gamma, counts=record.counts, draft_time_s=record.draft_time_s,
+                       verify_time_s=record.verify_time_s)
+
+    def add_steps(self, num_steps: int, *, drafter_calls: int = 0, num_generated_tokens: int = 0, max_gamma: int = 0,
+                  counts=None, draft_time_s: float = 0.0, verify_time_s: float = 0.0) -> None:
+        """Fold `num_steps` target verification passes at once (a request's share of the engine's steps):
+        the drafter passes, tokens returned, largest γ, acceptance counters (`StepCounts`, or None) and times."""
+        self.num_steps += num_steps
+        self.target_calls += num_steps
+        self.drafter_calls += drafter_calls
+        self.num_generated_tokens += num_generated_tokens
+        self.max_num_draft_tokens = max(self.max_num_draft_tokens, max_gamma)
+        self.draft_time_s += draft_time_s
+        self.verify_time_s += verify_time_s
+        if counts is not None:
+            self.add_counts(counts)
+
+    def add_prefill(self, seconds: float, target_calls: int) -> None:
+        """Fold a prefill: its time and its target forward passes (encoder passes included)."""
+        self.prefill_time_s += seconds
+        self.target_calls += target_calls
+
+    def set_wall_time(self, seconds: float) -> None:
+        self.wall_time_s = seconds
+
+    def merge(self, other: "SpecStats") -> "SpecStats":
+        """Fold another run's statistics into these (runs one after another): counts and times add up,
+        per-position lists add element-wise, γ takes the larger, optional facts (a baseline timing, ĉ) stay
+        only where both runs agree. Returns self."""
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if f.name == "max_num_draft_tokens":
+                setattr(self, f.name, max(mine, theirs))
+            elif f.default is None:
+                setattr(self, f.name, mine if mine == theirs else None)
+            elif isinstance(mine, list):
+                mine += [0] * (len(theirs) - len(mine))
+                for i, v in enumerate(theirs):
+                    mine[i] += v
+            else:
+                setattr(self, f.name, mine + theirs)
+        return self
+
+    @classmethod
+    def pooled(cls, runs: Iterable["SpecStats"]) -> "SpecStats":
+        """One SpecStats for several runs (`merge` of each into a copy of the first; empty → zeros)."""
+        runs = list(runs)
+        if not runs:
+            return cls()
+        total = copy.deepcopy(runs[0])
+        for run in runs[1:]:
+            total.merge(run)
+        return total
+
     def add_counts(self, counts) -> int:
         """Fold a `specdec.step.StepCounts` (one or more steps at one draft length); returns the row-steps added."""
         gamma = counts.gamma
+        self.max_num_draft_tokens = max(self.max_num_draft_tokens, gamma)
         if len(self.reached_by_position) < gamma:
             extra = gamma - len(self.reached_by_position)
             self.reached_by_position += [0] * extra
@@ -112,8 +176,9 @@ class SpecStats:
         for i in range(gamma):
             self.reached_by_position[i] += counts.reached[i]
             self.accepted_by_position[i] += counts.accepted[i]
-        self.beta_sum += counts.beta_sum
-        self.beta_count += sum(counts.reached)
+        if counts.has_beta:
+            self.beta_sum += counts.beta_sum
+            self.beta_count += sum(counts.reached)
         self.accepted_tokens += counts.num_accepted
         self.drafted_tokens += counts.num_drafted
         self.speculative_row_steps += counts.drafting_rows

@@ -4,20 +4,26 @@
                 it keeps the first min(n+1, budget) of them, cut after its first EOS (`commit_counts`)
   counters      per row, per step: drafts verified/accepted at each position, Σβ, drafted, active
                 (`step_counters` on the device → `StepCounts` on the host → `SpecStats.add_counts`)
+  the record    every step body (eager loop, engine, token trees) packs what its step did into ONE int64
+                device → host table (`pack_step`, laid out by `StepLayout`) and reads it back as ONE named
+                `StepRecord` (`StepRecord.unpack`), which `SpecStats.add_step` folds into the statistics
   results       `GenerateResult` (per-prompt tokens + stats) and `TokenEvent` (what one step committed)
 """
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import torch
 
+from specdec.core import INVALID_SCORES
 from specdec.metrics import SpecStats
 
-__all__ = ["GenerateResult", "GenerationStream", "RequestOutput", "TokenEvent", "StepCounts", "commit_counts", "step_counters", "Clock"]
+__all__ = ["GenerateResult", "GenerationStream", "RequestOutput", "TokenEvent", "StepCounts", "StepLayout",
+           "StepRecord", "commit_counts", "step_counters", "pack_step", "Clock"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,9 @@ class TokenEvent:
     rows: list[int]
     tokens: list[list[int]]
     finished: list[int]  # rows that finished in this step
+    # per entry of `rows`: that row's acceptance counters in this step (the eager loop and token trees; None
+    # from the engine, which keeps its counters on the device)
+    counts: list["StepCounts"] | None = None
 
 
 class GenerationStream:
@@ -141,6 +150,7 @@ class StepCounts:
     num_drafted: int  # Σ draft lengths
     drafting_rows: int  # row-steps with at least one draft
     active_rows: int  # row-steps of active rows
+    has_beta: bool = True  # β was measured (token trees: no single-draft β, so α stays undefined)
 
     _SCALARS = ("beta_sum", "num_accepted", "num_drafted", "drafting_rows", "active_rows")  # after the 2γ positions
 
@@ -176,7 +186,7 @@ class StepCounts:
         return replace(self, gamma=gamma, reached=self.reached[:gamma], accepted=self.accepted[:gamma])
 
     @classmethod
-    def from_row(cls, values: list[float], gamma: int) -> "StepCounts":
+    def from_row(cls, values: list[float], gamma: int, has_beta: bool = True) -> "StepCounts":
         """From one row (or a column sum) of `step_counters`' output, read to the host."""
         if len(values) != cls.width(gamma):
             raise ValueError(f"expected {cls.width(gamma)} counters for γ={gamma}, got {len(values)}")
@@ -190,7 +200,170 @@ class StepCounts:
             num_drafted=int(drafted),
             drafting_rows=int(drafting),
             active_rows=int(active),
+            has_beta=has_beta,
         )
+
+    @classmethod
+    def total(cls, rows: "list[StepCounts]", gamma: int, has_beta: bool = True) -> "StepCounts":
+        """The sum of several rows' counters at the same γ."""
+        return cls(
+            gamma=gamma,
+            reached=tuple(sum(r.reached[i] for r in rows) for i in range(gamma)),
+            accepted=tuple(sum(r.accepted[i] for r in rows) for i in range(gamma)),
+            beta_sum=sum(r.beta_sum for r in rows),
+            num_accepted=sum(r.num_accepted for r in rows),
+            num_drafted=sum(r.num_drafted for r in rows),
+            drafting_rows=sum(r.drafting_rows for r in rows),
+            active_rows=sum(r.active_rows for r in rows),
+            has_beta=has_beta,
+        )
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    """The columns of one step's device → host table (`pack_step` writes it, `StepRecord.unpack` reads it).
+
+    int64 `[B + 1, width]`; k = γ + 1 (trees: depth + 1) token columns:
+      rows 0..B−1  tokens [k] | committed | accepted | drafted | finished | hit_eos
+                   | counters [StepCounts.width(γ)] (float64 bits, with `counters`) | logprobs [k] (float64 bits,
+                   with `logprobs`)
+      row B        invalid logits? | Σ produced (accepted + 1 per active row) | Σ committed | Σ finished | 0 …
+    `accepted` is the drafts verification accepted (before any EOS / budget cut), `drafted` the row's draft
+    length; both 0 for an inactive row.
+    """
+
+    gamma: int
+    counters: bool = False
+    logprobs: bool = False
+
+    @property
+    def k(self) -> int:
+        return self.gamma + 1
+
+    @property
+    def width(self) -> int:
+        return self.k + 5 + (StepCounts.width(self.gamma) if self.counters else 0) + (self.k if self.logprobs else 0)
+
+    @property
+    def counters_at(self) -> int:
+        return self.k + 5
+
+    @property
+    def logprobs_at(self) -> int:
+        return self.k + 5 + (StepCounts.width(self.gamma) if self.counters else 0)
+
+
+def pack_step(
+    layout: StepLayout,
+    new_tokens: torch.Tensor,
+    committed: torch.Tensor,
+    accepted: torch.Tensor,
+    drafted: torch.Tensor | None,
+    finished: torch.Tensor,
+    hit_eos: torch.Tensor,
+    active: torch.Tensor,
+    invalid: torch.Tensor,
+    *,
+    counters: torch.Tensor | None = None,
+    logprobs: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One step's device → host table, int64 `[B + 1, layout.width]` (see `StepLayout`), built on the device.
+
+    new_tokens [B, k] (k = layout.k); committed, accepted [B] int64; drafted [B] int64 or None (= γ for every
+    row); finished, hit_eos, active [B] bool; invalid: a bool scalar (NaN / +inf in the target logits);
+    counters [B, StepCounts.width(γ)] float64 (`step_counters`), with layout.counters; logprobs [B, k]
+    float, with layout.logprobs.
+    """
+    b, k = new_tokens.shape
+    if k != layout.k or (counters is not None) != layout.counters or (logprobs is not None) != layout.logprobs:
+        raise ValueError(f"pack_step: the tensors ([{b}, {k}] tokens, counters={counters is not None}, "
+                         f"logprobs={logprobs is not None}) do not match {layout}")
+    active_long = active.long()
+    accepted = accepted * active_long
+    drafted = (drafted if drafted is not None else torch.full_like(accepted, layout.gamma)) * active_long
+    columns = [new_tokens, committed[:, None], accepted[:, None], drafted[:, None], finished[:, None].long(),
+               hit_eos[:, None].long()]
+    if counters is not None:
+        columns.append(counters.double().view(torch.long))
+    if logprobs is not None:
+        columns.append(logprobs.double().view(torch.long))
+    table = torch.cat(columns, 1)
+    tail = torch.stack([invalid.long().reshape(()), (accepted + active_long).sum(), committed.sum(), finished.sum()])
+    tail = torch.cat([tail, tail.new_zeros(table.shape[1] - 4)])
+    return torch.cat([table, tail[None]])
+
+
+def _floats(bits: list[int]) -> list[float]:
+    """float64 values from their int64 bit patterns (as `pack_step` stores them)."""
+    return list(struct.unpack(f"<{len(bits)}d", struct.pack(f"<{len(bits)}q", *bits)))
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one step did, on the host: one entry per row of the step body's batch [B], plus totals.
+
+    Every step body emits it (`StepRecord.unpack` of its `pack_step` table) and `SpecStats.add_step` folds it.
+    """
+
+    gamma: int  # drafts per row (token trees: the tree's depth; 0 = a plain step)
+    tokens: list[list[int]]  # [B] tokens committed per row (cut after EOS / at the budget)
+    num_accepted: tuple[int, ...]  # [B] drafts accepted by verification, before the cut (inactive rows: 0)
+    num_drafted: tuple[int, ...]  # [B] the row's draft length (inactive rows: 0)
+    finished: tuple[int, ...]  # [B] 1 = the row finished in this step
+    hit_eos: tuple[int, ...]  # [B] 1 = it finished on an EOS token
+    logprobs: list[list[float]] | None  # [B] log p(token) of the committed tokens, when asked for
+    row_counts: tuple[StepCounts, ...] | None  # [B] acceptance counters per row; None = kept on the device
+    counts: StepCounts | None  # their sum over the rows (None as row_counts)
+    num_committed: int  # Σ committed tokens
+    num_produced: int  # Σ over active rows of accepted + 1 (τ's numerator, before cuts)
+    num_finished: int
+    drafter_calls: int = 0  # drafter forward passes in this step
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+
+    def kept_accepted(self, row: int) -> int:
+        """Accepted drafts among the row's committed tokens."""
+        return min(self.num_accepted[row], len(self.tokens[row]))
+
+    @classmethod
+    def unpack(cls, packed: torch.Tensor, layout: StepLayout, *, drafter_calls: int = 0, draft_time_s: float = 0.0,
+               verify_time_s: float = 0.0, has_beta: bool = True) -> "StepRecord":
+        """Read `pack_step`'s table (on any device: this is the step's one synchronization); raises on invalid
+        target logits. `has_beta=False`: the counters carry no β (token trees)."""
+        if packed.dim() != 2 or packed.shape[1] != layout.width or packed.dtype != torch.long:
+            raise ValueError(f"StepRecord.unpack: expected an int64 [B + 1, {layout.width}] table for {layout}, "
+                             f"got {packed.dtype} {tuple(packed.shape)}")
+        k = layout.k
+        if layout.logprobs:
+            packed = packed.cpu()
+            at = layout.logprobs_at
+            rows = packed[:-1, :at].tolist()
+            logprobs = packed[:-1, at : at + k].view(torch.float64).tolist()
+            tail = packed[-1, :4].tolist()
+        else:
+            rows = packed.tolist()
+            tail = rows.pop()
+            logprobs = None
+        if tail[0]:
+            raise ValueError(f"target logits {INVALID_SCORES}")
+        tokens = [row[: row[k]] for row in rows]
+        columns = list(zip(*rows)) if rows else [()] * (k + 5)
+        if logprobs is not None:
+            logprobs = [lp[: row[k]] for lp, row in zip(logprobs, rows)]
+        row_counts = counts = None
+        if layout.counters:
+            at, width = layout.counters_at, StepCounts.width(layout.gamma)
+            row_counts = tuple(StepCounts.from_row(_floats(row[at : at + width]), layout.gamma, has_beta)
+                               for row in rows)
+            counts = StepCounts.total(list(row_counts), layout.gamma, has_beta)
+        out = object.__new__(cls)  # the frozen record without the dataclass __init__'s per-field setattr
+        object.__setattr__(out, "__dict__", {
+            "gamma": layout.gamma, "tokens": tokens, "num_accepted": columns[k + 1], "num_drafted": columns[k + 2],
+            "finished": columns[k + 3], "hit_eos": columns[k + 4], "logprobs": logprobs, "row_counts": row_counts,
+            "counts": counts, "num_committed": tail[2], "num_produced": tail[1], "num_finished": tail[3],
+            "drafter_calls": drafter_calls, "draft_time_s": draft_time_s, "verify_time_s": verify_time_s,
+        })
+        return out
 
 
 class Clock:

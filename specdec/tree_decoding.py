@@ -22,7 +22,17 @@ from specdec.core import SamplingConfig, standardize_logits
 from specdec.metrics import SpecStats
 from specdec.models.tree_lm import TreeCausalLM
 from specdec.request import check_max_new_tokens, new_generator, normalize_prompts, resolve_eos
-from specdec.step import Clock, GenerateResult, GenerationStream, TokenEvent, commit_counts
+from specdec.step import (
+    Clock,
+    GenerateResult,
+    GenerationStream,
+    StepLayout,
+    StepRecord,
+    TokenEvent,
+    commit_counts,
+    pack_step,
+    step_counters,
+)
 from specdec.tree import MODES, TreeSpec, verify_tree, verify_tree_greedy
 
 __all__ = ["tree_generate", "tree_stream"]
@@ -87,17 +97,19 @@ def _tree_decode(target, drafter, spec, tree_mode, rows, max_new_tokens, samplin
     context = target.begin(rows, max_new_tokens)
     context.reserve(int(context.lengths.max()) + max_new_tokens)
     context.growable = False
-    stats.target_calls += target.begin_forward_passes
     drafter.begin(context, target.vocab_size)
-    stats.prefill_time_s = time.perf_counter() - t_start
+    stats.add_prefill(time.perf_counter() - t_start, target.begin_forward_passes)
     eos_ids = torch.tensor(sorted(eos), dtype=torch.long, device=device)
-    original_row = torch.arange(len(rows), device=device)
+    original = list(range(len(rows)))  # the step's row → caller's row
     generated = torch.zeros(len(rows), dtype=torch.long, device=device)
     parents = spec.parents.to(device)
+    # Counters per depth: positions are depths, `drafted` counts tree nodes (N per row-step) and α (a
+    # single-draft β) is not defined for trees (`has_beta=False`).
+    layout = StepLayout(spec.depth, counters=True)
     clock = Clock(device)
     step = 0
-    while original_row.numel():
-        batch = original_row.numel()
+    while original:
+        batch = len(original)
         clock.mark(0)
         proposal = drafter.propose_tree(context, spec, sampling, generator, tree_mode)
         clock.mark(1)
@@ -123,56 +135,36 @@ def _tree_decode(target, drafter, spec, tree_mode, rows, max_new_tokens, samplin
         drafter.commit_tree(context, spec, proposal.tokens)
         clock.mark(2)
 
-        host = torch.cat([new_tokens, result.num_accepted[:, None], counts[:, None], finished[:, None].long(),
-                          original_row[:, None]], 1).tolist()
-        event_rows, event_tokens, done = [], [], []
-        for row in host:
-            n, fin, orig = row[-3], row[-2], row[-1]
-            outputs[orig].extend(row[:n])
-            if n:
+        nodes = torch.full_like(counts, spec.num_nodes - 1)
+        no_beta = torch.zeros(batch, spec.depth, dtype=torch.float64, device=device)
+        counters = step_counters(result.num_accepted, no_beta, nodes, active, spec.depth)
+        packed = pack_step(layout, new_tokens, counts, result.num_accepted, nodes, finished, hit_eos, active,
+                           torch.zeros((), dtype=torch.bool, device=device), counters=counters)
+        record = StepRecord.unpack(packed, layout, drafter_calls=proposal.forward_passes, has_beta=False,
+                                   draft_time_s=clock.elapsed(0, 1), verify_time_s=clock.elapsed(1, 2))
+        stats.add_step(record)
+        event_rows, event_tokens, event_counts, done = [], [], [], []
+        for i, tokens in enumerate(record.tokens):
+            orig = original[i]
+            outputs[orig].extend(tokens)
+            if tokens:
                 event_rows.append(orig)
-                event_tokens.append(row[:n])
-            if fin:
+                event_tokens.append(tokens)
+                event_counts.append(record.row_counts[i])
+            if record.finished[i]:
                 done.append(orig)
-        _fold(stats, [row[-4] for row in host], spec, proposal.forward_passes, clock.elapsed(0, 1), clock.elapsed(1, 2))
-        stats.num_generated_tokens += sum(len(t) for t in event_tokens)
-        yield TokenEvent(step=step, rows=event_rows, tokens=event_tokens, finished=done)
+        yield TokenEvent(step=step, rows=event_rows, tokens=event_tokens, finished=done, counts=event_counts)
         step += 1
         if done:
             keep_rows = (~finished).nonzero().squeeze(1)
-            original_row, generated = original_row[keep_rows], generated[keep_rows]
+            original = [o for o, f in zip(original, record.finished) if not f]
+            generated = generated[keep_rows]
             if keep_rows.numel():
                 context.select_rows(keep_rows)
                 target.select_rows(keep_rows)
                 drafter.select_rows(keep_rows)
-    stats.wall_time_s = time.perf_counter() - t_start
+    stats.set_wall_time(time.perf_counter() - t_start)
     holder["result"] = GenerateResult(outputs, stats)
-
-
-def _fold(stats: SpecStats, accepted: list[int], spec: TreeSpec, drafter_passes: int, draft_s, verify_s) -> None:
-    """One tree step into SpecStats. Positions are depths; α (a single-draft β) is not defined for trees, and
-    `drafted_tokens` counts tree nodes (N per row-step)."""
-    depth, nodes = spec.depth, spec.num_nodes - 1
-    stats.num_steps += 1
-    stats.target_calls += 1
-    stats.drafter_calls += drafter_passes
-    stats.draft_time_s += draft_s
-    stats.verify_time_s += verify_s
-    stats.max_num_draft_tokens = max(stats.max_num_draft_tokens, depth)
-    if len(stats.reached_by_position) < depth:
-        stats.reached_by_position += [0] * (depth - len(stats.reached_by_position))
-        stats.accepted_by_position += [0] * (depth - len(stats.accepted_by_position))
-    for n in accepted:
-        for d in range(min(n + 1, depth)):
-            stats.reached_by_position[d] += 1
-        for d in range(n):
-            stats.accepted_by_position[d] += 1
-    rows = len(accepted)
-    stats.row_steps += rows
-    stats.speculative_row_steps += rows
-    stats.drafted_tokens += rows * nodes
-    stats.accepted_tokens += sum(accepted)
-    stats.algorithm_tokens += sum(accepted) + rows
 
 
 def _tree_target(target) -> TreeCausalLM:

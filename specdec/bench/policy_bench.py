@@ -412,25 +412,9 @@ def run_policy_bench(
 
 
 def merge_stats(runs: Sequence[SpecStats]) -> SpecStats:
-    """Pool several runs' `SpecStats`: counts and times add up, per-position lists add element-wise, optional
-    fields (default None) are kept when every run agrees."""
-    merged = SpecStats()
-    for s in runs:
-        for f in fields(SpecStats):
-            value = getattr(s, f.name)
-            if f.name == "max_num_draft_tokens":
-                merged.max_num_draft_tokens = max(merged.max_num_draft_tokens, value)
-            elif f.default is None:  # optional per-run facts (a baseline timing, the pair's ĉ): kept if all agree
-                first = getattr(runs[0], f.name)
-                setattr(merged, f.name, first if all(getattr(r, f.name) == first for r in runs) else None)
-            elif isinstance(value, list):
-                acc = getattr(merged, f.name)
-                acc += [0] * (len(value) - len(acc))
-                for i, v in enumerate(value):
-                    acc[i] += v
-            else:
-                setattr(merged, f.name, getattr(merged, f.name) + value)
-    return merged
+    """Pool several runs' `SpecStats` (`SpecStats.pooled`: counts and times add up, per-position lists add
+    element-wise, optional fields are kept when every run agrees)."""
+    return SpecStats.pooled(runs)
 
 
 def environment() -> dict:

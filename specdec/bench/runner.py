@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -131,10 +132,9 @@ def measure_ours(setup: BenchSetup, engine: str, kind: str, temperature: float, 
         del run, one
         if engine == "engine":
             del eng
-    result = _merge([r.stats for r in results])
-    stats = result
-    if gamma and stats.drafter_calls == 0:
-        stats.drafter_calls = stats.num_steps * gamma  # table/lookup drafters: c per drafted position
+    stats = SpecStats.pooled(r.stats for r in results)
+    if gamma and stats.drafter_calls == 0:  # table/lookup drafters: c per drafted position
+        stats = dataclasses.replace(stats, drafter_calls=stats.num_steps * gamma)
     tokens = stats.num_generated_tokens
     decode_s = max(wall - stats.prefill_time_s, 1e-12)
     row = {
@@ -199,27 +199,10 @@ def _run_engine(engine, prompts, max_new_tokens: int, temperature: float, seed: 
             outputs[index[out.request_id]].extend(out.new_token_ids)
             if out.stats is not None:
                 prefill = max(prefill, out.stats.prefill_time_s)
-    engine.stats.prefill_time_s = prefill
-    engine.stats.target_calls += 1  # the prefill pass
-    engine.stats.wall_time_s = time.perf_counter() - start
-    return GenerateResult(outputs, engine.stats)
-
-
-def _merge(stats_list: list[SpecStats]) -> SpecStats:
-    """One SpecStats for several requests run one after another (counts and times add up)."""
-    total = SpecStats()
-    for st in stats_list:
-        for name in ("num_generated_tokens", "num_steps", "target_calls", "drafter_calls", "row_steps",
-                     "speculative_row_steps", "drafted_tokens", "accepted_tokens", "algorithm_tokens", "beta_sum",
-                     "beta_count", "prefill_time_s", "draft_time_s", "verify_time_s", "wall_time_s"):
-            setattr(total, name, getattr(total, name) + getattr(st, name))
-        total.max_num_draft_tokens = max(total.max_num_draft_tokens, st.max_num_draft_tokens)
-        for field_name in ("reached_by_position", "accepted_by_position"):
-            mine, theirs = getattr(total, field_name), getattr(st, field_name)
-            mine += [0] * (len(theirs) - len(mine))
-            for i, v in enumerate(theirs):
-                mine[i] += v
-    return total
+    stats = engine.stats
+    stats.add_prefill(prefill, 1)  # the prefill pass
+    stats.set_wall_time(time.perf_counter() - start)
+    return GenerateResult(outputs, stats)
 
 
 def _mib(nbytes):

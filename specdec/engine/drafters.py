@@ -37,6 +37,19 @@ class Flavor:
     top_p: bool
     logprobs: bool
 
+    @classmethod
+    def of(cls, params) -> "Flavor":
+        """What one request (its `SamplingParams`) needs of a step."""
+        greedy = params.greedy
+        return cls(greedy, params.top_k > 0 and not greedy, params.top_p < 1.0 and not greedy, params.logprobs)
+
+    @classmethod
+    def union(cls, flavors) -> "Flavor":
+        """What a step running requests of these flavors needs."""
+        flavors = list(flavors)
+        return cls(all(f.all_greedy for f in flavors), any(f.top_k for f in flavors), any(f.top_p for f in flavors),
+                   any(f.logprobs for f in flavors))
+
 
 class StepView:
     """The first b slots of the state over the first `num_positions` positions, and per-row sampling."""

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec.core import INVALID_SCORES
 from specdec.engine.config import BATCH_BUCKETS, EngineConfig
 from specdec.engine.drafters import Flavor
 from specdec.engine.policy import GammaPolicy
@@ -39,7 +38,7 @@ from specdec.engine.step_runner import StepRunner
 from specdec.fast.graphs import new_pool
 from specdec.metrics import SpecStats
 from specdec.request import SamplingParams, as_int, normalize_prompts, resolve_seed
-from specdec.step import Clock, RequestOutput, StepCounts
+from specdec.step import Clock, RequestOutput, StepCounts, StepRecord
 
 __all__ = ["Engine", "RequestOutput"]
 
@@ -56,7 +55,7 @@ class _Request:
     length: int = 0  # committed tokens (prompt + generated), as the host knows them
     draft_valid: int = 0  # positions below this are in the drafter's cache
     stats: SpecStats = field(default_factory=SpecStats)
-    needs: tuple = ()  # (greedy, top-k, top-p, logprobs): what this request asks of a step's flavor
+    flavor: Flavor | None = None  # what this request asks of a step (`Flavor.of(params)`)
     admitted_at: tuple = (0, 0, 0)  # the engine's (steps, speculative steps, drafter passes) when it joined
 
 
@@ -179,10 +178,8 @@ class Engine:
             if request_id in self._known:
                 raise ValueError(f"request_id {request_id!r} is already in use")
             self._known.add(request_id)
-            greedy = params.greedy
-            needs = (greedy, params.top_k > 0 and not greedy, params.top_p < 1.0 and not greedy, params.logprobs)
             self._waiting.append(_Request(request_id, prompt, params, seed, time.perf_counter(), len(prompt),
-                                          needs=needs))
+                                          flavor=Flavor.of(params)))
         return request_id
 
     def abort(self, request_id: str) -> None:
@@ -207,9 +204,7 @@ class Engine:
         positions = min(max(_MIN_POSITIONS, 1 << (need - 1).bit_length()), self.num_positions)
         flavor = self._flavor
         if flavor is None:  # the running set changed
-            needs = [r.needs for r in running]  # (greedy, top-k, top-p, logprobs) per request
-            flavor = self._flavor = Flavor(all(n[0] for n in needs), any(n[1] for n in needs),
-                                           any(n[2] for n in needs), any(n[3] for n in needs))
+            flavor = self._flavor = Flavor.union(r.flavor for r in running)
         run = self._step_for(batch, gamma, positions, flavor)
         first_run = not run.ran  # its time includes graph capture: not a step time
         run.ran = True
@@ -219,17 +214,11 @@ class Engine:
         clock.mark(1)
         packed = run.verify()
         clock.mark(2)
-        if flavor.logprobs:  # the step's one device → host synchronization
-            packed = packed.cpu()
-            host, logprobs = packed[:, : gamma + 6].tolist(), packed[:-1, gamma + 6 :].view(torch.float64).tolist()
-        else:
-            host, logprobs = packed.tolist(), None
-        tail = host.pop()
-        if tail[0]:
-            raise ValueError(f"target logits {INVALID_SCORES}")
-        draft_s, verify_s = clock.elapsed(0, 1), clock.elapsed(1, 2)
-        committed = self._commit(host, logprobs, n, gamma, draft_s, verify_s, tail)
-        produced = tail[1]
+        passes = self.drafter.forward_passes(gamma) if gamma and self.drafter is not None else 0
+        record = StepRecord.unpack(packed, run.layout, drafter_calls=passes,  # the step's one synchronization
+                                   draft_time_s=clock.elapsed(0, 1), verify_time_s=clock.elapsed(1, 2))
+        committed = self._commit(record)
+        produced = record.num_produced
         seconds = time.perf_counter() - started
         # the policy weighs whole steps, device time and the host's share alike; a first run's time includes its
         # graph capture (no step time); a catch-up step's excess over the usual step is the plain steps' cost
@@ -266,7 +255,7 @@ class Engine:
                     break
                 request = self._waiting.popleft()
             if request.params.max_new_tokens == 0:
-                request.stats.wall_time_s = time.perf_counter() - request.arrival
+                request.stats.set_wall_time(time.perf_counter() - request.arrival)
                 outputs.append(RequestOutput(request.request_id, [], None, 0, 0, True, "length", request.stats))
                 with self._lock:
                     self._known.discard(request.request_id)
@@ -294,8 +283,7 @@ class Engine:
             torch.cuda.synchronize(self.device)  # lands in the next step's (the policy's) and prefill_time_s
         seconds = time.perf_counter() - start
         for request, n in zip(admitted, lengths):
-            request.stats.prefill_time_s = seconds
-            request.stats.target_calls += 1 if n > 1 else 0
+            request.stats.add_prefill(seconds, 1 if n > 1 else 0)
 
     def _prefill(self, rows: slice, lengths: list[int], graphs) -> list[int]:
         """Prefill freshly admitted `rows` with prompts of `lengths`: the target all but each prompt's last token,
@@ -385,55 +373,43 @@ class Engine:
         self.state.clear(last)
 
     # ------------------------------------------------------------------------------------------- steps
-    def _commit(self, host: list[list[int]], logprobs: list[list[float]] | None, n: int, gamma: int,
-                draft_s: float, verify_s: float, tail: list[int]) -> list[RequestOutput]:
-        """Read the step's transfer (`StepRunner._verify_body` packs it): an output per running request.
-        `host`: the rows of the transfer; `tail`: its last row (NaN?, Σ accepted + 1, Σ committed, finished)."""
-        k = gamma + 1
+    def _commit(self, record: StepRecord) -> list[RequestOutput]:
+        """An output per running request (row i of the step = slot i) from the step's record; folds the
+        engine-wide statistics and finishes the requests that finished."""
         step = self._num_steps
         self._num_steps = step + 1
-        self._last_used[gamma] = step
-        passes = self.drafter.forward_passes(gamma) if gamma and self.drafter is not None else 0
-        self._passes += passes
-        self._spec_steps += 1 if gamma else 0
+        self._last_used[record.gamma] = step
+        self._passes += record.drafter_calls
+        self._spec_steps += 1 if record.gamma else 0
         make, running = RequestOutput.make, self._running
-        if logprobs is None:
-            outputs = [make(r.request_id, row[: row[k]], None, row[k + 1], row[k + 2]) for r, row in zip(running, host)]
-        else:
-            outputs = [make(r.request_id, row[: row[k]], lp[: row[k]] if r.needs[3] else None, row[k + 1], row[k + 2])
-                       for r, row, lp in zip(running, host, logprobs)]
-        for request, row in zip(running, host):
-            request.length += row[k]
-        s = self._stats
-        s.num_steps += 1
-        s.target_calls += 1
-        s.drafter_calls += passes
-        s.draft_time_s += draft_s
-        s.verify_time_s += verify_s
-        s.num_generated_tokens += tail[2]
-        s.max_num_draft_tokens = max(s.max_num_draft_tokens, gamma)
-        if tail[3]:  # some requests finished
-            self._finish([slot for slot in range(n) if host[slot][k + 3]], host, outputs, k)
+        tokens, accepted, drafted = record.tokens, record.num_accepted, record.num_drafted
+        logprobs = record.logprobs
+        outputs = [make(r.request_id, t, logprobs[i] if logprobs is not None and r.params.logprobs else None,
+                        min(a, len(t)), d)
+                   for i, (r, t, a, d) in enumerate(zip(running, tokens, accepted, drafted))]
+        for request, t in zip(running, tokens):
+            request.length += len(t)
+        self._stats.add_step(record)
+        if record.num_finished:
+            self._finish([slot for slot, f in enumerate(record.finished[: len(running)]) if f], record, outputs)
         return outputs
 
-    def _finish(self, slots: list[int], host: list[list[int]], outputs: list[RequestOutput], k: int) -> None:
+    def _finish(self, slots: list[int], record: StepRecord, outputs: list[RequestOutput]) -> None:
         """Requests that finished this step: their statistics (counters read from the device) and slots."""
         sums = self.state.counters[slots].tolist()
         now = time.perf_counter()
         for slot, values in zip(slots, sums):
-            request, row, out = self._running[slot], host[slot], outputs[slot]
+            request, out = self._running[slot], outputs[slot]
             steps, _, passes = request.admitted_at
             stats = request.stats
-            stats.num_steps += self._num_steps - steps
-            stats.target_calls += self._num_steps - steps
-            stats.drafter_calls += self._passes - passes
-            stats.num_generated_tokens += request.length - len(request.prompt)
             gamma = max([g for g, last in self._last_used.items() if last >= steps], default=0)
-            stats.max_num_draft_tokens = max(stats.max_num_draft_tokens, gamma)
-            stats.add_counts(StepCounts.from_row(values, self.max_draft_tokens).narrow(gamma))
-            stats.wall_time_s = now - request.arrival
+            stats.add_steps(self._num_steps - steps, drafter_calls=self._passes - passes,
+                            num_generated_tokens=request.length - len(request.prompt), max_gamma=gamma,
+                            counts=StepCounts.from_row(values, self.max_draft_tokens).narrow(gamma))
+            stats.set_wall_time(now - request.arrival)
             outputs[slot] = RequestOutput.make(out.request_id, out.new_token_ids, out.logprobs, out.num_accepted,
-                                               out.num_drafted, True, "stop" if row[k + 4] else "length", stats)
+                                               out.num_drafted, True, "stop" if record.hit_eos[slot] else "length",
+                                               stats)
         for slot in reversed(slots):
             with self._lock:
                 self._known.discard(self._running[slot].request_id)

@@ -171,7 +171,6 @@ def _run(engine: Engine, rows, params, gamma, holder) -> Iterator[TokenEvent]:
         if engine.has_unfinished():
             engine.step()
     stats = engine.stats
-    stats.prefill_time_s = prefill
-    stats.target_calls += sum(1 for r in rows if len(r) > 1)
-    stats.wall_time_s = time.perf_counter() - start
+    stats.add_prefill(prefill, sum(1 for r in rows if len(r) > 1))
+    stats.set_wall_time(time.perf_counter() - start)
     holder["result"] = GenerateResult(outputs, stats)

@@ -1,6 +1,7 @@
 """One decode step shape of the engine (batch bucket, γ, length bucket, flavor): its draft and verify halves,
 run eagerly or captured once as CUDA graphs and replayed. The verify half verifies, commits and counts on the
-device and packs the step's one device → host transfer (`Engine._commit` reads it)."""
+device and packs the step's one device → host transfer (`step.pack_step`; `Engine.step` reads it back as a
+`step.StepRecord`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from specdec.core import VerifyResult, invalid_scores, verify, verify_greedy
 from specdec.engine.drafters import Flavor, StepView
 from specdec.fast.graphs import CapturedStep
 from specdec.sequences import write_rows, write_tokens
-from specdec.step import StepCounts, commit_counts, step_counters
+from specdec.step import StepCounts, StepLayout, commit_counts, pack_step, step_counters
 
 if TYPE_CHECKING:
     from specdec.engine.engine import Engine
@@ -27,6 +28,7 @@ class StepRunner:
     def __init__(self, engine: Engine, batch: int, gamma: int, positions: int, flavor: Flavor):
         self.engine, self.batch, self.gamma, self.positions, self.flavor = engine, batch, gamma, positions, flavor
         self.view = StepView(engine.state, batch, positions, flavor)
+        self.layout = StepLayout(gamma, logprobs=flavor.logprobs)
         self.drafts = None
         self.ran = False
         self._draft_graph = self._verify_graph = None
@@ -40,10 +42,9 @@ class StepRunner:
         return e.drafter.propose(self.view, gamma)
 
     def _verify_body(self) -> torch.Tensor:
-        """Verify and commit on the device → the step's transfer, int64 `[b + 1, γ+6 (+ γ+1 with logprobs)]`:
-        per row its new tokens `[γ+1]`, then committed count, accepted drafts among them, drafted, finished,
-        hit EOS (and the new tokens' logprobs as float64 bits); a last row of (NaN in the logits?, Σ accepted + 1,
-        Σ committed, finished rows). The acceptance counters are added into `state.counters` and `engine.counter_sums`."""
+        """Verify and commit on the device → the step's transfer, `pack_step`'s int64 table for `self.layout`
+        (`StepRecord.unpack` reads it). The acceptance counters stay on the device: they are added into
+        `state.counters` (per slot) and `engine.counter_sums`."""
         e, view, gamma, flavor = self.engine, self.view, self.gamma, self.flavor
         rows, state = slice(0, self.batch), e.state
         draft_tokens, draft_probs, draft_lengths = self.drafts
@@ -83,16 +84,9 @@ class StepRunner:
         wide = StepCounts.widen(counters, gamma, e.max_draft_tokens)
         state.counters[rows].add_(wide)
         e.counter_sums.add_(wide.sum(0))
-        accepted = counters[:, StepCounts.column("num_accepted", gamma)].long()
-        drafted = counters[:, StepCounts.column("num_drafted", gamma)].long()
-        columns = [new_tokens, counts[:, None], torch.minimum(accepted, counts)[:, None], drafted[:, None],
-                   finished[:, None].long(), hit_eos[:, None].long()]
-        if flavor.logprobs:
-            columns.append(logits.log_softmax(-1).gather(-1, new_tokens[..., None])[..., 0].double().view(torch.long))
-        table = torch.cat(columns, 1)
-        tail = torch.stack([has_nan.long().reshape(()), (accepted + active).sum(), counts.sum(), finished.sum()])
-        tail = torch.cat([tail, tail.new_zeros(table.shape[1] - 4)])
-        return torch.cat([table, tail[None]])
+        logprobs = logits.log_softmax(-1).gather(-1, new_tokens[..., None])[..., 0] if flavor.logprobs else None
+        return pack_step(self.layout, new_tokens, counts, result.num_accepted, draft_lengths, finished, hit_eos,
+                         active, has_nan, logprobs=logprobs)
 
     def capture(self) -> None:
         """Capture both halves once (CUDA graphs); a no-op when the engine runs eagerly."""

@@ -17,9 +17,9 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from specdec.metrics import SpecStats
-from specdec.policy import DraftLengthPolicy, StepOutcome, resolve_policy
+from specdec.policy import resolve_policy
 from specdec.request import SamplingParams, as_int
-from specdec.step import RequestOutput
+from specdec.step import RequestOutput, StepCounts
 
 __all__ = ["RequestOutput", "Runner", "FallbackRunner", "context_length", "DEFAULT_CONTEXT"]
 
@@ -53,24 +53,6 @@ def context_length(model) -> int | None:
     return None
 
 
-class _RecordingPolicy(DraftLengthPolicy):
-    """Delegates to a policy and remembers the γ of the latest step (the eager loop does not report it per row)."""
-
-    def __init__(self, inner: DraftLengthPolicy):
-        self.inner = inner
-        self.last = 0
-
-    def num_draft_tokens(self) -> int:
-        self.last = self.inner.num_draft_tokens()
-        return self.last
-
-    def confidence_threshold(self) -> float | None:
-        return self.inner.confidence_threshold()
-
-    def update(self, outcome: StepOutcome) -> None:
-        self.inner.update(outcome)
-
-
 @dataclass
 class _Request:
     request_id: str
@@ -87,7 +69,8 @@ class FallbackRunner:
     A batch is formed from waiting requests with the same sampling parameters and EOS ids (a seeded sampled
     request runs alone, so its tokens depend only on its seed); the batch runs to its end while new requests
     wait. An aborted request leaves at the next step; a batch whose requests are all aborted stops at once.
-    Per-request `num_drafted` is the step's γ (a prompt-lookup row that found no match counts γ too).
+    Per-request counts come from the loop's step record (`TokenEvent.counts`: the row's own drafts, accepted
+    drafts and Σβ), folded into the request's `SpecStats` and the runner's.
     """
 
     def __init__(self, target, drafter=None, *, num_draft_tokens=4, max_batch_size: int = 8,
@@ -108,7 +91,6 @@ class FallbackRunner:
         self._batch: list[_Request] = []
         self._run = None
         self._steps = None
-        self._policy: _RecordingPolicy | None = None
         self._ids = itertools.count()
 
     # --- thread-safe ----------------------------------------------------------------------------
@@ -154,9 +136,8 @@ class FallbackRunner:
         if event is None:  # the loop ended: its stats belong to a batch of one
             self._close_batch()
             return outputs
-        gamma = self._policy.last if self._policy is not None else 0
-        for row, tokens in zip(event.rows, event.tokens):
-            outputs.extend(self._commit(self._batch[row], tokens, gamma, row in event.finished))
+        for row, tokens, counts in zip(event.rows, event.tokens, event.counts):
+            outputs.extend(self._commit(self._batch[row], tokens, counts, row in event.finished))
         if all(r.done for r in self._batch):
             if len(self._batch) == 1 and outputs and outputs[-1].finished and outputs[-1].finish_reason != "abort":
                 outputs[-1] = replace(outputs[-1], stats=self._exact_stats(outputs[-1].stats))
@@ -202,48 +183,39 @@ class FallbackRunner:
         from specdec.decoding import stream
 
         params = first.params
-        self._policy = _RecordingPolicy(resolve_policy(self.num_draft_tokens)) if self.drafter is not None else None
+        policy = resolve_policy(self.num_draft_tokens) if self.drafter is not None else 1
         self._batch = batch
         self._run = stream(
             self.target, [r.prompt for r in batch], self.drafter,
             max_new_tokens=max(r.params.max_new_tokens for r in batch), temperature=params.temperature,
-            top_k=params.top_k, top_p=params.top_p, num_draft_tokens=self._policy or 1,
-            eos_token_id=list(params.eos_token_ids), seed=params.seed,
+            top_k=params.top_k, top_p=params.top_p, num_draft_tokens=policy,
+            eos_token_id=list(params.eos_token_ids), seed=params.seed, engine="hf",
         )
         self._steps = iter(self._run)
 
     def _close_batch(self) -> None:
-        self._run = self._steps = self._policy = None
+        self._run = self._steps = None
         self._batch = []
 
-    def _commit(self, req: _Request, tokens: list[int], gamma: int, loop_finished: bool) -> list[RequestOutput]:
+    def _commit(self, req: _Request, tokens: list[int], counts: StepCounts, loop_finished: bool) -> list[RequestOutput]:
         if req.done:
             return []
         budget = req.params.max_new_tokens - len(req.generated)
         tokens = tokens[:budget]
         req.generated.extend(tokens)
-        accepted = max(len(tokens) - 1, 0)
-        self._count(req.stats, accepted, gamma)
-        self._count(self.stats, accepted, gamma)
+        accepted, drafted = min(counts.num_accepted, len(tokens)), counts.num_drafted
+        for stats in (req.stats, self.stats):
+            stats.add_counts(counts)
+            stats.add_steps(0, num_generated_tokens=len(tokens))
         logprobs = self._logprobs(req, len(tokens)) if req.params.logprobs else None
         hit_eos = bool(tokens) and tokens[-1] in req.params.eos_token_ids
         if hit_eos or len(req.generated) >= req.params.max_new_tokens or loop_finished:
-            return [self._final(req, tokens, accepted, gamma, "stop" if hit_eos else "length", logprobs)]
-        return [RequestOutput(req.request_id, tokens, logprobs, accepted, gamma, False, None)]
+            return [self._final(req, tokens, accepted, drafted, "stop" if hit_eos else "length", logprobs)]
+        return [RequestOutput(req.request_id, tokens, logprobs, accepted, drafted, False, None)]
 
-    @staticmethod
-    def _count(stats: SpecStats, accepted: int, gamma: int) -> None:
-        stats.row_steps += 1
-        stats.algorithm_tokens += accepted + 1
-        stats.accepted_tokens += accepted
-        stats.drafted_tokens += gamma
-        stats.speculative_row_steps += gamma > 0
-        stats.max_num_draft_tokens = max(stats.max_num_draft_tokens, gamma)
-
-    def _final(self, req, tokens, accepted, gamma, reason, logprobs=None) -> RequestOutput:
+    def _final(self, req, tokens, accepted, drafted, reason, logprobs=None) -> RequestOutput:
         req.done = True
-        req.stats.num_generated_tokens = len(req.generated)
-        return RequestOutput(req.request_id, tokens, logprobs, accepted, gamma, True, reason, req.stats)
+        return RequestOutput(req.request_id, tokens, logprobs, accepted, drafted, True, reason, req.stats)
 
     @torch.inference_mode()
     def _logprobs(self, req: _Request, count: int) -> list[float]:
