@@ -197,10 +197,11 @@ class Engine:
         running = self._running
         n = len(running)
         batch = next(b for b in BATCH_BUCKETS if b >= n)
-        gamma = self.policy.choose(batch, running, self._row_estimates)
+        longest = max([r.length for r in running])
+        gamma = self.policy.choose(batch, running, self._row_estimates, length=longest)
         started = time.perf_counter()  # the step's time: not the policy's reads, not admission (see _admit)
         caught_up = self._catch_up_drafter(gamma)
-        need = max([r.length for r in running]) + gamma + 2
+        need = longest + gamma + 2
         positions = min(max(_MIN_POSITIONS, 1 << (need - 1).bit_length()), self.num_positions)
         flavor = self._flavor
         if flavor is None:  # the running set changed
@@ -222,11 +223,9 @@ class Engine:
         seconds = time.perf_counter() - started
         # the policy weighs whole steps, device time and the host's share alike; a first run's time includes its
         # graph capture (no step time); a catch-up step's excess over the usual step is the plain steps' cost
-        usual = self.policy.times.get((batch, gamma)) if caught_up and not first_run else None
-        if usual is not None:
-            self.policy.record_catch_up(batch, seconds - usual, self._plain_run)
-        elif not first_run and not caught_up:
-            self.policy.record_step(batch, gamma, seconds, produced / n)
+        if not first_run:
+            self.policy.record_step(batch, gamma, seconds, produced / n, length=longest,
+                                    catch_up_of=self._plain_run if caught_up else 0)
         self._plain_run = self._plain_run + 1 if gamma == 0 else 0
         return outputs + committed
 

@@ -1,50 +1,65 @@
 """How many tokens the engine drafts in its next step (0 = a plain step): the paper's rule with measured costs.
 
-A fixed integer γ means exactly that γ. "auto" picks, per batch bucket b,
+A fixed integer γ means exactly that γ. "auto" picks, per batch bucket b and length bucket ℓ (the longest
+running row's length, rounded up to a power of two, at least 64),
 
-    γ* = argmax over γ ∈ {0} ∪ candidates of  mean over running rows of τ_row(γ)  /  T(b, γ)
+    γ* = argmax over γ ∈ {0} ∪ candidates of  mean over running rows of τ_row(γ)  /  T(b, γ, ℓ)
 
-T(b, γ): the measured wall time of a whole step (device and host), the median of its last `_WINDOW` timed
-steps; a γ not yet timed at b is interpolated linearly in γ between timed ones (extended along the line
-from γ = 0 to the largest). Step times are stable, so each arm needs timing only a few times per bucket: a
-new bucket times γ = default and γ = 0 (`_FIRST_SAMPLES` steps each), then the model decides; an untimed γ
-that the model ranks first runs and so gets timed.
+T(b, γ, ℓ): the measured wall time of a whole step (device and host), the median of its last `_WINDOW` timed
+steps. An arm not timed at (b, ℓ) borrows its time from the nearest length bucket, then the nearest batch
+bucket, that timed it, scaled by the arms timed at both (`_borrow`); an arm timed nowhere is interpolated
+linearly in γ. So a new bucket needs no exploration of its own: it times the arm the engine is running.
 
-τ_row(γ) = 1 + ρ · (E(α, γ) − 1): the tokens a row is expected to produce per step, not a measured average
-of past steps (which is noisy, 1..γ+1 per row, and was measured on whichever rows ran then). E is Thm 3.8's
-expected tokens (`specdec.analysis.expected_tokens`); α = the row's Σβ over its verified positions with a
-prior (the pooled α of the rows seen so far); ρ = the share of the row's speculative steps in which its
-drafter proposed anything.
+τ_row(γ) = 1 + ρ · (E(α, γ) − 1): the tokens a row is expected to produce per step. E is Thm 3.8's expected
+tokens (`specdec.analysis.expected_tokens`); α = the row's Σβ over its verified positions with a prior (the
+pooled α of the rows seen so far); ρ = the share of the row's speculative steps in which its drafter proposed
+anything. Greedy and sampled rows, new and old ones, each weigh in with their own α.
 
-A plain step with a drafter that keeps a cache (a model drafter, a feature head) has a deferred cost: the
-next speculative step first feeds the drafter what the plain steps committed (the engine's catch-up, an
-eager prefill). The engine reports that cost (`record_catch_up`: the catch-up step's time beyond the usual
-step at its (b, γ), spread over the plain steps that caused it), and T(b, 0) includes it (the median of the
-last `_WINDOW` reports), so the policy does not choose plain steps whose real cost it never saw. Such a
-policy (`plain_catches_up=True`) also never explores γ = 0 by itself (no plain steps at a new bucket, none in
-the refresh turns): on an H200 one catch-up after a few exploring plain steps cost 55–78 ms at 8–32 rows, more
-than the exploration could win in a short run. It then chooses between the speculative γ's only (the worst case,
-a drafter that is never right, runs γ = 1); `num_draft_tokens=0` asks for plain decoding.
+Plain steps and a drafter that keeps a cache (model, feature head): the first speculative step after more than
+`_FREE_PLAIN` plain steps in a row feeds the drafter what they committed (the engine's catch-up, an eager
+prefill: 55–78 ms at 8–32 rows on an H200, 30–40 plain steps' worth). The engine reports it with that step
+(`record_step(..., catch_up_of=plain steps)`): the time beyond the usual step at its cell is spread over the
+plain steps that caused it and added to T(b, 0). A switch into a run of plain steps, or out of one, commits to
+one catch-up: the arm switched to carries it spread over `_REGIME` steps (hysteresis: no flip-flopping that pays
+a catch-up each time; before any catch-up was measured it is taken as `_CATCH_UP_PRIOR` plain steps). The engine's drafters re-feed their last 4 committed tokens, so up to `_FREE_PLAIN` = 2 plain steps
+need no catch-up: every probe runs `_PROBE` = 2 steps, and a probe of plain steps is free.
 
-Reading the rows' totals from the device costs a host sync, so a decision is kept for `_HOLD` steps (or
-until the batch bucket changes, or the number of running rows changes, after at least `_MIN_GAP` steps).
-Every `_REFRESH` decisions another arm runs once (`_MIN_GAP` steps; the runner-up, then the next ones in
-turn), so no arm keeps a time from a few unlucky steps, and the rows' acceptance does not go stale while the
-policy sits at γ = 0.
+Cadence: reading the rows' totals from the device costs a host sync, so a decision is kept `_HOLD` steps, or
+until the batch bucket changes; rows coming and going inside a bucket do not re-decide (under continuous
+admission they change almost every step). The very first bucket times γ = default and γ = 0 (`_FIRST_SAMPLES`
+steps each); a later new bucket times the running arm and borrows the rest. Exploration: at most every
+`_EXPLORE_MIN` decisions another arm (the runner-up, then the others in turn) runs for `_PROBE` steps, and only
+while the probes' expected loss (their steps at the arm's predicted rate instead of the winner's, plus the
+catch-up a probe out of a plain run causes) stays under `_EXPLORE_BUDGET` of the time run so far. Arms that
+predict close get re-timed often; a far-off arm, or speculation out of a long plain run, rarely.
+
+Why not a γ per row: a step's time is set by its shape (batch bucket, the step's γ, length bucket): the drafter
+and the verify pass compute γ + 1 positions for every row of that shape, so a row that drafts less saves no
+time in that step, and a low-α row still commits at least one token. The batch γ is chosen from every row's
+expected tokens, so rows that would not pay already weigh it down, and a batch where nothing pays runs plain.
 """
 
 from __future__ import annotations
 
+import math
+
 from specdec.analysis import expected_tokens
 
-__all__ = ["GammaPolicy"]
+__all__ = ["GammaPolicy", "CANDIDATES"]
 
-_WINDOW = 8  # timed steps kept per (bucket, γ); T is their median (robust to a stray slow step)
-_FIRST_SAMPLES = 3  # timed steps of γ = default, then γ = 0, at a new bucket before the model decides
+#: the γ's "auto" may choose besides 0 (those up to max_draft_tokens, and max_draft_tokens itself)
+CANDIDATES = (1, 2, 4, 6, 8)
+_WINDOW = 8  # timed steps kept per (b, γ, ℓ); T is their median (robust to a stray slow step)
+_FIRST_SAMPLES = 2  # timed steps of γ = default and of γ = 0 at a new batch bucket before the model decides
+_PROBE = 2  # steps a probe (a first timing, an exploration) runs
+_FREE_PLAIN = 2  # plain steps in a row that need no drafter catch-up (the model drafters' re-fed window)
 _HOLD = 8  # steps a decision is kept
-_MIN_GAP = 2  # the fewest steps a decision is kept (a change in the running rows re-decides after these)
-_REFRESH = 32  # decisions between runs of the runner-up arm
+_REGIME = 256  # steps a run of plain steps, or of speculative ones after it, is expected to last (hysteresis)
+_CATCH_UP_PRIOR = 32  # plain steps one catch-up is taken to cost before one was measured (H200: 30-40)
+_EXPLORE_MIN = 4  # the fewest decisions between two probes of another arm
+_EXPLORE_BUDGET = 0.01  # the share of the run's time probes are expected to lose
 _PRIOR_ALPHA, _PRIOR_WEIGHT = 0.5, 4.0  # α before any row was verified; weight (positions) of a row's prior
+_MIN_LENGTH_BUCKET = 64
 
 
 class _RowEstimate:
@@ -57,27 +72,48 @@ class _RowEstimate:
         return self.beta_sum, self.reached, self.spec_steps, self.drafting_steps
 
 
+def length_bucket(length: int) -> int:
+    """The power-of-two bucket (at least 64) a running batch whose longest row has `length` tokens falls in."""
+    return max(_MIN_LENGTH_BUCKET, 1 << max(int(length) - 1, 0).bit_length())
+
+
 class GammaPolicy:
     def __init__(self, spec, max_draft_tokens: int, plain_catches_up: bool = False):
         self.fixed = None if spec == "auto" else int(spec)
-        self.plain_catches_up = plain_catches_up  # a plain step costs the drafter a catch-up later (see the doc)
+        self.plain_catches_up = plain_catches_up  # a plain run costs the drafter a catch-up later (see the doc)
         self.max_draft_tokens = max_draft_tokens
-        self.candidates = [g for g in (1, 2, 4, 6) if g <= max_draft_tokens]
+        self.candidates = sorted({g for g in CANDIDATES if g <= max_draft_tokens} | (
+            {max_draft_tokens} if max_draft_tokens else set()))
         self.default = min(4, max_draft_tokens) if max_draft_tokens else 0
-        self.samples: dict[tuple[int, int], list[float]] = {}  # (b, γ) → its last step times (seconds)
+        self.samples: dict[tuple[int, int, int], list[float]] = {}  # (b, γ, ℓ) → its last step times (seconds)
         self.catch_up: dict[int, list[float]] = {}  # b → the last catch-up costs per plain step (seconds)
-        self.tokens: dict[tuple[int, int], float] = {}  # (b, γ) → EMA of tokens per row per step (reported)
+        self.catch_up_events: dict[int, list[float]] = {}  # b → the last whole catch-up costs (seconds)
+        self.tokens: dict[tuple[int, int], float] = {}  # (b, γ) → EMA of tokens per row per step (measured)
         self.prior_alpha = _PRIOR_ALPHA  # the pooled α of the rows seen at the last decision
         self.last_rates: dict[int, float] = {}  # γ → predicted tokens per row per second at the last decision
-        self._choice = None  # the kept decision: γ, (bucket, rows) it was made for, steps since, steps to keep
-        self._key, self._age, self._keep = None, 0, 0
-        self._decisions = 0
+        self.predicted: dict[int, float] = {}  # γ → predicted tokens per row per step at the last decision
+        self._choice, self._bucket, self._age, self._keep = None, None, 0, 0  # the kept decision
+        self._decisions: dict[int, int] = {}  # b → decisions made
+        self._explore: dict[int, list] = {}  # b → [decisions between probes, next probe at, winner before it, turn]
+        self._plain_run = 0  # plain steps chosen in a row (past _FREE_PLAIN: a catch-up is pending)
+        self._clock = 0.0  # seconds of the steps recorded so far (the exploration budget's clock)
 
+    # ------------------------------------------------------------------------------------- read-outs
     @property
     def times(self) -> dict[tuple[int, int], float]:
-        """(b, γ) → the step time the policy uses (median of the last timed steps)."""
-        return {key: _median(values) for key, values in self.samples.items() if values}
+        """(b, γ) → the median of the last timed steps over every length bucket (a report)."""
+        pooled: dict[tuple[int, int], list[float]] = {}
+        for (b, g, _), values in self.samples.items():
+            pooled.setdefault((b, g), []).extend(values)
+        return {key: _median(values) for key, values in pooled.items() if values}
 
+    def step_time(self, batch: int, gamma: int, length: int | None = None) -> float | None:
+        """T(b, γ, ℓ) as the policy estimates it (measured, borrowed from another length bucket, or
+        interpolated in γ); None when nothing was timed at this batch bucket."""
+        times = self._times(batch, length_bucket(length or 1))
+        return _interpolate(times, gamma) if times else None
+
+    # ---------------------------------------------------------------------------------- the choice
     def set_fixed(self, spec) -> None:
         """Switch between a fixed γ (an int, 0 = plain) and "auto" (for a new call on a kept engine)."""
         self.fixed = None if spec == "auto" else int(spec)
@@ -85,45 +121,89 @@ class GammaPolicy:
             raise ValueError(f"num_draft_tokens {self.fixed} exceeds this engine's max_draft_tokens")
         self._choice = None
 
-    def choose(self, batch: int, running, estimates=None) -> int:
-        """γ for the next step at batch bucket `batch`. Each running row's acceptance totals (Σβ, verified
-        positions, speculative steps, steps that drafted) come from `record_row` (kept on the row) or, when
-        given, from `estimates()` → one such tuple per row (the engine keeps them on the device: a host read,
-        made only when the policy re-decides)."""
+    def choose(self, batch: int, running, estimates=None, length: int | None = None) -> int:
+        """γ for the next step at batch bucket `batch`, the longest running row holding `length` tokens (None:
+        one length bucket for all). Each running row's acceptance totals (Σβ, verified positions, speculative
+        steps, steps that drafted) come from `record_row` (kept on the row) or, when given, from `estimates()`
+        → one such tuple per row (the engine keeps them on the device: a host read, made only when the policy
+        re-decides)."""
         if self.fixed is not None or not self.candidates:
             return self.fixed or 0
-        key = (batch, len(running))
-        if self._choice is not None and self._key[0] == batch and self._age < self._keep and (
-                key == self._key or self._age < _MIN_GAP):
+        if self._choice is not None and self._bucket == batch and self._age < self._keep:
+            gamma = self._choice
             self._age += 1
-            return self._choice
-        gamma, keep = self._decide(batch, running, estimates)
-        self._choice, self._key, self._age, self._keep = gamma, key, 1, keep
+        else:
+            gamma, keep = self._decide(batch, running, estimates, length_bucket(length or 1))
+            self._choice, self._bucket, self._age, self._keep = gamma, batch, 1, keep
+        self._plain_run = self._plain_run + 1 if gamma == 0 else 0
         return gamma
 
-    def _decide(self, batch: int, running, estimates) -> tuple[int, int]:
+    def _decide(self, batch: int, running, estimates, ell: int) -> tuple[int, int]:
         """→ (γ, steps to keep it)."""
-        firsts = (self.default,) if self.plain_catches_up else (self.default, 0)
-        for first in firsts:  # a new batch bucket: time a speculative step, then (maybe) a plain one
-            if len(self.samples.get((batch, first), ())) < _FIRST_SAMPLES:
-                return first, 1
+        here = {g for (b, g, _), v in self.samples.items() if b == batch and v}
+        if not any(b != batch for b, _, _ in self.samples):  # the first bucket: time a speculative and a plain probe
+            need = [g for g in (self.default, 0) if self._timed(batch, g) < _FIRST_SAMPLES]
+            if need:
+                first = need[0]
+                if first == 0 and self.plain_catches_up and self._plain_run >= _FREE_PLAIN:
+                    first = self.default  # (a longer run of plain steps would cost a catch-up: separate the probes)
+                return first, _PROBE
+        elif not here or max(self._timed(batch, g) for g in here) < _FIRST_SAMPLES:
+            # a new bucket: time the arm the engine is running (no catch-up), borrow the others' ratios (`_times`)
+            current = self._choice if self._choice is not None else self.default
+            return current, _PROBE
         totals = estimates() if estimates is not None else [_estimate(r).totals() for r in running]
         rows = self._rows(totals)
-        times = {g: _median(v) for (b, g), v in self.samples.items() if b == batch and v}
-        if self.catch_up.get(batch):  # a plain step also costs the drafter's catch-up it makes necessary
-            times[0] += _median(self.catch_up[batch])
-        rates = {}
-        arms = self.candidates if self.plain_catches_up and 0 not in times else [0, *self.candidates]
-        for gamma in arms:
-            tau = sum([1.0 + c * (expected_tokens(a, gamma) - 1.0) for a, c in rows]) / len(rows) if rows else 1.0
-            rates[gamma] = tau / max(_interpolate(times, gamma), 1e-12)
-        self.last_rates = rates
-        ranked = sorted(rates, key=rates.get, reverse=True)
-        self._decisions += 1
-        if self._decisions % _REFRESH == 0 and len(ranked) > 1:  # the others in turn, runner-up first
-            turn = self._decisions // _REFRESH - 1
-            return ranked[1 + turn % (len(ranked) - 1)], _MIN_GAP
-        return ranked[0], _HOLD
+        times = self._times(batch, ell)
+        per_step = self.catch_up.get(batch) or [v for values in self.catch_up.values() for v in values]
+        plain_extra = _median(per_step) if per_step else 0.0
+        pending = 0.0  # hysteresis: a switch into or out of a run of plain steps commits to one catch-up
+        if self.plain_catches_up:
+            switch = self._catch_up_cost(batch, times) / _REGIME
+            if self._plain_run > _FREE_PLAIN:
+                pending = switch
+            elif self._decisions:  # (the first decision of all picks the regime freely: nothing runs yet)
+                plain_extra = max(plain_extra, switch)
+        rates, predicted = {}, {}
+        for gamma in (0, *self.candidates):
+            tau = 1.0
+            if gamma and rows:
+                tau += sum([c * (expected_tokens(a, gamma) - 1.0) for a, c in rows]) / len(rows)
+            seconds = _interpolate(times, gamma) + (plain_extra if gamma == 0 else pending)
+            predicted[gamma] = tau
+            rates[gamma] = tau / max(seconds, 1e-12)
+        self.last_rates, self.predicted = rates, predicted
+        ranked = sorted(rates, key=lambda g: (-rates[g], g))
+        return self._explore_or_win(batch, ranked, times)
+
+    def _explore_or_win(self, batch: int, ranked: list[int], times: dict[int, float]) -> tuple[int, int]:
+        """(the winner, `_HOLD`), or now and then (another arm, `_PROBE`): see the module doc."""
+        count = self._decisions[batch] = self._decisions.get(batch, 0) + 1
+        state = self._explore.setdefault(batch, {"after": count + _EXPLORE_MIN, "since": self._clock, "turn": 0})
+        winner = ranked[0]
+        if len(ranked) < 2 or count < state["after"]:
+            return winner, _HOLD
+        arm = ranked[1 + state["turn"] % (len(ranked) - 1)]  # the runner-up first, then the others in turn
+        rates = self.last_rates
+        # what the probe is expected to lose: its steps at the arm's rate instead of the winner's, and the catch-up
+        # it causes when it interrupts a run of plain steps
+        loss = _PROBE * _interpolate(times, arm) * max(1.0 - rates[arm] / rates[winner], 0.0)
+        if winner == 0 and arm and self.plain_catches_up:
+            loss += self._catch_up_cost(batch, times)
+        if (self._clock - state["since"]) * _EXPLORE_BUDGET < loss:
+            return winner, _HOLD
+        state["turn"] += 1
+        state["after"], state["since"] = count + _EXPLORE_MIN, self._clock
+        return arm, _PROBE
+
+    def _catch_up_cost(self, batch: int, times: dict[int, float]) -> float:
+        """One catch-up's seconds at bucket b: measured (at b, else at any bucket), else `_CATCH_UP_PRIOR` plain
+        steps."""
+        events = self.catch_up_events.get(batch) or [v for values in self.catch_up_events.values() for v in values]
+        return _median(events) if events else _CATCH_UP_PRIOR * _interpolate(times, 0)
+
+    def _timed(self, batch: int, gamma: int) -> int:
+        return sum(len(v) for (b, g, _), v in self.samples.items() if b == batch and g == gamma)
 
     def _rows(self, totals) -> list[tuple[float, float]]:
         """Each row's (α, ρ): α = (Σβ + α₀·w) / (verified + w), α₀ the pooled α of the rows (or of those
@@ -135,24 +215,47 @@ class GammaPolicy:
         prior = self.prior_alpha * _PRIOR_WEIGHT
         return [(min((b + prior) / (r + _PRIOR_WEIGHT), 1.0), (d + 1) / (s + 1)) for b, r, s, d in totals]
 
-    def record_step(self, batch: int, gamma: int, seconds: float, tokens_per_row: float) -> None:
-        """A whole step at (b, γ) took `seconds` and each running row produced `tokens_per_row` on average
-        (the time decides; the tokens are kept for reports)."""
-        key = (batch, gamma)
-        values = self.samples.setdefault(key, [])
+    def _times(self, batch: int, ell: int) -> dict[int, float]:
+        """γ → T(b, γ, ℓ) for every γ timed at b, or at another batch bucket: `_borrow` across length buckets at
+        b, then across batch buckets (the nearest first), each scaled by the arms timed at both."""
+        grid: dict[int, dict[int, dict[int, float]]] = {}  # b → ℓ → γ → median
+        for (b, g, e), values in self.samples.items():
+            if values:
+                grid.setdefault(b, {}).setdefault(e, {})[g] = _median(values)
+        if not grid:
+            return {}
+        rows = {b: _borrow(cells, ell) for b, cells in grid.items()}
+        return _borrow(rows, batch) if batch in rows else {}
+
+    # ------------------------------------------------------------------------------------ measurements
+    def record_step(self, batch: int, gamma: int, seconds: float, tokens_per_row: float,
+                    length: int | None = None, catch_up_of: int = 0) -> None:
+        """A whole step at (b, γ, the longest row's `length`) took `seconds` and each running row produced
+        `tokens_per_row` on average. catch_up_of > 0: the step first fed the drafter what that many plain steps
+        committed; its time beyond the usual step at its cell is charged to them (`record_catch_up`)."""
+        self._clock += max(seconds, 0.0)
+        if catch_up_of > 0:
+            timed = any(b == batch and g == gamma for b, g, _ in self.samples)
+            usual = self.step_time(batch, gamma, length) if timed else None
+            if usual is not None:
+                self.record_catch_up(batch, seconds - usual, catch_up_of)
+            return
+        values = self.samples.setdefault((batch, gamma, length_bucket(length or 1)), [])
         values.append(seconds)
         if len(values) > _WINDOW:
             del values[0]
-        old = self.tokens.get(key)
-        self.tokens[key] = tokens_per_row if old is None else 0.8 * old + 0.2 * tokens_per_row
+        old = self.tokens.get((batch, gamma))
+        self.tokens[(batch, gamma)] = tokens_per_row if old is None else 0.8 * old + 0.2 * tokens_per_row
 
     def record_catch_up(self, batch: int, seconds: float, plain_steps: int) -> None:
         """A speculative step at bucket b that first fed the drafter what `plain_steps` plain steps committed
         took `seconds` longer than that step usually takes: each of those plain steps cost that much more."""
-        values = self.catch_up.setdefault(batch, [])
-        values.append(max(seconds, 0.0) / max(plain_steps, 1))
-        if len(values) > _WINDOW:
-            del values[0]
+        for store, value in ((self.catch_up, max(seconds, 0.0) / max(plain_steps, 1)),
+                             (self.catch_up_events, max(seconds, 0.0))):
+            values = store.setdefault(batch, [])
+            values.append(value)
+            if len(values) > _WINDOW:
+                del values[0]
 
     def record_row(self, request, beta_sum: float, reached: int, drafting: int) -> None:
         """One speculative step of one request: its Σβ, verified positions, and whether it drafted anything."""
@@ -161,6 +264,20 @@ class GammaPolicy:
         est.reached += reached
         est.spec_steps += 1
         est.drafting_steps += drafting
+
+
+def _borrow(cells: dict[int, dict[int, float]], key: int) -> dict[int, float]:
+    """cells: bucket → γ → seconds. → γ → seconds at `key`: its own, then each γ missing there from the nearest
+    bucket that has it (in log distance), scaled by the mean ratio of the γ's both have (1 when none)."""
+    here = dict(cells.get(key, {}))
+    own = cells.get(key, {})
+    for other in sorted((k for k in cells if k != key), key=lambda k: (abs(math.log2(k / key)), k)):
+        there = cells[other]
+        shared = [g for g in there if g in own]
+        scale = sum(own[g] / there[g] for g in shared) / len(shared) if shared else 1.0
+        for g, seconds in there.items():
+            here.setdefault(g, seconds * scale)
+    return here
 
 
 def _median(values: list[float]) -> float:
@@ -172,7 +289,7 @@ def _median(values: list[float]) -> float:
 def _interpolate(times: dict[int, float], gamma: int) -> float:
     """T(γ) from the timed γ's: measured, else linear between the nearest timed neighbours, else extended
     along the line from the smallest timed γ (γ = 0 when timed) to the largest (slope >= 0); below every timed
-    γ (a policy that never timed γ = 0), along the line through the two smallest, at least half the smallest's."""
+    γ, along the line through the two smallest, at least half the smallest's."""
     if gamma in times:
         return times[gamma]
     timed = sorted(times)

@@ -1,0 +1,137 @@
+"""A small simulated engine to run the γ policy against: a step-cost table, rows with their own acceptance.
+
+Traffic as a server sees it: more requests than slots, each admitted when a slot frees; prompt lengths
+30..2000 (the step cost grows slowly with the longest row), output budgets 16..256 tokens and an EOS chance
+per token; each row has its own α (drawn around the cell's mean; greedy and sampled rows mixed when the cell
+says so). Acceptance is i.i.d. per drafted position ("iid"), or all-or-nothing per step with the same mean
+number accepted ("burst": prompt lookup's copies), which Thm 3.8's model mispredicts.
+
+A step at batch bucket b, γ, longest row ℓ costs `cell.step_seconds(b, γ, ℓ)` times a little noise (and now and
+then a 3x straggler). A drafter that keeps a cache pays `cell.catch_up_s` before the first speculative step
+after more than 2 plain steps in a row (the engine's catch-up), reported to the policy as the engine does.
+The policy is used only through its public methods (choose / record_step / set_fixed).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from specdec.analysis import expected_tokens
+from specdec.engine.config import BATCH_BUCKETS
+from specdec.engine.policy import GammaPolicy
+
+FREE_PLAIN = 2  # the engine: a drafter re-feeding 4 committed tokens needs no catch-up after <= 2 plain steps
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A recorded step-cost table: T(γ) / T(0) at the cell's batch size (`ratios`: γ → ratio, interpolated
+    linearly in γ), plain step seconds per batch bucket scaled from `plain_s` at `slots` rows."""
+
+    name: str
+    slots: int
+    plain_s: float  # a plain step's seconds at `slots` rows
+    ratios: tuple  # ((γ, T(γ)/T(0)), ...) with γ = 0 → 1.0 implied
+    alpha: float
+    catch_up_s: float = 0.0  # a catch-up's seconds (0: the drafter keeps no cache)
+    acceptance: str = "iid"
+    sampled_share: float = 0.0  # share of rows at T > 0 (their α is 0.8 of the greedy rows')
+    alpha_spread: float = 0.1
+
+    def ratio(self, gamma: int) -> float:
+        points = sorted(((0, 1.0), *self.ratios))
+        for (g0, r0), (g1, r1) in zip(points, points[1:]):
+            if g0 <= gamma <= g1:
+                return r0 + (r1 - r0) * (gamma - g0) / (g1 - g0)
+        (g0, r0), (g1, r1) = points[-2], points[-1]
+        return r1 + (r1 - r0) / (g1 - g0) * (gamma - g1)
+
+    def step_seconds(self, bucket: int, gamma: int, longest: int) -> float:
+        rows_scale = (0.4 + 0.6 * bucket / self.slots) if bucket < self.slots else 1.0  # smaller batch: cheaper
+        length_scale = 1.0 + 0.05 * max(longest.bit_length() - 7, 0)  # longer rows: a little more attention
+        return self.plain_s * rows_scale * length_scale * self.ratio(gamma)
+
+
+class _Row:
+    def __init__(self, prompt: int, budget: int, alpha: float, seed: int):
+        self.length, self.budget, self.alpha = prompt, budget, alpha
+        self.rng = random.Random(seed)  # its acceptance draws (the same stream under every policy)
+        self.totals = [0.0, 0.0, 0.0, 0.0]  # Σβ, verified positions, speculative steps, steps that drafted
+
+
+def simulate(cell: Cell, gamma="auto", requests: int | None = None, seed: int = 0, eos: float = 0.004,
+             policy: GammaPolicy | None = None) -> dict:
+    """Run the traffic through a policy ("auto" or a fixed γ) → {tok_s, steps, gammas (γ → steps), catch_ups}."""
+    rng = random.Random(seed)  # the traffic (the same under every policy), then the step-time noise
+    count = requests or max(6 * cell.slots, 160)
+    policy = policy or GammaPolicy(gamma, 8, plain_catches_up=cell.catch_up_s > 0)
+    waiting = []
+    for _ in range(count):
+        sampled = rng.random() < cell.sampled_share
+        mean = cell.alpha * (0.8 if sampled else 1.0)
+        alpha = min(max(rng.gauss(mean, cell.alpha_spread), 0.02), 0.98)
+        budget = rng.randint(16, 256)
+        for position in range(budget):  # EOS: the request ends at its first EOS token
+            if rng.random() < eos:
+                budget = position + 1
+                break
+        waiting.append(_Row(rng.randint(30, 2000), budget, alpha, rng.getrandbits(32)))
+    running: list[_Row] = []
+    seconds = tokens = 0.0
+    plain_run, catch_ups, gammas = 0, 0, {}
+
+    def estimates():
+        return [tuple(r.totals) for r in running]
+
+    while waiting or running:
+        while waiting and len(running) < cell.slots:
+            running.append(waiting.pop())
+        n = len(running)
+        bucket = next(b for b in BATCH_BUCKETS if b >= n)
+        longest = max(r.length for r in running)
+        g = policy.choose(bucket, running, estimates, length=longest)
+        gammas[g] = gammas.get(g, 0) + 1
+        caught_up = g > 0 and plain_run > FREE_PLAIN and cell.catch_up_s > 0
+        t = cell.step_seconds(bucket, g, longest) * rng.lognormvariate(0.0, 0.05)
+        if rng.random() < 0.02:
+            t *= 3.0  # a straggler (a collection, a hiccup)
+        if caught_up:
+            t += cell.catch_up_s
+            catch_ups += 1
+        produced = 0
+        for row in running:
+            accepted = _accepted(row.alpha, g, cell.acceptance, row.rng)
+            made = accepted + 1
+            produced += made
+            if g:
+                row.totals[0] += accepted  # β at T = 0: each verified position accepted (1) or not (0)
+                row.totals[1] += min(accepted + 1, g)
+                row.totals[2] += 1
+                row.totals[3] += 1
+            committed = min(made, row.budget)  # the commit rule: the budget (EOS included) cuts the step's tokens
+            row.budget -= committed
+            row.length += committed
+            tokens += committed
+        seconds += t
+        policy.record_step(bucket, g, t, produced / n, length=longest, catch_up_of=plain_run if caught_up else 0)
+        plain_run = plain_run + 1 if g == 0 else 0
+        running = [r for r in running if r.budget > 0]
+    return {"tok_s": tokens / seconds, "steps": sum(gammas.values()), "gammas": gammas, "catch_ups": catch_ups}
+
+
+def _accepted(alpha: float, gamma: int, acceptance: str, rng: random.Random) -> int:
+    if gamma == 0:
+        return 0
+    if acceptance == "burst":  # all γ or nothing, with the i.i.d. law's mean number accepted
+        mean = expected_tokens(alpha, gamma) - 1.0
+        return gamma if rng.random() < mean / gamma else 0
+    n = 0
+    while n < gamma and rng.random() < alpha:
+        n += 1
+    return n
+
+
+def fixed_rates(cell: Cell, gammas=(0, 1, 2, 3, 4, 6, 8), seed: int = 1) -> dict:
+    """Every fixed γ through the same traffic → γ → tokens/s."""
+    return {g: simulate(cell, g, seed=seed)["tok_s"] for g in gammas}
