@@ -174,9 +174,10 @@ def _use_engine(engine, target, drafter, num_draft_tokens) -> bool:
 
 
 def _is_feature_head(drafter) -> bool:
-    from specdec.fast.head import is_feature_head  # lazily: the transformers loop does not need the fast model
+    """A head or head folder (specdec's, EAGLE, EAGLE-3, Medusa, speculators): drafts from target features."""
+    from specdec.drafters.formats import is_drafter  # lazily: the transformers loop does not need the fast model
 
-    return is_feature_head(drafter)
+    return is_drafter(drafter)
 
 
 def _decode(target, drafter, policy, prompts, max_new_tokens, sampling, eos, generator, holder, leniency=1.0) -> Iterator[TokenEvent]:

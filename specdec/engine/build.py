@@ -14,7 +14,7 @@ from specdec.drafters.ngram import NGramDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
 from specdec.engine.config import UnsupportedModel
 from specdec.engine.drafters import EngineLookupDrafter, EngineModelDrafter, EngineNGramDrafter
-from specdec.fast.head import is_feature_head, load_feature_head
+from specdec.drafters.formats import is_drafter, load_drafter
 from specdec.fast.model import FAMILIES, FastLlama
 
 __all__ = ["build_model", "build_drafter", "covers", "covers_drafter"]
@@ -30,9 +30,10 @@ def covers(model) -> bool:
 
 
 def covers_drafter(drafter) -> bool:
-    """True for the drafters the engine runs: None, prompt lookup, n-gram tables, feature heads, and models it covers
-    (transformers models, `ModelDrafter`, `FastDrafter`); other `Drafter` kinds run on the transformers loop."""
-    if drafter is None or isinstance(drafter, (PromptLookupDrafter, NGramDrafter)) or is_feature_head(drafter):
+    """True for the drafters the engine runs: None, prompt lookup, n-gram tables, feature heads (specdec's, EAGLE,
+    EAGLE-3, Medusa, speculators: objects or folders, `drafters.formats`), and models it covers (transformers models,
+    `ModelDrafter`, `FastDrafter`); other `Drafter` kinds run on the transformers loop."""
+    if drafter is None or isinstance(drafter, (PromptLookupDrafter, NGramDrafter)) or is_drafter(drafter):
         return True
     if isinstance(drafter, Drafter):
         from specdec.drafters.model import ModelDrafter
@@ -88,10 +89,13 @@ def build_drafter(drafter, engine):
             raise ValueError(f"draft and target vocabularies differ: drafter has {drafter.vocab_size} tokens, "
                              f"target has {vocab}")
         return EngineNGramDrafter(drafter, engine.device)
-    if is_feature_head(drafter):  # a FeatureHead or its folder: drafts from the target's hidden states
-        from specdec.engine.feature_drafter import EngineFeatureDrafter
+    if is_drafter(drafter):  # a head or its folder (any `drafters.formats` format): drafts from target features
+        from specdec.engine.feature_drafter import EngineFeatureDrafter, EngineMedusaDrafter
+        from specdec.fast.medusa import MedusaHeads
 
-        head = load_feature_head(drafter, engine.model, "drafter")
+        head = load_drafter(drafter, engine.model, name="drafter")
+        if isinstance(head, MedusaHeads):
+            return EngineMedusaDrafter(head, engine.state)
         return EngineFeatureDrafter(head, engine.state, engine.max_batch, engine.num_positions,
                                     engine.max_draft_tokens)
     if not covers_drafter(drafter):

@@ -84,8 +84,10 @@ class Engine:
             self.state = SlotState(self.max_batch, self.num_positions, self.device, counter_width=width)
             self.counter_sums = torch.zeros(width, dtype=torch.float64, device=self.device)  # engine-wide
             self.drafter = build_drafter(drafter, self) if drafter is not None else None
-            if getattr(self.drafter, "needs_features", False):  # feature drafters read the target's hidden states
-                self.state.enable_features(shape.dim, self.model.dtype)
+            # feature drafters read the target's hidden states (EAGLE-3: those entering some of its layers)
+            self.model.feature_layers = getattr(self.drafter, "feature_layers", None)
+            if getattr(self.drafter, "needs_features", False):
+                self.state.enable_features(getattr(self.drafter, "feature_dim", shape.dim), self.model.dtype)
             self.model.rope_tables(self.num_positions)  # built before any capture (graphs keep their address)
             if hasattr(self.drafter, "model"):
                 self.drafter.model.rope_tables(self.num_positions)

@@ -1,4 +1,11 @@
-"""The engine's feature drafter: a `FeatureHead` drafting from the target's hidden states.
+"""The engine's feature drafters: heads drafting from the target's hidden states.
+
+  EngineFeatureDrafter  a head with one decoder layer and its own slot cache: specdec's `FeatureHead`, the
+                        published EAGLE-1/2 and EAGLE-3 heads (`fast.eagle.EagleHead`)
+  EngineMedusaDrafter   Medusa heads (`fast.medusa.MedusaHeads`): no cache, K drafts from one feature
+
+A head tells the engine which target features to keep: `feature_layers` (None = the final-normed state; EAGLE-3:
+the states entering some target layers) and `feature_dim` (their width per position).
 
 The engine keeps the target's features per committed position (`SlotState.features`, written by prefill and
 by every verify pass for the committed prefix), so with a row's length L, features are known at positions
@@ -10,6 +17,8 @@ the previous drafts wrote from predicted features are overwritten, and rejected 
 then drafts γ tokens: (f_{L−2}, x_{L−1}) → f̂_{L−1} → x̂_L, then (f̂_{L−1}, x̂_L) → f̂_L → x̂_{L+1}, ...
 each drawn with `StepView.draw` at its absolute position (counter-based randomness, as the model drafter),
 so q is exactly the law each token was drawn from and `core.verify` keeps the output law the target's.
+The head's protocol: `inputs(features, tokens)` (entries from target features), `step(hidden, tokens, cache)`
+(one step on its own output), `logits(hidden)` (over the target's vocabulary), `layer` (a `FastLlama`).
 """
 
 from __future__ import annotations
@@ -18,23 +27,23 @@ import torch
 
 from specdec.engine.drafters import StepView
 from specdec.engine.slots import SlotCache, SlotState, prefill_rows
-from specdec.fast.head import FeatureHead
 
-__all__ = ["EngineFeatureDrafter"]
+__all__ = ["EngineFeatureDrafter", "EngineMedusaDrafter"]
 
 
 class EngineFeatureDrafter:
-    """A bound `FeatureHead` with its own slot cache; needs the engine to keep the target's features."""
+    """A bound head (`FeatureHead`, `EagleHead`) with its own slot cache; the engine keeps the target's features."""
 
     needs_features = True
 
-    def __init__(self, head: FeatureHead, state: SlotState, max_batch: int, num_positions: int, max_draft_tokens: int):
+    def __init__(self, head, state: SlotState, max_batch: int, num_positions: int, max_draft_tokens: int):
         self.head = head
         self.model = head.layer  # the engine builds its RoPE tables before any capture
         self.state = state
         self.cache = SlotCache(head.layer, max_batch, num_positions)
         self.vocab_size = head.config.vocab_size
         self.window = max_draft_tokens + 1
+        self.feature_layers, self.feature_dim = head.feature_layers, head.feature_dim
 
     def forward_passes(self, gamma: int) -> int:
         return gamma
@@ -69,7 +78,7 @@ class EngineFeatureDrafter:
         start = pos == -1
         valid = (pos >= 0) | (start & (lengths[:, None] == 1))
         at = pos.clamp_min(0)
-        features = self.state.features[:batch].gather(1, at[..., None].expand(batch, w, head.config.dim))
+        features = self.state.features[:batch].gather(1, at[..., None].expand(batch, w, self.feature_dim))
         features = features * (pos >= 0)[..., None]
         next_tokens = view.tokens.gather(1, (pos + 1).clamp_min(0)) * valid
         cache.lengths.copy_((lengths - 1 - w).clamp_min(0))
@@ -78,7 +87,7 @@ class EngineFeatureDrafter:
         def next_logits(i, prev):  # each draft step runs the head on its own previous feature and token
             nonlocal hidden
             if i > 0:
-                hidden = head(hidden, prev[:, None], cache)
+                hidden = head.step(hidden, prev[:, None], cache)
             return head.logits(hidden)[:, 0]
 
         return view.draft_chain(gamma, next_logits)
@@ -86,3 +95,36 @@ class EngineFeatureDrafter:
     def move(self, src: int, dst: int, num_positions: int | None = None) -> None:
         """Slot `src`'s cache into slot `dst` over its first `num_positions` positions (None = all)."""
         self.cache.move(src, dst, num_positions or self.cache.num_positions)
+
+
+class EngineMedusaDrafter:
+    """`MedusaHeads` on the target's last known feature f_{L−2}: head k drafts x_{L+k} (see `fast.medusa`).
+    γ above the number of heads K drafts K tokens (per-row draft lengths), the rest of the step samples from p."""
+
+    needs_features = True
+    feature_layers = None
+
+    def __init__(self, heads, state: SlotState):
+        self.heads, self.state = heads, state
+        self.vocab_size = heads.config.vocab_size
+        self.feature_dim = heads.config.dim
+        self.num_heads = heads.config.num_heads
+
+    def forward_passes(self, gamma: int) -> int:
+        return 1 if gamma > 0 else 0
+
+    def propose(self, view: StepView, gamma: int):
+        batch, lengths = view.batch, view.lengths
+        at = (lengths - 2).clamp_min(0)[:, None, None].expand(batch, 1, self.feature_dim)
+        # a one-token text has no feature yet: its heads read zeros (a valid, if poor, q)
+        feature = self.state.features[:batch].gather(1, at)[:, 0] * (lengths >= 2)[:, None]
+        logits = self.heads(feature)  # [b, K, V]
+        drafted = min(gamma, self.num_heads)
+        tokens, probs, _ = view.draft_chain(drafted, lambda i, prev: logits[:, i])
+        if drafted == gamma:
+            return tokens, probs, None
+        pad = gamma - drafted  # never read: the rows' draft lengths stop at K
+        tokens = torch.cat([tokens, tokens.new_zeros(batch, pad)], 1)
+        if probs is not None:
+            probs = torch.cat([probs, probs.new_zeros(batch, pad, probs.shape[-1])], 1)
+        return tokens, probs, torch.full_like(lengths, drafted)

@@ -112,6 +112,18 @@ class FeatureHead(torch.nn.Module):
         embedded = F.embedding(next_tokens, self.target.embed).to(self.dtype)
         return F.linear(torch.cat([embedded, features.to(self.dtype)], -1), self.fc)
 
+    feature_layers = None  # reads the target's final-normed state (see `FastLlama.feature_layers`)
+
+    @property
+    def feature_dim(self) -> int:
+        return self.config.dim
+
+    feedback_inputs = inputs  # its own predicted features go through fc like the target's
+
+    def step(self, hidden: torch.Tensor, next_tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """One head step on its own previous prediction: `[B, k, dim]`, `[B, k]` → `[B, k, dim]`."""
+        return self(hidden, next_tokens, cache)
+
     def forward(self, features: torch.Tensor, next_tokens: torch.Tensor, cache: KVCache,
                 valid: torch.Tensor | None = None, *, last_only: bool = False) -> torch.Tensor:
         """Head steps at the cache's next positions: (f_t `[B, k, dim]`, token_{t+1} `[B, k]`) → f̂_{t+1} `[B, k, dim]`

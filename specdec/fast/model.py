@@ -159,6 +159,8 @@ def _round_up(n: int, multiple: int) -> int:
 class FastLlama(torch.nn.Module):
     """Llama decoder with fused weights; `forward(tokens, cache, ...)` reads and writes a `KVCache`."""
 
+    normed_output = True  # forward applies the final norm (False: hidden states leave as the residual stream)
+
     def __init__(self, shape: LlamaShape, *, inv_freq: torch.Tensor | None = None, rope_scaling: float = 1.0,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, kernels: str = "auto"):
         super().__init__()
@@ -193,6 +195,9 @@ class FastLlama(torch.nn.Module):
         self.rope_scaling = float(rope_scaling)  # HF's `attention_scaling` (1.0 except for some rope types)
         self.config = None  # the transformers config, when loaded from one
         self.generation_config = None
+        # What `return_hidden` returns: None = the final-normed states; layer ids = the residual stream entering each
+        # of those layers, concatenated in layer order `[B, k, len·dim]` (EAGLE-3's low/mid/high target features)
+        self.feature_layers: tuple[int, ...] | None = None
         self._rope_cache: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
     # ------------------------------------------------------------------------------------------- loading
@@ -355,8 +360,9 @@ class FastLlama(torch.nn.Module):
         return linear(x, self.lm_head, kernel=kernel).float()
 
     def _eager_layers(self, x: torch.Tensor, cache: KVCache, rope_pos: torch.Tensor, slots: torch.Tensor,
-                      cos_table: torch.Tensor, sin_table: torch.Tensor) -> torch.Tensor:
-        """The decoder layers in eager PyTorch (kernels="reference"): `x [B, k, dim]` → `[B, k, dim]`."""
+                      cos_table: torch.Tensor, sin_table: torch.Tensor, capture: list | None = None) -> torch.Tensor:
+        """The decoder layers in eager PyTorch (kernels="reference"): `x [B, k, dim]` → `[B, k, dim]`.
+        capture (optional): appends a copy of the residual stream entering each layer of `feature_layers`."""
         s = self.shape
         batch, k = x.shape[:2]
         device = x.device
@@ -370,6 +376,8 @@ class FastLlama(torch.nn.Module):
         write_index = slots[:, None, :, None].expand(batch, s.n_kv_heads, k, s.head_dim)
         bias = slot_attention_bias(rope_pos, cache.keys[0].shape[2], nq // nkv, self.dtype)  # one mask, every layer
         for i in range(s.n_layers):
+            if capture is not None and i in self.feature_layers:
+                capture.append(x.clone())
             h = F.rms_norm(x, (s.dim,), self.attn_norm[i], s.rms_norm_eps)
             qkv = F.linear(h, self.wqkv[i], self.bqkv[i] if s.qkv_bias else None).view(batch, k, nq + 2 * nkv, hd)
             if s.qk_norm:
@@ -391,7 +399,7 @@ class FastLlama(torch.nn.Module):
         return x
 
     def _fused_layers(self, x: torch.Tensor, cache: KVCache, rope_pos: torch.Tensor, slots: torch.Tensor,
-                      cos_table: torch.Tensor, sin_table: torch.Tensor) -> torch.Tensor:
+                      cos_table: torch.Tensor, sin_table: torch.Tensor, capture: list | None = None) -> torch.Tensor:
         """The decoder layers on the fused kernels: per layer RMSNorm, qkv GEMM, (bias +) RoPE + KV write, attention,
         o GEMM (+ residual), RMSNorm (+ o bias), gate|up GEMM, SiLU·mul, down GEMM (+ residual)."""
         s = self.shape
@@ -401,6 +409,8 @@ class FastLlama(torch.nn.Module):
         attn_kernel = None
         x = x.reshape(batch * k, s.dim)  # the residual stream, updated in place by the row-parallel GEMMs
         for i in range(s.n_layers):
+            if capture is not None and i in self.feature_layers:
+                capture.append(x.clone().view(batch, k, s.dim))
             h = rms_norm(x, self.attn_norm[i], eps, kernel=mode)
             qkv = linear(h, self.wqkv[i], kernel=self._gemm(self.wqkv[i])).view(batch, k, -1)  # (the bias is added by the RoPE kernel)
             q = rope_cache_write(qkv, cache.keys[i], cache.values[i], rope_pos, slots, cos_table, sin_table, nq,
@@ -431,7 +441,8 @@ class FastLlama(torch.nn.Module):
         last_only: return logits of the last column only (`[B, 1, V]`). advance: move `cache.lengths`.
         embeds [B, k, dim] (optional): input vectors in place of `embed[tokens]` (tokens may then be None).
         return_hidden: return `(logits, hidden)`, hidden `[B, k, dim]` the final-normed states the LM head reads
-        (what feature-level drafters consume); compute_logits=False skips the LM head (logits None).
+        (what feature-level drafters consume; with `feature_layers` set, the states entering those layers
+        `[B, k, len·dim]`); compute_logits=False skips the LM head (logits None).
         kernels: this call's kernels in place of `self.kernels` (the engine prefills eagerly on "reference":
         outside CUDA graphs each Triton launch costs the host tens of µs, cuBLAS/SDPA calls a few).
         No host synchronization: with fixed shapes this can be captured in a CUDA graph.
@@ -458,14 +469,16 @@ class FastLlama(torch.nn.Module):
         if kernels is not None:
             check_kernel(kernels, "kernels")
         fused = self._fused(kernels)
-        if fused:
-            x = self._fused_layers(x, cache, rope_pos, slots, cos_table, sin_table)
-        else:
-            x = self._eager_layers(x, cache, rope_pos, slots, cos_table, sin_table)
+        capture = [] if return_hidden and self.feature_layers else None
+        layers = self._fused_layers if fused else self._eager_layers
+        x = layers(x, cache, rope_pos, slots, cos_table, sin_table, capture)
         if last_only:
             x = x[:, -1:]
-        x = F.rms_norm(x, (s.dim,), self.final_norm, s.rms_norm_eps)
+        if self.normed_output:  # (an EAGLE head's layer hands out its residual stream; the head norms it)
+            x = F.rms_norm(x, (s.dim,), self.final_norm, s.rms_norm_eps)
         logits = self._logits(x, self._gemm(self.lm_head) if fused else "reference") if compute_logits else None
         if advance:
             cache.lengths.add_(added)
+        if capture is not None:
+            x = torch.cat([c[:, -1:] if last_only else c for c in capture], -1)
         return (logits, x) if return_hidden else logits
