@@ -40,18 +40,19 @@ def _text(tokenizer, prompt: list[int], tokens: list[int]) -> str:
 def run_tensor_parallel(args: argparse.Namespace, gamma) -> int:
     """The tensor-parallel `generate` (options already range-checked by `specdec.cli.generate.run`)."""
     _check(args, gamma)
-    import torch.distributed as dist
-
     import specdec
-    from specdec.distributed import init_tensor_parallel, is_main_rank, load_sharded, shared_seed
+    from specdec.distributed import (init_tensor_parallel, is_main_rank, load_sharded, shared_seed,
+                                     shutdown_tensor_parallel)
     from specdec.loading import load_tokenizer, resolve_device, resolve_dtype
     from specdec.request import resolve_eos
     from specdec.text.prompts import GenerationDefaults
 
     device = init_tensor_parallel(args.tensor_parallel_size, resolve_device(args.device))
+    models = []  # released before the group is destroyed (their CUDA graphs captured its all-reduces)
     try:
         dtype = resolve_dtype(args.dtype, device)
         target = load_sharded(args.target, device=device, dtype=dtype)
+        models.append(target)
         tokenizer = load_tokenizer(args.tokenizer or args.target)
         prompts = [tokenizer.encode(text) for text in args.prompt]
         for i, ids in enumerate(prompts):
@@ -72,8 +73,11 @@ def run_tensor_parallel(args: argparse.Namespace, gamma) -> int:
         )
         if is_main_rank():
             _report(args, tokenizer, prompts, result)
-    finally:
-        dist.destroy_process_group()
+    except BaseException:
+        shutdown_tensor_parallel(*models)  # the error in flight is the one to report
+        raise
+    if not shutdown_tensor_parallel(*models):
+        raise CLIError("tensor parallel: the process group did not shut down in time (a rank failed or is gone)")
     return 0
 
 

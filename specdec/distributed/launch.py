@@ -1,17 +1,30 @@
 """Joining the process group torchrun set up, and agreeing on what must be the same on every rank.
 
-    device = init_tensor_parallel(2, "cpu")        # gloo on CPU, nccl on CUDA (one GPU per local rank)
-    seed = shared_seed(None)                      # rank 0's fresh seed, on every rank
+    with tensor_parallel(2, "cuda") as device:   # gloo on CPU, nccl on CUDA (one GPU per local rank)
+        seed = shared_seed(None, device)          # rank 0's fresh seed, on every rank
+        ...                                       # torn down on exit: engines released, group destroyed
+
+Teardown order matters on NCCL: the engine's CUDA graphs captured the all-reduces, and a communicator that
+graphs still reference cannot be destroyed, so `shutdown_tensor_parallel` releases the models' cached
+engines first, synchronizes, then destroys the group — in a helper thread with a deadline, so a broken peer
+turns into a logged error instead of a process that ignores Ctrl-C.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import logging
 import os
+import threading
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["init_tensor_parallel", "shared_seed", "is_main_rank"]
+__all__ = ["init_tensor_parallel", "shutdown_tensor_parallel", "tensor_parallel", "shared_seed", "is_main_rank"]
+
+logger = logging.getLogger(__name__)
 
 _SEED_LIMIT = 1 << 63
 
@@ -53,3 +66,47 @@ def shared_seed(seed: int | None, device: str | torch.device = "cpu", group=None
 def is_main_rank(group=None) -> bool:
     """True on rank 0 (and when no process group is running)."""
     return not dist.is_initialized() or dist.get_rank(group) == 0
+
+
+def shutdown_tensor_parallel(*models, timeout_s: float = 60.0) -> bool:
+    """Release `models`' cached engines, then destroy the process group; False if that missed `timeout_s`.
+
+    Every rank must call it (the destroy is collective on NCCL). Safe to call when no group is running.
+    """
+    from specdec.engine.generate import release_engines
+
+    for model in models:
+        release_engines(model)
+    gc.collect()  # the graphs die with their engines; nothing else may still reference a captured collective
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    if not dist.is_initialized():
+        return True
+    done = threading.Event()
+
+    def destroy() -> None:
+        dist.destroy_process_group()
+        done.set()
+
+    worker = threading.Thread(target=destroy, name="specdec-tp-teardown", daemon=True)
+    worker.start()
+    worker.join(timeout_s)  # interruptible: Ctrl-C reaches the main thread while it waits
+    if not done.is_set():
+        logger.error("tensor parallel: destroy_process_group did not finish in %.0f s (a peer rank is gone?)",
+                     timeout_s)
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def tensor_parallel(tensor_parallel_size: int, device: str | torch.device = "cpu", *,
+                    models: list | None = None, timeout_s: float = 60.0) -> Iterator[torch.device]:
+    """`init_tensor_parallel`, then `shutdown_tensor_parallel` on exit (also on errors and Ctrl-C).
+
+    Append the models the body builds to `models` (a list you own) so their engines are released first.
+    """
+    device = init_tensor_parallel(tensor_parallel_size, device)
+    try:
+        yield device
+    finally:
+        shutdown_tensor_parallel(*(models or ()), timeout_s=timeout_s)

@@ -27,7 +27,7 @@ from specdec.request import (
 )
 from specdec.step import GenerateResult, GenerationStream, TokenEvent
 
-__all__ = ["engine_stream", "engine_for"]
+__all__ = ["engine_stream", "engine_for", "release_engines"]
 
 _MIN_SEQ_LEN = 256
 _SEED_MIX = 0x9E3779B97F4A7C15
@@ -174,3 +174,14 @@ def _run(engine: Engine, rows, params, gamma, holder) -> Iterator[TokenEvent]:
     stats.add_prefill(prefill, sum(1 for r in rows if len(r) > 1))
     stats.set_wall_time(time.perf_counter() - start)
     holder["result"] = GenerateResult(outputs, stats)
+
+
+def release_engines(target) -> None:
+    """Drop the engines (slot caches, CUDA graphs) and fast copies cached on `target` by `specdec.generate`.
+
+    Needed before tearing down a process group: graphs that captured NCCL collectives must be destroyed before
+    their communicator is, or `destroy_process_group` blocks.
+    """
+    owner = _owner(target)
+    owner.__dict__.pop("_specdec_engines", None)
+    owner.__dict__.pop("_specdec_fast_models", None)

@@ -48,13 +48,14 @@ def checkpoints(tmp_path_factory):
     return {name: str(base / name) for name in ("llama", "draft", "qwen")}
 
 
-def _torchrun(*args: str) -> subprocess.CompletedProcess:
+def _torchrun(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
+    env.update(env_extra or {})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--nnodes", "1",
            "--master-addr", "127.0.0.1", "--master-port", str(port), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=ROOT)
@@ -62,7 +63,7 @@ def _torchrun(*args: str) -> subprocess.CompletedProcess:
     return proc
 
 
-def test_two_ranks_match_one_process(checkpoints, tmp_path):
+def _two_ranks_match_one_process(checkpoints, tmp_path, device: str) -> None:
     sys.path.insert(0, str(WORKER.parent))
     try:
         from tp_worker import run
@@ -70,12 +71,13 @@ def test_two_ranks_match_one_process(checkpoints, tmp_path):
         sys.path.remove(str(WORKER.parent))
     out = tmp_path / "out.json"
     targets = [checkpoints["llama"], checkpoints["qwen"]]
-    _torchrun(str(WORKER), str(out), *targets, checkpoints["draft"])
+    _torchrun(str(WORKER), str(out), *targets, checkpoints["draft"], env_extra={"TP_DEVICE": device})
     got = json.loads(out.read_text())
     assert got["ranks_agree"]
-    drafter = transformers.AutoModelForCausalLM.from_pretrained(checkpoints["draft"]).eval()
+    assert got["clean_shutdown"]  # engines released, then the group destroyed within its deadline
+    drafter = transformers.AutoModelForCausalLM.from_pretrained(checkpoints["draft"]).eval().to(device)
     for folder in targets:
-        ref = run(FastLlama.from_hf(folder), drafter)
+        ref = run(FastLlama.from_hf(folder, device=device, dtype=torch.float32), drafter)
         assert got["results"][folder]["kv_heads"] == 1  # each rank holds 1 of the 2 kv heads (and caches only it)
         assert got["results"][folder]["shard_model_same"]
         assert got["results"][folder]["greedy"] == ref["greedy"], folder
@@ -83,6 +85,32 @@ def test_two_ranks_match_one_process(checkpoints, tmp_path):
         assert len({tuple(s) for s in ref["greedy"] + ref["sampled"]}) > 3  # not one degenerate sequence
     # untied Llama: a vocab-parallel head (32 of the 64 rows, logits gathered); tied Qwen2: the replicated embedding
     assert [got["results"][folder]["head_rows"] for folder in targets] == [32, False]
+
+
+def test_two_ranks_match_one_process(checkpoints, tmp_path):
+    _two_ranks_match_one_process(checkpoints, tmp_path, "cpu")
+
+
+two_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                              reason="needs 2 CUDA devices")
+
+
+@pytest.mark.gpu
+@two_gpus
+def test_two_gpus_nccl_match_one_process_and_exit_cleanly(checkpoints, tmp_path):
+    """NCCL with the engine's CUDA graphs (all-reduces captured): fp32 tokens equal one process's on one GPU,
+    every rank agrees, and the group shuts down within its deadline (the wave-2 path hung here at exit)."""
+    _two_ranks_match_one_process(checkpoints, tmp_path, "cuda")
+
+
+@pytest.mark.gpu
+@two_gpus
+def test_two_gpus_cli_torchrun_exits(checkpoints, capsys):
+    common = ["--device", "cuda", "--dtype", "float32", "--target", checkpoints["llama"], "--draft",
+              checkpoints["draft"], "--prompt", "w1 w2 w3 w4", "--temperature", "0", "--max-new-tokens", "10", "--quiet"]
+    proc = _torchrun("-m", "specdec", "generate", "--tensor-parallel-size", "2", *common)  # asserts exit 0 in time
+    assert main(["generate", *common]) == 0
+    assert proc.stdout == capsys.readouterr().out
 
 
 def test_cli_torchrun_prints_the_single_process_text(checkpoints, capsys):
@@ -149,3 +177,16 @@ def test_rope_tables_come_from_the_config_as_transformers_computes_them(family):
 def test_fixture_qwen_is_sharded_over_files(checkpoints):
     files = list(Path(checkpoints["qwen"]).glob("model-*.safetensors"))
     assert len(files) > 1 and (Path(checkpoints["qwen"]) / "model.safetensors.index.json").is_file()
+
+
+def test_shutdown_releases_cached_engines_without_a_group(checkpoints):
+    """The teardown drops the engines `specdec.generate` cached on a model (their graphs hold the captured
+    collectives) and is a no-op success when no process group runs."""
+    import specdec
+    from specdec.distributed import shutdown_tensor_parallel
+
+    model = FastLlama.from_hf(checkpoints["llama"])
+    specdec.generate(model, [[1, 2, 3]], max_new_tokens=2, temperature=0.0, engine="fast")
+    assert model.__dict__.get("_specdec_engines")
+    assert shutdown_tensor_parallel(model) is True
+    assert "_specdec_engines" not in model.__dict__ and "_specdec_fast_models" not in model.__dict__

@@ -1,12 +1,13 @@
 """Run by test_tensor_parallel.py under `torchrun --nproc-per-node 2`: sharded generation on each rank.
 
-argv: OUT.json TARGET_DIR... -- DRAFT_DIR. Rank 0 writes {target: {"greedy", "sampled", "kv_heads", "head_rows", "shard_model_same"}} and
+argv: OUT.json TARGET_DIR... DRAFT_DIR; the device is $TP_DEVICE ("cpu": gloo, default; "cuda": nccl, fp32). Rank 0 writes {target: {"greedy", "sampled", "kv_heads", "head_rows", "shard_model_same"}} and
 whether every rank produced the same tokens.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import torch
@@ -15,7 +16,8 @@ import torch.distributed as dist
 torch.set_num_threads(1)
 
 import specdec  # noqa: E402
-from specdec.distributed import init_tensor_parallel, is_main_rank, load_sharded, shard_model  # noqa: E402
+from specdec.distributed import (init_tensor_parallel, is_main_rank, load_sharded, shard_model,  # noqa: E402
+                                 shutdown_tensor_parallel)
 
 PROMPTS = [[5, 6, 7, 8, 9], [12, 3], [7, 7, 8, 9, 7, 7]]
 MAX_NEW = 12
@@ -35,21 +37,24 @@ def main() -> None:
 
     out, *targets = sys.argv[1:]
     draft_dir = targets.pop()
-    init_tensor_parallel(2, "cpu")
-    drafter = AutoModelForCausalLM.from_pretrained(draft_dir, local_files_only=True).eval()
-    results = {}
+    device = init_tensor_parallel(2, os.environ.get("TP_DEVICE", "cpu"))
+    drafter = AutoModelForCausalLM.from_pretrained(draft_dir, local_files_only=True).eval().to(device)
+    results, models = {}, []
     for folder in targets:
-        model = load_sharded(folder)
+        model = load_sharded(folder, device=device, dtype=torch.float32)
+        models.append(model)
         results[folder] = run(model, drafter)
         # slicing a model in memory gives the same shard as reading the slices from safetensors
-        sliced = shard_model(AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)).state_dict()
+        sliced = shard_model(AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).to(device)).state_dict()
         results[folder]["shard_model_same"] = all(torch.equal(t, sliced[k]) for k, t in model.state_dict().items())
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, results)
     if is_main_rank():
         with open(out, "w", encoding="utf-8") as fh:
-            json.dump({"results": results, "ranks_agree": all(g == results for g in gathered)}, fh)
-    dist.destroy_process_group()
+            json.dump({"results": results, "ranks_agree": all(g == results for g in gathered),
+                       "clean_shutdown": shutdown_tensor_parallel(*models)}, fh)
+    else:
+        shutdown_tensor_parallel(*models)
 
 
 if __name__ == "__main__":
