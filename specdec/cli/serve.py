@@ -1,58 +1,113 @@
-"""`specdec serve`: an OpenAI-compatible server (completions, chat, SSE streaming, /metrics, playground at /)."""
+"""`specdec serve`: an OpenAI-compatible server (completions, chat, SSE streaming, /metrics, playground at /).
+
+Every option is checked, and the port bound, before the model loads: a bad value or a busy port is one line
+and exit code 2. By default only this machine can connect and only loopback Host / Origin headers are served
+(DNS rebinding); --api-key requires `Authorization: Bearer KEY` on /v1/* and /metrics.
+"""
 
 from __future__ import annotations
 
 import argparse
 import gc
 import math
+import os
 import sys
 from pathlib import Path
+
+from specdec.cli.common import add_model_options, apply_model_options, check_int, log
+
+MAX_CONNECTIONS = 1 << 16
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server with Prometheus metrics and a playground",
-                              description=__doc__)
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True, type=Path, help="target checkpoint directory")
     p.add_argument("--draft", default=None, help="draft checkpoint directory, prompt-lookup or ngram (with --ngram-data)")
     p.add_argument("--ngram-data", type=Path, default=None, help="text file the ngram drafter is fitted on")
     p.add_argument("--tokenizer", type=Path, default=None, help="tokenizer directory (default: --target)")
     p.add_argument("--chat-template", type=Path, default=None, help="Jinja chat template file (default: the tokenizer's)")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="model name in responses (default: the target folder's)")
     p.add_argument("--num-draft-tokens", default="4", help="γ for speculative requests (requests may ask for 0 = plain)")
-    p.add_argument("--max-batch-size", type=int, default=32)
+    p.add_argument("--max-batch-size", type=int, default=32, help="requests decoded together")
     p.add_argument("--max-seq-len", type=int, default=None, help="context per request (default: the model's)")
-    p.add_argument("--max-tokens", type=int, default=None, help="largest max_tokens a request may ask for")
+    p.add_argument("--max-tokens", type=int, default=None, help="largest max_tokens a request may ask for "
+                   "(default: the context)")
     p.add_argument("--runner", default="auto", choices=("auto", "engine", "fallback"),
                    help="auto: the request-level engine where it covers the model, else the eager loop")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--allow-pickle", action="store_true", help="allow .bin/.pt weights (pickle can run code)")
+    add_model_options(p, seed_help="seed for requests that send none: with it, the n-th such request gets the same "
+                      "draws on every run (default: fresh randomness per request)")
+    net = p.add_argument_group("network and security")
+    net.add_argument("--host", default="127.0.0.1", help="bind address (127.0.0.1: this machine only)")
+    net.add_argument("--port", type=int, default=8000, help="TCP port, 1-65535")
+    net.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
+                     help="require Authorization: Bearer KEY on /v1/* and /metrics (default: $SPECDEC_API_KEY, "
+                          "else none)")
+    net.add_argument("--allowed-hosts", nargs="+", default=[], metavar="NAME",
+                     help="Host header names served besides localhost, 127.0.0.1, ::1 and the bind address "
+                          "('*' = any; default none)")
+    net.add_argument("--allowed-origins", nargs="+", default=[], metavar="ORIGIN",
+                     help="browser origins (scheme://host[:port]) whose pages may call the API, with CORS headers "
+                          "('*' = any; default: pages of allowed hosts only)")
+    net.add_argument("--timeout-keep-alive", type=float, default=5.0,
+                     help="seconds an idle keep-alive connection stays open")
+    net.add_argument("--timeout-read", type=float, default=30.0,
+                     help="seconds a request's headers and body may take to arrive (slow or half-sent requests "
+                          "are closed)")
+    net.add_argument("--max-connections", type=int, default=512,
+                     help="open connections at most; more get 503 and are closed")
+    net.add_argument("--metrics-prefix", default="specdec:",
+                     help="prefix of every Prometheus metric name ('vllm:' for vLLM's dashboards)")
     p.add_argument("--synthetic-acceptance", type=float, default=None, metavar="ALPHA",
                    help="BENCHMARK ONLY: accept each draft with probability ALPHA (a random pair at a known α); "
                         "the output is then NOT the target's distribution")
     p.add_argument("--switch-interval", type=float, default=None, metavar="SECONDS",
-                   help="Python's thread switch interval (sys.setswitchinterval; Python's default 0.005)")
-    p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
+                   help="Python's thread switch interval (sys.setswitchinterval; default: Python's 0.005)")
+    p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
+                   help="uvicorn's log level")
     p.set_defaults(run=run)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every option's range, before anything loads (CLIError: one line, exit 2)."""
+    import re
+
+    from specdec.cli import CLIError
+    from specdec.server.metrics import PREFIX_PATTERN
+
+    check_int("--port", args.port, 1, 65535)
+    for name in ("max_batch_size", "max_seq_len", "max_tokens"):
+        check_int(f"--{name.replace('_', '-')}", getattr(args, name), 1)
+    check_int("--max-connections", getattr(args, "max_connections", 512), 1, MAX_CONNECTIONS)
+    for flag, name in (("--timeout-keep-alive", "timeout_keep_alive"), ("--timeout-read", "timeout_read")):
+        value = getattr(args, name, 1.0)
+        if not (math.isfinite(value) and 0 < value <= 3600):
+            raise CLIError(f"{flag} must be a number of seconds in (0, 3600], got {value}")
+    interval = getattr(args, "switch_interval", None)
+    if interval is not None and not (math.isfinite(interval) and 0 < interval <= 1):
+        raise CLIError(f"--switch-interval must be a number of seconds in (0, 1], got {interval}")
+    alpha = getattr(args, "synthetic_acceptance", None)
+    if alpha is not None and not (math.isfinite(alpha) and 0 <= alpha <= 1):
+        raise CLIError(f"--synthetic-acceptance: synthetic_acceptance must be in [0, 1], got {alpha}")
+    prefix = getattr(args, "metrics_prefix", "specdec:")
+    if not re.fullmatch(PREFIX_PATTERN, prefix):
+        raise CLIError(f"--metrics-prefix must match {PREFIX_PATTERN} (e.g. vllm:), got {prefix!r}")
+    if getattr(args, "api_key", None) == "":
+        raise CLIError("--api-key must not be empty")
+    if args.ngram_data is not None and not args.ngram_data.is_file():
+        raise FileNotFoundError(f"--ngram-data file not found: {args.ngram_data}")
+    if args.chat_template is not None and not args.chat_template.is_file():
+        raise FileNotFoundError(f"--chat-template file not found: {args.chat_template}")
+    if not Path(args.target).is_dir():
+        raise FileNotFoundError(f"--target folder not found: {args.target}")
 
 
 def build(args: argparse.Namespace):
     """(app, llm) from the parsed arguments (the tests use it without starting uvicorn)."""
     import specdec
-    from specdec.cli import CLIError
     from specdec.server import create_app
+    from specdec.server.guard import GuardConfig
 
-    for name in ("port", "max_batch_size", "max_seq_len", "max_tokens"):
-        value = getattr(args, name)
-        if value is not None and value < (0 if name == "port" else 1):
-            raise CLIError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    interval = getattr(args, "switch_interval", None)
-    if interval is not None and not (math.isfinite(interval) and 0 < interval <= 1):
-        raise CLIError(f"--switch-interval must be a number of seconds in (0, 1], got {interval}")
-    if args.ngram_data is not None and not args.ngram_data.is_file():
-        raise FileNotFoundError(f"--ngram-data file not found: {args.ngram_data}")
     gamma = args.num_draft_tokens.strip()
     gamma = int(gamma) if gamma.isdigit() else gamma
     llm = specdec.load(args.target, args.draft, tokenizer=args.tokenizer, device=args.device, dtype=args.dtype,
@@ -61,7 +116,28 @@ def build(args: argparse.Namespace):
                        max_seq_len=args.max_seq_len, ngram_data=args.ngram_data,
                        synthetic_acceptance=getattr(args, "synthetic_acceptance", None))
     name = args.served_model_name or Path(args.target).resolve().name
-    return create_app(llm, model_name=name, max_tokens_limit=args.max_tokens), llm
+    guard = GuardConfig(allowed_hosts=tuple(getattr(args, "allowed_hosts", ())),
+                        allowed_origins=tuple(getattr(args, "allowed_origins", ())),
+                        bind_host=getattr(args, "host", "127.0.0.1"), api_key=getattr(args, "api_key", None))
+    app = create_app(llm, model_name=name, max_tokens_limit=args.max_tokens,
+                     metrics_prefix=getattr(args, "metrics_prefix", "specdec:"), guard=guard,
+                     default_seed=getattr(args, "seed", None))
+    return app, llm
+
+
+def dropped_generation_config(model) -> list[str]:
+    """generation_config settings the server does not apply (they need logits processors): named at start-up."""
+    config = getattr(model, "generation_config", None)
+    dropped = []
+    for name, neutral in (("repetition_penalty", 1.0), ("no_repeat_ngram_size", 0), ("encoder_repetition_penalty", 1.0),
+                          ("min_new_tokens", 0), ("min_length", 0), ("min_p", None), ("bad_words_ids", None),
+                          ("suppress_tokens", None), ("begin_suppress_tokens", None), ("forced_bos_token_id", None),
+                          ("forced_eos_token_id", None), ("sequence_bias", None), ("typical_p", 1.0),
+                          ("epsilon_cutoff", 0.0), ("eta_cutoff", 0.0)):
+        value = getattr(config, name, None) if config is not None else None
+        if value is not None and value != neutral:
+            dropped.append(f"{name}={value}")
+    return dropped
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,14 +149,40 @@ def run(args: argparse.Namespace) -> int:
         import uvicorn
     except ImportError as err:
         raise CLIError(f"specdec serve needs {err.name}: pip install 'specdec[serve]'") from None
-    app, llm = build(args)
+    from specdec.server.http import bind_socket, server_config
+
+    check_args(args)
+    apply_model_options(args)
+    try:
+        sock = bind_socket(args.host, args.port)  # now: a busy port fails before minutes of loading
+    except OSError as err:
+        raise CLIError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}") from None
+    try:
+        app, llm = build(args)
+    except BaseException:
+        sock.close()
+        raise
+    try:
+        return _serve(args, app, llm, sock, uvicorn)
+    finally:
+        llm.close()
+        sock.close()
+
+
+def _serve(args, app, llm, sock, uvicorn) -> int:
     for gamma in {llm.num_draft_tokens, 0} if llm.drafter is not None else {0}:
         llm.runner(gamma)  # build (and on CUDA, capture) before the first request, not during it
     for gamma, r in sorted(llm.warmups.items(), key=lambda kv: str(kv[0])):
-        print(f"specdec serve: warm-up num_draft_tokens={gamma}: {r['shapes']} decode step shapes captured in "
-              f"{r['seconds']:.1f} s (batch sizes {r['batch_sizes']}, γ {r['gammas']}, {r['length_buckets']} length "
-              f"buckets, T=0 and T=1)" + ("" if r["complete"] else f"; requests past {r['max_length']} tokens capture "
-                                          "on first use (warm-up bound)"), file=sys.stderr)
+        log(args, f"specdec serve: warm-up num_draft_tokens={gamma}: {r['shapes']} decode step shapes captured in "
+            f"{r['seconds']:.1f} s (batch sizes {r['batch_sizes']}, γ {r['gammas']}, {r['length_buckets']} length "
+            f"buckets, T=0 and T=1)" + ("" if r["complete"] else f"; requests past {r['max_length']} tokens capture "
+                                        "on first use (warm-up bound)"))
+    dropped = dropped_generation_config(llm.target)
+    if dropped:
+        # not refused: the model is served as the raw target distribution (what vLLM serves with
+        # --generation-config vllm); said loudly, since transformers' generate() would apply them
+        print(f"specdec serve: WARNING: the model's generation_config asks for {', '.join(dropped)}: NOT applied "
+              "(logits processors are not built yet); requests get the raw target distribution", file=sys.stderr)
     # Everything alive now (torch, transformers, the models, the captured steps: ~0.4M objects) lives as long as
     # the server: frozen, the collector's full passes skip it. Unfrozen, each full pass walks it all and pauses
     # every thread for 0.1-0.7 s (measured on the demo pair), a gap every running stream sees.
@@ -88,18 +190,19 @@ def run(args: argparse.Namespace) -> int:
     gc.freeze()
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
-    print(f"specdec serve: {gc.get_freeze_count()} start-up objects frozen (out of the garbage collector's passes)",
-          file=sys.stderr)
+    log(args, f"specdec serve: {gc.get_freeze_count()} start-up objects frozen (out of the garbage collector's passes)")
     if llm.synthetic_acceptance is not None:
         print(f"specdec serve: BENCHMARK ONLY: drafts accepted with probability {llm.synthetic_acceptance} "
               "(the output is not the target's distribution)", file=sys.stderr)
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"specdec serve: listening on {args.host}: reachable from other machines, with no authentication",
-              file=sys.stderr)
-    print(f"specdec serve: {app.state.model_name} ({llm.runner_kind} runner, γ={llm.num_draft_tokens}) on "
-          f"http://{args.host}:{args.port}  (playground at /, metrics at /metrics)", file=sys.stderr)
-    try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
-    finally:
-        llm.close()
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
+        print(f"specdec serve: listening on {args.host}: reachable from other machines, with no API key "
+              "(--api-key)", file=sys.stderr)
+    log(args, f"specdec serve: {app.state.model_name} ({llm.runner_kind} runner, γ={llm.num_draft_tokens}) on "
+        f"http://{args.host}:{args.port}  (playground at /, metrics at /metrics)")
+    from specdec.server.http import server_config
+
+    config = server_config(app, host=args.host, port=args.port, read_timeout=args.timeout_read,
+                           keep_alive=args.timeout_keep_alive, max_connections=args.max_connections,
+                           log_level=args.log_level)
+    uvicorn.Server(config).run(sockets=[sock])
     return 0

@@ -10,18 +10,24 @@ step).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from specdec.server import protocol as P
+from specdec.server import responses as R
+from specdec.server.guard import GuardConfig, GuardMiddleware
 from specdec.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from specdec.text.prompts import make_params
 
@@ -32,14 +38,25 @@ __all__ = ["create_app"]
 PLAYGROUND = Path(__file__).resolve().parent / "static" / "playground.html"
 
 
-def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None = None):
-    """A FastAPI app serving `llm` (a `specdec.text.LLM`)."""
+def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None = None,
+               metrics_prefix: str = "specdec:", guard: GuardConfig | None = None, tokenize_workers: int = 2,
+               default_seed: int | None = None):
+    """A FastAPI app serving `llm` (a `specdec.text.LLM`).
+
+    guard: Host / Origin / API key / content-type checks (`guard.GuardConfig`; default: loopback hosts and
+    origins only, no key). tokenize_workers: threads that tokenize and render chat templates (off the loop).
+    default_seed: requests that send no seed get seeds drawn from it in arrival order (None = fresh randomness)."""
     app = FastAPI(title="specdec", docs_url=None, redoc_url=None, openapi_url=None)
-    metrics = ServerMetrics(llm)
+    app.add_middleware(GuardMiddleware, config=guard or GuardConfig())
+    metrics = ServerMetrics(llm, prefix=metrics_prefix, model_name=model_name)
     llm.driver.add_listener(metrics.on_output)
     llm.driver.add_step_listener(metrics.on_step)
     mailboxes: dict = {}  # event loop → its _Mailbox (one per loop serving this app)
     lock = threading.Lock()
+    tokenize_pool = ThreadPoolExecutor(max_workers=tokenize_workers, thread_name_prefix="specdec-tokenize")
+    max_token_chars = _max_token_chars(llm.tokenizer)
+    health = _Health()
+    seeds = _SeedSource(default_seed)
 
     def mailbox() -> "_Mailbox":
         loop = asyncio.get_running_loop()
@@ -60,6 +77,7 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
     llm.driver.add_step_listener(flush)
     limit = llm.max_seq_len if max_tokens_limit is None else min(max_tokens_limit, llm.max_seq_len)
     app.state.llm, app.state.metrics, app.state.model_name = llm, metrics, model_name
+    app.state.tokenize_pool, app.state.health = tokenize_pool, health
 
     def error(status: int, message: str, **kw) -> JSONResponse:
         return JSONResponse(P.error_body(message, **kw), status_code=status)
@@ -80,17 +98,28 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
     @app.exception_handler(Exception)
     async def _internal_error(request, err: Exception):
         logger.exception("internal error")
-        return error(500, f"internal server error: {type(err).__name__}", type="server_error")
+        return error(500, f"internal server error: {_describe(err)}", type="server_error")
 
     @app.get("/health")
-    async def health():
+    async def health_check():
+        failure = health.failure()
+        if failure is not None:
+            return JSONResponse({"status": "error", "runner": llm.runner_kind, "error": failure}, status_code=503)
         return {"status": "ok", "runner": llm.runner_kind}
 
     @app.get("/v1/models")
     async def models():
-        card = {"id": model_name, "object": "model", "created": P.created(), "owned_by": "specdec",
+        card = {"id": model_name, "object": "model", "created": R.created(), "owned_by": "specdec",
                 "max_model_len": llm.max_seq_len, "num_draft_tokens": llm.num_draft_tokens}
         return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model_card(name: str):
+        if name != model_name:
+            raise P.APIError(f"The model `{name}` does not exist", status=404, param="model", type="NotFoundError",
+                             code="model_not_found")
+        return {"id": model_name, "object": "model", "created": R.created(), "owned_by": "specdec",
+                "max_model_len": llm.max_seq_len, "num_draft_tokens": llm.num_draft_tokens}
 
     @app.get("/metrics")
     async def prometheus():
@@ -102,16 +131,28 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        parsed = P.parse_completion(P.parse_body(await _read_body(request)), llm, limit)
-        return await _serve(request, parsed, chat=False)
+        return await _handle(request, P.CompletionRequest)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        parsed = P.parse_chat(P.parse_body(await _read_body(request)), llm, limit)
-        return await _serve(request, parsed, chat=True)
+        return await _handle(request, P.ChatRequest)
+
+    async def _handle(request: Request, model_cls):
+        body = P.parse_body(await _read_body(request))
+        typed = P.validate(model_cls, body)
+        P.check_model(typed, model_name)
+        P.check_refusals(typed)
+        sources = P.prompt_sources(typed)
+        chat = model_cls is P.ChatRequest
+        P.check_length(sources, llm.max_seq_len, max_token_chars, "messages" if chat else "prompt")
+        loop = asyncio.get_running_loop()
+        prompts = await loop.run_in_executor(tokenize_pool, P.encode, llm, typed, sources)
+        echo = P.prompt_texts(llm, sources) if not chat and typed.echo else None
+        parsed = P.build(typed, llm, prompts, limit, echo, seeds.next() if typed.seed is None else None)
+        return await _serve(request, parsed, chat)
 
     async def _serve(request, parsed: P.ParsedRequest, chat: bool):
-        run = _Run(llm, metrics, parsed, mailbox())
+        run = _Run(llm, metrics, parsed, mailbox(), health)
         await run.start()
         if parsed.stream:
             return StreamingResponse(_sse(run, chat), media_type="text/event-stream",
@@ -120,6 +161,11 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
         try:
             async for _ in run.events():
                 pass
+        except P.APIError:
+            raise
+        except Exception as err:  # noqa: BLE001 - the runner failed (NaN logits...): its message, not a name
+            logger.error("generation failed: %s", _describe(err))
+            raise P.APIError(f"generation failed: {_describe(err)}", status=500, type="server_error") from None
         finally:
             watcher.cancel()
             run.abort_unfinished()
@@ -127,63 +173,141 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
 
     def _full_body(run: "_Run", chat: bool) -> dict:
         completions = [r.completion() for r in run.requests]
+        parsed = run.parsed
         choices = []
         for i, c in enumerate(completions):
+            spec = parsed.choices[i]
             logprobs = None
-            if run.parsed.logprobs is not None:
-                make = P.chat_logprobs if chat else P.completion_logprobs
-                logprobs = make(llm.tokenizer, c.token_ids, c.logprobs or [])
+            prefix = parsed.echo[spec.prompt_index] if parsed.echo is not None else ""
+            if parsed.logprobs is not None:
+                logprobs = (R.chat_logprobs(llm.tokenizer, c.token_ids, c.logprobs or []) if chat else
+                            R.completion_logprobs(llm.tokenizer, c.token_ids, c.logprobs or [], len(prefix)))
             if chat:
-                choices.append({"index": i, "message": {"role": "assistant", "content": c.text},
-                                "logprobs": logprobs, "finish_reason": c.finish_reason})
+                choice = {"index": i, "message": {"role": "assistant", "content": c.text},
+                          "logprobs": logprobs, "finish_reason": c.finish_reason}
             else:
-                choices.append({"index": i, "text": c.text, "logprobs": logprobs, "finish_reason": c.finish_reason})
+                choice = {"index": i, "text": prefix + c.text, "logprobs": logprobs, "finish_reason": c.finish_reason}
+            if c.stop_string is not None:
+                choice["stop_reason"] = c.stop_string  # vLLM's field: which stop string ended the text
+            if parsed.return_token_ids:
+                choice["token_ids"] = list(c.token_ids)
+                choice["prompt_token_ids"] = list(parsed.prompts[spec.prompt_index])
+            choices.append(choice)
+        stats = [c.stats for c in completions]
         return {"id": run.id(chat), "object": "chat.completion" if chat else "text_completion",
-                "created": run.created, "model": model_name, "choices": choices, "usage": P.usage(completions),
-                "specdec": P.specdec_extra([c.stats for c in completions], run.gamma)}
+                "created": run.created, "model": model_name, "choices": choices,
+                "usage": R.usage(parsed.prompts, completions),
+                "speculative_decoding": R.speculative_decoding(stats),
+                "specdec": R.specdec_extra(stats, run.gamma)}
 
     async def _sse(run: "_Run", chat: bool):
+        parsed = run.parsed
+
         def chunk(choices, **extra) -> str:
             body = {"id": run.id(chat), "object": "chat.completion.chunk" if chat else "text_completion",
                     "created": run.created, "model": model_name, "choices": choices, **extra}
             return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
+        offsets = [0] * len(run.requests)
         try:
-            if chat:
-                for i in range(len(run.requests)):
+            for i, spec in enumerate(parsed.choices):
+                if chat:
                     yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                   "finish_reason": None}])
+                elif parsed.echo is not None:
+                    text = parsed.echo[spec.prompt_index]
+                    offsets[i] = len(text)
+                    yield chunk([{"index": i, "text": text, "logprobs": None, "finish_reason": None}])
             async for i, delta in run.events():
-                if not delta.text and delta.finish_reason is None and not run.parsed.token_details:
+                if not delta.text and delta.finish_reason is None and not parsed.token_details:
                     continue
                 request = run.requests[i]
                 logprobs = None
-                if run.parsed.logprobs is not None and delta.pieces:
-                    ids = [p.token_id for p in delta.pieces if p.token_id >= 0]
+                ids = [p.token_id for p in delta.pieces if p.token_id >= 0]
+                if parsed.logprobs is not None and ids:
                     lps = [p.logprob for p in delta.pieces if p.token_id >= 0]
-                    logprobs = (P.chat_logprobs if chat else P.completion_logprobs)(llm.tokenizer, ids, lps)
+                    logprobs = (R.chat_logprobs(llm.tokenizer, ids, lps) if chat else
+                                R.completion_logprobs(llm.tokenizer, ids, lps, offsets[i]))
+                offsets[i] += len(delta.text)
                 if chat:
                     content = {"content": delta.text} if delta.text or delta.finish_reason is None else {}
                     choice = {"index": i, "delta": content, "logprobs": logprobs, "finish_reason": delta.finish_reason}
                 else:
                     choice = {"index": i, "text": delta.text, "logprobs": logprobs,
                               "finish_reason": delta.finish_reason}
-                extra = {"specdec": P.delta_extra(delta, run.parsed.token_details)}
+                if parsed.return_token_ids:
+                    choice["token_ids"] = ids
+                extra = {"specdec": R.delta_extra(delta, parsed.token_details)}
                 if delta.finish_reason is not None:
-                    extra["specdec"]["request"] = {**request.stats().to_dict(), "num_draft_tokens_per_step": run.gamma}
+                    stats = request.stats()
+                    extra["specdec"]["request"] = {**stats.to_dict(), "num_draft_tokens_per_step": run.gamma}
+                    extra["speculative_decoding"] = R.speculative_decoding([stats])
                 yield chunk([choice], **extra)
-            if run.parsed.include_usage:
-                yield chunk([], usage=P.usage([r.completion() for r in run.requests]))
+            if parsed.include_usage:
+                yield chunk([], usage=R.usage(parsed.prompts, [r.completion() for r in run.requests]))
         except asyncio.CancelledError:
             raise
         except Exception as err:  # noqa: BLE001 - the stream has started: report in-band, as OpenAI does
-            logger.exception("generation failed mid-stream")
-            yield f"data: {json.dumps(P.error_body(f'generation failed: {type(err).__name__}: {err}', type='server_error'))}\n\n"
+            logger.error("generation failed mid-stream: %s", _describe(err))
+            yield f"data: {json.dumps(P.error_body(f'generation failed: {_describe(err)}', type='server_error'))}\n\n"
         finally:
             run.abort_unfinished()
         yield "data: [DONE]\n\n"
 
     return app
+
+
+def _describe(err: BaseException) -> str:
+    """An exception as one line: its message (and its type where the message alone would not say what failed)."""
+    text = " ".join(str(err).split())[:500]
+    return text if text and isinstance(err, (ValueError, TypeError, RuntimeError)) else \
+        f"{type(err).__name__}: {text or '(no message)'}"
+
+
+def _max_token_chars(tokenizer) -> int:
+    """The most characters one token covers (the longest vocabulary entry; byte-level entries count bytes)."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except Exception:  # noqa: BLE001 - a tokenizer without a vocabulary listing: no cheap bound
+        return 1 << 20
+    longest = max((len(t) for t in vocab), default=1)
+    return max(longest, 1)
+
+
+class _SeedSource:
+    """Seeds for requests that send none: splitmix64 of (the server's --seed, arrival count)."""
+
+    def __init__(self, seed: int | None):
+        self.seed = seed
+        self._count = itertools.count()
+
+    def next(self) -> int | None:
+        if self.seed is None:
+            return None
+        z = (self.seed + 0x9E3779B97F4A7C15 * (next(self._count) + 1)) & ((1 << 64) - 1)
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & ((1 << 64) - 1)
+        return (z ^ (z >> 31)) >> 1
+
+
+class _Health:
+    """Whether the latest finished request failed in the runner (NaN logits...): /health answers 503 then."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._last_error: str | None = None
+
+    def failed(self, err: BaseException) -> None:
+        with self._lock:
+            self._last_error = _describe(err)
+
+    def succeeded(self) -> None:
+        with self._lock:
+            self._last_error = None
+
+    def failure(self) -> str | None:
+        with self._lock:
+            return self._last_error
 
 
 async def _read_body(request) -> bytes:
@@ -192,10 +316,13 @@ async def _read_body(request) -> bytes:
     if declared is not None and declared.isdigit() and int(declared) > P.MAX_BODY_BYTES:
         raise P.APIError(f"request body is larger than {P.MAX_BODY_BYTES} bytes", status=413)
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > P.MAX_BODY_BYTES:
-            raise P.APIError(f"request body is larger than {P.MAX_BODY_BYTES} bytes", status=413)
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > P.MAX_BODY_BYTES:
+                raise P.APIError(f"request body is larger than {P.MAX_BODY_BYTES} bytes", status=413)
+    except ClientDisconnect:  # the client left mid-body: nobody reads the answer, nothing to log
+        raise P.APIError("the client disconnected before sending the whole body", status=400) from None
     return bytes(body)
 
 
@@ -208,14 +335,14 @@ async def _abort_on_disconnect(request, run: "_Run") -> None:
 
 
 class _Run:
-    """The runner requests of one HTTP request (several prompts → several requests)."""
+    """The runner requests of one HTTP request (its prompts × n choices, in `parsed.choices` order)."""
 
-    def __init__(self, llm, metrics: ServerMetrics, parsed: P.ParsedRequest, mailbox: "_Mailbox"):
-        self.llm, self.metrics, self.parsed, self.mailbox = llm, metrics, parsed, mailbox
+    def __init__(self, llm, metrics: ServerMetrics, parsed: P.ParsedRequest, mailbox: "_Mailbox", health: "_Health"):
+        self.llm, self.metrics, self.parsed, self.mailbox, self.health = llm, metrics, parsed, mailbox, health
         self.requests: list = []
-        self.gamma = parsed.params[0]["num_draft_tokens"]
-        self.created = P.created()
-        self._id = P.new_id("x")[2:]
+        self.gamma = parsed.num_draft_tokens
+        self.created = R.created()
+        self._id = parsed.request_id or R.new_id("x")[2:]
         self._queue: asyncio.Queue = asyncio.Queue()
 
     def id(self, chat: bool) -> str:
@@ -225,12 +352,15 @@ class _Run:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.llm.runner, self.gamma)  # building a runner must not block the loop
         try:
-            for i, (ids, params) in enumerate(zip(self.parsed.prompts, self.parsed.params)):
+            for i, spec in enumerate(self.parsed.choices):
+                ids = self.parsed.prompts[spec.prompt_index]
                 try:
-                    sampling, stop, gamma = make_params(self.llm, len(ids), params)
+                    sampling, stop, gamma = make_params(self.llm, len(ids), spec.params)
+                    if spec.eos_token_ids is not None:
+                        sampling = replace(sampling, eos_token_ids=spec.eos_token_ids)
                 except (TypeError, ValueError) as err:
                     raise P.APIError(str(err)) from None
-                rid = P.new_id("req")
+                rid = R.new_id("req")
 
                 def sink(item, i=i):
                     self.mailbox.put(self._queue, (i, item))
@@ -246,17 +376,20 @@ class _Run:
             raise
 
     async def events(self):
-        """(prompt index, TextDelta) as outputs arrive, until every request has finished."""
+        """(choice index, TextDelta) as outputs arrive, until every request has finished."""
         pending = len(self.requests)
         while pending:
             i, item = await self._queue.get()
             request = self.requests[i]
             if isinstance(item, BaseException):
                 self.metrics.failed(request.request_id)
+                self.health.failed(item)
                 raise item
             delta = request.feed(item)
             if item.finished:
                 pending -= 1
+                if item.finish_reason != "abort":
+                    self.health.succeeded()
             elif request.stop_reached and not getattr(request, "abort_sent", False):
                 request.abort_sent = True
                 self.metrics.stopping(request.request_id)

@@ -1,4 +1,5 @@
-"""Prometheus metrics of the server: vLLM's spec-decode names under the `specdec:` prefix, plus request counts,
+"""Prometheus metrics of the server: vLLM's spec-decode names under a prefix (`specdec:` by default; `vllm:` makes
+vLLM's dashboards read them unchanged), each with vLLM's `model_name` label, plus request counts,
 running/waiting requests and latency histograms. One registry per app (no global state).
 
 Counted from every runner output on the driver thread, so the spec-decode counters equal the sums of the
@@ -34,7 +35,7 @@ import weakref
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-__all__ = ["ServerMetrics", "CONTENT_TYPE_LATEST"]
+__all__ = ["ServerMetrics", "CONTENT_TYPE_LATEST", "PREFIX_PATTERN"]
 
 _STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15,
                  0.2, 0.3, 0.5, 1.0, 2.5, 5.0)
@@ -42,54 +43,71 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.1
                     1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 
 
+#: a Prometheus metric-name prefix: letters, digits, _ and : (vLLM's dashboards read "vllm:")
+PREFIX_PATTERN = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+
+
 class ServerMetrics:
-    def __init__(self, llm, prefix: str = "specdec:"):
+    """Every metric carries a `model_name` label (the served model name, as vLLM's do), under `prefix`."""
+
+    def __init__(self, llm, prefix: str = "specdec:", model_name: str = "specdec"):
+        import re
+
+        if not isinstance(prefix, str) or not re.fullmatch(PREFIX_PATTERN, prefix):
+            raise ValueError(f"metrics prefix must match {PREFIX_PATTERN} (e.g. 'vllm:'), got {prefix!r}")
         self.llm = llm
+        self.prefix, self.model_name = prefix, model_name
         self.registry = r = CollectorRegistry(auto_describe=True)
         p = prefix
-        self.num_drafts = Counter(f"{p}spec_decode_num_drafts", "Request-steps with at least one draft.", registry=r)
-        self.num_draft_tokens = Counter(f"{p}spec_decode_num_draft_tokens", "Draft tokens proposed.", registry=r)
-        self.num_accepted_tokens = Counter(f"{p}spec_decode_num_accepted_tokens", "Draft tokens accepted.", registry=r)
-        self.accepted_per_pos = Counter(f"{p}spec_decode_num_accepted_tokens_per_pos",
-                                        "Draft tokens accepted at each position (0-based).", ["position"], registry=r)
-        self.prompt_tokens = Counter(f"{p}prompt_tokens", "Prompt tokens of admitted requests.", registry=r)
-        self.generation_tokens = Counter(f"{p}generation_tokens", "Tokens generated (every runner output).",
-                                         registry=r)
-        self.request_success = Counter(f"{p}request_success", "Finished requests by finish reason (stop, length).",
-                                       ["finished_reason"], registry=r)
-        self.request_aborted = Counter(f"{p}request_aborted",
-                                       "Requests aborted (client disconnects).", registry=r)
-        self.request_failed = Counter(f"{p}request_failed", "Requests that failed with a server error.", registry=r)
-        self.requests_received = Counter(f"{p}requests_received", "Requests admitted to a runner.", registry=r)
-        self.running = Gauge(f"{p}num_requests_running", "Requests in the running batch.", registry=r)
-        self.waiting = Gauge(f"{p}num_requests_waiting", "Requests waiting for a slot.", registry=r)
-        self.running.set_function(lambda: llm.num_running)
-        self.waiting.set_function(lambda: llm.num_waiting)
-        self.ttft = Histogram(f"{p}time_to_first_token_seconds", "Time from admission to the first token.",
-                              buckets=_LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram(f"{p}inter_token_latency_seconds",
+        m = {"model_name": model_name}
+
+        def counter(name, doc, labels=()):
+            metric = Counter(f"{p}{name}", doc, ["model_name", *labels], registry=r)
+            return metric if labels else metric.labels(**m)
+
+        def histogram(name, doc, buckets, labels=()):
+            metric = Histogram(f"{p}{name}", doc, ["model_name", *labels], buckets=buckets, registry=r)
+            return metric if labels else metric.labels(**m)
+
+        def gauge(name, doc, function):
+            Gauge(f"{p}{name}", doc, ["model_name"], registry=r).labels(**m).set_function(function)
+
+        self.num_drafts = counter("spec_decode_num_drafts", "Request-steps with at least one draft.")
+        self.num_draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens proposed.")
+        self.num_accepted_tokens = counter("spec_decode_num_accepted_tokens", "Draft tokens accepted.")
+        self.accepted_per_pos = counter("spec_decode_num_accepted_tokens_per_pos",
+                                        "Draft tokens accepted at each position (0-based).", ["position"])
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of admitted requests.")
+        self.generation_tokens = counter("generation_tokens", "Tokens generated (every runner output).")
+        self.request_success = counter("request_success", "Finished requests by finish reason (stop, length).",
+                                       ["finished_reason"])
+        self.request_aborted = counter("request_aborted", "Requests aborted (client disconnects).")
+        self.request_failed = counter("request_failed", "Requests that failed with a server error.")
+        self.requests_received = counter("requests_received", "Requests admitted to a runner.")
+        gauge("num_requests_running", "Requests in the running batch.", lambda: llm.num_running)
+        gauge("num_requests_waiting", "Requests waiting for a slot.", lambda: llm.num_waiting)
+        self.ttft = histogram("time_to_first_token_seconds", "Time from admission to the first token.",
+                              _LATENCY_BUCKETS)
+        self.itl = histogram("inter_token_latency_seconds",
                              "Time between successive outputs of a request (a step's tokens arrive together).",
-                             buckets=_LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram(f"{p}e2e_request_latency_seconds", "Time from admission to the last token.",
-                             buckets=_LATENCY_BUCKETS, registry=r)
-        self.step_seconds = Histogram(f"{p}engine_step_seconds", "Time of one runner step on the driver thread "
-                                      "(admission, prefill, decode step, graph capture).", ["num_draft_tokens", "kind"],
-                                      buckets=_STEP_BUCKETS, registry=r)
-        self.delivery = Histogram(f"{p}output_delivery_seconds", "From the end of a step to its outputs reaching "
-                                  "their requests on the event loop.", buckets=_STEP_BUCKETS, registry=r)
-        self.handoff_seconds = Histogram(f"{p}driver_handoff_seconds", "Driver thread time handing one step's "
-                                         "outputs to metrics and requests (the device waits meanwhile).",
-                                         buckets=_STEP_BUCKETS, registry=r)
-        self.graph_captures = Counter(f"{p}graph_captures", "CUDA graph pairs captured by the runners (start-up "
-                                      "warm-up included).", registry=r)
-        self.step_shapes = Gauge(f"{p}step_shapes", "Distinct decode step shapes the runners have built.", registry=r)
-        self.step_shapes.set_function(lambda: getattr(llm, "step_shapes", 0))
-        self.step_shapes_run = Gauge(f"{p}step_shapes_run", "Decode step shapes that have served a step (a shape's "
-                                     "first step is its first replay).", registry=r)
-        self.step_shapes_run.set_function(lambda: getattr(llm, "step_shapes_run", 0))
-        self.gc_pause = Histogram(f"{p}gc_pause_seconds", "Python garbage collection pauses (every thread waits).",
-                                  ["generation"], buckets=_STEP_BUCKETS, registry=r)
-        self._gc_children = [self.gc_pause.labels(generation=str(g)) for g in range(3)]
+                             _LATENCY_BUCKETS)
+        self.e2e = histogram("e2e_request_latency_seconds", "Time from admission to the last token.", _LATENCY_BUCKETS)
+        self.step_seconds = histogram("engine_step_seconds", "Time of one runner step on the driver thread "
+                                      "(admission, prefill, decode step, graph capture).", _STEP_BUCKETS,
+                                      ["num_draft_tokens", "kind"])
+        self.delivery = histogram("output_delivery_seconds", "From the end of a step to its outputs reaching "
+                                  "their requests on the event loop.", _STEP_BUCKETS)
+        self.handoff_seconds = histogram("driver_handoff_seconds", "Driver thread time handing one step's "
+                                         "outputs to metrics and requests (the device waits meanwhile).", _STEP_BUCKETS)
+        self.graph_captures = counter("graph_captures", "CUDA graph pairs captured by the runners (start-up "
+                                      "warm-up included).")
+        gauge("step_shapes", "Distinct decode step shapes the runners have built.",
+              lambda: getattr(llm, "step_shapes", 0))
+        gauge("step_shapes_run", "Decode step shapes that have served a step (a shape's first step is its first "
+              "replay).", lambda: getattr(llm, "step_shapes_run", 0))
+        self.gc_pause = histogram("gc_pause_seconds", "Python garbage collection pauses (every thread waits).",
+                                  _STEP_BUCKETS, ["generation"])
+        self._gc_children = [self.gc_pause.labels(generation=str(g), **m) for g in range(3)]
         _watch_gc(self)
         self._captures_seen = 0
         self._runner_labels: dict[int, str] = {}
@@ -152,11 +170,11 @@ class ServerMetrics:
                 self.e2e.observe(now - times[0])
             if out.request_id in self._stopping:
                 self._stopping.discard(out.request_id)
-                self.request_success.labels(finished_reason="stop").inc()
+                self.request_success.labels(finished_reason="stop", model_name=self.model_name).inc()
             elif out.finish_reason == "abort":
                 self.request_aborted.inc()
             else:
-                self.request_success.labels(finished_reason=str(out.finish_reason)).inc()
+                self.request_success.labels(finished_reason=str(out.finish_reason), model_name=self.model_name).inc()
 
     def on_step(self, timing) -> None:
         """Driver-thread step listener (`text.driver.StepTiming`): the step's time, under the γ its runner serves."""
@@ -166,7 +184,7 @@ class ServerMetrics:
             label = self._runner_labels[id(timing.runner)] = str(key)
         self._add_step_sums()
         kind = "admit" if timing.admitted else "decode"
-        self.step_seconds.labels(num_draft_tokens=label, kind=kind).observe(timing.step_s)
+        self.step_seconds.labels(num_draft_tokens=label, kind=kind, model_name=self.model_name).observe(timing.step_s)
         self.handoff_seconds.observe(timing.deliver_s)
 
     def _add_step_sums(self) -> None:
@@ -181,7 +199,7 @@ class ServerMetrics:
         children = self._per_pos
         for i, count in enumerate(self._step_per_pos):
             if len(children) <= i:
-                children.append(self.accepted_per_pos.labels(position=str(i)))
+                children.append(self.accepted_per_pos.labels(position=str(i), model_name=self.model_name))
             if count:
                 children[i].inc(count)
         self._step_sums = [0, 0, 0, 0]

@@ -1,25 +1,28 @@
-"""OpenAI request bodies → checked text requests, and specdec results → OpenAI response bodies.
+"""OpenAI request bodies → checked runner requests, and specdec results → OpenAI response bodies.
 
-Every field is type-checked and bounded here, before anything reaches the model; a bad field raises
-`APIError` (HTTP 4xx, OpenAI's error-body shape, naming the field). Unknown fields are ignored, as OpenAI
-does; known fields whose non-default values specdec cannot honour (n > 1, echo, penalties...) are refused.
+A body goes through, in order: the size limit, strict JSON (no NaN; nesting bounded), the typed models of
+`schema.py` (every field typed and bounded), the model name (404 when unknown), the refusals (a value specdec
+cannot honour: 400 naming the field), a cheap length refusal (before any tokenization), then tokenization and
+chat-template rendering (`encode`, run off the event loop by the app), then the per-choice parameters. Every
+client error raises `APIError` (OpenAI's error body, naming the field), never a bare 500.
 """
 
 from __future__ import annotations
 
 import json
-import time
-import uuid
 from dataclasses import dataclass
 
-from specdec.text.outputs import Completion, RequestStats, TextDelta
+from pydantic import ValidationError
 
-__all__ = ["APIError", "ParsedRequest", "parse_body", "parse_completion", "parse_chat", "error_body"]
+from specdec.server.schema import MAX_CHOICES, MAX_PROMPTS, ChatRequest, CompletionRequest, refusal
+
+__all__ = ["APIError", "ParsedRequest", "ChoiceSpec", "parse_body", "validate", "check_model", "check_refusals",
+           "prompt_sources", "check_length", "encode", "prompt_texts", "build", "error_body", "CompletionRequest",
+           "ChatRequest", "MAX_BODY_BYTES", "MAX_JSON_DEPTH"]
 
 MAX_BODY_BYTES = 1 << 20
-MAX_PROMPTS = 16
+MAX_JSON_DEPTH = 64
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 class APIError(Exception):
@@ -37,88 +40,273 @@ def error_body(message: str, *, type: str = "invalid_request_error", param=None,
 
 
 @dataclass(frozen=True)
+class ChoiceSpec:
+    """One runner request: which prompt, its specdec.text parameters, and its EOS ids (None = the model's)."""
+
+    prompt_index: int
+    params: dict
+    eos_token_ids: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
 class ParsedRequest:
     prompts: list[list[int]]  # token ids per prompt (chat: one rendered conversation)
-    params: list[dict]  # specdec.text keyword parameters per prompt (max_new_tokens, temperature, ...)
+    choices: list[ChoiceSpec]  # prompt-major: prompt i's n choices are choices[i*n : (i+1)*n]
     stream: bool
     include_usage: bool
-    logprobs: int | None  # completions: how many; chat: 0 when asked for, None otherwise
+    logprobs: int | None  # completions: 0 when asked for; chat: 0 when asked for; None otherwise
     token_details: bool  # stream each token's text and kind (accepted / resampled / bonus / plain)
-    model: str | None
+    num_draft_tokens: int
+    echo: tuple[str, ...] | None = None  # completions: the prompt texts to prepend
+    return_token_ids: bool = False
+    request_id: str | None = None
 
+
+# --- body → typed request -------------------------------------------------------------------------
 
 def parse_body(raw: bytes) -> dict:
     if len(raw) > MAX_BODY_BYTES:
         raise APIError(f"request body is larger than {MAX_BODY_BYTES} bytes", status=413)
+    depth = _max_depth(raw)
+    if depth > MAX_JSON_DEPTH:
+        raise APIError(f"request body nests {depth} levels deep; at most {MAX_JSON_DEPTH} are accepted")
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as err:
+        body = json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:
         raise APIError(f"request body is not valid JSON: {err}") from None
     if not isinstance(body, dict):
         raise APIError(f"request body must be a JSON object, got {type(body).__name__}")
     return body
 
 
-# --- field checks ---------------------------------------------------------------------------------
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
 
 
-def _int(body, name, *, minimum, maximum=None, default=None):
-    v = body.get(name)
-    if v is None:
-        return default
-    if not _is_int(v):
-        raise APIError(f"{name} must be an integer, got {json.dumps(v)[:60]}", param=name)
-    if v < minimum or (maximum is not None and v > maximum):
-        bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
-        raise APIError(f"{name} must be {bound}, got {v}", param=name)
-    return v
+def _max_depth(raw: bytes) -> int:
+    """Bracket nesting depth outside strings, counted in one pass over the bytes (before json.loads recurses)."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:
+        return 0
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > MAX_JSON_DEPTH:
+                    return deepest
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
 
 
-def _float(body, name, *, low, high, low_open=False, default=None):
-    v = body.get(name)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
-        raise APIError(f"{name} must be a number, got {json.dumps(v)[:60]}", param=name)
-    if (v <= low if low_open else v < low) or v > high:
-        raise APIError(f"{name} must be in {'(' if low_open else '['}{low}, {high}], got {v}", param=name)
-    return float(v)
+def validate(model_cls, body: dict):
+    """The typed request, or APIError naming the first bad field (unknown fields are refused, as OpenAI does)."""
+    try:
+        return model_cls.model_validate(body)
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        loc = first.get("loc", ())
+        # a union's member name ("str", "list[int]") is not a field
+        path = [str(p) for p in loc if not (isinstance(p, str) and ("[" in p or p in ("str", "int", "float", "bool")))]
+        name = ".".join(p if not p.isdigit() else f"[{p}]" for p in path).replace(".[", "[") or None
+        if first.get("type") == "extra_forbidden":
+            raise APIError(f"unrecognized request argument supplied: {name}", param=name) from None
+        if first.get("type") == "missing":
+            raise APIError(f"{name} is required", param=name) from None
+        got = first.get("input")
+        try:
+            shown = json.dumps(got)
+        except (TypeError, ValueError):
+            shown = repr(got)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise APIError(f"{name}: {first.get('msg', 'invalid value')} (got {shown})", param=name.split("[")[0].split(".")[0]
+                       if name else None) from None
 
 
-def _bool(body, name, default=False):
-    v = body.get(name)
-    if v is None:
-        return default
-    if not isinstance(v, bool):
-        raise APIError(f"{name} must be true or false, got {json.dumps(v)[:60]}", param=name)
-    return v
+def check_model(request, served: str) -> None:
+    if request.model is not None and request.model != served:
+        raise APIError(f"The model `{request.model}` does not exist (this server serves `{served}`)", status=404,
+                       param="model", type="NotFoundError", code="model_not_found")
 
 
-def _refuse_unsupported(body) -> None:
-    checks = {
-        "n": lambda v: v in (None, 1), "best_of": lambda v: v in (None, 1), "echo": lambda v: v in (None, False),
-        "suffix": lambda v: v is None, "presence_penalty": lambda v: v in (None, 0, 0.0),
-        "frequency_penalty": lambda v: v in (None, 0, 0.0), "logit_bias": lambda v: not v,
-        "tools": lambda v: not v, "functions": lambda v: not v,
-    }
-    for name, ok in checks.items():
-        if name in body and not ok(body[name]):
-            raise APIError(f"{name}={json.dumps(body[name])[:60]} is not supported by specdec serve", param=name)
+def check_refusals(request) -> None:
+    refused = refusal(request)
+    if refused is not None:
+        raise APIError(refused[1], param=refused[0].split(".")[0])
 
 
-def _common(body, llm, num_prompt_tokens: int, default_max_tokens: int | None, max_tokens_limit: int) -> dict:
-    """specdec.text parameters from the shared OpenAI fields."""
-    _refuse_unsupported(body)
+# --- prompts --------------------------------------------------------------------------------------
+
+def prompt_sources(request) -> list:
+    """What `encode` turns into token ids, one entry per prompt: a string, token ids, or (chat) message dicts."""
+    if isinstance(request, ChatRequest):
+        messages = []
+        for i, m in enumerate(request.messages):
+            content = m.content
+            if isinstance(content, list):  # content parts: only text is understood
+                texts = []
+                for j, part in enumerate(content):
+                    if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                        raise APIError(f"messages[{i}].content[{j}]: only text parts are supported "
+                                       f"(got type {str(part.get('type'))[:40]!r})", param="messages")
+                    texts.append(part["text"])
+                content = "".join(texts)
+            if content is None:
+                if m.role != "assistant":
+                    raise APIError(f"messages[{i}].content is required for role {m.role!r}", param="messages")
+                content = ""
+            message = {"role": m.role, "content": content}
+            if m.name is not None:
+                message["name"] = m.name
+            if m.tool_call_id is not None:
+                message["tool_call_id"] = m.tool_call_id
+            messages.append(message)
+        return [messages]
+    prompt = request.prompt
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        prompts = [prompt]
+    else:
+        prompts = list(prompt)
+    if not prompts:
+        raise APIError("prompt must not be empty", param="prompt")
+    if len(prompts) > MAX_PROMPTS:
+        raise APIError(f"at most {MAX_PROMPTS} prompts per request, got {len(prompts)}", param="prompt")
+    if len(prompts) * request.n > MAX_CHOICES:
+        raise APIError(f"prompts × n = {len(prompts)} × {request.n} = {len(prompts) * request.n} choices; at most "
+                       f"{MAX_CHOICES} per request", param="n")
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise APIError(f"prompt {i} is empty", param="prompt")
+    return prompts
+
+
+def check_length(sources: list, max_seq_len: int, max_token_chars: int, param: str) -> None:
+    """The cheap refusal, before any tokenization: a text of c characters has at least c / max_token_chars tokens
+    (no token covers more characters than the longest vocabulary entry), so past max_seq_len × max_token_chars
+    characters it cannot fit the context, whatever the tokenizer does."""
+    limit = max_seq_len * max(max_token_chars, 1)
+    for i, source in enumerate(sources):
+        if isinstance(source, str):
+            chars = len(source)
+        elif source and isinstance(source[0], dict):
+            chars = sum(len(m["content"]) for m in source)
+        else:
+            chars = 0
+            if len(source) >= max_seq_len:
+                raise APIError(f"prompt {i} has {len(source)} tokens; this model's context is {max_seq_len} tokens",
+                               param=param, code="context_length_exceeded")
+        if chars > limit:
+            raise APIError(f"prompt {i} has {chars} characters: more than the {max_seq_len}-token context can hold "
+                           f"(at most {max_token_chars} characters per token)", param=param,
+                           code="context_length_exceeded")
+
+
+def encode(llm, request, sources: list) -> list[list[int]]:
+    """Token ids per prompt: tokenization and chat-template rendering (slow for long inputs: the app runs this on
+    a worker thread, never on the event loop). Errors (a template's raise_exception included) → APIError."""
+    from specdec.text.prompts import encode_prompts
+
+    tokenizer = llm.tokenizer
+    chat = isinstance(request, ChatRequest)
+    param = "messages" if chat else "prompt"
+    out = []
+    for source in sources:
+        try:
+            if chat:
+                text = _render(tokenizer, source, request.add_generation_prompt)
+                ids = tokenizer.encode(text, add_special_tokens=request.add_special_tokens)
+            elif isinstance(source, str):
+                ids = tokenizer.encode(source, add_special_tokens=request.add_special_tokens)
+            else:
+                ids = source
+            if request.truncate_prompt_tokens is not None:
+                ids = ids[-request.truncate_prompt_tokens:]
+            out.append(encode_prompts([ids], tokenizer, llm.vocab_size)[0][0])
+        except APIError:
+            raise
+        except (TypeError, ValueError) as err:
+            raise APIError(str(err), param=param) from None
+        except Exception as err:  # noqa: BLE001 - jinja2's TemplateError (raise_exception) and its kin
+            if type(err).__module__.startswith("jinja2"):
+                raise APIError(f"chat template: {err}", param="messages") from None
+            raise
+    return out
+
+
+def _render(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
+    if not getattr(tokenizer, "chat_template", None):
+        raise APIError("this model has no chat template: start the server with --chat-template FILE, or use "
+                       "/v1/completions with a text prompt", param="messages")
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+
+def prompt_texts(llm, sources: list) -> tuple[str, ...]:
+    """The prompts as text (echo): a string as given, token ids decoded."""
+    return tuple(s if isinstance(s, str) else llm.tokenizer.decode(s) for s in sources)
+
+
+# --- per-choice parameters ------------------------------------------------------------------------
+
+def build(request, llm, prompts: list[list[int]], max_tokens_limit: int, echo: tuple[str, ...] | None,
+          default_seed: int | None = None) -> ParsedRequest:
+    """The runner requests: prompt-major, n choices per prompt. `default_seed`: the seed of a request that sends
+    none (None = fresh randomness)."""
+    chat = isinstance(request, ChatRequest)
+    choices = []
+    eos = _eos(request, llm)
+    seed = request.seed if request.seed is not None else default_seed
+    for i, ids in enumerate(prompts):
+        base = _params(request, llm, len(ids), None if chat else DEFAULT_COMPLETION_MAX_TOKENS, max_tokens_limit)
+        for j in range(request.n):
+            params = dict(base)
+            if seed is not None:  # n > 1: the choices are independent draws (seed, seed + 1, ...)
+                params["seed"] = (seed + i * request.n + j) % (1 << 63)
+            choices.append(ChoiceSpec(i, params, eos))
+    logprobs = (0 if request.logprobs else None) if chat else request.logprobs
+    options = request.stream_options
+    return ParsedRequest(
+        prompts=prompts, choices=choices, stream=request.stream,
+        include_usage=bool(options and options.include_usage), logprobs=logprobs,
+        token_details=bool(request.specdec and request.specdec.token_details),
+        num_draft_tokens=choices[0].params["num_draft_tokens"], echo=echo,
+        return_token_ids=request.return_token_ids, request_id=request.request_id,
+    )
+
+
+def _eos(request, llm) -> tuple[int, ...] | None:
+    if not request.ignore_eos and not request.stop_token_ids:
+        return None
+    ids = [] if request.ignore_eos else list(llm.defaults.eos_token_ids)
+    for t in request.stop_token_ids or []:
+        if not 0 <= t < llm.vocab_size:
+            raise APIError(f"stop_token_ids: {t} is outside the vocabulary [0, {llm.vocab_size})", param="stop_token_ids")
+        if t not in ids:
+            ids.append(t)
+    return tuple(ids)
+
+
+def _params(request, llm, num_prompt_tokens: int, default_max_tokens: int | None, max_tokens_limit: int) -> dict:
+    """specdec.text parameters from the validated fields."""
+    param = "messages" if isinstance(request, ChatRequest) else "prompt"
     room = llm.max_seq_len - num_prompt_tokens
     if room < 1:
         raise APIError(f"the prompt has {num_prompt_tokens} tokens; this model's context is {llm.max_seq_len} tokens",
-                       param="messages" if "messages" in body else "prompt", code="context_length_exceeded")
-    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+                       param=param, code="context_length_exceeded")
+    name, max_tokens = "max_tokens", request.max_tokens
+    if isinstance(request, ChatRequest) and request.max_completion_tokens is not None:
+        name, max_tokens = "max_completion_tokens", request.max_completion_tokens
     limit = min(room, max_tokens_limit)
-    max_tokens = _int(body, name, minimum=1)
     if max_tokens is None:
         max_tokens = min(default_max_tokens or limit, limit)
     elif max_tokens > limit:
@@ -127,173 +315,35 @@ def _common(body, llm, num_prompt_tokens: int, default_max_tokens: int | None, m
         raise APIError(f"{name}={max_tokens} is too large: at most {limit} ({why})", param=name,
                        code="context_length_exceeded")
     params = {"max_new_tokens": max_tokens}
-    temperature = _float(body, "temperature", low=0.0, high=2.0)
-    if temperature is not None:
-        params["temperature"] = temperature
-    top_p = _float(body, "top_p", low=0.0, high=1.0, low_open=True)
-    if top_p is not None:
-        params["top_p"] = top_p
-    top_k = _int(body, "top_k", minimum=-1, maximum=llm.vocab_size)
-    if top_k is not None:
-        params["top_k"] = max(top_k, 0)  # vLLM's -1 = off
-    seed = _int(body, "seed", minimum=0, maximum=(1 << 63) - 1)
-    if seed is not None:
-        params["seed"] = seed
-    stop = body.get("stop")
-    if stop is not None:
+    if request.temperature is not None:
+        params["temperature"] = request.temperature
+    if request.top_p is not None:
+        params["top_p"] = request.top_p
+    if request.top_k is not None:
+        if request.top_k > llm.vocab_size:
+            raise APIError(f"top_k must be at most the vocabulary size {llm.vocab_size}, got {request.top_k}",
+                           param="top_k")
+        params["top_k"] = max(request.top_k, 0)  # vLLM's -1 = off
+    if request.seed is not None:
+        params["seed"] = request.seed
+    if request.stop is not None:
         from specdec.text.prompts import check_stop
 
         try:
-            params["stop"] = check_stop(stop)
+            params["stop"] = check_stop(request.stop)
         except (TypeError, ValueError) as err:
             raise APIError(str(err), param="stop") from None
-    params["num_draft_tokens"] = _num_draft_tokens(body, llm)
+    params["num_draft_tokens"] = _num_draft_tokens(request, llm)
+    params["logprobs"] = request.logprobs is not None and request.logprobs is not False
     return params
 
 
-def _num_draft_tokens(body, llm):
-    extra = body.get("specdec")
-    if extra is not None and not isinstance(extra, dict):
-        raise APIError("specdec must be an object, e.g. {\"num_draft_tokens\": 0}", param="specdec")
-    value = (extra or {}).get("num_draft_tokens", body.get("num_draft_tokens"))
+def _num_draft_tokens(request, llm) -> int:
+    value = request.draft_tokens
     allowed = sorted({0, llm.num_draft_tokens}, key=str)
     if value is None:
         return llm.num_draft_tokens
-    if value not in allowed or isinstance(value, bool):
-        raise APIError(f"num_draft_tokens must be one of {allowed} on this server (0 = plain decoding), "
-                       f"got {json.dumps(value)[:60]}", param="num_draft_tokens")
+    if value not in allowed:
+        raise APIError(f"num_draft_tokens must be one of {allowed} on this server (0 = plain decoding), got {value}",
+                       param="num_draft_tokens")
     return value
-
-
-def _token_details(body) -> bool:
-    extra = body.get("specdec") or {}
-    return _bool(extra, "token_details") if isinstance(extra, dict) else False
-
-
-def _stream_options(body) -> tuple[bool, bool]:
-    stream = _bool(body, "stream")
-    options = body.get("stream_options")
-    if options is None:
-        return stream, False
-    if not isinstance(options, dict):
-        raise APIError("stream_options must be an object", param="stream_options")
-    return stream, _bool(options, "include_usage")
-
-
-def _model(body) -> str | None:
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise APIError("model must be a string", param="model")
-    return model
-
-
-def _encode(llm, prompt, param: str) -> list[int]:
-    from specdec.text.prompts import encode_prompts
-
-    try:
-        ids, _ = encode_prompts(prompt, llm.tokenizer, llm.vocab_size)
-    except (TypeError, ValueError) as err:
-        raise APIError(str(err), param=param) from None
-    return ids[0]
-
-
-def parse_completion(body: dict, llm, max_tokens_limit: int) -> ParsedRequest:
-    prompt = body.get("prompt")
-    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt)):
-        prompts = [prompt]
-    elif isinstance(prompt, list) and prompt and all(
-            isinstance(p, str) or (isinstance(p, list) and p and all(_is_int(t) for t in p)) for p in prompt):
-        prompts = prompt
-    else:
-        raise APIError("prompt must be a non-empty string, a list of token ids, or a list of those", param="prompt")
-    if len(prompts) > MAX_PROMPTS:
-        raise APIError(f"at most {MAX_PROMPTS} prompts per request, got {len(prompts)}", param="prompt")
-    if any(p == "" for p in prompts):
-        raise APIError("prompt must not be empty", param="prompt")
-    ids = [_encode(llm, p, "prompt") for p in prompts]
-    logprobs = _int(body, "logprobs", minimum=0, maximum=5)
-    stream, include_usage = _stream_options(body)
-    params = [_common(body, llm, len(p), DEFAULT_COMPLETION_MAX_TOKENS, max_tokens_limit) for p in ids]
-    for p in params:
-        p["logprobs"] = logprobs is not None
-    return ParsedRequest(ids, params, stream, include_usage, logprobs, _token_details(body), _model(body))
-
-
-def parse_chat(body: dict, llm, max_tokens_limit: int) -> ParsedRequest:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise APIError("messages must be a non-empty list of {role, content} objects", param="messages")
-    flat = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in _ROLES:
-            raise APIError(f"messages[{i}] must be an object with a role in {', '.join(_ROLES)}", param="messages")
-        content = m.get("content")
-        if isinstance(content, list):  # content parts: only text is understood
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
-                raise APIError(f"messages[{i}].content: only text parts are supported", param="messages")
-            content = "".join(p["text"] for p in content)
-        if content is None and m["role"] == "assistant":
-            content = ""
-        if not isinstance(content, str):
-            raise APIError(f"messages[{i}].content must be a string or a list of text parts", param="messages")
-        flat.append({"role": m["role"], "content": content})
-    ids = _encode(llm, flat, "messages")
-    want = _bool(body, "logprobs")
-    top = _int(body, "top_logprobs", minimum=0, maximum=20, default=0)
-    if top:
-        raise APIError("top_logprobs > 0 is not supported: specdec reports the chosen token's log-probability",
-                       param="top_logprobs")
-    stream, include_usage = _stream_options(body)
-    params = _common(body, llm, len(ids), None, max_tokens_limit)
-    params["logprobs"] = want
-    return ParsedRequest([ids], [params], stream, include_usage, 0 if want else None, _token_details(body),
-                         _model(body))
-
-
-# --- responses ------------------------------------------------------------------------------------
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
-
-
-def usage(completions: list[Completion]) -> dict:
-    prompt = sum(len(c.prompt_token_ids) for c in completions)
-    generated = sum(len(c.token_ids) for c in completions)
-    return {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated}
-
-
-def specdec_extra(stats: list[RequestStats], gamma) -> dict:
-    """The `specdec` object of a response: one request's stats, or the sums over several prompts."""
-    if len(stats) == 1:
-        return {**stats[0].to_dict(), "num_draft_tokens_per_step": gamma}
-    return {"num_draft_tokens_per_step": gamma, "choices": [s.to_dict() for s in stats],
-            **{k: sum(s.to_dict()[k] for s in stats) for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}}
-
-
-def completion_logprobs(tokenizer, pieces_or_ids, logprobs: list[float | None]) -> dict:
-    tokens = [tokenizer.decode([t]) for t in pieces_or_ids]
-    offsets, pos = [], 0
-    for t in tokens:
-        offsets.append(pos)
-        pos += len(t)
-    return {"tokens": tokens, "token_logprobs": logprobs, "text_offset": offsets,
-            "top_logprobs": [{t: lp} for t, lp in zip(tokens, logprobs)]}
-
-
-def chat_logprobs(tokenizer, token_ids, logprobs: list[float | None]) -> dict:
-    content = []
-    for t, lp in zip(token_ids, logprobs):
-        text = tokenizer.decode([t])
-        content.append({"token": text, "logprob": lp, "bytes": list(text.encode("utf-8")), "top_logprobs": []})
-    return {"content": content}
-
-
-def delta_extra(delta: TextDelta, details: bool) -> dict:
-    extra = {"num_accepted": delta.num_accepted, "num_drafted": delta.num_drafted}
-    if details:
-        extra["tokens"] = [{"text": p.text, "kind": p.kind} for p in delta.pieces]
-    return extra
-
-
-def created() -> int:
-    return int(time.time())

@@ -19,8 +19,11 @@ httpx = pytest.importorskip("httpx")
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "specdec" / "assets" / "demo_pair"
 # A small chat template in the demo tokenizer's world (it was trained on Python code).
-CHAT_TEMPLATE = "{% for m in messages %}# {{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}def{% endif %}"
+# A user message "RAISE" makes it call raise_exception (its message must reach the client).
+CHAT_TEMPLATE = ("{% for m in messages %}{% if m['content'] == 'RAISE' %}{{ raise_exception('no RAISE please') }}{% endif %}"
+                 "# {{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}def{% endif %}")
 GAMMA = 4
+MODEL = (("model_name", "demo"),)  # the label every metric carries
 
 
 def _free_port() -> int:
@@ -108,7 +111,7 @@ def wait_idle(base: str, timeout: float = 10.0) -> dict:
     deadline = time.time() + timeout
     while True:
         values = metric_values(base)
-        if values[("specdec:num_requests_running", ())] == 0 and values[("specdec:num_requests_waiting", ())] == 0:
+        if values[("specdec:num_requests_running", MODEL)] == 0 and values[("specdec:num_requests_waiting", MODEL)] == 0:
             return values
         if time.time() > deadline:
             raise AssertionError(f"server still busy: {values}")

@@ -47,8 +47,8 @@ def test_level_stats_from_two_scrapes():
     assert stats["handoff_p99_s"] == 0.0005 and stats["delivery_p99_s"] == 0.002
     # labelled by the γ each runner serves
     text = metrics.render().decode()
-    assert 'specdec:engine_step_seconds_count{kind="decode",num_draft_tokens="4"} 99.0' in text
-    assert 'specdec:engine_step_seconds_count{kind="admit",num_draft_tokens="4"} 1.0' in text
+    assert 'specdec:engine_step_seconds_count{kind="decode",model_name="specdec",num_draft_tokens="4"} 99.0' in text
+    assert 'specdec:engine_step_seconds_count{kind="admit",model_name="specdec",num_draft_tokens="4"} 1.0' in text
     row = LevelResult("speculative", 8, 16, 2048, 1.0, 2048.0, 0.01, 0.02, 0.003, 0.12, 0.002, 3.0, **stats)
     table = markdown_table([row])
     assert "| 2 / 2 | 100 | 6.0 / 150.0 / 150.0 | 150.0 | 1 (150.0) | 0.5 / 2.0 |" in table
@@ -99,7 +99,7 @@ def test_the_mailbox_wakes_the_loop_once_per_flush():
 
         assert loop.run_until_complete(asyncio.wait_for(collect(), 5)) == [[0, 3], [1, 4], [2, 5]]
         assert drains == [1]
-        assert 'specdec:output_delivery_seconds_count 1.0' in metrics.render().decode()
+        assert 'specdec:output_delivery_seconds_count{model_name="specdec"} 1.0' in metrics.render().decode()
     finally:
         loop.close()
     box.put(queues[0], 7)
@@ -111,12 +111,13 @@ def test_live_server_exports_steps_and_no_captures_on_cpu(server, idle):
     body = {"model": "demo", "prompt": "def add(a, b):", "max_tokens": 8, "temperature": 0}
     assert httpx.post(server + "/v1/completions", json=body, timeout=60).status_code == 200
     values = idle()
-    assert values[("specdec:graph_captures_total", ())] == 0
-    assert values[("specdec:step_shapes", ())] >= values[("specdec:step_shapes_run", ())] >= 1
-    assert values[("specdec:engine_step_seconds_count", (("kind", "admit"), ("num_draft_tokens", "4")))] >= 1
-    assert values[("specdec:engine_step_seconds_count", (("kind", "decode"), ("num_draft_tokens", "4")))] >= 1
-    assert values[("specdec:output_delivery_seconds_count", ())] >= 1
-    assert values[("specdec:driver_handoff_seconds_count", ())] >= 1
+    m = ("model_name", "demo")
+    assert values[("specdec:graph_captures_total", (m,))] == 0
+    assert values[("specdec:step_shapes", (m,))] >= values[("specdec:step_shapes_run", (m,))] >= 1
+    assert values[("specdec:engine_step_seconds_count", (("kind", "admit"), m, ("num_draft_tokens", "4")))] >= 1
+    assert values[("specdec:engine_step_seconds_count", (("kind", "decode"), m, ("num_draft_tokens", "4")))] >= 1
+    assert values[("specdec:output_delivery_seconds_count", (m,))] >= 1
+    assert values[("specdec:driver_handoff_seconds_count", (m,))] >= 1
     labels = {dict(key[1]).get("num_draft_tokens") for key in values if key[0] == "specdec:engine_step_seconds_count"}
     assert labels <= {"0", "4"}  # every stepping runner is one the model holds
 
@@ -133,7 +134,7 @@ def test_draft_counts_are_added_once_per_step():
         metrics.on_output(llm.spec, out)
 
     def value(name, **labels):
-        return metrics.registry.get_sample_value(name, labels)
+        return metrics.registry.get_sample_value(name, {"model_name": "specdec", **labels})
 
     assert value("specdec:spec_decode_num_drafts_total") == 0  # not before the step's end
     metrics.on_step(StepTiming(llm.spec, 0.004, 0.0001, len(outputs)))
@@ -144,3 +145,21 @@ def test_draft_counts_are_added_once_per_step():
     assert [value("specdec:spec_decode_num_accepted_tokens_per_pos_total", position=str(i)) for i in range(2)] == [1, 1]
     metrics.on_step(StepTiming(llm.spec, 0.004, 0.0001, 0))  # an empty step adds nothing
     assert value("specdec:spec_decode_num_drafts_total") == 2
+
+
+def test_metrics_prefix_and_model_name_label_for_vllm_dashboards():
+    """--metrics-prefix vllm: gives vLLM's names, each with vLLM's model_name label."""
+    import pytest
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    metrics = ServerMetrics(FakeLLM(), prefix="vllm:", model_name="my-model")
+    metrics.on_step(StepTiming(FakeLLM().spec, 0.004, 0.0001, 0))
+    samples = [s for f in text_string_to_metric_families(metrics.render().decode()) for s in f.samples]
+    names = {s.name for s in samples}
+    assert {"vllm:spec_decode_num_drafts_total", "vllm:num_requests_running", "vllm:num_requests_waiting",
+            "vllm:time_to_first_token_seconds_count", "vllm:generation_tokens_total"} <= names
+    assert all(s.name.startswith("vllm:") and s.labels["model_name"] == "my-model" for s in samples)
+    for bad in ("vllm-", "1x", "", "a b"):
+        with pytest.raises(ValueError, match="prefix"):
+            ServerMetrics(FakeLLM(), prefix=bad)

@@ -1,0 +1,79 @@
+"""specdec results → OpenAI response bodies: usage, log-probabilities, the `specdec` and `speculative_decoding`
+objects, ids and timestamps."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from specdec.text.outputs import Completion, RequestStats, TextDelta
+
+__all__ = ["new_id", "created", "usage", "specdec_extra", "speculative_decoding", "completion_logprobs",
+           "chat_logprobs", "delta_extra"]
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(prompts: list[list[int]], completions: list[Completion]) -> dict:
+    """Prompt tokens once per prompt (n choices share it), completion tokens over every choice."""
+    prompt = sum(len(p) for p in prompts)
+    generated = sum(len(c.token_ids) for c in completions)
+    return {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated}
+
+
+def specdec_extra(stats: list[RequestStats], gamma) -> dict:
+    """The `specdec` object of a response: one request's stats, or the sums over several choices."""
+    if len(stats) == 1:
+        return {**stats[0].to_dict(), "num_draft_tokens_per_step": gamma}
+    return {"num_draft_tokens_per_step": gamma, "choices": [s.to_dict() for s in stats],
+            **{k: sum(s.to_dict()[k] for s in stats) for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}}
+
+
+def speculative_decoding(stats: list[RequestStats]) -> dict:
+    """vLLM's spec-decode counters (`SpecDecodingStats` names), summed over the response's choices."""
+    per_pos: list[int] = []
+    for s in stats:
+        for i, n in enumerate(s.accepted_per_position):
+            per_pos += [0] * (i + 1 - len(per_pos))
+            per_pos[i] += n
+    drafts = sum(s.num_drafts for s in stats)
+    draft_tokens = sum(s.num_draft_tokens for s in stats)
+    accepted = sum(s.num_accepted_tokens for s in stats)
+    return {"num_drafts": drafts, "num_draft_tokens": draft_tokens, "num_accepted_tokens": accepted,
+            "num_accepted_tokens_per_pos": per_pos,
+            "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
+            "draft_acceptance_rate": accepted / draft_tokens if draft_tokens else None}
+
+
+def completion_logprobs(tokenizer, token_ids, logprobs: list[float | None], offset: int = 0) -> dict:
+    """OpenAI's completions logprobs with logprobs: 0 — the chosen token's log-probability (top_logprobs holds the
+    chosen token only, as vLLM does for 0)."""
+    tokens = [tokenizer.decode([t]) for t in token_ids]
+    offsets, pos = [], offset
+    for t in tokens:
+        offsets.append(pos)
+        pos += len(t)
+    return {"tokens": tokens, "token_logprobs": logprobs, "text_offset": offsets,
+            "top_logprobs": [{t: lp} for t, lp in zip(tokens, logprobs)]}
+
+
+def chat_logprobs(tokenizer, token_ids, logprobs: list[float | None]) -> dict:
+    content = []
+    for t, lp in zip(token_ids, logprobs):
+        text = tokenizer.decode([t])
+        content.append({"token": text, "logprob": lp, "bytes": list(text.encode("utf-8")), "top_logprobs": []})
+    return {"content": content}
+
+
+def delta_extra(delta: TextDelta, details: bool) -> dict:
+    extra = {"num_accepted": delta.num_accepted, "num_drafted": delta.num_drafted}
+    if details:
+        extra["tokens"] = [{"text": p.text, "kind": p.kind} for p in delta.pieces]
+    return extra
+
+
+def created() -> int:
+    return int(time.time())
+

@@ -1,0 +1,98 @@
+"""Fields the server honours beyond the basics, checked against the text API or against each other: n > 1, echo,
+stop_token_ids, ignore_eos, return_token_ids, request_id, truncate_prompt_tokens, add_special_tokens, the server's
+speculative_decoding object."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+openai = pytest.importorskip("openai")
+import httpx  # noqa: E402
+
+PROMPT = "def fibonacci(n):\n    if"
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def post(server, body, path="/v1/completions"):
+    r = httpx.post(server + path, json={"model": "demo", **body}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_n_choices_are_independent_requests_sharing_the_prompt(client, local_llm):
+    greedy = client.completions.create(model="demo", prompt=PROMPT, max_tokens=8, temperature=0, n=3)
+    want = local_llm.generate(PROMPT, max_new_tokens=8, temperature=0).text
+    assert [c.index for c in greedy.choices] == [0, 1, 2] and {c.text for c in greedy.choices} == {want}
+    assert greedy.usage.prompt_tokens == len(local_llm.tokenizer.encode(PROMPT))  # the prompt counts once
+    assert greedy.usage.completion_tokens == 3 * 8 or greedy.usage.completion_tokens <= 24
+    sampled = [client.completions.create(model="demo", prompt=PROMPT, max_tokens=12, temperature=1.0, n=4, seed=5)
+               for _ in range(2)]
+    texts = [c.text for c in sampled[0].choices]
+    assert texts == [c.text for c in sampled[1].choices]  # a seed makes the n choices reproducible
+    assert len(set(texts)) > 1  # and they are different draws
+    # choice j is the request seeded seed + j
+    assert texts[1] == local_llm.generate(PROMPT, max_new_tokens=12, temperature=1.0, seed=6).text
+    chat = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "add"}], max_tokens=4,
+                                          temperature=0, n=2, stream=True)
+    seen = {}
+    for chunk in chat:
+        for c in chunk.choices:
+            seen[c.index] = seen.get(c.index, "") + (c.delta.content or "")
+    assert sorted(seen) == [0, 1] and seen[0] == seen[1]
+
+
+def test_echo_prepends_the_prompt_streamed_or_not(server, client):
+    full = client.completions.create(model="demo", prompt=PROMPT, max_tokens=6, temperature=0, echo=True)
+    plain = client.completions.create(model="demo", prompt=PROMPT, max_tokens=6, temperature=0)
+    assert full.choices[0].text == PROMPT + plain.choices[0].text
+    chunks = client.completions.create(model="demo", prompt=PROMPT, max_tokens=6, temperature=0, echo=True, stream=True)
+    assert "".join(c.choices[0].text for c in chunks) == full.choices[0].text
+
+
+def test_stop_token_ids_ignore_eos_and_token_ids(server, local_llm):
+    base = post(server, {"prompt": PROMPT, "max_tokens": 10, "temperature": 0, "return_token_ids": True})
+    choice = base["choices"][0]
+    assert choice["prompt_token_ids"] == local_llm.tokenizer.encode(PROMPT)
+    ids = choice["token_ids"]
+    assert len(ids) == base["usage"]["completion_tokens"]
+    stop_at = next(i for i, t in enumerate(ids) if t not in ids[:i] and i >= 2)
+    cut = post(server, {"prompt": PROMPT, "max_tokens": 10, "temperature": 0, "return_token_ids": True,
+                        "stop_token_ids": [ids[stop_at]]})["choices"][0]
+    assert cut["token_ids"] == ids[: stop_at + 1] and cut["finish_reason"] == "stop"
+    # ignore_eos: the model's EOS no longer ends the text (stop_token_ids still do)
+    eos = local_llm.defaults.eos_token_ids[0]
+    forced = post(server, {"prompt": [eos], "max_tokens": 5, "temperature": 0, "ignore_eos": True,
+                           "stop_token_ids": [], "return_token_ids": True})["choices"][0]
+    assert len(forced["token_ids"]) == 5 and forced["finish_reason"] == "length"
+
+
+def test_request_id_truncation_and_special_tokens(server, local_llm):
+    got = post(server, {"prompt": PROMPT, "max_tokens": 2, "temperature": 0, "request_id": "abc-1",
+                        "truncate_prompt_tokens": 3, "return_token_ids": True})
+    assert got["id"] == "cmpl-abc-1"
+    assert got["choices"][0]["prompt_token_ids"] == local_llm.tokenizer.encode(PROMPT)[-3:]
+    assert got["usage"]["prompt_tokens"] == 3
+    plain = post(server, {"prompt": PROMPT, "max_tokens": 2, "add_special_tokens": False, "return_token_ids": True})
+    assert plain["choices"][0]["prompt_token_ids"] == local_llm.tokenizer.encode(PROMPT, add_special_tokens=False)
+
+
+def test_speculative_decoding_counters_in_every_response(server):
+    got = post(server, {"prompt": PROMPT, "max_tokens": 16, "temperature": 0, "n": 2})
+    spec, extra = got["speculative_decoding"], got["specdec"]
+    assert spec["num_drafts"] == extra["num_drafts"] > 0
+    assert spec["num_draft_tokens"] == extra["num_draft_tokens"]
+    assert spec["num_accepted_tokens"] == extra["num_accepted_tokens"] == sum(spec["num_accepted_tokens_per_pos"])
+    assert spec["mean_acceptance_length"] == pytest.approx(1 + spec["num_accepted_tokens"] / spec["num_drafts"])
+    body = {"model": "demo", "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "stream": True}
+    last = None
+    with httpx.stream("POST", server + "/v1/completions", json=body, timeout=30) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                last = json.loads(line[6:])
+    assert last["choices"][0]["finish_reason"] is not None and last["speculative_decoding"]["num_drafts"] > 0
