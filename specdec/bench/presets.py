@@ -37,7 +37,7 @@ def _hf_weight_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-def _motif_prompts(vocab: int, count: int, length: int, seed: int) -> list[list[int]]:
+def motif_prompts(vocab: int, count: int, length: int, seed: int) -> list[list[int]]:
     """Random prompts with repeats (a motif copied several times), so prompt lookup finds matches."""
     gen = torch.Generator().manual_seed(seed)
     prompts = []
@@ -64,13 +64,13 @@ def smoke(device: torch.device, max_new_tokens: int = 16) -> BenchSetup:
             p.add_(torch.randn(p.shape, generator=gen).to(device) * 0.003)
     for model in (target, draft):
         model.generation_config.eos_token_id = None
-    prompts = _motif_prompts(256, 8, 32, seed=2)
+    prompts = motif_prompts(256, 8, 32, seed=2)
     setup = BenchSetup(
         name="smoke", device=device,
         target=FastTarget(target, max_draft_tokens=4), drafter=FastDrafter(draft, max_draft_tokens=4),
         prompts=prompts, max_new_tokens=max_new_tokens, gamma=3, batch_sizes=(1, 4), gamma_sweep=(2, 4),
         repeats=1, hf_target=target, hf_draft=draft, hf_repeats=1,
-        fit_corpus=_motif_prompts(256, 64, 64, seed=3), guarded_batch=4, b1_prompts=2,
+        fit_corpus=motif_prompts(256, 64, 64, seed=3), guarded_batch=4, b1_prompts=2,
     )
     setup.weight_bytes = {"target": setup.target.model.weight_bytes, "draft": setup.drafter.model.weight_bytes,
                           "hf_target": _hf_weight_bytes(target), "hf_draft": _hf_weight_bytes(draft)}
@@ -79,7 +79,7 @@ def smoke(device: torch.device, max_new_tokens: int = 16) -> BenchSetup:
     return setup
 
 
-def _load_pair(pair_dir: Path, device: torch.device, dtype: torch.dtype, allow_pickle: bool = False):
+def load_pair(pair_dir: Path, device: torch.device, dtype: torch.dtype, allow_pickle: bool = False):
     """A trained pair from local folders only (`specdec.loading`: no hub, no remote code, safetensors)."""
     from specdec.loading import load_model
 
@@ -90,6 +90,9 @@ def _load_pair(pair_dir: Path, device: torch.device, dtype: torch.dtype, allow_p
     draft_dir = pair_dir / "draft0" if (pair_dir / "draft0").is_dir() else pair_dir / "draft"
     draft = load_model(draft_dir, device=device, dtype=dtype, what="pair draft", allow_pickle=allow_pickle)
     return target, draft
+
+
+_load_pair = load_pair  # (the name scripts/step_costs.py imports)
 
 
 def train_gpu_pair(data_dir: Path, out_dir: Path, budget_scale: float, device: torch.device,
@@ -111,14 +114,14 @@ def gpu(device: torch.device, *, pair_dir: Path | None, data_dir: Path | None, m
     if str(pair_dir) == "random":
         hf_target, hf_draft = _random_zoo_pair(device, dtype)
     else:
-        hf_target, hf_draft = _load_pair(pair_dir, device, dtype, allow_pickle)
+        hf_target, hf_draft = load_pair(pair_dir, device, dtype, allow_pickle)
     for model in (hf_target, hf_draft):
         model.generation_config.eos_token_id = None
     target = FastTarget(hf_target, dtype=dtype, max_draft_tokens=8)
     drafter = FastDrafter(hf_draft, dtype=dtype, max_draft_tokens=8)
     if data_dir is None and str(pair_dir) == "random":
-        prompts = _motif_prompts(hf_target.config.vocab_size, 8, prompt_len, seed=2)
-        corpus = _motif_prompts(hf_target.config.vocab_size, 64, 512, seed=3)
+        prompts = motif_prompts(hf_target.config.vocab_size, 8, prompt_len, seed=2)
+        corpus = motif_prompts(hf_target.config.vocab_size, 64, 512, seed=3)
     else:
         prompts, corpus = _code_prompts(data_dir, prompt_len, count=8)
     setup = BenchSetup(

@@ -1,12 +1,16 @@
-"""`specdec bench`: our decoding vs Hugging Face generate, side by side on the same prompts.
+"""`specdec bench`: by default the serving-traffic table (every drafter and γ policy vs plain decoding on the same
+requests arriving over time); the presets compare our decoding with Hugging Face generate side by side.
 
+    specdec bench --pair runs/gpu --head runs/gpu/head --data data/code --out OUT   # CUDA: the traffic table
+    specdec bench --quick --json                            # CPU, tiny random models: the same table's structure
     specdec bench --preset smoke --json                     # CPU, tiny random models, < 1 minute
     specdec bench --preset gpu --data data/code --train     # train the zoo gpu pair, then benchmark it
     specdec bench --preset gpu --data data/code --pair runs/gpu
     specdec bench --preset system --profile                 # 8B-shaped Llama: MBU + engine vs Thm 3.8
 
-Writes OUT/bench_<preset>.json, OUT/bench_<preset>.md and PNG plots; prints the Markdown table, and with
---json one JSON object on the last line. Progress goes to stderr.
+traffic (specdec.bench.traffic) writes OUT/traffic.json, OUT/traffic.md (and OUT/traffic.partial.jsonl as rows
+come); the presets write OUT/bench_<preset>.json, OUT/bench_<preset>.md and PNG plots. Prints the Markdown
+table, and with --json one JSON object on the last line. Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from specdec.cli.common import add_model_options, apply_model_options, check_int
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("bench", help="benchmark ours vs transformers generate (tokens/s, α, c, Thm 3.8)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", choices=("smoke", "gpu", "system"), default="smoke", help="(default smoke)")
+    p.add_argument("--preset", choices=("traffic", "smoke", "gpu", "system"), default="traffic",
+                   help="(default traffic: serving traffic through the engine; CUDA, or --quick on CPU)")
     p.add_argument("--out", default=None, help="folder for the JSON, Markdown and PNG files (default runs/bench)")
     p.add_argument("--json", action="store_true", help="print one JSON summary object on the last line")
     p.add_argument("--pair", default=None, help="gpu: folder of a trained zoo pair (target/, draft0/), or `random`")
@@ -37,12 +42,34 @@ def add_parser(subparsers) -> None:
     p.add_argument("--repeats", type=int, default=None, help="timed runs per configuration, median reported (default: the preset's)")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers baselines")
     p.add_argument("--profile", action="store_true", help="CUDA: kernel-time profile of plain and speculative steps")
-    add_model_options(p, seed_help="unused: the bench workloads are seeded", dtype="auto")
+    t = p.add_argument_group("traffic (the default preset; specdec.bench.traffic)")
+    t.add_argument("--quick", action="store_true", help="tiny random models on CPU: the table's structure, not speed")
+    t.add_argument("--head", default=None, help="a feature head folder (`specdec train head`) for the head drafter")
+    t.add_argument("--drafters", nargs="+", choices=TRAFFIC_DRAFTERS, default=None,
+                   help=f"drafters to measure (default all: {' '.join(TRAFFIC_DRAFTERS)})")
+    t.add_argument("--slots", type=int, nargs="+", default=None, help="requests decoded at once, 1..256 (default 64 32 8 1)")
+    t.add_argument("--arrival", nargs="+", default=None, metavar="A",
+                   help="poisson:RATE (requests/s), poisson:Fx (F × plain's closed-loop rate), closed, closed:CLIENTS "
+                        "(default: closed poisson:0.8x)")
+    t.add_argument("--policy", nargs="+", default=None, help="γ policies: auto and/or fixed γ's (default: auto 4)")
+    t.add_argument("--requests-per-slot", type=float, default=None, help="requests per cell per slot (default 3)")
+    t.add_argument("--prompt-tokens", type=int, nargs=2, default=None, metavar=("LO", "HI"),
+                   help="prompt lengths, uniform (default 30 2000, cut to the model's context)")
+    t.add_argument("--new-tokens", type=int, nargs=2, default=None, metavar=("LO", "HI"),
+                   help="max_new_tokens per request, uniform (default 16 256; EOS also ends a request)")
+    t.add_argument("--sampled-share", type=float, default=None, help="share of requests sampled at T=1 (default 0.5)")
+    t.add_argument("--max-seconds", type=float, default=None, help="start no arm after this many seconds")
+    add_model_options(p, seed_help="traffic: the seed of the requests (default 0); the presets: unused", dtype="auto")
     p.set_defaults(run=run)
 
 
 #: the fast target/drafter of the presets are built for at most this many draft tokens per step
 MAX_BENCH_GAMMA = 8
+#: specdec.bench.traffic_setup.DRAFTERS (not imported here: `specdec --help` stays free of torch)
+TRAFFIC_DRAFTERS = ("model", "head", "lookup", "ngram")
+_TRAFFIC_ONLY = ("quick", "head", "drafters", "slots", "arrival", "policy", "requests_per_slot", "prompt_tokens",
+                 "new_tokens", "sampled_share", "max_seconds")
+_PRESET_ONLY = ("train", "gamma", "repeats", "no_hf", "profile", "max_new_tokens")
 
 _ARGS: argparse.Namespace | None = None  # for --quiet in _log
 
@@ -68,9 +95,108 @@ def _check(args: argparse.Namespace) -> None:
         raise CLIError(f"--data: no such folder: {args.data} (prepare one with `specdec train prepare`)")
 
 
+def _given(args: argparse.Namespace, name: str) -> bool:
+    value = getattr(args, name)
+    return value is not None and value is not False
+
+
+def _traffic_spec(args: argparse.Namespace):
+    """The traffic run's `TrafficSpec` from the options (the preset's defaults for those not given); every
+    value checked here, each error naming its option."""
+    from specdec.bench.traffic import TrafficSpec, parse_arrival, parse_policy
+    from specdec.bench.traffic_setup import GPU_SPEC, QUICK_SPEC
+
+    base = dict(QUICK_SPEC if args.quick else GPU_SPEC)
+    for flag, name, convert in (("--arrival", "arrival", parse_arrival), ("--policy", "policy", parse_policy)):
+        values = getattr(args, name) or base[name + "s" if name == "arrival" else "policies"]
+        try:
+            base["arrivals" if name == "arrival" else "policies"] = tuple(convert(v) for v in values)
+        except ValueError as err:
+            raise CLIError(f"{flag}: {err}") from None
+    for flag, name in (("--slots", "slots"), ("--requests-per-slot", "requests_per_slot"),
+                       ("--prompt-tokens", "prompt_tokens"), ("--new-tokens", "new_tokens"),
+                       ("--sampled-share", "sampled_share")):
+        value = getattr(args, name)
+        if value is not None:
+            base[name] = tuple(value) if isinstance(value, list) else value
+        try:
+            TrafficSpec(**{k: v for k, v in base.items() if k in ("arrivals", "policies", name)})
+        except (ValueError, TypeError) as err:
+            raise CLIError(f"{flag}: {err}") from None
+    base["seed"] = args.seed or 0
+    return TrafficSpec(**base)
+
+
+def _check_traffic(args: argparse.Namespace):
+    for name in _PRESET_ONLY:
+        if _given(args, name):
+            raise CLIError(f"--{name.replace('_', '-')} belongs to the presets (--preset smoke/gpu/system), not the "
+                           "traffic table (see --policy, --new-tokens)")
+    spec = _traffic_spec(args)
+    if args.max_seconds is not None and not (math.isfinite(args.max_seconds) and args.max_seconds > 0):
+        raise CLIError(f"--max-seconds must be a finite number > 0, got {args.max_seconds}")
+    drafters = tuple(dict.fromkeys(args.drafters or TRAFFIC_DRAFTERS))
+    if args.dtype not in ("auto", "bfloat16", "bf16"):
+        raise CLIError(f"--dtype: the traffic table runs in bfloat16 on CUDA and float32 on CPU (use auto), got {args.dtype!r}")
+    if args.quick:
+        if args.device not in ("auto", "cpu"):
+            raise CLIError(f"--device: --quick runs on the CPU, got {args.device!r}")
+        for name in ("pair", "data", "head"):
+            if _given(args, name):
+                raise CLIError(f"--{name}: --quick runs tiny random models on CPU; leave --quick out for the GPU table")
+        return spec, drafters
+    import torch
+
+    if not torch.cuda.is_available():
+        raise CLIError("the traffic table needs a CUDA device: use --quick (tiny random models on CPU) or a --preset")
+    if args.pair is None or args.pair == "random" or not Path(args.pair).is_dir():
+        raise CLIError(f"--pair: a trained zoo pair folder with target/ and draft0/ is needed, got {args.pair}")
+    if args.data is None:
+        raise CLIError("--data: the prepared code corpus (tokenizer, bigram text) is needed: specdec train prepare")
+    if "head" in drafters and (args.head is None or not (Path(args.head) / "feature_head.json").is_file()):
+        raise CLIError(f"--head: a feature head folder (feature_head.json) is needed for the head drafter, got "
+                       f"{args.head} (or leave head out of --drafters)")
+    if "head" not in drafters and args.head is not None:
+        raise CLIError("--head given but 'head' is not in --drafters")
+    return spec, drafters
+
+
+def _run_traffic(args: argparse.Namespace, spec, drafters) -> int:
+    from specdec.bench.traffic_setup import pair_setup, quick_setup, run_and_write
+
+    out = Path(args.out or "runs/bench")
+    max_batch = max(spec.slots)
+    if args.quick:
+        setup = quick_setup(drafters, max_batch=max_batch)
+    else:
+        from specdec.loading import resolve_device
+
+        device = resolve_device(args.device)
+        if device.type != "cuda":
+            raise CLIError(f"--device: the traffic table runs on CUDA (or --quick on the CPU), got {args.device!r}")
+        setup = pair_setup(Path(args.pair), Path(args.data), Path(args.head) if args.head else None, drafters,
+                           max_batch=max_batch, device=device)
+    _log(f"traffic: {setup.device}; slots {list(spec.slots)}; arrivals {[a.label for a in spec.arrivals]}; "
+         f"drafters {list(setup.arms)}; policies {list(spec.policies)}")
+    result = run_and_write(spec, setup, out, log=_log, max_seconds=args.max_seconds)
+    print(result["markdown"])
+    if args.json:
+        print_json({"preset": "traffic", "device": result["device"], "summary": result["summary"],
+                    "rows": len(result["rows"]), "json": str(out / "traffic.json"), "seconds": result["seconds"]})
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     global _ARGS
     _ARGS = args
+    if args.preset == "traffic":
+        spec, drafters = _check_traffic(args)
+        apply_model_options(args)
+        return _run_traffic(args, spec, drafters)
+    for name in _TRAFFIC_ONLY:
+        if _given(args, name):
+            raise CLIError(f"--{name.replace('_', '-')} belongs to the traffic table (the default preset), not "
+                           f"--preset {args.preset}")
     _check(args)
     apply_model_options(args)
     from specdec.bench import presets

@@ -1,0 +1,346 @@
+"""Serving traffic through the `Engine`: requests arriving over time, more of them than slots, every drafter and
+γ policy against plain decoding on the same traffic in the same run. Results are returned, never printed.
+
+A cell is (slots, arrival). Its traffic is drawn once (seeded) and replayed for every arm:
+  prompts        lengths uniform in `prompt_tokens` (cut from, or glued together out of, a pool of real prompts)
+  outputs        `max_new_tokens` uniform in `new_tokens`, EOS on (a request also ends at its first EOS)
+  temperatures   greedy and sampled (T = 1, seeded) requests mixed: `sampled_share` of them at T = 1
+  arrival        "poisson:R" — Poisson arrivals at R requests/s; "poisson:Fx" — at F times the plain arm's
+                 completion rate measured in the closed loop of the same slots (so a rate means the same load on
+                 any machine); "closed:C" — C clients, each sending its next request when the last one finished
+                 ("closed" = 2 × slots clients)
+  slots          at most `slots` requests are in the engine at once; the rest queue in the driver (their wait
+                 counts in TTFT), so one engine of `max(slots)` rows serves every cell
+An arm is (drafter, γ policy): plain decoding is the plain engine (no drafter) at γ = 0 — the same traffic,
+no speculation. Each arm runs the cell twice and the second run is timed (the first captures the CUDA graphs
+that traffic reaches); the graphs captured while timed are reported (`captures`: each is ~0.1 s of stall).
+
+Per arm: output tokens/s (all tokens / first arrival to last finish), TTFT p50/p99 (arrival → first token),
+ITL p50/p99 (gaps between a request's successive outputs; a speculative step delivers several tokens in one),
+TPOT p50, α, mean γ, and the ratio of its tokens/s to plain's in the same cell.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+from specdec.request import MAX_NUM_DRAFT_TOKENS, SamplingParams
+
+__all__ = ["Arrival", "TrafficSpec", "TrafficRequest", "ArmResult", "parse_arrival", "parse_policy", "make_requests",
+           "drive", "run_traffic", "markdown_table", "MAX_SLOTS"]
+
+MAX_SLOTS = 256  # the engine's largest batch bucket
+MAX_CLIENTS = 4096
+MAX_RATE = 1e6
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """How requests arrive: "poisson" at `rate` requests/s (or `relative` × the plain closed-loop completion
+    rate), or "closed" with `clients` clients (None = 2 × slots)."""
+
+    kind: str
+    rate: float | None = None
+    relative: float | None = None
+    clients: int | None = None
+
+    @property
+    def label(self) -> str:
+        if self.kind == "closed":
+            return "closed:" + ("2xslots" if self.clients is None else str(self.clients))
+        return f"poisson:{self.relative:g}x" if self.relative is not None else f"poisson:{self.rate:g}/s"
+
+
+def parse_arrival(text: str) -> Arrival:
+    """"poisson:R" (requests/s), "poisson:Fx" (times plain's closed-loop rate), "closed" or "closed:C"."""
+    kind, _, value = str(text).strip().partition(":")
+    if kind == "closed":
+        if not value:
+            return Arrival("closed")
+        clients = _number(value, text, int)
+        if not 1 <= clients <= MAX_CLIENTS:
+            raise ValueError(f"arrival {text!r}: clients must be in [1, {MAX_CLIENTS}], got {clients}")
+        return Arrival("closed", clients=clients)
+    if kind == "poisson" and value:
+        relative = value.endswith("x")
+        rate = _number(value[:-1] if relative else value, text, float)
+        if not (math.isfinite(rate) and 0 < rate <= (100 if relative else MAX_RATE)):
+            raise ValueError(f"arrival {text!r}: the rate must be a number in (0, {100 if relative else MAX_RATE:g}]"
+                             f"{' (times the plain rate)' if relative else ' requests/s'}")
+        return Arrival("poisson", relative=rate) if relative else Arrival("poisson", rate=rate)
+    raise ValueError(f"arrival {text!r}: expected poisson:RATE (requests/s), poisson:Fx (times the plain rate), "
+                     "closed or closed:CLIENTS")
+
+
+def parse_policy(value) -> int | str:
+    """A γ policy name: "auto", or a fixed γ in [1, MAX_NUM_DRAFT_TOKENS] (plain decoding is always run)."""
+    if value == "auto":
+        return "auto"
+    gamma = _number(str(value), value, int)
+    if not 1 <= gamma <= MAX_NUM_DRAFT_TOKENS:
+        raise ValueError(f"policy {value!r}: 'auto' or a fixed γ in [1, {MAX_NUM_DRAFT_TOKENS}]")
+    return gamma
+
+
+def _number(text: str, what, kind):
+    try:
+        return kind(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"arrival/policy {what!r}: {text!r} is not {'an integer' if kind is int else 'a number'}") from None
+
+
+@dataclass(frozen=True)
+class TrafficSpec:
+    """What a traffic run measures; every number is checked at construction (before anything is allocated)."""
+
+    slots: tuple[int, ...] = (1, 8, 32, 64)
+    arrivals: tuple[Arrival, ...] = (Arrival("closed"), Arrival("poisson", relative=0.8))
+    policies: tuple = ("auto",)  # γ policies of every drafter ("auto", fixed γ's); plain runs always
+    requests_per_slot: float = 3.0  # requests per cell = max(min_requests, requests_per_slot × slots)
+    min_requests: int = 16
+    prompt_tokens: tuple[int, int] = (30, 2000)
+    new_tokens: tuple[int, int] = (16, 256)
+    sampled_share: float = 0.5
+    eos: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.slots or not self.arrivals or not self.policies:
+            raise ValueError("slots, arrivals and policies must each name at least one value")
+        for s in self.slots:
+            if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= MAX_SLOTS:
+                raise ValueError(f"slots must be integers in [1, {MAX_SLOTS}], got {s!r}")
+        for a in self.arrivals:
+            if not isinstance(a, Arrival):
+                raise TypeError(f"arrivals must be Arrival values (parse_arrival), got {a!r}")
+        object.__setattr__(self, "policies", tuple(parse_policy(p) for p in self.policies))
+        r = self.requests_per_slot
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not (math.isfinite(r) and 0 < r <= 1000):
+            raise ValueError(f"requests_per_slot must be a number in (0, 1000], got {r!r}")
+        if isinstance(self.min_requests, bool) or not isinstance(self.min_requests, int) or not 1 <= self.min_requests <= 100_000:
+            raise ValueError(f"min_requests must be an integer in [1, 100000], got {self.min_requests!r}")
+        for name, (lo, hi), floor in (("prompt_tokens", self.prompt_tokens, 1), ("new_tokens", self.new_tokens, 1)):
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi)) or not floor <= lo <= hi <= 1 << 20:
+                raise ValueError(f"{name} must be integers LO <= HI in [{floor}, {1 << 20}], got ({lo!r}, {hi!r})")
+        if not (isinstance(self.sampled_share, (int, float)) and 0.0 <= self.sampled_share <= 1.0):
+            raise ValueError(f"sampled_share must be in [0, 1], got {self.sampled_share!r}")
+
+    def requests(self, slots: int) -> int:
+        return max(self.min_requests, math.ceil(self.requests_per_slot * slots))
+
+
+@dataclass(frozen=True)
+class TrafficRequest:
+    prompt: list[int]
+    params: SamplingParams
+
+
+def make_requests(pool: list[list[int]], count: int, spec: TrafficSpec, eos_ids: tuple[int, ...], seed: int,
+                  max_total: int | None = None) -> list[TrafficRequest]:
+    """`count` requests drawn from `pool` (prompts of real text) per `spec`, seeded; prompt + budget stays
+    within `max_total` tokens (the engine's max_seq_len): the prompt range is cut to fit."""
+    if not pool or not all(pool):
+        raise ValueError("make_requests needs a pool of non-empty prompts")
+    rng = random.Random(seed)
+    lo, hi = spec.prompt_tokens
+    new_lo, new_hi = spec.new_tokens
+    if max_total is not None:
+        hi = min(hi, max_total - new_hi)
+        if hi < lo:
+            raise ValueError(f"prompts of {spec.prompt_tokens[0]}+ tokens and up to {new_hi} new tokens exceed the "
+                             f"engine's {max_total}-token limit")
+    out = []
+    for i in range(count):
+        length, prompt, j = rng.randint(lo, hi), [], rng.randrange(len(pool))
+        while len(prompt) < length:  # real text, glued from consecutive pool prompts when one is too short
+            prompt += pool[j % len(pool)]
+            j += 1
+        sampled = rng.random() < spec.sampled_share
+        params = SamplingParams(max_new_tokens=rng.randint(new_lo, new_hi), temperature=1.0 if sampled else 0.0,
+                                seed=seed * 100_003 + i, eos_token_ids=tuple(eos_ids) if spec.eos else ())
+        out.append(TrafficRequest(prompt[:length], params))
+    return out
+
+
+@dataclass
+class ArmResult:
+    slots: int
+    arrival: str
+    drafter: str  # "plain" or the drafter's name
+    policy: str  # "0" (plain), "auto" or a fixed γ
+    requests: int
+    tokens: int
+    seconds: float
+    tok_s: float
+    ttft_p50_s: float
+    ttft_p99_s: float
+    itl_p50_s: float
+    itl_p99_s: float
+    tpot_p50_s: float
+    alpha: float | None
+    mean_gamma: float
+    captures: int  # CUDA graphs captured during the timed run
+    vs_plain: float | None = None
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def _schedule(arrival: Arrival, count: int, slots: int, rate: float | None, seed: int) -> tuple[list[float], int]:
+    """(arrival offsets in seconds for a Poisson process, []) or ([], clients) for a closed loop."""
+    if arrival.kind == "closed":
+        return [], arrival.clients or 2 * slots
+    rng, t, offsets = random.Random(seed + 7), 0.0, []
+    for _ in range(count):
+        offsets.append(t)
+        t += rng.expovariate(rate)
+    return offsets, 0
+
+
+def drive(engine, requests: list[TrafficRequest], slots: int, arrival: Arrival, gamma, rate: float | None = None,
+          seed: int = 0) -> dict:
+    """Run `requests` through `engine` at γ policy `gamma` (0 = plain) with at most `slots` in the engine, arriving
+    per `arrival` (a Poisson rate resolved to `rate` requests/s) → measurements (see `ArmResult`)."""
+    from specdec.metrics import SpecStats
+    from specdec.text.warmup import graph_captures
+
+    engine.policy.set_fixed(gamma)
+    offsets, clients = _schedule(arrival, len(requests), slots, rate, seed)
+    arrived: dict[str, float] = {}
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    gaps: list[float] = []
+    tpot: list[float] = []
+    counts: dict[str, int] = {}
+    queue: list[int] = []
+    nxt = done = tokens = 0
+    in_flight = 0
+    ids: dict[str, int] = {}
+    engine.stats = SpecStats()
+    captures = graph_captures(engine)
+    if engine.device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(engine.device)
+    start = time.perf_counter()
+    if clients:
+        queue, nxt = list(range(min(clients, len(requests)))), min(clients, len(requests))
+        arrived.update({str(i): 0.0 for i in queue})
+    while done < len(requests):
+        now = time.perf_counter() - start
+        while offsets and nxt < len(requests) and offsets[nxt] <= now:
+            queue.append(nxt)
+            arrived[str(nxt)] = offsets[nxt]
+            nxt += 1
+        while queue and in_flight < slots:  # the driver's queue: the engine never holds more than `slots`
+            i = queue.pop(0)
+            rid = engine.add_request(requests[i].prompt, requests[i].params, request_id=str(i))
+            ids[rid], in_flight = i, in_flight + 1
+        if not engine.has_unfinished():
+            if offsets and nxt < len(requests):
+                time.sleep(max(offsets[nxt] - (time.perf_counter() - start), 0.0))
+            continue
+        for out in engine.step():
+            now = time.perf_counter() - start
+            rid = out.request_id
+            if out.new_token_ids:
+                n = len(out.new_token_ids)
+                tokens += n
+                counts[rid] = counts.get(rid, 0) + n
+                if rid in first:
+                    gaps.append(now - last[rid])
+                else:
+                    first[rid] = now
+                last[rid] = now
+            if out.finished:
+                done, in_flight = done + 1, in_flight - 1
+                if counts.get(rid, 0) > 1:
+                    tpot.append((last[rid] - first[rid]) / (counts[rid] - 1))
+                if clients and nxt < len(requests):  # the client sends its next request now
+                    queue.append(nxt)
+                    arrived[str(nxt)] = now
+                    nxt += 1
+    seconds = time.perf_counter() - start
+    ttft = [first[rid] - arrived[rid] for rid in first]
+    stats = engine.stats
+    return {"requests": len(requests), "tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds,
+            "ttft_p50_s": _percentile(ttft, 0.5), "ttft_p99_s": _percentile(ttft, 0.99),
+            "itl_p50_s": _percentile(gaps, 0.5), "itl_p99_s": _percentile(gaps, 0.99),
+            "tpot_p50_s": _percentile(tpot, 0.5), "alpha": stats.alpha, "mean_gamma": stats.mean_num_draft_tokens,
+            "captures": graph_captures(engine) - captures, "completed_per_s": len(requests) / seconds}
+
+
+def run_traffic(spec: TrafficSpec, plain, arms: dict, pool: list[list[int]], eos_ids=(), max_total=None,
+                on_row=None, deadline: float | None = None) -> list[ArmResult]:
+    """Every cell of `spec`: plain (the engine `plain`) then each arm (name → engine) at each policy.
+    on_row(ArmResult): called as each row is measured (progress, partial files). deadline (a `perf_counter`
+    time): no arm starts after it (the rows measured so far are returned)."""
+    rows: list[ArmResult] = []
+    capacity: dict[int, float] = {}  # slots → plain completions/s in the closed loop (for poisson:Fx)
+    arrivals = sorted(spec.arrivals, key=lambda a: a.kind != "closed")  # closed first: it measures capacity
+    for slots in spec.slots:
+        requests = make_requests(pool, spec.requests(slots), spec, eos_ids, spec.seed + slots, max_total)
+        for arrival in arrivals:
+            rate = arrival.rate
+            if arrival.relative is not None:
+                if slots not in capacity:  # no closed loop ran at these slots: measure plain's capacity first
+                    drive(plain, requests, slots, Arrival("closed"), 0, seed=spec.seed)
+                    capacity[slots] = drive(plain, requests, slots, Arrival("closed"), 0, seed=spec.seed)["completed_per_s"]
+                rate = arrival.relative * capacity[slots]
+            plain_rate = None
+            for drafter, engine, policy in [("plain", plain, 0)] + [(n, e, p) for n, e in arms.items()
+                                                                      for p in spec.policies]:
+                if deadline is not None and time.perf_counter() > deadline:
+                    return rows
+                drive(engine, requests, slots, arrival, policy, rate, spec.seed)  # untimed: graphs, policy arms
+                result = drive(engine, requests, slots, arrival, policy, rate, spec.seed)
+                if drafter == "plain":
+                    plain_rate = result["tok_s"]
+                    if arrival.kind == "closed" and arrival.clients is None:
+                        capacity[slots] = result["completed_per_s"]
+                extra = {"rate_per_s": rate} if rate is not None else {}
+                row = ArmResult(slots=slots, arrival=arrival.label, drafter=drafter, policy=str(policy),
+                                vs_plain=result["tok_s"] / plain_rate if plain_rate else None, extra=extra,
+                                **{k: v for k, v in result.items() if k != "completed_per_s"})
+                rows.append(row)
+                if on_row is not None:
+                    on_row(row)
+    return rows
+
+
+def markdown_table(rows: list[ArmResult]) -> str:
+    def ms(v):
+        return "–" if v is None or v != v else f"{1e3 * v:.1f}"
+
+    lines = ["| slots | arrival | drafter | γ | tok/s | vs plain | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | TPOT p50 (ms) "
+             "| α | mean γ | captures |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = "–" if r.vs_plain is None or r.drafter == "plain" else f"{r.vs_plain:.2f}x"
+        alpha = "–" if r.alpha is None else f"{r.alpha:.2f}"
+        lines.append(f"| {r.slots} | {r.arrival} | {r.drafter} | {r.policy} | {r.tok_s:.0f} | {ratio} | "
+                     f"{ms(r.ttft_p50_s)} / {ms(r.ttft_p99_s)} | {ms(r.itl_p50_s)} / {ms(r.itl_p99_s)} | "
+                     f"{ms(r.tpot_p50_s)} | {alpha} | {r.mean_gamma:.2f} | {r.captures} |")
+    return "\n".join(lines)
+
+
+def summary(rows: list[ArmResult]) -> dict:
+    """Per drafter and policy: the worst and the median ratio to plain over the cells (the issue's targets)."""
+    out: dict = {}
+    for r in rows:
+        if r.drafter != "plain" and r.vs_plain is not None:
+            out.setdefault(f"{r.drafter}/{r.policy}", []).append(r.vs_plain)
+    return {k: {"min_vs_plain": min(v), "median_vs_plain": statistics.median(v), "cells": len(v)} for k, v in out.items()}

@@ -1,0 +1,167 @@
+"""The engines and prompts a traffic run measures (`specdec.bench.traffic`), and the run itself for the CLI.
+
+- `quick_setup`: CPU, tiny random Llamas (a 4-layer target; a perturbed 2-layer copy as the model drafter, so α
+  is high; an untrained feature head started from the target's last layer; prompt lookup; a bigram fitted on
+  the prompts). Checks structure, not speed: this is what CI runs.
+- `pair_setup`: the zoo `gpu` pair (`specdec train pair --preset gpu`: target/ and draft0/ in one folder), its
+  feature head (`specdec train head`), the prepared code corpus (tokenizer, the bigram's training text), on
+  CUDA in bf16; prompts are the held-in code prompts (`specdec.bench.prompts`), glued to the lengths drawn.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from specdec.bench.traffic import TrafficSpec, markdown_table, run_traffic, summary
+from specdec.engine import Engine, EngineConfig
+
+__all__ = ["DRAFTERS", "TrafficSetup", "quick_setup", "pair_setup", "run_and_write"]
+
+#: every drafter the engine runs: a small model, a feature head, prompt lookup, an n-gram (bigram) table
+DRAFTERS = ("model", "head", "lookup", "ngram")
+
+
+@dataclass
+class TrafficSetup:
+    plain: Engine
+    arms: dict  # drafter name → Engine
+    pool: list  # prompts (token ids) the traffic's prompts are cut from
+    eos_ids: tuple
+    max_total: int  # the engines' max_seq_len
+    device: str
+    notes: list = field(default_factory=list)
+
+
+def _config(max_batch: int, max_seq_len: int | None) -> EngineConfig:
+    return EngineConfig(max_batch_size=max_batch, max_seq_len=max_seq_len, num_draft_tokens="auto", max_draft_tokens=8)
+
+
+def _arms(target, drafters, config, *, draft=None, head=None, corpus=None) -> dict:
+    from specdec.drafters import NGramDrafter, PromptLookupDrafter
+
+    arms = {}
+    for name in drafters:
+        if name == "model":
+            arms[name] = Engine(target, draft, config)
+        elif name == "head":
+            arms[name] = Engine(target, head, config)
+        elif name == "lookup":
+            arms[name] = Engine(target, PromptLookupDrafter(), config)
+        elif name == "ngram":
+            arms[name] = Engine(target, NGramDrafter(order=2).fit(corpus, target.config.vocab_size), config)
+    return arms
+
+
+def quick_setup(drafters=DRAFTERS, max_batch: int = 8) -> TrafficSetup:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specdec.bench.presets import motif_prompts
+    from specdec.fast.head import HeadConfig
+    from specdec.fast.model import LlamaShape
+    from specdec.zoo.feature_head import TrainableHead
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=512)
+    target = LlamaForCausalLM(cfg).eval()
+    draft = copy.deepcopy(target)
+    draft.model.layers = draft.model.layers[:2]
+    draft.config.num_hidden_layers = 2
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(1)
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.003)
+    head = None
+    if "head" in drafters:
+        trainable = TrainableHead(HeadConfig.for_target(LlamaShape.from_hf(target.config)), seed=1)
+        trainable.init_from(target)
+        head = trainable.to_feature_head()
+    pool = motif_prompts(256, 16, 48, seed=2)
+    config = _config(max_batch, 256)
+    arms = _arms(target, drafters, config, draft=draft, head=head, corpus=pool)
+    return TrafficSetup(Engine(target, None, config), arms, pool, (2,), 256, "cpu",
+                        ["quick: tiny random Llamas on CPU (EOS = token 2): a check of the harness, not a speed claim"])
+
+
+def pair_setup(pair: Path, data: Path, head: Path | None, drafters=DRAFTERS, max_batch: int = 64,
+               device: torch.device | None = None) -> TrafficSetup:
+    from tokenizers import Tokenizer
+
+    from specdec.bench.presets import load_pair
+    from specdec.bench.prompts import code_prompts
+
+    device = device or torch.device("cuda")
+    target, draft = load_pair(Path(pair), device, torch.bfloat16)
+    if "head" in drafters and head is None:
+        raise ValueError("the head drafter needs --head DIR (a trained feature head; or leave 'head' out of --drafters)")
+    tokenizer = Tokenizer.from_file(str(Path(data) / "tokenizer" / "tokenizer.json"))
+    max_total = min(int(target.config.max_position_embeddings), 4096)
+    pool = code_prompts(lambda s: tokenizer.encode(s).ids, count=160, max_tokens=max_total // 2)
+    corpus = None
+    if "ngram" in drafters:
+        from specdec.zoo.data import TokenData
+
+        corpus = [TokenData.load(Path(data)).train[:4_000_000].astype("int64").tolist()]
+    eos = target.config.eos_token_id
+    eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
+    config = _config(max_batch, max_total)
+    arms = _arms(target, drafters, config, draft=draft, head=str(head) if head else None, corpus=corpus)
+    notes = [f"zoo pair {pair} (context {max_total} tokens: prompts are cut to fit prompt + max_new_tokens)",
+             f"EOS ids {list(eos_ids)}; prompts from {len(pool)} held-in code prompts (specdec.bench.prompts)"]
+    return TrafficSetup(Engine(target, None, config), arms, pool, eos_ids, max_total, torch.cuda.get_device_name(device),
+                        notes)
+
+
+#: `specdec bench` (the traffic table) on a GPU, and its --quick CPU form
+GPU_SPEC = dict(slots=(64, 32, 8, 1),  # (the big batches first: --max-seconds cuts the tail)
+                arrivals=("closed", "poisson:0.8x"), policies=("auto", 4), prompt_tokens=(30, 2000),
+                new_tokens=(16, 256), requests_per_slot=3.0, min_requests=16)
+QUICK_SPEC = dict(slots=(1, 4), arrivals=("closed", "poisson:0.8x"), policies=("auto",), prompt_tokens=(20, 100),
+                  new_tokens=(2, 16), requests_per_slot=1.5, min_requests=3)
+
+
+def run_and_write(spec: TrafficSpec, setup: TrafficSetup, out: Path, log=None, max_seconds: float | None = None) -> dict:
+    """Run the traffic table, writing `traffic.partial.jsonl` as rows come, then `traffic.json` and
+    `traffic.md` under `out` → the result object."""
+    out.mkdir(parents=True, exist_ok=True)
+    partial = out / "traffic.partial.jsonl"
+    partial.write_text("")
+    start = time.perf_counter()
+
+    def on_row(row) -> None:
+        with partial.open("a") as fh:
+            fh.write(json.dumps(row.to_dict(), default=str) + "\n")
+        if log is not None:
+            ratio = "" if row.vs_plain is None or row.drafter == "plain" else f" ({row.vs_plain:.2f}x plain)"
+            log(f"slots {row.slots} {row.arrival} {row.drafter} γ={row.policy}: {row.tok_s:.0f} tok/s{ratio}, "
+                f"TTFT p50 {1e3 * row.ttft_p50_s:.0f} ms, ITL p99 {1e3 * row.itl_p99_s:.1f} ms, captures {row.captures}")
+
+    deadline = start + max_seconds if max_seconds else None
+    rows = run_traffic(spec, setup.plain, setup.arms, setup.pool, setup.eos_ids, setup.max_total, on_row=on_row,
+                       deadline=deadline)
+    planned = sum(len(spec.arrivals) * (1 + len(setup.arms) * len(spec.policies)) for _ in spec.slots)
+    if len(rows) < planned:
+        setup.notes.append(f"--max-seconds {max_seconds:g}: {len(rows)} of {planned} rows measured, the rest skipped")
+    result = {"device": setup.device, "notes": setup.notes, "spec": _spec_dict(spec),
+              "rows": [r.to_dict() for r in rows], "summary": summary(rows),
+              "seconds": round(time.perf_counter() - start, 1)}
+    table = markdown_table(rows)
+    from specdec.strict_json import dumps
+
+    (out / "traffic.json").write_text(dumps(result, indent=1))
+    (out / "traffic.md").write_text(table + "\n")
+    result["markdown"] = table
+    return result
+
+
+def _spec_dict(spec: TrafficSpec) -> dict:
+    return {"slots": list(spec.slots), "arrivals": [a.label for a in spec.arrivals], "policies": list(spec.policies),
+            "requests": {s: spec.requests(s) for s in spec.slots}, "prompt_tokens": list(spec.prompt_tokens),
+            "new_tokens": list(spec.new_tokens), "sampled_share": spec.sampled_share, "eos": spec.eos,
+            "seed": spec.seed}

@@ -1,0 +1,201 @@
+"""The traffic benchmark: its knobs refused in one line before anything is built, its traffic, its driver (on a
+fake engine with a known clock-free behaviour), and `specdec bench --quick` end to end (structure, not speed)."""
+
+import json
+
+import pytest
+
+from specdec.bench.traffic import (
+    Arrival, TrafficSpec, _schedule, drive, make_requests, markdown_table, parse_arrival, parse_policy,
+)
+from specdec.cli import main
+from specdec.request import SamplingParams
+from specdec.step import RequestOutput
+
+
+# ------------------------------------------------------------------------------------------------ knobs
+def test_arrivals_and_policies_parse():
+    assert parse_arrival("closed") == Arrival("closed")
+    assert parse_arrival("closed:12") == Arrival("closed", clients=12)
+    assert parse_arrival("poisson:2.5") == Arrival("poisson", rate=2.5)
+    assert parse_arrival("poisson:0.8x") == Arrival("poisson", relative=0.8)
+    assert parse_arrival("poisson:0.8x").label == "poisson:0.8x" and Arrival("closed").label == "closed:2xslots"
+    assert parse_policy("auto") == "auto" and parse_policy("4") == 4
+
+
+@pytest.mark.parametrize("text", ["poisson", "poisson:-1", "poisson:0", "poisson:nan", "poisson:inf", "poisson:abc",
+                                  "poisson:200x", "closed:0", "closed:1.5", "closed:99999", "uniform:3", ""])
+def test_bad_arrivals_are_refused_in_one_line(text):
+    with pytest.raises(ValueError) as err:
+        parse_arrival(text)
+    assert "\n" not in str(err.value) and "arrival" in str(err.value)
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "99", "fast", 1.5])
+def test_bad_policies_are_refused(value):
+    with pytest.raises(ValueError, match="policy"):
+        parse_policy(value)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(slots=(0,)), "slots"), (dict(slots=(257,)), "slots"), (dict(slots=(True,)), "slots"), (dict(slots=()), "slots"),
+    (dict(policies=("sometimes",)), "policy"), (dict(requests_per_slot=0), "requests_per_slot"),
+    (dict(requests_per_slot=float("nan")), "requests_per_slot"), (dict(prompt_tokens=(50, 10)), "prompt_tokens"),
+    (dict(new_tokens=(0, 5)), "new_tokens"), (dict(sampled_share=1.5), "sampled_share"),
+    (dict(min_requests=0), "min_requests"),
+])
+def test_traffic_spec_validates_every_number(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        TrafficSpec(**kwargs)
+
+
+# ---------------------------------------------------------------------------------------------- traffic
+def test_requests_follow_the_spec_and_the_seed():
+    pool = [list(range(1, 40)), list(range(50, 60))]
+    spec = TrafficSpec(prompt_tokens=(30, 200), new_tokens=(4, 20), sampled_share=0.5)
+    reqs = make_requests(pool, 200, spec, (7,), seed=3, max_total=150)
+    assert reqs == make_requests(pool, 200, spec, (7,), seed=3, max_total=150)
+    assert all(30 <= len(r.prompt) <= 130 and len(r.prompt) + r.params.max_new_tokens <= 150 for r in reqs)
+    assert all(4 <= r.params.max_new_tokens <= 20 and r.params.eos_token_ids == (7,) for r in reqs)
+    sampled = sum(r.params.temperature > 0 for r in reqs)
+    assert 60 < sampled < 140 and len({r.params.seed for r in reqs}) == 200
+    assert not make_requests(pool, 5, TrafficSpec(eos=False), (7,), seed=0)[0].params.eos_token_ids
+    with pytest.raises(ValueError, match="exceed"):
+        make_requests(pool, 1, TrafficSpec(prompt_tokens=(100, 200), new_tokens=(4, 64)), (), 0, max_total=120)
+
+
+def test_poisson_offsets_have_the_asked_rate():
+    offsets, clients = _schedule(Arrival("poisson", rate=50.0), 4000, 8, 50.0, seed=1)
+    assert clients == 0 and offsets == sorted(offsets)
+    assert offsets[-1] / len(offsets) == pytest.approx(1 / 50.0, rel=0.06)
+    assert _schedule(Arrival("closed"), 10, 8, None, 0) == ([], 16)
+
+
+class _FakeEngine:
+    """One token per running request per step (finished at max_new_tokens); records the peak in flight."""
+
+    class device:
+        type = "cpu"
+
+    class policy:
+        @staticmethod
+        def set_fixed(gamma):
+            _FakeEngine.gamma = gamma
+
+    def __init__(self):
+        self.running, self.peak, self.stats_value = {}, 0, None
+
+    @property
+    def stats(self):
+        from specdec.metrics import SpecStats
+
+        return SpecStats()
+
+    @stats.setter
+    def stats(self, value):
+        self.stats_value = value
+
+    def add_request(self, prompt, params: SamplingParams, request_id=None):
+        self.running[request_id] = params.max_new_tokens
+        self.peak = max(self.peak, len(self.running))
+        return request_id
+
+    def has_unfinished(self):
+        return bool(self.running)
+
+    def step(self):
+        outs = []
+        for rid in list(self.running):
+            self.running[rid] -= 1
+            done = self.running[rid] == 0
+            outs.append(RequestOutput(rid, [5], None, 0, 0, done, "length" if done else None))
+            if done:
+                del self.running[rid]
+        return outs
+
+
+@pytest.mark.parametrize("arrival, slots, peak", [(Arrival("closed", clients=3), 8, 3), (Arrival("closed"), 4, 4),
+                                                   (Arrival("poisson", rate=1e5), 2, 2)])
+def test_the_driver_caps_slots_and_clients_and_counts_every_token(arrival, slots, peak):
+    spec = TrafficSpec(prompt_tokens=(5, 9), new_tokens=(2, 6))
+    reqs = make_requests([[1, 2, 3, 4, 5, 6]], 20, spec, (), seed=0)
+    engine = _FakeEngine()
+    out = drive(engine, reqs, slots, arrival, 4, rate=arrival.rate)
+    assert engine.peak == peak and _FakeEngine.gamma == 4
+    assert out["tokens"] == sum(r.params.max_new_tokens for r in reqs) and out["requests"] == 20
+    assert 0 <= out["ttft_p50_s"] <= out["ttft_p99_s"] <= out["seconds"]
+    assert out["itl_p50_s"] <= out["itl_p99_s"] and out["captures"] == 0
+
+
+# ------------------------------------------------------------------------------------------------ the CLI
+QUICK = ["bench", "--quick", "--slots", "1", "2", "--arrival", "closed", "poisson:0.8x", "--new-tokens", "2", "6",
+         "--prompt-tokens", "20", "60", "--requests-per-slot", "1.5", "--json"]
+
+
+def test_bench_quick_writes_the_whole_table(tmp_path, capsys):
+    from specdec.bench.traffic_setup import DRAFTERS
+    from specdec.cli.bench import TRAFFIC_DRAFTERS
+
+    assert DRAFTERS == TRAFFIC_DRAFTERS
+    assert main(QUICK + ["--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    summary = json.loads(printed[-1])
+    result = json.loads((tmp_path / "traffic.json").read_text())
+    rows = result["rows"]
+    assert summary["rows"] == len(rows) == 2 * 2 * (1 + len(DRAFTERS))  # slots × arrivals × (plain + drafters)
+    cells = {(r["slots"], r["arrival"]) for r in rows}
+    assert cells == {(s, a) for s in (1, 2) for a in ("closed:2xslots", "poisson:0.8x")}
+    for cell in cells:
+        arms = [r for r in rows if (r["slots"], r["arrival"]) == cell]
+        assert [r["drafter"] for r in arms] == ["plain", *DRAFTERS]
+        plain = arms[0]
+        assert plain["policy"] == "0" and plain["mean_gamma"] == 0
+        for r in arms[1:]:
+            assert r["policy"] == "auto" and r["vs_plain"] == pytest.approx(r["tok_s"] / plain["tok_s"])
+        for r in arms:
+            assert r["tokens"] > 0 and r["requests"] == max(3, round(1.5 * cell[0])) and r["captures"] == 0
+            assert r["ttft_p50_s"] <= r["ttft_p99_s"]
+        if cell[1].startswith("poisson"):
+            assert plain["extra"]["rate_per_s"] > 0
+    assert set(summary["summary"]) == {f"{d}/auto" for d in DRAFTERS}
+    table = (tmp_path / "traffic.md").read_text().strip().splitlines()
+    assert len(table) == 2 + len(rows) and table[0].startswith("| slots | arrival |")
+    assert len((tmp_path / "traffic.partial.jsonl").read_text().splitlines()) == len(rows)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--slots", "0"], "--slots"), (["--slots", "300"], "--slots"), (["--arrival", "poisson:-3"], "--arrival"),
+    (["--arrival", "bursty"], "--arrival"), (["--policy", "99"], "--policy"), (["--sampled-share", "2"], "--sampled-share"),
+    (["--prompt-tokens", "90", "10"], "--prompt-tokens"), (["--requests-per-slot", "0"], "--requests-per-slot"),
+    (["--max-seconds", "-1"], "--max-seconds"), (["--gamma", "3"], "--gamma"), (["--pair", "x"], "--pair"),
+    (["--dtype", "float16"], "--dtype"), (["--device", "cuda"], "--device"),
+])
+def test_bench_quick_refuses_bad_knobs_before_building_anything(extra, message, capsys, monkeypatch, tmp_path):
+    import specdec.bench.traffic_setup as setup
+
+    monkeypatch.setattr(setup, "quick_setup", lambda *a, **k: pytest.fail("built models before checking"))
+    assert main(QUICK + ["--out", str(tmp_path)] + extra) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_traffic_options_are_refused_by_the_presets(capsys):
+    assert main(["bench", "--preset", "smoke", "--slots", "4"]) == 2
+    assert "--slots" in capsys.readouterr().err
+
+
+def test_the_gpu_table_without_cuda_says_so(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["bench"]) == 2
+    assert "--quick" in capsys.readouterr().err
+
+
+def test_markdown_table_has_a_row_per_arm():
+    from specdec.bench.traffic import ArmResult
+
+    row = ArmResult(8, "closed:16", "model", "auto", 10, 100, 1.0, 100.0, 0.01, 0.02, 0.003, 0.004, 0.003, 0.7, 3.1, 0,
+                    vs_plain=1.25)
+    text = markdown_table([row])
+    assert "| 8 | closed:16 | model | auto | 100 | 1.25x |" in text
