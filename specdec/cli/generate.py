@@ -18,7 +18,8 @@ def add_parser(subparsers) -> None:
                               description=__doc__)
     p.add_argument("--target", required=True, type=Path, help="target checkpoint directory (from_pretrained)")
     p.add_argument("--draft", default=None,
-                   help="draft checkpoint directory, or one of: ngram (= bigram), unigram, prompt-lookup; omit for plain decoding")
+                   help="draft checkpoint directory (a model, or a head folder: EAGLE-1/2, EAGLE-3, Medusa, speculators, "
+                        "specdec train head), or one of: ngram (= bigram), unigram, prompt-lookup; omit for plain decoding")
     p.add_argument("--ngram-data", type=Path, default=None,
                    help="text file to fit an n-gram drafter on (default: the prompt itself)")
     p.add_argument("--tokenizer", type=Path, default=None, help="tokenizer directory (default: --target)")
@@ -75,11 +76,13 @@ def load_drafter(args, tokenizer, vocab_size: int, prompts_ids, device, dtype):
                 raise FileNotFoundError(f"--ngram-data file not found: {args.ngram_data}")
             data = [tokenizer.encode(args.ngram_data.read_text(encoding="utf-8", errors="replace"))]
         return specdec.NGramDrafter(1 if kind == "unigram" else 2).fit(data, vocab_size)
-    from specdec.fast.head import is_feature_head
+    from specdec.drafters.formats import drafter_folder
 
-    if is_feature_head(args.draft):  # a feature-head folder (`specdec train head`): the engine loads it
-        return args.draft
-    return load_model(args.draft, device=device, dtype=dtype, what="draft", allow_pickle=getattr(args, "allow_pickle", False))
+    allow_pickle = getattr(args, "allow_pickle", False)
+    head = drafter_folder(args.draft, allow_pickle)  # a head folder (EAGLE, EAGLE-3, Medusa, speculators, train head)
+    if head is not None:  # the engine loads it onto the target
+        return head
+    return load_model(args.draft, device=device, dtype=dtype, what="draft", allow_pickle=allow_pickle)
 
 
 def run(args: argparse.Namespace) -> int:

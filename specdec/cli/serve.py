@@ -23,7 +23,8 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server with Prometheus metrics and a playground",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True, type=Path, help="target checkpoint directory")
-    p.add_argument("--draft", default=None, help="draft checkpoint directory, prompt-lookup or ngram (with --ngram-data)")
+    p.add_argument("--draft", default=None, help="draft checkpoint directory (a model, or a head folder: EAGLE-1/2, EAGLE-3, "
+                   "Medusa, speculators, specdec train head), prompt-lookup or ngram (with --ngram-data)")
     p.add_argument("--ngram-data", type=Path, default=None, help="text file the ngram drafter is fitted on")
     p.add_argument("--tokenizer", type=Path, default=None, help="tokenizer directory (default: --target)")
     p.add_argument("--chat-template", type=Path, default=None, help="Jinja chat template file (default: the tokenizer's)")

@@ -65,7 +65,7 @@ def write_eagle1(folder: Path, target, seed: int = 0, *, fc_bias: bool = True, w
     return _save(folder, _llama_config(target, bias=fc_bias), tensors, weights)
 
 
-def eagle3_tensors(target, seed: int, draft_ids: list[int], prefix: str) -> dict:
+def eagle3_tensors(target, seed: int, draft_ids: list[int], prefix: str, num_features: int = 3) -> dict:
     """EAGLE-3 (cnets.py `Model`): midlayer.* (or layers.0.*) with 2·dim q/k/v, hidden_norm, input_layernorm; fc over
     three target features; its own norm and lm_head over the draft vocabulary; d2t offsets and the t2d mask."""
     d, vocab = target.config.hidden_size, target.config.vocab_size
@@ -73,7 +73,8 @@ def eagle3_tensors(target, seed: int, draft_ids: list[int], prefix: str) -> dict
     tensors = _layer_tensors(target, prefix, seed, 2 * d)
     tensors[prefix + "input_layernorm.weight"] = 1 + 0.1 * torch.randn(d, generator=gen)
     tensors[prefix + "hidden_norm.weight"] = 1 + 0.1 * torch.randn(d, generator=gen)
-    tensors["fc.weight"] = torch.cat([0.1 * torch.randn(d, 2 * d, generator=gen), torch.eye(d)], 1)  # mostly high
+    fc = [0.1 * torch.randn(d, (num_features - 1) * d, generator=gen), torch.eye(d)]
+    tensors["fc.weight"] = torch.cat(fc, 1)  # mostly the last (highest) feature
     tensors["norm.weight"] = target.model.norm.weight.detach().clone()
     ids = torch.tensor(draft_ids)
     tensors["lm_head.weight"] = target.lm_head.weight.detach()[ids].clone()
@@ -97,7 +98,7 @@ def write_speculators_eagle3(folder: Path, target, draft_ids: list[int], layers:
               "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
                                      "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
                                      "verifier": {"name_or_path": "tiny", "architectures": ["LlamaForCausalLM"]}}}
-    return _save(folder, config, eagle3_tensors(target, seed, draft_ids, "layers.0."))
+    return _save(folder, config, eagle3_tensors(target, seed, draft_ids, "layers.0.", len(layers)))
 
 
 def medusa_tensors(target, num_heads: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:

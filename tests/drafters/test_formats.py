@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from drafters import format_checkpoints as fc
-from specdec.drafters.formats import detect_format, is_drafter, load_drafter
+from specdec.drafters.formats import DrafterFolder, detect_format, drafter_folder, is_drafter, load_drafter
 from specdec.fast.eagle import EagleHead
 from specdec.fast.medusa import MedusaHeads
 from specdec.fast.model import FastLlama
@@ -134,9 +134,13 @@ def test_medusa_matches_the_reference_heads(tmp_path, target, fast, states, vllm
         assert torch.isinf(mine[..., 1::2]).all()
 
 
-def test_a_model_folder_is_no_drafter_format(ckpt):
+def test_a_model_folder_is_no_drafter_format(ckpt, make_llama, tmp_path):
     assert detect_format(ckpt / "target") is None and not is_drafter(str(ckpt / "target"))
-    assert detect_format(ckpt / "missing") is None
+    assert detect_format(ckpt / "missing") is None and drafter_folder(ckpt / "target") is None
+    model = make_llama(1, layers=1)  # a 1-layer model with pickled weights, like EAGLE's own heads ship
+    model.config.save_pretrained(tmp_path / "pickled")
+    torch.save(model.state_dict(), tmp_path / "pickled" / "pytorch_model.bin")
+    assert detect_format(tmp_path / "pickled") is None  # its pickle's names (read, never executed) are a model's
 
 
 def test_pickled_weights_need_allow_pickle(tmp_path, target, fast, states):
@@ -145,6 +149,8 @@ def test_pickled_weights_need_allow_pickle(tmp_path, target, fast, states):
     with pytest.raises(ValueError, match="pickled \\(pytorch_model.bin\\).*allow_pickle=True"):
         load_drafter(str(folder), fast)
     head = load_drafter(str(folder), fast, allow_pickle=True)
+    assert drafter_folder(folder, allow_pickle=True) == DrafterFolder(str(folder), True)
+    assert load_drafter(DrafterFolder(str(folder), True), fast).config == head.config
     state = torch.load(folder / "pytorch_model.bin", weights_only=True)
     torch.testing.assert_close(_head_logits(head, states[-1][:, :-1], TOKENS[:, 1:]),
                                fc.reference_eagle1(target, state, states[-1][:, :-1], TOKENS[:, 1:]))
@@ -192,3 +198,38 @@ def test_broken_checkpoints_are_refused_in_one_line(tmp_path, target, fast):
         load_drafter(str(spec), fast)
     with pytest.raises(ValueError, match="is not a drafter folder in a known format"):
         load_drafter(str(tmp_path), fast)
+
+
+def test_speculators_eagle_and_medusa2_layouts(tmp_path, target, fast, states):
+    """speculators' legacy "eagle" names (fusion_fc, transformer.*) and a Medusa-2 folder (the base model's tensors
+    beside medusa_head.*) load as the same heads."""
+    original = fc.write_eagle1(tmp_path / "eagle", target)
+    state = load_file(str(original / "model.safetensors"))
+    renamed = {k.replace("fc.", "fusion_fc.").replace("layers.0.", "transformer."): v for k, v in state.items()
+               if k != "embed_tokens.weight"}
+    folder = tmp_path / "spec"
+    folder.mkdir()
+    save_file(renamed, str(folder / "model.safetensors"))
+    config = {"speculators_model_type": "eagle", "layernorms": False, "fusion_bias": True,
+              "transformer_layer_config": fc._llama_config(target)}
+    (folder / "config.json").write_text(json.dumps(config))
+    assert detect_format(folder) == "speculators"
+    head = load_drafter(str(folder), fast)
+    features, nxt = states[-1][:, :-1], TOKENS[:, 1:]
+    torch.testing.assert_close(_head_logits(head, features, nxt), fc.reference_eagle1(target, state, features, nxt))
+    (folder / "config.json").write_text(json.dumps(dict(config, layernorms=True)))
+    with pytest.raises(ValueError, match="layernorms=true \\(HASS\\) are not supported"):
+        load_drafter(str(folder), fast)
+
+    medusa = fc.write_medusa(tmp_path / "medusa", target, num_heads=2)
+    heads = {f"medusa_head.{k}": v for k, v in load_file(str(medusa / "medusa_lm_head.safetensors")).items()}
+    full = tmp_path / "medusa2"
+    full.mkdir()
+    base = {f"model.{k}": v.detach().clone() for k, v in target.model.state_dict().items() if "rotary" not in k}
+    save_file({**base, **heads}, str(full / "model.safetensors"))
+    (full / "config.json").write_text(json.dumps({**fc._llama_config(target, num_hidden_layers=8),
+                                                  "medusa_num_heads": 2, "medusa_num_layers": 1}))
+    module = load_drafter(str(full), fast)
+    with torch.no_grad():
+        torch.testing.assert_close(module(states[-1][0]),
+                                   fc.reference_medusa(fc.medusa_tensors(target, 2, 0), states[-1][0]))
