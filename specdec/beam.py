@@ -26,7 +26,7 @@ import torch
 
 from specdec.beam_rules import BeamConfig, BeamState, beam_step
 from specdec.models.tree_lm import TreeCausalLM
-from specdec.request import normalize_prompts, resolve_eos
+from specdec.request import check_num_draft_tokens, normalize_prompts, resolve_eos
 
 __all__ = ["beam_search", "BeamSearchResult", "BeamStats"]
 
@@ -51,6 +51,29 @@ class BeamStats:
     def steps_per_pass(self) -> float:
         """Beam steps per target pass per prompt (1.0 for plain beam search)."""
         return self.beam_steps / self.prompt_passes if self.prompt_passes else 0.0
+
+    # --- the fold: the only writers of the fields above -----------------------------------------------
+    def add_prefill(self, target_calls: int, drafter_calls: int = 0) -> None:
+        self.target_calls += target_calls
+        self.drafter_calls += drafter_calls
+
+    def add_drafter_pass(self) -> None:
+        self.drafter_calls += 1
+
+    def add_draft_nodes(self, num_nodes: int) -> None:
+        self.draft_nodes += num_nodes
+
+    def add_pass(self, num_prompts: int, beam_steps: int, draft_time_s: float, verify_time_s: float) -> None:
+        """One target verification pass over `num_prompts` running prompts that replayed `beam_steps` steps."""
+        self.target_calls += 1
+        self.passes += 1
+        self.prompt_passes += num_prompts
+        self.beam_steps += beam_steps
+        self.draft_time_s += draft_time_s
+        self.verify_time_s += verify_time_s
+
+    def set_wall_time(self, seconds: float) -> None:
+        self.wall_time_s = seconds
 
 
 @dataclass(frozen=True)
@@ -85,7 +108,7 @@ def beam_search(
     """
     w = _int_in("num_beams", num_beams, 1, MAX_BEAMS)
     u = w if draft_beams is None else _int_in("draft_beams", draft_beams, w, MAX_BEAMS)
-    gamma = _int_in("num_draft_tokens", num_draft_tokens, 0, 64) if drafter is not None else 0
+    gamma = check_num_draft_tokens(num_draft_tokens, minimum=0) if drafter is not None else 0
     n = _int_in("max_new_tokens", max_new_tokens, 1, 1 << 20)
     if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)) or length_penalty != length_penalty:
         raise ValueError(f"length_penalty must be a number, got {length_penalty!r}")
@@ -126,12 +149,13 @@ class _Search:
         if not bool(state.done.all()):
             beams = [p for p in prompts for _ in range(w)]  # w copies of each prompt, as transformers does
             context = self.lm.begin(beams, self.config.max_new_tokens)
-            self.stats.target_calls += self.lm.begin_forward_passes
             self.last = context.tail(1)[0][:, 0]  # [P·w] last token of each running beam
+            drafter_passes = 0
             if self.draft is not None:
                 self.draft.begin(beams, self.config.max_new_tokens)
-                self.stats.drafter_calls += self.draft.begin_forward_passes
+                drafter_passes = self.draft.begin_forward_passes
                 self.pending = torch.full_like(self.last, -1)
+            self.stats.add_prefill(self.lm.begin_forward_passes, drafter_passes)
         while True:
             for i in state.done.nonzero().squeeze(1).tolist():
                 final[int(prompt_of[i])] = (state.finished_tokens[i], state.finished_scores[i], state.finished_lengths[i])
@@ -142,7 +166,7 @@ class _Search:
                 state, prompt_of = state.select(running), prompt_of[running]
                 self._select_rows((running[:, None] * w + torch.arange(w, device=device)).flatten())
             state = self._pass(state)
-        self.stats.wall_time_s = time.perf_counter() - t_start
+        self.stats.set_wall_time(time.perf_counter() - t_start)
         sequences, scores = [], []
         for i in range(len(prompts)):
             tokens, s, lengths = final[i]
@@ -173,9 +197,6 @@ class _Search:
         self.lm.begin_tree()
         log_probs = self.lm.forward_tree(tokens, parents).float().log_softmax(-1)  # [P·w, 1 + M, V]
         log_probs = log_probs.reshape(num_prompts, w, tokens.shape[1], -1)
-        self.stats.target_calls += 1
-        self.stats.passes += 1
-        self.stats.prompt_passes += num_prompts
 
         # replay the target's beam steps while its new running beams are all draft nodes
         rows = torch.arange(num_prompts, device=device)[:, None]
@@ -202,10 +223,9 @@ class _Search:
             stepping = stepping & ~state.done & (child >= 0).all(1)
             if not bool(stepping.any()):
                 break
-        self.stats.beam_steps += int(steps.sum())
+        beam_steps = int(steps.sum())
         self._commit(root, path, steps, last, tree)
-        self.stats.draft_time_s += t1 - t0
-        self.stats.verify_time_s += time.perf_counter() - t1
+        self.stats.add_pass(num_prompts, beam_steps, t1 - t0, time.perf_counter() - t1)
         return state
 
     def _commit(self, root, path, steps, last, tree) -> None:
@@ -241,7 +261,7 @@ class _Search:
         parent_logq = self.draft.forward(block, valid)[:, -1].float().log_softmax(-1)
         vocab = parent_logq.shape[-1]
         parent_logq = parent_logq.reshape(num_prompts, w, vocab)
-        self.stats.drafter_calls += 1
+        self.stats.add_drafter_pass()
         self.draft.begin_tree()
         tree = _DraftTree(num_prompts, w)
         scores = state.running_scores
@@ -258,10 +278,10 @@ class _Search:
             block_tokens, block_parents = tree.add_level(parent, token, node_root, fed=feed)
             if feed:
                 logits = self.draft.forward_tree(block_tokens, block_parents)  # [P·w, m, V]
-                self.stats.drafter_calls += 1
+                self.stats.add_drafter_pass()
                 logq = logits.float().log_softmax(-1).reshape(num_prompts, w, -1, vocab)
                 parent_logq = logq[prompts, node_root, tree.levels[-1].rank]  # [P, u, V]
-        self.stats.draft_nodes += num_prompts * u * gamma
+        self.stats.add_draft_nodes(num_prompts * u * gamma)
         return tree
 
 

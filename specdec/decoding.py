@@ -16,23 +16,16 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from specdec.core import (
-    INVALID_SCORES,
-    SamplingConfig,
-    check_leniency,
-    invalid_scores,
-    standardize_logits,
-    verify,
-    verify_greedy,
-)
+from specdec.core import invalid_scores, standardize_logits, verify, verify_greedy
 from specdec.drafters.base import checked_proposal, empty_proposal
 from specdec.metrics import SpecStats
 from specdec.policy import DraftLengthPolicy, StepOutcome, resolve_policy
 from specdec.request import (
+    SamplingParams,
     as_drafter,
     as_target,
     check_context,
-    check_max_new_tokens,
+    check_num_draft_tokens,
     normalize_prompts,
     resolve_eos,
     resolve_generator,
@@ -50,7 +43,7 @@ from specdec.step import (
     step_counters,
 )
 
-__all__ = ["generate", "stream", "GenerateResult", "TokenEvent", "GenerationStream"]
+__all__ = ["generate", "stream", "stream_request", "GenerateResult", "TokenEvent", "GenerationStream"]
 
 
 def generate(
@@ -120,38 +113,62 @@ def stream(
     draft_tree: "Sequence[int] | None" = None,
 ) -> GenerationStream:
     """Like `generate`, but returns a `GenerationStream` of per-step `TokenEvent`s (arguments validated now)."""
-    if (check_leniency(leniency) != 1.0 or draft_tree is not None) and engine == "fast":
+    eos = tuple(resolve_eos(eos_token_id, target))
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                            seed=seed, eos_token_ids=eos, leniency=leniency)  # the edge: one request description
+    return stream_request(target, prompts, drafter, params, num_draft_tokens, generator=generator,
+                          attention_mask=attention_mask, engine=engine, draft_tree=draft_tree)
+
+
+def stream_request(
+    target,
+    prompts,
+    drafter,
+    params: SamplingParams,
+    num_draft_tokens: "int | str | DraftLengthPolicy" = 4,
+    *,
+    generator: torch.Generator | None = None,
+    attention_mask: torch.Tensor | None = None,
+    engine: str = "auto",
+    draft_tree: "Sequence[int] | None" = None,
+) -> GenerationStream:
+    """`stream` for prompts described by one `SamplingParams` (what `stream` builds from its keyword arguments;
+    `eos_token_ids` are used as given: () = none). Picks the runner: token trees, the engine or the loop."""
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+    if params.logprobs:
+        raise ValueError("logprobs: specdec.generate / stream return no log-probabilities; "
+                         "use specdec.load(...).generate(..., logprobs=True)")
+    lenient = params.leniency != 1.0
+    if (lenient or draft_tree is not None) and engine == "fast":
         raise ValueError("leniency and draft_tree run on the transformers loop: use engine='auto' or 'hf'")
-    if _is_feature_head(drafter) and (engine == "hf" or leniency != 1.0 or draft_tree is not None):
+    if lenient and draft_tree is not None:
+        raise ValueError("leniency is not supported with draft_tree: token trees verify exactly (leniency=1.0)")
+    if _is_feature_head(drafter) and (engine == "hf" or lenient or draft_tree is not None):
         from specdec.engine.config import UnsupportedModel
 
         raise UnsupportedModel("drafter: a feature head reads the target's hidden states, which only the engine "
                                "keeps: use engine='fast' (or 'auto'), without leniency or draft_tree")
     if draft_tree is not None:
-        from specdec.tree_decoding import tree_stream
+        from specdec.tree_decoding import run_tree
 
-        return tree_stream(target, prompts, drafter, draft_tree, max_new_tokens, temperature, top_k, top_p,
-                           eos_token_id, seed, generator=generator, attention_mask=attention_mask)
-    if leniency == 1.0 and _use_engine(engine, target, drafter, num_draft_tokens):
+        return run_tree(target, prompts, drafter, draft_tree, params, generator=generator,
+                        attention_mask=attention_mask)
+    if not lenient and _use_engine(engine, target, drafter, num_draft_tokens):
         from specdec.engine.generate import engine_stream
 
-        return engine_stream(
-            target, prompts, drafter, max_new_tokens, temperature, top_k, top_p, num_draft_tokens, eos_token_id,
-            seed, generator=generator, attention_mask=attention_mask,
-        )
-    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+        return engine_stream(target, prompts, drafter, params, num_draft_tokens, generator=generator,
+                             attention_mask=attention_mask)
     target = as_target(target)
     drafter = as_drafter(drafter, target)
     policy = resolve_policy_by_name(num_draft_tokens) if drafter is not None else None
     if drafter is None and not (type(num_draft_tokens) is int and num_draft_tokens == 0):
         resolve_policy_by_name(num_draft_tokens)  # checked even when unused (0 = plain decoding is fine)
     rows = normalize_prompts(prompts, attention_mask, target.vocab_size)
-    max_new_tokens = check_max_new_tokens(max_new_tokens)
-    check_context(target, rows, max_new_tokens)
-    eos = resolve_eos(eos_token_id, target)
-    generator = resolve_generator(generator, seed, target.device)
+    check_context(target, rows, params.max_new_tokens)
+    generator = resolve_generator(generator, params.seed, target.device)
     holder: dict = {}
-    steps = _decode(target, drafter, policy, rows, max_new_tokens, sampling, eos, generator, holder, leniency)
+    steps = _decode(target, drafter, policy, rows, params, generator, holder)
     return GenerationStream(steps, holder)
 
 
@@ -180,12 +197,13 @@ def _is_feature_head(drafter) -> bool:
     return is_drafter(drafter)
 
 
-def _decode(target, drafter, policy, prompts, max_new_tokens, sampling, eos, generator, holder, leniency=1.0) -> Iterator[TokenEvent]:
+def _decode(target, drafter, policy, prompts, params: SamplingParams, generator, holder) -> Iterator[TokenEvent]:
+    max_new_tokens, sampling, leniency = params.max_new_tokens, params.sampling, params.leniency
     stats = SpecStats(op_cost_ratio=_op_cost_ratio(target, drafter) if max_new_tokens else None)
     batch = len(prompts)
     outputs: list[list[int]] = [[] for _ in range(batch)]
     device = target.device
-    eos_ids = torch.tensor(sorted(eos), dtype=torch.long, device=device)
+    eos_ids = torch.tensor(sorted(params.eos_token_ids), dtype=torch.long, device=device)
     # Targets with static shapes (CUDA graphs) keep finished rows in the batch, masked out.
     drop_rows = getattr(target, "drop_finished_rows", True) and getattr(drafter, "drop_finished_rows", True)
     t_start = time.perf_counter()
@@ -315,6 +333,9 @@ def _sync(device: torch.device) -> None:
 
 
 def resolve_policy_by_name(spec) -> DraftLengthPolicy:
-    if isinstance(spec, int) and not isinstance(spec, bool) and spec < 1:
-        raise ValueError(f"num_draft_tokens must be >= 1 with a drafter (got {spec}); use drafter=None for plain decoding")
+    if isinstance(spec, int) and not isinstance(spec, bool):
+        if spec < 1:
+            raise ValueError(f"num_draft_tokens must be >= 1 with a drafter (got {spec}); use drafter=None for "
+                             "plain decoding")
+        check_num_draft_tokens(spec)  # <= MAX_NUM_DRAFT_TOKENS
     return resolve_policy(spec)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.core import SamplingConfig
+from specdec.core import SamplingConfig, check_leniency
 
 __all__ = [
     "SamplingParams",
@@ -24,6 +24,8 @@ __all__ = [
     "check_max_new_tokens",
     "check_num_draft_tokens",
     "check_context",
+    "context_length",
+    "vocab_size",
     "step_num_draft_tokens",
     "normalize_prompts",
     "resolve_eos",
@@ -83,16 +85,37 @@ def step_num_draft_tokens(requested, remaining: int, *limits: int | None) -> int
     return max(gamma, 0)
 
 
-def _context_length(target) -> int | None:
-    """The number of positions a decoder-only target can attend over, if it says (None = unknown)."""
-    limit = getattr(target, "max_positions", None)
-    if limit is None:
-        config = getattr(target, "config", None) or getattr(getattr(target, "model", None), "config", None)
-        for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-            value = getattr(config, name, None)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-    return limit if isinstance(limit, int) and limit > 0 else None
+_CONTEXT_NAMES = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
+
+
+def context_length(model) -> int | None:
+    """The positions a decoder can attend over (None = the model names none): a specdec target's or fast
+    model's `max_positions`, else its transformers config's (`max_position_embeddings`, `n_positions`, …)."""
+    for source in (model, getattr(model, "shape", None)):
+        limit = getattr(source, "max_positions", None)
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+            return limit
+    config = getattr(model, "config", None) or getattr(getattr(model, "model", None), "config", None)
+    for name in _CONTEXT_NAMES:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def vocab_size(model) -> int:
+    """V, the width of the model's logits: a transformers model's output-embedding rows (which may exceed
+    `config.vocab_size`, padded for speed), a fast model's `shape.vocab_size`, a specdec target's `vocab_size`."""
+    embeddings = getattr(model, "get_output_embeddings", None)
+    layer = embeddings() if callable(embeddings) else None
+    if layer is not None and hasattr(layer, "weight"):
+        return int(layer.weight.shape[0])
+    for source in (getattr(model, "shape", None), model, getattr(model, "config", None)):
+        value = getattr(source, "vocab_size", None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    raise TypeError(f"cannot tell the vocabulary size of {type(model).__name__}: no output embeddings, "
+                    "shape.vocab_size or config.vocab_size")
 
 
 def check_context(target, prompts: list[list[int]], max_new_tokens: int) -> None:
@@ -107,7 +130,7 @@ def check_context(target, prompts: list[list[int]], max_new_tokens: int) -> None
         if limit is not None and max_new_tokens > limit:
             raise ValueError(f"max_new_tokens {max_new_tokens} exceeds the decoder's context of {limit} tokens")
         return
-    limit = _context_length(target)
+    limit = context_length(target)
     if limit is None:
         return
     if longest > limit:
@@ -149,10 +172,14 @@ def resolve_generator(generator, seed, device: torch.device | str) -> torch.Gene
 class SamplingParams:
     """One request's decoding parameters (validated on construction; errors name the field).
 
+    Built once at the edge (`specdec.generate` / `stream`, `LLM.generate`, the server) from keyword arguments
+    and carried as it is to the runner: the eager loop, token trees, the engine's rows.
+
     temperature 0 = greedy (the exact argmax path); top_k 0 and top_p 1.0 = off. `eos_token_ids` () = none.
     `seed` None = fresh randomness; with a seed, the request's tokens depend only on its prompt, its
     parameters and the seed (not on other requests in the batch). `logprobs`: report log p(token) of the
-    target's raw distribution for each generated token.
+    target's raw distribution for each generated token. `leniency` l ∈ (0, 1]: 1 = exact; l < 1 accepts
+    more drafts and is LOSSY (appendix A.5; the transformers loop only).
     """
 
     max_new_tokens: int = 64
@@ -162,6 +189,7 @@ class SamplingParams:
     seed: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     logprobs: bool = False
+    leniency: float = 1.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "max_new_tokens", check_max_new_tokens(self.max_new_tokens))
@@ -175,7 +203,11 @@ class SamplingParams:
         object.__setattr__(self, "eos_token_ids", tuple(as_int(t, "eos_token_id", minimum=0) for t in ids))
         if not isinstance(self.logprobs, bool):
             raise TypeError(f"logprobs must be a bool, got {type(self.logprobs).__name__}")
-        self.sampling  # validates temperature / top_k / top_p
+        object.__setattr__(self, "leniency", check_leniency(self.leniency))
+        sampling = SamplingConfig(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)  # validates
+        object.__setattr__(self, "temperature", sampling.temperature)
+        object.__setattr__(self, "top_k", sampling.top_k)
+        object.__setattr__(self, "top_p", sampling.top_p)
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -246,8 +278,8 @@ def _is_row(value) -> bool:
 
 def resolve_eos(eos_token_id, target) -> list[int]:
     """EOS ids: the argument, else the model's generation config, else its config (as in transformers)."""
-    if eos_token_id is None:
-        model = getattr(target, "model", target)
+    if eos_token_id is None:  # a transformers model itself, or what a specdec wrapper wraps
+        model = target if isinstance(target, torch.nn.Module) else getattr(target, "model", target)
         for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
             eos_token_id = getattr(source, "eos_token_id", None) if source is not None else None
             if eos_token_id is not None:

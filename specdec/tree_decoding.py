@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from specdec.core import SamplingConfig, standardize_logits
+from specdec.core import standardize_logits
 from specdec.metrics import SpecStats
 from specdec.models.tree_lm import TreeCausalLM
-from specdec.request import check_max_new_tokens, new_generator, normalize_prompts, resolve_eos
+from specdec.request import SamplingParams, normalize_prompts, resolve_eos, resolve_generator
 from specdec.step import (
     Clock,
     GenerateResult,
@@ -35,7 +35,7 @@ from specdec.step import (
 )
 from specdec.tree import MODES, TreeSpec, verify_tree, verify_tree_greedy
 
-__all__ = ["tree_generate", "tree_stream"]
+__all__ = ["tree_generate", "tree_stream", "run_tree"]
 
 
 def tree_generate(target, prompts, drafter, draft_tree: Sequence[int], *args, on_tokens: Callable | None = None, **kwargs):
@@ -70,23 +70,32 @@ def tree_stream(
     target       a transformers decoder-only model; drafter: a transformers model or a drafter with
                  `propose_tree` / `commit_tree` (e.g. `TreeModelDrafter`)
     """
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                            seed=seed, eos_token_ids=tuple(resolve_eos(eos_token_id, target)))
+    return run_tree(target, prompts, drafter, draft_tree, params, generator=generator, attention_mask=attention_mask,
+                    tree_mode=tree_mode)
+
+
+def run_tree(target, prompts, drafter, draft_tree: Sequence[int], params: SamplingParams, *,
+             generator: torch.Generator | None = None, attention_mask: torch.Tensor | None = None,
+             tree_mode: str = "without_replacement") -> GenerationStream:
+    """`tree_stream` for prompts described by one `SamplingParams` (`eos_token_ids` as given: () = none)."""
     spec = TreeSpec(draft_tree)
     if tree_mode not in MODES:
         raise ValueError(f"tree_mode must be one of {MODES}, got {tree_mode!r}")
-    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    if params.leniency != 1.0 or params.logprobs:
+        raise ValueError("token trees verify exactly and report no logprobs: leniency must be 1.0, logprobs False")
     target = _tree_target(target)
     drafter = _tree_drafter(drafter, target)
     rows = normalize_prompts(prompts, attention_mask, target.vocab_size)
-    max_new_tokens = check_max_new_tokens(max_new_tokens)
-    eos = resolve_eos(eos_token_id, target)
-    if generator is None:
-        generator = new_generator(seed, target.device)
+    generator = resolve_generator(generator, params.seed, target.device)
     holder: dict = {}
-    steps = _tree_decode(target, drafter, spec, tree_mode, rows, max_new_tokens, sampling, eos, generator, holder)
+    steps = _tree_decode(target, drafter, spec, tree_mode, rows, params, generator, holder)
     return GenerationStream(steps, holder)
 
 
-def _tree_decode(target, drafter, spec, tree_mode, rows, max_new_tokens, sampling, eos, generator, holder) -> Iterator[TokenEvent]:
+def _tree_decode(target, drafter, spec, tree_mode, rows, params, generator, holder) -> Iterator[TokenEvent]:
+    max_new_tokens, sampling = params.max_new_tokens, params.sampling
     stats = SpecStats()
     outputs: list[list[int]] = [[] for _ in rows]
     t_start = time.perf_counter()
@@ -99,7 +108,7 @@ def _tree_decode(target, drafter, spec, tree_mode, rows, max_new_tokens, samplin
     context.growable = False
     drafter.begin(context, target.vocab_size)
     stats.add_prefill(time.perf_counter() - t_start, target.begin_forward_passes)
-    eos_ids = torch.tensor(sorted(eos), dtype=torch.long, device=device)
+    eos_ids = torch.tensor(sorted(params.eos_token_ids), dtype=torch.long, device=device)
     original = list(range(len(rows)))  # the step's row → caller's row
     generated = torch.zeros(len(rows), dtype=torch.long, device=device)
     parents = spec.parents.to(device)

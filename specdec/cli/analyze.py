@@ -230,13 +230,13 @@ def _measure(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from specdec.loading import load_tokenizer
-    from specdec.request import check_context
+    from specdec.request import check_context, vocab_size
 
     tokenizer = load_tokenizer(args.target, what="--target tokenizer")
     target = _load("target", args.target, args)
     draft = _load("draft", args.draft, args)
     device = str(target.device)
-    if target.get_output_embeddings().weight.shape[0] != draft.get_output_embeddings().weight.shape[0]:
+    if vocab_size(target) != vocab_size(draft):
         raise CLIError("--target and --draft have different vocabularies; they must share one tokenizer")
     for model in (target, draft):
         check_context(model, [[0]], args.context_length)

@@ -86,7 +86,7 @@ def load_drafter(args, tokenizer, vocab_size: int, prompts_ids, device, dtype):
 
 
 def run(args: argparse.Namespace) -> int:
-    from specdec.request import MAX_NEW_TOKENS, SamplingParams
+    from specdec.request import MAX_NEW_TOKENS, SamplingParams, vocab_size
 
     # every number is checked before anything is loaded
     check_int("--max-new-tokens", args.max_new_tokens, 0, MAX_NEW_TOKENS)
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     for i, ids in enumerate(prompts):
         if not ids:
             raise CLIError(f"--prompt {i + 1} is empty after tokenization")
-    drafter = load_drafter(args, tokenizer, target.get_output_embeddings().weight.shape[0], prompts, target.device,
+    drafter = load_drafter(args, tokenizer, vocab_size(target), prompts, target.device,
                            next(target.parameters()).dtype)
     if drafter is not None and isinstance(gamma, int) and gamma < 1:
         raise ValueError(f"num_draft_tokens must be >= 1 with a draft (got {gamma}); omit --draft for plain decoding")

@@ -153,6 +153,9 @@ class Engine:
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if params.leniency != 1.0:
+            raise ValueError(f"leniency={params.leniency}: the engine verifies exactly; lenient verification runs "
+                             "on the transformers loop (specdec.generate(..., engine='hf'))")
         prompt = normalize_prompts([prompt_ids], None, self.vocab_size)[0]
         total = len(prompt) + params.max_new_tokens
         if total > self.max_seq_len:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import weakref
+from dataclasses import replace
 from collections.abc import Iterator
 
 import torch
@@ -19,11 +20,11 @@ from specdec.fast.model import FastLlama
 from specdec.metrics import SpecStats
 from specdec.request import (
     SamplingParams,
-    as_int,
-    check_max_new_tokens,
+    check_num_draft_tokens,
+    context_length,
     normalize_prompts,
-    resolve_eos,
     resolve_seed,
+    vocab_size,
 )
 from specdec.step import GenerateResult, GenerationStream, TokenEvent
 
@@ -56,7 +57,7 @@ def engine_for(target, drafter, *, seq_len: int, batch: int, num_draft_tokens) -
     fits = engine is not None and engine.max_seq_len >= seq_len and engine.max_batch >= batch \
         and engine.max_draft_tokens >= (max_draft if drafter is not None else 0)
     if not fits:
-        context = _context(owner)
+        context = context_length(owner)
         want = max(_MIN_SEQ_LEN, 1 << (seq_len - 1).bit_length())
         if engine is not None:
             want = max(want, engine.max_seq_len)
@@ -93,18 +94,10 @@ def _ref(obj):
         return lambda: obj
 
 
-def _context(owner) -> int | None:
-    if isinstance(owner, FastLlama):
-        return owner.shape.max_positions
-    config = getattr(owner, "config", None)
-    value = getattr(config, "max_position_embeddings", None)
-    return value if isinstance(value, int) and value > 0 else None
-
-
-def engine_stream(target, prompts, drafter=None, max_new_tokens: int = 64, temperature: float = 1.0, top_k: int = 0,
-                  top_p: float = 1.0, num_draft_tokens=4, eos_token_id=None, seed=None, *, generator=None,
+def engine_stream(target, prompts, drafter, params: SamplingParams, num_draft_tokens=4, *, generator=None,
                   attention_mask=None) -> GenerationStream:
-    """`specdec.stream` on the engine (arguments validated now; see the module doc)."""
+    """`specdec.stream_request` on the engine (arguments validated now; see the module doc): prompt i runs as a
+    request with `params` and the seed (s, i)."""
     if drafter is None:
         gamma = 0
     elif num_draft_tokens == "auto":
@@ -115,30 +108,24 @@ def engine_stream(target, prompts, drafter=None, max_new_tokens: int = 64, tempe
             "(draft-length policy objects run on the transformers path: engine='hf')"
         )
     else:
-        gamma = as_int(num_draft_tokens, "num_draft_tokens", minimum=1, maximum=64)
-    max_new_tokens = check_max_new_tokens(max_new_tokens)
-    vocab = _vocab(target)
+        gamma = check_num_draft_tokens(num_draft_tokens)
+    owner = _owner(target)
+    if isinstance(owner, FastLlama):
+        vocab = owner.shape.vocab_size
+    elif getattr(owner, "config", None) is None:
+        raise UnsupportedModel(f"the engine needs a transformers model, got {type(target).__name__}")
+    else:
+        vocab = vocab_size(owner)
     rows = normalize_prompts(prompts, attention_mask, vocab)
-    eos = tuple(resolve_eos(eos_token_id, _owner(target)))
+    seed = params.seed
     if generator is not None:
         seed = int(torch.randint(0, 1 << 62, (1,), generator=generator, device=generator.device))
     base_seed = resolve_seed(seed)
-    params = [SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                             seed=_request_seed(base_seed, i), eos_token_ids=eos) for i in range(len(rows))]
-    engine = engine_for(target, drafter, seq_len=max(len(r) for r in rows) + max_new_tokens, batch=len(rows),
+    per_row = [replace(params, seed=_request_seed(base_seed, i)) for i in range(len(rows))]
+    engine = engine_for(target, drafter, seq_len=max(len(r) for r in rows) + params.max_new_tokens, batch=len(rows),
                         num_draft_tokens=gamma)
     holder: dict = {}
-    return GenerationStream(_run(engine, rows, params, gamma, holder), holder)
-
-
-def _vocab(target) -> int:
-    owner = _owner(target)
-    if isinstance(owner, FastLlama):
-        return owner.shape.vocab_size
-    config = getattr(owner, "config", None)
-    if config is None:
-        raise UnsupportedModel(f"the engine needs a transformers model, got {type(target).__name__}")
-    return owner.get_output_embeddings().weight.shape[0] if hasattr(owner, "get_output_embeddings") else config.vocab_size
+    return GenerationStream(_run(engine, rows, per_row, gamma, holder), holder)
 
 
 def _run(engine: Engine, rows, params, gamma, holder) -> Iterator[TokenEvent]:

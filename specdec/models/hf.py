@@ -15,6 +15,7 @@ import logging
 
 import torch
 
+from specdec.request import context_length, vocab_size
 from specdec.sequences import TokenBuffer
 
 logger = logging.getLogger(__name__)
@@ -24,14 +25,6 @@ def _cache_kwarg(model: torch.nn.Module) -> str:
     # transformers renamed `past_key_values` to `cache` during the 5.x series; accept both.
     params = inspect.signature(model.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
-
-
-def _max_positions(config) -> int | None:
-    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        value = getattr(config, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
 
 
 def _learned_positions(config) -> bool:
@@ -55,8 +48,8 @@ class HFCausalLM:
             raise TypeError("HFCausalLM needs a decoder-only transformers model (got an encoder-decoder model)")
         self.model = model
         self.config = config
-        self.vocab_size: int = model.get_output_embeddings().weight.shape[0]
-        self.max_positions = _max_positions(config)
+        self.vocab_size: int = vocab_size(model)
+        self.max_positions = context_length(model)
         self.position_limit = self.max_positions if _learned_positions(config) else None
         self._cache_kwarg = _cache_kwarg(model)
         self._new_cache = lambda: DynamicCache(config=config)

@@ -31,7 +31,8 @@ import logging
 
 import torch
 
-from specdec.models.hf import _cache_kwarg, _cache_layers, _max_positions, keep_first_valid
+from specdec.models.hf import _cache_kwarg, _cache_layers, keep_first_valid
+from specdec.request import context_length, vocab_size
 from specdec.sequences import TokenBuffer
 
 logger = logging.getLogger(__name__)
@@ -94,11 +95,11 @@ class HFSeq2SeqLM:
         self.model = model
         self.config = config
         self.layout = layout
-        self.vocab_size: int = model.get_output_embeddings().weight.shape[0]
+        self.vocab_size: int = vocab_size(model)
         self.decoder_start_token_id = decoder_start_token_id(model)
         self.pad_token_id = getattr(config, "pad_token_id", None) or 0
         # Learned/sinusoidal absolute position tables index out of range past their size; T5 has none.
-        self.position_limit = None if relative else _max_positions(config)
+        self.position_limit = None if relative else context_length(model)
         self._cache_kwarg = _cache_kwarg(model)
         self._new_cache = lambda: EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
         self._warn_unapplied_generation_settings()

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from specdec.engine.config import BATCH_BUCKETS
-from specdec.request import MAX_NUM_DRAFT_TOKENS, as_int, resolve_eos
+from specdec.request import MAX_NUM_DRAFT_TOKENS, as_int, resolve_eos, vocab_size
 from specdec.text.driver import Driver
 from specdec.text.outputs import Completion, TextDelta, TextRequest
 from specdec.text.prompts import GenerationDefaults, encode_prompts, make_params, render_chat
@@ -333,7 +333,7 @@ def _load_draft(draft, target, tokenizer, allow_pickle: bool, ngram_data):
                              "draft='prompt-lookup' needs no data")
         texts = [Path(ngram_data).read_text(encoding="utf-8", errors="replace")] \
             if isinstance(ngram_data, (str, Path)) else list(ngram_data)
-        vocab = target.get_output_embeddings().weight.shape[0]
+        vocab = vocab_size(target)
         return specdec.NGramDrafter(2).fit([tokenizer.encode(t) for t in texts if t], vocab)
     from specdec.fast.head import is_feature_head
 

@@ -18,7 +18,7 @@ import torch
 
 from specdec.metrics import SpecStats
 from specdec.policy import resolve_policy
-from specdec.request import SamplingParams, as_int
+from specdec.request import SamplingParams, as_int, context_length, vocab_size
 from specdec.step import RequestOutput, StepCounts
 
 __all__ = ["RequestOutput", "Runner", "FallbackRunner", "context_length", "DEFAULT_CONTEXT"]
@@ -41,16 +41,6 @@ class Runner(Protocol):
     def step(self) -> list: ...
 
     def has_unfinished(self) -> bool: ...
-
-
-def context_length(model) -> int | None:
-    """The model's context window from its config (None when the config names none)."""
-    config = getattr(model, "config", None)
-    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx"):
-        value = getattr(config, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
 
 
 @dataclass
@@ -81,7 +71,7 @@ class FallbackRunner:
         if drafter is not None:
             resolve_policy(num_draft_tokens)  # validate now, not at the first request
         self.max_batch_size = as_int(max_batch_size, "max_batch_size", minimum=1)
-        self.vocab_size = int(target.get_output_embeddings().weight.shape[0])
+        self.vocab_size = vocab_size(target)
         context = context_length(target) or DEFAULT_CONTEXT
         self.max_seq_len = context if max_seq_len is None else as_int(max_seq_len, "max_seq_len", minimum=2, maximum=context)
         self.stats = SpecStats()
@@ -180,17 +170,13 @@ class FallbackRunner:
                     if _batch_key(r) == key:
                         batch.append(r)
                         self._waiting.remove(r)
-        from specdec.decoding import stream
+        from specdec.decoding import stream_request
 
-        params = first.params
+        # the batch shares its parameters (`_batch_key`) but for the budget; logprobs come from `_logprobs`
+        params = replace(first.params, max_new_tokens=max(r.params.max_new_tokens for r in batch), logprobs=False)
         policy = resolve_policy(self.num_draft_tokens) if self.drafter is not None else 1
         self._batch = batch
-        self._run = stream(
-            self.target, [r.prompt for r in batch], self.drafter,
-            max_new_tokens=max(r.params.max_new_tokens for r in batch), temperature=params.temperature,
-            top_k=params.top_k, top_p=params.top_p, num_draft_tokens=policy,
-            eos_token_id=list(params.eos_token_ids), seed=params.seed, engine="hf",
-        )
+        self._run = stream_request(self.target, [r.prompt for r in batch], self.drafter, params, policy, engine="hf")
         self._steps = iter(self._run)
 
     def _close_batch(self) -> None:
@@ -242,4 +228,4 @@ def _batch_key(req: _Request):
     p = req.params
     if not p.greedy and p.seed is not None:
         return None
-    return (p.temperature, p.top_k, p.top_p, p.eos_token_ids)
+    return replace(p, max_new_tokens=0, logprobs=False, seed=None)  # all that the loop shares but the budget
