@@ -64,6 +64,9 @@ def add_parser(subparsers) -> None:
                         "the output is then NOT the target's distribution")
     p.add_argument("--switch-interval", type=float, default=None, metavar="SECONDS",
                    help="Python's thread switch interval (sys.setswitchinterval; default: Python's 0.005)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                   help="shard the target over N GPUs: launch with torchrun --nproc-per-node N -m specdec serve ...; "
+                        "rank 0 serves HTTP, the other ranks follow its steps (γ must be an integer)")
     p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn's log level")
     p.set_defaults(run=run)
@@ -77,6 +80,11 @@ def check_args(args: argparse.Namespace) -> None:
     from specdec.server.metrics import PREFIX_PATTERN
 
     check_int("--port", args.port, 1, 65535)
+    if check_int("--tensor-parallel-size", getattr(args, "tensor_parallel_size", 1), 1, 1024) > 1:
+        gamma = args.num_draft_tokens.strip()
+        if not gamma.isdigit():
+            raise CLIError(f"--tensor-parallel-size needs an integer --num-draft-tokens, got {gamma!r} (the 'auto' "
+                           "policy times each step, and the ranks' timings differ)")
     for name in ("max_batch_size", "max_seq_len", "max_tokens"):
         check_int(f"--{name.replace('_', '-')}", getattr(args, name), 1)
     check_int("--max-connections", getattr(args, "max_connections", 512), 1, MAX_CONNECTIONS)
@@ -115,7 +123,8 @@ def build(args: argparse.Namespace):
                        num_draft_tokens=gamma, chat_template=str(args.chat_template) if args.chat_template else None,
                        allow_pickle=args.allow_pickle, runner=args.runner, max_batch_size=args.max_batch_size,
                        max_seq_len=args.max_seq_len, ngram_data=args.ngram_data,
-                       synthetic_acceptance=getattr(args, "synthetic_acceptance", None))
+                       synthetic_acceptance=getattr(args, "synthetic_acceptance", None),
+                       tensor_parallel_size=getattr(args, "tensor_parallel_size", 1))  # ranks > 0 exit inside
     name = args.served_model_name or Path(args.target).resolve().name
     guard = GuardConfig(allowed_hosts=tuple(getattr(args, "allowed_hosts", ())),
                         allowed_origins=tuple(getattr(args, "allowed_origins", ())),
@@ -154,6 +163,9 @@ def run(args: argparse.Namespace) -> int:
 
     check_args(args)
     apply_model_options(args)
+    if args.tensor_parallel_size > 1 and os.environ.get("RANK", "0") != "0":
+        build(args)  # a follower: mirrors rank 0's engine until rank 0 stops serving, then exits (SystemExit)
+        return 0
     try:
         sock = bind_socket(args.host, args.port)  # now: a busy port fails before minutes of loading
     except OSError as err:

@@ -39,7 +39,7 @@ MAX_RUNNERS = 4
 def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num_draft_tokens=4,
          chat_template: str | None = None, allow_pickle: bool = False, runner: str = "auto",
          max_batch_size: int = 32, max_seq_len: int | None = None, ngram_data=None,
-         synthetic_acceptance: float | None = None) -> "LLM":
+         synthetic_acceptance: float | None = None, tensor_parallel_size: int = 1) -> "LLM":
     """Load a target (and a draft) for text generation.
 
     target          a local checkpoint folder, or a transformers model (then pass `tokenizer`)
@@ -54,11 +54,31 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
     synthetic_acceptance  BENCHMARK ONLY (the engine's `EngineConfig.synthetic_acceptance`): each draft is
                     accepted with this probability, so a random pair serves at a known α; the output is then
                     NOT the target's distribution
+    tensor_parallel_size  N > 1: run under `torchrun --nproc-per-node N`; every rank loads its shard of the
+                    target folder; rank 0 gets the LLM, the other ranks follow its steps and exit the process
+                    when rank 0 closes it (`specdec/text/tensor_parallel.py`); γ must be a fixed integer
     """
     from specdec.loading import load_model, load_tokenizer
 
     if runner not in RUNNERS:
         raise ValueError(f"runner must be one of {', '.join(RUNNERS)}, got {runner!r}")
+    tensor_parallel_size = as_int(tensor_parallel_size, "tensor_parallel_size", minimum=1, maximum=1024)
+    if tensor_parallel_size > 1:
+        from specdec.text.tensor_parallel import check_gamma, load_tensor_parallel
+
+        check_gamma(check_num_draft_tokens(num_draft_tokens))
+
+        def make_llm(model, channel):
+            tok = tokenizer if tokenizer is not None else target
+            tok = load_tokenizer(tok) if isinstance(tok, (str, Path)) else tok
+            if chat_template is not None:
+                tok.chat_template = _read_template(chat_template)
+            drafter = _load_draft(draft, model, tok, allow_pickle, ngram_data)
+            return LLM(model, tok, drafter, num_draft_tokens=num_draft_tokens, runner=runner,
+                       max_batch_size=max_batch_size, max_seq_len=max_seq_len,
+                       synthetic_acceptance=synthetic_acceptance, tensor_parallel=channel)
+
+        return load_tensor_parallel(target, tensor_parallel_size, device=device, dtype=dtype, make_llm=make_llm)
     if isinstance(target, (str, Path)):
         target_model = load_model(target, device=device, dtype=dtype, what="target", allow_pickle=allow_pickle)
         tokenizer = tokenizer if tokenizer is not None else target
@@ -80,8 +100,10 @@ class LLM:
 
     def __init__(self, target, tokenizer, drafter=None, *, num_draft_tokens=4, runner: str = "auto",
                  max_batch_size: int = 32, max_seq_len: int | None = None,
-                 synthetic_acceptance: float | None = None):
+                 synthetic_acceptance: float | None = None, tensor_parallel=None):
         self.target = target
+        self.tensor_parallel = tensor_parallel  # a CommandChannel under torchrun (text/tensor_parallel.py), or None
+        self._tensor_parallel_started = False
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.runner_choice = runner
@@ -105,6 +127,7 @@ class LLM:
         self.runner_kind = "fallback" if isinstance(first, FallbackRunner) else "engine"
         self.vocab_size = int(first.vocab_size)
         self.max_seq_len = int(first.max_seq_len)
+        self._tensor_parallel_started = True  # runners made from now on are made on every rank by command
 
     # --- runners ------------------------------------------------------------------------------------
     def runner(self, num_draft_tokens):
@@ -123,6 +146,13 @@ class LLM:
             return made
 
     def _make_runner(self, gamma):
+        if self.tensor_parallel is not None:
+            from specdec.text.tensor_parallel import make_runner
+
+            return make_runner(self, gamma, announce=self._tensor_parallel_started)
+        return self._build_runner(gamma)
+
+    def _build_runner(self, gamma):
         """The request-level engine when it covers the model (falling back only on `UnsupportedModel`)."""
         drafter = self.drafter if gamma != 0 else None
         if self.runner_choice != "fallback":
@@ -248,6 +278,10 @@ class LLM:
 
     def close(self) -> None:
         self.driver.close()
+        if self.tensor_parallel is not None and self.tensor_parallel.is_leader:
+            from specdec.text.tensor_parallel import stop_followers
+
+            stop_followers(self)
 
     def __enter__(self) -> "LLM":
         return self

@@ -190,3 +190,111 @@ def test_shutdown_releases_cached_engines_without_a_group(checkpoints):
     assert model.__dict__.get("_specdec_engines")
     assert shutdown_tensor_parallel(model) is True
     assert "_specdec_engines" not in model.__dict__ and "_specdec_fast_models" not in model.__dict__
+
+
+def test_text_api_tensor_parallel_matches_one_process(checkpoints, tmp_path):
+    """`specdec.load(..., tensor_parallel_size=2)`: rank 0 serves (batches, a stream, a second γ created after
+    start-up, a request without a seed), rank 1 follows its commands and exits when rank 0 closes the LLM; the
+    texts are the single-process ones."""
+    out = tmp_path / "text.json"
+    _torchrun(str(WORKER.with_name("tp_text_worker.py")), str(out), checkpoints["llama"], checkpoints["draft"])
+    got = json.loads(out.read_text())
+    prompts = ["w1 w2 w3 w4", "w5 w6", "w7 w7 w8 w9 w7"]
+    with specdec_load(checkpoints) as llm:
+        assert got["greedy"] == [c.text for c in llm.generate(prompts, max_new_tokens=12, temperature=0)]
+        assert got["sampled"] == [c.text for c in llm.generate(prompts, max_new_tokens=12, temperature=1.0, seed=5)]
+        assert got["streamed"] == got["greedy"][0]
+        assert got["other_gamma"] == got["greedy"][1]
+    assert len(got["unseeded"].split()) > 3
+    assert len(set(got["greedy"] + got["sampled"])) > 3  # not one degenerate text
+
+
+def specdec_load(checkpoints):
+    import specdec
+
+    return specdec.load(checkpoints["llama"], checkpoints["draft"], device="cpu", num_draft_tokens=3)
+
+
+def test_text_api_tensor_parallel_refuses_auto_gamma_and_model_objects(checkpoints, monkeypatch):
+    import specdec
+
+    with pytest.raises(ValueError, match="fixed integer"):
+        specdec.load(checkpoints["llama"], checkpoints["draft"], num_draft_tokens="auto", tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="torchrun"):
+        specdec.load(checkpoints["llama"], checkpoints["draft"], num_draft_tokens=3, tensor_parallel_size=2)
+    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoints["llama"])
+    with pytest.raises(ValueError, match="safetensors folder"):
+        specdec.load(model, tokenizer=checkpoints["llama"], num_draft_tokens=0, tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        specdec.load(checkpoints["llama"], tensor_parallel_size=0)
+
+
+def _serve_tensor_parallel(checkpoints, device: str) -> None:
+    """`torchrun ... specdec serve --tensor-parallel-size 2`: rank 0 answers HTTP with the single-process text,
+    rank 1 follows; on SIGTERM (what torchrun forwards on Ctrl-C) every process exits."""
+    import signal
+    import time
+
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        http_port = sock.getsockname()[1]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        master_port = sock.getsockname()[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--nnodes", "1",
+           "--master-addr", "127.0.0.1", "--master-port", str(master_port), "-m", "specdec", "serve",
+           "--tensor-parallel-size", "2", "--target", checkpoints["llama"], "--draft", checkpoints["draft"],
+           "--device", device, "--dtype", "float32", "--num-draft-tokens", "3", "--port", str(http_port), "--quiet"]
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{http_port}"
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the tensor-parallel server did not come up"
+            time.sleep(0.5)
+        texts = []
+        for body in ({"prompt": "w1 w2 w3 w4", "max_tokens": 10, "temperature": 0},
+                     {"prompt": "w5 w6", "max_tokens": 10, "temperature": 0, "num_draft_tokens": 0},
+                     {"prompt": "w5 w6", "max_tokens": 10, "temperature": 1.0, "seed": 3}):
+            reply = httpx.post(url + "/v1/completions", json={"model": Path(checkpoints["llama"]).name, **body},
+                               timeout=60)
+            assert reply.status_code == 200, reply.text
+            texts.append(reply.json()["choices"][0]["text"])
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise AssertionError("the tensor-parallel server did not exit within 60 s of SIGTERM")
+    import specdec
+
+    with specdec.load(checkpoints["llama"], checkpoints["draft"], device=device, dtype="float32",
+                      num_draft_tokens=3) as llm:
+        assert texts[0] == llm.generate("w1 w2 w3 w4", max_new_tokens=10, temperature=0).text
+        assert texts[1] == llm.generate("w5 w6", max_new_tokens=10, temperature=0, num_draft_tokens=0).text
+        assert texts[2] == llm.generate("w5 w6", max_new_tokens=10, temperature=1.0, seed=3).text
+
+
+def test_serve_tensor_parallel_answers_and_exits(checkpoints):
+    pytest.importorskip("fastapi")
+    _serve_tensor_parallel(checkpoints, "cpu")
+
+
+@pytest.mark.gpu
+@two_gpus
+def test_two_gpus_serve_tensor_parallel_answers_and_exits(checkpoints):
+    pytest.importorskip("fastapi")
+    _serve_tensor_parallel(checkpoints, "cuda")

@@ -1,0 +1,36 @@
+"""Run by test_tensor_parallel.py under `torchrun --nproc-per-node 2`: the text API with tensor_parallel_size=2.
+
+argv: OUT.json TARGET_DIR DRAFT_DIR. Rank 0 generates (a batch, a stream, a request asking another γ) and closes
+the LLM; rank 1 follows inside `specdec.load` and exits there. Rank 0 writes the texts.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+torch.set_num_threads(1)
+
+import specdec  # noqa: E402
+
+PROMPTS = ["w1 w2 w3 w4", "w5 w6", "w7 w7 w8 w9 w7"]
+
+
+def main() -> None:
+    out, target, draft = sys.argv[1:]
+    llm = specdec.load(target, draft, device="cpu", num_draft_tokens=3, tensor_parallel_size=2)  # rank 1 stays here
+    greedy = [c.text for c in llm.generate(PROMPTS, max_new_tokens=12, temperature=0)]
+    sampled = [c.text for c in llm.generate(PROMPTS, max_new_tokens=12, temperature=1.0, seed=5)]
+    streamed = "".join(llm.stream(PROMPTS[0], max_new_tokens=12, temperature=0))
+    other_gamma = llm.generate(PROMPTS[1], max_new_tokens=12, temperature=0, num_draft_tokens=2).text
+    unseeded = llm.generate(PROMPTS[2], max_new_tokens=12, temperature=1.0).text  # the leader picks the seed
+    llm.close()
+    with open(out, "w", encoding="utf-8") as fh:
+        json.dump({"greedy": greedy, "sampled": sampled, "streamed": streamed, "other_gamma": other_gamma,
+                   "unseeded": unseeded}, fh)
+
+
+if __name__ == "__main__":
+    main()
