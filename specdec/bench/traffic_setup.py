@@ -91,18 +91,14 @@ def quick_setup(drafters=DRAFTERS, max_batch: int = 8) -> TrafficSetup:
 
 def pair_setup(pair: Path, data: Path, head: Path | None, drafters=DRAFTERS, max_batch: int = 64,
                device: torch.device | None = None) -> TrafficSetup:
-    from tokenizers import Tokenizer
-
     from specdec.bench.presets import load_pair
-    from specdec.bench.prompts import code_prompts
 
     device = device or torch.device("cuda")
     target, draft = load_pair(Path(pair), device, torch.bfloat16)
     if "head" in drafters and head is None:
         raise ValueError("the head drafter needs --head DIR (a trained feature head; or leave 'head' out of --drafters)")
-    tokenizer = Tokenizer.from_file(str(Path(data) / "tokenizer" / "tokenizer.json"))
     max_total = min(int(target.config.max_position_embeddings), 4096)
-    pool = code_prompts(lambda s: tokenizer.encode(s).ids, count=160, max_tokens=max_total // 2)
+    pool = code_pool(data, max_total)
     corpus = None
     if "ngram" in drafters:
         from specdec.zoo.data import TokenData
@@ -124,6 +120,50 @@ GPU_SPEC = dict(slots=(64, 32, 8, 1),  # (the big batches first: --max-seconds c
                 new_tokens=(16, 256), requests_per_slot=3.0, min_requests=16)
 QUICK_SPEC = dict(slots=(1, 4), arrivals=("closed", "poisson:0.8x"), policies=("auto",), prompt_tokens=(20, 100),
                   new_tokens=(2, 16), requests_per_slot=1.5, min_requests=3)
+
+
+def code_pool(data: Path, context: int) -> list[list[int]]:
+    """The held-in code prompts (`specdec.bench.prompts`) in the prepared corpus' tokenizer."""
+    from tokenizers import Tokenizer
+
+    from specdec.bench.prompts import code_prompts
+
+    tokenizer = Tokenizer.from_file(str(Path(data) / "tokenizer" / "tokenizer.json"))
+    return code_prompts(lambda s: tokenizer.encode(s).ids, count=160, max_tokens=context // 2)
+
+
+def demo_pool() -> list[list[int]]:
+    """The demo's prompts in the shipped demo pair's tokenizer (`specdec bench --quick --serve`)."""
+    from specdec.cli.demo import DEMO_PAIR, PROMPTS
+    from specdec.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(DEMO_PAIR / "target")
+    return [tokenizer.encode(text) for text in PROMPTS]
+
+
+def serve_and_write(spec: TrafficSpec, out: Path, *, pair: Path | None, data: Path | None, head: Path | None,
+                    clients, quick: bool, log=None, max_seconds: float | None = None) -> dict:
+    """The serving levels (`specdec.bench.traffic_serve`): the zoo pair on CUDA (drafter: `head`, else draft0), or
+    with `quick` the shipped demo pair on the CPU; writes `serve.json` and `serve.md` under `out`."""
+    from specdec.bench.traffic_serve import serve_traffic
+    from specdec.cli.demo import DEMO_PAIR
+    from specdec.strict_json import dumps
+
+    out.mkdir(parents=True, exist_ok=True)
+    if quick:
+        target, draft, pool, device, dtype = DEMO_PAIR / "target", DEMO_PAIR / "draft", demo_pool(), "cpu", "float32"
+    else:
+        target, draft, device, dtype = Path(pair) / "target", Path(head or Path(pair) / "draft0"), "cuda", "bfloat16"
+        config = json.loads((Path(pair) / "target" / "config.json").read_text())
+        pool = code_pool(data, min(int(config.get("max_position_embeddings") or 4096), 4096))
+    start = time.perf_counter()
+    result = serve_traffic(target, draft, pool, spec, tuple(clients), device=device, dtype=dtype, log=log,
+                           max_seconds=max_seconds)
+    result["seconds"] = round(time.perf_counter() - start, 1)
+    result["spec"] = _spec_dict(spec)
+    (out / "serve.json").write_text(dumps({k: v for k, v in result.items() if k != "markdown"}, indent=1))
+    (out / "serve.md").write_text(result["markdown"] + "\n")
+    return result
 
 
 def run_and_write(spec: TrafficSpec, setup: TrafficSetup, out: Path, log=None, max_seconds: float | None = None) -> dict:

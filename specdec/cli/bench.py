@@ -58,7 +58,12 @@ def add_parser(subparsers) -> None:
     t.add_argument("--new-tokens", type=int, nargs=2, default=None, metavar=("LO", "HI"),
                    help="max_new_tokens per request, uniform (default 16 256; EOS also ends a request)")
     t.add_argument("--sampled-share", type=float, default=None, help="share of requests sampled at T=1 (default 0.5)")
-    t.add_argument("--max-seconds", type=float, default=None, help="start no arm after this many seconds")
+    t.add_argument("--max-seconds", type=float, default=None, help="start no arm (level) after this many seconds")
+    t.add_argument("--serve", action="store_true",
+                   help="instead of the engine table: `specdec serve` (the pair with --head, else its draft0; --quick: "
+                        "the demo pair on CPU) under streaming clients, plain vs speculative requests per level")
+    t.add_argument("--clients", type=int, nargs="+", default=None,
+                   help="--serve: closed-loop clients per level, 1..4096 (default 8 32 64 128; --quick 1 2)")
     add_model_options(p, seed_help="traffic: the seed of the requests (default 0); the presets: unused", dtype="auto")
     p.set_defaults(run=run)
 
@@ -68,7 +73,7 @@ MAX_BENCH_GAMMA = 8
 #: specdec.bench.traffic_setup.DRAFTERS (not imported here: `specdec --help` stays free of torch)
 TRAFFIC_DRAFTERS = ("model", "head", "lookup", "ngram")
 _TRAFFIC_ONLY = ("quick", "head", "drafters", "slots", "arrival", "policy", "requests_per_slot", "prompt_tokens",
-                 "new_tokens", "sampled_share", "max_seconds")
+                 "new_tokens", "sampled_share", "max_seconds", "serve", "clients")
 _PRESET_ONLY = ("train", "gamma", "repeats", "no_hf", "profile", "max_new_tokens")
 
 _ARGS: argparse.Namespace | None = None  # for --quiet in _log
@@ -136,6 +141,16 @@ def _check_traffic(args: argparse.Namespace):
     if args.max_seconds is not None and not (math.isfinite(args.max_seconds) and args.max_seconds > 0):
         raise CLIError(f"--max-seconds must be a finite number > 0, got {args.max_seconds}")
     drafters = tuple(dict.fromkeys(args.drafters or TRAFFIC_DRAFTERS))
+    if args.serve:
+        for name in ("drafters", "slots", "policy", "requests_per_slot"):
+            if _given(args, name):
+                raise CLIError(f"--{name.replace('_', '-')}: --serve runs levels of --clients (and --arrival poisson "
+                               "rates) against one server (its drafter: --head, else the pair's draft0; γ auto)")
+        for c in args.clients or ():
+            check_int("--clients", c, 1, 4096)
+        drafters = ("head",) if args.head else ("model",)
+    elif args.clients is not None:
+        raise CLIError("--clients belongs to --serve (the engine table takes --slots)")
     if args.dtype not in ("auto", "bfloat16", "bf16"):
         raise CLIError(f"--dtype: the traffic table runs in bfloat16 on CUDA and float32 on CPU (use auto), got {args.dtype!r}")
     if args.quick:
@@ -162,9 +177,19 @@ def _check_traffic(args: argparse.Namespace):
 
 
 def _run_traffic(args: argparse.Namespace, spec, drafters) -> int:
-    from specdec.bench.traffic_setup import pair_setup, quick_setup, run_and_write
+    from specdec.bench.traffic_setup import pair_setup, quick_setup, run_and_write, serve_and_write
 
     out = Path(args.out or "runs/bench")
+    if args.serve:
+        clients = args.clients or ((1, 2) if args.quick else (8, 32, 64, 128))
+        result = serve_and_write(spec, out, pair=args.pair, data=args.data, head=args.head, clients=clients,
+                                 quick=args.quick, log=_log, max_seconds=args.max_seconds)
+        print(result["markdown"])
+        if args.json:
+            print_json({"preset": "traffic", "serve": True, "levels": [
+                {k: r[k] for k in ("mode", "concurrency", "throughput_tok_s", "itl_p99_s", "vs_plain", "itl_p99_vs_plain")}
+                for r in result["levels"]], "json": str(out / "serve.json"), "seconds": result["seconds"]})
+        return 0
     max_batch = max(spec.slots)
     if args.quick:
         setup = quick_setup(drafters, max_batch=max_batch)

@@ -23,8 +23,8 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 
-__all__ = ["RequestTiming", "LevelResult", "run_level", "run_benchmark", "parse_counters", "level_server_stats",
-           "markdown_table"]
+__all__ = ["RequestTiming", "LevelResult", "run_level", "run_benchmark", "run_traffic_level", "served_model", "parse_counters",
+           "level_server_stats", "markdown_table", "ServerProcess"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,7 @@ class LevelResult:
     delivery_p99_s: float | None = None  # a step's outputs: driver thread → event loop
     gc_full_passes: int | None = None  # full (generation 2) garbage collections during the level
     gc_full_max_s: float | None = None  # upper bound of the longest one's bucket
+    arrival: str | None = None  # how the level's requests arrived ("closed:C", "poisson:R/s"); None = closed loop
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -101,8 +102,15 @@ async def _one(client, url: str, body: dict) -> RequestTiming:
     return RequestTiming(ttft_s=(first or end) - start, chunk_gaps_s=gaps, e2e_s=end - start, tokens=tokens)
 
 
+async def served_model(client, url: str) -> str:
+    """The name the server serves (the first of /v1/models): requests naming another model get a 404."""
+    response = await client.get(url + "/v1/models")
+    response.raise_for_status()
+    return response.json()["data"][0]["id"]
+
+
 async def run_level(url: str, prompts: list[str], *, mode: str, concurrency: int, requests_per_client: int,
-                    max_tokens: int, num_draft_tokens: int, model: str = "bench") -> LevelResult:
+                    max_tokens: int, num_draft_tokens: int, model: str | None = None) -> LevelResult:
     import httpx
 
     async def client_loop(client, index: int) -> list[RequestTiming]:
@@ -116,6 +124,7 @@ async def run_level(url: str, prompts: list[str], *, mode: str, concurrency: int
 
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        model = model or await served_model(client, url)
         before = await server_counters(client, url)
         start = time.perf_counter()
         per_client = await asyncio.gather(*(client_loop(client, i) for i in range(concurrency)))
@@ -134,6 +143,116 @@ async def run_level(url: str, prompts: list[str], *, mode: str, concurrency: int
         itl_p50_s=_percentile(gaps, 0.5), itl_p99_s=_percentile(gaps, 0.99), tpot_p50_s=_percentile(tpot, 0.5),
         accepted_per_step=tau, **level_server_stats(before, after),
     )
+
+
+async def run_traffic_level(url: str, bodies: list[dict], *, mode: str, clients: int = 0, rate: float | None = None,
+                            seed: int = 0, model: str | None = None) -> LevelResult:
+    """Traffic with its own bodies (prompt, max_tokens, temperature, seed per request): `clients` > 0 — a closed
+    loop of that many clients taking the next body as their last request finished; else Poisson arrivals at
+    `rate` requests/s. mode "plain" asks each request for num_draft_tokens 0, "speculative" leaves the server's
+    default (its --num-draft-tokens)."""
+    import random
+
+    import httpx
+
+    if clients <= 0 and not (rate and rate > 0):
+        raise ValueError("run_traffic_level needs clients > 0 (a closed loop) or a Poisson rate > 0")
+    extra = {"specdec": {"num_draft_tokens": 0}} if mode == "plain" else {}
+
+    def body(i: int) -> dict:
+        return {"model": model, **bodies[i], "stream": True, "stream_options": {"include_usage": True}, **extra}
+
+    limit = (clients or len(bodies)) + 4
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=limit,
+                                                                  max_keepalive_connections=limit)) as client:
+        model = model or await served_model(client, url)
+        before = await server_counters(client, url)
+        start = time.perf_counter()
+        if clients > 0:
+            order = iter(range(len(bodies)))
+
+            async def client_loop() -> list[RequestTiming]:
+                return [await _one(client, url, body(i)) for i in order]  # one shared iterator: next free body
+
+            per_client = await asyncio.gather(*(client_loop() for _ in range(clients)))
+            timings = [t for ts in per_client for t in ts]
+        else:
+            rng, offsets, t = random.Random(seed + 7), [], 0.0
+            for _ in bodies:
+                offsets.append(t)
+                t += rng.expovariate(rate)
+
+            async def arrive(i: int) -> RequestTiming:
+                await asyncio.sleep(max(offsets[i] - (time.perf_counter() - start), 0.0))
+                return await _one(client, url, body(i))
+
+            timings = await asyncio.gather(*(arrive(i) for i in range(len(bodies))))
+        duration = time.perf_counter() - start
+        after = await server_counters(client, url)
+    tokens = sum(t.tokens for t in timings)
+    gaps = [g for t in timings for g in t.chunk_gaps_s]
+    tpot = [(t.e2e_s - t.ttft_s) / (t.tokens - 1) for t in timings if t.tokens > 1]
+    steps = after["drafts"] - before["drafts"]
+    tau = (after["accepted"] - before["accepted"] + steps) / steps if mode != "plain" and steps else None
+    return LevelResult(
+        mode=mode, concurrency=clients, requests=len(timings), output_tokens=tokens, duration_s=duration,
+        throughput_tok_s=tokens / duration if duration > 0 else 0.0,
+        ttft_p50_s=_percentile([t.ttft_s for t in timings], 0.5), ttft_p99_s=_percentile([t.ttft_s for t in timings], 0.99),
+        itl_p50_s=_percentile(gaps, 0.5), itl_p99_s=_percentile(gaps, 0.99), tpot_p50_s=_percentile(tpot, 0.5),
+        accepted_per_step=tau, arrival=f"closed:{clients}" if clients > 0 else f"poisson:{rate:g}/s",
+        **level_server_stats(before, after),
+    )
+
+
+class ServerProcess:
+    """`specdec serve ARGS` on a free local port, as a context manager: `with ServerProcess([...]) as url:`.
+    Waits for /health (up to `start_timeout_s`); the server's stderr lines starting with "specdec serve" (its
+    warm-up report) are in `.log_lines` after exit."""
+
+    def __init__(self, args: list[str], start_timeout_s: float = 300.0, env: dict | None = None):
+        self.args, self.start_timeout_s, self.env = list(args), start_timeout_s, env
+        self.proc, self.log_lines = None, []
+
+    def __enter__(self) -> str:
+        import os
+        import socket
+        import subprocess
+        import sys
+        import tempfile
+
+        import httpx
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self._log = tempfile.TemporaryFile(mode="w+")
+        cmd = [sys.executable, "-m", "specdec", "serve", *self.args, "--port", str(port)]
+        self.proc = subprocess.Popen(cmd, env=self.env or dict(os.environ), stdout=subprocess.DEVNULL, stderr=self._log)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + self.start_timeout_s
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                self._log.seek(0)
+                tail = " | ".join(self._log.read().strip().splitlines()[-3:])
+                raise RuntimeError(f"specdec serve exited with {self.proc.returncode}: {tail}")
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    return url
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        self.__exit__(None, None, None)
+        raise RuntimeError(f"specdec serve did not start within {self.start_timeout_s:g} s")
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except Exception:  # noqa: BLE001 - a server that does not stop is killed
+                self.proc.kill()
+        self._log.seek(0)
+        self.log_lines = [line for line in self._log.read().splitlines() if line.startswith("specdec serve")]
+        self._log.close()
 
 
 _HISTOGRAMS = {"step": "specdec:engine_step_seconds", "handoff": "specdec:driver_handoff_seconds",
@@ -247,7 +366,7 @@ def markdown_table(results: list[LevelResult]) -> str:
         if r.new_shapes is not None:
             captures += f" / {r.new_shapes}"
         steps = "–" if r.steps is None else str(r.steps)
-        rows.append(f"| {r.concurrency} | {r.mode} | {r.requests} | {r.output_tokens} | {r.throughput_tok_s:.1f} | "
+        rows.append(f"| {r.arrival or r.concurrency} | {r.mode} | {r.requests} | {r.output_tokens} | {r.throughput_tok_s:.1f} | "
                     f"{1e3 * r.ttft_p50_s:.0f} / {1e3 * r.ttft_p99_s:.0f} | {1e3 * r.itl_p50_s:.1f} / "
                     f"{1e3 * r.itl_p99_s:.1f} | {1e3 * r.tpot_p50_s:.1f} | {tau} | {captures} | {steps} | "
                     f"{ms(r.step_p50_s, 1)} / {ms(r.step_p99_s, 1)} / {ms(r.step_max_s, 1)} | "

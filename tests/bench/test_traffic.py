@@ -199,3 +199,25 @@ def test_markdown_table_has_a_row_per_arm():
                     vs_plain=1.25)
     text = markdown_table([row])
     assert "| 8 | closed:16 | model | auto | 100 | 1.25x |" in text
+
+
+def test_bench_quick_serve_runs_plain_and_speculative_levels(tmp_path, capsys):
+    """`specdec serve` on the demo pair (CPU) under its own streaming clients: a closed level per --clients and a
+    Poisson level, plain and speculative requests on the same server."""
+    argv = ["bench", "--quick", "--serve", "--clients", "1", "2", "--new-tokens", "2", "5", "--prompt-tokens", "8", "30",
+            "--out", str(tmp_path), "--json"]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    result = json.loads((tmp_path / "serve.json").read_text())
+    levels = result["levels"]
+    assert [(r["arrival"], r["mode"]) for r in levels] == [
+        (a, m) for a in ("closed:1", "closed:2", levels[-1]["arrival"]) for m in ("plain", "speculative")]
+    assert levels[-1]["arrival"].startswith("poisson:")
+    assert [r["requests"] for r in levels] == [2, 2, 4, 4, 4, 4]
+    for r in levels:
+        assert r["output_tokens"] > 0 and r["throughput_tok_s"] > 0 and r["vs_plain"] > 0
+        tau = r["accepted_per_step"]  # (speculative: None when "auto" ran the whole level plain)
+        assert tau is None if r["mode"] == "plain" else (tau is None or tau >= 1.0)
+    assert any("engine runner, γ=auto" in line for line in result["server_log"])
+    assert len(summary["levels"]) == len(levels)
+    assert "| closed:2 |" in (tmp_path / "serve.md").read_text()
