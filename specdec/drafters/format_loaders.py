@@ -250,6 +250,8 @@ def load_eagle3(folder: str | os.PathLike, target: FastLlama, *, allow_pickle: b
     where = Path(folder)
     raw = _config if _config is not None else (read_config(where) or {})
     state = dict(_state if _state is not None else _read_weights(where, ("model", "pytorch_model"), allow_pickle))
+    if _state is None and not any(k.startswith("midlayer.") for k in state):
+        _layer_prefix = "layers.0."  # (heads trained outside SafeAILab's code name the layer like speculators)
     flags = dict(_flags or {})
     numbers = _layer_numbers(raw, where)
     vocab = raw.get("vocab_size", target.shape.vocab_size)
@@ -301,8 +303,8 @@ def load_speculators(folder: str | os.PathLike, target: FastLlama, *, allow_pick
     state = _read_weights(where, ("model",), allow_pickle)
     merged = {**layer, **{k: raw[k] for k in ("draft_vocab_size", "target_hidden_size") if raw.get(k) is not None}}
     if kind == "eagle3":
-        flags = {k: bool(raw.get(k, False)) for k in ("norm_before_residual", "norm_before_fc", "fc_norm",
-                                                      "norm_output")}
+        flags = {k: bool(raw.get(k, False)) for k in ("norm_before_fc", "fc_norm", "norm_output")}
+        flags["norm_before_residual"] = bool(raw.get("norm_before_residual", True))  # (vLLM's default when absent)
         if raw.get("eagle_aux_hidden_state_layer_ids"):
             flags["feature_layers"] = raw["eagle_aux_hidden_state_layer_ids"]
         state = {k: v for k, v in state.items() if not k.startswith("verifier_")}

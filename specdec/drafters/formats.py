@@ -4,8 +4,8 @@
   feature-head    `feature_head.json` (specdec train head)      model.safetensors
   eagle           config.json + `fc.weight` and `layers.0.*`    SafeAILab `cnets1.py`: fc(.bias), layers.0.{self_attn,mlp,
                   (EAGLE-1/2, HASS)                             post_attention_layernorm}; embed_tokens optional
-  eagle3          config.json with `draft_vocab_size`, or       SafeAILab `cnets.py`: midlayer.* (hidden_norm,
-                  `midlayer.*` weights                          input_layernorm, ...), fc, norm, lm_head, d2t, t2d
+  eagle3          config.json with `draft_vocab_size` or an     SafeAILab `cnets.py`: midlayer.* (hidden_norm,
+                  *Eagle3 architecture, or `midlayer.*` weights input_layernorm, ...), fc, norm, lm_head, d2t, t2d
   medusa          config.json with `medusa_num_heads`, or       Medusa: {i}.{j}.linear.{weight,bias}, {i}.{L}.weight
                   vLLM's model_type "medusa"                    (medusa_lm_head.*); vLLM: blocks.{i}.layers.{j}.*,
                                                                 lm_heads.{i}.weight, token_map
@@ -54,8 +54,8 @@ def detect_format(path: str | os.PathLike) -> str | None:
         return "speculators"
     if "medusa_num_heads" in config or config.get("model_type") == "medusa":
         return "medusa"
-    if "draft_vocab_size" in config:
-        return "eagle3"
+    if "draft_vocab_size" in config or any("Eagle3" in str(a) for a in config.get("architectures") or []):
+        return "eagle3"  # (SGLang / SpecForge heads name their architecture LlamaForCausalLMEagle3)
     names = key_names(folder, ("model", "pytorch_model"))  # (EAGLE's own heads ship as pytorch_model.bin)
     if any(n.startswith("midlayer.") for n in names):
         return "eagle3"

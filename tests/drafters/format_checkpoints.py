@@ -162,30 +162,50 @@ def reference_eagle1(target, state: dict, features: torch.Tensor, tokens: torch.
     return target.lm_head(out)
 
 
+def _norm(weight: torch.Tensor, eps: float) -> LlamaRMSNorm:
+    norm = LlamaRMSNorm(weight.shape[-1], eps=eps)
+    norm.weight.data.copy_(weight)
+    return norm
+
+
 @torch.no_grad()
-def reference_eagle3(target, state: dict, aux: torch.Tensor, tokens: torch.Tensor, prefix: str,
-                     norm_before_residual: bool = False) -> torch.Tensor:
-    """cnets.py's (and speculators') forward: aux `[1, k, 3d]` → logits over the target vocabulary `[1, k, V]`
-    (-inf outside the draft vocabulary)."""
-    d, vocab = target.config.hidden_size, target.config.vocab_size
+def eagle3_fc(target, state: dict, aux: torch.Tensor, norm_before_fc: bool = False, fc_norm: bool = False):
+    """speculators' input side: [Norm(concat) | concat(Norm(a), Norm(b), Norm(c)) | concat] → fc: `[1, k, d]`."""
+    eps = target.config.rms_norm_eps
+    if norm_before_fc:
+        aux = _norm(state["input_norm.weight"], eps)(aux)
+    if fc_norm:
+        chunks = aux.chunk(3, dim=-1)
+        aux = torch.cat([_norm(state[f"fc_norm.{i}.weight"], eps)(c) for i, c in enumerate(chunks)], -1)
+    return torch.nn.functional.linear(aux, state["fc.weight"])
+
+
+@torch.no_grad()
+def reference_eagle3_layer(target, state: dict, hidden: torch.Tensor, tokens: torch.Tensor, prefix: str,
+                           norm_before_residual: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """cnets.py's `LlamaDecoderLayeremb` (and speculators' first layer) over hidden `[1, k, d]` (after fc, or the
+    head's own outputs) → (raw outputs `[1, k, d]`, logits over the target vocabulary `[1, k, V]`, -inf outside
+    the draft vocabulary)."""
+    d, vocab, eps = target.config.hidden_size, target.config.vocab_size, target.config.rms_norm_eps
     layer = _hf_layer(target, state, prefix, 2 * d)
-    hidden_norm = LlamaRMSNorm(d, eps=target.config.rms_norm_eps)
-    hidden_norm.weight.copy_(state[prefix + "hidden_norm.weight"])
-    hidden = torch.nn.functional.linear(aux, state["fc.weight"])
     embeds = layer.input_layernorm(target.model.embed_tokens(tokens))
-    normed = hidden_norm(hidden)
+    normed = _norm(state[prefix + "hidden_norm.weight"], eps)(hidden)
     residual = normed if norm_before_residual else hidden
     h = torch.cat([embeds, normed], -1)
-    attn = layer.self_attn(h, position_embeddings=_rope(target, h), attention_mask=None)[0]
-    x = residual + attn
+    x = residual + layer.self_attn(h, position_embeddings=_rope(target, h), attention_mask=None)[0]
     x = x + layer.mlp(layer.post_attention_layernorm(x))
-    norm = LlamaRMSNorm(d, eps=target.config.rms_norm_eps)
-    norm.weight.copy_(state["norm.weight"])
-    draft = torch.nn.functional.linear(norm(x), state["lm_head.weight"])
+    draft = torch.nn.functional.linear(_norm(state["norm.weight"], eps)(x), state["lm_head.weight"])
     ids = torch.arange(len(state["d2t"])) + state["d2t"]
     out = torch.full((*draft.shape[:-1], vocab), float("-inf"))
     out[..., ids] = draft
-    return out
+    return x, out
+
+
+def reference_eagle3(target, state: dict, aux: torch.Tensor, tokens: torch.Tensor, prefix: str,
+                     norm_before_residual: bool = False) -> torch.Tensor:
+    """cnets.py's forward over entries (a_t, x_{t+1}): aux `[1, k, 3d]` → logits `[1, k, V]`."""
+    hidden = eagle3_fc(target, state, aux)
+    return reference_eagle3_layer(target, state, hidden, tokens, prefix, norm_before_residual)[1]
 
 
 @torch.no_grad()

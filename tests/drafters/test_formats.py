@@ -233,3 +233,36 @@ def test_speculators_eagle_and_medusa2_layouts(tmp_path, target, fast, states):
     with torch.no_grad():
         torch.testing.assert_close(module(states[-1][0]),
                                    fc.reference_medusa(fc.medusa_tensors(target, 2, 0), states[-1][0]))
+
+
+@pytest.mark.parametrize("flags", [dict(norm_before_fc=True, norm_output=True), dict(fc_norm=True)])
+def test_speculators_norm_flags_and_drafting_on_its_own_outputs(tmp_path, target, fast, states, flags):
+    """speculators' norm_before_fc (one RMSNorm over the concatenated features), fc_norm (one per feature) and
+    norm_output (the next step reads norm(r), Eagle 3.1); the second draft step runs on the head's own output."""
+    folder = fc.write_speculators_eagle3(tmp_path / "spec", target, DRAFT_IDS, layers=[1, 3, 6])
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **flags, "norm_before_residual": False}))
+    state = load_file(str(folder / "model.safetensors"))
+    gen = torch.Generator().manual_seed(5)
+    if flags.get("norm_before_fc"):
+        state["input_norm.weight"] = 1 + 0.2 * torch.randn(96, generator=gen)
+    if flags.get("fc_norm"):
+        state.update({f"fc_norm.{i}.weight": 1 + 0.2 * torch.randn(32, generator=gen) for i in range(3)})
+    save_file(state, str(folder / "model.safetensors"))
+    head = load_drafter(str(folder), fast)
+    assert head.config.norm_output == bool(flags.get("norm_output")) and not head.config.norm_before_residual
+    aux = torch.cat([states[1], states[3], states[6]], -1)[:, :-1]
+    nxt, drafted = TOKENS[:, 1:], torch.tensor([[7]])
+    hidden = fc.eagle3_fc(target, state, aux, flags.get("norm_before_fc", False), flags.get("fc_norm", False))
+    raw, logits = fc.reference_eagle3_layer(target, state, hidden, nxt, "layers.0.")
+    back = raw[:, -1:]
+    if flags.get("norm_output"):
+        back = torch.nn.functional.rms_norm(back, (32,), state["norm.weight"], target.config.rms_norm_eps)
+    _, logits2 = fc.reference_eagle3_layer(target, state, torch.cat([hidden, back], 1), torch.cat([nxt, drafted], 1),
+                                           "layers.0.")
+    cache = head.layer.new_cache(1, 64)
+    with torch.no_grad():
+        mine = head(aux, nxt, cache)
+        mine2 = head.step(mine[:, -1:], drafted, cache)
+        torch.testing.assert_close(head.logits(mine)[..., DRAFT_IDS], logits[..., DRAFT_IDS])
+        torch.testing.assert_close(head.logits(mine2)[0, -1, DRAFT_IDS], logits2[0, -1, DRAFT_IDS])

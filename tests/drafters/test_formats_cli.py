@@ -55,3 +55,4 @@ def test_a_head_for_another_target_fails_in_one_line(capsys, ckpt, make_llama, t
                          "--draft", str(folder))
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "hidden size 48 and vocabulary 64; this target has hidden size 32 and vocabulary 64" in err
+

@@ -150,3 +150,27 @@ def test_negative_control_a_misreported_q_fails(small, monkeypatch):
     monkeypatch.setattr(StepView, "draw", shifted)
     pairs, _ = _two_token_pairs(target, folders["eagle3"], ROWS // 3)
     assert chi2_pvalue(pairs, exact_two_token_law(target, SamplingConfig(1.0))) < FAIL
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", list(WRITERS))
+def test_cuda_graphs_keep_greedy_exact_and_seeds_repeating(target, folders, name):
+    """The same folders on CUDA: the heads load onto the target's device, drafting and verify run as CUDA graphs."""
+    from helpers import assert_same_greedy
+
+    cuda = target.cuda()
+    try:
+        prompts = RAGGED_PROMPTS + [[1] * 30, list(range(2, 60))]
+        for gamma in (1, 3, "auto"):
+            res = specdec.generate(cuda, prompts, drafter=str(folders[name]), max_new_tokens=40, temperature=0,
+                                   num_draft_tokens=gamma, eos_token_id=[])
+            for prompt, out in zip(prompts, res.sequences):
+                assert_same_greedy(cuda, prompt, out, hf_greedy(cuda, prompt, 40, []))
+        engine = Engine(cuda, str(folders[name]), EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=3))
+        assert engine.cuda_graphs and engine.state.features.is_cuda
+        kwargs = dict(max_new_tokens=30, temperature=1.0, num_draft_tokens=3, seed=7, eos_token_id=[])
+        first = specdec.generate(cuda, prompts, drafter=str(folders[name]), **kwargs)
+        assert specdec.generate(cuda, prompts, drafter=str(folders[name]), **kwargs).sequences == first.sequences
+    finally:
+        target.cpu()
