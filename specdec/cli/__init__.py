@@ -9,6 +9,7 @@ Subcommand modules import torch/transformers inside `run`, so `specdec --help` s
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib
 import os
 import sys
@@ -32,8 +33,39 @@ class CLIError(Exception):
     """A user error: printed as one line, exit code 2."""
 
 
+class DefaultsHelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written; every option's help ends with its default, unless it already names one."""
+
+    def _format_action(self, action):
+        if action.help is None and action.option_strings and _shows_default(action.default):
+            action = copy.copy(action)
+            action.help = ""  # an option without help still shows its default
+            action.help = self._get_help_string(action).strip()
+        return super()._format_action(action)
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if not _shows_default(action.default) or action.option_strings == [] or "default" in text:
+            return text
+        shown = " ".join(map(str, action.default)) if isinstance(action.default, (list, tuple)) else action.default
+        return f"{text} (default: {str(shown).replace('%', '%%')})"
+
+
+def _shows_default(default) -> bool:
+    if default is None or default is False or default is argparse.SUPPRESS:
+        return False
+    return not (isinstance(default, (list, tuple)) and not default)
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse with the CLI's error contract: one line on stderr, exit 2 (no usage block)."""
+    """argparse with the CLI's error contract: one line on stderr, exit 2 (no usage block); every --help shows the
+    options' defaults (`DefaultsHelpFormatter`)."""
+
+    def __init__(self, *args, **kwargs):
+        formatter = kwargs.get("formatter_class")
+        if formatter in (None, argparse.HelpFormatter, argparse.RawDescriptionHelpFormatter):
+            kwargs["formatter_class"] = DefaultsHelpFormatter
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # noqa: D102 - argparse API
         first = message.strip().splitlines()[0] if message.strip() else "invalid arguments"
@@ -72,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "run", None):
         print(f"specdec: error: give a command ({', '.join(SUBCOMMANDS)}); see specdec --help", file=sys.stderr)
         return USAGE_ERROR
+    launcher = _launcher_misuse(args)
+    if launcher is not None:
+        if os.environ.get("RANK", "0") == "0":  # one line in all, not one per process
+            print(f"specdec {args.command}: error: {launcher}", file=sys.stderr)
+        return USAGE_ERROR
     try:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
@@ -85,6 +122,21 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"specdec {args.command}: error: {_one_line(err)}", file=sys.stderr)
         return USAGE_ERROR
+
+
+def _launcher_misuse(args: argparse.Namespace) -> str | None:
+    """Under torchrun (WORLD_SIZE > 1) only `generate --tensor-parallel-size WORLD_SIZE` runs across processes;
+    anything else would run the same command WORLD_SIZE times, printing everything that many times."""
+    world = os.environ.get("WORLD_SIZE", "1").strip()
+    if not world.isdigit() or int(world) <= 1:
+        return None
+    size = getattr(args, "tensor_parallel_size", None)
+    if args.command == "generate" and size == int(world):
+        return None
+    if args.command == "generate":
+        return (f"launched by torchrun with WORLD_SIZE={world} but --tensor-parallel-size is {size}: pass "
+                f"--tensor-parallel-size {world}, or run without torchrun")
+    return f"launched by torchrun with WORLD_SIZE={world}: only `generate --tensor-parallel-size N` runs under torchrun"
 
 
 def _silence_stdout() -> None:

@@ -10,6 +10,8 @@ import argparse
 import json
 from pathlib import Path
 
+from specdec.cli.common import add_model_options, apply_model_options
+
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("beam", help="(speculative) beam search from local checkpoints",
@@ -25,9 +27,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--length-penalty", type=float, default=1.0)
     p.add_argument("--early-stopping", choices=["false", "true", "never"], default="false")
     p.add_argument("--no-eos", action="store_true", help="ignore EOS (always generate --max-new-tokens)")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
     p.add_argument("--json", action="store_true", help="print one JSON object (beams, scores, stats)")
+    add_model_options(p, seed_help="unused: beam search draws nothing")
     p.set_defaults(run=run)
 
 
@@ -35,10 +36,12 @@ def run(args: argparse.Namespace) -> int:
     import specdec
     from specdec.loading import load_model, load_tokenizer
 
-    target = load_model(args.target, device=args.device, dtype=args.dtype, what="target")
+    apply_model_options(args)
+    target = load_model(args.target, device=args.device, dtype=args.dtype, what="target", allow_pickle=args.allow_pickle)
     draft = None
     if args.draft is not None:
-        draft = load_model(args.draft, device=target.device, dtype=next(target.parameters()).dtype, what="draft")
+        draft = load_model(args.draft, device=target.device, dtype=next(target.parameters()).dtype, what="draft",
+                           allow_pickle=args.allow_pickle)
     tokenizer = load_tokenizer(args.tokenizer or args.target)
     prompts = [tokenizer.encode(text) for text in args.prompt]
     for i, ids in enumerate(prompts):

@@ -18,10 +18,9 @@ from specdec.server.schema import MAX_CHOICES, MAX_PROMPTS, ChatRequest, Complet
 
 __all__ = ["APIError", "ParsedRequest", "ChoiceSpec", "parse_body", "validate", "check_model", "check_refusals",
            "prompt_sources", "check_length", "encode", "prompt_texts", "build", "error_body", "CompletionRequest",
-           "ChatRequest", "MAX_BODY_BYTES", "MAX_JSON_DEPTH"]
+           "ChatRequest", "MAX_BODY_BYTES"]
 
 MAX_BODY_BYTES = 1 << 20
-MAX_JSON_DEPTH = 64
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
@@ -67,12 +66,11 @@ class ParsedRequest:
 def parse_body(raw: bytes) -> dict:
     if len(raw) > MAX_BODY_BYTES:
         raise APIError(f"request body is larger than {MAX_BODY_BYTES} bytes", status=413)
-    depth = _max_depth(raw)
-    if depth > MAX_JSON_DEPTH:
-        raise APIError(f"request body nests {depth} levels deep; at most {MAX_JSON_DEPTH} are accepted")
     try:
         body = json.loads(raw, parse_constant=_no_constant)
-    except (ValueError, UnicodeDecodeError, RecursionError) as err:
+    except RecursionError:  # the C decoder counts its depth against the recursion limit: cheap and bounded
+        raise APIError("request body nests JSON arrays/objects too deeply") from None
+    except (ValueError, UnicodeDecodeError) as err:
         raise APIError(f"request body is not valid JSON: {err}") from None
     if not isinstance(body, dict):
         raise APIError(f"request body must be a JSON object, got {type(body).__name__}")
@@ -81,33 +79,6 @@ def parse_body(raw: bytes) -> dict:
 
 def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
-
-
-def _max_depth(raw: bytes) -> int:
-    """Bracket nesting depth outside strings, counted in one pass over the bytes (before json.loads recurses)."""
-    if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:
-        return 0
-    depth = deepest = 0
-    in_string = escaped = False
-    for byte in raw:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif byte == 0x5C:  # backslash
-                escaped = True
-            elif byte == 0x22:
-                in_string = False
-        elif byte == 0x22:
-            in_string = True
-        elif byte in (0x5B, 0x7B):
-            depth += 1
-            if depth > deepest:
-                deepest = depth
-                if deepest > MAX_JSON_DEPTH:
-                    return deepest
-        elif byte in (0x5D, 0x7D):
-            depth -= 1
-    return deepest
 
 
 def validate(model_cls, body: dict):
@@ -127,7 +98,7 @@ def validate(model_cls, body: dict):
         got = first.get("input")
         try:
             shown = json.dumps(got)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, RecursionError):
             shown = repr(got)
         shown = shown if len(shown) <= 60 else shown[:57] + "..."
         raise APIError(f"{name}: {first.get('msg', 'invalid value')} (got {shown})", param=name.split("[")[0].split(".")[0]

@@ -266,6 +266,6 @@ def _value(request, dotted: str) -> str:
         value = value.model_dump(exclude_none=True)
     try:
         text = json.dumps(value)
-    except (TypeError, ValueError):
-        text = repr(value)
+    except (TypeError, ValueError, RecursionError):
+        text = type(value).__name__
     return text if len(text) <= 60 else text[:57] + "..."

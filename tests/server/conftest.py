@@ -90,6 +90,12 @@ def _load_local(chat_template_file):
 
 
 @pytest.fixture(scope="session")
+def server_log(server, chat_template_file) -> Path:
+    """The live server's stdout and stderr, as written so far."""
+    return chat_template_file.parent / "serve.log"
+
+
+@pytest.fixture(scope="session")
 def local_llm(server):
     """The same pair through the Python text API, in this process."""
     return _LOCAL[0]
