@@ -125,18 +125,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _launcher_misuse(args: argparse.Namespace) -> str | None:
-    """Under torchrun (WORLD_SIZE > 1) only `generate --tensor-parallel-size WORLD_SIZE` runs across processes;
-    anything else would run the same command WORLD_SIZE times, printing everything that many times."""
+    """Under torchrun (WORLD_SIZE > 1) only a command given --tensor-parallel-size WORLD_SIZE (generate, serve) runs
+    across the processes; anything else would run the same command WORLD_SIZE times, printing everything that many
+    times."""
     world = os.environ.get("WORLD_SIZE", "1").strip()
     if not world.isdigit() or int(world) <= 1:
         return None
-    size = getattr(args, "tensor_parallel_size", None)
-    if args.command == "generate" and size == int(world):
+    if not hasattr(args, "tensor_parallel_size"):
+        return (f"launched by torchrun with WORLD_SIZE={world}, but only generate and serve "
+                "(with --tensor-parallel-size) run under torchrun")
+    if args.tensor_parallel_size != 1:  # the tensor-parallel path checks it against the world size itself
         return None
-    if args.command == "generate":
-        return (f"launched by torchrun with WORLD_SIZE={world} but --tensor-parallel-size is {size}: pass "
-                f"--tensor-parallel-size {world}, or run without torchrun")
-    return f"launched by torchrun with WORLD_SIZE={world}: only `generate --tensor-parallel-size N` runs under torchrun"
+    return (f"launched by torchrun with WORLD_SIZE={world} but without --tensor-parallel-size: pass "
+            f"--tensor-parallel-size {world}, or run without torchrun")
 
 
 def _silence_stdout() -> None:
