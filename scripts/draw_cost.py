@@ -90,7 +90,7 @@ def main() -> None:
             state.temperature.fill_(1.0)
             state.seed.copy_(torch.arange(batch, device=device) * 1000003 + 2**33)
             state.lengths.fill_(5)
-            view = StepView(state, batch, 8, Flavor(all_greedy=False, top_k=False, top_p=False, logprobs=False))
+            view = StepView(state, batch, 8, Flavor(all_greedy=False))
             g = torch.Generator(device=device).manual_seed(batch * vocab)
             logits = torch.randn(batch, vocab, device=device, generator=g) * 3
             ref_tokens = _draw_fn("reference", view, logits, rng, sample)()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec import rng
-from specdec.core import standardize_rows
+from specdec.core import FILTERS, standardize_rows
 from specdec.drafters.ngram import NGramDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
 from specdec.engine.slots import SlotCache, SlotState, prefill_rows
@@ -33,21 +33,20 @@ class Flavor:
     """What the rows of one step need (known on the host from their parameters); part of a graph's key."""
 
     all_greedy: bool
-    top_k: bool
-    top_p: bool
-    logprobs: bool
+    filters: tuple[str, ...] = ()  # the sampling filters (`core.FILTERS` names) some row turns on, in order
+    logprobs: bool = False
 
     @classmethod
     def of(cls, params) -> "Flavor":
         """What one request (its `SamplingParams`) needs of a step."""
-        greedy = params.greedy
-        return cls(greedy, params.top_k > 0 and not greedy, params.top_p < 1.0 and not greedy, params.logprobs)
+        return cls(params.greedy, params.sampling.filters, params.logprobs)
 
     @classmethod
     def union(cls, flavors) -> "Flavor":
         """What a step running requests of these flavors needs."""
         flavors = list(flavors)
-        return cls(all(f.all_greedy for f in flavors), any(f.top_k for f in flavors), any(f.top_p for f in flavors),
+        used = {name for f in flavors for name in f.filters}
+        return cls(all(f.all_greedy for f in flavors), tuple(f.name for f in FILTERS if f.name in used),
                    any(f.logprobs for f in flavors))
 
 
@@ -62,13 +61,12 @@ class StepView:
         self.tokens = state.tokens[rows, :num_positions]
         self.lengths = state.lengths[rows]
         self.seed = state.seed[rows]
-        self.temperature, self.top_k, self.top_p = state.temperature[rows], state.top_k[rows], state.top_p[rows]
+        self.temperature = state.temperature[rows]
+        self.filters = {name: getattr(state, name)[rows] for name in flavor.filters}  # what some row turns on
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """Each row's standardized law: logits `[b, k, V]` → probabilities `[b, k, V]`."""
-        f = self.flavor
-        return standardize_rows(logits, self.temperature, self.top_k, self.top_p, filter_top_k=f.top_k,
-                                filter_top_p=f.top_p)
+        return standardize_rows(logits, self.temperature, self.filters)
 
     def draw(self, logits: torch.Tensor, position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """A draft token per row from logits `[b, V]` at absolute `position [b]` → (token [b], q [b, V] or None)."""

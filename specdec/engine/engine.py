@@ -463,7 +463,7 @@ class Engine:
         for temperature in temperatures:
             SamplingParams(temperature=temperature)  # a number >= 0, named in the error
         limit = min(self.num_positions, max_length + self.max_draft_tokens + 2 if max_length else self.num_positions)
-        flavors = {Flavor(t == 0, False, False, False) for t in temperatures}
+        flavors = {Flavor(t == 0) for t in temperatures}
         built = 0
         with torch.inference_mode():
             for batch in sorted({next(b for b in BATCH_BUCKETS if b >= s) for s in batch_sizes}):

@@ -17,6 +17,7 @@ import functools
 
 import torch
 
+from specdec.core import FILTERS
 from specdec.fast.graphs import CapturedStep, new_pool
 from specdec.fast.model import FastLlama, KVCache
 from specdec.request import SamplingParams
@@ -75,14 +76,14 @@ class SlotState:
         self.max_new = zeros(max_batch)
         self.active = zeros(max_batch, dtype=torch.bool)
         self.temperature = zeros(max_batch, dtype=torch.float32)
-        self.top_k = zeros(max_batch)
-        self.top_p = zeros(max_batch, dtype=torch.float32).fill_(1.0)
+        for f in FILTERS:  # one tensor per sampling filter, named after it (state.top_k, state.top_p, …)
+            setattr(self, f.name, zeros(max_batch, dtype=torch.long if f.integer else torch.float32).fill_(f.off))
         self.seed = zeros(max_batch)
         self.eos = zeros(max_batch, MAX_EOS_IDS).fill_(-1)
         self.counters = zeros(max_batch, counter_width, dtype=torch.float64)  # Σ over the request's steps
         self.features: torch.Tensor | None = None  # [max_batch, capacity, dim], see `enable_features`
-        self._fields = ("tokens", "lengths", "generated", "max_new", "active", "temperature", "top_k", "top_p",
-                        "seed", "eos", "counters")
+        self._fields = ("tokens", "lengths", "generated", "max_new", "active", "temperature",
+                        *(f.name for f in FILTERS), "seed", "eos", "counters")
 
     def enable_features(self, dim: int, dtype: torch.dtype) -> None:
         """Keep the target's features `[max_batch, capacity, dim]`: row b holds them at positions
@@ -106,20 +107,27 @@ class SlotState:
             return
         rows, device = slice(first, first + n), self.tokens.device
         longest = max(len(p) for p in prompts)
-        ints = [p + [0] * (longest - len(p)) + [len(p), q.max_new_tokens, q.top_k, seed]
+        int_filters = [f.name for f in FILTERS if f.integer]
+        float_filters = [f.name for f in FILTERS if not f.integer]
+        ints = [p + [0] * (longest - len(p)) + [len(p), q.max_new_tokens, seed]
                 + list(q.eos_token_ids) + [-1] * (MAX_EOS_IDS - len(q.eos_token_ids))
+                + [getattr(q, name) for name in int_filters]
                 for p, q, seed in zip(prompts, params, seeds)]
-        ints = to_device(ints, device)  # [n, longest + 4 + MAX_EOS_IDS]
-        floats = to_device([[float(q.temperature), float(q.top_p)] for q in params], device, torch.float32)
+        ints = to_device(ints, device)  # [n, longest + 3 + MAX_EOS_IDS + integer filters]
+        floats = to_device([[float(q.temperature)] + [float(getattr(q, name)) for name in float_filters]
+                            for q in params], device, torch.float32)
         self.tokens[rows].zero_()
         self.tokens[rows, :longest] = ints[:, :longest]
         self.lengths[rows] = ints[:, longest]
         self.max_new[rows] = ints[:, longest + 1]
-        self.top_k[rows] = ints[:, longest + 2]
-        self.seed[rows] = ints[:, longest + 3]
-        self.eos[rows] = ints[:, longest + 4 :]
+        self.seed[rows] = ints[:, longest + 2]
+        at = longest + 3 + MAX_EOS_IDS
+        self.eos[rows] = ints[:, longest + 3 : at]
+        for i, name in enumerate(int_filters):
+            getattr(self, name)[rows] = ints[:, at + i]
         self.temperature[rows] = floats[:, 0]
-        self.top_p[rows] = floats[:, 1]
+        for i, name in enumerate(float_filters):
+            getattr(self, name)[rows] = floats[:, 1 + i]
         self.generated[rows] = 0
         self.active[rows] = True
         self.counters[rows] = 0

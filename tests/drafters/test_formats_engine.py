@@ -59,7 +59,7 @@ def _first_drafts(target, folder, prompt, gamma):
     engine.add_request(prompt, SamplingParams(temperature=0, max_new_tokens=4))
     with torch.inference_mode():
         engine._admit([])
-        view = StepView(engine.state, 1, 64, Flavor(True, False, False, False))
+        view = StepView(engine.state, 1, 64, Flavor(True))
         drafts, probs, lengths = engine.drafter.propose(view, gamma)
     return drafts[0].tolist(), lengths
 

@@ -118,7 +118,7 @@ def test_first_draft_is_the_head_over_true_features(target, head):
     engine.add_request(prompt, SamplingParams(temperature=0, max_new_tokens=4))
     with torch.inference_mode():
         engine._admit([])
-        view = StepView(engine.state, 1, 64, Flavor(True, False, False, False))
+        view = StepView(engine.state, 1, 64, Flavor(True))
         drafts, probs, lengths = engine.drafter.propose(view, 3)
         bound = engine.drafter.head
         features = _text_features(engine, prompt)[None]
@@ -195,7 +195,7 @@ def test_kit_reported_q_is_the_law_of_the_drafts(pair, params):
     tokens, probs = [], []
     with torch.inference_mode():
         engine._admit([])
-        view = StepView(engine.state, 256, 32, Flavor(False, params.top_k > 0, False, False))
+        view = StepView(engine.state, 256, 32, Flavor(False, ("top_k",) if params.top_k > 0 else ()))
         for i in range(KIT_ROWS // 256 + 1):
             engine.state.seed[:256] = torch.arange(256) + 256 * i  # fresh draws for the same context
             drafts, q, _ = engine.drafter.propose(view, 2)
