@@ -10,6 +10,12 @@ The head is `fc: [2·dim → dim]` over concat(target_embed[token_{t+1}], f_t) f
 (its own attention, MLP and final norm; its token embedding is a 1-row placeholder it never reads). The
 token embedding and the LM head are the TARGET's tensors, shared (bound with `bind`, never copied or saved).
 
+Reduced draft vocabulary (`HeadConfig.draft_vocab_size`, the ids in the `draft_vocab` buffer): the head then
+scores only those N tokens with the target's LM head rows for them (gathered once at `bind`; N·dim instead of
+V·dim multiply-adds per drafted token: the LM head is most of a one-layer head's cost on a CPU), and its
+logits over the full vocabulary are those N scores with the float32 minimum elsewhere, so q — the softmax the
+engine samples from — is the reduced softmax mapped into the full vocabulary, exactly 0 outside it.
+
 A head is saved as a small folder: `feature_head.json` (the target shape numbers it was trained for and its
 layer's numbers) and `model.safetensors` (fc, the layer, its norms). Never pickled.
 """
@@ -18,7 +24,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -48,6 +54,7 @@ class HeadConfig:
     rope_theta: float = 10000.0
     max_positions: int | None = None
     target_layers: int | None = None
+    draft_vocab_size: int | None = None  # None: the head may propose any token; N: only the N in `draft_vocab`
 
     @classmethod
     def for_target(cls, shape: LlamaShape, **overrides) -> "HeadConfig":
@@ -83,6 +90,11 @@ class FeatureHead(torch.nn.Module):
         self.layer = layer
         self.fc = torch.nn.Parameter(torch.zeros(config.dim, 2 * config.dim, device=layer.device, dtype=layer.dtype),
                                      requires_grad=False)
+        n = config.draft_vocab_size
+        if n is not None and not 1 <= n <= config.vocab_size:
+            raise ValueError(f"draft_vocab_size must be in [1, {config.vocab_size}], got {n}")
+        self.register_buffer("draft_vocab", None if n is None else torch.arange(n, device=layer.device))
+        self._draft_lm_head: torch.Tensor | None = None  # the target's LM head rows of draft_vocab (at bind)
         self._target: tuple[FastLlama, ...] = ()  # a tuple, so the target's weights are not this module's
 
     # ------------------------------------------------------------------------------------------ binding
@@ -96,6 +108,21 @@ class FeatureHead(torch.nn.Module):
         """Share `target`'s token embedding and LM head (checked: same width and vocabulary); returns self."""
         check_matches(self.config, target.shape, name)
         self._target = (target,)
+        self._draft_lm_head = None
+        if self.draft_vocab is not None:
+            self._draft_lm_head = target.lm_head.detach().index_select(0, self.draft_vocab.to(target.lm_head.device))
+        return self
+
+    def set_draft_vocab(self, token_ids: torch.Tensor) -> "FeatureHead":
+        """Restrict drafting to `token_ids` (distinct ids in [0, vocab_size)); unbinds (call `bind` again)."""
+        ids = torch.as_tensor(token_ids, dtype=torch.long).flatten().unique()  # sorted
+        if ids.numel() != torch.as_tensor(token_ids).numel():
+            raise ValueError("draft vocabulary: token ids must be distinct")
+        if ids.numel() == 0 or ids[0] < 0 or ids[-1] >= self.config.vocab_size:
+            raise ValueError(f"draft vocabulary: token ids must lie in [0, {self.config.vocab_size})")
+        self.config = replace(self.config, draft_vocab_size=int(ids.numel()))
+        self.draft_vocab = ids.to(self.fc.device)
+        self._target, self._draft_lm_head = (), None
         return self
 
     @property
@@ -133,8 +160,14 @@ class FeatureHead(torch.nn.Module):
         return hidden
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The target's LM head on predicted features: `[B, k, dim]` → float32 `[B, k, V]`."""
-        return self.target._logits(hidden.to(self.target.dtype))
+        """The target's LM head on predicted features: `[B, k, dim]` → float32 `[B, k, V]` (with a draft vocabulary:
+        its N scores, the float32 minimum at every other token, whose softmax weight is exactly 0)."""
+        target = self.target
+        if self._draft_lm_head is None:
+            return target._logits(hidden.to(target.dtype))
+        scores = F.linear(hidden.to(target.dtype), self._draft_lm_head).float()  # [B, k, N]
+        full = scores.new_full((*scores.shape[:-1], self.config.vocab_size), torch.finfo(torch.float32).min)
+        return full.scatter_(-1, self.draft_vocab.expand(*scores.shape[:-1], -1), scores)
 
     def copy_to(self, device, dtype: torch.dtype) -> "FeatureHead":
         """A copy on `device` in `dtype` (unbound; RoPE frequencies stay float32, unlike `Module.to`)."""
@@ -143,20 +176,28 @@ class FeatureHead(torch.nn.Module):
         with torch.no_grad():
             for key, value in self.named_parameters():
                 params[key].copy_(value)
+            if self.draft_vocab is not None:
+                head.draft_vocab.copy_(self.draft_vocab)
         return head.eval()
 
     # ------------------------------------------------------------------------------------------ save/load
-    def save(self, folder: str | os.PathLike) -> Path:
-        """Write `feature_head.json` + `model.safetensors` (fc, the layer, its norms; never the target's tensors)."""
+    def save(self, folder: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Path:
+        """Write `feature_head.json` + `model.safetensors` (fc, the layer, its norms in `dtype`; never the target's
+        tensors). `load` casts them to the dtype it is asked for."""
         from safetensors.torch import save_file
 
         out = Path(folder)
         out.mkdir(parents=True, exist_ok=True)
         tensors = {"fc": self.fc}
+        if self.draft_vocab is not None:
+            tensors["draft_vocab"] = self.draft_vocab
         for name, param in self.layer.named_parameters():
             if name not in ("embed", "lm_head"):
                 tensors[f"layer.{name}"] = param
-        save_file({k: v.detach().float().cpu().contiguous() for k, v in tensors.items()}, str(out / WEIGHTS_NAME))
+        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
+        save_file({k: v.detach().cpu().contiguous() if k == "draft_vocab" else v.detach().cpu().to(dtype).contiguous()
+                   for k, v in tensors.items()}, str(out / WEIGHTS_NAME))
         meta = {"format": FORMAT, "version": VERSION, **asdict(self.config)}
         (out / CONFIG_NAME).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
         return out
@@ -175,10 +216,17 @@ class FeatureHead(torch.nn.Module):
         head = cls(config, device=device or "cpu", dtype=dtype or torch.float32)
         state = load_file(str(Path(folder) / WEIGHTS_NAME))
         expected = {"fc"} | {f"layer.{n}" for n, _ in head.layer.named_parameters() if n not in ("embed", "lm_head")}
+        if config.draft_vocab_size is not None:
+            expected.add("draft_vocab")
         if set(state) != expected:
             missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
             raise ValueError(f"{folder}: not a feature head of this shape (missing {missing}, unexpected {extra})")
         params = dict(head.named_parameters())
+        if "draft_vocab" in state:
+            ids = state.pop("draft_vocab")
+            if ids.dtype != torch.int64 or ids.shape != (config.draft_vocab_size,):
+                raise ValueError(f"{folder}: draft_vocab must be {config.draft_vocab_size} int64 ids")
+            head.set_draft_vocab(ids)
         with torch.no_grad():
             for key, value in state.items():
                 param = params[key]

