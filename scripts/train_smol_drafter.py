@@ -160,15 +160,21 @@ def main(argv=None) -> int:
         summary["draft_vocab"] = {"size": int(vocab.token_ids.numel()), "answer_coverage": round(vocab.coverage, 4)}
     head.save(args.out / "head", dtype=torch.bfloat16)  # 8 MB; drafting casts it to the target's dtype
 
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")  # rewritten with the α checks
     target = target.to(device=device, dtype=torch.float32)  # the α check runs the fp32 target, like the CPU demo
     held_in = [list(r.prompt_ids) for r in rows[: args.alpha_prompts]]
     demo = chat_prompt_ids(tokenizer, list(DEMO_PROMPTS))
     checks = {}
+    full = trainable.to_feature_head(device="cpu", dtype=torch.float32) if args.draft_vocab else None
     for name, prompt_ids in (("held_in", held_in), ("demo_prompts", demo)):
-        checks[name] = engine_alpha(target, head, prompt_ids, args.max_new_tokens, 4, eos)
-        if args.draft_vocab:
-            full = trainable.to_feature_head(device="cpu", dtype=torch.float32)
-            checks[name + "_full_vocab"] = engine_alpha(target, full, prompt_ids, args.max_new_tokens, 4, eos)
+        for label, drafter in ((name, head), (name + "_full_vocab", full)):
+            if drafter is None:
+                continue
+            try:
+                checks[label] = engine_alpha(target, drafter, prompt_ids, args.max_new_tokens, 4, eos)
+            except Exception as err:  # the head is saved already: report the check's failure, keep the run
+                log.exception("engine α check %s failed", label)
+                checks[label] = {"error": f"{type(err).__name__}: {err}"}
     summary["engine_alpha"] = checks
     summary["seconds_total"] = round(time.perf_counter() - t_start, 1)
     log.info("engine α: %s", checks)
