@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from specdec.fast.model import FastLlama, LlamaShape
+from specdec.fast.model import Arch, FastLlama, LlamaShape
 
 __all__ = ["ShardedFastLlama", "shard_shape", "load_sharded", "shard_model"]
 
@@ -40,6 +40,9 @@ def shard_shape(shape: LlamaShape, world_size: int) -> LlamaShape:
     """The per-rank shape of `shape` split over `world_size` ranks (ValueError unless heads and MLP divide)."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"tensor_parallel_size must be an integer >= 1, got {world_size!r}")
+    if dataclasses.replace(shape.arch, layer_windows=()) != Arch():
+        raise ValueError("tensor parallelism covers the Llama body (Llama, Mistral, Qwen2/3); this model's family "
+                         "runs on one device")
     for name, value in (("attention heads", shape.n_heads), ("key/value heads", shape.n_kv_heads),
                         ("intermediate_size", shape.intermediate_size)):
         if value % world_size:

@@ -71,10 +71,12 @@ class Engine:
             shape = self.model.shape
             self.device = self.model.device
             self.vocab_size = shape.vocab_size
-            context = shape.max_positions or 4096
+            context = shape.context or 4096
             self.max_seq_len = int(config.max_seq_len or min(context, 4096))
             if self.max_seq_len > context:
-                raise ValueError(f"max_seq_len {self.max_seq_len} exceeds the model's context of {context} tokens")
+                why = " (LongRoPE's short-factor range; past it the frequencies change mid-text)" \
+                    if context == shape.arch.rope_limit else ""
+                raise ValueError(f"max_seq_len {self.max_seq_len} exceeds the model's context of {context} tokens{why}")
             self.max_draft_tokens = 0 if drafter is None else config.max_draft_tokens
             positions = self.max_seq_len + self.max_draft_tokens + 2  # verify writes + the junk slot
             self.max_batch = config.max_batch_size
@@ -162,12 +164,6 @@ class Engine:
             raise ValueError(
                 f"prompt length {len(prompt)} + max_new_tokens {params.max_new_tokens} = {total} exceeds the "
                 f"engine's max_seq_len of {self.max_seq_len} tokens"
-            )
-        window = self.model.shape.sliding_window
-        if window is not None and total > window:
-            raise ValueError(
-                f"prompt length {len(prompt)} + max_new_tokens {params.max_new_tokens} exceeds this model's "
-                f"sliding attention window of {window} tokens, which the fast model does not implement"
             )
         if len(params.eos_token_ids) > MAX_EOS_IDS:
             raise ValueError(f"at most {MAX_EOS_IDS} eos_token_ids per request, got {len(params.eos_token_ids)}")

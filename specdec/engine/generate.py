@@ -16,7 +16,7 @@ import torch
 
 from specdec.engine.config import EngineConfig, UnsupportedModel
 from specdec.engine.engine import Engine
-from specdec.fast.model import FastLlama
+from specdec.fast.model import FastLlama, LlamaShape
 from specdec.metrics import SpecStats
 from specdec.request import (
     SamplingParams,
@@ -57,7 +57,7 @@ def engine_for(target, drafter, *, seq_len: int, batch: int, num_draft_tokens) -
     fits = engine is not None and engine.max_seq_len >= seq_len and engine.max_batch >= batch \
         and engine.max_draft_tokens >= (max_draft if drafter is not None else 0)
     if not fits:
-        context = context_length(owner)
+        context = _exact_context(owner)
         want = max(_MIN_SEQ_LEN, 1 << (seq_len - 1).bit_length())
         if engine is not None:
             want = max(want, engine.max_seq_len)
@@ -92,6 +92,17 @@ def _ref(obj):
         return weakref.ref(obj)
     except TypeError:  # None and other objects without weak references
         return lambda: obj
+
+
+def _exact_context(owner) -> int | None:
+    """The model's context, or less where the engine computes it exactly only so far (LongRoPE's short range)."""
+    context = context_length(owner)
+    try:
+        shape = owner.shape if isinstance(owner, FastLlama) else LlamaShape.from_hf(owner.config)
+    except (ValueError, TypeError, AttributeError):
+        return context
+    limit = shape.arch.rope_limit
+    return context if limit is None else min(context or limit, limit)
 
 
 def engine_stream(target, prompts, drafter, params: SamplingParams, num_draft_tokens=4, *, generator=None,

@@ -102,8 +102,9 @@ class EagleLayer(FastLlama):
         return False
 
     def _eager_layers(self, x: torch.Tensor, cache: KVCache, rope_pos: torch.Tensor, slots: torch.Tensor,
-                      cos_table: torch.Tensor, sin_table: torch.Tensor, capture: list | None = None) -> torch.Tensor:
+                      tables: list, capture: list | None = None, attention: str = "reference") -> torch.Tensor:
         s, c = self.shape, self.eagle
+        cos_table, sin_table = tables[0]
         batch, k = x.shape[:2]
         eps = s.rms_norm_eps
         if c.version == 3:

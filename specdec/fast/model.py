@@ -1,4 +1,6 @@
-"""A compact Llama-family decoder (Llama 1/2/3, Mistral, Qwen2, Qwen3) in plain PyTorch with a static, per-row KV cache (gpt-fast style).
+"""A compact decoder for the Llama-shaped families (Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3, GPT-NeoX, GPT-2) in
+plain PyTorch with a static, per-row KV cache (gpt-fast style). What the families differ in (norms, activation,
+positions, scalings, windows) is `shape.arch` (`specdec.fast.families`); the decode step below is one body.
 
 Terms:
   slot        one position of the KV cache along S. Row b's token at position t lives in slot t: prompts
@@ -7,10 +9,11 @@ Terms:
               [lengths[b], lengths[b] + k) (its own slots, per row) and advances lengths by k.
               Rollback (`crop`) only moves lengths: slots past it are invisible and later overwritten.
   junk slot   the last slot of the cache, never attended to: padding tokens (valid == False) write there.
-  mask        a query at position t sees slots j <= t (and never the junk slot).
+  mask        a query at position t sees slots j <= t (and never the junk slot); on a layer with a sliding
+              window W only t − W < j <= t. The cache keeps every position, so a rollback stays a length move.
 
 Weights are fused for batch-1 speed (one q|k|v matrix, one gate|up matrix). `FastLlama.from_hf` loads a
-transformers `LlamaForCausalLM` (object or local folder); `FastLlama.random` builds random weights
+transformers causal LM of `FAMILIES` (object or local folder); `FastLlama.random` builds random weights
 directly on the device (the 8B-shaped system benchmark). Every forward is free of host syncs and,
 with fixed shapes, can be captured in a CUDA graph.
 
@@ -18,151 +21,40 @@ kernels ("auto" | "triton" | "reference", an attribute and a constructor / `from
 "reference" runs the eager PyTorch layer; "triton" runs each layer in 8 launches + attention with the fused
 kernels of `specdec.fast.kernels`: RMSNorm, q|k|v GEMM, (bias +) RoPE + KV write, attention, o GEMM (+ residual),
 RMSNorm (+ o bias), gate|up GEMM, SiLU·mul, down GEMM (+ residual); "auto" is "triton" on CUDA where Triton
-imports, else "reference".
+imports, else "reference". The fused layer covers the Llama body (`Arch.fusable`: Llama, Mistral, Qwen2/3, Phi-3
+with full rotary, windows included); the other families run the eager body, whose attention still takes the
+Triton kernel on CUDA (windows and Gemma 2's softcap included).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
-from specdec.fast.kernels.attention import (slot_attention, slot_attention_bias, slot_attention_reference,
-                                            triton_unsupported)
+from specdec.fast.cache import KVCache, round_up
+from specdec.fast.families import FAMILIES, Arch, LlamaShape, hf_ropes, hf_weights, mlp_activation, norm
+from specdec.fast.kernels.attention import slot_attention, slot_attention_bias, triton_unsupported
 from specdec.fast.kernels.linear import FASTER_THAN_CUBLAS, linear
 from specdec.fast.kernels.mlp import silu_mul
 from specdec.fast.kernels.norm import add_rms_norm, rms_norm
 from specdec.fast.kernels.rope import rope_cache_write
 from specdec.fast.kernels.select import check_kernel, use_triton
 
-__all__ = ["LlamaShape", "KVCache", "FastLlama"]
-
-
-@dataclass(frozen=True)
-class LlamaShape:
-    """The numbers that define a Llama forward pass."""
-
-    vocab_size: int
-    dim: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    tie_word_embeddings: bool = False
-    qkv_bias: bool = False  # Qwen2 (and Llama/Qwen3 with attention_bias)
-    o_bias: bool = False  # Llama/Qwen3 with attention_bias
-    qk_norm: bool = False  # Qwen3: RMSNorm over each q and k head before RoPE
-    sliding_window: int | None = None  # attention window of some layers (exact only for texts within it)
-    max_positions: int | None = None  # the config's max_position_embeddings
-
-    @classmethod
-    def from_hf(cls, config) -> "LlamaShape":
-        """The shape of a transformers Llama / Mistral / Qwen2 / Qwen3 config; anything else is refused."""
-        model_type = getattr(config, "model_type", None)
-        if model_type not in FAMILIES:
-            raise ValueError(
-                f"the fast model covers model_type {', '.join(FAMILIES)}; got {model_type!r} "
-                "(other models run on the transformers path: engine='hf')"
-            )
-        if getattr(config, "mlp_bias", False):
-            raise ValueError(f"{model_type} checkpoints with mlp_bias are not covered by the fast model")
-        if getattr(config, "hidden_act", "silu") != "silu":
-            raise ValueError(f"the fast model needs hidden_act='silu', got {config.hidden_act!r}")
-        rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-        if rope_type in ("dynamic", "longrope"):
-            raise ValueError(f"RoPE type {rope_type!r} depends on the text length; the fast model does not cover it")
-        attention_bias = bool(getattr(config, "attention_bias", False))
-        heads = config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        rope = getattr(config, "rope_parameters", None) or {}
-        theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
-        return cls(
-            vocab_size=config.vocab_size,
-            dim=config.hidden_size,
-            n_layers=config.num_hidden_layers,
-            n_heads=heads,
-            n_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-            head_dim=head_dim,
-            intermediate_size=config.intermediate_size,
-            rms_norm_eps=config.rms_norm_eps,
-            rope_theta=float(theta),
-            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-            qkv_bias=attention_bias or model_type == "qwen2",
-            o_bias=attention_bias and model_type != "qwen2",
-            qk_norm=model_type == "qwen3",
-            sliding_window=_sliding_window(config),
-            max_positions=getattr(config, "max_position_embeddings", None),
-        )
-
-    @property
-    def num_parameters(self) -> int:  # biases and q/k norms (a few thousand weights) left out
-        qkv = self.dim * (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
-        layer = qkv + self.n_heads * self.head_dim * self.dim + 3 * self.dim * self.intermediate_size + 2 * self.dim
-        head = 0 if self.tie_word_embeddings else self.vocab_size * self.dim
-        return self.n_layers * layer + self.vocab_size * self.dim + head + self.dim
-
-
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
-
-
-def _sliding_window(config) -> int | None:
-    """The attention window of the layers that have one, or None when every layer attends to all."""
-    window = getattr(config, "sliding_window", None)
-    if not window:
-        return None
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types is not None:
-        return int(window) if "sliding_attention" in layer_types else None
-    if getattr(config, "model_type", "") == "qwen2" and not getattr(config, "use_sliding_window", False):
-        return None
-    return int(window)
-
-
-@dataclass
-class KVCache:
-    """keys/values: one `[B, H_kv, S, D]` tensor per layer (slot S−1 is the junk slot); lengths `[B]`."""
-
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
-    lengths: torch.Tensor
-
-    @property
-    def num_slots(self) -> int:
-        """Usable slots (the junk slot excluded)."""
-        return self.keys[0].shape[2] - 1
-
-    @property
-    def batch_size(self) -> int:
-        return self.keys[0].shape[0]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
-
-    def select_rows(self, index: torch.Tensor) -> "KVCache":
-        return KVCache(
-            [k.index_select(0, index) for k in self.keys],
-            [v.index_select(0, index) for v in self.values],
-            self.lengths.index_select(0, index),
-        )
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return (n + multiple - 1) // multiple * multiple
+__all__ = ["LlamaShape", "Arch", "FAMILIES", "KVCache", "FastLlama"]
 
 
 class FastLlama(torch.nn.Module):
-    """Llama decoder with fused weights; `forward(tokens, cache, ...)` reads and writes a `KVCache`."""
+    """A decoder with fused weights; `forward(tokens, cache, ...)` reads and writes a `KVCache`.
+
+    ropes: one (inv_freq, attention scaling) per RoPE table (Gemma 3: global, local); the default is
+    (`inv_freq`, `rope_scaling`), or the table `shape.rope_theta` gives.
+    """
 
     normed_output = True  # forward applies the final norm (False: hidden states leave as the residual stream)
 
     def __init__(self, shape: LlamaShape, *, inv_freq: torch.Tensor | None = None, rope_scaling: float = 1.0,
-                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, kernels: str = "auto"):
+                 ropes: list | None = None, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                 kernels: str = "auto"):
         super().__init__()
         self.shape = shape
         self.kernels = kernels
@@ -170,35 +62,58 @@ class FastLlama(torch.nn.Module):
         # (`FASTER_THAN_CUBLAS`, ≤ 16 rows on CUDA), cuBLAS for the rest; "triton" = that kernel for every weight it
         # covers; "reference" = cuBLAS always (scripts/bench_forward.py compares them).
         self.linear_kernel = "auto"
-        s = shape
+        s, a, n = shape, shape.arch, shape.n_layers
         qkv_out = (s.n_heads + 2 * s.n_kv_heads) * s.head_dim
+        norm_dtype = torch.float32 if a.norm == "rms1p" else dtype  # (1 + w), kept in float32 as transformers has it
 
-        def empty(*size):
+        def empty(*size, dtype=dtype):
             return torch.nn.Parameter(torch.empty(*size, device=device, dtype=dtype), requires_grad=False)
 
+        def per_layer(*size, when=True, dtype=dtype):
+            return torch.nn.ParameterList([empty(*size, dtype=dtype) for _ in range(n)]) if when else None
+
         self.embed = empty(s.vocab_size, s.dim)
-        self.wqkv = torch.nn.ParameterList([empty(qkv_out, s.dim) for _ in range(s.n_layers)])
-        self.wo = torch.nn.ParameterList([empty(s.dim, s.n_heads * s.head_dim) for _ in range(s.n_layers)])
-        self.w_gate_up = torch.nn.ParameterList([empty(2 * s.intermediate_size, s.dim) for _ in range(s.n_layers)])
-        self.w_down = torch.nn.ParameterList([empty(s.dim, s.intermediate_size) for _ in range(s.n_layers)])
-        self.bqkv = torch.nn.ParameterList([empty(qkv_out) for _ in range(s.n_layers)]) if s.qkv_bias else None
-        self.bo = torch.nn.ParameterList([empty(s.dim) for _ in range(s.n_layers)]) if s.o_bias else None
-        self.q_norm = torch.nn.ParameterList([empty(s.head_dim) for _ in range(s.n_layers)]) if s.qk_norm else None
-        self.k_norm = torch.nn.ParameterList([empty(s.head_dim) for _ in range(s.n_layers)]) if s.qk_norm else None
-        self.attn_norm = torch.nn.ParameterList([empty(s.dim) for _ in range(s.n_layers)])
-        self.mlp_norm = torch.nn.ParameterList([empty(s.dim) for _ in range(s.n_layers)])
-        self.final_norm = empty(s.dim)
+        self.pos_embed = empty(s.max_positions, s.dim) if a.learned_positions else None
+        self.wqkv = per_layer(qkv_out, s.dim)
+        self.wo = per_layer(s.dim, s.n_heads * s.head_dim)
+        self.w_gate_up = per_layer((2 if a.gated else 1) * s.intermediate_size, s.dim)
+        self.w_down = per_layer(s.dim, s.intermediate_size)
+        self.bqkv = per_layer(qkv_out, when=s.qkv_bias)
+        self.bo = per_layer(s.dim, when=s.o_bias)
+        self.b_up = per_layer(s.intermediate_size, when=a.mlp_bias)
+        self.b_down = per_layer(s.dim, when=a.mlp_bias)
+        self.q_norm = per_layer(s.head_dim, when=s.qk_norm, dtype=norm_dtype)
+        self.k_norm = per_layer(s.head_dim, when=s.qk_norm, dtype=norm_dtype)
+        self.attn_norm = per_layer(s.dim, dtype=norm_dtype)
+        self.mlp_norm = per_layer(s.dim, dtype=norm_dtype)
+        self.post_attn_norm = per_layer(s.dim, when=a.sandwich_norms, dtype=norm_dtype)
+        self.post_mlp_norm = per_layer(s.dim, when=a.sandwich_norms, dtype=norm_dtype)
+        layer_norm = a.norm == "layer"
+        self.attn_norm_bias = per_layer(s.dim, when=layer_norm)
+        self.mlp_norm_bias = per_layer(s.dim, when=layer_norm)
+        self.final_norm = empty(s.dim, dtype=norm_dtype)
+        self.final_norm_bias = empty(s.dim) if layer_norm else None
         self.lm_head = self.embed if s.tie_word_embeddings else empty(s.vocab_size, s.dim)
-        if inv_freq is None:
-            inv_freq = 1.0 / (s.rope_theta ** (torch.arange(0, s.head_dim, 2, dtype=torch.float32) / s.head_dim))
-        self.register_buffer("inv_freq", inv_freq.detach().float().to(device), persistent=False)
-        self.rope_scaling = float(rope_scaling)  # HF's `attention_scaling` (1.0 except for some rope types)
+        rot = s.head_dim if a.rotary_dim is None else a.rotary_dim
+        if ropes is None:
+            ropes = [] if rot == 0 else [(inv_freq, rope_scaling)]
+        self.rope_scalings = []  # HF's `attention_scaling` per table (1.0 except for some rope types)
+        for i, (freq, scaling) in enumerate(ropes):
+            if freq is None:
+                freq = 1.0 / (s.rope_theta ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
+            self.register_buffer("inv_freq" if i == 0 else f"inv_freq_{i}", freq.detach().float().to(device),
+                                 persistent=False)
+            self.rope_scalings.append(float(scaling))
         self.config = None  # the transformers config, when loaded from one
         self.generation_config = None
         # What `return_hidden` returns: None = the final-normed states; layer ids = the residual stream entering each
         # of those layers, concatenated in layer order `[B, k, len·dim]` (EAGLE-3's low/mid/high target features)
         self.feature_layers: tuple[int, ...] | None = None
-        self._rope_cache: tuple[int, torch.Tensor, torch.Tensor] | None = None
+        self._rope_cache: tuple[int, list] | None = None
+
+    @property
+    def rope_scaling(self) -> float:
+        return self.rope_scalings[0] if self.rope_scalings else 1.0
 
     # ------------------------------------------------------------------------------------------- loading
     @classmethod
@@ -210,17 +125,17 @@ class FastLlama(torch.nn.Module):
         gen.manual_seed(seed)
         with torch.no_grad():
             for name, p in model.named_parameters():
-                if "norm" in name:
-                    p.fill_(1.0)
-                elif name.startswith(("bqkv", "bo")):
+                if name.startswith("b") or "bias" in name:
                     p.zero_()
+                elif "norm" in name:
+                    p.fill_(1.0)
                 else:
                     p.normal_(0.0, std, generator=gen)
         return model.eval()
 
     @classmethod
     def from_hf(cls, model, *, device=None, dtype: torch.dtype | None = None, kernels: str = "auto") -> "FastLlama":
-        """Load a transformers Llama / Mistral / Qwen2 / Qwen3 causal LM (an object, or a local folder).
+        """Load a transformers causal LM of `FAMILIES` (an object, or a local folder).
 
         A folder loads in the checkpoint's own dtype unless `dtype` is given (local files only, no remote code).
         """
@@ -231,42 +146,14 @@ class FastLlama(torch.nn.Module):
             model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype or "auto", local_files_only=True)
         config = model.config
         shape = LlamaShape.from_hf(config)
-        params = dict(model.named_parameters())
-        ref = params["model.embed_tokens.weight"]
+        ref = model.get_input_embeddings().weight
         device = torch.device(device) if device is not None else ref.device
         dtype = dtype or ref.dtype
-        rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
-        rope_type = getattr(rotary, "rope_type", "default")
-        if rope_type == "dynamic":
-            raise ValueError("FastLlama does not support dynamic RoPE scaling (its frequencies depend on the length)")
-        inv_freq = getattr(rotary, "inv_freq", None)
-        scaling = float(getattr(rotary, "attention_scaling", 1.0))
-        fast = cls(shape, inv_freq=inv_freq, rope_scaling=scaling, device=device, dtype=dtype, kernels=kernels)
-
-        def get(name):
-            return params[name].detach().to(device=device, dtype=dtype)
-
+        fast = cls(shape, ropes=hf_ropes(model, shape), device=device, dtype=dtype, kernels=kernels)
         with torch.no_grad():
-            fast.embed.copy_(get("model.embed_tokens.weight"))
-            for i in range(shape.n_layers):
-                pre = f"model.layers.{i}."
-                attn, mlp = pre + "self_attn.", pre + "mlp."
-                fast.wqkv[i].copy_(torch.cat([get(attn + n + ".weight") for n in ("q_proj", "k_proj", "v_proj")]))
-                fast.wo[i].copy_(get(attn + "o_proj.weight"))
-                fast.w_gate_up[i].copy_(torch.cat([get(mlp + "gate_proj.weight"), get(mlp + "up_proj.weight")]))
-                fast.w_down[i].copy_(get(mlp + "down_proj.weight"))
-                if shape.qkv_bias:
-                    fast.bqkv[i].copy_(torch.cat([get(attn + n + ".bias") for n in ("q_proj", "k_proj", "v_proj")]))
-                if shape.o_bias:
-                    fast.bo[i].copy_(get(attn + "o_proj.bias"))
-                if shape.qk_norm:
-                    fast.q_norm[i].copy_(get(attn + "q_norm.weight"))
-                    fast.k_norm[i].copy_(get(attn + "k_norm.weight"))
-                fast.attn_norm[i].copy_(get(pre + "input_layernorm.weight"))
-                fast.mlp_norm[i].copy_(get(pre + "post_attention_layernorm.weight"))
-            fast.final_norm.copy_(get("model.norm.weight"))
-            if not shape.tie_word_embeddings:
-                fast.lm_head.copy_(get("lm_head.weight"))
+            for name, layer, tensor in hf_weights(model, shape):
+                target = getattr(fast, name) if layer is None else getattr(fast, name)[layer]
+                target.copy_(tensor.detach())
         fast.config = config
         fast.generation_config = getattr(model, "generation_config", None)
         return fast.eval()
@@ -283,8 +170,11 @@ class FastLlama(torch.nn.Module):
 
     def _fused(self, kernels: str | None = None) -> bool:
         """True when this forward runs the fused layer (host-side only: no sync, capture-safe)."""
-        supported = self.shape.head_dim % 2 == 0 and self.shape.head_dim <= 1024
-        return use_triton(self.kernels if kernels is None else kernels, self.device, supported, "FastLlama")
+        kernels = self.kernels if kernels is None else kernels
+        if not self.shape.arch.fusable and kernels == "auto":
+            return False  # the eager body (its attention still takes the Triton kernel on CUDA)
+        supported = self.shape.head_dim % 2 == 0 and self.shape.head_dim <= 1024 and self.shape.arch.fusable
+        return use_triton(kernels, self.device, supported, "FastLlama")
 
     @property
     def device(self) -> torch.device:
@@ -296,10 +186,10 @@ class FastLlama(torch.nn.Module):
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes a decode step must read (every weight once; the embedding is only gathered)."""
+        """Bytes a decode step must read (every weight once; the embeddings are only gathered)."""
         seen, total = set(), 0
         for name, p in self.named_parameters():
-            if id(p) in seen or name == "embed" and not self.shape.tie_word_embeddings:
+            if id(p) in seen or name == "pos_embed" or name == "embed" and not self.shape.tie_word_embeddings:
                 continue
             seen.add(id(p))
             total += p.numel() * p.element_size()
@@ -308,32 +198,39 @@ class FastLlama(torch.nn.Module):
     def new_cache(self, batch_size: int, num_slots: int) -> KVCache:
         """A zeroed cache with at least `num_slots` usable slots (+1 junk slot, rounded up to 16)."""
         s = self.shape
-        total = _round_up(num_slots + 1, 16)  # aligned for the fused attention kernels
+        total = round_up(num_slots + 1, 16)  # aligned for the fused attention kernels
         size = (batch_size, s.n_kv_heads, total, s.head_dim)
         make = lambda: torch.zeros(size, device=self.device, dtype=self.dtype)  # noqa: E731
         lengths = torch.zeros(batch_size, dtype=torch.long, device=self.device)
         return KVCache([make() for _ in range(s.n_layers)], [make() for _ in range(s.n_layers)], lengths)
 
     def rope_tables(self, num_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin `[P, D]` in the model dtype, as HF computes them (float32 then cast).
+        """cos, sin `[P, R]` (R rotated dims) of table 0 in the model dtype, as HF computes them (float32 then cast);
+        builds every table. Sized to what is asked (at least 4096 positions), not to max_position_embeddings.
 
         Built once for the whole context (at least `num_positions`): captured graphs hold the tables'
         addresses, so a table must never be replaced by a larger one while graphs that read it live.
         """
+        tables = self._tables(num_positions)
+        return tables[0] if tables else (None, None)
+
+    def _tables(self, num_positions: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         if self._rope_cache is None or self._rope_cache[0] < num_positions:
             if self._rope_cache is not None and torch.cuda.is_current_stream_capturing():
                 raise RuntimeError("RoPE tables must be built before CUDA graph capture")
-            num_positions = max(num_positions, self.shape.max_positions or 0, 4096)
+            num_positions = max(num_positions, 4096)
             pos = torch.arange(num_positions, device=self.device, dtype=torch.float32)
-            freqs = pos[:, None] * self.inv_freq[None, :]
-            emb = torch.cat([freqs, freqs], dim=-1)
-            cos = (emb.cos() * self.rope_scaling).to(self.dtype)
-            sin = (emb.sin() * self.rope_scaling).to(self.dtype)
-            half = self.shape.head_dim // 2
-            # rotate_half(x) * sin == roll(x, D/2) * [-sin_lo, sin_hi]
-            sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
-            self._rope_cache = (num_positions, cos, sin_signed)
-        return self._rope_cache[1], self._rope_cache[2]
+            tables = []
+            for i, scaling in enumerate(self.rope_scalings):
+                freqs = pos[:, None] * getattr(self, "inv_freq" if i == 0 else f"inv_freq_{i}")[None, :]
+                emb = torch.cat([freqs, freqs], dim=-1)
+                cos = (emb.cos() * scaling).to(self.dtype)
+                sin = (emb.sin() * scaling).to(self.dtype)
+                half = freqs.shape[1]
+                # rotate_half(x) * sin == roll(x, R/2) * [-sin_lo, sin_hi]
+                tables.append((cos, torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)))
+            self._rope_cache = (num_positions, tables)
+        return self._rope_cache[1]
 
     # ------------------------------------------------------------------------------------------- forward
     def _gemm(self, weight: torch.Tensor) -> str:
@@ -355,54 +252,78 @@ class FastLlama(torch.nn.Module):
 
     def _logits(self, x: torch.Tensor, kernel: str = "reference") -> torch.Tensor:
         """Float32 logits `[B, k, V]` of final hidden states `x [B, k, dim]`; a vocab-parallel subclass gathers them."""
-        if kernel == "reference":
-            return F.linear(x, self.lm_head).float()
-        return linear(x, self.lm_head, kernel=kernel).float()
+        logits = F.linear(x, self.lm_head) if kernel == "reference" else linear(x, self.lm_head, kernel=kernel)
+        cap = self.shape.arch.final_softcap
+        return (logits if cap is None else torch.tanh(logits / cap) * cap).float()
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return norm(x, weight, bias, self.shape.arch.norm, self.shape.rms_norm_eps)
+
+    def _mlp(self, h: torch.Tensor, i: int) -> torch.Tensor:
+        """The MLP's inner activations `[N, I]`: act(gate)·up, or act(up + bias)."""
+        up = F.linear(h, self.w_gate_up[i], self.b_up[i] if self.shape.arch.mlp_bias else None)
+        return mlp_activation(up, self.shape.arch)
 
     def _eager_layers(self, x: torch.Tensor, cache: KVCache, rope_pos: torch.Tensor, slots: torch.Tensor,
-                      cos_table: torch.Tensor, sin_table: torch.Tensor, capture: list | None = None) -> torch.Tensor:
-        """The decoder layers in eager PyTorch (kernels="reference"): `x [B, k, dim]` → `[B, k, dim]`.
-        capture (optional): appends a copy of the residual stream entering each layer of `feature_layers`."""
-        s = self.shape
+                      tables: list, capture: list | None = None, attention: str = "reference") -> torch.Tensor:
+        """The decoder layers in eager PyTorch: `x [B, k, dim]` → `[B, k, dim]`. attention: `slot_attention`'s
+        kernel (the Triton one on CUDA for families the fused layer does not cover). capture (optional): appends
+        a copy of the residual stream entering each layer of `feature_layers`."""
+        s, a = self.shape, self.shape.arch
         batch, k = x.shape[:2]
-        device = x.device
-        # RoPE factors for the whole q|k|v block (v heads get cos = 1, sin = 0): rotating the contiguous block
-        # keeps every elementwise kernel vectorized and `roll` copy-free for any k.
         nq, nkv, hd = s.n_heads, s.n_kv_heads, s.head_dim
-        cos = torch.cat([cos_table[rope_pos][:, :, None, :].expand(batch, k, nq + nkv, hd),
-                         torch.ones(batch, k, nkv, hd, device=device, dtype=self.dtype)], dim=2)
-        sin = torch.cat([sin_table[rope_pos][:, :, None, :].expand(batch, k, nq + nkv, hd),
-                         torch.zeros(batch, k, nkv, hd, device=device, dtype=self.dtype)], dim=2)
+        rot = hd if a.rotary_dim is None else a.rotary_dim
+        # RoPE factors `[B, k, 1, R]` per table, for the q and k heads at once (one contiguous block)
+        factors = [(cos[rope_pos][:, :, None], sin[rope_pos][:, :, None]) for cos, sin in tables]
         write_index = slots[:, None, :, None].expand(batch, s.n_kv_heads, k, s.head_dim)
-        bias = slot_attention_bias(rope_pos, cache.keys[0].shape[2], nq // nkv, self.dtype)  # one mask, every layer
+        masks = {}  # one mask per window, shared by the layers (and built only for the reference)
+        x = x.reshape(batch * k, s.dim)  # the residual stream
         for i in range(s.n_layers):
             if capture is not None and i in self.feature_layers:
-                capture.append(x.clone())
-            h = F.rms_norm(x, (s.dim,), self.attn_norm[i], s.rms_norm_eps)
+                capture.append(x.clone().view(batch, k, s.dim))
+            h = self._norm(x, self.attn_norm[i], self.attn_norm_bias[i] if a.norm == "layer" else None)
             qkv = F.linear(h, self.wqkv[i], self.bqkv[i] if s.qkv_bias else None).view(batch, k, nq + 2 * nkv, hd)
+            qk, v = qkv[:, :, : nq + nkv], qkv[:, :, nq + nkv :]
             if s.qk_norm:
-                qkv = torch.cat([F.rms_norm(qkv[:, :, :nq], (hd,), self.q_norm[i], s.rms_norm_eps),
-                                 F.rms_norm(qkv[:, :, nq : nq + nkv], (hd,), self.k_norm[i], s.rms_norm_eps),
-                                 qkv[:, :, nq + nkv :]], dim=2)
-            qkv = torch.addcmul(qkv * cos, torch.roll(qkv, hd // 2, dims=-1), sin)  # RoPE on q and k at once
-            q, key, v = qkv[:, :, :nq], qkv[:, :, nq : nq + nkv], qkv[:, :, nq + nkv :]
+                qk = torch.cat([self._norm(qk[:, :, :nq], self.q_norm[i]), self._norm(qk[:, :, nq:], self.k_norm[i])],
+                               dim=2)
+            if rot:
+                cos, sin = factors[a.rope_index(i)]
+                rotated = torch.addcmul(qk[..., :rot] * cos, torch.roll(qk[..., :rot], rot // 2, dims=-1), sin)
+                qk = rotated if rot == hd else torch.cat([rotated, qk[..., rot:]], dim=-1)
+            q, key = qk[:, :, :nq], qk[:, :, nq:]
             cache.keys[i].scatter_(2, write_index, key.transpose(1, 2))
             cache.values[i].scatter_(2, write_index, v.transpose(1, 2))
-            attn = slot_attention_reference(q, cache.keys[i], cache.values[i], rope_pos, bias=bias)
+            window = a.window(i)
+            if window not in masks and attention == "reference":
+                masks[window] = slot_attention_bias(rope_pos, cache.keys[0].shape[2], nq // nkv, self.dtype, window)
+            attn = slot_attention(q, cache.keys[i], cache.values[i], rope_pos, a.attn_scale, window=window,
+                                  softcap=a.attn_softcap, kernel=attention, bias=masks.get(window))
             attn = attn.reshape(batch * k, nq * hd)
-            x = self._row_parallel(x.view(batch * k, s.dim), attn, self.wo[i])  # residual add fused into the GEMM
+            bo = self.bo[i] if s.o_bias else None
+            if a.sandwich_norms:  # Gemma 2/3: x + norm(attn), then x + norm(mlp(norm(x)))
+                x = x + self._norm(F.linear(attn, self.wo[i], bo), self.post_attn_norm[i])
+                act = self._mlp(self._norm(x, self.mlp_norm[i]), i)
+                x = x + self._norm(F.linear(act, self.w_down[i]), self.post_mlp_norm[i])
+                continue
+            if a.parallel_residual:  # GPT-NeoX: x + attn(ln1(x)) + mlp(ln2(x))
+                act = self._mlp(self._norm(x, self.mlp_norm[i], self.mlp_norm_bias[i]), i)
+                x = F.linear(act, self.w_down[i], self.b_down[i]) + F.linear(attn, self.wo[i], bo) + x
+                continue
+            x = self._row_parallel(x, attn, self.wo[i])  # residual add fused into the GEMM
             if s.o_bias:
-                x = x + self.bo[i]
-            h = F.rms_norm(x, (s.dim,), self.mlp_norm[i], s.rms_norm_eps)
-            gate, up = F.linear(h, self.w_gate_up[i]).chunk(2, dim=-1)
-            x = self._row_parallel(x, F.silu(gate) * up, self.w_down[i]).view(batch, k, s.dim)
-        return x
+                x = x + bo
+            act = self._mlp(self._norm(x, self.mlp_norm[i], self.mlp_norm_bias[i] if a.norm == "layer" else None), i)
+            x = self._row_parallel(x, act, self.w_down[i])
+            if a.mlp_bias:
+                x = x + self.b_down[i]
+        return x.view(batch, k, s.dim)
 
     def _fused_layers(self, x: torch.Tensor, cache: KVCache, rope_pos: torch.Tensor, slots: torch.Tensor,
-                      cos_table: torch.Tensor, sin_table: torch.Tensor, capture: list | None = None) -> torch.Tensor:
+                      tables: list, capture: list | None = None) -> torch.Tensor:
         """The decoder layers on the fused kernels: per layer RMSNorm, qkv GEMM, (bias +) RoPE + KV write, attention,
         o GEMM (+ residual), RMSNorm (+ o bias), gate|up GEMM, SiLU·mul, down GEMM (+ residual)."""
-        s = self.shape
+        s, a = self.shape, self.shape.arch
         batch, k = x.shape[:2]
         nq, hd, eps = s.n_heads, s.head_dim, s.rms_norm_eps
         mode = "triton"  # forward checked that the fused kernels run here; attention picks by the model's mode
@@ -413,7 +334,8 @@ class FastLlama(torch.nn.Module):
                 capture.append(x.clone().view(batch, k, s.dim))
             h = rms_norm(x, self.attn_norm[i], eps, kernel=mode)
             qkv = linear(h, self.wqkv[i], kernel=self._gemm(self.wqkv[i])).view(batch, k, -1)  # (the bias is added by the RoPE kernel)
-            q = rope_cache_write(qkv, cache.keys[i], cache.values[i], rope_pos, slots, cos_table, sin_table, nq,
+            cos, sin = tables[a.rope_index(i)]
+            q = rope_cache_write(qkv, cache.keys[i], cache.values[i], rope_pos, slots, cos, sin, nq,
                                  bias=self.bqkv[i] if s.qkv_bias else None,
                                  q_norm=self.q_norm[i] if s.qk_norm else None,
                                  k_norm=self.k_norm[i] if s.qk_norm else None, eps=eps, kernel=mode)
@@ -421,7 +343,7 @@ class FastLlama(torch.nn.Module):
                 attn_kernel = self.kernels
                 if attn_kernel == "triton" and triton_unsupported(q, cache.keys[i], cache.values[i], rope_pos):
                     attn_kernel = "reference"
-            attn = slot_attention(q, cache.keys[i], cache.values[i], rope_pos, kernel=attn_kernel)
+            attn = slot_attention(q, cache.keys[i], cache.values[i], rope_pos, window=a.window(i), kernel=attn_kernel)
             x = self._row_parallel(x, attn.reshape(batch * k, nq * hd), self.wo[i], self._gemm(self.wo[i]))  # residual add in the GEMM
             if s.o_bias:
                 x, h = add_rms_norm(x, self.bo[i], self.mlp_norm[i], eps, kernel=mode)
@@ -447,7 +369,7 @@ class FastLlama(torch.nn.Module):
         outside CUDA graphs each Triton launch costs the host tens of µs, cuBLAS/SDPA calls a few).
         No host synchronization: with fixed shapes this can be captured in a CUDA graph.
         """
-        s = self.shape
+        s, a = self.shape, self.shape.arch
         batch, k = (tokens if embeds is None else embeds).shape[:2]
         device = cache.lengths.device
         num_slots_total = cache.keys[0].shape[2]
@@ -462,20 +384,29 @@ class FastLlama(torch.nn.Module):
             positions = positions.clamp_min(0)
             slots = torch.where(valid, positions.clamp(max=junk), torch.full_like(positions, junk))
             added = valid_long.sum(1)
-        cos_table, sin_table = self.rope_tables(num_slots_total)
+        tables = self._tables(num_slots_total)
         rope_pos = positions.clamp(max=junk)
-        x = F.embedding(tokens, self.embed) if embeds is None else embeds.to(self.dtype, copy=True)  # [B, k, dim]
-        # (a copy: the layers add to x in place, the caller's embeds stay as they were)
+        if embeds is None:
+            x = F.embedding(tokens, self.embed)  # [B, k, dim]
+            if a.embed_scale is not None:  # (Gemma: the scale rounded to the model dtype first, as transformers does)
+                x = x * torch.tensor(a.embed_scale, dtype=self.dtype)
+        else:
+            x = embeds.to(self.dtype, copy=True)  # (a copy: the layers add to x in place, the caller's stay as they were)
+        if a.learned_positions:
+            x = x + F.embedding(rope_pos.clamp(max=s.max_positions - 1), self.pos_embed)
         if kernels is not None:
             check_kernel(kernels, "kernels")
-        fused = self._fused(kernels)
+        mode = self.kernels if kernels is None else kernels
+        fused = self._fused(mode)
         capture = [] if return_hidden and self.feature_layers else None
-        layers = self._fused_layers if fused else self._eager_layers
-        x = layers(x, cache, rope_pos, slots, cos_table, sin_table, capture)
+        if fused:
+            x = self._fused_layers(x, cache, rope_pos, slots, tables, capture)
+        else:
+            x = self._eager_layers(x, cache, rope_pos, slots, tables, capture, "reference" if mode == "reference" else "auto")
         if last_only:
             x = x[:, -1:]
         if self.normed_output:  # (an EAGLE head's layer hands out its residual stream; the head norms it)
-            x = F.rms_norm(x, (s.dim,), self.final_norm, s.rms_norm_eps)
+            x = self._norm(x, self.final_norm, self.final_norm_bias)
         logits = self._logits(x, self._gemm(self.lm_head) if fused else "reference") if compute_logits else None
         if advance:
             cache.lengths.add_(added)

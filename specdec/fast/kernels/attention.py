@@ -2,7 +2,12 @@
 
 Terms (as in `specdec.fast.model`): row b's token at position t lives in slot t of `keys/values [B, H_kv, S, D]`;
 slot S−1 is the junk slot (never attended to). Query i of row b sits at `positions[b, i]` and sees slots
-j <= positions[b, i] (j < S−1). Query heads are grouped over KV heads: head h reads KV head h // (H / H_kv).
+j <= positions[b, i] (j < S−1); with a sliding `window` W only the last W of them, positions[b, i] − W < j
+(transformers' sliding-window mask). Query heads are grouped over KV heads: head h reads KV head h // (H / H_kv).
+softcap c (Gemma 2): scores become c·tanh(scores / c) before the mask and the softmax.
+
+A rollback stays a length move under a window: the cache keeps every position of a row, and the mask (not
+an eviction) hides what falls out of the window, so whatever was rejected is simply overwritten later.
 
 Two implementations of one function: `slot_attention_reference` (eager SDPA with an additive mask: reads every
 slot, and SDPA picks a different kernel for k = 1 than for k > 1) and the Triton split-K kernel in
@@ -21,32 +26,43 @@ import torch.nn.functional as F
 __all__ = ["slot_attention", "slot_attention_reference", "slot_attention_bias", "triton_unsupported"]
 
 
-def slot_attention_bias(positions: torch.Tensor, num_slots: int, group: int, dtype: torch.dtype) -> torch.Tensor:
+def slot_attention_bias(positions: torch.Tensor, num_slots: int, group: int, dtype: torch.dtype,
+                        window: int | None = None) -> torch.Tensor:
     """The reference's additive mask: positions `[B, k]` → `[B, 1, group·k, S]` (0 where query row r may read slot
-    j: j <= its position and j is not the junk slot S − 1; −inf elsewhere). It depends on the positions and the
-    span only, so a forward builds it once for all its layers (`slot_attention_reference(bias=...)`)."""
+    j: j <= its position, j > its position − window when a window is given, and j is not the junk slot S − 1;
+    −inf elsewhere). It depends on the positions, the span and the window only, so a forward builds it once for
+    all its layers of one window (`slot_attention_reference(bias=...)`)."""
     batch, k = positions.shape
     j = torch.arange(num_slots, device=positions.device)
     allowed = (j[None, None, :] <= positions[:, :, None]) & (j < num_slots - 1)  # [B, k, S]
+    if window is not None:
+        allowed &= j[None, None, :] > positions[:, :, None] - window
     bias = torch.zeros(allowed.shape, device=positions.device, dtype=dtype).masked_fill_(~allowed, float("-inf"))
     return bias[:, None, None].expand(batch, 1, group, k, num_slots).reshape(batch, 1, group * k, num_slots)
 
 
 def slot_attention_reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
-                             scale: float | None = None, *, bias: torch.Tensor | None = None) -> torch.Tensor:
+                             scale: float | None = None, *, bias: torch.Tensor | None = None,
+                             window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """The eager definition: q `[B, k, H, D]`, keys/values `[B, H_kv, S, D]`, positions `[B, k]` → `[B, k, H, D]`.
 
     One SDPA call over the whole cache with an additive mask (`slot_attention_bias`; pass `bias` when it is
-    already built for these positions and this span); the query heads that share a KV head are folded into
-    the query length (plain MHA over H_kv heads).
+    already built for these positions, this span and this window); the query heads that share a KV head are
+    folded into the query length (plain MHA over H_kv heads). With a softcap, the scores are computed as
+    transformers' eager attention does (matmul · scale, c·tanh(·/c), + mask, softmax in float32).
     """
     batch, k, heads, dim = q.shape
     kv_heads, num_slots = keys.shape[1], keys.shape[2]
     group = heads // kv_heads
     if bias is None:
-        bias = slot_attention_bias(positions, num_slots, group, q.dtype)
+        bias = slot_attention_bias(positions, num_slots, group, q.dtype, window)
     q = q.reshape(batch, k, kv_heads, group, dim).permute(0, 2, 3, 1, 4).reshape(batch, kv_heads, group * k, dim)
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=scale)
+    if softcap is None:
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=scale)
+    else:
+        scores = torch.matmul(q, keys.transpose(2, 3)) * (dim ** -0.5 if scale is None else scale)
+        scores = torch.tanh(scores / softcap) * softcap + bias
+        out = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), values)
     return out.view(batch, kv_heads, group, k, dim).permute(0, 3, 1, 2, 4).reshape(batch, k, heads, dim)
 
 
@@ -82,18 +98,28 @@ def triton_unsupported(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
 
 
 def slot_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
-                   scale: float | None = None, *, kernel: str = "auto", num_splits: int | None = None) -> torch.Tensor:
+                   scale: float | None = None, *, window: int | None = None, softcap: float | None = None,
+                   kernel: str = "auto", num_splits: int | None = None,
+                   bias: torch.Tensor | None = None) -> torch.Tensor:
     """`slot_attention_reference`'s function. kernel: "auto" (the fused kernel where one runs), "triton", "reference".
 
     "auto" takes the Triton split-K kernel for CUDA tensors of a supported shape with k <= 32 when triton
     imports, else the reference; "triton" insists (ValueError where it cannot run). num_splits overrides the
-    kernel's split count (tests); None picks it from shapes.
+    kernel's split count (tests); None picks it from shapes. bias: the reference's mask when already built.
     """
     if kernel not in ("auto", "triton", "reference"):
         raise ValueError(f"kernel must be 'auto', 'triton' or 'reference', got {kernel!r}")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be a positive int or None, got {window!r}")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap must be positive or None, got {softcap!r}")
     batch, k, heads, dim = q.shape
+
+    def reference():
+        return slot_attention_reference(q, keys, values, positions, scale, bias=bias, window=window, softcap=softcap)
+
     if kernel == "reference" or (kernel == "auto" and (not q.is_cuda or k > MAX_TRITON_K)):
-        return slot_attention_reference(q, keys, values, positions, scale)
+        return reference()
     if keys.shape[0] != batch or keys.shape[-1] != dim or heads % keys.shape[1] or values.shape != keys.shape:
         raise ValueError(f"keys/values must be [B, H_kv, S, D] with H % H_kv == 0 for q {tuple(q.shape)}, "
                          f"got {tuple(keys.shape)} and {tuple(values.shape)}")
@@ -103,6 +129,6 @@ def slot_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, po
     why = "triton does not import" if module is None else triton_unsupported(q, keys, values, positions)
     if why is not None:
         if kernel == "auto":
-            return slot_attention_reference(q, keys, values, positions, scale)
+            return reference()
         raise ValueError(f"kernel='triton': {why}")
-    return module.attention(q, keys, values, positions, scale, num_splits=num_splits)
+    return module.attention(q, keys, values, positions, scale, num_splits=num_splits, window=window, softcap=softcap)

@@ -4,7 +4,9 @@ One program per (row b, KV head, split, row tile). It holds the G·k queries tha
 query i's head g at tile row r = i·G + g, padded to a power of two ≥ 16 so `tl.dot` runs on tensor cores) and
 walks its share of the row's live slots [0, max position + 1) in blocks of BLOCK_N, with an online softmax in
 fp32 (base-2: scores are prescaled by scale·log2 e). Blocks past the row's largest position are never read, so
-the cost follows the live length, not the cache size, and barely depends on k.
+the cost follows the live length, not the cache size, and barely depends on k. With a sliding window W the
+tile starts at its smallest position − W + 1 instead of slot 0: a windowed layer reads about W + k slots
+whatever the row's length. A softcap c (Gemma 2) maps each score s to c·tanh(s / c) before the softmax.
 
 With one split the program writes the output; with several, each writes its unnormalized accumulator and its
 (max, sum) to fp32 scratch and `_combine` merges the splits. The split count comes from shapes only, so one
@@ -38,12 +40,19 @@ def _dot(a, b, IEEE: tl.constexpr):
     return c
 
 
-@triton.jit(do_not_specialize=["spb", "k_len", "num_slots", "rows_pad"])  # no recompile per k or length
+@triton.jit
+def _tanh(x):
+    """tanh from exp (saturates to ±1 without overflow trouble: exp → inf gives 1, exp → 0 gives −1)."""
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+@triton.jit(do_not_specialize=["spb", "k_len", "num_slots", "rows_pad", "window"])  # no recompile per k or length
 def _split_attention(Q, K, V, POS, OUT, PART_ACC, PART_M, PART_L,
                      sqb, sqk, sqh, sqd, skb, skh, sks, skd, svb, svh, svs, svd, spb, spk, sob, sok, soh, sod,
-                     k_len, num_slots, rows_pad, scale_log2,
+                     k_len, num_slots, rows_pad, scale_log2, window, softcap, scale,
                      KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr):
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr,
+                     WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     tile = tl.program_id(2)
@@ -55,12 +64,17 @@ def _split_attention(Q, K, V, POS, OUT, PART_ACC, PART_M, PART_L,
     head = kvh * GROUP + rows % GROUP
     d = tl.arange(0, HEAD_DIM)
 
-    # Query i sees slots j <= positions[b, i], never the junk slot S-1; padding rows see nothing.
+    # Query i sees slots j <= positions[b, i] (and j > positions[b, i] - window), never the junk slot S-1;
+    # padding rows see nothing.
     pos = tl.load(POS + b * spb + qi * spk, mask=row_ok, other=-1).to(tl.int32)
     pos = tl.minimum(pos, num_slots - 2)
-    live = tl.max(pos, axis=0) + 1  # this tile reads slots [0, live)
-    chunk = tl.cdiv(tl.cdiv(live, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    lo = split * chunk
+    live = tl.max(pos, axis=0) + 1  # this tile reads slots [first, live)
+    if WINDOWED:
+        first = tl.maximum(tl.min(tl.where(row_ok, pos, num_slots), axis=0) - window + 1, 0)
+    else:
+        first = 0
+    chunk = tl.cdiv(tl.cdiv(live - first, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo = first + split * chunk
     hi = tl.minimum(lo + chunk, live)
 
     q = tl.load(Q + b * sqb + qi[:, None] * sqk + head[:, None] * sqh + d[None, :] * sqd,
@@ -74,8 +88,14 @@ def _split_attention(Q, K, V, POS, OUT, PART_ACC, PART_M, PART_L,
         j = start + tl.arange(0, BLOCK_N)
         j_ok = j < hi
         keys = tl.load(k_base + j[:, None] * sks + d[None, :] * skd, mask=j_ok[:, None], other=0.0)
-        s = _dot(q, tl.trans(keys), IEEE) * scale_log2  # [BLOCK_M, BLOCK_N] fp32
-        s = tl.where((j[None, :] <= pos[:, None]) & j_ok[None, :], s, float("-inf"))
+        if SOFTCAP:  # c·tanh(s·scale / c), then into base 2
+            s = softcap * _tanh(_dot(q, tl.trans(keys), IEEE) * (scale / softcap)) * 1.4426950408889634
+        else:
+            s = _dot(q, tl.trans(keys), IEEE) * scale_log2  # [BLOCK_M, BLOCK_N] fp32
+        seen = (j[None, :] <= pos[:, None]) & j_ok[None, :]
+        if WINDOWED:
+            seen = seen & (j[None, :] > pos[:, None] - window)
+        s = tl.where(seen, s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet stay at zero weight
         alpha = tl.exp2(m - m_safe)
@@ -168,8 +188,9 @@ def plan(batch: int, k: int, heads: int, kv_heads: int, dim: int, num_slots: int
 
 
 def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
-              scale: float | None = None, num_splits: int | None = None) -> torch.Tensor:
-    """`slot_attention_reference` by the split-K kernel; shapes are checked by the caller.
+              scale: float | None = None, num_splits: int | None = None, window: int | None = None,
+              softcap: float | None = None) -> torch.Tensor:
+    """`slot_attention_reference` by the split-K kernel; shapes and arguments are checked by the caller.
 
     q `[B, k, H, D]`, keys/values `[B, H_kv, S, D]` (any strides), positions `[B, k]` → `[B, k, H, D]` in q's dtype.
     """
@@ -189,9 +210,10 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positio
     _split_attention[(batch * kv_heads, p.splits, p.row_tiles)](
         q, keys, values, positions, out, part_acc, part_m, part_l,
         *q.stride(), *keys.stride(), *values.stride(), *positions.stride(), *out.stride(),
-        k, num_slots, rows_pad, scale * math.log2(math.e),
+        k, num_slots, rows_pad, scale * math.log2(math.e), window or 0, float(softcap or 1.0), scale,
         KV_HEADS=kv_heads, GROUP=group, HEAD_DIM=dim, BLOCK_M=p.block_m, BLOCK_N=p.block_n, NUM_SPLITS=p.splits,
-        IEEE=q.dtype == torch.float32, num_warps=p.num_warps, num_stages=p.num_stages,
+        IEEE=q.dtype == torch.float32, WINDOWED=window is not None, SOFTCAP=softcap is not None,
+        num_warps=p.num_warps, num_stages=p.num_stages,
     )
     if p.splits > 1:
         _combine[(batch * kv_heads, group * k)](

@@ -163,6 +163,64 @@ def test_split_count_comes_from_shapes_only():
         slot_attention(torch.randn(1, 1, 2, 16), keys, values, torch.tensor([[3]]), kernel="triton", num_splits=0)
 
 
+def _brute_force(q, keys, values, positions, scale=None, window=None, softcap=None):
+    """Attention written out per row and query, as transformers masks it: slots pos − W < j <= pos."""
+    batch, k, heads, dim = q.shape
+    group = heads // keys.shape[1]
+    out = torch.empty_like(q)
+    scale = dim ** -0.5 if scale is None else scale
+    for b in range(batch):
+        for i in range(k):
+            pos = int(positions[b, i])
+            lo = 0 if window is None else max(0, pos - window + 1)
+            for h in range(heads):
+                kk, vv = keys[b, h // group, lo : pos + 1], values[b, h // group, lo : pos + 1]
+                s = kk @ q[b, i, h] * scale
+                if softcap is not None:
+                    s = torch.tanh(s / softcap) * softcap
+                out[b, i, h] = torch.softmax(s, 0) @ vv
+    return out
+
+
+@pytest.mark.parametrize("window", [1, 4, 21, 200])
+@pytest.mark.parametrize("softcap", [None, 3.0])
+def test_sliding_window_and_softcap(window, softcap, poisoned_empty):
+    """A window reads only the last W positions of each query (W = 1: itself; W past the length: everything);
+    the reference and the kernel (one split and several) both equal the written-out definition."""
+    batch, k, heads, kv_heads, dim, num_slots = 3, 5, 4, 2, 16, 90
+    keys, values = slot_cache_views(batch, kv_heads, num_slots, dim, seed=window)
+    q = torch.randn(batch, k, heads, dim, generator=torch.Generator().manual_seed(window)) * 3
+    positions = verify_positions(batch, k, num_slots, seed=window)
+    expected = _brute_force(q, keys, values, positions, 0.4, window, softcap)
+    ref = slot_attention_reference(q, keys, values, positions, 0.4, window=window, softcap=softcap)
+    assert rel_err(ref, expected) < 1e-5
+    for splits in (1, 3):
+        out = slot_attention(q, keys, values, positions, 0.4, window=window, softcap=softcap, kernel="triton",
+                             num_splits=splits)
+        assert rel_err(out, expected) < 1e-5
+
+
+def test_window_never_reads_slots_before_it():
+    """NaN in every slot before each row's window (and past its end) leaves the kernel's output untouched."""
+    batch, k, heads, kv_heads, dim, num_slots, window = 2, 3, 4, 2, 16, 140, 8
+    keys, values = slot_cache_views(batch, kv_heads, num_slots, dim)
+    q = torch.randn(batch, k, heads, dim)
+    positions = torch.tensor([[30, 31, 32], [100, 101, 102]])
+    ref = slot_attention_reference(q, keys, values, positions, window=window)
+    for b in range(batch):
+        first, last = int(positions[b, 0]) - window + 1, int(positions[b, -1])
+        for t in (keys, values):
+            t[b, :, :first] = float("nan")
+            t[b, :, last + 1 :] = float("nan")
+    for splits in (1, 2, 5):
+        out = slot_attention(q, keys, values, positions, window=window, kernel="triton", num_splits=splits)
+        assert rel_err(out, ref) < 1e-5
+    with pytest.raises(ValueError, match="window"):
+        slot_attention(q, keys, values, positions, window=0)
+    with pytest.raises(ValueError, match="softcap"):
+        slot_attention(q, keys, values, positions, softcap=-1.0)
+
+
 # ----------------------------------------------------------------------------------------------- GPU (bf16)
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

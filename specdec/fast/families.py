@@ -1,0 +1,343 @@
+"""What the decoder families the fast model runs differ in: one `LlamaShape` (+ its `Arch`) per config, and the
+mapping from a transformers checkpoint's weight names to `FastLlama`'s fused weights.
+
+Families (model_type → what its `Arch` sets beyond Llama's RMSNorm · SiLU-gated MLP · full RoPE):
+  llama, mistral, qwen2, qwen3  the Llama body (Qwen2: q/k/v bias; Qwen3: q/k RMSNorm; Mistral/Qwen2: windows)
+  gemma                         x̂·(1 + w) RMSNorm in float32, GELU-tanh, embedding × sqrt(dim)
+  gemma2                        + attention and final logit soft-capping, query_pre_attn_scalar, norms after
+                                attention and after the MLP too, sliding-window layers alternating with global ones
+  gemma3_text                   gemma2's body without soft-capping, + q/k norms, local (sliding) layers on their own
+                                RoPE base
+  phi3                          fused q|k|v and gate|up in the checkpoint, partial rotary, LongRoPE (short factors:
+                                texts up to original_max_position_embeddings), sliding window
+  gpt_neox                      LayerNorm with biases, GELU MLP with biases, partial rotary, parallel residual
+  gpt2                          LayerNorm with biases, learned positions, GELU-tanh MLP, Conv1D weights (transposed)
+A config option outside these (another activation, dynamic RoPE, GPT-2's per-layer attention scaling, ...) is
+refused with one line naming it; nothing is silently ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["Arch", "LlamaShape", "FAMILIES", "hf_weights", "hf_ropes", "norm", "mlp_activation"]
+
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "gpt_neox")
+_GEMMA = ("gemma", "gemma2", "gemma3_text")
+_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
+                "gelu": "gelu"}
+
+
+@dataclass(frozen=True)
+class Arch:
+    """How a family computes a layer, beyond the Llama body (the defaults are Llama's)."""
+
+    norm: str = "rms"  # "rms": x̂·w; "rms1p": x̂·(1 + w) in float32 (Gemma); "layer": LayerNorm with a bias
+    act: str = "silu"  # of the MLP: "silu", "gelu_tanh", "gelu" (erf)
+    gated: bool = True  # act(gate)·up (Llama) or act(up) (GPT-2 / NeoX)
+    mlp_bias: bool = False
+    embed_scale: float | None = None  # Gemma: token embeddings × sqrt(dim), rounded to the model dtype
+    attn_scale: float | None = None  # None = head_dim^-0.5 (Gemma 2/3: query_pre_attn_scalar^-0.5)
+    attn_softcap: float | None = None  # Gemma 2: scores → c·tanh(scores / c)
+    final_softcap: float | None = None  # Gemma 2: logits → c·tanh(logits / c)
+    sandwich_norms: bool = False  # Gemma 2/3: a norm after attention and after the MLP as well
+    parallel_residual: bool = False  # GPT-NeoX: x + attn(ln1(x)) + mlp(ln2(x))
+    rotary_dim: int | None = None  # rotated dims of each head (None = all of them; 0 = no RoPE)
+    learned_positions: bool = False  # GPT-2: a position embedding added to the token embedding
+    layer_windows: tuple = ()  # per layer: its sliding window, or None (() = no layer has one)
+    layer_rope: tuple = ()  # per layer: which RoPE table it reads (() = table 0 everywhere)
+    rope_limit: int | None = None  # LongRoPE: its short-factor tables hold for texts up to this many tokens
+
+    def window(self, layer: int) -> int | None:
+        return self.layer_windows[layer] if self.layer_windows else None
+
+    def rope_index(self, layer: int) -> int:
+        return self.layer_rope[layer] if self.layer_rope else 0
+
+    @property
+    def fusable(self) -> bool:
+        """True when the fused Triton layer (RMSNorm, SiLU-gated MLP, full RoPE) computes this family."""
+        return (self.norm == "rms" and self.act == "silu" and self.gated and not self.mlp_bias
+                and self.attn_softcap is None and not self.sandwich_norms and not self.parallel_residual
+                and self.rotary_dim is None and self.attn_scale is None)
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    """The numbers that define a forward pass (the family's differences in `arch`)."""
+
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float = 1e-5  # (of every norm, LayerNorm included)
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False  # Qwen2 (and Llama/Qwen3 with attention_bias, GPT-2, NeoX)
+    o_bias: bool = False  # Llama/Qwen3 with attention_bias, GPT-2, NeoX
+    qk_norm: bool = False  # Qwen3, Gemma 3: a norm over each q and k head before RoPE
+    sliding_window: int | None = None  # the widest attention window of any layer (per layer: arch.layer_windows)
+    max_positions: int | None = None  # the config's max_position_embeddings
+    arch: Arch = field(default_factory=Arch)
+
+    @property
+    def context(self) -> int | None:
+        """The longest text the model computes exactly (max_position_embeddings, or LongRoPE's short range)."""
+        limits = [n for n in (self.max_positions, self.arch.rope_limit) if n]
+        return min(limits) if limits else None
+
+    @classmethod
+    def from_hf(cls, config) -> "LlamaShape":
+        """The shape of a transformers config of one of `FAMILIES`; anything else is refused (ValueError)."""
+        model_type = getattr(config, "model_type", None)
+        if model_type not in FAMILIES:
+            raise ValueError(f"the fast model covers model_type {', '.join(FAMILIES)}; got {model_type!r} "
+                             "(other models run on the transformers path: engine='hf')")
+        if model_type == "gpt2":
+            return _gpt2_shape(config)
+        if getattr(config, "mlp_bias", False):
+            raise ValueError(f"{model_type} checkpoints with mlp_bias are not covered by the fast model")
+        act_name = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "silu")
+        act = _ACTIVATIONS.get(act_name)
+        if act is None or (model_type not in ("gpt_neox", *_GEMMA) and act != "silu"):
+            raise ValueError(f"the fast model does not cover hidden_act={act_name!r} for {model_type}")
+        rope = _rope_params(config)
+        rope_types = {p.get("rope_type", p.get("type", "default")) for p in rope.values()}
+        if rope_types & {"dynamic"}:
+            raise ValueError("RoPE type 'dynamic' depends on the text length; the fast model does not cover it")
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        partial = float(next(iter(rope.values())).get("partial_rotary_factor",
+                                                      getattr(config, "partial_rotary_factor", 1.0)))
+        rotary_dim = int(head_dim * partial)
+        if rotary_dim != head_dim and model_type not in ("phi3", "gpt_neox"):
+            raise ValueError(f"partial rotary ({partial}) is not covered for {model_type}")
+        windows = _layer_windows(config)
+        layer_types = getattr(config, "layer_types", None)
+        attention_bias = bool(getattr(config, "attention_bias", model_type == "gpt_neox"))
+        arch = Arch(
+            norm="layer" if model_type == "gpt_neox" else "rms1p" if model_type in _GEMMA else "rms",
+            act=act, gated=model_type != "gpt_neox", mlp_bias=model_type == "gpt_neox",
+            embed_scale=config.hidden_size ** 0.5 if model_type in _GEMMA else None,
+            attn_scale=config.query_pre_attn_scalar ** -0.5 if model_type in ("gemma2", "gemma3_text") else None,
+            attn_softcap=getattr(config, "attn_logit_softcapping", None) if model_type != "gemma" else None,
+            final_softcap=getattr(config, "final_logit_softcapping", None) if model_type != "gemma" else None,
+            sandwich_norms=model_type in ("gemma2", "gemma3_text"),
+            parallel_residual=model_type == "gpt_neox" and bool(config.use_parallel_residual),
+            rotary_dim=None if rotary_dim == head_dim else rotary_dim,
+            layer_windows=windows,
+            layer_rope=(tuple(int(t == "sliding_attention") for t in layer_types)
+                        if model_type == "gemma3_text" else ()),
+            rope_limit=_longrope_limit(config, rope),
+        )
+        if getattr(config, "use_bidirectional_attention", False):
+            raise ValueError("use_bidirectional_attention is not a decoder: the fast model does not cover it")
+        eps = getattr(config, "rms_norm_eps", None) or getattr(config, "layer_norm_eps", None)
+        return cls(
+            vocab_size=config.vocab_size, dim=config.hidden_size, n_layers=config.num_hidden_layers,
+            n_heads=heads, head_dim=head_dim,
+            n_kv_heads=heads if model_type == "gpt_neox" else getattr(config, "num_key_value_heads", None) or heads,
+            intermediate_size=config.intermediate_size, rms_norm_eps=float(eps),
+            rope_theta=float(next(iter(rope.values())).get("rope_theta", getattr(config, "rope_theta", 10000.0))),
+            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            qkv_bias=attention_bias or model_type == "qwen2",
+            o_bias=attention_bias and model_type != "qwen2",
+            qk_norm=model_type in ("qwen3", "gemma3_text"),
+            sliding_window=max((w for w in windows if w), default=None),
+            max_positions=getattr(config, "max_position_embeddings", None),
+            arch=arch,
+        )
+
+    @property
+    def num_parameters(self) -> int:  # biases and norms other than one weight per norm (a few thousand) left out
+        qkv = self.dim * (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
+        mlp = (3 if self.arch.gated else 2) * self.dim * self.intermediate_size
+        norms = (4 if self.arch.sandwich_norms else 2) * self.dim
+        layer = qkv + self.n_heads * self.head_dim * self.dim + mlp + norms
+        head = 0 if self.tie_word_embeddings else self.vocab_size * self.dim
+        return self.n_layers * layer + self.vocab_size * self.dim + head + self.dim
+
+
+def norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kind: str, eps: float) -> torch.Tensor:
+    """The family's norm over the last dim: "rms" x̂·w; "rms1p" Gemma's, in float32 (`weight` holds 1 + w);
+    "layer" LayerNorm with a bias."""
+    if kind == "layer":
+        return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+    if kind == "rms1p":
+        return F.rms_norm(x.float(), (x.shape[-1],), weight, eps).to(x.dtype)
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def mlp_activation(up: torch.Tensor, arch: Arch) -> torch.Tensor:
+    """The MLP's inner activations from its first projection `[N, 2I]` (gated: act(gate)·up) or `[N, I]`."""
+    gate, up = up.chunk(2, dim=-1) if arch.gated else (up, None)
+    if arch.act == "silu":
+        act = F.silu(gate)
+    else:
+        act = F.gelu(gate, approximate="tanh" if arch.act == "gelu_tanh" else "none")
+    return act if up is None else act * up
+
+
+def _gpt2_shape(config) -> LlamaShape:
+    for option in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention"):
+        if getattr(config, option, False):
+            raise ValueError(f"gpt2 with {option}=True is not covered by the fast model")
+    if not getattr(config, "scale_attn_weights", True):
+        raise ValueError("gpt2 with scale_attn_weights=False is not covered by the fast model")
+    act = _ACTIVATIONS.get(config.activation_function)
+    if act not in ("gelu_tanh", "gelu"):
+        raise ValueError(f"the fast model does not cover activation_function={config.activation_function!r}")
+    dim, heads = config.n_embd, config.n_head
+    arch = Arch(norm="layer", act=act, gated=False, mlp_bias=True, rotary_dim=0, learned_positions=True)
+    return LlamaShape(vocab_size=config.vocab_size, dim=dim, n_layers=config.n_layer, n_heads=heads, n_kv_heads=heads,
+                      head_dim=dim // heads, intermediate_size=config.n_inner or 4 * dim,
+                      rms_norm_eps=float(config.layer_norm_epsilon), tie_word_embeddings=True, qkv_bias=True,
+                      o_bias=True, max_positions=config.n_positions, arch=arch)
+
+
+def _rope_params(config) -> dict:
+    """{layer type or "all": RoPE parameters} (Gemma 3 keeps one set per layer type)."""
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if not isinstance(rope, dict):
+        return {"all": {}}
+    if rope and all(isinstance(v, dict) for v in rope.values()):
+        return dict(rope)
+    return {"all": rope}
+
+
+def _longrope_limit(config, rope: dict) -> int | None:
+    for params in rope.values():
+        if params.get("rope_type", params.get("type")) == "longrope":
+            limit = params.get("original_max_position_embeddings") or getattr(
+                config, "original_max_position_embeddings", None)
+            if not limit:
+                raise ValueError("a LongRoPE config without original_max_position_embeddings is not covered")
+            return int(limit)
+    return None
+
+
+def _layer_windows(config) -> tuple:
+    """Each layer's attention window (None = global), or () when no layer has one."""
+    window = getattr(config, "sliding_window", None)
+    if not window:
+        return ()
+    if getattr(config, "model_type", "") == "qwen2" and not getattr(config, "use_sliding_window", False):
+        return ()
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is None:
+        return (int(window),) * config.num_hidden_layers
+    unknown = set(layer_types) - {"sliding_attention", "full_attention"}
+    if unknown:
+        raise ValueError(f"layer_types {sorted(unknown)} are not covered by the fast model")
+    if "sliding_attention" not in layer_types:
+        return ()
+    return tuple(int(window) if t == "sliding_attention" else None for t in layer_types)
+
+
+def hf_ropes(model, shape: LlamaShape) -> list[tuple[torch.Tensor | None, float]]:
+    """(inv_freq, attention scaling) per RoPE table, read off a transformers model's rotary embedding (None =
+    compute the default from rope_theta)."""
+    if shape.arch.rotary_dim == 0:
+        return []
+    base = getattr(model, "model", None) or getattr(model, "gpt_neox", None)
+    rotary = getattr(base, "rotary_emb", None)
+    if rotary is None:
+        return [(None, 1.0)]
+    if getattr(rotary, "rope_type", None) == "dynamic":
+        raise ValueError("FastLlama does not support dynamic RoPE scaling (its frequencies depend on the length)")
+    if shape.arch.layer_rope:  # Gemma 3: table 0 global, table 1 local
+        return [(getattr(rotary, f"{t}_inv_freq"), float(getattr(rotary, f"{t}_attention_scaling")))
+                for t in ("full_attention", "sliding_attention")]
+    inv_freq = getattr(rotary, "original_inv_freq", None) if shape.arch.rope_limit else None  # LongRoPE: short
+    return [(inv_freq if inv_freq is not None else rotary.inv_freq, float(getattr(rotary, "attention_scaling", 1.0)))]
+
+
+def hf_weights(model, shape: LlamaShape):
+    """Yield (FastLlama parameter name, layer index or None, tensor) for every weight of a transformers model."""
+    config, a = model.config, shape.arch
+    params = dict(model.named_parameters())
+    one_plus = (lambda w: 1.0 + w.float()) if a.norm == "rms1p" else (lambda w: w)
+    if config.model_type == "gpt2":
+        yield from _gpt2_weights(params, shape)
+        return
+    if config.model_type == "gpt_neox":
+        yield from _neox_weights(model, params, shape)
+        return
+    yield "embed", None, params["model.embed_tokens.weight"]
+    for i in range(shape.n_layers):
+        pre = f"model.layers.{i}."
+        attn, mlp = pre + "self_attn.", pre + "mlp."
+        if config.model_type == "phi3":
+            yield "wqkv", i, params[attn + "qkv_proj.weight"]
+            yield "w_gate_up", i, params[mlp + "gate_up_proj.weight"]
+        else:
+            yield "wqkv", i, torch.cat([params[attn + n + ".weight"] for n in ("q_proj", "k_proj", "v_proj")])
+            yield "w_gate_up", i, torch.cat([params[mlp + "gate_proj.weight"], params[mlp + "up_proj.weight"]])
+        yield "wo", i, params[attn + "o_proj.weight"]
+        yield "w_down", i, params[mlp + "down_proj.weight"]
+        if shape.qkv_bias:
+            yield "bqkv", i, torch.cat([params[attn + n + ".bias"] for n in ("q_proj", "k_proj", "v_proj")])
+        if shape.o_bias:
+            yield "bo", i, params[attn + "o_proj.bias"]
+        if shape.qk_norm:
+            yield "q_norm", i, one_plus(params[attn + "q_norm.weight"])
+            yield "k_norm", i, one_plus(params[attn + "k_norm.weight"])
+        yield "attn_norm", i, one_plus(params[pre + "input_layernorm.weight"])
+        if a.sandwich_norms:
+            yield "post_attn_norm", i, one_plus(params[pre + "post_attention_layernorm.weight"])
+            yield "mlp_norm", i, one_plus(params[pre + "pre_feedforward_layernorm.weight"])
+            yield "post_mlp_norm", i, one_plus(params[pre + "post_feedforward_layernorm.weight"])
+        else:
+            yield "mlp_norm", i, one_plus(params[pre + "post_attention_layernorm.weight"])
+    yield "final_norm", None, one_plus(params["model.norm.weight"])
+    if not shape.tie_word_embeddings:
+        yield "lm_head", None, model.get_output_embeddings().weight
+
+
+def _gpt2_weights(params, shape: LlamaShape):
+    yield "embed", None, params["transformer.wte.weight"]
+    yield "pos_embed", None, params["transformer.wpe.weight"]
+    for i in range(shape.n_layers):
+        pre = f"transformer.h.{i}."
+        for fast, hf in (("attn_norm", "ln_1"), ("mlp_norm", "ln_2")):
+            yield fast, i, params[pre + hf + ".weight"]
+            yield fast + "_bias", i, params[pre + hf + ".bias"]
+        for fast, bias, hf in (("wqkv", "bqkv", "attn.c_attn"), ("wo", "bo", "attn.c_proj"),
+                               ("w_gate_up", "b_up", "mlp.c_fc"), ("w_down", "b_down", "mlp.c_proj")):
+            yield fast, i, params[pre + hf + ".weight"].t()  # Conv1D keeps [in, out]
+            yield bias, i, params[pre + hf + ".bias"]
+    yield "final_norm", None, params["transformer.ln_f.weight"]
+    yield "final_norm_bias", None, params["transformer.ln_f.bias"]
+
+
+def _neox_weights(model, params, shape: LlamaShape):
+    heads, hd, dim = shape.n_heads, shape.head_dim, shape.dim
+    yield "embed", None, params["gpt_neox.embed_in.weight"]
+    for i in range(shape.n_layers):
+        pre = f"gpt_neox.layers.{i}."
+        for fast, hf in (("attn_norm", "input_layernorm"), ("mlp_norm", "post_attention_layernorm")):
+            yield fast, i, params[pre + hf + ".weight"]
+            yield fast + "_bias", i, params[pre + hf + ".bias"]
+        # query_key_value interleaves per head ([H, 3, D] rows); the fused layout is q heads | k heads | v heads
+        qkv = params[pre + "attention.query_key_value.weight"]
+        yield "wqkv", i, qkv.view(heads, 3, hd, dim).transpose(0, 1).reshape(3 * heads * hd, dim)
+        if shape.qkv_bias:
+            bias = params[pre + "attention.query_key_value.bias"]
+            yield "bqkv", i, bias.view(heads, 3, hd).transpose(0, 1).reshape(-1)
+        yield "wo", i, params[pre + "attention.dense.weight"]
+        if shape.o_bias:
+            yield "bo", i, params[pre + "attention.dense.bias"]
+        yield "w_gate_up", i, params[pre + "mlp.dense_h_to_4h.weight"]
+        yield "b_up", i, params[pre + "mlp.dense_h_to_4h.bias"]
+        yield "w_down", i, params[pre + "mlp.dense_4h_to_h.weight"]
+        yield "b_down", i, params[pre + "mlp.dense_4h_to_h.bias"]
+    yield "final_norm", None, params["gpt_neox.final_layer_norm.weight"]
+    yield "final_norm_bias", None, params["gpt_neox.final_layer_norm.bias"]
+    if not shape.tie_word_embeddings:
+        yield "lm_head", None, model.get_output_embeddings().weight

@@ -1,0 +1,172 @@
+"""Every family the fast model covers computes transformers' logits (fp32, CPU, ragged batches, texts longer than
+the sliding windows), and the engine's greedy output equals transformers' generate over changing prompt lengths,
+batches and γ, with a model drafter and an n-gram drafter (rejections roll windows back too); GPU: bf16, ties
+allowed."""
+
+import pytest
+import torch
+import transformers
+
+import specdec
+from helpers import RAGGED_PROMPTS, assert_same_greedy, hf_greedy
+from specdec.engine import Engine, EngineConfig
+from specdec.fast import FastLlama, LlamaShape
+from specdec.request import SamplingParams
+
+T = transformers
+COMMON = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+WINDOW = 6  # far shorter than the texts below, so every windowed layer drops positions
+LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 64,
+            "factor": 4.0, "short_factor": [1.0, 1.3], "long_factor": [2.0, 5.0]}
+
+FAMILIES = {
+    "mistral-window": lambda: T.MistralForCausalLM(T.MistralConfig(**COMMON, sliding_window=WINDOW)),
+    "qwen2-window": lambda: T.Qwen2ForCausalLM(T.Qwen2Config(**COMMON, use_sliding_window=True,
+                                                             sliding_window=WINDOW, max_window_layers=1)),
+    "gemma": lambda: T.GemmaForCausalLM(T.GemmaConfig(**COMMON, head_dim=16)),
+    "gemma2": lambda: T.Gemma2ForCausalLM(T.Gemma2Config(
+        **COMMON, head_dim=16, query_pre_attn_scalar=12, sliding_window=WINDOW, attn_logit_softcapping=4.0,
+        final_logit_softcapping=6.0)),
+    "gemma3": lambda: T.Gemma3ForCausalLM(T.Gemma3TextConfig(
+        **{**COMMON, "num_hidden_layers": 3}, head_dim=16, query_pre_attn_scalar=20, sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}})),
+    "phi3": lambda: T.Phi3ForCausalLM(T.Phi3Config(**COMMON, sliding_window=WINDOW)),
+    "phi3-partial-longrope": lambda: T.Phi3ForCausalLM(T.Phi3Config(
+        **COMMON, partial_rotary_factor=0.5, original_max_position_embeddings=64, rope_parameters={**LONGROPE, "partial_rotary_factor": 0.5})),
+    "gpt-neox": lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(**COMMON, rotary_pct=0.5)),
+    "gpt-neox-sequential": lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(
+        **COMMON, rotary_pct=1.0, use_parallel_residual=False, hidden_act="gelu_new")),
+}
+
+
+def _make(name, seed=0, draft_noise=0.0):
+    """Random norms, biases and weights (transformers initializes norms to exact 0/1), peaked logits; a drafter is
+    the same model with a little noise (drafts then get accepted and rejected)."""
+    torch.manual_seed(seed)
+    model = FAMILIES[name]()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+        model.get_output_embeddings().weight.mul_(6.0)
+        torch.manual_seed(seed + 1)
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * draft_noise)
+    return model.eval()
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request):
+    return request.param, _make(request.param), _make(request.param, draft_noise=0.05)
+
+
+def _right_padded(prompts):
+    width = max(len(p) for p in prompts)
+    tokens = torch.zeros(len(prompts), width, dtype=torch.long)
+    valid = torch.zeros(len(prompts), width, dtype=torch.bool)
+    for b, p in enumerate(prompts):
+        tokens[b, : len(p)] = torch.tensor(p)
+        valid[b, : len(p)] = True
+    return tokens, valid
+
+
+def test_logits_match_transformers(family):
+    """A ragged prefill, a 4-token step and a rollback + rewrite: every row's logits are transformers' own."""
+    _, hf, _ = family
+    fast = FastLlama.from_hf(hf)
+    prompts = RAGGED_PROMPTS + [list(range(3, 25))]
+    tokens, valid = _right_padded(prompts)
+    cache = fast.new_cache(len(prompts), 48)
+    more = torch.randint(3, 64, (len(prompts), 4), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        prefill = fast(tokens, cache, valid)
+        step = fast(more, cache)
+        cache.lengths.sub_(3)  # reject three of the four: a length move, windows included
+        rewrite = fast(more[:, 1:3].flip(1), cache)
+        for b, p in enumerate(prompts):
+            ref = hf(torch.tensor([p + more[b].tolist()])).logits[0]
+            torch.testing.assert_close(prefill[b, : len(p)], ref[: len(p)], atol=1e-4, rtol=0)
+            torch.testing.assert_close(step[b], ref[len(p):], atol=1e-4, rtol=0)
+            again = hf(torch.tensor([p + more[b, :1].tolist() + more[b, 1:3].flip(0).tolist()])).logits[0]
+            torch.testing.assert_close(rewrite[b], again[len(p) + 1:], atol=1e-4, rtol=0)
+
+
+def test_engine_greedy_equals_transformers(family):
+    """Changing prompt lengths (past the window), batch sizes and γ on one kept engine, a model drafter and an n-gram
+    drafter fitted on the target's own text (so drafts are accepted and rejected): always the greedy text."""
+    name, target, draft = family
+    ngram = specdec.NGramDrafter(2, top_k_successors=4).fit([hf_greedy(target, [5, 6, 7], 30, [])], 64)
+    calls = [(RAGGED_PROMPTS, 12, 3, draft), ([[9] * 20 + [3, 4]], 16, 4, ngram), (RAGGED_PROMPTS[1:3], 7, 1, draft),
+             ([[1, 2, 3]] * 3, 9, 0, None), ([list(range(5, 30))], 14, 5, ngram)]
+    for prompts, new, gamma, drafter in calls:
+        res = specdec.generate(target, prompts, drafter=drafter, max_new_tokens=new, temperature=0,
+                               num_draft_tokens=max(gamma, 1), eos_token_id=[], engine="fast")
+        for prompt, out in zip(prompts, res.sequences):
+            assert out == hf_greedy(target, prompt, new, []), (name, prompt)
+        if drafter is draft:
+            assert res.stats.accepted_tokens > 0  # speculation really ran (and rolled back where rejected)
+
+
+def test_shapes_name_what_each_family_changes():
+    gemma2 = LlamaShape.from_hf(FAMILIES["gemma2"]().config)
+    assert gemma2.arch.layer_windows == (WINDOW, None) and gemma2.arch.attn_scale == 12 ** -0.5
+    assert (gemma2.arch.attn_softcap, gemma2.arch.final_softcap, gemma2.arch.norm) == (4.0, 6.0, "rms1p")
+    gemma3 = LlamaShape.from_hf(FAMILIES["gemma3"]().config)
+    assert gemma3.arch.layer_rope == (1, 0, 1) and gemma3.qk_norm and gemma3.arch.attn_softcap is None
+    phi3 = LlamaShape.from_hf(FAMILIES["phi3-partial-longrope"]().config)
+    assert phi3.arch.rotary_dim == 4 and phi3.arch.rope_limit == 64 and phi3.context == 64
+    neox = LlamaShape.from_hf(FAMILIES["gpt-neox"]().config)
+    assert neox.arch.parallel_residual and neox.arch.norm == "layer" and neox.arch.rotary_dim == 4
+    assert not any(s.arch.fusable for s in (gemma2, gemma3, neox))
+    assert LlamaShape.from_hf(FAMILIES["mistral-window"]().config).arch.fusable
+
+
+def test_refusals_name_the_option():
+    with pytest.raises(ValueError, match="dynamic"):
+        LlamaShape.from_hf(T.LlamaConfig(**COMMON, rope_parameters={"rope_type": "dynamic", "factor": 2.0}))
+    with pytest.raises(ValueError, match="hidden_act"):
+        LlamaShape.from_hf(T.GPTNeoXConfig(**COMMON, hidden_act="relu"))
+    with pytest.raises(ValueError, match="use_bidirectional_attention"):
+        LlamaShape.from_hf(T.Gemma3TextConfig(**COMMON, head_dim=16, use_bidirectional_attention=True))
+    with pytest.raises(ValueError, match="model_type"):
+        LlamaShape.from_hf(T.OPTConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, ffn_dim=64,
+                                       num_attention_heads=4))
+
+
+def test_longrope_engine_serves_its_short_range_only():
+    """Past original_max_position_embeddings transformers switches to the long factors mid-text; the engine
+    keeps to the range where its tables are exact and says so."""
+    target = _make("phi3-partial-longrope")
+    with pytest.raises(ValueError, match="context of 64"):
+        Engine(target, None, EngineConfig(max_batch_size=1, max_seq_len=100))
+    engine = Engine(target, None, EngineConfig(max_batch_size=1))
+    assert engine.max_seq_len == 64
+    with pytest.raises(ValueError, match="max_seq_len"):
+        engine.add_request([5] * 40, SamplingParams(max_new_tokens=30))
+
+
+def test_rope_tables_follow_the_served_context_not_the_config():
+    """A 4M-position config must not allocate 4M-row tables: they follow what the engine serves."""
+    cfg = T.LlamaConfig(**{**COMMON, "max_position_embeddings": 4 << 20})
+    model = T.LlamaForCausalLM(cfg).eval()
+    engine = Engine(model, None, EngineConfig(max_batch_size=1, max_seq_len=512))
+    cos, _ = engine.model.rope_tables(1)
+    assert cos.shape[0] < 8192
+
+
+# --------------------------------------------------------------------------------------------------- GPU (bf16)
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_bf16_engine_on_cuda_keeps_greedy_up_to_ties(name):
+    """CUDA graphs, the Triton attention (windows, softcap), bf16: transformers' greedy text up to float ties."""
+    target = _make(name).to("cuda", torch.bfloat16)
+    draft = _make(name, draft_noise=0.05).to("cuda", torch.bfloat16)
+    prompts = RAGGED_PROMPTS + [list(range(3, 40))]
+    for drafter, gamma in ((None, 1), (draft, 3)):
+        res = specdec.generate(target, prompts, drafter=drafter, num_draft_tokens=gamma, max_new_tokens=24,
+                               temperature=0, eos_token_id=[])
+        for prompt, out in zip(prompts, res.sequences):
+            assert_same_greedy(target, prompt, out, hf_greedy(target, prompt, 24, []), tie=0.1)
