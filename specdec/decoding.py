@@ -76,7 +76,8 @@ def generate(
     seed            int → reproducible; otherwise pass `generator` or get fresh OS randomness
     on_tokens       called with a `TokenEvent` after every step (streaming)
     engine          "auto": the request-level engine (`specdec.engine`) when the target is on CUDA and its
-                    architecture is covered (Llama, Mistral, Qwen2, Qwen3), else the transformers loop here;
+                    architecture is covered (`specdec.fast.families.FAMILIES`), or on any device when the
+                    transformers loop cannot roll the model back (sliding windows), else the transformers loop here;
                     "fast": the engine (also on CPU, without graphs; an error for an uncovered model);
                     "hf": this module's loop over the transformers model
     leniency        l ∈ (0, 1]: 1 = exact; l < 1 accepts more drafts and is LOSSY (appendix A.5, `core.verify`)
@@ -180,14 +181,28 @@ def _use_engine(engine, target, drafter, num_draft_tokens) -> bool:
         return False
     if engine == "fast" or _is_feature_head(drafter):  # a feature head runs on the engine only
         return True
-    device = getattr(target, "device", None)
-    if not isinstance(device, torch.device) or device.type != "cuda":
-        return False
     if not (num_draft_tokens == "auto" or (isinstance(num_draft_tokens, int) and not isinstance(num_draft_tokens, bool))):
         return False  # the transformers loop's policies
+    device = getattr(target, "device", None)
+    if (not isinstance(device, torch.device) or device.type != "cuda") and not _loop_cannot_run(target, drafter):
+        return False
     from specdec.engine.build import covers, covers_drafter
 
     return covers(target) and covers_drafter(drafter)
+
+
+def _loop_cannot_run(target, drafter) -> bool:
+    """True when the transformers loop would refuse the target's or the drafter's cache (sliding windows)."""
+    from specdec.request import check_supported_model
+
+    for model in (target, drafter):
+        config = getattr(model, "config", None)
+        if isinstance(model, torch.nn.Module) and config is not None:
+            try:
+                check_supported_model(config)
+            except ValueError:
+                return True
+    return False
 
 
 def _is_feature_head(drafter) -> bool:

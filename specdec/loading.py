@@ -3,9 +3,9 @@
 Every load is `local_files_only=True` (never a hub download) and `trust_remote_code=False` (never code from
 a checkpoint). Before transformers sees a folder, `inspect_checkpoint` reads its config and weight files
 itself and refuses, with one clear line: a config asking for custom code (`auto_map`) or naming a
-`model_type` transformers does not know, an attention layout the adapters cannot roll back (sliding
-windows), pickled weights unless `allow_pickle=True` (unpickling runs code from the file), shard names that
-leave the folder, and truncated or corrupt safetensors files.
+`model_type` transformers does not know, an attention layout no runner can roll back (recurrent layers; sliding
+windows outside the families the fast engine runs), pickled weights unless `allow_pickle=True` (unpickling runs
+code from the file), shard names that leave the folder, and truncated or corrupt safetensors files.
 
 An outer-ring helper for the CLI, benchmarks, demos and the zoo; the core never imports it.
 """
@@ -206,6 +206,16 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text.splitlines()[0] if text else '(no message)'}"
 
 
+def _engine_covers(config) -> bool:
+    from specdec.fast.families import LlamaShape
+
+    try:
+        LlamaShape.from_hf(config)
+    except (ValueError, TypeError, AttributeError):
+        return False
+    return True
+
+
 def load_model(path: str | Path, *, device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
                what: str = "model", allow_pickle: bool = False) -> torch.nn.Module:
     """A local checkpoint as an eval-mode transformers model; decoder-only or encoder-decoder, from its config.
@@ -226,7 +236,8 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None, dt
         config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     except Exception as err:  # noqa: BLE001 - a bad config is a user error, reported in one line
         raise ValueError(f"{what}: cannot read the config in {folder}: {_one_line(err)}") from None
-    check_supported_model(config, what)
+    if not _engine_covers(config):  # the engine rolls sliding windows back; the transformers loop cannot
+        check_supported_model(config, what)
     auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
     try:
         with quiet_progress_bars():

@@ -322,7 +322,7 @@ def check_supported_model(config, what: str = "model") -> None:
     kinds = sorted({type(layer).__name__ for layer in layers} - {"DynamicLayer"})
     if kinds:
         window = getattr(config, "sliding_window", None)
-        hint = (f"; its contexts shorter than the window ({window}) are exact with config.sliding_window = None"
+        hint = ("; the fast engine runs sliding windows (engine='auto' or 'fast') for the families it covers"
                 if isinstance(window, int) else "")
         raise ValueError(
             f"{what}: {getattr(config, 'model_type', '?')} uses attention specdec cannot roll back "

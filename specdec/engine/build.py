@@ -1,5 +1,7 @@
 """Turning what a user passes (transformers models, folders, specdec drafters) into the engine's pieces.
 
+Coverage is `specdec.fast.families.FAMILIES` (each config checked by `LlamaShape.from_hf`, which names what it refuses).
+
 Anything the engine does not cover raises `UnsupportedModel` here, before any compute.
 """
 

@@ -11,7 +11,6 @@ Families (model_type → what its `Arch` sets beyond Llama's RMSNorm · SiLU-gat
   phi3                          fused q|k|v and gate|up in the checkpoint, partial rotary, LongRoPE (short factors:
                                 texts up to original_max_position_embeddings), sliding window
   gpt_neox                      LayerNorm with biases, GELU MLP with biases, partial rotary, parallel residual
-  gpt2                          LayerNorm with biases, learned positions, GELU-tanh MLP, Conv1D weights (transposed)
 A config option outside these (another activation, dynamic RoPE, GPT-2's per-layer attention scaling, ...) is
 refused with one line naming it; nothing is silently ignored.
 """
@@ -23,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Arch", "LlamaShape", "FAMILIES", "hf_weights", "hf_ropes", "norm", "mlp_activation"]
+__all__ = ["Arch", "LlamaShape", "FAMILIES", "hf_weights", "hf_ropes", "norm", "mlp_activation", "rope_table"]
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "gpt_neox")
 _GEMMA = ("gemma", "gemma2", "gemma3_text")
@@ -182,6 +181,17 @@ def mlp_activation(up: torch.Tensor, arch: Arch) -> torch.Tensor:
     else:
         act = F.gelu(gate, approximate="tanh" if arch.act == "gelu_tanh" else "none")
     return act if up is None else act * up
+
+
+def rope_table(inv_freq: torch.Tensor, scaling: float, num_positions: int,
+               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, signed sin `[P, R]` in `dtype` as transformers computes them (float32, then cast): rotate_half(x)·sin ==
+    roll(x, R/2)·[−sin_lo, sin_hi], so RoPE is a roll and a multiply-add."""
+    freqs = torch.arange(num_positions, device=inv_freq.device, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    cos, sin = (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
+    half = freqs.shape[1]
+    return cos, torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
 
 
 def _gpt2_shape(config) -> LlamaShape:

@@ -1,4 +1,4 @@
-"""A compact decoder for the Llama-shaped families (Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3, GPT-NeoX, GPT-2) in
+"""A compact decoder for the Llama-shaped families (Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3, GPT-NeoX) in
 plain PyTorch with a static, per-row KV cache (gpt-fast style). What the families differ in (norms, activation,
 positions, scalings, windows) is `shape.arch` (`specdec.fast.families`); the decode step below is one body.
 
@@ -32,7 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from specdec.fast.cache import KVCache, round_up
-from specdec.fast.families import FAMILIES, Arch, LlamaShape, hf_ropes, hf_weights, mlp_activation, norm
+from specdec.fast.families import (FAMILIES, Arch, LlamaShape, hf_ropes, hf_weights, mlp_activation, norm,
+                                   rope_table)
 from specdec.fast.kernels.attention import slot_attention, slot_attention_bias, triton_unsupported
 from specdec.fast.kernels.linear import FASTER_THAN_CUBLAS, linear
 from specdec.fast.kernels.mlp import silu_mul
@@ -88,11 +89,10 @@ class FastLlama(torch.nn.Module):
         self.mlp_norm = per_layer(s.dim, dtype=norm_dtype)
         self.post_attn_norm = per_layer(s.dim, when=a.sandwich_norms, dtype=norm_dtype)
         self.post_mlp_norm = per_layer(s.dim, when=a.sandwich_norms, dtype=norm_dtype)
-        layer_norm = a.norm == "layer"
-        self.attn_norm_bias = per_layer(s.dim, when=layer_norm)
-        self.mlp_norm_bias = per_layer(s.dim, when=layer_norm)
+        self.attn_norm_bias = per_layer(s.dim, when=a.norm == "layer")  # LayerNorm's biases
+        self.mlp_norm_bias = per_layer(s.dim, when=a.norm == "layer")
         self.final_norm = empty(s.dim, dtype=norm_dtype)
-        self.final_norm_bias = empty(s.dim) if layer_norm else None
+        self.final_norm_bias = empty(s.dim) if a.norm == "layer" else None
         self.lm_head = self.embed if s.tie_word_embeddings else empty(s.vocab_size, s.dim)
         rot = s.head_dim if a.rotary_dim is None else a.rotary_dim
         if ropes is None:
@@ -219,16 +219,8 @@ class FastLlama(torch.nn.Module):
             if self._rope_cache is not None and torch.cuda.is_current_stream_capturing():
                 raise RuntimeError("RoPE tables must be built before CUDA graph capture")
             num_positions = max(num_positions, 4096)
-            pos = torch.arange(num_positions, device=self.device, dtype=torch.float32)
-            tables = []
-            for i, scaling in enumerate(self.rope_scalings):
-                freqs = pos[:, None] * getattr(self, "inv_freq" if i == 0 else f"inv_freq_{i}")[None, :]
-                emb = torch.cat([freqs, freqs], dim=-1)
-                cos = (emb.cos() * scaling).to(self.dtype)
-                sin = (emb.sin() * scaling).to(self.dtype)
-                half = freqs.shape[1]
-                # rotate_half(x) * sin == roll(x, R/2) * [-sin_lo, sin_hi]
-                tables.append((cos, torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)))
+            tables = [rope_table(getattr(self, "inv_freq" if i == 0 else f"inv_freq_{i}"), scaling, num_positions,
+                                 self.dtype) for i, scaling in enumerate(self.rope_scalings)]
             self._rope_cache = (num_positions, tables)
         return self._rope_cache[1]
 
@@ -243,9 +235,7 @@ class FastLlama(torch.nn.Module):
     def _row_parallel(self, x: torch.Tensor, inp: torch.Tensor, weight: torch.Tensor,
                       kernel: str = "reference") -> torch.Tensor:
         """x += inp @ weightᵀ in place (`x [N, dim]`); a tensor-parallel subclass all-reduces the product.
-
-        kernel: "reference" is cuBLAS's addmm_; otherwise `kernels.linear` (its weight-streaming kernel for few rows).
-        """
+        kernel: "reference" is cuBLAS's addmm_; otherwise `kernels.linear` (its weight-streaming kernel for few rows)."""
         if kernel == "reference":
             return x.addmm_(inp, weight.t())
         return linear(inp, weight, residual=x, out=x, kernel=kernel)
@@ -311,18 +301,15 @@ class FastLlama(torch.nn.Module):
                 x = F.linear(act, self.w_down[i], self.b_down[i]) + F.linear(attn, self.wo[i], bo) + x
                 continue
             x = self._row_parallel(x, attn, self.wo[i])  # residual add fused into the GEMM
-            if s.o_bias:
-                x = x + bo
+            x = x if bo is None else x + bo
             act = self._mlp(self._norm(x, self.mlp_norm[i], self.mlp_norm_bias[i] if a.norm == "layer" else None), i)
             x = self._row_parallel(x, act, self.w_down[i])
-            if a.mlp_bias:
-                x = x + self.b_down[i]
+            x = x + self.b_down[i] if a.mlp_bias else x
         return x.view(batch, k, s.dim)
 
     def _fused_layers(self, x: torch.Tensor, cache: KVCache, rope_pos: torch.Tensor, slots: torch.Tensor,
                       tables: list, capture: list | None = None) -> torch.Tensor:
-        """The decoder layers on the fused kernels: per layer RMSNorm, qkv GEMM, (bias +) RoPE + KV write, attention,
-        o GEMM (+ residual), RMSNorm (+ o bias), gate|up GEMM, SiLU·mul, down GEMM (+ residual)."""
+        """The decoder layers on the fused kernels (the module doc lists them); `Arch.fusable` families only."""
         s, a = self.shape, self.shape.arch
         batch, k = x.shape[:2]
         nq, hd, eps = s.n_heads, s.head_dim, s.rms_norm_eps
@@ -394,9 +381,7 @@ class FastLlama(torch.nn.Module):
             x = embeds.to(self.dtype, copy=True)  # (a copy: the layers add to x in place, the caller's stay as they were)
         if a.learned_positions:
             x = x + F.embedding(rope_pos.clamp(max=s.max_positions - 1), self.pos_embed)
-        if kernels is not None:
-            check_kernel(kernels, "kernels")
-        mode = self.kernels if kernels is None else kernels
+        mode = self.kernels if kernels is None else check_kernel(kernels, "kernels")
         fused = self._fused(mode)
         capture = [] if return_hidden and self.feature_layers else None
         if fused:

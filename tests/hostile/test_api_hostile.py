@@ -122,7 +122,7 @@ def test_a_tiny_temperature_is_greedy(pair):
     assert specdec.SamplingParams(temperature=1e-9).greedy
 
 
-def test_sliding_window_attention_is_refused_before_any_compute(monkeypatch, pair):
+def test_sliding_window_is_refused_by_the_loop_before_any_compute_and_runs_on_the_engine(monkeypatch, pair):
     transformers = pytest.importorskip("transformers")
     config = transformers.MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                         num_attention_heads=4, num_key_value_heads=2, sliding_window=8)
@@ -132,7 +132,9 @@ def test_sliding_window_attention_is_refused_before_any_compute(monkeypatch, pai
         raise AssertionError("the model ran")
 
     monkeypatch.setattr(model, "forward", no_compute)
-    with pytest.raises(ValueError, match="target: mistral.*sliding"):
-        specdec.generate(model, PROMPTS, max_new_tokens=2)
+    with pytest.raises(ValueError, match="target: mistral.*sliding.*engine"):
+        specdec.generate(model, PROMPTS, max_new_tokens=2, engine="hf")
     with pytest.raises(ValueError, match="drafter: mistral"):
-        specdec.generate(pair[0], PROMPTS, drafter=model, max_new_tokens=2)
+        specdec.generate(pair[0], PROMPTS, drafter=model, max_new_tokens=2, engine="hf")
+    out = specdec.generate(model, PROMPTS, max_new_tokens=2, temperature=0)  # "auto": the engine runs the window
+    assert [len(s) for s in out.sequences] == [2, 2]

@@ -77,7 +77,6 @@ ERROR_CASES = {
     "corrupt safetensors": (lambda ck: gen(ck, target="corrupt"), "not a valid safetensors"),
     "vocab_size 0": (lambda ck: gen(ck, target="vocab0"), "vocab_size"),
     "pickled weights": (lambda ck: gen(ck, target="pickle"), "allow_pickle"),
-    "sliding window": (lambda ck: gen(ck, target="mistral"), "sliding"),
     "missing folder": (lambda ck: ["generate", "--target", "/nonexistent/x", "--prompt", "w1"], "not found"),
     "missing draft": (lambda ck: gen(ck, "--draft", "/nonexistent/draft"), "not found"),
     # numerics: float16 logits that overflow to +inf are an error, not a silent token
@@ -123,6 +122,14 @@ def test_error_is_one_line_exit_2(capsys, checkpoints, name):
     assert fragment in err, err
     assert out == ""  # nothing echoed or half-printed before the failure
     assert not checkpoints["marker"].exists()
+
+
+def test_a_sliding_window_checkpoint_runs_on_the_engine(capsys, checkpoints):
+    """Once refused; now the engine computes the window (exactness: tests/fast/test_families.py)."""
+    code, out, err = run(capsys, *gen(checkpoints, "--temperature", "0", "--max-new-tokens", "12", "--json",
+                                      target="mistral"))
+    assert code == 0, err
+    assert len(strict_json(out.strip().splitlines()[-1])["sequences"][0]) == 12
 
 
 def test_tiny_temperature_is_greedy_and_json_is_strict(capsys, checkpoints):
