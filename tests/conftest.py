@@ -65,6 +65,20 @@ def gpt2_draft():
     return _gpt2(1, layers=1)
 
 
+def _opt(seed: int, layers: int = 2, vocab: int = VOCAB):
+    """A family the fast engine does not cover (its transformers loop is the only runner)."""
+    torch.manual_seed(seed)
+    cfg = transformers.OPTConfig(vocab_size=vocab, hidden_size=32, ffn_dim=64, num_hidden_layers=layers,
+                                 num_attention_heads=4, max_position_embeddings=128, word_embed_proj_dim=32,
+                                 pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return transformers.OPTForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="session")
+def opt():
+    return _opt(0)
+
+
 @pytest.fixture(scope="session")
 def qwen2():
     return _qwen2(0)

@@ -11,6 +11,7 @@ Families (model_type → what its `Arch` sets beyond Llama's RMSNorm · SiLU-gat
   phi3                          fused q|k|v and gate|up in the checkpoint, partial rotary, LongRoPE (short factors:
                                 texts up to original_max_position_embeddings), sliding window
   gpt_neox                      LayerNorm with biases, GELU MLP with biases, partial rotary, parallel residual
+  gpt2                          LayerNorm with biases, learned positions, GELU-tanh MLP, Conv1D weights (transposed)
 A config option outside these (another activation, dynamic RoPE, GPT-2's per-layer attention scaling, ...) is
 refused with one line naming it; nothing is silently ignored.
 """
@@ -24,7 +25,7 @@ import torch.nn.functional as F
 
 __all__ = ["Arch", "LlamaShape", "FAMILIES", "hf_weights", "hf_ropes", "norm", "mlp_activation", "rope_table"]
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "gpt_neox")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "gpt_neox", "gpt2")
 _GEMMA = ("gemma", "gemma2", "gemma3_text")
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
                 "gelu": "gelu"}
@@ -207,7 +208,8 @@ def _gpt2_shape(config) -> LlamaShape:
     arch = Arch(norm="layer", act=act, gated=False, mlp_bias=True, rotary_dim=0, learned_positions=True)
     return LlamaShape(vocab_size=config.vocab_size, dim=dim, n_layers=config.n_layer, n_heads=heads, n_kv_heads=heads,
                       head_dim=dim // heads, intermediate_size=config.n_inner or 4 * dim,
-                      rms_norm_eps=float(config.layer_norm_epsilon), tie_word_embeddings=True, qkv_bias=True,
+                      rms_norm_eps=float(config.layer_norm_epsilon),
+                      tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", True)), qkv_bias=True,
                       o_bias=True, max_positions=config.n_positions, arch=arch)
 
 
@@ -274,7 +276,7 @@ def hf_weights(model, shape: LlamaShape):
     params = dict(model.named_parameters())
     one_plus = (lambda w: 1.0 + w.float()) if a.norm == "rms1p" else (lambda w: w)
     if config.model_type == "gpt2":
-        yield from _gpt2_weights(params, shape)
+        yield from _gpt2_weights(model, params, shape)
         return
     if config.model_type == "gpt_neox":
         yield from _neox_weights(model, params, shape)
@@ -310,7 +312,7 @@ def hf_weights(model, shape: LlamaShape):
         yield "lm_head", None, model.get_output_embeddings().weight
 
 
-def _gpt2_weights(params, shape: LlamaShape):
+def _gpt2_weights(model, params, shape: LlamaShape):
     yield "embed", None, params["transformer.wte.weight"]
     yield "pos_embed", None, params["transformer.wpe.weight"]
     for i in range(shape.n_layers):
@@ -324,6 +326,8 @@ def _gpt2_weights(params, shape: LlamaShape):
             yield bias, i, params[pre + hf + ".bias"]
     yield "final_norm", None, params["transformer.ln_f.weight"]
     yield "final_norm_bias", None, params["transformer.ln_f.bias"]
+    if not shape.tie_word_embeddings:
+        yield "lm_head", None, model.get_output_embeddings().weight
 
 
 def _neox_weights(model, params, shape: LlamaShape):

@@ -1,5 +1,5 @@
-"""A compact decoder for the Llama-shaped families (Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3, GPT-NeoX) in
-plain PyTorch with a static, per-row KV cache (gpt-fast style). What the families differ in (norms, activation,
+"""A compact decoder for the Llama-shaped families (Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3, GPT-NeoX, GPT-2)
+in plain PyTorch with a static, per-row KV cache (gpt-fast style). What the families differ in (norms, activation,
 positions, scalings, windows) is `shape.arch` (`specdec.fast.families`); the decode step below is one body.
 
 Terms:

@@ -149,7 +149,7 @@ def test_abort_frees_the_slot(make_llama):
     assert engine.num_running == 0
 
 
-def test_errors_name_the_argument(make_llama, gpt2):
+def test_errors_name_the_argument(make_llama, opt):
     target = make_llama(0)
     engine = Engine(target, None, EngineConfig(max_batch_size=1, max_seq_len=32))
     with pytest.raises(ValueError, match="max_new_tokens"):
@@ -161,7 +161,7 @@ def test_errors_name_the_argument(make_llama, gpt2):
     with pytest.raises(TypeError, match="seed"):
         SamplingParams(seed=1.5)
     with pytest.raises(UnsupportedModel, match="model_type"):
-        Engine(gpt2)
+        Engine(opt)
     with pytest.raises(ValueError, match="engine"):
         specdec.generate(target, [[1]], engine="turbo")
     with pytest.raises(ValueError, match="num_draft_tokens"):

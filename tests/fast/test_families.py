@@ -39,6 +39,8 @@ FAMILIES = {
     "gpt-neox": lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(**COMMON, rotary_pct=0.5)),
     "gpt-neox-sequential": lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(
         **COMMON, rotary_pct=1.0, use_parallel_residual=False, hidden_act="gelu_new")),
+    "gpt2": lambda: T.GPT2LMHeadModel(T.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=96,
+                                                   bos_token_id=1, eos_token_id=2)),
 }
 
 
@@ -119,7 +121,9 @@ def test_shapes_name_what_each_family_changes():
     assert phi3.arch.rotary_dim == 4 and phi3.arch.rope_limit == 64 and phi3.context == 64
     neox = LlamaShape.from_hf(FAMILIES["gpt-neox"]().config)
     assert neox.arch.parallel_residual and neox.arch.norm == "layer" and neox.arch.rotary_dim == 4
-    assert not any(s.arch.fusable for s in (gemma2, gemma3, neox))
+    gpt2 = LlamaShape.from_hf(FAMILIES["gpt2"]().config)
+    assert gpt2.arch.learned_positions and gpt2.arch.rotary_dim == 0 and not gpt2.arch.gated and gpt2.context == 96
+    assert not any(s.arch.fusable for s in (gemma2, gemma3, neox, gpt2))
     assert LlamaShape.from_hf(FAMILIES["mistral-window"]().config).arch.fusable
 
 
@@ -130,6 +134,8 @@ def test_refusals_name_the_option():
         LlamaShape.from_hf(T.GPTNeoXConfig(**COMMON, hidden_act="relu"))
     with pytest.raises(ValueError, match="use_bidirectional_attention"):
         LlamaShape.from_hf(T.Gemma3TextConfig(**COMMON, head_dim=16, use_bidirectional_attention=True))
+    with pytest.raises(ValueError, match="scale_attn_by_inverse_layer_idx"):
+        LlamaShape.from_hf(T.GPT2Config(n_embd=32, n_layer=1, n_head=4, scale_attn_by_inverse_layer_idx=True))
     with pytest.raises(ValueError, match="model_type"):
         LlamaShape.from_hf(T.OPTConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, ffn_dim=64,
                                        num_attention_heads=4))

@@ -85,8 +85,8 @@ def test_random_weights_and_parameter_count():
     assert out.shape == (1, 2, 100) and torch.isfinite(out).all()
 
 
-def test_rejects_unsupported_models(make_llama, gpt2):
+def test_rejects_unsupported_models(make_llama, opt):
     with pytest.raises(ValueError, match="model_type"):
-        FastLlama.from_hf(gpt2)
+        FastLlama.from_hf(opt)
     with pytest.raises(ValueError, match="mlp_bias"):
         FastLlama.from_hf(make_llama(0, mlp_bias=True))

@@ -190,15 +190,15 @@ def test_token_prompts_to_the_library_loop_point_at_the_text_api(llm):
         specdec.generate(llm.target, llm.tokenizer(["w1 w2"]))
 
 
-def test_the_engine_serves_llama_and_the_fallback_serves_the_rest(llm, ckpt, gpt2):
+def test_the_engine_serves_llama_and_the_fallback_serves_the_rest(llm, ckpt, opt):
     assert llm.runner_kind == "engine"
     with specdec.load(ckpt / "target", draft=ckpt / "draft", num_draft_tokens=3, runner="fallback") as loop:
         assert loop.runner_kind == "fallback"
         for prompt in ("w1 w2 w3", "w5 w5 w5 w5"):
             assert loop.generate(prompt, max_new_tokens=10).token_ids == llm.generate(prompt, max_new_tokens=10).token_ids
-    with specdec.load(gpt2, tokenizer=llm.tokenizer) as other:
+    with specdec.load(opt, tokenizer=llm.tokenizer) as other:
         assert other.runner_kind == "fallback"
         ids = llm.tokenizer.encode("w1 w2")
         assert other.generate("w1 w2", max_new_tokens=6).token_ids == reference(other, ids, 6)
     with pytest.raises(Exception, match="UnsupportedModel|not|cover"):
-        specdec.load(gpt2, tokenizer=llm.tokenizer, runner="engine")
+        specdec.load(opt, tokenizer=llm.tokenizer, runner="engine")
