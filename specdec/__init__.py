@@ -44,6 +44,8 @@ _EXPORTS = {
     "HierarchicalDrafter": "specdec.drafters.hierarchical",
     "beam_search": "specdec.beam",
     "BeamSearchResult": "specdec.beam",
+    "check": "specdec.exactness",
+    "CheckResult": "specdec.exactness",
 }
 
 __all__ = list(_EXPORTS)
@@ -68,6 +70,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
     from specdec.core import SamplingConfig, standardize_logits, verify, verify_greedy
     from specdec.decoding import GenerationStream, generate, stream
     from specdec.drafters import Drafter, ModelDrafter, NGramDrafter, PromptLookupDrafter, Proposal
+    from specdec.exactness import CheckResult, check
     from specdec.metrics import SpecStats
     from specdec.policy import DraftLengthPolicy, FixedPolicy, StepOutcome
     from specdec.request import SamplingParams

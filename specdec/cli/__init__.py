@@ -24,6 +24,7 @@ SUBCOMMANDS = {
     "policies": "specdec.cli.policies",
     "serve": "specdec.cli.serve",
     "beam": "specdec.cli.beam",
+    "check": "specdec.cli.check",
 }
 
 USAGE_ERROR = 2

@@ -1,0 +1,335 @@
+"""`specdec.check`: the law tests on the user's own target, drafter, sampling parameters and runner.
+
+1. Prompts: among the prefixes (≤ `max_prompt_tokens` tokens) of the given prompts, the `num_prompts` where a
+   verification bug would show most (largest chi-square noncentrality of the `resample_from_p` control per
+   trial and per token of work, at the first position) — chosen from the models' laws, never from samples.
+2. Trials: `trials` seeded requests of `positions` new tokens each, spread over the prompts, run through the
+   runner (`specdec.generate(engine=...)`) in memory-bounded batches, EOS off.
+3. Laws: the exact target law of tokens 1..K from plain forward passes (`laws.build_tree`), and two
+   deliberately wrong laws (q itself, and the "resample from p after a rejection" bug).
+4. Per position: chi-square of the trials against the target law (must not reject at `level`), and against
+   each wrong law (must reject at `level`: otherwise the test lacks power on this pair and the result says
+   "underpowered", never "pass").
+5. Greedy: plain decoding vs speculative decoding on the full prompts, token for token (must be identical).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from specdec.core import SamplingConfig
+from specdec.exactness.laws import CELL_MIN_EXPECTED, LAWS, bug_law, build_tree, drafter_laws, model_laws, position_cells
+from specdec.exactness.limits import (
+    DEFAULT_POSITIONS,
+    DEFAULT_TRIALS,
+    ENGINES,
+    MAX_GREEDY_TOKENS,
+    MAX_POSITIONS,
+    MAX_PROMPT_TOKENS,
+    MAX_PROMPTS,
+    MAX_TRIALS,
+)
+from specdec.exactness.stats import ChiSquare, chi_square
+
+__all__ = ["check", "CheckResult", "PositionResult", "GreedyResult", "GreedyDifference", "CheckTimings"]
+
+logger = logging.getLogger(__name__)
+
+#: logits elements a trial batch may hold at once (rows × (prompt + γ + 1) × V: the transformers loop's prefill
+#: computes logits at every prompt position), bounds memory (64 MiB of fp32 logits)
+_BATCH_ELEMENTS = 1 << 24
+
+
+@dataclass(frozen=True)
+class PositionResult:
+    """The tests of generated position `position` (1-based), over every trial.
+
+    law              the trials against the target's exact law (a pass: p-value ≥ level)
+    drafter          the same trials against q (None: q unknown) — must reject
+    resample_from_p  the same trials against the "resample from p after a rejection" law — must reject
+    """
+
+    position: int
+    law: ChiSquare
+    drafter: ChiSquare | None
+    resample_from_p: ChiSquare | None
+
+
+@dataclass(frozen=True)
+class GreedyDifference:
+    prompt: int  # index into the greedy prompts
+    position: int  # 1-based generated position of the first difference
+    plain_token: int | None  # None: plain decoding had stopped
+    speculative_token: int | None
+
+
+@dataclass(frozen=True)
+class GreedyResult:
+    """Greedy speculative decoding against plain greedy decoding on the same runner, token for token."""
+
+    prompts: int
+    new_tokens: int
+    identical: int  # prompts whose speculative tokens equal plain decoding's
+    first_difference: GreedyDifference | None
+
+
+@dataclass(frozen=True)
+class CheckTimings:
+    select_s: float
+    trials_s: float
+    laws_s: float
+    greedy_s: float
+    total_s: float
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """What was tested and what it showed. `status`: "pass", "fail" (a law rejected or greedy differs) or
+    "underpowered" (no failure, but a wrong law was not rejected: these trials could not have caught a bug)."""
+
+    status: str
+    reasons: tuple[str, ...]
+    engine: str
+    num_draft_tokens: int | str
+    temperature: float
+    top_k: int
+    top_p: float
+    level: float
+    trials: int
+    trials_per_prompt: tuple[int, ...]
+    prompts: tuple[tuple[int, ...], ...]  # the law test's prompts (token ids)
+    positions: tuple[PositionResult, ...]  # empty at temperature 0 (greedy is its own test)
+    power: bool | None  # every wrong law rejected at every position (None: not assessed)
+    greedy: GreedyResult | None
+    timings: CheckTimings
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "pass"
+
+    @property
+    def worst_p_value(self) -> float | None:
+        """The smallest p-value of the target-law tests (None when no law test ran)."""
+        return min((p.law.p_value for p in self.positions), default=None)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["prompts"] = [list(p) for p in self.prompts]
+        out["passed"] = self.passed
+        out["worst_p_value"] = self.worst_p_value
+        return out
+
+
+def _validate(trials, positions, num_prompts, max_prompt_tokens, greedy_tokens, level, seed, engine,
+              num_draft_tokens, prompts):
+    from specdec.request import as_int, check_num_draft_tokens
+
+    trials = as_int(trials, "trials", minimum=1, maximum=MAX_TRIALS)
+    positions = as_int(positions, "positions", minimum=1, maximum=MAX_POSITIONS)
+    num_prompts = as_int(num_prompts, "num_prompts", minimum=1, maximum=MAX_PROMPTS)
+    max_prompt_tokens = as_int(max_prompt_tokens, "max_prompt_tokens", minimum=1, maximum=MAX_PROMPT_TOKENS)
+    greedy_tokens = as_int(greedy_tokens, "greedy_tokens", minimum=0, maximum=MAX_GREEDY_TOKENS)
+    seed = as_int(seed, "seed", minimum=0, maximum=(1 << 63) - 1)
+    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 0.5:
+        raise ValueError(f"level must be a number in (0, 0.5), got {level!r}")
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if not isinstance(num_draft_tokens, str):
+        num_draft_tokens = check_num_draft_tokens(num_draft_tokens)
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
+        raise ValueError("prompts must be a non-empty list of token-id lists")
+    if len(prompts) > MAX_PROMPTS:
+        raise ValueError(f"at most {MAX_PROMPTS} prompts, got {len(prompts)}")
+    clean = []
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence) or not prompt:
+            raise ValueError(f"prompts[{i}] must be a non-empty list of token ids")
+        clean.append([as_int(t, f"prompts[{i}] token", minimum=0) for t in prompt[:MAX_PROMPT_TOKENS]])
+    return trials, positions, num_prompts, max_prompt_tokens, greedy_tokens, float(level), seed, num_draft_tokens, clean
+
+
+def _check_models(target, drafter) -> int:
+    config = getattr(target, "config", None)
+    if not isinstance(target, torch.nn.Module) or config is None or not hasattr(target, "get_output_embeddings"):
+        raise TypeError(f"target must be a transformers causal LM, got {type(target).__name__}")
+    if getattr(config, "is_encoder_decoder", False):
+        raise ValueError("specdec.check covers decoder-only targets; encoder-decoder models are not supported yet")
+    if drafter is None:
+        raise ValueError("specdec.check needs a drafter (the law it tests is speculative decoding's)")
+    return int(target.get_output_embeddings().weight.shape[0])
+
+
+def _power_per_trial(p: torch.Tensor, wrong: torch.Tensor, trials: float) -> torch.Tensor:
+    """Noncentrality per trial of a chi-square test of `wrong` against `p` with `trials` samples
+    (cells pooled as the test pools them). p, wrong: [N, V] → [N]."""
+    own = p * trials >= CELL_MIN_EXPECTED
+    diff = wrong - p
+    spread = torch.where(own, diff.square() / p.clamp_min(1e-300), torch.zeros_like(p)).sum(-1)
+    rest_p = torch.where(own, torch.zeros_like(p), p).sum(-1)
+    rest_diff = torch.where(own, torch.zeros_like(p), diff).sum(-1)
+    return spread + torch.where(rest_p > 0, rest_diff.square() / rest_p.clamp_min(1e-300), torch.zeros_like(rest_p))
+
+
+def _select_prompts(target, drafter, vocab, prompts, num_prompts, max_prompt_tokens, positions, gamma, sampling,
+                    trials, seed) -> list[list[int]]:
+    """The `num_prompts` most telling prefixes of `prompts` (at most one per prompt while prompts last)."""
+    candidates = []
+    for i, prompt in enumerate(prompts):
+        top = min(len(prompt), max_prompt_tokens)
+        candidates += [(i, prompt[:n]) for n in range(min(2, top), top + 1)]
+    if len(candidates) <= num_prompts and len(prompts) >= len(candidates):
+        return [c for _, c in candidates]
+    contexts = [c for _, c in candidates]
+    p = model_laws(target, contexts, sampling)
+    q = drafter_laws(drafter, vocab, contexts, sampling, seed)
+    per_prompt = trials / num_prompts
+    if q is not None:
+        q = torch.where(torch.isnan(q).any(-1, keepdim=True), p, q)
+        power = _power_per_trial(p, bug_law(p, q), per_prompt)
+    else:  # no q: prefer spread-out target laws (more cells)
+        power = torch.exp(-(p * p.clamp_min(1e-300).log()).sum(-1))
+    work = torch.tensor([len(c) + positions + (gamma if isinstance(gamma, int) else 4) for c in contexts],
+                        dtype=torch.float64)
+    order = torch.argsort(power / work, descending=True, stable=True).tolist()
+    chosen, used = [], set()
+    for rank in order:  # first the best prefix of each prompt, then the best of what is left
+        if candidates[rank][0] not in used and len(chosen) < num_prompts:
+            chosen.append(rank)
+            used.add(candidates[rank][0])
+    for rank in order:
+        if rank not in chosen and len(chosen) < num_prompts:
+            chosen.append(rank)
+    return [contexts[r] for r in chosen]
+
+
+def _chunk_seed(seed: int, chunk: int) -> int:
+    return (seed * 1_000_003 + chunk * 0x9E3779B97F4A7C15) % (1 << 62)
+
+
+def _run_trials(target, drafter, prompts, rows, positions, sampling, gamma, engine, seed, vocab):
+    """Generated tokens per prompt: samples[i] = list of `positions`-token lists."""
+    import specdec
+
+    width = max(len(p) for p in prompts) + (gamma if isinstance(gamma, int) else 8) + 1
+    per_batch = max(1, min(4096, _BATCH_ELEMENTS // (width * vocab)))
+    samples: list[list[list[int]]] = [[] for _ in prompts]
+    for chunk, start in enumerate(range(0, len(rows), per_batch)):
+        batch = rows[start:start + per_batch]
+        result = specdec.generate(target, [prompts[i] for i in batch], drafter=drafter, max_new_tokens=positions,
+                                  temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                                  num_draft_tokens=gamma, eos_token_id=[], seed=_chunk_seed(seed, chunk),
+                                  engine=engine)
+        for i, tokens in zip(batch, result.sequences):
+            if len(tokens) != positions:
+                raise RuntimeError(f"the runner returned {len(tokens)} tokens for a request of {positions} "
+                                   "with EOS off")
+            samples[i].append(list(tokens))
+    return samples
+
+
+def _greedy(target, drafter, prompts, new_tokens, gamma, engine) -> GreedyResult:
+    import specdec
+
+    common = dict(max_new_tokens=new_tokens, temperature=0.0, eos_token_id=[], engine=engine, seed=0)
+    plain = specdec.generate(target, prompts, drafter=None, **common).sequences
+    spec = specdec.generate(target, prompts, drafter=drafter, num_draft_tokens=gamma, **common).sequences
+    identical = sum(a == b for a, b in zip(plain, spec))
+    first = None
+    for i, (a, b) in enumerate(zip(plain, spec)):
+        if a != b:
+            j = next((k for k in range(max(len(a), len(b))) if k >= min(len(a), len(b)) or a[k] != b[k]))
+            first = GreedyDifference(i, j + 1, a[j] if j < len(a) else None, b[j] if j < len(b) else None)
+            break
+    return GreedyResult(len(prompts), new_tokens, identical, first)
+
+
+def check(target, drafter, prompts, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+          num_draft_tokens: int | str = 4, engine: str = "auto", trials: int = DEFAULT_TRIALS, positions: int = DEFAULT_POSITIONS,
+          num_prompts: int = 4, max_prompt_tokens: int = 8, greedy_tokens: int = 32, level: float = 1e-4,
+          seed: int = 0) -> CheckResult:
+    """Test that speculative decoding with this target, drafter, sampling and runner samples the target's law.
+
+    target     a transformers decoder-only LM (the law is computed from its plain forward passes)
+    drafter    what `specdec.generate` takes: a transformers model, a `Drafter`, a feature-head folder
+    prompts    token-id lists: the law test uses their best prefixes (see the module docstring), the greedy
+               comparison the prompts themselves
+    positions  generated tokens per trial K, each position tested (the first step drafts min(γ, K − 1))
+    level      a law test fails below this p-value; a wrong law must be rejected below it
+    Returns a `CheckResult` (never raises for a failed test; raises ValueError/TypeError for bad arguments).
+    """
+    start = time.perf_counter()
+    trials, positions, num_prompts, max_prompt_tokens, greedy_tokens, level, seed, gamma, prompts = _validate(
+        trials, positions, num_prompts, max_prompt_tokens, greedy_tokens, level, seed, engine, num_draft_tokens,
+        prompts)
+    sampling = SamplingConfig(temperature, top_k, top_p)
+    vocab = _check_models(target, drafter)
+    for i, prompt in enumerate(prompts):
+        if max(prompt) >= vocab:
+            raise ValueError(f"prompts[{i}] has token {max(prompt)} outside the target's vocabulary of {vocab}")
+    reasons: list[str] = []
+    results: list[PositionResult] = []
+    law_prompts: list[list[int]] = []
+    per_prompt: list[int] = []
+    power = None
+    t_select = t_trials = t_laws = 0.0
+    if not sampling.greedy:
+        t0 = time.perf_counter()
+        law_prompts = _select_prompts(target, drafter, vocab, prompts, num_prompts, max_prompt_tokens, positions,
+                                      gamma, sampling, trials, seed)
+        m = len(law_prompts)
+        rows = [r % m for r in range(trials)]
+        per_prompt = [rows.count(i) for i in range(m)]
+        t1 = time.perf_counter()
+        samples = _run_trials(target, drafter, law_prompts, rows, positions, sampling, gamma, engine, seed, vocab)
+        t2 = time.perf_counter()
+        tree = build_tree(target, drafter, law_prompts, per_prompt, positions, sampling, seed)
+        for depth in range(positions):
+            observed, expected, groups = position_cells(tree, depth, samples, per_prompt)
+            tests = [chi_square(observed, expected[k], groups, CELL_MIN_EXPECTED) for k in range(len(LAWS))]
+            results.append(PositionResult(depth + 1, tests[0], tests[1] if tree.controls else None,
+                                          tests[2] if tree.controls else None))
+        t3 = time.perf_counter()
+        t_select, t_trials, t_laws = t1 - t0, t2 - t1, t3 - t2
+        for r in results:
+            if r.law.rejects(level):
+                why = f"{r.law.impossible} impossible tokens" if r.law.impossible else f"p = {r.law.p_value:.3g}"
+                reasons.append(f"position {r.position}: the trials do not follow the target's law ({why} < {level:g})")
+        if not tree.controls:
+            power = None
+            reasons.append("power not assessed: the drafter's q cannot be computed outside the engine")
+        else:
+            weak = [r.position for r in results if not (r.drafter.rejects(level) and r.resample_from_p.rejects(level))]
+            power = not weak
+            if weak:
+                reasons.append(f"underpowered at position(s) {', '.join(map(str, weak))}: a wrong law was not "
+                               f"rejected; raise trials (now {trials})")
+    greedy = None
+    t4 = time.perf_counter()
+    if greedy_tokens:
+        greedy = _greedy(target, drafter, prompts, greedy_tokens, gamma, engine)
+        if greedy.identical != greedy.prompts:
+            d = greedy.first_difference
+            reasons.append(f"greedy: {greedy.prompts - greedy.identical} of {greedy.prompts} prompts differ from plain "
+                           f"decoding (prompt {d.prompt}, token {d.position}: {d.plain_token} vs {d.speculative_token})")
+    t5 = time.perf_counter()
+    failed = any(r.law.rejects(level) for r in results) or (greedy is not None and greedy.identical != greedy.prompts)
+    if failed:
+        status = "fail"
+    elif results and power is not True:
+        status = "underpowered"
+    elif not results and greedy is None:
+        status = "underpowered"
+        reasons.append("nothing was tested (temperature 0 and greedy_tokens 0)")
+    else:
+        status = "pass"
+    timings = CheckTimings(t_select, t_trials, t_laws, t5 - t4, time.perf_counter() - start)
+    logger.info("specdec.check: %s in %.1fs", status, timings.total_s)
+    return CheckResult(status, tuple(reasons), engine, gamma, sampling.temperature, sampling.top_k, sampling.top_p,
+                       level, trials if results else 0, tuple(per_prompt), tuple(tuple(p) for p in law_prompts),
+                       tuple(results), power, greedy, timings)
