@@ -117,6 +117,32 @@ def test_greedy_difference_fails(pair, monkeypatch):
     assert result.greedy.first_difference.prompt == 1 and result.greedy.first_difference.position == 3
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_difference_at_an_exact_tie_fails_only_in_fp32(make_llama, monkeypatch, dtype):
+    """All logits equal (a zeroed head): any token is an argmax. In fp32 a difference still fails (fp32 is exact
+    on every runner); in bf16 it is reported as a near-tie, not a failure."""
+    target, draft = make_llama(12, vocab=16).to(dtype), make_llama(13, layers=1, vocab=16).to(dtype)
+    with torch.no_grad():
+        target.lm_head.weight.zero_()
+    real = specdec.generate
+
+    def flip_one(target, prompts, drafter=None, **kw):
+        result = real(target, prompts, drafter=drafter, **kw)
+        if drafter is not None:
+            result.sequences[0][1] = (result.sequences[0][1] + 1) % 16
+        return result
+
+    monkeypatch.setattr(specdec, "generate", flip_one)
+    result = specdec.check(target, draft, PROMPTS, temperature=0, engine="hf", greedy_tokens=3)
+    difference = result.greedy.first_difference
+    assert difference.prompt == 0 and difference.position == 2 and difference.margin == 0.0
+    if dtype == torch.float32:
+        assert result.status == "fail" and not difference.tie and result.greedy.failed
+    else:
+        assert result.status == "pass" and difference.tie and result.greedy.ties == 1
+        assert any("near-tie" in why for why in result.reasons)
+
+
 def test_result_is_strict_json(pair):
     target, draft = pair
     result = specdec.check(target, draft, PROMPTS[:1], engine="hf", trials=200, positions=1, greedy_tokens=2)

@@ -162,7 +162,9 @@ def certificate(result, target: str, draft: str, tokenizer=None) -> str:
         lines.append("  law       not tested (temperature 0: greedy decoding is tested token for token)")
     if r.greedy is not None:
         g = r.greedy
-        lines.append(f"  greedy    {g.identical}/{g.prompts} prompts identical to plain decoding ({g.new_tokens} tokens each)")
+        ties = f"; {g.ties} differ at near-ties (rounding, not a failure)" if g.ties else ""
+        lines.append(f"  greedy    {g.identical}/{g.prompts} prompts identical to plain decoding ({g.new_tokens} tokens "
+                     f"each){ties}")
     t = r.timings
     lines.append(f"  time      {t.total_s:.1f} s (trials {t.trials_s:.1f} s, laws {t.laws_s:.1f} s, "
                  f"greedy {t.greedy_s:.1f} s)")
