@@ -141,6 +141,14 @@ def test_refusals_name_the_option():
                                        num_attention_heads=4))
 
 
+def test_tensor_parallel_takes_the_llama_body_only():
+    from specdec.distributed import shard_shape
+
+    with pytest.raises(ValueError, match="tensor parallelism"):
+        shard_shape(LlamaShape.from_hf(FAMILIES["gemma2"]().config), 2)
+    assert shard_shape(LlamaShape.from_hf(FAMILIES["mistral-window"]().config), 2).n_heads == 2  # windows shard
+
+
 def test_longrope_engine_serves_its_short_range_only():
     """Past original_max_position_embeddings transformers switches to the long factors mid-text; the engine
     keeps to the range where its tables are exact and says so."""
