@@ -64,13 +64,15 @@ def generate(
     engine: str = "auto",
     leniency: float = 1.0,
     draft_tree: "Sequence[int] | None" = None,
+    min_p: float = 0.0,
 ) -> GenerateResult:
     """Generate up to `max_new_tokens` per prompt with speculative decoding (plain decoding if drafter=None).
 
     target          a transformers PreTrainedModel (decoder-only or encoder-decoder) or a specdec target
     prompts         list[list[int]] (ragged) or LongTensor [B, T] (with `attention_mask` [B, T] for padding)
     drafter         None | transformers model | `NGramDrafter` | `PromptLookupDrafter` | any `Drafter`
-    temperature     0 = greedy (exact argmax path); top_k 0 and top_p 1.0 = off
+    temperature     0 = greedy (exact argmax path); top_k 0, top_p 1.0 and min_p 0.0 = off (after temperature, in
+                    that order, to p and q alike: transformers' TopK/TopP/MinPLogitsWarper)
     num_draft_tokens γ: an int, a policy name ("heuristic", "optimal", ...) or a `DraftLengthPolicy`
     eos_token_id    int or list; None = the target's generation_config / config EOS (as in transformers)
     seed            int → reproducible; otherwise pass `generator` or get fresh OS randomness
@@ -88,6 +90,7 @@ def generate(
     run = stream(
         target, prompts, drafter, max_new_tokens, temperature, top_k, top_p, num_draft_tokens, eos_token_id, seed,
         generator=generator, attention_mask=attention_mask, engine=engine, leniency=leniency, draft_tree=draft_tree,
+        min_p=min_p,
     )
     for event in run:
         if on_tokens is not None:
@@ -112,11 +115,12 @@ def stream(
     engine: str = "auto",
     leniency: float = 1.0,
     draft_tree: "Sequence[int] | None" = None,
+    min_p: float = 0.0,
 ) -> GenerationStream:
     """Like `generate`, but returns a `GenerationStream` of per-step `TokenEvent`s (arguments validated now)."""
     eos = tuple(resolve_eos(eos_token_id, target))
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                            seed=seed, eos_token_ids=eos, leniency=leniency)  # the edge: one request description
+                            min_p=min_p, seed=seed, eos_token_ids=eos, leniency=leniency)  # the edge: one request description
     return stream_request(target, prompts, drafter, params, num_draft_tokens, generator=generator,
                           attention_mask=attention_mask, engine=engine, draft_tree=draft_tree)
 

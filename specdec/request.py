@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.core import SamplingConfig, check_leniency
+from specdec.core import FILTERS, SamplingConfig, check_leniency
 
 __all__ = [
     "SamplingParams",
@@ -175,7 +175,8 @@ class SamplingParams:
     Built once at the edge (`specdec.generate` / `stream`, `LLM.generate`, the server) from keyword arguments
     and carried as it is to the runner: the eager loop, token trees, the engine's rows.
 
-    temperature 0 = greedy (the exact argmax path); top_k 0 and top_p 1.0 = off. `eos_token_ids` () = none.
+    temperature 0 = greedy (the exact argmax path); top_k 0, top_p 1.0 and min_p 0.0 = off (applied in that
+    order after temperature, to p and q alike, as transformers' warpers). `eos_token_ids` () = none.
     `seed` None = fresh randomness; with a seed, the request's tokens depend only on its prompt, its
     parameters and the seed (not on other requests in the batch). `logprobs`: report log p(token) of the
     target's raw distribution for each generated token. `leniency` l ∈ (0, 1]: 1 = exact; l < 1 accepts
@@ -190,6 +191,7 @@ class SamplingParams:
     eos_token_ids: tuple[int, ...] = ()
     logprobs: bool = False
     leniency: float = 1.0
+    min_p: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "max_new_tokens", check_max_new_tokens(self.max_new_tokens))
@@ -204,14 +206,13 @@ class SamplingParams:
         if not isinstance(self.logprobs, bool):
             raise TypeError(f"logprobs must be a bool, got {type(self.logprobs).__name__}")
         object.__setattr__(self, "leniency", check_leniency(self.leniency))
-        sampling = SamplingConfig(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)  # validates
-        object.__setattr__(self, "temperature", sampling.temperature)
-        object.__setattr__(self, "top_k", sampling.top_k)
-        object.__setattr__(self, "top_p", sampling.top_p)
+        for name, value in vars(self.sampling).items():  # validated by SamplingConfig, normalized here
+            object.__setattr__(self, name, value)
 
     @property
     def sampling(self) -> SamplingConfig:
-        return SamplingConfig(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+        """The law's parameters (temperature and every `core.FILTERS` filter) as the core reads them."""
+        return SamplingConfig(self.temperature, **{f.name: getattr(self, f.name) for f in FILTERS})
 
     @property
     def greedy(self) -> bool:

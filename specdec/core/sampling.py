@@ -26,14 +26,15 @@ TEMPERATURE_FLOOR = 1e-5
 class SamplingConfig:
     """How logits become the distribution we sample from (paper §2.2).
 
-    Order: temperature → top-k → top-p, as in Hugging Face transformers. `temperature == 0` (or any
-    temperature below `TEMPERATURE_FLOOR` = 1e-5) means argmax (a one-hot distribution); `top_k == 0` and
-    `top_p == 1.0` disable those filters.
+    Order: temperature → top-k → top-p → min-p, as in Hugging Face transformers. `temperature == 0` (or any
+    temperature below `TEMPERATURE_FLOOR` = 1e-5) means argmax (a one-hot distribution); `top_k == 0`,
+    `top_p == 1.0` and `min_p == 0.0` disable those filters.
     """
 
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -98,6 +99,19 @@ def _top_p(logits: torch.Tensor, top_p) -> torch.Tensor:
     return logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), -float("inf"))
 
 
+def _check_min_p(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (0.0 <= value <= 1.0):
+        raise ValueError(f"min_p must be in [0, 1] (0 = off), got {value!r}")
+    return float(value)
+
+
+def _min_p(logits: torch.Tensor, min_p) -> torch.Tensor:
+    """Drop the tokens less likely than min_p (a float, or [B, 1, 1] per row) times the most likely one's
+    probability, as transformers' MinPLogitsWarper does (the most likely token always survives)."""
+    probs = logits.softmax(-1)
+    return logits.masked_fill(probs < min_p * probs.amax(-1, keepdim=True), -float("inf"))
+
+
 @dataclass(frozen=True)
 class Filter:
     """One standardization step after temperature: its parameter `name` (a `SamplingConfig` and
@@ -113,10 +127,11 @@ class Filter:
     apply_rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-#: The filters after temperature, in the order they apply (transformers' order: top-k, then top-p).
+#: The filters after temperature, in the order they apply (transformers' order: top-k, top-p, min-p).
 FILTERS: tuple[Filter, ...] = (
     Filter("top_k", 0, True, _check_top_k, _top_k, _top_k_rows),
     Filter("top_p", 1.0, False, _check_top_p, _top_p, lambda logits, p: _top_p(logits, (p.float())[:, None, None])),
+    Filter("min_p", 0.0, False, _check_min_p, _min_p, lambda logits, p: _min_p(logits, p.float()[:, None, None])),
 )
 
 

@@ -1,7 +1,7 @@
 """Prompts and parameters of text requests: strings, ids, chat messages → token ids; kwargs → SamplingParams.
 
 Defaults come from the target's generation_config as transformers reads it: greedy unless `do_sample`,
-its temperature / top_k / top_p / max_new_tokens when set; explicit arguments win.
+its temperature / top_k / top_p / min_p / max_new_tokens when set; explicit arguments win.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from specdec.text.detokenize import MAX_STOP_LENGTH, MAX_STOP_STRINGS
 
 __all__ = ["GenerationDefaults", "encode_prompts", "render_chat", "make_params", "PARAMS"]
 
-PARAMS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "num_draft_tokens", "logprobs")
+PARAMS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "num_draft_tokens", "logprobs")
 _DEFAULT_MAX_NEW_TOKENS = 64
 
 
@@ -23,6 +23,7 @@ class GenerationDefaults:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0
     max_new_tokens: int | None = None  # None = 64, capped by the room left in the context
     eos_token_ids: tuple[int, ...] = ()
 
@@ -39,6 +40,7 @@ class GenerationDefaults:
             temperature=float(get("temperature", 1.0)) if sample else 0.0,
             top_k=int(get("top_k", 0)),
             top_p=float(get("top_p", 1.0)),
+            min_p=float(get("min_p", 0.0)),
             max_new_tokens=get("max_new_tokens", None),
             eos_token_ids=tuple(eos_token_ids),
         )
@@ -155,6 +157,7 @@ def make_params(llm, prompt_len: int, params: dict):
         temperature=_number(params.get("temperature", d.temperature), "temperature"),
         top_k=as_int(params.get("top_k", d.top_k), "top_k", minimum=0),
         top_p=_number(params.get("top_p", d.top_p), "top_p"),
+        min_p=_number(params.get("min_p", d.min_p), "min_p"),
         seed=params.get("seed"),
         eos_token_ids=d.eos_token_ids,
         logprobs=_flag(params.get("logprobs", False), "logprobs"),
