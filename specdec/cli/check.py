@@ -106,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
 
     import specdec
     from specdec.cli.generate import load_drafter
+    from specdec.request import vocab_size
     from specdec.loading import load_model, load_tokenizer
 
     target = load_model(target_path, device=args.device, dtype=args.dtype, what="target",
@@ -117,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         if not ids:
             raise CLIError(f"--prompt {i + 1} is empty after tokenization")
     args.draft = draft
-    drafter = load_drafter(args, tokenizer, target.get_output_embeddings().weight.shape[0], prompts, target.device,
+    drafter = load_drafter(args, tokenizer, vocab_size(target), prompts, target.device,
                            next(target.parameters()).dtype)
     log(args, f"checking {target_path} with drafter {draft}: {args.trials} trials × {args.positions} tokens, "
               f"engine={args.engine}, γ={gamma}, temperature {args.temperature}")

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from specdec.core import SamplingConfig
+from specdec.request import vocab_size
 from specdec.exactness.laws import CELL_MIN_EXPECTED, LAWS, bug_law, build_tree, drafter_laws, model_laws, position_cells
 from specdec.exactness.limits import (
     DEFAULT_POSITIONS,
@@ -189,7 +190,7 @@ def _check_models(target, drafter) -> int:
         raise ValueError("specdec.check covers decoder-only targets; encoder-decoder models are not supported yet")
     if drafter is None:
         raise ValueError("specdec.check needs a drafter (the law it tests is speculative decoding's)")
-    return int(target.get_output_embeddings().weight.shape[0])
+    return vocab_size(target)
 
 
 def _power_per_trial(p: torch.Tensor, wrong: torch.Tensor, trials: float) -> torch.Tensor:

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from specdec.core import SamplingConfig, standardize_logits
+from specdec.request import vocab_size
 from specdec.exactness.stats import MIN_EXPECTED
 
 __all__ = ["LAWS", "LawTree", "Node", "build_tree", "position_cells", "model_laws", "drafter_laws", "bug_law",
@@ -100,7 +101,7 @@ def model_laws(model, contexts: list[list[int]], sampling: SamplingConfig) -> to
     """
     device = next(model.parameters()).device
     keep = _accepts_logits_to_keep(model)
-    vocab = int(model.get_output_embeddings().weight.shape[0])
+    vocab = vocab_size(model)
     out: list[torch.Tensor | None] = [None] * len(contexts)
     by_length: dict[int, list[int]] = {}
     for i, ctx in enumerate(contexts):
@@ -191,7 +192,7 @@ def build_tree(target, drafter, prompts: list[list[int]], trials: list[int], pos
     one support and not the other (such tokens then count in the "other" cell, like any rare token).
     """
     strict = next(target.parameters()).dtype in (torch.float32, torch.float64)
-    vocab = int(target.get_output_embeddings().weight.shape[0])
+    vocab = vocab_size(target)
     nodes: dict = {}
     depth_nodes = []
     frontier = [(i, (), np.ones(len(LAWS))) for i in range(len(prompts))]
