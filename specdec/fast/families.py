@@ -132,8 +132,8 @@ class LlamaShape:
             parallel_residual=model_type == "gpt_neox" and bool(config.use_parallel_residual),
             rotary_dim=None if rotary_dim == head_dim else rotary_dim,
             layer_windows=windows,
-            layer_rope=(tuple(int(t == "sliding_attention") for t in layer_types)
-                        if model_type == "gemma3_text" else ()),
+            layer_rope=(tuple(sorted(set(layer_types)).index(t) for t in layer_types)
+                        if model_type == "gemma3_text" else ()),  # (one table per layer type present, sorted)
             rope_limit=_longrope_limit(config, rope),
         )
         if getattr(config, "use_bidirectional_attention", False):
@@ -263,9 +263,9 @@ def hf_ropes(model, shape: LlamaShape) -> list[tuple[torch.Tensor | None, float]
         return [(None, 1.0)]
     if getattr(rotary, "rope_type", None) == "dynamic":
         raise ValueError("FastLlama does not support dynamic RoPE scaling (its frequencies depend on the length)")
-    if shape.arch.layer_rope:  # Gemma 3: table 0 global, table 1 local
+    if shape.arch.layer_rope:  # Gemma 3: one table per layer type present ("full_attention" < "sliding_attention")
         return [(getattr(rotary, f"{t}_inv_freq"), float(getattr(rotary, f"{t}_attention_scaling")))
-                for t in ("full_attention", "sliding_attention")]
+                for t in sorted(set(model.config.layer_types))]
     inv_freq = getattr(rotary, "original_inv_freq", None) if shape.arch.rope_limit else None  # LongRoPE: short
     return [(inv_freq if inv_freq is not None else rotary.inv_freq, float(getattr(rotary, "attention_scaling", 1.0)))]
 

@@ -35,6 +35,8 @@ FAMILIES = {
         layer_types=["sliding_attention", "full_attention", "sliding_attention"],
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                          "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}})),
+    "gemma3-all-local": lambda: T.Gemma3ForCausalLM(T.Gemma3TextConfig(
+        **COMMON, head_dim=16, query_pre_attn_scalar=16, sliding_window=WINDOW)),  # 2 layers of a 6-pattern
     "phi3": lambda: T.Phi3ForCausalLM(T.Phi3Config(**COMMON, sliding_window=WINDOW)),
     "phi3-partial-longrope": lambda: T.Phi3ForCausalLM(T.Phi3Config(
         **COMMON, partial_rotary_factor=0.5, original_max_position_embeddings=64, rope_parameters={**LONGROPE, "partial_rotary_factor": 0.5})),
@@ -119,6 +121,7 @@ def test_shapes_name_what_each_family_changes():
     assert (gemma2.arch.attn_softcap, gemma2.arch.final_softcap, gemma2.arch.norm) == (4.0, 6.0, "rms1p")
     gemma3 = LlamaShape.from_hf(FAMILIES["gemma3"]().config)
     assert gemma3.arch.layer_rope == (1, 0, 1) and gemma3.qk_norm and gemma3.arch.attn_softcap is None
+    assert LlamaShape.from_hf(FAMILIES["gemma3-all-local"]().config).arch.layer_rope == (0, 0)
     phi3 = LlamaShape.from_hf(FAMILIES["phi3-partial-longrope"]().config)
     assert phi3.arch.rotary_dim == 4 and phi3.arch.rope_limit == 64 and phi3.context == 64
     neox = LlamaShape.from_hf(FAMILIES["gpt-neox"]().config)
