@@ -68,8 +68,18 @@ def check_max_new_tokens(value) -> int:
     return as_int(value, "max_new_tokens", minimum=0, maximum=MAX_NEW_TOKENS)
 
 
-def check_num_draft_tokens(value, name: str = "num_draft_tokens", minimum: int = 1) -> int:
-    """γ given as an integer: `minimum` <= γ <= MAX_NUM_DRAFT_TOKENS (the error names `name`)."""
+def check_num_draft_tokens(value, name: str = "num_draft_tokens", minimum: int = 1, *, names: Sequence[str] = ()):
+    """The one check of γ as a user gives it: an integer (numpy / torch integers, or digits in a string) with
+    `minimum` <= γ <= MAX_NUM_DRAFT_TOKENS, or — where the caller accepts them — one of `names` (e.g. "auto",
+    the loop's policy names), returned lower-cased. The error names `name`."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text.lstrip("-").isdigit() and len(text) <= 20:
+            return as_int(int(text), name, minimum=minimum, maximum=MAX_NUM_DRAFT_TOKENS)
+        if text in names:
+            return text
+        choices = f", or one of {', '.join(names)}" if names else ""
+        raise ValueError(f"{name} must be an integer in [{minimum}, {MAX_NUM_DRAFT_TOKENS}]{choices}, got {value!r}")
     return as_int(value, name, minimum=minimum, maximum=MAX_NUM_DRAFT_TOKENS)
 
 

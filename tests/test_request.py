@@ -49,3 +49,22 @@ def test_vocab_size_and_context_length_read_every_kind_of_model(llama):
     assert context_length(object()) is None
     with pytest.raises(TypeError, match="vocabulary size"):
         vocab_size(object())
+
+
+def test_one_check_of_num_draft_tokens():
+    from specdec.request import MAX_NUM_DRAFT_TOKENS, check_num_draft_tokens
+    from specdec.text.api import check_num_draft_tokens as text_check
+
+    assert check_num_draft_tokens(np_int(3)) == 3 and check_num_draft_tokens(" 5 ") == 5
+    assert text_check("Auto") == "auto" and text_check(0) == 0 and text_check("heuristic") == "heuristic"
+    for bad, kind in ((0, ValueError), (MAX_NUM_DRAFT_TOKENS + 1, ValueError), ("auto", ValueError), (2.5, TypeError)):
+        with pytest.raises(kind, match="num_draft_tokens"):
+            check_num_draft_tokens(bad)
+    with pytest.raises(ValueError, match=r"num_draft_tokens must be an integer in \[0, 64\], or one of auto"):
+        text_check("sometimes")
+
+
+def np_int(value):
+    import numpy as np
+
+    return np.int64(value)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdec.request import MAX_NUM_DRAFT_TOKENS, as_int
+from specdec.request import as_int, check_num_draft_tokens
 
 __all__ = ["EngineConfig", "UnsupportedModel", "BATCH_BUCKETS"]
 
@@ -49,7 +49,7 @@ class EngineConfig:
         as_int(self.max_batch_size, "max_batch_size", minimum=1, maximum=BATCH_BUCKETS[-1])
         if self.max_seq_len is not None:
             as_int(self.max_seq_len, "max_seq_len", minimum=2, maximum=1 << 20)
-        as_int(self.max_draft_tokens, "max_draft_tokens", minimum=1, maximum=MAX_NUM_DRAFT_TOKENS)
+        check_num_draft_tokens(self.max_draft_tokens, "max_draft_tokens")
         if self.num_draft_tokens != "auto":
             as_int(self.num_draft_tokens, "num_draft_tokens", minimum=0, maximum=self.max_draft_tokens)
         as_int(self.prefill_chunk, "prefill_chunk", minimum=16, maximum=1 << 16)

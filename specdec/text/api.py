@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from specdec.engine.config import BATCH_BUCKETS
-from specdec.request import MAX_NUM_DRAFT_TOKENS, as_int, resolve_eos, vocab_size
+from specdec.request import as_int, resolve_eos, vocab_size
 from specdec.text.driver import Driver
 from specdec.text.outputs import Completion, TextDelta, TextRequest
 from specdec.text.prompts import GenerationDefaults, encode_prompts, make_params, render_chat
@@ -332,17 +332,10 @@ class TextStream:
 def check_num_draft_tokens(value):
     """γ: an int in [0, MAX_NUM_DRAFT_TOKENS] (0 = plain decoding), "auto" (the engine picks γ each step), or a
     draft-length policy name of the eager loop (runner="fallback")."""
-    if isinstance(value, str):
-        from specdec.policy import POLICY_NAMES
+    from specdec.policy import POLICY_NAMES
+    from specdec.request import check_num_draft_tokens as check
 
-        name = value.strip().lower()
-        if name.isdigit():
-            return check_num_draft_tokens(int(name))
-        if name not in ("auto", *POLICY_NAMES):
-            raise ValueError(f"num_draft_tokens must be an int, 'auto' or one of {', '.join(POLICY_NAMES)}, "
-                             f"got {value!r}")
-        return name
-    return as_int(value, "num_draft_tokens", minimum=0, maximum=MAX_NUM_DRAFT_TOKENS)
+    return check(value, minimum=0, names=("auto", *POLICY_NAMES))
 
 
 def _read_template(template) -> str:
