@@ -2,15 +2,18 @@
 
 Kinds: `ModelDrafter` (a smaller transformers model), `NGramDrafter` (unigram/bigram tables),
 `PromptLookupDrafter` (copy from the context; deterministic), `HierarchicalDrafter` (a draft model decoded
-speculatively by an inner drafter). Adding a drafter is one file:
+speculatively by an inner drafter), `CrossVocabDrafter` (a draft model with another tokenizer: token-level
+intersection). Published head formats (EAGLE, EAGLE-3, Medusa, speculators) are read by `formats`. Adding a drafter is one file:
 subclass `Drafter` and implement `propose`.
 """
 
 from specdec.drafters.base import Drafter, Proposal
+from specdec.drafters.cross_vocab import CrossVocabDrafter, VocabBridge
 from specdec.drafters.hierarchical import HierarchicalDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NGramDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
 from specdec.drafters.seq2seq import Seq2SeqModelDrafter
 
-__all__ = ["Drafter", "Proposal", "ModelDrafter", "NGramDrafter", "PromptLookupDrafter", "Seq2SeqModelDrafter", "HierarchicalDrafter"]
+__all__ = ["Drafter", "Proposal", "ModelDrafter", "NGramDrafter", "PromptLookupDrafter", "Seq2SeqModelDrafter", "HierarchicalDrafter",
+           "CrossVocabDrafter", "VocabBridge"]
