@@ -12,6 +12,8 @@ Families (model_type → what its `Arch` sets beyond Llama's RMSNorm · SiLU-gat
                                 texts up to original_max_position_embeddings), sliding window
   gpt_neox                      LayerNorm with biases, GELU MLP with biases, partial rotary, parallel residual
   gpt2                          LayerNorm with biases, learned positions, GELU-tanh MLP, Conv1D weights (transposed)
+  starcoder2                    LayerNorm with biases, GELU-tanh MLP (c_fc, c_proj) and attention with biases
+                                (use_bias), sliding window
 A config option outside these (another activation, dynamic RoPE, GPT-2's per-layer attention scaling, ...) is
 refused with one line naming it; nothing is silently ignored.
 """
@@ -25,7 +27,8 @@ import torch.nn.functional as F
 
 __all__ = ["Arch", "LlamaShape", "FAMILIES", "hf_weights", "hf_ropes", "norm", "mlp_activation", "rope_table"]
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "gpt_neox", "gpt2")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "gpt_neox", "gpt2",
+            "starcoder2")
 _GEMMA = ("gemma", "gemma2", "gemma3_text")
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
                 "gelu": "gelu"}
@@ -105,7 +108,7 @@ class LlamaShape:
             raise ValueError(f"{model_type} checkpoints with mlp_bias are not covered by the fast model")
         act_name = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "silu")
         act = _ACTIVATIONS.get(act_name)
-        if act is None or (model_type not in ("gpt_neox", *_GEMMA) and act != "silu"):
+        if act is None or (model_type not in ("gpt_neox", "starcoder2", *_GEMMA) and act != "silu"):
             raise ValueError(f"the fast model does not cover hidden_act={act_name!r} for {model_type}")
         rope = _rope_params(config)
         rope_types = {p.get("rope_type", p.get("type", "default")) for p in rope.values()}
@@ -121,9 +124,12 @@ class LlamaShape:
         windows = _layer_windows(config)
         layer_types = getattr(config, "layer_types", None)
         attention_bias = bool(getattr(config, "attention_bias", model_type == "gpt_neox"))
+        layer_norm = model_type in ("gpt_neox", "starcoder2")  # (with biases)
+        if model_type == "starcoder2":
+            attention_bias = bool(config.use_bias)
         arch = Arch(
-            norm="layer" if model_type == "gpt_neox" else "rms1p" if model_type in _GEMMA else "rms",
-            act=act, gated=model_type != "gpt_neox", mlp_bias=model_type == "gpt_neox",
+            norm="layer" if layer_norm else "rms1p" if model_type in _GEMMA else "rms",
+            act=act, gated=not layer_norm, mlp_bias=model_type == "gpt_neox" or attention_bias and layer_norm,
             embed_scale=config.hidden_size ** 0.5 if model_type in _GEMMA else None,
             attn_scale=config.query_pre_attn_scalar ** -0.5 if model_type in ("gemma2", "gemma3_text") else None,
             attn_softcap=getattr(config, "attn_logit_softcapping", None) if model_type != "gemma" else None,
@@ -138,7 +144,8 @@ class LlamaShape:
         )
         if getattr(config, "use_bidirectional_attention", False):
             raise ValueError("use_bidirectional_attention is not a decoder: the fast model does not cover it")
-        eps = getattr(config, "rms_norm_eps", None) or getattr(config, "layer_norm_eps", None)
+        eps = (getattr(config, "rms_norm_eps", None) or getattr(config, "layer_norm_eps", None)
+               or getattr(config, "norm_epsilon", None))
         return cls(
             vocab_size=config.vocab_size, dim=config.hidden_size, n_layers=config.num_hidden_layers,
             n_heads=heads, head_dim=head_dim,
@@ -281,6 +288,9 @@ def hf_weights(model, shape: LlamaShape):
     if config.model_type == "gpt_neox":
         yield from _neox_weights(model, params, shape)
         return
+    if config.model_type == "starcoder2":
+        yield from _starcoder2_weights(model, params, shape)
+        return
     yield "embed", None, params["model.embed_tokens.weight"]
     for i in range(shape.n_layers):
         pre = f"model.layers.{i}."
@@ -353,5 +363,29 @@ def _neox_weights(model, params, shape: LlamaShape):
         yield "b_down", i, params[pre + "mlp.dense_4h_to_h.bias"]
     yield "final_norm", None, params["gpt_neox.final_layer_norm.weight"]
     yield "final_norm_bias", None, params["gpt_neox.final_layer_norm.bias"]
+    if not shape.tie_word_embeddings:
+        yield "lm_head", None, model.get_output_embeddings().weight
+
+
+def _starcoder2_weights(model, params, shape: LlamaShape):
+    bias = shape.arch.mlp_bias
+    yield "embed", None, params["model.embed_tokens.weight"]
+    for i in range(shape.n_layers):
+        pre = f"model.layers.{i}."
+        for fast, hf in (("attn_norm", "input_layernorm"), ("mlp_norm", "post_attention_layernorm")):
+            yield fast, i, params[pre + hf + ".weight"]
+            yield fast + "_bias", i, params[pre + hf + ".bias"]
+        attn = pre + "self_attn."
+        yield "wqkv", i, torch.cat([params[attn + n + ".weight"] for n in ("q_proj", "k_proj", "v_proj")])
+        yield "wo", i, params[attn + "o_proj.weight"]
+        yield "w_gate_up", i, params[pre + "mlp.c_fc.weight"]
+        yield "w_down", i, params[pre + "mlp.c_proj.weight"]
+        if bias:
+            yield "bqkv", i, torch.cat([params[attn + n + ".bias"] for n in ("q_proj", "k_proj", "v_proj")])
+            yield "bo", i, params[attn + "o_proj.bias"]
+            yield "b_up", i, params[pre + "mlp.c_fc.bias"]
+            yield "b_down", i, params[pre + "mlp.c_proj.bias"]
+    yield "final_norm", None, params["model.norm.weight"]
+    yield "final_norm_bias", None, params["model.norm.bias"]
     if not shape.tie_word_embeddings:
         yield "lm_head", None, model.get_output_embeddings().weight

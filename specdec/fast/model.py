@@ -1,6 +1,6 @@
-"""A compact decoder for the Llama-shaped families (Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3, GPT-NeoX, GPT-2)
-in plain PyTorch with a static, per-row KV cache (gpt-fast style). What the families differ in (norms, activation,
-positions, scalings, windows) is `shape.arch` (`specdec.fast.families`); the decode step below is one body.
+"""A compact decoder for the Llama-shaped families (`FAMILIES`: Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3, GPT-NeoX,
+GPT-2, StarCoder2) in plain PyTorch with a static, per-row KV cache (gpt-fast style). What the families differ in
+(norms, activation, positions, scalings, windows) is `shape.arch` (`specdec.fast.families`); one decode step body.
 
 Terms:
   slot        one position of the KV cache along S. Row b's token at position t lives in slot t: prompts
@@ -235,7 +235,7 @@ class FastLlama(torch.nn.Module):
     def _row_parallel(self, x: torch.Tensor, inp: torch.Tensor, weight: torch.Tensor,
                       kernel: str = "reference") -> torch.Tensor:
         """x += inp @ weightᵀ in place (`x [N, dim]`); a tensor-parallel subclass all-reduces the product.
-        kernel: "reference" is cuBLAS's addmm_; otherwise `kernels.linear` (its weight-streaming kernel for few rows)."""
+        kernel: "reference" is cuBLAS's addmm_; else `kernels.linear` (its weight-streaming kernel for few rows)."""
         if kernel == "reference":
             return x.addmm_(inp, weight.t())
         return linear(inp, weight, residual=x, out=x, kernel=kernel)
@@ -378,7 +378,7 @@ class FastLlama(torch.nn.Module):
             if a.embed_scale is not None:  # (Gemma: the scale rounded to the model dtype first, as transformers does)
                 x = x * torch.tensor(a.embed_scale, dtype=self.dtype)
         else:
-            x = embeds.to(self.dtype, copy=True)  # (a copy: the layers add to x in place, the caller's stay as they were)
+            x = embeds.to(self.dtype, copy=True)  # (a copy: the layers add to x in place; the caller's stay intact)
         if a.learned_positions:
             x = x + F.embedding(rope_pos.clamp(max=s.max_positions - 1), self.pos_embed)
         mode = self.kernels if kernels is None else check_kernel(kernels, "kernels")
@@ -387,7 +387,7 @@ class FastLlama(torch.nn.Module):
         if fused:
             x = self._fused_layers(x, cache, rope_pos, slots, tables, capture)
         else:
-            x = self._eager_layers(x, cache, rope_pos, slots, tables, capture, "reference" if mode == "reference" else "auto")
+            x = self._eager_layers(x, cache, rope_pos, slots, tables, capture, mode)  # ("triton" ran fused or raised)
         if last_only:
             x = x[:, -1:]
         if self.normed_output:  # (an EAGLE head's layer hands out its residual stream; the head norms it)

@@ -39,10 +39,14 @@ FAMILIES = {
         **COMMON, head_dim=16, query_pre_attn_scalar=16, sliding_window=WINDOW)),  # 2 layers of a 6-pattern
     "phi3": lambda: T.Phi3ForCausalLM(T.Phi3Config(**COMMON, sliding_window=WINDOW)),
     "phi3-partial-longrope": lambda: T.Phi3ForCausalLM(T.Phi3Config(
-        **COMMON, partial_rotary_factor=0.5, original_max_position_embeddings=64, rope_parameters={**LONGROPE, "partial_rotary_factor": 0.5})),
+        **COMMON, partial_rotary_factor=0.5, original_max_position_embeddings=64,
+        rope_parameters={**LONGROPE, "partial_rotary_factor": 0.5})),
     "gpt-neox": lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(**COMMON, rotary_pct=0.5)),
     "gpt-neox-sequential": lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(
         **COMMON, rotary_pct=1.0, use_parallel_residual=False, hidden_act="gelu_new")),
+    "starcoder2-window": lambda: T.Starcoder2ForCausalLM(T.Starcoder2Config(
+        **COMMON, sliding_window=WINDOW, norm_epsilon=1e-5)),
+    "starcoder2-nobias": lambda: T.Starcoder2ForCausalLM(T.Starcoder2Config(**COMMON, use_bias=False)),
     "gpt2": lambda: T.GPT2LMHeadModel(T.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=96,
                                                    bos_token_id=1, eos_token_id=2)),
 }
