@@ -157,7 +157,7 @@ def _check_target(where: Path, what: str, dim: int, vocab: int, target: FastLlam
 
 
 # ---------------------------------------------------------------------------------------------- EAGLE
-def _fill_eagle(head: EagleHead, state: dict, layer_prefix: str, names: dict, where: Path, target: FastLlama) -> None:
+def _fill_eagle(head: EagleHead, state: dict, layer_prefix: str, names: dict, where: Path) -> None:
     """Copy a state dict into `head`: the layer's tensors under `layer_prefix`, the others by `names`
     (reference name → head parameter). Missing or unexpected names and wrong shapes are refused."""
     params = dict(head.named_parameters())
@@ -179,6 +179,9 @@ def _fill_eagle(head: EagleHead, state: dict, layer_prefix: str, names: dict, wh
     expected = {n for n in params if not n.startswith(("layer.embed", "layer.final_norm", "layer.lm_head", "embed"))}
     if head.config.version == 1:
         expected.discard("layer.attn_norm.0")  # EAGLE-1's only layer has no input norm
+        if "layer.attn_norm.0" in want:
+            raise ValueError(f"{where}: {layer_prefix}input_layernorm.weight is not part of an EAGLE-1 head (its layer "
+                             "reads fc's output unnormed); heads with that norm are not supported")
     missing = sorted(expected - set(want))
     if missing:
         raise ValueError(f"{where}: missing tensors {missing[:6]} (not a complete EAGLE-{head.config.version} head)")
@@ -218,10 +221,12 @@ def load_eagle(folder: str | os.PathLike, target: FastLlama, *, allow_pickle: bo
     _check_target(where, "an EAGLE head", numbers["dim"], vocab, target)
     embed = state.get("embed_tokens.weight")
     fc_bias = next((k for k, v in names.items() if v == "fc_bias"), "fc.bias") in state
+    if raw.get("bias", raw.get("fusion_bias")) and not fc_bias:
+        raise ValueError(f"{where}: the config asks for an fc bias but the weights have none")
     config = EagleConfig(version=1, vocab_size=vocab, fc_bias=fc_bias, own_embedding=_own_embedding(embed, target),
                          **numbers)
     head = _build_eagle(config, raw, target)
-    _fill_eagle(head, dict(state), _layer_prefix, names, where, target)
+    _fill_eagle(head, dict(state), _layer_prefix, names, where)
     return head.bind(target, name).eval()
 
 
@@ -281,7 +286,7 @@ def load_eagle3(folder: str | os.PathLike, target: FastLlama, *, allow_pickle: b
             raise ValueError(f"{where}: fc_norm needs fc_norm.0..{len(layers) - 1}.weight")
         state["fc_norms"] = torch.stack(stacked)
         names["fc_norms"] = "fc_norms"
-    _fill_eagle(head, state, _layer_prefix, names, where, target)
+    _fill_eagle(head, state, _layer_prefix, names, where)
     if ids is not None:
         head.set_vocab_map(ids)
     return head.bind(target, name).eval()

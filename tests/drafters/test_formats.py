@@ -266,3 +266,14 @@ def test_speculators_norm_flags_and_drafting_on_its_own_outputs(tmp_path, target
         mine2 = head.step(mine[:, -1:], drafted, cache)
         torch.testing.assert_close(head.logits(mine)[..., DRAFT_IDS], logits[..., DRAFT_IDS])
         torch.testing.assert_close(head.logits(mine2)[0, -1, DRAFT_IDS], logits2[0, -1, DRAFT_IDS])
+
+
+def test_eagle1_parts_it_does_not_have_are_refused(tmp_path, target, fast):
+    folder = fc.write_eagle1(tmp_path / "eagle", target)
+    state = load_file(str(folder / "model.safetensors"))
+    save_file(dict(state, **{"layers.0.input_layernorm.weight": torch.ones(32)}), str(folder / "model.safetensors"))
+    with pytest.raises(ValueError, match="input_layernorm.weight is not part of an EAGLE-1 head"):
+        load_drafter(str(folder), fast)
+    save_file({k: v for k, v in state.items() if k != "fc.bias"}, str(folder / "model.safetensors"))
+    with pytest.raises(ValueError, match="the config asks for an fc bias but the weights have none"):
+        load_drafter(str(folder), fast)  # (its config.json says bias: true)
