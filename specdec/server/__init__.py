@@ -1,8 +1,13 @@
 """`specdec serve`: an OpenAI-compatible HTTP server over `specdec.text.LLM` (FastAPI + uvicorn).
 
-  protocol.py   OpenAI request bodies → checked parameters (4xx with OpenAI's error body); response bodies
-  metrics.py    Prometheus metrics (vLLM's spec-decode names under `specdec:`), one registry per app
-  app.py        the routes; model steps stay on the LLM's driver thread, never on the event loop
+  schema.py     the request bodies as strict pydantic models: every OpenAI / vLLM field, and which are refused
+  protocol.py   body → typed request → checked runner requests (4xx with OpenAI's error body, naming the field)
+  responses.py  results → OpenAI response bodies (usage, logprobs, `specdec` and `speculative_decoding` objects)
+  guard.py      Host / Origin (DNS rebinding, cross-site), API key, JSON content type: before any route runs
+  http.py       uvicorn's h11 protocol plus a read deadline and a connection limit
+  runs.py       one HTTP request's runner requests; driver thread → event loop hand-off (one wake-up per step)
+  metrics.py    Prometheus metrics (vLLM's names and `model_name` label under a prefix), one registry per app
+  app.py        the routes; tokenization on worker threads, model steps on the LLM's driver thread
   static/       the playground page served at `/`
 """
 

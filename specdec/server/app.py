@@ -1,7 +1,9 @@
 """The OpenAI-compatible HTTP app: /v1/models, /v1/completions, /v1/chat/completions, /health, /metrics, /.
 
-Model steps run on the LLM's driver thread; this event loop only parses, detokenizes and writes. Each
-request's outputs arrive on an asyncio queue through a `_Mailbox`: one loop wake-up per step's outputs, not
+A request passes `guard.py` (Host, Origin, API key, JSON content type), then `protocol.py` (typed, bounded,
+refusals, a cheap length bound); tokenization and chat templates run on worker threads; model steps run on the
+LLM's driver thread; this event loop only parses, detokenizes and writes. Each
+request's outputs arrive on an asyncio queue through a `runs.Mailbox`: one loop wake-up per step's outputs, not
 one per output (each wake-up makes the loop thread take the GIL while the driver thread prepares the next
 step). A client that disconnects has its requests aborted at once (the runner frees their slots at its next
 step).
@@ -10,13 +12,10 @@ step).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import logging
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -29,7 +28,7 @@ from specdec.server import protocol as P
 from specdec.server import responses as R
 from specdec.server.guard import GuardConfig, GuardMiddleware
 from specdec.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
-from specdec.text.prompts import make_params
+from specdec.server.runs import Health, Mailbox, Run, SeedSource, describe
 
 logger = logging.getLogger(__name__)
 
@@ -55,17 +54,17 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
     lock = threading.Lock()
     tokenize_pool = ThreadPoolExecutor(max_workers=tokenize_workers, thread_name_prefix="specdec-tokenize")
     max_token_chars = _max_token_chars(llm.tokenizer)
-    health = _Health()
-    seeds = _SeedSource(default_seed)
+    health = Health()
+    seeds = SeedSource(default_seed)
 
-    def mailbox() -> "_Mailbox":
+    def mailbox() -> "Mailbox":
         loop = asyncio.get_running_loop()
         with lock:
             for closed in [k for k in mailboxes if k.is_closed()]:
                 del mailboxes[closed]
             box = mailboxes.get(loop)
             if box is None:
-                box = mailboxes[loop] = _Mailbox(loop, metrics)
+                box = mailboxes[loop] = Mailbox(loop, metrics)
         return box
 
     def flush(timing) -> None:  # driver thread, once per step: one wake-up of each loop for all its outputs
@@ -98,7 +97,7 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
     @app.exception_handler(Exception)
     async def _internal_error(request, err: Exception):
         logger.exception("internal error")
-        return error(500, f"internal server error: {_describe(err)}", type="server_error")
+        return error(500, f"internal server error: {describe(err)}", type="server_error")
 
     @app.get("/health")
     async def health_check():
@@ -152,7 +151,7 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
         return await _serve(request, parsed, chat)
 
     async def _serve(request, parsed: P.ParsedRequest, chat: bool):
-        run = _Run(llm, metrics, parsed, mailbox(), health)
+        run = Run(llm, metrics, parsed, mailbox(), health)
         await run.start()
         if parsed.stream:
             return StreamingResponse(_sse(run, chat), media_type="text/event-stream",
@@ -164,14 +163,14 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
         except P.APIError:
             raise
         except Exception as err:  # noqa: BLE001 - the runner failed (NaN logits...): its message, not a name
-            logger.error("generation failed: %s", _describe(err))
-            raise P.APIError(f"generation failed: {_describe(err)}", status=500, type="server_error") from None
+            logger.error("generation failed: %s", describe(err))
+            raise P.APIError(f"generation failed: {describe(err)}", status=500, type="server_error") from None
         finally:
             watcher.cancel()
             run.abort_unfinished()
         return JSONResponse(_full_body(run, chat))
 
-    def _full_body(run: "_Run", chat: bool) -> dict:
+    def _full_body(run: "Run", chat: bool) -> dict:
         completions = [r.completion() for r in run.requests]
         parsed = run.parsed
         choices = []
@@ -180,7 +179,7 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
             logprobs = None
             prefix = parsed.echo[spec.prompt_index] if parsed.echo is not None else ""
             if parsed.logprobs is not None:
-                logprobs = (R.chat_logprobs(llm.tokenizer, c.token_ids, c.logprobs or []) if chat else
+                logprobs = (R.chat_logprobs(llm.tokenizer, c.token_ids, c.logprobs or [], parsed.top_logprobs) if chat else
                             R.completion_logprobs(llm.tokenizer, c.token_ids, c.logprobs or [], len(prefix)))
             if chat:
                 choice = {"index": i, "message": {"role": "assistant", "content": c.text},
@@ -200,7 +199,7 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
                 "speculative_decoding": R.speculative_decoding(stats),
                 "specdec": R.specdec_extra(stats, run.gamma)}
 
-    async def _sse(run: "_Run", chat: bool):
+    async def _sse(run: "Run", chat: bool):
         parsed = run.parsed
 
         def chunk(choices, **extra) -> str:
@@ -226,7 +225,7 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
                 ids = [p.token_id for p in delta.pieces if p.token_id >= 0]
                 if parsed.logprobs is not None and ids:
                     lps = [p.logprob for p in delta.pieces if p.token_id >= 0]
-                    logprobs = (R.chat_logprobs(llm.tokenizer, ids, lps) if chat else
+                    logprobs = (R.chat_logprobs(llm.tokenizer, ids, lps, parsed.top_logprobs) if chat else
                                 R.completion_logprobs(llm.tokenizer, ids, lps, offsets[i]))
                 offsets[i] += len(delta.text)
                 if chat:
@@ -248,20 +247,13 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
         except asyncio.CancelledError:
             raise
         except Exception as err:  # noqa: BLE001 - the stream has started: report in-band, as OpenAI does
-            logger.error("generation failed mid-stream: %s", _describe(err))
-            yield f"data: {json.dumps(P.error_body(f'generation failed: {_describe(err)}', type='server_error'))}\n\n"
+            logger.error("generation failed mid-stream: %s", describe(err))
+            yield f"data: {json.dumps(P.error_body(f'generation failed: {describe(err)}', type='server_error'))}\n\n"
         finally:
             run.abort_unfinished()
         yield "data: [DONE]\n\n"
 
     return app
-
-
-def _describe(err: BaseException) -> str:
-    """An exception as one line: its message (and its type where the message alone would not say what failed)."""
-    text = " ".join(str(err).split())[:500]
-    return text if text and isinstance(err, (ValueError, TypeError, RuntimeError)) else \
-        f"{type(err).__name__}: {text or '(no message)'}"
 
 
 def _max_token_chars(tokenizer) -> int:
@@ -272,42 +264,6 @@ def _max_token_chars(tokenizer) -> int:
         return 1 << 20
     longest = max((len(t) for t in vocab), default=1)
     return max(longest, 1)
-
-
-class _SeedSource:
-    """Seeds for requests that send none: splitmix64 of (the server's --seed, arrival count)."""
-
-    def __init__(self, seed: int | None):
-        self.seed = seed
-        self._count = itertools.count()
-
-    def next(self) -> int | None:
-        if self.seed is None:
-            return None
-        z = (self.seed + 0x9E3779B97F4A7C15 * (next(self._count) + 1)) & ((1 << 64) - 1)
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & ((1 << 64) - 1)
-        return (z ^ (z >> 31)) >> 1
-
-
-class _Health:
-    """Whether the latest finished request failed in the runner (NaN logits...): /health answers 503 then."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._last_error: str | None = None
-
-    def failed(self, err: BaseException) -> None:
-        with self._lock:
-            self._last_error = _describe(err)
-
-    def succeeded(self) -> None:
-        with self._lock:
-            self._last_error = None
-
-    def failure(self) -> str | None:
-        with self._lock:
-            return self._last_error
 
 
 async def _read_body(request) -> bytes:
@@ -326,7 +282,7 @@ async def _read_body(request) -> bytes:
     return bytes(body)
 
 
-async def _abort_on_disconnect(request, run: "_Run") -> None:
+async def _abort_on_disconnect(request, run: "Run") -> None:
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
@@ -334,107 +290,3 @@ async def _abort_on_disconnect(request, run: "_Run") -> None:
             return
 
 
-class _Run:
-    """The runner requests of one HTTP request (its prompts × n choices, in `parsed.choices` order)."""
-
-    def __init__(self, llm, metrics: ServerMetrics, parsed: P.ParsedRequest, mailbox: "_Mailbox", health: "_Health"):
-        self.llm, self.metrics, self.parsed, self.mailbox, self.health = llm, metrics, parsed, mailbox, health
-        self.requests: list = []
-        self.gamma = parsed.num_draft_tokens
-        self.created = R.created()
-        self._id = parsed.request_id or R.new_id("x")[2:]
-        self._queue: asyncio.Queue = asyncio.Queue()
-
-    def id(self, chat: bool) -> str:
-        return f"{'chatcmpl' if chat else 'cmpl'}-{self._id}"
-
-    async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self.llm.runner, self.gamma)  # building a runner must not block the loop
-        try:
-            for i, spec in enumerate(self.parsed.choices):
-                ids = self.parsed.prompts[spec.prompt_index]
-                try:
-                    sampling, stop, gamma = make_params(self.llm, len(ids), spec.params)
-                    if spec.eos_token_ids is not None:
-                        sampling = replace(sampling, eos_token_ids=spec.eos_token_ids)
-                except (TypeError, ValueError) as err:
-                    raise P.APIError(str(err)) from None
-                rid = R.new_id("req")
-
-                def sink(item, i=i):
-                    self.mailbox.put(self._queue, (i, item))
-
-                self.metrics.admitted(rid, len(ids))
-                try:
-                    self.requests.append(self.llm.submit(ids, sampling, stop, gamma, sink, request_id=rid))
-                except (TypeError, ValueError) as err:
-                    self.metrics.failed(rid)
-                    raise P.APIError(str(err)) from None
-        except BaseException:
-            self.abort_unfinished()
-            raise
-
-    async def events(self):
-        """(choice index, TextDelta) as outputs arrive, until every request has finished."""
-        pending = len(self.requests)
-        while pending:
-            i, item = await self._queue.get()
-            request = self.requests[i]
-            if isinstance(item, BaseException):
-                self.metrics.failed(request.request_id)
-                self.health.failed(item)
-                raise item
-            delta = request.feed(item)
-            if item.finished:
-                pending -= 1
-                if item.finish_reason != "abort":
-                    self.health.succeeded()
-            elif request.stop_reached and not getattr(request, "abort_sent", False):
-                request.abort_sent = True
-                self.metrics.stopping(request.request_id)
-                self.llm.abort(request.request_id)
-            yield i, delta
-
-    def abort_unfinished(self) -> None:
-        for request in self.requests:
-            if not request.finished:
-                self.llm.abort(request.request_id)
-
-
-class _Mailbox:
-    """Outputs handed from the driver thread to one event loop: `put` collects a step's outputs, `flush` (at the
-    end of the step) schedules one drain for all of them (`call_soon_threadsafe`: one wake-up of the loop)."""
-
-    def __init__(self, loop, metrics: ServerMetrics):
-        self.loop, self.metrics = loop, metrics
-        self._lock = threading.Lock()
-        self._items: list = []  # (asyncio queue, item)
-        self._since: float | None = None  # when the pending items were flushed
-        self._scheduled = False
-
-    def put(self, queue: asyncio.Queue, item) -> None:
-        """Driver thread: an output (or an exception) for `queue`, delivered at the next `flush`."""
-        with self._lock:
-            self._items.append((queue, item))
-
-    def flush(self) -> None:
-        """Driver thread: deliver what `put` collected (one drain on the loop)."""
-        with self._lock:
-            if not self._items or self._scheduled:
-                return
-            self._scheduled, self._since = True, time.perf_counter()
-        try:
-            self.loop.call_soon_threadsafe(self._drain)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            with self._lock:
-                self._items.clear()
-                self._scheduled = False
-
-    def _drain(self) -> None:
-        with self._lock:
-            items, self._items, self._scheduled, since = self._items, [], False, self._since
-        if since is not None:
-            self.metrics.delivered(time.perf_counter() - since)
-        for queue, item in items:
-            queue.put_nowait(item)

@@ -48,8 +48,8 @@ def speculative_decoding(stats: list[RequestStats]) -> dict:
 
 
 def completion_logprobs(tokenizer, token_ids, logprobs: list[float | None], offset: int = 0) -> dict:
-    """OpenAI's completions logprobs with logprobs: 0 — the chosen token's log-probability (top_logprobs holds the
-    chosen token only, as vLLM does for 0)."""
+    """OpenAI's completions logprobs for logprobs 0 or 1 (greedy): top_logprobs holds the chosen token (vLLM's shape
+    for 0; for a greedy request the chosen token is also the most likely one)."""
     tokens = [tokenizer.decode([t]) for t in token_ids]
     offsets, pos = [], offset
     for t in tokens:
@@ -59,11 +59,13 @@ def completion_logprobs(tokenizer, token_ids, logprobs: list[float | None], offs
             "top_logprobs": [{t: lp} for t, lp in zip(tokens, logprobs)]}
 
 
-def chat_logprobs(tokenizer, token_ids, logprobs: list[float | None]) -> dict:
+def chat_logprobs(tokenizer, token_ids, logprobs: list[float | None], top: int = 0) -> dict:
+    """OpenAI's chat logprobs; top = 1 (greedy requests only): the chosen token is the top alternative."""
     content = []
     for t, lp in zip(token_ids, logprobs):
         text = tokenizer.decode([t])
-        content.append({"token": text, "logprob": lp, "bytes": list(text.encode("utf-8")), "top_logprobs": []})
+        entry = {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
+        content.append({**entry, "top_logprobs": [dict(entry)] if top else []})
     return {"content": content}
 
 

@@ -96,3 +96,15 @@ def test_speculative_decoding_counters_in_every_response(server):
             if line.startswith("data: {"):
                 last = json.loads(line[6:])
     assert last["choices"][0]["finish_reason"] is not None and last["speculative_decoding"]["num_drafts"] > 0
+
+
+def test_top_one_logprobs_for_greedy_requests(client, local_llm):
+    want = local_llm.generate(PROMPT, max_new_tokens=6, temperature=0, logprobs=True)
+    got = client.completions.create(model="demo", prompt=PROMPT, max_tokens=6, temperature=0, logprobs=1)
+    lp = got.choices[0].logprobs
+    assert lp.token_logprobs == pytest.approx(want.logprobs, abs=1e-5)
+    assert [list(d) for d in lp.top_logprobs] == [[t] for t in lp.tokens]  # greedy: the chosen token is the top one
+    chat = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "add"}], max_tokens=4,
+                                          temperature=0, logprobs=True, top_logprobs=1)
+    for entry in chat.choices[0].logprobs.content:
+        assert [(t.token, t.logprob) for t in entry.top_logprobs] == [(entry.token, entry.logprob)]

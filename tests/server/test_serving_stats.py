@@ -7,7 +7,7 @@ import threading
 
 import httpx
 
-from specdec.server.app import _Mailbox
+from specdec.server.runs import Mailbox as _Mailbox
 from specdec.server.bench import LevelResult, level_server_stats, markdown_table, parse_counters
 from specdec.server.metrics import ServerMetrics
 from specdec.text.driver import StepTiming
