@@ -150,6 +150,29 @@ def dropped_generation_config(model) -> list[str]:
     return dropped
 
 
+#: file descriptors the process needs besides its connections (models, tokenizer, logs, pipes)
+_FD_HEADROOM = 128
+
+
+def _ensure_descriptors(max_connections: int) -> None:
+    """Raise the soft open-files limit to fit --max-connections (up to the hard limit), or refuse: running out of
+    descriptors would refuse connections at accept(), /health included, instead of answering 503."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return
+    from specdec.cli import CLIError
+
+    need = max_connections + _FD_HEADROOM
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    if hard != resource.RLIM_INFINITY and hard < need:
+        raise CLIError(f"--max-connections {max_connections} needs {need} open files but the limit is {hard} "
+                       f"(ulimit -Hn): lower --max-connections to {max(hard - _FD_HEADROOM, 1)}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+
+
 def run(args: argparse.Namespace) -> int:
     from specdec.cli import CLIError
 
@@ -162,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
     from specdec.server.http import bind_socket, server_config
 
     check_args(args)
+    _ensure_descriptors(args.max_connections)
     apply_model_options(args)
     if args.tensor_parallel_size > 1 and os.environ.get("RANK", "0") != "0":
         build(args)  # a follower: mirrors rank 0's engine until rank 0 stops serving, then exits (SystemExit)

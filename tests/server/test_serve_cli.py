@@ -56,6 +56,26 @@ def test_a_busy_port_is_one_line_before_loading(capsys, no_loading):
     assert f"127.0.0.1:{port}" in err and "in use" in err.lower(), err
 
 
+def test_too_many_connections_for_the_descriptor_limit_is_one_line(capsys, no_loading):
+    resource = pytest.importorskip("resource")
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard == resource.RLIM_INFINITY or hard > 60000:
+        pytest.skip(f"the hard open-files limit ({hard}) fits every --max-connections")
+    code, err = serve(capsys, "--max-connections", "65000")
+    assert code == 2 and "--max-connections" in err and "ulimit" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_generation_config_settings_the_server_cannot_apply_are_named():
+    from types import SimpleNamespace
+
+    from specdec.cli.serve import dropped_generation_config
+
+    config = SimpleNamespace(repetition_penalty=1.1, no_repeat_ngram_size=3, top_k=50, min_p=None)
+    assert dropped_generation_config(SimpleNamespace(generation_config=config)) == \
+        ["repetition_penalty=1.1", "no_repeat_ngram_size=3"]
+    assert dropped_generation_config(SimpleNamespace(generation_config=SimpleNamespace(repetition_penalty=1.0))) == []
+
+
 def test_torchrun_without_tensor_parallel_size_is_one_line(capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
