@@ -310,6 +310,8 @@ def _params(request, llm, num_prompt_tokens: int, default_max_tokens: int | None
             raise APIError(f"top_k must be at most the vocabulary size {llm.vocab_size}, got {request.top_k}",
                            param="top_k")
         params["top_k"] = max(request.top_k, 0)  # vLLM's -1 = off
+    if request.min_p is not None:
+        params["min_p"] = request.min_p
     if request.seed is not None:
         params["seed"] = request.seed
     if request.stop is not None:

@@ -171,7 +171,6 @@ REFUSED: tuple[tuple[str, Any, str], ...] = (
     ("presence_penalty", lambda r: not r.presence_penalty, _PROCESSORS),
     ("repetition_penalty", lambda r: r.repetition_penalty in (None, 1.0), _PROCESSORS),
     ("logit_bias", lambda r: not r.logit_bias, _PROCESSORS),
-    ("min_p", lambda r: not r.min_p, _PROCESSORS),
     ("min_tokens", lambda r: not r.min_tokens, _PROCESSORS),
     ("allowed_token_ids", lambda r: r.allowed_token_ids is None, _PROCESSORS),
     ("bad_words", lambda r: not r.bad_words, _PROCESSORS),

@@ -65,6 +65,7 @@ CASES = {
     "unknown field": completion(whatever={"x": 1}),
     "stop_token_ids past vocab": completion(stop_token_ids=[10**6]),
     "top_k past vocab": completion(top_k=10**6),
+    "min_p above one": completion(min_p=1.5),
     "request_id empty": completion(request_id=""),
     "chat content missing": chat(messages=[{"role": "user"}]),
     "chat function role": chat(messages=[{"role": "function", "content": "x", "name": "f"}]),
@@ -116,7 +117,7 @@ def test_the_messages_say_what_is_wrong(server):
 REFUSED = [
     completion(best_of=3), completion(use_beam_search=True), completion(length_penalty=0.5),
     completion(frequency_penalty=0.5), completion(presence_penalty=-1.0), completion(repetition_penalty=1.2),
-    completion(logit_bias={"5": 10}), completion(min_p=0.1), completion(min_tokens=3),
+    completion(logit_bias={"5": 10}), completion(min_tokens=3),
     completion(allowed_token_ids=[1, 2]), completion(bad_words=["x"]), completion(logits_processors=["x"]),
     completion(response_format={"type": "json_object"}),
     chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}),
@@ -157,7 +158,7 @@ def test_every_declared_field_is_honoured_or_has_a_refusal():
     from specdec.server.schema import REFUSED as COMMON, REFUSED_CHAT, REFUSED_COMPLETION, ChatRequest, CompletionRequest
 
     honoured = {"model", "max_tokens", "temperature", "top_p", "n", "seed", "stop", "stream", "stream_options", "user",
-                "metadata", "safety_identifier", "prompt_cache_key", "top_k", "ignore_eos", "stop_token_ids",
+                "metadata", "safety_identifier", "prompt_cache_key", "top_k", "min_p", "ignore_eos", "stop_token_ids",
                 "truncate_prompt_tokens", "request_id", "return_token_ids", "cache_salt", "specdec",
                 "num_draft_tokens", "add_special_tokens"}
     completion_only = {"prompt", "echo", "logprobs"}

@@ -108,3 +108,9 @@ def test_top_one_logprobs_for_greedy_requests(client, local_llm):
                                           temperature=0, logprobs=True, top_logprobs=1)
     for entry in chat.choices[0].logprobs.content:
         assert [(t.token, t.logprob) for t in entry.top_logprobs] == [(entry.token, entry.logprob)]
+
+
+def test_min_p_is_the_text_apis(client, local_llm):
+    kw = dict(max_tokens=12, temperature=1.0, seed=11)
+    got = client.completions.create(model="demo", prompt=PROMPT, extra_body={"min_p": 0.2}, **kw).choices[0].text
+    assert got == local_llm.generate(PROMPT, max_new_tokens=12, temperature=1.0, seed=11, min_p=0.2).text
