@@ -7,7 +7,8 @@ Families (model_type → what its `Arch` sets beyond Llama's RMSNorm · SiLU-gat
   gemma2                        + attention and final logit soft-capping, query_pre_attn_scalar, norms after
                                 attention and after the MLP too, sliding-window layers alternating with global ones
   gemma3_text                   gemma2's body without soft-capping, + q/k norms, local (sliding) layers on their own
-                                RoPE base
+                                RoPE base; `gemma3` (4B and up: the vision-language wrapper) runs its language model
+                                on text prompts
   phi3                          fused q|k|v and gate|up in the checkpoint, partial rotary, LongRoPE (short factors:
                                 texts up to original_max_position_embeddings), sliding window
   gpt_neox                      LayerNorm with biases, GELU MLP with biases, partial rotary, parallel residual
@@ -20,6 +21,7 @@ refused with one line naming it; nothing is silently ignored.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -28,7 +30,7 @@ import torch.nn.functional as F
 __all__ = ["Arch", "LlamaShape", "FAMILIES", "hf_weights", "hf_ropes", "norm", "mlp_activation", "rope_table"]
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "gpt_neox", "gpt2",
-            "starcoder2")
+            "starcoder2", "gemma3")
 _GEMMA = ("gemma", "gemma2", "gemma3_text")
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
                 "gelu": "gelu"}
@@ -104,6 +106,10 @@ class LlamaShape:
                              "(other models run on the transformers path: engine='hf')")
         if model_type == "gpt2":
             return _gpt2_shape(config)
+        if model_type == "gemma3":  # the vision-language wrapper: its language model, on text
+            shape = cls.from_hf(config.text_config)
+            tied = bool(getattr(config, "tie_word_embeddings", shape.tie_word_embeddings))
+            return dataclasses.replace(shape, tie_word_embeddings=tied)
         if getattr(config, "mlp_bias", False):
             raise ValueError(f"{model_type} checkpoints with mlp_bias are not covered by the fast model")
         act_name = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "silu")
@@ -265,6 +271,7 @@ def hf_ropes(model, shape: LlamaShape) -> list[tuple[torch.Tensor | None, float]
     if shape.arch.rotary_dim == 0:
         return []
     base = getattr(model, "model", None) or getattr(model, "gpt_neox", None)
+    base = getattr(base, "language_model", base)  # (Gemma 3's vision-language wrapper)
     rotary = getattr(base, "rotary_emb", None)
     if rotary is None:
         return [(None, 1.0)]
@@ -272,7 +279,7 @@ def hf_ropes(model, shape: LlamaShape) -> list[tuple[torch.Tensor | None, float]
         raise ValueError("FastLlama does not support dynamic RoPE scaling (its frequencies depend on the length)")
     if shape.arch.layer_rope:  # Gemma 3: one table per layer type present ("full_attention" < "sliding_attention")
         return [(getattr(rotary, f"{t}_inv_freq"), float(getattr(rotary, f"{t}_attention_scaling")))
-                for t in sorted(set(model.config.layer_types))]
+                for t in sorted(set(model.config.get_text_config().layer_types))]
     inv_freq = getattr(rotary, "original_inv_freq", None) if shape.arch.rope_limit else None  # LongRoPE: short
     return [(inv_freq if inv_freq is not None else rotary.inv_freq, float(getattr(rotary, "attention_scaling", 1.0)))]
 
@@ -291,9 +298,10 @@ def hf_weights(model, shape: LlamaShape):
     if config.model_type == "starcoder2":
         yield from _starcoder2_weights(model, params, shape)
         return
-    yield "embed", None, params["model.embed_tokens.weight"]
+    root = "model.language_model." if config.model_type == "gemma3" else "model."
+    yield "embed", None, params[root + "embed_tokens.weight"]
     for i in range(shape.n_layers):
-        pre = f"model.layers.{i}."
+        pre = f"{root}layers.{i}."
         attn, mlp = pre + "self_attn.", pre + "mlp."
         if config.model_type == "phi3":
             yield "wqkv", i, params[attn + "qkv_proj.weight"]
@@ -317,7 +325,7 @@ def hf_weights(model, shape: LlamaShape):
             yield "post_mlp_norm", i, one_plus(params[pre + "post_feedforward_layernorm.weight"])
         else:
             yield "mlp_norm", i, one_plus(params[pre + "post_attention_layernorm.weight"])
-    yield "final_norm", None, one_plus(params["model.norm.weight"])
+    yield "final_norm", None, one_plus(params[root + "norm.weight"])
     if not shape.tie_word_embeddings:
         yield "lm_head", None, model.get_output_embeddings().weight
 

@@ -37,6 +37,11 @@ FAMILIES = {
                          "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}})),
     "gemma3-all-local": lambda: T.Gemma3ForCausalLM(T.Gemma3TextConfig(
         **COMMON, head_dim=16, query_pre_attn_scalar=16, sliding_window=WINDOW)),  # 2 layers of a 6-pattern
+    "gemma3-vision-language": lambda: T.Gemma3ForConditionalGeneration(T.Gemma3Config(
+        text_config=dict(**COMMON, head_dim=16, query_pre_attn_scalar=16, sliding_window=WINDOW,
+                         layer_types=["sliding_attention", "full_attention"]),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                           image_size=28, patch_size=14), mm_tokens_per_image=4)),
     "phi3": lambda: T.Phi3ForCausalLM(T.Phi3Config(**COMMON, sliding_window=WINDOW)),
     "phi3-partial-longrope": lambda: T.Phi3ForCausalLM(T.Phi3Config(
         **COMMON, partial_rotary_factor=0.5, original_max_position_embeddings=64,
@@ -117,6 +122,23 @@ def test_engine_greedy_equals_transformers(family):
             assert out == hf_greedy(target, prompt, new, []), (name, prompt)
         if drafter is draft:
             assert res.stats.accepted_tokens > 0  # speculation really ran (and rolled back where rejected)
+
+
+def test_requests_join_mid_flight_past_the_window():
+    """Requests admitted while others run (slot moves, refills) on alternating local/global layers: each request's
+    greedy text is transformers' own, far past the window."""
+    target, draft = _make("gemma2"), _make("gemma2", draft_noise=0.05)
+    engine = Engine(target, draft, EngineConfig(max_batch_size=2, max_seq_len=96, num_draft_tokens=3))
+    prompts = [list(range(3, 20)), [7, 8], [9] * 12 + [4], list(range(30, 3, -1))]
+    outputs, ids, pending = {}, {}, list(enumerate(prompts))
+    while pending or engine.has_unfinished():
+        if pending:  # one new request per step, more requests than slots
+            i, prompt = pending.pop(0)
+            ids[engine.add_request(prompt, SamplingParams(temperature=0, max_new_tokens=14 + 3 * i))] = i
+        for out in engine.step():
+            outputs.setdefault(ids[out.request_id], []).extend(out.new_token_ids)
+    for i, prompt in enumerate(prompts):
+        assert outputs[i] == hf_greedy(target, prompt, 14 + 3 * i, [])
 
 
 def test_shapes_name_what_each_family_changes():
