@@ -1,7 +1,9 @@
-"""The GPU fast path: a compact Llama with a static per-row KV cache and CUDA-graph decode steps.
+"""The GPU fast path: a compact decoder with a static per-row KV cache and CUDA-graph decode steps.
 
 Terms:
-  FastLlama    plain-PyTorch Llama (fused q|k|v and gate|up weights) loaded from a transformers Llama
+  FastLlama    plain-PyTorch decoder (fused q|k|v and gate|up weights) loaded from a transformers model of
+               `families.FAMILIES` (Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3, GPT-NeoX, GPT-2, StarCoder2);
+               what the families differ in is `LlamaShape.arch` (`fast/families.py`)
   KVCache      `[B, H_kv, S, D]` per layer; row b's token at position t lives in slot t (no holes), so
                rollback is a pointer move: `crop(lengths)` only sets `lengths`
   FastTarget   the target interface of `specdec.models.hf.HFCausalLM` (begin / forward / crop / select_rows)
