@@ -38,9 +38,12 @@ class Cell:
     acceptance: str = "iid"
     sampled_share: float = 0.0  # share of rows at T > 0 (their α is 0.8 of the greedy rows')
     alpha_spread: float = 0.1
+    small_ratios: tuple = ()  # T(γ)/T(0) at batch buckets <= 8 (speculation is cheaper there); () = `ratios`
+    ramp: bool = False  # requests join one per step at first (a server starting up), else the slots fill at once
 
-    def ratio(self, gamma: int) -> float:
-        points = sorted(((0, 1.0), *self.ratios))
+    def ratio(self, gamma: int, bucket: int | None = None) -> float:
+        ratios = self.small_ratios if self.small_ratios and bucket is not None and bucket <= 8 else self.ratios
+        points = sorted(((0, 1.0), *ratios))
         for (g0, r0), (g1, r1) in zip(points, points[1:]):
             if g0 <= gamma <= g1:
                 return r0 + (r1 - r0) * (gamma - g0) / (g1 - g0)
@@ -50,7 +53,7 @@ class Cell:
     def step_seconds(self, bucket: int, gamma: int, longest: int) -> float:
         rows_scale = (0.4 + 0.6 * bucket / self.slots) if bucket < self.slots else 1.0  # smaller batch: cheaper
         length_scale = 1.0 + 0.05 * max(longest.bit_length() - 7, 0)  # longer rows: a little more attention
-        return self.plain_s * rows_scale * length_scale * self.ratio(gamma)
+        return self.plain_s * rows_scale * length_scale * self.ratio(gamma, bucket)
 
 
 class _Row:
@@ -87,6 +90,8 @@ def simulate(cell: Cell, gamma="auto", requests: int | None = None, seed: int = 
     while waiting or running:
         while waiting and len(running) < cell.slots:
             running.append(waiting.pop())
+            if cell.ramp and len(running) < cell.slots and seconds < 64 * cell.plain_s:
+                break  # (ramping up: one more request per step)
         n = len(running)
         bucket = next(b for b in BATCH_BUCKETS if b >= n)
         longest = max(r.length for r in running)

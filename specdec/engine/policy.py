@@ -5,10 +5,12 @@ running row's length, rounded up to a power of two, at least 64),
 
     γ* = argmax over γ ∈ {0} ∪ candidates of  mean over running rows of τ_row(γ)  /  T(b, γ, ℓ)
 
-T(b, γ, ℓ): the measured wall time of a whole step (device and host), the median of its last `_WINDOW` timed
-steps. An arm not timed at (b, ℓ) borrows its time from the nearest length bucket, then the nearest batch
-bucket, that timed it, scaled by the arms timed at both (`_borrow`); an arm timed nowhere is interpolated
-linearly in γ. So a new bucket needs no exploration of its own: it times the arm the engine is running.
+T(b, γ, ℓ): the measured wall time of a whole step (device and host), the lower median of its last `_WINDOW`
+timed steps (noise in step times is one-sided: a straggler is only ever slower). An arm not timed at (b, ℓ)
+borrows its time from the nearest length bucket at b that timed it, scaled by the arms timed at both
+(`_borrow`); γ's not timed at b are interpolated linearly in γ between the timed ones. Only while b has timed
+fewer than two arms are times borrowed from other batch buckets (their ratios do not carry over well:
+speculation costs relatively more in a big batch than in a small one).
 
 τ_row(γ) = 1 + ρ · (E(α, γ) − 1): the tokens a row is expected to produce per step. E is Thm 3.8's expected
 tokens (`specdec.analysis.expected_tokens`); α = the row's Σβ over its verified positions with a prior (the
@@ -21,17 +23,23 @@ prefill: 55–78 ms at 8–32 rows on an H200, 30–40 plain steps' worth). The 
 (`record_step(..., catch_up_of=plain steps)`): the time beyond the usual step at its cell is spread over the
 plain steps that caused it and added to T(b, 0). A switch into a run of plain steps, or out of one, commits to
 one catch-up: the arm switched to carries it spread over `_REGIME` steps (hysteresis: no flip-flopping that pays
-a catch-up each time; before any catch-up was measured it is taken as `_CATCH_UP_PRIOR` plain steps). The engine's drafters re-feed their last 4 committed tokens, so up to `_FREE_PLAIN` = 2 plain steps
-need no catch-up: every probe runs `_PROBE` = 2 steps, and a probe of plain steps is free.
+a catch-up each time; before any catch-up was measured it is taken as `_CATCH_UP_PRIOR` plain steps). The
+engine's drafters re-feed their last 4 committed tokens, so up to `_FREE_PLAIN` = 2 plain steps need no
+catch-up: a plain probe runs `_PROBE` = 2 steps, and plain probes are separated by a speculative step.
+
+Exploration. The very first bucket times γ = `_FIRST_GAMMA` (cheap even where speculation is compute-bound)
+and plain steps, `_FIRST_SAMPLES` steps each; a later new bucket times the arm the engine is running and, when
+that speculates, plain steps (free); a run of plain steps borrows the speculative arms' times. The runner-up,
+when its time is borrowed from another batch bucket, runs one probe to be timed here (unless that would
+interrupt a plain run and pay a catch-up). Otherwise, at most every `_EXPLORE_MIN` decisions another arm (the
+runner-up, then the others in turn) runs for `_PROBE` steps, and only while the probes' expected loss (their
+steps at the arm's predicted rate instead of the winner's, plus the catch-up a probe out of a plain run causes)
+stays under `_EXPLORE_BUDGET` of the time run so far: arms that predict close are re-timed often; a far-off
+arm, or speculation out of a long plain run, rarely.
 
 Cadence: reading the rows' totals from the device costs a host sync, so a decision is kept `_HOLD` steps, or
 until the batch bucket changes; rows coming and going inside a bucket do not re-decide (under continuous
-admission they change almost every step). The very first bucket times γ = default and γ = 0 (`_FIRST_SAMPLES`
-steps each); a later new bucket times the running arm and borrows the rest. Exploration: at most every
-`_EXPLORE_MIN` decisions another arm (the runner-up, then the others in turn) runs for `_PROBE` steps, and only
-while the probes' expected loss (their steps at the arm's predicted rate instead of the winner's, plus the
-catch-up a probe out of a plain run causes) stays under `_EXPLORE_BUDGET` of the time run so far. Arms that
-predict close get re-timed often; a far-off arm, or speculation out of a long plain run, rarely.
+admission they change almost every step).
 
 Why not a γ per row: a step's time is set by its shape (batch bucket, the step's γ, length bucket): the drafter
 and the verify pass compute γ + 1 positions for every row of that shape, so a row that drafts less saves no
@@ -50,7 +58,9 @@ __all__ = ["GammaPolicy", "CANDIDATES"]
 #: the γ's "auto" may choose besides 0 (those up to max_draft_tokens, and max_draft_tokens itself)
 CANDIDATES = (1, 2, 4, 6, 8)
 _WINDOW = 8  # timed steps kept per (b, γ, ℓ); T is their median (robust to a stray slow step)
-_FIRST_SAMPLES = 2  # timed steps of γ = default and of γ = 0 at a new batch bucket before the model decides
+_FIRST_GAMMA = 2  # the first speculative arm timed (cheap where speculation is compute-bound; the line through
+# T(0) and T(2) extrapolates the larger γ's, and one the model ranks first runs and so gets timed)
+_FIRST_SAMPLES = 3  # timed steps of each first arm at a new batch bucket (a median of 3 drops a straggler)
 _PROBE = 2  # steps a probe (a first timing, an exploration) runs
 _FREE_PLAIN = 2  # plain steps in a row that need no drafter catch-up (the model drafters' re-fed window)
 _HOLD = 8  # steps a decision is kept
@@ -84,7 +94,7 @@ class GammaPolicy:
         self.max_draft_tokens = max_draft_tokens
         self.candidates = sorted({g for g in CANDIDATES if g <= max_draft_tokens} | (
             {max_draft_tokens} if max_draft_tokens else set()))
-        self.default = min(4, max_draft_tokens) if max_draft_tokens else 0
+        self.default = min(_FIRST_GAMMA, max_draft_tokens) if max_draft_tokens else 0  # the first speculative probe
         self.samples: dict[tuple[int, int, int], list[float]] = {}  # (b, γ, ℓ) → its last step times (seconds)
         self.catch_up: dict[int, list[float]] = {}  # b → the last catch-up costs per plain step (seconds)
         self.catch_up_events: dict[int, list[float]] = {}  # b → the last whole catch-up costs (seconds)
@@ -93,6 +103,7 @@ class GammaPolicy:
         self.last_rates: dict[int, float] = {}  # γ → predicted tokens per row per second at the last decision
         self.predicted: dict[int, float] = {}  # γ → predicted tokens per row per step at the last decision
         self._choice, self._bucket, self._age, self._keep = None, None, 0, 0  # the kept decision
+        self._winner = None  # the last decision that was not a probe: the arm the engine is running
         self._decisions: dict[int, int] = {}  # b → decisions made
         self._explore: dict[int, list] = {}  # b → [decisions between probes, next probe at, winner before it, turn]
         self._plain_run = 0  # plain steps chosen in a row (past _FREE_PLAIN: a catch-up is pending)
@@ -135,6 +146,8 @@ class GammaPolicy:
         else:
             gamma, keep = self._decide(batch, running, estimates, length_bucket(length or 1))
             self._choice, self._bucket, self._age, self._keep = gamma, batch, 1, keep
+            if keep == _HOLD:
+                self._winner = gamma
         self._plain_run = self._plain_run + 1 if gamma == 0 else 0
         return gamma
 
@@ -146,12 +159,15 @@ class GammaPolicy:
             if need:
                 first = need[0]
                 if first == 0 and self.plain_catches_up and self._plain_run >= _FREE_PLAIN:
-                    first = self.default  # (a longer run of plain steps would cost a catch-up: separate the probes)
-                return first, _PROBE
-        elif not here or max(self._timed(batch, g) for g in here) < _FIRST_SAMPLES:
-            # a new bucket: time the arm the engine is running (no catch-up), borrow the others' ratios (`_times`)
-            current = self._choice if self._choice is not None else self.default
-            return current, _PROBE
+                    return self.default, 1  # (a longer run of plain steps would cost a catch-up: one step between)
+                return first, _FIRST_SAMPLES if first else _PROBE
+        else:  # a new bucket: time the arm the engine is running (no catch-up) and, when that speculates, plain
+            current = self._winner if self._winner is not None else self.default  # steps (a free probe); a plain
+            for first in (current, 0) if current else (0,):  # run borrows the speculative arms (`_times`)
+                if self._timed(batch, first) < _FIRST_SAMPLES:
+                    if first == 0 and current and self.plain_catches_up and self._plain_run >= _FREE_PLAIN:
+                        return current, 1  # (separate the plain probes: a longer plain run would cost a catch-up)
+                    return first, _FIRST_SAMPLES if first else _PROBE
         totals = estimates() if estimates is not None else [_estimate(r).totals() for r in running]
         rows = self._rows(totals)
         times = self._times(batch, ell)
@@ -181,7 +197,13 @@ class GammaPolicy:
         count = self._decisions[batch] = self._decisions.get(batch, 0) + 1
         state = self._explore.setdefault(batch, {"after": count + _EXPLORE_MIN, "since": self._clock, "turn": 0})
         winner = ranked[0]
-        if len(ranked) < 2 or count < state["after"]:
+        if len(ranked) < 2:
+            return winner, _HOLD
+        here = {g for b, g, _ in self.samples if b == batch}
+        runner = ranked[1]  # its time borrowed from another batch bucket (a ratio that may not hold here): time it
+        if runner in times and runner not in here and not (self.plain_catches_up and winner == 0 and runner > 0):
+            return runner, _PROBE
+        if count < state["after"]:
             return winner, _HOLD
         arm = ranked[1 + state["turn"] % (len(ranked) - 1)]  # the runner-up first, then the others in turn
         rates = self.last_rates
@@ -216,16 +238,21 @@ class GammaPolicy:
         return [(min((b + prior) / (r + _PRIOR_WEIGHT), 1.0), (d + 1) / (s + 1)) for b, r, s, d in totals]
 
     def _times(self, batch: int, ell: int) -> dict[int, float]:
-        """γ → T(b, γ, ℓ) for every γ timed at b, or at another batch bucket: `_borrow` across length buckets at
-        b, then across batch buckets (the nearest first), each scaled by the arms timed at both."""
+        """γ → T(b, γ, ℓ) for every γ timed at b (`_borrow` across length buckets at b); when b timed fewer than
+        two arms, also those timed at other batch buckets (the nearest first), scaled by the arms timed at both.
+        (Two arms timed at b — plain and one speculative γ — interpolate the rest better than another bucket's
+        ratios do: speculation costs relatively more in a big batch than in a small one.)"""
         grid: dict[int, dict[int, dict[int, float]]] = {}  # b → ℓ → γ → median
         for (b, g, e), values in self.samples.items():
             if values:
                 grid.setdefault(b, {}).setdefault(e, {})[g] = _median(values)
-        if not grid:
+        if batch not in grid:
             return {}
+        own = _borrow(grid[batch], ell)
+        if len(own) >= 2:
+            return own
         rows = {b: _borrow(cells, ell) for b, cells in grid.items()}
-        return _borrow(rows, batch) if batch in rows else {}
+        return _borrow(rows, batch)
 
     # ------------------------------------------------------------------------------------ measurements
     def record_step(self, batch: int, gamma: int, seconds: float, tokens_per_row: float,
@@ -281,9 +308,9 @@ def _borrow(cells: dict[int, dict[int, float]], key: int) -> dict[int, float]:
 
 
 def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+    """The lower median: noise in step times is one-sided (a straggler is only ever slower), so of two middle
+    values the lower one is the typical step."""
+    return sorted(values)[(len(values) - 1) // 2]
 
 
 def _interpolate(times: dict[int, float], gamma: int) -> float:

@@ -49,6 +49,12 @@ MIXED = [
     _cell("8 slots lookup burst", 8, 5905, 0.55, 1.1, acceptance="burst"),
     _cell("64 slots weak drafter", 64, 25000, 0.25, 0.6, catch_up_s=0.078, alpha_spread=0.15),
     _cell("64 slots compute-bound", 64, 25000, 0.80, 0.55, catch_up_s=0.078),
+    # a server starting up: one request after another at first, where speculation is cheap (the batch-1 table's
+    # ratios), then a full batch of 64 where it is compute-bound: ratios borrowed from small buckets must not stick
+    _cell("64 slots ramp, compute-bound", 64, 25000, 0.80, 0.55, catch_up_s=0.078, ramp=True,
+          small_ratios=((4, expected_tokens(0.8, 4) / 2.34), (8, expected_tokens(0.8, 8) / 2.17))),
+    _cell("64 slots ramp, head", 64, 25000, 0.80, 1.32, catch_up_s=0.078, ramp=True,
+          small_ratios=((4, expected_tokens(0.8, 4) / 2.34), (8, expected_tokens(0.8, 8) / 2.17))),
 ]
 
 
@@ -57,8 +63,11 @@ def test_auto_is_never_below_plain_and_within_5_percent_of_the_best_fixed_gamma(
     fixed = fixed_rates(cell)
     best = max(fixed.values())
     auto = simulate(cell, "auto", seed=1)
-    assert auto["tok_s"] >= 0.99 * fixed[0], (cell.name, auto, fixed)  # (1%: probes a fixed plain run never makes)
     assert auto["tok_s"] >= 0.95 * best, (cell.name, auto, fixed)
+    if best >= 1.06 * fixed[0]:
+        assert auto["tok_s"] >= fixed[0], (cell.name, auto, fixed)
+    else:  # plain is (about) the best arm: auto pays only its exploration (a few speculative steps per new
+        assert auto["tok_s"] >= 0.975 * fixed[0], (cell.name, auto, fixed)  # bucket, in runs of ~700 steps)
 
 
 def test_the_simulator_reproduces_the_recorded_fixed_gamma_speedups():
@@ -97,7 +106,7 @@ def test_a_fixed_gamma_is_exactly_that_gamma():
     policy = GammaPolicy(3, 8)
     assert {policy.choose(8, [_Row()]) for _ in range(50)} == {3}
     policy.set_fixed("auto")
-    assert policy.choose(8, [_Row()]) == 4  # "auto" at a new bucket: times γ = default first
+    assert policy.choose(8, [_Row()]) == 2  # "auto" at a new bucket: times γ = default (2) first
     with pytest.raises(ValueError, match="num_draft_tokens"):
         policy.set_fixed(9)
 
@@ -109,21 +118,25 @@ def test_candidates_reach_max_draft_tokens():
 
 
 def test_a_new_bucket_probes_speculative_then_plain_steps_in_runs_of_two():
-    """Plain probes never run more than 2 steps in a row, so a drafter with a cache needs no catch-up for them."""
+    """The first bucket times γ = default and plain steps (3 each) before deciding; plain probes never run more
+    than 2 steps in a row, so a drafter with a cache needs no catch-up for them. A later bucket times the arm
+    the engine runs, and plain steps, the same way."""
     policy = GammaPolicy("auto", 8, plain_catches_up=True)
-    rows = [_Row() for _ in range(4)]
-    chosen = []
-    for i in range(8):
-        gamma = policy.choose(4, rows, lambda: [(9.0, 10.0, 5.0, 5.0)] * 4, length=100)
-        chosen.append(gamma)
-        if i % _PROBE:  # (the first step of each probe is a graph's first replay: the engine does not time it)
-            policy.record_step(4, gamma, 1.0 + 0.1 * gamma, 1.0, length=100)
-    assert chosen[:4] == [4, 4, 4, 4] and chosen[4:6] == [0, 0] and chosen[6:8] == [4, 4]
-    runs, run = [], 0
-    for g in chosen:
+    chosen, keeps = [], []
+    for bucket in (4, 16):
+        for _ in range(12):
+            gamma = policy.choose(bucket, [_Row()] * 4, lambda: [(9.0, 10.0, 5.0, 5.0)] * 4, length=100)
+            chosen.append((bucket, gamma))
+            policy.record_step(bucket, gamma, 1.0 + 0.05 * gamma, 1.0, length=100)
+    assert chosen[0] == (4, policy.default) == (4, 2)
+    for bucket in (4, 16):
+        timed = {g: len(v) for (b, g, _), v in policy.samples.items() if b == bucket}
+        assert timed.get(0, 0) >= 3 and sum(timed.values()) - timed.get(0, 0) >= 3, timed
+    run = longest = 0
+    for _, g in chosen:
         run = run + 1 if g == 0 else 0
-        runs.append(run)
-    assert max(runs) <= 2
+        longest = max(longest, run)
+    assert longest <= 2 and chosen[-1][1] > 0  # (α 0.9, speculation 5% dearer per γ: it wins)
 
 
 def test_times_are_medians_per_length_bucket_and_borrowed_across_buckets():
@@ -144,7 +157,7 @@ def test_times_are_medians_per_length_bucket_and_borrowed_across_buckets():
 def test_a_decision_is_kept_for_a_few_steps_and_reads_the_rows_once():
     policy = GammaPolicy("auto", 8)
     for bucket in (32, 64):
-        for gamma, seconds in ((0, 1.0), (4, 1.4)):
+        for gamma, seconds in ((0, 1.0), (2, 1.2)):
             for _ in range(3):
                 policy.record_step(bucket, gamma, seconds, 1.0)
     calls = []
@@ -156,6 +169,7 @@ def test_a_decision_is_kept_for_a_few_steps_and_reads_the_rows_once():
     chosen = [policy.choose(32, [_Row()] * (20 + i % 3), estimates) for i in range(_HOLD)]
     assert len(set(chosen)) == 1 and chosen[0] > 0 and len(calls) == 1  # rows coming and going: no re-decision
     policy.samples[(64, 0, 64)] = [0.1] * 3  # at bucket 64 plain steps measure 14x faster: plain wins there
+    policy.samples[(64, chosen[0], 64)] = [1.8] * 3  # (and the running arm was timed there)
     assert policy.choose(64, [_Row()] * 40, estimates) == 0 and len(calls) == 2  # a new bucket re-decides at once
 
 
@@ -166,6 +180,7 @@ def test_a_catch_up_after_plain_steps_counts_against_plain_steps():
     for _ in range(3):
         policy.record_step(8, 0, 1.0, 1.0)
         policy.record_step(8, 4, 2.0, 1.0)
+        policy.record_step(8, 2, 1.5, 1.0)
 
     def estimates():  # α 0.2 over 100 verified positions: every γ > 0 gives < 1 token per second (T(1) = 1.25 s)
         return [(20.0, 100.0, 25.0, 25.0)] * 8
