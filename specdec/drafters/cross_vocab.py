@@ -74,6 +74,16 @@ class VocabBridge:
         text = target.decode([target_id])
         return draft.encode(text, add_special_tokens=False) if text else []
 
+    def single_spelling(self) -> torch.Tensor:
+        """One draft id per target id `[V_t]`: its shared id, else the first of its spelling (the draft's unknown
+        token, or 0, when it has none) — what the engine feeds, keeping the target's positions."""
+        unk = getattr(self._draft_tokenizer, "unk_token_id", None)
+        out = self.target_to_draft.clone()
+        for t in (out < 0).nonzero().flatten().tolist():
+            ids = self.spell(t)
+            out[t] = ids[0] if ids else (unk if unk is not None else 0)
+        return out
+
     def target_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
         """Draft logits `[B, V_d]` → logits over the target vocabulary `[B, V_t]`, -inf outside the shared tokens."""
         out = draft_logits.new_full((draft_logits.shape[0], self.target_vocab_size), float("-inf"))

@@ -38,10 +38,11 @@ def covers_drafter(drafter) -> bool:
     if drafter is None or isinstance(drafter, (PromptLookupDrafter, NGramDrafter)) or is_drafter(drafter):
         return True
     if isinstance(drafter, Drafter):
+        from specdec.drafters.cross_vocab import CrossVocabDrafter
         from specdec.drafters.model import ModelDrafter
         from specdec.fast.target import FastDrafter
 
-        if type(drafter) not in (ModelDrafter, FastDrafter):
+        if type(drafter) not in (ModelDrafter, FastDrafter, CrossVocabDrafter):
             return False
     return covers(drafter)
 
@@ -105,6 +106,15 @@ def build_drafter(drafter, engine):
     model = _fast_model(drafter)
     if model.device != engine.device:
         model = model.to(engine.device)
+    from specdec.drafters.cross_vocab import CrossVocabDrafter
+
+    if isinstance(drafter, CrossVocabDrafter):  # another tokenizer: drafts through the vocabulary bridge
+        from specdec.engine.cross_vocab_drafter import EngineCrossVocabDrafter
+
+        if drafter.vocab_size != vocab:
+            raise ValueError(f"the vocabulary bridge maps into {drafter.vocab_size} target ids; the target has {vocab}")
+        model.kernels = engine.config.kernels
+        return EngineCrossVocabDrafter(model, drafter.bridge, engine.state, engine.max_batch, engine.num_positions)
     if model.shape.vocab_size != vocab:
         raise ValueError(f"draft and target vocabularies differ: drafter has {model.shape.vocab_size} tokens, "
                          f"target has {vocab}; speculative decoding needs the same vocabulary")

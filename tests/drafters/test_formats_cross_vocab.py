@@ -1,6 +1,6 @@
-"""Drafting with another tokenizer (`CrossVocabDrafter`, token-level intersection) on the transformers loop:
-batched greedy output identical to plain decoding, the drafts are the draft's argmax over the shared tokens, and
-the joint law of two tokens at T > 0 is the target's (chi-square), with a misreported-q negative control."""
+"""Drafting with another tokenizer (`CrossVocabDrafter`, token-level intersection) on both runners: batched greedy
+output identical to plain decoding, the loop's drafts are the draft's argmax over the shared tokens of its spelled
+text, and the joint law of two tokens at T > 0 is the target's (chi-square), with misreported-q negative controls."""
 
 import numpy as np
 import pytest
@@ -96,7 +96,7 @@ class FromScratchDrafter(CrossVocabDrafter):
 def test_batched_greedy_is_the_targets_and_drafts_follow_the_spelled_text(big, gamma):
     target, draft, target_tok, draft_tok = big
     prompts = RAGGED_PROMPTS + [list(range(4, 40)), [50, 51, 52, 53]]
-    kwargs = dict(max_new_tokens=20, temperature=0, num_draft_tokens=gamma, eos_token_id=[])
+    kwargs = dict(max_new_tokens=20, temperature=0, num_draft_tokens=gamma, eos_token_id=[], engine="hf")
     res = specdec.generate(target, prompts, drafter=CrossVocabDrafter(draft, VocabBridge(target_tok, draft_tok)),
                            **kwargs)
     assert res.sequences == [hf_greedy(target, p, 20, []) for p in prompts]
@@ -126,22 +126,22 @@ class MisreportingDrafter(CrossVocabDrafter):
 
 @pytest.mark.parametrize("sampling, gamma", [(SamplingConfig(temperature=1.0), 3),
                                              (SamplingConfig(temperature=0.8, top_k=5), 2)])
-def test_two_token_law(small, sampling, gamma):
+def test_two_token_law_on_the_loop(small, sampling, gamma):
     target, draft, target_tok, draft_tok = small
     drafter = CrossVocabDrafter(draft, VocabBridge(target_tok, draft_tok))
     res = specdec.generate(target, [PROMPT] * 6000, drafter=drafter, max_new_tokens=3,
                            temperature=sampling.temperature, top_k=sampling.top_k, num_draft_tokens=gamma, seed=1,
-                           eos_token_id=[])
+                           eos_token_id=[], engine="hf")
     pairs = np.array([s[0] * 16 + s[1] for s in res.sequences])
     assert chi2_pvalue(pairs, exact_two_token_law(target, sampling)) > PASS
     assert 0 < res.stats.alpha < 1
 
 
-def test_negative_control_a_misreported_q_fails(small):
+def test_negative_control_a_misreported_q_fails_on_the_loop(small):
     target, draft, target_tok, draft_tok = small
     drafter = MisreportingDrafter(draft, VocabBridge(target_tok, draft_tok))
     res = specdec.generate(target, [PROMPT] * 4000, drafter=drafter, max_new_tokens=3, temperature=1.0,
-                           num_draft_tokens=3, seed=1, eos_token_id=[])
+                           num_draft_tokens=3, seed=1, eos_token_id=[], engine="hf")
     pairs = np.array([s[0] * 16 + s[1] for s in res.sequences])
     assert chi2_pvalue(pairs, exact_two_token_law(target, SamplingConfig(1.0))) < FAIL
 
@@ -149,3 +149,70 @@ def test_negative_control_a_misreported_q_fails(small):
 def test_tokenizers_sharing_nothing_are_refused():
     with pytest.raises(ValueError, match="share no token"):
         VocabBridge(tokenizer(SPECIALS + ["a", "b"]), tokenizer(SPECIALS + ["c", "d"]))
+
+
+# ---------------------------------------------------------------------------------------------- the engine
+@pytest.mark.parametrize("gamma", [1, 3, "auto"])
+def test_engine_greedy_is_the_targets(big, gamma):
+    target, draft, target_tok, draft_tok = big
+    prompts = RAGGED_PROMPTS + [list(range(4, 40)), [50, 51, 52, 53]]
+    drafter = CrossVocabDrafter(draft, VocabBridge(target_tok, draft_tok))
+    res = specdec.generate(target, prompts, drafter=drafter, max_new_tokens=20, temperature=0,
+                           num_draft_tokens=gamma, eos_token_id=[], engine="fast")
+    assert res.sequences == [hf_greedy(target, p, 20, []) for p in prompts]
+    assert res.stats.accepted_tokens > res.stats.num_generated_tokens // 4
+
+
+def _engine_pairs(target, drafter, rows: int):
+    from specdec.engine import Engine, EngineConfig
+    from specdec.request import SamplingParams
+
+    engine = Engine(target, drafter, EngineConfig(max_batch_size=256, max_seq_len=32, num_draft_tokens=3))
+    index = {engine.add_request(PROMPT, SamplingParams(temperature=1.0, max_new_tokens=2)): i for i in range(rows)}
+    tokens = [[] for _ in range(rows)]
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens[index[out.request_id]].extend(out.new_token_ids)
+    return np.array([a * 16 + b for a, b in tokens]), engine.stats
+
+
+def test_engine_two_token_law(small):
+    target, draft, target_tok, draft_tok = small
+    pairs, stats = _engine_pairs(target, CrossVocabDrafter(draft, VocabBridge(target_tok, draft_tok)), 6000)
+    assert chi2_pvalue(pairs, exact_two_token_law(target, SamplingConfig(1.0))) > PASS
+    assert 0 < stats.alpha < 1
+
+
+def test_engine_negative_control_a_misreported_q_fails(small, monkeypatch):
+    from specdec.engine.drafters import StepView
+
+    target, draft, target_tok, draft_tok = small
+    real = StepView.draw
+
+    def flattened(self, logits, position):  # drawn from the restricted law, reported as if unrestricted
+        token, q = real(self, logits, position)
+        flat = torch.where(q > 0, q, torch.full_like(q, 0.05))
+        return token, flat / flat.sum(-1, keepdim=True)
+
+    monkeypatch.setattr(StepView, "draw", flattened)
+    pairs, _ = _engine_pairs(target, CrossVocabDrafter(draft, VocabBridge(target_tok, draft_tok)), 2000)
+    assert chi2_pvalue(pairs, exact_two_token_law(target, SamplingConfig(1.0))) < FAIL
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_engine_on_cuda_keeps_greedy_exact(big):
+    from helpers import assert_same_greedy
+
+    target, draft, target_tok, draft_tok = big
+    cuda = target.cuda()
+    try:
+        drafter = CrossVocabDrafter(draft.cuda(), VocabBridge(target_tok, draft_tok))
+        prompts = RAGGED_PROMPTS + [list(range(4, 40))]
+        res = specdec.generate(cuda, prompts, drafter=drafter, max_new_tokens=30, temperature=0, num_draft_tokens=3,
+                               eos_token_id=[])
+        for prompt, out in zip(prompts, res.sequences):
+            assert_same_greedy(cuda, prompt, out, hf_greedy(cuda, prompt, 30, []))
+    finally:
+        target.cpu()
+        draft.cpu()
