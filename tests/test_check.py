@@ -145,7 +145,7 @@ def test_greedy_difference_at_an_exact_tie_fails_only_in_fp32(make_llama, monkey
 
 def test_result_is_strict_json(pair):
     target, draft = pair
-    result = specdec.check(target, draft, PROMPTS[:1], engine="hf", trials=200, positions=1, greedy_tokens=2)
+    result = specdec.check(target, draft, PROMPTS[:1], engine="hf", trials=200, positions=2, greedy_tokens=2)
     data = json.loads(dumps(result.to_dict()))
     assert data["status"] == result.status and data["positions"][0]["law"]["dof"] == result.positions[0].law.dof
     assert data["prompts"] == [list(p) for p in result.prompts] and data["timings"]["total_s"] > 0
@@ -154,7 +154,7 @@ def test_result_is_strict_json(pair):
 def test_prompts_are_the_most_telling_prefixes(pair):
     target, draft = pair
     long = [list(range(1, 13)), [2, 4, 6, 8, 10, 12, 14]]
-    result = specdec.check(target, draft, long, engine="hf", trials=100, positions=1, num_prompts=3,
+    result = specdec.check(target, draft, long, engine="hf", trials=100, positions=2, num_prompts=3,
                            max_prompt_tokens=5, greedy_tokens=0)
     assert len(result.prompts) == 3
     assert all(2 <= len(p) <= 5 for p in result.prompts)
@@ -177,7 +177,7 @@ def test_law_cells_sum_to_the_trials(pair):
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"trials": 0}, "trials must be >= 1"), ({"trials": 10**7}, "trials must be <="),
-    ({"positions": 7}, "positions must be <="), ({"level": 0.7}, "level must be"), ({"engine": "vllm"}, "engine"),
+    ({"positions": 7}, "positions must be <="), ({"positions": 1}, "positions must be >= 2"), ({"level": 0.7}, "level must be"), ({"engine": "vllm"}, "engine"),
     ({"num_draft_tokens": 0}, "num_draft_tokens"), ({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"),
     ({"num_prompts": 0}, "num_prompts"), ({"greedy_tokens": -1}, "greedy_tokens"),
 ])

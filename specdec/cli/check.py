@@ -49,7 +49,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--trials", type=int, default=DEFAULT_TRIALS,
                    help=f"seeded requests for the law test, 1..{MAX_TRIALS} (default {DEFAULT_TRIALS})")
     p.add_argument("--positions", type=int, default=DEFAULT_POSITIONS,
-                   help=f"new tokens per trial, each position tested, 1..{MAX_POSITIONS} (default {DEFAULT_POSITIONS})")
+                   help=f"new tokens per trial, each position tested, 2..{MAX_POSITIONS}: a step drafts at most "
+                        f"positions − 1 (default {DEFAULT_POSITIONS})")
     p.add_argument("--num-prompts", type=int, default=4, help="prompts the law test uses, 1..64 (default 4)")
     p.add_argument("--max-prompt-tokens", type=int, default=8,
                    help="longest prompt prefix the law test considers (default 8: prefill is most of a trial's cost)")
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
 
     # every number is checked before anything is loaded
     check_int("--trials", args.trials, 1, MAX_TRIALS)
-    check_int("--positions", args.positions, 1, MAX_POSITIONS)
+    check_int("--positions", args.positions, 2, MAX_POSITIONS)  # with 1 new token a step drafts nothing
     check_int("--num-prompts", args.num_prompts, 1, MAX_PROMPTS)
     check_int("--max-prompt-tokens", args.max_prompt_tokens, 1, MAX_PROMPT_TOKENS)
     check_int("--greedy-tokens", args.greedy_tokens, 0, MAX_GREEDY_TOKENS)

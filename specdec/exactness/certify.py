@@ -45,6 +45,9 @@ logger = logging.getLogger(__name__)
 #: logits elements a trial batch may hold at once (rows × (prompt + γ + 1) × V: the transformers loop's prefill
 #: computes logits at every prompt position), bounds memory (64 MiB of fp32 logits)
 _BATCH_ELEMENTS = 1 << 24
+#: rows per `specdec.generate` call on the engine: its slots (more queue; the peak memory of one call grew with its
+#: rows, 1.3 GB at 64 rows and 3.2 GB at 340 for the demo pair on a CPU)
+_ENGINE_ROWS = 64
 
 
 @dataclass(frozen=True)
@@ -159,7 +162,7 @@ def _validate(trials, positions, num_prompts, max_prompt_tokens, greedy_tokens, 
     from specdec.request import as_int, check_num_draft_tokens
 
     trials = as_int(trials, "trials", minimum=1, maximum=MAX_TRIALS)
-    positions = as_int(positions, "positions", minimum=1, maximum=MAX_POSITIONS)
+    positions = as_int(positions, "positions", minimum=2, maximum=MAX_POSITIONS)  # 1 token: nothing is drafted
     num_prompts = as_int(num_prompts, "num_prompts", minimum=1, maximum=MAX_PROMPTS)
     max_prompt_tokens = as_int(max_prompt_tokens, "max_prompt_tokens", minimum=1, maximum=MAX_PROMPT_TOKENS)
     greedy_tokens = as_int(greedy_tokens, "greedy_tokens", minimum=0, maximum=MAX_GREEDY_TOKENS)
@@ -246,6 +249,8 @@ def _run_trials(target, drafter, prompts, rows, positions, sampling, gamma, engi
 
     width = max(len(p) for p in prompts) + (gamma if isinstance(gamma, int) else 8) + 1
     per_batch = max(1, min(4096, _BATCH_ELEMENTS // (width * vocab)))
+    if engine != "hf":  # the engine runs 64 slots at once; a call's peak memory grows with its rows (measured)
+        per_batch = min(per_batch, _ENGINE_ROWS)
     samples: list[list[list[int]]] = [[] for _ in prompts]
     for chunk, start in enumerate(range(0, len(rows), per_batch)):
         batch = rows[start:start + per_batch]
@@ -304,7 +309,7 @@ def check(target, drafter, prompts, *, temperature: float = 1.0, top_k: int = 0,
     drafter    what `specdec.generate` takes: a transformers model, a `Drafter`, a feature-head folder
     prompts    token-id lists: the law test uses their best prefixes (see the module docstring), the greedy
                comparison the prompts themselves
-    positions  generated tokens per trial K, each position tested (the first step drafts min(γ, K − 1))
+    positions  generated tokens per trial K ≥ 2, each position tested (the first step drafts min(γ, K − 1))
     level      a law test fails below this p-value; a wrong law must be rejected below it
     Returns a `CheckResult` (never raises for a failed test; raises ValueError/TypeError for bad arguments).
     """

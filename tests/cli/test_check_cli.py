@@ -41,6 +41,7 @@ def test_greedy_only(capsys, ckpt):
 
 @pytest.mark.parametrize("argv, message", [
     (["--trials", "0"], "--trials must be >= 1"), (["--positions", "9"], "--positions must be <="),
+    (["--positions", "1"], "--positions must be >= 2"),
     (["--level", "0"], "--level must be >"), (["--level", "0.5"], "--level must be < 0.5"),
     (["--top-p", "1.5"], "--top-p must be <="), (["--num-draft-tokens", "0"], "--num-draft-tokens"),
     (["--greedy-tokens", "-1"], "--greedy-tokens must be >= 0")
@@ -61,3 +62,13 @@ def test_unknown_engine_is_a_usage_error(capsys, ckpt):
 def test_target_and_draft_go_together(capsys, argv, message):
     code, _, err = cli(capsys, *argv)
     assert code == 2 and message in err
+
+
+def test_the_demo_pair_is_the_default(capsys):
+    """`specdec check` with no pair checks the shipped demo pair (a short run; the full one is in BENCHMARKS.md)."""
+    code, out, _ = cli(capsys, "--trials", "600", "--positions", "2", "--num-prompts", "2", "--greedy-tokens", "4",
+                       "--json", "--quiet")
+    data = json.loads(out)
+    assert data["target"].endswith("demo_pair/target") and data["draft"].endswith("demo_pair/draft")
+    assert code == 0 and data["status"] == "pass" and data["greedy"]["identical"] == data["greedy"]["prompts"] == 9
+    assert all(p["resample_from_p"]["p_value"] < 1e-4 for p in data["positions"])
