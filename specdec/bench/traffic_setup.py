@@ -38,8 +38,13 @@ class TrafficSetup:
     notes: list = field(default_factory=list)
 
 
+#: the engines' largest γ ("auto" chooses up to it; a fixed --policy must not exceed it)
+MAX_DRAFT_TOKENS = 8
+
+
 def _config(max_batch: int, max_seq_len: int | None) -> EngineConfig:
-    return EngineConfig(max_batch_size=max_batch, max_seq_len=max_seq_len, num_draft_tokens="auto", max_draft_tokens=8)
+    return EngineConfig(max_batch_size=max_batch, max_seq_len=max_seq_len, num_draft_tokens="auto",
+                        max_draft_tokens=MAX_DRAFT_TOKENS)
 
 
 def _arms(target, drafters, config, *, draft=None, head=None, corpus=None) -> dict:

@@ -128,6 +128,9 @@ def _traffic_spec(args: argparse.Namespace):
             TrafficSpec(**{k: v for k, v in base.items() if k in ("arrivals", "policies", name)})
         except (ValueError, TypeError) as err:
             raise CLIError(f"{flag}: {err}") from None
+    for policy in base["policies"]:
+        if policy != "auto" and policy > MAX_BENCH_GAMMA:
+            raise CLIError(f"--policy: the traffic table's engines are built for γ <= {MAX_BENCH_GAMMA}, got {policy}")
     base["seed"] = args.seed or 0
     return TrafficSpec(**base)
 

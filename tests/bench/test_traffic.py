@@ -133,10 +133,10 @@ QUICK = ["bench", "--quick", "--slots", "1", "2", "--arrival", "closed", "poisso
 
 
 def test_bench_quick_writes_the_whole_table(tmp_path, capsys):
-    from specdec.bench.traffic_setup import DRAFTERS
-    from specdec.cli.bench import TRAFFIC_DRAFTERS
+    from specdec.bench.traffic_setup import DRAFTERS, MAX_DRAFT_TOKENS
+    from specdec.cli.bench import MAX_BENCH_GAMMA, TRAFFIC_DRAFTERS
 
-    assert DRAFTERS == TRAFFIC_DRAFTERS
+    assert DRAFTERS == TRAFFIC_DRAFTERS and MAX_DRAFT_TOKENS == MAX_BENCH_GAMMA  # (the CLI checks against these)
     assert main(QUICK + ["--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out.strip().splitlines()
     summary = json.loads(printed[-1])
@@ -165,7 +165,7 @@ def test_bench_quick_writes_the_whole_table(tmp_path, capsys):
 
 @pytest.mark.parametrize("extra, message", [
     (["--slots", "0"], "--slots"), (["--slots", "300"], "--slots"), (["--arrival", "poisson:-3"], "--arrival"),
-    (["--arrival", "bursty"], "--arrival"), (["--policy", "99"], "--policy"), (["--sampled-share", "2"], "--sampled-share"),
+    (["--arrival", "bursty"], "--arrival"), (["--policy", "99"], "--policy"), (["--policy", "auto", "12"], "--policy"), (["--sampled-share", "2"], "--sampled-share"),
     (["--prompt-tokens", "90", "10"], "--prompt-tokens"), (["--requests-per-slot", "0"], "--requests-per-slot"),
     (["--max-seconds", "-1"], "--max-seconds"), (["--gamma", "3"], "--gamma"), (["--pair", "x"], "--pair"),
     (["--dtype", "float16"], "--dtype"), (["--device", "cuda"], "--device"),
