@@ -15,7 +15,7 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -235,22 +235,18 @@ class StepLayout:
     gamma: int
     counters: bool = False
     logprobs: bool = False
+    # derived once (the engine reads a table every step): token columns, where each block starts, the width
+    k: int = field(init=False)
+    counters_at: int = field(init=False)
+    logprobs_at: int = field(init=False)
+    width: int = field(init=False)
 
-    @property
-    def k(self) -> int:
-        return self.gamma + 1
-
-    @property
-    def width(self) -> int:
-        return self.k + 5 + (StepCounts.width(self.gamma) if self.counters else 0) + (self.k if self.logprobs else 0)
-
-    @property
-    def counters_at(self) -> int:
-        return self.k + 5
-
-    @property
-    def logprobs_at(self) -> int:
-        return self.k + 5 + (StepCounts.width(self.gamma) if self.counters else 0)
+    def __post_init__(self) -> None:
+        k = self.gamma + 1
+        logprobs_at = k + 5 + (StepCounts.width(self.gamma) if self.counters else 0)
+        for name, value in (("k", k), ("counters_at", k + 5), ("logprobs_at", logprobs_at),
+                            ("width", logprobs_at + (k if self.logprobs else 0))):
+            object.__setattr__(self, name, value)
 
 
 def pack_step(
@@ -307,10 +303,10 @@ class StepRecord:
 
     gamma: int  # drafts per row (token trees: the tree's depth; 0 = a plain step)
     tokens: list[list[int]]  # [B] tokens committed per row (cut after EOS / at the budget)
-    num_accepted: tuple[int, ...]  # [B] drafts accepted by verification, before the cut (inactive rows: 0)
-    num_drafted: tuple[int, ...]  # [B] the row's draft length (inactive rows: 0)
-    finished: tuple[int, ...]  # [B] 1 = the row finished in this step
-    hit_eos: tuple[int, ...]  # [B] 1 = it finished on an EOS token
+    num_accepted: list[int]  # [B] drafts accepted by verification, before the cut (inactive rows: 0)
+    num_drafted: list[int]  # [B] the row's draft length (inactive rows: 0)
+    finished: list[int]  # [B] 1 = the row finished in this step
+    hit_eos: list[int]  # [B] 1 = it finished on an EOS token
     logprobs: list[list[float]] | None  # [B] log p(token) of the committed tokens, when asked for
     row_counts: tuple[StepCounts, ...] | None  # [B] acceptance counters per row; None = kept on the device
     counts: StepCounts | None  # their sum over the rows (None as row_counts)
@@ -330,9 +326,10 @@ class StepRecord:
                verify_time_s: float = 0.0, has_beta: bool = True) -> "StepRecord":
         """Read `pack_step`'s table (on any device: this is the step's one synchronization); raises on invalid
         target logits. `has_beta=False`: the counters carry no β (token trees)."""
-        if packed.dim() != 2 or packed.shape[1] != layout.width or packed.dtype != torch.long:
+        shape = packed.shape
+        if len(shape) != 2 or shape[1] != layout.width or packed.dtype is not torch.long:
             raise ValueError(f"StepRecord.unpack: expected an int64 [B + 1, {layout.width}] table for {layout}, "
-                             f"got {packed.dtype} {tuple(packed.shape)}")
+                             f"got {packed.dtype} {tuple(shape)}")
         k = layout.k
         if layout.logprobs:
             packed = packed.cpu()
@@ -347,7 +344,11 @@ class StepRecord:
         if tail[0]:
             raise ValueError(f"target logits {INVALID_SCORES}")
         tokens = [row[: row[k]] for row in rows]
-        columns = list(zip(*rows)) if rows else [()] * (k + 5)
+        accepted, drafted = [row[k + 1] for row in rows], [row[k + 2] for row in rows]
+        if tail[3]:  # some rows finished
+            finished, hit_eos = [row[k + 3] for row in rows], [row[k + 4] for row in rows]
+        else:
+            finished = hit_eos = [0] * len(rows)
         if logprobs is not None:
             logprobs = [lp[: row[k]] for lp, row in zip(logprobs, rows)]
         row_counts = counts = None
@@ -358,8 +359,8 @@ class StepRecord:
             counts = StepCounts.total(list(row_counts), layout.gamma, has_beta)
         out = object.__new__(cls)  # the frozen record without the dataclass __init__'s per-field setattr
         object.__setattr__(out, "__dict__", {
-            "gamma": layout.gamma, "tokens": tokens, "num_accepted": columns[k + 1], "num_drafted": columns[k + 2],
-            "finished": columns[k + 3], "hit_eos": columns[k + 4], "logprobs": logprobs, "row_counts": row_counts,
+            "gamma": layout.gamma, "tokens": tokens, "num_accepted": accepted, "num_drafted": drafted,
+            "finished": finished, "hit_eos": hit_eos, "logprobs": logprobs, "row_counts": row_counts,
             "counts": counts, "num_committed": tail[2], "num_produced": tail[1], "num_finished": tail[3],
             "drafter_calls": drafter_calls, "draft_time_s": draft_time_s, "verify_time_s": verify_time_s,
         })

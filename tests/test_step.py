@@ -43,8 +43,8 @@ def test_step_record_reads_back_what_the_step_packed():
     assert packed.shape == (4, layout.width) and packed.dtype == torch.long
     record = StepRecord.unpack(packed, layout, drafter_calls=2, draft_time_s=0.5, verify_time_s=0.25)
     assert record.tokens == [[5, 6, 7], [8], []]
-    assert record.num_accepted == (2, 0, 0) and record.num_drafted == (2, 1, 0)  # inactive rows count nothing
-    assert record.finished == (1, 1, 0) and record.hit_eos == (1, 0, 0)
+    assert record.num_accepted == [2, 0, 0] and record.num_drafted == [2, 1, 0]  # inactive rows count nothing
+    assert record.finished == [1, 1, 0] and record.hit_eos == [1, 0, 0]
     assert [record.kept_accepted(i) for i in range(3)] == [2, 0, 0]
     assert record.num_committed == 4 and record.num_produced == 4 and record.num_finished == 2
     assert record.logprobs == [[pytest.approx(-0.6931471805599453)] * 3, [pytest.approx(-0.6931471805599453)], []]
@@ -84,3 +84,13 @@ def test_the_fold_adds_records_and_merges_runs():
     assert pooled.reached_by_position == [2, 1] and pooled.draft_time_s == 1.5
     assert stats.num_steps == 1  # pooling copies
     assert SpecStats.pooled([]) == SpecStats()
+
+
+def test_a_step_without_finished_rows_reads_no_finish_columns():
+    layout = StepLayout(1)
+    tokens, n = torch.tensor([[4, 5], [6, 7]]), torch.tensor([1, 0])
+    no = torch.zeros(2, dtype=torch.bool)
+    packed = pack_step(layout, tokens, n + 1, n, None, no, no, ~no, torch.tensor(False))
+    record = StepRecord.unpack(packed, layout)
+    assert record.tokens == [[4, 5], [6]] and record.finished == [0, 0] and record.num_finished == 0
+    assert layout.width == 7 and StepLayout(1, counters=True, logprobs=True).width == 7 + 7 + 2

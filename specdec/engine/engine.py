@@ -382,11 +382,14 @@ class Engine:
         self._passes += record.drafter_calls
         self._spec_steps += 1 if record.gamma else 0
         make, running = RequestOutput.make, self._running
-        tokens, accepted, drafted = record.tokens, record.num_accepted, record.num_drafted
-        logprobs = record.logprobs
-        outputs = [make(r.request_id, t, logprobs[i] if logprobs is not None and r.params.logprobs else None,
-                        min(a, len(t)), d)
-                   for i, (r, t, a, d) in enumerate(zip(running, tokens, accepted, drafted))]
+        tokens, accepted, drafted, logprobs = record.tokens, record.num_accepted, record.num_drafted, record.logprobs
+        # num_accepted of an output: the accepted drafts among its committed tokens
+        if logprobs is None:
+            outputs = [make(r.request_id, t, None, a if a < len(t) else len(t), d)
+                       for r, t, a, d in zip(running, tokens, accepted, drafted)]
+        else:
+            outputs = [make(r.request_id, t, lp if r.params.logprobs else None, a if a < len(t) else len(t), d)
+                       for r, t, a, d, lp in zip(running, tokens, accepted, drafted, logprobs)]
         for request, t in zip(running, tokens):
             request.length += len(t)
         self._stats.add_step(record)
