@@ -9,6 +9,7 @@ until file descriptors run out. `GuardedH11Protocol` adds:
   byte (or of the connection opening); otherwise 408 (headers incomplete) or the connection is closed (body
   incomplete: the app sees a disconnect). The deadline is not extended by trickled bytes (slowloris).
 - a connection limit: past `max_connections` open connections a new one gets 503 and is closed at once.
+- a header limit that holds whatever the reads' sizes: past MAX_HEADER_BYTES before the blank line, 431.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_made(self, transport) -> None:  # noqa: D102 - asyncio.Protocol
         self._read_deadline = None
+        self._head = b""
         super().connection_made(transport)
         if len(self.connections) > self.max_connections:
             logger.warning("refused a connection: %d open connections (--max-connections %d)", len(self.connections) - 1,
@@ -52,6 +54,12 @@ class GuardedH11Protocol(H11Protocol):
         self._arm()
 
     def data_received(self, data: bytes) -> None:  # noqa: D102
+        if self.conn.their_state is h11.IDLE and not self._head_fits(data):
+            logger.info("refused a request whose headers exceed %d bytes", MAX_HEADER_BYTES)
+            self.transport.write(_response(431, "Request Header Fields Too Large",
+                                           f"the request line and headers exceed {MAX_HEADER_BYTES} bytes"))
+            self.transport.close()
+            return
         super().data_received(data)
         if self.transport.is_closing():
             return
@@ -60,6 +68,16 @@ class GuardedH11Protocol(H11Protocol):
                 self._arm()
         else:  # the whole request is in: the app runs as long as it needs
             self._disarm()
+
+    def _head_fits(self, data: bytes) -> bool:
+        """Whether the request line and headers arriving (across reads) end within MAX_HEADER_BYTES. h11's own limit
+        only bounds what it buffers between reads: headers arriving in one read would pass whatever their size."""
+        head = (self._head + data)[: MAX_HEADER_BYTES + 4]
+        if head.find(b"\r\n\r\n") >= 0:
+            self._head = b""
+            return True
+        self._head = head
+        return len(head) <= MAX_HEADER_BYTES
 
     def connection_lost(self, exc) -> None:  # noqa: D102
         self._disarm()

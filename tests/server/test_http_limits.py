@@ -175,3 +175,20 @@ def test_an_idle_keep_alive_connection_is_closed(live):
         s.sendall(b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1\r\n\r\nx")
         data, took = read_until_closed(s)
     assert b"200 OK" in data and took < KEEP_ALIVE + 2
+
+
+def test_oversized_headers_are_refused(live):
+    _, port = live
+    with connect(port) as s:
+        s.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * (64 * 1024) + b"\r\n\r\n")
+        data, _ = read_until_closed(s)
+    assert data.startswith(b"HTTP/1.1 431")
+    with connect(port) as s:  # the same, trickled over many reads
+        s.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ")
+        try:
+            for _ in range(40):
+                s.sendall(b"a" * 1024)
+        except OSError:
+            pass
+        data, _ = read_until_closed(s)
+    assert data.startswith(b"HTTP/1.1 431") or data.startswith(b"HTTP/1.1 400")

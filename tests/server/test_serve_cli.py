@@ -95,7 +95,7 @@ def test_model_commands_have_threads_seed_quiet_and_every_help_shows_defaults():
 
     parser = build_parser()
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    loading = ("generate", "analyze", "demo", "bench", "policies", "serve", "beam")
+    loading = ("generate", "analyze", "demo", "bench", "policies", "serve", "beam", "check")
     for name in loading:
         options = {o for a in subparsers.choices[name]._actions for o in a.option_strings}
         assert {"--threads", "--seed", "--quiet"} <= options, name
