@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import math
 
-from specdec.analysis import expected_tokens
 
 __all__ = ["GammaPolicy", "CANDIDATES"]
 
@@ -96,6 +95,8 @@ class GammaPolicy:
             {max_draft_tokens} if max_draft_tokens else set()))
         self.default = min(_FIRST_GAMMA, max_draft_tokens) if max_draft_tokens else 0  # the first speculative probe
         self.samples: dict[tuple[int, int, int], list[float]] = {}  # (b, γ, ℓ) → its last step times (seconds)
+        self._grid: dict[int, dict[int, dict[int, float]]] = {}  # b → ℓ → γ → T (the samples' lower median)
+        self._counts: dict[tuple[int, int], int] = {}  # (b, γ) → timed steps
         self.catch_up: dict[int, list[float]] = {}  # b → the last catch-up costs per plain step (seconds)
         self.catch_up_events: dict[int, list[float]] = {}  # b → the last whole catch-up costs (seconds)
         self.tokens: dict[tuple[int, int], float] = {}  # (b, γ) → EMA of tokens per row per step (measured)
@@ -153,8 +154,7 @@ class GammaPolicy:
 
     def _decide(self, batch: int, running, estimates, ell: int) -> tuple[int, int]:
         """→ (γ, steps to keep it)."""
-        here = {g for (b, g, _), v in self.samples.items() if b == batch and v}
-        if not any(b != batch for b, _, _ in self.samples):  # the first bucket: time a speculative and a plain probe
+        if not any(b != batch for b in self._grid):  # the first bucket: time a speculative and a plain probe
             need = [g for g in (self.default, 0) if self._timed(batch, g) < _FIRST_SAMPLES]
             if need:
                 first = need[0]
@@ -180,11 +180,10 @@ class GammaPolicy:
                 pending = switch
             elif self._decisions:  # (the first decision of all picks the regime freely: nothing runs yet)
                 plain_extra = max(plain_extra, switch)
+        extra = _extra_tokens(rows, self.candidates)
         rates, predicted = {}, {}
         for gamma in (0, *self.candidates):
-            tau = 1.0
-            if gamma and rows:
-                tau += sum([c * (expected_tokens(a, gamma) - 1.0) for a, c in rows]) / len(rows)
+            tau = 1.0 + extra[gamma] / len(rows) if gamma and rows else 1.0
             seconds = _interpolate(times, gamma) + (plain_extra if gamma == 0 else pending)
             predicted[gamma] = tau
             rates[gamma] = tau / max(seconds, 1e-12)
@@ -199,7 +198,7 @@ class GammaPolicy:
         winner = ranked[0]
         if len(ranked) < 2:
             return winner, _HOLD
-        here = {g for b, g, _ in self.samples if b == batch}
+        here = {g for b, g in self._counts if b == batch}
         runner = ranked[1]  # its time borrowed from another batch bucket (a ratio that may not hold here): time it
         if runner in times and runner not in here and not (self.plain_catches_up and winner == 0 and runner > 0):
             return runner, _PROBE
@@ -225,7 +224,7 @@ class GammaPolicy:
         return _median(events) if events else _CATCH_UP_PRIOR * _interpolate(times, 0)
 
     def _timed(self, batch: int, gamma: int) -> int:
-        return sum(len(v) for (b, g, _), v in self.samples.items() if b == batch and g == gamma)
+        return self._counts.get((batch, gamma), 0)
 
     def _rows(self, totals) -> list[tuple[float, float]]:
         """Each row's (α, ρ): α = (Σβ + α₀·w) / (verified + w), α₀ the pooled α of the rows (or of those
@@ -242,10 +241,7 @@ class GammaPolicy:
         two arms, also those timed at other batch buckets (the nearest first), scaled by the arms timed at both.
         (Two arms timed at b — plain and one speculative γ — interpolate the rest better than another bucket's
         ratios do: speculation costs relatively more in a big batch than in a small one.)"""
-        grid: dict[int, dict[int, dict[int, float]]] = {}  # b → ℓ → γ → median
-        for (b, g, e), values in self.samples.items():
-            if values:
-                grid.setdefault(b, {}).setdefault(e, {})[g] = _median(values)
+        grid = self._grid
         if batch not in grid:
             return {}
         own = _borrow(grid[batch], ell)
@@ -262,15 +258,17 @@ class GammaPolicy:
         committed; its time beyond the usual step at its cell is charged to them (`record_catch_up`)."""
         self._clock += max(seconds, 0.0)
         if catch_up_of > 0:
-            timed = any(b == batch and g == gamma for b, g, _ in self.samples)
-            usual = self.step_time(batch, gamma, length) if timed else None
+            usual = self.step_time(batch, gamma, length) if (batch, gamma) in self._counts else None
             if usual is not None:
                 self.record_catch_up(batch, seconds - usual, catch_up_of)
             return
-        values = self.samples.setdefault((batch, gamma, length_bucket(length or 1)), [])
+        ell = length_bucket(length or 1)
+        values = self.samples.setdefault((batch, gamma, ell), [])
         values.append(seconds)
         if len(values) > _WINDOW:
             del values[0]
+        self._grid.setdefault(batch, {}).setdefault(ell, {})[gamma] = _median(values)
+        self._counts[(batch, gamma)] = self._counts.get((batch, gamma), 0) + 1
         old = self.tokens.get((batch, gamma))
         self.tokens[(batch, gamma)] = tokens_per_row if old is None else 0.8 * old + 0.2 * tokens_per_row
 
@@ -305,6 +303,21 @@ def _borrow(cells: dict[int, dict[int, float]], key: int) -> dict[int, float]:
         for g, seconds in there.items():
             here.setdefault(g, seconds * scale)
     return here
+
+
+def _extra_tokens(rows: list[tuple[float, float]], gammas) -> dict[int, float]:
+    """γ → Σ over rows of ρ · (E(α, γ) − 1), E(α, γ) − 1 = α (1 − α^γ) / (1 − α) (Thm 3.8; γ when α = 1): one
+    pass over the rows for every γ (the policy's cost at 64 rows is this loop)."""
+    sums = dict.fromkeys(gammas, 0.0)
+    for alpha, coverage in rows:
+        if alpha >= 1.0:
+            for g in gammas:
+                sums[g] += coverage * g
+            continue
+        scale = coverage * alpha / (1.0 - alpha)
+        for g in gammas:
+            sums[g] += scale * (1.0 - alpha ** g)
+    return sums
 
 
 def _median(values: list[float]) -> float:

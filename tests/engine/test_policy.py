@@ -111,6 +111,15 @@ def test_a_fixed_gamma_is_exactly_that_gamma():
         policy.set_fixed(9)
 
 
+def test_extra_tokens_are_thm_3_8s():
+    from specdec.engine.policy import _extra_tokens
+
+    rows = [(0.7, 1.0), (0.2, 0.5), (1.0, 1.0), (0.0, 1.0)]
+    sums = _extra_tokens(rows, (1, 2, 4, 8))
+    for g in (1, 2, 4, 8):
+        assert sums[g] == pytest.approx(sum(c * (expected_tokens(a, g) - 1.0) for a, c in rows))
+
+
 def test_candidates_reach_max_draft_tokens():
     assert GammaPolicy("auto", 8).candidates == [1, 2, 4, 6, 8]
     assert GammaPolicy("auto", 5).candidates == [1, 2, 4, 5]
@@ -156,7 +165,7 @@ def test_times_are_medians_per_length_bucket_and_borrowed_across_buckets():
 
 def test_a_decision_is_kept_for_a_few_steps_and_reads_the_rows_once():
     policy = GammaPolicy("auto", 8)
-    for bucket in (32, 64):
+    for bucket in (32,):
         for gamma, seconds in ((0, 1.0), (2, 1.2)):
             for _ in range(3):
                 policy.record_step(bucket, gamma, seconds, 1.0)
@@ -168,8 +177,9 @@ def test_a_decision_is_kept_for_a_few_steps_and_reads_the_rows_once():
 
     chosen = [policy.choose(32, [_Row()] * (20 + i % 3), estimates) for i in range(_HOLD)]
     assert len(set(chosen)) == 1 and chosen[0] > 0 and len(calls) == 1  # rows coming and going: no re-decision
-    policy.samples[(64, 0, 64)] = [0.1] * 3  # at bucket 64 plain steps measure 14x faster: plain wins there
-    policy.samples[(64, chosen[0], 64)] = [1.8] * 3  # (and the running arm was timed there)
+    for _ in range(3):  # at bucket 64 plain steps measure 14x faster (and the running arm was timed there too)
+        policy.record_step(64, 0, 0.1, 1.0)
+        policy.record_step(64, chosen[0], 1.8, 1.0)
     assert policy.choose(64, [_Row()] * 40, estimates) == 0 and len(calls) == 2  # a new bucket re-decides at once
 
 
