@@ -396,10 +396,3 @@ def check_same_vocabulary(drafter, target):
             f"target has {target.vocab_size}; speculative decoding needs the same vocabulary"
         )
     return drafter
-
-
-def check_eos_sequence(eos: Sequence[int], vocab_size: int) -> list[int]:
-    for tok in eos:
-        if not 0 <= tok < vocab_size:
-            raise ValueError(f"eos_token_id {tok} is outside the vocabulary [0, {vocab_size})")
-    return list(eos)

@@ -69,7 +69,7 @@ def test_kit_reported_q_is_the_law_of_the_drafts_and_zero_outside(pair, params):
     tokens, probs = [], []
     with torch.inference_mode():
         engine._admit([])
-        view = StepView(engine.state, 256, 32, Flavor(False, False, params.top_p < 1, False))
+        view = StepView(engine.state, 256, 32, Flavor.of(params))
         for i in range(KIT_ROWS // 256 + 1):
             engine.state.seed[:256] = torch.arange(256) + 256 * i
             drafts, q, _ = engine.drafter.propose(view, 2)
