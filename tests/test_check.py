@@ -39,7 +39,9 @@ def resample_from_p(draft_tokens, draft_probs, target_probs, generator=None, *, 
                     **kw):
     """A mis-verified rule: after a rejection, sample from p instead of norm(max(0, p − q))."""
     result = verify(draft_tokens, draft_probs, target_probs, generator, draft_lengths=draft_lengths, leniency=leniency)
-    lengths = draft_lengths if draft_lengths is not None else torch.full_like(result.num_accepted, draft_tokens.shape[1])
+    lengths = draft_lengths
+    if lengths is None:
+        lengths = torch.full_like(result.num_accepted, draft_tokens.shape[1])
     rejected = result.num_accepted < lengths
     at = result.num_accepted[:, None, None].expand(-1, 1, target_probs.shape[-1])
     redo = sample(target_probs.gather(1, at).squeeze(1), generator)
@@ -61,6 +63,17 @@ def test_a_correct_pair_passes_with_power(pair, engine, sampling):
     assert result.worst_p_value == min(p.law.p_value for p in result.positions)
     assert sum(result.trials_per_prompt) == TRIALS and len(result.prompts) == 4  # num_prompts, from 3 prompts
     assert result.greedy.identical == result.greedy.prompts == len(PROMPTS)
+
+
+@pytest.mark.parametrize("engine", ["hf", "fast"])
+def test_a_table_drafter_passes(pair, engine):
+    """A deterministic drafter (one-hot q, asked through `Drafter.propose`): the same law test and controls."""
+    target, _ = pair
+    bigram = specdec.NGramDrafter(2).fit([[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5] * 4, list(range(16)) * 3], 16)
+    result = specdec.check(target, bigram, [p * 2 for p in PROMPTS], engine=engine, trials=TRIALS,
+                           num_draft_tokens=3, greedy_tokens=8)
+    assert result.status == "pass", result.reasons
+    assert all(p.resample_from_p.p_value < 1e-4 <= p.law.p_value for p in result.positions)
 
 
 def test_a_drafter_that_misreports_q_fails(pair):
@@ -177,7 +190,8 @@ def test_law_cells_sum_to_the_trials(pair):
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"trials": 0}, "trials must be >= 1"), ({"trials": 10**7}, "trials must be <="),
-    ({"positions": 7}, "positions must be <="), ({"positions": 1}, "positions must be >= 2"), ({"level": 0.7}, "level must be"), ({"engine": "vllm"}, "engine"),
+    ({"positions": 7}, "positions must be <="), ({"positions": 1}, "positions must be >= 2"),
+    ({"level": 0.7}, "level must be"), ({"engine": "vllm"}, "engine"),
     ({"num_draft_tokens": 0}, "num_draft_tokens"), ({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"),
     ({"num_prompts": 0}, "num_prompts"), ({"greedy_tokens": -1}, "greedy_tokens"),
 ])

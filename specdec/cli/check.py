@@ -154,9 +154,13 @@ def certificate(result, target: str, draft: str, tokenizer=None) -> str:
                   f"{len(r.positions)} new tokens each; chi-square per position at level {r.level:g}",
                   "            pos  cells  dof   p-value  │ wrong laws (must reject): q   resample-from-p"]
         for pos in r.positions:
-            lines.append(f"            {pos.position:>3}  {pos.law.cells:>5}  {pos.law.dof:>3}  {_p(pos.law.p_value):>8}"
-                         f"  │ {_p(pos.drafter and pos.drafter.p_value):>29}  {_p(pos.resample_from_p and pos.resample_from_p.p_value):>15}")
-        lines.append(f"  worst     p-value {_p(r.worst_p_value)} ({'≥' if r.worst_p_value >= r.level else '<'} {r.level:g})")
+            wrong_q = pos.drafter.p_value if pos.drafter else None
+            wrong_rule = pos.resample_from_p.p_value if pos.resample_from_p else None
+            law = pos.law
+            lines.append(f"            {pos.position:>3}  {law.cells:>5}  {law.dof:>3}  {_p(law.p_value):>8}"
+                         f"  │ {_p(wrong_q):>29}  {_p(wrong_rule):>15}")
+        side = "≥" if r.worst_p_value >= r.level else "<"
+        lines.append(f"  worst     p-value {_p(r.worst_p_value)} ({side} {r.level:g})")
         power = {True: "ok: every wrong law rejected at every position", False: "LACKING (see below)",
                  None: "not assessed"}[r.power]
         lines.append(f"  power     {power}")
@@ -165,8 +169,8 @@ def certificate(result, target: str, draft: str, tokenizer=None) -> str:
     if r.greedy is not None:
         g = r.greedy
         ties = f"; {g.ties} differ at near-ties (rounding, not a failure)" if g.ties else ""
-        lines.append(f"  greedy    {g.identical}/{g.prompts} prompts identical to plain decoding ({g.new_tokens} tokens "
-                     f"each){ties}")
+        lines.append(f"  greedy    {g.identical}/{g.prompts} prompts identical to plain decoding "
+                     f"({g.new_tokens} tokens each){ties}")
     t = r.timings
     lines.append(f"  time      {t.total_s:.1f} s (trials {t.trials_s:.1f} s, laws {t.laws_s:.1f} s, "
                  f"greedy {t.greedy_s:.1f} s)")

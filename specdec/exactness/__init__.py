@@ -9,6 +9,7 @@ j-th generated token; its law is tested jointly with the prefix before it (`laws
 deliberately wrong law the same trials must reject, showing the test could have caught a bug on this pair.
 Modules: `stats` (chi-square, pooled cells; also used by the test suite), `laws` (the exact law as cells, from
 plain forward passes), `certify` (`check`: prompts, trials through the runner, tests, the greedy comparison),
+`result` (the records it returns),
 `limits` (bounds and defaults, importable without torch). Names below are imported on first use.
 """
 
@@ -18,11 +19,11 @@ import importlib
 
 _EXPORTS = {
     "check": "specdec.exactness.certify",
-    "CheckResult": "specdec.exactness.certify",
-    "CheckTimings": "specdec.exactness.certify",
-    "GreedyDifference": "specdec.exactness.certify",
-    "GreedyResult": "specdec.exactness.certify",
-    "PositionResult": "specdec.exactness.certify",
+    "CheckResult": "specdec.exactness.result",
+    "CheckTimings": "specdec.exactness.result",
+    "GreedyDifference": "specdec.exactness.result",
+    "GreedyResult": "specdec.exactness.result",
+    "PositionResult": "specdec.exactness.result",
     "ChiSquare": "specdec.exactness.stats",
     "chi_square": "specdec.exactness.stats",
     "chi2_pvalue": "specdec.exactness.stats",

@@ -18,14 +18,20 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from specdec.core import SamplingConfig
-from specdec.request import vocab_size
-from specdec.exactness.laws import CELL_MIN_EXPECTED, LAWS, bug_law, build_tree, drafter_laws, model_laws, position_cells
+from specdec.exactness.laws import (
+    CELL_MIN_EXPECTED,
+    LAWS,
+    bug_law,
+    build_tree,
+    drafter_laws,
+    model_laws,
+    position_cells,
+)
 from specdec.exactness.limits import (
     DEFAULT_POSITIONS,
     DEFAULT_TRIALS,
@@ -36,7 +42,9 @@ from specdec.exactness.limits import (
     MAX_PROMPTS,
     MAX_TRIALS,
 )
-from specdec.exactness.stats import ChiSquare, chi_square
+from specdec.exactness.result import CheckResult, CheckTimings, GreedyDifference, GreedyResult, PositionResult
+from specdec.exactness.stats import chi_square
+from specdec.request import vocab_size
 
 __all__ = ["check", "CheckResult", "PositionResult", "GreedyResult", "GreedyDifference", "CheckTimings", "TIE_ULPS"]
 
@@ -48,113 +56,6 @@ _BATCH_ELEMENTS = 1 << 24
 #: rows per `specdec.generate` call on the engine: its slots (more queue; the peak memory of one call grew with its
 #: rows, 1.3 GB at 64 rows and 3.2 GB at 340 for the demo pair on a CPU)
 _ENGINE_ROWS = 64
-
-
-@dataclass(frozen=True)
-class PositionResult:
-    """The tests of generated position `position` (1-based), over every trial.
-
-    law              the trials against the target's exact law (a pass: p-value ≥ level)
-    drafter          the same trials against q (None: q unknown) — must reject
-    resample_from_p  the same trials against the "resample from p after a rejection" law — must reject
-    """
-
-    position: int
-    law: ChiSquare
-    drafter: ChiSquare | None
-    resample_from_p: ChiSquare | None
-
-
-@dataclass(frozen=True)
-class GreedyDifference:
-    """Where one prompt's speculative greedy tokens first differ from plain decoding's.
-
-    margin  the target's top-2 logit gap after the common prefix (one plain forward pass, the model's dtype)
-    tie     margin within the tolerance of a non-fp32 model (its rounding can flip such an argmax)
-    """
-
-    prompt: int  # index into the greedy prompts
-    position: int  # 1-based generated position of the first difference
-    plain_token: int | None  # None: plain decoding had stopped
-    speculative_token: int | None
-    margin: float | None = None
-    tie: bool = False
-
-
-@dataclass(frozen=True)
-class GreedyResult:
-    """Greedy speculative decoding against plain greedy decoding on the same runner, token for token.
-
-    tie_tolerance  None for fp32/fp64 (every difference fails); else 2 ulps of the largest logit in the model's
-                   dtype: a difference at a smaller top-2 margin is rounding (reported, not a failure)
-    """
-
-    prompts: int
-    new_tokens: int
-    identical: int  # prompts whose speculative tokens equal plain decoding's
-    differences: tuple[GreedyDifference, ...] = ()
-    tie_tolerance_ulps: float | None = None
-
-    @property
-    def first_difference(self) -> GreedyDifference | None:
-        return self.differences[0] if self.differences else None
-
-    @property
-    def ties(self) -> int:
-        return sum(d.tie for d in self.differences)
-
-    @property
-    def failed(self) -> bool:
-        return any(not d.tie for d in self.differences)
-
-
-@dataclass(frozen=True)
-class CheckTimings:
-    select_s: float
-    trials_s: float
-    laws_s: float
-    greedy_s: float
-    total_s: float
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    """What was tested and what it showed. `status`: "pass", "fail" (a law rejected or greedy differs) or
-    "underpowered" (no failure, but a wrong law was not rejected: these trials could not have caught a bug)."""
-
-    status: str
-    reasons: tuple[str, ...]
-    engine: str
-    num_draft_tokens: int | str
-    temperature: float
-    top_k: int
-    top_p: float
-    level: float
-    trials: int
-    trials_per_prompt: tuple[int, ...]
-    prompts: tuple[tuple[int, ...], ...]  # the law test's prompts (token ids)
-    positions: tuple[PositionResult, ...]  # empty at temperature 0 (greedy is its own test)
-    power: bool | None  # every wrong law rejected at every position (None: not assessed)
-    greedy: GreedyResult | None
-    timings: CheckTimings
-
-    @property
-    def passed(self) -> bool:
-        return self.status == "pass"
-
-    @property
-    def worst_p_value(self) -> float | None:
-        """The smallest p-value of the target-law tests (None when no law test ran)."""
-        return min((p.law.p_value for p in self.positions), default=None)
-
-    def to_dict(self) -> dict:
-        out = asdict(self)
-        out["prompts"] = [list(p) for p in self.prompts]
-        out["passed"] = self.passed
-        out["worst_p_value"] = self.worst_p_value
-        if self.greedy is not None:
-            out["greedy"].update(ties=self.greedy.ties, failed=self.greedy.failed)
-        return out
 
 
 def _validate(trials, positions, num_prompts, max_prompt_tokens, greedy_tokens, level, seed, engine,
@@ -299,10 +200,73 @@ def _greedy(target, drafter, prompts, new_tokens, gamma, engine) -> GreedyResult
     return GreedyResult(len(prompts), new_tokens, identical, tuple(differences), None if strict else TIE_ULPS)
 
 
+@dataclass(frozen=True)
+class _LawRun:
+    prompts: list
+    trials_per_prompt: list
+    positions: tuple
+    power: bool | None
+    reasons: tuple
+    select_s: float
+    trials_s: float
+    laws_s: float
+
+
+def _law_tests(target, drafter, vocab, prompts, sampling, gamma, engine, trials, positions, num_prompts,
+               max_prompt_tokens, level, seed) -> _LawRun:
+    """Prompts, trials through the runner, the exact laws, and the chi-square tests of every position."""
+    t0 = time.perf_counter()
+    law_prompts = _select_prompts(target, drafter, vocab, prompts, num_prompts, max_prompt_tokens, positions, gamma,
+                                  sampling, trials, seed)
+    rows = [r % len(law_prompts) for r in range(trials)]
+    per_prompt = [rows.count(i) for i in range(len(law_prompts))]
+    t1 = time.perf_counter()
+    samples = _run_trials(target, drafter, law_prompts, rows, positions, sampling, gamma, engine, seed, vocab)
+    t2 = time.perf_counter()
+    tree = build_tree(target, drafter, law_prompts, per_prompt, positions, sampling, seed)
+    results = []
+    for depth in range(positions):
+        observed, expected, groups = position_cells(tree, depth, samples, per_prompt)
+        law, wrong_q, wrong_rule = (chi_square(observed, expected[k], groups, CELL_MIN_EXPECTED)
+                                    for k in range(len(LAWS)))
+        results.append(PositionResult(depth + 1, law, wrong_q if tree.controls else None,
+                                      wrong_rule if tree.controls else None))
+    t3 = time.perf_counter()
+    reasons = []
+    for r in results:
+        if r.law.rejects(level):
+            why = f"{r.law.impossible} impossible tokens" if r.law.impossible else f"p = {r.law.p_value:.3g}"
+            reasons.append(f"position {r.position}: the trials do not follow the target's law ({why} < {level:g})")
+    if not tree.controls:
+        power = None
+        reasons.append("power not assessed: the drafter's q cannot be computed outside the engine")
+    else:
+        weak = [r.position for r in results if not (r.drafter.rejects(level) and r.resample_from_p.rejects(level))]
+        power = not weak
+        if weak:
+            reasons.append(f"underpowered at position(s) {', '.join(map(str, weak))}: a wrong law was not "
+                           f"rejected; raise trials (now {trials})")
+    return _LawRun(law_prompts, per_prompt, tuple(results), power, tuple(reasons), t1 - t0, t2 - t1, t3 - t2)
+
+
+def _greedy_reasons(greedy: GreedyResult, dtype: torch.dtype) -> list[str]:
+    reasons = []
+    if greedy.failed:
+        d = next(d for d in greedy.differences if not d.tie)
+        reasons.append(f"greedy: {greedy.prompts - greedy.identical - greedy.ties} of {greedy.prompts} prompts "
+                       f"differ from plain decoding with a clear margin (prompt {d.prompt}, token {d.position}: "
+                       f"{d.plain_token} vs {d.speculative_token}, top-2 margin {d.margin:.3g})")
+    if greedy.ties:
+        reasons.append(f"greedy: {greedy.ties} prompts differ at a near-tie (top-2 margin within {TIE_ULPS:g} ulps "
+                       f"of the top logit in {str(dtype).removeprefix('torch.')}): rounding of a batch of another "
+                       "shape, not a failure")
+    return reasons
+
+
 def check(target, drafter, prompts, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-          num_draft_tokens: int | str = 4, engine: str = "auto", trials: int = DEFAULT_TRIALS, positions: int = DEFAULT_POSITIONS,
-          num_prompts: int = 4, max_prompt_tokens: int = 8, greedy_tokens: int = 32, level: float = 1e-4,
-          seed: int = 0) -> CheckResult:
+          num_draft_tokens: int | str = 4, engine: str = "auto", trials: int = DEFAULT_TRIALS,
+          positions: int = DEFAULT_POSITIONS, num_prompts: int = 4, max_prompt_tokens: int = 8,
+          greedy_tokens: int = 32, level: float = 1e-4, seed: int = 0) -> CheckResult:
     """Test that speculative decoding with this target, drafter, sampling and runner samples the target's law.
 
     target     a transformers decoder-only LM (the law is computed from its plain forward passes)
@@ -311,8 +275,11 @@ def check(target, drafter, prompts, *, temperature: float = 1.0, top_k: int = 0,
                comparison the prompts themselves
     positions  generated tokens per trial K ≥ 2, each position tested (the first step drafts min(γ, K − 1))
     level      a law test fails below this p-value; a wrong law must be rejected below it
-    Returns a `CheckResult` (never raises for a failed test; raises ValueError/TypeError for bad arguments).
+    Returns a `CheckResult` (never raises for a failed test; raises ValueError/TypeError for bad arguments,
+    before any model runs).
     """
+    from specdec.request import check_context
+
     start = time.perf_counter()
     trials, positions, num_prompts, max_prompt_tokens, greedy_tokens, level, seed, gamma, prompts = _validate(
         trials, positions, num_prompts, max_prompt_tokens, greedy_tokens, level, seed, engine, num_draft_tokens,
@@ -322,69 +289,33 @@ def check(target, drafter, prompts, *, temperature: float = 1.0, top_k: int = 0,
     for i, prompt in enumerate(prompts):
         if max(prompt) >= vocab:
             raise ValueError(f"prompts[{i}] has token {max(prompt)} outside the target's vocabulary of {vocab}")
-    reasons: list[str] = []
-    results: list[PositionResult] = []
-    law_prompts: list[list[int]] = []
-    per_prompt: list[int] = []
-    power = None
-    t_select = t_trials = t_laws = 0.0
+    check_context(target, [p[:max_prompt_tokens] for p in prompts], positions)
+    check_context(target, prompts, greedy_tokens)
+    law = None
     if not sampling.greedy:
-        t0 = time.perf_counter()
-        law_prompts = _select_prompts(target, drafter, vocab, prompts, num_prompts, max_prompt_tokens, positions,
-                                      gamma, sampling, trials, seed)
-        m = len(law_prompts)
-        rows = [r % m for r in range(trials)]
-        per_prompt = [rows.count(i) for i in range(m)]
-        t1 = time.perf_counter()
-        samples = _run_trials(target, drafter, law_prompts, rows, positions, sampling, gamma, engine, seed, vocab)
-        t2 = time.perf_counter()
-        tree = build_tree(target, drafter, law_prompts, per_prompt, positions, sampling, seed)
-        for depth in range(positions):
-            observed, expected, groups = position_cells(tree, depth, samples, per_prompt)
-            tests = [chi_square(observed, expected[k], groups, CELL_MIN_EXPECTED) for k in range(len(LAWS))]
-            results.append(PositionResult(depth + 1, tests[0], tests[1] if tree.controls else None,
-                                          tests[2] if tree.controls else None))
-        t3 = time.perf_counter()
-        t_select, t_trials, t_laws = t1 - t0, t2 - t1, t3 - t2
-        for r in results:
-            if r.law.rejects(level):
-                why = f"{r.law.impossible} impossible tokens" if r.law.impossible else f"p = {r.law.p_value:.3g}"
-                reasons.append(f"position {r.position}: the trials do not follow the target's law ({why} < {level:g})")
-        if not tree.controls:
-            power = None
-            reasons.append("power not assessed: the drafter's q cannot be computed outside the engine")
-        else:
-            weak = [r.position for r in results if not (r.drafter.rejects(level) and r.resample_from_p.rejects(level))]
-            power = not weak
-            if weak:
-                reasons.append(f"underpowered at position(s) {', '.join(map(str, weak))}: a wrong law was not "
-                               f"rejected; raise trials (now {trials})")
+        law = _law_tests(target, drafter, vocab, prompts, sampling, gamma, engine, trials, positions, num_prompts,
+                         max_prompt_tokens, level, seed)
+    reasons = list(law.reasons) if law else []
     greedy = None
-    t4 = time.perf_counter()
+    t_greedy = time.perf_counter()
     if greedy_tokens:
         greedy = _greedy(target, drafter, prompts, greedy_tokens, gamma, engine)
-        if greedy.failed:
-            d = next(d for d in greedy.differences if not d.tie)
-            reasons.append(f"greedy: {greedy.prompts - greedy.identical - greedy.ties} of {greedy.prompts} prompts "
-                           f"differ from plain decoding with a clear margin (prompt {d.prompt}, token {d.position}: "
-                           f"{d.plain_token} vs {d.speculative_token}, top-2 margin {d.margin:.3g})")
-        if greedy.ties:
-            reasons.append(f"greedy: {greedy.ties} prompts differ at a near-tie (top-2 margin within {TIE_ULPS:g} ulps "
-                           f"of the top logit in {str(next(target.parameters()).dtype).removeprefix('torch.')}): "
-                           "rounding of a batch of another shape, not a failure")
-    t5 = time.perf_counter()
-    failed = any(r.law.rejects(level) for r in results) or (greedy is not None and greedy.failed)
-    if failed:
+        reasons += _greedy_reasons(greedy, next(target.parameters()).dtype)
+    t_greedy = time.perf_counter() - t_greedy
+    results = law.positions if law else ()
+    if any(r.law.rejects(level) for r in results) or (greedy is not None and greedy.failed):
         status = "fail"
-    elif results and power is not True:
+    elif law is not None and law.power is not True:
         status = "underpowered"
-    elif not results and greedy is None:
+    elif law is None and greedy is None:
         status = "underpowered"
         reasons.append("nothing was tested (temperature 0 and greedy_tokens 0)")
     else:
         status = "pass"
-    timings = CheckTimings(t_select, t_trials, t_laws, t5 - t4, time.perf_counter() - start)
+    timings = CheckTimings(law.select_s if law else 0.0, law.trials_s if law else 0.0, law.laws_s if law else 0.0,
+                           t_greedy, time.perf_counter() - start)
     logger.info("specdec.check: %s in %.1fs", status, timings.total_s)
     return CheckResult(status, tuple(reasons), engine, gamma, sampling.temperature, sampling.top_k, sampling.top_p,
-                       level, trials if results else 0, tuple(per_prompt), tuple(tuple(p) for p in law_prompts),
-                       tuple(results), power, greedy, timings)
+                       level, trials if law else 0, tuple(law.trials_per_prompt) if law else (),
+                       tuple(tuple(p) for p in law.prompts) if law else (), results, law.power if law else None,
+                       greedy, timings)
