@@ -35,6 +35,9 @@ logger = logging.getLogger(__name__)
 __all__ = ["create_app"]
 
 PLAYGROUND = Path(__file__).resolve().parent / "static" / "playground.html"
+#: prompts up to this many characters are tokenized on the event loop (about a millisecond); longer ones on
+#: the worker threads, so that small requests never queue behind large ones and no stream stalls
+INLINE_TOKENIZE_CHARS = 1024
 
 
 def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None = None,
@@ -144,8 +147,10 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
         sources = P.prompt_sources(typed)
         chat = model_cls is P.ChatRequest
         P.check_length(sources, llm.max_seq_len, max_token_chars, "messages" if chat else "prompt")
-        loop = asyncio.get_running_loop()
-        prompts = await loop.run_in_executor(tokenize_pool, P.encode, llm, typed, sources)
+        if P.source_chars(sources) <= INLINE_TOKENIZE_CHARS:  # no hand-off, no queue behind big ones
+            prompts = P.encode(llm, typed, sources)
+        else:
+            prompts = await asyncio.get_running_loop().run_in_executor(tokenize_pool, P.encode, llm, typed, sources)
         echo = P.prompt_texts(llm, sources) if not chat and typed.echo else None
         parsed = P.build(typed, llm, prompts, limit, echo, seeds.next() if typed.seed is None else None)
         return await _serve(request, parsed, chat)

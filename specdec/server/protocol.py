@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from specdec.server.schema import MAX_CHOICES, MAX_PROMPTS, ChatRequest, CompletionRequest, refusal
 
 __all__ = ["APIError", "ParsedRequest", "ChoiceSpec", "parse_body", "validate", "check_model", "check_refusals",
-           "prompt_sources", "check_length", "encode", "prompt_texts", "build", "error_body", "CompletionRequest",
+           "prompt_sources", "check_length", "source_chars", "encode", "prompt_texts", "build", "error_body", "CompletionRequest",
            "ChatRequest", "MAX_BODY_BYTES"]
 
 MAX_BODY_BYTES = 1 << 20
@@ -182,6 +182,17 @@ def check_length(sources: list, max_seq_len: int, max_token_chars: int, param: s
             raise APIError(f"prompt {i} has {chars} characters: more than the {max_seq_len}-token context can hold "
                            f"(at most {max_token_chars} characters per token)", param=param,
                            code="context_length_exceeded")
+
+
+def source_chars(sources: list) -> int:
+    """Characters to tokenize or render (token-id prompts count 0)."""
+    total = 0
+    for source in sources:
+        if isinstance(source, str):
+            total += len(source)
+        elif source and isinstance(source[0], dict):
+            total += sum(len(m["content"]) for m in source)
+    return total
 
 
 def encode(llm, request, sources: list) -> list[list[int]]:
