@@ -2,7 +2,8 @@
 
 Terms:
   FastLlama    plain-PyTorch decoder (fused q|k|v and gate|up weights) loaded from a transformers model of
-               `families.FAMILIES` (Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3, GPT-NeoX, GPT-2, StarCoder2);
+               `families.FAMILIES` (Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3, SmolLM3, Granite, GPT-NeoX,
+               GPT-2, StarCoder2);
                what the families differ in is `LlamaShape.arch` (`fast/families.py`)
   KVCache      `[B, H_kv, S, D]` per layer; row b's token at position t lives in slot t (no holes), so
                rollback is a pointer move: `crop(lengths)` only sets `lengths`

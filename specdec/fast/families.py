@@ -1,5 +1,6 @@
 """What the decoder families the fast model runs differ in: one `LlamaShape` (+ its `Arch`) per config, and the
-mapping from a transformers checkpoint's weight names to `FastLlama`'s fused weights.
+family-specific pieces of the layer (norms, MLP activation, RoPE tables). The checkpoint weight mapping is in
+`specdec.fast.weights`.
 
 Families (model_type → what its `Arch` sets beyond Llama's RMSNorm · SiLU-gated MLP · full RoPE):
   llama, mistral, qwen2, qwen3  the Llama body (Qwen2: q/k/v bias; Qwen3: q/k RMSNorm; Mistral/Qwen2: windows)
@@ -13,6 +14,9 @@ Families (model_type → what its `Arch` sets beyond Llama's RMSNorm · SiLU-gat
                                 texts up to original_max_position_embeddings), sliding window
   gpt_neox                      LayerNorm with biases, GELU MLP with biases, partial rotary, parallel residual
   gpt2                          LayerNorm with biases, learned positions, GELU-tanh MLP, Conv1D weights (transposed)
+  smollm3                       the Llama body with NoPE layers (no_rope_layers: an identity RoPE table)
+  granite                       the Llama body with embedding, attention, residual (folded into the output
+                                projections) and logit multipliers
   starcoder2                    LayerNorm with biases, GELU-tanh MLP (c_fc, c_proj) and attention with biases
                                 (use_bias), sliding window
 A config option outside these (another activation, dynamic RoPE, GPT-2's per-layer attention scaling, ...) is
@@ -27,10 +31,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Arch", "LlamaShape", "FAMILIES", "hf_weights", "hf_ropes", "norm", "mlp_activation", "rope_table"]
+__all__ = ["Arch", "LlamaShape", "FAMILIES", "norm", "mlp_activation", "rope_table"]
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "gpt_neox", "gpt2",
-            "starcoder2", "gemma3")
+            "starcoder2", "gemma3", "smollm3", "granite")
 _GEMMA = ("gemma", "gemma2", "gemma3_text")
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
                 "gelu": "gelu"}
@@ -44,7 +48,9 @@ class Arch:
     act: str = "silu"  # of the MLP: "silu", "gelu_tanh", "gelu" (erf)
     gated: bool = True  # act(gate)·up (Llama) or act(up) (GPT-2 / NeoX)
     mlp_bias: bool = False
-    embed_scale: float | None = None  # Gemma: token embeddings × sqrt(dim), rounded to the model dtype
+    embed_scale: float | None = None  # Gemma: token embeddings × sqrt(dim) (rounded to the model dtype); Granite
+    round_embed_scale: bool = True  # Gemma rounds the scale to the model dtype first; Granite multiplies by a float
+    logit_scale: float | None = None  # Granite: logits / logits_scaling
     attn_scale: float | None = None  # None = head_dim^-0.5 (Gemma 2/3: query_pre_attn_scalar^-0.5)
     attn_softcap: float | None = None  # Gemma 2: scores → c·tanh(scores / c)
     final_softcap: float | None = None  # Gemma 2: logits → c·tanh(logits / c)
@@ -67,7 +73,7 @@ class Arch:
         """True when the fused Triton layer (RMSNorm, SiLU-gated MLP, full RoPE) computes this family."""
         return (self.norm == "rms" and self.act == "silu" and self.gated and not self.mlp_bias
                 and self.attn_softcap is None and not self.sandwich_norms and not self.parallel_residual
-                and self.rotary_dim is None and self.attn_scale is None)
+                and self.rotary_dim is None)
 
 
 @dataclass(frozen=True)
@@ -136,16 +142,19 @@ class LlamaShape:
         arch = Arch(
             norm="layer" if layer_norm else "rms1p" if model_type in _GEMMA else "rms",
             act=act, gated=not layer_norm, mlp_bias=model_type == "gpt_neox" or attention_bias and layer_norm,
-            embed_scale=config.hidden_size ** 0.5 if model_type in _GEMMA else None,
-            attn_scale=config.query_pre_attn_scalar ** -0.5 if model_type in ("gemma2", "gemma3_text") else None,
+            embed_scale=(config.hidden_size ** 0.5 if model_type in _GEMMA else
+                         float(config.embedding_multiplier) if model_type == "granite" else None),
+            round_embed_scale=model_type != "granite",
+            logit_scale=float(config.logits_scaling) if model_type == "granite" else None,
+            attn_scale=(config.query_pre_attn_scalar ** -0.5 if model_type in ("gemma2", "gemma3_text") else
+                        float(config.attention_multiplier) if model_type == "granite" else None),
             attn_softcap=getattr(config, "attn_logit_softcapping", None) if model_type != "gemma" else None,
             final_softcap=getattr(config, "final_logit_softcapping", None) if model_type != "gemma" else None,
             sandwich_norms=model_type in ("gemma2", "gemma3_text"),
             parallel_residual=model_type == "gpt_neox" and bool(config.use_parallel_residual),
             rotary_dim=None if rotary_dim == head_dim else rotary_dim,
             layer_windows=windows,
-            layer_rope=(tuple(sorted(set(layer_types)).index(t) for t in layer_types)
-                        if model_type == "gemma3_text" else ()),  # (one table per layer type present, sorted)
+            layer_rope=_layer_rope(config),
             rope_limit=_longrope_limit(config, rope),
         )
         if getattr(config, "use_bidirectional_attention", False):
@@ -247,12 +256,22 @@ def _longrope_limit(config, rope: dict) -> int | None:
     return None
 
 
+def _layer_rope(config) -> tuple:
+    """Each layer's RoPE table: Gemma 3 one per layer type present (sorted); SmolLM3 table 1 = identity (NoPE)."""
+    if config.model_type == "gemma3_text":
+        types = config.layer_types
+        return tuple(sorted(set(types)).index(t) for t in types)
+    if config.model_type == "smollm3" and not all(config.no_rope_layers):
+        return tuple(0 if use else 1 for use in config.no_rope_layers)
+    return ()
+
+
 def _layer_windows(config) -> tuple:
     """Each layer's attention window (None = global), or () when no layer has one."""
     window = getattr(config, "sliding_window", None)
     if not window:
         return ()
-    if getattr(config, "model_type", "") == "qwen2" and not getattr(config, "use_sliding_window", False):
+    if not getattr(config, "use_sliding_window", True):  # Qwen2, SmolLM3: windows only when switched on
         return ()
     layer_types = getattr(config, "layer_types", None)
     if layer_types is None:
@@ -263,137 +282,3 @@ def _layer_windows(config) -> tuple:
     if "sliding_attention" not in layer_types:
         return ()
     return tuple(int(window) if t == "sliding_attention" else None for t in layer_types)
-
-
-def hf_ropes(model, shape: LlamaShape) -> list[tuple[torch.Tensor | None, float]]:
-    """(inv_freq, attention scaling) per RoPE table, read off a transformers model's rotary embedding (None =
-    compute the default from rope_theta)."""
-    if shape.arch.rotary_dim == 0:
-        return []
-    base = getattr(model, "model", None) or getattr(model, "gpt_neox", None)
-    base = getattr(base, "language_model", base)  # (Gemma 3's vision-language wrapper)
-    rotary = getattr(base, "rotary_emb", None)
-    if rotary is None:
-        return [(None, 1.0)]
-    if getattr(rotary, "rope_type", None) == "dynamic":
-        raise ValueError("FastLlama does not support dynamic RoPE scaling (its frequencies depend on the length)")
-    if shape.arch.layer_rope:  # Gemma 3: one table per layer type present ("full_attention" < "sliding_attention")
-        return [(getattr(rotary, f"{t}_inv_freq"), float(getattr(rotary, f"{t}_attention_scaling")))
-                for t in sorted(set(model.config.get_text_config().layer_types))]
-    inv_freq = getattr(rotary, "original_inv_freq", None) if shape.arch.rope_limit else None  # LongRoPE: short
-    return [(inv_freq if inv_freq is not None else rotary.inv_freq, float(getattr(rotary, "attention_scaling", 1.0)))]
-
-
-def hf_weights(model, shape: LlamaShape):
-    """Yield (FastLlama parameter name, layer index or None, tensor) for every weight of a transformers model."""
-    config, a = model.config, shape.arch
-    params = dict(model.named_parameters())
-    one_plus = (lambda w: 1.0 + w.float()) if a.norm == "rms1p" else (lambda w: w)
-    if config.model_type == "gpt2":
-        yield from _gpt2_weights(model, params, shape)
-        return
-    if config.model_type == "gpt_neox":
-        yield from _neox_weights(model, params, shape)
-        return
-    if config.model_type == "starcoder2":
-        yield from _starcoder2_weights(model, params, shape)
-        return
-    root = "model.language_model." if config.model_type == "gemma3" else "model."
-    yield "embed", None, params[root + "embed_tokens.weight"]
-    for i in range(shape.n_layers):
-        pre = f"{root}layers.{i}."
-        attn, mlp = pre + "self_attn.", pre + "mlp."
-        if config.model_type == "phi3":
-            yield "wqkv", i, params[attn + "qkv_proj.weight"]
-            yield "w_gate_up", i, params[mlp + "gate_up_proj.weight"]
-        else:
-            yield "wqkv", i, torch.cat([params[attn + n + ".weight"] for n in ("q_proj", "k_proj", "v_proj")])
-            yield "w_gate_up", i, torch.cat([params[mlp + "gate_proj.weight"], params[mlp + "up_proj.weight"]])
-        yield "wo", i, params[attn + "o_proj.weight"]
-        yield "w_down", i, params[mlp + "down_proj.weight"]
-        if shape.qkv_bias:
-            yield "bqkv", i, torch.cat([params[attn + n + ".bias"] for n in ("q_proj", "k_proj", "v_proj")])
-        if shape.o_bias:
-            yield "bo", i, params[attn + "o_proj.bias"]
-        if shape.qk_norm:
-            yield "q_norm", i, one_plus(params[attn + "q_norm.weight"])
-            yield "k_norm", i, one_plus(params[attn + "k_norm.weight"])
-        yield "attn_norm", i, one_plus(params[pre + "input_layernorm.weight"])
-        if a.sandwich_norms:
-            yield "post_attn_norm", i, one_plus(params[pre + "post_attention_layernorm.weight"])
-            yield "mlp_norm", i, one_plus(params[pre + "pre_feedforward_layernorm.weight"])
-            yield "post_mlp_norm", i, one_plus(params[pre + "post_feedforward_layernorm.weight"])
-        else:
-            yield "mlp_norm", i, one_plus(params[pre + "post_attention_layernorm.weight"])
-    yield "final_norm", None, one_plus(params[root + "norm.weight"])
-    if not shape.tie_word_embeddings:
-        yield "lm_head", None, model.get_output_embeddings().weight
-
-
-def _gpt2_weights(model, params, shape: LlamaShape):
-    yield "embed", None, params["transformer.wte.weight"]
-    yield "pos_embed", None, params["transformer.wpe.weight"]
-    for i in range(shape.n_layers):
-        pre = f"transformer.h.{i}."
-        for fast, hf in (("attn_norm", "ln_1"), ("mlp_norm", "ln_2")):
-            yield fast, i, params[pre + hf + ".weight"]
-            yield fast + "_bias", i, params[pre + hf + ".bias"]
-        for fast, bias, hf in (("wqkv", "bqkv", "attn.c_attn"), ("wo", "bo", "attn.c_proj"),
-                               ("w_gate_up", "b_up", "mlp.c_fc"), ("w_down", "b_down", "mlp.c_proj")):
-            yield fast, i, params[pre + hf + ".weight"].t()  # Conv1D keeps [in, out]
-            yield bias, i, params[pre + hf + ".bias"]
-    yield "final_norm", None, params["transformer.ln_f.weight"]
-    yield "final_norm_bias", None, params["transformer.ln_f.bias"]
-    if not shape.tie_word_embeddings:
-        yield "lm_head", None, model.get_output_embeddings().weight
-
-
-def _neox_weights(model, params, shape: LlamaShape):
-    heads, hd, dim = shape.n_heads, shape.head_dim, shape.dim
-    yield "embed", None, params["gpt_neox.embed_in.weight"]
-    for i in range(shape.n_layers):
-        pre = f"gpt_neox.layers.{i}."
-        for fast, hf in (("attn_norm", "input_layernorm"), ("mlp_norm", "post_attention_layernorm")):
-            yield fast, i, params[pre + hf + ".weight"]
-            yield fast + "_bias", i, params[pre + hf + ".bias"]
-        # query_key_value interleaves per head ([H, 3, D] rows); the fused layout is q heads | k heads | v heads
-        qkv = params[pre + "attention.query_key_value.weight"]
-        yield "wqkv", i, qkv.view(heads, 3, hd, dim).transpose(0, 1).reshape(3 * heads * hd, dim)
-        if shape.qkv_bias:
-            bias = params[pre + "attention.query_key_value.bias"]
-            yield "bqkv", i, bias.view(heads, 3, hd).transpose(0, 1).reshape(-1)
-        yield "wo", i, params[pre + "attention.dense.weight"]
-        if shape.o_bias:
-            yield "bo", i, params[pre + "attention.dense.bias"]
-        yield "w_gate_up", i, params[pre + "mlp.dense_h_to_4h.weight"]
-        yield "b_up", i, params[pre + "mlp.dense_h_to_4h.bias"]
-        yield "w_down", i, params[pre + "mlp.dense_4h_to_h.weight"]
-        yield "b_down", i, params[pre + "mlp.dense_4h_to_h.bias"]
-    yield "final_norm", None, params["gpt_neox.final_layer_norm.weight"]
-    yield "final_norm_bias", None, params["gpt_neox.final_layer_norm.bias"]
-    if not shape.tie_word_embeddings:
-        yield "lm_head", None, model.get_output_embeddings().weight
-
-
-def _starcoder2_weights(model, params, shape: LlamaShape):
-    bias = shape.arch.mlp_bias
-    yield "embed", None, params["model.embed_tokens.weight"]
-    for i in range(shape.n_layers):
-        pre = f"model.layers.{i}."
-        for fast, hf in (("attn_norm", "input_layernorm"), ("mlp_norm", "post_attention_layernorm")):
-            yield fast, i, params[pre + hf + ".weight"]
-            yield fast + "_bias", i, params[pre + hf + ".bias"]
-        attn = pre + "self_attn."
-        yield "wqkv", i, torch.cat([params[attn + n + ".weight"] for n in ("q_proj", "k_proj", "v_proj")])
-        yield "wo", i, params[attn + "o_proj.weight"]
-        yield "w_gate_up", i, params[pre + "mlp.c_fc.weight"]
-        yield "w_down", i, params[pre + "mlp.c_proj.weight"]
-        if bias:
-            yield "bqkv", i, torch.cat([params[attn + n + ".bias"] for n in ("q_proj", "k_proj", "v_proj")])
-            yield "bo", i, params[attn + "o_proj.bias"]
-            yield "b_up", i, params[pre + "mlp.c_fc.bias"]
-            yield "b_down", i, params[pre + "mlp.c_proj.bias"]
-    yield "final_norm", None, params["model.norm.weight"]
-    yield "final_norm_bias", None, params["model.norm.bias"]
-    if not shape.tie_word_embeddings:
-        yield "lm_head", None, model.get_output_embeddings().weight

@@ -1,6 +1,6 @@
-"""A compact decoder for the Llama-shaped families (`FAMILIES`: Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3, GPT-NeoX,
-GPT-2, StarCoder2) in plain PyTorch with a static, per-row KV cache (gpt-fast style). What the families differ in
-(norms, activation, positions, scalings, windows) is `shape.arch` (`specdec.fast.families`); one decode step body.
+"""A compact decoder for the Llama-shaped families (`FAMILIES`: Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3, SmolLM3,
+Granite, GPT-NeoX, GPT-2, StarCoder2) in plain PyTorch with a static, per-row KV cache (gpt-fast style). What they
+differ in (norms, activation, positions, scalings, windows) is `shape.arch` (`specdec.fast.families`); one body.
 
 Terms:
   slot        one position of the KV cache along S. Row b's token at position t lives in slot t: prompts
@@ -21,9 +21,9 @@ kernels ("auto" | "triton" | "reference", an attribute and a constructor / `from
 "reference" runs the eager PyTorch layer; "triton" runs each layer in 8 launches + attention with the fused
 kernels of `specdec.fast.kernels`: RMSNorm, q|k|v GEMM, (bias +) RoPE + KV write, attention, o GEMM (+ residual),
 RMSNorm (+ o bias), gate|up GEMM, SiLU·mul, down GEMM (+ residual); "auto" is "triton" on CUDA where Triton
-imports, else "reference". The fused layer covers the Llama body (`Arch.fusable`: Llama, Mistral, Qwen2/3, Phi-3
-with full rotary, windows included); the other families run the eager body, whose attention still takes the
-Triton kernel on CUDA (windows and Gemma 2's softcap included).
+imports, else "reference". The fused layer covers the Llama body (`Arch.fusable`: Llama, Mistral, Qwen2/3, SmolLM3,
+Granite, full-rotary Phi-3; windows included); the other families run the eager body, whose attention still takes
+the Triton kernel on CUDA (windows and Gemma 2's softcap included).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from specdec.fast.cache import KVCache, round_up
-from specdec.fast.families import (FAMILIES, Arch, LlamaShape, hf_ropes, hf_weights, mlp_activation, norm,
-                                   rope_table)
+from specdec.fast.families import FAMILIES, Arch, LlamaShape, mlp_activation, norm, rope_table
+from specdec.fast.weights import hf_ropes, hf_weights
 from specdec.fast.kernels.attention import slot_attention, slot_attention_bias, triton_unsupported
 from specdec.fast.kernels.linear import FASTER_THAN_CUBLAS, linear
 from specdec.fast.kernels.mlp import silu_mul
@@ -206,11 +206,9 @@ class FastLlama(torch.nn.Module):
 
     def rope_tables(self, num_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin `[P, R]` (R rotated dims) of table 0 in the model dtype, as HF computes them (float32 then cast);
-        builds every table. Sized to what is asked (at least 4096 positions), not to max_position_embeddings.
-
-        Built once for the whole context (at least `num_positions`): captured graphs hold the tables'
-        addresses, so a table must never be replaced by a larger one while graphs that read it live.
-        """
+        builds every table, sized to what is asked (at least 4096 positions), not to max_position_embeddings.
+        Built once for the whole context: captured graphs hold the tables' addresses, so a table must never be
+        replaced by a larger one while graphs that read it live."""
         tables = self._tables(num_positions)
         return tables[0] if tables else (None, None)
 
@@ -243,7 +241,8 @@ class FastLlama(torch.nn.Module):
     def _logits(self, x: torch.Tensor, kernel: str = "reference") -> torch.Tensor:
         """Float32 logits `[B, k, V]` of final hidden states `x [B, k, dim]`; a vocab-parallel subclass gathers them."""
         logits = F.linear(x, self.lm_head) if kernel == "reference" else linear(x, self.lm_head, kernel=kernel)
-        cap = self.shape.arch.final_softcap
+        cap, scale = self.shape.arch.final_softcap, self.shape.arch.logit_scale
+        logits = logits if scale is None else logits / scale  # (Granite)
         return (logits if cap is None else torch.tanh(logits / cap) * cap).float()
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -330,7 +329,8 @@ class FastLlama(torch.nn.Module):
                 attn_kernel = self.kernels
                 if attn_kernel == "triton" and triton_unsupported(q, cache.keys[i], cache.values[i], rope_pos):
                     attn_kernel = "reference"
-            attn = slot_attention(q, cache.keys[i], cache.values[i], rope_pos, window=a.window(i), kernel=attn_kernel)
+            attn = slot_attention(q, cache.keys[i], cache.values[i], rope_pos, a.attn_scale, window=a.window(i),
+                                  kernel=attn_kernel)
             x = self._row_parallel(x, attn.reshape(batch * k, nq * hd), self.wo[i], self._gemm(self.wo[i]))  # residual add in the GEMM
             if s.o_bias:
                 x, h = add_rms_norm(x, self.bo[i], self.mlp_norm[i], eps, kernel=mode)
@@ -376,7 +376,7 @@ class FastLlama(torch.nn.Module):
         if embeds is None:
             x = F.embedding(tokens, self.embed)  # [B, k, dim]
             if a.embed_scale is not None:  # (Gemma: the scale rounded to the model dtype first, as transformers does)
-                x = x * torch.tensor(a.embed_scale, dtype=self.dtype)
+                x = x * (torch.tensor(a.embed_scale, dtype=self.dtype) if a.round_embed_scale else a.embed_scale)
         else:
             x = embeds.to(self.dtype, copy=True)  # (a copy: the layers add to x in place; the caller's stay intact)
         if a.learned_positions:

@@ -1,6 +1,7 @@
 """FastLlama with kernels="triton" computes what kernels="reference" (the eager layer) computes.
 
-Tiny random Llama (with attention bias: q|k|v and o biases), Qwen2 (q|k|v bias) and Qwen3 (q/k norm) models;
+Tiny random Llama (with attention bias: q|k|v and o biases), Qwen2 (q|k|v bias), Qwen3 (q/k norm), Mistral with a
+sliding window, SmolLM3 (a NoPE layer) and Granite (multipliers) models;
 successive forwards with k > 1 (ragged, padded by a `valid` mask), k = 1, a rollback and k = 3: logits and the
 caches (junk slot aside) agree. CPU runs the Triton interpreter in float32; CUDA runs bf16 and a captured graph.
 """
@@ -21,6 +22,12 @@ FAMILIES = {
     "llama-bias": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMALL, attention_bias=True)),
     "qwen2": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**SMALL, use_sliding_window=False)),
     "qwen3": lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**SMALL, head_dim=16)),
+    # the fused layer under a sliding window (texts of 11 tokens > 3), NoPE layers, Granite's multipliers
+    "mistral-window": lambda: transformers.MistralForCausalLM(transformers.MistralConfig(**SMALL, sliding_window=3)),
+    "smollm3-nope": lambda: transformers.SmolLM3ForCausalLM(transformers.SmolLM3Config(
+        **SMALL, no_rope_layers=[0, 1], pad_token_id=0)),
+    "granite": lambda: transformers.GraniteForCausalLM(transformers.GraniteConfig(
+        **SMALL, embedding_multiplier=3.0, attention_multiplier=0.2, residual_multiplier=0.6, logits_scaling=2.5)),
 }
 
 
