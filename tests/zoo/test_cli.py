@@ -36,7 +36,8 @@ def test_demo_json_on_the_shipped_pair(capsys):
 
     if not (DEMO_PAIR / "target" / "config.json").is_file():
         pytest.skip("demo pair not shipped")
-    code = main(["demo", "--json", "--max-new-tokens", "12", "--prompt", "def add(a, b):\n    return"])
+    code = main(["demo", "--pair", str(DEMO_PAIR), "--json", "--max-new-tokens", "12", "--prompt",
+                 "def add(a, b):\n    return"])
     assert code == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     for key in ("speedup", "alpha", "mean_accepted_length", "identical"):
