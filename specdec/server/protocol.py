@@ -138,6 +138,7 @@ def prompt_sources(request) -> list:
                 if m.role != "assistant":
                     raise APIError(f"messages[{i}].content is required for role {m.role!r}", param="messages")
                 content = ""
+            _check_unicode(content, f"messages[{i}].content", "messages")
             message = {"role": m.role, "content": content}
             if m.name is not None:
                 message["name"] = m.name
@@ -160,7 +161,18 @@ def prompt_sources(request) -> list:
     for i, p in enumerate(prompts):
         if len(p) == 0:
             raise APIError(f"prompt {i} is empty", param="prompt")
+        if isinstance(p, str):
+            _check_unicode(p, f"prompt {i}", "prompt")
     return prompts
+
+
+def _check_unicode(text: str, where: str, param: str) -> None:
+    """JSON may escape lone surrogates ("\\ud800"): not Unicode text, which no tokenizer takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise APIError(f"{where} contains a lone surrogate {text[err.start]!r} at {err.start}: not valid Unicode",
+                       param=param) from None
 
 
 def check_length(sources: list, max_seq_len: int, max_token_chars: int, param: str) -> None:

@@ -63,6 +63,8 @@ CASES = {
     "nested 100k deep": ("/v1/completions", b'{"prompt": "a", "user": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
     "nested in a string is fine but unknown key": ("/v1/completions", b'{"prompt": "[[[[", "x": 1}'),
     "unknown field": completion(whatever={"x": 1}),
+    "prompt lone surrogate": ("/v1/completions", b'{"prompt": "a\\ud800b"}'),
+    "chat lone surrogate": ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\udfff"}]}'),
     "stop_token_ids past vocab": completion(stop_token_ids=[10**6]),
     "top_k past vocab": completion(top_k=10**6),
     "min_p above one": completion(min_p=1.5),
@@ -109,6 +111,7 @@ def test_the_messages_say_what_is_wrong(server):
     assert "NaN" in message(*CASES["temperature NaN"])["message"]
     error = message(*completion(whatever=1))
     assert error["param"] == "whatever" and "unrecognized" in error["message"]
+    assert "surrogate" in message(*CASES["prompt lone surrogate"])["message"]
     # the chat template's own message reaches the client
     assert "no RAISE please" in message(*CASES["chat template raise_exception"])["message"]
 
