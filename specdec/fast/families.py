@@ -134,7 +134,6 @@ class LlamaShape:
         if rotary_dim != head_dim and model_type not in ("phi3", "gpt_neox"):
             raise ValueError(f"partial rotary ({partial}) is not covered for {model_type}")
         windows = _layer_windows(config)
-        layer_types = getattr(config, "layer_types", None)
         attention_bias = bool(getattr(config, "attention_bias", model_type == "gpt_neox"))
         layer_norm = model_type in ("gpt_neox", "starcoder2")  # (with biases)
         if model_type == "starcoder2":
