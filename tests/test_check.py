@@ -203,6 +203,7 @@ def test_arguments_are_checked_first(pair, kwargs, message):
 
 @pytest.mark.parametrize("prompts, drafter, message", [
     ([], "draft", "prompts"), ([[1, 99]], "draft", "outside the target's vocabulary"), ([[]], "draft", "prompts"),
+    ([[1] * 5000], "draft", "at most 4096"),
     (PROMPTS, None, "needs a drafter"),
 ])
 def test_bad_prompts_and_missing_drafter(pair, prompts, drafter, message):

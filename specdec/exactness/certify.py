@@ -82,7 +82,9 @@ def _validate(trials, positions, num_prompts, max_prompt_tokens, greedy_tokens, 
     for i, prompt in enumerate(prompts):
         if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence) or not prompt:
             raise ValueError(f"prompts[{i}] must be a non-empty list of token ids")
-        clean.append([as_int(t, f"prompts[{i}] token", minimum=0) for t in prompt[:MAX_PROMPT_TOKENS]])
+        if len(prompt) > MAX_PROMPT_TOKENS:
+            raise ValueError(f"prompts[{i}] has {len(prompt)} tokens; at most {MAX_PROMPT_TOKENS}")
+        clean.append([as_int(t, f"prompts[{i}] token", minimum=0) for t in prompt])
     return trials, positions, num_prompts, max_prompt_tokens, greedy_tokens, float(level), seed, num_draft_tokens, clean
 
 
