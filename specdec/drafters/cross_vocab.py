@@ -25,7 +25,7 @@ from specdec.drafters.base import Drafter, Proposal
 from specdec.models.hf import HFCausalLM
 from specdec.sequences import TokenBuffer
 
-__all__ = ["VocabBridge", "CrossVocabDrafter"]
+__all__ = ["VocabBridge", "CrossVocabDrafter", "bridge_if_needed"]
 
 
 class VocabBridge:
@@ -185,3 +185,23 @@ class CrossVocabDrafter(Drafter):
         rows = index.tolist()
         self._text = [self._text[i] for i in rows]
         self._spelled = [self._spelled[i] for i in rows]
+
+
+def bridge_if_needed(draft_model, draft_folder, target_tokenizer, target_vocab_size: int):
+    """`draft_model` itself when it reads the target's vocabulary, else a `CrossVocabDrafter` over the shared tokens
+    of the target's tokenizer and the draft's own (from `draft_folder`). What `--draft DIR` / `load(draft=DIR)` use,
+    so a draft of another family just works; None tokenizers or folders leave the draft as it is."""
+    if target_tokenizer is None or draft_folder is None:
+        return draft_model
+    from transformers import AutoTokenizer
+
+    try:
+        draft_tokenizer = AutoTokenizer.from_pretrained(str(draft_folder), local_files_only=True)
+    except (OSError, ValueError):
+        return draft_model  # no tokenizer of its own: it must read the target's ids (checked where it drafts)
+    draft_vocab_size = draft_model.get_output_embeddings().weight.shape[0]
+    if draft_vocab_size == target_vocab_size and draft_tokenizer.get_vocab() == target_tokenizer.get_vocab():
+        return draft_model
+    bridge = VocabBridge(target_tokenizer, draft_tokenizer, target_vocab_size=target_vocab_size,
+                         draft_vocab_size=draft_vocab_size)
+    return CrossVocabDrafter(draft_model, bridge)

@@ -12,7 +12,7 @@ import specdec
 from helpers import RAGGED_PROMPTS, hf_greedy
 from specdec.core import SamplingConfig
 from specdec.drafters.base import Proposal
-from specdec.drafters.cross_vocab import CrossVocabDrafter, VocabBridge
+from specdec.drafters.cross_vocab import CrossVocabDrafter, VocabBridge, bridge_if_needed
 from stats_utils import chi2_pvalue
 from test_distribution import PROMPT, exact_two_token_law
 
@@ -216,3 +216,14 @@ def test_engine_on_cuda_keeps_greedy_exact(big):
     finally:
         target.cpu()
         draft.cpu()
+
+
+def test_a_draft_folder_with_its_own_tokenizer_gets_a_bridge(big, tmp_path):
+    target, draft, target_tok, draft_tok = big
+    draft.save_pretrained(tmp_path / "other")
+    draft_tok.save_pretrained(tmp_path / "other")
+    bridged = bridge_if_needed(draft, tmp_path / "other", target_tok, 64)
+    assert isinstance(bridged, CrossVocabDrafter) and bridged.bridge.num_shared == 56
+    target_tok.save_pretrained(tmp_path / "same")
+    assert bridge_if_needed(target, tmp_path / "same", target_tok, 64) is target  # same tokenizer: the model itself
+    assert bridge_if_needed(draft, tmp_path / "none", target_tok, 64) is draft  # no tokenizer of its own
