@@ -109,3 +109,25 @@ def test_min_p_through_the_text_api(ckpt, runner):
         assert one.token_ids == greedy.token_ids
         with pytest.raises(ValueError, match="min_p"):
             llm.generate("w1", min_p=-1.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_min_p_under_cuda_graphs(make_llama):
+    """The engine's captured graphs with a min-p row next to a plain sampled row: min_p = 1 is still the
+    argmax path (a tie would be shown by `assert_same_greedy`), and the other row keeps its own law."""
+    from helpers import assert_same_greedy
+    from specdec.engine import Engine, EngineConfig
+
+    target, draft = make_llama(0).cuda(), make_llama(1, layers=1).cuda()
+    engine = Engine(target, draft, EngineConfig(max_batch_size=2, max_seq_len=128, num_draft_tokens=3))
+    assert engine.cuda_graphs
+    prompt = [1, 2, 3, 4]
+    ids = [engine.add_request(prompt, SamplingParams(temperature=1.2, min_p=1.0, max_new_tokens=12, seed=1)),
+           engine.add_request(prompt, SamplingParams(temperature=1.0, max_new_tokens=12, seed=2))]
+    out = {i: [] for i in ids}
+    while engine.has_unfinished():
+        for o in engine.step():
+            out[o.request_id].extend(o.new_token_ids)
+    assert_same_greedy(target, prompt, out[ids[0]], hf_greedy(target, prompt, 12, []))
+    assert len(out[ids[1]]) == 12
