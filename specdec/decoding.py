@@ -190,9 +190,12 @@ def _use_engine(engine, target, drafter, num_draft_tokens) -> bool:
     device = getattr(target, "device", None)
     if (not isinstance(device, torch.device) or device.type != "cuda") and not _loop_cannot_run(target, drafter):
         return False
-    from specdec.engine.build import covers, covers_drafter
+    from specdec.engine.build import notice_fallback, uncovered_reason
 
-    return covers(target) and covers_drafter(drafter)
+    reason = uncovered_reason(target, drafter)
+    if reason is not None:
+        notice_fallback(reason)
+    return reason is None
 
 
 def _loop_cannot_run(target, drafter) -> bool:

@@ -118,8 +118,14 @@ def vocab_size(model) -> int:
     `config.vocab_size`, padded for speed), a fast model's `shape.vocab_size`, a specdec target's `vocab_size`."""
     embeddings = getattr(model, "get_output_embeddings", None)
     layer = embeddings() if callable(embeddings) else None
-    if layer is not None and hasattr(layer, "weight"):
-        return int(layer.weight.shape[0])
+    weight = getattr(layer, "weight", None)
+    if isinstance(weight, torch.Tensor) and weight.dim() == 2 and weight.is_floating_point():
+        return int(weight.shape[0])
+    # a quantized head (torch.ao's quantize_dynamic: `weight` is a method; bitsandbytes: packed rows) says its
+    # width in out_features
+    rows = getattr(layer, "out_features", None)
+    if isinstance(rows, int) and not isinstance(rows, bool) and rows > 0:
+        return rows
     for source in (getattr(model, "shape", None), model, getattr(model, "config", None)):
         value = getattr(source, "vocab_size", None)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from specdec.cli import CLIError
-from specdec.cli.common import add_model_options, apply_model_options, check_float, check_int, print_json
+from specdec.cli.common import (add_checkpoint_options, add_model_options, apply_model_options, check_float, check_int,
+                                loader_kwargs, model_options, print_json)
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +43,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="ĉ = draft / target arithmetic per token (default 0 with --alpha; measured with --target)",
     )
     measured = parser.add_argument_group("measured on local checkpoints")
-    measured.add_argument("--target", type=Path, help="target model directory (from_pretrained)")
-    measured.add_argument("--draft", type=Path, help="draft model directory (same tokenizer as the target)")
+    measured.add_argument("--target", help="target checkpoint: a folder, a .gguf file or a cached hub id")
+    measured.add_argument("--draft", help="draft checkpoint (same tokenizer as the target)")
     measured.add_argument("--prompts", type=Path, help="text file, one prompt per line")
     measured.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     measured.add_argument("--top-k", type=int, default=0, help="0 = off (default)")
@@ -51,6 +52,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     measured.add_argument("--max-new-tokens", type=int, default=64, help="target tokens generated per prompt (default 64)")
     measured.add_argument("--context-length", type=int, default=128, help="KV-cache length when timing c (default 128)")
     add_model_options(measured, seed=0, seed_help="seed for sampled generation")
+    add_checkpoint_options(measured)
     parser.add_argument("--max-gamma", type=int, default=64, help=f"largest γ considered, 1..{MAX_GAMMA} (default 64)")
     parser.add_argument("--plot", type=Path, help="write a PNG of predicted speedup vs γ")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
@@ -195,12 +197,10 @@ def _read_prompts(path: Path) -> list[str]:
     return prompts
 
 
-def _load(kind: str, path: Path, args: argparse.Namespace) -> Any:
+def _load(kind: str, path: str, args: argparse.Namespace) -> Any:
     from specdec.loading import load_model
 
-    if not path.is_dir():
-        raise CLIError(f"--{kind}: no such directory: {path} (give a local checkpoint saved with save_pretrained)")
-    model = load_model(path, device=args.device, dtype=args.dtype, what=f"--{kind}", allow_pickle=args.allow_pickle)
+    model = load_model(path, device=args.device, dtype=args.dtype, what=f"--{kind}", **loader_kwargs(args, kind))
     if getattr(model.config, "is_encoder_decoder", False):
         raise CLIError(f"--{kind}: {path} is an encoder-decoder model; analyze measures decoder-only pairs")
     return model
@@ -222,9 +222,14 @@ def _measure(args: argparse.Namespace) -> dict[str, Any]:
 
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)  # validates
     prompts = _read_prompts(args.prompts)
-    for flag, path in (("--target", args.target), ("--draft", args.draft)):
-        if not path.is_dir():
-            raise CLIError(f"{flag}: no such directory: {path} (give a local checkpoint saved with save_pretrained)")
+    from specdec.loading import resolve_model_source
+
+    for which, path in (("target", args.target), ("draft", args.draft)):
+        try:
+            resolve_model_source(path, what=f"--{which}", model_kwargs=model_options(args, which))
+        except FileNotFoundError:
+            raise CLIError(f"--{which}: no such directory, .gguf file or cached hub id: {path} (give a local "
+                           "checkpoint)") from None
 
     apply_model_options(args)
     import torch
@@ -232,7 +237,7 @@ def _measure(args: argparse.Namespace) -> dict[str, Any]:
     from specdec.loading import load_tokenizer
     from specdec.request import check_context, vocab_size
 
-    tokenizer = load_tokenizer(args.target, what="--target tokenizer")
+    tokenizer = load_tokenizer(args.target, what="--target tokenizer", model_kwargs=source_options(model_options(args)))
     target = _load("target", args.target, args)
     draft = _load("draft", args.draft, args)
     device = str(target.device)

@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
-from specdec.cli.common import add_model_options, apply_model_options
+from specdec.cli.common import add_checkpoint_options, add_model_options, apply_model_options
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("beam", help="(speculative) beam search from local checkpoints",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", required=True, type=Path, help="target checkpoint directory (decoder-only)")
-    p.add_argument("--draft", type=Path, default=None, help="draft checkpoint directory; omit for plain beam search")
-    p.add_argument("--tokenizer", type=Path, default=None, help="tokenizer directory (default: --target)")
+    p.add_argument("--target", required=True,
+                   help="target checkpoint (decoder-only): a folder, a .gguf file or a cached hub id")
+    p.add_argument("--draft", default=None, help="draft checkpoint; omit for plain beam search")
+    p.add_argument("--tokenizer", default=None, help="tokenizer folder, .gguf file or hub id (default: --target's)")
     p.add_argument("--prompt", action="append", required=True, help="prompt text; repeat for a batch")
     p.add_argument("--num-beams", type=int, default=4, help="w")
     p.add_argument("--draft-beams", type=int, default=None, help="u ≥ w, the drafter's beam width (default w)")
@@ -27,6 +27,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--length-penalty", type=float, default=1.0)
     p.add_argument("--early-stopping", choices=["false", "true", "never"], default="false")
     p.add_argument("--no-eos", action="store_true", help="ignore EOS (always generate --max-new-tokens)")
+    add_checkpoint_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (beams, scores, stats)")
     add_model_options(p, seed_help="unused: beam search draws nothing")
     p.set_defaults(run=run)
@@ -34,15 +35,18 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import specdec
-    from specdec.loading import load_model, load_tokenizer
+    from specdec.cli.common import loader_kwargs, model_options
+    from specdec.loading import load_model, load_tokenizer, source_options
 
     apply_model_options(args)
-    target = load_model(args.target, device=args.device, dtype=args.dtype, what="target", allow_pickle=args.allow_pickle)
+    target_kwargs, draft_kwargs = loader_kwargs(args, "target"), loader_kwargs(args, "draft")  # checked first
+    target = load_model(args.target, device=args.device, dtype=args.dtype, what="target", **target_kwargs)
     draft = None
     if args.draft is not None:
         draft = load_model(args.draft, device=target.device, dtype=next(target.parameters()).dtype, what="draft",
-                           allow_pickle=args.allow_pickle)
-    tokenizer = load_tokenizer(args.tokenizer or args.target)
+                           **draft_kwargs)
+    tokenizer = load_tokenizer(args.tokenizer or args.target,
+                               model_kwargs=None if args.tokenizer else source_options(model_options(args)))
     prompts = [tokenizer.encode(text) for text in args.prompt]
     for i, ids in enumerate(prompts):
         if not ids:

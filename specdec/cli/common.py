@@ -18,6 +18,10 @@ from specdec.strict_json import dumps, finite_or_none  # noqa: F401  (re-exporte
 #: and far steadier when other processes share the cores. 0 = torch's own choice (all cores).
 DEFAULT_THREADS = 1
 MAX_THREADS = 1024
+#: = specdec.loading.options.MODEL_OPTION_KEYS (named here so `specdec --help` need not import torch; a test
+#: checks that the two agree)
+MODEL_OPTION_KEYS = ("revision", "gguf_file", "subfolder", "cache_dir", "torch_dtype", "dtype", "device_map",
+                     "max_memory", "attn_implementation", "quantization_config", "low_cpu_mem_usage", "variant")
 
 
 def add_model_options(parser: argparse.ArgumentParser, *, device: str = "auto", dtype: str = "auto",
@@ -39,8 +43,56 @@ def add_model_options(parser: argparse.ArgumentParser, *, device: str = "auto", 
                        help="also load pickled .bin weights (unpickling can run code: only for checkpoints you trust)")
 
 
+def add_checkpoint_options(parser, *, draft: bool = True) -> None:
+    """--model-option KEY=VALUE (repeatable), --draft-model-option, --allow-weight-mismatch: for the commands whose
+    --target / --draft name a checkpoint (a folder, a .gguf file, or a hub id in the local Hugging Face cache)."""
+    group = parser if isinstance(parser, argparse._ArgumentGroup) else parser.add_argument_group("checkpoint options")
+    group.add_argument("--model-option", action="append", default=None, metavar="KEY=VALUE",
+                       help="a from_pretrained option for --target, repeatable; VALUE is JSON or a string. Keys: "
+                            f"{', '.join(MODEL_OPTION_KEYS)} (e.g. revision=v1, gguf_file=model.Q4_1.gguf, "
+                            "attn_implementation=sdpa, device_map=auto)")
+    if draft:
+        group.add_argument("--draft-model-option", action="append", default=None, metavar="KEY=VALUE",
+                           help="the same for a --draft checkpoint")
+    group.add_argument("--allow-weight-mismatch", action="store_true",
+                       help="load a checkpoint whose weights do not fill the model (missing tensors would be randomly "
+                            "initialised) or hold tensors its config does not use")
+
+
+def model_options(args: argparse.Namespace, which: str = "target") -> dict | None:
+    """--model-option (which="target") or --draft-model-option as a validated dict; None when none was given."""
+    flag = "--model-option" if which == "target" else "--draft-model-option"
+    items = getattr(args, flag[2:].replace("-", "_"), None)
+    if not items:
+        return None
+    from specdec.loading.options import check_model_options, parse_model_option
+
+    options: dict = {}
+    for item in items:
+        try:
+            key, value = parse_model_option(item)
+        except ValueError as err:
+            raise CLIError(f"{flag}: {err}") from None
+        if key in options:
+            raise CLIError(f"{flag}: {key} given twice")
+        options[key] = value
+    try:
+        check_model_options(options)
+    except (ValueError, TypeError) as err:
+        raise CLIError(f"{flag}: {err}") from None
+    return options
+
+
+def loader_kwargs(args: argparse.Namespace, which: str = "target") -> dict:
+    """The safety and option keywords of `specdec.loading.load_model` from the parsed command line."""
+    return {"allow_pickle": bool(getattr(args, "allow_pickle", False)), "model_kwargs": model_options(args, which),
+            "allow_weight_mismatch": bool(getattr(args, "allow_weight_mismatch", False))}
+
+
 def apply_model_options(args: argparse.Namespace) -> None:
     """Range-check the shared options and apply --threads (before anything is loaded)."""
+    for which in ("target", "draft"):
+        model_options(args, which)  # a bad --model-option fails before anything loads
     check_int("--threads", args.threads, 0, MAX_THREADS)
     if getattr(args, "seed", None) is not None:
         check_int("--seed", args.seed, 0, (1 << 63) - 1)

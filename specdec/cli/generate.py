@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from specdec.cli import CLIError
-from specdec.cli.common import add_model_options, apply_model_options, check_int, log, print_json
+from specdec.cli.common import (add_checkpoint_options, add_model_options, apply_model_options, check_int,
+                                loader_kwargs, log, print_json)
 
 DRAFT_KINDS = ("ngram", "bigram", "unigram", "prompt-lookup")
 POLICY_NAMES = ("fixed", "heuristic", "optimal", "threshold", "guarded")  # = specdec.policy.POLICY_NAMES
@@ -16,13 +17,15 @@ POLICY_NAMES = ("fixed", "heuristic", "optimal", "threshold", "guarded")  # = sp
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("generate", help="generate text with speculative decoding from local checkpoints",
                               description=__doc__)
-    p.add_argument("--target", required=True, type=Path, help="target checkpoint directory (from_pretrained)")
+    p.add_argument("--target", required=True,
+                   help="target checkpoint: a folder, a .gguf file, or a hub id (org/name) in the local HF cache")
     p.add_argument("--draft", default=None,
-                   help="draft checkpoint directory (a model, or a head folder: EAGLE-1/2, EAGLE-3, Medusa, speculators, "
-                        "specdec train head), or one of: ngram (= bigram), unigram, prompt-lookup; omit for plain decoding")
+                   help="draft checkpoint (a model folder, .gguf file or cached hub id; or a head folder: EAGLE-1/2, "
+                        "EAGLE-3, Medusa, speculators, specdec train head), or one of: ngram (= bigram), unigram, "
+                        "prompt-lookup; omit for plain decoding")
     p.add_argument("--ngram-data", type=Path, default=None,
                    help="text file to fit an n-gram drafter on (default: the prompt itself)")
-    p.add_argument("--tokenizer", type=Path, default=None, help="tokenizer directory (default: --target)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer folder, .gguf file or hub id (default: --target's)")
     p.add_argument("--prompt", action="append", required=True,
                    help="prompt text; repeat for a batch (rows are generated together, printed in order)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per prompt (default 64)")
@@ -35,6 +38,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--leniency", type=float, default=1.0, help="l in (0, 1]: 1 = exact; < 1 accepts more, LOSSY (A.5)")
     p.add_argument("--draft-tree", default=None, help="verify a token tree per step, e.g. 2,2,1 (needs a draft model)")
     add_model_options(p)
+    add_checkpoint_options(p)
     p.add_argument("--tensor-parallel-size", type=int, default=1,
                    help="shard the target over N ranks; launch with torchrun --nproc-per-node N (default 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the texts and stats (stdout)")
@@ -60,9 +64,9 @@ def _gamma(text: str):
 
 def load_drafter(args, tokenizer, vocab_size: int, prompts_ids, device, dtype):
     """The drafter `--draft` names: None, prompt lookup, an n-gram table (fit on --ngram-data or the prompts)
-    or a local checkpoint folder (loaded on `device` in `dtype`)."""
+    or a checkpoint (loaded on `device` in `dtype`, unless --draft-model-option says otherwise)."""
     import specdec
-    from specdec.loading import load_model
+    from specdec.loading import load_model, placed_like
 
     if args.draft is None:
         return None
@@ -78,11 +82,13 @@ def load_drafter(args, tokenizer, vocab_size: int, prompts_ids, device, dtype):
         return specdec.NGramDrafter(1 if kind == "unigram" else 2).fit(data, vocab_size)
     from specdec.drafters.formats import drafter_folder
 
-    allow_pickle = getattr(args, "allow_pickle", False)
-    head = drafter_folder(args.draft, allow_pickle)  # a head folder (EAGLE, EAGLE-3, Medusa, speculators, train head)
+    kwargs = loader_kwargs(args, "draft")
+    head = drafter_folder(args.draft, kwargs["allow_pickle"])  # EAGLE, EAGLE-3, Medusa, speculators, train head
     if head is not None:  # the engine loads it onto the target
+        if kwargs["model_kwargs"]:
+            raise ValueError("--draft-model-option applies to draft models, not to head folders")
         return head
-    return load_model(args.draft, device=device, dtype=dtype, what="draft", allow_pickle=allow_pickle)
+    return load_model(args.draft, what="draft", **placed_like(device, dtype, kwargs["model_kwargs"]), **kwargs)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -100,16 +106,20 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"--{str(err).split(' ')[0].replace('_', '-')}: {err}") from None
     apply_model_options(args)
     if check_int("--tensor-parallel-size", args.tensor_parallel_size, 1, 1024) > 1:
+        if args.model_option or args.draft_model_option or args.allow_weight_mismatch:
+            raise CLIError("--tensor-parallel-size reads a safetensors folder per rank: --model-option, "
+                           "--draft-model-option and --allow-weight-mismatch are not supported with it")
         from specdec.cli.tensor_parallel import run_tensor_parallel
 
         return run_tensor_parallel(args, gamma)
 
-    from specdec.loading import load_model, load_tokenizer
+    from specdec.cli.common import model_options
+    from specdec.loading import load_model, load_tokenizer, source_options
     from specdec.text import LLM
 
-    target = load_model(args.target, device=args.device, dtype=args.dtype, what="target",
-                        allow_pickle=args.allow_pickle)
-    tokenizer = load_tokenizer(args.tokenizer or args.target)
+    target = load_model(args.target, device=args.device, dtype=args.dtype, what="target", **loader_kwargs(args))
+    tokenizer = load_tokenizer(args.tokenizer or args.target,
+                               model_kwargs=None if args.tokenizer else source_options(model_options(args)))
     prompts = [tokenizer.encode(text) for text in args.prompt]
     for i, ids in enumerate(prompts):
         if not ids:

@@ -16,7 +16,8 @@ import argparse
 from pathlib import Path
 
 from specdec.cli import CLIError
-from specdec.cli.common import add_model_options, apply_model_options, check_float, check_int, dumps, log, print_json
+from specdec.cli.common import (add_checkpoint_options, add_model_options, apply_model_options, check_float, check_int,
+                                dumps, loader_kwargs, log, model_options, print_json)
 
 DEMO_PAIR = Path(__file__).resolve().parent.parent / "assets" / "demo_pair"
 QUICK = {"prompts": 1, "max_new_tokens": 32, "repeats": 1, "warmup_tokens": 4}
@@ -25,9 +26,10 @@ QUICK = {"prompts": 1, "max_new_tokens": 32, "repeats": 1, "warmup_tokens": 4}
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("policies", help="benchmark draft-length policies (tokens/s, τ, α) on several workloads",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", type=Path, default=None, help=f"target checkpoint (default {DEMO_PAIR}/target)")
-    p.add_argument("--draft", type=Path, default=None, help="draft checkpoint (default: the demo pair's draft)")
-    p.add_argument("--tokenizer", type=Path, default=None, help="tokenizer folder (default: the target's folder)")
+    p.add_argument("--target", default=None,
+                   help=f"target checkpoint: folder, .gguf file or cached hub id (default {DEMO_PAIR}/target)")
+    p.add_argument("--draft", default=None, help="draft checkpoint (default: the demo pair's draft)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer folder, .gguf or hub id (default: the target's)")
     p.add_argument("--workloads", default="code,text,repetitive", help="comma list of code, text, repetitive")
     p.add_argument("--policies", default="1,2,4,6,8,heuristic,optimal,threshold,guarded",
                    help="comma list: integers (fixed γ) and policy names; plain decoding always runs")
@@ -44,6 +46,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("runs/policies"), help="output folder (default runs/policies)")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     add_model_options(p, device="cpu", seed=0, seed_help="sampling seed (temperature > 0)")
+    add_checkpoint_options(p)
     p.set_defaults(run=run)
     return p
 
@@ -68,7 +71,7 @@ def _default_draft(pair: Path) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from specdec.drafters import PromptLookupDrafter
-    from specdec.loading import load_model, load_tokenizer
+    from specdec.loading import load_model, load_tokenizer, source_options
     from specdec.bench.policy_bench import BenchSettings, build_workloads, run_policy_bench
 
     if args.quick:
@@ -114,12 +117,13 @@ def run(args: argparse.Namespace) -> int:
     if args.target is None and not target_dir.is_dir():
         raise CLIError(f"the demo pair is not installed at {DEMO_PAIR}: give --target and --draft")
     apply_model_options(args)
-    tokenizer = load_tokenizer(args.tokenizer or target_dir)
-    target = load_model(target_dir, device=args.device, dtype=args.dtype, what="target", allow_pickle=args.allow_pickle)
+    tokenizer = load_tokenizer(args.tokenizer or target_dir,
+                               model_kwargs=None if args.tokenizer else source_options(model_options(args)))
+    target = load_model(target_dir, device=args.device, dtype=args.dtype, what="target", **loader_kwargs(args))
     drafters = {}
     if "model" in drafter_names:
         drafters["model"] = load_model(draft_dir, device=args.device, dtype=args.dtype, what="draft",
-                                       allow_pickle=args.allow_pickle)
+                                       **loader_kwargs(args, "draft"))
     if "lookup" in drafter_names:
         drafters["lookup"] = PromptLookupDrafter()
     workloads = build_workloads(tokenizer, _split(args.workloads), args.prompts, args.prompt_tokens)

@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from specdec.cli.common import add_model_options, apply_model_options, check_int, log
+from specdec.cli.common import add_checkpoint_options, add_model_options, apply_model_options, check_int, log
 
 MAX_CONNECTIONS = 1 << 16
 
@@ -22,13 +22,16 @@ MAX_CONNECTIONS = 1 << 16
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server with Prometheus metrics and a playground",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", required=True, type=Path, help="target checkpoint directory")
-    p.add_argument("--draft", default=None, help="draft checkpoint directory (a model, or a head folder: EAGLE-1/2, EAGLE-3, "
-                   "Medusa, speculators, specdec train head), prompt-lookup or ngram (with --ngram-data)")
+    p.add_argument("--target", required=True,
+                   help="target checkpoint: a folder, a .gguf file, or a hub id (org/name) in the local HF cache")
+    p.add_argument("--draft", default=None,
+                   help="draft checkpoint (a model folder, .gguf file or cached hub id; or a head folder: EAGLE-1/2, "
+                        "EAGLE-3, Medusa, speculators, specdec train head), prompt-lookup or ngram (with --ngram-data)")
     p.add_argument("--ngram-data", type=Path, default=None, help="text file the ngram drafter is fitted on")
-    p.add_argument("--tokenizer", type=Path, default=None, help="tokenizer directory (default: --target)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer folder, .gguf file or hub id (default: --target's)")
     p.add_argument("--chat-template", type=Path, default=None, help="Jinja chat template file (default: the tokenizer's)")
-    p.add_argument("--served-model-name", default=None, help="model name in responses (default: the target folder's)")
+    p.add_argument("--served-model-name", default=None,
+                   help="model name in responses (default: the hub id, the .gguf file's stem or the folder's name)")
     p.add_argument("--num-draft-tokens", default="4", help="γ for speculative requests (requests may ask for 0 = plain)")
     p.add_argument("--max-batch-size", type=int, default=32, help="requests decoded together")
     p.add_argument("--max-seq-len", type=int, default=None, help="context per request (default: the model's)")
@@ -38,6 +41,7 @@ def add_parser(subparsers) -> None:
                    help="auto: the request-level engine where it covers the model, else the eager loop")
     add_model_options(p, seed_help="seed for requests that send none: with it, the n-th such request gets the same "
                       "draws on every run (default: fresh randomness per request)")
+    add_checkpoint_options(p)
     net = p.add_argument_group("network and security")
     net.add_argument("--host", default="127.0.0.1", help="bind address (127.0.0.1: this machine only)")
     net.add_argument("--port", type=int, default=8000, help="TCP port, 1-65535")
@@ -107,13 +111,17 @@ def check_args(args: argparse.Namespace) -> None:
         raise FileNotFoundError(f"--ngram-data file not found: {args.ngram_data}")
     if args.chat_template is not None and not args.chat_template.is_file():
         raise FileNotFoundError(f"--chat-template file not found: {args.chat_template}")
-    if not Path(args.target).is_dir():
-        raise FileNotFoundError(f"--target folder not found: {args.target}")
+    from specdec.cli.common import model_options
+    from specdec.loading import resolve_model_source
+
+    resolve_model_source(args.target, what="--target", model_kwargs=model_options(args))  # exists, before loading
 
 
 def build(args: argparse.Namespace):
     """(app, llm) from the parsed arguments (the tests use it without starting uvicorn)."""
     import specdec
+    from specdec.cli.common import model_options
+    from specdec.loading import resolve_model_source
     from specdec.server import create_app
     from specdec.server.guard import GuardConfig
 
@@ -124,8 +132,10 @@ def build(args: argparse.Namespace):
                        allow_pickle=args.allow_pickle, runner=args.runner, max_batch_size=args.max_batch_size,
                        max_seq_len=args.max_seq_len, ngram_data=args.ngram_data,
                        synthetic_acceptance=getattr(args, "synthetic_acceptance", None),
-                       tensor_parallel_size=getattr(args, "tensor_parallel_size", 1))  # ranks > 0 exit inside
-    name = args.served_model_name or Path(args.target).resolve().name
+                       tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),  # ranks > 0 exit inside
+                       model_kwargs=model_options(args), draft_model_kwargs=model_options(args, "draft"),
+                       allow_weight_mismatch=getattr(args, "allow_weight_mismatch", False))
+    name = args.served_model_name or resolve_model_source(args.target, model_kwargs=model_options(args)).display_name
     guard = GuardConfig(allowed_hosts=tuple(getattr(args, "allowed_hosts", ())),
                         allowed_origins=tuple(getattr(args, "allowed_origins", ())),
                         bind_host=getattr(args, "host", "127.0.0.1"), api_key=getattr(args, "api_key", None))

@@ -7,6 +7,7 @@ Anything the engine does not cover raises `UnsupportedModel` here, before any co
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
@@ -19,7 +20,16 @@ from specdec.engine.drafters import EngineLookupDrafter, EngineModelDrafter, Eng
 from specdec.drafters.formats import is_drafter, load_drafter
 from specdec.fast.model import FAMILIES, FastLlama
 
-__all__ = ["build_model", "build_drafter", "covers", "covers_drafter"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["build_model", "build_drafter", "covers", "covers_drafter", "uncovered_reason", "notice_fallback"]
+
+# Modules whose weights the engine reads as plain tensors. Anything else (quantized linears from torch.ao,
+# bitsandbytes or transformers.integrations, PEFT adapters, custom layers) computes something a copy of
+# `.weight` would not reproduce.
+_PLAIN_MODULES = ("torch.nn.modules.", "transformers.models.", "transformers.activations", "transformers.modeling_",
+                  "transformers.pytorch_utils")  # GPT-2's Conv1D
+_noticed: set[str] = set()
 
 
 def covers(model) -> bool:
@@ -29,6 +39,40 @@ def covers(model) -> bool:
     except UnsupportedModel:
         return False
     return True
+
+
+def uncovered_reason(target, drafter=None) -> str | None:
+    """Why the engine cannot run this target (and drafter), in one line; None when it can."""
+    for what, model in (("target", target), ("drafter", drafter)):
+        try:
+            if what == "target":
+                _fast_model(model, check_only=True)
+            elif not covers_drafter(model):
+                return f"the engine does not run this drafter ({type(model).__name__})"
+        except UnsupportedModel as err:
+            return f"{what}: {err}"
+    return None
+
+
+def notice_fallback(reason: str) -> None:
+    """One log line (once per reason and process) when a model falls back to the eager transformers loop."""
+    if reason not in _noticed:
+        _noticed.add(reason)
+        logger.warning("%s; running on the eager transformers loop instead of the engine", reason)
+
+
+def _uncopyable(model: torch.nn.Module) -> str | None:
+    """Why the engine cannot copy this transformers model's weights (quantized, adapters, custom layers)."""
+    for name, module in model.named_modules():
+        kind = type(module)
+        if not kind.__module__.startswith(_PLAIN_MODULES):
+            return (f"{name or 'the model'} is a {kind.__module__}.{kind.__name__} (quantized, adapter or custom "
+                    "layers: the engine copies plain weights only)")
+    for name, param in model.named_parameters():
+        if param.is_meta or type(param) not in (torch.nn.Parameter, torch.Tensor) or not param.is_floating_point():
+            return (f"parameter {name} is not a plain floating-point tensor ({type(param).__name__}, {param.dtype}, "
+                    f"{param.device}): quantized or offloaded weights are not copied by the engine")
+    return None
 
 
 def covers_drafter(drafter) -> bool:
@@ -72,9 +116,16 @@ def _fast_model(model, check_only: bool = False) -> FastLlama | None:
         LlamaShape.from_hf(config)
     except ValueError as err:
         raise UnsupportedModel(str(err)) from None
+    reason = _uncopyable(model) if isinstance(model, torch.nn.Module) else None
+    if reason is not None:
+        raise UnsupportedModel(reason)
     if check_only:
         return None
-    return FastLlama.from_hf(model)
+    try:
+        return FastLlama.from_hf(model)
+    except (KeyError, AttributeError, TypeError) as err:  # a layout the copy does not know: not a crash
+        raise UnsupportedModel(f"the engine cannot copy this {model_type} model ({type(err).__name__}: {err})") \
+            from None
 
 
 def build_model(target, kernels: str = "auto") -> FastLlama:

@@ -39,13 +39,20 @@ MAX_RUNNERS = 4
 def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num_draft_tokens=4,
          chat_template: str | None = None, allow_pickle: bool = False, runner: str = "auto",
          max_batch_size: int = 32, max_seq_len: int | None = None, ngram_data=None,
-         synthetic_acceptance: float | None = None, tensor_parallel_size: int = 1) -> "LLM":
+         synthetic_acceptance: float | None = None, tensor_parallel_size: int = 1, model_kwargs: dict | None = None,
+         draft_model_kwargs: dict | None = None, allow_weight_mismatch: bool = False) -> "LLM":
     """Load a target (and a draft) for text generation.
 
-    target          a local checkpoint folder, or a transformers model (then pass `tokenizer`)
-    draft           None | a folder | a transformers model | "prompt-lookup" | "ngram" (fit on `ngram_data`:
-                    a text file or a list of strings) | a specdec Drafter
-    tokenizer       a folder or a tokenizer object (default: the target folder's)
+    target          a checkpoint folder, a .gguf file, a hub id (org/name) in the local Hugging Face cache
+                    (never downloaded), or a transformers model (then pass `tokenizer`)
+    draft           None | a folder / .gguf / hub id | a transformers model | "prompt-lookup" | "ngram" (fit on
+                    `ngram_data`: a text file or a list of strings) | a specdec Drafter
+    tokenizer       a folder, .gguf file, hub id or tokenizer object (default: the target's, with its chat template)
+    model_kwargs    validated from_pretrained options for the target (`specdec.loading.options`): revision,
+                    gguf_file, subfolder, cache_dir, torch_dtype, device_map, max_memory, attn_implementation,
+                    quantization_config, low_cpu_mem_usage, variant; `draft_model_kwargs` the same for the draft
+    allow_weight_mismatch  load checkpoints whose weights do not fill the model (missing tensors would be
+                    randomly initialised) or hold tensors it does not use; refused by default
     num_draft_tokens default γ (an int, or a policy name on the fallback runner); 0 = plain decoding
     chat_template   a Jinja chat template (string or file) replacing the tokenizer's own
     allow_pickle    load .bin/.pt weights (pickle can run code); safetensors only by default
@@ -58,12 +65,15 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
                     target folder; rank 0 gets the LLM, the other ranks follow its steps and exit the process
                     when rank 0 closes it (`specdec/text/tensor_parallel.py`); γ must be a fixed integer
     """
-    from specdec.loading import load_model, load_tokenizer
+    from specdec.loading import load_model, load_tokenizer, source_options
 
     if runner not in RUNNERS:
         raise ValueError(f"runner must be one of {', '.join(RUNNERS)}, got {runner!r}")
     tensor_parallel_size = as_int(tensor_parallel_size, "tensor_parallel_size", minimum=1, maximum=1024)
     if tensor_parallel_size > 1:
+        if model_kwargs is not None or allow_weight_mismatch:
+            raise ValueError("tensor_parallel_size > 1 reads a safetensors folder per rank: model_kwargs and "
+                             "allow_weight_mismatch are not supported with it")
         from specdec.text.tensor_parallel import check_gamma, load_tensor_parallel
 
         check_gamma(check_num_draft_tokens(num_draft_tokens))
@@ -73,24 +83,30 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
             tok = load_tokenizer(tok) if isinstance(tok, (str, Path)) else tok
             if chat_template is not None:
                 tok.chat_template = _read_template(chat_template)
-            drafter = _load_draft(draft, model, tok, allow_pickle, ngram_data)
+            drafter = _load_draft(draft, model, tok, allow_pickle, ngram_data, draft_model_kwargs=draft_model_kwargs)
             return LLM(model, tok, drafter, num_draft_tokens=num_draft_tokens, runner=runner,
                        max_batch_size=max_batch_size, max_seq_len=max_seq_len,
                        synthetic_acceptance=synthetic_acceptance, tensor_parallel=channel)
 
         return load_tensor_parallel(target, tensor_parallel_size, device=device, dtype=dtype, make_llm=make_llm)
+    tokenizer_kwargs = None
     if isinstance(target, (str, Path)):
-        target_model = load_model(target, device=device, dtype=dtype, what="target", allow_pickle=allow_pickle)
-        tokenizer = tokenizer if tokenizer is not None else target
+        target_model = load_model(target, device=device, dtype=dtype, what="target", allow_pickle=allow_pickle,
+                                  model_kwargs=model_kwargs, allow_weight_mismatch=allow_weight_mismatch)
+        if tokenizer is None:  # the target's own: same revision / gguf_file / subfolder
+            tokenizer, tokenizer_kwargs = target, model_kwargs
     else:
+        if model_kwargs is not None:
+            raise ValueError("model_kwargs apply when target is a path or hub id, not a model object")
         target_model = target
         if tokenizer is None:
             raise ValueError("tokenizer is required when target is a model object (pass a folder or a tokenizer)")
     if isinstance(tokenizer, (str, Path)):
-        tokenizer = load_tokenizer(tokenizer)
+        tokenizer = load_tokenizer(tokenizer, model_kwargs=source_options(tokenizer_kwargs))
     if chat_template is not None:
         tokenizer.chat_template = _read_template(chat_template)
-    drafter = _load_draft(draft, target_model, tokenizer, allow_pickle, ngram_data)
+    drafter = _load_draft(draft, target_model, tokenizer, allow_pickle, ngram_data,
+                          draft_model_kwargs=draft_model_kwargs, allow_weight_mismatch=allow_weight_mismatch)
     return LLM(target_model, tokenizer, drafter, num_draft_tokens=num_draft_tokens, runner=runner,
                max_batch_size=max_batch_size, max_seq_len=max_seq_len, synthetic_acceptance=synthetic_acceptance)
 
@@ -167,9 +183,12 @@ class LLM:
                                   synthetic_acceptance=self.synthetic_acceptance)
             try:
                 engine = Engine(self.target, drafter, config=config)
-            except UnsupportedModel:
+            except UnsupportedModel as err:
                 if self.runner_choice == "engine":
                     raise
+                from specdec.engine.build import notice_fallback
+
+                notice_fallback(str(err))
             else:
                 if engine.cuda_graphs:  # capture every decode shape now, not while serving (as vLLM does)
                     report = self.warmups[gamma] = warm_up(engine, engine.max_batch)
@@ -346,10 +365,13 @@ def _read_template(template) -> str:
     return template
 
 
-def _load_draft(draft, target, tokenizer, allow_pickle: bool, ngram_data):
+def _load_draft(draft, target, tokenizer, allow_pickle: bool, ngram_data, *, draft_model_kwargs=None,
+                allow_weight_mismatch: bool = False):
     import specdec
-    from specdec.loading import load_model
+    from specdec.loading import load_model, placed_like
 
+    if draft_model_kwargs is not None and (not isinstance(draft, (str, Path)) or str(draft).lower() in DRAFT_NAMES):
+        raise ValueError("draft_model_kwargs apply when draft is a checkpoint path or hub id")
     if draft is None:
         return None
     if isinstance(draft, str) and draft.lower() in DRAFT_NAMES:
@@ -367,6 +389,7 @@ def _load_draft(draft, target, tokenizer, allow_pickle: bool, ngram_data):
     if is_feature_head(draft):  # a feature-head folder: the engine loads it onto the target
         return str(draft)
     if isinstance(draft, (str, Path)):
-        dtype = next(target.parameters()).dtype
-        return load_model(draft, device=target.device, dtype=dtype, what="draft", allow_pickle=allow_pickle)
+        placed = placed_like(target.device, next(target.parameters()).dtype, draft_model_kwargs)
+        return load_model(draft, what="draft", allow_pickle=allow_pickle, model_kwargs=draft_model_kwargs,
+                          allow_weight_mismatch=allow_weight_mismatch, **placed)
     return draft
