@@ -234,10 +234,11 @@ def _measure(args: argparse.Namespace) -> dict[str, Any]:
     apply_model_options(args)
     import torch
 
-    from specdec.loading import load_tokenizer
+    from specdec.loading import load_tokenizer, source_options
     from specdec.request import check_context, vocab_size
 
-    tokenizer = load_tokenizer(args.target, what="--target tokenizer", model_kwargs=source_options(model_options(args)))
+    tokenizer = load_tokenizer(args.target, what="--target tokenizer",
+                               model_kwargs=source_options(model_options(args)))
     target = _load("target", args.target, args)
     draft = _load("draft", args.draft, args)
     device = str(target.device)

@@ -58,7 +58,11 @@ def _check_dir(path: str | Path, what: str) -> Path:
     if not path.is_dir():
         raise FileNotFoundError(f"{what} directory not found: {path} (specdec loads local checkpoints only)")
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{what} directory {path} has no config.json: not a transformers checkpoint")
+        ggufs = sorted(p.name for p in path.glob("*.gguf"))
+        more = f" and {len(ggufs) - 3} more" if len(ggufs) > 3 else ""
+        hint = f"; it holds GGUF files ({', '.join(ggufs[:3])}{more}): pass one's path, or model option " \
+            "gguf_file=NAME" if ggufs else ""
+        raise FileNotFoundError(f"{what} directory {path} has no config.json: not a transformers checkpoint{hint}")
     return path
 
 

@@ -302,3 +302,9 @@ def test_missing_and_unexpected_tensors_are_named(checkpoints, tmp_path):
     with pytest.raises(ValueError, match="does not use: model.spare.weight"):
         load_model(extra, what="target")
     assert load_model(extra, device="cpu", allow_weight_mismatch=True) is not None
+
+
+def test_a_folder_of_gguf_files_says_how_to_pick_one(gguf_files):
+    with pytest.raises(FileNotFoundError, match="gguf_file=NAME") as info:
+        load_model(gguf_files, what="target")
+    assert "header-only.gguf" in str(info.value) and "3 more" in str(info.value)

@@ -73,7 +73,7 @@ def test_serve_a_gguf_file(tiny_gguf):
                                       "prompt-lookup", "--num-draft-tokens", "2"])
     app, llm = build(args)
     try:
-        with TestClient(app) as client:
+        with TestClient(app, base_url="http://127.0.0.1") as client:
             models = client.get("/v1/models").json()
             assert [m["id"] for m in models["data"]] == ["tiny-chat"]  # the file's stem
             body = client.post("/v1/chat/completions", json={

@@ -70,7 +70,7 @@ def test_serve_chat_greedy_equals_transformers(served):
     from fastapi.testclient import TestClient
 
     app, llm = served
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1") as client:
         assert client.get("/v1/models").json()["data"][0]["id"] == GGUF.stem
         body = client.post("/v1/chat/completions", json={"model": GGUF.stem, "messages": CHAT, "max_tokens": 24,
                                                          "temperature": 0}).json()
