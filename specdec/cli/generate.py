@@ -92,7 +92,7 @@ def load_drafter(args, tokenizer, vocab_size: int, prompts_ids, device, dtype):
 
 
 def run(args: argparse.Namespace) -> int:
-    from specdec.request import MAX_NEW_TOKENS, SamplingParams, vocab_size
+    from specdec.request import MAX_NEW_TOKENS, SamplingParams, context_length, vocab_size
 
     # every number is checked before anything is loaded
     check_int("--max-new-tokens", args.max_new_tokens, 0, MAX_NEW_TOKENS)
@@ -139,7 +139,12 @@ def run(args: argparse.Namespace) -> int:
             params[name] = getattr(args, name)
     single = len(prompts) == 1
     shown = None  # the prompt is echoed with the first text, so a failure before it prints nothing
-    with LLM(target, tokenizer, drafter, num_draft_tokens=gamma if drafter is not None else 0) as llm:
+    # the runner's cache holds exactly these prompts (not the server's 32 rows of 4096 tokens: 6 GB for SmolLM2
+    # on a CPU); a request longer than the model's context is still refused by the runner, naming it
+    needed = max(len(ids) for ids in prompts) + args.max_new_tokens + 1
+    context = context_length(target)
+    with LLM(target, tokenizer, drafter, num_draft_tokens=gamma if drafter is not None else 0,
+             max_batch_size=len(prompts), max_seq_len=needed if context is None or needed <= context else None) as llm:
         if single and not args.json:
             # deltas are whole characters and concatenate to the final text (no reprinting)
             stream = llm.stream(prompts[0], **params)

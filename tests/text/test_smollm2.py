@@ -45,7 +45,7 @@ def served():
     from specdec.cli.serve import build
 
     args = build_parser().parse_args(["serve", "--target", str(GGUF), "--device", "cpu", "--draft", "prompt-lookup",
-                                      "--num-draft-tokens", "4"])
+                                      "--num-draft-tokens", "4", "--max-batch-size", "4", "--max-seq-len", "1024"])
     app, llm = build(args)
     yield app, llm
     llm.close()
