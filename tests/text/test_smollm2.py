@@ -79,19 +79,26 @@ def test_serve_chat_greedy_equals_transformers(served):
     assert body["usage"]["completion_tokens"] == len(ref)
 
 
-@pytest.mark.parametrize("drafter, gamma", [("ngram", 2), ("ngram", 5), ("prompt-lookup", 1), ("prompt-lookup", 4)])
-def test_fast_engine_greedy_equals_transformers(served, drafter, gamma):
+@pytest.fixture(scope="module")
+def greedy_references(served):
+    """Three prompts (chat, code, prose) and transformers' greedy continuations of 20 tokens."""
     _, llm = served
     code = "def fibonacci(n):\n    if n < 2:\n        return n\n"
     prompts = [_chat_ids(llm.tokenizer, CHAT), llm.tokenizer.encode(code),
                llm.tokenizer.encode("The capital of France is")]
+    eos = list(llm.defaults.eos_token_ids)
+    return prompts, [hf_greedy(llm.target, prompt, 20, eos) for prompt in prompts]
+
+
+@pytest.mark.parametrize("drafter, gamma", [("ngram", 2), ("ngram", 5), ("prompt-lookup", 1), ("prompt-lookup", 4)])
+def test_fast_engine_greedy_equals_transformers(served, greedy_references, drafter, gamma):
+    _, llm = served
+    prompts, references = greedy_references
     draft = specdec.PromptLookupDrafter() if drafter == "prompt-lookup" else \
         specdec.NGramDrafter(2).fit(prompts, llm.vocab_size)
-    eos = list(llm.defaults.eos_token_ids)
     out = specdec.generate(llm.target, prompts, drafter=draft, num_draft_tokens=gamma, max_new_tokens=20,
-                           temperature=0, engine="fast", eos_token_id=eos)
-    for prompt, ours in zip(prompts, out.sequences):
-        assert ours == hf_greedy(llm.target, prompt, 20, eos)
+                           temperature=0, engine="fast", eos_token_id=list(llm.defaults.eos_token_ids))
+    assert out.sequences == references
 
 
 def test_cli_generate_a_gguf_file(capsys, served):
