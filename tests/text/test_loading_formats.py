@@ -119,3 +119,16 @@ def test_model_kwargs_reach_the_model(ckpt):
         assert llm.target.config._attn_implementation == "eager" and llm.target.dtype == torch.bfloat16
     with pytest.raises(ValueError, match="model_kwargs apply when target is a path"):
         specdec.load(llm.target, tokenizer=llm.tokenizer, model_kwargs={"revision": "x"})
+
+
+def test_a_gguf_inside_a_cached_hub_repo(tmp_path, monkeypatch, tiny_gguf):
+    from gguf_helpers import make_hub_cache
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    make_hub_cache(tmp_path / "hub", "org/tiny-gguf", tiny_gguf.parent)
+    with specdec.load("org/tiny-gguf", device="cpu", model_kwargs={"gguf_file": tiny_gguf.name}) as llm:
+        assert llm.tokenizer.encode("abc") == [2, 3, 4]  # the tokenizer from the GGUF in the snapshot
+        out = llm.generate("abcab", max_new_tokens=8, temperature=0)
+        assert out.token_ids == hf_greedy(llm.target, [2, 3, 4, 2, 3], 8, [llm.tokenizer.eos_token_id])
+    with pytest.raises(FileNotFoundError, match="gguf_file 'other.gguf' not found"):
+        specdec.load("org/tiny-gguf", device="cpu", model_kwargs={"gguf_file": "other.gguf"})

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 import specdec
 from helpers import hf_greedy
@@ -111,3 +112,18 @@ def test_cli_generate_a_gguf_file(capsys, served):
     out = json.loads(cap.out.strip().splitlines()[-1])
     eos = list(llm.defaults.eos_token_ids)
     assert out["sequences"][0] == hf_greedy(llm.target, llm.tokenizer.encode(prompt), 16, eos)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_engine_on_cuda_with_graphs():
+    """On a GPU: the engine with CUDA graphs in float32; where it parts from transformers, it must be a float tie."""
+    from helpers import assert_same_greedy
+
+    with specdec.load(GGUF, "prompt-lookup", device="cuda", dtype="float32", num_draft_tokens=4, max_batch_size=2,
+                      max_seq_len=512) as llm:
+        assert llm.runner_kind == "engine"
+        ids = _chat_ids(llm.tokenizer, CHAT)
+        eos = list(llm.defaults.eos_token_ids)
+        out = llm.generate(CHAT, max_new_tokens=48, temperature=0)
+        assert_same_greedy(llm.target, ids, out.token_ids, hf_greedy(llm.target, ids, 48, eos))
