@@ -299,29 +299,19 @@ def _decode(target, drafter, policy, prompts, params: SamplingParams, generator,
         record = StepRecord.unpack(packed, layout, drafter_calls=proposal.forward_passes, draft_time_s=draft_s,
                                    verify_time_s=verify_s)
         stats.add_step(record)
-        event_rows, event_tokens, event_counts, done = [], [], [], []
-        most_remaining = 0
-        for i, tokens in enumerate(record.tokens):
-            orig = original[i]
-            if tokens:
-                outputs[orig].extend(tokens)
-                event_rows.append(orig)
-                event_tokens.append(tokens)
-                event_counts.append(record.row_counts[i])
-            if record.finished[i]:
-                done.append(orig)
-            elif alive[i]:
-                most_remaining = max(most_remaining, max_new_tokens - len(outputs[orig]))
+        event = TokenEvent.of(record, step, original, outputs)
+        most_remaining = max((max_new_tokens - len(outputs[orig]) for orig, a, f in
+                              zip(original, alive, record.finished) if a and not f), default=0)
         if policy is not None:
             outcome = torch.tensor([[record.num_accepted[i], record.num_drafted[i]] for i in range(len(alive))
                                     if alive[i]], dtype=torch.long).reshape(-1, 2)
             policy.update(StepOutcome(gamma, outcome[:, 0], outcome[:, 1], draft_s, verify_s))
         alive = [a and not f for a, f in zip(alive, record.finished)]
         num_active = sum(alive)
-        yield TokenEvent(step=step, rows=event_rows, tokens=event_tokens, finished=done, counts=event_counts)
+        yield event
         step += 1
 
-        if done and drop_rows and num_active:
+        if event.finished and drop_rows and num_active:
             keep = (~finished).nonzero().squeeze(1)
             original = [o for o, a in zip(original, alive) if a]
             alive = [True] * len(original)

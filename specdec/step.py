@@ -44,6 +44,21 @@ class TokenEvent:
     # from the engine, which keeps its counters on the device)
     counts: list["StepCounts"] | None = None
 
+    @classmethod
+    def of(cls, record: "StepRecord", step: int, callers: list[int], outputs: list[list[int]]) -> "TokenEvent":
+        """The event of a step whose row i is the caller's row `callers[i]`; appends each row's committed tokens
+        to `outputs[callers[i]]` (the loops' running results)."""
+        rows, tokens, counts, done = [], [], [], []
+        for i, (caller, committed) in enumerate(zip(callers, record.tokens)):
+            if committed:
+                outputs[caller].extend(committed)
+                rows.append(caller)
+                tokens.append(committed)
+                counts.append(record.row_counts[i] if record.row_counts is not None else None)
+            if record.finished[i]:
+                done.append(caller)
+        return cls(step, rows, tokens, done, counts if record.row_counts is not None else None)
+
 
 class GenerationStream:
     """Iterate to get a `TokenEvent` per step; `.result` holds the `GenerateResult` once exhausted."""
@@ -90,13 +105,8 @@ class RequestOutput:
         return out
 
 
-def commit_counts(
-    new_tokens: torch.Tensor,
-    num_accepted: torch.Tensor,
-    remaining: torch.Tensor,
-    eos_ids: torch.Tensor | None,
-    active: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def commit_counts(new_tokens: torch.Tensor, num_accepted: torch.Tensor, remaining: torch.Tensor,
+                  eos_ids: torch.Tensor | None, active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """How many of each row's `new_tokens [B, k]` are committed → (counts [B], hit_eos [B]).
 
     num_accepted [B]: drafts accepted (the row produced num_accepted + 1 tokens); remaining [B] (or a scalar):
@@ -316,10 +326,6 @@ class StepRecord:
     drafter_calls: int = 0  # drafter forward passes in this step
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
-
-    def kept_accepted(self, row: int) -> int:
-        """Accepted drafts among the row's committed tokens."""
-        return min(self.num_accepted[row], len(self.tokens[row]))
 
     @classmethod
     def unpack(cls, packed: torch.Tensor, layout: StepLayout, *, drafter_calls: int = 0, draft_time_s: float = 0.0,

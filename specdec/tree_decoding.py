@@ -22,17 +22,8 @@ from specdec.core import standardize_logits
 from specdec.metrics import SpecStats
 from specdec.models.tree_lm import TreeCausalLM
 from specdec.request import SamplingParams, normalize_prompts, resolve_eos, resolve_generator
-from specdec.step import (
-    Clock,
-    GenerateResult,
-    GenerationStream,
-    StepLayout,
-    StepRecord,
-    TokenEvent,
-    commit_counts,
-    pack_step,
-    step_counters,
-)
+from specdec.step import Clock, GenerateResult, GenerationStream, StepLayout, StepRecord, TokenEvent
+from specdec.step import commit_counts, pack_step, step_counters
 from specdec.tree import MODES, TreeSpec, verify_tree, verify_tree_greedy
 
 __all__ = ["tree_generate", "tree_stream", "run_tree"]
@@ -152,19 +143,10 @@ def _tree_decode(target, drafter, spec, tree_mode, rows, params, generator, hold
         record = StepRecord.unpack(packed, layout, drafter_calls=proposal.forward_passes, has_beta=False,
                                    draft_time_s=clock.elapsed(0, 1), verify_time_s=clock.elapsed(1, 2))
         stats.add_step(record)
-        event_rows, event_tokens, event_counts, done = [], [], [], []
-        for i, tokens in enumerate(record.tokens):
-            orig = original[i]
-            outputs[orig].extend(tokens)
-            if tokens:
-                event_rows.append(orig)
-                event_tokens.append(tokens)
-                event_counts.append(record.row_counts[i])
-            if record.finished[i]:
-                done.append(orig)
-        yield TokenEvent(step=step, rows=event_rows, tokens=event_tokens, finished=done, counts=event_counts)
+        event = TokenEvent.of(record, step, original, outputs)
+        yield event
         step += 1
-        if done:
+        if event.finished:
             keep_rows = (~finished).nonzero().squeeze(1)
             original = [o for o, f in zip(original, record.finished) if not f]
             generated = generated[keep_rows]
