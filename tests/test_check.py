@@ -55,7 +55,7 @@ def test_a_correct_pair_passes_with_power(pair, engine, sampling):
     result = specdec.check(target, draft, PROMPTS, engine=engine, trials=TRIALS, num_draft_tokens=3,
                            greedy_tokens=12, **sampling)
     assert result.status == "pass", result.reasons
-    assert result.passed and result.power is True and result.reasons == ()
+    assert result.passed and result.power is True and result.reasons == () and result.runner == engine
     assert [p.position for p in result.positions] == [1, 2, 3]
     for pos in result.positions:
         assert pos.law.p_value >= 1e-4 and pos.law.impossible == 0 and pos.law.samples == TRIALS

@@ -147,7 +147,8 @@ def certificate(result, target: str, draft: str, tokenizer=None) -> str:
     lines = [f"specdec check: {r.status.upper()}",
              f"  pair      target {target}",
              f"            drafter {draft}",
-             f"  runner    engine={r.engine}, γ={r.num_draft_tokens}, {sampling}"]
+             f"  runner    engine={r.engine}{f' → {r.runner}' if r.runner and r.runner != r.engine else ''}, "
+             f"γ={r.num_draft_tokens}, {sampling}"]
     if r.positions:
         shown = [repr(tokenizer.decode(list(p))) if tokenizer is not None else str(list(p)) for p in r.prompts]
         lines += [f"  law       {r.trials} trials over {len(r.prompts)} prompts ({', '.join(shown)}), "

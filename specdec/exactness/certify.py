@@ -320,4 +320,11 @@ def check(target, drafter, prompts, *, temperature: float = 1.0, top_k: int = 0,
     return CheckResult(status, tuple(reasons), engine, gamma, sampling.temperature, sampling.top_k, sampling.top_p,
                        level, trials if law else 0, tuple(law.trials_per_prompt) if law else (),
                        tuple(tuple(p) for p in law.prompts) if law else (), results, law.power if law else None,
-                       greedy, timings)
+                       greedy, timings, _runner(engine, target, drafter, gamma))
+
+
+def _runner(engine: str, target, drafter, gamma) -> str:
+    """The runner `specdec.generate(engine=...)` picks for the speculative runs (the same rule, not a copy)."""
+    from specdec.decoding import _use_engine
+
+    return "fast" if _use_engine(engine, target, drafter, gamma) else "hf"

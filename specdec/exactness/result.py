@@ -83,7 +83,7 @@ class CheckResult:
 
     status: str
     reasons: tuple[str, ...]
-    engine: str
+    engine: str  # as asked: "auto", "fast" or "hf"
     num_draft_tokens: int | str
     temperature: float
     top_k: int
@@ -96,6 +96,7 @@ class CheckResult:
     power: bool | None  # every wrong law rejected at every position (None: not assessed)
     greedy: GreedyResult | None
     timings: CheckTimings
+    runner: str = ""  # what `engine` resolved to for the speculative runs: "fast" (the engine) or "hf" (the loop)
 
     @property
     def passed(self) -> bool:

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from specdec.cli import main
 
@@ -23,6 +24,7 @@ def test_certificate_and_json_on_a_correct_pair(capsys, ckpt):
     assert code == 0, out + err
     assert out.startswith("specdec check: PASS") and "worst     p-value" in out and "power     ok" in out
     assert "3/3 prompts identical" in out and err == ""
+    assert "engine=auto → hf" in out or torch.cuda.is_available()  # what "auto" picks on a CPU
     code, out, _ = cli(capsys, *pair_args(ckpt), "--trials", "900", "--positions", "2", "--json", "--quiet")
     data = json.loads(out)
     assert code == 0 and data["status"] == "pass" and data["passed"] is True and data["trials"] == 900
