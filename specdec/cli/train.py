@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from specdec.cli import CLIError
-from specdec.cli.common import DEFAULT_THREADS, check_float, check_int, dumps
+from specdec.cli.common import DEFAULT_THREADS, add_checkpoint_options, check_float, check_int, dumps, loader_kwargs
 
 
 def add_parser(subparsers) -> None:
@@ -60,8 +60,8 @@ def add_parser(subparsers) -> None:
     pair.set_defaults(run=run)
 
     dist = sub.add_parser("distill", help="distill an existing drafter on an existing target")
-    dist.add_argument("--target", required=True)
-    dist.add_argument("--draft", required=True)
+    dist.add_argument("--target", required=True, help="a folder, a .gguf file or a cached hub id")
+    dist.add_argument("--draft", required=True, help="a folder, a .gguf file or a cached hub id")
     dist.add_argument("--data", required=True)
     dist.add_argument("--out", required=True, help="folder for the distilled drafter + logs")
     dist.add_argument("--preset", default="demo", help="whose distillation settings to use")
@@ -78,10 +78,11 @@ def add_parser(subparsers) -> None:
                       help="share of prompts that begin a file (the rest start anywhere)")
     dist.add_argument("--val-generate", type=int, default=32, help="held-out prompts for α on generated text")
     _add_run_options(dist)
+    add_checkpoint_options(dist)
     dist.set_defaults(run=run)
 
     head = sub.add_parser("head", help="train a feature-level draft head (reads the target's hidden state)")
-    head.add_argument("--target", required=True, help="a Llama-family target folder")
+    head.add_argument("--target", required=True, help="a Llama-family target: a folder, a .gguf file or a cached hub id")
     head.add_argument("--data", required=True, help="folder written by `specdec train prepare --corpus code`")
     head.add_argument("--out", required=True, help="the head folder (feature_head.json, model.safetensors, logs)")
     head.add_argument("--max-seconds", type=float, default=90.0, help="training time budget (default 90)")
@@ -106,6 +107,7 @@ def add_parser(subparsers) -> None:
                            "with fresh windows (default 0 = never)")
     _add_training_options(head, generated_default="0.5")
     _add_run_options(head)
+    add_checkpoint_options(head, draft=False)
     head.set_defaults(run=run)
 
     image = sub.add_parser("image", help="train an image pair on scikit-learn's 8×8 digits (pixel tokens)")
@@ -287,7 +289,7 @@ def _brief(summary: dict) -> dict:
 
 
 def _distill(args) -> int:
-    from specdec.loading import load_model
+    from specdec.loading import load_model, resolve_model_source
     from specdec.zoo.data import load_data
     from specdec.zoo.distill import distill_draft
     from specdec.zoo.presets import get_preset
@@ -305,11 +307,11 @@ def _distill(args) -> int:
     tc = replace(tc, max_seconds=args.seconds if args.seconds is not None else tc.max_seconds,
                  steps=args.steps if args.steps is not None else tc.steps, lr=args.lr if args.lr is not None else tc.lr,
                  batch_size=args.batch_size or tc.batch_size, seq_len=args.seq_len or tc.seq_len, seed=args.seed)
-    for path in (args.target, args.draft):
-        if not (Path(path) / "config.json").is_file():
-            raise CLIError(f"{path} is not a model folder (no config.json)")
-    target = load_model(args.target, device="cpu", dtype="float32", what="--target", allow_pickle=args.allow_pickle)
-    draft = load_model(args.draft, device="cpu", dtype="float32", what="--draft", allow_pickle=args.allow_pickle)
+    for which in ("target", "draft"):  # both exist (and their options are valid) before either loads
+        options = loader_kwargs(args, which)["model_kwargs"]
+        resolve_model_source(getattr(args, which), what=f"--{which}", model_kwargs=options)
+    target = load_model(args.target, device="cpu", dtype="float32", what="--target", **loader_kwargs(args))
+    draft = load_model(args.draft, device="cpu", dtype="float32", what="--draft", **loader_kwargs(args, "draft"))
     encdec = bool(getattr(target.config, "is_encoder_decoder", False))
     if encdec != bool(getattr(draft.config, "is_encoder_decoder", False)):
         raise CLIError("--target and --draft must both be decoder-only or both encoder-decoder models")
@@ -353,7 +355,7 @@ def _image(args) -> int:
 
 
 def _head(args) -> int:
-    from specdec.loading import load_model
+    from specdec.loading import load_model, resolve_model_source
     from specdec.zoo.data import TokenData, load_data
     from specdec.zoo.feature_head import DEFAULT_HEAD, train_head
     from specdec.zoo.train import resolve_device
@@ -361,9 +363,8 @@ def _head(args) -> int:
     fraction = args.generated_fraction if args.generated_fraction is not None else (0.5 if args.generate else 0.0)
     if fraction and not args.generate:
         raise CLIError("--generated-fraction needs --generate N")
-    if not (Path(args.target) / "config.json").is_file():
-        raise CLIError(f"{args.target} is not a model folder (no config.json)")
-    target = load_model(args.target, device="cpu", dtype="float32", what="--target", allow_pickle=args.allow_pickle)
+    resolve_model_source(args.target, what="--target", model_kwargs=loader_kwargs(args)["model_kwargs"])
+    target = load_model(args.target, device="cpu", dtype="float32", what="--target", **loader_kwargs(args))
     if getattr(target.config, "model_type", None) != "llama":
         raise CLIError(f"--target: the head trainer covers Llama targets, got {target.config.model_type!r}")
     data = load_data(args.data)

@@ -308,3 +308,23 @@ def test_a_folder_of_gguf_files_says_how_to_pick_one(gguf_files):
     with pytest.raises(FileNotFoundError, match="gguf_file=NAME") as info:
         load_model(gguf_files, what="target")
     assert "header-only.gguf" in str(info.value) and "3 more" in str(info.value)
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["train", "distill", "--target", "/nonexistent/t", "--draft", "{good}", "--data", "{good}", "--out", "{out}"],
+     "--target not found"),
+    (["train", "distill", "--target", "{good}", "--draft", "{good}", "--data", "{good}", "--out", "{out}",
+      "--draft-model-option", "trust_remote_code=true"], "--draft-model-option: model option trust_remote_code"),
+    (["train", "head", "--target", "{good}", "--data", "{good}", "--out", "{out}", "--model-option", "x=1"],
+     "--model-option: unknown model option 'x'"),
+    (["beam", "--target", "{good}", "--prompt", "w1", "--model-option", "revision=v1"], "applies to hub ids"),
+    (["analyze", "--target", "{good}", "--draft", "{good}", "--prompts", "{good}/config.json",
+      "--model-option", "device_map=gpu9"], "--model-option: model option device_map must be"),
+])
+def test_every_checkpoint_command_validates_model_options(capsys, checkpoints, tmp_path, argv, fragment):
+    from specdec.cli import main
+
+    argv = [a.format(good=checkpoints["good"], out=tmp_path / "out") for a in argv]
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
