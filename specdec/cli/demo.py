@@ -96,26 +96,20 @@ def _num(value, spec: str) -> str:
 def compare_runs(pairs) -> dict:
     """Pooled numbers over `(plain, speculative)` `GenerateResult` pairs of the same work: whether the tokens
     are identical, α and τ of the speculative runs, tokens/s of both, the speedup and the cost ratio c."""
-    plain_time = sum(base.stats.wall_time_s for base, _ in pairs)
-    spec_time = sum(fast.stats.wall_time_s for _, fast in pairs)
-    plain_tokens = sum(base.stats.num_generated_tokens for base, _ in pairs)
-    spec_tokens = sum(fast.stats.num_generated_tokens for _, fast in pairs)
-    beta_sum = sum(fast.stats.beta_sum for _, fast in pairs)
-    beta_count = sum(fast.stats.beta_count for _, fast in pairs)
-    algorithm_tokens = sum(fast.stats.algorithm_tokens for _, fast in pairs)
-    row_steps = sum(fast.stats.row_steps for _, fast in pairs)
-    draft_s = sum(fast.stats.draft_time_s for _, fast in pairs)
-    verify_s = sum(fast.stats.verify_time_s for _, fast in pairs)
-    drafter_calls = sum(fast.stats.drafter_calls for _, fast in pairs)
-    verify_calls = sum(fast.stats.num_steps for _, fast in pairs)
+    from specdec.metrics import SpecStats
+
+    plain = SpecStats.pooled(base.stats for base, _ in pairs)
+    spec = SpecStats.pooled(fast.stats for _, fast in pairs)
+    plain_time, spec_time = plain.wall_time_s, spec.wall_time_s
+    plain_tokens, spec_tokens = plain.num_generated_tokens, spec.num_generated_tokens
     return {
         "identical": all(base.sequences == fast.sequences for base, fast in pairs),
-        "alpha": beta_sum / beta_count if beta_count else None,
-        "mean_accepted_length": algorithm_tokens / row_steps if row_steps else None,
+        "alpha": spec.alpha,
+        "mean_accepted_length": spec.mean_accepted_length if spec.row_steps else None,
         "plain_tokens_per_second": plain_tokens / plain_time,
         "speculative_tokens_per_second": spec_tokens / spec_time,
         "speedup": (spec_tokens / spec_time) / (plain_tokens / plain_time),
-        "cost_ratio": (draft_s / drafter_calls) / (verify_s / verify_calls) if drafter_calls and verify_calls else None,
+        "cost_ratio": spec.cost_ratio,
         "plain_wall_time_s": plain_time,
         "speculative_wall_time_s": spec_time,
         "generated_tokens": spec_tokens,
