@@ -76,6 +76,20 @@ def test_a_table_drafter_passes(pair, engine):
     assert all(p.resample_from_p.p_value < 1e-4 <= p.law.p_value for p in result.positions)
 
 
+def test_without_q_power_comes_from_the_generic_wrong_law(pair, monkeypatch):
+    """A drafter whose q cannot be computed outside the engine (a feature head): the cooler law is the control."""
+    import specdec.exactness.certify as certify
+    import specdec.exactness.laws as laws
+
+    monkeypatch.setattr(laws, "drafter_laws", lambda *a, **k: None)
+    monkeypatch.setattr(certify, "drafter_laws", lambda *a, **k: None)
+    target, draft = pair
+    result = specdec.check(target, draft, PROMPTS, engine="hf", trials=TRIALS, num_draft_tokens=3, greedy_tokens=0)
+    assert result.status == "pass" and result.power is True
+    assert all(p.drafter is None and p.resample_from_p is None and p.cooler.p_value < 1e-4 for p in result.positions)
+    assert any("generic wrong law" in why for why in result.reasons)
+
+
 def test_a_drafter_that_misreports_q_fails(pair):
     target, draft = pair
     result = specdec.check(target, LyingDrafter(draft), PROMPTS, engine="hf", trials=TRIALS, num_draft_tokens=3,

@@ -153,17 +153,20 @@ def certificate(result, target: str, draft: str, tokenizer=None) -> str:
         shown = [repr(tokenizer.decode(list(p))) if tokenizer is not None else str(list(p)) for p in r.prompts]
         lines += [f"  law       {r.trials} trials over {len(r.prompts)} prompts ({', '.join(shown)}), "
                   f"{len(r.positions)} new tokens each; chi-square per position at level {r.level:g}",
-                  "            pos  cells  dof   p-value  │ wrong laws (must reject): q   resample-from-p"]
+                  "            pos  cells  dof   p-value  │ wrong laws (must reject): q   resample-from-p   0.8×T"]
         for pos in r.positions:
             wrong_q = pos.drafter.p_value if pos.drafter else None
             wrong_rule = pos.resample_from_p.p_value if pos.resample_from_p else None
+            cooler = pos.cooler.p_value if pos.cooler else None
             law = pos.law
             lines.append(f"            {pos.position:>3}  {law.cells:>5}  {law.dof:>3}  {_p(law.p_value):>8}"
-                         f"  │ {_p(wrong_q):>29}  {_p(wrong_rule):>15}")
+                         f"  │ {_p(wrong_q):>29}  {_p(wrong_rule):>15}  {_p(cooler):>7}")
         side = "≥" if r.worst_p_value >= r.level else "<"
         lines.append(f"  worst     p-value {_p(r.worst_p_value)} ({side} {r.level:g})")
-        power = {True: "ok: every wrong law rejected at every position", False: "LACKING (see below)",
-                 None: "not assessed"}[r.power]
+        generic = r.positions[0].drafter is None
+        power = {True: "ok: the " + ("generic wrong law (0.8×T; q unknown)" if generic else "q-based wrong laws")
+                       + " rejected at every position",
+                 False: "LACKING (see below)", None: "not assessed"}[r.power]
         lines.append(f"  power     {power}")
     else:
         lines.append("  law       not tested (temperature 0: greedy decoding is tested token for token)")

@@ -1,15 +1,16 @@
 """`specdec.check`: the law tests on the user's own target, drafter, sampling parameters and runner.
 
 1. Prompts: among the prefixes (≤ `max_prompt_tokens` tokens) of the given prompts, the `num_prompts` where a
-   verification bug would show most (largest chi-square noncentrality of the `resample_from_p` control per
-   trial and per token of work, at the first position) — chosen from the models' laws, never from samples.
+   verification bug would show most (largest chi-square noncentrality of the `resample_from_p` control — the
+   `cooler` one where q is unknown — per trial and per token of work, at the first position) — chosen from the
+   models' laws, never from samples.
 2. Trials: `trials` seeded requests of `positions` new tokens each, spread over the prompts, run through the
    runner (`specdec.generate(engine=...)`) in memory-bounded batches, EOS off.
-3. Laws: the exact target law of tokens 1..K from plain forward passes (`laws.build_tree`), and two
-   deliberately wrong laws (q itself, and the "resample from p after a rejection" bug).
+3. Laws: the exact target law of tokens 1..K from plain forward passes (`laws.build_tree`), and deliberately
+   wrong laws (q itself, the "resample from p after a rejection" bug, and p at 0.8× the temperature).
 4. Per position: chi-square of the trials against the target law (must not reject at `level`), and against
-   each wrong law (must reject at `level`: otherwise the test lacks power on this pair and the result says
-   "underpowered", never "pass").
+   the q-based wrong laws (or, where q is unknown, the generic one), which must reject at `level`: otherwise the
+   test lacks power on this pair and the result says "underpowered", never "pass".
 5. Greedy: plain decoding vs speculative decoding on the full prompts, token for token (must be identical).
 """
 
@@ -28,6 +29,7 @@ from specdec.exactness.laws import (
     LAWS,
     bug_law,
     build_tree,
+    cooler_law,
     drafter_laws,
     model_laws,
     position_cells,
@@ -126,8 +128,8 @@ def _select_prompts(target, drafter, vocab, prompts, num_prompts, max_prompt_tok
     if q is not None:
         q = torch.where(torch.isnan(q).any(-1, keepdim=True), p, q)
         power = _power_per_trial(p, bug_law(p, q), per_prompt)
-    else:  # no q: prefer spread-out target laws (more cells)
-        power = torch.exp(-(p * p.clamp_min(1e-300).log()).sum(-1))
+    else:  # no q: the generic control's power
+        power = _power_per_trial(p, cooler_law(p), per_prompt)
     work = torch.tensor([len(c) + positions + (gamma if isinstance(gamma, int) else 4) for c in contexts],
                         dtype=torch.float64)
     order = torch.argsort(power / work, descending=True, stable=True).tolist()
@@ -229,25 +231,26 @@ def _law_tests(target, drafter, vocab, prompts, sampling, gamma, engine, trials,
     results = []
     for depth in range(positions):
         observed, expected, groups = position_cells(tree, depth, samples, per_prompt)
-        law, wrong_q, wrong_rule = (chi_square(observed, expected[k], groups, CELL_MIN_EXPECTED)
-                                    for k in range(len(LAWS)))
+        law, wrong_q, wrong_rule, cooler = (chi_square(observed, expected[k], groups, CELL_MIN_EXPECTED)
+                                            for k in range(len(LAWS)))
         results.append(PositionResult(depth + 1, law, wrong_q if tree.controls else None,
-                                      wrong_rule if tree.controls else None))
+                                      wrong_rule if tree.controls else None, cooler))
     t3 = time.perf_counter()
     reasons = []
     for r in results:
         if r.law.rejects(level):
             why = f"{r.law.impossible} impossible tokens" if r.law.impossible else f"p = {r.law.p_value:.3g}"
             reasons.append(f"position {r.position}: the trials do not follow the target's law ({why} < {level:g})")
-    if not tree.controls:
-        power = None
-        reasons.append("power not assessed: the drafter's q cannot be computed outside the engine")
-    else:
+    if tree.controls:
         weak = [r.position for r in results if not (r.drafter.rejects(level) and r.resample_from_p.rejects(level))]
-        power = not weak
-        if weak:
-            reasons.append(f"underpowered at position(s) {', '.join(map(str, weak))}: a wrong law was not "
-                           f"rejected; raise trials (now {trials})")
+    else:  # q unknown (a feature head drafts from the target's features inside the engine): the generic control
+        weak = [r.position for r in results if not r.cooler.rejects(level)]
+        reasons.append("the drafter's q cannot be computed outside the engine: power is shown with a generic wrong "
+                       "law (the target at 0.8× the temperature) instead of the q-based ones")
+    power = not weak
+    if weak:
+        reasons.append(f"underpowered at position(s) {', '.join(map(str, weak))}: a wrong law was not "
+                       f"rejected; raise trials (now {trials})")
     return _LawRun(law_prompts, per_prompt, tuple(results), power, tuple(reasons), t1 - t0, t2 - t1, t3 - t2)
 
 

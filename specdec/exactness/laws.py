@@ -8,10 +8,12 @@ expected count ≥ CELL_MIN_EXPECTED, (s, other possible token), (s, impossible 
 that is not frequent. The tree is built from the target law alone, never from the samples, so the test is exact
 for any trial outcome.
 
-Besides the target law p, every node carries two deliberately wrong laws, the negative controls:
+Besides the target law p, every node carries three deliberately wrong laws, the negative controls:
 `drafter`          q itself — what a verifier that accepts every draft would output;
 `resample_from_p`  min(p, q) + (1 − β)·p — a verifier that resamples from p instead of norm(max(0, p − q))
-                   after a rejection (a real, common bug), applied at every position.
+                   after a rejection (a real, common bug), applied at every position;
+`cooler`           p^1.25, renormalized: the target law at 0.8× the temperature (a sampler that applies the
+                   temperature wrong). It needs no q, so it is the power check where q is unknown (feature heads).
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ from specdec.request import vocab_size
 from specdec.exactness.stats import MIN_EXPECTED
 
 __all__ = ["LAWS", "LawTree", "Node", "build_tree", "position_cells", "model_laws", "drafter_laws", "bug_law",
-           "MIN_PREFIX_EXPECTED", "CELL_MIN_EXPECTED"]
+           "cooler_law", "MIN_PREFIX_EXPECTED", "CELL_MIN_EXPECTED", "COOLER_EXPONENT"]
 
 #: the law under test, then the negative controls
-LAWS = ("target", "drafter", "resample_from_p")
+LAWS = ("target", "drafter", "resample_from_p", "cooler")
+#: the `cooler` control: p^COOLER_EXPONENT renormalized = the law at 1 / COOLER_EXPONENT of the temperature
+COOLER_EXPONENT = 1.25
 #: a cell of the check stands alone from this expected count: at 5 (the textbook rule) and peaked laws, simulated
 #: false alarms at level 1e-4 ran at 4e-4; at 10, 2.5e-4 (tests/test_check_stats.py keeps the calibration honest)
 CELL_MIN_EXPECTED = 2 * MIN_EXPECTED
@@ -76,13 +80,19 @@ class LawTree:
 
     nodes: dict
     depth_nodes: tuple
-    controls: bool  # False when the drafter's q could not be computed (the negative controls equal p)
+    controls: bool  # False when the drafter's q could not be computed (the q-based controls then equal p)
 
 
 def bug_law(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """min(p, q) + (1 − β)·p: the output law when a rejection resamples from p instead of the residual."""
     overlap = torch.minimum(p, q)
     return overlap + (1 - overlap.sum(-1, keepdim=True)) * p
+
+
+def cooler_law(p: torch.Tensor) -> torch.Tensor:
+    """p^1.25 renormalized (the same support): the target law at 0.8× its temperature."""
+    cooled = p.pow(COOLER_EXPONENT)
+    return cooled / cooled.sum(-1, keepdim=True)
 
 
 def _accepts_logits_to_keep(model) -> bool:
@@ -212,7 +222,7 @@ def build_tree(target, drafter, prompts: list[list[int]], trials: list[int], pos
                 controls = False
                 q = torch.full_like(p, float("nan"))
             q = torch.where(torch.isnan(q).any(-1, keepdim=True), p, q)  # no draft there: sampled from p
-            laws = torch.stack([p, q, bug_law(p, q)], 1).numpy()  # [N, L, V]
+            laws = torch.stack([p, q, bug_law(p, q), cooler_law(p)], 1).numpy()  # [N, L, V]
             for (i, prefix, path), node_laws in zip(chunk, laws):
                 node = _node(i, prefix, path, node_laws, trials[i], depth + 1 < positions, strict)
                 nodes[(i, prefix)] = node

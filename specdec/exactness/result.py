@@ -16,12 +16,14 @@ class PositionResult:
     law              the trials against the target's exact law (a pass: p-value ≥ level)
     drafter          the same trials against q (None: q unknown) — must reject
     resample_from_p  the same trials against the "resample from p after a rejection" law — must reject
+    cooler           the same trials against p at 0.8× the temperature — the power check where q is unknown
     """
 
     position: int
     law: ChiSquare
     drafter: ChiSquare | None
     resample_from_p: ChiSquare | None
+    cooler: ChiSquare | None = None
 
 
 @dataclass(frozen=True)
