@@ -16,26 +16,10 @@ import torch
 
 from specdec.core import FILTERS, SamplingConfig, check_leniency
 
-__all__ = [
-    "SamplingParams",
-    "MAX_NUM_DRAFT_TOKENS",
-    "MAX_NEW_TOKENS",
-    "as_int",
-    "check_max_new_tokens",
-    "check_num_draft_tokens",
-    "check_context",
-    "context_length",
-    "vocab_size",
-    "step_num_draft_tokens",
-    "normalize_prompts",
-    "resolve_eos",
-    "resolve_seed",
-    "new_generator",
-    "resolve_generator",
-    "as_target",
-    "as_drafter",
-    "check_supported_model",
-]
+__all__ = ["SamplingParams", "MAX_NUM_DRAFT_TOKENS", "MAX_NEW_TOKENS", "as_int", "check_max_new_tokens",
+           "check_num_draft_tokens", "check_context", "context_length", "vocab_size", "step_num_draft_tokens",
+           "normalize_prompts", "resolve_eos", "resolve_seed", "new_generator", "resolve_generator", "as_target",
+           "as_drafter", "check_supported_model"]
 
 #: Largest γ a step may draft: beyond it a step costs more than any acceptance rate can repay. A larger
 #: integer is refused; a policy asking for more in a step is clamped to it.
