@@ -88,7 +88,10 @@ def load_drafter(args, tokenizer, vocab_size: int, prompts_ids, device, dtype):
         if kwargs["model_kwargs"]:
             raise ValueError("--draft-model-option applies to draft models, not to head folders")
         return head
-    return load_model(args.draft, what="draft", **placed_like(device, dtype, kwargs["model_kwargs"]), **kwargs)
+    model = load_model(args.draft, what="draft", **placed_like(device, dtype, kwargs["model_kwargs"]), **kwargs)
+    from specdec.drafters.cross_vocab import bridge_if_needed  # a draft with its own tokenizer: shared tokens
+
+    return bridge_if_needed(model, args.draft if Path(args.draft).is_dir() else None, tokenizer, vocab_size)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -384,12 +384,18 @@ def _load_draft(draft, target, tokenizer, allow_pickle: bool, ngram_data, *, dra
             if isinstance(ngram_data, (str, Path)) else list(ngram_data)
         vocab = vocab_size(target)
         return specdec.NGramDrafter(2).fit([tokenizer.encode(t) for t in texts if t], vocab)
-    from specdec.fast.head import is_feature_head
+    from specdec.drafters.cross_vocab import bridge_if_needed
+    from specdec.drafters.formats import drafter_folder
 
-    if is_feature_head(draft):  # a feature-head folder: the engine loads it onto the target
-        return str(draft)
+    head = drafter_folder(draft, allow_pickle)  # EAGLE, EAGLE-3, Medusa, speculators, `specdec train head`
+    if head is not None:  # the engine loads it onto the target
+        if draft_model_kwargs:
+            raise ValueError("draft_model_kwargs apply to draft models, not to head folders")
+        return head
     if isinstance(draft, (str, Path)):
         placed = placed_like(target.device, next(target.parameters()).dtype, draft_model_kwargs)
-        return load_model(draft, what="draft", allow_pickle=allow_pickle, model_kwargs=draft_model_kwargs,
-                          allow_weight_mismatch=allow_weight_mismatch, **placed)
+        model = load_model(draft, what="draft", allow_pickle=allow_pickle, model_kwargs=draft_model_kwargs,
+                           allow_weight_mismatch=allow_weight_mismatch, **placed)
+        # a draft with its own tokenizer drafts over the tokens both vocabularies share
+        return bridge_if_needed(model, draft if Path(draft).is_dir() else None, tokenizer, vocab_size(target))
     return draft

@@ -56,3 +56,37 @@ def test_a_head_for_another_target_fails_in_one_line(capsys, ckpt, make_llama, t
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "hidden size 48 and vocabulary 64; this target has hidden size 32 and vocabulary 64" in err
 
+
+
+@pytest.mark.parametrize("name", ["speculators", "medusa"])
+def test_load_with_a_head_folder_generates_the_targets_text(ckpt, heads, name):
+    import specdec
+
+    with specdec.load(ckpt / "target") as plain:
+        expected = plain.generate("w1 w2 w3 w1 w2", max_new_tokens=12).token_ids
+    with specdec.load(ckpt / "target", draft=heads[name], num_draft_tokens=3) as model:
+        assert model.runner_kind == "engine"
+        out = model.generate("w1 w2 w3 w1 w2", max_new_tokens=12)
+    assert out.token_ids == expected and out.stats.num_draft_tokens > 0
+
+
+def test_a_draft_with_its_own_tokenizer_drafts_over_the_shared_tokens(capsys, ckpt, make_llama, tmp_path):
+    """--draft DIR / load(draft=DIR) with a model of another vocabulary: a CrossVocabDrafter, the target's text."""
+    import specdec
+    from drafters.test_formats_cross_vocab import tokenizer
+    from helpers import WORDS
+
+    other = tokenizer(["[UNK]", "[PAD]", "[BOS]", "[EOS]"] + WORDS[::-1][:40] + ["x1", "x2"])
+    draft = make_llama(3, layers=1, vocab=len(other))
+    draft.save_pretrained(tmp_path / "other")
+    other.save_pretrained(tmp_path / "other")
+    base = ["--target", str(ckpt / "target"), "--prompt", "w1 w2 w3 w1 w2", "--temperature", "0",
+            "--max-new-tokens", "12", "--json"]
+    code, out, err = cli(capsys, *base)
+    plain = json.loads(out.strip().splitlines()[-1])
+    code, out, err = cli(capsys, *base, "--draft", str(tmp_path / "other"), "--num-draft-tokens", "2")
+    assert code == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["texts"] == plain["texts"]
+    with specdec.load(ckpt / "target", draft=tmp_path / "other", num_draft_tokens=2) as model:
+        assert type(model.drafter).__name__ == "CrossVocabDrafter" and model.drafter.bridge.num_shared == 40
+        assert model.generate("w1 w2 w3 w1 w2", max_new_tokens=12).text == plain["texts"][0]
