@@ -90,6 +90,23 @@ def test_without_q_power_comes_from_the_generic_wrong_law(pair, monkeypatch):
     assert any("generic wrong law" in why for why in result.reasons)
 
 
+def test_a_feature_head_on_the_engine_passes_with_the_generic_control(pair):
+    """A real feature head (q only exists inside the engine, from the target's features): law tested, power shown by
+    the generic wrong law."""
+    from specdec.fast.head import HeadConfig
+    from specdec.fast.model import LlamaShape
+    from specdec.zoo.feature_head import TrainableHead
+
+    target, _ = pair
+    trainable = TrainableHead(HeadConfig.for_target(LlamaShape.from_hf(target.config)), seed=1)
+    trainable.init_from(target)
+    result = specdec.check(target, trainable.to_feature_head(), PROMPTS[:2], engine="fast", trials=4000, positions=2,
+                           num_draft_tokens=3, greedy_tokens=8)
+    assert result.status == "pass", result.reasons
+    assert all(p.drafter is None and p.cooler.p_value < 1e-4 <= p.law.p_value for p in result.positions)
+    assert result.greedy.identical == 2 and result.runner == "fast"
+
+
 def test_a_drafter_that_misreports_q_fails(pair):
     target, draft = pair
     result = specdec.check(target, LyingDrafter(draft), PROMPTS, engine="hf", trials=TRIALS, num_draft_tokens=3,

@@ -141,6 +141,10 @@ def drafter_laws(drafter, target_vocab: int, contexts: list[list[int]], sampling
     from specdec.drafters.model import ModelDrafter
     from specdec.sequences import TokenBuffer
 
+    from specdec.drafters.formats import is_drafter
+
+    if is_drafter(drafter):
+        return None  # a head (specdec's, EAGLE, EAGLE-3, Medusa) or its folder: q needs the target's features
     if type(drafter) is ModelDrafter:
         drafter = drafter.model
     if isinstance(drafter, torch.nn.Module) and getattr(drafter, "config", None) is not None:
