@@ -120,6 +120,8 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None, dt
     kwargs = {"local_files_only": True, "trust_remote_code": False, **gguf, **options.load}
     if not allow_pickle and not source.gguf_file:
         kwargs["use_safetensors"] = True
+    if source.gguf_file:  # the config read above: transformers would parse the GGUF's metadata once more for it
+        kwargs["config"] = config
     try:
         with quiet_progress_bars():
             model, info = auto.from_pretrained(str(source.folder), dtype=torch_dtype, output_loading_info=True,

@@ -130,6 +130,8 @@ def test_bad_gguf_files_are_refused_naming_the_file(gguf_files, monkeypatch, nam
 def test_gguf_loads_with_its_tokenizer_and_in_a_folder(gguf_files):
     model = load_model(gguf_files / "tiny.gguf", device="cpu")
     same = load_model(gguf_files, device="cpu", model_kwargs={"gguf_file": "tiny.gguf"})
+    eager = load_model(gguf_files / "tiny.gguf", device="cpu", model_kwargs={"attn_implementation": "eager"})
+    assert eager.config._attn_implementation == "eager"  # options reach a GGUF load too
     ids = torch.tensor([[2, 3, 4, 5]])
     assert type(model).__name__ == "LlamaForCausalLM" and model.config.num_hidden_layers == 2
     assert torch.equal(model(ids).logits, same(ids).logits)
@@ -328,3 +330,23 @@ def test_every_checkpoint_command_validates_model_options(capsys, checkpoints, t
     code = main(argv)
     err = capsys.readouterr().err
     assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_gguf_header_reader_agrees_with_gguf_and_is_bounded(gguf_files, tmp_path, monkeypatch):
+    import struct
+
+    from gguf import GGUFReader
+
+    from specdec.loading.gguf import read_gguf_header
+
+    ours, ref = read_gguf_header(gguf_files / "tiny.gguf"), GGUFReader(str(gguf_files / "tiny.gguf"))
+    assert ours.data_start == ref.data_offset
+    expected = [(t.name, int(t.n_elements), int(t.data_offset) - ref.data_offset) for t in ref.tensors]
+    assert [(name, elements, offset) for name, elements, _, offset in ours.tensors] == expected
+    assert ours.metadata["general.architecture"] == "llama" and ours.metadata["llama.block_count"] == 2
+    # counts no real file has are refused before anything is read or allocated for them
+    huge = tmp_path / "huge.gguf"
+    huge.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 1 << 40, 1) + b"\0" * 64)
+    _no_load(monkeypatch)
+    with pytest.raises(ValueError, match="not a real file"):
+        load_model(huge, what="target")
