@@ -11,7 +11,8 @@
    last, 3 unrolled draft steps, features cached on the device) on prompt + answer text;
 4. a reduced draft vocabulary: the answers' most frequent tokens (the head's LM head on a CPU costs N·dim, not
    49,152·dim); the head's q is its softmax over them, mapped into the full vocabulary;
-5. α and τ on the engine (fp32, greedy, γ = 4) over held-in prompts and over `specdec demo`'s held-out prompts.
+5. α and τ on the engine (fp32, greedy, γ = 4) over held-in prompts, `specdec demo`'s held-out prompts and six
+   general questions (`GENERAL_PROMPTS`).
 
 Writes OUT/head/ (feature_head.json, model.safetensors), OUT/summary.json, OUT/head_train.csv,
 OUT/responses.jsonl.gz (prompts and answers; a seeded sample goes into the model card).
@@ -34,7 +35,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from specdec.zoo.instructions import DEMO_PROMPTS, build_prompts  # noqa: E402
+from specdec.zoo.instructions import DEMO_PROMPTS, GENERAL_PROMPTS, build_prompts  # noqa: E402
 from specdec.zoo.responses import (chat_prompt_ids, draft_vocabulary, generate_responses, response_data,  # noqa: E402
                                    stop_token_ids)
 
@@ -165,9 +166,10 @@ def main(argv=None) -> int:
     target = target.to(device=device, dtype=torch.float32)  # the α check runs the fp32 target, like the CPU demo
     held_in = [list(r.prompt_ids) for r in rows[: args.alpha_prompts]]
     demo = chat_prompt_ids(tokenizer, list(DEMO_PROMPTS))
+    general = chat_prompt_ids(tokenizer, list(GENERAL_PROMPTS))
     checks = {}
     full = trainable.to_feature_head(device="cpu", dtype=torch.float32) if args.draft_vocab else None
-    for name, prompt_ids in (("held_in", held_in), ("demo_prompts", demo)):
+    for name, prompt_ids in (("held_in", held_in), ("demo_prompts", demo), ("general_prompts", general)):
         for label, drafter in ((name, head), (name + "_full_vocab", full)):
             if drafter is None:
                 continue

@@ -51,6 +51,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--num-draft-tokens", type=int, default=None,
                    help=f"γ, 1..64 (default {demo_chat.DEFAULT_GAMMA}; {DEFAULT_GAMMA} with --pair)")
     p.add_argument("--prompt", action="append", default=None, help="replace the built-in prompts (repeatable)")
+    p.add_argument("--general", action="store_true",
+                   help="ask six general questions instead of the demo's prompts (the head's α is lower on them)")
     p.add_argument("--repeats", type=int, default=1, help="time every prompt this many times (default 1; more = steadier)")
     add_model_options(p, device="cpu", seed_help="unused: the demo decodes greedily")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
@@ -110,6 +112,9 @@ def compare_runs(pairs) -> dict:
         "speculative_tokens_per_second": spec_tokens / spec_time,
         "speedup": (spec_tokens / spec_time) / (plain_tokens / plain_time),
         "cost_ratio": spec.cost_ratio,
+        # what one verify pass of γ+1 tokens costs next to one plain decoding step (1 on a GPU, more on small CPUs)
+        "verify_step_vs_plain_step": (spec.verify_time_s / spec.num_steps) / (plain_time / plain.num_steps)
+        if spec.num_steps and plain.num_steps and plain_time else None,
         "plain_wall_time_s": plain_time,
         "speculative_wall_time_s": spec_time,
         "generated_tokens": spec_tokens,
@@ -127,8 +132,8 @@ def run(args: argparse.Namespace) -> int:
     if args.num_draft_tokens is not None:
         check_int("--num-draft-tokens", args.num_draft_tokens, 1, MAX_NUM_DRAFT_TOKENS)
     check_int("--repeats", args.repeats, 1, 1000)
-    if args.pair is not None and (args.target or args.draft):
-        raise CLIError("--pair runs a toy pair folder; --target/--draft choose the chat demo's model: give one or the other")
+    if args.pair is not None and (args.target or args.draft or args.general):
+        raise CLIError("--pair runs a toy pair folder; --target/--draft/--general are the chat demo's: give one or the other")
     apply_model_options(args)
     if args.pair is None:
         from specdec.cli import demo_chat

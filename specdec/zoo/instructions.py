@@ -25,10 +25,23 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Prompt", "build_prompts", "stdlib_functions", "package_summaries", "man_summaries", "DEMO_PROMPTS"]
+__all__ = ["Prompt", "build_prompts", "stdlib_functions", "package_summaries", "man_summaries", "DEMO_PROMPTS",
+           "GENERAL_PROMPTS"]
 
-# Held out of training: what `specdec demo` asks (chat and code, answered through the chat template).
+# Held out of training: what `specdec demo` asks (chat and code, answered through the chat template). Three are in
+# the styles the prompts below are built in (checked absent from the shipped head's training prompts), three are
+# general questions.
 DEMO_PROMPTS = (
+    "Write a Python function that checks whether a number is prime.",
+    "Write a Python function `is_palindrome(text)` that returns True when text reads the same forwards and backwards.",
+    "Explain what this Python function does:\n\n```python\ndef mean(values):\n"
+    "    \"\"\"Return the arithmetic mean of values.\"\"\"\n    return sum(values) / len(values)\n```",
+    "Explain Python's `itertools` module in simple terms.",
+    "What are common mistakes people make with Python's `datetime` module?",
+    "Write a Python class for a stack with push, pop and peek methods.",
+)
+# The general questions the demo asked before (the head's α is lower on them: MODEL_CARD.md of smol_head).
+GENERAL_PROMPTS = (
     "Write a Python function that checks whether a number is prime.",
     "What is the difference between a list and a tuple in Python?",
     "Write a Python function that reverses the words in a sentence.",
@@ -213,7 +226,7 @@ def build_prompts(count: int, seed: int = 0, *, code_fraction: float = 0.6,
     for topic in topics:
         for template in _TOPIC_TEMPLATES:
             chat.append(Prompt("topic", template.format(topic=topic, other=rng.choice(topics))))
-    held_out = set(DEMO_PROMPTS)
+    held_out = set(DEMO_PROMPTS) | set(GENERAL_PROMPTS)
     pools = []
     for pool in (code, chat):
         unique = list({p.text: p for p in pool if p.text not in held_out}.values())
