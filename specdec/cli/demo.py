@@ -54,7 +54,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--general", action="store_true",
                    help="ask six general questions instead of the demo's prompts (the head's α is lower on them)")
     p.add_argument("--repeats", type=int, default=1, help="time every prompt this many times (default 1; more = steadier)")
-    add_model_options(p, device="cpu", seed_help="unused: the demo decodes greedily")
+    add_model_options(p, device="cpu", seed_help="unused: the demo decodes greedily", threads=2)  # both cores (BENCHMARKS)
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     p.set_defaults(run=run)
     from specdec.cli import demo_image
