@@ -14,6 +14,16 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 
 
+def percentile(values: list[float], q: float) -> float:
+    """The q-quantile (0 <= q <= 1) of `values`, linear between order statistics; NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
 @dataclass
 class SpecStats:
     # --- counts -----------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
+from specdec.metrics import percentile
 from specdec.request import MAX_NUM_DRAFT_TOKENS, SamplingParams
 
 __all__ = ["Arrival", "TrafficSpec", "TrafficRequest", "ArmResult", "parse_arrival", "parse_policy", "make_requests",
@@ -191,15 +192,6 @@ class ArmResult:
         return asdict(self)
 
 
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
-
-
 def _schedule(arrival: Arrival, count: int, slots: int, rate: float | None, seed: int) -> tuple[list[float], int]:
     """(arrival offsets in seconds for a Poisson process, []) or ([], clients) for a closed loop."""
     if arrival.kind == "closed":
@@ -278,9 +270,9 @@ def drive(engine, requests: list[TrafficRequest], slots: int, arrival: Arrival, 
     ttft = [first[rid] - arrived[rid] for rid in first]
     stats = engine.stats
     return {"requests": len(requests), "tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds,
-            "ttft_p50_s": _percentile(ttft, 0.5), "ttft_p99_s": _percentile(ttft, 0.99),
-            "itl_p50_s": _percentile(gaps, 0.5), "itl_p99_s": _percentile(gaps, 0.99),
-            "tpot_p50_s": _percentile(tpot, 0.5), "alpha": stats.alpha, "mean_gamma": stats.mean_num_draft_tokens,
+            "ttft_p50_s": percentile(ttft, 0.5), "ttft_p99_s": percentile(ttft, 0.99),
+            "itl_p50_s": percentile(gaps, 0.5), "itl_p99_s": percentile(gaps, 0.99),
+            "tpot_p50_s": percentile(tpot, 0.5), "alpha": stats.alpha, "mean_gamma": stats.mean_num_draft_tokens,
             "captures": graph_captures(engine) - captures, "completed_per_s": len(requests) / seconds}
 
 

@@ -23,6 +23,8 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 
+from specdec.metrics import percentile
+
 __all__ = ["RequestTiming", "LevelResult", "run_level", "run_benchmark", "run_traffic_level", "served_model", "parse_counters",
            "level_server_stats", "markdown_table", "ServerProcess"]
 
@@ -66,15 +68,6 @@ class LevelResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
 async def _one(client, url: str, body: dict) -> RequestTiming:
@@ -139,8 +132,8 @@ async def run_level(url: str, prompts: list[str], *, mode: str, concurrency: int
     return LevelResult(
         mode=mode, concurrency=concurrency, requests=len(timings), output_tokens=tokens, duration_s=duration,
         throughput_tok_s=tokens / duration if duration > 0 else 0.0,
-        ttft_p50_s=_percentile([t.ttft_s for t in timings], 0.5), ttft_p99_s=_percentile([t.ttft_s for t in timings], 0.99),
-        itl_p50_s=_percentile(gaps, 0.5), itl_p99_s=_percentile(gaps, 0.99), tpot_p50_s=_percentile(tpot, 0.5),
+        ttft_p50_s=percentile([t.ttft_s for t in timings], 0.5), ttft_p99_s=percentile([t.ttft_s for t in timings], 0.99),
+        itl_p50_s=percentile(gaps, 0.5), itl_p99_s=percentile(gaps, 0.99), tpot_p50_s=percentile(tpot, 0.5),
         accepted_per_step=tau, **level_server_stats(before, after),
     )
 
@@ -197,8 +190,8 @@ async def run_traffic_level(url: str, bodies: list[dict], *, mode: str, clients:
     return LevelResult(
         mode=mode, concurrency=clients, requests=len(timings), output_tokens=tokens, duration_s=duration,
         throughput_tok_s=tokens / duration if duration > 0 else 0.0,
-        ttft_p50_s=_percentile([t.ttft_s for t in timings], 0.5), ttft_p99_s=_percentile([t.ttft_s for t in timings], 0.99),
-        itl_p50_s=_percentile(gaps, 0.5), itl_p99_s=_percentile(gaps, 0.99), tpot_p50_s=_percentile(tpot, 0.5),
+        ttft_p50_s=percentile([t.ttft_s for t in timings], 0.5), ttft_p99_s=percentile([t.ttft_s for t in timings], 0.99),
+        itl_p50_s=percentile(gaps, 0.5), itl_p99_s=percentile(gaps, 0.99), tpot_p50_s=percentile(tpot, 0.5),
         accepted_per_step=tau, arrival=f"closed:{clients}" if clients > 0 else f"poisson:{rate:g}/s",
         **level_server_stats(before, after),
     )
