@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call, from the repo root: every GPU-marked test (the 2-GPU ones too on a machine with 2+ GPUs), then
 # the tensor-parallel probe (scripts/tp_probe.py: 8B-shaped plain decoding at TP 1 and TP 2, batch 1 and 64) when
-# 2+ GPUs are there. Carry .whl (the server's dependencies as wheels, see the device README) for the server tests.
+# 2+ GPUs are there. Carry .whl (the server's dependencies as wheels, see the device README) for the server tests:
+# fastapi 0.165 also needs opentelemetry-api there, or every server test is skipped.
 #   bash scripts/device_tests.sh [TESTS_S] [PROBE_S]
 # Lands in $OUT: run.log, tests.log, tp_probe.jsonl.
 set -o pipefail
