@@ -124,18 +124,7 @@ async def run_level(url: str, prompts: list[str], *, mode: str, concurrency: int
         duration = time.perf_counter() - start
         after = await server_counters(client, url)
     timings = [t for ts in per_client for t in ts]
-    tokens = sum(t.tokens for t in timings)
-    gaps = [g for t in timings for g in t.chunk_gaps_s]
-    tpot = [(t.e2e_s - t.ttft_s) / (t.tokens - 1) for t in timings if t.tokens > 1]
-    steps = after["drafts"] - before["drafts"]
-    tau = (after["accepted"] - before["accepted"] + steps) / steps if mode != "plain" and steps else None
-    return LevelResult(
-        mode=mode, concurrency=concurrency, requests=len(timings), output_tokens=tokens, duration_s=duration,
-        throughput_tok_s=tokens / duration if duration > 0 else 0.0,
-        ttft_p50_s=percentile([t.ttft_s for t in timings], 0.5), ttft_p99_s=percentile([t.ttft_s for t in timings], 0.99),
-        itl_p50_s=percentile(gaps, 0.5), itl_p99_s=percentile(gaps, 0.99), tpot_p50_s=percentile(tpot, 0.5),
-        accepted_per_step=tau, **level_server_stats(before, after),
-    )
+    return _level_result(mode, concurrency, timings, duration, before, after)
 
 
 async def run_traffic_level(url: str, bodies: list[dict], *, mode: str, clients: int = 0, rate: float | None = None,
@@ -182,19 +171,8 @@ async def run_traffic_level(url: str, bodies: list[dict], *, mode: str, clients:
             timings = await asyncio.gather(*(arrive(i) for i in range(len(bodies))))
         duration = time.perf_counter() - start
         after = await server_counters(client, url)
-    tokens = sum(t.tokens for t in timings)
-    gaps = [g for t in timings for g in t.chunk_gaps_s]
-    tpot = [(t.e2e_s - t.ttft_s) / (t.tokens - 1) for t in timings if t.tokens > 1]
-    steps = after["drafts"] - before["drafts"]
-    tau = (after["accepted"] - before["accepted"] + steps) / steps if mode != "plain" and steps else None
-    return LevelResult(
-        mode=mode, concurrency=clients, requests=len(timings), output_tokens=tokens, duration_s=duration,
-        throughput_tok_s=tokens / duration if duration > 0 else 0.0,
-        ttft_p50_s=percentile([t.ttft_s for t in timings], 0.5), ttft_p99_s=percentile([t.ttft_s for t in timings], 0.99),
-        itl_p50_s=percentile(gaps, 0.5), itl_p99_s=percentile(gaps, 0.99), tpot_p50_s=percentile(tpot, 0.5),
-        accepted_per_step=tau, arrival=f"closed:{clients}" if clients > 0 else f"poisson:{rate:g}/s",
-        **level_server_stats(before, after),
-    )
+    return _level_result(mode, clients, list(timings), duration, before, after,
+                         arrival=f"closed:{clients}" if clients > 0 else f"poisson:{rate:g}/s")
 
 
 class ServerProcess:
@@ -368,3 +346,20 @@ def markdown_table(results: list[LevelResult]) -> str:
                     f"{ms(r.handoff_p99_s, 1)} / {ms(r.delivery_p99_s, 1)} | "
                     f"{'–' if r.gc_full_passes is None else r.gc_full_passes} ({ms(r.gc_full_max_s)}) |")
     return "\n".join(rows)
+
+
+def _level_result(mode: str, concurrency: int, timings: list, duration: float, before: dict, after: dict,
+                  arrival: str | None = None) -> "LevelResult":
+    """One level's row from its requests' timings and the server's counters before and after it."""
+    tokens = sum(t.tokens for t in timings)
+    gaps = [g for t in timings for g in t.chunk_gaps_s]
+    tpot = [(t.e2e_s - t.ttft_s) / (t.tokens - 1) for t in timings if t.tokens > 1]
+    steps = after["drafts"] - before["drafts"]
+    tau = (after["accepted"] - before["accepted"] + steps) / steps if mode != "plain" and steps else None
+    return LevelResult(
+        mode=mode, concurrency=concurrency, requests=len(timings), output_tokens=tokens, duration_s=duration,
+        throughput_tok_s=tokens / duration if duration > 0 else 0.0,
+        ttft_p50_s=percentile([t.ttft_s for t in timings], 0.5), ttft_p99_s=percentile([t.ttft_s for t in timings], 0.99),
+        itl_p50_s=percentile(gaps, 0.5), itl_p99_s=percentile(gaps, 0.99), tpot_p50_s=percentile(tpot, 0.5),
+        accepted_per_step=tau, arrival=arrival, **level_server_stats(before, after),
+    )
