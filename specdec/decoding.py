@@ -20,6 +20,7 @@ from specdec.core import invalid_scores, standardize_logits, verify, verify_gree
 from specdec.drafters.base import checked_proposal, empty_proposal
 from specdec.metrics import SpecStats
 from specdec.policy import DraftLengthPolicy, StepOutcome, resolve_policy
+from specdec.processing import BatchProcessors
 from specdec.request import (
     SamplingParams,
     as_drafter,
@@ -65,6 +66,7 @@ def generate(
     leniency: float = 1.0,
     draft_tree: "Sequence[int] | None" = None,
     min_p: float = 0.0,
+    **processors,
 ) -> GenerateResult:
     """Generate up to `max_new_tokens` per prompt with speculative decoding (plain decoding if drafter=None).
 
@@ -84,13 +86,16 @@ def generate(
                     "hf": this module's loop over the transformers model
     leniency        l ∈ (0, 1]: 1 = exact; l < 1 accepts more drafts and is LOSSY (appendix A.5, `core.verify`)
     draft_tree      [k_1, ..., k_D]: verify a token tree per step instead of a chain (`specdec.tree_decoding`)
+    processors      logits processors, keyword arguments of `SamplingParams`: repetition_penalty,
+                    frequency_penalty, presence_penalty, logit_bias, min_tokens, constraint (`core.processors`;
+                    applied to p and q at every drafted position, so the law is exactly the processed target's)
     """
     if on_tokens is not None and not callable(on_tokens):
         raise TypeError(f"on_tokens must be None or a callable taking a TokenEvent, got {type(on_tokens).__name__}")
     run = stream(
         target, prompts, drafter, max_new_tokens, temperature, top_k, top_p, num_draft_tokens, eos_token_id, seed,
         generator=generator, attention_mask=attention_mask, engine=engine, leniency=leniency, draft_tree=draft_tree,
-        min_p=min_p,
+        min_p=min_p, **processors,
     )
     for event in run:
         if on_tokens is not None:
@@ -116,13 +121,23 @@ def stream(
     leniency: float = 1.0,
     draft_tree: "Sequence[int] | None" = None,
     min_p: float = 0.0,
+    **processors,
 ) -> GenerationStream:
     """Like `generate`, but returns a `GenerationStream` of per-step `TokenEvent`s (arguments validated now)."""
+    unknown = sorted(set(processors) - set(_PROCESSOR_ARGUMENTS))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s) {', '.join(unknown)}; logits processors: "
+                        f"{', '.join(_PROCESSOR_ARGUMENTS)}")
     eos = tuple(resolve_eos(eos_token_id, target))
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                            min_p=min_p, seed=seed, eos_token_ids=eos, leniency=leniency)  # the edge: one request description
+                            min_p=min_p, seed=seed, eos_token_ids=eos, leniency=leniency,
+                            **processors)  # the edge: one request description
     return stream_request(target, prompts, drafter, params, num_draft_tokens, generator=generator,
                           attention_mask=attention_mask, engine=engine, draft_tree=draft_tree)
+
+
+_PROCESSOR_ARGUMENTS = ("repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens",
+                        "constraint")
 
 
 def stream_request(
@@ -147,6 +162,9 @@ def stream_request(
     lenient = params.leniency != 1.0
     if (lenient or draft_tree is not None) and engine == "fast":
         raise ValueError("leniency and draft_tree run on the transformers loop: use engine='auto' or 'hf'")
+    if params.processors and draft_tree is not None:
+        raise ValueError(f"{', '.join(params.processors)}: logits processors run on chains (the transformers loop "
+                         "and the engine), not on draft_tree")
     if lenient and draft_tree is not None:
         raise ValueError("leniency is not supported with draft_tree: token trees verify exactly (leniency=1.0)")
     if _is_feature_head(drafter) and (engine == "hf" or lenient or draft_tree is not None):
@@ -159,7 +177,8 @@ def stream_request(
 
         return run_tree(target, prompts, drafter, draft_tree, params, generator=generator,
                         attention_mask=attention_mask)
-    if not lenient and _use_engine(engine, target, drafter, num_draft_tokens):
+    if not lenient and not (params.processors and engine == "auto") and \
+            _use_engine(engine, target, drafter, num_draft_tokens):
         from specdec.engine.generate import engine_stream
 
         return engine_stream(target, prompts, drafter, params, num_draft_tokens, generator=generator,
@@ -238,6 +257,11 @@ def _decode(target, drafter, policy, prompts, params: SamplingParams, generator,
     context.growable = False
     if drafter is not None:
         drafter.begin(context, target.vocab_size)
+    # logits processors: their history starts at each row's text (the prompt; seq2seq: the decoder start)
+    processors = BatchProcessors.of(params, [row[:n] for row, n in zip(context.tokens.tolist(), context.lengths.tolist())],
+                                    target.vocab_size, device)
+    draft_kwargs = {"processor": processors.draft} if processors is not None and \
+        getattr(drafter, "accepts_processor", False) else {}
     _sync(device)
     stats.add_prefill(time.perf_counter() - t_start, getattr(target, "begin_forward_passes", 1))  # (or encoder)
 
@@ -256,7 +280,8 @@ def _decode(target, drafter, policy, prompts, params: SamplingParams, generator,
         gamma = policy.num_draft_tokens() if policy is not None else 0
         gamma = step_num_draft_tokens(gamma, most_remaining, *gamma_limits)
         if gamma > 0:
-            proposal = drafter.propose(context, gamma, sampling, generator, policy.confidence_threshold())
+            proposal = drafter.propose(context, gamma, sampling, generator, policy.confidence_threshold(),
+                                       **draft_kwargs)
             proposal = checked_proposal(proposal, context.batch_size, gamma, target.vocab_size)
         else:
             proposal = empty_proposal(context.batch_size, device)
@@ -270,6 +295,8 @@ def _decode(target, drafter, policy, prompts, params: SamplingParams, generator,
         # 3. verify
         # NaN logits are checked on the device and reported with the step's one transfer below.
         has_nan = invalid_scores(logits)
+        if processors is not None:  # p̃ at positions 1..γ+1, each with the history advanced along the draft
+            logits = processors.target(logits, proposal.tokens)
         if sampling.greedy:
             result = verify_greedy(proposal.tokens, logits, draft_lengths=proposal.lengths, check_nan=False, leniency=leniency)
         else:
@@ -299,6 +326,8 @@ def _decode(target, drafter, policy, prompts, params: SamplingParams, generator,
         record = StepRecord.unpack(packed, layout, drafter_calls=proposal.forward_passes, draft_time_s=draft_s,
                                    verify_time_s=verify_s)
         stats.add_step(record)
+        if processors is not None:
+            processors.commit(new_tokens, counts, record.tokens)
         event = TokenEvent.of(record, step, original, outputs)
         most_remaining = max((max_new_tokens - len(outputs[orig]) for orig, a, f in
                               zip(original, alive, record.finished) if a and not f), default=0)
@@ -320,6 +349,8 @@ def _decode(target, drafter, policy, prompts, params: SamplingParams, generator,
             target.select_rows(keep)
             if drafter is not None:
                 drafter.select_rows(keep)
+            if processors is not None:
+                processors.select(keep)
 
     stats.set_wall_time(time.perf_counter() - t_start)
     holder["result"] = GenerateResult(outputs, stats)

@@ -7,16 +7,18 @@ Numbers are bounded here, before anything is allocated.
 
 from __future__ import annotations
 
+import math
+import numbers
 import operator
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from specdec.core import FILTERS, SamplingConfig, check_leniency
 
-__all__ = ["SamplingParams", "MAX_NUM_DRAFT_TOKENS", "MAX_NEW_TOKENS", "as_int", "check_max_new_tokens",
+__all__ = ["SamplingParams", "MAX_NUM_DRAFT_TOKENS", "MAX_NEW_TOKENS", "MAX_TOP_LOGPROBS", "as_int", "check_max_new_tokens",
            "check_num_draft_tokens", "check_context", "context_length", "vocab_size", "step_num_draft_tokens",
            "normalize_prompts", "resolve_eos", "resolve_seed", "new_generator", "resolve_generator", "as_target",
            "as_drafter", "check_supported_model"]
@@ -26,6 +28,8 @@ __all__ = ["SamplingParams", "MAX_NUM_DRAFT_TOKENS", "MAX_NEW_TOKENS", "as_int",
 MAX_NUM_DRAFT_TOKENS = 64
 #: Largest max_new_tokens accepted; the model's context (prompt + max_new_tokens) is checked too.
 MAX_NEW_TOKENS = 1 << 20
+#: Most alternatives per generated token `top_logprobs` may ask for (OpenAI's limit).
+MAX_TOP_LOGPROBS = 20
 _SEED_LIMIT = 1 << 63
 
 
@@ -181,6 +185,15 @@ class SamplingParams:
     parameters and the seed (not on other requests in the batch). `logprobs`: report log p(token) of the
     target's raw distribution for each generated token. `leniency` l ∈ (0, 1]: 1 = exact; l < 1 accepts
     more drafts and is LOSSY (appendix A.5; the transformers loop only).
+
+    Logits processors (`core.processors`; applied before temperature, to p and q at every drafted position with
+    their state advanced along the draft, so the output law is exactly the processed target's):
+    `repetition_penalty` r > 0 (1 = off; transformers' semantics over prompt + output), `frequency_penalty` and
+    `presence_penalty` in [-2, 2] (0 = off; OpenAI's, over the output), `logit_bias` {token id: bias in
+    [-100, 100]} (ids checked against the vocabulary by the runner), `min_tokens` (EOS ids masked until that many
+    tokens were generated; at most max_new_tokens), `constraint` (a `core.processors.ConstraintSpec`, e.g. a
+    compiled grammar; None = none). `top_logprobs` N ≤ 20: also report the N most likely tokens of the target's
+    raw distribution at each generated token (needs `logprobs`).
     """
 
     max_new_tokens: int = 64
@@ -192,9 +205,17 @@ class SamplingParams:
     logprobs: bool = False
     leniency: float = 1.0
     min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
+    constraint: object | None = None
+    top_logprobs: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "max_new_tokens", check_max_new_tokens(self.max_new_tokens))
+        self._check_processors()
         if self.seed is not None:
             object.__setattr__(self, "seed", resolve_seed(self.seed))
         ids = () if self.eos_token_ids is None else self.eos_token_ids
@@ -209,6 +230,45 @@ class SamplingParams:
         for name, value in vars(self.sampling).items():  # validated by SamplingConfig, normalized here
             object.__setattr__(self, name, value)
 
+    def _check_processors(self) -> None:
+        r = self.repetition_penalty
+        if isinstance(r, bool) or not isinstance(r, numbers.Real) or not (0 < r < math.inf):
+            raise ValueError(f"repetition_penalty must be a finite number > 0 (1 = off), got {r!r}")
+        object.__setattr__(self, "repetition_penalty", float(r))
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (-2.0 <= value <= 2.0):
+                raise ValueError(f"{name} must be a number in [-2, 2] (0 = off), got {value!r}")
+            object.__setattr__(self, name, float(value))
+        object.__setattr__(self, "logit_bias", _check_logit_bias(self.logit_bias))
+        object.__setattr__(self, "min_tokens", as_int(self.min_tokens, "min_tokens", minimum=0,
+                                                      maximum=self.max_new_tokens))
+        if self.constraint is not None and not callable(getattr(self.constraint, "start", None)):
+            raise TypeError("constraint must be None or a ConstraintSpec (an object with start(vocab_size) -> "
+                            f"TokenConstraint), got {type(self.constraint).__name__}")
+        object.__setattr__(self, "top_logprobs", as_int(self.top_logprobs, "top_logprobs", minimum=0,
+                                                        maximum=MAX_TOP_LOGPROBS))
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError(f"top_logprobs={self.top_logprobs} needs logprobs=True")
+
+    @property
+    def processors(self) -> tuple[str, ...]:
+        """The names of the logits processors this request turns on (in `core.processors`' order)."""
+        on = (("logit_bias", bool(self.logit_bias)), ("min_tokens", self.min_tokens > 0 and bool(self.eos_token_ids)),
+              ("repetition_penalty", self.repetition_penalty != 1.0),
+              ("frequency_penalty", self.frequency_penalty != 0.0), ("presence_penalty", self.presence_penalty != 0.0),
+              ("constraint", self.constraint is not None))
+        return tuple(name for name, used in on if used)
+
+    def check_vocabulary(self, vocab_size: int) -> None:
+        """Refuse token ids outside the model's vocabulary [0, vocab_size) (logit_bias; EOS ids)."""
+        for token, _ in self.logit_bias:
+            if token >= vocab_size:
+                raise ValueError(f"logit_bias token id {token} is outside the vocabulary [0, {vocab_size})")
+        for token in self.eos_token_ids:
+            if token >= vocab_size:
+                raise ValueError(f"eos_token_id {token} is outside the vocabulary [0, {vocab_size})")
+
     @property
     def sampling(self) -> SamplingConfig:
         """The law's parameters (temperature and every `core.FILTERS` filter) as the core reads them."""
@@ -217,6 +277,35 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.sampling.greedy  # temperature below core.TEMPERATURE_FLOOR
+
+
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit_bias value
+MAX_LOGIT_BIAS_ENTRIES = 1 << 16
+
+
+def _check_logit_bias(value) -> tuple[tuple[int, float], ...]:
+    """{token id: bias} (or (id, bias) pairs) → sorted ((id, bias), ...); ids >= 0, biases in [-100, 100]."""
+    if value is None:
+        return ()
+    items = value.items() if isinstance(value, Mapping) else value
+    try:
+        items = list(items)
+    except TypeError:
+        raise TypeError(f"logit_bias must be a mapping of token id to bias, got {type(value).__name__}") from None
+    if len(items) > MAX_LOGIT_BIAS_ENTRIES:
+        raise ValueError(f"logit_bias has {len(items)} entries; at most {MAX_LOGIT_BIAS_ENTRIES}")
+    out: dict[int, float] = {}
+    for item in items:
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise TypeError(f"logit_bias must be a mapping of token id to bias, got an entry {item!r}")
+        token, bias = item
+        if isinstance(token, str) and token.strip().lstrip("-").isdigit() and len(token) <= 20:
+            token = int(token)  # JSON object keys are strings
+        token = as_int(token, "logit_bias token id", minimum=0)
+        if isinstance(bias, bool) or not isinstance(bias, numbers.Real) or not (-MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS):
+            raise ValueError(f"logit_bias[{token}] must be a number in [-100, 100], got {bias!r}")
+        out[token] = float(bias)
+    return tuple(sorted(out.items()))
 
 
 def normalize_prompts(prompts, attention_mask, vocab_size: int) -> list[list[int]]:

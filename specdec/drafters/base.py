@@ -38,6 +38,11 @@ class Drafter:
     vocab_size: int | None = None
     #: True when proposals do not depend on the random generator (q is one-hot)
     deterministic: bool = False
+    #: True when `propose` takes `processor=`: a callable (logits [B, V], drafted [B, i]) → processed logits
+    #: [B, V] for draft position i + 1, applied before the drafter's sampling law, so q is the processed q̃
+    #: (`core.processors`). A drafter without it drafts from its raw q, which keeps the law exact (q is what
+    #: the tokens were drawn from) at a lower acceptance.
+    accepts_processor: bool = False
 
     def begin(self, context: TokenBuffer, vocab_size: int) -> None:
         """A new batch starts with `context` (prompts or decoder start tokens)."""

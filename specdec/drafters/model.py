@@ -20,6 +20,7 @@ class ModelDrafter(Drafter):
     def __init__(self, model: torch.nn.Module):
         self.lm = HFCausalLM(model)
         self.vocab_size = self.lm.vocab_size
+        self.accepts_processor = True
 
     @property
     def model(self) -> torch.nn.Module:
@@ -37,7 +38,9 @@ class ModelDrafter(Drafter):
         sampling: SamplingConfig,
         generator: torch.Generator | None,
         confidence_threshold: float | None = None,
+        processor=None,
     ) -> Proposal:
+        """processor: see `Drafter.accepts_processor` (None = none)."""
         self._check_owner(context)
         unseen = context.lengths - self.lm.lengths  # ≥ 1: at least the last committed token
         block, valid = context.tail(int(unseen.max()), unseen)
@@ -48,6 +51,9 @@ class ModelDrafter(Drafter):
         for i in range(num_draft_tokens):
             if i > 0:
                 logits = self.lm.forward(tokens[-1][:, None])[:, -1]
+            if processor is not None:
+                drafted = torch.stack(tokens, 1) if tokens else context.lengths.new_zeros(context.batch_size, 0)
+                logits = processor(logits, drafted)
             if sampling.greedy:
                 token = logits.argmax(-1)
                 q_token = logits.float().softmax(-1).max(-1).values if confidence_threshold is not None else None

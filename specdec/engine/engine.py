@@ -158,6 +158,9 @@ class Engine:
         if params.leniency != 1.0:
             raise ValueError(f"leniency={params.leniency}: the engine verifies exactly; lenient verification runs "
                              "on the transformers loop (specdec.generate(..., engine='hf'))")
+        if params.processors:  # TODO(procs): the engine's processor flavor lands next
+            raise ValueError(f"{', '.join(params.processors)}: logits processors run on the transformers loop "
+                             "for now (engine='hf')")
         prompt = normalize_prompts([prompt_ids], None, self.vocab_size)[0]
         total = len(prompt) + params.max_new_tokens
         if total > self.max_seq_len:

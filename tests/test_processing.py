@@ -1,0 +1,174 @@
+"""Logits processors under speculation on the transformers loop (`specdec.processing`, `decoding._decode`).
+
+Greedy: speculative decoding with processors (several γ, a model drafter and prompt lookup) gives exactly
+transformers' own `generate` with its processors (`repetition_penalty`, `sequence_bias`, `min_new_tokens`, and
+OpenAI's frequency / presence penalties as a custom `LogitsProcessor`). Sampled: the two-token law is the processed
+target's (chi-square), with negative controls: the unprocessed law, and a runner whose processor state is not
+advanced along the draft, must fail.
+"""
+
+import numpy as np
+import pytest
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+
+import specdec
+from specdec import processing
+from specdec.core import SamplingConfig, standardize_logits
+from specdec.core.processors import ProcessorRows, advance, history_of, process_draft
+from specdec.drafters.prompt_lookup import PromptLookupDrafter
+from stats_utils import chi2_pvalue
+from test_distribution import PROMPT
+
+PROMPTS = [[1, 2, 3, 4, 1, 2], [5, 6], [7, 8, 9, 7, 8]]
+
+
+class OpenAIPenalties(LogitsProcessor):
+    """OpenAI's frequency / presence penalties over the generated tokens (the reference for ours)."""
+
+    def __init__(self, prompt_length: int, frequency: float, presence: float):
+        self.start, self.frequency, self.presence = prompt_length, frequency, presence
+
+    def __call__(self, input_ids, scores):
+        counts = torch.zeros_like(scores)
+        counts.scatter_add_(1, input_ids[:, self.start:], torch.ones_like(input_ids[:, self.start:], dtype=scores.dtype))
+        return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
+
+
+def hf_processed(model, prompt, n, eos, *, repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0,
+                 logit_bias=None, min_tokens=0):
+    kwargs = {}
+    if repetition_penalty != 1.0:
+        kwargs["repetition_penalty"] = repetition_penalty
+    if logit_bias:
+        kwargs["sequence_bias"] = {(t,): b for t, b in logit_bias.items()}
+    if min_tokens:
+        kwargs["min_new_tokens"] = min_tokens
+    extra = LogitsProcessorList([OpenAIPenalties(len(prompt), frequency_penalty, presence_penalty)]) \
+        if frequency_penalty or presence_penalty else None
+    out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                         do_sample=False, max_new_tokens=n, pad_token_id=0, eos_token_id=eos or None,
+                         logits_processor=extra, **kwargs)[0, len(prompt):].tolist()
+    for i, tok in enumerate(out):
+        if tok in eos:
+            return out[: i + 1]
+    return out
+
+
+CASES = [
+    dict(repetition_penalty=1.8),
+    dict(repetition_penalty=0.6, logit_bias={5: 2.5, 9: -100.0}),
+    dict(frequency_penalty=1.5, presence_penalty=0.7),
+    dict(min_tokens=8, logit_bias={17: 6.0}, repetition_penalty=1.3, frequency_penalty=-0.5),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("gamma", [1, 3])
+def test_greedy_with_processors_is_transformers_generate(llama, llama_draft, case, gamma):
+    eos = [17] if "min_tokens" in case else []
+    for prompt in PROMPTS:
+        ref = hf_processed(llama, prompt, 12, eos, **case)
+        for drafter in (llama_draft, PromptLookupDrafter()):
+            ours = specdec.generate(llama, [prompt], drafter, max_new_tokens=12, temperature=0, eos_token_id=eos,
+                                    num_draft_tokens=gamma, engine="hf", **case).sequences[0]
+            assert ours == ref, (case, gamma, type(drafter).__name__)
+        plain = specdec.generate(llama, [prompt], None, max_new_tokens=12, temperature=0, eos_token_id=eos,
+                                 num_draft_tokens=0, engine="hf", **case).sequences[0]
+        assert plain == ref
+    # the processors change these outputs (a check that could fail)
+    assert any(hf_processed(llama, p, 12, eos, **case) != hf_processed(llama, p, 12, eos) for p in PROMPTS)
+
+
+def test_min_tokens_masks_eos_then_lets_it_stop(llama, llama_draft):
+    plain = specdec.generate(llama, [PROMPTS[0]], llama_draft, max_new_tokens=12, temperature=0, engine="hf",
+                             eos_token_id=[], num_draft_tokens=3).sequences[0]
+    eos = plain[1]  # the greedy text would stop at its second token
+    short = specdec.generate(llama, [PROMPTS[0]], llama_draft, max_new_tokens=12, temperature=0, engine="hf",
+                             eos_token_id=[eos], num_draft_tokens=3).sequences[0]
+    long = specdec.generate(llama, [PROMPTS[0]], llama_draft, max_new_tokens=12, temperature=0, engine="hf",
+                            eos_token_id=[eos], num_draft_tokens=3, min_tokens=5).sequences[0]
+    assert len(short) == 2 and len(long) >= 5 and eos not in long[:4]
+
+
+def test_processor_arguments_are_checked(llama):
+    with pytest.raises(TypeError, match="repetiton_penalty"):
+        specdec.generate(llama, [[1]], max_new_tokens=2, repetiton_penalty=1.2)
+    with pytest.raises(ValueError, match="logit_bias token id 64"):
+        specdec.generate(llama, [[1]], max_new_tokens=2, logit_bias={64: 1.0}, engine="hf")
+    with pytest.raises(ValueError, match="draft_tree"):
+        specdec.generate(llama, [[1]], llama, max_new_tokens=2, repetition_penalty=1.2, draft_tree=[2])
+
+
+# ----------------------------------------------------------------------------------------------- the law
+LAW = dict(repetition_penalty=2.5, presence_penalty=1.2, logit_bias={3: 1.5, 7: -1.0}, min_tokens=1)
+STOP = [5]
+
+
+def processed_two_token_law(model, sampling, advanced=True):
+    """P(t1, t2) under the processors (t1's occurrence penalizes t2 only when `advanced`)."""
+    vocab = model.config.vocab_size
+    rows = ProcessorRows.uniform(1, vocab, "cpu", repetition=LAW["repetition_penalty"],
+                                 presence=LAW["presence_penalty"], min_tokens=LAW["min_tokens"], stop_ids=STOP,
+                                 logit_bias=list(LAW["logit_bias"].items()))
+    history = history_of([PROMPT], vocab, "cpu")
+    with torch.no_grad():
+        first = model(torch.tensor([PROMPT])).logits[:, -1:]
+        p1 = standardize_logits(process_draft(first, first.new_zeros(1, 0).long(), rows, history)[0, 0], sampling)
+        second = model(torch.tensor([PROMPT + [t] for t in range(vocab)])).logits[:, -1:]
+        law = []
+        for t in range(vocab):
+            h = advance(history, torch.tensor([[t]])) if advanced else \
+                advance(history, torch.tensor([[t]]), torch.tensor([0]))  # frozen, but one token later
+            law.append(standardize_logits(process_draft(second[t:t + 1], second.new_zeros(1, 0).long(), rows, h)[0, 0],
+                                          sampling))
+    return (p1[:, None] * torch.stack(law)).flatten().double().numpy()
+
+
+def _pairs(target, draft, rows, seed):
+    res = specdec.generate(target, [PROMPT] * rows, drafter=draft, max_new_tokens=3, temperature=1.0,
+                           num_draft_tokens=2, seed=seed, eos_token_id=STOP, engine="hf", **LAW)
+    return np.array([s[0] * 16 + s[1] for s in res.sequences if len(s) >= 2]), res
+
+
+def test_two_token_law_is_the_processed_target(make_llama):
+    target, draft = make_llama(10, vocab=16), make_llama(11, layers=1, vocab=16)
+    pairs, res = _pairs(target, draft, 6000, seed=3)
+    sampling = SamplingConfig(1.0)
+    assert chi2_pvalue(pairs, processed_two_token_law(target, sampling)) > 1e-3
+    assert 0 < res.stats.alpha < 1
+    # negative controls: the unprocessed law, and the law of a history not advanced by t1
+    raw = np.zeros(256)
+    with torch.no_grad():
+        p1 = standardize_logits(target(torch.tensor([PROMPT])).logits[0, -1], sampling)
+        p2 = standardize_logits(target(torch.tensor([PROMPT + [t] for t in range(16)])).logits[:, -1], sampling)
+    raw = (p1[:, None] * p2).flatten().double().numpy()
+    assert chi2_pvalue(pairs, raw) < 1e-8
+    assert chi2_pvalue(pairs, processed_two_token_law(target, sampling, advanced=False)) < 1e-8
+
+
+def test_a_history_frozen_along_the_draft_breaks_the_law(make_llama, monkeypatch):
+    """Negative control on the runner: p̃ at every drafted position computed from the committed history alone
+    (the bug this module exists to avoid) must fail the same test."""
+    target, draft = make_llama(10, vocab=16), make_llama(11, layers=1, vocab=16)
+
+    def frozen(self, logits, draft_tokens):
+        zero = draft_tokens[:, :0]
+        return torch.cat([process_draft(logits[:, i:i + 1], zero, self.rows, self.history)
+                          for i in range(logits.shape[1])], 1)
+
+    monkeypatch.setattr(processing.BatchProcessors, "target", frozen)
+    pairs, _ = _pairs(target, draft, 6000, seed=3)
+    assert chi2_pvalue(pairs, processed_two_token_law(target, SamplingConfig(1.0))) < 1e-8
+
+
+def test_a_drafter_without_the_hook_stays_exact(make_llama, monkeypatch):
+    """q need not be processed for exactness — only reported as drawn: the model drafter with the hook off
+    (raw q, processed p) still gives the processed law, at a lower acceptance."""
+    from specdec.drafters.model import ModelDrafter
+
+    target, draft = make_llama(10, vocab=16), make_llama(11, layers=1, vocab=16)
+    drafter = ModelDrafter(draft)
+    drafter.accepts_processor = False
+    pairs, res = _pairs(target, drafter, 6000, seed=5)
+    assert chi2_pvalue(pairs, processed_two_token_law(target, SamplingConfig(1.0))) > 1e-3
