@@ -158,7 +158,7 @@ class Engine:
         if params.leniency != 1.0:
             raise ValueError(f"leniency={params.leniency}: the engine verifies exactly; lenient verification runs "
                              "on the transformers loop (specdec.generate(..., engine='hf'))")
-        if params.processors:  # TODO(procs): the engine's processor flavor lands next
+        if params.processors:
             raise ValueError(f"{', '.join(params.processors)}: logits processors run on the transformers loop "
                              "for now (engine='hf')")
         prompt = normalize_prompts([prompt_ids], None, self.vocab_size)[0]
