@@ -160,25 +160,24 @@ def stream_request(
         raise ValueError("logprobs: specdec.generate / stream return no log-probabilities; "
                          "use specdec.load(...).generate(..., logprobs=True)")
     lenient = params.leniency != 1.0
-    if (lenient or draft_tree is not None) and engine == "fast":
-        raise ValueError("leniency and draft_tree run on the transformers loop: use engine='auto' or 'hf'")
+    if draft_tree is not None and engine == "fast":
+        raise ValueError("draft_tree runs on the transformers loop: use engine='auto' or 'hf'")
     if params.processors and draft_tree is not None:
         raise ValueError(f"{', '.join(params.processors)}: logits processors run on chains (the transformers loop "
                          "and the engine), not on draft_tree")
     if lenient and draft_tree is not None:
         raise ValueError("leniency is not supported with draft_tree: token trees verify exactly (leniency=1.0)")
-    if _is_feature_head(drafter) and (engine == "hf" or lenient or draft_tree is not None):
+    if _is_feature_head(drafter) and (engine == "hf" or draft_tree is not None):
         from specdec.engine.config import UnsupportedModel
 
         raise UnsupportedModel("drafter: a feature head reads the target's hidden states, which only the engine "
-                               "keeps: use engine='fast' (or 'auto'), without leniency or draft_tree")
+                               "keeps: use engine='fast' (or 'auto'), without draft_tree")
     if draft_tree is not None:
         from specdec.tree_decoding import run_tree
 
         return run_tree(target, prompts, drafter, draft_tree, params, generator=generator,
                         attention_mask=attention_mask)
-    if not lenient and not (params.processors and engine == "auto") and \
-            _use_engine(engine, target, drafter, num_draft_tokens):
+    if not (params.processors and engine == "auto") and _use_engine(engine, target, drafter, num_draft_tokens):
         from specdec.engine.generate import engine_stream
 
         return engine_stream(target, prompts, drafter, params, num_draft_tokens, generator=generator,

@@ -184,7 +184,7 @@ class SamplingParams:
     `seed` None = fresh randomness; with a seed, the request's tokens depend only on its prompt, its
     parameters and the seed (not on other requests in the batch). `logprobs`: report log p(token) of the
     target's raw distribution for each generated token. `leniency` l ∈ (0, 1]: 1 = exact; l < 1 accepts
-    more drafts and is LOSSY (appendix A.5; the transformers loop only).
+    more drafts and is LOSSY (appendix A.5; the loop and the engine's rows alike).
 
     Logits processors (`core.processors`; applied before temperature, to p and q at every drafted position with
     their state advanced along the draft, so the output law is exactly the processed target's):

@@ -82,11 +82,16 @@ def acceptance_beta(
     """
     gamma = draft_tokens.shape[1]
     p = target_probs[:, :gamma]
-    if leniency != 1.0:
+    per_row = isinstance(leniency, torch.Tensor)
+    if per_row:
+        p = p / leniency[:, None, None].to(p.dtype)  # (÷ 1.0 leaves an exact row's p bit for bit)
+    elif leniency != 1.0:
         p = p / leniency
     if draft_probs is None:
         real, safe = _safe_drafts(draft_tokens, torch.ones_like(draft_tokens, dtype=torch.bool), p.shape[-1])
         beta = p.gather(-1, safe[..., None]).squeeze(-1) * real
+        if per_row:
+            return torch.where((leniency < 1.0)[:, None], beta.clamp(max=1.0), beta)
         return beta if leniency == 1.0 else beta.clamp(max=1.0)
     return torch.minimum(p, draft_probs).sum(-1)
 
@@ -114,8 +119,14 @@ def _check_verify_inputs(draft_tokens, draft_probs, target_probs, draft_lengths,
             raise ValueError(f"{name} is on {tensor.device} but target_probs is on {target_probs.device}")
 
 
-def check_leniency(leniency: float) -> float:
-    """Validate l ∈ (0, 1] (1 = exact); returns it as a float."""
+def check_leniency(leniency: "float | torch.Tensor", batch: int | None = None) -> "float | torch.Tensor":
+    """Validate l ∈ (0, 1] (1 = exact); returns it as a float. A per-row tensor `[B]` (the engine's rows, each
+    request its own l, validated when the request was made) is checked for shape and dtype only (no host sync)."""
+    if isinstance(leniency, torch.Tensor):
+        if not leniency.dtype.is_floating_point or leniency.dim() != 1 or (batch is not None and leniency.shape[0] != batch):
+            raise ValueError(f"leniency must be a number in (0, 1] or a floating-point tensor [B] = [{batch}], got "
+                             f"{leniency.dtype} {tuple(leniency.shape)}")
+        return leniency
     if isinstance(leniency, bool) or not isinstance(leniency, (int, float)) or not (0.0 < leniency <= 1.0):
         raise ValueError(f"leniency must be a number in (0, 1] (1 = exact), got {leniency!r}")
     return float(leniency)
@@ -143,7 +154,8 @@ def verify(
     uniforms       [B, γ]       optional explicit r_i ~ U(0,1) for the accept test
     noise          [B, V]       optional explicit Exp(1) noise for the next-token draw (see `sample`)
 
-    leniency       l ∈ (0, 1]: 1 = exact (the default); l < 1 is lenient and LOSSY (appendix A.5)
+    leniency       l ∈ (0, 1]: 1 = exact (the default); l < 1 is lenient and LOSSY (appendix A.5); or a tensor
+                   [B] of per-row values (rows with l = 1 verify exactly, bit for bit as with the float 1.0)
 
     Row b accepts x_i while r_i·l·q_i(x_i) < p_i(x_i) — i.e. r_i < p/(l·q), so p(x) = 0 is never accepted —
     then samples its next token from norm(max(0, p − q)) at the first rejection, or from p_{γ+1}.
@@ -153,8 +165,9 @@ def verify(
     Shapes are checked (no host sync); values are not.
     """
     _check_verify_inputs(draft_tokens, draft_probs, target_probs, draft_lengths, uniforms, noise)
-    leniency = check_leniency(leniency)
     batch, gamma = draft_tokens.shape
+    leniency = check_leniency(leniency, batch)
+    per_row = isinstance(leniency, torch.Tensor)
     vocab = target_probs.shape[-1]
     drafted = _draft_mask(draft_tokens, draft_lengths)
     real, safe_tokens = _safe_drafts(draft_tokens, drafted, vocab)
@@ -165,7 +178,10 @@ def verify(
         q_drafted = draft_probs.gather(-1, safe_tokens[..., None]).squeeze(-1)
     if uniforms is None:
         uniforms = torch.rand(batch, gamma, generator=generator, device=draft_tokens.device)
-    q_scaled = q_drafted if leniency == 1.0 else q_drafted * leniency
+    if per_row:
+        q_scaled = q_drafted * leniency[:, None].to(q_drafted.dtype)  # (× 1.0 leaves an exact row's q bit for bit)
+    else:
+        q_scaled = q_drafted if leniency == 1.0 else q_drafted * leniency
     accepted = (uniforms * q_scaled < p_drafted) & real & (q_drafted > 0)
     num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)  # [B]
 
@@ -194,7 +210,9 @@ def verify(
 
     if draft_probs is None:
         beta = torch.where(real, p_drafted, torch.zeros_like(p_drafted))
-        if leniency != 1.0:
+        if per_row:
+            beta = torch.where((leniency < 1.0)[:, None], (beta / leniency[:, None]).clamp(max=1.0), beta)
+        elif leniency != 1.0:
             beta = (beta / leniency).clamp(max=1.0)
     else:
         beta = acceptance_beta(target_probs, draft_probs, draft_tokens, leniency=leniency)
@@ -218,10 +236,11 @@ def verify_greedy(
     `check_nan=False` skips it for callers that check `invalid_scores` themselves).
     leniency l < 1 (LOSSY, appendix A.5, applied before standardizing): also accept x when
     p(x) ≥ l·max p under softmax(logits), i.e. logit(x) ≥ max logit + log l; a rejection still emits the argmax.
+    A tensor `[B]` gives each row its own l (as `verify`).
     """
-    leniency = check_leniency(leniency)
     _check_logits(target_logits, "target_logits")
     batch, gamma = _check_drafts(draft_tokens, draft_lengths, target_logits.device)
+    leniency = check_leniency(leniency, batch)
     if target_logits.dim() != 3 or target_logits.shape[:2] != (batch, gamma + 1):
         raise ValueError(
             f"target_logits must be [B, γ+1, V] = [{batch}, {gamma + 1}, V], got {tuple(target_logits.shape)}"
@@ -230,7 +249,12 @@ def verify_greedy(
         raise ValueError(f"target logits {INVALID_SCORES}")
     target_tokens = target_logits.argmax(-1)  # [B, γ+1]
     match = target_tokens[:, :gamma] == draft_tokens
-    if leniency != 1.0:
+    if isinstance(leniency, torch.Tensor):  # per row; a row with l = 1 keeps the exact comparison (no ties)
+        logits = target_logits[:, :gamma].float()
+        draft_logit = logits.gather(-1, draft_tokens.clamp(0, logits.shape[-1] - 1)[..., None]).squeeze(-1)
+        bound = logits.max(-1).values + leniency.float().log()[:, None]
+        match |= (draft_logit >= bound) & (leniency < 1.0)[:, None]
+    elif leniency != 1.0:
         logits = target_logits[:, :gamma].float()
         draft_logit = logits.gather(-1, draft_tokens[..., None]).squeeze(-1)
         match |= draft_logit >= logits.max(-1).values + math.log(leniency)

@@ -35,11 +35,12 @@ class Flavor:
     all_greedy: bool
     filters: tuple[str, ...] = ()  # the sampling filters (`core.FILTERS` names) some row turns on, in order
     logprobs: bool = False
+    lenient: bool = False  # some row verifies with leniency l < 1 (per-row l; exact rows keep the exact rule)
 
     @classmethod
     def of(cls, params) -> "Flavor":
         """What one request (its `SamplingParams`) needs of a step."""
-        return cls(params.greedy, params.sampling.filters, params.logprobs)
+        return cls(params.greedy, params.sampling.filters, params.logprobs, params.leniency != 1.0)
 
     @classmethod
     def union(cls, flavors) -> "Flavor":
@@ -47,7 +48,7 @@ class Flavor:
         flavors = list(flavors)
         used = {name for f in flavors for name in f.filters}
         return cls(all(f.all_greedy for f in flavors), tuple(f.name for f in FILTERS if f.name in used),
-                   any(f.logprobs for f in flavors))
+                   any(f.logprobs for f in flavors), any(f.lenient for f in flavors))
 
 
 class StepView:
@@ -62,6 +63,7 @@ class StepView:
         self.lengths = state.lengths[rows]
         self.seed = state.seed[rows]
         self.temperature = state.temperature[rows]
+        self.leniency = state.leniency[rows] if flavor.lenient else None  # [b] l per row, read only when some row is lenient
         self.filters = {name: getattr(state, name)[rows] for name in flavor.filters}  # what some row turns on
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:

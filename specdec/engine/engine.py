@@ -155,9 +155,6 @@ class Engine:
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
-        if params.leniency != 1.0:
-            raise ValueError(f"leniency={params.leniency}: the engine verifies exactly; lenient verification runs "
-                             "on the transformers loop (specdec.generate(..., engine='hf'))")
         if params.processors:
             raise ValueError(f"{', '.join(params.processors)}: logits processors run on the transformers loop "
                              "for now (engine='hf')")

@@ -76,13 +76,14 @@ class SlotState:
         self.max_new = zeros(max_batch)
         self.active = zeros(max_batch, dtype=torch.bool)
         self.temperature = zeros(max_batch, dtype=torch.float32)
+        self.leniency = zeros(max_batch, dtype=torch.float32).fill_(1.0)  # l per row (1 = exact; appendix A.5)
         for f in FILTERS:  # one tensor per sampling filter, named after it (state.top_k, state.top_p, …)
             setattr(self, f.name, zeros(max_batch, dtype=torch.long if f.integer else torch.float32).fill_(f.off))
         self.seed = zeros(max_batch)
         self.eos = zeros(max_batch, MAX_EOS_IDS).fill_(-1)
         self.counters = zeros(max_batch, counter_width, dtype=torch.float64)  # Σ over the request's steps
         self.features: torch.Tensor | None = None  # [max_batch, capacity, dim], see `enable_features`
-        self._fields = ("tokens", "lengths", "generated", "max_new", "active", "temperature",
+        self._fields = ("tokens", "lengths", "generated", "max_new", "active", "temperature", "leniency",
                         *(f.name for f in FILTERS), "seed", "eos", "counters")
 
     def enable_features(self, dim: int, dtype: torch.dtype) -> None:
@@ -114,7 +115,7 @@ class SlotState:
                 + [getattr(q, name) for name in int_filters]
                 for p, q, seed in zip(prompts, params, seeds)]
         ints = to_device(ints, device)  # [n, longest + 3 + MAX_EOS_IDS + integer filters]
-        floats = to_device([[float(q.temperature)] + [float(getattr(q, name)) for name in float_filters]
+        floats = to_device([[float(q.temperature), float(q.leniency)] + [float(getattr(q, name)) for name in float_filters]
                             for q in params], device, torch.float32)
         self.tokens[rows].zero_()
         self.tokens[rows, :longest] = ints[:, :longest]
@@ -126,8 +127,9 @@ class SlotState:
         for i, name in enumerate(int_filters):
             getattr(self, name)[rows] = ints[:, at + i]
         self.temperature[rows] = floats[:, 0]
+        self.leniency[rows] = floats[:, 1]
         for i, name in enumerate(float_filters):
-            getattr(self, name)[rows] = floats[:, 1 + i]
+            getattr(self, name)[rows] = floats[:, 2 + i]
         self.generated[rows] = 0
         self.active[rows] = True
         self.counters[rows] = 0

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from specdec import rng
-from specdec.core import VerifyResult, invalid_scores, verify, verify_greedy
+from specdec.core import TEMPERATURE_FLOOR, VerifyResult, invalid_scores, verify, verify_greedy
 from specdec.engine.drafters import Flavor, StepView
 from specdec.fast.graphs import CapturedStep
 from specdec.sequences import write_rows, write_tokens
@@ -62,14 +62,17 @@ class StepRunner:
             n = accepted.long().cumprod(1).sum(1)
             result = VerifyResult(n, logits.argmax(-1).gather(1, n[:, None]).squeeze(1), accepted.float())
         elif flavor.all_greedy:
-            result = verify_greedy(draft_tokens, logits, draft_lengths=draft_lengths, check_nan=False)
+            result = verify_greedy(draft_tokens, logits, draft_lengths=draft_lengths, check_nan=False,
+                                   leniency=view.leniency if flavor.lenient else 1.0)
         else:
             target_probs = view.probs(logits)
             offsets = torch.arange(gamma, device=e.device)[None, :]
             uniforms = rng.uniforms(view.seed, lengths[:, None] + offsets, rng.ACCEPT)
             noise = rng.exponentials(view.seed, lengths[:, None], rng.NEXT, logits.shape[-1])[:, 0]
             result = verify(draft_tokens, draft_probs, target_probs, None, draft_lengths=draft_lengths,
-                            uniforms=uniforms, noise=noise)
+                            uniforms=uniforms, noise=noise, leniency=view.leniency if flavor.lenient else 1.0)
+            if flavor.lenient:
+                result = _greedy_rows_lenient(result, view, draft_tokens, logits, draft_lengths)
         new_tokens = result.tokens(draft_tokens)  # [b, γ+1]
         active, generated = state.active[rows], state.generated[rows]
         counts, hit_eos = commit_counts(new_tokens, result.num_accepted, state.max_new[rows] - generated,
@@ -117,3 +120,15 @@ class StepRunner:
             return self._verify_body()
         self.capture()
         return self._verify_graph.replay()
+
+
+def _greedy_rows_lenient(result: VerifyResult, view: StepView, draft_tokens: torch.Tensor, logits: torch.Tensor,
+                         draft_lengths: torch.Tensor | None) -> VerifyResult:
+    """A greedy row among sampled ones: with one-hot p and q the general rule is the exact argmax rule, but
+    lenience is defined before standardizing (accept x when p(x) ≥ l·max p under softmax(logits)), so those rows
+    take `verify_greedy`'s outcome; a request's tokens then do not depend on the temperatures beside it."""
+    greedy = verify_greedy(draft_tokens, logits, draft_lengths=draft_lengths, check_nan=False, leniency=view.leniency)
+    rows = view.temperature < TEMPERATURE_FLOOR  # [b]
+    return VerifyResult(torch.where(rows, greedy.num_accepted, result.num_accepted),
+                        torch.where(rows, greedy.next_token, result.next_token),
+                        torch.where(rows[:, None], greedy.beta.to(result.beta.dtype), result.beta))
