@@ -42,8 +42,8 @@ _EXPORTS = {
     "StepOutcome": "specdec.policy",
     "load": "specdec.text",
     "HierarchicalDrafter": "specdec.drafters.hierarchical",
-    "beam_search": "specdec.beam",
-    "BeamSearchResult": "specdec.beam",
+    "beam_search": "specdec.loop.beam",
+    "BeamSearchResult": "specdec.loop.beam",
     "check": "specdec.exactness",
     "CheckResult": "specdec.exactness",
 }

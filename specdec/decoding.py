@@ -85,7 +85,7 @@ def generate(
                     "fast": the engine (also on CPU, without graphs; an error for an uncovered model);
                     "hf": this module's loop over the transformers model
     leniency        l ∈ (0, 1]: 1 = exact; l < 1 accepts more drafts and is LOSSY (appendix A.5, `core.verify`)
-    draft_tree      [k_1, ..., k_D]: verify a token tree per step instead of a chain (`specdec.tree_decoding`)
+    draft_tree      [k_1, ..., k_D]: verify a token tree per step instead of a chain (`specdec.loop.tree_decoding`)
     processors      logits processors, keyword arguments of `SamplingParams`: repetition_penalty,
                     frequency_penalty, presence_penalty, logit_bias, min_tokens, constraint (`core.processors`;
                     applied to p and q at every drafted position, so the law is exactly the processed target's)
@@ -173,7 +173,7 @@ def stream_request(
         raise UnsupportedModel("drafter: a feature head reads the target's hidden states, which only the engine "
                                "keeps: use engine='fast' (or 'auto'), without draft_tree")
     if draft_tree is not None:
-        from specdec.tree_decoding import run_tree
+        from specdec.loop.tree_decoding import run_tree
 
         return run_tree(target, prompts, drafter, draft_tree, params, generator=generator,
                         attention_mask=attention_mask)

@@ -3,7 +3,7 @@
 `propose_tree` feeds the committed tokens the drafter has not seen (one pass → q at the root), draws k_1
 children, feeds them as one tree level through `TreeCausalLM.forward_tree` (→ q at each of them), draws k_2
 children each, and so on; leaves are never fed. It reports q at every internal node (the law the children
-were drawn from, see `specdec.tree`). `commit` keeps the drafter's KV of the accepted path (matched against
+were drawn from, see `specdec.core.tree`). `commit` keeps the drafter's KV of the accepted path (matched against
 the committed tokens), so the next proposal feeds only what is new.
 """
 
@@ -16,7 +16,7 @@ import torch
 from specdec.core import SamplingConfig, standardize_logits
 from specdec.models.tree_lm import TreeCausalLM
 from specdec.sequences import TokenBuffer
-from specdec.tree import TreeSpec, draw_children
+from specdec.core.tree import TreeSpec, draw_children
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,10 @@ from dataclasses import dataclass
 
 from specdec.request import as_int, check_num_draft_tokens
 
-__all__ = ["EngineConfig", "UnsupportedModel", "BATCH_BUCKETS"]
+__all__ = ["EngineConfig", "UnsupportedModel", "BATCH_BUCKETS", "MIN_POSITIONS"]
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+MIN_POSITIONS = 64  # the shortest cache-length bucket a step attends over (buckets are powers of two)
 
 
 class UnsupportedModel(ValueError):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specdec.models.tree_lm import TreeCausalLM
-from specdec.tree import TreeSpec
+from specdec.core.tree import TreeSpec
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12], [3, 4, 5]]
 

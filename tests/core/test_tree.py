@@ -1,4 +1,4 @@
-"""Token trees as pure functions (specdec.tree): the shape, drawing children, recursive rejection sampling.
+"""Token trees as pure functions (specdec.core.tree): the shape, drawing children, recursive rejection sampling.
 
 Statistical checks use hand-built laws on a small vocabulary; the negative control (try every child against
 the original p, no residual correction) must fail the same test.
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from specdec.tree import TreeSpec, TreeVerifyResult, draw_children, verify_tree, verify_tree_greedy
+from specdec.core.tree import TreeSpec, TreeVerifyResult, draw_children, verify_tree, verify_tree_greedy
 from stats_utils import chi2_pvalue
 
 PASS, FAIL = 1e-3, 1e-8

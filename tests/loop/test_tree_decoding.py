@@ -6,8 +6,8 @@ import torch
 
 import specdec
 from specdec.core import SamplingConfig, sample, standardize_logits
-from specdec.tree import TreeVerifyResult
-from specdec.tree_decoding import tree_generate
+from specdec.core.tree import TreeVerifyResult
+from specdec.loop.tree_decoding import tree_generate
 from helpers import RAGGED_PROMPTS, hf_greedy
 from stats_utils import chi2_pvalue
 
@@ -84,7 +84,7 @@ def first_child_without_residual(spec, tokens, draft_probs, target_probs, genera
 
 def test_negative_control_first_matching_child_without_residual_fails(small_pair, monkeypatch):
     target, draft = small_pair
-    monkeypatch.setattr("specdec.tree_decoding.verify_tree", first_child_without_residual)
+    monkeypatch.setattr("specdec.loop.tree_decoding.verify_tree", first_child_without_residual)
     res = tree_generate(target, [PROMPT] * ROWS, draft, [3], max_new_tokens=2, temperature=1.0, eos_token_id=[],
                         seed=3, tree_mode="iid")
     pairs = np.array([s[0] * 16 + s[1] for s in res.sequences])

@@ -4,7 +4,7 @@ One step for every active row:
   1. the drafter proposes a tree (k_d children per node at depth d) and the q at every internal node;
   2. the target scores the root (the last committed token) and all nodes in ONE pass with a tree attention
      mask (`TreeCausalLM.forward_tree`) → p at every node;
-  3. `specdec.tree.verify_tree` (recursive rejection sampling, exact) or `verify_tree_greedy` (the longest
+  3. `specdec.core.tree.verify_tree` (recursive rejection sampling, exact) or `verify_tree_greedy` (the longest
      path matching the target's argmax) picks the accepted path and one more token;
   4. the path's tokens are committed (cut at EOS / max_new_tokens); the target keeps exactly the path's KV
      slots (`commit_path`: the other nodes become masked holes), the drafter keeps its own part of the path.
@@ -24,7 +24,7 @@ from specdec.models.tree_lm import TreeCausalLM
 from specdec.request import SamplingParams, normalize_prompts, resolve_eos, resolve_generator
 from specdec.step import Clock, GenerateResult, GenerationStream, StepLayout, StepRecord, TokenEvent
 from specdec.step import commit_counts, pack_step, step_counters
-from specdec.tree import MODES, TreeSpec, verify_tree, verify_tree_greedy
+from specdec.core.tree import MODES, TreeSpec, verify_tree, verify_tree_greedy
 
 __all__ = ["tree_generate", "tree_stream", "run_tree"]
 
@@ -57,7 +57,7 @@ def tree_stream(
     """`GenerationStream` of per-step `TokenEvent`s; arguments as `specdec.generate`, plus:
 
     draft_tree   [k_1, ..., k_D]: children per node at each depth (e.g. [2, 2, 1]: 2 + 4 + 4 nodes)
-    tree_mode    "without_replacement" (children distinct; RSD) or "iid" (SpecInfer); see `specdec.tree`
+    tree_mode    "without_replacement" (children distinct; RSD) or "iid" (SpecInfer); see `specdec.core.tree`
     target       a transformers decoder-only model; drafter: a transformers model or a drafter with
                  `propose_tree` / `commit_tree` (e.g. `TreeModelDrafter`)
     """

@@ -37,7 +37,7 @@ at the node follows p(node). Given it, the accepted child's own children were dr
 that child (independently of the coins so far), so the same argument applies one level down; the emitted
 sequence therefore follows the target's autoregressive law token by token. A rule that tries every child
 against the ORIGINAL p (no residual update) over-accepts tokens the drafter proposes twice or more and
-fails: `tests/test_tree.py` checks both by chi-square. Greedy (`verify_tree_greedy`) descends into a child
+fails: `tests/core/test_tree.py` checks both by chi-square. Greedy (`verify_tree_greedy`) descends into a child
 equal to the target's argmax: the longest matching path, token for token the target's greedy decoding.
 """
 
@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec.core import sample
+from specdec.core.sampling import sample
 
 __all__ = ["TreeSpec", "TreeVerifyResult", "draw_children", "verify_tree", "verify_tree_greedy", "MODES"]
 

@@ -1,0 +1,161 @@
+"""Admission: requests enter and leave the engine's slots (mixed into `Engine`).
+
+`_admit` moves waiting requests into free slots and prefills them together (target, then the drafter if it
+keeps a cache); `_handle_aborts` drops cancelled ones; `_release` frees a slot by moving the last running request
+into it (running requests stay in slots 0..n-1); `_catch_up_drafter` feeds a cached drafter the text that plain
+(γ = 0) steps committed without it. The engine's state these read and write is set up in `Engine.__init__`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec.engine.drafters import Flavor
+from specdec.engine.slots import prefill_rows
+from specdec.metrics import SpecStats
+from specdec.request import SamplingParams
+from specdec.step import RequestOutput
+
+__all__ = ["EngineRequest", "Admission"]
+
+
+@dataclass
+class EngineRequest:
+    """A request as the engine tracks it, from `add_request` until it finishes."""
+
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    seed: int
+    arrival: float
+    length: int = 0  # committed tokens (prompt + generated), as the host knows them
+    draft_valid: int = 0  # positions below this are in the drafter's cache
+    stats: SpecStats = field(default_factory=SpecStats)
+    flavor: Flavor | None = None  # what this request asks of a step (`Flavor.of(params)`)
+    admitted_at: tuple = (0, 0, 0)  # the engine's (steps, speculative steps, drafter passes) when it joined
+
+
+class Admission:
+    """`Engine`'s admission and slot bookkeeping (see the module doc)."""
+
+    def _handle_aborts(self) -> list[RequestOutput]:
+        if not self._aborted:  # read without the lock: an abort that races this is seen at the next step
+            return []
+        with self._lock:
+            aborted, self._aborted = self._aborted, set()
+            if aborted:
+                self._waiting = deque(r for r in self._waiting if r.request_id not in aborted)
+        outputs = [RequestOutput(rid, [], None, 0, 0, True, "abort") for rid in sorted(aborted)]
+        for slot in sorted((i for i, r in enumerate(self._running) if r.request_id in aborted), reverse=True):
+            self._release(slot)
+        with self._lock:
+            self._known -= aborted
+        return outputs
+
+    def _admit(self, outputs: list[RequestOutput]) -> None:
+        """Move waiting requests into free slots; those admitted together prefill together."""
+        first = len(self._running)
+        admitted: list[EngineRequest] = []
+        while len(self._running) < self.max_batch:
+            with self._lock:
+                if not self._waiting:
+                    break
+                request = self._waiting.popleft()
+            if request.params.max_new_tokens == 0:
+                request.stats.set_wall_time(time.perf_counter() - request.arrival)
+                outputs.append(RequestOutput(request.request_id, [], None, 0, 0, True, "length", request.stats))
+                with self._lock:
+                    self._known.discard(request.request_id)
+                continue
+            self._running.append(request)
+            self._joined(request)
+            admitted.append(request)
+        if not admitted:
+            return
+        self.state.admit_rows(first, [r.prompt for r in admitted], [r.params for r in admitted],
+                              [r.seed for r in admitted])
+        start = time.perf_counter()
+        rows = slice(first, len(self._running))
+        lengths = [len(r.prompt) for r in admitted]
+        # extent=0: the admitted slots hold nothing that must survive, so each chunk attends over a positions
+        # bucket just past what it feeds, not the whole cache. With EngineConfig.prefill_graphs, a request admitted
+        # alone into slot 0 (the batch-1 case, where eager prefill is launch-bound: ~7 ms vs ~2 ms replayed on an
+        # H200) replays its chunk shapes as CUDA graphs once seen; other admissions vary in their rows, which would
+        # multiply the shapes (and the mid-traffic captures), and are GPU-bound enough at 8+ rows to run eagerly.
+        graphs = self.prefill_graphs if first == 0 and len(admitted) == 1 else None
+        valid = self._prefill(rows, lengths, graphs)
+        for request, v in zip(admitted, valid):
+            request.draft_valid = v
+        if self.device.type == "cuda":  # prefill runs ahead of the host: finish it here, or its device time
+            torch.cuda.synchronize(self.device)  # lands in the next step's (the policy's) and prefill_time_s
+        seconds = time.perf_counter() - start
+        for request, n in zip(admitted, lengths):
+            request.stats.add_prefill(seconds, 1 if n > 1 else 0)
+
+    def _prefill(self, rows: slice, lengths: list[int], graphs) -> list[int]:
+        """Prefill freshly admitted `rows` with prompts of `lengths`: the target all but each prompt's last token,
+        the drafter (if it keeps a cache) all but its last two → the drafter's valid positions per row."""
+        chunk, zeros = self.config.prefill_chunk, [0] * len(lengths)
+        prefill_rows(self.model, self.cache, self.state, rows, zeros, [n - 1 for n in lengths], chunk,
+                     features=self.state.features, extent=0, graphs=graphs)
+        valid = [max(n - 2, 0) for n in lengths]
+        if self.drafter is not None and hasattr(self.drafter, "prefill"):
+            self.drafter.prefill(self.state, rows, zeros, valid, chunk, extent=0, graphs=graphs)
+        return valid
+
+    def _joined(self, request: EngineRequest) -> None:
+        """A request took a slot (its steps, passes and counters start counting from here)."""
+        request.admitted_at = (self._num_steps, self._spec_steps, self._passes)
+        self._flavor = None
+
+    def _catch_up_drafter(self, gamma: int) -> bool:
+        """Rows that ran plain steps fell behind in the drafter's cache; feed what it has not seen.
+
+        After a speculative step every row's drafter cache holds all but its last 2 committed tokens (the window
+        re-fed committed text and the accepted drafts were fed); `_drafter_synced` says so for all rows at once,
+        and the rows' `draft_valid` is written only when a plain step follows. → whether it fed anything."""
+        if self.drafter is None or not hasattr(self.drafter, "prefill"):
+            return False
+        if gamma == 0:
+            if self._drafter_synced:
+                for r in self._running:
+                    r.draft_valid = max(r.draft_valid, r.length - 2)
+                self._drafter_synced = False
+            return False
+        if self._drafter_synced:  # nothing lags: WINDOW >= 2
+            return False
+        self._drafter_synced = True  # after this step
+        from specdec.engine.drafters import WINDOW
+
+        behind = [max(r.length - WINDOW, 0) for r in self._running]
+        lagging = [i for i, r in enumerate(self._running) if behind[i] > r.draft_valid]
+        if not lagging:
+            return False
+        rows = range(lagging[0], lagging[-1] + 1)  # one batched prefill; rows not lagging feed nothing
+        starts = [self._running[i].draft_valid if i in lagging else 0 for i in rows]
+        ends = [behind[i] if i in lagging else 0 for i in rows]
+        extent = max(self._running[i].length for i in rows) + self.max_draft_tokens + 2  # what a row may hold
+        self.drafter.prefill(self.state, slice(rows.start, rows.stop), starts, ends, self.config.prefill_chunk,
+                             extent=extent)
+        for i in lagging:
+            self._running[i].draft_valid = behind[i]
+        return True
+
+    def _release(self, slot: int) -> None:
+        """Free `slot`: the last running request moves into it, so running requests stay in 0..n-1."""
+        last = len(self._running) - 1
+        if slot != last:
+            moved = self._running[last]
+            positions = min(self.num_positions, 1 << max(moved.length + 1, 1).bit_length())
+            self.cache.move(last, slot, positions)
+            self.state.move(last, slot)
+            if self.drafter is not None and hasattr(self.drafter, "move"):
+                self.drafter.move(last, slot, positions)
+            self._running[slot] = moved
+        self._running.pop()
+        self._flavor = None
+        self.state.clear(last)

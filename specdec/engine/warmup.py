@@ -1,0 +1,76 @@
+"""Warm-up: capture the engine's graphs ahead of traffic (mixed into `Engine`).
+
+`warmup` captures the decode step graphs for chosen batch sizes, γ values, length buckets and temperatures;
+`_warm_prefill` the prefill graphs of a request admitted alone into slot 0 (`EngineConfig.prefill_graphs`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.engine.config import BATCH_BUCKETS, MIN_POSITIONS
+from specdec.engine.drafters import Flavor
+from specdec.engine.slots import chunk_shapes
+from specdec.request import SamplingParams, as_int
+
+__all__ = ["Warmup"]
+
+
+class Warmup:
+    """`Engine`'s graph warm-up (see the module doc)."""
+
+    def warmup(self, batch_sizes=(1,), gammas=None, max_length: int | None = None,
+               temperatures=(0.0,)) -> int:
+        """Capture the decode graphs ahead of traffic (as servers do at start-up) for these batch sizes,
+        γ values (default: every γ the policy may pick), every length bucket up to `max_length` (default:
+        max_seq_len) and these temperatures (no top-k/top-p), and the prefill graphs of a request admitted
+        alone (`EngineConfig.prefill_graphs`) for prompts up to `max_length`; returns how many step shapes
+        were built."""
+        gammas = gammas if gammas is not None else sorted({0, *self.policy.candidates})
+        for size in batch_sizes:
+            as_int(size, "batch_sizes", minimum=1, maximum=self.max_batch)
+        for gamma in gammas:
+            as_int(gamma, "gammas", minimum=0, maximum=self.max_draft_tokens)
+        if max_length is not None:
+            as_int(max_length, "max_length", minimum=1, maximum=self.max_seq_len)
+        for temperature in temperatures:
+            SamplingParams(temperature=temperature)  # a number >= 0, named in the error
+        limit = min(self.num_positions, max_length + self.max_draft_tokens + 2 if max_length else self.num_positions)
+        flavors = {Flavor(t == 0) for t in temperatures}
+        built = 0
+        with torch.inference_mode():
+            for batch in sorted({next(b for b in BATCH_BUCKETS if b >= s) for s in batch_sizes}):
+                positions = MIN_POSITIONS
+                while True:
+                    for gamma in gammas:
+                        for flavor in flavors:
+                            self._step_for(batch, gamma, min(positions, self.num_positions), flavor).capture()
+                            built += 1
+                    if positions >= limit:
+                        break
+                    positions *= 2
+            self._warm_prefill(max_length or self.max_seq_len)
+        return built
+
+    def _warm_prefill(self, max_length: int) -> int:
+        """Capture the prefill graphs of a request admitted alone into slot 0, for every prompt length up to
+        `max_length` (one length per distinct set of chunk shapes; slot 0 must be free) → lengths run."""
+        graphs = self.prefill_graphs
+        if graphs is None or self._running:
+            return 0
+        capacity, runs = self.state.capacity, 0
+        drafter_positions = getattr(getattr(self.drafter, "cache", None), "num_positions", None)
+        seen: set = set()
+        for n in range(2, max_length + 1):
+            shapes = {("target", *x) for x in chunk_shapes([0], [n - 1], self.config.prefill_chunk, 0, capacity,
+                                                           self.cache.num_positions)}
+            if drafter_positions is not None and hasattr(self.drafter, "prefill"):
+                shapes |= {("drafter", *x) for x in chunk_shapes([0], [max(n - 2, 0)], self.config.prefill_chunk, 0,
+                                                                 capacity, drafter_positions)}
+            if shapes <= seen:
+                continue
+            seen |= shapes
+            for _ in range(graphs.after + 1):  # seen `after` times, then captured
+                self._prefill(slice(0, 1), [n], graphs)
+            runs += 1
+        return runs
