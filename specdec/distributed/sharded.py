@@ -5,7 +5,10 @@ Per layer, with N ranks and rank r:
                 [r·nkv/N, (r+1)·nkv/N), fused as q_r | k_r | v_r (so each rank's GQA groups stay whole)
   w_gate_up     column-parallel: intermediate columns [r·I/N, (r+1)·I/N) of gate and of up
   wo, w_down    row-parallel: the matching input columns; the partial products are summed with one
-                all_reduce each (`_row_parallel`), then added to the replicated residual stream
+                all-reduce each (`_row_parallel`); rank 0 adds the replicated residual stream into its partial
+                first (x + inp_0 @ W_0ᵀ in one GEMM), so the all-reduce returns the new residual: no add kernel.
+                How the sum is made (`all_reduce`): "group" = the process group's all_reduce (NCCL / gloo),
+                "one_shot" = torch symmetric memory over NVLink P2P for small messages (`allreduce.py`)
   lm_head       vocab-parallel when untied and V divides by N: rank r holds rows [r·V/N, (r+1)·V/N) and the
                 logits are all-gathered (halves the head's reads per step on 2 ranks); else replicated
   embed, norms, bo, q/k norms   replicated (the embedding is only gathered, never read whole)
@@ -31,6 +34,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from specdec.distributed.allreduce import DEFAULT_ONE_SHOT_BYTES, check_all_reduce, make_all_reduce
+from specdec.fast.kernels.linear import linear
 from specdec.fast.model import Arch, FastLlama, LlamaShape
 
 __all__ = ["ShardedFastLlama", "shard_shape", "load_sharded", "shard_model"]
@@ -55,7 +60,9 @@ class ShardedFastLlama(FastLlama):
     """This rank's shard of a FastLlama (see the module doc); forward returns the full logits on every rank."""
 
     def __init__(self, full_shape: LlamaShape, group=None, *, inv_freq: torch.Tensor | None = None,
-                 rope_scaling: float = 1.0, device="cpu", dtype: torch.dtype = torch.float32):
+                 rope_scaling: float = 1.0, device="cpu", dtype: torch.dtype = torch.float32,
+                 all_reduce: str = "group", all_reduce_max_bytes: int = DEFAULT_ONE_SHOT_BYTES):
+        check_all_reduce(all_reduce)
         if not dist.is_initialized():
             raise ValueError("ShardedFastLlama needs an initialized torch.distributed process group")
         world, rank = dist.get_world_size(group), dist.get_rank(group)
@@ -70,12 +77,28 @@ class ShardedFastLlama(FastLlama):
         if self.vocab_parallel:  # (FastLlama allocated the full head first: freed here, reused by the allocator)
             self.lm_head = torch.nn.Parameter(torch.empty(s.vocab_size // world, s.dim, device=device, dtype=dtype),
                                               requires_grad=False)
+        self.reduce = None
+        self.set_all_reduce(all_reduce, all_reduce_max_bytes)
+
+    def set_all_reduce(self, kind: str, max_bytes: int = DEFAULT_ONE_SHOT_BYTES) -> None:
+        """Use the all-reduce `kind` ("group" / "one_shot", see `specdec.distributed.allreduce`) from now on.
+        Collective: every rank calls it together. Engines built before keep the graphs they captured."""
+        self.reduce = make_all_reduce(kind, self.group, device=self.embed.device, dtype=self.embed.dtype,
+                                      max_bytes=max_bytes)
+
+    @property
+    def all_reduce(self) -> str:
+        return self.reduce.kind
 
     def _row_parallel(self, x: torch.Tensor, inp: torch.Tensor, weight: torch.Tensor,
                       kernel: str = "reference") -> torch.Tensor:
-        partial = inp @ weight.t()  # [N, dim]: this rank's heads / intermediate columns
-        dist.all_reduce(partial, group=self.group)
-        return x.add_(partial)
+        """x + Σ_r inp_r @ W_rᵀ `[N, dim]` (a new tensor): rank 0's GEMM adds the residual, then one all-reduce."""
+        residual = x if self.rank == 0 else None
+        if kernel == "reference":
+            partial = inp @ weight.t() if residual is None else torch.addmm(residual, inp, weight.t())
+        else:
+            partial = linear(inp, weight, residual=residual, kernel=kernel)
+        return self.reduce(partial)
 
     def _logits(self, x: torch.Tensor, kernel: str = "reference") -> torch.Tensor:
         if not self.vocab_parallel:
@@ -154,17 +177,20 @@ def _safetensors_files(folder: Path) -> dict[str, Path]:
         return {name: folder / "model.safetensors" for name in fh.keys()}
 
 
-def load_sharded(path: str | Path, group=None, *, device="cpu", dtype: torch.dtype | None = None) -> ShardedFastLlama:
+def load_sharded(path: str | Path, group=None, *, device="cpu", dtype: torch.dtype | None = None,
+                 all_reduce: str = "group") -> ShardedFastLlama:
     """This rank's shard of a local transformers checkpoint (Llama / Mistral / Qwen2 / Qwen3, safetensors).
 
     Reads only this rank's slices of the sharded matrices (plus the replicated tensors). `dtype` None = the
-    checkpoint's own dtype. The folder is checked first (`specdec.loading.inspect_checkpoint`).
+    checkpoint's own dtype. The folder is checked first (`specdec.loading.inspect_checkpoint`). `all_reduce`:
+    "group" or "one_shot" (see `specdec.distributed.allreduce`).
     """
     from safetensors import safe_open
     from transformers import AutoConfig, GenerationConfig
 
     from specdec.loading import inspect_checkpoint
 
+    check_all_reduce(all_reduce)
     folder = Path(path)
     inspect_checkpoint(folder, what="target")
     config = AutoConfig.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
@@ -188,7 +214,8 @@ def load_sharded(path: str | Path, group=None, *, device="cpu", dtype: torch.dty
     if dtype is None:
         dtype = read("model.embed_tokens.weight", 0, 0, 1).dtype
     inv_freq, scaling = _rope(config)
-    fast = ShardedFastLlama(shape, group, inv_freq=inv_freq, rope_scaling=scaling, device=device, dtype=dtype)
+    fast = ShardedFastLlama(shape, group, inv_freq=inv_freq, rope_scaling=scaling, device=device, dtype=dtype,
+                            all_reduce=all_reduce)
     _fill(fast, read)
     fast.config = config
     try:
@@ -198,7 +225,8 @@ def load_sharded(path: str | Path, group=None, *, device="cpu", dtype: torch.dty
     return fast.eval()
 
 
-def shard_model(model, group=None, *, device=None, dtype: torch.dtype | None = None) -> ShardedFastLlama:
+def shard_model(model, group=None, *, device=None, dtype: torch.dtype | None = None,
+                all_reduce: str = "group") -> ShardedFastLlama:
     """This rank's shard of a transformers Llama-family model already in memory (sliced, then copied)."""
     shape = LlamaShape.from_hf(model.config)
     params = dict(model.named_parameters())
@@ -208,7 +236,8 @@ def shard_model(model, group=None, *, device=None, dtype: torch.dtype | None = N
         raise ValueError("FastLlama does not support dynamic RoPE scaling (its frequencies depend on the length)")
     fast = ShardedFastLlama(shape, group, inv_freq=getattr(rotary, "inv_freq", None),
                             rope_scaling=float(getattr(rotary, "attention_scaling", 1.0)),
-                            device=device if device is not None else ref.device, dtype=dtype or ref.dtype)
+                            device=device if device is not None else ref.device, dtype=dtype or ref.dtype,
+                            all_reduce=all_reduce)
 
     def read(name, dim, start, length):
         tensor = params[name].detach()

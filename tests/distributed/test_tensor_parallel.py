@@ -1,7 +1,9 @@
-"""Tensor parallelism on CPU: 2 gloo ranks under torchrun give the single-process tokens exactly (fp32).
+"""Tensor parallelism on CPU: 2 and 4 gloo ranks under torchrun give the single-process tokens exactly (fp32).
 
-Two launches (~10 s each on 2 cores): the library on a tiny Llama and a tied Qwen2 with q/k/v biases (greedy and
-seeded sampling, with a model drafter replicated on both ranks), and the CLI `torchrun -m specdec generate`.
+Launches of ~10-30 s each on 2 cores: the library on a tiny Llama and a tied Qwen2 with q/k/v biases (greedy and
+seeded sampling, with a model drafter replicated on every rank) at TP 2, a Llama with 4 kv heads at TP 4, and the
+CLI `torchrun -m specdec generate`. GPU-marked variants run the same on 2 and 4 GPUs, with NCCL and with the
+symmetric-memory one-shot all-reduce.
 """
 
 from __future__ import annotations
@@ -45,10 +47,17 @@ def checkpoints(tmp_path_factory):
                 p.normal_(0.0, 0.1)  # the q/k/v biases are sharded with their heads: make them matter
         qwen.lm_head.weight.mul_(10.0)
     qwen.save_pretrained(base / "qwen", max_shard_size="50KB")  # several files + model.safetensors.index.json
-    return {name: str(base / name) for name in ("llama", "draft", "qwen")}
+    torch.manual_seed(3)  # 4 kv heads: shards over 4 ranks (one kv head each)
+    wide = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=256))
+    with torch.no_grad():
+        wide.lm_head.weight.mul_(10.0)
+    wide.save_pretrained(base / "llama4")
+    return {name: str(base / name) for name in ("llama", "draft", "qwen", "llama4")}
 
 
-def _torchrun(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+def _torchrun(*args: str, env_extra: dict | None = None, nproc: int = 2) -> subprocess.CompletedProcess:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -56,39 +65,52 @@ def _torchrun(*args: str, env_extra: dict | None = None) -> subprocess.Completed
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
     env.update(env_extra or {})
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--nnodes", "1",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--nnodes", "1",
            "--master-addr", "127.0.0.1", "--master-port", str(port), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
 
-def _two_ranks_match_one_process(checkpoints, tmp_path, device: str) -> None:
+def _ranks_match_one_process(checkpoints, tmp_path, device: str, *, world: int = 2, all_reduce: str = "group",
+                             targets=("llama", "qwen")) -> dict:
+    """`world` ranks (sharded target, replicated drafter) give one process's fp32 tokens; returns the results."""
     sys.path.insert(0, str(WORKER.parent))
     try:
         from tp_worker import run
     finally:
         sys.path.remove(str(WORKER.parent))
     out = tmp_path / "out.json"
-    targets = [checkpoints["llama"], checkpoints["qwen"]]
-    _torchrun(str(WORKER), str(out), *targets, checkpoints["draft"], env_extra={"TP_DEVICE": device})
+    targets = [checkpoints[name] for name in targets]
+    _torchrun(str(WORKER), str(out), *targets, checkpoints["draft"], nproc=world,
+              env_extra={"TP_DEVICE": device, "TP_ALL_REDUCE": all_reduce})
     got = json.loads(out.read_text())
     assert got["ranks_agree"]
     assert got["clean_shutdown"]  # engines released, then the group destroyed within its deadline
     drafter = transformers.AutoModelForCausalLM.from_pretrained(checkpoints["draft"]).eval().to(device)
     for folder in targets:
         ref = run(FastLlama.from_hf(folder, device=device, dtype=torch.float32), drafter)
-        assert got["results"][folder]["kv_heads"] == 1  # each rank holds 1 of the 2 kv heads (and caches only it)
+        assert got["results"][folder]["kv_heads"] == 1  # each rank holds 1 kv head (and caches only it)
         assert got["results"][folder]["shard_model_same"]
         assert got["results"][folder]["greedy"] == ref["greedy"], folder
         assert got["results"][folder]["sampled"] == ref["sampled"], folder
         assert len({tuple(s) for s in ref["greedy"] + ref["sampled"]}) > 3  # not one degenerate sequence
+    return got
+
+
+def _two_ranks_match_one_process(checkpoints, tmp_path, device: str, all_reduce: str = "group") -> None:
+    got = _ranks_match_one_process(checkpoints, tmp_path, device, all_reduce=all_reduce)
     # untied Llama: a vocab-parallel head (32 of the 64 rows, logits gathered); tied Qwen2: the replicated embedding
-    assert [got["results"][folder]["head_rows"] for folder in targets] == [32, False]
+    assert [got["results"][checkpoints[name]]["head_rows"] for name in ("llama", "qwen")] == [32, False]
 
 
 def test_two_ranks_match_one_process(checkpoints, tmp_path):
     _two_ranks_match_one_process(checkpoints, tmp_path, "cpu")
+
+
+def test_four_ranks_match_one_process(checkpoints, tmp_path):
+    got = _ranks_match_one_process(checkpoints, tmp_path, "cpu", world=4, targets=("llama4",))
+    assert got["results"][checkpoints["llama4"]]["head_rows"] == 16  # 64 vocabulary rows over 4 ranks
 
 
 two_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
@@ -101,6 +123,25 @@ def test_two_gpus_nccl_match_one_process_and_exit_cleanly(checkpoints, tmp_path)
     """NCCL with the engine's CUDA graphs (all-reduces captured): fp32 tokens equal one process's on one GPU,
     every rank agrees, and the group shuts down within its deadline (the wave-2 path hung here at exit)."""
     _two_ranks_match_one_process(checkpoints, tmp_path, "cuda")
+
+
+@pytest.mark.gpu
+@two_gpus
+def test_two_gpus_one_shot_all_reduce_match_one_process(checkpoints, tmp_path):
+    """The symmetric-memory one-shot all-reduce (fp32, captured in the engine's graphs) gives the same tokens."""
+    _two_ranks_match_one_process(checkpoints, tmp_path, "cuda", all_reduce="one_shot")
+
+
+four_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 4,
+                               reason="needs 4 CUDA devices")
+
+
+@pytest.mark.gpu
+@four_gpus
+@pytest.mark.parametrize("all_reduce", ["group", "one_shot"])
+def test_four_gpus_match_one_process(checkpoints, tmp_path, all_reduce):
+    got = _ranks_match_one_process(checkpoints, tmp_path, "cuda", world=4, all_reduce=all_reduce, targets=("llama4",))
+    assert got["results"][checkpoints["llama4"]]["head_rows"] == 16
 
 
 @pytest.mark.gpu
@@ -298,3 +339,31 @@ def test_serve_tensor_parallel_answers_and_exits(checkpoints):
 def test_two_gpus_serve_tensor_parallel_answers_and_exits(checkpoints):
     pytest.importorskip("fastapi")
     _serve_tensor_parallel(checkpoints, "cuda")
+
+
+# ---------------------------------------------------------------- scripts/tp_probe.py (what the GPU runs measure)
+def test_probe_rows_on_two_cpu_ranks(tmp_path):
+    out = tmp_path / "probe.jsonl"
+    proc = _torchrun(str(ROOT / "scripts" / "tp_probe.py"), "--shape", "tiny", "--device", "cpu", "--batch", "1", "3",
+                     "--new", "12", "--prompt-len", "6", "--spec-alpha", "0.8", "--draft-shape", "tiny-draft",
+                     "--comm-bench", "--out", str(out))
+    rows = [json.loads(line) for line in Path(out).read_text().splitlines()]
+    assert proc.stdout.count('"row": "teardown"') == 1  # rank 0 alone prints
+    by = {}
+    for row in rows:
+        assert "error" not in row, row
+        assert row["tp"] == 2
+        by.setdefault(row["row"], []).append(row)
+    assert [r["batch"] for r in by["plain"]] == [1, 3]
+    for row in by["plain"] + by["spec"]:
+        assert row["ranks_agree"] is True and row["tok_per_s"] > 0
+    assert by["plain"][0]["steps_per_s"] == by["plain"][0]["tok_per_s"]
+    assert by["plain"][0]["mbu"] is None  # no bandwidth figure for a CPU
+    spec = by["spec"][0]
+    assert spec["batch"] == 1 and spec["gamma"] == 4 and spec["alpha"] == 0.8
+    assert 0.5 < spec["alpha_measured"] < 1.0  # synthetic acceptance, drawn per position
+    assert spec["c"] > 0 and spec["thm38_speedup"] > 1.0
+    assert spec["thm38_tok_per_s"] == round(spec["plain_tok_per_s"] * spec["thm38_speedup"], 1) or \
+        abs(spec["thm38_tok_per_s"] - spec["plain_tok_per_s"] * spec["thm38_speedup"]) < 0.2
+    assert {(r["rows"], r["all_reduce"]) for r in by["comm"]} == {(1, "group"), (5, "group"), (64, "group")}
+    assert by["teardown"] == [by["teardown"][0]] and by["teardown"][0]["clean"] is True
