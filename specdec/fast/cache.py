@@ -6,7 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["KVCache", "round_up"]
+from specdec.fast.kernels.attention import TreeMask
+
+__all__ = ["KVCache", "TreeNodes", "round_up"]
 
 
 @dataclass
@@ -40,3 +42,27 @@ class KVCache:
 
 def round_up(n: int, multiple: int) -> int:
     return (n + multiple - 1) // multiple * multiple
+
+
+@dataclass(frozen=True)
+class TreeNodes:
+    """k nodes of a token tree fed by one forward (`FastLlama.forward(tree=...)`). Node t of the tree lives in slot
+    root + t of each row, root = cache.lengths − first, so the call writes nodes first..first + k − 1 at the row's
+    usual slots lengths..lengths + k − 1; node t sits at position root + depth(t) and attends to the text below
+    root and to its own path (`kernels.attention.TreeMask`).
+
+    depths     [k] long: the fed nodes' depths (0 = the root)
+    ancestors  [k] int64: bit t set when node t is the fed node or one of its ancestors
+    """
+
+    first: int
+    depths: torch.Tensor
+    ancestors: torch.Tensor
+
+    def place(self, lengths: torch.Tensor, junk: int) -> tuple[torch.Tensor, torch.Tensor, TreeMask]:
+        """→ positions `[B, k]` (RoPE), slots `[B, k]` (where K/V go; the attention bound), the `TreeMask`."""
+        k = self.depths.shape[0]
+        root = lengths - self.first
+        slots = (lengths[:, None] + torch.arange(k, device=lengths.device)[None, :]).clamp(max=junk)
+        positions = root[:, None] + self.depths[None, :]
+        return positions, slots, TreeMask(root, self.ancestors[None, :].expand(lengths.shape[0], k))

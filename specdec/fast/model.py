@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specdec.fast.cache import KVCache, round_up
+from specdec.fast.cache import KVCache, TreeNodes, round_up
 from specdec.fast.families import FAMILIES, Arch, LlamaShape, mlp_activation, norm, rope_table
 from specdec.fast.weights import hf_ropes, hf_weights
 from specdec.fast.kernels.attention import slot_attention, slot_attention_bias, triton_unsupported
@@ -254,7 +254,7 @@ class FastLlama(torch.nn.Module):
         return mlp_activation(up, self.shape.arch)
 
     def _eager_layers(self, x: torch.Tensor, cache: KVCache, rope_pos: torch.Tensor, slots: torch.Tensor,
-                      tables: list, capture: list | None = None, attention: str = "reference") -> torch.Tensor:
+                      tables: list, capture: list | None = None, attention: str = "reference", tree=None) -> torch.Tensor:
         """The decoder layers in eager PyTorch: `x [B, k, dim]` → `[B, k, dim]`. attention: `slot_attention`'s
         kernel (the Triton one on CUDA for families the fused layer does not cover). capture (optional): appends
         a copy of the residual stream entering each layer of `feature_layers`."""
@@ -266,6 +266,7 @@ class FastLlama(torch.nn.Module):
         factors = [(cos[rope_pos][:, :, None], sin[rope_pos][:, :, None]) for cos, sin in tables]
         write_index = slots[:, None, :, None].expand(batch, s.n_kv_heads, k, s.head_dim)
         masks = {}  # one mask per window, shared by the layers (and built only for the reference)
+        bound = rope_pos if tree is None else slots  # what a query sees up to: its position, a tree node its slot
         x = x.reshape(batch * k, s.dim)  # the residual stream
         for i in range(s.n_layers):
             if capture is not None and i in self.feature_layers:
@@ -285,9 +286,9 @@ class FastLlama(torch.nn.Module):
             cache.values[i].scatter_(2, write_index, v.transpose(1, 2))
             window = a.window(i)
             if window not in masks and attention == "reference":
-                masks[window] = slot_attention_bias(rope_pos, cache.keys[0].shape[2], nq // nkv, self.dtype, window)
-            attn = slot_attention(q, cache.keys[i], cache.values[i], rope_pos, a.attn_scale, window=window,
-                                  softcap=a.attn_softcap, kernel=attention, bias=masks.get(window))
+                masks[window] = slot_attention_bias(bound, cache.keys[0].shape[2], nq // nkv, self.dtype, window, tree)
+            attn = slot_attention(q, cache.keys[i], cache.values[i], bound, a.attn_scale, window=window,
+                                  softcap=a.attn_softcap, kernel=attention, bias=masks.get(window), tree=tree)
             attn = attn.reshape(batch * k, nq * hd)
             bo = self.bo[i] if s.o_bias else None
             if a.sandwich_norms:  # Gemma 2/3: x + norm(attn), then x + norm(mlp(norm(x)))
@@ -307,13 +308,13 @@ class FastLlama(torch.nn.Module):
         return x.view(batch, k, s.dim)
 
     def _fused_layers(self, x: torch.Tensor, cache: KVCache, rope_pos: torch.Tensor, slots: torch.Tensor,
-                      tables: list, capture: list | None = None) -> torch.Tensor:
+                      tables: list, capture: list | None = None, tree=None) -> torch.Tensor:
         """The decoder layers on the fused kernels (the module doc lists them); `Arch.fusable` families only."""
         s, a = self.shape, self.shape.arch
         batch, k = x.shape[:2]
         nq, hd, eps = s.n_heads, s.head_dim, s.rms_norm_eps
         mode = "triton"  # forward checked that the fused kernels run here; attention picks by the model's mode
-        attn_kernel = None
+        attn_kernel, bound = None, rope_pos if tree is None else slots
         x = x.reshape(batch * k, s.dim)  # the residual stream, updated in place by the row-parallel GEMMs
         for i in range(s.n_layers):
             if capture is not None and i in self.feature_layers:
@@ -327,10 +328,10 @@ class FastLlama(torch.nn.Module):
                                  k_norm=self.k_norm[i] if s.qk_norm else None, eps=eps, kernel=mode)
             if attn_kernel is None:  # "triton" insists only where the attention kernel covers the shape
                 attn_kernel = self.kernels
-                if attn_kernel == "triton" and triton_unsupported(q, cache.keys[i], cache.values[i], rope_pos):
+                if attn_kernel == "triton" and triton_unsupported(q, cache.keys[i], cache.values[i], bound):
                     attn_kernel = "reference"
-            attn = slot_attention(q, cache.keys[i], cache.values[i], rope_pos, a.attn_scale, window=a.window(i),
-                                  kernel=attn_kernel)
+            attn = slot_attention(q, cache.keys[i], cache.values[i], bound, a.attn_scale, window=a.window(i),
+                                  kernel=attn_kernel, tree=tree)
             x = self._row_parallel(x, attn.reshape(batch * k, nq * hd), self.wo[i], self._gemm(self.wo[i]))  # residual add in the GEMM
             if s.o_bias:
                 x, h = add_rms_norm(x, self.bo[i], self.mlp_norm[i], eps, kernel=mode)
@@ -342,7 +343,8 @@ class FastLlama(torch.nn.Module):
 
     def forward(self, tokens: torch.Tensor | None, cache: KVCache, valid: torch.Tensor | None = None,
                 *, embeds: torch.Tensor | None = None, last_only: bool = False, advance: bool = True,
-                return_hidden: bool = False, compute_logits: bool = True, kernels: str | None = None):
+                return_hidden: bool = False, compute_logits: bool = True, kernels: str | None = None,
+                tree: TreeNodes | None = None):
         """Append `tokens [B, k]` to each row at its own slots → logits `[B, k, V]` (float32).
 
         valid [B, k] (optional): False marks padding; a row's valid tokens are written contiguously from
@@ -354,6 +356,7 @@ class FastLlama(torch.nn.Module):
         `[B, k, len·dim]`); compute_logits=False skips the LM head (logits None).
         kernels: this call's kernels in place of `self.kernels` (the engine prefills eagerly on "reference":
         outside CUDA graphs each Triton launch costs the host tens of µs, cuBLAS/SDPA calls a few).
+        tree: the tokens are nodes of a token tree (`TreeNodes`: positions root + depth, tree attention; no valid).
         No host synchronization: with fixed shapes this can be captured in a CUDA graph.
         """
         s, a = self.shape, self.shape.arch
@@ -361,7 +364,11 @@ class FastLlama(torch.nn.Module):
         device = cache.lengths.device
         num_slots_total = cache.keys[0].shape[2]
         junk = num_slots_total - 1
-        if valid is None:
+        tree_mask = None
+        if tree is not None:
+            positions, slots, tree_mask = tree.place(cache.lengths, junk)
+            added = k
+        elif valid is None:
             positions = cache.lengths[:, None] + torch.arange(k, device=device)[None, :]
             slots = positions.clamp(max=junk)  # past the end: junk (callers size the cache so this never happens)
             added = k
@@ -385,9 +392,9 @@ class FastLlama(torch.nn.Module):
         fused = self._fused(mode)
         capture = [] if return_hidden and self.feature_layers else None
         if fused:
-            x = self._fused_layers(x, cache, rope_pos, slots, tables, capture)
+            x = self._fused_layers(x, cache, rope_pos, slots, tables, capture, tree_mask)
         else:
-            x = self._eager_layers(x, cache, rope_pos, slots, tables, capture, mode)  # ("triton" ran fused or raised)
+            x = self._eager_layers(x, cache, rope_pos, slots, tables, capture, mode, tree_mask)  # ("triton": fused or raised)
         if last_only:
             x = x[:, -1:]
         if self.normed_output:  # (an EAGLE head's layer hands out its residual stream; the head norms it)

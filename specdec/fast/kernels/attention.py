@@ -5,6 +5,9 @@ slot S−1 is the junk slot (never attended to). Query i of row b sits at `posit
 j <= positions[b, i] (j < S−1); with a sliding `window` W only the last W of them, positions[b, i] − W < j
 (transformers' sliding-window mask). Query heads are grouped over KV heads: head h reads KV head h // (H / H_kv).
 softcap c (Gemma 2): scores become c·tanh(scores / c) before the mask and the softmax.
+A token tree (`TreeMask`): the queries are nodes of a draft tree laid out from slot `base[b]` on (node t in slot
+base + t); a query still sees slots j <= positions[b, i] (its own slot), but of those from base on only its
+ancestors and itself — the committed text below base and its own path, nothing of its siblings' subtrees.
 
 A rollback stays a length move under a window: the cache keeps every position of a row, and the mask (not
 an eviction) hides what falls out of the window, so whatever was rejected is simply overwritten later.
@@ -19,15 +22,36 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["slot_attention", "slot_attention_reference", "slot_attention_bias", "triton_unsupported"]
+__all__ = ["slot_attention", "slot_attention_reference", "slot_attention_bias", "triton_unsupported", "TreeMask",
+           "MAX_TREE_SLOTS"]
+
+MAX_TREE_SLOTS = 64  # a tree's slots: one int64 bit mask per query
+
+
+@dataclass(frozen=True)
+class TreeMask:
+    """Token-tree visibility: base `[B]` long, the row's first tree slot; ancestors `[B, k]` int64, bit t set when
+    tree slot base + t is the query itself or one of its ancestors (t < 64). Rows may share one mask by
+    broadcasting (`expand`). No host synchronization: capturable."""
+
+    base: torch.Tensor
+    ancestors: torch.Tensor
+
+    def allowed(self, num_slots: int) -> torch.Tensor:
+        """`[B, k, S]` bool: what the tree lets query i of row b see (the positions bound is applied apart)."""
+        j = torch.arange(num_slots, device=self.base.device)
+        rel = j[None, :] - self.base[:, None]  # [B, S]
+        bit = (self.ancestors[:, :, None] >> rel.clamp(0, MAX_TREE_SLOTS - 1)[:, None, :]) & 1
+        return (rel < 0)[:, None, :] | ((bit != 0) & (rel < MAX_TREE_SLOTS)[:, None, :])
 
 
 def slot_attention_bias(positions: torch.Tensor, num_slots: int, group: int, dtype: torch.dtype,
-                        window: int | None = None) -> torch.Tensor:
+                        window: int | None = None, tree: TreeMask | None = None) -> torch.Tensor:
     """The reference's additive mask: positions `[B, k]` → `[B, 1, group·k, S]` (0 where query row r may read slot
     j: j <= its position, j > its position − window when a window is given, and j is not the junk slot S − 1;
     −inf elsewhere). It depends on the positions, the span and the window only, so a forward builds it once for
@@ -37,13 +61,16 @@ def slot_attention_bias(positions: torch.Tensor, num_slots: int, group: int, dty
     allowed = (j[None, None, :] <= positions[:, :, None]) & (j < num_slots - 1)  # [B, k, S]
     if window is not None:
         allowed &= j[None, None, :] > positions[:, :, None] - window
+    if tree is not None:
+        allowed &= tree.allowed(num_slots)
     bias = torch.zeros(allowed.shape, device=positions.device, dtype=dtype).masked_fill_(~allowed, float("-inf"))
     return bias[:, None, None].expand(batch, 1, group, k, num_slots).reshape(batch, 1, group * k, num_slots)
 
 
 def slot_attention_reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
                              scale: float | None = None, *, bias: torch.Tensor | None = None,
-                             window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+                             window: int | None = None, softcap: float | None = None,
+                             tree: TreeMask | None = None) -> torch.Tensor:
     """The eager definition: q `[B, k, H, D]`, keys/values `[B, H_kv, S, D]`, positions `[B, k]` → `[B, k, H, D]`.
 
     One SDPA call over the whole cache with an additive mask (`slot_attention_bias`; pass `bias` when it is
@@ -55,7 +82,7 @@ def slot_attention_reference(q: torch.Tensor, keys: torch.Tensor, values: torch.
     kv_heads, num_slots = keys.shape[1], keys.shape[2]
     group = heads // kv_heads
     if bias is None:
-        bias = slot_attention_bias(positions, num_slots, group, q.dtype, window)
+        bias = slot_attention_bias(positions, num_slots, group, q.dtype, window, tree)
     q = q.reshape(batch, k, kv_heads, group, dim).permute(0, 2, 3, 1, 4).reshape(batch, kv_heads, group * k, dim)
     if softcap is None:
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=scale)
@@ -100,12 +127,13 @@ def triton_unsupported(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
 def slot_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
                    scale: float | None = None, *, window: int | None = None, softcap: float | None = None,
                    kernel: str = "auto", num_splits: int | None = None,
-                   bias: torch.Tensor | None = None) -> torch.Tensor:
+                   bias: torch.Tensor | None = None, tree: TreeMask | None = None) -> torch.Tensor:
     """`slot_attention_reference`'s function. kernel: "auto" (the fused kernel where one runs), "triton", "reference".
 
     "auto" takes the Triton split-K kernel for CUDA tensors of a supported shape with k <= 32 when triton
     imports, else the reference; "triton" insists (ValueError where it cannot run). num_splits overrides the
-    kernel's split count (tests); None picks it from shapes. bias: the reference's mask when already built.
+    kernel's split count (tests); None picks it from shapes. bias: the reference's mask when already built
+    (tree included). tree: a token tree's visibility (`TreeMask`; not with a window).
     """
     if kernel not in ("auto", "triton", "reference"):
         raise ValueError(f"kernel must be 'auto', 'triton' or 'reference', got {kernel!r}")
@@ -114,9 +142,16 @@ def slot_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, po
     if softcap is not None and not softcap > 0:
         raise ValueError(f"softcap must be positive or None, got {softcap!r}")
     batch, k, heads, dim = q.shape
+    if tree is not None:
+        if window is not None:
+            raise ValueError("tree: token-tree attention with a sliding window is not supported")
+        if tree.base.shape != (batch,) or tree.ancestors.shape != (batch, k) or tree.ancestors.dtype != torch.long:
+            raise ValueError(f"tree: base must be [B] = [{batch}] and ancestors int64 [B, k] = [{batch}, {k}], got "
+                             f"{tuple(tree.base.shape)} and {tree.ancestors.dtype} {tuple(tree.ancestors.shape)}")
 
     def reference():
-        return slot_attention_reference(q, keys, values, positions, scale, bias=bias, window=window, softcap=softcap)
+        return slot_attention_reference(q, keys, values, positions, scale, bias=bias, window=window, softcap=softcap,
+                                        tree=tree)
 
     if kernel == "reference" or (kernel == "auto" and (not q.is_cuda or k > MAX_TRITON_K)):
         return reference()
@@ -131,4 +166,8 @@ def slot_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, po
         if kernel == "auto":
             return reference()
         raise ValueError(f"kernel='triton': {why}")
-    return module.attention(q, keys, values, positions, scale, num_splits=num_splits, window=window, softcap=softcap)
+    if tree is None:
+        return module.attention(q, keys, values, positions, scale, num_splits=num_splits, window=window,
+                                softcap=softcap)
+    return module.attention(q, keys, values, positions, scale, num_splits=num_splits, softcap=softcap,
+                            tree_base=tree.base.contiguous(), tree_bits=tree.ancestors)

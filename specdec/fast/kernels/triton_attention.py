@@ -7,6 +7,8 @@ fp32 (base-2: scores are prescaled by scale·log2 e). Blocks past the row's larg
 the cost follows the live length, not the cache size, and barely depends on k. With a sliding window W the
 tile starts at its smallest position − W + 1 instead of slot 0: a windowed layer reads about W + k slots
 whatever the row's length. A softcap c (Gemma 2) maps each score s to c·tanh(s / c) before the softmax.
+A token tree (`attention.TreeMask`) also hides, of the slots from the row's tree base on, those whose bit is
+not set in the query's ancestor mask (an int64 per query: bit t = tree slot base + t).
 
 With one split the program writes the output; with several, each writes its unnormalized accumulator and its
 (max, sum) to fp32 scratch and `_combine` merges the splits. The split count comes from shapes only, so one
@@ -46,13 +48,13 @@ def _tanh(x):
     return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
 
 
-@triton.jit(do_not_specialize=["spb", "k_len", "num_slots", "rows_pad", "window"])  # no recompile per k or length
-def _split_attention(Q, K, V, POS, OUT, PART_ACC, PART_M, PART_L,
+@triton.jit(do_not_specialize=["spb", "k_len", "num_slots", "rows_pad", "window", "stb", "stk"])  # no recompile per k or length
+def _split_attention(Q, K, V, POS, OUT, PART_ACC, PART_M, PART_L, TREE_BASE, TREE_BITS,
                      sqb, sqk, sqh, sqd, skb, skh, sks, skd, svb, svh, svs, svd, spb, spk, sob, sok, soh, sod,
-                     k_len, num_slots, rows_pad, scale_log2, window, softcap, scale,
+                     stb, stk, k_len, num_slots, rows_pad, scale_log2, window, softcap, scale,
                      KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr,
-                     WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr):
+                     WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr, TREE: tl.constexpr):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     tile = tl.program_id(2)
@@ -68,6 +70,9 @@ def _split_attention(Q, K, V, POS, OUT, PART_ACC, PART_M, PART_L,
     # padding rows see nothing.
     pos = tl.load(POS + b * spb + qi * spk, mask=row_ok, other=-1).to(tl.int32)
     pos = tl.minimum(pos, num_slots - 2)
+    if TREE:  # the row's tree starts at slot base; each query's ancestors (itself included) as bits from there
+        base = tl.load(TREE_BASE + b).to(tl.int32)
+        bits = tl.load(TREE_BITS + b * stb + qi * stk, mask=row_ok, other=0).to(tl.int64)
     live = tl.max(pos, axis=0) + 1  # this tile reads slots [first, live)
     if WINDOWED:
         first = tl.maximum(tl.min(tl.where(row_ok, pos, num_slots), axis=0) - window + 1, 0)
@@ -95,6 +100,10 @@ def _split_attention(Q, K, V, POS, OUT, PART_ACC, PART_M, PART_L,
         seen = (j[None, :] <= pos[:, None]) & j_ok[None, :]
         if WINDOWED:
             seen = seen & (j[None, :] > pos[:, None] - window)
+        if TREE:
+            rel = tl.minimum(tl.maximum(j - base, 0), 63).to(tl.int64)
+            ancestor = ((bits[:, None] >> rel[None, :]) & 1) != 0
+            seen = seen & ((j[None, :] < base) | ancestor)
         s = tl.where(seen, s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet stay at zero weight
@@ -189,10 +198,12 @@ def plan(batch: int, k: int, heads: int, kv_heads: int, dim: int, num_slots: int
 
 def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
               scale: float | None = None, num_splits: int | None = None, window: int | None = None,
-              softcap: float | None = None) -> torch.Tensor:
+              softcap: float | None = None, tree_base: torch.Tensor | None = None,
+              tree_bits: torch.Tensor | None = None) -> torch.Tensor:
     """`slot_attention_reference` by the split-K kernel; shapes and arguments are checked by the caller.
 
-    q `[B, k, H, D]`, keys/values `[B, H_kv, S, D]` (any strides), positions `[B, k]` → `[B, k, H, D]` in q's dtype.
+    q `[B, k, H, D]`, keys/values `[B, H_kv, S, D]` (any strides), positions `[B, k]` → `[B, k, H, D]` in q's dtype;
+    a token tree: tree_base `[B]` (contiguous) and tree_bits `[B, k]` int64 (any strides; see `attention.TreeMask`).
     """
     batch, k, heads, dim = q.shape
     kv_heads, num_slots = keys.shape[1], keys.shape[2]
@@ -207,12 +218,15 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positio
         part_l = torch.empty_like(part_m)
     else:
         part_acc = part_m = part_l = out  # unused
+    tree = tree_base is not None
     _split_attention[(batch * kv_heads, p.splits, p.row_tiles)](
-        q, keys, values, positions, out, part_acc, part_m, part_l,
+        q, keys, values, positions, out, part_acc, part_m, part_l, tree_base if tree else positions,
+        tree_bits if tree else positions,
         *q.stride(), *keys.stride(), *values.stride(), *positions.stride(), *out.stride(),
+        *(tree_bits.stride() if tree else (0, 0)),
         k, num_slots, rows_pad, scale * math.log2(math.e), window or 0, float(softcap or 1.0), scale,
         KV_HEADS=kv_heads, GROUP=group, HEAD_DIM=dim, BLOCK_M=p.block_m, BLOCK_N=p.block_n, NUM_SPLITS=p.splits,
-        IEEE=q.dtype == torch.float32, WINDOWED=window is not None, SOFTCAP=softcap is not None,
+        IEEE=q.dtype == torch.float32, WINDOWED=window is not None, SOFTCAP=softcap is not None, TREE=tree,
         num_warps=p.num_warps, num_stages=p.num_stages,
     )
     if p.splits > 1:
