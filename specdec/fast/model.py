@@ -314,7 +314,7 @@ class FastLlama(torch.nn.Module):
         batch, k = x.shape[:2]
         nq, hd, eps = s.n_heads, s.head_dim, s.rms_norm_eps
         mode = "triton"  # forward checked that the fused kernels run here; attention picks by the model's mode
-        attn_kernel, bound = None, rope_pos if tree is None else slots
+        attn_kernel, bound = None, rope_pos if tree is None else slots  # (a tree node sees up to its own slot)
         x = x.reshape(batch * k, s.dim)  # the residual stream, updated in place by the row-parallel GEMMs
         for i in range(s.n_layers):
             if capture is not None and i in self.feature_layers:
@@ -356,26 +356,21 @@ class FastLlama(torch.nn.Module):
         `[B, k, len·dim]`); compute_logits=False skips the LM head (logits None).
         kernels: this call's kernels in place of `self.kernels` (the engine prefills eagerly on "reference":
         outside CUDA graphs each Triton launch costs the host tens of µs, cuBLAS/SDPA calls a few).
-        tree: the tokens are nodes of a token tree (`TreeNodes`: positions root + depth, tree attention; no valid).
-        No host synchronization: with fixed shapes this can be captured in a CUDA graph.
+        tree: the tokens are token-tree nodes (`TreeNodes`). No host sync: capturable in a CUDA graph (fixed shapes).
         """
         s, a = self.shape, self.shape.arch
         batch, k = (tokens if embeds is None else embeds).shape[:2]
-        device = cache.lengths.device
-        num_slots_total = cache.keys[0].shape[2]
+        device, num_slots_total = cache.lengths.device, cache.keys[0].shape[2]
         junk = num_slots_total - 1
-        tree_mask = None
+        tree_mask, added = None, k
         if tree is not None:
             positions, slots, tree_mask = tree.place(cache.lengths, junk)
-            added = k
         elif valid is None:
             positions = cache.lengths[:, None] + torch.arange(k, device=device)[None, :]
             slots = positions.clamp(max=junk)  # past the end: junk (callers size the cache so this never happens)
-            added = k
         else:
             valid_long = valid.long()
-            positions = cache.lengths[:, None] + valid_long.cumsum(1) - 1
-            positions = positions.clamp_min(0)
+            positions = (cache.lengths[:, None] + valid_long.cumsum(1) - 1).clamp_min(0)
             slots = torch.where(valid, positions.clamp(max=junk), torch.full_like(positions, junk))
             added = valid_long.sum(1)
         tables = self._tables(num_slots_total)
