@@ -177,7 +177,7 @@ def stream_request(
 
         return run_tree(target, prompts, drafter, draft_tree, params, generator=generator,
                         attention_mask=attention_mask)
-    if not (params.processors and engine == "auto") and _use_engine(engine, target, drafter, num_draft_tokens):
+    if _use_engine(engine, target, drafter, num_draft_tokens):
         from specdec.engine.generate import engine_stream
 
         return engine_stream(target, prompts, drafter, params, num_draft_tokens, generator=generator,

@@ -17,6 +17,7 @@ import torch
 from specdec.engine.drafters import Flavor
 from specdec.engine.slots import prefill_rows
 from specdec.metrics import SpecStats
+from specdec.processing import start_constraints
 from specdec.request import SamplingParams
 from specdec.step import RequestOutput
 
@@ -37,6 +38,7 @@ class EngineRequest:
     stats: SpecStats = field(default_factory=SpecStats)
     flavor: Flavor | None = None  # what this request asks of a step (`Flavor.of(params)`)
     admitted_at: tuple = (0, 0, 0)  # the engine's (steps, speculative steps, drafter passes) when it joined
+    constraint: object | None = None  # its `core.processors.TokenConstraint`, started at admission
 
 
 class Admission:
@@ -71,6 +73,8 @@ class Admission:
                 with self._lock:
                     self._known.discard(request.request_id)
                 continue
+            if request.params.constraint is not None:
+                request.constraint = start_constraints(request.params, 1, self.vocab_size)[0]
             self._running.append(request)
             self._joined(request)
             admitted.append(request)

@@ -18,6 +18,7 @@ import torch
 
 from specdec import rng
 from specdec.core import FILTERS, standardize_rows
+from specdec.core.processors import ProcessorRows, TokenHistory, advance, constraint_masks, process_draft
 from specdec.drafters.ngram import NGramDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
 from specdec.engine.slots import SlotCache, SlotState, prefill_rows
@@ -36,11 +37,14 @@ class Flavor:
     filters: tuple[str, ...] = ()  # the sampling filters (`core.FILTERS` names) some row turns on, in order
     logprobs: bool = False
     lenient: bool = False  # some row verifies with leniency l < 1 (per-row l; exact rows keep the exact rule)
+    processed: bool = False  # some row has logits processors (`core.processors`): p and q are processed
+    constrained: bool = False  # some row has a host `TokenConstraint`: the step runs eagerly (host calls)
 
     @classmethod
     def of(cls, params) -> "Flavor":
         """What one request (its `SamplingParams`) needs of a step."""
-        return cls(params.greedy, params.sampling.filters, params.logprobs, params.leniency != 1.0)
+        return cls(params.greedy, params.sampling.filters, params.logprobs, params.leniency != 1.0,
+                   bool(params.processors), params.constraint is not None)
 
     @classmethod
     def union(cls, flavors) -> "Flavor":
@@ -48,7 +52,8 @@ class Flavor:
         flavors = list(flavors)
         used = {name for f in flavors for name in f.filters}
         return cls(all(f.all_greedy for f in flavors), tuple(f.name for f in FILTERS if f.name in used),
-                   any(f.logprobs for f in flavors), any(f.lenient for f in flavors))
+                   any(f.logprobs for f in flavors), any(f.lenient for f in flavors), any(f.processed for f in flavors),
+                   any(f.constrained for f in flavors))
 
 
 class StepView:
@@ -65,6 +70,32 @@ class StepView:
         self.temperature = state.temperature[rows]
         self.leniency = state.leniency[rows] if flavor.lenient else None  # [b] l per row, read only when some row is lenient
         self.filters = {name: getattr(state, name)[rows] for name in flavor.filters}  # what some row turns on
+        self.processors = self.history = None
+        if flavor.processed:  # views of the slots' processor state (`SlotState.enable_processors`)
+            p, h = state.processors, state.history
+            self.processors = ProcessorRows(p.repetition[rows], p.frequency[rows], p.presence[rows],
+                                            p.min_tokens[rows], p.stop_ids[rows], p.bias[rows])
+            self.history = TokenHistory(h.prompt_seen[rows], h.counts[rows], h.generated[rows])
+        self.constraints: list | None = None  # per row (None = none); the engine sets them before each step
+
+    def process(self, logits: torch.Tensor, draft: torch.Tensor) -> torch.Tensor:
+        """The verify pass's logits `[b, γ+1, V]` processed along the draft `[b, γ]` (unchanged without
+        processors): p̃ at every position (`core.processors.process_draft`)."""
+        if self.processors is None:
+            return logits
+        allowed = None if self.constraints is None else constraint_masks(self.constraints, draft, logits.shape[-1],
+                                                                         logits.device)
+        return process_draft(logits, draft, self.processors, self.history, allowed)
+
+    def _process_one(self, logits: torch.Tensor, drafted: list[torch.Tensor]) -> torch.Tensor:
+        """A drafter's logits `[b, V]` at the position after `drafted` (tokens [b] each) → q̃'s logits."""
+        if self.processors is None or logits.shape[-1] != self.history.counts.shape[1]:
+            return logits
+        prefix = torch.stack(drafted, 1) if drafted else self.lengths.new_zeros(self.lengths.shape[0], 0)
+        allowed = None if self.constraints is None else \
+            constraint_masks(self.constraints, prefix, logits.shape[-1], logits.device)[:, -1:]
+        history = advance(self.history, prefix) if drafted else self.history
+        return process_draft(logits[:, None], prefix[:, :0], self.processors, history, allowed)[:, 0]
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """Each row's standardized law: logits `[b, k, V]` → probabilities `[b, k, V]`."""
@@ -83,7 +114,7 @@ class StepView:
         drafts all γ) — what `propose` returns."""
         tokens, probs, token = [], [], None
         for i in range(gamma):
-            token, q = self.draw(next_logits(i, token), self.lengths + i)
+            token, q = self.draw(self._process_one(next_logits(i, token), tokens), self.lengths + i)
             tokens.append(token)
             if q is not None:
                 probs.append(q)

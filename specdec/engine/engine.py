@@ -39,6 +39,7 @@ from specdec.engine.step_runner import StepRunner
 from specdec.engine.warmup import Warmup
 from specdec.fast.graphs import new_pool
 from specdec.metrics import SpecStats
+from specdec.processing import commit_constraints
 from specdec.request import SamplingParams, normalize_prompts, resolve_seed
 from specdec.step import Clock, RequestOutput, StepCounts, StepRecord
 
@@ -144,9 +145,6 @@ class Engine(Admission, Commit, Warmup):
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
-        if params.processors:
-            raise ValueError(f"{', '.join(params.processors)}: logits processors run on the transformers loop "
-                             "for now (engine='hf')")
         prompt = normalize_prompts([prompt_ids], None, self.vocab_size)[0]
         total = len(prompt) + params.max_new_tokens
         if total > self.max_seq_len:
@@ -156,9 +154,10 @@ class Engine(Admission, Commit, Warmup):
             )
         if len(params.eos_token_ids) > MAX_EOS_IDS:
             raise ValueError(f"at most {MAX_EOS_IDS} eos_token_ids per request, got {len(params.eos_token_ids)}")
-        for tok in params.eos_token_ids:
-            if tok >= self.vocab_size:
-                raise ValueError(f"eos_token_id {tok} is outside the vocabulary [0, {self.vocab_size})")
+        params.check_vocabulary(self.vocab_size)  # EOS ids, logit_bias ids
+        if params.processors:
+            with torch.inference_mode():
+                self.state.enable_processors(self.vocab_size)
         seed = resolve_seed(params.seed)
         with self._lock:
             if request_id is None:
@@ -199,6 +198,8 @@ class Engine(Admission, Commit, Warmup):
         run = self._step_for(batch, gamma, positions, flavor)
         first_run = not run.ran  # its time includes graph capture: not a step time
         run.ran = True
+        if flavor.constrained:  # the host constraints of the rows, in slot order
+            run.view.constraints = [r.constraint for r in running] + [None] * (run.view.lengths.shape[0] - n)
         clock = self._clock
         clock.mark(0)
         run.draft()
@@ -208,6 +209,8 @@ class Engine(Admission, Commit, Warmup):
         passes = self.drafter.forward_passes(gamma) if gamma and self.drafter is not None else 0
         record = StepRecord.unpack(packed, run.layout, drafter_calls=passes,  # the step's one synchronization
                                    draft_time_s=clock.elapsed(0, 1), verify_time_s=clock.elapsed(1, 2))
+        if flavor.constrained:
+            commit_constraints([r.constraint for r in running], record.tokens)
         committed = self._commit(record)
         produced = record.num_produced
         seconds = time.perf_counter() - started

@@ -18,6 +18,7 @@ import functools
 import torch
 
 from specdec.core import FILTERS
+from specdec.core.processors import ProcessorRows, TokenHistory
 from specdec.fast.graphs import CapturedStep, new_pool
 from specdec.fast.model import FastLlama, KVCache
 from specdec.request import SamplingParams
@@ -85,6 +86,49 @@ class SlotState:
         self.features: torch.Tensor | None = None  # [max_batch, capacity, dim], see `enable_features`
         self._fields = ("tokens", "lengths", "generated", "max_new", "active", "temperature", "leniency",
                         *(f.name for f in FILTERS), "seed", "eos", "counters")
+        self.processors: ProcessorRows | None = None  # per-slot processor parameters, see `enable_processors`
+        self.history: TokenHistory | None = None
+
+    def enable_processors(self, vocab: int) -> None:
+        """Keep per-slot logits-processor state (`core.processors`), allocated when the first request asking for
+        processors arrives: parameters (`processors`, stop ids = `eos`) and the committed text's `history`
+        (prompt tokens `[max_batch, V]` bool, output counts `[max_batch, V]` float32, generated = `generated`),
+        updated by the verify pass with the committed tokens only, so a rejection rolls nothing back."""
+        if self.processors is not None:
+            return
+        batch, device = self.tokens.shape[0], self.tokens.device
+        rows = ProcessorRows.uniform(batch, vocab, device)
+        self.processors = ProcessorRows(rows.repetition, rows.frequency, rows.presence, rows.min_tokens, self.eos,
+                                        torch.zeros(batch, vocab, dtype=torch.float32, device=device))
+        self.history = TokenHistory(torch.zeros(batch, vocab, dtype=torch.bool, device=device),
+                                    torch.zeros(batch, vocab, dtype=torch.float32, device=device), self.generated)
+
+    def _processor_tensors(self) -> list[torch.Tensor]:
+        if self.processors is None:
+            return []
+        p, h = self.processors, self.history
+        return [p.repetition, p.frequency, p.presence, p.min_tokens, p.bias, h.prompt_seen, h.counts]
+
+    def _admit_processors(self, rows: slice, tokens: torch.Tensor, lengths: torch.Tensor,
+                          params: list[SamplingParams]) -> None:
+        """Write the admitted rows' processor parameters and prompt history (off values for rows without)."""
+        p, h = self.processors, self.history
+        device = tokens.device
+        values = to_device([[q.repetition_penalty, q.frequency_penalty, q.presence_penalty, float(q.min_tokens)]
+                            for q in params], device, torch.float32)
+        p.repetition[rows], p.frequency[rows], p.presence[rows] = values[:, 0], values[:, 1], values[:, 2]
+        p.min_tokens[rows] = values[:, 3].long()
+        vocab = p.bias.shape[1]
+        bias = torch.zeros(len(params), vocab, dtype=torch.float32)
+        for i, q in enumerate(params):
+            for token, value in q.logit_bias:
+                bias[i, token] = value
+        p.bias[rows] = bias.to(device)
+        valid = torch.arange(tokens.shape[1], device=device)[None, :] < lengths[:, None]
+        seen = torch.zeros(len(params), vocab + 1, dtype=torch.bool, device=device)
+        seen.scatter_(1, torch.where(valid, tokens, torch.full_like(tokens, vocab)), True)
+        h.prompt_seen[rows] = seen[:, :vocab]
+        h.counts[rows] = 0
 
     def enable_features(self, dim: int, dtype: torch.dtype) -> None:
         """Keep the target's features `[max_batch, capacity, dim]`: row b holds them at positions
@@ -133,10 +177,11 @@ class SlotState:
         self.generated[rows] = 0
         self.active[rows] = True
         self.counters[rows] = 0
+        if self.processors is not None:
+            self._admit_processors(rows, ints[:, :longest], ints[:, longest], params)
 
     def move(self, src: int, dst: int) -> None:
-        for name in self._fields:
-            tensor = getattr(self, name)
+        for tensor in [getattr(self, name) for name in self._fields] + self._processor_tensors():
             tensor[dst] = tensor[src]
 
     def clear(self, slot: int) -> None:

@@ -55,6 +55,7 @@ class StepRunner:
         features = state.features
         logits, hidden = e.model(torch.cat([last, draft_tokens], 1), cache, return_hidden=True)  # [b, γ+1, V]
         has_nan = invalid_scores(logits)
+        raw, logits = logits, view.process(logits, draft_tokens)  # p̃ along the draft (raw without processors)
         synthetic = e.config.synthetic_acceptance
         if synthetic is not None:  # BENCHMARK ONLY (EngineConfig): accept each draft with a fixed probability
             offsets = torch.arange(gamma, device=e.device)[None, :]
@@ -80,6 +81,9 @@ class StepRunner:
         write_tokens(state.tokens[rows], lengths, new_tokens, counts)
         if features is not None:  # the features of the committed prefix: positions lengths − 1 + i, i < counts
             write_rows(features[rows], lengths - 1, hidden, counts)
+        if view.history is not None:  # the committed tokens' counts (rejected drafts never get here)
+            keep = torch.arange(gamma + 1, device=e.device)[None, :] < counts[:, None]
+            view.history.counts.scatter_add_(1, new_tokens, keep.float())
         lengths.add_(counts)
         generated.add_(counts)
         finished = active & (hit_eos | (generated >= state.max_new[rows]))
@@ -87,14 +91,19 @@ class StepRunner:
         wide = StepCounts.widen(counters, gamma, e.max_draft_tokens)
         state.counters[rows].add_(wide)
         e.counter_sums.add_(wide.sum(0))
-        logprobs = logits.log_softmax(-1).gather(-1, new_tokens[..., None])[..., 0] if flavor.logprobs else None
+        logprobs = raw.log_softmax(-1).gather(-1, new_tokens[..., None])[..., 0] if flavor.logprobs else None
         return pack_step(self.layout, new_tokens, counts, result.num_accepted, draft_lengths, finished, hit_eos,
                          active, has_nan, logprobs=logprobs)
 
+    @property
+    def eager(self) -> bool:
+        """Runs without graphs: the engine runs eagerly, or a row's constraint is called on the host mid-step."""
+        return not self.engine.cuda_graphs or self.flavor.constrained
+
     def capture(self) -> None:
-        """Capture both halves once (CUDA graphs); a no-op when the engine runs eagerly."""
+        """Capture both halves once (CUDA graphs); a no-op when the step runs eagerly."""
         e = self.engine
-        if not e.cuda_graphs or self._verify_graph is not None:
+        if self.eager or self._verify_graph is not None:
             return
         if self.gamma == 0:  # nothing to draft: a static empty proposal
             self.drafts = self._draft_body()
@@ -105,10 +114,12 @@ class StepRunner:
             self._draft_graph.replay()  # capture only records: give the verify warm-up real drafts to read
         s = e.state
         restore = [s.tokens, s.lengths, s.generated, e.cache.lengths, s.counters, e.counter_sums]
+        if s.history is not None:
+            restore.append(s.history.counts)
         self._verify_graph = CapturedStep(self._verify_body, pool=e._pool, restore=restore)
 
     def draft(self) -> None:
-        if not self.engine.cuda_graphs:
+        if self.eager:
             self.drafts = self._draft_body()
             return
         self.capture()
@@ -116,7 +127,7 @@ class StepRunner:
             self._draft_graph.replay()
 
     def verify(self) -> torch.Tensor:
-        if not self.engine.cuda_graphs:
+        if self.eager:
             return self._verify_body()
         self.capture()
         return self._verify_graph.replay()

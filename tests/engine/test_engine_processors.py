@@ -1,0 +1,90 @@
+"""Logits processors on the engine: per-slot history on the device, p and q processed along the draft.
+
+Greedy: the engine (model, prompt-lookup and n-gram drafters, several γ, plain) gives transformers' own processed
+`generate`, for requests with different processors in one batch (and plain rows beside them). Sampled: the two-token
+law is the processed target's (chi-square), with negative controls (the unprocessed law; a history frozen along the
+draft).
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import specdec
+from specdec.core import SamplingConfig
+from specdec.core.processors import process_draft
+from specdec.drafters.prompt_lookup import PromptLookupDrafter
+from specdec.engine import Engine, EngineConfig
+from specdec.engine.drafters import StepView
+from specdec.request import SamplingParams
+from stats_utils import chi2_pvalue
+from test_distribution import PROMPT
+from test_processing import CASES, LAW, PROMPTS, STOP, hf_processed, processed_two_token_law
+
+
+def _run(engine, requests):
+    ids = [engine.add_request(prompt, params) for prompt, params in requests]
+    out = {i: [] for i in ids}
+    while engine.has_unfinished():
+        for o in engine.step():
+            out[o.request_id].extend(o.new_token_ids)
+    return [out[i] for i in ids]
+
+
+@pytest.mark.parametrize("gamma", [0, 1, 3])
+def test_engine_greedy_with_processors_is_transformers_generate(llama, llama_draft, gamma):
+    """Every case and prompt in one batch (more requests than slots, so some join mid-flight), beside plain rows."""
+    requests, refs = [], []
+    for case in CASES:
+        eos = [17] if "min_tokens" in case else []
+        for prompt in PROMPTS:
+            requests.append((prompt, SamplingParams(max_new_tokens=12, temperature=0, eos_token_ids=eos, **case)))
+            refs.append(hf_processed(llama, prompt, 12, eos, **case))
+    for prompt in PROMPTS:
+        requests.append((prompt, SamplingParams(max_new_tokens=12, temperature=0)))
+        refs.append(hf_processed(llama, prompt, 12, []))
+    drafters = [llama_draft, PromptLookupDrafter()] if gamma else [None]
+    for drafter in drafters:
+        engine = Engine(llama, drafter, EngineConfig(max_batch_size=8, max_seq_len=64, num_draft_tokens=gamma or 1))
+        assert _run(engine, requests) == refs, type(drafter).__name__
+
+
+def test_engine_rejects_bias_outside_the_vocabulary(llama):
+    engine = Engine(llama, None, EngineConfig(max_batch_size=2, max_seq_len=64))
+    with pytest.raises(ValueError, match="logit_bias token id 64"):
+        engine.add_request([1, 2], SamplingParams(max_new_tokens=4, logit_bias={64: 1.0}))
+
+
+def _pairs(target, draft, rows, seed):
+    res = specdec.generate(target, [PROMPT] * rows, drafter=draft, max_new_tokens=3, temperature=1.0,
+                           num_draft_tokens=2, seed=seed, eos_token_id=STOP, engine="fast", **LAW)
+    return np.array([s[0] * 16 + s[1] for s in res.sequences if len(s) >= 2]), res
+
+
+@pytest.fixture(scope="module")
+def pair(make_llama):
+    return make_llama(10, vocab=16), make_llama(11, layers=1, vocab=16)
+
+
+def test_engine_two_token_law_is_the_processed_target(pair):
+    target, draft = pair
+    pairs, res = _pairs(target, draft, 6000, seed=3)
+    assert chi2_pvalue(pairs, processed_two_token_law(target, SamplingConfig(1.0))) > 1e-3
+    assert 0 < res.stats.alpha < 1
+    assert chi2_pvalue(pairs, processed_two_token_law(target, SamplingConfig(1.0), advanced=False)) < 1e-8
+
+
+def test_engine_history_frozen_along_the_draft_breaks_the_law(pair, monkeypatch):
+    """Negative control: p̃ at every drafted position from the committed history alone must fail."""
+    target, draft = pair
+
+    def frozen(self, logits, draft_tokens):
+        if self.processors is None:
+            return logits
+        zero = draft_tokens[:, :0]
+        return torch.cat([process_draft(logits[:, i:i + 1], zero, self.processors, self.history)
+                          for i in range(logits.shape[1])], 1)
+
+    monkeypatch.setattr(StepView, "process", frozen)
+    pairs, _ = _pairs(target, draft, 6000, seed=3)
+    assert chi2_pvalue(pairs, processed_two_token_law(target, SamplingConfig(1.0))) < 1e-8
