@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Tensor-parallel measurements on a 4-GPU kind (nvidia-h100-x4 / nvidia-h200-x4), one device call, ~7 min:
 #   1. Llama-3-70B shape at TP 4 (random bf16 weights made on each GPU): plain decoding at batch 1 and 64 vs the
-#      bandwidth bound, speculative at synthetic α 0.8 (γ 4, a Llama-3.2-1B-shaped drafter on every rank at TP 1)
-#      vs Thm 3.8, and µs per all-reduce in a CUDA graph, each with NCCL ("group") and the symmetric-memory
+#      bandwidth bound, speculative at synthetic α 0.8 (γ 4 and 6; drafters replicated at TP 1 on every rank:
+#      a cheap 2-layer dim-1024 one, and a Llama-3.2-1B-shaped one, about the bytes of a 70B EAGLE-3 head) vs
+#      Thm 3.8, and µs per all-reduce in a CUDA graph; each with NCCL ("group") and the symmetric-memory
 #      one-shot all-reduce ("one_shot")
 #   2. Llama-3-8B shape at TP 1, 2 and 4 (the scaling line), batch 1 and 64
 #   3. if time is left: the all-reduce alone under NCCL_PROTO=LL and LL128 (8B's dim, batch 1/5/64 rows)
@@ -32,7 +33,7 @@ python3 -c "import torch, transformers; print('torch', torch.__version__, 'trans
   2>&1 | tee -a "$OUT/run.log"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>&1 | tee -a "$OUT/run.log"
 nvidia-smi topo -m 2>&1 | tee -a "$OUT/run.log"
-probe 4 250 --shape 70b --batch 1 64 --new 128 --spec-alpha 0.8 --gamma 4 --draft-shape 1b \
+probe 4 250 --shape 70b --batch 1 64 --new 128 --spec-alpha 0.8 --gamma 4 6 --draft-shape draft-small 1b \
   --all-reduce group one_shot --comm-bench
 probe 1 60 --shape 8b --batch 1 64 --new 128
 probe 2 70 --shape 8b --batch 1 64 --new 128 --all-reduce group one_shot

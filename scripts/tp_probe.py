@@ -1,7 +1,7 @@
 """Tensor-parallel decoding speed on random weights of real shapes (run under torchrun on a multi-GPU host).
 
-    torchrun --nproc-per-node 4 scripts/tp_probe.py --shape 70b --batch 1 64 --spec-alpha 0.8 \\
-        --all-reduce group one_shot --comm-bench --out $OUT/tp.jsonl           # Llama-3-70B shape at TP 4
+    torchrun --nproc-per-node 4 scripts/tp_probe.py --shape 70b --batch 1 64 --spec-alpha 0.8 --gamma 4 6 \\
+        --draft-shape draft-small 1b --all-reduce group one_shot --comm-bench --out $OUT/tp.jsonl   # 70B at TP 4
     torchrun --nproc-per-node 2 scripts/tp_probe.py --shape 8b --batch 1 64 --new 128
     python scripts/tp_probe.py --shape 8b --batch 1 64                        # TP = 1, the same rows
     torchrun --nproc-per-node 2 scripts/tp_probe.py --shape tiny --device cpu --spec-alpha 0.8   # CPU smoke (gloo)
@@ -178,16 +178,19 @@ def main(argv=None) -> None:
     ap.add_argument("--all-reduce", nargs="+", choices=["group", "one_shot"], default=["group"],
                     help="all-reduce kinds to run in turn (TP > 1): group = NCCL/gloo, one_shot = symmetric memory")
     ap.add_argument("--spec-alpha", type=float, default=None, help="also run speculative with synthetic acceptance α")
-    ap.add_argument("--gamma", type=int, default=4)
-    ap.add_argument("--draft-shape", choices=sorted(SHAPES), default="1b")
+    ap.add_argument("--gamma", type=int, nargs="+", default=[4], help="γ values of the speculative runs")
+    ap.add_argument("--draft-shape", choices=sorted(SHAPES), nargs="+", default=["1b"],
+                    help="drafter shapes (random weights, replicated on every rank at TP 1)")
     ap.add_argument("--spec-batch", type=int, nargs="+", default=[1])
     ap.add_argument("--comm-bench", action="store_true", help="µs per all-reduce in a CUDA graph, per kind")
     ap.add_argument("--comm-only", action="store_true", help="with --comm-bench: only the all-reduce rows")
     ap.add_argument("--out", default=None, help="append the JSON rows to this file (rank 0)")
     args = ap.parse_args(argv)
-    for name in ("new", "prompt_len", "gamma"):
+    for name in ("new", "prompt_len"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    if any(not 1 <= g <= 16 for g in args.gamma):
+        ap.error(f"--gamma values must be in [1, 16], got {args.gamma}")
     if args.spec_alpha is not None and not 0.0 <= args.spec_alpha <= 1.0:
         ap.error(f"--spec-alpha must be in [0, 1], got {args.spec_alpha}")
     if any(b < 1 or b > 256 for b in args.batch + args.spec_batch):
@@ -229,11 +232,13 @@ def main(argv=None) -> None:
     sync(device)
     emit({"row": "init", "seconds": round(time.perf_counter() - started, 2),
           "weight_gb_per_rank": round(model.weight_bytes / 1e9, 3)})
-    drafter = None
+    drafters = {}
     if args.spec_alpha is not None:  # the same seed on every rank: the same drafter everywhere, at TP 1
-        drafter = FastLlama.random(llama_shape(args.draft_shape), device=device, dtype=dtype, seed=1)
+        drafters = {name: FastLlama.random(llama_shape(name), device=device, dtype=dtype, seed=1)
+                    for name in args.draft_shape}
     s = model.shape  # per rank
-    max_len = args.prompt_len + args.new + args.gamma + 8
+    max_gamma = max(args.gamma)
+    max_len = args.prompt_len + args.new + max_gamma + 8
     for kind in kinds:
         if world > 1 and model.all_reduce != kind:
             try:
@@ -247,15 +252,14 @@ def main(argv=None) -> None:
         if args.comm_only:
             continue
         plain_stats = {}
-        runs = [("plain", b, None) for b in args.batch]
-        if drafter is not None:
-            runs += [("spec", b, drafter) for b in args.spec_batch]
-        for row, batch, draft in runs:
+        runs = [("plain", b, None, 0) for b in args.batch]
+        runs += [("spec", b, name, g) for b in args.spec_batch for name in drafters for g in args.gamma]
+        for row, batch, draft_name, gamma in runs:
+            draft = drafters.get(draft_name)
             prompts = [[(7 * i + 3 * j) % min(1000, s.vocab_size - 5) + 5 for j in range(args.prompt_len)]
                        for i in range(batch)]
-            gamma = args.gamma if draft is not None else 0
             config = EngineConfig(max_batch_size=batch, max_seq_len=max_len, num_draft_tokens=gamma,
-                                  max_draft_tokens=max(args.gamma, 1),
+                                  max_draft_tokens=max_gamma,
                                   synthetic_acceptance=args.spec_alpha if draft is not None else None)
             params = SamplingParams(temperature=0, max_new_tokens=args.new, seed=1234)  # one seed on every rank
             try:
@@ -281,8 +285,8 @@ def main(argv=None) -> None:
                             "bound_steps_per_s": round(peak / step_bytes, 1) if peak else None,
                             "mbu": round(steps_per_s * step_bytes / peak, 3) if peak else None})
             else:
-                alpha, g = args.spec_alpha, args.gamma
-                out.update({"alpha": alpha, "gamma": g, "draft_shape": args.draft_shape,
+                alpha, g = args.spec_alpha, gamma
+                out.update({"alpha": alpha, "gamma": g, "draft_shape": draft_name,
                             "alpha_measured": stats.alpha, "tau": stats.mean_accepted_length})
                 if batch in plain_stats:
                     plain, plain_tok_s = plain_stats[batch]
@@ -297,7 +301,7 @@ def main(argv=None) -> None:
                                     "measured_vs_thm38": round(tok_s / plain_tok_s / thm, 3)})
             emit(out)
     start = time.perf_counter()
-    clean = shutdown_tensor_parallel(model, *([drafter] if drafter is not None else []))
+    clean = shutdown_tensor_parallel(model, *drafters.values())
     emit({"row": "teardown", "seconds": round(time.perf_counter() - start, 2), "clean": clean})
 
 

@@ -346,6 +346,7 @@ def test_probe_rows_on_two_cpu_ranks(tmp_path):
     out = tmp_path / "probe.jsonl"
     proc = _torchrun(str(ROOT / "scripts" / "tp_probe.py"), "--shape", "tiny", "--device", "cpu", "--batch", "1", "3",
                      "--new", "12", "--prompt-len", "6", "--spec-alpha", "0.8", "--draft-shape", "tiny-draft",
+                     "--gamma", "2", "4",
                      "--comm-bench", "--out", str(out))
     rows = [json.loads(line) for line in Path(out).read_text().splitlines()]
     assert proc.stdout.count('"row": "teardown"') == 1  # rank 0 alone prints
@@ -359,11 +360,11 @@ def test_probe_rows_on_two_cpu_ranks(tmp_path):
         assert row["ranks_agree"] is True and row["tok_per_s"] > 0
     assert by["plain"][0]["steps_per_s"] == by["plain"][0]["tok_per_s"]
     assert by["plain"][0]["mbu"] is None  # no bandwidth figure for a CPU
-    spec = by["spec"][0]
-    assert spec["batch"] == 1 and spec["gamma"] == 4 and spec["alpha"] == 0.8
+    assert [(r["gamma"], r["draft_shape"]) for r in by["spec"]] == [(2, "tiny-draft"), (4, "tiny-draft")]
+    spec = by["spec"][1]
+    assert spec["batch"] == 1 and spec["alpha"] == 0.8
     assert 0.5 < spec["alpha_measured"] < 1.0  # synthetic acceptance, drawn per position
     assert spec["c"] > 0 and spec["thm38_speedup"] > 1.0
-    assert spec["thm38_tok_per_s"] == round(spec["plain_tok_per_s"] * spec["thm38_speedup"], 1) or \
-        abs(spec["thm38_tok_per_s"] - spec["plain_tok_per_s"] * spec["thm38_speedup"]) < 0.2
+    assert abs(spec["thm38_tok_per_s"] - spec["plain_tok_per_s"] * spec["thm38_speedup"]) < 0.2
     assert {(r["rows"], r["all_reduce"]) for r in by["comm"]} == {(1, "group"), (5, "group"), (64, "group")}
     assert by["teardown"] == [by["teardown"][0]] and by["teardown"][0]["clean"] is True
