@@ -9,7 +9,13 @@ number accepted ("burst": prompt lookup's copies), which Thm 3.8's model mispred
 A step at batch bucket b, γ, longest row ℓ costs `cell.step_seconds(b, γ, ℓ)` times a little noise (and now and
 then a 3x straggler). A drafter that keeps a cache pays `cell.catch_up_s` before the first speculative step
 after more than 2 plain steps in a row (the engine's catch-up), reported to the policy as the engine does.
-The policy is used only through its public methods (choose / record_step / set_fixed).
+Step shapes are captured as the engine's are: the first step of a (b, γ, length bucket of ℓ + γ + 2) shape
+not built yet costs `cell.capture_s` more (~0.1 s on an H200: every row waits) and is reported to the policy
+as a capture, not a step time. `warm=True` builds every shape of the policy's menu first (the engine's
+warm-up: `only_ready` on), `captured` carries the built shapes from one run into the next (a first, untimed
+run as the only warm-up), and `use_ready=False` hides which shapes are built from the policy (the policy
+before captures were charged: the negative control).
+The policy is used only through its public methods (choose / record_step / record_capture / set_fixed).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from dataclasses import dataclass
 
 from specdec.analysis import expected_tokens
 from specdec.engine.config import BATCH_BUCKETS
-from specdec.engine.policy import GammaPolicy
+from specdec.engine.policy import GammaPolicy, length_bucket
 
 FREE_PLAIN = 2  # the engine: a drafter re-feeding 4 committed tokens needs no catch-up after <= 2 plain steps
 
@@ -40,6 +46,7 @@ class Cell:
     alpha_spread: float = 0.1
     small_ratios: tuple = ()  # T(γ)/T(0) at batch buckets <= 8 (speculation is cheaper there); () = `ratios`
     ramp: bool = False  # requests join one per step at first (a server starting up), else the slots fill at once
+    capture_s: float = 0.1  # a step shape's first run: its graph capture (24-layer target, H200: ~0.1 s)
 
     def ratio(self, gamma: int, bucket: int | None = None) -> float:
         ratios = self.small_ratios if self.small_ratios and bucket is not None and bucket <= 8 else self.ratios
@@ -63,12 +70,35 @@ class _Row:
         self.totals = [0.0, 0.0, 0.0, 0.0]  # Σβ, verified positions, speculative steps, steps that drafted
 
 
+def shape(bucket: int, gamma: int, longest: int) -> tuple[int, int, int]:
+    """The engine's step shape key (batch bucket, γ, length bucket of the positions the step attends over)."""
+    return bucket, gamma, length_bucket(longest + gamma + 2)
+
+
+def menu(policy: GammaPolicy) -> tuple[int, ...]:
+    """The γ's a policy can run (what the engine's warm-up builds)."""
+    return (policy.fixed,) if policy.fixed is not None else (0, *policy.candidates)
+
+
+def warm_shapes(cell: Cell, gammas) -> set:
+    """Every shape of these γ's at every batch bucket up to the cell's slots and every length bucket."""
+    buckets = [b for b in BATCH_BUCKETS if b <= next(c for c in BATCH_BUCKETS if c >= cell.slots)]
+    lengths = [64 << i for i in range(8)]  # 64 .. 8192: past any row of the traffic (prompts <= 2000 + 256)
+    return {(b, g, n) for b in buckets for g in gammas for n in lengths}
+
+
 def simulate(cell: Cell, gamma="auto", requests: int | None = None, seed: int = 0, eos: float = 0.004,
-             policy: GammaPolicy | None = None) -> dict:
-    """Run the traffic through a policy ("auto" or a fixed γ) → {tok_s, steps, gammas (γ → steps), catch_ups}."""
+             policy: GammaPolicy | None = None, warm: bool = True, captured: set | None = None,
+             use_ready: bool = True) -> dict:
+    """Run the traffic through a policy ("auto" or a fixed γ) → {tok_s, steps, gammas (γ → steps), catch_ups,
+    captures}."""
     rng = random.Random(seed)  # the traffic (the same under every policy), then the step-time noise
     count = requests or max(6 * cell.slots, 160)
     policy = policy or GammaPolicy(gamma, 8, plain_catches_up=cell.catch_up_s > 0)
+    captured = set() if captured is None else captured
+    if warm:
+        captured |= warm_shapes(cell, menu(policy))
+        policy.only_ready = True
     waiting = []
     for _ in range(count):
         sampled = rng.random() < cell.sampled_share
@@ -82,7 +112,7 @@ def simulate(cell: Cell, gamma="auto", requests: int | None = None, seed: int = 
         waiting.append(_Row(rng.randint(30, 2000), budget, alpha, rng.getrandbits(32)))
     running: list[_Row] = []
     seconds = tokens = 0.0
-    plain_run, catch_ups, gammas = 0, 0, {}
+    plain_run, catch_ups, captures, gammas = 0, 0, 0, {}
 
     def estimates():
         return [tuple(r.totals) for r in running]
@@ -95,7 +125,8 @@ def simulate(cell: Cell, gamma="auto", requests: int | None = None, seed: int = 
         n = len(running)
         bucket = next(b for b in BATCH_BUCKETS if b >= n)
         longest = max(r.length for r in running)
-        g = policy.choose(bucket, running, estimates, length=longest)
+        ready = (lambda gm: shape(bucket, gm, longest) in captured) if use_ready else None
+        g = policy.choose(bucket, running, estimates, length=longest, ready=ready)
         gammas[g] = gammas.get(g, 0) + 1
         caught_up = g > 0 and plain_run > FREE_PLAIN and cell.catch_up_s > 0
         t = cell.step_seconds(bucket, g, longest) * rng.lognormvariate(0.0, 0.05)
@@ -104,6 +135,11 @@ def simulate(cell: Cell, gamma="auto", requests: int | None = None, seed: int = 
         if caught_up:
             t += cell.catch_up_s
             catch_ups += 1
+        first_run = shape(bucket, g, longest) not in captured
+        if first_run:
+            captured.add(shape(bucket, g, longest))
+            t += cell.capture_s
+            captures += 1
         produced = 0
         for row in running:
             accepted = _accepted(row.alpha, g, cell.acceptance, row.rng)
@@ -119,10 +155,14 @@ def simulate(cell: Cell, gamma="auto", requests: int | None = None, seed: int = 
             row.length += committed
             tokens += committed
         seconds += t
-        policy.record_step(bucket, g, t, produced / n, length=longest, catch_up_of=plain_run if caught_up else 0)
+        if first_run:  # the engine: a first run's time includes its capture (no step time)
+            policy.record_capture(t)
+        else:
+            policy.record_step(bucket, g, t, produced / n, length=longest, catch_up_of=plain_run if caught_up else 0)
         plain_run = plain_run + 1 if g == 0 else 0
         running = [r for r in running if r.budget > 0]
-    return {"tok_s": tokens / seconds, "steps": sum(gammas.values()), "gammas": gammas, "catch_ups": catch_ups}
+    return {"tok_s": tokens / seconds, "steps": sum(gammas.values()), "gammas": gammas, "catch_ups": catch_ups,
+            "captures": captures}
 
 
 def _accepted(alpha: float, gamma: int, acceptance: str, rng: random.Random) -> int:

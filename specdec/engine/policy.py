@@ -37,6 +37,15 @@ steps at the arm's predicted rate instead of the winner's, plus the catch-up a p
 stays under `_EXPLORE_BUDGET` of the time run so far: arms that predict close are re-timed often; a far-off
 arm, or speculation out of a long plain run, rarely.
 
+Shapes and captures. Every (batch bucket, γ, length bucket, flavor) is one step shape whose CUDA graphs are
+captured once (~0.1 s of a 24-layer target on an H200: every running row waits). The engine passes
+`ready(γ)`: whether this step's shape at γ is built. After the engine's warm-up (which builds every γ of the
+menu, 0 and `candidates`, for every batch and length bucket and the common flavors) `only_ready` is set and only
+built arms are chosen, so traffic never captures mid-run (a shape the warm-up left out — a top-k flavor, a
+length past its bound — has no arm built and captures whatever runs). Without a warm-up an arm not built yet
+carries its capture (measured by `record_capture`, else `_CAPTURE_PRIOR` plain steps) spread over `_REGIME`
+steps, and a probe of it counts the whole capture in its expected loss.
+
 Cadence: reading the rows' totals from the device costs a host sync, so a decision is kept `_HOLD` steps, or
 until the batch bucket changes; rows coming and going inside a bucket do not re-decide (under continuous
 admission they change almost every step).
@@ -55,7 +64,7 @@ import math
 __all__ = ["GammaPolicy", "CANDIDATES"]
 
 #: the γ's "auto" may choose besides 0 (those up to max_draft_tokens, and max_draft_tokens itself)
-CANDIDATES = (1, 2, 4, 6, 8)
+CANDIDATES = (1, 2, 4, 8)  # (6 added nothing in the simulator over 4 and 8, and cost a fifth of the warm-up)
 _WINDOW = 8  # timed steps kept per (b, γ, ℓ); T is their median (robust to a stray slow step)
 _FIRST_GAMMA = 2  # the first speculative arm timed (cheap where speculation is compute-bound; the line through
 # T(0) and T(2) extrapolates the larger γ's, and one the model ranks first runs and so gets timed)
@@ -65,6 +74,7 @@ _FREE_PLAIN = 2  # plain steps in a row that need no drafter catch-up (the model
 _HOLD = 8  # steps a decision is kept
 _REGIME = 256  # steps a run of plain steps, or of speculative ones after it, is expected to last (hysteresis)
 _CATCH_UP_PRIOR = 32  # plain steps one catch-up is taken to cost before one was measured (H200: 30-40)
+_CAPTURE_PRIOR = 16  # plain steps one graph capture is taken to cost before one was measured (H200: ~0.1 s)
 _EXPLORE_MIN = 4  # the fewest decisions between two probes of another arm
 _EXPLORE_BUDGET = 0.01  # the share of the run's time probes are expected to lose
 _PRIOR_ALPHA, _PRIOR_WEIGHT = 0.5, 4.0  # α before any row was verified; weight (positions) of a row's prior
@@ -109,6 +119,8 @@ class GammaPolicy:
         self._explore: dict[int, list] = {}  # b → [decisions between probes, next probe at, winner before it, turn]
         self._plain_run = 0  # plain steps chosen in a row (past _FREE_PLAIN: a catch-up is pending)
         self._clock = 0.0  # seconds of the steps recorded so far (the exploration budget's clock)
+        self.capture_events: list[float] = []  # the last captures' seconds (`record_capture`)
+        self.only_ready = False  # choose only arms whose step shape is built (set by the engine's warm-up)
 
     # ------------------------------------------------------------------------------------- read-outs
     @property
@@ -133,38 +145,44 @@ class GammaPolicy:
             raise ValueError(f"num_draft_tokens {self.fixed} exceeds this engine's max_draft_tokens")
         self._choice = None
 
-    def choose(self, batch: int, running, estimates=None, length: int | None = None) -> int:
+    def choose(self, batch: int, running, estimates=None, length: int | None = None, ready=None) -> int:
         """γ for the next step at batch bucket `batch`, the longest running row holding `length` tokens (None:
         one length bucket for all). Each running row's acceptance totals (Σβ, verified positions, speculative
         steps, steps that drafted) come from `record_row` (kept on the row) or, when given, from `estimates()`
         → one such tuple per row (the engine keeps them on the device: a host read, made only when the policy
-        re-decides)."""
+        re-decides). ready(γ) → whether this step's shape at γ is built (its graphs captured); None = all are.
+        With `only_ready` set (the engine's warm-up did it) only ready arms are chosen while any is; otherwise
+        an arm that is not ready carries its capture's cost (see the module doc)."""
         if self.fixed is not None or not self.candidates:
             return self.fixed or 0
-        if self._choice is not None and self._bucket == batch and self._age < self._keep:
+        if (self._choice is not None and self._bucket == batch and self._age < self._keep
+                and (ready is None or ready(self._choice))):
             gamma = self._choice
             self._age += 1
         else:
-            gamma, keep = self._decide(batch, running, estimates, length_bucket(length or 1))
+            gamma, keep = self._decide(batch, running, estimates, length_bucket(length or 1), ready)
             self._choice, self._bucket, self._age, self._keep = gamma, batch, 1, keep
             if keep == _HOLD:
                 self._winner = gamma
         self._plain_run = self._plain_run + 1 if gamma == 0 else 0
         return gamma
 
-    def _decide(self, batch: int, running, estimates, ell: int) -> tuple[int, int]:
+    def _decide(self, batch: int, running, estimates, ell: int, ready) -> tuple[int, int]:
         """→ (γ, steps to keep it)."""
+        arms, unready = self._arms(ready)
+        spec = [g for g in arms if g]
+        default = min(spec, key=lambda g: (abs(g - self.default), g)) if spec else 0  # the first speculative probe
         if not any(b != batch for b in self._grid):  # the first bucket: time a speculative and a plain probe
-            need = [g for g in (self.default, 0) if self._timed(batch, g) < _FIRST_SAMPLES]
+            need = [g for g in (default, 0) if g in arms and self._timed(batch, g) < _FIRST_SAMPLES]
             if need:
                 first = need[0]
-                if first == 0 and self.plain_catches_up and self._plain_run >= _FREE_PLAIN:
-                    return self.default, 1  # (a longer run of plain steps would cost a catch-up: one step between)
+                if first == 0 and default and self.plain_catches_up and self._plain_run >= _FREE_PLAIN:
+                    return default, 1  # (a longer run of plain steps would cost a catch-up: one step between)
                 return first, _FIRST_SAMPLES if first else _PROBE
         else:  # a new bucket: time the arm the engine is running (no catch-up) and, when that speculates, plain
-            current = self._winner if self._winner is not None else self.default  # steps (a free probe); a plain
+            current = self._winner if self._winner in arms else default  # steps (a free probe); a plain
             for first in (current, 0) if current else (0,):  # run borrows the speculative arms (`_times`)
-                if self._timed(batch, first) < _FIRST_SAMPLES:
+                if first in arms and self._timed(batch, first) < _FIRST_SAMPLES:
                     if first == 0 and current and self.plain_catches_up and self._plain_run >= _FREE_PLAIN:
                         return current, 1  # (separate the plain probes: a longer plain run would cost a catch-up)
                     return first, _FIRST_SAMPLES if first else _PROBE
@@ -180,18 +198,32 @@ class GammaPolicy:
                 pending = switch
             elif self._decisions:  # (the first decision of all picks the regime freely: nothing runs yet)
                 plain_extra = max(plain_extra, switch)
-        extra = _extra_tokens(rows, self.candidates)
+        extra = _extra_tokens(rows, spec)
+        capture = self._capture_cost(batch, times) / _REGIME if unready else 0.0  # a capture, spread like a catch-up
         rates, predicted = {}, {}
-        for gamma in (0, *self.candidates):
+        for gamma in arms:
             tau = 1.0 + extra[gamma] / len(rows) if gamma and rows else 1.0
             seconds = _interpolate(times, gamma) + (plain_extra if gamma == 0 else pending)
+            seconds += capture if gamma in unready else 0.0
             predicted[gamma] = tau
             rates[gamma] = tau / max(seconds, 1e-12)
         self.last_rates, self.predicted = rates, predicted
         ranked = sorted(rates, key=lambda g: (-rates[g], g))
-        return self._explore_or_win(batch, ranked, times)
+        return self._explore_or_win(batch, ranked, times, unready)
 
-    def _explore_or_win(self, batch: int, ranked: list[int], times: dict[int, float]) -> tuple[int, int]:
+    def _arms(self, ready) -> tuple[tuple[int, ...], frozenset]:
+        """→ (the arms to choose from, those of them whose shape is not built yet). With `only_ready`, only the
+        built arms while any is (a shape no warm-up reached — none of its arms built — captures whatever runs)."""
+        arms = (0, *self.candidates)
+        if ready is None:
+            return arms, frozenset()
+        unready = frozenset(g for g in arms if not ready(g))
+        if self.only_ready and len(unready) < len(arms):
+            return tuple(g for g in arms if g not in unready), frozenset()
+        return arms, unready
+
+    def _explore_or_win(self, batch: int, ranked: list[int], times: dict[int, float],
+                        unready=frozenset()) -> tuple[int, int]:
         """(the winner, `_HOLD`), or now and then (another arm, `_PROBE`): see the module doc."""
         count = self._decisions[batch] = self._decisions.get(batch, 0) + 1
         state = self._explore.setdefault(batch, {"after": count + _EXPLORE_MIN, "since": self._clock, "turn": 0})
@@ -200,7 +232,8 @@ class GammaPolicy:
             return winner, _HOLD
         here = {g for b, g in self._counts if b == batch}
         runner = ranked[1]  # its time borrowed from another batch bucket (a ratio that may not hold here): time it
-        if runner in times and runner not in here and not (self.plain_catches_up and winner == 0 and runner > 0):
+        if (runner in times and runner not in here and runner not in unready
+                and not (self.plain_catches_up and winner == 0 and runner > 0)):
             return runner, _PROBE
         if count < state["after"]:
             return winner, _HOLD
@@ -211,6 +244,8 @@ class GammaPolicy:
         loss = _PROBE * _interpolate(times, arm) * max(1.0 - rates[arm] / rates[winner], 0.0)
         if winner == 0 and arm and self.plain_catches_up:
             loss += self._catch_up_cost(batch, times)
+        if arm in unready:  # a probe of an arm not built yet captures it
+            loss += self._capture_cost(batch, times)
         if (self._clock - state["since"]) * _EXPLORE_BUDGET < loss:
             return winner, _HOLD
         state["turn"] += 1
@@ -222,6 +257,12 @@ class GammaPolicy:
         steps."""
         events = self.catch_up_events.get(batch) or [v for values in self.catch_up_events.values() for v in values]
         return _median(events) if events else _CATCH_UP_PRIOR * _interpolate(times, 0)
+
+    def _capture_cost(self, batch: int, times: dict[int, float]) -> float:
+        """One graph capture's seconds: measured (`record_capture`), else `_CAPTURE_PRIOR` plain steps at b."""
+        if self.capture_events:
+            return _median(self.capture_events)
+        return _CAPTURE_PRIOR * _interpolate(times, 0) if times else 0.0
 
     def _timed(self, batch: int, gamma: int) -> int:
         return self._counts.get((batch, gamma), 0)
@@ -271,6 +312,13 @@ class GammaPolicy:
         self._counts[(batch, gamma)] = self._counts.get((batch, gamma), 0) + 1
         old = self.tokens.get((batch, gamma))
         self.tokens[(batch, gamma)] = tokens_per_row if old is None else 0.8 * old + 0.2 * tokens_per_row
+
+    def record_capture(self, seconds: float) -> None:
+        """A step that first built its shape (captured its graphs) took `seconds`, the capture included."""
+        self._clock += max(seconds, 0.0)
+        self.capture_events.append(max(seconds, 0.0))
+        if len(self.capture_events) > _WINDOW:
+            del self.capture_events[0]
 
     def record_catch_up(self, batch: int, seconds: float, plain_steps: int) -> None:
         """A speculative step at bucket b that first fed the drafter what `plain_steps` plain steps committed
