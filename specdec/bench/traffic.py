@@ -12,8 +12,11 @@ A cell is (slots, arrival). Its traffic is drawn once (seeded) and replayed for 
   slots          at most `slots` requests are in the engine at once; the rest queue in the driver (their wait
                  counts in TTFT), so one engine of `max(slots)` rows serves every cell
 An arm is (drafter, γ policy): plain decoding is the plain engine (no drafter) at γ = 0 — the same traffic,
-no speculation. Each arm runs the cell twice and the second run is timed (the first captures the CUDA graphs
-that traffic reaches); the graphs captured while timed are reported (`captures`: each is ~0.1 s of stall).
+no speculation. Every engine is warmed up first (`warm_engines`: the step shapes of every γ its policies can
+pick, every batch and length bucket, greedy and sampled — what `specdec serve` captures at start-up); each arm
+then runs the cell twice and the second run is timed (the first teaches "auto" the step times). The step shapes
+built while timed are reported (`captures`: on CUDA each is a graph capture, ~0.1 s of stall for every row; on
+the CPU the shapes that would have been captured).
 
 Per arm: output tokens/s (all tokens / first arrival to last finish), TTFT p50/p99 (arrival → first token),
 ITL p50/p99 (gaps between a request's successive outputs; a speculative step delivers several tokens in one),
@@ -32,7 +35,7 @@ from specdec.metrics import percentile
 from specdec.request import MAX_NUM_DRAFT_TOKENS, SamplingParams
 
 __all__ = ["Arrival", "TrafficSpec", "TrafficRequest", "ArmResult", "parse_arrival", "parse_policy", "make_requests",
-           "drive", "run_traffic", "markdown_table", "MAX_SLOTS"]
+           "drive", "run_traffic", "warm_engines", "markdown_table", "MAX_SLOTS"]
 
 MAX_SLOTS = 256  # the engine's largest batch bucket
 MAX_CLIENTS = 4096
@@ -184,7 +187,7 @@ class ArmResult:
     tpot_p50_s: float
     alpha: float | None
     mean_gamma: float
-    captures: int  # CUDA graphs captured during the timed run
+    captures: int  # step shapes built (CUDA: graphs captured) during the timed run
     vs_plain: float | None = None
     extra: dict = field(default_factory=dict)
 
@@ -208,7 +211,7 @@ def drive(engine, requests: list[TrafficRequest], slots: int, arrival: Arrival, 
     """Run `requests` through `engine` at γ policy `gamma` (0 = plain) with at most `slots` in the engine, arriving
     per `arrival` (a Poisson rate resolved to `rate` requests/s) → measurements (see `ArmResult`)."""
     from specdec.metrics import SpecStats
-    from specdec.text.warmup import graph_captures
+    from specdec.text.warmup import step_shapes
 
     engine.policy.set_fixed(gamma)
     offsets, clients = _schedule(arrival, len(requests), slots, rate, seed)
@@ -223,7 +226,7 @@ def drive(engine, requests: list[TrafficRequest], slots: int, arrival: Arrival, 
     in_flight = 0
     ids: dict[str, int] = {}
     engine.stats = SpecStats()
-    captures = graph_captures(engine)
+    captures = step_shapes(engine)
     if engine.device.type == "cuda":
         import torch
 
@@ -273,7 +276,23 @@ def drive(engine, requests: list[TrafficRequest], slots: int, arrival: Arrival, 
             "ttft_p50_s": percentile(ttft, 0.5), "ttft_p99_s": percentile(ttft, 0.99),
             "itl_p50_s": percentile(gaps, 0.5), "itl_p99_s": percentile(gaps, 0.99),
             "tpot_p50_s": percentile(tpot, 0.5), "alpha": stats.alpha, "mean_gamma": stats.mean_num_draft_tokens,
-            "captures": graph_captures(engine) - captures, "completed_per_s": len(requests) / seconds}
+            "captures": step_shapes(engine) - captures, "completed_per_s": len(requests) / seconds}
+
+
+def warm_engines(spec: TrafficSpec, plain, arms: dict, log=None) -> dict:
+    """Build (on CUDA: capture) every step shape the arms can reach at up to `max(spec.slots)` rows: plain's γ = 0,
+    and each drafter's "auto" menu and the spec's fixed γ's → name → `text.warmup.warm_up`'s report."""
+    from specdec.text.warmup import warm_up
+
+    fixed = [p for p in spec.policies if p != "auto"]
+    reports = {}
+    for name, engine in [("plain", plain), *arms.items()]:
+        reports[name] = warm_up(engine, max(spec.slots), extra_gammas=fixed if name != "plain" else ())
+        if log is not None:
+            r = reports[name]
+            log(f"warm-up {name}: {r['shapes']} step shapes (γ {r['gammas']}, {r['length_buckets']} length buckets) in "
+                f"{r['seconds']:.1f} s{'' if r['complete'] else ' (bounded: longer rows capture on first use)'}")
+    return reports
 
 
 def run_traffic(spec: TrafficSpec, plain, arms: dict, pool: list[list[int]], eos_ids=(), max_total=None,

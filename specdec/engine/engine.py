@@ -187,14 +187,17 @@ class Engine(Admission, Commit, Warmup):
         n = len(running)
         batch = next(b for b in BATCH_BUCKETS if b >= n)
         longest = max([r.length for r in running])
-        gamma = self.policy.choose(batch, running, self._row_estimates, length=longest)
-        started = time.perf_counter()  # the step's time: not the policy's reads, not admission (see _admit)
-        caught_up = self._catch_up_drafter(gamma)
-        need = longest + gamma + 2
-        positions = min(max(MIN_POSITIONS, 1 << (need - 1).bit_length()), self.num_positions)
         flavor = self._flavor
         if flavor is None:  # the running set changed
             flavor = self._flavor = Flavor.union(r.flavor for r in running)
+        ready = None  # which γ's step shapes are built: the policy keeps to them after a warm-up (no mid-run capture)
+        if self.cuda_graphs or self.policy.only_ready:
+            steps = self._steps
+            ready = lambda g: (batch, g, self._positions(longest, g), flavor) in steps  # noqa: E731
+        gamma = self.policy.choose(batch, running, self._row_estimates, length=longest, ready=ready)
+        started = time.perf_counter()  # the step's time: not the policy's reads, not admission (see _admit)
+        caught_up = self._catch_up_drafter(gamma)
+        positions = self._positions(longest, gamma)
         run = self._step_for(batch, gamma, positions, flavor)
         first_run = not run.ran  # its time includes graph capture: not a step time
         run.ran = True
@@ -219,10 +222,18 @@ class Engine(Admission, Commit, Warmup):
         if not first_run:
             self.policy.record_step(batch, gamma, seconds, produced / n, length=longest,
                                     catch_up_of=self._plain_run if caught_up else 0)
+        elif self.cuda_graphs:
+            self.policy.record_capture(seconds)
         self._plain_run = self._plain_run + 1 if gamma == 0 else 0
         return outputs + committed
 
     # ------------------------------------------------------------------------------------------- steps
+    def _positions(self, longest: int, gamma: int) -> int:
+        """The length bucket of a step at γ whose longest row holds `longest` tokens: the positions it attends
+        over (a power of two, at least `MIN_POSITIONS`, at most the cache's)."""
+        need = longest + gamma + 2
+        return min(max(MIN_POSITIONS, 1 << (need - 1).bit_length()), self.num_positions)
+
     def _step_for(self, batch: int, gamma: int, positions: int, flavor: Flavor) -> "StepRunner":
         key = (batch, gamma, positions, flavor)
         last_key, run = self._last_run

@@ -50,6 +50,7 @@ class Warmup:
                         break
                     positions *= 2
             self._warm_prefill(max_length or self.max_seq_len)
+        self.policy.only_ready = True  # "auto" keeps to built shapes from now on (where any is built)
         return built
 
     def _warm_prefill(self, max_length: int) -> int:

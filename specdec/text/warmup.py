@@ -89,10 +89,11 @@ def runner_gammas(engine) -> tuple[int, ...]:
     return tuple(sorted({0, *policy.candidates}))
 
 
-def warm_up(engine, max_batch_size: int, max_shapes: int = MAX_WARMUP_SHAPES) -> dict:
-    """Capture the plan's shapes on `engine` → a report {shapes, seconds, complete, max_length, ...}."""
-    plan = plan_warmup(max_batch_size, runner_gammas(engine), engine.num_positions, engine.max_draft_tokens,
-                       max_shapes)
+def warm_up(engine, max_batch_size: int, max_shapes: int = MAX_WARMUP_SHAPES, extra_gammas=()) -> dict:
+    """Capture the plan's shapes on `engine` (the γ's its policy can pick, and `extra_gammas`: fixed γ's it will
+    be switched to) → a report {shapes, seconds, complete, max_length, ...}."""
+    plan = plan_warmup(max_batch_size, {*runner_gammas(engine), *extra_gammas}, engine.num_positions,
+                       engine.max_draft_tokens, max_shapes)
     max_length = None if plan.max_length is None else min(plan.max_length, engine.max_seq_len)
     start = time.perf_counter()
     built = engine.warmup(batch_sizes=plan.batch_sizes, gammas=plan.gammas, max_length=max_length,

@@ -221,3 +221,25 @@ def test_bench_quick_serve_runs_plain_and_speculative_levels(tmp_path, capsys):
     assert any("engine runner, γ=auto" in line for line in result["server_log"])
     assert len(summary["levels"]) == len(levels)
     assert "| closed:2 |" in (tmp_path / "serve.md").read_text()
+
+
+def test_a_warmed_engine_under_traffic_builds_no_step_shape_with_auto():
+    """No capture inside a run: after `warm_engines`, "auto" only runs step shapes the warm-up built (CPU: the
+    would-be captures are the graph cache's key misses, `step_shapes`). The negative control: the same traffic
+    on an engine that was not warmed builds shapes as it goes (on CUDA, each a ~0.1 s stall)."""
+    from specdec.bench.traffic import warm_engines
+    from specdec.bench.traffic_setup import quick_setup
+    from specdec.text.warmup import step_shapes
+
+    spec = TrafficSpec(slots=(8,), arrivals=(Arrival("closed"),), policies=("auto",), prompt_tokens=(20, 200),
+                       new_tokens=(2, 40), min_requests=3)
+    cold, warm = quick_setup(("model",), max_batch=8).arms["model"], quick_setup(("model",), max_batch=8)
+    requests = make_requests(warm.pool, 24, spec, (2,), seed=8, max_total=256)
+    assert drive(cold, requests, 8, Arrival("closed"), "auto")["captures"] == step_shapes(cold) > 0
+    reports = warm_engines(spec, warm.plain, warm.arms)
+    engine = warm.arms["model"]
+    assert reports["model"]["gammas"] == [0, 1, 2, 4, 8] and reports["plain"]["gammas"] == [0]
+    assert reports["model"]["shapes"] == step_shapes(engine) == 4 * 5 * 4 * 2  # batch × γ × length buckets × flavor
+    for _ in range(2):
+        assert drive(engine, requests, 8, Arrival("closed"), "auto")["captures"] == 0
+    assert engine.policy.only_ready and {g for _, g, _ in engine.policy.samples} > {0}  # (speculative arms ran)
