@@ -172,3 +172,80 @@ def test_a_drafter_without_the_hook_stays_exact(make_llama, monkeypatch):
     drafter.accepts_processor = False
     pairs, res = _pairs(target, drafter, 6000, seed=5)
     assert chi2_pvalue(pairs, processed_two_token_law(target, SamplingConfig(1.0))) > 1e-3
+
+
+# ------------------------------------------------------------------------------------ host constraints
+class StrideRule:
+    """A `ConstraintSpec` for tests: a toy grammar whose allowed set depends on the whole output so far —
+    every third token is even, the others lie within 10 ids after the previous token (mod V)."""
+
+    def __init__(self, vocab: int = 64):
+        self.vocab = vocab
+        self.started: list = []
+
+    def allowed_after(self, output: list[int], last: int) -> list[int]:
+        if len(output) % 3 == 2:
+            return list(range(0, self.vocab, 2))
+        return [(last + k) % self.vocab for k in range(1, 11)]
+
+    def start(self, vocab_size):
+        state = StrideState(self)
+        self.started.append(state)
+        return state
+
+
+class StrideState:
+    def __init__(self, rule: StrideRule):
+        self.rule, self.output, self.last = rule, [], 0
+
+    def allowed(self, draft):
+        out, last = list(self.output), self.last
+        mask = torch.zeros(len(draft) + 1, self.rule.vocab, dtype=torch.bool)
+        broken = False
+        for i in range(len(draft) + 1):
+            if broken:
+                mask[i] = True  # never read: past a draft token the rule refuses
+                continue
+            mask[i, self.rule.allowed_after(out, last)] = True
+            if i < len(draft):
+                broken = not bool(mask[i, draft[i]])
+                out, last = out + [draft[i]], draft[i]
+        return mask
+
+    def commit(self, tokens):
+        for t in tokens:
+            assert t in self.rule.allowed_after(self.output, self.last), "committed a token the rule refuses"
+            self.output.append(t)
+            self.last = t
+
+
+def hf_constrained(model, prompt, n, rule: StrideRule):
+    def allowed(batch_id, ids):
+        output = ids[len(prompt):].tolist()
+        return rule.allowed_after(output, output[-1] if output else 0)
+
+    return model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                          do_sample=False, max_new_tokens=n, pad_token_id=0, eos_token_id=None,
+                          prefix_allowed_tokens_fn=allowed)[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("gamma", [1, 4])
+def test_greedy_with_a_constraint_is_transformers_prefix_constrained(llama, llama_draft, gamma):
+    for prompt in PROMPTS:
+        rule = StrideRule()
+        ref = hf_constrained(llama, prompt, 14, rule)
+        for drafter in (llama_draft, PromptLookupDrafter()):
+            rule = StrideRule()
+            ours = specdec.generate(llama, [prompt], drafter, max_new_tokens=14, temperature=0, eos_token_id=[],
+                                    num_draft_tokens=gamma, engine="hf", constraint=rule,
+                                    repetition_penalty=1.0).sequences[0]
+            assert ours == ref
+            assert rule.started[0].output == ours  # committed exactly the output: rejected drafts rolled back
+    assert ref != hf_processed(llama, PROMPTS[0], 14, [])
+
+
+def test_sampled_output_keeps_the_constraint(llama, llama_draft):
+    rule = StrideRule()
+    res = specdec.generate(llama, PROMPTS * 4, llama_draft, max_new_tokens=12, temperature=1.0, eos_token_id=[],
+                           num_draft_tokens=3, engine="hf", constraint=rule, seed=0)
+    assert [s.output for s in rule.started] == res.sequences  # StrideState.commit asserts every token is allowed

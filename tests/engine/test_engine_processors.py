@@ -88,3 +88,35 @@ def test_engine_history_frozen_along_the_draft_breaks_the_law(pair, monkeypatch)
     monkeypatch.setattr(StepView, "process", frozen)
     pairs, _ = _pairs(target, draft, 6000, seed=3)
     assert chi2_pvalue(pairs, processed_two_token_law(target, SamplingConfig(1.0))) < 1e-8
+
+
+@pytest.mark.parametrize("gamma", [0, 3])
+def test_engine_greedy_with_a_constraint_is_transformers_prefix_constrained(llama, llama_draft, gamma):
+    """Constrained rows (eager steps, host masks) beside penalized and plain rows in one batch."""
+    from test_processing import StrideRule, hf_constrained
+
+    rules = [StrideRule() for _ in PROMPTS]
+    requests = [(p, SamplingParams(max_new_tokens=14, temperature=0, constraint=r)) for p, r in zip(PROMPTS, rules)]
+    requests += [(p, SamplingParams(max_new_tokens=14, temperature=0, repetition_penalty=1.8)) for p in PROMPTS]
+    requests += [(p, SamplingParams(max_new_tokens=14, temperature=0)) for p in PROMPTS]
+    refs = [hf_constrained(llama, p, 14, StrideRule()) for p in PROMPTS]
+    refs += [hf_processed(llama, p, 14, [], repetition_penalty=1.8) for p in PROMPTS]
+    refs += [hf_processed(llama, p, 14, []) for p in PROMPTS]
+    for drafter in ([llama_draft, PromptLookupDrafter()] if gamma else [None]):
+        rules[:] = [StrideRule() for _ in PROMPTS]
+        requests[:3] = [(p, SamplingParams(max_new_tokens=14, temperature=0, constraint=r))
+                        for p, r in zip(PROMPTS, rules)]
+        engine = Engine(llama, drafter, EngineConfig(max_batch_size=4, max_seq_len=64, num_draft_tokens=gamma or 1))
+        out = _run(engine, requests)
+        assert out == refs, type(drafter).__name__
+        assert [r.started[0].output for r in rules] == out[:3]
+
+
+def test_engine_sampled_output_keeps_the_constraint(llama, llama_draft):
+    from test_processing import StrideRule
+
+    rules = [StrideRule() for _ in range(6)]
+    engine = Engine(llama, llama_draft, EngineConfig(max_batch_size=4, max_seq_len=64, num_draft_tokens=3))
+    out = _run(engine, [(PROMPTS[i % 3], SamplingParams(max_new_tokens=12, temperature=1.0, seed=i, constraint=r))
+                        for i, r in enumerate(rules)])
+    assert [r.started[0].output for r in rules] == out  # StrideState.commit asserts every token is allowed
