@@ -246,6 +246,10 @@ class SamplingParams:
         if self.constraint is not None and not callable(getattr(self.constraint, "start", None)):
             raise TypeError("constraint must be None or a ConstraintSpec (an object with start(vocab_size) -> "
                             f"TokenConstraint), got {type(self.constraint).__name__}")
+        stops = getattr(self.constraint, "stop_token_ids", ())  # a grammar ends its text with one of these
+        if self.constraint is not None and not set(stops) <= set(self.eos_token_ids):
+            raise ValueError(f"constraint: its text ends with token {sorted(set(stops) - set(self.eos_token_ids))[0]}, "
+                             f"which is not among the request's eos_token_ids {list(self.eos_token_ids)}")
         object.__setattr__(self, "top_logprobs", as_int(self.top_logprobs, "top_logprobs", minimum=0,
                                                         maximum=MAX_TOP_LOGPROBS))
         if self.top_logprobs and not self.logprobs:

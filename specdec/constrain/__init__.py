@@ -8,13 +8,13 @@ Terms:
 
 The output law is plain decoding's from p̃: the mask is applied to p at every verified position and to q at
 every drafted position, the grammar state advanced along the draft and rolled back to what was committed
-(`state.GrammarRows`). The loop (`specdec.decoding`) runs it; the engine refuses constrained requests, which the
-text API routes to the loop (`text.runner.FallbackRunner`).
+(`state.GrammarState`, one per row: the `core.processors.TokenConstraint` the runners drive; a compiled
+`Grammar` is the `ConstraintSpec` a request carries as `SamplingParams(constraint=...)`).
 """
 
 from specdec.constrain.grammar import MISSING_ENGINE, Grammar, compile_constraint, grammar_engine_available
 from specdec.constrain.spec import Constraint, check_schema
-from specdec.constrain.state import GrammarRows, mask_logits, unpack_bitmask
+from specdec.constrain.state import GrammarState, unpack_bitmask
 
-__all__ = ["Constraint", "Grammar", "GrammarRows", "compile_constraint", "check_schema", "grammar_engine_available",
-           "mask_logits", "unpack_bitmask", "MISSING_ENGINE"]
+__all__ = ["Constraint", "Grammar", "GrammarState", "compile_constraint", "check_schema", "grammar_engine_available",
+           "unpack_bitmask", "MISSING_ENGINE"]

@@ -40,7 +40,8 @@ def _xgrammar():
 
 @dataclass(frozen=True, eq=False)
 class Grammar:
-    """A constraint compiled for one tokenizer: what a request carries to the runner (`SamplingParams.grammar`).
+    """A constraint compiled for one tokenizer: what a request carries to the runner (`SamplingParams.constraint`,
+    a `core.processors.ConstraintSpec`).
 
     vocab_size      V: the logits' width the masks are made for
     stop_token_ids  the tokens that end the text (the request's EOS ids): allowed exactly where the constraint
@@ -57,6 +58,16 @@ class Grammar:
         """A fresh `xgrammar.GrammarMatcher` at the start of the text (one per row)."""
         xgr = _xgrammar()
         return xgr.GrammarMatcher(self.compiled, override_stop_tokens=list(self.stop_token_ids))
+
+    def start(self, vocab_size: int):
+        """One row's state (`core.processors.ConstraintSpec`): a `GrammarState` at the start of the text, for a
+        model whose logits have `vocab_size` ≥ V entries (ids past V are never allowed)."""
+        if vocab_size < self.vocab_size:
+            raise ValueError(f"grammar: compiled for {self.vocab_size} logits but the model has {vocab_size}: "
+                             f"compile it with vocab_size={vocab_size}")
+        from specdec.constrain.state import GrammarState
+
+        return GrammarState(self)
 
     @property
     def bitmask_width(self) -> int:
