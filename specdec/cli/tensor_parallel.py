@@ -51,7 +51,7 @@ def run_tensor_parallel(args: argparse.Namespace, gamma) -> int:
     models = []  # released before the group is destroyed (their CUDA graphs captured its all-reduces)
     try:
         dtype = resolve_dtype(args.dtype, device)
-        target = load_sharded(args.target, device=device, dtype=dtype)
+        target = load_sharded(args.target, device=device, dtype=dtype, all_reduce=args.tensor_parallel_all_reduce)
         models.append(target)
         tokenizer = load_tokenizer(args.tokenizer or args.target)
         prompts = [tokenizer.encode(text) for text in args.prompt]

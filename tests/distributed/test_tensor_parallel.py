@@ -181,6 +181,13 @@ def test_cli_refuses_without_torchrun_or_wrong_world_size(checkpoints, capsys, m
     assert "--tensor-parallel-size must be >= 1" in capsys.readouterr().err
     assert main([*args, "2", "--num-draft-tokens", "heuristic"]) == 2
     assert "integer --num-draft-tokens" in capsys.readouterr().err
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR"):
+        monkeypatch.delenv(name)
+    assert main([*args[:-1], "--tensor-parallel-all-reduce", "one_shot"]) == 2  # without --tensor-parallel-size
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--tensor-parallel-all-reduce one_shot needs --tensor-parallel-size > 1" in err
+    assert main(["serve", "--target", checkpoints["llama"], "--tensor-parallel-all-reduce", "one_shot"]) == 2
+    assert "--tensor-parallel-all-reduce one_shot needs --tensor-parallel-size > 1" in capsys.readouterr().err
 
 
 def test_shard_shape_splits_heads_and_refuses_what_does_not_divide():
@@ -268,6 +275,10 @@ def test_text_api_tensor_parallel_refuses_auto_gamma_and_model_objects(checkpoin
         specdec.load(model, tokenizer=checkpoints["llama"], num_draft_tokens=0, tensor_parallel_size=2)
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         specdec.load(checkpoints["llama"], tensor_parallel_size=0)
+    with pytest.raises(ValueError, match="tensor_parallel_all_reduce='one_shot' needs tensor_parallel_size > 1"):
+        specdec.load(checkpoints["llama"], tensor_parallel_all_reduce="one_shot")
+    with pytest.raises(ValueError, match="all_reduce must be one of"):
+        specdec.load(checkpoints["llama"], tensor_parallel_all_reduce="nccl", tensor_parallel_size=2)
 
 
 def _serve_tensor_parallel(checkpoints, device: str) -> None:
