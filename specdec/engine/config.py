@@ -6,10 +6,29 @@ from dataclasses import dataclass
 
 from specdec.request import as_int, check_num_draft_tokens
 
-__all__ = ["EngineConfig", "UnsupportedModel", "BATCH_BUCKETS", "MIN_POSITIONS"]
+__all__ = ["EngineConfig", "UnsupportedModel", "BATCH_BUCKETS", "MIN_POSITIONS", "positions_bucket", "length_buckets"]
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MIN_POSITIONS = 64  # the shortest cache-length bucket a step attends over (buckets are powers of two)
+
+
+def positions_bucket(need: int, num_positions: int) -> int:
+    """The positions a decode step attends over when its longest row needs `need` of a cache of `num_positions`:
+    the power of two >= need (at least `MIN_POSITIONS`), or the whole cache when that power is within a quarter
+    of it (a max_seq_len of 1024 makes a cache of 1034: one bucket 1034, not 1024 and 1034 — a step shape, and
+    its captures, fewer for at most a quarter more positions)."""
+    bucket = max(MIN_POSITIONS, 1 << max(int(need) - 1, 0).bit_length())
+    return num_positions if bucket + bucket // 4 >= num_positions else bucket
+
+
+def length_buckets(num_positions: int, limit: int | None = None) -> list[int]:
+    """Every `positions_bucket` of a cache of `num_positions`, smallest first, up to the one holding `limit`
+    positions (None: all)."""
+    limit = num_positions if limit is None else min(int(limit), num_positions)
+    buckets = [positions_bucket(1, num_positions)]
+    while buckets[-1] < limit:
+        buckets.append(positions_bucket(buckets[-1] + 1, num_positions))
+    return buckets
 
 
 class UnsupportedModel(ValueError):

@@ -31,7 +31,7 @@ import torch
 
 from specdec.engine.admission import Admission, EngineRequest
 from specdec.engine.commit import Commit
-from specdec.engine.config import BATCH_BUCKETS, MIN_POSITIONS, EngineConfig
+from specdec.engine.config import BATCH_BUCKETS, EngineConfig, positions_bucket
 from specdec.engine.drafters import Flavor
 from specdec.engine.policy import GammaPolicy
 from specdec.engine.slots import MAX_EOS_IDS, PrefillGraphs, SlotCache, SlotState
@@ -230,9 +230,8 @@ class Engine(Admission, Commit, Warmup):
     # ------------------------------------------------------------------------------------------- steps
     def _positions(self, longest: int, gamma: int) -> int:
         """The length bucket of a step at γ whose longest row holds `longest` tokens: the positions it attends
-        over (a power of two, at least `MIN_POSITIONS`, at most the cache's)."""
-        need = longest + gamma + 2
-        return min(max(MIN_POSITIONS, 1 << (need - 1).bit_length()), self.num_positions)
+        over (`config.positions_bucket`)."""
+        return positions_bucket(longest + gamma + 2, self.num_positions)
 
     def _step_for(self, batch: int, gamma: int, positions: int, flavor: Flavor) -> "StepRunner":
         key = (batch, gamma, positions, flavor)

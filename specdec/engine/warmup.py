@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.engine.config import BATCH_BUCKETS, MIN_POSITIONS
+from specdec.engine.config import BATCH_BUCKETS, length_buckets
 from specdec.engine.drafters import Flavor
 from specdec.engine.slots import chunk_shapes
 from specdec.request import SamplingParams, as_int
@@ -40,15 +40,11 @@ class Warmup:
         built = 0
         with torch.inference_mode():
             for batch in sorted({next(b for b in BATCH_BUCKETS if b >= s) for s in batch_sizes}):
-                positions = MIN_POSITIONS
-                while True:
+                for positions in length_buckets(self.num_positions, limit):
                     for gamma in gammas:
                         for flavor in flavors:
-                            self._step_for(batch, gamma, min(positions, self.num_positions), flavor).capture()
+                            self._step_for(batch, gamma, positions, flavor).capture()
                             built += 1
-                    if positions >= limit:
-                        break
-                    positions *= 2
             self._warm_prefill(max_length or self.max_seq_len)
         self.policy.only_ready = True  # "auto" keeps to built shapes from now on (where any is built)
         return built

@@ -7,7 +7,7 @@ that shape; a capture of a 24-layer model costs ~0.1 s, which a request in fligh
   batch buckets  every bucket a running batch of 1..max_batch_size rows falls in (a max_batch_size that is no
                  bucket, e.g. 48, still reaches the next one: 64, cut at 48 rows)
   γ              the runner's: a fixed γ (the engine's policy never picks another), or every γ "auto" may pick
-  length buckets 64, 128, ... up to the context (prompt + generated + γ + 2 positions)
+  length buckets 64, 128, ... up to the context (prompt + generated + γ + 2 positions; `config.length_buckets`)
   flavors        T = 0 (greedy) and T > 0 without top-k / top-p / logprobs (what `Engine.warmup` covers)
 
 Bound: at most `MAX_WARMUP_SHAPES` shapes per runner (512 ≈ 1 min at 0.1 s each). Past it the longest length
@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from specdec.engine.config import BATCH_BUCKETS
+from specdec.engine.config import BATCH_BUCKETS, length_buckets
 
 __all__ = ["MAX_WARMUP_SHAPES", "WarmupPlan", "plan_warmup", "warm_up", "graph_captures", "step_shapes",
            "step_shapes_run"]
@@ -49,15 +49,6 @@ class WarmupPlan:
         return len(self.batch_sizes) * len(self.gammas) * self.num_length_buckets * len(self.temperatures)
 
 
-def _length_buckets(limit: int) -> int:
-    """How many length buckets cover `limit` positions (64, 128, ... up to the first >= limit)."""
-    count, positions = 1, FIRST_LENGTH_BUCKET
-    while positions < limit:
-        positions *= 2
-        count += 1
-    return count
-
-
 def plan_warmup(max_batch_size: int, gammas, num_positions: int, max_draft_tokens: int,
                 max_shapes: int = MAX_WARMUP_SHAPES, temperatures=WARMUP_TEMPERATURES) -> WarmupPlan:
     """Every shape a runner of `max_batch_size` rows, these γ's and `num_positions` cache positions can reach,
@@ -71,12 +62,12 @@ def plan_warmup(max_batch_size: int, gammas, num_positions: int, max_draft_token
     sizes = tuple(min(b, max_batch_size) for b in buckets)
     gammas = tuple(sorted(set(gammas)))
     temperatures = tuple(temperatures)
-    every = _length_buckets(num_positions)
+    every = len(length_buckets(num_positions))
     per_bucket = len(sizes) * len(gammas) * len(temperatures)
     kept = max(1, min(every, max_shapes // per_bucket))
     if kept == every:
         return WarmupPlan(sizes, gammas, every, None, temperatures)
-    covered = FIRST_LENGTH_BUCKET << (kept - 1)  # positions of the largest kept bucket
+    covered = length_buckets(num_positions)[kept - 1]  # positions of the largest kept bucket
     max_length = max(1, covered - max_draft_tokens - 2)  # the engine's limit: max_length + max_draft_tokens + 2
     return WarmupPlan(sizes, gammas, kept, max_length, temperatures, complete=False)
 

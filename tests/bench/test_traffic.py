@@ -239,7 +239,7 @@ def test_a_warmed_engine_under_traffic_builds_no_step_shape_with_auto():
     reports = warm_engines(spec, warm.plain, warm.arms)
     engine = warm.arms["model"]
     assert reports["model"]["gammas"] == [0, 1, 2, 4, 8] and reports["plain"]["gammas"] == [0]
-    assert reports["model"]["shapes"] == step_shapes(engine) == 4 * 5 * 4 * 2  # batch × γ × length buckets × flavor
+    assert reports["model"]["shapes"] == step_shapes(engine) == 4 * 5 * 3 * 2  # batch × γ × length buckets × flavor
     for _ in range(2):
         assert drive(engine, requests, 8, Arrival("closed"), "auto")["captures"] == 0
     assert engine.policy.only_ready and {g for _, g, _ in engine.policy.samples} > {0}  # (speculative arms ran)

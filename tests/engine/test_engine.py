@@ -238,3 +238,15 @@ def test_request_stats_add_up_to_the_engines(make_llama):
     assert total.beta_sum == pytest.approx(sum(s.beta_sum for s in finals))
     assert total.reached_by_position == [sum(v) for v in zip(*[s.reached_by_position + [0] * 4 for s in finals])][:4]
     assert total.accepted_tokens > 0 and total.max_num_draft_tokens == 4
+
+
+def test_positions_buckets_are_powers_of_two_and_the_whole_cache_at_the_top():
+    from specdec.engine.config import length_buckets, positions_bucket
+
+    assert [positions_bucket(n, 1034) for n in (1, 64, 65, 300, 512, 513, 1024, 1034)] == [
+        64, 64, 128, 512, 512, 1034, 1034, 1034]
+    assert length_buckets(1034) == [64, 128, 256, 512, 1034] and length_buckets(1034, 200) == [64, 128, 256]
+    assert length_buckets(1500) == [64, 128, 256, 512, 1024, 1500] and length_buckets(40) == [40]
+    for cache in (40, 266, 1034, 1500, 4106):  # every need maps to a listed bucket that holds it
+        buckets = length_buckets(cache)
+        assert all(need <= positions_bucket(need, cache) in buckets for need in range(1, cache + 1))

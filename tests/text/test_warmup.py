@@ -26,10 +26,12 @@ def test_the_plan_reaches_every_batch_bucket_of_the_running_batch(max_batch):
 
 
 def test_the_plan_counts_every_length_bucket_up_to_the_cache():
-    # the engine's length buckets: 64, 128, ... up to the first >= its cache positions (2064 → 4096: 7 buckets)
+    # the engine's length buckets: 64, 128, ... up to the cache's positions, which absorb a power of two within a
+    # quarter of them (2064: 64 .. 1024 and 2064, not 2048 too: 6 buckets)
     plan = plan_warmup(64, [4], num_positions=2064, max_draft_tokens=8)
-    assert plan.complete and plan.max_length is None and plan.num_length_buckets == 7
-    assert plan.num_shapes == 7 * 1 * 7 * 2  # batch buckets × γ × length buckets × (T=0, T=1)
+    assert plan.complete and plan.max_length is None and plan.num_length_buckets == 6
+    assert plan.num_shapes == 7 * 1 * 6 * 2  # batch buckets × γ × length buckets × (T=0, T=1)
+    assert plan_warmup(64, [4], num_positions=3000, max_draft_tokens=8).num_length_buckets == 7  # (2048, 3000)
     assert plan_warmup(1, [0], num_positions=FIRST_LENGTH_BUCKET, max_draft_tokens=0).num_length_buckets == 1
 
 
