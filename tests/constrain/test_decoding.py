@@ -81,6 +81,10 @@ def test_speculative_greedy_equals_plain_constrained_greedy(demo, constraint):
         spec = specdec.generate(target, prompts, drafter, max_new_tokens=40, temperature=0, num_draft_tokens=gamma,
                                 constraint=grammar, engine="hf")
         assert spec.sequences == plain.sequences, (type(drafter).__name__, gamma)
+    for gamma in (0, 3):  # the engine (eager for constrained rows) gives the same text
+        fast = specdec.generate(target, prompts, draft if gamma else None, max_new_tokens=40, temperature=0,
+                                num_draft_tokens=gamma, constraint=grammar, engine="fast")
+        assert fast.sequences == plain.sequences, ("engine", gamma)
     for tokens in plain.sequences:
         if tokens[-1] == tokenizer.eos_token_id:  # complete: it matches (else the budget cut it)
             text = tokenizer.decode(tokens[:-1])

@@ -25,7 +25,7 @@ from stats_utils import chi2_pvalue  # noqa: E402
 VOCAB = ["", ""] + list("abc0xyz") + ["ab", "bc", "abc", "c0"]  # "" = special; EOS = 1
 V, EOS, N = len(VOCAB), 1, 3  # the law of the first N tokens
 PROMPT = [3, 4, 5, 2]
-ROWS = 4000
+ROWS = 3000
 
 
 def _peaked_llama(seed: int, layers: int) -> torch.nn.Module:
@@ -73,9 +73,9 @@ def _exact_law(target, grammar) -> np.ndarray:
     return law
 
 
-def _samples(target, drafter, grammar, gamma: int, seed: int) -> np.ndarray:
+def _samples(target, drafter, grammar, gamma: int, seed: int, engine: str = "hf") -> np.ndarray:
     result = specdec.generate(target, [PROMPT] * ROWS, drafter, max_new_tokens=N, temperature=1.0, seed=seed,
-                              num_draft_tokens=gamma, constraint=grammar, eos_token_id=[EOS], engine="hf")
+                              num_draft_tokens=gamma, constraint=grammar, eos_token_id=[EOS], engine=engine)
     padded = [s + [0] * (N - len(s)) for s in result.sequences]  # texts that ended with EOS before N tokens
     return np.array([sum(t * V ** (N - 1 - i) for i, t in enumerate(s)) for s in padded])
 
@@ -102,11 +102,13 @@ class MisreportingDrafter(ModelDrafter):
         return Proposal(proposal.tokens, torch.stack(raw, 1), proposal.lengths, proposal.forward_passes)
 
 
-def test_law_is_the_masked_targets(setup):
+@pytest.mark.parametrize("engine", ["hf", "fast"])
+def test_law_is_the_masked_targets(setup, engine):
     target, draft, grammar = setup
     law = _exact_law(target, grammar)
-    assert chi2_pvalue(_samples(target, None, grammar, 0, seed=1), law) > 1e-3  # plain constrained decoding
-    samples = _samples(target, ModelDrafter(draft), grammar, 2, seed=2)
+    assert chi2_pvalue(_samples(target, None, grammar, 0, seed=1, engine=engine), law) > 1e-3  # plain decoding
+    drafter = ModelDrafter(draft) if engine == "hf" else draft
+    samples = _samples(target, drafter, grammar, 2, seed=2, engine=engine)
     assert chi2_pvalue(samples, law) > 1e-3
     assert chi2_pvalue(samples, _exact_law(draft, grammar)) < 1e-8  # the test can tell the draft's law apart
 
@@ -122,7 +124,8 @@ def test_negative_control_misreported_q_fails(setup):
                        _exact_law(target, grammar)) < 1e-8
 
 
-def test_negative_control_state_not_advanced_along_the_draft_fails(setup, monkeypatch):
+@pytest.mark.parametrize("engine", ["hf", "fast"])
+def test_negative_control_state_not_advanced_along_the_draft_fails(setup, monkeypatch, engine):
     """WRONG: every position masked as after the committed text (the matcher not advanced along the draft)."""
     target, draft, grammar = setup
     allowed = GrammarState.allowed
@@ -139,5 +142,5 @@ def test_negative_control_state_not_advanced_along_the_draft_fails(setup, monkey
 
     monkeypatch.setattr(GrammarState, "allowed", stale)
     monkeypatch.setattr(GrammarState, "commit", lenient_commit)
-    samples = _samples(target, ModelDrafter(draft), grammar, 2, seed=6)
+    samples = _samples(target, ModelDrafter(draft) if engine == "hf" else draft, grammar, 2, seed=6, engine=engine)
     assert chi2_pvalue(samples, _exact_law(target, grammar)) < 1e-8
