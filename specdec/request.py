@@ -191,7 +191,7 @@ class SamplingParams:
     `repetition_penalty` r > 0 (1 = off; transformers' semantics over prompt + output), `frequency_penalty` and
     `presence_penalty` in [-2, 2] (0 = off; OpenAI's, over the output), `logit_bias` {token id: bias in
     [-100, 100]} (ids checked against the vocabulary by the runner), `min_tokens` (EOS ids masked until that many
-    tokens were generated; at most max_new_tokens), `constraint` (a `core.processors.ConstraintSpec`, e.g. a
+    tokens were generated), `constraint` (a `core.processors.ConstraintSpec`, e.g. a
     compiled grammar; None = none). `top_logprobs` N ≤ 20: also report the N most likely tokens of the target's
     raw distribution at each generated token (needs `logprobs`).
     """
@@ -242,7 +242,7 @@ class SamplingParams:
             object.__setattr__(self, name, float(value))
         object.__setattr__(self, "logit_bias", _check_logit_bias(self.logit_bias))
         object.__setattr__(self, "min_tokens", as_int(self.min_tokens, "min_tokens", minimum=0,
-                                                      maximum=self.max_new_tokens))
+                                                      maximum=MAX_NEW_TOKENS))
         if self.constraint is not None and not callable(getattr(self.constraint, "start", None)):
             raise TypeError("constraint must be None or a ConstraintSpec (an object with start(vocab_size) -> "
                             f"TokenConstraint), got {type(self.constraint).__name__}")

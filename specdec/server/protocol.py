@@ -344,9 +344,38 @@ def _params(request, llm, num_prompt_tokens: int, default_max_tokens: int | None
             params["stop"] = check_stop(request.stop)
         except (TypeError, ValueError) as err:
             raise APIError(str(err), param="stop") from None
+    params.update(_processors(request, llm, max_tokens))
     params["num_draft_tokens"] = _num_draft_tokens(request, llm)
     params["logprobs"] = request.logprobs is not None and request.logprobs is not False
     return params
+
+
+def _processors(request, llm, max_tokens: int) -> dict:
+    """The logits processors a request asks for (`core.processors`: applied to p and q along every draft, so the
+    law is exactly the processed target's), checked against the model: logit_bias ids in the vocabulary,
+    min_tokens at most max_tokens (as vLLM)."""
+    out = {}
+    for name in ("frequency_penalty", "presence_penalty", "repetition_penalty"):
+        value = getattr(request, name)
+        if value is not None:
+            out[name] = value
+    if request.logit_bias:
+        bias = {}
+        for key, value in request.logit_bias.items():
+            token = int(key) if isinstance(key, str) and key.strip().isdigit() and len(key) <= 20 else None
+            if token is None or token >= llm.vocab_size:
+                raise APIError(f"logit_bias: {key!r} is not a token id in the vocabulary [0, {llm.vocab_size})",
+                               param="logit_bias")
+            if not -100.0 <= value <= 100.0:
+                raise APIError(f"logit_bias[{key}] must be in [-100, 100], got {value}", param="logit_bias")
+            bias[token] = value
+        out["logit_bias"] = bias
+    if request.min_tokens:
+        if request.min_tokens > max_tokens:
+            raise APIError(f"min_tokens={request.min_tokens} must be at most max_tokens={max_tokens}",
+                           param="min_tokens")
+        out["min_tokens"] = request.min_tokens
+    return out
 
 
 def _num_draft_tokens(request, llm) -> int:

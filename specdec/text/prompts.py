@@ -14,7 +14,12 @@ from specdec.text.detokenize import MAX_STOP_LENGTH, MAX_STOP_STRINGS
 
 __all__ = ["GenerationDefaults", "encode_prompts", "render_chat", "make_params", "PARAMS"]
 
-PARAMS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "num_draft_tokens", "logprobs")
+PARAMS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "num_draft_tokens", "logprobs",
+          "top_logprobs", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens",
+          "constraint")
+#: Logits processors (`core.processors`), passed to SamplingParams as they are (it checks them, naming the field)
+_PROCESSOR_PARAMS = ("repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens",
+                     "constraint")
 _DEFAULT_MAX_NEW_TOKENS = 64
 
 
@@ -24,6 +29,7 @@ class GenerationDefaults:
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0
+    repetition_penalty: float = 1.0  # a generation config's repetition_penalty is honoured (transformers applies it)
     max_new_tokens: int | None = None  # None = 64, capped by the room left in the context
     eos_token_ids: tuple[int, ...] = ()
 
@@ -41,6 +47,7 @@ class GenerationDefaults:
             top_k=int(get("top_k", 0)),
             top_p=float(get("top_p", 1.0)),
             min_p=float(get("min_p", 0.0)),
+            repetition_penalty=float(get("repetition_penalty", 1.0)),
             max_new_tokens=get("max_new_tokens", None),
             eos_token_ids=tuple(eos_token_ids),
         )
@@ -161,6 +168,9 @@ def make_params(llm, prompt_len: int, params: dict):
         seed=params.get("seed"),
         eos_token_ids=d.eos_token_ids,
         logprobs=_flag(params.get("logprobs", False), "logprobs"),
+        top_logprobs=params.get("top_logprobs", 0),
+        **{name: params[name] for name in _PROCESSOR_PARAMS if name in params},
+        **({} if "repetition_penalty" in params else {"repetition_penalty": d.repetition_penalty}),
     )
     return sampling, check_stop(params.get("stop")), gamma
 

@@ -105,7 +105,7 @@ def test_constraint_masks_read_the_draft_and_fill_the_rest():
 @pytest.mark.parametrize("field, bad", [("repetition_penalty", 0.0), ("repetition_penalty", float("inf")),
                                         ("frequency_penalty", 2.5), ("presence_penalty", float("nan")),
                                         ("logit_bias", {1: 101.0}), ("logit_bias", {-1: 1.0}),
-                                        ("logit_bias", {"x": 1.0}), ("min_tokens", -1), ("min_tokens", 65),
+                                        ("logit_bias", {"x": 1.0}), ("min_tokens", -1), ("min_tokens", 1 << 21),
                                         ("top_logprobs", 21), ("constraint", object())])
 def test_fields_are_checked_naming_them(field, bad):
     with pytest.raises((ValueError, TypeError), match=field.split("_")[0] if field != "logit_bias" else "logit_bias"):

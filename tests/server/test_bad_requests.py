@@ -116,11 +116,11 @@ def test_the_messages_say_what_is_wrong(server):
     assert "no RAISE please" in message(*CASES["chat template raise_exception"])["message"]
 
 
-# Fields specdec cannot honour (yet): each refused with a 400 that names it.
+# Fields specdec cannot honour (yet), and values of honoured fields it refuses: each a 400 that names the field.
 REFUSED = [
     completion(best_of=3), completion(use_beam_search=True), completion(length_penalty=0.5),
-    completion(frequency_penalty=0.5), completion(presence_penalty=-1.0), completion(repetition_penalty=1.2),
-    completion(logit_bias={"5": 10}), completion(min_tokens=3),
+    completion(logit_bias={"999999": 10}), completion(logit_bias={"x": 1}), completion(logit_bias={"5": 101}),
+    completion(min_tokens=3, max_tokens=2), completion(repetition_penalty=0),
     completion(allowed_token_ids=[1, 2]), completion(bad_words=["x"]), completion(logits_processors=["x"]),
     completion(response_format={"type": "json_object"}),
     chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}),
@@ -163,7 +163,8 @@ def test_every_declared_field_is_honoured_or_has_a_refusal():
     honoured = {"model", "max_tokens", "temperature", "top_p", "n", "seed", "stop", "stream", "stream_options", "user",
                 "metadata", "safety_identifier", "prompt_cache_key", "top_k", "min_p", "ignore_eos", "stop_token_ids",
                 "truncate_prompt_tokens", "request_id", "return_token_ids", "cache_salt", "specdec",
-                "num_draft_tokens", "add_special_tokens"}
+                "num_draft_tokens", "add_special_tokens", "frequency_penalty", "presence_penalty", "repetition_penalty",
+                "logit_bias", "min_tokens"}
     completion_only = {"prompt", "echo", "logprobs"}
     chat_only = {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "parallel_tool_calls",
                  "add_generation_prompt"}

@@ -114,3 +114,21 @@ def test_min_p_is_the_text_apis(client, local_llm):
     kw = dict(max_tokens=12, temperature=1.0, seed=11)
     got = client.completions.create(model="demo", prompt=PROMPT, extra_body={"min_p": 0.2}, **kw).choices[0].text
     assert got == local_llm.generate(PROMPT, max_new_tokens=12, temperature=1.0, seed=11, min_p=0.2).text
+
+
+@pytest.mark.parametrize("fields", [
+    {"repetition_penalty": 1.6},
+    {"frequency_penalty": 2.0, "presence_penalty": 2.0},
+    {"logit_bias": {"7": 30.0}, "min_tokens": 6},
+])
+def test_logits_processors_are_the_text_apis(server, local_llm, fields):
+    """Penalties, logit_bias and min_tokens through the server give the text API's output with the same
+    processors (itself equal to transformers' processed greedy decoding: tests/test_processing.py), and change it."""
+    got = post(server, {"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "return_token_ids": True, **fields})
+    kwargs = {k: ({int(t): b for t, b in v.items()} if k == "logit_bias" else v) for k, v in fields.items()}
+    want = local_llm.generate(PROMPT, max_new_tokens=24, temperature=0, **kwargs)
+    plain = local_llm.generate(PROMPT, max_new_tokens=24, temperature=0)
+    assert got["choices"][0]["token_ids"] == want.token_ids
+    assert want.token_ids != plain.token_ids
+    if "logit_bias" in fields:
+        assert 7 in want.token_ids
