@@ -199,7 +199,8 @@ class Engine(Admission, Commit, Warmup):
         caught_up = self._catch_up_drafter(gamma)
         positions = self._positions(longest, gamma)
         run = self._step_for(batch, gamma, positions, flavor)
-        first_run = not run.ran  # its time includes graph capture: not a step time
+        first_run = not run.ran  # its time includes graph capture, or a warmed graph's first replay: no step time
+        capturing = self.cuda_graphs and not run.captured
         run.ran = True
         if flavor.constrained:  # the host constraints of the rows, in slot order
             run.view.constraints = [r.constraint for r in running] + [None] * (run.view.lengths.shape[0] - n)
@@ -222,7 +223,7 @@ class Engine(Admission, Commit, Warmup):
         if not first_run:
             self.policy.record_step(batch, gamma, seconds, produced / n, length=longest,
                                     catch_up_of=self._plain_run if caught_up else 0)
-        elif self.cuda_graphs:
+        elif capturing:  # a capture in the middle of traffic (a shape the warm-up did not build): what it cost
             self.policy.record_capture(seconds)
         self._plain_run = self._plain_run + 1 if gamma == 0 else 0
         return outputs + committed

@@ -100,6 +100,11 @@ class StepRunner:
         """Runs without graphs: the engine runs eagerly, or a row's constraint is called on the host mid-step."""
         return not self.engine.cuda_graphs or self.flavor.constrained
 
+    @property
+    def captured(self) -> bool:
+        """Whether its graphs are captured (by `Engine.warmup` or a first run on CUDA)."""
+        return self._verify_graph is not None
+
     def capture(self) -> None:
         """Capture both halves once (CUDA graphs); a no-op when the step runs eagerly."""
         e = self.engine

@@ -53,3 +53,25 @@ def test_seeded_sampling_repeats_with_graphs(cuda_pair):
     target.cuda(), draft.cuda()
     agree = sum(a == b for a, b in zip(runs[0], eager))
     assert agree >= 2  # same counter randomness on CPU and GPU (float round-off may flip a rare token)
+
+
+def test_a_warmed_auto_engine_captures_nothing_under_traffic(cuda_pair):
+    """Issue 21: after `text.warmup.warm_up`, "auto" keeps to the captured shapes — no graph is captured while
+    requests of mixed lengths and temperatures come and go, and the policy records no capture."""
+    from specdec.text.warmup import graph_captures, warm_up
+
+    target, draft = cuda_pair
+    engine = Engine(target, draft, EngineConfig(max_batch_size=8, max_seq_len=256, num_draft_tokens="auto"))
+    report = warm_up(engine, 8)
+    assert report["complete"] and graph_captures(engine) == report["shapes"] and engine.policy.only_ready
+    gen = torch.Generator().manual_seed(0)
+    for i in range(24):  # more requests than slots, admitted as slots free
+        n = int(torch.randint(3, 150, (1,), generator=gen))
+        engine.add_request(torch.randint(1, 60, (n,), generator=gen).tolist(),
+                           SamplingParams(temperature=float(i % 2), seed=i, max_new_tokens=int(5 + i * 3)))
+        if i % 3 == 2:
+            for _ in range(4):
+                engine.step()
+    while engine.has_unfinished():
+        engine.step()
+    assert graph_captures(engine) == report["shapes"] and engine.policy.capture_events == []
