@@ -18,6 +18,7 @@ Both are graph-capturable once warm (the symmetric buffer is allocated and excha
 from __future__ import annotations
 
 import logging
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -70,8 +71,10 @@ class OneShotAllReduce:
         self.group = group
         self.fallback = GroupAllReduce(group)
         self.name = _group_name(group)
-        if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed before rendezvous on older torch
-            symm_mem.enable_symm_mem_for_group(self.name)
+        if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed before rendezvous on older torch, a
+            with warnings.catch_warnings():                  # deprecated no-op (with a warning) on newer
+                warnings.simplefilter("ignore")
+                symm_mem.enable_symm_mem_for_group(self.name)
         self.buffer = symm_mem.empty(max_bytes // torch.empty((), dtype=dtype).element_size(), dtype=dtype,
                                      device=device)
         self.handle = symm_mem.rendezvous(self.buffer, self.name)  # collective: every rank exchanges handles
