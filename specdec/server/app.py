@@ -29,6 +29,7 @@ from specdec.server import responses as R
 from specdec.server.guard import GuardConfig, GuardMiddleware
 from specdec.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from specdec.server.runs import Health, Mailbox, Run, SeedSource, describe
+from specdec.server.structured import compile_for, constraint_of
 
 logger = logging.getLogger(__name__)
 
@@ -144,6 +145,7 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
         typed = P.validate(model_cls, body)
         P.check_model(typed, model_name)
         P.check_refusals(typed)
+        structured = constraint_of(typed)  # (field, Constraint) or None: checked before any tokenization
         sources = P.prompt_sources(typed)
         chat = model_cls is P.ChatRequest
         P.check_length(sources, llm.max_seq_len, max_token_chars, "messages" if chat else "prompt")
@@ -152,7 +154,12 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
         else:
             prompts = await asyncio.get_running_loop().run_in_executor(tokenize_pool, P.encode, llm, typed, sources)
         echo = P.prompt_texts(llm, sources) if not chat and typed.echo else None
-        parsed = P.build(typed, llm, prompts, limit, echo, seeds.next() if typed.seed is None else None)
+        grammar = None
+        if structured is not None:  # the first compile per tokenizer reads its vocabulary: off the event loop
+            grammar = await asyncio.get_running_loop().run_in_executor(
+                tokenize_pool, compile_for, llm, *structured, P.eos_ids(typed, llm))
+        parsed = P.build(typed, llm, prompts, limit, echo, seeds.next() if typed.seed is None else None,
+                         constraint=grammar)
         return await _serve(request, parsed, chat)
 
     async def _serve(request, parsed: P.ParsedRequest, chat: bool):

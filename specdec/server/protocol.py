@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from specdec.server.schema import MAX_CHOICES, MAX_PROMPTS, ChatRequest, CompletionRequest, refusal
 
 __all__ = ["APIError", "ParsedRequest", "ChoiceSpec", "parse_body", "validate", "check_model", "check_refusals",
-           "prompt_sources", "check_length", "source_chars", "encode", "prompt_texts", "build", "error_body", "CompletionRequest",
+           "prompt_sources", "check_length", "source_chars", "encode", "prompt_texts", "build", "eos_ids", "error_body", "CompletionRequest",
            "ChatRequest", "MAX_BODY_BYTES"]
 
 MAX_BODY_BYTES = 1 << 20
@@ -254,15 +254,17 @@ def prompt_texts(llm, sources: list) -> tuple[str, ...]:
 # --- per-choice parameters ------------------------------------------------------------------------
 
 def build(request, llm, prompts: list[list[int]], max_tokens_limit: int, echo: tuple[str, ...] | None,
-          default_seed: int | None = None) -> ParsedRequest:
+          default_seed: int | None = None, constraint=None) -> ParsedRequest:
     """The runner requests: prompt-major, n choices per prompt. `default_seed`: the seed of a request that sends
-    none (None = fresh randomness)."""
+    none (None = fresh randomness). `constraint`: its structured output compiled (`server.structured`), or None."""
     chat = isinstance(request, ChatRequest)
     choices = []
     eos = _eos(request, llm)
     seed = request.seed if request.seed is not None else default_seed
     for i, ids in enumerate(prompts):
         base = _params(request, llm, len(ids), None if chat else DEFAULT_COMPLETION_MAX_TOKENS, max_tokens_limit)
+        if constraint is not None:
+            base["constraint"] = constraint
         for j in range(request.n):
             params = dict(base)
             if seed is not None:  # n > 1: the choices are independent draws (seed, seed + 1, ...)
@@ -291,6 +293,11 @@ def _check_top_one(request, llm, name: str, params: dict) -> None:
         raise APIError(f"{name}=1 is served for greedy requests only (temperature 0: the chosen token is the most "
                        f"likely one); this request samples at temperature {temperature:g}: use {name}=0 (the chosen "
                        "token's log-probability)", param=name)
+
+
+def eos_ids(request, llm) -> tuple[int, ...] | None:
+    """The request's EOS ids (ignore_eos, stop_token_ids), or None = the model's."""
+    return _eos(request, llm)
 
 
 def _eos(request, llm) -> tuple[int, ...] | None:

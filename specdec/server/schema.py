@@ -170,11 +170,12 @@ REFUSED: tuple[tuple[str, Any, str], ...] = (
     ("allowed_token_ids", lambda r: r.allowed_token_ids is None, _PROCESSORS),
     ("bad_words", lambda r: not r.bad_words, _PROCESSORS),
     ("logits_processors", lambda r: not r.logits_processors, _PROCESSORS),
-    ("response_format", lambda r: r.response_format is None or r.response_format.type == "text",
-     "structured output (JSON object / JSON schema / grammar) " + _PROCESSORS),
-    *((name, (lambda r, name=name: getattr(r, name) is None), "structured output " + _PROCESSORS)
-      for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
-                   "guided_whitespace_pattern", "structural_tag", "structured_outputs")),
+    # response_format, guided_json / _regex / _choice / _grammar / _decoding_backend and structured_outputs are
+    # honoured (server/structured.py: one per request, schemas checked keyword by keyword)
+    ("guided_whitespace_pattern", lambda r: r.guided_whitespace_pattern is None,
+     "JSON is generated in one layout (\", \" and \": \" separators, no other whitespace)"),
+    ("structural_tag", lambda r: r.structural_tag is None, "structural tags (tool-call formats) are not served; "
+     "use response_format or guided_grammar"),
     ("prompt_logprobs", lambda r: r.prompt_logprobs is None, "prompt log-probabilities are not computed"),
     ("include_stop_str_in_output", lambda r: not r.include_stop_str_in_output,
      "the text is always cut before a stop string"),
