@@ -266,7 +266,9 @@ class LLM:
         """Completions for a prompt (a `Completion`) or a list of prompts (a list, in order).
 
         A prompt is a string, token ids, or chat messages `[{"role": ..., "content": ...}]`.
-        params: max_new_tokens, temperature, top_k, top_p, seed, stop, num_draft_tokens, logprobs.
+        params: max_new_tokens, temperature, top_k, top_p, min_p, seed, stop, num_draft_tokens, logprobs, the logits
+        processors (repetition_penalty, ..., constraint: a `specdec.constrain.Constraint`, compiled here for this
+        model, e.g. `Constraint.json_schema(schema)`, or a compiled one).
         """
         batch, single = encode_prompts(prompts, self.tokenizer, self.vocab_size)
         prepared = [make_params(self, len(ids), params) for ids in batch]

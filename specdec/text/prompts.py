@@ -169,10 +169,23 @@ def make_params(llm, prompt_len: int, params: dict):
         eos_token_ids=d.eos_token_ids,
         logprobs=_flag(params.get("logprobs", False), "logprobs"),
         top_logprobs=params.get("top_logprobs", 0),
-        **{name: params[name] for name in _PROCESSOR_PARAMS if name in params},
+        **{name: params[name] for name in _PROCESSOR_PARAMS if name in params and name != "constraint"},
+        constraint=_constraint(llm, params.get("constraint")),
         **({} if "repetition_penalty" in params else {"repetition_penalty": d.repetition_penalty}),
     )
     return sampling, check_stop(params.get("stop")), gamma
+
+
+def _constraint(llm, constraint):
+    """A tokenizer-free `specdec.constrain.Constraint` compiled for this model (its tokenizer, logits, EOS ids);
+    anything else (None, a compiled grammar, a `core.processors.ConstraintSpec`) as it is."""
+    from specdec.constrain.spec import Constraint
+
+    if not isinstance(constraint, Constraint):
+        return constraint
+    from specdec.constrain.grammar import compile_constraint
+
+    return compile_constraint(constraint, llm.tokenizer, llm.vocab_size, llm.defaults.eos_token_ids)
 
 
 def check_stop(stop) -> tuple[str, ...]:

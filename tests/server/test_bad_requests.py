@@ -122,10 +122,12 @@ REFUSED = [
     completion(logit_bias={"999999": 10}), completion(logit_bias={"x": 1}), completion(logit_bias={"5": 101}),
     completion(min_tokens=3, max_tokens=2), completion(repetition_penalty=0),
     completion(allowed_token_ids=[1, 2]), completion(bad_words=["x"]), completion(logits_processors=["x"]),
-    completion(response_format={"type": "json_object"}),
-    chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}),
-    completion(guided_json={"type": "object"}), completion(guided_regex="a+"), completion(guided_choice=["a"]),
-    completion(guided_grammar="x"), completion(structured_outputs={"json": {}}), completion(prompt_logprobs=1),
+    completion(response_format={"type": "structural_tag"}),
+    chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"if": {}}}}),
+    completion(guided_json={"not": {}}), completion(guided_regex="a("), completion(guided_choice=[]),
+    completion(guided_grammar="x"), completion(structured_outputs={"xml": {}}), completion(prompt_logprobs=1),
+    completion(guided_whitespace_pattern=" "), completion(structural_tag={"a": 1}),
+    completion(guided_decoding_backend="outlines"),
     completion(include_stop_str_in_output=True), completion(skip_special_tokens=False),
     completion(spaces_between_special_tokens=False), completion(return_tokens_as_token_ids=True),
     completion(priority=1), completion(store=True), completion(service_tier="flex"),
@@ -164,7 +166,8 @@ def test_every_declared_field_is_honoured_or_has_a_refusal():
                 "metadata", "safety_identifier", "prompt_cache_key", "top_k", "min_p", "ignore_eos", "stop_token_ids",
                 "truncate_prompt_tokens", "request_id", "return_token_ids", "cache_salt", "specdec",
                 "num_draft_tokens", "add_special_tokens", "frequency_penalty", "presence_penalty", "repetition_penalty",
-                "logit_bias", "min_tokens"}
+                "logit_bias", "min_tokens", "response_format", "guided_json", "guided_regex", "guided_choice",
+                "guided_grammar", "guided_decoding_backend", "structured_outputs"}
     completion_only = {"prompt", "echo", "logprobs"}
     chat_only = {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "parallel_tool_calls",
                  "add_generation_prompt"}

@@ -101,3 +101,13 @@ def test_refusals_name_the_field(server, body, param, message):
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and message in error["message"], error
+
+
+def test_the_text_api_compiles_a_constraint_and_gives_the_servers_text(client, local_llm):
+    from specdec.constrain import Constraint
+
+    prompt, pattern = "def pick(x):\n    return ", r"[0-9]{3}-(yes|no)"
+    served = client.completions.create(model="demo", prompt=prompt, max_tokens=60, temperature=0,
+                                       extra_body={"guided_regex": pattern})
+    local = local_llm.generate(prompt, max_new_tokens=60, temperature=0, constraint=Constraint.regex(pattern))
+    assert local.text == served.choices[0].text and re.fullmatch(pattern, local.text)
