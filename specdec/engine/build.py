@@ -128,9 +128,10 @@ def _fast_model(model, check_only: bool = False) -> FastLlama | None:
             from None
 
 
-def build_model(target, kernels: str = "auto") -> FastLlama:
+def build_model(target, kernels: str = "auto", bitwise: bool = False) -> FastLlama:
     model = _fast_model(target)
     model.kernels = kernels
+    model.bitwise = bitwise  # (a ValueError for families it does not cover: never a silent fallback)
     return model
 
 

@@ -53,6 +53,10 @@ class EngineConfig:
                       the engine at a chosen α (the output is then NOT the target's distribution)
     kernels           the layer kernels of the target and model drafters: "auto" (fused Triton kernels on CUDA
                       where Triton imports), "triton", "reference" (eager PyTorch); see FastLlama
+    bitwise           bit-for-bit exact mode: the target runs batch-invariant GEMM and attention kernels in every
+                      forward (`fast.kernels.invariant`), so greedy and seeded output and log-probabilities are the
+                      same bits alone or in any batch, for any γ and with speculation on or off (sampled output
+                      across γ: see README); the Llama-body families; costs speed (BENCHMARKS.md)
     """
 
     max_batch_size: int = 64
@@ -64,6 +68,7 @@ class EngineConfig:
     prefill_graphs: bool | None = None
     synthetic_acceptance: float | None = None
     kernels: str = "auto"
+    bitwise: bool = False
 
     def __post_init__(self) -> None:
         as_int(self.max_batch_size, "max_batch_size", minimum=1, maximum=BATCH_BUCKETS[-1])
@@ -78,6 +83,8 @@ class EngineConfig:
             raise ValueError(f"synthetic_acceptance must be None or in [0, 1], got {a!r}")
         if self.kernels not in ("auto", "triton", "reference"):
             raise ValueError(f"kernels must be 'auto', 'triton' or 'reference', got {self.kernels!r}")
+        if not isinstance(self.bitwise, bool):
+            raise TypeError(f"bitwise must be True or False, got {self.bitwise!r}")
         if self.cuda_graphs not in (None, True, False):
             raise TypeError(f"cuda_graphs must be None, True or False, got {self.cuda_graphs!r}")
         if self.prefill_graphs not in (None, True, False):

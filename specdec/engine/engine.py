@@ -57,7 +57,7 @@ class Engine(Admission, Commit, Warmup):
 
         self.config = config = config or EngineConfig()
         with torch.inference_mode():
-            self.model = build_model(target, config.kernels)
+            self.model = build_model(target, config.kernels, config.bitwise)
             shape = self.model.shape
             self.device = self.model.device
             self.vocab_size = shape.vocab_size

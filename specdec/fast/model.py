@@ -24,6 +24,12 @@ RMSNorm (+ o bias), gate|up GEMM, SiLU·mul, down GEMM (+ residual); "auto" is "
 imports, else "reference". The fused layer covers the Llama body (`Arch.fusable`: Llama, Mistral, Qwen2/3, SmolLM3,
 Granite, full-rotary Phi-3; windows included); the other families run the eager body, whose attention still takes
 the Triton kernel on CUDA (windows and Gemma 2's softcap included).
+
+bitwise (an attribute, `EngineConfig(bitwise=True)`): every forward — prefill included, whatever `kernels` says —
+runs the batch-invariant GEMM and attention of `specdec.fast.kernels.invariant` (on CUDA inside the fused layer,
+with the final norm on the per-row Triton kernel; on CPU in the eager body), so a position's logits are the same
+bits whether it is computed alone, in a (γ+1)-token verify pass, in any batch or in a prefill chunk. The Llama
+body only (`Arch.fusable`); other families are refused.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from specdec.fast.cache import KVCache, TreeNodes, round_up
 from specdec.fast.families import FAMILIES, Arch, LlamaShape, mlp_activation, norm, rope_table
 from specdec.fast.weights import hf_ropes, hf_weights
 from specdec.fast.kernels.attention import slot_attention, slot_attention_bias, triton_unsupported
+from specdec.fast.kernels.invariant import invariant_attention, invariant_linear
 from specdec.fast.kernels.linear import FASTER_THAN_CUBLAS, linear
 from specdec.fast.kernels.mlp import silu_mul
 from specdec.fast.kernels.norm import add_rms_norm, rms_norm
@@ -63,6 +70,7 @@ class FastLlama(torch.nn.Module):
         # (`FASTER_THAN_CUBLAS`, ≤ 16 rows on CUDA), cuBLAS for the rest; "triton" = that kernel for every weight it
         # covers; "reference" = cuBLAS always (scripts/bench_forward.py compares them).
         self.linear_kernel = "auto"
+        self._bitwise = False
         s, a, n = shape, shape.arch, shape.n_layers
         qkv_out = (s.n_heads + 2 * s.n_kv_heads) * s.head_dim
         norm_dtype = torch.float32 if a.norm == "rms1p" else dtype  # (1 + w), kept in float32 as transformers has it
@@ -168,8 +176,27 @@ class FastLlama(torch.nn.Module):
     def kernels(self, value: str) -> None:
         self._kernels = check_kernel(value, "kernels")
 
+    @property
+    def bitwise(self) -> bool:
+        """Batch-invariant kernels in every forward (see the module doc); the Llama body only."""
+        return self._bitwise
+
+    @bitwise.setter
+    def bitwise(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise TypeError(f"bitwise must be True or False, got {value!r}")
+        if value and not self.shape.arch.fusable:
+            raise ValueError("bitwise=True covers the Llama-body families (RMSNorm, gated SiLU MLP, full RoPE, no "
+                             "soft-caps); this model's family is not one of them")
+        if value and type(self)._row_parallel is not FastLlama._row_parallel:
+            raise ValueError(f"bitwise=True is not available for {type(self).__name__} (its all-reduce is not "
+                             "batch-invariant)")
+        self._bitwise = bool(value)
+
     def _fused(self, kernels: str | None = None) -> bool:
         """True when this forward runs the fused layer (host-side only: no sync, capture-safe)."""
+        if self.bitwise:  # the fused layer on CUDA (or in Triton's interpreter when the model's kernels say "triton"),
+            return self.device.type == "cuda" or self.kernels == "triton"  # the eager body on CPU; never per call
         kernels = self.kernels if kernels is None else kernels
         if not self.shape.arch.fusable and kernels == "auto":
             return False  # the eager body (its attention still takes the Triton kernel on CUDA)
@@ -224,7 +251,10 @@ class FastLlama(torch.nn.Module):
 
     # ------------------------------------------------------------------------------------------- forward
     def _gemm(self, weight: torch.Tensor) -> str:
-        """The `kernels.linear` mode for this weight on the fused path (see `linear_kernel`)."""
+        """The `kernels.linear` mode for this weight on the fused path (see `linear_kernel`); "bitwise" =
+        `invariant_linear`."""
+        if self.bitwise:
+            return "bitwise"
         mode = self.linear_kernel
         if mode == "auto" and tuple(weight.shape) not in FASTER_THAN_CUBLAS:
             return "reference"
@@ -233,14 +263,27 @@ class FastLlama(torch.nn.Module):
     def _row_parallel(self, x: torch.Tensor, inp: torch.Tensor, weight: torch.Tensor,
                       kernel: str = "reference") -> torch.Tensor:
         """x += inp @ weightᵀ in place (`x [N, dim]`); a tensor-parallel subclass all-reduces the product.
-        kernel: "reference" is cuBLAS's addmm_; else `kernels.linear` (its weight-streaming kernel for few rows)."""
+        kernel: "reference" is cuBLAS's addmm_; "bitwise" `invariant_linear`; else `kernels.linear` (its
+        weight-streaming kernel for few rows)."""
         if kernel == "reference":
             return x.addmm_(inp, weight.t())
+        if kernel == "bitwise":
+            return invariant_linear(inp, weight, residual=x, out=x)
         return linear(inp, weight, residual=x, out=x, kernel=kernel)
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                kernel: str = "reference") -> torch.Tensor:
+        """x @ weightᵀ (+ bias): "reference" F.linear (cuBLAS / the CPU BLAS), "bitwise" `invariant_linear`, else
+        `kernels.linear`."""
+        if kernel == "reference":
+            return F.linear(x, weight, bias)
+        if kernel == "bitwise":
+            return invariant_linear(x, weight, bias)
+        return linear(x, weight, bias, kernel=kernel)
 
     def _logits(self, x: torch.Tensor, kernel: str = "reference") -> torch.Tensor:
         """Float32 logits `[B, k, V]` of final hidden states `x [B, k, dim]`; a vocab-parallel subclass gathers them."""
-        logits = F.linear(x, self.lm_head) if kernel == "reference" else linear(x, self.lm_head, kernel=kernel)
+        logits = self._linear(x, self.lm_head, kernel=kernel)
         cap, scale = self.shape.arch.final_softcap, self.shape.arch.logit_scale
         logits = logits if scale is None else logits / scale  # (Granite)
         return (logits if cap is None else torch.tanh(logits / cap) * cap).float()
@@ -248,17 +291,19 @@ class FastLlama(torch.nn.Module):
     def _norm(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return norm(x, weight, bias, self.shape.arch.norm, self.shape.rms_norm_eps)
 
-    def _mlp(self, h: torch.Tensor, i: int) -> torch.Tensor:
+    def _mlp(self, h: torch.Tensor, i: int, kernel: str = "reference") -> torch.Tensor:
         """The MLP's inner activations `[N, I]`: act(gate)·up, or act(up + bias)."""
-        up = F.linear(h, self.w_gate_up[i], self.b_up[i] if self.shape.arch.mlp_bias else None)
+        up = self._linear(h, self.w_gate_up[i], self.b_up[i] if self.shape.arch.mlp_bias else None, kernel)
         return mlp_activation(up, self.shape.arch)
 
     def _eager_layers(self, x: torch.Tensor, cache: KVCache, rope_pos: torch.Tensor, slots: torch.Tensor,
                       tables: list, capture: list | None = None, attention: str = "reference", tree=None) -> torch.Tensor:
         """The decoder layers in eager PyTorch: `x [B, k, dim]` → `[B, k, dim]`. attention: `slot_attention`'s
         kernel (the Triton one on CUDA for families the fused layer does not cover). capture (optional): appends
-        a copy of the residual stream entering each layer of `feature_layers`."""
+        a copy of the residual stream entering each layer of `feature_layers`. Under `bitwise` the GEMMs and the
+        attention are the invariant ones (the Llama body's branch only: other families are refused)."""
         s, a = self.shape, self.shape.arch
+        gemm = "bitwise" if self.bitwise else "reference"
         batch, k = x.shape[:2]
         nq, nkv, hd = s.n_heads, s.n_kv_heads, s.head_dim
         rot = hd if a.rotary_dim is None else a.rotary_dim
@@ -272,7 +317,8 @@ class FastLlama(torch.nn.Module):
             if capture is not None and i in self.feature_layers:
                 capture.append(x.clone().view(batch, k, s.dim))
             h = self._norm(x, self.attn_norm[i], self.attn_norm_bias[i] if a.norm == "layer" else None)
-            qkv = F.linear(h, self.wqkv[i], self.bqkv[i] if s.qkv_bias else None).view(batch, k, nq + 2 * nkv, hd)
+            qkv = self._linear(h, self.wqkv[i], self.bqkv[i] if s.qkv_bias else None, gemm)
+            qkv = qkv.view(batch, k, nq + 2 * nkv, hd)
             qk, v = qkv[:, :, : nq + nkv], qkv[:, :, nq + nkv :]
             if s.qk_norm:
                 qk = torch.cat([self._norm(qk[:, :, :nq], self.q_norm[i]), self._norm(qk[:, :, nq:], self.k_norm[i])],
@@ -285,10 +331,14 @@ class FastLlama(torch.nn.Module):
             cache.keys[i].scatter_(2, write_index, key.transpose(1, 2))
             cache.values[i].scatter_(2, write_index, v.transpose(1, 2))
             window = a.window(i)
-            if window not in masks and attention == "reference":
-                masks[window] = slot_attention_bias(bound, cache.keys[0].shape[2], nq // nkv, self.dtype, window, tree)
-            attn = slot_attention(q, cache.keys[i], cache.values[i], bound, a.attn_scale, window=window,
-                                  softcap=a.attn_softcap, kernel=attention, bias=masks.get(window), tree=tree)
+            if self.bitwise:  # (token trees are refused in forward)
+                attn = invariant_attention(q, cache.keys[i], cache.values[i], bound, a.attn_scale, window=window)
+            else:
+                if window not in masks and attention == "reference":
+                    masks[window] = slot_attention_bias(bound, cache.keys[0].shape[2], nq // nkv, self.dtype, window,
+                                                        tree)
+                attn = slot_attention(q, cache.keys[i], cache.values[i], bound, a.attn_scale, window=window,
+                                      softcap=a.attn_softcap, kernel=attention, bias=masks.get(window), tree=tree)
             attn = attn.reshape(batch * k, nq * hd)
             bo = self.bo[i] if s.o_bias else None
             if a.sandwich_norms:  # Gemma 2/3: x + norm(attn), then x + norm(mlp(norm(x)))
@@ -300,10 +350,11 @@ class FastLlama(torch.nn.Module):
                 act = self._mlp(self._norm(x, self.mlp_norm[i], self.mlp_norm_bias[i]), i)
                 x = F.linear(act, self.w_down[i], self.b_down[i]) + F.linear(attn, self.wo[i], bo) + x
                 continue
-            x = self._row_parallel(x, attn, self.wo[i])  # residual add fused into the GEMM
+            x = self._row_parallel(x, attn, self.wo[i], gemm)  # residual add fused into the GEMM
             x = x if bo is None else x + bo
-            act = self._mlp(self._norm(x, self.mlp_norm[i], self.mlp_norm_bias[i] if a.norm == "layer" else None), i)
-            x = self._row_parallel(x, act, self.w_down[i])
+            act = self._mlp(self._norm(x, self.mlp_norm[i], self.mlp_norm_bias[i] if a.norm == "layer" else None), i,
+                            gemm)
+            x = self._row_parallel(x, act, self.w_down[i], gemm)
             x = x + self.b_down[i] if a.mlp_bias else x
         return x.view(batch, k, s.dim)
 
@@ -320,7 +371,7 @@ class FastLlama(torch.nn.Module):
             if capture is not None and i in self.feature_layers:
                 capture.append(x.clone().view(batch, k, s.dim))
             h = rms_norm(x, self.attn_norm[i], eps, kernel=mode)
-            qkv = linear(h, self.wqkv[i], kernel=self._gemm(self.wqkv[i])).view(batch, k, -1)  # (the bias is added by the RoPE kernel)
+            qkv = self._linear(h, self.wqkv[i], kernel=self._gemm(self.wqkv[i])).view(batch, k, -1)  # (bias: in RoPE)
             cos, sin = tables[a.rope_index(i)]
             q = rope_cache_write(qkv, cache.keys[i], cache.values[i], rope_pos, slots, cos, sin, nq,
                                  bias=self.bqkv[i] if s.qkv_bias else None,
@@ -330,14 +381,17 @@ class FastLlama(torch.nn.Module):
                 attn_kernel = self.kernels
                 if attn_kernel == "triton" and triton_unsupported(q, cache.keys[i], cache.values[i], bound):
                     attn_kernel = "reference"
-            attn = slot_attention(q, cache.keys[i], cache.values[i], bound, a.attn_scale, window=a.window(i),
-                                  kernel=attn_kernel, tree=tree)
+            if self.bitwise:
+                attn = invariant_attention(q, cache.keys[i], cache.values[i], bound, a.attn_scale, window=a.window(i))
+            else:
+                attn = slot_attention(q, cache.keys[i], cache.values[i], bound, a.attn_scale, window=a.window(i),
+                                      kernel=attn_kernel, tree=tree)
             x = self._row_parallel(x, attn.reshape(batch * k, nq * hd), self.wo[i], self._gemm(self.wo[i]))  # residual add in the GEMM
             if s.o_bias:
                 x, h = add_rms_norm(x, self.bo[i], self.mlp_norm[i], eps, kernel=mode)
             else:
                 h = rms_norm(x, self.mlp_norm[i], eps, kernel=mode)
-            act = silu_mul(linear(h, self.w_gate_up[i], kernel=self._gemm(self.w_gate_up[i])), kernel=mode)
+            act = silu_mul(self._linear(h, self.w_gate_up[i], kernel=self._gemm(self.w_gate_up[i])), kernel=mode)
             x = self._row_parallel(x, act, self.w_down[i], self._gemm(self.w_down[i]))
         return x.view(batch, k, s.dim)
 
@@ -363,6 +417,8 @@ class FastLlama(torch.nn.Module):
         device, num_slots_total = cache.lengths.device, cache.keys[0].shape[2]
         junk = num_slots_total - 1
         tree_mask, added = None, k
+        if tree is not None and self.bitwise:
+            raise ValueError("bitwise=True does not cover token trees (tree=): its attention has no tree mask")
         if tree is not None:
             positions, slots, tree_mask = tree.place(cache.lengths, junk)
         elif valid is None:
@@ -392,9 +448,12 @@ class FastLlama(torch.nn.Module):
             x = self._eager_layers(x, cache, rope_pos, slots, tables, capture, mode, tree_mask)  # ("triton": fused or raised)
         if last_only:
             x = x[:, -1:]
-        if self.normed_output:  # (an EAGLE head's layer hands out its residual stream; the head norms it)
+        if self.normed_output and fused and self.bitwise:  # the per-row Triton norm (torch's CUDA reduction's
+            x = rms_norm(x, self.final_norm, s.rms_norm_eps, kernel="triton")  # split can follow the row count)
+        elif self.normed_output:  # (an EAGLE head's layer hands out its residual stream; the head norms it)
             x = self._norm(x, self.final_norm, self.final_norm_bias)
-        logits = self._logits(x, self._gemm(self.lm_head) if fused else "reference") if compute_logits else None
+        gemm = self._gemm(self.lm_head) if fused or self.bitwise else "reference"
+        logits = self._logits(x, gemm) if compute_logits else None
         if advance:
             cache.lengths.add_(added)
         if capture is not None:

@@ -1,0 +1,129 @@
+"""The bitwise-exact mode's cost on the GPU (issue 26, item 1): an 8B-shaped Llama (random bf16 weights), plain
+decoding and speculative decoding (γ = 4, a small random drafter, each draft accepted with probability 0.8) at
+batch 1 and 64, default kernels vs `EngineConfig(bitwise=True)`, in the same process; whether the greedy tokens of
+the batch-1 and batch-64 runs agree in each mode; and the invariant GEMM against cuBLAS on the 8B matrices at
+M = 1, 5, 64, 320 for a few launch configs (what the `_invariant_triton.MATMUL` choice rests on).
+
+    python scripts/bench_bitwise.py --out $OUT/bitwise.json          (≈ 3 min on an H100)
+
+Prints one JSON line per measurement and writes them all to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+from specdec.engine import Engine, EngineConfig
+from specdec.fast.model import FastLlama, LlamaShape
+from specdec.request import SamplingParams
+
+LLAMA_8B = LlamaShape(vocab_size=128256, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, head_dim=128,
+                      intermediate_size=14336, rope_theta=500000.0, max_positions=8192)
+DRAFT = LlamaShape(vocab_size=128256, dim=1024, n_layers=2, n_heads=8, n_kv_heads=8, head_dim=128,
+                   intermediate_size=2816, rope_theta=500000.0, max_positions=8192)
+
+
+def emit(rows: list, row: dict) -> None:
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+
+
+def drive(engine: Engine, prompts, params) -> tuple[float, int, list]:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    ids = [engine.add_request(p, params) for p in prompts]
+    tokens, by_id = 0, {rid: [] for rid in ids}
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens += len(out.new_token_ids)
+            by_id[out.request_id].extend(out.new_token_ids)
+    torch.cuda.synchronize()
+    return time.perf_counter() - start, tokens, [by_id[rid] for rid in ids]
+
+
+def engine_rows(rows: list, new: int) -> None:
+    target = FastLlama.random(LLAMA_8B, device="cuda", dtype=torch.bfloat16)
+    draft = FastLlama.random(DRAFT, device="cuda", dtype=torch.bfloat16, seed=1)
+    prompts = [list(range(1000 + 7 * i, 1128 + 7 * i)) for i in range(64)]
+    params = SamplingParams(temperature=0, max_new_tokens=new)
+    for bitwise in (False, True):
+        firsts = {}
+        for name, drafter, gamma in (("plain", None, 0), ("spec", draft, 4)):
+            config = EngineConfig(max_batch_size=64, max_seq_len=512, num_draft_tokens=gamma, max_draft_tokens=4,
+                                  synthetic_acceptance=0.8 if drafter is not None else None, bitwise=bitwise)
+            engine = Engine(target, drafter, config)
+            for batch in (1, 64):
+                drive(engine, prompts[:batch], params)  # warm: compiles, captures the decode graphs
+                seconds, tokens, outs = drive(engine, prompts[:batch], params)
+                if name == "plain":
+                    firsts[batch] = outs[0]
+                emit(rows, {"what": name, "bitwise": bitwise, "batch": batch, "gamma": gamma,
+                            "tok_s": round(tokens / seconds, 1), "seconds": round(seconds, 3)})
+            del engine
+            torch.cuda.empty_cache()
+        emit(rows, {"what": "greedy batch 1 == batch 64 (plain, first prompt)", "bitwise": bitwise,
+                    "same": firsts[1] == firsts[64]})
+    del target, draft
+    torch.cuda.empty_cache()
+
+
+def time_cuda(fn, reps: int = 50) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    stop.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(stop) / reps * 1e3  # µs
+
+
+def gemm_rows(rows: list) -> None:
+    from specdec.fast.kernels import _invariant_triton as kt
+
+    configs = [kt.MATMUL, kt.MatmulConfig(16, 64, 64, 4, 4), kt.MatmulConfig(64, 64, 64, 4, 4),
+               kt.MatmulConfig(32, 128, 64, 4, 4), kt.MatmulConfig(32, 32, 128, 4, 4)]
+    shapes = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
+              "lm_head": (128256, 4096)}
+    for name, (n, k) in shapes.items():
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+        for m in (1, 5, 64, 320):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            row = {"what": "gemm", "matrix": name, "m": m, "cublas_us": round(time_cuda(lambda: torch.mm(x, w.t())), 1)}
+            for c in configs:
+                key = f"bm{c.block_m}_bn{c.block_n}_bk{c.block_k}"
+                row[key] = round(time_cuda(lambda: kt.matmul(x, w, None, None, out, c)), 1)
+            row["bytes_gb"] = n * k * 2 / 1e9
+            emit(rows, row)
+        del w
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python scripts/bench_bitwise.py")
+    parser.add_argument("--out", default="bitwise.json", help="where the JSON list goes")
+    parser.add_argument("--new", type=int, default=96, help="tokens generated per request")
+    parser.add_argument("--skip-gemm", action="store_true", help="only the engine rows")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs a CUDA device", file=sys.stderr)
+        return 2
+    rows = [{"device": torch.cuda.get_device_name(), "torch": torch.__version__}]
+    try:
+        engine_rows(rows, args.new)
+        if not args.skip_gemm:
+            gemm_rows(rows)
+    finally:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""The batch-invariant kernels (`fast.kernels.invariant`): each computes its eager function (within round-off) and
+gives a row / a query the same bits whatever shares the call — rows of another GEMM height, other queries of the
+row, other rows of the batch, another cache span, one split or several. The torch path on CPU; the Triton kernels
+in Triton's interpreter on CPU (fp32) and compiled on CUDA (bf16, GPU-marked)."""
+
+import importlib.util
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specdec.fast.kernels import invariant
+from specdec.fast.kernels.attention import slot_attention_reference
+from specdec.fast.kernels.invariant import invariant_attention, invariant_linear
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+CPU_KERNELS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not HAS_TRITON, reason="needs triton"))]
+
+
+def rnd(*shape, seed=0, dtype=torch.float32, device="cpu"):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(device=device, dtype=dtype)
+
+
+# ------------------------------------------------------------------------------------------------------ linear
+def row_invariance_failures(fn, x: torch.Tensor, heights) -> list:
+    """The row counts M for which row 0 of fn(rows) differs from fn(that row alone), and the places in a batch
+    where the same row differs (each M: the row put at the batch's last place, other rows random)."""
+    alone = fn(x[:1])[0]
+    bad = []
+    for m in heights:
+        rows = rnd(m, x.shape[-1], seed=m, dtype=x.dtype, device=x.device)
+        rows[m - 1] = x[0]
+        if not torch.equal(fn(rows)[m - 1], alone):
+            bad.append(m)
+    return bad
+
+
+@pytest.mark.parametrize("kernel", CPU_KERNELS)
+def test_linear_matches_the_product_and_is_row_invariant(kernel):
+    heights = [2, 3, 5, 8, 9, 17, 40, 70] if kernel == "torch" else [2, 5, 33, 40]  # (the interpreter is slow)
+    for n, k in [(40, 48), (96, 160)]:
+        x, w, b, r = rnd(70, k, seed=1), rnd(n, k, seed=2) / k ** 0.5, rnd(n, seed=3), rnd(70, n, seed=4)
+        got = invariant_linear(x, w, b, residual=r, kernel=kernel)
+        assert got.shape == (70, n) and got.dtype == x.dtype
+        torch.testing.assert_close(got, F.linear(x, w, b) + r, rtol=1e-5, atol=1e-5)
+        for bias, residual in [(None, None), (b[None], r[:1])]:
+            fn = lambda rows: invariant_linear(rows, w, None if bias is None else b,  # noqa: E731
+                                               residual=None if residual is None else residual.expand(len(rows), n),
+                                               kernel=kernel)
+            assert row_invariance_failures(fn, x, heights) == [], (n, k, bias is not None)
+
+
+def test_linear_in_place_residual_and_leading_dims():
+    x, w, r = rnd(2, 3, 48, seed=5), rnd(40, 48, seed=6), rnd(2, 3, 40, seed=7)
+    want = invariant_linear(x, w, residual=r.clone(), kernel="torch")
+    out = r.clone()
+    assert invariant_linear(x, w, residual=out, out=out, kernel="torch") is out
+    assert torch.equal(out, want) and want.shape == (2, 3, 40)
+
+
+@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="the control is for MKL builds")
+def test_plain_blas_is_not_row_invariant_with_mkl():
+    """The negative control: the check above has power — MKL's sgemm changes its summation with M (M = 1 runs a
+    GEMV, larger M other blockings), so plain F.linear fails it."""
+    x, w = rnd(70, 160, seed=8), rnd(96, 160, seed=9)
+    assert row_invariance_failures(lambda rows: F.linear(rows, w), x, [2, 3, 5, 8, 9, 17, 40, 70])
+
+
+def test_linear_refuses_bad_arguments():
+    x, w = rnd(3, 48), rnd(40, 48)
+    with pytest.raises(ValueError, match="K"):
+        invariant_linear(x, rnd(40, 32))
+    with pytest.raises(ValueError, match="kernel"):
+        invariant_linear(x, w, kernel="cublas")
+    with pytest.raises(ValueError, match="bias"):
+        invariant_linear(x, w, rnd(39))
+    with pytest.raises(ValueError, match="residual"):
+        invariant_linear(x, w, residual=rnd(3, 39))
+
+
+# --------------------------------------------------------------------------------------------------- attention
+def attention_case(batch=3, k=4, heads=4, kv_heads=2, dim=16, slots=96, seed=0, device="cpu",
+                   dtype=torch.float32):
+    q = rnd(batch, k, heads, dim, seed=seed, dtype=dtype, device=device)
+    keys = rnd(batch, kv_heads, slots, dim, seed=seed + 1, dtype=dtype, device=device)
+    values = rnd(batch, kv_heads, slots, dim, seed=seed + 2, dtype=dtype, device=device)
+    starts = torch.tensor([3, 40, slots - 2 - k][:batch], device=device)
+    positions = starts[:, None] + torch.arange(k, device=device)[None, :]
+    return q, keys, values, positions
+
+
+def query_invariance_failures(fn, q, keys, values, positions) -> list:
+    """Where a query's output differs from the same query computed alone (k = 1, batch 1), or over a shorter span."""
+    full = fn(q, keys, values, positions)
+    bad = []
+    for b in range(q.shape[0]):
+        for i in range(q.shape[1]):
+            alone = fn(q[b : b + 1, i : i + 1], keys[b : b + 1], values[b : b + 1], positions[b : b + 1, i : i + 1])
+            if not torch.equal(alone[0, 0], full[b, i]):
+                bad.append(("alone", b, i))
+            span = int(positions[b, i]) + 2  # the shortest cache that still holds the query's slots (+ junk)
+            short = fn(q[b : b + 1, i : i + 1], keys[b : b + 1, :, :span], values[b : b + 1, :, :span],
+                       positions[b : b + 1, i : i + 1])
+            if not torch.equal(short[0, 0], full[b, i]):
+                bad.append(("span", b, i))
+    return bad
+
+
+@pytest.mark.parametrize("kernel", CPU_KERNELS)
+@pytest.mark.parametrize("window", [None, 7])
+def test_attention_matches_the_reference_and_is_query_invariant(kernel, window):
+    q, keys, values, positions = attention_case()
+    fn = lambda *a: invariant_attention(*a, 0.3, window=window, kernel=kernel)  # noqa: E731
+    got = fn(q, keys, values, positions)
+    want = slot_attention_reference(q, keys, values, positions, 0.3, window=window)
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+    assert query_invariance_failures(fn, q, keys, values, positions) == []
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+@pytest.mark.parametrize("window", [None, 40])
+def test_attention_with_several_splits_stays_query_invariant(monkeypatch, window):
+    """Spans longer than SPLIT_SLOTS run fixed slot ranges merged in order; shown with splits of 32 slots: a query
+    gets the same bits whatever the number of splits the span launches (one split stores directly, which is what
+    the merge makes of one split), whatever the company."""
+    from specdec.fast.kernels import _invariant_triton
+
+    monkeypatch.setattr(_invariant_triton, "SPLIT_SLOTS", 32)
+    q, keys, values, positions = attention_case(slots=96)
+    fn = lambda *a: invariant_attention(*a, window=window, kernel="triton")  # noqa: E731
+    torch.testing.assert_close(fn(q, keys, values, positions),
+                               slot_attention_reference(q, keys, values, positions, window=window),
+                               rtol=2e-5, atol=2e-5)
+    assert query_invariance_failures(fn, q, keys, values, positions) == []
+
+
+def test_default_attention_is_not_query_invariant_here():
+    """The negative control: SDPA on the whole span (the reference) changes a query's bits with the span or the
+    company it keeps on this machine; skipped where it happens not to."""
+    q, keys, values, positions = attention_case(k=5, slots=200)
+    bad = query_invariance_failures(lambda *a: slot_attention_reference(*a, 0.3), q, keys, values, positions)
+    if not bad:
+        pytest.skip("SDPA gave the same bits for every company and span here")
+    assert bad
+
+
+def test_attention_refuses_bad_arguments():
+    q, keys, values, positions = attention_case()
+    with pytest.raises(ValueError, match="positions"):
+        invariant_attention(q, keys, values, positions[:, :2])
+    with pytest.raises(ValueError, match="window"):
+        invariant_attention(q, keys, values, positions, window=0)
+    with pytest.raises(ValueError, match="keys/values"):
+        invariant_attention(q, keys[:, :, :, :8], values, positions)
+
+
+# --------------------------------------------------------------------------------------------------------- GPU
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_linear_is_row_invariant(dtype):
+    for n, k in [(1024, 576), (3072, 1024), (1000, 4096)]:
+        x = rnd(600, k, seed=1, dtype=dtype, device="cuda")
+        w, b = rnd(n, k, seed=2, dtype=dtype, device="cuda") / k ** 0.5, rnd(n, seed=3, dtype=dtype, device="cuda")
+        got = invariant_linear(x, w, b)
+        torch.testing.assert_close(got.float(), F.linear(x, w, b).float(), rtol=2e-2, atol=2e-2)
+        fn = lambda rows: invariant_linear(rows, w, b)  # noqa: E731
+        assert row_invariance_failures(fn, x, [2, 5, 9, 33, 64, 65, 320, 576, 600]) == [], (n, k)
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("window", [None, 100])
+def test_gpu_attention_is_query_invariant(window):
+    for dim, slots in [(64, 300), (128, 1200)]:  # 1200 slots: three splits
+        q, keys, values, positions = attention_case(batch=3, k=9, heads=32, kv_heads=8, dim=dim, slots=slots,
+                                                    device="cuda", dtype=torch.bfloat16)
+        fn = lambda *a: invariant_attention(*a, window=window)  # noqa: E731
+        got = fn(q, keys, values, positions)
+        want = slot_attention_reference(q, keys, values, positions, window=window)
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+        assert query_invariance_failures(fn, q, keys, values, positions) == [], dim
