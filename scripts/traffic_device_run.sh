@@ -7,6 +7,8 @@
 #    64 / 8 / 1, a closed loop and Poisson arrivals; every engine warmed up first) → $OUT/traffic/traffic.{json,md}
 # 3. the serving table (`specdec bench --serve`: the server on the pair with the head, --num-draft-tokens auto,
 #    8 / 32 / 64 streaming clients, then Poisson arrivals) → $OUT/serve/serve.{json,md}
+# 4. host work per engine step at 1 / 8 / 64 rows (scripts/host_overhead.py --stub: graph replays of one recorded
+#    step, so the step time is the host's: bookkeeping, launches, the one device → host copy) → $OUT/host.json
 # Progress and each stage's tail land in $OUT/run.log. TRAFFIC_S / SERVE_S: --max-seconds of each table (no arm
 # or level starts after it; the rows measured so far are written).
 set -o pipefail
@@ -38,4 +40,7 @@ log "serving table (specdec serve)"
 timeout $(( ${4:-60} + 90 )) python3 -m specdec bench --serve --pair /tmp/pair --head /tmp/pair/head --data data/code \
     --clients 8 32 64 --out "$OUT/serve" --max-seconds "${4:-60}" 2>&1 | grep -v "^INFO" | tail -30 \
     | tee -a "$OUT/run.log"
+log "host work per step (stub steps, 1 / 8 / 64 rows)"
+timeout 40 python3 scripts/host_overhead.py --device cuda --stub --steps 200 --repeats 2 --gammas 0,4,auto \
+    --sizes 1,8,64 --json "$OUT/host.json" 2>&1 | tail -12 | tee -a "$OUT/run.log"
 log done

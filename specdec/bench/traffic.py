@@ -12,8 +12,9 @@ A cell is (slots, arrival). Its traffic is drawn once (seeded) and replayed for 
   slots          at most `slots` requests are in the engine at once; the rest queue in the driver (their wait
                  counts in TTFT), so one engine of `max(slots)` rows serves every cell
 An arm is (drafter, γ policy): plain decoding is the plain engine (no drafter) at γ = 0 — the same traffic,
-no speculation. Every engine is warmed up first (`warm_engines`: the step shapes of every γ its policies can
-pick, every batch and length bucket, greedy and sampled — what `specdec serve` captures at start-up); each arm
+no speculation. Every engine is warmed up before its first run (`warm_engine`: the step shapes of every γ its
+policies can pick, every batch and length bucket, greedy and sampled — what `specdec serve` captures at
+start-up); each arm
 then runs the cell twice and the second run is timed (the first teaches "auto" the step times). The step shapes
 built while timed are reported (`captures`: on CUDA each is a graph capture, ~0.1 s of stall for every row; on
 the CPU the shapes that would have been captured).
@@ -35,7 +36,7 @@ from specdec.metrics import percentile
 from specdec.request import MAX_NUM_DRAFT_TOKENS, SamplingParams
 
 __all__ = ["Arrival", "TrafficSpec", "TrafficRequest", "ArmResult", "parse_arrival", "parse_policy", "make_requests",
-           "drive", "run_traffic", "warm_engines", "markdown_table", "MAX_SLOTS"]
+           "drive", "run_traffic", "warm_engine", "warm_engines", "markdown_table", "MAX_SLOTS"]
 
 MAX_SLOTS = 256  # the engine's largest batch bucket
 MAX_CLIENTS = 4096
@@ -279,28 +280,38 @@ def drive(engine, requests: list[TrafficRequest], slots: int, arrival: Arrival, 
             "captures": step_shapes(engine) - captures, "completed_per_s": len(requests) / seconds}
 
 
-def warm_engines(spec: TrafficSpec, plain, arms: dict, log=None) -> dict:
-    """Build (on CUDA: capture) every step shape the arms can reach at up to `max(spec.slots)` rows: plain's γ = 0,
-    and each drafter's "auto" menu and the spec's fixed γ's → name → `text.warmup.warm_up`'s report."""
+def warm_engine(spec: TrafficSpec, name: str, engine, log=None) -> dict:
+    """Build (on CUDA: capture) every step shape `engine` can reach at up to `max(spec.slots)` rows: plain's γ = 0,
+    a drafter's "auto" menu and the spec's fixed γ's → `text.warmup.warm_up`'s report."""
     from specdec.text.warmup import warm_up
 
-    fixed = [p for p in spec.policies if p != "auto"]
-    reports = {}
-    for name, engine in [("plain", plain), *arms.items()]:
-        reports[name] = warm_up(engine, max(spec.slots), extra_gammas=fixed if name != "plain" else ())
-        if log is not None:
-            r = reports[name]
-            log(f"warm-up {name}: {r['shapes']} step shapes (γ {r['gammas']}, {r['length_buckets']} length buckets) in "
-                f"{r['seconds']:.1f} s{'' if r['complete'] else ' (bounded: longer rows capture on first use)'}")
-    return reports
+    fixed = [p for p in spec.policies if p != "auto"] if name != "plain" else []
+    report = warm_up(engine, max(spec.slots), extra_gammas=fixed)
+    if log is not None:
+        log(f"warm-up {name}: {report['shapes']} step shapes (γ {report['gammas']}, {report['length_buckets']} length "
+            f"buckets) in {report['seconds']:.1f} s"
+            f"{'' if report['complete'] else ' (bounded: longer rows capture on first use)'}")
+    return report
+
+
+def warm_engines(spec: TrafficSpec, plain, arms: dict, log=None) -> dict:
+    """`warm_engine` for plain and every arm → name → report."""
+    return {name: warm_engine(spec, name, engine, log) for name, engine in [("plain", plain), *arms.items()]}
 
 
 def run_traffic(spec: TrafficSpec, plain, arms: dict, pool: list[list[int]], eos_ids=(), max_total=None,
-                on_row=None, deadline: float | None = None) -> list[ArmResult]:
+                on_row=None, deadline: float | None = None, warmups: dict | None = None, log=None) -> list[ArmResult]:
     """Every cell of `spec`: plain (the engine `plain`) then each arm (name → engine) at each policy.
     on_row(ArmResult): called as each row is measured (progress, partial files). deadline (a `perf_counter`
-    time): no arm starts after it (the rows measured so far are returned)."""
+    time): no arm starts after it (the rows measured so far are returned). warmups: a dict → each engine is
+    warmed up (`warm_engine`) before its first run, its report stored there under its name (so a deadline
+    spends no warm-up on arms it skips); None: the engines are used as they are."""
     rows: list[ArmResult] = []
+
+    def warm(name, engine) -> None:
+        if warmups is not None and name not in warmups:
+            warmups[name] = warm_engine(spec, name, engine, log)
+
     capacity: dict[int, float] = {}  # slots → plain completions/s in the closed loop (for poisson:Fx)
     arrivals = sorted(spec.arrivals, key=lambda a: a.kind != "closed")  # closed first: it measures capacity
     for slots in spec.slots:
@@ -309,6 +320,7 @@ def run_traffic(spec: TrafficSpec, plain, arms: dict, pool: list[list[int]], eos
             rate = arrival.rate
             if arrival.relative is not None:
                 if slots not in capacity:  # no closed loop ran at these slots: measure plain's capacity first
+                    warm("plain", plain)
                     drive(plain, requests, slots, Arrival("closed"), 0, seed=spec.seed)
                     capacity[slots] = drive(plain, requests, slots, Arrival("closed"), 0, seed=spec.seed)["completed_per_s"]
                 rate = arrival.relative * capacity[slots]
@@ -317,7 +329,8 @@ def run_traffic(spec: TrafficSpec, plain, arms: dict, pool: list[list[int]], eos
                                                                       for p in spec.policies]:
                 if deadline is not None and time.perf_counter() > deadline:
                     return rows
-                drive(engine, requests, slots, arrival, policy, rate, spec.seed)  # untimed: graphs, policy arms
+                warm(drafter, engine)
+                drive(engine, requests, slots, arrival, policy, rate, spec.seed)  # untimed: the policy's step times
                 result = drive(engine, requests, slots, arrival, policy, rate, spec.seed)
                 if drafter == "plain":
                     plain_rate = result["tok_s"]

@@ -187,12 +187,10 @@ def run_and_write(spec: TrafficSpec, setup: TrafficSetup, out: Path, log=None, m
             log(f"slots {row.slots} {row.arrival} {row.drafter} γ={row.policy}: {row.tok_s:.0f} tok/s{ratio}, "
                 f"TTFT p50 {1e3 * row.ttft_p50_s:.0f} ms, ITL p99 {1e3 * row.itl_p99_s:.1f} ms, captures {row.captures}")
 
-    from specdec.bench.traffic import warm_engines
-
-    warmups = warm_engines(spec, setup.plain, setup.arms, log=log)
+    warmups: dict = {}  # name → its warm-up's report (each engine warmed before its first run)
     deadline = start + max_seconds if max_seconds else None
     rows = run_traffic(spec, setup.plain, setup.arms, setup.pool, setup.eos_ids, setup.max_total, on_row=on_row,
-                       deadline=deadline)
+                       deadline=deadline, warmups=warmups, log=log)
     planned = sum(len(spec.arrivals) * (1 + len(setup.arms) * len(spec.policies)) for _ in spec.slots)
     if len(rows) < planned:
         setup.notes.append(f"--max-seconds {max_seconds:g}: {len(rows)} of {planned} rows measured, the rest skipped")

@@ -158,6 +158,9 @@ def test_bench_quick_writes_the_whole_table(tmp_path, capsys):
         if cell[1].startswith("poisson"):
             assert plain["extra"]["rate_per_s"] > 0
     assert set(summary["summary"]) == {f"{d}/auto" for d in DRAFTERS}
+    warm = result["warmup"]  # every engine warmed before its first run: plain γ = 0, the drafters "auto"'s menu
+    assert set(warm) == {"plain", *DRAFTERS} and warm["plain"]["gammas"] == [0] and warm["plain"]["complete"]
+    assert all(warm[d]["gammas"] == [0, 1, 2, 4, 8] and warm[d]["shapes"] > warm["plain"]["shapes"] for d in DRAFTERS)
     table = (tmp_path / "traffic.md").read_text().strip().splitlines()
     assert len(table) == 2 + len(rows) and table[0].startswith("| slots | arrival |")
     assert len((tmp_path / "traffic.partial.jsonl").read_text().splitlines()) == len(rows)
