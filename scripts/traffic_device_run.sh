@@ -10,7 +10,8 @@
 # 4. host work per engine step at 1 / 8 / 64 rows (scripts/host_overhead.py --stub: graph replays of one recorded
 #    step, so the step time is the host's: bookkeeping, launches, the one device → host copy) → $OUT/host.json
 # Progress and each stage's tail land in $OUT/run.log. TRAFFIC_S / SERVE_S: --max-seconds of each table (no arm
-# or level starts after it; the rows measured so far are written).
+# or level starts after it; the rows measured so far are written), cut so the whole command ends within TOTAL
+# seconds (default 540) when training ran long.
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/out}
@@ -32,13 +33,17 @@ if [ ! -f /tmp/pair/head/feature_head.json ]; then
       2>&1 | tail -8 | tee -a "$OUT/run.log"
   cp /tmp/pair/summary.json "$OUT/summary.json" 2>/dev/null
 fi
-log "traffic table (engine)"
-timeout $(( ${3:-110} + 45 )) python3 -m specdec bench --pair /tmp/pair --head /tmp/pair/head --data data/code \
-    --drafters head --slots 64 8 1 --policy auto 4 --out "$OUT/traffic" --max-seconds "${3:-110}" 2>&1 \
+left() { echo $(( ${TOTAL:-540} - SECONDS )); }
+clamp() { local v=$1; [ "$v" -gt "$2" ] && v=$2; [ "$v" -lt "$3" ] && v=$3; echo "$v"; }
+T_S=$(clamp $(( $(left) - 150 - 40 - 45 )) "${3:-110}" 30)  # (leaves the serve and host stages their time)
+log "traffic table (engine), --max-seconds $T_S"
+timeout $(( T_S + 45 )) python3 -m specdec bench --pair /tmp/pair --head /tmp/pair/head --data data/code \
+    --drafters head --slots 64 8 1 --policy auto 4 --out "$OUT/traffic" --max-seconds "$T_S" 2>&1 \
     | grep -v "^INFO" | grep -v "^|" | tail -40 | tee -a "$OUT/run.log"
-log "serving table (specdec serve)"
-timeout $(( ${4:-60} + 90 )) python3 -m specdec bench --serve --pair /tmp/pair --head /tmp/pair/head --data data/code \
-    --clients 8 32 64 --out "$OUT/serve" --max-seconds "${4:-60}" 2>&1 | grep -v "^INFO" | tail -30 \
+S_S=$(clamp $(( $(left) - 40 - 90 )) "${4:-60}" 20)
+log "serving table (specdec serve), --max-seconds $S_S"
+timeout $(( S_S + 90 )) python3 -m specdec bench --serve --pair /tmp/pair --head /tmp/pair/head --data data/code \
+    --clients 8 32 64 --out "$OUT/serve" --max-seconds "$S_S" 2>&1 | grep -v "^INFO" | tail -30 \
     | tee -a "$OUT/run.log"
 log "host work per step (stub steps, 1 / 8 / 64 rows)"
 timeout 40 python3 scripts/host_overhead.py --device cuda --stub --steps 200 --repeats 2 --gammas 0,4,auto \
