@@ -83,11 +83,16 @@ def main(argv=None) -> int:
         notes["draft"] = (f"small draft model ({c.num_hidden_layers} layers, width {c.hidden_size}, "
                           f"{sum(t.numel() for t in draft.parameters()) / 1e6:.1f}M parameters, tokens only)")
     prompts = held_out_prompts(max(cfg.alpha_prompts, cfg.speed_prompts), training)
-    result = run_smol_tables(target, tokenizer, eos, drafters, fit_rows, prompts, cfg)
-    result.update(device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
-                  torch=torch.__version__, drafter_notes=notes, target="SmolLM2-135M-Instruct (Q4_1 GGUF, fp32)",
-                  target_params=sum(t.numel() for t in target.parameters()))
+    about = dict(device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
+                 torch=torch.__version__, drafter_notes=notes, target="SmolLM2-135M-Instruct (Q4_1 GGUF, fp32)",
+                 target_params=sum(t.numel() for t in target.parameters()))
     args.out.mkdir(parents=True, exist_ok=True)
+
+    def checkpoint(partial: dict) -> None:  # Table 3 survives a run cut short in Table 2
+        (args.out / "smol_tables_table3.json").write_text(json.dumps({**partial, **about}, indent=1) + "\n")
+
+    result = {**run_smol_tables(target, tokenizer, eos, drafters, fit_rows, prompts, cfg, checkpoint=checkpoint),
+              **about}
     (args.out / "smol_tables.json").write_text(json.dumps(result, indent=1) + "\n")
     (args.out / "smol_tables.md").write_text(smol_markdown(result) + "\n")
     print(smol_markdown(result))

@@ -227,8 +227,9 @@ def main(argv=None) -> int:
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")  # rewritten with the α checks
     target = target.to(device=device, dtype=torch.float32)  # the α check runs the fp32 target, like the CPU demo
     held_in = [list(r.prompt_ids) for r in rows[: args.alpha_prompts]]
-    demo = chat_prompt_ids(tokenizer, list(DEMO_PROMPTS))
-    general = chat_prompt_ids(tokenizer, list(GENERAL_PROMPTS))
+    keep = 2 if args.tiny else None  # --tiny: two prompts of each set (a CPU check of the code path)
+    demo = chat_prompt_ids(tokenizer, list(DEMO_PROMPTS[:keep]))
+    general = chat_prompt_ids(tokenizer, list(GENERAL_PROMPTS[:keep]))
     checks = {}
     for name, prompt_ids in (("held_in", held_in), ("demo_prompts", demo), ("general_prompts", general)):
         for kind, drafter in drafters.items():

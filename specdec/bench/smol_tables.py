@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 class SmolTablesConfig:
     alpha_prompts: int = 24  # held-out prompts for Table 3 (the demo's 12 first, then fresh built ones)
     alpha_new_tokens: int = 192  # answer length cap for Table 3's target text
-    speed_prompts: int = 8  # prompts per Table 2 configuration
+    speed_prompts: int = 6  # prompts per Table 2 configuration
     speed_new_tokens: int = 128
     gammas: tuple[int, ...] = (1, 2, 3, 4, 5, 7)
     temperatures: tuple[float, ...] = (0.0, 1.0)
@@ -94,10 +94,13 @@ def speed_rows(target, drafters: Mapping[str, object], prompts: Sequence[Sequenc
                              num_draft_tokens=gamma, eos_token_id=eos, seed=seed + i, engine="fast").stats
             for i, p in enumerate(chosen))
 
-    run(None, 0.0, 1, prompts[:1], 16)  # warm-up: engines (and their CUDA graphs) are built at their first use
+    # warm-up on the longest prompt at full length: engines (sized by prompt + new tokens) and their CUDA graphs are
+    # built at first use, never inside a timed run
+    longest = [max(prompts, key=len)]
+    run(None, 0.0, 1, longest)
     for drafter in drafters.values():
         for g in gammas:
-            run(drafter, 0.0, g, prompts[:1], 16)
+            run(drafter, 0.0, g, longest)
     rows = []
     for t in temperatures:
         before = run(None, t, 1)
@@ -115,9 +118,11 @@ def speed_rows(target, drafters: Mapping[str, object], prompts: Sequence[Sequenc
 
 
 def run_smol_tables(target, tokenizer, eos, drafters: Mapping[str, object], fit_rows: Sequence[Sequence[int]],
-                    prompts: Sequence[str], cfg: SmolTablesConfig = SmolTablesConfig()) -> dict:
+                    prompts: Sequence[str], cfg: SmolTablesConfig = SmolTablesConfig(), *,
+                    checkpoint: Callable[[dict], None] | None = None) -> dict:
     """All three tables. `drafters`: name → a feature head (folder or object) or a draft model sharing the target's
-    vocabulary; `fit_rows`: token sequences the n-gram tables are fitted on; `prompts`: held-out user messages."""
+    vocabulary; `fit_rows`: token sequences the n-gram tables are fitted on; `prompts`: held-out user messages.
+    `checkpoint` gets the partial result after Table 3 (so a run cut short keeps it)."""
     from specdec.bench.ende_tables import prediction_table
     from specdec.zoo.responses import chat_prompt_ids
 
@@ -140,6 +145,10 @@ def run_smol_tables(target, tokenizer, eos, drafters: Mapping[str, object], fit_
             table3.append({"drafter": name, "temperature": t, "alpha": m.alpha, "positions": m.num_positions,
                            "how": "teacher-forced"})
             logger.info("α(%s, T=%g) = %.3f", name, t, m.alpha)
+    partial = {"config": asdict(cfg), "prompts": list(prompts[: max(cfg.alpha_prompts, cfg.speed_prompts)]),
+               "ngram_fit_tokens": int(sum(len(r) for r in fit_rows)), "table3": table3}
+    if checkpoint is not None:
+        checkpoint(partial)
     table2 = speed_rows(target, drafters, speed_ids, gammas=cfg.gammas, temperatures=cfg.temperatures,
                         new_tokens=cfg.speed_new_tokens, eos=eos, seed=cfg.seed)
     for name in drafters:
@@ -151,9 +160,7 @@ def run_smol_tables(target, tokenizer, eos, drafters: Mapping[str, object], fit_
                 table3.append({"drafter": name, "temperature": t, "alpha": r["alpha"], "positions": r["positions"],
                                "how": "engine, γ = 1"})
     table4 = prediction_table(table3, table2)
-    return {"config": asdict(cfg), "prompts": list(prompts[: max(cfg.alpha_prompts, cfg.speed_prompts)]),
-            "ngram_fit_tokens": int(sum(len(r) for r in fit_rows)), "table3": table3, "table2": table2,
-            "table4": table4, "seconds": round(time.perf_counter() - t0, 1)}
+    return {**partial, "table2": table2, "table4": table4, "seconds": round(time.perf_counter() - t0, 1)}
 
 
 # ----------------------------------------------------------------------------------------------- Markdown
@@ -188,7 +195,7 @@ def smol_markdown(result: dict) -> str:
               "are weaker; c = a draft step's time / a verification's):", "",
               "| drafter | T | γ | α | τ | c | tok/s | speedup | Thm 3.8 from this run's α, c |",
               "|---|---|---|---|---|---|---|---|---|"]
-    for r in result["table2"]:
+    for r in result.get("table2", []):
         if r["drafter"] == "plain":
             lines.append(f"| plain | {r['temperature']:g} | – | – | 1 | – | {r['tokens_per_s']:.1f} | 1.00× | – |")
             continue
@@ -200,7 +207,7 @@ def smol_markdown(result: dict) -> str:
         "**Table 4 analog** (γ* and the speedup Thm 3.8 / Cor 3.9 predict from Table 3's α and Table 2's mean c, "
         "next to the speedup measured at that γ):", "",
         "| drafter | T | α | c | γ* | predicted | measured at γ* | best measured (γ) |", "|---|---|---|---|---|---|---|---|"]
-    for r in result["table4"]:
+    for r in result.get("table4", []):
         lines.append(f"| {r['drafter']} | {r['temperature']:g} | {r['alpha']:.3f} | {r['cost_ratio']:.3f} | "
                      f"{r['predicted_gamma'] or '0 (plain)'} | {r['predicted_speedup']:.2f}× | "
                      f"{r['measured_speedup']:.2f}× (γ={r['measured_gamma']}) | "
