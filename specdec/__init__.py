@@ -33,6 +33,9 @@ _EXPORTS = {
     "verify": "specdec.core",
     "verify_greedy": "specdec.core",
     "Drafter": "specdec.drafters",
+    "LoopDrafter": "specdec.drafters",
+    "SlotDrafter": "specdec.drafters",
+    "Target": "specdec.models",
     "Proposal": "specdec.drafters",
     "ModelDrafter": "specdec.drafters",
     "NGramDrafter": "specdec.drafters",
@@ -69,9 +72,10 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # static analysers and IDEs see the real names
     from specdec.core import SamplingConfig, standardize_logits, verify, verify_greedy
     from specdec.decoding import GenerationStream, generate, stream
-    from specdec.drafters import Drafter, ModelDrafter, NGramDrafter, PromptLookupDrafter, Proposal
+    from specdec.drafters import Drafter, LoopDrafter, ModelDrafter, NGramDrafter, PromptLookupDrafter, Proposal, SlotDrafter
     from specdec.exactness import CheckResult, check
     from specdec.metrics import SpecStats
+    from specdec.models import Target
     from specdec.policy import DraftLengthPolicy, FixedPolicy, StepOutcome
     from specdec.request import SamplingParams
     from specdec.step import GenerateResult, TokenEvent

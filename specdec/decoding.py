@@ -18,13 +18,13 @@ import torch
 
 from specdec.core import invalid_scores, standardize_logits, verify, verify_greedy
 from specdec.drafters.base import checked_proposal, empty_proposal
+from specdec.drafters.protocol import as_drafter
 from specdec.metrics import SpecStats
+from specdec.models.protocol import as_target
 from specdec.policy import DraftLengthPolicy, StepOutcome, resolve_policy
 from specdec.processing import BatchProcessors
 from specdec.request import (
     SamplingParams,
-    as_drafter,
-    as_target,
     check_context,
     check_num_draft_tokens,
     normalize_prompts,
@@ -218,7 +218,7 @@ def _use_engine(engine, target, drafter, num_draft_tokens) -> bool:
 
 def _loop_cannot_run(target, drafter) -> bool:
     """True when the transformers loop would refuse the target's or the drafter's cache (sliding windows)."""
-    from specdec.request import check_supported_model
+    from specdec.models.protocol import check_supported_model
 
     for model in (target, drafter):
         config = getattr(model, "config", None)

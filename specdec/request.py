@@ -1,4 +1,4 @@
-"""What a request is, checked once: prompts, sampling parameters, EOS ids, seeds, the target and drafter objects.
+"""What a request is, checked once: prompts, sampling parameters, EOS ids, seeds, γ, context and vocabulary bounds.
 
 Every runner (the eager transformers loop in `specdec.decoding`, the request-level engine in `specdec.engine`)
 normalizes its arguments here, so a bad argument gets the same error, naming it, whichever runner takes it.
@@ -20,8 +20,7 @@ from specdec.core import FILTERS, SamplingConfig, check_leniency
 
 __all__ = ["SamplingParams", "MAX_NUM_DRAFT_TOKENS", "MAX_NEW_TOKENS", "MAX_TOP_LOGPROBS", "as_int", "check_max_new_tokens",
            "check_num_draft_tokens", "check_context", "context_length", "vocab_size", "step_num_draft_tokens",
-           "normalize_prompts", "resolve_eos", "resolve_seed", "new_generator", "resolve_generator", "as_target",
-           "as_drafter", "check_supported_model"]
+           "normalize_prompts", "resolve_eos", "resolve_seed", "new_generator", "resolve_generator"]
 
 #: Largest γ a step may draft: beyond it a step costs more than any acceptance rate can repay. A larger
 #: integer is refused; a policy asking for more in a step is clamped to it.
@@ -391,91 +390,3 @@ def resolve_eos(eos_token_id, target) -> list[int]:
             raise ValueError(f"eos_token_id must be an int or a list of ints, got {eos_token_id!r}")
         out.append(operator.index(tok))
     return out
-
-
-# ---------------------------------------------------------------------------------------------------
-# The objects a request runs on.
-
-
-def check_supported_model(config, what: str = "model") -> None:
-    """Refuse, before any compute, a transformers config whose attention the adapters cannot roll back.
-
-    The adapters crop a per-layer key/value cache to absolute lengths; transformers builds a sliding-window
-    (or other non-plain) cache layer for sliding-window attention (Mistral with `sliding_window` set,
-    Gemma 2/3, Qwen2 with `use_sliding_window`) and for linear/recurrent layers, and those cannot be cropped.
-    """
-    from transformers import DynamicCache  # dependency at the edge
-
-    vocab = getattr(config, "vocab_size", None)
-    if isinstance(vocab, int) and vocab < 1:
-        raise ValueError(f"{what}: config.vocab_size must be >= 1, got {vocab}")
-    try:
-        layers = DynamicCache(config=config).layers
-    except Exception as err:  # noqa: BLE001 - any failure here means a layout we do not know
-        raise ValueError(f"{what}: cannot build a key/value cache for this config ({type(err).__name__}: {err})") from None
-    kinds = sorted({type(layer).__name__ for layer in layers} - {"DynamicLayer"})
-    if kinds:
-        window = getattr(config, "sliding_window", None)
-        hint = ("; the fast engine runs sliding windows (engine='auto' or 'fast') for the families it covers"
-                if isinstance(window, int) else "")
-        raise ValueError(
-            f"{what}: {getattr(config, 'model_type', '?')} uses attention specdec cannot roll back "
-            f"({', '.join(kinds)}: sliding-window or recurrent layers){hint}"
-        )
-
-
-def as_target(target):
-    """A specdec target from a transformers model (or a specdec target, passed through)."""
-    if all(hasattr(target, name) for name in ("begin", "forward", "crop", "select_rows")):
-        return target
-    config = getattr(target, "config", None)
-    if config is None or not isinstance(target, torch.nn.Module):
-        raise TypeError(f"target must be a transformers model or a specdec target, got {type(target).__name__}")
-    check_supported_model(config, "target")
-    if getattr(config, "is_encoder_decoder", False):
-        from specdec.models.seq2seq import HFSeq2SeqLM
-
-        return HFSeq2SeqLM(target)
-    from specdec.models.hf import HFCausalLM
-
-    return HFCausalLM(target)
-
-
-def as_drafter(drafter, target):
-    """A specdec Drafter from a transformers model or a Drafter; checks the vocabularies agree."""
-    from specdec.drafters.base import Drafter
-
-    if drafter is None:
-        return None
-    if not isinstance(drafter, Drafter):
-        config = getattr(drafter, "config", None)
-        if config is None or not isinstance(drafter, torch.nn.Module):
-            raise TypeError(
-                f"drafter must be None, a transformers model or a specdec Drafter, got {type(drafter).__name__}"
-            )
-        check_supported_model(config, "drafter")
-        target_is_seq2seq = bool(getattr(getattr(target, "config", None), "is_encoder_decoder", False))
-        if bool(getattr(config, "is_encoder_decoder", False)) != target_is_seq2seq:
-            raise ValueError(
-                "drafter and target must both be decoder-only or both encoder-decoder models "
-                f"(target is_encoder_decoder={target_is_seq2seq}, drafter is_encoder_decoder={not target_is_seq2seq})"
-            )
-        if target_is_seq2seq:
-            from specdec.drafters.seq2seq import Seq2SeqModelDrafter
-
-            drafter = Seq2SeqModelDrafter(drafter)
-        else:
-            from specdec.drafters.model import ModelDrafter
-
-            drafter = ModelDrafter(drafter)
-    return check_same_vocabulary(drafter, target)
-
-
-def check_same_vocabulary(drafter, target):
-    """`drafter`, after checking it proposes over the target's vocabulary (None = takes the target's)."""
-    if drafter.vocab_size is not None and drafter.vocab_size != target.vocab_size:
-        raise ValueError(
-            f"draft and target vocabularies differ: drafter has {drafter.vocab_size} tokens, "
-            f"target has {target.vocab_size}; speculative decoding needs the same vocabulary"
-        )
-    return drafter

@@ -170,7 +170,7 @@ def code_pair_table3(
     """The Table 3 analog on the shipped demo pair: unigram, bigram (fitted on `ngram_tokens` tokens of
     training-split Python) and the pair's one-layer drafter, at T = 0 and T = 1; `extra_drafters` (name →
     model folder, e.g. from scripts/code_small_vs_distilled.py) add rows. Returns a JSON-ready dict."""
-    from specdec.cli.demo import DEMO_PAIR, load_pair
+    from specdec.bench.demo_pair import DEMO_PAIR, load_pair
     from specdec.bench.policy_bench import code_workload
     from specdec.loading import load_model
 

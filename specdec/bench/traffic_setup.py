@@ -139,7 +139,8 @@ def code_pool(data: Path, context: int) -> list[list[int]]:
 
 def demo_pool() -> list[list[int]]:
     """The demo's prompts in the shipped demo pair's tokenizer (`specdec bench --quick --serve`)."""
-    from specdec.cli.demo import DEMO_PAIR, PROMPTS
+    from specdec.bench.demo_pair import DEMO_PAIR
+    from specdec.bench.demo_pair import PAIR_PROMPTS as PROMPTS
     from specdec.loading import load_tokenizer
 
     tokenizer = load_tokenizer(DEMO_PAIR / "target")
@@ -151,7 +152,7 @@ def serve_and_write(spec: TrafficSpec, out: Path, *, pair: Path | None, data: Pa
     """The serving levels (`specdec.bench.traffic_serve`): the zoo pair on CUDA (drafter: `head`, else draft0), or
     with `quick` the shipped demo pair on the CPU; writes `serve.json` and `serve.md` under `out`."""
     from specdec.bench.traffic_serve import serve_traffic
-    from specdec.cli.demo import DEMO_PAIR
+    from specdec.bench.demo_pair import DEMO_PAIR
     from specdec.strict_json import dumps
 
     out.mkdir(parents=True, exist_ok=True)

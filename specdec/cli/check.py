@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     apply_model_options(args)
 
     import specdec
-    from specdec.cli.generate import load_drafter
+    from specdec.cli.common import load_drafter
     from specdec.request import vocab_size
     from specdec.loading import load_model, load_tokenizer
 

@@ -19,22 +19,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from specdec.bench.demo_pair import DEMO_PAIR, load_pair
+from specdec.bench.demo_pair import PAIR_PROMPTS as PROMPTS
 from specdec.cli import CLIError
 from specdec.cli.common import add_model_options, apply_model_options, check_int, print_json
 
-DEMO_PAIR = Path(__file__).resolve().parent.parent / "assets" / "demo_pair"
 DEFAULT_GAMMA = 4  # best of γ ∈ {2..7} measured on the 2-core CPU (MODEL_CARD.md)
-
-# Each prompt ends inside a line: a prompt ending in "\n" would cut the byte-level BPE's usual
-# "newline + indentation" token in two, and the model would read it as a return to column 0.
-PROMPTS = (
-    'import os\nimport sys\n\n\ndef main(argv=None):\n    """Parse the command line and run."""\n    parser =',
-    'class Stack:\n    """A last-in, first-out stack."""\n\n    def __init__(self):\n        self.',
-    'def read_lines(path, encoding="utf-8"):\n    """Return the lines of a text file."""\n    with open(',
-    "import unittest\n\n\nclass TestSplit(unittest.TestCase):\n\n    def test_split(self):\n        self.",
-    "import json\n\n\ndef load_config(path):\n    with open(path",
-    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    if',
-)
 
 
 def add_parser(subparsers) -> None:
@@ -62,19 +52,6 @@ def add_parser(subparsers) -> None:
 
     kinds = p.add_subparsers(dest="demo_kind", title="other pairs", metavar="image")
     demo_image.add_parser(kinds)
-
-
-def load_pair(folder: Path, device: str = "cpu", dtype: str = "float32", allow_pickle: bool = False):
-    """(target, draft, tokenizer) from a demo-pair folder (default fp32 on CPU), eval mode; local files only."""
-    from specdec.loading import load_model, load_tokenizer
-
-    for name in ("target", "draft"):
-        if not (folder / name / "config.json").is_file():
-            raise CLIError(f"{folder / name} is not a model folder (no config.json)")
-    target = load_model(folder / "target", device=device, dtype=dtype, what="target", allow_pickle=allow_pickle)
-    draft = load_model(folder / "draft", device=device, dtype=dtype, what="draft", allow_pickle=allow_pickle)
-    tokenizer = load_tokenizer(folder / "target")
-    return target, draft, tokenizer
 
 
 def _columns(left: str, right: str, width: int = 56, max_lines: int = 14) -> str:

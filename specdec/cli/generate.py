@@ -8,7 +8,7 @@ from pathlib import Path
 
 from specdec.cli import CLIError
 from specdec.cli.common import (add_checkpoint_options, add_model_options, apply_model_options, check_int,
-                                loader_kwargs, log, print_json)
+                                load_drafter, loader_kwargs, log, print_json)
 
 DRAFT_KINDS = ("ngram", "bigram", "unigram", "prompt-lookup")
 POLICY_NAMES = ("fixed", "heuristic", "optimal", "threshold", "guarded")  # = specdec.policy.POLICY_NAMES
@@ -63,38 +63,6 @@ def _gamma(text: str):
     if value not in POLICY_NAMES:
         raise CLIError(f"--num-draft-tokens must be an integer 1..64 or a policy name ({', '.join(POLICY_NAMES)}), got {text!r}")
     return value
-
-
-def load_drafter(args, tokenizer, vocab_size: int, prompts_ids, device, dtype):
-    """The drafter `--draft` names: None, prompt lookup, an n-gram table (fit on --ngram-data or the prompts)
-    or a checkpoint (loaded on `device` in `dtype`, unless --draft-model-option says otherwise)."""
-    import specdec
-    from specdec.loading import load_model, placed_like
-
-    if args.draft is None:
-        return None
-    kind = args.draft.lower()
-    if kind == "prompt-lookup":
-        return specdec.PromptLookupDrafter()
-    if kind in ("ngram", "bigram", "unigram"):
-        data = prompts_ids
-        if args.ngram_data is not None:
-            if not args.ngram_data.is_file():
-                raise FileNotFoundError(f"--ngram-data file not found: {args.ngram_data}")
-            data = [tokenizer.encode(args.ngram_data.read_text(encoding="utf-8", errors="replace"))]
-        return specdec.NGramDrafter(1 if kind == "unigram" else 2).fit(data, vocab_size)
-    from specdec.drafters.formats import drafter_folder
-
-    kwargs = loader_kwargs(args, "draft")
-    head = drafter_folder(args.draft, kwargs["allow_pickle"])  # EAGLE, EAGLE-3, Medusa, speculators, train head
-    if head is not None:  # the engine loads it onto the target
-        if kwargs["model_kwargs"]:
-            raise ValueError("--draft-model-option applies to draft models, not to head folders")
-        return head
-    model = load_model(args.draft, what="draft", **placed_like(device, dtype, kwargs["model_kwargs"]), **kwargs)
-    from specdec.drafters.cross_vocab import bridge_if_needed  # a draft with its own tokenizer: shared tokens
-
-    return bridge_if_needed(model, args.draft if Path(args.draft).is_dir() else None, tokenizer, vocab_size)
 
 
 def run(args: argparse.Namespace) -> int:

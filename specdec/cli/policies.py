@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from specdec.bench.demo_pair import DEMO_PAIR
 from specdec.cli import CLIError
 from specdec.cli.common import (add_checkpoint_options, add_model_options, apply_model_options, check_float, check_int,
                                 dumps, loader_kwargs, log, model_options, print_json)
 
-DEMO_PAIR = Path(__file__).resolve().parent.parent / "assets" / "demo_pair"
 QUICK = {"prompts": 1, "max_new_tokens": 32, "repeats": 1, "warmup_tokens": 4}
 
 

@@ -58,7 +58,7 @@ def run_tensor_parallel(args: argparse.Namespace, gamma) -> int:
         for i, ids in enumerate(prompts):
             if not ids:
                 raise CLIError(f"--prompt {i + 1} is empty after tokenization")
-        from specdec.cli.generate import load_drafter
+        from specdec.cli.common import load_drafter
 
         drafter = load_drafter(args, tokenizer, target.shape.vocab_size, prompts, device, dtype)
         if drafter is not None and gamma < 1:

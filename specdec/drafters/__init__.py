@@ -4,7 +4,8 @@ Kinds: `ModelDrafter` (a smaller transformers model), `NGramDrafter` (unigram/bi
 `PromptLookupDrafter` (copy from the context; deterministic), `HierarchicalDrafter` (a draft model decoded
 speculatively by an inner drafter), `CrossVocabDrafter` (a draft model with another tokenizer: token-level
 intersection). Published head formats (EAGLE, EAGLE-3, Medusa, speculators) are read by `formats`. Adding a drafter is one file:
-subclass `Drafter` and implement `propose`.
+subclass `Drafter` and implement `propose`. What each runner calls on a drafter is written down in `protocol.py`
+(`LoopDrafter` for the eager loop, `SlotDrafter` and its capabilities for the engine).
 """
 
 from specdec.drafters.base import Drafter, Proposal
@@ -13,7 +14,8 @@ from specdec.drafters.hierarchical import HierarchicalDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NGramDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
+from specdec.drafters.protocol import CachedSlotDrafter, FeatureSlotDrafter, LoopDrafter, SlotDrafter
 from specdec.drafters.seq2seq import Seq2SeqModelDrafter
 
 __all__ = ["Drafter", "Proposal", "ModelDrafter", "NGramDrafter", "PromptLookupDrafter", "Seq2SeqModelDrafter", "HierarchicalDrafter",
-           "CrossVocabDrafter", "VocabBridge"]
+           "CrossVocabDrafter", "VocabBridge", "LoopDrafter", "SlotDrafter", "CachedSlotDrafter", "FeatureSlotDrafter"]

@@ -107,7 +107,7 @@ class Admission:
         prefill_rows(self.model, self.cache, self.state, rows, zeros, [n - 1 for n in lengths], chunk,
                      features=self.state.features, extent=0, graphs=graphs)
         valid = [max(n - 2, 0) for n in lengths]
-        if self.drafter is not None and hasattr(self.drafter, "prefill"):
+        if self.drafter_cached:
             self.drafter.prefill(self.state, rows, zeros, valid, chunk, extent=0, graphs=graphs)
         return valid
 
@@ -122,7 +122,7 @@ class Admission:
         After a speculative step every row's drafter cache holds all but its last 2 committed tokens (the window
         re-fed committed text and the accepted drafts were fed); `_drafter_synced` says so for all rows at once,
         and the rows' `draft_valid` is written only when a plain step follows. → whether it fed anything."""
-        if self.drafter is None or not hasattr(self.drafter, "prefill"):
+        if not self.drafter_cached:
             return False
         if gamma == 0:
             if self._drafter_synced:
@@ -157,7 +157,7 @@ class Admission:
             positions = min(self.num_positions, 1 << max(moved.length + 1, 1).bit_length())
             self.cache.move(last, slot, positions)
             self.state.move(last, slot)
-            if self.drafter is not None and hasattr(self.drafter, "move"):
+            if self.drafter_cached:
                 self.drafter.move(last, slot, positions)
             self._running[slot] = moved
         self._running.pop()

@@ -29,6 +29,7 @@ from collections import deque
 
 import torch
 
+from specdec.drafters.protocol import CachedSlotDrafter, FeatureSlotDrafter
 from specdec.engine.admission import Admission, EngineRequest
 from specdec.engine.commit import Commit
 from specdec.engine.config import BATCH_BUCKETS, EngineConfig, positions_bucket
@@ -76,12 +77,15 @@ class Engine(Admission, Commit, Warmup):
             self.state = SlotState(self.max_batch, self.num_positions, self.device, counter_width=width)
             self.counter_sums = torch.zeros(width, dtype=torch.float64, device=self.device)  # engine-wide
             self.drafter = build_drafter(drafter, self) if drafter is not None else None
+            # what the drafter can do, from its protocols (`drafters.protocol`), found once
+            self.drafter_cached = isinstance(self.drafter, CachedSlotDrafter)  # own slot cache: prefill, move
+            features = isinstance(self.drafter, FeatureSlotDrafter) and self.drafter.needs_features
             # feature drafters read the target's hidden states (EAGLE-3: those entering some of its layers)
-            self.model.feature_layers = getattr(self.drafter, "feature_layers", None)
-            if getattr(self.drafter, "needs_features", False):
-                self.state.enable_features(getattr(self.drafter, "feature_dim", shape.dim), self.model.dtype)
+            self.model.feature_layers = self.drafter.feature_layers if features else None
+            if features:
+                self.state.enable_features(self.drafter.feature_dim, self.model.dtype)
             self.model.rope_tables(self.num_positions)  # built before any capture (graphs keep their address)
-            if hasattr(self.drafter, "model"):
+            if self.drafter_cached:
                 self.drafter.model.rope_tables(self.num_positions)
         on_cuda = self.device.type == "cuda"
         if config.cuda_graphs and not on_cuda:
@@ -92,7 +96,7 @@ class Engine(Admission, Commit, Warmup):
         use = self.cuda_graphs if config.prefill_graphs is None else config.prefill_graphs
         self.prefill_graphs = PrefillGraphs() if use else None  # admission chunks as CUDA graphs (slots.py)
         self.policy = GammaPolicy(config.num_draft_tokens if drafter is not None else 0, self.max_draft_tokens,
-                                  plain_catches_up=hasattr(self.drafter, "prefill"))
+                                  plain_catches_up=self.drafter_cached)
         self.stats = SpecStats()
         self._num_steps = self._spec_steps = self._passes = 0  # steps run (requests diff these at the end)
         self._last_used: dict[int, int] = {}  # γ → index of the last step that ran it

@@ -113,7 +113,7 @@ class StepRunner:
         if self.gamma == 0:  # nothing to draft: a static empty proposal
             self.drafts = self._draft_body()
         else:
-            restore = [e.drafter.cache.lengths] if hasattr(e.drafter, "cache") else []
+            restore = [e.drafter.cache.lengths] if e.drafter_cached else []
             self._draft_graph = CapturedStep(self._draft_body, pool=e._pool, restore=restore)
             self.drafts = self._draft_graph.outputs
             self._draft_graph.replay()  # capture only records: give the verify warm-up real drafts to read

@@ -56,12 +56,12 @@ class Warmup:
         if graphs is None or self._running:
             return 0
         capacity, runs = self.state.capacity, 0
-        drafter_positions = getattr(getattr(self.drafter, "cache", None), "num_positions", None)
+        drafter_positions = self.drafter.cache.num_positions if self.drafter_cached else None
         seen: set = set()
         for n in range(2, max_length + 1):
             shapes = {("target", *x) for x in chunk_shapes([0], [n - 1], self.config.prefill_chunk, 0, capacity,
                                                            self.cache.num_positions)}
-            if drafter_positions is not None and hasattr(self.drafter, "prefill"):
+            if drafter_positions is not None:
                 shapes |= {("drafter", *x) for x in chunk_shapes([0], [max(n - 2, 0)], self.config.prefill_chunk, 0,
                                                                  capacity, drafter_positions)}
             if shapes <= seen:

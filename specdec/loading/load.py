@@ -87,7 +87,7 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None, dt
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-    from specdec.request import check_supported_model
+    from specdec.models.protocol import check_supported_model
 
     options = check_model_options(model_kwargs)
     device_map = options.device_map

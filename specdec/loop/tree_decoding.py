@@ -19,58 +19,45 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 
 from specdec.core import standardize_logits
+from specdec.core.tree import MODES, TreeSpec, verify_tree, verify_tree_greedy
 from specdec.metrics import SpecStats
 from specdec.models.tree_lm import TreeCausalLM
 from specdec.request import SamplingParams, normalize_prompts, resolve_eos, resolve_generator
 from specdec.step import Clock, GenerateResult, GenerationStream, StepLayout, StepRecord, TokenEvent
 from specdec.step import commit_counts, pack_step, step_counters
-from specdec.core.tree import MODES, TreeSpec, verify_tree, verify_tree_greedy
 
-__all__ = ["tree_generate", "tree_stream", "run_tree"]
+__all__ = ["tree_generate", "run_tree"]
 
 
-def tree_generate(target, prompts, drafter, draft_tree: Sequence[int], *args, on_tokens: Callable | None = None, **kwargs):
-    """Generate with draft trees → `GenerateResult`; arguments as `tree_stream`, plus `on_tokens` per step."""
-    run = tree_stream(target, prompts, drafter, draft_tree, *args, **kwargs)
+def tree_generate(target, prompts, drafter, draft_tree: Sequence[int], *, max_new_tokens: int = 64,
+                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                  eos_token_id: "int | Sequence[int] | None" = None, seed: int | None = None,
+                  generator: torch.Generator | None = None, attention_mask: torch.Tensor | None = None,
+                  tree_mode: str = "without_replacement", on_tokens: Callable | None = None) -> GenerateResult:
+    """Generate with draft trees → `GenerateResult`; sampling arguments as `specdec.generate` (which runs the
+    same loop for `generate(..., draft_tree=)`), plus:
+
+    draft_tree   [k_1, ..., k_D]: children per node at each depth (e.g. [2, 2, 1]: 2 + 4 + 4 nodes)
+    tree_mode    "without_replacement" (children distinct; RSD) or "iid" (SpecInfer); see `specdec.core.tree`
+    target       a transformers decoder-only model; drafter: a transformers model or a drafter with
+                 `propose_tree` / `commit_tree` (e.g. `TreeModelDrafter`)
+    on_tokens    called with each step's `TokenEvent`
+    """
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                            seed=seed, eos_token_ids=tuple(resolve_eos(eos_token_id, target)))
+    run = run_tree(target, prompts, drafter, draft_tree, params, generator=generator, attention_mask=attention_mask,
+                   tree_mode=tree_mode)
     for event in run:
         if on_tokens is not None:
             on_tokens(event)
     return run.result
 
 
-def tree_stream(
-    target,
-    prompts,
-    drafter,
-    draft_tree: Sequence[int],
-    max_new_tokens: int = 64,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    eos_token_id: "int | Sequence[int] | None" = None,
-    seed: int | None = None,
-    *,
-    generator: torch.Generator | None = None,
-    attention_mask: torch.Tensor | None = None,
-    tree_mode: str = "without_replacement",
-) -> GenerationStream:
-    """`GenerationStream` of per-step `TokenEvent`s; arguments as `specdec.generate`, plus:
-
-    draft_tree   [k_1, ..., k_D]: children per node at each depth (e.g. [2, 2, 1]: 2 + 4 + 4 nodes)
-    tree_mode    "without_replacement" (children distinct; RSD) or "iid" (SpecInfer); see `specdec.core.tree`
-    target       a transformers decoder-only model; drafter: a transformers model or a drafter with
-                 `propose_tree` / `commit_tree` (e.g. `TreeModelDrafter`)
-    """
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                            seed=seed, eos_token_ids=tuple(resolve_eos(eos_token_id, target)))
-    return run_tree(target, prompts, drafter, draft_tree, params, generator=generator, attention_mask=attention_mask,
-                    tree_mode=tree_mode)
-
-
 def run_tree(target, prompts, drafter, draft_tree: Sequence[int], params: SamplingParams, *,
              generator: torch.Generator | None = None, attention_mask: torch.Tensor | None = None,
              tree_mode: str = "without_replacement") -> GenerationStream:
-    """`tree_stream` for prompts described by one `SamplingParams` (`eos_token_ids` as given: () = none)."""
+    """A `GenerationStream` of per-step `TokenEvent`s for prompts described by one `SamplingParams` (`eos_token_ids` as
+    given: () = none); arguments as `tree_generate`."""
     spec = TreeSpec(draft_tree)
     if tree_mode not in MODES:
         raise ValueError(f"tree_mode must be one of {MODES}, got {tree_mode!r}")
@@ -181,6 +168,6 @@ def _tree_drafter(drafter, target: TreeCausalLM):
         from specdec.drafters.tree import TreeModelDrafter
 
         drafter = TreeModelDrafter(drafter)
-    from specdec.request import check_same_vocabulary
+    from specdec.drafters.protocol import check_same_vocabulary
 
     return check_same_vocabulary(drafter, target)

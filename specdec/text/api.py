@@ -22,7 +22,7 @@ from specdec.engine.config import BATCH_BUCKETS
 from specdec.request import as_int, resolve_eos, vocab_size
 from specdec.text.driver import Driver
 from specdec.text.outputs import Completion, TextDelta, TextRequest
-from specdec.text.prompts import GenerationDefaults, encode_prompts, make_params, render_chat
+from specdec.text.prompts import GenerationDefaults, check_num_draft_tokens, encode_prompts, make_params, render_chat
 from specdec.text.runner import FallbackRunner
 from specdec.text.warmup import MAX_WARMUP_SHAPES, graph_captures, step_shapes, step_shapes_run, warm_up
 
@@ -356,15 +356,6 @@ class TextStream:
         if self._request is None or not self._request.finished:
             raise RuntimeError("the stream has not finished yet: iterate over it first")
         return self._request.completion()
-
-
-def check_num_draft_tokens(value):
-    """γ: an int in [0, MAX_NUM_DRAFT_TOKENS] (0 = plain decoding), "auto" (the engine picks γ each step), or a
-    draft-length policy name of the eager loop (runner="fallback")."""
-    from specdec.policy import POLICY_NAMES
-    from specdec.request import check_num_draft_tokens as check
-
-    return check(value, minimum=0, names=("auto", *POLICY_NAMES))
 
 
 def _read_template(template) -> str:

@@ -139,10 +139,17 @@ def _from_encoding(encoding, vocab_size: int) -> tuple[list[list[int]], bool]:
     return [_ids(r, i, vocab_size) for i, r in enumerate(rows)], single
 
 
+def check_num_draft_tokens(value):
+    """γ: an int in [0, MAX_NUM_DRAFT_TOKENS] (0 = plain decoding), "auto" (the engine picks γ each step), or a
+    draft-length policy name of the eager loop (runner="fallback")."""
+    from specdec.policy import POLICY_NAMES
+    from specdec.request import check_num_draft_tokens as check
+
+    return check(value, minimum=0, names=("auto", *POLICY_NAMES))
+
+
 def make_params(llm, prompt_len: int, params: dict):
     """(SamplingParams, stop strings, γ) from keyword arguments over the model's defaults."""
-    from specdec.text.api import check_num_draft_tokens
-
     unknown = sorted(set(params) - set(PARAMS))
     if unknown:
         raise TypeError(f"unknown parameter {unknown[0]!r}; the parameters are {', '.join(PARAMS)}")

@@ -176,9 +176,9 @@ PRESETS: dict[str, PairPreset] = {
     # positions (source + target, PairData.token_batch: ~2.6K pairs, 9% padding) instead of 512 pairs, and no
     # cuDNN attention in training (zoo.train._training_attention): on an H200 the eager T5 step trained 5.1K
     # pairs/s at 512-pair batches (session 3's run: 2234 steps in 240 s, ~5 epochs, held-out loss still falling
-    # at 2.89) and 21K pairs/s with both (`python scripts/ende_train_profile.py --variants
+    # at 2.89) and 21K pairs/s with both (`scripts/ende_train_profile.py` at 26f890c: `--variants
     # target-b512,target-t64-nocudnn`), so 240 s are now ~20 epochs; lr 1e-3 → 1.5e-3 for the 5× larger batch.
-    # Regularization from small CPU runs (scripts/ende_regularization_cpu.py, a 2.5M-parameter T5, 375 steps,
+    # Regularization from small CPU runs (scripts/ende_regularization_cpu.py at 26f890c, a 2.5M-parameter T5, 375 steps,
     # held-out in-domain / out-of-domain loss, lower is better):
     #   3 epochs of 8K pairs:  dropout 0 → 6.31 / 6.18; dropout 0.1 → 6.41 / 6.26; 0.1, no weight decay → 6.43 / 6.30
     #   12 epochs of 2K pairs: dropout 0 → 7.04 / 6.86 (rising from 6.96: overfitting); dropout 0.1 → 6.86 / 6.66

@@ -1,0 +1,36 @@
+"""The shipped toy code pair (`specdec/assets/demo_pair`: target/ and draft/ folders) and its six prompts,
+shared by `specdec demo --pair`, `specdec check`, the benchmarks and the scripts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["DEMO_PAIR", "PAIR_PROMPTS", "load_pair"]
+
+DEMO_PAIR = Path(__file__).resolve().parent.parent / "assets" / "demo_pair"
+
+# Each prompt ends inside a line: a prompt ending in "\n" would cut the byte-level BPE's usual
+# "newline + indentation" token in two, and the model would read it as a return to column 0.
+PAIR_PROMPTS = (
+    'import os\nimport sys\n\n\ndef main(argv=None):\n    """Parse the command line and run."""\n    parser =',
+    'class Stack:\n    """A last-in, first-out stack."""\n\n    def __init__(self):\n        self.',
+    'def read_lines(path, encoding="utf-8"):\n    """Return the lines of a text file."""\n    with open(',
+    "import unittest\n\n\nclass TestSplit(unittest.TestCase):\n\n    def test_split(self):\n        self.",
+    "import json\n\n\ndef load_config(path):\n    with open(path",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    if',
+)
+
+
+def load_pair(folder: Path = DEMO_PAIR, device: str = "cpu", dtype: str = "float32", allow_pickle: bool = False):
+    """(target, draft, tokenizer) from a pair folder with target/ and draft/ (default fp32 on CPU), eval mode;
+    local files only."""
+    from specdec.loading import load_model, load_tokenizer
+
+    folder = Path(folder)
+    for name in ("target", "draft"):
+        if not (folder / name / "config.json").is_file():
+            raise FileNotFoundError(f"{folder / name} is not a model folder (no config.json)")
+    target = load_model(folder / "target", device=device, dtype=dtype, what="target", allow_pickle=allow_pickle)
+    draft = load_model(folder / "draft", device=device, dtype=dtype, what="draft", allow_pickle=allow_pickle)
+    tokenizer = load_tokenizer(folder / "target")
+    return target, draft, tokenizer
