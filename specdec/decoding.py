@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 
 import torch
 
@@ -160,8 +161,6 @@ def stream_request(
         raise ValueError("logprobs: specdec.generate / stream return no log-probabilities; "
                          "use specdec.load(...).generate(..., logprobs=True)")
     lenient = params.leniency != 1.0
-    if draft_tree is not None and engine == "fast":
-        raise ValueError("draft_tree runs on the transformers loop: use engine='auto' or 'hf'")
     if params.processors and draft_tree is not None:
         raise ValueError(f"{', '.join(params.processors)}: logits processors run on chains (the transformers loop "
                          "and the engine), not on draft_tree")
@@ -172,6 +171,12 @@ def stream_request(
 
         raise UnsupportedModel("drafter: a feature head reads the target's hidden states, which only the engine "
                                "keeps: use engine='fast' (or 'auto'), without draft_tree")
+    if draft_tree is not None and (engine == "fast" or isinstance(drafter, torch.nn.Module)
+                                   and _use_engine(engine, target, drafter, num_draft_tokens)):
+        from specdec.engine.generate import engine_stream  # token trees on the engine: a draft model drafts them
+
+        return engine_stream(target, prompts, drafter, replace(params, draft_tree=tuple(draft_tree)), num_draft_tokens,
+                             generator=generator, attention_mask=attention_mask)
     if draft_tree is not None:
         from specdec.loop.tree_decoding import run_tree
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.core import FILTERS, SamplingConfig, check_leniency
+from specdec.core.tree import TreeSpec
 
 __all__ = ["SamplingParams", "MAX_NUM_DRAFT_TOKENS", "MAX_NEW_TOKENS", "MAX_TOP_LOGPROBS", "as_int", "check_max_new_tokens",
            "check_num_draft_tokens", "check_context", "context_length", "vocab_size", "step_num_draft_tokens",
@@ -193,6 +194,7 @@ class SamplingParams:
     tokens were generated), `constraint` (a `core.processors.ConstraintSpec`, e.g. a
     compiled grammar; None = none). `top_logprobs` N ≤ 20: also report the N most likely tokens of the target's
     raw distribution at each generated token (needs `logprobs`).
+    `draft_tree` [k_1, ..., k_D] (None = a chain): verify a token tree per step (`core.tree.TreeSpec`; exact).
     """
 
     max_new_tokens: int = 64
@@ -211,6 +213,7 @@ class SamplingParams:
     min_tokens: int = 0
     constraint: object | None = None
     top_logprobs: int = 0
+    draft_tree: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "max_new_tokens", check_max_new_tokens(self.max_new_tokens))
@@ -226,6 +229,8 @@ class SamplingParams:
         if not isinstance(self.logprobs, bool):
             raise TypeError(f"logprobs must be a bool, got {type(self.logprobs).__name__}")
         object.__setattr__(self, "leniency", check_leniency(self.leniency))
+        if self.draft_tree is not None:  # checked (and made a tuple) by the tree's own shape
+            object.__setattr__(self, "draft_tree", TreeSpec(self.draft_tree).branching)
         for name, value in vars(self.sampling).items():  # validated by SamplingConfig, normalized here
             object.__setattr__(self, name, value)
 

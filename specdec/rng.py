@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["DRAFT", "ACCEPT", "NEXT", "KERNEL", "uniforms", "exponentials", "sample"]
+__all__ = ["DRAFT", "ACCEPT", "NEXT", "SIBLING", "KERNEL", "uniforms", "exponentials", "sample"]
 
 DRAFT, ACCEPT, NEXT = 0, 1, 2  # streams
+SIBLING = 3  # token trees: the accept tests of a node's second, third, … child (the first child's is ACCEPT's)
 _MASK = 0xFFFFFFFF
 KERNEL = "auto"  # the default of every `kernel=` below; tests set "reference" or "triton" to force a path
 

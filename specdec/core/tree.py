@@ -231,13 +231,15 @@ def verify_tree(
     return TreeVerifyResult(path=path, num_accepted=num_accepted, next_token=next_token)
 
 
-def verify_tree_greedy(spec: TreeSpec, tree_tokens: torch.Tensor, target_logits: torch.Tensor) -> TreeVerifyResult:
+def verify_tree_greedy(spec: TreeSpec, tree_tokens: torch.Tensor, target_logits: torch.Tensor, *,
+                       check_nan: bool = True) -> TreeVerifyResult:
     """The exact argmax path: descend into a child equal to the target's argmax at its parent.
 
     tree_tokens [B, N+1]; target_logits [B, N+1, V]. The emitted tokens are the target's own greedy tokens.
+    check_nan=False skips the NaN check (a host sync) for callers inside a CUDA graph that check themselves.
     """
     _check_shapes(spec, tree_tokens, target_logits, "target_logits")
-    if torch.isnan(target_logits).any():
+    if check_nan and torch.isnan(target_logits).any():
         raise ValueError("target logits contain NaN; the model produced invalid scores")
     best = target_logits.argmax(-1)  # [B, N+1]
     batch, device = tree_tokens.shape[0], tree_tokens.device

@@ -66,6 +66,9 @@ class Admission:
             with self._lock:
                 if not self._waiting:
                     break
+                tree = self._waiting[0].params.draft_tree
+                if self._running and tree != self._running[0].params.draft_tree:
+                    break  # a step runs one tree shape (or chains): it waits, in order, until the running ones finish
                 request = self._waiting.popleft()
             if request.params.max_new_tokens == 0:
                 request.stats.set_wall_time(time.perf_counter() - request.arrival)

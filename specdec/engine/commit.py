@@ -54,7 +54,8 @@ class Commit:
             gamma = max([g for g, last in self._last_used.items() if last >= steps], default=0)
             stats.add_steps(self._num_steps - steps, drafter_calls=self._passes - passes,
                             num_generated_tokens=request.length - len(request.prompt), max_gamma=gamma,
-                            counts=StepCounts.from_row(values, self.max_draft_tokens).narrow(gamma))
+                            counts=StepCounts.from_row(values, self.max_draft_tokens,
+                                                       request.params.draft_tree is None).narrow(gamma))
             stats.set_wall_time(now - request.arrival)
             outputs[slot] = RequestOutput.make(out.request_id, out.new_token_ids, out.logprobs, out.num_accepted,
                                                out.num_drafted, True, "stop" if record.hit_eos[slot] else "length",

@@ -57,6 +57,8 @@ class EngineConfig:
                       forward (`fast.kernels.invariant`), so greedy and seeded output and log-probabilities are the
                       same bits alone or in any batch, for any γ and with speculation on or off (sampled output
                       across γ: see README); the Llama-body families; costs speed (BENCHMARKS.md)
+    max_tree_nodes    the largest token tree a request may ask for (`SamplingParams.draft_tree`), root included
+                      (sizes the caches: a tree pass writes that many slots; 0 = no trees; at most 64)
     """
 
     max_batch_size: int = 64
@@ -69,6 +71,7 @@ class EngineConfig:
     synthetic_acceptance: float | None = None
     kernels: str = "auto"
     bitwise: bool = False
+    max_tree_nodes: int = 32
 
     def __post_init__(self) -> None:
         as_int(self.max_batch_size, "max_batch_size", minimum=1, maximum=BATCH_BUCKETS[-1])
@@ -78,6 +81,7 @@ class EngineConfig:
         if self.num_draft_tokens != "auto":
             as_int(self.num_draft_tokens, "num_draft_tokens", minimum=0, maximum=self.max_draft_tokens)
         as_int(self.prefill_chunk, "prefill_chunk", minimum=16, maximum=1 << 16)
+        as_int(self.max_tree_nodes, "max_tree_nodes", minimum=0, maximum=64)
         a = self.synthetic_acceptance
         if a is not None and (isinstance(a, bool) or not isinstance(a, (int, float)) or not 0.0 <= a <= 1.0):
             raise ValueError(f"synthetic_acceptance must be None or in [0, 1], got {a!r}")

@@ -29,6 +29,7 @@ from collections import deque
 
 import torch
 
+from specdec.core.tree import TreeSpec
 from specdec.drafters.protocol import CachedSlotDrafter, FeatureSlotDrafter
 from specdec.engine.admission import Admission, EngineRequest
 from specdec.engine.commit import Commit
@@ -37,6 +38,7 @@ from specdec.engine.drafters import Flavor
 from specdec.engine.policy import GammaPolicy
 from specdec.engine.slots import MAX_EOS_IDS, PrefillGraphs, SlotCache, SlotState
 from specdec.engine.step_runner import StepRunner
+from specdec.engine.tree_step import EngineTree, TreeStepRunner
 from specdec.engine.warmup import Warmup
 from specdec.fast.graphs import new_pool
 from specdec.metrics import SpecStats
@@ -69,13 +71,16 @@ class Engine(Admission, Commit, Warmup):
                     if context == shape.arch.rope_limit else ""
                 raise ValueError(f"max_seq_len {self.max_seq_len} exceeds the model's context of {context} tokens{why}")
             self.max_draft_tokens = 0 if drafter is None else config.max_draft_tokens
-            positions = self.max_seq_len + self.max_draft_tokens + 2  # verify writes + the junk slot
+            self.max_tree_nodes = 0 if drafter is None else config.max_tree_nodes
+            written = max(self.max_draft_tokens, self.max_tree_nodes - 1)  # a pass writes γ + 1 or a tree's nodes
+            positions = self.max_seq_len + written + 2  # verify writes + the junk slot
             self.max_batch = config.max_batch_size
             self.cache = SlotCache(self.model, self.max_batch, positions)
             self.num_positions = self.cache.num_positions
             width = StepCounts.width(self.max_draft_tokens)  # counters of any γ, laid out at the largest
             self.state = SlotState(self.max_batch, self.num_positions, self.device, counter_width=width)
             self.counter_sums = torch.zeros(width, dtype=torch.float64, device=self.device)  # engine-wide
+            self.tree_counter_sums = torch.zeros_like(self.counter_sums)  # token-tree steps' (no single-draft β)
             self.drafter = build_drafter(drafter, self) if drafter is not None else None
             # what the drafter can do, from its protocols (`drafters.protocol`), found once
             self.drafter_cached = isinstance(self.drafter, CachedSlotDrafter)  # own slot cache: prefill, move
@@ -111,6 +116,7 @@ class Engine(Admission, Commit, Warmup):
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._steps: dict = {}
+        self._trees: dict[tuple, EngineTree] = {}
         self._pool = None
         self._clock = Clock(self.device)
 
@@ -120,17 +126,22 @@ class Engine(Admission, Commit, Warmup):
         """Engine-wide statistics since the last assignment (acceptance counters folded in from the device)."""
         stats = self._stats
         values = self.counter_sums.tolist()
+        trees = self.tree_counter_sums.tolist()
         with torch.inference_mode():  # the engine's tensors are inference tensors
             self.counter_sums.zero_()
-        counts = StepCounts.from_row(values, self.max_draft_tokens)
-        counted = max((i + 1 for i, r in enumerate(counts.reached) if r), default=0)  # (a step that raised)
-        stats.add_counts(counts.narrow(max(stats.max_num_draft_tokens, counted)))
+            self.tree_counter_sums.zero_()
+        for row, has_beta in ((values, True), (trees, False)):
+            counts = StepCounts.from_row(row, self.max_draft_tokens, has_beta)
+            if has_beta or counts.active_rows:
+                counted = max((i + 1 for i, r in enumerate(counts.reached) if r), default=0)  # (a step that raised)
+                stats.add_counts(counts.narrow(max(stats.max_num_draft_tokens, counted)))
         return stats
 
     @stats.setter
     def stats(self, value: SpecStats) -> None:
         with torch.inference_mode():
             self.counter_sums.zero_()
+            self.tree_counter_sums.zero_()
         self._stats = value
 
     @property
@@ -149,6 +160,8 @@ class Engine(Admission, Commit, Warmup):
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if params.draft_tree is not None:
+            self._check_tree(params)
         prompt = normalize_prompts([prompt_ids], None, self.vocab_size)[0]
         total = len(prompt) + params.max_new_tokens
         if total > self.max_seq_len:
@@ -194,15 +207,19 @@ class Engine(Admission, Commit, Warmup):
         flavor = self._flavor
         if flavor is None:  # the running set changed
             flavor = self._flavor = Flavor.union(r.flavor for r in running)
-        ready = None  # which γ's step shapes are built: the policy keeps to them after a warm-up (no mid-run capture)
-        if self.cuda_graphs or self.policy.only_ready:
-            steps = self._steps
-            ready = lambda g: (batch, g, self._positions(longest, g), flavor) in steps  # noqa: E731
-        gamma = self.policy.choose(batch, running, self._row_estimates, length=longest, ready=ready)
+        tree = running[0].params.draft_tree  # running requests share one tree shape (or none; see _admit)
+        if tree is None:
+            ready = None  # which γ's step shapes are built: the policy keeps to them after a warm-up (no mid-run capture)
+            if self.cuda_graphs or self.policy.only_ready:
+                steps = self._steps
+                ready = lambda g: (batch, g, self._positions(longest, g), flavor) in steps  # noqa: E731
+            gamma = self.policy.choose(batch, running, self._row_estimates, length=longest, ready=ready)
+        else:  # a tree of depth D: no γ to choose
+            gamma, tree = len(tree), self._tree(tree)
         started = time.perf_counter()  # the step's time: not the policy's reads, not admission (see _admit)
         caught_up = self._catch_up_drafter(gamma)
-        positions = self._positions(longest, gamma)
-        run = self._step_for(batch, gamma, positions, flavor)
+        positions = self._positions(longest, gamma if tree is None else tree.spec.num_nodes - 1)
+        run = self._step_for(batch, gamma, positions, flavor, tree)
         first_run = not run.ran  # its time includes graph capture, or a warmed graph's first replay: no step time
         capturing = self.cuda_graphs and not run.captured
         run.ran = True
@@ -215,8 +232,9 @@ class Engine(Admission, Commit, Warmup):
         packed = run.verify()
         clock.mark(2)
         passes = self.drafter.forward_passes(gamma) if gamma and self.drafter is not None else 0
-        record = StepRecord.unpack(packed, run.layout, drafter_calls=passes,  # the step's one synchronization
-                                   draft_time_s=clock.elapsed(0, 1), verify_time_s=clock.elapsed(1, 2))
+        record = StepRecord.unpack(packed, run.layout, drafter_calls=passes if tree is None else run.drafter_calls,
+                                   draft_time_s=clock.elapsed(0, 1), verify_time_s=clock.elapsed(1, 2),
+                                   has_beta=tree is None)  # (the step's one synchronization)
         if flavor.constrained:
             commit_constraints([r.constraint for r in running], record.tokens)
         committed = self._commit(record)
@@ -224,7 +242,7 @@ class Engine(Admission, Commit, Warmup):
         seconds = time.perf_counter() - started
         # the policy weighs whole steps, device time and the host's share alike; a first run's time includes its
         # graph capture (no step time); a catch-up step's excess over the usual step is the plain steps' cost
-        if not first_run:
+        if not first_run and tree is None:
             self.policy.record_step(batch, gamma, seconds, produced / n, length=longest,
                                     catch_up_of=self._plain_run if caught_up else 0)
         elif capturing:  # a capture in the middle of traffic (a shape the warm-up did not build): what it cost
@@ -233,13 +251,14 @@ class Engine(Admission, Commit, Warmup):
         return outputs + committed
 
     # ------------------------------------------------------------------------------------------- steps
-    def _positions(self, longest: int, gamma: int) -> int:
-        """The length bucket of a step at γ whose longest row holds `longest` tokens: the positions it attends
-        over (`config.positions_bucket`)."""
-        return positions_bucket(longest + gamma + 2, self.num_positions)
+    def _positions(self, longest: int, written: int) -> int:
+        """The length bucket of a step writing `written` + 1 slots (γ + 1, or a tree's nodes) whose longest row
+        holds `longest` tokens: the positions it attends over (`config.positions_bucket`)."""
+        return positions_bucket(longest + written + 2, self.num_positions)
 
-    def _step_for(self, batch: int, gamma: int, positions: int, flavor: Flavor) -> "StepRunner":
-        key = (batch, gamma, positions, flavor)
+    def _step_for(self, batch: int, gamma: int, positions: int, flavor: Flavor, tree: EngineTree | None = None):
+        # a tree step's key holds its branching where a chain's holds γ (the policy's `ready` looks chains up)
+        key = (batch, gamma if tree is None else tree.spec.branching, positions, flavor)
         last_key, run = self._last_run
         if key == last_key:  # the usual case: the same shape as the last step
             return run
@@ -247,6 +266,37 @@ class Engine(Admission, Commit, Warmup):
         if run is None:
             if self.cuda_graphs and self._pool is None:
                 self._pool = new_pool()
-            run = self._steps[key] = StepRunner(self, batch, gamma, positions, flavor)
+            run = self._steps[key] = StepRunner(self, batch, gamma, positions, flavor) if tree is None else \
+                TreeStepRunner(self, batch, tree, positions, flavor)
         self._last_run = (key, run)
         return run
+
+    # ------------------------------------------------------------------------------------------- trees
+    def _check_tree(self, params: SamplingParams) -> None:
+        """What a request's `draft_tree` needs of this engine (one line naming what is missing)."""
+        from specdec.engine.drafters import EngineModelDrafter
+
+        tree, nodes = params.draft_tree, TreeSpec(list(params.draft_tree)).num_nodes
+        if type(self.drafter) is not EngineModelDrafter:  # (not the cross-vocabulary one: one draft token per target token)
+            what = "no drafter" if self.drafter is None else f"a {type(self.drafter).__name__}"
+            raise ValueError(f"draft_tree {list(tree)}: token trees need a draft model, the engine has {what}")
+        if nodes > self.max_tree_nodes:
+            raise ValueError(f"draft_tree {list(tree)} has {nodes} nodes (root included); the engine's "
+                             f"max_tree_nodes is {self.max_tree_nodes}")
+        if len(tree) > self.max_draft_tokens:
+            raise ValueError(f"draft_tree {list(tree)} is {len(tree)} deep; the engine's max_draft_tokens is "
+                             f"{self.max_draft_tokens}")
+        if params.leniency != 1.0:
+            raise ValueError("leniency is not supported with draft_tree: token trees verify exactly (leniency=1.0)")
+        if params.processors:
+            raise ValueError(f"{', '.join(params.processors)}: logits processors run on chains, not on draft_tree")
+        if self.config.bitwise:
+            raise ValueError("draft_tree: bitwise=True has no tree mask in its batch-invariant attention")
+        windows = [self.model.shape.arch.window(i) for i in range(self.model.shape.n_layers)]
+        if any(w is not None for w in windows):
+            raise ValueError("draft_tree: the target has sliding-window layers, which token trees do not support")
+
+    def _tree(self, branching: tuple[int, ...]) -> EngineTree:
+        if branching not in self._trees:  # (device tensors built once per shape)
+            self._trees[branching] = EngineTree.of(branching, self.device)
+        return self._trees[branching]

@@ -7,6 +7,7 @@ Each prompt i of a call with seed s gets the request seed (s, i), so the same ca
 
 from __future__ import annotations
 
+import math
 import time
 import weakref
 from dataclasses import replace
@@ -43,8 +44,9 @@ def _owner(target):
     return target if isinstance(target, torch.nn.Module) else getattr(target, "model", target)
 
 
-def engine_for(target, drafter, *, seq_len: int, batch: int, num_draft_tokens) -> Engine:
-    """The cached engine for (target, drafter), rebuilt larger when this call needs more."""
+def engine_for(target, drafter, *, seq_len: int, batch: int, num_draft_tokens, tree_nodes: int = 0) -> Engine:
+    """The cached engine for (target, drafter), rebuilt larger when this call needs more (tree_nodes: the token
+    tree a request asks for, root included)."""
     owner = _owner(target)
     store = owner.__dict__.setdefault("_specdec_engines", {})
     device = _device(owner)
@@ -55,7 +57,8 @@ def engine_for(target, drafter, *, seq_len: int, batch: int, num_draft_tokens) -
         engine = entry[1]
     max_draft = max(8, num_draft_tokens if isinstance(num_draft_tokens, int) else 8)
     fits = engine is not None and engine.max_seq_len >= seq_len and engine.max_batch >= batch \
-        and engine.max_draft_tokens >= (max_draft if drafter is not None else 0)
+        and engine.max_draft_tokens >= (max_draft if drafter is not None else 0) \
+        and (drafter is None or engine.max_tree_nodes >= tree_nodes)
     if not fits:
         context = _exact_context(owner)
         want = max(_MIN_SEQ_LEN, 1 << (seq_len - 1).bit_length())
@@ -73,7 +76,7 @@ def engine_for(target, drafter, *, seq_len: int, batch: int, num_draft_tokens) -
         fast_models = owner.__dict__.setdefault("_specdec_fast_models", {})
         fast_model = fast_models.get(device)
         config = EngineConfig(max_batch_size=min(buckets, 64), max_seq_len=want, num_draft_tokens="auto",
-                              max_draft_tokens=max_draft)
+                              max_draft_tokens=max_draft, max_tree_nodes=max(EngineConfig.max_tree_nodes, tree_nodes))
         engine = Engine(fast_model if fast_model is not None else target, drafter, config)
         fast_models[device] = engine.model
         store[key] = (_ref(drafter), engine)
@@ -133,8 +136,11 @@ def engine_stream(target, prompts, drafter, params: SamplingParams, num_draft_to
         seed = int(torch.randint(0, 1 << 62, (1,), generator=generator, device=generator.device))
     base_seed = resolve_seed(seed)
     per_row = [replace(params, seed=_request_seed(base_seed, i)) for i in range(len(rows))]
+    tree = params.draft_tree  # sizes the engine: γ up to its depth, its nodes
+    sizing = gamma if tree is None else max(len(tree), gamma if isinstance(gamma, int) else 8)
+    nodes = 0 if tree is None else sum(math.prod(tree[:d]) for d in range(len(tree) + 1))
     engine = engine_for(target, drafter, seq_len=max(len(r) for r in rows) + params.max_new_tokens, batch=len(rows),
-                        num_draft_tokens=gamma)
+                        num_draft_tokens=sizing, tree_nodes=nodes)
     holder: dict = {}
     return GenerationStream(_run(engine, rows, per_row, gamma, holder), holder)
 

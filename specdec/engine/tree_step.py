@@ -1,0 +1,221 @@
+"""Token trees on the engine: one step shape (batch bucket, tree, length bucket, flavor) whose draft half expands a
+tree level by level from the slot state and whose verify half scores every node in one target pass, verifies with
+the loop's rules (`core.tree`) and commits the accepted path. Eager, or captured once as CUDA graphs and replayed.
+
+Layout. A row with committed length n has its tree's root (node 0, its last committed token) in slot R = n − 1 of
+both caches and node t in slot R + t (nodes breadth first, `core.tree.TreeSpec`); node t sits at position
+R + depth(t) and sees the text below R and its own path (`fast.cache.TreeNodes`, `kernels.attention.TreeMask`).
+After verification the accepted path's K/V entries are copied into place — the node at depth d into slot R + d, a
+gather along the slot axis of every layer — so the row's cache is a chain again and rollback stays a length move.
+
+Drafting (`EngineModelDrafter` only): the drafter re-feeds its last committed tokens as for a chain (q at the
+root), then feeds one tree level per pass (q at each of its nodes); leaves are never fed. Children are drawn
+without replacement (the exponential race's top-k, RSD; `core.tree`), greedy rows take the top-k logits.
+
+Randomness (`specdec.rng`, keyed by absolute positions as for chains): the children of every depth-d node race the
+same noise (DRAFT at L + d − 1, L = n), and the c-th child of any depth-d node is tested with the same uniform
+(ACCEPT at L + d − 1 for c = 0, SIBLING for c ≥ 1). Only one node per depth is ever tried, so sharing a draw across
+the nodes of a depth keeps every tried child's draw independent of what decided that it is tried; the one-child
+tree [1, …, 1] draws exactly what a chain of the same γ draws. The final token races NEXT at L, as for chains.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from specdec import rng
+from specdec.core import TEMPERATURE_FLOOR, invalid_scores
+from specdec.core.tree import TreeSpec, TreeVerifyResult, verify_tree, verify_tree_greedy
+from specdec.engine.drafters import WINDOW, EngineModelDrafter, Flavor, StepView
+from specdec.fast.cache import TreeNodes
+from specdec.fast.graphs import CapturedStep
+from specdec.sequences import write_tokens
+from specdec.step import StepCounts, StepLayout, commit_counts, pack_step, step_counters
+
+if TYPE_CHECKING:
+    from specdec.engine.engine import Engine
+
+__all__ = ["EngineTree", "TreeStepRunner", "propose_tree", "commit_path"]
+
+
+@dataclass(frozen=True)
+class EngineTree:
+    """A `TreeSpec` with the device tensors a step reads: per node its depth, ancestor bits and child index."""
+
+    spec: TreeSpec
+    depths: torch.Tensor  # [N+1] long
+    ancestors: torch.Tensor  # [N+1] int64: bit t = node t is the node or one of its ancestors
+    child_index: torch.Tensor  # [N+1] long: the node's rank among its siblings (0 at the root)
+
+    @classmethod
+    def of(cls, branching: tuple[int, ...], device: torch.device) -> "EngineTree":
+        spec = TreeSpec(list(branching))
+        parents = spec.parents.tolist()
+        bits, rank = [], []
+        for t, parent in enumerate(parents):
+            bits.append((1 << t) | (bits[parent] if parent >= 0 else 0))
+            rank.append(0 if parent < 0 else (t - spec.offsets[int(spec.depths[t])]) % spec.branching[int(spec.depths[t]) - 1])
+        return cls(spec, spec.depths.to(device), torch.tensor(bits, dtype=torch.long, device=device),
+                   torch.tensor(rank, dtype=torch.long, device=device))
+
+    def nodes(self, first: int, last: int) -> TreeNodes:
+        """Nodes first..last − 1 as one forward feeds them."""
+        return TreeNodes(first, self.depths[first:last], self.ancestors[first:last])
+
+
+def propose_tree(drafter: EngineModelDrafter, view: StepView, tree: EngineTree) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A tree per row → (tokens `[b, N+1]`: the root then the nodes breadth first; q `[b, M, V]` at the M internal
+    nodes, None when every row is greedy). One drafter pass per level but the leaves' (`depth` passes)."""
+    spec, lengths = tree.spec, view.lengths
+    cache = drafter.cache.view(slice(0, view.batch), view.num_positions)
+    pos = lengths[:, None] - WINDOW + torch.arange(WINDOW, device=lengths.device)[None, :]
+    valid = pos >= 0
+    window = view.tokens.gather(1, pos.clamp_min(0)) * valid
+    cache.lengths.copy_((lengths - WINDOW).clamp_min(0))
+    logits = drafter.model(window, cache, valid, last_only=True)  # [b, 1, V]: q at the root; cache.lengths = n
+    levels, probs = [window[:, -1:]], []
+    greedy_rows = view.temperature < TEMPERATURE_FLOOR
+    for d, k in enumerate(spec.branching, start=1):
+        top = logits.topk(k, dim=-1).indices  # [b, nodes of level d − 1, k]: a greedy row's children
+        if view.flavor.all_greedy:
+            children = top
+        else:
+            q = view.probs(logits)
+            probs.append(q)
+            noise = rng.exponentials(view.seed, (lengths + d - 1)[:, None], rng.DRAFT, q.shape[-1])  # [b, 1, V]
+            raced = (q.float() / noise).topk(k, dim=-1).indices  # without replacement (Plackett–Luce order)
+            children = torch.where(greedy_rows[:, None, None], top, raced)
+        level = children.reshape(view.batch, -1)
+        levels.append(level)
+        if d < spec.depth:
+            logits = drafter.model(level, cache, tree=tree.nodes(spec.offsets[d], spec.offsets[d + 1]))
+    return torch.cat(levels, 1), (torch.cat(probs, 1) if probs else None)
+
+
+def commit_path(keys: torch.Tensor, values: torch.Tensor, root: torch.Tensor, path: torch.Tensor) -> None:
+    """Copy each row's accepted path into chain order: the node at depth d (slot root + path[:, d − 1]) into slot
+    root + d, in every layer. keys/values `[L, b, H_kv, S, D]` (views of a `SlotCache`), root `[b]`, path `[b, D]`
+    (−1 past the accepted depth: those slots keep what they hold, to be overwritten later)."""
+    depth = torch.arange(1, path.shape[1] + 1, device=path.device)[None, :]
+    src = root[:, None] + torch.where(path >= 0, path, depth)
+    dst = (root[:, None] + depth)
+    layers, b, heads, _, dim = keys.shape
+    shape = (layers, b, heads, path.shape[1], dim)
+    src, dst = (i[None, :, None, :, None].expand(shape) for i in (src, dst))
+    for cache in (keys, values):
+        cache.scatter_(3, dst, cache.gather(3, src))  # (gathered first: a path may read slots it also writes)
+
+
+class TreeStepRunner:
+    """The draft and verify halves of one token-tree step shape, eager or captured (each once)."""
+
+    def __init__(self, engine: Engine, batch: int, tree: EngineTree, positions: int, flavor: Flavor):
+        self.engine, self.batch, self.tree, self.positions, self.flavor = engine, batch, tree, positions, flavor
+        self.gamma = tree.spec.depth
+        self.drafter_calls = tree.spec.depth
+        self.view = StepView(engine.state, batch, positions, flavor)
+        self.layout = StepLayout(tree.spec.depth, logprobs=flavor.logprobs)
+        self.drafts = None
+        self.ran = False
+        self._draft_graph = self._verify_graph = None
+
+    def _draft_body(self):
+        return propose_tree(self.engine.drafter, self.view, self.tree)
+
+    def _verify(self, tokens: torch.Tensor, probs: torch.Tensor | None, logits: torch.Tensor) -> TreeVerifyResult:
+        """The loop's rules on the device: recursive rejection sampling (without replacement) or the argmax path;
+        greedy rows among sampled ones take the argmax path (their q is one-hot, their children the top-k)."""
+        view, spec, lengths = self.view, self.tree.spec, self.view.lengths
+        greedy = verify_tree_greedy(spec, tokens, logits, check_nan=False)
+        if self.flavor.all_greedy:
+            return greedy
+        at = lengths[:, None] + torch.arange(spec.depth, device=lengths.device)[None, :]  # positions L + d − 1
+        first = rng.uniforms(view.seed, at, rng.ACCEPT)  # [b, D]
+        widest = max(spec.branching)
+        later = torch.exp(-rng.exponentials(view.seed, at, rng.SIBLING, widest))  # [b, D, widest], U(0, 1)
+        depth = (self.tree.depths - 1).clamp_min(0)
+        rank = self.tree.child_index
+        uniforms = torch.where(rank == 0, first[:, depth], later[:, depth, rank.clamp(max=widest - 1)])  # [b, N+1]
+        noise = rng.exponentials(view.seed, lengths[:, None], rng.NEXT, logits.shape[-1])[:, 0]
+        sampled = verify_tree(spec, tokens, probs, view.probs(logits), mode="without_replacement", uniforms=uniforms,
+                              noise=noise)
+        rows = view.temperature < TEMPERATURE_FLOOR
+        pick = lambda a, b: torch.where(rows.view(-1, *[1] * (a.dim() - 1)), a, b)  # noqa: E731
+        return TreeVerifyResult(pick(greedy.path, sampled.path), pick(greedy.num_accepted, sampled.num_accepted),
+                                pick(greedy.next_token, sampled.next_token))
+
+    def _verify_body(self) -> torch.Tensor:
+        """Score, verify, commit and count on the device → `pack_step`'s table for `self.layout`."""
+        e, view, spec, flavor = self.engine, self.view, self.tree.spec, self.flavor
+        rows, state = slice(0, self.batch), e.state
+        tokens, probs = self.drafts
+        lengths = view.lengths
+        root = lengths - 1
+        cache = e.cache.view(rows, self.positions)
+        cache.lengths.copy_(root)
+        logits = e.model(tokens, cache, tree=self.tree.nodes(0, spec.num_nodes))  # [b, N+1, V]
+        has_nan = invalid_scores(logits)
+        result = self._verify(tokens, probs, logits)
+        commit_path(e.cache.keys[:, rows, :, : self.positions], e.cache.values[:, rows, :, : self.positions], root,
+                    result.path)
+        drafter = e.drafter.cache
+        commit_path(drafter.keys[:, rows, :, : self.positions], drafter.values[:, rows, :, : self.positions], root,
+                    result.path)
+        new_tokens = result.tokens(tokens)  # [b, D+1]
+        active, generated = state.active[rows], state.generated[rows]
+        counts, hit_eos = commit_counts(new_tokens, result.num_accepted, state.max_new[rows] - generated,
+                                        state.eos[rows], active)
+        write_tokens(state.tokens[rows], lengths, new_tokens, counts)
+        lengths.add_(counts)
+        generated.add_(counts)
+        finished = active & (hit_eos | (generated >= state.max_new[rows]))
+        nodes = torch.full_like(counts, spec.num_nodes - 1)  # a tree step drafts N nodes; no single-draft β
+        no_beta = torch.zeros(self.batch, spec.depth, dtype=torch.float64, device=e.device)
+        counters = step_counters(result.num_accepted, no_beta, nodes, active, spec.depth)
+        wide = StepCounts.widen(counters, spec.depth, e.max_draft_tokens)
+        state.counters[rows].add_(wide)
+        e.tree_counter_sums.add_(wide.sum(0))
+        logprobs = None
+        if flavor.logprobs:  # token d was predicted at the path's node of depth d (the root for d = 0)
+            at = torch.cat([torch.zeros_like(root)[:, None], result.path.clamp_min(0)], 1)  # [b, D+1]
+            scored = logits.gather(1, at[..., None].expand(-1, -1, logits.shape[-1])).log_softmax(-1)
+            logprobs = scored.gather(-1, new_tokens[..., None])[..., 0]
+        return pack_step(self.layout, new_tokens, counts, result.num_accepted, nodes, finished, hit_eos, active,
+                         has_nan, logprobs=logprobs)
+
+    @property
+    def eager(self) -> bool:
+        return not self.engine.cuda_graphs
+
+    @property
+    def captured(self) -> bool:
+        """Whether its graphs are captured (at its first run on CUDA)."""
+        return self._verify_graph is not None
+
+    def capture(self) -> None:
+        """Capture both halves once (CUDA graphs); a no-op when the engine runs eagerly."""
+        e = self.engine
+        if self.eager or self._verify_graph is not None:
+            return
+        self._draft_graph = CapturedStep(self._draft_body, pool=e._pool, restore=[e.drafter.cache.lengths])
+        self.drafts = self._draft_graph.outputs
+        self._draft_graph.replay()  # capture only records: give the verify warm-up real drafts to read
+        s = e.state
+        restore = [s.tokens, s.lengths, s.generated, e.cache.lengths, s.counters, e.tree_counter_sums]
+        self._verify_graph = CapturedStep(self._verify_body, pool=e._pool, restore=restore)
+
+    def draft(self) -> None:
+        if self.eager:
+            self.drafts = self._draft_body()
+            return
+        self.capture()
+        self._draft_graph.replay()
+
+    def verify(self) -> torch.Tensor:
+        if self.eager:
+            return self._verify_body()
+        self.capture()
+        return self._verify_graph.replay()
