@@ -89,18 +89,20 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None  # "stop" (EOS) | "length" | "abort"
     stats: SpecStats | None = None  # the request's own statistics, on its final output
+    #: per new token, the `SamplingParams.top_logprobs` most likely (token id, log p) of the target's raw law
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
     @classmethod
     def make(cls, request_id: str, new_token_ids: list[int], logprobs: list[float] | None, num_accepted: int,
              num_drafted: int, finished: bool = False, finish_reason: str | None = None,
-             stats: SpecStats | None = None) -> "RequestOutput":
+             stats: SpecStats | None = None, top_logprobs=None) -> "RequestOutput":
         """The same frozen object as `RequestOutput(...)`, built without the dataclass `__init__`'s one
         `object.__setattr__` per field (the engine builds one per running request per step)."""
         out = object.__new__(cls)
         object.__setattr__(out, "__dict__", {
             "request_id": request_id, "new_token_ids": new_token_ids, "logprobs": logprobs,
             "num_accepted": num_accepted, "num_drafted": num_drafted, "finished": finished,
-            "finish_reason": finish_reason, "stats": stats,
+            "finish_reason": finish_reason, "stats": stats, "top_logprobs": top_logprobs,
         })
         return out
 
@@ -236,7 +238,7 @@ class StepLayout:
     int64 `[B + 1, width]`; k = γ + 1 (trees: depth + 1) token columns:
       rows 0..B−1  tokens [k] | committed | accepted | drafted | finished | hit_eos
                    | counters [StepCounts.width(γ)] (float64 bits, with `counters`) | logprobs [k] (float64 bits,
-                   with `logprobs`)
+                   with `logprobs`) | top ids [k · N] | top log p [k · N] (float64 bits; N = `top_logprobs`)
       row B        invalid logits? | Σ produced (accepted + 1 per active row) | Σ committed | Σ finished | 0 …
     `accepted` is the drafts verification accepted (before any EOS / budget cut), `drafted` the row's draft
     length; both 0 for an inactive row.
@@ -245,17 +247,22 @@ class StepLayout:
     gamma: int
     counters: bool = False
     logprobs: bool = False
+    top_logprobs: int = 0  # N alternatives per token (needs logprobs)
     # derived once (the engine reads a table every step): token columns, where each block starts, the width
     k: int = field(init=False)
     counters_at: int = field(init=False)
     logprobs_at: int = field(init=False)
+    top_at: int = field(init=False)
     width: int = field(init=False)
 
     def __post_init__(self) -> None:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("StepLayout: top_logprobs needs logprobs")
         k = self.gamma + 1
         logprobs_at = k + 5 + (StepCounts.width(self.gamma) if self.counters else 0)
-        for name, value in (("k", k), ("counters_at", k + 5), ("logprobs_at", logprobs_at),
-                            ("width", logprobs_at + (k if self.logprobs else 0))):
+        top_at = logprobs_at + (k if self.logprobs else 0)
+        for name, value in (("k", k), ("counters_at", k + 5), ("logprobs_at", logprobs_at), ("top_at", top_at),
+                            ("width", top_at + 2 * k * self.top_logprobs)):
             object.__setattr__(self, name, value)
 
 
@@ -272,13 +279,14 @@ def pack_step(
     *,
     counters: torch.Tensor | None = None,
     logprobs: torch.Tensor | None = None,
+    top: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """One step's device → host table, int64 `[B + 1, layout.width]` (see `StepLayout`), built on the device.
 
     new_tokens [B, k] (k = layout.k); committed, accepted [B] int64; drafted [B] int64 or None (= γ for every
     row); finished, hit_eos, active [B] bool; invalid: a bool scalar (NaN / +inf in the target logits);
     counters [B, StepCounts.width(γ)] float64 (`step_counters`), with layout.counters; logprobs [B, k]
-    float, with layout.logprobs.
+    float, with layout.logprobs; top: (ids [B, k, N] long, log p [B, k, N] float), with layout.top_logprobs = N.
     """
     b, k = new_tokens.shape
     if k != layout.k or (counters is not None) != layout.counters or (logprobs is not None) != layout.logprobs:
@@ -293,6 +301,11 @@ def pack_step(
         columns.append(counters.double().view(torch.long))
     if logprobs is not None:
         columns.append(logprobs.double().view(torch.long))
+    if (top is not None) != bool(layout.top_logprobs):
+        raise ValueError(f"pack_step: top={top is not None} does not match {layout}")
+    if top is not None:
+        ids, values = top
+        columns += [ids.reshape(b, -1).long(), values.double().reshape(b, -1).view(torch.long)]
     table = torch.cat(columns, 1)
     tail = torch.stack([invalid.long().reshape(()), (accepted + active_long).sum(), committed.sum(), finished.sum()])
     tail = torch.cat([tail, tail.new_zeros(table.shape[1] - 4)])
@@ -326,6 +339,8 @@ class StepRecord:
     drafter_calls: int = 0  # drafter forward passes in this step
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
+    #: [B] per committed token its N most likely (token id, log p), with layout.top_logprobs = N
+    top_logprobs: list[list[list[tuple[int, float]]]] | None = None
 
     @classmethod
     def unpack(cls, packed: torch.Tensor, layout: StepLayout, *, drafter_calls: int = 0, draft_time_s: float = 0.0,
@@ -343,10 +358,17 @@ class StepRecord:
             rows = packed[:-1, :at].tolist()
             logprobs = packed[:-1, at : at + k].view(torch.float64).tolist()
             tail = packed[-1, :4].tolist()
+            top = None
+            if layout.top_logprobs:
+                n, at = layout.top_logprobs, layout.top_at
+                ids = packed[:-1, at : at + k * n].reshape(-1, k, n).tolist()
+                values = packed[:-1, at + k * n : at + 2 * k * n].view(torch.float64).reshape(-1, k, n).tolist()
+                top = [[list(zip(i, v)) for i, v in zip(row_ids[: row[k]], row_values)]
+                       for row_ids, row_values, row in zip(ids, values, rows)]
         else:
             rows = packed.tolist()
             tail = rows.pop()
-            logprobs = None
+            logprobs = top = None
         if tail[0]:
             raise ValueError(f"target logits {INVALID_SCORES}")
         tokens = [row[: row[k]] for row in rows]
@@ -369,6 +391,7 @@ class StepRecord:
             "finished": finished, "hit_eos": hit_eos, "logprobs": logprobs, "row_counts": row_counts,
             "counts": counts, "num_committed": tail[2], "num_produced": tail[1], "num_finished": tail[3],
             "drafter_calls": drafter_calls, "draft_time_s": draft_time_s, "verify_time_s": verify_time_s,
+            "top_logprobs": top,
         })
         return out
 

@@ -33,9 +33,14 @@ class Commit:
         if logprobs is None:
             outputs = [make(r.request_id, t, None, a if a < len(t) else len(t), d)
                        for r, t, a, d in zip(running, tokens, accepted, drafted)]
-        else:
+        elif record.top_logprobs is None:
             outputs = [make(r.request_id, t, lp if r.params.logprobs else None, a if a < len(t) else len(t), d)
                        for r, t, a, d, lp in zip(running, tokens, accepted, drafted, logprobs)]
+        else:  # each row's own N of the step's most alternatives
+            outputs = [make(r.request_id, t, lp if r.params.logprobs else None, a if a < len(t) else len(t), d,
+                            top_logprobs=[alt[: r.params.top_logprobs] for alt in top] if r.params.top_logprobs
+                            else None)
+                       for r, t, a, d, lp, top in zip(running, tokens, accepted, drafted, logprobs, record.top_logprobs)]
         for request, t in zip(running, tokens):
             request.length += len(t)
         self._stats.add_step(record)
@@ -59,7 +64,7 @@ class Commit:
             stats.set_wall_time(now - request.arrival)
             outputs[slot] = RequestOutput.make(out.request_id, out.new_token_ids, out.logprobs, out.num_accepted,
                                                out.num_drafted, True, "stop" if record.hit_eos[slot] else "length",
-                                               stats)
+                                               stats, top_logprobs=out.top_logprobs)
         for slot in reversed(slots):
             with self._lock:
                 self._known.discard(self._running[slot].request_id)

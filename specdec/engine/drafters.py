@@ -39,12 +39,13 @@ class Flavor:
     lenient: bool = False  # some row verifies with leniency l < 1 (per-row l; exact rows keep the exact rule)
     processed: bool = False  # some row has logits processors (`core.processors`): p and q are processed
     constrained: bool = False  # some row has a host `TokenConstraint`: the step runs eagerly (host calls)
+    top_logprobs: int = 0  # the most alternatives per token some row asks for (`SamplingParams.top_logprobs`)
 
     @classmethod
     def of(cls, params) -> "Flavor":
         """What one request (its `SamplingParams`) needs of a step."""
         return cls(params.greedy, params.sampling.filters, params.logprobs, params.leniency != 1.0,
-                   bool(params.processors), params.constraint is not None)
+                   bool(params.processors), params.constraint is not None, params.top_logprobs)
 
     @classmethod
     def union(cls, flavors) -> "Flavor":
@@ -53,7 +54,7 @@ class Flavor:
         used = {name for f in flavors for name in f.filters}
         return cls(all(f.all_greedy for f in flavors), tuple(f.name for f in FILTERS if f.name in used),
                    any(f.logprobs for f in flavors), any(f.lenient for f in flavors), any(f.processed for f in flavors),
-                   any(f.constrained for f in flavors))
+                   any(f.constrained for f in flavors), max((f.top_logprobs for f in flavors), default=0))
 
 
 class StepView:

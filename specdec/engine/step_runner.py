@@ -28,7 +28,7 @@ class StepRunner:
     def __init__(self, engine: Engine, batch: int, gamma: int, positions: int, flavor: Flavor):
         self.engine, self.batch, self.gamma, self.positions, self.flavor = engine, batch, gamma, positions, flavor
         self.view = StepView(engine.state, batch, positions, flavor)
-        self.layout = StepLayout(gamma, logprobs=flavor.logprobs)
+        self.layout = StepLayout(gamma, logprobs=flavor.logprobs, top_logprobs=flavor.top_logprobs)
         self.drafts = None
         self.ran = False
         self._draft_graph = self._verify_graph = None
@@ -91,9 +91,15 @@ class StepRunner:
         wide = StepCounts.widen(counters, gamma, e.max_draft_tokens)
         state.counters[rows].add_(wide)
         e.counter_sums.add_(wide.sum(0))
-        logprobs = raw.log_softmax(-1).gather(-1, new_tokens[..., None])[..., 0] if flavor.logprobs else None
+        logprobs = top = None
+        if flavor.logprobs:  # of the target's raw law (before processors and temperature), as vLLM's default
+            log_p = raw.float().log_softmax(-1)
+            logprobs = log_p.gather(-1, new_tokens[..., None])[..., 0]
+            if flavor.top_logprobs:
+                values, ids = log_p.topk(flavor.top_logprobs, dim=-1)
+                top = (ids, values)
         return pack_step(self.layout, new_tokens, counts, result.num_accepted, draft_lengths, finished, hit_eos,
-                         active, has_nan, logprobs=logprobs)
+                         active, has_nan, logprobs=logprobs, top=top)
 
     @property
     def eager(self) -> bool:

@@ -191,8 +191,10 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
             logprobs = None
             prefix = parsed.echo[spec.prompt_index] if parsed.echo is not None else ""
             if parsed.logprobs is not None:
-                logprobs = (R.chat_logprobs(llm.tokenizer, c.token_ids, c.logprobs or [], parsed.top_logprobs) if chat else
-                            R.completion_logprobs(llm.tokenizer, c.token_ids, c.logprobs or [], len(prefix)))
+                logprobs = (R.chat_logprobs(llm.tokenizer, c.token_ids, c.logprobs or [], parsed.top_logprobs,
+                                            c.top_logprobs) if chat else
+                            R.completion_logprobs(llm.tokenizer, c.token_ids, c.logprobs or [], len(prefix),
+                                                  c.top_logprobs))
             if chat:
                 choice = {"index": i, "message": {"role": "assistant", "content": c.text},
                           "logprobs": logprobs, "finish_reason": c.finish_reason}
@@ -237,8 +239,9 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
                 ids = [p.token_id for p in delta.pieces if p.token_id >= 0]
                 if parsed.logprobs is not None and ids:
                     lps = [p.logprob for p in delta.pieces if p.token_id >= 0]
-                    logprobs = (R.chat_logprobs(llm.tokenizer, ids, lps, parsed.top_logprobs) if chat else
-                                R.completion_logprobs(llm.tokenizer, ids, lps, offsets[i]))
+                    tops = [p.top_logprobs or () for p in delta.pieces if p.token_id >= 0]
+                    logprobs = (R.chat_logprobs(llm.tokenizer, ids, lps, parsed.top_logprobs, tops) if chat else
+                                R.completion_logprobs(llm.tokenizer, ids, lps, offsets[i], tops))
                 offsets[i] += len(delta.text)
                 if chat:
                     content = {"content": delta.text} if delta.text or delta.finish_reason is None else {}

@@ -53,13 +53,13 @@ class ParsedRequest:
     choices: list[ChoiceSpec]  # prompt-major: prompt i's n choices are choices[i*n : (i+1)*n]
     stream: bool
     include_usage: bool
-    logprobs: int | None  # completions: its logprobs (0 or 1); chat: 0 when asked for; None otherwise
+    logprobs: int | None  # completions: its logprobs (0..5); chat: 0 when asked for; None otherwise
     token_details: bool  # stream each token's text and kind (accepted / resampled / bonus / plain)
     num_draft_tokens: int
     echo: tuple[str, ...] | None = None  # completions: the prompt texts to prepend
     return_token_ids: bool = False
     request_id: str | None = None
-    top_logprobs: int = 0  # chat: alternatives per token (0, or 1 for greedy requests: the chosen token)
+    top_logprobs: int = 0  # alternatives per token (chat: top_logprobs ≤ 20; completions: logprobs ≤ 5)
 
 
 # --- body → typed request -------------------------------------------------------------------------
@@ -272,27 +272,17 @@ def build(request, llm, prompts: list[list[int]], max_tokens_limit: int, echo: t
             choices.append(ChoiceSpec(i, params, eos))
     logprobs = (0 if request.logprobs else None) if chat else request.logprobs
     top = (request.top_logprobs or 0) if chat else (request.logprobs or 0)
-    if top:
-        _check_top_one(request, llm, "top_logprobs" if chat else "logprobs", choices[0].params)
+    if top:  # the N most likely tokens of the target's raw law at each generated token (the engine's step)
+        for choice in choices:
+            choice.params["top_logprobs"] = top
     options = request.stream_options
     return ParsedRequest(
         prompts=prompts, choices=choices, stream=request.stream,
         include_usage=bool(options and options.include_usage), logprobs=logprobs,
         token_details=bool(request.specdec and request.specdec.token_details),
         num_draft_tokens=choices[0].params["num_draft_tokens"], echo=echo,
-        return_token_ids=request.return_token_ids, request_id=request.request_id, top_logprobs=top if chat else 0,
+        return_token_ids=request.return_token_ids, request_id=request.request_id, top_logprobs=top,
     )
-
-
-def _check_top_one(request, llm, name: str, params: dict) -> None:
-    """One alternative per token is the chosen token itself exactly when decoding is greedy (the argmax of p)."""
-    from specdec.core import TEMPERATURE_FLOOR
-
-    temperature = params.get("temperature", llm.defaults.temperature)
-    if temperature >= TEMPERATURE_FLOOR:
-        raise APIError(f"{name}=1 is served for greedy requests only (temperature 0: the chosen token is the most "
-                       f"likely one); this request samples at temperature {temperature:g}: use {name}=0 (the chosen "
-                       "token's log-probability)", param=name)
 
 
 def eos_ids(request, llm) -> tuple[int, ...] | None:

@@ -47,25 +47,33 @@ def speculative_decoding(stats: list[RequestStats]) -> dict:
             "draft_acceptance_rate": accepted / draft_tokens if draft_tokens else None}
 
 
-def completion_logprobs(tokenizer, token_ids, logprobs: list[float | None], offset: int = 0) -> dict:
-    """OpenAI's completions logprobs for logprobs 0 or 1 (greedy): top_logprobs holds the chosen token (vLLM's shape
-    for 0; for a greedy request the chosen token is also the most likely one)."""
+def completion_logprobs(tokenizer, token_ids, logprobs: list[float | None], offset: int = 0, tops=None) -> dict:
+    """OpenAI's completions logprobs. `tops` (logprobs = N > 0): per token its N most likely (id, log p) of the
+    target's raw law; each top_logprobs dict holds them and the chosen token (vLLM's shape: N or N + 1 entries).
+    Without (logprobs 0): the chosen token alone."""
     tokens = [tokenizer.decode([t]) for t in token_ids]
     offsets, pos = [], offset
     for t in tokens:
         offsets.append(pos)
         pos += len(t)
-    return {"tokens": tokens, "token_logprobs": logprobs, "text_offset": offsets,
-            "top_logprobs": [{t: lp} for t, lp in zip(tokens, logprobs)]}
+    tops = tops or [()] * len(tokens)
+    top_dicts = []
+    for text, lp, alternatives in zip(tokens, logprobs, tops):
+        entry = {tokenizer.decode([t]): v for t, v in alternatives}
+        entry.setdefault(text, lp)
+        top_dicts.append(entry)
+    return {"tokens": tokens, "token_logprobs": logprobs, "text_offset": offsets, "top_logprobs": top_dicts}
 
 
-def chat_logprobs(tokenizer, token_ids, logprobs: list[float | None], top: int = 0) -> dict:
-    """OpenAI's chat logprobs; top = 1 (greedy requests only): the chosen token is the top alternative."""
-    content = []
-    for t, lp in zip(token_ids, logprobs):
-        text = tokenizer.decode([t])
-        entry = {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
-        content.append({**entry, "top_logprobs": [dict(entry)] if top else []})
+def chat_logprobs(tokenizer, token_ids, logprobs: list[float | None], top: int = 0, tops=None) -> dict:
+    """OpenAI's chat logprobs; `tops`: per token its `top` most likely (id, log p) of the target's raw law."""
+    def entry(token_id: int, lp) -> dict:
+        text = tokenizer.decode([token_id])
+        return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
+
+    tops = tops or [()] * len(token_ids)
+    content = [{**entry(t, lp), "top_logprobs": [entry(a, v) for a, v in alternatives[:top]] if top else []}
+               for t, lp, alternatives in zip(token_ids, logprobs, tops)]
     return {"content": content}
 
 

@@ -198,18 +198,12 @@ REFUSED: tuple[tuple[str, Any, str], ...] = (
 
 REFUSED_COMPLETION: tuple[tuple[str, Any, str], ...] = (
     ("suffix", lambda r: not r.suffix, "fill-in-the-middle is not supported"),
-    ("logprobs", lambda r: r.logprobs is None or r.logprobs <= 1, "logprobs: 0 (the chosen token) and, for greedy "
-     "requests, 1 (the chosen token is the most likely one) are served; more alternatives need the engine's step to "
-     "return them"),
     ("echo", lambda r: not (r.echo and r.logprobs is not None), "echo with logprobs needs the prompt's "
      "log-probabilities, which are not computed"),
     ("prompt_embeds", lambda r: r.prompt_embeds is None, "prompts are text or token ids"),
 )
 
 REFUSED_CHAT: tuple[tuple[str, Any, str], ...] = (
-    ("top_logprobs", lambda r: not r.top_logprobs or r.top_logprobs <= 1, "top_logprobs: 0 and, for greedy "
-     "requests, 1 (the chosen token is the most likely one) are served; more alternatives need the engine's step to "
-     "return them"),
     ("top_logprobs", lambda r: r.top_logprobs is None or r.logprobs, "top_logprobs needs logprobs: true"),
     ("tools", lambda r: not r.tools, "tool calling is not supported"),
     ("tool_choice", lambda r: r.tool_choice in (None, "none"), "tool calling is not supported"),

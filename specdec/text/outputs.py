@@ -24,6 +24,7 @@ class TokenPiece:
     text: str  # text released by this token ("" while held back: an incomplete character, a possible stop)
     kind: str  # "accepted" (a draft the target accepted) | "resampled" | "bonus" | "plain"
     logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] | None = None  # the most likely (token id, log p), if asked for
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class Completion:
     logprobs: list[float] | None  # log p(token) of the target's raw distribution, if asked for
     stats: RequestStats
     stop_string: str | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # per token, its N most likely (id, log p) if asked
 
 
 class TextRequest:
@@ -101,6 +103,7 @@ class TextRequest:
         self.text = IncrementalText(tokenizer, context, stop)
         self.want_logprobs = logprobs
         self.logprobs: list[float] = []
+        self.top_logprobs: list[list[tuple[int, float]]] = []
         self.finished = False
         self.finish_reason: str | None = None
         self._counts = {"steps": 0, "drafts": 0, "drafted": 0, "accepted": 0}
@@ -132,13 +135,17 @@ class TextRequest:
             self.t_first = time.perf_counter()
         pieces = []
         logprobs = output.logprobs or [None] * len(tokens)
-        for i, (tok, lp) in enumerate(zip(tokens, logprobs)):
+        tops = getattr(output, "top_logprobs", None) or [None] * len(tokens)
+        for i, (tok, lp, top) in enumerate(zip(tokens, logprobs, tops)):
             if self.text.stopped:
                 break
             kind = "plain" if drafted == 0 else "accepted" if i < accepted else "bonus" if accepted == drafted else "resampled"
-            pieces.append(TokenPiece(int(tok), self.text.add(int(tok)), kind, lp))
+            top = None if top is None else tuple((int(t), float(v)) for t, v in top)
+            pieces.append(TokenPiece(int(tok), self.text.add(int(tok)), kind, lp, top))
             if self.want_logprobs:
                 self.logprobs.append(lp)
+                if top is not None:
+                    self.top_logprobs.append(list(top))
         reason = None
         if output.finished:
             self.finished = True
@@ -147,7 +154,7 @@ class TextRequest:
             tail = self.text.finish()
             if tail and pieces:
                 last = pieces[-1]
-                pieces[-1] = TokenPiece(last.token_id, last.text + tail, last.kind, last.logprob)
+                pieces[-1] = TokenPiece(last.token_id, last.text + tail, last.kind, last.logprob, last.top_logprobs)
             elif tail:
                 pieces.append(TokenPiece(-1, tail, "plain"))
             reason = "stop" if self.text.stopped else output.finish_reason
@@ -175,4 +182,5 @@ class TextRequest:
             text=self.text.text, token_ids=list(self.text.token_ids), finish_reason=self.finish_reason,
             prompt_token_ids=self.prompt_ids, logprobs=list(self.logprobs) if self.want_logprobs else None,
             stats=self.stats(), stop_string=self.text.stop_string,
+            top_logprobs=list(self.top_logprobs) if self.want_logprobs and self.top_logprobs else None,
         )

@@ -173,7 +173,8 @@ class FallbackRunner:
         from specdec.decoding import stream_request
 
         # the batch shares its parameters (`_batch_key`) but for the budget; logprobs come from `_logprobs`
-        params = replace(first.params, max_new_tokens=max(r.params.max_new_tokens for r in batch), logprobs=False)
+        params = replace(first.params, max_new_tokens=max(r.params.max_new_tokens for r in batch), logprobs=False,
+                         top_logprobs=0)
         policy = resolve_policy(self.num_draft_tokens) if self.drafter is not None else 1
         self._batch = batch
         self._run = stream_request(self.target, [r.prompt for r in batch], self.drafter, params, policy, engine="hf")
@@ -193,21 +194,23 @@ class FallbackRunner:
         for stats in (req.stats, self.stats):
             stats.add_counts(counts)
             stats.add_steps(0, num_generated_tokens=len(tokens))
-        logprobs = self._logprobs(req, len(tokens)) if req.params.logprobs else None
+        logprobs, top = self._logprobs(req, len(tokens)) if req.params.logprobs else (None, None)
         hit_eos = bool(tokens) and tokens[-1] in req.params.eos_token_ids
         if hit_eos or len(req.generated) >= req.params.max_new_tokens or loop_finished:
-            return [self._final(req, tokens, accepted, drafted, "stop" if hit_eos else "length", logprobs)]
-        return [RequestOutput(req.request_id, tokens, logprobs, accepted, drafted, False, None)]
+            return [self._final(req, tokens, accepted, drafted, "stop" if hit_eos else "length", logprobs, top)]
+        return [RequestOutput(req.request_id, tokens, logprobs, accepted, drafted, False, None, top_logprobs=top)]
 
-    def _final(self, req, tokens, accepted, drafted, reason, logprobs=None) -> RequestOutput:
+    def _final(self, req, tokens, accepted, drafted, reason, logprobs=None, top=None) -> RequestOutput:
         req.done = True
-        return RequestOutput(req.request_id, tokens, logprobs, accepted, drafted, True, reason, req.stats)
+        return RequestOutput(req.request_id, tokens, logprobs, accepted, drafted, True, reason, req.stats, top)
 
     @torch.inference_mode()
-    def _logprobs(self, req: _Request, count: int) -> list[float]:
-        """log p(token) of the target's raw distribution for the request's last `count` tokens (one teacher-forced pass)."""
+    def _logprobs(self, req: _Request, count: int) -> tuple[list[float], list | None]:
+        """log p(token) of the target's raw distribution for the request's last `count` tokens (one teacher-forced
+        pass), and per token its `top_logprobs` most likely (token id, log p) (None when it asks for none)."""
+        n = req.params.top_logprobs
         if count == 0:
-            return []
+            return [], ([] if n else None)
         device = self.target.device
         if getattr(self.target.config, "is_encoder_decoder", False):
             start = self.target.config.decoder_start_token_id
@@ -220,7 +223,11 @@ class FallbackRunner:
             end = len(req.prompt) + len(req.generated) - 1
             scored = logits[end - count : end]
         logp = torch.log_softmax(scored.float(), dim=-1)
-        return logp.gather(1, torch.tensor(req.generated[-count:], device=device)[:, None])[:, 0].tolist()
+        chosen = logp.gather(1, torch.tensor(req.generated[-count:], device=device)[:, None])[:, 0].tolist()
+        if not n:
+            return chosen, None
+        values, ids = logp.topk(n, dim=-1)
+        return chosen, [list(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
 
 
 def _batch_key(req: _Request):
@@ -228,4 +235,4 @@ def _batch_key(req: _Request):
     p = req.params
     if not p.greedy and p.seed is not None:
         return None
-    return replace(p, max_new_tokens=0, logprobs=False, seed=None)  # all that the loop shares but the budget
+    return replace(p, max_new_tokens=0, logprobs=False, top_logprobs=0, seed=None)  # all that the loop shares but the budget

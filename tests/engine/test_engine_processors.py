@@ -120,3 +120,31 @@ def test_engine_sampled_output_keeps_the_constraint(llama, llama_draft):
     out = _run(engine, [(PROMPTS[i % 3], SamplingParams(max_new_tokens=12, temperature=1.0, seed=i, constraint=r))
                         for i, r in enumerate(rules)])
     assert [r.started[0].output for r in rules] == out  # StrideState.commit asserts every token is allowed
+
+
+def test_engine_top_logprobs_are_the_targets_top_n(llama, llama_draft):
+    """Rows asking for N = 5, 2 and none in one batch: each committed token's N most likely (id, log p) of the
+    target's raw law, as a plain forward pass over the output gives them (γ = 3: accepted, resampled and bonus
+    tokens alike)."""
+    engine = Engine(llama, llama_draft, EngineConfig(max_batch_size=4, max_seq_len=64, num_draft_tokens=3))
+    asks = [5, 2, 0]
+    requests = [(p, SamplingParams(max_new_tokens=10, temperature=t, seed=1, logprobs=n > 0, top_logprobs=n,
+                                   repetition_penalty=1.3))
+                for p, n, t in zip(PROMPTS, asks, (0.0, 1.0, 0.0))]
+    ids = [engine.add_request(p, params) for p, params in requests]
+    tokens = {i: [] for i in ids}
+    tops = {i: [] for i in ids}
+    while engine.has_unfinished():
+        for o in engine.step():
+            tokens[o.request_id] += o.new_token_ids
+            assert (o.top_logprobs is None) == (requests[ids.index(o.request_id)][1].top_logprobs == 0)
+            tops[o.request_id] += o.top_logprobs or []
+    for (prompt, params), rid in zip(requests, ids):
+        if not params.top_logprobs:
+            continue
+        with torch.no_grad():
+            logits = llama(torch.tensor([prompt + tokens[rid]])).logits[0, len(prompt) - 1: -1].float()
+        values, top_ids = logits.log_softmax(-1).topk(params.top_logprobs, dim=-1)
+        assert [[t for t, _ in alt] for alt in tops[rid]] == top_ids.tolist()
+        torch.testing.assert_close(torch.tensor([[v for _, v in alt] for alt in tops[rid]]), values, atol=1e-5,
+                                   rtol=0)

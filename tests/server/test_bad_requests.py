@@ -82,7 +82,8 @@ CASES = {
     "chat unknown role": chat(messages=[{"role": "alien", "content": "x"}]),
     "chat content number": chat(messages=[{"role": "user", "content": 5}]),
     "chat image part": chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
-    "chat top_logprobs": chat(logprobs=True, top_logprobs=3),
+    "chat top_logprobs > 20": chat(logprobs=True, top_logprobs=21),
+    "completion logprobs > 5": completion(logprobs=6),
     "body too large": completion(prompt="x" * (1 << 21)),
 }
 
@@ -134,9 +135,9 @@ REFUSED = [
     completion(kv_transfer_params={}), completion(vllm_xargs={"a": 1}), completion(stream_options={"include_usage": True}),
     completion(stream=True, stream_options={"include_obfuscation": True}),
     completion(stream=True, stream_options={"continuous_usage_stats": True}),
-    completion(suffix="x"), completion(logprobs=2), completion(logprobs=1, temperature=0.8),
+    completion(suffix="x"),
     completion(logprobs=0, echo=True), completion(prompt_embeds="x"),
-    chat(logprobs=True, top_logprobs=3), chat(logprobs=True, top_logprobs=1, temperature=0.5), chat(top_logprobs=0), chat(tools=[{"type": "function"}]),
+    chat(top_logprobs=0), chat(tools=[{"type": "function"}]),
     chat(tool_choice="auto"), chat(functions=[{"name": "f"}]), chat(function_call="auto"), chat(audio={"voice": "x"}),
     chat(modalities=["text", "audio"]), chat(prediction={"type": "content", "content": "x"}),
     chat(reasoning_effort="low"), chat(verbosity="low"), chat(web_search_options={}), chat(echo=True),

@@ -98,16 +98,34 @@ def test_speculative_decoding_counters_in_every_response(server):
     assert last["choices"][0]["finish_reason"] is not None and last["speculative_decoding"]["num_drafts"] > 0
 
 
-def test_top_one_logprobs_for_greedy_requests(client, local_llm):
-    want = local_llm.generate(PROMPT, max_new_tokens=6, temperature=0, logprobs=True)
-    got = client.completions.create(model="demo", prompt=PROMPT, max_tokens=6, temperature=0, logprobs=1)
+def test_top_n_logprobs_are_the_targets_most_likely_tokens(client, local_llm):
+    """Completions logprobs N (≤ 5) and chat top_logprobs N (≤ 20): the N most likely tokens of the target's raw law
+    at each generated token, greedy or sampled — the text API's (engine or transformers loop)."""
+    want = local_llm.generate(PROMPT, max_new_tokens=6, temperature=0, logprobs=True, top_logprobs=3)
+    got = client.completions.create(model="demo", prompt=PROMPT, max_tokens=6, temperature=0, logprobs=3)
     lp = got.choices[0].logprobs
     assert lp.token_logprobs == pytest.approx(want.logprobs, abs=1e-5)
-    assert [list(d) for d in lp.top_logprobs] == [[t] for t in lp.tokens]  # greedy: the chosen token is the top one
+    decode = local_llm.tokenizer.decode
+    for entry, alternatives, token in zip(lp.top_logprobs, want.top_logprobs, lp.tokens):
+        assert entry == pytest.approx({decode([t]): v for t, v in alternatives}, abs=1e-5)
+        assert token in entry  # greedy: the chosen token is the most likely one
+    sampled = client.completions.create(model="demo", prompt=PROMPT, max_tokens=8, temperature=1.0, seed=3, logprobs=2)
+    lp = sampled.choices[0].logprobs
+    assert all(2 <= len(d) <= 3 and d.get(t, lp_t) == pytest.approx(lp_t, abs=1e-5)  # N, + the chosen if not in them
+               for d, t, lp_t in zip(lp.top_logprobs, lp.tokens, lp.token_logprobs))
+    assert all(max(d.values()) >= lp_t - 1e-6 for d, lp_t in zip(lp.top_logprobs, lp.token_logprobs))
     chat = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "add"}], max_tokens=4,
-                                          temperature=0, logprobs=True, top_logprobs=1)
+                                          temperature=0.8, seed=2, logprobs=True, top_logprobs=20)
     for entry in chat.choices[0].logprobs.content:
-        assert [(t.token, t.logprob) for t in entry.top_logprobs] == [(entry.token, entry.logprob)]
+        values = [t.logprob for t in entry.top_logprobs]
+        assert len(values) == 20 and values == sorted(values, reverse=True)
+        # the chosen token is among them, or less likely than all 20
+        assert entry.token in [t.token for t in entry.top_logprobs] or entry.logprob <= values[-1] + 1e-6
+    streamed = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "add"}],
+                                              max_tokens=4, temperature=0, logprobs=True, top_logprobs=2, stream=True)
+    entries = [e for c in streamed for e in (c.choices[0].logprobs.content if c.choices and c.choices[0].logprobs
+                                               else [])]
+    assert entries and all(len(e.top_logprobs) == 2 and e.top_logprobs[0].token == e.token for e in entries)
 
 
 def test_min_p_is_the_text_apis(client, local_llm):
