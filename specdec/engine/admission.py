@@ -1,7 +1,7 @@
 """Admission: requests enter and leave the engine's slots (mixed into `Engine`).
 
 `_admit` moves waiting requests into free slots and prefills them together (target, then the drafter if it
-keeps a cache); `_handle_aborts` drops cancelled ones; `_release` frees a slot by moving the last running request
+keeps a cache) — while others run, once `admit_min` slots are free or one has waited `admit_max_wait` steps; `_handle_aborts` drops cancelled ones; `_release` frees a slot by moving the last running request
 into it (running requests stay in slots 0..n-1); `_catch_up_drafter` feeds a cached drafter the text that plain
 (γ = 0) steps committed without it. The engine's state these read and write is set up in `Engine.__init__`.
 """
@@ -59,8 +59,19 @@ class Admission:
         return outputs
 
     def _admit(self, outputs: list[RequestOutput]) -> None:
-        """Move waiting requests into free slots; those admitted together prefill together."""
+        """Move waiting requests into free slots; those admitted together prefill together. While requests run,
+        admission waits for `admit_min` free slots or for a slot free `admit_max_wait` steps (EngineConfig)."""
         first = len(self._running)
+        free = self.max_batch - first
+        if first and self._waiting and free < self.admit_min:
+            if not free:
+                self._free_since = None
+                return
+            if self._free_since is None:
+                self._free_since = self._num_steps
+            if self._num_steps - self._free_since < self.config.admit_max_wait:
+                return
+        self._free_since = None
         admitted: list[EngineRequest] = []
         while len(self._running) < self.max_batch:
             with self._lock:

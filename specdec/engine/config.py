@@ -53,6 +53,12 @@ class EngineConfig:
                       the engine at a chosen α (the output is then NOT the target's distribution)
     kernels           the layer kernels of the target and model drafters: "auto" (fused Triton kernels on CUDA
                       where Triton imports), "triton", "reference" (eager PyTorch); see FastLlama
+    admit_min         while requests run, waiting ones are admitted once this many slots are free, or once a slot
+                      has been free for `admit_max_wait` steps (an eager prefill is launch-bound: admitting 8
+                      requests costs about what 1 does, ~7 ms on an H200, and every running row waits for it);
+                      None = max_batch_size // 16, at least 1 (1: as soon as a slot frees). With nothing
+                      running, waiting requests are admitted at once.
+    admit_max_wait    steps a free slot waits for `admit_min` (what it adds to a request's time to first token)
     bitwise           bit-for-bit exact mode: the target runs batch-invariant GEMM and attention kernels in every
                       forward (`fast.kernels.invariant`), so greedy and seeded output and log-probabilities are the
                       same bits alone or in any batch, for any γ and with speculation on or off (sampled output
@@ -72,9 +78,14 @@ class EngineConfig:
     kernels: str = "auto"
     bitwise: bool = False
     max_tree_nodes: int = 32
+    admit_min: int | None = None
+    admit_max_wait: int = 8
 
     def __post_init__(self) -> None:
         as_int(self.max_batch_size, "max_batch_size", minimum=1, maximum=BATCH_BUCKETS[-1])
+        if self.admit_min is not None:
+            as_int(self.admit_min, "admit_min", minimum=1, maximum=self.max_batch_size)
+        as_int(self.admit_max_wait, "admit_max_wait", minimum=0, maximum=1 << 20)
         if self.max_seq_len is not None:
             as_int(self.max_seq_len, "max_seq_len", minimum=2, maximum=1 << 20)
         check_num_draft_tokens(self.max_draft_tokens, "max_draft_tokens")

@@ -75,6 +75,7 @@ class Engine(Admission, Commit, Warmup):
             written = max(self.max_draft_tokens, self.max_tree_nodes - 1)  # a pass writes γ + 1 or a tree's nodes
             positions = self.max_seq_len + written + 2  # verify writes + the junk slot
             self.max_batch = config.max_batch_size
+            self.admit_min = config.admit_min or max(1, self.max_batch // 16)  # free slots worth one admission
             self.cache = SlotCache(self.model, self.max_batch, positions)
             self.num_positions = self.cache.num_positions
             width = StepCounts.width(self.max_draft_tokens)  # counters of any γ, laid out at the largest
@@ -108,6 +109,7 @@ class Engine(Admission, Commit, Warmup):
         self._flavor = None  # of the running set; None = recompute (requests joined or left)
         self._drafter_synced = True  # every row's drafter cache holds all but its last 2 tokens (see catch-up)
         self._plain_run = 0  # plain steps since the last speculative one (what a catch-up makes up for)
+        self._free_since = None  # the step since which a slot has been free while requests waited (see _admit)
         self._last_run = (None, None)
         self._running: list[EngineRequest] = []  # index = slot
         self._waiting: deque[EngineRequest] = deque()

@@ -250,3 +250,35 @@ def test_positions_buckets_are_powers_of_two_and_the_whole_cache_at_the_top():
     for cache in (40, 266, 1034, 1500, 4106):  # every need maps to a listed bucket that holds it
         buckets = length_buckets(cache)
         assert all(need <= positions_bucket(need, cache) in buckets for need in range(1, cache + 1))
+
+
+def test_admission_waits_for_admit_min_free_slots_or_admit_max_wait_steps(make_llama):
+    """While requests run, waiting ones are admitted in groups (one launch-bound prefill for several), after at
+    most `admit_max_wait` steps; with nothing running at once; the text is the same greedy text."""
+    target, draft = make_llama(0), make_llama(1, layers=1)
+    engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=2,
+                                                admit_min=2, admit_max_wait=3))
+    budgets = [3, 40, 40, 40, 5, 40, 7, 9, 30, 4]  # short requests free slots one at a time
+    prompts = [[(7 * i + j) % 50 + 3 for j in range(4 + i)] for i in range(len(budgets))]
+    ids = {engine.add_request(p, SamplingParams(temperature=0, max_new_tokens=n)): i
+           for i, (p, n) in enumerate(zip(prompts, budgets))}
+    outputs, deferred, grouped = {}, 0, 0
+    while engine.has_unfinished():
+        waiting, running = engine.num_waiting, engine.num_running
+        free = engine.max_batch - running
+        waited = 0 if engine._free_since is None else engine._num_steps - engine._free_since
+        for out in engine.step():
+            outputs.setdefault(ids[out.request_id], []).extend(out.new_token_ids)
+        admitted = waiting - engine.num_waiting
+        if running and admitted:
+            assert free >= 2 or waited >= 3, (free, waited)
+            grouped += admitted > 1
+        deferred += bool(running and waiting and free and not admitted)
+    assert deferred >= 1 and grouped >= 1  # (the rule ran both ways)
+    for i, (prompt, n) in enumerate(zip(prompts, budgets)):
+        assert outputs[i] == hf_greedy(target, prompt, n, [])
+    with pytest.raises(ValueError, match="admit_min"):
+        EngineConfig(max_batch_size=4, admit_min=5)
+    with pytest.raises(ValueError, match="admit_max_wait"):
+        EngineConfig(admit_max_wait=-1)
+    assert Engine(target, None, EngineConfig(max_batch_size=64, max_seq_len=64)).admit_min == 4
