@@ -87,13 +87,22 @@ def _top_k_rows(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
+def _row_cumsum(x: torch.Tensor) -> torch.Tensor:
+    """cumsum over the last dim by one algorithm whatever the number of rows: CUDA scans a tensor that is a single
+    row with another kernel (cub's) than a batch of rows, which rounds differently — so a lone row is scanned next
+    to a copy of itself, and a request's top-p boundary does not depend on its batch (the bitwise mode)."""
+    if x.is_cuda and x.numel() == x.shape[-1]:
+        return x.reshape(1, -1).expand(2, -1).contiguous().cumsum(-1)[:1].view(x.shape)
+    return x.cumsum(-1)
+
+
 def _top_p(logits: torch.Tensor, top_p) -> torch.Tensor:
     """Keep the smallest prefix (by probability) whose mass reaches top_p (a float, or [B, 1, 1] per row),
     computed exactly as transformers' TopPLogitsWarper does: ascending sort, drop while the cumulative mass
     from below is <= 1 − top_p, so the boundary (and ties on it) fall the same way. The most likely token
     always survives."""
     ascending, order = torch.sort(logits, descending=False)
-    below = ascending.softmax(-1).cumsum(-1)
+    below = _row_cumsum(ascending.softmax(-1))
     drop_sorted = below <= (1 - top_p)
     drop_sorted[..., -1:] = False
     return logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), -float("inf"))

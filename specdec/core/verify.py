@@ -202,10 +202,10 @@ def verify(
         q_pad = torch.cat([q_drafted_only, draft_probs.new_zeros(batch, 1, vocab)], 1)
         q_next = q_pad.gather(1, index).squeeze(1).to(p_next.dtype)
     residual = (p_next - q_next).clamp_min(0)
-    mass = residual.sum(-1, keepdim=True)
     # If max(0, p − q) vanishes then p = q there and the position cannot have rejected; fall back to p
-    # so that float round-off can never produce an all-zero distribution.
-    next_dist = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p_next)
+    # so that float round-off can never produce an all-zero distribution. Left unnormalized: the race draws x with
+    # probability r(x)/Σr all the same, and no sum over V (whose rounding follows the batch on CUDA) enters the draw.
+    next_dist = torch.where(residual.amax(-1, keepdim=True) > 0, residual, p_next)
     next_token = sample(next_dist, generator, noise=noise)
 
     if draft_probs is None:
