@@ -261,3 +261,17 @@ class TestDraftSlotsPastTheirLength:
         res = verify(torch.tensor([[9]]), None, p, uniforms=torch.zeros(1, 1), noise=torch.ones(1, 2))
         assert res.num_accepted.tolist() == [0] and res.next_token.tolist() == [1]  # argmax of p/1
         assert res.beta.tolist() == [[0.0]]
+
+
+def test_verify_coupled_accepts_while_drafts_equal_the_target_draws():
+    from specdec.core import verify_coupled
+
+    drafts = torch.tensor([[4, 5, 6], [4, 5, 6], [4, 5, 6], [4, 5, 6]])
+    draws = torch.tensor([[4, 5, 6, 7], [9, 5, 6, 7], [4, 5, 8, 7], [4, 5, 6, 7]])
+    result = verify_coupled(drafts, draws, draft_lengths=torch.tensor([3, 3, 3, 1]))
+    assert result.num_accepted.tolist() == [3, 0, 2, 1]  # all, reject first, reject mid, a short row
+    assert result.next_token.tolist() == [7, 9, 8, 5]  # the target's own draw where the row stops
+    assert result.tokens(drafts)[0].tolist() == [4, 5, 6, 7]
+    assert result.beta.tolist() == [[1, 1, 1], [0, 1, 1], [1, 1, 0], [1, 0, 0]]
+    with pytest.raises(ValueError, match="target_tokens"):
+        verify_coupled(drafts, draws[:, :3])

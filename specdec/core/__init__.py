@@ -11,7 +11,7 @@ Terms (Leviathan, Kalman & Matias 2023; letters as in the paper):
 Randomness always comes in as an explicit `torch.Generator` (or explicit uniforms in tests).
 
 `sampling.py`: the laws (`SamplingConfig`, the `FILTERS` table, `standardize_logits` / `standardize_rows`,
-`sample`); `verify.py`: Algorithm 1 (`verify`, `verify_greedy`, `acceptance_beta`). Import from `specdec.core`;
+`sample`); `verify.py`: Algorithm 1 (`verify`, `verify_greedy`, `verify_coupled`: the bitwise mode's shared-race rule, `acceptance_beta`). Import from `specdec.core`;
 `tree.py` (token trees: `TreeSpec`, `draw_children`, `verify_tree`, `verify_tree_greedy`) from `specdec.core.tree`.
 """
 
@@ -26,7 +26,7 @@ from specdec.core.sampling import (
     standardize_logits,
     standardize_rows,
 )
-from specdec.core.verify import VerifyResult, acceptance_beta, check_leniency, verify, verify_greedy
+from specdec.core.verify import VerifyResult, acceptance_beta, check_leniency, verify, verify_coupled, verify_greedy
 
 __all__ = [
     "SamplingConfig",
@@ -41,6 +41,7 @@ __all__ = [
     "sample",
     "verify",
     "verify_greedy",
+    "verify_coupled",
     "acceptance_beta",
     "check_leniency",
 ]

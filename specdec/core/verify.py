@@ -262,3 +262,23 @@ def verify_greedy(
     num_accepted = match.long().cumprod(dim=1).sum(dim=1)
     next_token = target_tokens.gather(1, num_accepted[:, None]).squeeze(1)
     return VerifyResult(num_accepted=num_accepted, next_token=next_token, beta=match.float())
+
+
+def verify_coupled(draft_tokens: torch.Tensor, target_tokens: torch.Tensor, *,
+                   draft_lengths: torch.Tensor | None = None) -> VerifyResult:
+    """Verification by a shared race (the bitwise mode's sampled rows): accept drafts while they equal the token
+    the target itself draws at that position, then emit the target's token.
+
+    draft_tokens [B, γ]; target_tokens [B, γ+1]: position i's draw from p_i by the exponential race with the noise
+    that plain decoding uses at that absolute position. The output is then token for token what plain decoding
+    draws — the same law, and the same bits for any γ, drafter or batch when p is. (Acceptance is
+    P(draft = target draw): highest when the drafter races q with the same noise, as the engine's does.)
+    β is 1 where the draft equals the target's draw, else 0.
+    """
+    batch, gamma = _check_drafts(draft_tokens, draft_lengths, target_tokens.device)
+    if tuple(target_tokens.shape) != (batch, gamma + 1):
+        raise ValueError(f"target_tokens must be [B, γ+1] = [{batch}, {gamma + 1}], got {tuple(target_tokens.shape)}")
+    match = (target_tokens[:, :gamma] == draft_tokens) & _draft_mask(draft_tokens, draft_lengths)
+    num_accepted = match.long().cumprod(dim=1).sum(dim=1)
+    next_token = target_tokens.gather(1, num_accepted[:, None]).squeeze(1)
+    return VerifyResult(num_accepted=num_accepted, next_token=next_token, beta=match.float())

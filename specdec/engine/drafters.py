@@ -61,6 +61,7 @@ class StepView:
     """The first b slots of the state over the first `num_positions` positions, and per-row sampling."""
 
     source = None  # no encoder input (prompt lookup reads `tokens` / `lengths` like a TokenBuffer)
+    coupled = False  # bitwise mode: drafts race q with the noise the target races (`core.verify_coupled`)
 
     def __init__(self, state: SlotState, batch: int, num_positions: int, flavor: Flavor):
         rows = slice(0, batch)
@@ -107,7 +108,8 @@ class StepView:
         if self.flavor.all_greedy:
             return logits.argmax(-1), None
         q = self.probs(logits[:, None])[:, 0]
-        return rng.sample(q, self.seed, position, rng.DRAFT), q  # on CUDA one fused kernel, no [b, V] noise
+        stream = rng.NEXT if self.coupled else rng.DRAFT  # (bitwise: the noise the target races at that position)
+        return rng.sample(q, self.seed, position, stream), q  # on CUDA one fused kernel, no [b, V] noise
 
     def draft_chain(self, gamma: int, next_logits):
         """γ tokens drawn one after another (`draw`, at positions lengths + i): next_logits(i, previous token

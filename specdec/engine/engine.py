@@ -174,6 +174,9 @@ class Engine(Admission, Commit, Warmup):
         if len(params.eos_token_ids) > MAX_EOS_IDS:
             raise ValueError(f"at most {MAX_EOS_IDS} eos_token_ids per request, got {len(params.eos_token_ids)}")
         params.check_vocabulary(self.vocab_size)  # EOS ids, logit_bias ids
+        if self.config.bitwise and params.leniency != 1.0:
+            raise ValueError(f"leniency={params.leniency} is not available with bitwise=True (bit-exact output is "
+                             "plain decoding's; lenience changes it)")
         if params.processors:
             with torch.inference_mode():
                 self.state.enable_processors(self.vocab_size)

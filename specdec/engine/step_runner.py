@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from specdec import rng
-from specdec.core import TEMPERATURE_FLOOR, VerifyResult, invalid_scores, verify, verify_greedy
+from specdec.core import TEMPERATURE_FLOOR, VerifyResult, invalid_scores, verify, verify_coupled, verify_greedy
 from specdec.engine.drafters import Flavor, StepView
 from specdec.fast.graphs import CapturedStep
 from specdec.sequences import write_rows, write_tokens
@@ -28,6 +28,7 @@ class StepRunner:
     def __init__(self, engine: Engine, batch: int, gamma: int, positions: int, flavor: Flavor):
         self.engine, self.batch, self.gamma, self.positions, self.flavor = engine, batch, gamma, positions, flavor
         self.view = StepView(engine.state, batch, positions, flavor)
+        self.view.coupled = engine.config.bitwise  # drafts race q with the target's noise (`verify_coupled`)
         self.layout = StepLayout(gamma, logprobs=flavor.logprobs, top_logprobs=flavor.top_logprobs)
         self.drafts = None
         self.ran = False
@@ -65,6 +66,9 @@ class StepRunner:
         elif flavor.all_greedy:
             result = verify_greedy(draft_tokens, logits, draft_lengths=draft_lengths, check_nan=False,
                                    leniency=view.leniency if flavor.lenient else 1.0)
+        elif e.config.bitwise:  # each position raced with plain decoding's noise: plain's tokens for any γ
+            result = verify_coupled(draft_tokens, _target_draws(view.probs(logits), view.seed, lengths),
+                                    draft_lengths=draft_lengths)
         else:
             target_probs = view.probs(logits)
             offsets = torch.arange(gamma, device=e.device)[None, :]
@@ -154,3 +158,12 @@ def _greedy_rows_lenient(result: VerifyResult, view: StepView, draft_tokens: tor
     return VerifyResult(torch.where(rows, greedy.num_accepted, result.num_accepted),
                         torch.where(rows, greedy.next_token, result.next_token),
                         torch.where(rows[:, None], greedy.beta.to(result.beta.dtype), result.beta))
+
+
+def _target_draws(probs: torch.Tensor, seed: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """The target's own draw at each verified position `[b, γ+1]` from probs `[b, γ+1, V]`: the race with the noise
+    plain decoding uses there (stream NEXT at absolute position lengths + i)."""
+    b, k, vocab = probs.shape
+    positions = lengths[:, None] + torch.arange(k, device=probs.device)[None, :]
+    return rng.sample(probs.reshape(b * k, vocab), seed.repeat_interleave(k), positions.reshape(-1),
+                      rng.NEXT).view(b, k)

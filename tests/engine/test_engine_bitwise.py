@@ -111,3 +111,32 @@ def test_bitwise_mode_is_refused_where_it_does_not_hold(make_gpt2):
         EngineConfig(bitwise="yes")
     with pytest.raises(ValueError, match="bitwise"):
         Engine(make_gpt2(0), None, EngineConfig(max_batch_size=2, max_seq_len=64, bitwise=True))
+
+
+def test_bitwise_seeded_sampling_is_plain_decoding_for_every_gamma_and_drafter(pair, make_llama):
+    """Sampled rows verify by a shared race (`core.verify_coupled`): each position's token is the one plain decoding
+    draws there, so seeded output and log-probabilities are the same bits for γ = 0..8, any drafter, any batch."""
+    params = SamplingParams(temperature=0.9, top_p=0.95, max_new_tokens=16, seed=5, logprobs=True)
+    reference = run(pair, 0, *BATCHES[0], params, bitwise=True)
+    assert len(reference[0]) == 16
+    cases = [(gamma, BATCHES[gamma % len(BATCHES)]) for gamma in range(1, 9)]
+    assert [case for case in cases if run(pair, case[0], *case[1], params, bitwise=True) != reference] == []
+    assert run(pair, 3, *BATCHES[2], params, drafter=make_llama(2, layers=1), bitwise=True) == reference
+
+
+def test_bitwise_coupled_drafts_are_accepted(pair):
+    """The drafter races q with the target's noise, so drafts are accepted about as often as in exact sampling
+    (here: most of them, the pair's laws are peaked) — not the Σ p·q of independent draws."""
+    target, draft = pair
+    engine = Engine(target, draft, EngineConfig(max_batch_size=1, max_seq_len=128, num_draft_tokens=4, bitwise=True))
+    engine.add_request(PROMPT, SamplingParams(temperature=1.0, max_new_tokens=40, seed=9))
+    while engine.has_unfinished():
+        engine.step()
+    stats = engine.stats
+    assert stats.num_steps < 40 / 1.5, stats  # more than 1.5 tokens per step on average
+
+
+def test_bitwise_refuses_leniency(pair):
+    engine = Engine(*pair, EngineConfig(max_batch_size=1, max_seq_len=64, num_draft_tokens=2, bitwise=True))
+    with pytest.raises(ValueError, match="leniency"):
+        engine.add_request(PROMPT, SamplingParams(temperature=0, leniency=0.5, max_new_tokens=4))
