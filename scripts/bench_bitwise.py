@@ -85,7 +85,9 @@ def time_cuda(fn, reps: int = 50) -> float:
 
 
 def gemm_rows(rows: list) -> None:
-    from specdec.fast.kernels import _invariant_triton as kt
+    from specdec.fast.kernels.invariant import triton_kernels
+
+    kt = triton_kernels()
 
     configs = [kt.MATMUL, kt.MatmulConfig(16, 64, 64, 4, 4), kt.MatmulConfig(64, 64, 64, 4, 4),
                kt.MatmulConfig(32, 128, 64, 4, 4), kt.MatmulConfig(32, 32, 128, 4, 4)]

@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 
 import specdec
-from specdec.cli.demo import DEMO_PAIR, PROMPTS, load_pair
+from specdec.bench.demo_pair import DEMO_PAIR, load_pair
+from specdec.bench.demo_pair import PAIR_PROMPTS as PROMPTS
 
 
 def clock() -> float:

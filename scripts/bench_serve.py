@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from specdec.cli.demo import PROMPTS  # noqa: E402
+from specdec.bench.demo_pair import PAIR_PROMPTS as PROMPTS  # noqa: E402
 from specdec.server.bench import markdown_table, run_benchmark  # noqa: E402
 
 

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specdec.loading import load_model  # noqa: E402
 from specdec.zoo.data import TokenData  # noqa: E402
 from specdec.zoo.distill import distill_draft  # noqa: E402
-from specdec.zoo.pipeline import _make_pools  # noqa: E402
+from specdec.zoo.pipeline import make_pools  # noqa: E402
 from specdec.zoo.presets import get_preset, scale_budget  # noqa: E402
 from specdec.zoo.train import build_model, count_params, resolve_device, run_training, save_model  # noqa: E402
 
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     pre = run_training(draft, data, recipe.pretrain, log_path=args.out / "pretrain.csv", device=device,
                        progress=False, desc="pretrain")
     save_model(draft, args.out / "pretrained", args.pair / "target", dtype=preset.export_dtype)
-    pool, val_pool = _make_pools(target, data, preset.pool, device)
+    pool, val_pool = make_pools(target, data, preset.pool, device)
     distilled = distill_draft(target, draft, data, recipe.distill, log_path=args.out / "distill.csv", device=device,
                               progress=False, desc="distill", pool=pool, val_pool=val_pool,
                               prompt_len=preset.pool.prompt_len)

@@ -11,7 +11,8 @@ import argparse
 import torch
 
 import specdec
-from specdec.cli.demo import DEMO_PAIR, PROMPTS
+from specdec.bench.demo_pair import DEMO_PAIR
+from specdec.bench.demo_pair import PAIR_PROMPTS as PROMPTS
 from specdec.loading import load_model, load_tokenizer
 
 

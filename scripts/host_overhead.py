@@ -5,7 +5,7 @@
 
 Per step it measures the whole `Engine.step()` wall time and the time inside the model bodies (the drafter's
 proposal and the verify pass — on a GPU these are graph replays); the rest is host work, which is split
-further by timing the engine's own methods (admit, policy, catch-up, commit, ...). Requests are long enough
+further by timing the engine's phases (`specdec.engine.profile`: admit, catch-up, commit, ...) and the policy. Requests are long enough
 not to finish inside the measured window (steady state: no admission, no churn); a second pass with short
 requests (`churn`) times steps in which requests finish and new ones are admitted (prefill excluded).
 `--stub` replaces the model bodies by a replay of one real step's output (the engine's state on the device then
@@ -26,6 +26,7 @@ import transformers
 
 from specdec.engine import Engine, EngineConfig
 from specdec.engine import step_runner as step_runner_module
+from specdec.engine.profile import phase_timer
 from specdec.request import SamplingParams
 
 
@@ -34,44 +35,6 @@ def _llama(seed: int, layers: int) -> torch.nn.Module:
     cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
     return transformers.LlamaForCausalLM(cfg).eval()
-
-
-class _Timers:
-    def __init__(self):
-        self.acc: dict[str, float] = {}
-        self.stamps: dict[str, float] = {}  # name → [start, end] of its last call
-
-    def wrap(self, fn, name):
-        acc, stamps = self.acc, self.stamps
-
-        def timed(*args, **kwargs):
-            t = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                end = time.perf_counter()
-                acc[name] = acc.get(name, 0.0) + end - t
-                stamps[name] = (t, end)
-        return timed
-
-
-def _instrument(engine: Engine, timers: _Timers) -> None:
-    for name in ("_handle_aborts", "_admit", "_catch_up_drafter", "_commit", "_step_for"):
-        if hasattr(engine, name):
-            setattr(engine, name, timers.wrap(getattr(engine, name), name.strip("_")))
-    engine.policy.choose = timers.wrap(engine.policy.choose, "policy.choose")
-    engine.policy.record_step = timers.wrap(engine.policy.record_step, "policy.record_step")
-    if hasattr(engine.policy, "record_row"):
-        engine.policy.record_row = timers.wrap(engine.policy.record_row, "policy.record_row")
-
-
-def _patch_bodies(timers: _Timers):
-    """Time the model bodies (draft and verify): on a GPU these are graph replays, not host work."""
-    runner = step_runner_module.StepRunner
-    saved = runner.draft, runner.verify
-    runner.draft = timers.wrap(saved[0], "MODEL draft")
-    runner.verify = timers.wrap(saved[1], "MODEL verify")
-    return lambda: (setattr(runner, "draft", saved[0]), setattr(runner, "verify", saved[1]))
 
 
 def _stub_bodies(engine: Engine):
@@ -124,33 +87,30 @@ def measure(target, draft, n: int, gamma: int, steps: int, temperature: float, c
         engine.add_request(p, sp)
     for _ in range(3):  # warm-up (first runs of each shape)
         engine.step()
-    timers = _Timers()
-    _instrument(engine, timers)
-    restore = _patch_bodies(timers)
     rows = []
-    try:
+    with phase_timer(engine, bodies=True) as timers:  # the engine's phases and the model bodies
+        timers.wrap(engine.policy, "choose", "policy.choose")
+        timers.wrap(engine.policy, "record_step", "policy.record_step")
+        timers.wrap(engine.policy, "record_row", "policy.record_row")
         extra = 0
         for _ in range(steps):
             if churn:  # keep the engine full: one new request per finished one
                 while engine.num_running + engine.num_waiting < n:
                     engine.add_request(prompts[extra % n], params[extra % n])
                     extra += 1
-            timers.acc.clear()
-            timers.stamps.clear()
+            timers.clear()
             start = time.perf_counter()
             outs = engine.step()
             end = time.perf_counter()
             total = end - start
-            parts = dict(timers.acc)
-            if "MODEL verify" in timers.stamps:  # host time before the draft and after the verify body
-                parts["pre-draft"] = timers.stamps["MODEL draft"][0] - start
-                parts["post-verify"] = end - timers.stamps["MODEL verify"][1]
+            parts = dict(timers.seconds)
+            if "MODEL verify" in timers.spans:  # host time before the draft and after the verify body
+                parts["pre-draft"] = timers.spans["MODEL draft"][0] - start
+                parts["post-verify"] = end - timers.spans["MODEL verify"][1]
             model = parts.get("MODEL draft", 0.0) + parts.get("MODEL verify", 0.0)
             admit = parts.get("admit", 0.0)  # includes prefill (model work) when requests join
             rows.append({"total": total, "model": model, "host": total - model - (admit if churn else 0.0),
                          "outputs": len(outs), **parts})
-    finally:
-        restore()
     keys = sorted({k for r in rows for k in r if k not in ("outputs",)})
     med = {k: statistics.median(r.get(k, 0.0) for r in rows) * 1e6 for k in keys}
     return {"n": n, "gamma": gamma, "churn": churn, "us": med}

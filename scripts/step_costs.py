@@ -23,69 +23,47 @@ import time
 
 import torch
 
-from specdec.bench.presets import _random_zoo_pair
+from specdec.bench.presets import random_zoo_pair
 from specdec.engine import Engine, EngineConfig
+from specdec.engine.profile import phase_timer
 from specdec.request import SamplingParams
 
 
 def run(engine: Engine, prompts, params) -> dict:
     gammas = collections.Counter()
-    catch_ups = 0
-    original_choose, original_catch_up = engine.policy.choose, engine._catch_up_drafter
-
-    def choose(*a, **k):
-        g = original_choose(*a, **k)
-        gammas[g] += 1
-        return g
-
-    catch_up_s = 0.0
-
-    def catch_up(gamma):  # synchronized around it, to time it (the engine itself never waits here)
-        nonlocal catch_ups, catch_up_s
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        fed = original_catch_up(gamma)
-        torch.cuda.synchronize()
-        catch_up_s += time.perf_counter() - t
-        catch_ups += bool(fed)
-        return fed
-
-    admit_s, step_walls = 0.0, []
-    original_admit, original_step = engine._admit, engine.step
-
-    def admit(outputs):
-        nonlocal admit_s
-        t = time.perf_counter()
-        original_admit(outputs)
-        admit_s += time.perf_counter() - t
-
-    def step():
-        t = time.perf_counter()
-        before = admit_s
-        out = original_step()
-        step_walls.append(time.perf_counter() - t - (admit_s - before))
-        return out
-
-    engine.policy.choose, engine._catch_up_drafter, engine._admit = choose, catch_up, admit
-    graphs_before = len(engine._steps)
+    step_walls = []
+    graphs_before = engine.num_step_shapes
     engine.stats = type(engine.stats)()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for p in prompts:
-        engine.add_request(p, params)
-    tokens = 0
-    while engine.has_unfinished():
-        tokens += sum(len(o.new_token_ids) for o in step())
-    seconds = time.perf_counter() - start
-    del engine._admit  # back to the class's method
-    engine.policy.choose, engine._catch_up_drafter = original_choose, original_catch_up
+    # the catch-up synchronized around it, to time it (the engine itself never waits there)
+    choose = engine.policy.choose
+
+    def counted(*args, **kwargs):  # the γ the policy picks, counted
+        gamma = choose(*args, **kwargs)
+        gammas[gamma] += 1
+        return gamma
+
+    engine.policy.choose = counted
+    with phase_timer(engine, ("admit", "catch_up"), synchronize=("catch_up",)) as timer:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for p in prompts:
+            engine.add_request(p, params)
+        tokens = 0
+        while engine.has_unfinished():
+            t, before = time.perf_counter(), timer.seconds.get("admit", 0.0)
+            tokens += sum(len(o.new_token_ids) for o in engine.step())
+            step_walls.append(time.perf_counter() - t - (timer.seconds.get("admit", 0.0) - before))
+        seconds = time.perf_counter() - start
+    del engine.policy.choose  # back to the class's method
+    admit_s = timer.seconds.get("admit", 0.0)
     walls = sorted(step_walls) or [0.0]
     st = engine.stats
     steps = max(st.num_steps, 1)
     return {"tok_s": tokens / seconds, "seconds": seconds, "steps": st.num_steps,
             "wall_ms_per_step": 1e3 * seconds / steps, "draft_ms_per_step": 1e3 * st.draft_time_s / steps,
             "verify_ms_per_step": 1e3 * st.verify_time_s / steps, "tau": st.mean_accepted_length,
-            "catch_ups": catch_ups, "catch_up_s": catch_up_s, "graphs_captured_in_run": len(engine._steps) - graphs_before,
+            "catch_ups": timer.truthy.get("catch_up", 0), "catch_up_s": timer.seconds.get("catch_up", 0.0),
+            "graphs_captured_in_run": engine.num_step_shapes - graphs_before,
             "gammas": dict(sorted(gammas.items())), "alpha": st.alpha,
             "admission_s": admit_s, "steps_s": sum(step_walls), "other_s": seconds - admit_s - sum(step_walls),
             "step_wall_ms_p50": 1e3 * walls[len(walls) // 2], "step_wall_ms_p99": 1e3 * walls[int(0.99 * (len(walls) - 1))],
@@ -111,10 +89,10 @@ def main(argv=None) -> int:
 
         from tokenizers import Tokenizer
 
-        from specdec.bench.presets import _load_pair
+        from specdec.bench.presets import load_pair
         from specdec.bench.prompts import code_prompts
 
-        target, draft = _load_pair(Path(args.pair), device, torch.bfloat16)
+        target, draft = load_pair(Path(args.pair), device, torch.bfloat16)
         tokenizer = Tokenizer.from_file(str(Path(args.data) / "tokenizer" / "tokenizer.json"))
         pool = code_prompts(lambda s: tokenizer.encode(s).ids, count=160, max_tokens=1024 - 128 - 16)
         config = EngineConfig(max_batch_size=64, max_seq_len=1024, max_draft_tokens=8)
@@ -124,7 +102,7 @@ def main(argv=None) -> int:
             engines["head4"] = (Engine(target, args.head, config), 4)
             engines["head_auto"] = (Engine(target, args.head, config), "auto")
     else:
-        target, draft = _random_zoo_pair(device, torch.bfloat16)
+        target, draft = random_zoo_pair(device, torch.bfloat16)
         pool = None
         config = EngineConfig(max_batch_size=64, max_seq_len=1024, max_draft_tokens=8,
                               synthetic_acceptance=args.alpha)

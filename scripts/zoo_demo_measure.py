@@ -8,17 +8,32 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
+import time
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from zoo_cpu_timing import time_forward  # noqa: E402
+import specdec
+from specdec.analysis import measure_alpha
+from specdec.bench.demo_pair import DEMO_PAIR, load_pair
+from specdec.bench.demo_pair import PAIR_PROMPTS as PROMPTS
 
-import specdec  # noqa: E402
-from specdec.analysis import measure_alpha  # noqa: E402
-from specdec.cli.demo import DEMO_PAIR, PROMPTS, load_pair  # noqa: E402
+
+@torch.inference_mode()
+def time_forward(model, context: int = 200, new: int = 1, reps: int = 40) -> float:
+    ids = torch.randint(0, model.config.vocab_size, (1, context))
+    out = model(ids, use_cache=True)
+    cache = out.past_key_values
+    step = torch.randint(0, model.config.vocab_size, (1, new))
+    times = []
+    for i in range(reps + 5):
+        t0 = time.perf_counter()
+        model(step, past_key_values=cache, use_cache=True)
+        dt = time.perf_counter() - t0
+        cache.crop(-new)  # 5.24 takes "tokens to remove"
+        if i >= 5:
+            times.append(dt)
+    times.sort()
+    return times[len(times) // 2]
 
 
 def main() -> None:

@@ -230,7 +230,7 @@ def synthetic(device: torch.device, alpha: float = 0.8, gamma: int = 4, max_new:
 
 
 def main(argv=None) -> dict:
-    from specdec.bench.presets import _random_zoo_pair, load_pair, train_gpu_pair
+    from specdec.bench.presets import random_zoo_pair, load_pair, train_gpu_pair
     from specdec.bench.prompts import code_prompts
     from specdec.drafters import NGramDrafter, PromptLookupDrafter
 
@@ -259,7 +259,7 @@ def main(argv=None) -> dict:
     results: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
     if args.train:
         results["training"] = train_gpu_pair(Path(args.data), Path(args.pair), args.budget_scale, device)
-    hf_target, hf_draft = (_random_zoo_pair(device, dtype) if args.pair == "random"
+    hf_target, hf_draft = (random_zoo_pair(device, dtype) if args.pair == "random"
                            else load_pair(Path(args.pair), device, dtype))
     from tokenizers import Tokenizer
 

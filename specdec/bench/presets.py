@@ -92,9 +92,6 @@ def load_pair(pair_dir: Path, device: torch.device, dtype: torch.dtype, allow_pi
     return target, draft
 
 
-_load_pair = load_pair  # (the name scripts/step_costs.py imports)
-
-
 def train_gpu_pair(data_dir: Path, out_dir: Path, budget_scale: float, device: torch.device,
                    preset: str = "gpu") -> dict:
     """Train a zoo preset (default `gpu`; scaled time budget) into out_dir; returns the zoo summary."""
@@ -112,7 +109,7 @@ def gpu(device: torch.device, *, pair_dir: Path | None, data_dir: Path | None, m
         raise ValueError("--preset gpu needs --pair DIR (a trained zoo pair) or --data DIR with --train")
     dtype = torch.bfloat16
     if str(pair_dir) == "random":
-        hf_target, hf_draft = _random_zoo_pair(device, dtype)
+        hf_target, hf_draft = random_zoo_pair(device, dtype)
     else:
         hf_target, hf_draft = load_pair(pair_dir, device, dtype, allow_pickle)
     for model in (hf_target, hf_draft):
@@ -136,7 +133,7 @@ def gpu(device: torch.device, *, pair_dir: Path | None, data_dir: Path | None, m
     return setup
 
 
-def _random_zoo_pair(device: torch.device, dtype: torch.dtype, vocab_size: int = 8192):
+def random_zoo_pair(device: torch.device, dtype: torch.dtype, vocab_size: int = 8192):
     from specdec.zoo.presets import get_preset
     from specdec.zoo.train import build_model
 

@@ -154,6 +154,11 @@ class Engine(Admission, Commit, Warmup):
     def num_waiting(self) -> int:
         return len(self._waiting)
 
+    @property
+    def num_step_shapes(self) -> int:
+        """Step shapes built so far (each captured once as CUDA graphs when `cuda_graphs` is on)."""
+        return len(self._steps)
+
     def has_unfinished(self) -> bool:
         return bool(self._running or self._waiting or self._aborted)
 

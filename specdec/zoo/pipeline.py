@@ -74,7 +74,7 @@ def train_pair(
     _write(out / "summary.json", summary)
     pool = val_pool = None
     if preset.pool is not None and any(r.distill and r.distill.generated_fraction > 0 for r in preset.drafts):
-        pool, val_pool = _make_pools(target, data, preset.pool, device)
+        pool, val_pool = make_pools(target, data, preset.pool, device)
         summary["generated_pool"] = {"train_sequences": len(pool), "val_sequences": len(val_pool),
                                      **asdict(preset.pool)}
     if head is not None:
@@ -116,7 +116,7 @@ def train_pair(
     return summary
 
 
-def _make_pools(target, data, pool_cfg: GeneratedPool, device) -> tuple[torch.Tensor, torch.Tensor]:
+def make_pools(target, data, pool_cfg: GeneratedPool, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy target text from random train-stream prompts (distillation) and val-stream prompts (α)."""
     t0 = time.perf_counter()
     n_train = pool_cfg.batch_size * 64  # upper bound; max_seconds usually stops earlier

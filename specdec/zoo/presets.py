@@ -2,7 +2,7 @@
 
 - `tiny`, `tiny-ende`: CPU, seconds; what the tests train.
 - `demo`: the decoder-only code pair shipped in `specdec/assets/demo_pair` (see its MODEL_CARD.md).
-  Shapes chosen by CPU timing (scripts/zoo_cpu_timing.py): with HF eager models on a 2-core CPU a
+  Shapes chosen by CPU timing (scripts/zoo_cpu_timing.py, a one-off at 26f890c): with HF eager models on a 2-core CPU a
   one-layer drafter costs c ≈ 0.1 of a deep narrow target (24 layers, dim 192), and the target's
   multi-token verification pass costs little more than a one-token pass; weights ≤ 40 MiB in fp16.
 - `gpu`: a deep ≥300M-parameter target with a ~86× smaller shallow drafter, ~7 minutes on one H100/H200.

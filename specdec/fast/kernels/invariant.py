@@ -35,7 +35,8 @@ import os
 import torch
 
 __all__ = ["invariant_linear", "invariant_attention", "invariant_linear_reference",
-           "invariant_attention_reference", "ROW_TILE", "KEY_BLOCK", "SPLIT_SLOTS", "invariant_unsupported"]
+           "invariant_attention_reference", "ROW_TILE", "KEY_BLOCK", "SPLIT_SLOTS", "invariant_unsupported",
+           "triton_kernels"]
 
 ROW_TILE = 8  # CPU: rows per BLAS call (every call has exactly this many rows; the last tile is zero-padded)
 KEY_BLOCK = 32  # slots per attention block, aligned at slot 0 (CPU and Triton)
@@ -54,6 +55,12 @@ def _triton():
     except ImportError:
         return None
     return _invariant_triton
+
+
+def triton_kernels():
+    """The Triton kernels' module (`matmul`, `MATMUL`, `MatmulConfig`, ...) for benchmarks that time its launch
+    configs (scripts/bench_bitwise.py); None where Triton does not import."""
+    return _triton()
 
 
 def _use_triton(t: torch.Tensor, kernel: str) -> bool:

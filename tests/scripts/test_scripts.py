@@ -1,0 +1,105 @@
+"""The scripts in scripts/ (benchmarks and device runs the lead keeps): each imports against today's library, none
+reaches into the engine's or the fast model's private names, and the CPU-runnable ones run on tiny models."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = sorted((ROOT / "scripts").glob("*.py"))
+
+
+def _private_names(package: Path) -> set[str]:
+    """`_name`s that `package` defines: functions, methods, classes, module globals and `self._name` attributes."""
+    names = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+    return {n for n in names if n.startswith("_") and not n.startswith("__") and n != "_"}
+
+
+PRIVATE = _private_names(ROOT / "specdec" / "engine") | _private_names(ROOT / "specdec" / "fast")
+
+
+def _private_uses(path: Path) -> list[str]:
+    uses = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("specdec"):
+            uses += [f"{node.lineno}: from {node.module} import {a.name}" for a in node.names
+                     if a.name.startswith("_") and not a.name.startswith("__")]
+        elif isinstance(node, ast.Attribute) and node.attr in PRIVATE:
+            uses.append(f"{node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in PRIVATE:
+            uses.append(f"{node.lineno}: {node.value!r}")  # getattr(engine, "_name")
+    return uses
+
+
+def test_the_private_name_check_sees_a_private_use(tmp_path):
+    """Negative control: the check below flags each way a script could reach a private name."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from specdec.bench.presets import _x\nengine._admit([])\ngetattr(engine, '_commit')\n")
+    assert len(_private_uses(bad)) == 3 and "_admit" in PRIVATE
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
+def test_script_uses_no_private_library_names(path):
+    assert _private_uses(path) == [], f"{path.name} reaches into private names of specdec"
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
+def test_script_imports(path, monkeypatch):
+    """Its imports resolve against today's library and it defines what it runs (its `main` is not called)."""
+    monkeypatch.syspath_prepend(str(path.parent))
+    namespace = runpy.run_path(str(path), run_name="scripts_smoke")
+    assert callable(namespace.get("main")), f"{path.name} has no main()"
+
+
+def _run_main(path: Path, argv: list[str], monkeypatch) -> None:
+    monkeypatch.setattr(sys, "argv", [str(path), *argv])
+    monkeypatch.syspath_prepend(str(path.parent))
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as stop:
+        assert stop.code in (0, None), f"{path.name} exited with {stop.code}"
+
+
+def test_host_overhead_runs_on_tiny_models(tmp_path, monkeypatch):
+    out = tmp_path / "host.json"
+    _run_main(ROOT / "scripts" / "host_overhead.py", ["--sizes", "1,2", "--gammas", "0,2", "--steps", "2",
+                                                        "--json", str(out)], monkeypatch)
+    rows = json.loads(out.read_text())
+    assert {(r["gamma"], r["n"]) for r in rows} == {(0, 1), (0, 2), (2, 1), (2, 2)}
+    for row in rows:  # the engine's phases were timed through specdec.engine.profile
+        assert {"admit", "commit", "step_shape", "MODEL verify"} <= set(row["us"]) and row["us"]["total"] > 0
+
+
+def test_engine_table_prints_the_batch1_rows(tmp_path, monkeypatch, capsys):
+    rows = {"plain": {"tok_s": 100.0}, "draft_gamma4": {"tok_s": 180.0, "speedup": 1.8, "alpha": 0.7, "tau": 2.9}}
+    (tmp_path / "engine.json").write_text(json.dumps({"batch1_T0": rows}))
+    _run_main(ROOT / "scripts" / "engine_table.py", [str(tmp_path / "engine.json")], monkeypatch)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "Batch 1, T=0"
+    assert "| plain | – | 100 | 1 |" in lines[4] and "| draft | 4 | 180 | 1.80x | 0.70 | 2.90 |" in lines[5]
+
+
+def test_demo_repetition_runs_on_the_shipped_pair(monkeypatch, capsys):
+    from specdec.bench.demo_pair import DEMO_PAIR, PAIR_PROMPTS
+
+    if not (DEMO_PAIR / "target" / "config.json").is_file():
+        pytest.skip("the demo pair is not installed")
+    _run_main(ROOT / "scripts" / "demo_repetition.py", ["--max-new-tokens", "3"], monkeypatch)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(PAIR_PROMPTS) + 1  # a line per prompt, then the total
+    assert re.fullmatch(r"all: repeated lines \d+/\d+ = [\d.]+, distinct 4-grams \d+/\d+ = [\d.]+", lines[-1])
