@@ -94,6 +94,7 @@ class Admission:
             admitted.append(request)
         if not admitted:
             return
+        self.num_admissions += 1
         self.state.admit_rows(first, [r.prompt for r in admitted], [r.params for r in admitted],
                               [r.seed for r in admitted])
         start = time.perf_counter()

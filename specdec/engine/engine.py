@@ -110,6 +110,7 @@ class Engine(Admission, Commit, Warmup):
         self._drafter_synced = True  # every row's drafter cache holds all but its last 2 tokens (see catch-up)
         self._plain_run = 0  # plain steps since the last speculative one (what a catch-up makes up for)
         self._free_since = None  # the step since which a slot has been free while requests waited (see _admit)
+        self.num_admissions = 0  # admissions (each one prefill of the requests admitted together)
         self._last_run = (None, None)
         self._running: list[EngineRequest] = []  # index = slot
         self._waiting: deque[EngineRequest] = deque()

@@ -32,7 +32,7 @@ class StepTiming:
     step_s: float  # in `runner.step()`: admission and prefill, the decode step, any graph capture
     deliver_s: float  # handing its outputs to the listeners and sinks
     num_outputs: int
-    admitted: bool = False  # requests were waiting when the step began (it admitted and prefilled some)
+    admitted: bool = False  # the step admitted (and prefilled) requests
 
 
 class Driver:
@@ -117,6 +117,7 @@ class Driver:
                     self._step(runner)
 
     def _step(self, runner) -> None:
+        admissions = getattr(runner, "num_admissions", None)  # (the engine admits in groups: waiting ≠ admitting)
         admitting = bool(getattr(runner, "num_waiting", 0))
         start = time.perf_counter()
         try:
@@ -127,6 +128,8 @@ class Driver:
             self._after_step(StepTiming(runner, time.perf_counter() - start, 0.0, 0, admitting))
             return
         stepped = time.perf_counter()
+        if admissions is not None:
+            admitting = runner.num_admissions != admissions
         for out in outputs:
             with self._lock:
                 entry = self._sinks.get(out.request_id)

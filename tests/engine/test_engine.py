@@ -262,7 +262,7 @@ def test_admission_waits_for_admit_min_free_slots_or_admit_max_wait_steps(make_l
     prompts = [[(7 * i + j) % 50 + 3 for j in range(4 + i)] for i in range(len(budgets))]
     ids = {engine.add_request(p, SamplingParams(temperature=0, max_new_tokens=n)): i
            for i, (p, n) in enumerate(zip(prompts, budgets))}
-    outputs, deferred, grouped = {}, 0, 0
+    outputs, deferred, grouped, events = {}, 0, 0, 0
     while engine.has_unfinished():
         waiting, running = engine.num_waiting, engine.num_running
         free = engine.max_batch - running
@@ -270,11 +270,13 @@ def test_admission_waits_for_admit_min_free_slots_or_admit_max_wait_steps(make_l
         for out in engine.step():
             outputs.setdefault(ids[out.request_id], []).extend(out.new_token_ids)
         admitted = waiting - engine.num_waiting
+        events += admitted > 0
         if running and admitted:
             assert free >= 2 or waited >= 3, (free, waited)
             grouped += admitted > 1
         deferred += bool(running and waiting and free and not admitted)
     assert deferred >= 1 and grouped >= 1  # (the rule ran both ways)
+    assert engine.num_admissions == events  # one per step that admitted (the driver's "admitted" steps)
     for i, (prompt, n) in enumerate(zip(prompts, budgets)):
         assert outputs[i] == hf_greedy(target, prompt, n, [])
     with pytest.raises(ValueError, match="admit_min"):

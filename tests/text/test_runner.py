@@ -115,3 +115,23 @@ def test_a_failing_step_fails_its_requests_and_the_driver_goes_on(llama):
             driver.submit(bad, [1], SamplingParams(), got.put, "z")
     finally:
         driver.close()
+
+
+def test_the_driver_flags_the_steps_that_admitted(llama):
+    """StepTiming.admitted: the steps in which the engine admitted requests (it admits in groups, so a step with
+    requests waiting need not admit), one per `Engine.num_admissions`."""
+    from specdec.engine import Engine, EngineConfig
+
+    engine = Engine(llama, None, EngineConfig(max_batch_size=2, max_seq_len=64, num_draft_tokens=0, admit_min=2,
+                                              admit_max_wait=2))
+    driver, timings, got = Driver(), [], queue.Queue()
+    driver.add_step_listener(timings.append)
+    try:
+        for i, n in enumerate((3, 12, 4, 5, 6)):  # more requests than slots: they wait while others run
+            driver.submit(engine, [1, 2, 3 + i], SamplingParams(max_new_tokens=n, temperature=0), got.put, f"r{i}")
+        finished = 0
+        while finished < 5:
+            finished += got.get(timeout=30).finished
+    finally:
+        driver.close()
+    assert sum(t.admitted for t in timings) == engine.num_admissions >= 2
