@@ -41,9 +41,9 @@ def add_parser(subparsers) -> None:
     add_checkpoint_options(p)
     p.add_argument("--tensor-parallel-size", type=int, default=1,
                    help="shard the target over N ranks; launch with torchrun --nproc-per-node N (default 1)")
-    p.add_argument("--tensor-parallel-all-reduce", choices=("group", "one_shot"), default="group",
-                   help="how the ranks sum partial products: group (NCCL/gloo) or one_shot (symmetric memory over "
-                        "NVLink, CUDA) (default group)")
+    p.add_argument("--tensor-parallel-all-reduce", choices=("auto", "group", "one_shot"), default="auto",
+                   help="how the ranks sum partial products: group (NCCL/gloo), one_shot (symmetric memory over "
+                        "NVLink, CUDA) or auto (one_shot where the GPUs reach each other by P2P) (default auto)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the texts and stats (stdout)")
     p.set_defaults(run=run)
 
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as err:
         raise CLIError(f"--{str(err).split(' ')[0].replace('_', '-')}: {err}") from None
     apply_model_options(args)
-    if args.tensor_parallel_all_reduce != "group" and args.tensor_parallel_size == 1:
+    if args.tensor_parallel_all_reduce != "auto" and args.tensor_parallel_size == 1:
         raise CLIError(f"--tensor-parallel-all-reduce {args.tensor_parallel_all_reduce} needs --tensor-parallel-size > 1")
     if check_int("--tensor-parallel-size", args.tensor_parallel_size, 1, 1024) > 1:
         if args.model_option or args.draft_model_option or args.allow_weight_mismatch:

@@ -71,9 +71,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
                    help="shard the target over N GPUs: launch with torchrun --nproc-per-node N -m specdec serve ...; "
                         "rank 0 serves HTTP, the other ranks follow its steps (γ must be an integer)")
-    p.add_argument("--tensor-parallel-all-reduce", choices=("group", "one_shot"), default="group",
-                   help="how the ranks sum partial products: group (NCCL/gloo) or one_shot (symmetric memory over "
-                        "NVLink, CUDA) (default group)")
+    p.add_argument("--tensor-parallel-all-reduce", choices=("auto", "group", "one_shot"), default="auto",
+                   help="how the ranks sum partial products: group (NCCL/gloo), one_shot (symmetric memory over "
+                        "NVLink, CUDA) or auto (one_shot where the GPUs reach each other by P2P) (default auto)")
     p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn's log level")
     p.set_defaults(run=run)
@@ -87,7 +87,7 @@ def check_args(args: argparse.Namespace) -> None:
     from specdec.server.metrics import PREFIX_PATTERN
 
     check_int("--port", args.port, 1, 65535)
-    if getattr(args, "tensor_parallel_all_reduce", "group") != "group" and getattr(args, "tensor_parallel_size", 1) == 1:
+    if getattr(args, "tensor_parallel_all_reduce", "auto") != "auto" and getattr(args, "tensor_parallel_size", 1) == 1:
         raise CLIError(f"--tensor-parallel-all-reduce {args.tensor_parallel_all_reduce} needs --tensor-parallel-size > 1")
     if check_int("--tensor-parallel-size", getattr(args, "tensor_parallel_size", 1), 1, 1024) > 1:
         gamma = args.num_draft_tokens.strip()
@@ -138,7 +138,7 @@ def build(args: argparse.Namespace):
                        max_seq_len=args.max_seq_len, ngram_data=args.ngram_data,
                        synthetic_acceptance=getattr(args, "synthetic_acceptance", None),
                        tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),  # ranks > 0 exit inside
-                       tensor_parallel_all_reduce=getattr(args, "tensor_parallel_all_reduce", "group"),
+                       tensor_parallel_all_reduce=getattr(args, "tensor_parallel_all_reduce", "auto"),
                        model_kwargs=model_options(args), draft_model_kwargs=model_options(args, "draft"),
                        allow_weight_mismatch=getattr(args, "allow_weight_mismatch", False))
     name = args.served_model_name or resolve_model_source(args.target, model_kwargs=model_options(args)).display_name

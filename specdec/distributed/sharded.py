@@ -8,7 +8,8 @@ Per layer, with N ranks and rank r:
                 all-reduce each (`_row_parallel`); rank 0 adds the replicated residual stream into its partial
                 first (x + inp_0 @ W_0ᵀ in one GEMM), so the all-reduce returns the new residual: no add kernel.
                 How the sum is made (`all_reduce`): "group" = the process group's all_reduce (NCCL / gloo),
-                "one_shot" = torch symmetric memory over NVLink P2P for small messages (`allreduce.py`)
+                "one_shot" = torch symmetric memory over NVLink P2P for small messages, "auto" (default) =
+                one_shot where every GPU reaches the others by P2P, else group (`allreduce.py`)
   lm_head       vocab-parallel when untied and V divides by N: rank r holds rows [r·V/N, (r+1)·V/N) and the
                 logits are all-gathered (halves the head's reads per step on 2 ranks); else replicated
   embed, norms, bo, q/k norms   replicated (the embedding is only gathered, never read whole)
@@ -61,7 +62,7 @@ class ShardedFastLlama(FastLlama):
 
     def __init__(self, full_shape: LlamaShape, group=None, *, inv_freq: torch.Tensor | None = None,
                  rope_scaling: float = 1.0, device="cpu", dtype: torch.dtype = torch.float32,
-                 all_reduce: str = "group", all_reduce_max_bytes: int = DEFAULT_ONE_SHOT_BYTES):
+                 all_reduce: str = "auto", all_reduce_max_bytes: int = DEFAULT_ONE_SHOT_BYTES):
         check_all_reduce(all_reduce)
         if not dist.is_initialized():
             raise ValueError("ShardedFastLlama needs an initialized torch.distributed process group")
@@ -81,7 +82,7 @@ class ShardedFastLlama(FastLlama):
         self.set_all_reduce(all_reduce, all_reduce_max_bytes)
 
     def set_all_reduce(self, kind: str, max_bytes: int = DEFAULT_ONE_SHOT_BYTES) -> None:
-        """Use the all-reduce `kind` ("group" / "one_shot", see `specdec.distributed.allreduce`) from now on.
+        """Use the all-reduce `kind` ("auto" / "group" / "one_shot", see `specdec.distributed.allreduce`) from now on.
         Collective: every rank calls it together. Engines built before keep the graphs they captured."""
         self.reduce = make_all_reduce(kind, self.group, device=self.embed.device, dtype=self.embed.dtype,
                                       max_bytes=max_bytes)
@@ -178,12 +179,12 @@ def _safetensors_files(folder: Path) -> dict[str, Path]:
 
 
 def load_sharded(path: str | Path, group=None, *, device="cpu", dtype: torch.dtype | None = None,
-                 all_reduce: str = "group") -> ShardedFastLlama:
+                 all_reduce: str = "auto") -> ShardedFastLlama:
     """This rank's shard of a local transformers checkpoint (Llama / Mistral / Qwen2 / Qwen3, safetensors).
 
     Reads only this rank's slices of the sharded matrices (plus the replicated tensors). `dtype` None = the
     checkpoint's own dtype. The folder is checked first (`specdec.loading.inspect_checkpoint`). `all_reduce`:
-    "group" or "one_shot" (see `specdec.distributed.allreduce`).
+    "auto", "group" or "one_shot" (see `specdec.distributed.allreduce`).
     """
     from safetensors import safe_open
     from transformers import AutoConfig, GenerationConfig
@@ -226,7 +227,7 @@ def load_sharded(path: str | Path, group=None, *, device="cpu", dtype: torch.dty
 
 
 def shard_model(model, group=None, *, device=None, dtype: torch.dtype | None = None,
-                all_reduce: str = "group") -> ShardedFastLlama:
+                all_reduce: str = "auto") -> ShardedFastLlama:
     """This rank's shard of a transformers Llama-family model already in memory (sliced, then copied)."""
     shape = LlamaShape.from_hf(model.config)
     params = dict(model.named_parameters())

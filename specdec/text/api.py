@@ -41,7 +41,7 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
          max_batch_size: int = 32, max_seq_len: int | None = None, ngram_data=None,
          synthetic_acceptance: float | None = None, tensor_parallel_size: int = 1, model_kwargs: dict | None = None,
          draft_model_kwargs: dict | None = None, allow_weight_mismatch: bool = False,
-         tensor_parallel_all_reduce: str = "group") -> "LLM":
+         tensor_parallel_all_reduce: str = "auto") -> "LLM":
     """Load a target (and a draft) for text generation.
 
     target          a checkpoint folder, a .gguf file, a hub id (org/name) in the local Hugging Face cache
@@ -65,8 +65,9 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
     tensor_parallel_size  N > 1: run under `torchrun --nproc-per-node N`; every rank loads its shard of the
                     target folder; rank 0 gets the LLM, the other ranks follow its steps and exit the process
                     when rank 0 closes it (`specdec/text/tensor_parallel.py`); γ must be a fixed integer
-    tensor_parallel_all_reduce  how the ranks sum the row-parallel products: "group" (NCCL / gloo) or
-                    "one_shot" (torch symmetric memory over NVLink, CUDA; `specdec.distributed.allreduce`)
+    tensor_parallel_all_reduce  how the ranks sum the row-parallel products: "auto" (one_shot where the GPUs
+                    reach each other by P2P, else group), "group" (NCCL / gloo) or "one_shot" (torch symmetric
+                    memory over NVLink, CUDA); see `specdec.distributed.allreduce`
     """
     from specdec.loading import load_model, load_tokenizer, source_options
 
@@ -75,7 +76,7 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
     tensor_parallel_size = as_int(tensor_parallel_size, "tensor_parallel_size", minimum=1, maximum=1024)
     from specdec.distributed.allreduce import check_all_reduce
 
-    if check_all_reduce(tensor_parallel_all_reduce) != "group" and tensor_parallel_size == 1:
+    if check_all_reduce(tensor_parallel_all_reduce) != "auto" and tensor_parallel_size == 1:
         raise ValueError(f"tensor_parallel_all_reduce={tensor_parallel_all_reduce!r} needs tensor_parallel_size > 1")
     if tensor_parallel_size > 1:
         if model_kwargs is not None or allow_weight_mismatch:

@@ -102,7 +102,7 @@ def stop_followers(llm) -> None:
     shutdown_tensor_parallel(llm.target, timeout_s=15.0)
 
 
-def load_tensor_parallel(target, tensor_parallel_size: int, *, device, dtype, make_llm, all_reduce: str = "group"):
+def load_tensor_parallel(target, tensor_parallel_size: int, *, device, dtype, make_llm, all_reduce: str = "auto"):
     """Every rank: join torchrun's group, load this rank's shard of `target` (a local safetensors folder) and
     build the LLM with `make_llm(target_model, channel)`. Rank 0 gets the LLM back; the other ranks follow rank 0
     until it closes the LLM, then leave the group and exit the process (`SystemExit(0)`), as vLLM's workers do."""

@@ -9,17 +9,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.distributed.allreduce import ALL_REDUCE_KINDS, OneShotAllReduce, check_all_reduce, make_all_reduce
+from specdec.distributed.allreduce import (ALL_REDUCE_KINDS, OneShotAllReduce, check_all_reduce, make_all_reduce,
+                                           resolve_all_reduce)
 from specdec.fast.model import LlamaShape
 
 SHAPE = LlamaShape(vocab_size=64, dim=32, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=8, intermediate_size=64)
 
 
 def test_kinds_are_named_in_the_error():
-    assert ALL_REDUCE_KINDS == ("group", "one_shot")
+    assert ALL_REDUCE_KINDS == ("auto", "group", "one_shot")
     for kind in ALL_REDUCE_KINDS:
         assert check_all_reduce(kind) == kind
-    with pytest.raises(ValueError, match="all_reduce must be one of 'group', 'one_shot', got 'nccl'"):
+    with pytest.raises(ValueError, match="all_reduce must be one of 'auto', 'group', 'one_shot', got 'nccl'"):
         check_all_reduce("nccl")
     with pytest.raises(ValueError, match="all_reduce must be one of"):
         make_all_reduce("ring")
@@ -40,3 +41,11 @@ def test_sharded_model_and_loader_check_the_kind_first(tmp_path):
         ShardedFastLlama(SHAPE, all_reduce="fast")
     with pytest.raises(ValueError, match="all_reduce must be one of"):  # before reading the folder
         load_sharded(tmp_path / "missing", all_reduce="fast")
+
+
+def test_auto_is_the_group_all_reduce_on_cpu_and_leaves_named_kinds_alone():
+    assert resolve_all_reduce("auto", device="cpu") == "group"  # no collective needed: gloo has no one-shot
+    assert resolve_all_reduce("one_shot", device="cpu") == "one_shot"  # (refused later, by OneShotAllReduce)
+    assert resolve_all_reduce("group", device="cuda") == "group"
+    with pytest.raises(ValueError, match="all_reduce must be one of"):
+        resolve_all_reduce("fast", device="cpu")

@@ -72,7 +72,7 @@ def _torchrun(*args: str, env_extra: dict | None = None, nproc: int = 2) -> subp
     return proc
 
 
-def _ranks_match_one_process(checkpoints, tmp_path, device: str, *, world: int = 2, all_reduce: str = "group",
+def _ranks_match_one_process(checkpoints, tmp_path, device: str, *, world: int = 2, all_reduce: str = "auto",
                              targets=("llama", "qwen")) -> dict:
     """`world` ranks (sharded target, replicated drafter) give one process's fp32 tokens; returns the results."""
     sys.path.insert(0, str(WORKER.parent))
@@ -98,7 +98,7 @@ def _ranks_match_one_process(checkpoints, tmp_path, device: str, *, world: int =
     return got
 
 
-def _two_ranks_match_one_process(checkpoints, tmp_path, device: str, all_reduce: str = "group") -> None:
+def _two_ranks_match_one_process(checkpoints, tmp_path, device: str, all_reduce: str = "auto") -> None:
     got = _ranks_match_one_process(checkpoints, tmp_path, device, all_reduce=all_reduce)
     # untied Llama: a vocab-parallel head (32 of the 64 rows, logits gathered); tied Qwen2: the replicated embedding
     assert [got["results"][checkpoints[name]]["head_rows"] for name in ("llama", "qwen")] == [32, False]
@@ -122,7 +122,7 @@ two_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device
 def test_two_gpus_nccl_match_one_process_and_exit_cleanly(checkpoints, tmp_path):
     """NCCL with the engine's CUDA graphs (all-reduces captured): fp32 tokens equal one process's on one GPU,
     every rank agrees, and the group shuts down within its deadline (the wave-2 path hung here at exit)."""
-    _two_ranks_match_one_process(checkpoints, tmp_path, "cuda")
+    _two_ranks_match_one_process(checkpoints, tmp_path, "cuda", all_reduce="group")
 
 
 @pytest.mark.gpu
@@ -138,7 +138,7 @@ four_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.devic
 
 @pytest.mark.gpu
 @four_gpus
-@pytest.mark.parametrize("all_reduce", ["group", "one_shot"])
+@pytest.mark.parametrize("all_reduce", ["group", "one_shot", "auto"])
 def test_four_gpus_match_one_process(checkpoints, tmp_path, all_reduce):
     got = _ranks_match_one_process(checkpoints, tmp_path, "cuda", world=4, all_reduce=all_reduce, targets=("llama4",))
     assert got["results"][checkpoints["llama4"]]["head_rows"] == 16

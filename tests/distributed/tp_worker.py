@@ -1,7 +1,7 @@
 """Run by test_tensor_parallel.py under `torchrun --nproc-per-node N` (N = 2 or 4): sharded generation on each rank.
 
 argv: OUT.json TARGET_DIR... DRAFT_DIR; the device is $TP_DEVICE ("cpu": gloo, default; "cuda": nccl, fp32), the
-all-reduce $TP_ALL_REDUCE ("group", default; "one_shot": symmetric memory, CUDA). Rank 0 writes {target: {"greedy", "sampled", "kv_heads", "head_rows", "shard_model_same"}} and
+all-reduce $TP_ALL_REDUCE ("auto", default; "group"; "one_shot": symmetric memory, CUDA). Rank 0 writes {target: {"greedy", "sampled", "kv_heads", "head_rows", "shard_model_same"}} and
 whether every rank produced the same tokens.
 """
 
@@ -39,12 +39,13 @@ def main() -> None:
     out, *targets = sys.argv[1:]
     draft_dir = targets.pop()
     device = init_tensor_parallel(int(os.environ["WORLD_SIZE"]), os.environ.get("TP_DEVICE", "cpu"))
-    all_reduce = os.environ.get("TP_ALL_REDUCE", "group")
+    all_reduce = os.environ.get("TP_ALL_REDUCE", "auto")
+    expected = {"auto": "one_shot" if device.type == "cuda" else "group"}.get(all_reduce, all_reduce)
     drafter = AutoModelForCausalLM.from_pretrained(draft_dir, local_files_only=True).eval().to(device)
     results, models = {}, []
     for folder in targets:
         model = load_sharded(folder, device=device, dtype=torch.float32, all_reduce=all_reduce)
-        assert model.all_reduce == all_reduce
+        assert model.all_reduce == expected, (model.all_reduce, expected)  # (GPUs of one host reach each other)
         models.append(model)
         results[folder] = run(model, drafter)
         # slicing a model in memory gives the same shard as reading the slices from safetensors
