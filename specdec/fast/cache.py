@@ -51,8 +51,8 @@ class TreeNodes:
     usual slots lengths..lengths + k − 1; node t sits at position root + depth(t) and attends to the text below
     root and to its own path (`kernels.attention.TreeMask`).
 
-    depths     [k] long: the fed nodes' depths (0 = the root)
-    ancestors  [k] int64: bit t set when node t is the fed node or one of its ancestors
+    depths     [k] long: the fed nodes' depths (0 = the root); or `[B, k]`, each row its own tree
+    ancestors  [k] int64: bit t set when node t is the fed node or one of its ancestors; or `[B, k]`
     """
 
     first: int
@@ -61,8 +61,8 @@ class TreeNodes:
 
     def place(self, lengths: torch.Tensor, junk: int) -> tuple[torch.Tensor, torch.Tensor, TreeMask]:
         """→ positions `[B, k]` (RoPE), slots `[B, k]` (where K/V go; the attention bound), the `TreeMask`."""
-        k = self.depths.shape[0]
+        k, batch = self.depths.shape[-1], lengths.shape[0]
         root = lengths - self.first
         slots = (lengths[:, None] + torch.arange(k, device=lengths.device)[None, :]).clamp(max=junk)
-        positions = root[:, None] + self.depths[None, :]
-        return positions, slots, TreeMask(root, self.ancestors[None, :].expand(lengths.shape[0], k))
+        positions = root[:, None] + self.depths.expand(batch, k)
+        return positions, slots, TreeMask(root, self.ancestors.expand(batch, k))

@@ -96,6 +96,7 @@ def beam_search(
     length_penalty: float = 1.0,
     early_stopping: "bool | str" = False,
     attention_mask: torch.Tensor | None = None,
+    engine: str = "hf",
 ) -> BeamSearchResult:
     """Beam search of width `num_beams` = w, identical to transformers' `generate(num_beams=w, do_sample=False)`.
 
@@ -105,6 +106,9 @@ def beam_search(
     draft_beams       u ≥ w, the drafter's beam width (default w); num_draft_tokens γ ≥ 0 levels per pass
     eos_token_id      int or list; None = the target's generation config (as in transformers)
     length_penalty, early_stopping   as in transformers (defaults 1.0, False)
+    engine            "hf": transformers' forward passes (`TreeCausalLM`); "fast": the engine's model and kernels
+                      (`FastLlama` with its tree mask, `fast.tree_lm.FastTreeLM`; eager, no CUDA graphs) for a
+                      covered family (`fast.families`), the drafter too
     """
     w = _int_in("num_beams", num_beams, 1, MAX_BEAMS)
     u = w if draft_beams is None else _int_in("draft_beams", draft_beams, w, MAX_BEAMS)
@@ -114,13 +118,15 @@ def beam_search(
         raise ValueError(f"length_penalty must be a number, got {length_penalty!r}")
     if early_stopping not in (True, False, "never"):
         raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")
+    if engine not in ("hf", "fast"):
+        raise ValueError(f"engine must be 'hf' or 'fast', got {engine!r}")
     model = _decoder_only(target, "target")
-    lm = TreeCausalLM(model)
+    lm = _tree_lm(model, engine)
     rows = normalize_prompts(prompts, attention_mask, lm.vocab_size)
-    eos = tuple(resolve_eos(eos_token_id, lm))
+    eos = tuple(resolve_eos(eos_token_id, model))
     draft = None
     if drafter is not None and gamma > 0:
-        draft = TreeCausalLM(_decoder_only(drafter, "drafter"))
+        draft = _tree_lm(_decoder_only(drafter, "drafter"), engine)
         if draft.vocab_size != lm.vocab_size:
             raise ValueError(f"draft and target vocabularies differ: drafter has {draft.vocab_size} tokens, target has {lm.vocab_size}")
         if u > draft.vocab_size:
@@ -356,6 +362,16 @@ class _DraftTree:
             index = path[:, :, level].clamp_min(0)
             out[:, :, level] = getattr(nodes, name).gather(1, index)
         return out
+
+
+def _tree_lm(model: torch.nn.Module, engine: str):
+    """The tree-pass interface over `model`: transformers' forward, or the fast model's (`engine="fast"`)."""
+    if engine == "hf":
+        return TreeCausalLM(model)
+    from specdec.fast.model import FastLlama  # a covered family's fast copy (a ValueError names what is not)
+    from specdec.fast.tree_lm import FastTreeLM
+
+    return FastTreeLM(FastLlama.from_hf(model))
 
 
 def _int_in(name: str, value, low: int, high: int) -> int:

@@ -103,3 +103,37 @@ def test_argument_errors(pair):
         beam_search(target, PROMPTS, draft, early_stopping="sometimes")
     with pytest.raises(TypeError, match="drafter"):
         beam_search(target, PROMPTS, "ngram")
+
+
+# ------------------------------------------------------------------------------------------------
+# On the engine's model (FastLlama with its tree mask: `fast.tree_lm.FastTreeLM`), the same beams
+
+
+@pytest.mark.parametrize("w, u_factor, gamma", [(2, 1, 1), (2, 2, 3), (4, 1, 5), (4, 2, 3)])
+def test_fast_model_gives_transformers_beams(pair, w, u_factor, gamma):
+    target, draft = pair
+    eos = (7,) if gamma == 3 else ()
+    res = beam_search(target, PROMPTS, draft, num_beams=w, draft_beams=u_factor * w, num_draft_tokens=gamma,
+                      max_new_tokens=N, eos_token_id=list(eos), engine="fast")
+    assert_same_beams(target, res, w, eos)
+    hf = beam_search(target, PROMPTS, draft, num_beams=w, draft_beams=u_factor * w, num_draft_tokens=gamma,
+                     max_new_tokens=N, eos_token_id=list(eos))
+    assert (res.stats.passes, res.stats.beam_steps) == (hf.stats.passes, hf.stats.beam_steps)  # the same replay
+
+
+def test_fast_model_length_rules_plain_and_perfect_drafter(pair):
+    target, draft = pair
+    res = beam_search(target, PROMPTS, draft, num_beams=3, draft_beams=4, num_draft_tokens=2, max_new_tokens=N,
+                      eos_token_id=[7, 20], length_penalty=2.0, early_stopping="never", engine="fast")
+    assert_same_beams(target, res, 3, (7, 20), length_penalty=2.0, early_stopping="never")
+    res = beam_search(target, PROMPTS, None, num_beams=4, max_new_tokens=N, eos_token_id=[], engine="fast")
+    assert_same_beams(target, res, 4)
+    res = beam_search(target, PROMPTS, target, num_beams=2, draft_beams=2, num_draft_tokens=4, max_new_tokens=N,
+                      eos_token_id=[], engine="fast")
+    assert_same_beams(target, res, 2)
+    assert res.stats.passes == 2  # the accepted nodes' K/V were copied into place: 5 + 5 steps
+    res = beam_search(target, PROMPTS, draft, num_beams=1, draft_beams=2, num_draft_tokens=3, max_new_tokens=N,
+                      eos_token_id=[7], engine="fast")
+    assert [beams[0] for beams in res.sequences] == [hf_greedy(target, p, N, [7]) for p in PROMPTS]
+    with pytest.raises(ValueError, match="engine"):
+        beam_search(target, PROMPTS, draft, engine="vllm")
