@@ -137,3 +137,21 @@ def test_fast_model_length_rules_plain_and_perfect_drafter(pair):
     assert [beams[0] for beams in res.sequences] == [hf_greedy(target, p, N, [7]) for p in PROMPTS]
     with pytest.raises(ValueError, match="engine"):
         beam_search(target, PROMPTS, draft, engine="vllm")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fast_model_beams_on_cuda(make_llama):
+    """The fast model's fused layers and the Triton tree mask (fp32) give transformers' beams."""
+    target = make_llama(0)
+    draft = copy.deepcopy(target)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(0)) * 0.1 * p.abs().mean())
+    target, draft = target.cuda(), draft.cuda()
+    for w, u, gamma in ((2, 4, 3), (4, 4, 5)):
+        res = beam_search(target, PROMPTS, draft, num_beams=w, draft_beams=u, num_draft_tokens=gamma, max_new_tokens=N,
+                          eos_token_id=[7], engine="fast")
+        for prompt, beams, scores in zip(PROMPTS, res.sequences, res.scores):
+            ref_beams, ref_scores = _hf(target, tuple(prompt), w, (7,))
+            assert beams == ref_beams and scores == pytest.approx(ref_scores, abs=1e-4)
