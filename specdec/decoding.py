@@ -161,6 +161,7 @@ def stream_request(
         raise ValueError("logprobs: specdec.generate / stream return no log-probabilities; "
                          "use specdec.load(...).generate(..., logprobs=True)")
     lenient = params.leniency != 1.0
+    draft_tree = draft_tree if draft_tree is not None else params.draft_tree  # (SamplingParams may carry it)
     if params.processors and draft_tree is not None:
         raise ValueError(f"{', '.join(params.processors)}: logits processors run on chains (the transformers loop "
                          "and the engine), not on draft_tree")

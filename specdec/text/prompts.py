@@ -16,7 +16,7 @@ __all__ = ["GenerationDefaults", "encode_prompts", "render_chat", "make_params",
 
 PARAMS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "num_draft_tokens", "logprobs",
           "top_logprobs", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens",
-          "constraint")
+          "constraint", "leniency", "draft_tree")
 #: Logits processors (`core.processors`), passed to SamplingParams as they are (it checks them, naming the field)
 _PROCESSOR_PARAMS = ("repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens",
                      "constraint")
@@ -176,6 +176,8 @@ def make_params(llm, prompt_len: int, params: dict):
         eos_token_ids=d.eos_token_ids,
         logprobs=_flag(params.get("logprobs", False), "logprobs"),
         top_logprobs=params.get("top_logprobs", 0),
+        leniency=params.get("leniency", 1.0),  # (SamplingParams checks both, naming the field)
+        draft_tree=params.get("draft_tree"),
         **{name: params[name] for name in _PROCESSOR_PARAMS if name in params and name != "constraint"},
         constraint=_constraint(llm, params.get("constraint")),
         **({} if "repetition_penalty" in params else {"repetition_penalty": d.repetition_penalty}),

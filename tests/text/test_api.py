@@ -202,3 +202,17 @@ def test_the_engine_serves_llama_and_the_fallback_serves_the_rest(llm, ckpt, opt
         assert other.generate("w1 w2", max_new_tokens=6).token_ids == reference(other, ids, 6)
     with pytest.raises(Exception, match="UnsupportedModel|not|cover"):
         specdec.load(opt, tokenizer=llm.tokenizer, runner="engine")
+
+
+def test_token_trees_and_lenience_per_request(llm):
+    """draft_tree and leniency are request parameters: a tree keeps the greedy text; lenience matches the library."""
+    ids = llm.tokenizer.encode("w1 w2 w3 w1 w2")
+    tree = llm.generate("w1 w2 w3 w1 w2", max_new_tokens=12, draft_tree=[2, 2, 1])
+    assert tree.token_ids == reference(llm, ids, 12) and tree.stats.alpha is None
+    lenient = llm.generate("w1 w2 w3 w1 w2", max_new_tokens=12, temperature=0, leniency=0.05)
+    assert lenient.token_ids == reference(llm, ids, 12, drafter=llm.drafter, num_draft_tokens=3, leniency=0.05,
+                                          eos_token_id=list(llm.defaults.eos_token_ids))
+    assert lenient.token_ids != tree.token_ids  # (lossy: on this pair l = 0.05 accepts drafts the argmax rejects)
+    for params, fragment in (({"draft_tree": [0]}, "draft_tree"), ({"leniency": 2}, "leniency")):
+        with pytest.raises(ValueError, match=fragment):
+            llm.generate("w1", max_new_tokens=2, **params)
