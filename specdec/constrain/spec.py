@@ -81,7 +81,7 @@ class Constraint:
 
     @classmethod
     def json_schema(cls, schema: Any) -> "Constraint":
-        """A schema as a dict or JSON text; checked (`check_schema`) and stored as canonical JSON."""
+        """A schema as a dict or JSON text; checked (`check_schema`) and stored as compact JSON (key order kept: properties are generated in the order listed)."""
         if isinstance(schema, (str, bytes)):
             try:
                 schema = json.loads(schema)
@@ -90,7 +90,7 @@ class Constraint:
         if schema is True:
             schema = {}
         check_schema(schema)
-        return cls("json_schema", json.dumps(schema, sort_keys=True, separators=(",", ":")))
+        return cls("json_schema", json.dumps(schema, separators=(",", ":")))  # property order is generation order
 
     @classmethod
     def json_object(cls) -> "Constraint":
