@@ -20,10 +20,11 @@ class Warmup:
     """`Engine`'s graph warm-up (see the module doc)."""
 
     def warmup(self, batch_sizes=(1,), gammas=None, max_length: int | None = None,
-               temperatures=(0.0,)) -> int:
+               temperatures=(0.0,), draft_trees=()) -> int:
         """Capture the decode graphs ahead of traffic (as servers do at start-up) for these batch sizes,
         γ values (default: every γ the policy may pick), every length bucket up to `max_length` (default:
-        max_seq_len) and these temperatures (no top-k/top-p), and the prefill graphs of a request admitted
+        max_seq_len) and these temperatures (no top-k/top-p), the token-tree steps of `draft_trees` (shapes
+        requests will ask for in `SamplingParams.draft_tree`), and the prefill graphs of a request admitted
         alone (`EngineConfig.prefill_graphs`) for prompts up to `max_length`; returns how many step shapes
         were built."""
         gammas = gammas if gammas is not None else sorted({0, *self.policy.candidates})
@@ -35,7 +36,13 @@ class Warmup:
             as_int(max_length, "max_length", minimum=1, maximum=self.max_seq_len)
         for temperature in temperatures:
             SamplingParams(temperature=temperature)  # a number >= 0, named in the error
-        limit = min(self.num_positions, max_length + self.max_draft_tokens + 2 if max_length else self.num_positions)
+        trees = []
+        for tree in draft_trees:
+            params = SamplingParams(draft_tree=tree)  # the shape checked, then what it needs of this engine
+            self._check_tree(params)
+            trees.append(self._tree(params.draft_tree))
+        written = max([self.max_draft_tokens] + [t.spec.num_nodes - 1 for t in trees])
+        limit = min(self.num_positions, max_length + written + 2 if max_length else self.num_positions)
         flavors = {Flavor(t == 0) for t in temperatures}
         built = 0
         with torch.inference_mode():
@@ -44,6 +51,10 @@ class Warmup:
                     for gamma in gammas:
                         for flavor in flavors:
                             self._step_for(batch, gamma, positions, flavor).capture()
+                            built += 1
+                    for tree in trees:
+                        for flavor in flavors:
+                            self._step_for(batch, tree.spec.depth, positions, flavor, tree).capture()
                             built += 1
             self._warm_prefill(max_length or self.max_seq_len)
         self.policy.only_ready = True  # "auto" keeps to built shapes from now on (where any is built)
