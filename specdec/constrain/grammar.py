@@ -9,6 +9,7 @@ ids past the tokenizer are never allowed.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -93,7 +94,8 @@ def compile_constraint(constraint: Constraint, tokenizer, vocab_size: int, stop_
     try:
         compiled = _compile(compiler, constraint)
     except (RuntimeError, ValueError) as err:  # xgrammar reports a bad schema / regex / grammar as RuntimeError
-        message = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        lines = [line for line in str(err).strip().splitlines() if line.strip()]
+        message = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", lines[-1] if lines else type(err).__name__)  # xgrammar's
         raise ValueError(f"{constraint.kind}: cannot be compiled: {message}") from None
     return Grammar(constraint, vocab_size, stops, compiled)
 

@@ -21,6 +21,10 @@ from hypothesis import strategies as st  # noqa: E402
 
 from specdec.server import protocol as P  # noqa: E402
 from specdec.server.schema import ChatRequest, CompletionRequest  # noqa: E402
+from specdec.server.structured import compile_for, constraint_of  # noqa: E402
+from specdec.constrain import grammar_engine_available  # noqa: E402
+
+GRAMMAR_ENGINE = grammar_engine_available()  # without it, structured bodies stop at the checks before compiling
 
 DEMO = Path(__file__).resolve().parents[2] / "specdec" / "assets" / "demo_pair" / "target"
 FUZZ = settings(max_examples=int(os.environ.get("SPECDEC_FUZZ_EXAMPLES", 300)), deadline=10_000,
@@ -61,10 +65,12 @@ def run(llm, raw: bytes, model_cls):
         typed = P.validate(model_cls, P.parse_body(raw))
         P.check_model(typed, "demo")
         P.check_refusals(typed)
+        structured = constraint_of(typed)
         sources = P.prompt_sources(typed)
         P.check_length(sources, llm.max_seq_len, 200, "prompt")
         prompts = P.encode(llm, typed, sources)
-        parsed = P.build(typed, llm, prompts, llm.max_seq_len, None)
+        grammar = compile_for(llm, *structured, P.eos_ids(typed, llm)) if structured and GRAMMAR_ENGINE else None
+        parsed = P.build(typed, llm, prompts, llm.max_seq_len, None, constraint=grammar)
     except P.APIError as err:
         assert 400 <= err.status < 500 and str(err)
         return err
@@ -95,3 +101,29 @@ def test_chat_bodies(llm, body):
 @given(raw=st.binary(max_size=64) | st.text(max_size=64).map(str.encode))
 def test_raw_bytes(llm, raw):
     run(llm, raw, CompletionRequest)
+
+
+schema_like = st.recursive(
+    st.fixed_dictionaries({}, optional={
+        "type": st.sampled_from(["string", "integer", "number", "boolean", "object", "array", "null"]) | json_values,
+        "maxLength": st.integers(-3, 10 ** 7), "minLength": st.integers(-3, 50), "pattern": st.text(max_size=8),
+        "enum": json_values, "const": json_values, "minimum": st.integers(-(2 ** 70), 2 ** 70) | st.floats(),
+        "format": st.sampled_from(["date", "email", "uuid", "bogus"]), "required": json_values}),
+    lambda inner: st.fixed_dictionaries({}, optional={
+        "properties": st.dictionaries(st.text(max_size=6), inner, max_size=3), "items": inner,
+        "anyOf": st.lists(inner, max_size=3), "$defs": st.dictionaries(st.text(max_size=4), inner, max_size=2),
+        "$ref": st.sampled_from(["#", "#/$defs/a", "#/nope", "http://x"]), "additionalProperties": inner | st.booleans(),
+        "type": st.just("object")}),
+    max_leaves=8,
+)
+
+
+@FUZZ
+@given(field=st.sampled_from(["guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+                              "response_format"]),
+       value=schema_like | json_values | st.text(max_size=24))
+def test_structured_output_bodies(llm, field, value):
+    """Any value of a structured-output field: a 400 naming the problem, or a request carrying a compiled grammar."""
+    if field == "response_format":
+        value = {"type": "json_schema", "json_schema": {"name": "x", "schema": value}}
+    run(llm, dumps({"prompt": "x", "max_tokens": 4, field: value}), CompletionRequest)
