@@ -138,7 +138,7 @@ def stream(
 
 
 _PROCESSOR_ARGUMENTS = ("repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens",
-                        "constraint")
+                        "allowed_token_ids", "constraint")
 
 
 def stream_request(

@@ -56,7 +56,7 @@ class BatchProcessors:
         self.rows = ProcessorRows.uniform(
             len(rows), vocab, device, repetition=params.repetition_penalty, frequency=params.frequency_penalty,
             presence=params.presence_penalty, min_tokens=params.min_tokens, stop_ids=params.eos_token_ids,
-            logit_bias=params.logit_bias)
+            logit_bias=params.logit_bias, allowed=params.allowed_token_ids)
         self.history: TokenHistory = history_of(rows, vocab, device)
         self.constraints = start_constraints(params, len(rows), vocab)
 

@@ -192,7 +192,8 @@ class SamplingParams:
     `presence_penalty` in [-2, 2] (0 = off; OpenAI's, over the output), `logit_bias` {token id: bias in
     [-100, 100]} (ids checked against the vocabulary by the runner), `min_tokens` (EOS ids masked until that many
     tokens were generated), `constraint` (a `core.processors.ConstraintSpec`, e.g. a
-    compiled grammar; None = none). `top_logprobs` N ≤ 20: also report the N most likely tokens of the target's
+    compiled grammar; None = none), `allowed_token_ids` (only these ids may be generated; None = all).
+    `top_logprobs` N ≤ 20: also report the N most likely tokens of the target's
     raw distribution at each generated token (needs `logprobs`).
     `draft_tree` [k_1, ..., k_D] (None = a chain): verify a token tree per step (`core.tree.TreeSpec`; exact).
     """
@@ -213,6 +214,7 @@ class SamplingParams:
     min_tokens: int = 0
     constraint: object | None = None
     top_logprobs: int = 0
+    allowed_token_ids: tuple[int, ...] | None = None
     draft_tree: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
@@ -247,6 +249,17 @@ class SamplingParams:
         object.__setattr__(self, "logit_bias", _check_logit_bias(self.logit_bias))
         object.__setattr__(self, "min_tokens", as_int(self.min_tokens, "min_tokens", minimum=0,
                                                       maximum=MAX_NEW_TOKENS))
+        if self.allowed_token_ids is not None:
+            ids = self.allowed_token_ids
+            if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+                raise TypeError(f"allowed_token_ids must be None or a list of token ids, got {type(ids).__name__}")
+            ids = tuple(sorted({as_int(t, "allowed_token_ids entry", minimum=0) for t in ids}))
+            if not ids or len(ids) > MAX_LOGIT_BIAS_ENTRIES:
+                raise ValueError(f"allowed_token_ids must name 1 to {MAX_LOGIT_BIAS_ENTRIES} token ids, got {len(ids)}")
+            if self.min_tokens and set(ids) <= set(self.eos_token_ids):
+                raise ValueError("allowed_token_ids allows only EOS ids, which min_tokens masks: nothing could be "
+                                 "generated")
+            object.__setattr__(self, "allowed_token_ids", ids)
         if self.constraint is not None and not callable(getattr(self.constraint, "start", None)):
             raise TypeError("constraint must be None or a ConstraintSpec (an object with start(vocab_size) -> "
                             f"TokenConstraint), got {type(self.constraint).__name__}")
@@ -262,7 +275,7 @@ class SamplingParams:
     @property
     def processors(self) -> tuple[str, ...]:
         """The names of the logits processors this request turns on (in `core.processors`' order)."""
-        on = (("logit_bias", bool(self.logit_bias)), ("min_tokens", self.min_tokens > 0 and bool(self.eos_token_ids)),
+        on = (("allowed_token_ids", self.allowed_token_ids is not None), ("logit_bias", bool(self.logit_bias)), ("min_tokens", self.min_tokens > 0 and bool(self.eos_token_ids)),
               ("repetition_penalty", self.repetition_penalty != 1.0),
               ("frequency_penalty", self.frequency_penalty != 0.0), ("presence_penalty", self.presence_penalty != 0.0),
               ("constraint", self.constraint is not None))
@@ -273,6 +286,9 @@ class SamplingParams:
         for token, _ in self.logit_bias:
             if token >= vocab_size:
                 raise ValueError(f"logit_bias token id {token} is outside the vocabulary [0, {vocab_size})")
+        for token in self.allowed_token_ids or ():
+            if token >= vocab_size:
+                raise ValueError(f"allowed_token_ids: {token} is outside the vocabulary [0, {vocab_size})")
         for token in self.eos_token_ids:
             if token >= vocab_size:
                 raise ValueError(f"eos_token_id {token} is outside the vocabulary [0, {vocab_size})")

@@ -20,6 +20,7 @@ Semantics:
   presence_penalty s    (OpenAI, vLLM): minus s if the token occurs in the OUTPUT; 0 off
   logit_bias            token id → added to its logit (OpenAI, vLLM; transformers' `SequenceBiasLogitsProcessor`
                         with one-token sequences)
+  allowed_token_ids     (vLLM) every other token gets -inf, with logit_bias (the same additive row)
   min_tokens m          the EOS / stop ids get -inf while fewer than m tokens were generated (transformers'
                         `MinNewTokensLengthLogitsProcessor`, vLLM's `min_tokens`)
 
@@ -40,7 +41,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["ProcessorRows", "TokenHistory", "TokenConstraint", "ConstraintSpec", "process_draft", "advance",
+__all__ = ["ProcessorRows", "TokenHistory", "bias_row", "TokenConstraint", "ConstraintSpec", "process_draft", "advance",
            "history_of", "constraint_masks"]
 
 _NEG_INF = float("-inf")
@@ -55,7 +56,7 @@ class ProcessorRows:
     presence    [B] float   0 = off
     min_tokens  [B] long    0 = off
     stop_ids    [B, E] long the ids `min_tokens` masks (EOS and stop token ids), -1 = padding
-    bias        [B, V] float or None (no row has a logit_bias)
+    bias        [B, V] float or None (no row has one): logit_bias, and -inf outside `allowed_token_ids`
     """
 
     repetition: torch.Tensor
@@ -68,7 +69,7 @@ class ProcessorRows:
     @classmethod
     def uniform(cls, batch: int, vocab: int, device, *, repetition: float = 1.0, frequency: float = 0.0,
                 presence: float = 0.0, min_tokens: int = 0, stop_ids: Sequence[int] = (),
-                logit_bias: Sequence[tuple[int, float]] = ()) -> "ProcessorRows":
+                logit_bias: Sequence[tuple[int, float]] = (), allowed: Sequence[int] | None = None) -> "ProcessorRows":
         """The same parameters for every row of a batch of `batch` (the transformers loop: one request's
         parameters for all its prompts)."""
         def full(value, dtype):
@@ -76,11 +77,8 @@ class ProcessorRows:
 
         stops = torch.tensor([list(stop_ids) or [-1]] * batch, dtype=torch.long, device=device)
         bias = None
-        if logit_bias:
-            bias = torch.zeros(vocab, dtype=torch.float32)
-            for token, value in logit_bias:
-                bias[token] += value
-            bias = bias.to(device)[None, :].expand(batch, -1)
+        if logit_bias or allowed is not None:
+            bias = bias_row(vocab, logit_bias, allowed).to(device)[None, :].expand(batch, -1)
         return cls(full(repetition, torch.float32), full(frequency, torch.float32), full(presence, torch.float32),
                    full(min_tokens, torch.long), stops, bias)
 
@@ -89,6 +87,19 @@ class ProcessorRows:
         return ProcessorRows(self.repetition[index], self.frequency[index], self.presence[index],
                              self.min_tokens[index], self.stop_ids[index],
                              None if self.bias is None else self.bias[index])
+
+
+def bias_row(vocab: int, logit_bias: Sequence[tuple[int, float]] = (),
+             allowed: Sequence[int] | None = None) -> torch.Tensor:
+    """One row's additive bias `[V]` (float32, host): logit_bias's values, -inf outside `allowed` (None = all)."""
+    bias = torch.zeros(vocab, dtype=torch.float32)
+    for token, value in logit_bias:
+        bias[token] += value
+    if allowed is not None:
+        keep = torch.zeros(vocab, dtype=torch.bool)
+        keep[torch.as_tensor(list(allowed), dtype=torch.long)] = True
+        bias.masked_fill_(~keep, _NEG_INF)
+    return bias
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import functools
 import torch
 
 from specdec.core import FILTERS
-from specdec.core.processors import ProcessorRows, TokenHistory
+from specdec.core.processors import ProcessorRows, TokenHistory, bias_row
 from specdec.fast.graphs import CapturedStep, new_pool
 from specdec.fast.model import FastLlama, KVCache
 from specdec.request import SamplingParams
@@ -119,11 +119,7 @@ class SlotState:
         p.repetition[rows], p.frequency[rows], p.presence[rows] = values[:, 0], values[:, 1], values[:, 2]
         p.min_tokens[rows] = values[:, 3].long()
         vocab = p.bias.shape[1]
-        bias = torch.zeros(len(params), vocab, dtype=torch.float32)
-        for i, q in enumerate(params):
-            for token, value in q.logit_bias:
-                bias[i, token] = value
-        p.bias[rows] = bias.to(device)
+        p.bias[rows] = torch.stack([bias_row(vocab, q.logit_bias, q.allowed_token_ids) for q in params]).to(device)
         valid = torch.arange(tokens.shape[1], device=device)[None, :] < lengths[:, None]
         seen = torch.zeros(len(params), vocab + 1, dtype=torch.bool, device=device)
         seen.scatter_(1, torch.where(valid, tokens, torch.full_like(tokens, vocab)), True)

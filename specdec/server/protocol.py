@@ -367,6 +367,12 @@ def _processors(request, llm, max_tokens: int) -> dict:
                 raise APIError(f"logit_bias[{key}] must be in [-100, 100], got {value}", param="logit_bias")
             bias[token] = value
         out["logit_bias"] = bias
+    if request.allowed_token_ids is not None:
+        bad = [t for t in request.allowed_token_ids if not 0 <= t < llm.vocab_size]
+        if bad or not request.allowed_token_ids:
+            why = f"{bad[0]} is outside the vocabulary [0, {llm.vocab_size})" if bad else "the list is empty"
+            raise APIError(f"allowed_token_ids: {why}", param="allowed_token_ids")
+        out["allowed_token_ids"] = list(request.allowed_token_ids)
     if request.min_tokens:
         if request.min_tokens > max_tokens:
             raise APIError(f"min_tokens={request.min_tokens} must be at most max_tokens={max_tokens}",

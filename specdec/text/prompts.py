@@ -16,10 +16,10 @@ __all__ = ["GenerationDefaults", "encode_prompts", "render_chat", "make_params",
 
 PARAMS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "num_draft_tokens", "logprobs",
           "top_logprobs", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens",
-          "constraint", "leniency", "draft_tree")
+          "allowed_token_ids", "constraint", "leniency", "draft_tree")
 #: Logits processors (`core.processors`), passed to SamplingParams as they are (it checks them, naming the field)
 _PROCESSOR_PARAMS = ("repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens",
-                     "constraint")
+                     "allowed_token_ids", "constraint")
 _DEFAULT_MAX_NEW_TOKENS = 64
 
 

@@ -120,3 +120,14 @@ def test_fields_normalize():
     assert SamplingParams(min_tokens=3).processors == ()  # no EOS ids: nothing to mask
     with pytest.raises(ValueError, match="logit_bias token id 99"):
         SamplingParams(logit_bias={99: 1.0}).check_vocabulary(64)
+
+
+def test_allowed_token_ids_leave_only_those_tokens():
+    logits = torch.randn(2, 3, V)
+    rows = ProcessorRows.uniform(2, V, "cpu", repetition=1.3, frequency=-0.5, allowed=[1, 4, 9])
+    out = process_draft(logits, torch.tensor([[4, 2], [0, 0]]), rows, history_of([[1], [2]], V, "cpu"))
+    assert torch.isfinite(out[..., [1, 4, 9]]).all() and (out[..., [0, 2, 3, 5, 6, 7, 8, 10]] == float("-inf")).all()
+    with pytest.raises(ValueError, match="only EOS ids"):
+        SamplingParams(allowed_token_ids=[2], eos_token_ids=[2], min_tokens=1)
+    with pytest.raises(ValueError, match="allowed_token_ids: 64"):
+        SamplingParams(allowed_token_ids=[1, 64]).check_vocabulary(64)

@@ -148,3 +148,26 @@ def test_engine_top_logprobs_are_the_targets_top_n(llama, llama_draft):
         assert [[t for t, _ in alt] for alt in tops[rid]] == top_ids.tolist()
         torch.testing.assert_close(torch.tensor([[v for _, v in alt] for alt in tops[rid]]), values, atol=1e-5,
                                    rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_processors_under_cuda_graphs(make_llama):
+    """The processed flavor captured in the engine's graphs (and a constrained row running eagerly beside them):
+    each row's greedy text is transformers' processed greedy text (a difference must be a float tie), twice over
+    (the second run replays the captured graphs)."""
+    from helpers import assert_same_greedy
+    from test_processing import StrideRule, hf_constrained
+
+    target, draft = make_llama(0).cuda(), make_llama(1, layers=1).cuda()
+    engine = Engine(target, draft, EngineConfig(max_batch_size=8, max_seq_len=128, num_draft_tokens=3))
+    assert engine.cuda_graphs
+    cpu = make_llama(0)
+    for _ in range(2):
+        requests = [(p, SamplingParams(max_new_tokens=16, temperature=0, **case)) for case in CASES[:3]
+                    for p in PROMPTS[:2]]
+        requests.append((PROMPTS[2], SamplingParams(max_new_tokens=16, temperature=0, constraint=StrideRule())))
+        out = _run(engine, requests)
+        for (prompt, params), got, case in zip(requests[:-1], out, [c for c in CASES[:3] for _ in range(2)]):
+            assert_same_greedy(cpu, prompt, got, hf_processed(cpu, prompt, 16, [], **case))
+        assert_same_greedy(cpu, PROMPTS[2], out[-1], hf_constrained(cpu, PROMPTS[2], 16, StrideRule()))

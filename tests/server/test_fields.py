@@ -138,6 +138,7 @@ def test_min_p_is_the_text_apis(client, local_llm):
     {"repetition_penalty": 1.6},
     {"frequency_penalty": 2.0, "presence_penalty": 2.0},
     {"logit_bias": {"7": 30.0}, "min_tokens": 6},
+    {"allowed_token_ids": list(range(250, 400)), "repetition_penalty": 1.2},
 ])
 def test_logits_processors_are_the_text_apis(server, local_llm, fields):
     """Penalties, logit_bias and min_tokens through the server give the text API's output with the same
@@ -150,3 +151,5 @@ def test_logits_processors_are_the_text_apis(server, local_llm, fields):
     assert want.token_ids != plain.token_ids
     if "logit_bias" in fields:
         assert 7 in want.token_ids
+    if "allowed_token_ids" in fields:
+        assert set(want.token_ids) <= set(fields["allowed_token_ids"])
