@@ -117,7 +117,7 @@ class TreeStepRunner:
         self.gamma = tree.spec.depth
         self.drafter_calls = tree.spec.depth
         self.view = StepView(engine.state, batch, positions, flavor)
-        self.layout = StepLayout(tree.spec.depth, logprobs=flavor.logprobs)
+        self.layout = StepLayout(tree.spec.depth, logprobs=flavor.logprobs, top_logprobs=flavor.top_logprobs)
         self.drafts = None
         self.ran = False
         self._draft_graph = self._verify_graph = None
@@ -178,13 +178,16 @@ class TreeStepRunner:
         wide = StepCounts.widen(counters, spec.depth, e.max_draft_tokens)
         state.counters[rows].add_(wide)
         e.tree_counter_sums.add_(wide.sum(0))
-        logprobs = None
+        logprobs = top = None
         if flavor.logprobs:  # token d was predicted at the path's node of depth d (the root for d = 0)
             at = torch.cat([torch.zeros_like(root)[:, None], result.path.clamp_min(0)], 1)  # [b, D+1]
-            scored = logits.gather(1, at[..., None].expand(-1, -1, logits.shape[-1])).log_softmax(-1)
+            scored = logits.gather(1, at[..., None].expand(-1, -1, logits.shape[-1])).float().log_softmax(-1)
             logprobs = scored.gather(-1, new_tokens[..., None])[..., 0]
+            if flavor.top_logprobs:
+                values, ids = scored.topk(flavor.top_logprobs, dim=-1)
+                top = (ids, values)
         return pack_step(self.layout, new_tokens, counts, result.num_accepted, nodes, finished, hit_eos, active,
-                         has_nan, logprobs=logprobs)
+                         has_nan, logprobs=logprobs, top=top)
 
     @property
     def eager(self) -> bool:

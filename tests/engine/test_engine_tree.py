@@ -117,14 +117,17 @@ def test_greedy_rows_among_sampled_ones_keep_their_tokens_and_branch(pair):
 
 def test_logprobs_are_the_targets(pair):
     target, draft = pair
-    params = SamplingParams(temperature=0, max_new_tokens=10, logprobs=True, draft_tree=(2, 2))
+    params = SamplingParams(temperature=0, max_new_tokens=10, logprobs=True, top_logprobs=3, draft_tree=(2, 2))
     tokens, outs, _ = run(pair, [(RAGGED_PROMPTS[0], params)])
     logprobs = [lp for o in outs[0] for lp in o.logprobs]
+    top = [alt for o in outs[0] for alt in o.top_logprobs]
     with torch.no_grad():
         full = torch.tensor([RAGGED_PROMPTS[0] + tokens[0]])
         ref = target(full).logits[0, len(RAGGED_PROMPTS[0]) - 1 : -1].log_softmax(-1)
     expected = ref.gather(-1, torch.tensor(tokens[0])[:, None])[:, 0]
     torch.testing.assert_close(torch.tensor(logprobs), expected, atol=1e-4, rtol=0)
+    assert [[t for t, _ in alt] for alt in top] == ref.topk(3, dim=-1).indices.tolist()
+    assert sum(o.num_drafted for o in outs[0]) > 0  # (tree steps ran: 2 + 4 nodes each)
 
 
 def test_requests_of_other_shapes_wait_their_turn(pair):
