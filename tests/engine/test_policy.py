@@ -158,6 +158,15 @@ def test_a_weak_drafter_runs_plain_and_pays_few_catch_ups():
     assert auto["catch_ups"] <= 4
 
 
+def test_a_row_is_not_pinned_to_plain_steps_by_its_first_unlucky_drafts():
+    """Plain steps add no evidence about a row's α: a prior too weak let a row whose first all-or-nothing drafts
+    (prompt lookup) failed look hopeless for the rest of its life (0.925x the best fixed γ at batch 1, seed 3)."""
+    cell = STAND_IN[7]
+    fixed = fixed_rates(cell, gammas=(0, 2), seed=3)
+    auto = simulate(cell, "auto", seed=3)
+    assert auto["tok_s"] >= 0.95 * fixed[2] and auto["gammas"].get(0, 0) < 0.15 * auto["steps"], (auto, fixed)
+
+
 def test_batch_one_reaches_gamma_8_when_it_is_the_best():
     cell = BATCH_1[1]
     fixed = fixed_rates(cell)
