@@ -228,7 +228,8 @@ class LLM:
         """Start a request; `sink` gets its RequestOutputs (then maybe an Exception) on the driver thread."""
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         request = TextRequest(rid, self.tokenizer, prompt_ids, stop, logprobs=sampling.logprobs,
-                              decode_context=prompt_ids if self._continues_prompt else ())
+                              decode_context=prompt_ids if self._continues_prompt else (),
+                              min_tokens=sampling.min_tokens)
         self.driver.submit(self.runner(gamma), prompt_ids, sampling, sink, rid)
         return request
 

@@ -52,10 +52,11 @@ class IncrementalText:
     """The text of one request, built token by token.
 
     `add(token_id)` returns the text released by this token ("" while held back); `finish()` releases the
-    rest. After a stop string, `stopped` is True and further tokens are ignored.
+    rest. After a stop string, `stopped` is True and further tokens are ignored. Before `min_tokens` tokens, stop
+    strings are not looked for (vLLM's `min_tokens`: nothing stops the text before then).
     """
 
-    def __init__(self, tokenizer, prompt_ids: list[int], stop: tuple[str, ...] = ()):
+    def __init__(self, tokenizer, prompt_ids: list[int], stop: tuple[str, ...] = (), min_tokens: int = 0):
         self._tokenizer = tokenizer
         self._backend = backend_tokenizer(tokenizer)
         context = list(prompt_ids[-_CONTEXT_TOKENS:])
@@ -66,6 +67,7 @@ class IncrementalText:
         else:
             self._stream = _DiffDecoder(tokenizer, context)
         self.stop = tuple(stop)
+        self.min_tokens = min_tokens
         self._longest_stop = max((len(s) for s in self.stop), default=0)
         self._text = ""  # decoded so far (may run past a stop string until cut)
         self._released = 0  # characters of _text handed out
@@ -111,7 +113,7 @@ class IncrementalText:
         if self.stopped:
             return ""
         end = len(self._text)
-        if self.stop:
+        if self.stop and len(self.token_ids) >= self.min_tokens:
             # A stop string cannot begin inside released text: released text never ends in a stop prefix.
             found = [(i, s) for s in self.stop if (i := self._text.find(s, start)) >= 0]
             if found:

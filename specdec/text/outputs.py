@@ -96,11 +96,11 @@ class TextRequest:
     """The text side of one running request (fed from one thread at a time)."""
 
     def __init__(self, request_id: str, tokenizer, prompt_ids: list[int], stop: tuple[str, ...] = (),
-                 logprobs: bool = False, decode_context=None):
+                 logprobs: bool = False, decode_context=None, min_tokens: int = 0):
         self.request_id = request_id
         self.prompt_ids = list(prompt_ids)
         context = self.prompt_ids if decode_context is None else list(decode_context)
-        self.text = IncrementalText(tokenizer, context, stop)
+        self.text = IncrementalText(tokenizer, context, stop, min_tokens)
         self.want_logprobs = logprobs
         self.logprobs: list[float] = []
         self.top_logprobs: list[list[tuple[int, float]]] = []

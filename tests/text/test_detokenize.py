@@ -89,3 +89,13 @@ def test_a_transformers_tokenizer_without_a_rust_backend_uses_the_same_contract(
     ids = tok.encode(s).ids
     text, pieces = run(Slow(), ids)
     assert all("\ufffd" not in p for p in pieces) and "".join(pieces) == s
+
+
+def test_min_tokens_looks_for_stop_strings_only_after_them(tok):
+    """vLLM's min_tokens: a stop string in the first min_tokens tokens does not end the text; one after does."""
+    ids = tok.encode("one. two. three").ids
+    first_stop = next(i for i in range(1, len(ids) + 1) if "." in tok.decode(ids[:i]))
+    text = IncrementalText(tok, [5], (".",), min_tokens=first_stop + 1)
+    pieces = [text.add(i) for i in ids] + [text.finish()]
+    assert text.text.startswith("one.") and text.stop_string == "." and "".join(pieces) == text.text
+    assert text.text == "one. two"
