@@ -252,3 +252,25 @@ def test_sampled_output_keeps_the_constraint(llama, llama_draft):
     res = specdec.generate(llama, PROMPTS * 4, llama_draft, max_new_tokens=12, temperature=1.0, eos_token_id=[],
                            num_draft_tokens=3, engine="hf", constraint=rule, seed=0)
     assert [s.output for s in rule.started] == res.sequences  # StrideState.commit asserts every token is allowed
+
+
+@pytest.mark.parametrize("maker", ["t5", "bart"])
+def test_encoder_decoder_greedy_with_processors_is_transformers_generate(maker):
+    """Encoder-decoder targets: the repetition penalty covers the decoder's text (its start token and the output),
+    as transformers' generate does; drafts from a smaller encoder-decoder."""
+    from seq2seq_models import make_bart, make_t5
+
+    make = make_t5 if maker == "t5" else make_bart
+    target, draft = make(0, vocab=64), make(1, layers=1, vocab=64)
+    case = dict(repetition_penalty=1.7, logit_bias={9: 1.5}, frequency_penalty=0.4)
+    for prompt in PROMPTS:
+        kwargs = dict(repetition_penalty=1.7, sequence_bias={(9,): 1.5},
+                      logits_processor=LogitsProcessorList([OpenAIPenalties(1, 0.4, 0.0)]))
+        ref = target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=10, eos_token_id=None,
+                              pad_token_id=0, **kwargs)[0, 1:].tolist()
+        plain = target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=10, eos_token_id=None,
+                                pad_token_id=0)[0, 1:].tolist()
+        ours = specdec.generate(target, [prompt], draft, max_new_tokens=10, temperature=0, eos_token_id=[],
+                                num_draft_tokens=3, engine="hf", **case).sequences[0]
+        assert ours == ref
+    assert ref != plain
