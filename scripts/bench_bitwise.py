@@ -5,6 +5,8 @@ the batch-1 and batch-64 runs agree in each mode; and the invariant GEMM against
 M = 1, 5, 64, 320 for a few launch configs (what the `_invariant_triton.MATMUL` choice rests on).
 
     python scripts/bench_bitwise.py --out $OUT/bitwise.json          (≈ 3 min on an H100)
+    python scripts/bench_bitwise.py --pair specdec/assets/demo_pair --device cpu --batch 1 8 --new 32 --skip-gemm
+                                                                     (the CPU numbers: the demo pair in fp32)
 
 Prints one JSON line per measurement and writes them all to --out.
 """
@@ -33,8 +35,13 @@ def emit(rows: list, row: dict) -> None:
     print(json.dumps(row), flush=True)
 
 
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def drive(engine: Engine, prompts, params) -> tuple[float, int, list]:
-    torch.cuda.synchronize()
+    sync(engine.device)
     start = time.perf_counter()
     ids = [engine.add_request(p, params) for p in prompts]
     tokens, by_id = 0, {rid: [] for rid in ids}
@@ -42,22 +49,32 @@ def drive(engine: Engine, prompts, params) -> tuple[float, int, list]:
         for out in engine.step():
             tokens += len(out.new_token_ids)
             by_id[out.request_id].extend(out.new_token_ids)
-    torch.cuda.synchronize()
+    sync(engine.device)
     return time.perf_counter() - start, tokens, [by_id[rid] for rid in ids]
 
 
-def engine_rows(rows: list, new: int) -> None:
-    target = FastLlama.random(LLAMA_8B, device="cuda", dtype=torch.bfloat16)
-    draft = FastLlama.random(DRAFT, device="cuda", dtype=torch.bfloat16, seed=1)
-    prompts = [list(range(1000 + 7 * i, 1128 + 7 * i)) for i in range(64)]
+def load_pair(pair: str | None, device: str):
+    """(target, drafter): the 8B-shaped random pair, or a trained pair's folders (`target/`, `draft/`)."""
+    if pair is None:
+        return (FastLlama.random(LLAMA_8B, device=device, dtype=torch.bfloat16),
+                FastLlama.random(DRAFT, device=device, dtype=torch.bfloat16, seed=1))
+    from pathlib import Path
+
+    return tuple(FastLlama.from_hf(Path(pair) / name, device=device) for name in ("target", "draft"))
+
+
+def engine_rows(rows: list, new: int, pair: str | None, device: str, batches: list[int]) -> None:
+    target, draft = load_pair(pair, device)
+    vocab = target.shape.vocab_size
+    prompts = [[(1000 + 7 * i + j) % vocab for j in range(128)] for i in range(max(batches))]
     params = SamplingParams(temperature=0, max_new_tokens=new)
     for bitwise in (False, True):
         firsts = {}
         for name, drafter, gamma in (("plain", None, 0), ("spec", draft, 4)):
-            config = EngineConfig(max_batch_size=64, max_seq_len=512, num_draft_tokens=gamma, max_draft_tokens=4,
+            config = EngineConfig(max_batch_size=max(batches), max_seq_len=512, num_draft_tokens=gamma, max_draft_tokens=4,
                                   synthetic_acceptance=0.8 if drafter is not None else None, bitwise=bitwise)
             engine = Engine(target, drafter, config)
-            for batch in (1, 64):
+            for batch in batches:
                 drive(engine, prompts[:batch], params)  # warm: compiles, captures the decode graphs
                 seconds, tokens, outs = drive(engine, prompts[:batch], params)
                 if name == "plain":
@@ -65,11 +82,11 @@ def engine_rows(rows: list, new: int) -> None:
                 emit(rows, {"what": name, "bitwise": bitwise, "batch": batch, "gamma": gamma,
                             "tok_s": round(tokens / seconds, 1), "seconds": round(seconds, 3)})
             del engine
-            torch.cuda.empty_cache()
-        emit(rows, {"what": "greedy batch 1 == batch 64 (plain, first prompt)", "bitwise": bitwise,
-                    "same": firsts[1] == firsts[64]})
+        emit(rows, {"what": f"greedy batch {batches[0]} == batch {batches[-1]} (plain, first prompt)",
+                    "bitwise": bitwise, "same": firsts[batches[0]] == firsts[batches[-1]]})
     del target, draft
-    torch.cuda.empty_cache()
+    if device == "cuda":
+        torch.cuda.empty_cache()
 
 
 def time_cuda(fn, reps: int = 50) -> float:
@@ -112,13 +129,20 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="bitwise.json", help="where the JSON list goes")
     parser.add_argument("--new", type=int, default=96, help="tokens generated per request")
     parser.add_argument("--skip-gemm", action="store_true", help="only the engine rows")
+    parser.add_argument("--pair", default=None, help="a pair folder (target/, draft/) instead of the 8B-shaped one")
+    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu (with --pair and --skip-gemm)")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 64], help="batch sizes (default 1 64)")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("needs a CUDA device", file=sys.stderr)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("needs a CUDA device (or --device cpu --pair DIR --skip-gemm)", file=sys.stderr)
         return 2
-    rows = [{"device": torch.cuda.get_device_name(), "torch": torch.__version__}]
+    if args.device != "cuda" and (args.pair is None or not args.skip_gemm):
+        print("--device cpu needs --pair and --skip-gemm", file=sys.stderr)
+        return 2
+    name = torch.cuda.get_device_name() if args.device == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    rows = [{"device": name, "torch": torch.__version__, "pair": args.pair or "8B-shaped random bf16"}]
     try:
-        engine_rows(rows, args.new)
+        engine_rows(rows, args.new, args.pair, args.device, sorted(args.batch))
         if not args.skip_gemm:
             gemm_rows(rows)
     finally:

@@ -44,6 +44,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--tensor-parallel-all-reduce", choices=("auto", "group", "one_shot"), default="auto",
                    help="how the ranks sum partial products: group (NCCL/gloo), one_shot (symmetric memory over "
                         "NVLink, CUDA) or auto (one_shot where the GPUs reach each other by P2P) (default auto)")
+    p.add_argument("--bitwise", action="store_true",
+                   help="bit-for-bit exact mode: output and logprobs do not depend on the batch, γ or speculation "
+                        "(batch-invariant kernels; slower; needs the engine)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the texts and stats (stdout)")
     p.set_defaults(run=run)
 
@@ -81,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
     apply_model_options(args)
     if args.tensor_parallel_all_reduce != "auto" and args.tensor_parallel_size == 1:
         raise CLIError(f"--tensor-parallel-all-reduce {args.tensor_parallel_all_reduce} needs --tensor-parallel-size > 1")
+    if args.bitwise and args.tensor_parallel_size != 1:
+        raise CLIError("--bitwise needs one device (not --tensor-parallel-size > 1)")
     if check_int("--tensor-parallel-size", args.tensor_parallel_size, 1, 1024) > 1:
         if args.model_option or args.draft_model_option or args.allow_weight_mismatch:
             raise CLIError("--tensor-parallel-size reads a safetensors folder per rank: --model-option, "
@@ -105,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
     if drafter is not None and isinstance(gamma, int) and gamma < 1:
         raise ValueError(f"num_draft_tokens must be >= 1 with a draft (got {gamma}); omit --draft for plain decoding")
 
+    if args.bitwise and (args.leniency != 1.0 or args.draft_tree is not None):
+        raise CLIError("--bitwise cannot be combined with --leniency or --draft-tree")
     if args.leniency != 1.0 or args.draft_tree is not None:  # run on specdec.generate (docs/EXTENSIONS.md)
         from specdec.cli.extensions import run_generate
 
@@ -120,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
     needed = max(len(ids) for ids in prompts) + args.max_new_tokens + 1
     context = context_length(target)
     with LLM(target, tokenizer, drafter, num_draft_tokens=gamma if drafter is not None else 0,
-             max_batch_size=len(prompts), max_seq_len=needed if context is None or needed <= context else None) as llm:
+             max_batch_size=len(prompts), max_seq_len=needed if context is None or needed <= context else None,
+             runner="engine" if args.bitwise else "auto", bitwise=args.bitwise) as llm:
         if single and not args.json:
             # deltas are whole characters and concatenate to the final text (no reprinting)
             stream = llm.stream(prompts[0], **params)

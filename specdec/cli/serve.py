@@ -37,6 +37,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-seq-len", type=int, default=None, help="context per request (default: the model's)")
     p.add_argument("--max-tokens", type=int, default=None, help="largest max_tokens a request may ask for "
                    "(default: the context)")
+    p.add_argument("--bitwise", action="store_true",
+                   help="bit-for-bit exact mode: a request's greedy / seeded output and logprobs do not depend on "
+                        "the batch, γ or speculation (batch-invariant kernels; slower; needs the engine)")
     p.add_argument("--runner", default="auto", choices=("auto", "engine", "fallback"),
                    help="auto: the request-level engine where it covers the model, else the eager loop")
     add_model_options(p, seed_help="seed for requests that send none: with it, the n-th such request gets the same "
@@ -107,6 +110,9 @@ def check_args(args: argparse.Namespace) -> None:
     alpha = getattr(args, "synthetic_acceptance", None)
     if alpha is not None and not (math.isfinite(alpha) and 0 <= alpha <= 1):
         raise CLIError(f"--synthetic-acceptance: synthetic_acceptance must be in [0, 1], got {alpha}")
+    if getattr(args, "bitwise", False) and (args.runner == "fallback" or getattr(args, "tensor_parallel_size", 1) > 1):
+        raise CLIError("--bitwise needs the request-level engine on one device (not --runner fallback, not "
+                       "--tensor-parallel-size > 1)")
     prefix = getattr(args, "metrics_prefix", "specdec:")
     if not re.fullmatch(PREFIX_PATTERN, prefix):
         raise CLIError(f"--metrics-prefix must match {PREFIX_PATTERN} (e.g. vllm:), got {prefix!r}")
@@ -140,7 +146,8 @@ def build(args: argparse.Namespace):
                        tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),  # ranks > 0 exit inside
                        tensor_parallel_all_reduce=getattr(args, "tensor_parallel_all_reduce", "auto"),
                        model_kwargs=model_options(args), draft_model_kwargs=model_options(args, "draft"),
-                       allow_weight_mismatch=getattr(args, "allow_weight_mismatch", False))
+                       allow_weight_mismatch=getattr(args, "allow_weight_mismatch", False),
+                       bitwise=getattr(args, "bitwise", False))
     name = args.served_model_name or resolve_model_source(args.target, model_kwargs=model_options(args)).display_name
     guard = GuardConfig(allowed_hosts=tuple(getattr(args, "allowed_hosts", ())),
                         allowed_origins=tuple(getattr(args, "allowed_origins", ())),

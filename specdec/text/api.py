@@ -41,7 +41,7 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
          max_batch_size: int = 32, max_seq_len: int | None = None, ngram_data=None,
          synthetic_acceptance: float | None = None, tensor_parallel_size: int = 1, model_kwargs: dict | None = None,
          draft_model_kwargs: dict | None = None, allow_weight_mismatch: bool = False,
-         tensor_parallel_all_reduce: str = "auto") -> "LLM":
+         tensor_parallel_all_reduce: str = "auto", bitwise: bool = False) -> "LLM":
     """Load a target (and a draft) for text generation.
 
     target          a checkpoint folder, a .gguf file, a hub id (org/name) in the local Hugging Face cache
@@ -65,6 +65,9 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
     tensor_parallel_size  N > 1: run under `torchrun --nproc-per-node N`; every rank loads its shard of the
                     target folder; rank 0 gets the LLM, the other ranks follow its steps and exit the process
                     when rank 0 closes it (`specdec/text/tensor_parallel.py`); γ must be a fixed integer
+    bitwise         bit-for-bit exact mode (the engine's `EngineConfig.bitwise`): greedy and seeded output and
+                    log-probabilities are the same bits alone or in any batch, for any γ, drafter, speculation on or
+                    off; needs the engine (refused on the fallback runner and with tensor parallelism); slower
     tensor_parallel_all_reduce  how the ranks sum the row-parallel products: "auto" (one_shot where the GPUs
                     reach each other by P2P, else group), "group" (NCCL / gloo) or "one_shot" (torch symmetric
                     memory over NVLink, CUDA); see `specdec.distributed.allreduce`
@@ -78,6 +81,11 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
 
     if check_all_reduce(tensor_parallel_all_reduce) != "auto" and tensor_parallel_size == 1:
         raise ValueError(f"tensor_parallel_all_reduce={tensor_parallel_all_reduce!r} needs tensor_parallel_size > 1")
+    if not isinstance(bitwise, bool):
+        raise TypeError(f"bitwise must be True or False, got {bitwise!r}")
+    if bitwise and (runner == "fallback" or tensor_parallel_size > 1):
+        raise ValueError("bitwise=True needs the request-level engine on one device (not runner='fallback', not "
+                         "tensor_parallel_size > 1)")
     if tensor_parallel_size > 1:
         if model_kwargs is not None or allow_weight_mismatch:
             raise ValueError("tensor_parallel_size > 1 reads a safetensors folder per rank: model_kwargs and "
@@ -117,7 +125,8 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
     drafter = _load_draft(draft, target_model, tokenizer, allow_pickle, ngram_data,
                           draft_model_kwargs=draft_model_kwargs, allow_weight_mismatch=allow_weight_mismatch)
     return LLM(target_model, tokenizer, drafter, num_draft_tokens=num_draft_tokens, runner=runner,
-               max_batch_size=max_batch_size, max_seq_len=max_seq_len, synthetic_acceptance=synthetic_acceptance)
+               max_batch_size=max_batch_size, max_seq_len=max_seq_len, synthetic_acceptance=synthetic_acceptance,
+               bitwise=bitwise)
 
 
 class LLM:
@@ -125,7 +134,7 @@ class LLM:
 
     def __init__(self, target, tokenizer, drafter=None, *, num_draft_tokens=4, runner: str = "auto",
                  max_batch_size: int = 32, max_seq_len: int | None = None,
-                 synthetic_acceptance: float | None = None, tensor_parallel=None):
+                 synthetic_acceptance: float | None = None, tensor_parallel=None, bitwise: bool = False):
         self.target = target
         self.tensor_parallel = tensor_parallel  # a CommandChannel under torchrun (text/tensor_parallel.py), or None
         self._tensor_parallel_started = False
@@ -135,6 +144,7 @@ class LLM:
         self.max_batch_size = as_int(max_batch_size, "max_batch_size", minimum=1, maximum=4096)
         self._max_seq_len = max_seq_len
         self.synthetic_acceptance = synthetic_acceptance  # BENCHMARK ONLY (see `load`)
+        self.bitwise = bitwise  # the engine's bit-exact mode (see `load`)
         self.num_draft_tokens = check_num_draft_tokens(num_draft_tokens if drafter is not None else 0)
         if drafter is not None and self.num_draft_tokens == 0:
             raise ValueError("num_draft_tokens must be >= 1 when a draft is given (requests may still ask for "
@@ -189,11 +199,11 @@ class LLM:
             config = EngineConfig(max_batch_size=min(self.max_batch_size, BATCH_BUCKETS[-1]),
                                   max_seq_len=self._max_seq_len, num_draft_tokens=gamma,
                                   max_draft_tokens=max(8, gamma if isinstance(gamma, int) else 0),
-                                  synthetic_acceptance=self.synthetic_acceptance)
+                                  synthetic_acceptance=self.synthetic_acceptance, bitwise=self.bitwise)
             try:
                 engine = Engine(self.target, drafter, config=config)
             except UnsupportedModel as err:
-                if self.runner_choice == "engine":
+                if self.runner_choice == "engine" or self.bitwise:
                     raise
                 from specdec.engine.build import notice_fallback
 
@@ -207,6 +217,8 @@ class LLM:
                                 "" if report["complete"] else f" up to {report['max_length']} tokens: longer requests "
                                 f"capture on first use (bound: {MAX_WARMUP_SHAPES} shapes)")
                 return engine
+        if self.bitwise:
+            raise ValueError("bitwise=True needs the request-level engine (runner='engine')")
         if self.synthetic_acceptance is not None:
             raise ValueError("synthetic_acceptance needs the request-level engine (runner='engine'); this model "
                              "runs on the fallback runner")

@@ -165,36 +165,58 @@ def invariant_attention_reference(q: torch.Tensor, keys: torch.Tensor, values: t
                                   window: int | None = None) -> torch.Tensor:
     """The torch path: q `[B, k, H, D]`, keys/values `[B, H_kv, S, D]`, positions `[B, k]` → `[B, k, H, D]`.
 
-    In float32: scores as elementwise products summed over D; the softmax's maximum over all visible slots
-    (exact whatever the span); exp; sums of weights and of weighted values per block of KEY_BLOCK slots (blocks
-    aligned at slot 0), then the blocks accumulated one after the other in slot order (a running sum: blocks
-    past the query's position add exact zeros). Masks as `slot_attention` (j <= position, within the window,
-    never the junk slot S − 1).
+    In float32, on fixed-shape tiles: the G·k query rows of a KV head in tiles of ROW_TILE rows, the slots in
+    blocks of KEY_BLOCK aligned at slot 0; scores per (row tile, key block) as one batched BLAS product of one shape
+    ([ROW_TILE, D] @ [D, KEY_BLOCK], whatever the batch, k or span: the same summation for every score); the
+    softmax's maximum over all visible slots (exact whatever the span); exp; the weighted values per (row tile,
+    key block) as one [ROW_TILE, KEY_BLOCK] @ [KEY_BLOCK, D] product, and the row sums per block; the blocks then
+    accumulated one after the other in slot order (a running sum: blocks past the query's position add exact
+    zeros). Masks as `slot_attention` (j <= position, within the window, never the junk slot S − 1).
     """
     batch, k, heads, dim = q.shape
     kv_heads, num_slots = keys.shape[1], keys.shape[2]
     group = heads // kv_heads
-    blocks = -(-num_slots // KEY_BLOCK)
-    pad = blocks * KEY_BLOCK - num_slots
-    kf = torch.nn.functional.pad(keys.float(), (0, 0, 0, pad))  # [B, H_kv, S', D]
-    vf = torch.nn.functional.pad(values.float(), (0, 0, 0, pad))
+    # only the blocks up to the furthest query (the later ones would add exact zeros; a host read is cheap here)
+    live = min(int(positions.max()) + 1, num_slots - 1) if positions.numel() else 1
+    blocks = max(-(-live // KEY_BLOCK), 1)
+    kb = _blocks(keys, blocks).view(batch, kv_heads, 1, blocks, KEY_BLOCK, dim)
+    vb = _blocks(values, blocks).view(batch, kv_heads, 1, blocks, KEY_BLOCK, dim)
     scale = dim ** -0.5 if scale is None else float(scale)
-    qf = q.float().reshape(batch, k, kv_heads, group, dim).permute(0, 2, 1, 3, 4)  # [B, H_kv, k, G, D]
-    scores = (qf[:, :, :, :, None, :] * kf[:, :, None, None, :, :]).sum(-1) * scale  # [B, H_kv, k, G, S']
-    j = torch.arange(blocks * KEY_BLOCK, device=q.device)
-    pos = positions[:, None, :, None, None]
+    rows = k * group
+    tiles = -(-rows // ROW_TILE)
+    qf = q.float().reshape(batch, k, kv_heads, group, dim).permute(0, 2, 1, 3, 4).reshape(batch, kv_heads, rows, dim)
+    qt = _row_tiles(qf, tiles).unsqueeze(3)  # [B, H_kv, T, 1, R, D]
+    scores = torch.matmul(qt, kb.transpose(-1, -2))  # [B, H_kv, T, blocks, R, KEY_BLOCK]
+    span = blocks * KEY_BLOCK
+    scores = scores.permute(0, 1, 2, 4, 3, 5).reshape(batch, kv_heads, tiles * ROW_TILE, span)[:, :, :rows] * scale
+    j = torch.arange(span, device=q.device)
+    pos = positions[:, None, :, None].expand(batch, 1, k, group).reshape(batch, 1, rows, 1)
     seen = (j <= pos) & (j < num_slots - 1)
     if window is not None:
         seen &= j > pos - window
     scores = scores.masked_fill(~seen, float("-inf"))
     top = scores.amax(-1, keepdim=True)
-    weights = torch.exp(scores - torch.where(top == float("-inf"), 0.0, top))  # [B, H_kv, k, G, S']
-    shape = (*weights.shape[:-1], blocks, KEY_BLOCK)
-    sums = weights.view(shape).sum(-1).cumsum(-1)[..., -1]  # [B, H_kv, k, G]
-    weighted = weights[..., None] * vf[:, :, None, None, :, :]  # [B, H_kv, k, G, S', D]
-    acc = weighted.view(*shape, dim).sum(-2).cumsum(-2)[..., -1, :]  # [B, H_kv, k, G, D]
+    weights = torch.exp(scores - torch.where(top == float("-inf"), 0.0, top))  # [B, H_kv, rows, S']
+    sums = weights.view(batch, kv_heads, rows, blocks, KEY_BLOCK).sum(-1).cumsum(-1)[..., -1]  # [B, H_kv, rows]
+    wt = _row_tiles(weights, tiles).view(batch, kv_heads, tiles, ROW_TILE, blocks, KEY_BLOCK).transpose(3, 4)
+    acc = torch.matmul(wt, vb).cumsum(3)[:, :, :, -1]  # [B, H_kv, T, R, D]
+    acc = acc.reshape(batch, kv_heads, tiles * ROW_TILE, dim)[:, :, :rows]
     out = acc / torch.where(sums == 0, 1.0, sums)[..., None]
-    return out.permute(0, 2, 1, 3, 4).reshape(batch, k, heads, dim).to(q.dtype)
+    return out.view(batch, kv_heads, k, group, dim).permute(0, 2, 1, 3, 4).reshape(batch, k, heads, dim).to(q.dtype)
+
+
+def _row_tiles(x: torch.Tensor, tiles: int) -> torch.Tensor:
+    """x `[B, H, rows, C]` zero-padded to tiles · ROW_TILE rows, as `[B, H, tiles, ROW_TILE, C]`."""
+    pad = tiles * ROW_TILE - x.shape[2]
+    x = torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
+    return x.reshape(x.shape[0], x.shape[1], tiles, ROW_TILE, x.shape[-1])
+
+
+def _blocks(cache: torch.Tensor, blocks: int) -> torch.Tensor:
+    """The first `blocks` · KEY_BLOCK slots of `cache [B, H_kv, S, D]` in float32, zero-padded past S."""
+    span = blocks * KEY_BLOCK
+    out = cache[:, :, :span].float()
+    return torch.nn.functional.pad(out, (0, 0, 0, span - out.shape[2])) if out.shape[2] < span else out
 
 
 def invariant_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
