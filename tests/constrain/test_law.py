@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 
 import specdec  # noqa: E402
 from specdec.constrain import Constraint, GrammarState, compile_constraint  # noqa: E402
-from specdec.core import standardize_logits  # noqa: E402
+from specdec.core import SamplingConfig, standardize_logits  # noqa: E402
 from specdec.drafters.base import Proposal  # noqa: E402
 from specdec.drafters.model import ModelDrafter  # noqa: E402
 from stats_utils import chi2_pvalue  # noqa: E402
@@ -47,8 +47,8 @@ def setup():
 
 
 @torch.inference_mode()
-def _exact_law(target, grammar) -> np.ndarray:
-    """P(x_1..x_N) under plain decoding from p̃ (T = 1), by enumeration: [V ** N]."""
+def _exact_law(target, grammar, sampling: SamplingConfig = SamplingConfig(1.0), mask_first: bool = True) -> np.ndarray:
+    """P(x_1..x_N) under plain decoding from p̃ (mask, then temperature and filters), by enumeration: [V ** N]."""
     law = np.zeros(V ** N)
 
     def visit(prefix, prob):
@@ -65,17 +65,24 @@ def _exact_law(target, grammar) -> np.ndarray:
         allowed.matcher = matcher
         allowed = allowed.allowed([])[0]
         logits = target(torch.tensor([PROMPT + prefix])).logits[0, -1]
-        probs = logits.masked_fill(~allowed, float("-inf")).double().softmax(-1)
-        for t in allowed.nonzero().flatten().tolist():
+        if mask_first:
+            probs = standardize_logits(logits.masked_fill(~allowed, float("-inf")).double(), sampling)
+        else:  # WRONG order (a control): the filters on the raw scores, then the mask
+            probs = standardize_logits(logits.double(), sampling) * allowed
+            if probs.sum() == 0:
+                return
+            probs = probs / probs.sum()
+        for t in (probs > 0).nonzero().flatten().tolist():
             visit(prefix + [t], prob * float(probs[t]))
 
     visit([], 1.0)
     return law
 
 
-def _samples(target, drafter, grammar, gamma: int, seed: int, engine: str = "hf") -> np.ndarray:
-    result = specdec.generate(target, [PROMPT] * ROWS, drafter, max_new_tokens=N, temperature=1.0, seed=seed,
-                              num_draft_tokens=gamma, constraint=grammar, eos_token_id=[EOS], engine=engine)
+def _samples(target, drafter, grammar, gamma: int, seed: int, engine: str = "hf", **sampling) -> np.ndarray:
+    sampling = {"temperature": 1.0, **sampling}
+    result = specdec.generate(target, [PROMPT] * ROWS, drafter, max_new_tokens=N, seed=seed, num_draft_tokens=gamma,
+                              constraint=grammar, eos_token_id=[EOS], engine=engine, **sampling)
     padded = [s + [0] * (N - len(s)) for s in result.sequences]  # texts that ended with EOS before N tokens
     return np.array([sum(t * V ** (N - 1 - i) for i, t in enumerate(s)) for s in padded])
 
@@ -111,6 +118,18 @@ def test_law_is_the_masked_targets(setup, engine):
     samples = _samples(target, drafter, grammar, 2, seed=2, engine=engine)
     assert chi2_pvalue(samples, law) > 1e-3
     assert chi2_pvalue(samples, _exact_law(draft, grammar)) < 1e-8  # the test can tell the draft's law apart
+
+
+@pytest.mark.parametrize("engine", ["hf", "fast"])
+def test_law_with_temperature_and_top_k_after_the_mask(setup, engine):
+    """The mask comes before temperature and the filters: top-k keeps the k best *allowed* tokens."""
+    target, draft, grammar = setup
+    config = SamplingConfig(0.7, top_k=4)
+    samples = _samples(target, ModelDrafter(draft) if engine == "hf" else draft, grammar, 2, seed=7, engine=engine,
+                       temperature=0.7, top_k=4)
+    assert chi2_pvalue(samples, _exact_law(target, grammar, config)) > 1e-3
+    # the control: top-k applied before the mask (the k best tokens, then those the grammar allows) must fail
+    assert chi2_pvalue(samples, _exact_law(target, grammar, config, mask_first=False)) < 1e-8
 
 
 def test_law_with_a_drafter_that_never_sees_the_mask(setup):
