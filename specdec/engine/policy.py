@@ -27,14 +27,14 @@ a catch-up each time; before any catch-up was measured it is taken as `_CATCH_UP
 engine's drafters re-feed their last 4 committed tokens, so up to `_FREE_PLAIN` = 2 plain steps need no
 catch-up: a plain probe runs `_PROBE` = 2 steps, and plain probes are separated by a speculative step.
 
-Exploration. The very first bucket times γ = `_FIRST_GAMMA` (cheap even where speculation is compute-bound)
-and plain steps, `_FIRST_SAMPLES` steps each; a later new bucket times the arm the engine is running and, when
-that speculates, plain steps (free); a run of plain steps borrows the speculative arms' times. The runner-up,
-when its time is borrowed from another batch bucket, runs one probe to be timed here (unless that would
-interrupt a plain run and pay a catch-up). Otherwise, at most every `_EXPLORE_MIN` decisions another arm (the
-runner-up, then the others in turn) runs for `_PROBE` steps, and only while the probes' expected loss (their
-steps at the arm's predicted rate instead of the winner's, plus the catch-up a probe out of a plain run causes)
-stays under `_EXPLORE_BUDGET` of the time run so far: arms that predict close are re-timed often; a far-off
+Exploration. The very first bucket times γ = `_FIRST_GAMMA` (or the built γ nearest it; cheap even where
+speculation is compute-bound) and plain steps, `_FIRST_SAMPLES` steps each; a later new bucket times the arm the
+engine is running and, when that speculates, plain steps (free); a run of plain steps borrows the speculative
+arms' times. The runner-up, when its time is borrowed from another batch bucket, runs one probe to be timed here
+(unless that would interrupt a plain run and pay a catch-up). Otherwise, at most every `_EXPLORE_MIN` decisions
+another arm (the runner-up, then the others in turn) runs for `_PROBE` steps, and only while the probes' expected
+loss (their steps at the arm's predicted rate instead of the winner's, plus the catch-up a probe out of a plain
+run causes) stays under `_EXPLORE_BUDGET` of the time run so far: arms that predict close are re-timed often; a far-off
 arm, or speculation out of a long plain run, rarely.
 
 Shapes and captures. Every (batch bucket, γ, length bucket, flavor) is one step shape whose CUDA graphs are
@@ -77,9 +77,8 @@ _CATCH_UP_PRIOR = 32  # plain steps one catch-up is taken to cost before one was
 _CAPTURE_PRIOR = 16  # plain steps one graph capture is taken to cost before one was measured (H200: ~0.1 s)
 _EXPLORE_MIN = 4  # the fewest decisions between two probes of another arm
 _EXPLORE_BUDGET = 0.01  # the share of the run's time probes are expected to lose
-_PRIOR_ALPHA, _PRIOR_WEIGHT = 0.5, 8.0  # α before any row was verified; weight (positions) of a row's prior
-# (4 let a row's first unlucky all-or-nothing steps — prompt lookup — pin it to plain steps, which add no evidence:
-# 0.925x the best fixed γ at batch 1 in the simulator; 8 and 16: >= 0.966x in every cell and seed)
+_PRIOR_ALPHA, _PRIOR_WEIGHT = 0.5, 8.0  # α before any row was verified; weight (positions) of a row's prior (4
+# let a lookup row's first failed all-or-nothing drafts pin it to plain steps, which add no evidence: BENCHMARKS)
 _MIN_LENGTH_BUCKET = 64
 
 
