@@ -22,7 +22,7 @@ import torch
 
 import specdec
 from specdec.bench.ende_tables import ENDE_TABLES_PRESET, speed_models
-from specdec.bench.policy_bench import merge_stats
+from specdec.metrics import SpecStats
 
 
 def load_models(pair: Path | None, vocab: int, device: str):
@@ -47,7 +47,7 @@ def timed(target, drafter, sources, gamma, max_new_tokens, temperature):
         torch.cuda.synchronize()
     results = [specdec.generate(target, [s], drafter=drafter, max_new_tokens=max_new_tokens, temperature=temperature,
                                 num_draft_tokens=gamma, seed=i, eos_token_id=[]) for i, s in enumerate(sources)]
-    return merge_stats([r.stats for r in results]), [r.sequences[0] for r in results]
+    return SpecStats.pooled([r.stats for r in results]), [r.sequences[0] for r in results]
 
 
 def main() -> None:

@@ -4,8 +4,10 @@
     result = specdec.generate(target, prompts, drafter=draft_model, temperature=0, num_draft_tokens=4)
     result.sequences, result.stats.alpha, result.stats.mean_accepted_length
 
-Layers: `core` (pure tensor functions) ← `models` (targets), `drafters` ← `decoding` (the loop)
-← `cli`, benchmarks, training recipes. p is the target distribution, q the drafter's.
+Layers: `core` (pure tensor functions) ← `request`/`step` ← `models` (targets, the `Target` protocol), `drafters`
+(the drafter protocols) ← the runners `loop` (eager, transformers) and `engine` (continuous batching) ← `decoding`
+(the front door that picks one) ← `text`, `server`, `cli`, benchmarks, training recipes. p is the target
+distribution, q the drafter's.
 
 The names below are imported on first use (PEP 562), so `import specdec.cli` and `specdec --help` do not
 pay for importing torch.

@@ -1,6 +1,6 @@
 """What a request is, checked once: prompts, sampling parameters, EOS ids, seeds, γ, context and vocabulary bounds.
 
-Every runner (the eager transformers loop in `specdec.decoding`, the request-level engine in `specdec.engine`)
+Every runner (the eager transformers loop in `specdec.loop`, the request-level engine in `specdec.engine`)
 normalizes its arguments here, so a bad argument gets the same error, naming it, whichever runner takes it.
 Numbers are bounded here, before anything is allocated.
 """

@@ -117,10 +117,10 @@ def test_a_drafter_that_misreports_q_fails(pair):
 
 
 def test_a_verifier_that_resamples_from_p_fails(pair, monkeypatch):
-    import specdec.decoding
+    import specdec.loop.chain
 
     target, draft = pair
-    monkeypatch.setattr(specdec.decoding, "verify", resample_from_p)
+    monkeypatch.setattr(specdec.loop.chain, "verify", resample_from_p)
     result = specdec.check(target, draft, PROMPTS, engine="hf", trials=TRIALS, num_draft_tokens=3, greedy_tokens=0)
     assert result.status == "fail", [p.law.p_value for p in result.positions]
     assert result.positions[0].law.p_value < 1e-4

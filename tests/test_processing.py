@@ -1,4 +1,4 @@
-"""Logits processors under speculation on the transformers loop (`specdec.processing`, `decoding._decode`).
+"""Logits processors under speculation on the transformers loop (`specdec.processing`, `loop.chain._decode`).
 
 Greedy: speculative decoding with processors (several γ, a model drafter and prompt lookup) gives exactly
 transformers' own `generate` with its processors (`repetition_penalty`, `sequence_bias`, `min_new_tokens`, and

@@ -171,7 +171,7 @@ def code_pair_table3(
     training-split Python) and the pair's one-layer drafter, at T = 0 and T = 1; `extra_drafters` (name →
     model folder, e.g. from scripts/code_small_vs_distilled.py) add rows. Returns a JSON-ready dict."""
     from specdec.bench.demo_pair import DEMO_PAIR, load_pair
-    from specdec.bench.policy_bench import code_workload
+    from specdec.bench.workloads import code_workload
     from specdec.loading import load_model
 
     t0 = time.perf_counter()

@@ -39,7 +39,7 @@ from specdec.analysis import optimal_gamma, walltime_improvement
 from specdec.bench.alpha_table import NGramLM
 from specdec.bench.ende_report import DRAFT_NAMES, ende_markdown, plot_speedups
 from specdec.drafters.ngram import NGramDrafter
-from specdec.bench.policy_bench import merge_stats
+from specdec.metrics import SpecStats
 from specdec.zoo.presets import PRESETS, DistillConfig, DraftRecipe, ModelShape, PairPreset, TrainConfig
 
 logger = logging.getLogger(__name__)
@@ -209,7 +209,7 @@ def speed_table(target, drafters: Mapping[str, object], sources: Sequence[Sequen
 
         if warmup:
             stats_of(list(by_width.values()))
-        return merge_stats(stats_of(sources))
+        return SpecStats.pooled(stats_of(sources))
 
     rows = []
     run(None, 0.0, 1)  # warm-up

@@ -7,8 +7,11 @@ weights at X TB/s, or because N small kernels per layer add Y µs per step.
 from __future__ import annotations
 
 import collections
+import logging
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 KINDS = (
     ("gemm", ("gemm", "gemv", "cutlass", "xmma", "nvjet", "splitk", "sm90_", "cublas")),
@@ -121,3 +124,56 @@ def _kernel_table(fn) -> dict:
             table[evt.name[:80]][0] += 1
             table[evt.name[:80]][1] += evt.time_range.elapsed_us()
     return {name: [calls, round(us, 1)] for name, (calls, us) in sorted(table.items(), key=lambda kv: -kv[1][1])}
+
+
+def profile_setup(setup, log=None) -> dict:
+    """`specdec bench --profile`: kernel time by kind of the wave-1 runner's batch-1 steps (plain and the model
+    drafter), and forward costs by k; `log(message)` hears each part as it is measured."""
+    from specdec.bench.runner import _engine, _run_engine
+    from specdec.strict_json import dumps
+
+    log = log or logger.info
+
+    out = {}
+    steps = 32
+    prompts = setup.prompts[:1]
+    for name, drafter, gamma in (("plain_b1", None, 0), ("model_b1", setup.drafter, setup.gamma)):
+        if name == "model_b1" and drafter is None:
+            continue
+        setup.target.release()
+        result = {}
+        engine = _engine(setup, drafter, 1, gamma, False, None)
+
+        def fn():
+            result["r"] = _run_engine(engine, prompts, steps, 0.0, 0)
+
+        fn()  # capture the graphs outside the profile
+        prof = profile_steps(fn, 1, setup.device)
+        if not prof["kernels_per_step"]:  # kernels inside graph replays not traced: profile the same kernels eagerly
+            engine.cuda_graphs = False
+            prof = profile_steps(fn, 1, setup.device)
+            prof["note"] = "profiled without CUDA graphs (kernel times are the graph's kernels; wall is eager)"
+        num_steps = result["r"].stats.num_steps
+        for key in ("wall_ms_per_step", "kernel_ms_per_step", "kernels_per_step"):
+            prof[key] = prof[key] / num_steps
+        prof["by_kind_ms_per_step"] = {k: v / num_steps for k, v in prof["by_kind_ms_per_step"].items()}
+        prof["kernels_by_kind_per_step"] = {k: v / num_steps for k, v in prof["kernels_by_kind_per_step"].items()}
+        prof["top_kernels"] = [dict(t, ms_per_step=t["ms_per_step"] / num_steps, calls_per_step=t["calls_per_step"] / num_steps)
+                               for t in prof["top_kernels"]]
+        prof["steps"] = num_steps
+        gemm_ms = prof["by_kind_ms_per_step"].get("gemm")
+        if name == "plain_b1" and gemm_ms:
+            prof["gemm_read_tbs"] = setup.weight_bytes["target"] / (gemm_ms / 1e3) / 1e12
+        out[name] = prof
+        log(f"profile {name}: {dumps(prof)[:600]}")
+    top = setup.target.max_draft_tokens + 1
+    ks = sorted({1, 2, 3, 5, min(9, top), top} & set(range(1, top + 1)))
+    costs = {}
+    for batch in sorted(set(setup.batch_sizes)):
+        probe_ks = (1, min(setup.gamma + 1, top)) if batch == 1 else ()
+        costs[f"target_b{batch}"] = forward_costs(setup.target, batch, ks, kernels=probe_ks)
+        if setup.drafter is not None:
+            costs[f"draft_b{batch}"] = forward_costs(setup.drafter.lm, batch, [1, 2])
+    out["forward_ms"] = costs
+    log(f"forward ms by k: {dumps(costs)}")
+    return out

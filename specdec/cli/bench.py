@@ -229,6 +229,7 @@ def run(args: argparse.Namespace) -> int:
     apply_model_options(args)
     from specdec.bench import presets
     from specdec.bench.device import device_info, documented_peak_bandwidth, mbu
+    from specdec.bench.profile import profile_setup
     from specdec.bench.report import markdown_report, write_json, write_plots
     from specdec.bench.runner import headline, run_grid
     from specdec.loading import resolve_device
@@ -311,7 +312,7 @@ def run(args: argparse.Namespace) -> int:
         "headline": headline(rows),
     }
     if args.profile and device.type == "cuda":
-        result["profile"] = _profile(setup)
+        result["profile"] = profile_setup(setup, log=_log)
     result["seconds"] = round(time.perf_counter() - t0, 1)
     prefix = f"bench_{setup.name}"
     write_json(result, out / f"{prefix}.json")
@@ -326,57 +327,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(_summary(result, out / f"{prefix}.json"))
     return 0
-
-
-def _profile(setup) -> dict:
-    from specdec.bench.profile import profile_steps
-    from specdec.bench.runner import _engine, _run_engine
-
-    out = {}
-    steps = 32
-    prompts = setup.prompts[:1]
-    for name, drafter, gamma in (("plain_b1", None, 0), ("model_b1", setup.drafter, setup.gamma)):
-        if name == "model_b1" and drafter is None:
-            continue
-        setup.target.release()
-        result = {}
-        engine = _engine(setup, drafter, 1, gamma, False, None)
-
-        def fn():
-            result["r"] = _run_engine(engine, prompts, steps, 0.0, 0)
-
-        fn()  # capture the graphs outside the profile
-        prof = profile_steps(fn, 1, setup.device)
-        if not prof["kernels_per_step"]:  # kernels inside graph replays not traced: profile the same kernels eagerly
-            engine.cuda_graphs = False
-            prof = profile_steps(fn, 1, setup.device)
-            prof["note"] = "profiled without CUDA graphs (kernel times are the graph's kernels; wall is eager)"
-        num_steps = result["r"].stats.num_steps
-        for key in ("wall_ms_per_step", "kernel_ms_per_step", "kernels_per_step"):
-            prof[key] = prof[key] / num_steps
-        prof["by_kind_ms_per_step"] = {k: v / num_steps for k, v in prof["by_kind_ms_per_step"].items()}
-        prof["kernels_by_kind_per_step"] = {k: v / num_steps for k, v in prof["kernels_by_kind_per_step"].items()}
-        prof["top_kernels"] = [dict(t, ms_per_step=t["ms_per_step"] / num_steps, calls_per_step=t["calls_per_step"] / num_steps)
-                               for t in prof["top_kernels"]]
-        prof["steps"] = num_steps
-        gemm_ms = prof["by_kind_ms_per_step"].get("gemm")
-        if name == "plain_b1" and gemm_ms:
-            prof["gemm_read_tbs"] = setup.weight_bytes["target"] / (gemm_ms / 1e3) / 1e12
-        out[name] = prof
-        _log(f"profile {name}: {dumps(prof)[:600]}")
-    from specdec.bench.profile import forward_costs
-
-    top = setup.target.max_draft_tokens + 1
-    ks = sorted({1, 2, 3, 5, min(9, top), top} & set(range(1, top + 1)))
-    costs = {}
-    for batch in sorted(set(setup.batch_sizes)):
-        probe_ks = (1, min(setup.gamma + 1, top)) if batch == 1 else ()
-        costs[f"target_b{batch}"] = forward_costs(setup.target, batch, ks, kernels=probe_ks)
-        if setup.drafter is not None:
-            costs[f"draft_b{batch}"] = forward_costs(setup.drafter.lm, batch, [1, 2])
-    out["forward_ms"] = costs
-    _log(f"forward ms by k: {dumps(costs)}")
-    return out
 
 
 def _summary(result: dict, json_path: Path) -> dict:

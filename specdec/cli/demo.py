@@ -21,6 +21,7 @@ from pathlib import Path
 
 from specdec.bench.demo_pair import DEMO_PAIR, load_pair
 from specdec.bench.demo_pair import PAIR_PROMPTS as PROMPTS
+from specdec.bench.report import compare_runs
 from specdec.cli import CLIError
 from specdec.cli.common import add_model_options, apply_model_options, check_int, print_json
 
@@ -71,32 +72,6 @@ def _columns(left: str, right: str, width: int = 56, max_lines: int = 14) -> str
 
 def _num(value, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
-
-
-def compare_runs(pairs) -> dict:
-    """Pooled numbers over `(plain, speculative)` `GenerateResult` pairs of the same work: whether the tokens
-    are identical, α and τ of the speculative runs, tokens/s of both, the speedup and the cost ratio c."""
-    from specdec.metrics import SpecStats
-
-    plain = SpecStats.pooled(base.stats for base, _ in pairs)
-    spec = SpecStats.pooled(fast.stats for _, fast in pairs)
-    plain_time, spec_time = plain.wall_time_s, spec.wall_time_s
-    plain_tokens, spec_tokens = plain.num_generated_tokens, spec.num_generated_tokens
-    return {
-        "identical": all(base.sequences == fast.sequences for base, fast in pairs),
-        "alpha": spec.alpha,
-        "mean_accepted_length": spec.mean_accepted_length if spec.row_steps else None,
-        "plain_tokens_per_second": plain_tokens / plain_time,
-        "speculative_tokens_per_second": spec_tokens / spec_time,
-        "speedup": (spec_tokens / spec_time) / (plain_tokens / plain_time),
-        "cost_ratio": spec.cost_ratio,
-        # what one verify pass of γ+1 tokens costs next to one plain decoding step (1 on a GPU, more on small CPUs)
-        "verify_step_vs_plain_step": (spec.verify_time_s / spec.num_steps) / (plain_time / plain.num_steps)
-        if spec.num_steps and plain.num_steps and plain_time else None,
-        "plain_wall_time_s": plain_time,
-        "speculative_wall_time_s": spec_time,
-        "generated_tokens": spec_tokens,
-    }
 
 
 def run(args: argparse.Namespace) -> int:

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     import specdec
-    from specdec.cli.demo import compare_runs
+    from specdec.bench.report import compare_runs
     from specdec.cli.image_grid import render_grid, write_png
     from specdec.zoo.images import IMAGE_PAIR, load_image_pair
 

@@ -72,7 +72,8 @@ def _default_draft(pair: Path) -> Path:
 def run(args: argparse.Namespace) -> int:
     from specdec.drafters import PromptLookupDrafter
     from specdec.loading import load_model, load_tokenizer, source_options
-    from specdec.bench.policy_bench import BenchSettings, build_workloads, run_policy_bench
+    from specdec.bench.policy_bench import BenchSettings, run_policy_bench
+    from specdec.bench.workloads import build_workloads
 
     if args.quick:
         for name, value in QUICK.items():

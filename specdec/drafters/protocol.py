@@ -4,7 +4,7 @@ A drafter proposes γ tokens per row AND the q it sampled them from (None = dete
 verification rule (`core.verify`) then makes the output law exactly the target's. The two runners hold the
 text differently, so they call a drafter through two doors; a drafter may open either or both:
 
-  LoopDrafter   the eager transformers loop (`specdec.decoding`, `specdec.loop`): the batch's committed
+  LoopDrafter   the eager transformers loop (`specdec.loop`: chains, token trees): the batch's committed
                 text is a `TokenBuffer`; `begin` starts a batch, `propose(context, γ, sampling, generator,
                 confidence_threshold) -> Proposal`, `commit(context)` drops state built on rejected drafts,
                 `select_rows(index)` follows finished rows out. `drafters.base.Drafter` is its base class.

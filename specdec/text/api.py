@@ -22,7 +22,8 @@ from specdec.engine.config import BATCH_BUCKETS
 from specdec.request import as_int, resolve_eos, vocab_size
 from specdec.text.driver import Driver
 from specdec.text.outputs import Completion, TextDelta, TextRequest
-from specdec.text.prompts import GenerationDefaults, check_num_draft_tokens, encode_prompts, make_params, render_chat
+from specdec.text.prompts import (GenerationDefaults, check_num_draft_tokens, encode_prompts, make_params,
+                                  read_chat_template, render_chat)
 from specdec.text.runner import FallbackRunner
 from specdec.text.warmup import MAX_WARMUP_SHAPES, graph_captures, step_shapes, step_shapes_run, warm_up
 
@@ -98,7 +99,7 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
             tok = tokenizer if tokenizer is not None else target
             tok = load_tokenizer(tok) if isinstance(tok, (str, Path)) else tok
             if chat_template is not None:
-                tok.chat_template = _read_template(chat_template)
+                tok.chat_template = read_chat_template(chat_template)
             drafter = _load_draft(draft, model, tok, allow_pickle, ngram_data, draft_model_kwargs=draft_model_kwargs)
             return LLM(model, tok, drafter, num_draft_tokens=num_draft_tokens, runner=runner,
                        max_batch_size=max_batch_size, max_seq_len=max_seq_len,
@@ -121,7 +122,7 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
     if isinstance(tokenizer, (str, Path)):
         tokenizer = load_tokenizer(tokenizer, model_kwargs=source_options(tokenizer_kwargs))
     if chat_template is not None:
-        tokenizer.chat_template = _read_template(chat_template)
+        tokenizer.chat_template = read_chat_template(chat_template)
     drafter = _load_draft(draft, target_model, tokenizer, allow_pickle, ngram_data,
                           draft_model_kwargs=draft_model_kwargs, allow_weight_mismatch=allow_weight_mismatch)
     return LLM(target_model, tokenizer, drafter, num_draft_tokens=num_draft_tokens, runner=runner,
@@ -371,14 +372,6 @@ class TextStream:
         if self._request is None or not self._request.finished:
             raise RuntimeError("the stream has not finished yet: iterate over it first")
         return self._request.completion()
-
-
-def _read_template(template) -> str:
-    if isinstance(template, Path) or (isinstance(template, str) and "{" not in template and Path(template).is_file()):
-        return Path(template).read_text(encoding="utf-8")
-    if not isinstance(template, str) or "{" not in template:
-        raise ValueError(f"chat_template must be a Jinja template string or a file, got {template!r}")
-    return template
 
 
 def _load_draft(draft, target, tokenizer, allow_pickle: bool, ngram_data, *, draft_model_kwargs=None,

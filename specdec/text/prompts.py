@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
+from pathlib import Path
 
 from specdec.request import MAX_NEW_TOKENS, SamplingParams, as_int
 from specdec.text.detokenize import MAX_STOP_LENGTH, MAX_STOP_STRINGS
 
-__all__ = ["GenerationDefaults", "encode_prompts", "render_chat", "make_params", "PARAMS"]
+__all__ = ["GenerationDefaults", "encode_prompts", "render_chat", "make_params", "PARAMS", "read_chat_template"]
 
 PARAMS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "num_draft_tokens", "logprobs",
           "top_logprobs", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens",
@@ -221,3 +222,12 @@ def _flag(value, name: str) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, got {value!r}")
     return value
+
+
+def read_chat_template(template) -> str:
+    """A Jinja chat template given as a string or a file path → its text."""
+    if isinstance(template, Path) or (isinstance(template, str) and "{" not in template and Path(template).is_file()):
+        return Path(template).read_text(encoding="utf-8")
+    if not isinstance(template, str) or "{" not in template:
+        raise ValueError(f"chat_template must be a Jinja template string or a file, got {template!r}")
+    return template

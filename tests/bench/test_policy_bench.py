@@ -10,14 +10,9 @@ import torch
 
 from helpers import save_tiny_checkpoint
 from specdec.cli import main
-from specdec.bench.policy_bench import (
-    BenchSettings,
-    PolicyBenchResult,
-    Workload,
-    merge_stats,
-    repetitive_workload,
-    run_policy_bench,
-)
+from specdec.bench.policy_bench import BenchSettings, PolicyBenchResult, run_policy_bench
+from specdec.bench.workloads import Workload, repetitive_workload
+from specdec.metrics import SpecStats
 
 transformers = pytest.importorskip("transformers")
 
@@ -87,13 +82,13 @@ def test_bench_sampling_runs_and_rejects_bad_settings(pair) -> None:
         run_policy_bench(target, {"model": draft}, [], BenchSettings())
 
 
-def test_merge_stats_adds_counts_and_positions(pair) -> None:
+def test_pooled_stats_add_counts_and_positions(pair) -> None:
     import specdec
 
     target, draft = pair
     runs = [specdec.generate(target, [[1, 2, 3]], drafter=draft, max_new_tokens=8, temperature=0, num_draft_tokens=g,
                              eos_token_id=[]).stats for g in (2, 3)]
-    merged = merge_stats(runs)
+    merged = SpecStats.pooled(runs)
     assert merged.num_generated_tokens == 16 and merged.max_num_draft_tokens == 3
     assert len(merged.reached_by_position) == 3
     assert merged.reached_by_position[0] == runs[0].reached_by_position[0] + runs[1].reached_by_position[0]
@@ -132,7 +127,7 @@ def test_cli_policies_errors(tmp_path, capsys) -> None:
 
 
 def test_code_and_text_workloads_from_local_files(tmp_path) -> None:
-    from specdec.bench.policy_bench import build_workloads
+    from specdec.bench.workloads import build_workloads
 
     save_tiny_checkpoint(tmp_path, seed=0)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
