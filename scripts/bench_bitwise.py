@@ -84,6 +84,18 @@ def engine_rows(rows: list, new: int, pair: str | None, device: str, batches: li
             del engine
         emit(rows, {"what": f"greedy batch {batches[0]} == batch {batches[-1]} (plain, first prompt)",
                     "bitwise": bitwise, "same": firsts[batches[0]] == firsts[batches[-1]]})
+    if pair is not None:  # trained pair: what the shared race costs in acceptance (sampled rows, γ = 4)
+        for bitwise in (False, True):
+            engine = Engine(target, draft, EngineConfig(max_batch_size=max(batches), max_seq_len=512,
+                                                        num_draft_tokens=4, bitwise=bitwise))
+            sampled = SamplingParams(temperature=0.8, max_new_tokens=new, seed=0)
+            drive(engine, prompts[:1], sampled)
+            engine.stats = type(engine.stats)()
+            seconds, tokens, _ = drive(engine, prompts[: max(batches)], sampled)
+            emit(rows, {"what": "sampled T=0.8, gamma 4", "bitwise": bitwise, "batch": max(batches),
+                        "tokens_per_step": round(engine.stats.mean_accepted_length, 3),
+                        "tok_s": round(tokens / seconds, 1)})
+            del engine
     del target, draft
     if device == "cuda":
         torch.cuda.empty_cache()
