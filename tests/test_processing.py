@@ -128,9 +128,10 @@ def processed_two_token_law(model, sampling, advanced=True):
     return (p1[:, None] * torch.stack(law)).flatten().double().numpy()
 
 
-def _pairs(target, draft, rows, seed):
-    res = specdec.generate(target, [PROMPT] * rows, drafter=draft, max_new_tokens=3, temperature=1.0,
-                           num_draft_tokens=2, seed=seed, eos_token_id=STOP, engine="hf", **LAW)
+def _pairs(target, draft, rows, seed, sampling=SamplingConfig(1.0), engine="hf"):
+    res = specdec.generate(target, [PROMPT] * rows, drafter=draft, max_new_tokens=3, temperature=sampling.temperature,
+                           top_k=sampling.top_k, top_p=sampling.top_p, num_draft_tokens=2, seed=seed,
+                           eos_token_id=STOP, engine=engine, **LAW)
     return np.array([s[0] * 16 + s[1] for s in res.sequences if len(s) >= 2]), res
 
 
@@ -147,6 +148,17 @@ def test_two_token_law_is_the_processed_target(make_llama):
         p2 = standardize_logits(target(torch.tensor([PROMPT + [t] for t in range(16)])).logits[:, -1], sampling)
     raw = (p1[:, None] * p2).flatten().double().numpy()
     assert chi2_pvalue(pairs, raw) < 1e-8
+    assert chi2_pvalue(pairs, processed_two_token_law(target, sampling, advanced=False)) < 1e-8
+
+
+@pytest.mark.parametrize("engine", ["hf", "fast"])
+def test_processors_before_temperature_and_filters(make_llama, engine):
+    """The processors come before temperature, top-k and top-p (transformers' and vLLM's order): on both runners
+    the law is the processed logits' standardized law (negative control: the history frozen along the draft)."""
+    target, draft = make_llama(10, vocab=16), make_llama(11, layers=1, vocab=16)
+    sampling = SamplingConfig(0.6, top_k=10, top_p=0.9)
+    pairs, _ = _pairs(target, draft, 6000, seed=7, sampling=sampling, engine=engine)
+    assert chi2_pvalue(pairs, processed_two_token_law(target, sampling)) > 1e-3
     assert chi2_pvalue(pairs, processed_two_token_law(target, sampling, advanced=False)) < 1e-8
 
 
