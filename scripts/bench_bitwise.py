@@ -2,7 +2,8 @@
 decoding and speculative decoding (γ = 4, a small random drafter, each draft accepted with probability 0.8) at
 batch 1 and 64, default kernels vs `EngineConfig(bitwise=True)`, in the same process; whether the greedy tokens of
 the batch-1 and batch-64 runs agree in each mode; and the invariant GEMM against cuBLAS on the 8B matrices at
-M = 1, 5, 64, 320 for a few launch configs (what the `_invariant_triton.MATMUL` choice rests on).
+M = 1, 5, 64, 320 for a few launch configs (what the `_invariant_triton.MATMUL` choice rests on), and the invariant
+attention against the default split-K kernel.
 
     python scripts/bench_bitwise.py --out $OUT/bitwise.json          (≈ 3 min on an H100)
     python scripts/bench_bitwise.py --pair specdec/assets/demo_pair --device cpu --batch 1 8 --new 32 --skip-gemm
@@ -136,6 +137,22 @@ def gemm_rows(rows: list) -> None:
         del w
 
 
+def attention_rows(rows: list) -> None:
+    """The invariant attention against the default split-K kernel, 8B shapes (32 heads, 8 KV heads, dim 128)."""
+    from specdec.fast.kernels.attention import slot_attention
+    from specdec.fast.kernels.invariant import invariant_attention
+
+    for batch, k, live in ((1, 1, 512), (1, 5, 512), (1, 1, 4000), (64, 1, 512), (64, 5, 512)):
+        slots = 1 << (live + k + 1).bit_length()
+        q = torch.randn(batch, k, 32, 128, device="cuda", dtype=torch.bfloat16)
+        keys = torch.randn(batch, 8, slots, 128, device="cuda", dtype=torch.bfloat16)
+        values = torch.randn_like(keys)
+        pos = live - k + torch.arange(k, device="cuda")[None, :].expand(batch, k)
+        emit(rows, {"what": "attention", "batch": batch, "k": k, "live": live, "slots": slots,
+                    "default_us": round(time_cuda(lambda: slot_attention(q, keys, values, pos, kernel="triton")), 1),
+                    "bitwise_us": round(time_cuda(lambda: invariant_attention(q, keys, values, pos)), 1)})
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python scripts/bench_bitwise.py")
     parser.add_argument("--out", default="bitwise.json", help="where the JSON list goes")
@@ -157,6 +174,7 @@ def main(argv=None) -> int:
         engine_rows(rows, args.new, args.pair, args.device, sorted(args.batch))
         if not args.skip_gemm:
             gemm_rows(rows)
+            attention_rows(rows)
     finally:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)
