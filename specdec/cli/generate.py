@@ -37,6 +37,15 @@ def add_parser(subparsers) -> None:
                    help="γ: an integer 1..64, or a policy name (heuristic, optimal, threshold, guarded) (default 4)")
     p.add_argument("--leniency", type=float, default=1.0, help="l in (0, 1]: 1 = exact; < 1 accepts more, LOSSY (A.5)")
     p.add_argument("--draft-tree", default=None, help="verify a token tree per step, e.g. 2,2,1 (needs a draft model)")
+    structured = p.add_mutually_exclusive_group()
+    structured.add_argument("--json-schema", type=Path, default=None, metavar="FILE",
+                            help="the text is JSON matching this schema file (needs specdec[grammar]) (default: none)")
+    structured.add_argument("--json-object", action="store_true", help="the text is a JSON object (default: off)")
+    structured.add_argument("--regex", default=None, help="the text matches this regular expression (default: none)")
+    structured.add_argument("--choice", action="append", default=None,
+                            help="the text is one of these strings (repeat the option) (default: none)")
+    structured.add_argument("--grammar", type=Path, default=None, metavar="FILE",
+                            help="the text matches this EBNF grammar file, root rule `root` (default: none)")
     add_model_options(p)
     add_checkpoint_options(p)
     p.add_argument("--tensor-parallel-size", type=int, default=1,
@@ -49,6 +58,34 @@ def add_parser(subparsers) -> None:
                         "(batch-invariant kernels; slower; needs the engine)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the texts and stats (stdout)")
     p.set_defaults(run=run)
+
+
+def _constraint(args):
+    """(the option, its `constrain.Constraint`) or None; read and checked before any model is loaded."""
+    from specdec.constrain import Constraint
+
+    for option, value, make in (("--json-schema", args.json_schema, lambda path: Constraint.json_schema(_read(path))),
+                                ("--json-object", args.json_object or None, lambda _: Constraint.json_object()),
+                                ("--regex", args.regex, Constraint.regex), ("--choice", args.choice, Constraint.choice),
+                                ("--grammar", args.grammar, lambda path: Constraint.grammar(_read(path)))):
+        if value is not None:
+            from specdec.constrain import grammar_engine_available
+
+            if not grammar_engine_available():
+                raise CLIError(f"{option}: constrained decoding needs xgrammar: pip install 'specdec[grammar]'")
+            try:
+                return option, make(value)
+            except (TypeError, ValueError, OSError) as err:
+                raise CLIError(f"{option}: {err}") from None
+    return None
+
+
+def _read(path: Path) -> str:
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file")
+    if path.stat().st_size > 1 << 20:
+        raise ValueError(f"{path}: larger than 1 MiB")
+    return path.read_text(encoding="utf-8")
 
 
 def _gamma(text: str):
@@ -81,7 +118,12 @@ def run(args: argparse.Namespace) -> int:
                        top_p=1.0 if args.top_p is None else args.top_p, seed=args.seed)
     except (ValueError, TypeError) as err:
         raise CLIError(f"--{str(err).split(' ')[0].replace('_', '-')}: {err}") from None
+    constraint = _constraint(args)
     apply_model_options(args)
+    if constraint is not None and (args.leniency != 1.0 or args.draft_tree is not None
+                                   or args.tensor_parallel_size != 1):
+        raise CLIError("--json-schema / --json-object / --regex / --choice / --grammar cannot be combined with "
+                       "--leniency, --draft-tree or --tensor-parallel-size")
     if args.tensor_parallel_all_reduce != "auto" and args.tensor_parallel_size == 1:
         raise CLIError(f"--tensor-parallel-all-reduce {args.tensor_parallel_all_reduce} needs --tensor-parallel-size > 1")
     if args.bitwise and args.tensor_parallel_size != 1:
@@ -117,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
 
         return run_generate(args, target, tokenizer, drafter, prompts, gamma)
     params = {"max_new_tokens": args.max_new_tokens, "seed": args.seed}
+    if constraint is not None:
+        params["constraint"] = constraint[1]
     for name in ("temperature", "top_k", "top_p"):
         if getattr(args, name) is not None:  # explicit arguments win over the generation_config
             params[name] = getattr(args, name)
