@@ -21,7 +21,9 @@ the CPU the shapes that would have been captured).
 
 Per arm: output tokens/s (all tokens / first arrival to last finish), TTFT p50/p99 (arrival → first token),
 ITL p50/p99 (gaps between a request's successive outputs; a speculative step delivers several tokens in one),
-TPOT p50, α, mean γ, and the ratio of its tokens/s to plain's in the same cell.
+TPOT p50, α, mean γ, and the ratio of its tokens/s to plain's in the same cell; in `extra`, the TPOT p50 of the
+greedy and of the sampled requests and plain's over each (`speedup_greedy`, `speedup_sampled`: the T = 0 and
+T = 1 columns of issue 21's table, from one mixed run).
 """
 
 from __future__ import annotations
@@ -221,6 +223,7 @@ def drive(engine, requests: list[TrafficRequest], slots: int, arrival: Arrival, 
     last: dict[str, float] = {}
     gaps: list[float] = []
     tpot: list[float] = []
+    by_temperature: dict[bool, list[float]] = {True: [], False: []}  # greedy? → TPOTs
     counts: dict[str, int] = {}
     queue: list[int] = []
     nxt = done = tokens = 0
@@ -266,6 +269,7 @@ def drive(engine, requests: list[TrafficRequest], slots: int, arrival: Arrival, 
                 done, in_flight = done + 1, in_flight - 1
                 if counts.get(rid, 0) > 1:
                     tpot.append((last[rid] - first[rid]) / (counts[rid] - 1))
+                    by_temperature[requests[ids[rid]].params.greedy].append(tpot[-1])
                 if clients and nxt < len(requests):  # the client sends its next request now
                     queue.append(nxt)
                     arrived[str(nxt)] = now
@@ -277,7 +281,9 @@ def drive(engine, requests: list[TrafficRequest], slots: int, arrival: Arrival, 
             "ttft_p50_s": percentile(ttft, 0.5), "ttft_p99_s": percentile(ttft, 0.99),
             "itl_p50_s": percentile(gaps, 0.5), "itl_p99_s": percentile(gaps, 0.99),
             "tpot_p50_s": percentile(tpot, 0.5), "alpha": stats.alpha, "mean_gamma": stats.mean_num_draft_tokens,
-            "captures": step_shapes(engine) - captures, "completed_per_s": len(requests) / seconds}
+            "captures": step_shapes(engine) - captures, "completed_per_s": len(requests) / seconds,
+            "tpot_p50_greedy_s": percentile(by_temperature[True], 0.5),
+            "tpot_p50_sampled_s": percentile(by_temperature[False], 0.5)}
 
 
 def warm_engine(spec: TrafficSpec, name: str, engine, log=None) -> dict:
@@ -324,7 +330,7 @@ def run_traffic(spec: TrafficSpec, plain, arms: dict, pool: list[list[int]], eos
                     drive(plain, requests, slots, Arrival("closed"), 0, seed=spec.seed)
                     capacity[slots] = drive(plain, requests, slots, Arrival("closed"), 0, seed=spec.seed)["completed_per_s"]
                 rate = arrival.relative * capacity[slots]
-            plain_rate = None
+            plain_rate, plain_t = None, {}
             for drafter, engine, policy in [("plain", plain, 0)] + [(n, e, p) for n, e in arms.items()
                                                                       for p in spec.policies]:
                 if deadline is not None and time.perf_counter() > deadline:
@@ -332,11 +338,15 @@ def run_traffic(spec: TrafficSpec, plain, arms: dict, pool: list[list[int]], eos
                 warm(drafter, engine)
                 drive(engine, requests, slots, arrival, policy, rate, spec.seed)  # untimed: the policy's step times
                 result = drive(engine, requests, slots, arrival, policy, rate, spec.seed)
+                per_t = {k: result.pop(k) for k in ("tpot_p50_greedy_s", "tpot_p50_sampled_s")}
                 if drafter == "plain":
-                    plain_rate = result["tok_s"]
+                    plain_rate, plain_t = result["tok_s"], per_t
                     if arrival.kind == "closed" and arrival.clients is None:
                         capacity[slots] = result["completed_per_s"]
                 extra = {"rate_per_s": rate} if rate is not None else {}
+                extra.update(per_t)  # TPOT p50 of the greedy and of the sampled requests, and plain's over it
+                extra.update({f"speedup_{kind}": _ratio(plain_t.get(f"tpot_p50_{kind}_s"), per_t[f"tpot_p50_{kind}_s"])
+                              for kind in ("greedy", "sampled")})
                 row = ArmResult(slots=slots, arrival=arrival.label, drafter=drafter, policy=str(policy),
                                 vs_plain=result["tok_s"] / plain_rate if plain_rate else None, extra=extra,
                                 **{k: v for k, v in result.items() if k != "completed_per_s"})
@@ -344,6 +354,11 @@ def run_traffic(spec: TrafficSpec, plain, arms: dict, pool: list[list[int]], eos
                 if on_row is not None:
                     on_row(row)
     return rows
+
+
+def _ratio(a, b) -> float | None:
+    """a / b, or None when either is missing (no request of that kind) or b is 0."""
+    return a / b if a is not None and b and a == a and b == b else None
 
 
 def markdown_table(rows: list[ArmResult]) -> str:

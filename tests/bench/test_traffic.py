@@ -154,6 +154,11 @@ def test_bench_quick_writes_the_whole_table(tmp_path, capsys):
             assert r["policy"] == "auto" and r["vs_plain"] == pytest.approx(r["tok_s"] / plain["tok_s"])
         for r in arms:
             assert r["tokens"] > 0 and r["requests"] == max(3, round(1.5 * cell[0])) and r["captures"] == 0
+            for kind in ("greedy", "sampled"):  # per temperature: TPOT p50, and plain's over it
+                tpot, speedup = r["extra"][f"tpot_p50_{kind}_s"], r["extra"][f"speedup_{kind}"]
+                if speedup is not None:
+                    assert speedup == pytest.approx(plain["extra"][f"tpot_p50_{kind}_s"] / tpot)
+                    assert r is not plain or speedup == 1.0
             assert r["ttft_p50_s"] <= r["ttft_p99_s"]
         if cell[1].startswith("poisson"):
             assert plain["extra"]["rate_per_s"] > 0
