@@ -31,6 +31,7 @@ class GenerationDefaults:
     top_p: float = 1.0
     min_p: float = 0.0
     repetition_penalty: float = 1.0  # a generation config's repetition_penalty is honoured (transformers applies it)
+    min_tokens: int = 0  # its min_new_tokens, likewise
     max_new_tokens: int | None = None  # None = 64, capped by the room left in the context
     eos_token_ids: tuple[int, ...] = ()
 
@@ -49,6 +50,7 @@ class GenerationDefaults:
             top_p=float(get("top_p", 1.0)),
             min_p=float(get("min_p", 0.0)),
             repetition_penalty=float(get("repetition_penalty", 1.0)),
+            min_tokens=int(get("min_new_tokens", 0)),
             max_new_tokens=get("max_new_tokens", None),
             eos_token_ids=tuple(eos_token_ids),
         )
@@ -182,6 +184,7 @@ def make_params(llm, prompt_len: int, params: dict):
         **{name: params[name] for name in _PROCESSOR_PARAMS if name in params and name != "constraint"},
         constraint=_constraint(llm, params.get("constraint")),
         **({} if "repetition_penalty" in params else {"repetition_penalty": d.repetition_penalty}),
+        **({} if "min_tokens" in params else {"min_tokens": min(d.min_tokens, max_new)}),
     )
     return sampling, check_stop(params.get("stop")), gamma
 
