@@ -8,7 +8,8 @@ target's tokenizer files too.
 Shape: `SmallDraftShape` (default dim 192, 2 layers, 3 heads of 64, MLP 768, tied embeddings: 10.6M parameters,
 21 MB in bf16; the 49,152 × 192 embedding is most of it). Initialisation: the token embedding is the target's
 embedding projected on its top `dim` principal directions (`pca_embedding`), so the first steps start from the
-target's token geometry instead of noise; the layers are random (scaled residual init). Training:
+target's token geometry instead of noise; the final norm's weight starts small enough that the tied head's first
+logits have std ≈ 1; the layers are random (scaled residual init). Training:
 `specdec.zoo.distill.distill_draft` with KL(p‖q) against the frozen target on the target's own answers
 (`specdec.zoo.responses.response_data`), i.e. the same data step as the head.
 """
@@ -79,8 +80,12 @@ def build_small_draft(target: torch.nn.Module, shape: SmallDraftShape = SmallDra
         for layer in model.model.layers:
             layer.self_attn.o_proj.weight.mul_(scale)
             layer.mlp.down_proj.weight.mul_(scale)
-        model.model.embed_tokens.weight.copy_(pca_embedding(target.get_input_embeddings().weight.detach().cpu(),
-                                                            shape.dim))
+        embedding = pca_embedding(target.get_input_embeddings().weight.detach().cpu(), shape.dim)
+        model.model.embed_tokens.weight.copy_(embedding)
+        # tied head: logits = final_norm(h) · E_x, the norm's output has norm √dim, so a unit norm weight gives
+        # logits of tens (≈ 50 nats of initial KL on SmolLM2); 2 / (√dim · mean |E_x|) starts them near std 1
+        # (initial KL ≈ 6.5 nats there, about that of a uniform q)
+        model.model.norm.weight.fill_(2.0 / (math.sqrt(shape.dim) * float(embedding.norm(dim=1).mean().clamp_min(1e-6))))
     model.tie_weights()
     if getattr(target, "generation_config", None) is not None:
         model.generation_config.eos_token_id = target.generation_config.eos_token_id

@@ -54,7 +54,9 @@ def test_draft_speaks_the_targets_vocabulary_and_tokens():
     assert (c.vocab_size, c.bos_token_id, c.eos_token_id, c.pad_token_id) == (96, 1, 2, 0)
     assert c.num_hidden_layers == 1 and c.hidden_size == 16 and c.tie_word_embeddings
     assert draft.lm_head.weight.data_ptr() == draft.model.embed_tokens.weight.data_ptr()
-    assert draft(torch.tensor([[1, 5, 7]])).logits.shape == (1, 3, 96)
+    logits = draft(torch.tensor([[1, 5, 7]])).logits
+    assert logits.shape == (1, 3, 96)
+    assert 0.2 < float(logits.std()) < 5.0  # a sane start for distillation (not tens of nats of KL)
 
 
 def test_distillation_raises_alpha_and_the_folder_loads_back(tmp_path):
