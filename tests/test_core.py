@@ -275,3 +275,19 @@ def test_verify_coupled_accepts_while_drafts_equal_the_target_draws():
     assert result.beta.tolist() == [[1, 1, 1], [0, 1, 1], [1, 1, 0], [1, 0, 0]]
     with pytest.raises(ValueError, match="target_tokens"):
         verify_coupled(drafts, draws[:, :3])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_top_p_law_of_a_row_does_not_depend_on_its_batch_on_cuda():
+    """CUDA scans a single-row tensor with another kernel than a batch of rows; top-p's cumsum takes one algorithm
+    for both, so a row's standardized law is the same bits alone (a plain step at batch 1) and in a batch."""
+    from specdec.core import standardize_rows
+
+    logits = torch.randn(64, 1, 32000, device="cuda", generator=torch.Generator("cuda").manual_seed(0)) * 3
+    temperature = torch.full((64,), 0.9, device="cuda")
+    top_p = torch.full((64,), 0.9, device="cuda")
+    batch = standardize_rows(logits, temperature, {"top_p": top_p})
+    for row in (0, 17, 63):
+        alone = standardize_rows(logits[row : row + 1], temperature[:1], {"top_p": top_p[:1]})
+        assert torch.equal(alone[0], batch[row])
