@@ -72,7 +72,8 @@ def engine_rows(rows: list, new: int, pair: str | None, device: str, batches: li
     for bitwise in (False, True):
         firsts = {}
         for name, drafter, gamma in (("plain", None, 0), ("spec", draft, 4)):
-            config = EngineConfig(max_batch_size=max(batches), max_seq_len=512, num_draft_tokens=gamma, max_draft_tokens=4,
+            config = EngineConfig(max_batch_size=max(batches), max_seq_len=512, num_draft_tokens=gamma,
+                                  max_draft_tokens=4,
                                   synthetic_acceptance=0.8 if drafter is not None else None, bitwise=bitwise)
             engine = Engine(target, drafter, config)
             for batch in batches:
@@ -120,7 +121,8 @@ def gemm_rows(rows: list) -> None:
     kt = triton_kernels()
 
     configs = [kt.MATMUL, kt.MatmulConfig(16, 64, 64, 4, 4), kt.MatmulConfig(64, 64, 64, 4, 4),
-               kt.MatmulConfig(32, 128, 64, 4, 4), kt.MatmulConfig(32, 32, 128, 4, 4), kt.MatmulConfig(32, 32, 64, 4, 4)]
+               kt.MatmulConfig(32, 128, 64, 4, 4), kt.MatmulConfig(32, 32, 128, 4, 4),
+               kt.MatmulConfig(32, 32, 64, 4, 4)]
     shapes = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
               "lm_head": (128256, 4096)}
     for name, (n, k) in shapes.items():

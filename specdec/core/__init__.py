@@ -11,7 +11,8 @@ Terms (Leviathan, Kalman & Matias 2023; letters as in the paper):
 Randomness always comes in as an explicit `torch.Generator` (or explicit uniforms in tests).
 
 `sampling.py`: the laws (`SamplingConfig`, the `FILTERS` table, `standardize_logits` / `standardize_rows`,
-`sample`); `verify.py`: Algorithm 1 (`verify`, `verify_greedy`, `verify_coupled`: the bitwise mode's shared-race rule, `acceptance_beta`). Import from `specdec.core`;
+`sample`); `verify.py`: Algorithm 1 (`verify`, `verify_greedy`, `acceptance_beta`) and `verify_coupled` (the
+bitwise mode's shared-race rule). Import from `specdec.core`;
 `tree.py` (token trees: `TreeSpec`, `draw_children`, `verify_tree`, `verify_tree_greedy`) from `specdec.core.tree`.
 """
 

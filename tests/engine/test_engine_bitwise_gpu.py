@@ -1,8 +1,8 @@
 """The bitwise-exact mode on the GPU in bf16 (issue 26, item 1), with CUDA graphs: a probe request's greedy tokens
 and log-probabilities are the same bits alone at batch 1 with plain decoding, among 63 others at batch 64 (some
 admitted mid-flight, mixed greedy / sampled), for every γ 1..8, with speculation on or off; seeded sampled probes
-too (sampled rows verify by a shared race: plain decoding's draws). On a random Llama (head dim 32, tiny vocabulary: many near-ties) and on the shipped
-demo pair. GPU-marked; skipped without CUDA."""
+too (sampled rows verify by a shared race: plain decoding's draws). On a random Llama (head dim 32, tiny
+vocabulary: many near-ties) and on the shipped demo pair. GPU-marked; skipped without CUDA."""
 
 from pathlib import Path
 
@@ -100,7 +100,8 @@ def test_seeded_sampling_is_bit_identical_for_every_gamma_batch_1_vs_64(random_p
     reference = run(random_pair, 0, 1, prompts, params)
     crowd = fillers(vocab, 64 - len(prompts))
     for gamma in (0, 1, 4, 8):
-        assert_identical(reference, run(random_pair, gamma, 64, prompts, params, crowd), f"seeded, γ={gamma}, batch 64")
+        assert_identical(reference, run(random_pair, gamma, 64, prompts, params, crowd),
+                         f"seeded, γ={gamma}, batch 64")
     assert_identical(reference, run(random_pair, 3, 1, prompts, params), "seeded, γ=3, batch 1")
 
 

@@ -202,7 +202,8 @@ def key_block(dim: int, dtype: torch.dtype) -> int:
 
 def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
               scale: float | None = None, window: int | None = None) -> torch.Tensor:
-    """q `[B, k, H, D]`, keys/values `[B, H_kv, S, D]`, positions `[B, k]` → `[B, k, H, D]` (checked by the caller)."""
+    """q `[B, k, H, D]`, keys/values `[B, H_kv, S, D]`, positions `[B, k]` → `[B, k, H, D]` (checked by the
+    caller)."""
     batch, k, heads, dim = q.shape
     kv_heads, num_slots = keys.shape[1], keys.shape[2]
     group = heads // kv_heads
