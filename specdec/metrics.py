@@ -5,11 +5,13 @@ Returned by `specdec.generate`, never printed by the library.
 
 The fields are written only by the fold below (`add_step`, `add_steps`, `add_counts`, `add_prefill`,
 `set_wall_time`, `merge`): a step body emits a `specdec.step.StepRecord` and folds it, nothing else writes.
+`Clock` is the step bodies' one timer (the draft and verify times the record carries).
 """
 
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 
@@ -214,3 +216,29 @@ def _interpolate_gamma(fn, gamma: float) -> float:
         return fn(low)
     frac = gamma - low
     return (1 - frac) * fn(max(low, 0)) + frac * fn(low + 1)
+
+
+class Clock:
+    """Step timings: perf_counter on CPU; CUDA events on GPU (read after the step's one host sync). `device` is a
+    `torch.device`; marks 0..marks-1 are recorded with `mark(i)`, read with `elapsed(i, j)` in seconds."""
+
+    def __init__(self, device, marks: int = 3):
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            import torch  # (metrics imports no torch until a CUDA clock is made)
+
+            self.events = [torch.cuda.Event(enable_timing=True) for _ in range(marks)]
+        else:
+            self.times = [0.0] * marks
+
+    def mark(self, i: int) -> None:
+        if self.cuda:
+            self.events[i].record()
+        else:
+            self.times[i] = time.perf_counter()
+
+    def elapsed(self, i: int, j: int) -> float:
+        if self.cuda:
+            self.events[j].synchronize()
+            return self.events[i].elapsed_time(self.events[j]) / 1000.0
+        return self.times[j] - self.times[i]

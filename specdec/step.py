@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import struct
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
@@ -23,7 +22,7 @@ from specdec.core import INVALID_SCORES
 from specdec.metrics import SpecStats
 
 __all__ = ["GenerateResult", "GenerationStream", "RequestOutput", "TokenEvent", "StepCounts", "StepLayout",
-           "StepRecord", "commit_counts", "step_counters", "pack_step", "Clock"]
+           "StepRecord", "commit_counts", "step_counters", "pack_step"]
 
 
 @dataclass(frozen=True)
@@ -394,26 +393,3 @@ class StepRecord:
             "top_logprobs": top,
         })
         return out
-
-
-class Clock:
-    """Step timings: perf_counter on CPU; CUDA events on GPU (read after the step's one host sync)."""
-
-    def __init__(self, device: torch.device, marks: int = 3):
-        self.cuda = device.type == "cuda"
-        if self.cuda:
-            self.events = [torch.cuda.Event(enable_timing=True) for _ in range(marks)]
-        else:
-            self.times = [0.0] * marks
-
-    def mark(self, i: int) -> None:
-        if self.cuda:
-            self.events[i].record()
-        else:
-            self.times[i] = time.perf_counter()
-
-    def elapsed(self, i: int, j: int) -> float:
-        if self.cuda:
-            self.events[j].synchronize()
-            return self.events[i].elapsed_time(self.events[j]) / 1000.0
-        return self.times[j] - self.times[i]

@@ -41,10 +41,10 @@ from specdec.engine.step_runner import StepRunner
 from specdec.engine.tree_step import EngineTree, TreeStepRunner
 from specdec.engine.warmup import Warmup
 from specdec.fast.graphs import new_pool
-from specdec.metrics import SpecStats
+from specdec.metrics import Clock, SpecStats
 from specdec.processing import commit_constraints
 from specdec.request import SamplingParams, normalize_prompts, resolve_seed
-from specdec.step import Clock, RequestOutput, StepCounts, StepRecord
+from specdec.step import RequestOutput, StepCounts, StepRecord
 
 __all__ = ["Engine", "RequestOutput"]
 

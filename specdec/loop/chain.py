@@ -20,7 +20,7 @@ import torch
 from specdec.core import invalid_scores, standardize_logits, verify, verify_greedy
 from specdec.drafters.base import checked_proposal, empty_proposal
 from specdec.drafters.protocol import as_drafter
-from specdec.metrics import SpecStats
+from specdec.metrics import Clock, SpecStats
 from specdec.models.protocol import as_target
 from specdec.policy import DraftLengthPolicy, StepOutcome, resolve_policy
 from specdec.processing import BatchProcessors
@@ -33,7 +33,6 @@ from specdec.request import (
     step_num_draft_tokens,
 )
 from specdec.step import (
-    Clock,
     GenerateResult,
     GenerationStream,
     StepLayout,

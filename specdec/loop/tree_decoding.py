@@ -20,10 +20,10 @@ import torch
 
 from specdec.core import standardize_logits
 from specdec.core.tree import MODES, TreeSpec, verify_tree, verify_tree_greedy
-from specdec.metrics import SpecStats
+from specdec.metrics import Clock, SpecStats
 from specdec.models.tree_lm import TreeCausalLM
 from specdec.request import SamplingParams, normalize_prompts, resolve_eos, resolve_generator
-from specdec.step import Clock, GenerateResult, GenerationStream, StepLayout, StepRecord, TokenEvent
+from specdec.step import GenerateResult, GenerationStream, StepLayout, StepRecord, TokenEvent
 from specdec.step import commit_counts, pack_step, step_counters
 
 __all__ = ["tree_generate", "run_tree"]

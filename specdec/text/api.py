@@ -19,8 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from specdec.engine.config import BATCH_BUCKETS
-from specdec.request import as_int, resolve_eos, vocab_size
+from specdec.request import as_int, resolve_eos
 from specdec.text.driver import Driver
+from specdec.text.drafts import load_draft
 from specdec.text.outputs import Completion, TextDelta, TextRequest
 from specdec.text.prompts import (GenerationDefaults, check_num_draft_tokens, encode_prompts, make_params,
                                   read_chat_template, render_chat)
@@ -31,7 +32,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["load", "LLM", "TextStream"]
 
-DRAFT_NAMES = ("prompt-lookup", "ngram")
 RUNNERS = ("auto", "engine", "fallback")
 #: distinct num_draft_tokens values served at once (each runner holds its own KV cache)
 MAX_RUNNERS = 4
@@ -100,7 +100,7 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
             tok = load_tokenizer(tok) if isinstance(tok, (str, Path)) else tok
             if chat_template is not None:
                 tok.chat_template = read_chat_template(chat_template)
-            drafter = _load_draft(draft, model, tok, allow_pickle, ngram_data, draft_model_kwargs=draft_model_kwargs)
+            drafter = load_draft(draft, model, tok, allow_pickle, ngram_data, draft_model_kwargs=draft_model_kwargs)
             return LLM(model, tok, drafter, num_draft_tokens=num_draft_tokens, runner=runner,
                        max_batch_size=max_batch_size, max_seq_len=max_seq_len,
                        synthetic_acceptance=synthetic_acceptance, tensor_parallel=channel)
@@ -123,7 +123,7 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
         tokenizer = load_tokenizer(tokenizer, model_kwargs=source_options(tokenizer_kwargs))
     if chat_template is not None:
         tokenizer.chat_template = read_chat_template(chat_template)
-    drafter = _load_draft(draft, target_model, tokenizer, allow_pickle, ngram_data,
+    drafter = load_draft(draft, target_model, tokenizer, allow_pickle, ngram_data,
                           draft_model_kwargs=draft_model_kwargs, allow_weight_mismatch=allow_weight_mismatch)
     return LLM(target_model, tokenizer, drafter, num_draft_tokens=num_draft_tokens, runner=runner,
                max_batch_size=max_batch_size, max_seq_len=max_seq_len, synthetic_acceptance=synthetic_acceptance,
@@ -372,39 +372,3 @@ class TextStream:
         if self._request is None or not self._request.finished:
             raise RuntimeError("the stream has not finished yet: iterate over it first")
         return self._request.completion()
-
-
-def _load_draft(draft, target, tokenizer, allow_pickle: bool, ngram_data, *, draft_model_kwargs=None,
-                allow_weight_mismatch: bool = False):
-    import specdec
-    from specdec.loading import load_model, placed_like
-
-    if draft_model_kwargs is not None and (not isinstance(draft, (str, Path)) or str(draft).lower() in DRAFT_NAMES):
-        raise ValueError("draft_model_kwargs apply when draft is a checkpoint path or hub id")
-    if draft is None:
-        return None
-    if isinstance(draft, str) and draft.lower() in DRAFT_NAMES:
-        if draft.lower() == "prompt-lookup":
-            return specdec.PromptLookupDrafter()
-        if ngram_data is None:
-            raise ValueError("draft='ngram' needs ngram_data (a text file or a list of strings) to fit its table on; "
-                             "draft='prompt-lookup' needs no data")
-        texts = [Path(ngram_data).read_text(encoding="utf-8", errors="replace")] \
-            if isinstance(ngram_data, (str, Path)) else list(ngram_data)
-        vocab = vocab_size(target)
-        return specdec.NGramDrafter(2).fit([tokenizer.encode(t) for t in texts if t], vocab)
-    from specdec.drafters.cross_vocab import bridge_if_needed
-    from specdec.drafters.formats import drafter_folder
-
-    head = drafter_folder(draft, allow_pickle)  # EAGLE, EAGLE-3, Medusa, speculators, `specdec train head`
-    if head is not None:  # the engine loads it onto the target
-        if draft_model_kwargs:
-            raise ValueError("draft_model_kwargs apply to draft models, not to head folders")
-        return head
-    if isinstance(draft, (str, Path)):
-        placed = placed_like(target.device, next(target.parameters()).dtype, draft_model_kwargs)
-        model = load_model(draft, what="draft", allow_pickle=allow_pickle, model_kwargs=draft_model_kwargs,
-                           allow_weight_mismatch=allow_weight_mismatch, **placed)
-        # a draft with its own tokenizer drafts over the tokens both vocabularies share
-        return bridge_if_needed(model, draft if Path(draft).is_dir() else None, tokenizer, vocab_size(target))
-    return draft
