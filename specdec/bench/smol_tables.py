@@ -94,13 +94,14 @@ def speed_rows(target, drafters: Mapping[str, object], prompts: Sequence[Sequenc
                              num_draft_tokens=gamma, eos_token_id=eos, seed=seed + i, engine="fast").stats
             for i, p in enumerate(chosen))
 
-    # warm-up on the longest prompt at full length: engines (sized by prompt + new tokens) and their CUDA graphs are
-    # built at first use, never inside a timed run
+    # warm-up on the longest prompt at full length, at every temperature: engines (sized by prompt + new tokens) and
+    # their CUDA graphs are built at first use, never inside a timed run
     longest = [max(prompts, key=len)]
-    run(None, 0.0, 1, longest)
-    for drafter in drafters.values():
-        for g in gammas:
-            run(drafter, 0.0, g, longest)
+    for t in temperatures:  # greedy and sampled steps are different graphs
+        run(None, t, 1, longest)
+        for drafter in drafters.values():
+            for g in gammas:
+                run(drafter, t, g, longest)
     rows = []
     for t in temperatures:
         before = run(None, t, 1)
