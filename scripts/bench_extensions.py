@@ -53,6 +53,14 @@ def fmt(x, digits=2):
     return "–" if x is None else f"{x:.{digits}f}"
 
 
+def print_table(title: str, header: str, rows: list[str]) -> None:
+    """A Markdown section: `### title`, the header row, its rule, then `rows`."""
+    print(f"\n### {title}\n")
+    print(header)
+    print("|" + "---|" * (header.count("|") - 1))
+    print("\n".join(rows))
+
+
 def lenience(target, draft, ids, n, gamma):
     rows, out = [], []
     for temperature in (0.0, 1.0):
@@ -73,10 +81,8 @@ def lenience(target, draft, ids, n, gamma):
             out.append(row)
             rows.append(f"| {temperature:g} | {leniency:g} | {fmt(f['alpha'], 3)} | {fmt(f['tau'])} | {f['target_calls']} | "
                         f"{f['tokens'] / wall:.1f} | {plain_s / wall:.2f}× | {fmt(same) if same is not None else '–'} |")
-    print(f"\n### Lenience (γ = {gamma}, {len(ids)} prompts × {n} tokens; T = 1: × 3 seeds)\n")
-    print("| T | l | α | τ | target calls | tokens/s | speedup vs plain | same tokens as exact (T=0) |")
-    print("|---|---|---|---|---|---|---|---|")
-    print("\n".join(rows))
+    print_table(f"Lenience (γ = {gamma}, {len(ids)} prompts × {n} tokens; T = 1: × 3 seeds)",
+                "| T | l | α | τ | target calls | tokens/s | speedup vs plain | same tokens as exact (T=0) |", rows)
     return out
 
 
@@ -124,10 +130,8 @@ def hierarchical(target, draft, tok, ids, n, gamma):
             out.append(row)
             rows.append(f"| {temperature:g} | {name} | {fmt(f['alpha'], 3)} | {fmt(f['tau'])} | {middle / steps:.2f} | "
                         f"{fmt(inner)} | {draft_s:.2f} | {f['tokens'] / wall:.1f} | {plain_s / wall:.2f}× |")
-    print(f"\n### Hierarchical drafts (γ = {gamma}, {len(ids)} prompts × {n} tokens; T = 1: × 3 seeds)\n")
-    print("| T | drafter | α | τ | draft-model passes per step | inner acceptance | drafting time (s) | tokens/s | speedup vs plain |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    print("\n".join(rows))
+    print_table(f"Hierarchical drafts (γ = {gamma}, {len(ids)} prompts × {n} tokens; T = 1: × 3 seeds)",
+                "| T | drafter | α | τ | draft-model passes per step | inner acceptance | drafting time (s) | tokens/s | speedup vs plain |", rows)
     return out
 
 
@@ -155,10 +159,8 @@ def beams(target, draft, ids, n):
                             "plain_wall_s": plain_s, "hf_wall_s": hf_s, "identical": same})
                 rows.append(f"| {w} | {u} | {gamma} | {calls} | {spp:.2f} | {wall:.2f} | {plain_s / wall:.2f}× | {hf_s:.2f} | "
                             f"{'yes' if same else 'NO'} |")
-    print(f"\n### Speculative beam search ({len(ids)} prompts × {n} tokens, no EOS)\n")
-    print("| w | u | γ | target calls | beam steps per pass | CPU (s) | speedup vs plain beam | transformers beam (s) | identical beams |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    print("\n".join(rows))
+    print_table(f"Speculative beam search ({len(ids)} prompts × {n} tokens, no EOS)",
+                "| w | u | γ | target calls | beam steps per pass | CPU (s) | speedup vs plain beam | transformers beam (s) | identical beams |", rows)
     return out
 
 
@@ -181,10 +183,8 @@ def trees(target, draft, ids, n):
                         "speedup": plain_s / wall, "vs_chain": chain_s / wall})
             rows.append(f"| {temperature:g} | {name} | {fmt(f['tau'])} | {f['target_calls']} | {f['drafter_calls']} | "
                         f"{f['tokens'] / wall:.1f} | {plain_s / wall:.2f}× | {chain_s / wall:.2f}× |")
-    print(f"\n### Token trees ({len(ids)} prompts × {n} tokens; T = 1: × 3 seeds; tree_mode without_replacement)\n")
-    print("| T | draft | τ | target calls | drafter calls | tokens/s | speedup vs plain | vs chain γ=4 |")
-    print("|---|---|---|---|---|---|---|---|")
-    print("\n".join(rows))
+    print_table(f"Token trees ({len(ids)} prompts × {n} tokens; T = 1: × 3 seeds; tree_mode without_replacement)",
+                "| T | draft | τ | target calls | drafter calls | tokens/s | speedup vs plain | vs chain γ=4 |", rows)
     return out
 
 
