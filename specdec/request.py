@@ -263,6 +263,9 @@ class SamplingParams:
         if self.constraint is not None and not callable(getattr(self.constraint, "start", None)):
             raise TypeError("constraint must be None or a ConstraintSpec (an object with start(vocab_size) -> "
                             f"TokenConstraint), got {type(self.constraint).__name__}")
+        if self.constraint is not None and self.min_tokens and self.eos_token_ids:
+            raise ValueError(f"min_tokens={self.min_tokens} cannot be combined with a constraint: once the constrained "
+                             "text is complete only EOS is allowed, which min_tokens forbids (no token would be left)")
         stops = getattr(self.constraint, "stop_token_ids", ())  # a grammar ends its text with one of these
         if self.constraint is not None and not set(stops) <= set(self.eos_token_ids):
             raise ValueError(f"constraint: its text ends with token {sorted(set(stops) - set(self.eos_token_ids))[0]}, "

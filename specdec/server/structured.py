@@ -38,6 +38,9 @@ def constraint_of(request) -> tuple[str, Constraint] | None:
         names = ", ".join(name for name, _ in asked)
         raise APIError(f"{names}: a request may ask for one structured output, got {len(asked)}", param=asked[1][0])
     name, make = asked[0]
+    if request.min_tokens:
+        raise APIError(f"min_tokens={request.min_tokens} cannot be combined with a constraint ({name}): once the "
+                       "constrained text is complete only EOS is allowed, which min_tokens forbids", param="min_tokens")
     try:
         return name, make()
     except APIError:

@@ -114,6 +114,8 @@ def test_refusals_name_the_constraint(demo):
         specdec.generate(target, prompt, draft, constraint=grammar, draft_tree=[2, 1])
     with pytest.raises(ValueError, match="constraint: its text ends with token 2, which is not among"):
         specdec.generate(target, prompt, draft, constraint=grammar, eos_token_id=5)
+    with pytest.raises(ValueError, match="min_tokens=3 cannot be combined with a constraint"):
+        specdec.generate(target, prompt, draft, constraint=grammar, min_tokens=3)
     with pytest.raises(TypeError, match="constraint must be None or a ConstraintSpec"):
         specdec.generate(target, prompt, draft, constraint=Constraint.json_object())
     other = compile_constraint(Constraint.json_object(), tokenizer, 9000, [tokenizer.eos_token_id])

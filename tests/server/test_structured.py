@@ -94,6 +94,7 @@ def test_sampled_choices_match_too(client):
     ({"guided_regex": "a+", "guided_whitespace_pattern": " "}, "guided_whitespace_pattern", "one layout"),
     ({"guided_regex": "a+", "ignore_eos": True}, "guided_regex", "ends with an EOS token"),
     ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs", "name exactly one"),
+    ({"guided_regex": "a+", "min_tokens": 2}, "min_tokens", "min_tokens=2 cannot be combined with a constraint"),
 ])
 def test_refusals_name_the_field(server, body, param, message):
     response = httpx.post(server + "/v1/completions", json={"model": "demo", "prompt": "x", "max_tokens": 4, **body},
