@@ -8,8 +8,8 @@ Terms (Leviathan, Kalman & Matias 2023):
 
 The four formula functions (`expected_tokens`, `walltime_improvement`, `operations_increase`,
 `optimal_gamma`) are pure Python and need no torch; they assume i.i.d. β, as the paper does.
-The measurement helpers (`measure_alpha`, `measure_cost_ratio`, `op_cost_ratio`) run real models and
-import torch inside the function, so `import specdec.analysis` stays cheap for the formula-only CLI.
+The measurement helpers (`measure_alpha`, `measure_cost_ratio`, `op_cost_ratio`; `timed` / `median_timed`, the
+benchmarks' one wall clock) import torch inside the function: `import specdec.analysis` stays cheap for the CLI.
 transformers is never imported here: models are duck-typed Hugging Face causal LMs
 (`model(input_ids=..., attention_mask=..., past_key_values=..., use_cache=...).logits`).
 """
@@ -22,7 +22,7 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -39,6 +39,7 @@ __all__ = [
     "measure_alpha",
     "measure_cost_ratio",
     "op_cost_ratio",
+    "drain", "timed", "median_timed",
 ]
 
 logger = logging.getLogger(__name__)
@@ -174,8 +175,7 @@ def _as_rows(sequences: torch.Tensor | Sequence[Sequence[int]]) -> list[list[int
         if sequences.dim() != 2 or sequences.dtype not in (torch.long, torch.int32, torch.int64):
             raise ValueError(f"sequences must be an integer tensor [N, T], got {sequences.dtype} {tuple(sequences.shape)}")
         return [row.tolist() for row in sequences.cpu()]
-    rows = [list(map(int, row)) for row in sequences]
-    return rows
+    return [list(map(int, row)) for row in sequences]
 
 
 def measure_alpha(
@@ -264,18 +264,41 @@ def measure_alpha(
     )
 
 
+def drain(device: torch.device) -> None:
+    """Wait for the work queued on `device`: a CUDA sync on CUDA, nothing on the CPU."""
+    if device.type == "cuda":
+        import torch
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], object], device: torch.device) -> tuple[float, object]:
+    """The benchmarks' one wall clock: `fn()` with `device` drained before and after → (seconds, its result)."""
+    drain(device)
+    start = time.perf_counter()
+    result = fn()
+    drain(device)
+    return time.perf_counter() - start, result
+
+
+def median_timed(fn: Callable[[int], object], device: torch.device, repeats: int,
+                 warmup: Callable[[], object] | None = None) -> tuple[float, object]:
+    """Warm up once (`warmup()`, default `fn(0)`: compiles and graph captures stay outside), then `timed`
+    `fn(1)` .. `fn(repeats)` → (median seconds, the median run's result)."""
+    _check_gamma(repeats, "repeats", minimum=1)
+    (warmup or (lambda: fn(0)))()
+    runs = sorted((timed(lambda i=i: fn(i), device) for i in range(1, repeats + 1)), key=lambda run: run[0])
+    return runs[len(runs) // 2]
+
+
 class _DecodeTimer:
     """One model prefilled with random context, stepping one token at a time on its KV cache."""
 
     def __init__(self, model: torch.nn.Module, context: torch.Tensor, steps: torch.Tensor) -> None:
-        import torch
-
         self.model, self.steps, self.next = model, steps, 0
         self.device = _model_device(model)
         # transformers renamed `past_key_values` to `cache` during the 5.x series; accept both.
         params = inspect.signature(model.forward).parameters
         self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
-        self.sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         self.cache = self._forward(context.to(self.device), None)
 
     def _forward(self, ids: torch.Tensor, cache: object) -> object:
@@ -284,13 +307,9 @@ class _DecodeTimer:
 
     def step(self) -> float:
         """Seconds for one single-token forward pass."""
-        ids = self.steps[:, self.next : self.next + 1].to(self.device)
-        self.next += 1
-        self.sync()
-        start = time.perf_counter()
-        self.cache = self._forward(ids, self.cache)
-        self.sync()
-        return time.perf_counter() - start
+        ids, self.next = self.steps[:, self.next : self.next + 1].to(self.device), self.next + 1
+        seconds, self.cache = timed(lambda: self._forward(ids, self.cache), self.device)
+        return seconds
 
 
 def measure_cost_ratio(
@@ -347,8 +366,7 @@ def measure_cost_ratio(
 
 
 def _vocab_size(model: torch.nn.Module) -> int:
-    embeddings = model.get_input_embeddings()
-    return int(embeddings.weight.shape[0])
+    return int(model.get_input_embeddings().weight.shape[0])
 
 
 def _ops_parameters(model: torch.nn.Module) -> int:

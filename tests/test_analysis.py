@@ -282,3 +282,30 @@ def test_op_cost_ratio_counts_matmul_parameters() -> None:
     tied = tiny_llama(2, tie=True)
     assert sum(p.numel() for p in tied.parameters()) < sum(p.numel() for p in a.parameters())
     assert op_cost_ratio(tied, a) == 1.0
+
+
+def test_median_timed_warms_up_once_and_returns_the_median_run(monkeypatch) -> None:
+    import time
+
+    import torch
+
+    from specdec import analysis
+
+    clock = [0.0]
+    durations = {0: 100.0, 1: 5.0, 2: 1.0, 3: 3.0}  # fn(0) is the warm-up: never among the timed runs
+    calls: list[int] = []
+
+    def fn(i: int) -> str:
+        calls.append(i)
+        clock[0] += durations[i]
+        return f"run {i}"
+
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    seconds, result = analysis.median_timed(fn, torch.device("cpu"), 3)
+    assert calls == [0, 1, 2, 3]
+    assert (seconds, result) == (3.0, "run 3")
+    calls.clear()
+    seconds, result = analysis.median_timed(fn, torch.device("cpu"), 1, warmup=lambda: calls.append(-1))
+    assert calls == [-1, 1] and (seconds, result) == (5.0, "run 1")
+    with pytest.raises(ValueError, match="repeats"):
+        analysis.median_timed(fn, torch.device("cpu"), 0)

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-import time
 from collections.abc import Callable, Iterator
 
 import torch
+
+from specdec.analysis import median_timed
 
 # Vendor datasheets (SXM parts): bytes per second.
 DOCUMENTED_PEAK_BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.039e12}
@@ -87,15 +88,9 @@ def mbu(weight_bytes: int, forwards_per_second: float, peak_bandwidth: float | N
 
 def time_call(fn: Callable[[], object], *, cuda: bool, calls: int, reps: int) -> float:
     """Median milliseconds per call of fn: on CUDA one graph of `calls` calls, replayed `reps` times (after a
-    warm-up on a side stream, so compiles stay outside the capture); on CPU the eager wall clock."""
+    warm-up on a side stream, so compiles stay outside the capture); on CPU `analysis.median_timed`."""
     if not cuda:
-        fn()
-        samples = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(samples)
+        return median_timed(lambda _: fn(), torch.device("cpu"), reps)[0] * 1e3
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm up (compiles) outside the capture, on a side stream as torch advises

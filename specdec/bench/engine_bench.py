@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from specdec.analysis import timed
 from specdec.engine import Engine, EngineConfig
 from specdec.request import SamplingParams
 
@@ -40,18 +41,19 @@ __all__ = ["run_requests", "latency", "batch1", "cost_model", "concurrent", "sha
 
 def run_requests(engine: Engine, prompts, params: SamplingParams) -> tuple[float, int, list]:
     """Submit every prompt at once, run to completion → (seconds, tokens generated, final outputs)."""
-    if engine.device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    for p in prompts:
-        engine.add_request(p, params)
-    tokens, finals = 0, []
-    while engine.has_unfinished():
-        for out in engine.step():
-            tokens += len(out.new_token_ids)
-            if out.finished:
-                finals.append(out)
-    return time.perf_counter() - start, tokens, finals
+    def run() -> tuple[int, list]:
+        for p in prompts:
+            engine.add_request(p, params)
+        tokens, finals = 0, []
+        while engine.has_unfinished():
+            for out in engine.step():
+                tokens += len(out.new_token_ids)
+                if out.finished:
+                    finals.append(out)
+        return tokens, finals
+
+    seconds, (tokens, finals) = timed(run, engine.device)
+    return seconds, tokens, finals
 
 
 def latency(engine: Engine, prompts, max_new: int, gamma) -> dict:

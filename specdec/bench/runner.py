@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 import specdec
+from specdec.analysis import median_timed
 from specdec.metrics import SpecStats
 from specdec.bench.device import mbu, peak_memory
 from specdec.fast import FastDrafter, FastTarget
@@ -58,11 +59,6 @@ class BenchSetup:
     notes: list[str] = field(default_factory=list)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _bigram(setup: BenchSetup):
     vocab = setup.target.vocab_size
     return specdec.NGramDrafter(2).fit(setup.fit_corpus or setup.prompts, vocab)  # tables go to the device once
@@ -84,25 +80,6 @@ def _release(setup: BenchSetup) -> None:
     setup.target.release()
     if setup.drafter is not None:
         setup.drafter.lm.release()
-
-
-def _timed(device: torch.device, fn: Callable[[int], object], repeats: int,
-           warmup: Callable[[], object] | None = None) -> tuple[float, object]:
-    """Warm up once (`warmup()`, default a full `fn(0)`), then time `repeats` runs; (median wall s, its result)."""
-    if warmup is not None:
-        warmup()
-    else:
-        fn(0)
-    runs = []
-    for i in range(repeats):
-        _sync(device)
-        t0 = time.perf_counter()
-        result = fn(i + 1)
-        _sync(device)
-        runs.append((time.perf_counter() - t0, i, result))
-    runs.sort(key=lambda r: r[0])
-    wall, _, result = runs[len(runs) // 2]
-    return wall, result
 
 
 def measure_ours(setup: BenchSetup, engine: str, kind: str, temperature: float, batch: int, gamma: int, *,
@@ -128,7 +105,7 @@ def measure_ours(setup: BenchSetup, engine: str, kind: str, temperature: float, 
         def run(seed):
             return [one(prompts, seed * 100 + i) for i, prompts in enumerate(requests)]
 
-        wall, results = _timed(setup.device, run, setup.repeats)
+        wall, results = median_timed(run, setup.device, setup.repeats)
         del run, one
         if engine == "engine":
             del eng
@@ -169,7 +146,7 @@ def measure_ours(setup: BenchSetup, engine: str, kind: str, temperature: float, 
 
 
 def _engine(setup: BenchSetup, drafter, batch: int, gamma: int, auto: bool, synthetic: float | None):
-    """A request-level engine for one configuration (its graphs are captured by `_timed`'s warm-up run)."""
+    """A request-level engine for one configuration (its graphs are captured by `median_timed`'s warm-up run)."""
     from specdec.engine import Engine, EngineConfig
 
     model = setup.target.model if hasattr(setup.target, "model") else setup.target
@@ -233,7 +210,7 @@ def measure_hf(setup: BenchSetup, kind: str, temperature: float, batch: int) -> 
             return made
 
         short = dict(kwargs, max_new_tokens=8, min_new_tokens=8)  # eager HF needs no long warm-up
-        wall, tokens = _timed(setup.device, run, setup.hf_repeats, warmup=lambda: run(0, requests[:1], short))
+        wall, tokens = median_timed(run, setup.device, setup.hf_repeats, warmup=lambda: run(0, requests[:1], short))
     weights = setup.weight_bytes.get("hf_target", 0) + (setup.weight_bytes.get("hf_draft", 0) if kind == "assisted" else 0)
     return {
         "method": "hf",
