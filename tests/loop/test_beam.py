@@ -148,10 +148,12 @@ def test_fast_model_beams_on_cuda(make_llama):
     with torch.no_grad():
         for p in draft.parameters():
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(0)) * 0.1 * p.abs().mean())
+    cases = ((2, 4, 3), (4, 4, 5))
+    refs = {(w, tuple(p)): _hf(target, tuple(p), w, (7,)) for w, _, _ in cases for p in PROMPTS}  # (on the CPU)
     target, draft = target.cuda(), draft.cuda()
-    for w, u, gamma in ((2, 4, 3), (4, 4, 5)):
+    for w, u, gamma in cases:
         res = beam_search(target, PROMPTS, draft, num_beams=w, draft_beams=u, num_draft_tokens=gamma, max_new_tokens=N,
                           eos_token_id=[7], engine="fast")
         for prompt, beams, scores in zip(PROMPTS, res.sequences, res.scores):
-            ref_beams, ref_scores = _hf(target, tuple(prompt), w, (7,))
+            ref_beams, ref_scores = refs[(w, tuple(prompt))]
             assert beams == ref_beams and scores == pytest.approx(ref_scores, abs=1e-4)
