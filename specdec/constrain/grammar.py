@@ -20,6 +20,7 @@ __all__ = ["Grammar", "compile_constraint", "grammar_engine_available", "MISSING
 
 MISSING_ENGINE = "constrained decoding needs xgrammar: pip install 'specdec[grammar]'"
 _lock = threading.Lock()
+_compile_lock = threading.Lock()
 _compilers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # tokenizer → {(V, stop ids): compiler}
 
 
@@ -92,7 +93,8 @@ def compile_constraint(constraint: Constraint, tokenizer, vocab_size: int, stop_
         raise ValueError(f"EOS token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
     compiler = _compiler(tokenizer, vocab_size, stops)
     try:
-        compiled = _compile(compiler, constraint)
+        with _compile_lock:  # the server compiles on several worker threads; one compile at a time is enough
+            compiled = _compile(compiler, constraint)
     except (RuntimeError, ValueError) as err:  # xgrammar reports a bad schema / regex / grammar as RuntimeError
         lines = [line for line in str(err).strip().splitlines() if line.strip()]
         message = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", lines[-1] if lines else type(err).__name__)  # xgrammar's

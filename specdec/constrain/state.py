@@ -29,6 +29,16 @@ _BITS = torch.arange(32, dtype=torch.int32)
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """int32 `[..., W]` → allowed `[..., V]` bool (same device)."""
+    if bitmask.device.type == "cpu":  # numpy's unpackbits: ~3x faster than the shifts for one row on the host
+        import numpy as np
+
+        bits = np.unpackbits(bitmask.contiguous().numpy().view(np.uint8), axis=-1, bitorder="little")
+        return torch.from_numpy(bits[..., :vocab_size].view(np.bool_))
+    return _unpack_shifts(bitmask, vocab_size)
+
+
+def _unpack_shifts(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The same on any device, in torch ops."""
     bits = (bitmask.unsqueeze(-1) >> _BITS.to(bitmask.device)) & 1
     return bits.reshape(*bitmask.shape[:-1], -1)[..., :vocab_size].bool()
 

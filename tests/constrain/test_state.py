@@ -10,6 +10,7 @@ import torch
 pytest.importorskip("xgrammar", reason="constrained decoding needs xgrammar (pip install 'specdec[grammar]')")
 
 from specdec.constrain import Constraint, GrammarState, compile_constraint, unpack_bitmask  # noqa: E402
+from specdec.constrain.state import _unpack_shifts  # noqa: E402
 from specdec.core.processors import TokenConstraint  # noqa: E402
 
 # token id → text ("" = special); EOS = 1; V = 40 > len(VOCAB): ids past the vocabulary are never allowed
@@ -103,6 +104,11 @@ def test_a_committed_stop_token_terminates():
 def test_unpack_bitmask():
     bits = torch.tensor([[0b101, -1]], dtype=torch.int32)
     assert unpack_bitmask(bits, 35)[0, :3].tolist() == [True, False, True] and unpack_bitmask(bits, 35)[0, 32:].all()
+    words = torch.randint(-2 ** 31, 2 ** 31 - 1, (3, 5), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
+    expected = [[bool((int(w) >> j) & 1) for w in row for j in range(32)][:150] for row in words]
+    assert unpack_bitmask(words, 150).tolist() == expected
+    assert _unpack_shifts(words, 150).tolist() == expected  # the device path
+    assert unpack_bitmask(words[:, 1:], 60).dtype == torch.bool  # a non-contiguous view
 
 
 def test_compile_refusals_name_the_problem():
