@@ -131,21 +131,11 @@ def _fast_model(model, check_only: bool = False) -> FastLlama | None:
 def build_model(target, kernels: str = "auto", bitwise: bool = False) -> FastLlama:
     model = _fast_model(target)
     model.kernels = kernels
-    model.bitwise = bitwise  # (a ValueError for families it does not cover: never a silent fallback)
+    # (a ValueError for families it does not cover: never a silent fallback). Drafters keep their own kernels: under
+    # bitwise every committed token is the target's own (argmax, or `verify_coupled`'s race draw), so a draft only
+    # decides how many tokens a step commits, never which
+    model.bitwise = bitwise
     return model
-
-
-def _bitwise_drafter(model: FastLlama | None, bitwise: bool) -> None:
-    """Under bitwise=True a model drafter runs the invariant kernels too: its q enters sampled rows' accept / reject
-    decisions and residuals (greedy rows need only the target's). Where they do not cover it (or for feature
-    heads, model None) greedy output stays bit-exact and a log line says that sampled output may not."""
-    if not bitwise:
-        return
-    if model is not None and model.shape.arch.fusable:
-        model.bitwise = True
-        return
-    logger.warning("bitwise=True: this drafter does not run batch-invariant kernels; greedy output is bit-exact, "
-                   "seeded sampled output may differ across batches")
 
 
 def build_drafter(drafter, engine):
@@ -160,7 +150,6 @@ def build_drafter(drafter, engine):
     if is_drafter(drafter):  # a head or its folder (any `drafters.formats` format): drafts from target features
         from specdec.engine.feature_drafter import EngineFeatureDrafter, EngineMedusaDrafter
         from specdec.fast.medusa import MedusaHeads
-        _bitwise_drafter(None, engine.config.bitwise)
 
         head = load_drafter(drafter, engine.model, name="drafter")
         if isinstance(head, MedusaHeads):
@@ -180,11 +169,9 @@ def build_drafter(drafter, engine):
         if drafter.vocab_size != vocab:
             raise ValueError(f"the vocabulary bridge maps into {drafter.vocab_size} target ids; the target has {vocab}")
         model.kernels = engine.config.kernels
-        _bitwise_drafter(model, engine.config.bitwise)
         return EngineCrossVocabDrafter(model, drafter.bridge, engine.state, engine.max_batch, engine.num_positions)
     if model.shape.vocab_size != vocab:
         raise ValueError(f"draft and target vocabularies differ: drafter has {model.shape.vocab_size} tokens, "
                          f"target has {vocab}; speculative decoding needs the same vocabulary")
     model.kernels = engine.config.kernels
-    _bitwise_drafter(model, engine.config.bitwise)
     return EngineModelDrafter(model, engine.max_batch, engine.num_positions)
