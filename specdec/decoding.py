@@ -109,7 +109,7 @@ def stream(
 
 
 _PROCESSOR_ARGUMENTS = ("repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens",
-                        "allowed_token_ids", "constraint")
+                        "allowed_token_ids", "no_repeat_ngram_size", "constraint")
 
 
 def stream_request(

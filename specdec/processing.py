@@ -22,6 +22,7 @@ from specdec.core.processors import (
     constraint_masks,
     history_of,
     process_draft,
+    text_bans,
 )
 from specdec.request import SamplingParams
 
@@ -56,7 +57,9 @@ class BatchProcessors:
         self.rows = ProcessorRows.uniform(
             len(rows), vocab, device, repetition=params.repetition_penalty, frequency=params.frequency_penalty,
             presence=params.presence_penalty, min_tokens=params.min_tokens, stop_ids=params.eos_token_ids,
-            logit_bias=params.logit_bias, allowed=params.allowed_token_ids)
+            logit_bias=params.logit_bias, allowed=params.allowed_token_ids, ngram=params.no_repeat_ngram_size)
+        self.ngram_sizes = (params.no_repeat_ngram_size,) if params.no_repeat_ngram_size else ()
+        self.context = None  # the committed text (a `TokenBuffer`), read by no_repeat_ngram_size
         self.history: TokenHistory = history_of(rows, vocab, device)
         self.constraints = start_constraints(params, len(rows), vocab)
 
@@ -70,7 +73,14 @@ class BatchProcessors:
         allowed = None
         if self.constraints is not None:
             allowed = constraint_masks(self.constraints, draft, logits.shape[-1], logits.device)
-        return process_draft(logits, draft, self.rows, self.history, allowed)
+        return process_draft(logits, draft, self.rows, self.history, allowed, self._bans(draft, logits.shape[-1]))
+
+    def _bans(self, draft: torch.Tensor, vocab: int) -> torch.Tensor | None:
+        if not self.ngram_sizes:
+            return None
+        if self.context is None:
+            raise RuntimeError("BatchProcessors.context must be set for no_repeat_ngram_size")
+        return text_bans(self.rows, self.ngram_sizes, self.context.tokens, self.context.lengths, draft, vocab)
 
     def draft(self, logits: torch.Tensor, drafted: torch.Tensor) -> torch.Tensor:
         """Processed drafter logits `[B, V]` at the position after the drafts `drafted [B, i]` (q̃)."""
@@ -81,7 +91,9 @@ class BatchProcessors:
         if self.constraints is not None:
             allowed = constraint_masks(self.constraints, drafted, vocab, logits.device)[:, -1:]
         history = advance(self.history, drafted) if drafted.shape[1] else self.history
-        return process_draft(logits[:, None], drafted[:, :0], self.rows, history, allowed)[:, 0]
+        banned = self._bans(drafted, vocab)
+        return process_draft(logits[:, None], drafted[:, :0], self.rows, history, allowed,
+                             None if banned is None else banned[:, -1:])[:, 0]
 
     def commit(self, new_tokens: torch.Tensor, counts: torch.Tensor, committed: Sequence[Sequence[int]]) -> None:
         """The step committed the first `counts[b]` of `new_tokens [B, k]` (`committed`: the same on the host,

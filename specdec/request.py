@@ -11,12 +11,13 @@ import math
 import numbers
 import operator
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from specdec.core import FILTERS, SamplingConfig, check_leniency
+from specdec.core.processors import MAX_NGRAM_SIZE, check_logit_bias, check_token_ids
 from specdec.core.tree import TreeSpec
 
 __all__ = ["SamplingParams", "MAX_NUM_DRAFT_TOKENS", "MAX_NEW_TOKENS", "MAX_TOP_LOGPROBS", "as_int", "check_max_new_tokens",
@@ -192,7 +193,8 @@ class SamplingParams:
     `presence_penalty` in [-2, 2] (0 = off; OpenAI's, over the output), `logit_bias` {token id: bias in
     [-100, 100]} (ids checked against the vocabulary by the runner), `min_tokens` (EOS ids masked until that many
     tokens were generated), `constraint` (a `core.processors.ConstraintSpec`, e.g. a
-    compiled grammar; None = none), `allowed_token_ids` (only these ids may be generated; None = all).
+    compiled grammar; None = none), `allowed_token_ids` (only these ids may be generated; None = all),
+    `no_repeat_ngram_size` n (transformers': no n-gram of the text twice; 0 = off).
     `top_logprobs` N ≤ 20: also report the N most likely tokens of the target's
     raw distribution at each generated token (needs `logprobs`).
     `draft_tree` [k_1, ..., k_D] (None = a chain): verify a token tree per step (`core.tree.TreeSpec`; exact).
@@ -215,6 +217,7 @@ class SamplingParams:
     constraint: object | None = None
     top_logprobs: int = 0
     allowed_token_ids: tuple[int, ...] | None = None
+    no_repeat_ngram_size: int = 0
     draft_tree: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
@@ -246,20 +249,17 @@ class SamplingParams:
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (-2.0 <= value <= 2.0):
                 raise ValueError(f"{name} must be a number in [-2, 2] (0 = off), got {value!r}")
             object.__setattr__(self, name, float(value))
-        object.__setattr__(self, "logit_bias", _check_logit_bias(self.logit_bias))
+        object.__setattr__(self, "logit_bias", check_logit_bias(self.logit_bias))
         object.__setattr__(self, "min_tokens", as_int(self.min_tokens, "min_tokens", minimum=0,
                                                       maximum=MAX_NEW_TOKENS))
         if self.allowed_token_ids is not None:
-            ids = self.allowed_token_ids
-            if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
-                raise TypeError(f"allowed_token_ids must be None or a list of token ids, got {type(ids).__name__}")
-            ids = tuple(sorted({as_int(t, "allowed_token_ids entry", minimum=0) for t in ids}))
-            if not ids or len(ids) > MAX_LOGIT_BIAS_ENTRIES:
-                raise ValueError(f"allowed_token_ids must name 1 to {MAX_LOGIT_BIAS_ENTRIES} token ids, got {len(ids)}")
+            ids = check_token_ids(self.allowed_token_ids, "allowed_token_ids")
             if self.min_tokens and set(ids) <= set(self.eos_token_ids):
                 raise ValueError("allowed_token_ids allows only EOS ids, which min_tokens masks: nothing could be "
                                  "generated")
             object.__setattr__(self, "allowed_token_ids", ids)
+        object.__setattr__(self, "no_repeat_ngram_size", as_int(self.no_repeat_ngram_size, "no_repeat_ngram_size",
+                                                                minimum=0, maximum=MAX_NGRAM_SIZE))
         if self.constraint is not None and not callable(getattr(self.constraint, "start", None)):
             raise TypeError("constraint must be None or a ConstraintSpec (an object with start(vocab_size) -> "
                             f"TokenConstraint), got {type(self.constraint).__name__}")
@@ -278,7 +278,8 @@ class SamplingParams:
     @property
     def processors(self) -> tuple[str, ...]:
         """The names of the logits processors this request turns on (in `core.processors`' order)."""
-        on = (("allowed_token_ids", self.allowed_token_ids is not None), ("logit_bias", bool(self.logit_bias)), ("min_tokens", self.min_tokens > 0 and bool(self.eos_token_ids)),
+        on = (("no_repeat_ngram_size", self.no_repeat_ngram_size > 0),
+              ("allowed_token_ids", self.allowed_token_ids is not None), ("logit_bias", bool(self.logit_bias)), ("min_tokens", self.min_tokens > 0 and bool(self.eos_token_ids)),
               ("repetition_penalty", self.repetition_penalty != 1.0),
               ("frequency_penalty", self.frequency_penalty != 0.0), ("presence_penalty", self.presence_penalty != 0.0),
               ("constraint", self.constraint is not None))
@@ -304,35 +305,6 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.sampling.greedy  # temperature below core.TEMPERATURE_FLOOR
-
-
-MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit_bias value
-MAX_LOGIT_BIAS_ENTRIES = 1 << 16
-
-
-def _check_logit_bias(value) -> tuple[tuple[int, float], ...]:
-    """{token id: bias} (or (id, bias) pairs) → sorted ((id, bias), ...); ids >= 0, biases in [-100, 100]."""
-    if value is None:
-        return ()
-    items = value.items() if isinstance(value, Mapping) else value
-    try:
-        items = list(items)
-    except TypeError:
-        raise TypeError(f"logit_bias must be a mapping of token id to bias, got {type(value).__name__}") from None
-    if len(items) > MAX_LOGIT_BIAS_ENTRIES:
-        raise ValueError(f"logit_bias has {len(items)} entries; at most {MAX_LOGIT_BIAS_ENTRIES}")
-    out: dict[int, float] = {}
-    for item in items:
-        if not isinstance(item, (tuple, list)) or len(item) != 2:
-            raise TypeError(f"logit_bias must be a mapping of token id to bias, got an entry {item!r}")
-        token, bias = item
-        if isinstance(token, str) and token.strip().lstrip("-").isdigit() and len(token) <= 20:
-            token = int(token)  # JSON object keys are strings
-        token = as_int(token, "logit_bias token id", minimum=0)
-        if isinstance(bias, bool) or not isinstance(bias, numbers.Real) or not (-MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS):
-            raise ValueError(f"logit_bias[{token}] must be a number in [-100, 100], got {bias!r}")
-        out[token] = float(bias)
-    return tuple(sorted(out.items()))
 
 
 def normalize_prompts(prompts, attention_mask, vocab_size: int) -> list[list[int]]:

@@ -36,8 +36,8 @@ class OpenAIPenalties(LogitsProcessor):
 
 
 def hf_processed(model, prompt, n, eos, *, repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0,
-                 logit_bias=None, min_tokens=0, allowed_token_ids=None):
-    kwargs = {}
+                 logit_bias=None, min_tokens=0, allowed_token_ids=None, no_repeat_ngram_size=0):
+    kwargs = {"no_repeat_ngram_size": no_repeat_ngram_size} if no_repeat_ngram_size else {}
     if allowed_token_ids is not None:
         kwargs["prefix_allowed_tokens_fn"] = lambda batch_id, ids: list(allowed_token_ids)
     if repetition_penalty != 1.0:
@@ -63,6 +63,8 @@ CASES = [
     dict(frequency_penalty=1.5, presence_penalty=0.7),
     dict(min_tokens=8, logit_bias={17: 6.0}, repetition_penalty=1.3, frequency_penalty=-0.5),
     dict(allowed_token_ids=list(range(1, 64, 3)), repetition_penalty=1.5),
+    dict(no_repeat_ngram_size=2),
+    dict(no_repeat_ngram_size=3, frequency_penalty=0.3),
 ]
 
 

@@ -21,6 +21,8 @@ Semantics:
   logit_bias            token id → added to its logit (OpenAI, vLLM; transformers' `SequenceBiasLogitsProcessor`
                         with one-token sequences)
   allowed_token_ids     (vLLM) every other token gets -inf, with logit_bias (the same additive row)
+  no_repeat_ngram_size  (transformers' `NoRepeatNGramLogitsProcessor`) a token completing an n-gram the text already
+                        holds gets -inf (`ngram_bans`: read from the text itself, prompt included)
   min_tokens m          the EOS / stop ids get -inf while fewer than m tokens were generated (transformers'
                         `MinNewTokensLengthLogitsProcessor`, vLLM's `min_tokens`)
 
@@ -35,16 +37,70 @@ A host-side processor (a grammar matcher) plugs in through `TokenConstraint` (se
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import numbers
+import operator
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["ProcessorRows", "TokenHistory", "bias_row", "TokenConstraint", "ConstraintSpec", "process_draft", "advance",
+__all__ = ["MAX_LOGIT_BIAS", "MAX_NGRAM_SIZE", "check_logit_bias", "check_token_ids", "ProcessorRows", "TokenHistory", "bias_row", "ngram_bans", "text_bans", "TokenConstraint", "ConstraintSpec", "process_draft", "advance",
            "history_of", "constraint_masks"]
 
 _NEG_INF = float("-inf")
+MAX_NGRAM_SIZE = 1024  # the largest no_repeat_ngram_size accepted
+
+
+def _token_id(value, name: str) -> int:
+    try:
+        token = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        token = None
+    if token is None or token < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    return token
+
+
+def check_token_ids(value, name: str) -> tuple[int, ...]:
+    """A non-empty list of token ids (>= 0; the vocabulary is checked by the runner) → sorted unique ids."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"{name} must be a list of token ids, got {type(value).__name__}")
+    ids = tuple(sorted({_token_id(t, f"{name} entry") for t in value}))
+    if not ids or len(ids) > MAX_LOGIT_BIAS_ENTRIES:
+        raise ValueError(f"{name} must name 1 to {MAX_LOGIT_BIAS_ENTRIES} token ids, got {len(ids)}")
+    return ids
+
+
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit_bias value
+MAX_LOGIT_BIAS_ENTRIES = 1 << 16
+
+
+def check_logit_bias(value) -> tuple[tuple[int, float], ...]:
+    """{token id: bias} (or (id, bias) pairs) → sorted ((id, bias), ...); ids >= 0, biases in [-100, 100]."""
+    if value is None:
+        return ()
+    items = value.items() if isinstance(value, Mapping) else value
+    try:
+        items = list(items)
+    except TypeError:
+        raise TypeError(f"logit_bias must be a mapping of token id to bias, got {type(value).__name__}") from None
+    if len(items) > MAX_LOGIT_BIAS_ENTRIES:
+        raise ValueError(f"logit_bias has {len(items)} entries; at most {MAX_LOGIT_BIAS_ENTRIES}")
+    out: dict[int, float] = {}
+    for item in items:
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise TypeError(f"logit_bias must be a mapping of token id to bias, got an entry {item!r}")
+        token, bias = item
+        if isinstance(token, str) and token.strip().lstrip("-").isdigit() and len(token) <= 20:
+            token = int(token)  # JSON object keys are strings
+        token = _token_id(token, "logit_bias token id")
+        if isinstance(bias, bool) or not isinstance(bias, numbers.Real) or not (-MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS):
+            raise ValueError(f"logit_bias[{token}] must be a number in [-100, 100], got {bias!r}")
+        out[token] = float(bias)
+    return tuple(sorted(out.items()))
+
+
 
 
 @dataclass(frozen=True)
@@ -57,6 +113,7 @@ class ProcessorRows:
     min_tokens  [B] long    0 = off
     stop_ids    [B, E] long the ids `min_tokens` masks (EOS and stop token ids), -1 = padding
     bias        [B, V] float or None (no row has one): logit_bias, and -inf outside `allowed_token_ids`
+    ngram       [B] long or None: no_repeat_ngram_size (0 = off; `ngram_bans`, the caller's, since it reads the text)
     """
 
     repetition: torch.Tensor
@@ -65,11 +122,13 @@ class ProcessorRows:
     min_tokens: torch.Tensor
     stop_ids: torch.Tensor
     bias: torch.Tensor | None = None
+    ngram: torch.Tensor | None = None
 
     @classmethod
     def uniform(cls, batch: int, vocab: int, device, *, repetition: float = 1.0, frequency: float = 0.0,
                 presence: float = 0.0, min_tokens: int = 0, stop_ids: Sequence[int] = (),
-                logit_bias: Sequence[tuple[int, float]] = (), allowed: Sequence[int] | None = None) -> "ProcessorRows":
+                logit_bias: Sequence[tuple[int, float]] = (), allowed: Sequence[int] | None = None,
+                ngram: int = 0) -> "ProcessorRows":
         """The same parameters for every row of a batch of `batch` (the transformers loop: one request's
         parameters for all its prompts)."""
         def full(value, dtype):
@@ -80,13 +139,14 @@ class ProcessorRows:
         if logit_bias or allowed is not None:
             bias = bias_row(vocab, logit_bias, allowed).to(device)[None, :].expand(batch, -1)
         return cls(full(repetition, torch.float32), full(frequency, torch.float32), full(presence, torch.float32),
-                   full(min_tokens, torch.long), stops, bias)
+                   full(min_tokens, torch.long), stops, bias, full(ngram, torch.long) if ngram else None)
 
     def select(self, index: torch.Tensor) -> "ProcessorRows":
         """Rows `index [B']` only (the loop drops finished rows)."""
         return ProcessorRows(self.repetition[index], self.frequency[index], self.presence[index],
                              self.min_tokens[index], self.stop_ids[index],
-                             None if self.bias is None else self.bias[index])
+                             None if self.bias is None else self.bias[index],
+                             None if self.ngram is None else self.ngram[index])
 
 
 def bias_row(vocab: int, logit_bias: Sequence[tuple[int, float]] = (),
@@ -161,13 +221,14 @@ def _stop_mask(stop_ids: torch.Tensor, vocab: int) -> torch.Tensor:
 
 
 def process_draft(logits: torch.Tensor, draft: torch.Tensor, rows: ProcessorRows, history: TokenHistory,
-                  allowed: torch.Tensor | None = None) -> torch.Tensor:
+                  allowed: torch.Tensor | None = None, banned: torch.Tensor | None = None) -> torch.Tensor:
     """Processed logits `[B, γ+1, V]` (float32) for positions 1..γ+1 of a step.
 
     logits  [B, γ+1, V]  raw scores at positions 1..γ+1 (position i follows the committed text + x_1..x_{i-1})
     draft   [B, γ]       x_1..x_γ (entries past a row's draft length are never read by verify: any id in [0, V))
     history              the committed text's `TokenHistory`
     allowed [B, γ+1, V] bool or None: a host constraint's allowed tokens (`constraint_masks`)
+    banned  [B, γ+1, V] bool or None: tokens banned by the text (`ngram_bans`)
 
     Position i sees the history advanced by x_1..x_{i-1}: the same value as `process_draft(logits[:, i:i+1],
     draft[:, :0], rows, advance(history, draft[:, :i]))`. No host synchronization (graph-safe).
@@ -198,7 +259,58 @@ def process_draft(logits: torch.Tensor, draft: torch.Tensor, rows: ProcessorRows
         out = out.scatter(2, cols, fixed)  # a token drafted twice gets the same value from both columns
     if allowed is not None:
         out = out.masked_fill(~allowed, _NEG_INF)
+    if banned is not None:
+        out = out.masked_fill(banned, _NEG_INF)
     return out
+
+
+def text_bans(rows: ProcessorRows, sizes: Sequence[int], text: torch.Tensor, lengths: torch.Tensor,
+              draft: torch.Tensor, vocab: int) -> torch.Tensor | None:
+    """`ngram_bans` for every n in `sizes` (the rows' distinct no_repeat_ngram_size values, known on the host),
+    each on the rows asking for it → bool `[B, γ+1, V]`, or None when `sizes` is empty."""
+    banned = None
+    for size in sizes:
+        rows_n = None if rows.ngram is None else rows.ngram == size
+        bans = ngram_bans(text, lengths, draft, size, vocab, rows_n)
+        banned = bans if banned is None else banned | bans
+    return banned
+
+
+def ngram_bans(text: torch.Tensor, lengths: torch.Tensor, draft: torch.Tensor, size: int, vocab: int,
+               rows: torch.Tensor | None = None) -> torch.Tensor:
+    """transformers' `no_repeat_ngram_size` along a draft: bool `[B, γ+1, V]`, True = banned at position i + 1
+    (a token that would repeat an n-gram of the text committed text + x_1..x_i).
+
+    text [B, L] committed tokens (row b valid in [0, lengths[b])), with L ≥ lengths + γ; draft [B, γ]; size n ≥ 1;
+    rows [B] bool (None = all): the rows this applies to. No host synchronization (graph-safe).
+    """
+    batch, gamma = draft.shape
+    device = text.device
+    steps = torch.arange(gamma + 1, device=device)
+    columns = torch.arange(text.shape[1], device=device)[None, :]
+    extended = text.clone()
+    if gamma:  # the draft written after each row's text
+        at = (lengths[:, None] + torch.arange(gamma, device=device)[None, :]).clamp_max(text.shape[1] - 1)
+        extended.scatter_(1, at, draft.long())
+    ends = lengths[:, None] + steps[None, :]  # [B, γ+1] the text's length at each position
+    banned = torch.zeros(batch, gamma + 1, vocab + 1, dtype=torch.float32, device=device)
+    if size > text.shape[1]:
+        return banned[..., :vocab].bool()
+    windows = extended.unfold(1, size, 1)  # [B, J, n]: window j = tokens j .. j + n − 1
+    starts = columns[:, : windows.shape[1]]  # [1, J]
+    if size > 1:
+        back = ends[:, :, None] - size + 1 + torch.arange(size - 1, device=device)[None, None, :]  # [B, γ+1, n−1]
+        suffix = extended.gather(1, back.clamp_min(0).reshape(batch, -1)).reshape(batch, gamma + 1, size - 1)
+        match = (windows[:, None, :, : size - 1] == suffix[:, :, None, :]).all(-1)  # [B, γ+1, J]
+    else:
+        match = torch.ones(batch, gamma + 1, windows.shape[1], dtype=torch.bool, device=device)
+    match &= starts[:, None, :] <= ends[:, :, None] - size  # windows inside the text at that position
+    match &= (ends >= size - 1)[:, :, None]  # (transformers: nothing is banned before the text has n − 1 tokens)
+    if rows is not None:
+        match &= rows[:, None, None]
+    last = windows[:, None, :, size - 1].expand(batch, gamma + 1, -1)
+    banned.scatter_add_(2, last, match.float())
+    return banned[..., :vocab] > 0
 
 
 @runtime_checkable

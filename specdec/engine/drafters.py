@@ -18,7 +18,14 @@ import torch
 
 from specdec import rng
 from specdec.core import FILTERS, standardize_rows
-from specdec.core.processors import ProcessorRows, TokenHistory, advance, constraint_masks, process_draft
+from specdec.core.processors import (
+    ProcessorRows,
+    TokenHistory,
+    advance,
+    constraint_masks,
+    process_draft,
+    text_bans,
+)
 from specdec.drafters.ngram import NGramDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
 from specdec.engine.slots import SlotCache, SlotState, prefill_rows
@@ -40,12 +47,14 @@ class Flavor:
     processed: bool = False  # some row has logits processors (`core.processors`): p and q are processed
     constrained: bool = False  # some row has a host `TokenConstraint`: the step runs eagerly (host calls)
     top_logprobs: int = 0  # the most alternatives per token some row asks for (`SamplingParams.top_logprobs`)
+    ngram_sizes: tuple[int, ...] = ()  # the rows' distinct no_repeat_ngram_size values (> 0), sorted
 
     @classmethod
     def of(cls, params) -> "Flavor":
         """What one request (its `SamplingParams`) needs of a step."""
         return cls(params.greedy, params.sampling.filters, params.logprobs, params.leniency != 1.0,
-                   bool(params.processors), params.constraint is not None, params.top_logprobs)
+                   bool(params.processors), params.constraint is not None, params.top_logprobs,
+                   (params.no_repeat_ngram_size,) if params.no_repeat_ngram_size else ())
 
     @classmethod
     def union(cls, flavors) -> "Flavor":
@@ -54,7 +63,8 @@ class Flavor:
         used = {name for f in flavors for name in f.filters}
         return cls(all(f.all_greedy for f in flavors), tuple(f.name for f in FILTERS if f.name in used),
                    any(f.logprobs for f in flavors), any(f.lenient for f in flavors), any(f.processed for f in flavors),
-                   any(f.constrained for f in flavors), max((f.top_logprobs for f in flavors), default=0))
+                   any(f.constrained for f in flavors), max((f.top_logprobs for f in flavors), default=0),
+                   tuple(sorted({n for f in flavors for n in f.ngram_sizes})))
 
 
 class StepView:
@@ -76,7 +86,7 @@ class StepView:
         if flavor.processed:  # views of the slots' processor state (`SlotState.enable_processors`)
             p, h = state.processors, state.history
             self.processors = ProcessorRows(p.repetition[rows], p.frequency[rows], p.presence[rows],
-                                            p.min_tokens[rows], p.stop_ids[rows], p.bias[rows])
+                                            p.min_tokens[rows], p.stop_ids[rows], p.bias[rows], p.ngram[rows])
             self.history = TokenHistory(h.prompt_seen[rows], h.counts[rows], h.generated[rows])
         self.constraints: list | None = None  # per row (None = none); the engine sets them before each step
 
@@ -85,9 +95,10 @@ class StepView:
         processors): p̃ at every position (`core.processors.process_draft`)."""
         if self.processors is None:
             return logits
-        allowed = None if self.constraints is None else constraint_masks(self.constraints, draft, logits.shape[-1],
-                                                                         logits.device)
-        return process_draft(logits, draft, self.processors, self.history, allowed)
+        vocab = logits.shape[-1]
+        allowed = None if self.constraints is None else constraint_masks(self.constraints, draft, vocab, logits.device)
+        banned = text_bans(self.processors, self.flavor.ngram_sizes, self.tokens, self.lengths, draft, vocab)
+        return process_draft(logits, draft, self.processors, self.history, allowed, banned)
 
     def _process_one(self, logits: torch.Tensor, drafted: list[torch.Tensor]) -> torch.Tensor:
         """A drafter's logits `[b, V]` at the position after `drafted` (tokens [b] each) → q̃'s logits."""
@@ -97,7 +108,9 @@ class StepView:
         allowed = None if self.constraints is None else \
             constraint_masks(self.constraints, prefix, logits.shape[-1], logits.device)[:, -1:]
         history = advance(self.history, prefix) if drafted else self.history
-        return process_draft(logits[:, None], prefix[:, :0], self.processors, history, allowed)[:, 0]
+        banned = text_bans(self.processors, self.flavor.ngram_sizes, self.tokens, self.lengths, prefix, logits.shape[-1])
+        return process_draft(logits[:, None], prefix[:, :0], self.processors, history, allowed,
+                             None if banned is None else banned[:, -1:])[:, 0]
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """Each row's standardized law: logits `[b, k, V]` → probabilities `[b, k, V]`."""

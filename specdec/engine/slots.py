@@ -99,7 +99,8 @@ class SlotState:
         batch, device = self.tokens.shape[0], self.tokens.device
         rows = ProcessorRows.uniform(batch, vocab, device)
         self.processors = ProcessorRows(rows.repetition, rows.frequency, rows.presence, rows.min_tokens, self.eos,
-                                        torch.zeros(batch, vocab, dtype=torch.float32, device=device))
+                                        torch.zeros(batch, vocab, dtype=torch.float32, device=device),
+                                        torch.zeros(batch, dtype=torch.long, device=device))
         self.history = TokenHistory(torch.zeros(batch, vocab, dtype=torch.bool, device=device),
                                     torch.zeros(batch, vocab, dtype=torch.float32, device=device), self.generated)
 
@@ -107,17 +108,17 @@ class SlotState:
         if self.processors is None:
             return []
         p, h = self.processors, self.history
-        return [p.repetition, p.frequency, p.presence, p.min_tokens, p.bias, h.prompt_seen, h.counts]
+        return [p.repetition, p.frequency, p.presence, p.min_tokens, p.bias, p.ngram, h.prompt_seen, h.counts]
 
     def _admit_processors(self, rows: slice, tokens: torch.Tensor, lengths: torch.Tensor,
                           params: list[SamplingParams]) -> None:
         """Write the admitted rows' processor parameters and prompt history (off values for rows without)."""
         p, h = self.processors, self.history
         device = tokens.device
-        values = to_device([[q.repetition_penalty, q.frequency_penalty, q.presence_penalty, float(q.min_tokens)]
-                            for q in params], device, torch.float32)
+        values = to_device([[q.repetition_penalty, q.frequency_penalty, q.presence_penalty, float(q.min_tokens),
+                             float(q.no_repeat_ngram_size)] for q in params], device, torch.float32)
         p.repetition[rows], p.frequency[rows], p.presence[rows] = values[:, 0], values[:, 1], values[:, 2]
-        p.min_tokens[rows] = values[:, 3].long()
+        p.min_tokens[rows], p.ngram[rows] = values[:, 3].long(), values[:, 4].long()
         vocab = p.bias.shape[1]
         p.bias[rows] = torch.stack([bias_row(vocab, q.logit_bias, q.allowed_token_ids) for q in params]).to(device)
         valid = torch.arange(tokens.shape[1], device=device)[None, :] < lengths[:, None]

@@ -86,6 +86,8 @@ def _decode(target, drafter, policy, prompts, params: SamplingParams, generator,
     # logits processors: their history starts at each row's text (the prompt; seq2seq: the decoder start)
     processors = BatchProcessors.of(params, [row[:n] for row, n in zip(context.tokens.tolist(), context.lengths.tolist())],
                                     target.vocab_size, device)
+    if processors is not None:
+        processors.context = context  # (no_repeat_ngram_size reads the committed text)
     draft_kwargs = {"processor": processors.draft} if processors is not None and \
         getattr(drafter, "accepts_processor", False) else {}
     _sync(device)

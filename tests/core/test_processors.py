@@ -131,3 +131,24 @@ def test_allowed_token_ids_leave_only_those_tokens():
         SamplingParams(allowed_token_ids=[2], eos_token_ids=[2], min_tokens=1)
     with pytest.raises(ValueError, match="allowed_token_ids: 64"):
         SamplingParams(allowed_token_ids=[1, 64]).check_vocabulary(64)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+def test_ngram_bans_are_transformers_no_repeat_ngram_along_the_draft(size):
+    from transformers.generation.logits_process import NoRepeatNGramLogitsProcessor
+
+    from specdec.core.processors import ngram_bans
+
+    g = torch.Generator().manual_seed(size)
+    vocab, gamma = 6, 4
+    for _ in range(20):
+        lengths = torch.randint(1, 9, (3,), generator=g)
+        text = torch.randint(0, vocab, (3, 12 + gamma), generator=g)
+        draft = torch.randint(0, vocab, (3, gamma), generator=g)
+        bans = ngram_bans(text, lengths, draft, size, vocab)
+        for b in range(3):
+            for i in range(gamma + 1):
+                ids = torch.cat([text[b, : lengths[b]], draft[b, :i]])[None]
+                ref = NoRepeatNGramLogitsProcessor(size)(ids, torch.zeros(1, vocab))[0] == float("-inf")
+                assert torch.equal(bans[b, i], ref)
+    assert ngram_bans(text, lengths, draft, size, vocab, rows=torch.zeros(3, dtype=torch.bool)).sum() == 0

@@ -70,9 +70,8 @@ def test_generation_config_settings_the_server_cannot_apply_are_named():
 
     from specdec.cli.serve import dropped_generation_config
 
-    config = SimpleNamespace(repetition_penalty=1.1, no_repeat_ngram_size=3, top_k=50, min_p=None)
-    assert dropped_generation_config(SimpleNamespace(generation_config=config)) == \
-        ["no_repeat_ngram_size=3"]
+    config = SimpleNamespace(repetition_penalty=1.1, no_repeat_ngram_size=3, top_k=50, min_p=None, typical_p=0.9)
+    assert dropped_generation_config(SimpleNamespace(generation_config=config)) == ["typical_p=0.9"]
     assert dropped_generation_config(SimpleNamespace(generation_config=SimpleNamespace(repetition_penalty=1.0))) == []
 
 
