@@ -124,7 +124,7 @@ def gemm_rows(rows: list) -> None:
 
     kt = triton_kernels()
 
-    configs = [kt.MATMUL, kt.MatmulConfig(16, 64, 64, 4, 4), kt.MatmulConfig(64, 64, 64, 4, 4),
+    configs = [kt.MATMUL, kt.MatmulConfig(16, 64, 64, 4, 4), kt.MatmulConfig(32, 64, 64, 4, 4),
                kt.MatmulConfig(32, 128, 64, 4, 4), kt.MatmulConfig(32, 32, 128, 4, 4),
                kt.MatmulConfig(32, 32, 64, 4, 4)]
     shapes = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
