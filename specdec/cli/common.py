@@ -9,7 +9,6 @@ import argparse
 import math
 import sys
 import time
-from pathlib import Path
 
 from specdec.cli import CLIError
 from specdec.strict_json import dumps, finite_or_none  # noqa: F401  (re-exported for the subcommands)
@@ -149,31 +148,20 @@ def log(args: argparse.Namespace, message: str, prefix: str = "") -> None:
 
 def load_drafter(args, tokenizer, vocab_size: int, prompts_ids, device, dtype):
     """The drafter `--draft` names: None, prompt lookup, an n-gram table (fit on --ngram-data or the prompts)
-    or a checkpoint (loaded on `device` in `dtype`, unless --draft-model-option says otherwise)."""
-    import specdec
-    from specdec.loading import load_model, placed_like
+    or a checkpoint (loaded on `device` in `dtype`, unless --draft-model-option says otherwise): the library's
+    `text.drafts` builders, with the command line's names and errors."""
+    from specdec.text.drafts import NGRAM_ORDERS, draft_checkpoint, named_draft
 
     if args.draft is None:
         return None
     kind = args.draft.lower()
-    if kind == "prompt-lookup":
-        return specdec.PromptLookupDrafter()
-    if kind in ("ngram", "bigram", "unigram"):
+    if kind == "prompt-lookup" or kind in NGRAM_ORDERS:
         data = prompts_ids
-        if args.ngram_data is not None:
+        if kind != "prompt-lookup" and args.ngram_data is not None:
             if not args.ngram_data.is_file():
                 raise FileNotFoundError(f"--ngram-data file not found: {args.ngram_data}")
             data = [tokenizer.encode(args.ngram_data.read_text(encoding="utf-8", errors="replace"))]
-        return specdec.NGramDrafter(1 if kind == "unigram" else 2).fit(data, vocab_size)
-    from specdec.drafters.formats import drafter_folder
-
+        return named_draft(kind, data, vocab_size)
     kwargs = loader_kwargs(args, "draft")
-    head = drafter_folder(args.draft, kwargs["allow_pickle"])  # EAGLE, EAGLE-3, Medusa, speculators, train head
-    if head is not None:  # the engine loads it onto the target
-        if kwargs["model_kwargs"]:
-            raise ValueError("--draft-model-option applies to draft models, not to head folders")
-        return head
-    model = load_model(args.draft, what="draft", **placed_like(device, dtype, kwargs["model_kwargs"]), **kwargs)
-    from specdec.drafters.cross_vocab import bridge_if_needed  # a draft with its own tokenizer: shared tokens
-
-    return bridge_if_needed(model, args.draft if Path(args.draft).is_dir() else None, tokenizer, vocab_size)
+    return draft_checkpoint(args.draft, tokenizer, vocab_size, device=device, dtype=dtype,
+                            option="--draft-model-option", **kwargs)
