@@ -7,12 +7,12 @@ import pytest
 import torch
 
 import specdec
-from specdec.core import verify, verify_greedy
+from specdec.core import SamplingConfig, standardize_logits, verify, verify_greedy
 from specdec.engine import Engine, EngineConfig
 from specdec.engine import step_runner
 from specdec.request import SamplingParams
 from stats_utils import chi2_pvalue
-from test_distribution import PROMPT, model_probs
+from test_distribution import PROMPT
 from test_lenience import lenient_law
 
 PASS, FAIL = 1e-3, 1e-8
@@ -111,24 +111,28 @@ def test_a_greedy_lenient_row_ignores_the_temperatures_beside_it(pair):
     assert mixed[0] == alone[0]
 
 
-def first_tokens(small_pair, leniency: float) -> np.ndarray:
+def first_tokens(small_pair, leniency: float, sampling: SamplingConfig = SamplingConfig(1.0)) -> np.ndarray:
     target, draft = small_pair
-    res = specdec.generate(target, [PROMPT] * ROWS, drafter=draft, max_new_tokens=1, temperature=1.0,
-                           num_draft_tokens=2, seed=5, eos_token_id=[], engine="fast", leniency=leniency)
+    res = specdec.generate(target, [PROMPT] * ROWS, drafter=draft, max_new_tokens=1, temperature=sampling.temperature,
+                           top_k=sampling.top_k, top_p=sampling.top_p, num_draft_tokens=2, seed=5, eos_token_id=[],
+                           engine="fast", leniency=leniency)
     return np.array([s[0] for s in res.sequences])
 
 
-def law(small_pair, leniency: float) -> np.ndarray:
+def law(small_pair, leniency: float, sampling: SamplingConfig = SamplingConfig(1.0)) -> np.ndarray:
+    """The lenient law of the first token from the standardized p and q at the prompt (both filtered alike)."""
     target, draft = small_pair
     with torch.no_grad():
-        p, q = model_probs(target, PROMPT).double(), model_probs(draft, PROMPT).double()
+        p, q = (standardize_logits(m(torch.tensor([PROMPT])).logits[0, -1], sampling).double() for m in small_pair)
     return lenient_law(p, q, leniency).numpy()
 
 
-def test_first_token_follows_the_lenient_law(small_pair):
-    tokens = first_tokens(small_pair, LENIENT)
-    assert chi2_pvalue(tokens, law(small_pair, LENIENT)) > PASS
-    assert chi2_pvalue(tokens, law(small_pair, 1.0)) < FAIL  # lossy by design: not the target's law
+@pytest.mark.parametrize("sampling", [SamplingConfig(1.0), SamplingConfig(0.8, top_k=6), SamplingConfig(1.0, top_p=0.8)])
+def test_first_token_follows_the_lenient_law(small_pair, sampling):
+    tokens = first_tokens(small_pair, LENIENT, sampling)
+    assert chi2_pvalue(tokens, law(small_pair, LENIENT, sampling)) > PASS
+    if sampling == SamplingConfig(1.0):  # (with a filter both laws keep a few tokens and lie too close to tell)
+        assert chi2_pvalue(tokens, law(small_pair, 1.0, sampling)) < FAIL  # lossy by design: not the target's law
 
 
 def test_negative_control_lenience_applied_twice_fails(small_pair, monkeypatch):
