@@ -140,3 +140,29 @@ def test_bitwise_refuses_leniency(pair):
     engine = Engine(*pair, EngineConfig(max_batch_size=1, max_seq_len=64, num_draft_tokens=2, bitwise=True))
     with pytest.raises(ValueError, match="leniency"):
         engine.add_request(PROMPT, SamplingParams(temperature=0, leniency=0.5, max_new_tokens=4))
+
+
+COMMON = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
+@pytest.mark.parametrize("family", ["mistral-window", "qwen3"])
+def test_bitwise_holds_for_windows_and_qk_norms(family):
+    """Other Llama-body families: a sliding window shorter than the text (Mistral), q/k norms (Qwen3): the
+    request's logprobs are the same bits plain at batch 1 and speculative among others."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(3)
+    if family == "mistral-window":
+        make = lambda: transformers.MistralForCausalLM(transformers.MistralConfig(**COMMON, sliding_window=6))  # noqa: E731
+    else:
+        make = lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**COMMON, head_dim=8))  # noqa: E731
+    target, draft = make().eval(), make().eval()
+    with torch.no_grad():
+        target.lm_head.weight.mul_(8.0)
+    params = SamplingParams(temperature=0, max_new_tokens=20, logprobs=True)
+    reference = run((target, draft), 0, 1, 0, False, params, bitwise=True)
+    assert len(reference[0]) == 20
+    assert run((target, draft), 3, 8, 5, True, params, bitwise=True) == reference
+    sampled = SamplingParams(temperature=0.8, max_new_tokens=20, seed=4, logprobs=True)
+    assert run((target, draft), 2, 4, 3, False, sampled, bitwise=True) == run((target, draft), 0, 1, 0, False, sampled,
+                                                                              bitwise=True)
