@@ -7,8 +7,9 @@ says so). Acceptance is i.i.d. per drafted position ("iid"), or all-or-nothing p
 number accepted ("burst": prompt lookup's copies), which Thm 3.8's model mispredicts.
 
 A step at batch bucket b, γ, longest row ℓ costs `cell.step_seconds(b, γ, ℓ)` times a little noise (and now and
-then a 3x straggler). A drafter that keeps a cache pays `cell.catch_up_s` before the first speculative step
-after more than 2 plain steps in a row (the engine's catch-up), reported to the policy as the engine does.
+then a 3x straggler). A drafter that keeps a cache pays `cell.catch_up_s` (+ `catch_up_step_s` per plain step fed)
+before the first speculative step after more than 2 plain steps in a row (the engine's catch-up), reported to the
+policy as the engine does; each admitted row costs `admit_s` outside every step (its prefill).
 Step shapes are captured as the engine's are: the first step of a (b, γ, length bucket of ℓ + γ + 2) shape
 not built yet costs `cell.capture_s` more (~0.1 s on an H200: every row waits) and is reported to the policy
 as a capture, not a step time. `warm=True` builds every shape of the policy's menu first (the engine's
@@ -47,6 +48,9 @@ class Cell:
     small_ratios: tuple = ()  # T(γ)/T(0) at batch buckets <= 8 (speculation is cheaper there); () = `ratios`
     ramp: bool = False  # requests join one per step at first (a server starting up), else the slots fill at once
     capture_s: float = 0.1  # a step shape's first run: its graph capture (24-layer target, H200: ~0.1 s)
+    catch_up_step_s: float = 0.0  # a catch-up's seconds per plain step it feeds (rows × tokens grow with the run)
+    admit_s: float = 0.0  # seconds per admitted row outside the steps (its prefill: no arm's step time)
+    requests: int | None = None  # the traffic's requests (None: max(6 × slots, 160))
 
     def ratio(self, gamma: int, bucket: int | None = None) -> float:
         ratios = self.small_ratios if self.small_ratios and bucket is not None and bucket <= 8 else self.ratios
@@ -93,7 +97,7 @@ def simulate(cell: Cell, gamma="auto", requests: int | None = None, seed: int = 
     """Run the traffic through a policy ("auto" or a fixed γ) → {tok_s, steps, gammas (γ → steps), catch_ups,
     captures}."""
     rng = random.Random(seed)  # the traffic (the same under every policy), then the step-time noise
-    count = requests or max(6 * cell.slots, 160)
+    count = requests or cell.requests or max(6 * cell.slots, 160)
     policy = policy or GammaPolicy(gamma, 8, plain_catches_up=cell.catch_up_s > 0)
     captured = set() if captured is None else captured
     if warm:
@@ -120,6 +124,7 @@ def simulate(cell: Cell, gamma="auto", requests: int | None = None, seed: int = 
     while waiting or running:
         while waiting and len(running) < cell.slots:
             running.append(waiting.pop())
+            seconds += cell.admit_s
             if cell.ramp and len(running) < cell.slots and seconds < 64 * cell.plain_s:
                 break  # (ramping up: one more request per step)
         n = len(running)
@@ -133,7 +138,7 @@ def simulate(cell: Cell, gamma="auto", requests: int | None = None, seed: int = 
         if rng.random() < 0.02:
             t *= 3.0  # a straggler (a collection, a hiccup)
         if caught_up:
-            t += cell.catch_up_s
+            t += cell.catch_up_s + cell.catch_up_step_s * plain_run
             catch_ups += 1
         first_run = shape(bucket, g, longest) not in captured
         if first_run:

@@ -231,6 +231,7 @@ def drive(engine, requests: list[TrafficRequest], slots: int, arrival: Arrival, 
     ids: dict[str, int] = {}
     engine.stats = SpecStats()
     captures = step_shapes(engine)
+    clock = _policy_report(engine, 0.0, 0.0)["clock_s"]
     if engine.device.type == "cuda":
         import torch
 
@@ -283,7 +284,15 @@ def drive(engine, requests: list[TrafficRequest], slots: int, arrival: Arrival, 
             "tpot_p50_s": percentile(tpot, 0.5), "alpha": stats.alpha, "mean_gamma": stats.mean_num_draft_tokens,
             "captures": step_shapes(engine) - captures, "completed_per_s": len(requests) / seconds,
             "tpot_p50_greedy_s": percentile(by_temperature[True], 0.5),
-            "tpot_p50_sampled_s": percentile(by_temperature[False], 0.5)}
+            "tpot_p50_sampled_s": percentile(by_temperature[False], 0.5), "policy": _policy_report(engine, clock, seconds)}
+
+
+def _policy_report(engine, clock: float, seconds: float) -> dict:
+    """The γ policy's read-out after a run (`GammaPolicy.report`; only the share for a policy that keeps none) and the
+    share of the run's wall time its timed steps cover (the rest: admission, catch-up excess, the driver)."""
+    report = engine.policy.report() if hasattr(engine.policy, "report") else {"clock_s": 0.0}
+    report["step_share"] = (report["clock_s"] - clock) / seconds if seconds > 0 else None
+    return report
 
 
 def warm_engine(spec: TrafficSpec, name: str, engine, log=None) -> dict:
@@ -338,13 +347,13 @@ def run_traffic(spec: TrafficSpec, plain, arms: dict, pool: list[list[int]], eos
                 warm(drafter, engine)
                 drive(engine, requests, slots, arrival, policy, rate, spec.seed)  # untimed: the policy's step times
                 result = drive(engine, requests, slots, arrival, policy, rate, spec.seed)
-                per_t = {k: result.pop(k) for k in ("tpot_p50_greedy_s", "tpot_p50_sampled_s")}
+                per_t = {k: result.pop(k) for k in ("tpot_p50_greedy_s", "tpot_p50_sampled_s", "policy")}
                 if drafter == "plain":
                     plain_rate, plain_t = result["tok_s"], per_t
                     if arrival.kind == "closed" and arrival.clients is None:
                         capacity[slots] = result["completed_per_s"]
                 extra = {"rate_per_s": rate} if rate is not None else {}
-                extra.update(per_t)  # TPOT p50 of the greedy and of the sampled requests, and plain's over it
+                extra.update(per_t)  # the policy's read-out; TPOT p50 of the greedy and of the sampled requests, and plain's over it
                 extra.update({f"speedup_{kind}": _ratio(plain_t.get(f"tpot_p50_{kind}_s"), per_t[f"tpot_p50_{kind}_s"])
                               for kind in ("greedy", "sampled")})
                 row = ArmResult(slots=slots, arrival=arrival.label, drafter=drafter, policy=str(policy),

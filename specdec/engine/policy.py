@@ -50,15 +50,14 @@ Cadence: reading the rows' totals from the device costs a host sync, so a decisi
 until the batch bucket changes; rows coming and going inside a bucket do not re-decide (under continuous
 admission they change almost every step).
 
-Why not a γ per row: a step's time is set by its shape (batch bucket, the step's γ, length bucket): the drafter
-and the verify pass compute γ + 1 positions for every row of that shape, so a row that drafts less saves no
-time in that step, and a low-α row still commits at least one token. The batch γ is chosen from every row's
-expected tokens, so rows that would not pay already weigh it down, and a batch where nothing pays runs plain.
+Why not a γ per row: a step's time is set by its shape (every row computes γ + 1 positions), so a row drafting
+less saves nothing in that step; rows that would not pay weigh the batch γ down, and a batch where none pays runs
+plain. `report()`: what was measured and chosen (the traffic bench stores it per row).
 """
 
 from __future__ import annotations
 
-import math
+from specdec.engine.policy_times import borrow as _borrow, interpolate as _interpolate, median as _median
 
 
 __all__ = ["GammaPolicy", "CANDIDATES"]
@@ -122,6 +121,7 @@ class GammaPolicy:
         self._clock = 0.0  # seconds of the steps recorded so far (the exploration budget's clock)
         self.capture_events: list[float] = []  # the last captures' seconds (`record_capture`)
         self.only_ready = False  # choose only arms whose step shape is built (set by the engine's warm-up)
+        self.chosen: dict[tuple[int, int], int] = {}  # (b, γ) → decisions that chose it (`report`)
 
     # ------------------------------------------------------------------------------------- read-outs
     @property
@@ -131,6 +131,17 @@ class GammaPolicy:
         for (b, g, _), values in self.samples.items():
             pooled.setdefault((b, g), []).extend(values)
         return {key: _median(values) for key, values in pooled.items() if values}
+
+    def report(self) -> dict:
+        """JSON-ready, over the policy's life: batch bucket → γ → {median step ms, timed steps, decisions that
+        chose it}; the last catch-ups' ms; `clock_s`, the seconds of the steps recorded."""
+        buckets: dict = {}
+        for (b, g), seconds in sorted(self.times.items()):
+            buckets.setdefault(str(b), {})[str(g)] = {"ms": round(seconds * 1e3, 3), "timed": self._timed(b, g)}
+        for (b, g), n in sorted(self.chosen.items()):
+            buckets.setdefault(str(b), {}).setdefault(str(g), {})["chosen"] = n
+        return {"buckets": buckets, "clock_s": self._clock, "catch_up_ms": {
+            str(b): [round(v * 1e3, 2) for v in values] for b, values in self.catch_up_events.items()}}
 
     def step_time(self, batch: int, gamma: int, length: int | None = None) -> float | None:
         """T(b, γ, ℓ) as the policy estimates it (measured, borrowed from another length bucket, or
@@ -147,13 +158,11 @@ class GammaPolicy:
         self._choice = None
 
     def choose(self, batch: int, running, estimates=None, length: int | None = None, ready=None) -> int:
-        """γ for the next step at batch bucket `batch`, the longest running row holding `length` tokens (None:
-        one length bucket for all). Each running row's acceptance totals (Σβ, verified positions, speculative
-        steps, steps that drafted) come from `record_row` (kept on the row) or, when given, from `estimates()`
-        → one such tuple per row (the engine keeps them on the device: a host read, made only when the policy
-        re-decides). ready(γ) → whether this step's shape at γ is built (its graphs captured); None = all are.
-        With `only_ready` set (the engine's warm-up did it) only ready arms are chosen while any is; otherwise
-        an arm that is not ready carries its capture's cost (see the module doc)."""
+        """γ for the next step at batch bucket `batch`, the longest running row holding `length` tokens (None: one
+        length bucket). Each row's acceptance totals (Σβ, verified positions, speculative steps, steps that
+        drafted) come from `record_row` or, when given, `estimates()` (one tuple per row: a host read, made only
+        when the policy re-decides). ready(γ) → whether this step's shape at γ is built (None: all are); see the
+        module doc for `only_ready` and captures."""
         if self.fixed is not None or not self.candidates:
             return self.fixed or 0
         if (self._choice is not None and self._bucket == batch and self._age < self._keep
@@ -163,6 +172,7 @@ class GammaPolicy:
         else:
             gamma, keep = self._decide(batch, running, estimates, length_bucket(length or 1), ready)
             self._choice, self._bucket, self._age, self._keep = gamma, batch, 1, keep
+            self.chosen[(batch, gamma)] = self.chosen.get((batch, gamma), 0) + 1
             if keep == _HOLD:
                 self._winner = gamma
         self._plain_run = self._plain_run + 1 if gamma == 0 else 0
@@ -340,20 +350,6 @@ class GammaPolicy:
         est.drafting_steps += drafting
 
 
-def _borrow(cells: dict[int, dict[int, float]], key: int) -> dict[int, float]:
-    """cells: bucket → γ → seconds. → γ → seconds at `key`: its own, then each γ missing there from the nearest
-    bucket that has it (in log distance), scaled by the mean ratio of the γ's both have (1 when none)."""
-    here = dict(cells.get(key, {}))
-    own = cells.get(key, {})
-    for other in sorted((k for k in cells if k != key), key=lambda k: (abs(math.log2(k / key)), k)):
-        there = cells[other]
-        shared = [g for g in there if g in own]
-        scale = sum(own[g] / there[g] for g in shared) / len(shared) if shared else 1.0
-        for g, seconds in there.items():
-            here.setdefault(g, seconds * scale)
-    return here
-
-
 def _extra_tokens(rows: list[tuple[float, float]], gammas) -> dict[int, float]:
     """γ → Σ over rows of ρ · (E(α, γ) − 1), E(α, γ) − 1 = α (1 − α^γ) / (1 − α) (Thm 3.8; γ when α = 1): one
     pass over the rows for every γ (the policy's cost at 64 rows is this loop)."""
@@ -367,33 +363,6 @@ def _extra_tokens(rows: list[tuple[float, float]], gammas) -> dict[int, float]:
         for g in gammas:
             sums[g] += scale * (1.0 - alpha ** g)
     return sums
-
-
-def _median(values: list[float]) -> float:
-    """The lower median: noise in step times is one-sided (a straggler is only ever slower), so of two middle
-    values the lower one is the typical step."""
-    return sorted(values)[(len(values) - 1) // 2]
-
-
-def _interpolate(times: dict[int, float], gamma: int) -> float:
-    """T(γ) from the timed γ's: measured, else linear between the nearest timed neighbours, else extended
-    along the line from the smallest timed γ (γ = 0 when timed) to the largest (slope >= 0); below every timed
-    γ, along the line through the two smallest, at least half the smallest's."""
-    if gamma in times:
-        return times[gamma]
-    timed = sorted(times)
-    below = [g for g in timed if g < gamma]
-    above = [g for g in timed if g > gamma]
-    if below and above:
-        lo, hi = below[-1], above[0]
-        return times[lo] + (times[hi] - times[lo]) * (gamma - lo) / (hi - lo)
-    if below:
-        lo, hi = timed[0], below[-1]
-        slope = max(times[hi] - times[lo], 0.0) / (hi - lo) if hi > lo else 0.0
-        return times[hi] + slope * (gamma - hi)
-    a = above[0]
-    slope = max(times[above[1]] - times[a], 0.0) / (above[1] - a) if len(above) > 1 else 0.0
-    return max(times[a] - slope * (a - gamma), 0.5 * times[a])
 
 
 def _estimate(request) -> _RowEstimate:

@@ -160,6 +160,10 @@ def test_bench_quick_writes_the_whole_table(tmp_path, capsys):
                     assert speedup == pytest.approx(plain["extra"][f"tpot_p50_{kind}_s"] / tpot)
                     assert r is not plain or speedup == 1.0
             assert r["ttft_p50_s"] <= r["ttft_p99_s"]
+            policy = r["extra"]["policy"]  # what the policy measured and chose; its steps' share of the run
+            assert 0 < policy["step_share"] <= 1 and policy["clock_s"] > 0
+            chosen = sum(v.get("chosen", 0) for arms_ in policy["buckets"].values() for v in arms_.values())
+            assert (chosen > 0) == (r["policy"] == "auto")
         if cell[1].startswith("poisson"):
             assert plain["extra"]["rate_per_s"] > 0
     assert set(summary["summary"]) == {f"{d}/auto" for d in DRAFTERS}

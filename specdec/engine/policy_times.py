@@ -1,0 +1,48 @@
+"""Step-time tables of the γ policy (`specdec.engine.policy`): medians, borrowing across buckets, interpolation in γ."""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["borrow", "median", "interpolate"]
+
+
+def borrow(cells: dict[int, dict[int, float]], key: int) -> dict[int, float]:
+    """cells: bucket → γ → seconds. → γ → seconds at `key`: its own, then each γ missing there from the nearest
+    bucket that has it (in log distance), scaled by the mean ratio of the γ's both have (1 when none)."""
+    here = dict(cells.get(key, {}))
+    own = cells.get(key, {})
+    for other in sorted((k for k in cells if k != key), key=lambda k: (abs(math.log2(k / key)), k)):
+        there = cells[other]
+        shared = [g for g in there if g in own]
+        scale = sum(own[g] / there[g] for g in shared) / len(shared) if shared else 1.0
+        for g, seconds in there.items():
+            here.setdefault(g, seconds * scale)
+    return here
+
+
+def median(values: list[float]) -> float:
+    """The lower median: noise in step times is one-sided (a straggler is only ever slower), so of two middle
+    values the lower one is the typical step."""
+    return sorted(values)[(len(values) - 1) // 2]
+
+
+def interpolate(times: dict[int, float], gamma: int) -> float:
+    """T(γ) from the timed γ's: measured, else linear between the nearest timed neighbours, else extended
+    along the line from the smallest timed γ (γ = 0 when timed) to the largest (slope >= 0); below every timed
+    γ, along the line through the two smallest, at least half the smallest's."""
+    if gamma in times:
+        return times[gamma]
+    timed = sorted(times)
+    below = [g for g in timed if g < gamma]
+    above = [g for g in timed if g > gamma]
+    if below and above:
+        lo, hi = below[-1], above[0]
+        return times[lo] + (times[hi] - times[lo]) * (gamma - lo) / (hi - lo)
+    if below:
+        lo, hi = timed[0], below[-1]
+        slope = max(times[hi] - times[lo], 0.0) / (hi - lo) if hi > lo else 0.0
+        return times[hi] + slope * (gamma - hi)
+    a = above[0]
+    slope = max(times[above[1]] - times[a], 0.0) / (above[1] - a) if len(above) > 1 else 0.0
+    return max(times[a] - slope * (a - gamma), 0.5 * times[a])
