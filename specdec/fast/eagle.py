@@ -102,7 +102,10 @@ class EagleLayer(FastLlama):
         return False
 
     def _eager_layers(self, x: torch.Tensor, cache: KVCache, rope_pos: torch.Tensor, slots: torch.Tensor,
-                      tables: list, capture: list | None = None, attention: str = "reference") -> torch.Tensor:
+                      tables: list, capture: list | None = None, attention: str = "reference",
+                      tree=None) -> torch.Tensor:
+        if tree is not None:
+            raise ValueError("an EAGLE head drafts chains: it does not score token trees")
         s, c = self.shape, self.eagle
         cos_table, sin_table = tables[0]
         batch, k = x.shape[:2]
