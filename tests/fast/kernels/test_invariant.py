@@ -126,7 +126,7 @@ def test_attention_with_several_splits_stays_query_invariant(monkeypatch, window
     from specdec.fast.kernels import _invariant_triton
 
     monkeypatch.setattr(_invariant_triton, "SPLIT_SLOTS", 32)
-    q, keys, values, positions = attention_case(slots=96)
+    q, keys, values, positions = attention_case(batch=3, k=2, slots=96)
     fn = lambda *a: invariant_attention(*a, window=window, kernel="triton")  # noqa: E731
     torch.testing.assert_close(fn(q, keys, values, positions),
                                slot_attention_reference(q, keys, values, positions, window=window),
