@@ -34,7 +34,7 @@ def load_models(pair: Path | None, vocab: int, device: str):
 
         drafts = {n: f"draft{i}" for i, n in enumerate(("small", "base")) if (pair / f"draft{i}").is_dir()}
         return load("target"), {n: load(folder) for n, folder in drafts.items()}
-    from specdec.zoo.train import build_model
+    from specdec.zoo.models import build_model
 
     target = build_model(ENDE_TABLES_PRESET.target, vocab, seed=0).to(device).eval()
     drafts = {n: build_model(r.shape, vocab, seed=1 + i).to(device).eval()

@@ -39,7 +39,7 @@ def save_random_pair(preset: str, folder: Path) -> tuple[Path, Path]:
     import torch
 
     from specdec.zoo.presets import get_preset
-    from specdec.zoo.train import build_model
+    from specdec.zoo.models import build_model
 
     demo = ROOT / "specdec/assets/demo_pair/target"
     shapes = get_preset(preset)

@@ -33,7 +33,8 @@ from specdec.zoo.data import TokenData  # noqa: E402
 from specdec.zoo.distill import distill_draft  # noqa: E402
 from specdec.zoo.pipeline import make_pools  # noqa: E402
 from specdec.zoo.presets import get_preset, scale_budget  # noqa: E402
-from specdec.zoo.train import build_model, count_params, resolve_device, run_training, save_model  # noqa: E402
+from specdec.zoo.models import build_model, count_params, resolve_device, save_model  # noqa: E402
+from specdec.zoo.train import run_training  # noqa: E402
 
 SHIPPED = Path(__file__).resolve().parents[1] / "specdec" / "assets" / "demo_pair"
 

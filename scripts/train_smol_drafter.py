@@ -214,7 +214,7 @@ def main(argv=None) -> int:
             drafters["head_full_vocab"] = trainable.to_feature_head(device="cpu", dtype=torch.float32)
         del trainable
     if "draft" in args.kinds:
-        from specdec.zoo.train import save_model
+        from specdec.zoo.models import save_model
 
         draft, result = train_small_draft(args, target, data, device)
         summary["draft_training"] = {**result.to_dict(), "params": sum(p.numel() for p in draft.parameters()),

@@ -267,7 +267,7 @@ def run_ende_tables(data_dir: str | Path, out_dir: str | Path, *, preset: PairPr
     from specdec.zoo.pipeline import train_pair
     from specdec.zoo.presets import scale_budget
     from specdec.zoo.tokenizer import load_tokenizer
-    from specdec.zoo.train import resolve_device
+    from specdec.zoo.models import resolve_device
 
     t0 = time.perf_counter()
     out = Path(out_dir)

@@ -135,7 +135,7 @@ def gpu(device: torch.device, *, pair_dir: Path | None, data_dir: Path | None, m
 
 def random_zoo_pair(device: torch.device, dtype: torch.dtype, vocab_size: int = 8192):
     from specdec.zoo.presets import get_preset
-    from specdec.zoo.train import build_model
+    from specdec.zoo.models import build_model
 
     preset = get_preset("gpu")
     target = build_model(preset.target, vocab_size, seed=0).to(device=device, dtype=dtype).eval()

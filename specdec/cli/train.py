@@ -293,7 +293,7 @@ def _distill(args) -> int:
     from specdec.zoo.data import load_data
     from specdec.zoo.distill import distill_draft
     from specdec.zoo.presets import get_preset
-    from specdec.zoo.train import resolve_device, save_model
+    from specdec.zoo.models import resolve_device, save_model
 
     preset = get_preset(args.preset)
     recipe = next((r for r in preset.drafts if r.distill is not None), None)
@@ -358,7 +358,7 @@ def _head(args) -> int:
     from specdec.loading import load_model, resolve_model_source
     from specdec.zoo.data import TokenData, load_data
     from specdec.zoo.feature_head import DEFAULT_HEAD, train_head
-    from specdec.zoo.train import resolve_device
+    from specdec.zoo.models import resolve_device
 
     fraction = args.generated_fraction if args.generated_fraction is not None else (0.5 if args.generate else 0.0)
     if fraction and not args.generate:

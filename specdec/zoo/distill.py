@@ -24,7 +24,9 @@ import torch.nn.functional as F
 
 from specdec.zoo.data import PairData, TokenData
 from specdec.zoo.presets import DistillConfig
-from specdec.zoo.train import TrainResult, _autocast, _to, forward_logits, resolve_device, run_training
+from specdec.zoo.models import resolve_device
+from specdec.zoo.train import TrainResult, run_training
+from specdec.zoo.train_steps import autocast, forward_logits, to_device
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +72,8 @@ def alpha_on_batches(
     sums = {t: 0.0 for t in temperatures}
     count = 0
     for batch in batches:
-        batch = _to(batch, device)
-        with _autocast(device, bf16):
+        batch = to_device(batch, device)
+        with autocast(device, bf16):
             p_logits, targets = forward_logits(target, batch)
             q_logits, _ = forward_logits(draft, batch)
         mask = targets != -100
@@ -112,7 +114,7 @@ def generate_greedy(
     rows = []
     for lo in range(0, len(prompts), batch_size):
         ids = prompts[lo : lo + batch_size].to(device)
-        with _autocast(device, bf16):
+        with autocast(device, bf16):
             out = target(input_ids=ids, use_cache=True)
             cache = _cache_of(out)
             pieces = [ids, out.logits[:, -1].argmax(-1, keepdim=True)]

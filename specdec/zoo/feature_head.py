@@ -42,7 +42,9 @@ from specdec.zoo.head_cache import build_feature_cache, target_features
 from specdec.zoo.head_kl import kl_rows
 from specdec.zoo.presets import TrainConfig
 from specdec.zoo.speed import skip_non_finite_step
-from specdec.zoo.train import TrainLog, _autocast, _sync, _to, lr_at, make_optimizer, resolve_device
+from specdec.analysis import drain
+from specdec.zoo.models import resolve_device
+from specdec.zoo.train_steps import TrainLog, autocast, lr_at, make_optimizer, to_device
 
 __all__ = ["HeadTrainConfig", "HeadTrainResult", "TrainableHead", "train_head", "head_alpha", "head_loss",
            "DEFAULT_HEAD"]
@@ -291,7 +293,7 @@ def head_alpha(target, head: TrainableHead, batches: list, *, temperatures=(0.0,
     sums, count = {t: 0.0 for t in temperatures}, 0
     for batch in batches:
         batch = batch.to(device)
-        with _autocast(device, bf16):
+        with autocast(device, bf16):
             hidden, p_logits = _target_pass(target, batch)
             _, q_logits = _head_pass(head, target, hidden, batch, step)[-1]
         p, q = p_logits[:, step:].float().flatten(0, 1), q_logits.float().flatten(0, 1)
@@ -342,12 +344,12 @@ def train_head(target: torch.nn.Module, data: TokenData, cfg: HeadTrainConfig, *
     t0 = time.perf_counter()
     cache = None
     if cfg.feature_cache_tokens:
-        with _autocast(device, tc.bf16), torch.no_grad():
+        with autocast(device, tc.bf16), torch.no_grad():
             cache = build_feature_cache(target, data, max_tokens=cfg.feature_cache_tokens, batch_size=tc.batch_size,
                                         seq_len=tc.seq_len, rng=rng, device=device, pool=pool,
                                         generated_fraction=cfg.generated_fraction,
                                         dtype=torch.bfloat16 if cuda and tc.bf16 else torch.float32)
-        _sync(device)
+        drain(device)
         if tc.max_seconds is not None and time.perf_counter() - t0 > 0.5 * tc.max_seconds:
             logger.warning("head: filling the feature cache took %.0f s of the %.0f s budget; lower "
                            "feature_cache_tokens", time.perf_counter() - t0, tc.max_seconds)
@@ -372,10 +374,10 @@ def train_head(target: torch.nn.Module, data: TokenData, cfg: HeadTrainConfig, *
 
     while step < total_steps:
         if step == CALIBRATE[0]:
-            _sync(device)
+            drain(device)
             t_calib = time.perf_counter()
         if step == CALIBRATE[1] and tc.max_seconds is not None:  # fix the schedule's length to the time budget
-            _sync(device)
+            drain(device)
             per_step = (time.perf_counter() - t_calib) / (CALIBRATE[1] - CALIBRATE[0])
             fit = int((tc.max_seconds - (time.perf_counter() - t0)) / per_step)
             total_steps = max(step + 1, min(tc.steps, step + fit))
@@ -386,17 +388,17 @@ def train_head(target: torch.nn.Module, data: TokenData, cfg: HeadTrainConfig, *
         if cache is not None:
             refresh = cfg.feature_cache_refresh
             if refresh and step and step % refresh == 0 and cache.corpus is not None:
-                with _autocast(device, tc.bf16):
+                with autocast(device, tc.bf16):
                     cache.refresh(target, data, rng, tc.batch_size)
             batch, hidden = cache.sample(tc.batch_size, noise_gen)
-            with _autocast(device, tc.bf16), torch.no_grad():
+            with autocast(device, tc.bf16), torch.no_grad():
                 p_logits = target.lm_head(hidden)  # the target's logits = its LM head on its final-normed features
         elif step % cfg.batch_reuse == 0:
-            batch = _to(data.train_batch(tc.batch_size, tc.seq_len, rng), device)  # pinned: no host sync
-            with _autocast(device, tc.bf16), torch.no_grad():
+            batch = to_device(data.train_batch(tc.batch_size, tc.seq_len, rng), device)  # pinned: no host sync
+            with autocast(device, tc.bf16), torch.no_grad():
                 hidden, p_logits = _target_pass(target, batch)
         tokens += batch.shape[0] * (batch.shape[1] - 1)  # positions the head trained on
-        with _autocast(device, tc.bf16):
+        with autocast(device, tc.bf16):
             loss, regression, kl = head_loss(head, target, hidden, batch, p_logits, cfg, noise_gen)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
@@ -419,7 +421,7 @@ def train_head(target: torch.nn.Module, data: TokenData, cfg: HeadTrainConfig, *
     if pending:
         flush()
     log.close()
-    _sync(device)
+    drain(device)
     seconds = time.perf_counter() - t0
     step_ms = 1e3 * (time.perf_counter() - t_calib) / (step - CALIBRATE[0]) if step > CALIBRATE[0] else None
     del cache

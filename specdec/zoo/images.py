@@ -6,7 +6,7 @@ set's 17 grey levels (0..16) are the pixel vocabulary as they are, no quantizati
 
 Token layout (`DigitsLayout`, vocabulary 32):
 
-    0 <pad>   1 <s>   2 </s>     the zoo's special ids (specdec.zoo.train PAD_ID / BOS_ID / EOS_ID)
+    0 <pad>   1 <s>   2 </s>     the zoo's special ids (specdec.zoo.models PAD_ID / BOS_ID / EOS_ID)
     3 .. 12   class tokens "digit 0" .. "digit 9"
     13 .. 29  pixel intensities 0 .. 16
     30, 31    unused (the vocabulary is rounded up to 32)
@@ -38,7 +38,8 @@ import torch
 from specdec.zoo.corpus import split_of
 from specdec.zoo.distill import distill_draft
 from specdec.zoo.presets import DistillConfig, DraftRecipe, ModelShape, PairPreset, TrainConfig
-from specdec.zoo.train import BOS_ID, EOS_ID, build_model, count_params, resolve_device, run_training, save_model
+from specdec.zoo.models import BOS_ID, EOS_ID, build_model, count_params, resolve_device, save_model
+from specdec.zoo.train import run_training
 
 logger = logging.getLogger(__name__)
 

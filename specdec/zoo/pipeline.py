@@ -23,7 +23,8 @@ import torch
 from specdec.zoo.data import load_data
 from specdec.zoo.distill import distill_draft, generate_greedy, init_from_target, prompts_from_stream
 from specdec.zoo.presets import GeneratedPool, PairPreset
-from specdec.zoo.train import build_model, count_params, resolve_device, run_training, save_model, train_model
+from specdec.zoo.models import build_model, count_params, resolve_device, save_model
+from specdec.zoo.train import run_training, train_model
 
 logger = logging.getLogger(__name__)
 

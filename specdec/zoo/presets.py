@@ -174,7 +174,7 @@ PRESETS: dict[str, PairPreset] = {
     ),
     # EnDe on the gettext corpus (223K training pairs from scripts/ende_packages.sh). Batches of ~64K padded
     # positions (source + target, PairData.token_batch: ~2.6K pairs, 9% padding) instead of 512 pairs, and no
-    # cuDNN attention in training (zoo.train._training_attention): on an H200 the eager T5 step trained 5.1K
+    # cuDNN attention in training (zoo.train_steps.training_attention): on an H200 the eager T5 step trained 5.1K
     # pairs/s at 512-pair batches (session 3's run: 2234 steps in 240 s, ~5 epochs, held-out loss still falling
     # at 2.89) and 21K pairs/s with both (`scripts/ende_train_profile.py` at 26f890c: `--variants
     # target-b512,target-t64-nocudnn`), so 240 s are now ~20 epochs; lr 1e-3 → 1.5e-3 for the 5× larger batch.

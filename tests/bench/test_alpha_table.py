@@ -24,7 +24,7 @@ def test_an_extra_drafter_is_measured_like_the_shipped_one():
 
 def test_an_extra_drafter_with_another_vocabulary_is_refused(tmp_path):
     from specdec.zoo.presets import ModelShape
-    from specdec.zoo.train import build_model
+    from specdec.zoo.models import build_model
 
     build_model(ModelShape("llama", dim=32, layers=1, heads=1, ff=64, max_len=64), 300).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="extra drafter 'small'.*300 tokens"):

@@ -8,7 +8,8 @@ import torch
 from specdec.zoo.data import TokenData
 from specdec.zoo.distill import acceptance_per_position, alpha_on_batches, distill_draft, kl_loss
 from specdec.zoo.presets import PRESETS
-from specdec.zoo.train import build_model, train_model
+from specdec.zoo.models import build_model
+from specdec.zoo.train import train_model
 
 TINY = PRESETS["tiny"]
 

@@ -14,7 +14,9 @@ import specdec
 from specdec.zoo.corpus import ende_pairs
 from specdec.zoo.data import PairData, prepare_ende_data
 from specdec.zoo.presets import ModelShape, TrainConfig, get_preset
-from specdec.zoo.train import build_model, forward_logits, lm_loss, run_training
+from specdec.zoo.models import build_model
+from specdec.zoo.train import run_training
+from specdec.zoo.train_steps import forward_logits, lm_loss
 
 from .conftest import write_mo
 

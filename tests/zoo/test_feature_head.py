@@ -15,7 +15,8 @@ from specdec.fast.model import FastLlama, LlamaShape
 from specdec.zoo.data import TokenData
 from specdec.zoo.feature_head import HeadTrainConfig, TrainableHead, head_alpha, train_head
 from specdec.zoo.presets import PRESETS
-from specdec.zoo.train import build_model, save_model, train_model
+from specdec.zoo.models import build_model, save_model
+from specdec.zoo.train import train_model
 
 TINY = PRESETS["tiny"]
 HEAD_TRAIN = replace(TINY.target_train, steps=60, lr=3e-3, warmup_steps=5, weight_decay=0.0, z_loss=0.0)

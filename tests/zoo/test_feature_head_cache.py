@@ -187,7 +187,7 @@ def test_cached_training_lowers_the_loss_and_the_cli_writes_a_loadable_head(setu
     assert len((tmp_path / "head.csv").read_text().splitlines()) == TRAIN.steps + 1
 
     from specdec.cli import main
-    from specdec.zoo.train import build_model, save_model
+    from specdec.zoo.models import build_model, save_model
 
     real = TokenData.load(code_data)
     folder = save_model(build_model(PRESETS["tiny"].target, real.meta["vocab_size"]), tmp_path / "target",

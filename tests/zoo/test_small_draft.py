@@ -64,7 +64,7 @@ def test_distillation_raises_alpha_and_the_folder_loads_back(tmp_path):
     from specdec.zoo.data import TokenData
     from specdec.zoo.distill import distill_draft
     from specdec.zoo.presets import DistillConfig, TrainConfig
-    from specdec.zoo.train import save_model
+    from specdec.zoo.models import save_model
 
     target = tiny_target()
     rng = np.random.default_rng(0)

@@ -10,7 +10,9 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from specdec.zoo.data import TokenData
 from specdec.zoo.presets import PRESETS, get_preset
-from specdec.zoo.train import build_model, lr_at, run_training, save_model, train_model
+from specdec.zoo.models import build_model, save_model
+from specdec.zoo.train import run_training, train_model
+from specdec.zoo.train_steps import lr_at
 
 TINY = PRESETS["tiny"]
 

@@ -9,7 +9,8 @@ import torch
 from specdec.zoo.data import TokenData
 from specdec.zoo.presets import PRESETS, ModelShape
 from specdec.zoo.speed import causal_attention
-from specdec.zoo.train import build_model, run_training
+from specdec.zoo.models import build_model
+from specdec.zoo.train import run_training
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

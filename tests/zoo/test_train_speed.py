@@ -14,7 +14,9 @@ import torch.nn.functional as F
 from specdec.zoo.data import TokenData
 from specdec.zoo.presets import PRESETS, ModelShape
 from specdec.zoo.speed import DeviceWindows, causal_attention, skip_non_finite_step
-from specdec.zoo.train import MAX_CONSECUTIVE_SKIPS, build_model, lm_loss, run_training
+from specdec.zoo.models import build_model
+from specdec.zoo.train import MAX_CONSECUTIVE_SKIPS, run_training
+from specdec.zoo.train_steps import lm_loss
 
 TINY = PRESETS["tiny"]
 
