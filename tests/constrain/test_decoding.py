@@ -121,3 +121,49 @@ def test_refusals_name_the_constraint(demo):
     other = compile_constraint(Constraint.json_object(), tokenizer, 9000, [tokenizer.eos_token_id])
     with pytest.raises(ValueError, match="grammar: compiled for 9000 logits but the model has"):
         specdec.generate(target, prompt, draft, constraint=other, engine="hf")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_constrained_rows_beside_graph_rows_on_cuda(demo):
+    """On CUDA the engine captures graphs for plain rows and runs a step with a constrained row eagerly: in one
+    batch, the constrained rows give the CPU loop's constrained greedy text and the others their own (a difference
+    must be a float tie among the allowed tokens)."""
+    from specdec.engine import Engine, EngineConfig
+    from specdec.request import SamplingParams
+
+    tokenizer, target, draft = demo
+    grammar = _compile(tokenizer, target, Constraint.json_schema(Person.model_json_schema()))
+    prompts = _prompts(tokenizer)
+    cpu = specdec.generate(target, prompts, draft, max_new_tokens=32, temperature=0, num_draft_tokens=4,
+                           constraint=grammar, engine="hf").sequences
+    free = specdec.generate(target, prompts, draft, max_new_tokens=32, temperature=0, num_draft_tokens=4,
+                            engine="hf").sequences
+    gpu_target, gpu_draft = type(target).from_pretrained(DEMO / "target").cuda().eval(), \
+        type(draft).from_pretrained(DEMO / "draft").cuda().eval()
+    engine = Engine(gpu_target, gpu_draft, EngineConfig(max_batch_size=8, max_seq_len=256, num_draft_tokens=4))
+    assert engine.cuda_graphs
+    eos = (tokenizer.eos_token_id,)
+    for _ in range(2):  # the second run replays what the first captured
+        ids = [engine.add_request(p, SamplingParams(max_new_tokens=32, temperature=0, eos_token_ids=eos,
+                                                    constraint=grammar if i % 2 == 0 else None))
+               for i, p in enumerate(prompts * 2)]
+        out = {i: [] for i in ids}
+        while engine.has_unfinished():
+            for o in engine.step():
+                out[o.request_id].extend(o.new_token_ids)
+        for i, rid in enumerate(ids):
+            ref = cpu[i % len(prompts)] if i % 2 == 0 else free[i % len(prompts)]
+            _same_or_tie(target, grammar if i % 2 == 0 else None, prompts[i % len(prompts)], out[rid], ref)
+
+
+def _same_or_tie(target, grammar, prompt, ours, ref, tie=1e-3):
+    if ours == ref:
+        return
+    i = next((j for j, (a, b) in enumerate(zip(ours, ref)) if a != b), min(len(ours), len(ref)))
+    with torch.no_grad():
+        logits = target(torch.tensor([prompt + ref[:i]])).logits[0, -1].float()
+    if grammar is not None:
+        logits = logits.masked_fill(~grammar.start(logits.shape[-1]).allowed(ref[:i])[-1], float("-inf"))
+    top2 = logits.topk(2).values
+    assert float(top2[0] - top2[1]) < tie, f"differ at token {i} with a clear margin: ours={ours} ref={ref}"
