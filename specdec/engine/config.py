@@ -60,9 +60,10 @@ class EngineConfig:
                       running, waiting requests are admitted at once.
     admit_max_wait    steps a free slot waits for `admit_min` (what it adds to a request's time to first token)
     bitwise           bit-for-bit exact mode: the target runs batch-invariant GEMM and attention kernels in every
-                      forward (`fast.kernels.invariant`), so greedy and seeded output and log-probabilities are the
-                      same bits alone or in any batch, for any γ and with speculation on or off (sampled output
-                      across γ: see README); the Llama-body families; costs speed (BENCHMARKS.md)
+                      forward (`fast.kernels.invariant`) and sampled rows verify by a shared race
+                      (`core.verify_coupled`), so greedy and seeded output and log-probabilities are plain decoding's
+                      bits alone or in any batch, for any γ and drafter; the Llama-body families, CPU and CUDA; no
+                      leniency or token trees; costs speed (BENCHMARKS.md)
     max_tree_nodes    the largest token tree a request may ask for (`SamplingParams.draft_tree`), root included
                       (sizes the caches: a tree pass writes that many slots; 0 = no trees; at most 64)
     """

@@ -188,6 +188,8 @@ class FastLlama(torch.nn.Module):
         if value and not self.shape.arch.fusable:
             raise ValueError("bitwise=True covers the Llama-body families (RMSNorm, gated SiLU MLP, full RoPE, no "
                              "soft-caps); this model's family is not one of them")
+        if value and self.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"bitwise=True runs on CPU or CUDA, not {self.device.type}")
         hd = self.shape.head_dim
         if value and self.device.type == "cuda" and (hd < 16 or hd > 256 or hd & (hd - 1)):
             raise ValueError(f"bitwise=True on CUDA needs a power-of-two head dim in [16, 256], got {hd}")
