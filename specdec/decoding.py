@@ -109,7 +109,8 @@ def stream(
 
 
 _PROCESSOR_ARGUMENTS = ("repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens",
-                        "allowed_token_ids", "no_repeat_ngram_size", "constraint")
+                        "allowed_token_ids", "no_repeat_ngram_size", "bad_words_ids",
+                        "constraint")
 
 
 def stream_request(

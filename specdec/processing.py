@@ -57,7 +57,8 @@ class BatchProcessors:
         self.rows = ProcessorRows.uniform(
             len(rows), vocab, device, repetition=params.repetition_penalty, frequency=params.frequency_penalty,
             presence=params.presence_penalty, min_tokens=params.min_tokens, stop_ids=params.eos_token_ids,
-            logit_bias=params.logit_bias, allowed=params.allowed_token_ids, ngram=params.no_repeat_ngram_size)
+            logit_bias=params.logit_bias, allowed=params.allowed_token_ids, ngram=params.no_repeat_ngram_size,
+            bad_words=params.bad_words_ids)
         self.ngram_sizes = (params.no_repeat_ngram_size,) if params.no_repeat_ngram_size else ()
         self.context = None  # the committed text (a `TokenBuffer`), read by no_repeat_ngram_size
         self.history: TokenHistory = history_of(rows, vocab, device)
@@ -76,10 +77,10 @@ class BatchProcessors:
         return process_draft(logits, draft, self.rows, self.history, allowed, self._bans(draft, logits.shape[-1]))
 
     def _bans(self, draft: torch.Tensor, vocab: int) -> torch.Tensor | None:
-        if not self.ngram_sizes:
+        if not self.ngram_sizes and self.rows.words is None:
             return None
         if self.context is None:
-            raise RuntimeError("BatchProcessors.context must be set for no_repeat_ngram_size")
+            raise RuntimeError("BatchProcessors.context must be set for no_repeat_ngram_size / bad_words_ids")
         return text_bans(self.rows, self.ngram_sizes, self.context.tokens, self.context.lengths, draft, vocab)
 
     def draft(self, logits: torch.Tensor, drafted: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.core import FILTERS, SamplingConfig, check_leniency
-from specdec.core.processors import MAX_NGRAM_SIZE, check_logit_bias, check_token_ids
+from specdec.core.processors import MAX_NGRAM_SIZE, check_bad_words, check_logit_bias, check_token_ids
 from specdec.core.tree import TreeSpec
 
 __all__ = ["SamplingParams", "MAX_NUM_DRAFT_TOKENS", "MAX_NEW_TOKENS", "MAX_TOP_LOGPROBS", "as_int", "check_max_new_tokens",
@@ -194,7 +194,8 @@ class SamplingParams:
     [-100, 100]} (ids checked against the vocabulary by the runner), `min_tokens` (EOS ids masked until that many
     tokens were generated), `constraint` (a `core.processors.ConstraintSpec`, e.g. a
     compiled grammar; None = none), `allowed_token_ids` (only these ids may be generated; None = all),
-    `no_repeat_ngram_size` n (transformers': no n-gram of the text twice; 0 = off).
+    `no_repeat_ngram_size` n (transformers': no n-gram of the text twice; 0 = off), `bad_words_ids` (token
+    sequences never generated: transformers' bad_words_ids).
     `top_logprobs` N ≤ 20: also report the N most likely tokens of the target's
     raw distribution at each generated token (needs `logprobs`).
     `draft_tree` [k_1, ..., k_D] (None = a chain): verify a token tree per step (`core.tree.TreeSpec`; exact).
@@ -218,6 +219,7 @@ class SamplingParams:
     top_logprobs: int = 0
     allowed_token_ids: tuple[int, ...] | None = None
     no_repeat_ngram_size: int = 0
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()
     draft_tree: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
@@ -258,6 +260,7 @@ class SamplingParams:
                 raise ValueError("allowed_token_ids allows only EOS ids, which min_tokens masks: nothing could be "
                                  "generated")
             object.__setattr__(self, "allowed_token_ids", ids)
+        object.__setattr__(self, "bad_words_ids", check_bad_words(self.bad_words_ids or ()))
         object.__setattr__(self, "no_repeat_ngram_size", as_int(self.no_repeat_ngram_size, "no_repeat_ngram_size",
                                                                 minimum=0, maximum=MAX_NGRAM_SIZE))
         if self.constraint is not None and not callable(getattr(self.constraint, "start", None)):
@@ -278,7 +281,7 @@ class SamplingParams:
     @property
     def processors(self) -> tuple[str, ...]:
         """The names of the logits processors this request turns on (in `core.processors`' order)."""
-        on = (("no_repeat_ngram_size", self.no_repeat_ngram_size > 0),
+        on = (("no_repeat_ngram_size", self.no_repeat_ngram_size > 0), ("bad_words_ids", bool(self.bad_words_ids)),
               ("allowed_token_ids", self.allowed_token_ids is not None), ("logit_bias", bool(self.logit_bias)), ("min_tokens", self.min_tokens > 0 and bool(self.eos_token_ids)),
               ("repetition_penalty", self.repetition_penalty != 1.0),
               ("frequency_penalty", self.frequency_penalty != 0.0), ("presence_penalty", self.presence_penalty != 0.0),
@@ -290,6 +293,9 @@ class SamplingParams:
         for token, _ in self.logit_bias:
             if token >= vocab_size:
                 raise ValueError(f"logit_bias token id {token} is outside the vocabulary [0, {vocab_size})")
+        for token in {t for word in self.bad_words_ids for t in word}:
+            if token >= vocab_size:
+                raise ValueError(f"bad_words_ids: {token} is outside the vocabulary [0, {vocab_size})")
         for token in self.allowed_token_ids or ():
             if token >= vocab_size:
                 raise ValueError(f"allowed_token_ids: {token} is outside the vocabulary [0, {vocab_size})")

@@ -36,8 +36,10 @@ class OpenAIPenalties(LogitsProcessor):
 
 
 def hf_processed(model, prompt, n, eos, *, repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0,
-                 logit_bias=None, min_tokens=0, allowed_token_ids=None, no_repeat_ngram_size=0):
+                 logit_bias=None, min_tokens=0, allowed_token_ids=None, no_repeat_ngram_size=0, bad_words_ids=()):
     kwargs = {"no_repeat_ngram_size": no_repeat_ngram_size} if no_repeat_ngram_size else {}
+    if bad_words_ids:
+        kwargs["bad_words_ids"] = [list(w) for w in bad_words_ids]
     if allowed_token_ids is not None:
         kwargs["prefix_allowed_tokens_fn"] = lambda batch_id, ids: list(allowed_token_ids)
     if repetition_penalty != 1.0:
@@ -65,6 +67,7 @@ CASES = [
     dict(allowed_token_ids=list(range(1, 64, 3)), repetition_penalty=1.5),
     dict(no_repeat_ngram_size=2),
     dict(no_repeat_ngram_size=3, frequency_penalty=0.3),
+    dict(bad_words_ids=[[13], [40, 41], [2, 3, 4]], no_repeat_ngram_size=4),
 ]
 
 

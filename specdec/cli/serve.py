@@ -159,12 +159,12 @@ def build(args: argparse.Namespace):
 
 
 def dropped_generation_config(model) -> list[str]:
-    """generation_config settings the server does not apply (repetition_penalty, min_new_tokens and
-    no_repeat_ngram_size are applied): named at start-up."""
+    """generation_config settings the server does not apply (repetition_penalty, min_new_tokens,
+    no_repeat_ngram_size and bad_words_ids are applied): named at start-up."""
     config = getattr(model, "generation_config", None)
     dropped = []
     for name, neutral in (("encoder_repetition_penalty", 1.0),
-                          ("min_length", 0), ("bad_words_ids", None),
+                          ("min_length", 0),
                           ("suppress_tokens", None), ("begin_suppress_tokens", None), ("forced_bos_token_id", None),
                           ("forced_eos_token_id", None), ("sequence_bias", None), ("typical_p", 1.0),
                           ("epsilon_cutoff", 0.0), ("eta_cutoff", 0.0)):

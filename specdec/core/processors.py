@@ -23,6 +23,8 @@ Semantics:
   allowed_token_ids     (vLLM) every other token gets -inf, with logit_bias (the same additive row)
   no_repeat_ngram_size  (transformers' `NoRepeatNGramLogitsProcessor`) a token completing an n-gram the text already
                         holds gets -inf (`ngram_bans`: read from the text itself, prompt included)
+  bad_words_ids         (transformers' `NoBadWordsLogitsProcessor`, vLLM's `bad_words` once tokenized) the last token
+                        of a word whose other tokens end the text gets -inf (`word_bans`)
   min_tokens m          the EOS / stop ids get -inf while fewer than m tokens were generated (transformers'
                         `MinNewTokensLengthLogitsProcessor`, vLLM's `min_tokens`)
 
@@ -45,7 +47,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["MAX_LOGIT_BIAS", "MAX_NGRAM_SIZE", "check_logit_bias", "check_token_ids", "ProcessorRows", "TokenHistory", "bias_row", "ngram_bans", "text_bans", "TokenConstraint", "ConstraintSpec", "process_draft", "advance",
+__all__ = ["MAX_LOGIT_BIAS", "MAX_NGRAM_SIZE", "check_logit_bias", "check_token_ids", "check_bad_words", "words_tensor",
+           "word_bans", "ProcessorRows", "TokenHistory", "bias_row", "ngram_bans", "text_bans", "TokenConstraint", "ConstraintSpec", "process_draft", "advance",
            "history_of", "constraint_masks"]
 
 _NEG_INF = float("-inf")
@@ -114,6 +117,7 @@ class ProcessorRows:
     stop_ids    [B, E] long the ids `min_tokens` masks (EOS and stop token ids), -1 = padding
     bias        [B, V] float or None (no row has one): logit_bias, and -inf outside `allowed_token_ids`
     ngram       [B] long or None: no_repeat_ngram_size (0 = off; `ngram_bans`, the caller's, since it reads the text)
+    words       [B, S, M] long or None: bad words as token sequences, -1 = padding (`word_bans`, likewise)
     """
 
     repetition: torch.Tensor
@@ -123,12 +127,13 @@ class ProcessorRows:
     stop_ids: torch.Tensor
     bias: torch.Tensor | None = None
     ngram: torch.Tensor | None = None
+    words: torch.Tensor | None = None
 
     @classmethod
     def uniform(cls, batch: int, vocab: int, device, *, repetition: float = 1.0, frequency: float = 0.0,
                 presence: float = 0.0, min_tokens: int = 0, stop_ids: Sequence[int] = (),
                 logit_bias: Sequence[tuple[int, float]] = (), allowed: Sequence[int] | None = None,
-                ngram: int = 0) -> "ProcessorRows":
+                ngram: int = 0, bad_words: Sequence[Sequence[int]] = ()) -> "ProcessorRows":
         """The same parameters for every row of a batch of `batch` (the transformers loop: one request's
         parameters for all its prompts)."""
         def full(value, dtype):
@@ -138,15 +143,48 @@ class ProcessorRows:
         bias = None
         if logit_bias or allowed is not None:
             bias = bias_row(vocab, logit_bias, allowed).to(device)[None, :].expand(batch, -1)
+        words = words_tensor([bad_words] * batch, device) if bad_words else None
         return cls(full(repetition, torch.float32), full(frequency, torch.float32), full(presence, torch.float32),
-                   full(min_tokens, torch.long), stops, bias, full(ngram, torch.long) if ngram else None)
+                   full(min_tokens, torch.long), stops, bias, full(ngram, torch.long) if ngram else None, words)
 
     def select(self, index: torch.Tensor) -> "ProcessorRows":
         """Rows `index [B']` only (the loop drops finished rows)."""
         return ProcessorRows(self.repetition[index], self.frequency[index], self.presence[index],
                              self.min_tokens[index], self.stop_ids[index],
                              None if self.bias is None else self.bias[index],
-                             None if self.ngram is None else self.ngram[index])
+                             None if self.ngram is None else self.ngram[index],
+                             None if self.words is None else self.words[index])
+
+
+MAX_BAD_WORDS, MAX_BAD_WORD_TOKENS = 64, 16  # per request
+
+
+def check_bad_words(value) -> tuple[tuple[int, ...], ...]:
+    """Bad words as token-id sequences: at most 64, each of 1 to 16 ids >= 0 → a tuple of tuples."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"bad_words_ids must be a list of token-id lists, got {type(value).__name__}")
+    words = []
+    for word in value:
+        if isinstance(word, (str, bytes)) or not hasattr(word, "__iter__"):
+            raise TypeError(f"bad_words_ids must be a list of token-id lists, got an entry {word!r}")
+        ids = tuple(_token_id(t, "bad_words_ids entry") for t in word)
+        if not 1 <= len(ids) <= MAX_BAD_WORD_TOKENS:
+            raise ValueError(f"bad_words_ids: each word has 1 to {MAX_BAD_WORD_TOKENS} tokens, got {len(ids)}")
+        words.append(ids)
+    if len(words) > MAX_BAD_WORDS:
+        raise ValueError(f"bad_words_ids: at most {MAX_BAD_WORDS} words, got {len(words)}")
+    return tuple(dict.fromkeys(words))
+
+
+def words_tensor(rows: Sequence[Sequence[Sequence[int]]], device, count: int = 0, width: int = 0) -> torch.Tensor:
+    """Rows of bad words → `[B, S, M]` long, -1 padded (S, M at least `count`, `width`)."""
+    count = max([count, 1] + [len(r) for r in rows])
+    width = max([width, 1] + [len(w) for r in rows for w in r])
+    out = torch.full((len(rows), count, width), -1, dtype=torch.long)
+    for b, row in enumerate(rows):
+        for s, word in enumerate(row):
+            out[b, s, : len(word)] = torch.as_tensor(list(word), dtype=torch.long)
+    return out.to(device)
 
 
 def bias_row(vocab: int, logit_bias: Sequence[tuple[int, float]] = (),
@@ -264,11 +302,44 @@ def process_draft(logits: torch.Tensor, draft: torch.Tensor, rows: ProcessorRows
     return out
 
 
+def word_bans(text: torch.Tensor, lengths: torch.Tensor, draft: torch.Tensor, words: torch.Tensor,
+              vocab: int) -> torch.Tensor:
+    """Bad words along a draft (transformers' `NoBadWordsLogitsProcessor`, vLLM's `bad_words`): bool `[B, γ+1, V]`,
+    True = banned at position i + 1: the last token of a word whose other tokens end the text committed text +
+    x_1..x_i (a one-token word: always).
+
+    text [B, L], lengths, draft [B, γ]: as `ngram_bans`; words [B, S, M] long: each row's token sequences,
+    left-aligned, -1 = padding (a row of only -1: no word). No host synchronization (graph-safe).
+    """
+    batch, gamma = draft.shape
+    device = text.device
+    width = words.shape[2]
+    extended = text.clone()
+    if gamma:
+        at = (lengths[:, None] + torch.arange(gamma, device=device)[None, :]).clamp_max(text.shape[1] - 1)
+        extended.scatter_(1, at, draft.long())
+    ends = lengths[:, None] + torch.arange(gamma + 1, device=device)[None, :]  # [B, γ+1]
+    k = torch.arange(width - 1, device=device)
+    back = ends[:, :, None] - (width - 1) + k  # [B, γ+1, M−1]: the text's last M − 1 tokens, right-aligned
+    suffix = extended.gather(1, back.clamp_min(0).reshape(batch, -1)).reshape(batch, gamma + 1, width - 1)
+    size = (words >= 0).sum(-1)  # [B, S]
+    src = size[:, :, None] - width + k  # [B, S, M−1]: the word's tokens but its last, right-aligned
+    needed = src >= 0
+    prefix = words.gather(2, src.clamp_min(0))
+    same = (suffix[:, :, None, :] == prefix[:, None, :, :]) & (back >= 0)[:, :, None, :]
+    match = (same | ~needed[:, None, :, :]).all(-1) & (size > 0)[:, None, :]  # [B, γ+1, S]
+    last = words.gather(2, (size - 1).clamp_min(0)[:, :, None])[:, :, 0].clamp_min(0)  # [B, S]
+    banned = torch.zeros(batch, gamma + 1, vocab, dtype=torch.float32, device=device)
+    banned.scatter_add_(2, last[:, None, :].expand(batch, gamma + 1, -1), match.float())
+    return banned > 0
+
+
 def text_bans(rows: ProcessorRows, sizes: Sequence[int], text: torch.Tensor, lengths: torch.Tensor,
               draft: torch.Tensor, vocab: int) -> torch.Tensor | None:
     """`ngram_bans` for every n in `sizes` (the rows' distinct no_repeat_ngram_size values, known on the host),
-    each on the rows asking for it → bool `[B, γ+1, V]`, or None when `sizes` is empty."""
-    banned = None
+    each on the rows asking for it, and `word_bans` of the rows' bad words (`rows.words`) → bool `[B, γ+1, V]`, or
+    None when neither applies."""
+    banned = None if rows.words is None else word_bans(text, lengths, draft, rows.words, vocab)
     for size in sizes:
         rows_n = None if rows.ngram is None else rows.ngram == size
         bans = ngram_bans(text, lengths, draft, size, vocab, rows_n)

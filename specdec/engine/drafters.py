@@ -48,13 +48,14 @@ class Flavor:
     constrained: bool = False  # some row has a host `TokenConstraint`: the step runs eagerly (host calls)
     top_logprobs: int = 0  # the most alternatives per token some row asks for (`SamplingParams.top_logprobs`)
     ngram_sizes: tuple[int, ...] = ()  # the rows' distinct no_repeat_ngram_size values (> 0), sorted
+    bad_words: bool = False  # some row has bad_words_ids
 
     @classmethod
     def of(cls, params) -> "Flavor":
         """What one request (its `SamplingParams`) needs of a step."""
         return cls(params.greedy, params.sampling.filters, params.logprobs, params.leniency != 1.0,
                    bool(params.processors), params.constraint is not None, params.top_logprobs,
-                   (params.no_repeat_ngram_size,) if params.no_repeat_ngram_size else ())
+                   (params.no_repeat_ngram_size,) if params.no_repeat_ngram_size else (), bool(params.bad_words_ids))
 
     @classmethod
     def union(cls, flavors) -> "Flavor":
@@ -64,7 +65,7 @@ class Flavor:
         return cls(all(f.all_greedy for f in flavors), tuple(f.name for f in FILTERS if f.name in used),
                    any(f.logprobs for f in flavors), any(f.lenient for f in flavors), any(f.processed for f in flavors),
                    any(f.constrained for f in flavors), max((f.top_logprobs for f in flavors), default=0),
-                   tuple(sorted({n for f in flavors for n in f.ngram_sizes})))
+                   tuple(sorted({n for f in flavors for n in f.ngram_sizes})), any(f.bad_words for f in flavors))
 
 
 class StepView:
@@ -86,7 +87,8 @@ class StepView:
         if flavor.processed:  # views of the slots' processor state (`SlotState.enable_processors`)
             p, h = state.processors, state.history
             self.processors = ProcessorRows(p.repetition[rows], p.frequency[rows], p.presence[rows],
-                                            p.min_tokens[rows], p.stop_ids[rows], p.bias[rows], p.ngram[rows])
+                                            p.min_tokens[rows], p.stop_ids[rows], p.bias[rows], p.ngram[rows],
+                                            p.words[rows] if flavor.bad_words else None)
             self.history = TokenHistory(h.prompt_seen[rows], h.counts[rows], h.generated[rows])
         self.constraints: list | None = None  # per row (None = none); the engine sets them before each step
 

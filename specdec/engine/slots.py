@@ -18,7 +18,14 @@ import functools
 import torch
 
 from specdec.core import FILTERS
-from specdec.core.processors import ProcessorRows, TokenHistory, bias_row
+from specdec.core.processors import (
+    MAX_BAD_WORD_TOKENS,
+    MAX_BAD_WORDS,
+    ProcessorRows,
+    TokenHistory,
+    bias_row,
+    words_tensor,
+)
 from specdec.fast.graphs import CapturedStep, new_pool
 from specdec.fast.model import FastLlama, KVCache
 from specdec.request import SamplingParams
@@ -100,7 +107,9 @@ class SlotState:
         rows = ProcessorRows.uniform(batch, vocab, device)
         self.processors = ProcessorRows(rows.repetition, rows.frequency, rows.presence, rows.min_tokens, self.eos,
                                         torch.zeros(batch, vocab, dtype=torch.float32, device=device),
-                                        torch.zeros(batch, dtype=torch.long, device=device))
+                                        torch.zeros(batch, dtype=torch.long, device=device),
+                                        torch.full((batch, MAX_BAD_WORDS, MAX_BAD_WORD_TOKENS), -1, dtype=torch.long,
+                                                   device=device))
         self.history = TokenHistory(torch.zeros(batch, vocab, dtype=torch.bool, device=device),
                                     torch.zeros(batch, vocab, dtype=torch.float32, device=device), self.generated)
 
@@ -108,7 +117,7 @@ class SlotState:
         if self.processors is None:
             return []
         p, h = self.processors, self.history
-        return [p.repetition, p.frequency, p.presence, p.min_tokens, p.bias, p.ngram, h.prompt_seen, h.counts]
+        return [p.repetition, p.frequency, p.presence, p.min_tokens, p.bias, p.ngram, p.words, h.prompt_seen, h.counts]
 
     def _admit_processors(self, rows: slice, tokens: torch.Tensor, lengths: torch.Tensor,
                           params: list[SamplingParams]) -> None:
@@ -119,6 +128,7 @@ class SlotState:
                              float(q.no_repeat_ngram_size)] for q in params], device, torch.float32)
         p.repetition[rows], p.frequency[rows], p.presence[rows] = values[:, 0], values[:, 1], values[:, 2]
         p.min_tokens[rows], p.ngram[rows] = values[:, 3].long(), values[:, 4].long()
+        p.words[rows] = words_tensor([q.bad_words_ids for q in params], device, MAX_BAD_WORDS, MAX_BAD_WORD_TOKENS)
         vocab = p.bias.shape[1]
         p.bias[rows] = torch.stack([bias_row(vocab, q.logit_bias, q.allowed_token_ids) for q in params]).to(device)
         valid = torch.arange(tokens.shape[1], device=device)[None, :] < lengths[:, None]

@@ -373,12 +373,36 @@ def _processors(request, llm, max_tokens: int) -> dict:
             why = f"{bad[0]} is outside the vocabulary [0, {llm.vocab_size})" if bad else "the list is empty"
             raise APIError(f"allowed_token_ids: {why}", param="allowed_token_ids")
         out["allowed_token_ids"] = list(request.allowed_token_ids)
+    if request.bad_words:
+        out["bad_words_ids"] = _bad_words(request.bad_words, llm)
     if request.min_tokens:
         if request.min_tokens > max_tokens:
             raise APIError(f"min_tokens={request.min_tokens} must be at most max_tokens={max_tokens}",
                            param="min_tokens")
         out["min_tokens"] = request.min_tokens
     return out
+
+
+def _bad_words(words: list[str], llm) -> list[list[int]]:
+    """vLLM's bad_words: each word tokenized as it is and with a leading space (the two ways it can follow text);
+    its last token is never generated after the others."""
+    from specdec.core.processors import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS
+
+    sequences: list[list[int]] = []
+    for word in words:
+        if not word.strip():
+            raise APIError("bad_words: an empty word", param="bad_words")
+        for text in (word.lstrip(), " " + word.lstrip()):
+            ids = list(llm.tokenizer.encode(text, add_special_tokens=False))
+            if len(ids) > MAX_BAD_WORD_TOKENS:
+                raise APIError(f"bad_words: {word[:40]!r} is {len(ids)} tokens; at most {MAX_BAD_WORD_TOKENS}",
+                               param="bad_words")
+            if ids and ids not in sequences:
+                sequences.append(ids)
+    if len(sequences) > MAX_BAD_WORDS:
+        raise APIError(f"bad_words: {len(sequences)} token sequences (each word with and without a leading space); "
+                       f"at most {MAX_BAD_WORDS}", param="bad_words")
+    return sequences
 
 
 def _num_draft_tokens(request, llm) -> int:

@@ -167,7 +167,6 @@ REFUSED: tuple[tuple[str, Any, str], ...] = (
      "best_of > n (generate several and return the best) is not supported; n > 1 is"),
     ("use_beam_search", lambda r: not r.use_beam_search, "beam search is `specdec beam`, not the server"),
     ("length_penalty", lambda r: r.length_penalty in (None, 1.0), "only applies to beam search"),
-    ("bad_words", lambda r: not r.bad_words, _PROCESSORS),
     ("logits_processors", lambda r: not r.logits_processors, _PROCESSORS),
     # response_format, guided_json / _regex / _choice / _grammar / _decoding_backend and structured_outputs are
     # honoured (server/structured.py: one per request, schemas checked keyword by keyword)

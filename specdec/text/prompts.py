@@ -17,10 +17,10 @@ __all__ = ["GenerationDefaults", "encode_prompts", "render_chat", "make_params",
 
 PARAMS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "num_draft_tokens", "logprobs",
           "top_logprobs", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens",
-          "allowed_token_ids", "no_repeat_ngram_size", "constraint", "leniency", "draft_tree")
+          "allowed_token_ids", "no_repeat_ngram_size", "bad_words_ids", "constraint", "leniency", "draft_tree")
 #: Logits processors (`core.processors`), passed to SamplingParams as they are (it checks them, naming the field)
 _PROCESSOR_PARAMS = ("repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens",
-                     "allowed_token_ids", "no_repeat_ngram_size", "constraint")
+                     "allowed_token_ids", "no_repeat_ngram_size", "bad_words_ids", "constraint")
 _DEFAULT_MAX_NEW_TOKENS = 64
 
 
@@ -33,6 +33,7 @@ class GenerationDefaults:
     repetition_penalty: float = 1.0  # a generation config's repetition_penalty is honoured (transformers applies it)
     min_tokens: int = 0  # its min_new_tokens, likewise
     no_repeat_ngram_size: int = 0  # and its no_repeat_ngram_size
+    bad_words_ids: tuple = ()  # and its bad_words_ids
     max_new_tokens: int | None = None  # None = 64, capped by the room left in the context
     eos_token_ids: tuple[int, ...] = ()
 
@@ -53,6 +54,7 @@ class GenerationDefaults:
             repetition_penalty=float(get("repetition_penalty", 1.0)),
             min_tokens=int(get("min_new_tokens", 0)),
             no_repeat_ngram_size=int(get("no_repeat_ngram_size", 0)),
+            bad_words_ids=tuple(tuple(w) for w in get("bad_words_ids", ()) or ()),
             max_new_tokens=get("max_new_tokens", None),
             eos_token_ids=tuple(eos_token_ids),
         )
@@ -188,6 +190,7 @@ def make_params(llm, prompt_len: int, params: dict):
         **({} if "repetition_penalty" in params else {"repetition_penalty": d.repetition_penalty}),
         **({} if "min_tokens" in params else {"min_tokens": min(d.min_tokens, max_new)}),
         **({} if "no_repeat_ngram_size" in params else {"no_repeat_ngram_size": d.no_repeat_ngram_size}),
+        **({} if "bad_words_ids" in params else {"bad_words_ids": d.bad_words_ids}),
     )
     return sampling, check_stop(params.get("stop")), gamma
 

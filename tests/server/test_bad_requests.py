@@ -122,7 +122,8 @@ REFUSED = [
     completion(best_of=3), completion(use_beam_search=True), completion(length_penalty=0.5),
     completion(logit_bias={"999999": 10}), completion(logit_bias={"x": 1}), completion(logit_bias={"5": 101}),
     completion(min_tokens=3, max_tokens=2), completion(repetition_penalty=0),
-    completion(allowed_token_ids=[1, 999999]), completion(allowed_token_ids=[]), completion(bad_words=["x"]), completion(logits_processors=["x"]),
+    completion(allowed_token_ids=[1, 999999]), completion(allowed_token_ids=[]), completion(bad_words=[" "]),
+    completion(bad_words=[f"word{i}" for i in range(40)]), completion(logits_processors=["x"]),
     completion(response_format={"type": "structural_tag"}),
     chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"if": {}}}}),
     completion(guided_json={"not": {}}), completion(guided_regex="a("), completion(guided_choice=[]),
@@ -167,7 +168,7 @@ def test_every_declared_field_is_honoured_or_has_a_refusal():
                 "metadata", "safety_identifier", "prompt_cache_key", "top_k", "min_p", "ignore_eos", "stop_token_ids",
                 "truncate_prompt_tokens", "request_id", "return_token_ids", "cache_salt", "specdec",
                 "num_draft_tokens", "add_special_tokens", "frequency_penalty", "presence_penalty", "repetition_penalty",
-                "logit_bias", "min_tokens", "allowed_token_ids", "response_format", "guided_json", "guided_regex", "guided_choice",
+                "logit_bias", "min_tokens", "allowed_token_ids", "bad_words", "response_format", "guided_json", "guided_regex", "guided_choice",
                 "guided_grammar", "guided_decoding_backend", "structured_outputs"}
     completion_only = {"prompt", "echo", "logprobs"}
     chat_only = {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "parallel_tool_calls",

@@ -139,17 +139,24 @@ def test_min_p_is_the_text_apis(client, local_llm):
     {"frequency_penalty": 2.0, "presence_penalty": 2.0},
     {"logit_bias": {"7": 30.0}, "min_tokens": 6},
     {"allowed_token_ids": list(range(250, 400)), "repetition_penalty": 1.2},
+    {"bad_words": ["return", "fibonacc"]},
 ])
 def test_logits_processors_are_the_text_apis(server, local_llm, fields):
     """Penalties, logit_bias and min_tokens through the server give the text API's output with the same
     processors (itself equal to transformers' processed greedy decoding: tests/test_processing.py), and change it."""
     got = post(server, {"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "return_token_ids": True, **fields})
     kwargs = {k: ({int(t): b for t, b in v.items()} if k == "logit_bias" else v) for k, v in fields.items()}
+    if "bad_words" in kwargs:  # the text API takes token sequences: each word with and without a leading space
+        encode = local_llm.tokenizer.encode
+        kwargs["bad_words_ids"] = [encode(t, add_special_tokens=False) for w in kwargs.pop("bad_words")
+                                   for t in (w, " " + w)]
     want = local_llm.generate(PROMPT, max_new_tokens=24, temperature=0, **kwargs)
     plain = local_llm.generate(PROMPT, max_new_tokens=24, temperature=0)
     assert got["choices"][0]["token_ids"] == want.token_ids
     assert want.token_ids != plain.token_ids
     if "logit_bias" in fields:
         assert 7 in want.token_ids
+    if "bad_words" in fields:
+        assert "return" not in want.text and "return" in plain.text
     if "allowed_token_ids" in fields:
         assert set(want.token_ids) <= set(fields["allowed_token_ids"])
