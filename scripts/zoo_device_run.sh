@@ -14,7 +14,8 @@ mkdir -p "$OUT"
 ISO=/tmp/iso
 rm -rf "$ISO" && mkdir -p "$ISO/specdec/cli"
 cp -r specdec/zoo "$ISO/specdec/"
-cp specdec/cli/__init__.py specdec/cli/train.py "$ISO/specdec/cli/"
+cp specdec/cli/__init__.py specdec/cli/common.py specdec/cli/train.py specdec/cli/train_checkpoints.py "$ISO/specdec/cli/"
+cp specdec/analysis.py specdec/strict_json.py "$ISO/specdec/"
 cp specdec/__main__.py "$ISO/specdec/"
 echo '"""isolated copy for the device run"""' > "$ISO/specdec/__init__.py"
 export PYTHONPATH="$ISO"  # and run from $ISO: `-m` puts the cwd first on sys.path
