@@ -31,9 +31,15 @@ DRAFT = LlamaShape(vocab_size=128256, dim=1024, n_layers=2, n_heads=8, n_kv_head
                    intermediate_size=2816, rope_theta=500000.0, max_positions=8192)
 
 
+OUT_PATH: str | None = None  # rewritten after every row, so a run cut short by a timeout keeps what it measured
+
+
 def emit(rows: list, row: dict) -> None:
     rows.append(row)
     print(json.dumps(row), flush=True)
+    if OUT_PATH is not None:
+        with open(OUT_PATH, "w") as f:
+            json.dump(rows, f, indent=1)
 
 
 def sync(device: torch.device) -> None:
@@ -175,6 +181,8 @@ def main(argv=None) -> int:
         print("--device cpu needs --pair and --skip-gemm", file=sys.stderr)
         return 2
     name = torch.cuda.get_device_name() if args.device == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    global OUT_PATH
+    OUT_PATH = args.out
     rows = [{"device": name, "torch": torch.__version__, "pair": args.pair or "8B-shaped random bf16"}]
     try:
         engine_rows(rows, args.new, args.pair, args.device, sorted(args.batch))
