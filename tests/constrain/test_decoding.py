@@ -74,15 +74,15 @@ def test_speculative_greedy_equals_plain_constrained_greedy(demo, constraint):
     tokenizer, target, draft = demo
     grammar = _compile(tokenizer, target, constraint)
     prompts = _prompts(tokenizer)
-    plain = specdec.generate(target, prompts, None, max_new_tokens=40, temperature=0, constraint=grammar, engine="hf")
+    plain = specdec.generate(target, prompts, None, max_new_tokens=32, temperature=0, constraint=grammar, engine="hf")
     for b, prompt in enumerate(prompts):
-        assert plain.sequences[b] == _reference(target, grammar, prompt, 40), b
-    for drafter, gamma in ((draft, 1), (draft, 4), (PromptLookupDrafter(), 3)):
-        spec = specdec.generate(target, prompts, drafter, max_new_tokens=40, temperature=0, num_draft_tokens=gamma,
+        assert plain.sequences[b] == _reference(target, grammar, prompt, 32), b
+    for drafter, gamma in ((draft, 4), (PromptLookupDrafter(), 3)):
+        spec = specdec.generate(target, prompts, drafter, max_new_tokens=32, temperature=0, num_draft_tokens=gamma,
                                 constraint=grammar, engine="hf")
         assert spec.sequences == plain.sequences, (type(drafter).__name__, gamma)
     for gamma in (0, 3):  # the engine (eager for constrained rows) gives the same text
-        fast = specdec.generate(target, prompts, draft if gamma else None, max_new_tokens=40, temperature=0,
+        fast = specdec.generate(target, prompts, draft if gamma else None, max_new_tokens=32, temperature=0,
                                 num_draft_tokens=gamma, constraint=grammar, engine="fast")
         assert fast.sequences == plain.sequences, ("engine", gamma)
     for tokens in plain.sequences:

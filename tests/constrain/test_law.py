@@ -27,7 +27,7 @@ from stats_utils import chi2_pvalue  # noqa: E402
 VOCAB = ["", ""] + list("abc0xyz") + ["ab", "bc", "abc", "c0"]  # "" = special; EOS = 1
 V, EOS, N = len(VOCAB), 1, 3  # the law of the first N tokens
 PROMPT = [3, 4, 5, 2]
-ROWS = 3000
+ROWS = 2000
 
 
 def _peaked_llama(seed: int, layers: int) -> torch.nn.Module:
