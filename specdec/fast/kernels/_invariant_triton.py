@@ -23,9 +23,9 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.fast.kernels.invariant import SPLIT_SLOTS
+__all__ = ["MatmulConfig", "MATMUL", "SPLIT_SLOTS", "matmul", "attention"]
 
-__all__ = ["MatmulConfig", "MATMUL", "matmul", "attention"]
+SPLIT_SLOTS = 512  # attention: slots per split, aligned at slot 0 (a multiple of every `key_block`); a constant
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ alone and in any batch, and greedy and seeded output cannot depend on any of tha
                         aligned at slot 0, blocks visited in slot order, so a query reads the same blocks in the
                         same order whether 1 or γ+1 queries share its row, whatever the batch and the span; blocks
                         entirely past a query's position (or before its window) are exact no-ops (weight 0, scale 1).
-                        CUDA: a split-K Triton kernel whose splits are fixed ranges of SPLIT_SLOTS slots (from
+                        CUDA: a split-K Triton kernel whose splits are fixed ranges of slots (its SPLIT_SLOTS, from
                         slot 0, not a share of the live length), merged in split order; CPU: the same blocked
                         reduction in torch ops.
 
@@ -35,12 +35,11 @@ import os
 import torch
 
 __all__ = ["invariant_linear", "invariant_attention", "invariant_linear_reference",
-           "invariant_attention_reference", "ROW_TILE", "KEY_BLOCK", "SPLIT_SLOTS", "invariant_unsupported",
+           "invariant_attention_reference", "ROW_TILE", "KEY_BLOCK", "invariant_unsupported",
            "triton_kernels"]
 
 ROW_TILE = 8  # CPU: rows per BLAS call (every call has exactly this many rows; the last tile is zero-padded)
 KEY_BLOCK = 32  # slots per attention block, aligned at slot 0 (CPU and Triton)
-SPLIT_SLOTS = 512  # Triton attention: slots per split, aligned at slot 0 (a multiple of KEY_BLOCK)
 
 
 def _interpreting() -> bool:
