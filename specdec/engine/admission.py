@@ -3,7 +3,7 @@
 `_admit` moves waiting requests into free slots and prefills them together (target, then the drafter if it
 keeps a cache) — while others run, once `admit_min` slots are free or one has waited `admit_max_wait` steps; `_handle_aborts` drops cancelled ones; `_release` frees a slot by moving the last running request
 into it (running requests stay in slots 0..n-1); `_catch_up_drafter` feeds a cached drafter the text that plain
-(γ = 0) steps committed without it. The engine's state these read and write is set up in `Engine.__init__`.
+(γ = 0) steps committed without it, and the prompts admitted during them (not fed at admission). The engine's state these read and write is set up in `Engine.__init__`.
 """
 
 from __future__ import annotations
@@ -106,7 +106,11 @@ class Admission:
         # H200) replays its chunk shapes as CUDA graphs once seen; other admissions vary in their rows, which would
         # multiply the shapes (and the mid-traffic captures), and are GPU-bound enough at 8+ rows to run eagerly.
         graphs = self.prefill_graphs if first == 0 and len(admitted) == 1 else None
-        valid = self._prefill(rows, lengths, graphs)
+        # in a run of plain steps a cached drafter is not fed at admission: the next speculative step's catch-up
+        # feeds every lagging row in one prefill, and a request that finishes before speculation resumes never
+        # costs the drafter anything (admissions every step or two at 64 slots made the drafter's eager prefill a
+        # cost of plain steps too)
+        valid = self._prefill(rows, lengths, graphs, drafter=not self._plain_run)
         for request, v in zip(admitted, valid):
             request.draft_valid = v
         if self.device.type == "cuda":  # prefill runs ahead of the host: finish it here, or its device time
@@ -115,15 +119,23 @@ class Admission:
         for request, n in zip(admitted, lengths):
             request.stats.add_prefill(seconds, 1 if n > 1 else 0)
 
-    def _prefill(self, rows: slice, lengths: list[int], graphs) -> list[int]:
+    def _prefill(self, rows: slice, lengths: list[int], graphs, drafter: bool = True) -> list[int]:
         """Prefill freshly admitted `rows` with prompts of `lengths`: the target all but each prompt's last token,
-        the drafter (if it keeps a cache) all but its last two → the drafter's valid positions per row."""
+        the drafter (if it keeps a cache, and `drafter`) all but its last two → the drafter's valid positions per
+        row (0 where it was not fed: the catch-up feeds it)."""
         chunk, zeros = self.config.prefill_chunk, [0] * len(lengths)
         prefill_rows(self.model, self.cache, self.state, rows, zeros, [n - 1 for n in lengths], chunk,
                      features=self.state.features, extent=0, graphs=graphs)
+        if not self.drafter_cached:
+            return [max(n - 2, 0) for n in lengths]
+        if not drafter:
+            if self._drafter_synced:  # (the rows already running hold all but their last 2 tokens: say so per row)
+                for r in self._running[: rows.start]:
+                    r.draft_valid = max(r.draft_valid, r.length - 2)
+                self._drafter_synced = False
+            return zeros
         valid = [max(n - 2, 0) for n in lengths]
-        if self.drafter_cached:
-            self.drafter.prefill(self.state, rows, zeros, valid, chunk, extent=0, graphs=graphs)
+        self.drafter.prefill(self.state, rows, zeros, valid, chunk, extent=0, graphs=graphs)
         return valid
 
     def _joined(self, request: EngineRequest) -> None:
@@ -154,6 +166,12 @@ class Admission:
         lagging = [i for i, r in enumerate(self._running) if behind[i] > r.draft_valid]
         if not lagging:
             return False
+        # the share of what it feeds that plain steps committed (the rest: prompts admitted in the plain run, which
+        # admission would have fed anyway): only that share of the catch-up is a cost of the plain steps
+        fed = sum([behind[i] - self._running[i].draft_valid for i in lagging])
+        prompts = sum([max(min(behind[i], len(self._running[i].prompt) - 2) - self._running[i].draft_valid, 0)
+                       for i in lagging])
+        self._catch_up_share = 1.0 - prompts / fed
         rows = range(lagging[0], lagging[-1] + 1)  # one batched prefill; rows not lagging feed nothing
         starts = [self._running[i].draft_valid if i in lagging else 0 for i in rows]
         ends = [behind[i] if i in lagging else 0 for i in rows]

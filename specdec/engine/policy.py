@@ -304,15 +304,16 @@ class GammaPolicy:
 
     # ------------------------------------------------------------------------------------ measurements
     def record_step(self, batch: int, gamma: int, seconds: float, tokens_per_row: float,
-                    length: int | None = None, catch_up_of: int = 0) -> None:
+                    length: int | None = None, catch_up_of: int = 0, catch_up_share: float = 1.0) -> None:
         """A whole step at (b, γ, the longest row's `length`) took `seconds` and each running row produced
         `tokens_per_row` on average. catch_up_of > 0: the step first fed the drafter what that many plain steps
-        committed; its time beyond the usual step at its cell is charged to them (`record_catch_up`)."""
+        committed; `catch_up_share` of its time beyond the usual step at its cell is charged to them
+        (`record_catch_up`; the rest fed prompts admitted in the plain run, which admission feeds otherwise)."""
         self._clock += max(seconds, 0.0)
         if catch_up_of > 0:
             usual = self.step_time(batch, gamma, length) if (batch, gamma) in self._counts else None
-            if usual is not None:
-                self.record_catch_up(batch, seconds - usual, catch_up_of)
+            if usual is not None and catch_up_share > 0:
+                self.record_catch_up(batch, (seconds - usual) * catch_up_share, catch_up_of)
             return
         ell = length_bucket(length or 1)
         values = self.samples.setdefault((batch, gamma, ell), [])

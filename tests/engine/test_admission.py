@@ -1,0 +1,84 @@
+"""Admission during a run of plain steps: a cached drafter is not fed then; the next speculative step's catch-up
+feeds the admitted prompts with what plain steps committed, exactly (the drafter's cache = a fresh prefill), and
+only the plain steps' share of that catch-up is charged to them."""
+
+import pytest
+import torch
+
+from helpers import RAGGED_PROMPTS, hf_greedy
+from specdec.engine import Engine, EngineConfig
+from specdec.engine.slots import SlotCache, prefill_rows
+from specdec.request import SamplingParams
+
+LONG = [[(7 * i + 3) % 50 + 1 for i in range(30)], [(5 * i + 1) % 40 + 2 for i in range(24)]]
+
+
+def _engine(make_llama, rows=4):
+    target = make_llama(0)
+    twin = make_llama(0)  # the drafter is the target itself: with an exact cache, every greedy draft is accepted
+    return target, Engine(target, twin, EngineConfig(max_batch_size=rows, max_seq_len=128, num_draft_tokens="auto"))
+
+
+def _run(engine, pattern, outputs):
+    for gamma in pattern:
+        engine.policy.set_fixed(gamma)
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
+
+
+def test_a_request_admitted_in_a_plain_run_is_fed_to_the_drafter_by_the_catch_up(make_llama):
+    target, engine = _engine(make_llama)
+    params = SamplingParams(temperature=0, max_new_tokens=24)
+    first = [engine.add_request(p, params) for p in RAGGED_PROMPTS[:2]]
+    outputs: dict = {}
+    _run(engine, [3, 0, 0], outputs)
+    fed = []
+    prefill = engine.drafter.prefill
+    engine.drafter.prefill = lambda *a, **k: fed.append(a[1]) or prefill(*a, **k)
+    late = [engine.add_request(p, params) for p in LONG]
+    _run(engine, [0], outputs)  # admitted in the plain run: the target prefills them, the drafter does not
+    assert fed == [] and engine.num_running == 4
+    with torch.inference_mode():
+        assert engine._catch_up_drafter(3)  # what the next speculative step does first: one prefill for all
+        share = engine._catch_up_share
+        n = engine.num_running
+        lengths = engine.state.lengths[:n].tolist()
+        fresh = SlotCache(engine.drafter.model, engine.max_batch, engine.num_positions)
+        prefill_rows(engine.drafter.model, fresh, engine.state, slice(0, n), [0] * n, [L - 4 for L in lengths], 64)
+    assert len(fed) == 1 and 0 < share < 0.5  # mostly the late prompts: not a cost of the plain steps
+    for slot, length in enumerate(lengths):  # below the proposal's re-fed window: what a fresh prefill writes
+        below = length - 4
+        torch.testing.assert_close(engine.drafter.cache.keys[:, slot, :, :below], fresh.keys[:, slot, :, :below])
+    accepted = engine.stats.accepted_tokens
+    _run(engine, [3], outputs)
+    assert engine.stats.accepted_tokens - accepted == 3 * n  # the twin drafter: every draft of every row accepted
+    while engine.has_unfinished():
+        _run(engine, [2], outputs)
+    for rid, prompt in zip(first + late, RAGGED_PROMPTS[:2] + LONG):
+        assert outputs[rid] == hf_greedy(target, prompt, 24, [])
+
+
+def test_admission_feeds_the_drafter_when_the_engine_speculates(make_llama):
+    """The negative control: outside a plain run the drafter prefills admitted prompts at once (its batch-1 and
+    fixed-γ behaviour is unchanged), so nothing lags at the next speculative step."""
+    _, engine = _engine(make_llama)
+    fed = []
+    prefill = engine.drafter.prefill
+    engine.drafter.prefill = lambda *a, **k: fed.append(a[1]) or prefill(*a, **k)
+    engine.add_request(LONG[0], SamplingParams(temperature=0, max_new_tokens=8))
+    _run(engine, [3], {})
+    engine.add_request(LONG[1], SamplingParams(temperature=0, max_new_tokens=8))
+    _run(engine, [3], {})
+    assert len(fed) == 2 and not engine._catch_up_drafter(3)
+
+
+@pytest.mark.parametrize("share, charged", [(1.0, 0.8), (0.25, 0.2), (0.0, None)])
+def test_only_the_plain_steps_share_of_a_catch_up_is_charged_to_them(share, charged):
+    from specdec.engine.policy import GammaPolicy
+
+    policy = GammaPolicy("auto", 8, plain_catches_up=True)
+    for _ in range(3):
+        policy.record_step(8, 4, 1.0, 2.0)
+    policy.record_step(8, 4, 1.8, 2.0, catch_up_of=4, catch_up_share=share)  # 0.8 s over the usual 1 s
+    events = policy.catch_up_events.get(8, [])
+    assert (events[-1] if events else None) == (pytest.approx(charged) if charged is not None else None)
