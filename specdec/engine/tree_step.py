@@ -28,7 +28,7 @@ import torch
 
 from specdec import rng
 from specdec.core import TEMPERATURE_FLOOR, invalid_scores
-from specdec.core.tree import TreeSpec, TreeVerifyResult, verify_tree, verify_tree_greedy
+from specdec.core.tree import TreeSpec, TreeVerifyResult, verify_tree_greedy
 from specdec.engine.drafters import WINDOW, EngineModelDrafter, Flavor, StepView
 from specdec.fast.cache import TreeNodes
 from specdec.fast.graphs import CapturedStep
@@ -38,7 +38,7 @@ from specdec.step import StepCounts, StepLayout, commit_counts, pack_step, step_
 if TYPE_CHECKING:
     from specdec.engine.engine import Engine
 
-__all__ = ["EngineTree", "TreeStepRunner", "propose_tree", "commit_path"]
+__all__ = ["EngineTree", "TreeStepRunner", "propose_tree", "walk_tree", "commit_path"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,8 @@ class EngineTree:
     depths: torch.Tensor  # [N+1] long
     ancestors: torch.Tensor  # [N+1] int64: bit t = node t is the node or one of its ancestors
     child_index: torch.Tensor  # [N+1] long: the node's rank among its siblings (0 at the root)
+    children: torch.Tensor  # [M, K] long: internal node m's c-th child (K = the widest level; 0 past its own k)
+    has_child: torch.Tensor  # [M, K] bool: whether internal node m has a c-th child
 
     @classmethod
     def of(cls, branching: tuple[int, ...], device: torch.device) -> "EngineTree":
@@ -58,8 +60,16 @@ class EngineTree:
         for t, parent in enumerate(parents):
             bits.append((1 << t) | (bits[parent] if parent >= 0 else 0))
             rank.append(0 if parent < 0 else (t - spec.offsets[int(spec.depths[t])]) % spec.branching[int(spec.depths[t]) - 1])
+        widest = max(spec.branching)
+        children = [[0] * widest for _ in range(spec.num_internal)]
+        has_child = [[False] * widest for _ in range(spec.num_internal)]
+        for t, parent in enumerate(parents):
+            if parent >= 0:
+                children[parent][rank[t]], has_child[parent][rank[t]] = t, True
         return cls(spec, spec.depths.to(device), torch.tensor(bits, dtype=torch.long, device=device),
-                   torch.tensor(rank, dtype=torch.long, device=device))
+                   torch.tensor(rank, dtype=torch.long, device=device),
+                   torch.tensor(children, dtype=torch.long, device=device),
+                   torch.tensor(has_child, dtype=torch.bool, device=device))
 
     def nodes(self, first: int, last: int) -> TreeNodes:
         """Nodes first..last − 1 as one forward feeds them."""
@@ -93,6 +103,51 @@ def propose_tree(drafter: EngineModelDrafter, view: StepView, tree: EngineTree) 
         if d < spec.depth:
             logits = drafter.model(level, cache, tree=tree.nodes(spec.offsets[d], spec.offsets[d + 1]))
     return torch.cat(levels, 1), (torch.cat(probs, 1) if probs else None)
+
+
+def walk_tree(tree: EngineTree, tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+              uniforms: torch.Tensor, *, mode: str = "without_replacement") -> tuple[torch.Tensor, torch.Tensor]:
+    """`core.tree.verify_tree`'s recursive rejection sampling, run at every internal node at once → (path `[b, D]`,
+    −1 past the accepted depth; the law of the next token `[b, V]`).
+
+    tokens `[b, N+1]`, draft_probs `[b, M, V]` (q at the internal nodes), target_probs `[b, N+1, V]`, uniforms
+    `[b, N+1]` (one coin per node). What a node does with its children depends on its own p, q, children and coins
+    only, never on the path that reached it, so every node's sibling test runs in one pass per child rank (K passes
+    of `[b, M, V]` operators, K the widest level) and the path is then read off (D passes of `[b]` gathers): the
+    same decisions, operator for operator, as `verify_tree`'s walk, which runs a dozen `[b, V]` operators for each
+    child of each depth — the launches, not the arithmetic, are what a sampled step paid for (BENCHMARKS.md)."""
+    spec, m = tree.spec, tree.spec.num_internal
+    p = target_probs[:, :m].float()  # [b, M, V]: each node's working law
+    q = draft_probs.float()  # [b, M, V]
+    chosen = torch.full(p.shape[:2], -1, dtype=torch.long, device=p.device)  # [b, M]: the accepted child
+    for c in range(tree.children.shape[1]):
+        child = tree.children[:, c]  # [M]
+        x = tokens[:, child]  # [b, M]
+        qx = q.gather(2, x[..., None])[..., 0]
+        px = p.gather(2, x[..., None])[..., 0]
+        pending = tree.has_child[:, c] & (chosen < 0)
+        accept = pending & (qx > 0) & (uniforms[:, child] * qx < px)
+        chosen = torch.where(accept, child, chosen)
+        reject = (pending & ~accept)[..., None]
+        residual = (p - q).clamp_min(0)
+        mass = residual.sum(-1, keepdim=True)
+        # max(0, p − q) can vanish only through round-off (then p = q and x was certain): keep p
+        p = torch.where(reject & (mass > 0), residual / mass.clamp_min(1e-30), p)
+        if mode == "without_replacement" and c + 1 < tree.children.shape[1]:  # (the last rank's q is never read)
+            removed = q.scatter(2, x[..., None], 0.0)
+            left = removed.sum(-1, keepdim=True)
+            q = torch.where(reject, removed / left.clamp_min(1e-30) * (left > 0), q)
+    node = torch.zeros_like(chosen[:, 0])
+    alive = torch.ones_like(node, dtype=torch.bool)
+    steps = []
+    for _ in range(spec.depth):
+        below = chosen.gather(1, node[:, None])[:, 0]  # node < M: it sits above the leaves
+        alive = alive & (below >= 0)
+        steps.append(torch.where(alive, below, -1))
+        node = torch.where(alive, below, node)
+    leaf = target_probs.gather(1, node[:, None, None].expand(-1, 1, p.shape[-1]))[:, 0].float()
+    stopped = p.gather(1, node.clamp(max=m - 1)[:, None, None].expand(-1, 1, p.shape[-1]))[:, 0]
+    return torch.stack(steps, 1), torch.where(alive[:, None], leaf, stopped)
 
 
 def commit_path(keys: torch.Tensor, values: torch.Tensor, root: torch.Tensor, path: torch.Tensor) -> None:
@@ -139,9 +194,8 @@ class TreeStepRunner:
         depth = (self.tree.depths - 1).clamp_min(0)
         rank = self.tree.child_index
         uniforms = torch.where(rank == 0, first[:, depth], later[:, depth, rank.clamp(max=widest - 1)])  # [b, N+1]
-        noise = rng.exponentials(view.seed, lengths[:, None], rng.NEXT, logits.shape[-1])[:, 0]
-        sampled = verify_tree(spec, tokens, probs, view.probs(logits), mode="without_replacement", uniforms=uniforms,
-                              noise=noise)
+        path, law = walk_tree(self.tree, tokens, probs, view.probs(logits), uniforms)
+        sampled = TreeVerifyResult(path, (path >= 0).long().sum(1), rng.sample(law, view.seed, lengths, rng.NEXT))
         rows = view.temperature < TEMPERATURE_FLOOR
         pick = lambda a, b: torch.where(rows.view(-1, *[1] * (a.dim() - 1)), a, b)  # noqa: E731
         return TreeVerifyResult(pick(greedy.path, sampled.path), pick(greedy.num_accepted, sampled.num_accepted),

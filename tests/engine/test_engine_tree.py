@@ -179,8 +179,8 @@ def test_first_token_law_with_a_peaked_drafter(sharp_pair):
 
 def test_negative_control_children_verified_as_iid_fail(sharp_pair, monkeypatch):
     """Children drawn without replacement but verified as i.i.d. (no removal from q) break the law."""
-    real = tree_step.verify_tree
-    monkeypatch.setattr(tree_step, "verify_tree", lambda *a, mode, **k: real(*a, mode="iid", **k))
+    real = tree_step.walk_tree
+    monkeypatch.setattr(tree_step, "walk_tree", lambda *a, **k: real(*a, **k, mode="iid"))
     assert first_token_pvalue(sharp_pair, [4]) < FAIL
 
 

@@ -1,0 +1,49 @@
+"""`tree_step.walk_tree` (every node's sibling tests at once) against `core.tree.verify_tree` (the walk down)."""
+
+import pytest
+import torch
+
+from specdec.core import sample
+from specdec.core.tree import verify_tree
+from specdec.engine.tree_step import EngineTree, walk_tree
+
+
+def _case(branching, batch, vocab, seed, peaked):
+    """Random tree contents whose children often match the target (so paths go deep)."""
+    g = torch.Generator().manual_seed(seed)
+    tree = EngineTree.of(branching, torch.device("cpu"))
+    n, m = tree.spec.num_nodes, tree.spec.num_internal
+    target = (torch.randn(batch, n, vocab, generator=g) * peaked).softmax(-1)
+    draft = (torch.randn(batch, m, vocab, generator=g) * peaked).softmax(-1)
+    draft[:, :, :3] += 0.5  # a shared head: children are accepted as often as not
+    target[:, :, :3] += 0.5
+    draft, target = draft / draft.sum(-1, keepdim=True), target / target.sum(-1, keepdim=True)
+    tokens = torch.randint(0, 4, (batch, n), generator=g)
+    uniforms = torch.rand(batch, n, generator=g)
+    noise = -torch.rand(batch, vocab, generator=g).log()
+    return tree, tokens, draft, target, uniforms, noise
+
+
+@pytest.mark.parametrize("branching", [(1, 1, 1, 1), (4, 2, 2), (3, 2, 1, 1), (2,), (1, 3)])
+@pytest.mark.parametrize("mode", ["without_replacement", "iid"])
+def test_the_walk_decides_what_verify_tree_decides(branching, mode):
+    depths = []
+    for seed in range(6):
+        tree, tokens, draft, target, uniforms, noise = _case(branching, 64, 12, seed, peaked=1.0 + seed)
+        want = verify_tree(tree.spec, tokens, draft, target, mode=mode, uniforms=uniforms, noise=noise)
+        path, law = walk_tree(tree, tokens, draft, target, uniforms, mode=mode)
+        assert torch.equal(path, want.path)
+        assert torch.equal(sample(law, noise=noise), want.next_token)
+        depths.append(want.num_accepted)
+    accepted = torch.cat(depths)
+    assert (accepted == 0).any() and (accepted >= 1).any()  # both outcomes exercised
+    if len(branching) > 1:
+        assert (accepted >= 2).any()
+
+
+def test_the_walk_differs_when_the_mode_does():
+    """A check that can fail: removal from q changes some decision of a wide level."""
+    tree, tokens, draft, target, uniforms, _ = _case((4, 2), 256, 6, 0, peaked=3.0)
+    a, _ = walk_tree(tree, tokens, draft, target, uniforms, mode="without_replacement")
+    b, _ = walk_tree(tree, tokens, draft, target, uniforms, mode="iid")
+    assert not torch.equal(a, b)
