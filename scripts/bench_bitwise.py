@@ -2,8 +2,8 @@
 decoding and speculative decoding (γ = 4, a small random drafter, each draft accepted with probability 0.8) at
 batch 1 and 64, default kernels vs `EngineConfig(bitwise=True)`, in the same process; whether the greedy tokens of
 the batch-1 and batch-64 runs agree in each mode; and the invariant GEMM against cuBLAS on the 8B matrices at
-M = 1, 5, 64, 320 for a few launch configs (what the `_invariant_triton.MATMUL` choice rests on), and the invariant
-attention against the default split-K kernel.
+M = 1, 5, 64, 320 — the shipped per-shape config (`_invariant_triton.config_for`: tiles and a fixed split-K chosen
+from (N, K)) and a few alternatives — and the invariant attention against the default split-K kernel.
 
     python scripts/bench_bitwise.py --out $OUT/bitwise.json          (≈ 3 min on an H100)
     python scripts/bench_bitwise.py --pair specdec/assets/demo_pair --device cpu --batch 1 8 --new 32 --skip-gemm
@@ -130,20 +130,25 @@ def gemm_rows(rows: list) -> None:
 
     kt = triton_kernels()
 
-    configs = [kt.MATMUL, kt.MatmulConfig(16, 64, 64, 4, 4), kt.MatmulConfig(32, 64, 64, 4, 4),
-               kt.MatmulConfig(32, 128, 64, 4, 4), kt.MatmulConfig(32, 32, 128, 4, 4),
-               kt.MatmulConfig(32, 32, 64, 4, 4)]
+    c = kt.MatmulConfig
+    configs = [None,  # the shipped choice: config_for(N, K)
+               c(32, 64, 64), c(32, 32, 128), c(64, 128, 64, 8, 3), c(64, 64, 64, 4, 3),
+               c(32, 32, 128, split_k=2), c(32, 32, 128, split_k=4)]
     shapes = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
               "lm_head": (128256, 4096)}
     for name, (n, k) in shapes.items():
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+        chosen = kt.config_for(n, k)
         for m in (1, 5, 64, 320):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
             row = {"what": "gemm", "matrix": name, "m": m, "cublas_us": round(time_cuda(lambda: torch.mm(x, w.t())), 1)}
-            for c in configs:
-                key = f"bm{c.block_m}_bn{c.block_n}_bk{c.block_k}"
-                row[key] = round(time_cuda(lambda: kt.matmul(x, w, None, None, out, c)), 1)
+            for cfg in configs:
+                key = "chosen" if cfg is None else (f"bm{cfg.block_m}_bn{cfg.block_n}_bk{cfg.block_k}"
+                                                    f"_w{cfg.num_warps}_st{cfg.num_stages}_s{cfg.split_k}")
+                row[key] = round(time_cuda(lambda: kt.matmul(x, w, None, None, out, cfg or chosen)), 1)
+            row["chosen_config"] = (f"bm{chosen.block_m}_bn{chosen.block_n}_bk{chosen.block_k}"
+                                    f"_w{chosen.num_warps}_st{chosen.num_stages}_s{chosen.split_k}")
             row["bytes_gb"] = n * k * 2 / 1e9
             emit(rows, row)
         del w

@@ -1,8 +1,12 @@
 """Triton kernels behind `specdec.fast.kernels.invariant` (imported only where Triton is installed).
 
-matmul     program (m tile, n tile) computes out[m-block, n-block] = Σ_k x·wᵀ over ALL of K in BLOCK_K steps with
-           one `tl.dot` shape; one config (MATMUL) for every M, so an output element's summation order depends on K
-           only. Tiles are held transposed, `[BLOCK_N, BLOCK_M]` (weights as the wide operand, as in
+matmul     program (m tile, n tile, k split) computes out[m-block, n-block] = Σ_k x·wᵀ over its split's K range in
+           BLOCK_K steps with one `tl.dot` shape. The launch config — tile sizes AND the number of K splits — is
+           chosen from (N, K) alone (`config_for`), never from M, so an output element's summation order depends
+           on the weight's shape only. With one split the program adds bias/residual and stores; with several,
+           each split stores its fp32 partial `[splits, M, N]` and `_reduce` sums them one after the other in
+           split order (then bias, then residual): a fixed split-K that gives a skinny GEMM (M = 1, large K) enough
+           programs. Tiles are held transposed, `[BLOCK_N, BLOCK_M]` (weights as the wide operand, as in
            `_linear_triton`); the grid runs the m tiles of one weight block next to each other (L2 reuse).
 attention  program (row b · KV head, split, row tile): the G·k query rows of one KV head, BLOCK_M at a time, over
            the slots [split · SPLIT_SLOTS, (split + 1) · SPLIT_SLOTS) ∩ [window start, live) in KEY_BLOCK blocks
@@ -23,44 +27,77 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["MatmulConfig", "MATMUL", "SPLIT_SLOTS", "matmul", "attention"]
+__all__ = ["MatmulConfig", "MATMUL", "SPLIT_SLOTS", "config_for", "matmul", "attention"]
 
 SPLIT_SLOTS = 512  # attention: slots per split, aligned at slot 0 (a multiple of every `key_block`); a constant
 
 
 @dataclass(frozen=True)
 class MatmulConfig:
-    """The one launch shape of the invariant GEMM (for every M: changing it changes the bits, never per call).
-    64 activation rows per program: a decode step (M = 1) stays bound by the weight stream (64 flops per weight
-    byte), while a batch-64 verify pass (M = 320) runs 5 row tiles per weight tile on 64 × 64 wgmma shapes."""
+    """One launch shape of the invariant GEMM, fixed per weight shape (N, K) — for every M: a config chosen by M
+    would change the bits. split_k: how many K ranges (each a multiple of block_k, the last one ragged) are
+    reduced separately and then summed in split order (1: no split)."""
 
-    block_m: int = 64
+    block_m: int = 32
     block_n: int = 64
     block_k: int = 64
     num_warps: int = 4
     num_stages: int = 4
+    split_k: int = 1
+
+    def __post_init__(self):
+        for name in ("block_m", "block_n", "block_k"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"MatmulConfig.{name} must be a power of two >= 16, got {v}")
+        if self.split_k < 1 or self.num_warps < 1 or self.num_stages < 1:
+            raise ValueError(f"MatmulConfig needs split_k, num_warps, num_stages >= 1, got {self}")
+
+    def k_range(self, k: int) -> int:
+        """K elements per split (a multiple of block_k)."""
+        steps = -(-k // self.block_k)
+        return -(-steps // self.split_k) * self.block_k
 
 
-MATMUL = MatmulConfig()  # scripts/bench_bitwise.py times alternatives against cuBLAS
+MATMUL = MatmulConfig()  # the wide-N default (gate_up, lm_head); scripts/bench_bitwise.py times alternatives
+TARGET_PROGRAMS = 512  # split K until an M = 1 launch has this many programs (H100/H200: 132 SMs, ~4 each) ...
+MIN_SPLIT_K = 1024  # ... while every split keeps at least this many K elements
+MAX_SPLITS = 8
+
+
+def config_for(n: int, k: int) -> MatmulConfig:
+    """The launch config of an [N, K] weight — a function of (N, K) only (bitwise.json, H200, bf16: the narrow
+    bn32/bk128 tile is fastest for N <= 8192 at M <= 64; bn64/bk64 for the wide gate_up and lm_head); K is split
+    (fixed per shape) until an M = 1 launch fills the GPU: the 8B down projection (4096 × 14336) runs 4 splits."""
+    base = MatmulConfig(32, 32, 128) if n <= 8192 else MATMUL
+    tiles = -(-n // base.block_n)
+    splits = 1
+    while splits < MAX_SPLITS and tiles * splits < TARGET_PROGRAMS and -(-k // (2 * splits)) >= MIN_SPLIT_K:
+        splits *= 2
+    return MatmulConfig(base.block_m, base.block_n, base.block_k, base.num_warps, base.num_stages, splits)
 
 
 # M and the row strides are not specialized: one binary for M = 1 (a plain step), γ+1 (a verify) and 512 (prefill).
 @triton.jit(do_not_specialize=["M", "stride_xm", "stride_rm", "stride_om"])
-def _matmul_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, M, N, K, stride_xm, stride_wn, stride_rm, stride_om,
-                   HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, IEEE: tl.constexpr, STAGES: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _matmul_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, part_ptr, M, N, K, K_RANGE, stride_xm, stride_wn, stride_rm,
+                   stride_om, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, IEEE: tl.constexpr,
+                   STAGES: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_lo = pid_k * K_RANGE
+    k_hi = tl.minimum(k_lo + K_RANGE, K)
     offs_k = tl.arange(0, BLOCK_K)
     m_ok = offs_m < M
     n_ok = offs_n < N
-    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
-    x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :]
+    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (k_lo + offs_k)[None, :]
+    x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + (k_lo + offs_k)[None, :]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-        k_ok = (k0 + offs_k) < K
+    for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
+        k_ok = (k0 + offs_k) < k_hi
         w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         x = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         if IEEE:
@@ -69,30 +106,63 @@ def _matmul_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, M, N, K, stride_xm, stride
             acc = tl.dot(w, tl.trans(x), acc)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
     mask = n_ok[:, None] & m_ok[None, :]
+    if SPLIT:  # partial [splits, M, N] in fp32; `_reduce` finishes
+        part = part_ptr + (pid_k * M + offs_m[None, :]).to(tl.int64) * N + offs_n[:, None]
+        tl.store(part, acc, mask=mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        if HAS_RES:
+            acc += tl.load(r_ptr + offs_m[None, :].to(tl.int64) * stride_rm + offs_n[:, None], mask=mask,
+                           other=0.0).to(tl.float32)
+        tl.store(o_ptr + offs_m[None, :].to(tl.int64) * stride_om + offs_n[:, None],
+                 acc.to(o_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["M", "stride_rm", "stride_om"])
+def _reduce(part_ptr, b_ptr, r_ptr, o_ptr, M, N, stride_rm, stride_om, SPLITS: tl.constexpr,
+            HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    """Row m of the output, BLOCK columns: Σ over splits in split order (fp32), + bias, + residual, stored."""
+    m = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < N
+    acc = tl.load(part_ptr + m * N + cols, mask=ok, other=0.0)
+    for s in tl.static_range(1, SPLITS):
+        acc += tl.load(part_ptr + (s * M + m) * N + cols, mask=ok, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + cols, mask=ok, other=0.0).to(tl.float32)
     if HAS_RES:
-        acc += tl.load(r_ptr + offs_m[None, :].to(tl.int64) * stride_rm + offs_n[:, None], mask=mask,
-                       other=0.0).to(tl.float32)
-    tl.store(o_ptr + offs_m[None, :].to(tl.int64) * stride_om + offs_n[:, None], acc.to(o_ptr.dtype.element_ty),
-             mask=mask)
+        acc += tl.load(r_ptr + m * stride_rm + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(o_ptr + m * stride_om + cols, acc.to(o_ptr.dtype.element_ty), mask=ok)
 
 
 def matmul(x: torch.Tensor, weight: torch.Tensor, bias, residual, out: torch.Tensor,
            config: MatmulConfig | None = None) -> None:
     """out `[M, N]` = x `[M, K]` @ weight `[N, K]`ᵀ (+ bias) (+ residual `[M, N]`); rows K/N-contiguous. out may be
-    residual itself (each element is read and written by one program)."""
-    c = MATMUL if config is None else config
+    residual itself (each element is read and written by one program). config: `config_for(N, K)` unless given
+    (benchmarks; a config that depends on M breaks the invariance)."""
     m, k = x.shape
     n = weight.shape[0]
-    grid = (triton.cdiv(m, c.block_m), triton.cdiv(n, c.block_n))
+    c = config_for(n, k) if config is None else config
+    k_range = c.k_range(k)
+    splits = -(-k // k_range) if k else 1
+    split = splits > 1
+    part = torch.empty(splits, m, n, device=x.device, dtype=torch.float32) if split else out
+    bias_arg = bias if bias is not None else out
+    res_arg = residual if residual is not None else out
+    stride_rm = residual.stride(0) if residual is not None else 0
+    grid = (triton.cdiv(m, c.block_m), triton.cdiv(n, c.block_n), splits)
     _matmul_kernel[grid](
-        x, weight, bias if bias is not None else out, residual if residual is not None else out, out,
-        m, n, k, x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
-        HAS_BIAS=bias is not None, HAS_RES=residual is not None, IEEE=x.dtype == torch.float32,
-        STAGES=c.num_stages, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+        x, weight, bias_arg, res_arg, out, part, m, n, k, k_range, x.stride(0), weight.stride(0), stride_rm,
+        out.stride(0), HAS_BIAS=bias is not None, HAS_RES=residual is not None, IEEE=x.dtype == torch.float32,
+        STAGES=c.num_stages, SPLIT=split, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
         num_warps=c.num_warps, num_stages=c.num_stages)
+    if split:
+        block = 1024 if n >= 1024 else triton.next_power_of_2(max(n, 16))
+        _reduce[(m, triton.cdiv(n, block))](part, bias_arg, res_arg, out, m, n, stride_rm, out.stride(0),
+                                            SPLITS=splits, HAS_BIAS=bias is not None,
+                                            HAS_RES=residual is not None, BLOCK=block, num_warps=4)
 
 
 @triton.jit

@@ -58,6 +58,43 @@ def test_linear_in_place_residual_and_leading_dims():
     assert torch.equal(out, want) and want.shape == (2, 3, 40)
 
 
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+def test_split_k_linear_is_row_invariant(monkeypatch):
+    """The fixed split-K (Triton interpreter): K cut into 3 ranges of 2 · 16 (the last one ragged), partials summed
+    in split order by `_reduce`, then bias and residual; a row's bits do not depend on M nor on the other rows. The
+    control: another split count is another summation order (different bits), so the check has power."""
+    from specdec.fast.kernels import _invariant_triton as kt
+
+    split3 = kt.MatmulConfig(16, 16, 16, 1, 1, split_k=3)
+    monkeypatch.setattr(kt, "config_for", lambda n, k: split3)
+    n, k = 40, 80
+    x, w, b, r = rnd(40, k, seed=1), rnd(n, k, seed=2) / k ** 0.5, rnd(n, seed=3), rnd(40, n, seed=4)
+    got = invariant_linear(x, w, b, residual=r, kernel="triton")
+    torch.testing.assert_close(got, F.linear(x, w, b) + r, rtol=1e-5, atol=1e-5)
+    out = r.clone()  # in place on the residual (the reduce reads and writes each element in one program)
+    assert torch.equal(invariant_linear(x, w, b, residual=out, out=out, kernel="triton"), got)
+    fn = lambda rows: invariant_linear(rows, w, b, residual=r[:1].expand(len(rows), n), kernel="triton")  # noqa: E731
+    assert row_invariance_failures(fn, x, [2, 5, 17, 33]) == []
+    big = 1e4 * rnd(1, k, seed=5)  # large products of both signs: the sum's order shows in the low bits
+    monkeypatch.setattr(kt, "config_for", lambda n, k: kt.MatmulConfig(16, 16, 16, 1, 1, split_k=1))
+    one = invariant_linear(big, w, kernel="triton")
+    monkeypatch.setattr(kt, "config_for", lambda n, k: split3)
+    assert not torch.equal(invariant_linear(big, w, kernel="triton"), one)
+
+
+def test_config_depends_on_the_weight_shape_only():
+    """`config_for`: the 8B down projection (4096 × 14336) splits K four ways (512 programs at M = 1); the wide
+    lm_head and a small model's K = 576 do not split; every split keeps >= MIN_SPLIT_K elements."""
+    kt = pytest.importorskip("specdec.fast.kernels._invariant_triton")
+    assert kt.config_for(4096, 14336).split_k == 4
+    assert kt.config_for(128256, 4096).split_k == 1 and kt.config_for(576, 576).split_k == 1
+    for n, k in [(4096, 4096), (6144, 4096), (28672, 4096), (1000, 4096), (4096, 14336)]:
+        c = kt.config_for(n, k)
+        assert c.k_range(k) >= kt.MIN_SPLIT_K or c.split_k == 1, (n, k, c)
+    with pytest.raises(ValueError, match="block_k"):
+        kt.MatmulConfig(32, 32, 24)
+
 @pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="the control is for MKL builds")
 def test_plain_blas_is_not_row_invariant_with_mkl():
     """The negative control: the check above has power — MKL's sgemm changes its summation with M (M = 1 runs a
