@@ -82,3 +82,42 @@ def test_only_the_plain_steps_share_of_a_catch_up_is_charged_to_them(share, char
     policy.record_step(8, 4, 1.8, 2.0, catch_up_of=4, catch_up_share=share)  # 0.8 s over the usual 1 s
     events = policy.catch_up_events.get(8, [])
     assert (events[-1] if events else None) == (pytest.approx(charged) if charged is not None else None)
+
+
+def test_a_feature_head_admitted_in_a_plain_run_catches_up_to_a_fresh_prefill(make_llama):
+    """The head drafts from the target's features: prompts admitted in a plain run are fed from the features the
+    target's prefill wrote, exactly what feeding them at admission would have written."""
+    from specdec.fast.head import HeadConfig
+    from specdec.fast.model import LlamaShape
+    from specdec.zoo.feature_head import TrainableHead
+
+    target = make_llama(0)
+    trainable = TrainableHead(HeadConfig.for_target(LlamaShape.from_hf(target.config)), seed=1)
+    trainable.init_from(target)
+    engine = Engine(target, trainable.to_feature_head(),
+                    EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens="auto"))
+    params = SamplingParams(temperature=0, max_new_tokens=30)
+    first = [engine.add_request(p, params) for p in RAGGED_PROMPTS[:2]]
+    outputs: dict = {}
+    _run(engine, [3, 0, 0], outputs)
+    late = [engine.add_request(p, params) for p in LONG]
+    _run(engine, [0, 0], outputs)
+    drafter = engine.drafter
+    with torch.inference_mode():
+        assert engine._catch_up_drafter(3)
+        n = engine.num_running
+        lengths = engine.state.lengths[:n].tolist()
+        fresh = SlotCache(drafter.head.layer, engine.max_batch, engine.num_positions)
+        prefill_rows(drafter.head.layer, fresh, engine.state, slice(0, n), [0] * n, [L - 1 for L in lengths], 64,
+                     embeds=drafter._entries)
+    assert n == 4
+    for slot, length in enumerate(lengths):
+        below = length - 1 - drafter.window  # the next proposal re-feeds the window itself
+        if slot >= 2:  # the rows admitted in the plain run, fed only by the catch-up
+            assert below > 4
+        if below > 0:
+            torch.testing.assert_close(drafter.cache.keys[:, slot, :, :below], fresh.keys[:, slot, :, :below])
+    while engine.has_unfinished():
+        _run(engine, [3], outputs)
+    for rid, prompt in zip(first + late, RAGGED_PROMPTS[:2] + LONG):
+        assert outputs[rid] == hf_greedy(target, prompt, 30, [])
