@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
 import torch
 import transformers as T
 
 import specdec
+from specdec.analysis import timed
 
 # The real models' shapes (random weights): what a user runs, at the sizes that fit one GPU quickly.
 REAL = {
@@ -61,16 +61,6 @@ def build(name: str, tiny: bool, device: str, dtype: torch.dtype):
     return model
 
 
-def timed(fn, cuda: bool) -> tuple[float, object]:
-    if cuda:
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    out = fn()
-    if cuda:
-        torch.cuda.synchronize()
-    return time.perf_counter() - start, out
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="tiny configs (CPU logic check)")
@@ -93,10 +83,10 @@ def main(argv=None) -> int:
             ids = prompts.to(device)
             hf_s, hf_out = timed(lambda: model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                                         max_new_tokens=args.new, min_new_tokens=args.new,
-                                                        pad_token_id=0), cuda)
+                                                        pad_token_id=0), torch.device(device))
             kw = dict(max_new_tokens=args.new, temperature=0, eos_token_id=[], engine="fast")
             specdec.generate(model, prompts.tolist(), **kw)  # warm-up: builds the engine, captures the graphs
-            ours_s, ours = timed(lambda: specdec.generate(model, prompts.tolist(), **kw), cuda)
+            ours_s, ours = timed(lambda: specdec.generate(model, prompts.tolist(), **kw), torch.device(device))
             ref = hf_out[:, args.prompt:].tolist()
             row = dict(family=name, device=torch.cuda.get_device_name() if cuda else "cpu", dtype=str(dtype),
                        batch=batch, prompt=args.prompt, new=args.new,

@@ -17,10 +17,10 @@ of the best config per (M, N, K) to paste into `specdec.fast.kernels.linear.CONF
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -116,36 +116,17 @@ def precompile(jobs, workers: int) -> tuple[float, list]:
 
 
 class Timer:
-    """Median seconds per call of fn(weight) over `calls` back-to-back calls rotating over `weights`."""
+    """Median seconds per call of fn(weight) over `calls` back-to-back calls rotating over `weights`: one CUDA
+    graph of them replayed (`specdec.bench.device.time_call`); in interpreter mode the plain wall clock."""
 
-    def __init__(self, torch, cuda: bool, reps: int):
-        self.torch, self.cuda, self.reps = torch, cuda, reps
+    def __init__(self, cuda: bool, reps: int):
+        self.cuda, self.reps = cuda, reps
 
     def __call__(self, fn, weights, calls: int) -> float:
-        torch = self.torch
-        if not self.cuda:  # interpreter mode: plain wall clock, only the logic is exercised
-            t0 = time.perf_counter()
-            for i in range(calls):
-                fn(weights[i % len(weights)])
-            return (time.perf_counter() - t0) / calls
-        fn(weights[0])  # warm (compiles) outside the capture
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for i in range(calls):
-                fn(weights[i % len(weights)])
-        graph.replay()
-        graph.replay()
-        times = []
-        for _ in range(self.reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        del graph
-        return statistics.median(times) / calls
+        from specdec.bench.device import time_call
+
+        rotation = itertools.cycle(weights)
+        return time_call(lambda: fn(next(rotation)), cuda=self.cuda, calls=calls, reps=self.reps) / 1e3
 
 
 def copy_bandwidth(torch, nbytes: int) -> float:
@@ -205,7 +186,7 @@ def main() -> None:
     compile_s, compile_failed = precompile(jobs, args.workers) if cuda else (0.0, [])
     for failure in compile_failed:
         print("compile failed:", failure)
-    timer = Timer(torch, cuda, args.reps)
+    timer = Timer(cuda, args.reps)
     torch.manual_seed(0)
     report = {"device": torch.cuda.get_device_name() if cuda else "cpu (interpreter)", "torch": torch.__version__,
               "triton": __import__("triton").__version__, "num_sms": num_sms, "l2_bytes": l2_bytes,
