@@ -343,6 +343,7 @@ def _params(request, llm, num_prompt_tokens: int, default_max_tokens: int | None
             raise APIError(str(err), param="stop") from None
     params.update(_processors(request, llm, max_tokens))
     params["num_draft_tokens"] = _num_draft_tokens(request, llm)
+    params.update(_verification(request, params["num_draft_tokens"]))
     params["logprobs"] = request.logprobs is not None and request.logprobs is not False
     return params
 
@@ -403,6 +404,36 @@ def _bad_words(words: list[str], llm) -> list[list[int]]:
         raise APIError(f"bad_words: {len(sequences)} token sequences (each word with and without a leading space); "
                        f"at most {MAX_BAD_WORDS}", param="bad_words")
     return sequences
+
+
+def _verification(request, gamma) -> dict:
+    """specdec.leniency and specdec.draft_tree: both act on speculative steps, so a request that runs plain
+    decoding (γ = 0: asked for, or a server without a draft model) is refused rather than left as it was; a tree
+    is verified exactly (lenience is a chain's rule); the tree's shape is checked here, its size against the
+    engine's `max_tree_nodes` / `max_draft_tokens` when the request is submitted (a 400 naming the bound)."""
+    options, out = request.specdec, {}
+    if options is None:
+        return out
+    plain = "this request runs plain decoding (num_draft_tokens=0, or the server has no draft model)"
+    if options.leniency is not None and options.leniency != 1.0:
+        if gamma == 0:
+            raise APIError(f"specdec.leniency={options.leniency} acts on speculative steps; {plain}",
+                           param="specdec")
+        out["leniency"] = options.leniency
+    if options.draft_tree is not None:
+        if gamma == 0:
+            raise APIError(f"specdec.draft_tree needs a draft model's speculative steps; {plain}",
+                           param="specdec")
+        if "leniency" in out:
+            raise APIError("specdec.draft_tree is verified exactly: it cannot be combined with specdec.leniency < 1",
+                           param="specdec")
+        from specdec.core.tree import TreeSpec
+
+        try:
+            out["draft_tree"] = TreeSpec(list(options.draft_tree)).branching
+        except ValueError as err:
+            raise APIError(f"specdec.draft_tree: {err}", param="specdec") from None
+    return out
 
 
 def _num_draft_tokens(request, llm) -> int:

@@ -9,7 +9,7 @@ silently ignored. The table in docs/SERVING.md ("Request fields") lists what eac
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -20,6 +20,8 @@ MAX_PROMPTS = 16
 #: prompts × n: the runner requests one HTTP request may start
 MAX_CHOICES = 16
 MAX_TOP_LOGPROBS = 20
+#: specdec.draft_tree's bounds as typed (children per node, depth); the engine's node budget is checked apart
+MAX_TREE_WIDTH, MAX_TREE_DEPTH = 63, 16
 _SEED_MAX = (1 << 63) - 1
 _ID_MAX = 256
 
@@ -37,6 +39,9 @@ class StreamOptions(_Strict):
 class SpecdecOptions(_Strict):
     num_draft_tokens: int | None = None  # 0 = plain decoding; else the server's γ
     token_details: bool = False  # stream each token's text and kind (accepted / resampled / bonus / plain)
+    leniency: float | None = Field(default=None, gt=0.0, le=1.0)  # l < 1: lossy verification (1 = exact)
+    draft_tree: list[Annotated[int, Field(ge=1, le=MAX_TREE_WIDTH)]] | None = Field(default=None, min_length=1,
+                                                                                    max_length=MAX_TREE_DEPTH)
 
 
 class ResponseFormat(_Strict):

@@ -160,3 +160,39 @@ def test_logits_processors_are_the_text_apis(server, local_llm, fields):
         assert "return" not in want.text and "return" in plain.text
     if "allowed_token_ids" in fields:
         assert set(want.token_ids) <= set(fields["allowed_token_ids"])
+
+
+def test_draft_tree_and_leniency_are_the_text_apis(server, local_llm):
+    """specdec.draft_tree: greedy text = plain decoding's, a sampled text = the text API's with the same tree and
+    seed, and the response counts a tree's nodes per step (6 for [2, 2], not the chain's γ); specdec.leniency: the
+    text API's lenient text, which is not the exact one."""
+    body = {"prompt": PROMPT, "max_tokens": 24, "return_token_ids": True}
+    greedy = post(server, {**body, "temperature": 0, "specdec": {"draft_tree": [2, 2]}})
+    assert greedy["choices"][0]["token_ids"] == local_llm.generate(PROMPT, max_new_tokens=24, temperature=0).token_ids
+    spec = greedy["speculative_decoding"]
+    assert spec["num_draft_tokens"] == 6 * spec["num_drafts"] > 0
+    kw = dict(max_new_tokens=24, temperature=1.0, seed=5)
+    tree = post(server, {**body, "temperature": 1.0, "seed": 5, "specdec": {"draft_tree": [2, 2]}})
+    assert tree["choices"][0]["token_ids"] == local_llm.generate(PROMPT, draft_tree=(2, 2), **kw).token_ids
+    lenient = post(server, {**body, "temperature": 1.0, "seed": 5, "specdec": {"leniency": 0.3}})
+    exact = local_llm.generate(PROMPT, **kw).token_ids
+    assert lenient["choices"][0]["token_ids"] == local_llm.generate(PROMPT, leniency=0.3, **kw).token_ids != exact
+
+
+@pytest.mark.parametrize("specdec, field, words", [
+    ({"draft_tree": [2, 2], "leniency": 0.5}, "specdec.draft_tree", "leniency"),
+    ({"draft_tree": [2], "num_draft_tokens": 0}, "specdec.draft_tree", "plain decoding"),
+    ({"leniency": 0.5, "num_draft_tokens": 0}, "specdec.leniency", "plain decoding"),
+    ({"draft_tree": [8, 8]}, "draft_tree [8, 8]", "max_tree_nodes"),
+    ({"draft_tree": [0, 2]}, "specdec.draft_tree[0]", "greater than or equal to 1"),
+    ({"leniency": 0}, "specdec.leniency", "greater than 0"),
+    ({"leniency": 1.5}, "specdec.leniency", "less than or equal to 1"),
+])
+def test_draft_tree_and_leniency_refusals_name_the_problem(server, specdec, field, words):
+    r = httpx.post(server + "/v1/completions", json={"model": "demo", "prompt": PROMPT, "max_tokens": 4,
+                                                     "specdec": specdec}, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert field in error["message"] and words in error["message"], error
+    if field.startswith("specdec"):
+        assert error["param"] == "specdec"
