@@ -21,7 +21,7 @@ from specdec.core import SamplingConfig
 from specdec.drafters.base import Drafter, Proposal
 from specdec.fast.graphs import CapturedStep, graph_options, new_pool
 from specdec.fast.t5 import FastT5, T5Cache, check_t5
-from specdec.fast.target import _draft_step, owned_proposal, pair_inputs
+from specdec.fast.target import _draft_step, crop_lengths, owned_proposal, pair_inputs
 from specdec.sequences import TokenBuffer
 
 __all__ = ["FastSeq2SeqTarget", "FastSeq2SeqDrafter", "covers_seq2seq", "load_fast_t5"]
@@ -191,13 +191,8 @@ class FastSeq2SeqTarget(_FastSeq2SeqLM):
             return self.run(("verify", tuple(tokens.shape)), make, {"tokens": tokens}, restore=[cache.lengths]).clone()
 
     def crop(self, lengths: torch.Tensor | int) -> None:
-        """Roll back to absolute lengths: a pointer move (slots past it are invisible, later overwritten)."""
-        if isinstance(lengths, int):
-            self.cache.lengths.fill_(lengths)
-            return
-        if self.device.type == "cpu" and bool(((lengths > self.cache.lengths) | (lengths < 0)).any()):
-            raise ValueError("crop can only shorten sequences (0 <= lengths <= current lengths)")
-        self.cache.lengths.copy_(lengths)
+        """Roll back to absolute lengths (`fast.target.crop_lengths`)."""
+        crop_lengths(self.cache.lengths, lengths)
 
 
 class FastSeq2SeqDrafter(Drafter):

@@ -95,6 +95,17 @@ class _FastLM:
         self._graphs.clear()
 
 
+def crop_lengths(current: torch.Tensor, lengths: torch.Tensor | int) -> None:
+    """A cache's roll-back to absolute lengths: `current` `[B]` (its lengths) set to `lengths` (an int or `[B]`), a
+    pointer move (slots past it are invisible, later overwritten); checked on the CPU (a check would sync a GPU)."""
+    if isinstance(lengths, int):
+        current.fill_(lengths)
+        return
+    if current.device.type == "cpu" and bool(((lengths > current) | (lengths < 0)).any()):
+        raise ValueError("crop can only shorten sequences (0 <= lengths <= current lengths)")
+    current.copy_(lengths)
+
+
 def _slots(num_slots: int) -> int:
     # KVCache.num_slots of a cache made for `num_slots` (alignment rounding included)
     return (num_slots + 1 + 15) // 16 * 16 - 1
@@ -143,13 +154,8 @@ class FastTarget(_FastLM):
             return self.run(("verify", tuple(tokens.shape)), make, {"tokens": tokens}, restore=[cache.lengths]).clone()
 
     def crop(self, lengths: torch.Tensor | int) -> None:
-        """Roll back to absolute lengths: a pointer move (slots past it are invisible, later overwritten)."""
-        if isinstance(lengths, int):
-            self.cache.lengths.fill_(lengths)
-        else:
-            if self.device.type == "cpu" and bool(((lengths > self.cache.lengths) | (lengths < 0)).any()):
-                raise ValueError("crop can only shorten sequences (0 <= lengths <= current lengths)")
-            self.cache.lengths.copy_(lengths)
+        """Roll back to absolute lengths (`crop_lengths`)."""
+        crop_lengths(self.cache.lengths, lengths)
 
 
 class FastDrafter(Drafter):

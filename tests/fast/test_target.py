@@ -195,3 +195,17 @@ def test_nan_logits_raise_once_per_step(llama):
         target.model.final_norm.fill_(float("nan"))
     with pytest.raises(ValueError, match="NaN"):
         fast_generate(target, [[1, 2, 3]], max_new_tokens=4, temperature=0, eos_token_id=[])
+
+
+def test_crop_lengths_moves_the_pointer_and_refuses_to_lengthen():
+    from specdec.fast.target import crop_lengths
+
+    lengths = torch.tensor([5, 7])
+    crop_lengths(lengths, torch.tensor([3, 7]))
+    assert lengths.tolist() == [3, 7]
+    crop_lengths(lengths, 2)
+    assert lengths.tolist() == [2, 2]
+    for bad in (torch.tensor([3, 2]), torch.tensor([-1, 0])):
+        with pytest.raises(ValueError, match="crop can only shorten"):
+            crop_lengths(lengths, bad)
+    assert lengths.tolist() == [2, 2]
