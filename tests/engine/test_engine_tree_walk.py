@@ -8,10 +8,14 @@ from specdec.core.tree import verify_tree
 from specdec.engine.tree_step import EngineTree, walk_tree
 
 
-def _case(branching, batch, vocab, seed, peaked):
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                                  reason="needs CUDA")])]
+
+
+def _case(branching, batch, vocab, seed, peaked, device="cpu"):
     """Random tree contents whose children often match the target (so paths go deep)."""
     g = torch.Generator().manual_seed(seed)
-    tree = EngineTree.of(branching, torch.device("cpu"))
+    tree = EngineTree.of(branching, torch.device(device))
     n, m = tree.spec.num_nodes, tree.spec.num_internal
     target = (torch.randn(batch, n, vocab, generator=g) * peaked).softmax(-1)
     draft = (torch.randn(batch, m, vocab, generator=g) * peaked).softmax(-1)
@@ -21,15 +25,19 @@ def _case(branching, batch, vocab, seed, peaked):
     tokens = torch.randint(0, 4, (batch, n), generator=g)
     uniforms = torch.rand(batch, n, generator=g)
     noise = -torch.rand(batch, vocab, generator=g).log()
-    return tree, tokens, draft, target, uniforms, noise
+    return tree, *(x.to(device) for x in (tokens, draft, target, uniforms, noise))
 
 
 @pytest.mark.parametrize("branching", [(1, 1, 1, 1), (4, 2, 2), (3, 2, 1, 1), (2,), (1, 3)])
 @pytest.mark.parametrize("mode", ["without_replacement", "iid"])
-def test_the_walk_decides_what_verify_tree_decides(branching, mode):
+@pytest.mark.parametrize("vocab", [12, 8192])
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_walk_decides_what_verify_tree_decides(branching, mode, vocab, device):
+    """(On CUDA too: its reductions over [b, M, V] and [b, V] must not move a decision.)"""
     depths = []
-    for seed in range(6):
-        tree, tokens, draft, target, uniforms, noise = _case(branching, 64, 12, seed, peaked=1.0 + seed)
+    for seed in range(6 if vocab < 100 else 2):  # (the demo pair's vocabulary: fewer, larger cases)
+        tree, tokens, draft, target, uniforms, noise = _case(branching, 64 if vocab < 100 else 48, vocab, seed,
+                                                             1.0 + seed, device)
         want = verify_tree(tree.spec, tokens, draft, target, mode=mode, uniforms=uniforms, noise=noise)
         path, law = walk_tree(tree, tokens, draft, target, uniforms, mode=mode)
         assert torch.equal(path, want.path)
