@@ -9,7 +9,8 @@ number accepted ("burst": prompt lookup's copies), which Thm 3.8's model mispred
 A step at batch bucket b, γ, longest row ℓ costs `cell.step_seconds(b, γ, ℓ)` times a little noise (and now and
 then a 3x straggler). A drafter that keeps a cache pays `cell.catch_up_s` (+ `catch_up_step_s` per plain step fed)
 before the first speculative step after more than 2 plain steps in a row (the engine's catch-up), reported to the
-policy as the engine does; each admitted row costs `admit_s` outside every step (its prefill).
+policy as the engine does; a row admitted while the engine speculates costs `admit_s` outside every step (the
+drafter's prefill, reported with `record_admission` unless `report_admissions=False`: the negative control).
 Step shapes are captured as the engine's are: the first step of a (b, γ, length bucket of ℓ + γ + 2) shape
 not built yet costs `cell.capture_s` more (~0.1 s on an H200: every row waits) and is reported to the policy
 as a capture, not a step time. `warm=True` builds every shape of the policy's menu first (the engine's
@@ -49,7 +50,7 @@ class Cell:
     ramp: bool = False  # requests join one per step at first (a server starting up), else the slots fill at once
     capture_s: float = 0.1  # a step shape's first run: its graph capture (24-layer target, H200: ~0.1 s)
     catch_up_step_s: float = 0.0  # a catch-up's seconds per plain step it feeds (rows × tokens grow with the run)
-    admit_s: float = 0.0  # seconds per admitted row outside the steps (its prefill: no arm's step time)
+    admit_s: float = 0.0  # the drafter's prefill per admitted row, outside the steps (fed only while speculating)
     requests: int | None = None  # the traffic's requests (None: max(6 × slots, 160))
 
     def ratio(self, gamma: int, bucket: int | None = None) -> float:
@@ -93,7 +94,7 @@ def warm_shapes(cell: Cell, gammas) -> set:
 
 def simulate(cell: Cell, gamma="auto", requests: int | None = None, seed: int = 0, eos: float = 0.004,
              policy: GammaPolicy | None = None, warm: bool = True, captured: set | None = None,
-             use_ready: bool = True) -> dict:
+             use_ready: bool = True, report_admissions: bool = True) -> dict:
     """Run the traffic through a policy ("auto" or a fixed γ) → {tok_s, steps, gammas (γ → steps), catch_ups,
     captures}."""
     rng = random.Random(seed)  # the traffic (the same under every policy), then the step-time noise
@@ -124,7 +125,10 @@ def simulate(cell: Cell, gamma="auto", requests: int | None = None, seed: int = 
     while waiting or running:
         while waiting and len(running) < cell.slots:
             running.append(waiting.pop())
-            seconds += cell.admit_s
+            if cell.admit_s and plain_run == 0:  # the engine feeds the drafter at admission only while speculating
+                seconds += cell.admit_s
+                if report_admissions:
+                    policy.record_admission(cell.admit_s)
             if cell.ramp and len(running) < cell.slots and seconds < 64 * cell.plain_s:
                 break  # (ramping up: one more request per step)
         n = len(running)
@@ -163,7 +167,8 @@ def simulate(cell: Cell, gamma="auto", requests: int | None = None, seed: int = 
         if first_run:  # the engine: a first run's time includes its capture (no step time)
             policy.record_capture(t)
         else:
-            policy.record_step(bucket, g, t, produced / n, length=longest, catch_up_of=plain_run if caught_up else 0)
+            policy.record_step(bucket, g, t, produced / n, length=longest, catch_up_of=plain_run if caught_up else 0,
+                               rows=n)
         plain_run = plain_run + 1 if g == 0 else 0
         running = [r for r in running if r.budget > 0]
     return {"tok_s": tokens / seconds, "steps": sum(gammas.values()), "gammas": gammas, "catch_ups": catch_ups,

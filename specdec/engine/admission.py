@@ -1,9 +1,11 @@
 """Admission: requests enter and leave the engine's slots (mixed into `Engine`).
 
 `_admit` moves waiting requests into free slots and prefills them together (target, then the drafter if it
-keeps a cache) — while others run, once `admit_min` slots are free or one has waited `admit_max_wait` steps; `_handle_aborts` drops cancelled ones; `_release` frees a slot by moving the last running request
-into it (running requests stay in slots 0..n-1); `_catch_up_drafter` feeds a cached drafter the text that plain
-(γ = 0) steps committed without it, and the prompts admitted during them (not fed at admission). The engine's state these read and write is set up in `Engine.__init__`.
+keeps a cache, timed for the γ policy) — while others run, once `admit_min` slots are free or one has waited
+`admit_max_wait` steps; `_handle_aborts` drops cancelled ones; `_release` frees a slot by moving the last running
+request into it (running requests stay in slots 0..n-1); `_catch_up_drafter` feeds a cached drafter the text that
+plain (γ = 0) steps committed without it, and the prompts admitted during them (not fed at admission). The
+engine's state these read and write is set up in `Engine.__init__`.
 """
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ class Admission:
         # feeds every lagging row in one prefill, and a request that finishes before speculation resumes never
         # costs the drafter anything (admissions every step or two at 64 slots made the drafter's eager prefill a
         # cost of plain steps too)
-        valid = self._prefill(rows, lengths, graphs, drafter=not self._plain_run)
+        valid = self._prefill(rows, lengths, graphs, drafter=not self._plain_run, timed=True)
         for request, v in zip(admitted, valid):
             request.draft_valid = v
         if self.device.type == "cuda":  # prefill runs ahead of the host: finish it here, or its device time
@@ -119,10 +121,11 @@ class Admission:
         for request, n in zip(admitted, lengths):
             request.stats.add_prefill(seconds, 1 if n > 1 else 0)
 
-    def _prefill(self, rows: slice, lengths: list[int], graphs, drafter: bool = True) -> list[int]:
+    def _prefill(self, rows: slice, lengths: list[int], graphs, drafter: bool = True, timed: bool = False) -> list[int]:
         """Prefill freshly admitted `rows` with prompts of `lengths`: the target all but each prompt's last token,
         the drafter (if it keeps a cache, and `drafter`) all but its last two → the drafter's valid positions per
-        row (0 where it was not fed: the catch-up feeds it)."""
+        row (0 where it was not fed: the catch-up feeds it). timed: the drafter's prefill is timed for the policy
+        (`record_admission`)."""
         chunk, zeros = self.config.prefill_chunk, [0] * len(lengths)
         prefill_rows(self.model, self.cache, self.state, rows, zeros, [n - 1 for n in lengths], chunk,
                      features=self.state.features, extent=0, graphs=graphs)
@@ -135,7 +138,15 @@ class Admission:
                 self._drafter_synced = False
             return zeros
         valid = [max(n - 2, 0) for n in lengths]
+        cuda = timed and self.device.type == "cuda"
+        if cuda:  # (the target's prefill done: the drafter's alone is timed, for the policy)
+            torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
         self.drafter.prefill(self.state, rows, zeros, valid, chunk, extent=0, graphs=graphs)
+        if cuda:
+            torch.cuda.synchronize(self.device)
+        if timed:
+            self.policy.record_admission(time.perf_counter() - start)
         return valid
 
     def _joined(self, request: EngineRequest) -> None:

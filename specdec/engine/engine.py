@@ -255,7 +255,7 @@ class Engine(Admission, Commit, Warmup):
         # the policy weighs whole steps, device time and the host's share alike; a first run's time includes its
         # graph capture (no step time); a catch-up step's excess over the usual step is the plain steps' cost
         if not first_run and tree is None:
-            self.policy.record_step(batch, gamma, seconds, produced / n, length=longest,
+            self.policy.record_step(batch, gamma, seconds, produced / n, length=longest, rows=n,
                                     catch_up_of=self._plain_run if caught_up else 0,
                                     catch_up_share=self._catch_up_share)
         elif capturing:  # a capture in the middle of traffic (a shape the warm-up did not build): what it cost

@@ -79,6 +79,7 @@ _EXPLORE_BUDGET = 0.01  # the share of the run's time probes are expected to los
 _PRIOR_ALPHA, _PRIOR_WEIGHT = 0.5, 8.0  # α before any row was verified; weight (positions) of a row's prior (4
 # let a lookup row's first failed all-or-nothing drafts pin it to plain steps, which add no evidence: BENCHMARKS)
 _MIN_LENGTH_BUCKET = 64
+_ADMIT_DECAY = 0.99  # per speculative step: the drafter's admission cost is weighed over the last ~100 of them
 
 
 class _RowEstimate:
@@ -119,6 +120,7 @@ class GammaPolicy:
         self._explore: dict[int, list] = {}  # b → [decisions between probes, next probe at, winner before it, turn]
         self._plain_run = 0  # plain steps chosen in a row (past _FREE_PLAIN: a catch-up is pending)
         self._clock = 0.0  # seconds of the steps recorded so far (the exploration budget's clock)
+        self._admitted = [0.0, 0.0]  # decayed (drafter prefill seconds at admission, tokens of speculative steps)
         self.capture_events: list[float] = []  # the last captures' seconds (`record_capture`)
         self.only_ready = False  # choose only arms whose step shape is built (set by the engine's warm-up)
         self.chosen: dict[tuple[int, int], int] = {}  # (b, γ) → decisions that chose it (`report`)
@@ -210,11 +212,13 @@ class GammaPolicy:
             elif self._decisions:  # (the first decision of all picks the regime freely: nothing runs yet)
                 plain_extra = max(plain_extra, switch)
         extra = _extra_tokens(rows, spec)
+        seconds, tokens = self._admitted  # a speculative step's tokens bring admissions whose prompts the drafter
+        admit = seconds / tokens * len(rows) if tokens > 0 else 0.0  # is fed (a plain run's are not): per row-token
         capture = self._capture_cost(batch, times) / _REGIME if unready else 0.0  # a capture, spread like a catch-up
         rates, predicted = {}, {}
         for gamma in arms:
             tau = 1.0 + extra[gamma] / len(rows) if gamma and rows else 1.0
-            seconds = _interpolate(times, gamma) + (plain_extra if gamma == 0 else pending)
+            seconds = _interpolate(times, gamma) + (plain_extra if gamma == 0 else pending + tau * admit)
             seconds += capture if gamma in unready else 0.0
             predicted[gamma] = tau
             rates[gamma] = tau / max(seconds, 1e-12)
@@ -304,12 +308,16 @@ class GammaPolicy:
 
     # ------------------------------------------------------------------------------------ measurements
     def record_step(self, batch: int, gamma: int, seconds: float, tokens_per_row: float,
-                    length: int | None = None, catch_up_of: int = 0, catch_up_share: float = 1.0) -> None:
-        """A whole step at (b, γ, the longest row's `length`) took `seconds` and each running row produced
-        `tokens_per_row` on average. catch_up_of > 0: the step first fed the drafter what that many plain steps
-        committed; `catch_up_share` of its time beyond the usual step at its cell is charged to them
+                    length: int | None = None, catch_up_of: int = 0, catch_up_share: float = 1.0,
+                    rows: int = 1) -> None:
+        """A whole step at (b, γ, the longest row's `length`) took `seconds` and each of its `rows` running rows
+        produced `tokens_per_row` on average. catch_up_of > 0: the step first fed the drafter what that many plain
+        steps committed; `catch_up_share` of its time beyond the usual step at its cell is charged to them
         (`record_catch_up`; the rest fed prompts admitted in the plain run, which admission feeds otherwise)."""
         self._clock += max(seconds, 0.0)
+        if gamma > 0:
+            admitted = self._admitted
+            self._admitted = [admitted[0] * _ADMIT_DECAY, admitted[1] * _ADMIT_DECAY + tokens_per_row * rows]
         if catch_up_of > 0:
             usual = self.step_time(batch, gamma, length) if (batch, gamma) in self._counts else None
             if usual is not None and catch_up_share > 0:
@@ -324,6 +332,11 @@ class GammaPolicy:
         self._counts[(batch, gamma)] = self._counts.get((batch, gamma), 0) + 1
         old = self.tokens.get((batch, gamma))
         self.tokens[(batch, gamma)] = tokens_per_row if old is None else 0.8 * old + 0.2 * tokens_per_row
+
+    def record_admission(self, seconds: float) -> None:
+        """Admission fed the drafter the admitted prompts (as it does only while the engine speculates), which took
+        `seconds`: a cost of speculative steps per token they produce (their requests finish, others are admitted)."""
+        self._admitted[0] += max(seconds, 0.0)
 
     def record_capture(self, seconds: float) -> None:
         """A step that first built its shape (captured its graphs) took `seconds`, the capture included."""

@@ -60,16 +60,19 @@ def test_a_request_admitted_in_a_plain_run_is_fed_to_the_drafter_by_the_catch_up
 
 def test_admission_feeds_the_drafter_when_the_engine_speculates(make_llama):
     """The negative control: outside a plain run the drafter prefills admitted prompts at once (its batch-1 and
-    fixed-γ behaviour is unchanged), so nothing lags at the next speculative step."""
+    fixed-γ behaviour is unchanged), and the policy is told what that prefill took."""
     _, engine = _engine(make_llama)
-    fed = []
+    fed, timed = [], []
     prefill = engine.drafter.prefill
     engine.drafter.prefill = lambda *a, **k: fed.append(a[1]) or prefill(*a, **k)
+    engine.policy.record_admission = timed.append  # the drafter's prefill at admission: a cost of speculating
     engine.add_request(LONG[0], SamplingParams(temperature=0, max_new_tokens=8))
     _run(engine, [3], {})
     engine.add_request(LONG[1], SamplingParams(temperature=0, max_new_tokens=8))
-    _run(engine, [3], {})
-    assert len(fed) == 2 and not engine._catch_up_drafter(3)
+    _run(engine, [3, 0, 0], {})
+    engine.add_request(LONG[1], SamplingParams(temperature=0, max_new_tokens=8))
+    _run(engine, [0], {})  # admitted in a plain run: neither fed nor charged
+    assert len(fed) == 2 and len(timed) == 2 and all(t > 0 for t in timed)
 
 
 @pytest.mark.parametrize("share, charged", [(1.0, 0.8), (0.25, 0.2), (0.0, None)])
