@@ -35,7 +35,7 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import specdec
-    from specdec.cli.common import loader_kwargs, model_options
+    from specdec.cli.common import encode_prompts, loader_kwargs, model_options
     from specdec.loading import load_model, load_tokenizer, source_options
 
     apply_model_options(args)
@@ -47,10 +47,7 @@ def run(args: argparse.Namespace) -> int:
                            **draft_kwargs)
     tokenizer = load_tokenizer(args.tokenizer or args.target,
                                model_kwargs=None if args.tokenizer else source_options(model_options(args)))
-    prompts = [tokenizer.encode(text) for text in args.prompt]
-    for i, ids in enumerate(prompts):
-        if not ids:
-            raise ValueError(f"prompt {i} is empty after tokenization")
+    prompts = encode_prompts(tokenizer, args.prompt)
     early = {"false": False, "true": True, "never": "never"}[args.early_stopping]
     result = specdec.beam_search(
         target, prompts, draft, num_beams=args.num_beams, draft_beams=args.draft_beams,

@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     apply_model_options(args)
 
     import specdec
-    from specdec.cli.common import load_drafter
+    from specdec.cli.common import encode_prompts, load_drafter
     from specdec.request import vocab_size
     from specdec.loading import load_model, load_tokenizer
 
@@ -114,10 +114,7 @@ def run(args: argparse.Namespace) -> int:
                         allow_pickle=args.allow_pickle)
     tokenizer = load_tokenizer(args.tokenizer or target_path)
     texts = args.prompt or _default_prompts()
-    prompts = [tokenizer.encode(text) for text in texts]
-    for i, ids in enumerate(prompts):
-        if not ids:
-            raise CLIError(f"--prompt {i + 1} is empty after tokenization")
+    prompts = encode_prompts(tokenizer, texts)
     args.draft = draft
     drafter = load_drafter(args, tokenizer, vocab_size(target), prompts, target.device,
                            next(target.parameters()).dtype)

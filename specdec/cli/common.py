@@ -146,6 +146,15 @@ def log(args: argparse.Namespace, message: str, prefix: str = "") -> None:
         print(f"{stamp}{message}", file=sys.stderr, flush=True)
 
 
+def encode_prompts(tokenizer, texts) -> list[list[int]]:
+    """Each --prompt's token ids; a prompt with none is refused, naming it (1-based)."""
+    prompts = [tokenizer.encode(text) for text in texts]
+    for i, ids in enumerate(prompts):
+        if not ids:
+            raise CLIError(f"--prompt {i + 1} is empty after tokenization")
+    return prompts
+
+
 def load_drafter(args, tokenizer, vocab_size: int, prompts_ids, device, dtype):
     """The drafter `--draft` names: None, prompt lookup, an n-gram table (fit on --ngram-data or the prompts)
     or a checkpoint (loaded on `device` in `dtype`, unless --draft-model-option says otherwise): the library's

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from specdec.cli import CLIError
 from specdec.cli.common import (add_checkpoint_options, add_model_options, apply_model_options, check_int,
-                                load_drafter, loader_kwargs, log, print_json)
+                                encode_prompts, load_drafter, loader_kwargs, log, print_json)
 
 DRAFT_KINDS = ("ngram", "bigram", "unigram", "prompt-lookup")
 POLICY_NAMES = ("fixed", "heuristic", "optimal", "threshold", "guarded")  # = specdec.policy.POLICY_NAMES
@@ -143,10 +143,7 @@ def run(args: argparse.Namespace) -> int:
     target = load_model(args.target, device=args.device, dtype=args.dtype, what="target", **loader_kwargs(args))
     tokenizer = load_tokenizer(args.tokenizer or args.target,
                                model_kwargs=None if args.tokenizer else source_options(model_options(args)))
-    prompts = [tokenizer.encode(text) for text in args.prompt]
-    for i, ids in enumerate(prompts):
-        if not ids:
-            raise CLIError(f"--prompt {i + 1} is empty after tokenization")
+    prompts = encode_prompts(tokenizer, args.prompt)
     drafter = load_drafter(args, tokenizer, vocab_size(target), prompts, target.device,
                            next(target.parameters()).dtype)
     if drafter is not None and isinstance(gamma, int) and gamma < 1:

@@ -54,11 +54,9 @@ def run_tensor_parallel(args: argparse.Namespace, gamma) -> int:
         target = load_sharded(args.target, device=device, dtype=dtype, all_reduce=args.tensor_parallel_all_reduce)
         models.append(target)
         tokenizer = load_tokenizer(args.tokenizer or args.target)
-        prompts = [tokenizer.encode(text) for text in args.prompt]
-        for i, ids in enumerate(prompts):
-            if not ids:
-                raise CLIError(f"--prompt {i + 1} is empty after tokenization")
-        from specdec.cli.common import load_drafter
+        from specdec.cli.common import encode_prompts, load_drafter
+
+        prompts = encode_prompts(tokenizer, args.prompt)
 
         drafter = load_drafter(args, tokenizer, target.shape.vocab_size, prompts, device, dtype)
         if drafter is not None and gamma < 1:
