@@ -11,6 +11,17 @@ from specdec.drafters.hierarchical import HierarchicalDrafter
 RAGGED_PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12], [3, 4, 5], [7, 7, 7, 7, 8, 9, 7, 7, 7, 7, 8]]
 
 
+def right_padded(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ragged prompts as (tokens `[B, W]` right-padded with 0, valid `[B, W]` bool), W the longest prompt."""
+    width = max(len(p) for p in prompts)
+    tokens = torch.zeros(len(prompts), width, dtype=torch.long)
+    valid = torch.zeros(len(prompts), width, dtype=torch.bool)
+    for b, p in enumerate(prompts):
+        tokens[b, : len(p)] = torch.tensor(p)
+        valid[b, : len(p)] = True
+    return tokens, valid
+
+
 def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos: list[int]) -> list[int]:
     """transformers' own greedy generate for one prompt, cut after the first EOS."""
     device = model.device

@@ -10,7 +10,7 @@ import torch
 import transformers
 
 import specdec
-from helpers import RAGGED_PROMPTS, assert_same_greedy, hf_greedy
+from helpers import RAGGED_PROMPTS, assert_same_greedy, hf_greedy, right_padded
 from specdec.engine import Engine, EngineConfig
 from specdec.fast import FastLlama, LlamaShape
 from specdec.request import SamplingParams
@@ -82,22 +82,12 @@ def family(request):
     return request.param, _make(request.param), _make(request.param, draft_noise=0.05)
 
 
-def _right_padded(prompts):
-    width = max(len(p) for p in prompts)
-    tokens = torch.zeros(len(prompts), width, dtype=torch.long)
-    valid = torch.zeros(len(prompts), width, dtype=torch.bool)
-    for b, p in enumerate(prompts):
-        tokens[b, : len(p)] = torch.tensor(p)
-        valid[b, : len(p)] = True
-    return tokens, valid
-
-
 def test_logits_match_transformers(family):
     """A ragged prefill, a 4-token step and a rollback + rewrite: every row's logits are transformers' own."""
     _, hf, _ = family
     fast = FastLlama.from_hf(hf)
     prompts = RAGGED_PROMPTS + [list(range(3, 25))]
-    tokens, valid = _right_padded(prompts)
+    tokens, valid = right_padded(prompts)
     cache = fast.new_cache(len(prompts), 48)
     more = torch.randint(3, 64, (len(prompts), 4), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from helpers import right_padded
 from specdec.fast import FastLlama, LlamaShape
 
 transformers = pytest.importorskip("transformers")
@@ -10,21 +11,11 @@ transformers = pytest.importorskip("transformers")
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12], [3, 4, 5], [7, 7, 7, 7, 8, 9, 7, 7, 7, 7, 8]]
 
 
-def _right_padded(prompts):
-    width = max(len(p) for p in prompts)
-    tokens = torch.zeros(len(prompts), width, dtype=torch.long)
-    valid = torch.zeros(len(prompts), width, dtype=torch.bool)
-    for b, p in enumerate(prompts):
-        tokens[b, : len(p)] = torch.tensor(p)
-        valid[b, : len(p)] = True
-    return tokens, valid
-
-
 @pytest.mark.parametrize("tied", [False, True])
 def test_logits_match_hf_ragged_batch(make_llama, tied):
     hf = make_llama(3, layers=3, tie_word_embeddings=tied)
     fast = FastLlama.from_hf(hf)
-    tokens, valid = _right_padded(PROMPTS)
+    tokens, valid = right_padded(PROMPTS)
     cache = fast.new_cache(len(PROMPTS), 40)
     with torch.inference_mode():
         prefill = fast(tokens, cache, valid)
