@@ -136,13 +136,16 @@ class GammaPolicy:
 
     def report(self) -> dict:
         """JSON-ready, over the policy's life: batch bucket → γ → {median step ms, timed steps, decisions that
-        chose it}; the last catch-ups' ms; `clock_s`, the seconds of the steps recorded."""
+        chose it}; the last catch-ups' ms; `clock_s`, the seconds of the steps recorded; the drafter's admission
+        prefill charged per token of speculative steps (`record_admission`)."""
         buckets: dict = {}
         for (b, g), seconds in sorted(self.times.items()):
             buckets.setdefault(str(b), {})[str(g)] = {"ms": round(seconds * 1e3, 3), "timed": self._timed(b, g)}
         for (b, g), n in sorted(self.chosen.items()):
             buckets.setdefault(str(b), {}).setdefault(str(g), {})["chosen"] = n
-        return {"buckets": buckets, "clock_s": self._clock, "catch_up_ms": {
+        seconds, tokens = self._admitted
+        return {"buckets": buckets, "clock_s": self._clock,
+                "admit_ms_per_token": seconds / tokens * 1e3 if tokens else None, "catch_up_ms": {
             str(b): [round(v * 1e3, 2) for v in values] for b, values in self.catch_up_events.items()}}
 
     def step_time(self, batch: int, gamma: int, length: int | None = None) -> float | None:

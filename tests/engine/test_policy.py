@@ -120,12 +120,14 @@ def test_the_drafters_admission_prefill_is_charged_to_speculative_steps():
     cell = IN_STEP_64
     fixed = fixed_rates(cell, gammas=(0, 1, 2, 4, 8))
     assert max(fixed, key=fixed.get) == 0 and fixed[4] < 0.9 * fixed[0]  # the recorded cell: γ = 4 loses
-    auto = {}
+    auto, charged = {}, {}
     for told in (True, False):
         policy = GammaPolicy("auto", 8, plain_catches_up=True)
         simulate(cell, "auto", seed=0, policy=policy, report_admissions=told)
         policy.set_fixed("auto")
         auto[told] = simulate(cell, "auto", seed=1, policy=policy, report_admissions=told)
+        charged[told] = policy.report()["admit_ms_per_token"]
+    assert charged[True] > 0 and charged[False] == 0
     assert auto[True]["tok_s"] >= 0.975 * fixed[0], (auto, fixed)
     assert auto[False]["tok_s"] < 0.93 * fixed[0], (auto, fixed)  # the negative control
 
