@@ -1,5 +1,7 @@
 """The drafter test kit: every drafter's reported q is the law it really samples from."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -18,6 +20,27 @@ def propose_many(drafter, vocab, sampling, gamma=2, seed=0):
     context = TokenBuffer([CONTEXT] * ROWS, capacity=len(CONTEXT) + 8)
     drafter.begin(context, vocab)
     return drafter.propose(context, gamma, sampling, torch.Generator().manual_seed(seed))
+
+
+def engine_proposals(target, drafter, params, gamma: int = 2) -> SimpleNamespace:
+    """About ROWS drafts of `drafter` on the engine over `target` from CONTEXT (256 rows a step, fresh seeds each
+    step) → (tokens `[N, γ]`, probs `[N, γ, V]`): the engine drafter's proposals for `check_reported_q`."""
+    from specdec.engine import Engine, EngineConfig
+    from specdec.engine.drafters import Flavor, StepView
+
+    engine = Engine(target, drafter, EngineConfig(max_batch_size=256, max_seq_len=32, num_draft_tokens=gamma))
+    for _ in range(256):
+        engine.add_request(CONTEXT, params)
+    tokens, probs = [], []
+    with torch.inference_mode():
+        engine._admit([])
+        view = StepView(engine.state, 256, 32, Flavor.of(params))
+        for i in range(ROWS // 256 + 1):
+            engine.state.seed[:256] = torch.arange(256) + 256 * i  # fresh draws for the same context
+            drafts, q, _ = engine.drafter.propose(view, gamma)
+            tokens.append(drafts)
+            probs.append(q)
+    return SimpleNamespace(tokens=torch.cat(tokens), probs=torch.cat(probs))
 
 
 def check_reported_q(proposal):

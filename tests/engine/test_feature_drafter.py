@@ -186,23 +186,11 @@ def test_negative_control_reused_randomness_fails(pair, monkeypatch):
                                     SamplingParams(temperature=0.7, top_k=5, max_new_tokens=4)])
 def test_kit_reported_q_is_the_law_of_the_drafts(pair, params):
     """The drafter kit's check (`check_reported_q`) on the engine drafter: many rows, one context, own seeds."""
-    from drafters.test_drafter_kit import CONTEXT, ROWS as KIT_ROWS, check_reported_q
+    from drafters.test_drafter_kit import check_reported_q, engine_proposals
 
-    target, head = pair
-    engine = Engine(target, head, EngineConfig(max_batch_size=256, max_seq_len=32, num_draft_tokens=2))
-    for _ in range(256):
-        engine.add_request(CONTEXT, params)
-    tokens, probs = [], []
-    with torch.inference_mode():
-        engine._admit([])
-        view = StepView(engine.state, 256, 32, Flavor(False, ("top_k",) if params.top_k > 0 else ()))
-        for i in range(KIT_ROWS // 256 + 1):
-            engine.state.seed[:256] = torch.arange(256) + 256 * i  # fresh draws for the same context
-            drafts, q, _ = engine.drafter.propose(view, 2)
-            tokens.append(drafts)
-            probs.append(q)
-    tokens, probs = torch.cat(tokens), torch.cat(probs)
-    check_reported_q(SimpleNamespace(tokens=tokens, probs=probs))
+    proposal = engine_proposals(*pair, params)
+    check_reported_q(proposal)
+    tokens, probs = proposal.tokens, proposal.probs
     sharper = probs**2 / (probs**2).sum(-1, keepdim=True)  # negative control: a misreported q fails the check
     with pytest.raises(AssertionError):
         check_reported_q(SimpleNamespace(tokens=tokens, probs=sharper))

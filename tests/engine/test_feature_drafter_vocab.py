@@ -11,7 +11,7 @@ from engine.test_feature_drafter import FAIL, PASS, ROWS, _two_token_pairs, star
 from helpers import RAGGED_PROMPTS, hf_greedy
 from specdec.core import SamplingConfig
 from specdec.engine import Engine, EngineConfig
-from specdec.engine.drafters import Flavor, StepView
+from specdec.engine.drafters import StepView
 from specdec.fast.head import FeatureHead
 from specdec.request import SamplingParams
 from stats_utils import chi2_pvalue
@@ -60,22 +60,10 @@ def test_logits_are_the_reduced_scores_and_the_minimum_elsewhere(pair):
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0, max_new_tokens=4),
                                     SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=4)])
 def test_kit_reported_q_is_the_law_of_the_drafts_and_zero_outside(pair, params):
-    from drafters.test_drafter_kit import CONTEXT, ROWS as KIT_ROWS, check_reported_q
+    from drafters.test_drafter_kit import check_reported_q, engine_proposals
 
-    target, head = pair
-    engine = Engine(target, head, EngineConfig(max_batch_size=256, max_seq_len=32, num_draft_tokens=2))
-    for _ in range(256):
-        engine.add_request(CONTEXT, params)
-    tokens, probs = [], []
-    with torch.inference_mode():
-        engine._admit([])
-        view = StepView(engine.state, 256, 32, Flavor.of(params))
-        for i in range(KIT_ROWS // 256 + 1):
-            engine.state.seed[:256] = torch.arange(256) + 256 * i
-            drafts, q, _ = engine.drafter.propose(view, 2)
-            tokens.append(drafts)
-            probs.append(q)
-    tokens, probs = torch.cat(tokens), torch.cat(probs)
+    proposal = engine_proposals(*pair, params)
+    tokens, probs = proposal.tokens, proposal.probs
     outside = torch.ones(16, dtype=torch.bool)
     outside[SMALL] = False
     assert (probs[..., outside] == 0).all() and not torch.isin(tokens, torch.nonzero(outside)[:, 0]).any()
