@@ -28,7 +28,7 @@ import torch
 
 from specdec import rng
 from specdec.core import TEMPERATURE_FLOOR, invalid_scores
-from specdec.core.tree import TreeSpec, TreeVerifyResult, verify_tree_greedy
+from specdec.core.tree import TreeSpec, TreeVerifyResult, verify_tree, verify_tree_greedy
 from specdec.engine.drafters import WINDOW, EngineModelDrafter, Flavor, StepView
 from specdec.fast.cache import TreeNodes
 from specdec.fast.graphs import CapturedStep
@@ -38,7 +38,7 @@ from specdec.step import StepCounts, StepLayout, commit_counts, pack_step, step_
 if TYPE_CHECKING:
     from specdec.engine.engine import Engine
 
-__all__ = ["EngineTree", "TreeStepRunner", "propose_tree", "walk_tree", "commit_path"]
+__all__ = ["EngineTree", "TreeStepRunner", "propose_tree", "walk_tree", "walk_all_nodes", "commit_path"]
 
 
 @dataclass(frozen=True)
@@ -150,6 +150,22 @@ def walk_tree(tree: EngineTree, tokens: torch.Tensor, draft_probs: torch.Tensor,
     return torch.stack(steps, 1), torch.where(alive[:, None], leaf, stopped)
 
 
+#: `walk_tree` against the walk down (`verify_tree`, Σk children tested along the path): it moves K·M − Σk extra
+#: [b, V] slices per operator and saves Σk − K children's worth of launches (a dozen operators each, replayed at a few µs); one child's launches cost
+#: about what ~20 operators over 2^22 float32 elements (16 MB at a few TB/s) do. Chain-shaped trees (K·M = Σk)
+#: always take it; a wide tree over a large batch × vocabulary walks down instead.
+WALK_ELEMENTS_PER_CHILD = 1 << 22
+
+
+def walk_all_nodes(tree: EngineTree, batch: int, vocab: int) -> bool:
+    """Whether a sampled verify of `batch` rows over `vocab` tokens runs `walk_tree` (else `core.tree.verify_tree`)."""
+    spec, widest = tree.spec, tree.children.shape[1]
+    tested = sum(spec.branching)  # children the walk down tests, one [b, V] slice each
+    extra = widest * spec.num_internal - tested  # [b, V] slices each of walk_tree's operators adds
+    saved = tested - widest  # children whose operators it does not launch
+    return batch * vocab * extra <= saved * WALK_ELEMENTS_PER_CHILD
+
+
 def commit_path(keys: torch.Tensor, values: torch.Tensor, root: torch.Tensor, path: torch.Tensor) -> None:
     """Copy each row's accepted path into chain order: the node at depth d (slot root + path[:, d − 1]) into slot
     root + d, in every layer. keys/values `[L, b, H_kv, S, D]` (views of a `SlotCache`), root `[b]`, path `[b, D]`
@@ -194,8 +210,13 @@ class TreeStepRunner:
         depth = (self.tree.depths - 1).clamp_min(0)
         rank = self.tree.child_index
         uniforms = torch.where(rank == 0, first[:, depth], later[:, depth, rank.clamp(max=widest - 1)])  # [b, N+1]
-        path, law = walk_tree(self.tree, tokens, probs, view.probs(logits), uniforms)
-        sampled = TreeVerifyResult(path, (path >= 0).long().sum(1), rng.sample(law, view.seed, lengths, rng.NEXT))
+        if walk_all_nodes(self.tree, self.batch, logits.shape[-1]):
+            path, law = walk_tree(self.tree, tokens, probs, view.probs(logits), uniforms)
+            sampled = TreeVerifyResult(path, (path >= 0).long().sum(1), rng.sample(law, view.seed, lengths, rng.NEXT))
+        else:
+            noise = rng.exponentials(view.seed, lengths[:, None], rng.NEXT, logits.shape[-1])[:, 0]
+            sampled = verify_tree(spec, tokens, probs, view.probs(logits), mode="without_replacement",
+                                  uniforms=uniforms, noise=noise)
         rows = view.temperature < TEMPERATURE_FLOOR
         pick = lambda a, b: torch.where(rows.view(-1, *[1] * (a.dim() - 1)), a, b)  # noqa: E731
         return TreeVerifyResult(pick(greedy.path, sampled.path), pick(greedy.num_accepted, sampled.num_accepted),

@@ -5,7 +5,9 @@ import torch
 
 from specdec.core import sample
 from specdec.core.tree import verify_tree
-from specdec.engine.tree_step import EngineTree, walk_tree
+from specdec.engine import Engine, EngineConfig, tree_step
+from specdec.engine.tree_step import EngineTree, walk_all_nodes, walk_tree
+from specdec.request import SamplingParams
 
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
@@ -55,3 +57,38 @@ def test_the_walk_differs_when_the_mode_does():
     a, _ = walk_tree(tree, tokens, draft, target, uniforms, mode="without_replacement")
     b, _ = walk_tree(tree, tokens, draft, target, uniforms, mode="iid")
     assert not torch.equal(a, b)
+
+
+def test_which_walk_a_step_takes():
+    cpu = torch.device("cpu")
+    assert walk_all_nodes(EngineTree.of((1, 1, 1, 1), cpu), 1024, 150_000)  # chain-shaped: no extra slices
+    assert walk_all_nodes(EngineTree.of((4, 2, 2), cpu), 32, 8192)  # the demo pair under load
+    assert not walk_all_nodes(EngineTree.of((4, 2, 2), cpu), 8, 128_256)  # a wide tree, a large vocabulary
+
+
+def test_the_engine_draws_the_same_tokens_by_either_walk(make_llama, monkeypatch):
+    """A sampled tree step through `walk_tree` and through `verify_tree` (every tree but chains walks down when
+    the exchange rate is 0): the same tokens, request by request."""
+    target, draft = make_llama(0), make_llama(1, layers=1)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(4.0)
+        draft.lm_head.weight.mul_(4.0)
+
+    def tokens():
+        engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=96))
+        ids = [engine.add_request([1 + i, 5, 9], SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=24,
+                                                                seed=i, eos_token_ids=(), draft_tree=(3, 2)))
+               for i in range(4)]
+        got = {rid: [] for rid in ids}
+        while engine.has_unfinished():
+            for out in engine.step():
+                got[out.request_id] += out.new_token_ids
+        assert engine.stats.accepted_tokens > 0
+        return [got[rid] for rid in ids]
+
+    walked = tokens()
+    calls = []
+    monkeypatch.setattr(tree_step, "WALK_ELEMENTS_PER_CHILD", 0)
+    real = tree_step.verify_tree
+    monkeypatch.setattr(tree_step, "verify_tree", lambda *a, **k: calls.append(1) or real(*a, **k))
+    assert tokens() == walked and calls
