@@ -151,9 +151,9 @@ def walk_tree(tree: EngineTree, tokens: torch.Tensor, draft_probs: torch.Tensor,
 
 
 #: `walk_tree` against the walk down (`verify_tree`, Σk children tested along the path): it moves K·M − Σk extra
-#: [b, V] slices per operator and saves Σk − K children's worth of launches (a dozen operators each, replayed at a few µs); one child's launches cost
-#: about what ~20 operators over 2^22 float32 elements (16 MB at a few TB/s) do. Chain-shaped trees (K·M = Σk)
-#: always take it; a wide tree over a large batch × vocabulary walks down instead.
+#: [b, V] slices per operator and saves Σk − K children's worth of launches (a dozen operators each, replayed at a
+#: few µs); one child's launches cost about what ~20 operators over 2^22 float32 elements (16 MB at a few TB/s) do.
+#: Chain-shaped trees (K·M = Σk) always take it; a wide tree over a large batch × vocabulary walks down instead.
 WALK_ELEMENTS_PER_CHILD = 1 << 22
 
 
