@@ -42,6 +42,7 @@ from specdec.fast.families import FAMILIES, Arch, LlamaShape, mlp_activation, no
 from specdec.fast.weights import hf_ropes, hf_weights
 from specdec.fast.kernels.attention import slot_attention, slot_attention_bias, triton_unsupported
 from specdec.fast.kernels.invariant import invariant_attention, invariant_linear
+from specdec.fast.kernels.cpu_linear import add_linear_weight_major_, linear_weight_major, weight_major
 from specdec.fast.kernels.linear import FASTER_THAN_CUBLAS, linear
 from specdec.fast.kernels.mlp import silu_mul
 from specdec.fast.kernels.norm import add_rms_norm, rms_norm
@@ -271,6 +272,8 @@ class FastLlama(torch.nn.Module):
         kernel: "reference" is cuBLAS's addmm_; "bitwise" `invariant_linear`; else `kernels.linear` (its
         weight-streaming kernel for few rows)."""
         if kernel == "reference":
+            if weight_major(inp, weight):  # CPU verify passes: the weight as the long side (kernels.cpu_linear)
+                return add_linear_weight_major_(x, inp, weight)
             return x.addmm_(inp, weight.t())
         if kernel == "bitwise":
             return invariant_linear(inp, weight, residual=x, out=x)
@@ -281,6 +284,8 @@ class FastLlama(torch.nn.Module):
         """x @ weightᵀ (+ bias): "reference" F.linear (cuBLAS / the CPU BLAS), "bitwise" `invariant_linear`, else
         `kernels.linear`."""
         if kernel == "reference":
+            if weight_major(x, weight):  # CPU verify passes: the weight as the long side (kernels.cpu_linear)
+                return linear_weight_major(x, weight, bias)
             return F.linear(x, weight, bias)
         if kernel == "bitwise":
             return invariant_linear(x, weight, bias)
