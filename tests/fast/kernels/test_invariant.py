@@ -85,10 +85,11 @@ def test_split_k_linear_is_row_invariant(monkeypatch):
 
 def test_config_depends_on_the_weight_shape_only():
     """`config_for`: the 8B down projection (4096 × 14336) splits K four ways (512 programs at M = 1); the wide
-    lm_head and a small model's K = 576 do not split; every split keeps >= MIN_SPLIT_K elements."""
+    lm_head (its own 64 × 128 tiles) and a small model's K = 576 do not split; every split keeps >= MIN_SPLIT_K."""
     kt = pytest.importorskip("specdec.fast.kernels._invariant_triton")
     assert kt.config_for(4096, 14336).split_k == 4
     assert kt.config_for(128256, 4096).split_k == 1 and kt.config_for(576, 576).split_k == 1
+    assert kt.config_for(128256, 4096) == kt.MatmulConfig(64, 128, 64, num_warps=8, num_stages=3)  # lm_head
     for n, k in [(4096, 4096), (6144, 4096), (28672, 4096), (1000, 4096), (4096, 14336)]:
         c = kt.config_for(n, k)
         assert c.k_range(k) >= kt.MIN_SPLIT_K or c.split_k == 1, (n, k, c)
@@ -199,7 +200,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gpu_linear_is_row_invariant(dtype):
-    for n, k in [(1024, 576), (3072, 1024), (1000, 4096)]:
+    for n, k in [(1024, 576), (3072, 1024), (1000, 4096), (65536, 256)]:  # 4 K splits; the vocab-sized config
         x = rnd(600, k, seed=1, dtype=dtype, device="cuda")
         w, b = rnd(n, k, seed=2, dtype=dtype, device="cuda") / k ** 0.5, rnd(n, seed=3, dtype=dtype, device="cuda")
         got = invariant_linear(x, w, b)
