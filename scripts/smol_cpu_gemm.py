@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from specdec.fast.kernels import cpu_linear  # noqa: E402
 
-SHAPES = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]  # one layer
+SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # one layer as FastLlama holds it: qkv, o, gate+up, down
 
 
 def gemm(args) -> dict:
