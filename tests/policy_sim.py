@@ -10,7 +10,10 @@ A step at batch bucket b, γ, longest row ℓ costs `cell.step_seconds(b, γ, �
 then a 3x straggler). A drafter that keeps a cache pays `cell.catch_up_s` (+ `catch_up_step_s` per plain step fed)
 before the first speculative step after more than 2 plain steps in a row (the engine's catch-up), reported to the
 policy as the engine does; a row admitted while the engine speculates costs `admit_s` outside every step (the
-drafter's prefill, reported with `record_admission` unless `report_admissions=False`: the negative control).
+drafter's prefill of its prompt, reported with `record_admission` unless `report_admissions=False`: the negative
+control); a row admitted in a plain run is fed by the next catch-up instead (if it still runs), which then costs
+its `admit_s` more and reports that share of the catch-up as prompts (`catch_up_share`, `catch_up_prompts`), as the
+engine does. Every admission reports its prompt tokens.
 Step shapes are captured as the engine's are: the first step of a (b, γ, length bucket of ℓ + γ + 2) shape
 not built yet costs `cell.capture_s` more (~0.1 s on an H200: every row waits) and is reported to the policy
 as a capture, not a step time. `warm=True` builds every shape of the policy's menu first (the engine's
@@ -73,6 +76,8 @@ class _Row:
         self.length, self.budget, self.alpha = prompt, budget, alpha
         self.rng = random.Random(seed)  # its acceptance draws (the same stream under every policy)
         self.totals = [0.0, 0.0, 0.0, 0.0]  # Σβ, verified positions, speculative steps, steps that drafted
+        self.prompt = prompt
+        self.unfed = False  # admitted in a plain run: the drafter has not seen its prompt (the catch-up feeds it)
 
 
 def shape(bucket: int, gamma: int, longest: int) -> tuple[int, int, int]:
@@ -124,11 +129,16 @@ def simulate(cell: Cell, gamma="auto", requests: int | None = None, seed: int = 
 
     while waiting or running:
         while waiting and len(running) < cell.slots:
-            running.append(waiting.pop())
+            row = waiting.pop()
+            running.append(row)
             if cell.admit_s and plain_run == 0:  # the engine feeds the drafter at admission only while speculating
                 seconds += cell.admit_s
                 if report_admissions:
-                    policy.record_admission(cell.admit_s)
+                    policy.record_admission(row.prompt, cell.admit_s)
+            elif cell.admit_s:
+                row.unfed = True
+                if report_admissions:
+                    policy.record_admission(row.prompt)
             if cell.ramp and len(running) < cell.slots and seconds < 64 * cell.plain_s:
                 break  # (ramping up: one more request per step)
         n = len(running)
@@ -137,13 +147,21 @@ def simulate(cell: Cell, gamma="auto", requests: int | None = None, seed: int = 
         ready = (lambda gm: shape(bucket, gm, longest) in captured) if use_ready else None
         g = policy.choose(bucket, running, estimates, length=longest, ready=ready)
         gammas[g] = gammas.get(g, 0) + 1
-        caught_up = g > 0 and plain_run > FREE_PLAIN and cell.catch_up_s > 0
+        lagging = g > 0 and plain_run > FREE_PLAIN and cell.catch_up_s > 0  # what the plain run committed
+        unfed = [r for r in running if r.unfed] if g > 0 else []  # and the prompts it admitted
+        for r in unfed:
+            r.unfed = False
+        prompt_s = cell.admit_s * len(unfed)
+        caught_up = lagging or bool(unfed)
         t = cell.step_seconds(bucket, g, longest) * rng.lognormvariate(0.0, 0.05)
         if rng.random() < 0.02:
             t *= 3.0  # a straggler (a collection, a hiccup)
-        if caught_up:
+        if lagging:
             t += cell.catch_up_s + cell.catch_up_step_s * plain_run
             catch_ups += 1
+        t += prompt_s
+        share = 1.0 - prompt_s / max(t - cell.step_seconds(bucket, g, longest), prompt_s) if prompt_s else 1.0
+        fed = sum(r.prompt for r in unfed) if report_admissions else 0
         first_run = shape(bucket, g, longest) not in captured
         if first_run:
             captured.add(shape(bucket, g, longest))
@@ -168,7 +186,7 @@ def simulate(cell: Cell, gamma="auto", requests: int | None = None, seed: int = 
             policy.record_capture(t)
         else:
             policy.record_step(bucket, g, t, produced / n, length=longest, catch_up_of=plain_run if caught_up else 0,
-                               rows=n)
+                               rows=n, catch_up_share=share if report_admissions else 1.0, catch_up_prompts=fed)
         plain_run = plain_run + 1 if g == 0 else 0
         running = [r for r in running if r.budget > 0]
     return {"tok_s": tokens / seconds, "steps": sum(gammas.values()), "gammas": gammas, "catch_ups": catch_ups,

@@ -132,6 +132,8 @@ class Admission:
         if not self.drafter_cached:
             return [max(n - 2, 0) for n in lengths]
         if not drafter:
+            if timed:  # (not fed: the next catch-up feeds these prompts, and reports that share of its time)
+                self.policy.record_admission(sum(lengths), None, len(lengths))
             if self._drafter_synced:  # (the rows already running hold all but their last 2 tokens: say so per row)
                 for r in self._running[: rows.start]:
                     r.draft_valid = max(r.draft_valid, r.length - 2)
@@ -146,7 +148,7 @@ class Admission:
         if cuda:
             torch.cuda.synchronize(self.device)
         if timed:
-            self.policy.record_admission(time.perf_counter() - start)
+            self.policy.record_admission(sum(lengths), time.perf_counter() - start, len(lengths))
         return valid
 
     def _joined(self, request: EngineRequest) -> None:
@@ -183,6 +185,7 @@ class Admission:
         prompts = sum([max(min(behind[i], len(self._running[i].prompt) - 2) - self._running[i].draft_valid, 0)
                        for i in lagging])
         self._catch_up_share = 1.0 - prompts / fed
+        self._catch_up_prompts = prompts
         rows = range(lagging[0], lagging[-1] + 1)  # one batched prefill; rows not lagging feed nothing
         starts = [self._running[i].draft_valid if i in lagging else 0 for i in rows]
         ends = [behind[i] if i in lagging else 0 for i in rows]

@@ -110,6 +110,7 @@ class Engine(Admission, Commit, Warmup):
         self._drafter_synced = True  # every row's drafter cache holds all but its last 2 tokens (see catch-up)
         self._plain_run = 0  # plain steps since the last speculative one (what a catch-up makes up for)
         self._catch_up_share = 1.0  # of the last catch-up's tokens, the share plain steps committed (not prompts)
+        self._catch_up_prompts = 0  # and the prompt tokens it fed (admitted in the plain run)
         self._free_since = None  # the step since which a slot has been free while requests waited (see _admit)
         self.num_admissions = 0  # admissions (each one prefill of the requests admitted together)
         self._last_run = (None, None)
@@ -257,7 +258,7 @@ class Engine(Admission, Commit, Warmup):
         if not first_run and tree is None:
             self.policy.record_step(batch, gamma, seconds, produced / n, length=longest, rows=n,
                                     catch_up_of=self._plain_run if caught_up else 0,
-                                    catch_up_share=self._catch_up_share)
+                                    catch_up_share=self._catch_up_share, catch_up_prompts=self._catch_up_prompts)
         elif capturing:  # a capture in the middle of traffic (a shape the warm-up did not build): what it cost
             self.policy.record_capture(seconds)
         self._plain_run = self._plain_run + 1 if gamma == 0 else 0

@@ -27,6 +27,10 @@ a catch-up each time; before any catch-up was measured it is taken as `_CATCH_UP
 engine's drafters re-feed their last 4 committed tokens, so up to `_FREE_PLAIN` = 2 plain steps need no
 catch-up: a plain probe runs `_PROBE` = 2 steps, and plain probes are separated by a speculative step.
 
+Admission. A drafter that keeps a cache is fed every admitted prompt (at admission while speculating, else by the
+next catch-up), a cost no step time shows: speculative steps carry it per token they produce, and leaving a plain
+run carries the prompts that run admitted (`specdec.engine.policy_admission`, measured whatever the regime).
+
 Exploration. The very first bucket times γ = `_FIRST_GAMMA` (or the built γ nearest it; cheap even where
 speculation is compute-bound) and plain steps, `_FIRST_SAMPLES` steps each; a later new bucket times the arm the
 engine is running and, when that speculates, plain steps (free); a run of plain steps borrows the speculative
@@ -57,6 +61,7 @@ plain. `report()`: what was measured and chosen (the traffic bench stores it per
 
 from __future__ import annotations
 
+from specdec.engine.policy_admission import AdmissionCost
 from specdec.engine.policy_times import borrow as _borrow, interpolate as _interpolate, median as _median
 
 
@@ -79,7 +84,6 @@ _EXPLORE_BUDGET = 0.01  # the share of the run's time probes are expected to los
 _PRIOR_ALPHA, _PRIOR_WEIGHT = 0.5, 8.0  # α before any row was verified; weight (positions) of a row's prior (4
 # let a lookup row's first failed all-or-nothing drafts pin it to plain steps, which add no evidence: BENCHMARKS)
 _MIN_LENGTH_BUCKET = 64
-_ADMIT_DECAY = 0.99  # per speculative step: the drafter's admission cost is weighed over the last ~100 of them
 
 
 class _RowEstimate:
@@ -120,7 +124,7 @@ class GammaPolicy:
         self._explore: dict[int, list] = {}  # b → [decisions between probes, next probe at, winner before it, turn]
         self._plain_run = 0  # plain steps chosen in a row (past _FREE_PLAIN: a catch-up is pending)
         self._clock = 0.0  # seconds of the steps recorded so far (the exploration budget's clock)
-        self._admitted = [0.0, 0.0]  # decayed (drafter prefill seconds at admission, tokens of speculative steps)
+        self.admission = AdmissionCost()  # the drafter's prompt feeding, charged to speculative steps
         self.capture_events: list[float] = []  # the last captures' seconds (`record_capture`)
         self.only_ready = False  # choose only arms whose step shape is built (set by the engine's warm-up)
         self.chosen: dict[tuple[int, int], int] = {}  # (b, γ) → decisions that chose it (`report`)
@@ -136,16 +140,14 @@ class GammaPolicy:
 
     def report(self) -> dict:
         """JSON-ready, over the policy's life: batch bucket → γ → {median step ms, timed steps, decisions that
-        chose it}; the last catch-ups' ms; `clock_s`, the seconds of the steps recorded; the drafter's admission
-        prefill charged per token of speculative steps (`record_admission`)."""
+        chose it}; the last catch-ups' ms; `clock_s`, the seconds of the steps recorded; `admit_ms_per_token`, the
+        drafter's prompt feeding charged per token of speculative steps, and its factors (`policy_admission`)."""
         buckets: dict = {}
         for (b, g), seconds in sorted(self.times.items()):
             buckets.setdefault(str(b), {})[str(g)] = {"ms": round(seconds * 1e3, 3), "timed": self._timed(b, g)}
         for (b, g), n in sorted(self.chosen.items()):
             buckets.setdefault(str(b), {}).setdefault(str(g), {})["chosen"] = n
-        seconds, tokens = self._admitted
-        return {"buckets": buckets, "clock_s": self._clock,
-                "admit_ms_per_token": seconds / tokens * 1e3 if tokens else None, "catch_up_ms": {
+        return {"buckets": buckets, "clock_s": self._clock, **self.admission.report(), "catch_up_ms": {
             str(b): [round(v * 1e3, 2) for v in values] for b, values in self.catch_up_events.items()}}
 
     def step_time(self, batch: int, gamma: int, length: int | None = None) -> float | None:
@@ -215,8 +217,8 @@ class GammaPolicy:
             elif self._decisions:  # (the first decision of all picks the regime freely: nothing runs yet)
                 plain_extra = max(plain_extra, switch)
         extra = _extra_tokens(rows, spec)
-        seconds, tokens = self._admitted  # a speculative step's tokens bring admissions whose prompts the drafter
-        admit = seconds / tokens * len(rows) if tokens > 0 else 0.0  # is fed (a plain run's are not): per row-token
+        admit = self.admission.per_token() * len(rows)  # the drafter's prompt feeding per row-token of a spec. step
+        pending += self.admission.backlog() / _REGIME  # and leaving a plain run feeds it what that run admitted
         capture = self._capture_cost(batch, times) / _REGIME if unready else 0.0  # a capture, spread like a catch-up
         rates, predicted = {}, {}
         for gamma in arms:
@@ -261,7 +263,7 @@ class GammaPolicy:
         # it causes when it interrupts a run of plain steps
         loss = _PROBE * _interpolate(times, arm) * max(1.0 - rates[arm] / rates[winner], 0.0)
         if winner == 0 and arm and self.plain_catches_up:
-            loss += self._catch_up_cost(batch, times)
+            loss += self._catch_up_cost(batch, times) + self.admission.backlog()
         if arm in unready:  # a probe of an arm not built yet captures it
             loss += self._capture_cost(batch, times)
         if (self._clock - state["since"]) * _EXPLORE_BUDGET < loss:
@@ -312,19 +314,20 @@ class GammaPolicy:
     # ------------------------------------------------------------------------------------ measurements
     def record_step(self, batch: int, gamma: int, seconds: float, tokens_per_row: float,
                     length: int | None = None, catch_up_of: int = 0, catch_up_share: float = 1.0,
-                    rows: int = 1) -> None:
+                    rows: int = 1, catch_up_prompts: int = 0) -> None:
         """A whole step at (b, γ, the longest row's `length`) took `seconds` and each of its `rows` running rows
         produced `tokens_per_row` on average. catch_up_of > 0: the step first fed the drafter what that many plain
         steps committed; `catch_up_share` of its time beyond the usual step at its cell is charged to them
-        (`record_catch_up`; the rest fed prompts admitted in the plain run, which admission feeds otherwise)."""
+        (`record_catch_up`; the rest fed `catch_up_prompts` prompt tokens admitted in the plain run, which admission
+        feeds otherwise: a sample of the drafter's seconds per prompt token, `policy_admission`)."""
         self._clock += max(seconds, 0.0)
-        if gamma > 0:
-            admitted = self._admitted
-            self._admitted = [admitted[0] * _ADMIT_DECAY, admitted[1] * _ADMIT_DECAY + tokens_per_row * rows]
+        self.admission.stepped(gamma, tokens_per_row * rows, rows)
         if catch_up_of > 0:
             usual = self.step_time(batch, gamma, length) if (batch, gamma) in self._counts else None
             if usual is not None and catch_up_share > 0:
                 self.record_catch_up(batch, (seconds - usual) * catch_up_share, catch_up_of)
+            if usual is not None and catch_up_prompts > 0 and catch_up_share < 1:
+                self.admission.fed(max(seconds - usual, 0.0) * (1.0 - catch_up_share), catch_up_prompts)
             return
         ell = length_bucket(length or 1)
         values = self.samples.setdefault((batch, gamma, ell), [])
@@ -336,10 +339,12 @@ class GammaPolicy:
         old = self.tokens.get((batch, gamma))
         self.tokens[(batch, gamma)] = tokens_per_row if old is None else 0.8 * old + 0.2 * tokens_per_row
 
-    def record_admission(self, seconds: float) -> None:
-        """Admission fed the drafter the admitted prompts (as it does only while the engine speculates), which took
-        `seconds`: a cost of speculative steps per token they produce (their requests finish, others are admitted)."""
-        self._admitted[0] += max(seconds, 0.0)
+    def record_admission(self, prompt_tokens: int, seconds: float | None = None, requests: int = 1) -> None:
+        """Admission took in `requests` requests of `prompt_tokens` prompt tokens in all (every admission of an
+        engine whose drafter keeps a cache, plain run or not) and, when `seconds` is given, fed them to the drafter
+        (as it does only while the engine speculates; a plain run's are fed by the next catch-up), which took that
+        long: see `specdec.engine.policy_admission`."""
+        self.admission.admitted(prompt_tokens, seconds, requests)
 
     def record_capture(self, seconds: float) -> None:
         """A step that first built its shape (captured its graphs) took `seconds`, the capture included."""

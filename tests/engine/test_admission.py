@@ -65,14 +65,15 @@ def test_admission_feeds_the_drafter_when_the_engine_speculates(make_llama):
     fed, timed = [], []
     prefill = engine.drafter.prefill
     engine.drafter.prefill = lambda *a, **k: fed.append(a[1]) or prefill(*a, **k)
-    engine.policy.record_admission = timed.append  # the drafter's prefill at admission: a cost of speculating
+    engine.policy.record_admission = lambda tokens, seconds, requests: timed.append((tokens, seconds, requests))
     engine.add_request(LONG[0], SamplingParams(temperature=0, max_new_tokens=8))
     _run(engine, [3], {})
     engine.add_request(LONG[1], SamplingParams(temperature=0, max_new_tokens=8))
     _run(engine, [3, 0, 0], {})
     engine.add_request(LONG[1], SamplingParams(temperature=0, max_new_tokens=8))
-    _run(engine, [0], {})  # admitted in a plain run: neither fed nor charged
-    assert len(fed) == 2 and len(timed) == 2 and all(t > 0 for t in timed)
+    _run(engine, [0], {})  # admitted in a plain run: not fed, its prompt reported without seconds
+    assert len(fed) == 2 and [(t, r) for t, _, r in timed] == [(len(LONG[0]), 1), (len(LONG[1]), 1), (len(LONG[1]), 1)]
+    assert all(s > 0 for _, s, _ in timed[:2]) and timed[2][1] is None
 
 
 @pytest.mark.parametrize("share, charged", [(1.0, 0.8), (0.25, 0.2), (0.0, None)])
