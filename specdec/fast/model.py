@@ -38,21 +38,16 @@ import torch
 import torch.nn.functional as F
 
 from specdec.fast.cache import KVCache, TreeNodes, round_up
-from specdec.fast.families import FAMILIES, Arch, LlamaShape, mlp_activation, norm, rope_table
+from specdec.fast.families import FAMILIES, Arch, LlamaShape, rope_table
+from specdec.fast.layers import LlamaLayers
 from specdec.fast.weights import hf_ropes, hf_weights
-from specdec.fast.kernels.attention import slot_attention, slot_attention_bias, triton_unsupported
-from specdec.fast.kernels.invariant import invariant_attention, invariant_linear
-from specdec.fast.kernels.cpu_linear import add_linear_weight_major_, linear_weight_major, weight_major
-from specdec.fast.kernels.linear import FASTER_THAN_CUBLAS, linear
-from specdec.fast.kernels.mlp import silu_mul
-from specdec.fast.kernels.norm import add_rms_norm, rms_norm
-from specdec.fast.kernels.rope import rope_cache_write
+from specdec.fast.kernels.norm import rms_norm
 from specdec.fast.kernels.select import check_kernel, use_triton
 
 __all__ = ["LlamaShape", "Arch", "FAMILIES", "KVCache", "FastLlama"]
 
 
-class FastLlama(torch.nn.Module):
+class FastLlama(LlamaLayers, torch.nn.Module):
     """A decoder with fused weights; `forward(tokens, cache, ...)` reads and writes a `KVCache`.
 
     ropes: one (inv_freq, attention scaling) per RoPE table (Gemma 3: global, local); the default is
@@ -256,155 +251,6 @@ class FastLlama(torch.nn.Module):
         return self._rope_cache[1]
 
     # ------------------------------------------------------------------------------------------- forward
-    def _gemm(self, weight: torch.Tensor) -> str:
-        """The `kernels.linear` mode for this weight on the fused path (see `linear_kernel`); "bitwise" =
-        `invariant_linear`."""
-        if self.bitwise:
-            return "bitwise"
-        mode = self.linear_kernel
-        if mode == "auto" and tuple(weight.shape) not in FASTER_THAN_CUBLAS:
-            return "reference"
-        return mode
-
-    def _row_parallel(self, x: torch.Tensor, inp: torch.Tensor, weight: torch.Tensor,
-                      kernel: str = "reference") -> torch.Tensor:
-        """x += inp @ weightᵀ in place (`x [N, dim]`); a tensor-parallel subclass all-reduces the product.
-        kernel: "reference" is cuBLAS's addmm_; "bitwise" `invariant_linear`; else `kernels.linear` (its
-        weight-streaming kernel for few rows)."""
-        if kernel == "reference":
-            if weight_major(inp, weight):  # CPU verify passes: the weight as the long side (kernels.cpu_linear)
-                return add_linear_weight_major_(x, inp, weight)
-            return x.addmm_(inp, weight.t())
-        if kernel == "bitwise":
-            return invariant_linear(inp, weight, residual=x, out=x)
-        return linear(inp, weight, residual=x, out=x, kernel=kernel)
-
-    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                kernel: str = "reference") -> torch.Tensor:
-        """x @ weightᵀ (+ bias): "reference" F.linear (cuBLAS / the CPU BLAS), "bitwise" `invariant_linear`, else
-        `kernels.linear`."""
-        if kernel == "reference":
-            if weight_major(x, weight):  # CPU verify passes: the weight as the long side (kernels.cpu_linear)
-                return linear_weight_major(x, weight, bias)
-            return F.linear(x, weight, bias)
-        if kernel == "bitwise":
-            return invariant_linear(x, weight, bias)
-        return linear(x, weight, bias, kernel=kernel)
-
-    def _logits(self, x: torch.Tensor, kernel: str = "reference") -> torch.Tensor:
-        """Float32 logits `[B, k, V]` of final hidden states `x [B, k, dim]`; a vocab-parallel subclass gathers them."""
-        logits = self._linear(x, self.lm_head, kernel=kernel)
-        cap, scale = self.shape.arch.final_softcap, self.shape.arch.logit_scale
-        logits = logits if scale is None else logits / scale  # (Granite)
-        return (logits if cap is None else torch.tanh(logits / cap) * cap).float()
-
-    def _norm(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return norm(x, weight, bias, self.shape.arch.norm, self.shape.rms_norm_eps)
-
-    def _mlp(self, h: torch.Tensor, i: int, kernel: str = "reference") -> torch.Tensor:
-        """The MLP's inner activations `[N, I]`: act(gate)·up, or act(up + bias)."""
-        up = self._linear(h, self.w_gate_up[i], self.b_up[i] if self.shape.arch.mlp_bias else None, kernel)
-        return mlp_activation(up, self.shape.arch)
-
-    def _eager_layers(self, x: torch.Tensor, cache: KVCache, rope_pos: torch.Tensor, slots: torch.Tensor,
-                      tables: list, capture: list | None = None, attention: str = "reference", tree=None) -> torch.Tensor:
-        """The decoder layers in eager PyTorch: `x [B, k, dim]` → `[B, k, dim]`. attention: `slot_attention`'s
-        kernel (the Triton one on CUDA for families the fused layer does not cover). capture (optional): appends
-        a copy of the residual stream entering each layer of `feature_layers`. Under `bitwise` the GEMMs and the
-        attention are the invariant ones (the Llama body's branch only: other families are refused)."""
-        s, a = self.shape, self.shape.arch
-        gemm = "bitwise" if self.bitwise else "reference"
-        batch, k = x.shape[:2]
-        nq, nkv, hd = s.n_heads, s.n_kv_heads, s.head_dim
-        rot = hd if a.rotary_dim is None else a.rotary_dim
-        # RoPE factors `[B, k, 1, R]` per table, for the q and k heads at once (one contiguous block)
-        factors = [(cos[rope_pos][:, :, None], sin[rope_pos][:, :, None]) for cos, sin in tables]
-        write_index = slots[:, None, :, None].expand(batch, s.n_kv_heads, k, s.head_dim)
-        masks = {}  # one mask per window, shared by the layers (and built only for the reference)
-        bound = rope_pos if tree is None else slots  # what a query sees up to: its position, a tree node its slot
-        x = x.reshape(batch * k, s.dim)  # the residual stream
-        for i in range(s.n_layers):
-            if capture is not None and i in self.feature_layers:
-                capture.append(x.clone().view(batch, k, s.dim))
-            h = self._norm(x, self.attn_norm[i], self.attn_norm_bias[i] if a.norm == "layer" else None)
-            qkv = self._linear(h, self.wqkv[i], self.bqkv[i] if s.qkv_bias else None, gemm)
-            qkv = qkv.view(batch, k, nq + 2 * nkv, hd)
-            qk, v = qkv[:, :, : nq + nkv], qkv[:, :, nq + nkv :]
-            if s.qk_norm:
-                qk = torch.cat([self._norm(qk[:, :, :nq], self.q_norm[i]), self._norm(qk[:, :, nq:], self.k_norm[i])],
-                               dim=2)
-            if rot:
-                cos, sin = factors[a.rope_index(i)]
-                rotated = torch.addcmul(qk[..., :rot] * cos, torch.roll(qk[..., :rot], rot // 2, dims=-1), sin)
-                qk = rotated if rot == hd else torch.cat([rotated, qk[..., rot:]], dim=-1)
-            q, key = qk[:, :, :nq], qk[:, :, nq:]
-            cache.keys[i].scatter_(2, write_index, key.transpose(1, 2))
-            cache.values[i].scatter_(2, write_index, v.transpose(1, 2))
-            window = a.window(i)
-            if self.bitwise:  # (token trees are refused in forward)
-                attn = invariant_attention(q, cache.keys[i], cache.values[i], bound, a.attn_scale, window=window)
-            else:
-                if window not in masks and attention == "reference":
-                    masks[window] = slot_attention_bias(bound, cache.keys[0].shape[2], nq // nkv, self.dtype, window,
-                                                        tree)
-                attn = slot_attention(q, cache.keys[i], cache.values[i], bound, a.attn_scale, window=window,
-                                      softcap=a.attn_softcap, kernel=attention, bias=masks.get(window), tree=tree)
-            attn = attn.reshape(batch * k, nq * hd)
-            bo = self.bo[i] if s.o_bias else None
-            if a.sandwich_norms:  # Gemma 2/3: x + norm(attn), then x + norm(mlp(norm(x)))
-                x = x + self._norm(F.linear(attn, self.wo[i], bo), self.post_attn_norm[i])
-                act = self._mlp(self._norm(x, self.mlp_norm[i]), i)
-                x = x + self._norm(F.linear(act, self.w_down[i]), self.post_mlp_norm[i])
-                continue
-            if a.parallel_residual:  # GPT-NeoX: x + attn(ln1(x)) + mlp(ln2(x))
-                act = self._mlp(self._norm(x, self.mlp_norm[i], self.mlp_norm_bias[i]), i)
-                x = F.linear(act, self.w_down[i], self.b_down[i]) + F.linear(attn, self.wo[i], bo) + x
-                continue
-            x = self._row_parallel(x, attn, self.wo[i], gemm)  # residual add fused into the GEMM
-            x = x if bo is None else x + bo
-            act = self._mlp(self._norm(x, self.mlp_norm[i], self.mlp_norm_bias[i] if a.norm == "layer" else None), i,
-                            gemm)
-            x = self._row_parallel(x, act, self.w_down[i], gemm)
-            x = x + self.b_down[i] if a.mlp_bias else x
-        return x.view(batch, k, s.dim)
-
-    def _fused_layers(self, x: torch.Tensor, cache: KVCache, rope_pos: torch.Tensor, slots: torch.Tensor,
-                      tables: list, capture: list | None = None, tree=None) -> torch.Tensor:
-        """The decoder layers on the fused kernels (the module doc lists them); `Arch.fusable` families only."""
-        s, a = self.shape, self.shape.arch
-        batch, k = x.shape[:2]
-        nq, hd, eps = s.n_heads, s.head_dim, s.rms_norm_eps
-        mode = "triton"  # forward checked that the fused kernels run here; attention picks by the model's mode
-        attn_kernel, bound = None, rope_pos if tree is None else slots  # (a tree node sees up to its own slot)
-        x = x.reshape(batch * k, s.dim)  # the residual stream, updated in place by the row-parallel GEMMs
-        for i in range(s.n_layers):
-            if capture is not None and i in self.feature_layers:
-                capture.append(x.clone().view(batch, k, s.dim))
-            h = rms_norm(x, self.attn_norm[i], eps, kernel=mode)
-            qkv = self._linear(h, self.wqkv[i], kernel=self._gemm(self.wqkv[i])).view(batch, k, -1)  # (bias: in RoPE)
-            cos, sin = tables[a.rope_index(i)]
-            q = rope_cache_write(qkv, cache.keys[i], cache.values[i], rope_pos, slots, cos, sin, nq,
-                                 bias=self.bqkv[i] if s.qkv_bias else None,
-                                 q_norm=self.q_norm[i] if s.qk_norm else None,
-                                 k_norm=self.k_norm[i] if s.qk_norm else None, eps=eps, kernel=mode)
-            if attn_kernel is None:  # "triton" insists only where the attention kernel covers the shape
-                attn_kernel = self.kernels
-                if attn_kernel == "triton" and triton_unsupported(q, cache.keys[i], cache.values[i], bound):
-                    attn_kernel = "reference"
-            if self.bitwise:
-                attn = invariant_attention(q, cache.keys[i], cache.values[i], bound, a.attn_scale, window=a.window(i))
-            else:
-                attn = slot_attention(q, cache.keys[i], cache.values[i], bound, a.attn_scale, window=a.window(i),
-                                      kernel=attn_kernel, tree=tree)
-            x = self._row_parallel(x, attn.reshape(batch * k, nq * hd), self.wo[i], self._gemm(self.wo[i]))  # residual add in the GEMM
-            if s.o_bias:
-                x, h = add_rms_norm(x, self.bo[i], self.mlp_norm[i], eps, kernel=mode)
-            else:
-                h = rms_norm(x, self.mlp_norm[i], eps, kernel=mode)
-            act = silu_mul(self._linear(h, self.w_gate_up[i], kernel=self._gemm(self.w_gate_up[i])), kernel=mode)
-            x = self._row_parallel(x, act, self.w_down[i], self._gemm(self.w_down[i]))
-        return x.view(batch, k, s.dim)
-
     def forward(self, tokens: torch.Tensor | None, cache: KVCache, valid: torch.Tensor | None = None,
                 *, embeds: torch.Tensor | None = None, last_only: bool = False, advance: bool = True,
                 return_hidden: bool = False, compute_logits: bool = True, kernels: str | None = None,
