@@ -73,8 +73,8 @@ def main(argv=None) -> None:
     for name in ("uniforms", "exponentials", "sample"):
         _tag(rng, name, "RNG")
     for runner in (StepRunner, TreeStepRunner):
-        _tag(runner, "_draft_body", "DRAFT")
-        _tag(runner, "_verify_body", "VERIFY")
+        _tag(runner, "draft_body", "DRAFT")
+        _tag(runner, "verify_body", "VERIFY")
     torch.set_num_threads(1)
     target, draft, tokenizer = load_pair(Path(DEMO_PAIR), device="cpu", dtype="float32")
     prompts = [tokenizer(p)["input_ids"] for p in PAIR_PROMPTS]

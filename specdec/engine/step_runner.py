@@ -35,14 +35,15 @@ class StepRunner:
         self._draft_graph = self._verify_graph = None
 
     # The graph bodies read and write only the engine's static tensors (state, caches, these drafts).
-    def _draft_body(self):
+    def draft_body(self):
+        """The draft half (drafts [b, γ], q, lengths): what the draft graph captures."""
         e, gamma = self.engine, self.gamma
         if gamma == 0:
             rows = self.view.lengths.shape[0]  # the bucket, cut at max_batch_size
             return torch.zeros(rows, 0, dtype=torch.long, device=e.device), None, None
         return e.drafter.propose(self.view, gamma)
 
-    def _verify_body(self) -> torch.Tensor:
+    def verify_body(self) -> torch.Tensor:
         """Verify and commit on the device → the step's transfer, `pack_step`'s int64 table for `self.layout`
         (`StepRecord.unpack` reads it). The acceptance counters stay on the device: they are added into
         `state.counters` (per slot) and `engine.counter_sums`."""
@@ -121,21 +122,21 @@ class StepRunner:
         if self.eager or self._verify_graph is not None:
             return
         if self.gamma == 0:  # nothing to draft: a static empty proposal
-            self.drafts = self._draft_body()
+            self.drafts = self.draft_body()
         else:
             restore = [e.drafter.cache.lengths] if e.drafter_cached else []
-            self._draft_graph = CapturedStep(self._draft_body, pool=e._pool, restore=restore)
+            self._draft_graph = CapturedStep(self.draft_body, pool=e._pool, restore=restore)
             self.drafts = self._draft_graph.outputs
             self._draft_graph.replay()  # capture only records: give the verify warm-up real drafts to read
         s = e.state
         restore = [s.tokens, s.lengths, s.generated, e.cache.lengths, s.counters, e.counter_sums]
         if s.history is not None:
             restore.append(s.history.counts)
-        self._verify_graph = CapturedStep(self._verify_body, pool=e._pool, restore=restore)
+        self._verify_graph = CapturedStep(self.verify_body, pool=e._pool, restore=restore)
 
     def draft(self) -> None:
         if self.eager:
-            self.drafts = self._draft_body()
+            self.drafts = self.draft_body()
             return
         self.capture()
         if self._draft_graph is not None:
@@ -143,7 +144,7 @@ class StepRunner:
 
     def verify(self) -> torch.Tensor:
         if self.eager:
-            return self._verify_body()
+            return self.verify_body()
         self.capture()
         return self._verify_graph.replay()
 

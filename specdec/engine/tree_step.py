@@ -193,7 +193,7 @@ class TreeStepRunner:
         self.ran = False
         self._draft_graph = self._verify_graph = None
 
-    def _draft_body(self):
+    def draft_body(self):
         return propose_tree(self.engine.drafter, self.view, self.tree)
 
     def _verify(self, tokens: torch.Tensor, probs: torch.Tensor | None, logits: torch.Tensor) -> TreeVerifyResult:
@@ -222,7 +222,7 @@ class TreeStepRunner:
         return TreeVerifyResult(pick(greedy.path, sampled.path), pick(greedy.num_accepted, sampled.num_accepted),
                                 pick(greedy.next_token, sampled.next_token))
 
-    def _verify_body(self) -> torch.Tensor:
+    def verify_body(self) -> torch.Tensor:
         """Score, verify, commit and count on the device → `pack_step`'s table for `self.layout`."""
         e, view, spec, flavor = self.engine, self.view, self.tree.spec, self.flavor
         rows, state = slice(0, self.batch), e.state
@@ -278,22 +278,22 @@ class TreeStepRunner:
         e = self.engine
         if self.eager or self._verify_graph is not None:
             return
-        self._draft_graph = CapturedStep(self._draft_body, pool=e._pool, restore=[e.drafter.cache.lengths])
+        self._draft_graph = CapturedStep(self.draft_body, pool=e._pool, restore=[e.drafter.cache.lengths])
         self.drafts = self._draft_graph.outputs
         self._draft_graph.replay()  # capture only records: give the verify warm-up real drafts to read
         s = e.state
         restore = [s.tokens, s.lengths, s.generated, e.cache.lengths, s.counters, e.tree_counter_sums]
-        self._verify_graph = CapturedStep(self._verify_body, pool=e._pool, restore=restore)
+        self._verify_graph = CapturedStep(self.verify_body, pool=e._pool, restore=restore)
 
     def draft(self) -> None:
         if self.eager:
-            self.drafts = self._draft_body()
+            self.drafts = self.draft_body()
             return
         self.capture()
         self._draft_graph.replay()
 
     def verify(self) -> torch.Tensor:
         if self.eager:
-            return self._verify_body()
+            return self.verify_body()
         self.capture()
         return self._verify_graph.replay()
