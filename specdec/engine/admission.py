@@ -127,28 +127,30 @@ class Admission:
         row (0 where it was not fed: the catch-up feeds it). timed: the drafter's prefill is timed for the policy
         (`record_admission`)."""
         chunk, zeros = self.config.prefill_chunk, [0] * len(lengths)
+        cuda = timed and self.device.type == "cuda"
+        start = time.perf_counter()
         prefill_rows(self.model, self.cache, self.state, rows, zeros, [n - 1 for n in lengths], chunk,
                      features=self.state.features, extent=0, graphs=graphs)
         if not self.drafter_cached:
             return [max(n - 2, 0) for n in lengths]
+        if cuda:  # (the target's prefill alone is timed: a bound on what the drafter's feed costs, for the policy)
+            torch.cuda.synchronize(self.device)
+        target = time.perf_counter() - start if timed else None
         if not drafter:
             if timed:  # (not fed: the next catch-up feeds these prompts, and reports that share of its time)
-                self.policy.record_admission(sum(lengths), None, len(lengths))
+                self.policy.record_admission(sum(lengths), None, len(lengths), target_seconds=target)
             if self._drafter_synced:  # (the rows already running hold all but their last 2 tokens: say so per row)
                 for r in self._running[: rows.start]:
                     r.draft_valid = max(r.draft_valid, r.length - 2)
                 self._drafter_synced = False
             return zeros
         valid = [max(n - 2, 0) for n in lengths]
-        cuda = timed and self.device.type == "cuda"
-        if cuda:  # (the target's prefill done: the drafter's alone is timed, for the policy)
-            torch.cuda.synchronize(self.device)
-        start = time.perf_counter()
+        start = time.perf_counter()  # (the target's prefill done: the drafter's alone is timed, for the policy)
         self.drafter.prefill(self.state, rows, zeros, valid, chunk, extent=0, graphs=graphs)
         if cuda:
             torch.cuda.synchronize(self.device)
         if timed:
-            self.policy.record_admission(sum(lengths), time.perf_counter() - start, len(lengths))
+            self.policy.record_admission(sum(lengths), time.perf_counter() - start, len(lengths), target_seconds=target)
         return valid
 
     def _joined(self, request: EngineRequest) -> None:

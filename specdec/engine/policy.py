@@ -339,12 +339,14 @@ class GammaPolicy:
         old = self.tokens.get((batch, gamma))
         self.tokens[(batch, gamma)] = tokens_per_row if old is None else 0.8 * old + 0.2 * tokens_per_row
 
-    def record_admission(self, prompt_tokens: int, seconds: float | None = None, requests: int = 1) -> None:
+    def record_admission(self, prompt_tokens: int, seconds: float | None = None, requests: int = 1,
+                         target_seconds: float | None = None) -> None:
         """Admission took in `requests` requests of `prompt_tokens` prompt tokens in all (every admission of an
         engine whose drafter keeps a cache, plain run or not) and, when `seconds` is given, fed them to the drafter
         (as it does only while the engine speculates; a plain run's are fed by the next catch-up), which took that
-        long: see `specdec.engine.policy_admission`."""
-        self.admission.admitted(prompt_tokens, seconds, requests)
+        long; `target_seconds`: the target's prefill of them (every timed admission: a bound on the drafter's feed
+        cost): see `specdec.engine.policy_admission`."""
+        self.admission.admitted(prompt_tokens, seconds, requests, target_seconds)
 
     def record_capture(self, seconds: float) -> None:
         """A step that first built its shape (captured its graphs) took `seconds`, the capture included."""

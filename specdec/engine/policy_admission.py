@@ -7,46 +7,66 @@ that cost, so the policy charges it per token a speculative step produces:
     charge = (drafter seconds per prompt token fed) × (prompt tokens per admitted request)
              × (requests finished per token produced)
 
-each factor a decayed mean measured whatever the regime (plain steps finish requests and produce tokens too), so a
-run of plain steps neither inflates nor erases it, and a full batch admitted at once (a cost already paid) weighs
-in only through its prompts' length. (Charging the admissions' seconds to the speculative steps' tokens alone let
-an early charge — a full batch's drafter prefill over a few probe steps' tokens — lock the engine into plain
-steps: issue 21's third GPU run, auto 1.17x where a fixed γ = 2 read 1.85x.) Leaving a plain run also feeds the
-drafter the prompts that run admitted (`backlog`): a one-time cost of the switch.
+the feed cost the ratio of sums over the last `_FEED_WINDOW` feeds, at most the target's own prefill seconds per
+prompt token (`_FEED_WINDOW` admissions, timed at every admission in every regime: a smaller drafter's feed costs
+no more), the other factors decayed means measured whatever the regime (plain steps finish requests and produce
+tokens too), so a run of plain steps neither inflates nor erases it, and a full batch admitted at once (a cost
+already paid) weighs in only through its prompts' length. (Charging the admissions' seconds to the speculative
+steps' tokens alone let an early charge — a full batch's drafter prefill over a few probe steps' tokens — lock the
+engine into plain steps: issue 21's third GPU run, auto 1.17x where a fixed γ = 2 read 1.85x.) Leaving a plain run
+also feeds the drafter the prompts that run admitted (`backlog`): a one-time cost of the switch. (The bound: a plain
+run feeds the drafter nothing, so its feed cost is never re-measured there, and the first eager feeds of shapes run
+for the first time, ~10x the steady cost, kept the engine plain: issue 21's H200 recheck after the third fix, 64
+slots, 15.5 µs per prompt token in the auto row where the fixed-γ rows of the same engine read 1.3–1.6.)
 """
 
 from __future__ import annotations
 
+from collections import deque
+
 __all__ = ["AdmissionCost"]
 
 _FLOW_DECAY = 0.99  # per step (plain or not): requests finished per token produced, over the last ~100 steps
-_FEED_DECAY = 0.9  # per admission or catch-up: seconds per prompt token fed, prompt tokens per request, over ~10
+_FEED_DECAY = 0.9  # per admission: prompt tokens per request, over ~10
+_FEED_WINDOW = 16  # feeds (admissions, catch-ups) and target prefills the seconds per prompt token are summed over
 
 
 class AdmissionCost:
     def __init__(self):
-        self._feed = [0.0, 0.0]  # decayed (drafter seconds feeding prompts, prompt tokens fed)
+        self._feed = deque(maxlen=_FEED_WINDOW)  # (drafter seconds feeding prompts, prompt tokens fed) per feed
+        self._target = deque(maxlen=_FEED_WINDOW)  # (target seconds prefilling prompts, prompt tokens) per admission
         self._prompts = [0.0, 0.0]  # decayed (prompt tokens admitted, requests admitted): every admission
         self._flow = [0.0, 0.0]  # decayed (requests finished, tokens produced): every step
         self._rows_before, self._joined = 0, 0  # rows of the last step; requests admitted since
         self._unfed = 0.0  # prompt tokens admitted unfed since the last speculative step
 
+    def feed_per_prompt_token(self) -> float | None:
+        """The drafter's seconds per prompt token fed: over the last feeds, at most the target's over its last
+        prefills (None: nothing fed yet)."""
+        feed = _rate(self._feed)
+        target = _rate(self._target)
+        return feed if feed is None or target is None else min(feed, target)
+
     def per_token(self) -> float:
         """Seconds of prompt feeding per token of a speculative step (0 before anything was fed or finished)."""
-        (seconds, fed), (prompts, requests), (finished, produced) = self._feed, self._prompts, self._flow
-        if fed <= 0 or requests <= 0 or produced <= 0:
+        feed, (prompts, requests), (finished, produced) = self.feed_per_prompt_token(), self._prompts, self._flow
+        if feed is None or requests <= 0 or produced <= 0:
             return 0.0
-        return seconds / fed * prompts / requests * finished / produced
+        return feed * prompts / requests * finished / produced
 
     def backlog(self) -> float:
         """Seconds the next speculative step spends feeding the prompts admitted since the last one (the engine's
         catch-up feeds every running row's; counted for all admitted: a bound)."""
-        seconds, fed = self._feed
-        return seconds / fed * self._unfed if fed > 0 else 0.0
+        feed = self.feed_per_prompt_token()
+        return feed * self._unfed if feed is not None else 0.0
 
-    def admitted(self, prompt_tokens: int, seconds: float | None, requests: int) -> None:
-        """`requests` admitted with `prompt_tokens` in all; fed to the drafter in `seconds` (None: not fed)."""
+    def admitted(self, prompt_tokens: int, seconds: float | None, requests: int,
+                 target_seconds: float | None = None) -> None:
+        """`requests` admitted with `prompt_tokens` in all; fed to the drafter in `seconds` (None: not fed); the
+        target prefilled them in `target_seconds` (None: not timed)."""
         self._joined += max(requests, 0)
+        if target_seconds is not None and prompt_tokens > 0:
+            self._target.append((max(target_seconds, 0.0), prompt_tokens))
         if seconds is None:
             self._unfed += max(prompt_tokens, 0)
         self._prompts = [self._prompts[0] * _FEED_DECAY + max(prompt_tokens, 0),
@@ -57,7 +77,7 @@ class AdmissionCost:
     def fed(self, seconds: float, prompt_tokens: int) -> None:
         """The drafter was fed `prompt_tokens` prompt tokens in `seconds` (an admission, a catch-up's prompt share)."""
         if prompt_tokens > 0:
-            self._feed = [self._feed[0] * _FEED_DECAY + max(seconds, 0.0), self._feed[1] * _FEED_DECAY + prompt_tokens]
+            self._feed.append((max(seconds, 0.0), prompt_tokens))
 
     def stepped(self, gamma: int, produced: float, rows: int) -> None:
         """A step at γ of `rows` running rows produced `produced` tokens (the rows gone since the last step and
@@ -70,8 +90,16 @@ class AdmissionCost:
 
     def report(self) -> dict:
         """JSON-ready: the charge per token (ms) and its factors (None: not measured yet)."""
-        (seconds, fed), (prompts, requests), (finished, produced) = self._feed, self._prompts, self._flow
-        return {"admit_ms_per_token": self.per_token() * 1e3 if fed and requests and produced else None,
-                "feed_us_per_prompt_token": seconds / fed * 1e6 if fed else None,
+        feed, (prompts, requests), (finished, produced) = self.feed_per_prompt_token(), self._prompts, self._flow
+        target = _rate(self._target)
+        return {"admit_ms_per_token": self.per_token() * 1e3 if feed is not None and requests and produced else None,
+                "feed_us_per_prompt_token": feed * 1e6 if feed is not None else None,
+                "target_prefill_us_per_prompt_token": target * 1e6 if target is not None else None,
                 "prompt_tokens_per_request": prompts / requests if requests else None,
                 "tokens_per_request": produced / finished if finished else None}
+
+
+def _rate(samples) -> float | None:
+    """Seconds per token over (seconds, tokens) samples (None: no tokens)."""
+    tokens = sum(n for _, n in samples)
+    return sum(t for t, _ in samples) / tokens if tokens > 0 else None

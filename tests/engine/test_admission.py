@@ -60,12 +60,15 @@ def test_a_request_admitted_in_a_plain_run_is_fed_to_the_drafter_by_the_catch_up
 
 def test_admission_feeds_the_drafter_when_the_engine_speculates(make_llama):
     """The negative control: outside a plain run the drafter prefills admitted prompts at once (its batch-1 and
-    fixed-γ behaviour is unchanged), and the policy is told what that prefill took."""
+    fixed-γ behaviour is unchanged), and the policy is told what that prefill took; the target's prefill is timed
+    at every admission, plain run or not (the bound on the drafter's feed cost)."""
     _, engine = _engine(make_llama)
     fed, timed = [], []
     prefill = engine.drafter.prefill
     engine.drafter.prefill = lambda *a, **k: fed.append(a[1]) or prefill(*a, **k)
-    engine.policy.record_admission = lambda tokens, seconds, requests: timed.append((tokens, seconds, requests))
+    targets = []
+    engine.policy.record_admission = lambda tokens, seconds, requests, target_seconds=None: (
+        timed.append((tokens, seconds, requests)), targets.append(target_seconds))
     engine.add_request(LONG[0], SamplingParams(temperature=0, max_new_tokens=8))
     _run(engine, [3], {})
     engine.add_request(LONG[1], SamplingParams(temperature=0, max_new_tokens=8))
@@ -74,6 +77,7 @@ def test_admission_feeds_the_drafter_when_the_engine_speculates(make_llama):
     _run(engine, [0], {})  # admitted in a plain run: not fed, its prompt reported without seconds
     assert len(fed) == 2 and [(t, r) for t, _, r in timed] == [(len(LONG[0]), 1), (len(LONG[1]), 1), (len(LONG[1]), 1)]
     assert all(s > 0 for _, s, _ in timed[:2]) and timed[2][1] is None
+    assert len(targets) == 3 and all(t is not None and t > 0 for t in targets)
 
 
 @pytest.mark.parametrize("share, charged", [(1.0, 0.8), (0.25, 0.2), (0.0, None)])

@@ -383,3 +383,35 @@ def test_the_admission_charge_is_feed_cost_times_prompt_per_request_times_finish
     assert policy.admission.backlog() == 0.0  # a speculative step fed them
     report = policy.report()
     assert report["prompt_tokens_per_request"] == pytest.approx(1000) and report["feed_us_per_prompt_token"] == 2
+
+
+def test_cold_feeds_then_a_plain_run_do_not_keep_the_feed_cost_10x_too_high():
+    """Issue 21's fourth GPU run: the first feeds (shapes run for the first time) cost ~10x the steady 1.5 µs per
+    prompt token, then the engine ran plain and never fed the drafter again, so the decayed estimate stayed at
+    15.5 µs and kept the charge (and the engine plain). The target's prefill, timed at every admission in every
+    regime, bounds the drafter's feed: the estimate relaxes to it once the target's own cold samples leave the
+    window; a policy told no target times (the negative control) keeps the cold estimate."""
+    estimates = {}
+    for told in (False, True):
+        policy = GammaPolicy("auto", 8, plain_catches_up=True)
+        for _ in range(3):  # cold: the drafter's and the target's first prefills of their shapes, ~10x steady
+            policy.record_admission(1000, 0.015, requests=1, target_seconds=0.05 if told else None)
+        for step in range(400):  # a plain run: admissions unfed, the target's prefill warm (3 µs a prompt token)
+            if step % 25 == 24:
+                policy.record_admission(1000, None, requests=1, target_seconds=0.003 if told else None)
+            policy.record_step(4, 0, 0.01, 1.0, rows=4)
+        estimates[told] = policy.report()["feed_us_per_prompt_token"]
+    assert estimates[False] == pytest.approx(15.0)  # the control: cold samples and nothing to correct them
+    assert estimates[True] == pytest.approx(3.0)  # bounded by the target's warm prefill
+    assert policy.report()["target_prefill_us_per_prompt_token"] == pytest.approx(3.0)
+    assert policy.admission.per_token() == pytest.approx(3e-6 * 1000 / 100, rel=0.15)
+
+
+def test_the_feed_cost_is_summed_over_the_last_feeds_so_warm_feeds_replace_cold_ones():
+    """Cold feeds leave the window after `_FEED_WINDOW` warm ones (a decayed mean kept 0.9^16 of them)."""
+    from specdec.engine.policy_admission import _FEED_WINDOW
+    policy = GammaPolicy("auto", 8, plain_catches_up=True)
+    policy.record_admission(64_000, 1.0, requests=64)  # a full first batch, cold: 15.6 µs a prompt token
+    for _ in range(_FEED_WINDOW):
+        policy.record_admission(1000, 0.0015, requests=1)
+    assert policy.report()["feed_us_per_prompt_token"] == pytest.approx(1.5)
