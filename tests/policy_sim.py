@@ -11,9 +11,11 @@ then a 3x straggler). A drafter that keeps a cache pays `cell.catch_up_s` (+ `ca
 before the first speculative step after more than 2 plain steps in a row (the engine's catch-up), reported to the
 policy as the engine does; a row admitted while the engine speculates costs `admit_s` outside every step (the
 drafter's prefill of its prompt, reported with `record_admission` unless `report_admissions=False`: the negative
-control); a row admitted in a plain run is fed by the next catch-up instead (if it still runs), which then costs
-its `admit_s` more and reports that share of the catch-up as prompts (`catch_up_share`, `catch_up_prompts`), as the
-engine does. Every admission reports its prompt tokens.
+control; the rows admitted together are one admission, as the engine's, the first `cold` of them 10x the cost;
+`target_s` a row is the target's prefill, in every regime, reported as `target_seconds`); a row admitted in a plain
+run is fed by the next catch-up instead (if it still runs), which then costs its `admit_s` more and reports that
+share of the catch-up as prompts (`catch_up_share`, `catch_up_prompts`), as the engine does. Every admission reports
+its prompt tokens.
 Step shapes are captured as the engine's are: the first step of a (b, γ, length bucket of ℓ + γ + 2) shape
 not built yet costs `cell.capture_s` more (~0.1 s on an H200: every row waits) and is reported to the policy
 as a capture, not a step time. `warm=True` builds every shape of the policy's menu first (the engine's
@@ -55,6 +57,8 @@ class Cell:
     catch_up_step_s: float = 0.0  # a catch-up's seconds per plain step it feeds (rows × tokens grow with the run)
     admit_s: float = 0.0  # the drafter's prefill per admitted row, outside the steps (fed only while speculating)
     requests: int | None = None  # the traffic's requests (None: max(6 × slots, 160))
+    target_s: float = 0.0  # the target's prefill per admitted row (reported as `target_seconds`; 0: not reported)
+    cold: int = 0  # the first `cold` admissions' prefills (drafter's and target's) cost 10x: shapes run first
 
     def ratio(self, gamma: int, bucket: int | None = None) -> float:
         ratios = self.small_ratios if self.small_ratios and bucket is not None and bucket <= 8 else self.ratios
@@ -122,25 +126,35 @@ def simulate(cell: Cell, gamma="auto", requests: int | None = None, seed: int = 
         waiting.append(_Row(rng.randint(30, 2000), budget, alpha, rng.getrandbits(32)))
     running: list[_Row] = []
     seconds = tokens = 0.0
-    plain_run, catch_ups, captures, gammas = 0, 0, 0, {}
+    plain_run, catch_ups, captures, gammas, admissions = 0, 0, 0, {}, 0
 
     def estimates():
         return [tuple(r.totals) for r in running]
 
     while waiting or running:
+        joined = []
         while waiting and len(running) < cell.slots:
             row = waiting.pop()
             running.append(row)
-            if cell.admit_s and plain_run == 0:  # the engine feeds the drafter at admission only while speculating
-                seconds += cell.admit_s
-                if report_admissions:
-                    policy.record_admission(row.prompt, cell.admit_s)
-            elif cell.admit_s:
-                row.unfed = True
-                if report_admissions:
-                    policy.record_admission(row.prompt)
+            joined.append(row)
             if cell.ramp and len(running) < cell.slots and seconds < 64 * cell.plain_s:
                 break  # (ramping up: one more request per step)
+        if joined:  # one admission of them all, as the engine's (its prefills batched)
+            admissions += 1
+            scale = 10.0 if admissions <= cell.cold else 1.0  # a shape's first eager prefill
+            prompt = sum(r.prompt for r in joined)
+            target = cell.target_s * scale * len(joined) if cell.target_s else None
+            seconds += target or 0.0
+            if cell.admit_s and plain_run == 0:  # the engine feeds the drafter at admission only while speculating
+                fed_s = cell.admit_s * scale * len(joined)
+                seconds += fed_s
+                if report_admissions:
+                    policy.record_admission(prompt, fed_s, requests=len(joined), target_seconds=target)
+            elif cell.admit_s:
+                for r in joined:
+                    r.unfed = True
+                if report_admissions:
+                    policy.record_admission(prompt, requests=len(joined), target_seconds=target)
         n = len(running)
         bucket = next(b for b in BATCH_BUCKETS if b >= n)
         longest = max(r.length for r in running)

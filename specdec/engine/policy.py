@@ -344,8 +344,8 @@ class GammaPolicy:
         """Admission took in `requests` requests of `prompt_tokens` prompt tokens in all (every admission of an
         engine whose drafter keeps a cache, plain run or not) and, when `seconds` is given, fed them to the drafter
         (as it does only while the engine speculates; a plain run's are fed by the next catch-up), which took that
-        long; `target_seconds`: the target's prefill of them (every timed admission: a bound on the drafter's feed
-        cost): see `specdec.engine.policy_admission`."""
+        long; `target_seconds`: the target's prefill of them (every timed admission: what bounds and, with the
+        drafter's share of it, re-estimates the drafter's feed cost): see `specdec.engine.policy_admission`."""
         self.admission.admitted(prompt_tokens, seconds, requests, target_seconds)
 
     def record_capture(self, seconds: float) -> None:

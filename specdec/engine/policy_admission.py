@@ -7,17 +7,20 @@ that cost, so the policy charges it per token a speculative step produces:
     charge = (drafter seconds per prompt token fed) × (prompt tokens per admitted request)
              × (requests finished per token produced)
 
-the feed cost the ratio of sums over the last `_FEED_WINDOW` feeds, at most the target's own prefill seconds per
-prompt token (`_FEED_WINDOW` admissions, timed at every admission in every regime: a smaller drafter's feed costs
-no more), the other factors decayed means measured whatever the regime (plain steps finish requests and produce
-tokens too), so a run of plain steps neither inflates nor erases it, and a full batch admitted at once (a cost
-already paid) weighs in only through its prompts' length. (Charging the admissions' seconds to the speculative
-steps' tokens alone let an early charge — a full batch's drafter prefill over a few probe steps' tokens — lock the
-engine into plain steps: issue 21's third GPU run, auto 1.17x where a fixed γ = 2 read 1.85x.) Leaving a plain run
-also feeds the drafter the prompts that run admitted (`backlog`): a one-time cost of the switch. (The bound: a plain
-run feeds the drafter nothing, so its feed cost is never re-measured there, and the first eager feeds of shapes run
-for the first time, ~10x the steady cost, kept the engine plain: issue 21's H200 recheck after the third fix, 64
-slots, 15.5 µs per prompt token in the auto row where the fixed-γ rows of the same engine read 1.3–1.6.)
+the feed cost the median seconds per prompt token of the last `_FEED_WINDOW` feeds (a cold one — a full first batch
+fed eagerly by shapes run for the first time — is one sample, outvoted by two warm ones), at most the target's own
+median over its last prefills (timed at every admission in every regime: a smaller drafter's feed costs no more)
+and at most that median times the median ratio of the drafter's feed to the target's prefill of the same prompts
+(both cold in a shape's first admission: a plain run, which feeds the drafter nothing, still brings the estimate
+down as the target's prefill warms up); the other factors decayed means measured whatever the regime (plain steps
+finish requests and produce tokens too), so a run of plain steps neither inflates nor erases it, and a full batch
+admitted at once (a cost already paid) weighs in only through its prompts' length. (Charging the admissions'
+seconds to the speculative steps' tokens alone let an early charge — a full batch's drafter prefill over a few
+probe steps' tokens — lock the engine into plain steps: issue 21's third GPU run, auto 1.17x where a fixed γ = 2
+read 1.85x. A decayed mean of the feeds alone let the first cold feeds, ~10x the steady cost, do the same, since
+a plain run never re-measures them: issue 21's H200 recheck after that fix, 64 slots, auto 1.07x where γ = 2 read
+1.70x, 15.5 µs per prompt token fed in the auto row where the fixed-γ rows of the same engine read 1.3–1.6.)
+Leaving a plain run also feeds the drafter the prompts that run admitted (`backlog`): a one-time cost of the switch.
 """
 
 from __future__ import annotations
@@ -28,24 +31,26 @@ __all__ = ["AdmissionCost"]
 
 _FLOW_DECAY = 0.99  # per step (plain or not): requests finished per token produced, over the last ~100 steps
 _FEED_DECAY = 0.9  # per admission: prompt tokens per request, over ~10
-_FEED_WINDOW = 16  # feeds (admissions, catch-ups) and target prefills the seconds per prompt token are summed over
+_FEED_WINDOW = 16  # feeds (admissions, catch-ups) and target prefills whose seconds per prompt token give the median
 
 
 class AdmissionCost:
     def __init__(self):
         self._feed = deque(maxlen=_FEED_WINDOW)  # (drafter seconds feeding prompts, prompt tokens fed) per feed
         self._target = deque(maxlen=_FEED_WINDOW)  # (target seconds prefilling prompts, prompt tokens) per admission
+        self._ratio = deque(maxlen=_FEED_WINDOW)  # (drafter's feed seconds, target's prefill seconds): same prompts
         self._prompts = [0.0, 0.0]  # decayed (prompt tokens admitted, requests admitted): every admission
         self._flow = [0.0, 0.0]  # decayed (requests finished, tokens produced): every step
         self._rows_before, self._joined = 0, 0  # rows of the last step; requests admitted since
         self._unfed = 0.0  # prompt tokens admitted unfed since the last speculative step
 
     def feed_per_prompt_token(self) -> float | None:
-        """The drafter's seconds per prompt token fed: over the last feeds, at most the target's over its last
+        """The drafter's median seconds per prompt token over its last feeds, at most the target's over its last
         prefills (None: nothing fed yet)."""
-        feed = _rate(self._feed)
-        target = _rate(self._target)
-        return feed if feed is None or target is None else min(feed, target)
+        feed, target, ratio = _rate(self._feed), _rate(self._target), _rate(self._ratio)
+        if feed is None or target is None:
+            return feed
+        return min(feed, target, ratio * target) if ratio is not None else min(feed, target)
 
     def per_token(self) -> float:
         """Seconds of prompt feeding per token of a speculative step (0 before anything was fed or finished)."""
@@ -67,6 +72,8 @@ class AdmissionCost:
         self._joined += max(requests, 0)
         if target_seconds is not None and prompt_tokens > 0:
             self._target.append((max(target_seconds, 0.0), prompt_tokens))
+            if seconds is not None and target_seconds > 0:
+                self._ratio.append((max(seconds, 0.0), target_seconds))
         if seconds is None:
             self._unfed += max(prompt_tokens, 0)
         self._prompts = [self._prompts[0] * _FEED_DECAY + max(prompt_tokens, 0),
@@ -100,6 +107,9 @@ class AdmissionCost:
 
 
 def _rate(samples) -> float | None:
-    """Seconds per token over (seconds, tokens) samples (None: no tokens)."""
-    tokens = sum(n for _, n in samples)
-    return sum(t for t, _ in samples) / tokens if tokens > 0 else None
+    """The median of the samples' a / b over (a, b) samples (None: none): seconds per token, or a time ratio."""
+    rates = sorted(t / n for t, n in samples)
+    if not rates:
+        return None
+    middle = len(rates) // 2
+    return rates[middle] if len(rates) % 2 else (rates[middle - 1] + rates[middle]) / 2
