@@ -31,8 +31,8 @@ def weight_major(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def linear_weight_major(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x `[..., K]` @ weight `[N, K]`ᵀ (+ bias `[N]`) → `[..., N]`, computed as (weight @ xᵀ)ᵀ."""
-    out = torch.mm(weight, x.reshape(-1, weight.shape[1]).t()).t()
-    if bias is not None:
+    out = torch.mm(weight, x.reshape(-1, weight.shape[1]).t()).t().contiguous()  # (row-major, as F.linear's:
+    if bias is not None:  # the fused kernels downstream need a unit stride; ≤ FEW_ROWS rows, a small copy)
         out = out + bias
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
