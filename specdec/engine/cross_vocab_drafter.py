@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.drafters.cross_vocab import VocabBridge
-from specdec.engine.drafters import WINDOW, StepView
+from specdec.engine.drafters import StepView, refeed_window
 from specdec.engine.slots import SlotCache, SlotState, prefill_rows
 from specdec.fast.model import FastLlama
 
@@ -63,11 +63,7 @@ class EngineCrossVocabDrafter:
 
     def propose(self, view: StepView, gamma: int):
         cache = self.cache.view(slice(0, view.batch), view.num_positions)
-        lengths = view.lengths
-        pos = lengths[:, None] - WINDOW + torch.arange(WINDOW, device=lengths.device)[None, :]
-        valid = pos >= 0
-        window = view.tokens.gather(1, pos.clamp_min(0)) * valid
-        cache.lengths.copy_((lengths - WINDOW).clamp_min(0))
+        window, valid = refeed_window(view, cache)
         first = self.model(None, cache, valid, embeds=self._embed(window), last_only=True)[:, 0]
 
         def next_logits(i, prev):

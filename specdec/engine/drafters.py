@@ -31,7 +31,7 @@ from specdec.drafters.prompt_lookup import PromptLookupDrafter
 from specdec.engine.slots import SlotCache, SlotState, prefill_rows
 from specdec.fast.model import FastLlama
 
-__all__ = ["Flavor", "StepView", "EngineModelDrafter", "EngineLookupDrafter", "EngineNGramDrafter", "WINDOW"]
+__all__ = ["Flavor", "StepView", "EngineModelDrafter", "EngineLookupDrafter", "EngineNGramDrafter", "WINDOW", "refeed_window"]
 
 WINDOW = 4  # committed tokens a model drafter re-feeds per proposal
 
@@ -139,6 +139,16 @@ class StepView:
         return torch.stack(tokens, 1), (torch.stack(probs, 1) if probs else None), None
 
 
+
+def refeed_window(view: "StepView", cache) -> tuple[torch.Tensor, torch.Tensor]:
+    """A model drafter's re-feed: its cache view rolled back to each row's length − `WINDOW`, and the last `WINDOW`
+    committed tokens `[b, WINDOW]` with their validity (False before a row's first token) to feed again."""
+    lengths = view.lengths
+    pos = lengths[:, None] - WINDOW + torch.arange(WINDOW, device=lengths.device)[None, :]
+    valid = pos >= 0
+    cache.lengths.copy_((lengths - WINDOW).clamp_min(0))
+    return view.tokens.gather(1, pos.clamp_min(0)) * valid, valid
+
 class EngineModelDrafter:
     """A small `FastLlama` drafting γ tokens autoregressively from its own slot cache."""
 
@@ -159,11 +169,7 @@ class EngineModelDrafter:
 
     def propose(self, view: StepView, gamma: int):
         cache = self.cache.view(slice(0, view.batch), view.num_positions)
-        lengths = view.lengths
-        pos = lengths[:, None] - WINDOW + torch.arange(WINDOW, device=lengths.device)[None, :]
-        valid = pos >= 0
-        window = view.tokens.gather(1, pos.clamp_min(0)) * valid
-        cache.lengths.copy_((lengths - WINDOW).clamp_min(0))
+        window, valid = refeed_window(view, cache)
         first = self.model(window, cache, valid, last_only=True)[:, 0]
         return view.draft_chain(gamma, lambda i, prev: first if i == 0 else
                                 self.model(prev[:, None], cache, last_only=True)[:, 0])

@@ -22,7 +22,49 @@ if TYPE_CHECKING:
 __all__ = ["StepRunner"]
 
 
-class StepRunner:
+class CapturedHalves:
+    """A step shape's draft and verify halves, run eagerly or replayed as CUDA graphs captured once: the one
+    capture/replay rule of `StepRunner` and `tree_step.TreeStepRunner`. A subclass gives `draft_body`,
+    `verify_body`, `eager`, and the tensors each capture must restore (`_draft_restore`: None = a static proposal,
+    drafted once and never replayed; `_verify_restore`)."""
+
+    engine: "Engine"
+    _draft_graph = _verify_graph = None
+
+    @property
+    def captured(self) -> bool:
+        """Whether its graphs are captured (by `Engine.warmup` or a first run on CUDA)."""
+        return self._verify_graph is not None
+
+    def capture(self) -> None:
+        """Capture both halves once (CUDA graphs); a no-op when the step runs eagerly."""
+        if self.eager or self._verify_graph is not None:
+            return
+        pool, restore = self.engine._pool, self._draft_restore()
+        if restore is None:
+            self.drafts = self.draft_body()
+        else:
+            self._draft_graph = CapturedStep(self.draft_body, pool=pool, restore=restore)
+            self.drafts = self._draft_graph.outputs
+            self._draft_graph.replay()  # capture only records: give the verify warm-up real drafts to read
+        self._verify_graph = CapturedStep(self.verify_body, pool=pool, restore=self._verify_restore())
+
+    def draft(self) -> None:
+        if self.eager:
+            self.drafts = self.draft_body()
+            return
+        self.capture()
+        if self._draft_graph is not None:
+            self._draft_graph.replay()
+
+    def verify(self) -> torch.Tensor:
+        if self.eager:
+            return self.verify_body()
+        self.capture()
+        return self._verify_graph.replay()
+
+
+class StepRunner(CapturedHalves):
     """The draft and verify halves of one step shape, eager or captured (each once)."""
 
     def __init__(self, engine: Engine, batch: int, gamma: int, positions: int, flavor: Flavor):
@@ -111,42 +153,15 @@ class StepRunner:
         """Runs without graphs: the engine runs eagerly, or a row's constraint is called on the host mid-step."""
         return not self.engine.cuda_graphs or self.flavor.constrained
 
-    @property
-    def captured(self) -> bool:
-        """Whether its graphs are captured (by `Engine.warmup` or a first run on CUDA)."""
-        return self._verify_graph is not None
+    def _draft_restore(self) -> list | None:
+        if self.gamma == 0:
+            return None  # nothing to draft: a static empty proposal
+        return [self.engine.drafter.cache.lengths] if self.engine.drafter_cached else []
 
-    def capture(self) -> None:
-        """Capture both halves once (CUDA graphs); a no-op when the step runs eagerly."""
-        e = self.engine
-        if self.eager or self._verify_graph is not None:
-            return
-        if self.gamma == 0:  # nothing to draft: a static empty proposal
-            self.drafts = self.draft_body()
-        else:
-            restore = [e.drafter.cache.lengths] if e.drafter_cached else []
-            self._draft_graph = CapturedStep(self.draft_body, pool=e._pool, restore=restore)
-            self.drafts = self._draft_graph.outputs
-            self._draft_graph.replay()  # capture only records: give the verify warm-up real drafts to read
-        s = e.state
+    def _verify_restore(self) -> list:
+        e, s = self.engine, self.engine.state
         restore = [s.tokens, s.lengths, s.generated, e.cache.lengths, s.counters, e.counter_sums]
-        if s.history is not None:
-            restore.append(s.history.counts)
-        self._verify_graph = CapturedStep(self.verify_body, pool=e._pool, restore=restore)
-
-    def draft(self) -> None:
-        if self.eager:
-            self.drafts = self.draft_body()
-            return
-        self.capture()
-        if self._draft_graph is not None:
-            self._draft_graph.replay()
-
-    def verify(self) -> torch.Tensor:
-        if self.eager:
-            return self.verify_body()
-        self.capture()
-        return self._verify_graph.replay()
+        return restore + ([s.history.counts] if s.history is not None else [])
 
 
 def _greedy_rows_lenient(result: VerifyResult, view: StepView, draft_tokens: torch.Tensor, logits: torch.Tensor,

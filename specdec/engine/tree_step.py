@@ -29,9 +29,9 @@ import torch
 from specdec import rng
 from specdec.core import TEMPERATURE_FLOOR, invalid_scores
 from specdec.core.tree import TreeSpec, TreeVerifyResult, verify_tree, verify_tree_greedy
-from specdec.engine.drafters import WINDOW, EngineModelDrafter, Flavor, StepView
+from specdec.engine.drafters import EngineModelDrafter, Flavor, StepView, refeed_window
 from specdec.fast.cache import TreeNodes
-from specdec.fast.graphs import CapturedStep
+from specdec.engine.step_runner import CapturedHalves
 from specdec.sequences import write_tokens
 from specdec.step import StepCounts, StepLayout, commit_counts, pack_step, step_counters
 
@@ -81,10 +81,7 @@ def propose_tree(drafter: EngineModelDrafter, view: StepView, tree: EngineTree) 
     nodes, None when every row is greedy). One drafter pass per level but the leaves' (`depth` passes)."""
     spec, lengths = tree.spec, view.lengths
     cache = drafter.cache.view(slice(0, view.batch), view.num_positions)
-    pos = lengths[:, None] - WINDOW + torch.arange(WINDOW, device=lengths.device)[None, :]
-    valid = pos >= 0
-    window = view.tokens.gather(1, pos.clamp_min(0)) * valid
-    cache.lengths.copy_((lengths - WINDOW).clamp_min(0))
+    window, valid = refeed_window(view, cache)
     logits = drafter.model(window, cache, valid, last_only=True)  # [b, 1, V]: q at the root; cache.lengths = n
     levels, probs = [window[:, -1:]], []
     greedy_rows = view.temperature < TEMPERATURE_FLOOR
@@ -180,7 +177,7 @@ def commit_path(keys: torch.Tensor, values: torch.Tensor, root: torch.Tensor, pa
         cache.scatter_(3, dst, cache.gather(3, src))  # (gathered first: a path may read slots it also writes)
 
 
-class TreeStepRunner:
+class TreeStepRunner(CapturedHalves):
     """The draft and verify halves of one token-tree step shape, eager or captured (each once)."""
 
     def __init__(self, engine: Engine, batch: int, tree: EngineTree, positions: int, flavor: Flavor):
@@ -268,32 +265,9 @@ class TreeStepRunner:
     def eager(self) -> bool:
         return not self.engine.cuda_graphs
 
-    @property
-    def captured(self) -> bool:
-        """Whether its graphs are captured (at its first run on CUDA)."""
-        return self._verify_graph is not None
+    def _draft_restore(self) -> list:
+        return [self.engine.drafter.cache.lengths]
 
-    def capture(self) -> None:
-        """Capture both halves once (CUDA graphs); a no-op when the engine runs eagerly."""
-        e = self.engine
-        if self.eager or self._verify_graph is not None:
-            return
-        self._draft_graph = CapturedStep(self.draft_body, pool=e._pool, restore=[e.drafter.cache.lengths])
-        self.drafts = self._draft_graph.outputs
-        self._draft_graph.replay()  # capture only records: give the verify warm-up real drafts to read
-        s = e.state
-        restore = [s.tokens, s.lengths, s.generated, e.cache.lengths, s.counters, e.tree_counter_sums]
-        self._verify_graph = CapturedStep(self.verify_body, pool=e._pool, restore=restore)
-
-    def draft(self) -> None:
-        if self.eager:
-            self.drafts = self.draft_body()
-            return
-        self.capture()
-        self._draft_graph.replay()
-
-    def verify(self) -> torch.Tensor:
-        if self.eager:
-            return self.verify_body()
-        self.capture()
-        return self._verify_graph.replay()
+    def _verify_restore(self) -> list:
+        e, s = self.engine, self.engine.state
+        return [s.tokens, s.lengths, s.generated, e.cache.lengths, s.counters, e.tree_counter_sums]
