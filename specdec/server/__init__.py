@@ -1,7 +1,8 @@
 """`specdec serve`: an OpenAI-compatible HTTP server over `specdec.text.LLM` (FastAPI + uvicorn).
 
   schema.py     the request bodies as strict pydantic models: every OpenAI / vLLM field, and which are refused
-  protocol.py   body → typed request → checked runner requests (4xx with OpenAI's error body, naming the field)
+  protocol.py   body → typed, checked request → tokenized prompts (4xx with OpenAI's error body, naming the field)
+  choices.py    checked request → runner requests: fields → specdec.text parameters, EOS ids, n choices and seeds
   responses.py  results → OpenAI response bodies (usage, logprobs, `specdec` and `speculative_decoding` objects)
   guard.py      Host / Origin (DNS rebinding, cross-site), API key, JSON content type: before any route runs
   http.py       uvicorn's h11 protocol plus a read deadline and a connection limit

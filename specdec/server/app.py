@@ -24,6 +24,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
+from specdec.server import choices as C
 from specdec.server import protocol as P
 from specdec.server import responses as R
 from specdec.server.guard import GuardConfig, GuardMiddleware
@@ -157,8 +158,8 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
         grammar = None
         if structured is not None:  # the first compile per tokenizer reads its vocabulary: off the event loop
             grammar = await asyncio.get_running_loop().run_in_executor(
-                tokenize_pool, compile_for, llm, *structured, P.eos_ids(typed, llm))
-        parsed = P.build(typed, llm, prompts, limit, echo, seeds.next() if typed.seed is None else None,
+                tokenize_pool, compile_for, llm, *structured, C.eos_ids(typed, llm))
+        parsed = C.build(typed, llm, prompts, limit, echo, seeds.next() if typed.seed is None else None,
                          constraint=grammar)
         return await _serve(request, parsed, chat)
 

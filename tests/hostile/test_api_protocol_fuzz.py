@@ -19,6 +19,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from specdec.server import choices as C  # noqa: E402
 from specdec.server import protocol as P  # noqa: E402
 from specdec.server.schema import ChatRequest, CompletionRequest  # noqa: E402
 from specdec.server.structured import compile_for, constraint_of  # noqa: E402
@@ -69,8 +70,8 @@ def run(llm, raw: bytes, model_cls):
         sources = P.prompt_sources(typed)
         P.check_length(sources, llm.max_seq_len, 200, "prompt")
         prompts = P.encode(llm, typed, sources)
-        grammar = compile_for(llm, *structured, P.eos_ids(typed, llm)) if structured and GRAMMAR_ENGINE else None
-        parsed = P.build(typed, llm, prompts, llm.max_seq_len, None, constraint=grammar)
+        grammar = compile_for(llm, *structured, C.eos_ids(typed, llm)) if structured and GRAMMAR_ENGINE else None
+        parsed = C.build(typed, llm, prompts, llm.max_seq_len, None, constraint=grammar)
     except P.APIError as err:
         assert 400 <= err.status < 500 and str(err)
         return err
