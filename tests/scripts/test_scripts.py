@@ -103,3 +103,39 @@ def test_demo_repetition_runs_on_the_shipped_pair(monkeypatch, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == len(PAIR_PROMPTS) + 1  # a line per prompt, then the total
     assert re.fullmatch(r"all: repeated lines \d+/\d+ = [\d.]+, distinct 4-grams \d+/\d+ = [\d.]+", lines[-1])
+
+
+def test_profile_decode_runs_on_a_tiny_model(tmp_path, monkeypatch, capsys):
+    """The decode profile on CPU: every row kind, the GEMMs attributed to their projections, c from the pair."""
+    out = tmp_path / "profile.jsonl"
+    _run_main(ROOT / "scripts" / "profile_decode.py", ["--shape", "tiny", "--pair", "tiny", "--device", "cpu",
+                                                         "--new", "3", "--prompt-len", "5", "--copy-mb", "8",
+                                                         "--gamma", "2", "--out", str(out)], monkeypatch)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["row"] for r in rows] == ["peak", "decode", "profile", "draft"] and not any("error" in r for r in rows)
+    decode, profile, draft = rows[1:]
+    assert decode["tok_per_s"] > 0 and 0 < decode["mbu_copy"] and decode["tok_per_s_with_prefill"] < decode["tok_per_s"]
+    assert profile["gemms_attributed"] and {"qkv", "o", "gate_up", "down", "lm_head", "argmax"} <= set(profile["groups"])
+    assert profile["groups"]["qkv"]["kernels"] == 2 and profile["groups"]["lm_head"]["kernels"] == 1  # 2 layers
+    assert draft["c"] > 0 and draft["draft_groups"]["lm_head"]["kernels"] == 2  # γ = 2 chained drafter forwards
+    assert "tiny / auto" in capsys.readouterr().err  # the table was printed
+
+
+def test_profile_decode_attributes_gpu_kernels_by_order():
+    """cuBLAS / Triton kernel names of a 1-layer step map to their projections; a split-K reduce joins its GEMM;
+    a GEMM count that does not fit the layers is reported as unattributed, not guessed."""
+    namespace = runpy.run_path(str(ROOT / "scripts" / "profile_decode.py"), run_name="scripts_smoke")
+    kernel = namespace["Kernel"]
+    names = ["void at::native::index_select_kernel", "add_rms_norm_kernel", "nvjet_hsh_64x8_splitK",
+             "void cublasLt::splitKreduce_kernel<float>", "rope_cache_kernel", "_split_attention", "_combine",
+             "_linear_kernel", "add_rms_norm_kernel", "sm90_xmma_gemm_bf16bf16", "silu_mul_kernel",
+             "gemv2T_kernel_val", "add_rms_norm_kernel", "_linear_kernel",
+             "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>>>",
+             "Memcpy DtoD (Device -> Device)", "void at::native::vectorized_elementwise_kernel<4>"]
+    kernels = [kernel(n, float(i), 1.0) for i, n in enumerate(names)]
+    groups, matched = namespace["attribute"](kernels, 1)
+    assert matched and groups == ["embedding", "norm", "qkv", "qkv", "rope_kv_write", "attention", "attention", "o",
+                                  "norm", "gate_up", "activation", "down", "norm", "lm_head", "argmax", "memcpy",
+                                  "other"]
+    groups, matched = namespace["attribute"](kernels, 2)
+    assert not matched and groups[2] == "gemm (unattributed)"
