@@ -44,11 +44,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tp_probe import HBM_BYTES_PER_S, SHAPES, decode, llama_shape, timed  # noqa: E402
 
-# variant → the fast model's (kernels, linear_kernel): "auto" = Triton layer kernels, the weight-streaming GEMM only
-# where `kernels.linear.FASTER_THAN_CUBLAS` says, cuBLAS elsewhere; "triton" = the Triton GEMM for every weight;
-# "cublas" = cuBLAS for every GEMM; "reference" = the eager body
-VARIANTS = {"auto": ("auto", "auto"), "triton": ("auto", "triton"), "cublas": ("auto", "reference"),
-            "reference": ("reference", "reference")}
+# variant → the fast model's (kernels, linear_kernel, fuse_prologues): "auto" = Triton layer kernels, the
+# weight-streaming GEMM only where `kernels.linear.FASTER_THAN_CUBLAS` says, cuBLAS elsewhere; "triton" = the Triton
+# GEMM for every weight; "triton-fused" = that, with the RMSNorms and silu·mul in the GEMMs' prologues (3 launches
+# per layer fewer); "cublas" = cuBLAS for every GEMM; "reference" = the eager body
+VARIANTS = {"auto": ("auto", "auto", False), "triton": ("auto", "triton", False),
+            "triton-fused": ("auto", "triton", True), "cublas": ("auto", "reference", False),
+            "reference": ("reference", "reference", False)}
+
+
+def set_variant(model, variant: str) -> None:
+    model.kernels, model.linear_kernel, model.fuse_prologues = VARIANTS[variant]
 TP4_SHARD = "70b-tp4"
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
 
@@ -296,7 +302,7 @@ def print_table(title: str, prof: dict) -> None:
 # ------------------------------------------------------------------------------------------- rows
 def decode_rows(args, name: str, variant: str, model, device, peaks: dict) -> list[dict]:
     s = model.shape
-    model.kernels, model.linear_kernel = VARIANTS[variant]
+    set_variant(model, variant)
     prompt = [(7 * j) % min(1000, s.vocab_size - 5) + 5 for j in range(args.prompt_len)]
     slots = args.prompt_len + args.new + 16
     cache, tokens, prefill_s = prefill(model, prompt, slots, device)
@@ -332,7 +338,7 @@ def engine_row(args, name: str, model, device, peaks: dict) -> dict:
     from specdec.request import SamplingParams
 
     s = model.shape
-    model.kernels, model.linear_kernel = VARIANTS["auto"]
+    set_variant(model, "auto")
     prompt = [(7 * j) % min(1000, s.vocab_size - 5) + 5 for j in range(args.prompt_len)]
     config = EngineConfig(max_batch_size=1, max_seq_len=args.prompt_len + args.new + 16)
     params = SamplingParams(temperature=0, max_new_tokens=args.new, seed=1234)
@@ -374,7 +380,7 @@ def draft_rows(args, device, dtype) -> list[dict]:
         result = {"row": "draft", "pair": args.pair, "variant": variant, "gamma": args.gamma}
         steps = {}
         for role, model, chain in (("target", target, 1), ("draft", draft, args.gamma)):
-            model.kernels, model.linear_kernel = VARIANTS[variant]
+            set_variant(model, variant)
             s = model.shape
             prompt = [(5 * j) % min(1000, s.vocab_size - 5) + 5 for j in range(args.prompt_len)]
             cache, tokens, _ = prefill(model, prompt, args.prompt_len + 32 * args.gamma + 64, device)

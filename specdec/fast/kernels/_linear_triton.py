@@ -3,6 +3,12 @@
 Program (pid_n, pid_k, pid_m) computes out[m-block, n-block] over K slice pid_k. Tiles are held transposed,
 `[BLOCK_N, BLOCK_M]`, so the weight tile is the wide operand of `tl.dot` (Hopper's wgmma wants ≥ 64 rows on
 that side) and the few activation rows are the narrow one.
+
+Prologues (fused into the activation loads, so the step needs no separate launch for them):
+  NORM    the activation rows are RMSNorm'd first: each program computes its rows' 1/rms over the whole K (a pass
+          over x from L2, before the weight stream), then scales every tile as `rms_norm`'s kernel does
+          (x·inv_rms·w, rounded to x's dtype)
+  GATED   x holds gate|up `[M, 2K]`: each tile is silu(gate)·up computed as `silu_mul`'s kernel does (the same bits)
 """
 
 from __future__ import annotations
@@ -14,12 +20,13 @@ import triton.language as tl
 
 # M is not specialized (Triton would compile M = 1 and M % 16 == 0 apart): one binary serves every row count.
 @triton.jit(do_not_specialize=["M"])
-def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr,
-                   M, N, K, k_per_split,
+def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr, nw_ptr,
+                   M, N, K, k_per_split, eps,
                    stride_xm, stride_xk, stride_wn, stride_rm, stride_om,
                    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr, FMA: tl.constexpr,
                    IEEE: tl.constexpr, EVEN_K: tl.constexpr, STAGES: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   NORM: tl.constexpr = False, GATED: tl.constexpr = False):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -40,7 +47,17 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr,
     # The weight loads are pipelined by the compiler (cp.async, STAGES deep: tl.range's num_stages makes that hold
     # for the FMA variant too); the activation tile of the dot variant is not, so it is prefetched by hand one
     # tile ahead (an L2 hit, but its latency would otherwise stall each step).
-    xr = tl.load(x_ptrs, mask=m_mask[:, None] & (offs_k[None, :] < K), other=0.0)
+    inv_rms = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if NORM:  # 1/rms of each row over the whole K (every K slice needs it), as rms_norm's kernel computes it
+        sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        row_ptrs = x_ptr + offs_m[:, None] * stride_xm
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            xt = tl.load(row_ptrs + cols[None, :] * stride_xk, mask=m_mask[:, None] & (cols[None, :] < K),
+                         other=0.0).to(tl.float32)
+            sum_sq += tl.sum(xt * xt, axis=1)
+        inv_rms = 1.0 / tl.sqrt(sum_sq / K + eps)
+    xr = _load_x(x_ptrs, offs_k, m_mask, K, stride_xk, nw_ptr, inv_rms, NORM, GATED)
     for _ in tl.range(0, k_per_split, BLOCK_K, num_stages=STAGES):  # the pointers carry the position
         if EVEN_K:
             w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
@@ -49,7 +66,7 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr,
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K * stride_xk
         offs_k += BLOCK_K
-        x_next = tl.load(x_ptrs, mask=m_mask[:, None] & (offs_k[None, :] < K), other=0.0)
+        x_next = _load_x(x_ptrs, offs_k, m_mask, K, stride_xk, nw_ptr, inv_rms, NORM, GATED)
         if FMA:
             acc3 += w.to(tl.float32)[:, None, :] * xr.to(tl.float32)[None, :, :]
         elif IEEE:
@@ -78,6 +95,21 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr,
                     total += tl.load(p_tile + s * M * N, mask=mask, other=0.0, cache_modifier=".cg")
                 _epilogue(total, offs_m, offs_n, N, mask, b_ptr, r_ptr, o_ptr, stride_rm, stride_om, HAS_BIAS, HAS_RES)
                 tl.atomic_xchg(counter, 0)  # zero again for the next launch
+
+
+@triton.jit
+def _load_x(x_ptrs, offs_k, m_mask, K, stride_xk, nw_ptr, inv_rms, NORM: tl.constexpr, GATED: tl.constexpr):
+    """One activation tile `[BLOCK_M, BLOCK_K]` in x's dtype, after the prologue (module doc)."""
+    mask = m_mask[:, None] & (offs_k[None, :] < K)
+    x = tl.load(x_ptrs, mask=mask, other=0.0)
+    if GATED:  # x_ptrs point at the gate columns; the up columns are K further
+        up = tl.load(x_ptrs + K * stride_xk, mask=mask, other=0.0).to(tl.float32)
+        gate = x.to(tl.float32)
+        x = (gate / (1.0 + tl.exp(-gate)) * up).to(x_ptrs.dtype.element_ty)
+    if NORM:
+        w = tl.load(nw_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+        x = (x.to(tl.float32) * inv_rms[:, None] * w[None, :]).to(x_ptrs.dtype.element_ty)
+    return x
 
 
 @triton.jit
@@ -133,15 +165,19 @@ def _counters(device: torch.device, size: int) -> torch.Tensor | None:
 
 
 def launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, out: torch.Tensor, config,
-           split_reduce: str = "fused") -> None:
+           split_reduce: str = "fused", norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
+           gated: bool = False) -> None:
     """out `[M, N]` = x `[M, K]` @ weight `[N, K]`ᵀ (+ bias) (+ residual `[M, N]`); all rows K/N-contiguous.
+
+    norm_weight `[K]` (contiguous): RMSNorm the rows of x first (eps); gated: x is gate|up `[M, 2K]` and the product's
+    input is silu(gate)·up (the module doc's prologues).
 
     split_reduce: "fused" (the last K slice of each tile sums the partials: no second launch; falls back to
     "kernel" when the counters cannot be set up) or "kernel" (a second small kernel sums them). Both add the
     partials in the same order, so they give the same bits. Launches on one stream at a time share the counters.
     """
-    m, k = x.shape
-    n = weight.shape[0]
+    m = x.shape[0]
+    n, k = weight.shape
     block_k = config.block_k
     k_per_split = triton.cdiv(triton.cdiv(k, config.split_k), block_k) * block_k
     splits = triton.cdiv(k, k_per_split)
@@ -156,12 +192,12 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, out: torch.Ten
         counters = dummy if counters is None else counters
     _linear_kernel[grid](
         x, weight, bias if bias is not None else dummy, residual if residual is not None else dummy, out, partial,
-        counters, m, n, k, k_per_split,
+        counters, norm_weight if norm_weight is not None else dummy, m, n, k, k_per_split, float(eps),
         x.stride(0), x.stride(1), weight.stride(0),
         residual.stride(0) if residual is not None else 0, out.stride(0),
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, SPLIT=mode, FMA=config.variant == "fma",
         IEEE=x.dtype == torch.float32, EVEN_K=k % block_k == 0 and splits * k_per_split == k, STAGES=config.num_stages,
-        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=block_k,
+        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=block_k, NORM=norm_weight is not None, GATED=gated,
         num_warps=config.num_warps, num_stages=config.num_stages)
     if mode == 1:
         block = min(1024, triton.next_power_of_2(n))
