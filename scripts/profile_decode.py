@@ -11,6 +11,9 @@ graph and replays it. Rows (JSON lines on stdout and appended to --out):
 
   "peak"     the device's copy bandwidth, MEASURED (a large `copy_`: read + write bytes / time) and the datasheet
              figure (H100 SXM 3.35 TB/s, H200 4.8 TB/s)
+  "gemm"     (variants "measured*") µs per call and GB/s of cuBLAS and of the Triton GEMM for each weight shape at
+             1 row, over every layer's matrix of that shape (`kernels.linear_choice`); "gemm_choice" the shapes
+             the Triton GEMM won
   "decode"   tok/s from the graph loop, with prefill excluded and included; bytes per token (every weight read
              once, the embedding table excluded, + the KV cache read at the mean context); MBU of both against
              both peaks
@@ -47,14 +50,33 @@ from tp_probe import HBM_BYTES_PER_S, SHAPES, decode, llama_shape, timed  # noqa
 # variant → the fast model's (kernels, linear_kernel, fuse_prologues): "auto" = Triton layer kernels, the
 # weight-streaming GEMM only where `kernels.linear.FASTER_THAN_CUBLAS` says, cuBLAS elsewhere; "triton" = the Triton
 # GEMM for every weight; "triton-fused" = that, with the RMSNorms and silu·mul in the GEMMs' prologues (3 launches
-# per layer fewer); "cublas" = cuBLAS for every GEMM; "reference" = the eager body
-VARIANTS = {"auto": ("auto", "auto", False), "triton": ("auto", "triton", False),
-            "triton-fused": ("auto", "triton", True), "cublas": ("auto", "reference", False),
-            "reference": ("reference", "reference", False)}
+# per layer fewer); "measured" = "auto" with the Triton GEMM for the shapes where it measured faster than cuBLAS on
+# this device at 1 row (`kernels.linear_choice`; "gemm" rows); "measured-fused" = that with the prologues wherever the
+# Triton GEMM runs; "cublas" = cuBLAS for every GEMM; "reference" = the eager body
+VARIANTS = {"auto": ("auto", "auto", False, False), "triton": ("auto", "triton", False, False),
+            "triton-fused": ("auto", "triton", True, False), "measured": ("auto", "auto", False, True),
+            "measured-fused": ("auto", "auto", True, True), "cublas": ("auto", "reference", False, False),
+            "reference": ("reference", "reference", False, False)}
 
 
-def set_variant(model, variant: str) -> None:
-    model.kernels, model.linear_kernel, model.fuse_prologues = VARIANTS[variant]
+def set_variant(model, variant: str, measured: frozenset | None = None) -> None:
+    model.kernels, model.linear_kernel, model.fuse_prologues, use_measured = VARIANTS[variant]
+    model.triton_linear_shapes = measured if use_measured else None
+
+
+def measure_gemms(model, device, rows=(1,)) -> tuple[frozenset, list[dict]]:
+    """The shapes where the Triton GEMM beat cuBLAS on this device (every layer's matrices of a shape per pass),
+    and one "gemm" row per shape and row count. On CPU: nothing is measured (an empty set)."""
+    if device.type != "cuda":
+        return frozenset(), []
+    from specdec.fast.kernels.linear_choice import faster_shapes, time_gemms
+
+    groups = [list(model.wqkv), list(model.wo), list(model.w_gate_up), list(model.w_down), [model.lm_head]]
+    timings = [time_gemms(group, rows=m) for group in groups for m in rows]
+    rows_out = [{"row": "gemm", "n": t.n, "k": t.k, "rows": t.rows, "weights": t.weights,
+                 "cublas_us": round(t.cublas_us, 2), "triton_us": round(t.triton_us, 2),
+                 "cublas_GBps": round(t.cublas_GBps, 1), "triton_GBps": round(t.triton_GBps, 1)} for t in timings]
+    return faster_shapes(timings), rows_out
 TP4_SHARD = "70b-tp4"
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
 
@@ -300,9 +322,9 @@ def print_table(title: str, prof: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------------- rows
-def decode_rows(args, name: str, variant: str, model, device, peaks: dict) -> list[dict]:
+def decode_rows(args, name: str, variant: str, model, device, peaks: dict, measured=None) -> list[dict]:
     s = model.shape
-    set_variant(model, variant)
+    set_variant(model, variant, measured)
     prompt = [(7 * j) % min(1000, s.vocab_size - 5) + 5 for j in range(args.prompt_len)]
     slots = args.prompt_len + args.new + 16
     cache, tokens, prefill_s = prefill(model, prompt, slots, device)
@@ -375,12 +397,16 @@ def pair_models(kind: str, device, dtype):
 def draft_rows(args, device, dtype) -> list[dict]:
     """c and kernels per drafted token: the pair's target step vs a draft step of γ chained drafter forwards."""
     target, draft = pair_models(args.pair, device, dtype)
-    rows = []
+    rows, measured = [], {}
+    if any(VARIANTS[v][3] for v in args.variant):
+        for role, model in (("target", target), ("draft", draft)):
+            measured[role], gemm_rows = measure_gemms(model, device)
+            rows += [{**row, "pair": args.pair, "role": role} for row in gemm_rows]
     for variant in args.variant:
         result = {"row": "draft", "pair": args.pair, "variant": variant, "gamma": args.gamma}
         steps = {}
         for role, model, chain in (("target", target, 1), ("draft", draft, args.gamma)):
-            set_variant(model, variant)
+            set_variant(model, variant, measured.get(role))
             s = model.shape
             prompt = [(5 * j) % min(1000, s.vocab_size - 5) + 5 for j in range(args.prompt_len)]
             cache, tokens, _ = prefill(model, prompt, args.prompt_len + 32 * args.gamma + 64, device)
@@ -451,9 +477,20 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # noqa: BLE001 - a shape that does not fit is a row, the others still run
             emit({"row": "decode", "shape": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
             continue
-        for variant in args.variant:
+        measured = None
+        if any(VARIANTS[v][3] for v in args.variant):
             try:
-                for row in decode_rows(args, name, variant, model, device, peaks):
+                measured, gemm_rows = measure_gemms(model, device)
+                for row in gemm_rows:
+                    emit({**row, "shape": name})
+                emit({"row": "gemm_choice", "shape": name, "triton_shapes": sorted(measured)})
+            except Exception as exc:  # noqa: BLE001
+                emit({"row": "gemm", "shape": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
+        for variant in args.variant:
+            if VARIANTS[variant][3] and measured is None:
+                continue  # (the measurement failed: its row says why)
+            try:
+                for row in decode_rows(args, name, variant, model, device, peaks, measured):
                     emit(row)
             except Exception as exc:  # noqa: BLE001
                 emit({"row": "decode", "shape": name, "variant": variant, "error": f"{type(exc).__name__}: {exc}"[:300]})

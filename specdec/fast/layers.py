@@ -34,6 +34,9 @@ class LlamaLayers:
     """The layer bodies and GEMM helpers of `FastLlama` (reads its weights, `shape`, `bitwise`, `kernels`)."""
 
     fuse_prologues = False  # the module doc
+    # (N, K) weight shapes that linear_kernel="auto" sends to the Triton GEMM; None = `linear.FASTER_THAN_CUBLAS`
+    # (a measured set: `kernels.linear_choice.faster_shapes`)
+    triton_linear_shapes: frozenset | None = None
 
     def _gemm(self, weight: torch.Tensor) -> str:
         """The `kernels.linear` mode for this weight on the fused path (see `linear_kernel`); "bitwise" =
@@ -41,7 +44,8 @@ class LlamaLayers:
         if self.bitwise:
             return "bitwise"
         mode = self.linear_kernel
-        if mode == "auto" and tuple(weight.shape) not in FASTER_THAN_CUBLAS:
+        faster = FASTER_THAN_CUBLAS if self.triton_linear_shapes is None else self.triton_linear_shapes
+        if mode == "auto" and tuple(weight.shape) not in faster:
             return "reference"
         return mode
 
