@@ -36,6 +36,35 @@ def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos: list[int]) -> 
     return out
 
 
+def hf_beams(model, prompt: tuple, w: int, eos: tuple, max_new_tokens: int, length_penalty: float = 1.0,
+             early_stopping=False) -> tuple[list[list[int]], list[float] | None]:
+    """transformers' `generate(num_beams=w, do_sample=False, num_return_sequences=w)` → (the w beams' generated
+    tokens, best first; sequences_scores, None for w = 1 — greedy search)."""
+    out = model.generate(
+        torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), do_sample=False,
+        num_beams=w, num_return_sequences=w, max_new_tokens=max_new_tokens, pad_token_id=0,
+        eos_token_id=list(eos) or None, output_scores=True, return_dict_in_generate=True,
+        length_penalty=length_penalty, early_stopping=early_stopping,
+    )
+    if w == 1:
+        return [out.sequences[0, len(prompt):].tolist()], None
+    lengths = (out.beam_indices >= 0).sum(1)
+    beams = [out.sequences[j, len(prompt) : len(prompt) + int(lengths[j])].tolist() for j in range(w)]
+    return beams, out.sequences_scores.tolist()
+
+
+def perturbed_copy(model, scale: float = 0.1, seed: int = 0):
+    """A copy of `model` with every weight moved by `scale` of its mean size: a drafter that agrees often, not always."""
+    import copy
+
+    draft = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale * p.abs().mean())
+    return draft
+
+
 def assert_same_greedy(model, prompt: list[int], ours: list[int], ref: list[int], tie: float = 1e-4) -> None:
     """Token equality; where they first differ, the target's top-2 logit margin must be a float tie (< `tie`)."""
     if ours == ref:

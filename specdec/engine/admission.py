@@ -64,9 +64,10 @@ class Admission:
         """Move waiting requests into free slots; those admitted together prefill together. While requests run,
         admission waits for `admit_min` free slots or for a slot free `admit_max_wait` steps (EngineConfig)."""
         first = len(self._running)
-        free = self.max_batch - first
+        limit = self._chain_limit()  # max_batch, less the slots beam groups hold (engine/beam.py)
+        free = limit - first
         if first and self._waiting and free < self.admit_min:
-            if not free:
+            if free <= 0:
                 self._free_since = None
                 return
             if self._free_since is None:
@@ -75,7 +76,7 @@ class Admission:
                 return
         self._free_since = None
         admitted: list[EngineRequest] = []
-        while len(self._running) < self.max_batch:
+        while len(self._running) < limit:
             with self._lock:
                 if not self._waiting:
                     break

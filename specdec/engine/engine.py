@@ -32,6 +32,7 @@ import torch
 from specdec.core.tree import TreeSpec
 from specdec.drafters.protocol import CachedSlotDrafter, FeatureSlotDrafter
 from specdec.engine.admission import Admission, EngineRequest
+from specdec.engine.beam import BeamParams, Beams
 from specdec.engine.commit import Commit
 from specdec.engine.config import BATCH_BUCKETS, EngineConfig, positions_bucket
 from specdec.engine.drafters import Flavor
@@ -49,11 +50,12 @@ from specdec.step import RequestOutput, StepCounts, StepRecord
 __all__ = ["Engine", "RequestOutput"]
 
 
-class Engine(Admission, Commit, Warmup):
+class Engine(Admission, Commit, Warmup, Beams):
     """See the module doc. `add_request` and `abort` are thread-safe; `step` runs on one thread.
 
     Its parts live beside it: admission and slots (`admission.Admission`), the step's commit and the finish of
-    requests (`commit.Commit`), graph warm-up (`warmup.Warmup`); this class holds the state and the step."""
+    requests (`commit.Commit`), graph warm-up (`warmup.Warmup`), beam groups (`beam.Beams`); this class holds the
+    state and the step."""
 
     def __init__(self, target, drafter=None, config: EngineConfig | None = None):
         from specdec.engine.build import build_drafter, build_model  # loading is at the edge
@@ -124,6 +126,7 @@ class Engine(Admission, Commit, Warmup):
         self._trees: dict[tuple, EngineTree] = {}
         self._pool = None
         self._clock = Clock(self.device)
+        self._init_beams()
 
     # ------------------------------------------------------------------------------------------ public
     @property
@@ -163,10 +166,12 @@ class Engine(Admission, Commit, Warmup):
         return len(self._steps)
 
     def has_unfinished(self) -> bool:
-        return bool(self._running or self._waiting or self._aborted)
+        return bool(self._running or self._waiting or self._aborted or self._beam_groups or self._beam_waiting)
 
-    def add_request(self, prompt_ids, params: SamplingParams | None = None, request_id: str | None = None) -> str:
-        """Queue a request (validated now; errors name the argument). Returns its id."""
+    def add_request(self, prompt_ids, params: SamplingParams | None = None, request_id: str | None = None, *,
+                    beams: BeamParams | None = None) -> str:
+        """Queue a request (validated now; errors name the argument). Returns its id. `beams`: a beam search of
+        that width instead of a chain (`engine/beam.py`; it reports once, when it finishes)."""
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
@@ -182,6 +187,8 @@ class Engine(Admission, Commit, Warmup):
         if len(params.eos_token_ids) > MAX_EOS_IDS:
             raise ValueError(f"at most {MAX_EOS_IDS} eos_token_ids per request, got {len(params.eos_token_ids)}")
         params.check_vocabulary(self.vocab_size)  # EOS ids, logit_bias ids
+        if beams is not None:
+            self._check_beams(params, beams, len(prompt))
         if self.config.bitwise and params.leniency != 1.0:
             raise ValueError(f"leniency={params.leniency} is not available with bitwise=True (bit-exact output is "
                              "plain decoding's; lenience changes it)")
@@ -197,8 +204,12 @@ class Engine(Admission, Commit, Warmup):
             if request_id in self._known:
                 raise ValueError(f"request_id {request_id!r} is already in use")
             self._known.add(request_id)
-            self._waiting.append(EngineRequest(request_id, prompt, params, seed, time.perf_counter(), len(prompt),
-                                               flavor=Flavor.of(params)))
+            request = EngineRequest(request_id, prompt, params, seed, time.perf_counter(), len(prompt),
+                                    flavor=Flavor.of(params))
+            if beams is None:
+                self._waiting.append(request)
+            else:
+                self._queue_beams(request, beams)
         return request_id
 
     def abort(self, request_id: str) -> None:
@@ -209,8 +220,10 @@ class Engine(Admission, Commit, Warmup):
 
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
-        outputs = self._handle_aborts()
+        outputs = self._beam_aborts() + self._handle_aborts()
+        self._admit_beams(outputs)  # (beam groups: their own forwards, before the chains' timed step)
         self._admit(outputs)
+        outputs += self._step_beams()
         if not self._running:
             return outputs
         running = self._running

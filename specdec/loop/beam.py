@@ -28,7 +28,7 @@ from specdec.loop.beam_rules import BeamConfig, BeamState, beam_step
 from specdec.models.tree_lm import TreeCausalLM
 from specdec.request import check_num_draft_tokens, normalize_prompts, resolve_eos
 
-__all__ = ["beam_search", "BeamSearchResult", "BeamStats"]
+__all__ = ["beam_search", "BeamSearch", "BeamSearchResult", "BeamStats"]
 
 MAX_BEAMS = 256
 
@@ -132,11 +132,12 @@ def beam_search(
         if u > draft.vocab_size:
             raise ValueError(f"draft_beams ({u}) cannot exceed the vocabulary size ({draft.vocab_size})")
     config = BeamConfig(w, n, eos, float(length_penalty), early_stopping)
-    return _Search(lm, draft, config, u, gamma).run(rows)
+    return BeamSearch(lm, draft, config, u, gamma).run(rows)
 
 
-class _Search:
+class BeamSearch:
     """One beam search: w rows per prompt in the target (and the drafter), each row = one running beam.
+    `run` drives it to the end; the engine (`engine/beam.py`) drives `start` and `step` itself, one pass per engine step.
 
     Both caches hold each running beam's text but its last token (`self.last`); the drafter may also lag
     by one token (`self.pending`, a last-level draft node it never fed) that it feeds with the next proposal.
@@ -146,14 +147,12 @@ class _Search:
         self.lm, self.draft, self.config, self.u, self.gamma = lm, draft, config, u, gamma
         self.stats = BeamStats()
 
-    def run(self, prompts: list[list[int]]) -> BeamSearchResult:
-        t_start = time.perf_counter()
+    def start(self, prompts: list[list[int]]) -> BeamState:
+        """Prefill w copies of each prompt (as transformers does) in the target and the drafter → the start state."""
         w, device = self.config.num_beams, self.lm.device
         state = BeamState.start(len(prompts), self.config, device)
-        prompt_of = torch.arange(len(prompts), device=device)  # running prompt slot → caller's prompt
-        final: dict[int, tuple] = {}
         if not bool(state.done.all()):
-            beams = [p for p in prompts for _ in range(w)]  # w copies of each prompt, as transformers does
+            beams = [p for p in prompts for _ in range(w)]
             context = self.lm.begin(beams, self.config.max_new_tokens)
             self.last = context.tail(1)[0][:, 0]  # [P·w] last token of each running beam
             drafter_passes = 0
@@ -162,23 +161,34 @@ class _Search:
                 drafter_passes = self.draft.begin_forward_passes
                 self.pending = torch.full_like(self.last, -1)
             self.stats.add_prefill(self.lm.begin_forward_passes, drafter_passes)
+        return state
+
+    @staticmethod
+    def hypotheses(state: BeamState, i: int) -> tuple[list[list[int]], list[float]]:
+        """Prompt i's w finished hypotheses, best first → (generated tokens per beam, sequences_scores)."""
+        tokens, scores, lengths = state.finished_tokens[i], state.finished_scores[i], state.finished_lengths[i]
+        return ([tokens[j, : int(lengths[j])].tolist() for j in range(tokens.shape[0])],
+                [float(x) for x in scores])
+
+    def run(self, prompts: list[list[int]]) -> BeamSearchResult:
+        t_start = time.perf_counter()
+        w, device = self.config.num_beams, self.lm.device
+        state = self.start(prompts)
+        prompt_of = torch.arange(len(prompts), device=device)  # running prompt slot → caller's prompt
+        final: dict[int, tuple] = {}
         while True:
             for i in state.done.nonzero().squeeze(1).tolist():
-                final[int(prompt_of[i])] = (state.finished_tokens[i], state.finished_scores[i], state.finished_lengths[i])
+                final[int(prompt_of[i])] = self.hypotheses(state, i)
             running = (~state.done).nonzero().squeeze(1)
             if running.numel() == 0:
                 break
             if running.numel() < state.done.numel():  # finished prompts leave the batch
                 state, prompt_of = state.select(running), prompt_of[running]
                 self._select_rows((running[:, None] * w + torch.arange(w, device=device)).flatten())
-            state = self._pass(state)
+            state = self.step(state)
         self.stats.set_wall_time(time.perf_counter() - t_start)
-        sequences, scores = [], []
-        for i in range(len(prompts)):
-            tokens, s, lengths = final[i]
-            sequences.append([tokens[j, : int(lengths[j])].tolist() for j in range(w)])
-            scores.append([float(x) for x in s])
-        return BeamSearchResult(sequences, scores, self.stats)
+        return BeamSearchResult([final[i][0] for i in range(len(prompts))], [final[i][1] for i in range(len(prompts))],
+                                self.stats)
 
     def _select_rows(self, rows: torch.Tensor) -> None:
         self.lm.select_rows(rows)
@@ -187,8 +197,8 @@ class _Search:
             self.draft.select_rows(rows)
             self.pending = self.pending[rows]
 
-    def _pass(self, state: BeamState) -> BeamState:
-        """Draft, verify in one target pass, replay the target's beam steps, commit."""
+    def step(self, state: BeamState) -> BeamState:
+        """One pass for the prompts not done: draft, verify in one target pass, replay the target's beam steps, commit."""
         w, gamma = self.config.num_beams, self.gamma
         num_prompts, device = state.t.shape[0], self.last.device
         t0 = time.perf_counter()

@@ -1,13 +1,12 @@
 """Speculative beam search returns transformers' own beams (tokens and scores), in fewer target passes."""
 
-import copy
 import functools
 
 import pytest
 import torch
 
 from specdec.loop.beam import beam_search
-from helpers import hf_greedy
+from helpers import hf_beams, hf_greedy, perturbed_copy
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12], [3, 4, 5, 3, 4]]
 N = 10
@@ -16,24 +15,12 @@ N = 10
 @pytest.fixture(scope="module")
 def pair(make_llama):
     target = make_llama(0)
-    draft = copy.deepcopy(target)  # a drafter that agrees often but not always: both paths get exercised
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.1 * p.abs().mean())
-    return target, draft
+    return target, perturbed_copy(target)  # a drafter that agrees often but not always: both paths get exercised
 
 
 @functools.lru_cache(maxsize=None)
 def _hf(model, prompt: tuple, w: int, eos: tuple, length_penalty: float = 1.0, early_stopping=False):
-    out = model.generate(
-        torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), do_sample=False,
-        num_beams=w, num_return_sequences=w, max_new_tokens=N, pad_token_id=0, eos_token_id=list(eos) or None,
-        output_scores=True, return_dict_in_generate=True, length_penalty=length_penalty, early_stopping=early_stopping,
-    )
-    lengths = (out.beam_indices >= 0).sum(1)
-    beams = [out.sequences[j, len(prompt) : len(prompt) + int(lengths[j])].tolist() for j in range(w)]
-    return beams, out.sequences_scores.tolist()
+    return hf_beams(model, prompt, w, eos, N, length_penalty, early_stopping)
 
 
 def assert_same_beams(model, res, w, eos=(), **kw):
@@ -144,10 +131,7 @@ def test_fast_model_length_rules_plain_and_perfect_drafter(pair):
 def test_fast_model_beams_on_cuda(make_llama):
     """The fast model's fused layers and the Triton tree mask (fp32) give transformers' beams."""
     target = make_llama(0)
-    draft = copy.deepcopy(target)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(0)) * 0.1 * p.abs().mean())
+    draft = perturbed_copy(target)
     cases = ((2, 4, 3), (4, 4, 5))
     refs = {(w, tuple(p)): _hf(target, tuple(p), w, (7,)) for w, _, _ in cases for p in PROMPTS}  # (on the CPU)
     target, draft = target.cuda(), draft.cuda()

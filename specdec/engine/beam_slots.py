@@ -1,0 +1,68 @@
+"""A beam group's rows in the engine's slot caches: `fast.tree_lm.FastTreeLM`'s interface (begin, forward,
+begin_tree / forward_tree / commit_path, select_rows) over w consecutive slots of a `SlotCache`, written in place.
+
+The loop's speculative beam search (`loop.beam.BeamSearch`) drives it unchanged: row j = running beam j = slot
+start + j. `begin` prefills the prompt into the first slot and forks it (copies that slot's K/V prefix into the other
+w − 1, as `SlotCache.move` does); `select_rows` re-gathers beams from their roots in place (a beam forked from
+beam i takes a copy of slot start + i); `commit_path` (inherited) copies the accepted path's K/V into chain order,
+so every row stays a contiguous text and a rollback stays a length move.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.engine.config import positions_bucket
+from specdec.engine.slots import SlotCache
+from specdec.fast.cache import KVCache
+from specdec.fast.model import FastLlama
+from specdec.fast.tree_lm import FastTreeLM
+from specdec.sequences import TokenBuffer
+
+__all__ = ["SlotTreeLM"]
+
+
+class SlotTreeLM(FastTreeLM):
+    """`FastTreeLM` over slots `start .. start + width − 1` of `slots` (see the module doc).
+
+    need: the positions the group's longest row may reach (prompt + max_new_tokens + the largest tree + the junk
+    slot); the view covers that positions bucket of the cache (its last position is the junk slot)."""
+
+    def __init__(self, model: FastLlama, slots: SlotCache, start: int, width: int, need: int, chunk: int):
+        super().__init__(model)
+        if need > slots.num_positions:
+            raise ValueError(f"a beam group needs {need} positions per slot; the engine's cache has {slots.num_positions}")
+        self.slots, self.start, self.width, self.chunk = slots, start, width, chunk
+        self.cache = slots.view(slice(start, start + width), positions_bucket(need, slots.num_positions))
+
+    @torch.inference_mode()
+    def begin(self, prompts: list[list[int]], max_new_tokens: int) -> TokenBuffer:
+        """Prefill all but the last token of the (one) prompt into the first slot in chunks, then fork it into the
+        others: `prompts` are the w copies `BeamSearch.start` passes."""
+        prompt = prompts[0]
+        if len(prompts) != self.width or any(p != prompt for p in prompts):
+            raise ValueError("a beam group holds w copies of one prompt")
+        buffer = TokenBuffer(prompts, capacity=len(prompt) + max_new_tokens + 1, device=self.device)
+        self._base = self._depths = self._bits = None
+        cache, n = self.cache, len(prompt) - 1
+        cache.lengths.zero_()
+        first = KVCache([k[:1] for k in cache.keys], [v[:1] for v in cache.values], cache.lengths[:1])
+        ids = torch.tensor([prompt[:-1]], dtype=torch.long, device=self.device)
+        for at in range(0, n, self.chunk):
+            self.model(ids[:, at : at + self.chunk], first)
+        self.begin_forward_passes = -(-n // self.chunk)
+        for tensor in cache.keys + cache.values:  # [w, H_kv, S, D]: the fork
+            tensor[1:, :, :n].copy_(tensor[:1, :, :n].expand(self.width - 1, -1, -1, -1))
+        cache.lengths.fill_(n)
+        return buffer
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Row i continues row index[i] (a row may repeat): its K/V are copied into slot start + i, in place."""
+        if index.shape[0] != self.width:
+            raise ValueError(f"a beam group keeps its {self.width} rows, got {index.shape[0]}")
+        cache = self.cache
+        for tensor in cache.keys + cache.values:
+            tensor.copy_(tensor.index_select(0, index))
+        cache.lengths.copy_(cache.lengths.index_select(0, index))
+        if self.in_tree:
+            self._base, self._depths, self._bits = self._base[index], self._depths[index], self._bits[index]
