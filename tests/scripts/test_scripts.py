@@ -112,8 +112,8 @@ def test_profile_decode_runs_on_a_tiny_model(tmp_path, monkeypatch, capsys):
                                                          "--new", "3", "--prompt-len", "5", "--copy-mb", "8",
                                                          "--gamma", "2", "--out", str(out)], monkeypatch)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["row"] for r in rows] == ["peak", "decode", "profile", "draft"] and not any("error" in r for r in rows)
-    decode, profile, draft = rows[1:]
+    assert [r["row"] for r in rows] == ["peak", "draft", "decode", "profile"] and not any("error" in r for r in rows)
+    draft, decode, profile = rows[1:]
     assert decode["tok_per_s"] > 0 and 0 < decode["mbu_copy"] and decode["tok_per_s_with_prefill"] < decode["tok_per_s"]
     assert profile["gemms_attributed"] and {"qkv", "o", "gate_up", "down", "lm_head", "argmax"} <= set(profile["groups"])
     assert profile["groups"]["qkv"]["kernels"] == 2 and profile["groups"]["lm_head"]["kernels"] == 1  # 2 layers

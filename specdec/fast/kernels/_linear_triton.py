@@ -44,9 +44,6 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr, nw_ptr,
         acc3 = tl.zeros((BLOCK_N, BLOCK_M, BLOCK_K), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    # The weight loads are pipelined by the compiler (cp.async, STAGES deep: tl.range's num_stages makes that hold
-    # for the FMA variant too); the activation tile of the dot variant is not, so it is prefetched by hand one
-    # tile ahead (an L2 hit, but its latency would otherwise stall each step).
     inv_rms = tl.zeros((BLOCK_M,), dtype=tl.float32)
     if NORM:  # 1/rms of each row over the whole K (every K slice needs it), as rms_norm's kernel computes it
         sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -57,6 +54,9 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr, nw_ptr,
                          other=0.0).to(tl.float32)
             sum_sq += tl.sum(xt * xt, axis=1)
         inv_rms = 1.0 / tl.sqrt(sum_sq / K + eps)
+    # The weight loads are pipelined by the compiler (cp.async, STAGES deep: tl.range's num_stages makes that hold
+    # for the FMA variant too); the activation tile of the dot variant is not, so it is prefetched by hand one
+    # tile ahead (an L2 hit, but its latency would otherwise stall each step).
     xr = _load_x(x_ptrs, offs_k, m_mask, K, stride_xk, nw_ptr, inv_rms, NORM, GATED)
     for _ in tl.range(0, k_per_split, BLOCK_K, num_stages=STAGES):  # the pointers carry the position
         if EVEN_K:
