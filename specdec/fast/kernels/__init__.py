@@ -8,7 +8,9 @@
   mlp         `silu_mul`: silu(gate)·up over the fused gate|up projection
   select      the `kernel="auto" | "triton" | "reference"` rule (Triton imported lazily)
   linear      `linear`: x @ Wᵀ (+ bias) (+ residual) for few rows (decode / verify, M ≤ 16) as one weight-streaming
-              Triton kernel for every M (configs per shape in `linear.CONFIGS`, from scripts/bench_linear.py)
+              Triton kernel for every M (configs per shape in `linear.CONFIGS`, from scripts/bench_linear.py); optional
+              prologues: the RMSNorm before it, or silu·mul over a gate|up input (one launch fewer each)
+  linear_choice  cuBLAS vs that kernel timed per weight shape on the device (the shapes the kernel wins)
   triton_attention  its split-K (flash-decoding) Triton kernel, imported only when triton is (kernel="auto"
               takes it for CUDA tensors; tests run it under TRITON_INTERPRET=1 on CPU)
   random      `specdec.rng`'s counter-based draws (exponentials, uniforms) in one launch each, bit-identical to
