@@ -119,6 +119,9 @@ def test_profile_decode_runs_on_a_tiny_model(tmp_path, monkeypatch, capsys):
     assert profile["groups"]["qkv"]["kernels"] == 2 and profile["groups"]["lm_head"]["kernels"] == 1  # 2 layers
     assert draft["c"] > 0 and draft["draft_groups"]["lm_head"]["kernels"] == 2  # γ = 2 chained drafter forwards
     assert "tiny / auto" in capsys.readouterr().err  # the table was printed
+    _run_main(ROOT / "scripts" / "profile_tables.py", [str(out)], monkeypatch)  # the Markdown of those rows
+    text = capsys.readouterr().out
+    assert "| tiny | auto | " in text and "| qkv | " in text and f"| {draft['c']:.3f} |" in text
 
 
 def test_profile_decode_attributes_gpu_kernels_by_order():
