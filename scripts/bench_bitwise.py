@@ -1,20 +1,24 @@
 """The bitwise-exact mode's cost on the GPU (issue 26, item 1): an 8B-shaped Llama (random bf16 weights), plain
 decoding and speculative decoding (γ = 4, a small random drafter, each draft accepted with probability 0.8) at
-batch 1 and 64, default kernels vs `EngineConfig(bitwise=True)`, in the same process; whether the greedy tokens of
-the batch-1 and batch-64 runs agree in each mode; and the invariant GEMM against cuBLAS on the 8B matrices at
-M = 1, 5, 64, 320 — the shipped per-shape config (`_invariant_triton.config_for`: tiles and a fixed split-K chosen
-from (N, K)) and a few alternatives — and the invariant attention against the default split-K kernel.
+batch 1 and 64, default kernels vs `EngineConfig(bitwise=True)` with the GEMM's M-range tiles (where the device probe
+allows them) and, at the largest batch, with the fixed tiles — in the same process; whether the greedy tokens of the
+batch-1 and batch-64 runs agree in each mode, and whether the M-range and fixed tiles give the same tokens. Then the
+device probe's verdict per base tile, and the invariant GEMM against cuBLAS on the 8B matrices at M = 1, 64, 320
+(CUDA-graph timing): the fixed config (`_invariant_config.fixed_config`), the M-range one (`config_for(n, k, m)`),
+other tiles of the same summation order (each with whether its output bits equal the fixed config's) and other
+orders (timing only); and the invariant attention against the default split-K kernel.
 
     python scripts/bench_bitwise.py --out $OUT/bitwise.json          (≈ 3 min on an H100)
     python scripts/bench_bitwise.py --pair specdec/assets/demo_pair --device cpu --batch 1 8 --new 32 --skip-gemm
                                                                      (the CPU numbers: the demo pair in fp32)
 
-Prints one JSON line per measurement and writes them all to --out.
+Prints one JSON line per measurement and writes them all to --out (after every row: a run cut short keeps them).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -40,6 +44,17 @@ def emit(rows: list, row: dict) -> None:
     if OUT_PATH is not None:
         with open(OUT_PATH, "w") as f:
             json.dump(rows, f, indent=1)
+
+
+BUDGET_S: float | None = None  # seconds from START after which the remaining sections are skipped
+START = time.perf_counter()
+
+
+def over_budget(rows: list, section: str) -> bool:
+    if BUDGET_S is None or time.perf_counter() - START < BUDGET_S:
+        return False
+    emit(rows, {"what": "skipped (over --budget-s)", "section": section})
+    return True
 
 
 def sync(device: torch.device) -> None:
@@ -78,24 +93,48 @@ def engine_rows(rows: list, new: int, pair: str | None, device: str, batches: li
     vocab = target.shape.vocab_size
     prompts = [[(1000 + 7 * i + j) % vocab for j in range(128)] for i in range(max(batches))]
     params = SamplingParams(temperature=0, max_new_tokens=new)
-    for bitwise in (False, True):
+    kt = None
+    if device == "cuda":
+        from specdec.fast.kernels.invariant import triton_kernels
+
+        kt = triton_kernels()
+    tokens_of = {}
+    modes = [("default", False, None, batches), ("bitwise", True, None, batches)]
+    if kt is not None:  # the fixed tiles only where the M-range ones differ (M > SMALL_M rows)
+        modes.append(("bitwise_fixed_tiles", True, False, [b for b in batches if b > 1] or batches))
+    for mode, bitwise, tiles_by_m, mode_batches in modes:
+        if kt is not None:
+            kt.TILES_BY_M = tiles_by_m  # None: the device probe decides (the shipped behaviour)
+        if over_budget(rows, f"engine rows {mode}"):
+            break
         firsts = {}
         for name, drafter, gamma in (("plain", None, 0), ("spec", draft, 4)):
             config = EngineConfig(max_batch_size=max(batches), max_seq_len=512, num_draft_tokens=gamma,
                                   max_draft_tokens=4,
                                   synthetic_acceptance=0.8 if drafter is not None else None, bitwise=bitwise)
             engine = Engine(target, drafter, config)
-            for batch in batches:
+            for batch in mode_batches:
                 drive(engine, prompts[:batch], params)  # warm: compiles, captures the decode graphs
                 seconds, tokens, outs = drive(engine, prompts[:batch], params)
+                tokens_of[(mode, name, batch)] = outs
                 if name == "plain":
                     firsts[batch] = outs[0]
-                emit(rows, {"what": name, "bitwise": bitwise, "batch": batch, "gamma": gamma,
+                emit(rows, {"what": name, "mode": mode, "bitwise": bitwise, "batch": batch, "gamma": gamma,
                             "tok_s": round(tokens / seconds, 1), "seconds": round(seconds, 3),
                             "tok_per_cpu_s": round(tokens / max(drive.cpu_s, 1e-9), 1)})
             del engine
-        emit(rows, {"what": f"greedy batch {batches[0]} == batch {batches[-1]} (plain, first prompt)",
-                    "bitwise": bitwise, "same": firsts[batches[0]] == firsts[batches[-1]]})
+        if len(firsts) > 1:
+            emit(rows, {"what": f"greedy batch {mode_batches[0]} == batch {mode_batches[-1]} (plain, first prompt)",
+                        "mode": mode, "bitwise": bitwise, "same": firsts[mode_batches[0]] == firsts[mode_batches[-1]]})
+    for (mode, name, batch), outs in tokens_of.items():
+        if mode == "bitwise_fixed_tiles" and ("bitwise", name, batch) in tokens_of:
+            other = tokens_of[("bitwise", name, batch)]
+            emit(rows, {"what": "M-range tiles == fixed tiles (greedy tokens, every prompt)", "run": name,
+                        "batch": batch, "same_prompts": sum(a == b for a, b in zip(outs, other)), "of": len(outs)})
+    if kt is not None:
+        kt.TILES_BY_M = None
+        probes = [dict(dataclasses.asdict(p), same=p.same) for p in kt._PROBES.values()]
+        emit(rows, {"what": "tile probes the engine ran", "probes": probes})
     if pair is not None:  # trained pair: what the shared race costs in acceptance (sampled rows, γ = 4)
         for bitwise in (False, True):
             engine = Engine(target, draft, EngineConfig(max_batch_size=max(batches), max_seq_len=512,
@@ -125,31 +164,84 @@ def time_cuda(fn, reps: int = 50) -> float:
     return start.elapsed_time(stop) / reps * 1e3  # µs
 
 
-def gemm_rows(rows: list) -> None:
+def time_graph(fn, calls: int = 20, reps: int = 5) -> float:
+    """µs per call of fn, `calls` calls captured in one CUDA graph and replayed (no launch overhead: what the
+    engine's captured decode steps see)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # compile, allocate
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    stop.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(stop) / (reps * calls) * 1e3
+
+
+GEMM_DEVICE = "cuda"  # (a smoke test runs the GEMM section in Triton's interpreter on "cpu")
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
+          "lm_head": (128256, 4096)}
+
+
+def probe_rows(rows: list) -> None:
+    """The device probe's verdict (bf16) for each base tile of the 8B shapes: what the engine will run."""
     from specdec.fast.kernels.invariant import triton_kernels
 
     kt = triton_kernels()
+    for base in sorted({kt.fixed_config(n, k) for n, k in SHAPES.values()}, key=lambda c: c.name()):
+        start = time.perf_counter()
+        result = kt.probe_tiles(base, torch.bfloat16, torch.device("cuda"))
+        emit(rows, {"what": "tile probe", **dataclasses.asdict(result), "same": result.same,
+                    "seconds": round(time.perf_counter() - start, 2)})
 
-    c = kt.MatmulConfig
-    configs = [None,  # the shipped choice: config_for(N, K)
-               c(32, 64, 64), c(32, 32, 128), c(64, 128, 64, 8, 3), c(64, 64, 64, 4, 3),
-               c(32, 32, 128, split_k=2), c(32, 32, 128, split_k=4)]
-    shapes = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
-              "lm_head": (128256, 4096)}
-    for name, (n, k) in shapes.items():
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
-        chosen = kt.config_for(n, k)
-        for m in (1, 5, 64, 320):
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-            row = {"what": "gemm", "matrix": name, "m": m, "cublas_us": round(time_cuda(lambda: torch.mm(x, w.t())), 1)}
-            for cfg in configs:
-                key = "chosen" if cfg is None else (f"bm{cfg.block_m}_bn{cfg.block_n}_bk{cfg.block_k}"
-                                                    f"_w{cfg.num_warps}_st{cfg.num_stages}_s{cfg.split_k}")
-                row[key] = round(time_cuda(lambda: kt.matmul(x, w, None, None, out, cfg or chosen)), 1)
-            row["chosen_config"] = (f"bm{chosen.block_m}_bn{chosen.block_n}_bk{chosen.block_k}"
-                                    f"_w{chosen.num_warps}_st{chosen.num_stages}_s{chosen.split_k}")
-            row["bytes_gb"] = n * k * 2 / 1e9
+
+def gemm_rows(rows: list, heights=(1, 64, 320)) -> None:
+    """Per matrix and M: cuBLAS, the fixed config, the M-range config, other tiles of the fixed order (bits equal
+    to the fixed config's or not: the proof on the real shape) and other orders (timing only)."""
+    from specdec.fast.kernels.invariant import triton_kernels
+
+    kt = triton_kernels()
+    t = kt.Tile
+    tiles = [t(64, 64, 4, 3), t(64, 128, 8, 3), t(128, 128, 8, 2), t(128, 64, 4, 3), t(32, 128, 4, 3)]
+    for name, (n, k) in SHAPES.items():
+        if over_budget(rows, f"gemm {name}"):
+            return
+        w = torch.randn(n, k, device=GEMM_DEVICE, dtype=torch.bfloat16) / k ** 0.5
+        fixed = kt.fixed_config(n, k)
+        for m in heights:
+            x = torch.randn(m, k, device=GEMM_DEVICE, dtype=torch.bfloat16)
+            by_m = kt.config_for(n, k, m)
+            row = {"what": "gemm", "matrix": name, "m": m, "fixed_config": fixed.name(), "by_m_config": by_m.name(),
+                   "bytes_gb": n * k * 2 / 1e9, "cublas_us": round(time_graph(lambda: torch.mm(x, w.t())), 1)}
+            want = torch.empty(m, n, device=GEMM_DEVICE, dtype=torch.bfloat16)
+            kt.matmul(x, w, None, None, want, fixed)
+            same_order = {fixed, by_m}
+            for tile in tiles:
+                same_order.update({fixed.with_tile(tile, False), fixed.with_tile(tile, True)})
+            other_orders = {dataclasses.replace(by_m, split_k=s, fuse_splits=by_m.fuse_splits and s > 1)
+                            for s in (1, 2, 4) if s != fixed.split_k}
+            timings, bits = {}, {}
+            for cfg in sorted(same_order, key=lambda c: c.name()) + sorted(other_orders, key=lambda c: c.name()):
+                out = torch.empty(m, n, device=GEMM_DEVICE, dtype=torch.bfloat16)
+                try:
+                    timings[cfg.name()] = round(time_graph(lambda: kt.matmul(x, w, None, None, out, cfg)), 1)
+                except Exception as exc:  # e.g. out of shared memory for a deep tile: recorded, not fatal
+                    timings[cfg.name()] = f"failed: {type(exc).__name__}: {str(exc)[:80]}"
+                    continue
+                if cfg in same_order:
+                    kt.matmul(x, w, None, None, out, cfg)
+                    bits[cfg.name()] = bool(torch.equal(out, want))
+            row.update(fixed_us=timings[fixed.name()], by_m_us=timings[by_m.name()], timings=timings,
+                       same_bits_as_fixed=bits)
             emit(rows, row)
         del w
 
@@ -165,9 +257,12 @@ def attention_rows(rows: list) -> None:
         keys = torch.randn(batch, 8, slots, 128, device="cuda", dtype=torch.bfloat16)
         values = torch.randn_like(keys)
         pos = live - k + torch.arange(k, device="cuda")[None, :].expand(batch, k)
+        default = lambda: slot_attention(q, keys, values, pos, kernel="triton")  # noqa: E731
+        bitwise = lambda: invariant_attention(q, keys, values, pos)  # noqa: E731
         emit(rows, {"what": "attention", "batch": batch, "k": k, "live": live, "slots": slots,
-                    "default_us": round(time_cuda(lambda: slot_attention(q, keys, values, pos, kernel="triton")), 1),
-                    "bitwise_us": round(time_cuda(lambda: invariant_attention(q, keys, values, pos)), 1)})
+                    "default_us": round(time_graph(default), 1), "bitwise_us": round(time_graph(bitwise), 1),
+                    "default_launch_us": round(time_cuda(default), 1),
+                    "bitwise_launch_us": round(time_cuda(bitwise), 1)})
 
 
 def main(argv=None) -> int:
@@ -178,6 +273,8 @@ def main(argv=None) -> int:
     parser.add_argument("--pair", default=None, help="a pair folder (target/, draft/) instead of the 8B-shaped one")
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu (with --pair and --skip-gemm)")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 64], help="batch sizes (default 1 64)")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="skip the sections that would start after this many seconds (the rows so far are kept)")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("needs a CUDA device (or --device cpu --pair DIR --skip-gemm)", file=sys.stderr)
@@ -186,14 +283,20 @@ def main(argv=None) -> int:
         print("--device cpu needs --pair and --skip-gemm", file=sys.stderr)
         return 2
     name = torch.cuda.get_device_name() if args.device == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
-    global OUT_PATH
-    OUT_PATH = args.out
+    if args.budget_s is not None and args.budget_s <= 0:
+        print(f"--budget-s must be > 0, got {args.budget_s}", file=sys.stderr)
+        return 2
+    global OUT_PATH, BUDGET_S
+    OUT_PATH, BUDGET_S = args.out, args.budget_s
     rows = [{"device": name, "torch": torch.__version__, "pair": args.pair or "8B-shaped random bf16"}]
     try:
-        if not args.skip_gemm:  # the kernel rows first: seconds, and a run cut by a timeout still has them
-            gemm_rows(rows)
-            attention_rows(rows)
+        if not args.skip_gemm:
+            probe_rows(rows)
         engine_rows(rows, args.new, args.pair, args.device, sorted(args.batch))
+        if not args.skip_gemm:
+            gemm_rows(rows)
+            if not over_budget(rows, "attention"):
+                attention_rows(rows)
     finally:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)

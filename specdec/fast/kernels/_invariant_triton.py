@@ -1,13 +1,15 @@
 """Triton kernels behind `specdec.fast.kernels.invariant` (imported only where Triton is installed).
 
 matmul     program (m tile, n tile, k split) computes out[m-block, n-block] = Σ_k x·wᵀ over its split's K range in
-           BLOCK_K steps with one `tl.dot` shape. The launch config — tile sizes AND the number of K splits — is
-           chosen from (N, K) alone (`config_for`), never from M, so an output element's summation order depends
-           on the weight's shape only. With one split the program adds bias/residual and stores; with several,
-           each split stores its fp32 partial `[splits, M, N]` and `_reduce` sums them one after the other in
-           split order (then bias, then residual): a fixed split-K that gives a skinny GEMM (M = 1, large K) enough
-           programs. Tiles are held transposed, `[BLOCK_N, BLOCK_M]` (weights as the wide operand, as in
-           `_linear_triton`); the grid runs the m tiles of one weight block next to each other (L2 reuse).
+           BLOCK_K steps with one `tl.dot` shape. The summation order — BLOCK_K and the number of K splits — is a
+           function of the weight's (N, K) alone (`_invariant_config.fixed_config`), never of M. With one split the
+           program adds bias/residual and stores; with several, each split stores its fp32 partial `[splits, M,
+           N]` and `_reduce` sums them one after the other in split order (then bias, then residual) — or, fused
+           (`fuse_splits`, for large M), one program computes each split's sum from zero and adds them in the same
+           order itself. The tile (block_m × block_n, warps, stages) may follow M's range (`config_for(n, k, m)`)
+           where `tiles_by_m`'s device check (once per process, dtype and base tile) finds the bits unchanged;
+           else the fixed config runs for every M. Tiles are held transposed, `[BLOCK_N, BLOCK_M]` (weights as the
+           wide operand, as in `_linear_triton`); the grid runs the m tiles of one weight block next to each other.
 attention  program (row b · KV head, split, row tile): the G·k query rows of one KV head, BLOCK_M at a time, over
            the slots [split · SPLIT_SLOTS, (split + 1) · SPLIT_SLOTS) ∩ [window start, live) in KEY_BLOCK blocks
            aligned at slot 0, online softmax in fp32 (base 2). Splits are fixed slot ranges, not shares of the
@@ -20,84 +22,138 @@ attention  program (row b · KV head, split, row tile): the G·k query rows of o
 
 from __future__ import annotations
 
+import logging
 import math
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
-__all__ = ["MatmulConfig", "MATMUL", "SPLIT_SLOTS", "config_for", "matmul", "attention"]
+from specdec.fast.kernels._invariant_config import (MATMUL, MatmulConfig, Tile, config_for, fixed_config,  # noqa: F401
+                                                    range_tiles, tiles_for)
+
+__all__ = ["MatmulConfig", "MATMUL", "SPLIT_SLOTS", "Tile", "TileProbe", "config_for", "fixed_config", "launch_config",
+           "tiles_by_m", "probe_tiles", "matmul", "attention"]
+
+logger = logging.getLogger(__name__)
 
 SPLIT_SLOTS = 512  # attention: slots per split, aligned at slot 0 (a multiple of every `key_block`); a constant
 
 
+TILES_ENV = "SPECDEC_BITWISE_TILES"  # "probe" (default), "by_m" (no device check), "fixed"
+TILES_BY_M: bool | None = None  # True / False override the environment; None: the environment, else the probe
+
+
 @dataclass(frozen=True)
-class MatmulConfig:
-    """One launch shape of the invariant GEMM, fixed per weight shape (N, K) — for every M: a config chosen by M
-    would change the bits. split_k: how many K ranges (each a multiple of block_k, the last one ragged) are
-    reduced separately and then summed in split order (1: no split)."""
+class TileProbe:
+    """The device check behind `tiles_by_m` for one (device, dtype, base tile): the base's block_k with 2 K splits,
+    160 × 256 outputs over K = 8 · block_k of wide-range random inputs, stored in fp32 (the accumulators' own
+    bits), computed by the base tile and by every M-range tile, splits stored and fused. differs: the configs
+    whose bits differed from the base's; reason: why it did not run (then the fixed config is kept)."""
 
-    block_m: int = 32
-    block_n: int = 64
-    block_k: int = 64
-    num_warps: int = 4
-    num_stages: int = 4
-    split_k: int = 1
+    dtype: str
+    base: str
+    checked: tuple[str, ...]
+    differs: tuple[str, ...] = ()
+    reason: str = ""
 
-    def __post_init__(self):
-        for name in ("block_m", "block_n", "block_k"):
-            v = getattr(self, name)
-            if v < 16 or v & (v - 1):
-                raise ValueError(f"MatmulConfig.{name} must be a power of two >= 16, got {v}")
-        if self.split_k < 1 or self.num_warps < 1 or self.num_stages < 1:
-            raise ValueError(f"MatmulConfig needs split_k, num_warps, num_stages >= 1, got {self}")
-
-    def k_range(self, k: int) -> int:
-        """K elements per split (a multiple of block_k)."""
-        steps = -(-k // self.block_k)
-        return -(-steps // self.split_k) * self.block_k
+    @property
+    def same(self) -> bool:
+        return not self.differs and not self.reason
 
 
-MATMUL = MatmulConfig()  # the wide-N default (gate_up, lm_head); scripts/bench_bitwise.py times alternatives
-TARGET_PROGRAMS = 512  # split K until an M = 1 launch has this many programs (H100/H200: 132 SMs, ~4 each) ...
-MIN_SPLIT_K = 1024  # ... while every split keeps at least this many K elements
-MAX_SPLITS = 8
-VOCAB_N = 65536  # N from here on: an output head (one call per step, at every M)
+_PROBES: dict[tuple, TileProbe] = {}
+PROBE_SHAPE = (160, 256, 8)  # the probe's M, N and K steps (K = steps · block_k, in 2 splits)
 
 
-def config_for(n: int, k: int) -> MatmulConfig:
-    """The launch config of an [N, K] weight — a function of (N, K) only. From BENCHMARKS.md's bitwise GEMM rows
-    (H200, bf16, 8B matrices): the narrow bn32/bk128 tile is fastest for N <= 8192 at M <= 64; bn64/bk64 for the
-    wide gate_up at M = 1; a vocabulary-sized N (lm_head) takes 64 × 128 tiles on 8 warps (M = 64: 353 µs vs 503,
-    M = 320: 1443 vs 2207; M = 1: 289 vs 257). K is split (fixed per shape) until an M = 1 launch fills the GPU:
-    the 8B down projection (4096 × 14336) runs 4 splits (M = 1: 47 µs vs 96 unsplit; cuBLAS 34)."""
-    if n >= VOCAB_N:
-        return MatmulConfig(64, 128, 64, num_warps=8, num_stages=3)
-    base = MatmulConfig(32, 32, 128) if n <= 8192 else MATMUL
-    tiles = -(-n // base.block_n)
-    splits = 1
-    while splits < MAX_SPLITS and tiles * splits < TARGET_PROGRAMS and -(-k // (2 * splits)) >= MIN_SPLIT_K:
-        splits *= 2
-    return MatmulConfig(base.block_m, base.block_n, base.block_k, base.num_warps, base.num_stages, splits)
+def _tiles_mode() -> str:
+    if TILES_BY_M is not None:
+        return "by_m" if TILES_BY_M else "fixed"
+    mode = os.environ.get(TILES_ENV, "probe") or "probe"
+    if mode not in ("probe", "by_m", "fixed"):
+        raise ValueError(f"{TILES_ENV} must be 'probe', 'by_m' or 'fixed', got {mode!r}")
+    return mode
 
 
-# M and the row strides are not specialized: one binary for M = 1 (a plain step), γ+1 (a verify) and 512 (prefill).
-@triton.jit(do_not_specialize=["M", "stride_xm", "stride_rm", "stride_om"])
-def _matmul_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, part_ptr, M, N, K, K_RANGE, stride_xm, stride_wn, stride_rm,
-                   stride_om, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, IEEE: tl.constexpr,
-                   STAGES: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    pid_k = tl.program_id(2)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    k_lo = pid_k * K_RANGE
-    k_hi = tl.minimum(k_lo + K_RANGE, K)
+def probe_tiles(base: MatmulConfig, dtype: torch.dtype, device) -> TileProbe:
+    """Run the check `TileProbe` describes (syncs the device; never under graph capture)."""
+    ref = replace(base, split_k=2, fuse_splits=False)
+    m, n, steps = PROBE_SHAPE
+    k = steps * base.block_k
+    gen = torch.Generator().manual_seed(0)
+
+    def draw(rows: int, cols: int) -> torch.Tensor:  # magnitudes over 2^-6..2^6: the order shows in the low bits
+        v = torch.randn(rows, cols, generator=gen) * torch.exp2(torch.randint(-6, 7, (rows, cols), generator=gen))
+        return v.to(device=device, dtype=dtype)
+
+    x, w = draw(m, k), draw(n, k)
+    want = torch.empty(m, n, device=device, dtype=torch.float32)
+    matmul(x, w, None, None, want, ref)
+    checked, differs = [], []
+    for _, tile in range_tiles(base):
+        for fuse in (False, True):
+            cfg = ref.with_tile(tile, fuse)
+            if cfg == ref or cfg.name() in checked:
+                continue
+            got = torch.empty_like(want)
+            checked.append(cfg.name())
+            try:
+                matmul(x, w, None, None, got, cfg)
+            except Exception as exc:  # noqa: BLE001  a tile this device cannot compile or hold: keep the fixed one
+                kind = "does not fit" if isinstance(exc, OutOfResources) else type(exc).__name__
+                differs.append(f"{cfg.name()} ({kind}: {str(exc)[:80]})")
+                continue
+            if not torch.equal(got, want):
+                differs.append(cfg.name())
+    return TileProbe(str(dtype), ref.name(), tuple(checked), tuple(differs))
+
+
+def tiles_by_m(base: MatmulConfig, dtype: torch.dtype, device) -> bool:
+    """Whether weights whose fixed config is `base` run the M-range tiles (`config_for(n, k, m)`) for this dtype on
+    this device: TILES_BY_M / $SPECDEC_BITWISE_TILES, else ("probe") for bf16/fp16 on CUDA the device check, once
+    per process, device, dtype and base tile, logged (fp32, and outside CUDA, e.g. Triton's interpreter: the fixed
+    config)."""
+    mode = _tiles_mode()
+    if mode != "probe":
+        return mode == "by_m"
+    device = torch.device(device)
+    if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
+        return False  # the interpreter; fp32 (its IEEE FMA tiles would outgrow shared memory)
+    key = (device, dtype, base.tile, base.block_k)
+    result = _PROBES.get(key)
+    if result is None:
+        if torch.cuda.is_current_stream_capturing():  # cannot sync here: keep the fixed config, consistently
+            result = TileProbe(str(dtype), base.name(), (), reason="first used under CUDA graph capture")
+        else:
+            result = probe_tiles(base, dtype, device)
+        _PROBES[key] = result
+        if result.same:
+            logger.info("bitwise GEMM: M-range tiles on for %s %s (bit-identical to %s: %s)", device, dtype,
+                        result.base, ", ".join(result.checked))
+        else:
+            logger.warning("bitwise GEMM: fixed tiles kept for %s %s base %s (%s)", device, dtype, result.base,
+                           result.reason or "bits differ: " + ", ".join(result.differs))
+    return result.same
+
+
+def launch_config(n: int, k: int, m: int, dtype: torch.dtype, device) -> MatmulConfig:
+    """The config `matmul` runs for M rows: the M-range config where `tiles_by_m` allows it, else the fixed one."""
+    base = fixed_config(n, k)
+    cfg = tiles_for(base, n, m)
+    if cfg == base or not tiles_by_m(base, dtype, device):
+        return base
+    return cfg
+
+
+@triton.jit
+def _k_range(w_ptr, x_ptr, offs_n, offs_m, n_ok, m_ok, k_lo, k_hi, stride_xm, stride_wn, IEEE: tl.constexpr,
+             STAGES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Σ over k in [k_lo, k_hi) of w[n, k] · x[m, k] in fp32 `[BLOCK_N, BLOCK_M]`, from zero, one `tl.dot` per
+    BLOCK_K step in K order."""
     offs_k = tl.arange(0, BLOCK_K)
-    m_ok = offs_m < M
-    n_ok = offs_n < N
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + (k_lo + offs_k)[None, :]
     x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + (k_lo + offs_k)[None, :]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -111,6 +167,28 @@ def _matmul_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, part_ptr, M, N, K, K_RANGE
             acc = tl.dot(w, tl.trans(x), acc)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
+    return acc
+
+
+# M and the row strides are not specialized: one binary per config for every M in its range.
+@triton.jit(do_not_specialize=["M", "stride_xm", "stride_rm", "stride_om"])
+def _matmul_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, part_ptr, M, N, K, K_RANGE, stride_xm, stride_wn, stride_rm,
+                   stride_om, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, IEEE: tl.constexpr,
+                   STAGES: tl.constexpr, SPLIT: tl.constexpr, SERIAL: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    k_lo = pid_k * K_RANGE
+    acc = _k_range(w_ptr, x_ptr, offs_n, offs_m, n_ok, m_ok, k_lo, tl.minimum(k_lo + K_RANGE, K), stride_xm,
+                   stride_wn, IEEE, STAGES, BLOCK_M, BLOCK_N, BLOCK_K)
+    for s in tl.static_range(1, SERIAL):  # fused splits: split s's own sum, added in split order (as `_reduce`)
+        acc += _k_range(w_ptr, x_ptr, offs_n, offs_m, n_ok, m_ok, s * K_RANGE, tl.minimum(s * K_RANGE + K_RANGE, K),
+                        stride_xm, stride_wn, IEEE, STAGES, BLOCK_M, BLOCK_N, BLOCK_K)
     mask = n_ok[:, None] & m_ok[None, :]
     if SPLIT:  # partial [splits, M, N] in fp32; `_reduce` finishes
         part = part_ptr + (pid_k * M + offs_m[None, :]).to(tl.int64) * N + offs_n[:, None]
@@ -145,25 +223,25 @@ def _reduce(part_ptr, b_ptr, r_ptr, o_ptr, M, N, stride_rm, stride_om, SPLITS: t
 def matmul(x: torch.Tensor, weight: torch.Tensor, bias, residual, out: torch.Tensor,
            config: MatmulConfig | None = None) -> None:
     """out `[M, N]` = x `[M, K]` @ weight `[N, K]`ᵀ (+ bias) (+ residual `[M, N]`); rows K/N-contiguous. out may be
-    residual itself (each element is read and written by one program). config: `config_for(N, K)` unless given
-    (benchmarks; a config that depends on M breaks the invariance)."""
+    residual itself (each element is read and written by one program). config: `launch_config(N, K, M, ...)`
+    unless given (benchmarks, probes and tests; a config of another order gives other bits)."""
     m, k = x.shape
     n = weight.shape[0]
-    c = config_for(n, k) if config is None else config
+    c = launch_config(n, k, m, x.dtype, x.device) if config is None else config
     k_range = c.k_range(k)
     splits = -(-k // k_range) if k else 1
-    split = splits > 1
-    part = torch.empty(splits, m, n, device=x.device, dtype=torch.float32) if split else out
+    stored = splits > 1 and not c.fuse_splits
+    part = torch.empty(splits, m, n, device=x.device, dtype=torch.float32) if stored else out
     bias_arg = bias if bias is not None else out
     res_arg = residual if residual is not None else out
     stride_rm = residual.stride(0) if residual is not None else 0
-    grid = (triton.cdiv(m, c.block_m), triton.cdiv(n, c.block_n), splits)
+    grid = (triton.cdiv(m, c.block_m), triton.cdiv(n, c.block_n), splits if stored else 1)
     _matmul_kernel[grid](
         x, weight, bias_arg, res_arg, out, part, m, n, k, k_range, x.stride(0), weight.stride(0), stride_rm,
         out.stride(0), HAS_BIAS=bias is not None, HAS_RES=residual is not None, IEEE=x.dtype == torch.float32,
-        STAGES=c.num_stages, SPLIT=split, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
-        num_warps=c.num_warps, num_stages=c.num_stages)
-    if split:
+        STAGES=c.num_stages, SPLIT=stored, SERIAL=1 if stored else splits, BLOCK_M=c.block_m,
+        BLOCK_N=c.block_n, BLOCK_K=c.block_k, num_warps=c.num_warps, num_stages=c.num_stages)
+    if stored:
         block = 1024 if n >= 1024 else triton.next_power_of_2(max(n, 16))
         _reduce[(m, triton.cdiv(n, block))](part, bias_arg, res_arg, out, m, n, stride_rm, out.stride(0),
                                             SPLITS=splits, HAS_BIAS=bias is not None,

@@ -7,10 +7,11 @@ the cache span is. Then a request's logits at a position are the same bits in a 
 alone and in any batch, and greedy and seeded output cannot depend on any of that (`FastLlama.bitwise`).
 
   invariant_linear      y = x @ Wᵀ (+ bias) (+ residual). Every output element sums over K in one fixed order:
-                        CUDA (and Triton's interpreter on request): one Triton kernel whose launch config — tiles
-                        and a FIXED split-K (the number of K ranges, summed in split order by a second kernel) —
-                        is a function of the weight's (N, K) only, the same for every M (`_invariant_triton.
-                        config_for`, `matmul`); CPU: torch's BLAS called only on fixed-shape tiles of
+                        CUDA (and Triton's interpreter on request): one Triton kernel whose summation order —
+                        BLOCK_K and a FIXED split-K (K ranges summed in split order) — is a function of the
+                        weight's (N, K) only, the same for every M; its tiles follow M's range where a device check
+                        finds the bits unchanged (`_invariant_config.config_for`, `_invariant_triton.tiles_by_m`,
+                        `matmul`); CPU: torch's BLAS called only on fixed-shape tiles of
                         ROW_TILE rows (MKL's sgemm picks its kernel — and its summation order — by shape: M = 1
                         runs a GEMV, other M other blockings; for one shape a row's result does not depend on the
                         other rows nor on its place in the tile, `tests/fast/kernels/test_invariant.py` checks it)

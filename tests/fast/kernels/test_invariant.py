@@ -67,7 +67,7 @@ def test_split_k_linear_is_row_invariant(monkeypatch):
     from specdec.fast.kernels import _invariant_triton as kt
 
     split3 = kt.MatmulConfig(16, 16, 16, 1, 1, split_k=3)
-    monkeypatch.setattr(kt, "config_for", lambda n, k: split3)
+    monkeypatch.setattr(kt, "fixed_config", lambda n, k: split3)
     n, k = 40, 80
     x, w, b, r = rnd(40, k, seed=1), rnd(n, k, seed=2) / k ** 0.5, rnd(n, seed=3), rnd(40, n, seed=4)
     got = invariant_linear(x, w, b, residual=r, kernel="triton")
@@ -77,24 +77,11 @@ def test_split_k_linear_is_row_invariant(monkeypatch):
     fn = lambda rows: invariant_linear(rows, w, b, residual=r[:1].expand(len(rows), n), kernel="triton")  # noqa: E731
     assert row_invariance_failures(fn, x, [2, 5, 17, 33]) == []
     big = 1e4 * rnd(1, k, seed=5)  # large products of both signs: the sum's order shows in the low bits
-    monkeypatch.setattr(kt, "config_for", lambda n, k: kt.MatmulConfig(16, 16, 16, 1, 1, split_k=1))
+    monkeypatch.setattr(kt, "fixed_config", lambda n, k: kt.MatmulConfig(16, 16, 16, 1, 1, split_k=1))
     one = invariant_linear(big, w, kernel="triton")
-    monkeypatch.setattr(kt, "config_for", lambda n, k: split3)
+    monkeypatch.setattr(kt, "fixed_config", lambda n, k: split3)
     assert not torch.equal(invariant_linear(big, w, kernel="triton"), one)
 
-
-def test_config_depends_on_the_weight_shape_only():
-    """`config_for`: the 8B down projection (4096 × 14336) splits K four ways (512 programs at M = 1); the wide
-    lm_head (its own 64 × 128 tiles) and a small model's K = 576 do not split; every split keeps >= MIN_SPLIT_K."""
-    kt = pytest.importorskip("specdec.fast.kernels._invariant_triton")
-    assert kt.config_for(4096, 14336).split_k == 4
-    assert kt.config_for(128256, 4096).split_k == 1 and kt.config_for(576, 576).split_k == 1
-    assert kt.config_for(128256, 4096) == kt.MatmulConfig(64, 128, 64, num_warps=8, num_stages=3)  # lm_head
-    for n, k in [(4096, 4096), (6144, 4096), (28672, 4096), (1000, 4096), (4096, 14336)]:
-        c = kt.config_for(n, k)
-        assert c.k_range(k) >= kt.MIN_SPLIT_K or c.split_k == 1, (n, k, c)
-    with pytest.raises(ValueError, match="block_k"):
-        kt.MatmulConfig(32, 32, 24)
 
 @pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="the control is for MKL builds")
 def test_plain_blas_is_not_row_invariant_with_mkl():
