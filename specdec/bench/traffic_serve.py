@@ -21,9 +21,10 @@ __all__ = ["serve_traffic", "serve_table"]
 
 def serve_traffic(target: Path, draft, pool: list[list[int]], spec: TrafficSpec, clients=(8, 32, 64, 128), *,
                   requests_per_client: int = 2, num_draft_tokens="auto", device: str = "cuda", dtype: str = "bfloat16",
-                  log=None, max_seconds: float | None = None) -> dict:
-    """Start `specdec serve --target TARGET --draft DRAFT` and run every level on requests cut from `pool` (token
-    ids) → {"server_log", "levels": [LevelResult dicts with vs_plain and itl_p99_vs_plain], "markdown"}."""
+                  log=None, max_seconds: float | None = None, server_args: tuple[str, ...] = ()) -> dict:
+    """Start `specdec serve --target TARGET --draft DRAFT` (and `server_args`) and run every level on requests cut
+    from `pool` (token ids) → {"server_log", "levels": [LevelResult dicts with vs_plain and itl_p99_vs_plain],
+    "markdown"}."""
     from specdec.server.bench import ServerProcess, markdown_table, run_traffic_level
 
     config = json.loads((Path(target) / "config.json").read_text())
@@ -32,7 +33,7 @@ def serve_traffic(target: Path, draft, pool: list[list[int]], spec: TrafficSpec,
     bodies = [{"prompt": r.prompt, "max_tokens": r.params.max_new_tokens, "temperature": r.params.temperature,
                "seed": r.params.seed} for r in requests]
     args = ["--target", str(target), "--draft", str(draft), "--num-draft-tokens", str(num_draft_tokens),
-            "--max-batch-size", str(max(clients)), "--device", device, "--dtype", dtype]
+            "--max-batch-size", str(max(clients)), "--device", device, "--dtype", dtype, *server_args]
     start, results = time.perf_counter(), []
     server = ServerProcess(args, start_timeout_s=400)
     with server as url:

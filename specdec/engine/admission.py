@@ -41,6 +41,8 @@ class EngineRequest:
     flavor: Flavor | None = None  # what this request asks of a step (`Flavor.of(params)`)
     admitted_at: tuple = (0, 0, 0)  # the engine's (steps, speculative steps, drafter passes) when it joined
     constraint: object | None = None  # its `core.processors.TokenConstraint`, started at admission
+    slot: int = -1  # while filling (`engine.prefill`): its slot; running requests' slot is their index
+    prefilled: int = 0  # while filling: prompt positions in the target's cache
 
 
 class Admission:
@@ -54,6 +56,9 @@ class Admission:
             if aborted:
                 self._waiting = deque(r for r in self._waiting if r.request_id not in aborted)
         outputs = [RequestOutput(rid, [], None, 0, 0, True, "abort") for rid in sorted(aborted)]
+        for request in [r for r in self._filling if r.request_id in aborted]:  # (filling: nothing to move)
+            self._filling.remove(request)
+            self.state.clear(request.slot)
         for slot in sorted((i for i, r in enumerate(self._running) if r.request_id in aborted), reverse=True):
             self._release(slot)
         with self._lock:
@@ -61,12 +66,14 @@ class Admission:
         return outputs
 
     def _admit(self, outputs: list[RequestOutput]) -> None:
-        """Move waiting requests into free slots; those admitted together prefill together. While requests run,
-        admission waits for `admit_min` free slots or for a slot free `admit_max_wait` steps (EngineConfig)."""
+        """Move waiting requests into free slots; those admitted together prefill together (with a prefill budget,
+        while requests run: they start filling, `engine.prefill`). While requests run, admission waits for
+        `admit_min` free slots or for a slot free `admit_max_wait` steps (EngineConfig)."""
         first = len(self._running)
         limit = self._chain_limit()  # max_batch, less the slots beam groups hold (engine/beam.py)
-        free = limit - first
-        if first and self._waiting and free < self.admit_min:
+        occupied = first + len(self._filling)
+        free = limit - occupied
+        if occupied and self._waiting and free < self.admit_min:
             if free <= 0:
                 self._free_since = None
                 return
@@ -76,12 +83,13 @@ class Admission:
                 return
         self._free_since = None
         admitted: list[EngineRequest] = []
-        while len(self._running) < limit:
+        while occupied + len(admitted) < limit:
             with self._lock:
                 if not self._waiting:
                     break
                 tree = self._waiting[0].params.draft_tree
-                if self._running and tree != self._running[0].params.draft_tree:
+                holder = (self._running or self._filling or admitted or [None])[0]
+                if holder is not None and tree != holder.params.draft_tree:
                     break  # a step runs one tree shape (or chains): it waits, in order, until the running ones finish
                 request = self._waiting.popleft()
             if request.params.max_new_tokens == 0:
@@ -92,12 +100,16 @@ class Admission:
                 continue
             if request.params.constraint is not None:
                 request.constraint = start_constraints(request.params, 1, self.vocab_size)[0]
-            self._running.append(request)
-            self._joined(request)
             admitted.append(request)
         if not admitted:
             return
         self.num_admissions += 1
+        if self.prefill_budget and occupied:  # others run (or fill): chunks of a budget per step, not now
+            self._place(admitted)
+            return
+        for request in admitted:
+            self._running.append(request)
+            self._joined(request)
         self.state.admit_rows(first, [r.prompt for r in admitted], [r.params for r in admitted],
                               [r.seed for r in admitted])
         start = time.perf_counter()
@@ -132,6 +144,7 @@ class Admission:
         start = time.perf_counter()
         prefill_rows(self.model, self.cache, self.state, rows, zeros, [n - 1 for n in lengths], chunk,
                      features=self.state.features, extent=0, graphs=graphs)
+        self.prefill_tokens += sum(max(n - 1, 0) for n in lengths)
         if not self.drafter_cached:
             return [max(n - 2, 0) for n in lengths]
         if cuda:  # (the target's prefill alone is timed: a bound on what the drafter's feed costs, for the policy)
@@ -148,6 +161,7 @@ class Admission:
         valid = [max(n - 2, 0) for n in lengths]
         start = time.perf_counter()  # (the target's prefill done: the drafter's alone is timed, for the policy)
         self.drafter.prefill(self.state, rows, zeros, valid, chunk, extent=0, graphs=graphs)
+        self.prefill_tokens += sum(valid)
         if cuda:
             torch.cuda.synchronize(self.device)
         if timed:

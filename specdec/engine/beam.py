@@ -189,7 +189,7 @@ class Beams:
 
     def _chain_rows(self) -> int:
         """Slots a step over the running chain rows covers (its batch bucket, within the cache)."""
-        n = len(self._running)
+        n = max([len(self._running)] + [r.slot + 1 for r in self._filling])  # (chunked prefill: `engine.prefill`)
         return 0 if n == 0 else min(next(b for b in BATCH_BUCKETS if b >= n), self.max_batch)
 
     # ---------------------------------------------------------------------------------- admit, step, end

@@ -6,10 +6,12 @@ from dataclasses import dataclass
 
 from specdec.request import as_int, check_num_draft_tokens
 
-__all__ = ["EngineConfig", "UnsupportedModel", "BATCH_BUCKETS", "MIN_POSITIONS", "positions_bucket", "length_buckets"]
+__all__ = ["EngineConfig", "UnsupportedModel", "BATCH_BUCKETS", "MIN_POSITIONS", "CUDA_PREFILL_BUDGET",
+           "positions_bucket", "length_buckets"]
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MIN_POSITIONS = 64  # the shortest cache-length bucket a step attends over (buckets are powers of two)
+CUDA_PREFILL_BUDGET = 1024  # EngineConfig.prefill_budget="auto" on CUDA (see its doc)
 
 
 def positions_bucket(need: int, num_positions: int) -> int:
@@ -59,6 +61,13 @@ class EngineConfig:
                       None = max_batch_size // 16, at least 1 (1: as soon as a slot frees). With nothing
                       running, waiting requests are admitted at once.
     admit_max_wait    steps a free slot waits for `admit_min` (what it adds to a request's time to first token)
+    prefill_budget    chunked prefill: prompt tokens prefilled per engine step while requests run (the target's and
+                      a cached drafter's feeds together, oldest admitted request first), interleaved with the decode
+                      steps, as vLLM's max_num_batched_tokens / SGLang's chunked_prefill_size: a long prompt admitted
+                      mid-flight holds its slot and prefills a budget per step while the running rows keep decoding
+                      (it joins the decode steps once fully prefilled); with nothing running, admission prefills
+                      at once. None or 0 = off: admitted prompts prefill whole before the step (every running row
+                      waits for them); "auto" = `CUDA_PREFILL_BUDGET` on CUDA, off on the CPU
     bitwise           bit-for-bit exact mode: the target runs batch-invariant GEMM and attention kernels in every
                       forward (`fast.kernels.invariant`) and sampled rows verify by a shared race
                       (`core.verify_coupled`), so greedy and seeded output and log-probabilities are plain decoding's
@@ -81,12 +90,18 @@ class EngineConfig:
     max_tree_nodes: int = 32
     admit_min: int | None = None
     admit_max_wait: int = 8
+    prefill_budget: int | str | None = "auto"
 
     def __post_init__(self) -> None:
         as_int(self.max_batch_size, "max_batch_size", minimum=1, maximum=BATCH_BUCKETS[-1])
         if self.admit_min is not None:
             as_int(self.admit_min, "admit_min", minimum=1, maximum=self.max_batch_size)
         as_int(self.admit_max_wait, "admit_max_wait", minimum=0, maximum=1 << 20)
+        if self.prefill_budget not in (None, 0, "auto"):
+            if isinstance(self.prefill_budget, str):
+                raise ValueError(f"prefill_budget must be None, 'auto' or an int of prompt tokens per step, "
+                                 f"got {self.prefill_budget!r}")
+            as_int(self.prefill_budget, "prefill_budget", minimum=16, maximum=1 << 20)
         if self.max_seq_len is not None:
             as_int(self.max_seq_len, "max_seq_len", minimum=2, maximum=1 << 20)
         check_num_draft_tokens(self.max_draft_tokens, "max_draft_tokens")

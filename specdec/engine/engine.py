@@ -5,7 +5,8 @@
     while engine.has_unfinished():
         for out in engine.step(): ...          # RequestOutput: new tokens, finished, finish_reason
 
-One `step()`: admit waiting requests into free slots (prefill, eager, chunked), then one decode step for
+One `step()`: admit waiting requests into free slots (prefill, eager, chunked; with `prefill_budget`, at most that
+many prompt tokens per step while others run: `engine.prefill`), then one decode step for
 every running request: the policy picks γ; the drafter proposes (one graph), the target scores
 [last, x_1..x_γ] and `core.verify` accepts (a second graph, which also commits with `step.commit_counts`
 and counts with `step.step_counters`); one device→host transfer of a small int64 table reads what each row
@@ -34,9 +35,10 @@ from specdec.drafters.protocol import CachedSlotDrafter, FeatureSlotDrafter
 from specdec.engine.admission import Admission, EngineRequest
 from specdec.engine.beam import BeamParams, Beams
 from specdec.engine.commit import Commit
-from specdec.engine.config import BATCH_BUCKETS, EngineConfig, positions_bucket
+from specdec.engine.config import BATCH_BUCKETS, CUDA_PREFILL_BUDGET, EngineConfig, positions_bucket
 from specdec.engine.drafters import Flavor
 from specdec.engine.policy import GammaPolicy
+from specdec.engine.prefill import ChunkedPrefill
 from specdec.engine.slots import MAX_EOS_IDS, PrefillGraphs, SlotCache, SlotState
 from specdec.engine.step_runner import StepRunner
 from specdec.engine.tree_step import EngineTree, TreeStepRunner
@@ -50,12 +52,12 @@ from specdec.step import RequestOutput, StepCounts, StepRecord
 __all__ = ["Engine", "RequestOutput"]
 
 
-class Engine(Admission, Commit, Warmup, Beams):
+class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
     """See the module doc. `add_request` and `abort` are thread-safe; `step` runs on one thread.
 
-    Its parts live beside it: admission and slots (`admission.Admission`), the step's commit and the finish of
-    requests (`commit.Commit`), graph warm-up (`warmup.Warmup`), beam groups (`beam.Beams`); this class holds the
-    state and the step."""
+    Its parts live beside it: admission and slots (`admission.Admission`), chunked prefill (`prefill.ChunkedPrefill`),
+    the step's commit and the finish of requests (`commit.Commit`), graph warm-up (`warmup.Warmup`), beam groups
+    (`beam.Beams`); this class holds the state and the step."""
 
     def __init__(self, target, drafter=None, config: EngineConfig | None = None):
         from specdec.engine.build import build_drafter, build_model  # loading is at the edge
@@ -102,6 +104,8 @@ class Engine(Admission, Commit, Warmup, Beams):
         if config.prefill_graphs and not self.cuda_graphs:
             raise ValueError("prefill_graphs=True needs cuda_graphs (a CUDA device)")
         use = self.cuda_graphs if config.prefill_graphs is None else config.prefill_graphs
+        budget = config.prefill_budget
+        self.prefill_budget = (CUDA_PREFILL_BUDGET if on_cuda else None) if budget == "auto" else budget or None
         self.prefill_graphs = PrefillGraphs() if use else None  # admission chunks as CUDA graphs (slots.py)
         self.policy = GammaPolicy(config.num_draft_tokens if drafter is not None else 0, self.max_draft_tokens,
                                   plain_catches_up=self.drafter_cached)
@@ -115,6 +119,8 @@ class Engine(Admission, Commit, Warmup, Beams):
         self._catch_up_prompts = 0  # and the prompt tokens it fed (admitted in the plain run)
         self._free_since = None  # the step since which a slot has been free while requests waited (see _admit)
         self.num_admissions = 0  # admissions (each one prefill of the requests admitted together)
+        self.prefill_tokens = 0  # prompt tokens fed so far, the target's and a cached drafter's (public counter)
+        self._filling: list[EngineRequest] = []  # admitted, prompt not fed yet (`prefill_budget`), oldest first
         self._last_run = (None, None)
         self._running: list[EngineRequest] = []  # index = slot
         self._waiting: deque[EngineRequest] = deque()
@@ -161,12 +167,18 @@ class Engine(Admission, Commit, Warmup, Beams):
         return len(self._waiting)
 
     @property
+    def num_prefilling(self) -> int:
+        """Requests admitted whose prompts are being prefilled a budget per step (`EngineConfig.prefill_budget`)."""
+        return len(self._filling)
+
+    @property
     def num_step_shapes(self) -> int:
         """Step shapes built so far (each captured once as CUDA graphs when `cuda_graphs` is on)."""
         return len(self._steps)
 
     def has_unfinished(self) -> bool:
-        return bool(self._running or self._waiting or self._aborted or self._beam_groups or self._beam_waiting)
+        return bool(self._running or self._filling or self._waiting or self._aborted or self._beam_groups
+                    or self._beam_waiting)
 
     def add_request(self, prompt_ids, params: SamplingParams | None = None, request_id: str | None = None, *,
                     beams: BeamParams | None = None) -> str:
@@ -224,12 +236,16 @@ class Engine(Admission, Commit, Warmup, Beams):
         self._admit_beams(outputs)  # (beam groups: their own forwards, before the chains' timed step)
         self._admit(outputs)
         outputs += self._step_beams()
+        if self._filling:  # at most one budget of prompt tokens, then the decode step (see prefill.py)
+            self._prefill_step()
         if not self._running:
             return outputs
         running = self._running
         n = len(running)
         batch = next(b for b in BATCH_BUCKETS if b >= n)
         longest = max([r.length for r in running])
+        if self._filling:  # filling rows inside the batch bucket are its padding: their prompts must fit the step
+            longest = max([longest] + [r.length for r in self._filling if r.slot < batch])
         flavor = self._flavor
         if flavor is None:  # the running set changed
             flavor = self._flavor = Flavor.union(r.flavor for r in running)

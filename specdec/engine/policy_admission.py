@@ -81,6 +81,25 @@ class AdmissionCost:
         if seconds is not None:
             self.fed(seconds, prompt_tokens)
 
+    def prefilled(self, target_tokens: int, target_seconds: float, drafter_tokens: int, drafter_seconds: float | None,
+                  requests: int, prompt_tokens: int) -> None:
+        """One budget of chunked prefill (`engine.prefill`): the target fed `target_tokens` prompt tokens in
+        `target_seconds`, the drafter `drafter_tokens` in `drafter_seconds` (None: not fed), and `requests`
+        requests of `prompt_tokens` in all became ready (joined the running rows). A request's prompt is fed
+        over several steps, so the samples are per budget (seconds per token over the tokens of that budget; the
+        drafter-to-target ratio per token) and the requests count when they join. Chunked prefill feeds the drafter
+        in every regime: nothing is left for a catch-up (`backlog`)."""
+        self._joined += max(requests, 0)
+        if target_tokens > 0:
+            self._target.append((max(target_seconds, 0.0), target_tokens))
+        if drafter_seconds is not None and drafter_tokens > 0:
+            self.fed(drafter_seconds, drafter_tokens)
+            if target_tokens > 0 and target_seconds > 0:
+                self._ratio.append((max(drafter_seconds, 0.0) / drafter_tokens, target_seconds / target_tokens))
+        if requests > 0:
+            self._prompts = [self._prompts[0] * _FEED_DECAY ** requests + max(prompt_tokens, 0),
+                             self._prompts[1] * _FEED_DECAY ** requests + requests]
+
     def fed(self, seconds: float, prompt_tokens: int) -> None:
         """The drafter was fed `prompt_tokens` prompt tokens in `seconds` (an admission, a catch-up's prompt share)."""
         if prompt_tokens > 0:

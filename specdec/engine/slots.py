@@ -70,6 +70,15 @@ class SlotCache:
         self.values[:, dst, :, :num_positions].copy_(self.values[:, src, :, :num_positions])
         self.lengths[dst] = self.lengths[src]
 
+    def swap(self, a: int, b: int, num_positions: int) -> None:
+        """Exchange slots `a` and `b` over their first `num_positions` positions (a prefilling request and the one
+        whose slot it takes, `engine.prefill`)."""
+        for tensor in (self.keys, self.values):
+            held = tensor[:, a, :, :num_positions].clone()
+            tensor[:, a, :, :num_positions].copy_(tensor[:, b, :, :num_positions])
+            tensor[:, b, :, :num_positions].copy_(held)
+        self.lengths[[a, b]] = self.lengths[[b, a]]
+
 
 class SlotState:
     """Committed tokens `[max_batch, capacity]`, lengths, budgets and sampling parameters per slot."""
@@ -190,6 +199,10 @@ class SlotState:
     def move(self, src: int, dst: int) -> None:
         for tensor in [getattr(self, name) for name in self._fields] + self._processor_tensors():
             tensor[dst] = tensor[src]
+
+    def swap(self, a: int, b: int) -> None:
+        for tensor in [getattr(self, name) for name in self._fields] + self._processor_tensors():
+            tensor[[a, b]] = tensor[[b, a]]
 
     def clear(self, slot: int) -> None:
         self.active[slot] = False

@@ -32,7 +32,7 @@ class StepTiming:
     step_s: float  # in `runner.step()`: admission and prefill, the decode step, any graph capture
     deliver_s: float  # handing its outputs to the listeners and sinks
     num_outputs: int
-    admitted: bool = False  # the step admitted (and prefilled) requests
+    admitted: bool = False  # the step admitted (and prefilled) requests, or prefilled a budget of their prompts
 
 
 class Driver:
@@ -119,6 +119,7 @@ class Driver:
     def _step(self, runner) -> None:
         admissions = getattr(runner, "num_admissions", None)  # (the engine admits in groups: waiting ≠ admitting)
         admitting = bool(getattr(runner, "num_waiting", 0))
+        fed = getattr(runner, "prefill_tokens", None)  # (chunked prefill: prompts fed over later steps)
         start = time.perf_counter()
         try:
             outputs = runner.step()
@@ -130,6 +131,8 @@ class Driver:
         stepped = time.perf_counter()
         if admissions is not None:
             admitting = runner.num_admissions != admissions
+        if fed is not None:
+            admitting = admitting or runner.prefill_tokens != fed
         for out in outputs:
             with self._lock:
                 entry = self._sinks.get(out.request_id)

@@ -31,6 +31,6 @@ def test_phases_are_timed_then_unwrapped(llama, llama_draft):
 
 def test_an_unknown_phase_is_refused(llama):
     engine = Engine(llama, None, EngineConfig(max_batch_size=1, max_seq_len=32, cuda_graphs=False))
-    with pytest.raises(ValueError, match=r"unknown phases \['prefill'\]"):
-        with phase_timer(engine, ("admit", "prefill")):
+    with pytest.raises(ValueError, match=r"unknown phases \['warp'\]"):
+        with phase_timer(engine, ("admit", "warp")):
             pass

@@ -40,6 +40,7 @@ def serve(capsys, *extra) -> tuple[int, str]:
     (["--max-connections", "0"], "--max-connections"), (["--threads", "-1"], "--threads"),
     (["--seed", "-5"], "--seed"), (["--synthetic-acceptance", "1.5"], "synthetic_acceptance"),
     (["--chat-template", "/nonexistent.jinja"], "--chat-template"),
+    (["--prefill-budget", "8"], "--prefill-budget"), (["--prefill-budget", "lots"], "--prefill-budget"),
 ])
 def test_bad_options_are_one_line_before_loading(capsys, no_loading, extra, fragment):
     code, err = serve(capsys, *extra)

@@ -216,3 +216,18 @@ def test_token_trees_and_lenience_per_request(llm):
     for params, fragment in (({"draft_tree": [0]}, "draft_tree"), ({"leniency": 2}, "leniency")):
         with pytest.raises(ValueError, match=fragment):
             llm.generate("w1", max_new_tokens=2, **params)
+
+
+def test_load_passes_the_prefill_budget_to_the_engine_and_checks_it_first(tmp_path):
+    """`specdec.load(prefill_budget=...)` reaches the engine's `EngineConfig.prefill_budget`; a bad one is refused by
+    name before anything loads (the target path does not even exist)."""
+    import specdec
+    from specdec.bench.demo_pair import DEMO_PAIR
+
+    with pytest.raises(ValueError, match="prefill_budget"):
+        specdec.load(tmp_path / "missing", prefill_budget=4)
+    llm = specdec.load(DEMO_PAIR / "target", DEMO_PAIR / "draft", device="cpu", dtype="float32", prefill_budget=64)
+    try:
+        assert llm.runner(2).prefill_budget == 64
+    finally:
+        llm.close()

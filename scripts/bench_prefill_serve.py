@@ -1,0 +1,84 @@
+"""Chunked prefill through `specdec serve` (issue 21 items 3 and 5): the serving table of `specdec bench --serve`
+(the zoo pair with its feature head, --num-draft-tokens auto; closed loops of C streaming clients; plain and
+speculative requests on the same server, level after level) once per --prefill-budget, so the ITL p99 of each
+arm with and without chunked prefill sits side by side.
+
+    python3 scripts/bench_prefill_serve.py --pair /tmp/pair --head /tmp/pair/head --data data/code \\
+        --budgets 0 256 1024 --clients 8 32 64 128 --out "$OUT/prefill" --max-seconds 300
+
+→ OUT/prefill_serve.json (every level of every budget, with the server's step and admission metrics) and
+OUT/prefill_serve.md (one row per budget × clients × mode). A budget's run starts only while --max-seconds leaves
+room for it (the budgets' order is the order given)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+COLUMNS = ("concurrency", "mode", "throughput_tok_s", "vs_plain", "ttft_p50_s", "itl_p50_s", "itl_p99_s",
+           "itl_p99_vs_plain", "step_p99_s", "admit_steps", "admit_step_max_s", "decode_step_p99_s")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--pair", type=Path, required=True)
+    p.add_argument("--head", type=Path, default=None, help="the feature head (default: the pair's draft0)")
+    p.add_argument("--data", type=Path, required=True, help="the prepared corpus (its tokenizer cuts the prompts)")
+    p.add_argument("--budgets", nargs="+", default=["0", "1024"], help="--prefill-budget values (0: off)")
+    p.add_argument("--clients", nargs="+", type=int, default=[8, 32, 64, 128])
+    p.add_argument("--requests-per-client", type=int, default=2)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--max-seconds", type=float, default=300.0, help="no budget's run starts after this")
+    args = p.parse_args(argv)
+    for b in args.budgets:
+        if b != "auto" and not (b.isdigit() and (int(b) == 0 or int(b) >= 16)):
+            p.error(f"--budgets: {b!r} is not auto, 0 or an integer >= 16")
+
+    from specdec.bench.traffic import TrafficSpec
+    from specdec.bench.traffic_serve import serve_traffic
+    from specdec.bench.traffic_setup import GPU_SPEC, code_pool
+    from specdec.strict_json import dumps
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    config = json.loads((args.pair / "target" / "config.json").read_text())
+    pool = code_pool(args.data, min(int(config.get("max_position_embeddings") or 4096), 4096))
+    spec = TrafficSpec(slots=(max(args.clients),), arrivals=(TrafficSpec().arrivals[0],),  # closed loops only
+                       prompt_tokens=GPU_SPEC["prompt_tokens"], new_tokens=GPU_SPEC["new_tokens"])
+    draft = args.head or args.pair / "draft0"
+    begun, runs = time.perf_counter(), []
+    for budget in args.budgets:
+        spent = time.perf_counter() - begun
+        if runs and spent + spent / len(runs) > args.max_seconds:
+            print(f"budget {budget}: skipped (--max-seconds {args.max_seconds:.0f})", flush=True)
+            break
+        start = time.perf_counter()
+        result = serve_traffic(args.pair / "target", draft, pool, spec, tuple(args.clients),
+                               requests_per_client=args.requests_per_client, device="cuda", dtype="bfloat16",
+                               log=lambda m: print(m, flush=True), server_args=("--prefill-budget", budget))
+        runs.append({"prefill_budget": budget, "seconds": round(time.perf_counter() - start, 1),
+                     "levels": result["levels"], "server_log": result["server_log"][-20:]})
+        (args.out / "prefill_serve.json").write_text(dumps({"pair": str(args.pair), "drafter": str(draft),
+                                                            "runs": runs}, indent=1))
+    rows = ["| budget | " + " | ".join(COLUMNS) + " |", "|" + "---|" * (len(COLUMNS) + 1)]
+    for run in runs:
+        for level in run["levels"]:
+            rows.append(f"| {run['prefill_budget']} | " + " | ".join(_cell(c, level.get(c)) for c in COLUMNS) + " |")
+    table = "\n".join(rows)
+    (args.out / "prefill_serve.md").write_text(table + "\n")
+    print(table)
+    return 0
+
+
+def _cell(column: str, value) -> str:
+    if value is None:
+        return "-"
+    if column.endswith("_s"):
+        return f"{value * 1e3:.1f} ms"
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Chunked prefill interleaved with decode steps (`EngineConfig.prefill_budget`; mixed into `Engine`).
+
+With a budget, a request admitted while others run does not prefill at admission: it takes a free slot past the
+running ones and is *filling* there (`_filling`, oldest first) — its row's state is written but inactive, so the
+decode steps over the running rows leave it alone. Each `step()` first runs `_prefill_step`: at most
+`prefill_budget` prompt tokens, the target's and a cached drafter's feeds together, oldest request first (each
+request's target prefill, then the drafter's feed of the same prompt, which reads the target's features), in one
+batched forward per chunk for all the rows fed; a request whose prompt is fully fed is *ready*: it moves into slot
+n (the first past the running ones; a younger filling request there swaps into its slot) and joins the decode
+steps. So between two decode steps of a running request the engine prefills at most one budget, and the
+budgeted phase is timed apart from the step, as admission is (the γ policy sees each feed's seconds:
+`policy_admission.AdmissionCost.prefilled`).
+
+Invariants: running requests hold slots 0..n-1 (as without a budget); filling requests hold slots ≥ n, in any
+order, below the beam groups' (`beam.py` counts them as chain rows). An inactive filling row inside a step's batch bucket is padding: the step writes its target cache at
+positions ≥ its prompt length − 1 and its drafter's at ≥ length − WINDOW (the state holds its prompt length),
+which its first own step rewrites before anything reads them, and prefill only ever attends below them.
+Exactness: a chunk feeds the same positions with the same tokens as an admission prefill would, so a request's
+tokens are the same with or without a budget (tests/engine/test_chunked_prefill.py).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from specdec.engine.admission import EngineRequest
+from specdec.engine.slots import positions_bucket, prefill_rows
+
+__all__ = ["ChunkedPrefill"]
+
+
+class ChunkedPrefill:
+    """`Engine`'s budgeted prefill of filling requests (see the module doc)."""
+
+    def _place(self, admitted: list[EngineRequest]) -> None:
+        """Admitted requests take free slots past the running ones, lowest first, and start filling."""
+        taken = {r.slot for r in self._filling}  # (below the slots beam groups hold: `beam._chain_limit`)
+        free = (s for s in range(len(self._running), self._chain_limit()) if s not in taken)
+        for request in admitted:
+            request.slot = next(free)
+            self.state.admit_rows(request.slot, [request.prompt], [request.params], [request.seed])
+            self.state.active[request.slot] = False  # not a row of the decode steps until it is ready
+            request.prefilled = request.draft_valid = 0
+            self._filling.append(request)
+
+    def _prefill_step(self) -> bool:
+        """Feed at most one budget of the filling requests' prompts (oldest first); the ones fully fed join the
+        running rows. → whether anything was fed."""
+        # with nothing running no decode step waits: everything filling is fed at once
+        budget, target, drafter = self.prefill_budget if self._running else 1 << 62, {}, {}
+        for request in self._filling:
+            if budget <= 0:
+                break
+            end = len(request.prompt) - 1  # the target is fed all but the last prompt token
+            if request.prefilled < end:
+                take = min(end - request.prefilled, budget)
+                target[request.slot] = (request.prefilled, request.prefilled + take)
+                request.prefilled += take
+                budget -= take
+            end = max(len(request.prompt) - 2, 0)  # a cached drafter all but the last two (as at admission)
+            if self.drafter_cached and request.prefilled == len(request.prompt) - 1 and request.draft_valid < end \
+                    and budget > 0:
+                take = min(end - request.draft_valid, budget)
+                drafter[request.slot] = (request.draft_valid, request.draft_valid + take)
+                request.draft_valid += take
+                budget -= take
+        cuda = self.device.type == "cuda"
+        start = time.perf_counter()
+        if target:
+            rows, starts, ends = self._bounds(target, lambda r: r.prefilled)
+            prefill_rows(self.model, self.cache, self.state, rows, starts, ends, self.config.prefill_chunk,
+                         features=self.state.features, extent=0)
+            if cuda:  # (timed apart: the drafter's share of the same prompts' cost, for the policy)
+                torch.cuda.synchronize(self.device)
+        middle = time.perf_counter()
+        if drafter:
+            rows, starts, ends = self._bounds(drafter, lambda r: r.draft_valid)
+            self.drafter.prefill(self.state, rows, starts, ends, self.config.prefill_chunk, extent=0)
+            if cuda:
+                torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - start
+        fed_target = sum(e - s for s, e in target.values())
+        fed_drafter = sum(e - s for s, e in drafter.values())
+        self.prefill_tokens += fed_target + fed_drafter
+        ready = []
+        for request in list(self._filling):
+            if target.get(request.slot) or drafter.get(request.slot):
+                request.stats.add_prefill(seconds, 1 if request.slot in target else 0)
+            if request.prefilled == len(request.prompt) - 1 and (
+                    not self.drafter_cached or request.draft_valid >= len(request.prompt) - 2):
+                ready.append(request)
+        for request in ready:
+            self._ready(request)
+        self.policy.admission.prefilled(fed_target, middle - start, fed_drafter,
+                                        time.perf_counter() - middle if drafter else None, len(ready),
+                                        sum(len(r.prompt) for r in ready))
+        return bool(target or drafter)
+
+    def _bounds(self, fed: dict[int, tuple[int, int]], progress) -> tuple[slice, list[int], list[int]]:
+        """One batched feed of the slots in `fed` ({slot: (start, end)}): the rows' slice, and per row of it the
+        positions to feed; a filling row not fed this time feeds nothing from where it got to (`progress`), so the
+        chunks' junk positions stay past what it holds."""
+        lo, hi = min(fed), max(fed) + 1
+        held = {r.slot: progress(r) for r in self._filling}
+        starts = [fed[s][0] if s in fed else held.get(s, 0) for s in range(lo, hi)]
+        ends = [fed[s][1] if s in fed else held.get(s, 0) for s in range(lo, hi)]
+        return slice(lo, hi), starts, ends
+
+    def _ready(self, request: EngineRequest) -> None:
+        """A filling request's prompt is fed: it moves into slot n and joins the decode steps."""
+        self._filling.remove(request)
+        slot, n = request.slot, len(self._running)
+        if slot != n:
+            other = next((r for r in self._filling if r.slot == n), None)
+            positions = positions_bucket(len(request.prompt) + 1, self.num_positions)
+            if other is None:  # (the usual case: slot n is free)
+                self.cache.move(slot, n, positions)
+                self.state.move(slot, n)
+                if self.drafter_cached:
+                    self.drafter.move(slot, n, positions)
+                self.state.clear(slot)
+            else:  # a younger request fills slot n: the two exchange slots
+                positions = max(positions, positions_bucket(len(other.prompt) + 1, self.num_positions))
+                self.cache.swap(slot, n, positions)
+                self.state.swap(slot, n)
+                if self.drafter_cached:
+                    self.drafter.cache.swap(slot, n, positions)
+                other.slot = slot
+        self.state.active[n] = True
+        request.slot = n
+        self._running.append(request)
+        self._joined(request)

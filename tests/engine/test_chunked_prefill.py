@@ -1,0 +1,207 @@
+"""Chunked prefill interleaved with decode steps (`EngineConfig.prefill_budget`, `engine/prefill.py`): the same tokens
+as prefilling whole at admission (greedy and seeded T = 1, the model drafter and the feature head, γ fixed and
+"auto"), at most one budget of prompt tokens between two decode steps of a running request while a 2,000-token
+prompt is admitted (negative control: without a budget one step prefills it whole), slot exchanges and aborts of
+filling requests, and the option's validation."""
+
+import pytest
+import torch
+
+from helpers import hf_greedy
+from specdec.engine import Engine, EngineConfig
+from specdec.engine.slots import SlotCache
+from specdec.request import SamplingParams
+
+BUDGET = 24
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    return [(seed * 7 + 13 * i + (i * i) % 11) % 60 + 2 for i in range(n)]
+
+
+def _head(target):
+    from specdec.fast.head import HeadConfig
+    from specdec.fast.model import LlamaShape
+    from specdec.zoo.feature_head import TrainableHead
+
+    trainable = TrainableHead(HeadConfig.for_target(LlamaShape.from_hf(target.config)), seed=1)
+    trainable.init_from(target)
+    return trainable.to_feature_head()
+
+
+def _drive(engine, early, late, params, join_after=3, watch=None):
+    """`early` requests, `join_after` steps, then `late` ones admitted mid-flight; → {request id: tokens}, ids in
+    order. watch(engine, outputs) after every step."""
+    ids = [engine.add_request(p, q) for p, q in zip(early, params)]
+    outputs: dict = {}
+    for step in range(10_000):
+        if step == join_after:
+            ids += [engine.add_request(p, q) for p, q in zip(late, params[len(early):])]
+        if not engine.has_unfinished() and step > join_after:
+            break
+        outs = engine.step()
+        for out in outs:
+            outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
+        if watch is not None:
+            watch(engine, outs)
+    return [outputs[i] for i in ids]
+
+
+def _mixed_params(n: int, max_new: int = 20) -> list[SamplingParams]:
+    return [SamplingParams(temperature=0 if i % 2 == 0 else 1.0, seed=100 + i, max_new_tokens=max_new)
+            for i in range(n)]
+
+
+@pytest.mark.parametrize("drafter", ["model", "head"])
+@pytest.mark.parametrize("gamma", [3, "auto"])
+def test_chunked_prefill_gives_the_tokens_of_a_whole_prefill(make_llama, drafter, gamma):
+    target = make_llama(0)
+    draft = make_llama(5, layers=1) if drafter == "model" else _head(target)
+    early = [_prompt(5, 1), _prompt(9, 2)]
+    late = [_prompt(70, 3), _prompt(4, 4), _prompt(41, 5), _prompt(12, 6)]  # longer than the budget, and shorter
+    params = _mixed_params(len(early) + len(late))
+    runs, filling = [], []
+    for budget in (None, BUDGET):
+        engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=gamma,
+                                                    admit_min=1, prefill_budget=budget))
+        runs.append(_drive(engine, early, late, params, watch=lambda e, _: filling.append(e.num_prefilling)))
+    assert max(filling) >= 1  # the budgeted run did fill requests across steps (not a vacuous comparison)
+    compared = range(len(params)) if gamma != "auto" else range(0, len(params), 2)  # auto: γ follows the clock
+    for i in compared:
+        assert runs[1][i] == runs[0][i], (i, params[i].temperature)
+    assert runs[1][2] == hf_greedy(target, late[0], 20, [])  # the longest, greedy: the target's own tokens
+
+
+def test_a_long_prompt_admitted_mid_flight_does_not_stall_the_running_rows(make_llama):
+    """Between two decode steps of a running request at most one budget of prompt tokens is prefilled (target and
+    drafter together, counted by `engine.prefill_tokens`), and every running row produces a token every step while
+    a 2,000-token prompt fills; without a budget one step prefills all of it (the negative control)."""
+    target, draft = make_llama(0), make_llama(5, layers=1)
+    for model in (target, draft):
+        model.config.max_position_embeddings = 2304  # (the engine's own RoPE tables cover any context)
+    long = _prompt(2000, 7)
+    early = [_prompt(6 + i, 10 + i) for i in range(4)]
+    params = [SamplingParams(temperature=0, max_new_tokens=120)] * 4 + [SamplingParams(temperature=0, max_new_tokens=8)]
+    budget = 256
+    results = {}
+    for setting in (budget, None):
+        engine = Engine(target, draft, EngineConfig(max_batch_size=5, max_seq_len=2048, num_draft_tokens=2,
+                                                    admit_min=1, prefill_budget=setting))
+        between, stalled, seen = [], [], {"fed": 0}
+
+        def watch(e, outs, between=between, stalled=stalled, seen=seen):
+            between.append(e.prefill_tokens - seen["fed"])
+            seen["fed"] = e.prefill_tokens
+            if e.num_prefilling:  # the long prompt is filling: the running rows go on
+                stalled.extend(o.request_id for o in outs if not o.new_token_ids and not o.finished)
+                assert len(outs) == e.num_running + sum(o.finished for o in outs)
+
+        results[setting] = (_drive(engine, early, [long], params, join_after=2, watch=watch), between, stalled)
+    tokens, between, stalled = results[budget]
+    assert max(between[1:]) <= budget and sum(between) >= 2 * (len(long) - 2)  # target and drafter, a budget a step
+    assert sum(1 for b in between if b) >= (2 * len(long) - 3) // budget  # spread over that many steps
+    assert stalled == []
+    plain_tokens, plain_between, _ = results[None]
+    assert max(plain_between[1:]) > budget  # negative control: the whole prompt in the step that admits it
+    assert tokens == plain_tokens
+
+
+def test_a_filling_request_exchanges_slots_with_a_younger_one_and_aborts_leave(make_llama, monkeypatch):
+    """An older filling request becoming ready while a younger one fills slot n: the two exchange slots
+    (`SlotCache.swap`), and the tokens stay those of a whole prefill; an aborted filling request leaves at once."""
+    target = make_llama(0)
+    draft = make_llama(5, layers=1)
+    swaps = []
+    swap = SlotCache.swap
+    monkeypatch.setattr(SlotCache, "swap", lambda self, *a: swaps.append(a) or swap(self, *a))
+    prompts = [_prompt(5, 1), _prompt(6, 2), _prompt(7, 3), _prompt(90, 4), _prompt(8, 5), _prompt(30, 6)]
+    # slots 0-2 run; the long one fills slot 3; slot 1's request finishes first, so the next one fills slot 2
+    params = [SamplingParams(temperature=1.0, seed=i, max_new_tokens=m) for i, m in enumerate([40, 8, 40, 10, 10, 6])]
+    runs = []
+    for budget in (None, 16):
+        engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=160, num_draft_tokens=2,
+                                                    admit_min=1, prefill_budget=budget))
+        runs.append(_drive(engine, prompts[:3], prompts[3:], params, join_after=1))
+    assert swaps, "no exchange of slots happened: the scenario no longer covers it"
+    assert runs[1] == runs[0]
+
+    engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=160, num_draft_tokens=2, admit_min=1,
+                                                prefill_budget=16))
+    engine.add_request(prompts[0], params[0])
+    engine.step()
+    doomed = engine.add_request(prompts[3], params[3])
+    engine.step()
+    assert engine.num_prefilling == 1
+    engine.abort(doomed)
+    outs = engine.step()
+    assert [o.finish_reason for o in outs if o.request_id == doomed] == ["abort"] and engine.num_prefilling == 0
+    kept = engine.add_request(prompts[5], params[5])  # its slot is reused: the tokens of a fresh engine's run
+    outputs = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
+    fresh = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=160, num_draft_tokens=2))
+    alone = fresh.add_request(prompts[5], params[5])
+    again = {}
+    while fresh.has_unfinished():
+        for out in fresh.step():
+            again.setdefault(out.request_id, []).extend(out.new_token_ids)
+    assert outputs[kept] == again[alone]
+
+
+@pytest.mark.parametrize("budget, error", [(8, ValueError), (1 << 21, ValueError), ("lots", ValueError),
+                                           (True, TypeError), (1.5, TypeError)])
+def test_prefill_budget_is_checked_before_anything_allocates(budget, error):
+    with pytest.raises(error, match="prefill_budget"):
+        EngineConfig(prefill_budget=budget)
+
+
+def test_prefill_budget_auto_is_off_on_the_cpu_and_zero_is_off(make_llama):
+    for budget in ("auto", 0, None):
+        assert Engine(make_llama(0), None, EngineConfig(max_batch_size=2, max_seq_len=64,
+                                                        prefill_budget=budget)).prefill_budget is None
+    assert Engine(make_llama(0), None, EngineConfig(max_batch_size=2, max_seq_len=64,
+                                                    prefill_budget=32)).prefill_budget == 32
+
+
+def test_bitwise_logprobs_do_not_depend_on_the_prefill_budget(make_llama):
+    """Bitwise mode (batch-invariant kernels): a 40-token prompt admitted mid-flight and prefilled a budget of 16 per
+    step (chunks starting anywhere, beside other rows) leaves the bits of a whole prefill: same log-probabilities."""
+    target, draft = make_llama(0), make_llama(5, layers=1)
+    early = [_prompt(5, 1), _prompt(9, 2)]
+    late = [_prompt(40, 3)]
+    params = [SamplingParams(temperature=0.9 if i else 0, top_p=0.9, seed=i, max_new_tokens=10, logprobs=True)
+              for i in range(3)]
+    results = []
+    for budget in (None, 16):
+        engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=3,
+                                                    admit_min=1, prefill_budget=budget, bitwise=True))
+        ids = [engine.add_request(p, q) for p, q in zip(early, params)]
+        logprobs: dict = {}
+        filling = 0
+        for step in range(200):
+            if step == 2:
+                ids.append(engine.add_request(late[0], params[2]))
+            if step > 2 and not engine.has_unfinished():
+                break
+            for out in engine.step():
+                logprobs.setdefault(out.request_id, []).extend(out.logprobs or [])
+            filling = max(filling, engine.num_prefilling)
+        results.append([logprobs[i] for i in ids])
+    assert filling >= 1  # (the budgeted run did fill across steps)
+    assert len(results[1][2]) == 10 and results[1] == results[0]
+
+
+def test_the_policy_sees_what_each_budget_of_prefill_cost():
+    """`AdmissionCost.prefilled`: per budget, the target's and the drafter's seconds per prompt token become samples
+    (the drafter's bounded by the target's), the requests count when they join, and nothing is left unfed."""
+    from specdec.engine.policy_admission import AdmissionCost
+
+    cost = AdmissionCost()
+    cost.prefilled(100, 0.010, 0, None, 0, 0)  # a budget of the target alone (a long prompt's first part)
+    assert cost.feed_per_prompt_token() is None and cost.report()["target_prefill_us_per_prompt_token"] == 100.0
+    cost.prefilled(50, 0.005, 50, 0.001, 1, 150)  # the rest, then the drafter's feed: the request joins
+    assert cost.feed_per_prompt_token() == pytest.approx(20e-6)  # min(feed 20 µs, target 100, ratio 0.2 × 100)
+    assert cost.backlog() == 0.0 and cost.report()["prompt_tokens_per_request"] == 150
+    cost.stepped(2, 10.0, 1)  # the joined request counts as a row that came, none finished
+    assert cost.report()["tokens_per_request"] is None
