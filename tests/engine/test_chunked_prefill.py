@@ -205,3 +205,23 @@ def test_the_policy_sees_what_each_budget_of_prefill_cost():
     assert cost.backlog() == 0.0 and cost.report()["prompt_tokens_per_request"] == 150
     cost.stepped(2, 10.0, 1)  # the joined request counts as a row that came, none finished
     assert cost.report()["tokens_per_request"] is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("drafter", ["model", "head"])
+def test_chunked_prefill_under_cuda_graphs_gives_the_tokens_of_a_whole_prefill(make_llama, drafter):
+    """On CUDA (decode steps replayed as graphs, filling rows inside their batch bucket as padding): "auto" is on
+    there, and gives the tokens of a whole prefill, greedy and seeded T = 1 at a fixed γ."""
+    target = make_llama(0).cuda()
+    draft = make_llama(5, layers=1).cuda() if drafter == "model" else _head(target)
+    early = [_prompt(5, 1), _prompt(9, 2), _prompt(3, 9)]
+    late = [_prompt(150, 3), _prompt(4, 4), _prompt(61, 5), _prompt(12, 6), _prompt(99, 7)]
+    params = _mixed_params(len(early) + len(late))
+    runs = []
+    for budget in (0, "auto", 16):
+        engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=200, num_draft_tokens=3,
+                                                    admit_min=1, prefill_budget=budget))
+        assert engine.prefill_budget == {0: None, "auto": 1024, 16: 16}[budget]
+        runs.append(_drive(engine, early, late, params))
+    assert runs[1] == runs[0] and runs[2] == runs[0]
