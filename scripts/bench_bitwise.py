@@ -221,13 +221,15 @@ def gemm_rows(rows: list, heights=(1, 64, 320)) -> None:
         for m in heights:
             x = torch.randn(m, k, device=GEMM_DEVICE, dtype=torch.bfloat16)
             by_m = kt.config_for(n, k, m)
+            engine = kt.launch_config(n, k, m, torch.bfloat16, x.device)  # what the probe lets the engine run
             row = {"what": "gemm", "matrix": name, "m": m, "fixed_config": fixed.name(), "by_m_config": by_m.name(),
+                   "engine_config": engine.name(),
                    "bytes_gb": n * k * 2 / 1e9, "cublas_us": round(time_graph(lambda: torch.mm(x, w.t())), 1)}
             want = torch.empty(m, n, device=GEMM_DEVICE, dtype=torch.bfloat16)
             kt.matmul(x, w, None, None, want, fixed)
-            same_order, other_orders = {fixed, by_m}, set()
+            same_order, other_orders = {fixed, by_m, engine}, set()
             if m > 16:  # (up to SMALL_M rows the fixed config runs whatever the table says)
-                for tile in tiles:
+                for tile in {*tiles, *(c for _, ts in kt.range_tiles(fixed) for c in ts)}:  # + every candidate
                     same_order.update({fixed.with_tile(tile, False), fixed.with_tile(tile, True)})
                 other = 1 if fixed.split_k > 1 else 2  # the other order: no split (or 2 splits)
                 other_orders = {dataclasses.replace(by_m, split_k=other, fuse_splits=by_m.fuse_splits and other > 1)}
@@ -242,7 +244,8 @@ def gemm_rows(rows: list, heights=(1, 64, 320)) -> None:
                 if cfg in same_order:
                     kt.matmul(x, w, None, None, out, cfg)
                     bits[cfg.name()] = bool(torch.equal(out, want))
-            row.update(fixed_us=timings[fixed.name()], by_m_us=timings[by_m.name()], timings=timings,
+            row.update(fixed_us=timings[fixed.name()], by_m_us=timings[by_m.name()],
+                       engine_us=timings[engine.name()], timings=timings,
                        same_bits_as_fixed=bits)
             emit(rows, row)
         del w

@@ -7,12 +7,13 @@ That ORDER — (block_k, split_k) — is a function of the weight's (N, K) only 
 The rest of a launch changes which program computes an element, not how: the output tile (block_m × block_n), the
 warps, the pipeline stages, and whether one program runs its splits one after the other itself (`fuse_splits`: the
 same fp32 partials added in the same order, without the partials' round trip through memory and the second
-launch). `config_for(n, k, m)` picks those per M range (`range_tiles`): the fixed config up to SMALL_M rows (decode
-steps: tuned for M = 1), wider tiles above (verify passes, batches, prefill). Whether the tensor-core instruction
-Triton picks for another tile shape (on Hopper: mma.sync for a 32-wide tile, wgmma for 64 and more) sums an
+launch). `candidates_for` / `config_for(n, k, m)` pick those per M range (`range_tiles`): the fixed config up to
+SMALL_M rows (decode steps: tuned for M = 1), wider tiles above (verify passes, batches, prefill). Whether the
+tensor-core instruction Triton picks for another tile shape (on Hopper: mma.sync for a 32-wide tile, wgmma for 64 and more) sums an
 element's 16-wide K slice the same way is a fact of the hardware and the compiler, not of this code:
-`_invariant_triton.tiles_by_m` checks it on the device once per process, dtype and base tile, and keeps the fixed
-config where any bit differs; tests/fast/kernels/test_invariant_tiles.py proves it on the 8B shapes (GPU-marked).
+`_invariant_triton.tile_probe` checks every candidate tile on the device once per process, dtype and base tile, and
+`launch_config` runs the first candidate of M's range that kept every bit (else the fixed config);
+tests/fast/kernels/test_invariant_tiles.py proves it on the 8B shapes (GPU-marked).
 
 Pure Python (no Triton import): the CPU tests check the table's invariants without the compiler.
 """
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-__all__ = ["MatmulConfig", "Tile", "MATMUL", "fixed_config", "range_tiles", "config_for", "tiles_for", "SMALL_M",
+__all__ = ["MatmulConfig", "Tile", "MATMUL", "fixed_config", "range_tiles", "config_for", "candidates_for", "SMALL_M",
            "MID_M", "FUSE_PROGRAMS"]
 
 
@@ -113,29 +114,36 @@ def fixed_config(n: int, k: int) -> MatmulConfig:
     return replace(base, split_k=splits)
 
 
-def range_tiles(base: MatmulConfig) -> tuple[tuple[int | None, Tile], ...]:
-    """The M ranges of a weight whose fixed config is `base`: (largest M of the range or None, its tile), in
-    order. The tiles depend on base only through block_k (shared memory: a 128-wide K step keeps 2 stages)."""
+def range_tiles(base: MatmulConfig) -> tuple[tuple[int | None, tuple[Tile, ...]], ...]:
+    """The M ranges of a weight whose fixed config is `base`: (largest M of the range or None, its candidate
+    tiles, preferred first), in order. First choice: 64- or 128-row tiles 128 wide on 8 warps (on Hopper, wgmma
+    instructions). A narrow base (32 wide: mma.sync on Hopper) also gets taller tiles of its own width — the same
+    instruction as the base, in case the device sums a 16-wide K slice differently in the other one. 128-wide K
+    steps keep 2 stages of the 128 × 128 tiles (shared memory)."""
     deep = base.block_k > 64
-    return ((SMALL_M, base.tile),
-            (MID_M, Tile(64, 128, 8, 3)),
-            (None, Tile(128, 128, 8, 2 if deep else 3)))
+    mid, large = [Tile(64, 128, 8, 3)], [Tile(128, 128, 8, 2 if deep else 3)]
+    if base.block_n <= 32:
+        mid.append(Tile(64, base.block_n, 4, 3))
+        large.append(Tile(128, base.block_n, 4, 3))
+    return ((SMALL_M, (base.tile,)), (MID_M, tuple(mid)), (None, tuple(large)))
 
 
 def config_for(n: int, k: int, m: int | None = None) -> MatmulConfig:
-    """The launch config of an [N, K] weight for M rows: `fixed_config(n, k)` when m is None, else
-    `tiles_for(fixed_config(n, k), n, m)`. Whether the M-range tiles run is `_invariant_triton.tiles_by_m`'s call."""
+    """The launch config of an [N, K] weight for M rows: `fixed_config(n, k)` when m is None, else the preferred
+    config of m's range (`candidates_for(...)[0]`). Which one runs is `_invariant_triton.launch_config`'s call."""
     base = fixed_config(n, k)
-    return base if m is None else tiles_for(base, n, m)
+    return base if m is None else candidates_for(base, n, m)[0]
 
 
-def tiles_for(base: MatmulConfig, n: int, m: int) -> MatmulConfig:
-    """base's order with the tile of m's range (`range_tiles`), for N output columns; the splits fused into one
-    program where the tiles alone fill the GPU (FUSE_PROGRAMS)."""
+def candidates_for(base: MatmulConfig, n: int, m: int) -> tuple[MatmulConfig, ...]:
+    """base's order with each candidate tile of m's range (`range_tiles`), preferred first, for N output columns;
+    the splits fused into one program where the tiles alone fill the GPU (FUSE_PROGRAMS). `(base,)` up to
+    SMALL_M rows."""
     if isinstance(m, bool) or not isinstance(m, int) or m < 0:
         raise ValueError(f"m must be an integer >= 0, got {m!r}")
-    tile = next(t for top, t in range_tiles(base) if top is None or m <= top)
-    if tile == base.tile:
-        return base
-    programs = -(-m // tile.block_m) * -(-n // tile.block_n)
-    return base.with_tile(tile, fuse_splits=programs >= FUSE_PROGRAMS)
+    tiles = next(t for top, t in range_tiles(base) if top is None or m <= top)
+    out = []
+    for tile in tiles:
+        programs = -(-m // tile.block_m) * -(-n // tile.block_n)
+        out.append(base if tile == base.tile else base.with_tile(tile, fuse_splits=programs >= FUSE_PROGRAMS))
+    return tuple(out)

@@ -7,7 +7,7 @@ matmul     program (m tile, n tile, k split) computes out[m-block, n-block] = Σ
            N]` and `_reduce` sums them one after the other in split order (then bias, then residual) — or, fused
            (`fuse_splits`, for large M), one program computes each split's sum from zero and adds them in the same
            order itself. The tile (block_m × block_n, warps, stages) may follow M's range (`config_for(n, k, m)`)
-           where `tiles_by_m`'s device check (once per process, dtype and base tile) finds the bits unchanged;
+           where `tile_probe`'s device check (once per process, dtype and base tile) finds the bits unchanged;
            else the fixed config runs for every M. Tiles are held transposed, `[BLOCK_N, BLOCK_M]` (weights as the
            wide operand, as in `_linear_triton`); the grid runs the m tiles of one weight block next to each other.
 attention  program (row b · KV head, split, row tile): the G·k query rows of one KV head, BLOCK_M at a time, over
@@ -32,11 +32,11 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from specdec.fast.kernels._invariant_config import (MATMUL, MatmulConfig, Tile, config_for, fixed_config,  # noqa: F401
-                                                    range_tiles, tiles_for)
+from specdec.fast.kernels._invariant_config import (MATMUL, MatmulConfig, Tile, candidates_for,  # noqa: F401
+                                                    config_for, fixed_config, range_tiles)
 
 __all__ = ["MatmulConfig", "MATMUL", "SPLIT_SLOTS", "Tile", "TileProbe", "config_for", "fixed_config", "launch_config",
-           "tiles_by_m", "probe_tiles", "matmul", "attention"]
+           "tile_probe", "probe_tiles", "matmul", "attention"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,20 +49,28 @@ TILES_BY_M: bool | None = None  # True / False override the environment; None: t
 
 @dataclass(frozen=True)
 class TileProbe:
-    """The device check behind `tiles_by_m` for one (device, dtype, base tile): the base's block_k with 2 K splits,
-    160 × 256 outputs over K = 8 · block_k of wide-range random inputs, stored in fp32 (the accumulators' own
-    bits), computed by the base tile and by every M-range tile, splits stored and fused. differs: the configs
-    whose bits differed from the base's; reason: why it did not run (then the fixed config is kept)."""
+    """The device check behind `launch_config` for one (device, dtype, base tile): the base's block_k with 2 K
+    splits, 160 × 256 outputs over K = 8 · block_k of wide-range random inputs, stored in fp32 (the accumulators'
+    own bits), computed by the base tile and by every candidate M-range tile, splits stored and fused. checked /
+    differs: those configs' names, and the ones whose bits differed from the base's (or that did not compile or
+    fit: `errors` says why); reason: why the check did not run (then the fixed config is kept)."""
 
     dtype: str
     base: str
     checked: tuple[str, ...]
     differs: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
     reason: str = ""
 
     @property
     def same(self) -> bool:
-        return not self.differs and not self.reason
+        """Every candidate tile gave the base's bits."""
+        return bool(self.checked) and not self.differs and not self.reason
+
+    def agrees(self, config: MatmulConfig) -> bool:
+        """Whether config's tile (its splits fused or stored as config's) gave the base's bits."""
+        name = replace(config, split_k=2).name()
+        return not self.reason and name in self.checked and name not in self.differs
 
 
 _PROBES: dict[tuple, TileProbe] = {}
@@ -92,60 +100,64 @@ def probe_tiles(base: MatmulConfig, dtype: torch.dtype, device) -> TileProbe:
     x, w = draw(m, k), draw(n, k)
     want = torch.empty(m, n, device=device, dtype=torch.float32)
     matmul(x, w, None, None, want, ref)
-    checked, differs = [], []
-    for _, tile in range_tiles(base):
-        for fuse in (False, True):
-            cfg = ref.with_tile(tile, fuse)
-            if cfg == ref or cfg.name() in checked:
-                continue
-            got = torch.empty_like(want)
-            checked.append(cfg.name())
-            try:
-                matmul(x, w, None, None, got, cfg)
-            except Exception as exc:  # noqa: BLE001  a tile this device cannot compile or hold: keep the fixed one
-                kind = "does not fit" if isinstance(exc, OutOfResources) else type(exc).__name__
-                differs.append(f"{cfg.name()} ({kind}: {str(exc)[:80]})")
-                continue
-            if not torch.equal(got, want):
-                differs.append(cfg.name())
-    return TileProbe(str(dtype), ref.name(), tuple(checked), tuple(differs))
+    checked, differs, errors = [], [], []
+    for _, tiles in range_tiles(base):
+        for tile in tiles:
+            for fuse in (False, True):
+                cfg = ref.with_tile(tile, fuse)
+                if cfg == ref or cfg.name() in checked:
+                    continue
+                got = torch.empty_like(want)
+                checked.append(cfg.name())
+                try:
+                    matmul(x, w, None, None, got, cfg)
+                except Exception as exc:  # noqa: BLE001  a tile the device cannot compile or hold: not used
+                    kind = "does not fit" if isinstance(exc, OutOfResources) else type(exc).__name__
+                    differs.append(cfg.name())
+                    errors.append(f"{cfg.name()}: {kind}: {str(exc)[:80]}")
+                    continue
+                if not torch.equal(got, want):
+                    differs.append(cfg.name())
+    return TileProbe(str(dtype), ref.name(), tuple(checked), tuple(differs), tuple(errors))
 
 
-def tiles_by_m(base: MatmulConfig, dtype: torch.dtype, device) -> bool:
-    """Whether weights whose fixed config is `base` run the M-range tiles (`config_for(n, k, m)`) for this dtype on
-    this device: TILES_BY_M / $SPECDEC_BITWISE_TILES, else ("probe") for bf16/fp16 on CUDA the device check, once
-    per process, device, dtype and base tile, logged (fp32, and outside CUDA, e.g. Triton's interpreter: the fixed
-    config)."""
-    mode = _tiles_mode()
-    if mode != "probe":
-        return mode == "by_m"
+def tile_probe(base: MatmulConfig, dtype: torch.dtype, device) -> TileProbe | None:
+    """The device check for weights whose fixed config is `base`, run once per process, device, dtype and base
+    tile, logged; None where it does not apply: fp32 (its IEEE FMA tiles would outgrow shared memory) and outside
+    CUDA (Triton's interpreter), where the fixed config runs. Under CUDA graph capture (no sync allowed) an
+    unchecked base keeps the fixed config for the rest of the process."""
     device = torch.device(device)
     if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
-        return False  # the interpreter; fp32 (its IEEE FMA tiles would outgrow shared memory)
+        return None
     key = (device, dtype, base.tile, base.block_k)
     result = _PROBES.get(key)
     if result is None:
-        if torch.cuda.is_current_stream_capturing():  # cannot sync here: keep the fixed config, consistently
+        if torch.cuda.is_current_stream_capturing():
             result = TileProbe(str(dtype), base.name(), (), reason="first used under CUDA graph capture")
         else:
             result = probe_tiles(base, dtype, device)
         _PROBES[key] = result
-        if result.same:
-            logger.info("bitwise GEMM: M-range tiles on for %s %s (bit-identical to %s: %s)", device, dtype,
-                        result.base, ", ".join(result.checked))
-        else:
-            logger.warning("bitwise GEMM: fixed tiles kept for %s %s base %s (%s)", device, dtype, result.base,
-                           result.reason or "bits differ: " + ", ".join(result.differs))
-    return result.same
+        agree = [c for c in result.checked if c not in result.differs]
+        log = logger.info if result.same else logger.warning
+        log("bitwise GEMM tiles for %s %s base %s: same bits %s; differ %s%s", device, dtype, result.base,
+            agree or "none", list(result.differs) or "none", f" ({result.reason})" if result.reason else "")
+    return result
 
 
 def launch_config(n: int, k: int, m: int, dtype: torch.dtype, device) -> MatmulConfig:
-    """The config `matmul` runs for M rows: the M-range config where `tiles_by_m` allows it, else the fixed one."""
+    """The config `matmul` runs for M rows of an [N, K] weight: `fixed_config(n, k)` up to SMALL_M rows; above,
+    per TILES_BY_M / $SPECDEC_BITWISE_TILES: "fixed" that config, "by_m" the preferred M-range config
+    (`config_for(n, k, m)`, no check), "probe" (the default) the first candidate of m's range whose tile
+    `tile_probe` found bit-identical to the fixed config, else the fixed config."""
     base = fixed_config(n, k)
-    cfg = tiles_for(base, n, m)
-    if cfg == base or not tiles_by_m(base, dtype, device):
+    candidates = candidates_for(base, n, m)
+    if candidates[0] == base:
         return base
-    return cfg
+    mode = _tiles_mode()
+    if mode != "probe":
+        return candidates[0] if mode == "by_m" else base
+    probe = tile_probe(base, dtype, device)
+    return next((c for c in candidates if probe is not None and probe.agrees(c)), base)
 
 
 @triton.jit

@@ -10,7 +10,7 @@ alone and in any batch, and greedy and seeded output cannot depend on any of tha
                         CUDA (and Triton's interpreter on request): one Triton kernel whose summation order —
                         BLOCK_K and a FIXED split-K (K ranges summed in split order) — is a function of the
                         weight's (N, K) only, the same for every M; its tiles follow M's range where a device check
-                        finds the bits unchanged (`_invariant_config.config_for`, `_invariant_triton.tiles_by_m`,
+                        finds the bits unchanged (`_invariant_config.config_for`, `_invariant_triton.launch_config`,
                         `matmul`); CPU: torch's BLAS called only on fixed-shape tiles of
                         ROW_TILE rows (MKL's sgemm picks its kernel — and its summation order — by shape: M = 1
                         runs a GEMV, other M other blockings; for one shape a row's result does not depend on the

@@ -1,4 +1,4 @@
-"""The bitwise GEMM's M-range tiles (`_invariant_config.config_for(n, k, m)`, `_invariant_triton.tiles_by_m`): only
+"""The bitwise GEMM's M-range tiles (`_invariant_config.config_for(n, k, m)`, `_invariant_triton.launch_config`): only
 the tile, warps, stages and fused-vs-stored splits follow M; the summation order (BLOCK_K, split-K) stays a function
 of (N, K). On CPU: the table's invariants, and Triton-interpreter runs at several tile shapes (numpy arithmetic:
 equal bits there prove the indexing, not the hardware) with the device probe's logic and its negative control. On
@@ -45,13 +45,15 @@ def test_m_changes_the_tile_never_the_order(n, k):
     base = fixed_config(n, k)
     ranges = cfgs.range_tiles(base)
     for m in [0, 1, 2, 5, 8, 15, 16, 17, 63, 64, 65, 127, 128, 129, 320, 512, 4096]:
-        c = config_for(n, k, m)
-        assert c.order == base.order and c.k_range(k) == base.k_range(k), (m, c)
-        assert not c.fuse_splits or c.split_k > 1
+        candidates = cfgs.candidates_for(base, n, m)
+        assert config_for(n, k, m) == candidates[0]
+        tiles = next(t for top, t in ranges if top is None or m <= top)
+        assert [c.tile for c in candidates] == list(tiles)
+        for c in candidates:
+            assert c.order == base.order and c.k_range(k) == base.k_range(k), (m, c)
+            assert not c.fuse_splits or c.split_k > 1
         if m <= cfgs.SMALL_M:
-            assert c == base
-        top_tile = next(t for top, t in ranges if top is None or m <= top)
-        assert c.tile == top_tile
+            assert candidates == (base,)
 
 
 def test_the_table_varies_on_the_8b_shapes_and_refuses_bad_arguments():
@@ -71,7 +73,7 @@ def test_the_table_varies_on_the_8b_shapes_and_refuses_bad_arguments():
 
 # ------------------------------------------------------------------------------------- Triton's interpreter
 SMALL = MatmulConfig(16, 16, 16, 1, 1, split_k=3)  # K = 80: three ranges of 2 · 16, the last one ragged
-SMALL_RANGES = ((16, SMALL.tile), (32, Tile(32, 32, 1, 1)), (None, Tile(64, 32, 2, 1)))
+SMALL_RANGES = ((16, (SMALL.tile,)), (32, (Tile(32, 32, 1, 1), Tile(32, 16, 1, 1))), (None, (Tile(64, 32, 2, 1),)))
 
 
 @pytest.fixture
@@ -101,56 +103,73 @@ def test_interpreter_tiles_and_fused_splits_give_the_same_bits(kt):
 
     want = run(SMALL)
     torch.testing.assert_close(want, x @ w.T + b + r, rtol=1e-5, atol=1e-4)
-    for _, tile in SMALL_RANGES:
-        for fuse in (False, True):
-            assert torch.equal(run(SMALL.with_tile(tile, fuse)), want), (tile, fuse)
+    for _, tiles in SMALL_RANGES:
+        for tile in tiles:
+            for fuse in (False, True):
+                assert torch.equal(run(SMALL.with_tile(tile, fuse)), want), (tile, fuse)
     assert not torch.equal(run(replace(SMALL, block_k=32)), want)
     assert not torch.equal(run(replace(SMALL, split_k=2)), want)
 
 
 def test_interpreter_probe_and_its_negative_control(kt, monkeypatch):
-    """`probe_tiles` on a small base: every range tile agrees; with tiles that (as broken hardware would) also
-    change the K step, it names them, and `tiles_by_m` then keeps the fixed config (once, cached)."""
+    """`probe_tiles` on a small base: every candidate tile agrees; with tiles that (as a device summing a K slice
+    another way would) also change the K step, it names them all."""
     monkeypatch.setattr(kt, "range_tiles", lambda base: SMALL_RANGES)
     monkeypatch.setattr(kt, "PROBE_SHAPE", (40, 64, 6))  # (the interpreter is slow)
     base = replace(SMALL, split_k=1)
     good = kt.probe_tiles(base, torch.float32, "cpu")
-    assert good.same and len(good.checked) == 5 and good.base.endswith("_s2")
+    assert good.same and len(good.checked) == 7 and good.base.endswith("_s2")  # 3 tiles × 2, base fused
+    assert good.agrees(base.with_tile(Tile(32, 16, 1, 1))) and good.agrees(replace(SMALL, fuse_splits=True))
+    assert not good.agrees(base.with_tile(Tile(128, 16, 1, 1)))  # never checked
     broken = lambda self, tile, fuse_splits=False: replace(  # noqa: E731
         self, block_m=tile.block_m, block_n=tile.block_n, block_k=32, fuse_splits=fuse_splits)
     monkeypatch.setattr(MatmulConfig, "with_tile", broken)
     bad = kt.probe_tiles(base, torch.float32, "cpu")
-    assert not bad.same and bad.differs == bad.checked and len(bad.checked) >= 5
+    assert not bad.same and bad.differs == bad.checked and len(bad.checked) == 8  # the base tile too
 
+
+def test_launch_config_follows_the_probe(kt, monkeypatch):
+    """Above SMALL_M rows the first candidate whose tile the probe found bit-identical runs (here the narrow one,
+    the wide one having differed); none: the fixed config. One probe per (device, dtype, base tile)."""
+    n, k, m = 6144, 4096, 320
+    base = fixed_config(n, k)
+    wide, narrow = cfgs.candidates_for(base, n, m)
+    mid_wide, mid_narrow = cfgs.candidates_for(base, n, 64)
+    name = lambda c: replace(c, split_k=2).name()  # noqa: E731  (the probe's own configs have 2 splits)
+    checked = tuple(name(c) for c in (wide, narrow, mid_wide, mid_narrow))
+    verdicts = iter([kt.TileProbe("bf16", "b", checked, differs=(name(wide), name(mid_wide))),
+                     kt.TileProbe("bf16", "b", checked, differs=checked)])
     calls = []
-    monkeypatch.setattr(kt, "probe_tiles", lambda *a: calls.append(a) or bad)
+    monkeypatch.setattr(kt, "probe_tiles", lambda *a: calls.append(a) or next(verdicts))
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    assert kt.tiles_by_m(base, torch.bfloat16, "cuda") is False
-    assert kt.tiles_by_m(base, torch.bfloat16, "cuda") is False and len(calls) == 1  # once per key
-    assert kt.launch_config(28672, 4096, 320, torch.bfloat16, "cuda") == fixed_config(28672, 4096)
-    assert len(calls) == 2  # another base tile: its own probe
+    assert kt.launch_config(n, k, m, torch.bfloat16, "cuda") == narrow != wide
+    assert kt.launch_config(n, k, 64, torch.bfloat16, "cuda") == mid_narrow != mid_wide
+    assert kt.launch_config(n, k, 8, torch.bfloat16, "cuda") == base and len(calls) == 1  # once per key
+    assert kt.launch_config(n, k, m, torch.float16, "cuda") == base and len(calls) == 2  # another dtype: probed
 
 
 def test_tiles_switch(kt, monkeypatch):
-    """TILES_BY_M / $SPECDEC_BITWISE_TILES: forced on or off without a probe; a bad value is refused by name; under
-    graph capture an unprobed base keeps the fixed config (no device sync there); off CUDA, "probe" means fixed."""
-    base = fixed_config(28672, 4096)
+    """TILES_BY_M / $SPECDEC_BITWISE_TILES: forced on (the preferred tiles) or off without a probe; a bad value is
+    refused by name; under graph capture an unprobed base keeps the fixed config (no device sync there); fp32 and
+    off CUDA, "probe" means fixed."""
+    n, k, m = 28672, 4096, 320
+    base = fixed_config(n, k)
     monkeypatch.setattr(kt, "TILES_BY_M", True)
-    assert kt.launch_config(28672, 4096, 320, torch.bfloat16, "cpu") == config_for(28672, 4096, 320) != base
+    assert kt.launch_config(n, k, m, torch.bfloat16, "cpu") == config_for(n, k, m) != base
     monkeypatch.setattr(kt, "TILES_BY_M", False)
-    assert kt.launch_config(28672, 4096, 320, torch.bfloat16, "cpu") == base
+    assert kt.launch_config(n, k, m, torch.bfloat16, "cpu") == base
     monkeypatch.setattr(kt, "TILES_BY_M", None)
     monkeypatch.setenv(kt.TILES_ENV, "by_m")
-    assert kt.tiles_by_m(base, torch.bfloat16, "cpu") is True
+    assert kt.launch_config(n, k, m, torch.bfloat16, "cpu") == config_for(n, k, m)
     monkeypatch.setenv(kt.TILES_ENV, "sometimes")
     with pytest.raises(ValueError, match=kt.TILES_ENV):
-        kt.tiles_by_m(base, torch.bfloat16, "cpu")
+        kt.launch_config(n, k, m, torch.bfloat16, "cpu")
     monkeypatch.setenv(kt.TILES_ENV, "probe")
-    assert kt.tiles_by_m(base, torch.bfloat16, "cpu") is False
-    assert kt.tiles_by_m(base, torch.float32, "cuda") is False  # fp32: fixed tiles, no probe
+    monkeypatch.setattr(kt, "probe_tiles", lambda *a: pytest.fail("probed"))
+    assert kt.launch_config(n, k, m, torch.bfloat16, "cpu") == base
+    assert kt.launch_config(n, k, m, torch.float32, "cuda") == base
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    monkeypatch.setattr(kt, "probe_tiles", lambda *a: pytest.fail("probed under capture"))
-    assert kt.tiles_by_m(base, torch.bfloat16, "cuda") is False
+    assert kt.launch_config(n, k, m, torch.bfloat16, "cuda") == base
     assert "capture" in next(iter(kt._PROBES.values())).reason
 
 
@@ -175,17 +194,22 @@ def placed(target: torch.Tensor, m: int, seed: int) -> tuple[torch.Tensor, list[
 
 @pytest.mark.gpu
 @cuda
-@pytest.mark.parametrize("matrix, dtype", [*((name, torch.bfloat16) for name in LLAMA_8B),
-                                           ("qkv", torch.float16), ("gate_up", torch.float16)])
-def test_gpu_m_range_tiles_keep_every_bit_on_the_8b_shapes(monkeypatch, matrix, dtype):
-    """The proof: with the M-range tiles forced on, a row's output bits (in x's dtype, through `invariant_linear`,
-    the residual added in place where the model does) are those of the row alone, for M in 1, 5, 8, 64, 65, 320,
-    512, at spread places among other random rows; and at M = 320 and 512 the fp32 accumulators themselves (fp32
-    outputs) of each M-range config equal the fixed config's."""
+@pytest.mark.parametrize("matrix, dtype, choice", [*((name, torch.bfloat16, 0) for name in LLAMA_8B),
+                                                   ("qkv", torch.float16, 0), ("gate_up", torch.float16, 0),
+                                                   ("qkv", torch.bfloat16, 1), ("down", torch.bfloat16, 1)])
+def test_gpu_m_range_tiles_keep_every_bit_on_the_8b_shapes(monkeypatch, matrix, dtype, choice):
+    """The proof: with the M-range tiles forced on (choice 0: the preferred candidates, wide tiles; 1: the narrow
+    ones a 32-wide base also has), a row's output bits (in x's dtype, through `invariant_linear`, the residual
+    added in place where the model does) are those of the row alone, for M in 1, 5, 8, 64, 65, 320, 512, at spread
+    places among other random rows; and at M = 320 and 512 the fp32 accumulators themselves (fp32 outputs) of the
+    M-range configs equal the fixed config's."""
     from specdec.fast.kernels import _invariant_triton as kt
     from specdec.fast.kernels.invariant import invariant_linear
 
     monkeypatch.setattr(kt, "TILES_BY_M", True)
+    if choice:
+        ranges = cfgs.range_tiles
+        monkeypatch.setattr(cfgs, "range_tiles", lambda base: tuple((top, t[choice:] or t) for top, t in ranges(base)))
     n, k = LLAMA_8B[matrix]
     w = grnd(n, k, seed=1, dtype=dtype) / k ** 0.5
     with_residual = matrix in ("o", "down")
@@ -214,7 +238,8 @@ def test_gpu_m_range_tiles_keep_every_bit_on_the_8b_shapes(monkeypatch, matrix, 
         rows, _ = placed(target, m, seed=m)
         fixed = torch.empty(m, n, device="cuda", dtype=torch.float32)
         kt.matmul(rows, w, None, None, fixed, kt.fixed_config(n, k))
-        for c in {kt.config_for(n, k, m), kt.config_for(n, k, 64), replace(kt.config_for(n, k, m), fuse_splits=True)}:
+        for c in {*cfgs.candidates_for(kt.fixed_config(n, k), n, m), *cfgs.candidates_for(kt.fixed_config(n, k), n, 64),
+                  replace(kt.config_for(n, k, m), fuse_splits=True)}:
             acc = torch.empty_like(fixed)
             kt.matmul(rows, w, None, None, acc, c)
             assert torch.equal(acc, fixed), (matrix, m, c.name())
@@ -250,7 +275,8 @@ def test_gpu_another_order_changes_bits(matrix):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gpu_probe_passes_for_every_8b_base(dtype):
     """The probe the engine relies on agrees with the proof: on this GPU every base tile of the 8B shapes keeps
-    its bits under every M-range tile (if this fails, `tiles_by_m` keeps the fixed configs: slower, still exact)."""
+    its bits under every candidate M-range tile (where one differs, `launch_config` runs another candidate or the fixed
+    config: slower, still exact)."""
     from specdec.fast.kernels import _invariant_triton as kt
 
     for base in {kt.fixed_config(n, k) for n, k in LLAMA_8B.values()}:
