@@ -47,7 +47,7 @@ _EXPORTS = {
     "StepOutcome": "specdec.policy",
     "load": "specdec.text",
     "HierarchicalDrafter": "specdec.drafters.hierarchical",
-    "beam_search": "specdec.loop.beam",
+    "beam_search": "specdec.decoding",
     "BeamSearchResult": "specdec.loop.beam",
     "check": "specdec.exactness",
     "CheckResult": "specdec.exactness",

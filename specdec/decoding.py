@@ -1,6 +1,7 @@
 """The front door: `generate` / `stream` (keyword arguments → one `SamplingParams`) and `stream_request`, which
 picks the runner for a call — token trees (`loop.tree_decoding`, or the engine's), the request-level engine
-(`specdec.engine`) or the eager chain loop over transformers models (`loop.chain`). It imports both runners
+(`specdec.engine`) or the eager chain loop over transformers models (`loop.chain`); `beam_search` likewise picks
+transformers' forward passes (`loop.beam`) or the engine's beam groups (`engine.beam_run`). It imports both runners
 (the engine lazily); neither runner imports the other or this module.
 """
 
@@ -16,7 +17,7 @@ from specdec.policy import DraftLengthPolicy
 from specdec.request import SamplingParams, resolve_eos
 from specdec.step import GenerateResult, GenerationStream, TokenEvent
 
-__all__ = ["generate", "stream", "stream_request", "GenerateResult", "TokenEvent", "GenerationStream"]
+__all__ = ["generate", "stream", "stream_request", "beam_search", "GenerateResult", "TokenEvent", "GenerationStream"]
 
 
 def generate(
@@ -204,3 +205,34 @@ def _is_feature_head(drafter) -> bool:
     from specdec.drafters.formats import is_drafter  # lazily: the transformers loop does not need the fast model
 
     return is_drafter(drafter)
+
+
+def beam_search(target, prompts, drafter=None, *, engine: str = "auto", **options):
+    """Speculative beam search of width `num_beams` = w: the w beams of transformers'
+    `generate(num_beams=w, do_sample=False)` per prompt, best first, with their scores (`BeamSearchResult`).
+
+    Options (`loop.beam.beam_search`): num_beams, draft_beams u ≥ w, num_draft_tokens γ, max_new_tokens,
+    eos_token_id, length_penalty, early_stopping, attention_mask.
+    engine   "hf": transformers' forward passes, the prompts batched (`loop.beam`); "fast": inside the engine, one
+             beam group of w slots per prompt (`engine.beam_run`; a covered family, else `UnsupportedModel`);
+             "auto": "fast" for a covered target (and drafter) on CUDA, else "hf"
+    """
+    if engine == "auto":
+        device = getattr(target, "device", None)
+        engine = "hf"
+        if isinstance(device, torch.device) and device.type == "cuda":
+            from specdec.engine.build import notice_fallback, uncovered_reason
+
+            reason = uncovered_reason(target, drafter)
+            if reason is not None:
+                notice_fallback(reason)
+            engine = "fast" if reason is None else "hf"
+    if engine == "hf":
+        from specdec.loop.beam import beam_search as loop_beam_search
+
+        return loop_beam_search(target, prompts, drafter, **options)
+    if engine == "fast":
+        from specdec.engine.beam_run import engine_beam_search
+
+        return engine_beam_search(target, prompts, drafter, **options)
+    raise ValueError(f"engine must be 'auto', 'hf' or 'fast', got {engine!r}")

@@ -1,7 +1,7 @@
 """`specdec beam`: beam search from local checkpoints, speculative when a draft model is given.
 
 The beams are identical to transformers' `generate(num_beams=w, do_sample=False)` (see specdec/loop/beam.py);
-the draft model only saves target passes.
+the draft model only saves target passes. --engine fast runs them inside the engine (specdec/engine/beam.py).
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--length-penalty", type=float, default=1.0)
     p.add_argument("--early-stopping", choices=["false", "true", "never"], default="false")
     p.add_argument("--no-eos", action="store_true", help="ignore EOS (always generate --max-new-tokens)")
+    p.add_argument("--engine", choices=["auto", "hf", "fast"], default="auto",
+                   help="fast: inside the engine (one beam group per prompt); hf: transformers' forward passes; "
+                        "auto: fast for a covered model on CUDA")
     add_checkpoint_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (beams, scores, stats)")
     add_model_options(p, seed_help="unused: beam search draws nothing")
@@ -53,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
         target, prompts, draft, num_beams=args.num_beams, draft_beams=args.draft_beams,
         num_draft_tokens=args.num_draft_tokens, max_new_tokens=args.max_new_tokens,
         eos_token_id=[] if args.no_eos else None, length_penalty=args.length_penalty, early_stopping=early,
+        engine=args.engine,
     )
     s = result.stats
     summary = (f"target calls={s.target_calls} (prefill + {s.passes} passes for {s.beam_steps} beam steps, "

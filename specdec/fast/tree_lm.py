@@ -1,6 +1,7 @@
 """Tree passes on the fast model: `models.tree_lm.TreeCausalLM`'s interface (begin, forward, begin_tree /
 forward_tree / commit_path, select_rows) over a `FastLlama` and its per-row static cache, so the loop's speculative
-beam search (`loop.beam.beam_search(..., engine="fast")`) runs on the engine's model and kernels.
+beam search (`loop.beam.BeamSearch`) runs on the engine's model and kernels; the engine's beam groups run it on
+w slots of their slot caches (`engine/beam_slots.SlotTreeLM`, a subclass).
 
 A tree phase appends nodes at each row's own slots from `base` (its length when the phase began): node t in slot
 base + t, at position base + depth(t) (depth 0 = a child of the committed text), attending to the committed text and

@@ -26,9 +26,9 @@ import torch
 
 from specdec.loop.beam_rules import BeamConfig, BeamState, beam_step
 from specdec.models.tree_lm import TreeCausalLM
-from specdec.request import check_num_draft_tokens, normalize_prompts, resolve_eos
+from specdec.request import check_num_draft_tokens, normalize_prompts, resolve_eos, vocab_size
 
-__all__ = ["beam_search", "BeamSearch", "BeamSearchResult", "BeamStats"]
+__all__ = ["beam_search", "BeamSearch", "BeamSearchResult", "BeamStats", "BeamRequest", "decoder_only"]
 
 MAX_BEAMS = 256
 
@@ -75,6 +75,14 @@ class BeamStats:
     def set_wall_time(self, seconds: float) -> None:
         self.wall_time_s = seconds
 
+    def merge(self, other: "BeamStats") -> "BeamStats":
+        """Add another search's counts and times (the engine runs one search per prompt); wall time: the longer."""
+        for name in ("target_calls", "drafter_calls", "passes", "beam_steps", "prompt_passes", "draft_nodes",
+                     "draft_time_s", "verify_time_s"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.wall_time_s = max(self.wall_time_s, other.wall_time_s)
+        return self
+
 
 @dataclass(frozen=True)
 class BeamSearchResult:
@@ -83,56 +91,73 @@ class BeamSearchResult:
     stats: BeamStats = field(default_factory=BeamStats)
 
 
-def beam_search(
-    target,
-    prompts,
-    drafter=None,
-    *,
-    num_beams: int = 4,
-    draft_beams: int | None = None,
-    num_draft_tokens: int = 3,
-    max_new_tokens: int = 32,
-    eos_token_id: "int | Sequence[int] | None" = None,
-    length_penalty: float = 1.0,
-    early_stopping: "bool | str" = False,
-    attention_mask: torch.Tensor | None = None,
-    engine: str = "hf",
-) -> BeamSearchResult:
-    """Beam search of width `num_beams` = w, identical to transformers' `generate(num_beams=w, do_sample=False)`.
+def beam_search(target, prompts, drafter=None, **options) -> BeamSearchResult:
+    """Beam search of width `num_beams` = w, identical to transformers' `generate(num_beams=w, do_sample=False)`,
+    on transformers' forward passes (`TreeCausalLM`). `specdec.beam_search` (`decoding.py`) is the front door:
+    its engine="fast" runs the same search inside the engine (`engine/beam.py`). Arguments: `BeamRequest.of`."""
+    request = BeamRequest.of(target, prompts, drafter, **options)
+    lm = TreeCausalLM(request.target)
+    draft = TreeCausalLM(request.drafter) if request.drafter is not None else None
+    return BeamSearch(lm, draft, request.config, request.draft_beams, request.num_draft_tokens).run(request.prompts)
 
-    target            a transformers decoder-only model
-    prompts           list[list[int]] (ragged) or LongTensor [B, T] (+ attention_mask)
-    drafter           None (plain beam search) or a transformers decoder-only model with the same vocabulary
-    draft_beams       u ≥ w, the drafter's beam width (default w); num_draft_tokens γ ≥ 0 levels per pass
-    eos_token_id      int or list; None = the target's generation config (as in transformers)
-    length_penalty, early_stopping   as in transformers (defaults 1.0, False)
-    engine            "hf": transformers' forward passes (`TreeCausalLM`); "fast": the engine's model and kernels
-                      (`FastLlama` with its tree mask, `fast.tree_lm.FastTreeLM`; eager, no CUDA graphs) for a
-                      covered family (`fast.families`), the drafter too
-    """
-    w = _int_in("num_beams", num_beams, 1, MAX_BEAMS)
-    u = w if draft_beams is None else _int_in("draft_beams", draft_beams, w, MAX_BEAMS)
-    gamma = check_num_draft_tokens(num_draft_tokens, minimum=0) if drafter is not None else 0
-    n = _int_in("max_new_tokens", max_new_tokens, 1, 1 << 20)
-    if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)) or length_penalty != length_penalty:
-        raise ValueError(f"length_penalty must be a number, got {length_penalty!r}")
-    if early_stopping not in (True, False, "never"):
-        raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")
-    if engine not in ("hf", "fast"):
-        raise ValueError(f"engine must be 'hf' or 'fast', got {engine!r}")
-    model = _decoder_only(target, "target")
-    lm = _tree_lm(model, engine)
-    rows = normalize_prompts(prompts, attention_mask, lm.vocab_size)
-    eos = tuple(resolve_eos(eos_token_id, model))
-    draft = None
-    if drafter is not None and gamma > 0:
-        draft = _tree_lm(_decoder_only(drafter, "drafter"), engine)
-        if draft.vocab_size != lm.vocab_size:
-            raise ValueError(f"draft and target vocabularies differ: drafter has {draft.vocab_size} tokens, target has {lm.vocab_size}")
-        if u > draft.vocab_size:
-            raise ValueError(f"draft_beams ({u}) cannot exceed the vocabulary size ({draft.vocab_size})")
-    config = BeamConfig(w, n, eos, float(length_penalty), early_stopping)
-    return BeamSearch(lm, draft, config, u, gamma).run(rows)
+
+@dataclass(frozen=True)
+class BeamRequest:
+    """A beam search call, checked once for every runner (errors name the argument): the transformers models
+    (drafter None when γ = 0), the prompts, the search's rules (`BeamConfig`: w, max_new_tokens, EOS, length
+    penalty, early stopping), u and γ."""
+
+    target: torch.nn.Module
+    drafter: torch.nn.Module | None
+    prompts: list[list[int]]
+    config: BeamConfig
+    draft_beams: int
+    num_draft_tokens: int
+
+    @classmethod
+    def of(
+        cls,
+        target,
+        prompts,
+        drafter=None,
+        *,
+        num_beams: int = 4,
+        draft_beams: int | None = None,
+        num_draft_tokens: int = 3,
+        max_new_tokens: int = 32,
+        eos_token_id: "int | Sequence[int] | None" = None,
+        length_penalty: float = 1.0,
+        early_stopping: "bool | str" = False,
+        attention_mask: torch.Tensor | None = None,
+    ) -> "BeamRequest":
+        """target            a transformers decoder-only model
+        prompts           list[list[int]] (ragged) or LongTensor [B, T] (+ attention_mask)
+        drafter           None (plain beam search) or a transformers decoder-only model with the same vocabulary
+        draft_beams       u ≥ w, the drafter's beam width (default w); num_draft_tokens γ ≥ 0 levels per pass
+        eos_token_id      int or list; None = the target's generation config (as in transformers)
+        length_penalty, early_stopping   as in transformers (defaults 1.0, False)"""
+        w = _int_in("num_beams", num_beams, 1, MAX_BEAMS)
+        u = w if draft_beams is None else _int_in("draft_beams", draft_beams, w, MAX_BEAMS)
+        gamma = check_num_draft_tokens(num_draft_tokens, minimum=0) if drafter is not None else 0
+        n = _int_in("max_new_tokens", max_new_tokens, 1, 1 << 20)
+        if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)) or length_penalty != length_penalty:
+            raise ValueError(f"length_penalty must be a number, got {length_penalty!r}")
+        if early_stopping not in (True, False, "never"):
+            raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")
+        model = decoder_only(target, "target")
+        vocab = vocab_size(model)
+        rows = normalize_prompts(prompts, attention_mask, vocab)
+        eos = tuple(resolve_eos(eos_token_id, model))
+        draft = None
+        if drafter is not None and gamma > 0:
+            draft = decoder_only(drafter, "drafter")
+            if vocab_size(draft) != vocab:
+                raise ValueError(f"draft and target vocabularies differ: drafter has {vocab_size(draft)} tokens, "
+                                 f"target has {vocab}")
+            if u > vocab:
+                raise ValueError(f"draft_beams ({u}) cannot exceed the vocabulary size ({vocab})")
+        config = BeamConfig(w, n, eos, float(length_penalty), early_stopping)
+        return cls(model, draft, rows, config, u, gamma if draft is not None else 0)
 
 
 class BeamSearch:
@@ -374,23 +399,13 @@ class _DraftTree:
         return out
 
 
-def _tree_lm(model: torch.nn.Module, engine: str):
-    """The tree-pass interface over `model`: transformers' forward, or the fast model's (`engine="fast"`)."""
-    if engine == "hf":
-        return TreeCausalLM(model)
-    from specdec.fast.model import FastLlama  # a covered family's fast copy (a ValueError names what is not)
-    from specdec.fast.tree_lm import FastTreeLM
-
-    return FastTreeLM(FastLlama.from_hf(model))
-
-
 def _int_in(name: str, value, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not (low <= value <= high):
         raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
     return value
 
 
-def _decoder_only(model, what: str) -> torch.nn.Module:
+def decoder_only(model, what: str) -> torch.nn.Module:
     inner = getattr(model, "model", None) if not isinstance(model, torch.nn.Module) else model
     if not isinstance(inner, torch.nn.Module) or getattr(inner, "config", None) is None:
         raise TypeError(f"{what} must be a transformers decoder-only model, got {type(model).__name__}")

@@ -170,7 +170,8 @@ _PROCESSORS = "needs a logits processor applied to the target and draft distribu
 REFUSED: tuple[tuple[str, Any, str], ...] = (
     ("best_of", lambda r: r.best_of is None or r.best_of == r.n,
      "best_of > n (generate several and return the best) is not supported; n > 1 is"),
-    ("use_beam_search", lambda r: not r.use_beam_search, "beam search is `specdec beam`, not the server"),
+    ("use_beam_search", lambda r: not r.use_beam_search, "beam search is not served over HTTP yet: it runs on the "
+     "engine through `specdec beam`, `specdec.beam_search` and `Engine.add_request(..., beams=BeamParams(...))`"),
     ("length_penalty", lambda r: r.length_penalty in (None, 1.0), "only applies to beam search"),
     ("logits_processors", lambda r: not r.logits_processors, _PROCESSORS),
     # response_format, guided_json / _regex / _choice / _grammar / _decoding_backend and structured_outputs are

@@ -22,6 +22,10 @@ def test_beam_with_a_draft_gives_the_plain_beams(capsys, ckpt):
     assert spec["sequences"] == plain["sequences"] and len(spec["sequences"][0]) == 3
     assert spec["scores"][0] == pytest.approx(plain["scores"][0], abs=1e-4)
     assert spec["stats"]["drafter_calls"] > 0
+    fast = last_json(capsys, *base, "--draft", str(ckpt / "draft"), "--draft-beams", "6", "--num-draft-tokens", "2",
+                     "--engine", "fast")  # the engine's beam groups: the same beams
+    assert fast["sequences"] == plain["sequences"]
+    assert fast["scores"][0] == pytest.approx(plain["scores"][0], abs=1e-4)
 
 
 def test_generate_draft_tree_and_leniency(capsys, ckpt):

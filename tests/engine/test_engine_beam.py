@@ -8,6 +8,8 @@ import functools
 import pytest
 import torch
 
+import specdec
+
 from helpers import hf_beams, hf_greedy, perturbed_copy
 from specdec.engine import Engine, EngineConfig
 from specdec.engine import beam as engine_beam
@@ -152,6 +154,31 @@ def test_a_wrong_rule_fails_the_equality(pair, monkeypatch):
         outs, _, _ = engine_beams(target, draft, [(p, greedy(), BeamParams(4, 4, 3, num_return_sequences=4))
                                                   for p in PROMPTS])
         assert_transformers_beams(target, outs, 4, ())
+
+
+@pytest.mark.parametrize("w, u, gamma", [(2, 4, 3), (4, 4, 5)])
+def test_beam_search_front_door_runs_on_the_engine(pair, w, u, gamma):
+    """`specdec.beam_search(engine="fast")` is the engine's beam groups: transformers' beams, the same replay per
+    prompt as the transformers path (which batches the prompts: fewer passes, the same prompt passes)."""
+    target, draft = pair
+    kw = dict(num_beams=w, draft_beams=u, num_draft_tokens=gamma, max_new_tokens=N, eos_token_id=[7])
+    res = specdec.beam_search(target, PROMPTS, draft, engine="fast", **kw)
+    for prompt, beams, scores in zip(PROMPTS, res.sequences, res.scores):
+        ref_beams, ref_scores = _hf(target, tuple(prompt), w, (7,))
+        assert beams == ref_beams and scores == pytest.approx(ref_scores, abs=1e-4)
+    hf = specdec.beam_search(target, PROMPTS, draft, engine="hf", **kw)
+    assert (res.stats.prompt_passes, res.stats.beam_steps) == (hf.stats.prompt_passes, hf.stats.beam_steps)
+    assert res.stats.passes == res.stats.prompt_passes  # one search per prompt
+    perfect = specdec.beam_search(target, PROMPTS, target, engine="fast", num_beams=2, draft_beams=2,
+                                  num_draft_tokens=4, max_new_tokens=N, eos_token_id=[])
+    assert perfect.sequences == [_hf(target, tuple(p), 2, ())[0] for p in PROMPTS]
+    assert perfect.stats.steps_per_pass == 5.0  # the accepted nodes' K/V were copied into place: 5 + 5 steps
+    with pytest.raises(ValueError, match="engine"):
+        specdec.beam_search(target, PROMPTS, draft, engine="vllm")
+    with pytest.raises(ValueError, match="draft_beams"):
+        specdec.beam_search(target, PROMPTS, draft, engine="fast", num_beams=4, draft_beams=2)
+    with pytest.raises(TypeError, match="drafter"):
+        specdec.beam_search(target, PROMPTS, "ngram", engine="fast")
 
 
 def test_refusals_name_what_beams_cannot_combine_with(pair):

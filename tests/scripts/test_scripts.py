@@ -105,6 +105,18 @@ def test_demo_repetition_runs_on_the_shipped_pair(monkeypatch, capsys):
     assert re.fullmatch(r"all: repeated lines \d+/\d+ = [\d.]+, distinct 4-grams \d+/\d+ = [\d.]+", lines[-1])
 
 
+def test_bench_engine_beams_runs_on_the_shipped_pair(tmp_path, monkeypatch, capsys):
+    from specdec.bench.demo_pair import DEMO_PAIR
+
+    if not (DEMO_PAIR / "target" / "config.json").is_file():
+        pytest.skip("the demo pair is not installed")
+    out = tmp_path / "beams.json"
+    _run_main(ROOT / "scripts" / "bench_engine_beams.py", ["--device", "cpu", "--prompts", "1", "--max-new-tokens",
+                                                            "4", "--out", str(out)], monkeypatch)
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["identical_beams"] for r in rows] == [True, True, True, None] and all(r["tokens"] == 4 for r in rows)
+
+
 def test_profile_decode_runs_on_a_tiny_model(tmp_path, monkeypatch, capsys):
     """The decode profile on CPU: every row kind, the GEMMs attributed to their projections, c from the pair."""
     out = tmp_path / "profile.jsonl"
