@@ -206,8 +206,9 @@ def probe_rows(rows: list) -> None:
 
 
 def gemm_rows(rows: list, heights=(1, 64, 320)) -> None:
-    """Per matrix and M: cuBLAS, the fixed config, the M-range config, other tiles of the fixed order (bits equal
-    to the fixed config's or not: the proof on the real shape) and other orders (timing only)."""
+    """Per matrix and M: cuBLAS, the fixed config, the M-range config, what the engine runs, other tiles of the
+    fixed order and two other orders (no split or 2 splits; another BLOCK_K), each with whether its output bits
+    equal the fixed config's (the proof on the real shape, and its control)."""
     from specdec.fast.kernels.invariant import triton_kernels
 
     kt = triton_kernels()
@@ -231,8 +232,10 @@ def gemm_rows(rows: list, heights=(1, 64, 320)) -> None:
             if m > 16:  # (up to SMALL_M rows the fixed config runs whatever the table says)
                 for tile in {*tiles, *(c for _, ts in kt.range_tiles(fixed) for c in ts)}:  # + every candidate
                     same_order.update({fixed.with_tile(tile, False), fixed.with_tile(tile, True)})
-                other = 1 if fixed.split_k > 1 else 2  # the other order: no split (or 2 splits)
-                other_orders = {dataclasses.replace(by_m, split_k=other, fuse_splits=by_m.fuse_splits and other > 1)}
+                other = 1 if fixed.split_k > 1 else 2  # another order: no split (or 2 splits) ...
+                other_orders = {dataclasses.replace(by_m, split_k=other, fuse_splits=by_m.fuse_splits and other > 1),
+                                dataclasses.replace(fixed, block_k=64 if fixed.block_k > 64 else 128, num_stages=2)}
+                # ... and another BLOCK_K over the same K ranges (whether it changes the bits is recorded)
             timings, bits = {}, {}
             for cfg in sorted(same_order, key=lambda c: c.name()) + sorted(other_orders, key=lambda c: c.name()):
                 out = torch.empty(m, n, device=GEMM_DEVICE, dtype=torch.bfloat16)
@@ -241,9 +244,8 @@ def gemm_rows(rows: list, heights=(1, 64, 320)) -> None:
                 except Exception as exc:  # e.g. out of shared memory for a deep tile: recorded, not fatal
                     timings[cfg.name()] = f"failed: {type(exc).__name__}: {str(exc)[:80]}"
                     continue
-                if cfg in same_order:
-                    kt.matmul(x, w, None, None, out, cfg)
-                    bits[cfg.name()] = bool(torch.equal(out, want))
+                kt.matmul(x, w, None, None, out, cfg)
+                bits[cfg.name()] = bool(torch.equal(out, want))
             row.update(fixed_us=timings[fixed.name()], by_m_us=timings[by_m.name()],
                        engine_us=timings[engine.name()], timings=timings,
                        same_bits_as_fixed=bits)
