@@ -114,6 +114,9 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
         self._last_used: dict[int, int] = {}  # γ → index of the last step that ran it
         self._flavor = None  # of the running set; None = recompute (requests joined or left)
         self._drafter_synced = True  # every row's drafter cache holds all but its last 2 tokens (see catch-up)
+        self._lagging: set[str] = set()  # but these rows' (a catch-up the prefill budget cut short)
+        self._budget_left = None  # prompt tokens this step may still prefill (None: no budget)
+        self._spread = None  # a catch-up spread over steps by the budget, as the policy is charged it (prefill.py)
         self._plain_run = 0  # plain steps since the last speculative one (what a catch-up makes up for)
         self._catch_up_share = 1.0  # of the last catch-up's tokens, the share plain steps committed (not prompts)
         self._catch_up_prompts = 0  # and the prompt tokens it fed (admitted in the plain run)
@@ -234,6 +237,7 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
     def step(self) -> list[RequestOutput]:
         outputs = self._beam_aborts() + self._handle_aborts()
         self._admit_beams(outputs)  # (beam groups: their own forwards, before the chains' timed step)
+        self._budget_left = self.prefill_budget
         self._admit(outputs)
         outputs += self._step_beams()
         if self._filling:  # at most one budget of prompt tokens, then the decode step (see prefill.py)
@@ -284,7 +288,9 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
         seconds = time.perf_counter() - started
         # the policy weighs whole steps, device time and the host's share alike; a first run's time includes its
         # graph capture (no step time); a catch-up step's excess over the usual step is the plain steps' cost
-        if not first_run and tree is None:
+        if not first_run and tree is None and (self._spread is not None or (caught_up and self._lagging)):
+            self._record_spread_step(batch, gamma, seconds, produced / n, longest, n, caught_up)
+        elif not first_run and tree is None:
             self.policy.record_step(batch, gamma, seconds, produced / n, length=longest, rows=n,
                                     catch_up_of=self._plain_run if caught_up else 0,
                                     catch_up_share=self._catch_up_share, catch_up_prompts=self._catch_up_prompts)

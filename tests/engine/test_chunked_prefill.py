@@ -225,3 +225,69 @@ def test_chunked_prefill_under_cuda_graphs_gives_the_tokens_of_a_whole_prefill(m
         assert engine.prefill_budget == {0: None, "auto": 1024, 16: 16}[budget]
         runs.append(_drive(engine, early, late, params))
     assert runs[1] == runs[0] and runs[2] == runs[0]
+
+
+def test_the_drafters_catch_up_obeys_the_budget_and_is_charged_once(make_llama):
+    """After a plain run the drafter's catch-up feeds at most what the step's budget leaves (rows behind run their
+    speculative steps from a cache missing their latest text, exactly), the parts add up to one catch-up event for
+    the policy, and once every row is fed the twin drafter (the target itself) has every greedy draft accepted again:
+    its cache is what a whole catch-up writes. The tokens are those of the run without a budget."""
+    target = make_llama(0)
+    prompts = [_prompt(6 + 3 * i, 20 + i) for i in range(4)]
+    params = [SamplingParams(temperature=0, max_new_tokens=60)] * 2 + \
+        [SamplingParams(temperature=1.0, seed=7 + i, max_new_tokens=60) for i in range(2)]
+    pattern = [3, 3] + [0] * 12 + [3] * 40
+    runs, parts = [], {}
+    for budget in (None, 16):
+        engine = Engine(target, make_llama(0), EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens="auto",
+                                                            prefill_budget=budget))
+        ids = [engine.add_request(p, q) for p, q in zip(prompts, params)]
+        outputs: dict = {}
+        fed, accepted = [], []
+        for gamma in pattern:
+            engine.policy.set_fixed(gamma)
+            before, drafts = engine.prefill_tokens, engine.stats.accepted_tokens
+            for out in engine.step():
+                outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
+            fed.append(engine.prefill_tokens - before)
+            accepted.append(engine.stats.accepted_tokens - drafts)
+        runs.append([outputs[i] for i in ids])
+        parts[budget] = (fed, accepted, sum(len(v) for v in engine.policy.catch_up_events.values()))
+    assert runs[1] == runs[0]
+    fed, accepted, events = parts[16]
+    spread = [i for i, f in enumerate(fed) if f and i >= 14]  # the speculative steps that fed the catch-up
+    assert max(fed[1:]) <= 16 and len(spread) >= 3  # 4 rows x 12 plain tokens: a budget of 16 per step
+    assert events == 1 == parts[None][2]  # one event, as the whole catch-up of the run without a budget
+    after = spread[-1] + 1  # the first step with every row fed: the twin's greedy drafts all accepted
+    assert accepted[after] == 3 * 4 and parts[None][1][15] == 3 * 4  # q = p: every draft accepted, sampled rows too
+    assert max(parts[None][0][1:]) > 16  # negative control: without a budget the catch-up is one feed
+
+
+def test_chunked_prefill_beside_beam_groups(make_llama):
+    """Filling requests stay below the slots beam groups hold (and a group waits above them): a long chain prompt
+    filling a budget per step while chains run and a beam group is admitted gives transformers' tokens and beams."""
+    from helpers import hf_beams
+    from specdec.engine.beam import BeamParams
+
+    target, draft = make_llama(0), make_llama(5, layers=1)
+    engine = Engine(target, draft, EngineConfig(max_batch_size=8, max_seq_len=128, num_draft_tokens=3, admit_min=1,
+                                                prefill_budget=16))
+    greedy = SamplingParams(temperature=0, max_new_tokens=12)
+    prompts = [_prompt(6, 1), _prompt(7, 2), _prompt(60, 3), _prompt(9, 4)]
+    ids = [engine.add_request(p, greedy) for p in prompts[:2]]
+    outputs: dict = {}
+    filling = 0
+    for step in range(500):
+        if step == 2:
+            ids.append(engine.add_request(prompts[2], greedy))
+            beam = engine.add_request(prompts[3], greedy, beams=BeamParams(2, num_return_sequences=2))
+        if step > 2 and not engine.has_unfinished():
+            break
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).append(out)
+        filling = max(filling, engine.num_prefilling)
+    assert filling >= 1
+    for rid, prompt in zip(ids, prompts):
+        assert [t for o in outputs[rid] for t in o.new_token_ids] == hf_greedy(target, prompt, 12, [])
+    final = outputs[beam][-1]
+    assert [list(b) for b in final.beams] == hf_beams(target, tuple(prompts[3]), 2, (), 12, 1.0, False)[0]
