@@ -18,7 +18,8 @@ Step. Each `Engine.step` runs one pass of every running group *as its own forwar
 is timed for the γ policy without it): beam groups and chain rows do not share a forward. Eager (no CUDA graphs;
 the tree shape varies with how the draft beams spread over the roots), with the host reads `BeamSearch` makes.
 A group reports once, when it finishes: a `BeamOutput` with the best beam as `new_token_ids` (and the
-`num_return_sequences` best beams with their scores, and the search's `BeamStats`).
+`num_return_sequences` best beams with their scores, and the search's `BeamStats`); the engine-wide
+`engine.stats` (chain steps' `SpecStats`) does not count beam passes.
 """
 
 from __future__ import annotations

@@ -33,10 +33,11 @@ def _hf(model, prompt: tuple, w: int, eos: tuple, length_penalty: float = 1.0, e
     return hf_beams(model, prompt, w, eos, N, length_penalty, early_stopping)
 
 
-def engine_beams(target, draft, requests, *, max_batch=8, chains=(), late_chains=()):
+def engine_beams(target, draft, requests, *, max_batch=8, chains=(), late_chains=(), **config):
     """Run beam `requests` [(prompt, SamplingParams, BeamParams)] and chain requests [(prompt, SamplingParams)]
     in one engine; `late_chains` join after two steps → (beam outputs, chain tokens, late chain tokens)."""
-    engine = Engine(target, draft, EngineConfig(max_batch_size=max_batch, max_seq_len=64, num_draft_tokens=3))
+    engine = Engine(target, draft, EngineConfig(max_batch_size=max_batch, max_seq_len=64, num_draft_tokens=3,
+                                                **config))
     ids = [engine.add_request(p, s, beams=b) for p, s, b in requests]
     chain_ids = [engine.add_request(p, s) for p, s in chains]
     tokens, finals, steps = {}, {}, 0
@@ -103,15 +104,16 @@ def test_length_rules_on_the_engine(pair):
         assert_transformers_beams(target, outs, 3, (7, 20), length_penalty=lp, early_stopping=es)
 
 
-def test_beams_and_chains_share_the_engine_without_changing_each_other(pair):
-    """Beam groups run next to chain rows (admitted before and after them): every request's tokens are what it
-    gives alone."""
+@pytest.mark.parametrize("prefill_budget", [None, 16])
+def test_beams_and_chains_share_the_engine_without_changing_each_other(pair, prefill_budget):
+    """Beam groups run next to chain rows (admitted before and after them; with chunked prefill, late chains fill
+    their slots a few tokens per step below the groups): every request's tokens are what it gives alone."""
     target, draft = pair
     chains = [([3, 9, 2, 14], greedy(n=12)), ([8, 8, 1], greedy(n=7))]
-    late = [([21, 5], greedy(n=9)), ([4], greedy(n=12))]
+    late = [(list(range(21, 61)), greedy(n=9)), ([4], greedy(n=12))]  # 40 prompt tokens: 3 budgets
     requests = [(p, greedy((7,)), BeamParams(2, 4, 3, num_return_sequences=2)) for p in PROMPTS[:2]]
     outs, chain_tokens, late_tokens = engine_beams(target, draft, requests, max_batch=16, chains=chains,
-                                                   late_chains=late)
+                                                   late_chains=late, prefill_budget=prefill_budget)
     alone_beams = [engine_beams(target, draft, [r])[0][0] for r in requests]
     assert [o.beams for o in outs] == [o.beams for o in alone_beams]
     assert_transformers_beams(target, outs, 2, (7,))
@@ -214,14 +216,20 @@ def test_abort_and_empty_budget(pair):
     engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=64))
     a = engine.add_request(PROMPTS[0], greedy(), beams=BeamParams(2))
     b = engine.add_request(PROMPTS[1], greedy(n=0), beams=BeamParams(2))
-    engine.step()
+    first = engine.step()
+    assert [(o.request_id, o.new_token_ids, o.finish_reason) for o in first] == [(b, [], "length")]
+    assert engine.num_beam_groups == 1
     engine.abort(a)
     outs = []
     while engine.has_unfinished():
         outs += engine.step()
     assert [(o.request_id, o.finish_reason) for o in outs] == [(a, "abort")]
-    assert engine.num_beam_groups == 0 and engine_beam.BeamOutput is BeamOutput
-    del b
+    assert engine.num_beam_groups == 0
+    c = engine.add_request(PROMPTS[0], greedy(), beams=BeamParams(2), request_id=a)  # the id is free again
+    outs = []
+    while engine.has_unfinished():
+        outs += engine.step()
+    assert [o.request_id for o in outs] == [c] and isinstance(outs[0], engine_beam.BeamOutput)
 
 
 @pytest.mark.gpu
