@@ -74,6 +74,7 @@ class TileProbe:
 
 
 _PROBES: dict[tuple, TileProbe] = {}
+_LAUNCH: dict[tuple, MatmulConfig] = {}  # launch_config's answers (the host cost of a Triton launch is enough)
 PROBE_SHAPE = (160, 256, 8)  # the probe's M, N and K steps (K = steps · block_k, in 2 splits)
 
 
@@ -149,15 +150,23 @@ def launch_config(n: int, k: int, m: int, dtype: torch.dtype, device) -> MatmulC
     per TILES_BY_M / $SPECDEC_BITWISE_TILES: "fixed" that config, "by_m" the preferred M-range config
     (`config_for(n, k, m)`, no check), "probe" (the default) the first candidate of m's range whose tile
     `tile_probe` found bit-identical to the fixed config, else the fixed config."""
-    base = fixed_config(n, k)
-    candidates = candidates_for(base, n, m)
-    if candidates[0] == base:
-        return base
     mode = _tiles_mode()
-    if mode != "probe":
-        return candidates[0] if mode == "by_m" else base
-    probe = tile_probe(base, dtype, device)
-    return next((c for c in candidates if probe is not None and probe.agrees(c)), base)
+    key = (n, k, m, dtype, device, mode)
+    config = _LAUNCH.get(key)
+    if config is None:
+        base = fixed_config(n, k)
+        candidates = candidates_for(base, n, m)
+        if candidates[0] == base or mode == "fixed":
+            config = base
+        elif mode == "by_m":
+            config = candidates[0]
+        else:
+            probe = tile_probe(base, dtype, device)
+            config = next((c for c in candidates if probe is not None and probe.agrees(c)), base)
+        if len(_LAUNCH) >= 4096:  # (prefill chunks of many lengths)
+            _LAUNCH.clear()
+        _LAUNCH[key] = config
+    return config
 
 
 @triton.jit

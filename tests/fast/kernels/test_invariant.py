@@ -67,6 +67,7 @@ def test_split_k_linear_is_row_invariant(monkeypatch):
     from specdec.fast.kernels import _invariant_triton as kt
 
     split3 = kt.MatmulConfig(16, 16, 16, 1, 1, split_k=3)
+    monkeypatch.setattr(kt, "_LAUNCH", {})  # (launch_config's cache: the configs are patched below)
     monkeypatch.setattr(kt, "fixed_config", lambda n, k: split3)
     n, k = 40, 80
     x, w, b, r = rnd(40, k, seed=1), rnd(n, k, seed=2) / k ** 0.5, rnd(n, seed=3), rnd(40, n, seed=4)
@@ -78,8 +79,10 @@ def test_split_k_linear_is_row_invariant(monkeypatch):
     assert row_invariance_failures(fn, x, [2, 5, 17, 33]) == []
     big = 1e4 * rnd(1, k, seed=5)  # large products of both signs: the sum's order shows in the low bits
     monkeypatch.setattr(kt, "fixed_config", lambda n, k: kt.MatmulConfig(16, 16, 16, 1, 1, split_k=1))
+    kt._LAUNCH.clear()
     one = invariant_linear(big, w, kernel="triton")
     monkeypatch.setattr(kt, "fixed_config", lambda n, k: split3)
+    kt._LAUNCH.clear()
     assert not torch.equal(invariant_linear(big, w, kernel="triton"), one)
 
 

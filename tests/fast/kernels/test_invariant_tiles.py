@@ -85,6 +85,7 @@ def kt(monkeypatch):
     from specdec.fast.kernels import _invariant_triton
 
     monkeypatch.setattr(_invariant_triton, "_PROBES", {})
+    monkeypatch.setattr(_invariant_triton, "_LAUNCH", {})
     return _invariant_triton
 
 
@@ -207,6 +208,7 @@ def test_gpu_m_range_tiles_keep_every_bit_on_the_8b_shapes(monkeypatch, matrix, 
     from specdec.fast.kernels.invariant import invariant_linear
 
     monkeypatch.setattr(kt, "TILES_BY_M", True)
+    monkeypatch.setattr(kt, "_LAUNCH", {})  # (launch_config's cache: the table may be patched below)
     if choice:
         ranges = cfgs.range_tiles
         monkeypatch.setattr(cfgs, "range_tiles", lambda base: tuple((top, t[choice:] or t) for top, t in ranges(base)))
