@@ -1,10 +1,13 @@
 """Chunked prefill through `specdec serve` (issue 21 items 3 and 5): the serving table of `specdec bench --serve`
 (the zoo pair with its feature head, --num-draft-tokens auto; closed loops of C streaming clients; plain and
 speculative requests on the same server, level after level) once per --prefill-budget, so the ITL p99 of each
-arm with and without chunked prefill sits side by side.
+arm with and without chunked prefill sits side by side. A budget may carry the server's GIL switch interval after
+a colon ("1024:0.0005" = --prefill-budget 1024 --switch-interval 0.0005): the hand-offs between the driver thread
+(an eager prefill chunk is hundreds of launches from Python) and the event loop streaming every client's tokens.
 
+    python3 scripts/bench_prefill_serve.py --quick --budgets 0 32 --clients 1 2 --out /tmp/quick   # CPU smoke
     python3 scripts/bench_prefill_serve.py --pair /tmp/pair --head /tmp/pair/head --data data/code \\
-        --budgets 0 256 1024 --clients 8 32 64 128 --out "$OUT/prefill" --max-seconds 300
+        --budgets 0 1024 1024:0.0005 256 --clients 8 32 64 128 --out "$OUT/prefill" --max-seconds 300
 
 → OUT/prefill_serve.json (every level of every budget, with the server's step and admission metrics) and
 OUT/prefill_serve.md (one row per budget × clients × mode). A budget's run starts only while --max-seconds leaves
@@ -24,43 +27,64 @@ COLUMNS = ("concurrency", "mode", "throughput_tok_s", "vs_plain", "ttft_p50_s", 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--pair", type=Path, required=True)
+    p.add_argument("--pair", type=Path, default=None, help="the zoo pair (required unless --quick)")
     p.add_argument("--head", type=Path, default=None, help="the feature head (default: the pair's draft0)")
-    p.add_argument("--data", type=Path, required=True, help="the prepared corpus (its tokenizer cuts the prompts)")
-    p.add_argument("--budgets", nargs="+", default=["0", "1024"], help="--prefill-budget values (0: off)")
+    p.add_argument("--data", type=Path, default=None, help="the prepared corpus (its tokenizer cuts the prompts)")
+    p.add_argument("--quick", action="store_true", help="CPU smoke run: the shipped demo pair, short requests")
+    p.add_argument("--budgets", nargs="+", default=["0", "1024"],
+                   help="--prefill-budget values (0: off), each optionally BUDGET:SWITCH_INTERVAL_SECONDS")
     p.add_argument("--clients", nargs="+", type=int, default=[8, 32, 64, 128])
     p.add_argument("--requests-per-client", type=int, default=2)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--max-seconds", type=float, default=300.0, help="no budget's run starts after this")
     args = p.parse_args(argv)
-    for b in args.budgets:
+    if not args.quick and (args.pair is None or args.data is None):
+        p.error("--pair and --data are required (or --quick)")
+    variants = []
+    for text in args.budgets:
+        b, _, switch = text.partition(":")
         if b != "auto" and not (b.isdigit() and (int(b) == 0 or int(b) >= 16)):
-            p.error(f"--budgets: {b!r} is not auto, 0 or an integer >= 16")
+            p.error(f"--budgets: {text!r}: {b!r} is not auto, 0 or an integer >= 16")
+        try:
+            interval = float(switch) if switch else None
+        except ValueError:
+            p.error(f"--budgets: {text!r}: the switch interval {switch!r} is not a number of seconds")
+        if interval is not None and not 0 < interval <= 1:
+            p.error(f"--budgets: {text!r}: the switch interval must be in (0, 1] seconds")
+        extra = ("--prefill-budget", b) + (("--switch-interval", switch) if switch else ())
+        variants.append((text, extra))
 
     from specdec.bench.traffic import TrafficSpec
     from specdec.bench.traffic_serve import serve_traffic
-    from specdec.bench.traffic_setup import GPU_SPEC, code_pool
+    from specdec.bench.traffic_setup import GPU_SPEC, QUICK_SPEC, code_pool, demo_pool
     from specdec.strict_json import dumps
 
     args.out.mkdir(parents=True, exist_ok=True)
-    config = json.loads((args.pair / "target" / "config.json").read_text())
-    pool = code_pool(args.data, min(int(config.get("max_position_embeddings") or 4096), 4096))
+    if args.quick:
+        from specdec.bench.demo_pair import DEMO_PAIR
+
+        target, draft, pool, base, device, dtype = DEMO_PAIR / "target", DEMO_PAIR / "draft", demo_pool(), \
+            QUICK_SPEC, "cpu", "float32"
+    else:
+        config = json.loads((args.pair / "target" / "config.json").read_text())
+        pool = code_pool(args.data, min(int(config.get("max_position_embeddings") or 4096), 4096))
+        target, draft, base, device, dtype = args.pair / "target", args.head or args.pair / "draft0", GPU_SPEC, \
+            "cuda", "bfloat16"
     spec = TrafficSpec(slots=(max(args.clients),), arrivals=(TrafficSpec().arrivals[0],),  # closed loops only
-                       prompt_tokens=GPU_SPEC["prompt_tokens"], new_tokens=GPU_SPEC["new_tokens"])
-    draft = args.head or args.pair / "draft0"
+                       prompt_tokens=base["prompt_tokens"], new_tokens=base["new_tokens"])
     begun, runs = time.perf_counter(), []
-    for budget in args.budgets:
+    for budget, extra in variants:
         spent = time.perf_counter() - begun
         if runs and spent + spent / len(runs) > args.max_seconds:
             print(f"budget {budget}: skipped (--max-seconds {args.max_seconds:.0f})", flush=True)
             break
         start = time.perf_counter()
-        result = serve_traffic(args.pair / "target", draft, pool, spec, tuple(args.clients),
-                               requests_per_client=args.requests_per_client, device="cuda", dtype="bfloat16",
-                               log=lambda m: print(m, flush=True), server_args=("--prefill-budget", budget))
+        result = serve_traffic(target, draft, pool, spec, tuple(args.clients),
+                               requests_per_client=args.requests_per_client, device=device, dtype=dtype,
+                               log=lambda m: print(m, flush=True), server_args=extra)
         runs.append({"prefill_budget": budget, "seconds": round(time.perf_counter() - start, 1),
                      "levels": result["levels"], "server_log": result["server_log"][-20:]})
-        (args.out / "prefill_serve.json").write_text(dumps({"pair": str(args.pair), "drafter": str(draft),
+        (args.out / "prefill_serve.json").write_text(dumps({"target": str(target), "drafter": str(draft),
                                                             "runs": runs}, indent=1))
     rows = ["| budget | " + " | ".join(COLUMNS) + " |", "|" + "---|" * (len(COLUMNS) + 1)]
     for run in runs:
@@ -75,7 +99,7 @@ def main(argv=None) -> int:
 def _cell(column: str, value) -> str:
     if value is None:
         return "-"
-    if column.endswith("_s"):
+    if column.endswith("_s") and not column.endswith("tok_s"):  # seconds
         return f"{value * 1e3:.1f} ms"
     return f"{value:.2f}" if isinstance(value, float) else str(value)
 
