@@ -64,18 +64,28 @@ def sync(device: torch.device) -> None:
 
 def drive(engine: Engine, prompts, params) -> tuple[float, int, list]:
     """(wall seconds, tokens, tokens per prompt); the process's CPU seconds land in `drive.cpu_s` (the steadier
-    figure on a shared CPU machine)."""
+    figure on a shared CPU machine); the seconds until every request had its first token (the prefills, mostly) in
+    `drive.first_s`, and the tokens per second after that in `drive.decode_tok_s`."""
     sync(engine.device)
     start, cpu = time.perf_counter(), time.process_time()
     ids = [engine.add_request(p, params) for p in prompts]
     tokens, by_id = 0, {rid: [] for rid in ids}
+    first_at, first_tokens, waiting = None, 0, set(ids)
     while engine.has_unfinished():
         for out in engine.step():
             tokens += len(out.new_token_ids)
             by_id[out.request_id].extend(out.new_token_ids)
+            if out.new_token_ids:
+                waiting.discard(out.request_id)
+        if first_at is None and not waiting:
+            sync(engine.device)
+            first_at, first_tokens = time.perf_counter(), tokens
     sync(engine.device)
+    end = time.perf_counter()
     drive.cpu_s = time.process_time() - cpu
-    return time.perf_counter() - start, tokens, [by_id[rid] for rid in ids]
+    drive.first_s = (first_at or end) - start
+    drive.decode_tok_s = (tokens - first_tokens) / (end - first_at) if first_at and end > first_at else None
+    return end - start, tokens, [by_id[rid] for rid in ids]
 
 
 def load_pair(pair: str | None, device: str):
@@ -120,8 +130,11 @@ def engine_rows(rows: list, new: int, pair: str | None, device: str, batches: li
                 tokens_of[(mode, name, batch)] = outs
                 if name == "plain":
                     firsts[batch] = outs[0]
+                decode = drive.decode_tok_s
                 emit(rows, {"what": name, "mode": mode, "bitwise": bitwise, "batch": batch, "gamma": gamma,
                             "tok_s": round(tokens / seconds, 1), "seconds": round(seconds, 3),
+                            "first_token_s": round(drive.first_s, 3),
+                            "decode_tok_s": None if decode is None else round(decode, 1),
                             "tok_per_cpu_s": round(tokens / max(drive.cpu_s, 1e-9), 1)})
             del engine
         if len(firsts) > 1:
