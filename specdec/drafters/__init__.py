@@ -4,8 +4,9 @@ Kinds: `ModelDrafter` (a smaller transformers model), `NGramDrafter` (unigram/bi
 `PromptLookupDrafter` (copy from the context; deterministic), `HierarchicalDrafter` (a draft model decoded
 speculatively by an inner drafter), `CrossVocabDrafter` (a draft model with another tokenizer: token-level
 intersection). Published head formats (EAGLE, EAGLE-3, Medusa, speculators) are read by `formats`. Adding a drafter is one file:
-subclass `Drafter` and implement `propose`. What each runner calls on a drafter is written down in `protocol.py`
-(`LoopDrafter` for the eager loop, `SlotDrafter` and its capabilities for the engine).
+subclass `Drafter` and implement `propose`. What each runner calls on a drafter is written down in `protocol.py`:
+one family (`LoopDrafter` for the eager loop, `SlotDrafter` and its capabilities for the engine, `TreeLoopDrafter`
+for the loop's token trees) whose `propose(context, num_draft_tokens, ...)` returns one record, `Proposal`.
 """
 
 from specdec.drafters.base import Drafter, Proposal
@@ -14,8 +15,10 @@ from specdec.drafters.hierarchical import HierarchicalDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NGramDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
-from specdec.drafters.protocol import CachedSlotDrafter, FeatureSlotDrafter, LoopDrafter, SlotDrafter
+from specdec.drafters.protocol import (AnyDrafter, CachedSlotDrafter, FeatureSlotDrafter, LoopDrafter, SlotDrafter,
+                                       TreeLoopDrafter)
 from specdec.drafters.seq2seq import Seq2SeqModelDrafter
 
 __all__ = ["Drafter", "Proposal", "ModelDrafter", "NGramDrafter", "PromptLookupDrafter", "Seq2SeqModelDrafter", "HierarchicalDrafter",
-           "CrossVocabDrafter", "VocabBridge", "LoopDrafter", "SlotDrafter", "CachedSlotDrafter", "FeatureSlotDrafter"]
+           "CrossVocabDrafter", "VocabBridge", "LoopDrafter", "SlotDrafter", "CachedSlotDrafter", "FeatureSlotDrafter",
+           "TreeLoopDrafter", "AnyDrafter"]

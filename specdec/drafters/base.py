@@ -1,4 +1,5 @@
-"""The drafter protocol: propose γ tokens AND the distribution q they were sampled from.
+"""The loop drafters' base class (`protocol.LoopDrafter`): propose γ tokens AND the distribution q they were
+sampled from, as a `protocol.Proposal` (the record both runners receive); the checks the loop runs on it.
 
 A drafter that always proposes the same tokens for the same context is deterministic: its q is
 one-hot (`Proposal.probs is None`), and verification then accepts x with probability p(x).
@@ -7,28 +8,14 @@ one-hot (`Proposal.probs is None`), and verification then accepts x with probabi
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
 
 import torch
 
 from specdec.core import SamplingConfig
+from specdec.drafters.protocol import Proposal
 from specdec.sequences import TokenBuffer
 
-
-@dataclass(frozen=True)
-class Proposal:
-    """Drafts for one step.
-
-    tokens   [B, γ]      long
-    probs    [B, γ, V]   the q each token was sampled from; None = deterministic (one-hot q)
-    lengths  [B]         drafts actually proposed per row (≤ γ); None = all γ
-    forward_passes       drafter model calls this proposal took (0 for table/lookup drafters)
-    """
-
-    tokens: torch.Tensor
-    probs: torch.Tensor | None = None
-    lengths: torch.Tensor | None = None
-    forward_passes: int = 0
+__all__ = ["Drafter", "Proposal", "checked_proposal", "empty_proposal"]
 
 
 class Drafter:

@@ -110,7 +110,8 @@ class NGramDrafter(Drafter):
             raise ValueError("NGramDrafter is not fitted: call .fit(sequences, vocab_size) first")
 
     @torch.inference_mode()
-    def propose(self, context, num_draft_tokens, sampling: SamplingConfig, generator, confidence_threshold=None):
+    def propose(self, context, num_draft_tokens, sampling: SamplingConfig, generator,
+                confidence_threshold=None) -> Proposal:
         prev = context.tokens.gather(1, (context.lengths - 1)[:, None]).squeeze(1)
         tokens, probs = [], []
         if sampling.greedy:

@@ -34,7 +34,7 @@ class PromptLookupDrafter(Drafter):
         return hay.to(context.tokens.device), torch.tensor([len(r) for r in rows], device=context.tokens.device)
 
     @torch.inference_mode()
-    def propose(self, context, num_draft_tokens, sampling, generator, confidence_threshold=None):
+    def propose(self, context, num_draft_tokens, sampling, generator, confidence_threshold=None) -> Proposal:
         hay, lengths = self._haystack(context)
         batch, width = hay.shape
         device = hay.device

@@ -1,40 +1,84 @@
-"""The drafter protocol, written down for both runners: what the eager loop calls and what the engine calls.
+"""The drafter protocol, written down once for both runners: one family, one proposal record.
 
 A drafter proposes γ tokens per row AND the q it sampled them from (None = deterministic, one-hot q); the
-verification rule (`core.verify`) then makes the output law exactly the target's. The two runners hold the
-text differently, so they call a drafter through two doors; a drafter may open either or both:
+verification rule (`core.verify`) then makes the output law exactly the target's. Whichever runner calls it,
+`propose` starts with the same two arguments and returns the same record:
 
-  LoopDrafter   the eager transformers loop (`specdec.loop`: chains, token trees): the batch's committed
-                text is a `TokenBuffer`; `begin` starts a batch, `propose(context, γ, sampling, generator,
-                confidence_threshold) -> Proposal`, `commit(context)` drops state built on rejected drafts,
-                `select_rows(index)` follows finished rows out. `drafters.base.Drafter` is its base class.
-  SlotDrafter   the engine (`specdec.engine`): the committed text lives in the slot state; every step calls
-                `propose(view, γ) -> (tokens [b, γ], q [b, γ, V] | None, lengths [b] | None)` with no host
-                synchronization (the step is captured as a CUDA graph) and `forward_passes(γ)` for the
-                statistics. Capabilities the engine looks for, each a protocol of its own:
+    propose(context, num_draft_tokens, ...) -> Proposal(tokens [B, γ], probs [B, γ, V] | None, lengths [B] | None,
+                                                       forward_passes)
+
+`context` is the batch's committed text: `tokens [B, ≥ L]` right-padded and `lengths [B]` (so a text rule, e.g.
+prompt lookup, runs unchanged under both runners: the engine's `EngineLookupDrafter` calls the loop's
+`PromptLookupDrafter` on its step view). The members of the family differ only in what else a call carries:
+
+  LoopDrafter   the eager transformers loop (`specdec.loop.chain`): `context` is a `TokenBuffer`;
+                `propose(context, num_draft_tokens, sampling, generator, confidence_threshold=None)`, plus
+                `begin` (a batch starts), `commit(context)` (drop state built on rejected drafts) and
+                `select_rows(index)` (finished rows leave). `drafters.base.Drafter` is its base class.
+  SlotDrafter   the engine (`specdec.engine`): `context` is an `engine.drafters.StepView` over the slot state;
+                `propose(context, num_draft_tokens)`, no host synchronization (captured as a CUDA graph).
+                Capabilities the engine looks for, each a protocol of its own:
     CachedSlotDrafter   keeps its own slot cache (`model`, `cache`): the engine prefills admitted rows,
                         catches up rows that ran plain steps, and moves a finished slot's row (`prefill`, `move`)
     FeatureSlotDrafter  reads the target's hidden states (EAGLE, Medusa): `needs_features`, `feature_dim`,
                         `feature_layers` (None = the final-normed state; EAGLE-3: the states entering those layers)
+  TreeLoopDrafter  token trees on the eager loop (`specdec.loop.tree_decoding`): `propose_tree(context, spec,
+                sampling, generator, mode) -> drafters.tree.TreeProposal` (tokens `[B, N+1]`, q at the internal
+                nodes `[B, M, V]`, forward_passes), plus `begin`, `commit_tree`, `select_rows`.
+
+Why the engine's call has two arguments where the loop's has five: the loop runs ONE sampling law for the
+whole batch (`sampling: SamplingConfig`), draws from ONE `torch.Generator` and may stop a draft on the host
+(`confidence_threshold`); the engine's rows each have their own temperature, filters, processors and seed, kept
+on the device, and its draws are counter-based (`specdec.rng`: a hash of (seed, position, stream)) so that a
+request's tokens do not depend on its batch and a captured graph can replay them. Those live on the engine's
+`context` (the `StepView`: `temperature`, `filters`, `seed`, `processors`, `draw`, `draft_chain`), where a
+graph reads them as static tensors; passing a `SamplingConfig` and a generator too would give two sources for
+one law, one of them ignored. The loop's `processor=` keyword (for drafters with `accepts_processor`) is the
+engine's `StepView.processors` for the same reason.
 
 The protocols are `runtime_checkable`: the runners find a drafter's capabilities with `isinstance`, never by
-probing attribute names. (Only methods and attributes are checked, not their signatures.) `as_drafter` is the
-loop's entry: a transformers model becomes a `ModelDrafter` (`Seq2SeqModelDrafter`), vocabularies checked.
+probing attribute names. (Only methods and attributes are checked, not their signatures: `SlotDrafter` alone is
+"has `propose`", which every member shares — the engine never takes a drafter it did not build
+(`engine.build.build_drafter`), and reads only the capabilities, whose members are their own. The shared
+`(context, num_draft_tokens)` head of every shipped drafter's `propose` is checked by
+`tests/drafters/test_protocol.py`.) `as_drafter` is the loop's entry: a transformers model becomes a
+`ModelDrafter` (`Seq2SeqModelDrafter`), vocabularies checked.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, Union, runtime_checkable
 
 import torch
 
 from specdec.core import SamplingConfig
 from specdec.sequences import TokenBuffer
 
-if TYPE_CHECKING:  # the engine's types, named for the reader; drafters never import the engine
-    from specdec.drafters.base import Proposal
+if TYPE_CHECKING:  # named for the reader; drafters never import the engine or the loop
+    from specdec.drafters.tree import TreeProposal
 
-__all__ = ["LoopDrafter", "SlotDrafter", "CachedSlotDrafter", "FeatureSlotDrafter", "as_drafter", "check_same_vocabulary"]
+__all__ = ["Proposal", "LoopDrafter", "SlotDrafter", "CachedSlotDrafter", "FeatureSlotDrafter", "TreeLoopDrafter",
+           "AnyDrafter", "as_drafter", "check_same_vocabulary"]
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """One step's drafts, what every drafter returns to either runner.
+
+    tokens   [B, γ]      long
+    probs    [B, γ, V]   the q each token was sampled from; None = deterministic (one-hot q) — on the engine, also
+                         when every row of the step is greedy
+    lengths  [B]         drafts actually proposed per row (≤ γ): the position after a row's last draft samples
+                         from p; None = all γ
+    forward_passes       drafter model calls this proposal took (0 for table and lookup drafters); the engine's is
+                         fixed per γ, so a captured draft graph's record stays true on every replay
+    """
+
+    tokens: torch.Tensor
+    probs: torch.Tensor | None = None
+    lengths: torch.Tensor | None = None
+    forward_passes: int = 0
 
 
 @runtime_checkable
@@ -66,14 +110,12 @@ class LoopDrafter(Protocol):
 
 @runtime_checkable
 class SlotDrafter(Protocol):
-    """What the engine calls every step (see the module doc). `view` is an `engine.drafters.StepView`."""
+    """What the engine calls every step (see the module doc)."""
 
-    def propose(self, view, gamma: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """→ (tokens `[b, γ]`, q `[b, γ, V]` or None when every row's q is one-hot, lengths `[b]` or None = all γ);
-        no host synchronization (captured in a graph)."""
-
-    def forward_passes(self, gamma: int) -> int:
-        """Drafter model calls one proposal of γ tokens takes (0 for table and lookup drafters)."""
+    def propose(self, context, num_draft_tokens: int) -> Proposal:
+        """`context`: an `engine.drafters.StepView` (b rows of the slot state, their sampling and seeds) →
+        `Proposal(tokens [b, γ], probs [b, γ, V] or None when every row's q is one-hot, lengths [b] or None = all
+        γ, forward_passes)`; no host synchronization (captured in a graph)."""
 
 
 @runtime_checkable
@@ -104,6 +146,31 @@ class FeatureSlotDrafter(SlotDrafter, Protocol):
     needs_features: bool
     feature_dim: int
     feature_layers: tuple[int, ...] | None
+
+
+@runtime_checkable
+class TreeLoopDrafter(Protocol):
+    """What the eager loop's token trees call (`loop.tree_decoding`; `drafters.tree.TreeModelDrafter`)."""
+
+    vocab_size: int | None
+
+    def begin(self, context: TokenBuffer, vocab_size: int) -> None:
+        """A new batch starts with `context`."""
+
+    def propose_tree(self, context: TokenBuffer, spec, sampling: SamplingConfig, generator: torch.Generator | None,
+                     mode: str) -> "TreeProposal":
+        """`spec` (a `core.tree.TreeSpec`)-shaped trees: tokens `[B, N+1]` (column 0 the root), q at the M internal
+        nodes `[B, M, V]` (None = deterministic), the drafter calls taken."""
+
+    def commit_tree(self, context: TokenBuffer, spec, tree_tokens: torch.Tensor) -> None:
+        """Verification appended tokens to `context`; keep only the fed nodes of the trees `[B, N+1]` that are
+        now committed text."""
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep only the rows in `index` `[B']`."""
+
+
+AnyDrafter = Union[LoopDrafter, SlotDrafter, TreeLoopDrafter]  # the family: what a runner may be handed
 
 
 def as_drafter(drafter, target):

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.drafters.cross_vocab import VocabBridge
+from specdec.drafters.protocol import Proposal
 from specdec.engine.drafters import StepView, refeed_window
 from specdec.engine.slots import SlotCache, SlotState, prefill_rows
 from specdec.fast.model import FastLlama
@@ -35,9 +36,6 @@ class EngineCrossVocabDrafter:
         self.vocab_size = bridge.target_vocab_size
         self.spelling = bridge.single_spelling().to(device)  # [V_t] → one draft id each
         self.target_ids, self.draft_ids = bridge.target_ids.to(device), bridge.draft_ids.to(device)
-
-    def forward_passes(self, gamma: int) -> int:
-        return gamma
 
     def _embed(self, target_tokens: torch.Tensor) -> torch.Tensor:
         """The draft's input vectors for target tokens `[b, k]` → `[b, k, dim]` (its own embedding scale applied)."""
@@ -61,9 +59,9 @@ class EngineCrossVocabDrafter:
         prefill_rows(self.model, self.cache, state, rows, starts, ends, chunk, embeds=self._entries, extent=extent,
                      graphs=graphs)
 
-    def propose(self, view: StepView, gamma: int):
-        cache = self.cache.view(slice(0, view.batch), view.num_positions)
-        window, valid = refeed_window(view, cache)
+    def propose(self, context: StepView, num_draft_tokens: int) -> Proposal:
+        cache = self.cache.view(slice(0, context.batch), context.num_positions)
+        window, valid = refeed_window(context, cache)
         first = self.model(None, cache, valid, embeds=self._embed(window), last_only=True)[:, 0]
 
         def next_logits(i, prev):
@@ -71,7 +69,7 @@ class EngineCrossVocabDrafter:
                                                       last_only=True)[:, 0]
             return self._target_logits(logits)
 
-        return view.draft_chain(gamma, next_logits)
+        return context.draft_chain(num_draft_tokens, next_logits, num_draft_tokens)
 
     def move(self, src: int, dst: int, num_positions: int | None = None) -> None:
         self.cache.move(src, dst, num_positions or self.cache.num_positions)

@@ -1,8 +1,10 @@
 """Drafters as the engine runs them: they read the slot state and draw per-row randomness by counter.
 
-Each engine drafter proposes `tokens [b, γ]`, the q they were drawn from (`[b, γ, V]`, None when every
-row's q is one-hot) and per-row draft lengths (None = all γ), with no host synchronization, so a whole
-step can be captured. The rules come from the ordinary drafters and the core; only the bookkeeping is here.
+Each engine drafter is a `drafters.protocol.SlotDrafter`: `propose(context, num_draft_tokens) -> Proposal` —
+`tokens [b, γ]`, the q they were drawn from (`[b, γ, V]`, None when every row's q is one-hot), per-row draft
+lengths (None = all γ) and its model calls — with no host synchronization, so a whole step can be captured;
+`context` is a `StepView`, which carries each row's sampling law and seed. The rules come from the ordinary
+drafters and the core; only the bookkeeping is here.
 
   EngineModelDrafter   a small fast model with its own slot cache; each proposal re-feeds the last
                        `WINDOW` committed tokens, so rejected drafts never need to be rolled back
@@ -27,6 +29,7 @@ from specdec.core.processors import (
     text_bans,
 )
 from specdec.drafters.ngram import NGramDrafter
+from specdec.drafters.protocol import Proposal
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
 from specdec.engine.slots import SlotCache, SlotState, prefill_rows
 from specdec.fast.model import FastLlama
@@ -126,18 +129,17 @@ class StepView:
         stream = rng.NEXT if self.coupled else rng.DRAFT  # (bitwise: the noise the target races at that position)
         return rng.sample(q, self.seed, position, stream), q  # on CUDA one fused kernel, no [b, V] noise
 
-    def draft_chain(self, gamma: int, next_logits):
+    def draft_chain(self, gamma: int, next_logits, forward_passes: int) -> Proposal:
         """γ tokens drawn one after another (`draw`, at positions lengths + i): next_logits(i, previous token
-        [b] or None) → the logits `[b, V]` of token i → (tokens [b, γ], q [b, γ, V] or None, None: every row
-        drafts all γ) — what `propose` returns."""
+        [b] or None) → the logits `[b, V]` of token i → `Proposal(tokens [b, γ], q [b, γ, V] or None, lengths
+        None: every row drafts all γ, forward_passes: the drafter's model calls, as the caller counts them)`."""
         tokens, probs, token = [], [], None
         for i in range(gamma):
             token, q = self.draw(self._process_one(next_logits(i, token), tokens), self.lengths + i)
             tokens.append(token)
             if q is not None:
                 probs.append(q)
-        return torch.stack(tokens, 1), (torch.stack(probs, 1) if probs else None), None
-
+        return Proposal(torch.stack(tokens, 1), torch.stack(probs, 1) if probs else None, None, forward_passes)
 
 
 def refeed_window(view: "StepView", cache) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,6 +151,7 @@ def refeed_window(view: "StepView", cache) -> tuple[torch.Tensor, torch.Tensor]:
     cache.lengths.copy_((lengths - WINDOW).clamp_min(0))
     return view.tokens.gather(1, pos.clamp_min(0)) * valid, valid
 
+
 class EngineModelDrafter:
     """A small `FastLlama` drafting γ tokens autoregressively from its own slot cache."""
 
@@ -157,9 +160,6 @@ class EngineModelDrafter:
         self.cache = SlotCache(model, max_batch, num_positions)
         self.vocab_size = model.shape.vocab_size
 
-    def forward_passes(self, gamma: int) -> int:
-        return gamma
-
     def prefill(self, state: SlotState, rows: slice, starts: list[int], ends: list[int], chunk: int, *,
                 extent: int | None = None, graphs=None) -> None:
         """Feed committed positions [starts[i], ends[i]) of the slots in `rows` (eager; the cache then holds them).
@@ -167,12 +167,12 @@ class EngineModelDrafter:
         unknown; graphs: a `PrefillGraphs` replaying chunk shapes seen before, None = eager)."""
         prefill_rows(self.model, self.cache, state, rows, starts, ends, chunk, extent=extent, graphs=graphs)
 
-    def propose(self, view: StepView, gamma: int):
-        cache = self.cache.view(slice(0, view.batch), view.num_positions)
-        window, valid = refeed_window(view, cache)
+    def propose(self, context: StepView, num_draft_tokens: int) -> Proposal:
+        cache = self.cache.view(slice(0, context.batch), context.num_positions)
+        window, valid = refeed_window(context, cache)
         first = self.model(window, cache, valid, last_only=True)[:, 0]
-        return view.draft_chain(gamma, lambda i, prev: first if i == 0 else
-                                self.model(prev[:, None], cache, last_only=True)[:, 0])
+        return context.draft_chain(num_draft_tokens, lambda i, prev: first if i == 0 else
+                                   self.model(prev[:, None], cache, last_only=True)[:, 0], num_draft_tokens)
 
     def move(self, src: int, dst: int, num_positions: int | None = None) -> None:
         """Slot `src`'s cache into slot `dst` over its first `num_positions` positions (None = all)."""
@@ -185,12 +185,10 @@ class EngineLookupDrafter:
     def __init__(self, drafter: PromptLookupDrafter):
         self.drafter = drafter
 
-    def forward_passes(self, gamma: int) -> int:
-        return 0
-
-    def propose(self, view: StepView, gamma: int):
-        proposal = self.drafter.propose(view, gamma, None, None)  # reads view.tokens / view.lengths
-        return proposal.tokens, None, proposal.lengths
+    def propose(self, context: StepView, num_draft_tokens: int) -> Proposal:
+        # the loop's drafter on the step view (it reads only `tokens` / `lengths`, deterministic: no sampling law)
+        proposal = self.drafter.propose(context, num_draft_tokens, None, None)
+        return Proposal(proposal.tokens, None, proposal.lengths, 0)
 
 
 class EngineNGramDrafter:
@@ -202,10 +200,7 @@ class EngineNGramDrafter:
         self.tables = drafter  # the same rule (`_distribution`); it copies its tables to the device once
         drafter._tables(device)
 
-    def forward_passes(self, gamma: int) -> int:
-        return 0
-
-    def propose(self, view: StepView, gamma: int):
-        last = view.tokens.gather(1, (view.lengths - 1)[:, None]).squeeze(1)
-        return view.draft_chain(gamma, lambda i, prev: self.tables._distribution(last if prev is None else prev)
-                                .clamp_min(1e-30).log())
+    def propose(self, context: StepView, num_draft_tokens: int) -> Proposal:
+        last = context.tokens.gather(1, (context.lengths - 1)[:, None]).squeeze(1)
+        return context.draft_chain(num_draft_tokens, lambda i, prev: self.tables._distribution(
+            last if prev is None else prev).clamp_min(1e-30).log(), 0)

@@ -277,8 +277,8 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
         clock.mark(1)
         packed = run.verify()
         clock.mark(2)
-        passes = self.drafter.forward_passes(gamma) if gamma and self.drafter is not None else 0
-        record = StepRecord.unpack(packed, run.layout, drafter_calls=passes if tree is None else run.drafter_calls,
+        passes = run.drafts.forward_passes if tree is None else run.drafter_calls  # (the proposal's record)
+        record = StepRecord.unpack(packed, run.layout, drafter_calls=passes,
                                    draft_time_s=clock.elapsed(0, 1), verify_time_s=clock.elapsed(1, 2),
                                    has_beta=tree is None)  # (the step's one synchronization)
         if flavor.constrained:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from specdec.drafters.protocol import Proposal
 from specdec.engine.drafters import StepView
 from specdec.engine.slots import SlotCache, SlotState, prefill_rows
 
@@ -44,9 +45,6 @@ class EngineFeatureDrafter:
         self.vocab_size = head.config.vocab_size
         self.window = max_draft_tokens + 1
         self.feature_layers, self.feature_dim = head.feature_layers, head.feature_dim
-
-    def forward_passes(self, gamma: int) -> int:
-        return gamma
 
     def _entries(self, rows: slice, first: int, width: int) -> torch.Tensor:
         """fc inputs of head entries at positions [first, first + width): (f_t, token_{t+1}) → `[b, width, dim]`."""
@@ -68,10 +66,10 @@ class EngineFeatureDrafter:
         prefill_rows(self.head.layer, self.cache, state, rows, starts, ends, chunk, embeds=self._entries, extent=extent,
                      graphs=graphs)
 
-    def propose(self, view: StepView, gamma: int):
-        head, batch, w = self.head, view.batch, self.window
-        cache = self.cache.view(slice(0, batch), view.num_positions)
-        lengths = view.lengths
+    def propose(self, context: StepView, num_draft_tokens: int) -> Proposal:
+        head, batch, w = self.head, context.batch, self.window
+        cache = self.cache.view(slice(0, batch), context.num_positions)
+        lengths = context.lengths
         pos = lengths[:, None] - 1 - w + torch.arange(w, device=lengths.device)[None, :]  # [b, w]: L−1−w .. L−2
         # A one-token text has no feature yet: its last entry becomes (0, x_0), alone in the window, so its
         # first draft reads only what the row holds (never a previous request's cache slots).
@@ -80,7 +78,7 @@ class EngineFeatureDrafter:
         at = pos.clamp_min(0)
         features = self.state.features[:batch].gather(1, at[..., None].expand(batch, w, self.feature_dim))
         features = features * (pos >= 0)[..., None]
-        next_tokens = view.tokens.gather(1, (pos + 1).clamp_min(0)) * valid
+        next_tokens = context.tokens.gather(1, (pos + 1).clamp_min(0)) * valid
         cache.lengths.copy_((lengths - 1 - w).clamp_min(0))
         hidden = head(features, next_tokens, cache, valid, last_only=True)  # f̂_{L−1}: [b, 1, dim]
 
@@ -90,7 +88,7 @@ class EngineFeatureDrafter:
                 hidden = head.step(hidden, prev[:, None], cache)
             return head.logits(hidden)[:, 0]
 
-        return view.draft_chain(gamma, next_logits)
+        return context.draft_chain(num_draft_tokens, next_logits, num_draft_tokens)
 
     def move(self, src: int, dst: int, num_positions: int | None = None) -> None:
         """Slot `src`'s cache into slot `dst` over its first `num_positions` positions (None = all)."""
@@ -110,21 +108,19 @@ class EngineMedusaDrafter:
         self.feature_dim = heads.config.dim
         self.num_heads = heads.config.num_heads
 
-    def forward_passes(self, gamma: int) -> int:
-        return 1 if gamma > 0 else 0
-
-    def propose(self, view: StepView, gamma: int):
-        batch, lengths = view.batch, view.lengths
+    def propose(self, context: StepView, num_draft_tokens: int) -> Proposal:
+        gamma, batch, lengths = num_draft_tokens, context.batch, context.lengths
         at = (lengths - 2).clamp_min(0)[:, None, None].expand(batch, 1, self.feature_dim)
         # a one-token text has no feature yet: its heads read zeros (a valid, if poor, q)
         feature = self.state.features[:batch].gather(1, at)[:, 0] * (lengths >= 2)[:, None]
         logits = self.heads(feature)  # [b, K, V]
         drafted = min(gamma, self.num_heads)
-        tokens, probs, _ = view.draft_chain(drafted, lambda i, prev: logits[:, i])
+        chain = context.draft_chain(drafted, lambda i, prev: logits[:, i], 1)  # one pass of the heads
         if drafted == gamma:
-            return tokens, probs, None
+            return chain
+        tokens, probs = chain.tokens, chain.probs
         pad = gamma - drafted  # never read: the rows' draft lengths stop at K
         tokens = torch.cat([tokens, tokens.new_zeros(batch, pad)], 1)
         if probs is not None:
             probs = torch.cat([probs, probs.new_zeros(batch, pad, probs.shape[-1])], 1)
-        return tokens, probs, torch.full_like(lengths, drafted)
+        return Proposal(tokens, probs, torch.full_like(lengths, drafted), 1)

@@ -11,6 +11,7 @@ import torch
 
 from specdec import rng
 from specdec.core import TEMPERATURE_FLOOR, VerifyResult, invalid_scores, verify, verify_coupled, verify_greedy
+from specdec.drafters.base import empty_proposal
 from specdec.engine.drafters import Flavor, StepView
 from specdec.fast.graphs import CapturedStep
 from specdec.sequences import write_rows, write_tokens
@@ -78,11 +79,10 @@ class StepRunner(CapturedHalves):
 
     # The graph bodies read and write only the engine's static tensors (state, caches, these drafts).
     def draft_body(self):
-        """The draft half (drafts [b, γ], q, lengths): what the draft graph captures."""
+        """The draft half, a `Proposal` (drafts [b, γ], q, lengths): what the draft graph captures."""
         e, gamma = self.engine, self.gamma
         if gamma == 0:
-            rows = self.view.lengths.shape[0]  # the bucket, cut at max_batch_size
-            return torch.zeros(rows, 0, dtype=torch.long, device=e.device), None, None
+            return empty_proposal(self.view.lengths.shape[0], e.device)  # the bucket, cut at max_batch_size
         return e.drafter.propose(self.view, gamma)
 
     def verify_body(self) -> torch.Tensor:
@@ -91,7 +91,8 @@ class StepRunner(CapturedHalves):
         `state.counters` (per slot) and `engine.counter_sums`."""
         e, view, gamma, flavor = self.engine, self.view, self.gamma, self.flavor
         rows, state = slice(0, self.batch), e.state
-        draft_tokens, draft_probs, draft_lengths = self.drafts
+        drafts = self.drafts
+        draft_tokens, draft_probs, draft_lengths = drafts.tokens, drafts.probs, drafts.lengths
         lengths = view.lengths
         cache = e.cache.view(rows, self.positions)
         cache.lengths.copy_(lengths - 1)

@@ -20,6 +20,7 @@ import torch
 
 from specdec.core import standardize_logits
 from specdec.core.tree import MODES, TreeSpec, verify_tree, verify_tree_greedy
+from specdec.drafters.protocol import TreeLoopDrafter
 from specdec.metrics import Clock, SpecStats
 from specdec.models.tree_lm import TreeCausalLM
 from specdec.request import SamplingParams, normalize_prompts, resolve_eos, resolve_generator
@@ -39,8 +40,8 @@ def tree_generate(target, prompts, drafter, draft_tree: Sequence[int], *, max_ne
 
     draft_tree   [k_1, ..., k_D]: children per node at each depth (e.g. [2, 2, 1]: 2 + 4 + 4 nodes)
     tree_mode    "without_replacement" (children distinct; RSD) or "iid" (SpecInfer); see `specdec.core.tree`
-    target       a transformers decoder-only model; drafter: a transformers model or a drafter with
-                 `propose_tree` / `commit_tree` (e.g. `TreeModelDrafter`)
+    target       a transformers decoder-only model; drafter: a transformers model or a
+                 `drafters.protocol.TreeLoopDrafter` (`propose_tree` / `commit_tree`, e.g. `TreeModelDrafter`)
     on_tokens    called with each step's `TokenEvent`
     """
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -158,10 +159,11 @@ def _tree_target(target) -> TreeCausalLM:
 def _tree_drafter(drafter, target: TreeCausalLM):
     if drafter is None:
         raise ValueError("draft_tree needs a drafter (a transformers model or a tree drafter)")
-    if not hasattr(drafter, "propose_tree"):
+    if not isinstance(drafter, TreeLoopDrafter):
         if not isinstance(drafter, torch.nn.Module) or getattr(drafter, "config", None) is None:
             raise TypeError(
-                f"draft_tree needs a transformers model or a drafter with propose_tree as drafter, got {type(drafter).__name__}"
+                f"draft_tree needs a transformers model or a tree drafter (begin, propose_tree, commit_tree, select_rows) "
+                f"as drafter, got {type(drafter).__name__}"
             )
         if getattr(drafter.config, "is_encoder_decoder", False):
             raise ValueError("draft_tree needs a decoder-only drafter (got an encoder-decoder model)")

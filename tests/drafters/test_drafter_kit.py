@@ -37,9 +37,9 @@ def engine_proposals(target, drafter, params, gamma: int = 2) -> SimpleNamespace
         view = StepView(engine.state, 256, 32, Flavor.of(params))
         for i in range(ROWS // 256 + 1):
             engine.state.seed[:256] = torch.arange(256) + 256 * i  # fresh draws for the same context
-            drafts, q, _ = engine.drafter.propose(view, gamma)
-            tokens.append(drafts)
-            probs.append(q)
+            proposal = engine.drafter.propose(view, gamma)
+            tokens.append(proposal.tokens)
+            probs.append(proposal.probs)
     return SimpleNamespace(tokens=torch.cat(tokens), probs=torch.cat(probs))
 
 

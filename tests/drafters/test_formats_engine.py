@@ -60,8 +60,8 @@ def _first_drafts(target, folder, prompt, gamma):
     with torch.inference_mode():
         engine._admit([])
         view = StepView(engine.state, 1, 64, Flavor(True))
-        drafts, probs, lengths = engine.drafter.propose(view, gamma)
-    return drafts[0].tolist(), lengths
+        proposal = engine.drafter.propose(view, gamma)
+    return proposal.tokens[0].tolist(), proposal.lengths
 
 
 def test_first_drafts_are_the_reference_forwards(target, folders):

@@ -1,5 +1,8 @@
-"""The drafter protocols (`specdec.drafters.protocol`): every drafter satisfies the one its runner calls, the
-engine reads a drafter's capabilities from them, and `as_drafter` takes a protocol object or refuses by name."""
+"""The drafter protocols (`specdec.drafters.protocol`): every drafter satisfies the one its runner calls, every
+`propose` of the family starts with `(context, num_draft_tokens)` and returns one `Proposal` record, the engine
+reads a drafter's capabilities from them, and `as_drafter` takes a protocol object or refuses by name."""
+
+import inspect
 
 import pytest
 import torch
@@ -15,7 +18,9 @@ from specdec.models import as_target
 def test_loop_drafters_satisfy_the_loop_protocol(llama_draft):
     for drafter in (NGramDrafter(2), PromptLookupDrafter(), ModelDrafter(llama_draft)):
         assert isinstance(drafter, LoopDrafter), type(drafter).__name__
-        assert not isinstance(drafter, SlotDrafter), type(drafter).__name__  # the engine builds its own
+        # the engine builds its own slot drafters (`engine.build.build_drafter`): a loop drafter has no capability
+        # the engine looks for (`SlotDrafter` alone is only "has propose", which both doors share)
+        assert not isinstance(drafter, (CachedSlotDrafter, FeatureSlotDrafter)), type(drafter).__name__
 
 
 @pytest.mark.parametrize("kind", ["model", "lookup"])
@@ -32,6 +37,90 @@ def test_engine_finds_capabilities_from_the_protocols(llama, llama_draft, kind):
     while engine.has_unfinished():
         out += [t for o in engine.step() for t in o.new_token_ids]
     assert len(out) == 6
+    stats = engine.stats  # the proposals' `forward_passes`, folded: γ model calls a speculative step, lookup none
+    assert stats.num_steps > 0 and stats.drafter_calls == (2 * stats.num_steps if kind == "model" else 0), stats
+
+
+def _loop_drafter_classes():
+    import specdec.drafters  # noqa: F401  (every subclass that defines `propose`, wherever it lives)
+    import specdec.fast.seq2seq  # noqa: F401
+    import specdec.fast.target  # noqa: F401
+    from specdec.drafters.base import Drafter
+
+    found, todo = [], [Drafter]
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        if cls.__module__.startswith("specdec.") and "propose" in vars(cls):
+            found.append(cls)
+    return found
+
+
+def _engine_drafter_classes():
+    from specdec.engine.cross_vocab_drafter import EngineCrossVocabDrafter
+    from specdec.engine.drafters import EngineLookupDrafter, EngineModelDrafter, EngineNGramDrafter
+    from specdec.engine.feature_drafter import EngineFeatureDrafter, EngineMedusaDrafter
+
+    return [EngineModelDrafter, EngineLookupDrafter, EngineNGramDrafter, EngineFeatureDrafter, EngineMedusaDrafter,
+            EngineCrossVocabDrafter]
+
+
+def propose_mismatches(classes, method="propose", head=("context", "num_draft_tokens"), record="Proposal") -> list[str]:
+    """The classes whose `method` does not start with `head` (after self) or is not annotated to return `record`."""
+    bad = []
+    for cls in classes:
+        signature = inspect.signature(getattr(cls, method))
+        names = tuple(signature.parameters)[1 : 1 + len(head)]
+        returns = signature.return_annotation
+        returns = returns if isinstance(returns, str) else getattr(returns, "__name__", str(returns))
+        if names != head or returns.strip("'\"") != record:
+            bad.append(f"{cls.__name__}.{method}{signature}")
+    return bad
+
+
+def test_every_drafter_proposes_through_one_head_and_one_record():
+    loop, engine = _loop_drafter_classes(), _engine_drafter_classes()
+    names = {c.__name__ for c in loop}
+    assert {"Drafter", "ModelDrafter", "NGramDrafter", "PromptLookupDrafter", "CrossVocabDrafter",
+            "HierarchicalDrafter", "FastDrafter", "FastSeq2SeqDrafter"} <= names, names
+    assert propose_mismatches(loop + engine) == []
+    from specdec.drafters.tree import TreeModelDrafter
+
+    assert propose_mismatches([TreeModelDrafter], "propose_tree", ("context", "spec"), "TreeProposal") == []
+
+
+def test_the_signature_check_reports_a_drafter_off_the_protocol():
+    """Negative controls: the engine's old door (view, gamma) -> tuple, and a right head with a tuple record."""
+
+    class OldDoor:
+        def propose(self, view, gamma) -> tuple:
+            return ()
+
+    class TupleRecord:
+        def propose(self, context, num_draft_tokens) -> tuple:
+            return ()
+
+    assert [m.split(".")[0] for m in propose_mismatches([OldDoor, TupleRecord])] == ["OldDoor", "TupleRecord"]
+
+
+@pytest.mark.parametrize("kind", ["model", "lookup", "ngram"])
+def test_an_engine_proposal_is_the_loops_record(llama, llama_draft, kind):
+    from specdec.engine.drafters import Flavor, StepView
+
+    drafter = {"model": lambda: llama_draft, "lookup": PromptLookupDrafter,
+               "ngram": lambda: NGramDrafter(2).fit([[1, 2, 3, 4, 5, 1, 2, 3]], llama.config.vocab_size)}[kind]()
+    engine = Engine(llama, drafter, EngineConfig(max_batch_size=2, max_seq_len=64, num_draft_tokens=3,
+                                                 cuda_graphs=False))
+    params = specdec.SamplingParams(max_new_tokens=6, temperature=0 if kind != "ngram" else 1.0, seed=0)
+    engine.add_request([1, 2, 3, 4, 5, 1, 2, 3], params)
+    with torch.inference_mode():
+        engine._admit([])
+        proposal = engine.drafter.propose(StepView(engine.state, 1, 64, Flavor.of(params)), 3)
+    assert isinstance(proposal, Proposal) and proposal.tokens.shape == (1, 3)
+    assert proposal.forward_passes == (3 if kind == "model" else 0)
+    assert (proposal.probs is None) is (kind != "ngram")  # greedy rows and lookup: one-hot q
+    if kind == "lookup":
+        assert proposal.lengths.tolist() == [3] and proposal.tokens.tolist() == [[4, 5, 1]]  # copied after "1 2 3"
 
 
 class _DuckDrafter:

@@ -119,7 +119,8 @@ def test_first_draft_is_the_head_over_true_features(target, head):
     with torch.inference_mode():
         engine._admit([])
         view = StepView(engine.state, 1, 64, Flavor(True))
-        drafts, probs, lengths = engine.drafter.propose(view, 3)
+        proposal = engine.drafter.propose(view, 3)
+        drafts, probs, lengths = proposal.tokens, proposal.probs, proposal.lengths
         bound = engine.drafter.head
         features = _text_features(engine, prompt)[None]
         cache = bound.layer.new_cache(1, 64)
@@ -130,7 +131,7 @@ def test_first_draft_is_the_head_over_true_features(target, head):
             hidden = bound(hidden, torch.tensor([[expected[-1]]]), cache)
     assert probs is None and lengths is None
     assert drafts[0].tolist() == expected
-    assert engine.drafter.forward_passes(3) == 3
+    assert proposal.forward_passes == 3  # one head call per draft
 
 
 def test_saved_head_drafts_the_same_and_a_wrong_target_is_refused(target, head, make_llama, tmp_path):
