@@ -107,11 +107,17 @@ CONFIGS: dict[tuple[int, int, int], tuple] = {
     (9, 128256, 4096): ('dot', 128, 128, 1, 8, 3),
     (16, 128256, 4096): ('dot', 128, 128, 1, 8, 3),
 }
-# (N, K) of the weights on which this kernel measured at least as fast as cuBLAS at every M in M_BUCKETS and ≥ 5%
-# faster at one (same run): the zoo target's o-proj, 1.75x at M ≤ 5. Elsewhere cuBLAS matched or beat it (it reads
-# the 8B matrices at up to 4.27 TB/s, the device-copy ceiling there), so the fast model's "auto" sends only these
-# weights through this kernel (see BENCHMARKS.md).
-FASTER_THAN_CUBLAS: frozenset[tuple[int, int]] = frozenset({(1024, 1024)})
+# (N, K) of the weights the fast model's "auto" sends through this kernel (cuBLAS for the rest; see BENCHMARKS.md):
+# - the zoo target's o-proj: at least as fast as cuBLAS at every M in M_BUCKETS and 1.75x at M ≤ 5 (bench_linear.py);
+# - the 8B Llama's five matrices (q|k|v, o, gate|up, down, LM head): one at a time cuBLAS matched or beat this kernel
+#   on three of them, but inside the decode step (scripts/profile_decode.py, H200, batch 1, CUDA graph) this kernel
+#   for all five ran the step in 4518 µs vs 4752 with cuBLAS (224.5 vs 214.4 tok/s, 80.0% vs 76.4% of the measured
+#   copy bandwidth): gate|up 1776 vs 1892 µs in the step, and no split-K reduce launches (331 vs 396 kernels).
+# Shapes measured on another card can be chosen there with `linear_choice` (`FastLlama.triton_linear_shapes`).
+FASTER_THAN_CUBLAS: frozenset[tuple[int, int]] = frozenset({
+    (1024, 1024),
+    (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096),
+})
 
 _DEFAULT_SMS = 132  # H100/H200; the real count is read from the device
 
