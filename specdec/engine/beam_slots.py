@@ -4,8 +4,8 @@ begin_tree / forward_tree / commit_path, select_rows) over w consecutive slots o
 The loop's speculative beam search (`loop.beam.BeamSearch`) drives it unchanged: row j = running beam j = slot
 start + j. `begin` prefills the prompt into the first slot and forks it (copies that slot's K/V prefix into the other
 w − 1, as `SlotCache.move` does); `select_rows` re-gathers beams from their roots in place (a beam forked from
-beam i takes a copy of slot start + i); `commit_path` (inherited) copies the accepted path's K/V into chain order,
-so every row stays a contiguous text and a rollback stays a length move.
+beam i takes a copy of slot start + i); `commit_path` (inherited; one gather for every layer) copies the accepted
+path's K/V into chain order, so every row stays a contiguous text and a rollback stays a length move.
 """
 
 from __future__ import annotations
@@ -33,7 +33,11 @@ class SlotTreeLM(FastTreeLM):
         if need > slots.num_positions:
             raise ValueError(f"a beam group needs {need} positions per slot; the engine's cache has {slots.num_positions}")
         self.slots, self.start, self.width, self.chunk = slots, start, width, chunk
-        self.cache = slots.view(slice(start, start + width), positions_bucket(need, slots.num_positions))
+        positions = positions_bucket(need, slots.num_positions)
+        self.cache = slots.view(slice(start, start + width), positions)
+        # the same slots as two [L, w, H_kv, S, D] views: a row gather or a path copy is one operator for all layers
+        self._keys = slots.keys[:, start : start + width, :, :positions]
+        self._values = slots.values[:, start : start + width, :, :positions]
 
     @torch.inference_mode()
     def begin(self, prompts: list[list[int]], max_new_tokens: int) -> TokenBuffer:
@@ -60,9 +64,16 @@ class SlotTreeLM(FastTreeLM):
         """Row i continues row index[i] (a row may repeat): its K/V are copied into slot start + i, in place."""
         if index.shape[0] != self.width:
             raise ValueError(f"a beam group keeps its {self.width} rows, got {index.shape[0]}")
-        cache = self.cache
-        for tensor in cache.keys + cache.values:
-            tensor.copy_(tensor.index_select(0, index))
-        cache.lengths.copy_(cache.lengths.index_select(0, index))
+        for tensor in (self._keys, self._values):
+            tensor.copy_(tensor.index_select(1, index))
+        self.cache.lengths.copy_(self.cache.lengths.index_select(0, index))
         if self.in_tree:
             self._base, self._depths, self._bits = self._base[index], self._depths[index], self._bits[index]
+
+    def _move_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """`FastTreeLM.commit_path`'s copy of slots `src [w, T]` into `dst [w, T]`, every layer in one gather."""
+        layers, _, heads, _, dim = self._keys.shape
+        shape = (layers, self.width, heads, src.shape[1], dim)
+        src, dst = (i[None, :, None, :, None].expand(shape) for i in (src, dst))
+        for tensor in (self._keys, self._values):
+            tensor.scatter_(3, dst, tensor.gather(3, src))

@@ -114,14 +114,17 @@ class FastTreeLM:
         order = torch.where(keep, index, total + index).argsort(1)  # kept nodes first, in node (= path) order
         kept = keep.long().sum(1)
         src = self._base[:, None] + torch.where(index < kept[:, None], order, index)
-        dst = self._base[:, None] + index
-        for tensor in self.cache.keys + self.cache.values:  # [B, H_kv, S, D]
-            b, heads, _, dim = tensor.shape
-            shape = (b, heads, total, dim)
-            moved = tensor.gather(2, src[:, None, :, None].expand(shape))
-            tensor.scatter_(2, dst[:, None, :, None].expand(shape), moved)
+        self._move_slots(src, self._base[:, None] + index)
         self.cache.lengths.copy_(self._base + kept)
         self._base = self._depths = self._bits = None
+
+    def _move_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Per row, the K/V entries of slots `src [B, T]` into slots `dst [B, T]`, in every layer (all read first)."""
+        for tensor in self.cache.keys + self.cache.values:  # [B, H_kv, S, D]
+            b, heads, _, dim = tensor.shape
+            shape = (b, heads, src.shape[1], dim)
+            moved = tensor.gather(2, src[:, None, :, None].expand(shape))
+            tensor.scatter_(2, dst[:, None, :, None].expand(shape), moved)
 
     def select_rows(self, index: torch.Tensor) -> None:
         """Keep rows `index` (in that order; a row may repeat)."""
