@@ -379,6 +379,7 @@ def engine_row(args, name: str, model, device, peaks: dict) -> dict:
     engine = Engine(model, None, config)
     try:
         result, _ = timed(engine, [prompt], params, device)
+        phases = engine_phases(engine, prompt, params, device)
     finally:
         engine = None
         gc.collect()
@@ -391,7 +392,33 @@ def engine_row(args, name: str, model, device, peaks: dict) -> dict:
         if peak:
             row[f"mbu_{label}"] = round(step_bytes * tok_s / peak, 4)
             row[f"mbu_{label}_with_prefill"] = round(step_bytes * with_prefill / peak, 4)
-    return row
+    return {**row, **phases}
+
+
+def engine_phases(engine, prompt, params, device) -> dict:
+    """µs per decode step of the engine's phases (`specdec.engine.profile`), over one more identical run: the whole
+    `step()`, the model body (`MODEL verify`: the graph replay, timed between device syncs, so it is the device's
+    time) and the host phases around it; steps that admit or prefill are left out."""
+    from specdec.engine.profile import phase_timer
+
+    per_step: dict[str, list[float]] = {}
+    with phase_timer(engine, bodies=True, synchronize=("MODEL verify",)) as timer:
+        timer.wrap(engine, "step", "step")
+        engine.add_request(prompt, params)
+        while engine.has_unfinished():
+            timer.clear()
+            engine.step()
+            if timer.calls.get("admit") and timer.truthy.get("admit") or timer.truthy.get("prefill"):
+                continue
+            for name, seconds in timer.seconds.items():
+                per_step.setdefault(name, []).append(seconds * 1e6)
+    steps = len(per_step.get("step", []))
+    sync(device)
+    median = {name: sorted(v)[len(v) // 2] for name, v in per_step.items() if v}
+    out = {"engine_steps_timed": steps, "engine_step_us": {k: round(v, 1) for k, v in sorted(median.items())}}
+    if "step" in median and "MODEL verify" in median:
+        out["engine_outside_model_us"] = round(median["step"] - median["MODEL verify"], 1)
+    return out
 
 
 def pair_models(kind: str, device, dtype):

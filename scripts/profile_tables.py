@@ -91,7 +91,13 @@ def render(rows: list[dict]) -> str:
     peaks = [r for r in rows if r.get("row") == "peak"]
     lines = [f"Device: {peaks[0]['device']}; copy {peaks[0]['copy_TBps']} TB/s measured, datasheet "
              f"{peaks[0]['datasheet_TBps']} TB/s" if peaks else "Device: (no peak row)", ""]
-    lines += decode_table(rows) + [""] + profile_tables(rows) + gemm_table(rows) + [""] + draft_table(rows)
+    lines += decode_table(rows) + [""]
+    for r in rows:
+        if r.get("row") == "engine" and "engine_step_us" in r:
+            phases = ", ".join(f"{k} {v:.0f}" for k, v in r["engine_step_us"].items())
+            lines += [f"Engine {r['shape']}: µs per decode step (median of {r['engine_steps_timed']}): {phases}; outside "
+                      f"the model body {r.get('engine_outside_model_us', '–')} µs", ""]
+    lines += profile_tables(rows) + gemm_table(rows) + [""] + draft_table(rows)
     errors = [r for r in rows if "error" in r]
     if errors:
         lines += ["", "Errors:"] + [f"- {r.get('row')} {r.get('shape') or r.get('pair')} {r.get('variant', '')}: "
