@@ -262,3 +262,9 @@ def test_engine_beams_on_cuda_equal_transformers_beside_chains(make_llama):
             assert [list(b) for b in finals[rid].beams] == ref_beams
             assert list(finals[rid].beam_scores) == pytest.approx(ref_scores, abs=1e-4)
         assert [tokens[rid] for rid in chain_ids] == chain_refs
+    # specdec.beam_search's default on CUDA ("auto") is the engine: one search per prompt (the transformers path
+    # batches the 3 prompts, so its first pass alone counts 3 prompt passes)
+    res = specdec.beam_search(target, PROMPTS, draft, num_beams=2, draft_beams=4, num_draft_tokens=3, max_new_tokens=N,
+                              eos_token_id=[7])
+    assert res.sequences == [refs[(2, tuple(p))][0] for p in PROMPTS]
+    assert res.stats.passes == res.stats.prompt_passes
