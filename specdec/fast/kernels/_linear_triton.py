@@ -5,9 +5,9 @@ Program (pid_n, pid_k, pid_m) computes out[m-block, n-block] over K slice pid_k.
 that side) and the few activation rows are the narrow one.
 
 Prologues (fused into the activation loads, so the step needs no separate launch for them):
-  NORM    the activation rows are RMSNorm'd first: each program computes its rows' 1/rms over the whole K (a pass
-          over x from L2, before the weight stream), then scales every tile as `rms_norm`'s kernel does
-          (x·inv_rms·w, rounded to x's dtype)
+  NORM    the activation rows are RMSNorm'd first: each program computes its rows' 1/rms over the whole K (one
+          load of each whole row from L2, before the weight stream), then scales every tile as `rms_norm`'s kernel
+          does (x·inv_rms·w, rounded to x's dtype)
   GATED   x holds gate|up `[M, 2K]`: each tile is silu(gate)·up computed as `silu_mul`'s kernel does (the same bits)
 """
 
@@ -26,7 +26,7 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr, nw_ptr,
                    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr, FMA: tl.constexpr,
                    IEEE: tl.constexpr, EVEN_K: tl.constexpr, STAGES: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   NORM: tl.constexpr = False, GATED: tl.constexpr = False):
+                   NORM: tl.constexpr = False, GATED: tl.constexpr = False, ROW_BLOCK: tl.constexpr = 16):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -45,35 +45,47 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr, nw_ptr,
     else:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     inv_rms = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if NORM:  # 1/rms of each row over the whole K (every K slice needs it), as rms_norm's kernel computes it
-        sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        row_ptrs = x_ptr + offs_m[:, None] * stride_xm
-        for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-            cols = k0 + tl.arange(0, BLOCK_K)
-            xt = tl.load(row_ptrs + cols[None, :] * stride_xk, mask=m_mask[:, None] & (cols[None, :] < K),
-                         other=0.0).to(tl.float32)
-            sum_sq += tl.sum(xt * xt, axis=1)
-        inv_rms = 1.0 / tl.sqrt(sum_sq / K + eps)
+    if NORM:  # 1/rms of each row over the whole K (every K slice needs it), as rms_norm's kernel computes it: one
+        cols = tl.arange(0, ROW_BLOCK)  # load of the whole row per row (decode: one), from L2
+        for r in range(0, tl.minimum(M - pid_m * BLOCK_M, BLOCK_M)):
+            xrow = tl.load(x_ptr + (pid_m * BLOCK_M + r) * stride_xm + cols * stride_xk, mask=cols < K,
+                           other=0.0).to(tl.float32)
+            inv = 1.0 / tl.sqrt(tl.sum(xrow * xrow, axis=0) / K + eps)
+            inv_rms = tl.where(tl.arange(0, BLOCK_M) == r, inv, inv_rms)
     # The weight loads are pipelined by the compiler (cp.async, STAGES deep: tl.range's num_stages makes that hold
     # for the FMA variant too); the activation tile of the dot variant is not, so it is prefetched by hand one
     # tile ahead (an L2 hit, but its latency would otherwise stall each step).
-    xr = _load_x(x_ptrs, offs_k, m_mask, K, stride_xk, nw_ptr, inv_rms, NORM, GATED)
-    for _ in tl.range(0, k_per_split, BLOCK_K, num_stages=STAGES):  # the pointers carry the position
-        if EVEN_K:
-            w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
-        else:
-            w = tl.load(w_ptrs, mask=n_mask[:, None] & (offs_k[None, :] < K), other=0.0)
-        w_ptrs += BLOCK_K
-        x_ptrs += BLOCK_K * stride_xk
-        offs_k += BLOCK_K
-        x_next = _load_x(x_ptrs, offs_k, m_mask, K, stride_xk, nw_ptr, inv_rms, NORM, GATED)
-        if FMA:
-            acc3 += w.to(tl.float32)[:, None, :] * xr.to(tl.float32)[None, :, :]
-        elif IEEE:
-            acc = tl.dot(w, tl.trans(xr), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(w, tl.trans(xr), acc)
-        xr = x_next
+    if NORM or GATED:  # the raw tiles are what is prefetched; the prologue runs on them one iteration later
+        xr, up, nw = _load_x(x_ptrs, offs_k, m_mask, K, stride_xk, nw_ptr, NORM, GATED)
+        for _ in tl.range(0, k_per_split, BLOCK_K, num_stages=STAGES):
+            w = _load_w(w_ptrs, offs_k, n_mask, K, EVEN_K)
+            w_ptrs += BLOCK_K
+            x_ptrs += BLOCK_K * stride_xk
+            offs_k += BLOCK_K
+            x_next, up_next, nw_next = _load_x(x_ptrs, offs_k, m_mask, K, stride_xk, nw_ptr, NORM, GATED)
+            xr = _prologue(xr, up, nw, inv_rms, NORM, GATED)
+            if FMA:
+                acc3 += w.to(tl.float32)[:, None, :] * xr.to(tl.float32)[None, :, :]
+            elif IEEE:
+                acc = tl.dot(w, tl.trans(xr), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(w, tl.trans(xr), acc)
+            xr, up, nw = x_next, up_next, nw_next
+    else:
+        xr = tl.load(x_ptrs, mask=m_mask[:, None] & (offs_k[None, :] < K), other=0.0)
+        for _ in tl.range(0, k_per_split, BLOCK_K, num_stages=STAGES):  # the pointers carry the position
+            w = _load_w(w_ptrs, offs_k, n_mask, K, EVEN_K)
+            w_ptrs += BLOCK_K
+            x_ptrs += BLOCK_K * stride_xk
+            offs_k += BLOCK_K
+            x_next = tl.load(x_ptrs, mask=m_mask[:, None] & (offs_k[None, :] < K), other=0.0)
+            if FMA:
+                acc3 += w.to(tl.float32)[:, None, :] * xr.to(tl.float32)[None, :, :]
+            elif IEEE:
+                acc = tl.dot(w, tl.trans(xr), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(w, tl.trans(xr), acc)
+            xr = x_next
     if FMA:
         acc = tl.sum(acc3, axis=2)
     mask = n_mask[:, None] & m_mask[None, :]
@@ -98,17 +110,39 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr, nw_ptr,
 
 
 @triton.jit
-def _load_x(x_ptrs, offs_k, m_mask, K, stride_xk, nw_ptr, inv_rms, NORM: tl.constexpr, GATED: tl.constexpr):
-    """One activation tile `[BLOCK_M, BLOCK_K]` in x's dtype, after the prologue (module doc)."""
+def _load_w(w_ptrs, offs_k, n_mask, K, EVEN_K: tl.constexpr):
+    """One weight tile `[BLOCK_N, BLOCK_K]` (no K mask where the slices tile K exactly)."""
+    if EVEN_K:
+        w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
+    else:
+        w = tl.load(w_ptrs, mask=n_mask[:, None] & (offs_k[None, :] < K), other=0.0)
+    return w
+
+
+@triton.jit
+def _load_x(x_ptrs, offs_k, m_mask, K, stride_xk, nw_ptr, NORM: tl.constexpr, GATED: tl.constexpr):
+    """The raw tiles one activation tile `[BLOCK_M, BLOCK_K]` is made of: x (the gate columns when GATED), the up
+    columns K further (GATED; else x again) and the norm weights `[BLOCK_K]` in float32 (NORM; else zeros)."""
     mask = m_mask[:, None] & (offs_k[None, :] < K)
     x = tl.load(x_ptrs, mask=mask, other=0.0)
-    if GATED:  # x_ptrs point at the gate columns; the up columns are K further
-        up = tl.load(x_ptrs + K * stride_xk, mask=mask, other=0.0).to(tl.float32)
-        gate = x.to(tl.float32)
-        x = (gate / (1.0 + tl.exp(-gate)) * up).to(x_ptrs.dtype.element_ty)
+    up = x
+    if GATED:
+        up = tl.load(x_ptrs + K * stride_xk, mask=mask, other=0.0)
+    nw = tl.zeros(offs_k.shape, dtype=tl.float32)
     if NORM:
-        w = tl.load(nw_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
-        x = (x.to(tl.float32) * inv_rms[:, None] * w[None, :]).to(x_ptrs.dtype.element_ty)
+        nw = tl.load(nw_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+    return x, up, nw
+
+
+@triton.jit
+def _prologue(x, up, nw, inv_rms, NORM: tl.constexpr, GATED: tl.constexpr):
+    """The activation tile in x's dtype after the prologue (module doc): silu(gate)·up as `silu_mul`'s kernel
+    computes it, or x·inv_rms·w as `rms_norm`'s kernel does."""
+    if GATED:
+        gate = x.to(tl.float32)
+        x = (gate / (1.0 + tl.exp(-gate)) * up.to(tl.float32)).to(up.dtype)
+    if NORM:
+        x = (x.to(tl.float32) * inv_rms[:, None] * nw[None, :]).to(up.dtype)
     return x
 
 
@@ -198,6 +232,7 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, out: torch.Ten
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, SPLIT=mode, FMA=config.variant == "fma",
         IEEE=x.dtype == torch.float32, EVEN_K=k % block_k == 0 and splits * k_per_split == k, STAGES=config.num_stages,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=block_k, NORM=norm_weight is not None, GATED=gated,
+        ROW_BLOCK=triton.next_power_of_2(k) if norm_weight is not None else 16,
         num_warps=config.num_warps, num_stages=config.num_stages)
     if mode == 1:
         block = min(1024, triton.next_power_of_2(n))
