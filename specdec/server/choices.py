@@ -6,6 +6,7 @@ is an `APIError` naming the field.
 
 from __future__ import annotations
 
+from specdec.core import FILTERS
 from specdec.server.protocol import APIError, ChatRequest, ChoiceSpec, ParsedRequest
 
 __all__ = ["build", "eos_ids", "DEFAULT_COMPLETION_MAX_TOKENS"]
@@ -83,15 +84,13 @@ def _params(request, llm, num_prompt_tokens: int, default_max_tokens: int | None
     params = {"max_new_tokens": max_tokens}
     if request.temperature is not None:
         params["temperature"] = request.temperature
-    if request.top_p is not None:
-        params["top_p"] = request.top_p
-    if request.top_k is not None:
-        if request.top_k > llm.vocab_size:
-            raise APIError(f"top_k must be at most the vocabulary size {llm.vocab_size}, got {request.top_k}",
-                           param="top_k")
-        params["top_k"] = max(request.top_k, 0)  # vLLM's -1 = off
-    if request.min_p is not None:
-        params["min_p"] = request.min_p
+    if request.top_k is not None and request.top_k > llm.vocab_size:
+        raise APIError(f"top_k must be at most the vocabulary size {llm.vocab_size}, got {request.top_k}",
+                       param="top_k")
+    for f in FILTERS:  # the sampling filters, each a field of the same name (schema.py bounds it)
+        value = getattr(request, f.name, None)
+        if value is not None:
+            params[f.name] = max(value, 0) if f.name == "top_k" else value  # vLLM's top_k -1 = off
     if request.seed is not None:
         params["seed"] = request.seed
     if request.stop is not None:

@@ -289,7 +289,8 @@ class LLM:
         """Completions for a prompt (a `Completion`) or a list of prompts (a list, in order).
 
         A prompt is a string, token ids, or chat messages `[{"role": ..., "content": ...}]`.
-        params: max_new_tokens, temperature, top_k, top_p, min_p, seed, stop, num_draft_tokens, logprobs, the logits
+        params: max_new_tokens, temperature, the sampling filters (`core.FILTERS`: top_k, top_p, min_p, …), seed,
+        stop, num_draft_tokens, logprobs, the logits
         processors (repetition_penalty, ..., constraint: a `specdec.constrain.Constraint`, compiled here for this
         model, e.g. `Constraint.json_schema(schema)`, or a compiled one), leniency (l < 1: lossy, appendix A.5),
         draft_tree ([k_1, ..., k_D]: verify a token tree per step; a draft model drafts it).

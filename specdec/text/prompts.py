@@ -1,7 +1,8 @@
 """Prompts and parameters of text requests: strings, ids, chat messages → token ids; kwargs → SamplingParams.
 
 Defaults come from the target's generation_config as transformers reads it: greedy unless `do_sample`,
-its temperature / top_k / top_p / min_p / max_new_tokens when set; explicit arguments win.
+its temperature, sampling filters (every `core.FILTERS` entry by its name: top_k, top_p, min_p, …) and
+max_new_tokens when set; explicit arguments win.
 """
 
 from __future__ import annotations
@@ -10,12 +11,13 @@ import operator
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdec.core import FILTERS
 from specdec.request import MAX_NEW_TOKENS, SamplingParams, as_int
 from specdec.text.detokenize import MAX_STOP_LENGTH, MAX_STOP_STRINGS
 
 __all__ = ["GenerationDefaults", "encode_prompts", "render_chat", "make_params", "PARAMS", "read_chat_template"]
 
-PARAMS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "num_draft_tokens", "logprobs",
+PARAMS = ("max_new_tokens", "temperature", *(f.name for f in FILTERS), "seed", "stop", "num_draft_tokens", "logprobs",
           "top_logprobs", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens",
           "allowed_token_ids", "no_repeat_ngram_size", "bad_words_ids", "constraint", "leniency", "draft_tree")
 #: Logits processors (`core.processors`), passed to SamplingParams as they are (it checks them, naming the field)
@@ -26,10 +28,11 @@ _DEFAULT_MAX_NEW_TOKENS = 64
 
 @dataclass(frozen=True)
 class GenerationDefaults:
+    """A model's request defaults. `filters`: (name, value) per `core.FILTERS` entry (its `off` value when the
+    generation_config does not set it), also read as attributes (`defaults.top_p`)."""
+
     temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
+    filters: tuple[tuple[str, object], ...] = tuple((f.name, f.off) for f in FILTERS)
     repetition_penalty: float = 1.0  # a generation config's repetition_penalty is honoured (transformers applies it)
     min_tokens: int = 0  # its min_new_tokens, likewise
     no_repeat_ngram_size: int = 0  # and its no_repeat_ngram_size
@@ -48,9 +51,7 @@ class GenerationDefaults:
         sample = bool(get("do_sample", False))
         return cls(
             temperature=float(get("temperature", 1.0)) if sample else 0.0,
-            top_k=int(get("top_k", 0)),
-            top_p=float(get("top_p", 1.0)),
-            min_p=float(get("min_p", 0.0)),
+            filters=tuple((f.name, get(f.name, f.off)) for f in FILTERS),  # checked per request (SamplingConfig)
             repetition_penalty=float(get("repetition_penalty", 1.0)),
             min_tokens=int(get("min_new_tokens", 0)),
             no_repeat_ngram_size=int(get("no_repeat_ngram_size", 0)),
@@ -58,6 +59,13 @@ class GenerationDefaults:
             max_new_tokens=get("max_new_tokens", None),
             eos_token_ids=tuple(eos_token_ids),
         )
+
+    def __getattr__(self, name: str):
+        """A filter's default by its name (`defaults.top_k`); only called for names that are not fields."""
+        for key, value in self.__dict__.get("filters", ()):
+            if key == name:
+                return value
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
 
 def render_chat(tokenizer, messages) -> str:
@@ -176,9 +184,7 @@ def make_params(llm, prompt_len: int, params: dict):
     sampling = SamplingParams(
         max_new_tokens=max_new,
         temperature=_number(params.get("temperature", d.temperature), "temperature"),
-        top_k=as_int(params.get("top_k", d.top_k), "top_k", minimum=0),
-        top_p=_number(params.get("top_p", d.top_p), "top_p"),
-        min_p=_number(params.get("min_p", d.min_p), "min_p"),
+        **{name: params.get(name, default) for name, default in d.filters},  # (SamplingConfig checks each, by name)
         seed=params.get("seed"),
         eos_token_ids=d.eos_token_ids,
         logprobs=_flag(params.get("logprobs", False), "logprobs"),
