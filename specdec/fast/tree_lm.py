@@ -19,7 +19,7 @@ from specdec.fast.kernels.attention import MAX_TREE_SLOTS
 from specdec.fast.model import FastLlama
 from specdec.sequences import TokenBuffer
 
-__all__ = ["FastTreeLM"]
+__all__ = ["FastTreeLM", "tree_ancestry"]
 
 
 class FastTreeLM:
@@ -89,15 +89,8 @@ class FastTreeLM:
         first = self.num_nodes
         if first + k > MAX_TREE_SLOTS:
             raise ValueError(f"a tree phase holds at most {MAX_TREE_SLOTS} nodes per row, got {first + k}")
-        zeros = torch.zeros(batch, k, dtype=torch.long, device=self.device)
-        depths, bits = torch.cat([self._depths, zeros], 1), torch.cat([self._bits, zeros], 1)
-        rows, one = torch.arange(batch, device=self.device), torch.ones((), dtype=torch.long, device=self.device)
-        for i in range(k):
-            node, parent = first + i, parents[:, i]
-            has, at = parent >= 0, parent.clamp_min(0)
-            depths[:, node] = torch.where(has, depths[rows, at] + 1, 0)
-            own = torch.bitwise_left_shift(one, node)  # (bit 63 wraps to the sign bit, as the kernels read it)
-            bits[:, node] = torch.where(has, bits[rows, at], 0) | own
+        depth, bits = tree_ancestry(parents, self._depths, self._bits)
+        depths, bits = torch.cat([self._depths, depth], 1), torch.cat([self._bits, bits], 1)
         self._depths, self._bits = depths, bits
         return self.model(tokens, self.cache, tree=TreeNodes(first, depths[:, first:], bits[:, first:]))
 
@@ -137,3 +130,32 @@ class FastTreeLM:
         if self.in_tree:
             raise RuntimeError("crop inside a tree phase: call commit_path first")
         self.cache.lengths.copy_(lengths)
+
+
+def tree_ancestry(parents: torch.Tensor, depths: torch.Tensor, bits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Depths and ancestor bits `[B, k]` of k new nodes `first..first + k − 1` under `parents [B, k]` (−1 = a child
+    of the committed text, < first = an earlier node whose `depths` / `bits [B, first]` are known, ≥ first = a node
+    of this call). A node's value combines (OR, sum) its own with those up its chain of parents inside the call,
+    whose last one hangs under an earlier node or the text: pointer jumping, ⌈log2 k⌉ rounds of gathers for all
+    nodes at once rather than a step per node. Bit t of node t's own bits: bit 63 wraps to the sign bit, as the
+    kernels read it."""
+    batch, k = parents.shape
+    first, device = depths.shape[1], parents.device
+    own = torch.bitwise_left_shift(torch.ones(k, dtype=torch.long, device=device),
+                                   first + torch.arange(k, device=device))[None, :].expand(batch, k)
+    inside = parents >= first
+    if first:
+        earlier = (parents >= 0) & ~inside
+        at = parents.clamp(0, first - 1)
+        own = own | torch.where(earlier, bits.gather(1, at), 0)
+        depth = torch.where(inside, 1, torch.where(earlier, depths.gather(1, at) + 1, 0))
+    else:
+        depth = inside.long()
+    link = torch.where(inside, parents - first, -1)
+    for _ in range((k - 1).bit_length()):
+        on = link >= 0
+        at = link.clamp_min(0)
+        own = torch.where(on, own | own.gather(1, at), own)
+        depth = torch.where(on, depth + depth.gather(1, at), depth)
+        link = torch.where(on, link.gather(1, at), -1)
+    return depth, own
