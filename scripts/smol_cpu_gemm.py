@@ -71,27 +71,32 @@ def demo(args) -> dict:
         return specdec.generate(target, [prompt], drafter=drafter, max_new_tokens=args.max_new_tokens, temperature=0,
                                 num_draft_tokens=args.gamma, eos_token_id=eos, engine="fast")
 
-    pairs = {6: [], 0: []}
+    pairs = {mode: [] for mode in args.modes}
     with torch.inference_mode():
-        go(ids[0], None), go(ids[0], head)
+        for mode in args.modes:  # warm-up (and oneDNN's weight packing) for every product
+            cpu_linear.MODE = mode
+            go(ids[0], None), go(ids[0], head)
         for r in range(args.repeats):
             for i, prompt in enumerate(ids):
-                for few in ((6, 0) if (i + r) % 2 == 0 else (0, 6)):  # alternate which setting runs first
-                    cpu_linear.FEW_ROWS = few
+                shift = (i + r) % len(args.modes)  # rotate which product runs first
+                for mode in args.modes[shift:] + args.modes[:shift]:
+                    cpu_linear.MODE = mode
                     if (i + r) % 2:
                         fast = go(prompt, head)
                         base = go(prompt, None)
                     else:
                         base = go(prompt, None)
                         fast = go(prompt, head)
-                    pairs[few].append((base, fast))
-    cpu_linear.FEW_ROWS = 6
+                    pairs[mode].append((base, fast))
+    cpu_linear.MODE = "auto"
     out = {}
-    for few, runs in pairs.items():
+    for mode, runs in pairs.items():
         s = compare_runs(runs)
-        out[f"FEW_ROWS={few}"] = {k: s[k] for k in ("identical", "alpha", "mean_accepted_length", "speedup",
-                                                    "verify_step_vs_plain_step", "plain_tokens_per_second",
-                                                    "speculative_tokens_per_second")}
+        out[mode] = {k: s[k] for k in ("identical", "alpha", "mean_accepted_length", "speedup",
+                                       "verify_step_vs_plain_step", "cost_ratio", "plain_tokens_per_second",
+                                       "speculative_tokens_per_second")}
+    texts = {mode: [b.sequences for b, _ in runs] for mode, runs in pairs.items()}
+    out["same_text_across_products"] = all(t == texts[args.modes[0]] for t in texts.values())
     print(json.dumps(out, indent=1))
     return out
 
@@ -106,8 +111,10 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--draft", default=None, help="feature head folder (default: the shipped one)")
+    p.add_argument("--modes", nargs="+", choices=cpu_linear.MODES, default=["auto", "linear"],
+                   help="cpu_linear.MODE settings the demo compares (default: auto linear)")
     args = p.parse_args(argv)
-    if args.threads < 1 or args.repeats < 1:
+    if args.threads < 1 or args.repeats < 1 or args.max_new_tokens < 1 or args.gamma < 1:
         p.error("--threads and --repeats must be ≥ 1")
     torch.set_num_threads(args.threads)
     gemm(args) if args.what == "gemm" else demo(args)

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from specdec.fast.kernels import cpu_linear
 from specdec.fast.model import FastLlama, KVCache, LlamaShape
 
 __all__ = ["HeadConfig", "FeatureHead", "is_feature_head", "load_feature_head", "CONFIG_NAME", "WEIGHTS_NAME"]
@@ -137,7 +138,7 @@ class FeatureHead(torch.nn.Module):
     def inputs(self, features: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
         """fc(concat(target_embed[next_tokens], features)): `[B, k, dim]`, `[B, k]` → `[B, k, dim]`."""
         embedded = F.embedding(next_tokens, self.target.embed).to(self.dtype)
-        return F.linear(torch.cat([embedded, features.to(self.dtype)], -1), self.fc)
+        return cpu_linear.linear(torch.cat([embedded, features.to(self.dtype)], -1), self.fc)  # (F.linear off CPU)
 
     feature_layers = None  # reads the target's final-normed state (see `FastLlama.feature_layers`)
 
@@ -165,7 +166,7 @@ class FeatureHead(torch.nn.Module):
         target = self.target
         if self._draft_lm_head is None:
             return target._logits(hidden.to(target.dtype))
-        scores = F.linear(hidden.to(target.dtype), self._draft_lm_head).float()  # [B, k, N]
+        scores = cpu_linear.linear(hidden.to(target.dtype), self._draft_lm_head).float()  # [B, k, N] (F.linear off CPU)
         full = scores.new_full((*scores.shape[:-1], self.config.vocab_size), torch.finfo(torch.float32).min)
         return full.scatter_(-1, self.draft_vocab.expand(*scores.shape[:-1], -1), scores)
 

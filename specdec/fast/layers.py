@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from specdec.fast.cache import KVCache
 from specdec.fast.families import mlp_activation, norm
 from specdec.fast.kernels.attention import slot_attention, slot_attention_bias, triton_unsupported
-from specdec.fast.kernels.cpu_linear import add_linear_weight_major_, linear_weight_major, weight_major
+from specdec.fast.kernels import cpu_linear
 from specdec.fast.kernels.invariant import invariant_attention, invariant_linear
 from specdec.fast.kernels.linear import FASTER_THAN_CUBLAS, linear
 from specdec.fast.kernels.mlp import silu_mul
@@ -55,8 +55,8 @@ class LlamaLayers:
         kernel: "reference" is cuBLAS's addmm_; "bitwise" `invariant_linear`; else `kernels.linear` (its
         weight-streaming kernel for few rows)."""
         if kernel == "reference":
-            if weight_major(inp, weight):  # CPU verify passes: the weight as the long side (kernels.cpu_linear)
-                return add_linear_weight_major_(x, inp, weight)
+            if x.device.type == "cpu":  # oneDNN on a packed weight, or the weight-major product (kernels.cpu_linear)
+                return cpu_linear.add_linear_(x, inp, weight)
             return x.addmm_(inp, weight.t())
         if kernel == "bitwise":
             return invariant_linear(inp, weight, residual=x, out=x)
@@ -67,8 +67,8 @@ class LlamaLayers:
         """x @ weightᵀ (+ bias): "reference" F.linear (cuBLAS / the CPU BLAS), "bitwise" `invariant_linear`, else
         `kernels.linear`."""
         if kernel == "reference":
-            if weight_major(x, weight):  # CPU verify passes: the weight as the long side (kernels.cpu_linear)
-                return linear_weight_major(x, weight, bias)
+            if x.device.type == "cpu":  # oneDNN on a packed weight, or the weight-major product (kernels.cpu_linear)
+                return cpu_linear.linear(x, weight, bias)
             return F.linear(x, weight, bias)
         if kernel == "bitwise":
             return invariant_linear(x, weight, bias)

@@ -1,43 +1,118 @@
-"""CPU fp32 products of a few rows (a verify pass of γ + 1 tokens at batch 1) with the weight as the long side.
+"""CPU fp32 products x @ Wᵀ for `FastLlama`'s "reference" GEMMs: oneDNN on a pre-packed weight, or the weight-major
+product for a few rows, instead of `F.linear` (MKL).
 
-y = x @ Wᵀ for x `[M, K]`, W `[N, K]`. MKL runs `F.linear` (x @ Wᵀ: the weight is the transposed operand) for 2–6 rows
-at about twice the time of a one-row pass over SmolLM2-135M's matrices on the 2-core machine here, while the same
-product written W @ xᵀ (the rows become the short side N of the GEMM, and the weight streams once, as in a GEMV) costs
-1.0–1.35x of it (BENCHMARKS.md, `scripts/smol_cpu_gemm.py`). A verify pass reads every weight once either way; this
-is what makes it cost about one plain step instead of two.
+y = x @ Wᵀ for x `[..., K]`, W `[N, K]`. On the 2-core machine here (AMD EPYC, AVX-512, MKL 2024.2) MKL's `F.linear`
+costs a verify pass of 2–6 rows 1.4–3.4× the time of the one-row pass over SmolLM2-135M's matrices (it packs the
+weight per call), and even its one-row GEMV streams the weight at about half the memory bandwidth (BENCHMARKS.md,
+`scripts/smol_cpu_gemm.py`). Two other products:
 
-`FastLlama` uses it on the CPU for fp32 inputs of 2..`FEW_ROWS` rows (its "reference" GEMMs; bitwise mode keeps its
-own invariant kernel); every other shape keeps `F.linear` / `addmm`. The result is the same product summed in
-another order: equal to `F.linear`'s to fp32 rounding, not bit for bit (as the 1-row and k-row `F.linear` paths
-already differ from each other).
+  "packed"        oneDNN's inner product (`torch.ops.mkldnn._linear_pointwise`, what inductor's CPU freezing uses) on
+                  a copy of W reordered once into oneDNN's blocked layout (`_reorder_linear_weight`) and kept per
+                  weight tensor (re-packed when the weight changes in place): 1–9 rows cost about one one-row pass,
+                  and the one-row pass itself is 0.6–1.0× MKL's. Costs a second copy of every weight it multiplies.
+  "weight_major"  (W @ xᵀ)ᵀ with MKL: the rows are the short side of the GEMM and the weight streams once, as in a
+                  GEMV; 2..`FEW_ROWS` rows only (it is slower than `F.linear` for more, and for the MLP's down
+                  projection). The fallback where torch has no oneDNN.
+
+`MODE` picks: "auto" (packed where torch has oneDNN, else weight-major for 2..FEW_ROWS rows, else `F.linear`),
+"packed", "weight_major" or "linear" (always `F.linear`: the comparison arm of `scripts/smol_cpu_gemm.py`). Every
+product is the same sum in another order: equal to `F.linear`'s to fp32 rounding, not bit for bit (as MKL's own
+1-row and k-row paths already differ). Bitwise mode keeps its own invariant kernel; CUDA, other dtypes and inputs
+that require grad keep `F.linear`.
 """
 
 from __future__ import annotations
 
+import functools
+import weakref
+
 import torch
+import torch.nn.functional as F
 
-__all__ = ["FEW_ROWS", "weight_major", "linear_weight_major", "add_linear_weight_major_"]
+__all__ = ["MODE", "MODES", "FEW_ROWS", "product", "linear", "add_linear_", "packed_available", "clear_packed"]
 
+MODES = ("auto", "packed", "weight_major", "linear")
+MODE = "auto"
+PACK_ROWS = 16  # the row count oneDNN's packed layout is chosen for: 2..16 measured alike (1–16 rows ran 0.6–1.0x
+# of MKL's one-row pass); 1 picks a GEMV layout that makes 5 rows cost 1.2–1.4x of it
 FEW_ROWS = 6  # rows up to which the weight-major product is used (0: never); 8 rows measured no faster than F.linear
 
+_PACKED: dict[int, tuple] = {}  # id(weight) → (weakref to the weight, key, packed); dropped with the weight
 
-def weight_major(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `x [..., K] @ weight [N, K]ᵀ` takes the weight-major product: CPU, fp32, 2..FEW_ROWS rows."""
-    if x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32 or x.shape[-1] == 0:
+
+@functools.cache
+def packed_available() -> bool:
+    """Whether this torch has oneDNN's inner product on packed weights (CPU builds with MKLDNN)."""
+    try:
+        ops = torch.ops.mkldnn
+        return bool(torch.backends.mkldnn.is_available() and hasattr(ops, "_linear_pointwise")
+                    and hasattr(ops, "_reorder_linear_weight"))
+    except (AttributeError, RuntimeError):
         return False
+
+
+def product(x: torch.Tensor, weight: torch.Tensor) -> str:
+    """Which product `x [..., K] @ weight [N, K]ᵀ` takes: "packed", "weight_major" or "linear" (`F.linear`)."""
+    if MODE not in MODES:
+        raise ValueError(f"cpu_linear.MODE must be one of {MODES}, got {MODE!r}")
+    if (MODE == "linear" or x.device.type != "cpu" or weight.device.type != "cpu" or x.dtype != torch.float32
+            or weight.dtype != torch.float32 or x.shape[-1] == 0 or weight.dim() != 2 or x.requires_grad
+            or weight.requires_grad or x.numel() == 0):
+        return "linear"
+    if MODE in ("auto", "packed") and packed_available():
+        return "packed"
     rows = x.numel() // x.shape[-1]
-    return 2 <= rows <= FEW_ROWS
+    return "weight_major" if MODE != "packed" and 2 <= rows <= FEW_ROWS else "linear"
 
 
-def linear_weight_major(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x `[..., K]` @ weight `[N, K]`ᵀ (+ bias `[N]`) → `[..., N]`, computed as (weight @ xᵀ)ᵀ."""
-    out = torch.mm(weight, x.reshape(-1, weight.shape[1]).t()).t().contiguous()  # (row-major, as F.linear's:
-    if bias is not None:  # the fused kernels downstream need a unit stride; ≤ FEW_ROWS rows, a small copy)
-        out = out + bias
-    return out.reshape(*x.shape[:-1], weight.shape[0])
+def _packed_weight(weight: torch.Tensor) -> torch.Tensor:
+    """oneDNN's packed copy of `weight [N, K]`, made once and re-made when the weight changes in place."""
+    try:
+        version = weight._version
+    except RuntimeError:  # an inference tensor has no version counter
+        version = None
+    key = (weight.data_ptr(), tuple(weight.shape), tuple(weight.stride()), version)
+    hit = _PACKED.get(id(weight))
+    if hit is not None and hit[0]() is weight and hit[1] == key:
+        return hit[2]
+    with torch.inference_mode(False), torch.no_grad():
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_ROWS)
+    ident = id(weight)
+    _PACKED[ident] = (weakref.ref(weight, lambda _ref, ident=ident: _forget(ident, _ref)), key, packed)
+    return packed
 
 
-def add_linear_weight_major_(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """residual `[..., N]` += x `[..., K]` @ weight `[N, K]`ᵀ in place; returns residual."""
-    product = torch.mm(weight, x.reshape(-1, weight.shape[1]).t()).t()
-    return residual.add_(product.reshape(residual.shape))
+def _forget(ident: int, ref) -> None:
+    hit = _PACKED.get(ident)
+    if hit is not None and hit[0] is ref:
+        del _PACKED[ident]
+
+
+def clear_packed() -> None:
+    """Drop every packed copy (they are also dropped with their weights)."""
+    _PACKED.clear()
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x `[..., K]` @ weight `[N, K]`ᵀ (+ bias `[N]`) → `[..., N]` (row-major, as `F.linear`'s), by `product`."""
+    kind = product(x, weight)
+    if kind == "packed":
+        return torch.ops.mkldnn._linear_pointwise(x, _packed_weight(weight), bias, "none", [], "")
+    if kind == "weight_major":
+        out = torch.mm(weight, x.reshape(-1, weight.shape[1]).t()).t().contiguous()  # (row-major: the fused kernels
+        if bias is not None:  # downstream need a unit stride; ≤ FEW_ROWS rows, a small copy)
+            out = out + bias
+        return out.reshape(*x.shape[:-1], weight.shape[0])
+    return F.linear(x, weight, bias)
+
+
+def add_linear_(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """residual `[..., N]` += x `[..., K]` @ weight `[N, K]`ᵀ in place, by `product`; returns residual."""
+    kind = product(x, weight)
+    if kind == "packed":
+        return residual.add_(linear(x, weight).reshape(residual.shape))
+    if kind == "weight_major":
+        return residual.add_(torch.mm(weight, x.reshape(-1, weight.shape[1]).t()).t().reshape(residual.shape))
+    flat = residual.view(-1, residual.shape[-1])
+    flat.addmm_(x.reshape(-1, x.shape[-1]), weight.t())
+    return residual
