@@ -23,8 +23,9 @@ prompt lookup, runs unchanged under both runners: the engine's `EngineLookupDraf
     FeatureSlotDrafter  reads the target's hidden states (EAGLE, Medusa): `needs_features`, `feature_dim`,
                         `feature_layers` (None = the final-normed state; EAGLE-3: the states entering those layers)
   TreeLoopDrafter  token trees on the eager loop (`specdec.loop.tree_decoding`): `propose_tree(context, spec,
-                sampling, generator, mode) -> drafters.tree.TreeProposal` (tokens `[B, N+1]`, q at the internal
-                nodes `[B, M, V]`, forward_passes), plus `begin`, `commit_tree`, `select_rows`.
+                sampling, generator, mode) -> TreeProposal` (tokens `[B, N+1]`, q at the internal nodes
+                `[B, M, V]`, forward_passes), plus `begin`, `commit_tree`, `select_rows`. The engine's token trees
+                (`engine.tree_step.propose_tree`, from the model drafter's slot state) return the same record.
 
 Why the engine's call has two arguments where the loop's has five: the loop runs ONE sampling law for the
 whole batch (`sampling: SamplingConfig`), draws from ONE `torch.Generator` and may stop a draft on the host
@@ -48,17 +49,14 @@ probing attribute names. (Only methods and attributes are checked, not their sig
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, Union, runtime_checkable
+from typing import Protocol, Union, runtime_checkable
 
 import torch
 
 from specdec.core import SamplingConfig
 from specdec.sequences import TokenBuffer
 
-if TYPE_CHECKING:  # named for the reader; drafters never import the engine or the loop
-    from specdec.drafters.tree import TreeProposal
-
-__all__ = ["Proposal", "LoopDrafter", "SlotDrafter", "CachedSlotDrafter", "FeatureSlotDrafter", "TreeLoopDrafter",
+__all__ = ["Proposal", "TreeProposal", "LoopDrafter", "SlotDrafter", "CachedSlotDrafter", "FeatureSlotDrafter", "TreeLoopDrafter",
            "AnyDrafter", "as_drafter", "check_same_vocabulary"]
 
 
@@ -79,6 +77,21 @@ class Proposal:
     probs: torch.Tensor | None = None
     lengths: torch.Tensor | None = None
     forward_passes: int = 0
+
+
+@dataclass(frozen=True)
+class TreeProposal:
+    """One step's draft trees (a `core.tree.TreeSpec` shape per row), what a tree drafter returns on either runner.
+
+    tokens   [B, N+1]     long: column 0 is the root (each row's last committed token), then nodes breadth first
+    probs    [B, M, V]    q at the M internal nodes (the law their children were drawn from); None = deterministic
+                          (on the engine: every row greedy, children the top-k)
+    forward_passes        drafter model calls this proposal took (one per level but the leaves')
+    """
+
+    tokens: torch.Tensor
+    probs: torch.Tensor | None
+    forward_passes: int
 
 
 @runtime_checkable
@@ -158,7 +171,7 @@ class TreeLoopDrafter(Protocol):
         """A new batch starts with `context`."""
 
     def propose_tree(self, context: TokenBuffer, spec, sampling: SamplingConfig, generator: torch.Generator | None,
-                     mode: str) -> "TreeProposal":
+                     mode: str) -> TreeProposal:
         """`spec` (a `core.tree.TreeSpec`)-shaped trees: tokens `[B, N+1]` (column 0 the root), q at the M internal
         nodes `[B, M, V]` (None = deterministic), the drafter calls taken."""
 

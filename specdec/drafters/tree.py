@@ -9,28 +9,13 @@ the committed tokens), so the next proposal feeds only what is new.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from specdec.core import SamplingConfig, standardize_logits
+from specdec.drafters.protocol import TreeProposal
 from specdec.models.tree_lm import TreeCausalLM
 from specdec.sequences import TokenBuffer
 from specdec.core.tree import TreeSpec, draw_children
-
-
-@dataclass(frozen=True)
-class TreeProposal:
-    """Draft trees for one step.
-
-    tokens   [B, N+1]     long: column 0 is the root (each row's last committed token), then nodes breadth first
-    probs    [B, M, V]    q at the M internal nodes (the law their children were drawn from); None = deterministic
-    forward_passes        drafter model calls this proposal took
-    """
-
-    tokens: torch.Tensor
-    probs: torch.Tensor | None
-    forward_passes: int
 
 
 class TreeModelDrafter:

@@ -277,8 +277,7 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
         clock.mark(1)
         packed = run.verify()
         clock.mark(2)
-        passes = run.drafts.forward_passes if tree is None else run.drafter_calls  # (the proposal's record)
-        record = StepRecord.unpack(packed, run.layout, drafter_calls=passes,
+        record = StepRecord.unpack(packed, run.layout, drafter_calls=run.drafts.forward_passes,  # (the proposal's)
                                    draft_time_s=clock.elapsed(0, 1), verify_time_s=clock.elapsed(1, 2),
                                    has_beta=tree is None)  # (the step's one synchronization)
         if flavor.constrained:

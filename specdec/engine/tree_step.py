@@ -29,6 +29,7 @@ import torch
 from specdec import rng
 from specdec.core import TEMPERATURE_FLOOR, invalid_scores
 from specdec.core.tree import TreeSpec, TreeVerifyResult, verify_tree, verify_tree_greedy
+from specdec.drafters.protocol import TreeProposal
 from specdec.engine.drafters import EngineModelDrafter, Flavor, StepView, refeed_window
 from specdec.fast.cache import TreeNodes
 from specdec.engine.step_runner import CapturedHalves
@@ -76,9 +77,9 @@ class EngineTree:
         return TreeNodes(first, self.depths[first:last], self.ancestors[first:last])
 
 
-def propose_tree(drafter: EngineModelDrafter, view: StepView, tree: EngineTree) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A tree per row → (tokens `[b, N+1]`: the root then the nodes breadth first; q `[b, M, V]` at the M internal
-    nodes, None when every row is greedy). One drafter pass per level but the leaves' (`depth` passes)."""
+def propose_tree(drafter: EngineModelDrafter, view: StepView, tree: EngineTree) -> TreeProposal:
+    """A tree per row → `TreeProposal` (tokens `[b, N+1]`: the root then the nodes breadth first; q `[b, M, V]` at
+    the M internal nodes, None when every row is greedy; `depth` forward passes: one per level but the leaves')."""
     spec, lengths = tree.spec, view.lengths
     cache = drafter.cache.view(slice(0, view.batch), view.num_positions)
     window, valid = refeed_window(view, cache)
@@ -99,7 +100,7 @@ def propose_tree(drafter: EngineModelDrafter, view: StepView, tree: EngineTree) 
         levels.append(level)
         if d < spec.depth:
             logits = drafter.model(level, cache, tree=tree.nodes(spec.offsets[d], spec.offsets[d + 1]))
-    return torch.cat(levels, 1), (torch.cat(probs, 1) if probs else None)
+    return TreeProposal(torch.cat(levels, 1), torch.cat(probs, 1) if probs else None, spec.depth)
 
 
 def walk_tree(tree: EngineTree, tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
@@ -183,7 +184,6 @@ class TreeStepRunner(CapturedHalves):
     def __init__(self, engine: Engine, batch: int, tree: EngineTree, positions: int, flavor: Flavor):
         self.engine, self.batch, self.tree, self.positions, self.flavor = engine, batch, tree, positions, flavor
         self.gamma = tree.spec.depth
-        self.drafter_calls = tree.spec.depth
         self.view = StepView(engine.state, batch, positions, flavor)
         self.layout = StepLayout(tree.spec.depth, logprobs=flavor.logprobs, top_logprobs=flavor.top_logprobs)
         self.drafts = None
@@ -223,7 +223,7 @@ class TreeStepRunner(CapturedHalves):
         """Score, verify, commit and count on the device → `pack_step`'s table for `self.layout`."""
         e, view, spec, flavor = self.engine, self.view, self.tree.spec, self.flavor
         rows, state = slice(0, self.batch), e.state
-        tokens, probs = self.drafts
+        tokens, probs = self.drafts.tokens, self.drafts.probs
         lengths = view.lengths
         root = lengths - 1
         cache = e.cache.view(rows, self.positions)

@@ -164,3 +164,26 @@ class _NoCommit:
     deterministic = True
     accepts_processor = False
     propose = _DuckDrafter.propose
+
+
+def test_an_engine_tree_proposal_is_the_loops_tree_record(llama, llama_draft):
+    """The engine's token trees return the loop's `TreeProposal`; its forward passes (one per level but the
+    leaves') are what the statistics fold: depth 2 → 2 drafter calls a step."""
+    from specdec.drafters.protocol import TreeProposal
+    from specdec.engine.drafters import Flavor, StepView
+    from specdec.engine.tree_step import EngineTree, propose_tree
+
+    engine = Engine(llama, llama_draft, EngineConfig(max_batch_size=2, max_seq_len=64, num_draft_tokens=2,
+                                                     cuda_graphs=False))
+    params = specdec.SamplingParams(max_new_tokens=6, temperature=0, draft_tree=(2, 1))
+    engine.add_request([1, 2, 3, 4, 5, 1, 2, 3], params)
+    with torch.inference_mode():
+        engine._admit([])
+        tree = EngineTree.of(params.draft_tree, torch.device("cpu"))
+        proposal = propose_tree(engine.drafter, StepView(engine.state, 1, 64, Flavor.of(params)), tree)
+    assert isinstance(proposal, TreeProposal) and proposal.tokens.shape == (1, 5) and proposal.probs is None
+    assert proposal.forward_passes == 2
+    while engine.has_unfinished():
+        engine.step()
+    stats = engine.stats
+    assert stats.num_steps > 0 and stats.drafter_calls == 2 * stats.num_steps, stats
