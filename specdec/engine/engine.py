@@ -122,7 +122,7 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
         self._catch_up_prompts = 0  # and the prompt tokens it fed (admitted in the plain run)
         self._free_since = None  # the step since which a slot has been free while requests waited (see _admit)
         self.num_admissions = 0  # admissions (each one prefill of the requests admitted together)
-        self.prefill_tokens = 0  # prompt tokens fed so far, the target's and a cached drafter's (public counter)
+        self.prefill_tokens = 0  # tokens prefilled so far: prompts (target and cached drafter) and catch-ups (public)
         self._filling: list[EngineRequest] = []  # admitted, prompt not fed yet (`prefill_budget`), oldest first
         self._last_run = (None, None)
         self._running: list[EngineRequest] = []  # index = slot
