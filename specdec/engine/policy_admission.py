@@ -1,7 +1,9 @@
 """The drafter's prompt feeding as the γ policy (`specdec.engine.policy`) charges it to speculative steps.
 
 A drafter that keeps a cache is fed every admitted prompt: at admission while the engine speculates, else by the
-next speculative step's catch-up (a request that finishes inside a plain run is never fed). No step time shows
+next speculative step's catch-up (a request that finishes inside a plain run is never fed); with chunked prefill
+(`EngineConfig.prefill_budget`, `engine/prefill.py`) a budget per step in every regime, each budget one sample
+(`prefilled`), so nothing is left for a catch-up. No step time shows
 that cost, so the policy charges it per token a speculative step produces:
 
     charge = (drafter seconds per prompt token fed) × (prompt tokens per admitted request)

@@ -135,3 +135,27 @@ def test_the_driver_flags_the_steps_that_admitted(llama):
     finally:
         driver.close()
     assert sum(t.admitted for t in timings) == engine.num_admissions >= 2
+
+
+def test_the_driver_flags_the_steps_that_prefilled_a_budget(llama):
+    """With chunked prefill (`EngineConfig.prefill_budget`) a long prompt admitted while another request runs is
+    prefilled over the next steps: each of them is flagged admitted (the server's admission-step metrics), not
+    only the step that took the request in."""
+    from specdec.engine import Engine, EngineConfig
+
+    engine = Engine(llama, None, EngineConfig(max_batch_size=2, max_seq_len=128, num_draft_tokens=0, admit_min=1,
+                                              prefill_budget=16))
+    driver, timings, got = Driver(), [], queue.Queue()
+    driver.add_step_listener(timings.append)
+    try:
+        driver.submit(engine, [1, 2, 3], SamplingParams(max_new_tokens=40, temperature=0), got.put, "r0")
+        while not got.get(timeout=30).new_token_ids:
+            pass
+        driver.submit(engine, [(5 * i) % 60 + 2 for i in range(81)], SamplingParams(max_new_tokens=2, temperature=0),
+                      got.put, "r1")
+        finished = 0
+        while finished < 2:
+            finished += got.get(timeout=30).finished
+    finally:
+        driver.close()
+    assert sum(t.admitted for t in timings) >= 80 // 16 > engine.num_admissions
