@@ -1,5 +1,6 @@
-"""The package's shape, checked from its source with `ast` (nothing imported): no module over 400 lines, at most 12
-modules at the package root, ARCHITECTURE.md's import arrows, and its module table naming every subpackage.
+"""The package's shape, checked from its source with `ast` (nothing imported): no module (nor test module) over 400
+lines, at most 12 modules at the package root, ARCHITECTURE.md's import arrows, and its module table naming every
+subpackage and only modules that exist.
 
 An import arrow is any `import` of a `specdec` module anywhere in a file — at the top or inside a function (a lazy
 import is still a dependency at run time) — except under `if TYPE_CHECKING:` (names for the reader, never run).
@@ -165,6 +166,7 @@ def missing_table_paths(architecture: str, root: Path = ROOT) -> list[str]:
 
 def test_no_module_is_over_400_lines():
     assert [m for m in long_modules() if m.split(":")[0] not in KNOWN_LONG_MODULES] == []
+    assert long_modules(ROOT / "tests") == []  # the tests mirror the package, and split by topic as it does
 
 
 def test_the_package_root_holds_at_most_12_modules():
