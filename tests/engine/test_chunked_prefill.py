@@ -9,6 +9,7 @@ import torch
 
 from helpers import hf_greedy
 from specdec.engine import Engine, EngineConfig
+from specdec.engine.config import CUDA_PREFILL_BUDGET
 from specdec.engine.slots import SlotCache
 from specdec.request import SamplingParams
 
@@ -222,7 +223,7 @@ def test_chunked_prefill_under_cuda_graphs_gives_the_tokens_of_a_whole_prefill(m
     for budget in (0, "auto", 16):
         engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=200, num_draft_tokens=3,
                                                     admit_min=1, prefill_budget=budget))
-        assert engine.prefill_budget == {0: None, "auto": 1024, 16: 16}[budget]
+        assert engine.prefill_budget == {0: None, "auto": CUDA_PREFILL_BUDGET, 16: 16}[budget]
         runs.append(_drive(engine, early, late, params))
     assert runs[1] == runs[0] and runs[2] == runs[0]
 
