@@ -102,8 +102,10 @@ def engine_rows(rows: list, new: int, pair: str | None, device: str, batches: li
     target, draft = load_pair(pair, device)
     vocab = target.shape.vocab_size
     prompts = [[(1000 + 7 * i + j) % vocab for j in range(128)] for i in range(max(batches))]
-    params = SamplingParams(temperature=0, max_new_tokens=new)
-    warm = SamplingParams(temperature=0, max_new_tokens=min(new, 8))
+    # seeded: the synthetic acceptance draws from each request's seed (an unseeded request gets OS randomness), and
+    # what a γ = 4 run commits includes the drafter's tokens it accepted — unseeded, two runs cannot be compared
+    params = SamplingParams(temperature=0, max_new_tokens=new, seed=0)
+    warm = SamplingParams(temperature=0, max_new_tokens=min(new, 8), seed=0)
     kt = None
     if device == "cuda":
         from specdec.fast.kernels.invariant import triton_kernels

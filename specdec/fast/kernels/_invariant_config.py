@@ -8,12 +8,14 @@ The rest of a launch changes which program computes an element, not how: the out
 warps, the pipeline stages, and whether one program runs its splits one after the other itself (`fuse_splits`: the
 same fp32 partials added in the same order, without the partials' round trip through memory and the second
 launch). `candidates_for` / `config_for(n, k, m)` pick those per M range (`range_tiles`): the fixed config up to
-SMALL_M rows (decode steps: tuned for M = 1), wider tiles above (verify passes, batches, prefill). Whether the
-tensor-core instruction Triton picks for another tile shape (on Hopper: mma.sync for a 32-wide tile, wgmma for 64 and more) sums an
-element's 16-wide K slice the same way is a fact of the hardware and the compiler, not of this code:
-`_invariant_triton.tile_probe` checks every candidate tile on the device once per process, dtype and base tile, and
-`launch_config` runs the first candidate of M's range that kept every bit (else the fixed config);
-tests/fast/kernels/test_invariant_tiles.py proves it on the 8B shapes (GPU-marked).
+SMALL_M rows (decode steps: tuned for M = 1), taller tiles above (verify passes, batches, prefill). Whether the
+tensor-core instruction Triton picks for another tile shape (on Hopper: mma.sync for a 32-wide tile, wgmma for 64
+and more) sums an element's 16-wide K slice the same way is a fact of the hardware and the compiler, not of this
+code: `_invariant_triton.tile_probe` checks every candidate tile on the device once per process, dtype and base
+tile, and `launch_config` runs the first candidate of M's range that kept every bit (else the fixed config);
+tests/fast/kernels/test_invariant_tiles.py proves it on the 8B shapes (GPU-marked; on an H200 every candidate,
+wgmma or mma.sync, splits fused or stored, kept every bit — and so did another BLOCK_K over the same K ranges:
+`tl.dot` runs the 16-wide steps one after the other into one accumulator; another split count did not).
 
 Pure Python (no Triton import): the CPU tests check the table's invariants without the compiler.
 """
@@ -23,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 __all__ = ["MatmulConfig", "Tile", "MATMUL", "fixed_config", "range_tiles", "config_for", "candidates_for", "SMALL_M",
-           "MID_M", "FUSE_PROGRAMS"]
+           "FUSE_PROGRAMS"]
 
 
 @dataclass(frozen=True)
@@ -94,8 +96,9 @@ MAX_SPLITS = 8
 VOCAB_N = 65536  # N from here on: an output head (one call per step, at every M)
 
 SMALL_M = 16  # up to this many rows: the fixed config (decode steps)
-MID_M = 128  # up to this many: the middle tile (a batch's decode step, small verify passes); above: the large one
-FUSE_PROGRAMS = 264  # fuse the splits into one program when the tiles alone give this many programs (2 per SM)
+FUSE_PROGRAMS: int | None = None  # fuse the K splits into one program when the tiles give this many programs;
+# None: never — the fused splits measured slower than the stored ones at every 8B shape up to M = 320 (H200,
+# BENCHMARKS.md: e.g. o 320 rows 94 vs 72 µs), but they keep the bits (tested) and stay a launch option
 
 
 def fixed_config(n: int, k: int) -> MatmulConfig:
@@ -116,16 +119,19 @@ def fixed_config(n: int, k: int) -> MatmulConfig:
 
 def range_tiles(base: MatmulConfig) -> tuple[tuple[int | None, tuple[Tile, ...]], ...]:
     """The M ranges of a weight whose fixed config is `base`: (largest M of the range or None, its candidate
-    tiles, preferred first), in order. First choice: 64- or 128-row tiles 128 wide on 8 warps (on Hopper, wgmma
-    instructions). A narrow base (32 wide: mma.sync on Hopper) also gets taller tiles of its own width — the same
-    instruction as the base, in case the device sums a 16-wide K slice differently in the other one. 128-wide K
-    steps keep 2 stages of the 128 × 128 tiles (shared memory)."""
-    deep = base.block_k > 64
-    mid, large = [Tile(64, 128, 8, 3)], [Tile(128, 128, 8, 2 if deep else 3)]
-    if base.block_n <= 32:
-        mid.append(Tile(64, base.block_n, 4, 3))
-        large.append(Tile(128, base.block_n, 4, 3))
-    return ((SMALL_M, (base.tile,)), (MID_M, tuple(mid)), (None, tuple(large)))
+    tiles, preferred first), in order. Measured (H200, bf16, the 8B matrices in CUDA graphs at M = 64 and 320,
+    BENCHMARKS.md): a 32-wide base (K steps of 128) runs fastest on 64 × 64 tiles on 4 warps (qkv 320 rows: 101 µs
+    vs 179 fixed; down 222 vs 375) — wgmma on Hopper; it keeps a 64-row tile of its own width as a second choice
+    (mma.sync, the base's own instruction) for a device whose wgmma would sum a K slice otherwise; a 64-wide base
+    (gate_up) 64 × 128 on 8 warps (320 rows: 367 vs 520); a vocabulary-sized base (64 × 128 already) its own tile
+    at every M (128 × 128 tiles: 1961 vs 1385 µs at 320 rows). 128 × 128 tiles lost everywhere."""
+    if base.block_n >= 128:
+        return ((None, (base.tile,)),)
+    if base.block_n >= 64:
+        above = (Tile(64, 128, 8, 3),)
+    else:
+        above = (Tile(64, 64, 4, 3), Tile(64, base.block_n, 4, 3))
+    return ((SMALL_M, (base.tile,)), (None, above))
 
 
 def config_for(n: int, k: int, m: int | None = None) -> MatmulConfig:
@@ -137,13 +143,14 @@ def config_for(n: int, k: int, m: int | None = None) -> MatmulConfig:
 
 def candidates_for(base: MatmulConfig, n: int, m: int) -> tuple[MatmulConfig, ...]:
     """base's order with each candidate tile of m's range (`range_tiles`), preferred first, for N output columns;
-    the splits fused into one program where the tiles alone fill the GPU (FUSE_PROGRAMS). `(base,)` up to
-    SMALL_M rows."""
+    the splits fused into one program where the tiles alone give FUSE_PROGRAMS programs (never, as measured).
+    `(base,)` up to SMALL_M rows."""
     if isinstance(m, bool) or not isinstance(m, int) or m < 0:
         raise ValueError(f"m must be an integer >= 0, got {m!r}")
     tiles = next(t for top, t in range_tiles(base) if top is None or m <= top)
     out = []
     for tile in tiles:
         programs = -(-m // tile.block_m) * -(-n // tile.block_n)
-        out.append(base if tile == base.tile else base.with_tile(tile, fuse_splits=programs >= FUSE_PROGRAMS))
+        fuse = FUSE_PROGRAMS is not None and programs >= FUSE_PROGRAMS
+        out.append(base if tile == base.tile else base.with_tile(tile, fuse_splits=fuse))
     return tuple(out)
