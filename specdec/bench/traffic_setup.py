@@ -3,6 +3,9 @@
 - `quick_setup`: CPU, tiny random Llamas (a 4-layer target; a perturbed 2-layer copy as the model drafter, so α
   is high; an untrained feature head started from the target's last layer; prompt lookup; a bigram fitted on
   the prompts). Checks structure, not speed: this is what CI runs.
+- `target_setup`: a real model (`--target`: a GGUF file or a transformers folder, e.g. SmolLM2-135M-Instruct) with
+  the drafter trained for it (`--draft`: a feature head folder, or a draft model folder over the same vocabulary),
+  on CUDA in bf16 or on the CPU in fp32; prompts are chat and code requests through the model's chat template.
 - `pair_setup`: the zoo `gpu` pair (`specdec train pair --preset gpu`: target/ and draft0/ in one folder), its
   feature head (`specdec train head`), the prepared code corpus (tokenizer, the bigram's training text), on
   CUDA in bf16; prompts are the held-in code prompts (`specdec.bench.prompts`), glued to the lengths drawn.
@@ -21,7 +24,8 @@ import torch
 from specdec.bench.traffic import TrafficSpec, markdown_table, run_traffic, summary
 from specdec.engine import Engine, EngineConfig
 
-__all__ = ["DRAFTERS", "TrafficSetup", "quick_setup", "pair_setup", "run_and_write"]
+__all__ = ["DRAFTERS", "TrafficSetup", "quick_setup", "pair_setup", "target_setup", "draft_kind", "chat_pool",
+           "run_and_write"]
 
 #: every drafter the engine runs: a small model, a feature head, prompt lookup, an n-gram (bigram) table
 DRAFTERS = ("model", "head", "lookup", "ngram")
@@ -125,6 +129,71 @@ GPU_SPEC = dict(slots=(64, 32, 8, 1),  # (the big batches first: --max-seconds c
                 new_tokens=(16, 256), requests_per_slot=3.0, min_requests=16)
 QUICK_SPEC = dict(slots=(1, 4), arrivals=("closed", "poisson:0.8x"), policies=("auto",), prompt_tokens=(20, 100),
                   new_tokens=(2, 16), requests_per_slot=1.5, min_requests=3)
+
+
+def draft_kind(folder: Path) -> str:
+    """"head" for a feature head folder (feature_head.json), "model" for a draft model folder (config.json);
+    ValueError in one line otherwise."""
+    folder = Path(folder)
+    if (folder / "feature_head.json").is_file():
+        return "head"
+    if (folder / "config.json").is_file():
+        return "model"
+    raise ValueError(f"--draft {folder}: neither a feature head folder (feature_head.json) nor a draft model folder "
+                     "(config.json)")
+
+
+def chat_pool(tokenizer, count: int = 160, max_tokens: int = 1024) -> list[list[int]]:
+    """Chat and code requests through the tokenizer's chat template (plain text without one): the demo's and the
+    general questions, then prompts `specdec.zoo.instructions.build_prompts` makes from local text (seed 1)."""
+    from specdec.bench.smol_tables import held_out_prompts
+
+    texts = held_out_prompts(count, exclude=set())
+    if getattr(tokenizer, "chat_template", None):
+        from specdec.zoo.responses import chat_prompt_ids
+
+        ids = chat_prompt_ids(tokenizer, texts)
+    else:
+        ids = [list(tokenizer(t)["input_ids"]) for t in texts]
+    return [p[:max_tokens] for p in ids if p]
+
+
+def target_setup(target: Path, draft: Path | None, drafters=DRAFTERS, max_batch: int = 64,
+                 device: torch.device | None = None, max_context: int = 4096) -> TrafficSetup:
+    """A real model and the drafter trained for it: bf16 on CUDA, fp32 on the CPU. drafters: "head" / "model" (the
+    one `draft` is, see `draft_kind`), "lookup", "ngram" (a bigram fitted on the prompts)."""
+    from specdec.loading import load_model, load_tokenizer
+    from specdec.zoo.responses import stop_token_ids
+
+    device = device or torch.device("cuda")
+    kind = draft_kind(draft) if draft is not None else None
+    for name in ("head", "model"):
+        if name in drafters and kind != name:
+            raise ValueError(f"the {name} drafter needs --draft DIR, a {'feature head' if name == 'head' else 'draft model'}"
+                             f" folder (got {'none' if draft is None else f'a {kind} folder: {draft}'})")
+    dtype = "bfloat16" if device.type == "cuda" else "float32"
+    model = load_model(target, device=device, dtype=dtype, what="target").eval()
+    tokenizer = load_tokenizer(target, what="target")
+    max_total = min(int(getattr(model.config, "max_position_embeddings", None) or max_context), max_context)
+    pool = chat_pool(tokenizer, max_tokens=max_total // 2)
+    small = None
+    if "model" in drafters:
+        small = load_model(draft, device=device, dtype=dtype, what="draft").eval()
+        if small.config.vocab_size != model.config.vocab_size:
+            raise ValueError(f"--draft {draft}: {small.config.vocab_size} tokens, the target has "
+                             f"{model.config.vocab_size}")
+    eos_ids = tuple(stop_token_ids(model, tokenizer))
+    config = _config(max_batch, max_total)
+    arms = _arms(model, drafters, config, draft=small, head=str(draft) if "head" in drafters else None, corpus=pool)
+    name = Path(target).name
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    notes = [f"target {name} ({dtype}, context {max_total} tokens), drafter {draft.name if draft else 'none'} ({kind}); "
+             f"{len(pool)} chat/code prompts through the chat template (the demo's, the general questions, "
+             "build_prompts seed 1; some may be among the drafter's training prompts), glued to the lengths drawn",
+             f"EOS ids {list(eos_ids)}; the bigram is fitted on the prompts"]
+    if device.type == "cpu":
+        notes.append(f"CPU ({torch.get_num_threads()} threads): fp32, not comparable with the GPU rows")
+    return TrafficSetup(Engine(model, None, config), arms, pool, eos_ids, max_total, where, notes)
 
 
 def code_pool(data: Path, context: int) -> list[list[int]]:

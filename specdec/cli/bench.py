@@ -3,6 +3,7 @@ requests arriving over time); the presets compare our decoding with Hugging Face
 
     specdec bench --pair runs/gpu --head runs/gpu/head --data data/code --out OUT   # CUDA: the traffic table
     specdec bench --quick --json                            # CPU, tiny random models: the same table's structure
+    specdec bench --target SmolLM2-135M-Instruct.Q4_1.gguf --draft specdec/assets/smol_head --out OUT  # a real model
     specdec bench --preset smoke --json                     # CPU, tiny random models, < 1 minute
     specdec bench --preset gpu --data data/code --train     # train the zoo gpu pair, then benchmark it
     specdec bench --preset gpu --data data/code --pair runs/gpu
@@ -45,6 +46,12 @@ def add_parser(subparsers) -> None:
     t = p.add_argument_group("traffic (the default preset; specdec.bench.traffic)")
     t.add_argument("--quick", action="store_true", help="tiny random models on CPU: the table's structure, not speed")
     t.add_argument("--head", default=None, help="a feature head folder (`specdec train head`) for the head drafter")
+    t.add_argument("--target", default=None, metavar="GGUF_OR_DIR",
+                   help="a real model instead of the zoo pair: a .gguf file or a transformers folder (CUDA bf16, or "
+                        "--device cpu fp32); prompts: chat and code requests through its chat template")
+    t.add_argument("--draft", default=None, metavar="DIR",
+                   help="with --target: the drafter trained for it, a feature head folder (the head arm) or a draft "
+                        "model folder (the model arm)")
     t.add_argument("--drafters", nargs="+", choices=TRAFFIC_DRAFTERS, default=None,
                    help=f"drafters to measure (default all: {' '.join(TRAFFIC_DRAFTERS)})")
     t.add_argument("--slots", type=int, nargs="+", default=None, help="requests decoded at once, 1..256 (default 64 32 8 1)")
@@ -72,7 +79,7 @@ def add_parser(subparsers) -> None:
 MAX_BENCH_GAMMA = 8
 #: specdec.bench.traffic_setup.DRAFTERS (not imported here: `specdec --help` stays free of torch)
 TRAFFIC_DRAFTERS = ("model", "head", "lookup", "ngram")
-_TRAFFIC_ONLY = ("quick", "head", "drafters", "slots", "arrival", "policy", "requests_per_slot", "prompt_tokens",
+_TRAFFIC_ONLY = ("quick", "head", "target", "draft", "drafters", "slots", "arrival", "policy", "requests_per_slot", "prompt_tokens",
                  "new_tokens", "sampled_share", "max_seconds", "serve", "clients")
 _PRESET_ONLY = ("train", "gamma", "repeats", "no_hf", "profile", "max_new_tokens")
 
@@ -112,6 +119,8 @@ def _traffic_spec(args: argparse.Namespace):
     from specdec.bench.traffic_setup import GPU_SPEC, QUICK_SPEC
 
     base = dict(QUICK_SPEC if args.quick else GPU_SPEC)
+    if args.target is not None and _on_cpu(args.device):  # a real model on the CPU: a few requests per cell
+        base["min_requests"] = QUICK_SPEC["min_requests"]
     for flag, name, convert in (("--arrival", "arrival", parse_arrival), ("--policy", "policy", parse_policy)):
         values = getattr(args, name) or base[name + "s" if name == "arrival" else "policies"]
         try:
@@ -135,6 +144,16 @@ def _traffic_spec(args: argparse.Namespace):
     return TrafficSpec(**base)
 
 
+def _on_cpu(device: str) -> bool:
+    if device == "cpu":
+        return True
+    if device != "auto":
+        return False
+    import torch
+
+    return not torch.cuda.is_available()
+
+
 def _check_traffic(args: argparse.Namespace):
     for name in _PRESET_ONLY:
         if _given(args, name):
@@ -144,6 +163,10 @@ def _check_traffic(args: argparse.Namespace):
     if args.max_seconds is not None and not (math.isfinite(args.max_seconds) and args.max_seconds > 0):
         raise CLIError(f"--max-seconds must be a finite number > 0, got {args.max_seconds}")
     drafters = tuple(dict.fromkeys(args.drafters or TRAFFIC_DRAFTERS))
+    if args.draft is not None and args.target is None:
+        raise CLIError("--draft belongs to --target (the zoo pair's drafters: --pair, --head)")
+    if args.target is not None:
+        return spec, _check_target(args, drafters)
     if args.serve:
         for name in ("drafters", "slots", "policy", "requests_per_slot"):
             if _given(args, name):
@@ -179,6 +202,41 @@ def _check_traffic(args: argparse.Namespace):
     return spec, drafters
 
 
+def _check_target(args: argparse.Namespace, drafters: tuple) -> tuple:
+    """--target/--draft: the files exist and fit the drafters, before anything loads → the drafters to run."""
+    for name in ("quick", "pair", "data", "head", "serve"):
+        if _given(args, name):
+            raise CLIError(f"--{name}: --target runs a real model with --draft (leave --{name} out)")
+    target = Path(args.target)
+    if not (target.is_file() and target.suffix == ".gguf") and not (target / "config.json").is_file():
+        raise CLIError(f"--target {target}: neither a .gguf file nor a model folder (config.json)")
+    kind = None
+    if args.draft is not None:
+        from specdec.bench.traffic_setup import draft_kind  # (checks files only)
+
+        try:
+            kind = draft_kind(Path(args.draft))
+        except ValueError as err:
+            raise CLIError(str(err)) from None
+    if args.drafters is None:  # the drafter given, prompt lookup and the bigram
+        drafters = tuple(d for d in TRAFFIC_DRAFTERS if d not in ("head", "model") or d == kind)
+    for name in ("head", "model"):
+        if name in drafters and kind != name:
+            raise CLIError(f"--drafters {name}: needs --draft DIR, a "
+                           f"{'feature head' if name == 'head' else 'draft model'} folder (got "
+                           f"{'none' if kind is None else f'a {kind} folder'})")
+    if kind is not None and kind not in drafters:
+        raise CLIError(f"--draft is a {kind} folder but '{kind}' is not in --drafters")
+    import torch
+
+    device = args.device
+    if device not in ("auto", "cpu") and not device.startswith("cuda"):
+        raise CLIError(f"--device: --target runs on CUDA or the CPU, got {device!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise CLIError(f"--device {device}: no CUDA device here (use --device cpu)")
+    return drafters
+
+
 def _run_traffic(args: argparse.Namespace, spec, drafters) -> int:
     from specdec.bench.traffic_setup import pair_setup, quick_setup, run_and_write, serve_and_write
 
@@ -196,6 +254,15 @@ def _run_traffic(args: argparse.Namespace, spec, drafters) -> int:
     max_batch = max(spec.slots)
     if args.quick:
         setup = quick_setup(drafters, max_batch=max_batch)
+    elif args.target is not None:
+        from specdec.bench.traffic_setup import target_setup
+        from specdec.loading import resolve_device
+
+        try:
+            setup = target_setup(Path(args.target), Path(args.draft) if args.draft else None, drafters,
+                                 max_batch=max_batch, device=resolve_device(args.device))
+        except (ValueError, FileNotFoundError, ImportError) as err:
+            raise CLIError(str(err)) from None
     else:
         from specdec.loading import resolve_device
 
