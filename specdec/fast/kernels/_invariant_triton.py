@@ -1,4 +1,5 @@
-"""Triton kernels behind `specdec.fast.kernels.invariant` (imported only where Triton is installed).
+"""Triton kernels behind `specdec.fast.kernels.invariant` (imported only where Triton is installed): the GEMM here,
+the attention in `_invariant_attention` (re-exported).
 
 matmul     program (m tile, n tile, k split) computes out[m-block, n-block] = Σ_k x·wᵀ over its split's K range in
            BLOCK_K steps with one `tl.dot` shape. The summation order — BLOCK_K and the number of K splits — is a
@@ -10,20 +11,11 @@ matmul     program (m tile, n tile, k split) computes out[m-block, n-block] = Σ
            where `tile_probe`'s device check (once per process, dtype and base tile) finds the bits unchanged;
            else the fixed config runs for every M. Tiles are held transposed, `[BLOCK_N, BLOCK_M]` (weights as the
            wide operand, as in `_linear_triton`); the grid runs the m tiles of one weight block next to each other.
-attention  program (row b · KV head, split, row tile): the G·k query rows of one KV head, BLOCK_M at a time, over
-           the slots [split · SPLIT_SLOTS, (split + 1) · SPLIT_SLOTS) ∩ [window start, live) in KEY_BLOCK blocks
-           aligned at slot 0, online softmax in fp32 (base 2). Splits are fixed slot ranges, not shares of the
-           live length, and are merged one after the other in split order (`_merge`); a split past a query's
-           position (or before its window) adds nothing, exactly, so a query's result does not depend on the
-           tile's other queries, the batch or the span (which only changes how many empty splits run). With one
-           split (a span of at most SPLIT_SLOTS) the program stores acc / sum itself — the merge of a single split
-           gives exactly that. (Different SPLIT_SLOTS give different bits: it is a constant.)
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 from dataclasses import dataclass, replace
 
@@ -32,6 +24,7 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
+from specdec.fast.kernels._invariant_attention import SPLIT_SLOTS, attention  # noqa: F401  (invariant.py's entry)
 from specdec.fast.kernels._invariant_config import (MATMUL, MatmulConfig, Tile, candidates_for,  # noqa: F401
                                                     config_for, fixed_config, range_tiles)
 
@@ -39,9 +32,6 @@ __all__ = ["MatmulConfig", "MATMUL", "SPLIT_SLOTS", "Tile", "TileProbe", "config
            "tile_probe", "probe_tiles", "matmul", "attention"]
 
 logger = logging.getLogger(__name__)
-
-SPLIT_SLOTS = 512  # attention: slots per split, aligned at slot 0 (a multiple of every `key_block`); a constant
-
 
 TILES_ENV = "SPECDEC_BITWISE_TILES"  # "probe" (default), "by_m" (no device check), "fixed"
 TILES_BY_M: bool | None = None  # True / False override the environment; None: the environment, else the probe
@@ -267,145 +257,3 @@ def matmul(x: torch.Tensor, weight: torch.Tensor, bias, residual, out: torch.Ten
         _reduce[(m, triton.cdiv(n, block))](part, bias_arg, res_arg, out, m, n, stride_rm, out.stride(0),
                                             SPLITS=splits, HAS_BIAS=bias is not None,
                                             HAS_RES=residual is not None, BLOCK=block, num_warps=4)
-
-
-@triton.jit
-def _dot(a, b, IEEE: tl.constexpr):
-    if IEEE:
-        c = tl.dot(a, b, input_precision="ieee")
-    else:
-        c = tl.dot(a, b)
-    return c
-
-
-@triton.jit(do_not_specialize=["spb", "k_len", "num_slots", "rows_pad", "window", "num_splits"])
-def _attention_kernel(Q, K, V, POS, OUT, PART_ACC, PART_M, PART_L,
-                      sqb, sqk, sqh, sqd, skb, skh, sks, skd, svb, svh, svs, svd, spb, spk, sob, sok, soh, sod,
-                      k_len, num_slots, rows_pad, scale_log2, window, num_splits,
-                      KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, ONE_SPLIT: tl.constexpr, IEEE: tl.constexpr,
-                      WINDOWED: tl.constexpr):
-    pid_bh = tl.program_id(0)
-    split = tl.program_id(1)
-    tile = tl.program_id(2)
-    b = (pid_bh // KV_HEADS).to(tl.int64)
-    kvh = pid_bh % KV_HEADS
-    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # tile row r = query i · GROUP + head-in-group g
-    row_ok = rows < GROUP * k_len
-    qi = rows // GROUP
-    head = kvh * GROUP + rows % GROUP
-    d = tl.arange(0, HEAD_DIM)
-    pos = tl.load(POS + b * spb + qi * spk, mask=row_ok, other=-1).to(tl.int32)
-    pos = tl.minimum(pos, num_slots - 2)  # never the junk slot
-    live = tl.max(pos, axis=0) + 1
-    lo = split * SPLIT
-    if WINDOWED:  # start at the block holding the tile's earliest visible slot (aligned: the blocks stay the same)
-        first = tl.maximum(tl.min(tl.where(row_ok, pos, num_slots), axis=0) - window + 1, 0)
-        lo = tl.maximum(lo, (first // BLOCK_N) * BLOCK_N)
-    hi = tl.minimum(split * SPLIT + SPLIT, live)
-
-    q = tl.load(Q + b * sqb + qi[:, None] * sqk + head[:, None] * sqh + d[None, :] * sqd, mask=row_ok[:, None],
-                other=0.0)
-    k_base = K + b * skb + kvh * skh
-    v_base = V + b * svb + kvh * svh
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    lsum = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    for start in range(lo, hi, BLOCK_N):
-        j = start + tl.arange(0, BLOCK_N)
-        j_ok = j < hi
-        keys = tl.load(k_base + j[:, None] * sks + d[None, :] * skd, mask=j_ok[:, None], other=0.0)
-        s = _dot(q, tl.trans(keys), IEEE) * scale_log2
-        seen = (j[None, :] <= pos[:, None]) & j_ok[None, :]
-        if WINDOWED:
-            seen = seen & (j[None, :] > pos[:, None] - window)
-        s = tl.where(seen, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet stay at zero weight
-        alpha = tl.exp2(m - m_safe)  # exactly 1 where this block adds nothing to a row that saw something
-        p = tl.exp2(s - m_safe[:, None])
-        lsum = lsum * alpha + tl.sum(p, axis=1)
-        vals = tl.load(v_base + j[:, None] * svs + d[None, :] * svd, mask=j_ok[:, None], other=0.0)
-        acc = acc * alpha[:, None] + _dot(p.to(vals.dtype), vals, IEEE)
-        m = m_new
-
-    if ONE_SPLIT:  # what `_merge` makes of one split, bit for bit
-        out = acc / tl.where(lsum == 0.0, 1.0, lsum)[:, None]
-        tl.store(OUT + b * sob + qi[:, None] * sok + head[:, None] * soh + d[None, :] * sod,
-                 out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
-    else:
-        part = (pid_bh.to(tl.int64) * num_splits + split) * rows_pad  # [B·H_kv, splits, rows_pad(, D)]
-        tl.store(PART_M + part + rows, m)
-        tl.store(PART_L + part + rows, lsum)
-        tl.store(PART_ACC + part * HEAD_DIM + rows[:, None] * HEAD_DIM + d[None, :], acc)
-
-
-@triton.jit(do_not_specialize=["rows_pad", "num_splits"])
-def _merge(PART_ACC, PART_M, PART_L, OUT, sob, sok, soh, sod, rows_pad, num_splits,
-           KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """One query row: the splits' partial softmaxes merged one after the other, in split order. A split that saw
-    nothing (m = −inf, sum 0, acc 0) leaves the running values exactly as they were."""
-    pid_bh = tl.program_id(0)
-    row = tl.program_id(1)
-    b = (pid_bh // KV_HEADS).to(tl.int64)
-    kvh = pid_bh % KV_HEADS
-    d = tl.arange(0, HEAD_DIM)
-    m = tl.full([1], float("-inf"), tl.float32)
-    lsum = tl.zeros([1], tl.float32)
-    acc = tl.zeros([HEAD_DIM], tl.float32)
-    for s in range(0, num_splits):
-        part = (pid_bh.to(tl.int64) * num_splits + s) * rows_pad + row
-        m_s = tl.load(PART_M + part)
-        m_new = tl.maximum(m, m_s)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        a = tl.exp2(m - m_safe)
-        w = tl.exp2(m_s - m_safe)
-        lsum = lsum * a + tl.load(PART_L + part) * w
-        acc = acc * a + tl.load(PART_ACC + part * HEAD_DIM + d) * w
-        m = m_new
-    out = acc / tl.where(lsum == 0.0, 1.0, lsum)
-    head = kvh * GROUP + row % GROUP
-    tl.store(OUT + b * sob + (row // GROUP) * sok + head * soh + d * sod, out.to(OUT.dtype.element_ty))
-
-
-BLOCK_M = 16  # query rows per attention program, for every k
-
-
-def key_block(dim: int, dtype: torch.dtype) -> int:
-    """Slots per attention block: fixed per (head dim, dtype), i.e. per model."""
-    return 32 if dtype == torch.float32 or dim > 128 else 64
-
-
-def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
-              scale: float | None = None, window: int | None = None) -> torch.Tensor:
-    """q `[B, k, H, D]`, keys/values `[B, H_kv, S, D]`, positions `[B, k]` → `[B, k, H, D]` (checked by the
-    caller)."""
-    batch, k, heads, dim = q.shape
-    kv_heads, num_slots = keys.shape[1], keys.shape[2]
-    group = heads // kv_heads
-    rows = group * k
-    row_tiles = triton.cdiv(rows, BLOCK_M)
-    rows_pad = row_tiles * BLOCK_M
-    splits = triton.cdiv(num_slots, SPLIT_SLOTS)
-    scale = 1.0 / math.sqrt(dim) if scale is None else float(scale)
-    fp32 = q.dtype == torch.float32
-    block_n = key_block(dim, q.dtype)
-    out = torch.empty(batch, k, heads, dim, device=q.device, dtype=q.dtype)
-    if splits > 1:
-        part_acc = torch.empty(batch * kv_heads, splits, rows_pad, dim, device=q.device, dtype=torch.float32)
-        part_m = torch.empty(batch * kv_heads, splits, rows_pad, device=q.device, dtype=torch.float32)
-        part_l = torch.empty_like(part_m)
-    else:
-        part_acc = part_m = part_l = out  # unused
-    _attention_kernel[(batch * kv_heads, splits, row_tiles)](
-        q, keys, values, positions, out, part_acc, part_m, part_l,
-        *q.stride(), *keys.stride(), *values.stride(), *positions.stride(), *out.stride(),
-        k, num_slots, rows_pad, scale * math.log2(math.e), window or 0, splits,
-        KV_HEADS=kv_heads, GROUP=group, HEAD_DIM=dim, BLOCK_M=BLOCK_M, BLOCK_N=block_n, SPLIT=SPLIT_SLOTS,
-        ONE_SPLIT=splits == 1, IEEE=fp32, WINDOWED=window is not None,
-        num_warps=4 if dim <= 64 else 8, num_stages=2 if fp32 else 3)
-    if splits > 1:
-        _merge[(batch * kv_heads, rows)](part_acc, part_m, part_l, out, *out.stride(), rows_pad, splits,
-                                         KV_HEADS=kv_heads, GROUP=group, HEAD_DIM=dim,
-                                         num_warps=4 if dim >= 128 else 2)
-    return out

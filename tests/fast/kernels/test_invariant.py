@@ -151,9 +151,9 @@ def test_attention_with_several_splits_stays_query_invariant(monkeypatch, window
     """Spans longer than SPLIT_SLOTS run fixed slot ranges merged in order; shown with splits of 32 slots: a query
     gets the same bits whatever the number of splits the span launches (one split stores directly, which is what
     the merge makes of one split), whatever the company."""
-    from specdec.fast.kernels import _invariant_triton
+    from specdec.fast.kernels import _invariant_attention
 
-    monkeypatch.setattr(_invariant_triton, "SPLIT_SLOTS", 32)
+    monkeypatch.setattr(_invariant_attention, "SPLIT_SLOTS", 32)
     q, keys, values, positions = attention_case(batch=3, k=2, slots=96)
     fn = lambda *a: invariant_attention(*a, window=window, kernel="triton")  # noqa: E731
     torch.testing.assert_close(fn(q, keys, values, positions),
