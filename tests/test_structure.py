@@ -23,7 +23,9 @@ MAX_ROOT_MODULES = 12
 
 # Known breaks, each named with who landed it: tolerated here, and each must still be broken — once fixed, its
 # entry fails `test_every_known_exception_is_still_needed` until it is deleted (so the list only shrinks).
-KNOWN_LONG_MODULES: dict[str, str] = {}
+KNOWN_LONG_MODULES = {
+    "specdec/cli/bench.py": "ee07590 (specdec bench --target, issue 23's bench owner): 428 lines",
+}
 KNOWN_BROKEN_ARROWS = {
     "the loop and the engine never import each other: specdec.engine.beam -> specdec.loop.beam":
         "beams (issue 24): the engine's beams reuse the loop's BeamSearch",
