@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
+from specdec.fast.kernels import _invariant_config
 from specdec.fast.kernels._invariant_attention import SPLIT_SLOTS, attention  # noqa: F401  (invariant.py's entry)
 from specdec.fast.kernels._invariant_config import (MATMUL, MatmulConfig, Tile, candidates_for,  # noqa: F401
                                                     config_for, fixed_config, range_tiles)
@@ -41,7 +42,8 @@ TILES_BY_M: bool | None = None  # True / False override the environment; None: t
 class TileProbe:
     """The device check behind `launch_config` for one (device, dtype, base tile): the base's block_k with 2 K
     splits, 160 × 256 outputs over K = 8 · block_k of wide-range random inputs, stored in fp32 (the accumulators'
-    own bits), computed by the base tile and by every candidate M-range tile, splits stored and fused. checked /
+    own bits), computed by the base tile and by every candidate M-range tile, splits stored (and fused, where the
+    table may fuse them: `_invariant_config.FUSE_PROGRAMS`). checked /
     differs: those configs' names, and the ones whose bits differed from the base's (or that did not compile or
     fit: `errors` says why); reason: why the check did not run (then the fixed config is kept)."""
 
@@ -92,9 +94,10 @@ def probe_tiles(base: MatmulConfig, dtype: torch.dtype, device) -> TileProbe:
     want = torch.empty(m, n, device=device, dtype=torch.float32)
     matmul(x, w, None, None, want, ref)
     checked, differs, errors = [], [], []
+    fuses = (False,) if _invariant_config.FUSE_PROGRAMS is None else (False, True)  # only what the table can run
     for _, tiles in range_tiles(base):
         for tile in tiles:
-            for fuse in (False, True):
+            for fuse in fuses:
                 cfg = ref.with_tile(tile, fuse)
                 if cfg == ref or cfg.name() in checked:
                     continue

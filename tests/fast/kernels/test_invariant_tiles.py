@@ -122,9 +122,12 @@ def test_interpreter_probe_and_its_negative_control(kt, monkeypatch):
     monkeypatch.setattr(kt, "PROBE_SHAPE", (40, 64, 6))  # (the interpreter is slow)
     base = replace(SMALL, split_k=1)
     good = kt.probe_tiles(base, torch.float32, "cpu")
-    assert good.same and len(good.checked) == 7 and good.base.endswith("_s2")  # 3 tiles × 2, base fused
-    assert good.agrees(base.with_tile(Tile(32, 16, 1, 1))) and good.agrees(replace(SMALL, fuse_splits=True))
+    assert good.same and len(good.checked) == 3 and good.base.endswith("_s2")  # the 3 other tiles, splits stored
+    assert good.agrees(base.with_tile(Tile(32, 16, 1, 1))) and not good.agrees(replace(SMALL, fuse_splits=True))
     assert not good.agrees(base.with_tile(Tile(128, 16, 1, 1)))  # never checked
+    monkeypatch.setattr(cfgs, "FUSE_PROGRAMS", 1)  # a table that fuses: the fused variants are checked too
+    good = kt.probe_tiles(base, torch.float32, "cpu")
+    assert good.same and len(good.checked) == 7 and good.agrees(replace(SMALL, fuse_splits=True))
     broken = lambda self, tile, fuse_splits=False: replace(  # noqa: E731
         self, block_m=tile.block_m, block_n=tile.block_n, block_k=32, fuse_splits=fuse_splits)
     monkeypatch.setattr(MatmulConfig, "with_tile", broken)
