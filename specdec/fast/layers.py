@@ -103,7 +103,7 @@ class LlamaLayers:
         # RoPE factors `[B, k, 1, R]` per table, for the q and k heads at once (one contiguous block)
         factors = [(cos[rope_pos][:, :, None], sin[rope_pos][:, :, None]) for cos, sin in tables]
         write_index = slots[:, None, :, None].expand(batch, s.n_kv_heads, k, s.head_dim)
-        masks = {}  # one mask per window, shared by the layers (and built only for the reference)
+        masks = {}  # one mask per window, shared by the layers (and built only for the reference: on CPU "auto" too)
         bound = rope_pos if tree is None else slots  # what a query sees up to: its position, a tree node its slot
         x = x.reshape(batch * k, s.dim)  # the residual stream
         for i in range(s.n_layers):
@@ -127,7 +127,7 @@ class LlamaLayers:
             if self.bitwise:  # (token trees are refused in forward)
                 attn = invariant_attention(q, cache.keys[i], cache.values[i], bound, a.attn_scale, window=window)
             else:
-                if window not in masks and attention == "reference":
+                if window not in masks and (attention == "reference" or attention == "auto" and x.device.type == "cpu"):
                     masks[window] = slot_attention_bias(bound, cache.keys[0].shape[2], nq // nkv, self.dtype, window,
                                                         tree)
                 attn = slot_attention(q, cache.keys[i], cache.values[i], bound, a.attn_scale, window=window,

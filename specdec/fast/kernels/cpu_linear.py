@@ -10,6 +10,8 @@ weight per call), and even its one-row GEMV streams the weight at about half the
                   a copy of W reordered once into oneDNN's blocked layout (`_reorder_linear_weight`) and kept per
                   weight tensor (re-packed when the weight changes in place): 1–9 rows cost about one one-row pass,
                   and the one-row pass itself is 0.6–1.0× MKL's. Costs a second copy of every weight it multiplies.
+                  A weight made under `torch.inference_mode` has no version counter: its packed copy is keyed by
+                  address, shape and strides only, so after changing such a weight in place call `clear_packed()`.
   "weight_major"  (W @ xᵀ)ᵀ with MKL: the rows are the short side of the GEMM and the weight streams once, as in a
                   GEMV; 2..`FEW_ROWS` rows only (it is slower than `F.linear` for more, and for the MLP's down
                   projection). The fallback where torch has no oneDNN.
@@ -67,11 +69,8 @@ def product(x: torch.Tensor, weight: torch.Tensor) -> str:
 
 def _packed_weight(weight: torch.Tensor) -> torch.Tensor:
     """oneDNN's packed copy of `weight [N, K]`, made once and re-made when the weight changes in place."""
-    try:
-        version = weight._version
-    except RuntimeError:  # an inference tensor has no version counter
-        version = None
-    key = (weight.data_ptr(), tuple(weight.shape), tuple(weight.stride()), version)
+    version = None if weight.is_inference() else weight._version  # (an inference tensor has no version counter,
+    key = (weight.data_ptr(), weight.shape, weight.stride(), version)  # and asking for it raises: ~80 µs a call)
     hit = _PACKED.get(id(weight))
     if hit is not None and hit[0]() is weight and hit[1] == key:
         return hit[2]
