@@ -222,8 +222,8 @@ def probe_rows(rows: list) -> None:
 
 def gemm_rows(rows: list, heights=(1, 64, 320)) -> None:
     """Per matrix and M: cuBLAS, the fixed config, the M-range config, what the engine runs, other tiles of the
-    fixed order and two other orders (no split or 2 splits; another BLOCK_K), each with whether its output bits
-    equal the fixed config's (the proof on the real shape, and its control)."""
+    fixed order and other orders (the engine's tile with 1, 2, 4, 8 splits; another BLOCK_K), each with whether its
+    output bits equal the fixed config's (the proof on the real shape, and its control)."""
     from specdec.fast.kernels.invariant import triton_kernels
 
     kt = triton_kernels()
@@ -243,14 +243,16 @@ def gemm_rows(rows: list, heights=(1, 64, 320)) -> None:
                    "bytes_gb": n * k * 2 / 1e9, "cublas_us": round(time_graph(lambda: torch.mm(x, w.t())), 1)}
             want = torch.empty(m, n, device=GEMM_DEVICE, dtype=torch.bfloat16)
             kt.matmul(x, w, None, None, want, fixed)
-            same_order, other_orders = {fixed, by_m, engine}, set()
+            same_order = {fixed, by_m, engine}
+            # other orders: the engine's tile with another split count (what choosing the split for M = 1 and the
+            # large passes together would trade) ...
+            other_orders = {dataclasses.replace(engine, split_k=s, fuse_splits=False) for s in (1, 2, 4, 8)
+                            if s != fixed.split_k}
             if m > 16:  # (up to SMALL_M rows the fixed config runs whatever the table says)
                 for tile in {*tiles, *(c for _, ts in kt.range_tiles(fixed) for c in ts)}:  # + every candidate
                     same_order.update({fixed.with_tile(tile, False), fixed.with_tile(tile, True)})
-                other = 1 if fixed.split_k > 1 else 2  # another order: no split (or 2 splits) ...
-                other_orders = {dataclasses.replace(by_m, split_k=other, fuse_splits=by_m.fuse_splits and other > 1),
-                                dataclasses.replace(fixed, block_k=64 if fixed.block_k > 64 else 128, num_stages=2)}
                 # ... and another BLOCK_K over the same K ranges (whether it changes the bits is recorded)
+                other_orders.add(dataclasses.replace(fixed, block_k=64 if fixed.block_k > 64 else 128, num_stages=2))
             timings, bits = {}, {}
             for cfg in sorted(same_order, key=lambda c: c.name()) + sorted(other_orders, key=lambda c: c.name()):
                 out = torch.empty(m, n, device=GEMM_DEVICE, dtype=torch.bfloat16)
