@@ -1,6 +1,5 @@
 """FastTarget / FastDrafter / fast_generate give the target's own greedy output and the exact sampling law."""
 
-import copy
 
 import pytest
 import torch
@@ -19,10 +18,19 @@ def fast_generate(*args, **kwargs):
 MAX_NEW = 20
 
 
+def _fresh_copy(model):
+    """The same weights in a new module (not a deepcopy: earlier tests may cache engines, holding locks, on the
+    session's `llama`)."""
+    with torch.random.fork_rng(devices=[]):  # (its throwaway initialization leaves the global RNG as it was)
+        fresh = type(model)(model.config).eval()
+    fresh.load_state_dict(model.state_dict())
+    return fresh
+
+
 @pytest.fixture(scope="module")
 def near_copy(llama):
     """A drafter close to the target (high α): exercises accept-all steps and partial rejections."""
-    model = copy.deepcopy(llama)
+    model = _fresh_copy(llama)
     with torch.no_grad():
         gen = torch.Generator().manual_seed(5)
         for p in model.parameters():
@@ -190,7 +198,7 @@ def test_sampling_law_is_the_targets(make_llama, kind):
 
 def test_nan_logits_raise_once_per_step(llama):
     """The engine checks NaN on the device and raises after the step's one host transfer."""
-    target = FastTarget(copy.deepcopy(llama))
+    target = FastTarget(_fresh_copy(llama))
     with torch.no_grad():
         target.model.final_norm.fill_(float("nan"))
     with pytest.raises(ValueError, match="NaN"):
