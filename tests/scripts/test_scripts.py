@@ -112,9 +112,13 @@ def test_bench_engine_beams_runs_on_the_shipped_pair(tmp_path, monkeypatch, caps
         pytest.skip("the demo pair is not installed")
     out = tmp_path / "beams.json"
     _run_main(ROOT / "scripts" / "bench_engine_beams.py", ["--device", "cpu", "--prompts", "1", "--max-new-tokens",
-                                                            "4", "--out", str(out)], monkeypatch)
+                                                            "4", "--configs", "4:2,8:1", "--ops", "--out", str(out)],
+              monkeypatch)
     rows = json.loads(out.read_text())["rows"]
-    assert [r["identical_beams"] for r in rows] == [True, True, True, None] and all(r["tokens"] == 4 for r in rows)
+    assert [r["identical_beams"] for r in rows] == [True, True, True, True, None] and all(r["tokens"] == 4 for r in rows)
+    assert rows[0]["beam_steps_per_pass"] == 1.0 and rows[0]["ops_per_pass"]["drafter forward"] == 0
+    assert all(r["ops_per_pass"]["target forward"] > 0 and r["ops_per_pass"]["drafter forward"] > 0
+               for r in (rows[1], rows[3]))
 
 
 def test_profile_decode_runs_on_a_tiny_model(tmp_path, monkeypatch, capsys):
