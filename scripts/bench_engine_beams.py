@@ -85,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=len(PAIR_PROMPTS))
     parser.add_argument("--ops", action="store_true", help="count the torch operators of a beam pass (see above)")
+    parser.add_argument("--kernels", default="auto", choices=["auto", "reference"],
+                        help="the models' layer kernels (EngineConfig.kernels): auto = the fused Triton layer on CUDA, "
+                             "reference = torch operators (eager passes launch Triton kernels from Python)")
     parser.add_argument("--out", default=None, help="JSON file for the rows")
     args = parser.parse_args(argv)
     configs = [tuple(int(x) for x in c.split(":")) for c in args.configs.split(",")]
@@ -92,12 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     device = target.device
     prompts = [tokenizer(p)["input_ids"] for p in PAIR_PROMPTS[: args.prompts]]
     w, n = args.num_beams, args.max_new_tokens
-    fast_target, fast_draft = FastLlama.from_hf(target), FastLlama.from_hf(draft)
+    fast_target = FastLlama.from_hf(target, kernels=args.kernels)
+    fast_draft = FastLlama.from_hf(draft, kernels=args.kernels)
     longest = max(map(len, prompts)) + n
 
     def engine(drafter, u=w, gamma=0):
         """One engine for every prompt (built here, outside the timing), a beam request per prompt."""
-        built = Engine(target, drafter, EngineConfig(max_batch_size=w, max_seq_len=longest, max_tree_nodes=64))
+        built = Engine(target, drafter, EngineConfig(max_batch_size=w, max_seq_len=longest, max_tree_nodes=64,
+                                                     kernels=args.kernels))
         beams = BeamParams(w, u, gamma, num_return_sequences=w)
         params = SamplingParams(temperature=0, max_new_tokens=n)
 
@@ -146,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
     base = rows[0]["tokens_per_s"]
     lines = [f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, {args.dtype}, "
-             f"{len(prompts)} prompts × {n} tokens, batch 1, no EOS",
+             f"{len(prompts)} prompts × {n} tokens, batch 1, no EOS, kernels {args.kernels}",
              "| configuration | tokens/s | vs plain engine beams | beam steps per pass | identical beams |",
              "|---|---|---|---|---|"]
     for r in rows:
