@@ -1,9 +1,9 @@
 """`specdec.beam_search(..., engine="fast")`: the prompts as beam requests of one engine (`engine/beam.py`).
 
-Each prompt is one beam group (w slots); the engine holds min(256, w × prompts) slots, so they run side by side
-(more wait for slots). The engine runs each group's pass as its own forwards, so P prompts cost P target passes
-per step where the transformers path (`loop.beam.beam_search`) batches them into one: per prompt the search,
-its passes and its beams are the same.
+Each prompt is one beam group (w slots); the engine holds w × prompts slots up to the engine's default 64 (or w),
+so they run side by side (more wait for slots). The engine runs each group's pass as its own forwards, so P
+prompts cost P target passes per step where the transformers path (`loop.beam.beam_search`) batches them into
+one: per prompt the search, its passes and its beams are the same.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from specdec.engine.beam import BeamOutput, BeamParams
-from specdec.engine.config import BATCH_BUCKETS, EngineConfig
+from specdec.engine.config import EngineConfig
 from specdec.engine.engine import Engine
 from specdec.fast.kernels.attention import MAX_TREE_SLOTS
 from specdec.loop.beam import BeamRequest, BeamSearchResult, BeamStats
@@ -24,14 +24,14 @@ def engine_beam_search(target, prompts, drafter=None, *, config: EngineConfig | 
                        **options) -> BeamSearchResult:
     """`loop.beam.beam_search`'s arguments (`BeamRequest.of`) and result, run inside an `Engine` built here (config:
     its settings; None = sized for these prompts: max_seq_len = the longest prompt + max_new_tokens, one run of slots
-    per prompt, up to 256 slots)."""
+    per prompt, up to 64 slots or w)."""
     started = time.perf_counter()
     request = BeamRequest.of(target, prompts, drafter, **options)
     rules, rows, u, gamma = request.config, request.prompts, request.draft_beams, request.num_draft_tokens
     w, n = rules.num_beams, rules.max_new_tokens
     beams = BeamParams(w, u, gamma, rules.length_penalty, rules.early_stopping, num_return_sequences=w)
     if config is None:
-        slots = min(BATCH_BUCKETS[-1], w * len(rows))
+        slots = min(max(EngineConfig.max_batch_size, w), w * len(rows))  # (more prompts wait for slots)
         config = EngineConfig(max_batch_size=slots, max_seq_len=max(len(p) for p in rows) + n,
                               max_tree_nodes=min(MAX_TREE_SLOTS, u * gamma + 1) if gamma else 0)
     engine = Engine(request.target, request.drafter, config)

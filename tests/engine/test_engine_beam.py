@@ -14,6 +14,7 @@ from helpers import hf_beams, hf_greedy, perturbed_copy
 from specdec.engine import Engine, EngineConfig
 from specdec.engine import beam as engine_beam
 from specdec.engine.beam import BeamOutput, BeamParams
+from specdec.engine.beam_run import engine_beam_search
 from specdec.loop import beam_rules
 from specdec.loop.beam import beam_search
 from specdec.request import SamplingParams
@@ -175,6 +176,8 @@ def test_beam_search_front_door_runs_on_the_engine(pair, w, u, gamma):
                                   num_draft_tokens=4, max_new_tokens=N, eos_token_id=[])
     assert perfect.sequences == [_hf(target, tuple(p), 2, ())[0] for p in PROMPTS]
     assert perfect.stats.steps_per_pass == 5.0  # the accepted nodes' K/V were copied into place: 5 + 5 steps
+    queued = engine_beam_search(target, PROMPTS, draft, config=EngineConfig(max_batch_size=w, max_seq_len=64), **kw)
+    assert queued.sequences == res.sequences  # one group at a time: the others wait for its slots
     with pytest.raises(ValueError, match="engine"):
         specdec.beam_search(target, PROMPTS, draft, engine="vllm")
     with pytest.raises(ValueError, match="draft_beams"):
