@@ -271,3 +271,29 @@ def test_engine_beams_on_cuda_equal_transformers_beside_chains(make_llama):
                               eos_token_id=[7])
     assert res.sequences == [refs[(2, tuple(p))][0] for p in PROMPTS]
     assert res.stats.passes == res.stats.prompt_passes
+
+
+def test_beam_params_refuse_hostile_values_by_name():
+    """Any value for any field: a valid BeamParams, or a ValueError / TypeError naming the field (never another
+    exception)."""
+    pytest.importorskip("hypothesis")
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    odd = st.one_of(st.none(), st.booleans(), st.text(max_size=3), st.just(float("nan")), st.just(float("inf")),
+                    st.floats(allow_nan=False, width=32), st.integers(-(2**70), 2**70), st.integers(0, 9),
+                    st.just("never"), st.just(torch.tensor(2)), st.just(object()))
+    fields = ("num_beams", "draft_beams", "num_draft_tokens", "length_penalty", "early_stopping",
+              "num_return_sequences")
+
+    @settings(max_examples=60, deadline=None, derandomize=True)
+    @given(st.sampled_from(fields), odd)
+    def check(name, value):
+        try:
+            params = BeamParams(**{name: value})
+        except (ValueError, TypeError) as err:
+            assert name in str(err)
+        else:
+            assert 1 <= params.num_beams <= params.width and 1 <= params.num_return_sequences <= params.num_beams
+
+    check()
