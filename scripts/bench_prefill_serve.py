@@ -43,8 +43,8 @@ def main(argv=None) -> int:
     variants = []
     for text in args.budgets:
         b, _, switch = text.partition(":")
-        if b != "auto" and not (b.isdigit() and (int(b) == 0 or int(b) >= 16)):
-            p.error(f"--budgets: {text!r}: {b!r} is not auto, 0 or an integer >= 16")
+        if not (b.isdigit() and (int(b) == 0 or int(b) >= 16)):
+            p.error(f"--budgets: {text!r}: {b!r} is not 0 or an integer >= 16")
         try:
             interval = float(switch) if switch else None
         except ValueError:

@@ -35,9 +35,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--num-draft-tokens", default="4", help="γ for speculative requests (requests may ask for 0 = plain)")
     p.add_argument("--max-batch-size", type=int, default=32, help="requests decoded together")
     p.add_argument("--max-seq-len", type=int, default=None, help="context per request (default: the model's)")
-    p.add_argument("--prefill-budget", default="auto", metavar="TOKENS",
+    p.add_argument("--prefill-budget", default="0", metavar="TOKENS",
                    help="chunked prefill: prompt tokens prefilled per engine step while requests run, interleaved "
-                        "with decoding (auto: the engine's CUDA default; 0: off, admitted prompts prefill whole)")
+                        "with decoding (0: off, admitted prompts prefill whole)")
     p.add_argument("--max-tokens", type=int, default=None, help="largest max_tokens a request may ask for "
                    "(default: the context)")
     p.add_argument("--bitwise", action="store_true",
@@ -102,10 +102,9 @@ def check_args(args: argparse.Namespace) -> None:
                            "policy times each step, and the ranks' timings differ)")
     for name in ("max_batch_size", "max_seq_len", "max_tokens"):
         check_int(f"--{name.replace('_', '-')}", getattr(args, name), 1)
-    budget = str(getattr(args, "prefill_budget", "auto")).strip()
-    if budget != "auto" and not (budget.isdigit() and (int(budget) == 0 or 16 <= int(budget) <= 1 << 20)):
-        raise CLIError(f"--prefill-budget must be auto, 0 (off) or a number of tokens in [16, {1 << 20}], "
-                       f"got {budget!r}")
+    budget = str(getattr(args, "prefill_budget", "0")).strip()
+    if not (budget.isdigit() and (int(budget) == 0 or 16 <= int(budget) <= 1 << 20)):
+        raise CLIError(f"--prefill-budget must be 0 (off) or a number of tokens in [16, {1 << 20}], got {budget!r}")
     check_int("--max-connections", getattr(args, "max_connections", 512), 1, MAX_CONNECTIONS)
     for flag, name in (("--timeout-keep-alive", "timeout_keep_alive"), ("--timeout-read", "timeout_read")):
         value = getattr(args, name, 1.0)
@@ -166,9 +165,8 @@ def build(args: argparse.Namespace):
 
 
 def _prefill_budget(args: argparse.Namespace):
-    """--prefill-budget as `EngineConfig.prefill_budget`: "auto", None (0: off) or an int."""
-    budget = str(getattr(args, "prefill_budget", "auto")).strip()
-    return budget if budget == "auto" else int(budget) or None
+    """--prefill-budget as `EngineConfig.prefill_budget`: None (0: off) or an int."""
+    return int(str(getattr(args, "prefill_budget", "0")).strip()) or None
 
 
 def dropped_generation_config(model) -> list[str]:

@@ -154,7 +154,8 @@ class Admission:
             if timed:  # (not fed: the next catch-up feeds these prompts, and reports that share of its time)
                 self.policy.record_admission(sum(lengths), None, len(lengths), target_seconds=target)
             if self._drafter_synced:  # (the rows already running hold all but their last 2 tokens: say so per row)
-                self._mark_synced(self._running[: rows.start])
+                for r in self._running[: rows.start]:
+                    r.draft_valid = max(r.draft_valid, r.length - 2)
                 self._drafter_synced = False
             return zeros
         valid = [max(n - 2, 0) for n in lengths]
@@ -176,63 +177,44 @@ class Admission:
         """Rows that ran plain steps fell behind in the drafter's cache; feed what it has not seen.
 
         After a speculative step every row's drafter cache holds all but its last 2 committed tokens (the window
-        re-fed committed text and the accepted drafts were fed) — but the rows in `_lagging`; `_drafter_synced`
-        says so for those rows at once, and their `draft_valid` is written only when a plain step follows. With a
-        prefill budget (`engine.prefill`) a catch-up feeds at most what the step's budget left, rows in slot order:
-        a row not fed up to date stays in `_lagging` (it drafts from a cache missing its latest text until a later
-        step's catch-up feeds it; exact either way, only its acceptance suffers). → whether it fed anything."""
+        re-fed committed text and the accepted drafts were fed); `_drafter_synced` says so for all rows at once,
+        and the rows' `draft_valid` is written only when a plain step follows. Not cut by a prefill budget: starved by
+        the prompts, a catch-up spread over steps left rows drafting from stale caches (issue 21, one H200: a 410 ms
+        spread catch-up, "auto" 0.55x at 64 slots). → whether it fed anything."""
         if not self.drafter_cached:
             return False
         if gamma == 0:
             if self._drafter_synced:
-                self._mark_synced(self._running)
+                for r in self._running:
+                    r.draft_valid = max(r.draft_valid, r.length - 2)
                 self._drafter_synced = False
             return False
-        if self._drafter_synced and not self._lagging:  # nothing lags: WINDOW >= 2
+        if self._drafter_synced:  # nothing lags: WINDOW >= 2
             return False
-        if self._drafter_synced:  # (a catch-up spread over speculative steps: the others are up to date)
-            self._mark_synced(self._running)
         self._drafter_synced = True  # after this step
         from specdec.engine.drafters import WINDOW
 
-        running = self._running
-        behind = [max(r.length - WINDOW, 0) for r in running]
-        lagging = [i for i, r in enumerate(running) if behind[i] > r.draft_valid]
-        self._lagging = set()
+        behind = [max(r.length - WINDOW, 0) for r in self._running]
+        lagging = [i for i, r in enumerate(self._running) if behind[i] > r.draft_valid]
         if not lagging:
             return False
-        ends, allowance = list(behind), self._budget_left
-        if allowance is not None:  # (the budget: rows in slot order, the last one fed in part)
-            for i in lagging:
-                ends[i] = running[i].draft_valid + min(behind[i] - running[i].draft_valid, allowance)
-                allowance -= ends[i] - running[i].draft_valid
-            lagging = [i for i in lagging if ends[i] > running[i].draft_valid]
-            self._lagging = {r.request_id for r, b in zip(running, behind) if b > r.draft_valid}
-            if not lagging:
-                return False
         # the share of what it feeds that plain steps committed (the rest: prompts admitted in the plain run, which
         # admission would have fed anyway): only that share of the catch-up is a cost of the plain steps
-        fed = sum([ends[i] - running[i].draft_valid for i in lagging])
-        prompts = sum([max(min(ends[i], len(running[i].prompt) - 2) - running[i].draft_valid, 0) for i in lagging])
+        fed = sum([behind[i] - self._running[i].draft_valid for i in lagging])
+        prompts = sum([max(min(behind[i], len(self._running[i].prompt) - 2) - self._running[i].draft_valid, 0)
+                       for i in lagging])
         self._catch_up_share = 1.0 - prompts / fed
-        self._catch_up_prompts, self._catch_up_fed = prompts, fed
+        self._catch_up_prompts = prompts
         rows = range(lagging[0], lagging[-1] + 1)  # one batched prefill; rows not lagging feed nothing
-        starts = [running[i].draft_valid if i in lagging else 0 for i in rows]
-        stops = [ends[i] if i in lagging else 0 for i in rows]
-        extent = max(running[i].length for i in rows) + self.max_draft_tokens + 2  # what a row may hold
-        self.drafter.prefill(self.state, slice(rows.start, rows.stop), starts, stops, self.config.prefill_chunk,
+        starts = [self._running[i].draft_valid if i in lagging else 0 for i in rows]
+        ends = [behind[i] if i in lagging else 0 for i in rows]
+        extent = max(self._running[i].length for i in rows) + self.max_draft_tokens + 2  # what a row may hold
+        self.drafter.prefill(self.state, slice(rows.start, rows.stop), starts, ends, self.config.prefill_chunk,
                              extent=extent)
         for i in lagging:
-            running[i].draft_valid = ends[i]
-        self._lagging = {r.request_id for r, b in zip(running, behind) if b > r.draft_valid}
+            self._running[i].draft_valid = behind[i]
         self.prefill_tokens += fed
         return True
-
-    def _mark_synced(self, rows) -> None:
-        """After a speculative step: the rows' drafter caches hold all but their last 2 tokens (not `_lagging` ones)."""
-        for r in rows:
-            if r.request_id not in self._lagging:
-                r.draft_valid = max(r.draft_valid, r.length - 2)
 
     def _release(self, slot: int) -> None:
         """Free `slot`: the last running request moves into it, so running requests stay in 0..n-1."""

@@ -6,12 +6,10 @@ from dataclasses import dataclass
 
 from specdec.request import as_int, check_num_draft_tokens
 
-__all__ = ["EngineConfig", "UnsupportedModel", "BATCH_BUCKETS", "MIN_POSITIONS", "CUDA_PREFILL_BUDGET",
-           "positions_bucket", "length_buckets"]
+__all__ = ["EngineConfig", "UnsupportedModel", "BATCH_BUCKETS", "MIN_POSITIONS", "positions_bucket", "length_buckets"]
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MIN_POSITIONS = 64  # the shortest cache-length bucket a step attends over (buckets are powers of two)
-CUDA_PREFILL_BUDGET = 1024  # EngineConfig.prefill_budget="auto" on CUDA (see its doc)
 
 
 def positions_bucket(need: int, num_positions: int) -> int:
@@ -66,8 +64,11 @@ class EngineConfig:
                       steps, as vLLM's max_num_batched_tokens / SGLang's chunked_prefill_size: a long prompt admitted
                       mid-flight holds its slot and prefills a budget per step while the running rows keep decoding
                       (it joins the decode steps once fully prefilled); with nothing running, admission prefills
-                      at once. None or 0 = off: admitted prompts prefill whole before the step (every running row
-                      waits for them); "auto" = `CUDA_PREFILL_BUDGET` on CUDA, off on the CPU
+                      at once. None or 0 = off (the default): admitted prompts prefill whole before the step (every
+                      running row waits for them). Off by default because a fixed budget below the traffic's prompt
+                      tokens per step starves the slots: on one H200 (zoo pair, head, "auto", BENCHMARKS.md) 1,024
+                      bounded the speculative ITL p99 at 8 / 32 clients (1.20x / 1.40x plain's, from 3.18x / 2.02x)
+                      but at 64 / 128 clients held slots filling for seconds (TTFT p50 1.4 / 3.6 s, 0.61x plain)
     bitwise           bit-for-bit exact mode: the target runs batch-invariant GEMM and attention kernels in every
                       forward (`fast.kernels.invariant`) and sampled rows verify by a shared race
                       (`core.verify_coupled`), so greedy and seeded output and log-probabilities are plain decoding's
@@ -90,16 +91,16 @@ class EngineConfig:
     max_tree_nodes: int = 32
     admit_min: int | None = None
     admit_max_wait: int = 8
-    prefill_budget: int | str | None = "auto"
+    prefill_budget: int | None = None
 
     def __post_init__(self) -> None:
         as_int(self.max_batch_size, "max_batch_size", minimum=1, maximum=BATCH_BUCKETS[-1])
         if self.admit_min is not None:
             as_int(self.admit_min, "admit_min", minimum=1, maximum=self.max_batch_size)
         as_int(self.admit_max_wait, "admit_max_wait", minimum=0, maximum=1 << 20)
-        if self.prefill_budget not in (None, 0, "auto"):
+        if self.prefill_budget is not None and not (self.prefill_budget == 0 and type(self.prefill_budget) is int):
             if isinstance(self.prefill_budget, str):
-                raise ValueError(f"prefill_budget must be None, 'auto' or an int of prompt tokens per step, "
+                raise ValueError(f"prefill_budget must be None, 0 or an int of prompt tokens per step, "
                                  f"got {self.prefill_budget!r}")
             as_int(self.prefill_budget, "prefill_budget", minimum=16, maximum=1 << 20)
         if self.max_seq_len is not None:

@@ -35,7 +35,7 @@ from specdec.drafters.protocol import CachedSlotDrafter, FeatureSlotDrafter
 from specdec.engine.admission import Admission, EngineRequest
 from specdec.engine.beam import BeamParams, Beams
 from specdec.engine.commit import Commit
-from specdec.engine.config import BATCH_BUCKETS, CUDA_PREFILL_BUDGET, EngineConfig, positions_bucket
+from specdec.engine.config import BATCH_BUCKETS, EngineConfig, positions_bucket
 from specdec.engine.drafters import Flavor
 from specdec.engine.policy import GammaPolicy
 from specdec.engine.prefill import ChunkedPrefill
@@ -104,8 +104,7 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
         if config.prefill_graphs and not self.cuda_graphs:
             raise ValueError("prefill_graphs=True needs cuda_graphs (a CUDA device)")
         use = self.cuda_graphs if config.prefill_graphs is None else config.prefill_graphs
-        budget = config.prefill_budget
-        self.prefill_budget = (CUDA_PREFILL_BUDGET if on_cuda else None) if budget == "auto" else budget or None
+        self.prefill_budget = config.prefill_budget or None  # chunked prefill (engine/prefill.py); None = off
         self.prefill_graphs = PrefillGraphs() if use else None  # admission chunks as CUDA graphs (slots.py)
         self.policy = GammaPolicy(config.num_draft_tokens if drafter is not None else 0, self.max_draft_tokens,
                                   plain_catches_up=self.drafter_cached)
@@ -114,9 +113,6 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
         self._last_used: dict[int, int] = {}  # γ → index of the last step that ran it
         self._flavor = None  # of the running set; None = recompute (requests joined or left)
         self._drafter_synced = True  # every row's drafter cache holds all but its last 2 tokens (see catch-up)
-        self._lagging: set[str] = set()  # but these rows' (a catch-up the prefill budget cut short)
-        self._budget_left = None  # prompt tokens this step may still prefill (None: no budget)
-        self._spread = None  # a catch-up spread over steps by the budget, as the policy is charged it (prefill.py)
         self._plain_run = 0  # plain steps since the last speculative one (what a catch-up makes up for)
         self._catch_up_share = 1.0  # of the last catch-up's tokens, the share plain steps committed (not prompts)
         self._catch_up_prompts = 0  # and the prompt tokens it fed (admitted in the plain run)
@@ -237,7 +233,6 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
     def step(self) -> list[RequestOutput]:
         outputs = self._beam_aborts() + self._handle_aborts()
         self._admit_beams(outputs)  # (beam groups: their own forwards, before the chains' timed step)
-        self._budget_left = self.prefill_budget
         self._admit(outputs)
         outputs += self._step_beams()
         if self._filling:  # at most one budget of prompt tokens, then the decode step (see prefill.py)
@@ -287,9 +282,7 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
         seconds = time.perf_counter() - started
         # the policy weighs whole steps, device time and the host's share alike; a first run's time includes its
         # graph capture (no step time); a catch-up step's excess over the usual step is the plain steps' cost
-        if not first_run and tree is None and (self._spread is not None or (caught_up and self._lagging)):
-            self._record_spread_step(batch, gamma, seconds, produced / n, longest, n, caught_up)
-        elif not first_run and tree is None:
+        if not first_run and tree is None:
             self.policy.record_step(batch, gamma, seconds, produced / n, length=longest, rows=n,
                                     catch_up_of=self._plain_run if caught_up else 0,
                                     catch_up_share=self._catch_up_share, catch_up_prompts=self._catch_up_prompts)

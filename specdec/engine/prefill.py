@@ -84,7 +84,6 @@ class ChunkedPrefill:
         fed_target = sum(e - s for s, e in target.values())
         fed_drafter = sum(e - s for s, e in drafter.values())
         self.prefill_tokens += fed_target + fed_drafter
-        self._budget_left = max(budget, 0) if self._running else 0  # (what the drafter's catch-up may still feed)
         ready = []
         for request in list(self._filling):
             if target.get(request.slot) or drafter.get(request.slot):
@@ -133,31 +132,3 @@ class ChunkedPrefill:
         request.slot = n
         self._running.append(request)
         self._joined(request)
-
-    def _record_spread_step(self, batch: int, gamma: int, seconds: float, tokens_per_row: float, longest: int,
-                            rows: int, caught_up: bool) -> None:
-        """The policy's view of a catch-up the budget spread over steps (`_catch_up_drafter`): each step that fed a
-        part is no sample of the usual step time, its time beyond the usual step adds up, and the whole is charged
-        to the plain steps behind it once every row is caught up — one catch-up event, as without a budget (its
-        prompts' share a sample of the drafter's feed cost)."""
-        spread = self._spread
-        if spread is None:
-            spread = self._spread = {"plain_steps": 0, "excess": 0.0, "fed": 0, "prompts": 0}
-        if caught_up:
-            spread["plain_steps"] += self._plain_run  # (plain steps since the last speculative one)
-            usual = self.policy.step_time(batch, gamma, longest)
-            if usual is not None:
-                spread["excess"] += seconds - usual
-            spread["fed"] += self._catch_up_fed
-            spread["prompts"] += self._catch_up_prompts
-        # catch_up_share 0: the policy takes the step as a catch-up step (no sample) and charges nothing yet
-        self.policy.record_step(batch, gamma, seconds, tokens_per_row, length=longest, rows=rows,
-                                catch_up_of=1 if caught_up else 0, catch_up_share=0.0)
-        if self._lagging:
-            return
-        self._spread = None
-        if spread["plain_steps"] > 0 and spread["fed"] > 0:
-            share = 1.0 - spread["prompts"] / spread["fed"]
-            self.policy.record_catch_up(batch, spread["excess"] * share, spread["plain_steps"])
-            if spread["prompts"] > 0:
-                self.policy.admission.fed(max(spread["excess"], 0.0) * (1.0 - share), spread["prompts"])

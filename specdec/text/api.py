@@ -42,7 +42,7 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
          max_batch_size: int = 32, max_seq_len: int | None = None, ngram_data=None,
          synthetic_acceptance: float | None = None, tensor_parallel_size: int = 1, model_kwargs: dict | None = None,
          draft_model_kwargs: dict | None = None, allow_weight_mismatch: bool = False,
-         tensor_parallel_all_reduce: str = "auto", bitwise: bool = False, prefill_budget="auto") -> "LLM":
+         tensor_parallel_all_reduce: str = "auto", bitwise: bool = False, prefill_budget: int | None = None) -> "LLM":
     """Load a target (and a draft) for text generation.
 
     target          a checkpoint folder, a .gguf file, a hub id (org/name) in the local Hugging Face cache
@@ -70,7 +70,7 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
                     log-probabilities are the same bits alone or in any batch, for any γ, drafter, speculation on or
                     off; needs the engine (refused on the fallback runner and with tensor parallelism); slower
     prefill_budget  the engine's chunked prefill (`EngineConfig.prefill_budget`): prompt tokens prefilled per step
-                    while requests run; "auto" (on CUDA), an int, or None / 0 (admitted prompts prefill whole)
+                    while requests run; None / 0 = off (admitted prompts prefill whole), the default
     tensor_parallel_all_reduce  how the ranks sum the row-parallel products: "auto" (one_shot where the GPUs
                     reach each other by P2P, else group), "group" (NCCL / gloo) or "one_shot" (torch symmetric
                     memory over NVLink, CUDA); see `specdec.distributed.allreduce`
@@ -141,7 +141,7 @@ class LLM:
     def __init__(self, target, tokenizer, drafter=None, *, num_draft_tokens=4, runner: str = "auto",
                  max_batch_size: int = 32, max_seq_len: int | None = None,
                  synthetic_acceptance: float | None = None, tensor_parallel=None, bitwise: bool = False,
-                 prefill_budget="auto"):
+                 prefill_budget: int | None = None):
         self.target = target
         self.tensor_parallel = tensor_parallel  # a CommandChannel under torchrun (text/tensor_parallel.py), or None
         self._tensor_parallel_started = False
