@@ -2,7 +2,8 @@
 (the zoo pair with its feature head, --num-draft-tokens auto; closed loops of C streaming clients; plain and
 speculative requests on the same server, level after level) once per --prefill-budget, so the ITL p99 of each
 arm with and without chunked prefill sits side by side. A budget may carry the server's GIL switch interval after
-a colon ("1024:0.0005" = --prefill-budget 1024 --switch-interval 0.0005): the hand-offs between the driver thread
+a colon ("1024:0.0005" = --prefill-budget 1024 --switch-interval 0.0005), and --prefill-steps after a slash
+("256/4" = --prefill-budget 256 --prefill-steps 4): the hand-offs between the driver thread
 (an eager prefill chunk is hundreds of launches from Python) and the event loop streaming every client's tokens.
 
     python3 scripts/bench_prefill_serve.py --quick --budgets 0 32 --clients 1 2 --out /tmp/quick   # CPU smoke
@@ -43,15 +44,19 @@ def main(argv=None) -> int:
     variants = []
     for text in args.budgets:
         b, _, switch = text.partition(":")
+        b, _, steps = b.partition("/")
         if not (b.isdigit() and (int(b) == 0 or int(b) >= 16)):
             p.error(f"--budgets: {text!r}: {b!r} is not 0 or an integer >= 16")
+        if steps and not (steps.isdigit() and int(b) and 1 <= int(steps) <= 1024):
+            p.error(f"--budgets: {text!r}: /{steps} is not a number of steps in [1, 1024] after a budget")
         try:
             interval = float(switch) if switch else None
         except ValueError:
             p.error(f"--budgets: {text!r}: the switch interval {switch!r} is not a number of seconds")
         if interval is not None and not 0 < interval <= 1:
             p.error(f"--budgets: {text!r}: the switch interval must be in (0, 1] seconds")
-        extra = ("--prefill-budget", b) + (("--switch-interval", switch) if switch else ())
+        extra = ("--prefill-budget", b) + (("--prefill-steps", steps) if steps else ()) + \
+            (("--switch-interval", switch) if switch else ())
         variants.append((text, extra))
 
     from specdec.bench.traffic import TrafficSpec

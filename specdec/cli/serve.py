@@ -38,6 +38,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--prefill-budget", default="0", metavar="TOKENS",
                    help="chunked prefill: prompt tokens prefilled per engine step while requests run, interleaved "
                         "with decoding (0: off, admitted prompts prefill whole)")
+    p.add_argument("--prefill-steps", type=int, default=0, metavar="K",
+                   help="with --prefill-budget: every request is fed within K steps of its admission (the budget "
+                        "grows with the backlog); 0: the budget is a hard cap")
     p.add_argument("--max-tokens", type=int, default=None, help="largest max_tokens a request may ask for "
                    "(default: the context)")
     p.add_argument("--bitwise", action="store_true",
@@ -105,6 +108,9 @@ def check_args(args: argparse.Namespace) -> None:
     budget = str(getattr(args, "prefill_budget", "0")).strip()
     if not (budget.isdigit() and (int(budget) == 0 or 16 <= int(budget) <= 1 << 20)):
         raise CLIError(f"--prefill-budget must be 0 (off) or a number of tokens in [16, {1 << 20}], got {budget!r}")
+    steps = getattr(args, "prefill_steps", 0)
+    if steps and (steps < 0 or steps > 1024 or int(budget) == 0):
+        raise CLIError(f"--prefill-steps must be in [0, 1024] and needs --prefill-budget, got {steps}")
     check_int("--max-connections", getattr(args, "max_connections", 512), 1, MAX_CONNECTIONS)
     for flag, name in (("--timeout-keep-alive", "timeout_keep_alive"), ("--timeout-read", "timeout_read")):
         value = getattr(args, name, 1.0)
@@ -153,7 +159,8 @@ def build(args: argparse.Namespace):
                        tensor_parallel_all_reduce=getattr(args, "tensor_parallel_all_reduce", "auto"),
                        model_kwargs=model_options(args), draft_model_kwargs=model_options(args, "draft"),
                        allow_weight_mismatch=getattr(args, "allow_weight_mismatch", False),
-                       bitwise=getattr(args, "bitwise", False), prefill_budget=_prefill_budget(args))
+                       bitwise=getattr(args, "bitwise", False), prefill_budget=_prefill_budget(args),
+                       prefill_steps=getattr(args, "prefill_steps", 0) or None)
     name = args.served_model_name or resolve_model_source(args.target, model_kwargs=model_options(args)).display_name
     guard = GuardConfig(allowed_hosts=tuple(getattr(args, "allowed_hosts", ())),
                         allowed_origins=tuple(getattr(args, "allowed_origins", ())),

@@ -43,6 +43,7 @@ class EngineRequest:
     constraint: object | None = None  # its `core.processors.TokenConstraint`, started at admission
     slot: int = -1  # while filling (`engine.prefill`): its slot; running requests' slot is their index
     prefilled: int = 0  # while filling: prompt positions in the target's cache
+    fed_by: int = 0  # while filling, with `prefill_steps`: the engine step by which its prompt is fed in full
 
 
 class Admission:

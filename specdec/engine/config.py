@@ -69,6 +69,10 @@ class EngineConfig:
                       tokens per step starves the slots: on one H200 (zoo pair, head, "auto", BENCHMARKS.md) 1,024
                       bounded the speculative ITL p99 at 8 / 32 clients (1.20x / 1.40x plain's, from 3.18x / 2.02x)
                       but at 64 / 128 clients held slots filling for seconds (TTFT p50 1.4 / 3.6 s, 0.61x plain)
+    prefill_steps     with a prefill_budget: every request is fed within this many steps of its admission (a step
+                      feeds more than the budget when the backlog needs it: the budget adapts to the load instead
+                      of capping it, so slots cannot stay filling while the queue grows); None = the budget is a
+                      hard cap. Not measured on a GPU yet
     bitwise           bit-for-bit exact mode: the target runs batch-invariant GEMM and attention kernels in every
                       forward (`fast.kernels.invariant`) and sampled rows verify by a shared race
                       (`core.verify_coupled`), so greedy and seeded output and log-probabilities are plain decoding's
@@ -92,6 +96,7 @@ class EngineConfig:
     admit_min: int | None = None
     admit_max_wait: int = 8
     prefill_budget: int | None = None
+    prefill_steps: int | None = None
 
     def __post_init__(self) -> None:
         as_int(self.max_batch_size, "max_batch_size", minimum=1, maximum=BATCH_BUCKETS[-1])
@@ -103,6 +108,10 @@ class EngineConfig:
                 raise ValueError(f"prefill_budget must be None, 0 or an int of prompt tokens per step, "
                                  f"got {self.prefill_budget!r}")
             as_int(self.prefill_budget, "prefill_budget", minimum=16, maximum=1 << 20)
+        if self.prefill_steps is not None:
+            as_int(self.prefill_steps, "prefill_steps", minimum=1, maximum=1 << 10)
+            if not self.prefill_budget:
+                raise ValueError(f"prefill_steps={self.prefill_steps} needs a prefill_budget (chunked prefill is off)")
         if self.max_seq_len is not None:
             as_int(self.max_seq_len, "max_seq_len", minimum=2, maximum=1 << 20)
         check_num_draft_tokens(self.max_draft_tokens, "max_draft_tokens")

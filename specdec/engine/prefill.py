@@ -43,13 +43,14 @@ class ChunkedPrefill:
             self.state.admit_rows(request.slot, [request.prompt], [request.params], [request.seed])
             self.state.active[request.slot] = False  # not a row of the decode steps until it is ready
             request.prefilled = request.draft_valid = 0
+            request.fed_by = self._num_steps + (self.config.prefill_steps or 0)  # (this step counts: `_step_budget`)
             self._filling.append(request)
 
     def _prefill_step(self) -> bool:
         """Feed at most one budget of the filling requests' prompts (oldest first); the ones fully fed join the
         running rows. → whether anything was fed."""
         # with nothing running no decode step waits: everything filling is fed at once
-        budget, target, drafter = self.prefill_budget if self._running else 1 << 62, {}, {}
+        budget, target, drafter = self._step_budget() if self._running else 1 << 62, {}, {}
         for request in self._filling:
             if budget <= 0:
                 break
@@ -97,6 +98,21 @@ class ChunkedPrefill:
                                         time.perf_counter() - middle if drafter else None, len(ready),
                                         sum(len(r.prompt) for r in ready))
         return bool(target or drafter)
+
+    def _step_budget(self) -> int:
+        """This step's budget: `prefill_budget`, or with `prefill_steps` K more where the backlog needs it, so every
+        filling request is fed within K steps of its admission — fed oldest first, request i (its own and the older
+        requests' unfed tokens C_i, d_i steps left to its deadline) needs ⌈C_i / d_i⌉ this step."""
+        budget, steps = self.prefill_budget, self.config.prefill_steps
+        if not steps:
+            return budget
+        backlog = 0
+        for r in self._filling:
+            backlog += len(r.prompt) - 1 - r.prefilled
+            if self.drafter_cached:
+                backlog += max(len(r.prompt) - 2, 0) - r.draft_valid
+            budget = max(budget, -(-backlog // max(r.fed_by - self._num_steps, 1)))
+        return budget
 
     def _bounds(self, fed: dict[int, tuple[int, int]], progress) -> tuple[slice, list[int], list[int]]:
         """One batched feed of the slots in `fed` ({slot: (start, end)}): the rows' slice, and per row of it the

@@ -42,7 +42,8 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
          max_batch_size: int = 32, max_seq_len: int | None = None, ngram_data=None,
          synthetic_acceptance: float | None = None, tensor_parallel_size: int = 1, model_kwargs: dict | None = None,
          draft_model_kwargs: dict | None = None, allow_weight_mismatch: bool = False,
-         tensor_parallel_all_reduce: str = "auto", bitwise: bool = False, prefill_budget: int | None = None) -> "LLM":
+         tensor_parallel_all_reduce: str = "auto", bitwise: bool = False, prefill_budget: int | None = None,
+         prefill_steps: int | None = None) -> "LLM":
     """Load a target (and a draft) for text generation.
 
     target          a checkpoint folder, a .gguf file, a hub id (org/name) in the local Hugging Face cache
@@ -70,7 +71,8 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
                     log-probabilities are the same bits alone or in any batch, for any γ, drafter, speculation on or
                     off; needs the engine (refused on the fallback runner and with tensor parallelism); slower
     prefill_budget  the engine's chunked prefill (`EngineConfig.prefill_budget`): prompt tokens prefilled per step
-                    while requests run; None / 0 = off (admitted prompts prefill whole), the default
+                    while requests run; None / 0 = off (admitted prompts prefill whole), the default;
+                    `prefill_steps` K: each request fed within K steps (`EngineConfig.prefill_steps`)
     tensor_parallel_all_reduce  how the ranks sum the row-parallel products: "auto" (one_shot where the GPUs
                     reach each other by P2P, else group), "group" (NCCL / gloo) or "one_shot" (torch symmetric
                     memory over NVLink, CUDA); see `specdec.distributed.allreduce`
@@ -88,7 +90,7 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
         raise TypeError(f"bitwise must be True or False, got {bitwise!r}")
     from specdec.engine.config import EngineConfig
 
-    EngineConfig(prefill_budget=prefill_budget)  # (checked before anything loads: one line naming it)
+    EngineConfig(prefill_budget=prefill_budget, prefill_steps=prefill_steps)  # (checked before anything loads)
     if bitwise and (runner == "fallback" or tensor_parallel_size > 1):
         raise ValueError("bitwise=True needs the request-level engine on one device (not runner='fallback', not "
                          "tensor_parallel_size > 1)")
@@ -132,7 +134,7 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
                           draft_model_kwargs=draft_model_kwargs, allow_weight_mismatch=allow_weight_mismatch)
     return LLM(target_model, tokenizer, drafter, num_draft_tokens=num_draft_tokens, runner=runner,
                max_batch_size=max_batch_size, max_seq_len=max_seq_len, synthetic_acceptance=synthetic_acceptance,
-               bitwise=bitwise, prefill_budget=prefill_budget)
+               bitwise=bitwise, prefill_budget=prefill_budget, prefill_steps=prefill_steps)
 
 
 class LLM:
@@ -141,7 +143,7 @@ class LLM:
     def __init__(self, target, tokenizer, drafter=None, *, num_draft_tokens=4, runner: str = "auto",
                  max_batch_size: int = 32, max_seq_len: int | None = None,
                  synthetic_acceptance: float | None = None, tensor_parallel=None, bitwise: bool = False,
-                 prefill_budget: int | None = None):
+                 prefill_budget: int | None = None, prefill_steps: int | None = None):
         self.target = target
         self.tensor_parallel = tensor_parallel  # a CommandChannel under torchrun (text/tensor_parallel.py), or None
         self._tensor_parallel_started = False
@@ -152,7 +154,7 @@ class LLM:
         self._max_seq_len = max_seq_len
         self.synthetic_acceptance = synthetic_acceptance  # BENCHMARK ONLY (see `load`)
         self.bitwise = bitwise  # the engine's bit-exact mode (see `load`)
-        self.prefill_budget = prefill_budget  # the engine's chunked prefill (see `load`)
+        self.prefill_budget, self.prefill_steps = prefill_budget, prefill_steps  # the engine's chunked prefill
         self.num_draft_tokens = check_num_draft_tokens(num_draft_tokens if drafter is not None else 0)
         if drafter is not None and self.num_draft_tokens == 0:
             raise ValueError("num_draft_tokens must be >= 1 when a draft is given (requests may still ask for "
@@ -208,7 +210,7 @@ class LLM:
                                   max_seq_len=self._max_seq_len, num_draft_tokens=gamma,
                                   max_draft_tokens=max(8, gamma if isinstance(gamma, int) else 0),
                                   synthetic_acceptance=self.synthetic_acceptance, bitwise=self.bitwise,
-                                  prefill_budget=self.prefill_budget)
+                                  prefill_budget=self.prefill_budget, prefill_steps=self.prefill_steps)
             try:
                 engine = Engine(self.target, drafter, config=config)
             except UnsupportedModel as err:

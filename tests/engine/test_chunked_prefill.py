@@ -290,3 +290,40 @@ def test_chunked_prefill_beside_beam_groups(make_llama):
         assert [t for o in outputs[rid] for t in o.new_token_ids] == hf_greedy(target, prompt, 12, [])
     final = outputs[beam][-1]
     assert [list(b) for b in final.beams] == hf_beams(target, tuple(prompts[3]), 2, (), 12, 1.0, False)[0]
+
+
+def test_prefill_steps_feeds_every_request_within_k_steps_of_its_admission(make_llama):
+    """`prefill_steps` K: the budget adapts to the backlog (a burst of long prompts admitted at once is fed within K
+    steps, each step at most max(budget, ⌈what the oldest requests still need / steps to their deadline⌉)), so
+    admitted requests cannot hold their slots filling while the queue grows — the starvation a fixed budget showed
+    at 64 clients on an H200; the tokens stay those of a whole prefill. Negative control: the fixed budget takes
+    longer than K steps for the same burst."""
+    target, draft = make_llama(0), make_llama(5, layers=1)
+    early = [_prompt(5, 1), _prompt(7, 2)]
+    late = [_prompt(90, 3), _prompt(70, 4), _prompt(50, 5), _prompt(30, 6)]
+    params = _mixed_params(len(early) + len(late), max_new=30)
+    runs, waits = [], {}
+    for budget, steps in ((None, None), (16, 3), (16, None)):
+        engine = Engine(target, draft, EngineConfig(max_batch_size=6, max_seq_len=160, num_draft_tokens=3,
+                                                    admit_min=1, prefill_budget=budget, prefill_steps=steps))
+        filling, fed = [], []
+
+        def watch(e, _, filling=filling, fed=fed, seen={"fed": 0}):
+            filling.append(e.num_prefilling)
+            fed.append(e.prefill_tokens - seen["fed"])
+            seen["fed"] = e.prefill_tokens
+
+        runs.append(_drive(engine, early, late, params, join_after=2, watch=watch))
+        waits[(budget, steps)] = (sum(1 for f in filling if f), fed)
+    assert runs[1] == runs[0] and runs[2] == runs[0]
+    adaptive, fixed = waits[(16, 3)], waits[(16, None)]
+    assert 1 <= adaptive[0] <= 2  # the burst filled for at most K - 1 steps past its admission step
+    assert fixed[0] > 3  # negative control: 16 a step takes many steps for ~480 tokens
+    assert max(adaptive[1][2:]) <= -(-sum(2 * len(p) - 3 for p in late) // 3)  # ≤ ⌈backlog / K⌉ a step
+
+
+def test_prefill_steps_needs_a_budget():
+    with pytest.raises(ValueError, match="prefill_steps=4 needs a prefill_budget"):
+        EngineConfig(prefill_steps=4)
+    with pytest.raises(ValueError, match="prefill_steps"):
+        EngineConfig(prefill_budget=64, prefill_steps=0)

@@ -41,6 +41,7 @@ def serve(capsys, *extra) -> tuple[int, str]:
     (["--seed", "-5"], "--seed"), (["--synthetic-acceptance", "1.5"], "synthetic_acceptance"),
     (["--chat-template", "/nonexistent.jinja"], "--chat-template"),
     (["--prefill-budget", "8"], "--prefill-budget"), (["--prefill-budget", "lots"], "--prefill-budget"),
+    (["--prefill-steps", "4"], "--prefill-steps"), (["--prefill-budget", "64", "--prefill-steps", "-1"], "--prefill-steps"),
 ])
 def test_bad_options_are_one_line_before_loading(capsys, no_loading, extra, fragment):
     code, err = serve(capsys, *extra)
