@@ -259,8 +259,9 @@ def _run_traffic(args: argparse.Namespace, spec, drafters) -> int:
         from specdec.loading import resolve_device
 
         try:
+            context = min(4096, spec.prompt_tokens[1] + spec.new_tokens[1] + 64)  # (the cache: no larger than asked)
             setup = target_setup(Path(args.target), Path(args.draft) if args.draft else None, drafters,
-                                 max_batch=max_batch, device=resolve_device(args.device))
+                                 max_batch=max_batch, device=resolve_device(args.device), max_context=context)
         except (ValueError, FileNotFoundError, ImportError) as err:
             raise CLIError(str(err)) from None
     else:
