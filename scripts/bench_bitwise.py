@@ -149,7 +149,7 @@ def engine_rows(rows: list, new: int, pair: str | None, device: str, batches: li
                         "batch": batch, "same_prompts": sum(a == b for a, b in zip(outs, other)), "of": len(outs)})
     if kt is not None:
         kt.TILES_BY_M = None
-        probes = [dict(dataclasses.asdict(p), same=p.same) for p in kt._PROBES.values()]
+        probes = [dict(dataclasses.asdict(p), same=p.same) for p in kt.tile_probes()]
         emit(rows, {"what": "tile probes the engine ran", "probes": probes})
     if pair is not None:  # trained pair: what the shared race costs in acceptance (sampled rows, γ = 4)
         for bitwise in (False, True):

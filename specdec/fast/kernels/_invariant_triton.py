@@ -30,7 +30,7 @@ from specdec.fast.kernels._invariant_config import (MATMUL, MatmulConfig, Tile, 
                                                     config_for, fixed_config, range_tiles)
 
 __all__ = ["MatmulConfig", "MATMUL", "SPLIT_SLOTS", "Tile", "TileProbe", "config_for", "fixed_config", "launch_config",
-           "tile_probe", "probe_tiles", "matmul", "attention"]
+           "tile_probe", "tile_probes", "probe_tiles", "matmul", "attention"]
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +113,11 @@ def probe_tiles(base: MatmulConfig, dtype: torch.dtype, device) -> TileProbe:
                 if not torch.equal(got, want):
                     differs.append(cfg.name())
     return TileProbe(str(dtype), ref.name(), tuple(checked), tuple(differs), tuple(errors))
+
+
+def tile_probes() -> tuple[TileProbe, ...]:
+    """The device checks `launch_config` ran in this process so far (benchmarks report them)."""
+    return tuple(_PROBES.values())
 
 
 def tile_probe(base: MatmulConfig, dtype: torch.dtype, device) -> TileProbe | None:
