@@ -183,7 +183,7 @@ def role_of(name: str) -> str:
     if "splitkreduce" in low or "split_reduce" in low:
         return "gemm_reduce"
     if any(p in low for p in ("gemm", "gemv", "linear_kernel", "cutlass", "xmma", "nvjet", "aten::linear",
-                              "aten::addmm", "aten::mm", "aten::matmul")):
+                              "aten::addmm", "aten::mm", "aten::matmul", "mkldnn::_linear")):
         return "gemm"
     if any(p in low for p in ("attention", "attn", "flash", "fmha", "sdpa", "combine")):
         return "attention"
@@ -207,7 +207,7 @@ class Kernel:
 
 def step_kernels(run, device) -> tuple[list[Kernel], str]:
     """The kernels of one call of `run` in time order, and what they are ("cuda kernels" or "cpu ops": on CPU
-    the top-level torch ops)."""
+    the top-level torch ops, aten and oneDNN's (the CPU GEMMs may run as `mkldnn::_linear_pointwise`))."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.type == "cuda"
@@ -221,7 +221,7 @@ def step_kernels(run, device) -> tuple[list[Kernel], str]:
         on_device = str(getattr(e, "device_type", "")).endswith("CUDA")
         if cuda and not on_device:
             continue
-        if not cuda and (on_device or e.cpu_parent is not None or not e.name.startswith("aten::")):
+        if not cuda and (on_device or e.cpu_parent is not None or not e.name.startswith(("aten::", "mkldnn::"))):
             continue
         out.append(Kernel(e.name, float(e.time_range.start), float(e.time_range.end - e.time_range.start)))
     out.sort(key=lambda k: k.start_us)

@@ -154,6 +154,7 @@ def test_profile_decode_attributes_gpu_kernels_by_order():
              "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>>>",
              "Memcpy DtoD (Device -> Device)", "void at::native::vectorized_elementwise_kernel<4>",
              "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda>"]  # (not RoPE's roll)
+    assert namespace["role_of"]("mkldnn::_linear_pointwise") == "gemm"  # the CPU GEMMs on oneDNN's packed weights
     kernels = [kernel(n, float(i), 1.0) for i, n in enumerate(names)]
     groups, matched = namespace["attribute"](kernels, 1)
     assert matched and groups == ["embedding", "norm", "qkv", "qkv", "rope_kv_write", "attention", "attention", "o",
