@@ -109,7 +109,8 @@ def add_linear_(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -
     """residual `[..., N]` += x `[..., K]` @ weight `[N, K]`ᵀ in place, by `product`; returns residual."""
     kind = product(x, weight)
     if kind == "packed":
-        return residual.add_(linear(x, weight).reshape(residual.shape))
+        out = torch.ops.mkldnn._linear_pointwise(x, _packed_weight(weight), None, "none", [], "")
+        return residual.add_(out.reshape(residual.shape))
     if kind == "weight_major":
         return residual.add_(torch.mm(weight, x.reshape(-1, weight.shape[1]).t()).t().reshape(residual.shape))
     flat = residual.view(-1, residual.shape[-1])
