@@ -27,8 +27,8 @@ from specdec.engine import Engine, EngineConfig
 from specdec.engine.beam import BeamParams
 from specdec.fast.model import FastLlama
 from specdec.fast.tree_lm import FastTreeLM
-from specdec.loop.beam import BeamSearch
-from specdec.loop.beam_rules import BeamConfig
+from specdec.search.beam import BeamSearch
+from specdec.search.beam_rules import BeamConfig
 from specdec.request import SamplingParams
 
 

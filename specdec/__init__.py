@@ -48,7 +48,7 @@ _EXPORTS = {
     "load": "specdec.text",
     "HierarchicalDrafter": "specdec.drafters.hierarchical",
     "beam_search": "specdec.decoding",
-    "BeamSearchResult": "specdec.loop.beam",
+    "BeamSearchResult": "specdec.search.beam",
     "check": "specdec.exactness",
     "CheckResult": "specdec.exactness",
 }

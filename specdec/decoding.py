@@ -1,7 +1,7 @@
 """The front door: `generate` / `stream` (keyword arguments → one `SamplingParams`) and `stream_request`, which
 picks the runner for a call — token trees (`loop.tree_decoding`, or the engine's), the request-level engine
 (`specdec.engine`) or the eager chain loop over transformers models (`loop.chain`); `beam_search` likewise picks
-transformers' forward passes (`loop.beam`) or the engine's beam groups (`engine.beam_run`). It imports both runners
+transformers' forward passes (`search.beam`) or the engine's beam groups (`engine.beam_run`). It imports both runners
 (the engine lazily); neither runner imports the other or this module.
 """
 
@@ -211,9 +211,9 @@ def beam_search(target, prompts, drafter=None, *, engine: str = "auto", **option
     """Speculative beam search of width `num_beams` = w: the w beams of transformers'
     `generate(num_beams=w, do_sample=False)` per prompt, best first, with their scores (`BeamSearchResult`).
 
-    Options (`loop.beam.beam_search`): num_beams, draft_beams u ≥ w, num_draft_tokens γ, max_new_tokens,
+    Options (`search.beam.beam_search`): num_beams, draft_beams u ≥ w, num_draft_tokens γ, max_new_tokens,
     eos_token_id, length_penalty, early_stopping, attention_mask.
-    engine   "hf": transformers' forward passes, the prompts batched (`loop.beam`); "fast": inside the engine, one
+    engine   "hf": transformers' forward passes, the prompts batched (`search.beam`); "fast": inside the engine, one
              beam group of w slots per prompt (`engine.beam_run`; a covered family, else `UnsupportedModel`);
              "auto": "fast" for a covered target (and drafter) on CUDA, else "hf"
     """
@@ -228,7 +228,7 @@ def beam_search(target, prompts, drafter=None, *, engine: str = "auto", **option
                 notice_fallback(reason)
             engine = "fast" if reason is None else "hf"
     if engine == "hf":
-        from specdec.loop.beam import beam_search as loop_beam_search
+        from specdec.search.beam import beam_search as loop_beam_search
 
         return loop_beam_search(target, prompts, drafter, **options)
     if engine == "fast":

@@ -26,14 +26,7 @@ MAX_ROOT_MODULES = 12
 KNOWN_LONG_MODULES = {
     "specdec/cli/bench.py": "ee07590 (specdec bench --target, issue 23's bench owner): 428 lines",
 }
-KNOWN_BROKEN_ARROWS = {
-    "the loop and the engine never import each other: specdec.engine.beam -> specdec.loop.beam":
-        "beams (issue 24): the engine's beams reuse the loop's BeamSearch",
-    "the loop and the engine never import each other: specdec.engine.beam -> specdec.loop.beam_rules":
-        "beams (issue 24): transformers' beam rules, kept under loop/",
-    "the loop and the engine never import each other: specdec.engine.beam_run -> specdec.loop.beam":
-        "beams (issue 24): BeamRequest / BeamSearchResult / BeamStats",
-}
+KNOWN_BROKEN_ARROWS: dict[str, str] = {}
 
 
 # --- reading the package ---------------------------------------------------------------------------

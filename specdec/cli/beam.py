@@ -1,6 +1,6 @@
 """`specdec beam`: beam search from local checkpoints, speculative when a draft model is given.
 
-The beams are identical to transformers' `generate(num_beams=w, do_sample=False)` (see specdec/loop/beam.py);
+The beams are identical to transformers' `generate(num_beams=w, do_sample=False)` (see specdec/search/beam.py);
 the draft model only saves target passes. --engine fast runs them inside the engine (specdec/engine/beam.py).
 """
 

@@ -3,8 +3,8 @@
     engine.add_request(prompt, SamplingParams(temperature=0, max_new_tokens=64, eos_token_ids=eos),
                        beams=BeamParams(num_beams=4, draft_beams=4, num_draft_tokens=3))
 
-The result is transformers' `generate(num_beams=w, do_sample=False)` (its rules: `loop.beam_rules`), as the loop's
-`beam_search` gives it: the group runs the loop's `loop.beam.BeamSearch` — draft (the drafter's beam search of width
+The result is transformers' `generate(num_beams=w, do_sample=False)` (its rules: `search.beam_rules`), as the transformers path's
+`beam_search` gives it: the group runs `search.beam.BeamSearch` — draft (the drafter's beam search of width
 u for γ levels), verify (ONE target tree pass over the group's w rows), accept (the `beam_rules` replay), commit
 (beams re-gathered from their roots + `commit_path`) — over `beam_slots.SlotTreeLM`, w rows of the engine's own
 slot caches (target and draft model), so nothing of that search is spelled twice.
@@ -34,8 +34,8 @@ import torch
 from specdec.engine.beam_slots import SlotTreeLM
 from specdec.engine.config import BATCH_BUCKETS
 from specdec.fast.kernels.attention import MAX_TREE_SLOTS
-from specdec.loop.beam import MAX_BEAMS, BeamSearch, BeamStats
-from specdec.loop.beam_rules import BeamConfig, BeamState
+from specdec.search.beam import MAX_BEAMS, BeamSearch, BeamStats
+from specdec.search.beam_rules import BeamConfig, BeamState
 from specdec.metrics import SpecStats
 from specdec.request import SamplingParams, as_int, check_num_draft_tokens
 from specdec.step import RequestOutput

@@ -2,7 +2,7 @@
 
 Each prompt is one beam group (w slots); the engine holds w × prompts slots up to the engine's default 64 (or w),
 so they run side by side (more wait for slots). The engine runs each group's pass as its own forwards, so P
-prompts cost P target passes per step where the transformers path (`loop.beam.beam_search`) batches them into
+prompts cost P target passes per step where the transformers path (`search.beam.beam_search`) batches them into
 one: per prompt the search, its passes and its beams are the same.
 """
 
@@ -14,7 +14,7 @@ from specdec.engine.beam import BeamOutput, BeamParams
 from specdec.engine.config import EngineConfig
 from specdec.engine.engine import Engine
 from specdec.fast.kernels.attention import MAX_TREE_SLOTS
-from specdec.loop.beam import BeamRequest, BeamSearchResult, BeamStats
+from specdec.search.beam import BeamRequest, BeamSearchResult, BeamStats
 from specdec.request import SamplingParams
 
 __all__ = ["engine_beam_search"]
@@ -22,7 +22,7 @@ __all__ = ["engine_beam_search"]
 
 def engine_beam_search(target, prompts, drafter=None, *, config: EngineConfig | None = None,
                        **options) -> BeamSearchResult:
-    """`loop.beam.beam_search`'s arguments (`BeamRequest.of`) and result, run inside an `Engine` built here (config:
+    """`search.beam.beam_search`'s arguments (`BeamRequest.of`) and result, run inside an `Engine` built here (config:
     its settings; None = sized for these prompts: max_seq_len = the longest prompt + max_new_tokens, one run of slots
     per prompt, up to 64 slots or w)."""
     started = time.perf_counter()

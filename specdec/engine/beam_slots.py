@@ -1,7 +1,7 @@
 """A beam group's rows in the engine's slot caches: `fast.tree_lm.FastTreeLM`'s interface (begin, forward,
 begin_tree / forward_tree / commit_path, select_rows) over w consecutive slots of a `SlotCache`, written in place.
 
-The loop's speculative beam search (`loop.beam.BeamSearch`) drives it unchanged: row j = running beam j = slot
+The loop's speculative beam search (`search.beam.BeamSearch`) drives it unchanged: row j = running beam j = slot
 start + j. `begin` prefills the prompt into the first slot and forks it (copies that slot's K/V prefix into the other
 w − 1, as `SlotCache.move` does); `select_rows` re-gathers beams from their roots in place (a beam forked from
 beam i takes a copy of slot start + i); `commit_path` (inherited; one gather for every layer) copies the accepted

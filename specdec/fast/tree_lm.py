@@ -1,6 +1,6 @@
 """Tree passes on the fast model: `models.tree_lm.TreeCausalLM`'s interface (begin, forward, begin_tree /
 forward_tree / commit_path, select_rows) over a `FastLlama` and its per-row static cache, so the loop's speculative
-beam search (`loop.beam.BeamSearch`) runs on the engine's model and kernels; the engine's beam groups run it on
+beam search (`search.beam.BeamSearch`) runs on the engine's model and kernels; the engine's beam groups run it on
 w slots of their slot caches (`engine/beam_slots.SlotTreeLM`, a subclass).
 
 A tree phase appends nodes at each row's own slots from `base` (its length when the phase began): node t in slot

@@ -15,8 +15,8 @@ from specdec.engine import Engine, EngineConfig
 from specdec.engine import beam as engine_beam
 from specdec.engine.beam import BeamOutput, BeamParams
 from specdec.engine.beam_run import engine_beam_search
-from specdec.loop import beam_rules
-from specdec.loop.beam import beam_search
+from specdec.search import beam_rules
+from specdec.search.beam import beam_search
 from specdec.request import SamplingParams
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12], [3, 4, 5, 3, 4]]
@@ -151,7 +151,7 @@ def test_a_wrong_rule_fails_the_equality(pair, monkeypatch):
         state, parents, tokens = original(state, log_probs, config, stepping)
         return state, parents.flip(1), tokens.flip(1)  # running beams re-gathered in the wrong order
 
-    import specdec.loop.beam as loop_beam
+    import specdec.search.beam as loop_beam
     monkeypatch.setattr(loop_beam, "beam_step", keep_a_lower_beam)
     with pytest.raises(AssertionError):
         outs, _, _ = engine_beams(target, draft, [(p, greedy(), BeamParams(4, 4, 3, num_return_sequences=4))

@@ -1,4 +1,4 @@
-"""The draft beams of one speculative beam search pass (`loop.beam.BeamSearch`) as per-row node blocks: each level's
+"""The draft beams of one speculative beam search pass (`search.beam.BeamSearch`) as per-row node blocks: each level's
 nodes placed in the row of the running beam they descend from (their root), with their slots in the target's tree
 pass (tslot) and in the drafter's (dslot), and the look-ups the replay makes (`child`, `slots`)."""
 

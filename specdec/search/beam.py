@@ -1,7 +1,7 @@
 """Speculative beam search (paper appendix A.4): `specdec.beam_search(target, prompts, drafter=...)`.
 
 The result is identical to the target's own beam search of width w (transformers'
-`generate(num_beams=w, do_sample=False)`, whose rules `specdec.loop.beam_rules` reproduces), in fewer target passes:
+`generate(num_beams=w, do_sample=False)`, whose rules `specdec.search.beam_rules` reproduces), in fewer target passes:
 
   1. draft: from the w running beams (with their target scores) the drafter runs beam search of width
      u ≥ w for γ levels (continuations ending in EOS are not expanded, as they never run on in the target);
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec.loop.beam_rules import BeamConfig, BeamState, beam_step
-from specdec.loop.beam_tree import DraftTree
+from specdec.search.beam_rules import BeamConfig, BeamState, beam_step
+from specdec.search.beam_tree import DraftTree
 from specdec.models.tree_lm import TreeCausalLM
 from specdec.request import check_num_draft_tokens, normalize_prompts, resolve_eos, vocab_size
 

@@ -5,7 +5,7 @@ import functools
 import pytest
 import torch
 
-from specdec.loop.beam import beam_search
+from specdec.search.beam import beam_search
 from helpers import hf_beams, hf_greedy, perturbed_copy
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12], [3, 4, 5, 3, 4]]
