@@ -292,4 +292,8 @@ def test_gpu_probe_passes_for_every_8b_base(dtype):
 
     for base in {kt.fixed_config(n, k) for n, k in LLAMA_8B.values()}:
         result = kt.probe_tiles(base, dtype, torch.device("cuda"))
+        others = {t for _, tiles in cfgs.range_tiles(base) for t in tiles} - {base.tile}
+        if not others:  # a vocabulary-sized base runs its own tile at every M: the probe has nothing to check
+            assert result.checked == () and not result.differs and not result.reason, result
+            continue
         assert result.checked and result.same, result
