@@ -134,7 +134,8 @@ class SlotDrafter(Protocol):
 @runtime_checkable
 class CachedSlotDrafter(SlotDrafter, Protocol):
     """A slot drafter with its own slot cache over a `fast.model.FastLlama`-like `model` (RoPE tables built by
-    the engine before any capture). `cache` is an `engine.slots.SlotCache`; `state` an `engine.slots.SlotState`."""
+    the engine before any capture). `cache` is an `engine.slots.SlotCache` (the engine moves and swaps its slots
+    with the target's: `Admission._move_slot`); `state` an `engine.slots.SlotState`."""
 
     model: torch.nn.Module
     cache: object
@@ -142,9 +143,6 @@ class CachedSlotDrafter(SlotDrafter, Protocol):
     def prefill(self, state, rows: slice, starts: list[int], ends: list[int], chunk: int, *,
                 extent: int | None = None, graphs=None) -> None:
         """Feed committed positions [starts[i], ends[i]) of the slots in `rows` into the cache."""
-
-    def move(self, src: int, dst: int, num_positions: int | None = None) -> None:
-        """Slot `src`'s cache into slot `dst` over its first `num_positions` positions (None = all)."""
 
 
 @runtime_checkable

@@ -223,11 +223,23 @@ class Admission:
         if slot != last:
             moved = self._running[last]
             positions = min(self.num_positions, 1 << max(moved.length + 1, 1).bit_length())
-            self.cache.move(last, slot, positions)
-            self.state.move(last, slot)
-            if self.drafter_cached:
-                self.drafter.move(last, slot, positions)
+            self._move_slot(last, slot, positions)
             self._running[slot] = moved
         self._running.pop()
         self._flavor = None
         self.state.clear(last)
+
+    def _move_slot(self, src: int, dst: int, positions: int) -> None:
+        """Slot `src` (its first `positions` cache positions, in the target's and a cached drafter's caches, and its
+        row state) into slot `dst`; the one place a request changes slots."""
+        self.cache.move(src, dst, positions)
+        self.state.move(src, dst)
+        if self.drafter_cached:
+            self.drafter.cache.move(src, dst, positions)
+
+    def _swap_slots(self, a: int, b: int, positions: int) -> None:
+        """Slots `a` and `b` exchange everything `_move_slot` moves."""
+        self.cache.swap(a, b, positions)
+        self.state.swap(a, b)
+        if self.drafter_cached:
+            self.drafter.cache.swap(a, b, positions)

@@ -70,6 +70,3 @@ class EngineCrossVocabDrafter:
             return self._target_logits(logits)
 
         return context.draft_chain(num_draft_tokens, next_logits, num_draft_tokens)
-
-    def move(self, src: int, dst: int, num_positions: int | None = None) -> None:
-        self.cache.move(src, dst, num_positions or self.cache.num_positions)

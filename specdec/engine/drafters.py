@@ -174,10 +174,6 @@ class EngineModelDrafter:
         return context.draft_chain(num_draft_tokens, lambda i, prev: first if i == 0 else
                                    self.model(prev[:, None], cache, last_only=True)[:, 0], num_draft_tokens)
 
-    def move(self, src: int, dst: int, num_positions: int | None = None) -> None:
-        """Slot `src`'s cache into slot `dst` over its first `num_positions` positions (None = all)."""
-        self.cache.move(src, dst, num_positions or self.cache.num_positions)
-
 
 class EngineLookupDrafter:
     """Prompt lookup (copy what followed the last earlier occurrence of the text's final n-gram)."""

@@ -90,10 +90,6 @@ class EngineFeatureDrafter:
 
         return context.draft_chain(num_draft_tokens, next_logits, num_draft_tokens)
 
-    def move(self, src: int, dst: int, num_positions: int | None = None) -> None:
-        """Slot `src`'s cache into slot `dst` over its first `num_positions` positions (None = all)."""
-        self.cache.move(src, dst, num_positions or self.cache.num_positions)
-
 
 class EngineMedusaDrafter:
     """`MedusaHeads` on the target's last known feature f_{L−2}: head k drafts x_{L+k} (see `fast.medusa`).

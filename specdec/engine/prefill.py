@@ -132,17 +132,11 @@ class ChunkedPrefill:
             other = next((r for r in self._filling if r.slot == n), None)
             positions = positions_bucket(len(request.prompt) + 1, self.num_positions)
             if other is None:  # (the usual case: slot n is free)
-                self.cache.move(slot, n, positions)
-                self.state.move(slot, n)
-                if self.drafter_cached:
-                    self.drafter.move(slot, n, positions)
+                self._move_slot(slot, n, positions)
                 self.state.clear(slot)
             else:  # a younger request fills slot n: the two exchange slots
                 positions = max(positions, positions_bucket(len(other.prompt) + 1, self.num_positions))
-                self.cache.swap(slot, n, positions)
-                self.state.swap(slot, n)
-                if self.drafter_cached:
-                    self.drafter.cache.swap(slot, n, positions)
+                self._swap_slots(slot, n, positions)
                 other.slot = slot
         self.state.active[n] = True
         request.slot = n
