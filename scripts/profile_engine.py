@@ -1,0 +1,280 @@
+"""Where the engine's decode step goes beyond the model's own graph step: the two side by side, itemised.
+
+    python scripts/profile_engine.py --out $OUT/engine_profile.jsonl                  # GPU: 8B, γ 0 and 4 (~2 min)
+    python scripts/profile_engine.py --shape tiny --device cpu --new 12 --steps 3     # CPU smoke: structure only
+
+A random bf16 Llama of `--shape` (8B: scripts/tp_probe.py's shapes) and, for γ > 0, a drafter of the zoo pair's
+draft shape (2 layers, dim 256; the target's vocabulary) decode one 128-token prompt at batch 1, greedy, two ways:
+
+  "bare"    the model's own step captured in one CUDA graph and replayed back to back: γ chained drafter forwards
+            (argmax feeding the next), the target's forward of the γ + 1 tokens, the argmax; both caches advance one
+            position (the kernel work a step committing one token cannot avoid; γ = 0: plain decoding)
+  "engine"  the same models through `specdec.engine.Engine` (its CUDA graphs, its one device → host read per step,
+            its host bookkeeping), `num_draft_tokens` = γ fixed
+
+For each: wall µs per step (host clock over `--steps` steps, unprofiled) and tokens per step; then one window of
+`--steps` steps under torch.profiler's CUDA activity (`specdec.bench.timeline`): GPU busy / idle µs per step, graph
+launches, the kernels that ran OUTSIDE any graph (name, count, µs), copies, the host calls that wait (syncs) and
+every CUDA call's host µs, the largest idle gaps and what they sit between. The engine adds its phases
+(`specdec.engine.profile.phase_timer`; the model bodies timed between device syncs, so those steps run slower —
+a separate window). A "diff" row per γ itemises engine − bare: wall, busy, idle, kernel time, kernels, and the
+device events the engine runs beyond the bare step. Rows are JSON lines on stdout and appended to `--out`.
+
+On CPU there is no device timeline: the rows carry "timeline": null with the reason, and the CPU test checks the
+structure only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tp_probe import SHAPES, llama_shape  # noqa: E402
+
+from specdec.bench.timeline import added_events, device_trace  # noqa: E402
+
+ZOO_DRAFT = {"n_layers": 2, "dim": 256, "n_heads": 4, "n_kv_heads": 4, "head_dim": 64, "intermediate_size": 704}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def draft_shape(target_shape, tiny: bool):
+    """The zoo pair's drafter shape with the target's vocabulary (tiny: the tiny draft shape)."""
+    import dataclasses
+
+    if tiny:
+        return dataclasses.replace(llama_shape("tiny-draft"), vocab_size=target_shape.vocab_size)
+    return dataclasses.replace(target_shape, tie_word_embeddings=True, **ZOO_DRAFT)
+
+
+class BareStep:
+    """The model's own step for γ (module doc), eager or captured in one CUDA graph; `tokens [1, 1]` is the input
+    and receives the committed token."""
+
+    def __init__(self, target, drafter, gamma: int, prompt: list[int], slots: int, graphs: bool):
+        from specdec.fast.graphs import CapturedStep
+
+        device = target.device
+        self.cache = target.new_cache(1, slots)
+        self.draft_cache = drafter.new_cache(1, slots) if gamma else None
+        ids = torch.tensor([prompt], device=device)
+        with torch.no_grad():
+            self.tokens = target(ids, self.cache, last_only=True)[:, -1].argmax(-1, keepdim=True)
+            if gamma:
+                drafter(ids, self.draft_cache, last_only=True)
+
+        def step():
+            block = self.tokens
+            if gamma:
+                token, drafts = self.tokens, [self.tokens]
+                for _ in range(gamma):
+                    token = drafter(token, self.draft_cache, last_only=True)[:, -1].argmax(-1, keepdim=True)
+                    drafts.append(token)
+                self.draft_cache.lengths.sub_(gamma - 1)
+                block = torch.cat(drafts, 1)
+            logits = target(block, self.cache)  # [1, γ+1, V]
+            best = logits.argmax(-1)  # what verification compares the drafts with
+            if gamma:
+                self.cache.lengths.sub_(gamma)
+            self.tokens.copy_(best[:, :1])
+            return self.tokens
+
+        self.step = step
+        restore = [self.cache.lengths, self.tokens] + ([self.draft_cache.lengths] if gamma else [])
+        self.graph = CapturedStep(step, restore=restore) if graphs else None
+
+    def run(self) -> None:
+        with torch.no_grad():
+            self.graph.replay() if self.graph is not None else self.step()
+
+
+def timed_steps(run, steps: int, device) -> float:
+    """µs per call of `run` over `steps` calls in a row (host clock, device drained before and after)."""
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        run()
+    sync(device)
+    return (time.perf_counter() - start) / steps * 1e6
+
+
+def traced(run, steps: int, device) -> tuple[dict | None, str | None, object]:
+    with device_trace(steps, cuda=device.type == "cuda") as trace:
+        for _ in range(steps):
+            run()
+    summary = trace.summary
+    return (summary.per_step() if summary else None), trace.why_none, summary
+
+
+def bare_row(args, target, drafter, gamma: int, prompt, device) -> tuple[dict, object]:
+    step = BareStep(target, drafter, gamma, prompt, args.prompt_len + args.new + 16,  # the engine's cache size
+                    graphs=device.type == "cuda")
+    step.run()
+    wall = timed_steps(step.run, args.steps, device)
+    timeline, why, summary = traced(step.run, args.steps, device)
+    row = {"row": "engine_profile", "case": "bare", "gamma": gamma, "wall_us": round(wall, 1),
+           "tokens_per_step": 1.0, "timeline": timeline}
+    if why:
+        row["timeline_why"] = why
+    return row, summary
+
+
+class EngineRun:
+    """One request through the engine, stepped by hand: `step()` returns the tokens it committed."""
+
+    def __init__(self, engine, prompt, params):
+        self.engine, self.produced = engine, 0
+        engine.add_request(prompt, params)
+        while engine.has_unfinished() and not self.produced:  # admission + the first token
+            self.step()
+        self.produced = 0
+
+    def step(self) -> None:
+        for out in self.engine.step():
+            self.produced += len(out.new_token_ids)
+
+    def drain(self) -> None:
+        while self.engine.has_unfinished():
+            self.engine.step()
+
+
+def engine_row(args, target, drafter, gamma: int, prompt, device) -> tuple[dict, object]:
+    from specdec.engine import Engine, EngineConfig
+    from specdec.engine.profile import phase_timer
+    from specdec.request import SamplingParams
+
+    config = EngineConfig(max_batch_size=1, max_seq_len=args.prompt_len + args.new + 16, num_draft_tokens=gamma,
+                          max_draft_tokens=max(gamma, 1))
+    params = SamplingParams(temperature=0, max_new_tokens=args.new, seed=1234)
+    engine = Engine(target, drafter if gamma else None, config)
+    EngineRun(engine, prompt, params).drain()  # captures the graphs of every step shape this request meets
+    run = EngineRun(engine, prompt, params)
+    wall = timed_steps(run.step, args.steps, device)
+    tokens_per_step = run.produced / args.steps
+    timeline, why, summary = traced(run.step, args.steps, device)
+    phases: dict[str, list[float]] = {}
+    bodies = ("MODEL verify", "MODEL draft")
+    with phase_timer(engine, bodies=True, synchronize=bodies) as timer:
+        timer.wrap(engine, "step", "step")
+        for _ in range(args.steps):
+            if not engine.has_unfinished():
+                break
+            timer.clear()
+            run.step()
+            for name, seconds in timer.seconds.items():
+                phases.setdefault(name, []).append(seconds * 1e6)
+    run.drain()
+    median = {name: round(statistics.median(v), 1) for name, v in sorted(phases.items())}
+    row = {"row": "engine_profile", "case": "engine", "gamma": gamma, "wall_us": round(wall, 1),
+           "tokens_per_step": round(tokens_per_step, 3), "timeline": timeline,
+           "phases_us": median, "phase_steps": len(phases.get("step", [])),
+           "phases_outside_bodies_us": round(median.get("step", 0.0) - sum(median.get(b, 0.0) for b in bodies), 1)}
+    if why:
+        row["timeline_why"] = why
+    del engine
+    gc.collect()
+    return row, summary
+
+
+def diff_row(gamma: int, bare: dict, bare_summary, engine: dict, engine_summary) -> dict:
+    row = {"row": "engine_profile", "case": "diff", "gamma": gamma,
+           "wall_us": round(engine["wall_us"] - bare["wall_us"], 1)}
+    if bare["timeline"] and engine["timeline"]:
+        for key in ("busy_us", "idle_us", "idle_between_launches_us", "kernel_us", "kernels", "graph_launches",
+                    "outside_graph_us", "outside_graph_events"):
+            row[key] = round(engine["timeline"][key] - bare["timeline"][key], 2)
+        row["added_device_events"] = added_events(bare_summary, engine_summary)
+    return row
+
+
+def print_rows(rows: list[dict]) -> None:
+    for r in rows:
+        t = r.get("timeline") or {}
+        head = f"γ={r['gamma']} {r['case']:<6} wall {r['wall_us']:8.1f} µs"
+        if r["case"] == "diff":
+            print(f"{head}  busy {r.get('busy_us', '–')}  idle {r.get('idle_us', '–')}  kernels "
+                  f"{r.get('kernels', '–')} ({r.get('kernel_us', '–')} µs)  outside graphs {r.get('outside_graph_us', '–')} µs",
+                  file=sys.stderr)
+            for e in r.get("added_device_events", []):
+                print(f"      + {e['count']:6.2f} × {e['name'][:70]:<70} {e['us']:8.2f} µs", file=sys.stderr)
+            continue
+        print(f"{head}  busy {t.get('busy_us', '–')}  idle {t.get('idle_us', '–')}  kernels {t.get('kernels', '–')}  "
+              f"graph launches {t.get('graph_launches', '–')}  outside graphs {t.get('outside_graph_us', '–')} µs",
+              file=sys.stderr)
+        for key in ("outside_graph", "copies", "syncs", "largest_gaps"):
+            for e in (t.get(key) or [])[:5]:
+                print(f"      {key}: {json.dumps(e)[:140]}", file=sys.stderr)
+        if "phases_us" in r:
+            print(f"      phases: {r['phases_us']}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="8b")
+    ap.add_argument("--gammas", type=int, nargs="+", default=[0, 4], help="γ per pair of rows (0 = plain)")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--new", type=int, default=128, help="max_new_tokens of the engine's request")
+    ap.add_argument("--steps", type=int, default=24, help="steps per window (timed, traced, phases)")
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--out", type=Path, default=None, help="append the JSON rows to this file")
+    args = ap.parse_args(argv)
+    for opt in ("prompt_len", "new", "steps"):
+        if getattr(args, opt) < 1:
+            ap.error(f"--{opt.replace('_', '-')} must be >= 1")
+    if any(g < 0 or g > 8 for g in args.gammas):
+        ap.error(f"--gammas must be in [0, 8], got {args.gammas}")
+    if args.new < 3 * args.steps + 1:
+        ap.error(f"--new {args.new} must be >= 3 × --steps + 1 = {3 * args.steps + 1} (three windows of steps)")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda needs a CUDA device (use --device cpu for the smoke run)")
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    from specdec.fast.model import FastLlama
+
+    shape = llama_shape(args.shape)
+    target = FastLlama.random(shape, device=device, dtype=dtype, seed=0)
+    drafter = None
+    if any(args.gammas):
+        drafter = FastLlama.random(draft_shape(shape, args.shape.startswith("tiny")), device=device, dtype=dtype,
+                                   seed=1)
+    prompt = [(7 * j) % min(1000, shape.vocab_size - 5) + 5 for j in range(args.prompt_len)]
+    base = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "shape": args.shape, "prompt_len": args.prompt_len}
+
+    def emit(row: dict) -> None:
+        line = json.dumps({**base, **row})
+        print(line, flush=True)
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            with open(args.out, "a", encoding="utf-8") as fh:
+                fh.write(line + "\n")
+
+    for gamma in args.gammas:
+        rows = []
+        try:
+            bare, bare_summary = bare_row(args, target, drafter, gamma, prompt, device)
+            emit(bare)
+            engine, engine_summary = engine_row(args, target, drafter, gamma, prompt, device)
+            emit(engine)
+            rows = [bare, engine, diff_row(gamma, bare, bare_summary, engine, engine_summary)]
+            emit(rows[-1])
+        except Exception as exc:  # noqa: BLE001 - one γ failing leaves the other's rows
+            emit({"row": "engine_profile", "gamma": gamma, "error": f"{type(exc).__name__}: {exc}"[:400]})
+        print_rows(rows)
+        gc.collect()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
