@@ -73,6 +73,7 @@ class Timeline:
     by_name: tuple[NamedTime, ...] = field(default=())  # every device event by name (to diff two timelines)
     gaps: tuple[Gap, ...] = field(default=())  # the largest idle stretches, largest first
     idle_between_launches_us: float = 0.0  # idle between events of different host calls (e.g. two graph replays)
+    launched_by: tuple[NamedTime, ...] = field(default=())  # device events by the host call that launched them
 
     @property
     def idle_us(self) -> float:
@@ -96,6 +97,7 @@ class Timeline:
                 "outside_graph_events": round(sum(t.count for t in self.outside_graph) / n, 2),
                 "outside_graph": listed(self.outside_graph), "copies": listed(self.copies),
                 "syncs": listed(self.syncs), "host_calls": listed(self.host_calls),
+                "launched_by": listed(self.launched_by),
                 "largest_gaps": [{"us": round(g.us, 1), "before": g.before[:80], "after": g.after[:80]}
                                  for g in self.gaps[:top]]}
 
@@ -146,6 +148,8 @@ def summarize(events: list[dict], steps: int, keep_gaps: int = 16) -> Timeline |
         outside_graph=_tally(outside), copies=_tally(e for e in device if e.get("cat") != "kernel"),
         syncs=_tally(e for e in host if any(s in e["name"] for s in SYNC_CALLS)), host_calls=_tally(host),
         by_name=_tally(device),
+        launched_by=_tally({"name": launcher.get(_correlation(e), "(no host call in the trace)"),
+                            "dur": e.get("dur", 0.0)} for e in device),
         gaps=tuple(sorted(gaps, key=lambda g: -g.us)[:keep_gaps]), idle_between_launches_us=between)
 
 

@@ -41,6 +41,8 @@ def test_summary_of_a_known_trace():
     assert t.kernels == 6 and t.kernel_us == pytest.approx(2 * 45.0) and t.graph_launches == 2
     assert {(o.name, o.count) for o in t.outside_graph} == {("fill", 2), ("Memcpy DtoH (Device -> Pageable)", 2)}
     assert [(c.name, c.count, c.us) for c in t.copies] == [("Memcpy DtoH (Device -> Pageable)", 2, 4.0)]
+    assert {(b.name, b.count) for b in t.launched_by} == {("cudaGraphLaunch", 4), ("cudaLaunchKernel", 2),
+                                                         ("cudaMemcpyAsync", 2)}
     assert {s.name for s in t.syncs} == {"cudaStreamSynchronize", "cudaMemcpyAsync"}  # both may wait
     step = t.per_step()
     assert step["wall_us"] == pytest.approx(79.0) and step["graph_launches"] == 1 and step["kernels"] == 3
