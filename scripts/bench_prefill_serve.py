@@ -2,9 +2,10 @@
 (the zoo pair with its feature head, --num-draft-tokens auto; closed loops of C streaming clients; plain and
 speculative requests on the same server, level after level) once per --prefill-budget, so the ITL p99 of each
 arm with and without chunked prefill sits side by side. A budget may carry the server's GIL switch interval after
-a colon ("1024:0.0005" = --prefill-budget 1024 --switch-interval 0.0005), and --prefill-steps after a slash
-("256/4" = --prefill-budget 256 --prefill-steps 4): the hand-offs between the driver thread
-(an eager prefill chunk is hundreds of launches from Python) and the event loop streaming every client's tokens.
+a colon ("1024:0.0005" = --prefill-budget 1024 --switch-interval 0.0005: the hand-offs between the driver thread
+— an eager prefill chunk is hundreds of launches from Python — and the event loop streaming every client's tokens),
+--prefill-steps after a slash ("256/4" = --prefill-budget 256 --prefill-steps 4), and "auto"'s --prefill-stall after
+an @ ("auto@0.25/8" = --prefill-budget auto --prefill-stall 0.25 --prefill-steps 8).
 
     python3 scripts/bench_prefill_serve.py --quick --budgets 0 32 --clients 1 2 --out /tmp/quick   # CPU smoke
     python3 scripts/bench_prefill_serve.py --pair /tmp/pair --head /tmp/pair/head --data data/code \\
@@ -33,7 +34,8 @@ def main(argv=None) -> int:
     p.add_argument("--data", type=Path, default=None, help="the prepared corpus (its tokenizer cuts the prompts)")
     p.add_argument("--quick", action="store_true", help="CPU smoke run: the shipped demo pair, short requests")
     p.add_argument("--budgets", nargs="+", default=["0", "1024"],
-                   help="--prefill-budget values (0: off), each optionally BUDGET:SWITCH_INTERVAL_SECONDS")
+                   help="--prefill-budget values (0: off, auto, tokens), each optionally "
+                        "BUDGET[@STALL][/STEPS][:SWITCH_INTERVAL_SECONDS]")
     p.add_argument("--clients", nargs="+", type=int, default=[8, 32, 64, 128])
     p.add_argument("--requests-per-client", type=int, default=2)
     p.add_argument("--out", type=Path, required=True)
@@ -45,10 +47,17 @@ def main(argv=None) -> int:
     for text in args.budgets:
         b, _, switch = text.partition(":")
         b, _, steps = b.partition("/")
-        if not (b.isdigit() and (int(b) == 0 or int(b) >= 16)):
-            p.error(f"--budgets: {text!r}: {b!r} is not 0 or an integer >= 16")
-        if steps and not (steps.isdigit() and int(b) and 1 <= int(steps) <= 1024):
+        b, _, stall = b.partition("@")
+        if not (b == "auto" or b.isdigit() and (int(b) == 0 or int(b) >= 16)):
+            p.error(f"--budgets: {text!r}: {b!r} is not 0, auto or an integer >= 16")
+        if steps and not (steps.isdigit() and b != "0" and 1 <= int(steps) <= 1024):
             p.error(f"--budgets: {text!r}: /{steps} is not a number of steps in [1, 1024] after a budget")
+        try:
+            fraction = float(stall) if stall else None
+        except ValueError:
+            fraction = -1.0
+        if stall and not (b == "auto" and 0.01 <= fraction <= 100):
+            p.error(f"--budgets: {text!r}: @{stall} is not a stall fraction in [0.01, 100] after auto")
         try:
             interval = float(switch) if switch else None
         except ValueError:
@@ -56,6 +65,7 @@ def main(argv=None) -> int:
         if interval is not None and not 0 < interval <= 1:
             p.error(f"--budgets: {text!r}: the switch interval must be in (0, 1] seconds")
         extra = ("--prefill-budget", b) + (("--prefill-steps", steps) if steps else ()) + \
+            (("--prefill-stall", stall) if stall else ()) + \
             (("--switch-interval", switch) if switch else ())
         variants.append((text, extra))
 

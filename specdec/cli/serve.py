@@ -37,10 +37,14 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-seq-len", type=int, default=None, help="context per request (default: the model's)")
     p.add_argument("--prefill-budget", default="0", metavar="TOKENS",
                    help="chunked prefill: prompt tokens prefilled per engine step while requests run, interleaved "
-                        "with decoding (0: off, admitted prompts prefill whole)")
+                        "with decoding (0: off, admitted prompts prefill whole; auto: a step prefills for at most "
+                        "--prefill-stall of the measured decode step, each request fed within --prefill-steps, 4)")
     p.add_argument("--prefill-steps", type=int, default=0, metavar="K",
                    help="with --prefill-budget: every request is fed within K steps of its admission (the budget "
-                        "grows with the backlog); 0: the budget is a hard cap")
+                        "grows with the backlog); 0: the budget is a hard cap (auto: 4)")
+    p.add_argument("--prefill-stall", type=float, default=None, metavar="FRACTION",
+                   help="with --prefill-budget auto: the prefill seconds a step may add, as a fraction of the "
+                        "measured decode step (default 0.5)")
     p.add_argument("--max-tokens", type=int, default=None, help="largest max_tokens a request may ask for "
                    "(default: the context)")
     p.add_argument("--bitwise", action="store_true",
@@ -106,11 +110,16 @@ def check_args(args: argparse.Namespace) -> None:
     for name in ("max_batch_size", "max_seq_len", "max_tokens"):
         check_int(f"--{name.replace('_', '-')}", getattr(args, name), 1)
     budget = str(getattr(args, "prefill_budget", "0")).strip()
-    if not (budget.isdigit() and (int(budget) == 0 or 16 <= int(budget) <= 1 << 20)):
-        raise CLIError(f"--prefill-budget must be 0 (off) or a number of tokens in [16, {1 << 20}], got {budget!r}")
+    if budget != "auto" and not (budget.isdigit() and (int(budget) == 0 or 16 <= int(budget) <= 1 << 20)):
+        raise CLIError(f"--prefill-budget must be 0 (off), auto or a number of tokens in [16, {1 << 20}], "
+                       f"got {budget!r}")
     steps = getattr(args, "prefill_steps", 0)
-    if steps and (steps < 0 or steps > 1024 or int(budget) == 0):
+    if steps and (steps < 0 or steps > 1024 or budget == "0"):
         raise CLIError(f"--prefill-steps must be in [0, 1024] and needs --prefill-budget, got {steps}")
+    stall = getattr(args, "prefill_stall", None)
+    if stall is not None and not (math.isfinite(stall) and 0.01 <= stall <= 100 and budget == "auto"):
+        raise CLIError(f"--prefill-stall must be a fraction in [0.01, 100] and needs --prefill-budget auto, "
+                       f"got {stall}")
     check_int("--max-connections", getattr(args, "max_connections", 512), 1, MAX_CONNECTIONS)
     for flag, name in (("--timeout-keep-alive", "timeout_keep_alive"), ("--timeout-read", "timeout_read")):
         value = getattr(args, name, 1.0)
@@ -160,7 +169,8 @@ def build(args: argparse.Namespace):
                        model_kwargs=model_options(args), draft_model_kwargs=model_options(args, "draft"),
                        allow_weight_mismatch=getattr(args, "allow_weight_mismatch", False),
                        bitwise=getattr(args, "bitwise", False), prefill_budget=_prefill_budget(args),
-                       prefill_steps=getattr(args, "prefill_steps", 0) or None)
+                       prefill_steps=getattr(args, "prefill_steps", 0) or None,
+                       prefill_stall=getattr(args, "prefill_stall", None))
     name = args.served_model_name or resolve_model_source(args.target, model_kwargs=model_options(args)).display_name
     guard = GuardConfig(allowed_hosts=tuple(getattr(args, "allowed_hosts", ())),
                         allowed_origins=tuple(getattr(args, "allowed_origins", ())),
@@ -172,8 +182,9 @@ def build(args: argparse.Namespace):
 
 
 def _prefill_budget(args: argparse.Namespace):
-    """--prefill-budget as `EngineConfig.prefill_budget`: None (0: off) or an int."""
-    return int(str(getattr(args, "prefill_budget", "0")).strip()) or None
+    """--prefill-budget as `EngineConfig.prefill_budget`: None (0: off), "auto" or an int."""
+    budget = str(getattr(args, "prefill_budget", "0")).strip()
+    return "auto" if budget == "auto" else int(budget) or None
 
 
 def dropped_generation_config(model) -> list[str]:

@@ -126,6 +126,7 @@ class Admission:
         # feeds every lagging row in one prefill, and a request that finishes before speculation resumes never
         # costs the drafter anything (admissions every step or two at 64 slots made the drafter's eager prefill a
         # cost of plain steps too)
+        fed = self.prefill_tokens
         valid = self._prefill(rows, lengths, graphs, drafter=not self._plain_run, timed=True)
         for request, v in zip(admitted, valid):
             request.draft_valid = v
@@ -134,6 +135,7 @@ class Admission:
         seconds = time.perf_counter() - start
         for request, n in zip(admitted, lengths):
             request.stats.add_prefill(seconds, 1 if n > 1 else 0)
+        self._measure_prefill(self.prefill_tokens - fed, seconds)  # ("auto" budget: the prefill rate, from the start)
 
     def _prefill(self, rows: slice, lengths: list[int], graphs, drafter: bool = True, timed: bool = False) -> list[int]:
         """Prefill freshly admitted `rows` with prompts of `lengths`: the target all but each prompt's last token,

@@ -68,11 +68,17 @@ class EngineConfig:
                       running row waits for them). Off by default because a fixed budget below the traffic's prompt
                       tokens per step starves the slots: on one H200 (zoo pair, head, "auto", BENCHMARKS.md) 1,024
                       bounded the speculative ITL p99 at 8 / 32 clients (1.20x / 1.40x plain's, from 3.18x / 2.02x)
-                      but at 64 / 128 clients held slots filling for seconds (TTFT p50 1.4 / 3.6 s, 0.61x plain)
+                      but at 64 / 128 clients held slots filling for seconds (TTFT p50 1.4 / 3.6 s, 0.61x plain).
+                      "auto": derived from what the engine measures (`engine/prefill_budget.py`): a step prefills
+                      for at most `prefill_stall` × the measured decode step (tokens from the measured seconds per
+                      prompt token), and every request is fed within `prefill_steps` steps (4 unless given)
     prefill_steps     with a prefill_budget: every request is fed within this many steps of its admission (a step
                       feeds more than the budget when the backlog needs it: the budget adapts to the load instead
                       of capping it, so slots cannot stay filling while the queue grows); None = the budget is a
-                      hard cap. Not measured on a GPU yet
+                      hard cap (with "auto": 4). Not measured on a GPU yet
+    prefill_stall     with prefill_budget="auto": the prefill seconds a step may add, as a fraction of the measured
+                      decode step (None = 0.5: a running stream's gap is at most 1.5 decode steps but where the
+                      deadline needs more)
     bitwise           bit-for-bit exact mode: the target runs batch-invariant GEMM and attention kernels in every
                       forward (`fast.kernels.invariant`) and sampled rows verify by a shared race
                       (`core.verify_coupled`), so greedy and seeded output and log-probabilities are plain decoding's
@@ -95,23 +101,31 @@ class EngineConfig:
     max_tree_nodes: int = 32
     admit_min: int | None = None
     admit_max_wait: int = 8
-    prefill_budget: int | None = None
+    prefill_budget: int | str | None = None
     prefill_steps: int | None = None
+    prefill_stall: float | None = None
 
     def __post_init__(self) -> None:
         as_int(self.max_batch_size, "max_batch_size", minimum=1, maximum=BATCH_BUCKETS[-1])
         if self.admit_min is not None:
             as_int(self.admit_min, "admit_min", minimum=1, maximum=self.max_batch_size)
         as_int(self.admit_max_wait, "admit_max_wait", minimum=0, maximum=1 << 20)
-        if self.prefill_budget is not None and not (self.prefill_budget == 0 and type(self.prefill_budget) is int):
-            if isinstance(self.prefill_budget, str):
-                raise ValueError(f"prefill_budget must be None, 0 or an int of prompt tokens per step, "
-                                 f"got {self.prefill_budget!r}")
-            as_int(self.prefill_budget, "prefill_budget", minimum=16, maximum=1 << 20)
+        budget = self.prefill_budget
+        if budget is not None and budget != "auto" and not (budget == 0 and type(budget) is int):
+            if isinstance(budget, str):
+                raise ValueError(f"prefill_budget must be None, 0, 'auto' or an int of prompt tokens per step, "
+                                 f"got {budget!r}")
+            as_int(budget, "prefill_budget", minimum=16, maximum=1 << 20)
         if self.prefill_steps is not None:
             as_int(self.prefill_steps, "prefill_steps", minimum=1, maximum=1 << 10)
-            if not self.prefill_budget:
+            if not budget:
                 raise ValueError(f"prefill_steps={self.prefill_steps} needs a prefill_budget (chunked prefill is off)")
+        stall = self.prefill_stall
+        if stall is not None:
+            if isinstance(stall, bool) or not isinstance(stall, (int, float)) or not 0.01 <= stall <= 100:
+                raise ValueError(f"prefill_stall must be a fraction of the decode step in [0.01, 100], got {stall!r}")
+            if budget != "auto":
+                raise ValueError(f"prefill_stall={stall} needs prefill_budget='auto' (got {budget!r})")
         if self.max_seq_len is not None:
             as_int(self.max_seq_len, "max_seq_len", minimum=2, maximum=1 << 20)
         check_num_draft_tokens(self.max_draft_tokens, "max_draft_tokens")

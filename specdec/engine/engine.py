@@ -104,7 +104,7 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
         if config.prefill_graphs and not self.cuda_graphs:
             raise ValueError("prefill_graphs=True needs cuda_graphs (a CUDA device)")
         use = self.cuda_graphs if config.prefill_graphs is None else config.prefill_graphs
-        self.prefill_budget = config.prefill_budget or None  # chunked prefill (engine/prefill.py); None = off
+        self._init_prefill(config)  # chunked prefill (engine/prefill.py): prefill_budget an int, "auto" or None (off)
         self.prefill_graphs = PrefillGraphs() if use else None  # admission chunks as CUDA graphs (slots.py)
         self.policy = GammaPolicy(config.num_draft_tokens if drafter is not None else 0, self.max_draft_tokens,
                                   plain_catches_up=self.drafter_cached)
@@ -119,7 +119,6 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
         self._free_since = None  # the step since which a slot has been free while requests waited (see _admit)
         self.num_admissions = 0  # admissions (each one prefill of the requests admitted together)
         self.prefill_tokens = 0  # tokens prefilled so far: prompts (target and cached drafter) and catch-ups (public)
-        self._filling: list[EngineRequest] = []  # admitted, prompt not fed yet (`prefill_budget`), oldest first
         self._last_run = (None, None)
         self._running: list[EngineRequest] = []  # index = slot
         self._waiting: deque[EngineRequest] = deque()
@@ -288,6 +287,8 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
                                     catch_up_share=self._catch_up_share, catch_up_prompts=self._catch_up_prompts)
         elif capturing:  # a capture in the middle of traffic (a shape the warm-up did not build): what it cost
             self.policy.record_capture(seconds)
+        if not first_run:
+            self._decoded(seconds)  # ("auto" prefill budget: a fraction of the decode step)
         self._plain_run = self._plain_run + 1 if gamma == 0 else 0
         return outputs + committed
 

@@ -9,7 +9,9 @@ batched forward per chunk for all the rows fed; a request whose prompt is fully 
 n (the first past the running ones; a younger filling request there swaps into its slot) and joins the decode
 steps. So between two decode steps of a running request the engine prefills at most one budget, and the
 budgeted phase is timed apart from the step, as admission is (the γ policy sees each feed's seconds:
-`policy_admission.AdmissionCost.prefilled`).
+`policy_admission.AdmissionCost.prefilled`). The budget is a fixed number of tokens or "auto" (`prefill_budget.py`:
+a fraction of the measured decode step, at the measured prefill rate); with `prefill_steps` K (4 with "auto") a step
+feeds more when the backlog needs it, so every request is fed within K steps of its admission (`_step_budget`).
 
 Invariants: running requests hold slots 0..n-1 (as without a budget); filling requests hold slots ≥ n, in any
 order, below the beam groups' (`beam.py` counts them as chain rows). An inactive filling row inside a step's batch bucket is padding: the step writes its target cache at
@@ -26,6 +28,7 @@ import time
 import torch
 
 from specdec.engine.admission import EngineRequest
+from specdec.engine.prefill_budget import DEFAULT_STALL, DEFAULT_STEPS, AutoBudget
 from specdec.engine.slots import positions_bucket, prefill_rows
 
 __all__ = ["ChunkedPrefill"]
@@ -33,6 +36,37 @@ __all__ = ["ChunkedPrefill"]
 
 class ChunkedPrefill:
     """`Engine`'s budgeted prefill of filling requests (see the module doc)."""
+
+    def _init_prefill(self, config) -> None:
+        """The budget: an int, "auto" (`engine.prefill_budget`: measured) or None (off), and the deadline K."""
+        self.prefill_budget = config.prefill_budget or None
+        auto = self.prefill_budget == "auto"
+        self._auto_budget = AutoBudget(config.prefill_stall or DEFAULT_STALL) if auto else None
+        self._prefill_steps = config.prefill_steps or (DEFAULT_STEPS if auto else None)
+        self._filling: list[EngineRequest] = []  # admitted, prompt not fed yet, oldest first
+
+    @property
+    def step_prefill_budget(self) -> int | None:
+        """The prompt tokens the next step may prefill before its deadlines (`prefill_steps`) ask for more: the fixed
+        budget, or "auto"'s from the measured decode step and prefill rate (None: chunked prefill is off)."""
+        if self._auto_budget is not None:
+            return self._auto_budget.budget()
+        return self.prefill_budget
+
+    @property
+    def prefill_report(self) -> dict | None:
+        """JSON-ready: "auto"'s measurements and budget now (None unless prefill_budget="auto")."""
+        return None if self._auto_budget is None else self._auto_budget.report()
+
+    def _measure_prefill(self, tokens: int, seconds: float) -> None:
+        """A prefill fed `tokens` prompt tokens (target and drafter) in `seconds` ("auto" sizes the budget from it)."""
+        if self._auto_budget is not None:
+            self._auto_budget.fed(tokens, seconds)
+
+    def _decoded(self, seconds: float) -> None:
+        """A decode step took `seconds` ("auto" sizes the budget from it)."""
+        if self._auto_budget is not None:
+            self._auto_budget.decoded(seconds)
 
     def _place(self, admitted: list[EngineRequest]) -> None:
         """Admitted requests take free slots past the running ones, lowest first, and start filling."""
@@ -43,7 +77,7 @@ class ChunkedPrefill:
             self.state.admit_rows(request.slot, [request.prompt], [request.params], [request.seed])
             self.state.active[request.slot] = False  # not a row of the decode steps until it is ready
             request.prefilled = request.draft_valid = 0
-            request.fed_by = self._num_steps + (self.config.prefill_steps or 0)  # (this step counts: `_step_budget`)
+            request.fed_by = self._num_steps + (self._prefill_steps or 0)  # (this step counts: `_step_budget`)
             self._filling.append(request)
 
     def _prefill_step(self) -> bool:
@@ -85,6 +119,7 @@ class ChunkedPrefill:
         fed_target = sum(e - s for s, e in target.values())
         fed_drafter = sum(e - s for s, e in drafter.values())
         self.prefill_tokens += fed_target + fed_drafter
+        self._measure_prefill(fed_target + fed_drafter, seconds)
         ready = []
         for request in list(self._filling):
             if target.get(request.slot) or drafter.get(request.slot):
@@ -103,7 +138,7 @@ class ChunkedPrefill:
         """This step's budget: `prefill_budget`, or with `prefill_steps` K more where the backlog needs it, so every
         filling request is fed within K steps of its admission — fed oldest first, request i (its own and the older
         requests' unfed tokens C_i, d_i steps left to its deadline) needs ⌈C_i / d_i⌉ this step."""
-        budget, steps = self.prefill_budget, self.config.prefill_steps
+        budget, steps = self.step_prefill_budget, self._prefill_steps
         if not steps:
             return budget
         backlog = 0

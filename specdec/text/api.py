@@ -42,8 +42,9 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
          max_batch_size: int = 32, max_seq_len: int | None = None, ngram_data=None,
          synthetic_acceptance: float | None = None, tensor_parallel_size: int = 1, model_kwargs: dict | None = None,
          draft_model_kwargs: dict | None = None, allow_weight_mismatch: bool = False,
-         tensor_parallel_all_reduce: str = "auto", bitwise: bool = False, prefill_budget: int | None = None,
-         prefill_steps: int | None = None) -> "LLM":
+         tensor_parallel_all_reduce: str = "auto", bitwise: bool = False,
+         prefill_budget: int | str | None = None, prefill_steps: int | None = None,
+         prefill_stall: float | None = None) -> "LLM":
     """Load a target (and a draft) for text generation.
 
     target          a checkpoint folder, a .gguf file, a hub id (org/name) in the local Hugging Face cache
@@ -71,8 +72,9 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
                     log-probabilities are the same bits alone or in any batch, for any γ, drafter, speculation on or
                     off; needs the engine (refused on the fallback runner and with tensor parallelism); slower
     prefill_budget  the engine's chunked prefill (`EngineConfig.prefill_budget`): prompt tokens prefilled per step
-                    while requests run; None / 0 = off (admitted prompts prefill whole), the default;
-                    `prefill_steps` K: each request fed within K steps (`EngineConfig.prefill_steps`)
+                    while requests run; None / 0 = off (admitted prompts prefill whole), the default; "auto": sized
+                    from the measured decode step (`prefill_stall` of it); `prefill_steps` K: each request fed
+                    within K steps (`EngineConfig.prefill_steps`, `EngineConfig.prefill_stall`)
     tensor_parallel_all_reduce  how the ranks sum the row-parallel products: "auto" (one_shot where the GPUs
                     reach each other by P2P, else group), "group" (NCCL / gloo) or "one_shot" (torch symmetric
                     memory over NVLink, CUDA); see `specdec.distributed.allreduce`
@@ -90,7 +92,8 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
         raise TypeError(f"bitwise must be True or False, got {bitwise!r}")
     from specdec.engine.config import EngineConfig
 
-    EngineConfig(prefill_budget=prefill_budget, prefill_steps=prefill_steps)  # (checked before anything loads)
+    EngineConfig(prefill_budget=prefill_budget, prefill_steps=prefill_steps,
+                 prefill_stall=prefill_stall)  # (checked before anything loads)
     if bitwise and (runner == "fallback" or tensor_parallel_size > 1):
         raise ValueError("bitwise=True needs the request-level engine on one device (not runner='fallback', not "
                          "tensor_parallel_size > 1)")
@@ -134,7 +137,8 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
                           draft_model_kwargs=draft_model_kwargs, allow_weight_mismatch=allow_weight_mismatch)
     return LLM(target_model, tokenizer, drafter, num_draft_tokens=num_draft_tokens, runner=runner,
                max_batch_size=max_batch_size, max_seq_len=max_seq_len, synthetic_acceptance=synthetic_acceptance,
-               bitwise=bitwise, prefill_budget=prefill_budget, prefill_steps=prefill_steps)
+               bitwise=bitwise, prefill_budget=prefill_budget, prefill_steps=prefill_steps,
+               prefill_stall=prefill_stall)
 
 
 class LLM:
@@ -143,7 +147,8 @@ class LLM:
     def __init__(self, target, tokenizer, drafter=None, *, num_draft_tokens=4, runner: str = "auto",
                  max_batch_size: int = 32, max_seq_len: int | None = None,
                  synthetic_acceptance: float | None = None, tensor_parallel=None, bitwise: bool = False,
-                 prefill_budget: int | None = None, prefill_steps: int | None = None):
+                 prefill_budget: int | str | None = None, prefill_steps: int | None = None,
+                 prefill_stall: float | None = None):
         self.target = target
         self.tensor_parallel = tensor_parallel  # a CommandChannel under torchrun (text/tensor_parallel.py), or None
         self._tensor_parallel_started = False
@@ -155,6 +160,7 @@ class LLM:
         self.synthetic_acceptance = synthetic_acceptance  # BENCHMARK ONLY (see `load`)
         self.bitwise = bitwise  # the engine's bit-exact mode (see `load`)
         self.prefill_budget, self.prefill_steps = prefill_budget, prefill_steps  # the engine's chunked prefill
+        self.prefill_stall = prefill_stall
         self.num_draft_tokens = check_num_draft_tokens(num_draft_tokens if drafter is not None else 0)
         if drafter is not None and self.num_draft_tokens == 0:
             raise ValueError("num_draft_tokens must be >= 1 when a draft is given (requests may still ask for "
@@ -210,7 +216,8 @@ class LLM:
                                   max_seq_len=self._max_seq_len, num_draft_tokens=gamma,
                                   max_draft_tokens=max(8, gamma if isinstance(gamma, int) else 0),
                                   synthetic_acceptance=self.synthetic_acceptance, bitwise=self.bitwise,
-                                  prefill_budget=self.prefill_budget, prefill_steps=self.prefill_steps)
+                                  prefill_budget=self.prefill_budget, prefill_steps=self.prefill_steps,
+                                  prefill_stall=self.prefill_stall)
             try:
                 engine = Engine(self.target, drafter, config=config)
             except UnsupportedModel as err:

@@ -9,47 +9,14 @@ import torch
 
 from helpers import hf_greedy
 from specdec.engine import Engine, EngineConfig
+from prefill_helpers import drive as _drive
+from prefill_helpers import head as _head
+from prefill_helpers import mixed_params as _mixed_params
+from prefill_helpers import prompt as _prompt
 from specdec.engine.slots import SlotCache
 from specdec.request import SamplingParams
 
 BUDGET = 24
-
-
-def _prompt(n: int, seed: int) -> list[int]:
-    return [(seed * 7 + 13 * i + (i * i) % 11) % 60 + 2 for i in range(n)]
-
-
-def _head(target):
-    from specdec.fast.head import HeadConfig
-    from specdec.fast.model import LlamaShape
-    from specdec.zoo.feature_head import TrainableHead
-
-    trainable = TrainableHead(HeadConfig.for_target(LlamaShape.from_hf(target.config)), seed=1)
-    trainable.init_from(target)
-    return trainable.to_feature_head()
-
-
-def _drive(engine, early, late, params, join_after=3, watch=None):
-    """`early` requests, `join_after` steps, then `late` ones admitted mid-flight; → {request id: tokens}, ids in
-    order. watch(engine, outputs) after every step."""
-    ids = [engine.add_request(p, q) for p, q in zip(early, params)]
-    outputs: dict = {}
-    for step in range(10_000):
-        if step == join_after:
-            ids += [engine.add_request(p, q) for p, q in zip(late, params[len(early):])]
-        if not engine.has_unfinished() and step > join_after:
-            break
-        outs = engine.step()
-        for out in outs:
-            outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
-        if watch is not None:
-            watch(engine, outs)
-    return [outputs[i] for i in ids]
-
-
-def _mixed_params(n: int, max_new: int = 20) -> list[SamplingParams]:
-    return [SamplingParams(temperature=0 if i % 2 == 0 else 1.0, seed=100 + i, max_new_tokens=max_new)
-            for i in range(n)]
 
 
 @pytest.mark.parametrize("drafter", ["model", "head"])
@@ -150,7 +117,7 @@ def test_a_filling_request_exchanges_slots_with_a_younger_one_and_aborts_leave(m
 
 
 @pytest.mark.parametrize("budget, error", [(8, ValueError), (1 << 21, ValueError), ("lots", ValueError),
-                                           ("auto", ValueError), (True, TypeError), (1.5, TypeError),
+                                           ("Auto", ValueError), (True, TypeError), (1.5, TypeError),
                                            (0.0, TypeError)])
 def test_prefill_budget_is_checked_before_anything_allocates(budget, error):
     with pytest.raises(error, match="prefill_budget"):

@@ -42,6 +42,10 @@ def serve(capsys, *extra) -> tuple[int, str]:
     (["--chat-template", "/nonexistent.jinja"], "--chat-template"),
     (["--prefill-budget", "8"], "--prefill-budget"), (["--prefill-budget", "lots"], "--prefill-budget"),
     (["--prefill-steps", "4"], "--prefill-steps"), (["--prefill-budget", "64", "--prefill-steps", "-1"], "--prefill-steps"),
+    (["--prefill-budget", "Auto"], "--prefill-budget"), (["--prefill-stall", "0.5"], "--prefill-stall"),
+    (["--prefill-budget", "64", "--prefill-stall", "0.5"], "--prefill-stall"),
+    (["--prefill-budget", "auto", "--prefill-stall", "0"], "--prefill-stall"),
+    (["--prefill-budget", "auto", "--prefill-stall", "nan"], "--prefill-stall"),
 ])
 def test_bad_options_are_one_line_before_loading(capsys, no_loading, extra, fragment):
     code, err = serve(capsys, *extra)

@@ -226,8 +226,16 @@ def test_load_passes_the_prefill_budget_to_the_engine_and_checks_it_first(tmp_pa
 
     with pytest.raises(ValueError, match="prefill_budget"):
         specdec.load(tmp_path / "missing", prefill_budget=4)
+    with pytest.raises(ValueError, match="prefill_stall"):
+        specdec.load(tmp_path / "missing", prefill_budget=64, prefill_stall=0.5)
     llm = specdec.load(DEMO_PAIR / "target", DEMO_PAIR / "draft", device="cpu", dtype="float32", prefill_budget=64)
     try:
         assert llm.runner(2).prefill_budget == 64
+    finally:
+        llm.close()
+    llm = specdec.load(DEMO_PAIR / "target", DEMO_PAIR / "draft", device="cpu", dtype="float32",
+                       prefill_budget="auto", prefill_stall=0.25)
+    try:
+        assert llm.runner(2).prefill_budget == "auto" and llm.runner(2).prefill_report["stall"] == 0.25
     finally:
         llm.close()
