@@ -182,25 +182,10 @@ def time_cuda(fn, reps: int = 50) -> float:
 
 def time_graph(fn, calls: int = 20, reps: int = 5) -> float:
     """µs per call of fn, `calls` calls captured in one CUDA graph and replayed (no launch overhead: what the
-    engine's captured decode steps see)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()  # compile, allocate
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    stop.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(stop) / (reps * calls) * 1e3
+    engine's captured decode steps see); `specdec.fast.graphs.graph_time_us`."""
+    from specdec.fast.graphs import graph_time_us
+
+    return graph_time_us(fn, calls=calls, reps=reps, warmup=1)
 
 
 GEMM_DEVICE = "cuda"  # (a smoke test runs the GEMM section in Triton's interpreter on "cpu")

@@ -47,20 +47,18 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tp_probe import HBM_BYTES_PER_S, SHAPES, decode, llama_shape, timed  # noqa: E402
 
-# variant → the fast model's (kernels, linear_kernel, fuse_prologues): "auto" = Triton layer kernels, the
-# weight-streaming GEMM only where `kernels.linear.FASTER_THAN_CUBLAS` says, cuBLAS elsewhere; "triton" = the Triton
-# GEMM for every weight; "triton-fused" = that, with the RMSNorms and silu·mul in the GEMMs' prologues (3 launches
-# per layer fewer); "measured" = "auto" with the Triton GEMM for the shapes where it measured faster than cuBLAS on
-# this device at 1 row (`kernels.linear_choice`; "gemm" rows); "measured-fused" = that with the prologues wherever the
-# Triton GEMM runs; "cublas" = cuBLAS for every GEMM; "reference" = the eager body
-VARIANTS = {"auto": ("auto", "auto", False, False), "triton": ("auto", "triton", False, False),
-            "triton-fused": ("auto", "triton", True, False), "measured": ("auto", "auto", False, True),
-            "measured-fused": ("auto", "auto", True, True), "cublas": ("auto", "reference", False, False),
-            "reference": ("reference", "reference", False, False)}
+# variant → the fast model's (kernels, linear_kernel, measured): "auto" = Triton layer kernels, the weight-streaming
+# GEMM only where `kernels.linear.FASTER_THAN_CUBLAS` says, cuBLAS elsewhere; "triton" = the Triton GEMM for every
+# weight; "measured" = "auto" with the Triton GEMM for the shapes where it measured faster than cuBLAS on this device
+# at 1 row (`kernels.linear_choice`; "gemm" rows); "cublas" = cuBLAS for every GEMM; "reference" = the eager body.
+# (The GEMM prologue variants, "triton-fused" and "measured-fused", lost on both shapes and went with the prologues:
+# BENCHMARKS.md "Where plain decoding's bandwidth goes".)
+VARIANTS = {"auto": ("auto", "auto", False), "triton": ("auto", "triton", False), "measured": ("auto", "auto", True),
+            "cublas": ("auto", "reference", False), "reference": ("reference", "reference", False)}
 
 
 def set_variant(model, variant: str, measured: frozenset | None = None) -> None:
-    model.kernels, model.linear_kernel, model.fuse_prologues, use_measured = VARIANTS[variant]
+    model.kernels, model.linear_kernel, use_measured = VARIANTS[variant]
     model.triton_linear_shapes = measured if use_measured else None
 
 
@@ -437,7 +435,7 @@ def draft_rows(args, device, dtype) -> list[dict]:
     """c and kernels per drafted token: the pair's target step vs a draft step of γ chained drafter forwards."""
     target, draft = pair_models(args.pair, device, dtype)
     rows, measured = [], {}
-    if any(VARIANTS[v][3] for v in args.variant):
+    if any(VARIANTS[v][2] for v in args.variant):
         for role, model in (("target", target), ("draft", draft)):
             measured[role], gemm_rows = measure_gemms(model, device)
             rows += [{**row, "pair": args.pair, "role": role} for row in gemm_rows]
@@ -524,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
             emit({"row": "decode", "shape": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
             continue
         measured = None
-        if any(VARIANTS[v][3] for v in args.variant):
+        if any(VARIANTS[v][2] for v in args.variant):
             try:
                 measured, gemm_rows = measure_gemms(model, device)
                 for row in gemm_rows:
@@ -533,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:  # noqa: BLE001
                 emit({"row": "gemm", "shape": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
         for variant in args.variant:
-            if VARIANTS[variant][3] and measured is None:
+            if VARIANTS[variant][2] and measured is None:
                 continue  # (the measurement failed: its row says why)
             try:
                 for row in decode_rows(args, name, variant, model, device, peaks, measured):

@@ -7,12 +7,12 @@ memory bandwidth: the fraction of the card's bandwidth a batch-1 decode step tur
 from __future__ import annotations
 
 import contextlib
-import statistics
 from collections.abc import Callable, Iterator
 
 import torch
 
 from specdec.analysis import median_timed
+from specdec.fast.graphs import graph_time_us
 
 # Vendor datasheets (SXM parts): bytes per second.
 DOCUMENTED_PEAK_BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.039e12}
@@ -87,30 +87,8 @@ def mbu(weight_bytes: int, forwards_per_second: float, peak_bandwidth: float | N
 
 
 def time_call(fn: Callable[[], object], *, cuda: bool, calls: int, reps: int) -> float:
-    """Median milliseconds per call of fn: on CUDA one graph of `calls` calls, replayed `reps` times (after a
-    warm-up on a side stream, so compiles stay outside the capture); on CPU `analysis.median_timed`."""
+    """Median milliseconds per call of fn: on CUDA one graph of `calls` calls, replayed `reps` times
+    (`fast.graphs.graph_time_us`); on CPU `analysis.median_timed`."""
     if not cuda:
         return median_timed(lambda _: fn(), torch.device("cpu"), reps)[0] * 1e3
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm up (compiles) outside the capture, on a side stream as torch advises
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / calls)
-    del graph
-    return statistics.median(samples)
+    return graph_time_us(fn, calls=calls, reps=reps) / 1e3

@@ -3,6 +3,10 @@
 A step function may mutate state (it writes KV slots and moves `lengths`); warm-up runs happen before the
 capture on a side stream, so `capture` saves and restores the tensors named in `restore`. Graphs of one
 owner share a memory pool (they are replayed one at a time).
+
+`graph_time_us` is the one "time a function inside a CUDA graph" clock of the library and its benchmarks (the
+kernel choice in `kernels.linear_choice`, `bench.device.time_call`, the bitwise kernels' script): no host launch
+cost, the device's own time per call.
 """
 
 from __future__ import annotations
@@ -43,6 +47,40 @@ class CapturedStep:
     def replay(self):
         self.graph.replay()
         return self.outputs
+
+
+def graph_time_us(fn: Callable[[], object], *, calls: int = 1, reps: int = 20, warmup: int = 2) -> float:
+    """µs per call of `fn` on the device: `calls` calls captured in one CUDA graph (after `warmup` calls on a side
+    stream, so compiles, kernel picks and allocations stay outside the capture), replayed once untimed, then `reps`
+    replays each timed with CUDA events; the median replay / `calls`. `fn` must be capturable (no host sync)."""
+    if not torch.cuda.is_available():
+        raise ValueError("graph_time_us needs a CUDA device")
+    for name, value, least in (("calls", calls, 1), ("reps", reps, 1), ("warmup", warmup, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    del graph
+    times.sort()
+    return times[len(times) // 2]
 
 
 def graph_options(device: torch.device, max_draft_tokens, cuda_graphs) -> tuple[int, bool]:

@@ -5,11 +5,6 @@ norms, parallel residuals, windows, soft-capping), its attention `slot_attention
 `_fused_layers`: the Llama body (`Arch.fusable`) on the fused kernels of `specdec.fast.kernels`. Both run the
 batch-invariant GEMM and attention under `bitwise`. The GEMM helpers (`_gemm`, `_linear`, `_row_parallel`,
 `_logits`) are what a tensor-parallel subclass overrides (`specdec.distributed.sharded`).
-
-`fuse_prologues` (False by default; an instance attribute the A/B of scripts/profile_decode.py flips): on the fused
-path, wherever a GEMM runs on `kernels.linear`'s Triton kernel (see `FastLlama.linear_kernel`), the RMSNorm before
-q|k|v and gate|up and the silu·mul before the down projection are computed in that GEMM's prologue instead of
-their own launches (3 launches per layer fewer; the same function, the norm within one rounding).
 """
 
 from __future__ import annotations
@@ -33,7 +28,6 @@ __all__ = ["LlamaLayers"]
 class LlamaLayers:
     """The layer bodies and GEMM helpers of `FastLlama` (reads its weights, `shape`, `bitwise`, `kernels`)."""
 
-    fuse_prologues = False  # the module doc
     # (N, K) weight shapes that linear_kernel="auto" sends to the Triton GEMM; None = `linear.FASTER_THAN_CUBLAS`
     # (a measured set: `kernels.linear_choice.faster_shapes`)
     triton_linear_shapes: frozenset | None = None
@@ -159,17 +153,12 @@ class LlamaLayers:
         nq, hd, eps = s.n_heads, s.head_dim, s.rms_norm_eps
         mode = "triton"  # forward checked that the fused kernels run here; attention picks by the model's mode
         attn_kernel, bound = None, rope_pos if tree is None else slots  # (a tree node sees up to its own slot)
-        fuse = self.fuse_prologues and not self.bitwise
         x = x.reshape(batch * k, s.dim)  # the residual stream, updated in place by the row-parallel GEMMs
         for i in range(s.n_layers):
             if capture is not None and i in self.feature_layers:
                 capture.append(x.clone().view(batch, k, s.dim))
-            gemm = self._gemm(self.wqkv[i])
-            if fuse and gemm not in ("reference", "bitwise"):  # the norm in the GEMM's prologue
-                qkv = linear(x, self.wqkv[i], norm_weight=self.attn_norm[i], eps=eps, kernel=gemm).view(batch, k, -1)
-            else:
-                h = rms_norm(x, self.attn_norm[i], eps, kernel=mode)
-                qkv = self._linear(h, self.wqkv[i], kernel=gemm).view(batch, k, -1)  # (bias: in RoPE)
+            h = rms_norm(x, self.attn_norm[i], eps, kernel=mode)
+            qkv = self._linear(h, self.wqkv[i], kernel=self._gemm(self.wqkv[i])).view(batch, k, -1)  # (bias: in RoPE)
             cos, sin = tables[a.rope_index(i)]
             q = rope_cache_write(qkv, cache.keys[i], cache.values[i], rope_pos, slots, cos, sin, nq,
                                  bias=self.bqkv[i] if s.qkv_bias else None,
@@ -185,18 +174,10 @@ class LlamaLayers:
                 attn = slot_attention(q, cache.keys[i], cache.values[i], bound, a.attn_scale, window=a.window(i),
                                       kernel=attn_kernel, tree=tree)
             x = self._row_parallel(x, attn.reshape(batch * k, nq * hd), self.wo[i], self._gemm(self.wo[i]))  # residual add in the GEMM
-            gemm = self._gemm(self.w_gate_up[i])
-            if fuse and not s.o_bias and gemm not in ("reference", "bitwise"):
-                gate_up = linear(x, self.w_gate_up[i], norm_weight=self.mlp_norm[i], eps=eps, kernel=gemm)
+            if s.o_bias:
+                x, h = add_rms_norm(x, self.bo[i], self.mlp_norm[i], eps, kernel=mode)
             else:
-                if s.o_bias:
-                    x, h = add_rms_norm(x, self.bo[i], self.mlp_norm[i], eps, kernel=mode)
-                else:
-                    h = rms_norm(x, self.mlp_norm[i], eps, kernel=mode)
-                gate_up = self._linear(h, self.w_gate_up[i], kernel=gemm)
-            gemm = self._gemm(self.w_down[i])
-            if fuse and gemm not in ("reference", "bitwise") and type(self)._row_parallel is LlamaLayers._row_parallel:
-                x = linear(gate_up, self.w_down[i], residual=x, out=x, gated=True, kernel=gemm)  # silu·mul in it
-            else:
-                x = self._row_parallel(x, silu_mul(gate_up, kernel=mode), self.w_down[i], gemm)
+                h = rms_norm(x, self.mlp_norm[i], eps, kernel=mode)
+            gate_up = self._linear(h, self.w_gate_up[i], kernel=self._gemm(self.w_gate_up[i]))
+            x = self._row_parallel(x, silu_mul(gate_up, kernel=mode), self.w_down[i], self._gemm(self.w_down[i]))
         return x.view(batch, k, s.dim)

@@ -3,12 +3,6 @@
 Program (pid_n, pid_k, pid_m) computes out[m-block, n-block] over K slice pid_k. Tiles are held transposed,
 `[BLOCK_N, BLOCK_M]`, so the weight tile is the wide operand of `tl.dot` (Hopper's wgmma wants ≥ 64 rows on
 that side) and the few activation rows are the narrow one.
-
-Prologues (fused into the activation loads, so the step needs no separate launch for them):
-  NORM    the activation rows are RMSNorm'd first: each program computes its rows' 1/rms over the whole K (one
-          load of each whole row from L2, before the weight stream), then scales every tile as `rms_norm`'s kernel
-          does (x·inv_rms·w, rounded to x's dtype)
-  GATED   x holds gate|up `[M, 2K]`: each tile is silu(gate)·up computed as `silu_mul`'s kernel does (the same bits)
 """
 
 from __future__ import annotations
@@ -20,13 +14,12 @@ import triton.language as tl
 
 # M is not specialized (Triton would compile M = 1 and M % 16 == 0 apart): one binary serves every row count.
 @triton.jit(do_not_specialize=["M"])
-def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr, nw_ptr,
-                   M, N, K, k_per_split, eps,
+def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr,
+                   M, N, K, k_per_split,
                    stride_xm, stride_xk, stride_wn, stride_rm, stride_om,
                    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr, FMA: tl.constexpr,
                    IEEE: tl.constexpr, EVEN_K: tl.constexpr, STAGES: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   NORM: tl.constexpr = False, GATED: tl.constexpr = False, ROW_BLOCK: tl.constexpr = 16):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -44,48 +37,26 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr, nw_ptr,
         acc3 = tl.zeros((BLOCK_N, BLOCK_M, BLOCK_K), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    inv_rms = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if NORM:  # 1/rms of each row over the whole K (every K slice needs it), as rms_norm's kernel computes it: one
-        cols = tl.arange(0, ROW_BLOCK)  # load of the whole row per row (decode: one), from L2
-        for r in range(0, tl.minimum(M - pid_m * BLOCK_M, BLOCK_M)):
-            xrow = tl.load(x_ptr + (pid_m * BLOCK_M + r) * stride_xm + cols * stride_xk, mask=cols < K,
-                           other=0.0).to(tl.float32)
-            inv = 1.0 / tl.sqrt(tl.sum(xrow * xrow, axis=0) / K + eps)
-            inv_rms = tl.where(tl.arange(0, BLOCK_M) == r, inv, inv_rms)
     # The weight loads are pipelined by the compiler (cp.async, STAGES deep: tl.range's num_stages makes that hold
     # for the FMA variant too); the activation tile of the dot variant is not, so it is prefetched by hand one
     # tile ahead (an L2 hit, but its latency would otherwise stall each step).
-    if NORM or GATED:  # the raw tiles are what is prefetched; the prologue runs on them one iteration later
-        xr, up, nw = _load_x(x_ptrs, offs_k, m_mask, K, stride_xk, nw_ptr, NORM, GATED)
-        for _ in tl.range(0, k_per_split, BLOCK_K, num_stages=STAGES):
-            w = _load_w(w_ptrs, offs_k, n_mask, K, EVEN_K)
-            w_ptrs += BLOCK_K
-            x_ptrs += BLOCK_K * stride_xk
-            offs_k += BLOCK_K
-            x_next, up_next, nw_next = _load_x(x_ptrs, offs_k, m_mask, K, stride_xk, nw_ptr, NORM, GATED)
-            xr = _prologue(xr, up, nw, inv_rms, NORM, GATED)
-            if FMA:
-                acc3 += w.to(tl.float32)[:, None, :] * xr.to(tl.float32)[None, :, :]
-            elif IEEE:
-                acc = tl.dot(w, tl.trans(xr), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(w, tl.trans(xr), acc)
-            xr, up, nw = x_next, up_next, nw_next
-    else:
-        xr = tl.load(x_ptrs, mask=m_mask[:, None] & (offs_k[None, :] < K), other=0.0)
-        for _ in tl.range(0, k_per_split, BLOCK_K, num_stages=STAGES):  # the pointers carry the position
-            w = _load_w(w_ptrs, offs_k, n_mask, K, EVEN_K)
-            w_ptrs += BLOCK_K
-            x_ptrs += BLOCK_K * stride_xk
-            offs_k += BLOCK_K
-            x_next = tl.load(x_ptrs, mask=m_mask[:, None] & (offs_k[None, :] < K), other=0.0)
-            if FMA:
-                acc3 += w.to(tl.float32)[:, None, :] * xr.to(tl.float32)[None, :, :]
-            elif IEEE:
-                acc = tl.dot(w, tl.trans(xr), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(w, tl.trans(xr), acc)
-            xr = x_next
+    xr = tl.load(x_ptrs, mask=m_mask[:, None] & (offs_k[None, :] < K), other=0.0)
+    for _ in tl.range(0, k_per_split, BLOCK_K, num_stages=STAGES):  # the pointers carry the position
+        if EVEN_K:
+            w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
+        else:
+            w = tl.load(w_ptrs, mask=n_mask[:, None] & (offs_k[None, :] < K), other=0.0)
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K * stride_xk
+        offs_k += BLOCK_K
+        x_next = tl.load(x_ptrs, mask=m_mask[:, None] & (offs_k[None, :] < K), other=0.0)
+        if FMA:
+            acc3 += w.to(tl.float32)[:, None, :] * xr.to(tl.float32)[None, :, :]
+        elif IEEE:
+            acc = tl.dot(w, tl.trans(xr), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w, tl.trans(xr), acc)
+        xr = x_next
     if FMA:
         acc = tl.sum(acc3, axis=2)
     mask = n_mask[:, None] & m_mask[None, :]
@@ -107,43 +78,6 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr, nw_ptr,
                     total += tl.load(p_tile + s * M * N, mask=mask, other=0.0, cache_modifier=".cg")
                 _epilogue(total, offs_m, offs_n, N, mask, b_ptr, r_ptr, o_ptr, stride_rm, stride_om, HAS_BIAS, HAS_RES)
                 tl.atomic_xchg(counter, 0)  # zero again for the next launch
-
-
-@triton.jit
-def _load_w(w_ptrs, offs_k, n_mask, K, EVEN_K: tl.constexpr):
-    """One weight tile `[BLOCK_N, BLOCK_K]` (no K mask where the slices tile K exactly)."""
-    if EVEN_K:
-        w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
-    else:
-        w = tl.load(w_ptrs, mask=n_mask[:, None] & (offs_k[None, :] < K), other=0.0)
-    return w
-
-
-@triton.jit
-def _load_x(x_ptrs, offs_k, m_mask, K, stride_xk, nw_ptr, NORM: tl.constexpr, GATED: tl.constexpr):
-    """The raw tiles one activation tile `[BLOCK_M, BLOCK_K]` is made of: x (the gate columns when GATED), the up
-    columns K further (GATED; else x again) and the norm weights `[BLOCK_K]` in float32 (NORM; else zeros)."""
-    mask = m_mask[:, None] & (offs_k[None, :] < K)
-    x = tl.load(x_ptrs, mask=mask, other=0.0)
-    up = x
-    if GATED:
-        up = tl.load(x_ptrs + K * stride_xk, mask=mask, other=0.0)
-    nw = tl.zeros(offs_k.shape, dtype=tl.float32)
-    if NORM:
-        nw = tl.load(nw_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
-    return x, up, nw
-
-
-@triton.jit
-def _prologue(x, up, nw, inv_rms, NORM: tl.constexpr, GATED: tl.constexpr):
-    """The activation tile in x's dtype after the prologue (module doc): silu(gate)·up as `silu_mul`'s kernel
-    computes it, or x·inv_rms·w as `rms_norm`'s kernel does."""
-    if GATED:
-        gate = x.to(tl.float32)
-        x = (gate / (1.0 + tl.exp(-gate)) * up.to(tl.float32)).to(up.dtype)
-    if NORM:
-        x = (x.to(tl.float32) * inv_rms[:, None] * nw[None, :]).to(up.dtype)
-    return x
 
 
 @triton.jit
@@ -199,19 +133,15 @@ def _counters(device: torch.device, size: int) -> torch.Tensor | None:
 
 
 def launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, out: torch.Tensor, config,
-           split_reduce: str = "fused", norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
-           gated: bool = False) -> None:
+           split_reduce: str = "fused") -> None:
     """out `[M, N]` = x `[M, K]` @ weight `[N, K]`ᵀ (+ bias) (+ residual `[M, N]`); all rows K/N-contiguous.
-
-    norm_weight `[K]` (contiguous): RMSNorm the rows of x first (eps); gated: x is gate|up `[M, 2K]` and the product's
-    input is silu(gate)·up (the module doc's prologues).
 
     split_reduce: "fused" (the last K slice of each tile sums the partials: no second launch; falls back to
     "kernel" when the counters cannot be set up) or "kernel" (a second small kernel sums them). Both add the
     partials in the same order, so they give the same bits. Launches on one stream at a time share the counters.
     """
-    m = x.shape[0]
-    n, k = weight.shape
+    m, k = x.shape
+    n = weight.shape[0]
     block_k = config.block_k
     k_per_split = triton.cdiv(triton.cdiv(k, config.split_k), block_k) * block_k
     splits = triton.cdiv(k, k_per_split)
@@ -226,13 +156,12 @@ def launch(x: torch.Tensor, weight: torch.Tensor, bias, residual, out: torch.Ten
         counters = dummy if counters is None else counters
     _linear_kernel[grid](
         x, weight, bias if bias is not None else dummy, residual if residual is not None else dummy, out, partial,
-        counters, norm_weight if norm_weight is not None else dummy, m, n, k, k_per_split, float(eps),
+        counters, m, n, k, k_per_split,
         x.stride(0), x.stride(1), weight.stride(0),
         residual.stride(0) if residual is not None else 0, out.stride(0),
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, SPLIT=mode, FMA=config.variant == "fma",
         IEEE=x.dtype == torch.float32, EVEN_K=k % block_k == 0 and splits * k_per_split == k, STAGES=config.num_stages,
-        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=block_k, NORM=norm_weight is not None, GATED=gated,
-        ROW_BLOCK=triton.next_power_of_2(k) if norm_weight is not None else 16,
+        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=block_k,
         num_warps=config.num_warps, num_stages=config.num_stages)
     if mode == 1:
         block = min(1024, triton.next_power_of_2(n))

@@ -10,11 +10,6 @@ Split-K (when N / block_n programs would leave SMs idle): each K slice writes an
 `[split_k, M, N]` and a second small kernel sums the slices in a fixed order, then adds bias and residual and
 casts. Deterministic (no atomics, no memset) at the cost of one extra launch and an fp32 round trip through L2.
 
-Prologues (`norm_weight=`, `gated=True`): the RMSNorm before a projection, or SwiGLU's silu(gate)·up before the
-down projection, computed on the activation tiles as they are loaded, which saves the separate launch and the
-round trip of its output (`_linear_triton`'s module doc; references: `norm.rms_norm_reference`,
-`mlp.silu_mul_reference`, then `linear_reference`).
-
 Configs come from a table filled from `scripts/bench_linear.py` (keyed by M bucket, N, K) with a heuristic
 fallback: no autotuning at run time, so a call inside CUDA-graph capture launches exactly what a warm-up launched.
 Warm up once before capture (Triton compiles on first use). Triton is imported lazily: `import specdec` works
@@ -30,9 +25,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-
-from specdec.fast.kernels.mlp import silu_mul_reference
-from specdec.fast.kernels.norm import rms_norm_reference
 
 __all__ = ["LinearConfig", "linear", "linear_reference", "pick_config", "CONFIGS", "M_BUCKETS"]
 
@@ -123,18 +115,11 @@ _DEFAULT_SMS = 132  # H100/H200; the real count is read from the device
 
 
 def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                     residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
-                     eps: float = 1e-6, gated: bool = False) -> torch.Tensor:
+                     residual: torch.Tensor | None = None) -> torch.Tensor:
     """The eager definition: x `[..., K]`, weight `[N, K]`, bias `[N]`, residual `[..., N]` → `[..., N]`.
 
     With a residual the product is added as `addmm` does it (one rounding, as the fast model's in-place addmm_).
-    Prologues: norm_weight `[K]` → x is `rms_norm_reference(x, norm_weight, eps)` first; gated → x is gate|up
-    `[..., 2K]` and `silu_mul_reference(x)` is multiplied.
     """
-    if norm_weight is not None:
-        x = rms_norm_reference(x, norm_weight, eps)
-    if gated:
-        x = silu_mul_reference(x)
     if residual is None:
         return F.linear(x, weight, bias)
     add = residual if bias is None else residual + bias
@@ -189,21 +174,14 @@ def pick_config(m: int, n: int, k: int, num_sms: int = _DEFAULT_SMS) -> LinearCo
     return LinearConfig("dot", block_n, block_k, split_k, 4, 4)
 
 
-def _check(x, weight, bias, residual, out, norm_weight=None, gated=False):
+def _check(x, weight, bias, residual, out):
     if not isinstance(x, torch.Tensor) or x.dim() < 1:
         raise TypeError("x must be a tensor [..., K]")
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         raise TypeError("weight must be a 2-D tensor [N, K]")
     n, k = weight.shape
-    if gated and norm_weight is not None:
-        raise ValueError("norm_weight and gated=True are two different prologues; give one")
-    if gated and x.shape[-1] != 2 * k:
-        raise ValueError(f"gated=True: x's last dimension ({x.shape[-1]}) must be gate|up, twice weight's K ({k})")
-    if not gated and x.shape[-1] != k:
+    if x.shape[-1] != k:
         raise ValueError(f"x's last dimension ({x.shape[-1]}) must equal weight's K ({k})")
-    if norm_weight is not None and (norm_weight.shape != (k,) or norm_weight.device != x.device):
-        raise ValueError(f"norm_weight must be [{k}] on x's device, got {tuple(norm_weight.shape)} on "
-                         f"{norm_weight.device}")
     if weight.device != x.device:
         raise ValueError(f"weight is on {weight.device}, x on {x.device}")
     if weight.dtype != x.dtype:
@@ -229,8 +207,7 @@ def _triton_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
            residual: torch.Tensor | None = None, out: torch.Tensor | None = None, kernel: str = "auto",
            config: LinearConfig | None = None, split_k: int | None = None,
-           split_reduce: str = "fused", norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
-           gated: bool = False) -> torch.Tensor:
+           split_reduce: str = "fused") -> torch.Tensor:
     """`linear_reference`'s function: x `[..., K]` @ weight `[N, K]`ᵀ (+ bias `[N]`) (+ residual `[..., N]`).
 
     fp32 accumulation, output in x's dtype. out `[..., N]` (optional) receives the result and may be `residual`
@@ -241,8 +218,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     "kernel" (a second small kernel); the same bits either way. Fused split-K launches share per-device arrival
     counters: run them on one stream at a time. No host synchronization: capturable in a CUDA graph once warm
     (the first call compiles; a first call inside a capture takes the two-kernel reduce).
-    norm_weight `[K]` / gated: the prologues of the module doc (x `[..., 2K]` gate|up when gated); the reference
-    path runs them as separate ops.
     """
     if kernel not in ("auto", "triton", "reference"):
         raise ValueError(f"kernel must be 'auto', 'triton' or 'reference', got {kernel!r}")
@@ -252,14 +227,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         raise ValueError(f"split_k must be ≥ 1, got {split_k}")
     if config is not None and config.variant not in ("dot", "fma"):
         raise ValueError(f"config.variant must be 'dot' or 'fma', got {config.variant!r}")
-    _check(x, weight, bias, residual, out, norm_weight, gated)
+    _check(x, weight, bias, residual, out)
     use_triton = kernel == "triton" or (kernel == "auto" and _triton_supported(x, weight))
     if use_triton and _triton() is None:
         raise ValueError("kernel='triton' needs Triton installed")
     if use_triton and not (x.is_cuda or _interpreting()):
         raise ValueError("kernel='triton' needs CUDA tensors or TRITON_INTERPRET=1")
     if not use_triton:
-        result = linear_reference(x, weight, bias, residual=residual, norm_weight=norm_weight, eps=eps, gated=gated)
+        result = linear_reference(x, weight, bias, residual=residual)
         return result if out is None else out.copy_(result)
     n, k = weight.shape
     lead = x.shape[:-1]
@@ -276,10 +251,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         x2 = x2.contiguous()
     if bias is not None and bias.stride(0) != 1:
         bias = bias.contiguous()
-    if norm_weight is not None and not norm_weight.is_contiguous():
-        norm_weight = norm_weight.contiguous()
     out2 = torch.empty(m, n, device=x.device, dtype=x.dtype) if out is None else out.view(-1, n)
     if m > 0:
         _triton().launch(x2, weight if weight.stride(1) == 1 else weight.contiguous(), bias, res2, out2, config,
-                         split_reduce, norm_weight=norm_weight, eps=eps, gated=gated)
+                         split_reduce)
     return out2.view(*lead, n) if out is None else out

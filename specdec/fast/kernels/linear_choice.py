@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.fast.graphs import graph_time_us
 from specdec.fast.kernels.linear import linear
 
 __all__ = ["GemmTiming", "time_gemms", "faster_shapes"]
@@ -43,30 +44,6 @@ class GemmTiming:
         return self.weight_bytes / (self.triton_us * 1e3)
 
 
-def _graph_us(fn, reps: int) -> float:
-    """µs per replay of `fn` captured in a CUDA graph (median of `reps` event-timed replays)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()  # compiles / picks kernels outside the capture
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    times.sort()
-    return times[len(times) // 2]
-
-
 def time_gemms(weights: Sequence[torch.Tensor], rows: int = 1, reps: int = 20) -> GemmTiming:
     """Time `x [rows, k] @ wᵀ` for every w of `weights` (CUDA tensors `[n, k]` of one shape and dtype) with
     cuBLAS (`torch.mm`, as `F.linear` calls it) and with `linear(kernel="triton")`; µs per call."""
@@ -90,7 +67,7 @@ def time_gemms(weights: Sequence[torch.Tensor], rows: int = 1, reps: int = 20) -
             linear(x, w, out=outs[i % 2], kernel="triton")
 
     per = len(weights)
-    return GemmTiming(n, k, rows, per, _graph_us(cublas, reps) / per, _graph_us(triton, reps) / per,
+    return GemmTiming(n, k, rows, per, graph_time_us(cublas, reps=reps) / per, graph_time_us(triton, reps=reps) / per,
                       first.numel() * first.element_size())
 
 
