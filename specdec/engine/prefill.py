@@ -104,15 +104,15 @@ class ChunkedPrefill:
         cuda = self.device.type == "cuda"
         start = time.perf_counter()
         if target:
-            rows, starts, ends = self._bounds(target, lambda r: r.prefilled)
-            prefill_rows(self.model, self.cache, self.state, rows, starts, ends, self.config.prefill_chunk,
-                         features=self.state.features, extent=0)
+            for rows, starts, ends in self._groups(target):
+                prefill_rows(self.model, self.cache, self.state, rows, starts, ends, self.config.prefill_chunk,
+                             features=self.state.features, extent=0)
             if cuda:  # (timed apart: the drafter's share of the same prompts' cost, for the policy)
                 torch.cuda.synchronize(self.device)
         middle = time.perf_counter()
         if drafter:
-            rows, starts, ends = self._bounds(drafter, lambda r: r.draft_valid)
-            self.drafter.prefill(self.state, rows, starts, ends, self.config.prefill_chunk, extent=0)
+            for rows, starts, ends in self._groups(drafter):
+                self.drafter.prefill(self.state, rows, starts, ends, self.config.prefill_chunk, extent=0)
             if cuda:
                 torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - start
@@ -149,15 +149,25 @@ class ChunkedPrefill:
             budget = max(budget, -(-backlog // max(r.fed_by - self._num_steps, 1)))
         return budget
 
-    def _bounds(self, fed: dict[int, tuple[int, int]], progress) -> tuple[slice, list[int], list[int]]:
-        """One batched feed of the slots in `fed` ({slot: (start, end)}): the rows' slice, and per row of it the
-        positions to feed; a filling row not fed this time feeds nothing from where it got to (`progress`), so the
-        chunks' junk positions stay past what it holds."""
-        lo, hi = min(fed), max(fed) + 1
-        held = {r.slot: progress(r) for r in self._filling}
-        starts = [fed[s][0] if s in fed else held.get(s, 0) for s in range(lo, hi)]
-        ends = [fed[s][1] if s in fed else held.get(s, 0) for s in range(lo, hi)]
-        return slice(lo, hi), starts, ends
+    def _groups(self, fed: dict[int, tuple[int, int]]) -> list[tuple[slice, list[int], list[int]]]:
+        """The batched feeds of the slots in `fed` ({slot: (start, end)}): (rows, starts, ends) per forward group.
+
+        A forward runs every row of its slice over the chunk columns [min start, max end) of all of them
+        (`prefill_rows`), so one feed for every filling row computed rows × columns, not tokens: 30 rows filling at
+        different offsets, 2 of them fed a budget, cost 15x the tokens fed. So a group holds only slots fed now,
+        consecutive, and a slot joins the previous group only while that costs fewer token slots than a forward of
+        its own (`prefill_chunk` slots: a forward's launches, in tokens, roughly)."""
+        groups: list[list[int]] = []
+        for slot in sorted(fed):
+            group = groups[-1] if groups and groups[-1][-1] == slot - 1 else None
+            if group is not None:
+                merged = _rectangle([fed[s] for s in group + [slot]])
+                apart = _rectangle([fed[s] for s in group]) + _rectangle([fed[slot]])
+                if merged <= apart + self.config.prefill_chunk:
+                    group.append(slot)
+                    continue
+            groups.append([slot])
+        return [(slice(g[0], g[-1] + 1), [fed[s][0] for s in g], [fed[s][1] for s in g]) for g in groups]
 
     def _ready(self, request: EngineRequest) -> None:
         """A filling request's prompt is fed: it moves into slot n and joins the decode steps."""
@@ -177,3 +187,8 @@ class ChunkedPrefill:
         request.slot = n
         self._running.append(request)
         self._joined(request)
+
+
+def _rectangle(bounds: list[tuple[int, int]]) -> int:
+    """Token slots one forward over these rows computes: rows × (the last end − the first start)."""
+    return len(bounds) * (max(e for _, e in bounds) - min(s for s, _ in bounds))

@@ -11,6 +11,7 @@ Requests run on one background thread (`Driver`); `generate`/`stream` block only
 
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 import queue
@@ -194,6 +195,8 @@ class LLM:
                 raise ValueError(f"num_draft_tokens: at most {MAX_RUNNERS} distinct values are served at once, "
                                  f"already serving {sorted(map(str, self._runners))}")
             self._runners[key] = made = self._make_runner(key)
+            if gc.get_freeze_count():  # the process froze its start-up heap (`specdec serve`): a runner built
+                gc.freeze()  # later (plain requests' γ = 0) joins it, or each full collection walks its objects
             return made
 
     def _make_runner(self, gamma):

@@ -294,3 +294,45 @@ def test_prefill_steps_needs_a_budget():
         EngineConfig(prefill_steps=4)
     with pytest.raises(ValueError, match="prefill_steps"):
         EngineConfig(prefill_budget=64, prefill_steps=0)
+
+
+def test_a_budget_computes_the_rows_it_feeds_not_every_filling_row(make_llama, monkeypatch):
+    """A forward runs every row of its slice over the columns [first start, last end) (`prefill_rows`): requests
+    filling at different offsets, the end of one and the start of the next fed in one step, must not make one
+    forward compute every row over every column (30 filling rows, 2 fed, was 15x the tokens fed). Per step, the
+    token slots the target's forwards compute stay within the tokens fed plus one `prefill_chunk` per forward; one
+    slice over the fed slots (the control: computed from the same steps) would compute more than twice that.
+    Tokens: those of a whole prefill."""
+    import specdec.engine.prefill as prefill_module
+
+    target = make_llama(0)  # (no drafter: the target's feeds of consecutive requests share steps)
+    calls = []
+    real = prefill_module.prefill_rows
+
+    def recording(model, cache, state, rows, starts, ends, *args, **kwargs):
+        calls.append((rows, list(starts), list(ends)))
+        return real(model, cache, state, rows, starts, ends, *args, **kwargs)
+
+    monkeypatch.setattr(prefill_module, "prefill_rows", recording)
+    early = [_prompt(5, 1)]
+    late = [_prompt(110, 3), _prompt(23, 4), _prompt(70, 5), _prompt(97, 6), _prompt(41, 7), _prompt(64, 8)]
+    params = _mixed_params(len(early) + len(late), max_new=24)
+    runs, steps = [], []
+    for budget in (None, 48):
+        engine = Engine(target, None, EngineConfig(max_batch_size=8, max_seq_len=160, admit_min=1,
+                                                   prefill_budget=budget, prefill_chunk=16))
+        calls.clear()
+        runs.append(_drive(engine, early, late, params, join_after=1,
+                           watch=(lambda e, _: steps.append(list(calls)) or calls.clear()) if budget else None))
+    assert runs[1] == runs[0]
+    computed = fed = forwards = one_slice = 0
+    for step in steps:
+        for rows, starts, ends in step:
+            computed += (rows.stop - rows.start) * (max(ends) - min(starts))
+            fed += sum(e - s for s, e in zip(starts, ends))
+            forwards += 1
+        if step:
+            slots = [i for rows, _, _ in step for i in range(rows.start, rows.stop)]
+            one_slice += (max(slots) - min(slots) + 1) * (max(max(e) for _, _, e in step) - min(min(s) for _, s, _ in step))
+    assert fed >= sum(len(p) - 1 for p in late) and computed <= fed + forwards * 16
+    assert one_slice > 2 * computed  # the control: the scenario has steps feeding rows far apart in columns

@@ -239,3 +239,26 @@ def test_load_passes_the_prefill_budget_to_the_engine_and_checks_it_first(tmp_pa
         assert llm.runner(2).prefill_budget == "auto" and llm.runner(2).prefill_report["stall"] == 0.25
     finally:
         llm.close()
+
+
+def test_a_runner_built_after_the_heap_was_frozen_is_frozen_too():
+    """`specdec serve` freezes its start-up heap (gc.freeze) so full collections skip it; the runner of another γ
+    (plain requests' 0) is built at its first request: it joins the frozen heap. Without a frozen heap nothing is
+    frozen (the control)."""
+    import gc
+
+    import specdec
+    from specdec.bench.demo_pair import DEMO_PAIR
+
+    gc.unfreeze()  # (whatever an earlier test of this process froze)
+    llm = specdec.load(DEMO_PAIR / "target", DEMO_PAIR / "draft", device="cpu", dtype="float32")
+    try:
+        llm.runner(0)
+        assert gc.get_freeze_count() == 0  # the control: this process froze nothing
+        gc.freeze()
+        frozen = gc.get_freeze_count()
+        llm.runner(3)
+        assert gc.get_freeze_count() > frozen
+    finally:
+        gc.unfreeze()
+        llm.close()
