@@ -69,9 +69,13 @@ class ChunkedPrefill:
             self._auto_budget.decoded(seconds)
 
     def _place(self, admitted: list[EngineRequest]) -> None:
-        """Admitted requests take free slots past the running ones, lowest first, and start filling."""
+        """Admitted requests take free slots past the running ones, highest first, and start filling: a filling row
+        inside the decode step's batch bucket is padding whose prompt the step's positions span must cover (a
+        2,000-token prompt filling beside short rows would double the span, so every decode step's attention,
+        while it fills); from the top they stay outside the bucket while a slot there is free. Ready, a request
+        moves down into slot n (`_ready`: one copy of its cache)."""
         taken = {r.slot for r in self._filling}  # (below the slots beam groups hold: `beam._chain_limit`)
-        free = (s for s in range(len(self._running), self._chain_limit()) if s not in taken)
+        free = (s for s in range(self._chain_limit() - 1, len(self._running) - 1, -1) if s not in taken)
         for request in admitted:
             request.slot = next(free)
             self.state.admit_rows(request.slot, [request.prompt], [request.params], [request.seed])

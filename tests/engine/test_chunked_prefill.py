@@ -336,3 +336,29 @@ def test_a_budget_computes_the_rows_it_feeds_not_every_filling_row(make_llama, m
             one_slice += (max(slots) - min(slots) + 1) * (max(max(e) for _, _, e in step) - min(min(s) for _, s, _ in step))
     assert fed >= sum(len(p) - 1 for p in late) and computed <= fed + forwards * 16
     assert one_slice > 2 * computed  # the control: the scenario has steps feeding rows far apart in columns
+
+
+def test_a_filling_prompt_does_not_widen_the_decode_steps_while_a_slot_past_their_bucket_is_free(make_llama):
+    """A filling row inside the decode step's batch bucket is padding whose prompt the step's positions span must
+    cover; filling requests take the highest free slots, so a 100-token prompt filling beside 3 short rows (bucket 4
+    of 8 slots) adds no decode step shape (their span stays the short rows' 64 positions) until it joins. Control:
+    with 4 slots the only free slot is inside the bucket and the steps widen while it fills. Tokens: a whole
+    prefill's."""
+    target, draft = make_llama(0), make_llama(5, layers=1)
+    early = [_prompt(5, 1), _prompt(6, 2), _prompt(7, 3)]
+    late = [_prompt(100, 4)]
+    params = [SamplingParams(temperature=0, max_new_tokens=20)] * 4
+    widened, runs = {}, []
+    for slots, budget in ((8, None), (8, 16), (4, 16)):
+        engine = Engine(target, draft, EngineConfig(max_batch_size=slots, max_seq_len=160, num_draft_tokens=2,
+                                                    admit_min=1, prefill_budget=budget))
+        shapes = []  # step shapes built by the end of each step in which the long prompt was filling
+        runs.append(_drive(engine, early, late, params, join_after=2,
+                           watch=lambda e, _, shapes=shapes: shapes.append(e.num_step_shapes) if e.num_prefilling
+                           else None))
+        widened[(slots, budget)] = shapes
+    assert runs[1] == runs[0] and runs[2] == runs[0]
+    top, control = widened[(8, 16)], widened[(4, 16)]
+    assert len(top) >= 3 and len(control) >= 3  # (filled over several steps)
+    assert set(top) == {1}  # the short rows' one step shape, all the while it filled
+    assert set(control) == {2}  # the control: a second, wider one from its first filling step
