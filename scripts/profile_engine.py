@@ -21,7 +21,8 @@ a separate window). A "diff" row per γ itemises engine − bare: wall, busy, id
 device events the engine runs beyond the bare step. Rows are JSON lines on stdout and appended to `--out`.
 
 On CPU there is no device timeline: the rows carry "timeline": null with the reason, and the CPU test checks the
-structure only.
+structure only. An "argmax" row (CUDA) times the greedy verify's scoring: torch.argmax + the NaN check against
+`fast.kernels.argmax.greedy_tokens` (the engine's since), and torch.argmax alone (the bare step's).
 """
 
 from __future__ import annotations
@@ -219,6 +220,28 @@ def print_rows(rows: list[dict]) -> None:
             print(f"      phases: {r['phases_us']}", file=sys.stderr)
 
 
+def argmax_rows(vocab: int, device) -> list[dict]:
+    """µs per call, from a CUDA graph (`fast.graphs.graph_time_us`), of the greedy step's scoring at `[1, k, V]` fp32
+    logits: torch.argmax + `core.invalid_scores` (the verify pass before `fast.kernels.argmax`), torch.argmax alone
+    (the bare step's), and `greedy_tokens` (both in two launches). CUDA only."""
+    if device.type != "cuda":
+        return []
+    from specdec.core import invalid_scores
+    from specdec.fast.graphs import graph_time_us
+    from specdec.fast.kernels.argmax import greedy_tokens
+
+    rows = []
+    for k in (1, 5):
+        logits = torch.randn(1, k, vocab, device=device)
+        row = {"row": "argmax", "vocab": vocab, "positions": k}
+        for name, fn in (("torch_argmax_and_invalid_scores", lambda: (logits.argmax(-1), invalid_scores(logits))),
+                         ("torch_argmax", lambda: logits.argmax(-1)),
+                         ("greedy_tokens", lambda: greedy_tokens(logits))):
+            row[f"{name}_us"] = round(graph_time_us(fn, calls=20, reps=10), 2)
+        rows.append(row)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="8b")
@@ -260,6 +283,12 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.out, "a", encoding="utf-8") as fh:
                 fh.write(line + "\n")
 
+    try:
+        for row in argmax_rows(shape.vocab_size, device):
+            emit(row)
+            print(f"argmax [1, {row['positions']}, {row['vocab']}]: {row}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001
+        emit({"row": "argmax", "error": f"{type(exc).__name__}: {exc}"[:400]})
     for gamma in args.gammas:
         rows = []
         try:

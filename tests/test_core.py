@@ -291,3 +291,23 @@ def test_top_p_law_of_a_row_does_not_depend_on_its_batch_on_cuda():
     for row in (0, 17, 63):
         alone = standardize_rows(logits[row : row + 1], temperature[:1], {"top_p": top_p[:1]})
         assert torch.equal(alone[0], batch[row])
+
+
+def test_invalid_scores_is_the_three_pass_definition():
+    """`invalid_scores` (one amax pass) = NaN anywhere | +inf anywhere | a row of only -inf, on crafted rows."""
+    from specdec.core import invalid_scores
+
+    nan, inf = float("nan"), float("inf")
+
+    def literal(x):
+        return bool(torch.isnan(x).any() | (x == inf).any() | (x == -inf).all(-1).any())
+
+    rows = [[0.0, 1.0, 2.0], [0.0, nan, 2.0], [nan, nan, nan], [inf, 0.0, 1.0], [-inf, -inf, -inf], [-inf, 0.0, -inf],
+            [-inf, inf, nan], [-0.0, 0.0, -1e38]]
+    for a in rows:
+        for b in rows:
+            x = torch.tensor([a, b])
+            assert bool(invalid_scores(x)) == literal(x), (a, b)
+            assert bool(invalid_scores(x[None])) == literal(x)  # [1, 2, V]
+    for empty in (torch.zeros(0, 3), torch.zeros(2, 0), torch.zeros(0, 0)):
+        assert bool(invalid_scores(empty)) == literal(empty)

@@ -147,8 +147,11 @@ FILTERS: tuple[Filter, ...] = (
 def invalid_scores(logits: torch.Tensor) -> torch.Tensor:
     """A 0-dim bool tensor (on the logits' device, no host sync): True when `logits [..., V]` contain a NaN or
     a +inf (what a float16 overflow produces: no model means it), or a row in which every entry is -inf —
-    scores from which no trustworthy distribution can be formed. -inf entries alone are fine (masked tokens)."""
-    return torch.isnan(logits).any() | (logits == float("inf")).any() | (logits == float("-inf")).all(-1).any()
+    scores from which no trustworthy distribution can be formed. -inf entries alone are fine (masked tokens).
+    All three are "some row's maximum is not finite" (amax propagates NaN): one pass over the scores, not three."""
+    if logits.numel() == 0:  # (no row to reduce; the definition read literally)
+        return torch.isnan(logits).any() | (logits == float("inf")).any() | (logits == float("-inf")).all(-1).any()
+    return ~torch.isfinite(logits.amax(-1)).all()
 
 
 INVALID_SCORES = ("contain NaN or +inf (a float16 overflow? load the model in float32 or bfloat16), or a row of "

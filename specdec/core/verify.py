@@ -227,6 +227,7 @@ def verify_greedy(
     draft_lengths: torch.Tensor | None = None,
     check_nan: bool = True,
     leniency: float = 1.0,
+    target_tokens: torch.Tensor | None = None,
 ) -> VerifyResult:
     """The exact argmax path: accept drafts while they equal the target's argmax.
 
@@ -237,6 +238,8 @@ def verify_greedy(
     leniency l < 1 (LOSSY, appendix A.5, applied before standardizing): also accept x when
     p(x) ≥ l·max p under softmax(logits), i.e. logit(x) ≥ max logit + log l; a rejection still emits the argmax.
     A tensor `[B]` gives each row its own l (as `verify`).
+    target_tokens [B, γ+1] (optional): `target_logits.argmax(-1)`, when the caller has it already (the engine
+    computes it with its NaN check in one kernel, `fast.kernels.argmax`); it must BE that argmax.
     """
     _check_logits(target_logits, "target_logits")
     batch, gamma = _check_drafts(draft_tokens, draft_lengths, target_logits.device)
@@ -247,7 +250,11 @@ def verify_greedy(
         )
     if check_nan and bool(invalid_scores(target_logits)):
         raise ValueError(f"target logits {INVALID_SCORES}")
-    target_tokens = target_logits.argmax(-1)  # [B, γ+1]
+    if target_tokens is None:
+        target_tokens = target_logits.argmax(-1)  # [B, γ+1]
+    elif target_tokens.shape != target_logits.shape[:2]:
+        raise ValueError(f"target_tokens must be [B, γ+1] = {list(target_logits.shape[:2])}, got "
+                         f"{list(target_tokens.shape)}")
     match = target_tokens[:, :gamma] == draft_tokens
     if isinstance(leniency, torch.Tensor):  # per row; a row with l = 1 keeps the exact comparison (no ties)
         logits = target_logits[:, :gamma].float()

@@ -14,6 +14,7 @@ from specdec.core import TEMPERATURE_FLOOR, VerifyResult, invalid_scores, verify
 from specdec.drafters.base import empty_proposal
 from specdec.engine.drafters import Flavor, StepView
 from specdec.fast.graphs import CapturedStep
+from specdec.fast.kernels.argmax import greedy_tokens
 from specdec.sequences import write_rows, write_tokens
 from specdec.step import StepCounts, StepLayout, commit_counts, pack_step, step_counters
 
@@ -99,9 +100,13 @@ class StepRunner(CapturedHalves):
         last = state.tokens[rows].gather(1, (lengths - 1)[:, None])
         features = state.features
         logits, hidden = e.model(torch.cat([last, draft_tokens], 1), cache, return_hidden=True)  # [b, γ+1, V]
-        has_nan = invalid_scores(logits)
-        raw, logits = logits, view.process(logits, draft_tokens)  # p̃ along the draft (raw without processors)
         synthetic = e.config.synthetic_acceptance
+        target_tokens = None
+        if flavor.all_greedy and view.processors is None and synthetic is None:  # argmax + NaN check in one pass
+            target_tokens, has_nan = greedy_tokens(logits)
+        else:
+            has_nan = invalid_scores(logits)
+        raw, logits = logits, view.process(logits, draft_tokens)  # p̃ along the draft (raw without processors)
         if synthetic is not None:  # BENCHMARK ONLY (EngineConfig): accept each draft with a fixed probability
             offsets = torch.arange(gamma, device=e.device)[None, :]
             accepted = rng.uniforms(view.seed, lengths[:, None] + offsets, rng.ACCEPT) < synthetic
@@ -109,7 +114,7 @@ class StepRunner(CapturedHalves):
             result = VerifyResult(n, logits.argmax(-1).gather(1, n[:, None]).squeeze(1), accepted.float())
         elif flavor.all_greedy:
             result = verify_greedy(draft_tokens, logits, draft_lengths=draft_lengths, check_nan=False,
-                                   leniency=view.leniency if flavor.lenient else 1.0)
+                                   leniency=view.leniency if flavor.lenient else 1.0, target_tokens=target_tokens)
         elif e.config.bitwise:  # each position raced with plain decoding's noise: plain's tokens for any γ
             result = verify_coupled(draft_tokens, _target_draws(view.probs(logits), view.seed, lengths),
                                     draft_lengths=draft_lengths)
