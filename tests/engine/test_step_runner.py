@@ -12,6 +12,9 @@ from specdec.fast.model import FastLlama, LlamaShape
 from specdec.request import SamplingParams
 
 pytest.importorskip("triton")
+# The kernel is forced on the engine's CPU tensors: Triton's interpreter, which conftest turns on only without a GPU
+# (on a GPU the engine's own tests run the kernel on CUDA through "auto").
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="runs the Triton kernel in the CPU interpreter")
 
 
 def _model(seed: int, layers: int, dim: int) -> FastLlama:
