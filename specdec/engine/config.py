@@ -56,8 +56,10 @@ class EngineConfig:
     admit_min         while requests run, waiting ones are admitted once this many slots are free, or once a slot
                       has been free for `admit_max_wait` steps (an eager prefill is launch-bound: admitting 8
                       requests costs about what 1 does, ~7 ms on an H200, and every running row waits for it);
-                      None = max_batch_size // 16, at least 1 (1: as soon as a slot frees). With nothing
-                      running, waiting requests are admitted at once.
+                      None = max_batch_size // 16, at least 1 (1: as soon as a slot frees), and 1 with a
+                      prefill_budget (its chunks batch the filling rows: a group would only delay them; at 128
+                      slots it held freed slots idle for up to `admit_max_wait` steps). With nothing running,
+                      waiting requests are admitted at once.
     admit_max_wait    steps a free slot waits for `admit_min` (what it adds to a request's time to first token)
     prefill_budget    chunked prefill: prompt tokens prefilled per engine step while requests run (the target's and
                       a cached drafter's feeds together, oldest admitted request first), interleaved with the decode

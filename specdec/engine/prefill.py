@@ -44,6 +44,8 @@ class ChunkedPrefill:
         self._auto_budget = AutoBudget(config.prefill_stall or DEFAULT_STALL) if auto else None
         self._prefill_steps = config.prefill_steps or (DEFAULT_STEPS if auto else None)
         self._filling: list[EngineRequest] = []  # admitted, prompt not fed yet, oldest first
+        if self.prefill_budget and config.admit_min is None:  # (grouping admissions saves launches of whole
+            self.admit_min = 1  # prefills; chunked feeds batch the filling rows anyway: a group only delays them)
 
     @property
     def step_prefill_budget(self) -> int | None:

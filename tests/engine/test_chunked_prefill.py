@@ -362,3 +362,24 @@ def test_a_filling_prompt_does_not_widen_the_decode_steps_while_a_slot_past_thei
     assert len(top) >= 3 and len(control) >= 3  # (filled over several steps)
     assert set(top) == {1}  # the short rows' one step shape, all the while it filled
     assert set(control) == {2}  # the control: a second, wider one from its first filling step
+
+
+def test_with_a_budget_a_freed_slot_is_refilled_at_once(make_llama):
+    """Grouped admission (`admit_min`: max_batch_size // 16 by default) saves the launches of whole prefills; with a
+    budget the chunks batch the filling rows anyway, so admission does not wait for a group: a request waiting
+    when one of 32 slots frees is admitted at the next step. Control: without a budget it waits for a second free
+    slot or `admit_max_wait` steps."""
+    target = make_llama(0)
+    waited = {}
+    for budget in (None, 64):
+        engine = Engine(target, None, EngineConfig(max_batch_size=32, max_seq_len=64, prefill_budget=budget))
+        for i in range(32):
+            engine.add_request(_prompt(4, i), SamplingParams(temperature=0, max_new_tokens=3 if i == 0 else 40))
+        engine.add_request(_prompt(5, 99), SamplingParams(temperature=0, max_new_tokens=4))
+        waiting = []
+        for _ in range(12):
+            engine.step()
+            waiting.append(engine.num_waiting)
+        waited[budget] = sum(waiting)  # steps the 33rd request spent waiting
+    assert waited[64] <= 3  # (the first request finishes at its 3rd step; the next step admits)
+    assert waited[None] >= waited[64] + 4  # the control: a lone free slot waits (admit_max_wait = 8)
