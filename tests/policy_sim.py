@@ -35,6 +35,7 @@ from specdec.engine.config import BATCH_BUCKETS
 from specdec.engine.policy import GammaPolicy, length_bucket
 
 FREE_PLAIN = 2  # the engine: a drafter re-feeding 4 committed tokens needs no catch-up after <= 2 plain steps
+DEEP = 4  # the first draft depth (0-based) whose acceptance `Cell.deep` scales
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,8 @@ class Cell:
     requests: int | None = None  # the traffic's requests (None: max(6 × slots, 160))
     target_s: float = 0.0  # the target's prefill per admitted row (reported as `target_seconds`; 0: not reported)
     cold: int = 0  # the first `cold` admissions' prefills (drafter's and target's) cost 10x: shapes run first
+    deep: float = 1.0  # acceptance at draft depths >= `DEEP` is the row's α times this (i.i.d.: 1)
+    new_tokens: tuple = (16, 256)  # each request's max_new_tokens, drawn uniformly in this range
 
     def ratio(self, gamma: int, bucket: int | None = None) -> float:
         ratios = self.small_ratios if self.small_ratios and bucket is not None and bucket <= 8 else self.ratios
@@ -103,7 +106,7 @@ def warm_shapes(cell: Cell, gammas) -> set:
 
 def simulate(cell: Cell, gamma="auto", requests: int | None = None, seed: int = 0, eos: float = 0.004,
              policy: GammaPolicy | None = None, warm: bool = True, captured: set | None = None,
-             use_ready: bool = True, report_admissions: bool = True) -> dict:
+             use_ready: bool = True, report_admissions: bool = True, report_depths: bool = True) -> dict:
     """Run the traffic through a policy ("auto" or a fixed γ) → {tok_s, steps, gammas (γ → steps), catch_ups,
     captures}."""
     rng = random.Random(seed)  # the traffic (the same under every policy), then the step-time noise
@@ -118,7 +121,7 @@ def simulate(cell: Cell, gamma="auto", requests: int | None = None, seed: int = 
         sampled = rng.random() < cell.sampled_share
         mean = cell.alpha * (0.8 if sampled else 1.0)
         alpha = min(max(rng.gauss(mean, cell.alpha_spread), 0.02), 0.98)
-        budget = rng.randint(16, 256)
+        budget = rng.randint(*cell.new_tokens)
         for position in range(budget):  # EOS: the request ends at its first EOS token
             if rng.random() < eos:
                 budget = position + 1
@@ -127,6 +130,7 @@ def simulate(cell: Cell, gamma="auto", requests: int | None = None, seed: int = 
     running: list[_Row] = []
     seconds = tokens = 0.0
     plain_run, catch_ups, captures, gammas, admissions = 0, 0, 0, {}, 0
+    made_total = row_steps = 0  # τ: tokens made (accepted + 1, before cuts) per row-step
 
     def estimates():
         return [tuple(r.totals) for r in running]
@@ -181,11 +185,14 @@ def simulate(cell: Cell, gamma="auto", requests: int | None = None, seed: int = 
             captured.add(shape(bucket, g, longest))
             t += cell.capture_s
             captures += 1
-        produced = 0
+        produced, accepted_rows = 0, []
         for row in running:
-            accepted = _accepted(row.alpha, g, cell.acceptance, row.rng)
+            accepted = _accepted(row.alpha, g, cell.acceptance, row.rng, cell.deep)
             made = accepted + 1
+            accepted_rows.append(accepted)
             produced += made
+            made_total += made
+            row_steps += 1
             if g:
                 row.totals[0] += accepted  # β at T = 0: each verified position accepted (1) or not (0)
                 row.totals[1] += min(accepted + 1, g)
@@ -200,21 +207,22 @@ def simulate(cell: Cell, gamma="auto", requests: int | None = None, seed: int = 
             policy.record_capture(t)
         else:
             policy.record_step(bucket, g, t, produced / n, length=longest, catch_up_of=plain_run if caught_up else 0,
-                               rows=n, catch_up_share=share if report_admissions else 1.0, catch_up_prompts=fed)
+                               rows=n, catch_up_share=share if report_admissions else 1.0, catch_up_prompts=fed,
+                               accepted=accepted_rows if report_depths else None)
         plain_run = plain_run + 1 if g == 0 else 0
         running = [r for r in running if r.budget > 0]
     return {"tok_s": tokens / seconds, "steps": sum(gammas.values()), "gammas": gammas, "catch_ups": catch_ups,
-            "captures": captures}
+            "captures": captures, "tau": made_total / max(row_steps, 1)}
 
 
-def _accepted(alpha: float, gamma: int, acceptance: str, rng: random.Random) -> int:
+def _accepted(alpha: float, gamma: int, acceptance: str, rng: random.Random, deep: float = 1.0) -> int:
     if gamma == 0:
         return 0
     if acceptance == "burst":  # all γ or nothing, with the i.i.d. law's mean number accepted
         mean = expected_tokens(alpha, gamma) - 1.0
         return gamma if rng.random() < mean / gamma else 0
     n = 0
-    while n < gamma and rng.random() < alpha:
+    while n < gamma and rng.random() < (alpha if n < DEEP else alpha * deep):
         n += 1
     return n
 

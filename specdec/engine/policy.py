@@ -62,6 +62,7 @@ plain. `report()`: what was measured and chosen (the traffic bench stores it per
 from __future__ import annotations
 
 from specdec.engine.policy_admission import AdmissionCost
+from specdec.engine.policy_depth import DepthProfile, extra_tokens as _extra_tokens
 from specdec.engine.policy_times import borrow as _borrow, interpolate as _interpolate, median as _median
 
 
@@ -76,6 +77,7 @@ _FIRST_SAMPLES = 3  # timed steps of each first arm at a new batch bucket (a med
 _PROBE = 2  # steps a probe (a first timing, an exploration) runs
 _FREE_PLAIN = 2  # plain steps in a row that need no drafter catch-up (the model drafters' re-fed window)
 _HOLD = 8  # steps a decision is kept
+_SAME_ROWS = 0.5  # ... while at least this share of its rows still run (batch 1: a new request re-decides)
 _REGIME = 256  # steps a run of plain steps, or of speculative ones after it, is expected to last (hysteresis)
 _CATCH_UP_PRIOR = 32  # plain steps one catch-up is taken to cost before one was measured (H200: 30-40)
 _CAPTURE_PRIOR = 16  # plain steps one graph capture is taken to cost before one was measured (H200: ~0.1 s)
@@ -120,11 +122,15 @@ class GammaPolicy:
         self.predicted: dict[int, float] = {}  # γ → predicted tokens per row per step at the last decision
         self._choice, self._bucket, self._age, self._keep = None, None, 0, 0  # the kept decision
         self._winner = None  # the last decision that was not a probe: the arm the engine is running
+        self._members: set[int] = set()  # ids of the rows the kept decision was made for
+        self._held: tuple = ()  # those rows (referenced while the decision is kept, so their ids stay theirs)
         self._decisions: dict[int, int] = {}  # b → decisions made
         self._explore: dict[int, list] = {}  # b → [decisions between probes, next probe at, winner before it, turn]
         self._plain_run = 0  # plain steps chosen in a row (past _FREE_PLAIN: a catch-up is pending)
         self._clock = 0.0  # seconds of the steps recorded so far (the exploration budget's clock)
         self.admission = AdmissionCost()  # the drafter's prompt feeding, charged to speculative steps
+        self.depth = DepthProfile(max(max_draft_tokens, 1))  # acceptance by draft depth (`policy_depth`)
+        self._step_rows = ()  # the rows of the step being chosen (what `record_step`'s accepted counts are of)
         self.capture_events: list[float] = []  # the last captures' seconds (`record_capture`)
         self.only_ready = False  # choose only arms whose step shape is built (set by the engine's warm-up)
         self.chosen: dict[tuple[int, int], int] = {}  # (b, γ) → decisions that chose it (`report`)
@@ -147,7 +153,8 @@ class GammaPolicy:
             buckets.setdefault(str(b), {})[str(g)] = {"ms": round(seconds * 1e3, 3), "timed": self._timed(b, g)}
         for (b, g), n in sorted(self.chosen.items()):
             buckets.setdefault(str(b), {}).setdefault(str(g), {})["chosen"] = n
-        return {"buckets": buckets, "clock_s": self._clock, **self.admission.report(), "catch_up_ms": {
+        return {"buckets": buckets, "clock_s": self._clock, **self.admission.report(),
+                "depth_shape": self.depth.report(), "catch_up_ms": {
             str(b): [round(v * 1e3, 2) for v in values] for b, values in self.catch_up_events.items()}}
 
     def step_time(self, batch: int, gamma: int, length: int | None = None) -> float | None:
@@ -172,18 +179,27 @@ class GammaPolicy:
         module doc for `only_ready` and captures."""
         if self.fixed is not None or not self.candidates:
             return self.fixed or 0
-        if (self._choice is not None and self._bucket == batch and self._age < self._keep
-                and (ready is None or ready(self._choice))):
+        self._step_rows = tuple(running)  # (a snapshot: the engine releases finished rows before `record_step`)
+        kept = self._choice is not None and self._bucket == batch and self._age < self._keep
+        overlap = self._overlap(running) if kept else 1.0
+        if kept and overlap >= _SAME_ROWS and (ready is None or ready(self._choice)):
             gamma = self._choice
             self._age += 1
         else:
             gamma, keep = self._decide(batch, running, estimates, length_bucket(length or 1), ready)
             self._choice, self._bucket, self._age, self._keep = gamma, batch, 1, keep
+            self._members, self._held = {id(r) for r in running}, tuple(running)  # (held: no id is reused)
             self.chosen[(batch, gamma)] = self.chosen.get((batch, gamma), 0) + 1
             if keep == _HOLD:
                 self._winner = gamma
         self._plain_run = self._plain_run + 1 if gamma == 0 else 0
         return gamma
+
+    def _overlap(self, running) -> float:
+        """The share of the rows the kept decision was made for that still run (of the larger of the two sets)."""
+        members = self._members
+        same = sum([id(r) in members for r in running])
+        return same / max(len(members), len(running), 1)
 
     def _decide(self, batch: int, running, estimates, ell: int, ready) -> tuple[int, int]:
         """→ (γ, steps to keep it)."""
@@ -206,6 +222,7 @@ class GammaPolicy:
                     return first, _FIRST_SAMPLES if first else _PROBE
         totals = estimates() if estimates is not None else [_estimate(r).totals() for r in running]
         rows = self._rows(totals)
+        self.depth.decided(running, rows, self.prior_alpha)
         times = self._times(batch, ell)
         per_step = self.catch_up.get(batch) or [v for values in self.catch_up.values() for v in values]
         plain_extra = _median(per_step) if per_step else 0.0
@@ -216,7 +233,7 @@ class GammaPolicy:
                 pending = switch
             elif self._decisions:  # (the first decision of all picks the regime freely: nothing runs yet)
                 plain_extra = max(plain_extra, switch)
-        extra = _extra_tokens(rows, spec)
+        extra = _extra_tokens(rows, spec, self.depth.shape())
         admit = self.admission.per_token() * len(rows)  # the drafter's prompt feeding per row-token of a spec. step
         pending += self.admission.backlog() / _REGIME  # and leaving a plain run feeds it what that run admitted
         capture = self._capture_cost(batch, times) / _REGIME if unready else 0.0  # a capture, spread like a catch-up
@@ -314,14 +331,17 @@ class GammaPolicy:
     # ------------------------------------------------------------------------------------ measurements
     def record_step(self, batch: int, gamma: int, seconds: float, tokens_per_row: float,
                     length: int | None = None, catch_up_of: int = 0, catch_up_share: float = 1.0,
-                    rows: int = 1, catch_up_prompts: int = 0) -> None:
+                    rows: int = 1, catch_up_prompts: int = 0, accepted=None, drafted=None) -> None:
         """A whole step at (b, γ, the longest row's `length`) took `seconds` and each of its `rows` running rows
         produced `tokens_per_row` on average. catch_up_of > 0: the step first fed the drafter what that many plain
         steps committed; `catch_up_share` of its time beyond the usual step at its cell is charged to them
         (`record_catch_up`; the rest fed `catch_up_prompts` prompt tokens admitted in the plain run, which admission
-        feeds otherwise: a sample of the drafter's seconds per prompt token, `policy_admission`)."""
+        feeds otherwise: a sample of the drafter's seconds per prompt token, `policy_admission`). accepted / drafted:
+        per running row (slot order) its accepted drafts and its draft length (`policy_depth`; None: not told)."""
         self._clock += max(seconds, 0.0)
         self.admission.stepped(gamma, tokens_per_row * rows, rows)
+        if gamma and accepted is not None and self.fixed is None:  # (the rows' α are those "auto" last decided on)
+            self.depth.observe(self._step_rows, accepted, drafted if drafted is not None else [gamma] * len(accepted))
         if catch_up_of > 0:
             usual = self.step_time(batch, gamma, length) if (batch, gamma) in self._counts else None
             if usual is not None and catch_up_share > 0:
@@ -372,21 +392,6 @@ class GammaPolicy:
         est.reached += reached
         est.spec_steps += 1
         est.drafting_steps += drafting
-
-
-def _extra_tokens(rows: list[tuple[float, float]], gammas) -> dict[int, float]:
-    """γ → Σ over rows of ρ · (E(α, γ) − 1), E(α, γ) − 1 = α (1 − α^γ) / (1 − α) (Thm 3.8; γ when α = 1): one
-    pass over the rows for every γ (the policy's cost at 64 rows is this loop)."""
-    sums = dict.fromkeys(gammas, 0.0)
-    for alpha, coverage in rows:
-        if alpha >= 1.0:
-            for g in gammas:
-                sums[g] += coverage * g
-            continue
-        scale = coverage * alpha / (1.0 - alpha)
-        for g in gammas:
-            sums[g] += scale * (1.0 - alpha ** g)
-    return sums
 
 
 def _estimate(request) -> _RowEstimate:

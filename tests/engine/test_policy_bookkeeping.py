@@ -114,7 +114,8 @@ def test_a_decision_is_kept_for_a_few_steps_and_reads_the_rows_once():
         calls.append(1)
         return [(90.0, 100.0, 25.0, 25.0)] * 20
 
-    chosen = [policy.choose(32, [_Row()] * (20 + i % 3), estimates) for i in range(_HOLD)]
+    rows = [_Row() for _ in range(22)]
+    chosen = [policy.choose(32, rows[: 20 + i % 3], estimates) for i in range(_HOLD)]
     assert len(set(chosen)) == 1 and chosen[0] > 0 and len(calls) == 1  # rows coming and going: no re-decision
     for _ in range(3):  # at bucket 64 plain steps measure 14x faster (and the running arm was timed there too)
         policy.record_step(64, 0, 0.1, 1.0)
