@@ -188,12 +188,12 @@ def test_chunked_prefill_under_cuda_graphs_gives_the_tokens_of_a_whole_prefill(m
     late = [_prompt(150, 3), _prompt(4, 4), _prompt(61, 5), _prompt(12, 6), _prompt(99, 7)]
     params = _mixed_params(len(early) + len(late))
     runs = []
-    for budget in (0, 256, 16):
+    for budget in (0, 256, 16, "auto"):
         engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=200, num_draft_tokens=3,
                                                     admit_min=1, prefill_budget=budget))
         assert engine.prefill_budget == (budget or None)
         runs.append(_drive(engine, early, late, params))
-    assert runs[1] == runs[0] and runs[2] == runs[0]
+    assert runs[1] == runs[0] and runs[2] == runs[0] and runs[3] == runs[0]
 
 
 def test_the_drafters_catch_up_is_whole_with_a_budget(make_llama):
