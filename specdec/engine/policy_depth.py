@@ -78,27 +78,20 @@ class DepthProfile:
     def observe(self, running, accepted, drafted) -> None:
         """A speculative step of `running` rows (slot order) accepted `accepted[i]` of its `drafted[i]` drafts."""
         depth = self.max_depth
-        reached_at = [0] * depth  # rows whose deepest reached depth is m
-        alpha_at = [0.0] * depth  # ... their α
+        alpha_at = [0.0] * depth  # Σ α of the rows whose deepest reached depth is m
         accepted_at = [0] * (depth + 1)  # rows that accepted exactly a drafts
         alpha_of, default = self._alpha_of, self._default
-        deepest = 0
-        for row, a, d in zip(running, accepted, drafted):
-            if d <= 0:
-                continue
-            d = min(d, depth)
-            m = min(a, d - 1)
-            reached_at[m] += 1
-            alpha_at[m] += alpha_of.get(id(row), default)
-            accepted_at[min(a, depth)] += 1
-            deepest = max(deepest, d)
-        if not deepest:
+        for row, a, d in zip(running, accepted, drafted):  # (accepted <= drafted <= max_depth: the engine's step)
+            if d > 0:
+                alpha_at[a if a < d else d - 1] += alpha_of.get(id(row), default)
+                accepted_at[a] += 1
+        deepest = min(max(drafted[: len(running)], default=0), depth)
+        if deepest <= 0:
             return
         self._deepest = max(self._deepest, deepest)
-        reach = alpha = accept = 0.0
+        alpha = accept = 0.0
         acc, exp = self._accepted, self._expected
         for k in range(depth - 1, -1, -1):  # suffix sums: rows reaching k are those whose deepest is >= k
-            reach += reached_at[k]
             alpha += alpha_at[k]
             accept += accepted_at[k + 1]  # rows accepting at k: accepted > k
             acc[k] = acc[k] * _DECAY + accept
