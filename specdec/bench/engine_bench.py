@@ -108,6 +108,8 @@ def batch1(engine_plain: Engine, spec_engines: dict, prompts, max_new: int, temp
         out[name] = {"tok_s": tokens / seconds, "alpha": engine.stats.alpha,
                      "tau": engine.stats.mean_accepted_length, "mean_gamma": engine.stats.mean_num_draft_tokens,
                      "stats": engine.stats}
+        if gamma == "auto" and hasattr(engine.policy, "report"):  # what "auto" measured and chose (its life so far)
+            out[name]["policy"] = engine.policy.report()
     plain = out["plain"]
     for name, row in out.items():
         if name != "plain":

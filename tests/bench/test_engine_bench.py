@@ -40,3 +40,5 @@ def test_batch1_rows_on_a_tiny_pair():
     assert row["mean_gamma"] == 2 and 1.0 <= row["tau"] <= 3.0
     for key in ("c", "verify_ratio", "predicted_thm38", "predicted_cost_aware", "measured_vs_cost_aware"):
         assert math.isfinite(row[key]) and row[key] > 0, key
+    auto = out["model_auto"]["policy"]  # "auto"'s read-out: what it measured and chose, its depth profile
+    assert "policy" not in row and auto["buckets"]["1"] and isinstance(auto["depth_shape"], list)
