@@ -4,8 +4,9 @@ With a budget, a request admitted while others run does not prefill at admission
 running ones and is *filling* there (`_filling`, oldest first) — its row's state is written but inactive, so the
 decode steps over the running rows leave it alone. Each `step()` first runs `_prefill_step`: at most
 `prefill_budget` prompt tokens, the target's and a cached drafter's feeds together, oldest request first (each
-request's target prefill, then the drafter's feed of the same prompt, which reads the target's features), in one
-batched forward per chunk for all the rows fed; a request whose prompt is fully fed is *ready*: it moves into slot
+request's target prefill, then the drafter's feed of the same prompt, which reads the target's features), in
+batched forwards over groups of consecutive fed slots (`_groups`; the target's ragged, `slots.prefill_ragged`);
+a request whose prompt is fully fed is *ready*: it moves into slot
 n (the first past the running ones; a younger filling request there swaps into its slot) and joins the decode
 steps. So between two decode steps of a running request the engine prefills at most one budget, and the
 budgeted phase is timed apart from the step, as admission is (the γ policy sees each feed's seconds:
@@ -29,7 +30,7 @@ import torch
 
 from specdec.engine.admission import EngineRequest
 from specdec.engine.prefill_budget import DEFAULT_STALL, DEFAULT_STEPS, AutoBudget
-from specdec.engine.slots import positions_bucket, prefill_rows
+from specdec.engine.slots import positions_bucket, prefill_ragged, prefill_rows
 
 __all__ = ["ChunkedPrefill"]
 
@@ -110,9 +111,9 @@ class ChunkedPrefill:
         cuda = self.device.type == "cuda"
         start = time.perf_counter()
         if target:
-            for rows, starts, ends in self._groups(target):
-                prefill_rows(self.model, self.cache, self.state, rows, starts, ends, self.config.prefill_chunk,
-                             features=self.state.features, extent=0)
+            for rows, starts, ends in self._groups(target, ragged=True):
+                prefill_ragged(self.model, self.cache, self.state, rows, starts, ends, self.config.prefill_chunk,
+                               features=self.state.features)
             if cuda:  # (timed apart: the drafter's share of the same prompts' cost, for the policy)
                 torch.cuda.synchronize(self.device)
         middle = time.perf_counter()
@@ -155,20 +156,22 @@ class ChunkedPrefill:
             budget = max(budget, -(-backlog // max(r.fed_by - self._num_steps, 1)))
         return budget
 
-    def _groups(self, fed: dict[int, tuple[int, int]]) -> list[tuple[slice, list[int], list[int]]]:
+    def _groups(self, fed: dict[int, tuple[int, int]], ragged: bool = False) -> list[tuple[slice, list[int], list[int]]]:
         """The batched feeds of the slots in `fed` ({slot: (start, end)}): (rows, starts, ends) per forward group.
 
-        A forward runs every row of its slice over the chunk columns [min start, max end) of all of them
-        (`prefill_rows`), so one feed for every filling row computed rows × columns, not tokens: 30 rows filling at
-        different offsets, 2 of them fed a budget, cost 15x the tokens fed. So a group holds only slots fed now,
+        A forward runs every row of its slice: over the chunk columns [min start, max end) of all of them
+        (`prefill_rows`: one feed for every filling row computed rows × columns, not tokens — 30 rows filling at
+        different offsets, 2 of them fed a budget, cost 15x the tokens fed), or over the longest feed from each
+        row's own start (`ragged`: `prefill_ragged`, the target's feeds). So a group holds only slots fed now,
         consecutive, and a slot joins the previous group only while that costs fewer token slots than a forward of
         its own (`prefill_chunk` slots: a forward's launches, in tokens, roughly)."""
+        cost = _ragged if ragged else _rectangle
         groups: list[list[int]] = []
         for slot in sorted(fed):
             group = groups[-1] if groups and groups[-1][-1] == slot - 1 else None
             if group is not None:
-                merged = _rectangle([fed[s] for s in group + [slot]])
-                apart = _rectangle([fed[s] for s in group]) + _rectangle([fed[slot]])
+                merged = cost([fed[s] for s in group + [slot]])
+                apart = cost([fed[s] for s in group]) + cost([fed[slot]])
                 if merged <= apart + self.config.prefill_chunk:
                     group.append(slot)
                     continue
@@ -198,3 +201,8 @@ class ChunkedPrefill:
 def _rectangle(bounds: list[tuple[int, int]]) -> int:
     """Token slots one forward over these rows computes: rows × (the last end − the first start)."""
     return len(bounds) * (max(e for _, e in bounds) - min(s for s, _ in bounds))
+
+
+def _ragged(bounds: list[tuple[int, int]]) -> int:
+    """Token slots one ragged forward over these rows computes: rows × the longest feed."""
+    return len(bounds) * max(e - s for s, e in bounds)

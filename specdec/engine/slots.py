@@ -31,7 +31,7 @@ from specdec.fast.model import FastLlama, KVCache
 from specdec.request import SamplingParams
 
 __all__ = ["SlotCache", "SlotState", "MAX_EOS_IDS", "MIN_POSITIONS", "PrefillGraphs", "chunk_shapes", "prefill_rows",
-           "positions_bucket", "to_device"]
+           "prefill_ragged", "positions_bucket", "to_device"]
 
 MAX_EOS_IDS = 16  # EOS ids one request may name
 MIN_POSITIONS = 64  # the smallest positions bucket a forward attends over
@@ -330,3 +330,33 @@ def prefill_rows(model: FastLlama, cache: SlotCache, state: SlotState, rows: sli
                    0 if embeds is None else id(getattr(embeds, "__self__", embeds)), rows.start, rows.stop, first,
                    bucket, span)
             graphs.run(key, body, bounds, cache.lengths)
+
+
+def prefill_ragged(model: FastLlama, cache: SlotCache, state: SlotState, rows: slice, starts: list[int],
+                   ends: list[int], chunk: int, *, features: torch.Tensor | None = None) -> None:
+    """`prefill_rows` with each row's columns counted from its own start: chunk c of row i feeds positions
+    [starts[i] + c·chunk, ...) up to ends[i], so a forward computes rows × (the longest feed, padded to a power of
+    two), not rows × (last end − first start): rows fed at different offsets (chunked prefill's filling requests)
+    share a forward without computing the columns between them. Eager, the target's tokens only (no embeds); every
+    chunk attends over a power-of-two span past max(ends), which nothing beyond the rows' own entries below their
+    starts and what is fed here may need (as `prefill_rows` with extent=0)."""
+    takes = [max(e - s, 0) for s, e in zip(starts, ends)]
+    longest = max(takes, default=0)
+    if not longest:
+        return
+    device, capacity = state.tokens.device, state.tokens.shape[1]
+    bounds = to_device([starts, ends], device)  # one transfer: [2, b]
+    cache.lengths[rows].copy_(bounds[0])
+    view = cache.view(rows, positions_bucket(max(ends), cache.num_positions))
+    tokens = state.tokens[rows]
+    for rel in range(0, longest, chunk):
+        bucket = min(max(16, 1 << (min(chunk, longest - rel) - 1).bit_length()), chunk)
+        cols = bounds[0][:, None] + rel + torch.arange(bucket, device=device)[None, :]  # [b, bucket] per row
+        valid = cols < bounds[1][:, None]
+        at = cols.clamp(max=capacity - 1)  # (past the state: padding, never valid — ends < capacity)
+        _, hidden = model(tokens.gather(1, at) * valid, view, valid, last_only=features is None,
+                          return_hidden=True, compute_logits=False, kernels="reference")
+        if features is not None:
+            block = features[rows]  # [b, capacity, dim] view: the fed positions take the hidden states
+            index = at[..., None].expand(-1, -1, block.shape[-1])
+            block.scatter_(1, index, torch.where(valid[..., None], hidden.to(block.dtype), block.gather(1, index)))

@@ -297,23 +297,23 @@ def test_prefill_steps_needs_a_budget():
 
 
 def test_a_budget_computes_the_rows_it_feeds_not_every_filling_row(make_llama, monkeypatch):
-    """A forward runs every row of its slice over the columns [first start, last end) (`prefill_rows`): requests
-    filling at different offsets, the end of one and the start of the next fed in one step, must not make one
-    forward compute every row over every column (30 filling rows, 2 fed, was 15x the tokens fed). Per step, the
-    token slots the target's forwards compute stay within the tokens fed plus one `prefill_chunk` per forward; one
-    slice over the fed slots (the control: computed from the same steps) would compute more than twice that.
-    Tokens: those of a whole prefill."""
+    """A forward over a slice of rows computes every row of it over its columns: one slice over the fed rows at
+    absolute columns [first start, last end) (`prefill_rows`) computed rows × columns, not tokens (30 filling rows,
+    2 fed at different offsets, was 15x the tokens). The target's feeds are ragged (`prefill_ragged`: each row's
+    columns from its own start) and grouped: per step, the token slots its forwards compute stay within the
+    tokens fed plus one `prefill_chunk` per forward; one absolute slice over the same steps' fed rows (the control)
+    would compute more than twice that. Tokens: those of a whole prefill."""
     import specdec.engine.prefill as prefill_module
 
     target = make_llama(0)  # (no drafter: the target's feeds of consecutive requests share steps)
     calls = []
-    real = prefill_module.prefill_rows
+    real = prefill_module.prefill_ragged
 
     def recording(model, cache, state, rows, starts, ends, *args, **kwargs):
         calls.append((rows, list(starts), list(ends)))
         return real(model, cache, state, rows, starts, ends, *args, **kwargs)
 
-    monkeypatch.setattr(prefill_module, "prefill_rows", recording)
+    monkeypatch.setattr(prefill_module, "prefill_ragged", recording)
     early = [_prompt(5, 1)]
     late = [_prompt(110, 3), _prompt(23, 4), _prompt(70, 5), _prompt(97, 6), _prompt(41, 7), _prompt(64, 8)]
     params = _mixed_params(len(early) + len(late), max_new=24)
@@ -328,7 +328,7 @@ def test_a_budget_computes_the_rows_it_feeds_not_every_filling_row(make_llama, m
     computed = fed = forwards = one_slice = 0
     for step in steps:
         for rows, starts, ends in step:
-            computed += (rows.stop - rows.start) * (max(ends) - min(starts))
+            computed += (rows.stop - rows.start) * max(e - s for s, e in zip(starts, ends))
             fed += sum(e - s for s, e in zip(starts, ends))
             forwards += 1
         if step:
@@ -336,6 +336,30 @@ def test_a_budget_computes_the_rows_it_feeds_not_every_filling_row(make_llama, m
             one_slice += (max(slots) - min(slots) + 1) * (max(max(e) for _, _, e in step) - min(min(s) for _, s, _ in step))
     assert fed >= sum(len(p) - 1 for p in late) and computed <= fed + forwards * 16
     assert one_slice > 2 * computed  # the control: the scenario has steps feeding rows far apart in columns
+
+
+def test_a_ragged_prefill_writes_what_an_aligned_one_does(make_llama):
+    """`prefill_ragged` (each row's columns from its own start) leaves the cache and the features a
+    `prefill_rows` feed of the same positions leaves (fp32), rows at different offsets in one forward."""
+    from specdec.engine.slots import prefill_ragged, prefill_rows
+
+    target = make_llama(0)
+    caches = []
+    for ragged in (False, True):
+        engine = Engine(target, _head(target), EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=2))
+        prompts = [_prompt(90, 1), _prompt(40, 2), _prompt(70, 3)]
+        rows, cache, state = slice(0, 3), engine.cache, engine.state
+        feed = prefill_ragged if ragged else prefill_rows
+        kwargs = {} if ragged else {"extent": 0}
+        with torch.inference_mode():
+            state.admit_rows(0, prompts, [SamplingParams()] * 3, [0] * 3)
+            prefill_rows(engine.model, cache, state, rows, [0, 0, 0], [30, 10, 50], 16, features=state.features,
+                         extent=0)
+            feed(engine.model, cache, state, rows, [30, 10, 50], [89, 39, 69], 16, features=state.features, **kwargs)
+        caches.append([(cache.keys[:, i, :, :n].clone(), state.features[i, :n].clone()) for i, n in
+                       enumerate([89, 39, 69])])
+    for (k0, f0), (k1, f1) in zip(*caches):
+        assert torch.allclose(k0, k1, atol=1e-5) and torch.allclose(f0, f1, atol=1e-5)
 
 
 def test_a_filling_prompt_does_not_widen_the_decode_steps_while_a_slot_past_their_bucket_is_free(make_llama):
