@@ -1,7 +1,8 @@
 """One decode step shape of the engine (batch bucket, γ, length bucket, flavor): its draft and verify halves,
 run eagerly or captured once as CUDA graphs and replayed. The verify half verifies, commits and counts on the
 device and packs the step's one device → host transfer (`step.pack_step`; `Engine.step` reads it back as a
-`step.StepRecord`)."""
+`step.StepRecord`); an all-greedy step does all of that after the forward in three launches (`fast.kernels.argmax`,
+`greedy_commit`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from specdec import rng
 from specdec.core import TEMPERATURE_FLOOR, VerifyResult, invalid_scores, verify, verify_coupled, verify_greedy
 from specdec.drafters.base import empty_proposal
 from specdec.engine.drafters import Flavor, StepView
+from specdec.engine.greedy_commit import covers as greedy_commit_covers
+from specdec.engine.greedy_commit import greedy_commit
 from specdec.fast.graphs import CapturedStep
 from specdec.fast.kernels.argmax import greedy_tokens
 from specdec.sequences import write_rows, write_tokens
@@ -104,6 +107,9 @@ class StepRunner(CapturedHalves):
         target_tokens = None
         if flavor.all_greedy and view.processors is None and synthetic is None:  # argmax + NaN check in one pass
             target_tokens, has_nan = greedy_tokens(logits)
+            if greedy_commit_covers(flavor, view, synthetic, features):  # the rest in one launch (greedy_commit.py)
+                return greedy_commit(target_tokens, draft_tokens, draft_lengths, state, rows, lengths,
+                                     e.counter_sums, e.max_draft_tokens, has_nan)
         else:
             has_nan = invalid_scores(logits)
         raw, logits = logits, view.process(logits, draft_tokens)  # p̃ along the draft (raw without processors)
