@@ -117,3 +117,48 @@ def test_a_decision_is_remade_when_most_of_its_rows_have_left():
     for i in range(5):  # one row in, one out per step: 3 of 8 replaced at most
         policy.choose(8, rows[i // 2: i // 2 + 8], estimates(0.9, 8))
     assert len(reads) == 3
+
+
+def test_auto_on_the_engine_reads_each_steps_counts_for_the_rows_it_chose_for(make_llama):
+    """Under "auto" with admissions (7 requests through 3 slots), rows finishing on EOS and on their budget, greedy and
+    sampled rows mixed: every step's accepted counts reach the depth profile with the rows that ran it (the engine
+    releases finished rows before `record_step`), and the greedy rows still give transformers' greedy tokens."""
+    from helpers import RAGGED_PROMPTS, hf_greedy
+    from specdec.engine import Engine, EngineConfig
+    from specdec.request import SamplingParams
+
+    target, draft = make_llama(0), make_llama(1, layers=1)
+    engine = Engine(target, draft, EngineConfig(max_batch_size=3, max_seq_len=128, num_draft_tokens="auto"))
+    prompts = RAGGED_PROMPTS + [[4, 4, 9], [9, 8, 7, 6], [2, 3]]
+    eos = hf_greedy(target, prompts[0], 12, [])[8]  # an EOS the first request meets after 9 tokens
+    ids = {}
+    for i, prompt in enumerate(prompts):
+        params = SamplingParams(temperature=0.8 if i % 3 == 2 else 0, max_new_tokens=10 + 3 * i, seed=i,
+                                eos_token_ids=(eos,) if i % 2 == 0 else ())
+        ids[engine.add_request(prompt, params)] = (prompt, params)
+    choose, commit, observe = engine.policy.choose, engine._commit, engine.policy.depth.observe
+    seen, checked = {}, []
+
+    def chosen(batch, running, *args, **kwargs):
+        seen["rows"] = tuple(running)
+        return choose(batch, running, *args, **kwargs)
+
+    def committed(record):
+        seen["accepted"] = list(record.num_accepted)
+        return commit(record)
+
+    def observed(rows, accepted, drafted):
+        assert tuple(rows) == seen["rows"] and list(accepted) == seen["accepted"]
+        assert all(a <= d for a, d in zip(accepted, drafted))
+        checked.append(len(rows))
+        return observe(rows, accepted, drafted)
+
+    engine.policy.choose, engine._commit, engine.policy.depth.observe = chosen, committed, observed
+    outputs = {rid: [] for rid in ids}
+    while engine.has_unfinished():
+        for out in engine.step():
+            outputs[out.request_id] += out.new_token_ids
+    assert checked and engine.policy.report()["depth_shape"]
+    for rid, (prompt, params) in ids.items():
+        if params.temperature == 0:
+            assert outputs[rid] == hf_greedy(target, prompt, params.max_new_tokens, list(params.eos_token_ids))
