@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 
 COLUMNS = ("concurrency", "mode", "throughput_tok_s", "vs_plain", "ttft_p50_s", "itl_p50_s", "itl_p99_s",
-           "itl_p99_vs_plain", "step_p99_s", "admit_steps", "admit_step_max_s", "decode_step_p99_s")
+           "itl_p99_vs_plain", "step_p99_s", "admit_steps", "admit_step_max_s", "decode_step_p99_s",
+           "prefill_budget_tokens")
 
 
 def main(argv=None) -> int:
@@ -114,6 +115,8 @@ def main(argv=None) -> int:
 def _cell(column: str, value) -> str:
     if value is None:
         return "-"
+    if isinstance(value, dict):  # per runner (γ): the chunked-prefill budget at the level's end
+        return ", ".join(f"{k}: {v:.0f}" for k, v in sorted(value.items()))
     if column.endswith("_s") and not column.endswith("tok_s"):  # seconds
         return f"{value * 1e3:.1f} ms"
     return f"{value:.2f}" if isinstance(value, float) else str(value)

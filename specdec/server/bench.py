@@ -64,6 +64,7 @@ class LevelResult:
     delivery_p99_s: float | None = None  # a step's outputs: driver thread → event loop
     gc_full_passes: int | None = None  # full (generation 2) garbage collections during the level
     gc_full_max_s: float | None = None  # upper bound of the longest one's bucket
+    prefill_budget_tokens: dict | None = None  # per runner (its γ): the chunked-prefill budget at the level's end
     arrival: str | None = None  # how the level's requests arrived ("closed:C", "poisson:R/s"); None = closed loop
 
     def to_dict(self) -> dict:
@@ -237,7 +238,7 @@ def parse_counters(text: str) -> dict:
     from prometheus_client.parser import text_string_to_metric_families
 
     values = {"drafts": 0.0, "accepted": 0.0, "captures": None, "shapes_run": None, "gc2": {}, "step_decode": {}, "step_admit": {},
-              **{k: {} for k in _HISTOGRAMS}}
+              "prefill_budget": {}, **{k: {} for k in _HISTOGRAMS}}
     buckets = {f"{name}_bucket": key for key, name in _HISTOGRAMS.items()}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -249,6 +250,8 @@ def parse_counters(text: str) -> dict:
                 values["captures"] = s.value
             elif s.name == "specdec:step_shapes_run":
                 values["shapes_run"] = s.value
+            elif s.name == "specdec:prefill_budget_tokens":
+                values["prefill_budget"][s.labels.get("num_draft_tokens", "")] = s.value
             elif s.name == f"{_GC}_bucket" and s.labels.get("generation") == "2":
                 values["gc2"][float(s.labels["le"])] = s.value
             elif s.name in buckets:
@@ -300,6 +303,7 @@ def level_server_stats(before: dict, after: dict) -> dict:
     if gc2:
         out["gc_full_passes"] = int(gc2[max(gc2)] - before["gc2"].get(max(gc2), 0.0))
         out["gc_full_max_s"] = _bucket_quantile(before["gc2"], gc2, 1.0)
+    out["prefill_budget_tokens"] = dict(after.get("prefill_budget") or {}) or None
     return out
 
 

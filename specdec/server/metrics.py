@@ -19,6 +19,8 @@ and where serving time goes (to tell an engine stall from a server one):
                                        waiting at its start (it prefilled), else "decode"
   driver_handoff_seconds               driver thread time spent handing one step's outputs over (metrics, sinks)
   output_delivery_seconds              driver thread → event loop: from a step's hand-off to its outputs' queues
+  prefill_budget_tokens{num_draft_tokens}  the prompt tokens a runner's next step may prefill (chunked prefill:
+                                       a fixed budget, or "auto"'s from the measured decode step; unset: off)
   gc_pause_seconds{generation}         Python garbage collections: each pauses every thread (the driver's steps
                                        and the event loop alike); a full (generation 2) pass over a heap holding
                                        torch, transformers and the captured steps takes ~0.1-0.7 s unless the
@@ -105,6 +107,9 @@ class ServerMetrics:
               lambda: getattr(llm, "step_shapes", 0))
         gauge("step_shapes_run", "Decode step shapes that have served a step (a shape's first step is its first "
               "replay).", lambda: getattr(llm, "step_shapes_run", 0))
+        self.prefill_budget = Gauge(f"{p}prefill_budget_tokens", "Prompt tokens the runner's next step may prefill "
+                                    "(chunked prefill: a fixed budget, or prefill_budget='auto''s measured one).",
+                                    ["num_draft_tokens", "model_name"], registry=r)
         self.gc_pause = histogram("gc_pause_seconds", "Python garbage collection pauses (every thread waits).",
                                   _STEP_BUCKETS, ["generation"])
         self._gc_children = [self.gc_pause.labels(generation=str(g), **m) for g in range(3)]
@@ -185,6 +190,9 @@ class ServerMetrics:
         self._add_step_sums()
         kind = "admit" if timing.admitted else "decode"
         self.step_seconds.labels(num_draft_tokens=label, kind=kind, model_name=self.model_name).observe(timing.step_s)
+        budget = getattr(timing.runner, "step_prefill_budget", None)
+        if budget is not None:
+            self.prefill_budget.labels(num_draft_tokens=label, model_name=self.model_name).set(budget)
         self.handoff_seconds.observe(timing.deliver_s)
 
     def _add_step_sums(self) -> None:

@@ -163,3 +163,24 @@ def test_metrics_prefix_and_model_name_label_for_vllm_dashboards():
     for bad in ("vllm-", "1x", "", "a b"):
         with pytest.raises(ValueError, match="prefix"):
             ServerMetrics(FakeLLM(), prefix=bad)
+
+
+def test_the_prefill_budget_of_each_runner_is_exported_and_read_per_level():
+    """`prefill_budget_tokens{num_draft_tokens}`: what each runner's next step may prefill ("auto"'s measured
+    budget moves with the load), read by the benchmark at a level's end; a runner without chunked prefill (None)
+    exports nothing."""
+
+    class Runner:
+        def __init__(self, budget):
+            self.step_prefill_budget = budget
+
+    llm = FakeLLM()
+    llm.plain, llm.spec = Runner(None), Runner(300)
+    metrics = ServerMetrics(llm)
+    before = parse_counters(metrics.render().decode())
+    metrics.on_step(StepTiming(llm.plain, 0.002, 0.0001, 1))
+    metrics.on_step(StepTiming(llm.spec, 0.005, 0.0001, 1))
+    llm.spec.step_prefill_budget = 420
+    metrics.on_step(StepTiming(llm.spec, 0.005, 0.0001, 1))
+    stats = level_server_stats(before, parse_counters(metrics.render().decode()))
+    assert stats["prefill_budget_tokens"] == {"4": 420.0}  # the spec runner's latest; the plain one's: unset
