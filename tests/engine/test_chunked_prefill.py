@@ -407,3 +407,35 @@ def test_with_a_budget_a_freed_slot_is_refilled_at_once(make_llama):
         waited[budget] = sum(waiting)  # steps the 33rd request spent waiting
     assert waited[64] <= 3  # (the first request finishes at its 3rd step; the next step admits)
     assert waited[None] >= waited[64] + 4  # the control: a lone free slot waits (admit_max_wait = 8)
+
+
+def test_with_a_budget_an_admitted_prompt_needs_no_catch_up(make_llama):
+    """Folded: a request admitted during a run of plain steps (γ = 0) is fed target and drafter chunk by chunk
+    within the budget and joins with its drafter fed, so the first speculative step's catch-up feeds only what the
+    plain steps committed (≤ rows × plain steps), never its prompt. Control: without a budget the prompt admitted in
+    the plain run is left to that catch-up (one pass of ≥ its length, beside the running rows' share)."""
+    target = make_llama(0)
+    early = [_prompt(6, 1), _prompt(7, 2)]
+    late = _prompt(90, 3)
+    params = SamplingParams(temperature=0, max_new_tokens=60)
+    plain_steps = 10
+    fed = {}
+    for budget in (None, 32):
+        engine = Engine(target, make_llama(5, layers=1), EngineConfig(max_batch_size=4, max_seq_len=160,
+                                                                      num_draft_tokens="auto", admit_min=1,
+                                                                      prefill_budget=budget))
+        ids = [engine.add_request(p, params) for p in early]
+        engine.policy.set_fixed(2)
+        engine.step()
+        engine.policy.set_fixed(0)
+        for step in range(plain_steps):
+            if step == 2:  # (inside the plain run: admission itself does not feed the drafter then)
+                ids.append(engine.add_request(late, params))
+            engine.step()
+        assert engine.num_running == 3 and engine.num_prefilling == 0  # (joined during the plain run)
+        engine.policy.set_fixed(2)
+        before = engine.prefill_tokens
+        engine.step()
+        fed[budget] = engine.prefill_tokens - before  # the catch-up of the first speculative step
+    assert fed[32] <= 3 * (plain_steps + 1)  # only what the plain steps committed
+    assert fed[None] >= len(late) - 2  # the control: the prompt fed by the catch-up
