@@ -22,6 +22,7 @@ Inputs (B = the step's rows, γ its draft length, one integer per token):
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 
@@ -31,6 +32,9 @@ from specdec.sequences import write_tokens
 from specdec.step import StepCounts, StepLayout, commit_counts, pack_step, step_counters
 
 __all__ = ["greedy_commit", "greedy_commit_reference", "covers"]
+
+logger = logging.getLogger(__name__)
+_FAILED: list[str] = []  # "auto": the kernel failed to build here once (logged); the torch sequence runs instead
 
 
 def covers(flavor, view, synthetic, features) -> bool:
@@ -67,10 +71,24 @@ def greedy_commit(target_tokens, drafts, draft_lengths, state, rows: slice, leng
     """`greedy_commit_reference`'s function in one launch (kernel "auto": on CUDA; "triton": forced, also in
     Triton's interpreter; "reference"). `lengths` is `state.lengths[rows]` (moved in place)."""
     b, gamma = drafts.shape
-    supported = b <= 1024 and gamma <= 64
+    supported = b <= 1024 and gamma <= 64 and not (kernel == "auto" and _FAILED)
     if not use_triton(kernel, target_tokens.device, supported, "greedy_commit"):
         return greedy_commit_reference(target_tokens, drafts, draft_lengths, state, rows, lengths, counter_sums,
                                        max_gamma, invalid)
+    if kernel == "auto" and not (target_tokens.is_cuda and torch.cuda.is_current_stream_capturing()):
+        try:  # (the first call compiles, in a warm-up before any capture: a build failure falls back, once, loudly)
+            return _launch(target_tokens, drafts, draft_lengths, state, rows, lengths, counter_sums, max_gamma,
+                           invalid)
+        except Exception as err:  # noqa: BLE001 - a Triton/driver build error; the state is untouched before launch
+            _FAILED.append(f"{type(err).__name__}: {err}")
+            logger.warning("greedy_commit: the Triton kernel failed (%s); the torch sequence runs instead", _FAILED[0])
+            return greedy_commit_reference(target_tokens, drafts, draft_lengths, state, rows, lengths, counter_sums,
+                                           max_gamma, invalid)
+    return _launch(target_tokens, drafts, draft_lengths, state, rows, lengths, counter_sums, max_gamma, invalid)
+
+
+def _launch(target_tokens, drafts, draft_lengths, state, rows, lengths, counter_sums, max_gamma, invalid):
+    b, gamma = drafts.shape
     k = gamma + 1
     table = torch.empty(b + 1, k + 5, dtype=torch.long, device=target_tokens.device)
     tokens, counters = state.tokens[rows], state.counters[rows]

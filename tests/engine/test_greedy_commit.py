@@ -71,3 +71,22 @@ def test_the_comparison_catches_an_off_by_one_acceptance(monkeypatch):
     want = _step(1, 8, 4, 4, True, greedy_commit_reference)
     got = _step(1, 8, 4, 4, True, lambda *a: greedy_commit(*a, kernel="triton"))
     assert not torch.equal(got[0], want[0])
+
+
+def test_auto_falls_back_to_the_torch_sequence_once_when_the_kernel_cannot_build(monkeypatch, caplog):
+    """A build failure under "auto" (checked where no GPU is: the device test is faked) is logged once and the torch
+    sequence gives the same table; "triton" (forced) raises instead."""
+    def broken():
+        raise RuntimeError("no compiler")
+
+    monkeypatch.setattr(module, "_kernel", broken)
+    monkeypatch.setattr(module, "_FAILED", [])
+    monkeypatch.setattr(module, "use_triton", lambda kernel, device, supported, what: supported)
+    want = _step(2, 3, 2, 4, True, greedy_commit_reference)
+    with caplog.at_level("WARNING", logger=module.__name__):
+        got = _step(2, 3, 2, 4, True, lambda *a: greedy_commit(*a, kernel="auto"))
+        again = _step(2, 3, 2, 4, True, lambda *a: greedy_commit(*a, kernel="auto"))
+    assert torch.equal(got[0], want[0]) and torch.equal(again[0], want[0])
+    assert module._FAILED == ["RuntimeError: no compiler"] and caplog.text.count("failed") == 1
+    with pytest.raises(RuntimeError, match="no compiler"):
+        _step(2, 3, 2, 4, True, lambda *a: greedy_commit(*a, kernel="triton"))

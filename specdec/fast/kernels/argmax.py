@@ -18,6 +18,7 @@ widened to fp32, which keeps every value), so the result is torch's bit for bit,
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 
@@ -25,6 +26,8 @@ from specdec.fast.kernels.select import next_power_of_2, use_triton
 
 __all__ = ["greedy_tokens", "greedy_tokens_reference"]
 
+logger = logging.getLogger(__name__)
+_FAILED: list[str] = []  # "auto": the kernels failed to build here once (logged); torch runs instead
 BLOCK = 4096  # logits per stage-1 program
 _BIG = 2**31 - 1  # "no index" (vocabularies are far smaller)
 
@@ -43,8 +46,19 @@ def greedy_tokens(logits: torch.Tensor, *, kernel: str = "auto") -> tuple[torch.
         raise ValueError("logits must be a tensor [..., V] with V >= 1")
     supported = (logits.dtype in (torch.float32, torch.bfloat16, torch.float16) and logits.stride(-1) == 1
                  and logits.numel() > 0 and logits.shape[-1] < _BIG)
-    if not use_triton(kernel, logits.device, supported, "greedy_tokens"):
+    if not use_triton(kernel, logits.device, supported and not (kernel == "auto" and _FAILED), "greedy_tokens"):
         return greedy_tokens_reference(logits)
+    if kernel == "auto" and not (logits.is_cuda and torch.cuda.is_current_stream_capturing()):
+        try:  # (the first call compiles, in a warm-up before any capture: a build failure falls back, once, loudly)
+            return _launch(logits)
+        except Exception as err:  # noqa: BLE001 - a Triton/driver build error
+            _FAILED.append(f"{type(err).__name__}: {err}")
+            logger.warning("greedy_tokens: the Triton kernels failed (%s); torch.argmax runs instead", _FAILED[0])
+            return greedy_tokens_reference(logits)
+    return _launch(logits)
+
+
+def _launch(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     vocab = logits.shape[-1]
     rows = logits.reshape(-1, vocab)  # (rows keep their stride; the vocabulary axis stays contiguous)
     n = rows.shape[0]
