@@ -18,7 +18,9 @@ launches, the kernels that ran OUTSIDE any graph (name, count, µs), copies, the
 every CUDA call's host µs, the largest idle gaps and what they sit between. The engine adds its phases
 (`specdec.engine.profile.phase_timer`; the model bodies timed between device syncs, so those steps run slower —
 a separate window). A "diff" row per γ itemises engine − bare: wall, busy, idle, kernel time, kernels, and the
-device events the engine runs beyond the bare step. Rows are JSON lines on stdout and appended to `--out`.
+device events the engine runs beyond the bare step. `--torch-tail` adds an "engine_torch_tail" row: the engine with
+its greedy verify as before `fast.kernels.argmax` / `engine.greedy_commit` (torch.argmax, the NaN check and ~70
+small torch launches), the A/B of those kernels in one process. Rows are JSON lines on stdout and appended to `--out`.
 
 On CPU there is no device timeline: the rows carry "timeline": null with the reason, and the CPU test checks the
 structure only. An "argmax" row (CUDA) times the greedy verify's scoring: torch.argmax + the NaN check against
@@ -33,6 +35,7 @@ import json
 import statistics
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -150,7 +153,23 @@ class EngineRun:
             self.engine.step()
 
 
-def engine_row(args, target, drafter, gamma: int, prompt, device) -> tuple[dict, object]:
+@contextmanager
+def torch_tail():
+    """The engine's greedy verify as it was before `fast.kernels.argmax` and `engine.greedy_commit`: torch.argmax,
+    the NaN check and the torch commit sequence (for the A/B row "engine_torch_tail")."""
+    from specdec.engine import step_runner
+    from specdec.fast.kernels.argmax import greedy_tokens
+
+    saved = step_runner.greedy_tokens, step_runner.greedy_commit_covers
+    step_runner.greedy_tokens = lambda logits: greedy_tokens(logits, kernel="reference")
+    step_runner.greedy_commit_covers = lambda *args: False
+    try:
+        yield
+    finally:
+        step_runner.greedy_tokens, step_runner.greedy_commit_covers = saved
+
+
+def engine_row(args, target, drafter, gamma: int, prompt, device, case: str = "engine") -> tuple[dict, object]:
     from specdec.engine import Engine, EngineConfig
     from specdec.engine.profile import phase_timer
     from specdec.request import SamplingParams
@@ -177,7 +196,7 @@ def engine_row(args, target, drafter, gamma: int, prompt, device) -> tuple[dict,
                 phases.setdefault(name, []).append(seconds * 1e6)
     run.drain()
     median = {name: round(statistics.median(v), 1) for name, v in sorted(phases.items())}
-    row = {"row": "engine_profile", "case": "engine", "gamma": gamma, "wall_us": round(wall, 1),
+    row = {"row": "engine_profile", "case": case, "gamma": gamma, "wall_us": round(wall, 1),
            "tokens_per_step": round(tokens_per_step, 3), "timeline": timeline,
            "phases_us": median, "phase_steps": len(phases.get("step", [])),
            "phases_outside_bodies_us": round(median.get("step", 0.0) - sum(median.get(b, 0.0) for b in bodies), 1)}
@@ -250,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new", type=int, default=128, help="max_new_tokens of the engine's request")
     ap.add_argument("--steps", type=int, default=24, help="steps per window (timed, traced, phases)")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--torch-tail", action="store_true",
+                    help="also run the engine with the greedy verify's torch tail (before the fused kernels): an A/B")
     ap.add_argument("--out", type=Path, default=None, help="append the JSON rows to this file")
     args = ap.parse_args(argv)
     for opt in ("prompt_len", "new", "steps"):
@@ -298,6 +319,11 @@ def main(argv: list[str] | None = None) -> int:
             emit(engine)
             rows = [bare, engine, diff_row(gamma, bare, bare_summary, engine, engine_summary)]
             emit(rows[-1])
+            if args.torch_tail:
+                with torch_tail():
+                    old, _ = engine_row(args, target, drafter, gamma, prompt, device, case="engine_torch_tail")
+                emit(old)
+                rows.append(old)
         except Exception as exc:  # noqa: BLE001 - one γ failing leaves the other's rows
             emit({"row": "engine_profile", "gamma": gamma, "error": f"{type(exc).__name__}: {exc}"[:400]})
         print_rows(rows)

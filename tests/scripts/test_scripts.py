@@ -146,17 +146,19 @@ def test_profile_engine_runs_on_a_tiny_model(tmp_path, monkeypatch):
     """The engine-vs-bare profile on CPU: structure only (no device timeline there, said so), both γ."""
     out = tmp_path / "engine_profile.jsonl"
     _run_main(ROOT / "scripts" / "profile_engine.py", ["--shape", "tiny", "--device", "cpu", "--new", "10", "--steps",
-                                                        "3", "--prompt-len", "6", "--gammas", "0", "2", "--out",
-                                                        str(out)], monkeypatch)
+                                                        "3", "--prompt-len", "6", "--gammas", "0", "2", "--torch-tail",
+                                                        "--out", str(out)], monkeypatch)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [(r["case"], r["gamma"]) for r in rows] == [(c, g) for g in (0, 2) for c in ("bare", "engine", "diff")]
-    for bare, engine, diff in (rows[:3], rows[3:]):
+    cases = ("bare", "engine", "diff", "engine_torch_tail")
+    assert [(r["case"], r["gamma"]) for r in rows] == [(c, g) for g in (0, 2) for c in cases]
+    for bare, engine, diff, old in (rows[:4], rows[4:]):
+        assert old["tokens_per_step"] == engine["tokens_per_step"] and old["phase_steps"] == 3
         assert bare["timeline"] is None and "no CUDA device" in bare["timeline_why"] and engine["timeline"] is None
         assert bare["wall_us"] > 0 and engine["wall_us"] > 0 and engine["tokens_per_step"] >= 1
         assert engine["phase_steps"] == 3 and engine["phases_us"]["step"] >= engine["phases_us"]["MODEL verify"]
         assert {"commit", "step_shape", "admit", "MODEL draft"} <= set(engine["phases_us"])
         assert diff["wall_us"] == pytest.approx(engine["wall_us"] - bare["wall_us"], abs=0.11)
-    assert rows[4]["phases_us"]["MODEL draft"] > rows[1]["phases_us"]["MODEL draft"]  # γ = 2 drafts, γ = 0 does not
+    assert rows[5]["phases_us"]["MODEL draft"] > rows[1]["phases_us"]["MODEL draft"]  # γ = 2 drafts, γ = 0 does not
 
 
 def test_profile_decode_attributes_gpu_kernels_by_order():
