@@ -4,7 +4,9 @@
 
 Tables: decode speed and MBU per shape and variant (prefill excluded and included, measured-copy and datasheet
 peaks); the kernel groups of one step per shape and variant (µs, share of the step, GB/s); the GEMM timings per
-shape (cuBLAS vs the Triton GEMM); c and kernels per drafted token on the pair. Rows with an "error" are listed.
+shape (cuBLAS vs the Triton GEMM); c and kernels per drafted token on the pair; and scripts/profile_engine.py's
+rows (the engine's step against the bare graph step per γ, the device events the engine adds, the argmax timings).
+Rows with an "error" are listed.
 """
 
 from __future__ import annotations
@@ -87,6 +89,44 @@ def draft_table(rows: list[dict]) -> list[str]:
     return out
 
 
+def engine_profile_tables(rows: list[dict]) -> list[str]:
+    """scripts/profile_engine.py's rows: per γ, the bare step, the engine (and its torch-tail A/B) and their
+    difference, µs per step; then what the engine adds, event by event."""
+    out = []
+    profiled = [r for r in rows if r.get("row") == "engine_profile" and "error" not in r]
+    for gamma in sorted({r["gamma"] for r in profiled}):
+        mine = [r for r in profiled if r["gamma"] == gamma]
+        out += [f"**γ = {gamma}** (µs per step; GPU timeline from torch.profiler's CUDA activity):", "",
+                "| case | wall | busy | idle | idle between launches | kernel time | kernels | graph launches | "
+                "outside graphs µs (events) | syncs (host µs) |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in mine:
+            t = r.get("timeline") if r["case"] != "diff" else r
+            if not t:
+                out.append(f"| {r['case']} | {num(r['wall_us'])} | – | – | – | – | – | – | – | – |")
+                continue
+            syncs = t.get("syncs")
+            sync = "–" if syncs is None else f"{sum(x['us'] for x in syncs):.0f} ({sum(x['count'] for x in syncs):g})"
+            out.append(f"| {r['case']} | {num(r['wall_us'])} | {num(t.get('busy_us'))} | {num(t.get('idle_us'))} | "
+                       f"{num(t.get('idle_between_launches_us'))} | {num(t.get('kernel_us'))} | "
+                       f"{num(t.get('kernels'), '.1f')} | {num(t.get('graph_launches'), '.2f')} | "
+                       f"{num(t.get('outside_graph_us'))} ({num(t.get('outside_graph_events'), '.2f')}) | {sync} |")
+        for r in mine:
+            if r["case"] == "diff" and r.get("added_device_events"):
+                out += ["", "Device events the engine adds per step (count, µs):", ""]
+                out += [f"- {e['count']:g} × `{e['name'][:90]}`: {e['us']:.1f} µs" for e in r["added_device_events"]]
+            if r["case"] == "engine" and r.get("phases_us"):
+                phases = ", ".join(f"{k} {v:.0f}" for k, v in r["phases_us"].items())
+                out += ["", f"Engine phases (µs, median of {r['phase_steps']} steps; model bodies between syncs): "
+                            f"{phases}"]
+        out.append("")
+    timings = [r for r in rows if r.get("row") == "argmax" and "error" not in r]
+    if timings:
+        out += ["| logits | torch.argmax + invalid_scores µs | torch.argmax µs | greedy_tokens µs |", "|---|---|---|---|"]
+        out += [f"| [1, {r['positions']}, {r['vocab']}] | {r['torch_argmax_and_invalid_scores_us']} | "
+                f"{r['torch_argmax_us']} | {r['greedy_tokens_us']} |" for r in timings]
+    return out
+
+
 def render(rows: list[dict]) -> str:
     peaks = [r for r in rows if r.get("row") == "peak"]
     lines = [f"Device: {peaks[0]['device']}; copy {peaks[0]['copy_TBps']} TB/s measured, datasheet "
@@ -97,7 +137,7 @@ def render(rows: list[dict]) -> str:
             phases = ", ".join(f"{k} {v:.0f}" for k, v in r["engine_step_us"].items())
             lines += [f"Engine {r['shape']}: µs per decode step (median of {r['engine_steps_timed']}): {phases}; outside "
                       f"the model body {r.get('engine_outside_model_us', '–')} µs", ""]
-    lines += profile_tables(rows) + gemm_table(rows) + [""] + draft_table(rows)
+    lines += profile_tables(rows) + gemm_table(rows) + [""] + draft_table(rows) + [""] + engine_profile_tables(rows)
     errors = [r for r in rows if "error" in r]
     if errors:
         lines += ["", "Errors:"] + [f"- {r.get('row')} {r.get('shape') or r.get('pair')} {r.get('variant', '')}: "

@@ -142,7 +142,7 @@ def test_profile_decode_runs_on_a_tiny_model(tmp_path, monkeypatch, capsys):
     assert "| tiny | auto | " in text and "| qkv | " in text and f"| {draft['c']:.3f} |" in text
 
 
-def test_profile_engine_runs_on_a_tiny_model(tmp_path, monkeypatch):
+def test_profile_engine_runs_on_a_tiny_model(tmp_path, monkeypatch, capsys):
     """The engine-vs-bare profile on CPU: structure only (no device timeline there, said so), both γ."""
     out = tmp_path / "engine_profile.jsonl"
     _run_main(ROOT / "scripts" / "profile_engine.py", ["--shape", "tiny", "--device", "cpu", "--new", "10", "--steps",
@@ -159,6 +159,35 @@ def test_profile_engine_runs_on_a_tiny_model(tmp_path, monkeypatch):
         assert {"commit", "step_shape", "admit", "MODEL draft"} <= set(engine["phases_us"])
         assert diff["wall_us"] == pytest.approx(engine["wall_us"] - bare["wall_us"], abs=0.11)
     assert rows[5]["phases_us"]["MODEL draft"] > rows[1]["phases_us"]["MODEL draft"]  # γ = 2 drafts, γ = 0 does not
+    # the Markdown of those rows, and of GPU-shaped rows (a timeline made from a hand-made trace)
+    from specdec.bench.timeline import added_events, summarize
+
+    def trace(extra: bool):
+        ev = [{"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 0.0, "dur": 2.0, "args": {"correlation": 1}},
+              {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 3.0, "dur": 40.0, "args": {"correlation": 1}}]
+        if extra:
+            ev += [{"ph": "X", "cat": "kernel", "name": "commit", "ts": 44.0, "dur": 2.0, "args": {"correlation": 1}},
+                   {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": 46.0, "dur": 9.0,
+                    "args": {"correlation": 2}},
+                   {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH", "ts": 50.0, "dur": 1.0, "args": {"correlation": 2}}]
+        return summarize(ev, steps=1)
+
+    bare_t, engine_t = trace(False), trace(True)
+    gpu = [{"row": "engine_profile", "case": "bare", "gamma": 9, "wall_us": 44.0, "timeline": bare_t.per_step()},
+           {"row": "engine_profile", "case": "engine", "gamma": 9, "wall_us": 56.0, "timeline": engine_t.per_step(),
+            "phases_us": {"step": 55.0}, "phase_steps": 1},
+           {"row": "engine_profile", "case": "diff", "gamma": 9, "wall_us": 12.0, "busy_us": 3.0, "idle_us": 9.0,
+            "added_device_events": added_events(bare_t, engine_t)},
+           {"row": "argmax", "vocab": 128, "positions": 1, "torch_argmax_and_invalid_scores_us": 9.0,
+            "torch_argmax_us": 5.0, "greedy_tokens_us": 2.0}]
+    with open(out, "a", encoding="utf-8") as fh:
+        fh.write("".join(json.dumps(r) + "\n" for r in gpu))
+    capsys.readouterr()
+    _run_main(ROOT / "scripts" / "profile_tables.py", [str(out)], monkeypatch)
+    text = capsys.readouterr().out
+    assert "**γ = 0**" in text and "**γ = 2**" in text and "| engine_torch_tail | " in text
+    assert "| engine | 56.0 | 43.0 | 12.0 | 4.0 | 42.0 | 2.0 | 1.00 | 1.0 (1.00) | 9 (1) |" in text and "- 1 × `commit`: 2.0 µs" in text
+    assert "| [1, 1, 128] | 9.0 | 5.0 | 2.0 |" in text
 
 
 def test_profile_decode_attributes_gpu_kernels_by_order():
