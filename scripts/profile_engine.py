@@ -18,7 +18,11 @@ launches, the kernels that ran OUTSIDE any graph (name, count, µs), copies, the
 every CUDA call's host µs, the largest idle gaps and what they sit between. The engine adds its phases
 (`specdec.engine.profile.phase_timer`; the model bodies timed between device syncs, so those steps run slower —
 a separate window). A "diff" row per γ itemises engine − bare: wall, busy, idle, kernel time, kernels, and the
-device events the engine runs beyond the bare step. `--torch-tail` adds an "engine_torch_tail" row: the engine with
+device events the engine runs beyond the bare step. Each engine row also times whole requests as BENCHMARKS' figures were taken (decode from the first token to
+the last; "request") and the same with the heap frozen first ("request_gc_frozen": `gc.collect(); gc.freeze()`),
+with Python's garbage collections counted in every window (a full collection of a heap holding torch and the
+captured graphs pauses the process for 0.1-0.7 s: spread over a 128-token request, ~1 ms per token).
+`--torch-tail` adds an "engine_torch_tail" row: the engine with
 its greedy verify as before `fast.kernels.argmax` / `engine.greedy_commit` (torch.argmax, the NaN check and ~70
 small torch launches), the A/B of those kernels in one process. Rows are JSON lines on stdout and appended to `--out`.
 
@@ -153,6 +157,52 @@ class EngineRun:
             self.engine.step()
 
 
+class GcWatch:
+    """Python's garbage collections while the context lasts: count and pause ms per generation (`gc.callbacks`)."""
+
+    def __enter__(self):
+        self.count, self.ms, self._start = [0, 0, 0], [0.0, 0.0, 0.0], 0.0
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc):
+        gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.count[info["generation"]] += 1
+            self.ms[info["generation"]] += (time.perf_counter() - self._start) * 1e3
+
+    def report(self) -> dict:
+        return {"gc_collections": self.count, "gc_ms": [round(v, 2) for v in self.ms]}
+
+
+def request_timing(engine, prompt, params, device, frozen: bool) -> dict:
+    """One whole request, decode timed from its first token to its last (as scripts/tp_probe.py's `decode`, the
+    figure BENCHMARKS quotes), with the collections that fell inside; `frozen`: the heap frozen first
+    (`gc.collect(); gc.freeze()`, what `specdec serve` does after its warm-up), unfrozen after."""
+    if frozen:
+        gc.collect()
+        gc.freeze()
+    try:
+        run = EngineRun(engine, prompt, params)
+        with GcWatch() as watch:
+            sync(device)
+            start, steps = time.perf_counter(), 0
+            while engine.has_unfinished():
+                run.step()
+                steps += 1
+            sync(device)
+            seconds = time.perf_counter() - start
+    finally:
+        if frozen:
+            gc.unfreeze()
+    return {"tok_per_s": round(run.produced / seconds, 2), "us_per_step": round(seconds / max(steps, 1) * 1e6, 1),
+            "steps": steps, "tokens": run.produced, **watch.report()}
+
+
 @contextmanager
 def torch_tail():
     """The engine's greedy verify as it was before `fast.kernels.argmax` and `engine.greedy_commit`: torch.argmax,
@@ -180,9 +230,11 @@ def engine_row(args, target, drafter, gamma: int, prompt, device, case: str = "e
     engine = Engine(target, drafter if gamma else None, config)
     EngineRun(engine, prompt, params).drain()  # captures the graphs of every step shape this request meets
     run = EngineRun(engine, prompt, params)
-    wall = timed_steps(run.step, args.steps, device)
+    with GcWatch() as timed_gc:
+        wall = timed_steps(run.step, args.steps, device)
     tokens_per_step = run.produced / args.steps
-    timeline, why, summary = traced(run.step, args.steps, device)
+    with GcWatch() as traced_gc:
+        timeline, why, summary = traced(run.step, args.steps, device)
     phases: dict[str, list[float]] = {}
     bodies = ("MODEL verify", "MODEL draft")
     with phase_timer(engine, bodies=True, synchronize=bodies) as timer:
@@ -195,11 +247,14 @@ def engine_row(args, target, drafter, gamma: int, prompt, device, case: str = "e
             for name, seconds in timer.seconds.items():
                 phases.setdefault(name, []).append(seconds * 1e6)
     run.drain()
+    requests = {"request": request_timing(engine, prompt, params, device, frozen=False),
+                "request_gc_frozen": request_timing(engine, prompt, params, device, frozen=True)}
     median = {name: round(statistics.median(v), 1) for name, v in sorted(phases.items())}
     row = {"row": "engine_profile", "case": case, "gamma": gamma, "wall_us": round(wall, 1),
            "tokens_per_step": round(tokens_per_step, 3), "timeline": timeline,
            "phases_us": median, "phase_steps": len(phases.get("step", [])),
-           "phases_outside_bodies_us": round(median.get("step", 0.0) - sum(median.get(b, 0.0) for b in bodies), 1)}
+           "phases_outside_bodies_us": round(median.get("step", 0.0) - sum(median.get(b, 0.0) for b in bodies), 1),
+           "timed_window_gc": timed_gc.report(), "traced_window_gc": traced_gc.report(), **requests}
     if why:
         row["timeline_why"] = why
     del engine
@@ -237,6 +292,9 @@ def print_rows(rows: list[dict]) -> None:
                 print(f"      {key}: {json.dumps(e)[:140]}", file=sys.stderr)
         if "phases_us" in r:
             print(f"      phases: {r['phases_us']}", file=sys.stderr)
+        for key in ("request", "request_gc_frozen"):
+            if key in r:
+                print(f"      {key}: {json.dumps(r[key])}", file=sys.stderr)
 
 
 def argmax_rows(vocab: int, device) -> list[dict]:

@@ -114,6 +114,12 @@ def engine_profile_tables(rows: list[dict]) -> list[str]:
             if r["case"] == "diff" and r.get("added_device_events"):
                 out += ["", "Device events the engine adds per step (count, µs):", ""]
                 out += [f"- {e['count']:g} × `{e['name'][:90]}`: {e['us']:.1f} µs" for e in r["added_device_events"]]
+            for key in ("request", "request_gc_frozen"):
+                if key in r:
+                    q = r[key]
+                    out += ["", f"{r['case']} {key}: {q['tok_per_s']} tok/s, {q['us_per_step']} µs per step over "
+                                f"{q['steps']} steps; garbage collections (gen 0/1/2) {q['gc_collections']}, "
+                                f"{q['gc_ms']} ms"]
             if r["case"] == "engine" and r.get("phases_us"):
                 phases = ", ".join(f"{k} {v:.0f}" for k, v in r["phases_us"].items())
                 out += ["", f"Engine phases (µs, median of {r['phase_steps']} steps; model bodies between syncs): "

@@ -158,6 +158,8 @@ def test_profile_engine_runs_on_a_tiny_model(tmp_path, monkeypatch, capsys):
         assert engine["phase_steps"] == 3 and engine["phases_us"]["step"] >= engine["phases_us"]["MODEL verify"]
         assert {"commit", "step_shape", "admit", "MODEL draft"} <= set(engine["phases_us"])
         assert diff["wall_us"] == pytest.approx(engine["wall_us"] - bare["wall_us"], abs=0.11)
+        for key in ("request", "request_gc_frozen"):  # whole requests, with the collections counted
+            assert engine[key]["tokens"] == 10 - 1 and len(engine[key]["gc_collections"]) == 3
     assert rows[5]["phases_us"]["MODEL draft"] > rows[1]["phases_us"]["MODEL draft"]  # γ = 2 drafts, γ = 0 does not
     # the Markdown of those rows, and of GPU-shaped rows (a timeline made from a hand-made trace)
     from specdec.bench.timeline import added_events, summarize
