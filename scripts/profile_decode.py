@@ -21,7 +21,7 @@ graph and replays it. Rows (JSON lines on stdout and appended to --out):
              norms, RoPE + KV write, activation, LM head, argmax, embedding, memcpy, other) with µs, share of the
              step, bytes and achieved GB/s per group; the sum of kernel times vs the step's wall time (the gap is
              launch gaps inside the graph); kernels per step; the "other" kernels' names
-  "engine"   (--engine) the same model through the request-level engine (CUDA graphs, its host bookkeeping)
+  (the same model through the request-level engine, itemised against this graph step: scripts/profile_engine.py)
   "draft"    (--pair) the zoo pair's shapes with random weights (`specdec.bench.presets.random_zoo_pair`): one
              target step and one draft step of γ chained 1-token drafter forwards (each argmax feeding the next),
              both replayed from CUDA graphs → c = (draft step / γ) / target step, and kernels per drafted token
@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tp_probe import HBM_BYTES_PER_S, SHAPES, decode, llama_shape, timed  # noqa: E402
+from tp_probe import HBM_BYTES_PER_S, SHAPES, llama_shape  # noqa: E402
 
 # variant → the fast model's (kernels, linear_kernel, measured): "auto" = Triton layer kernels, the weight-streaming
 # GEMM only where `kernels.linear.FASTER_THAN_CUBLAS` says, cuBLAS elsewhere; "triton" = the Triton GEMM for every
@@ -365,60 +365,6 @@ def decode_rows(args, name: str, variant: str, model, device, peaks: dict, measu
     return rows
 
 
-def engine_row(args, name: str, model, device, peaks: dict) -> dict:
-    from specdec.engine import Engine, EngineConfig
-    from specdec.request import SamplingParams
-
-    s = model.shape
-    set_variant(model, "auto")
-    prompt = [(7 * j) % min(1000, s.vocab_size - 5) + 5 for j in range(args.prompt_len)]
-    config = EngineConfig(max_batch_size=1, max_seq_len=args.prompt_len + args.new + 16)
-    params = SamplingParams(temperature=0, max_new_tokens=args.new, seed=1234)
-    engine = Engine(model, None, config)
-    try:
-        result, _ = timed(engine, [prompt], params, device)
-        phases = engine_phases(engine, prompt, params, device)
-    finally:
-        engine = None
-        gc.collect()
-    tok_s = result["decode_tokens"] / result["decode_s"]
-    with_prefill = result["total_tokens"] / result["total_s"]
-    step_bytes = model.weight_bytes + kv_bytes_per_token(s, args.prompt_len + args.new / 2, model.embed.element_size())
-    row = {"row": "engine", "shape": name, "variant": "auto", "tok_per_s": round(tok_s, 2),
-           "tok_per_s_with_prefill": round(with_prefill, 2)}
-    for label, peak in peaks.items():
-        if peak:
-            row[f"mbu_{label}"] = round(step_bytes * tok_s / peak, 4)
-            row[f"mbu_{label}_with_prefill"] = round(step_bytes * with_prefill / peak, 4)
-    return {**row, **phases}
-
-
-def engine_phases(engine, prompt, params, device) -> dict:
-    """µs per decode step of the engine's phases (`specdec.engine.profile`), over one more identical run: the whole
-    `step()`, the model body (`MODEL verify`: the graph replay, timed between device syncs, so it is the device's
-    time) and the host phases around it; steps that admit or prefill are left out."""
-    from specdec.engine.profile import phase_timer
-
-    per_step: dict[str, list[float]] = {}
-    with phase_timer(engine, bodies=True, synchronize=("MODEL verify",)) as timer:
-        timer.wrap(engine, "step", "step")
-        engine.add_request(prompt, params)
-        while engine.has_unfinished():
-            timer.clear()
-            engine.step()
-            if timer.calls.get("admit") and timer.truthy.get("admit") or timer.truthy.get("prefill"):
-                continue
-            for name, seconds in timer.seconds.items():
-                per_step.setdefault(name, []).append(seconds * 1e6)
-    steps = len(per_step.get("step", []))
-    sync(device)
-    median = {name: sorted(v)[len(v) // 2] for name, v in per_step.items() if v}
-    out = {"engine_steps_timed": steps, "engine_step_us": {k: round(v, 1) for k, v in sorted(median.items())}}
-    if "step" in median and "MODEL verify" in median:
-        out["engine_outside_model_us"] = round(median["step"] - median["MODEL verify"], 1)
-    return out
-
-
 def pair_models(kind: str, device, dtype):
     from specdec.fast.model import FastLlama
 
@@ -477,7 +423,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="kernel variants to profile in turn (module doc)")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new", type=int, default=128)
-    ap.add_argument("--engine", action="store_true", help="also time the request-level engine (variant auto)")
     ap.add_argument("--pair", choices=["zoo", "tiny"], default=None, help="also measure c on this pair's shapes")
     ap.add_argument("--gamma", type=int, default=4, help="draft tokens per draft step (--pair)")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
@@ -538,11 +483,6 @@ def main(argv: list[str] | None = None) -> int:
                     emit(row)
             except Exception as exc:  # noqa: BLE001
                 emit({"row": "decode", "shape": name, "variant": variant, "error": f"{type(exc).__name__}: {exc}"[:300]})
-        if args.engine:
-            try:
-                emit(engine_row(args, name, model, device, peaks))
-            except Exception as exc:  # noqa: BLE001
-                emit({"row": "engine", "shape": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
         del model
         gc.collect()
         if device.type == "cuda":
