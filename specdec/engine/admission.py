@@ -212,8 +212,10 @@ class Admission:
         starts = [self._running[i].draft_valid if i in lagging else 0 for i in rows]
         ends = [behind[i] if i in lagging else 0 for i in rows]
         extent = max(self._running[i].length for i in rows) + self.max_draft_tokens + 2  # what a row may hold
-        self.drafter.prefill(self.state, slice(rows.start, rows.stop), starts, ends, self.config.prefill_chunk,
-                             extent=extent)
+        # rows of different lengths lag at different offsets: fed ragged where the drafter can (each row from its
+        # own start: rows × the longest lag, not rows × the span of all their offsets)
+        feed = getattr(self.drafter, "prefill_ragged", None) or self.drafter.prefill
+        feed(self.state, slice(rows.start, rows.stop), starts, ends, self.config.prefill_chunk, extent=extent)
         for i in lagging:
             self._running[i].draft_valid = behind[i]
         self.prefill_tokens += fed

@@ -31,7 +31,7 @@ from specdec.core.processors import (
 from specdec.drafters.ngram import NGramDrafter
 from specdec.drafters.protocol import Proposal
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
-from specdec.engine.slots import SlotCache, SlotState, prefill_rows
+from specdec.engine.slots import SlotCache, SlotState, prefill_ragged, prefill_rows
 from specdec.fast.model import FastLlama
 
 __all__ = ["Flavor", "StepView", "EngineModelDrafter", "EngineLookupDrafter", "EngineNGramDrafter", "WINDOW", "refeed_window"]
@@ -166,6 +166,12 @@ class EngineModelDrafter:
         extent, graphs: as `prefill_rows` (extent: no row holds an entry at or past it that must survive, None =
         unknown; graphs: a `PrefillGraphs` replaying chunk shapes seen before, None = eager)."""
         prefill_rows(self.model, self.cache, state, rows, starts, ends, chunk, extent=extent, graphs=graphs)
+
+    def prefill_ragged(self, state: SlotState, rows: slice, starts: list[int], ends: list[int], chunk: int, *,
+                       extent: int | None = None) -> None:
+        """`prefill` with each row's columns from its own start (`slots.prefill_ragged`: rows at different offsets,
+        a catch-up's, share a forward without computing the columns between them)."""
+        prefill_ragged(self.model, self.cache, state, rows, starts, ends, chunk, extent=extent)
 
     def propose(self, context: StepView, num_draft_tokens: int) -> Proposal:
         cache = self.cache.view(slice(0, context.batch), context.num_positions)

@@ -27,7 +27,7 @@ import torch
 
 from specdec.drafters.protocol import Proposal
 from specdec.engine.drafters import StepView
-from specdec.engine.slots import SlotCache, SlotState, prefill_rows
+from specdec.engine.slots import SlotCache, SlotState, prefill_ragged, prefill_rows
 
 __all__ = ["EngineFeatureDrafter", "EngineMedusaDrafter"]
 
@@ -65,6 +65,20 @@ class EngineFeatureDrafter:
         starts = [max(s - self.window, 0) if e > s else s for s, e in zip(starts, ends)]
         prefill_rows(self.head.layer, self.cache, state, rows, starts, ends, chunk, embeds=self._entries, extent=extent,
                      graphs=graphs)
+
+    def prefill_ragged(self, state: SlotState, rows: slice, starts: list[int], ends: list[int], chunk: int, *,
+                       extent: int | None = None) -> None:
+        """`prefill` with each row's columns from its own start (`slots.prefill_ragged`: rows at different offsets,
+        a catch-up's, share a forward without computing the columns between them)."""
+        starts = [max(s - self.window, 0) if e > s else s for s, e in zip(starts, ends)]
+        prefill_ragged(self.head.layer, self.cache, state, rows, starts, ends, chunk, embeds=self._entries_at,
+                       extent=extent)
+
+    def _entries_at(self, rows: slice, cols: torch.Tensor) -> torch.Tensor:
+        """`_entries` at per-row positions `cols [b, width]` (each < capacity − 1 where it matters)."""
+        tokens = self.state.tokens[rows]
+        features = self.state.features[rows].gather(1, cols[..., None].expand(-1, -1, self.feature_dim))
+        return self.head.inputs(features, tokens.gather(1, (cols + 1).clamp(max=tokens.shape[1] - 1)))
 
     def propose(self, context: StepView, num_draft_tokens: int) -> Proposal:
         head, batch, w = self.head, context.batch, self.window

@@ -118,8 +118,9 @@ class ChunkedPrefill:
                 torch.cuda.synchronize(self.device)
         middle = time.perf_counter()
         if drafter:
-            for rows, starts, ends in self._groups(drafter):
-                self.drafter.prefill(self.state, rows, starts, ends, self.config.prefill_chunk, extent=0)
+            ragged = getattr(self.drafter, "prefill_ragged", None)  # (the engine's model drafter and heads)
+            for rows, starts, ends in self._groups(drafter, ragged=ragged is not None):
+                (ragged or self.drafter.prefill)(self.state, rows, starts, ends, self.config.prefill_chunk, extent=0)
             if cuda:
                 torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - start

@@ -333,13 +333,15 @@ def prefill_rows(model: FastLlama, cache: SlotCache, state: SlotState, rows: sli
 
 
 def prefill_ragged(model: FastLlama, cache: SlotCache, state: SlotState, rows: slice, starts: list[int],
-                   ends: list[int], chunk: int, *, features: torch.Tensor | None = None) -> None:
+                   ends: list[int], chunk: int, *, features: torch.Tensor | None = None, embeds=None,
+                   extent: int | None = None) -> None:
     """`prefill_rows` with each row's columns counted from its own start: chunk c of row i feeds positions
     [starts[i] + c·chunk, ...) up to ends[i], so a forward computes rows × (the longest feed, padded to a power of
-    two), not rows × (last end − first start): rows fed at different offsets (chunked prefill's filling requests)
-    share a forward without computing the columns between them. Eager, the target's tokens only (no embeds); every
-    chunk attends over a power-of-two span past max(ends), which nothing beyond the rows' own entries below their
-    starts and what is fed here may need (as `prefill_rows` with extent=0)."""
+    two), not rows × (last end − first start): rows fed at different offsets (chunked prefill's filling requests,
+    a catch-up of rows of different lengths) share a forward without computing the columns between them. Eager.
+    embeds (optional): `embeds(rows, cols) -> [b, width, dim]`, the input vectors at positions `cols [b, width]`.
+    Every chunk attends over a power-of-two span past max(ends) and `extent` (no row holds an entry at or past it
+    that must survive; None: past max(ends) alone, which holds when every row's entries lie below its start)."""
     takes = [max(e - s, 0) for s, e in zip(starts, ends)]
     longest = max(takes, default=0)
     if not longest:
@@ -347,15 +349,16 @@ def prefill_ragged(model: FastLlama, cache: SlotCache, state: SlotState, rows: s
     device, capacity = state.tokens.device, state.tokens.shape[1]
     bounds = to_device([starts, ends], device)  # one transfer: [2, b]
     cache.lengths[rows].copy_(bounds[0])
-    view = cache.view(rows, positions_bucket(max(ends), cache.num_positions))
+    view = cache.view(rows, positions_bucket(max(max(ends), extent or 0), cache.num_positions))
     tokens = state.tokens[rows]
     for rel in range(0, longest, chunk):
         bucket = min(max(16, 1 << (min(chunk, longest - rel) - 1).bit_length()), chunk)
         cols = bounds[0][:, None] + rel + torch.arange(bucket, device=device)[None, :]  # [b, bucket] per row
         valid = cols < bounds[1][:, None]
         at = cols.clamp(max=capacity - 1)  # (past the state: padding, never valid — ends < capacity)
-        _, hidden = model(tokens.gather(1, at) * valid, view, valid, last_only=features is None,
-                          return_hidden=True, compute_logits=False, kernels="reference")
+        vectors = None if embeds is None else embeds(rows, at)
+        _, hidden = model(None if embeds is not None else tokens.gather(1, at) * valid, view, valid, embeds=vectors,
+                          last_only=features is None, return_hidden=True, compute_logits=False, kernels="reference")
         if features is not None:
             block = features[rows]  # [b, capacity, dim] view: the fed positions take the hidden states
             index = at[..., None].expand(-1, -1, block.shape[-1])

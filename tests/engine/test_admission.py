@@ -33,8 +33,9 @@ def test_a_request_admitted_in_a_plain_run_is_fed_to_the_drafter_by_the_catch_up
     outputs: dict = {}
     _run(engine, [3, 0, 0], outputs)
     fed = []
-    prefill = engine.drafter.prefill
+    prefill, ragged = engine.drafter.prefill, engine.drafter.prefill_ragged  # (the catch-up feeds ragged)
     engine.drafter.prefill = lambda *a, **k: fed.append(a[1]) or prefill(*a, **k)
+    engine.drafter.prefill_ragged = lambda *a, **k: fed.append(a[1]) or ragged(*a, **k)
     late = [engine.add_request(p, params) for p in LONG]
     _run(engine, [0], outputs)  # admitted in the plain run: the target prefills them, the drafter does not
     assert fed == [] and engine.num_running == 4
@@ -64,8 +65,9 @@ def test_admission_feeds_the_drafter_when_the_engine_speculates(make_llama):
     at every admission, plain run or not (the bound on the drafter's feed cost)."""
     _, engine = _engine(make_llama)
     fed, timed = [], []
-    prefill = engine.drafter.prefill
+    prefill, ragged = engine.drafter.prefill, engine.drafter.prefill_ragged  # (the catch-up feeds ragged)
     engine.drafter.prefill = lambda *a, **k: fed.append(a[1]) or prefill(*a, **k)
+    engine.drafter.prefill_ragged = lambda *a, **k: fed.append(a[1]) or ragged(*a, **k)
     targets = []
     engine.policy.record_admission = lambda tokens, seconds, requests, target_seconds=None: (
         timed.append((tokens, seconds, requests)), targets.append(target_seconds))
@@ -129,3 +131,26 @@ def test_a_feature_head_admitted_in_a_plain_run_catches_up_to_a_fresh_prefill(ma
         _run(engine, [3], outputs)
     for rid, prompt in zip(first + late, RAGGED_PROMPTS[:2] + LONG):
         assert outputs[rid] == hf_greedy(target, prompt, 30, [])
+
+
+def test_a_catch_up_of_rows_at_different_lengths_is_fed_ragged(make_llama):
+    """Rows of very different lengths lag at very different offsets after a plain run: the catch-up feeds them in
+    one ragged forward (each row from its own start), computing rows × the longest lag instead of rows × the span
+    of their offsets (more than 3x that here); the twin drafter then has every draft accepted (the caches exact)."""
+    _, engine = _engine(make_llama)
+    params = SamplingParams(temperature=0, max_new_tokens=30)
+    for prompt in (LONG[0] * 2 + LONG[1], RAGGED_PROMPTS[0], LONG[1] * 2, RAGGED_PROMPTS[1]):
+        engine.add_request(prompt, params)
+    calls = []
+    ragged = engine.drafter.prefill_ragged
+    engine.drafter.prefill_ragged = lambda state, rows, starts, ends, *a, **k: (
+        calls.append((rows, list(starts), list(ends))), ragged(state, rows, starts, ends, *a, **k))
+    _run(engine, [3] + [0] * 6, {})
+    accepted = engine.stats.accepted_tokens
+    _run(engine, [3], {})  # the catch-up, then a step every draft of which the twin accepts
+    assert engine.stats.accepted_tokens - accepted == 3 * engine.num_running
+    (rows, starts, ends), = calls
+    fed = [(s, e) for s, e in zip(starts, ends) if e > s]
+    computed = (rows.stop - rows.start) * max(e - s for s, e in fed)
+    aligned = (rows.stop - rows.start) * (max(e for _, e in fed) - min(s for s, _ in fed))
+    assert len(fed) == 4 and 3 * computed < aligned
