@@ -62,6 +62,9 @@ class Cell:
     cold: int = 0  # the first `cold` admissions' prefills (drafter's and target's) cost 10x: shapes run first
     deep: float = 1.0  # acceptance at draft depths >= `DEEP` is the row's α times this (i.i.d.: 1)
     new_tokens: tuple = (16, 256)  # each request's max_new_tokens, drawn uniformly in this range
+    prompts: tuple = (30, 2000)  # each request's prompt tokens, drawn uniformly in this range
+    cold_factors: tuple = (10.0, 10.0)  # how much dearer the first `cold` admissions are: (drafter's, target's)
+    draft_token_s: float = 0.0  # a speculative step's drafting per drafted token, reported with it (0: not reported)
 
     def ratio(self, gamma: int, bucket: int | None = None) -> float:
         ratios = self.small_ratios if self.small_ratios and bucket is not None and bucket <= 8 else self.ratios
@@ -126,7 +129,7 @@ def simulate(cell: Cell, gamma="auto", requests: int | None = None, seed: int = 
             if rng.random() < eos:
                 budget = position + 1
                 break
-        waiting.append(_Row(rng.randint(30, 2000), budget, alpha, rng.getrandbits(32)))
+        waiting.append(_Row(rng.randint(*cell.prompts), budget, alpha, rng.getrandbits(32)))
     running: list[_Row] = []
     seconds = tokens = 0.0
     plain_run, catch_ups, captures, gammas, admissions = 0, 0, 0, {}, 0
@@ -145,12 +148,12 @@ def simulate(cell: Cell, gamma="auto", requests: int | None = None, seed: int = 
                 break  # (ramping up: one more request per step)
         if joined:  # one admission of them all, as the engine's (its prefills batched)
             admissions += 1
-            scale = 10.0 if admissions <= cell.cold else 1.0  # a shape's first eager prefill
+            cold_drafter, cold_target = cell.cold_factors if admissions <= cell.cold else (1.0, 1.0)  # first shapes
             prompt = sum(r.prompt for r in joined)
-            target = cell.target_s * scale * len(joined) if cell.target_s else None
+            target = cell.target_s * cold_target * len(joined) if cell.target_s else None
             seconds += target or 0.0
             if cell.admit_s and plain_run == 0:  # the engine feeds the drafter at admission only while speculating
-                fed_s = cell.admit_s * scale * len(joined)
+                fed_s = cell.admit_s * cold_drafter * len(joined)
                 seconds += fed_s
                 if report_admissions:
                     policy.record_admission(prompt, fed_s, requests=len(joined), target_seconds=target)
@@ -208,7 +211,8 @@ def simulate(cell: Cell, gamma="auto", requests: int | None = None, seed: int = 
         else:
             policy.record_step(bucket, g, t, produced / n, length=longest, catch_up_of=plain_run if caught_up else 0,
                                rows=n, catch_up_share=share if report_admissions else 1.0, catch_up_prompts=fed,
-                               accepted=accepted_rows if report_depths else None)
+                               accepted=accepted_rows if report_depths else None,
+                               draft_seconds=cell.draft_token_s * g * n if cell.draft_token_s and g else None)
         plain_run = plain_run + 1 if g == 0 else 0
         running = [r for r in running if r.budget > 0]
     return {"tok_s": tokens / seconds, "steps": sum(gammas.values()), "gammas": gammas, "catch_ups": catch_ups,

@@ -285,7 +285,8 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
             self.policy.record_step(batch, gamma, seconds, produced / n, length=longest, rows=n,
                                     catch_up_of=self._plain_run if caught_up else 0,
                                     catch_up_share=self._catch_up_share, catch_up_prompts=self._catch_up_prompts,
-                                    accepted=record.num_accepted, drafted=record.num_drafted)  # (per slot)
+                                    accepted=record.num_accepted, drafted=record.num_drafted,  # (per slot)
+                                    draft_seconds=record.draft_time_s)
         elif capturing:  # a capture in the middle of traffic (a shape the warm-up did not build): what it cost
             self.policy.record_capture(seconds)
         if not first_run:

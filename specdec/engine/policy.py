@@ -63,7 +63,8 @@ from __future__ import annotations
 
 from specdec.engine.policy_admission import AdmissionCost
 from specdec.engine.policy_depth import DepthProfile, extra_tokens as _extra_tokens
-from specdec.engine.policy_times import borrow as _borrow, interpolate as _interpolate, median as _median
+from specdec.engine.policy_times import (borrow as _borrow, interpolate as _interpolate, length_bucket,
+                                         median as _median)
 
 
 __all__ = ["GammaPolicy", "CANDIDATES"]
@@ -85,7 +86,6 @@ _EXPLORE_MIN = 4  # the fewest decisions between two probes of another arm
 _EXPLORE_BUDGET = 0.01  # the share of the run's time probes are expected to lose
 _PRIOR_ALPHA, _PRIOR_WEIGHT = 0.5, 8.0  # α before any row was verified; weight (positions) of a row's prior (4
 # let a lookup row's first failed all-or-nothing drafts pin it to plain steps, which add no evidence: BENCHMARKS)
-_MIN_LENGTH_BUCKET = 64
 
 
 class _RowEstimate:
@@ -96,11 +96,6 @@ class _RowEstimate:
 
     def totals(self) -> tuple[float, float, float, float]:
         return self.beta_sum, self.reached, self.spec_steps, self.drafting_steps
-
-
-def length_bucket(length: int) -> int:
-    """The power-of-two bucket (at least 64) a running batch whose longest row has `length` tokens falls in."""
-    return max(_MIN_LENGTH_BUCKET, 1 << max(int(length) - 1, 0).bit_length())
 
 
 class GammaPolicy:
@@ -331,15 +326,19 @@ class GammaPolicy:
     # ------------------------------------------------------------------------------------ measurements
     def record_step(self, batch: int, gamma: int, seconds: float, tokens_per_row: float,
                     length: int | None = None, catch_up_of: int = 0, catch_up_share: float = 1.0,
-                    rows: int = 1, catch_up_prompts: int = 0, accepted=None, drafted=None) -> None:
+                    rows: int = 1, catch_up_prompts: int = 0, accepted=None, drafted=None,
+                    draft_seconds: float | None = None) -> None:
         """A whole step at (b, γ, the longest row's `length`) took `seconds` and each of its `rows` running rows
         produced `tokens_per_row` on average. catch_up_of > 0: the step first fed the drafter what that many plain
         steps committed; `catch_up_share` of its time beyond the usual step at its cell is charged to them
         (`record_catch_up`; the rest fed `catch_up_prompts` prompt tokens admitted in the plain run, which admission
         feeds otherwise: a sample of the drafter's seconds per prompt token, `policy_admission`). accepted / drafted:
-        per running row (slot order) its accepted drafts and its draft length (`policy_depth`; None: not told)."""
+        per running row (slot order) its accepted drafts and its draft length (`policy_depth`; None: not told);
+        draft_seconds: the step's drafting (a bound on the drafter's feed cost per token, `policy_admission`)."""
         self._clock += max(seconds, 0.0)
         self.admission.stepped(gamma, tokens_per_row * rows, rows)
+        if gamma and draft_seconds is not None:
+            self.admission.drafted(draft_seconds, sum(drafted[:rows]) if drafted is not None else gamma * rows)
         if gamma and accepted is not None and self.fixed is None:  # (the rows' α are those "auto" last decided on)
             self.depth.observe(self._step_rows, accepted, drafted if drafted is not None else [gamma] * len(accepted))
         if catch_up_of > 0:

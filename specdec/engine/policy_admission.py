@@ -23,6 +23,12 @@ read 1.85x. A decayed mean of the feeds alone let the first cold feeds, ~10x the
 a plain run never re-measures them: issue 21's H200 recheck after that fix, 64 slots, auto 1.07x where γ = 2 read
 1.70x, 15.5 µs per prompt token fed in the auto row where the fixed-γ rows of the same engine read 1.3–1.6.)
 Leaving a plain run also feeds the drafter the prompts that run admitted (`backlog`): a one-time cost of the switch.
+The feed cost is also at most the drafter's median seconds per token it drafts in a step (`drafted`: a step's draft
+phase over rows × γ; a prefill feeds a chunk per pass where a step drafts one token per row), measured in every
+speculative step, the probes and first timings of a plain run included: issue 21's H200 run of 2026-11-27 (64 slots,
+the model drafter) kept the estimate at the target's cold 15.9 µs per prompt token — the cold feeds of the first
+admissions and their cold ratio to the target's prefill, never re-measured in the plain run that estimate caused —
+and "auto" read 0.80x plain where a fixed γ = 4 read 1.62x (its feeds: 1.6 µs per prompt token).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ class AdmissionCost:
         self._feed = deque(maxlen=_FEED_WINDOW)  # (drafter seconds feeding prompts, prompt tokens fed) per feed
         self._target = deque(maxlen=_FEED_WINDOW)  # (target seconds prefilling prompts, prompt tokens) per admission
         self._ratio = deque(maxlen=_FEED_WINDOW)  # (drafter's feed seconds, target's prefill seconds): same prompts
+        self._draft = deque(maxlen=_FEED_WINDOW)  # (seconds drafting, tokens drafted) per speculative step
         self._prompts = [0.0, 0.0]  # decayed (prompt tokens admitted, requests admitted): every admission
         self._flow = [0.0, 0.0]  # decayed (requests finished, tokens produced): every step
         self._rows_before, self._joined = 0, 0  # rows of the last step; requests admitted since
@@ -48,11 +55,13 @@ class AdmissionCost:
 
     def feed_per_prompt_token(self) -> float | None:
         """The drafter's median seconds per prompt token over its last feeds, at most the target's over its last
-        prefills (None: nothing fed yet)."""
-        feed, target, ratio = _rate(self._feed), _rate(self._target), _rate(self._ratio)
-        if feed is None or target is None:
-            return feed
-        return min(feed, target, ratio * target) if ratio is not None else min(feed, target)
+        prefills, that times the drafter's share of the target's prefill, and the drafter's median seconds per token
+        it drafts in a step (None: nothing fed yet)."""
+        feed, target, ratio, draft = _rate(self._feed), _rate(self._target), _rate(self._ratio), _rate(self._draft)
+        if feed is None:
+            return None
+        bounds = [feed, target, ratio * target if ratio is not None and target is not None else None, draft]
+        return min(b for b in bounds if b is not None)
 
     def per_token(self) -> float:
         """Seconds of prompt feeding per token of a speculative step (0 before anything was fed or finished)."""
@@ -102,6 +111,13 @@ class AdmissionCost:
             self._prompts = [self._prompts[0] * _FEED_DECAY ** requests + max(prompt_tokens, 0),
                              self._prompts[1] * _FEED_DECAY ** requests + requests]
 
+    def drafted(self, seconds: float, tokens: int) -> None:
+        """A speculative step's drafting took `seconds` for `tokens` drafted tokens (rows × γ): a bound on what feeding
+        the drafter a prompt token costs (a prefill feeds a chunk of a prompt in one pass, a step drafts one token per
+        row a pass), measured in every speculative step — the probes of a plain run included."""
+        if tokens > 0 and seconds > 0:
+            self._draft.append((seconds, tokens))
+
     def fed(self, seconds: float, prompt_tokens: int) -> None:
         """The drafter was fed `prompt_tokens` prompt tokens in `seconds` (an admission, a catch-up's prompt share)."""
         if prompt_tokens > 0:
@@ -123,6 +139,7 @@ class AdmissionCost:
         return {"admit_ms_per_token": self.per_token() * 1e3 if feed is not None and requests and produced else None,
                 "feed_us_per_prompt_token": feed * 1e6 if feed is not None else None,
                 "target_prefill_us_per_prompt_token": target * 1e6 if target is not None else None,
+                "draft_us_per_token": _rate(self._draft) * 1e6 if self._draft else None,
                 "prompt_tokens_per_request": prompts / requests if requests else None,
                 "tokens_per_request": produced / finished if finished else None}
 

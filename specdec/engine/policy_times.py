@@ -1,10 +1,18 @@
-"""Step-time tables of the γ policy (`specdec.engine.policy`): medians, borrowing across buckets, interpolation in γ."""
+"""Step-time tables of the γ policy (`specdec.engine.policy`): medians, borrowing across buckets, interpolation in γ,
+length buckets."""
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["borrow", "median", "interpolate"]
+__all__ = ["borrow", "median", "interpolate", "length_bucket"]
+
+_MIN_LENGTH_BUCKET = 64
+
+
+def length_bucket(length: int) -> int:
+    """The power-of-two bucket (at least 64) a running batch whose longest row has `length` tokens falls in."""
+    return max(_MIN_LENGTH_BUCKET, 1 << max(int(length) - 1, 0).bit_length())
 
 
 def borrow(cells: dict[int, dict[int, float]], key: int) -> dict[int, float]:

@@ -212,3 +212,17 @@ def test_the_feed_cost_is_a_median_so_a_cold_full_batch_is_outvoted_by_two_warm_
     for _ in range(_FEED_WINDOW):  # all gone after a window of warm feeds
         policy.record_admission(1000, 0.0015, requests=1)
     assert policy.report()["feed_us_per_prompt_token"] == pytest.approx(1.5)
+
+
+def test_the_feed_cost_is_at_most_what_the_drafter_measures_per_token_it_drafts():
+    """Cold feeds only (15 µs a prompt token), the target's prefill as cold, no warm pair to scale by: the steps'
+    drafting (0.4 ms for 64 rows × γ 4 = 1.6 µs a token) bounds the estimate — measured at fixed γ's too."""
+    policy = GammaPolicy(4, 8, plain_catches_up=True)
+    policy.record_admission(64_000, 0.96, requests=64, target_seconds=0.96)
+    assert policy.report()["feed_us_per_prompt_token"] == pytest.approx(15.0)
+    for _ in range(3):
+        policy.record_step(64, 4, 0.004, 3.0, rows=64, draft_seconds=0.0004)
+    report = policy.report()
+    assert report["feed_us_per_prompt_token"] == pytest.approx(1.5625) == report["draft_us_per_token"]
+    policy.record_step(64, 0, 0.002, 1.0, rows=64, draft_seconds=0.0)  # a plain step drafts nothing: no sample
+    assert policy.report()["draft_us_per_token"] == pytest.approx(1.5625)
