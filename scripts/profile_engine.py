@@ -17,7 +17,9 @@ For each: wall µs per step (host clock over `--steps` steps, unprofiled) and to
 launches, the kernels that ran OUTSIDE any graph (name, count, µs), copies, the host calls that wait (syncs) and
 every CUDA call's host µs, the largest idle gaps and what they sit between. The engine adds its phases
 (`specdec.engine.profile.phase_timer`; the model bodies timed between device syncs, so those steps run slower —
-a separate window). A "diff" row per γ itemises engine − bare: wall, busy, idle, kernel time, kernels, and the
+a separate window), and a host window without added syncs: µs per step of the graph launches
+(`CUDAGraph.replay`'s host side), the step's clock (its wait for the device), the table's read, the policy, the
+statistics; the bare row gives `graph.replay()`'s host µs issued after a sync and while the device is busy. A "diff" row per γ itemises engine − bare: wall, busy, idle, kernel time, kernels, and the
 device events the engine runs beyond the bare step. Each engine row also times whole requests as BENCHMARKS' figures were taken (decode from the first token to
 the last; "request") and the same with the heap frozen first ("request_gc_frozen": `gc.collect(); gc.freeze()`),
 with Python's garbage collections counted in every window (a full collection of a heap holding torch and the
@@ -132,7 +134,7 @@ def bare_row(args, target, drafter, gamma: int, prompt, device) -> tuple[dict, o
     wall = timed_steps(step.run, args.steps, device)
     timeline, why, summary = traced(step.run, args.steps, device)
     row = {"row": "engine_profile", "case": "bare", "gamma": gamma, "wall_us": round(wall, 1),
-           "tokens_per_step": 1.0, "timeline": timeline}
+           "tokens_per_step": 1.0, "timeline": timeline, **bare_launch(step, device)}
     if why:
         row["timeline_why"] = why
     return row, summary
@@ -177,6 +179,58 @@ class GcWatch:
 
     def report(self) -> dict:
         return {"gc_collections": self.count, "gc_ms": [round(v, 2) for v in self.ms]}
+
+
+def host_breakdown(engine, run, steps: int) -> dict:
+    """Median host µs per step (no device syncs added: the step as it runs) of the engine's step and the calls
+    inside it: the graph launches (`CUDAGraph.replay`, host side only), the step's clock (event marks; `elapsed`
+    holds the step's one wait for the device), the table's read (`StepRecord.unpack`), the policy, the statistics
+    fold, and the engine's phases. Without CUDA graphs (CPU) "replay" stays empty."""
+    from specdec.engine.profile import phase_timer
+    from specdec.metrics import Clock, SpecStats
+    from specdec.step import StepRecord
+
+    per_step: dict[str, list[float]] = {}
+    with phase_timer(engine) as timer:
+        timer.wrap(engine, "step", "step")
+        timer.wrap(engine.policy, "choose", "policy.choose")
+        timer.wrap(engine.policy, "record_step", "policy.record_step")
+        timer.wrap(StepRecord, "unpack", "StepRecord.unpack")
+        timer.wrap(Clock, "mark", "Clock.mark")
+        timer.wrap(Clock, "elapsed", "Clock.elapsed (the wait)")
+        timer.wrap(SpecStats, "add_step", "SpecStats.add_step")
+        if torch.cuda.is_available():
+            timer.wrap(torch.cuda.CUDAGraph, "replay", "CUDAGraph.replay (launch)")
+        for _ in range(steps):
+            if not engine.has_unfinished():
+                break
+            timer.clear()
+            run.step()
+            for name in set(timer.seconds) | {"step"}:
+                per_step.setdefault(name, []).append(timer.seconds.get(name, 0.0) * 1e6)
+    out = {name: round(statistics.median(v), 1) for name, v in sorted(per_step.items())}
+    wait = out.get("Clock.elapsed (the wait)", 0.0)
+    out["host_outside_the_wait"] = round(out.get("step", 0.0) - wait, 1)
+    return out
+
+
+def bare_launch(step, device, reps: int = 16) -> dict:
+    """Host µs of one `graph.replay()` call of the bare step: issued with the device idle (after a sync, as the
+    engine issues its step) and issued while the device is busy (back to back, as the bare loop does)."""
+    if step.graph is None:
+        return {}
+    idle, busy = [], []
+    for _ in range(reps):
+        sync(device)
+        start = time.perf_counter()
+        step.run()
+        idle.append((time.perf_counter() - start) * 1e6)
+        start = time.perf_counter()
+        step.run()
+        busy.append((time.perf_counter() - start) * 1e6)
+    sync(device)
+    return {"launch_after_sync_us": round(statistics.median(idle), 1),
+            "launch_while_busy_us": round(statistics.median(busy), 1)}
 
 
 def request_timing(engine, prompt, params, device, frozen: bool) -> dict:
@@ -246,6 +300,7 @@ def engine_row(args, target, drafter, gamma: int, prompt, device, case: str = "e
             run.step()
             for name, seconds in timer.seconds.items():
                 phases.setdefault(name, []).append(seconds * 1e6)
+    host = host_breakdown(engine, run, args.steps)
     run.drain()
     requests = {"request": request_timing(engine, prompt, params, device, frozen=False),
                 "request_gc_frozen": request_timing(engine, prompt, params, device, frozen=True)}
@@ -254,7 +309,7 @@ def engine_row(args, target, drafter, gamma: int, prompt, device, case: str = "e
            "tokens_per_step": round(tokens_per_step, 3), "timeline": timeline,
            "phases_us": median, "phase_steps": len(phases.get("step", [])),
            "phases_outside_bodies_us": round(median.get("step", 0.0) - sum(median.get(b, 0.0) for b in bodies), 1),
-           "timed_window_gc": timed_gc.report(), "traced_window_gc": traced_gc.report(), **requests}
+           "timed_window_gc": timed_gc.report(), "traced_window_gc": traced_gc.report(), "host_us": host, **requests}
     if why:
         row["timeline_why"] = why
     del engine
@@ -292,6 +347,11 @@ def print_rows(rows: list[dict]) -> None:
                 print(f"      {key}: {json.dumps(e)[:140]}", file=sys.stderr)
         if "phases_us" in r:
             print(f"      phases: {r['phases_us']}", file=sys.stderr)
+        if "host_us" in r:
+            print(f"      host µs per step: {json.dumps(r['host_us'])}", file=sys.stderr)
+        if "launch_after_sync_us" in r:
+            print(f"      graph.replay host µs: after a sync {r['launch_after_sync_us']}, while busy "
+                  f"{r['launch_while_busy_us']}", file=sys.stderr)
         for key in ("request", "request_gc_frozen"):
             if key in r:
                 print(f"      {key}: {json.dumps(r[key])}", file=sys.stderr)
@@ -325,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gammas", type=int, nargs="+", default=[0, 4], help="γ per pair of rows (0 = plain)")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new", type=int, default=128, help="max_new_tokens of the engine's request")
-    ap.add_argument("--steps", type=int, default=24, help="steps per window (timed, traced, phases)")
+    ap.add_argument("--steps", type=int, default=24, help="steps per window (timed, traced, phases, host)")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--torch-tail", action="store_true",
                     help="also run the engine with the greedy verify's torch tail (before the fused kernels): an A/B")
@@ -336,8 +396,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--{opt.replace('_', '-')} must be >= 1")
     if any(g < 0 or g > 8 for g in args.gammas):
         ap.error(f"--gammas must be in [0, 8], got {args.gammas}")
-    if args.new < 3 * args.steps + 1:
-        ap.error(f"--new {args.new} must be >= 3 × --steps + 1 = {3 * args.steps + 1} (three windows of steps)")
+    if args.new < 4 * args.steps + 1:
+        ap.error(f"--new {args.new} must be >= 4 × --steps + 1 = {4 * args.steps + 1} (four windows of steps)")
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda needs a CUDA device (use --device cpu for the smoke run)")
     device = torch.device(args.device)

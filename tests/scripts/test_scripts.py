@@ -144,7 +144,7 @@ def test_profile_decode_runs_on_a_tiny_model(tmp_path, monkeypatch, capsys):
 def test_profile_engine_runs_on_a_tiny_model(tmp_path, monkeypatch, capsys):
     """The engine-vs-bare profile on CPU: structure only (no device timeline there, said so), both γ."""
     out = tmp_path / "engine_profile.jsonl"
-    _run_main(ROOT / "scripts" / "profile_engine.py", ["--shape", "tiny", "--device", "cpu", "--new", "10", "--steps",
+    _run_main(ROOT / "scripts" / "profile_engine.py", ["--shape", "tiny", "--device", "cpu", "--new", "13", "--steps",
                                                         "3", "--prompt-len", "6", "--gammas", "0", "2", "--torch-tail",
                                                         "--out", str(out)], monkeypatch)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -158,7 +158,10 @@ def test_profile_engine_runs_on_a_tiny_model(tmp_path, monkeypatch, capsys):
         assert {"commit", "step_shape", "admit", "MODEL draft"} <= set(engine["phases_us"])
         assert diff["wall_us"] == pytest.approx(engine["wall_us"] - bare["wall_us"], abs=0.11)
         for key in ("request", "request_gc_frozen"):  # whole requests, with the collections counted
-            assert engine[key]["tokens"] == 10 - 1 and len(engine[key]["gc_collections"]) == 3
+            assert engine[key]["tokens"] == 13 - 1 and len(engine[key]["gc_collections"]) == 3
+        host = engine["host_us"]  # the host window: the step's calls, no graph launches on CPU
+        assert host["step"] >= host["StepRecord.unpack"] > 0 and host["policy.choose"] > 0
+        assert "CUDAGraph.replay (launch)" not in host and host["host_outside_the_wait"] <= host["step"]
     assert rows[5]["phases_us"]["MODEL draft"] > rows[1]["phases_us"]["MODEL draft"]  # γ = 2 drafts, γ = 0 does not
     # the Markdown of those rows, and of GPU-shaped rows (a timeline made from a hand-made trace)
     from specdec.bench.timeline import added_events, summarize
