@@ -50,20 +50,18 @@ length past its bound — has no arm built and captures whatever runs). Without 
 carries its capture (measured by `record_capture`, else `_CAPTURE_PRIOR` plain steps) spread over `_REGIME`
 steps, and a probe of it counts the whole capture in its expected loss.
 
-Cadence: reading the rows' totals from the device costs a host sync, so a decision is kept `_HOLD` steps, or
-until the batch bucket changes; rows coming and going inside a bucket do not re-decide (under continuous
-admission they change almost every step).
-
-Why not a γ per row: a step's time is set by its shape (every row computes γ + 1 positions), so a row drafting
-less saves nothing in that step; rows that would not pay weigh the batch γ down, and a batch where none pays runs
-plain. `report()`: what was measured and chosen (the traffic bench stores it per row).
+Cadence: reading the rows' totals costs a host sync, so a decision is kept `_HOLD` steps, until the batch bucket
+changes, or until fewer than `_SAME_ROWS` of its rows still run (batch 1: a new request; a few rows coming and
+going, as under continuous admission, keep it). Why not a γ per row: a step's time is set by its shape (every row
+computes γ + 1 positions), so a row drafting less saves nothing in that step; rows that would not pay weigh the
+batch γ down. `report()`: what was measured and chosen (the traffic bench stores it per row).
 """
 
 from __future__ import annotations
 
 from specdec.engine.policy_admission import AdmissionCost
 from specdec.engine.policy_depth import DepthProfile, extra_tokens as _extra_tokens
-from specdec.engine.policy_times import (borrow as _borrow, interpolate as _interpolate, length_bucket,
+from specdec.engine.policy_times import (Gaps, borrow as _borrow, interpolate as _interpolate, length_bucket,
                                          median as _median)
 
 
@@ -126,6 +124,7 @@ class GammaPolicy:
         self.admission = AdmissionCost()  # the drafter's prompt feeding, charged to speculative steps
         self.depth = DepthProfile(max(max_draft_tokens, 1))  # acceptance by draft depth (`policy_depth`)
         self._step_rows = ()  # the rows of the step being chosen (what `record_step`'s accepted counts are of)
+        self.gaps = Gaps()  # what runs between steps, per arm (a read-out)
         self.capture_events: list[float] = []  # the last captures' seconds (`record_capture`)
         self.only_ready = False  # choose only arms whose step shape is built (set by the engine's warm-up)
         self.chosen: dict[tuple[int, int], int] = {}  # (b, γ) → decisions that chose it (`report`)
@@ -141,13 +140,15 @@ class GammaPolicy:
 
     def report(self) -> dict:
         """JSON-ready, over the policy's life: batch bucket → γ → {median step ms, timed steps, decisions that
-        chose it}; the last catch-ups' ms; `clock_s`, the seconds of the steps recorded; `admit_ms_per_token`, the
+        chose it, the gaps after its steps (`Gaps`)}; the last catch-ups' ms; `clock_s`, the seconds of the steps recorded; `admit_ms_per_token`, the
         drafter's prompt feeding charged per token of speculative steps, and its factors (`policy_admission`)."""
         buckets: dict = {}
         for (b, g), seconds in sorted(self.times.items()):
             buckets.setdefault(str(b), {})[str(g)] = {"ms": round(seconds * 1e3, 3), "timed": self._timed(b, g)}
         for (b, g), n in sorted(self.chosen.items()):
             buckets.setdefault(str(b), {}).setdefault(str(g), {})["chosen"] = n
+        for (b, g), gaps in sorted(self.gaps.report().items()):
+            buckets.setdefault(str(b), {}).setdefault(str(g), {}).update(gaps)
         return {"buckets": buckets, "clock_s": self._clock, **self.admission.report(),
                 "depth_shape": self.depth.report(), "catch_up_ms": {
             str(b): [round(v * 1e3, 2) for v in values] for b, values in self.catch_up_events.items()}}
@@ -172,6 +173,7 @@ class GammaPolicy:
         drafted) come from `record_row` or, when given, `estimates()` (one tuple per row: a host read, made only
         when the policy re-decides). ready(γ) → whether this step's shape at γ is built (None: all are); see the
         module doc for `only_ready` and captures."""
+        self.gaps.choosing()
         if self.fixed is not None or not self.candidates:
             return self.fixed or 0
         self._step_rows = tuple(running)  # (a snapshot: the engine releases finished rows before `record_step`)
@@ -336,6 +338,7 @@ class GammaPolicy:
         per running row (slot order) its accepted drafts and its draft length (`policy_depth`; None: not told);
         draft_seconds: the step's drafting (a bound on the drafter's feed cost per token, `policy_admission`)."""
         self._clock += max(seconds, 0.0)
+        self.gaps.stepped(batch, gamma)
         self.admission.stepped(gamma, tokens_per_row * rows, rows)
         if gamma and draft_seconds is not None:
             self.admission.drafted(draft_seconds, sum(drafted[:rows]) if drafted is not None else gamma * rows)

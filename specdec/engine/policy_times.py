@@ -4,8 +4,9 @@ length buckets."""
 from __future__ import annotations
 
 import math
+import time
 
-__all__ = ["borrow", "median", "interpolate", "length_bucket"]
+__all__ = ["borrow", "median", "interpolate", "length_bucket", "Gaps"]
 
 _MIN_LENGTH_BUCKET = 64
 
@@ -54,3 +55,29 @@ def interpolate(times: dict[int, float], gamma: int) -> float:
     a = above[0]
     slope = max(times[above[1]] - times[a], 0.0) / (above[1] - a) if len(above) > 1 else 0.0
     return max(times[a] - slope * (a - gamma), 0.5 * times[a])
+
+
+class Gaps:
+    """Host seconds from one step's record to the next step's choice — what runs between two steps: admissions and
+    their prefill, aborts, the caller's own work — per (batch bucket, γ of the step before). A read-out (`report`),
+    not part of the choice: what the step times leave out, per arm, to compare arms by."""
+
+    def __init__(self):
+        self._last: tuple | None = None  # (b, γ, when it was recorded)
+        self._sums: dict[tuple[int, int], list[float]] = {}  # (b, γ) → [Σ seconds, gaps, longest]
+
+    def stepped(self, batch: int, gamma: int) -> None:
+        self._last = (batch, gamma, time.perf_counter())
+
+    def choosing(self) -> None:
+        if self._last is not None:
+            batch, gamma, then = self._last
+            gap = time.perf_counter() - then
+            sums = self._sums.setdefault((batch, gamma), [0.0, 0, 0.0])
+            sums[0], sums[1], sums[2] = sums[0] + gap, sums[1] + 1, max(sums[2], gap)
+            self._last = None
+
+    def report(self) -> dict[tuple[int, int], dict]:
+        """(b, γ) → {after_ms: the mean gap after a step at (b, γ), after_max_ms: the longest, gaps: how many}."""
+        return {key: {"after_ms": round(total / n * 1e3, 3), "after_max_ms": round(longest * 1e3, 3), "gaps": n}
+                for key, (total, n, longest) in self._sums.items()}

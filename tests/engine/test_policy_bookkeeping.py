@@ -226,3 +226,19 @@ def test_the_feed_cost_is_at_most_what_the_drafter_measures_per_token_it_drafts(
     assert report["feed_us_per_prompt_token"] == pytest.approx(1.5625) == report["draft_us_per_token"]
     policy.record_step(64, 0, 0.002, 1.0, rows=64, draft_seconds=0.0)  # a plain step drafts nothing: no sample
     assert policy.report()["draft_us_per_token"] == pytest.approx(1.5625)
+
+
+def test_the_gaps_between_steps_are_reported_per_arm_fixed_or_auto(monkeypatch):
+    """What runs between two steps (admissions, the caller) is timed from one step's record to the next choice and
+    reported under the arm of the step before it — a read-out to compare arms by, fixed γ's included."""
+    import specdec.engine.policy_times as times
+
+    clock = iter([0.0, 0.003, 1.0, 1.010, 2.0, 2.001])  # record → choose: 3 ms after γ 4, 10 ms, then 1 ms
+    monkeypatch.setattr(times.time, "perf_counter", lambda: next(clock))
+    policy = GammaPolicy(4, 8)
+    policy.choose(8, [_Row()])  # (nothing recorded before it: no gap)
+    for _ in range(3):
+        policy.record_step(8, 4, 0.002, 3.0, rows=8)
+        policy.choose(8, [_Row()])
+    cell = policy.report()["buckets"]["8"]["4"]
+    assert cell["gaps"] == 3 and cell["after_ms"] == pytest.approx(14 / 3, abs=1e-3) and cell["after_max_ms"] == 10.0
