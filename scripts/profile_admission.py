@@ -46,7 +46,7 @@ def run_level(engine, requests, clients: int, max_seconds: float) -> dict:
             start = time.perf_counter()
             outs = engine.step()
             wall = time.perf_counter() - start
-            parts = {k: timer.seconds.get(k, 0.0) for k in ("admit", "prefill", "catch_up")}
+            parts = {k: timer.seconds.get(k, 0.0) for k in ("admit", "prefill", "catch_up", "commit", "step_shape")}
             steps.append({"wall": wall, **parts, "caught_up": timer.truthy.get("catch_up", 0),
                           "admitted": engine.num_admissions - admissions,
                           "fed": engine.prefill_tokens - fed, "new_shapes": engine.num_step_shapes - shapes,
@@ -64,6 +64,10 @@ def run_level(engine, requests, clients: int, max_seconds: float) -> dict:
             "admission_phase": _quantiles([s["admit"] for s in admit]),
             "admission_us_per_token": 1e6 * sum(s["admit"] for s in admit) / fed if fed else None,
             "admitted_per_admission": sum(s["admitted"] for s in admit) / len(admit) if admit else None,
+            # mean ms per admission step: each phase, and the rest (the policy, the decode step itself)
+            "admission_breakdown_ms": None if not admit else {
+                k: 1e3 * sum(s[k] for s in admit) / len(admit) for k in ("wall", "admit", "prefill", "catch_up",
+                                                                         "commit", "step_shape")},
             "catch_up_steps": _quantiles([s["wall"] for s in catch]),
             "catch_up_phase": _quantiles([s["catch_up"] for s in catch]),
             "decode_steps": _quantiles([s["wall"] for s in plain]),
@@ -166,6 +170,7 @@ def main(argv=None) -> int:
     f = lambda q, k: "–" if not q.get("n") else f"{q[k]:.1f}"  # noqa: E731
     for arm, data in result["arms"].items():
         for lv in data["levels"]:
+            print(f"{arm} {lv['clients']}: admission step breakdown (mean ms) {lv['admission_breakdown_ms']}")
             a, c, d = lv["admission_steps"], lv["catch_up_steps"], lv["decode_steps"]
             rows.append(f"| {arm} | {lv['clients']} | {f(a, 'p50_ms')} / {f(a, 'p99_ms')} / {f(a, 'max_ms')} | "
                         f"{f(lv['admission_phase'], 'p50_ms')} | {lv['admission_us_per_token'] or 0:.1f} | "
