@@ -140,8 +140,9 @@ class GammaPolicy:
 
     def report(self) -> dict:
         """JSON-ready, over the policy's life: batch bucket → γ → {median step ms, timed steps, decisions that
-        chose it, the gaps after its steps (`Gaps`)}; the last catch-ups' ms; `clock_s`, the seconds of the steps recorded; `admit_ms_per_token`, the
-        drafter's prompt feeding charged per token of speculative steps, and its factors (`policy_admission`)."""
+        chose it, the gaps after its steps (`Gaps`)}; the last catch-ups' ms; `clock_s`, the seconds of the steps
+        recorded; `admit_ms_per_token`, the drafter's prompt feeding charged per token of speculative steps, and its
+        factors (`policy_admission`); the depth profile (`policy_depth`)."""
         buckets: dict = {}
         for (b, g), seconds in sorted(self.times.items()):
             buckets.setdefault(str(b), {})[str(g)] = {"ms": round(seconds * 1e3, 3), "timed": self._timed(b, g)}

@@ -85,7 +85,8 @@ def test_auto_learns_the_profile_from_the_steps_accepted_counts_and_a_fixed_gamm
         policy.choose(8, rows, estimates)
         policy.record_step(8, 8, 1.8, 4.0, rows=8, accepted=[4] * 6 + [2, 3], drafted=[8] * 8 + [0] * 8)
     policy.set_fixed("auto")
-    assert policy.choose(8, rows, estimates) == 4 and policy.predicted[8] == pytest.approx(policy.predicted[4], rel=0.01)
+    assert policy.choose(8, rows, estimates) == 4
+    assert policy.predicted[8] == pytest.approx(policy.predicted[4], rel=0.01)
     assert policy.report()["depth_shape"][4] < 0.1
     fixed = GammaPolicy(8, 8)
     fixed.record_step(8, 8, 1.8, 4.0, rows=8, accepted=[4] * 8, drafted=[8] * 8)
