@@ -60,7 +60,7 @@ batch γ down. `report()`: what was measured and chosen (the traffic bench store
 from __future__ import annotations
 
 from specdec.engine.policy_admission import AdmissionCost
-from specdec.engine.policy_depth import DepthProfile, extra_tokens as _extra_tokens
+from specdec.engine.policy_depth import DepthProfile, extra_tokens as _extra_tokens, row_estimate as _estimate
 from specdec.engine.policy_times import (Gaps, borrow as _borrow, interpolate as _interpolate, length_bucket,
                                          median as _median)
 
@@ -84,16 +84,6 @@ _EXPLORE_MIN = 4  # the fewest decisions between two probes of another arm
 _EXPLORE_BUDGET = 0.01  # the share of the run's time probes are expected to lose
 _PRIOR_ALPHA, _PRIOR_WEIGHT = 0.5, 8.0  # α before any row was verified; weight (positions) of a row's prior (4
 # let a lookup row's first failed all-or-nothing drafts pin it to plain steps, which add no evidence: BENCHMARKS)
-
-
-class _RowEstimate:
-    __slots__ = ("beta_sum", "reached", "spec_steps", "drafting_steps")
-
-    def __init__(self):
-        self.beta_sum = self.reached = self.spec_steps = self.drafting_steps = 0.0
-
-    def totals(self) -> tuple[float, float, float, float]:
-        return self.beta_sum, self.reached, self.spec_steps, self.drafting_steps
 
 
 class GammaPolicy:
@@ -395,10 +385,3 @@ class GammaPolicy:
         est.reached += reached
         est.spec_steps += 1
         est.drafting_steps += drafting
-
-
-def _estimate(request) -> _RowEstimate:
-    est = getattr(request, "estimate", None)
-    if est is None:
-        est = request.estimate = _RowEstimate()
-    return est

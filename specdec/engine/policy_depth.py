@@ -23,11 +23,31 @@ rule is Thm 3.8's. Depths no step drafted keep s = the deepest measured one's.
 
 from __future__ import annotations
 
-__all__ = ["DepthProfile", "extra_tokens"]
+__all__ = ["DepthProfile", "extra_tokens", "RowEstimate", "row_estimate"]
 
 _DECAY = 0.995  # per speculative step: the profile over its last ~200 steps
 _PRIOR = 8.0  # positions at d = 1 (a few steps' worth at batch 1; nothing at 64 rows)
 _FLAT = 1e-9
+
+
+class RowEstimate:
+    """A request's acceptance totals kept on the request (`GammaPolicy.record_row`, when the engine keeps none)."""
+
+    __slots__ = ("beta_sum", "reached", "spec_steps", "drafting_steps")
+
+    def __init__(self):
+        self.beta_sum = self.reached = self.spec_steps = self.drafting_steps = 0.0
+
+    def totals(self) -> tuple[float, float, float, float]:
+        return self.beta_sum, self.reached, self.spec_steps, self.drafting_steps
+
+
+def row_estimate(request) -> RowEstimate:
+    """The request's `RowEstimate` (made on first use)."""
+    est = getattr(request, "estimate", None)
+    if est is None:
+        est = request.estimate = RowEstimate()
+    return est
 
 
 def extra_tokens(rows: list[tuple[float, float]], gammas, shape: list[float] | None = None) -> dict[int, float]:
