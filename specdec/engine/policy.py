@@ -130,7 +130,7 @@ class GammaPolicy:
 
     def report(self) -> dict:
         """JSON-ready, over the policy's life: batch bucket → γ → {median step ms, timed steps, decisions that
-        chose it, the gaps after its steps (`Gaps`)}; the last catch-ups' ms; `clock_s`, the seconds of the steps
+        chose it, its median per length bucket, the gaps after its steps (`Gaps`)}; the last catch-ups' ms; `clock_s`, the seconds of the steps
         recorded; `admit_ms_per_token`, the drafter's prompt feeding charged per token of speculative steps, and its
         factors (`policy_admission`); the depth profile (`policy_depth`)."""
         buckets: dict = {}
@@ -138,6 +138,10 @@ class GammaPolicy:
             buckets.setdefault(str(b), {})[str(g)] = {"ms": round(seconds * 1e3, 3), "timed": self._timed(b, g)}
         for (b, g), n in sorted(self.chosen.items()):
             buckets.setdefault(str(b), {}).setdefault(str(g), {})["chosen"] = n
+        for (b, g, ell), values in sorted(self.samples.items()):  # per length bucket: runs compare at one shape
+            if values:
+                cell = buckets.setdefault(str(b), {}).setdefault(str(g), {})
+                cell.setdefault("by_length_ms", {})[str(ell)] = round(_median(values) * 1e3, 3)
         for (b, g), gaps in sorted(self.gaps.report().items()):
             buckets.setdefault(str(b), {}).setdefault(str(g), {}).update(gaps)
         return {"buckets": buckets, "clock_s": self._clock, **self.admission.report(),

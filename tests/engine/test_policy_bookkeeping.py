@@ -99,6 +99,7 @@ def test_times_are_medians_per_length_bucket_and_borrowed_across_buckets():
     assert policy.step_time(4, 2, 100) == pytest.approx(1.5)  # interpolated in γ
     assert policy.step_time(4, 6, 100) == pytest.approx(2.5)  # extended along the 0 → 4 line
     assert policy.step_time(8, 0, 100) is None
+    assert policy.report()["buckets"]["4"]["0"]["by_length_ms"] == {"128": 1000.0, "1024": 2000.0}
     assert length_bucket(1) == 64 and length_bucket(65) == 128 and length_bucket(128) == 128
 
 
