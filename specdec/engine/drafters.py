@@ -32,6 +32,7 @@ from specdec.drafters.ngram import NGramDrafter
 from specdec.drafters.protocol import Proposal
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
 from specdec.engine.slots import SlotCache, SlotState, prefill_ragged, prefill_rows
+from specdec.fast.kernels.argmax import argmax
 from specdec.fast.model import FastLlama
 
 __all__ = ["Flavor", "StepView", "EngineModelDrafter", "EngineLookupDrafter", "EngineNGramDrafter", "WINDOW", "refeed_window"]
@@ -123,8 +124,8 @@ class StepView:
 
     def draw(self, logits: torch.Tensor, position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """A draft token per row from logits `[b, V]` at absolute `position [b]` → (token [b], q [b, V] or None)."""
-        if self.flavor.all_greedy:
-            return logits.argmax(-1), None
+        if self.flavor.all_greedy:  # (torch.argmax's tokens; its one-block reduction is slow on large vocabularies)
+            return argmax(logits), None
         q = self.probs(logits[:, None])[:, 0]
         stream = rng.NEXT if self.coupled else rng.DRAFT  # (bitwise: the noise the target races at that position)
         return rng.sample(q, self.seed, position, stream), q  # on CUDA one fused kernel, no [b, V] noise

@@ -1,14 +1,16 @@
 """The step runner's greedy verify: the argmax and the NaN check from one pass (`fast.kernels.argmax`) and the rest of
 the step in one launch (`engine.greedy_commit`), both forced in Triton's interpreter here: the engine's tokens and
-statistics are those of the torch path, and invalid scores still stop the step."""
+statistics are those of the torch path (the drafter's greedy draws on `argmax` too), and invalid scores still stop
+the step."""
 
 import pytest
 import torch
 
 from specdec.engine import Engine, EngineConfig
+from specdec.engine import drafters as drafters_module
 from specdec.engine import step_runner
 from specdec.engine.greedy_commit import greedy_commit
-from specdec.fast.kernels.argmax import greedy_tokens
+from specdec.fast.kernels.argmax import argmax, greedy_tokens
 from specdec.fast.model import FastLlama, LlamaShape
 from specdec.request import SamplingParams
 
@@ -64,11 +66,18 @@ def test_greedy_kernels_give_the_engine_the_torch_paths_tokens(gamma, drafter_se
         commits.append(args[1].shape)
         return greedy_commit(*args, kernel="triton")
 
+    draws = []
+
+    def forced_draw(logits):
+        draws.append(logits.shape)
+        return argmax(logits, kernel="triton")
+
     monkeypatch.setattr(step_runner, "greedy_tokens", forced)
     monkeypatch.setattr(step_runner, "greedy_commit", forced_commit)
+    monkeypatch.setattr(drafters_module, "argmax", forced_draw)  # the drafter's greedy draws
     assert _run(target, drafter, gamma, prompts) == want
     assert calls and all(shape[1] == gamma + 1 for shape in calls)  # the verify pass of every step took it
-    assert len(commits) == len(calls)
+    assert len(commits) == len(calls) and len(draws) == gamma * len(calls)
 
 
 def test_invalid_scores_still_stop_the_step(monkeypatch):

@@ -24,7 +24,7 @@ import torch
 
 from specdec.fast.kernels.select import next_power_of_2, use_triton
 
-__all__ = ["greedy_tokens", "greedy_tokens_reference"]
+__all__ = ["greedy_tokens", "greedy_tokens_reference", "argmax"]
 
 logger = logging.getLogger(__name__)
 _FAILED: list[str] = []  # "auto": the kernels failed to build here once (logged); torch runs instead
@@ -38,27 +38,35 @@ def greedy_tokens_reference(logits: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return logits.argmax(-1), ~torch.isfinite(logits.amax(-1)).all()
 
 
-def greedy_tokens(logits: torch.Tensor, *, kernel: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+def greedy_tokens(logits: torch.Tensor, *, kernel: str = "auto",
+                  check: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`greedy_tokens_reference`'s function (the module doc). kernel: "auto" (the Triton kernels on CUDA for
     fp32 / bf16 / fp16 scores with a contiguous vocabulary axis), "triton" (forced; also in Triton's interpreter),
-    "reference". No host synchronization: capturable in a CUDA graph once warm."""
+    "reference". check=False: no validity check (None in its place). No host synchronization: capturable in a
+    CUDA graph once warm."""
     if not isinstance(logits, torch.Tensor) or logits.dim() < 1 or logits.shape[-1] < 1:
         raise ValueError("logits must be a tensor [..., V] with V >= 1")
     supported = (logits.dtype in (torch.float32, torch.bfloat16, torch.float16) and logits.stride(-1) == 1
                  and logits.numel() > 0 and logits.shape[-1] < _BIG)
     if not use_triton(kernel, logits.device, supported and not (kernel == "auto" and _FAILED), "greedy_tokens"):
-        return greedy_tokens_reference(logits)
+        return greedy_tokens_reference(logits) if check else (logits.argmax(-1), None)
     if kernel == "auto" and not (logits.is_cuda and torch.cuda.is_current_stream_capturing()):
         try:  # (the first call compiles, in a warm-up before any capture: a build failure falls back, once, loudly)
-            return _launch(logits)
+            return _launch(logits, check)
         except Exception as err:  # noqa: BLE001 - a Triton/driver build error
             _FAILED.append(f"{type(err).__name__}: {err}")
             logger.warning("greedy_tokens: the Triton kernels failed (%s); torch.argmax runs instead", _FAILED[0])
-            return greedy_tokens_reference(logits)
-    return _launch(logits)
+            return greedy_tokens_reference(logits) if check else (logits.argmax(-1), None)
+    return _launch(logits, check)
 
 
-def _launch(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def argmax(logits: torch.Tensor, *, kernel: str = "auto") -> torch.Tensor:
+    """`greedy_tokens`' tokens alone (`torch.argmax(logits, -1)` exactly; no validity check): a greedy drafter's
+    draw, one per drafted token — with a 128k vocabulary torch's one-block reduction is ~27 µs of each."""
+    return greedy_tokens(logits, kernel=kernel, check=False)[0]
+
+
+def _launch(logits: torch.Tensor, check: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     vocab = logits.shape[-1]
     rows = logits.reshape(-1, vocab)  # (rows keep their stride; the vocabulary axis stays contiguous)
     n = rows.shape[0]
@@ -71,7 +79,7 @@ def _launch(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     stage1, stage2 = _kernels()
     stage1[(n, chunks)](rows, values, index, nan_index, vocab, rows.stride(0), chunks, BLOCK=BLOCK, num_warps=4)
     stage2[(n,)](values, index, nan_index, tokens, bad, chunks, CHUNKS_BLOCK=next_power_of_2(chunks), num_warps=1)
-    return tokens.view(logits.shape[:-1]), bad.any()
+    return tokens.view(logits.shape[:-1]), (bad.any() if check else None)
 
 
 @functools.cache

@@ -7,7 +7,7 @@ import torch
 
 from specdec.core import invalid_scores
 from specdec.fast.kernels import argmax as argmax_module
-from specdec.fast.kernels.argmax import greedy_tokens, greedy_tokens_reference
+from specdec.fast.kernels.argmax import argmax, greedy_tokens, greedy_tokens_reference
 
 pytest.importorskip("triton")
 
@@ -42,6 +42,8 @@ def _check(rows: torch.Tensor, invalid: bool) -> None:
     assert bool(bad) == invalid == bool(invalid_scores(rows))
     ref_tokens, ref_bad = greedy_tokens_reference(rows)
     assert torch.equal(ref_tokens, tokens) and bool(ref_bad) == bool(bad)
+    assert torch.equal(argmax(rows, kernel="triton"), tokens)  # the tokens alone (a greedy drafter's draw)
+    assert greedy_tokens(rows, kernel="triton", check=False)[1] is None
 
 
 @pytest.mark.parametrize("vocab", [1, 7, 4096, 4097, 3 * 4096 + 5])
