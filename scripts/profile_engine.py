@@ -259,18 +259,20 @@ def request_timing(engine, prompt, params, device, frozen: bool) -> dict:
 
 @contextmanager
 def torch_tail():
-    """The engine's greedy verify as it was before `fast.kernels.argmax` and `engine.greedy_commit`: torch.argmax,
-    the NaN check and the torch commit sequence (for the A/B row "engine_torch_tail")."""
-    from specdec.engine import step_runner
+    """The engine's greedy verify and greedy drafts as they were before `fast.kernels.argmax` and
+    `engine.greedy_commit`: torch.argmax, the NaN check and the torch commit sequence (the A/B row
+    "engine_torch_tail")."""
+    from specdec.engine import drafters, step_runner
     from specdec.fast.kernels.argmax import greedy_tokens
 
-    saved = step_runner.greedy_tokens, step_runner.greedy_commit_covers
+    saved = step_runner.greedy_tokens, step_runner.greedy_commit_covers, drafters.argmax
     step_runner.greedy_tokens = lambda logits: greedy_tokens(logits, kernel="reference")
     step_runner.greedy_commit_covers = lambda *args: False
+    drafters.argmax = lambda logits: logits.argmax(-1)
     try:
         yield
     finally:
-        step_runner.greedy_tokens, step_runner.greedy_commit_covers = saved
+        step_runner.greedy_tokens, step_runner.greedy_commit_covers, drafters.argmax = saved
 
 
 def engine_row(args, target, drafter, gamma: int, prompt, device, case: str = "engine") -> tuple[dict, object]:
