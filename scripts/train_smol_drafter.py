@@ -233,7 +233,7 @@ def main(argv=None) -> int:
     checks = {}
     for name, prompt_ids in (("held_in", held_in), ("demo_prompts", demo), ("general_prompts", general)):
         for kind, drafter in drafters.items():
-            label = name + {"head": "", "head_full_vocab": "_full_vocab", "draft": "_draft"}[kind]
+            label = name + ("" if kind == "head" else "_" + kind.removeprefix("head_"))  # _full_vocab, _draft
             if isinstance(drafter, torch.nn.Module) and not hasattr(drafter, "bind"):
                 drafter = drafter.to(device)  # a draft model runs beside the target; heads are bound by the engine
             try:
