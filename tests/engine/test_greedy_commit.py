@@ -17,26 +17,31 @@ VOCAB = 7  # a small vocabulary: drafts often equal the target, EOS often appear
 
 
 def _state(g, rows: int, max_gamma: int) -> SlotState:
-    state = SlotState(rows + 2, 48, torch.device(DEV), counter_width=StepCounts.width(max_gamma))
+    """A random slot state on DEV (drawn on the CPU: one generator, the same state on every device)."""
+    cpu = SlotState(rows + 2, 48, torch.device("cpu"), counter_width=StepCounts.width(max_gamma))
     b = slice(0, rows)
-    state.tokens.copy_(torch.randint(0, VOCAB, state.tokens.shape, generator=g))
-    state.lengths[b] = torch.randint(1, 30, (rows,), generator=g)
-    state.generated[b] = torch.randint(0, 6, (rows,), generator=g)
-    state.max_new[b] = state.generated[b] + torch.randint(0, 7, (rows,), generator=g)  # some budgets are spent
-    state.active[b] = torch.rand(rows, generator=g) < 0.8
-    state.eos[b, 0] = torch.randint(0, VOCAB, (rows,), generator=g)
-    state.eos[b, 1] = torch.where(torch.rand(rows, generator=g) < 0.3, torch.randint(0, VOCAB, (rows,), generator=g),
-                                  torch.full((rows,), -1))
-    state.counters.copy_(torch.randint(0, 9, state.counters.shape, generator=g).double())
+    cpu.tokens.copy_(torch.randint(0, VOCAB, cpu.tokens.shape, generator=g))
+    cpu.lengths[b] = torch.randint(1, 30, (rows,), generator=g)
+    cpu.generated[b] = torch.randint(0, 6, (rows,), generator=g)
+    cpu.max_new[b] = cpu.generated[b] + torch.randint(0, 7, (rows,), generator=g)  # some budgets are spent
+    cpu.active[b] = torch.rand(rows, generator=g) < 0.8
+    cpu.eos[b, 0] = torch.randint(0, VOCAB, (rows,), generator=g)
+    cpu.eos[b, 1] = torch.where(torch.rand(rows, generator=g) < 0.3, torch.randint(0, VOCAB, (rows,), generator=g),
+                                torch.full((rows,), -1))
+    cpu.counters.copy_(torch.randint(0, 9, cpu.counters.shape, generator=g).double())
+    state = SlotState(rows + 2, 48, torch.device(DEV), counter_width=StepCounts.width(max_gamma))
+    for name in ("tokens", "lengths", "generated", "max_new", "active", "eos", "counters"):
+        getattr(state, name).copy_(getattr(cpu, name))
     return state
 
 
 def _step(seed: int, rows: int, gamma: int, max_gamma: int, with_lengths: bool, commit):
     g = torch.Generator().manual_seed(seed)
     state = _state(g, rows, max_gamma)
-    target = torch.randint(0, VOCAB, (rows, gamma + 1), generator=g).to(DEV)
-    drafts = torch.where(torch.rand(rows, gamma, generator=g) < 0.7, target[:, :gamma].cpu(),
+    target = torch.randint(0, VOCAB, (rows, gamma + 1), generator=g)
+    drafts = torch.where(torch.rand(rows, gamma, generator=g) < 0.7, target[:, :gamma],
                          torch.randint(0, VOCAB, (rows, gamma), generator=g)).to(DEV)
+    target = target.to(DEV)
     lengths_d = torch.randint(0, gamma + 1, (rows,), generator=g).to(DEV) if with_lengths else None
     sums = torch.randint(0, 50, (StepCounts.width(max_gamma),), generator=g).double().to(DEV)
     invalid = torch.tensor(seed % 5 == 0, device=DEV)
