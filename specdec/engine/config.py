@@ -77,7 +77,8 @@ class EngineConfig:
     prefill_steps     with a prefill_budget: every request is fed within this many steps of its admission (a step
                       feeds more than the budget when the backlog needs it: the budget adapts to the load instead
                       of capping it, so slots cannot stay filling while the queue grows); None = the budget is a
-                      hard cap (with "auto": 4). Not measured on a GPU yet
+                      hard cap (with "auto": 4). On one H200 "auto" (K = 4) bounded the ITL at 8 / 32 clients
+                      and lost throughput at every load against budget off (BENCHMARKS.md)
     prefill_stall     with prefill_budget="auto": the prefill seconds a step may add, as a fraction of the measured
                       decode step (None = 0.5: a running stream's gap is at most 1.5 decode steps but where the
                       deadline needs more)
