@@ -23,12 +23,13 @@ read 1.85x. A decayed mean of the feeds alone let the first cold feeds, ~10x the
 a plain run never re-measures them: issue 21's H200 recheck after that fix, 64 slots, auto 1.07x where γ = 2 read
 1.70x, 15.5 µs per prompt token fed in the auto row where the fixed-γ rows of the same engine read 1.3–1.6.)
 Leaving a plain run also feeds the drafter the prompts that run admitted (`backlog`): a one-time cost of the switch.
-The feed cost is also at most the drafter's median seconds per token it drafts in a step (`drafted`: a step's draft
-phase over rows × γ; a prefill feeds a chunk per pass where a step drafts one token per row), measured in every
-speculative step, the probes and first timings of a plain run included: issue 21's H200 run of 2026-11-27 (64 slots,
-the model drafter) kept the estimate at the target's cold 15.9 µs per prompt token — the cold feeds of the first
-admissions and their cold ratio to the target's prefill, never re-measured in the plain run that estimate caused —
-and "auto" read 0.80x plain where a fixed γ = 4 read 1.62x (its feeds: 1.6 µs per prompt token).
+The feed cost is also at most the drafter's least seconds per token drafted over its recent steps (`drafted`: a
+step's draft phase over rows × γ; a prefill feeds a chunk per pass where a step drafts one token per row), measured
+in every speculative step, the probes and first timings of a plain run included: issue 21's H200 run of 2026-11-27
+(64 slots, the model drafter) kept the estimate at the target's cold 15.9 µs per prompt token — the cold feeds of
+the first admissions and their cold ratio to the target's prefill, never re-measured in the plain run that estimate
+caused — and "auto" read 0.80x plain where a fixed γ = 4 read 1.62x (its feeds: 1.6 µs per prompt token). (The
+least, not the median: each sample is a bound, and batch-1 steps draft at 26-48 µs a token on the H200.)
 """
 
 from __future__ import annotations
@@ -55,9 +56,11 @@ class AdmissionCost:
 
     def feed_per_prompt_token(self) -> float | None:
         """The drafter's median seconds per prompt token over its last feeds, at most the target's over its last
-        prefills, that times the drafter's share of the target's prefill, and the drafter's median seconds per token
-        it drafts in a step (None: nothing fed yet)."""
-        feed, target, ratio, draft = _rate(self._feed), _rate(self._target), _rate(self._ratio), _rate(self._draft)
+        prefills, that times the drafter's share of the target's prefill, and the drafter's least seconds per token
+        drafted over its last speculative steps (each a bound; a median mixed batch-1 steps in, 26-48 µs a token
+        on the H200 where 64-row steps draft at a few: no bound at all) (None: nothing fed yet)."""
+        feed, target, ratio = _rate(self._feed), _rate(self._target), _rate(self._ratio)
+        draft = min([t / n for t, n in self._draft]) if self._draft else None  # (each sample a bound: the least)
         if feed is None:
             return None
         bounds = [feed, target, ratio * target if ratio is not None and target is not None else None, draft]
@@ -139,7 +142,7 @@ class AdmissionCost:
         return {"admit_ms_per_token": self.per_token() * 1e3 if feed is not None and requests and produced else None,
                 "feed_us_per_prompt_token": feed * 1e6 if feed is not None else None,
                 "target_prefill_us_per_prompt_token": target * 1e6 if target is not None else None,
-                "draft_us_per_token": _rate(self._draft) * 1e6 if self._draft else None,
+                "draft_us_per_token": min([t / n for t, n in self._draft]) * 1e6 if self._draft else None,
                 "prompt_tokens_per_request": prompts / requests if requests else None,
                 "tokens_per_request": produced / finished if finished else None}
 
