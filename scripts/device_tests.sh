@@ -4,7 +4,7 @@
 # 2+ GPUs are there. Carry .whl (the server's dependencies as wheels, see the device README) for the server tests:
 # fastapi 0.165 also needs opentelemetry-api there, or every server test is skipped.
 #   bash scripts/device_tests.sh [TESTS_S] [PROBE_S]
-# Lands in $OUT: run.log, tests.log, tp_probe.jsonl.
+# Lands in $OUT: run.log, tests.log, kernel_tests.log, tp_probe.jsonl.
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/out}
@@ -21,6 +21,9 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>&1 | tee -a "$O
 log "GPU-marked tests ($GPUS GPUs)"
 timeout "${1:-330}" python3 -m pytest -q -p no:cacheprovider -m gpu -rfEs --continue-on-collection-errors tests 2>&1 | tee "$OUT/tests.log" | tail -40 \
   | tee -a "$OUT/run.log"
+log "kernel tests that run on CUDA when it is there (not gpu-marked: on the CPU they run the Triton interpreter, in CI)"
+timeout 120 python3 -m pytest -q -p no:cacheprovider -rfEs tests/engine/test_greedy_commit.py tests/fast/kernels/test_argmax.py \
+  2>&1 | tee "$OUT/kernel_tests.log" | tail -8 | tee -a "$OUT/run.log"
 if [ "$GPUS" -ge 2 ]; then
   log "tensor-parallel probe (8B-shaped, random weights)"
   timeout "${2:-150}" python3 scripts/tp_probe.py --shape 8b --batch 1 64 --new 128 2>&1 | grep '^{' \
