@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-import json
 import sys
 import time
 from pathlib import Path
@@ -46,6 +45,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tp_probe import HBM_BYTES_PER_S, SHAPES, llama_shape  # noqa: E402
+
+from specdec.bench.report import append_json_line  # noqa: E402
 
 # variant → the fast model's (kernels, linear_kernel, measured): "auto" = Triton layer kernels, the weight-streaming
 # GEMM only where `kernels.linear.FASTER_THAN_CUBLAS` says, cuBLAS elsewhere; "triton" = the Triton GEMM for every
@@ -440,12 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     base = {"device": gpu, "torch": torch.__version__}
 
     def emit(row: dict) -> None:
-        line = json.dumps({**base, **row})
-        print(line, flush=True)
-        if args.out:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            with open(args.out, "a", encoding="utf-8") as fh:
-                fh.write(line + "\n")
+        print(append_json_line({**base, **row}, args.out), flush=True)
 
     copy_bps = copy_bandwidth(device, args.copy_mb << 20)
     peaks = {"copy": copy_bps, "datasheet": datasheet_peak(device)}

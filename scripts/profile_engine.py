@@ -49,6 +49,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tp_probe import SHAPES, llama_shape  # noqa: E402
 
+from specdec.bench.report import append_json_line  # noqa: E402
 from specdec.bench.timeline import added_events, device_trace  # noqa: E402
 
 ZOO_DRAFT = {"n_layers": 2, "dim": 256, "n_heads": 4, "n_kv_heads": 4, "head_dim": 64, "intermediate_size": 704}
@@ -417,12 +418,7 @@ def main(argv: list[str] | None = None) -> int:
             "torch": torch.__version__, "shape": args.shape, "prompt_len": args.prompt_len}
 
     def emit(row: dict) -> None:
-        line = json.dumps({**base, **row})
-        print(line, flush=True)
-        if args.out:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            with open(args.out, "a", encoding="utf-8") as fh:
-                fh.write(line + "\n")
+        print(append_json_line({**base, **row}, args.out), flush=True)
 
     try:
         for row in argmax_rows(shape.vocab_size, device):

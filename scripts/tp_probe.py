@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import time
 
@@ -198,6 +197,7 @@ def main(argv=None) -> None:
 
     from specdec.analysis import walltime_improvement
     from specdec.bench.engine_bench import cost_model
+    from specdec.bench.report import append_json_line
     from specdec.distributed import init_tensor_parallel, is_main_rank, shutdown_tensor_parallel
     from specdec.engine import Engine, EngineConfig
     from specdec.fast.model import FastLlama
@@ -213,13 +213,8 @@ def main(argv=None) -> None:
     base = {"shape": args.shape, "tp": world, "gpu": gpu, "new_tokens": args.new, "prompt_len": args.prompt_len, **env}
 
     def emit(row: dict) -> None:
-        if not leader:
-            return
-        line = json.dumps({**base, **row})
-        print(line, flush=True)
-        if args.out:
-            with open(args.out, "a", encoding="utf-8") as fh:
-                fh.write(line + "\n")
+        if leader:
+            print(append_json_line({**base, **row}, args.out), flush=True)
 
     shape = llama_shape(args.shape)
     kinds = args.all_reduce if world > 1 else ["none"]

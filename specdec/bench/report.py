@@ -76,6 +76,18 @@ def markdown_report(result: dict) -> str:
     return "\n".join(lines)
 
 
+def append_json_line(row: dict, path: Path | None) -> str:
+    """`row` as one JSON line, appended to `path` (its folder made; None: nowhere) → the line (the scripts print
+    it: a run cut short keeps every row written so far)."""
+    line = json.dumps(row)
+    if path is not None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+    return line
+
+
 def write_json(result: dict, path: Path) -> None:
     """Strict JSON (NaN/Infinity written as null)."""
     path.write_text(dumps(result, indent=1))
