@@ -32,25 +32,26 @@ def _quantiles(values: list[float]) -> dict:
 
 def run_level(engine, requests, clients: int, max_seconds: float) -> dict:
     """A closed loop of `clients` over `requests`; every step's wall time and phases (synchronized)."""
+    from specdec.bench.stalls import GcWatch
     from specdec.engine.profile import phase_timer
 
     pending, steps = list(requests), []
     begun = time.perf_counter()
-    with phase_timer(engine, synchronize=("admit", "prefill", "catch_up")) as timer:
+    with phase_timer(engine, synchronize=("admit", "prefill", "catch_up")) as timer, GcWatch() as collections:
         for _ in range(min(clients, len(pending))):
             r = pending.pop(0)
             engine.add_request(r.prompt, r.params)
         while engine.has_unfinished() and time.perf_counter() - begun < max_seconds:
             timer.clear()
             admissions, fed, shapes = engine.num_admissions, engine.prefill_tokens, engine.num_step_shapes
-            start = time.perf_counter()
+            start, pauses = time.perf_counter(), len(collections.pauses)
             outs = engine.step()
             wall = time.perf_counter() - start
             parts = {k: timer.seconds.get(k, 0.0) for k in ("admit", "prefill", "catch_up", "commit", "step_shape")}
             steps.append({"wall": wall, **parts, "caught_up": timer.truthy.get("catch_up", 0),
                           "admitted": engine.num_admissions - admissions,
                           "fed": engine.prefill_tokens - fed, "new_shapes": engine.num_step_shapes - shapes,
-                          "rows": engine.num_running})
+                          "rows": engine.num_running, "gc": sum(t for _, t in collections.pauses[pauses:])})
             for out in outs:
                 if out.finished and pending:
                     r = pending.pop(0)
@@ -67,7 +68,8 @@ def run_level(engine, requests, clients: int, max_seconds: float) -> dict:
             # mean ms per admission step: each phase, and the rest (the policy, the decode step itself)
             "admission_breakdown_ms": None if not admit else {
                 k: 1e3 * sum(s[k] for s in admit) / len(admit) for k in ("wall", "admit", "prefill", "catch_up",
-                                                                         "commit", "step_shape")},
+                                                                         "commit", "step_shape", "gc")},
+            "gc_s": sum(s["gc"] for s in steps), "steps_s": sum(s["wall"] for s in steps),
             "catch_up_steps": _quantiles([s["wall"] for s in catch]),
             "catch_up_phase": _quantiles([s["catch_up"] for s in catch]),
             "decode_steps": _quantiles([s["wall"] for s in plain]),
@@ -115,6 +117,8 @@ def main(argv=None) -> int:
     p.add_argument("--prefill-budget", default=None, help="the engines' EngineConfig.prefill_budget (int or auto)")
     p.add_argument("--max-batch", type=int, default=128, help="slots (the serving table's server: 128; fewer warm "
                    "up faster)")
+    p.add_argument("--drafter", choices=("head", "model"), default="head", help="the speculative arms' drafter")
+    p.add_argument("--policies", nargs="+", default=["auto"], help="the speculative arms' γ policies (auto, or a γ)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     if not args.quick and (args.pair is None or args.data is None or args.head is None):
@@ -139,8 +143,8 @@ def main(argv=None) -> int:
     else:
         from specdec.bench.presets import load_pair
 
-        target, _ = load_pair(args.pair, torch.device("cuda"), torch.bfloat16)
-        drafter, base, max_batch = str(args.head), GPU_SPEC, args.max_batch
+        target, model = load_pair(args.pair, torch.device("cuda"), torch.bfloat16)
+        drafter, base, max_batch = str(args.head) if args.drafter == "head" else model, GPU_SPEC, args.max_batch
         pool = code_pool(args.data, min(int(target.config.max_position_embeddings), 4096))
     max_total = min(int(target.config.max_position_embeddings), 4096)
     spec = TrafficSpec(slots=(max(args.clients),), prompt_tokens=base["prompt_tokens"], new_tokens=base["new_tokens"])
@@ -149,7 +153,8 @@ def main(argv=None) -> int:
     requests = make_requests(pool, args.requests, spec, eos_ids, spec.seed, max_total=max_total)
     args.out.mkdir(parents=True, exist_ok=True)
     result = {"prefill_budget": budget, "arms": {}}
-    for arm, draft, gamma in (("plain", None, 0), ("speculative", drafter, "auto")):
+    arms = [("plain", None, 0)] + [(f"{args.drafter} {p}", drafter, p if p == "auto" else int(p)) for p in args.policies]
+    for arm, draft, gamma in arms:
         config = EngineConfig(max_batch_size=max_batch, max_seq_len=max_total, num_draft_tokens=gamma,
                               prefill_budget=budget)
         engine = Engine(target, draft, config)

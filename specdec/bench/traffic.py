@@ -213,6 +213,7 @@ def drive(engine, requests: list[TrafficRequest], slots: int, arrival: Arrival, 
           seed: int = 0) -> dict:
     """Run `requests` through `engine` at γ policy `gamma` (0 = plain) with at most `slots` in the engine, arriving
     per `arrival` (a Poisson rate resolved to `rate` requests/s) → measurements (see `ArmResult`)."""
+    from specdec.bench.stalls import StallLog
     from specdec.metrics import SpecStats
     from specdec.text.warmup import step_shapes
 
@@ -240,41 +241,42 @@ def drive(engine, requests: list[TrafficRequest], slots: int, arrival: Arrival, 
     if clients:
         queue, nxt = list(range(min(clients, len(requests)))), min(clients, len(requests))
         arrived.update({str(i): 0.0 for i in queue})
-    while done < len(requests):
-        now = time.perf_counter() - start
-        while offsets and nxt < len(requests) and offsets[nxt] <= now:
-            queue.append(nxt)
-            arrived[str(nxt)] = offsets[nxt]
-            nxt += 1
-        while queue and in_flight < slots:  # the driver's queue: the engine never holds more than `slots`
-            i = queue.pop(0)
-            rid = engine.add_request(requests[i].prompt, requests[i].params, request_id=str(i))
-            ids[rid], in_flight = i, in_flight + 1
-        if not engine.has_unfinished():
-            if offsets and nxt < len(requests):
-                time.sleep(max(offsets[nxt] - (time.perf_counter() - start), 0.0))
-            continue
-        for out in engine.step():
+    with StallLog(engine) as stalls:  # (admission, catch-up and GC inside each step: `bench.stalls`)
+        while done < len(requests):
             now = time.perf_counter() - start
-            rid = out.request_id
-            if out.new_token_ids:
-                n = len(out.new_token_ids)
-                tokens += n
-                counts[rid] = counts.get(rid, 0) + n
-                if rid in first:
-                    gaps.append(now - last[rid])
-                else:
-                    first[rid] = now
-                last[rid] = now
-            if out.finished:
-                done, in_flight = done + 1, in_flight - 1
-                if counts.get(rid, 0) > 1:
-                    tpot.append((last[rid] - first[rid]) / (counts[rid] - 1))
-                    by_temperature[requests[ids[rid]].params.greedy].append(tpot[-1])
-                if clients and nxt < len(requests):  # the client sends its next request now
-                    queue.append(nxt)
-                    arrived[str(nxt)] = now
-                    nxt += 1
+            while offsets and nxt < len(requests) and offsets[nxt] <= now:
+                queue.append(nxt)
+                arrived[str(nxt)] = offsets[nxt]
+                nxt += 1
+            while queue and in_flight < slots:  # the driver's queue: the engine never holds more than `slots`
+                i = queue.pop(0)
+                rid = engine.add_request(requests[i].prompt, requests[i].params, request_id=str(i))
+                ids[rid], in_flight = i, in_flight + 1
+            if not engine.has_unfinished():
+                if offsets and nxt < len(requests):
+                    time.sleep(max(offsets[nxt] - (time.perf_counter() - start), 0.0))
+                continue
+            for out in stalls.step():
+                now = time.perf_counter() - start
+                rid = out.request_id
+                if out.new_token_ids:
+                    n = len(out.new_token_ids)
+                    tokens += n
+                    counts[rid] = counts.get(rid, 0) + n
+                    if rid in first:
+                        gaps.append(now - last[rid])
+                    else:
+                        first[rid] = now
+                    last[rid] = now
+                if out.finished:
+                    done, in_flight = done + 1, in_flight - 1
+                    if counts.get(rid, 0) > 1:
+                        tpot.append((last[rid] - first[rid]) / (counts[rid] - 1))
+                        by_temperature[requests[ids[rid]].params.greedy].append(tpot[-1])
+                    if clients and nxt < len(requests):  # the client sends its next request now
+                        queue.append(nxt)
+                        arrived[str(nxt)] = now
+                        nxt += 1
     seconds = time.perf_counter() - start
     ttft = [first[rid] - arrived[rid] for rid in first]
     stats = engine.stats
@@ -284,7 +286,8 @@ def drive(engine, requests: list[TrafficRequest], slots: int, arrival: Arrival, 
             "tpot_p50_s": percentile(tpot, 0.5), "alpha": stats.alpha, "mean_gamma": stats.mean_num_draft_tokens,
             "captures": step_shapes(engine) - captures, "completed_per_s": len(requests) / seconds,
             "tpot_p50_greedy_s": percentile(by_temperature[True], 0.5),
-            "tpot_p50_sampled_s": percentile(by_temperature[False], 0.5), "policy": _policy_report(engine, clock, seconds)}
+            "tpot_p50_sampled_s": percentile(by_temperature[False], 0.5), "policy": _policy_report(engine, clock, seconds),
+            "stalls": stalls.summary(seconds)}
 
 
 def _policy_report(engine, clock: float, seconds: float) -> dict:
@@ -347,7 +350,8 @@ def run_traffic(spec: TrafficSpec, plain, arms: dict, pool: list[list[int]], eos
                 warm(drafter, engine)
                 drive(engine, requests, slots, arrival, policy, rate, spec.seed)  # untimed: the policy's step times
                 result = drive(engine, requests, slots, arrival, policy, rate, spec.seed)
-                per_t = {k: result.pop(k) for k in ("tpot_p50_greedy_s", "tpot_p50_sampled_s", "policy")}
+                per_t = {k: result.pop(k) for k in ("tpot_p50_greedy_s", "tpot_p50_sampled_s", "policy",
+                                                       "stalls")}
                 if drafter == "plain":
                     plain_rate, plain_t = result["tok_s"], per_t
                     if arrival.kind == "closed" and arrival.clients is None:

@@ -103,6 +103,10 @@ class _FakeEngine:
     def has_unfinished(self):
         return bool(self.running)
 
+    @property
+    def num_running(self):
+        return len(self.running)
+
     def step(self):
         outs = []
         for rid in list(self.running):
