@@ -25,6 +25,9 @@ def main(argv=None) -> int:
     p.add_argument("--calls", type=int, default=160)
     p.add_argument("--max-rows", type=int, default=8)
     p.add_argument("--warm", action="store_true", help="run Engine's prefill warm-up first (when it has one)")
+    p.add_argument("--before", action="store_true", help="the engine as it was before 2026-11-27: SDPA may take "
+                   "cuDNN and the first chunk of fresh rows attends through the mask (a baseline in the same process "
+                   "kind, on the same machine)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
 
@@ -36,6 +39,15 @@ def main(argv=None) -> int:
     from specdec.zoo.models import build_model
     from specdec.zoo.presets import PRESETS
 
+    if args.before:
+        from torch.nn.attention import SDPBackend
+
+        import specdec.engine.slots as slots
+        from specdec.fast.kernels import attention
+
+        attention.SDPA_BACKENDS[:] = [SDPBackend.CUDNN_ATTENTION, *attention.SDPA_BACKENDS]
+        chunk_body = slots._prefill_chunk
+        slots._prefill_chunk = lambda *a: chunk_body(*a[:8], False, a[9])  # (causal off)
     shape = PRESETS["gpu"].target
     model = build_model(shape, vocab_size=32000).to("cuda", torch.bfloat16).eval()
     engine = Engine(model, None, EngineConfig(max_batch_size=64, max_seq_len=1024))
@@ -82,6 +94,7 @@ def main(argv=None) -> int:
     new = [c["ms"] for c in calls if c["new"]]
     old = [c["ms"] for c in calls if not c["new"]]
     summary = {"module_loading": os.environ.get("CUDA_MODULE_LOADING", "(default)"), "warm_s": warm_s,
+               "before": args.before,
                "new_shapes": {"n": len(new), "median_ms": statistics.median(new) if new else None,
                               "max_ms": max(new, default=None), "over_50ms": sum(v > 50 for v in new)},
                "seen_shapes": {"n": len(old), "median_ms": statistics.median(old) if old else None,

@@ -14,8 +14,10 @@ A cell is (slots, arrival). Its traffic is drawn once (seeded) and replayed for 
 An arm is (drafter, γ policy): plain decoding is the plain engine (no drafter) at γ = 0 — the same traffic,
 no speculation. Every engine is warmed up before its first run (`warm_engine`: the step shapes of every γ its
 policies can pick, every batch and length bucket, greedy and sampled — what `specdec serve` captures at
-start-up); each arm
-then runs the cell twice and the second run is timed (the first teaches "auto" the step times). The step shapes
+start-up); an engine's first arm in a cell first runs the cell's traffic once per policy (priming: without it the
+first arm's admissions ran 1.2-1.8x slower than the next arm's on an H200 — each admission of a new shape paid
+per-shape setup — so whichever policy ran first lost 10-40%: BENCHMARKS); each arm then runs the cell twice and
+the second run is timed (the first teaches "auto" the step times). The step shapes
 built while timed are reported (`captures`: on CUDA each is a graph capture, ~0.1 s of stall for every row; on
 the CPU the shapes that would have been captured).
 
@@ -213,7 +215,7 @@ def drive(engine, requests: list[TrafficRequest], slots: int, arrival: Arrival, 
           seed: int = 0) -> dict:
     """Run `requests` through `engine` at γ policy `gamma` (0 = plain) with at most `slots` in the engine, arriving
     per `arrival` (a Poisson rate resolved to `rate` requests/s) → measurements (see `ArmResult`)."""
-    from specdec.bench.stalls import StallLog
+    from specdec.bench.stalls import StallLog, policy_report
     from specdec.metrics import SpecStats
     from specdec.text.warmup import step_shapes
 
@@ -232,7 +234,7 @@ def drive(engine, requests: list[TrafficRequest], slots: int, arrival: Arrival, 
     ids: dict[str, int] = {}
     engine.stats = SpecStats()
     captures = step_shapes(engine)
-    clock = _policy_report(engine, 0.0, 0.0)["clock_s"]
+    clock = policy_report(engine, 0.0, 0.0)["clock_s"]
     if engine.device.type == "cuda":
         import torch
 
@@ -286,16 +288,8 @@ def drive(engine, requests: list[TrafficRequest], slots: int, arrival: Arrival, 
             "tpot_p50_s": percentile(tpot, 0.5), "alpha": stats.alpha, "mean_gamma": stats.mean_num_draft_tokens,
             "captures": step_shapes(engine) - captures, "completed_per_s": len(requests) / seconds,
             "tpot_p50_greedy_s": percentile(by_temperature[True], 0.5),
-            "tpot_p50_sampled_s": percentile(by_temperature[False], 0.5), "policy": _policy_report(engine, clock, seconds),
+            "tpot_p50_sampled_s": percentile(by_temperature[False], 0.5), "policy": policy_report(engine, clock, seconds),
             "stalls": stalls.summary(seconds)}
-
-
-def _policy_report(engine, clock: float, seconds: float) -> dict:
-    """The γ policy's read-out after a run (`GammaPolicy.report`; only the share for a policy that keeps none) and the
-    share of the run's wall time its timed steps cover (the rest: admission, catch-up excess, the driver)."""
-    report = engine.policy.report() if hasattr(engine.policy, "report") else {"clock_s": 0.0}
-    report["step_share"] = (report["clock_s"] - clock) / seconds if seconds > 0 else None
-    return report
 
 
 def warm_engine(spec: TrafficSpec, name: str, engine, log=None) -> dict:
@@ -342,12 +336,15 @@ def run_traffic(spec: TrafficSpec, plain, arms: dict, pool: list[list[int]], eos
                     drive(plain, requests, slots, Arrival("closed"), 0, seed=spec.seed)
                     capacity[slots] = drive(plain, requests, slots, Arrival("closed"), 0, seed=spec.seed)["completed_per_s"]
                 rate = arrival.relative * capacity[slots]
-            plain_rate, plain_t = None, {}
+            plain_rate, plain_t, primed = None, {}, set()
             for drafter, engine, policy in [("plain", plain, 0)] + [(n, e, p) for n, e in arms.items()
                                                                       for p in spec.policies]:
                 if deadline is not None and time.perf_counter() > deadline:
                     return rows
                 warm(drafter, engine)
+                for other in [] if drafter in primed else [0] if drafter == "plain" else spec.policies:
+                    drive(engine, requests, slots, arrival, other, rate, spec.seed)  # priming (module doc)
+                primed.add(drafter)
                 drive(engine, requests, slots, arrival, policy, rate, spec.seed)  # untimed: the policy's step times
                 result = drive(engine, requests, slots, arrival, policy, rate, spec.seed)
                 per_t = {k: result.pop(k) for k in ("tpot_p50_greedy_s", "tpot_p50_sampled_s", "policy",

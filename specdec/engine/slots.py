@@ -258,8 +258,9 @@ class PrefillGraphs:
 
 
 def _prefill_chunk(model: FastLlama, view: KVCache, state: SlotState, rows: slice, first: int, bucket: int,
-                   features: torch.Tensor | None, embeds, bounds: torch.Tensor) -> None:
-    """One chunk of `prefill_rows`: columns [first, first + bucket) of the rows, bounds `[2, b]` (starts; ends)."""
+                   features: torch.Tensor | None, embeds, causal: bool, bounds: torch.Tensor) -> None:
+    """One chunk of `prefill_rows`: columns [first, first + bucket) of the rows, bounds `[2, b]` (starts; ends).
+    causal: every row starts at 0 and this is the first chunk (`FastLlama.forward`'s `causal_prefix`)."""
     cols = first + torch.arange(bucket, device=bounds.device)[None, :]
     valid = (cols >= bounds[0][:, None]) & (cols < bounds[1][:, None])
     tokens = None if embeds is not None else state.tokens[rows, first : first + bucket] * valid
@@ -269,7 +270,7 @@ def _prefill_chunk(model: FastLlama, view: KVCache, state: SlotState, rows: slic
     # host more than cuBLAS/SDPA do (measured on an H200: ~10 ms per request at batch 1); decode steps, replayed
     # as CUDA graphs, run the fused kernels
     _, hidden = model(tokens, view, valid, embeds=vectors, last_only=not want, return_hidden=True,
-                      compute_logits=False, kernels="reference")
+                      compute_logits=False, kernels="reference", causal_prefix=causal)
     if want:
         block = features[rows, first : first + bucket]
         block.copy_(torch.where(valid[..., None], hidden.to(block.dtype), block))
@@ -319,16 +320,18 @@ def prefill_rows(model: FastLlama, cache: SlotCache, state: SlotState, rows: sli
         return
     bounds = to_device([starts, ends], state.tokens.device)  # one transfer: [2, b]
     cache.lengths[rows].copy_(bounds[0])
+    fresh = not any(starts)  # every row fed from position 0: its first chunk attends causally, with no mask
     for first, bucket, span in shapes:
         view = cache.view(rows, span)
-        body = functools.partial(_prefill_chunk, model, view, state, rows, first, bucket, features, embeds)
+        causal = fresh and first == 0
+        body = functools.partial(_prefill_chunk, model, view, state, rows, first, bucket, features, embeds, causal)
         if graphs is None:
             body(bounds)
         else:
             # the tensors by address (a graph holds them, so no address is reused while it lives) and the shape
             key = (cache.keys.data_ptr(), state.tokens.data_ptr(), 0 if features is None else features.data_ptr(),
                    0 if embeds is None else id(getattr(embeds, "__self__", embeds)), rows.start, rows.stop, first,
-                   bucket, span)
+                   bucket, span, causal)
             graphs.run(key, body, bounds, cache.lengths)
 
 

@@ -103,7 +103,8 @@ class EagleLayer(FastLlama):
 
     def _eager_layers(self, x: torch.Tensor, cache: KVCache, rope_pos: torch.Tensor, slots: torch.Tensor,
                       tables: list, capture: list | None = None, attention: str = "reference",
-                      tree=None) -> torch.Tensor:
+                      tree=None, causal: bool = False) -> torch.Tensor:
+        # (causal: a prefix hint the one layer does not need — it attends with the mask either way)
         if tree is not None:
             raise ValueError("an EAGLE head drafts chains: it does not score token trees")
         s, c = self.shape, self.eagle

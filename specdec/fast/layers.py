@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 from specdec.fast.cache import KVCache
 from specdec.fast.families import mlp_activation, norm
-from specdec.fast.kernels.attention import slot_attention, slot_attention_bias, triton_unsupported
+from specdec.fast.kernels.attention import (causal_prefix_attention, slot_attention, slot_attention_bias,
+                                             triton_unsupported)
 from specdec.fast.kernels import cpu_linear
 from specdec.fast.kernels.invariant import invariant_attention, invariant_linear
 from specdec.fast.kernels.linear import FASTER_THAN_CUBLAS, linear
@@ -84,11 +85,14 @@ class LlamaLayers:
         return mlp_activation(up, self.shape.arch)
 
     def _eager_layers(self, x: torch.Tensor, cache: KVCache, rope_pos: torch.Tensor, slots: torch.Tensor,
-                      tables: list, capture: list | None = None, attention: str = "reference", tree=None) -> torch.Tensor:
+                      tables: list, capture: list | None = None, attention: str = "reference", tree=None,
+                      causal: bool = False) -> torch.Tensor:
         """The decoder layers in eager PyTorch: `x [B, k, dim]` → `[B, k, dim]`. attention: `slot_attention`'s
         kernel (the Triton one on CUDA for families the fused layer does not cover). capture (optional): appends
         a copy of the residual stream entering each layer of `feature_layers`. Under `bitwise` the GEMMs and the
-        attention are the invariant ones (the Llama body's branch only: other families are refused)."""
+        attention are the invariant ones (the Llama body's branch only: other families are refused). causal: the
+        columns are positions 0..k-1 of fresh rows (`forward`'s `causal_prefix`): layers without a window or a
+        softcap attend by `causal_prefix_attention` (no mask)."""
         s, a = self.shape, self.shape.arch
         gemm = "bitwise" if self.bitwise else "reference"
         batch, k = x.shape[:2]
@@ -120,6 +124,8 @@ class LlamaLayers:
             window = a.window(i)
             if self.bitwise:  # (token trees are refused in forward)
                 attn = invariant_attention(q, cache.keys[i], cache.values[i], bound, a.attn_scale, window=window)
+            elif causal and window is None and a.attn_softcap is None and tree is None:
+                attn = causal_prefix_attention(q, cache.keys[i], cache.values[i], a.attn_scale)
             else:
                 if window not in masks and (attention == "reference" or attention == "auto" and x.device.type == "cpu"):
                     masks[window] = slot_attention_bias(bound, cache.keys[0].shape[2], nq // nkv, self.dtype, window,

@@ -254,7 +254,7 @@ class FastLlama(LlamaLayers, torch.nn.Module):
     def forward(self, tokens: torch.Tensor | None, cache: KVCache, valid: torch.Tensor | None = None,
                 *, embeds: torch.Tensor | None = None, last_only: bool = False, advance: bool = True,
                 return_hidden: bool = False, compute_logits: bool = True, kernels: str | None = None,
-                tree: TreeNodes | None = None):
+                tree: TreeNodes | None = None, causal_prefix: bool = False):
         """Append `tokens [B, k]` to each row at its own slots → logits `[B, k, V]` (float32).
 
         valid [B, k] (optional): False marks padding; a row's valid tokens are written contiguously from
@@ -267,6 +267,9 @@ class FastLlama(LlamaLayers, torch.nn.Module):
         kernels: this call's kernels in place of `self.kernels` (the engine prefills eagerly on "reference":
         outside CUDA graphs each Triton launch costs the host tens of µs, cuBLAS/SDPA calls a few).
         tree: the tokens are token-tree nodes (`TreeNodes`). No host sync: capturable in a CUDA graph (fixed shapes).
+        causal_prefix: every row is empty (`cache.lengths` 0) and its valid tokens are its first columns (an
+        admission's first prefill chunk): the eager layers attend causally over the chunk's own slots, without a
+        mask (`kernels.attention.causal_prefix_attention`: on CUDA the flash kernel, no per-shape setup).
         """
         s, a = self.shape, self.shape.arch
         batch, k = (tokens if embeds is None else embeds).shape[:2]
@@ -301,7 +304,8 @@ class FastLlama(LlamaLayers, torch.nn.Module):
         if fused:
             x = self._fused_layers(x, cache, rope_pos, slots, tables, capture, tree_mask)
         else:
-            x = self._eager_layers(x, cache, rope_pos, slots, tables, capture, mode, tree_mask)  # ("triton": fused or raised)
+            x = self._eager_layers(x, cache, rope_pos, slots, tables, capture, mode, tree_mask,  # ("triton": fused
+                                   causal=causal_prefix)  # or raised)
         if last_only:
             x = x[:, -1:]
         if self.normed_output and fused:  # the per-row Triton norm, as every layer's on this path (bitwise: torch's

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import sdpa_kernel
 
+from specdec.fast.kernels.attention import SDPA_BACKENDS
 from specdec.fast.model import KVCache
 
 __all__ = ["T5Shape", "T5Cache", "FastT5", "check_t5"]
@@ -286,7 +288,8 @@ class FastT5(torch.nn.Module):
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, wo) -> torch.Tensor:
         """o(attention) of `q [B, H, k, D]` over `keys/values [B, H, S, D]` with additive `bias`; T5: no 1/√D."""
         batch, heads, k, dim = q.shape
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=1.0)
+        with sdpa_kernel(SDPA_BACKENDS):  # (no cuDNN: a plan built per new shape; see `kernels.attention`)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=1.0)
         return F.linear(out.transpose(1, 2).reshape(batch, k, heads * dim), wo)
 
     # ------------------------------------------------------------------------------------------- encoder

@@ -12,10 +12,11 @@ class _Engine:
     num_running = 3
 
     def __init__(self):
-        self.calls = 0
+        self.calls = self.num_admissions = 0
 
     def _admit(self, outputs):
         time.sleep(0.02)
+        self.num_admissions += 1
 
     def step(self):
         self.calls += 1
@@ -41,7 +42,8 @@ def test_stall_log_splits_each_step_into_admission_and_gc():
     with StallLog(engine) as log:
         assert [log.step() for _ in range(4)] == [[1], [2], [3], [4]]
     summary = log.summary(time.perf_counter() - start)
-    assert summary["steps"] == 4 and summary["gc_full"] >= 1
+    assert summary["steps"] == 4 and summary["gc_full"] >= 1 and summary["admissions"] == 1
+    assert summary["admit_ms_mean"] >= 20 and [s["admissions"] for s in log.steps] == [0, 1, 0, 0]
     assert summary["admit_s"] >= 0.02 and summary["step_s"] >= summary["admit_s"]
     assert log.steps[1]["admit_ms"] >= 20 and log.steps[1]["wall_ms"] >= log.steps[1]["admit_ms"]
     walls = [s["wall_ms"] for s in summary["slowest"]]

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
-__all__ = ["slot_attention", "slot_attention_reference", "slot_attention_bias", "triton_unsupported", "TreeMask",
-           "MAX_TREE_SLOTS"]
+__all__ = ["slot_attention", "slot_attention_reference", "slot_attention_bias", "causal_prefix_attention",
+           "triton_unsupported", "TreeMask", "MAX_TREE_SLOTS", "SDPA_BACKENDS"]
 
 MAX_TREE_SLOTS = 64  # a tree's slots: one int64 bit mask per query
 
@@ -85,12 +86,38 @@ def slot_attention_reference(q: torch.Tensor, keys: torch.Tensor, values: torch.
         bias = slot_attention_bias(positions, num_slots, group, q.dtype, window, tree)
     q = q.reshape(batch, k, kv_heads, group, dim).permute(0, 2, 3, 1, 4).reshape(batch, kv_heads, group * k, dim)
     if softcap is None:
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=scale)
+        with sdpa_kernel(SDPA_BACKENDS):
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=scale)
     else:
         scores = torch.matmul(q, keys.transpose(2, 3)) * (dim ** -0.5 if scale is None else scale)
         scores = torch.tanh(scores / softcap) * softcap + bias
         out = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), values)
     return out.view(batch, kv_heads, group, k, dim).permute(0, 3, 1, 2, 4).reshape(batch, k, heads, dim)
+
+
+#: the SDPA backends the engine's eager attention may take: not cuDNN's, which builds an execution plan for every
+#: new shape (batch, query length, span) — 40–170 ms of host time each on an H200, so an admission whose rows or
+#: chunk buckets were not seen before stalled every running stream (issue 21: `scripts/prefill_first_calls.py`);
+#: the memory-efficient kernel computes the same masked attention with no per-shape setup
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+def causal_prefix_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                            scale: float | None = None) -> torch.Tensor:
+    """`slot_attention_reference` for a block of fresh rows' first positions: q `[B, k, H, D]` holds positions
+    0..k-1 of every row (a row's padding columns after its tokens: their outputs are meaningless) and slots
+    [0, k) of keys/values `[B, H_kv, S, D]` hold what this forward wrote there → `[B, k, H, D]`. Causal attention
+    over those k slots, as `slot_attention_reference` computes it for queries whose positions are their columns,
+    without a mask: the flash kernel, no per-shape plan (an admission's prefill; no window, no softcap)."""
+    batch, k, heads, dim = q.shape
+    kv_heads = keys.shape[1]
+    group = heads // kv_heads
+    keys, values = keys[:, :, :k], values[:, :, :k]
+    if group > 1:  # query head h reads KV head h // group (the reference's folding)
+        keys = keys[:, :, None].expand(batch, kv_heads, group, k, dim).reshape(batch, heads, k, dim)
+        values = values[:, :, None].expand(batch, kv_heads, group, k, dim).reshape(batch, heads, k, dim)
+    with sdpa_kernel(SDPA_BACKENDS):
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, is_causal=True, scale=scale)
+    return out.transpose(1, 2)
 
 
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
