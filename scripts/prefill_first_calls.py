@@ -39,15 +39,19 @@ def main(argv=None) -> int:
     from specdec.zoo.models import build_model
     from specdec.zoo.presets import PRESETS
 
-    if args.before:
+    if args.before:  # SDPA free to take cuDNN again, and the first chunk through the mask over the whole span
         from torch.nn.attention import SDPBackend
 
-        import specdec.engine.slots as slots
+        import specdec.fast.layers as layers
         from specdec.fast.kernels import attention
 
         attention.SDPA_BACKENDS[:] = [SDPBackend.CUDNN_ATTENTION, *attention.SDPA_BACKENDS]
-        chunk_body = slots._prefill_chunk
-        slots._prefill_chunk = lambda *a: chunk_body(*a[:8], False, a[9])  # (causal off)
+
+        def masked(q, keys, values, scale=None):  # the reference at positions 0..k-1 (padding's outputs unread)
+            positions = torch.arange(q.shape[1], device=q.device).expand(q.shape[0], -1)
+            return attention.slot_attention_reference(q, keys, values, positions, scale)
+
+        layers.causal_prefix_attention = masked
     shape = PRESETS["gpu"].target
     model = build_model(shape, vocab_size=32000).to("cuda", torch.bfloat16).eval()
     engine = Engine(model, None, EngineConfig(max_batch_size=64, max_seq_len=1024))
