@@ -64,7 +64,7 @@ def run_level(engine, requests, clients: int, max_seconds: float) -> dict:
             "admission_steps": _quantiles([s["wall"] for s in admit]),
             "admission_phase": _quantiles([s["admit"] for s in admit]),
             "admission_us_per_token": 1e6 * sum(s["admit"] for s in admit) / fed if fed else None,
-            "admitted_per_admission": sum(s["admitted"] for s in admit) / len(admit) if admit else None,
+            "fed_per_admission_step": fed / len(admit) if admit else None,  # prompt tokens, target and drafter
             # mean ms per admission step: each phase, and the rest (the policy, the decode step itself)
             "admission_breakdown_ms": None if not admit else {
                 k: 1e3 * sum(s[k] for s in admit) / len(admit) for k in ("wall", "admit", "prefill", "catch_up",
@@ -105,6 +105,15 @@ def first_calls(engine, lengths=(100, 300, 700), rows=(1, 4)) -> list[dict]:
     return out
 
 
+def _policy(text: str):
+    """--policies: "auto" or a γ of 1..8 (a one-line argparse error otherwise)."""
+    if text == "auto":
+        return text
+    if not text.isdigit() or not 1 <= int(text) <= 8:
+        raise argparse.ArgumentTypeError(f"policy {text!r}: expected auto or a γ of 1..8")
+    return int(text)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pair", type=Path)
@@ -118,7 +127,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-batch", type=int, default=128, help="slots (the serving table's server: 128; fewer warm "
                    "up faster)")
     p.add_argument("--drafter", choices=("head", "model"), default="head", help="the speculative arms' drafter")
-    p.add_argument("--policies", nargs="+", default=["auto"], help="the speculative arms' γ policies (auto, or a γ)")
+    p.add_argument("--policies", nargs="+", type=_policy, default=["auto"],
+                   help="the speculative arms' γ policies (auto, or a γ of 1..8)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     if not args.quick and (args.pair is None or args.data is None or args.head is None):
@@ -153,7 +163,7 @@ def main(argv=None) -> int:
     requests = make_requests(pool, args.requests, spec, eos_ids, spec.seed, max_total=max_total)
     args.out.mkdir(parents=True, exist_ok=True)
     result = {"prefill_budget": budget, "arms": {}}
-    arms = [("plain", None, 0)] + [(f"{args.drafter} {p}", drafter, p if p == "auto" else int(p)) for p in args.policies]
+    arms = [("plain", None, 0)] + [(f"{args.drafter} {p}", drafter, p) for p in args.policies]
     for arm, draft, gamma in arms:
         config = EngineConfig(max_batch_size=max_batch, max_seq_len=max_total, num_draft_tokens=gamma,
                               prefill_budget=budget)
@@ -170,7 +180,7 @@ def main(argv=None) -> int:
         del engine
     (args.out / "admission.json").write_text(json.dumps(result, indent=1))
     rows = ["| arm | clients | admission steps p50 / p99 / max (ms) | admit phase p50 (ms) | µs / prompt token | "
-            "admitted / admission | catch-up steps p50 / max | decode p50 / p99 | new-shape steps max |",
+            "tokens fed / admission step | catch-up steps p50 / max | decode p50 / p99 | new-shape steps max |",
             "|---|---|---|---|---|---|---|---|---|"]
     f = lambda q, k: "–" if not q.get("n") else f"{q[k]:.1f}"  # noqa: E731
     for arm, data in result["arms"].items():
@@ -179,7 +189,7 @@ def main(argv=None) -> int:
             a, c, d = lv["admission_steps"], lv["catch_up_steps"], lv["decode_steps"]
             rows.append(f"| {arm} | {lv['clients']} | {f(a, 'p50_ms')} / {f(a, 'p99_ms')} / {f(a, 'max_ms')} | "
                         f"{f(lv['admission_phase'], 'p50_ms')} | {lv['admission_us_per_token'] or 0:.1f} | "
-                        f"{lv['admitted_per_admission'] or 0:.1f} | {f(c, 'p50_ms')} / {f(c, 'max_ms')} | "
+                        f"{lv['fed_per_admission_step'] or 0:.0f} | {f(c, 'p50_ms')} / {f(c, 'max_ms')} | "
                         f"{f(d, 'p50_ms')} / {f(d, 'p99_ms')} | {f(lv['new_shape_steps'], 'max_ms')} |")
     rows += ["", "| rows | prompt | first call (ms) | second call (ms) |", "|---|---|---|---|"]
     rows += [f"| {r['rows']} | {r['length']} | {r['first_ms']:.1f} | {r['second_ms']:.1f} |" for r in result["first_calls"]]
