@@ -100,6 +100,22 @@ def exact_two_token_law(model, sampling: SamplingConfig) -> np.ndarray:
     return (p1[:, None] * p2).flatten().double().numpy()
 
 
+def engine_two_token_pairs(engine, rows: int, vocab: int = 16) -> np.ndarray:
+    """The first two tokens of `rows` T=1 requests for PROMPT on `engine`, as t1·V + t2: [rows].
+
+    Request i is seeded with i, so the sample (and the test's p-value) is the same on every run: an unseeded request
+    draws fresh OS randomness, and a correct rule then fails a 1e-3 threshold one run in a thousand."""
+    from specdec.request import SamplingParams
+
+    index = {engine.add_request(PROMPT, SamplingParams(temperature=1.0, max_new_tokens=2, seed=i)): i
+             for i in range(rows)}
+    tokens = [[] for _ in range(rows)]
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens[index[out.request_id]].extend(out.new_token_ids)
+    return np.array([a * vocab + b for a, b in tokens])
+
+
 @pytest.fixture(scope="module")
 def small_vocab_pair(make_llama):
     return make_llama(10, vocab=16), make_llama(11, layers=1, vocab=16)

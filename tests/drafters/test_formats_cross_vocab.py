@@ -14,7 +14,7 @@ from specdec.core import SamplingConfig
 from specdec.drafters.base import Proposal
 from specdec.drafters.cross_vocab import CrossVocabDrafter, VocabBridge, bridge_if_needed
 from stats_utils import chi2_pvalue
-from test_distribution import PROMPT, exact_two_token_law
+from test_distribution import PROMPT, engine_two_token_pairs, exact_two_token_law
 
 PASS, FAIL = 1e-3, 1e-8
 SPECIALS = ["[UNK]", "[PAD]", "[BOS]", "[EOS]"]
@@ -164,15 +164,9 @@ def test_engine_greedy_is_the_targets(big, gamma):
 
 def _engine_pairs(target, drafter, rows: int):
     from specdec.engine import Engine, EngineConfig
-    from specdec.request import SamplingParams
 
     engine = Engine(target, drafter, EngineConfig(max_batch_size=256, max_seq_len=32, num_draft_tokens=3))
-    index = {engine.add_request(PROMPT, SamplingParams(temperature=1.0, max_new_tokens=2)): i for i in range(rows)}
-    tokens = [[] for _ in range(rows)]
-    while engine.has_unfinished():
-        for out in engine.step():
-            tokens[index[out.request_id]].extend(out.new_token_ids)
-    return np.array([a * 16 + b for a, b in tokens]), engine.stats
+    return engine_two_token_pairs(engine, rows), engine.stats
 
 
 def test_engine_two_token_law(small):

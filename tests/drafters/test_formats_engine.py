@@ -3,7 +3,6 @@ for every format and γ (Medusa with γ above its number of heads), the first dr
 over the features the engine keeps (EAGLE-3: the states entering three target layers, checked mid-flight), and
 the joint law of two tokens at T=1 is the target's (chi-square), with a misreported-q negative control."""
 
-import numpy as np
 import pytest
 import torch
 
@@ -15,7 +14,7 @@ from specdec.engine import Engine, EngineConfig
 from specdec.engine.drafters import Flavor, StepView
 from specdec.request import SamplingParams
 from stats_utils import chi2_pvalue
-from test_distribution import PROMPT, exact_two_token_law
+from test_distribution import engine_two_token_pairs, exact_two_token_law
 
 PASS, FAIL = 1e-3, 1e-8
 ROWS = 6000
@@ -120,13 +119,7 @@ def small(make_llama, tmp_path_factory):
 
 def _two_token_pairs(target, folder, rows: int = ROWS):
     engine = Engine(target, str(folder), EngineConfig(max_batch_size=256, max_seq_len=32, num_draft_tokens=3))
-    params = SamplingParams(temperature=1.0, max_new_tokens=2)
-    index = {engine.add_request(PROMPT, params): i for i in range(rows)}
-    tokens = [[] for _ in range(rows)]
-    while engine.has_unfinished():
-        for out in engine.step():
-            tokens[index[out.request_id]].extend(out.new_token_ids)
-    return np.array([a * 16 + b for a, b in tokens]), engine.stats
+    return engine_two_token_pairs(engine, rows), engine.stats
 
 
 @pytest.mark.parametrize("name", ["eagle3", "medusa"])  # (EAGLE-1 drafts through the same chain as eagle3)

@@ -4,7 +4,6 @@ offline, the joint law of two tokens at T=1 (chi-square, with a negative control
 
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 
@@ -19,7 +18,7 @@ from specdec.fast.head import FeatureHead, HeadConfig
 from specdec.fast.model import LlamaShape
 from specdec.request import SamplingParams
 from stats_utils import chi2_pvalue
-from test_distribution import PROMPT, exact_two_token_law
+from test_distribution import engine_two_token_pairs, exact_two_token_law
 
 PASS, FAIL = 1e-3, 1e-8
 ROWS = 6000
@@ -156,15 +155,9 @@ def pair(make_llama):
 
 
 def _two_token_pairs(target, head, rows: int = ROWS):
-    """The first two tokens of `rows` seeded T=1 requests for PROMPT (one engine, up to 256 rows per step)."""
+    """The first two tokens of `rows` T=1 requests (seeded 0..rows-1) for PROMPT on an engine over the head."""
     engine = Engine(target, head, EngineConfig(max_batch_size=256, max_seq_len=32, num_draft_tokens=3))
-    params = SamplingParams(temperature=1.0, max_new_tokens=2)  # no seed: fresh randomness per request
-    index = {engine.add_request(PROMPT, params): i for i in range(rows)}
-    tokens = [[] for _ in range(rows)]
-    while engine.has_unfinished():
-        for out in engine.step():
-            tokens[index[out.request_id]].extend(out.new_token_ids)
-    return np.array([a * 16 + b for a, b in tokens]), engine.stats
+    return engine_two_token_pairs(engine, rows), engine.stats
 
 
 def test_two_token_law(pair):
