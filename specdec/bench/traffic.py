@@ -17,7 +17,11 @@ policies can pick, every batch and length bucket, greedy and sampled — what `s
 start-up); an engine's first arm in a cell first runs the cell's traffic once per policy (priming: without it the
 first arm's admissions ran 1.2-1.8x slower than the next arm's on an H200 — each admission of a new shape paid
 per-shape setup — so whichever policy ran first lost 10-40%: BENCHMARKS); each arm then runs the cell twice and
-the second run is timed (the first teaches "auto" the step times). The step shapes
+the second run is timed (the first teaches "auto" the step times). With `repeats` R > 1 every arm of the cell is
+timed R times, round k in the arms' order rotated by k (no arm always first or always after the same one), each
+round's ratio taken against plain's run of the same round; a row reports the run of its median tokens/s, the median
+of its R ratios as `vs_plain`, and each round's tokens/s, ratio and ITL p99 in `extra["repeats"]` (arms of a few
+seconds move by ~10% from run to run on a GPU: the spread says how far one cell can be trusted). The step shapes
 built while timed are reported (`captures`: on CUDA each is a graph capture, ~0.1 s of stall for every row; on
 the CPU the shapes that would have been captured).
 
@@ -45,6 +49,7 @@ __all__ = ["Arrival", "TrafficSpec", "TrafficRequest", "ArmResult", "parse_arriv
 MAX_SLOTS = 256  # the engine's largest batch bucket
 MAX_CLIENTS = 4096
 MAX_RATE = 1e6
+MAX_REPEATS = 20
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,7 @@ class TrafficSpec:
     policies: tuple = ("auto",)  # γ policies of every drafter ("auto", fixed γ's); plain runs always
     requests_per_slot: float = 3.0  # requests per cell = max(min_requests, requests_per_slot × slots)
     min_requests: int = 16
+    repeats: int = 1  # timed runs of every arm per cell, in rotated orders; the ratio reported is their median
     prompt_tokens: tuple[int, int] = (30, 2000)
     new_tokens: tuple[int, int] = (16, 256)
     sampled_share: float = 0.5
@@ -130,6 +136,8 @@ class TrafficSpec:
         r = self.requests_per_slot
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not (math.isfinite(r) and 0 < r <= 1000):
             raise ValueError(f"requests_per_slot must be a number in (0, 1000], got {r!r}")
+        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or not 1 <= self.repeats <= MAX_REPEATS:
+            raise ValueError(f"repeats must be an integer in [1, {MAX_REPEATS}], got {self.repeats!r}")
         if isinstance(self.min_requests, bool) or not isinstance(self.min_requests, int) or not 1 <= self.min_requests <= 100_000:
             raise ValueError(f"min_requests must be an integer in [1, 100000], got {self.min_requests!r}")
         for name, (lo, hi), floor in (("prompt_tokens", self.prompt_tokens, 1), ("new_tokens", self.new_tokens, 1)):
@@ -336,34 +344,65 @@ def run_traffic(spec: TrafficSpec, plain, arms: dict, pool: list[list[int]], eos
                     drive(plain, requests, slots, Arrival("closed"), 0, seed=spec.seed)
                     capacity[slots] = drive(plain, requests, slots, Arrival("closed"), 0, seed=spec.seed)["completed_per_s"]
                 rate = arrival.relative * capacity[slots]
-            plain_rate, plain_t, primed = None, {}, set()
-            for drafter, engine, policy in [("plain", plain, 0)] + [(n, e, p) for n, e in arms.items()
-                                                                      for p in spec.policies]:
-                if deadline is not None and time.perf_counter() > deadline:
-                    return rows
-                warm(drafter, engine)
-                for other in [] if drafter in primed else [0] if drafter == "plain" else spec.policies:
-                    drive(engine, requests, slots, arrival, other, rate, spec.seed)  # priming (module doc)
-                primed.add(drafter)
-                drive(engine, requests, slots, arrival, policy, rate, spec.seed)  # untimed: the policy's step times
-                result = drive(engine, requests, slots, arrival, policy, rate, spec.seed)
-                per_t = {k: result.pop(k) for k in ("tpot_p50_greedy_s", "tpot_p50_sampled_s", "policy",
-                                                       "stalls")}
-                if drafter == "plain":
-                    plain_rate, plain_t = result["tok_s"], per_t
-                    if arrival.kind == "closed" and arrival.clients is None:
-                        capacity[slots] = result["completed_per_s"]
-                extra = {"rate_per_s": rate} if rate is not None else {}
-                extra.update(per_t)  # the policy's read-out; TPOT p50 of the greedy and of the sampled requests, and plain's over it
-                extra.update({f"speedup_{kind}": _ratio(plain_t.get(f"tpot_p50_{kind}_s"), per_t[f"tpot_p50_{kind}_s"])
-                              for kind in ("greedy", "sampled")})
-                row = ArmResult(slots=slots, arrival=arrival.label, drafter=drafter, policy=str(policy),
-                                vs_plain=result["tok_s"] / plain_rate if plain_rate else None, extra=extra,
-                                **{k: v for k, v in result.items() if k != "completed_per_s"})
+            cell = [("plain", plain, 0)] + [(n, e, p) for n, e in arms.items() for p in spec.policies]
+            runs: list[list[dict]] = [[] for _ in cell]  # per arm: its timed runs (round k at index k)
+            primed: set = set()
+            stopped = False
+            for k in range(spec.repeats):
+                for i in [(j + k) % len(cell) for j in range(len(cell))]:  # round k: the order rotated by k
+                    drafter, engine, policy = cell[i]
+                    if deadline is not None and time.perf_counter() > deadline:
+                        stopped = True
+                        break
+                    warm(drafter, engine)
+                    for other in [] if drafter in primed else [0] if drafter == "plain" else spec.policies:
+                        drive(engine, requests, slots, arrival, other, rate, spec.seed)  # priming (module doc)
+                    primed.add(drafter)
+                    if k == 0:  # untimed: the policy's step times (kept by the engine for the later rounds)
+                        drive(engine, requests, slots, arrival, policy, rate, spec.seed)
+                    runs[i].append(drive(engine, requests, slots, arrival, policy, rate, spec.seed))
+                if stopped:
+                    break
+            # whole rounds only (a round's ratios are taken within it); a deadline inside the first round keeps the
+            # arms it measured (plain runs first there)
+            done = min(len(r) for r in runs) or 1
+            for (drafter, _, policy), timed in zip(cell, runs):
+                if not timed:
+                    continue
+                row = _row(slots, arrival, rate, drafter, policy, timed[:done], runs[0][:done])
+                if drafter == "plain" and arrival.kind == "closed" and arrival.clients is None:
+                    capacity[slots] = row.extra.pop("completed_per_s")
+                else:
+                    row.extra.pop("completed_per_s")
                 rows.append(row)
                 if on_row is not None:
                     on_row(row)
+            if stopped:
+                return rows
     return rows
+
+
+def _row(slots: int, arrival: Arrival, rate: float | None, drafter: str, policy, timed: list[dict],
+         plains: list[dict]) -> ArmResult:
+    """An arm's row from its timed runs (one per round) and plain's runs of the same rounds (see the module doc)."""
+    timed = [dict(t) for t in timed]
+    per_t = [{k: t.pop(k) for k in ("tpot_p50_greedy_s", "tpot_p50_sampled_s", "policy", "stalls")} for t in timed]
+    ratios = [t["tok_s"] / p["tok_s"] if p and p["tok_s"] else None for t, p in zip(timed, plains)]
+    middle = sorted(range(len(timed)), key=lambda j: timed[j]["tok_s"])[(len(timed) - 1) // 2]  # the median run
+    result, mine = timed[middle], per_t[middle]
+    plain_t = plains[middle] if middle < len(plains) and plains[middle] else {}
+    extra = {"rate_per_s": rate} if rate is not None else {}
+    extra.update(mine)  # the policy's read-out; TPOT p50 of the greedy and of the sampled requests, and plain's over it
+    extra.update({f"speedup_{kind}": _ratio(plain_t.get(f"tpot_p50_{kind}_s"), mine[f"tpot_p50_{kind}_s"])
+                  for kind in ("greedy", "sampled")})
+    extra["completed_per_s"] = result["completed_per_s"]
+    known = [r for r in ratios if r is not None]
+    if len(timed) > 1:
+        extra["repeats"] = [{"tok_s": t["tok_s"], "vs_plain": r, "itl_p99_s": t["itl_p99_s"]}
+                            for t, r in zip(timed, ratios)]
+    vs_plain = statistics.median(known) if known else None
+    return ArmResult(slots=slots, arrival=arrival.label, drafter=drafter, policy=str(policy), vs_plain=vs_plain,
+                     extra=extra, **{k: v for k, v in result.items() if k != "completed_per_s"})
 
 
 def _ratio(a, b) -> float | None:
@@ -379,6 +418,9 @@ def markdown_table(rows: list[ArmResult]) -> str:
              "| α | mean γ | captures |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ratio = "–" if r.vs_plain is None or r.drafter == "plain" else f"{r.vs_plain:.2f}x"
+        spread = [x["vs_plain"] for x in r.extra.get("repeats", ()) if x["vs_plain"] is not None]
+        if spread and r.drafter != "plain":  # (the median of the rounds' ratios, and their range)
+            ratio += f" ({min(spread):.2f}–{max(spread):.2f})"
         alpha = "–" if r.alpha is None else f"{r.alpha:.2f}"
         lines.append(f"| {r.slots} | {r.arrival} | {r.drafter} | {r.policy} | {r.tok_s:.0f} | {ratio} | "
                      f"{ms(r.ttft_p50_s)} / {ms(r.ttft_p99_s)} | {ms(r.itl_p50_s)} / {ms(r.itl_p99_s)} | "

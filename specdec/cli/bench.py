@@ -41,7 +41,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--zoo-preset", default="gpu", help="gpu --train: which zoo preset to train (default gpu; tests use tiny)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per prompt (default: the preset's)")
     p.add_argument("--gamma", type=int, default=None, help="γ of the main grid, 1..8 (default: the preset's)")
-    p.add_argument("--repeats", type=int, default=None, help="timed runs per configuration, median reported (default: the preset's)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="timed runs per configuration, median reported (default: the preset's; the traffic table: 1, "
+                        "up to 20, every arm of a cell once per round in a rotated order, ratios to plain per round)")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers baselines")
     p.add_argument("--profile", action="store_true", help="CUDA: kernel-time profile of plain and speculative steps")
     t = p.add_argument_group("traffic (the default preset; specdec.bench.traffic)")

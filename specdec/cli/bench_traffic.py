@@ -16,7 +16,7 @@ MAX_BENCH_GAMMA = 8
 TRAFFIC_DRAFTERS = ("model", "head", "lookup", "ngram")
 TRAFFIC_ONLY = ("quick", "head", "target", "draft", "drafters", "slots", "arrival", "policy", "requests_per_slot", "prompt_tokens",
                  "new_tokens", "sampled_share", "max_seconds", "serve", "clients")
-PRESET_ONLY = ("train", "gamma", "repeats", "no_hf", "profile", "max_new_tokens")
+PRESET_ONLY = ("train", "gamma", "no_hf", "profile", "max_new_tokens")  # (--repeats: both, one meaning)
 
 
 def given(args: argparse.Namespace, name: str) -> bool:
@@ -39,7 +39,7 @@ def traffic_spec(args: argparse.Namespace):
             base["arrivals" if name == "arrival" else "policies"] = tuple(convert(v) for v in values)
         except ValueError as err:
             raise CLIError(f"{flag}: {err}") from None
-    for flag, name in (("--slots", "slots"), ("--requests-per-slot", "requests_per_slot"),
+    for flag, name in (("--slots", "slots"), ("--requests-per-slot", "requests_per_slot"), ("--repeats", "repeats"),
                        ("--prompt-tokens", "prompt_tokens"), ("--new-tokens", "new_tokens"),
                        ("--sampled-share", "sampled_share")):
         value = getattr(args, name)
@@ -80,7 +80,7 @@ def check_traffic(args: argparse.Namespace):
     if args.target is not None:
         return spec, check_target(args, drafters)
     if args.serve:
-        for name in ("drafters", "slots", "policy", "requests_per_slot"):
+        for name in ("drafters", "slots", "policy", "requests_per_slot", "repeats"):
             if given(args, name):
                 raise CLIError(f"--{name.replace('_', '-')}: --serve runs levels of --clients (and --arrival poisson "
                                "rates) against one server (its drafter: --head, else the pair's draft0; γ auto)")

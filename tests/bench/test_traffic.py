@@ -184,6 +184,7 @@ def test_bench_quick_writes_the_whole_table(tmp_path, capsys):
     (["--arrival", "bursty"], "--arrival"), (["--policy", "99"], "--policy"), (["--policy", "auto", "12"], "--policy"), (["--sampled-share", "2"], "--sampled-share"),
     (["--prompt-tokens", "90", "10"], "--prompt-tokens"), (["--requests-per-slot", "0"], "--requests-per-slot"),
     (["--max-seconds", "-1"], "--max-seconds"), (["--gamma", "3"], "--gamma"), (["--pair", "x"], "--pair"),
+    (["--repeats", "0"], "--repeats"), (["--repeats", "21"], "--repeats"),
     (["--dtype", "float16"], "--dtype"), (["--device", "cuda"], "--device"),
 ])
 def test_bench_quick_refuses_bad_knobs_before_building_anything(extra, message, capsys, monkeypatch, tmp_path):
@@ -193,6 +194,12 @@ def test_bench_quick_refuses_bad_knobs_before_building_anything(extra, message, 
     assert main(QUICK + ["--out", str(tmp_path)] + extra) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+def test_serve_refuses_repeats(capsys):
+    assert main(["bench", "--quick", "--serve", "--repeats", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--repeats: --serve runs levels" in err[0]
 
 
 def test_traffic_options_are_refused_by_the_presets(capsys):
@@ -259,3 +266,88 @@ def test_a_warmed_engine_under_traffic_builds_no_step_shape_with_auto():
     for _ in range(2):
         assert drive(engine, requests, 8, Arrival("closed"), "auto")["captures"] == 0
     assert engine.policy.only_ready and {g for _, g, _ in engine.policy.samples} > {0}  # (speculative arms ran)
+
+
+def _fake_drive(log: list, speeds: dict):
+    """A `drive` stand-in: each call logged as (engine, policy); its tokens/s `speeds(engine, policy, k)`, k the
+    call's index among that (engine, policy)'s calls (priming and untimed calls included)."""
+    counts: dict = {}
+
+    def drive_(engine, requests, slots, arrival, gamma, rate=None, seed=0):
+        key = (engine, gamma)
+        k = counts[key] = counts.get(key, -1) + 1
+        log.append(key)
+        tok_s = speeds(engine, gamma, k)
+        return {"requests": len(requests), "tokens": 100, "seconds": 100 / tok_s, "tok_s": tok_s, "ttft_p50_s": 0.1,
+                "ttft_p99_s": 0.2, "itl_p50_s": 0.01, "itl_p99_s": 0.01 * k + 0.02, "tpot_p50_s": 0.01, "alpha": None,
+                "mean_gamma": 0.0, "captures": 0, "completed_per_s": 1.0, "tpot_p50_greedy_s": 0.01,
+                "tpot_p50_sampled_s": None, "policy": {}, "stalls": {}}
+    return drive_
+
+
+def test_repeats_time_every_arm_per_round_in_rotated_orders_and_report_the_median_ratio(monkeypatch):
+    """Three rounds over plain, a γ = 4 arm and an "auto" arm: round k starts at arm k; each round's ratio is taken
+    against plain's run of that round; the row is the arm's median run, `vs_plain` the median ratio."""
+    import specdec.bench.traffic as traffic
+
+    log: list = []
+    plain_speed = {0: 100.0, 1: 100.0, 2: 100.0, 3: 80.0, 4: 120.0}  # plain's calls: prime, untimed, 3 timed
+
+    def speeds(engine, gamma, k):
+        if engine == "plain":
+            return plain_speed[k]
+        return {4: 150.0, "auto": 160.0}[gamma] + k  # (grows with the call: the median run is the middle one)
+    monkeypatch.setattr(traffic, "drive", _fake_drive(log, speeds))
+    spec = TrafficSpec(slots=(2,), arrivals=(Arrival("closed"),), policies=(4, "auto"), repeats=3, min_requests=3)
+    rows = traffic.run_traffic(spec, "plain", {"m": "m"}, [[1, 2, 3, 4, 5, 6]])
+    assert [(r.drafter, r.policy) for r in rows] == [("plain", "0"), ("m", "4"), ("m", "auto")]
+    # round 0: plain (prime, untimed, timed), m (prime 4 and auto, untimed 4, timed 4), m auto (untimed, timed);
+    # round 1 rotated by one: m 4, m auto, plain; round 2: m auto, plain, m 4
+    assert log == [("plain", 0)] * 3 + [("m", 4), ("m", "auto"), ("m", 4), ("m", 4), ("m", "auto"), ("m", "auto"),
+                                        ("m", 4), ("m", "auto"), ("plain", 0), ("m", "auto"), ("plain", 0), ("m", 4)]
+    plain, four, auto = rows
+    # plain's timed runs: 100 (round 0), 80 (round 1), 120 (round 2); γ = 4's: its calls 2, 3, 4 → 152, 153, 154
+    assert plain.tok_s == 100.0 and plain.vs_plain == 1.0
+    ratios = [152 / 100, 153 / 80, 154 / 120]
+    assert [x["vs_plain"] for x in four.extra["repeats"]] == pytest.approx(ratios)
+    assert four.vs_plain == pytest.approx(sorted(ratios)[1]) and four.tok_s == 153.0  # median ratio; median run
+    assert [x["tok_s"] for x in auto.extra["repeats"]] == [162.0, 163.0, 164.0]
+    assert "completed_per_s" not in four.extra
+    text = markdown_table(rows)
+    assert f"| {four.vs_plain:.2f}x ({min(ratios):.2f}–{max(ratios):.2f}) |" in text
+
+
+def test_one_repeat_is_the_table_as_before_and_a_deadline_keeps_whole_rounds(monkeypatch):
+    import specdec.bench.traffic as traffic
+
+    log: list = []
+    monkeypatch.setattr(traffic, "drive", _fake_drive(log, lambda engine, gamma, k: 100.0 if engine == "plain" else 150.0))
+    spec = TrafficSpec(slots=(2,), arrivals=(Arrival("closed"),), policies=("auto",), min_requests=3)
+    rows = traffic.run_traffic(spec, "plain", {"m": "m"}, [[1, 2, 3]])
+    assert [r.vs_plain for r in rows] == [1.0, 1.5] and all("repeats" not in r.extra for r in rows)
+    # a deadline inside round 1 of 3: the rows come from round 0 alone (its ratios were taken within it)
+    clock = iter([0.0, 0.0, 0.0, 10.0])  # the deadline's reads: round 0 (plain, m), round 1 (m, then late for plain)
+    monkeypatch.setattr(traffic.time, "perf_counter", lambda: next(clock, 10.0))
+    spec = TrafficSpec(slots=(2, 4), arrivals=(Arrival("closed"),), policies=("auto",), repeats=3, min_requests=3)
+    rows = traffic.run_traffic(spec, "plain", {"m": "m"}, [[1, 2, 3]], deadline=5.0)
+    assert [(r.slots, r.drafter, r.vs_plain) for r in rows] == [(2, "plain", 1.0), (2, "m", 1.5)]
+    assert all("repeats" not in r.extra for r in rows)
+
+
+@pytest.mark.parametrize("bad", [0, 21, 1.5, True])
+def test_repeats_are_checked(bad):
+    with pytest.raises(ValueError, match="repeats must be an integer in"):
+        TrafficSpec(repeats=bad)
+
+
+def test_bench_quick_repeats_each_arm_and_reports_the_spread(tmp_path, capsys):
+    argv = ["bench", "--quick", "--slots", "2", "--arrival", "closed", "--drafters", "model", "--new-tokens", "2", "6",
+            "--prompt-tokens", "20", "60", "--requests-per-slot", "1.5", "--repeats", "2", "--json", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    rows = json.loads((tmp_path / "traffic.json").read_text())["rows"]
+    assert [r["drafter"] for r in rows] == ["plain", "model"]
+    assert all(len(r["extra"]["repeats"]) == 2 for r in rows)
+    model = rows[1]
+    ratios = [x["vs_plain"] for x in model["extra"]["repeats"]]
+    assert model["vs_plain"] == pytest.approx(sum(ratios) / 2)  # (the median of two)
+    assert f"({min(ratios):.2f}–{max(ratios):.2f})" in (tmp_path / "traffic.md").read_text()
