@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from specdec.bench.traffic import TrafficSpec, markdown_table, run_traffic, summary
+from specdec.bench.traffic import TrafficSpec, run_traffic
+from specdec.bench.traffic_table import markdown_table, summary
 from specdec.engine import Engine, EngineConfig
 
 __all__ = ["DRAFTERS", "TrafficSetup", "quick_setup", "pair_setup", "target_setup", "draft_kind", "chat_pool",

@@ -135,7 +135,13 @@ class SlotDrafter(Protocol):
 class CachedSlotDrafter(SlotDrafter, Protocol):
     """A slot drafter with its own slot cache over a `fast.model.FastLlama`-like `model` (RoPE tables built by
     the engine before any capture). `cache` is an `engine.slots.SlotCache` (the engine moves and swaps its slots
-    with the target's: `Admission._move_slot`); `state` an `engine.slots.SlotState`."""
+    with the target's: `Admission._move_slot`); `state` an `engine.slots.SlotState`.
+
+    Optional (not part of the protocol, so a drafter written against it keeps working): `prefill_ragged(state,
+    rows, starts, ends, chunk, *, extent=None)`, the same feed with each row's columns taken from its own start
+    (`engine.slots.prefill_ragged`). Where a drafter has it, the engine feeds its catch-ups and chunked prefill
+    through it (rows lagging at different offsets cost rows × the longest lag instead of rows × the span of all
+    their offsets); where not, through `prefill`. The engine's model drafter and feature heads have it."""
 
     model: torch.nn.Module
     cache: object
