@@ -346,9 +346,7 @@ def run_traffic(spec: TrafficSpec, plain, arms: dict, pool: list[list[int]], eos
                     continue
                 row = arm_row(slots, arrival, rate, drafter, policy, timed[:done], runs[0][:done])
                 if drafter == "plain" and arrival.kind == "closed" and arrival.clients is None:
-                    capacity[slots] = row.extra.pop("completed_per_s")
-                else:
-                    row.extra.pop("completed_per_s")
+                    capacity[slots] = row.requests / row.seconds  # (plain's completions/s, for poisson:Fx)
                 rows.append(row)
                 if on_row is not None:
                     on_row(row)

@@ -36,26 +36,24 @@ class ArmResult:
 
 
 def arm_row(slots: int, arrival, rate: float | None, drafter: str, policy, timed: list[dict],
-         plains: list[dict]) -> ArmResult:
-    """An arm's row from its timed runs (one per round) and plain's runs of the same rounds (see the module doc)."""
-    timed = [dict(t) for t in timed]
+            plains: list[dict]) -> ArmResult:
+    """An arm's row from its timed `drive` runs (one per round) and plain's runs of the same rounds, in the same
+    order (see `traffic`'s module doc): the median run's numbers, the median of the per-round ratios to plain."""
+    timed = [{k: v for k, v in t.items() if k != "completed_per_s"} for t in timed]  # (= requests / seconds)
     per_t = [{k: t.pop(k) for k in ("tpot_p50_greedy_s", "tpot_p50_sampled_s", "policy", "stalls")} for t in timed]
-    ratios = [t["tok_s"] / p["tok_s"] if p and p["tok_s"] else None for t, p in zip(timed, plains)]
+    ratios = [t["tok_s"] / p["tok_s"] if p["tok_s"] else None for t, p in zip(timed, plains)]
     middle = sorted(range(len(timed)), key=lambda j: timed[j]["tok_s"])[(len(timed) - 1) // 2]  # the median run
-    result, mine = timed[middle], per_t[middle]
-    plain_t = plains[middle] if middle < len(plains) and plains[middle] else {}
+    mine, plain = per_t[middle], plains[middle]
     extra = {"rate_per_s": rate} if rate is not None else {}
-    extra.update(mine)  # the policy's read-out; TPOT p50 of the greedy and of the sampled requests, and plain's over it
-    extra.update({f"speedup_{kind}": _ratio(plain_t.get(f"tpot_p50_{kind}_s"), mine[f"tpot_p50_{kind}_s"])
-                  for kind in ("greedy", "sampled")})
-    extra["completed_per_s"] = result["completed_per_s"]
-    known = [r for r in ratios if r is not None]
+    extra.update(mine)  # the policy's read-out, the stalls, the TPOT p50 of the greedy and of the sampled requests
+    extra.update({f"speedup_{kind}": _ratio(plain[f"tpot_p50_{kind}_s"], mine[f"tpot_p50_{kind}_s"])
+                  for kind in ("greedy", "sampled")})  # plain's TPOT p50 over this arm's, greedy and sampled requests
     if len(timed) > 1:
         extra["repeats"] = [{"tok_s": t["tok_s"], "vs_plain": r, "itl_p99_s": t["itl_p99_s"]}
                             for t, r in zip(timed, ratios)]
-    vs_plain = statistics.median(known) if known else None
-    return ArmResult(slots=slots, arrival=arrival.label, drafter=drafter, policy=str(policy), vs_plain=vs_plain,
-                     extra=extra, **{k: v for k, v in result.items() if k != "completed_per_s"})
+    known = [r for r in ratios if r is not None]
+    return ArmResult(slots=slots, arrival=arrival.label, drafter=drafter, policy=str(policy),
+                     vs_plain=statistics.median(known) if known else None, extra=extra, **timed[middle])
 
 
 def _ratio(a, b) -> float | None:

@@ -268,7 +268,7 @@ def test_a_warmed_engine_under_traffic_builds_no_step_shape_with_auto():
     assert engine.policy.only_ready and {g for _, g, _ in engine.policy.samples} > {0}  # (speculative arms ran)
 
 
-def _fake_drive(log: list, speeds: dict):
+def _fake_drive(log: list, speeds):
     """A `drive` stand-in: each call logged as (engine, policy); its tokens/s `speeds(engine, policy, k)`, k the
     call's index among that (engine, policy)'s calls (priming and untimed calls included)."""
     counts: dict = {}
