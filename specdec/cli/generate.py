@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from specdec.cli import CLIError
+from specdec.cli.aliases import GAMMA_FLAGS, add_model_arguments
 from specdec.cli.common import (add_checkpoint_options, add_model_options, apply_model_options, check_int,
                                 encode_prompts, load_drafter, loader_kwargs, log, print_json)
 
@@ -17,12 +18,9 @@ POLICY_NAMES = ("fixed", "heuristic", "optimal", "threshold", "guarded")  # = sp
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("generate", help="generate text with speculative decoding from local checkpoints",
                               description=__doc__)
-    p.add_argument("--target", required=True,
-                   help="target checkpoint: a folder, a .gguf file, or a hub id (org/name) in the local HF cache")
-    p.add_argument("--draft", default=None,
-                   help="draft checkpoint (a model folder, .gguf file or cached hub id; or a head folder: EAGLE-1/2, "
-                        "EAGLE-3, Medusa, speculators, specdec train head), or one of: ngram (= bigram), unigram, "
-                        "prompt-lookup; omit for plain decoding")
+    add_model_arguments(p, draft_help="draft checkpoint (a model folder, .gguf file or cached hub id; or a head "
+                        "folder: EAGLE-1/2, EAGLE-3, Medusa, speculators, specdec train head), or one of: ngram (= "
+                        "bigram), unigram, prompt-lookup; omit for plain decoding")
     p.add_argument("--ngram-data", type=Path, default=None,
                    help="text file to fit an n-gram drafter on (default: the prompt itself)")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder, .gguf file or hub id (default: --target's)")
@@ -33,7 +31,7 @@ def add_parser(subparsers) -> None:
                    help="0 = greedy (default: the model's generation_config: greedy unless do_sample)")
     p.add_argument("--top-k", type=int, default=None, help="default: the generation_config's, else 0 (off)")
     p.add_argument("--top-p", type=float, default=None, help="default: the generation_config's, else 1.0 (off)")
-    p.add_argument("--num-draft-tokens", default="4",
+    p.add_argument(*GAMMA_FLAGS, dest="num_draft_tokens", default="4",
                    help="γ: an integer 1..64, or a policy name (heuristic, optimal, threshold, guarded) (default 4)")
     p.add_argument("--leniency", type=float, default=1.0, help="l in (0, 1]: 1 = exact; < 1 accepts more, LOSSY (A.5)")
     p.add_argument("--draft-tree", default=None, help="verify a token tree per step, e.g. 2,2,1 (needs a draft model)")
