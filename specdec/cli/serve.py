@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import gc
+import logging
 import math
 import os
 import sys
 from pathlib import Path
 
 from specdec.cli.aliases import BATCH_FLAGS, GAMMA_FLAGS, MAX_LEN_FLAGS, add_engine_argument, add_model_arguments
-from specdec.cli.common import add_checkpoint_options, add_model_options, apply_model_options, check_int, log
+from specdec.cli.common import add_checkpoint_options, add_model_options, apply_model_options, check_int
 
 MAX_CONNECTIONS = 1 << 16
 #: --engine → `specdec.load(runner=...)`
@@ -90,6 +91,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--tensor-parallel-all-reduce", choices=("auto", "group", "one_shot"), default="auto",
                    help="how the ranks sum partial products: group (NCCL/gloo), one_shot (symmetric memory over "
                         "NVLink, CUDA) or auto (one_shot where the GPUs reach each other by P2P) (default auto)")
+    p.add_argument("--tool-call-parser", default="auto", choices=("auto", "hermes", "mistral", "llama3_json"),
+                   help="how tool_choice auto reads calls in the output: auto = the chat template's family "
+                        "(Hermes <tool_call>, Mistral [TOOL_CALLS], Llama-3 JSON)")
+    p.add_argument("--disable-fastapi-docs", action="store_true",
+                   help="do not serve /docs and /openapi.json (served by default)")
     p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn's log level")
     p.set_defaults(run=run)
@@ -181,8 +187,18 @@ def build(args: argparse.Namespace):
                         bind_host=getattr(args, "host", "127.0.0.1"), api_key=getattr(args, "api_key", None))
     app = create_app(llm, model_name=name, max_tokens_limit=args.max_tokens,
                      metrics_prefix=getattr(args, "metrics_prefix", "specdec:"), guard=guard,
-                     default_seed=getattr(args, "seed", None))
+                     default_seed=getattr(args, "seed", None),
+                     tool_call_parser=getattr(args, "tool_call_parser", "auto"),
+                     docs=not getattr(args, "disable_fastapi_docs", False))
     return app, llm
+
+
+def _drafter_name(drafter) -> str:
+    """The drafter as a phrase: a draft model's class, a head folder, or the drafter's kind."""
+    if isinstance(drafter, (str, Path)):
+        return f"head {drafter}"
+    model = getattr(drafter, "model", None)
+    return type(model).__name__ if model is not None else type(drafter).__name__
 
 
 def _prefill_budget(args: argparse.Namespace):
@@ -251,26 +267,38 @@ def run(args: argparse.Namespace) -> int:
         sock = bind_socket(args.host, args.port)  # now: a busy port fails before minutes of loading
     except OSError as err:
         raise CLIError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}") from None
+    from specdec.cli.serve_startup import StartupLog
+
+    startup = StartupLog(quiet=getattr(args, "quiet", False)).install()  # one line per phase on stderr
     try:
         app, llm = build(args)
     except BaseException:
+        startup.uninstall()
         sock.close()
         raise
     try:
-        return _serve(args, app, llm, sock, uvicorn)
+        return _serve(args, app, llm, sock, uvicorn, startup)
     finally:
+        startup.uninstall()
         llm.close()
         sock.close()
 
 
-def _serve(args, app, llm, sock, uvicorn) -> int:
-    for gamma in {llm.num_draft_tokens, 0} if llm.drafter is not None else {0}:
-        llm.runner(gamma)  # build (and on CUDA, capture) before the first request, not during it
+def _serve(args, app, llm, sock, uvicorn, startup) -> int:
+    from specdec.cli.serve_startup import kv_cache_line, warmup_line
+
+    if llm.drafter is not None:
+        startup.say(f"drafter: {_drafter_name(llm.drafter)}, num_draft_tokens={llm.num_draft_tokens}")
+    for gamma in sorted({llm.num_draft_tokens, 0} if llm.drafter is not None else {0}, key=str):
+        runner = llm.runner(gamma)  # build (and on CUDA, capture) before the first request, not during it
+        startup.say(kv_cache_line(gamma, runner))
+        line = warmup_line(gamma, runner, llm.warmups)
+        if line is not None:
+            startup.say(line)
     for gamma, r in sorted(llm.warmups.items(), key=lambda kv: str(kv[0])):
-        log(args, f"specdec serve: warm-up num_draft_tokens={gamma}: {r['shapes']} decode step shapes captured in "
-            f"{r['seconds']:.1f} s (batch sizes {r['batch_sizes']}, γ {r['gammas']}, {r['length_buckets']} length "
-            f"buckets, T=0 and T=1)" + ("" if r["complete"] else f"; requests past {r['max_length']} tokens capture "
-                                        "on first use (warm-up bound)"))
+        if not r["complete"]:
+            startup.say(f"warm-up num_draft_tokens={gamma}: requests past {r['max_length']} tokens capture on "
+                        "first use (warm-up bound)")
     dropped = dropped_generation_config(llm.target)
     if dropped:
         # not refused: the model is served as the raw target distribution (what vLLM serves with
@@ -284,15 +312,18 @@ def _serve(args, app, llm, sock, uvicorn) -> int:
     gc.freeze()
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
-    log(args, f"specdec serve: {gc.get_freeze_count()} start-up objects frozen (out of the garbage collector's passes)")
+    logging.getLogger(__name__).debug("%d start-up objects frozen (out of the garbage collector's passes)",
+                                      gc.get_freeze_count())
     if llm.synthetic_acceptance is not None:
         print(f"specdec serve: BENCHMARK ONLY: drafts accepted with probability {llm.synthetic_acceptance} "
               "(the output is not the target's distribution)", file=sys.stderr)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         print(f"specdec serve: listening on {args.host}: reachable from other machines, with no API key "
               "(--api-key)", file=sys.stderr)
-    log(args, f"specdec serve: {app.state.model_name} ({llm.runner_kind} runner, γ={llm.num_draft_tokens}) on "
-        f"http://{args.host}:{args.port}  (playground at /, metrics at /metrics)")
+    docs = "" if getattr(args, "disable_fastapi_docs", False) else ", API docs at /docs"
+    startup.say(f"ready: {app.state.model_name} ({llm.runner_kind} runner, γ={llm.num_draft_tokens}) on "
+                f"http://{args.host}:{args.port}  (playground at /{docs}, metrics at /metrics)")
+    startup.uninstall()
     from specdec.server.http import server_config
 
     config = server_config(app, host=args.host, port=args.port, read_timeout=args.timeout_read,

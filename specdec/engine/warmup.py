@@ -20,13 +20,13 @@ class Warmup:
     """`Engine`'s graph warm-up (see the module doc)."""
 
     def warmup(self, batch_sizes=(1,), gammas=None, max_length: int | None = None,
-               temperatures=(0.0,), draft_trees=()) -> int:
+               temperatures=(0.0,), draft_trees=(), progress=None) -> int:
         """Capture the decode graphs ahead of traffic (as servers do at start-up) for these batch sizes,
         γ values (default: every γ the policy may pick), every length bucket up to `max_length` (default:
         max_seq_len) and these temperatures (no top-k/top-p), the token-tree steps of `draft_trees` (shapes
         requests will ask for in `SamplingParams.draft_tree`), and the prefill graphs of a request admitted
         alone (`EngineConfig.prefill_graphs`) for prompts up to `max_length`; returns how many step shapes
-        were built."""
+        were built. `progress(built, total)` is called after each shape (a start-up progress bar)."""
         gammas = gammas if gammas is not None else sorted({0, *self.policy.candidates})
         for size in batch_sizes:
             as_int(size, "batch_sizes", minimum=1, maximum=self.max_batch)
@@ -45,17 +45,24 @@ class Warmup:
         limit = min(self.num_positions, max_length + written + 2 if max_length else self.num_positions)
         flavors = {Flavor(t == 0) for t in temperatures}
         built = 0
+        batches = sorted({next(b for b in BATCH_BUCKETS if b >= s) for s in batch_sizes})
+        buckets = length_buckets(self.num_positions, limit)
+        total = len(batches) * len(buckets) * (len(gammas) + len(trees)) * len(flavors)
         with torch.inference_mode():
-            for batch in sorted({next(b for b in BATCH_BUCKETS if b >= s) for s in batch_sizes}):
-                for positions in length_buckets(self.num_positions, limit):
+            for batch in batches:
+                for positions in buckets:
                     for gamma in gammas:
                         for flavor in flavors:
                             self._step_for(batch, gamma, positions, flavor).capture()
                             built += 1
+                            if progress is not None:
+                                progress(built, total)
                     for tree in trees:
                         for flavor in flavors:
                             self._step_for(batch, tree.spec.depth, positions, flavor, tree).capture()
                             built += 1
+                            if progress is not None:
+                                progress(built, total)
             self._warm_prefill(max_length or self.max_seq_len)
         self.policy.only_ready = True  # "auto" keeps to built shapes from now on (where any is built)
         return built

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -122,6 +123,8 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None, dt
         kwargs["use_safetensors"] = True
     if source.gguf_file:  # the config read above: transformers would parse the GGUF's metadata once more for it
         kwargs["config"] = config
+    logger.info("%s: loading %s (%s)", what, source.where, source.kind)
+    started = time.perf_counter()
     try:
         with quiet_progress_bars():
             model, info = auto.from_pretrained(str(source.folder), dtype=torch_dtype, output_loading_info=True,
@@ -130,8 +133,10 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None, dt
         raise ValueError(f"{what}: cannot load a model from {source.where}: {_one_line(err)}") from None
     if not allow_weight_mismatch:
         _check_loading_info(info, source, what)
-    logger.info("%s: loaded %s (%s%s)", what, source.where, source.kind,
-                f", commit {source.commit[:12]}" if source.commit else "")
+    logger.info("%s: loaded %s in %.1f s (%s%s): %s, %.1fM parameters, %s", what, source.where,
+                time.perf_counter() - started, source.kind, f", commit {source.commit[:12]}" if source.commit else "",
+                type(model).__name__, sum(p.numel() for p in model.parameters()) / 1e6,
+                str(next(model.parameters()).dtype).removeprefix("torch."))
     return (model if device_map is not None else model.to(dev)).eval()
 
 

@@ -12,25 +12,31 @@ step).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fastapi import FastAPI, Request
+
+from specdec import __version__
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
+from specdec.server import bodies as B
 from specdec.server import choices as C
 from specdec.server import protocol as P
+from specdec.server import responses_api as RA
 from specdec.server import responses as R
 from specdec.server.guard import GuardConfig, GuardMiddleware
 from specdec.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from specdec.server.runs import Health, Mailbox, Run, SeedSource, describe
 from specdec.server.structured import compile_for, constraint_of
+from specdec.server.tool_parsers import FORMATS, ToolCallStream, detect_format, marker_ids
+from specdec.server.tools import ToolPlan, plan_tools
+from specdec.server.utility import DetokenizeRequest, TokenizeChatRequest, add_request_schemas, add_utility_routes
 
 logger = logging.getLogger(__name__)
 
@@ -44,13 +50,20 @@ INLINE_TOKENIZE_CHARS = 1024
 
 def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None = None,
                metrics_prefix: str = "specdec:", guard: GuardConfig | None = None, tokenize_workers: int = 2,
-               default_seed: int | None = None):
+               default_seed: int | None = None, tool_call_parser: str = "auto", docs: bool = True):
     """A FastAPI app serving `llm` (a `specdec.text.LLM`).
 
     guard: Host / Origin / API key / content-type checks (`guard.GuardConfig`; default: loopback hosts and
     origins only, no key). tokenize_workers: threads that tokenize and render chat templates (off the loop).
-    default_seed: requests that send no seed get seeds drawn from it in arrival order (None = fresh randomness)."""
-    app = FastAPI(title="specdec", docs_url=None, redoc_url=None, openapi_url=None)
+    default_seed: requests that send no seed get seeds drawn from it in arrival order (None = fresh randomness).
+    tool_call_parser: how tool_choice "auto" reads calls in the output ("auto": the chat template's family,
+    `tool_parsers.detect_format`; or one of `tool_parsers.FORMATS`). docs: serve /docs and /openapi.json."""
+    if tool_call_parser not in ("auto", *FORMATS):
+        raise ValueError(f"tool_call_parser must be auto or one of {', '.join(FORMATS)}, got {tool_call_parser!r}")
+    tool_format = detect_format(llm.tokenizer) if tool_call_parser == "auto" else tool_call_parser
+    tool_markers = marker_ids(llm.tokenizer, tool_format)
+    app = FastAPI(title="specdec", version=__version__, docs_url="/docs" if docs else None, redoc_url=None,
+                  openapi_url="/openapi.json" if docs else None)
     app.add_middleware(GuardMiddleware, config=guard or GuardConfig())
     metrics = ServerMetrics(llm, prefix=metrics_prefix, model_name=model_name)
     llm.driver.add_listener(metrics.on_output)
@@ -133,6 +146,18 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
     async def playground():
         return HTMLResponse(PLAYGROUND.read_text(encoding="utf-8"))
 
+    @app.post("/v1/responses")
+    async def responses(request: Request):
+        typed, chat_request = RA.to_chat(P.parse_body(await _read_body(request)))
+        parsed, _ = await _prepare(chat_request, True)
+        run = Run(llm, metrics, parsed, mailbox(), health)
+        await run.start()
+        if parsed.stream:
+            return StreamingResponse(RA.response_events(typed, run, model_name), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        await _finish(request, run)
+        return JSONResponse(RA.response_body(typed, run, model_name))
+
     @app.post("/v1/completions")
     async def completions(request: Request):
         return await _handle(request, P.CompletionRequest)
@@ -142,13 +167,28 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
         return await _handle(request, P.ChatRequest)
 
     async def _handle(request: Request, model_cls):
-        body = P.parse_body(await _read_body(request))
-        typed = P.validate(model_cls, body)
+        typed = P.validate(model_cls, P.parse_body(await _read_body(request)))
+        chat = model_cls is P.ChatRequest
+        parsed, tools = await _prepare(typed, chat)
+        return await _serve(request, parsed, chat, tools)
+
+    async def _prepare(typed, chat: bool) -> tuple[P.ParsedRequest, ToolPlan | None]:
+        """A typed request → its checked, tokenized runner requests and tool plan (every refusal first)."""
         P.check_model(typed, model_name)
         P.check_refusals(typed)
         structured = constraint_of(typed)  # (field, Constraint) or None: checked before any tokenization
+        tools = plan_tools(typed) if chat else None
+        if tools is not None and tools.mode == "auto" and tool_format is None:
+            raise P.APIError("tool_choice=auto: this model's chat template writes no tool-call format specdec "
+                             f"parses ({', '.join(FORMATS)}; --tool-call-parser names one); use tool_choice "
+                             '"required" or a named function (decoded under a JSON-schema constraint)',
+                             param="tool_choice")
+        if tools is not None and tools.constraint is not None:
+            if structured is not None:
+                raise P.APIError(f"tool_choice={tools.mode!r} decodes under a JSON-schema constraint of its own: "
+                                 f"it cannot be combined with {structured[0]}", param=structured[0])
+            structured = ("tool_choice", tools.constraint)
         sources = P.prompt_sources(typed)
-        chat = model_cls is P.ChatRequest
         P.check_length(sources, llm.max_seq_len, max_token_chars, "messages" if chat else "prompt")
         if P.source_chars(sources) <= INLINE_TOKENIZE_CHARS:  # no hand-off, no queue behind big ones
             prompts = P.encode(llm, typed, sources)
@@ -161,18 +201,27 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
                 tokenize_pool, compile_for, llm, *structured, C.eos_ids(typed, llm))
         parsed = C.build(typed, llm, prompts, limit, echo, seeds.next() if typed.seed is None else None,
                          constraint=grammar)
-        return await _serve(request, parsed, chat)
+        return parsed, tools
 
-    async def _serve(request, parsed: P.ParsedRequest, chat: bool):
+    async def _serve(request, parsed: P.ParsedRequest, chat: bool, tools: ToolPlan | None = None):
         run = Run(llm, metrics, parsed, mailbox(), health)
         await run.start()
+        tool_streams = None
+        if chat and tools is not None:
+            tool_streams = [ToolCallStream(tools, tool_format, tool_markers) for _ in parsed.choices]
         if parsed.stream:
-            return StreamingResponse(_sse(run, chat), media_type="text/event-stream",
+            return StreamingResponse(B.sse(run, chat, llm, model_name, tool_streams), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        await _finish(request, run, tool_streams)
+        return JSONResponse(B.full_body(run, chat, llm, model_name, tool_streams))
+
+    async def _finish(request, run: Run, tool_streams=None) -> None:
+        """Read the run to its end (aborted if the client leaves); a runner failure is a 500 with its message."""
         watcher = asyncio.create_task(_abort_on_disconnect(request, run))
         try:
-            async for _ in run.events():
-                pass
+            async for i, delta in run.events():
+                if tool_streams is not None:
+                    tool_streams[i].feed(delta)
         except P.APIError:
             raise
         except Exception as err:  # noqa: BLE001 - the runner failed (NaN logits...): its message, not a name
@@ -181,94 +230,12 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
         finally:
             watcher.cancel()
             run.abort_unfinished()
-        return JSONResponse(_full_body(run, chat))
 
-    def _full_body(run: "Run", chat: bool) -> dict:
-        completions = [r.completion() for r in run.requests]
-        parsed = run.parsed
-        choices = []
-        for i, c in enumerate(completions):
-            spec = parsed.choices[i]
-            logprobs = None
-            prefix = parsed.echo[spec.prompt_index] if parsed.echo is not None else ""
-            if parsed.logprobs is not None:
-                logprobs = (R.chat_logprobs(llm.tokenizer, c.token_ids, c.logprobs or [], parsed.top_logprobs,
-                                            c.top_logprobs) if chat else
-                            R.completion_logprobs(llm.tokenizer, c.token_ids, c.logprobs or [], len(prefix),
-                                                  c.top_logprobs))
-            if chat:
-                choice = {"index": i, "message": {"role": "assistant", "content": c.text},
-                          "logprobs": logprobs, "finish_reason": c.finish_reason}
-            else:
-                choice = {"index": i, "text": prefix + c.text, "logprobs": logprobs, "finish_reason": c.finish_reason}
-            if c.stop_string is not None:
-                choice["stop_reason"] = c.stop_string  # vLLM's field: which stop string ended the text
-            if parsed.return_token_ids:
-                choice["token_ids"] = list(c.token_ids)
-                choice["prompt_token_ids"] = list(parsed.prompts[spec.prompt_index])
-            choices.append(choice)
-        stats = [c.stats for c in completions]
-        return {"id": run.id(chat), "object": "chat.completion" if chat else "text_completion",
-                "created": run.created, "model": model_name, "choices": choices,
-                "usage": R.usage(parsed.prompts, completions),
-                "speculative_decoding": R.speculative_decoding(stats),
-                "specdec": R.specdec_extra(stats, run.gamma)}
-
-    async def _sse(run: "Run", chat: bool):
-        parsed = run.parsed
-
-        def chunk(choices, **extra) -> str:
-            body = {"id": run.id(chat), "object": "chat.completion.chunk" if chat else "text_completion",
-                    "created": run.created, "model": model_name, "choices": choices, **extra}
-            return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
-
-        offsets = [0] * len(run.requests)
-        try:
-            for i, spec in enumerate(parsed.choices):
-                if chat:
-                    yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                  "finish_reason": None}])
-                elif parsed.echo is not None:
-                    text = parsed.echo[spec.prompt_index]
-                    offsets[i] = len(text)
-                    yield chunk([{"index": i, "text": text, "logprobs": None, "finish_reason": None}])
-            async for i, delta in run.events():
-                if not delta.text and delta.finish_reason is None and not parsed.token_details:
-                    continue
-                request = run.requests[i]
-                logprobs = None
-                ids = [p.token_id for p in delta.pieces if p.token_id >= 0]
-                if parsed.logprobs is not None and ids:
-                    lps = [p.logprob for p in delta.pieces if p.token_id >= 0]
-                    tops = [p.top_logprobs or () for p in delta.pieces if p.token_id >= 0]
-                    logprobs = (R.chat_logprobs(llm.tokenizer, ids, lps, parsed.top_logprobs, tops) if chat else
-                                R.completion_logprobs(llm.tokenizer, ids, lps, offsets[i], tops))
-                offsets[i] += len(delta.text)
-                if chat:
-                    content = {"content": delta.text} if delta.text or delta.finish_reason is None else {}
-                    choice = {"index": i, "delta": content, "logprobs": logprobs, "finish_reason": delta.finish_reason}
-                else:
-                    choice = {"index": i, "text": delta.text, "logprobs": logprobs,
-                              "finish_reason": delta.finish_reason}
-                if parsed.return_token_ids:
-                    choice["token_ids"] = ids
-                extra = {"specdec": R.delta_extra(delta, parsed.token_details)}
-                if delta.finish_reason is not None:
-                    stats = request.stats()
-                    extra["specdec"]["request"] = {**stats.to_dict(), "num_draft_tokens_per_step": run.gamma}
-                    extra["speculative_decoding"] = R.speculative_decoding([stats])
-                yield chunk([choice], **extra)
-            if parsed.include_usage:
-                yield chunk([], usage=R.usage(parsed.prompts, [r.completion() for r in run.requests]))
-        except asyncio.CancelledError:
-            raise
-        except Exception as err:  # noqa: BLE001 - the stream has started: report in-band, as OpenAI does
-            logger.error("generation failed mid-stream: %s", describe(err))
-            yield f"data: {json.dumps(P.error_body(f'generation failed: {describe(err)}', type='server_error'))}\n\n"
-        finally:
-            run.abort_unfinished()
-        yield "data: [DONE]\n\n"
-
+    add_utility_routes(app, llm, model_name, _read_body, tokenize_pool, __version__)
+    if docs:
+        add_request_schemas(app, {"/v1/completions": P.CompletionRequest, "/v1/chat/completions": P.ChatRequest,
+                                  "/v1/responses": RA.ResponsesRequest, "/tokenize": TokenizeChatRequest,
+                                  "/detokenize": DetokenizeRequest})
     return app
 
 

@@ -6,8 +6,8 @@ JSON content type on POST.
   (an IP literal cannot be re-pointed); with a wildcard bind (0.0.0.0, ::) any IP literal. Names: --allowed-hosts.
 - Origin (cross-site requests from a browser): when the header is present its host must be an allowed host, or
   the origin one of --allowed-origins (those also get CORS headers and preflight answers).
-- API key: `Authorization: Bearer KEY` on /v1/* and /metrics (constant-time comparison); /health and the
-  playground page stay open.
+- API key: `Authorization: Bearer KEY` on every route but /health, the playground page, /version, /docs and
+  /openapi.json (constant-time comparison).
 - Content-Type: a POST must say application/json — a cross-origin form or text/plain POST (which a browser sends
   without a preflight) never reaches the model.
 """
@@ -24,7 +24,7 @@ __all__ = ["GuardConfig", "GuardMiddleware", "LOOPBACK_HOSTS"]
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 _WILDCARDS = ("0.0.0.0", "::", "")
-_OPEN_PATHS = ("/health", "/")
+_OPEN_PATHS = ("/health", "/", "/docs", "/openapi.json", "/version")
 
 
 @dataclass(frozen=True)

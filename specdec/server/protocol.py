@@ -144,6 +144,10 @@ def prompt_sources(request) -> list:
                 message["name"] = m.name
             if m.tool_call_id is not None:
                 message["tool_call_id"] = m.tool_call_id
+            if m.tool_calls:
+                from specdec.server.tools import template_tool_calls
+
+                message["tool_calls"] = template_tool_calls(m.tool_calls, i)
             messages.append(message)
         return [messages]
     prompt = request.prompt
@@ -215,11 +219,13 @@ def encode(llm, request, sources: list) -> list[list[int]]:
     tokenizer = llm.tokenizer
     chat = isinstance(request, ChatRequest)
     param = "messages" if chat else "prompt"
+    tools = list(request.tools) if chat and request.tools else None
     out = []
     for source in sources:
         try:
             if chat:
-                text = _render(tokenizer, source, request.add_generation_prompt)
+                text = _render(tokenizer, source, request.add_generation_prompt, tools,
+                               require_tools=request.tool_choice != "none")
                 ids = tokenizer.encode(text, add_special_tokens=request.add_special_tokens)
             elif isinstance(source, str):
                 ids = tokenizer.encode(source, add_special_tokens=request.add_special_tokens)
@@ -239,11 +245,21 @@ def encode(llm, request, sources: list) -> list[list[int]]:
     return out
 
 
-def _render(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
+def _render(tokenizer, messages: list[dict], add_generation_prompt: bool, tools: list | None = None,
+            require_tools: bool = True) -> str:
+    """The conversation as the chat template writes it; with `tools`, the template's own rendering of them (a
+    template that leaves them out is refused unless `require_tools` is off — tool_choice "none": the model would
+    not see the functions it is asked to call)."""
     if not getattr(tokenizer, "chat_template", None):
         raise APIError("this model has no chat template: start the server with --chat-template FILE, or use "
                        "/v1/completions with a text prompt", param="messages")
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                         tools=tools)
+    if tools and require_tools and text == tokenizer.apply_chat_template(messages, tokenize=False,
+                                                       add_generation_prompt=add_generation_prompt):
+        raise APIError("tools: this model's chat template does not render tools (the model would not see them); "
+                       "start the server with a --chat-template that does", param="tools")
+    return text
 
 
 def prompt_texts(llm, sources: list) -> tuple[str, ...]:

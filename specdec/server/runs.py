@@ -76,6 +76,11 @@ class Run:
         self._id = parsed.request_id or R.new_id("x")[2:]
         self._queue: asyncio.Queue = asyncio.Queue()
 
+    @property
+    def key(self) -> str:
+        """The id's random (or client-given request_id) part, shared by every object of this response."""
+        return self._id
+
     def id(self, chat: bool) -> str:
         return f"{'chatcmpl' if chat else 'cmpl'}-{self._id}"
 

@@ -209,10 +209,9 @@ REFUSED_COMPLETION: tuple[tuple[str, Any, str], ...] = (
 
 REFUSED_CHAT: tuple[tuple[str, Any, str], ...] = (
     ("top_logprobs", lambda r: r.top_logprobs is None or r.logprobs, "top_logprobs needs logprobs: true"),
-    ("tools", lambda r: not r.tools, "tool calling is not supported"),
-    ("tool_choice", lambda r: r.tool_choice in (None, "none"), "tool calling is not supported"),
-    ("functions", lambda r: not r.functions, "function calling is not supported"),
-    ("function_call", lambda r: r.function_call in (None, "none"), "function calling is not supported"),
+    ("functions", lambda r: not r.functions, "the deprecated functions field is not served: use tools"),
+    ("function_call", lambda r: r.function_call in (None, "none"), "the deprecated function_call field is not "
+     "served: use tool_choice"),
     ("audio", lambda r: r.audio is None, "audio output is not supported"),
     ("modalities", lambda r: r.modalities in (None, ["text"]), "only text output is supported"),
     ("prediction", lambda r: r.prediction is None,
@@ -243,9 +242,10 @@ def refusal(request: CompletionRequest | ChatRequest) -> tuple[str, str] | None:
             return name, f"{name}={value} is not supported by specdec serve: {why}"
     if isinstance(request, ChatRequest):
         for i, m in enumerate(request.messages):
-            for name in ("tool_calls", "function_call", "audio"):
+            for name in ("function_call", "audio"):
                 if getattr(m, name):
-                    return "messages", f"messages[{i}].{name} is not supported by specdec serve (no tool calling, text only)"
+                    return "messages", f"messages[{i}].{name} is not supported by specdec serve (function_call: " \
+                                       "use tool_calls; audio: text only)"
             if m.role == "function":
                 return "messages", f"messages[{i}]: role 'function' (deprecated) is not supported; use 'tool'"
     return None

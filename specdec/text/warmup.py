@@ -18,10 +18,13 @@ so a benchmark can show that no capture happened while it was timed.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
 from specdec.engine.config import BATCH_BUCKETS, length_buckets
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["MAX_WARMUP_SHAPES", "WarmupPlan", "plan_warmup", "warm_up", "graph_captures", "step_shapes",
            "step_shapes_run"]
@@ -87,8 +90,15 @@ def warm_up(engine, max_batch_size: int, max_shapes: int = MAX_WARMUP_SHAPES, ex
                        engine.max_draft_tokens, max_shapes)
     max_length = None if plan.max_length is None else min(plan.max_length, engine.max_seq_len)
     start = time.perf_counter()
+    what = f"warm-up γ {'/'.join(map(str, plan.gammas))}"
+    logger.info("%s: capturing %d decode step shapes (batch sizes %s, %d length buckets, T=0 and T>0)", what,
+                plan.num_shapes, list(plan.batch_sizes), plan.num_length_buckets)
+
+    def progress(done: int, total: int) -> None:  # DEBUG records: `specdec serve` draws them as a progress bar
+        logger.debug(what, extra={"progress": (done, total)})
+
     built = engine.warmup(batch_sizes=plan.batch_sizes, gammas=plan.gammas, max_length=max_length,
-                          temperatures=plan.temperatures)
+                          temperatures=plan.temperatures, progress=progress)
     return {"shapes": int(built), "planned": plan.num_shapes, "seconds": time.perf_counter() - start,
             "complete": plan.complete, "max_length": max_length, "batch_sizes": list(plan.batch_sizes),
             "gammas": list(plan.gammas), "length_buckets": plan.num_length_buckets,

@@ -18,10 +18,15 @@ httpx = pytest.importorskip("httpx")
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "specdec" / "assets" / "demo_pair"
-# A small chat template in the demo tokenizer's world (it was trained on Python code).
+# A small chat template in the demo tokenizer's world (it was trained on Python code), with tools written
+# Hermes-style (the `<tool_call>` family: tool_choice "auto" is parsed in that format).
 # A user message "RAISE" makes it call raise_exception (its message must reach the client).
-CHAT_TEMPLATE = ("{% for m in messages %}{% if m['content'] == 'RAISE' %}{{ raise_exception('no RAISE please') }}{% endif %}"
-                 "# {{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}def{% endif %}")
+CHAT_TEMPLATE = ("{% if tools %}# tools:\n{% for t in tools %}# {{ t['function'] | tojson }}\n{% endfor %}"
+                 "# answer with <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>\n{% endif %}"
+                 "{% for m in messages %}{% if m['content'] == 'RAISE' %}{{ raise_exception('no RAISE please') }}{% endif %}"
+                 "# {{ m['role'] }}: {{ m['content'] }}{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>"
+                 "{{ {'name': c['function']['name'], 'arguments': c['function']['arguments']} | tojson }}</tool_call>"
+                 "{% endfor %}{% endif %}{{ '\\n' }}{% endfor %}{% if add_generation_prompt %}def{% endif %}")
 GAMMA = 4
 MODEL = (("model_name", "demo"),)  # the label every metric carries
 

@@ -171,7 +171,7 @@ def test_every_declared_field_is_honoured_or_has_a_refusal():
                 "logit_bias", "min_tokens", "allowed_token_ids", "bad_words", "response_format", "guided_json", "guided_regex", "guided_choice",
                 "guided_grammar", "guided_decoding_backend", "structured_outputs"}
     completion_only = {"prompt", "echo", "logprobs"}
-    chat_only = {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "parallel_tool_calls",
+    chat_only = {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "parallel_tool_calls", "tools", "tool_choice",
                  "add_generation_prompt"}
     common = {r[0] for r in COMMON if "." not in r[0]}
     assert set(CompletionRequest.model_fields) == honoured | completion_only | common | {r[0] for r in REFUSED_COMPLETION}
