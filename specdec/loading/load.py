@@ -130,6 +130,10 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None, dt
         raise ValueError(f"{what}: cannot load a model from {source.where}: {_one_line(err)}") from None
     if not allow_weight_mismatch:
         _check_loading_info(info, source, what)
+    if source.gguf_file:  # (the engine reads its quantized tensors from the file: `fast.quant.attach`)
+        from specdec.loading.gguf_tensors import remember_gguf
+
+        remember_gguf(model, source.folder / source.gguf_file)
     logger.info("%s: loaded %s (%s%s)", what, source.where, source.kind,
                 f", commit {source.commit[:12]}" if source.commit else "")
     return (model if device_map is not None else model.to(dev)).eval()
