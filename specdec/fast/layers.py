@@ -22,8 +22,17 @@ from specdec.fast.kernels.linear import FASTER_THAN_CUBLAS, linear
 from specdec.fast.kernels.mlp import silu_mul
 from specdec.fast.kernels.norm import add_rms_norm, rms_norm
 from specdec.fast.kernels.rope import rope_cache_write
+from specdec.fast.quant.kernel import quant_add_linear_, quant_linear
+from specdec.fast.quant.weight import quantized
 
 __all__ = ["LlamaLayers"]
+
+
+def _unless_bitwise(quant, kernel: str):
+    if kernel == "bitwise":  # (its prefill chunks run the BLAS on dequantized rows: not one order for every count)
+        raise ValueError(f"bitwise=True does not cover GGUF weights kept quantized ({quant.source}); set "
+                         "SPECDEC_GGUF_WEIGHTS=dequantized to run them in float32")
+    return quant
 
 
 class LlamaLayers:
@@ -48,7 +57,10 @@ class LlamaLayers:
                       kernel: str = "reference") -> torch.Tensor:
         """x += inp @ weightᵀ in place (`x [N, dim]`); a tensor-parallel subclass all-reduces the product.
         kernel: "reference" is cuBLAS's addmm_; "bitwise" `invariant_linear`; else `kernels.linear` (its
-        weight-streaming kernel for few rows)."""
+        weight-streaming kernel for few rows). A GGUF weight kept quantized (`fast.quant`) takes its kernel."""
+        quant = quantized(weight)
+        if quant is not None:
+            return quant_add_linear_(x, inp, _unless_bitwise(quant, kernel))
         if kernel == "reference":
             if x.device.type == "cpu":  # oneDNN on a packed weight, or the weight-major product (kernels.cpu_linear)
                 return cpu_linear.add_linear_(x, inp, weight)
@@ -60,7 +72,10 @@ class LlamaLayers:
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                 kernel: str = "reference") -> torch.Tensor:
         """x @ weightᵀ (+ bias): "reference" F.linear (cuBLAS / the CPU BLAS), "bitwise" `invariant_linear`, else
-        `kernels.linear`."""
+        `kernels.linear`; a GGUF weight kept quantized (`fast.quant`), its kernel."""
+        quant = quantized(weight)
+        if quant is not None:
+            return quant_linear(x, _unless_bitwise(quant, kernel), bias)
         if kernel == "reference":
             if x.device.type == "cpu":  # oneDNN on a packed weight, or the weight-major product (kernels.cpu_linear)
                 return cpu_linear.linear(x, weight, bias)
