@@ -37,6 +37,8 @@ from specdec.engine.beam import BeamParams, Beams
 from specdec.engine.commit import Commit
 from specdec.engine.config import BATCH_BUCKETS, EngineConfig, positions_bucket
 from specdec.engine.drafters import Flavor
+from specdec.engine import memory as engine_memory
+from specdec.engine.memory import EngineMemory, check_fits
 from specdec.engine.policy import GammaPolicy
 from specdec.engine.prefill import ChunkedPrefill
 from specdec.engine.slots import MAX_EOS_IDS, PrefillGraphs, SlotCache, SlotState
@@ -92,6 +94,10 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
             features = isinstance(self.drafter, FeatureSlotDrafter) and self.drafter.needs_features
             # feature drafters read the target's hidden states (EAGLE-3: those entering some of its layers)
             self.model.feature_layers = self.drafter.feature_layers if features else None
+            self.memory = self._check_memory(features)  # every buffer's bytes against free memory, then allocated
+            self.cache.allocate()
+            if self.drafter_cached:
+                self.drafter.cache.allocate()
             if features:
                 self.state.enable_features(self.drafter.feature_dim, self.model.dtype)
             self.model.rope_tables(self.num_positions)  # built before any capture (graphs keep their address)
@@ -155,6 +161,26 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
             self.counter_sums.zero_()
             self.tree_counter_sums.zero_()
         self._stats = value
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """Bytes of the engine's KV caches (the target's and a cached drafter's) and stored target features."""
+        m = self.memory
+        return m.target_kv + m.drafter_kv + m.features
+
+    def _check_memory(self, features: bool) -> EngineMemory:
+        """The bytes of every buffer the construction allocates, refused (one line, naming the options) when they
+        exceed the device's free memory; the state is already allocated (small), so its bytes count as free."""
+        state = sum(t.numel() * t.element_size() for t in vars(self.state).values() if isinstance(t, torch.Tensor))
+        feature_bytes = 0
+        if features:
+            feature_bytes = self.max_batch * self.num_positions * self.drafter.feature_dim * self.model.dtype.itemsize
+        memory = EngineMemory(self.cache.nbytes, self.drafter.cache.nbytes if self.drafter_cached else 0,
+                              feature_bytes, state)
+        free = engine_memory.available_memory(self.device)  # (looked up at call: tests replace it)
+        check_fits(memory, self.device, self.max_batch, self.num_positions,
+                   available=lambda _: None if free is None else free + state)
+        return memory
 
     @property
     def num_running(self) -> int:
