@@ -18,11 +18,15 @@ accounting: every block is free or held, as many times as its count says (a leak
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 import torch
 
-__all__ = ["BlockAllocator", "KVPool", "PoolAccountingError", "NULL_BLOCK", "blocks_for"]
+from specdec.fast.cache import PagedKVCache
+
+__all__ = ["BlockAllocator", "KVPool", "PagedSlotCache", "PoolAccountingError", "NULL_BLOCK", "blocks_for",
+           "kv_budget", "pool_blocks"]
 
 NULL_BLOCK = 0
 
@@ -169,3 +173,86 @@ class KVPool:
             host[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
         if not torch.equal(host, self.table.cpu()):
             raise PoolAccountingError("the device block table differs from the rows' blocks")
+
+
+class PagedSlotCache:
+    """One model's K/V blocks over a `KVPool`'s tables: `SlotCache`'s interface for the engine (`view`, `lengths`,
+    `num_positions`, `nbytes`, `allocate`), keys/values `[L, num_blocks, block_size, H_kv, D]`. Rows are moved by
+    the pool (`KVPool.move`, a table edit, once for every model); `move` / `swap` here move the write lengths."""
+
+    def __init__(self, model, pool: KVPool):
+        s = model.shape
+        self.pool = pool
+        self.num_positions = pool.num_positions
+        self.size = (s.n_layers, pool.allocator.num_blocks, pool.block_size, s.n_kv_heads, s.head_dim)
+        self._device, self._dtype = model.device, model.dtype
+        self._keys: torch.Tensor | None = None
+        self._values: torch.Tensor | None = None
+        self.lengths = torch.zeros(pool.table.shape[0], dtype=torch.long, device=model.device)
+
+    @staticmethod
+    def block_bytes(model, block_size: int) -> int:
+        """Bytes one block of `model`'s keys and values takes (every layer)."""
+        s = model.shape
+        return 2 * s.n_layers * block_size * s.n_kv_heads * s.head_dim * model.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * math.prod(self.size) * self._dtype.itemsize
+
+    def allocate(self) -> None:
+        if self._keys is None:
+            self._keys = torch.zeros(self.size, device=self._device, dtype=self._dtype)
+            self._values = torch.zeros(self.size, device=self._device, dtype=self._dtype)
+
+    def view(self, rows: slice, num_positions: int) -> PagedKVCache:
+        """Rows `rows` over their first `num_positions` positions (a multiple of the block size; the last is the
+        junk slot) → a `fast.cache.PagedKVCache`."""
+        self.allocate()
+        blocks = blocks_for(num_positions, self.pool.block_size)
+        return PagedKVCache(list(self._keys.unbind(0)), list(self._values.unbind(0)), self.lengths[rows],
+                            self.pool.table[rows, :blocks])
+
+    def move(self, src: int, dst: int, num_positions: int | None = None) -> None:
+        self.lengths[dst] = self.lengths[src]
+
+    def swap(self, a: int, b: int, num_positions: int | None = None) -> None:
+        self.lengths[[a, b]] = self.lengths[[b, a]]
+
+
+def pool_blocks(budget: int, block_bytes: int, max_batch: int, max_blocks: int) -> int:
+    """Blocks (the null block included) a byte budget buys at `block_bytes` a block, at most what every row's whole
+    table needs; a ValueError naming `kv_cache_memory` when it buys fewer than one row's worth of one block."""
+    blocks = int(budget) // block_bytes
+    if blocks < 2:
+        raise ValueError(f"kv_cache_memory (--kv-cache-memory) of {int(budget)} bytes holds {blocks} KV blocks of "
+                         f"{block_bytes} bytes; the paged pool needs at least 2 (one is the null block)")
+    return min(blocks, max_batch * max_blocks + 1)
+
+
+def kv_budget(kv_cache_memory: int | float | None, static_bytes: int, free: int | None) -> int:
+    """The pool's bytes: an int is bytes; a float in (0, 1] that fraction of the free memory (vLLM's
+    gpu_memory_utilization, of what is free now); None = what the static layout would take (every slot's whole
+    context), at most half the free memory."""
+    if isinstance(kv_cache_memory, float):
+        if free is None:
+            raise ValueError(f"kv_cache_memory={kv_cache_memory} is a fraction of free memory, which this device "
+                             "does not report: give bytes")
+        return int(kv_cache_memory * free)
+    if kv_cache_memory is not None:
+        return int(kv_cache_memory)
+    return static_bytes if free is None else min(static_bytes, free // 2)
+
+
+def paged_caches(model, draft_model, static_bytes: int, config, max_batch: int, num_positions: int,
+                 free: int | None) -> tuple[KVPool, PagedSlotCache, PagedSlotCache | None]:
+    """The engine's pool (`config.kv_cache_memory`, `config.block_size`) over `num_positions` per row, and the
+    target's and a cached drafter's (`draft_model`, or None) caches over it: one block holds the same positions in
+    both, so a block's bytes are the two models' together."""
+    size = config.block_size
+    models = [model] + ([draft_model] if draft_model is not None else [])
+    budget = kv_budget(config.kv_cache_memory, static_bytes, free)
+    num_blocks = pool_blocks(budget, sum(PagedSlotCache.block_bytes(m, size) for m in models), max_batch,
+                             num_positions // size)
+    pool = KVPool(num_blocks, size, max_batch, num_positions, model.device)
+    return pool, PagedSlotCache(model, pool), None if draft_model is None else PagedSlotCache(draft_model, pool)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["EngineMemory", "available_memory", "check_fits", "format_bytes"]
+__all__ = ["EngineMemory", "KVCacheUsage", "available_memory", "check_engine", "check_fits", "format_bytes"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,3 +85,37 @@ def check_fits(memory: EngineMemory, device: torch.device, max_batch: int, num_p
             f"(max_seq_len / --max-seq-len, + the draft tokens a step writes) need {format_bytes(memory.total)} "
             f"({memory.total} bytes: {memory.describe()}), but {device.type} has {format_bytes(free)} ({free} "
             f"bytes) available; lower max_batch_size or max_seq_len")
+
+
+def check_engine(cache, drafter_cache, feature_bytes: int, state, device: torch.device, max_batch: int,
+                 num_positions: int) -> EngineMemory:
+    """The engine's `EngineMemory` (its caches' `nbytes`, allocated or not; the stored features; the slot state),
+    checked by `check_fits` against the memory free now plus the state's (already allocated: small)."""
+    state_bytes = sum(t.numel() * t.element_size() for t in vars(state).values() if isinstance(t, torch.Tensor))
+    memory = EngineMemory(cache.nbytes, drafter_cache.nbytes if drafter_cache is not None else 0, feature_bytes,
+                          state_bytes)
+    free = available_memory(device)
+    check_fits(memory, device, max_batch, num_positions, available=lambda _: None if free is None else free + state_bytes)
+    return memory
+
+
+@dataclass(frozen=True)
+class KVCacheUsage:
+    """What the KV cache holds now. usage_perc: the fraction held, in [0, 1] (vLLM's `kv_cache_usage_perc`; paged:
+    blocks, static: slots). Blocks are None for the static layout (and its preemptions 0)."""
+
+    usage_perc: float
+    num_blocks: int | None = None
+    num_free_blocks: int | None = None
+    num_used_blocks: int | None = None
+    block_size: int | None = None
+    num_preemptions: int = 0
+
+    @classmethod
+    def of(cls, pool, occupied_slots: int, max_batch: int) -> "KVCacheUsage":
+        """From a `kv_pool.KVPool` (None: the static layout, `occupied_slots` of `max_batch`)."""
+        if pool is None:
+            return cls(occupied_slots / max_batch)
+        a = pool.allocator
+        return cls(a.usage, a.num_usable_blocks, a.num_free_blocks, a.num_used_blocks, pool.block_size,
+                   pool.num_preemptions)
