@@ -37,12 +37,16 @@ from specdec.engine.beam import BeamParams, Beams
 from specdec.engine.commit import Commit
 from specdec.engine.config import BATCH_BUCKETS, EngineConfig, positions_bucket
 from specdec.engine.drafters import Flavor
+from specdec.engine import memory as engine_memory
+from specdec.engine.kv_pool import KVPool, paged_caches
+from specdec.engine.memory import EngineMemory, KVCacheUsage, check_engine
 from specdec.engine.policy import GammaPolicy
 from specdec.engine.prefill import ChunkedPrefill
 from specdec.engine.slots import MAX_EOS_IDS, PrefillGraphs, SlotCache, SlotState
 from specdec.engine.step_runner import StepRunner
 from specdec.engine.tree_step import EngineTree, TreeStepRunner
 from specdec.engine.warmup import Warmup
+from specdec.fast.cache import round_up
 from specdec.fast.graphs import new_pool
 from specdec.metrics import Clock, SpecStats
 from specdec.processing import commit_constraints
@@ -80,7 +84,8 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
             positions = self.max_seq_len + written + 2  # verify writes + the junk slot
             self.max_batch = config.max_batch_size
             self.admit_min = config.admit_min or max(1, self.max_batch // 16)  # free slots worth one admission
-            self.cache = SlotCache(self.model, self.max_batch, positions)
+            paged = config.kv_layout == "paged"
+            self.cache = SlotCache(self.model, self.max_batch, round_up(positions, config.block_size if paged else 16))
             self.num_positions = self.cache.num_positions
             width = StepCounts.width(self.max_draft_tokens)  # counters of any γ, laid out at the largest
             self.state = SlotState(self.max_batch, self.num_positions, self.device, counter_width=width)
@@ -92,12 +97,17 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
             features = isinstance(self.drafter, FeatureSlotDrafter) and self.drafter.needs_features
             # feature drafters read the target's hidden states (EAGLE-3: those entering some of its layers)
             self.model.feature_layers = self.drafter.feature_layers if features else None
+            self.kv_pool = self._paged_pool() if paged else None  # (replaces the static caches, never allocated)
+            self.memory = self._check_memory(features)  # every buffer's bytes against free memory, then allocated
+            self.cache.allocate()
+            if self.drafter_cached:
+                self.drafter.cache.allocate()
             if features:
                 self.state.enable_features(self.drafter.feature_dim, self.model.dtype)
             self.model.rope_tables(self.num_positions)  # built before any capture (graphs keep their address)
             if self.drafter_cached:
                 self.drafter.model.rope_tables(self.num_positions)
-        on_cuda = self.device.type == "cuda"
+        on_cuda = self.device.type == "cuda" and self.kv_pool is None  # (paged: eager steps)
         if config.cuda_graphs and not on_cuda:
             raise ValueError("cuda_graphs=True needs the model on a CUDA device")
         self.cuda_graphs = on_cuda if config.cuda_graphs is None else config.cuda_graphs
@@ -157,6 +167,42 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
         self._stats = value
 
     @property
+    def kv_cache_bytes(self) -> int:
+        """Bytes of the engine's KV caches (the target's and a cached drafter's) and stored target features."""
+        m = self.memory
+        return m.target_kv + m.drafter_kv + m.features
+
+    def _paged_pool(self) -> KVPool:
+        """kv_layout="paged": the pool, and the target's and a cached drafter's caches over its tables."""
+        if self.config.cuda_graphs:
+            raise ValueError("kv_layout='paged' runs eager steps: cuda_graphs=True needs kv_layout='static'")
+        draft = self.drafter.cache if self.drafter_cached else None
+        pool, self.cache, draft = paged_caches(self.model, self.drafter.model if draft else None,
+                                               self.cache.nbytes + (draft.nbytes if draft else 0), self.config,
+                                               self.max_batch, self.num_positions,
+                                               engine_memory.available_memory(self.device))
+        if draft is not None:
+            self.drafter.cache = draft
+        return pool
+
+    def _check_memory(self, features: bool) -> EngineMemory:
+        """Every buffer's bytes (`engine/memory.py`), refused before allocating when past the free memory."""
+        feature_bytes = self.max_batch * self.num_positions * self.drafter.feature_dim * self.model.dtype.itemsize \
+            if features else 0
+        return check_engine(self.cache, self.drafter.cache if self.drafter_cached else None, feature_bytes,
+                            self.state, self.device, self.max_batch, self.num_positions)
+
+    @property
+    def kv_cache_usage(self) -> KVCacheUsage:
+        """The KV cache's blocks now (vLLM's kv_cache_usage_perc is `.usage_perc`) and the preemptions so far."""
+        return KVCacheUsage.of(self.kv_pool, self.num_running + self.num_prefilling, self.max_batch)
+
+    @property
+    def kv_cache_usage_perc(self) -> float:
+        """Fraction of the KV cache held by requests, in [0, 1] (paged: blocks; static: slots)."""
+        return self.kv_cache_usage.usage_perc
+
+    @property
     def num_running(self) -> int:
         return len(self._running)
 
@@ -197,6 +243,8 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
         if len(params.eos_token_ids) > MAX_EOS_IDS:
             raise ValueError(f"at most {MAX_EOS_IDS} eos_token_ids per request, got {len(params.eos_token_ids)}")
         params.check_vocabulary(self.vocab_size)  # EOS ids, logit_bias ids
+        if self.kv_pool is not None:
+            self._check_pool(len(prompt), params, beams)
         if beams is not None:
             self._check_beams(params, beams, len(prompt))
         if self.config.bitwise and params.leniency != 1.0:
@@ -236,6 +284,8 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
         outputs += self._step_beams()
         if self._filling:  # at most one budget of prompt tokens, then the decode step (see prefill.py)
             self._prefill_step()
+        if self.kv_pool is not None:  # blocks for what the step may write, preempting where the pool is short
+            self._reserve_blocks()
         if not self._running:
             return outputs
         running = self._running

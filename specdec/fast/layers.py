@@ -115,7 +115,7 @@ class LlamaLayers:
         rot = hd if a.rotary_dim is None else a.rotary_dim
         # RoPE factors `[B, k, 1, R]` per table, for the q and k heads at once (one contiguous block)
         factors = [(cos[rope_pos][:, :, None], sin[rope_pos][:, :, None]) for cos, sin in tables]
-        write_index = slots[:, None, :, None].expand(batch, s.n_kv_heads, k, s.head_dim)
+        write_index = cache.write_index(slots)
         masks = {}  # one mask per window, shared by the layers (and built only for the reference: on CPU "auto" too)
         bound = rope_pos if tree is None else slots  # what a query sees up to: its position, a tree node its slot
         x = x.reshape(batch * k, s.dim)  # the residual stream
@@ -134,18 +134,17 @@ class LlamaLayers:
                 rotated = torch.addcmul(qk[..., :rot] * cos, torch.roll(qk[..., :rot], rot // 2, dims=-1), sin)
                 qk = rotated if rot == hd else torch.cat([rotated, qk[..., rot:]], dim=-1)
             q, key = qk[:, :, :nq], qk[:, :, nq:]
-            cache.keys[i].scatter_(2, write_index, key.transpose(1, 2))
-            cache.values[i].scatter_(2, write_index, v.transpose(1, 2))
+            cache.write(i, write_index, key, v)
+            keys, values = cache.layer(i)  # [B, H_kv, S, D] (a paged cache: its rows' blocks gathered)
             window = a.window(i)
             if self.bitwise:  # (token trees are refused in forward)
-                attn = invariant_attention(q, cache.keys[i], cache.values[i], bound, a.attn_scale, window=window)
+                attn = invariant_attention(q, keys, values, bound, a.attn_scale, window=window)
             elif causal and window is None and a.attn_softcap is None and tree is None:
-                attn = causal_prefix_attention(q, cache.keys[i], cache.values[i], a.attn_scale)
+                attn = causal_prefix_attention(q, keys, values, a.attn_scale)
             else:
                 if window not in masks and (attention == "reference" or attention == "auto" and x.device.type == "cpu"):
-                    masks[window] = slot_attention_bias(bound, cache.keys[0].shape[2], nq // nkv, self.dtype, window,
-                                                        tree)
-                attn = slot_attention(q, cache.keys[i], cache.values[i], bound, a.attn_scale, window=window,
+                    masks[window] = slot_attention_bias(bound, cache.span, nq // nkv, self.dtype, window, tree)
+                attn = slot_attention(q, keys, values, bound, a.attn_scale, window=window,
                                       softcap=a.attn_softcap, kernel=attention, bias=masks.get(window), tree=tree)
             attn = attn.reshape(batch * k, nq * hd)
             bo = self.bo[i] if s.o_bias else None
