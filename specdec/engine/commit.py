@@ -71,6 +71,8 @@ class Commit:
         values = self.state.counters[slot].tolist() if values is None else values
         steps, _, passes = request.admitted_at
         gamma = max([g for g, last in self._last_used.items() if last >= steps], default=0)
+        cap = request.params.num_draft_tokens  # (its own cap, not the default: `policy.set_fixed` may move that)
+        gamma = min(gamma, cap) if isinstance(cap, int) and request.params.draft_tree is None else gamma
         request.stats.add_steps(self._num_steps - steps, drafter_calls=self._passes - passes,
                                 num_generated_tokens=request.length - len(request.prompt), max_gamma=gamma,
                                 counts=StepCounts.from_row(values, self.max_draft_tokens,

@@ -7,8 +7,10 @@
 
 One `step()`: admit waiting requests into free slots (prefill, eager, chunked; with `prefill_budget`, at most that
 many prompt tokens per step while others run: `engine.prefill`), then one decode step for
-every running request: the policy picks γ; the drafter proposes (one graph), the target scores
-[last, x_1..x_γ] and `core.verify` accepts (a second graph, which also commits with `step.commit_counts`
+every running request: the policy picks γ (each row drafts at most its own cap, `SamplingParams.num_draft_tokens`,
+and its budget: per-row draft lengths, so plain and speculative requests share a step); the drafter proposes (one
+graph), the target scores [last, x_1..x_γ] and `core.verify` accepts (a second graph, which also commits with
+`step.commit_counts`
 and counts with `step.step_counters`); one device→host transfer of a small int64 table reads what each row
 committed. The acceptance counters never travel per step: the verify graph adds them into per-slot running
 sums on the device (`SlotState.counters`) and an engine-wide sum, read when a request finishes (its
@@ -118,6 +120,11 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
         self.prefill_graphs = PrefillGraphs() if use else None  # admission chunks as CUDA graphs (slots.py)
         self.policy = GammaPolicy(config.num_draft_tokens if drafter is not None else 0, self.max_draft_tokens,
                                   plain_catches_up=self.drafter_cached)
+        # each slot's draft cap on the device (the verify pass clamps its draft length to it and to its budget:
+        # `step_runner`), and each running row's on the host (an int, or None: "auto"), set when the rows change
+        self.draft_caps = torch.zeros(self.max_batch, dtype=torch.long, device=self.device)
+        self._caps: list[int | None] = []
+        self._caps_default = self.policy.fixed  # the default they were resolved with (`policy.set_fixed` moves it)
         self.stats = SpecStats()
         self._num_steps = self._spec_steps = self._passes = 0  # steps run (requests diff these at the end)
         self._last_used: dict[int, int] = {}  # γ → index of the last step that ran it
@@ -243,6 +250,11 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
         if len(params.eos_token_ids) > MAX_EOS_IDS:
             raise ValueError(f"at most {MAX_EOS_IDS} eos_token_ids per request, got {len(params.eos_token_ids)}")
         params.check_vocabulary(self.vocab_size)  # EOS ids, logit_bias ids
+        cap = params.num_draft_tokens
+        if cap not in (None, 0) and self.drafter is None:
+            raise ValueError(f"num_draft_tokens={cap!r} needs a drafter; this engine has none (0 = plain decoding)")
+        if isinstance(cap, int) and cap > self.max_draft_tokens:
+            raise ValueError(f"num_draft_tokens={cap} exceeds the engine's max_draft_tokens of {self.max_draft_tokens}")
         if self.kv_pool is not None:
             self._check_pool(len(prompt), params, beams)
         if beams is not None:
@@ -297,13 +309,17 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
         flavor = self._flavor
         if flavor is None:  # the running set changed
             flavor = self._flavor = Flavor.union(r.flavor for r in running)
+            self._set_caps(running)
+        elif self._caps_default != self.policy.fixed:  # (a new default γ: the rows that take it)
+            self._set_caps(running)
         tree = running[0].params.draft_tree  # running requests share one tree shape (or none; see _admit)
         if tree is None:
             ready = None  # which γ's step shapes are built: the policy keeps to them after a warm-up (no mid-run capture)
             if self.cuda_graphs or self.policy.only_ready:
                 steps = self._steps
                 ready = lambda g: (batch, g, self._positions(longest, g), flavor) in steps  # noqa: E731
-            gamma = self.policy.choose(batch, running, self._row_estimates, length=longest, ready=ready)
+            gamma = self.policy.choose(batch, running, self._row_estimates, length=longest, ready=ready,
+                                       caps=self._caps)
         else:  # a tree of depth D: no γ to choose
             gamma, tree = len(tree), self._tree(tree)
         started = time.perf_counter()  # the step's time: not the policy's reads, not admission (see _admit)
@@ -345,6 +361,19 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
         return outputs + committed
 
     # ------------------------------------------------------------------------------------------- steps
+    def row_cap(self, params: SamplingParams) -> int | None:
+        """A request's draft cap on this engine: its `num_draft_tokens` (None: the engine's default), None = "auto"."""
+        cap = params.num_draft_tokens
+        cap = self.policy.fixed if cap is None else None if cap == "auto" else cap
+        return cap if self.drafter is not None else 0
+
+    def _set_caps(self, running) -> None:
+        """The running rows' caps, slot order: on the host for the policy, on the device for the verify pass ("auto"
+        rows: max_draft_tokens there, the step's γ bounds them; idle slots 0)."""
+        self._caps, self._caps_default = [self.row_cap(r.params) for r in running], self.policy.fixed
+        values = [self.max_draft_tokens if c is None else c for c in self._caps]
+        self.draft_caps.copy_(torch.tensor(values + [0] * (self.max_batch - len(values))), non_blocking=True)
+
     def _positions(self, longest: int, written: int) -> int:
         """The length bucket of a step writing `written` + 1 slots (γ + 1, or a tree's nodes) whose longest row
         holds `longest` tokens: the positions it attends over (`config.positions_bucket`)."""
