@@ -9,8 +9,8 @@ requests arriving over time); the presets compare our decoding with Hugging Face
     specdec bench --preset gpu --data data/code --pair runs/gpu
     specdec bench --preset system --profile                 # 8B-shaped Llama: MBU + engine vs Thm 3.8
 
-traffic (specdec.bench.traffic) writes OUT/traffic.json, OUT/traffic.md (and OUT/traffic.partial.jsonl as rows
-come); the presets write OUT/bench_<preset>.json, OUT/bench_<preset>.md and PNG plots. Prints the Markdown
+traffic (specdec.bench.traffic) writes OUT/traffic.json, OUT/traffic.md and OUT/traffic.png (rows go to
+OUT/traffic.partial.jsonl as they come, removed at the end); the presets write OUT/bench_<preset>.json, OUT/bench_<preset>.md and PNG plots. Prints the Markdown
 table, and with --json one JSON object on the last line. Progress goes to stderr.
 """
 
@@ -210,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
     write_json(result, out / f"{prefix}.json")
     report = markdown_report(result)
     (out / f"{prefix}.md").write_text(report + "\n")
+    partial.unlink(missing_ok=True)  # every row is in the JSON now
     try:
         result["plots"] = write_plots(rows, out, prefix)
     except ImportError:

@@ -16,6 +16,7 @@ a wrong law was not rejected: raise --trials), 2 usage error.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from specdec.cli import CLIError
@@ -121,17 +122,52 @@ def run(args: argparse.Namespace) -> int:
                            next(target.parameters()).dtype)
     log(args, f"checking {target_path} with drafter {draft}: {args.trials} trials × {args.positions} tokens, "
               f"engine={args.engine}, γ={gamma}, temperature {args.temperature}")
-    result = specdec.check(target, drafter, prompts, temperature=args.temperature, top_k=args.top_k,
-                           top_p=args.top_p, num_draft_tokens=gamma, engine=args.engine, trials=args.trials,
-                           positions=args.positions, num_prompts=args.num_prompts,
-                           max_prompt_tokens=args.max_prompt_tokens, greedy_tokens=args.greedy_tokens,
-                           level=args.level, seed=args.seed)
+    progress = ProgressBars.for_args(args)
+    try:
+        result = specdec.check(target, drafter, prompts, temperature=args.temperature, top_k=args.top_k,
+                               top_p=args.top_p, num_draft_tokens=gamma, engine=args.engine, trials=args.trials,
+                               positions=args.positions, num_prompts=args.num_prompts,
+                               max_prompt_tokens=args.max_prompt_tokens, greedy_tokens=args.greedy_tokens,
+                               level=args.level, seed=args.seed, progress=progress)
+    finally:
+        if progress is not None:
+            progress.close()
     if args.json:
         print_json({"target": str(target_path), "draft": str(draft), "device": str(target.device),
                     "dtype": str(next(target.parameters()).dtype).removeprefix("torch."), **result.to_dict()})
     else:
         print(certificate(result, str(target_path), str(draft), tokenizer))
     return EXIT[result.status]
+
+
+class ProgressBars:
+    """`specdec.check`'s progress as tqdm bars on stderr, one per phase (trials, greedy)."""
+
+    LABELS = {"trials": ("law trials", " requests"), "greedy": ("greedy comparison", " runs")}
+
+    def __init__(self, stream=None):
+        self.stream = stream if stream is not None else sys.stderr
+        self.bars: dict = {}
+
+    @classmethod
+    def for_args(cls, args) -> "ProgressBars | None":
+        """Bars unless --quiet or stderr is not a terminal (a log file gets no bar)."""
+        if getattr(args, "quiet", False) or not sys.stderr.isatty():
+            return None
+        return cls()
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        bar = self.bars.get(phase)
+        if bar is None:
+            from tqdm import tqdm
+
+            desc, unit = self.LABELS.get(phase, (phase, ""))
+            bar = self.bars[phase] = tqdm(total=total, desc=desc, unit=unit, file=self.stream, leave=False)
+        bar.update(done - bar.n)
+
+    def close(self) -> None:
+        for bar in self.bars.values():
+            bar.close()
 
 
 def _p(value: float | None) -> str:
