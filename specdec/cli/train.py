@@ -41,7 +41,7 @@ def add_parser(subparsers) -> None:
                       help="ende: .mo/.po catalogs instead of those found below the locale dirs")
     prep.add_argument("--locale-dirs", nargs="+", default=None,
                       help="ende: folders to search for German catalogs (default: the system's locale folders "
-                           "and the one scripts/ende_packages.sh fills)")
+                           "and the one scripts/device_run.sh ende-packages fills)")
     prep.add_argument("--no-progress", action="store_true")
     prep.set_defaults(run=run)
 
