@@ -83,8 +83,9 @@ def generate(
         raise TypeError(f"on_tokens must be None or a callable taking a TokenEvent, got {type(on_tokens).__name__}")
     prompts, attention_mask = _prompt_inputs(prompts, input_ids, attention_mask)
     stop_texts = StopCut.check(stop_strings, tokenizer)
-    if streamer is not None and not (callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end", None))):
-        raise TypeError(f"streamer must have put(ids) and end() (a transformers streamer), got {type(streamer).__name__}")
+    if streamer is not None and not all(callable(getattr(streamer, m, None)) for m in ("put", "end")):
+        raise TypeError(f"streamer must have put(ids) and end() (a transformers streamer), got "
+                        f"{type(streamer).__name__}")
     run = stream(  # every argument checked here (the prompts included), nothing run yet
         target, prompts, drafter, max_new_tokens, temperature, top_k, top_p, num_draft_tokens, eos_token_id, seed,
         generator=generator, attention_mask=attention_mask, engine=engine, leniency=leniency, draft_tree=draft_tree,
