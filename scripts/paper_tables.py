@@ -5,7 +5,7 @@
     python scripts/paper_tables.py ende --data data/ende --out OUT      # train the EnDe pair, Tables 2/3/4 (GPU)
     python scripts/paper_tables.py ende-merge --from OUT                # put OUT's EnDe section into the docs
 
-`code` writes OUT/code_table3.{json,png} and prints the Markdown table. `ende` (run by scripts/ende_tables.sh
+`code` writes OUT/code_table3.{json,png} and prints the Markdown table. `ende` (run by scripts/device_run.sh ende-tables
 on one GPU) writes OUT/ende_tables.{json,md}, OUT/ende_speedup.png and OUT/translations.jsonl.
 `ende-merge` scores the translations with sacrebleu if the device could not, then replaces the text between
 the `ende:begin` / `ende:end` markers of docs/PAPER_TABLES.md and copies the JSON and plot to docs/paper_tables/.
@@ -91,7 +91,7 @@ def ende_merge(args) -> None:
         from specdec.bench.ende_report import plot_speedups
 
         plot_speedups(result["table2"], assets / "ende_speedup.png")
-    command = ("Reproduce: `bash scripts/ende_tables.sh` on one H200 with `data/ende` carried (see the script's "
+    command = ("Reproduce: `bash scripts/device_run.sh ende-tables` on one H200 with `data/ende` carried (see the script's "
                "header), "
                "then `python scripts/paper_tables.py ende-merge --from DIR/ende`; every number is in "
                "`docs/paper_tables/ende_tables.json`.")

@@ -82,14 +82,18 @@ def generate(
     if on_tokens is not None and not callable(on_tokens):
         raise TypeError(f"on_tokens must be None or a callable taking a TokenEvent, got {type(on_tokens).__name__}")
     prompts, attention_mask = _prompt_inputs(prompts, input_ids, attention_mask)
-    stops = StopCut.of(stop_strings, tokenizer, _num_rows(prompts))
-    if streamer is not None:
-        _check_streamer(streamer, prompts)
-    run = stream(
+    stop_texts = StopCut.check(stop_strings, tokenizer)
+    if streamer is not None and not all(callable(getattr(streamer, m, None)) for m in ("put", "end")):
+        raise TypeError(f"streamer must have put(ids) and end() (a transformers streamer), got "
+                        f"{type(streamer).__name__}")
+    run = stream(  # every argument checked here (the prompts included), nothing run yet
         target, prompts, drafter, max_new_tokens, temperature, top_k, top_p, num_draft_tokens, eos_token_id, seed,
         generator=generator, attention_mask=attention_mask, engine=engine, leniency=leniency, draft_tree=draft_tree,
         min_p=min_p, **processors,
     )
+    stops = StopCut(stop_texts, tokenizer, _num_rows(prompts)) if stop_texts else None
+    if streamer is not None and _num_rows(prompts) != 1:
+        raise ValueError(f"streamer= takes one prompt (as transformers' streamers do), got {_num_rows(prompts)}")
     if streamer is not None:
         streamer.put(_prompt_tensor(prompts, attention_mask))
     for event in run:
@@ -241,13 +245,6 @@ def _num_rows(prompts) -> int:
     return int(prompts.shape[0]) if isinstance(prompts, torch.Tensor) and prompts.dim() == 2 else len(prompts)
 
 
-def _check_streamer(streamer, prompts) -> None:
-    if not (callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end", None))):
-        raise TypeError(f"streamer must have put(ids) and end() (a transformers streamer), got {type(streamer).__name__}")
-    if _num_rows(prompts) != 1:
-        raise ValueError(f"streamer= takes one prompt (as transformers' streamers do), got {_num_rows(prompts)}")
-
-
 def _prompt_tensor(prompts, attention_mask) -> torch.Tensor:
     """The one prompt as transformers hands it to a streamer first: LongTensor [1, T] (padding removed)."""
     row = prompts[0].tolist() if isinstance(prompts, torch.Tensor) else list(prompts[0])
@@ -265,16 +262,17 @@ class StopCut:
         self.tokens: list[list[int]] = [[] for _ in range(rows)]
         self.ends: list[int | None] = [None] * rows  # tokens kept per row once it met a stop string
 
-    @classmethod
-    def of(cls, stop_strings, tokenizer, rows: int) -> "StopCut | None":
+    @staticmethod
+    def check(stop_strings, tokenizer) -> tuple[str, ...]:
+        """The stop strings as a tuple (() for None), refused in one line when malformed or without a tokenizer."""
         if stop_strings is None:
-            return None
+            return ()
         stops = (stop_strings,) if isinstance(stop_strings, str) else stop_strings
         if not isinstance(stops, (list, tuple)) or not stops or not all(isinstance(x, str) and x for x in stops):
             raise TypeError(f"stop_strings must be a non-empty string or list of them, got {stop_strings!r:.80}")
         if not callable(getattr(tokenizer, "decode", None)):
             raise ValueError("stop_strings needs tokenizer= (the target's tokenizer), as in transformers")
-        return cls(tuple(stops), tokenizer, rows)
+        return tuple(stops)
 
     def _hit(self, tokens: list[int]) -> bool:
         text = self.tokenizer.decode(tokens)

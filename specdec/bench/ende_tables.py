@@ -1,6 +1,6 @@
 """The paper's own setting on our hardware: an encoder-decoder EnDe translator, two drafts, Tables 2, 3, 4.
 
-`run_ende_tables(data_dir, out_dir)` (scripts/ende_tables.sh runs it on one GPU, ~10 minutes):
+`run_ende_tables(data_dir, out_dir)` (scripts/device_run.sh ende-tables runs it on one GPU, ~10 minutes):
 
 1. trains, with `specdec.zoo.pipeline.train_pair`, a T5-style target and two T5-style drafts of different
    sizes (the paper's T5-small / T5-base analogs), each pre-trained then distilled (KL(p‖q)), on the

@@ -282,9 +282,11 @@ def warm_engine(spec: TrafficSpec, name: str, engine, log=None) -> dict:
 
     fixed = [p for p in spec.policies if p != "auto"] if name != "plain" else []
     report = warm_up(engine, max(spec.slots), extra_gammas=fixed)
-    if log is not None:
+    if log is not None and not getattr(engine, "cuda_graphs", False):
+        log(f"warm-up {name}: nothing to capture (eager steps, no CUDA graphs)")
+    elif log is not None:
         log(f"warm-up {name}: {report['shapes']} step shapes (γ {report['gammas']}, {report['length_buckets']} length "
-            f"buckets) in {report['seconds']:.1f} s"
+            f"buckets) in {report['seconds']:.2f} s"
             f"{'' if report['complete'] else ' (bounded: longer rows capture on first use)'}")
     return report
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from specdec.bench.traffic import TrafficSpec, run_traffic
-from specdec.bench.traffic_table import markdown_table, summary
+from specdec.bench.traffic_table import markdown_table, never_drafted, plot_table, summary
 from specdec.engine import Engine, EngineConfig
 
 __all__ = ["DRAFTERS", "TrafficSetup", "quick_setup", "pair_setup", "target_setup", "draft_kind", "chat_pool",
@@ -243,8 +243,8 @@ def serve_and_write(spec: TrafficSpec, out: Path, *, pair: Path | None, data: Pa
 
 
 def run_and_write(spec: TrafficSpec, setup: TrafficSetup, out: Path, log=None, max_seconds: float | None = None) -> dict:
-    """Run the traffic table, writing `traffic.partial.jsonl` as rows come, then `traffic.json` and
-    `traffic.md` under `out` → the result object."""
+    """Run the traffic table, writing `traffic.partial.jsonl` as rows come (so a killed run leaves its rows), then
+    `traffic.json`, `traffic.md` and `traffic.png` under `out` (the partial file removed) → the result object."""
     out.mkdir(parents=True, exist_ok=True)
     partial = out / "traffic.partial.jsonl"
     partial.write_text("")
@@ -255,8 +255,10 @@ def run_and_write(spec: TrafficSpec, setup: TrafficSetup, out: Path, log=None, m
             fh.write(json.dumps(row.to_dict(), default=str) + "\n")
         if log is not None:
             ratio = "" if row.vs_plain is None or row.drafter == "plain" else f" ({row.vs_plain:.2f}x plain)"
+            ratio = " (never drafted)" if never_drafted(row) else ratio
             log(f"slots {row.slots} {row.arrival} {row.drafter} γ={row.policy}: {row.tok_s:.0f} tok/s{ratio}, "
-                f"TTFT p50 {1e3 * row.ttft_p50_s:.0f} ms, ITL p99 {1e3 * row.itl_p99_s:.1f} ms, captures {row.captures}")
+                f"TTFT p50 {1e3 * row.ttft_p50_s:.0f} ms, ITL p99 {1e3 * row.itl_p99_s:.1f} ms"
+                + (f", captures {row.captures}" if row.captures else ""))
 
     warmups: dict = {}  # name → its warm-up's report (each engine warmed before its first run)
     deadline = start + max_seconds if max_seconds else None
@@ -273,6 +275,9 @@ def run_and_write(spec: TrafficSpec, setup: TrafficSetup, out: Path, log=None, m
 
     (out / "traffic.json").write_text(dumps(result, indent=1))
     (out / "traffic.md").write_text(table + "\n")
+    if not plot_table(rows, out / "traffic.png") and log is not None:
+        log("no traffic.png: the plot needs matplotlib (pip install 'specdec[plot]')")
+    partial.unlink(missing_ok=True)  # every row is in traffic.json now
     result["markdown"] = table
     return result
 

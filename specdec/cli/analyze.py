@@ -40,7 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     known.add_argument(
         "--op-cost-ratio", type=float,
-        help="ĉ = draft / target arithmetic per token (default 0 with --alpha; measured with --target)",
+        help="ĉ = draft / target arithmetic per token (default: 0 with --alpha; measured with --target)",
     )
     measured = parser.add_argument_group("measured on local checkpoints")
     measured.add_argument("--target", help="target checkpoint: a folder, a .gguf file or a cached hub id")
@@ -49,11 +49,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     measured.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     measured.add_argument("--top-k", type=int, default=0, help="0 = off (default)")
     measured.add_argument("--top-p", type=float, default=1.0, help="1.0 = off (default)")
-    measured.add_argument("--max-new-tokens", type=int, default=64, help="target tokens generated per prompt (default 64)")
-    measured.add_argument("--context-length", type=int, default=128, help="KV-cache length when timing c (default 128)")
+    measured.add_argument("--max-new-tokens", type=int, default=64, help="target tokens generated per prompt (default: 64)")
+    measured.add_argument("--context-length", type=int, default=128, help="KV-cache length when timing c (default: 128)")
     add_model_options(measured, seed=0, seed_help="seed for sampled generation")
     add_checkpoint_options(measured)
-    parser.add_argument("--max-gamma", type=int, default=64, help=f"largest γ considered, 1..{MAX_GAMMA} (default 64)")
+    parser.add_argument("--max-gamma", type=int, default=64, help=f"largest γ considered, 1..{MAX_GAMMA} (default: 64)")
     parser.add_argument("--plot", type=Path, help="write a PNG of predicted speedup vs γ")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.set_defaults(run=run)

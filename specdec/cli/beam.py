@@ -21,7 +21,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--tokenizer", default=None, help="tokenizer folder, .gguf file or hub id (default: --target's)")
     p.add_argument("--prompt", action="append", required=True, help="prompt text; repeat for a batch")
     p.add_argument("--num-beams", type=int, default=4, help="w")
-    p.add_argument("--draft-beams", type=int, default=None, help="u ≥ w, the drafter's beam width (default w)")
+    p.add_argument("--draft-beams", type=int, default=None, help="u ≥ w, the drafter's beam width (default: w)")
     p.add_argument(*GAMMA_FLAGS, dest="num_draft_tokens", type=int, default=3, help="γ: drafter beam levels per target pass")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--length-penalty", type=float, default=1.0)

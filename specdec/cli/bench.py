@@ -9,8 +9,8 @@ requests arriving over time); the presets compare our decoding with Hugging Face
     specdec bench --preset gpu --data data/code --pair runs/gpu
     specdec bench --preset system --profile                 # 8B-shaped Llama: MBU + engine vs Thm 3.8
 
-traffic (specdec.bench.traffic) writes OUT/traffic.json, OUT/traffic.md (and OUT/traffic.partial.jsonl as rows
-come); the presets write OUT/bench_<preset>.json, OUT/bench_<preset>.md and PNG plots. Prints the Markdown
+traffic (specdec.bench.traffic) writes OUT/traffic.json, OUT/traffic.md and OUT/traffic.png (rows go to
+OUT/traffic.partial.jsonl as they come, removed at the end); the presets write OUT/bench_<preset>.json, OUT/bench_<preset>.md and PNG plots. Prints the Markdown
 table, and with --json one JSON object on the last line. Progress goes to stderr.
 """
 
@@ -32,14 +32,14 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("bench", help="benchmark ours vs transformers generate (tokens/s, α, c, Thm 3.8)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=("traffic", "smoke", "gpu", "system"), default="traffic",
-                   help="(default traffic: serving traffic through the engine; CUDA, or --quick on CPU)")
-    p.add_argument("--out", default=None, help="folder for the JSON, Markdown and PNG files (default runs/bench)")
+                   help="(default: traffic: serving traffic through the engine; CUDA, or --quick on CPU)")
+    p.add_argument("--out", default=None, help="folder for the JSON, Markdown and PNG files (default: runs/bench)")
     p.add_argument("--json", action="store_true", help="print one JSON summary object on the last line")
     p.add_argument("--pair", default=None, help="gpu: folder of a trained zoo pair (target/, draft0/), or `random`")
     p.add_argument("--data", default=None, help="gpu: prepared code corpus (prompts, bigram fit, training)")
     p.add_argument("--train", action="store_true", help="gpu: train the zoo gpu pair first (into --pair or OUT/pair)")
-    p.add_argument("--budget-scale", type=float, default=1.0, help="gpu --train: scale the zoo's time budgets (default 1)")
-    p.add_argument("--zoo-preset", default="gpu", help="gpu --train: which zoo preset to train (default gpu; tests use tiny)")
+    p.add_argument("--budget-scale", type=float, default=1.0, help="gpu --train: scale the zoo's time budgets (default: 1)")
+    p.add_argument("--zoo-preset", default="gpu", help="gpu --train: which zoo preset to train (default: gpu; tests use tiny)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per prompt (default: the preset's)")
     p.add_argument(*GAMMA_FLAGS, dest="gamma", type=int, default=None,
                    help="γ of the main grid, 1..8 (default: the preset's)")
@@ -58,25 +58,25 @@ def add_parser(subparsers) -> None:
                         "its chat template", draft_help="with a model: the drafter trained for it, a feature head "
                         "folder (the head arm) or a draft model folder (the model arm)")
     t.add_argument("--drafters", nargs="+", choices=TRAFFIC_DRAFTERS, default=None,
-                   help=f"drafters to measure (default all: {' '.join(TRAFFIC_DRAFTERS)})")
-    t.add_argument("--slots", type=int, nargs="+", default=None, help="requests decoded at once, 1..256 (default 64 32 8 1)")
+                   help=f"drafters to measure (default: all: {' '.join(TRAFFIC_DRAFTERS)})")
+    t.add_argument("--slots", type=int, nargs="+", default=None, help="requests decoded at once, 1..256 (default: 64 32 8 1)")
     t.add_argument("--arrival", nargs="+", default=None, metavar="A",
                    help="poisson:RATE (requests/s), poisson:Fx (F × plain's closed-loop rate), closed, closed:CLIENTS "
                         "(default: closed poisson:0.8x)")
     t.add_argument("--policy", nargs="+", default=None, help="γ policies: auto and/or fixed γ's (default: auto 4)")
-    t.add_argument("--requests-per-slot", type=float, default=None, help="requests per cell per slot (default 3)")
+    t.add_argument("--requests-per-slot", type=float, default=None, help="requests per cell per slot (default: 3)")
     t.add_argument("--prompt-tokens", type=int, nargs=2, default=None, metavar=("LO", "HI"),
-                   help="prompt lengths, uniform (default 30 2000, cut to the model's context)")
+                   help="prompt lengths, uniform (default: 30 2000, cut to the model's context)")
     t.add_argument("--new-tokens", type=int, nargs=2, default=None, metavar=("LO", "HI"),
-                   help="max_new_tokens per request, uniform (default 16 256; EOS also ends a request)")
-    t.add_argument("--sampled-share", type=float, default=None, help="share of requests sampled at T=1 (default 0.5)")
+                   help="max_new_tokens per request, uniform (default: 16 256; EOS also ends a request)")
+    t.add_argument("--sampled-share", type=float, default=None, help="share of requests sampled at T=1 (default: 0.5)")
     t.add_argument("--max-seconds", type=float, default=None, help="start no arm (level) after this many seconds")
     t.add_argument("--serve", action="store_true",
                    help="instead of the engine table: `specdec serve` (the pair with --head, else its draft0; --quick: "
                         "the demo pair on CPU) under streaming clients, plain vs speculative requests per level")
     t.add_argument("--clients", type=int, nargs="+", default=None,
-                   help="--serve: closed-loop clients per level, 1..4096 (default 8 32 64 128; --quick 1 2)")
-    add_model_options(p, seed_help="traffic: the seed of the requests (default 0); the presets: unused", dtype="auto")
+                   help="--serve: closed-loop clients per level, 1..4096 (default: 8 32 64 128; --quick 1 2)")
+    add_model_options(p, seed_help="traffic: the seed of the requests (default: 0); the presets: unused", dtype="auto")
     p.set_defaults(run=run)
 
 
@@ -210,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
     write_json(result, out / f"{prefix}.json")
     report = markdown_report(result)
     (out / f"{prefix}.md").write_text(report + "\n")
+    partial.unlink(missing_ok=True)  # every row is in the JSON now
     try:
         result["plots"] = write_plots(rows, out, prefix)
     except ImportError:

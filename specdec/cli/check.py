@@ -16,6 +16,7 @@ a wrong law was not rejected: raise --trials), 2 usage error.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from specdec.cli import CLIError
@@ -41,23 +42,23 @@ def add_parser(subparsers) -> None:
     p.add_argument("--tokenizer", type=Path, default=None, help="tokenizer directory (default: the target's)")
     p.add_argument("--prompt", action="append", default=None,
                    help="prompt text (repeatable; default: a built-in mix of code and prose)")
-    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy only (default 1.0)")
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy only (default: 1.0)")
     p.add_argument("--top-k", type=int, default=0, help="0 = off (default)")
     p.add_argument("--top-p", type=float, default=1.0, help="1.0 = off (default)")
-    p.add_argument(*GAMMA_FLAGS, dest="num_draft_tokens", default="4", help="γ: an integer 1..64 or a policy name (default 4)")
+    p.add_argument(*GAMMA_FLAGS, dest="num_draft_tokens", default="4", help="γ: an integer 1..64 or a policy name (default: 4)")
     p.add_argument("--engine", choices=ENGINES, default="auto",
-                   help="the runner: auto (the engine on CUDA for covered models, else hf), fast, hf (default auto)")
+                   help="the runner: auto (the engine on CUDA for covered models, else hf), fast, hf (default: auto)")
     p.add_argument("--trials", type=int, default=DEFAULT_TRIALS,
-                   help=f"seeded requests for the law test, 1..{MAX_TRIALS} (default {DEFAULT_TRIALS})")
+                   help=f"seeded requests for the law test, 1..{MAX_TRIALS} (default: {DEFAULT_TRIALS})")
     p.add_argument("--positions", type=int, default=DEFAULT_POSITIONS,
                    help=f"new tokens per trial, each position tested, 2..{MAX_POSITIONS}: a step drafts at most "
-                        f"positions − 1 (default {DEFAULT_POSITIONS})")
-    p.add_argument("--num-prompts", type=int, default=4, help="prompts the law test uses, 1..64 (default 4)")
+                        f"positions − 1 (default: {DEFAULT_POSITIONS})")
+    p.add_argument("--num-prompts", type=int, default=4, help="prompts the law test uses, 1..64 (default: 4)")
     p.add_argument("--max-prompt-tokens", type=int, default=8,
-                   help="longest prompt prefix the law test considers (default 8: prefill is most of a trial's cost)")
+                   help="longest prompt prefix the law test considers (default: 8: prefill is most of a trial's cost)")
     p.add_argument("--greedy-tokens", type=int, default=32,
-                   help="tokens per prompt for the greedy comparison; 0 = skip it (default 32)")
-    p.add_argument("--level", type=float, default=1e-4, help="test level: fail below this p-value (default 1e-4)")
+                   help="tokens per prompt for the greedy comparison; 0 = skip it (default: 32)")
+    p.add_argument("--level", type=float, default=1e-4, help="test level: fail below this p-value (default: 1e-4)")
     add_model_options(p, seed=0, seed_help="seed of the trials (a fixed seed makes the check repeatable)")
     p.add_argument("--json", action="store_true", help="print one strict-JSON object instead of the certificate")
     p.set_defaults(run=run)
@@ -121,17 +122,52 @@ def run(args: argparse.Namespace) -> int:
                            next(target.parameters()).dtype)
     log(args, f"checking {target_path} with drafter {draft}: {args.trials} trials × {args.positions} tokens, "
               f"engine={args.engine}, γ={gamma}, temperature {args.temperature}")
-    result = specdec.check(target, drafter, prompts, temperature=args.temperature, top_k=args.top_k,
-                           top_p=args.top_p, num_draft_tokens=gamma, engine=args.engine, trials=args.trials,
-                           positions=args.positions, num_prompts=args.num_prompts,
-                           max_prompt_tokens=args.max_prompt_tokens, greedy_tokens=args.greedy_tokens,
-                           level=args.level, seed=args.seed)
+    progress = ProgressBars.for_args(args)
+    try:
+        result = specdec.check(target, drafter, prompts, temperature=args.temperature, top_k=args.top_k,
+                               top_p=args.top_p, num_draft_tokens=gamma, engine=args.engine, trials=args.trials,
+                               positions=args.positions, num_prompts=args.num_prompts,
+                               max_prompt_tokens=args.max_prompt_tokens, greedy_tokens=args.greedy_tokens,
+                               level=args.level, seed=args.seed, progress=progress)
+    finally:
+        if progress is not None:
+            progress.close()
     if args.json:
         print_json({"target": str(target_path), "draft": str(draft), "device": str(target.device),
                     "dtype": str(next(target.parameters()).dtype).removeprefix("torch."), **result.to_dict()})
     else:
         print(certificate(result, str(target_path), str(draft), tokenizer))
     return EXIT[result.status]
+
+
+class ProgressBars:
+    """`specdec.check`'s progress as tqdm bars on stderr, one per phase (trials, greedy)."""
+
+    LABELS = {"trials": ("law trials", " requests"), "greedy": ("greedy comparison", " runs")}
+
+    def __init__(self, stream=None):
+        self.stream = stream if stream is not None else sys.stderr
+        self.bars: dict = {}
+
+    @classmethod
+    def for_args(cls, args) -> "ProgressBars | None":
+        """Bars unless --quiet or stderr is not a terminal (a log file gets no bar)."""
+        if getattr(args, "quiet", False) or not sys.stderr.isatty():
+            return None
+        return cls()
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        bar = self.bars.get(phase)
+        if bar is None:
+            from tqdm import tqdm
+
+            desc, unit = self.LABELS.get(phase, (phase, ""))
+            bar = self.bars[phase] = tqdm(total=total, desc=desc, unit=unit, file=self.stream, leave=False)
+        bar.update(done - bar.n)
+
+    def close(self) -> None:
+        for bar in self.bars.values():
+            bar.close()
 
 
 def _p(value: float | None) -> str:

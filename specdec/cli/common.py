@@ -31,13 +31,13 @@ def add_model_options(parser: argparse.ArgumentParser, *, device: str = "auto", 
 
     `parser` may be an argument group (the options join it) or a parser (they get a group of their own)."""
     group = parser if isinstance(parser, argparse._ArgumentGroup) else parser.add_argument_group("model options")
-    group.add_argument("--device", default=device, help=f"auto (cuda if present), cpu, cuda, cuda:N (default {device})")
+    group.add_argument("--device", default=device, help=f"auto (cuda if present), cpu, cuda, cuda:N (default: {device})")
     group.add_argument("--dtype", default=dtype,
-                       help=f"auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16, float16 (default {dtype})")
+                       help=f"auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16, float16 (default: {dtype})")
     group.add_argument("--threads", type=int, default=threads,
-                       help=f"torch CPU threads; 0 = torch's choice (default {threads}: measured fastest on small CPUs)")
+                       help=f"torch CPU threads; 0 = torch's choice (default: {threads}: measured fastest on small CPUs)")
     group.add_argument("--seed", type=int, default=seed,
-                       help=f"{seed_help}" + (f" (default {seed})" if seed is not None else ""))
+                       help=f"{seed_help}" + (f" (default: {seed})" if seed is not None else ""))
     group.add_argument("--quiet", action="store_true", help="no diagnostics on stderr (errors still are)")
     group.add_argument("--allow-pickle", action="store_true",
                        help="also load pickled .bin weights (unpickling can run code: only for checkpoints you trust)")

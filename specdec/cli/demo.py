@@ -39,13 +39,13 @@ def add_parser(subparsers) -> None:
                    help="a feature head folder, or a draft model folder over the same vocabulary (default: shipped head)")
     p.add_argument("--pair", type=Path, default=None,
                    help=f"run a toy pair folder with target/ and draft/ instead (the zoo's code pair: {DEMO_PAIR})")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens per completion (default 128)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens per completion (default: 128)")
     p.add_argument("--num-draft-tokens", type=int, default=None,
-                   help=f"γ, 1..64 (default {demo_chat.DEFAULT_GAMMA}; {DEFAULT_GAMMA} with --pair)")
+                   help=f"γ, 1..64 (default: {demo_chat.DEFAULT_GAMMA}; {DEFAULT_GAMMA} with --pair)")
     p.add_argument("--prompt", action="append", default=None, help="replace the built-in prompts (repeatable)")
     p.add_argument("--general", action="store_true",
                    help="ask six general questions instead of the demo's prompts (the head's α is lower on them)")
-    p.add_argument("--repeats", type=int, default=1, help="time every prompt this many times (default 1; more = steadier)")
+    p.add_argument("--repeats", type=int, default=1, help="time every prompt this many times (default: 1; more = steadier)")
     add_model_options(p, device="cpu", seed_help="unused: the demo decodes greedily", threads=2)  # both cores (BENCHMARKS)
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     p.set_defaults(run=run)

@@ -39,7 +39,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0 = torch's choice)")
     p.add_argument("--repeats", type=int, default=1, help="time everything this many times (more = steadier)")
-    p.add_argument("--out", type=Path, default=Path(DEFAULT_OUT), help=f"PNG grid to write (default {DEFAULT_OUT})")
+    p.add_argument("--out", type=Path, default=Path(DEFAULT_OUT), help=f"PNG grid to write (default: {DEFAULT_OUT})")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     p.set_defaults(run=run)
 

@@ -37,13 +37,13 @@ def add_parser(subparsers) -> None:
     p.add_argument("--logprobs", action="store_true",
                    help="print each generated token with its log-probability under the target (after the text)")
     p.add_argument("--max-new-tokens", "--max-tokens", dest="max_new_tokens", type=int, default=64,
-                   help="tokens to generate per prompt (default 64)")
+                   help="tokens to generate per prompt (default: 64)")
     p.add_argument("--temperature", type=float, default=None,
                    help="0 = greedy (default: the model's generation_config: greedy unless do_sample)")
     p.add_argument("--top-k", type=int, default=None, help="default: the generation_config's, else 0 (off)")
     p.add_argument("--top-p", type=float, default=None, help="default: the generation_config's, else 1.0 (off)")
     p.add_argument(*GAMMA_FLAGS, dest="num_draft_tokens", default="4",
-                   help="γ: an integer 1..64, or a policy name (heuristic, optimal, threshold, guarded) (default 4)")
+                   help="γ: an integer 1..64, or a policy name (heuristic, optimal, threshold, guarded) (default: 4)")
     p.add_argument("--leniency", type=float, default=1.0, help="l in (0, 1]: 1 = exact; < 1 accepts more, LOSSY (A.5)")
     p.add_argument("--draft-tree", default=None, help="verify a token tree per step, e.g. 2,2,1 (needs a draft model)")
     structured = p.add_mutually_exclusive_group()
@@ -58,10 +58,10 @@ def add_parser(subparsers) -> None:
     add_model_options(p)
     add_checkpoint_options(p)
     p.add_argument("--tensor-parallel-size", type=int, default=1,
-                   help="shard the target over N ranks; launch with torchrun --nproc-per-node N (default 1)")
+                   help="shard the target over N ranks; launch with torchrun --nproc-per-node N (default: 1)")
     p.add_argument("--tensor-parallel-all-reduce", choices=("auto", "group", "one_shot"), default="auto",
                    help="how the ranks sum partial products: group (NCCL/gloo), one_shot (symmetric memory over "
-                        "NVLink, CUDA) or auto (one_shot where the GPUs reach each other by P2P) (default auto)")
+                        "NVLink, CUDA) or auto (one_shot where the GPUs reach each other by P2P) (default: auto)")
     p.add_argument("--bitwise", action="store_true",
                    help="bit-for-bit exact mode: output and logprobs do not depend on the batch, γ or speculation "
                         "(batch-invariant kernels; slower; needs the engine)")

@@ -27,7 +27,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("policies", help="benchmark draft-length policies (tokens/s, τ, α) on several workloads",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default=None,
-                   help=f"target checkpoint: folder, .gguf file or cached hub id (default {DEMO_PAIR}/target)")
+                   help=f"target checkpoint: folder, .gguf file or cached hub id (default: {DEMO_PAIR}/target)")
     p.add_argument("--draft", default=None, help="draft checkpoint (default: the demo pair's draft)")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder, .gguf or hub id (default: the target's)")
     p.add_argument("--workloads", default="code,text,repetitive", help="comma list of code, text, repetitive")
@@ -35,15 +35,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="comma list: integers (fixed γ) and policy names; plain decoding always runs")
     p.add_argument("--drafters", default="model",
                    help="comma list: model (the draft checkpoint), lookup (prompt lookup); each runs every policy")
-    p.add_argument("--prompts", type=int, default=3, help="prompts per workload (default 3)")
-    p.add_argument("--prompt-tokens", type=int, default=128, help="prompt length in tokens (default 128)")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt (default 64)")
-    p.add_argument("--repeats", type=int, default=3, help="timed repeats, interleaved (default 3; median reported)")
-    p.add_argument("--temperature", default="0", help="comma list of temperatures (default 0; e.g. 0,1)")
+    p.add_argument("--prompts", type=int, default=3, help="prompts per workload (default: 3)")
+    p.add_argument("--prompt-tokens", type=int, default=128, help="prompt length in tokens (default: 128)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt (default: 64)")
+    p.add_argument("--repeats", type=int, default=3, help="timed repeats, interleaved (default: 3; median reported)")
+    p.add_argument("--temperature", default="0", help="comma list of temperatures (default: 0; e.g. 0,1)")
     p.add_argument("--keep-eos", action="store_true", help="stop at EOS (default: always generate max-new-tokens)")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: 1 prompt per workload, 32 new tokens, 1 repeat (< 1 minute on the demo pair)")
-    p.add_argument("--out", type=Path, default=Path("runs/policies"), help="output folder (default runs/policies)")
+    p.add_argument("--out", type=Path, default=Path("runs/policies"), help="output folder (default: runs/policies)")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     add_model_options(p, device="cpu", seed=0, seed_help="sampling seed (temperature > 0)")
     add_checkpoint_options(p)

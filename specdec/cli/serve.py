@@ -49,7 +49,7 @@ def add_parser(subparsers) -> None:
                         "grows with the backlog); 0: the budget is a hard cap (auto: 4)")
     p.add_argument("--prefill-stall", type=float, default=None, metavar="FRACTION",
                    help="with --prefill-budget auto: the prefill seconds a step may add, as a fraction of the "
-                        "measured decode step (default 0.5)")
+                        "measured decode step (default: 0.5)")
     p.add_argument("--max-tokens", type=int, default=None, help="largest max_tokens a request may ask for "
                    "(default: the context)")
     p.add_argument("--bitwise", action="store_true",
@@ -90,7 +90,7 @@ def add_parser(subparsers) -> None:
                         "rank 0 serves HTTP, the other ranks follow its steps (γ must be an integer)")
     p.add_argument("--tensor-parallel-all-reduce", choices=("auto", "group", "one_shot"), default="auto",
                    help="how the ranks sum partial products: group (NCCL/gloo), one_shot (symmetric memory over "
-                        "NVLink, CUDA) or auto (one_shot where the GPUs reach each other by P2P) (default auto)")
+                        "NVLink, CUDA) or auto (one_shot where the GPUs reach each other by P2P) (default: auto)")
     p.add_argument("--tool-call-parser", default="auto", choices=("auto", "hermes", "mistral", "llama3_json"),
                    help="how tool_choice auto reads calls in the output: auto = the chat template's family "
                         "(Hermes <tool_call>, Mistral [TOOL_CALLS], Llama-3 JSON)")

@@ -41,7 +41,7 @@ def add_parser(subparsers) -> None:
                       help="ende: .mo/.po catalogs instead of those found below the locale dirs")
     prep.add_argument("--locale-dirs", nargs="+", default=None,
                       help="ende: folders to search for German catalogs (default: the system's locale folders "
-                           "and the one scripts/ende_packages.sh fills)")
+                           "and the one scripts/device_run.sh ende-packages fills)")
     prep.add_argument("--no-progress", action="store_true")
     prep.set_defaults(run=run)
 
@@ -53,7 +53,7 @@ def add_parser(subparsers) -> None:
     pair.add_argument("--data", required=True, help="folder written by `specdec train prepare`")
     pair.add_argument("--out", required=True)
     pair.add_argument("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:1, ...")
-    pair.add_argument("--budget-scale", type=float, default=1.0, help="multiply every phase's time budget (default 1)")
+    pair.add_argument("--budget-scale", type=float, default=1.0, help="multiply every phase's time budget (default: 1)")
     pair.add_argument("--head-seconds", type=float, default=0.0,
                       help="also train a feature-level draft head on the target for this long (out/head; default 0 = no)")
     pair.add_argument("--no-progress", action="store_true")
@@ -86,26 +86,26 @@ def add_parser(subparsers) -> None:
     head.add_argument("--target", required=True, help="a Llama-family target: a folder, a .gguf file or a cached hub id")
     head.add_argument("--data", required=True, help="folder written by `specdec train prepare --corpus code`")
     head.add_argument("--out", required=True, help="the head folder (feature_head.json, model.safetensors, logs)")
-    head.add_argument("--max-seconds", type=float, default=90.0, help="training time budget (default 90)")
-    head.add_argument("--steps", type=int, default=100_000, help="upper bound on steps (default 100000)")
+    head.add_argument("--max-seconds", type=float, default=90.0, help="training time budget (default: 90)")
+    head.add_argument("--steps", type=int, default=100_000, help="upper bound on steps (default: 100000)")
     head.add_argument("--batch-size", type=int, default=32)
     head.add_argument("--seq-len", type=int, default=512)
     head.add_argument("--lr", type=float, default=1e-3)
     head.add_argument("--kl-weight", type=float, default=0.5, help="weight of KL(p‖q) next to the feature loss")
     head.add_argument("--feature-noise", type=float, default=0.1, help="U(−a, a) added to input features")
     head.add_argument("--init", choices=("last-layer", "random"), default="last-layer")
-    head.add_argument("--batch-reuse", type=int, default=1, help="head steps per target pass (default 1)")
+    head.add_argument("--batch-reuse", type=int, default=1, help="head steps per target pass (default: 1)")
     head.add_argument("--depth", type=int, default=3,
                       help="draft steps unrolled in training (1 = teacher forcing only; default 3)")
     head.add_argument("--feature-cache-tokens", type=int, default=0, metavar="N",
                       help="run the target once over N positions (generated rows + corpus windows), keep its "
                            "features on the device (2·dim bytes each in bf16) and train from them; 0 = a target "
-                           "pass per batch (default 0; see docs/FEATURE_HEAD.md)")
+                           "pass per batch (default: 0; see docs/FEATURE_HEAD.md)")
     head.add_argument("--kl-kernel", choices=("auto", "triton", "reference"), default="auto",
                       help="the KL loss: auto = the fused Triton pass on CUDA; reference = eager autograd")
     head.add_argument("--feature-cache-refresh", type=int, default=0, metavar="K",
                       help="with the cache: every K head steps one target pass replaces batch-size corpus rows "
-                           "with fresh windows (default 0 = never)")
+                           "with fresh windows (default: 0 = never)")
     _add_training_options(head, generated_default="0.5")
     _add_run_options(head)
     add_checkpoint_options(head, draft=False)
@@ -123,7 +123,7 @@ def add_parser(subparsers) -> None:
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=DEFAULT_THREADS,
-                        help=f"torch CPU threads; 0 = torch's choice (default {DEFAULT_THREADS})")
+                        help=f"torch CPU threads; 0 = torch's choice (default: {DEFAULT_THREADS})")
     parser.add_argument("--quiet", action="store_true", help="no progress or log lines on stderr")
 
 
@@ -136,13 +136,13 @@ def _add_training_options(parser: argparse.ArgumentParser, generated_default: st
     parser.add_argument("--generate", type=int, default=0, metavar="N",
                         help="first generate N greedy target continuations of corpus prompts to train on")
     parser.add_argument("--generated-fraction", type=float, default=None,
-                        help=f"share of each batch from the generated text (default {generated_default} with "
+                        help=f"share of each batch from the generated text (default: {generated_default} with "
                              "--generate, else 0)")
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=192)
     parser.add_argument("--gen-batch-size", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0, help="(default 0)")
-    parser.add_argument("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:N (default auto)")
+    parser.add_argument("--seed", type=int, default=0, help="(default: 0)")
+    parser.add_argument("--device", default="auto", help="auto (cuda if present), cpu, cuda, cuda:N (default: auto)")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--allow-pickle", action="store_true",
                         help="also load pickled .bin weights (unpickling can run code: only for checkpoints you trust)")

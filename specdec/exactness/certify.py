@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -148,7 +148,7 @@ def _chunk_seed(seed: int, chunk: int) -> int:
     return (seed * 1_000_003 + chunk * 0x9E3779B97F4A7C15) % (1 << 62)
 
 
-def _run_trials(target, drafter, prompts, rows, positions, sampling, gamma, engine, seed, vocab):
+def _run_trials(target, drafter, prompts, rows, positions, sampling, gamma, engine, seed, vocab, progress=None):
     """Generated tokens per prompt: samples[i] = list of `positions`-token lists."""
     import specdec
 
@@ -168,6 +168,8 @@ def _run_trials(target, drafter, prompts, rows, positions, sampling, gamma, engi
                 raise RuntimeError(f"the runner returned {len(tokens)} tokens for a request of {positions} "
                                    "with EOS off")
             samples[i].append(list(tokens))
+        if progress is not None:
+            progress("trials", start + len(batch), len(rows))
     return samples
 
 
@@ -183,12 +185,16 @@ def _margin(target, context: list[int]) -> tuple[float, float]:
     return float(top2[0] - top2[1]), float(top2[0].abs())
 
 
-def _greedy(target, drafter, prompts, new_tokens, gamma, engine) -> GreedyResult:
+def _greedy(target, drafter, prompts, new_tokens, gamma, engine, progress=None) -> GreedyResult:
     import specdec
 
     common = dict(max_new_tokens=new_tokens, temperature=0.0, eos_token_id=[], engine=engine, seed=0)
     plain = specdec.generate(target, prompts, drafter=None, **common).sequences
+    if progress is not None:
+        progress("greedy", 1, 2)
     spec = specdec.generate(target, prompts, drafter=drafter, num_draft_tokens=gamma, **common).sequences
+    if progress is not None:
+        progress("greedy", 2, 2)
     identical = sum(a == b for a, b in zip(plain, spec))
     dtype = next(target.parameters()).dtype
     strict = dtype in (torch.float32, torch.float64)
@@ -217,7 +223,7 @@ class _LawRun:
 
 
 def _law_tests(target, drafter, vocab, prompts, sampling, gamma, engine, trials, positions, num_prompts,
-               max_prompt_tokens, level, seed) -> _LawRun:
+               max_prompt_tokens, level, seed, progress=None) -> _LawRun:
     """Prompts, trials through the runner, the exact laws, and the chi-square tests of every position."""
     t0 = time.perf_counter()
     law_prompts = _select_prompts(target, drafter, vocab, prompts, num_prompts, max_prompt_tokens, positions, gamma,
@@ -225,7 +231,8 @@ def _law_tests(target, drafter, vocab, prompts, sampling, gamma, engine, trials,
     rows = [r % len(law_prompts) for r in range(trials)]
     per_prompt = [rows.count(i) for i in range(len(law_prompts))]
     t1 = time.perf_counter()
-    samples = _run_trials(target, drafter, law_prompts, rows, positions, sampling, gamma, engine, seed, vocab)
+    samples = _run_trials(target, drafter, law_prompts, rows, positions, sampling, gamma, engine, seed, vocab,
+                          progress)
     t2 = time.perf_counter()
     tree = build_tree(target, drafter, law_prompts, per_prompt, positions, sampling, seed)
     results = []
@@ -271,7 +278,8 @@ def _greedy_reasons(greedy: GreedyResult, dtype: torch.dtype) -> list[str]:
 def check(target, drafter, prompts, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
           num_draft_tokens: int | str = 4, engine: str = "auto", trials: int = DEFAULT_TRIALS,
           positions: int = DEFAULT_POSITIONS, num_prompts: int = 4, max_prompt_tokens: int = 8,
-          greedy_tokens: int = 32, level: float = 1e-4, seed: int = 0) -> CheckResult:
+          greedy_tokens: int = 32, level: float = 1e-4, seed: int = 0,
+          progress: "Callable[[str, int, int], None] | None" = None) -> CheckResult:
     """Test that speculative decoding with this target, drafter, sampling and runner samples the target's law.
 
     target     a transformers decoder-only LM (the law is computed from its plain forward passes)
@@ -280,6 +288,7 @@ def check(target, drafter, prompts, *, temperature: float = 1.0, top_k: int = 0,
                comparison the prompts themselves
     positions  generated tokens per trial K ≥ 2, each position tested (the first step drafts min(γ, K − 1))
     level      a law test fails below this p-value; a wrong law must be rejected below it
+    progress   called as work completes: ("trials", requests done, of total), then ("greedy", 1 | 2, 2)
     Returns a `CheckResult` (never raises for a failed test; raises ValueError/TypeError for bad arguments,
     before any model runs).
     """
@@ -299,12 +308,12 @@ def check(target, drafter, prompts, *, temperature: float = 1.0, top_k: int = 0,
     law = None
     if not sampling.greedy:
         law = _law_tests(target, drafter, vocab, prompts, sampling, gamma, engine, trials, positions, num_prompts,
-                         max_prompt_tokens, level, seed)
+                         max_prompt_tokens, level, seed, progress)
     reasons = list(law.reasons) if law else []
     greedy = None
     t_greedy = time.perf_counter()
     if greedy_tokens:
-        greedy = _greedy(target, drafter, prompts, greedy_tokens, gamma, engine)
+        greedy = _greedy(target, drafter, prompts, greedy_tokens, gamma, engine, progress)
         reasons += _greedy_reasons(greedy, next(target.parameters()).dtype)
     t_greedy = time.perf_counter() - t_greedy
     results = law.positions if law else ()

@@ -5,7 +5,7 @@
   sorted order wins); a file is in the validation split when the hash of its content falls below
   `val_fraction`, so the split does not depend on where the file happens to live.
 - `ende_pairs()`: (English, German) message pairs from the German gettext catalogs (`.mo` and `.po`, see
-  `specdec.zoo.catalogs`) below the locale roots: the system's and the folder scripts/ende_packages.sh
+  `specdec.zoo.catalogs`) below the locale roots: the system's and the folder scripts/device_run.sh ende-packages
   fills from apt and pip packages. Untranslated entries (empty, or msgstr == msgid), pure format strings,
   identifier msgids, over-long and length-mismatched pairs are dropped; shortcut markers (`_Open`, `&Open`,
   `~Open`) are removed; pairs are deduplicated on (en, de). Three splits, no English message (ignoring
@@ -30,7 +30,7 @@ from specdec.zoo.catalogs import catalog_domain, find_catalogs, read_catalog, re
 
 logger = logging.getLogger(__name__)
 
-# Where German gettext catalogs live once the packages of scripts/ende_packages.sh are installed: the system
+# Where German gettext catalogs live once the packages of scripts/device_run.sh ende-packages are installed: the system
 # locale folders (apt packages), LibreOffice's and Vim's own, and the pip packages' folder (installed there
 # with --target, outside any environment: they are read, never imported).
 DEFAULT_LOCALE_ROOTS: tuple[str, ...] = (
@@ -44,7 +44,7 @@ ENDE_PACKAGES_ENV = "SPECDEC_ENDE_PACKAGES"  # overrides the pip packages' folde
 
 
 def ende_packages_dir() -> Path:
-    """The folder scripts/ende_packages.sh installs the pip packages into ($SPECDEC_ENDE_PACKAGES or
+    """The folder scripts/device_run.sh ende-packages installs the pip packages into ($SPECDEC_ENDE_PACKAGES or
     ~/.cache/specdec/ende-packages)."""
     env = os.environ.get(ENDE_PACKAGES_ENV)
     return Path(env) if env else Path.home() / ".cache" / "specdec" / "ende-packages"

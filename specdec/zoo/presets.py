@@ -6,7 +6,7 @@
   one-layer drafter costs c ≈ 0.1 of a deep narrow target (24 layers, dim 192), and the target's
   multi-token verification pass costs little more than a one-token pass; weights ≤ 40 MiB in fp16.
 - `gpu`: a deep ≥300M-parameter target with a ~86× smaller shallow drafter, ~7 minutes on one H100/H200.
-- `gpu-ende`: an encoder-decoder (T5) EnDe pair for the gettext corpus (scripts/ende_packages.sh).
+- `gpu-ende`: an encoder-decoder (T5) EnDe pair for the gettext corpus (scripts/device_run.sh ende-packages).
 
 Budgets are wall-clock seconds (`max_seconds`): the loop measures its step time after a few steps and
 fixes the number of steps (and so the cosine schedule) to fit, capped by `steps`.
@@ -172,7 +172,7 @@ PRESETS: dict[str, PairPreset] = {
         pool=GeneratedPool(prompt_len=64, new_tokens=192, batch_size=512, max_seconds=20, val_sequences=64),
         description="one H100/H200: 317M-parameter 24-layer target, 3.7M 2-layer drafter, ~7 minutes",
     ),
-    # EnDe on the gettext corpus (223K training pairs from scripts/ende_packages.sh). Batches of ~64K padded
+    # EnDe on the gettext corpus (223K training pairs from scripts/device_run.sh ende-packages). Batches of ~64K padded
     # positions (source + target, PairData.token_batch: ~2.6K pairs, 9% padding) instead of 512 pairs, and no
     # cuDNN attention in training (zoo.train_steps.training_attention): on an H200 the eager T5 step trained 5.1K
     # pairs/s at 512-pair batches (session 3's run: 2234 steps in 240 s, ~5 epochs, held-out loss still falling

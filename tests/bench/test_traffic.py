@@ -176,7 +176,11 @@ def test_bench_quick_writes_the_whole_table(tmp_path, capsys):
     assert all(warm[d]["gammas"] == [0, 1, 2, 4, 8] and warm[d]["shapes"] > warm["plain"]["shapes"] for d in DRAFTERS)
     table = (tmp_path / "traffic.md").read_text().strip().splitlines()
     assert len(table) == 2 + len(rows) and table[0].startswith("| slots | arrival |")
-    assert len((tmp_path / "traffic.partial.jsonl").read_text().splitlines()) == len(rows)
+    assert not (tmp_path / "traffic.partial.jsonl").exists()  # (rows went there as they came; all are in the JSON)
+    assert (tmp_path / "traffic.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "captures" not in table[0]  # nothing is captured on a CPU: no column of zeros
+    for r, line in zip(rows, table[2:]):  # a row that never drafted says so instead of a ratio
+        assert ("never drafted" in line) == (r["drafter"] != "plain" and r["mean_gamma"] == 0)
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -221,7 +225,25 @@ def test_markdown_table_has_a_row_per_arm():
     row = ArmResult(8, "closed:16", "model", "auto", 10, 100, 1.0, 100.0, 0.01, 0.02, 0.003, 0.004, 0.003, 0.7, 3.1, 0,
                     vs_plain=1.25)
     text = markdown_table([row])
-    assert "| 8 | closed:16 | model | auto | 100 | 1.25x |" in text
+    assert "| 8 | closed:16 | model | auto | 100 | 1.25x |" in text and "captures" not in text
+    captured = ArmResult(8, "closed:16", "model", "4", 10, 100, 1.0, 100.0, 0.01, 0.02, 0.003, 0.004, 0.003, 0.7, 4.0,
+                         3, vs_plain=1.1)
+    assert "captures" in markdown_table([row, captured]).splitlines()[0]  # shown once some row captured
+
+
+def test_a_row_that_never_drafted_says_so():
+    from specdec.bench.traffic import ArmResult
+    from specdec.bench.traffic_table import summary
+
+    idle = ArmResult(1, "closed:2", "model", "auto", 3, 30, 1.0, 30.0, 0.01, 0.02, 0.003, 0.004, 0.003, None, 0.0, 0,
+                     vs_plain=1.13)
+    drafted = ArmResult(1, "closed:2", "lookup", "auto", 3, 30, 1.0, 30.0, 0.01, 0.02, 0.003, 0.004, 0.003, 0.5, 1.5,
+                        0, vs_plain=1.35)
+    text = markdown_table([idle, drafted])
+    assert "never drafted (plain)" in text and "1.13x" not in text and "1.35x" in text
+    out = summary([idle, drafted])
+    assert out["model/auto"] == {"min_vs_plain": None, "median_vs_plain": None, "cells": 0, "never_drafted": 1}
+    assert out["lookup/auto"]["cells"] == 1 and "never_drafted" not in out["lookup/auto"]
 
 
 def test_bench_quick_serve_runs_plain_and_speculative_levels(tmp_path, capsys):
@@ -280,7 +302,7 @@ def _fake_drive(log: list, speeds):
         tok_s = speeds(engine, gamma, k)
         return {"requests": len(requests), "tokens": 100, "seconds": 100 / tok_s, "tok_s": tok_s, "ttft_p50_s": 0.1,
                 "ttft_p99_s": 0.2, "itl_p50_s": 0.01, "itl_p99_s": 0.01 * k + 0.02, "tpot_p50_s": 0.01, "alpha": None,
-                "mean_gamma": 0.0, "captures": 0, "completed_per_s": 1.0, "tpot_p50_greedy_s": 0.01,
+                "mean_gamma": 0.0 if gamma == 0 else 2.0, "captures": 0, "completed_per_s": 1.0, "tpot_p50_greedy_s": 0.01,
                 "tpot_p50_sampled_s": None, "policy": {}, "stalls": {}}
     return drive_
 

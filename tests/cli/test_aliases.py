@@ -134,3 +134,16 @@ def test_config_file_refusals(tmp_path):
 def test_config_errors_through_main_are_one_line(tmp_path, capsys):
     assert main(["serve", "--config", str(tmp_path / "none.yaml")]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_one_help_style_on_every_command():
+    """Every option's default is shown one way, `(default: X)`, whether the formatter adds it or the help says it."""
+    import argparse
+    import re
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, command in sub.choices.items():
+        text = " ".join(command.format_help().split())
+        assert not re.search(r"\(default [^:]", text), (name, re.search(r".{60}\(default [^:].{20}", text))
+        assert command.allow_abbrev is False, name

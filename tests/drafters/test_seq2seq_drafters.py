@@ -202,7 +202,7 @@ def test_drafter_with_its_own_start_token(models):
     sampling = specdec.SamplingConfig(temperature=1.0)
     checking = CheckingDrafter(Seq2SeqModelDrafter(draft), sampling)
     specdec.generate(models["t5"], RAGGED, drafter=checking, max_new_tokens=8, num_draft_tokens=2, seed=0,
-                     eos_token_id=[])
+                     eos_token_id=[], temperature=1.0)
     assert checking.checked > 0
 
 

@@ -175,7 +175,7 @@ def test_fast_drafter_with_transformers_target_and_its_own_start_token():
     assert drafter.model.start_token_id == 5  # it reads the target's text behind its own start token
     checking = CheckingDrafter(drafter, draft, specdec.SamplingConfig(temperature=1.0))
     specdec.generate(target, SOURCES, drafter=checking, max_new_tokens=8, num_draft_tokens=2, seed=0,
-                     eos_token_id=[])
+                     eos_token_id=[], temperature=1.0)
     assert checking.checked > len(SOURCES)
     res = specdec.generate(target, SOURCES, drafter=FastSeq2SeqDrafter(draft), temperature=0, max_new_tokens=12,
                            num_draft_tokens=3, eos_token_id=[1])

@@ -1,6 +1,6 @@
 """The EnDe paper-tables run (specdec/bench/ende_tables.py) end to end on CPU, with the tiny preset on
 synthetic gettext catalogs: training, BLEU/chrF, Tables 3, 2, 4 and the Markdown section. It lives with the
-zoo tests for their `.mo` fixtures. The GPU numbers come from scripts/ende_tables.sh."""
+zoo tests for their `.mo` fixtures. The GPU numbers come from scripts/device_run.sh ende-tables."""
 
 from __future__ import annotations
 
