@@ -191,10 +191,13 @@ def build(args: argparse.Namespace):
 
 def _drafter_name(drafter) -> str:
     """The drafter as a phrase: a draft model's class, a head folder, or the drafter's kind."""
+    import torch
+
     if isinstance(drafter, (str, Path)):
         return f"head {drafter}"
-    model = getattr(drafter, "model", None)
-    return type(model).__name__ if model is not None else type(drafter).__name__
+    if isinstance(drafter, torch.nn.Module):
+        return f"draft model ({type(drafter).__name__})"
+    return type(drafter).__name__
 
 
 def _prefill_budget(args: argparse.Namespace):
