@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import torch
 
+from specdec.core import FILTERS
 from specdec.loop.chain import run_chain
 from specdec.policy import DraftLengthPolicy
 from specdec.request import SamplingParams, resolve_eos
@@ -22,32 +23,47 @@ __all__ = ["generate", "stream", "stream_request", "beam_search", "GenerateResul
 
 def generate(
     target,
-    prompts,
+    prompts=None,
     drafter=None,
     max_new_tokens: int = 64,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
     num_draft_tokens: "int | str | DraftLengthPolicy" = 4,
     eos_token_id: "int | Sequence[int] | None" = None,
     seed: int | None = None,
     *,
+    input_ids=None,
     generator: torch.Generator | None = None,
     attention_mask: torch.Tensor | None = None,
     on_tokens: Callable[[TokenEvent], None] | None = None,
+    streamer=None,
+    stop_strings: "str | Sequence[str] | None" = None,
+    tokenizer=None,
     engine: str = "auto",
     leniency: float = 1.0,
     draft_tree: "Sequence[int] | None" = None,
-    min_p: float = 0.0,
+    min_p: float | None = None,
     **processors,
 ) -> GenerateResult:
     """Generate up to `max_new_tokens` per prompt with speculative decoding (plain decoding if drafter=None).
 
+        specdec.generate(model, **tokenizer(text, return_tensors="pt"), drafter=draft, max_new_tokens=64)
+
     target          a transformers PreTrainedModel (decoder-only or encoder-decoder) or a specdec target
-    prompts         list[list[int]] (ragged) or LongTensor [B, T] (with `attention_mask` [B, T] for padding)
+    prompts         list[list[int]] (ragged) or LongTensor [B, T] (with `attention_mask` [B, T] for padding); or
+                    pass `input_ids=` (+ `attention_mask=`), as `**tokenizer(...)` does
     drafter         None | transformers model | `NGramDrafter` | `PromptLookupDrafter` | any `Drafter`
     temperature     0 = greedy (exact argmax path); top_k 0, top_p 1.0 and min_p 0.0 = off (after temperature, in
-                    that order, to p and q alike: transformers' TopK/TopP/MinPLogitsWarper)
+                    that order, to p and q alike: transformers' TopK/TopP/MinPLogitsWarper). None (the default):
+                    the target's generation_config, as transformers reads it — greedy unless `do_sample`, else its
+                    temperature and filters (a filter it leaves unset is off, as in vLLM: transformers' global
+                    top_k=50 is not applied)
+    streamer        a transformers streamer (`TextStreamer`, `TextIteratorStreamer`: `put(ids)` / `end()`); one
+                    prompt, as transformers allows; it gets the prompt, then each step's tokens
+    stop_strings    a string or list: a row's output ends after the first stop string its text contains (kept, as
+                    transformers keeps it); needs `tokenizer=`. The runner decodes to EOS or the budget, the result
+                    and the streamer are cut (`stats` count the tokens decoded)
     num_draft_tokens γ: an int, a policy name ("heuristic", "optimal", ...) or a `DraftLengthPolicy`
     eos_token_id    int or list; None = the target's generation_config / config EOS (as in transformers)
     seed            int → reproducible; otherwise pass `generator` or get fresh OS randomness
@@ -65,48 +81,82 @@ def generate(
     """
     if on_tokens is not None and not callable(on_tokens):
         raise TypeError(f"on_tokens must be None or a callable taking a TokenEvent, got {type(on_tokens).__name__}")
+    prompts, attention_mask = _prompt_inputs(prompts, input_ids, attention_mask)
+    stops = StopCut.of(stop_strings, tokenizer, _num_rows(prompts))
+    if streamer is not None:
+        _check_streamer(streamer, prompts)
     run = stream(
         target, prompts, drafter, max_new_tokens, temperature, top_k, top_p, num_draft_tokens, eos_token_id, seed,
         generator=generator, attention_mask=attention_mask, engine=engine, leniency=leniency, draft_tree=draft_tree,
         min_p=min_p, **processors,
     )
+    if streamer is not None:
+        streamer.put(_prompt_tensor(prompts, attention_mask))
     for event in run:
+        shown = stops.feed(event) if stops is not None else event
+        if streamer is not None and shown.rows:
+            streamer.put(torch.tensor(shown.tokens[0], dtype=torch.long))
         if on_tokens is not None:
             on_tokens(event)
-    return run.result
+    if streamer is not None:
+        streamer.end()
+    result = run.result
+    return result if stops is None else GenerateResult(stops.cut(result.sequences), result.stats)
 
 
 def stream(
     target,
-    prompts,
+    prompts=None,
     drafter=None,
     max_new_tokens: int = 64,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
     num_draft_tokens: "int | str | DraftLengthPolicy" = 4,
     eos_token_id: "int | Sequence[int] | None" = None,
     seed: int | None = None,
     *,
+    input_ids=None,
     generator: torch.Generator | None = None,
     attention_mask: torch.Tensor | None = None,
     engine: str = "auto",
     leniency: float = 1.0,
     draft_tree: "Sequence[int] | None" = None,
-    min_p: float = 0.0,
+    min_p: float | None = None,
     **processors,
 ) -> GenerationStream:
-    """Like `generate`, but returns a `GenerationStream` of per-step `TokenEvent`s (arguments validated now)."""
+    """Like `generate`, but returns a `GenerationStream` of per-step `TokenEvent`s (arguments validated now).
+    Sampling defaults (None) come from the target's generation_config, as in `generate`."""
     unknown = sorted(set(processors) - set(_PROCESSOR_ARGUMENTS))
     if unknown:
         raise TypeError(f"unexpected keyword argument(s) {', '.join(unknown)}; logits processors: "
                         f"{', '.join(_PROCESSOR_ARGUMENTS)}")
+    prompts, attention_mask = _prompt_inputs(prompts, input_ids, attention_mask)
     eos = tuple(resolve_eos(eos_token_id, target))
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                            min_p=min_p, seed=seed, eos_token_ids=eos, leniency=leniency,
-                            **processors)  # the edge: one request description
+    given = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p}
+    sampling = {k: v for k, v in given.items() if v is not None}
+    if len(sampling) < len(given):
+        sampling = {**sampling_defaults(target), **sampling}
+    params = SamplingParams(max_new_tokens=max_new_tokens, seed=seed, eos_token_ids=eos, leniency=leniency,
+                            **sampling, **processors)  # the edge: one request description
     return stream_request(target, prompts, drafter, params, num_draft_tokens, generator=generator,
                           attention_mask=attention_mask, engine=engine, draft_tree=draft_tree)
+
+
+def sampling_defaults(target) -> dict:
+    """temperature, top_k, top_p, min_p from the target's generation_config as transformers reads it: greedy
+    (temperature 0) unless `do_sample`; then its temperature (else 1.0) and each filter it sets (else off).
+    A target without a generation_config (a specdec `Target`) decodes greedily, as transformers' default."""
+    model = target if isinstance(target, torch.nn.Module) else getattr(target, "model", target)
+    config = getattr(model, "generation_config", None)
+
+    def get(name, default):
+        value = getattr(config, name, None) if config is not None else None
+        return default if value is None else value
+
+    if not get("do_sample", False):
+        return {"temperature": 0.0}
+    return {"temperature": float(get("temperature", 1.0)), **{f.name: get(f.name, f.off) for f in FILTERS}}
 
 
 _PROCESSOR_ARGUMENTS = ("repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens",
@@ -163,6 +213,94 @@ def stream_request(
                              attention_mask=attention_mask)
     return run_chain(target, prompts, drafter, params, num_draft_tokens, generator=generator,
                      attention_mask=attention_mask)
+
+
+def _prompt_inputs(prompts, input_ids, attention_mask):
+    """(prompts, attention_mask) from the positional prompts or `input_ids=` (`**tokenizer(...)`: lists or
+    tensors [B, T]); refused when both or neither are given."""
+    if input_ids is not None:
+        if prompts is not None:
+            raise TypeError("give the prompts once: positionally or as input_ids=, not both")
+        prompts = input_ids
+        if attention_mask is not None and not isinstance(input_ids, torch.Tensor):
+            try:
+                prompts = torch.tensor(input_ids, dtype=torch.long)
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"input_ids with an attention_mask must be rows of one length: {err}") from None
+    if prompts is None:
+        raise TypeError("generate() needs the prompts: token ids positionally, or input_ids= (**tokenizer(...))")
+    if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
+        try:
+            attention_mask = torch.tensor(attention_mask, dtype=torch.long)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"attention_mask must be rows of 0/1 of one length: {err}") from None
+    return prompts, attention_mask
+
+
+def _num_rows(prompts) -> int:
+    return int(prompts.shape[0]) if isinstance(prompts, torch.Tensor) and prompts.dim() == 2 else len(prompts)
+
+
+def _check_streamer(streamer, prompts) -> None:
+    if not (callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end", None))):
+        raise TypeError(f"streamer must have put(ids) and end() (a transformers streamer), got {type(streamer).__name__}")
+    if _num_rows(prompts) != 1:
+        raise ValueError(f"streamer= takes one prompt (as transformers' streamers do), got {_num_rows(prompts)}")
+
+
+def _prompt_tensor(prompts, attention_mask) -> torch.Tensor:
+    """The one prompt as transformers hands it to a streamer first: LongTensor [1, T] (padding removed)."""
+    row = prompts[0].tolist() if isinstance(prompts, torch.Tensor) else list(prompts[0])
+    if attention_mask is not None:
+        row = [t for t, keep in zip(row, attention_mask[0].tolist()) if keep]
+    return torch.tensor([row], dtype=torch.long)
+
+
+class StopCut:
+    """`stop_strings` at the ids level: each row's text decoded as its tokens arrive; a row ends after the first
+    token whose text completes a stop string (kept in the output, as transformers keeps it)."""
+
+    def __init__(self, stops: tuple[str, ...], tokenizer, rows: int):
+        self.stops, self.tokenizer = stops, tokenizer
+        self.tokens: list[list[int]] = [[] for _ in range(rows)]
+        self.ends: list[int | None] = [None] * rows  # tokens kept per row once it met a stop string
+
+    @classmethod
+    def of(cls, stop_strings, tokenizer, rows: int) -> "StopCut | None":
+        if stop_strings is None:
+            return None
+        stops = (stop_strings,) if isinstance(stop_strings, str) else stop_strings
+        if not isinstance(stops, (list, tuple)) or not stops or not all(isinstance(x, str) and x for x in stops):
+            raise TypeError(f"stop_strings must be a non-empty string or list of them, got {stop_strings!r:.80}")
+        if not callable(getattr(tokenizer, "decode", None)):
+            raise ValueError("stop_strings needs tokenizer= (the target's tokenizer), as in transformers")
+        return cls(tuple(stops), tokenizer, rows)
+
+    def _hit(self, tokens: list[int]) -> bool:
+        text = self.tokenizer.decode(tokens)
+        return any(stop in text for stop in self.stops)
+
+    def feed(self, event: TokenEvent) -> TokenEvent:
+        """Record a step's tokens; the same event restricted to what is shown (nothing past a row's stop)."""
+        rows, shown = [], []
+        for row, new in zip(event.rows, event.tokens):
+            if self.ends[row] is not None:
+                continue
+            before = len(self.tokens[row])
+            self.tokens[row].extend(new)
+            if self._hit(self.tokens[row]):  # the first k whose text holds a stop (none did before this step)
+                lo, hi = before + 1, len(self.tokens[row])
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    lo, hi = (lo, mid) if self._hit(self.tokens[row][:mid]) else (mid + 1, hi)
+                self.ends[row] = lo
+                new = self.tokens[row][before:lo]
+            rows.append(row)
+            shown.append(list(new))
+        return TokenEvent(event.step, rows, shown, event.finished, None)
+
+    def cut(self, sequences: list[list[int]]) -> list[list[int]]:
+        return [seq if end is None else seq[:end] for seq, end in zip(sequences, self.ends)]
 
 
 def _use_engine(engine, target, drafter, num_draft_tokens) -> bool:

@@ -155,9 +155,7 @@ def resolve_seed(seed) -> int:
 
 
 def new_generator(seed, device: torch.device | str) -> torch.Generator:
-    generator = torch.Generator(device=device)
-    generator.manual_seed(resolve_seed(seed))
-    return generator
+    return torch.Generator(device=device).manual_seed(resolve_seed(seed))
 
 
 def resolve_generator(generator, seed, device: torch.device | str) -> torch.Generator:
@@ -199,6 +197,9 @@ class SamplingParams:
     `top_logprobs` N ≤ 20: also report the N most likely tokens of the target's
     raw distribution at each generated token (needs `logprobs`).
     `draft_tree` [k_1, ..., k_D] (None = a chain): verify a token tree per step (`core.tree.TreeSpec`; exact).
+    `num_draft_tokens` the request's draft cap γ: 0 = plain decoding, an int k (exactly k drafts a step, fewer only
+    where its budget ends: `check_num_draft_tokens`), "auto" (the engine's policy picks), None = the runner's default;
+    one engine serves every value in one batch (rows verify their own draft length; a tree sets its own depth).
     """
 
     max_new_tokens: int = 64
@@ -221,9 +222,13 @@ class SamplingParams:
     no_repeat_ngram_size: int = 0
     bad_words_ids: tuple[tuple[int, ...], ...] = ()
     draft_tree: tuple[int, ...] | None = None
+    num_draft_tokens: int | str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "max_new_tokens", check_max_new_tokens(self.max_new_tokens))
+        if self.num_draft_tokens is not None:
+            object.__setattr__(self, "num_draft_tokens", check_num_draft_tokens(self.num_draft_tokens, minimum=0,
+                                                                                names=("auto",)))
         self._check_processors()
         if self.seed is not None:
             object.__setattr__(self, "seed", resolve_seed(self.seed))
@@ -238,6 +243,8 @@ class SamplingParams:
         object.__setattr__(self, "leniency", check_leniency(self.leniency))
         if self.draft_tree is not None:  # checked (and made a tuple) by the tree's own shape
             object.__setattr__(self, "draft_tree", TreeSpec(self.draft_tree).branching)
+            if self.num_draft_tokens == 0:
+                raise ValueError("draft_tree needs speculative steps: num_draft_tokens=0 is plain decoding")
         for name, value in vars(self.sampling).items():  # validated by SamplingConfig, normalized here
             object.__setattr__(self, name, value)
 
@@ -366,9 +373,7 @@ def _is_array(value) -> bool:
 
 def _is_row(value) -> bool:
     """One prompt: a list/tuple of ids, or a 1-D tensor / numpy array."""
-    if isinstance(value, (list, tuple)):
-        return True
-    return (isinstance(value, torch.Tensor) or _is_array(value)) and value.ndim == 1
+    return isinstance(value, (list, tuple)) or ((isinstance(value, torch.Tensor) or _is_array(value)) and value.ndim == 1)
 
 
 def resolve_eos(eos_token_id, target) -> list[int]:
@@ -386,9 +391,6 @@ def resolve_eos(eos_token_id, target) -> list[int]:
     ids = [eos_token_id] if hasattr(eos_token_id, "__index__") else eos_token_id
     if not isinstance(ids, (list, tuple)):
         raise ValueError(f"eos_token_id must be an int or a list of ints, got {eos_token_id!r}")
-    out = []
-    for tok in ids:
-        if isinstance(tok, bool) or not hasattr(tok, "__index__"):
-            raise ValueError(f"eos_token_id must be an int or a list of ints, got {eos_token_id!r}")
-        out.append(operator.index(tok))
-    return out
+    if any(isinstance(tok, bool) or not hasattr(tok, "__index__") for tok in ids):
+        raise ValueError(f"eos_token_id must be an int or a list of ints, got {eos_token_id!r}")
+    return [operator.index(tok) for tok in ids]

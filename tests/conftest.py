@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from helpers import RAGGED_PROMPTS, save_tiny_pair  # noqa: F401  (RAGGED_PROMPTS: some tests import it from conftest)
+from interpreter_dot import fixed_order_dot  # noqa: F401  (a fixture: Triton's interpreter without the host's BLAS)
 
 transformers = pytest.importorskip("transformers")
 

@@ -199,7 +199,10 @@ def test_plain_sampling_follows_target(small_vocab_pair):
 
 def test_seed_makes_runs_reproducible(small_vocab_pair):
     target, draft = small_vocab_pair
-    a = specdec.generate(target, [PROMPT] * 50, drafter=draft, max_new_tokens=8, seed=7, eos_token_id=[]).sequences
-    b = specdec.generate(target, [PROMPT] * 50, drafter=draft, max_new_tokens=8, seed=7, eos_token_id=[]).sequences
-    c = specdec.generate(target, [PROMPT] * 50, drafter=draft, max_new_tokens=8, seed=8, eos_token_id=[]).sequences
+    a = specdec.generate(target, [PROMPT] * 50, drafter=draft, max_new_tokens=8, seed=7, eos_token_id=[],
+                         temperature=1.0).sequences
+    b = specdec.generate(target, [PROMPT] * 50, drafter=draft, max_new_tokens=8, seed=7, eos_token_id=[],
+                         temperature=1.0).sequences
+    c = specdec.generate(target, [PROMPT] * 50, drafter=draft, max_new_tokens=8, seed=8, eos_token_id=[],
+                         temperature=1.0).sequences
     assert a == b and a != c

@@ -60,9 +60,10 @@ def _shows_default(default) -> bool:
 
 class Parser(argparse.ArgumentParser):
     """argparse with the CLI's error contract: one line on stderr, exit 2 (no usage block); every --help shows the
-    options' defaults (`DefaultsHelpFormatter`)."""
+    options' defaults (`DefaultsHelpFormatter`); never abbreviations (`--model X` is not `--model-option`)."""
 
     def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
         formatter = kwargs.get("formatter_class")
         if formatter in (None, argparse.HelpFormatter, argparse.RawDescriptionHelpFormatter):
             kwargs["formatter_class"] = DefaultsHelpFormatter
@@ -87,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # subcommand not built yet
             raise
         module.add_parser(sub)
+    for command in sub.choices.values():  # read by `aliases.expand_config` before parsing; listed for --help
+        command.add_argument("--config", default=None, metavar="FILE",
+                             help="YAML or JSON file of this command's options (long names, - or _); the command "
+                                  "line wins")
     return parser
 
 
@@ -100,10 +105,23 @@ def _one_line(err: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from specdec.cli import aliases
+
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        argv = aliases.expand_config(argv, parser)
+    except CLIError as err:
+        print(f"specdec: error: {err}", file=sys.stderr)
+        return USAGE_ERROR
     args = parser.parse_args(argv)
     if not getattr(args, "run", None):
         print(f"specdec: error: give a command ({', '.join(SUBCOMMANDS)}); see specdec --help", file=sys.stderr)
+        return USAGE_ERROR
+    try:
+        aliases.finish(args)
+    except CLIError as err:
+        print(f"specdec {args.command}: error: {err}", file=sys.stderr)
         return USAGE_ERROR
     launcher = _launcher_misuse(args)
     if launcher is not None:

@@ -9,27 +9,25 @@ from __future__ import annotations
 import argparse
 import json
 
+from specdec.cli.aliases import GAMMA_FLAGS, add_engine_argument, add_model_arguments
 from specdec.cli.common import add_checkpoint_options, add_model_options, apply_model_options
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("beam", help="(speculative) beam search from local checkpoints",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", required=True,
-                   help="target checkpoint (decoder-only): a folder, a .gguf file or a cached hub id")
-    p.add_argument("--draft", default=None, help="draft checkpoint; omit for plain beam search")
+    add_model_arguments(p, help="target checkpoint (decoder-only): a folder, a .gguf file or a cached hub id",
+                        draft_help="draft checkpoint; omit for plain beam search")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder, .gguf file or hub id (default: --target's)")
     p.add_argument("--prompt", action="append", required=True, help="prompt text; repeat for a batch")
     p.add_argument("--num-beams", type=int, default=4, help="w")
     p.add_argument("--draft-beams", type=int, default=None, help="u ≥ w, the drafter's beam width (default w)")
-    p.add_argument("--num-draft-tokens", type=int, default=3, help="γ: drafter beam levels per target pass")
+    p.add_argument(*GAMMA_FLAGS, dest="num_draft_tokens", type=int, default=3, help="γ: drafter beam levels per target pass")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--length-penalty", type=float, default=1.0)
     p.add_argument("--early-stopping", choices=["false", "true", "never"], default="false")
     p.add_argument("--no-eos", action="store_true", help="ignore EOS (always generate --max-new-tokens)")
-    p.add_argument("--engine", choices=["auto", "hf", "fast"], default="auto",
-                   help="fast: inside the engine (one beam group per prompt); hf: transformers' forward passes; "
-                        "auto: fast for a covered model on CUDA")
+    add_engine_argument(p)
     add_checkpoint_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (beams, scores, stats)")
     add_model_options(p, seed_help="unused: beam search draws nothing")

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from specdec.cli import CLIError
 from specdec.cli.bench_traffic import MAX_BENCH_GAMMA, TRAFFIC_DRAFTERS, TRAFFIC_ONLY, check_traffic, given, run_traffic
+from specdec.cli.aliases import GAMMA_FLAGS, Deprecated, add_model_arguments
 from specdec.cli.common import add_model_options, apply_model_options, check_int, dumps, log, print_json
 
 
@@ -40,7 +41,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--budget-scale", type=float, default=1.0, help="gpu --train: scale the zoo's time budgets (default 1)")
     p.add_argument("--zoo-preset", default="gpu", help="gpu --train: which zoo preset to train (default gpu; tests use tiny)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per prompt (default: the preset's)")
-    p.add_argument("--gamma", type=int, default=None, help="γ of the main grid, 1..8 (default: the preset's)")
+    p.add_argument(*GAMMA_FLAGS, dest="gamma", type=int, default=None,
+                   help="γ of the main grid, 1..8 (default: the preset's)")
+    p.add_argument("--gamma", dest="gamma", type=int, default=argparse.SUPPRESS, action=Deprecated,
+                   replacement="--num-draft-tokens", help="deprecated: --num-draft-tokens")
     p.add_argument("--repeats", type=int, default=None,
                    help="timed runs per configuration, median reported (default: the preset's; the traffic table: 1, "
                         "up to 20, every arm of a cell once per round in a rotated order, ratios to plain per round)")
@@ -49,12 +53,10 @@ def add_parser(subparsers) -> None:
     t = p.add_argument_group("traffic (the default preset; specdec.bench.traffic)")
     t.add_argument("--quick", action="store_true", help="tiny random models on CPU: the table's structure, not speed")
     t.add_argument("--head", default=None, help="a feature head folder (`specdec train head`) for the head drafter")
-    t.add_argument("--target", default=None, metavar="GGUF_OR_DIR",
-                   help="a real model instead of the zoo pair: a .gguf file or a transformers folder (CUDA bf16, or "
-                        "--device cpu fp32); prompts: chat and code requests through its chat template")
-    t.add_argument("--draft", default=None, metavar="DIR",
-                   help="with --target: the drafter trained for it, a feature head folder (the head arm) or a draft "
-                        "model folder (the model arm)")
+    add_model_arguments(t, required=False, help="a real model instead of the zoo pair: a .gguf file or a "
+                        "transformers folder (CUDA bf16, or --device cpu fp32); prompts: chat and code requests through "
+                        "its chat template", draft_help="with a model: the drafter trained for it, a feature head "
+                        "folder (the head arm) or a draft model folder (the model arm)")
     t.add_argument("--drafters", nargs="+", choices=TRAFFIC_DRAFTERS, default=None,
                    help=f"drafters to measure (default all: {' '.join(TRAFFIC_DRAFTERS)})")
     t.add_argument("--slots", type=int, nargs="+", default=None, help="requests decoded at once, 1..256 (default 64 32 8 1)")
@@ -91,7 +93,7 @@ def _check(args: argparse.Namespace) -> None:
     """Every number range-checked before anything is built or loaded."""
     from specdec.request import MAX_NEW_TOKENS
 
-    check_int("--gamma", args.gamma, 1, MAX_BENCH_GAMMA)
+    check_int("--num-draft-tokens (--gamma)", args.gamma, 1, MAX_BENCH_GAMMA)
     check_int("--repeats", args.repeats, 1, 1000)
     check_int("--max-new-tokens", args.max_new_tokens, 1, MAX_NEW_TOKENS)
     if not (math.isfinite(args.budget_scale) and args.budget_scale > 0):
@@ -159,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         setup = presets.system(device, **kw, **extra)
     limit = getattr(setup.target, "max_draft_tokens", MAX_BENCH_GAMMA)
     if args.gamma is not None and args.gamma > limit:
-        raise CLIError(f"--gamma must be <= {limit} for the {args.preset} preset (its models are built for it), "
+        raise CLIError(f"--num-draft-tokens (--gamma) must be <= {limit} for the {args.preset} preset (its models are built for it), "
                        f"got {args.gamma}")
     if args.gamma is not None and args.preset != "gpu":
         setup.gamma = args.gamma

@@ -69,7 +69,8 @@ def on_cpu(device: str) -> bool:
 def check_traffic(args: argparse.Namespace):
     for name in PRESET_ONLY:
         if given(args, name):
-            raise CLIError(f"--{name.replace('_', '-')} belongs to the presets (--preset smoke/gpu/system), not the "
+            flag = "--num-draft-tokens (--gamma)" if name == "gamma" else f"--{name.replace('_', '-')}"
+            raise CLIError(f"{flag} belongs to the presets (--preset smoke/gpu/system), not the "
                            "traffic table (see --policy, --new-tokens)")
     spec = traffic_spec(args)
     if args.max_seconds is not None and not (math.isfinite(args.max_seconds) and args.max_seconds > 0):

@@ -19,6 +19,7 @@ import argparse
 from pathlib import Path
 
 from specdec.cli import CLIError
+from specdec.cli.aliases import GAMMA_FLAGS, add_model_arguments
 from specdec.cli.common import add_model_options, apply_model_options, check_float, check_int, log, print_json
 
 EXIT = {"pass": 0, "fail": 1, "underpowered": 3}
@@ -32,10 +33,10 @@ def add_parser(subparsers) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pair", type=Path, default=None,
                    help="folder with target/ and draft/ (default: the shipped demo pair, unless --target is given)")
-    p.add_argument("--target", type=Path, default=None, help="target checkpoint directory (from_pretrained)")
-    p.add_argument("--draft", default=None,
-                   help="draft checkpoint directory, a feature-head folder, or one of: ngram (= bigram), unigram, "
-                        "prompt-lookup (needed with --target)")
+    add_model_arguments(p, required=False, target_type=Path,
+                        help="target checkpoint directory (default: the shipped demo pair)",
+                        draft_help="draft checkpoint directory, a feature-head folder, or one of: ngram (= bigram), "
+                                   "unigram, prompt-lookup (needed with a model)")
     p.add_argument("--ngram-data", type=Path, default=None, help="text file to fit an n-gram drafter on")
     p.add_argument("--tokenizer", type=Path, default=None, help="tokenizer directory (default: the target's)")
     p.add_argument("--prompt", action="append", default=None,
@@ -43,7 +44,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy only (default 1.0)")
     p.add_argument("--top-k", type=int, default=0, help="0 = off (default)")
     p.add_argument("--top-p", type=float, default=1.0, help="1.0 = off (default)")
-    p.add_argument("--num-draft-tokens", default="4", help="γ: an integer 1..64 or a policy name (default 4)")
+    p.add_argument(*GAMMA_FLAGS, dest="num_draft_tokens", default="4", help="γ: an integer 1..64 or a policy name (default 4)")
     p.add_argument("--engine", choices=ENGINES, default="auto",
                    help="the runner: auto (the engine on CUDA for covered models, else hf), fast, hf (default auto)")
     p.add_argument("--trials", type=int, default=DEFAULT_TRIALS,

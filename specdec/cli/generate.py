@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from specdec.cli import CLIError
+from specdec.cli.aliases import GAMMA_FLAGS, add_model_arguments
 from specdec.cli.common import (add_checkpoint_options, add_model_options, apply_model_options, check_int,
                                 encode_prompts, load_drafter, loader_kwargs, log, print_json)
 
@@ -17,23 +18,31 @@ POLICY_NAMES = ("fixed", "heuristic", "optimal", "threshold", "guarded")  # = sp
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("generate", help="generate text with speculative decoding from local checkpoints",
                               description=__doc__)
-    p.add_argument("--target", required=True,
-                   help="target checkpoint: a folder, a .gguf file, or a hub id (org/name) in the local HF cache")
-    p.add_argument("--draft", default=None,
-                   help="draft checkpoint (a model folder, .gguf file or cached hub id; or a head folder: EAGLE-1/2, "
-                        "EAGLE-3, Medusa, speculators, specdec train head), or one of: ngram (= bigram), unigram, "
-                        "prompt-lookup; omit for plain decoding")
+    add_model_arguments(p, draft_help="draft checkpoint (a model folder, .gguf file or cached hub id; or a head "
+                        "folder: EAGLE-1/2, EAGLE-3, Medusa, speculators, specdec train head), or one of: ngram (= "
+                        "bigram), unigram, prompt-lookup; omit for plain decoding")
     p.add_argument("--ngram-data", type=Path, default=None,
                    help="text file to fit an n-gram drafter on (default: the prompt itself)")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder, .gguf file or hub id (default: --target's)")
     p.add_argument("--prompt", action="append", required=True,
                    help="prompt text; repeat for a batch (rows are generated together, printed in order)")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per prompt (default 64)")
+    p.add_argument("--system", default=None, metavar="TEXT",
+                   help="a system message: each prompt becomes a chat (system + user) rendered with the chat template")
+    p.add_argument("--chat", action="store_true",
+                   help="render each prompt as a user message with the chat template (an instruct model's format)")
+    p.add_argument("--chat-template", type=Path, default=None, metavar="FILE",
+                   help="Jinja chat template file for --chat / --system (default: the tokenizer's)")
+    p.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                   help="stop string: the text ends before it (repeatable)")
+    p.add_argument("--logprobs", action="store_true",
+                   help="print each generated token with its log-probability under the target (after the text)")
+    p.add_argument("--max-new-tokens", "--max-tokens", dest="max_new_tokens", type=int, default=64,
+                   help="tokens to generate per prompt (default 64)")
     p.add_argument("--temperature", type=float, default=None,
                    help="0 = greedy (default: the model's generation_config: greedy unless do_sample)")
     p.add_argument("--top-k", type=int, default=None, help="default: the generation_config's, else 0 (off)")
     p.add_argument("--top-p", type=float, default=None, help="default: the generation_config's, else 1.0 (off)")
-    p.add_argument("--num-draft-tokens", default="4",
+    p.add_argument(*GAMMA_FLAGS, dest="num_draft_tokens", default="4",
                    help="γ: an integer 1..64, or a policy name (heuristic, optimal, threshold, guarded) (default 4)")
     p.add_argument("--leniency", type=float, default=1.0, help="l in (0, 1]: 1 = exact; < 1 accepts more, LOSSY (A.5)")
     p.add_argument("--draft-tree", default=None, help="verify a token tree per step, e.g. 2,2,1 (needs a draft model)")
@@ -119,6 +128,16 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as err:
         raise CLIError(f"--{str(err).split(' ')[0].replace('_', '-')}: {err}") from None
     constraint = _constraint(args)
+    from specdec.text.prompts import check_stop
+
+    try:
+        check_stop(args.stop)
+    except (TypeError, ValueError) as err:
+        raise CLIError(f"--stop: {err}") from None
+    if (args.stop or args.logprobs) and (args.leniency != 1.0 or args.draft_tree is not None):
+        raise CLIError("--stop and --logprobs cannot be combined with --leniency or --draft-tree")
+    if args.chat_template is not None and not args.chat_template.is_file():
+        raise CLIError(f"--chat-template: {args.chat_template}: no such file")
     apply_model_options(args)
     if constraint is not None and (args.leniency != 1.0 or args.draft_tree is not None
                                    or args.tensor_parallel_size != 1):
@@ -143,7 +162,9 @@ def run(args: argparse.Namespace) -> int:
     target = load_model(args.target, device=args.device, dtype=args.dtype, what="target", **loader_kwargs(args))
     tokenizer = load_tokenizer(args.tokenizer or args.target,
                                model_kwargs=None if args.tokenizer else source_options(model_options(args)))
-    prompts = encode_prompts(tokenizer, args.prompt)
+    chat = args.chat or args.system is not None
+    prompts = _chat_prompts(args, tokenizer) if chat else encode_prompts(tokenizer, args.prompt)
+    shown_prompts = [""] * len(prompts) if chat else args.prompt  # a chat's reply is printed without its template
     drafter = load_drafter(args, tokenizer, vocab_size(target), prompts, target.device,
                            next(target.parameters()).dtype)
     if drafter is not None and isinstance(gamma, int) and gamma < 1:
@@ -155,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         from specdec.cli.extensions import run_generate
 
         return run_generate(args, target, tokenizer, drafter, prompts, gamma)
-    params = {"max_new_tokens": args.max_new_tokens, "seed": args.seed}
+    params = {"max_new_tokens": args.max_new_tokens, "seed": args.seed, "stop": args.stop, "logprobs": args.logprobs}
     if constraint is not None:
         params["constraint"] = constraint[1]
     for name in ("temperature", "top_k", "top_p"):
@@ -175,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
             stream = llm.stream(prompts[0], **params)
             for delta in stream:
                 if shown is None:
-                    sys.stdout.write(args.prompt[0])
+                    sys.stdout.write(shown_prompts[0])
                     shown = ""
                 sys.stdout.write(delta)
                 sys.stdout.flush()
@@ -185,17 +206,46 @@ def run(args: argparse.Namespace) -> int:
     texts = [c.text for c in completions]
     stats = _stats(completions)
     if args.json:
-        print_json({"texts": texts, "sequences": [c.token_ids for c in completions], "stats": stats})
+        print_json({"texts": texts, "sequences": [c.token_ids for c in completions], "stats": stats,
+                    **({"logprobs": [c.logprobs for c in completions]} if args.logprobs else {})})
         return 0
     if not single:
-        for prompt, text in zip(args.prompt, texts):
+        for prompt, text in zip(shown_prompts, texts):
             print(f"{prompt}{text}\n---")
     else:
-        print(args.prompt[0] if shown is None else "")
+        print(shown_prompts[0] if shown is None else "")
+    if args.logprobs:
+        _print_logprobs(tokenizer, completions)
     alpha = f"{stats['alpha']:.3f}" if stats["alpha"] is not None else "n/a"
     log(args, f"α={alpha} τ={stats['mean_accepted_length']:.2f} tokens/s={stats['tokens_per_second']:.1f} "
               f"({stats['num_generated_tokens']} tokens, {stats['num_steps']} target calls, {stats['wall_time_s']:.2f}s)")
     return 0
+
+
+def _chat_prompts(args, tokenizer) -> list[list[int]]:
+    """Each --prompt as a chat (the --system message first, then the user's), rendered with the chat template."""
+    from specdec.text.prompts import read_chat_template, render_chat
+
+    if args.chat_template is not None:
+        tokenizer.chat_template = read_chat_template(args.chat_template)
+    if not getattr(tokenizer, "chat_template", None):
+        raise CLIError("--chat / --system: this tokenizer has no chat template (give --chat-template FILE)")
+    system = [{"role": "system", "content": args.system}] if args.system is not None else []
+    prompts = [tokenizer.encode(render_chat(tokenizer, system + [{"role": "user", "content": text}]),
+                                add_special_tokens=False) for text in args.prompt]
+    for i, ids in enumerate(prompts):
+        if not ids:
+            raise CLIError(f"--prompt {i + 1} is empty after the chat template")
+    return prompts
+
+
+def _print_logprobs(tokenizer, completions) -> None:
+    """One line per generated token: its text (as Python writes it) and log p under the target."""
+    for i, c in enumerate(completions):
+        if len(completions) > 1:
+            print(f"logprobs of prompt {i + 1}:")
+        for token, logprob in zip(c.token_ids, c.logprobs or []):
+            print(f"{tokenizer.decode([token])!r}\t{logprob:.4f}")
 
 
 def _stats(completions) -> dict:

@@ -15,27 +15,31 @@ import os
 import sys
 from pathlib import Path
 
+from specdec.cli.aliases import BATCH_FLAGS, GAMMA_FLAGS, MAX_LEN_FLAGS, add_engine_argument, add_model_arguments
 from specdec.cli.common import add_checkpoint_options, add_model_options, apply_model_options, check_int
 
 MAX_CONNECTIONS = 1 << 16
+#: --engine → `specdec.load(runner=...)`
+RUNNER_OF_ENGINE = {"auto": "auto", "fast": "engine", "hf": "fallback"}
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server with Prometheus metrics and a playground",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", required=True,
-                   help="target checkpoint: a folder, a .gguf file, or a hub id (org/name) in the local HF cache")
-    p.add_argument("--draft", default=None,
-                   help="draft checkpoint (a model folder, .gguf file or cached hub id; or a head folder: EAGLE-1/2, "
-                        "EAGLE-3, Medusa, speculators, specdec train head), prompt-lookup or ngram (with --ngram-data)")
+    add_model_arguments(p, draft_help="draft checkpoint (a model folder, .gguf file or cached hub id; or a head "
+                        "folder: EAGLE-1/2, EAGLE-3, Medusa, speculators, specdec train head), prompt-lookup or ngram "
+                        "(with --ngram-data)")
     p.add_argument("--ngram-data", type=Path, default=None, help="text file the ngram drafter is fitted on")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder, .gguf file or hub id (default: --target's)")
     p.add_argument("--chat-template", type=Path, default=None, help="Jinja chat template file (default: the tokenizer's)")
     p.add_argument("--served-model-name", default=None,
                    help="model name in responses (default: the hub id, the .gguf file's stem or the folder's name)")
-    p.add_argument("--num-draft-tokens", default="4", help="γ for speculative requests (requests may ask for 0 = plain)")
-    p.add_argument("--max-batch-size", type=int, default=32, help="requests decoded together")
-    p.add_argument("--max-seq-len", type=int, default=None, help="context per request (default: the model's)")
+    p.add_argument(*GAMMA_FLAGS, dest="num_draft_tokens", default="4",
+                   help="γ for speculative requests (requests may ask for 0 = plain; llama.cpp's --draft-max)")
+    p.add_argument(*BATCH_FLAGS, dest="max_batch_size", type=int, default=32,
+                   help="requests decoded together (vLLM's --max-num-seqs)")
+    p.add_argument(*MAX_LEN_FLAGS, dest="max_seq_len", type=int, default=None,
+                   help="context per request (default: the model's; vLLM's --max-model-len, llama.cpp's -c)")
     p.add_argument("--prefill-budget", default="0", metavar="TOKENS",
                    help="chunked prefill: prompt tokens prefilled per engine step while requests run, interleaved "
                         "with decoding (0: off, admitted prompts prefill whole; auto: a step prefills for at most "
@@ -51,8 +55,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--bitwise", action="store_true",
                    help="bit-for-bit exact mode: a request's greedy / seeded output and logprobs do not depend on "
                         "the batch, γ or speculation (batch-invariant kernels; slower; needs the engine)")
-    p.add_argument("--runner", default="auto", choices=("auto", "engine", "fallback"),
-                   help="auto: the request-level engine where it covers the model, else the eager loop")
+    add_engine_argument(p, legacy_runner=True)
     add_model_options(p, seed_help="seed for requests that send none: with it, the n-th such request gets the same "
                       "draws on every run (default: fresh randomness per request)")
     add_checkpoint_options(p)
@@ -137,8 +140,8 @@ def check_args(args: argparse.Namespace) -> None:
     alpha = getattr(args, "synthetic_acceptance", None)
     if alpha is not None and not (math.isfinite(alpha) and 0 <= alpha <= 1):
         raise CLIError(f"--synthetic-acceptance: synthetic_acceptance must be in [0, 1], got {alpha}")
-    if getattr(args, "bitwise", False) and (args.runner == "fallback" or getattr(args, "tensor_parallel_size", 1) > 1):
-        raise CLIError("--bitwise needs the request-level engine on one device (not --runner fallback, not "
+    if getattr(args, "bitwise", False) and (args.engine == "hf" or getattr(args, "tensor_parallel_size", 1) > 1):
+        raise CLIError("--bitwise needs the request-level engine on one device (not --engine hf, not "
                        "--tensor-parallel-size > 1)")
     prefix = getattr(args, "metrics_prefix", "specdec:")
     if not re.fullmatch(PREFIX_PATTERN, prefix):
@@ -167,7 +170,8 @@ def build(args: argparse.Namespace):
     gamma = int(gamma) if gamma.isdigit() else gamma
     llm = specdec.load(args.target, args.draft, tokenizer=args.tokenizer, device=args.device, dtype=args.dtype,
                        num_draft_tokens=gamma, chat_template=str(args.chat_template) if args.chat_template else None,
-                       allow_pickle=args.allow_pickle, runner=args.runner, max_batch_size=args.max_batch_size,
+                       allow_pickle=args.allow_pickle, runner=RUNNER_OF_ENGINE[args.engine],
+                       max_batch_size=args.max_batch_size,
                        max_seq_len=args.max_seq_len, ngram_data=args.ngram_data,
                        synthetic_acceptance=getattr(args, "synthetic_acceptance", None),
                        tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),  # ranks > 0 exit inside
@@ -290,6 +294,7 @@ def _serve(args, app, llm, sock, uvicorn, startup) -> int:
         startup.say(f"drafter: {_drafter_name(llm.drafter)}, num_draft_tokens={llm.num_draft_tokens}")
     for gamma in sorted({llm.num_draft_tokens, 0} if llm.drafter is not None else {0}, key=str):
         runner = llm.runner(gamma)  # build (and on CUDA, capture) before the first request, not during it
+        app.state.metrics.watch_runner(gamma, runner)  # its KV cache usage on /metrics from the start
         startup.say(kv_cache_line(gamma, runner))
         line = warmup_line(gamma, runner, llm.warmups)
         if line is not None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.engine.drafters import Flavor
+from specdec.engine.kv_pool import blocks_for
 from specdec.engine.slots import prefill_rows
 from specdec.metrics import SpecStats
 from specdec.processing import start_constraints
@@ -44,6 +45,7 @@ class EngineRequest:
     slot: int = -1  # while filling (`engine.prefill`): its slot; running requests' slot is their index
     prefilled: int = 0  # while filling: prompt positions in the target's cache
     fed_by: int = 0  # while filling, with `prefill_steps`: the engine step by which its prompt is fed in full
+    generated_before: int = 0  # tokens it generated before a preemption (paged pool): now the tail of `prompt`
 
 
 class Admission:
@@ -60,6 +62,7 @@ class Admission:
         for request in [r for r in self._filling if r.request_id in aborted]:  # (filling: nothing to move)
             self._filling.remove(request)
             self.state.clear(request.slot)
+            self._release_blocks(request.slot)
         for slot in sorted((i for i, r in enumerate(self._running) if r.request_id in aborted), reverse=True):
             self._release(slot)
         with self._lock:
@@ -92,6 +95,8 @@ class Admission:
                 holder = (self._running or self._filling or admitted or [None])[0]
                 if holder is not None and tree != holder.params.draft_tree:
                     break  # a step runs one tree shape (or chains): it waits, in order, until the running ones finish
+                if self.kv_pool is not None and self._pool_short(admitted + [self._waiting[0]]):
+                    break  # the pool cannot hold its prompt yet: it waits, in order, for blocks to free
                 request = self._waiting.popleft()
             if request.params.max_new_tokens == 0:
                 request.stats.set_wall_time(time.perf_counter() - request.arrival)
@@ -99,7 +104,7 @@ class Admission:
                 with self._lock:
                     self._known.discard(request.request_id)
                 continue
-            if request.params.constraint is not None:
+            if request.params.constraint is not None and request.constraint is None:  # (kept over a preemption)
                 request.constraint = start_constraints(request.params, 1, self.vocab_size)[0]
             admitted.append(request)
         if not admitted:
@@ -113,6 +118,8 @@ class Admission:
             self._joined(request)
         self.state.admit_rows(first, [r.prompt for r in admitted], [r.params for r in admitted],
                               [r.seed for r in admitted])
+        for slot, request in enumerate(admitted, first):
+            self._resume(slot, request)
         start = time.perf_counter()
         rows = slice(first, len(self._running))
         lengths = [len(r.prompt) for r in admitted]
@@ -223,6 +230,7 @@ class Admission:
 
     def _release(self, slot: int) -> None:
         """Free `slot`: the last running request moves into it, so running requests stay in 0..n-1."""
+        self._release_blocks(slot)
         last = len(self._running) - 1
         if slot != last:
             moved = self._running[last]
@@ -236,6 +244,8 @@ class Admission:
     def _move_slot(self, src: int, dst: int, positions: int) -> None:
         """Slot `src` (its first `positions` cache positions, in the target's and a cached drafter's caches, and its
         row state) into slot `dst`; the one place a request changes slots."""
+        if self.kv_pool is not None:  # (paged: a table edit, no K/V copied; the caches move their lengths)
+            self.kv_pool.move(src, dst)
         self.cache.move(src, dst, positions)
         self.state.move(src, dst)
         if self.drafter_cached:
@@ -243,7 +253,85 @@ class Admission:
 
     def _swap_slots(self, a: int, b: int, positions: int) -> None:
         """Slots `a` and `b` exchange everything `_move_slot` moves."""
+        if self.kv_pool is not None:
+            self.kv_pool.swap(a, b)
         self.cache.swap(a, b, positions)
         self.state.swap(a, b)
         if self.drafter_cached:
             self.drafter.cache.swap(a, b, positions)
+
+    # ------------------------------------------------------------------------------------- the paged pool
+    @property
+    def _pool_margin(self) -> int:
+        """Positions past a row's committed length that one step may write (γ + 1, + the junk; no trees, paged)."""
+        return self.max_draft_tokens + 2
+
+    def _check_pool(self, prompt_len: int, params: SamplingParams, beams) -> None:
+        """What a request asks of the paged pool, refused at `add_request` when it could never be met."""
+        if params.draft_tree is not None or beams is not None:
+            raise ValueError(f"{'draft_tree' if beams is None else 'beams'}: token trees and beam groups need "
+                             "kv_layout='static'")
+        need = blocks_for(prompt_len + params.max_new_tokens + self._pool_margin, self.kv_pool.block_size)
+        usable = self.kv_pool.allocator.num_usable_blocks
+        if need > usable:
+            raise ValueError(f"prompt length {prompt_len} + max_new_tokens {params.max_new_tokens} needs {need} KV "
+                             f"blocks of {self.kv_pool.block_size} positions; the pool holds {usable} "
+                             "(raise kv_cache_memory / --kv-cache-memory)")
+
+    def _pool_short(self, requests: list[EngineRequest]) -> bool:
+        """Whether the pool lacks the blocks these requests' prompts (+ one step) take at admission."""
+        size = self.kv_pool.block_size
+        need = sum(blocks_for(len(r.prompt) + self._pool_margin, size) for r in requests)
+        return need > self.kv_pool.allocator.num_free_blocks
+
+    def _release_blocks(self, slot: int) -> None:
+        if self.kv_pool is not None:
+            self.kv_pool.release(slot)
+
+    def _resume(self, slot: int, request: EngineRequest) -> None:
+        """A request admitted into `slot`: its blocks (paged), and for one preempted before, the state its admission
+        wrote as if it were new — generated tokens, output counts — set back to what it had generated."""
+        if self.kv_pool is not None:
+            taken = self.kv_pool.reserve(slot, len(request.prompt) + self._pool_margin)
+            assert taken, "admission checked the free blocks"  # (`_pool_short`)
+        done = request.generated_before
+        if not done:
+            return
+        self.state.generated[slot] = done
+        history = self.state.history
+        if history is not None:  # the prompt's tokens are the repetition penalty's; the output's are counted
+            prompt, output = request.prompt[:-done], request.prompt[-done:]
+            device = history.counts.device
+            history.prompt_seen[slot] = False
+            history.prompt_seen[slot, torch.tensor(prompt, device=device)] = True
+            history.counts[slot] = torch.bincount(torch.tensor(output, device=device),
+                                                  minlength=history.counts.shape[1]).float()
+
+    def _reserve_blocks(self) -> None:
+        """Before a step: every running row holds blocks past what the step may write; where the pool has too few,
+        the latest-arrived request (running or filling) is preempted (vLLM's recompute preemption) until it does."""
+        while True:
+            short = next((i for i, r in enumerate(self._running)
+                          if not self.kv_pool.reserve(i, r.length + self._pool_margin)), None)
+            if short is None:
+                return
+            self._preempt(max(self._running + self._filling, key=lambda r: r.arrival))
+
+    def _preempt(self, request: EngineRequest) -> None:
+        """Take a request's blocks back: its committed text becomes its prompt (recomputed on readmission), its
+        statistics so far are folded, and it waits first in the queue. Never failed, never truncated."""
+        if request in self._filling:
+            self._filling.remove(request)
+            self.state.clear(request.slot)
+            self._release_blocks(request.slot)
+        else:
+            slot = self._running.index(request)
+            committed = self.state.tokens[slot, : request.length].tolist()
+            self._fold_stats(request, slot)  # (commit.py: the steps and counters of its time in the slot)
+            request.generated_before += request.length - len(request.prompt)
+            request.prompt = committed
+            self._release(slot)
+        request.slot, request.prefilled, request.draft_valid = -1, 0, 0
+        self.kv_pool.num_preemptions += 1
+        with self._lock:
+            self._waiting.appendleft(request)

@@ -122,7 +122,10 @@ def _fast_model(model, check_only: bool = False) -> FastLlama | None:
     if check_only:
         return None
     try:
-        return FastLlama.from_hf(model)
+        from specdec.fast.quant.attach import quantized_from_hf  # a GGUF on the CPU: its weights stay quantized
+
+        fast = quantized_from_hf(model)
+        return fast if fast is not None else FastLlama.from_hf(model)
     except (KeyError, AttributeError, TypeError) as err:  # a layout the copy does not know: not a crash
         raise UnsupportedModel(f"the engine cannot copy this {model_type} model ({type(err).__name__}: {err})") \
             from None

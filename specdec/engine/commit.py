@@ -50,17 +50,12 @@ class Commit:
 
     def _finish(self, slots: list[int], record: StepRecord, outputs: list[RequestOutput]) -> None:
         """Requests that finished this step: their statistics (counters read from the device) and slots."""
-        sums = self.state.counters[slots].tolist()
+        sums = self.state.counters[slots].tolist()  # (one read for them all)
         now = time.perf_counter()
         for slot, values in zip(slots, sums):
             request, out = self._running[slot], outputs[slot]
-            steps, _, passes = request.admitted_at
+            self._fold_stats(request, slot, values)
             stats = request.stats
-            gamma = max([g for g, last in self._last_used.items() if last >= steps], default=0)
-            stats.add_steps(self._num_steps - steps, drafter_calls=self._passes - passes,
-                            num_generated_tokens=request.length - len(request.prompt), max_gamma=gamma,
-                            counts=StepCounts.from_row(values, self.max_draft_tokens,
-                                                       request.params.draft_tree is None).narrow(gamma))
             stats.set_wall_time(now - request.arrival)
             outputs[slot] = RequestOutput.make(out.request_id, out.new_token_ids, out.logprobs, out.num_accepted,
                                                out.num_drafted, True, "stop" if record.hit_eos[slot] else "length",
@@ -69,6 +64,19 @@ class Commit:
             with self._lock:
                 self._known.discard(self._running[slot].request_id)
             self._release(slot)
+
+    def _fold_stats(self, request, slot: int, values: list[float] | None = None) -> None:
+        """Fold the request's steps and acceptance counters since it took `slot` (`values`: its counters row, read
+        here when None) into its `SpecStats` — at its finish, or at a preemption: each stay in a slot once."""
+        values = self.state.counters[slot].tolist() if values is None else values
+        steps, _, passes = request.admitted_at
+        gamma = max([g for g, last in self._last_used.items() if last >= steps], default=0)
+        cap = request.params.num_draft_tokens  # (its own cap, not the default: `policy.set_fixed` may move that)
+        gamma = min(gamma, cap) if isinstance(cap, int) and request.params.draft_tree is None else gamma
+        request.stats.add_steps(self._num_steps - steps, drafter_calls=self._passes - passes,
+                                num_generated_tokens=request.length - len(request.prompt), max_gamma=gamma,
+                                counts=StepCounts.from_row(values, self.max_draft_tokens,
+                                                           request.params.draft_tree is None).narrow(gamma))
 
     def _row_estimates(self) -> list[tuple]:
         """The γ policy's per-row totals (Σβ, verified positions, speculative steps, steps that drafted), from

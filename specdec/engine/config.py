@@ -89,6 +89,16 @@ class EngineConfig:
                       leniency or token trees; costs speed (BENCHMARKS.md)
     max_tree_nodes    the largest token tree a request may ask for (`SamplingParams.draft_tree`), root included
                       (sizes the caches: a tree pass writes that many slots; 0 = no trees; at most 64)
+    kv_layout         "static" (the default): every slot owns K/V for max_seq_len positions, allocated at
+                      construction; "paged": one pool of fixed-size blocks per model (`engine/kv_pool.py`), a block
+                      table per row, blocks taken as a request grows and returned when it leaves; a request that
+                      needs a block when none is free is preempted (its blocks freed, re-queued first, recomputed
+                      on readmission, vLLM's recompute preemption). Eager layers only (no fused kernels, no CUDA
+                      graphs yet); no token trees or beam groups
+    block_size        positions per block of the paged pool (vLLM's name; a power of two in [1, 64])
+    kv_cache_memory   the paged pool's budget: an int of bytes, or a float in (0, 1]: that fraction of the memory
+                      free at construction (vLLM's gpu_memory_utilization, of free memory); None = the bytes the
+                      static layout would take, at most half the free memory
     """
 
     max_batch_size: int = 64
@@ -107,8 +117,25 @@ class EngineConfig:
     prefill_budget: int | str | None = None
     prefill_steps: int | None = None
     prefill_stall: float | None = None
+    kv_layout: str = "static"
+    block_size: int = 16
+    kv_cache_memory: int | float | None = None
 
     def __post_init__(self) -> None:
+        if self.kv_layout not in ("static", "paged"):
+            raise ValueError(f"kv_layout must be 'static' or 'paged', got {self.kv_layout!r}")
+        as_int(self.block_size, "block_size", minimum=1, maximum=64)
+        if self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two in [1, 64], got {self.block_size}")
+        memory = self.kv_cache_memory
+        if memory is not None:
+            if isinstance(memory, float):
+                if not 0.0 < memory <= 1.0:
+                    raise ValueError(f"kv_cache_memory as a float is a fraction of free memory in (0, 1], got {memory}")
+            else:
+                as_int(memory, "kv_cache_memory", minimum=1, maximum=1 << 50)
+            if self.kv_layout != "paged":
+                raise ValueError(f"kv_cache_memory={memory!r} sizes the paged pool: it needs kv_layout='paged'")
         as_int(self.max_batch_size, "max_batch_size", minimum=1, maximum=BATCH_BUCKETS[-1])
         if self.admit_min is not None:
             as_int(self.admit_min, "admit_min", minimum=1, maximum=self.max_batch_size)

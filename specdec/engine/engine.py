@@ -7,8 +7,10 @@
 
 One `step()`: admit waiting requests into free slots (prefill, eager, chunked; with `prefill_budget`, at most that
 many prompt tokens per step while others run: `engine.prefill`), then one decode step for
-every running request: the policy picks γ; the drafter proposes (one graph), the target scores
-[last, x_1..x_γ] and `core.verify` accepts (a second graph, which also commits with `step.commit_counts`
+every running request: the policy picks γ (each row drafts at most its own cap, `SamplingParams.num_draft_tokens`,
+and its budget: per-row draft lengths, so plain and speculative requests share a step); the drafter proposes (one
+graph), the target scores [last, x_1..x_γ] and `core.verify` accepts (a second graph, which also commits with
+`step.commit_counts`
 and counts with `step.step_counters`); one device→host transfer of a small int64 table reads what each row
 committed. The acceptance counters never travel per step: the verify graph adds them into per-slot running
 sums on the device (`SlotState.counters`) and an engine-wide sum, read when a request finishes (its
@@ -37,12 +39,16 @@ from specdec.engine.beam import BeamParams, Beams
 from specdec.engine.commit import Commit
 from specdec.engine.config import BATCH_BUCKETS, EngineConfig, positions_bucket
 from specdec.engine.drafters import Flavor
+from specdec.engine import memory as engine_memory
+from specdec.engine.kv_pool import KVPool, paged_caches
+from specdec.engine.memory import EngineMemory, KVCacheUsage, check_engine
 from specdec.engine.policy import GammaPolicy
 from specdec.engine.prefill import ChunkedPrefill
 from specdec.engine.slots import MAX_EOS_IDS, PrefillGraphs, SlotCache, SlotState
 from specdec.engine.step_runner import StepRunner
 from specdec.engine.tree_step import EngineTree, TreeStepRunner
 from specdec.engine.warmup import Warmup
+from specdec.fast.cache import round_up
 from specdec.fast.graphs import new_pool
 from specdec.metrics import Clock, SpecStats
 from specdec.processing import commit_constraints
@@ -80,7 +86,8 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
             positions = self.max_seq_len + written + 2  # verify writes + the junk slot
             self.max_batch = config.max_batch_size
             self.admit_min = config.admit_min or max(1, self.max_batch // 16)  # free slots worth one admission
-            self.cache = SlotCache(self.model, self.max_batch, positions)
+            paged = config.kv_layout == "paged"
+            self.cache = SlotCache(self.model, self.max_batch, round_up(positions, config.block_size if paged else 16))
             self.num_positions = self.cache.num_positions
             width = StepCounts.width(self.max_draft_tokens)  # counters of any γ, laid out at the largest
             self.state = SlotState(self.max_batch, self.num_positions, self.device, counter_width=width)
@@ -92,12 +99,17 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
             features = isinstance(self.drafter, FeatureSlotDrafter) and self.drafter.needs_features
             # feature drafters read the target's hidden states (EAGLE-3: those entering some of its layers)
             self.model.feature_layers = self.drafter.feature_layers if features else None
+            self.kv_pool = self._paged_pool() if paged else None  # (replaces the static caches, never allocated)
+            self.memory = self._check_memory(features)  # every buffer's bytes against free memory, then allocated
+            self.cache.allocate()
+            if self.drafter_cached:
+                self.drafter.cache.allocate()
             if features:
                 self.state.enable_features(self.drafter.feature_dim, self.model.dtype)
             self.model.rope_tables(self.num_positions)  # built before any capture (graphs keep their address)
             if self.drafter_cached:
                 self.drafter.model.rope_tables(self.num_positions)
-        on_cuda = self.device.type == "cuda"
+        on_cuda = self.device.type == "cuda" and self.kv_pool is None  # (paged: eager steps)
         if config.cuda_graphs and not on_cuda:
             raise ValueError("cuda_graphs=True needs the model on a CUDA device")
         self.cuda_graphs = on_cuda if config.cuda_graphs is None else config.cuda_graphs
@@ -108,6 +120,11 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
         self.prefill_graphs = PrefillGraphs() if use else None  # admission chunks as CUDA graphs (slots.py)
         self.policy = GammaPolicy(config.num_draft_tokens if drafter is not None else 0, self.max_draft_tokens,
                                   plain_catches_up=self.drafter_cached)
+        # each slot's draft cap on the device (the verify pass clamps its draft length to it and to its budget:
+        # `step_runner`), and each running row's on the host (an int, or None: "auto"), set when the rows change
+        self.draft_caps = torch.zeros(self.max_batch, dtype=torch.long, device=self.device)
+        self._caps: list[int | None] = []
+        self._caps_default = self.policy.fixed  # the default they were resolved with (`policy.set_fixed` moves it)
         self.stats = SpecStats()
         self._num_steps = self._spec_steps = self._passes = 0  # steps run (requests diff these at the end)
         self._last_used: dict[int, int] = {}  # γ → index of the last step that ran it
@@ -157,6 +174,42 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
         self._stats = value
 
     @property
+    def kv_cache_bytes(self) -> int:
+        """Bytes of the engine's KV caches (the target's and a cached drafter's) and stored target features."""
+        m = self.memory
+        return m.target_kv + m.drafter_kv + m.features
+
+    def _paged_pool(self) -> KVPool:
+        """kv_layout="paged": the pool, and the target's and a cached drafter's caches over its tables."""
+        if self.config.cuda_graphs:
+            raise ValueError("kv_layout='paged' runs eager steps: cuda_graphs=True needs kv_layout='static'")
+        draft = self.drafter.cache if self.drafter_cached else None
+        pool, self.cache, draft = paged_caches(self.model, self.drafter.model if draft else None,
+                                               self.cache.nbytes + (draft.nbytes if draft else 0), self.config,
+                                               self.max_batch, self.num_positions,
+                                               engine_memory.available_memory(self.device))
+        if draft is not None:
+            self.drafter.cache = draft
+        return pool
+
+    def _check_memory(self, features: bool) -> EngineMemory:
+        """Every buffer's bytes (`engine/memory.py`), refused before allocating when past the free memory."""
+        feature_bytes = self.max_batch * self.num_positions * self.drafter.feature_dim * self.model.dtype.itemsize \
+            if features else 0
+        return check_engine(self.cache, self.drafter.cache if self.drafter_cached else None, feature_bytes,
+                            self.state, self.device, self.max_batch, self.num_positions)
+
+    @property
+    def kv_cache_usage(self) -> KVCacheUsage:
+        """The KV cache's blocks now (vLLM's kv_cache_usage_perc is `.usage_perc`) and the preemptions so far."""
+        return KVCacheUsage.of(self.kv_pool, self.num_running + self.num_prefilling, self.max_batch)
+
+    @property
+    def kv_cache_usage_perc(self) -> float:
+        """Fraction of the KV cache held by requests, in [0, 1] (paged: blocks; static: slots)."""
+        return self.kv_cache_usage.usage_perc
+
+    @property
     def num_running(self) -> int:
         return len(self._running)
 
@@ -197,6 +250,13 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
         if len(params.eos_token_ids) > MAX_EOS_IDS:
             raise ValueError(f"at most {MAX_EOS_IDS} eos_token_ids per request, got {len(params.eos_token_ids)}")
         params.check_vocabulary(self.vocab_size)  # EOS ids, logit_bias ids
+        cap = params.num_draft_tokens
+        if cap not in (None, 0) and self.drafter is None:
+            raise ValueError(f"num_draft_tokens={cap!r} needs a drafter; this engine has none (0 = plain decoding)")
+        if isinstance(cap, int) and cap > self.max_draft_tokens:
+            raise ValueError(f"num_draft_tokens={cap} exceeds the engine's max_draft_tokens of {self.max_draft_tokens}")
+        if self.kv_pool is not None:
+            self._check_pool(len(prompt), params, beams)
         if beams is not None:
             self._check_beams(params, beams, len(prompt))
         if self.config.bitwise and params.leniency != 1.0:
@@ -236,6 +296,8 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
         outputs += self._step_beams()
         if self._filling:  # at most one budget of prompt tokens, then the decode step (see prefill.py)
             self._prefill_step()
+        if self.kv_pool is not None:  # blocks for what the step may write, preempting where the pool is short
+            self._reserve_blocks()
         if not self._running:
             return outputs
         running = self._running
@@ -247,13 +309,17 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
         flavor = self._flavor
         if flavor is None:  # the running set changed
             flavor = self._flavor = Flavor.union(r.flavor for r in running)
+            self._set_caps(running)
+        elif self._caps_default != self.policy.fixed:  # (a new default γ: the rows that take it)
+            self._set_caps(running)
         tree = running[0].params.draft_tree  # running requests share one tree shape (or none; see _admit)
         if tree is None:
             ready = None  # which γ's step shapes are built: the policy keeps to them after a warm-up (no mid-run capture)
             if self.cuda_graphs or self.policy.only_ready:
                 steps = self._steps
                 ready = lambda g: (batch, g, self._positions(longest, g), flavor) in steps  # noqa: E731
-            gamma = self.policy.choose(batch, running, self._row_estimates, length=longest, ready=ready)
+            gamma = self.policy.choose(batch, running, self._row_estimates, length=longest, ready=ready,
+                                       caps=self._caps)
         else:  # a tree of depth D: no γ to choose
             gamma, tree = len(tree), self._tree(tree)
         started = time.perf_counter()  # the step's time: not the policy's reads, not admission (see _admit)
@@ -295,6 +361,19 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
         return outputs + committed
 
     # ------------------------------------------------------------------------------------------- steps
+    def row_cap(self, params: SamplingParams) -> int | None:
+        """A request's draft cap on this engine: its `num_draft_tokens` (None: the engine's default), None = "auto"."""
+        cap = params.num_draft_tokens
+        cap = self.policy.fixed if cap is None else None if cap == "auto" else cap
+        return cap if self.drafter is not None else 0
+
+    def _set_caps(self, running) -> None:
+        """The running rows' caps, slot order: on the host for the policy, on the device for the verify pass ("auto"
+        rows: max_draft_tokens there, the step's γ bounds them; idle slots 0)."""
+        self._caps, self._caps_default = [self.row_cap(r.params) for r in running], self.policy.fixed
+        values = [self.max_draft_tokens if c is None else c for c in self._caps]
+        self.draft_caps.copy_(torch.tensor(values + [0] * (self.max_batch - len(values))), non_blocking=True)
+
     def _positions(self, longest: int, written: int) -> int:
         """The length bucket of a step writing `written` + 1 slots (γ + 1, or a tree's nodes) whose longest row
         holds `longest` tokens: the positions it attends over (`config.positions_bucket`)."""

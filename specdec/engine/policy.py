@@ -1,9 +1,13 @@
 """How many tokens the engine drafts in its next step (0 = a plain step): the paper's rule with measured costs.
 
-A fixed integer γ means exactly that γ. "auto" picks, per batch bucket b and length bucket ℓ (the longest
-running row's length, rounded up to a power of two, at least 64),
+γ belongs to the request (`SamplingParams.num_draft_tokens`, None = the engine's default): a row capped at 0 drafts
+nothing and one capped at an int k exactly k (fewer where its budget ends) in the same verify pass (per-row draft
+lengths, `engine.step_runner`), so a step's γ is at least its rows' largest fixed cap, the floor. Without a row at
+"auto" the step runs the floor (or the smallest built shape above it: the rows keep their own k, no capture). "auto"
+rows draft the step's whole γ, which is picked per batch bucket b and length bucket ℓ (the longest running row's
+length, rounded up to a power of two, at least 64) as
 
-    γ* = argmax over γ ∈ {0} ∪ candidates of  mean over running rows of τ_row(γ)  /  T(b, γ, ℓ)
+    γ* = argmax over γ ≥ floor in {0} ∪ candidates of  mean over running rows of τ_row(min(γ, cap))  /  T(b, γ, ℓ)
 
 T(b, γ, ℓ): the measured wall time of a whole step (device and host), the lower median of its last `_WINDOW`
 timed steps (noise in step times is one-sided: a straggler is only ever slower). An arm not timed at (b, ℓ)
@@ -52,15 +56,16 @@ steps, and a probe of it counts the whole capture in its expected loss.
 
 Cadence: reading the rows' totals costs a host sync, so a decision is kept `_HOLD` steps, until the batch bucket
 changes, or until fewer than `_SAME_ROWS` of its rows still run (batch 1: a new request; a few rows coming and
-going, as under continuous admission, keep it). Why not a γ per row: a step's time is set by its shape (every row
-computes γ + 1 positions), so a row drafting less saves nothing in that step; rows that would not pay weigh the
-batch γ down. `report()`: what was measured and chosen (the traffic bench stores it per row).
+going, as under continuous admission, keep it), or until a row's fixed cap needs more. "auto" rows share the step's
+γ: its time is set by its shape (every row computes γ + 1 positions), so one drafting less saves nothing there.
+`report()`: what was measured and chosen (the traffic bench stores it per row).
 """
 
 from __future__ import annotations
 
 from specdec.engine.policy_admission import AdmissionCost
-from specdec.engine.policy_depth import DepthProfile, extra_tokens as _extra_tokens, row_estimate as _estimate
+from specdec.engine.policy_depth import (DepthProfile, extra_tokens as _extra_tokens, row_estimate as _estimate,
+                                         row_rates)
 from specdec.engine.policy_times import (Gaps, borrow as _borrow, interpolate as _interpolate, length_bucket,
                                          median as _median)
 
@@ -114,6 +119,7 @@ class GammaPolicy:
         self.admission = AdmissionCost()  # the drafter's prompt feeding, charged to speculative steps
         self.depth = DepthProfile(max(max_draft_tokens, 1))  # acceptance by draft depth (`policy_depth`)
         self._step_rows = ()  # the rows of the step being chosen (what `record_step`'s accepted counts are of)
+        self._auto_step = self.fixed is None  # whether "auto" chose the last step (its rows' α: `record_step`)
         self.gaps = Gaps()  # what runs between steps, per arm (a read-out)
         self.capture_events: list[float] = []  # the last captures' seconds (`record_capture`)
         self.only_ready = False  # choose only arms whose step shape is built (set by the engine's warm-up)
@@ -160,25 +166,33 @@ class GammaPolicy:
         self.fixed = None if spec == "auto" else int(spec)
         if self.fixed is not None and self.fixed > self.max_draft_tokens:
             raise ValueError(f"num_draft_tokens {self.fixed} exceeds this engine's max_draft_tokens")
-        self._choice = None
+        self._choice, self._auto_step = None, self.fixed is None
 
-    def choose(self, batch: int, running, estimates=None, length: int | None = None, ready=None) -> int:
+    def choose(self, batch: int, running, estimates=None, length: int | None = None, ready=None, caps=None) -> int:
         """γ for the next step at batch bucket `batch`, the longest running row holding `length` tokens (None: one
         length bucket). Each row's acceptance totals (Σβ, verified positions, speculative steps, steps that
         drafted) come from `record_row` or, when given, `estimates()` (one tuple per row: a host read, made only
         when the policy re-decides). ready(γ) → whether this step's shape at γ is built (None: all are); see the
-        module doc for `only_ready` and captures."""
+        module doc for `only_ready` and captures. caps: per running row its fixed draft cap (an int, 0 = plain) or
+        None (the row is "auto"); None = every row takes the engine's default (`fixed`, or "auto")."""
         self.gaps.choosing()
-        if self.fixed is not None or not self.candidates:
-            return self.fixed or 0
+        floor, auto = ((self.fixed or 0), self.fixed is None) if caps is None else \
+            (max([c for c in caps if c is not None], default=0), None in caps)
+        self._auto_step = auto and bool(self.candidates)
+        if not self._auto_step:  # every row's γ is its own: the floor, or the smallest built shape above it
+            above = [] if ready is None or ready(floor) else \
+                [g for g in (*self.candidates, self.fixed or 0) if g > floor and ready(g)]
+            gamma = min(above, default=floor)
+            self._plain_run = self._plain_run + 1 if gamma == 0 else 0
+            return gamma
         self._step_rows = tuple(running)  # (a snapshot: the engine releases finished rows before `record_step`)
-        kept = self._choice is not None and self._bucket == batch and self._age < self._keep
+        kept = self._choice is not None and self._bucket == batch and self._age < self._keep and self._choice >= floor
         overlap = self._overlap(running) if kept else 1.0
         if kept and overlap >= _SAME_ROWS and (ready is None or ready(self._choice)):
             gamma = self._choice
             self._age += 1
         else:
-            gamma, keep = self._decide(batch, running, estimates, length_bucket(length or 1), ready)
+            gamma, keep = self._decide(batch, running, estimates, length_bucket(length or 1), ready, floor, caps)
             self._choice, self._bucket, self._age, self._keep = gamma, batch, 1, keep
             self._members, self._held = {id(r) for r in running}, tuple(running)  # (held: no id is reused)
             self.chosen[(batch, gamma)] = self.chosen.get((batch, gamma), 0) + 1
@@ -193,9 +207,9 @@ class GammaPolicy:
         same = sum([id(r) in members for r in running])
         return same / max(len(members), len(running), 1)
 
-    def _decide(self, batch: int, running, estimates, ell: int, ready) -> tuple[int, int]:
-        """→ (γ, steps to keep it)."""
-        arms, unready = self._arms(ready)
+    def _decide(self, batch: int, running, estimates, ell: int, ready, floor: int = 0, caps=None) -> tuple[int, int]:
+        """→ (γ, steps to keep it): an arm ≥ floor; each row counted at min(γ, its cap) (caps: see `choose`)."""
+        arms, unready = self._arms(ready, floor)
         spec = [g for g in arms if g]
         default = min(spec, key=lambda g: (abs(g - self.default), g)) if spec else 0  # the first speculative probe
         if not any(b != batch for b in self._grid):  # the first bucket: time a speculative and a plain probe
@@ -213,7 +227,7 @@ class GammaPolicy:
                         return current, 1  # (separate the plain probes: a longer plain run would cost a catch-up)
                     return first, _FIRST_SAMPLES if first else _PROBE
         totals = estimates() if estimates is not None else [_estimate(r).totals() for r in running]
-        rows = self._rows(totals)
+        self.prior_alpha, rows = row_rates(totals, self.prior_alpha, _PRIOR_WEIGHT)
         self.depth.decided(running, rows, self.prior_alpha)
         times = self._times(batch, ell)
         per_step = self.catch_up.get(batch) or [v for values in self.catch_up.values() for v in values]
@@ -225,7 +239,7 @@ class GammaPolicy:
                 pending = switch
             elif self._decisions:  # (the first decision of all picks the regime freely: nothing runs yet)
                 plain_extra = max(plain_extra, switch)
-        extra = _extra_tokens(rows, spec, self.depth.shape())
+        extra = _extra_tokens(rows, spec, self.depth.shape(), caps)
         admit = self.admission.per_token() * len(rows)  # the drafter's prompt feeding per row-token of a spec. step
         pending += self.admission.backlog() / _REGIME  # and leaving a plain run feeds it what that run admitted
         capture = self._capture_cost(batch, times) / _REGIME if unready else 0.0  # a capture, spread like a catch-up
@@ -240,10 +254,10 @@ class GammaPolicy:
         ranked = sorted(rates, key=lambda g: (-rates[g], g))
         return self._explore_or_win(batch, ranked, times, unready)
 
-    def _arms(self, ready) -> tuple[tuple[int, ...], frozenset]:
-        """→ (the arms to choose from, those of them whose shape is not built yet). With `only_ready`, only the
+    def _arms(self, ready, floor: int = 0) -> tuple[tuple[int, ...], frozenset]:
+        """→ (the arms ≥ floor to choose from, those of them whose shape is not built yet). With `only_ready`, only the
         built arms while any is (a shape no warm-up reached — none of its arms built — captures whatever runs)."""
-        arms = (0, *self.candidates)
+        arms = tuple(g for g in (0, *self.candidates) if g >= floor)  # (max_draft_tokens, the largest cap, is one)
         if ready is None:
             return arms, frozenset()
         unready = frozenset(g for g in arms if not ready(g))
@@ -296,16 +310,6 @@ class GammaPolicy:
     def _timed(self, batch: int, gamma: int) -> int:
         return self._counts.get((batch, gamma), 0)
 
-    def _rows(self, totals) -> list[tuple[float, float]]:
-        """Each row's (α, ρ): α = (Σβ + α₀·w) / (verified + w), α₀ the pooled α of the rows (or of those
-        seen at the last decision with verified positions); ρ = (steps that drafted + 1) / (spec. steps + 1)."""
-        beta = sum([t[0] for t in totals])
-        reached = sum([t[1] for t in totals])
-        if reached > 0:
-            self.prior_alpha = (beta + self.prior_alpha * _PRIOR_WEIGHT) / (reached + _PRIOR_WEIGHT)
-        prior = self.prior_alpha * _PRIOR_WEIGHT
-        return [(min((b + prior) / (r + _PRIOR_WEIGHT), 1.0), (d + 1) / (s + 1)) for b, r, s, d in totals]
-
     def _times(self, batch: int, ell: int) -> dict[int, float]:
         """γ → T(b, γ, ℓ) for every γ timed at b (`_borrow` across length buckets at b); when b timed fewer than
         two arms, also those timed at other batch buckets (the nearest first), scaled by the arms timed at both.
@@ -337,7 +341,7 @@ class GammaPolicy:
         self.admission.stepped(gamma, tokens_per_row * rows, rows)
         if gamma and draft_seconds is not None:
             self.admission.drafted(draft_seconds, sum(drafted[:rows]) if drafted is not None else gamma * rows)
-        if gamma and accepted is not None and self.fixed is None:  # (the rows' α are those "auto" last decided on)
+        if gamma and accepted is not None and self._auto_step:  # (the rows' α are those "auto" last decided on)
             self.depth.observe(self._step_rows, accepted, drafted if drafted is not None else [gamma] * len(accepted))
         if catch_up_of > 0:
             usual = self.step_time(batch, gamma, length) if (batch, gamma) in self._counts else None

@@ -23,7 +23,7 @@ rule is Thm 3.8's. Depths no step drafted keep s = the deepest measured one's.
 
 from __future__ import annotations
 
-__all__ = ["DepthProfile", "extra_tokens", "RowEstimate", "row_estimate"]
+__all__ = ["DepthProfile", "extra_tokens", "RowEstimate", "row_estimate", "row_rates"]
 
 _DECAY = 0.995  # per speculative step: the profile over its last ~200 steps
 _PRIOR = 8.0  # positions at d = 1 (a few steps' worth at batch 1; nothing at 64 rows)
@@ -50,11 +50,34 @@ def row_estimate(request) -> RowEstimate:
     return est
 
 
-def extra_tokens(rows: list[tuple[float, float]], gammas, shape: list[float] | None = None) -> dict[int, float]:
+def row_rates(totals, prior_alpha: float, weight: float) -> tuple[float, list[tuple[float, float]]]:
+    """(the pooled α, each row's (α, ρ)) from the rows' totals (Σβ, verified, spec. steps, steps that drafted):
+    α = (Σβ + α₀·w) / (verified + w), α₀ the pooled α of these rows (`prior_alpha` when none was verified: the α of
+    the rows seen at the last decision with verified positions); ρ = (steps that drafted + 1) / (spec. steps + 1)."""
+    beta, reached = sum([t[0] for t in totals]), sum([t[1] for t in totals])
+    if reached > 0:
+        prior_alpha = (beta + prior_alpha * weight) / (reached + weight)
+    prior = prior_alpha * weight
+    return prior_alpha, [(min((b + prior) / (r + weight), 1.0), (d + 1) / (s + 1)) for b, r, s, d in totals]
+
+
+def extra_tokens(rows: list[tuple[float, float]], gammas, shape: list[float] | None = None,
+                 caps=None) -> dict[int, float]:
     """γ → Σ over rows (α, ρ) of ρ · Σ_{j=1..γ} Π_{k<j} min(α s_k, 1) (s = `shape`, s_0 = 1; None or flat: Thm 3.8's
-    ρ · α (1 − α^γ) / (1 − α), γ when α = 1): one pass over the rows (the policy's cost at 64 rows is this loop)."""
+    ρ · α (1 − α^γ) / (1 − α), γ when α = 1): one pass over the rows (the policy's cost at 64 rows is this loop).
+    caps: per row a fixed draft cap (that row counts at min(γ, cap)) or None (no cap); None = no row is capped."""
     sums = dict.fromkeys(gammas, 0.0)
     if not gammas:
+        return sums
+    if caps is not None and any(c is not None for c in caps):  # rows by cap: each group at its own depths
+        groups: dict = {}
+        for row, cap in zip(rows, caps):
+            groups.setdefault(cap, []).append(row)
+        for cap, members in groups.items():
+            depths = {g: g if cap is None else min(g, cap) for g in gammas}
+            part = extra_tokens(members, sorted({d for d in depths.values() if d}), shape)
+            for g in gammas:
+                sums[g] += part.get(depths[g], 0.0)
         return sums
     if shape is None or all(abs(s - 1.0) < _FLAT for s in shape[: max(gammas)]):
         for alpha, coverage in rows:

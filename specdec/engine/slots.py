@@ -14,6 +14,7 @@ fixed addresses, hence capturable once per shape. Rows n..b-1 of a bucket are id
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -42,19 +43,40 @@ def _round_up(n: int, multiple: int) -> int:
 
 
 class SlotCache:
-    """K/V of one model for every slot; a view over the first b slots and S positions is a `KVCache`."""
+    """K/V of one model for every slot; a view over the first b slots and S positions is a `KVCache`.
+
+    Sized at construction, allocated by `allocate()` (the engine first checks the bytes of all its caches against
+    free memory, `engine.memory`) or at the first use of `keys` / `values`."""
 
     def __init__(self, model: FastLlama, max_batch: int, num_positions: int):
         s = model.shape
         self.num_positions = _round_up(num_positions, 16)
-        size = (s.n_layers, max_batch, s.n_kv_heads, self.num_positions, s.head_dim)
-        self.keys = torch.zeros(size, device=model.device, dtype=model.dtype)
-        self.values = torch.zeros(size, device=model.device, dtype=model.dtype)
+        self.size = (s.n_layers, max_batch, s.n_kv_heads, self.num_positions, s.head_dim)
+        self._device, self._dtype = model.device, model.dtype
+        self._keys: torch.Tensor | None = None
+        self._values: torch.Tensor | None = None
         self.lengths = torch.zeros(max_batch, dtype=torch.long, device=model.device)
 
     @property
     def nbytes(self) -> int:
-        return 2 * self.keys.numel() * self.keys.element_size()
+        """Bytes of keys and values (allocated or not)."""
+        return 2 * math.prod(self.size) * torch.empty((), dtype=self._dtype).element_size()
+
+    def allocate(self) -> None:
+        if self._keys is None:
+            self._keys = torch.zeros(self.size, device=self._device, dtype=self._dtype)
+            self._values = torch.zeros(self.size, device=self._device, dtype=self._dtype)
+
+    @property
+    def keys(self) -> torch.Tensor:
+        """`[L, max_batch, H_kv, S, D]`."""
+        self.allocate()
+        return self._keys
+
+    @property
+    def values(self) -> torch.Tensor:
+        self.allocate()
+        return self._values
 
     def view(self, rows: slice, num_positions: int) -> KVCache:
         """Slots `rows` over the first `num_positions` positions (the last of them is the junk slot)."""

@@ -1,5 +1,6 @@
 """One decode step shape of the engine (batch bucket, γ, length bucket, flavor): its draft and verify halves,
-run eagerly or captured once as CUDA graphs and replayed. The verify half verifies, commits and counts on the
+run eagerly or captured once as CUDA graphs and replayed; each row verifies at most its own draft cap
+(`Engine.draft_caps`, a static tensor: per-row caps add no shape) and what its budget can still commit. The verify half verifies, commits and counts on the
 device and packs the step's one device → host transfer (`step.pack_step`; `Engine.step` reads it back as a
 `step.StepRecord`); an all-greedy step does all of that after the forward in three launches (`fast.kernels.argmax`,
 `greedy_commit`)."""
@@ -110,6 +111,10 @@ class StepRunner(CapturedHalves):
         drafts = self.drafts
         draft_tokens, draft_probs, draft_lengths = drafts.tokens, drafts.probs, drafts.lengths
         lengths = view.lengths
+        if gamma:  # a row verifies at most its cap's drafts and what its budget can still commit (the rest is unread)
+            room = (state.max_new[rows] - state.generated[rows] - 1).clamp_(0, gamma)
+            limit = torch.minimum(e.draft_caps[rows], room)
+            draft_lengths = limit if draft_lengths is None else torch.minimum(draft_lengths, limit)
         cache = e.cache.view(rows, self.positions)
         cache.lengths.copy_(lengths - 1)
         last = state.tokens[rows].gather(1, (lengths - 1)[:, None])
@@ -129,6 +134,7 @@ class StepRunner(CapturedHalves):
             offsets = torch.arange(gamma, device=e.device)[None, :]
             accepted = rng.uniforms(view.seed, lengths[:, None] + offsets, rng.ACCEPT) < synthetic
             n = accepted.long().cumprod(1).sum(1)
+            n = n if draft_lengths is None else torch.minimum(n, draft_lengths)
             result = VerifyResult(n, logits.argmax(-1).gather(1, n[:, None]).squeeze(1), accepted.float())
         elif flavor.all_greedy:
             result = verify_greedy(draft_tokens, logits, draft_lengths=draft_lengths, check_nan=False,

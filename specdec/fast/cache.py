@@ -1,4 +1,8 @@
-"""The fast model's per-row static KV cache (see `specdec.fast.model` for slots, lengths and the junk slot)."""
+"""The fast model's KV caches (see `specdec.fast.model` for slots, lengths and the junk slot): `KVCache`, per-row
+static (row b's slot t is entry t of its own `[H_kv, S, D]`), and `PagedKVCache`, rows over a pool of fixed-size
+blocks through a block table (`specdec.engine.kv_pool`). A forward reaches either through the same three calls:
+`span` (positions a row's view has, the last the junk slot), `write_index` + `write` (K/V of the fed tokens into
+their slots), `layer` (one layer's keys and values as `[B, H_kv, span, D]`, what attention reads)."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import torch
 
 from specdec.fast.kernels.attention import TreeMask
 
-__all__ = ["KVCache", "TreeNodes", "round_up"]
+__all__ = ["KVCache", "PagedKVCache", "TreeNodes", "round_up"]
 
 
 @dataclass
@@ -32,12 +36,85 @@ class KVCache:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.keys + self.values)
 
+    @property
+    def span(self) -> int:
+        """Positions of a row's view, the junk slot included."""
+        return self.keys[0].shape[2]
+
+    def write_index(self, slots: torch.Tensor) -> torch.Tensor:
+        """The scatter index of slots `[B, k]` (computed once per forward, used by every layer's `write`)."""
+        batch, k = slots.shape
+        heads, dim = self.keys[0].shape[1], self.keys[0].shape[3]
+        return slots[:, None, :, None].expand(batch, heads, k, dim)
+
+    def write(self, layer: int, index: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+        """key/value `[B, k, H_kv, D]` of the fed tokens into their slots (`index` from `write_index`)."""
+        self.keys[layer].scatter_(2, index, key.transpose(1, 2))
+        self.values[layer].scatter_(2, index, value.transpose(1, 2))
+
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """keys, values `[B, H_kv, S, D]` of one layer."""
+        return self.keys[layer], self.values[layer]
+
     def select_rows(self, index: torch.Tensor) -> "KVCache":
         return KVCache(
             [k.index_select(0, index) for k in self.keys],
             [v.index_select(0, index) for v in self.values],
             self.lengths.index_select(0, index),
         )
+
+
+@dataclass
+class PagedKVCache:
+    """Rows over a block pool: keys/values one `[num_blocks, block_size, H_kv, D]` tensor per layer (vLLM's block
+    layout), block_table `[B, max_blocks]` int32 (row b's position t in block table[b, t // block_size] at offset
+    t % block_size), lengths `[B]`. A row's view spans max_blocks · block_size positions; its last is the junk slot,
+    which maps to the null block (block 0, never a request's): padding writes there, and the mask never reads it.
+    Entries of the table past a row's blocks point at the null block too (read only under the mask)."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    lengths: torch.Tensor
+    block_table: torch.Tensor
+
+    @property
+    def block_size(self) -> int:
+        return self.keys[0].shape[1]
+
+    @property
+    def span(self) -> int:
+        return self.block_table.shape[1] * self.block_size
+
+    @property
+    def num_slots(self) -> int:
+        return self.span - 1
+
+    @property
+    def batch_size(self) -> int:
+        return self.block_table.shape[0]
+
+    def write_index(self, slots: torch.Tensor) -> torch.Tensor:
+        """Flat pool entries `[B·k]` (block · block_size + offset) of slots `[B, k]`; the junk slot → the null block."""
+        size = self.block_size
+        block = self.block_table.gather(1, (slots // size).clamp(max=self.block_table.shape[1] - 1)).long()
+        flat = block * size + slots % size
+        return torch.where(slots >= self.span - 1, torch.zeros_like(flat), flat).reshape(-1)
+
+    def write(self, layer: int, index: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+        heads, dim = key.shape[-2:]
+        self.keys[layer].view(-1, heads, dim).index_copy_(0, index, key.reshape(-1, heads, dim))
+        self.values[layer].view(-1, heads, dim).index_copy_(0, index, value.reshape(-1, heads, dim))
+
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """keys, values `[B, H_kv, span, D]`: each row's blocks gathered in table order (a copy)."""
+        batch, blocks = self.block_table.shape
+        size, heads, dim = self.keys[layer].shape[1:]
+        table = self.block_table.long()
+
+        def gather(pool: torch.Tensor) -> torch.Tensor:
+            return pool[table].view(batch, blocks * size, heads, dim).transpose(1, 2)
+
+        return gather(self.keys[layer]), gather(self.values[layer])
 
 
 def round_up(n: int, multiple: int) -> int:

@@ -123,11 +123,10 @@ class EagleLayer(FastLlama):
         cos, sin = cos_table[rope_pos][:, :, None, :], sin_table[rope_pos][:, :, None, :]
         q = q * cos + torch.roll(q, hd // 2, dims=-1) * sin  # (sin_table is signed: rotate_half as a roll)
         key = key * cos + torch.roll(key, hd // 2, dims=-1) * sin
-        write_index = slots[:, None, :, None].expand(batch, nkv, k, hd)
-        cache.keys[0].scatter_(2, write_index, key.transpose(1, 2))
-        cache.values[0].scatter_(2, write_index, v.transpose(1, 2))
-        bias = slot_attention_bias(rope_pos, cache.keys[0].shape[2], nq // nkv, self.dtype)
-        attn = slot_attention_reference(q, cache.keys[0], cache.values[0], rope_pos, bias=bias)
+        cache.write(0, cache.write_index(slots), key, v)  # (a static or a paged cache, `fast.cache`)
+        keys, values = cache.layer(0)
+        bias = slot_attention_bias(rope_pos, cache.span, nq // nkv, self.dtype)
+        attn = slot_attention_reference(q, keys, values, rope_pos, bias=bias)
         x = residual + F.linear(attn.reshape(batch, k, nq * hd), self.wo[0])
         gate, up = F.linear(F.rms_norm(x, (s.dim,), self.mlp_norm[0], eps), self.w_gate_up[0]).chunk(2, dim=-1)
         return x + F.linear(F.silu(gate) * up, self.w_down[0])

@@ -22,8 +22,17 @@ from specdec.fast.kernels.linear import FASTER_THAN_CUBLAS, linear
 from specdec.fast.kernels.mlp import silu_mul
 from specdec.fast.kernels.norm import add_rms_norm, rms_norm
 from specdec.fast.kernels.rope import rope_cache_write
+from specdec.fast.quant.kernel import quant_add_linear_, quant_linear
+from specdec.fast.quant.weight import quantized
 
 __all__ = ["LlamaLayers"]
+
+
+def _unless_bitwise(quant, kernel: str):
+    if kernel == "bitwise":  # (its prefill chunks run the BLAS on dequantized rows: not one order for every count)
+        raise ValueError(f"bitwise=True does not cover GGUF weights kept quantized ({quant.source}); set "
+                         "SPECDEC_GGUF_WEIGHTS=dequantized to run them in float32")
+    return quant
 
 
 class LlamaLayers:
@@ -48,7 +57,10 @@ class LlamaLayers:
                       kernel: str = "reference") -> torch.Tensor:
         """x += inp @ weightᵀ in place (`x [N, dim]`); a tensor-parallel subclass all-reduces the product.
         kernel: "reference" is cuBLAS's addmm_; "bitwise" `invariant_linear`; else `kernels.linear` (its
-        weight-streaming kernel for few rows)."""
+        weight-streaming kernel for few rows). A GGUF weight kept quantized (`fast.quant`) takes its kernel."""
+        quant = quantized(weight)
+        if quant is not None:
+            return quant_add_linear_(x, inp, _unless_bitwise(quant, kernel))
         if kernel == "reference":
             if x.device.type == "cpu":  # oneDNN on a packed weight, or the weight-major product (kernels.cpu_linear)
                 return cpu_linear.add_linear_(x, inp, weight)
@@ -60,7 +72,10 @@ class LlamaLayers:
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                 kernel: str = "reference") -> torch.Tensor:
         """x @ weightᵀ (+ bias): "reference" F.linear (cuBLAS / the CPU BLAS), "bitwise" `invariant_linear`, else
-        `kernels.linear`."""
+        `kernels.linear`; a GGUF weight kept quantized (`fast.quant`), its kernel."""
+        quant = quantized(weight)
+        if quant is not None:
+            return quant_linear(x, _unless_bitwise(quant, kernel), bias)
         if kernel == "reference":
             if x.device.type == "cpu":  # oneDNN on a packed weight, or the weight-major product (kernels.cpu_linear)
                 return cpu_linear.linear(x, weight, bias)
@@ -100,7 +115,7 @@ class LlamaLayers:
         rot = hd if a.rotary_dim is None else a.rotary_dim
         # RoPE factors `[B, k, 1, R]` per table, for the q and k heads at once (one contiguous block)
         factors = [(cos[rope_pos][:, :, None], sin[rope_pos][:, :, None]) for cos, sin in tables]
-        write_index = slots[:, None, :, None].expand(batch, s.n_kv_heads, k, s.head_dim)
+        write_index = cache.write_index(slots)
         masks = {}  # one mask per window, shared by the layers (and built only for the reference: on CPU "auto" too)
         bound = rope_pos if tree is None else slots  # what a query sees up to: its position, a tree node its slot
         x = x.reshape(batch * k, s.dim)  # the residual stream
@@ -119,18 +134,17 @@ class LlamaLayers:
                 rotated = torch.addcmul(qk[..., :rot] * cos, torch.roll(qk[..., :rot], rot // 2, dims=-1), sin)
                 qk = rotated if rot == hd else torch.cat([rotated, qk[..., rot:]], dim=-1)
             q, key = qk[:, :, :nq], qk[:, :, nq:]
-            cache.keys[i].scatter_(2, write_index, key.transpose(1, 2))
-            cache.values[i].scatter_(2, write_index, v.transpose(1, 2))
+            cache.write(i, write_index, key, v)
+            keys, values = cache.layer(i)  # [B, H_kv, S, D] (a paged cache: its rows' blocks gathered)
             window = a.window(i)
             if self.bitwise:  # (token trees are refused in forward)
-                attn = invariant_attention(q, cache.keys[i], cache.values[i], bound, a.attn_scale, window=window)
+                attn = invariant_attention(q, keys, values, bound, a.attn_scale, window=window)
             elif causal and window is None and a.attn_softcap is None and tree is None:
-                attn = causal_prefix_attention(q, cache.keys[i], cache.values[i], a.attn_scale)
+                attn = causal_prefix_attention(q, keys, values, a.attn_scale)
             else:
                 if window not in masks and (attention == "reference" or attention == "auto" and x.device.type == "cpu"):
-                    masks[window] = slot_attention_bias(bound, cache.keys[0].shape[2], nq // nkv, self.dtype, window,
-                                                        tree)
-                attn = slot_attention(q, cache.keys[i], cache.values[i], bound, a.attn_scale, window=window,
+                    masks[window] = slot_attention_bias(bound, cache.span, nq // nkv, self.dtype, window, tree)
+                attn = slot_attention(q, keys, values, bound, a.attn_scale, window=window,
                                       softcap=a.attn_softcap, kernel=attention, bias=masks.get(window), tree=tree)
             attn = attn.reshape(batch * k, nq * hd)
             bo = self.bo[i] if s.o_bias else None

@@ -37,7 +37,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specdec.fast.cache import KVCache, TreeNodes, round_up
+from specdec.fast.cache import KVCache, PagedKVCache, TreeNodes, round_up
 from specdec.fast.families import FAMILIES, Arch, LlamaShape, rope_table
 from specdec.fast.layers import LlamaLayers
 from specdec.fast.weights import hf_ropes, hf_weights
@@ -273,7 +273,7 @@ class FastLlama(LlamaLayers, torch.nn.Module):
         """
         s, a = self.shape, self.shape.arch
         batch, k = (tokens if embeds is None else embeds).shape[:2]
-        device, num_slots_total = cache.lengths.device, cache.keys[0].shape[2]
+        device, num_slots_total = cache.lengths.device, cache.span
         junk = num_slots_total - 1
         tree_mask, added = None, k
         if tree is not None and self.bitwise:
@@ -300,6 +300,11 @@ class FastLlama(LlamaLayers, torch.nn.Module):
             x = x + F.embedding(rope_pos.clamp(max=s.max_positions - 1), self.pos_embed)
         mode = self.kernels if kernels is None else check_kernel(kernels, "kernels")
         fused = self._fused(mode)
+        if fused and isinstance(cache, PagedKVCache):  # (the fused kernels write and read the static layout)
+            if mode == "triton" or self.bitwise:
+                raise ValueError("a paged KV cache runs the eager layers: kernels='auto' or 'reference', no bitwise "
+                                 "fused layer")
+            fused = False
         capture = [] if return_hidden and self.feature_layers else None
         if fused:
             x = self._fused_layers(x, cache, rope_pos, slots, tables, capture, tree_mask)

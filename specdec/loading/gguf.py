@@ -46,6 +46,7 @@ class GGUFHeader:
     metadata: dict  # scalar and string values only (arrays are skipped, their extent checked)
     tensors: tuple  # (name, number of elements, ggml type, offset from the data start)
     data_start: int
+    dims: tuple = ()  # each tensor's dimensions in ggml's order (the fast-moving one first), as `tensors`
 
 
 class _Cursor:
@@ -117,7 +118,7 @@ def read_gguf_header(file: Path) -> GGUFHeader:
             except (ValueError, KeyError):
                 raise ValueError(f"tensor {name!r} has an unknown ggml type {kind}") from None
             elements = math.prod(dims)
-            tensors.append((name, elements, kind, offset, elements // block * type_size))
+            tensors.append((name, elements, kind, offset, elements // block * type_size, tuple(dims)))
         alignment = metadata.get("general.alignment", 32)
         if not isinstance(alignment, int) or alignment < 1 or alignment > 1 << 16:
             raise ValueError(f"general.alignment {alignment!r}")
@@ -125,7 +126,7 @@ def read_gguf_header(file: Path) -> GGUFHeader:
         end = max((start + t[3] + t[4] for t in tensors), default=start)
         if end > len(buf):
             raise ValueError(f"truncated: its tensors need {end} bytes, the file has {len(buf)}")
-    return GGUFHeader(version, metadata, tuple(t[:4] for t in tensors), start)
+    return GGUFHeader(version, metadata, tuple(t[:4] for t in tensors), start, tuple(t[5] for t in tensors))
 
 
 def inspect_gguf(file: Path, *, what: str = "model", allow_weight_mismatch: bool = False) -> str:

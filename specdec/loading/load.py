@@ -133,6 +133,10 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None, dt
         raise ValueError(f"{what}: cannot load a model from {source.where}: {_one_line(err)}") from None
     if not allow_weight_mismatch:
         _check_loading_info(info, source, what)
+    if source.gguf_file:  # (the engine reads its quantized tensors from the file: `fast.quant.attach`)
+        from specdec.loading.gguf_tensors import remember_gguf
+
+        remember_gguf(model, source.folder / source.gguf_file)
     logger.info("%s: loaded %s in %.1f s (%s%s): %s, %.1fM parameters, %s", what, source.where,
                 time.perf_counter() - started, source.kind, f", commit {source.commit[:12]}" if source.commit else "",
                 type(model).__name__, sum(p.numel() for p in model.parameters()) / 1e6,

@@ -1,7 +1,7 @@
 """`specdec.load(...)`: text in, text out, over the request-level engine (or the eager loop where it cannot run).
 
     llm = specdec.load("path/to/target", draft="path/to/draft")      # or "prompt-lookup", "ngram"
-    llm.generate("def fib(n):", max_new_tokens=64).text
+    llm.generate("def fib(n):", max_new_tokens=64).text      # or vLLM's shapes: text/shapes.py
     for delta in llm.stream([{"role": "user", "content": "hi"}], temperature=0.7, seed=0):
         print(delta, end="")
 
@@ -27,6 +27,7 @@ from specdec.text.outputs import Completion, TextDelta, TextRequest
 from specdec.text.prompts import (GenerationDefaults, check_num_draft_tokens, encode_prompts, make_params,
                                   read_chat_template, render_chat)
 from specdec.text.runner import FallbackRunner
+from specdec.text.shapes import check_conversations, request_params, shape_outputs
 from specdec.text.warmup import MAX_WARMUP_SHAPES, graph_captures, step_shapes, step_shapes_run, warm_up
 
 logger = logging.getLogger(__name__)
@@ -248,13 +249,14 @@ class LLM:
                               max_seq_len=self._max_seq_len)
 
     # --- requests -------------------------------------------------------------------------------------
-    def prepare(self, prompt, **params):
+    def prepare(self, prompt, sampling_params=None, **params):
         """(prompt_ids, SamplingParams, stop strings, γ) for one prompt, every argument checked."""
         batch, single = encode_prompts(prompt, self.tokenizer, self.vocab_size)
         if not single:
             raise ValueError(f"prompt must be one prompt (a string, token ids or chat messages), got {len(batch)}")
         ids = batch[0]
-        sampling, stop, gamma = make_params(self, len(ids), params)
+        _, (requests,), _ = request_params([ids], sampling_params, params, stream=True)
+        sampling, stop, gamma = make_params(self, len(ids), requests)
         return ids, sampling, stop, gamma
 
     def submit(self, prompt_ids, sampling, stop, gamma, sink, request_id: str | None = None) -> TextRequest:
@@ -297,18 +299,18 @@ class LLM:
     def num_waiting(self) -> int:
         return sum(int(getattr(r, "num_waiting", 0)) for r in list(self._runners.values()))
 
-    def generate(self, prompts, **params) -> "Completion | list[Completion]":
-        """Completions for a prompt (a `Completion`) or a list of prompts (a list, in order).
+    def generate(self, prompts, sampling_params=None, **params) -> "Completion | list":
+        """Completions for a prompt (a `Completion`) or a list of prompts (a list, in order; n > 1: n per prompt).
 
-        A prompt is a string, token ids, or chat messages `[{"role": ..., "content": ...}]`.
-        params: max_new_tokens, temperature, the sampling filters (`core.FILTERS`: top_k, top_p, min_p, …), seed,
-        stop, num_draft_tokens, logprobs, the logits
-        processors (repetition_penalty, ..., constraint: a `specdec.constrain.Constraint`, compiled here for this
-        model, e.g. `Constraint.json_schema(schema)`, or a compiled one), leniency (l < 1: lossy, appendix A.5),
-        draft_tree ([k_1, ..., k_D]: verify a token tree per step; a draft model drafts it).
-        """
+        A prompt is a string, token ids, or chat messages `[{"role": ..., "content": ...}]`. sampling_params: a
+        `specdec.SamplingParams`, or one per prompt (vLLM's shapes, `text/shapes.py`); else keywords: max_new_tokens
+        (or max_tokens), n, temperature, the sampling filters (`core.FILTERS`: top_k, top_p, min_p, …), seed, stop,
+        num_draft_tokens, logprobs, the logits processors (repetition_penalty, ..., constraint: a
+        `specdec.constrain.Constraint`, compiled here for this model, or a compiled one), leniency (l < 1: lossy,
+        appendix A.5), draft_tree ([k_1, ..., k_D]: verify a token tree per step; a draft model drafts it)."""
         batch, single = encode_prompts(prompts, self.tokenizer, self.vocab_size)
-        prepared = [make_params(self, len(ids), params) for ids in batch]
+        batch, keywords, n = request_params(batch, sampling_params, params)
+        prepared = [make_params(self, len(ids), kw) for ids, kw in zip(batch, keywords)]
         outputs: queue.Queue = queue.Queue()
         requests = []
         try:
@@ -331,12 +333,15 @@ class LLM:
                 if not request.finished:
                     self.abort(request.request_id)
             raise
-        completions = [r.completion() for r in requests]
-        return completions[0] if single else completions
+        return shape_outputs([r.completion() for r in requests], single, n)
 
-    def stream(self, prompt, **params) -> "TextStream":
+    def chat(self, messages, sampling_params=None, **params) -> "Completion | list":
+        """`generate` for one conversation (or a list of them), rendered with the chat template (vLLM's `chat`)."""
+        return self.generate(check_conversations(messages), sampling_params, **params)
+
+    def stream(self, prompt, sampling_params=None, **params) -> "TextStream":
         """Text deltas for one prompt (valid UTF-8; they concatenate to `.completion.text`)."""
-        ids, sampling, stop, gamma = self.prepare(prompt, **params)
+        ids, sampling, stop, gamma = self.prepare(prompt, sampling_params, **params)
         return TextStream(self, ids, sampling, stop, gamma)
 
     def render_chat(self, messages) -> str:

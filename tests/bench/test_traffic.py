@@ -183,7 +183,7 @@ def test_bench_quick_writes_the_whole_table(tmp_path, capsys):
     (["--slots", "0"], "--slots"), (["--slots", "300"], "--slots"), (["--arrival", "poisson:-3"], "--arrival"),
     (["--arrival", "bursty"], "--arrival"), (["--policy", "99"], "--policy"), (["--policy", "auto", "12"], "--policy"), (["--sampled-share", "2"], "--sampled-share"),
     (["--prompt-tokens", "90", "10"], "--prompt-tokens"), (["--requests-per-slot", "0"], "--requests-per-slot"),
-    (["--max-seconds", "-1"], "--max-seconds"), (["--gamma", "3"], "--gamma"), (["--pair", "x"], "--pair"),
+    (["--max-seconds", "-1"], "--max-seconds"), (["--num-draft-tokens", "3"], "--num-draft-tokens"), (["--pair", "x"], "--pair"),
     (["--repeats", "0"], "--repeats"), (["--repeats", "21"], "--repeats"),
     (["--dtype", "float16"], "--dtype"), (["--device", "cuda"], "--device"),
 ])

@@ -1,5 +1,6 @@
 """The engine (CPU, no graphs): exact greedy output for every covered family, requests joining mid-flight,
-seeds that repeat, batch independence, abort, logprobs, and errors that name the argument."""
+seeds that repeat, batch independence, abort, logprobs, and errors that name the argument; the tests of slots
+moving and joining run over both KV layouts (static slots and the paged pool)."""
 
 import pytest
 import torch
@@ -22,6 +23,8 @@ def _perturbed(model, seed):
         model.lm_head.weight.mul_(8.0)  # peaked logits, so drafts get accepted
     return model.eval()
 
+
+LAYOUTS = ["static", "paged"]  # the KV cache's: per-slot static, or the paged pool (engine/kv_pool.py)
 
 FAMILIES = {
     "llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON)),
@@ -55,9 +58,10 @@ def test_successive_calls_give_transformers_greedy(family):
             assert out == hf_greedy(target, prompt, new, [])
 
 
-def test_requests_join_mid_flight(make_llama):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_requests_join_mid_flight(make_llama, layout):
     target, draft = make_llama(0), make_llama(1, layers=1)
-    engine = Engine(target, draft, EngineConfig(max_batch_size=2, max_seq_len=128, num_draft_tokens=3))
+    engine = Engine(target, draft, EngineConfig(max_batch_size=2, max_seq_len=128, num_draft_tokens=3, kv_layout=layout))
     prompts = RAGGED_PROMPTS + [[4, 4, 9], [11, 12, 13, 14, 15, 16, 17, 18]]
     outputs, ids = {}, {}
     pending = list(enumerate(prompts))
@@ -84,9 +88,10 @@ def _sampled(engine, prompt, params, others=()):
     return tokens
 
 
-def test_seeded_request_is_independent_of_its_batch(make_llama):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_seeded_request_is_independent_of_its_batch(make_llama, layout):
     target, draft = make_llama(0), make_llama(1, layers=1)
-    engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=3))
+    engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=3, kv_layout=layout))
     params = SamplingParams(temperature=1.0, top_k=20, max_new_tokens=16, seed=11)
     alone = _sampled(engine, [5, 6, 7], params)
     crowded = _sampled(engine, [5, 6, 7], params, others=[[1, 2], [9, 9, 9, 9], [3] * 12])
@@ -103,9 +108,10 @@ def test_generate_with_seed_repeats_across_calls(make_llama):
     assert runs[0] == runs[1] == runs[2]
 
 
-def test_mixed_greedy_and_sampled_rows_share_a_batch(make_llama):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_mixed_greedy_and_sampled_rows_share_a_batch(make_llama, layout):
     target, draft = make_llama(0), make_llama(1, layers=1)
-    engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=4))
+    engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=4, kv_layout=layout))
     greedy = engine.add_request(RAGGED_PROMPTS[0], SamplingParams(temperature=0, max_new_tokens=20))
     for i, prompt in enumerate(RAGGED_PROMPTS[1:]):
         engine.add_request(prompt, SamplingParams(temperature=1.2, top_p=0.7, top_k=9, max_new_tokens=20, seed=i))
@@ -180,10 +186,11 @@ def test_sliding_window_texts_longer_than_the_window_are_exact():
     assert tokens == hf_greedy(model, [3, 1, 4, 1, 5, 9, 2, 6, 5, 3], 20, [])
 
 
-def test_plain_steps_between_speculative_ones_keep_the_drafter_in_step(make_llama):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_plain_steps_between_speculative_ones_keep_the_drafter_in_step(make_llama, layout):
     """The auto policy switches speculation off and on; the drafter's cache must catch up exactly."""
     target, draft = make_llama(0), make_llama(1, layers=1)
-    engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens="auto"))
+    engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens="auto", kv_layout=layout))
     ids = {engine.add_request(p, SamplingParams(temperature=0, max_new_tokens=30)): p for p in RAGGED_PROMPTS}
     pattern = [3, 0, 0, 0, 0, 0, 2, 0, 4, 0, 0, 0, 1]
     outputs = {rid: [] for rid in ids}
@@ -208,11 +215,12 @@ def test_plain_steps_between_speculative_ones_keep_the_drafter_in_step(make_llam
     assert fed and not fed & set(timed) and timed  # a step that fed the drafter's backlog is no step time
 
 
-def test_request_stats_add_up_to_the_engines(make_llama):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_request_stats_add_up_to_the_engines(make_llama, layout):
     """Counters summed on the device per slot: each request's SpecStats agrees with its own outputs, and the
     requests together give the engine's totals, across steps of different γ and slots that move."""
     target, draft = make_llama(0), make_llama(1, layers=1)
-    engine = Engine(target, draft, EngineConfig(max_batch_size=3, max_seq_len=128, num_draft_tokens="auto"))
+    engine = Engine(target, draft, EngineConfig(max_batch_size=3, max_seq_len=128, num_draft_tokens="auto", kv_layout=layout))
     for i, prompt in enumerate(RAGGED_PROMPTS + [[4, 4, 9]]):
         engine.add_request(prompt, SamplingParams(temperature=0.9 if i % 2 else 0, max_new_tokens=6 + 4 * i, seed=i))
     pattern, step = [3, 0, 2, 0, 0, 4], 0

@@ -1,7 +1,7 @@
 """Bit for bit on a CPU in fp32. By default a request's tokens do not depend on what else is in the batch
 (admitted before it, mid-flight, queued behind a full batch) nor, when greedy, on γ (plain decoding included); its
-log-probabilities do (the GEMMs and SDPA calls of another batch shape round differently: the xfail below, kept to
-document the default mode). With `EngineConfig(bitwise=True)` (the batch-invariant kernels, issue 26 item 1) the
+log-probabilities may (the GEMMs and SDPA calls of another batch shape may round differently, depending on the
+host's kernels; a deliberately row-count-dependent GEMM shows the comparison would see it). With `EngineConfig(bitwise=True)` (the batch-invariant kernels, issue 26 item 1) the
 log-probabilities are the same bits too: across batches, admissions, γ = 0..8 and drafters, and across prefill
 chunk sizes."""
 
@@ -10,6 +10,7 @@ import torch
 
 from specdec.engine import Engine, EngineConfig
 from specdec.request import SamplingParams
+from variant_kernels import patch_cpu_gemms
 
 PROMPT = [5, 6, 7, 8]
 OTHERS = [[1, 2], [9, 9, 9, 9], [3] * 12, [4, 4, 9], [11, 12, 13]]
@@ -66,16 +67,16 @@ def test_seeded_tokens_are_identical_across_batches(pair, gamma):
     assert len(runs[0]) == 16 and all(tokens == runs[0] for tokens in runs), runs
 
 
-@pytest.mark.xfail(reason="default mode: CPU fp32 GEMMs are not batch-invariant by construction. oneDNN's packed "
-                          "product (fast/kernels/cpu_linear.py, the default since it landed) happens to keep a row's "
-                          "bits across row counts for this tiny pair's shapes (K <= 576 measured) but not for K = 1536 "
-                          "(SmolLM2's down projection: 1 row vs 2+ differ), and MKL's F.linear (cpu_linear.MODE "
-                          "'linear') differs at every row count; so this may pass (XPASS) here without holding in "
-                          "general. EngineConfig(bitwise=True) makes them identical (the tests below)", strict=False)
-def test_logprobs_are_bit_identical_across_batches(pair):
+def test_the_logprob_comparison_finds_a_row_count_dependent_gemm(pair, monkeypatch):
+    """The negative control of the bitwise tests below, by construction on every host: in the default mode, with the
+    CPU GEMMs replaced by one whose last bit depends on the rows in the call (`variant_kernels`), a request's
+    log-probabilities differ between running alone and running among others. (The default kernels themselves keep or
+    change a row's bits with the row count depending on the CPU, so they prove nothing either way; the default mode
+    promises tokens, not log-probability bits.)"""
+    patch_cpu_gemms(monkeypatch)
     params = SamplingParams(temperature=1.0, max_new_tokens=16, seed=3, logprobs=True)
     runs = [run(pair, 0, *batch, params)[1] for batch in BATCHES]
-    assert all(logprobs == runs[0] for logprobs in runs)
+    assert all(logprobs != runs[0] for logprobs in runs[1:])
 
 
 # ------------------------------------------------------------------------------------------------ bitwise mode
@@ -98,6 +99,15 @@ def test_bitwise_seeded_tokens_and_logprobs_are_identical_across_batches(pair, g
     params = SamplingParams(temperature=1.0, top_k=40, top_p=0.95, max_new_tokens=16, seed=3, logprobs=True)
     runs = [run(pair, gamma, *batch, params, bitwise=True) for batch in BATCHES]
     assert len(runs[0][0]) == 16 and all(r == runs[0] for r in runs), runs
+
+
+def test_bitwise_mode_does_not_use_the_default_gemms(pair, monkeypatch):
+    """Under the same row-count-dependent GEMM as the control above, the mode's log-probabilities stay the same bits:
+    its kernels do not go through the host's default products."""
+    patch_cpu_gemms(monkeypatch)
+    params = SamplingParams(temperature=1.0, max_new_tokens=16, seed=3, logprobs=True)
+    runs = [run(pair, 3, *batch, params, bitwise=True) for batch in BATCHES]
+    assert all(r == runs[0] for r in runs[1:])
 
 
 def test_bitwise_logprobs_do_not_depend_on_the_prefill_chunk(pair):

@@ -1,7 +1,8 @@
 """The batch-invariant kernels (`fast.kernels.invariant`): each computes its eager function (within round-off) and
 gives a row / a query the same bits whatever shares the call — rows of another GEMM height, other queries of the
 row, other rows of the batch, another cache span, one split or several. The torch path on CPU; the Triton kernels
-in Triton's interpreter on CPU (fp32) and compiled on CUDA (bf16, GPU-marked)."""
+in Triton's interpreter on CPU (fp32; its `tl.dot` as a fixed-order product, `interpreter_dot`, since numpy's BLAS
+rounds a row by its place in the tile on some hosts) and compiled on CUDA (bf16, GPU-marked)."""
 
 import importlib.util
 
@@ -12,8 +13,10 @@ import torch.nn.functional as F
 from specdec.fast.kernels import invariant
 from specdec.fast.kernels.attention import slot_attention_reference
 from specdec.fast.kernels.invariant import invariant_attention, invariant_linear
+from variant_kernels import nudged, row_count_dependent_linear
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
+pytestmark = pytest.mark.usefixtures("fixed_order_dot")  # the interpreter's tl.dot without the host's BLAS
 CPU_KERNELS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not HAS_TRITON, reason="needs triton"))]
 
 
@@ -86,12 +89,13 @@ def test_split_k_linear_is_row_invariant(monkeypatch):
     assert not torch.equal(invariant_linear(big, w, kernel="triton"), one)
 
 
-@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="the control is for MKL builds")
-def test_plain_blas_is_not_row_invariant_with_mkl():
-    """The negative control: the check above has power — MKL's sgemm changes its summation with M (M = 1 runs a
-    GEMV, larger M other blockings), so plain F.linear fails it."""
+def test_the_row_check_has_power():
+    """The negative control, by construction on every host: a product whose last bit depends on the rows in the call
+    (`variant_kernels`) fails the check at every height. (Plain BLAS is no control: MKL keeps a row's bits for some
+    shapes on some CPUs and not on others.)"""
     x, w = rnd(70, 160, seed=8), rnd(96, 160, seed=9)
-    assert row_invariance_failures(lambda rows: F.linear(rows, w), x, [2, 3, 5, 8, 9, 17, 40, 70])
+    heights = [2, 3, 5, 8, 9, 17, 40, 70]
+    assert row_invariance_failures(lambda rows: row_count_dependent_linear(rows, w), x, heights) == heights
 
 
 def test_linear_refuses_bad_arguments():
@@ -162,14 +166,17 @@ def test_attention_with_several_splits_stays_query_invariant(monkeypatch, window
     assert query_invariance_failures(fn, q, keys, values, positions) == []
 
 
-def test_default_attention_is_not_query_invariant_here():
-    """The negative control: SDPA on the whole span (the reference) changes a query's bits with the span or the
-    company it keeps on this machine; skipped where it happens not to."""
+def test_the_query_check_has_power():
+    """The negative control, by construction on every host: the reference attention with its last bit moved when the
+    call holds more than one query or a shorter span than the full case's fails the check at every query, alone and
+    over the short span. (SDPA itself is no control: it keeps a query's bits on some hosts.)"""
     q, keys, values, positions = attention_case(k=5, slots=200)
-    bad = query_invariance_failures(lambda *a: slot_attention_reference(*a, 0.3), q, keys, values, positions)
-    if not bad:
-        pytest.skip("SDPA gave the same bits for every company and span here")
-    assert bad
+
+    def company_dependent(q, k, v, p):
+        return nudged(slot_attention_reference(q, k, v, p, 0.3), q.shape[0] * q.shape[1] > 1 or k.shape[2] < 200)
+
+    bad = query_invariance_failures(company_dependent, q, keys, values, positions)
+    assert len(bad) == 2 * q.shape[0] * q.shape[1]
 
 
 def test_attention_refuses_bad_arguments():

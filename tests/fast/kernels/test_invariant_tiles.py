@@ -16,6 +16,7 @@ from specdec.fast.kernels._invariant_config import MatmulConfig, Tile, config_fo
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+pytestmark = pytest.mark.usefixtures("fixed_order_dot")  # the interpreter's tl.dot without the host's BLAS
 LLAMA_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
             "lm_head": (128256, 4096)}
 HEIGHTS = [1, 5, 8, 64, 65, 320, 512]

@@ -1,0 +1,258 @@
+"""The paged KV pool (`EngineConfig(kv_layout="paged")`): fixed-size blocks of positions shared by every request.
+
+Terms (vLLM's):
+  block        `block_size` consecutive positions of one request (16 by default); block b of the pool holds them in
+               every model's cache at once (`PagedSlotCache`: the target's, a cached drafter's), so one table
+               serves them all and each model's blocks are sized by its own shape
+  block table  `[max_batch, max_blocks]` int32 on the device: row r's position t lives in block
+               table[r, t // block_size] at offset t % block_size; entries past a row's blocks are the null block
+  null block   block 0, never handed out: padding tokens write there and unused table entries point there (read
+               only under the attention mask)
+
+`BlockAllocator` owns which blocks are free (a free list and a reference count per block, ready for blocks shared
+by several requests: a prefix cache); `KVPool` owns the table and which blocks each row holds (host lists, the
+table their device copy). Rollback is a length move (blocks stay with the row); moving a request between rows
+is a table-row edit (`move`, `swap`), never a K/V copy; `release` returns a row's blocks. `check` is the
+accounting: every block is free or held, as many times as its count says (a leak or a double free is named).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import torch
+
+from specdec.fast.cache import PagedKVCache
+
+__all__ = ["BlockAllocator", "KVPool", "PagedSlotCache", "PoolAccountingError", "NULL_BLOCK", "blocks_for",
+           "kv_budget", "pool_blocks"]
+
+NULL_BLOCK = 0
+
+
+class PoolAccountingError(RuntimeError):
+    """The pool's books do not balance: a block leaked (held by nobody, not free) or was freed twice."""
+
+
+def blocks_for(positions: int, block_size: int) -> int:
+    """Blocks that hold positions [0, positions)."""
+    return -(-max(int(positions), 0) // block_size)
+
+
+class BlockAllocator:
+    """A free list over blocks 1..num_blocks−1 (block 0 is the null block) with a reference count per block."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        if num_blocks < 2:
+            raise ValueError(f"the KV pool needs at least 2 blocks (one is the null block), got {num_blocks}")
+        self.num_blocks, self.block_size = int(num_blocks), int(block_size)
+        self._free: deque[int] = deque(range(1, self.num_blocks))
+        self._refs = [0] * self.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_usable_blocks(self) -> int:
+        """Blocks a request can hold (the null block excluded)."""
+        return self.num_blocks - 1
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_usable_blocks - self.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        """Share of the usable blocks held, in [0, 1] (vLLM's `kv_cache_usage_perc` is this fraction)."""
+        return self.num_used_blocks / self.num_usable_blocks
+
+    def allocate(self, n: int) -> list[int] | None:
+        """n free blocks (reference count 1 each), or None (nothing taken) when fewer than n are free."""
+        if n > len(self._free):
+            return None
+        blocks = [self._free.popleft() for _ in range(n)]
+        for b in blocks:
+            self._refs[b] = 1
+        return blocks
+
+    def share(self, blocks: list[int]) -> None:
+        """One more holder of each block (a prefix shared by another request)."""
+        for b in blocks:
+            if self._refs[b] <= 0:
+                raise PoolAccountingError(f"block {b} is shared while free")
+            self._refs[b] += 1
+
+    def free(self, blocks: list[int]) -> None:
+        """One holder fewer of each block; a block nobody holds goes back to the free list."""
+        for b in blocks:
+            if b == NULL_BLOCK or self._refs[b] <= 0:
+                raise PoolAccountingError(f"block {b} freed but not held (a double free)")
+            self._refs[b] -= 1
+            if self._refs[b] == 0:
+                self._free.append(b)
+
+    def check(self, holders: list[list[int]]) -> None:
+        """The books balance for these holders' blocks (each list one holder's): every block is free xor held, and
+        held as many times as its count; raises `PoolAccountingError` naming the blocks otherwise."""
+        held = [0] * self.num_blocks
+        for blocks in holders:
+            for b in blocks:
+                held[b] += 1
+        free = set(self._free)
+        if len(free) != len(self._free) or NULL_BLOCK in free:
+            raise PoolAccountingError("the free list holds a block twice or the null block")
+        leaked = [b for b in range(1, self.num_blocks) if b not in free and held[b] == 0]
+        if leaked:
+            raise PoolAccountingError(f"{len(leaked)} blocks leaked (neither free nor held): {leaked[:16]}")
+        wrong = [b for b in range(1, self.num_blocks) if held[b] != self._refs[b] or (b in free and held[b])]
+        if wrong:
+            raise PoolAccountingError(f"blocks held a number of times other than their counts: {wrong[:16]}")
+
+
+class KVPool:
+    """Block tables for `max_batch` rows over one `BlockAllocator`: `table [max_batch, max_blocks]` int32 on
+    `device`, and each row's blocks on the host (`blocks[row]`)."""
+
+    def __init__(self, num_blocks: int, block_size: int, max_batch: int, max_positions: int, device: torch.device):
+        self.allocator = BlockAllocator(num_blocks, block_size)
+        self.block_size = int(block_size)
+        self.max_blocks = blocks_for(max_positions, block_size)
+        self.table = torch.full((max_batch, self.max_blocks), NULL_BLOCK, dtype=torch.int32, device=device)
+        self.blocks: list[list[int]] = [[] for _ in range(max_batch)]
+        self.num_preemptions = 0  # requests whose blocks were taken back to make room (engine's count)
+
+    @property
+    def num_positions(self) -> int:
+        """Positions one row's table spans (the last of them is the row's junk slot, see `fast.cache.PagedKVCache`)."""
+        return self.max_blocks * self.block_size
+
+    def blocks_needed(self, row: int, positions: int) -> int:
+        """Blocks row must still take to hold positions [0, positions)."""
+        return max(blocks_for(min(positions, self.num_positions), self.block_size) - len(self.blocks[row]), 0)
+
+    def reserve(self, row: int, positions: int) -> bool:
+        """Give `row` blocks for positions [0, positions) (capped at the table's span); False (nothing taken) when
+        the pool has too few free blocks."""
+        n = self.blocks_needed(row, positions)
+        if n == 0:
+            return True
+        new = self.allocator.allocate(n)
+        if new is None:
+            return False
+        have = len(self.blocks[row])
+        self.blocks[row].extend(new)
+        self.table[row, have : have + n] = torch.tensor(new, dtype=torch.int32).to(self.table.device)
+        return True
+
+    def release(self, row: int) -> None:
+        """Return row's blocks to the pool; its table row points at the null block again."""
+        if self.blocks[row]:
+            self.allocator.free(self.blocks[row])
+            self.blocks[row] = []
+            self.table[row].fill_(NULL_BLOCK)
+
+    def move(self, src: int, dst: int) -> None:
+        """Row `src`'s blocks become row `dst`'s (dst holds none); src holds none after."""
+        if self.blocks[dst]:
+            raise PoolAccountingError(f"row {dst} still holds {len(self.blocks[dst])} blocks: release it first")
+        self.blocks[dst], self.blocks[src] = self.blocks[src], []
+        self.table[dst] = self.table[src]
+        self.table[src].fill_(NULL_BLOCK)
+
+    def swap(self, a: int, b: int) -> None:
+        self.blocks[a], self.blocks[b] = self.blocks[b], self.blocks[a]
+        self.table[[a, b]] = self.table[[b, a]]
+
+    def check(self) -> None:
+        """`BlockAllocator.check` over every row's blocks, and the table equal to them."""
+        self.allocator.check(self.blocks)
+        host = torch.full(self.table.shape, NULL_BLOCK, dtype=torch.int32)
+        for row, blocks in enumerate(self.blocks):
+            host[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        if not torch.equal(host, self.table.cpu()):
+            raise PoolAccountingError("the device block table differs from the rows' blocks")
+
+
+class PagedSlotCache:
+    """One model's K/V blocks over a `KVPool`'s tables: `SlotCache`'s interface for the engine (`view`, `lengths`,
+    `num_positions`, `nbytes`, `allocate`), keys/values `[L, num_blocks, block_size, H_kv, D]`. Rows are moved by
+    the pool (`KVPool.move`, a table edit, once for every model); `move` / `swap` here move the write lengths."""
+
+    def __init__(self, model, pool: KVPool):
+        s = model.shape
+        self.pool = pool
+        self.num_positions = pool.num_positions
+        self.size = (s.n_layers, pool.allocator.num_blocks, pool.block_size, s.n_kv_heads, s.head_dim)
+        self._device, self._dtype = model.device, model.dtype
+        self._keys: torch.Tensor | None = None
+        self._values: torch.Tensor | None = None
+        self.lengths = torch.zeros(pool.table.shape[0], dtype=torch.long, device=model.device)
+
+    @staticmethod
+    def block_bytes(model, block_size: int) -> int:
+        """Bytes one block of `model`'s keys and values takes (every layer)."""
+        s = model.shape
+        return 2 * s.n_layers * block_size * s.n_kv_heads * s.head_dim * model.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * math.prod(self.size) * self._dtype.itemsize
+
+    def allocate(self) -> None:
+        if self._keys is None:
+            self._keys = torch.zeros(self.size, device=self._device, dtype=self._dtype)
+            self._values = torch.zeros(self.size, device=self._device, dtype=self._dtype)
+
+    def view(self, rows: slice, num_positions: int) -> PagedKVCache:
+        """Rows `rows` over their first `num_positions` positions (a multiple of the block size; the last is the
+        junk slot) → a `fast.cache.PagedKVCache`."""
+        self.allocate()
+        blocks = blocks_for(num_positions, self.pool.block_size)
+        return PagedKVCache(list(self._keys.unbind(0)), list(self._values.unbind(0)), self.lengths[rows],
+                            self.pool.table[rows, :blocks])
+
+    def move(self, src: int, dst: int, num_positions: int | None = None) -> None:
+        self.lengths[dst] = self.lengths[src]
+
+    def swap(self, a: int, b: int, num_positions: int | None = None) -> None:
+        self.lengths[[a, b]] = self.lengths[[b, a]]
+
+
+def pool_blocks(budget: int, block_bytes: int, max_batch: int, max_blocks: int) -> int:
+    """Blocks (the null block included) a byte budget buys at `block_bytes` a block, at most what every row's whole
+    table needs; a ValueError naming `kv_cache_memory` when it buys fewer than one row's worth of one block."""
+    blocks = int(budget) // block_bytes
+    if blocks < 2:
+        raise ValueError(f"kv_cache_memory (--kv-cache-memory) of {int(budget)} bytes holds {blocks} KV blocks of "
+                         f"{block_bytes} bytes; the paged pool needs at least 2 (one is the null block)")
+    return min(blocks, max_batch * max_blocks + 1)
+
+
+def kv_budget(kv_cache_memory: int | float | None, static_bytes: int, free: int | None) -> int:
+    """The pool's bytes: an int is bytes; a float in (0, 1] that fraction of the free memory (vLLM's
+    gpu_memory_utilization, of what is free now); None = what the static layout would take (every slot's whole
+    context), at most half the free memory."""
+    if isinstance(kv_cache_memory, float):
+        if free is None:
+            raise ValueError(f"kv_cache_memory={kv_cache_memory} is a fraction of free memory, which this device "
+                             "does not report: give bytes")
+        return int(kv_cache_memory * free)
+    if kv_cache_memory is not None:
+        return int(kv_cache_memory)
+    return static_bytes if free is None else min(static_bytes, free // 2)
+
+
+def paged_caches(model, draft_model, static_bytes: int, config, max_batch: int, num_positions: int,
+                 free: int | None) -> tuple[KVPool, PagedSlotCache, PagedSlotCache | None]:
+    """The engine's pool (`config.kv_cache_memory`, `config.block_size`) over `num_positions` per row, and the
+    target's and a cached drafter's (`draft_model`, or None) caches over it: one block holds the same positions in
+    both, so a block's bytes are the two models' together."""
+    size = config.block_size
+    models = [model] + ([draft_model] if draft_model is not None else [])
+    budget = kv_budget(config.kv_cache_memory, static_bytes, free)
+    num_blocks = pool_blocks(budget, sum(PagedSlotCache.block_bytes(m, size) for m in models), max_batch,
+                             num_positions // size)
+    pool = KVPool(num_blocks, size, max_batch, num_positions, model.device)
+    return pool, PagedSlotCache(model, pool), None if draft_model is None else PagedSlotCache(draft_model, pool)

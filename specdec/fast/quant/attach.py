@@ -1,0 +1,126 @@
+"""A `FastLlama` whose linear weights stay GGUF-quantized: `quantized_from_hf(model)` for a transformers model that
+`load_model` read from a GGUF, on the CPU in float32.
+
+The plain tensors (norms, biases, and the token embedding the layers gather from) are copied from the transformers
+model as `FastLlama.from_hf` does; each linear weight (q|k|v, o, gate|up, down, the LM head) is read from the file
+(`loading.gguf_tensors.read_quantized`), checked equal, bit for bit, to the transformers model's dequantized tensor
+(so a mapping or decoding slip can never run), and put in place as a "meta" parameter of the right shape carrying
+the `QuantWeight` (`quantized(weight)`), which `FastLlama`'s GEMM helpers send to `fast.quant.kernel`. The dense
+float32 copy of those weights is never made in the `FastLlama` (the transformers model keeps its own until released).
+A tied LM head keeps the dense embedding for gathers and multiplies by its quantized copy.
+
+`SPECDEC_GGUF_WEIGHTS=dequantized` (environment) turns this off: every weight dense float32, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter
+
+import torch
+
+from specdec.fast.quant.weight import ATTRIBUTE as _ATTR, quantized
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["quantized", "quantized_from_hf", "quantized_bytes", "ENV"]
+
+ENV = "SPECDEC_GGUF_WEIGHTS"  # "quantized" (default) | "dequantized"
+
+
+def _placeholder(qw) -> torch.nn.Parameter:
+    p = torch.nn.Parameter(torch.empty(qw.shape, device="meta"), requires_grad=False)
+    setattr(p, _ATTR, qw)
+    return p
+
+
+def _weights(fast) -> list:
+    """The distinct `QuantWeight`s of a model's parameters."""
+    found = {}
+    for p in fast.parameters():
+        q = quantized(p)
+        if q is not None:
+            found[id(q)] = q
+    return list(found.values())
+
+
+def quantized_bytes(fast) -> int:
+    """Bytes of the quantized weights a `FastLlama` holds."""
+    return sum(q.nbytes for q in _weights(fast))
+
+
+def _why_not(model, file) -> str | None:
+    from specdec.fast.families import LlamaShape
+
+    if os.environ.get(ENV, "quantized") not in ("quantized", "dequantized"):
+        raise ValueError(f"{ENV} must be 'quantized' or 'dequantized', got {os.environ[ENV]!r}")
+    if os.environ.get(ENV, "quantized") == "dequantized":
+        return f"{ENV}=dequantized"
+    ref = model.get_input_embeddings().weight
+    if ref.device.type != "cpu" or ref.dtype != torch.float32:
+        return f"the model is {ref.dtype} on {ref.device.type} (quantized weights run on the CPU in float32)"
+    shape = LlamaShape.from_hf(model.config)
+    a = shape.arch
+    if a.sandwich_norms or a.parallel_residual or model.config.model_type in ("granite", "phi3", "gpt2",
+                                                                             "gpt_neox", "starcoder2"):
+        return f"model_type {model.config.model_type!r} (its weights are reshaped or scaled on the way in)"
+    return None
+
+
+def _same(qw, tensor: torch.Tensor, rows: int = 256) -> bool:
+    """Whether `rows` rows spread over the matrix dequantize to `tensor`'s, bit for bit (a mapping or head-order slip
+    changes nearly every row; each block type's decoding is tested whole in tests/fast/quant)."""
+    if tuple(tensor.shape) != qw.shape:
+        return False
+    picked = torch.linspace(0, qw.shape[0] - 1, min(rows, qw.shape[0])).long().unique()
+    return torch.equal(qw.select_rows(picked).dequantize(), tensor.index_select(0, picked))
+
+
+def quantized_from_hf(model, kernels: str = "auto"):
+    """A `FastLlama` with the GGUF's linear weights kept quantized, or None when `model` did not come from a GGUF, or
+    its weights cannot stay quantized here (the reason logged once). ValueError when the file's weights are not the
+    model's (never silently)."""
+    from specdec.fast.model import FastLlama
+    from specdec.fast.quant.kernel import kernel_name
+    from specdec.fast.weights import hf_ropes, hf_weights
+    from specdec.loading.gguf_tensors import gguf_origin, read_quantized
+
+    file = gguf_origin(model)
+    if file is None:
+        return None
+    reason = _why_not(model, file)
+    if reason is not None:
+        logger.info("%s: weights dequantized to float32 (%s)", file.name, reason)
+        return None
+    from specdec.fast.families import LlamaShape
+
+    shape = LlamaShape.from_hf(model.config)
+    try:
+        quant = {(name, layer): qw for name, layer, qw in read_quantized(file, shape.n_heads, shape.n_kv_heads)}
+    except ValueError as err:
+        logger.info("weights dequantized to float32 (%s)", err)
+        return None
+    fast = FastLlama(shape, ropes=hf_ropes(model, shape), device="cpu", dtype=torch.float32, kernels=kernels)
+    with torch.no_grad():
+        for name, layer, tensor in hf_weights(model, shape):
+            qw = quant.get((name, layer))
+            if qw is not None and not _same(qw, tensor.detach()):
+                raise ValueError(f"{file.name}: the quantized {name}{'' if layer is None else f'[{layer}]'} does not "
+                                 "dequantize to the transformers model's tensor")
+            if qw is not None and name != "embed":
+                if layer is None:
+                    setattr(fast, name, _placeholder(qw))
+                else:
+                    getattr(fast, name)[layer] = _placeholder(qw)
+                continue
+            target = getattr(fast, name) if layer is None else getattr(fast, name)[layer]
+            target.copy_(tensor.detach())  # (the embedding: dense, for the gathers)
+            if qw is not None and shape.tie_word_embeddings:  # the tied LM head multiplies by the quantized copy
+                setattr(target, _ATTR, qw)
+    fast.config = model.config
+    fast.generation_config = getattr(model, "generation_config", None)
+    kinds = Counter(q.source for q in _weights(fast))
+    logger.info("%s: %s kept quantized (%.1f MiB) on %s", file.name,
+                ", ".join(f"{n} × {k}" for k, n in sorted(kinds.items())), quantized_bytes(fast) / 2**20, kernel_name())
+    return fast.eval()

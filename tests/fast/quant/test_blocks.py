@@ -1,0 +1,143 @@
+"""Every GGUF block type specdec keeps quantized, on random tensors: its `QuantWeight` dequantizes to exactly what
+gguf's `quants.dequantize` gives (transformers' reference), and the kernel's product x @ Wᵀ matches the dense float32
+product within a bound on rounding — with a wrong scale as the negative control, which must fail the same check.
+
+Types gguf can quantize (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) are quantized from random floats; the K-quants (Q4_K, Q5_K,
+Q6_K), which it only dequantizes, are random raw blocks with sane fp16 scales. The tolerance is rounding, not the
+BLAS's summation order: |y − y_ref| ≤ 2⁻¹⁶ · (|x| @ |W|ᵀ) + 1e-6 (fp32 sums of ≤ 1024 terms err by ≲ K · 2⁻²⁴ of it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+from gguf import quants  # noqa: E402
+from gguf.constants import GGMLQuantizationType  # noqa: E402
+
+from specdec.fast.quant import kernel as qkernel  # noqa: E402
+from specdec.fast.quant.blocks import BLOCK_BYTES, SUPPORTED, from_blocks  # noqa: E402
+from specdec.fast.quant.weight import QuantWeight, join  # noqa: E402
+
+QUANTIZABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
+
+
+def raw_tensor(kind: str, n: int, k: int, seed: int = 0) -> np.ndarray:
+    """A GGUF tensor's raw blocks `uint8 [n, bytes per row]` of type `kind` (seeded)."""
+    rng = np.random.default_rng(seed)
+    if kind in QUANTIZABLE:
+        return quants.quantize(rng.standard_normal((n, k)).astype(np.float32), GGMLQuantizationType[kind])
+    per, size = BLOCK_BYTES[kind]
+    raw = rng.integers(0, 256, (n, k // per * size), dtype=np.uint8)
+    blocks = raw.reshape(-1, size)
+    scales = lambda: (rng.random(blocks.shape[0]) * 0.02 + 1e-3).astype(np.float16).view(np.uint8).reshape(-1, 2)  # noqa: E731
+    if kind == "Q6_K":
+        blocks[:, 208:210] = scales()
+    else:
+        blocks[:, 0:2], blocks[:, 2:4] = scales(), scales()  # d, dmin
+    return raw
+
+
+def reference(kind: str, raw: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(quants.dequantize(raw, GGMLQuantizationType[kind]).copy())
+
+
+def within_rounding(y: torch.Tensor, x: torch.Tensor, dense: torch.Tensor) -> bool:
+    bound = (x.abs() @ dense.abs().t()) * 2.0**-16 + 1e-6
+    return bool(((y - x @ dense.t()).abs() <= bound).all())
+
+
+def test_the_table_covers_the_issue_types():
+    assert set(SUPPORTED) >= {"Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_K", "Q6_K", "Q8_0"}
+    assert set(SUPPORTED) == set(QUANTIZABLE) | set(K_QUANTS)
+
+
+@pytest.mark.parametrize("kind", SUPPORTED)
+def test_dequantize_is_ggufs_bit_for_bit(kind):
+    raw = raw_tensor(kind, 24, 512)
+    weight = from_blocks(kind, raw, (24, 512))
+    assert weight.bits == (4 if kind.startswith("Q4") else 8) and weight.source == kind
+    assert torch.equal(weight.dequantize(), reference(kind, raw))
+    assert torch.equal(weight.dequantize(5, 9), reference(kind, raw)[5:9])
+
+
+@pytest.mark.parametrize("kind", SUPPORTED)
+@pytest.mark.parametrize("rows", [1, 5, 8, 13, 40])  # one tile, a verify pass, a full tile, two tiles, chunked
+def test_the_kernel_product_matches_the_dense_one(kind, rows):
+    torch.manual_seed(rows)
+    raw = raw_tensor(kind, 80, 512, seed=rows)
+    weight, dense = from_blocks(kind, raw, (80, 512)), reference(kind, raw)
+    x = torch.randn(rows, 512)
+    y = qkernel.quant_linear(x, weight)
+    assert y.shape == (rows, 80) and within_rounding(y, x, dense)
+    # the negative control: one group's scale 1% off (row 3's largest) fails the same check
+    bad = QuantWeight(weight.qs, weight.scale.clone(), weight.offset, weight.bits, weight.group, weight.shape, kind)
+    bad.scale[3, bad.scale[3].abs().argmax()] *= 1.01
+    assert not within_rounding(qkernel.quant_linear(x, bad), x, dense)
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q6_K"])
+def test_bias_batch_dims_and_the_residual_add(kind):
+    torch.manual_seed(0)
+    raw = raw_tensor(kind, 48, 256)
+    weight, dense = from_blocks(kind, raw, (48, 256)), reference(kind, raw)
+    x, bias = torch.randn(2, 3, 256), torch.randn(48)
+    y = qkernel.quant_linear(x, weight, bias)
+    assert y.shape == (2, 3, 48)
+    assert within_rounding((y - bias).view(6, 48), x.view(6, 256), dense)
+    residual = torch.randn(2, 3, 48)
+    start = residual.clone()
+    assert qkernel.quant_add_linear_(residual, x, weight) is residual
+    assert within_rounding((residual - start).view(6, 48), x.view(6, 256), dense)
+    assert qkernel.quant_linear(torch.randn(0, 256), weight).shape == (0, 48)
+
+
+def test_the_chunked_path_without_the_kernel(monkeypatch):
+    """No compiler: every product dequantizes CHUNK_ROWS rows at a time — the same result within rounding."""
+    monkeypatch.setattr(qkernel, "kernel_available", lambda: False)
+    monkeypatch.setattr(qkernel, "CHUNK_ROWS", 32)
+    torch.manual_seed(1)
+    raw = raw_tensor("Q4_K", 100, 256)
+    weight, dense = from_blocks("Q4_K", raw, (100, 256)), reference("Q4_K", raw)
+    x = torch.randn(3, 256)
+    assert within_rounding(qkernel.quant_linear(x, weight), x, dense)
+    residual = torch.zeros(3, 100)
+    assert within_rounding(qkernel.quant_add_linear_(residual, x, weight), x, dense)
+
+
+def test_join_widens_mixed_types_exactly():
+    """q|k|v of a Q4_K_M file: Q4_K q and k with a Q6_K v → one 8-bit group-16 matrix, the same weights."""
+    parts = [("Q4_K", 64), ("Q4_K", 32), ("Q6_K", 32)]
+    raws = [raw_tensor(kind, n, 256, seed=i) for i, (kind, n) in enumerate(parts)]
+    joined = join([from_blocks(kind, raw, (n, 256)) for (kind, n), raw in zip(parts, raws)])
+    assert (joined.bits, joined.group, joined.shape, joined.source) == (8, 16, (128, 256), "Q4_K+Q6_K")
+    dense = torch.cat([reference(kind, raw) for (kind, _), raw in zip(parts, raws)])
+    assert torch.equal(joined.dequantize(), dense)
+    x = torch.randn(4, 256)
+    assert within_rounding(qkernel.quant_linear(x, joined), x, dense)
+    same = join([from_blocks("Q4_1", raw_tensor("Q4_1", 32, 256, seed=s), (32, 256)) for s in (1, 2)])
+    assert (same.bits, same.group) == (4, 32)
+
+
+def test_select_rows_keeps_the_rows_quantized():
+    raw = raw_tensor("Q8_0", 16, 64)
+    weight = from_blocks("Q8_0", raw, (16, 64))
+    order = torch.tensor([3, 0, 15, 7])
+    assert torch.equal(weight.select_rows(order).dequantize(), reference("Q8_0", raw)[order])
+
+
+def test_bad_input_is_refused_by_name():
+    with pytest.raises(ValueError, match="Q2_K"):
+        from_blocks("Q2_K", np.zeros((2, 84), np.uint8), (2, 256))
+    with pytest.raises(ValueError, match="expected raw blocks"):
+        from_blocks("Q4_0", np.zeros((2, 17), np.uint8), (2, 32))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        QuantWeight(torch.zeros(2, 8, dtype=torch.uint8), torch.zeros(2, 1), None, 4, 32, (2, 16), "Q4_0")
+    weight = from_blocks("Q4_0", raw_tensor("Q4_0", 4, 64), (4, 64))
+    with pytest.raises(ValueError, match="float32 CPU inputs"):
+        qkernel.quant_linear(torch.randn(2, 32), weight)
+    with pytest.raises(ValueError, match="float32 CPU inputs"):
+        qkernel.quant_linear(torch.randn(2, 64, dtype=torch.float64), weight)
