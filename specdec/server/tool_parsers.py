@@ -122,9 +122,9 @@ class ToolCallStream:
         if self._buffer is not None:
             self._buffer += text
             return []
-        if token_id in self.marker_token_ids:  # a special marker token: its text is not in the stream
-            out = self._content(self._held)
-            self._held, self._buffer = "", MARKERS[self.fmt] + text
+        if token_id in self.marker_token_ids:  # the marker as one token: special (no text, Mistral's) or not
+            out = self._content(self._held)  # (Qwen's <tool_call>: its text is the marker)
+            self._held, self._buffer = "", text if text.startswith(MARKERS[self.fmt]) else MARKERS[self.fmt] + text
             return out
         held = self._held + text
         if self.fmt == "llama3_json" and not "".join(self.content_parts) and held.lstrip().startswith("{"):
