@@ -195,10 +195,13 @@ def build(args: argparse.Namespace):
 
 def _drafter_name(drafter) -> str:
     """The drafter as a phrase: a draft model's class, a head folder, or the drafter's kind."""
+    import torch
+
     if isinstance(drafter, (str, Path)):
         return f"head {drafter}"
-    model = getattr(drafter, "model", None)
-    return type(model).__name__ if model is not None else type(drafter).__name__
+    if isinstance(drafter, torch.nn.Module):
+        return f"draft model ({type(drafter).__name__})"
+    return type(drafter).__name__
 
 
 def _prefill_budget(args: argparse.Namespace):
@@ -291,6 +294,7 @@ def _serve(args, app, llm, sock, uvicorn, startup) -> int:
         startup.say(f"drafter: {_drafter_name(llm.drafter)}, num_draft_tokens={llm.num_draft_tokens}")
     for gamma in sorted({llm.num_draft_tokens, 0} if llm.drafter is not None else {0}, key=str):
         runner = llm.runner(gamma)  # build (and on CUDA, capture) before the first request, not during it
+        app.state.metrics.watch_runner(gamma, runner)  # its KV cache usage on /metrics from the start
         startup.say(kv_cache_line(gamma, runner))
         line = warmup_line(gamma, runner, llm.warmups)
         if line is not None:

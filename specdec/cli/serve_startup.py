@@ -86,24 +86,22 @@ class StartupLog(logging.Handler):
 
 
 def kv_cache_line(gamma, runner) -> str:
-    """What one runner's KV cache takes and holds (the engine's slot caches: target, and a drafter's own)."""
+    """What one runner's KV cache takes (`Engine.kv_cache_bytes`, by part: `Engine.memory`) and what it holds
+    (sequences × positions, or the paged pool's blocks; layers × KV heads × head dims, dtype, device)."""
+    from specdec.engine import Engine
+    from specdec.engine.memory import format_bytes
+
     name = "plain decoding" if gamma == 0 else f"num_draft_tokens={gamma}"
-    cache = getattr(runner, "cache", None)
-    if cache is None:  # the eager transformers loop: transformers' cache, sized by each batch as it runs
+    if not isinstance(runner, Engine):  # the eager transformers loop: transformers' cache, sized per batch
         return f"KV cache ({name}): transformers' dynamic cache, allocated per batch as it runs (eager loop)"
-    total = getattr(runner, "kv_cache_bytes", None)  # (the paged pool's property, where the engine has one)
-    parts = [f"target {_gib(cache.nbytes)}"]
-    drafter_cache = getattr(getattr(runner, "drafter", None), "cache", None) if getattr(runner, "drafter_cached",
-                                                                                       False) else None
-    if drafter_cache is not None:
-        parts.append(f"drafter {_gib(drafter_cache.nbytes)}")
-    if total is None:
-        total = cache.nbytes + (drafter_cache.nbytes if drafter_cache is not None else 0)
-    keys = cache.keys
-    layers, _, heads, _, dim = keys.shape
-    return (f"KV cache ({name}): {_gib(total)} ({', '.join(parts)}) — {runner.max_batch} sequences × "
-            f"{cache.num_positions} positions, {layers} layers × {heads} KV heads × {dim} dims, "
-            f"{str(keys.dtype).removeprefix('torch.')} on {keys.device}")
+    shape = runner.model.shape
+    pool = runner.kv_pool
+    holds = (f"{pool.allocator.num_usable_blocks} blocks of {pool.block_size} tokens (paged; up to "
+             f"{runner.max_batch} sequences × {runner.num_positions} positions)" if pool is not None else
+             f"{runner.max_batch} sequences × {runner.num_positions} positions")
+    return (f"KV cache ({name}): {format_bytes(runner.kv_cache_bytes)} ({runner.memory.describe()}) — {holds}, "
+            f"target {shape.n_layers} layers × {shape.n_kv_heads} KV heads × {shape.head_dim} dims, "
+            f"{str(runner.model.dtype).removeprefix('torch.')} on {runner.device}")
 
 
 def warmup_line(gamma, runner, warmups: dict) -> str | None:
@@ -111,10 +109,9 @@ def warmup_line(gamma, runner, warmups: dict) -> str | None:
     if gamma in warmups:
         return None  # the library logged the capture
     name = "plain decoding" if gamma == 0 else f"num_draft_tokens={gamma}"
-    if getattr(runner, "cache", None) is None:
+    from specdec.engine import Engine
+
+    if not isinstance(runner, Engine):
         return f"warm-up ({name}): none (the eager loop builds nothing ahead)"
-    return f"warm-up ({name}): none needed on {runner.cache.keys.device.type} (CUDA graphs are captured on CUDA only)"
-
-
-def _gib(nbytes: int) -> str:
-    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**27 else f"{nbytes / 2**20:.1f} MiB"
+    why = "paged KV cache: eager steps" if runner.kv_pool is not None else "CUDA graphs are captured on CUDA only"
+    return f"warm-up ({name}): none needed on {runner.device.type} ({why})"

@@ -98,6 +98,8 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None, dt
                          "pass one of them")
     torch_dtype = _dtype(dtype, options, dev, what)
     source = resolve_source(path, options, what=what)
+    logger.info("%s: loading %s (%s)", what, source.where, source.kind)
+    started = time.perf_counter()
     gguf = {"gguf_file": source.gguf_file} if source.gguf_file else {}
     if source.gguf_file:
         inspect_gguf(source.folder / source.gguf_file, what=what, allow_weight_mismatch=allow_weight_mismatch)
@@ -123,8 +125,6 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None, dt
         kwargs["use_safetensors"] = True
     if source.gguf_file:  # the config read above: transformers would parse the GGUF's metadata once more for it
         kwargs["config"] = config
-    logger.info("%s: loading %s (%s)", what, source.where, source.kind)
-    started = time.perf_counter()
     try:
         with quiet_progress_bars():
             model, info = auto.from_pretrained(str(source.folder), dtype=torch_dtype, output_loading_info=True,
@@ -169,11 +169,16 @@ def load_tokenizer(path: str | Path, *, what: str = "tokenizer", model_kwargs=No
         if not gguf and (source.folder / name).is_file() and "auto_map" in read_json(source.folder / name, what):
             raise ValueError(f"{what}: {source.folder / name} asks for custom code (auto_map); specdec never runs code "
                              "from a checkpoint")
+    logger.info("%s: loading %s (%s)", what, source.where, source.kind)
+    started = time.perf_counter()
     try:
         with quiet_progress_bars():
-            return AutoTokenizer.from_pretrained(str(source.folder), local_files_only=True, trust_remote_code=False,
-                                                 **gguf)
+            tokenizer = AutoTokenizer.from_pretrained(str(source.folder), local_files_only=True,
+                                                      trust_remote_code=False, **gguf)
     except Exception as err:  # noqa: BLE001
         expected = "a GGUF with tokenizer metadata" if gguf else "tokenizer.json / tokenizer_config.json"
         raise FileNotFoundError(f"{what}: no usable tokenizer in {source.where} (expected {expected}): "
                                 f"{_one_line(err)}") from None
+    logger.info("%s: loaded in %.1f s (%d tokens%s)", what, time.perf_counter() - started, len(tokenizer),
+                ", a chat template" if getattr(tokenizer, "chat_template", None) else ", no chat template")
+    return tokenizer

@@ -99,7 +99,7 @@ async def sse(run: Run, chat: bool, llm, model_name: str, tools: list[ToolCallSt
                 if finish is not None:
                     last, finish = tools[i].finish(finish)
                     deltas += last
-                elif not deltas and not parsed.token_details:
+                elif not deltas and not parsed.token_details and logprobs is None:
                     continue  # held back (a possible call marker) or buffered (a call being generated)
                 for d in deltas[:-1]:  # all but the last: alone; the last carries this step's extras
                     yield chunk([{"index": i, "delta": d, "logprobs": None, "finish_reason": None}])

@@ -7,7 +7,9 @@
 
 `ToolCallStream` (one per choice, its own state) is fed the choice's text deltas as they arrive and says what
 to send: text streams as content until a call starts (a possible start of the marker is held back, never
-sent twice), the call is buffered and parsed when the choice finishes. A call that does not parse, or names a
+sent twice), the call is buffered and parsed when the choice finishes. An answer that is only a JSON call
+object (`{"name": a listed tool, "arguments" | "parameters": {...}}`) is a call in every family: small models
+often leave the marker out (Qwen2.5-Coder-0.5B answers so). A call that does not parse, or names a
 function not in `tools`, is returned as the content it was (nothing is dropped). "required" / named choices
 were decoded under a JSON-schema constraint (`tools.py`): named streams its arguments as they are generated.
 """
@@ -122,15 +124,15 @@ class ToolCallStream:
         if self._buffer is not None:
             self._buffer += text
             return []
-        if token_id in self.marker_token_ids:  # a special marker token: its text is not in the stream
-            out = self._content(self._held)
-            self._held, self._buffer = "", MARKERS[self.fmt] + text
+        if token_id in self.marker_token_ids:  # the marker as one token: special (no text, Mistral's) or not
+            out = self._content(self._held)  # (Qwen's <tool_call>: its text is the marker)
+            self._held, self._buffer = "", text if text.startswith(MARKERS[self.fmt]) else MARKERS[self.fmt] + text
             return out
         held = self._held + text
-        if self.fmt == "llama3_json" and not "".join(self.content_parts) and held.lstrip().startswith("{"):
-            self._held, self._buffer = "", held  # the answer is a JSON call
+        if not self.content_parts and held.lstrip().startswith("{"):
+            self._held, self._buffer = "", held  # the answer may be a bare JSON call (Llama-3's; small Qwens')
             return []
-        if self.fmt == "llama3_json" and not held.strip() and not self.content_parts:
+        if not held.strip() and not self.content_parts:
             self._held = held  # leading whitespace: the answer may still be a call
             return []
         marker = MARKERS.get(self.fmt, "")
@@ -166,13 +168,13 @@ class ToolCallStream:
             items = _json(text)
             entries = [(e.get("name"), e.get("parameters")) for e in items if isinstance(e, dict)] \
                 if isinstance(items, list) else None
-        elif self.fmt == "hermes":
+        elif self.fmt == "hermes" and text.startswith(MARKERS["hermes"]):
             entries = [_entry(_json(m)) for m in _HERMES_CALL.findall(text)]
-        elif self.fmt == "mistral":
+        elif self.fmt == "mistral" and text.startswith(MARKERS["mistral"]):
             items = _json(text[len(MARKERS["mistral"]):].strip())
             items = [items] if isinstance(items, dict) else items
             entries = [_entry(e) for e in items] if isinstance(items, list) else None
-        else:  # llama3_json
+        else:  # Llama-3's JSON, or any family's answer that is only a JSON call (the marker left out)
             body = text.strip()
             body = body[len(MARKERS["llama3_json"]):] if body.startswith(MARKERS["llama3_json"]) else body
             entries = [_entry(_json(part)) for part in _split_calls(body)]

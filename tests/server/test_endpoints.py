@@ -152,3 +152,38 @@ def test_the_start_up_log_draws_a_progress_bar_on_a_terminal_only():
     logging.getLogger("specdec.loading").info("target: loading x")
     log.uninstall()
     assert quiet.getvalue() == "" and not logging.getLogger("specdec").handlers
+
+
+def test_metrics_export_each_runners_kv_cache_usage(server, read_metrics):
+    values = read_metrics()
+    for gamma in ("0", "4"):
+        usage = values[("specdec:kv_cache_usage_perc", (("model_name", "demo"), ("num_draft_tokens", gamma)))]
+        assert 0.0 <= usage <= 1.0
+    assert values[("specdec:num_preemptions_total", (("model_name", "demo"),))] == 0  # a static cache never preempts
+
+
+def test_a_paged_pool_exports_its_blocks():
+    from pathlib import Path
+
+    from prometheus_client.parser import text_string_to_metric_families
+    from transformers import AutoModelForCausalLM
+
+    from specdec.engine import Engine, EngineConfig
+    from specdec.server.metrics import ServerMetrics
+
+    folder = Path(__file__).resolve().parents[2] / "specdec" / "assets" / "demo_pair" / "target"
+    target = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+    engine = Engine(target, None, EngineConfig(max_batch_size=2, max_seq_len=64, num_draft_tokens=0,
+                                               kv_layout="paged", kv_cache_memory=1 << 22))
+
+    class LLM:  # what ServerMetrics reads of an LLM
+        num_running = num_waiting = 0
+
+    metrics = ServerMetrics(LLM())
+    metrics.watch_runner(0, engine)
+    samples = {s.name: s.value for f in text_string_to_metric_families(metrics.render().decode()) for s in f.samples
+               if s.labels.get("num_draft_tokens") == "0" or s.name == "specdec:num_preemptions_total"}
+    usage = engine.kv_cache_usage
+    assert samples["specdec:kv_cache_free_blocks"] == usage.num_free_blocks > 0
+    assert samples["specdec:kv_cache_used_blocks"] == usage.num_used_blocks == 0
+    assert samples["specdec:kv_cache_usage_perc"] == 0.0 and samples["specdec:num_preemptions_total"] == 0

@@ -121,6 +121,24 @@ def test_mistral_marker_is_a_special_token_seen_by_id():
     assert MARKERS["mistral"] not in json.dumps(sent)
 
 
+def test_a_marker_token_whose_text_is_the_marker_is_read_once():
+    """Qwen2.5's `<tool_call>` is one added token that is not special: its piece's text is the marker itself."""
+    stream = ToolCallStream(plan_tools(request(tools=[WEATHER])), "hermes", frozenset({7}))
+    sent, reason = run(stream, ["Sure.\n", "<tool_call>", '\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n',
+                                "</tool_call>"], ids=[1, 7, 2, 8])
+    assert reason == "tool_calls" and stream.content == "Sure.\n" and stream.calls[0].arguments == '{"city": "Oslo"}'
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "mistral"])
+def test_an_answer_that_is_only_a_json_call_is_a_call_in_every_family(fmt):
+    stream = ToolCallStream(plan_tools(request(tools=[WEATHER])), fmt)
+    sent, reason = run(stream, ['{"name": "get_weather", ', '"arguments": {"city": "Paris"}}'])
+    assert reason == "tool_calls" and stream.content is None and stream.calls[0].arguments == '{"city": "Paris"}'
+    other = ToolCallStream(plan_tools(request(tools=[WEATHER])), fmt)
+    sent, reason = run(other, ['{"name": "get_time"}'])  # not a listed tool: the text as it was
+    assert sent == [{"content": '{"name": "get_time"}'}] and reason == "stop"
+
+
 def test_llama3_json_calls_joined_by_semicolons():
     stream = ToolCallStream(plan_tools(request(tools=[WEATHER, TIME])), "llama3_json")
     sent, reason = run(stream, [" ", '{"name": "get_weather", "parameters": {"city": "a;b"}}', '; {"name": "get_time",',

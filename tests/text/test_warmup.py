@@ -111,3 +111,19 @@ def test_synthetic_acceptance_reaches_the_engine_and_is_refused_on_the_fallback(
         assert out.stats.num_accepted_tokens == out.stats.num_draft_tokens > 0
     with pytest.raises(ValueError, match="synthetic_acceptance"):
         specdec.load(ckpt / "target", draft=ckpt / "draft", runner="fallback", synthetic_acceptance=0.5)
+
+
+def test_warm_up_logs_its_plan_and_each_shape_as_progress(ckpt, caplog):
+    """The start-up's warm-up line and progress records (`specdec serve` draws the latter as a bar)."""
+    import logging
+
+    from specdec.text.warmup import warm_up
+
+    target = specdec.loading.load_model(ckpt / "target", device="cpu", dtype="auto", what="target")
+    engine = Engine(target, None, EngineConfig(max_batch_size=3, max_seq_len=100, num_draft_tokens=0))
+    with caplog.at_level(logging.DEBUG, logger="specdec.text.warmup"):
+        report = warm_up(engine, engine.max_batch)
+    records = [r for r in caplog.records if r.name == "specdec.text.warmup"]
+    progress = [r.progress for r in records if hasattr(r, "progress")]
+    assert f"capturing {report['planned']} decode step shapes" in records[0].getMessage()
+    assert progress == [(i, report["shapes"]) for i in range(1, report["shapes"] + 1)] and report["shapes"] > 1
