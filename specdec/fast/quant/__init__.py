@@ -6,7 +6,7 @@ Terms:
   QuantWeight  `weight.py`: one matrix in the kernel's layout — 4- or 8-bit integer values, a float32 scale and
                (optional) offset per group of 16 or 32 weights along K; every block type above maps onto it exactly
                (`blocks.py`, its table).
-  kernel       `kernel.py` / `quant_cpu.cpp`: y = x @ Wᵀ for up to 16 rows reading W quantized (a C++ extension
+  kernel       `kernel.py` / `quant_cpu.cpp`: y = x @ Wᵀ for up to 512 rows reading W quantized (a C++ extension
                built once per host); more rows, or no compiler, dequantize a few thousand weight rows at a time.
   attach       `attach.py`: a `FastLlama`'s linear weights replaced by `QuantWeight`s read from its GGUF, the GEMM
                helpers (`fast.kernels.cpu_linear`) dispatching on them.

@@ -1,14 +1,14 @@
 // y = x @ Wᵀ for a block-quantized W, read quantized: specdec.fast.quant's CPU kernel (kernel.py builds it with
 // torch.utils.cpp_extension; the layout is weight.py's QuantWeight, its reference `QuantWeight.dequantize`).
 //
-//   x      [M, K] float32, contiguous, M ≤ 16 (kernel.py dequantizes row chunks and calls the BLAS for more rows)
+//   x      [M, K] float32, contiguous (any M, in row tiles of 8; kernel.py sends more than KERNEL_ROWS to the BLAS)
 //   qs     bits 4: uint8 [N, K/2], group g's byte j holds q[32g + j] (low nibble) and q[32g + 16 + j] (high)
 //          bits 8: int8  [N, K]
 //   scale  [N, K/G] float32, offset [N, K/G] float32 or empty (= 0): w[n, k] = scale[n, k/G] · q[n, k] + offset
 //   out    [M, N] float32; accumulate: out += x @ Wᵀ (the residual add), else out = x @ Wᵀ (+ bias)
 //
 // Each weight is dequantized in registers with one multiply-add — the same fp32 value the reference dequantizes to
-// (GGUF's products d·q are exact in fp32) — and multiplied into up to 16 rows at once, so a verify pass of γ + 1 rows
+// (GGUF's products d·q are exact in fp32) — and multiplied into up to 8 rows at once, so a verify pass of γ + 1 rows
 // streams the weight once, like a one-row pass. Only the summation order differs from a dense fp32 GEMM's. GCC
 // vector extensions (16 lanes; AVX-512 on this build's host, split by the compiler elsewhere); output rows are
 // split across torch's intra-op threads.

@@ -65,7 +65,7 @@ def test_dequantize_is_ggufs_bit_for_bit(kind):
 
 
 @pytest.mark.parametrize("kind", SUPPORTED)
-@pytest.mark.parametrize("rows", [1, 5, 8, 13, 40])  # one tile, a verify pass, a full tile, two tiles, chunked
+@pytest.mark.parametrize("rows", [1, 5, 8, 13, 40])  # one tile, a verify pass, a full tile, two and five tiles
 def test_the_kernel_product_matches_the_dense_one(kind, rows):
     torch.manual_seed(rows)
     raw = raw_tensor(kind, 80, 512, seed=rows)

@@ -1,0 +1,159 @@
+"""CPU products over GGUF-quantized weights, and the memory of a model that keeps them (issue 38's CPU half).
+
+  python scripts/bench_quant_cpu.py gemm [--threads 2] [--rows 1 5]
+      per SmolLM2-135M matrix shape (q|k|v, o, gate|up, down, the LM head): µs per product of specdec's quantized
+      kernel (Q4_1; Q8_0 for the head, as the file has them), oneDNN's fp32 product on a packed copy (the engine's
+      path before), and torch's weight-only CPU ops `_weight_int4pack_mm_for_cpu` / `_weight_int8pack_mm` (group 32 /
+      per channel: what they would cost, not exact for these formats)
+  python scripts/bench_quant_cpu.py decode [--prompts 2] [--tokens 64]
+      the chat demo's target (SmolLM2-135M-Instruct Q4_1, `specdec demo`'s GGUF) and shipped head: greedy tokens/s of
+      plain and speculative decoding (γ 4) on the engine over its first prompts, after a warm-up, and whether the
+      texts are identical; one JSON line. Run it twice, with and without SPECDEC_GGUF_WEIGHTS=dequantized
+  python scripts/bench_quant_cpu.py memory GGUF
+      resident memory (RSS) the engine's model adds, the transformers model dropped: the quantized path
+      (`SPECDEC_GGUF_WEIGHTS` unset) or the dense float32 one (`SPECDEC_GGUF_WEIGHTS=dequantized`), against the
+      file's size; one JSON line
+
+Benchmarks are not tests: nothing is asserted. The machine's load changes the times: quote medians of paired runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SHAPES = {"wqkv": (960, 576), "wo": (576, 576), "w_gate_up": (3072, 576), "w_down": (576, 1536), "lm_head": (49152, 576)}
+
+
+def _time_us(fn, repeats: int) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times) * 1e6)
+
+
+def gemm(args) -> None:
+    from gguf import GGMLQuantizationType, quants
+
+    from specdec.fast.kernels import cpu_linear
+    from specdec.fast.quant import from_blocks, kernel_name, quant_linear
+
+    torch.set_num_threads(args.threads)
+    rng = np.random.default_rng(0)
+    print(f"threads {args.threads}; kernel: {kernel_name()}")
+    for name, (n, k) in SHAPES.items():
+        kind = "Q8_0" if name == "lm_head" else "Q4_1"
+        w = rng.standard_normal((n, k)).astype(np.float32)
+        weight = from_blocks(kind, quants.quantize(w, GGMLQuantizationType[kind]), (n, k))
+        dense = weight.dequantize()
+        int4 = torch.ops.aten._convert_weight_to_int4pack_for_cpu(weight.values().int() if kind == "Q4_1" else
+                                                                   torch.randint(0, 16, (n, k), dtype=torch.int32), 1)
+        scales_zeros = torch.randn(k // 32, n, 2)
+        int8, channel = torch.randint(-128, 128, (n, k), dtype=torch.int8), torch.rand(n)
+        repeats = 20 if n > 10000 else 200
+        for rows in args.rows:
+            x = torch.randn(rows, k)
+            row = {"weight": name, "type": kind, "rows": rows,
+                   "quant_us": _time_us(lambda: quant_linear(x, weight), repeats),
+                   "onednn_fp32_us": _time_us(lambda: cpu_linear.linear(x, dense), repeats),
+                   "torch_int4pack_us": _time_us(
+                       lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(x, int4, 32, scales_zeros), repeats),
+                   "torch_int8pack_us": _time_us(lambda: torch.ops.aten._weight_int8pack_mm(x, int8, channel), repeats)}
+            print(json.dumps({k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}))
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def memory(args) -> None:
+    import transformers  # noqa: F401 - imported before the baseline: its own pages are not the model's
+
+    from specdec.engine.build import build_model
+    from specdec.fast.quant.attach import quantized_bytes
+    from specdec.loading import load_model
+
+    from specdec.fast.quant import kernel_available
+
+    kernel_available()  # (the extension's pages before the baseline too)
+    gc.collect()
+    base = _rss()
+    model = load_model(args.gguf, device="cpu", dtype="float32", what="target")
+    fast = build_model(model)
+    hf_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    del model
+    gc.collect()
+    held = _rss() - base
+    size = Path(args.gguf).stat().st_size
+    print(json.dumps({"file": Path(args.gguf).name, "file_mib": round(size / 2**20, 1),
+                      "weights": os.environ.get("SPECDEC_GGUF_WEIGHTS", "quantized"),
+                      "rss_added_mib": round(held / 2**20, 1), "rss_vs_file": round(held / size, 2),
+                      "quantized_mib": round(quantized_bytes(fast) / 2**20, 1),
+                      "dense_mib": round(sum(p.numel() * p.element_size() for p in
+                                             {id(p): p for p in fast.parameters() if not p.is_meta}.values())
+                                         / 2**20, 1),
+                      "transformers_model_mib": round(hf_bytes / 2**20, 1)}))
+
+
+def decode(args) -> None:
+    import specdec
+    from specdec.cli.demo_chat import SHIPPED_HEAD, find_gguf, load_gguf
+    from specdec.zoo.instructions import DEMO_PROMPTS
+    from specdec.zoo.responses import chat_prompt_ids, stop_token_ids
+
+    torch.set_num_threads(args.threads)
+    target, tokenizer = load_gguf(find_gguf())
+    prompts = chat_prompt_ids(tokenizer, list(DEMO_PROMPTS)[: args.prompts])
+    eos = stop_token_ids(target, tokenizer)
+    arms = {"plain": {"drafter": None}, "speculative": {"drafter": str(SHIPPED_HEAD), "num_draft_tokens": 4}}
+    tokens, seconds, texts = dict.fromkeys(arms, 0), dict.fromkeys(arms, 0.0), {arm: [] for arm in arms}
+    with torch.inference_mode():
+        for options in arms.values():  # warm-up: engines built and cached on the target
+            specdec.generate(target, [prompts[0]], max_new_tokens=8, temperature=0, eos_token_id=eos, engine="fast",
+                             **options)
+        for ids in prompts:
+            for arm, options in arms.items():
+                result = specdec.generate(target, [ids], max_new_tokens=args.tokens, temperature=0, eos_token_id=eos,
+                                          engine="fast", **options)
+                tokens[arm] += len(result.sequences[0])
+                seconds[arm] += len(result.sequences[0]) / result.stats.tokens_per_second
+                texts[arm].append(result.sequences[0])
+    print(json.dumps({"weights": os.environ.get("SPECDEC_GGUF_WEIGHTS", "quantized"), "threads": args.threads,
+                      "prompts": len(prompts), "max_new_tokens": args.tokens,
+                      **{f"{arm}_tokens_per_second": round(tokens[arm] / seconds[arm], 2) for arm in arms},
+                      "identical": texts["plain"] == texts["speculative"]}))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="what", required=True)
+    g = sub.add_parser("gemm")
+    g.add_argument("--threads", type=int, default=2)
+    g.add_argument("--rows", type=int, nargs="+", default=[1, 5])
+    d = sub.add_parser("decode")
+    d.add_argument("--threads", type=int, default=2)
+    d.add_argument("--prompts", type=int, default=2)
+    d.add_argument("--tokens", type=int, default=64)
+    m = sub.add_parser("memory")
+    m.add_argument("gguf")
+    args = parser.parse_args(argv)
+    {"gemm": gemm, "decode": decode, "memory": memory}[args.what](args)
+
+
+if __name__ == "__main__":
+    main()
