@@ -244,15 +244,16 @@ def kv_budget(kv_cache_memory: int | float | None, static_bytes: int, free: int 
     return static_bytes if free is None else min(static_bytes, free // 2)
 
 
-def paged_caches(model, draft_model, static_bytes: int, config, max_batch: int, num_positions: int,
-                 free: int | None) -> tuple[KVPool, PagedSlotCache, PagedSlotCache | None]:
+def paged_caches(model, draft_model, static_bytes: int, feature_bytes: int, config, max_batch: int,
+                 num_positions: int, free: int | None) -> tuple[KVPool, PagedSlotCache, PagedSlotCache | None]:
     """The engine's pool (`config.kv_cache_memory`, `config.block_size`) over `num_positions` per row, and the
     target's and a cached drafter's (`draft_model`, or None) caches over it: one block holds the same positions in
-    both, so a block's bytes are the two models' together."""
+    both, and `feature_bytes` a position of stored target features (`engine.features`), so a block's bytes are
+    all of them together. static_bytes: the static layout's caches (and features), the default budget."""
     size = config.block_size
     models = [model] + ([draft_model] if draft_model is not None else [])
-    budget = kv_budget(config.kv_cache_memory, static_bytes, free)
-    num_blocks = pool_blocks(budget, sum(PagedSlotCache.block_bytes(m, size) for m in models), max_batch,
-                             num_positions // size)
+    budget = kv_budget(config.kv_cache_memory, static_bytes + max_batch * num_positions * feature_bytes, free)
+    block_bytes = sum(PagedSlotCache.block_bytes(m, size) for m in models) + size * feature_bytes
+    num_blocks = pool_blocks(budget, block_bytes, max_batch, num_positions // size)
     pool = KVPool(num_blocks, size, max_batch, num_positions, model.device)
     return pool, PagedSlotCache(model, pool), None if draft_model is None else PagedSlotCache(draft_model, pool)
