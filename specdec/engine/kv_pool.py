@@ -230,10 +230,16 @@ def pool_blocks(budget: int, block_bytes: int, max_batch: int, max_blocks: int) 
     return min(blocks, max_batch * max_blocks + 1)
 
 
-def kv_budget(kv_cache_memory: int | float | None, static_bytes: int, free: int | None) -> int:
+CPU_DEFAULT_BUDGET = 2 << 30  # bytes: the paged pool's default on CPU (vLLM's CPU backend: VLLM_CPU_KVCACHE_SPACE)
+CUDA_DEFAULT_FRACTION = 0.9  # of the free memory (vLLM's gpu_memory_utilization default)
+
+
+def kv_budget(kv_cache_memory: int | float | None, static_bytes: int, free: int | None,
+              device: torch.device | None = None) -> int:
     """The pool's bytes: an int is bytes; a float in (0, 1] that fraction of the free memory (vLLM's
     gpu_memory_utilization, of what is free now); None = what the static layout would take (every slot's whole
-    context), at most half the free memory."""
+    context), at most `CUDA_DEFAULT_FRACTION` of the free memory on CUDA, and on CPU at most `CPU_DEFAULT_BUDGET`
+    and half the free memory."""
     if isinstance(kv_cache_memory, float):
         if free is None:
             raise ValueError(f"kv_cache_memory={kv_cache_memory} is a fraction of free memory, which this device "
@@ -241,7 +247,9 @@ def kv_budget(kv_cache_memory: int | float | None, static_bytes: int, free: int 
         return int(kv_cache_memory * free)
     if kv_cache_memory is not None:
         return int(kv_cache_memory)
-    return static_bytes if free is None else min(static_bytes, free // 2)
+    if device is not None and torch.device(device).type == "cuda":
+        return static_bytes if free is None else min(static_bytes, int(CUDA_DEFAULT_FRACTION * free))
+    return min(static_bytes, CPU_DEFAULT_BUDGET, (free // 2) if free is not None else CPU_DEFAULT_BUDGET)
 
 
 def paged_caches(model, draft_model, static_bytes: int, feature_bytes: int, config, max_batch: int,
@@ -252,7 +260,8 @@ def paged_caches(model, draft_model, static_bytes: int, feature_bytes: int, conf
     all of them together. static_bytes: the static layout's caches (and features), the default budget."""
     size = config.block_size
     models = [model] + ([draft_model] if draft_model is not None else [])
-    budget = kv_budget(config.kv_cache_memory, static_bytes + max_batch * num_positions * feature_bytes, free)
+    budget = kv_budget(config.kv_cache_memory, static_bytes + max_batch * num_positions * feature_bytes, free,
+                       model.device)
     block_bytes = sum(PagedSlotCache.block_bytes(m, size) for m in models) + size * feature_bytes
     num_blocks = pool_blocks(budget, block_bytes, max_batch, num_positions // size)
     pool = KVPool(num_blocks, size, max_batch, num_positions, model.device)
