@@ -53,7 +53,7 @@ class SlotCache:
         s = model.shape
         self.num_positions = _round_up(num_positions, 16)
         self.size = (s.n_layers, max_batch, s.n_kv_heads, self.num_positions, s.head_dim)
-        self._device, self._dtype = model.device, model.dtype
+        self.model, self._device, self._dtype = model, model.device, model.dtype
         self._keys: torch.Tensor | None = None
         self._values: torch.Tensor | None = None
         self.lengths = torch.zeros(max_batch, dtype=torch.long, device=model.device)
