@@ -98,7 +98,8 @@ class EngineConfig:
     block_size        positions per block of the paged pool (vLLM's name; a power of two in [1, 64])
     kv_cache_memory   the paged pool's budget: an int of bytes, or a float in (0, 1]: that fraction of the memory
                       free at construction (vLLM's gpu_memory_utilization, of free memory); None = the bytes the
-                      static layout would take, at most half the free memory
+                      static layout would take, at most 2 GiB and half the free memory on CPU (vLLM's CPU KV space
+                      default is a fixed size too), at most 0.9 of the free memory on CUDA
     """
 
     max_batch_size: int = 64

@@ -39,9 +39,9 @@ from specdec.engine.beam import BeamParams, Beams
 from specdec.engine.commit import Commit
 from specdec.engine.config import BATCH_BUCKETS, EngineConfig, positions_bucket
 from specdec.engine.drafters import Flavor
-from specdec.engine import memory as engine_memory
-from specdec.engine.kv_pool import KVPool, paged_caches
-from specdec.engine.memory import EngineMemory, KVCacheUsage, check_engine
+from specdec.engine.features import FeatureStore
+from specdec.engine.kv_pool import paged_caches
+from specdec.engine.memory import KVCacheUsage, check_engine
 from specdec.engine.policy import GammaPolicy
 from specdec.engine.prefill import ChunkedPrefill
 from specdec.engine.slots import MAX_EOS_IDS, PrefillGraphs, SlotCache, SlotState
@@ -99,13 +99,23 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
             features = isinstance(self.drafter, FeatureSlotDrafter) and self.drafter.needs_features
             # feature drafters read the target's hidden states (EAGLE-3: those entering some of its layers)
             self.model.feature_layers = self.drafter.feature_layers if features else None
-            self.kv_pool = self._paged_pool() if paged else None  # (replaces the static caches, never allocated)
-            self.memory = self._check_memory(features)  # every buffer's bytes against free memory, then allocated
+            # (replaces the static caches, never allocated; a block holds the stored features of its positions too)
+            dim = self.drafter.feature_dim if features else 0
+            draft = self.drafter.cache if self.drafter_cached else None
+            self.kv_pool = None
+            if paged:  # one pool (its blocks hold the features too) replaces the static caches, never allocated
+                self.kv_pool, self.cache, draft = paged_caches(self.cache, draft, dim, config, self.max_batch)
+                if draft is not None:
+                    self.drafter.cache = draft
+            # every buffer's bytes against free memory (refused in one line), then allocated
+            self.memory = check_engine(self.cache, draft, FeatureStore.nbytes_for(
+                self.max_batch, self.num_positions, dim, self.model.dtype, self.kv_pool), self.state, self.device,
+                self.max_batch, self.num_positions)
             self.cache.allocate()
             if self.drafter_cached:
                 self.drafter.cache.allocate()
             if features:
-                self.state.enable_features(self.drafter.feature_dim, self.model.dtype)
+                self.state.enable_features(self.drafter.feature_dim, self.model.dtype, self.kv_pool)
             self.model.rope_tables(self.num_positions)  # built before any capture (graphs keep their address)
             if self.drafter_cached:
                 self.drafter.model.rope_tables(self.num_positions)
@@ -178,26 +188,6 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
         """Bytes of the engine's KV caches (the target's and a cached drafter's) and stored target features."""
         m = self.memory
         return m.target_kv + m.drafter_kv + m.features
-
-    def _paged_pool(self) -> KVPool:
-        """kv_layout="paged": the pool, and the target's and a cached drafter's caches over its tables."""
-        if self.config.cuda_graphs:
-            raise ValueError("kv_layout='paged' runs eager steps: cuda_graphs=True needs kv_layout='static'")
-        draft = self.drafter.cache if self.drafter_cached else None
-        pool, self.cache, draft = paged_caches(self.model, self.drafter.model if draft else None,
-                                               self.cache.nbytes + (draft.nbytes if draft else 0), self.config,
-                                               self.max_batch, self.num_positions,
-                                               engine_memory.available_memory(self.device))
-        if draft is not None:
-            self.drafter.cache = draft
-        return pool
-
-    def _check_memory(self, features: bool) -> EngineMemory:
-        """Every buffer's bytes (`engine/memory.py`), refused before allocating when past the free memory."""
-        feature_bytes = self.max_batch * self.num_positions * self.drafter.feature_dim * self.model.dtype.itemsize \
-            if features else 0
-        return check_engine(self.cache, self.drafter.cache if self.drafter_cached else None, feature_bytes,
-                            self.state, self.device, self.max_batch, self.num_positions)
 
     @property
     def kv_cache_usage(self) -> KVCacheUsage:

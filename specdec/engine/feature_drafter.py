@@ -51,7 +51,8 @@ class EngineFeatureDrafter:
         tokens = self.state.tokens[rows]
         capacity = tokens.shape[1]
         cols = (first + 1 + torch.arange(width, device=tokens.device)).clamp(max=capacity - 1)
-        return self.head.inputs(self.state.features[rows, first : first + width], tokens[:, cols])
+        at = (first + torch.arange(width, device=tokens.device))[None, :].expand(tokens.shape[0], -1)
+        return self.head.inputs(self.state.feature_store.read(rows, at), tokens[:, cols])
 
     def prefill(self, state: SlotState, rows: slice, starts: list[int], ends: list[int], chunk: int, *,
                 extent: int | None = None, graphs=None) -> None:
@@ -77,7 +78,7 @@ class EngineFeatureDrafter:
     def _entries_at(self, rows: slice, cols: torch.Tensor) -> torch.Tensor:
         """`_entries` at per-row positions `cols [b, width]` (each < capacity − 1 where it matters)."""
         tokens = self.state.tokens[rows]
-        features = self.state.features[rows].gather(1, cols[..., None].expand(-1, -1, self.feature_dim))
+        features = self.state.feature_store.read(rows, cols)
         return self.head.inputs(features, tokens.gather(1, (cols + 1).clamp(max=tokens.shape[1] - 1)))
 
     def propose(self, context: StepView, num_draft_tokens: int) -> Proposal:
@@ -90,7 +91,7 @@ class EngineFeatureDrafter:
         start = pos == -1
         valid = (pos >= 0) | (start & (lengths[:, None] == 1))
         at = pos.clamp_min(0)
-        features = self.state.features[:batch].gather(1, at[..., None].expand(batch, w, self.feature_dim))
+        features = self.state.feature_store.read(slice(0, batch), at)
         features = features * (pos >= 0)[..., None]
         next_tokens = context.tokens.gather(1, (pos + 1).clamp_min(0)) * valid
         cache.lengths.copy_((lengths - 1 - w).clamp_min(0))
@@ -120,9 +121,9 @@ class EngineMedusaDrafter:
 
     def propose(self, context: StepView, num_draft_tokens: int) -> Proposal:
         gamma, batch, lengths = num_draft_tokens, context.batch, context.lengths
-        at = (lengths - 2).clamp_min(0)[:, None, None].expand(batch, 1, self.feature_dim)
+        at = (lengths - 2).clamp_min(0)[:, None]
         # a one-token text has no feature yet: its heads read zeros (a valid, if poor, q)
-        feature = self.state.features[:batch].gather(1, at)[:, 0] * (lengths >= 2)[:, None]
+        feature = self.state.feature_store.read(slice(0, batch), at)[:, 0] * (lengths >= 2)[:, None]
         logits = self.heads(feature)  # [b, K, V]
         drafted = min(gamma, self.num_heads)
         chain = context.draft_chain(drafted, lambda i, prev: logits[:, i], 1)  # one pass of the heads

@@ -230,10 +230,16 @@ def pool_blocks(budget: int, block_bytes: int, max_batch: int, max_blocks: int) 
     return min(blocks, max_batch * max_blocks + 1)
 
 
-def kv_budget(kv_cache_memory: int | float | None, static_bytes: int, free: int | None) -> int:
+CPU_DEFAULT_BUDGET = 2 << 30  # bytes: the paged pool's default on CPU (vLLM's CPU backend: VLLM_CPU_KVCACHE_SPACE)
+CUDA_DEFAULT_FRACTION = 0.9  # of the free memory (vLLM's gpu_memory_utilization default)
+
+
+def kv_budget(kv_cache_memory: int | float | None, static_bytes: int, free: int | None,
+              device: torch.device | None = None) -> int:
     """The pool's bytes: an int is bytes; a float in (0, 1] that fraction of the free memory (vLLM's
     gpu_memory_utilization, of what is free now); None = what the static layout would take (every slot's whole
-    context), at most half the free memory."""
+    context), at most `CUDA_DEFAULT_FRACTION` of the free memory on CUDA, and on CPU at most `CPU_DEFAULT_BUDGET`
+    and half the free memory."""
     if isinstance(kv_cache_memory, float):
         if free is None:
             raise ValueError(f"kv_cache_memory={kv_cache_memory} is a fraction of free memory, which this device "
@@ -241,18 +247,27 @@ def kv_budget(kv_cache_memory: int | float | None, static_bytes: int, free: int 
         return int(kv_cache_memory * free)
     if kv_cache_memory is not None:
         return int(kv_cache_memory)
-    return static_bytes if free is None else min(static_bytes, free // 2)
+    if device is not None and torch.device(device).type == "cuda":
+        return static_bytes if free is None else min(static_bytes, int(CUDA_DEFAULT_FRACTION * free))
+    return min(static_bytes, CPU_DEFAULT_BUDGET, (free // 2) if free is not None else CPU_DEFAULT_BUDGET)
 
 
-def paged_caches(model, draft_model, static_bytes: int, config, max_batch: int, num_positions: int,
-                 free: int | None) -> tuple[KVPool, PagedSlotCache, PagedSlotCache | None]:
-    """The engine's pool (`config.kv_cache_memory`, `config.block_size`) over `num_positions` per row, and the
-    target's and a cached drafter's (`draft_model`, or None) caches over it: one block holds the same positions in
-    both, so a block's bytes are the two models' together."""
-    size = config.block_size
-    models = [model] + ([draft_model] if draft_model is not None else [])
-    budget = kv_budget(config.kv_cache_memory, static_bytes, free)
-    num_blocks = pool_blocks(budget, sum(PagedSlotCache.block_bytes(m, size) for m in models), max_batch,
-                             num_positions // size)
-    pool = KVPool(num_blocks, size, max_batch, num_positions, model.device)
-    return pool, PagedSlotCache(model, pool), None if draft_model is None else PagedSlotCache(draft_model, pool)
+def paged_caches(cache, draft_cache, feature_dim: int, config, max_batch: int
+                 ) -> tuple[KVPool, PagedSlotCache, PagedSlotCache | None]:
+    """kv_layout="paged": the engine's pool (`config.kv_cache_memory`, `config.block_size`) and the target's and a
+    cached drafter's caches over it, in place of their static `SlotCache`s (`cache`, `draft_cache` or None; sized,
+    never allocated). One block holds the same positions of both and of the stored target features (`feature_dim`
+    per position, 0 = none), so a block's bytes are theirs together; the default budget is the static layout's."""
+    from specdec.engine import memory  # (looked up at call: tests replace `available_memory`)
+
+    if config.cuda_graphs:
+        raise ValueError("kv_layout='paged' runs eager steps: cuda_graphs=True needs kv_layout='static'")
+    size, num_positions = config.block_size, cache.num_positions
+    models = [cache.model] + ([draft_cache.model] if draft_cache is not None else [])
+    feature_bytes = feature_dim * cache.model.dtype.itemsize  # (the target's dtype: `FeatureStore`)
+    static = sum(c.nbytes for c in [cache, draft_cache] if c is not None) + max_batch * num_positions * feature_bytes
+    budget = kv_budget(config.kv_cache_memory, static, memory.available_memory(cache.model.device), cache.model.device)
+    block_bytes = sum(PagedSlotCache.block_bytes(m, size) for m in models) + size * feature_bytes
+    num_blocks = pool_blocks(budget, block_bytes, max_batch, num_positions // size)
+    pool = KVPool(num_blocks, size, max_batch, num_positions, cache.model.device)
+    return pool, PagedSlotCache(models[0], pool), None if draft_cache is None else PagedSlotCache(models[1], pool)

@@ -27,6 +27,7 @@ from specdec.core.processors import (
     bias_row,
     words_tensor,
 )
+from specdec.engine.features import FeatureStore
 from specdec.fast.graphs import CapturedStep, new_pool
 from specdec.fast.model import FastLlama, KVCache
 from specdec.request import SamplingParams
@@ -52,7 +53,7 @@ class SlotCache:
         s = model.shape
         self.num_positions = _round_up(num_positions, 16)
         self.size = (s.n_layers, max_batch, s.n_kv_heads, self.num_positions, s.head_dim)
-        self._device, self._dtype = model.device, model.dtype
+        self.model, self._device, self._dtype = model, model.device, model.dtype
         self._keys: torch.Tensor | None = None
         self._values: torch.Tensor | None = None
         self.lengths = torch.zeros(max_batch, dtype=torch.long, device=model.device)
@@ -168,12 +169,15 @@ class SlotState:
         h.prompt_seen[rows] = seen[:, :vocab]
         h.counts[rows] = 0
 
-    def enable_features(self, dim: int, dtype: torch.dtype) -> None:
-        """Keep the target's features `[max_batch, capacity, dim]`: row b holds them at positions
-        [0, lengths[b] − 1) (the last committed token's comes with the next verify pass)."""
+    def enable_features(self, dim: int, dtype: torch.dtype, pool=None) -> None:
+        """Keep the target's features (`engine.features.FeatureStore`, `feature_store`; static `[max_batch, capacity,
+        dim]`, or over a `kv_pool.KVPool`'s blocks): row b holds them at positions [0, lengths[b] − 1) (the last
+        committed token's comes with the next verify pass). `features` is the store's tensor."""
         if self.features is None:
-            self.features = torch.zeros(*self.tokens.shape, dim, dtype=dtype, device=self.tokens.device)
-            self._fields = (*self._fields, "features")
+            self.feature_store = FeatureStore(*self.tokens.shape, dim, dtype, self.tokens.device, pool)
+            self.features = self.feature_store.data
+            if pool is None:  # (static: it moves with the slot; paged: the table moves)
+                self._fields = (*self._fields, "features")
 
     @property
     def capacity(self) -> int:
@@ -294,8 +298,12 @@ def _prefill_chunk(model: FastLlama, view: KVCache, state: SlotState, rows: slic
     _, hidden = model(tokens, view, valid, embeds=vectors, last_only=not want, return_hidden=True,
                       compute_logits=False, kernels="reference", causal_prefix=causal)
     if want:
-        block = features[rows, first : first + bucket]
-        block.copy_(torch.where(valid[..., None], hidden.to(block.dtype), block))
+        _store(state, features).write(rows, cols.expand(valid.shape[0], -1), hidden, valid)
+
+
+def _store(state: SlotState, features: torch.Tensor) -> FeatureStore:
+    """Where prefill writes `features`: the state's store, or a static one over another tensor (tests)."""
+    return state.feature_store if features is state.features else FeatureStore.over(features)
 
 
 def chunk_shapes(starts: list[int], ends: list[int], chunk: int, extent: int | None, capacity: int,
@@ -323,8 +331,8 @@ def prefill_rows(model: FastLlama, cache: SlotCache, state: SlotState, rows: sli
                  extent: int | None = None, graphs: PrefillGraphs | None = None) -> None:
     """Feed committed positions [starts[i], ends[i]) of the slots in `rows` into `cache` (eager, chunked).
 
-    features `[max_batch, capacity, dim]` (optional): also store the model's final-normed hidden state at
-    each fed position there. embeds (optional): `embeds(rows, first, width) -> [b, width, dim]`, the input
+    features (optional: `state.features`): also store the model's final-normed hidden state at each fed position
+    in the state's `FeatureStore`. embeds (optional): `embeds(rows, first, width) -> [b, width, dim]`, the input
     vectors of positions [first, first + width) in place of the token embeddings (feature drafters).
     extent (optional): no row of `rows` holds an entry at a position ≥ extent that must survive, beside those
     fed here (0 for freshly admitted rows). Each chunk then attends over a power-of-two bucket of positions
@@ -384,7 +392,5 @@ def prefill_ragged(model: FastLlama, cache: SlotCache, state: SlotState, rows: s
         vectors = None if embeds is None else embeds(rows, at)
         _, hidden = model(None if embeds is not None else tokens.gather(1, at) * valid, view, valid, embeds=vectors,
                           last_only=features is None, return_hidden=True, compute_logits=False, kernels="reference")
-        if features is not None:
-            block = features[rows]  # [b, capacity, dim] view: the fed positions take the hidden states
-            index = at[..., None].expand(-1, -1, block.shape[-1])
-            block.scatter_(1, index, torch.where(valid[..., None], hidden.to(block.dtype), block.gather(1, index)))
+        if features is not None:  # the fed positions take the hidden states
+            _store(state, features).write(rows, at, hidden, valid)

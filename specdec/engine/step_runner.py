@@ -19,7 +19,7 @@ from specdec.engine.greedy_commit import covers as greedy_commit_covers
 from specdec.engine.greedy_commit import greedy_commit
 from specdec.fast.graphs import CapturedStep
 from specdec.fast.kernels.argmax import greedy_tokens
-from specdec.sequences import write_rows, write_tokens
+from specdec.sequences import write_tokens
 from specdec.step import StepCounts, StepLayout, commit_counts, pack_step, step_counters
 
 if TYPE_CHECKING:
@@ -157,7 +157,7 @@ class StepRunner(CapturedHalves):
                                         state.eos[rows], active)
         write_tokens(state.tokens[rows], lengths, new_tokens, counts)
         if features is not None:  # the features of the committed prefix: positions lengths − 1 + i, i < counts
-            write_rows(features[rows], lengths - 1, hidden, counts)
+            state.feature_store.write_run(rows, lengths - 1, hidden, counts)
         if view.history is not None:  # the committed tokens' counts (rejected drafts never get here)
             keep = torch.arange(gamma + 1, device=e.device)[None, :] < counts[:, None]
             view.history.counts.scatter_add_(1, new_tokens, keep.float())

@@ -2,7 +2,8 @@
 static (row b's slot t is entry t of its own `[H_kv, S, D]`), and `PagedKVCache`, rows over a pool of fixed-size
 blocks through a block table (`specdec.engine.kv_pool`). A forward reaches either through the same three calls:
 `span` (positions a row's view has, the last the junk slot), `write_index` + `write` (K/V of the fed tokens into
-their slots), `layer` (one layer's keys and values as `[B, H_kv, span, D]`, what attention reads)."""
+their slots), `layer` (one layer's keys and values as `[B, H_kv, span, D]`) and `attention_inputs` (what
+`kernels.attention.slot_attention` reads: those, or a paged layer's pools and block table)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,10 @@ class KVCache:
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """keys, values `[B, H_kv, S, D]` of one layer."""
         return self.keys[layer], self.values[layer]
+
+    def attention_inputs(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, None]:
+        """What `kernels.attention.slot_attention` takes for one layer: keys, values, block_table (None here)."""
+        return self.keys[layer], self.values[layer], None
 
     def select_rows(self, index: torch.Tensor) -> "KVCache":
         return KVCache(
@@ -115,6 +120,11 @@ class PagedKVCache:
             return pool[table].view(batch, blocks * size, heads, dim).transpose(1, 2)
 
         return gather(self.keys[layer]), gather(self.values[layer])
+
+    def attention_inputs(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The layer's pools and the block table: `slot_attention(block_table=...)` reads through it (the Triton
+        kernel) or gathers (the reference)."""
+        return self.keys[layer], self.values[layer], self.block_table
 
 
 def round_up(n: int, multiple: int) -> int:

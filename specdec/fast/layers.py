@@ -135,17 +135,17 @@ class LlamaLayers:
                 qk = rotated if rot == hd else torch.cat([rotated, qk[..., rot:]], dim=-1)
             q, key = qk[:, :, :nq], qk[:, :, nq:]
             cache.write(i, write_index, key, v)
-            keys, values = cache.layer(i)  # [B, H_kv, S, D] (a paged cache: its rows' blocks gathered)
             window = a.window(i)
-            if self.bitwise:  # (token trees are refused in forward)
-                attn = invariant_attention(q, keys, values, bound, a.attn_scale, window=window)
+            if self.bitwise:  # (token trees are refused in forward; a paged cache: its rows' blocks gathered)
+                attn = invariant_attention(q, *cache.layer(i), bound, a.attn_scale, window=window)
             elif causal and window is None and a.attn_softcap is None and tree is None:
-                attn = causal_prefix_attention(q, keys, values, a.attn_scale)
+                attn = causal_prefix_attention(q, *cache.layer(i), a.attn_scale)
             else:
                 if window not in masks and (attention == "reference" or attention == "auto" and x.device.type == "cpu"):
                     masks[window] = slot_attention_bias(bound, cache.span, nq // nkv, self.dtype, window, tree)
-                attn = slot_attention(q, keys, values, bound, a.attn_scale, window=window,
-                                      softcap=a.attn_softcap, kernel=attention, bias=masks.get(window), tree=tree)
+                keys, values, table = cache.attention_inputs(i)  # (paged: the pool and the rows' block table)
+                attn = slot_attention(q, keys, values, bound, a.attn_scale, window=window, softcap=a.attn_softcap,
+                                      kernel=attention, bias=masks.get(window), tree=tree, block_table=table)
             attn = attn.reshape(batch * k, nq * hd)
             bo = self.bo[i] if s.o_bias else None
             if a.sandwich_norms:  # Gemma 2/3: x + norm(attn), then x + norm(mlp(norm(x)))

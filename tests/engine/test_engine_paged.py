@@ -70,14 +70,19 @@ def test_greedy_is_transformers_and_the_static_layouts(pair, gamma):
 
 @pytest.mark.parametrize("drafter", ["head", "ngram"])
 def test_other_drafters_follow_the_table(pair, drafter):
+    """A feature head (its layer's cache and the target's stored features over the pool) and n-grams (no cache)."""
     target = pair[0]
     draft = start_head(target) if drafter == "head" else NGramDrafter(2).fit(PROMPTS, 64)
     params = [SamplingParams(temperature=0, max_new_tokens=20)]
-    engine, paged, _ = _run(target, draft, EngineConfig(max_batch_size=2, max_seq_len=96, num_draft_tokens=3,
-                                                        kv_layout="paged"), PROMPTS, params)
+    config = dict(max_batch_size=2, max_seq_len=96, num_draft_tokens=3)
+    engine, paged, _ = _run(target, draft, EngineConfig(**config, kv_layout="paged"), PROMPTS, params)
+    static_engine, static, _ = _run(target, draft, EngineConfig(**config), PROMPTS, params)
     assert engine.drafter_cached == (drafter == "head")
     for prompt, out in zip(PROMPTS, paged):
         assert out == hf_greedy(target, prompt, 20, [])
+    # the head's drafts read its cache and the stored features through the table: the same drafts get accepted
+    accepted = engine.stats.accepted_tokens
+    assert accepted == static_engine.stats.accepted_tokens and accepted > 0 and paged == static
 
 
 @pytest.mark.parametrize("budget", [None, 32])

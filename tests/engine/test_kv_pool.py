@@ -5,7 +5,8 @@ and a double free."""
 import pytest
 import torch
 
-from specdec.engine.kv_pool import NULL_BLOCK, BlockAllocator, KVPool, PoolAccountingError, blocks_for
+from specdec.engine.kv_pool import (CPU_DEFAULT_BUDGET, NULL_BLOCK, BlockAllocator, KVPool, PoolAccountingError,
+                                     blocks_for, kv_budget, pool_blocks)
 
 
 def test_allocate_free_and_share_keep_the_counts():
@@ -65,3 +66,18 @@ def test_rows_reserve_move_swap_and_release_through_the_table():
     assert pool.allocator.num_free_blocks == 10
     with pytest.raises(PoolAccountingError, match="release it first"):
         pool.reserve(0, 4), pool.reserve(1, 4), pool.move(0, 1)
+
+
+def test_the_budget_is_bytes_a_fraction_or_a_default():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert kv_budget(1000, 10**12, 10**9, cpu) == 1000
+    assert kv_budget(0.25, 10**12, 8 * 10**9, cpu) == 2 * 10**9
+    assert kv_budget(None, 10**6, 10**9, cpu) == 10**6  # the static layout's bytes when they are few
+    assert kv_budget(None, 10**12, 10**10, cpu) == CPU_DEFAULT_BUDGET  # at most 2 GiB on CPU
+    assert kv_budget(None, 10**12, 10**9, cpu) == 10**9 // 2  # and half the free memory
+    assert kv_budget(None, 10**12, 10**10, cuda) == int(0.9 * 10**10)
+    with pytest.raises(ValueError, match="fraction of free memory"):
+        kv_budget(0.5, 10**6, None, cpu)
+    assert pool_blocks(10 * 64, 64, max_batch=2, max_blocks=3) == 7  # capped at every row's whole table + null
+    with pytest.raises(ValueError, match=r"kv_cache_memory \(--kv-cache-memory\) of 100 bytes holds 1 KV blocks"):
+        pool_blocks(100, 64, 2, 3)

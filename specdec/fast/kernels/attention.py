@@ -154,8 +154,13 @@ def triton_unsupported(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
 def slot_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
                    scale: float | None = None, *, window: int | None = None, softcap: float | None = None,
                    kernel: str = "auto", num_splits: int | None = None,
-                   bias: torch.Tensor | None = None, tree: TreeMask | None = None) -> torch.Tensor:
+                   bias: torch.Tensor | None = None, tree: TreeMask | None = None,
+                   block_table: torch.Tensor | None = None) -> torch.Tensor:
     """`slot_attention_reference`'s function. kernel: "auto" (the fused kernel where one runs), "triton", "reference".
+
+    block_table `[B, max_blocks]` int32 (optional): keys/values are a block pool `[N, block_size, H_kv, D]` and row
+    b's slot j lives in block table[b, j // block_size] (`fast.cache.PagedKVCache`); the Triton kernel reads
+    through the table, the reference gathers each row's blocks first.
 
     "auto" takes the Triton split-K kernel for CUDA tensors of a supported shape with k <= 32 when triton
     imports, else the reference; "triton" insists (ValueError where it cannot run). num_splits overrides the
@@ -176,13 +181,31 @@ def slot_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, po
             raise ValueError(f"tree: base must be [B] = [{batch}] and ancestors int64 [B, k] = [{batch}, {k}], got "
                              f"{tuple(tree.base.shape)} and {tree.ancestors.dtype} {tuple(tree.ancestors.shape)}")
 
+    pool = None
+    if block_table is not None:  # (the reference reads the rows' blocks gathered; the kernel reads the pool)
+        if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.dtype != torch.int32:
+            raise ValueError(f"block_table must be int32 [B, max_blocks] with B = {batch}, got {block_table.dtype} "
+                             f"{tuple(block_table.shape)}")
+        if keys.dim() != 4 or keys.shape[-1] != dim or heads % keys.shape[2] or values.shape != keys.shape:
+            raise ValueError(f"with a block_table keys/values must be pools [N, block_size, H_kv, D] with H % H_kv "
+                             f"== 0 for q {tuple(q.shape)}, got {tuple(keys.shape)} and {tuple(values.shape)}")
+        pool = (keys, values)
+
+    def rows():
+        """keys/values `[B, H_kv, S, D]` (a pool's: each row's blocks gathered in table order)."""
+        if pool is None:
+            return keys, values
+        index, blocks, size = block_table.long(), block_table.shape[1], keys.shape[1]
+        return tuple(t[index].view(batch, blocks * size, *t.shape[2:]).transpose(1, 2) for t in pool)
+
     def reference():
-        return slot_attention_reference(q, keys, values, positions, scale, bias=bias, window=window, softcap=softcap,
+        return slot_attention_reference(q, *rows(), positions, scale, bias=bias, window=window, softcap=softcap,
                                         tree=tree)
 
     if kernel == "reference" or (kernel == "auto" and (not q.is_cuda or k > MAX_TRITON_K)):
         return reference()
-    if keys.shape[0] != batch or keys.shape[-1] != dim or heads % keys.shape[1] or values.shape != keys.shape:
+    if pool is None and (keys.shape[0] != batch or keys.shape[-1] != dim or heads % keys.shape[1]
+                         or values.shape != keys.shape):
         raise ValueError(f"keys/values must be [B, H_kv, S, D] with H % H_kv == 0 for q {tuple(q.shape)}, "
                          f"got {tuple(keys.shape)} and {tuple(values.shape)}")
     if positions.shape != (batch, k):
@@ -193,8 +216,9 @@ def slot_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, po
         if kernel == "auto":
             return reference()
         raise ValueError(f"kernel='triton': {why}")
+    paged = {} if pool is None else dict(block_table=block_table.contiguous())
     if tree is None:
         return module.attention(q, keys, values, positions, scale, num_splits=num_splits, window=window,
-                                softcap=softcap)
+                                softcap=softcap, **paged)
     return module.attention(q, keys, values, positions, scale, num_splits=num_splits, softcap=softcap,
-                            tree_base=tree.base.contiguous(), tree_bits=tree.ancestors)
+                            tree_base=tree.base.contiguous(), tree_bits=tree.ancestors, **paged)

@@ -8,7 +8,8 @@ the cost follows the live length, not the cache size, and barely depends on k. W
 tile starts at its smallest position − W + 1 instead of slot 0: a windowed layer reads about W + k slots
 whatever the row's length. A softcap c (Gemma 2) maps each score s to c·tanh(s / c) before the softmax.
 A token tree (`attention.TreeMask`) also hides, of the slots from the row's tree base on, those whose bit is
-not set in the query's ancestor mask (an int64 per query: bit t = tree slot base + t).
+not set in the query's ancestor mask (an int64 per query: bit t = tree slot base + t). A paged cache (`block_table`)
+is the same walk with each slot's address read through the row's block table (`_slot_offsets`).
 
 With one split the program writes the output; with several, each writes its unnormalized accumulator and its
 (max, sum) to fp32 scratch and `_combine` merges the splits. The split count comes from shapes only, so one
@@ -48,13 +49,24 @@ def _tanh(x):
     return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
 
 
-@triton.jit(do_not_specialize=["spb", "k_len", "num_slots", "rows_pad", "window", "stb", "stk"])  # no recompile per k or length
-def _split_attention(Q, K, V, POS, OUT, PART_ACC, PART_M, PART_L, TREE_BASE, TREE_BITS,
+@triton.jit
+def _slot_offsets(TABLE, b, j, j_ok, sab, stride_row, stride_slot, PAGED: tl.constexpr, PAGE: tl.constexpr):
+    """Element offsets of slots j of row b: b·stride_row + j·stride_slot; paged (K/V a pool `[N, PAGE, H_kv, D]`),
+    block table[b, j // PAGE] · stride_row + (j % PAGE) · stride_slot."""
+    if PAGED:
+        block = tl.load(TABLE + b * sab + j // PAGE, mask=j_ok, other=0).to(tl.int64)
+        return block * stride_row + (j % PAGE) * stride_slot
+    return b * stride_row + j * stride_slot
+
+
+@triton.jit(do_not_specialize=["spb", "k_len", "num_slots", "rows_pad", "window", "stb", "stk", "sab"])  # no recompile per k or length
+def _split_attention(Q, K, V, POS, OUT, PART_ACC, PART_M, PART_L, TREE_BASE, TREE_BITS, TABLE,
                      sqb, sqk, sqh, sqd, skb, skh, sks, skd, svb, svh, svs, svd, spb, spk, sob, sok, soh, sod,
-                     stb, stk, k_len, num_slots, rows_pad, scale_log2, window, softcap, scale,
+                     stb, stk, sab, k_len, num_slots, rows_pad, scale_log2, window, softcap, scale,
                      KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr,
-                     WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr, TREE: tl.constexpr):
+                     WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr, TREE: tl.constexpr, PAGED: tl.constexpr,
+                     PAGE: tl.constexpr):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     tile = tl.program_id(2)
@@ -84,15 +96,16 @@ def _split_attention(Q, K, V, POS, OUT, PART_ACC, PART_M, PART_L, TREE_BASE, TRE
 
     q = tl.load(Q + b * sqb + qi[:, None] * sqk + head[:, None] * sqh + d[None, :] * sqd,
                 mask=row_ok[:, None], other=0.0)
-    k_base = K + b * skb + kvh * skh
-    v_base = V + b * svb + kvh * svh
+    k_base = K + kvh * skh
+    v_base = V + kvh * svh
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     lsum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     for start in range(lo, hi, BLOCK_N):
         j = start + tl.arange(0, BLOCK_N)
         j_ok = j < hi
-        keys = tl.load(k_base + j[:, None] * sks + d[None, :] * skd, mask=j_ok[:, None], other=0.0)
+        k_at = _slot_offsets(TABLE, b, j, j_ok, sab, skb, sks, PAGED, PAGE)
+        keys = tl.load(k_base + k_at[:, None] + d[None, :] * skd, mask=j_ok[:, None], other=0.0)
         if SOFTCAP:  # c·tanh(s·scale / c), then into base 2
             s = softcap * _tanh(_dot(q, tl.trans(keys), IEEE) * (scale / softcap)) * 1.4426950408889634
         else:
@@ -110,7 +123,8 @@ def _split_attention(Q, K, V, POS, OUT, PART_ACC, PART_M, PART_L, TREE_BASE, TRE
         alpha = tl.exp2(m - m_safe)
         p = tl.exp2(s - m_safe[:, None])
         lsum = lsum * alpha + tl.sum(p, axis=1)
-        vals = tl.load(v_base + j[:, None] * svs + d[None, :] * svd, mask=j_ok[:, None], other=0.0)
+        v_at = k_at if PAGED else b * svb + j * svs  # (a pool's keys and values share one layout)
+        vals = tl.load(v_base + v_at[:, None] + d[None, :] * svd, mask=j_ok[:, None], other=0.0)
         acc = acc * alpha[:, None] + _dot(p.to(vals.dtype), vals, IEEE)
         m = m_new
 
@@ -199,14 +213,25 @@ def plan(batch: int, k: int, heads: int, kv_heads: int, dim: int, num_slots: int
 def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
               scale: float | None = None, num_splits: int | None = None, window: int | None = None,
               softcap: float | None = None, tree_base: torch.Tensor | None = None,
-              tree_bits: torch.Tensor | None = None) -> torch.Tensor:
+              tree_bits: torch.Tensor | None = None, block_table: torch.Tensor | None = None) -> torch.Tensor:
     """`slot_attention_reference` by the split-K kernel; shapes and arguments are checked by the caller.
 
     q `[B, k, H, D]`, keys/values `[B, H_kv, S, D]` (any strides), positions `[B, k]` → `[B, k, H, D]` in q's dtype;
     a token tree: tree_base `[B]` (contiguous) and tree_bits `[B, k]` int64 (any strides; see `attention.TreeMask`).
+    block_table `[B, max_blocks]` int32 (contiguous rows): keys/values are a block pool `[N, page, H_kv, D]` of one
+    layout (`fast.cache.PagedKVCache`) and row b's slot j is pool entry (table[b, j // page], j % page); S =
+    max_blocks · page. The plan (splits, tiles) is the static cache's of the same S: one launch per shape.
     """
     batch, k, heads, dim = q.shape
-    kv_heads, num_slots = keys.shape[1], keys.shape[2]
+    paged = block_table is not None
+    if paged:
+        page, kv_heads = keys.shape[1], keys.shape[2]
+        num_slots = block_table.shape[1] * page
+        k_strides = (keys.stride(0), keys.stride(2), keys.stride(1), keys.stride(3))  # as (row, head, slot, dim)
+        v_strides = (values.stride(0), values.stride(2), values.stride(1), values.stride(3))
+    else:
+        page, kv_heads, num_slots = 1, keys.shape[1], keys.shape[2]
+        k_strides, v_strides = keys.stride(), values.stride()
     group = heads // kv_heads
     p = plan(batch, k, heads, kv_heads, dim, num_slots, sm_count(q.device), num_splits, q.dtype == torch.float32)
     scale = 1.0 / math.sqrt(dim) if scale is None else float(scale)
@@ -221,13 +246,13 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positio
     tree = tree_base is not None
     _split_attention[(batch * kv_heads, p.splits, p.row_tiles)](
         q, keys, values, positions, out, part_acc, part_m, part_l, tree_base if tree else positions,
-        tree_bits if tree else positions,
-        *q.stride(), *keys.stride(), *values.stride(), *positions.stride(), *out.stride(),
-        *(tree_bits.stride() if tree else (0, 0)),
+        tree_bits if tree else positions, block_table if paged else positions,
+        *q.stride(), *k_strides, *v_strides, *positions.stride(), *out.stride(),
+        *(tree_bits.stride() if tree else (0, 0)), block_table.stride(0) if paged else 0,
         k, num_slots, rows_pad, scale * math.log2(math.e), window or 0, float(softcap or 1.0), scale,
         KV_HEADS=kv_heads, GROUP=group, HEAD_DIM=dim, BLOCK_M=p.block_m, BLOCK_N=p.block_n, NUM_SPLITS=p.splits,
         IEEE=q.dtype == torch.float32, WINDOWED=window is not None, SOFTCAP=softcap is not None, TREE=tree,
-        num_warps=p.num_warps, num_stages=p.num_stages,
+        PAGED=paged, PAGE=page, num_warps=p.num_warps, num_stages=p.num_stages,
     )
     if p.splits > 1:
         _combine[(batch * kv_heads, group * k)](

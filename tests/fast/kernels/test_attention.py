@@ -287,15 +287,19 @@ from triton.compiler import ASTSource
 from specdec.fast.kernels import triton_attention as ta
 
 strides = ["sqb", "sqk", "sqh", "sqd", "skb", "skh", "sks", "skd", "svb", "svh", "svs", "svd", "spb", "spk",
-           "sob", "sok", "soh", "sod", "stb", "stk", "k_len", "num_slots", "rows_pad"]
+           "sob", "sok", "soh", "sod", "stb", "stk", "sab", "k_len", "num_slots", "rows_pad"]
 for dtype, dim, block_n in (("bf16", 256, 32), ("fp32", 64, 32)):
-    for windowed, softcap, tree in ((False, False, False), (True, False, False), (False, True, False),
-                                    (True, True, False), (False, False, True), (False, True, True)):
+    for windowed, softcap, tree, paged in ((False, False, False, False), (True, False, False, False),
+                                           (False, True, False, False), (True, True, False, False),
+                                           (False, False, True, False), (False, True, True, False),
+                                           (False, False, False, True), (True, True, False, True),
+                                           (False, False, True, True)):
             sig = dict(Q=f"*{dtype}", K=f"*{dtype}", V=f"*{dtype}", POS="*i64", OUT=f"*{dtype}", PART_ACC="*fp32",
-                       PART_M="*fp32", PART_L="*fp32", TREE_BASE="*i64", TREE_BITS="*i64",
+                       PART_M="*fp32", PART_L="*fp32", TREE_BASE="*i64", TREE_BITS="*i64", TABLE="*i32",
                        **{n: "i32" for n in strides}, scale_log2="fp32", window="i32", softcap="fp32", scale="fp32")
             consts = dict(KV_HEADS=4, GROUP=2, HEAD_DIM=dim, BLOCK_M=16, BLOCK_N=block_n, NUM_SPLITS=4,
-                          IEEE=dtype == "fp32", WINDOWED=windowed, SOFTCAP=softcap, TREE=tree)
+                          IEEE=dtype == "fp32", WINDOWED=windowed, SOFTCAP=softcap, TREE=tree, PAGED=paged,
+                          PAGE=16)
             src = ASTSource(fn=ta._split_attention, signature={**sig, **{k: "constexpr" for k in consts}},
                             constexprs=consts)
             triton.compile(src, target=GPUTarget("cuda", 90, 32))
@@ -305,7 +309,7 @@ print("compiled")
 
 def test_window_and_softcap_variants_compile_for_sm90():
     """What only the compiler sees (the interpreter tests above check the arithmetic): every window/softcap/tree
-    variant lowers to an sm_90 cubin. No GPU needed; a subprocess, since the session sets TRITON_INTERPRET."""
+    variant, static and paged (a block table), lowers to an sm_90 cubin. No GPU needed; a subprocess, since the session sets TRITON_INTERPRET."""
     import os
     import subprocess
     import sys
