@@ -1,5 +1,5 @@
 """A checked request → its runner requests: the OpenAI / vLLM fields mapped onto `specdec.text` parameters (bounds
-against the model: the context, the vocabulary, the server's γ), the EOS ids, and the fan-out of n choices per
+against the model: the context, the vocabulary, the engine's largest γ), the EOS ids, and the fan-out of n choices per
 prompt with their seeds. Runs after `protocol.py` has typed, refused and tokenized the body; every client error
 is an `APIError` naming the field.
 """
@@ -196,11 +196,14 @@ def _verification(request, gamma) -> dict:
 
 
 def _num_draft_tokens(request, llm) -> int:
+    """The request's γ (`specdec.num_draft_tokens`, or the top-level field): 0 = plain decoding, 1..the engine's
+    max_draft_tokens (one engine serves every value, in the same batches), none = the server's default."""
     value = request.draft_tokens
-    allowed = sorted({0, llm.num_draft_tokens}, key=str)
     if value is None:
         return llm.num_draft_tokens
-    if value not in allowed:
-        raise APIError(f"num_draft_tokens must be one of {allowed} on this server (0 = plain decoding), got {value}",
-                       param="num_draft_tokens")
+    most = llm.max_draft_tokens
+    if not 0 <= value <= most:
+        served = "0 (plain decoding: the server has no draft model)" if not most else \
+            f"in [0, {most}] on this server (0 = plain decoding)"
+        raise APIError(f"num_draft_tokens must be {served}, got {value}", param="num_draft_tokens")
     return value

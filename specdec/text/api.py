@@ -7,36 +7,34 @@
 
 Defaults come from the target's generation_config (greedy unless do_sample), explicit arguments win.
 Requests run on one background thread (`Driver`); `generate`/`stream` block only the calling thread.
+One runner (one engine, one KV cache) serves every request: plain (`num_draft_tokens=0`), any γ and "auto" share its
+batches (`SamplingParams.num_draft_tokens`, each row's own draft cap).
 """
 
 from __future__ import annotations
 
 import gc
 import itertools
-import logging
 import queue
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
-from specdec.engine.config import BATCH_BUCKETS
-from specdec.request import as_int, resolve_eos
+from specdec.request import MAX_NUM_DRAFT_TOKENS, as_int, resolve_eos
 from specdec.text.driver import Driver
 from specdec.text.drafts import load_draft
 from specdec.text.outputs import Completion, TextDelta, TextRequest
 from specdec.text.prompts import (GenerationDefaults, check_num_draft_tokens, encode_prompts, make_params,
                                   read_chat_template, render_chat)
-from specdec.text.runner import FallbackRunner
+from specdec.text.runner import FallbackRunner, RunnerSpec, build_runner
 from specdec.text.shapes import check_conversations, request_params, shape_outputs
-from specdec.text.warmup import MAX_WARMUP_SHAPES, graph_captures, step_shapes, step_shapes_run, warm_up
+from specdec.text.warmup import cache_bytes, graph_captures, step_shapes, step_shapes_run
 
-logger = logging.getLogger(__name__)
 
 __all__ = ["load", "LLM", "TextStream"]
 
 RUNNERS = ("auto", "engine", "fallback")
-#: distinct num_draft_tokens values served at once (each runner holds its own KV cache)
-MAX_RUNNERS = 4
 
 
 def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num_draft_tokens=4,
@@ -59,7 +57,9 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
                     quantization_config, low_cpu_mem_usage, variant; `draft_model_kwargs` the same for the draft
     allow_weight_mismatch  load checkpoints whose weights do not fill the model (missing tensors would be
                     randomly initialised) or hold tensors it does not use; refused by default
-    num_draft_tokens default γ (an int, or a policy name on the fallback runner); 0 = plain decoding
+    num_draft_tokens default γ of a request that names none (an int, "auto", or a policy name on the fallback
+                    runner); 0 = plain decoding. A request's own `num_draft_tokens` (0, 1..8 or "auto") runs on the
+                    same engine, in the same batches
     chat_template   a Jinja chat template (string or file) replacing the tokenizer's own
     allow_pickle    load .bin/.pt weights (pickle can run code); safetensors only by default
     runner          "auto": the request-level engine when it covers the model, else the eager loop;
@@ -172,81 +172,58 @@ class LLM:
         eos = resolve_eos(None, target) or ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
         self.defaults = GenerationDefaults.from_model(target, eos)
         self.driver = Driver()
-        self._runners: dict = {}
-        self.warmups: dict = {}  # γ → the start-up capture's report (`text.warmup.warm_up`), CUDA runners only
+        self._runner = None  # the one runner: every request, whatever its γ (`runner`)
+        self.warmups: dict = {}  # the default γ → the start-up capture's report (`text.warmup.warm_up`), CUDA only
         self._runner_lock = threading.Lock()
         self._ids = itertools.count()
-        first = self.runner(self.num_draft_tokens)  # fails now (not at the first request) on a bad setup
+        first = self.runner()  # fails now (not at the first request) on a bad setup
         self.runner_kind = "fallback" if isinstance(first, FallbackRunner) else "engine"
         self.vocab_size = int(first.vocab_size)
         self.max_seq_len = int(first.max_seq_len)
         self._tensor_parallel_started = True  # runners made from now on are made on every rank by command
 
-    # --- runners ------------------------------------------------------------------------------------
-    def runner(self, num_draft_tokens):
-        """The runner serving requests at this γ (created on first use; 0 = plain decoding)."""
+    # --- the runner ---------------------------------------------------------------------------------
+    def runner(self, num_draft_tokens=None):
+        """The one runner, serving every request (plain, any γ, "auto": one engine, one KV cache); built at load,
+        rebuilt only after a step of it raised. `num_draft_tokens`: a request's γ, checked against this model."""
+        if num_draft_tokens is not None:
+            self.check_gamma(num_draft_tokens)
+        with self._runner_lock:
+            current = self._runner
+            if current is not None and current not in self.driver.failed:
+                return current
+            self._runner = made = self._make_runner()
+            if gc.get_freeze_count():  # the process froze its start-up heap (`specdec serve`): a runner rebuilt
+                gc.freeze()  # later joins it, or each full collection walks its objects
+            return made
+
+    def check_gamma(self, num_draft_tokens):
+        """A request's γ checked against this model (a draft for γ ≠ 0; a fixed γ under tensor parallelism)."""
         key = check_num_draft_tokens(num_draft_tokens)
         if key != 0 and self.drafter is None:
             raise ValueError(f"num_draft_tokens={key!r} needs a draft model; this model was loaded without one")
-        with self._runner_lock:
-            current = self._runners.get(key)
-            if current is not None and current not in self.driver.failed:
-                return current
-            if current is None and len(self._runners) >= MAX_RUNNERS:
-                raise ValueError(f"num_draft_tokens: at most {MAX_RUNNERS} distinct values are served at once, "
-                                 f"already serving {sorted(map(str, self._runners))}")
-            self._runners[key] = made = self._make_runner(key)
-            if gc.get_freeze_count():  # the process froze its start-up heap (`specdec serve`): a runner built
-                gc.freeze()  # later (plain requests' γ = 0) joins it, or each full collection walks its objects
-            return made
+        if self.tensor_parallel is not None and key != self.num_draft_tokens:
+            from specdec.text.tensor_parallel import check_gamma
 
-    def _make_runner(self, gamma):
+            check_gamma(key)
+        return key
+
+    def _make_runner(self):
         if self.tensor_parallel is not None:
             from specdec.text.tensor_parallel import make_runner
 
-            return make_runner(self, gamma, announce=self._tensor_parallel_started)
-        return self._build_runner(gamma)
+            return make_runner(self, announce=self._tensor_parallel_started)
+        return self._build_runner()
 
-    def _build_runner(self, gamma):
-        """The request-level engine when it covers the model (falling back only on `UnsupportedModel`)."""
-        drafter = self.drafter if gamma != 0 else None
-        if self.runner_choice != "fallback":
-            from specdec.engine import Engine, EngineConfig, UnsupportedModel
-
-            if isinstance(gamma, str) and gamma != "auto":
-                raise ValueError(f"num_draft_tokens={gamma!r}: the engine takes an int or 'auto' "
-                                 "(policy names run on runner='fallback')")
-            config = EngineConfig(max_batch_size=min(self.max_batch_size, BATCH_BUCKETS[-1]),
-                                  max_seq_len=self._max_seq_len, num_draft_tokens=gamma,
-                                  max_draft_tokens=max(8, gamma if isinstance(gamma, int) else 0),
-                                  synthetic_acceptance=self.synthetic_acceptance, bitwise=self.bitwise,
-                                  prefill_budget=self.prefill_budget, prefill_steps=self.prefill_steps,
-                                  prefill_stall=self.prefill_stall)
-            try:
-                engine = Engine(self.target, drafter, config=config)
-            except UnsupportedModel as err:
-                if self.runner_choice == "engine" or self.bitwise:
-                    raise
-                from specdec.engine.build import notice_fallback
-
-                notice_fallback(str(err))
-            else:
-                if engine.cuda_graphs:  # capture every decode shape now, not while serving (as vLLM does)
-                    report = self.warmups[gamma] = warm_up(engine, engine.max_batch)
-                    logger.info("num_draft_tokens=%s: captured %d decode step shapes in %.1f s (batch sizes %s, γ %s, "
-                                "%d length buckets%s)", gamma, report["shapes"], report["seconds"],
-                                report["batch_sizes"], report["gammas"], report["length_buckets"],
-                                "" if report["complete"] else f" up to {report['max_length']} tokens: longer requests "
-                                f"capture on first use (bound: {MAX_WARMUP_SHAPES} shapes)")
-                return engine
-        if self.bitwise:
-            raise ValueError("bitwise=True needs the request-level engine (runner='engine')")
-        if self.synthetic_acceptance is not None:
-            raise ValueError("synthetic_acceptance needs the request-level engine (runner='engine'); this model "
-                             "runs on the fallback runner")
-        policy = "guarded" if gamma == "auto" else gamma if gamma != 0 else 1  # the loop's nearest to "auto"
-        return FallbackRunner(self.target, drafter, num_draft_tokens=policy, max_batch_size=self.max_batch_size,
-                              max_seq_len=self._max_seq_len)
+    def _build_runner(self):
+        """The engine (or the eager loop where it cannot run: `text.runner.build_runner`), with the drafter."""
+        spec = RunnerSpec(self.runner_choice, self.num_draft_tokens, self.max_batch_size, self._max_seq_len,
+                          self.synthetic_acceptance, self.bitwise, self.prefill_budget, self.prefill_steps,
+                          self.prefill_stall)
+        runner, report = build_runner(self.target, self.drafter, spec)
+        if report is not None:
+            self.warmups[self.num_draft_tokens] = report
+        return runner
 
     # --- requests -------------------------------------------------------------------------------------
     def prepare(self, prompt, sampling_params=None, **params):
@@ -260,44 +237,63 @@ class LLM:
         return ids, sampling, stop, gamma
 
     def submit(self, prompt_ids, sampling, stop, gamma, sink, request_id: str | None = None) -> TextRequest:
-        """Start a request; `sink` gets its RequestOutputs (then maybe an Exception) on the driver thread."""
+        """Start a request; `sink` gets its RequestOutputs (then maybe an Exception) on the driver thread. `gamma`: the
+        γ it asks for (None or this model's default: `sampling.num_draft_tokens` as it is; another: the request's)."""
+        if gamma is not None and sampling.num_draft_tokens is None and gamma != self.num_draft_tokens:
+            sampling = replace(sampling, num_draft_tokens=gamma)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         request = TextRequest(rid, self.tokenizer, prompt_ids, stop, logprobs=sampling.logprobs,
                               decode_context=prompt_ids if self._continues_prompt else (),
                               min_tokens=sampling.min_tokens)
-        self.driver.submit(self.runner(gamma), prompt_ids, sampling, sink, rid)
+        self.driver.submit(self.runner(sampling.num_draft_tokens), prompt_ids, sampling, sink, rid)
         return request
 
     def abort(self, request_id: str) -> None:
         self.driver.abort(request_id)
 
     def runner_key(self, runner):
-        """The num_draft_tokens value `runner` serves (None for a runner this model does not hold)."""
-        return next((k for k, r in list(self._runners.items()) if r is runner), None)
+        """The default num_draft_tokens of `runner` if this model holds it (None for another)."""
+        return self.num_draft_tokens if runner is self._runner and runner is not None else None
+
+    @property
+    def num_runners(self) -> int:
+        """Runners (engines) this model holds: one, whatever γ its requests ask for."""
+        return int(self._runner is not None)
+
+    @property
+    def max_draft_tokens(self) -> int:
+        """The largest γ a request may ask for (0 without a draft; the engine's `max_draft_tokens`)."""
+        most = getattr(self._runner, "max_draft_tokens", MAX_NUM_DRAFT_TOKENS)
+        return int(most) if self.drafter is not None else 0
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """Bytes of K/V cache the runner holds (the target's and a cached drafter's; 0 for the fallback runner)."""
+        return cache_bytes(self._runner)
 
     @property
     def graph_captures(self) -> int:
-        """CUDA graph pairs captured by the runners so far (start-up warm-up included; 0 on CPU)."""
-        return sum(graph_captures(r) for r in list(self._runners.values()))
+        """CUDA graph pairs captured by the runner so far (start-up warm-up included; 0 on CPU)."""
+        return graph_captures(self._runner)
 
     @property
     def step_shapes(self) -> int:
-        """Distinct decode step shapes the runners have built (eager or captured)."""
-        return sum(step_shapes(r) for r in list(self._runners.values()))
+        """Distinct decode step shapes the runner has built (eager or captured)."""
+        return step_shapes(self._runner)
 
     @property
     def step_shapes_run(self) -> int:
         """Step shapes that have served at least one step (their first replay is behind them)."""
-        return sum(step_shapes_run(r) for r in list(self._runners.values()))
+        return step_shapes_run(self._runner)
 
     @property
     def num_running(self) -> int:
-        """Requests in the runners' running batches (read from any thread: a snapshot)."""
-        return sum(int(getattr(r, "num_running", 0)) for r in list(self._runners.values()))
+        """Requests in the runner's running batch (read from any thread: a snapshot)."""
+        return int(getattr(self._runner, "num_running", 0))
 
     @property
     def num_waiting(self) -> int:
-        return sum(int(getattr(r, "num_waiting", 0)) for r in list(self._runners.values()))
+        return int(getattr(self._runner, "num_waiting", 0))
 
     def generate(self, prompts, sampling_params=None, **params) -> "Completion | list":
         """Completions for a prompt (a `Completion`) or a list of prompts (a list, in order; n > 1: n per prompt).

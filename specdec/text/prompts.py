@@ -164,7 +164,8 @@ def check_num_draft_tokens(value):
 
 
 def make_params(llm, prompt_len: int, params: dict):
-    """(SamplingParams, stop strings, γ) from keyword arguments over the model's defaults."""
+    """(SamplingParams, stop strings, γ) from keyword arguments over the model's defaults. γ: the request's own
+    `num_draft_tokens` (then also in the SamplingParams), else the model's default (the SamplingParams' None)."""
     unknown = sorted(set(params) - set(PARAMS))
     if unknown:
         raise TypeError(f"unknown parameter {unknown[0]!r}; the parameters are {', '.join(PARAMS)}")
@@ -180,7 +181,10 @@ def make_params(llm, prompt_len: int, params: dict):
     if max_new > room:
         raise ValueError(f"max_new_tokens={max_new} does not fit: the prompt has {prompt_len} tokens and the "
                          f"model context of {llm.max_seq_len} tokens leaves room for at most {room} new tokens")
-    gamma = check_num_draft_tokens(params.get("num_draft_tokens", llm.num_draft_tokens))
+    cap = params.get("num_draft_tokens")
+    cap = None if cap is None else llm.check_gamma(cap)  # (a draft for γ ≠ 0; SamplingParams: an int or "auto")
+    cap = None if cap == llm.num_draft_tokens else cap  # (the default as it is: also a loop policy's name)
+    gamma = llm.num_draft_tokens if cap is None else cap
     sampling = SamplingParams(
         max_new_tokens=max_new,
         temperature=_number(params.get("temperature", d.temperature), "temperature"),
@@ -191,6 +195,7 @@ def make_params(llm, prompt_len: int, params: dict):
         top_logprobs=params.get("top_logprobs", 0),
         leniency=params.get("leniency", 1.0),  # (SamplingParams checks both, naming the field)
         draft_tree=params.get("draft_tree"),
+        num_draft_tokens=cap,
         **{name: params[name] for name in _PROCESSOR_PARAMS if name in params and name != "constraint"},
         constraint=_constraint(llm, params.get("constraint")),
         **({} if "repetition_penalty" in params else {"repetition_penalty": d.repetition_penalty}),

@@ -4,11 +4,13 @@ The request-level engine (`specdec.engine.Engine`) is a runner. `FallbackRunner`
 for targets the engine does not cover (encoder-decoder, GPT-2, ...): it serves requests through the eager
 loop `specdec.stream(...)`, a batch of requests at a time when their sampling parameters match.
 `add_request` and `abort` are thread-safe; `step` is called from one thread (the `Driver`).
+`build_runner(target, drafter, RunnerSpec)`: the one runner an `LLM` holds, serving every request's γ.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -21,7 +23,10 @@ from specdec.policy import resolve_policy
 from specdec.request import SamplingParams, as_int, context_length, vocab_size
 from specdec.step import RequestOutput, StepCounts
 
-__all__ = ["RequestOutput", "Runner", "FallbackRunner", "context_length", "DEFAULT_CONTEXT"]
+__all__ = ["RequestOutput", "Runner", "FallbackRunner", "RunnerSpec", "build_runner", "context_length",
+           "DEFAULT_CONTEXT"]
+
+logger = logging.getLogger(__name__)
 
 #: Context assumed for a model whose config names none (relative-position models such as T5).
 DEFAULT_CONTEXT = 4096
@@ -41,6 +46,66 @@ class Runner(Protocol):
     def step(self) -> list: ...
 
     def has_unfinished(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class RunnerSpec:
+    """What an `LLM` asks of its runner (`specdec.load`'s options; see there)."""
+
+    runner: str  # "auto" | "engine" | "fallback"
+    num_draft_tokens: int | str  # the default γ of a request that names none
+    max_batch_size: int
+    max_seq_len: int | None
+    synthetic_acceptance: float | None = None
+    bitwise: bool = False
+    prefill_budget: int | str | None = None
+    prefill_steps: int | None = None
+    prefill_stall: float | None = None
+
+
+def build_runner(target, drafter, spec: RunnerSpec) -> tuple["Runner", dict | None]:
+    """(the request-level engine when it covers the model — falling back only on `UnsupportedModel` — else the
+    eager loop's `FallbackRunner`, its start-up warm-up report on CUDA or None). One runner for every γ: it holds the
+    drafter, and plain requests run on it too (rows capped at 0, `SamplingParams.num_draft_tokens`)."""
+    gamma = spec.num_draft_tokens
+    if spec.runner != "fallback":
+        from specdec.engine import Engine, EngineConfig, UnsupportedModel
+        from specdec.engine.config import BATCH_BUCKETS
+        from specdec.text.warmup import MAX_WARMUP_SHAPES, warm_up
+
+        if isinstance(gamma, str) and gamma != "auto":
+            raise ValueError(f"num_draft_tokens={gamma!r}: the engine takes an int or 'auto' "
+                             "(policy names run on runner='fallback')")
+        config = EngineConfig(max_batch_size=min(spec.max_batch_size, BATCH_BUCKETS[-1]), max_seq_len=spec.max_seq_len,
+                              num_draft_tokens=gamma, max_draft_tokens=max(8, gamma if isinstance(gamma, int) else 0),
+                              synthetic_acceptance=spec.synthetic_acceptance, bitwise=spec.bitwise,
+                              prefill_budget=spec.prefill_budget, prefill_steps=spec.prefill_steps,
+                              prefill_stall=spec.prefill_stall)
+        try:
+            engine = Engine(target, drafter, config=config)
+        except UnsupportedModel as err:
+            if spec.runner == "engine" or spec.bitwise:
+                raise
+            from specdec.engine.build import notice_fallback
+
+            notice_fallback(str(err))
+        else:
+            if not engine.cuda_graphs:
+                return engine, None
+            report = warm_up(engine, engine.max_batch)  # every decode shape (plain's too) now, not while serving
+            logger.info("num_draft_tokens=%s: captured %d decode step shapes in %.1f s (batch sizes %s, γ %s, "
+                        "%d length buckets%s)", gamma, report["shapes"], report["seconds"], report["batch_sizes"],
+                        report["gammas"], report["length_buckets"], "" if report["complete"] else
+                        f" up to {report['max_length']} tokens: longer requests capture on first use (bound: "
+                        f"{MAX_WARMUP_SHAPES} shapes)")
+            return engine, report
+    if spec.bitwise:
+        raise ValueError("bitwise=True needs the request-level engine (runner='engine')")
+    if spec.synthetic_acceptance is not None:
+        raise ValueError("synthetic_acceptance needs the request-level engine (runner='engine'); this model "
+                         "runs on the fallback runner")
+    return FallbackRunner(target, drafter, num_draft_tokens=gamma, max_batch_size=spec.max_batch_size,
+                          max_seq_len=spec.max_seq_len), None
 
 
 @dataclass
@@ -67,9 +132,9 @@ class FallbackRunner:
                  max_seq_len: int | None = None):
         self.target = target
         self.drafter = drafter
-        self.num_draft_tokens = num_draft_tokens
+        self.num_draft_tokens = _loop_policy(num_draft_tokens)  # of a request that names none
         if drafter is not None:
-            resolve_policy(num_draft_tokens)  # validate now, not at the first request
+            resolve_policy(self.num_draft_tokens)  # validate now, not at the first request
         self.max_batch_size = as_int(max_batch_size, "max_batch_size", minimum=1)
         self.vocab_size = vocab_size(target)
         context = context_length(target) or DEFAULT_CONTEXT
@@ -87,6 +152,9 @@ class FallbackRunner:
     def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> str:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if params.num_draft_tokens not in (None, 0) and self.drafter is None:
+            raise ValueError(f"num_draft_tokens={params.num_draft_tokens!r} needs a drafter; this runner has none "
+                             "(0 = plain decoding)")
         prompt = [as_int(t, "prompt_ids", minimum=0, maximum=self.vocab_size - 1) for t in prompt_ids]
         if not prompt:
             raise ValueError("prompt_ids is empty: a prompt needs at least one token")
@@ -175,9 +243,12 @@ class FallbackRunner:
         # the batch shares its parameters (`_batch_key`) but for the budget; logprobs come from `_logprobs`
         params = replace(first.params, max_new_tokens=max(r.params.max_new_tokens for r in batch), logprobs=False,
                          top_logprobs=0)
-        policy = resolve_policy(self.num_draft_tokens) if self.drafter is not None else 1
+        # the batch's γ (`_batch_key` keeps one per batch): its own, else the runner's; 0 = plain, without the drafter
+        spec = self.num_draft_tokens if first.params.num_draft_tokens is None else first.params.num_draft_tokens
+        drafter = self.drafter if spec != 0 else None
+        policy = resolve_policy(_loop_policy(spec)) if drafter is not None else 1
         self._batch = batch
-        self._run = stream_request(self.target, [r.prompt for r in batch], self.drafter, params, policy, engine="hf")
+        self._run = stream_request(self.target, [r.prompt for r in batch], drafter, params, policy, engine="hf")
         self._steps = iter(self._run)
 
     def _close_batch(self) -> None:
@@ -228,6 +299,11 @@ class FallbackRunner:
             return chosen, None
         values, ids = logp.topk(n, dim=-1)
         return chosen, [list(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
+
+
+def _loop_policy(spec):
+    """A γ as the eager loop takes it: "auto" is its nearest, the guarded policy; 0 (plain) runs with no drafter."""
+    return "guarded" if spec == "auto" else spec
 
 
 def _batch_key(req: _Request):

@@ -5,11 +5,11 @@ same `LLM`. Rank 0 (the leader) serves: its runners are wrapped in `LeaderRunner
 abort and step to the other ranks (`CommandChannel`) before running it; the followers run `follow(llm)`,
 applying the leader's commands to their own engines in the same order, so all ranks step together and commit
 the same tokens (an all-reduced logit is the same on every rank). Requests get their seed on the leader, so a
-request without one still samples the same tokens everywhere. γ must be a fixed integer: the "auto" policy
-times each step, and the ranks' timings differ.
+request without one still samples the same tokens everywhere. γ must be a fixed integer (the default and every
+request's): the "auto" policy times each step, and the ranks' timings differ. One runner serves every γ.
 
-Runners created after start-up (a request asking another γ) are created on every rank too: the leader sends
-("runner", γ) first. `LLM.close()` on the leader sends ("stop", …); the followers return from `follow`.
+A runner rebuilt after start-up (its step raised) is rebuilt on every rank too: the leader sends ("runner", γ)
+first. `LLM.close()` on the leader sends ("stop", …); the followers return from `follow`.
 """
 
 from __future__ import annotations
@@ -67,21 +67,22 @@ class LeaderRunner:
         return getattr(self.engine, name)
 
 
-def make_runner(llm, gamma, *, announce: bool):
-    """`llm`'s runner for γ on this rank: the engine (never the eager loop: it has no sharded path), wrapped in a
+def make_runner(llm, *, announce: bool):
+    """`llm`'s runner on this rank: the engine (never the eager loop: it has no sharded path), wrapped in a
     `LeaderRunner` on rank 0. `announce`: tell the followers to make it too (after start-up, where every rank
     makes its first runner by itself)."""
+    gamma = llm.num_draft_tokens
     check_gamma(gamma)
     channel = llm.tensor_parallel
     if llm.runner_choice == "fallback":
         raise ValueError("tensor parallelism runs on the request-level engine (runner='engine' or 'auto')")
     llm.runner_choice = "engine"
     if not channel.is_leader:
-        return llm._build_runner(gamma)
+        return llm._build_runner()
     with channel.lock:  # the new engine's warm-up all-reduces: no step may interleave
         if announce:
             channel.send(("runner", gamma, None))
-        engine = llm._build_runner(gamma)
+        engine = llm._build_runner()
     return LeaderRunner(engine, channel, gamma)
 
 
@@ -141,7 +142,9 @@ def follow(llm) -> int:
         kind, key, payload = channel.receive()
         if kind == "stop":
             return steps
-        runner = llm.runner(key)  # ("runner", γ) creates it here as on the leader; a step finds it made
+        if kind == "runner":  # the leader rebuilt its runner: so does this rank
+            llm.driver.failed.add(llm.runner())
+        runner = llm.runner()
         if kind == "step":
             for command in payload:
                 if command[0] == "add":

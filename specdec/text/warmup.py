@@ -6,7 +6,8 @@ that shape; a capture of a 24-layer model costs ~0.1 s, which a request in fligh
 
   batch buckets  every bucket a running batch of 1..max_batch_size rows falls in (a max_batch_size that is no
                  bucket, e.g. 48, still reaches the next one: 64, cut at 48 rows)
-  γ              the runner's: a fixed γ (the engine's policy never picks another), or every γ "auto" may pick
+  γ              the runner's: its default fixed γ and 0 (plain requests share the engine), or every γ "auto" may
+                 pick (0 among them); a request's other fixed γ runs in the smallest built shape above it
   length buckets 64, 128, ... up to the context (prompt + generated + γ + 2 positions; `config.length_buckets`)
   flavors        T = 0 (greedy) and T > 0 without top-k / top-p / logprobs (what `Engine.warmup` covers)
 
@@ -27,7 +28,7 @@ from specdec.engine.config import BATCH_BUCKETS, length_buckets
 logger = logging.getLogger(__name__)
 
 __all__ = ["MAX_WARMUP_SHAPES", "WarmupPlan", "plan_warmup", "warm_up", "graph_captures", "step_shapes",
-           "step_shapes_run"]
+           "step_shapes_run", "cache_bytes"]
 
 #: the most decode step shapes one runner captures at start-up
 MAX_WARMUP_SHAPES = 512
@@ -76,10 +77,11 @@ def plan_warmup(max_batch_size: int, gammas, num_positions: int, max_draft_token
 
 
 def runner_gammas(engine) -> tuple[int, ...]:
-    """The γ's the engine's policy can pick: its fixed γ, or 0 and every candidate under "auto"."""
+    """The γ's the engine's steps run: its fixed default γ and 0 (plain requests), or 0 and every candidate under
+    "auto"."""
     policy = engine.policy
     if policy.fixed is not None or not policy.candidates:
-        return (policy.fixed or 0,)
+        return tuple(sorted({0, policy.fixed or 0}))
     return tuple(sorted({0, *policy.candidates}))
 
 
@@ -120,3 +122,9 @@ def step_shapes_run(runner) -> int:
     """Step shapes that have run at least once (a warm-up capture does not run a shape: its first replay does)."""
     steps = getattr(runner, "_steps", None) or {}
     return sum(1 for step in list(steps.values()) if getattr(step, "ran", False))
+
+
+def cache_bytes(runner) -> int:
+    """Bytes of K/V cache the runner holds: the target's and a cached drafter's (0 for the fallback runner)."""
+    caches = (getattr(runner, "cache", None), getattr(getattr(runner, "drafter", None), "cache", None))
+    return sum(int(getattr(c, "nbytes", 0) or 0) for c in caches)

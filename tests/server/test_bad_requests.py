@@ -74,7 +74,7 @@ CASES = {
     "chat template raise_exception": chat(messages=[{"role": "user", "content": "RAISE"}]),
     "stream not bool": completion(stream="yes"),
     "stream_options not object": completion(stream=True, stream_options=3),
-    "num_draft_tokens not served": completion(specdec={"num_draft_tokens": 7}),
+    "num_draft_tokens past the engine's largest": completion(specdec={"num_draft_tokens": 9}),
     "specdec not object": completion(specdec="fast"),
     "model not string": completion(model=5),
     "chat no messages": ("/v1/chat/completions", {"model": "demo"}),

@@ -196,3 +196,19 @@ def test_draft_tree_and_leniency_refusals_name_the_problem(server, specdec, fiel
     assert field in error["message"] and words in error["message"], error
     if field.startswith("specdec"):
         assert error["param"] == "specdec"
+
+
+def test_any_num_draft_tokens_up_to_the_engines_largest_runs_on_the_one_engine(server, local_llm):
+    """specdec.num_draft_tokens: 0 (plain), the server's default (4) and other values run on its one engine (no
+    engine per γ): greedy text is plain decoding's, each step of a request drafts at most its γ and what its budget can
+    still commit; past the engine's max_draft_tokens a 400 names the range."""
+    body = {"prompt": PROMPT, "max_tokens": 16, "temperature": 0, "return_token_ids": True}
+    want = local_llm.generate(PROMPT, max_new_tokens=16, temperature=0, num_draft_tokens=0).token_ids
+    for gamma in (0, 2, 4, 8):
+        out = post(server, {**body, "specdec": {"num_draft_tokens": gamma}})
+        spec = out["speculative_decoding"]
+        assert out["choices"][0]["token_ids"] == want, gamma
+        assert spec["num_draft_tokens"] <= gamma * spec["num_drafts"] and (spec["num_draft_tokens"] > 0) == (gamma > 0)
+    r = httpx.post(server + "/v1/completions", json={"model": "demo", **body, "specdec": {"num_draft_tokens": 9}},
+                   timeout=60)
+    assert r.status_code == 400 and "[0, 8]" in r.json()["error"]["message"], r.text

@@ -241,10 +241,9 @@ def test_load_passes_the_prefill_budget_to_the_engine_and_checks_it_first(tmp_pa
         llm.close()
 
 
-def test_a_runner_built_after_the_heap_was_frozen_is_frozen_too():
-    """`specdec serve` freezes its start-up heap (gc.freeze) so full collections skip it; the runner of another γ
-    (plain requests' 0) is built at its first request: it joins the frozen heap. Without a frozen heap nothing is
-    frozen (the control)."""
+def test_a_runner_rebuilt_after_the_heap_was_frozen_is_frozen_too():
+    """`specdec serve` freezes its start-up heap (gc.freeze) so full collections skip it; a runner rebuilt later (its
+    step raised: `Driver.failed`) joins the frozen heap. Without a frozen heap nothing is frozen (the control)."""
     import gc
 
     import specdec
@@ -253,11 +252,15 @@ def test_a_runner_built_after_the_heap_was_frozen_is_frozen_too():
     gc.unfreeze()  # (whatever an earlier test of this process froze)
     llm = specdec.load(DEMO_PAIR / "target", DEMO_PAIR / "draft", device="cpu", dtype="float32")
     try:
-        llm.runner(0)
-        assert gc.get_freeze_count() == 0  # the control: this process froze nothing
+        first = llm.runner(0)
+        assert llm.runner(3) is first and llm.runner() is first  # one runner for every γ
+        llm.driver.failed.add(first)
+        second = llm.runner()
+        assert second is not first and gc.get_freeze_count() == 0  # the control: this process froze nothing
         gc.freeze()
         frozen = gc.get_freeze_count()
-        llm.runner(3)
+        llm.driver.failed.add(second)
+        llm.runner()
         assert gc.get_freeze_count() > frozen
     finally:
         gc.unfreeze()

@@ -159,3 +159,22 @@ def test_the_driver_flags_the_steps_that_prefilled_a_budget(llama):
     finally:
         driver.close()
     assert sum(t.admitted for t in timings) >= 80 // 16 > engine.num_admissions
+
+
+def test_the_fallback_runner_serves_every_requests_gamma_one_batch_per_gamma(llama, llama_draft):
+    """One runner for every γ (as the engine): each request's `num_draft_tokens` — 0 plain (no drafter), an int,
+    "auto" (the loop's guarded policy), None (the runner's default) — gives plain decoding's greedy tokens; a plain
+    request drafts nothing. Without a drafter a speculative γ is refused by name."""
+    runner = FallbackRunner(llama, llama_draft, num_draft_tokens=3, max_batch_size=4)
+    caps = [0, 2, "auto", None, 0]
+    for i, cap in enumerate(caps):
+        runner.add_request([5, 6, 7], SamplingParams(max_new_tokens=10, temperature=0, num_draft_tokens=cap),
+                           request_id=f"r{i}")
+    seqs, final = by_request(drain(runner))
+    want = specdec.generate(llama, [[5, 6, 7]], max_new_tokens=10, temperature=0).sequences[0]
+    assert all(seqs[f"r{i}"] == want for i in range(len(caps)))
+    drafted = {rid: out.stats.drafted_tokens for rid, out in final.items()}
+    assert drafted["r0"] == drafted["r4"] == 0 and drafted["r1"] > 0 and drafted["r3"] > 0
+    plain = FallbackRunner(llama, None, num_draft_tokens=0)
+    with pytest.raises(ValueError, match="num_draft_tokens=2 needs a drafter"):
+        plain.add_request([5, 6], SamplingParams(num_draft_tokens=2))

@@ -53,7 +53,7 @@ def test_the_engine_builds_exactly_the_planned_shapes_and_traffic_reaches_no_oth
     target = specdec.loading.load_model(ckpt / "target", device="cpu", dtype="auto", what="target")
     draft = specdec.loading.load_model(ckpt / "draft", device="cpu", dtype="auto", what="draft")
     engine = Engine(target, draft, EngineConfig(max_batch_size=6, max_seq_len=200, num_draft_tokens=3))
-    assert runner_gammas(engine) == (3,)
+    assert runner_gammas(engine) == (0, 3)  # (plain requests share the engine)
     plan = plan_warmup(engine.max_batch, runner_gammas(engine), engine.num_positions, engine.max_draft_tokens)
     built = engine.warmup(batch_sizes=plan.batch_sizes, gammas=plan.gammas, max_length=plan.max_length,
                           temperatures=plan.temperatures)
@@ -61,13 +61,13 @@ def test_the_engine_builds_exactly_the_planned_shapes_and_traffic_reaches_no_oth
     assert graph_captures(engine) == 0 == step_shapes_run(engine)  # nothing is captured on CPU, nothing ran
     gen = torch.Generator().manual_seed(0)
     for n in (1, 2, 3, 6):  # buckets 1, 2, 4, 8 (cut at 6); prompts long enough for two length buckets
-        for _ in range(n):
+        for i in range(n):  # (plain requests among them, and caps below the default: in the built shapes)
             engine.add_request(torch.randint(3, 60, (60,), generator=gen).tolist(),
-                               SamplingParams(temperature=0, max_new_tokens=12))
+                               SamplingParams(temperature=0, max_new_tokens=12, num_draft_tokens=(None, 0, 2)[i % 3]))
         while engine.has_unfinished():
             engine.step()
     assert step_shapes(engine) == built
-    assert 4 <= step_shapes_run(engine) < built  # 4 batch buckets × 2 length buckets at most, greedy only
+    assert 4 <= step_shapes_run(engine) < built  # 4 batch buckets × 2 length buckets × γ 0 / 3 at most, greedy only
 
 
 def test_runner_gammas_follow_the_policy(ckpt):

@@ -1,0 +1,71 @@
+"""One engine per loaded model (issue 36 item 3): `specdec.load` holds one runner, whose one KV cache serves plain,
+fixed-γ and "auto" requests in the same batches; a mixed batch's greedy text is each request's alone."""
+
+import queue
+
+import pytest
+
+import specdec
+from specdec.request import SamplingParams
+
+PROMPTS = ["w1 w2 w3", "w4 w5", "w2 w2 w9", "w7", "w3 w1", "w8 w8 w8"]
+GAMMAS = [0, None, 1, "auto", 0, 3]  # plain, the model's default (2), fixed 1, the policy, plain, fixed 3
+MAX_NEW = (48, 16, 16, 16, 16, 16)
+
+
+def run_together(llm, gammas, max_new=MAX_NEW) -> list:
+    """Every prompt submitted at once (the first, plain and long, still runs when the others join) → completions."""
+    outputs: queue.Queue = queue.Queue()
+    requests = []
+    for i, (prompt, gamma) in enumerate(zip(PROMPTS, gammas)):
+        extra = {} if gamma is None else {"num_draft_tokens": gamma}
+        ids, sampling, stop, g = llm.prepare(prompt, max_new_tokens=max_new[i], temperature=0, **extra)
+        requests.append(llm.submit(ids, sampling, stop, g, outputs.put, request_id=f"r{i}"))
+    by_id, pending = {r.request_id: r for r in requests}, len(requests)
+    while pending:
+        item = outputs.get(timeout=300)
+        if isinstance(item, BaseException):
+            raise item
+        by_id[item.request_id].feed(item)
+        pending -= bool(item.finished)
+    return [r.completion() for r in requests]
+
+
+def test_one_engine_one_cache_serves_plain_and_speculative_requests_in_the_same_steps(ckpt):
+    with specdec.load(ckpt / "target", draft=ckpt / "draft", num_draft_tokens=2, max_batch_size=8,
+                      dtype="float32") as llm:
+        cache, runner = llm.kv_cache_bytes, llm.runner()
+        assert llm.num_runners == 1 and cache > 0 and llm.runner_kind == "engine"
+        steps, current = [], set()
+        llm.driver.add_listener(lambda r, out: current.add(out.request_id))
+        llm.driver.add_step_listener(lambda timing: (steps.append(set(current)), current.clear()))
+        together = run_together(llm, GAMMAS)
+        alone = [llm.generate(p, max_new_tokens=n, temperature=0, **({} if g is None else {"num_draft_tokens": g}))
+                 for p, g, n in zip(PROMPTS, GAMMAS, MAX_NEW)]
+        plain = [llm.generate(p, max_new_tokens=n, temperature=0, num_draft_tokens=0) for p, n in zip(PROMPTS, MAX_NEW)]
+        assert llm.num_runners == 1 and llm.runner() is runner and llm.kv_cache_bytes == cache  # no second engine
+    for mixed, one, reference, n in zip(together, alone, plain, MAX_NEW):
+        assert mixed.token_ids == one.token_ids == reference.token_ids
+        assert len(mixed.token_ids) == n or mixed.finish_reason == "stop"
+    speculative = {f"r{i}" for i, g in enumerate(GAMMAS) if g != 0}
+    assert any("r0" in step and step & speculative for step in steps)  # the plain row shared steps with drafting ones
+    drafted = {f"r{i}": c.stats.num_draft_tokens for i, c in enumerate(together)}
+    assert drafted["r0"] == drafted["r4"] == 0 and drafted["r5"] > 0  # plain rows drafted nothing in those steps
+
+
+def test_a_request_gamma_is_checked_against_the_model(ckpt):
+    with specdec.load(ckpt / "target", draft=ckpt / "draft", num_draft_tokens=2, dtype="float32") as llm:
+        assert llm.max_draft_tokens == 8
+        with pytest.raises(ValueError, match="max_draft_tokens of 8"):
+            llm.generate("w1", max_new_tokens=2, num_draft_tokens=9)
+        with pytest.raises(ValueError, match="num_draft_tokens"):
+            llm.generate("w1", max_new_tokens=2, num_draft_tokens="heuristic")  # (a loop policy: per model, not request)
+        params = SamplingParams(max_new_tokens=2, num_draft_tokens=5)
+        ids, sampling, stop, gamma = llm.prepare("w1", max_new_tokens=2, num_draft_tokens=5)
+        assert sampling.num_draft_tokens == params.num_draft_tokens == gamma == 5
+        assert llm.prepare("w1", max_new_tokens=2, num_draft_tokens=2)[1].num_draft_tokens is None  # (the default)
+    with specdec.load(ckpt / "target", dtype="float32") as plain:
+        assert plain.max_draft_tokens == 0
+        with pytest.raises(ValueError, match="needs a draft model"):
+            plain.generate("w1", max_new_tokens=2, num_draft_tokens=2)
+        assert len(plain.generate("w1", max_new_tokens=3, num_draft_tokens=0, temperature=0).token_ids) == 3
