@@ -243,7 +243,9 @@ def _render(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str
     if not getattr(tokenizer, "chat_template", None):
         raise APIError("this model has no chat template: start the server with --chat-template FILE, or use "
                        "/v1/completions with a text prompt", param="messages")
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    from specdec.text.prompts import apply_template  # (any rendering failure: a one-line ChatTemplateError, a 400)
+
+    return apply_template(tokenizer, messages, add_generation_prompt=add_generation_prompt)
 
 
 def prompt_texts(llm, sources: list) -> tuple[str, ...]:
