@@ -30,7 +30,7 @@ from specdec.server import responses as R
 from specdec.server.guard import GuardConfig, GuardMiddleware
 from specdec.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from specdec.server.runs import Health, Mailbox, Run, SeedSource, describe
-from specdec.server.structured import compile_for, constraint_of
+from specdec.server.structured import compile_on, constraint_of
 
 logger = logging.getLogger(__name__)
 
@@ -44,12 +44,13 @@ INLINE_TOKENIZE_CHARS = 1024
 
 def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None = None,
                metrics_prefix: str = "specdec:", guard: GuardConfig | None = None, tokenize_workers: int = 2,
-               default_seed: int | None = None):
+               default_seed: int | None = None, grammar_compiles=None):
     """A FastAPI app serving `llm` (a `specdec.text.LLM`).
 
     guard: Host / Origin / API key / content-type checks (`guard.GuardConfig`; default: loopback hosts and
     origins only, no key). tokenize_workers: threads that tokenize and render chat templates (off the loop).
-    default_seed: requests that send no seed get seeds drawn from it in arrival order (None = fresh randomness)."""
+    default_seed: requests that send no seed get seeds drawn from it in arrival order (None = fresh randomness).
+    grammar_compiles: the `constrain.GrammarCompiles` pool structured outputs compile on (default: its defaults)."""
     app = FastAPI(title="specdec", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(GuardMiddleware, config=guard or GuardConfig())
     metrics = ServerMetrics(llm, prefix=metrics_prefix, model_name=model_name)
@@ -61,6 +62,10 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
     max_token_chars = _max_token_chars(llm.tokenizer)
     health = Health()
     seeds = SeedSource(default_seed)
+    if grammar_compiles is None:
+        from specdec.constrain.compiles import GrammarCompiles
+
+        grammar_compiles = GrammarCompiles()
 
     def mailbox() -> "Mailbox":
         loop = asyncio.get_running_loop()
@@ -81,7 +86,7 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
     llm.driver.add_step_listener(flush)
     limit = llm.max_seq_len if max_tokens_limit is None else min(max_tokens_limit, llm.max_seq_len)
     app.state.llm, app.state.metrics, app.state.model_name = llm, metrics, model_name
-    app.state.tokenize_pool, app.state.health = tokenize_pool, health
+    app.state.tokenize_pool, app.state.health, app.state.grammar_compiles = tokenize_pool, health, grammar_compiles
 
     def error(status: int, message: str, **kw) -> JSONResponse:
         return JSONResponse(P.error_body(message, **kw), status_code=status)
@@ -156,9 +161,8 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
             prompts = await asyncio.get_running_loop().run_in_executor(tokenize_pool, P.encode, llm, typed, sources)
         echo = P.prompt_texts(llm, sources) if not chat and typed.echo else None
         grammar = None
-        if structured is not None:  # the first compile per tokenizer reads its vocabulary: off the event loop
-            grammar = await asyncio.get_running_loop().run_in_executor(
-                tokenize_pool, compile_for, llm, *structured, C.eos_ids(typed, llm))
+        if structured is not None:  # on the compile pool: bounded, timed, never behind another request's compile
+            grammar = await compile_on(grammar_compiles, llm, *structured, C.eos_ids(typed, llm))
         parsed = C.build(typed, llm, prompts, limit, echo, seeds.next() if typed.seed is None else None,
                          constraint=grammar)
         return await _serve(request, parsed, chat)
