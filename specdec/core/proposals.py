@@ -9,8 +9,8 @@ each row's proposal must have, at every drafted position (before the row's `leng
            the vocabulary is refused (vLLM raises too)
   q        finite, ≥ 0, Σ_x q(x) = 1 within `SUM_TOLERANCE` (fp16 / bf16: `SUM_TOLERANCE_HALF`), q(x_i) > 0
 
-`proposal_check` is two reductions over `[B, γ, V]` (a sum and a min) and a gather, no host synchronization: its `[2]`
-result (first bad row + 1, that row's `VIOLATIONS` bits) rides in the step's one device → host table
+`proposal_check` is two reductions over `[B, γ, V]` (a sum and a min), a gather and a few small ops, no host
+synchronization: its `[2]` result (first bad row + 1, its `VIOLATIONS` bits) rides in the step's one device → host table
 (`step.pack_step(..., proposal=)`), and `StepRecord.unpack` raises `InvalidProposal` naming the drafter
 (`StepLayout.drafter`) and the caller's row. The argument itself (`draft=`, `drafter=`) is checked at the
 call by `drafters.protocol.check_drafter_argument`.
@@ -41,7 +41,8 @@ class InvalidProposal(ValueError):
 
 def proposal_check(tokens: torch.Tensor, probs: torch.Tensor | None, lengths: torch.Tensor | None, vocab_size: int,
                    active: torch.Tensor | None = None, *, parents: torch.Tensor | None = None) -> torch.Tensor:
-    """`[2]` int64 on the device: (1 + the first row whose proposal is invalid, or 0; that row's violation bits).
+    """`[2]` int64 on the device: (1 + the first row whose proposal is invalid, or 0; the `VIOLATIONS` bits of that
+    row's worst drafted position).
 
     tokens [B, γ] long, the drafted ids as the drafter returned them (a -1 already ended its row: `lengths`);
     probs [B, M, V] (q; M = γ for a chain) or None (one-hot); lengths [B] drafts per row (None = γ); active [B]
@@ -50,30 +51,29 @@ def proposal_check(tokens: torch.Tensor, probs: torch.Tensor | None, lengths: to
     """
     batch, gamma = tokens.shape
     device = tokens.device
-    pos = torch.arange(gamma, device=device)[None, :]
-    drafted = pos < lengths[:, None] if lengths is not None else torch.ones(batch, gamma, dtype=torch.bool,
-                                                                            device=device)
-    if active is not None:
-        drafted = drafted & active[:, None]
+    # few launches (inside the engine's verify graph each costs its kernel): a fault code per drafted position,
+    # the bits of VIOLATIONS, from two reductions over V (a NaN or inf entry makes the sum non-finite) and a gather
     in_vocab = (tokens >= 0) & (tokens < vocab_size)
-    bits = (drafted & ~in_vocab).any(1).long()
+    code = (~in_vocab).long()
     if probs is not None:
         q = probs
-        used = drafted if parents is None else drafted.any(1, keepdim=True).expand(batch, q.shape[1])  # [B, M]
-        # two reductions over V: a NaN or inf entry makes the sum non-finite (that bit instead of the sum's)
-        total = q.sum(-1, dtype=torch.float32)
-        finite = torch.isfinite(total)
+        total = q.sum(-1, dtype=torch.float32)  # [B, M]
         tolerance = SUM_TOLERANCE_HALF if q.dtype in (torch.float16, torch.bfloat16) else SUM_TOLERANCE
-        bits = bits | ((used & ~finite).any(1).long() << 1)
-        bits = bits | ((used & (q.amin(-1) < 0)).any(1).long() << 2)
-        bits = bits | ((used & finite & ((total - 1).abs() > tolerance)).any(1).long() << 3)
-        safe = torch.where(in_vocab, tokens, torch.zeros_like(tokens)).long()
+        row_code = torch.where(torch.isfinite(total), ((total - 1).abs() > tolerance).long() * 8, 2) \
+            + (q.amin(-1) < 0).long() * 4
         rows = torch.arange(gamma, device=device) if parents is None else parents.to(device)
+        safe = torch.where(in_vocab, tokens, 0)
         at_token = q.reshape(batch, -1).gather(1, rows[None, :] * q.shape[-1] + safe)  # q(x_i) [B, γ]
-        bits = bits | ((drafted & in_vocab & ~(at_token > 0)).any(1).long() << 4)
-    bad = bits > 0
-    first = torch.where(bad.any(), bad.long().argmax() + 1, torch.zeros((), dtype=torch.long, device=device))
-    return torch.stack([first, bits.gather(0, (first - 1).clamp_min(0).reshape(1))[0] * (first > 0)])
+        code = code + (row_code if parents is None else row_code[:, rows]) + (in_vocab & ~(at_token > 0)).long() * 16
+    drafted = torch.arange(gamma, device=device)[None, :] < lengths[:, None] if lengths is not None else None
+    if active is not None:
+        drafted = active[:, None] if drafted is None else drafted & active[:, None]
+    if drafted is not None:
+        code = code * drafted
+    worst = code.amax(1) if gamma else code.new_zeros(batch)  # [B]: the bits of the row's worst position
+    first = (worst > 0).long().argmax().reshape(1)  # the first row at fault (0 when none: its code is then 0)
+    bits = worst.gather(0, first)  # (a gather, not worst[first]: indexing by a tensor would sync the host)
+    return torch.cat([(first + 1) * (bits > 0), bits])
 
 
 def describe_violation(drafter: str, row: int, bits: int) -> str:

@@ -2,8 +2,8 @@
 
 The mix (`MIX`, one request per entry in turn): completions and chats, greedy and sampled, streamed (one in
 `MIX` read to the end, one dropped after its first chunk: a client that disconnects), plain decoding
-(`num_draft_tokens: 0`), `guided_choice`, a JSON schema (a new schema every `len(MIX)` requests: one request in
-five of the constrained ones brings a new grammar) and a bad request (a 400). `run_soak` sends `requests` of
+(`num_draft_tokens: 0`), `guided_choice`, a JSON schema (a new schema each time: one request in `len(MIX)` brings
+a new grammar) and a bad request (a 400). `run_soak` sends `requests` of
 them from `clients` threads and reads the server's RSS (`/proc/<pid>/status`) every `sample_every` completed
 requests; `SoakResult.slope_mb_per_100` is the least-squares slope of RSS over completed requests after the
 warm-up (`warmup` of them: caches, graphs and arenas filling). Used by `tests/server/test_soak.py` (its quick
