@@ -13,6 +13,7 @@ from dataclasses import replace
 import torch
 
 from specdec.core import FILTERS
+from specdec.drafters.protocol import check_drafter_argument
 from specdec.loop.chain import run_chain
 from specdec.policy import DraftLengthPolicy
 from specdec.request import SamplingParams, resolve_eos
@@ -184,6 +185,7 @@ def stream_request(
     `eos_token_ids` are used as given: () = none). Picks the runner: token trees, the engine or the loop."""
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+    check_drafter_argument(drafter, "drafter")  # (its kind, before any runner starts)
     if params.logprobs:
         raise ValueError("logprobs: specdec.generate / stream return no log-probabilities; "
                          "use specdec.load(...).generate(..., logprobs=True)")

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from specdec.core import INVALID_SCORES
+from specdec.core.proposals import InvalidProposal, describe_violation
 from specdec.metrics import SpecStats
 
 __all__ = ["GenerateResult", "GenerationStream", "RequestOutput", "TokenEvent", "StepCounts", "StepLayout",
@@ -202,17 +203,10 @@ class StepCounts:
         if len(values) != cls.width(gamma):
             raise ValueError(f"expected {cls.width(gamma)} counters for γ={gamma}, got {len(values)}")
         beta_sum, n, drafted, drafting, active = values[2 * gamma :]
-        return cls(
-            gamma=gamma,
-            reached=tuple(int(v) for v in values[:gamma]),
-            accepted=tuple(int(v) for v in values[gamma : 2 * gamma]),
-            beta_sum=float(beta_sum),
-            num_accepted=int(n),
-            num_drafted=int(drafted),
-            drafting_rows=int(drafting),
-            active_rows=int(active),
-            has_beta=has_beta,
-        )
+        return cls(gamma=gamma, reached=tuple(int(v) for v in values[:gamma]),
+                   accepted=tuple(int(v) for v in values[gamma : 2 * gamma]), beta_sum=float(beta_sum),
+                   num_accepted=int(n), num_drafted=int(drafted), drafting_rows=int(drafting),
+                   active_rows=int(active), has_beta=has_beta)
 
     @classmethod
     def total(cls, rows: "list[StepCounts]", gamma: int, has_beta: bool = True) -> "StepCounts":
@@ -238,7 +232,8 @@ class StepLayout:
       rows 0..B−1  tokens [k] | committed | accepted | drafted | finished | hit_eos
                    | counters [StepCounts.width(γ)] (float64 bits, with `counters`) | logprobs [k] (float64 bits,
                    with `logprobs`) | top ids [k · N] | top log p [k · N] (float64 bits; N = `top_logprobs`)
-      row B        invalid logits? | Σ produced (accepted + 1 per active row) | Σ committed | Σ finished | 0 …
+      row B        invalid logits? | Σ produced (accepted + 1 per active row) | Σ committed | Σ finished
+                   | 1 + the first row with an invalid proposal, its bits (`core.proposals`; 0 0 = none or unchecked) | 0 …
     `accepted` is the drafts verification accepted (before any EOS / budget cut), `drafted` the row's draft
     length; both 0 for an inactive row.
     """
@@ -247,6 +242,7 @@ class StepLayout:
     counters: bool = False
     logprobs: bool = False
     top_logprobs: int = 0  # N alternatives per token (needs logprobs)
+    drafter: str = "drafter"  # who proposed, named by an invalid proposal's error
     # derived once (the engine reads a table every step): token columns, where each block starts, the width
     k: int = field(init=False)
     counters_at: int = field(init=False)
@@ -279,13 +275,15 @@ def pack_step(
     counters: torch.Tensor | None = None,
     logprobs: torch.Tensor | None = None,
     top: tuple[torch.Tensor, torch.Tensor] | None = None,
+    proposal: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One step's device → host table, int64 `[B + 1, layout.width]` (see `StepLayout`), built on the device.
 
     new_tokens [B, k] (k = layout.k); committed, accepted [B] int64; drafted [B] int64 or None (= γ for every
     row); finished, hit_eos, active [B] bool; invalid: a bool scalar (NaN / +inf in the target logits);
     counters [B, StepCounts.width(γ)] float64 (`step_counters`), with layout.counters; logprobs [B, k]
-    float, with layout.logprobs; top: (ids [B, k, N] long, log p [B, k, N] float), with layout.top_logprobs = N.
+    float, with layout.logprobs; top: (ids [B, k, N] long, log p [B, k, N] float), with layout.top_logprobs = N;
+    proposal: `core.proposals.proposal_check`'s [2] (None = unchecked).
     """
     b, k = new_tokens.shape
     if k != layout.k or (counters is not None) != layout.counters or (logprobs is not None) != layout.logprobs:
@@ -307,7 +305,8 @@ def pack_step(
         columns += [ids.reshape(b, -1).long(), values.double().reshape(b, -1).view(torch.long)]
     table = torch.cat(columns, 1)
     tail = torch.stack([invalid.long().reshape(()), (accepted + active_long).sum(), committed.sum(), finished.sum()])
-    tail = torch.cat([tail, tail.new_zeros(table.shape[1] - 4)])
+    checked = proposal if proposal is not None else tail.new_zeros(2)
+    tail = torch.cat([tail, checked.long(), tail.new_zeros(table.shape[1] - 6)])
     return torch.cat([table, tail[None]])
 
 
@@ -343,9 +342,10 @@ class StepRecord:
 
     @classmethod
     def unpack(cls, packed: torch.Tensor, layout: StepLayout, *, drafter_calls: int = 0, draft_time_s: float = 0.0,
-               verify_time_s: float = 0.0, has_beta: bool = True) -> "StepRecord":
+               verify_time_s: float = 0.0, has_beta: bool = True, callers: list | None = None) -> "StepRecord":
         """Read `pack_step`'s table (on any device: this is the step's one synchronization); raises on invalid
-        target logits. `has_beta=False`: the counters carry no β (token trees)."""
+        target logits and (`core.proposals.InvalidProposal`) an invalid proposal, naming `layout.drafter` and the
+        row (`callers[i]`: the caller's name of step row i). `has_beta=False`: the counters carry no β (token trees)."""
         shape = packed.shape
         if len(shape) != 2 or shape[1] != layout.width or packed.dtype is not torch.long:
             raise ValueError(f"StepRecord.unpack: expected an int64 [B + 1, {layout.width}] table for {layout}, "
@@ -356,7 +356,7 @@ class StepRecord:
             at = layout.logprobs_at
             rows = packed[:-1, :at].tolist()
             logprobs = packed[:-1, at : at + k].view(torch.float64).tolist()
-            tail = packed[-1, :4].tolist()
+            tail = packed[-1, :6].tolist()
             top = None
             if layout.top_logprobs:
                 n, at = layout.top_logprobs, layout.top_at
@@ -370,6 +370,9 @@ class StepRecord:
             logprobs = top = None
         if tail[0]:
             raise ValueError(f"target logits {INVALID_SCORES}")
+        if tail[4]:
+            row = tail[4] - 1
+            raise InvalidProposal(describe_violation(layout.drafter, callers[row] if callers is not None else row, tail[5]))
         tokens = [row[: row[k]] for row in rows]
         accepted, drafted = [row[k + 1] for row in rows], [row[k + 2] for row in rows]
         if tail[3]:  # some rows finished

@@ -59,6 +59,13 @@ def add_parser(subparsers) -> None:
     add_model_options(p, seed_help="seed for requests that send none: with it, the n-th such request gets the same "
                       "draws on every run (default: fresh randomness per request)")
     add_checkpoint_options(p)
+    grammar = p.add_argument_group("structured outputs (grammar compiles: their own worker threads, off the request path)")
+    grammar.add_argument("--grammar-compile-workers", type=int, default=4, metavar="N",
+                         help="grammars compiled at once (default: 4)")
+    grammar.add_argument("--grammar-compile-timeout", type=float, default=30.0, metavar="SECONDS",
+                         help="a request whose grammar does not compile in this time gets a 400 (default: 30)")
+    grammar.add_argument("--grammar-cache-mb", type=float, default=512, metavar="MB",
+                         help="compiled-grammar cache, LRU (vLLM's VLLM_XGRAMMAR_CACHE_MB; default: 512; 0 = none)")
     net = p.add_argument_group("network and security")
     net.add_argument("--host", default="127.0.0.1", help="bind address (127.0.0.1: this machine only)")
     net.add_argument("--port", type=int, default=8000, help="TCP port, 1-65535")
@@ -134,6 +141,13 @@ def check_args(args: argparse.Namespace) -> None:
         value = getattr(args, name, 1.0)
         if not (math.isfinite(value) and 0 < value <= 3600):
             raise CLIError(f"{flag} must be a number of seconds in (0, 3600], got {value}")
+    check_int("--grammar-compile-workers", getattr(args, "grammar_compile_workers", 4), 1, 64)
+    timeout = getattr(args, "grammar_compile_timeout", 30.0)
+    if not (math.isfinite(timeout) and 0 < timeout <= 3600):
+        raise CLIError(f"--grammar-compile-timeout must be a number of seconds in (0, 3600], got {timeout}")
+    cache_mb = getattr(args, "grammar_cache_mb", 512)
+    if not (math.isfinite(cache_mb) and 0 <= cache_mb <= 1 << 20):
+        raise CLIError(f"--grammar-cache-mb must be a number of MB in [0, {1 << 20}], got {cache_mb}")
     interval = getattr(args, "switch_interval", None)
     if interval is not None and not (math.isfinite(interval) and 0 < interval <= 1):
         raise CLIError(f"--switch-interval must be a number of seconds in (0, 1], got {interval}")
@@ -187,7 +201,7 @@ def build(args: argparse.Namespace):
                         bind_host=getattr(args, "host", "127.0.0.1"), api_key=getattr(args, "api_key", None))
     app = create_app(llm, model_name=name, max_tokens_limit=args.max_tokens,
                      metrics_prefix=getattr(args, "metrics_prefix", "specdec:"), guard=guard,
-                     default_seed=getattr(args, "seed", None),
+                     default_seed=getattr(args, "seed", None), grammar_compiles=_grammar_compiles(args),
                      tool_call_parser=getattr(args, "tool_call_parser", "auto"),
                      docs=not getattr(args, "disable_fastapi_docs", False))
     return app, llm
@@ -202,6 +216,14 @@ def _drafter_name(drafter) -> str:
     if isinstance(drafter, torch.nn.Module):
         return f"draft model ({type(drafter).__name__})"
     return type(drafter).__name__
+
+
+def _grammar_compiles(args: argparse.Namespace):
+    from specdec.constrain.compiles import GrammarCompiles
+
+    return GrammarCompiles(workers=getattr(args, "grammar_compile_workers", 4),
+                           timeout_s=getattr(args, "grammar_compile_timeout", 30.0),
+                           cache_mb=getattr(args, "grammar_cache_mb", 512))
 
 
 def _prefill_budget(args: argparse.Namespace):

@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 
 from specdec.constrain.spec import Constraint
 
-__all__ = ["Grammar", "compile_constraint", "grammar_engine_available", "MISSING_ENGINE"]
+__all__ = ["Grammar", "compile_constraint", "grammar_engine_available", "MISSING_ENGINE", "DEFAULT_CACHE_MB"]
 
 MISSING_ENGINE = "constrained decoding needs xgrammar: pip install 'specdec[grammar]'"
+#: the compiled-grammar cache of each compiler, LRU-bounded (vLLM's VLLM_XGRAMMAR_CACHE_MB default)
+DEFAULT_CACHE_MB = 512
 _lock = threading.Lock()
-_compile_lock = threading.Lock()
-_compilers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # tokenizer → {(V, stop ids): compiler}
+_compilers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # tokenizer → {(V, stops, MB): compiler}
 
 
 def grammar_engine_available() -> bool:
@@ -76,10 +77,13 @@ class Grammar:
         return (self.vocab_size + 31) // 32
 
 
-def compile_constraint(constraint: Constraint, tokenizer, vocab_size: int, stop_token_ids) -> Grammar:
+def compile_constraint(constraint: Constraint, tokenizer, vocab_size: int, stop_token_ids, *,
+                       cache_mb: float = DEFAULT_CACHE_MB) -> Grammar:
     """`constraint` as token masks for `tokenizer` (a transformers tokenizer, or the token texts by id) over
     V = `vocab_size` logits; the text ends with one of
-    `stop_token_ids` (at least one: a constrained text must be able to end). Errors name the constraint."""
+    `stop_token_ids` (at least one: a constrained text must be able to end). Errors name the constraint.
+    Compiles run concurrently (xgrammar releases the GIL; `compiles.GrammarCompiles` bounds and times them);
+    `cache_mb` bounds the compiler's cache of compiled grammars (LRU; 0 = no cache)."""
     if not isinstance(constraint, Constraint):
         raise TypeError(f"constraint must be a specdec.constrain.Constraint, got {type(constraint).__name__}")
     stops = tuple(sorted({int(t) for t in stop_token_ids}))
@@ -91,13 +95,13 @@ def compile_constraint(constraint: Constraint, tokenizer, vocab_size: int, stop_
     bad = [t for t in stops if not 0 <= t < vocab_size]
     if bad:
         raise ValueError(f"EOS token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
-    compiler = _compiler(tokenizer, vocab_size, stops)
+    compiler = _compiler(tokenizer, vocab_size, stops, cache_mb)
     try:
-        with _compile_lock:  # the server compiles on several worker threads; one compile at a time is enough
-            compiled = _compile(compiler, constraint)
+        compiled = _compile(compiler, constraint)
     except (RuntimeError, ValueError) as err:  # xgrammar reports a bad schema / regex / grammar as RuntimeError
         lines = [line for line in str(err).strip().splitlines() if line.strip()]
         message = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", lines[-1] if lines else type(err).__name__)  # xgrammar's
+        message = re.sub(r"Check failed: .*? is false:? ?", "", message) or "rejected"  # its C++ assertion text
         raise ValueError(f"{constraint.kind}: cannot be compiled: {message}") from None
     return Grammar(constraint, vocab_size, stops, compiled)
 
@@ -116,9 +120,9 @@ def _compile(compiler, constraint: Constraint):
     return compiler.compile_grammar(constraint.source)
 
 
-def _compiler(tokenizer, vocab_size: int, stops: tuple[int, ...]):
+def _compiler(tokenizer, vocab_size: int, stops: tuple[int, ...], cache_mb: float = DEFAULT_CACHE_MB):
     xgr = _xgrammar()
-    key = (vocab_size, stops)
+    key = (vocab_size, stops, cache_mb)
     with _lock:
         try:
             per_tokenizer = _compilers.setdefault(tokenizer, {})
@@ -135,5 +139,6 @@ def _compiler(tokenizer, vocab_size: int, stops: tuple[int, ...]):
             else:
                 info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
                                                           stop_token_ids=list(stops))
-            compiler = per_tokenizer[key] = xgr.GrammarCompiler(info, max_threads=1)
+            compiler = per_tokenizer[key] = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=cache_mb > 0,
+                                                                cache_limit_bytes=int(cache_mb * (1 << 20)) or -1)
         return compiler

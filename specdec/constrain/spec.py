@@ -39,6 +39,10 @@ _TYPES = frozenset({"string", "number", "integer", "boolean", "object", "array",
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
 _SUBSCHEMAS = ("additionalProperties", "items", "propertyNames")
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+_COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
+_MAX_COUNT = 2**31 - 1  # the grammar engine's limit on a repetition count
+_MAX_INTEGER = 2**63 - 2**10  # an integer bound must be an int64 (as a double) for the grammar engine
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,10 @@ def check_schema(schema: Any, path: str = "json_schema", depth: int = 0) -> None
                              f"{', '.join(sorted(_FORMATS))})")
         elif key == "multipleOf" and schema.get("type") != "integer":
             raise ValueError(f"{where}: multipleOf is enforced for type 'integer' only")
+        elif key in _BOUNDS:
+            _check_bound(schema, key, value, where)
+        elif key in _COUNTS and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_COUNT):
+            raise ValueError(f"{where}: must be an integer in [0, {_MAX_COUNT}], got {value!r:.40}")
         elif key == "$ref" and not (isinstance(value, str) and (value == "#" or value.startswith("#/"))):
             raise ValueError(f"{where}: only local references ('#/...') are resolved, got {value!r:.60}")
         elif key == "pattern":
@@ -161,3 +169,16 @@ def check_schema(schema: Any, path: str = "json_schema", depth: int = 0) -> None
             raise ValueError(f"{where}: must be a list of property names")
         elif key == "enum" and not (isinstance(value, list) and value):
             raise ValueError(f"{where}: must be a non-empty list")
+
+
+def _check_bound(schema: dict, key: str, value, where: str) -> None:
+    """A numeric keyword: a finite number (multipleOf > 0); on an integer, within the int64 range the grammar
+    engine represents (a ±1e30 bound used to reach the client as xgrammar's `Check failed: ...`)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or abs(value) == float("inf"):
+        raise ValueError(f"{where}: must be a finite number, got {value!r:.40}")
+    if key == "multipleOf" and value <= 0:
+        raise ValueError(f"{where}: must be > 0, got {value!r:.40}")
+    types = schema.get("type")
+    if (types == "integer" or isinstance(types, list) and "integer" in types) and abs(value) > _MAX_INTEGER:
+        raise ValueError(f"{where}: {value:g} is outside the integer range constrained decoding enforces "
+                         f"(|bound| <= {_MAX_INTEGER:.4g})")

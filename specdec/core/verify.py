@@ -161,7 +161,8 @@ def verify(
     then samples its next token from norm(max(0, p − q)) at the first rejection, or from p_{γ+1}.
     With l < 1 a position emits x with probability min(q(x), p(x)/l) + (1 − β_l)·norm(max(0, p − q))(x),
     β_l = Σ min(p/l, q): never more than p(x)/l (where p > q never more than p(x) itself).
-    A drafted id outside [0, V) has p = 0: it is rejected like any token the target cannot produce.
+    A drafted id outside [0, V) has p = 0: it is rejected like any token the target cannot produce (the runners
+    refuse such a proposal, and a q that is not a distribution, before: `core.proposals`).
     Shapes are checked (no host sync); values are not.
     """
     _check_verify_inputs(draft_tokens, draft_probs, target_probs, draft_lengths, uniforms, noise)

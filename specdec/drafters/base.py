@@ -12,6 +12,7 @@ import weakref
 import torch
 
 from specdec.core import SamplingConfig
+from specdec.core.proposals import proposal_check
 from specdec.drafters.protocol import Proposal
 from specdec.sequences import TokenBuffer
 
@@ -66,12 +67,15 @@ class Drafter:
             )
 
 
-def checked_proposal(proposal: Proposal, batch_size: int, num_draft_tokens: int, vocab_size: int) -> Proposal:
-    """A drafter's proposal, checked (shapes, with errors naming the drafter) and made safe to feed the target.
+def checked_proposal(proposal: Proposal, batch_size: int, num_draft_tokens: int, vocab_size: int,
+                     active: torch.Tensor | None = None) -> tuple[Proposal, torch.Tensor]:
+    """A drafter's proposal, checked (shapes, with errors naming the drafter) and made safe to feed the target,
+    and its `core.proposals.proposal_check` `[2]` (ids, q; rows of `active` [B] only), still on the device.
 
-    A row's draft ends at its `lengths` (if given) or at its first id outside [0, V) — e.g. vLLM's -1 padding —
-    whichever comes first; slots past the end become 0 (never read by `verify`, but fed to the target, whose
-    embedding must not see -1). Stopping a draft early keeps the output law exact. No host sync.
+    A row's draft ends at its `lengths` (if given) or at its first -1 (vLLM's padding), whichever comes first;
+    slots past the end become 0 (never read by `verify`, but fed to the target, whose embedding must not see -1).
+    Any other id outside [0, V) before the end is a fault the check reports (the step raises when its record is
+    read); it is fed as 0 meanwhile. Stopping a draft early keeps the output law exact. No host sync.
     """
     if not isinstance(proposal, Proposal) or not isinstance(proposal.tokens, torch.Tensor):
         raise TypeError(f"drafter.propose must return a Proposal with a tokens tensor, got {type(proposal).__name__}")
@@ -81,18 +85,20 @@ def checked_proposal(proposal: Proposal, batch_size: int, num_draft_tokens: int,
         raise ValueError(f"drafter returned tokens {tuple(tokens.shape)} {tokens.dtype}; expected integer ids "
                          f"[B={batch_size}, <= {num_draft_tokens}]")
     gamma = tokens.shape[1]
-    if probs is not None and (not isinstance(probs, torch.Tensor) or tuple(probs.shape) != (batch_size, gamma, vocab_size)):
-        shape = tuple(probs.shape) if isinstance(probs, torch.Tensor) else type(probs).__name__
-        raise ValueError(f"drafter returned probs {shape}; expected None or [B, γ, V] = [{batch_size}, {gamma}, {vocab_size}]")
+    if probs is not None and (not isinstance(probs, torch.Tensor) or tuple(probs.shape) != (batch_size, gamma, vocab_size)
+                              or not probs.dtype.is_floating_point):
+        shape = f"{tuple(probs.shape)} {probs.dtype}" if isinstance(probs, torch.Tensor) else type(probs).__name__
+        raise ValueError(f"drafter returned probs {shape}; expected None or floating [B, γ, V] = "
+                         f"[{batch_size}, {gamma}, {vocab_size}]")
     if lengths is not None and (not isinstance(lengths, torch.Tensor) or tuple(lengths.shape) != (batch_size,)):
         shape = tuple(lengths.shape) if isinstance(lengths, torch.Tensor) else type(lengths).__name__
         raise ValueError(f"drafter returned lengths {shape}; expected None or [B] = [{batch_size}]")
-    in_vocab = (tokens >= 0) & (tokens < vocab_size)
-    leading = in_vocab.long().cumprod(1).sum(1)  # [B] valid ids before the first invalid one
+    leading = (tokens != -1).long().cumprod(1).sum(1)  # [B] ids before the first -1
     lengths = leading if lengths is None else torch.minimum(lengths.long().clamp(0, gamma), leading)
-    keep = torch.arange(gamma, device=tokens.device)[None, :] < lengths[:, None]
+    check = proposal_check(tokens, probs, lengths, vocab_size, active)
+    keep = (torch.arange(gamma, device=tokens.device)[None, :] < lengths[:, None]) & (tokens >= 0) & (tokens < vocab_size)
     tokens = torch.where(keep, tokens, torch.zeros_like(tokens)).long()
-    return Proposal(tokens=tokens, probs=probs, lengths=lengths, forward_passes=proposal.forward_passes)
+    return Proposal(tokens=tokens, probs=probs, lengths=lengths, forward_passes=proposal.forward_passes), check
 
 
 def empty_proposal(batch_size: int, device: torch.device) -> Proposal:

@@ -48,6 +48,7 @@ probing attribute names. (Only methods and attributes are checked, not their sig
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Protocol, Union, runtime_checkable
 
@@ -57,7 +58,7 @@ from specdec.core import SamplingConfig
 from specdec.sequences import TokenBuffer
 
 __all__ = ["Proposal", "TreeProposal", "LoopDrafter", "SlotDrafter", "CachedSlotDrafter", "FeatureSlotDrafter", "TreeLoopDrafter",
-           "AnyDrafter", "as_drafter", "check_same_vocabulary"]
+           "AnyDrafter", "as_drafter", "check_same_vocabulary", "check_drafter_argument"]
 
 
 @dataclass(frozen=True)
@@ -231,3 +232,25 @@ def check_same_vocabulary(drafter, target):
             f"target has {target.vocab_size}; speculative decoding needs the same vocabulary"
         )
     return drafter
+
+
+#: what `draft=` (`specdec.load`) and `drafter=` (`specdec.generate` / `stream`) accept, for the error
+DRAFTER_KINDS = ("None, a checkpoint folder / .gguf file / hub id, 'prompt-lookup' or 'ngram' (draft= of "
+                 "specdec.load), a head folder, a transformers model, or a specdec drafter (an object with "
+                 "propose or propose_tree)")
+
+
+def check_drafter_argument(value, name: str = "drafter"):
+    """`value` unchanged when it is of a kind some runner takes (see `DRAFTER_KINDS`); TypeError naming `name`
+    and what is accepted otherwise — at the call, before anything loads."""
+    if value is None or isinstance(value, (str, os.PathLike, torch.nn.Module)):
+        return value
+    if callable(getattr(value, "propose", None)) or callable(getattr(value, "propose_tree", None)):
+        return value
+    from specdec.drafters.formats import is_drafter  # a head object or a DrafterFolder
+
+    if is_drafter(value):
+        return value
+    shown = repr(value)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    raise TypeError(f"{name} must be {DRAFTER_KINDS}; got {type(value).__name__} ({shown})")

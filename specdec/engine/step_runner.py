@@ -13,6 +13,7 @@ import torch
 
 from specdec import rng
 from specdec.core import TEMPERATURE_FLOOR, VerifyResult, invalid_scores, verify, verify_coupled, verify_greedy
+from specdec.core.proposals import proposal_check
 from specdec.drafters.base import empty_proposal
 from specdec.engine.drafters import Flavor, StepView
 from specdec.engine.greedy_commit import covers as greedy_commit_covers
@@ -89,7 +90,8 @@ class StepRunner(CapturedHalves):
         self.engine, self.batch, self.gamma, self.positions, self.flavor = engine, batch, gamma, positions, flavor
         self.view = StepView(engine.state, batch, positions, flavor)
         self.view.coupled = engine.config.bitwise  # drafts race q with the target's noise (`verify_coupled`)
-        self.layout = StepLayout(gamma, logprobs=flavor.logprobs, top_logprobs=flavor.top_logprobs)
+        self.layout = StepLayout(gamma, logprobs=flavor.logprobs, top_logprobs=flavor.top_logprobs,
+                                 drafter=type(engine.drafter).__name__)  # (named by an invalid proposal's error)
         self.drafts = None
         self.ran = False
         self._draft_graph = self._verify_graph = None
@@ -175,8 +177,10 @@ class StepRunner(CapturedHalves):
             if flavor.top_logprobs:
                 values, ids = log_p.topk(flavor.top_logprobs, dim=-1)
                 top = (ids, values)
+        # the drafter's ids and q checked on the device (`core.proposals`), read with the table: no sync here
+        check = proposal_check(draft_tokens, draft_probs, draft_lengths, e.vocab_size, active) if gamma else None
         return pack_step(self.layout, new_tokens, counts, result.num_accepted, draft_lengths, finished, hit_eos,
-                         active, has_nan, logprobs=logprobs, top=top)
+                         active, has_nan, logprobs=logprobs, top=top, proposal=check)
 
     @property
     def eager(self) -> bool:

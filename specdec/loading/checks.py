@@ -94,7 +94,8 @@ def estimated_parameters(config: dict) -> int:
 
 
 def check_config(config: dict, where: str, what: str) -> None:
-    """No custom code, a model_type transformers knows, every size bounded (before anything allocates)."""
+    """No custom code, a model_type transformers knows, every size bounded and every value the runners read
+    checked (`config_values`), before anything allocates."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     if "auto_map" in config:
@@ -105,6 +106,9 @@ def check_config(config: dict, where: str, what: str) -> None:
         raise ValueError(f"{what}: {where} has model_type {model_type!r}, which this transformers "
                          "does not know; specdec loads only architectures built into transformers")
     check_bounds(config, where, what)
+    from specdec.loading.config_values import check_values
+
+    check_values(config, where, what)  # finite, positive, known names, head arithmetic
 
 
 def check_bounds(config: dict, where: str, what: str) -> None:

@@ -176,6 +176,11 @@ def load_tokenizer(path: str | Path, *, what: str = "tokenizer", model_kwargs=No
             tokenizer = AutoTokenizer.from_pretrained(str(source.folder), local_files_only=True,
                                                       trust_remote_code=False, **gguf)
     except Exception as err:  # noqa: BLE001
+        from specdec.loading.tokenizer_files import tokenizer_fault
+
+        fault = None if gguf else tokenizer_fault(source.folder)  # the field at fault, not the library's text
+        if fault is not None:
+            raise ValueError(f"{what}: {source.where} has a malformed {fault}") from None
         expected = "a GGUF with tokenizer metadata" if gguf else "tokenizer.json / tokenizer_config.json"
         raise FileNotFoundError(f"{what}: no usable tokenizer in {source.where} (expected {expected}): "
                                 f"{_one_line(err)}") from None

@@ -102,15 +102,18 @@ def _decode(target, drafter, policy, prompts, params: SamplingParams, generator,
     num_active = batch
     most_remaining = max_new_tokens  # the most tokens an active row may still commit
     gamma_limits = (getattr(target, "max_draft_tokens", None), getattr(drafter, "max_draft_tokens", None))
+    drafter_name = type(drafter).__name__
     while num_active:
         # 1. draft
         clock.mark(0)
         gamma = policy.num_draft_tokens() if policy is not None else 0
         gamma = step_num_draft_tokens(gamma, most_remaining, *gamma_limits)
+        active = ~finished
+        check = None  # the proposal's `core.proposals` check, read with the step's record (no sync here)
         if gamma > 0:
             proposal = drafter.propose(context, gamma, sampling, generator, policy.confidence_threshold(),
                                        **draft_kwargs)
-            proposal = checked_proposal(proposal, context.batch_size, gamma, target.vocab_size)
+            proposal, check = checked_proposal(proposal, context.batch_size, gamma, target.vocab_size, active)
         else:
             proposal = empty_proposal(context.batch_size, device)
         gamma = proposal.tokens.shape[1]
@@ -134,7 +137,6 @@ def _decode(target, drafter, policy, prompts, params: SamplingParams, generator,
 
         # 4. emit, cut at EOS / max_new_tokens, roll back
         new_tokens = result.tokens(proposal.tokens)  # [B, γ+1]
-        active = ~finished
         counts, hit_eos = commit_counts(new_tokens, result.num_accepted, max_new_tokens - generated, eos_ids, active)
         context.append(new_tokens, counts)
         generated += counts
@@ -146,13 +148,13 @@ def _decode(target, drafter, policy, prompts, params: SamplingParams, generator,
         clock.mark(2)
 
         # bookkeeping: exactly one device → host transfer per step
-        layout = StepLayout(gamma, counters=True)
+        layout = StepLayout(gamma, counters=True, drafter=drafter_name)
         counters = step_counters(result.num_accepted, result.beta, proposal.lengths, active, gamma)
         packed = pack_step(layout, new_tokens, counts, result.num_accepted, proposal.lengths, newly_finished, hit_eos,
-                           active, has_nan, counters=counters)
+                           active, has_nan, counters=counters, proposal=check)
         draft_s, verify_s = clock.elapsed(0, 1), clock.elapsed(1, 2)
         record = StepRecord.unpack(packed, layout, drafter_calls=proposal.forward_passes, draft_time_s=draft_s,
-                                   verify_time_s=verify_s)
+                                   verify_time_s=verify_s, callers=original)  # (raises on an invalid proposal)
         stats.add_step(record)
         if processors is not None:
             processors.commit(new_tokens, counts, record.tokens)

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 
 import torch
 
 from specdec.core import standardize_logits
+from specdec.core.proposals import proposal_check
 from specdec.core.tree import MODES, TreeSpec, verify_tree, verify_tree_greedy
 from specdec.drafters.protocol import TreeLoopDrafter
 from specdec.metrics import Clock, SpecStats
@@ -93,13 +95,15 @@ def _tree_decode(target, drafter, spec, tree_mode, rows, params, generator, hold
     parents = spec.parents.to(device)
     # Counters per depth: positions are depths, `drafted` counts tree nodes (N per row-step) and α (a
     # single-draft β) is not defined for trees (`has_beta=False`).
-    layout = StepLayout(spec.depth, counters=True)
+    layout = StepLayout(spec.depth, counters=True, drafter=type(drafter).__name__)
+    child_parents = parents[1:]  # the q row (internal node) each drafted node was drawn from
     clock = Clock(device)
     step = 0
     while original:
         batch = len(original)
         clock.mark(0)
         proposal = drafter.propose_tree(context, spec, sampling, generator, tree_mode)
+        proposal, check = _checked_tree(proposal, batch, spec, target.vocab_size, child_parents)  # (read with the record)
         clock.mark(1)
         target.begin_tree()
         logits = target.forward_tree(proposal.tokens, parents.expand(batch, -1))  # [B, N+1, V]
@@ -127,9 +131,9 @@ def _tree_decode(target, drafter, spec, tree_mode, rows, params, generator, hold
         no_beta = torch.zeros(batch, spec.depth, dtype=torch.float64, device=device)
         counters = step_counters(result.num_accepted, no_beta, nodes, active, spec.depth)
         packed = pack_step(layout, new_tokens, counts, result.num_accepted, nodes, finished, hit_eos, active,
-                           torch.zeros((), dtype=torch.bool, device=device), counters=counters)
+                           torch.zeros((), dtype=torch.bool, device=device), counters=counters, proposal=check)
         record = StepRecord.unpack(packed, layout, drafter_calls=proposal.forward_passes, has_beta=False,
-                                   draft_time_s=clock.elapsed(0, 1), verify_time_s=clock.elapsed(1, 2))
+                                   draft_time_s=clock.elapsed(0, 1), verify_time_s=clock.elapsed(1, 2), callers=original)
         stats.add_step(record)
         event = TokenEvent.of(record, step, original, outputs)
         yield event
@@ -144,6 +148,24 @@ def _tree_decode(target, drafter, spec, tree_mode, rows, params, generator, hold
                 drafter.select_rows(keep_rows)
     stats.set_wall_time(time.perf_counter() - t_start)
     holder["result"] = GenerateResult(outputs, stats)
+
+
+def _checked_tree(proposal, batch: int, spec: TreeSpec, vocab_size: int, child_parents: torch.Tensor):
+    """A tree drafter's proposal with ids outside [0, V) fed as 0, and its `core.proposals.proposal_check` [2]
+    (ids, q; the step raises when its record is read); shapes checked here."""
+    tokens, probs = proposal.tokens, proposal.probs
+    if not isinstance(tokens, torch.Tensor) or tuple(tokens.shape) != (batch, spec.num_nodes) \
+            or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        shape = f"{tuple(tokens.shape)} {tokens.dtype}" if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+        raise ValueError(f"tree drafter returned tokens {shape}; expected integer ids [B, N+1] = [{batch}, {spec.num_nodes}]")
+    expected = (batch, spec.num_internal, vocab_size)
+    if probs is not None and (not isinstance(probs, torch.Tensor) or tuple(probs.shape) != expected
+                              or not probs.dtype.is_floating_point):
+        shape = f"{tuple(probs.shape)} {probs.dtype}" if isinstance(probs, torch.Tensor) else type(probs).__name__
+        raise ValueError(f"tree drafter returned probs {shape}; expected None or floating [B, M, V] = {list(expected)}")
+    check = proposal_check(tokens[:, 1:], probs, None, vocab_size, parents=child_parents)
+    safe = torch.where((tokens >= 0) & (tokens < vocab_size), tokens, torch.zeros_like(tokens)).long()
+    return replace(proposal, tokens=safe), check
 
 
 def _tree_target(target) -> TreeCausalLM:

@@ -33,7 +33,7 @@ from specdec.server import responses as R
 from specdec.server.guard import GuardConfig, GuardMiddleware
 from specdec.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from specdec.server.runs import Health, Mailbox, Run, SeedSource, describe
-from specdec.server.structured import compile_for, constraint_of
+from specdec.server.structured import compile_on, constraint_of
 from specdec.server.tool_parsers import FORMATS, ToolCallStream, detect_format, marker_ids
 from specdec.server.tools import ToolPlan, plan_tools
 from specdec.server.utility import DetokenizeRequest, TokenizeChatRequest, add_request_schemas, add_utility_routes
@@ -50,14 +50,16 @@ INLINE_TOKENIZE_CHARS = 1024
 
 def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None = None,
                metrics_prefix: str = "specdec:", guard: GuardConfig | None = None, tokenize_workers: int = 2,
-               default_seed: int | None = None, tool_call_parser: str = "auto", docs: bool = True):
+               default_seed: int | None = None, tool_call_parser: str = "auto", docs: bool = True,
+               grammar_compiles=None):
     """A FastAPI app serving `llm` (a `specdec.text.LLM`).
 
     guard: Host / Origin / API key / content-type checks (`guard.GuardConfig`; default: loopback hosts and
     origins only, no key). tokenize_workers: threads that tokenize and render chat templates (off the loop).
     default_seed: requests that send no seed get seeds drawn from it in arrival order (None = fresh randomness).
     tool_call_parser: how tool_choice "auto" reads calls in the output ("auto": the chat template's family,
-    `tool_parsers.detect_format`; or one of `tool_parsers.FORMATS`). docs: serve /docs and /openapi.json."""
+    `tool_parsers.detect_format`; or one of `tool_parsers.FORMATS`). docs: serve /docs and /openapi.json.
+    grammar_compiles: the `constrain.GrammarCompiles` pool structured outputs compile on (default: its defaults)."""
     if tool_call_parser not in ("auto", *FORMATS):
         raise ValueError(f"tool_call_parser must be auto or one of {', '.join(FORMATS)}, got {tool_call_parser!r}")
     tool_format = detect_format(llm.tokenizer) if tool_call_parser == "auto" else tool_call_parser
@@ -74,6 +76,10 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
     max_token_chars = _max_token_chars(llm.tokenizer)
     health = Health()
     seeds = SeedSource(default_seed)
+    if grammar_compiles is None:
+        from specdec.constrain.compiles import GrammarCompiles
+
+        grammar_compiles = GrammarCompiles()
 
     def mailbox() -> "Mailbox":
         loop = asyncio.get_running_loop()
@@ -94,7 +100,7 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
     llm.driver.add_step_listener(flush)
     limit = llm.max_seq_len if max_tokens_limit is None else min(max_tokens_limit, llm.max_seq_len)
     app.state.llm, app.state.metrics, app.state.model_name = llm, metrics, model_name
-    app.state.tokenize_pool, app.state.health = tokenize_pool, health
+    app.state.tokenize_pool, app.state.health, app.state.grammar_compiles = tokenize_pool, health, grammar_compiles
 
     def error(status: int, message: str, **kw) -> JSONResponse:
         return JSONResponse(P.error_body(message, **kw), status_code=status)
@@ -196,9 +202,8 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
             prompts = await asyncio.get_running_loop().run_in_executor(tokenize_pool, P.encode, llm, typed, sources)
         echo = P.prompt_texts(llm, sources) if not chat and typed.echo else None
         grammar = None
-        if structured is not None:  # the first compile per tokenizer reads its vocabulary: off the event loop
-            grammar = await asyncio.get_running_loop().run_in_executor(
-                tokenize_pool, compile_for, llm, *structured, C.eos_ids(typed, llm))
+        if structured is not None:  # on the compile pool: bounded, timed, never behind another request's compile
+            grammar = await compile_on(grammar_compiles, llm, *structured, C.eos_ids(typed, llm))
         parsed = C.build(typed, llm, prompts, limit, echo, seeds.next() if typed.seed is None else None,
                          constraint=grammar)
         return parsed, tools

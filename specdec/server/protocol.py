@@ -253,10 +253,11 @@ def _render(tokenizer, messages: list[dict], add_generation_prompt: bool, tools:
     if not getattr(tokenizer, "chat_template", None):
         raise APIError("this model has no chat template: start the server with --chat-template FILE, or use "
                        "/v1/completions with a text prompt", param="messages")
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                         tools=tools)
-    if tools and require_tools and text == tokenizer.apply_chat_template(messages, tokenize=False,
-                                                       add_generation_prompt=add_generation_prompt):
+    from specdec.text.prompts import apply_template  # (any rendering failure: a one-line ChatTemplateError, a 400)
+
+    text = apply_template(tokenizer, messages, add_generation_prompt=add_generation_prompt, tools=tools)
+    if tools and require_tools and text == apply_template(tokenizer, messages,
+                                                          add_generation_prompt=add_generation_prompt):
         raise APIError("tools: this model's chat template does not render tools (the model would not see them); "
                        "start the server with a --chat-template that does", param="tools")
     return text

@@ -7,10 +7,13 @@ on a worker thread: the first compile per tokenizer reads the whole vocabulary).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from specdec.constrain import MISSING_ENGINE, Constraint, compile_constraint
+from specdec.constrain.compiles import CompileTimeout, GrammarCompiles
 from specdec.server.protocol import APIError
 
-__all__ = ["constraint_of", "compile_for", "BACKENDS"]
+__all__ = ["constraint_of", "compile_for", "compile_on", "BACKENDS"]
 
 #: guided_decoding_backend values honoured (vLLM's names; every one of them means xgrammar here)
 BACKENDS = (None, "auto", "xgrammar")
@@ -97,14 +100,36 @@ def _structured_outputs(value) -> Constraint:
 
 
 def compile_for(llm, name: str, constraint: Constraint, eos_token_ids):
-    """The constraint compiled for the served tokenizer and logits (a `constrain.Grammar`); APIError naming the
-    field when it cannot be (no EOS id: ignore_eos; an engine error; xgrammar not installed)."""
+    """The constraint compiled for the served tokenizer and logits (a `constrain.Grammar`), on this thread;
+    APIError naming the field when it cannot be (no EOS id: ignore_eos; an engine error; xgrammar not installed)."""
+    eos = _eos(llm, name, eos_token_ids)
+    with _as_api_errors(name):
+        return compile_constraint(constraint, llm.tokenizer, llm.vocab_size, eos)
+
+
+async def compile_on(compiles: GrammarCompiles, llm, name: str, constraint: Constraint, eos_token_ids):
+    """`compile_for` on the server's compile pool (`constrain.GrammarCompiles`: its own worker threads, a time
+    limit, a bounded cache), awaited: no request waits on another's compile. Past the limit: a 400 naming it and
+    its flag."""
+    eos = _eos(llm, name, eos_token_ids)
+    with _as_api_errors(name):
+        return await compiles.compile_async(constraint, llm.tokenizer, llm.vocab_size, eos)
+
+
+def _eos(llm, name: str, eos_token_ids) -> tuple:
     eos = tuple(llm.defaults.eos_token_ids if eos_token_ids is None else eos_token_ids)
     if not eos:
         raise APIError(f"{name}: the constrained text ends with an EOS token, and this request has none "
                        "(ignore_eos, or a model without EOS): drop ignore_eos or pass stop_token_ids", param=name)
+    return eos
+
+
+@contextmanager
+def _as_api_errors(name: str):
     try:
-        return compile_constraint(constraint, llm.tokenizer, llm.vocab_size, eos)
+        yield
+    except CompileTimeout as err:
+        raise APIError(f"{name}: {err} (--grammar-compile-timeout)", param=name) from None
     except ImportError:
         raise APIError(f"{name}: {MISSING_ENGINE} on the server", param=name) from None
     except (TypeError, ValueError) as err:

@@ -83,6 +83,9 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
     """
     from specdec.loading import load_model, load_tokenizer, source_options
 
+    from specdec.drafters.protocol import check_drafter_argument
+
+    check_drafter_argument(draft, "draft")  # (its kind, before anything loads)
     if runner not in RUNNERS:
         raise ValueError(f"runner must be one of {', '.join(RUNNERS)}, got {runner!r}")
     tensor_parallel_size = as_int(tensor_parallel_size, "tensor_parallel_size", minimum=1, maximum=1024)
@@ -121,18 +124,19 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
                                     all_reduce=tensor_parallel_all_reduce)
     tokenizer_kwargs = None
     if isinstance(target, (str, Path)):
-        target_model = load_model(target, device=device, dtype=dtype, what="target", allow_pickle=allow_pickle,
-                                  model_kwargs=model_kwargs, allow_weight_mismatch=allow_weight_mismatch)
         if tokenizer is None:  # the target's own: same revision / gguf_file / subfolder
             tokenizer, tokenizer_kwargs = target, model_kwargs
     else:
         if model_kwargs is not None:
             raise ValueError("model_kwargs apply when target is a path or hub id, not a model object")
-        target_model = target
         if tokenizer is None:
             raise ValueError("tokenizer is required when target is a model object (pass a folder or a tokenizer)")
-    if isinstance(tokenizer, (str, Path)):
+    if isinstance(tokenizer, (str, Path)):  # (before the weights: a malformed tokenizer costs no weight read)
         tokenizer = load_tokenizer(tokenizer, model_kwargs=source_options(tokenizer_kwargs))
+    target_model = target
+    if isinstance(target, (str, Path)):
+        target_model = load_model(target, device=device, dtype=dtype, what="target", allow_pickle=allow_pickle,
+                                  model_kwargs=model_kwargs, allow_weight_mismatch=allow_weight_mismatch)
     if chat_template is not None:
         tokenizer.chat_template = read_chat_template(chat_template)
     drafter = load_draft(draft, target_model, tokenizer, allow_pickle, ngram_data,

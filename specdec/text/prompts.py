@@ -15,7 +15,8 @@ from specdec.core import FILTERS
 from specdec.request import MAX_NEW_TOKENS, SamplingParams, as_int
 from specdec.text.detokenize import MAX_STOP_LENGTH, MAX_STOP_STRINGS
 
-__all__ = ["GenerationDefaults", "encode_prompts", "render_chat", "make_params", "PARAMS", "read_chat_template"]
+__all__ = ["GenerationDefaults", "encode_prompts", "render_chat", "apply_template", "ChatTemplateError", "make_params",
+           "PARAMS", "read_chat_template"]
 
 PARAMS = ("max_new_tokens", "temperature", *(f.name for f in FILTERS), "seed", "stop", "num_draft_tokens", "logprobs",
           "top_logprobs", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens",
@@ -78,7 +79,26 @@ def render_chat(tokenizer, messages) -> str:
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("this tokenizer has no chat template: pass chat_template= to specdec.load "
                          "(--chat-template FILE for the CLI and server), or send a plain text prompt")
-    return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+    return apply_template(tokenizer, list(messages), add_generation_prompt=True)
+
+
+class ChatTemplateError(ValueError):
+    """The chat template failed while rendering: one line naming the template (a request's fault or the
+    template's, never the server's: a 400)."""
+
+
+def apply_template(tokenizer, messages: list, **options) -> str:
+    """`tokenizer.apply_chat_template(messages, tokenize=False, **options)`, every exception from rendering
+    (jinja2's own — `raise_exception`, the sandbox's SecurityError — and any other, e.g. the sandbox's
+    `OverflowError: Range too big`) turned into one `ChatTemplateError` line."""
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, **options)
+    except Exception as err:  # noqa: BLE001 - a template is code from the checkpoint: whatever it raises
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        text = lines[0] if lines else ""
+        text = text if len(text) <= 200 else text[:197] + "..."
+        kind = "" if type(err).__module__.startswith("jinja2") else f"{type(err).__name__}: "
+        raise ChatTemplateError(f"chat template: {kind}{text}".rstrip(": ")) from None
 
 
 def encode_prompts(prompts, tokenizer, vocab_size: int) -> tuple[list[list[int]], bool]:

@@ -29,6 +29,14 @@ def test_schema_is_canonical_json_from_dict_or_text():
     ({"type": "object", "patternProperties": {"^x": {}}}, "json_schema.patternProperties"),
     ({"type": "string", "pattern": "(unclosed"}, "json_schema.pattern"),
     ([1, 2], "json_schema"),
+    # bounds the grammar engine cannot represent (issue 35, item 6: xgrammar's `Check failed: ...` reached clients)
+    ({"type": "integer", "minimum": -1e30, "maximum": 1e30}, "json_schema.minimum"),
+    ({"type": "object", "properties": {"n": {"type": "integer", "exclusiveMaximum": 1e30}}},
+     "json_schema.properties.n.exclusiveMaximum"),
+    ({"type": "number", "minimum": float("inf")}, "json_schema.minimum"),
+    ({"type": "integer", "multipleOf": 0}, "json_schema.multipleOf"),
+    ({"type": "string", "maxLength": 10**12}, "json_schema.maxLength"),
+    ({"type": "array", "minItems": -1}, "json_schema.minItems"),
 ])
 def test_unsupported_schemas_are_refused_by_name(schema, named):
     with pytest.raises(ValueError) as err:

@@ -10,6 +10,7 @@ import specdec
 from drafters import format_checkpoints as fc
 from helpers import RAGGED_PROMPTS, hf_greedy
 from specdec.core import SamplingConfig
+from specdec.core.proposals import InvalidProposal
 from specdec.engine import Engine, EngineConfig
 from specdec.engine.drafters import Flavor, StepView
 from specdec.request import SamplingParams
@@ -141,6 +142,11 @@ def test_negative_control_a_misreported_q_fails(small, monkeypatch):
         return token, None if q is None else q.roll(1, -1)
 
     monkeypatch.setattr(StepView, "draw", shifted)
+    # the runner's proposal check refuses this q (zero at drafted tokens outside the head's draft vocabulary) ...
+    with pytest.raises(InvalidProposal, match="EngineFeatureDrafter .* probability 0"):
+        _two_token_pairs(target, folders["eagle3"], 64)
+    # ... so, to show the law test's own power, it is switched off here
+    monkeypatch.setattr("specdec.engine.step_runner.proposal_check", lambda *args, **kwargs: None)
     pairs, _ = _two_token_pairs(target, folders["eagle3"], ROWS // 3)
     assert chi2_pvalue(pairs, exact_two_token_law(target, SamplingConfig(1.0))) < FAIL
 

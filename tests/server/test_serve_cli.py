@@ -46,6 +46,9 @@ def serve(capsys, *extra) -> tuple[int, str]:
     (["--prefill-budget", "64", "--prefill-stall", "0.5"], "--prefill-stall"),
     (["--prefill-budget", "auto", "--prefill-stall", "0"], "--prefill-stall"),
     (["--prefill-budget", "auto", "--prefill-stall", "nan"], "--prefill-stall"),
+    (["--grammar-compile-timeout", "0"], "--grammar-compile-timeout"),
+    (["--grammar-compile-timeout", "inf"], "--grammar-compile-timeout"),
+    (["--grammar-compile-workers", "0"], "--grammar-compile-workers"), (["--grammar-cache-mb", "-1"], "--grammar-cache-mb"),
 ])
 def test_bad_options_are_one_line_before_loading(capsys, no_loading, extra, fragment):
     code, err = serve(capsys, *extra)
