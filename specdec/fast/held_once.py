@@ -19,6 +19,9 @@ storage and the same `Parameter` objects, so what is keyed by the weight — the
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import weakref
 
 import torch
@@ -27,7 +30,7 @@ from specdec.fast.families import LlamaShape
 from specdec.fast.model import FastLlama
 from specdec.fast.weights import hf_ropes, hf_weights
 
-__all__ = ["adopt_hf", "held_bytes", "duplicate_bytes"]
+__all__ = ["adopt_hf", "held_bytes", "duplicate_bytes", "release_freed_memory"]
 
 #: model → {(data_ptr, shape, stride, dtype, device): the FastLlama parameter over that tensor}, both weak
 _ADOPTED: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakValueDictionary]" = weakref.WeakKeyDictionary()
@@ -90,7 +93,30 @@ def adopt_hf(model: torch.nn.Module, *, kernels: str = "auto") -> FastLlama:
         raise KeyError(f"the checkpoint mapping gave no tensor for {', '.join(missing[:4])}")
     fast.config = config
     fast.generation_config = getattr(model, "generation_config", None)
+    if device.type == "cpu":
+        release_freed_memory()
     return fast.eval()
+
+
+@functools.cache
+def _libc():
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+    return libc if libc is not None and hasattr(libc, "malloc_trim") else None
+
+
+def release_freed_memory() -> bool:
+    """Hand the heap's free pages back to the OS (glibc's `malloc_trim(0)`; False where there is none).
+
+    The tensors a stack replaces are freed into glibc's heap, not unmapped: after a large block is freed glibc raises
+    its mmap threshold, so blocks of a weight's size come from the heap and stay resident after `free`. Measured on
+    SmolLM2-135M (0.54 GB of fp32 weights): 0.21 GB resident after the engine's build, gone after the trim
+    (docs/QWEN_PAIR.md)."""
+    libc = _libc()
+    return bool(libc.malloc_trim(0)) if libc is not None else False
 
 
 def _storages(tensors) -> dict[int, int]:
