@@ -3,6 +3,10 @@
 Coverage is `specdec.fast.families.FAMILIES` (each config checked by `LlamaShape.from_hf`, which names what it refuses).
 
 Anything the engine does not cover raises `UnsupportedModel` here, before any compute.
+
+A transformers model's weights are held once: the engine's `FastLlama` reads the model's own storage
+(`fast.held_once.adopt_hf`; q|k|v and gate|up are stacked once and the model's parameters re-pointed into the stacks),
+so the model keeps working (the text API, `specdec check`, the eager loop) without a second copy beside it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from specdec.drafters.prompt_lookup import PromptLookupDrafter
 from specdec.engine.config import UnsupportedModel
 from specdec.engine.drafters import EngineLookupDrafter, EngineModelDrafter, EngineNGramDrafter
 from specdec.drafters.formats import is_drafter, load_drafter
+from specdec.fast.held_once import adopt_hf
 from specdec.fast.model import FAMILIES, FastLlama
 
 logger = logging.getLogger(__name__)
@@ -121,11 +126,11 @@ def _fast_model(model, check_only: bool = False) -> FastLlama | None:
         raise UnsupportedModel(reason)
     if check_only:
         return None
-    try:
+    try:  # the model's own tensors, held once: FastLlama reads its storage, no second copy (`fast.held_once`)
         from specdec.fast.quant.attach import quantized_from_hf  # a GGUF on the CPU: its weights stay quantized
 
         fast = quantized_from_hf(model)
-        return fast if fast is not None else FastLlama.from_hf(model)
+        return fast if fast is not None else adopt_hf(model)
     except (KeyError, AttributeError, TypeError) as err:  # a layout the copy does not know: not a crash
         raise UnsupportedModel(f"the engine cannot copy this {model_type} model ({type(err).__name__}: {err})") \
             from None

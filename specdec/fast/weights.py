@@ -10,7 +10,7 @@ import torch
 
 from specdec.fast.families import LlamaShape
 
-__all__ = ["hf_weights", "hf_ropes"]
+__all__ = ["hf_weights", "hf_ropes", "stack_rows"]
 
 
 def hf_ropes(model, shape: LlamaShape) -> list[tuple[torch.Tensor | None, float]]:
@@ -35,10 +35,35 @@ def hf_ropes(model, shape: LlamaShape) -> list[tuple[torch.Tensor | None, float]
     return tables
 
 
-def hf_weights(model, shape: LlamaShape):
-    """Yield (FastLlama parameter name, layer index or None, tensor) for every weight of a transformers model."""
+def stack_rows(parts: list[torch.Tensor], share: bool = False) -> torch.Tensor:
+    """parts `[N_i, ...]` stacked along rows → `[ΣN_i, ...]` (q|k|v, gate|up).
+
+    A view, no copy, when the parts already lie end to end in one storage (stacked before, with `share`). With
+    `share`, a new stack is made and each part's `.data` re-pointed to its rows of it, so the transformers model and
+    FastLlama read one copy (the parameters keep their identity; the old tensors are freed with their last user).
+    """
+    first = parts[0]
+    if all(p.is_contiguous() and p.dtype == first.dtype and p.device == first.device and p.shape[1:] == first.shape[1:]
+           and p.untyped_storage().data_ptr() == first.untyped_storage().data_ptr() for p in parts) and all(
+            b.storage_offset() == a.storage_offset() + a.numel() for a, b in zip(parts, parts[1:])):
+        rows = sum(p.shape[0] for p in parts)
+        return first.detach().as_strided((rows, *first.shape[1:]), first.stride(), first.storage_offset())
+    stacked = torch.cat([p.detach() for p in parts])
+    if share:
+        for part, rows in zip(parts, stacked.split([p.shape[0] for p in parts])):
+            part.data = rows
+    return stacked
+
+
+def hf_weights(model, shape: LlamaShape, *, share: bool = False):
+    """Yield (FastLlama parameter name, layer index or None, tensor) for every weight of a transformers model.
+
+    share: stacked weights re-point the model's parameters into the stack (`stack_rows`), so taking every yielded
+    tensor as it is (`fast.held_once`) holds each weight once; without it the model is left untouched.
+    """
     config, a = model.config, shape.arch
     params = dict(model.named_parameters())
+    stack = lambda parts: stack_rows(parts, share)  # noqa: E731
     one_plus = (lambda w: 1.0 + w.float()) if a.norm == "rms1p" else (lambda w: w)
     if config.model_type == "gpt2":
         yield from _gpt2_weights(model, params, shape)
@@ -47,7 +72,7 @@ def hf_weights(model, shape: LlamaShape):
         yield from _neox_weights(model, params, shape)
         return
     if config.model_type == "starcoder2":
-        yield from _starcoder2_weights(model, params, shape)
+        yield from _starcoder2_weights(model, params, shape, stack)
         return
     root = "model.language_model." if config.model_type == "gemma3" else "model."
     res = float(getattr(config, "residual_multiplier", 1.0)) if config.model_type == "granite" else 1.0
@@ -60,12 +85,12 @@ def hf_weights(model, shape: LlamaShape):
             yield "wqkv", i, params[attn + "qkv_proj.weight"]
             yield "w_gate_up", i, params[mlp + "gate_up_proj.weight"]
         else:
-            yield "wqkv", i, torch.cat([params[attn + n + ".weight"] for n in ("q_proj", "k_proj", "v_proj")])
-            yield "w_gate_up", i, torch.cat([params[mlp + "gate_proj.weight"], params[mlp + "up_proj.weight"]])
+            yield "wqkv", i, stack([params[attn + n + ".weight"] for n in ("q_proj", "k_proj", "v_proj")])
+            yield "w_gate_up", i, stack([params[mlp + "gate_proj.weight"], params[mlp + "up_proj.weight"]])
         yield "wo", i, scaled(params[attn + "o_proj.weight"])
         yield "w_down", i, scaled(params[mlp + "down_proj.weight"])
         if shape.qkv_bias:
-            yield "bqkv", i, torch.cat([params[attn + n + ".bias"] for n in ("q_proj", "k_proj", "v_proj")])
+            yield "bqkv", i, stack([params[attn + n + ".bias"] for n in ("q_proj", "k_proj", "v_proj")])
         if shape.o_bias:
             yield "bo", i, scaled(params[attn + "o_proj.bias"])
         if shape.qk_norm:
@@ -128,7 +153,7 @@ def _neox_weights(model, params, shape: LlamaShape):
         yield "lm_head", None, model.get_output_embeddings().weight
 
 
-def _starcoder2_weights(model, params, shape: LlamaShape):
+def _starcoder2_weights(model, params, shape: LlamaShape, stack):
     bias = shape.arch.mlp_bias
     yield "embed", None, params["model.embed_tokens.weight"]
     for i in range(shape.n_layers):
@@ -137,12 +162,12 @@ def _starcoder2_weights(model, params, shape: LlamaShape):
             yield fast, i, params[pre + hf + ".weight"]
             yield fast + "_bias", i, params[pre + hf + ".bias"]
         attn = pre + "self_attn."
-        yield "wqkv", i, torch.cat([params[attn + n + ".weight"] for n in ("q_proj", "k_proj", "v_proj")])
+        yield "wqkv", i, stack([params[attn + n + ".weight"] for n in ("q_proj", "k_proj", "v_proj")])
         yield "wo", i, params[attn + "o_proj.weight"]
         yield "w_gate_up", i, params[pre + "mlp.c_fc.weight"]
         yield "w_down", i, params[pre + "mlp.c_proj.weight"]
         if bias:
-            yield "bqkv", i, torch.cat([params[attn + n + ".bias"] for n in ("q_proj", "k_proj", "v_proj")])
+            yield "bqkv", i, stack([params[attn + n + ".bias"] for n in ("q_proj", "k_proj", "v_proj")])
             yield "bo", i, params[attn + "o_proj.bias"]
             yield "b_up", i, params[pre + "mlp.c_fc.bias"]
             yield "b_down", i, params[pre + "mlp.c_proj.bias"]
