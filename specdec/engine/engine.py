@@ -44,6 +44,7 @@ from specdec.engine.kv_pool import KVPool, paged_caches
 from specdec.engine.memory import EngineMemory, KVCacheUsage, check_engine
 from specdec.engine.policy import GammaPolicy
 from specdec.engine.prefill import ChunkedPrefill
+from specdec.engine.prefix_cache import build_prefix_cache
 from specdec.engine.slots import MAX_EOS_IDS, PrefillGraphs, SlotCache, SlotState
 from specdec.engine.step_runner import StepRunner
 from specdec.engine.tree_step import EngineTree, TreeStepRunner
@@ -100,6 +101,8 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
             # feature drafters read the target's hidden states (EAGLE-3: those entering some of its layers)
             self.model.feature_layers = self.drafter.feature_layers if features else None
             self.kv_pool = self._paged_pool() if paged else None  # (replaces the static caches, never allocated)
+            self.prefix_cache = build_prefix_cache(config, self.kv_pool, self.model, self.drafter, self.drafter_cached,
+                                                   features)  # (None unless enable_prefix_caching: prefix_cache.py)
             self.memory = self._check_memory(features)  # every buffer's bytes against free memory, then allocated
             self.cache.allocate()
             if self.drafter_cached:
