@@ -74,6 +74,7 @@ class PrefixCache:
         self._hashes: dict[int, bytes] = {}
         self.queries = 0  # prompt tokens looked up (vLLM's prefix_cache_queries)
         self.hits = 0  # of those, found cached (vLLM's prefix_cache_hits)
+        self.evictions = 0  # cached blocks handed out for other K/V
         pool.allocator.evict = self.evict
 
     @property
@@ -86,6 +87,7 @@ class PrefixCache:
             h = self._hashes.pop(b, None)
             if h is not None:
                 del self._blocks[h]
+                self.evictions += 1
 
     def attach(self, slot: int, request) -> int:
         """Admission of `request` (an `EngineRequest`) into `slot`, which holds no blocks: its prompt's longest
