@@ -29,6 +29,7 @@ import hashlib
 import logging
 from dataclasses import dataclass, field
 
+from specdec.drafters.protocol import CachedSlotDrafter
 from specdec.engine.drafters import WINDOW
 
 __all__ = ["PrefixCache", "RequestBlocks", "block_hashes", "build_prefix_cache", "model_key"]
@@ -176,10 +177,12 @@ def _valid(request, drafter_synced: bool | None) -> int | None:
     return request.length - 2 if drafter_synced else request.draft_valid
 
 
-def build_prefix_cache(config, pool, model, drafter, drafter_cached: bool, features: bool) -> PrefixCache | None:
-    """The engine's prefix cache (`config.enable_prefix_caching`, paged pool), or None."""
+def build_prefix_cache(config, pool, model, drafter, features: bool) -> PrefixCache | None:
+    """The engine's prefix cache (`config.enable_prefix_caching`, paged pool), or None; `features`: the drafter
+    reads the target's hidden states (then None, logged)."""
     if not config.enable_prefix_caching:
         return None
+    drafter_cached = isinstance(drafter, CachedSlotDrafter)
     if features:
         logger.info("prefix caching is off: the feature drafter %s keeps the target's hidden states per row, not "
                     "per KV block", type(drafter).__name__)

@@ -92,10 +92,11 @@ def test_shared_blocks_are_never_written(pair):
     _serve(engine, PROMPTS[:1], params)
     blocks = sorted(engine.prefix_cache._hashes)
     assert len(blocks) >= 4
-    snapshot = [(c._keys[:, blocks].clone(), c._values[:, blocks].clone()) for c in (engine.cache, engine.drafter.cache)]
+    caches = (engine.cache, engine.drafter.cache)  # the target's and the drafter's K/V of the same blocks
+    snapshot = [(c._keys[:, blocks].clone(), c._values[:, blocks].clone()) for c in caches]
     _, finals = _serve(engine, PROMPTS[1:3] + PROMPTS[:1], params, waves=False)  # three at once, sharing them
     assert all(f.num_cached_tokens >= 32 for f in finals)
-    for cache, (keys, values) in zip((engine.cache, engine.drafter.cache), snapshot):
+    for cache, (keys, values) in zip(caches, snapshot):
         assert torch.equal(cache._keys[:, blocks], keys) and torch.equal(cache._values[:, blocks], values)
 
 
