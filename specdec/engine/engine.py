@@ -395,6 +395,8 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
         if type(self.drafter) is not EngineModelDrafter:  # (not the cross-vocabulary one: one draft token per target token)
             what = "no drafter" if self.drafter is None else f"a {type(self.drafter).__name__}"
             raise ValueError(f"draft_tree {list(tree)}: token trees need a draft model, the engine has {what}")
+        if self.kv_pool is not None:  # (tree steps gather accepted paths within a static slot's positions)
+            raise ValueError("draft_tree: token trees and beam groups need kv_layout='static'")
         if nodes > self.max_tree_nodes:
             raise ValueError(f"draft_tree {list(tree)} has {nodes} nodes (root included); the engine's "
                              f"max_tree_nodes is {self.max_tree_nodes}")
