@@ -314,13 +314,12 @@ def _serve(args, app, llm, sock, uvicorn, startup) -> int:
 
     if llm.drafter is not None:
         startup.say(f"drafter: {_drafter_name(llm.drafter)}, num_draft_tokens={llm.num_draft_tokens}")
-    for gamma in sorted({llm.num_draft_tokens, 0} if llm.drafter is not None else {0}, key=str):
-        runner = llm.runner(gamma)  # build (and on CUDA, capture) before the first request, not during it
-        app.state.metrics.watch_runner(gamma, runner)  # its KV cache usage on /metrics from the start
-        startup.say(kv_cache_line(gamma, runner))
-        line = warmup_line(gamma, runner, llm.warmups)
-        if line is not None:
-            startup.say(line)
+    runner = llm.runner()  # built (and on CUDA, captured) at load: every request runs on it
+    app.state.metrics.watch_runner(runner)  # its KV cache usage on /metrics from the start
+    startup.say(kv_cache_line(runner))
+    line = warmup_line(runner, llm.warmups)
+    if line is not None:
+        startup.say(line)
     for gamma, r in sorted(llm.warmups.items(), key=lambda kv: str(kv[0])):
         if not r["complete"]:
             startup.say(f"warm-up num_draft_tokens={gamma}: requests past {r['max_length']} tokens capture on "

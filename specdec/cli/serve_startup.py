@@ -85,33 +85,31 @@ class StartupLog(logging.Handler):
             self._bar = None
 
 
-def kv_cache_line(gamma, runner) -> str:
-    """What one runner's KV cache takes (`Engine.kv_cache_bytes`, by part: `Engine.memory`) and what it holds
+def kv_cache_line(runner) -> str:
+    """What the runner's KV cache takes (`Engine.kv_cache_bytes`, by part: `Engine.memory`) and what it holds
     (sequences × positions, or the paged pool's blocks; layers × KV heads × head dims, dtype, device)."""
     from specdec.engine import Engine
     from specdec.engine.memory import format_bytes
 
-    name = "plain decoding" if gamma == 0 else f"num_draft_tokens={gamma}"
     if not isinstance(runner, Engine):  # the eager transformers loop: transformers' cache, sized per batch
-        return f"KV cache ({name}): transformers' dynamic cache, allocated per batch as it runs (eager loop)"
+        return "KV cache: transformers' dynamic cache, allocated per batch as it runs (eager loop)"
     shape = runner.model.shape
     pool = runner.kv_pool
     holds = (f"{pool.allocator.num_usable_blocks} blocks of {pool.block_size} tokens (paged; up to "
              f"{runner.max_batch} sequences × {runner.num_positions} positions)" if pool is not None else
              f"{runner.max_batch} sequences × {runner.num_positions} positions")
-    return (f"KV cache ({name}): {format_bytes(runner.kv_cache_bytes)} ({runner.memory.describe()}) — {holds}, "
+    return (f"KV cache: {format_bytes(runner.kv_cache_bytes)} ({runner.memory.describe()}) — {holds}, "
             f"target {shape.n_layers} layers × {shape.n_kv_heads} KV heads × {shape.head_dim} dims, "
             f"{str(runner.model.dtype).removeprefix('torch.')} on {runner.device}")
 
 
-def warmup_line(gamma, runner, warmups: dict) -> str | None:
+def warmup_line(runner, warmups: dict) -> str | None:
     """The warm-up's line for a runner that did not capture (CUDA graphs are captured on CUDA only)."""
-    if gamma in warmups:
+    if warmups:
         return None  # the library logged the capture
-    name = "plain decoding" if gamma == 0 else f"num_draft_tokens={gamma}"
     from specdec.engine import Engine
 
     if not isinstance(runner, Engine):
-        return f"warm-up ({name}): none (the eager loop builds nothing ahead)"
+        return "warm-up: none (the eager loop builds nothing ahead)"
     why = "paged KV cache: eager steps" if runner.kv_pool is not None else "CUDA graphs are captured on CUDA only"
-    return f"warm-up ({name}): none needed on {runner.device.type} ({why})"
+    return f"warm-up: none needed on {runner.device.type} ({why})"

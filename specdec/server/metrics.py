@@ -21,9 +21,9 @@ and where serving time goes (to tell an engine stall from a server one):
   output_delivery_seconds              driver thread → event loop: from a step's hand-off to its outputs' queues
   prefill_budget_tokens{num_draft_tokens}  the prompt tokens a runner's next step may prefill (chunked prefill:
                                        a fixed budget, or "auto"'s from the measured decode step; unset: off)
-  kv_cache_usage_perc{num_draft_tokens}  fraction of a runner's KV cache held by requests, in [0, 1] (vLLM's name;
+  kv_cache_usage_perc                  fraction of the engine's KV cache held by requests, in [0, 1] (vLLM's name;
                                        paged: blocks, static: slots)
-  kv_cache_free_blocks / kv_cache_used_blocks{num_draft_tokens}  the paged pool's blocks (kv_layout="paged")
+  kv_cache_free_blocks / kv_cache_used_blocks  the paged pool's blocks (kv_layout="paged")
   num_preemptions_total                requests whose KV blocks were taken back to make room (paged pool)
   gc_pause_seconds{generation}         Python garbage collections: each pauses every thread (the driver's steps
                                        and the event loop alike); a full (generation 2) pass over a heap holding
@@ -114,14 +114,14 @@ class ServerMetrics:
         self.prefill_budget = Gauge(f"{p}prefill_budget_tokens", "Prompt tokens the runner's next step may prefill "
                                     "(chunked prefill: a fixed budget, or prefill_budget='auto''s measured one).",
                                     ["num_draft_tokens", "model_name"], registry=r)
-        kv = ["num_draft_tokens", "model_name"]
+        kv = ["model_name"]
         self.kv_usage = Gauge(f"{p}kv_cache_usage_perc", "Fraction of the KV cache held by requests (paged: blocks, "
-                              "static: slots).", kv, registry=r)
+                              "static: slots).", kv, registry=r).labels(**m)
         self.kv_free = Gauge(f"{p}kv_cache_free_blocks", "Free blocks of the paged KV pool.", kv, registry=r)
         self.kv_used = Gauge(f"{p}kv_cache_used_blocks", "Blocks of the paged KV pool held by requests.", kv, registry=r)
         self.preemptions = counter("num_preemptions", "Requests whose KV blocks were taken back to make room.")
         self._preemptions_seen = 0
-        self._kv_runners: dict[str, object] = {}  # num_draft_tokens label → an engine runner (its KV cache usage)
+        self._kv_runner = None  # the engine runner whose KV cache usage is exported
         self.gc_pause = histogram("gc_pause_seconds", "Python garbage collection pauses (every thread waits).",
                                   _STEP_BUCKETS, ["generation"])
         self._gc_children = [self.gc_pause.labels(generation=str(g), **m) for g in range(3)]
@@ -193,14 +193,14 @@ class ServerMetrics:
             else:
                 self.request_success.labels(finished_reason=str(out.finish_reason), model_name=self.model_name).inc()
 
-    def watch_runner(self, num_draft_tokens, runner) -> None:
-        """Export `runner`'s KV cache usage (an engine's; the eager loop has none) from now on, under its γ label
-        (a runner is also watched from its first step on)."""
+    def watch_runner(self, runner) -> None:
+        """Export `runner`'s KV cache usage (an engine's; the eager loop has none) from now on (a runner is also
+        watched from its first step on: a runner rebuilt after a failure replaces the old one)."""
         from specdec.engine import Engine
 
         if isinstance(runner, Engine):
             with self._lock:
-                self._kv_runners[str(num_draft_tokens)] = runner
+                self._kv_runner = runner
 
     def on_step(self, timing) -> None:
         """Driver-thread step listener (`text.driver.StepTiming`): the step's time, under the γ its runner serves."""
@@ -208,7 +208,7 @@ class ServerMetrics:
         if label is None:
             key = getattr(self.llm, "runner_key", lambda runner: None)(timing.runner)
             label = self._runner_labels[id(timing.runner)] = str(key)
-            self.watch_runner(label, timing.runner)
+            self.watch_runner(timing.runner)
         self._add_step_sums()
         kind = "admit" if timing.admitted else "decode"
         self.step_seconds.labels(num_draft_tokens=label, kind=kind, model_name=self.model_name).observe(timing.step_s)
@@ -241,8 +241,9 @@ class ServerMetrics:
     def render(self) -> bytes:
         captures = getattr(self.llm, "graph_captures", 0)  # a count read from the runners, exported as a counter
         with self._lock:
-            usages = {label: runner.kv_cache_usage for label, runner in self._kv_runners.items()}
-        preemptions = sum(u.num_preemptions for u in usages.values())
+            runner = self._kv_runner
+        usage = runner.kv_cache_usage if runner is not None else None
+        preemptions = usage.num_preemptions if usage is not None else 0
         with self._lock:
             if captures > self._captures_seen:
                 self.graph_captures.inc(captures - self._captures_seen)
@@ -250,12 +251,11 @@ class ServerMetrics:
             if preemptions > self._preemptions_seen:
                 self.preemptions.inc(preemptions - self._preemptions_seen)
                 self._preemptions_seen = preemptions
-        for label, usage in usages.items():
-            labels = {"num_draft_tokens": label, "model_name": self.model_name}
-            self.kv_usage.labels(**labels).set(usage.usage_perc)
+        if usage is not None:
+            self.kv_usage.set(usage.usage_perc)
             if usage.num_free_blocks is not None:
-                self.kv_free.labels(**labels).set(usage.num_free_blocks)
-                self.kv_used.labels(**labels).set(usage.num_used_blocks)
+                self.kv_free.labels(model_name=self.model_name).set(usage.num_free_blocks)
+                self.kv_used.labels(model_name=self.model_name).set(usage.num_used_blocks)
         return _without_created(generate_latest(self.registry))
 
 
