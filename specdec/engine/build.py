@@ -126,8 +126,8 @@ def _fast_model(model, check_only: bool = False) -> FastLlama | None:
         raise UnsupportedModel(reason)
     if check_only:
         return None
-    try:  # the model's own tensors, held once: FastLlama reads its storage, no second copy (`fast.held_once`)
-        return adopt_hf(model)
+    try:  # a model's own tensors, held once (`fast.held_once`); a folder is read and copied by `FastLlama.from_hf`
+        return FastLlama.from_hf(model) if isinstance(model, (str, Path)) else adopt_hf(model)
     except (KeyError, AttributeError, TypeError) as err:  # a layout the copy does not know: not a crash
         raise UnsupportedModel(f"the engine cannot copy this {model_type} model ({type(err).__name__}: {err})") \
             from None
