@@ -101,7 +101,7 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
             # feature drafters read the target's hidden states (EAGLE-3: those entering some of its layers)
             self.model.feature_layers = self.drafter.feature_layers if features else None
             self.kv_pool = self._paged_pool() if paged else None  # (replaces the static caches, never allocated)
-            self.prefix_cache = build_prefix_cache(config, self.kv_pool, self.model, self.drafter, features)  # or None
+            self.prefix_cache = build_prefix_cache(config, self.kv_pool, self.model, self.cache, self.drafter, features)
             self.memory = self._check_memory(features)  # every buffer's bytes against free memory, then allocated
             self.cache.allocate()
             if self.drafter_cached:
