@@ -101,6 +101,31 @@ def test_shared_blocks_are_never_written(pair):
         assert torch.equal(cache._keys[:, blocks], keys) and torch.equal(cache._values[:, blocks], values)
 
 
+def test_a_running_requests_block_the_drafter_would_write_is_copied(pair):
+    """B's prompt is A's plus one token, admitted while A runs: B's last hit block holds positions its drafter
+    re-feeds, and A holds it — B gets a copy (copy-on-write); A's blocks are never written by B, and both decode
+    the tokens of caching off."""
+    target, draft = pair
+    params = SamplingParams(temperature=1.0, max_new_tokens=20, seed=3)
+    prompts = [PROMPTS[0], PROMPTS[0] + [9]]
+    engine = Engine(target, draft, _config(True))
+    outputs, finals = {}, {}
+    first = engine.add_request(prompts[0], params)
+    while engine.prefix_cache.num_cached_blocks < 5:  # A's 5 prompt blocks, once stable (length − 4 ≥ 40)
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
+    held = list(engine.kv_pool.blocks[0][:5])
+    caches = (engine.cache, engine.drafter.cache)
+    snapshot = [(c._keys[:, held].clone(), c._values[:, held].clone()) for c in caches]
+    second = engine.add_request(prompts[1], params)
+    _drain(engine, outputs, finals)
+    assert finals[second].num_cached_tokens == 40 and engine.prefix_cache.copies == 1
+    for cache, (keys, values) in zip(caches, snapshot):
+        assert torch.equal(cache._keys[:, held], keys) and torch.equal(cache._values[:, held], values)
+    off, _ = _serve(Engine(target, draft, _config(False)), prompts, [params], waves=False)
+    assert [outputs[first], outputs[second]] == off
+
+
 def test_copies_of_a_prompt_share_its_blocks(pair):
     """`n > 1`: four copies added at once; one prefills, the others wait a step and share its blocks (held by
     several rows at once, the books balanced); seeded sampling gives each its own tokens, those of caching off."""
