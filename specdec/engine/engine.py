@@ -108,7 +108,7 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
                 self.kv_pool, self.cache, draft = paged_caches(self.cache, draft, dim, config, self.max_batch)
                 if draft is not None:
                     self.drafter.cache = draft
-            self.prefix_cache = build_prefix_cache(config, self.kv_pool, self.model, self.drafter, features)  # or None
+            self.prefix_cache = build_prefix_cache(config, self.kv_pool, self.model, self.cache, self.drafter, features)
             # every buffer's bytes against free memory (refused in one line), then allocated
             self.memory = check_engine(self.cache, draft, FeatureStore.nbytes_for(
                 self.max_batch, self.num_positions, dim, self.model.dtype, self.kv_pool), self.state, self.device,

@@ -80,6 +80,9 @@ class BlockAllocator:
             self.evict(blocks)
         return blocks
 
+    def ref_count(self, block: int) -> int:
+        return self._refs[block]
+
     def touch(self, blocks: list[int]) -> None:
         """One more holder of each block, a free one (cached, unreferenced) taken off the free list (a prefix hit)."""
         for b in blocks:
@@ -156,12 +159,14 @@ class KVPool:
         self.table[row, have : have + n] = torch.tensor(new, dtype=torch.int32).to(self.table.device)
         return True
 
-    def share_row(self, row: int, blocks: list[int]) -> None:
-        """Row (holding none) starts with these blocks, one more holder of each (a prefix cache's hit)."""
+    def share_row(self, row: int, blocks: list[int], owned: list[int] = ()) -> None:
+        """Row (holding none) starts with these blocks, one more holder of each (a prefix cache's hit), then the
+        `owned` ones (already held for it: a hit's copies)."""
         if self.blocks[row]:
             raise PoolAccountingError(f"row {row} still holds {len(self.blocks[row])} blocks: release it first")
         self.allocator.touch(blocks)
-        self.blocks[row] = list(blocks)
+        blocks = list(blocks) + list(owned)
+        self.blocks[row] = blocks
         self.table[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32).to(self.table.device)
 
     def release(self, row: int) -> None:
@@ -234,6 +239,12 @@ class PagedSlotCache:
 
     def move(self, src: int, dst: int, num_positions: int | None = None) -> None:
         self.lengths[dst] = self.lengths[src]
+
+    def copy_block(self, src: int, dst: int) -> None:
+        """Block `src`'s keys and values into block `dst` (a prefix cache's copy-on-write)."""
+        self.allocate()
+        self._keys[:, dst] = self._keys[:, src]
+        self._values[:, dst] = self._values[:, src]
 
     def swap(self, a: int, b: int, num_positions: int | None = None) -> None:
         self.lengths[[a, b]] = self.lengths[[b, a]]

@@ -13,10 +13,11 @@ text from position 0 under the same models, and nothing cached survives a change
                  with them (`KVPool.share_row`: counts up, free ones taken off the free list) and the target's
                  prefill and the drafter's feed start past them (`EngineRequest.num_cached_tokens`)
 
-Never written when shared: a hit stops before the first position the request itself will write — the target's
-first step writes at prompt length − 1, a model drafter re-feeds from length − `WINDOW` — so the last prompt
-token is always recomputed (it has logits) and no block a request shares is written by it: no copy-on-write is
-ever needed. Only committed text makes a block eligible, and only once every model's K/V hold it (`stable`): the
+Never written when shared: a hit stops before the target's first write (its first step writes at prompt length
+− 1, so the last prompt token is always recomputed: it has logits); the hit blocks a model drafter's re-feed
+writes (from length − `WINDOW`) are copied into blocks of the row's own, every model's K/V (copy-on-write), or,
+held by nobody, taken over by the row (out of the index until stable again). So no block a request shares is
+ever written. Only committed text makes a block eligible, and only once every model's K/V hold it (`stable`): the
 target holds [0, length − 1), the drafter [0, its valid length) and writes nothing below length − WINDOW again,
 so rejected drafts (written past the committed length) never enter the cache. Prompt blocks are entered every
 step (`commit_rows`, host lists only); generated blocks when the request leaves (`commit_row`: one device read).
@@ -67,8 +68,8 @@ class RequestBlocks:
 class PrefixCache:
     """The cached-block index of one `KVPool` (hash → block and back) and its lookups' counters."""
 
-    def __init__(self, pool, seed: bytes, write_back: int):
-        self.pool, self.seed = pool, seed
+    def __init__(self, pool, seed: bytes, write_back: int, caches: tuple = ()):
+        self.pool, self.seed, self.caches = pool, seed, tuple(caches)  # caches: every model's `PagedSlotCache`
         self.block_size = pool.block_size
         self.write_back = int(write_back)  # a request writes no position below its length − write_back
         self._blocks: dict[bytes, int] = {}
@@ -76,6 +77,7 @@ class PrefixCache:
         self.queries = 0  # prompt tokens looked up (vLLM's prefix_cache_queries)
         self.hits = 0  # of those, found cached (vLLM's prefix_cache_hits)
         self.evictions = 0  # cached blocks handed out for other K/V
+        self.copies = 0  # hit blocks copied for a request that writes them (copy-on-write)
         pool.allocator.evict = self.evict
 
     @property
@@ -85,26 +87,42 @@ class PrefixCache:
     def evict(self, blocks: list[int]) -> None:
         """These blocks are handed out for new K/V: they leave the index (the allocator's hook)."""
         for b in blocks:
-            h = self._hashes.pop(b, None)
-            if h is not None:
-                del self._blocks[h]
-                self.evictions += 1
+            self.evictions += self._drop(b)
+
+    def _drop(self, block: int) -> bool:
+        h = self._hashes.pop(block, None)
+        if h is not None:
+            del self._blocks[h]
+        return h is not None
 
     def attach(self, slot: int, request) -> int:
         """Admission of `request` (an `EngineRequest`) into `slot`, which holds no blocks: its prompt's longest
         cached leading run of blocks becomes the row's first blocks → the cached tokens (also set on the request)."""
-        prompt = request.prompt
+        prompt, allocator = request.prompt, self.pool.allocator
         state = RequestBlocks(block_hashes(prompt, self.block_size, self.seed))
-        usable = max(len(prompt) - self.write_back, 0) // self.block_size  # stop before its first write
+        usable = max(len(prompt) - 1, 0) // self.block_size  # the target's first write: prompt length − 1
+        shareable = max(len(prompt) - self.write_back, 0) // self.block_size  # and a model drafter's re-feed
         blocks = []
         for h in state.hashes[:usable]:
             b = self._blocks.get(h)
             if b is None:
                 break
             blocks.append(b)
+        owned = []  # hits the drafter's re-feed will write: copy-on-write, or taken over when nobody holds them
+        for b in blocks[shareable:]:
+            if allocator.ref_count(b) == 0:
+                allocator.touch([b])
+                self._drop(b)
+                owned.append(b)
+            else:
+                copy = allocator.allocate(1)[0]  # (admission counted a fresh block for every prompt block)
+                for cache in self.caches:
+                    cache.copy_block(b, copy)
+                owned.append(copy)
+                self.copies += 1
         if blocks:
-            self.pool.share_row(slot, blocks)
-        state.num_cached_blocks = len(blocks)
+            self.pool.share_row(slot, blocks[:shareable], owned)
+        state.num_cached_blocks = min(len(blocks), shareable)  # (the owned ones enter again once stable)
         request.prefix = state
         request.num_cached_tokens = cached = len(blocks) * self.block_size
         self.queries += len(prompt)
@@ -123,9 +141,10 @@ class PrefixCache:
             return False
         return block_hashes(first, size, self.seed)[0] not in self._blocks
 
-    def stable(self, request, drafter_valid: int | None) -> int:
-        """Positions [0, stable) of a running request that every model's K/V hold and it never writes again."""
-        end = request.length - max(self.write_back, 1)
+    def stable(self, request, drafter_valid: int | None, leaving: bool = False) -> int:
+        """Positions [0, stable) of a running request that every model's K/V hold and it never writes again
+        (`leaving`: it writes nothing more, so all the target holds, [0, length − 1), and the drafter's)."""
+        end = request.length - (1 if leaving else max(self.write_back, 1))
         return end if drafter_valid is None else min(end, drafter_valid)
 
     def commit(self, slot: int, request, tokens: list[int], stable: int) -> None:
@@ -158,7 +177,7 @@ class PrefixCache:
         """A running request leaves `slot`: its stable blocks, generated ones included, stay cached
         (`state_tokens`: the slot state's token table, read once here, only when a new block is stable)."""
         state = request.prefix
-        stable = self.stable(request, _valid(request, drafter_synced))
+        stable = self.stable(request, _valid(request, drafter_synced), leaving=True)
         if state is None or stable // self.block_size <= state.num_cached_blocks:
             return
         self.commit(slot, request, state_tokens[slot, : request.length].tolist(), stable)
@@ -177,9 +196,9 @@ def _valid(request, drafter_synced: bool | None) -> int | None:
     return request.length - 2 if drafter_synced else request.draft_valid
 
 
-def build_prefix_cache(config, pool, model, drafter, features: bool) -> PrefixCache | None:
-    """The engine's prefix cache (`config.enable_prefix_caching`, paged pool), or None; `features`: the drafter
-    reads the target's hidden states (then None, logged)."""
+def build_prefix_cache(config, pool, model, cache, drafter, features: bool) -> PrefixCache | None:
+    """The engine's prefix cache (`config.enable_prefix_caching`, paged pool) over the target's `cache` and a
+    cached drafter's, or None; `features`: the drafter reads the target's hidden states (then None, logged)."""
     if not config.enable_prefix_caching:
         return None
     drafter_cached = isinstance(drafter, CachedSlotDrafter)
@@ -190,4 +209,5 @@ def build_prefix_cache(config, pool, model, drafter, features: bool) -> PrefixCa
     draft = getattr(drafter, "model", None) if drafter_cached else None
     seed = model_key(type(model).__name__, repr(model.shape), str(model.dtype), type(drafter).__name__,
                      None if draft is None else (repr(draft.shape), str(draft.dtype)))
-    return PrefixCache(pool, seed, WINDOW if drafter_cached else 1)
+    caches = (cache, drafter.cache) if drafter_cached else (cache,)
+    return PrefixCache(pool, seed, WINDOW if drafter_cached else 1, caches)

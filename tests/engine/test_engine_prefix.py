@@ -70,11 +70,12 @@ def test_a_hit_gives_the_tokens_of_caching_off(pair, drafter, temperature):
     assert engine.kv_cache_usage.num_free_blocks == engine.kv_cache_usage.num_blocks  # (cached blocks are free)
 
 
-def test_a_conversation_hits_its_own_generated_turn(pair):
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_conversation_hits_its_own_generated_turn(pair, temperature):
     """Turn 2 re-sends turn 1's prompt and answer: the answer's blocks, cached when turn 1 ended (the drafter's K/V
     with them), are hits; tokens as with caching off."""
     target, draft = pair
-    params = SamplingParams(temperature=0, max_new_tokens=24)
+    params = SamplingParams(temperature=temperature, max_new_tokens=24, seed=4)
     first, _ = _serve(Engine(target, draft, _config(True)), [PROMPTS[0]], [params])
     turn2 = PROMPTS[0] + first[0] + [4, 5, 6]
     engine = Engine(target, draft, _config(True))
@@ -98,6 +99,31 @@ def test_shared_blocks_are_never_written(pair):
     assert all(f.num_cached_tokens >= 32 for f in finals)
     for cache, (keys, values) in zip(caches, snapshot):
         assert torch.equal(cache._keys[:, blocks], keys) and torch.equal(cache._values[:, blocks], values)
+
+
+def test_a_running_requests_block_the_drafter_would_write_is_copied(pair):
+    """B's prompt is A's plus one token, admitted while A runs: B's last hit block holds positions its drafter
+    re-feeds, and A holds it — B gets a copy (copy-on-write); A's blocks are never written by B, and both decode
+    the tokens of caching off."""
+    target, draft = pair
+    params = SamplingParams(temperature=1.0, max_new_tokens=20, seed=3)
+    prompts = [PROMPTS[0], PROMPTS[0] + [9]]
+    engine = Engine(target, draft, _config(True))
+    outputs, finals = {}, {}
+    first = engine.add_request(prompts[0], params)
+    while engine.prefix_cache.num_cached_blocks < 5:  # A's 5 prompt blocks, once stable (length − 4 ≥ 40)
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
+    held = list(engine.kv_pool.blocks[0][:5])
+    caches = (engine.cache, engine.drafter.cache)
+    snapshot = [(c._keys[:, held].clone(), c._values[:, held].clone()) for c in caches]
+    second = engine.add_request(prompts[1], params)
+    _drain(engine, outputs, finals)
+    assert finals[second].num_cached_tokens == 40 and engine.prefix_cache.copies == 1
+    for cache, (keys, values) in zip(caches, snapshot):
+        assert torch.equal(cache._keys[:, held], keys) and torch.equal(cache._values[:, held], values)
+    off, _ = _serve(Engine(target, draft, _config(False)), prompts, [params], waves=False)
+    assert [outputs[first], outputs[second]] == off
 
 
 def test_copies_of_a_prompt_share_its_blocks(pair):
@@ -136,6 +162,27 @@ def test_a_stale_block_changes_the_output(pair):
     stale, finals = _serve(engine, PROMPTS[1:2], params)
     assert finals[0].num_cached_tokens == 32
     assert stale[0] != clean[1]
+
+
+def test_a_stale_drafter_block_changes_the_drafts_not_the_greedy_tokens(pair):
+    """Negative control for the drafter's share of a block: with its cached values corrupted, greedy tokens stay
+    the target's (exactness) but the drafts change (fewer accepted), and seeded sampling's tokens change."""
+    target, draft = pair
+
+    def second(corrupt, temperature):
+        engine = Engine(target, draft, _config(True))
+        _serve(engine, PROMPTS[:1], [SamplingParams(temperature=temperature, max_new_tokens=16, seed=1)])
+        if corrupt:
+            blocks, values = sorted(engine.prefix_cache._hashes), engine.drafter.cache._values
+            with torch.inference_mode():
+                values[:, blocks] = torch.randn(values[:, blocks].shape, generator=torch.Generator().manual_seed(0)) * 5
+        out, finals = _serve(engine, PROMPTS[1:2], [SamplingParams(temperature=temperature, max_new_tokens=30, seed=2)])
+        assert finals[0].num_cached_tokens == 32
+        return out[0], finals[0].stats.accepted_tokens
+
+    (clean, accepted), (stale, stale_accepted) = second(False, 0.0), second(True, 0.0)
+    assert clean == stale and stale_accepted < accepted
+    assert second(False, 1.0)[0] != second(True, 1.0)[0]
 
 
 @pytest.mark.parametrize("budget", [None, 32])

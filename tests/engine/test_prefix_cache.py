@@ -122,3 +122,32 @@ def test_lru_order_follows_the_last_use():
     pool.release(1)
     pool.check()
     cache.check()
+
+
+def test_a_hit_the_drafter_would_rewrite_is_copied_or_taken_over():
+    """write_back 4 (a model drafter re-feeds from length − 4): of a 13-token prompt's 3 hit blocks, the third holds
+    positions 8..11, which the re-feed writes. Held by another request, it is copied (every model's cache) into a
+    block of the row's own; held by nobody, the row takes it over (out of the index until it is stable again)."""
+    copied = []
+    pool = KVPool(num_blocks=12, block_size=4, max_batch=4, max_positions=32, device=torch.device("cpu"))
+    cache = PrefixCache(pool, SEED, 4, caches=(SimpleNamespace(copy_block=lambda s, d: copied.append((s, d))),))
+    a = _request(range(50, 63))
+    cache.attach(0, a)
+    assert pool.reserve(0, 15)
+    cache.commit(0, a, a.prompt, 12)  # (a leaving request: all the target holds)
+    held = list(pool.blocks[0][:3])
+    b = _request(range(50, 63))
+    assert cache.attach(1, b) == 12 and cache.copies == 1
+    assert pool.blocks[1][:2] == held[:2] and copied == [(held[2], pool.blocks[1][2])] and pool.blocks[1][2] != held[2]
+    assert pool.reserve(1, 15)
+    pool.check()
+    pool.release(0)  # a leaves: its third block is cached and held by nobody
+    c = _request(range(50, 63))
+    assert cache.attach(2, c) == 12 and cache.copies == 1 and pool.blocks[2][2] == held[2]  # taken over, no copy
+    assert cache.attach(3, _request(range(50, 63))) == 8  # out of the index while c may write it
+    pool.release(3)
+    assert pool.reserve(2, 15)
+    cache.commit(2, c, c.prompt, 12)  # stable again: back in the index
+    assert cache.attach(3, _request(range(50, 63))) == 12 and cache.copies == 2
+    pool.check()
+    cache.check()
