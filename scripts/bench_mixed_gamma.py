@@ -8,7 +8,7 @@ the same traffic split over TWO engines (a plain one and a speculative one, step
 Traffic: `--requests` prompts (the pair's six, repeated), request i plain when i is even, else γ = `--gamma`; they
 arrive at seeded exponential gaps of mean 1 / `--rate` seconds (arrivals while others run), each decoding
 `--max-new-tokens` tokens at `--temperature` (seeded). Each arm runs the same schedule: an untimed warm-up pass, then
-`--repeats` timed passes in alternating order; a row is the median pass. Reported per arm: output tokens/s over the
+`--repeats` timed passes in alternating order; a row is the (lower) median pass. Reported per arm: output tokens/s over the
 pass (first arrival to last token), mean request latency, K/V cache bytes held, and whether every request's tokens
 equal the one-engine arm's (greedy: they must). A benchmark, not a test: nothing is asserted about times.
 """
@@ -114,7 +114,7 @@ def main(argv=None) -> dict:
     rows = []
     for name, passes in runs.items():
         engines = arms[name][0]
-        median = sorted(passes, key=lambda r: r["seconds"])[len(passes) // 2]
+        median = sorted(passes, key=lambda r: r["seconds"])[(len(passes) - 1) // 2]  # (the lower median)
         produced = sum(len(t) for t in median["tokens"])
         rows.append({"arm": name, "tokens_per_s": produced / median["seconds"], "seconds": median["seconds"],
                      "mean_latency_s": median["latency"], "cache_bytes": sum(cache_bytes(e) for e in engines),

@@ -373,7 +373,7 @@ def _is_array(value) -> bool:
 
 def _is_row(value) -> bool:
     """One prompt: a list/tuple of ids, or a 1-D tensor / numpy array."""
-    return isinstance(value, (list, tuple)) or ((isinstance(value, torch.Tensor) or _is_array(value)) and value.ndim == 1)
+    return isinstance(value, (list, tuple)) or (isinstance(value, torch.Tensor) or _is_array(value)) and value.ndim == 1
 
 
 def resolve_eos(eos_token_id, target) -> list[int]:

@@ -1,7 +1,7 @@
 """One decode step shape of the engine (batch bucket, γ, length bucket, flavor): its draft and verify halves,
 run eagerly or captured once as CUDA graphs and replayed; each row verifies at most its own draft cap
-(`Engine.draft_caps`, a static tensor: per-row caps add no shape) and what its budget can still commit. The verify half verifies, commits and counts on the
-device and packs the step's one device → host transfer (`step.pack_step`; `Engine.step` reads it back as a
+(`Engine.draft_caps`, a static tensor: per-row caps add no shape) and what its budget can still commit. The verify
+half verifies, commits and counts on the device and packs the step's one device → host transfer (`step.pack_step`; `Engine.step` reads it back as a
 `step.StepRecord`); an all-greedy step does all of that after the forward in three launches (`fast.kernels.argmax`,
 `greedy_commit`)."""
 

@@ -46,8 +46,8 @@ def test_a_mixed_batchs_greedy_tokens_equal_each_request_alone_and_plain_decodin
     requests = [(p, SamplingParams(temperature=0, max_new_tokens=14 + i, num_draft_tokens=c))
                 for i, (p, c) in enumerate(zip(PROMPTS, CAPS))]
     mixed = run_all(engine_of(pair), requests)
-    plain = run_all(engine_of(pair, drafter=False), [(p, SamplingParams(temperature=0, max_new_tokens=r[1].max_new_tokens))
-                                                     for p, r in zip(PROMPTS, requests)])
+    plain = run_all(engine_of(pair, drafter=False), [(p, SamplingParams(temperature=0, max_new_tokens=r.max_new_tokens))
+                                                     for p, (_, r) in zip(PROMPTS, requests)])
     for i, request in enumerate(requests):
         alone = run_all(engine_of(pair, batch=1), [request])[0]
         assert mixed[i]["tokens"] == alone["tokens"] == plain[i]["tokens"], i

@@ -40,7 +40,7 @@ def llm():
     tokenizer = transformers.AutoTokenizer.from_pretrained(DEMO)
     tokenizer.chat_template = TEMPLATE
     return SimpleNamespace(tokenizer=tokenizer, vocab_size=len(tokenizer), max_seq_len=64, num_draft_tokens=4,
-                           defaults=SimpleNamespace(eos_token_ids=(2,), temperature=0.0))
+                           max_draft_tokens=8, defaults=SimpleNamespace(eos_token_ids=(2,), temperature=0.0))
 
 
 json_values = st.recursive(

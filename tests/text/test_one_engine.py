@@ -59,7 +59,7 @@ def test_a_request_gamma_is_checked_against_the_model(ckpt):
         with pytest.raises(ValueError, match="max_draft_tokens of 8"):
             llm.generate("w1", max_new_tokens=2, num_draft_tokens=9)
         with pytest.raises(ValueError, match="num_draft_tokens"):
-            llm.generate("w1", max_new_tokens=2, num_draft_tokens="heuristic")  # (a loop policy: per model, not request)
+            llm.generate("w1", max_new_tokens=2, num_draft_tokens="heuristic")  # (a loop policy: per model only)
         params = SamplingParams(max_new_tokens=2, num_draft_tokens=5)
         ids, sampling, stop, gamma = llm.prepare("w1", max_new_tokens=2, num_draft_tokens=5)
         assert sampling.num_draft_tokens == params.num_draft_tokens == gamma == 5
