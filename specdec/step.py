@@ -91,11 +91,13 @@ class RequestOutput:
     stats: SpecStats | None = None  # the request's own statistics, on its final output
     #: per new token, the `SamplingParams.top_logprobs` most likely (token id, log p) of the target's raw law
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    #: prompt tokens the engine's prefix cache held at admission (not prefilled; vLLM's name), on the final output
+    num_cached_tokens: int = 0
 
     @classmethod
     def make(cls, request_id: str, new_token_ids: list[int], logprobs: list[float] | None, num_accepted: int,
              num_drafted: int, finished: bool = False, finish_reason: str | None = None,
-             stats: SpecStats | None = None, top_logprobs=None) -> "RequestOutput":
+             stats: SpecStats | None = None, top_logprobs=None, num_cached_tokens: int = 0) -> "RequestOutput":
         """The same frozen object as `RequestOutput(...)`, built without the dataclass `__init__`'s one
         `object.__setattr__` per field (the engine builds one per running request per step)."""
         out = object.__new__(cls)
@@ -103,6 +105,7 @@ class RequestOutput:
             "request_id": request_id, "new_token_ids": new_token_ids, "logprobs": logprobs,
             "num_accepted": num_accepted, "num_drafted": num_drafted, "finished": finished,
             "finish_reason": finish_reason, "stats": stats, "top_logprobs": top_logprobs,
+            "num_cached_tokens": num_cached_tokens,
         })
         return out
 

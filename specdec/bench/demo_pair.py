@@ -5,9 +5,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["DEMO_PAIR", "PAIR_PROMPTS", "load_pair"]
+import os
+
+__all__ = ["DEMO_PAIR", "PAIR_PROMPTS", "load_pair", "QWEN_TARGET", "QWEN_DRAFT", "qwen_pair_folder"]
 
 DEMO_PAIR = Path(__file__).resolve().parent.parent / "assets" / "demo_pair"
+#: the real pair `scripts/fetch_qwen_pair.py` makes (docs/QWEN_PAIR.md): two safetensors folders in one directory
+QWEN_TARGET, QWEN_DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
+
+
+def qwen_pair_folder() -> Path:
+    """Where the Qwen2.5-Coder pair is: $SPECDEC_QWEN_PAIR, else the fetch script's default destination."""
+    return Path(os.environ.get("SPECDEC_QWEN_PAIR", "~/.cache/specdec/qwen2.5-coder")).expanduser()
 
 # Each prompt ends inside a line: a prompt ending in "\n" would cut the byte-level BPE's usual
 # "newline + indentation" token in two, and the model would read it as a return to column 0.
@@ -21,16 +30,17 @@ PAIR_PROMPTS = (
 )
 
 
-def load_pair(folder: Path = DEMO_PAIR, device: str = "cpu", dtype: str = "float32", allow_pickle: bool = False):
-    """(target, draft, tokenizer) from a pair folder with target/ and draft/ (default fp32 on CPU), eval mode;
-    local files only."""
+def load_pair(folder: Path = DEMO_PAIR, device: str = "cpu", dtype: str = "float32", allow_pickle: bool = False,
+              names: tuple[str, str] = ("target", "draft")):
+    """(target, draft, tokenizer) from a pair folder with target/ and draft/ (or the two `names`; default fp32 on
+    CPU), eval mode; local files only."""
     from specdec.loading import load_model, load_tokenizer
 
     folder = Path(folder)
-    for name in ("target", "draft"):
+    for name in names:
         if not (folder / name / "config.json").is_file():
             raise FileNotFoundError(f"{folder / name} is not a model folder (no config.json)")
-    target = load_model(folder / "target", device=device, dtype=dtype, what="target", allow_pickle=allow_pickle)
-    draft = load_model(folder / "draft", device=device, dtype=dtype, what="draft", allow_pickle=allow_pickle)
-    tokenizer = load_tokenizer(folder / "target")
+    target = load_model(folder / names[0], device=device, dtype=dtype, what="target", allow_pickle=allow_pickle)
+    draft = load_model(folder / names[1], device=device, dtype=dtype, what="draft", allow_pickle=allow_pickle)
+    tokenizer = load_tokenizer(folder / names[0])
     return target, draft, tokenizer

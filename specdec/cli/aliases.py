@@ -26,6 +26,8 @@ MAX_LEN_FLAGS = ("--max-seq-len", "--max-model-len", "-c", "--ctx-size")
 BATCH_FLAGS = ("--max-batch-size", "--max-num-seqs")
 #: the runner, one vocabulary on every command (`specdec.generate(engine=...)`'s)
 ENGINES = ("auto", "fast", "hf")
+#: --engine → `specdec.load(runner=...)`'s names for the same runners
+RUNNER_OF_ENGINE = {"auto": "auto", "fast": "engine", "hf": "fallback"}
 ENGINE_HELP = ("the runner: auto (the engine where it covers the model on CUDA, else hf), fast (the request-level "
                "engine), hf (the eager transformers loop)")
 #: `--speculative-config` keys (vLLM's) this CLI honours; any other key is refused by name

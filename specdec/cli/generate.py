@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from specdec.cli import CLIError
-from specdec.cli.aliases import GAMMA_FLAGS, add_model_arguments
+from specdec.cli.aliases import GAMMA_FLAGS, RUNNER_OF_ENGINE, add_engine_argument, add_model_arguments
 from specdec.cli.common import (add_checkpoint_options, add_model_options, apply_model_options, check_int,
                                 encode_prompts, load_drafter, loader_kwargs, log, print_json)
 
@@ -62,6 +62,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--tensor-parallel-all-reduce", choices=("auto", "group", "one_shot"), default="auto",
                    help="how the ranks sum partial products: group (NCCL/gloo), one_shot (symmetric memory over "
                         "NVLink, CUDA) or auto (one_shot where the GPUs reach each other by P2P) (default: auto)")
+    add_engine_argument(p)
     p.add_argument("--bitwise", action="store_true",
                    help="bit-for-bit exact mode: output and logprobs do not depend on the batch, γ or speculation "
                         "(batch-invariant kernels; slower; needs the engine)")
@@ -147,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"--tensor-parallel-all-reduce {args.tensor_parallel_all_reduce} needs --tensor-parallel-size > 1")
     if args.bitwise and args.tensor_parallel_size != 1:
         raise CLIError("--bitwise needs one device (not --tensor-parallel-size > 1)")
+    if args.bitwise and args.engine == "hf":
+        raise CLIError("--bitwise needs the request-level engine (not --engine hf)")
     if check_int("--tensor-parallel-size", args.tensor_parallel_size, 1, 1024) > 1:
         if args.model_option or args.draft_model_option or args.allow_weight_mismatch:
             raise CLIError("--tensor-parallel-size reads a safetensors folder per rank: --model-option, "
@@ -190,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
     context = context_length(target)
     with LLM(target, tokenizer, drafter, num_draft_tokens=gamma if drafter is not None else 0,
              max_batch_size=len(prompts), max_seq_len=needed if context is None or needed <= context else None,
-             runner="engine" if args.bitwise else "auto", bitwise=args.bitwise) as llm:
+             runner="engine" if args.bitwise else RUNNER_OF_ENGINE[args.engine], bitwise=args.bitwise) as llm:
         if single and not args.json:
             # deltas are whole characters and concatenate to the final text (no reprinting)
             stream = llm.stream(prompts[0], **params)

@@ -15,12 +15,12 @@ import os
 import sys
 from pathlib import Path
 
-from specdec.cli.aliases import BATCH_FLAGS, GAMMA_FLAGS, MAX_LEN_FLAGS, add_engine_argument, add_model_arguments
+from specdec.cli.aliases import (BATCH_FLAGS, GAMMA_FLAGS, MAX_LEN_FLAGS, RUNNER_OF_ENGINE, add_engine_argument,
+                                 add_model_arguments)
 from specdec.cli.common import add_checkpoint_options, add_model_options, apply_model_options, check_int
 
 MAX_CONNECTIONS = 1 << 16
-#: --engine → `specdec.load(runner=...)`
-RUNNER_OF_ENGINE = {"auto": "auto", "fast": "engine", "hf": "fallback"}
+
 
 
 def add_parser(subparsers) -> None:

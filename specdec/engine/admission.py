@@ -46,6 +46,8 @@ class EngineRequest:
     prefilled: int = 0  # while filling: prompt positions in the target's cache
     fed_by: int = 0  # while filling, with `prefill_steps`: the engine step by which its prompt is fed in full
     generated_before: int = 0  # tokens it generated before a preemption (paged pool): now the tail of `prompt`
+    num_cached_tokens: int = 0  # prompt positions found in the prefix cache at admission (not prefilled)
+    prefix: object | None = None  # its `prefix_cache.RequestBlocks` (enable_prefix_caching)
 
 
 class Admission:
@@ -97,6 +99,8 @@ class Admission:
                     break  # a step runs one tree shape (or chains): it waits, in order, until the running ones finish
                 if self.kv_pool is not None and self._pool_short(admitted + [self._waiting[0]]):
                     break  # the pool cannot hold its prompt yet: it waits, in order, for blocks to free
+                if self.prefix_cache is not None and self.prefix_cache.pending(self._waiting[0], admitted):
+                    break  # one admitted now prefills its prompt's first block: it waits a step, and hits
                 request = self._waiting.popleft()
             if request.params.max_new_tokens == 0:
                 request.stats.set_wall_time(time.perf_counter() - request.arrival)
@@ -134,7 +138,8 @@ class Admission:
         # costs the drafter anything (admissions every step or two at 64 slots made the drafter's eager prefill a
         # cost of plain steps too)
         fed = self.prefill_tokens
-        valid = self._prefill(rows, lengths, graphs, drafter=not self._plain_run, timed=True)
+        valid = self._prefill(rows, lengths, graphs, drafter=not self._plain_run, timed=True,
+                              starts=[r.num_cached_tokens for r in admitted])  # (past a prefix cache's hits)
         for request, v in zip(admitted, valid):
             request.draft_valid = v
         if self.device.type == "cuda":  # prefill runs ahead of the host: finish it here, or its device time
@@ -144,17 +149,18 @@ class Admission:
             request.stats.add_prefill(seconds, 1 if n > 1 else 0)
         self._measure_prefill(self.prefill_tokens - fed, seconds)  # ("auto" budget: the prefill rate, from the start)
 
-    def _prefill(self, rows: slice, lengths: list[int], graphs, drafter: bool = True, timed: bool = False) -> list[int]:
+    def _prefill(self, rows: slice, lengths: list[int], graphs, drafter: bool = True, timed: bool = False,
+                 starts: list[int] | None = None) -> list[int]:
         """Prefill freshly admitted `rows` with prompts of `lengths`: the target all but each prompt's last token,
         the drafter (if it keeps a cache, and `drafter`) all but its last two → the drafter's valid positions per
-        row (0 where it was not fed: the catch-up feeds it). timed: the drafter's prefill is timed for the policy
-        (`record_admission`)."""
-        chunk, zeros = self.config.prefill_chunk, [0] * len(lengths)
+        row (`starts` where it was not fed: the catch-up feeds it). timed: the drafter's prefill is timed for the
+        policy (`record_admission`). starts: positions already held (a prefix cache's hits; None = 0)."""
+        chunk, zeros = self.config.prefill_chunk, starts or [0] * len(lengths)
         cuda = timed and self.device.type == "cuda"
         start = time.perf_counter()
         prefill_rows(self.model, self.cache, self.state, rows, zeros, [n - 1 for n in lengths], chunk,
                      features=self.state.features, extent=0, graphs=graphs)
-        self.prefill_tokens += sum(max(n - 1, 0) for n in lengths)
+        self.prefill_tokens += sum(max(n - 1 - s, 0) for n, s in zip(lengths, zeros))
         if not self.drafter_cached:
             return [max(n - 2, 0) for n in lengths]
         if cuda:  # (the target's prefill alone is timed: a bound on what the drafter's feed costs, for the policy)
@@ -171,7 +177,7 @@ class Admission:
         valid = [max(n - 2, 0) for n in lengths]
         start = time.perf_counter()  # (the target's prefill done: the drafter's alone is timed, for the policy)
         self.drafter.prefill(self.state, rows, zeros, valid, chunk, extent=0, graphs=graphs)
-        self.prefill_tokens += sum(valid)
+        self.prefill_tokens += sum(max(v - s, 0) for v, s in zip(valid, zeros))
         if cuda:
             torch.cuda.synchronize(self.device)
         if timed:
@@ -230,6 +236,8 @@ class Admission:
 
     def _release(self, slot: int) -> None:
         """Free `slot`: the last running request moves into it, so running requests stay in 0..n-1."""
+        if self.prefix_cache is not None:  # (its committed blocks stay cached after it leaves)
+            self.prefix_cache.commit_row(slot, self._running[slot], self.state.tokens, self._drafter_state)
         self._release_blocks(slot)
         last = len(self._running) - 1
         if slot != last:
@@ -261,6 +269,10 @@ class Admission:
             self.drafter.cache.swap(a, b, positions)
 
     # ------------------------------------------------------------------------------------- the paged pool
+    prefix_cache_queries = property(lambda self: self.prefix_cache.queries if self.prefix_cache else 0)  # (tokens)
+    prefix_cache_hits = property(lambda self: self.prefix_cache.hits if self.prefix_cache else 0)
+    _drafter_state = property(lambda self: self._drafter_synced if self.drafter_cached else None)  # (prefix_cache)
+
     @property
     def _pool_margin(self) -> int:
         """Positions past a row's committed length that one step may write (γ + 1, + the junk; no trees, paged)."""
@@ -292,6 +304,8 @@ class Admission:
         """A request admitted into `slot`: its blocks (paged), and for one preempted before, the state its admission
         wrote as if it were new — generated tokens, output counts — set back to what it had generated."""
         if self.kv_pool is not None:
+            if self.prefix_cache is not None:  # (a hit: the row starts with the cached blocks, prefilled past them)
+                self.prefix_cache.attach(slot, request)
             taken = self.kv_pool.reserve(slot, len(request.prompt) + self._pool_margin)
             assert taken, "admission checked the free blocks"  # (`_pool_short`)
         done = request.generated_before
@@ -310,6 +324,8 @@ class Admission:
     def _reserve_blocks(self) -> None:
         """Before a step: every running row holds blocks past what the step may write; where the pool has too few,
         the latest-arrived request (running or filling) is preempted (vLLM's recompute preemption) until it does."""
+        if self.prefix_cache is not None:  # (the running rows' prompt blocks their models now hold: cached)
+            self.prefix_cache.commit_rows(self._running, self._drafter_state)
         while True:
             short = next((i for i, r in enumerate(self._running)
                           if not self.kv_pool.reserve(i, r.length + self._pool_margin)), None)

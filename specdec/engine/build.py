@@ -126,7 +126,9 @@ def _fast_model(model, check_only: bool = False) -> FastLlama | None:
         raise UnsupportedModel(reason)
     if check_only:
         return None
-    try:  # the model's own tensors, held once: FastLlama reads its storage, no second copy (`fast.held_once`)
+    try:  # a model's own tensors, held once (`fast.held_once`); a folder is read and copied by `FastLlama.from_hf`
+        if isinstance(model, (str, Path)):
+            return FastLlama.from_hf(model)
         from specdec.fast.quant.attach import quantized_from_hf  # a GGUF on the CPU: its weights stay quantized
 
         fast = quantized_from_hf(model)

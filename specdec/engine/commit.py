@@ -59,7 +59,8 @@ class Commit:
             stats.set_wall_time(now - request.arrival)
             outputs[slot] = RequestOutput.make(out.request_id, out.new_token_ids, out.logprobs, out.num_accepted,
                                                out.num_drafted, True, "stop" if record.hit_eos[slot] else "length",
-                                               stats, top_logprobs=out.top_logprobs)
+                                               stats, top_logprobs=out.top_logprobs,
+                                               num_cached_tokens=request.num_cached_tokens)
         for slot in reversed(slots):
             with self._lock:
                 self._known.discard(self._running[slot].request_id)

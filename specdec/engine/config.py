@@ -100,6 +100,9 @@ class EngineConfig:
                       free at construction (vLLM's gpu_memory_utilization, of free memory); None = the bytes the
                       static layout would take, at most 2 GiB and half the free memory on CPU (vLLM's CPU KV space
                       default is a fixed size too), at most 0.9 of the free memory on CUDA
+    enable_prefix_caching  paged pool only (vLLM's name): full blocks of committed text stay cached, named by a hash
+                      chain, and a later prompt starting with them skips their prefill, the target's and a cached
+                      drafter's (`engine/prefix_cache.py`); off by default (opt-in); off for feature drafters
     """
 
     max_batch_size: int = 64
@@ -121,6 +124,7 @@ class EngineConfig:
     kv_layout: str = "static"
     block_size: int = 16
     kv_cache_memory: int | float | None = None
+    enable_prefix_caching: bool = False
 
     def __post_init__(self) -> None:
         if self.kv_layout not in ("static", "paged"):
@@ -137,6 +141,10 @@ class EngineConfig:
                 as_int(memory, "kv_cache_memory", minimum=1, maximum=1 << 50)
             if self.kv_layout != "paged":
                 raise ValueError(f"kv_cache_memory={memory!r} sizes the paged pool: it needs kv_layout='paged'")
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise TypeError(f"enable_prefix_caching must be True or False, got {self.enable_prefix_caching!r}")
+        if self.enable_prefix_caching and self.kv_layout != "paged":
+            raise ValueError("enable_prefix_caching=True shares KV blocks: it needs kv_layout='paged'")
         as_int(self.max_batch_size, "max_batch_size", minimum=1, maximum=BATCH_BUCKETS[-1])
         if self.admit_min is not None:
             as_int(self.admit_min, "admit_min", minimum=1, maximum=self.max_batch_size)

@@ -44,6 +44,7 @@ from specdec.engine.kv_pool import paged_caches
 from specdec.engine.memory import KVCacheUsage, check_engine
 from specdec.engine.policy import GammaPolicy
 from specdec.engine.prefill import ChunkedPrefill
+from specdec.engine.prefix_cache import build_prefix_cache
 from specdec.engine.slots import MAX_EOS_IDS, PrefillGraphs, SlotCache, SlotState
 from specdec.engine.step_runner import StepRunner
 from specdec.engine.tree_step import EngineTree, TreeStepRunner
@@ -107,6 +108,7 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
                 self.kv_pool, self.cache, draft = paged_caches(self.cache, draft, dim, config, self.max_batch)
                 if draft is not None:
                     self.drafter.cache = draft
+            self.prefix_cache = build_prefix_cache(config, self.kv_pool, self.model, self.cache, self.drafter, features)
             # every buffer's bytes against free memory (refused in one line), then allocated
             self.memory = check_engine(self.cache, draft, FeatureStore.nbytes_for(
                 self.max_batch, self.num_positions, dim, self.model.dtype, self.kv_pool), self.state, self.device,
@@ -393,6 +395,8 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
         if type(self.drafter) is not EngineModelDrafter:  # (not the cross-vocabulary one: one draft token per target token)
             what = "no drafter" if self.drafter is None else f"a {type(self.drafter).__name__}"
             raise ValueError(f"draft_tree {list(tree)}: token trees need a draft model, the engine has {what}")
+        if self.kv_pool is not None:  # (tree steps gather accepted paths within a static slot's positions)
+            raise ValueError("draft_tree: token trees and beam groups need kv_layout='static'")
         if nodes > self.max_tree_nodes:
             raise ValueError(f"draft_tree {list(tree)} has {nodes} nodes (root included); the engine's "
                              f"max_tree_nodes is {self.max_tree_nodes}")

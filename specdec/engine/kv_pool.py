@@ -49,6 +49,7 @@ class BlockAllocator:
         self.num_blocks, self.block_size = int(num_blocks), int(block_size)
         self._free: deque[int] = deque(range(1, self.num_blocks))
         self._refs = [0] * self.num_blocks
+        self.evict = None  # a prefix cache's hook: called with blocks handed out again (`engine/prefix_cache.py`)
 
     @property
     def num_free_blocks(self) -> int:
@@ -75,7 +76,19 @@ class BlockAllocator:
         blocks = [self._free.popleft() for _ in range(n)]
         for b in blocks:
             self._refs[b] = 1
+        if self.evict is not None:  # (free blocks may still be cached: they are overwritten now)
+            self.evict(blocks)
         return blocks
+
+    def ref_count(self, block: int) -> int:
+        return self._refs[block]
+
+    def touch(self, blocks: list[int]) -> None:
+        """One more holder of each block, a free one (cached, unreferenced) taken off the free list (a prefix hit)."""
+        for b in blocks:
+            if self._refs[b] == 0:
+                self._free.remove(b)
+            self._refs[b] += 1
 
     def share(self, blocks: list[int]) -> None:
         """One more holder of each block (a prefix shared by another request)."""
@@ -146,10 +159,21 @@ class KVPool:
         self.table[row, have : have + n] = torch.tensor(new, dtype=torch.int32).to(self.table.device)
         return True
 
-    def release(self, row: int) -> None:
-        """Return row's blocks to the pool; its table row points at the null block again."""
+    def share_row(self, row: int, blocks: list[int], owned: list[int] = ()) -> None:
+        """Row (holding none) starts with these blocks, one more holder of each (a prefix cache's hit), then the
+        `owned` ones (already held for it: a hit's copies)."""
         if self.blocks[row]:
-            self.allocator.free(self.blocks[row])
+            raise PoolAccountingError(f"row {row} still holds {len(self.blocks[row])} blocks: release it first")
+        self.allocator.touch(blocks)
+        blocks = list(blocks) + list(owned)
+        self.blocks[row] = blocks
+        self.table[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32).to(self.table.device)
+
+    def release(self, row: int) -> None:
+        """Return row's blocks to the pool, last first (a prefix cache evicts a text's tail before its head); its
+        table row points at the null block again."""
+        if self.blocks[row]:
+            self.allocator.free(self.blocks[row][::-1])
             self.blocks[row] = []
             self.table[row].fill_(NULL_BLOCK)
 
@@ -215,6 +239,12 @@ class PagedSlotCache:
 
     def move(self, src: int, dst: int, num_positions: int | None = None) -> None:
         self.lengths[dst] = self.lengths[src]
+
+    def copy_block(self, src: int, dst: int) -> None:
+        """Block `src`'s keys and values into block `dst` (a prefix cache's copy-on-write)."""
+        self.allocate()
+        self._keys[:, dst] = self._keys[:, src]
+        self._values[:, dst] = self._values[:, src]
 
     def swap(self, a: int, b: int, num_positions: int | None = None) -> None:
         self.lengths[[a, b]] = self.lengths[[b, a]]

@@ -84,7 +84,7 @@ class ChunkedPrefill:
             self.state.admit_rows(request.slot, [request.prompt], [request.params], [request.seed])
             self.state.active[request.slot] = False  # not a row of the decode steps until it is ready
             self._resume(request.slot, request)  # (its blocks, paged; a preempted request's generated count)
-            request.prefilled = request.draft_valid = 0
+            request.prefilled = request.draft_valid = request.num_cached_tokens  # (0, or a prefix cache's hit)
             request.fed_by = self._num_steps + (self._prefill_steps or 0)  # (this step counts: `_step_budget`)
             self._filling.append(request)
 

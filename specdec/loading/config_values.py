@@ -38,6 +38,7 @@ _ROPE_FLOATS = {
 }
 _ACTIVATIONS = ("hidden_act", "hidden_activation", "activation_function")
 _DTYPES = ("torch_dtype", "dtype")
+_OTHER_HEAD_SHAPES = ("kv_lora_rank", "qk_head_dim", "qk_nope_head_dim", "v_head_dim", "d_kv")
 
 
 def check_values(config: dict, where: str, what: str) -> None:
@@ -45,7 +46,7 @@ def check_values(config: dict, where: str, what: str) -> None:
     run with; sub-configs (`text_config`) too. Reads the dict only."""
     for prefix, part in (("", config), ("text_config.", config.get("text_config"))):
         if isinstance(part, dict):
-            _check_part(part, prefix, where, what)
+            _check_part(part, prefix, where, what, config.get("model_type"))
 
 
 def _fail(where: str, what: str, field: str, value, need: str) -> None:
@@ -68,7 +69,7 @@ def _check_float(part: dict, key: str, bounds, prefix: str, where: str, what: st
         _fail(where, what, prefix + key, value, f"a finite number in {'[' if low_included else '('}{low:g}, {high:g}]")
 
 
-def _check_part(part: dict, prefix: str, where: str, what: str) -> None:
+def _check_part(part: dict, prefix: str, where: str, what: str, top_type: str | None) -> None:
     for key, bounds in POSITIVE_FLOATS.items():
         _check_float(part, key, bounds, prefix, where, what)
     for name in ("rope_scaling", "rope_parameters"):
@@ -88,7 +89,7 @@ def _check_part(part: dict, prefix: str, where: str, what: str) -> None:
                     _number(f) and math.isfinite(f) and 0 < f <= MAX_ROPE_FACTOR for f in factors)):
                 _fail(where, what, f"{prefix}{name}.{key}", factors, f"a list of finite numbers in (0, {MAX_ROPE_FACTOR:g}]")
     _check_names(part, prefix, where, what)
-    _check_heads(part, prefix, where, what)
+    _check_heads(part, prefix, where, what, top_type)
 
 
 def _check_names(part: dict, prefix: str, where: str, what: str) -> None:
@@ -109,7 +110,7 @@ def _check_names(part: dict, prefix: str, where: str, what: str) -> None:
             _fail(where, what, prefix + key, value, "a torch dtype name (float32, float16, bfloat16, ...)")
 
 
-def _check_heads(part: dict, prefix: str, where: str, what: str) -> None:
+def _check_heads(part: dict, prefix: str, where: str, what: str, top_type: str | None) -> None:
     heads = next((part[k] for k in ("num_attention_heads", "n_head", "num_heads") if _int(part.get(k))), None)
     kv = part.get("num_key_value_heads")
     if kv is not None:
@@ -117,11 +118,15 @@ def _check_heads(part: dict, prefix: str, where: str, what: str) -> None:
             _fail(where, what, prefix + "num_key_value_heads", kv, "an integer >= 1")
         if heads is not None and heads % kv:
             _fail(where, what, prefix + "num_key_value_heads", kv, f"a divisor of the {heads} attention heads")
+    from specdec.fast.families import FAMILIES  # the engine's families: head_dim = hidden / heads unless given
+
+    if part.get("model_type", top_type) not in FAMILIES or any(part.get(k) is not None for k in _OTHER_HEAD_SHAPES):
+        return  # (other families size their heads their own way: latent attention, T5's d_kv, class defaults)
     head_dim = part.get("head_dim")
     if head_dim is not None and (not _int(head_dim) or head_dim < 1):
         _fail(where, what, prefix + "head_dim", head_dim, "an integer >= 1")
     hidden = next((part[k] for k in ("hidden_size", "n_embd") if _int(part.get(k))), None)
-    if heads and hidden and head_dim is None and "d_kv" not in part and hidden % heads:  # (T5: d_kv)
+    if heads and hidden and "head_dim" not in part and hidden % heads:  # (head_dim = hidden / heads)
         _fail(where, what, prefix + "num_attention_heads", heads, f"a divisor of hidden_size {hidden} (or give head_dim)")
 
 

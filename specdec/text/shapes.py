@@ -13,7 +13,7 @@ as vLLM does); `stop`, `n` and `num_draft_tokens` — which it does not hold —
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import MISSING, fields
 
 from specdec.request import SamplingParams
 
@@ -64,6 +64,10 @@ def _as_keywords(sampling: SamplingParams, index: int) -> dict:
     if sampling.eos_token_ids:
         raise ValueError(f"sampling_params[{index}].eos_token_ids: requests end at the model's EOS tokens "
                          "(its generation_config); set them when loading, or use specdec.generate")
+    unmapped = [f.name for f in fields(SamplingParams) if f.name not in _FIELDS and f.name != "eos_token_ids"
+                and getattr(sampling, f.name) != (f.default if f.default is not MISSING else f.default_factory())]
+    if unmapped:  # a field this module does not map yet: refused, never dropped
+        raise ValueError(f"sampling_params[{index}].{unmapped[0]}: not taken by LLM.generate; pass it as a keyword")
     out = {name: getattr(sampling, name) for name in _FIELDS if name in known}
     out["logit_bias"] = dict(sampling.logit_bias)
     if sampling.allowed_token_ids is None:

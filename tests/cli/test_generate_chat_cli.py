@@ -74,3 +74,16 @@ def test_logprobs(capsys, ckpt):
     assert [float(r.split("\t")[1]) for r in rows] == pytest.approx(got["logprobs"][0], abs=1e-4)
     code, out, err = cli(capsys, *base, "--leniency", "0.5")
     assert code == 2 and "--logprobs" in err
+
+
+def test_engine_picks_the_runner_and_both_give_the_greedy_text(capsys, ckpt):
+    base = [str(ckpt / "target"), "--draft", str(ckpt / "draft"), "--prompt", "w1 w2 w3", "--temperature", "0",
+            "--max-new-tokens", "8", "--json"]
+    texts = {}
+    for engine in ("hf", "fast"):
+        code, out, err = cli(capsys, *base, "--engine", engine)
+        assert code == 0, err
+        texts[engine] = json.loads(out.strip().splitlines()[-1])["sequences"]
+    assert texts["hf"] == texts["fast"]
+    code, out, err = cli(capsys, *base, "--engine", "hf", "--bitwise")
+    assert code == 2 and "--engine hf" in err

@@ -24,7 +24,9 @@ def pair(make_llama):
                                              (SamplingConfig(1.3, top_p=0.8), 4)])
 def test_two_token_law(pair, sampling, gamma):
     target, draft = pair
-    res = specdec.generate(target, [PROMPT] * ROWS, drafter=draft, max_new_tokens=2, temperature=sampling.temperature,
+    # 3 new tokens so that a step may draft 2 (a row never drafts past what it can commit): the first two tokens' law
+    # then involves two verified positions
+    res = specdec.generate(target, [PROMPT] * ROWS, drafter=draft, max_new_tokens=3, temperature=sampling.temperature,
                            top_k=sampling.top_k, top_p=sampling.top_p, num_draft_tokens=gamma, seed=1,
                            eos_token_id=[], engine="fast")
     pairs = np.array([s[0] * 16 + s[1] for s in res.sequences])
@@ -45,12 +47,37 @@ def test_two_token_law_with_prompt_lookup(pair):
     assert res.stats.accepted_tokens > 0
 
 
+def test_two_token_law_of_rows_with_their_own_caps_in_shared_steps(pair):
+    """Plain, cap-1 and cap-3 rows in the same steps of one engine (default γ 4, steps at γ 3): each group samples the
+    exact law. Fixed caps only, every request seeded by its index: the sample, and the p-value, are the same on every
+    run ("auto" would make them follow the measured step times)."""
+    from specdec.engine import Engine, EngineConfig
+    from specdec.request import SamplingParams
+
+    target, draft = pair
+    engine = Engine(target, draft, EngineConfig(max_batch_size=64, max_seq_len=32, num_draft_tokens=4))
+    caps = [0, 1, 3]
+    index = {engine.add_request(PROMPT, SamplingParams(temperature=1.0, max_new_tokens=3, seed=i,
+                                                       num_draft_tokens=caps[i % 3])): i for i in range(3 * ROWS // 2)}
+    tokens = [[] for _ in index]
+    drafted = [0, 0, 0]
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens[index[out.request_id]] += out.new_token_ids
+            drafted[index[out.request_id] % 3] += out.num_drafted
+    law = exact_two_token_law(target, SamplingConfig(1.0))
+    for group in range(3):
+        pairs = np.array([t[0] * 16 + t[1] for t in tokens[group::3]])
+        assert chi2_pvalue(pairs, law) > PASS, caps[group]
+    assert drafted[0] == 0 < drafted[1] < drafted[2]  # (plain rows drafted nothing; cap 1 less than cap 3)
+
+
 def test_negative_control_reused_randomness_fails(pair, monkeypatch):
     """If every position drew the same uniforms (a broken counter), the law must visibly break."""
     target, draft = pair
     real = rng._row_keys
     monkeypatch.setattr(rng, "_row_keys", lambda seed, position, stream: real(seed, position * 0, 0))
-    res = specdec.generate(target, [PROMPT] * ROWS, drafter=draft, max_new_tokens=2, temperature=1.0,
+    res = specdec.generate(target, [PROMPT] * ROWS, drafter=draft, max_new_tokens=3, temperature=1.0,
                            num_draft_tokens=3, seed=1, eos_token_id=[], engine="fast")
     pairs = np.array([s[0] * 16 + s[1] for s in res.sequences])
     assert chi2_pvalue(pairs, exact_two_token_law(target, SamplingConfig(1.0))) < FAIL

@@ -157,3 +157,9 @@ def test_the_pool_is_sized_by_its_budget(pair):
     assert engine.cache.nbytes == 100 * PagedSlotCache.block_bytes(engine.model, 16)
     with pytest.raises(ValueError, match="holds 0 KV blocks"):  # a sliver of free memory buys no block
         Engine(target, draft, EngineConfig(max_batch_size=8, max_seq_len=200, kv_layout="paged", kv_cache_memory=1e-15))
+
+
+def test_a_tree_warmup_is_refused_on_the_paged_layout(pair):
+    engine = Engine(*pair, EngineConfig(max_batch_size=2, max_seq_len=64, kv_layout="paged"))
+    with pytest.raises(ValueError, match="token trees and beam groups need kv_layout='static'"):
+        engine.warmup(draft_trees=[(2, 1)])

@@ -86,13 +86,16 @@ def test_eos_and_budget_cut_a_tree_step(pair, twin):
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_a_one_child_tree_draws_what_a_chain_draws(pair, temperature):
+    """Up to a row's last 3 tokens: there a chain row drafts only what its budget can still commit (a sampled token
+    then comes from p, not from an accepted draft), while a tree step drafts its whole shape."""
     target, draft = pair
     kw = dict(drafter=draft, max_new_tokens=20, temperature=temperature, top_p=0.9, seed=4, eos_token_id=[],
               engine="fast")
     chain = specdec.generate(target, RAGGED_PROMPTS, num_draft_tokens=3, **kw)
     tree = specdec.generate(target, RAGGED_PROMPTS, draft_tree=[1, 1, 1], **kw)
-    assert tree.sequences == chain.sequences
-    assert tree.stats.accepted_tokens == chain.stats.accepted_tokens
+    assert [s[:17] for s in tree.sequences] == [s[:17] for s in chain.sequences]
+    if temperature == 0:  # (greedy: the same tokens whoever drafts them)
+        assert tree.sequences == chain.sequences and tree.stats.accepted_tokens == chain.stats.accepted_tokens
 
 
 def test_a_request_does_not_depend_on_its_batch(pair):

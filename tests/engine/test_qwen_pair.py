@@ -9,16 +9,14 @@ cores, ≈ 10 GB of memory): a few prompts, short outputs.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 import torch
 
 from helpers import assert_same_greedy
+from specdec.bench.demo_pair import QWEN_DRAFT, QWEN_TARGET, qwen_pair_folder
 
-PAIR = Path(os.environ.get("SPECDEC_QWEN_PAIR", "~/.cache/specdec/qwen2.5-coder")).expanduser()
-TARGET, DRAFT = PAIR / "qwen2.5-coder-1.5b-instruct", PAIR / "qwen2.5-coder-0.5b-instruct"
+PAIR = qwen_pair_folder()
+TARGET, DRAFT = PAIR / QWEN_TARGET, PAIR / QWEN_DRAFT
 PROMPTS = ["def fibonacci(n):\n", "# Sort a list of numbers in Python\nnumbers = [5, 3, 8, 1]\n",
            "class Stack:\n    def __init__(self):\n"]
 NEW_TOKENS = 12

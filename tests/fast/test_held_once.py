@@ -110,3 +110,10 @@ def test_stack_rows_is_a_view_only_for_parts_end_to_end():
     stacked = stack_rows([a, b], share=True)  # the parameters now read the stack's rows, identity kept
     assert keep[0] is a and a.untyped_storage().data_ptr() == stacked.untyped_storage().data_ptr()
     assert stack_rows([a, b]).data_ptr() == stacked.data_ptr()  # and stacking them again copies nothing
+
+
+def test_an_engine_still_builds_from_a_folder(ckpt):
+    """A folder (no model object to share with) is read and copied by FastLlama.from_hf, as before."""
+    engine = Engine(str(ckpt / "target"), None, config=EngineConfig(max_batch_size=1, max_seq_len=32,
+                                                                     num_draft_tokens=0))
+    assert len(_greedy(engine, [1, 2, 3], new=4)) == 4

@@ -38,6 +38,7 @@ def _edited(checkpoints, tmp_path, changes: dict, name="bad"):
     shutil.copytree(checkpoints["good"], folder)
     config = json.loads((folder / "config.json").read_text())
     config.update(changes)
+    config = {k: v for k, v in config.items() if v is not None}  # (None: the field left out)
     (folder / "config.json").write_text(json.dumps(config))
     return folder
 
@@ -95,3 +96,13 @@ def test_a_malformed_tokenizer_json_is_refused_naming_the_field(checkpoints, tmp
 
 def test_a_good_tokenizer_loads(checkpoints):  # the negative control
     assert len(specdec.loading.load_tokenizer(checkpoints["good"])) > 0
+
+
+def test_transformers_default_configs_pass():  # the negative control, for every family the engine covers and more
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from specdec.fast.families import FAMILIES
+    from specdec.loading.config_values import check_values
+
+    for model_type in (*FAMILIES, "glm4_moe", "qwen3_moe", "mixtral", "deepseek_v3", "t5", "bart", "opt", "phi"):
+        check_values(CONFIG_MAPPING[model_type]().to_dict(), model_type, "model")

@@ -139,7 +139,7 @@ def test_breaking_out_of_a_stream_aborts_the_request(llm):
 @pytest.mark.parametrize(
     "prompt, params, error, fragment",
     [
-        ("w1", {"max_tokens": 5}, TypeError, "unknown parameter 'max_tokens'"),
+        ("w1", {"max_token": 5}, TypeError, "unknown parameter 'max_token'"),  # (max_tokens is max_new_tokens)
         ("w1", {"max_new_tokens": -1}, ValueError, "max_new_tokens"),
         ("w1", {"max_new_tokens": 10_000}, ValueError, "max_new_tokens=10000 does not fit"),
         ("w1 " * 300, {}, ValueError, "context"),

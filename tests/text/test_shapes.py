@@ -94,3 +94,12 @@ def test_request_params_and_shape_outputs_alone():
     assert [k.get("seed") for k in request_params([[1]], None, {"n": 2})[1]] == [None, None]
     assert shape_outputs(["a", "b", "c", "d"], False, 2) == [["a", "b"], ["c", "d"]]
     assert shape_outputs(["a"], True, 1) == "a"
+
+
+def test_every_sampling_params_field_is_mapped():
+    """A field added to SamplingParams must be mapped here (or refused when set), never silently dropped."""
+    from dataclasses import fields
+
+    from specdec.text.shapes import _FIELDS
+
+    assert {f.name for f in fields(SamplingParams)} - set(_FIELDS) <= {"eos_token_ids"}

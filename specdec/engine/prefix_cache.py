@@ -1,0 +1,213 @@
+"""Prefix caching on the paged KV pool (`EngineConfig(enable_prefix_caching=True)`, with kv_layout="paged").
+
+A full block of a request's committed text is named by a hash chain: hash(parent's hash, the block's tokens, extra
+keys), the chain seeded by the engine's model key (target and drafter identity, dtype), so equal hashes mean equal
+text from position 0 under the same models, and nothing cached survives a change of model. Terms (vLLM's):
+
+  cached block   a block whose hash is in the index: its K/V (every model's: `PagedSlotCache` keeps the target's
+                 and a cached drafter's in the same block) hold exactly that text. It stays cached after its
+                 request leaves (reference count 0, on the allocator's free list) until the allocator hands it
+                 out again: the free list is in order of release, so the least recently used goes first
+                 (`BlockAllocator.evict` calls `evict` here before a cached block is reused)
+  hit            admission finds the longest run of a prompt's leading blocks in the index; the row's table starts
+                 with them (`KVPool.share_row`: counts up, free ones taken off the free list) and the target's
+                 prefill and the drafter's feed start past them (`EngineRequest.num_cached_tokens`)
+
+Never written when shared: a hit stops before the target's first write (its first step writes at prompt length
+− 1, so the last prompt token is always recomputed: it has logits); the hit blocks a model drafter's re-feed
+writes (from length − `WINDOW`) are copied into blocks of the row's own, every model's K/V (copy-on-write), or,
+held by nobody, taken over by the row (out of the index until stable again). So no block a request shares is
+ever written. Only committed text makes a block eligible, and only once every model's K/V hold it (`stable`): the
+target holds [0, length − 1), the drafter [0, its valid length) and writes nothing below length − WINDOW again,
+so rejected drafts (written past the committed length) never enter the cache. Prompt blocks are entered every
+step (`commit_rows`, host lists only); generated blocks when the request leaves (`commit_row`: one device read).
+Feature drafters keep the target's hidden states per row, not per block: prefix caching is off for them (logged).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass, field
+
+from specdec.drafters.protocol import CachedSlotDrafter
+from specdec.engine.drafters import WINDOW
+
+__all__ = ["PrefixCache", "RequestBlocks", "block_hashes", "build_prefix_cache", "model_key"]
+
+logger = logging.getLogger(__name__)
+
+
+def model_key(*parts) -> bytes:
+    """The seed of every hash chain: a digest of what besides the text changes K/V (models, dtypes, adapters)."""
+    return hashlib.sha256(repr(parts).encode()).digest()
+
+
+def block_hashes(tokens: list[int], block_size: int, seed: bytes, parents: list[bytes] | None = None,
+                 extra: bytes = b"") -> list[bytes]:
+    """The hash chain of `tokens`' full blocks: block i's hash is sha256(block i−1's hash (block 0: `seed`), its
+    tokens, `extra`). parents: the hashes of the leading blocks already known (extended, not recomputed)."""
+    hashes = list(parents or [])
+    for start in range(len(hashes) * block_size, len(tokens) - block_size + 1, block_size):
+        h = hashlib.sha256(hashes[-1] if hashes else seed)
+        h.update(b",".join(str(t).encode() for t in tokens[start : start + block_size]))
+        h.update(b"|" + extra)
+        hashes.append(h.digest())
+    return hashes
+
+
+@dataclass
+class RequestBlocks:
+    """One request's side of the cache: its blocks' hash chain as far as known, and how many leading blocks of
+    its row are in the index (hit at admission, or entered since)."""
+
+    hashes: list[bytes] = field(default_factory=list)
+    num_cached_blocks: int = 0
+
+
+class PrefixCache:
+    """The cached-block index of one `KVPool` (hash → block and back) and its lookups' counters."""
+
+    def __init__(self, pool, seed: bytes, write_back: int, caches: tuple = ()):
+        self.pool, self.seed, self.caches = pool, seed, tuple(caches)  # caches: every model's `PagedSlotCache`
+        self.block_size = pool.block_size
+        self.write_back = int(write_back)  # a request writes no position below its length − write_back
+        self._blocks: dict[bytes, int] = {}
+        self._hashes: dict[int, bytes] = {}
+        self.queries = 0  # prompt tokens looked up (vLLM's prefix_cache_queries)
+        self.hits = 0  # of those, found cached (vLLM's prefix_cache_hits)
+        self.evictions = 0  # cached blocks handed out for other K/V
+        self.copies = 0  # hit blocks copied for a request that writes them (copy-on-write)
+        pool.allocator.evict = self.evict
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._blocks)
+
+    def evict(self, blocks: list[int]) -> None:
+        """These blocks are handed out for new K/V: they leave the index (the allocator's hook)."""
+        for b in blocks:
+            self.evictions += self._drop(b)
+
+    def _drop(self, block: int) -> bool:
+        h = self._hashes.pop(block, None)
+        if h is not None:
+            del self._blocks[h]
+        return h is not None
+
+    def attach(self, slot: int, request) -> int:
+        """Admission of `request` (an `EngineRequest`) into `slot`, which holds no blocks: its prompt's longest
+        cached leading run of blocks becomes the row's first blocks → the cached tokens (also set on the request)."""
+        prompt, allocator = request.prompt, self.pool.allocator
+        state = RequestBlocks(block_hashes(prompt, self.block_size, self.seed))
+        usable = max(len(prompt) - 1, 0) // self.block_size  # the target's first write: prompt length − 1
+        shareable = max(len(prompt) - self.write_back, 0) // self.block_size  # and a model drafter's re-feed
+        blocks = []
+        for h in state.hashes[:usable]:
+            b = self._blocks.get(h)
+            if b is None:
+                break
+            blocks.append(b)
+        owned = []  # hits the drafter's re-feed will write: copy-on-write, or taken over when nobody holds them
+        for b in blocks[shareable:]:
+            if allocator.ref_count(b) == 0:
+                allocator.touch([b])
+                self._drop(b)
+                owned.append(b)
+            else:
+                copy = allocator.allocate(1)[0]  # (admission counted a fresh block for every prompt block)
+                for cache in self.caches:
+                    cache.copy_block(b, copy)
+                owned.append(copy)
+                self.copies += 1
+        if blocks:
+            self.pool.share_row(slot, blocks[:shareable], owned)
+        state.num_cached_blocks = min(len(blocks), shareable)  # (the owned ones enter again once stable)
+        request.prefix = state
+        request.num_cached_tokens = cached = len(blocks) * self.block_size
+        self.queries += len(prompt)
+        self.hits += cached
+        return cached
+
+    def pending(self, request, admitted: list) -> bool:
+        """Whether `request` would hit blocks that one of `admitted` (admitted with it, not prefilled yet) is about
+        to enter: its first block is theirs and not cached (`n > 1` copies of a prompt: one prefills, the others
+        wait a step and share it)."""
+        size, back = self.block_size, self.write_back
+        if not admitted or len(request.prompt) - back < size:
+            return False
+        first = request.prompt[:size]
+        if not any(len(a.prompt) - back >= size and a.prompt[:size] == first for a in admitted):
+            return False
+        return block_hashes(first, size, self.seed)[0] not in self._blocks
+
+    def stable(self, request, drafter_valid: int | None, leaving: bool = False) -> int:
+        """Positions [0, stable) of a running request that every model's K/V hold and it never writes again
+        (`leaving`: it writes nothing more, so all the target holds, [0, length − 1), and the drafter's)."""
+        end = request.length - (1 if leaving else max(self.write_back, 1))
+        return end if drafter_valid is None else min(end, drafter_valid)
+
+    def commit(self, slot: int, request, tokens: list[int], stable: int) -> None:
+        """Enter the request's full blocks below `stable` (its committed `tokens` cover them) into the index."""
+        state: RequestBlocks | None = request.prefix
+        if state is None:
+            return
+        blocks = self.pool.blocks[slot]
+        full = min(stable, len(tokens)) // self.block_size
+        if full <= state.num_cached_blocks:
+            return
+        if len(state.hashes) < full:
+            state.hashes = block_hashes(tokens[: full * self.block_size], self.block_size, self.seed, state.hashes)
+        for i in range(state.num_cached_blocks, full):
+            h, b = state.hashes[i], blocks[i]
+            if h not in self._blocks and b not in self._hashes:  # (another request's copy may be cached already)
+                self._blocks[h], self._hashes[b] = b, h
+        state.num_cached_blocks = full
+
+    def commit_rows(self, running, drafter_synced: bool | None) -> None:
+        """Each step: the running requests' prompt blocks that became stable (drafter_synced: the engine's
+        `_drafter_synced` — True: every row's drafter holds all but its last 2 tokens, False: its `draft_valid`;
+        None: no cached drafter)."""
+        for slot, request in enumerate(running):
+            state = request.prefix
+            if state is not None and state.num_cached_blocks * self.block_size + self.block_size <= len(request.prompt):
+                self.commit(slot, request, request.prompt, self.stable(request, _valid(request, drafter_synced)))
+
+    def commit_row(self, slot: int, request, state_tokens, drafter_synced: bool | None) -> None:
+        """A running request leaves `slot`: its stable blocks, generated ones included, stay cached
+        (`state_tokens`: the slot state's token table, read once here, only when a new block is stable)."""
+        state = request.prefix
+        stable = self.stable(request, _valid(request, drafter_synced), leaving=True)
+        if state is None or stable // self.block_size <= state.num_cached_blocks:
+            return
+        self.commit(slot, request, state_tokens[slot, : request.length].tolist(), stable)
+
+    def check(self) -> None:
+        """The index and its reverse agree, and every cached block is a real block (not the null block)."""
+        if len(self._blocks) != len(self._hashes) or any(self._hashes.get(b) != h for h, b in self._blocks.items()):
+            raise AssertionError("the prefix cache's index and its reverse disagree")
+        if 0 in self._hashes:
+            raise AssertionError("the null block is cached")
+
+
+def _valid(request, drafter_synced: bool | None) -> int | None:
+    if drafter_synced is None:
+        return None
+    return request.length - 2 if drafter_synced else request.draft_valid
+
+
+def build_prefix_cache(config, pool, model, cache, drafter, features: bool) -> PrefixCache | None:
+    """The engine's prefix cache (`config.enable_prefix_caching`, paged pool) over the target's `cache` and a
+    cached drafter's, or None; `features`: the drafter reads the target's hidden states (then None, logged)."""
+    if not config.enable_prefix_caching:
+        return None
+    drafter_cached = isinstance(drafter, CachedSlotDrafter)
+    if features:
+        logger.info("prefix caching is off: the feature drafter %s keeps the target's hidden states per row, not "
+                    "per KV block", type(drafter).__name__)
+        return None
+    draft = getattr(drafter, "model", None) if drafter_cached else None
+    seed = model_key(type(model).__name__, repr(model.shape), str(model.dtype), type(drafter).__name__,
+                     None if draft is None else (repr(draft.shape), str(draft.dtype)))
+    caches = (cache, drafter.cache) if drafter_cached else (cache,)
+    return PrefixCache(pool, seed, WINDOW if drafter_cached else 1, caches)

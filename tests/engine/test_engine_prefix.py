@@ -1,0 +1,221 @@
+"""The engine with prefix caching (`EngineConfig(kv_layout="paged", enable_prefix_caching=True)`, CPU fp32): a
+request hitting cached blocks gives the tokens it gives with caching off — greedy and seeded sampling, with a model
+drafter (its K/V cached in the same blocks: the hit skips its feed too) and with none, chunked prefill and a pool
+small enough to preempt and evict; `n > 1` copies of a prompt share its blocks; a shared block is never written;
+the books balance after every step; hits are counted and reported. The negative control: a cached block whose K/V
+are corrupted changes the output, so the exactness tests do see the reuse."""
+
+import logging
+
+import pytest
+import torch
+
+from specdec.engine import Engine, EngineConfig
+from specdec.engine.kv_pool import PagedSlotCache
+from specdec.request import SamplingParams
+
+SYSTEM = [(7 * i + 3) % 61 + 2 for i in range(37)]  # a shared "system prompt" of 37 tokens (4 blocks of 8, + 5)
+PROMPTS = [SYSTEM + [5, 6, 7], SYSTEM + [8, 9], SYSTEM + [5, 6, 7, 10, 11], SYSTEM[:20]]
+
+
+@pytest.fixture(scope="module")
+def pair(make_llama):
+    return make_llama(0), make_llama(1, layers=1)
+
+
+def _config(caching, **kw):
+    kw = dict(dict(max_batch_size=2, max_seq_len=128, num_draft_tokens=3, block_size=8), **kw)
+    return EngineConfig(kv_layout="paged", enable_prefix_caching=caching, **kw)
+
+
+def _drain(engine, outputs, finals):
+    while engine.has_unfinished():
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
+            if out.finished:
+                finals[out.request_id] = out
+        engine.kv_pool.check()  # the books balance after every step (shared blocks counted once per holder)
+        if engine.prefix_cache is not None:
+            engine.prefix_cache.check()
+
+
+def _serve(engine, prompts, params, waves=True):
+    """Prompts one after another (waves: each once the last finished, so later ones can hit) → tokens, finals."""
+    outputs, finals, ids = {}, {}, []
+    for i, prompt in enumerate(prompts):
+        ids.append(engine.add_request(prompt, params[i % len(params)]))
+        if waves:
+            _drain(engine, outputs, finals)
+    _drain(engine, outputs, finals)
+    return [outputs[i] for i in ids], [finals[i] for i in ids]
+
+
+@pytest.mark.parametrize("drafter", ["model", None])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_hit_gives_the_tokens_of_caching_off(pair, drafter, temperature):
+    target, draft = pair
+    draft = draft if drafter else None
+    params = [SamplingParams(temperature=temperature, max_new_tokens=16 + 2 * i, seed=11 + i) for i in range(3)]
+    gamma = dict(num_draft_tokens=3) if drafter else dict(num_draft_tokens=0)
+    reference = Engine(target, draft, _config(False, **gamma))
+    off, _ = _serve(reference, PROMPTS, params)
+    engine = Engine(target, draft, _config(True, **gamma))
+    on, finals = _serve(engine, PROMPTS, params)
+    assert on == off
+    # the hits were fed to neither model: the target's prefill and the drafter's feed both skip them
+    assert reference.prefill_tokens - engine.prefill_tokens == engine.prefix_cache_hits * (2 if drafter else 1)
+    cached = [f.num_cached_tokens for f in finals]
+    assert cached[0] == 0 and all(c >= 32 for c in cached[1:3]) and cached[3] == 16
+    assert engine.prefix_cache_hits == sum(cached) and engine.prefix_cache_queries == sum(len(p) for p in PROMPTS)
+    assert engine.kv_cache_usage.num_free_blocks == engine.kv_cache_usage.num_blocks  # (cached blocks are free)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_conversation_hits_its_own_generated_turn(pair, temperature):
+    """Turn 2 re-sends turn 1's prompt and answer: the answer's blocks, cached when turn 1 ended (the drafter's K/V
+    with them), are hits; tokens as with caching off."""
+    target, draft = pair
+    params = SamplingParams(temperature=temperature, max_new_tokens=24, seed=4)
+    first, _ = _serve(Engine(target, draft, _config(True)), [PROMPTS[0]], [params])
+    turn2 = PROMPTS[0] + first[0] + [4, 5, 6]
+    engine = Engine(target, draft, _config(True))
+    on, finals = _serve(engine, [PROMPTS[0], turn2], [params])
+    off, _ = _serve(Engine(target, draft, _config(False)), [PROMPTS[0], turn2], [params])
+    assert on == off and on[0] == first[0]
+    assert finals[1].num_cached_tokens > len(PROMPTS[0]) // 8 * 8  # past the first prompt's blocks
+    assert finals[1].num_cached_tokens == (len(PROMPTS[0]) + 24 - 4) // 8 * 8  # all the drafter held of turn 1
+
+
+def test_shared_blocks_are_never_written(pair):
+    target, draft = pair
+    engine = Engine(target, draft, _config(True, max_batch_size=3))
+    params = [SamplingParams(temperature=0, max_new_tokens=20)]
+    _serve(engine, PROMPTS[:1], params)
+    blocks = sorted(engine.prefix_cache._hashes)
+    assert len(blocks) >= 4
+    caches = (engine.cache, engine.drafter.cache)  # the target's and the drafter's K/V of the same blocks
+    snapshot = [(c._keys[:, blocks].clone(), c._values[:, blocks].clone()) for c in caches]
+    _, finals = _serve(engine, PROMPTS[1:3] + PROMPTS[:1], params, waves=False)  # three at once, sharing them
+    assert all(f.num_cached_tokens >= 32 for f in finals)
+    for cache, (keys, values) in zip(caches, snapshot):
+        assert torch.equal(cache._keys[:, blocks], keys) and torch.equal(cache._values[:, blocks], values)
+
+
+def test_a_running_requests_block_the_drafter_would_write_is_copied(pair):
+    """B's prompt is A's plus one token, admitted while A runs: B's last hit block holds positions its drafter
+    re-feeds, and A holds it — B gets a copy (copy-on-write); A's blocks are never written by B, and both decode
+    the tokens of caching off."""
+    target, draft = pair
+    params = SamplingParams(temperature=1.0, max_new_tokens=20, seed=3)
+    prompts = [PROMPTS[0], PROMPTS[0] + [9]]
+    engine = Engine(target, draft, _config(True))
+    outputs, finals = {}, {}
+    first = engine.add_request(prompts[0], params)
+    while engine.prefix_cache.num_cached_blocks < 5:  # A's 5 prompt blocks, once stable (length − 4 ≥ 40)
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
+    held = list(engine.kv_pool.blocks[0][:5])
+    caches = (engine.cache, engine.drafter.cache)
+    snapshot = [(c._keys[:, held].clone(), c._values[:, held].clone()) for c in caches]
+    second = engine.add_request(prompts[1], params)
+    _drain(engine, outputs, finals)
+    assert finals[second].num_cached_tokens == 40 and engine.prefix_cache.copies == 1
+    for cache, (keys, values) in zip(caches, snapshot):
+        assert torch.equal(cache._keys[:, held], keys) and torch.equal(cache._values[:, held], values)
+    off, _ = _serve(Engine(target, draft, _config(False)), prompts, [params], waves=False)
+    assert [outputs[first], outputs[second]] == off
+
+
+def test_copies_of_a_prompt_share_its_blocks(pair):
+    """`n > 1`: four copies added at once; one prefills, the others wait a step and share its blocks (held by
+    several rows at once, the books balanced); seeded sampling gives each its own tokens, those of caching off."""
+    target, draft = pair
+    params = [SamplingParams(temperature=1.0, max_new_tokens=12, seed=s) for s in range(4)]
+    engine = Engine(target, draft, _config(True, max_batch_size=4))
+    ids = [engine.add_request(PROMPTS[2], p) for p in params]
+    shared, outputs, finals = 0, {}, {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
+            finals.update({out.request_id: out} if out.finished else {})
+        engine.kv_pool.check()
+        rows = engine.kv_pool.blocks
+        shared = max(shared, sum(1 for b in set(rows[0]) if sum(b in r for r in rows) > 1))
+    assert shared == 4  # the prompt's 4 blocks a hit may take ((42 − WINDOW) // 8) held by several rows at once
+    assert [finals[i].num_cached_tokens for i in ids] == [0, 32, 32, 32]
+    off, _ = _serve(Engine(target, draft, _config(False, max_batch_size=4)), [PROMPTS[2]] * 4, params, waves=False)
+    assert [outputs[i] for i in ids] == off
+
+
+def test_a_stale_block_changes_the_output(pair):
+    """Negative control: corrupt the values of one cached block; the next request hitting it decodes differently
+    (the same run with the block intact gives caching off's tokens: `test_a_hit_gives_the_tokens_of_caching_off`)."""
+    target = pair[0]
+    params = [SamplingParams(temperature=0, max_new_tokens=16)]
+    clean, _ = _serve(Engine(target, None, _config(True, num_draft_tokens=0)), PROMPTS[:2], params)
+    engine = Engine(target, None, _config(True, num_draft_tokens=0))
+    _serve(engine, PROMPTS[:1], params)
+    block = sorted(engine.prefix_cache._hashes)[1]
+    generator = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        engine.cache._values[:, block] = torch.randn(engine.cache._values[:, block].shape, generator=generator) * 5
+    stale, finals = _serve(engine, PROMPTS[1:2], params)
+    assert finals[0].num_cached_tokens == 32
+    assert stale[0] != clean[1]
+
+
+def test_a_stale_drafter_block_changes_the_drafts_not_the_greedy_tokens(pair):
+    """Negative control for the drafter's share of a block: with its cached values corrupted, greedy tokens stay
+    the target's (exactness) but the drafts change (fewer accepted), and seeded sampling's tokens change."""
+    target, draft = pair
+
+    def second(corrupt, temperature):
+        engine = Engine(target, draft, _config(True))
+        _serve(engine, PROMPTS[:1], [SamplingParams(temperature=temperature, max_new_tokens=16, seed=1)])
+        if corrupt:
+            blocks, values = sorted(engine.prefix_cache._hashes), engine.drafter.cache._values
+            with torch.inference_mode():
+                values[:, blocks] = torch.randn(values[:, blocks].shape, generator=torch.Generator().manual_seed(0)) * 5
+        out, finals = _serve(engine, PROMPTS[1:2], [SamplingParams(temperature=temperature, max_new_tokens=30, seed=2)])
+        assert finals[0].num_cached_tokens == 32
+        return out[0], finals[0].stats.accepted_tokens
+
+    (clean, accepted), (stale, stale_accepted) = second(False, 0.0), second(True, 0.0)
+    assert clean == stale and stale_accepted < accepted
+    assert second(False, 1.0)[0] != second(True, 1.0)[0]
+
+
+@pytest.mark.parametrize("budget", [None, 32])
+def test_a_tight_pool_evicts_and_preempts_and_the_tokens_stay(pair, budget):
+    target, draft = pair
+    params = [SamplingParams(temperature=0, max_new_tokens=30), SamplingParams(temperature=1.0, max_new_tokens=26,
+                                                                              seed=5)]
+    prompts = PROMPTS * 2
+    roomy = Engine(target, draft, _config(False, max_batch_size=3, prefill_budget=budget))
+    free_run, _ = _serve(roomy, prompts, params, waves=False)
+    block = sum(PagedSlotCache.block_bytes(m, 8) for m in (roomy.model, roomy.drafter.model))
+    engine = Engine(target, draft, _config(True, max_batch_size=3, prefill_budget=budget, kv_cache_memory=16 * block))
+    tight, finals = _serve(engine, prompts, params, waves=False)
+    assert tight == free_run
+    assert engine.kv_cache_usage.num_preemptions > 0 and engine.prefix_cache_hits > 0
+    assert engine.prefix_cache.evictions > 0
+
+
+def test_options_and_feature_drafters(pair, caplog):
+    from specdec.fast.head import HeadConfig
+    from specdec.fast.model import LlamaShape
+    from specdec.zoo.feature_head import TrainableHead
+
+    with pytest.raises(ValueError, match="enable_prefix_caching=True .* needs kv_layout='paged'"):
+        EngineConfig(enable_prefix_caching=True)
+    with pytest.raises(TypeError, match="enable_prefix_caching must be True or False"):
+        EngineConfig(kv_layout="paged", enable_prefix_caching=1)
+    target = pair[0]
+    head = TrainableHead(HeadConfig.for_target(LlamaShape.from_hf(target.config)), seed=1)
+    head.init_from(target)
+    with caplog.at_level(logging.INFO, logger="specdec.engine.prefix_cache"):
+        engine = Engine(target, head.to_feature_head(), _config(True))
+    assert engine.prefix_cache is None and "prefix caching is off" in caplog.text
+    assert engine.prefix_cache_hits == engine.prefix_cache_queries == 0
+    static = Engine(target, None, EngineConfig(max_batch_size=2, max_seq_len=64))
+    assert static.prefix_cache is None and static.prefix_cache_queries == 0
