@@ -91,8 +91,7 @@ class RequestOutput:
     stats: SpecStats | None = None  # the request's own statistics, on its final output
     #: per new token, the `SamplingParams.top_logprobs` most likely (token id, log p) of the target's raw law
     top_logprobs: list[list[tuple[int, float]]] | None = None
-    #: prompt tokens the engine's prefix cache held at admission (not prefilled; vLLM's name), on the final output
-    num_cached_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache held at admission (vLLM's name; the final output)
 
     @classmethod
     def make(cls, request_id: str, new_token_ids: list[int], logprobs: list[float] | None, num_accepted: int,
