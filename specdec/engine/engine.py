@@ -32,7 +32,6 @@ from collections import deque
 
 import torch
 
-from specdec.core.tree import TreeSpec
 from specdec.drafters.protocol import CachedSlotDrafter, FeatureSlotDrafter
 from specdec.engine.admission import Admission, EngineRequest
 from specdec.engine.beam import BeamParams, Beams
@@ -45,7 +44,8 @@ from specdec.engine.memory import KVCacheUsage, check_engine
 from specdec.engine.policy import GammaPolicy
 from specdec.engine.prefill import ChunkedPrefill
 from specdec.engine.prefix_cache import build_prefix_cache
-from specdec.engine.slots import MAX_EOS_IDS, PrefillGraphs, SlotCache, SlotState
+from specdec.engine.request_checks import RequestLimits, check_request
+from specdec.engine.slots import PrefillGraphs, SlotCache, SlotState
 from specdec.engine.step_runner import StepRunner
 from specdec.engine.tree_step import EngineTree, TreeStepRunner
 from specdec.engine.warmup import Warmup
@@ -108,6 +108,7 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
                 self.kv_pool, self.cache, draft = paged_caches(self.cache, draft, dim, config, self.max_batch)
                 if draft is not None:
                     self.drafter.cache = draft
+            self.limits = self._limits(config, paged)
             self.prefix_cache = build_prefix_cache(config, self.kv_pool, self.model, self.cache, self.drafter, features)
             # every buffer's bytes against free memory (refused in one line), then allocated
             self.memory = check_engine(self.cache, draft, FeatureStore.nbytes_for(
@@ -230,30 +231,12 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
-        if params.draft_tree is not None:
-            self._check_tree(params)
         prompt = normalize_prompts([prompt_ids], None, self.vocab_size)[0]
-        total = len(prompt) + params.max_new_tokens
-        if total > self.max_seq_len:
-            raise ValueError(
-                f"prompt length {len(prompt)} + max_new_tokens {params.max_new_tokens} = {total} exceeds the "
-                f"engine's max_seq_len of {self.max_seq_len} tokens"
-            )
-        if len(params.eos_token_ids) > MAX_EOS_IDS:
-            raise ValueError(f"at most {MAX_EOS_IDS} eos_token_ids per request, got {len(params.eos_token_ids)}")
-        params.check_vocabulary(self.vocab_size)  # EOS ids, logit_bias ids
-        cap = params.num_draft_tokens
-        if cap not in (None, 0) and self.drafter is None:
-            raise ValueError(f"num_draft_tokens={cap!r} needs a drafter; this engine has none (0 = plain decoding)")
-        if isinstance(cap, int) and cap > self.max_draft_tokens:
-            raise ValueError(f"num_draft_tokens={cap} exceeds the engine's max_draft_tokens of {self.max_draft_tokens}")
+        check_request(len(prompt), params, self.limits)
         if self.kv_pool is not None:
             self._check_pool(len(prompt), params, beams)
         if beams is not None:
             self._check_beams(params, beams, len(prompt))
-        if self.config.bitwise and params.leniency != 1.0:
-            raise ValueError(f"leniency={params.leniency} is not available with bitwise=True (bit-exact output is "
-                             "plain decoding's; lenience changes it)")
         if params.processors:
             with torch.inference_mode():
                 self.state.enable_processors(self.vocab_size)
@@ -387,31 +370,14 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
         return run
 
     # ------------------------------------------------------------------------------------------- trees
-    def _check_tree(self, params: SamplingParams) -> None:
-        """What a request's `draft_tree` needs of this engine (one line naming what is missing)."""
-        from specdec.engine.drafters import EngineModelDrafter
+    def _limits(self, config: EngineConfig, paged: bool) -> RequestLimits:
+        from specdec.engine.drafters import EngineModelDrafter  # (the cross-vocabulary one grows no trees)
 
-        tree, nodes = params.draft_tree, TreeSpec(list(params.draft_tree)).num_nodes
-        if type(self.drafter) is not EngineModelDrafter:  # (not the cross-vocabulary one: one draft token per target token)
-            what = "no drafter" if self.drafter is None else f"a {type(self.drafter).__name__}"
-            raise ValueError(f"draft_tree {list(tree)}: token trees need a draft model, the engine has {what}")
-        if self.kv_pool is not None:  # (tree steps gather accepted paths within a static slot's positions)
-            raise ValueError("draft_tree: token trees and beam groups need kv_layout='static'")
-        if nodes > self.max_tree_nodes:
-            raise ValueError(f"draft_tree {list(tree)} has {nodes} nodes (root included); the engine's "
-                             f"max_tree_nodes is {self.max_tree_nodes}")
-        if len(tree) > self.max_draft_tokens:
-            raise ValueError(f"draft_tree {list(tree)} is {len(tree)} deep; the engine's max_draft_tokens is "
-                             f"{self.max_draft_tokens}")
-        if params.leniency != 1.0:
-            raise ValueError("leniency is not supported with draft_tree: token trees verify exactly (leniency=1.0)")
-        if params.processors:
-            raise ValueError(f"{', '.join(params.processors)}: logits processors run on chains, not on draft_tree")
-        if self.config.bitwise:
-            raise ValueError("draft_tree: bitwise=True has no tree mask in its batch-invariant attention")
-        windows = [self.model.shape.arch.window(i) for i in range(self.model.shape.n_layers)]
-        if any(w is not None for w in windows):
-            raise ValueError("draft_tree: the target has sliding-window layers, which token trees do not support")
+        shape = self.model.shape
+        return RequestLimits(self.vocab_size, self.max_seq_len, self.max_draft_tokens, self.max_tree_nodes,
+                             None if self.drafter is None else type(self.drafter).__name__,
+                             type(self.drafter) is EngineModelDrafter, paged, config.bitwise,
+                             any(shape.arch.window(i) is not None for i in range(shape.n_layers)))
 
     def _tree(self, branching: tuple[int, ...]) -> EngineTree:
         if branching not in self._trees:  # (device tensors built once per shape)

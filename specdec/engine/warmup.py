@@ -10,6 +10,7 @@ import torch
 
 from specdec.engine.config import BATCH_BUCKETS, length_buckets
 from specdec.engine.drafters import Flavor
+from specdec.engine.request_checks import check_tree
 from specdec.engine.slots import chunk_shapes
 from specdec.request import SamplingParams, as_int
 
@@ -39,7 +40,7 @@ class Warmup:
         trees = []
         for tree in draft_trees:
             params = SamplingParams(draft_tree=tree)  # the shape checked, then what it needs of this engine
-            self._check_tree(params)
+            check_tree(params, self.limits)
             trees.append(self._tree(params.draft_tree))
         written = max([self.max_draft_tokens] + [t.spec.num_nodes - 1 for t in trees])
         limit = min(self.num_positions, max_length + written + 2 if max_length else self.num_positions)
