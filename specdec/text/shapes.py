@@ -24,7 +24,7 @@ MAX_N = 128
 #: SamplingParams fields that `LLM` takes under the same name
 _FIELDS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "logprobs", "top_logprobs", "leniency",
            "draft_tree", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens",
-           "constraint", "allowed_token_ids", "no_repeat_ngram_size", "bad_words_ids")
+           "constraint", "allowed_token_ids", "no_repeat_ngram_size", "bad_words_ids", "num_draft_tokens")
 #: keywords that may come beside a SamplingParams (it has no such field)
 _BESIDE = ("stop", "num_draft_tokens", "n")
 
@@ -53,6 +53,9 @@ def request_params(batch: list, sampling_params, params: dict, stream: bool = Fa
         both = sorted(set(params) - set(_BESIDE))
         if both:
             raise TypeError(f"{both[0]}: give it in the SamplingParams or as a keyword, not both")
+        if "num_draft_tokens" in params and any(sp.num_draft_tokens is not None for sp in given
+                                                if isinstance(sp, SamplingParams)):
+            raise TypeError("num_draft_tokens: give it in the SamplingParams or as a keyword, not both")
         per_prompt = [{**_as_keywords(sp, i), **params} for i, sp in enumerate(given)]
     return ([ids for ids in batch for _ in range(n)], [_nth(kw, i) for kw in per_prompt for i in range(n)], n)
 
@@ -70,8 +73,9 @@ def _as_keywords(sampling: SamplingParams, index: int) -> dict:
         raise ValueError(f"sampling_params[{index}].{unmapped[0]}: not taken by LLM.generate; pass it as a keyword")
     out = {name: getattr(sampling, name) for name in _FIELDS if name in known}
     out["logit_bias"] = dict(sampling.logit_bias)
-    if sampling.allowed_token_ids is None:
-        out.pop("allowed_token_ids")
+    for name in ("allowed_token_ids", "num_draft_tokens"):  # (None: the model's own default applies)
+        if getattr(sampling, name) is None:
+            out.pop(name)
     return out
 
 
