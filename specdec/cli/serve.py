@@ -1,8 +1,10 @@
-"""`specdec serve`: an OpenAI-compatible server (completions, chat, SSE streaming, /metrics, playground at /).
+"""`specdec serve`: an OpenAI-compatible server (completions, chat with tool calls, responses, SSE streaming,
+/tokenize, /metrics, API docs at /docs, playground at /).
 
 Every option is checked, and the port bound, before the model loads: a bad value or a busy port is one line
 and exit code 2. By default only this machine can connect and only loopback Host / Origin headers are served
-(DNS rebinding); --api-key requires `Authorization: Bearer KEY` on /v1/* and /metrics.
+(DNS rebinding); --api-key requires `Authorization: Bearer KEY` on every route but /health, /, /version and
+the API docs. Start-up says each phase on stderr (loading, the KV cache, the warm-up, ready; --quiet: silent).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP app: /v1/models, /v1/completions, /v1/chat/completions, /health, /metrics, /.
+"""The OpenAI-compatible HTTP app: /v1/models, /v1/completions, /v1/chat/completions (tool calls), /v1/responses,
+/tokenize, /detokenize, /version, /health, /metrics, /docs, /openapi.json, / (docs/SERVING.md lists them).
 
 A request passes `guard.py` (Host, Origin, API key, JSON content type), then `protocol.py` (typed, bounded,
 refusals, a cheap length bound); tokenization and chat templates run on worker threads; model steps run on the
