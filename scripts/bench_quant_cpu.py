@@ -20,6 +20,7 @@ Benchmarks are not tests: nothing is asserted. The machine's load changes the ti
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import json
 import os
@@ -92,12 +93,14 @@ def memory(args) -> None:
 
     kernel_available()  # (the extension's pages before the baseline too)
     gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
     base = _rss()
     model = load_model(args.gguf, device="cpu", dtype="float32", what="target")
     fast = build_model(model)
     hf_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     del model
     gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)  # (freed heap pages back to the system: RSS then counts what is held)
     held = _rss() - base
     size = Path(args.gguf).stat().st_size
     print(json.dumps({"file": Path(args.gguf).name, "file_mib": round(size / 2**20, 1),

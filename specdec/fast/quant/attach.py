@@ -101,6 +101,8 @@ def quantized_from_hf(model, kernels: str = "auto"):
     except ValueError as err:
         logger.info("weights dequantized to float32 (%s)", err)
         return None
+    if not quant:  # (a float GGUF: nothing to keep)
+        return None
     fast = FastLlama(shape, ropes=hf_ropes(model, shape), device="cpu", dtype=torch.float32, kernels=kernels)
     with torch.no_grad():
         for name, layer, tensor in hf_weights(model, shape):
