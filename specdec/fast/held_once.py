@@ -64,10 +64,13 @@ def _default_inv_freq(shape: LlamaShape) -> torch.Tensor:
     return 1.0 / (shape.rope_theta ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
 
 
+@torch.inference_mode(False)  # (the model's re-pointed parameters stay ordinary tensors: autograd keeps working)
 def adopt_hf(model: torch.nn.Module, *, kernels: str = "auto") -> FastLlama:
     """A FastLlama over the weights of `model` (a transformers causal LM of `FAMILIES`), held once (module doc).
 
     Same outputs as `FastLlama.from_hf(model)`; `model` keeps working and now shares its storage with the result.
+    Built outside inference mode even when called inside it (the engine is): tensors made in inference mode could
+    never again take part in a backward pass, and the model's own parameters now point into them.
     """
     config = model.config
     shape = LlamaShape.from_hf(config)

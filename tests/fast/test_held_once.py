@@ -85,6 +85,17 @@ def test_engines_built_from_one_model_hold_its_weights_once(make_llama):
     assert _greedy(plain, [5, 6, 7]) == _greedy(spec, [5, 6, 7]) == _greedy_hf(model, [5, 6, 7])
 
 
+def test_the_model_still_trains_after_an_engine_adopts_it(make_llama):
+    """The engine builds under inference mode; the parameters it re-points stay ordinary tensors (an inference
+    tensor can never be saved for a backward pass: a later fine-tune or gradient check of the model would fail)."""
+    model = _fresh(make_llama, 5)
+    Engine(model, None, config=EngineConfig(max_batch_size=1, max_seq_len=32, num_draft_tokens=0))
+    assert not any(p.is_inference() for p in model.parameters())
+    loss = model(torch.tensor([[5, 6, 7]])).logits.square().mean()
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
 def _greedy(engine: Engine, prompt: list[int], new: int = 8) -> list[int]:
     engine.add_request(prompt, SamplingParams(max_new_tokens=new, temperature=0.0, eos_token_ids=()))
     tokens = []
