@@ -132,3 +132,18 @@ def test_stop_strings_refusals(llama):
         specdec.generate(llama, [PROMPT], stop_strings=["x"])
     with pytest.raises(TypeError, match="stop_strings"):
         specdec.generate(llama, [PROMPT], stop_strings=[""], tokenizer=SpellIds())
+
+
+def test_a_model_stays_copyable_after_generate_cached_engines_on_it(make_llama):
+    """`specdec.generate` keeps its engines on the model; a deepcopy or pickle of the model afterwards must not try to
+    copy them (they hold locks): the copy gets an empty cache and generates the same tokens."""
+    import pickle
+
+    model = make_llama(7)
+    want = specdec.generate(model, [PROMPT], max_new_tokens=6, temperature=0, eos_token_id=[], engine="fast")
+    assert "_specdec_engines" in vars(model)  # (what the check is about: a cached engine)
+    clone = copy.deepcopy(model)
+    assert len(vars(clone)["_specdec_engines"]) == 0
+    pickle.dumps(model)
+    again = specdec.generate(clone, [PROMPT], max_new_tokens=6, temperature=0, eos_token_id=[], engine="fast")
+    assert again.sequences == want.sequences

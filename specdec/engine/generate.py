@@ -39,6 +39,18 @@ def _request_seed(seed: int, index: int) -> int:
     return (seed * 1_000_003 + index * _SEED_MIX) % (1 << 63)
 
 
+class _Cached(dict):
+    """What `specdec.generate` keeps on a model (its engines, its fast copies): never copied or pickled with it — a
+    `copy.deepcopy(model)` or `pickle.dumps(model)` after a generate call gets an empty cache, not a copy of engines
+    (with their locks, caches and graphs)."""
+
+    def __deepcopy__(self, memo) -> "_Cached":
+        return _Cached()
+
+    def __reduce__(self):
+        return (_Cached, ())
+
+
 def _owner(target):
     """The object engines are kept on: the model itself, or what a specdec wrapper wraps."""
     return target if isinstance(target, torch.nn.Module) else getattr(target, "model", target)
@@ -48,7 +60,7 @@ def engine_for(target, drafter, *, seq_len: int, batch: int, num_draft_tokens, t
     """The cached engine for (target, drafter), rebuilt larger when this call needs more (tree_nodes: the token
     tree a request asks for, root included)."""
     owner = _owner(target)
-    store = owner.__dict__.setdefault("_specdec_engines", {})
+    store = owner.__dict__.setdefault("_specdec_engines", _Cached())
     device = _device(owner)
     key = (id(drafter), device)
     entry = store.get(key)
@@ -73,7 +85,7 @@ def engine_for(target, drafter, *, seq_len: int, batch: int, num_draft_tokens, t
         buckets = 1 << max(batch - 1, 0).bit_length()
         store.pop(key, None)
         engine = None  # free the old engine's cache and graphs before allocating the new one
-        fast_models = owner.__dict__.setdefault("_specdec_fast_models", {})
+        fast_models = owner.__dict__.setdefault("_specdec_fast_models", _Cached())
         fast_model = fast_models.get(device)
         config = EngineConfig(max_batch_size=min(buckets, 64), max_seq_len=want, num_draft_tokens="auto",
                               max_draft_tokens=max_draft, max_tree_nodes=max(EngineConfig.max_tree_nodes, tree_nodes))
