@@ -37,7 +37,8 @@ def test_batch1_rows_on_a_tiny_pair():
     out = batch1(Engine(target, None, config), {"model": Engine(target, draft, config)}, prompts, 6, gammas=(2, "auto"))
     assert set(out) == {"plain", "model_gamma2", "model_auto"}
     row = out["model_gamma2"]
-    assert row["mean_gamma"] == 2 and 1.0 <= row["tau"] <= 3.0
+    # γ 2, except where a row's budget (6 tokens) leaves it fewer to commit: it never drafts past what it can keep
+    assert 1 < row["mean_gamma"] <= 2 and 1.0 <= row["tau"] <= 3.0
     for key in ("c", "verify_ratio", "predicted_thm38", "predicted_cost_aware", "measured_vs_cost_aware"):
         assert math.isfinite(row[key]) and row[key] > 0, key
     auto = out["model_auto"]["policy"]  # "auto"'s read-out: what it measured and chose, its depth profile

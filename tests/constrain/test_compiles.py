@@ -7,6 +7,7 @@ never wall times."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,6 +17,7 @@ import pytest
 pytest.importorskip("xgrammar")
 
 from specdec.constrain import Constraint, compile_constraint  # noqa: E402
+from specdec.constrain import compiles  # noqa: E402
 from specdec.constrain.compiles import CompileTimeout, GrammarCompiles  # noqa: E402
 from specdec.constrain.grammar import _compiler  # noqa: E402
 from specdec.server.protocol import APIError  # noqa: E402
@@ -40,6 +42,24 @@ def slow_schema(k: int = 10, letter: str = "r") -> Constraint:
                                    "properties": {"a": {"type": "string", "pattern": f"(({letter}{{50}}){{50}}){{{k}}}"}}})
 
 
+@pytest.fixture
+def held_schemas(monkeypatch):
+    """JSON-schema compiles that wait until the test sets the returned event, then compile: slow by construction.
+    (A real slow schema's compile time depends on the host and on what xgrammar has seen: in one CI run it beat a
+    0.2 s limit; the limit logic is tested without a race.)"""
+    release = threading.Event()
+    real = compiles.compile_constraint
+
+    def held(constraint, *args, **kwargs):
+        if constraint.kind == "json_schema":
+            release.wait(120)
+        return real(constraint, *args, **kwargs)
+
+    monkeypatch.setattr(compiles, "compile_constraint", held)
+    yield release
+    release.set()
+
+
 def test_a_trivial_compile_never_waits_on_a_slow_one(tokenizer):
     pool = GrammarCompiles(workers=2, timeout_s=600, cache_mb=0)
     slow = pool.submit(slow_schema(), tokenizer, len(tokenizer), EOS)
@@ -51,12 +71,13 @@ def test_a_trivial_compile_never_waits_on_a_slow_one(tokenizer):
     pool.close()
 
 
-def test_a_compile_past_its_limit_is_refused_then_cancelled_or_discarded(tokenizer):
+def test_a_compile_past_its_limit_is_refused_then_cancelled_or_discarded(tokenizer, held_schemas):
     pool = GrammarCompiles(workers=1, timeout_s=0.2, cache_mb=0)
     with pytest.raises(CompileTimeout, match=r"^json_schema: the grammar did not compile within the 0.2 s limit"):
         pool.compile(slow_schema(letter="s"), tokenizer, len(tokenizer), EOS)  # running: runs on, result dropped
     with pytest.raises(CompileTimeout):  # queued behind it on the one worker: cancelled before it starts
         pool.compile(Constraint.choice(["yes"]), tokenizer, len(tokenizer), EOS)
+    held_schemas.set()  # the running compile finishes now: its late result is discarded and counted
     deadline = time.monotonic() + 120
     while pool.stats()["late_results"] == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -64,13 +85,14 @@ def test_a_compile_past_its_limit_is_refused_then_cancelled_or_discarded(tokeniz
     pool.close()
 
 
-def test_the_server_turns_a_timeout_into_a_400_naming_the_flag(tokenizer):
+def test_the_server_turns_a_timeout_into_a_400_naming_the_flag(tokenizer, held_schemas):
     llm = SimpleNamespace(tokenizer=tokenizer, vocab_size=len(tokenizer), defaults=SimpleNamespace(eos_token_ids=EOS))
     pool = GrammarCompiles(workers=2, timeout_s=0.1, cache_mb=0)
     with pytest.raises(APIError) as caught:
         asyncio.run(compile_on(pool, llm, "guided_json", slow_schema(letter="t"), None))
     assert caught.value.status == 400 and "0.1 s limit" in str(caught.value.body()) \
         and "--grammar-compile-timeout" in str(caught.value.body())
+    held_schemas.set()
     grammar = asyncio.run(compile_on(GrammarCompiles(), llm, "guided_choice", Constraint.choice(["a", "b"]), None))
     assert grammar.constraint.choices == ("a", "b")  # the negative control: in time, compiled
     pool.close()
