@@ -78,6 +78,12 @@ def write_quantized_gguf(path: Path) -> Path:
     return path
 
 
+@pytest.fixture(autouse=True)
+def opted_in(monkeypatch):
+    """The kept-quantized path is opt-in (`SPECDEC_GGUF_WEIGHTS=quantized`); these tests are about it."""
+    monkeypatch.setenv(ENV, "quantized")
+
+
 @pytest.fixture(scope="module")
 def quantized_gguf(tmp_path_factory) -> Path:
     return write_quantized_gguf(tmp_path_factory.mktemp("gguf") / "tiny-q.gguf")
@@ -132,13 +138,15 @@ def test_greedy_plain_equals_speculative_on_the_quantized_engine(quantized_gguf,
     assert spec.stats.alpha == 1.0  # (the drafter is the target: every draft accepted)
 
 
-def test_opting_out_and_bitwise(hf_model, monkeypatch):
+def test_opting_in_out_and_bitwise(hf_model, monkeypatch):
     monkeypatch.setenv(ENV, "dequantized")
     assert quantized_from_hf(hf_model) is None
     monkeypatch.setenv(ENV, "fp4")
     with pytest.raises(ValueError, match=ENV):
         quantized_from_hf(hf_model)
     monkeypatch.delenv(ENV)
+    assert quantized_from_hf(hf_model) is None  # the default: dequantized
+    monkeypatch.setenv(ENV, "quantized")
     fast = quantized_from_hf(hf_model)
     fast.bitwise = True
     with pytest.raises(ValueError, match="bitwise=True does not cover GGUF weights"):

@@ -9,7 +9,10 @@ the `QuantWeight` (`quantized(weight)`), which `FastLlama`'s GEMM helpers send t
 float32 copy of those weights is never made in the `FastLlama` (the transformers model keeps its own until released).
 A tied LM head keeps the dense embedding for gathers and multiplies by its quantized copy.
 
-`SPECDEC_GGUF_WEIGHTS=dequantized` (environment) turns this off: every weight dense float32, as before.
+Opt-in: `SPECDEC_GGUF_WEIGHTS=quantized` (environment) turns it on; the default, "dequantized", keeps every weight
+dense float32. The kept-quantized model holds 0.42x the bytes (SmolLM2 Q4_1: 214 MiB against 513) but decodes no
+faster here yet: the demo read 24.5 → 44.4 tok/s quantized against 29.3 → 57.5 dequantized, plain → speculative,
+in the same window (docs/benchmarks/quantized_cpu.md), so it stays off until its kernel beats oneDNN's fp32 product.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["quantized", "quantized_from_hf", "quantized_bytes", "ENV"]
 
-ENV = "SPECDEC_GGUF_WEIGHTS"  # "quantized" (default) | "dequantized"
+ENV = "SPECDEC_GGUF_WEIGHTS"  # "quantized" | "dequantized" (default)
 
 
 def _placeholder(qw) -> torch.nn.Parameter:
@@ -53,10 +56,10 @@ def quantized_bytes(fast) -> int:
 def _why_not(model, file) -> str | None:
     from specdec.fast.families import LlamaShape
 
-    if os.environ.get(ENV, "quantized") not in ("quantized", "dequantized"):
+    if os.environ.get(ENV, "dequantized") not in ("quantized", "dequantized"):
         raise ValueError(f"{ENV} must be 'quantized' or 'dequantized', got {os.environ[ENV]!r}")
-    if os.environ.get(ENV, "quantized") == "dequantized":
-        return f"{ENV}=dequantized"
+    if os.environ.get(ENV, "dequantized") == "dequantized":
+        return f"{ENV}=dequantized (the default; {ENV}=quantized keeps the file's blocks)"
     ref = model.get_input_embeddings().weight
     if ref.device.type != "cpu" or ref.dtype != torch.float32:
         return f"the model is {ref.dtype} on {ref.device.type} (quantized weights run on the CPU in float32)"
