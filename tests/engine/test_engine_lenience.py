@@ -22,12 +22,8 @@ PROMPTS = [[5, 6, 7, 8], [1, 2], [9, 3, 3, 9, 4], [4, 4, 9]]
 
 
 @pytest.fixture(scope="module")
-def pair(make_llama):
-    target, draft = make_llama(0), make_llama(1, layers=1)
-    with torch.no_grad():  # peaked laws, so drafts are accepted and steps commit several tokens
-        target.lm_head.weight.mul_(8.0)
-        draft.lm_head.weight.mul_(8.0)
-    return target, draft
+def pair(peaked_pair):
+    return peaked_pair
 
 
 @pytest.fixture(scope="module")
