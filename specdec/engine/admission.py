@@ -18,6 +18,7 @@ import torch
 
 from specdec.engine.drafters import Flavor
 from specdec.engine.kv_pool import blocks_for
+from specdec.engine.request_checks import pool_margin
 from specdec.engine.slots import prefill_rows
 from specdec.metrics import SpecStats
 from specdec.processing import start_constraints
@@ -273,17 +274,15 @@ class Admission:
     prefix_cache_hits = property(lambda self: self.prefix_cache.hits if self.prefix_cache else 0)
     _drafter_state = property(lambda self: self._drafter_synced if self.drafter_cached else None)  # (prefix_cache)
 
-    @property
-    def _pool_margin(self) -> int:
-        """Positions past a row's committed length that one step may write (γ + 1, + the junk; no trees, paged)."""
-        return self.max_draft_tokens + 2
+    def _pool_margin(self, params: SamplingParams) -> int:
+        """Positions past a row's committed length that one step may write (`request_checks.pool_margin`)."""
+        return pool_margin(params, self.max_draft_tokens)
 
     def _check_pool(self, prompt_len: int, params: SamplingParams, beams) -> None:
         """What a request asks of the paged pool, refused at `add_request` when it could never be met."""
-        if params.draft_tree is not None or beams is not None:
-            raise ValueError(f"{'draft_tree' if beams is None else 'beams'}: token trees and beam groups need "
-                             "kv_layout='static'")
-        need = blocks_for(prompt_len + params.max_new_tokens + self._pool_margin, self.kv_pool.block_size)
+        if beams is not None:
+            raise ValueError("beams: beam groups need kv_layout='static'")
+        need = blocks_for(prompt_len + params.max_new_tokens + self._pool_margin(params), self.kv_pool.block_size)
         usable = self.kv_pool.allocator.num_usable_blocks
         if need > usable:
             raise ValueError(f"prompt length {prompt_len} + max_new_tokens {params.max_new_tokens} needs {need} KV "
@@ -293,7 +292,7 @@ class Admission:
     def _pool_short(self, requests: list[EngineRequest]) -> bool:
         """Whether the pool lacks the blocks these requests' prompts (+ one step) take at admission."""
         size = self.kv_pool.block_size
-        need = sum(blocks_for(len(r.prompt) + self._pool_margin, size) for r in requests)
+        need = sum(blocks_for(len(r.prompt) + self._pool_margin(r.params), size) for r in requests)
         return need > self.kv_pool.allocator.num_free_blocks
 
     def _release_blocks(self, slot: int) -> None:
@@ -306,7 +305,7 @@ class Admission:
         if self.kv_pool is not None:
             if self.prefix_cache is not None:  # (a hit: the row starts with the cached blocks, prefilled past them)
                 self.prefix_cache.attach(slot, request)
-            taken = self.kv_pool.reserve(slot, len(request.prompt) + self._pool_margin)
+            taken = self.kv_pool.reserve(slot, len(request.prompt) + self._pool_margin(request.params))
             assert taken, "admission checked the free blocks"  # (`_pool_short`)
         done = request.generated_before
         if not done:
@@ -328,7 +327,7 @@ class Admission:
             self.prefix_cache.commit_rows(self._running, self._drafter_state)
         while True:
             short = next((i for i, r in enumerate(self._running)
-                          if not self.kv_pool.reserve(i, r.length + self._pool_margin)), None)
+                          if not self.kv_pool.reserve(i, r.length + self._pool_margin(r.params))), None)
             if short is None:
                 return
             self._preempt(max(self._running + self._filling, key=lambda r: r.arrival))

@@ -249,6 +249,16 @@ class PagedSlotCache:
     def swap(self, a: int, b: int, num_positions: int | None = None) -> None:
         self.lengths[[a, b]] = self.lengths[[b, a]]
 
+    def copy_positions(self, rows: slice, num_positions: int, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Each row's positions src `[b, k]` into its positions dst `[b, k]`, every layer, keys and values: a gather
+        then a scatter over the pool's flat entries through the block table (a token tree's accepted path into
+        chain order). Reads all before writing, so a row may read positions it also writes."""
+        view = self.view(rows, num_positions)
+        src, dst = view.write_index(src), view.write_index(dst)  # flat pool entries [b·k]
+        for pool in (self._keys, self._values):
+            flat = pool.view(pool.shape[0], -1, *pool.shape[3:])  # [L, num_blocks · block_size, H_kv, D]
+            flat.index_copy_(1, dst, flat.index_select(1, src))
+
 
 def pool_blocks(budget: int, block_bytes: int, max_batch: int, max_blocks: int) -> int:
     """Blocks (the null block included) a byte budget buys at `block_bytes` a block, at most what every row's whole

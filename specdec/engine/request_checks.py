@@ -14,7 +14,7 @@ from specdec.core.tree import TreeSpec
 from specdec.engine.slots import MAX_EOS_IDS
 from specdec.request import SamplingParams
 
-__all__ = ["RequestLimits", "check_request", "check_tree"]
+__all__ = ["RequestLimits", "check_request", "check_tree", "pool_margin"]
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class RequestLimits:
 
     drafter       the drafter's class name (None: plain decoding only)
     tree_drafter  the drafter grows token trees (a same-vocabulary draft model)
-    paged         the paged KV pool (`kv_layout="paged"`): no token trees nor beam groups yet
+    paged         the paged KV pool (`kv_layout="paged"`)
     windowed      some target layer attends over a sliding window (no token trees)
     """
 
@@ -66,8 +66,6 @@ def check_tree(params: SamplingParams, limits: RequestLimits) -> None:
     if not limits.tree_drafter:  # (not the cross-vocabulary drafter: one draft token per target token)
         what = "no drafter" if limits.drafter is None else f"a {limits.drafter}"
         raise ValueError(f"draft_tree {list(tree)}: token trees need a draft model, the engine has {what}")
-    if limits.paged:  # (tree steps gather accepted paths within a static slot's positions)
-        raise ValueError("draft_tree: token trees and beam groups need kv_layout='static'")
     if nodes > limits.max_tree_nodes:
         raise ValueError(f"draft_tree {list(tree)} has {nodes} nodes (root included); the engine's "
                          f"max_tree_nodes is {limits.max_tree_nodes}")
@@ -82,3 +80,21 @@ def check_tree(params: SamplingParams, limits: RequestLimits) -> None:
         raise ValueError("draft_tree: bitwise=True has no tree mask in its batch-invariant attention")
     if limits.windowed:
         raise ValueError("draft_tree: the target has sliding-window layers, which token trees do not support")
+
+
+def tree_nodes(branching) -> int:
+    """Nodes of a token tree with this branching per level, the root included (`core.tree.TreeSpec.num_nodes`)."""
+    nodes = width = 1
+    for k in branching:
+        width *= int(k)
+        nodes += width
+    return nodes
+
+
+def pool_margin(params: SamplingParams, max_draft_tokens: int) -> int:
+    """Positions past a row's committed length n that one step of this request may write, in the paged pool's
+    blocks: a chain's γ + 1 from slot n − 1, or a token tree's N + 1 nodes (root included) from slot n − 1, plus
+    one spare (the junk slot's side of the span)."""
+    tree = params.draft_tree
+    written = max_draft_tokens if tree is None else max(max_draft_tokens, tree_nodes(tree) - 1)
+    return written + 2

@@ -31,6 +31,7 @@ from specdec.core import TEMPERATURE_FLOOR, invalid_scores
 from specdec.core.tree import TreeSpec, TreeVerifyResult, verify_tree, verify_tree_greedy
 from specdec.drafters.protocol import TreeProposal
 from specdec.engine.drafters import EngineModelDrafter, Flavor, StepView, refeed_window
+from specdec.engine.kv_pool import PagedSlotCache
 from specdec.fast.cache import TreeNodes
 from specdec.engine.step_runner import CapturedHalves
 from specdec.sequences import write_tokens
@@ -39,7 +40,7 @@ from specdec.step import StepCounts, StepLayout, commit_counts, pack_step, step_
 if TYPE_CHECKING:
     from specdec.engine.engine import Engine
 
-__all__ = ["EngineTree", "TreeStepRunner", "propose_tree", "walk_tree", "walk_all_nodes", "commit_path"]
+__all__ = ["EngineTree", "TreeStepRunner", "propose_tree", "walk_tree", "walk_all_nodes", "commit_path", "commit_rows"]
 
 
 @dataclass(frozen=True)
@@ -178,6 +179,17 @@ def commit_path(keys: torch.Tensor, values: torch.Tensor, root: torch.Tensor, pa
         cache.scatter_(3, dst, cache.gather(3, src))  # (gathered first: a path may read slots it also writes)
 
 
+def commit_rows(slot_cache, rows: slice, positions: int, root: torch.Tensor, path: torch.Tensor) -> None:
+    """`commit_path` on rows `rows` of an engine cache of either layout: a static `SlotCache`'s slot axis, or the
+    paged pool's blocks through the rows' block table (`kv_pool.PagedSlotCache.copy_positions`)."""
+    if isinstance(slot_cache, PagedSlotCache):
+        depth = torch.arange(1, path.shape[1] + 1, device=path.device)[None, :]
+        src = root[:, None] + torch.where(path >= 0, path, depth)
+        slot_cache.copy_positions(rows, positions, src, root[:, None] + depth)
+        return
+    commit_path(slot_cache.keys[:, rows, :, :positions], slot_cache.values[:, rows, :, :positions], root, path)
+
+
 class TreeStepRunner(CapturedHalves):
     """The draft and verify halves of one token-tree step shape, eager or captured (each once)."""
 
@@ -231,11 +243,8 @@ class TreeStepRunner(CapturedHalves):
         logits = e.model(tokens, cache, tree=self.tree.nodes(0, spec.num_nodes))  # [b, N+1, V]
         has_nan = invalid_scores(logits)
         result = self._verify(tokens, probs, logits)
-        commit_path(e.cache.keys[:, rows, :, : self.positions], e.cache.values[:, rows, :, : self.positions], root,
-                    result.path)
-        drafter = e.drafter.cache
-        commit_path(drafter.keys[:, rows, :, : self.positions], drafter.values[:, rows, :, : self.positions], root,
-                    result.path)
+        for slot_cache in (e.cache, e.drafter.cache):
+            commit_rows(slot_cache, rows, self.positions, root, result.path)
         new_tokens = result.tokens(tokens)  # [b, D+1]
         active, generated = state.active[rows], state.generated[rows]
         counts, hit_eos = commit_counts(new_tokens, result.num_accepted, state.max_new[rows] - generated,

@@ -129,8 +129,9 @@ def test_what_could_never_fit_is_refused_at_add_request(pair):
     engine.add_request([1, 2, 3], SamplingParams(max_new_tokens=30))  # 3 + 30 + γ + 2 positions: 3 blocks
     with pytest.raises(ValueError, match=r"needs 4 KV blocks of 16 positions; the pool holds 3 .*kv_cache_memory"):
         engine.add_request([1, 2, 3], SamplingParams(max_new_tokens=50))
-    with pytest.raises(ValueError, match="draft_tree: token trees and beam groups need kv_layout='static'"):
-        engine.add_request([1, 2, 3], SamplingParams(max_new_tokens=5, draft_tree=(2, 1)))
+    tree = SamplingParams(max_new_tokens=30, draft_tree=(2, 1))  # its step writes 5 nodes from slot n − 1
+    with pytest.raises(ValueError, match=r"needs 4 KV blocks of 16 positions; the pool holds 3"):
+        engine.add_request([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], tree)
     with pytest.raises(ValueError, match="at least 2"):
         Engine(target, draft, EngineConfig(max_batch_size=2, max_seq_len=128, kv_layout="paged", kv_cache_memory=1))
 
@@ -159,7 +160,43 @@ def test_the_pool_is_sized_by_its_budget(pair):
         Engine(target, draft, EngineConfig(max_batch_size=8, max_seq_len=200, kv_layout="paged", kv_cache_memory=1e-15))
 
 
-def test_a_tree_warmup_is_refused_on_the_paged_layout(pair):
+TREE_PARAMS = [SamplingParams(temperature=0, max_new_tokens=30, draft_tree=(2, 2, 1)),
+               SamplingParams(temperature=0.9, top_k=30, max_new_tokens=26, seed=3, draft_tree=(2, 2, 1)),
+               SamplingParams(temperature=1.0, max_new_tokens=28, seed=11, draft_tree=(2, 2, 1))]
+
+
+@pytest.mark.parametrize("budget", [None, 7])
+def test_token_trees_on_the_pool_are_the_static_layouts(pair, budget):
+    """Token trees (greedy and seeded samples) over the paged pool: each accepted path's K/V moved into chain order
+    through the block table; with a pool of 6 usable blocks for 4 rows (budget=7), preemptions mid-tree-traffic,
+    and every request's tokens are still the static layout's."""
+    target, draft = pair
+    config = dict(max_batch_size=4, max_seq_len=128, max_tree_nodes=16)
+    _, static, _ = _run(target, draft, EngineConfig(**config), PROMPTS, TREE_PARAMS)
+    probe = Engine(target, draft, EngineConfig(**config, kv_layout="paged"))
+    memory = None if budget is None else budget * _block_bytes(probe)
+    engine, paged, usage = _run(target, draft, EngineConfig(**config, kv_layout="paged", kv_cache_memory=memory),
+                                PROMPTS, TREE_PARAMS)
+    assert paged == static
+    assert all(len(out) == TREE_PARAMS[i % 3].max_new_tokens for i, out in enumerate(paged))
+    assert (engine.kv_cache_usage.num_preemptions > 0) == (budget is not None)
+    assert engine.stats.accepted_tokens > 0 and usage[-1] == 0.0
+
+
+def test_a_tree_path_left_uncommitted_changes_the_tokens(pair, monkeypatch):
+    """Negative control: without the paged path's copy into chain order, the tokens differ from the static run's."""
+    from specdec.engine import kv_pool
+
+    target, draft = pair
+    config = dict(max_batch_size=2, max_seq_len=128, max_tree_nodes=16)
+    params = [SamplingParams(temperature=0, max_new_tokens=30, draft_tree=(3, 2))]
+    _, static, _ = _run(target, draft, EngineConfig(**config), PROMPTS[:3], params)
+    monkeypatch.setattr(kv_pool.PagedSlotCache, "copy_positions", lambda *a, **k: None)
+    _, broken, _ = _run(target, draft, EngineConfig(**config, kv_layout="paged"), PROMPTS[:3], params)
+    assert broken != static
+
+
+def test_a_tree_warmup_runs_on_the_paged_layout(pair):
     engine = Engine(*pair, EngineConfig(max_batch_size=2, max_seq_len=64, kv_layout="paged"))
-    with pytest.raises(ValueError, match="token trees and beam groups need kv_layout='static'"):
-        engine.warmup(draft_trees=[(2, 1)])
+    assert engine.warmup(draft_trees=[(2, 1)], max_length=16) > 0
+    engine.kv_pool.check()
