@@ -331,6 +331,31 @@ fi
 log done
 }
 
+# ==== paged
+# The paged KV pool on one GPU, one device call from the repo root (≈ 5–7 min on an H200): its GPU-marked tests (steps
+# captured as CUDA graphs over the block table = the eager paged steps and the static layout's tokens, with
+# preemptions; the fused layer and the Triton attention through the table), then scripts/bench_paged.py: plain
+# decoding tokens/s through the engine, 8B shape (random bf16 weights), batch 1 and 64, static vs paged interleaved in
+# the same run, and 64 requests at up to 32k context (max_seq_len=32768) served from a pool sized by free memory,
+# which the static layout refuses.
+#   bash scripts/device_run.sh paged [TESTS_S] [BENCH_S]
+# Lands in $OUT: run.log, paged_tests.log, paged.json.
+recipe_paged() {
+set -o pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+log() { echo "=== $* $(date +%T)" | tee -a "$OUT/run.log"; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee -a "$OUT/run.log"
+log "paged GPU tests"
+timeout "${1:-200}" python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/engine/test_engine_paged_graphs.py \
+    tests/engine/test_engine_paged.py tests/fast/test_model_paged.py tests/fast/kernels/test_attention_paged.py \
+    2>&1 | tee "$OUT/paged_tests.log" | tail -30 | tee -a "$OUT/run.log"
+log "bench: static vs paged, 8B shape, batch 1 and 64; 64 requests at 32k context"
+timeout "${2:-360}" python3 scripts/bench_paged.py --out "$OUT/paged.json" 2>&1 | tail -40 | tee -a "$OUT/run.log"
+log done
+}
+
 # ==== pair
 # The zoo gpu pair + its feature head, then the engine benchmark on them, on one GPU (two calls: the machine
 # stays warm between them, and /tmp/pair with it). From the repo root with data/code carried:
@@ -618,7 +643,7 @@ fi
 ls -la "$OUT" | tee -a "$OUT/run.log"
 }
 
-RECIPES="check kernels tests ende-packages ende-tables engine families fast-seq2seq gpu-bench pair prefill smol tp traffic zoo"
+RECIPES="check kernels tests ende-packages ende-tables engine families fast-seq2seq gpu-bench paged pair prefill smol tp traffic zoo"
 
 help_of() {  # the comment block of one recipe, without the leading "# "
     sed -n "/^# ==== $1\$/,/^recipe_/p" "${BASH_SOURCE[0]}" | sed -e '1d' -e '$d' -e 's/^# \{0,1\}//'

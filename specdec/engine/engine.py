@@ -122,7 +122,7 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
             self.model.rope_tables(self.num_positions)  # built before any capture (graphs keep their address)
             if self.drafter_cached:
                 self.drafter.model.rope_tables(self.num_positions)
-        on_cuda = self.device.type == "cuda" and self.kv_pool is None  # (paged: eager steps)
+        on_cuda = self.device.type == "cuda"  # (paged too: graphs read the block table by address)
         if config.cuda_graphs and not on_cuda:
             raise ValueError("cuda_graphs=True needs the model on a CUDA device")
         self.cuda_graphs = on_cuda if config.cuda_graphs is None else config.cuda_graphs

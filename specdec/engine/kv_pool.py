@@ -214,6 +214,9 @@ class PagedSlotCache:
         self._values: torch.Tensor | None = None
         self.lengths = torch.zeros(pool.table.shape[0], dtype=torch.long, device=model.device)
 
+    keys = property(lambda self: self._keys)  # [L, num_blocks, block_size, H_kv, D] (None until allocated)
+    values = property(lambda self: self._values)
+
     @staticmethod
     def block_bytes(model, block_size: int) -> int:
         """Bytes one block of `model`'s keys and values takes (every layer)."""
@@ -300,8 +303,6 @@ def paged_caches(cache, draft_cache, feature_dim: int, config, max_batch: int
     per position, 0 = none), so a block's bytes are theirs together; the default budget is the static layout's."""
     from specdec.engine import memory  # (looked up at call: tests replace `available_memory`)
 
-    if config.cuda_graphs:
-        raise ValueError("kv_layout='paged' runs eager steps: cuda_graphs=True needs kv_layout='static'")
     size, num_positions = config.block_size, cache.num_positions
     models = [cache.model] + ([draft_cache.model] if draft_cache is not None else [])
     feature_bytes = feature_dim * cache.model.dtype.itemsize  # (the target's dtype: `FeatureStore`)

@@ -61,6 +61,14 @@ class KVCache:
         """What `kernels.attention.slot_attention` takes for one layer: keys, values, block_table (None here)."""
         return self.keys[layer], self.values[layer], None
 
+    def fused_slots(self, slots: torch.Tensor) -> torch.Tensor:
+        """What `kernels.rope.rope_cache_write` takes as the slots `[B, k]` of the fed tokens (the slots here)."""
+        return slots
+
+    def fused_views(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys, values `[B, H_kv, S, D]` `rope_cache_write` writes at `fused_slots` (the layer's own here)."""
+        return self.keys[layer], self.values[layer]
+
     def select_rows(self, index: torch.Tensor) -> "KVCache":
         return KVCache(
             [k.index_select(0, index) for k in self.keys],
@@ -125,6 +133,21 @@ class PagedKVCache:
         """The layer's pools and the block table: `slot_attention(block_table=...)` reads through it (the Triton
         kernel) or gathers (the reference)."""
         return self.keys[layer], self.values[layer], self.block_table
+
+    def fused_slots(self, slots: torch.Tensor) -> torch.Tensor:
+        """Slots `[B, k]` → the flat pool entries `[B, k]` `rope_cache_write` writes (`write_index`'s)."""
+        return self.write_index(slots).view(slots.shape)
+
+    def fused_views(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's pools seen as `[B, H_kv, num_blocks · block_size, D]` with batch stride 0 (every row the
+        whole pool, views, no copy): `rope_cache_write`'s kernel writes row b's token at its flat entry."""
+        batch = self.batch_size
+
+        def rows(pool: torch.Tensor) -> torch.Tensor:
+            blocks, size, heads, dim = pool.shape
+            return pool.as_strided((batch, heads, blocks * size, dim), (0, dim, heads * dim, 1), pool.storage_offset())
+
+        return rows(self.keys[layer]), rows(self.values[layer])
 
 
 def round_up(n: int, multiple: int) -> int:

@@ -174,25 +174,27 @@ class LlamaLayers:
         mode = "triton"  # forward checked that the fused kernels run here; attention picks by the model's mode
         attn_kernel, bound = None, rope_pos if tree is None else slots  # (a tree node sees up to its own slot)
         x = x.reshape(batch * k, s.dim)  # the residual stream, updated in place by the row-parallel GEMMs
+        written = cache.fused_slots(slots)  # (paged: the fed tokens' flat pool entries)
         for i in range(s.n_layers):
             if capture is not None and i in self.feature_layers:
                 capture.append(x.clone().view(batch, k, s.dim))
             h = rms_norm(x, self.attn_norm[i], eps, kernel=mode)
             qkv = self._linear(h, self.wqkv[i], kernel=self._gemm(self.wqkv[i])).view(batch, k, -1)  # (bias: in RoPE)
             cos, sin = tables[a.rope_index(i)]
-            q = rope_cache_write(qkv, cache.keys[i], cache.values[i], rope_pos, slots, cos, sin, nq,
+            keys, values, table = cache.attention_inputs(i)  # (paged: the layer's pools and the rows' block table)
+            q = rope_cache_write(qkv, *cache.fused_views(i), rope_pos, written, cos, sin, nq,
                                  bias=self.bqkv[i] if s.qkv_bias else None,
                                  q_norm=self.q_norm[i] if s.qk_norm else None,
                                  k_norm=self.k_norm[i] if s.qk_norm else None, eps=eps, kernel=mode)
             if attn_kernel is None:  # "triton" insists only where the attention kernel covers the shape
                 attn_kernel = self.kernels
-                if attn_kernel == "triton" and triton_unsupported(q, cache.keys[i], cache.values[i], bound):
+                if attn_kernel == "triton" and triton_unsupported(q, keys, values, bound):
                     attn_kernel = "reference"
-            if self.bitwise:
-                attn = invariant_attention(q, cache.keys[i], cache.values[i], bound, a.attn_scale, window=a.window(i))
+            if self.bitwise:  # (static only: forward runs a paged cache's bitwise layers eagerly)
+                attn = invariant_attention(q, keys, values, bound, a.attn_scale, window=a.window(i))
             else:
-                attn = slot_attention(q, cache.keys[i], cache.values[i], bound, a.attn_scale, window=a.window(i),
-                                      kernel=attn_kernel, tree=tree)
+                attn = slot_attention(q, keys, values, bound, a.attn_scale, window=a.window(i),
+                                      kernel=attn_kernel, tree=tree, block_table=table)
             x = self._row_parallel(x, attn.reshape(batch * k, nq * hd), self.wo[i], self._gemm(self.wo[i]))  # residual add in the GEMM
             if s.o_bias:
                 x, h = add_rms_norm(x, self.bo[i], self.mlp_norm[i], eps, kernel=mode)

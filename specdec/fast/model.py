@@ -300,11 +300,8 @@ class FastLlama(LlamaLayers, torch.nn.Module):
             x = x + F.embedding(rope_pos.clamp(max=s.max_positions - 1), self.pos_embed)
         mode = self.kernels if kernels is None else check_kernel(kernels, "kernels")
         fused = self._fused(mode)
-        if fused and isinstance(cache, PagedKVCache):  # (the fused kernels write and read the static layout)
-            if mode == "triton" or self.bitwise:
-                raise ValueError("a paged KV cache runs the eager layers: kernels='auto' or 'reference', no bitwise "
-                                 "fused layer")
-            fused = False
+        if fused and self.bitwise and isinstance(cache, PagedKVCache):  # (the invariant kernels read static K/V)
+            raise ValueError("bitwise=True's fused layer reads a static KV cache, not a paged one")
         capture = [] if return_hidden and self.feature_layers else None
         if fused:
             x = self._fused_layers(x, cache, rope_pos, slots, tables, capture, tree_mask)

@@ -115,3 +115,24 @@ def test_tree_pass_and_bitwise_read_through_the_table(make_llama):
         paged = run(fast, paged_cache(fast, 3, 3, seed=3), prompts, more)
         for a, b in zip(static, paged):
             assert torch.equal(a, b)
+
+
+def test_the_fused_layer_writes_and_reads_through_the_table(make_llama):
+    """The fused layer (Triton's interpreter on CPU) over a paged cache: RoPE + the K/V write land at each row's
+    flat pool entries (the pool seen with batch stride 0) and the attention reads through the table — the static
+    cache's logits through the same kernels; a wrong table (rows swapped) changes them (negative control)."""
+    pytest.importorskip("triton")
+    fast = FastLlama.from_hf(make_llama(3, layers=2), kernels="triton")
+    prompts = RAGGED_PROMPTS[:3]
+    more = torch.randint(3, 64, (3, 4), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        static = run(fast, fast.new_cache(3, SLOTS), prompts, more)
+        paged_cache_ = paged_cache(fast, 3, 3, seed=4)
+        paged = run(fast, paged_cache_, prompts, more)
+        for a, b in zip(static, paged):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+        again = fast.new_cache(3, SLOTS)
+        run(fast, again, prompts, more)
+        torch.testing.assert_close(fast(more, paged_cache_), fast(more, again), atol=1e-5, rtol=0)
+        paged_cache_.block_table.copy_(paged_cache_.block_table.roll(1, 0))  # rows read each other's blocks
+        assert not torch.allclose(fast(more, paged_cache_), fast(more, again), atol=1e-3)

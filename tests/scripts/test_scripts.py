@@ -214,3 +214,19 @@ def test_profile_decode_attributes_gpu_kernels_by_order():
                                   "other", "other"]
     groups, matched = namespace["attribute"](kernels, 2)
     assert not matched and groups[2] == "gemm (unattributed)"
+
+
+def test_bench_paged_runs_on_a_tiny_model(tmp_path, monkeypatch, capsys):
+    """The paged-vs-static benchmark's own code on a tiny random shape (CPU): both layouts' rows, the same tokens,
+    the long-context engine serving its requests from the pool."""
+    out = tmp_path / "paged.json"
+    _run_main(ROOT / "scripts" / "bench_paged.py", ["--device", "cpu", "--tiny", "--batch", "1", "4", "--new", "6",
+                                                   "--repeats", "1", "--ab-seq-len", "256", "--fit-seq-len", "1024",
+                                                   "--fit-batch", "4", "--long", "1", "--long-prompt", "600",
+                                                   "--short-prompt", "40", "--fit-new", "4", "--fraction", "0.001",
+                                                   "--out", str(out)], monkeypatch)
+    rows = json.loads(out.read_text())
+    ab = [r for r in rows if r["what"] == "plain decode tok/s"]
+    assert [r["batch"] for r in ab] == [1, 4] and all(r["same_tokens"] for r in ab)
+    served = next(r for r in rows if r["what"] == "concurrent requests at long context")
+    assert served["all_finished"] and served["requests"] == 4

@@ -1,0 +1,192 @@
+"""The paged KV pool against the static slot cache on one GPU: an 8B-shaped Llama (random bf16 weights), plain
+decoding through the engine (CUDA graphs on both layouts) at batch 1 and 64, the two layouts built side by side
+and measured interleaved (`--repeats` rounds; median and range of the decode tokens/s); then what the pool buys at
+long context: an engine for 64 requests of up to 32k tokens (`max_seq_len=32768`, the pool sized by
+`kv_cache_memory` as a fraction of free memory), which the static layout refuses (it would need every slot's whole
+context), serving 64 concurrent requests — `--long` of them with ~30k-token prompts, the rest ~2k — with the pool's
+numbers (blocks, tokens it holds, full 32k contexts it holds at once, peak usage, preemptions).
+
+    python scripts/bench_paged.py --out $OUT/paged.json                 (≈ 3–5 min on an H200)
+    python scripts/bench_paged.py --device cpu --tiny --out /tmp/p.json  (the same code on a tiny shape, CPU)
+
+Prints one JSON line per measurement and writes them all to --out after every row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import time
+
+import torch
+
+from specdec.engine import Engine, EngineConfig
+from specdec.engine.kv_pool import PagedSlotCache
+from specdec.fast.model import FastLlama, LlamaShape
+from specdec.request import SamplingParams
+
+LLAMA_8B = LlamaShape(vocab_size=128256, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, head_dim=128,
+                      intermediate_size=14336, rope_theta=500000.0, max_positions=131072)
+TINY = LlamaShape(vocab_size=512, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, intermediate_size=128,
+                  rope_theta=10000.0, max_positions=131072)
+
+ROWS: list = []
+OUT_PATH: str | None = None
+
+
+def emit(row: dict) -> None:
+    ROWS.append(row)
+    print(json.dumps(row), flush=True)
+    if OUT_PATH is not None:
+        with open(OUT_PATH, "w") as f:
+            json.dump(ROWS, f, indent=1)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def drive(engine: Engine, prompts, params) -> dict:
+    """Run the prompts to the end → tokens, wall seconds, decode tokens/s after every request had its first token,
+    the outputs, the peak KV usage and preemptions."""
+    sync(engine.device)
+    start = time.perf_counter()
+    ids = [engine.add_request(p, params) for p in prompts]
+    outs = {rid: [] for rid in ids}
+    waiting, first_at, first_tokens, tokens, peak = set(ids), None, 0, 0, 0.0
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens += len(out.new_token_ids)
+            outs[out.request_id].extend(out.new_token_ids)
+            if out.new_token_ids:
+                waiting.discard(out.request_id)
+        peak = max(peak, engine.kv_cache_usage_perc)
+        if first_at is None and not waiting:
+            sync(engine.device)
+            first_at, first_tokens = time.perf_counter(), tokens
+    sync(engine.device)
+    end = time.perf_counter()
+    decode = (tokens - first_tokens) / (end - first_at) if first_at and end > first_at else None
+    return dict(tokens=tokens, seconds=end - start, decode_tok_s=decode, outs=[outs[r] for r in ids], peak=peak)
+
+
+def ab_rows(target: FastLlama, batches: list[int], new: int, repeats: int, max_seq_len: int) -> None:
+    """Plain decoding, static vs paged, interleaved in one process."""
+    vocab = target.shape.vocab_size
+    prompts = [[(1000 + 7 * i + j) % vocab for j in range(128)] for i in range(max(batches))]
+    params = SamplingParams(temperature=0, max_new_tokens=new, seed=0)
+    engines = {layout: Engine(target, None, EngineConfig(max_batch_size=max(batches), max_seq_len=max_seq_len,
+                                                         kv_layout=layout))
+               for layout in ("static", "paged")}
+    for layout, engine in engines.items():
+        emit({"what": "engine", "layout": layout, "cuda_graphs": engine.cuda_graphs,
+              "kv_cache_bytes": engine.kv_cache_bytes})
+        for batch in batches:  # warm: kernels picked, graphs captured for these shapes
+            drive(engine, prompts[:batch], params)
+    measured: dict = {}
+    outputs: dict = {}
+    for _ in range(repeats):
+        for batch in batches:
+            for layout, engine in engines.items():
+                run = drive(engine, prompts[:batch], params)
+                measured.setdefault((layout, batch), []).append(run["decode_tok_s"] or 0.0)
+                outputs[(layout, batch)] = run["outs"]
+    for batch in batches:
+        row = {"what": "plain decode tok/s", "batch": batch, "new_tokens": new, "repeats": repeats}
+        for layout in engines:
+            values = measured[(layout, batch)]
+            row[layout] = round(statistics.median(values), 1)
+            row[f"{layout}_range"] = [round(min(values), 1), round(max(values), 1)]
+        row["paged_vs_static"] = round(row["paged"] / row["static"], 4) if row["static"] else None
+        row["same_tokens"] = outputs[("paged", batch)] == outputs[("static", batch)]
+        emit(row)
+    del engines
+
+
+def fit_rows(target: FastLlama, max_batch: int, max_seq_len: int, long: int, long_prompt: int, short_prompt: int,
+             new: int, fraction: float) -> None:
+    """64 requests at up to 32k context: the static layout refused, the paged pool serving them."""
+    try:
+        Engine(target, None, EngineConfig(max_batch_size=max_batch, max_seq_len=max_seq_len, kv_layout="static"))
+        emit({"what": "static layout", "max_batch_size": max_batch, "max_seq_len": max_seq_len, "refused": False})
+    except (ValueError, RuntimeError) as error:  # (refused before allocating: the memory check)
+        emit({"what": "static layout", "max_batch_size": max_batch, "max_seq_len": max_seq_len, "refused": True,
+              "error": str(error)[:300]})
+    engine = Engine(target, None, EngineConfig(max_batch_size=max_batch, max_seq_len=max_seq_len, kv_layout="paged",
+                                               kv_cache_memory=fraction))
+    usage = engine.kv_cache_usage
+    block = engine.config.block_size
+    held = usage.num_blocks * block
+    per_token = PagedSlotCache.block_bytes(target, block) / block  # K/V bytes a position takes, every layer
+    emit({"what": "paged pool", "max_batch_size": max_batch, "max_seq_len": max_seq_len,
+          "kv_cache_memory": fraction, "kv_cache_gib": round(engine.kv_cache_bytes / 2**30, 2),
+          "blocks": usage.num_blocks, "block_size": block, "tokens_held": held,
+          "full_contexts_at_once": held // max_seq_len,
+          "static_would_need_gib": round(max_batch * engine.num_positions * per_token / 2**30, 1)})
+    vocab = target.shape.vocab_size
+    lengths = [short_prompt] * (max_batch - long) + [long_prompt] * long
+    prompts = [[(3 + 11 * i + 5 * j) % vocab for j in range(n)] for i, n in enumerate(lengths)]
+    budgets = [8 * new] * (max_batch - long) + [new] * long  # the short ones still run when the long ones join
+    sync(engine.device)
+    start = time.perf_counter()
+    ids = [engine.add_request(p, SamplingParams(temperature=0, max_new_tokens=n, seed=0))
+           for p, n in zip(prompts[: max_batch - long], budgets)]
+    outs, running, peak, step = {}, 0, 0.0, 0
+    while engine.has_unfinished():
+        for out in engine.step():
+            outs.setdefault(out.request_id, []).extend(out.new_token_ids)
+        step += 1
+        if step == 1:  # the short ones admitted together (one prefill group), then the long ones join them
+            ids += [engine.add_request(p, SamplingParams(temperature=0, max_new_tokens=new, seed=0))
+                    for p in prompts[max_batch - long:]]
+        running, peak = max(running, engine.num_running), max(peak, engine.kv_cache_usage_perc)
+    sync(engine.device)
+    engine.kv_pool.check()
+    emit({"what": "concurrent requests at long context", "requests": len(prompts), "long_prompts": long,
+          "long_prompt_tokens": long_prompt, "short_prompt_tokens": short_prompt, "new_tokens": {"short": 8 * new, "long": new},
+          "context_tokens": sum(lengths) + sum(budgets), "peak_running": running,
+          "all_finished": all(len(outs.get(r, [])) == n for r, n in zip(ids, budgets)),
+          "seconds": round(time.perf_counter() - start, 2), "peak_kv_cache_usage": round(peak, 4),
+          "preemptions": engine.kv_cache_usage.num_preemptions,
+          "gpu_peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if engine.device.type == "cuda" else None})
+
+
+def main() -> None:
+    global OUT_PATH
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--tiny", action="store_true", help="a tiny random shape (the script's own check, CPU)")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("--new", type=int, default=128, help="tokens per request in the A/B")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--ab-seq-len", type=int, default=2048, help="max_seq_len of the A/B engines")
+    parser.add_argument("--fit-seq-len", type=int, default=32768)
+    parser.add_argument("--fit-batch", type=int, default=64)
+    parser.add_argument("--long", type=int, default=4, help="requests with a ~30k prompt among the 64")
+    parser.add_argument("--long-prompt", type=int, default=30000)
+    parser.add_argument("--short-prompt", type=int, default=2000)
+    parser.add_argument("--fit-new", type=int, default=32)
+    parser.add_argument("--fraction", type=float, default=0.7, help="kv_cache_memory of the long-context engine")
+    parser.add_argument("--skip-fit", action="store_true")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    OUT_PATH = args.out
+    dtype = torch.float32 if args.tiny else torch.bfloat16
+    target = FastLlama.random(TINY if args.tiny else LLAMA_8B, device=args.device, dtype=dtype)
+    name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    emit({"what": "setup", "device": name, "torch": torch.__version__, "shape": "tiny" if args.tiny else "8B"})
+    ab_rows(target, args.batch, args.new, args.repeats, args.ab_seq_len)
+    if not args.skip_fit:
+        gc.collect()  # (the A/B engines' graphs and caches)
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        fit_rows(target, args.fit_batch, args.fit_seq_len, args.long, args.long_prompt, args.short_prompt,
+                 args.fit_new, args.fraction)
+
+
+if __name__ == "__main__":
+    main()
