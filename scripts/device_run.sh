@@ -635,8 +635,9 @@ log() { echo "=== $* $(date +%T)" | tee -a "$OUT/run.log"; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader 2>&1 | tee -a "$OUT/run.log"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" 2>&1 | tee -a "$OUT/run.log"
 log "GPU-marked quantized-kernel tests (+ the CPU ones, which run the kernel on CUDA here)"
-timeout "${1:-150}" python3 -m pytest -q -p no:cacheprovider -rfE -x tests/fast/quant/test_quant_gpu_cuda.py \
-    tests/fast/quant/test_quant_gpu_formats.py tests/fast/quant/test_quant_gpu_model.py 2>&1 \
+timeout "${1:-150}" python3 -m pytest -q -p no:cacheprovider -rfE tests/fast/quant/test_quant_gpu_cuda.py \
+    tests/fast/quant/test_quant_gpu_formats.py tests/fast/quant/test_quant_gpu_model.py \
+    tests/loading/test_quantized_checkpoints.py 2>&1 \
     | tee "$OUT/quant_tests.log" | tail -25 | tee -a "$OUT/run.log"
 log "8B-shaped bench: ops, sweep, plain decoding per format"
 timeout "${2:-390}" python3 scripts/bench_quant_gpu.py --sweep --out "$OUT/quant_gpu.jsonl" 2>&1 \

@@ -36,7 +36,7 @@ def unpack_rows(packed: torch.Tensor) -> torch.Tensor:
 def pack_rows(q: torch.Tensor) -> torch.Tensor:
     """uint8 values 0..15 `[R, C]` (R % 8 == 0) → int32 `[R/8, C]` (row 8i + j in bits 4j): `unpack_rows`'s inverse."""
     parts = q.to(torch.int32).view(-1, 8, q.shape[1]) << _SHIFTS.to(q.device)[None, :, None]
-    out = parts[:, 0].clone()
+    out = parts[:, 0].contiguous()
     for j in range(1, 8):
         out |= parts[:, j]
     return out
@@ -103,10 +103,6 @@ class Int4Weight:
     def to(self, device) -> "Int4Weight":
         return Int4Weight(self.qweight.to(device), self.zeros.to(device), self.scales.to(device), self.group,
                           self.shape, self.source)
-
-    def with_scales(self, dtype: torch.dtype) -> "Int4Weight":
-        return Int4Weight(self.qweight, self.zeros, self.scales.to(dtype).contiguous(), self.group, self.shape,
-                          self.source)
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None, kernel: str = "auto") -> torch.Tensor:
         """x `[..., K]` @ Wᵀ (+ bias) → `[..., N]` in x's dtype (`fast.kernels.quant_linear.weight_only`)."""

@@ -37,7 +37,7 @@ def pack_columns(q: torch.Tensor, order: tuple[int, ...] | None = None) -> torch
     q = q.to(torch.int32).view(r, c // 8, 8)
     if order is not None:
         q = q[:, :, list(order)]
-    out = q[:, :, 0].clone()
+    out = q[:, :, 0].contiguous()
     for p in range(1, 8):
         out |= q[:, :, p] << (4 * p)
     return out
