@@ -26,7 +26,8 @@ _DEFAULT_SMS = 132
 
 @dataclass(frozen=True)
 class QuantConfig:
-    """One launch shape: output columns and K per tile, K slices, rows per program, warps, pipeline stages."""
+    """One launch shape: output columns and K per tile, K slices, rows per program, warps, pipeline stages, and
+    the int4 unpacking ("reshape" or "gather": `quant_triton`'s module doc)."""
 
     block_n: int = 64
     block_k: int = 128
@@ -34,9 +35,11 @@ class QuantConfig:
     block_m: int = 16
     num_warps: int = 4
     num_stages: int = 3
+    unpack: str = "reshape"
 
 
-# (format, N, K) → QuantConfig fields (block_n, block_k, split_k, num_warps, num_stages); format "int4" or "fp8".
+# (format, N, K) → QuantConfig fields (block_n, block_k, split_k, num_warps, num_stages, unpack); format "int4" or
+# "fp8".
 # Empty until a device sweep fills it (scripts/bench_quant_gpu.py prints the table it measured).
 CONFIGS: dict[tuple[str, int, int], tuple] = {}
 
@@ -60,8 +63,8 @@ def pick_config(fmt: str, n: int, k: int, m: int = 1, num_sms: int = _DEFAULT_SM
     block_m = 16 if invariant or m <= 16 else (32 if m <= 32 else 64)
     entry = CONFIGS.get((fmt, n, k))
     if entry is not None:
-        block_n, block_k, split_k, warps, stages = entry
-        return QuantConfig(block_n, block_k, split_k, block_m, warps, stages)
+        block_n, block_k, split_k, warps, stages, unpack = entry
+        return QuantConfig(block_n, block_k, split_k, block_m, warps, stages, unpack)
     block_k = 128
     while block_k > 16 and (k % block_k or group % block_k):
         block_k //= 2

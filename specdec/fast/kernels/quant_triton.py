@@ -7,6 +7,9 @@ One kernel, three weight formats (FORMAT, a compile-time constant):
   1  fp8   weight e4m3 `[N, K]`, one float32 scale per output column `[N]` (per-tensor scales are broadcast)
   2  fp8   weight e4m3 `[N, K]`, float32 scales per 128 × 128 block `[⌈N/128⌉, ⌈K/128⌉]`
 
+int4 unpacking (config.unpack): "reshape" loads each packed int32 once and spreads its 8 nibbles along K in
+registers; "gather" loads it once per nibble (the repeats are L1 hits) and shifts each by its own amount.
+
 Program (pid_n, pid_k, pid_m) computes out[m-block, n-block] over K slice pid_k, tiles held transposed
 `[BLOCK_N, BLOCK_M]` (the weight is the wide operand of `tl.dot`, the few activation rows the narrow one), so every
 weight byte is read once per call for up to BLOCK_M rows. Dequantization stays exact: the integers (q − z) and e4m3
@@ -29,7 +32,7 @@ from specdec.fast.kernels._linear_triton import _split_reduce_kernel
 def _quant_kernel(x_ptr, q_ptr, z_ptr, s_ptr, b_ptr, r_ptr, o_ptr, p_ptr,
                   M, N, K, k_per_split, stride_xm, stride_q, stride_s, stride_rm, stride_om,
                   FORMAT: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-                  SPLIT: tl.constexpr, IEEE: tl.constexpr, STAGES: tl.constexpr,
+                  SPLIT: tl.constexpr, IEEE: tl.constexpr, STAGES: tl.constexpr, GATHER: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -45,12 +48,17 @@ def _quant_kernel(x_ptr, q_ptr, z_ptr, s_ptr, b_ptr, r_ptr, o_ptr, p_ptr,
         offs_k = k0 + tl.arange(0, BLOCK_K)
         xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + offs_k[:, None], mask=m_mask[None, :], other=0.0)
         if FORMAT == 0:
-            offs_p = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-            packed = tl.load(q_ptr + offs_p[None, :].to(tl.int64) * stride_q + offs_n[:, None], mask=n_mask[:, None],
-                             other=0)  # [BLOCK_N, BLOCK_K / 8] int32
-            shifts = tl.arange(0, 8) * 4
-            q = (packed[:, :, None] >> shifts[None, None, :]) & 0xF  # [BLOCK_N, BLOCK_K / 8, 8]
-            q = tl.reshape(q, (BLOCK_N, BLOCK_K))  # k = 8 i + j
+            if GATHER:  # each int32 loaded once per k it holds (the repeats hit L1), shifted by k's nibble
+                packed = tl.load(q_ptr + (offs_k[None, :] // 8).to(tl.int64) * stride_q + offs_n[:, None],
+                                 mask=n_mask[:, None], other=0)  # [BLOCK_N, BLOCK_K] int32
+                q = (packed >> ((offs_k[None, :] % 8) * 4)) & 0xF
+            else:  # each int32 loaded once, its 8 nibbles spread along a new axis, then merged into K
+                offs_p = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+                packed = tl.load(q_ptr + offs_p[None, :].to(tl.int64) * stride_q + offs_n[:, None],
+                                 mask=n_mask[:, None], other=0)  # [BLOCK_N, BLOCK_K / 8] int32
+                shifts = tl.arange(0, 8) * 4
+                q = (packed[:, :, None] >> shifts[None, None, :]) & 0xF  # [BLOCK_N, BLOCK_K / 8, 8]
+                q = tl.reshape(q, (BLOCK_N, BLOCK_K))  # k = 8 i + j
             g = k0 // GROUP
             z = tl.load(z_ptr + g * stride_s + offs_n, mask=n_mask, other=0).to(tl.int32)
             s = tl.load(s_ptr + g * stride_s + offs_n, mask=n_mask, other=0.0).to(tl.float32)
@@ -105,7 +113,7 @@ def launch(x: torch.Tensor, fmt: int, q: torch.Tensor, zeros, scales: torch.Tens
         m, n, k, k_per_split, x.stride(0), q.stride(0), scales.stride(0) if scales.dim() == 2 else 0,
         residual.stride(0) if residual is not None else 0, out.stride(0),
         FORMAT=fmt, GROUP=group, HAS_BIAS=bias is not None, HAS_RES=residual is not None, SPLIT=splits > 1,
-        IEEE=x.dtype == torch.float32, STAGES=config.num_stages,
+        IEEE=x.dtype == torch.float32, STAGES=config.num_stages, GATHER=config.unpack == "gather",
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=block_k, num_warps=config.num_warps,
         num_stages=config.num_stages)
     if splits > 1:

@@ -105,3 +105,28 @@ def test_engine_tokens_equal_dequantized_model_fp32(fmt):
                 tokens[out.request_id] += out.new_token_ids
         outs.append([tokens[i] for i in ids])
     assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("fmt", ["gptq", "fp8", "fp8-block"])
+def test_every_sweep_config_compiles_and_matches(fmt):
+    """The configs the device sweep tries (scripts/bench_quant_gpu.py): each compiles and gives the reference."""
+    import importlib.util
+    from pathlib import Path
+
+    from specdec.fast.kernels.quant_linear import QuantConfig
+
+    spec = importlib.util.spec_from_file_location("bench_quant_gpu", Path(__file__).parents[3] / "scripts" /
+                                                  "bench_quant_gpu.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    qw = quantize(torch.randn(1024, 1024, device="cuda", generator=gen) * 0.02, fmt, 128)
+    d = qw.dequantize()
+    kind, q, zeros, scales, group = qw.kernel_args()
+    for entry in bench.SWEEP:
+        if fmt != "gptq" and entry[5] == "gather":
+            continue
+        for rows in (1, 5):
+            x = torch.randn(rows, 1024, device="cuda", generator=gen).to(torch.bfloat16)
+            y = run_kernel(x, kind, q, zeros, scales, group, 1024, config=QuantConfig(*entry[:3], 16, *entry[3:]))
+            assert ((y.float() - x.float() @ d.t()).abs() <= bound(x, d, 2**-7)).all(), entry
