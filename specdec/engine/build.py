@@ -121,6 +121,19 @@ def _fast_model(model, check_only: bool = False) -> FastLlama | None:
         LlamaShape.from_hf(config)
     except ValueError as err:
         raise UnsupportedModel(str(err)) from None
+    from specdec.loading import quantized as gpu_quant  # FP8 / GPTQ / AWQ checkpoints: weights kept quantized
+
+    method = gpu_quant.quantization_method(config)  # (a model object of another method: `_uncopyable` names it)
+    if method in gpu_quant.METHODS or method is not None and isinstance(model, (str, Path)):
+        reason = gpu_quant.why_not(config)
+        if reason is not None:
+            raise UnsupportedModel(f"the engine does not run {reason}")
+        if check_only:
+            return None
+        try:
+            return gpu_quant.load_quantized(model)
+        except (ValueError, KeyError) as err:
+            raise UnsupportedModel(f"the engine cannot read this quantized checkpoint ({err})") from None
     reason = _uncopyable(model) if isinstance(model, torch.nn.Module) else None
     if reason is not None:
         raise UnsupportedModel(reason)
@@ -144,6 +157,11 @@ def build_model(target, kernels: str = "auto", bitwise: bool = False) -> FastLla
     # (a ValueError for families it does not cover: never a silent fallback). Drafters keep their own kernels: under
     # bitwise every committed token is the target's own (argmax, or `verify_coupled`'s race draw), so a draft only
     # decides how many tokens a step commits, never which
+    if bitwise:  # (which quantized formats the bitwise mode covers: `loading.quantized.bitwise_refusal`)
+        from specdec.loading.quantized import bitwise_refusal
+
+        if bitwise_refusal(model) is not None:
+            raise ValueError(bitwise_refusal(model))
     model.bitwise = bitwise
     return model
 

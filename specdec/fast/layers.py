@@ -23,7 +23,7 @@ from specdec.fast.kernels.mlp import silu_mul
 from specdec.fast.kernels.norm import add_rms_norm, rms_norm
 from specdec.fast.kernels.rope import rope_cache_write
 from specdec.fast.quant.kernel import quant_add_linear_, quant_linear
-from specdec.fast.quant.weight import quantized
+from specdec.fast.quant.weight import QuantWeight, quantized
 
 __all__ = ["LlamaLayers"]
 
@@ -59,6 +59,8 @@ class LlamaLayers:
         kernel: "reference" is cuBLAS's addmm_; "bitwise" `invariant_linear`; else `kernels.linear` (its
         weight-streaming kernel for few rows). A GGUF weight kept quantized (`fast.quant`) takes its kernel."""
         quant = quantized(weight)
+        if quant is not None and not isinstance(quant, QuantWeight):  # FP8 / int4 (fast.quant.fp8, .int4)
+            return quant.add_linear_(x, inp, kernel)
         if quant is not None:
             return quant_add_linear_(x, inp, _unless_bitwise(quant, kernel))
         if kernel == "reference":
@@ -74,6 +76,8 @@ class LlamaLayers:
         """x @ weightᵀ (+ bias): "reference" F.linear (cuBLAS / the CPU BLAS), "bitwise" `invariant_linear`, else
         `kernels.linear`; a GGUF weight kept quantized (`fast.quant`), its kernel."""
         quant = quantized(weight)
+        if quant is not None and not isinstance(quant, QuantWeight):  # FP8 / int4 (fast.quant.fp8, .int4)
+            return quant.linear(x, bias, kernel)
         if quant is not None:
             return quant_linear(x, _unless_bitwise(quant, kernel), bias)
         if kernel == "reference":

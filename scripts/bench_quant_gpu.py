@@ -1,0 +1,224 @@
+"""FP8 and int4 weight-only decoding on the GPU against bf16, random weights of an 8B shape (no checkpoint), one run.
+
+    python scripts/bench_quant_gpu.py --out $OUT/quant_gpu.jsonl                 # ops, then the end-to-end rows
+    python scripts/bench_quant_gpu.py --sweep --formats bf16 gptq fp8 --new 128  # pick the kernel configs first
+    python scripts/bench_quant_gpu.py --smoke --sweep                             # CPU dry run (tiny, interpreter)
+
+Rows (JSON lines, printed and appended to --out):
+  "op"      µs per product y = x @ Wᵀ of each 8B matrix (q|k|v, o, gate|up, down) at M = 1, 5, 16 rows, in a CUDA
+            graph (`fast.graphs.graph_time_us`): bf16 cuBLAS, the quantized kernel (int4 GPTQ, FP8 per channel, FP8
+            128 × 128 blocks) and `torch._scaled_mm` (FP8 W8A8, per-token activations); GB/s of the weight bytes
+  "sweep"   (--sweep) the fastest kernel config per (format, N, K) over a small grid at M = 1 and 5 (their sum),
+            put in `quant_linear.CONFIGS` for the rows after it
+  "step"    one forward of the whole model at batch 1 (CUDA graph, 128 cached tokens): 1 row (a plain step) and
+            γ + 1 = 5 rows (a verify pass); verify_over_plain = their ratio
+  "plain"   the engine's plain greedy decoding at batch 1 (prompt 128, --new tokens, the second of two runs), tok/s,
+            and the speed-up over bf16 in the same run
+Formats: bf16, gptq (int4, group 128), awq, fp8 (per channel), fp8-block, fp8-scaled-mm (per channel, through
+`torch._scaled_mm`). The LM head stays bf16 (as GPTQ / AWQ / FP8 checkpoints ship it) unless --quantize-head.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+MATRICES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+SMOKE_MATRICES = {"qkv": (256, 128), "down": (128, 256)}
+DEVICE = "cuda"
+
+
+def time_us(fn, calls: int, reps: int) -> float:
+    """`fast.graphs.graph_time_us` on CUDA; a plain loop on the CPU (the smoke run)."""
+    if DEVICE == "cuda":
+        from specdec.fast.graphs import graph_time_us
+
+        return graph_time_us(fn, calls=calls, reps=reps)
+    fn()
+    start = time.perf_counter()
+    for _ in range(2):
+        fn()
+    return (time.perf_counter() - start) / 2 * 1e6
+
+
+def emit(row: dict, out) -> None:
+    line = json.dumps(row)
+    print(line, flush=True)
+    if out:
+        with open(out, "a") as f:
+            f.write(line + "\n")
+
+
+def quantized(fmt: str, w: torch.Tensor):
+    from specdec.fast.quant.gpu_attach import _quantize
+
+    return _quantize(w, "fp8" if fmt == "fp8-scaled-mm" else fmt, 128)
+
+
+def op_rows(out, formats) -> None:
+    import torch.nn.functional as F
+
+    from specdec.fast.quant.fp8 import scaled_mm_linear
+
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    for name, (n, k) in (MATRICES if DEVICE == "cuda" else SMOKE_MATRICES).items():
+        w = torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16, generator=gen) * 0.02
+        qws = {fmt: quantized(fmt, w) for fmt in formats if fmt not in ("bf16",)}
+        for m in (1, 5, 16):
+            x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16, generator=gen)
+            row = {"row": "op", "matrix": name, "n": n, "k": k, "m": m}
+            runs = {"bf16": (lambda: F.linear(x, w), n * k * 2)}
+            for fmt, qw in qws.items():
+                if fmt == "fp8-scaled-mm":
+                    runs[fmt] = ((lambda qw=qw: scaled_mm_linear(x, qw)), qw.nbytes)
+                else:
+                    runs[fmt] = ((lambda qw=qw: qw.linear(x, kernel="triton")), qw.nbytes)
+            for fmt, (fn, nbytes) in runs.items():
+                try:
+                    us = time_us(fn, calls=20, reps=10)
+                    row[f"{fmt}_us"] = round(us, 2)
+                    row[f"{fmt}_gb_s"] = round(nbytes / us / 1e3, 1)
+                except Exception as exc:  # noqa: BLE001 - the other columns still count
+                    row[f"{fmt}_error"] = f"{type(exc).__name__}: {exc}"[:200]
+            emit(row, out)
+        del w, qws
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+
+
+SWEEP = [(bn, 128, sk, 4, 3, "reshape") for bn in (32, 64, 128) for sk in (1, 2, 4)] + [
+    (64, 64, 1, 4, 3, "reshape"), (64, 128, 1, 8, 4, "reshape"),
+    (32, 128, 2, 4, 3, "gather"), (64, 128, 1, 4, 3, "gather"), (64, 128, 2, 4, 3, "gather")]
+
+
+def sweep(out, formats) -> None:
+    from specdec.fast.kernels import quant_linear
+
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
+    for fmt in sorted({"gptq" if f in ("gptq", "awq") else "fp8" for f in formats if f not in ("bf16", "fp8-block",
+                                                                                                 "fp8-scaled-mm")}):
+        for name, (n, k) in (MATRICES if DEVICE == "cuda" else SMOKE_MATRICES).items():
+            w = torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16, generator=gen) * 0.02
+            qw = quantized(fmt, w)
+            kind, q, zeros, scales, group = qw.kernel_args()
+            xs = [torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16, generator=gen) for m in (1, 5)]
+            best = None
+            for entry in SWEEP:
+                if fmt != "gptq" and entry[5] == "gather":
+                    continue  # (FP8 has nothing to unpack)
+                cfg = quant_linear.QuantConfig(*entry[:3], 16, *entry[3:])
+                try:
+                    total = sum(time_us(lambda x=x: quant_linear.run_kernel(x, kind, q, zeros, scales, group, n,
+                                                                              config=cfg), calls=20, reps=5)
+                                for x in xs)
+                except Exception:  # noqa: BLE001 - a config that does not compile / fit is skipped
+                    continue
+                if best is None or total < best[0]:
+                    best = (total, entry)
+            if best is not None:
+                quant_linear.CONFIGS[("int4" if fmt == "gptq" else "fp8", n, k)] = best[1]
+                emit({"row": "sweep", "format": fmt, "matrix": name, "n": n, "k": k, "config": list(best[1]),
+                      "us_m1_plus_m5": round(best[0], 2)}, out)
+            del w, qw
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
+
+
+def build(fmt: str, shape, quantize_head: bool):
+    from specdec.fast.model import FastLlama
+    from specdec.fast.quant.gpu_attach import quantize_model
+
+    model = FastLlama.random(shape, device=DEVICE, dtype=torch.bfloat16 if DEVICE == "cuda" else torch.float32)
+    if fmt != "bf16":
+        quantize_model(model, "fp8" if fmt == "fp8-scaled-mm" else fmt, lm_head=quantize_head)
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    return model
+
+
+def step_row(model, fmt: str, out) -> dict:
+    cache = model.new_cache(1, 512)
+    cache.lengths.fill_(128)
+    times = {}
+    for k in (1, 5):
+        tokens = torch.arange(5, 5 + k, device=DEVICE)[None]
+        times[k] = time_us(lambda tokens=tokens: model(tokens, cache, advance=False), calls=1, reps=20)
+    row = {"row": "step", "format": fmt, "plain_us": round(times[1], 1), "verify5_us": round(times[5], 1),
+           "verify_over_plain": round(times[5] / times[1], 3)}
+    emit(row, out)
+    return row
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--formats", nargs="+", default=["bf16", "gptq", "fp8", "fp8-block", "fp8-scaled-mm", "awq"])
+    ap.add_argument("--shape", default="8b")
+    ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--no-ops", action="store_true")
+    ap.add_argument("--quantize-head", action="store_true")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--smoke", action="store_true", help="a CPU dry run: tiny shapes, Triton's interpreter")
+    args = ap.parse_args(argv)
+    global DEVICE
+    if args.smoke:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        DEVICE = "cpu"
+        args.formats = [f for f in args.formats if f != "fp8-scaled-mm"]
+    from tp_probe import llama_shape, timed
+
+    from specdec.engine import Engine, EngineConfig
+    from specdec.fast.quant.gpu_attach import describe, quant_bytes
+    from specdec.request import SamplingParams
+
+    gpu = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu"
+    emit({"row": "env", "gpu": gpu, "torch": torch.__version__, "triton": __import__("triton").__version__}, out=args.out)
+    if not args.no_ops:
+        op_rows(args.out, args.formats)
+    if args.sweep:
+        sweep(args.out, args.formats)
+    shape = llama_shape(args.shape)
+    if args.smoke:
+        import dataclasses
+
+        shape = dataclasses.replace(shape, vocab_size=512, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32,
+                                    intermediate_size=256)
+    base = None
+    device = torch.device(DEVICE)
+    for fmt in args.formats:
+        os.environ["SPECDEC_FP8_KERNEL"] = "scaled_mm" if fmt == "fp8-scaled-mm" else "triton"
+        started = time.perf_counter()
+        try:
+            model = build(fmt, shape, args.quantize_head)
+            step = step_row(model, fmt, args.out)
+            prompts = [[(3 * j) % 1000 + 5 for j in range(args.prompt_len)]]
+            config = EngineConfig(max_batch_size=1, max_seq_len=args.prompt_len + args.new + 16, num_draft_tokens=0)
+            engine = Engine(model, None, config)
+            result, _ = timed(engine, prompts, SamplingParams(temperature=0, max_new_tokens=args.new), device)
+            tok_s = result["decode_tokens"] / result["decode_s"]
+            base = tok_s if fmt == "bf16" else base
+            emit({"row": "plain", "format": fmt, "batch": 1, "tok_per_s": round(tok_s, 1),
+                  "speedup_over_bf16": round(tok_s / base, 3) if base else None,
+                  "gb_per_step": round(quant_bytes(model) / 1e9, 3), "weights": describe(model) or "bf16",
+                  "verify_over_plain": step["verify_over_plain"], "first_tokens": result["tokens"][0][:8],
+                  "build_s": round(time.perf_counter() - started, 1)}, args.out)
+        except Exception as exc:  # noqa: BLE001 - the other formats still run
+            emit({"row": "plain", "format": fmt, "error": f"{type(exc).__name__}: {exc}"[:400]}, args.out)
+        finally:
+            engine = model = None
+            gc.collect()
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

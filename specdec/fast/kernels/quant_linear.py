@@ -1,0 +1,151 @@
+"""Weight-only quantized GEMM for the decode and verify shapes: y = x @ Wᵀ (+ bias) (+ residual), W int4 (GPTQ / AWQ,
+`fast.quant.int4`) or FP8 e4m3 (`fast.quant.fp8`), read quantized by one Triton kernel (`quant_triton.py`).
+
+Every weight byte is streamed once per call for up to `block_m` rows (16 by default, 32 or 64 for a batch of verify
+passes), so a verify pass of γ + 1 rows costs about one plain step. Configs: `CONFIGS` (keyed by format, N, K; filled
+from a device sweep, `scripts/bench_quant_gpu.py --sweep`) else the heuristic of `pick_config`; no autotuning at run
+time, so a call inside CUDA-graph capture launches what its warm-up launched. Rows above `TRITON_ROWS` (prefill)
+take the reference: the weight dequantized to x's dtype, then cuBLAS — unless `invariant`, where every row count
+runs the kernel with one config per weight shape (one summation order per output element whatever the batch: the
+bitwise mode's contract).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["QuantConfig", "CONFIGS", "TRITON_ROWS", "pick_config", "triton_rows_ok", "run_kernel"]
+
+TRITON_ROWS = 64  # rows up to which "auto" runs the kernel on CUDA (a batch of verify passes); above: dequant + cuBLAS
+_DEFAULT_SMS = 132
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """One launch shape: output columns and K per tile, K slices, rows per program, warps, pipeline stages, and
+    the int4 unpacking ("reshape" or "gather": `quant_triton`'s module doc)."""
+
+    block_n: int = 64
+    block_k: int = 128
+    split_k: int = 1
+    block_m: int = 16
+    num_warps: int = 4
+    num_stages: int = 3
+    unpack: str = "reshape"
+
+
+# (format, N, K) → QuantConfig fields (block_n, block_k, split_k, num_warps, num_stages, unpack); format "int4" or
+# "fp8".
+# Empty until a device sweep fills it (scripts/bench_quant_gpu.py prints the table it measured).
+CONFIGS: dict[tuple[str, int, int], tuple] = {}
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(index: int | None) -> int:
+    if index is None or not torch.cuda.is_available():
+        return _DEFAULT_SMS
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def pick_config(fmt: str, n: int, k: int, m: int = 1, num_sms: int = _DEFAULT_SMS, *, group: int = 128,
+                invariant: bool = False) -> QuantConfig:
+    """The table's config for (format, N, K), else: 64 columns a program (32 / 16 where N is small), K tiles of
+    128 (or the largest that divides K and the group), K split until there are ≥ 2 programs per SM. block_m:
+    16, or 32 / 64 for more rows (per row count: never under `invariant`, which keeps 16 and the table's split)."""
+    block_m = 16 if invariant or m <= 16 else (32 if m <= 32 else 64)
+    entry = CONFIGS.get((fmt, n, k))
+    if entry is not None:
+        block_n, block_k, split_k, warps, stages, unpack = entry
+        return QuantConfig(block_n, block_k, split_k, block_m, warps, stages, unpack)
+    block_k = 128
+    while block_k > 16 and (k % block_k or group % block_k):
+        block_k //= 2
+    block_n = 64
+    while block_n > 16 and -(-n // block_n) < num_sms:
+        block_n //= 2
+    tiles = -(-n // block_n)
+    split_k = 1
+    while tiles * split_k < 2 * num_sms and k // (2 * split_k) >= 4 * block_k:
+        split_k *= 2
+    return QuantConfig(block_n, block_k, split_k, block_m, 4, 3)
+
+
+@functools.lru_cache(maxsize=None)
+def _triton():
+    try:
+        from specdec.fast.kernels import quant_triton
+    except ImportError:
+        return None
+    return quant_triton
+
+
+def triton_rows_ok(x: torch.Tensor, rows: int, invariant: bool = False) -> bool:
+    """Whether "auto" runs the kernel for this input: CUDA (or the interpreter) with Triton, 16/32-bit floats, and
+    ≤ TRITON_ROWS rows (any count when `invariant`)."""
+    return ((x.is_cuda or _interpreting()) and (invariant or rows <= TRITON_ROWS) and _triton() is not None
+            and x.dtype in (torch.bfloat16, torch.float16, torch.float32))
+
+
+def run_kernel(x: torch.Tensor, fmt: str, q: torch.Tensor, zeros, scales: torch.Tensor, group: int, n: int,
+               bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
+               out: torch.Tensor | None = None, config: QuantConfig | None = None,
+               invariant: bool = False) -> torch.Tensor:
+    """x `[..., K]` through the kernel (format "int4", "fp8" (per-column scales `[N]`) or "fp8_block" (128 × 128
+    block scales)) → `[..., N]` in x's dtype; out may be `residual` itself (each element is read, then written, by
+    the same program). No host sync: capturable once warm."""
+    if _triton() is None:
+        raise ValueError("the quantized GPU kernel needs the triton package")
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1 or x2.stride(0) != k:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    key = "int4" if fmt == "int4" else "fp8"
+    if config is None:
+        config = pick_config(key, n, k, m, _num_sms(x.device.index if x.is_cuda else None),
+                             group=group if fmt == "int4" else 128, invariant=invariant)
+    if k % config.block_k or (fmt == "int4" and group % config.block_k) or (fmt == "fp8_block" and 128 % config.block_k):
+        raise ValueError(f"block_k {config.block_k} must divide K = {k} and the group ({group})")
+    res2 = None if residual is None else residual.reshape(-1, n)
+    if res2 is not None and res2.stride(-1) != 1:
+        res2 = res2.contiguous()
+    out2 = torch.empty(m, n, device=x.device, dtype=x.dtype) if out is None else out.view(-1, n)
+    if m:
+        code = {"int4": 0, "fp8": 1, "fp8_block": 2}[fmt]
+        _triton().launch(x2, code, q, zeros, scales, group, n, bias, res2, out2, config)
+    return out2.view(*x.shape[:-1], n) if out is None else out
+
+
+def weight_only(x: torch.Tensor, weight, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
+                kernel: str = "auto") -> torch.Tensor:
+    """x `[..., K]` @ Wᵀ (+ bias) (+ residual, written in place when given) for a GPU-format quantized weight
+    (`Int4Weight`, `Fp8Weight`: their `kernel_args()` and `dequantize`). kernel: "bitwise" (the kernel, one config
+    per shape for every row count; CUDA or the interpreter), "triton" (forced: CUDA or the interpreter), anything
+    else ("auto", "reference", the GEMM helpers' modes): the kernel on CUDA for ≤ TRITON_ROWS rows, else the
+    reference — the weight dequantized to x's dtype, then F.linear (cuBLAS on CUDA, the BLAS on CPU)."""
+    n, k = weight.shape
+    if x.shape[-1] != k:
+        raise ValueError(f"x's last dimension ({x.shape[-1]}) must equal the weight's K ({k})")
+    rows = x.numel() // max(k, 1)
+    invariant = kernel == "bitwise"
+    if kernel in ("triton", "bitwise"):
+        if _triton() is None or not (x.is_cuda or _interpreting()):
+            raise ValueError(f"kernel={kernel!r} on a quantized weight needs Triton and CUDA tensors (or "
+                             "TRITON_INTERPRET=1)")
+        use = True
+    else:
+        use = x.is_cuda and triton_rows_ok(x, rows)
+    if use:
+        fmt, q, zeros, scales, group = weight.kernel_args()
+        return run_kernel(x, fmt, q, zeros, scales, group, n, bias, residual,
+                          out=residual, invariant=invariant)
+    y = torch.nn.functional.linear(x, weight.dequantize().to(x.dtype), bias)
+    return y if residual is None else residual.add_(y)

@@ -1,0 +1,124 @@
+"""Triton kernel behind `specdec.fast.kernels.quant_linear`: y = x @ Wᵀ with W read quantized (imported only where
+Triton is installed).
+
+One kernel, three weight formats (FORMAT, a compile-time constant):
+  0  int4  qweight int32 `[K/8, N]` (GPTQ's packing: k = 8i + j in bits 4j..4j+3 of row i), zeros uint8 and scales
+           `[K/G, N]`: w[n, k] = (q − z) · s per group of G rows of K
+  1  fp8   weight e4m3 `[N, K]`, one float32 scale per output column `[N]` (per-tensor scales are broadcast)
+  2  fp8   weight e4m3 `[N, K]`, float32 scales per 128 × 128 block `[⌈N/128⌉, ⌈K/128⌉]`
+
+int4 unpacking (config.unpack): "reshape" loads each packed int32 once and spreads its 8 nibbles along K in
+registers; "gather" loads it once per nibble (the repeats are L1 hits) and shifts each by its own amount.
+
+Program (pid_n, pid_k, pid_m) computes out[m-block, n-block] over K slice pid_k, tiles held transposed
+`[BLOCK_N, BLOCK_M]` (the weight is the wide operand of `tl.dot`, the few activation rows the narrow one), so every
+weight byte is read once per call for up to BLOCK_M rows. Dequantization stays exact: the integers (q − z) and e4m3
+values are exact in bf16/fp16, the dot accumulates them in fp32 against x, and the group / block scale multiplies
+the fp32 partial of its tile (the tile never crosses a group: BLOCK_K divides G, and 128 for the block format).
+Split-K (SPLIT): each slice writes an fp32 partial `[S, M, N]`, summed in slice order by `_linear_triton`'s
+reduce kernel (deterministic, no atomics).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from specdec.fast.kernels._linear_triton import _split_reduce_kernel
+
+
+@triton.jit(do_not_specialize=["M"])
+def _quant_kernel(x_ptr, q_ptr, z_ptr, s_ptr, b_ptr, r_ptr, o_ptr, p_ptr,
+                  M, N, K, k_per_split, stride_xm, stride_q, stride_s, stride_rm, stride_om,
+                  FORMAT: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                  SPLIT: tl.constexpr, IEEE: tl.constexpr, STAGES: tl.constexpr, GATHER: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_mask = offs_n < N
+    m_mask = offs_m < M
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=STAGES):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + offs_k[:, None], mask=m_mask[None, :], other=0.0)
+        if FORMAT == 0:
+            if GATHER:  # each int32 loaded once per k it holds (the repeats hit L1), shifted by k's nibble
+                packed = tl.load(q_ptr + (offs_k[None, :] // 8).to(tl.int64) * stride_q + offs_n[:, None],
+                                 mask=n_mask[:, None], other=0)  # [BLOCK_N, BLOCK_K] int32
+                q = (packed >> ((offs_k[None, :] % 8) * 4)) & 0xF
+            else:  # each int32 loaded once, its 8 nibbles spread along a new axis, then merged into K
+                offs_p = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+                packed = tl.load(q_ptr + offs_p[None, :].to(tl.int64) * stride_q + offs_n[:, None],
+                                 mask=n_mask[:, None], other=0)  # [BLOCK_N, BLOCK_K / 8] int32
+                shifts = tl.arange(0, 8) * 4
+                q = (packed[:, :, None] >> shifts[None, None, :]) & 0xF  # [BLOCK_N, BLOCK_K / 8, 8]
+                q = tl.reshape(q, (BLOCK_N, BLOCK_K))  # k = 8 i + j
+            g = k0 // GROUP
+            z = tl.load(z_ptr + g * stride_s + offs_n, mask=n_mask, other=0).to(tl.int32)
+            s = tl.load(s_ptr + g * stride_s + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+            w = (q - z[:, None]).to(xt.dtype)  # small integers: exact
+            if IEEE:
+                part = tl.dot(w, xt, input_precision="ieee")
+            else:
+                part = tl.dot(w, xt)
+            acc += part * s[:, None]
+        else:
+            w = tl.load(q_ptr + offs_n[:, None].to(tl.int64) * stride_q + offs_k[None, :], mask=n_mask[:, None],
+                        other=0.0).to(xt.dtype)  # e4m3 → bf16/fp16/fp32: exact
+            if FORMAT == 1:
+                if IEEE:
+                    acc = tl.dot(w, xt, acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(w, xt, acc)
+            else:
+                s = tl.load(s_ptr + (offs_n // 128) * stride_s + k0 // 128, mask=n_mask, other=0.0)
+                if IEEE:
+                    part = tl.dot(w, xt, input_precision="ieee")
+                else:
+                    part = tl.dot(w, xt)
+                acc += part * s[:, None]
+    if FORMAT == 1:
+        acc = acc * tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)[:, None]
+    mask = n_mask[:, None] & m_mask[None, :]
+    if SPLIT:
+        tl.store(p_ptr + pid_k * M * N + offs_m[None, :] * N + offs_n[:, None], acc, mask=mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+        if HAS_RES:
+            acc += tl.load(r_ptr + offs_m[None, :] * stride_rm + offs_n[:, None], mask=mask, other=0.0).to(tl.float32)
+        tl.store(o_ptr + offs_m[None, :] * stride_om + offs_n[:, None], acc.to(o_ptr.dtype.element_ty), mask=mask)
+
+
+def launch(x: torch.Tensor, fmt: int, q: torch.Tensor, zeros, scales: torch.Tensor, group: int, n: int, bias,
+           residual, out: torch.Tensor, config) -> None:
+    """out `[M, N]` = x `[M, K]` @ Wᵀ (+ bias) (+ residual `[M, N]`), W given by (fmt, q, zeros, scales) as the
+    module doc lays out; x, residual and out row-contiguous. config: `quant_linear.QuantConfig`."""
+    m, k = x.shape
+    block_k, block_m = config.block_k, config.block_m
+    k_per_split = triton.cdiv(triton.cdiv(k, config.split_k), block_k) * block_k
+    splits = triton.cdiv(k, k_per_split)
+    grid = (triton.cdiv(n, config.block_n), splits, triton.cdiv(m, block_m))
+    dummy = out
+    partial = torch.empty(splits, m, n, device=x.device, dtype=torch.float32) if splits > 1 else dummy
+    _quant_kernel[grid](
+        x, q, zeros if zeros is not None else dummy, scales, bias if bias is not None else dummy,
+        residual if residual is not None else dummy, out, partial,
+        m, n, k, k_per_split, x.stride(0), q.stride(0), scales.stride(0) if scales.dim() == 2 else 0,
+        residual.stride(0) if residual is not None else 0, out.stride(0),
+        FORMAT=fmt, GROUP=group, HAS_BIAS=bias is not None, HAS_RES=residual is not None, SPLIT=splits > 1,
+        IEEE=x.dtype == torch.float32, STAGES=config.num_stages, GATHER=config.unpack == "gather",
+        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=block_k, num_warps=config.num_warps,
+        num_stages=config.num_stages)
+    if splits > 1:
+        block = min(1024, triton.next_power_of_2(n))
+        _split_reduce_kernel[(triton.cdiv(n, block), m)](
+            partial, bias if bias is not None else dummy, residual if residual is not None else dummy, out,
+            m, n, splits, residual.stride(0) if residual is not None else 0, out.stride(0),
+            HAS_BIAS=bias is not None, HAS_RES=residual is not None, BLOCK=block, num_warps=4)
