@@ -172,6 +172,9 @@ def _check(model, batch: RaggedBatch, cache) -> None:
                          f"{model.device})")
     if batch.max_block >= pool.shape[0]:
         raise ValueError(f"batch.block_table names block {batch.max_block}; the pool has {pool.shape[0]} blocks")
+    if model.bitwise and model.device.type != "cpu":  # (the fused layer's per-row Triton norms are not in this body)
+        raise ValueError("forward_ragged with bitwise=True runs on CPU only: on CUDA the eager body's norms are torch's, "
+                         "whose reductions may follow the row count")
     if batch.tokens.device != model.device:
         raise ValueError(f"batch is on {batch.tokens.device}, the model on {model.device}")
 

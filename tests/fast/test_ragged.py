@@ -55,7 +55,8 @@ class Pool:
 
     def __init__(self, fast, num_blocks=120, seed=0):
         s = fast.shape
-        make = lambda: [torch.zeros(num_blocks, BLOCK, s.n_kv_heads, s.head_dim) for _ in range(s.n_layers)]  # noqa
+        size, like = (num_blocks, BLOCK, s.n_kv_heads, s.head_dim), dict(device=fast.device, dtype=fast.dtype)
+        make = lambda: [torch.zeros(size, **like) for _ in range(s.n_layers)]  # noqa: E731
         self.cache = PagedKVCache(make(), make(), torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.int32))
         self.free = (torch.randperm(num_blocks - 1, generator=torch.Generator().manual_seed(seed)) + 1).tolist()
         self.blocks = {}
@@ -67,13 +68,14 @@ class Pool:
         return have
 
 
-def ragged(fast, pool, rows, kernels=None, **kw):
+def ragged(fast, pool, rows, kernels=None):
     """rows: (name, text, start, new, scored) → {name: logits}; histories [0, start) fed by an earlier ragged pass."""
     history = [RaggedRow(TEXT[t][:s], 0, pool.table(n, s + k), 0) for n, t, s, k, _ in rows if s]
     if history:
-        forward_ragged(fast, RaggedBatch.from_rows(history, block_size=BLOCK), pool.cache, kernels=kernels)
+        forward_ragged(fast, RaggedBatch.from_rows(history, block_size=BLOCK, device=fast.device), pool.cache,
+                       kernels=kernels)
     batch = RaggedBatch.from_rows([RaggedRow(TEXT[t][s : s + k], s, pool.table(n, s + k), m)
-                                   for n, t, s, k, m in rows], block_size=BLOCK, **kw)
+                                   for n, t, s, k, m in rows], block_size=BLOCK, device=fast.device)
     logits = forward_ragged(fast, batch, pool.cache, kernels=kernels)
     return {row[0]: batch.row_logits(logits, b) for b, row in enumerate(rows)}
 

@@ -69,8 +69,9 @@ class RaggedLayout:
     def num_tokens(self) -> int:
         return sum(self.counts)
 
-    def groups(self) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
-        """Rows of equal query count: (row ids `[R]`, flat token index `[R, k]`, blocks they read), host-built once."""
+    def groups(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]]:
+        """Rows of equal query count: (their table rows `[R, W]`, flat token index `[R, k]`, positions `[R, k]`, the
+        span they read, one slot past their last position: the reference's junk slot), built once a batch."""
         if "groups" not in self._memo:
             by_count: dict[int, list[int]] = {}
             for row, count in enumerate(self.counts):
@@ -82,7 +83,9 @@ class RaggedLayout:
             for count, rows in by_count.items():
                 index = torch.tensor([[first[r] + i for i in range(count)] for r in rows])
                 end = max(self.starts[r] + count for r in rows)  # (one slot past the last: the reference's junk)
-                out.append((torch.tensor(rows, device=device), index.to(device), end + 1))
+                index = index.to(device)
+                table = self.block_table.index_select(0, torch.tensor(rows, device=device))
+                out.append((table, index, self.positions[index], end + 1))
             self._memo["groups"] = out
         return self._memo["groups"]
 
@@ -120,10 +123,9 @@ def ragged_attention_reference(q: torch.Tensor, keys: torch.Tensor, values: torc
     out = torch.empty_like(q)
     heads, dim = q.shape[1:]
     group_heads = heads // keys.shape[2]
-    for g, (rows, index, span) in enumerate(layout.groups()):
-        table = layout.block_table.index_select(0, rows)
+    for g, (table, index, pos, span) in enumerate(layout.groups()):
         k_rows, v_rows = _gather(keys, table, span), _gather(values, table, span)
-        qg, pos = q[index], layout.positions[index]  # [R, k, H, D], [R, k]
+        qg = q[index]  # [R, k, H, D]
         if invariant:
             res = invariant_attention(qg, k_rows, v_rows, pos, scale, window=window)
         else:
