@@ -85,28 +85,37 @@ def _ragged_attention(Q, K, V, OUT, POS, QSTART, TABLE, TILES,
              mask=row_ok[:, None])
 
 
+SHORT_ROWS = 32  # query rows (G · count) up to which a row is launched in small tiles (decode / verify rows)
+
+
 def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, layout, scale: float, *,
               window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """q `[N, H, D]` (unit stride on D), pools `[num_blocks, PAGE, H_kv, D]` (contiguous), a `RaggedLayout` →
-    `[N, H, D]`; arguments checked by `ragged_attention`."""
+    `[N, H, D]`; arguments checked by `ragged_attention`. Short rows and long rows take a launch each, with tiles
+    sized to them (a decode row's G query rows would leave most of a prefill-sized tile empty)."""
     heads, dim = q.shape[1:]
     page, kv_heads = keys.shape[1], keys.shape[2]
     group = heads // kv_heads
     fp32 = q.dtype == torch.float32
-    longest = max(layout.counts) * group
-    block_m = min(max(16, triton.next_power_of_2(longest)), 64 if dim > 128 or fp32 else 128)
-    block_n = (16 if dim > 128 else 32) if fp32 else (32 if dim > 128 else 64)
-    warps = 8 if block_m * dim >= 64 * 128 else 4
-    tiles = layout.tiles(block_m, group)
     q = q if q.stride(-1) == 1 else q.contiguous()
     keys, values = keys.contiguous(), values.contiguous()
     table = layout.block_table if layout.block_table.stride(-1) == 1 else layout.block_table.contiguous()
     out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
-    _ragged_attention[(tiles.shape[0], kv_heads)](
-        q, keys, values, out, layout.positions, layout.query_start, table, tiles,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
-        table.stride(0), scale * 1.4426950408889634, window or 0, float(softcap or 1.0), scale,
-        KV_HEADS=kv_heads, GROUP=group, HEAD_DIM=dim, PAGE=page, BLOCK_M=block_m, BLOCK_N=block_n, IEEE=fp32,
-        WINDOWED=window is not None, SOFTCAP=softcap is not None, num_warps=warps, num_stages=2,
-    )
+    block_n = (16 if dim > 128 else 32) if fp32 else (32 if dim > 128 else 64)
+    short = tuple(r for r, c in enumerate(layout.counts) if c * group <= SHORT_ROWS)
+    long = tuple(r for r, c in enumerate(layout.counts) if c * group > SHORT_ROWS)
+    for rows in (short, long):
+        if not rows:
+            continue
+        longest = max(layout.counts[r] for r in rows) * group
+        block_m = min(max(16, triton.next_power_of_2(longest)), 64 if dim > 128 or fp32 else 128)
+        tiles = layout.tiles(block_m, group, rows)
+        _ragged_attention[(tiles.shape[0], kv_heads)](
+            q, keys, values, out, layout.positions, layout.query_start, table, tiles,
+            q.stride(0), q.stride(1), out.stride(0), out.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
+            table.stride(0), scale * 1.4426950408889634, window or 0, float(softcap or 1.0), scale,
+            KV_HEADS=kv_heads, GROUP=group, HEAD_DIM=dim, PAGE=page, BLOCK_M=block_m, BLOCK_N=block_n, IEEE=fp32,
+            WINDOWED=window is not None, SOFTCAP=softcap is not None,
+            num_warps=8 if block_m * dim >= 64 * 128 else 4, num_stages=2,
+        )
     return out

@@ -23,8 +23,10 @@ Three paths of one function, `ragged_attention(kernel=...)`:
   "triton"     one launch: a program per (row tile, KV head) holds BLOCK_M query rows of one row (token i's head g
                at tile row i·G + g, G = H / H_kv) and walks that row's slots [first, its largest position + 1) in
                blocks of BLOCK_N through the block table, online softmax in fp32 (base 2); a prefill tile reads
-               only up to its own positions, a windowed layer only its last W + tile span. No split-K: at a few
-               rows over long contexts the decode kernel (`triton_attention`, split-K) keeps more SMs busy.
+               only up to its own positions, a windowed layer only its last W + tile span. Two launches at most:
+               the short rows (G·count ≤ 32, decode / verify) in tiles of 16–32 query rows, the long ones (prefill
+               chunks) in tiles of 64–128. No split-K: at a few rows over long contexts the decode kernel
+               (`triton_attention`, split-K) keeps more SMs busy.
 "auto": Triton for CUDA tensors of a supported shape, else the reference.
 """
 
@@ -89,12 +91,12 @@ class RaggedLayout:
             self._memo["groups"] = out
         return self._memo["groups"]
 
-    def tiles(self, block_m: int, group: int) -> torch.Tensor:
-        """The Triton launch's tiles `[T, 2]` int32 (row, tile within the row) for BLOCK_M query rows a tile."""
-        key = ("tiles", block_m, group)
+    def tiles(self, block_m: int, group: int, rows: tuple[int, ...]) -> torch.Tensor:
+        """A Triton launch's tiles `[T, 2]` int32 (row, tile within the row) over `rows`, BLOCK_M query rows a tile."""
+        key = ("tiles", block_m, group, rows)
         if key not in self._memo:
-            pairs = [(row, t) for row, count in enumerate(self.counts) for t in range(-(-count * group // block_m))]
-            self._memo[key] = torch.tensor(pairs, dtype=torch.int32).to(self.positions.device)
+            pairs = [(row, t) for row in rows for t in range(-(-self.counts[row] * group // block_m))]
+            self._memo[key] = torch.tensor(pairs, dtype=torch.int32).view(-1, 2).to(self.positions.device)
         return self._memo[key]
 
     def memo(self, key, build):
