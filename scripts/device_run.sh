@@ -670,6 +670,27 @@ timeout "${2:-390}" python3 scripts/bench_quant_gpu.py --sweep --out "$OUT/quant
 log done
 }
 
+# ==== ragged
+# The ragged forward (fast/ragged.py: decode rows and a prefill chunk in one pass over the paged pool) on one GPU, one
+# device call from the repo root (≈ 3 min): its GPU-marked tests, then one ragged forward against the separate
+# prefill + decode forwards (and the decode as a CUDA graph) on the 8B shape, bf16, random weights: 64 decode rows
+# at 1024 positions with γ = 0 and γ = 3, plus one 512-token prefill chunk.
+#   bash scripts/device_run.sh ragged
+# Lands in $OUT: run.log, ragged_g0.json, ragged_g3.json.
+recipe_ragged() {
+set -o pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee -a "$OUT/run.log"
+timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/fast/test_ragged_gpu.py 2>&1 | tail -20 \
+    | tee -a "$OUT/run.log"
+for g in 0 3; do
+  timeout 150 python3 scripts/bench_ragged.py --device cuda --shape llama-8b --rows 64 --gamma $g --chunk 512 \
+      --context 1024 --repeats 10 --out "$OUT/ragged_g$g.json" 2>&1 | tail -6 | tee -a "$OUT/run.log"
+done
+}
+
 RECIPES=$(sed -n "s/^# ==== //p" "${BASH_SOURCE[0]}" | tr "\n" " ")  # every "# ==== name" block above
 
 help_of() {  # the comment block of one recipe, without the leading "# "

@@ -105,13 +105,15 @@ class LlamaLayers:
 
     def _eager_layers(self, x: torch.Tensor, cache: KVCache, rope_pos: torch.Tensor, slots: torch.Tensor,
                       tables: list, capture: list | None = None, attention: str = "reference", tree=None,
-                      causal: bool = False) -> torch.Tensor:
+                      causal: bool = False, attend=None) -> torch.Tensor:
         """The decoder layers in eager PyTorch: `x [B, k, dim]` → `[B, k, dim]`. attention: `slot_attention`'s
         kernel (the Triton one on CUDA for families the fused layer does not cover). capture (optional): appends
         a copy of the residual stream entering each layer of `feature_layers`. Under `bitwise` the GEMMs and the
         attention are the invariant ones (the Llama body's branch only: other families are refused). causal: the
         columns are positions 0..k-1 of fresh rows (`forward`'s `causal_prefix`): layers without a window or a
-        softcap attend by `causal_prefix_attention` (no mask)."""
+        softcap attend by `causal_prefix_attention` (no mask). attend (optional): `attend(i, q, key, value, window)`
+        writes layer i's new K/V and returns its attention `[B, k, H, D]` in place of the cache's write and
+        `slot_attention` (`fast.ragged`: a ragged batch over the block pool; `cache` is then not touched)."""
         s, a = self.shape, self.shape.arch
         gemm = "bitwise" if self.bitwise else "reference"
         batch, k = x.shape[:2]
@@ -119,7 +121,7 @@ class LlamaLayers:
         rot = hd if a.rotary_dim is None else a.rotary_dim
         # RoPE factors `[B, k, 1, R]` per table, for the q and k heads at once (one contiguous block)
         factors = [(cos[rope_pos][:, :, None], sin[rope_pos][:, :, None]) for cos, sin in tables]
-        write_index = cache.write_index(slots)
+        write_index = cache.write_index(slots) if attend is None else None
         masks = {}  # one mask per window, shared by the layers (and built only for the reference: on CPU "auto" too)
         bound = rope_pos if tree is None else slots  # what a query sees up to: its position, a tree node its slot
         x = x.reshape(batch * k, s.dim)  # the residual stream
@@ -138,9 +140,12 @@ class LlamaLayers:
                 rotated = torch.addcmul(qk[..., :rot] * cos, torch.roll(qk[..., :rot], rot // 2, dims=-1), sin)
                 qk = rotated if rot == hd else torch.cat([rotated, qk[..., rot:]], dim=-1)
             q, key = qk[:, :, :nq], qk[:, :, nq:]
-            cache.write(i, write_index, key, v)
+            if attend is None:
+                cache.write(i, write_index, key, v)
             window = a.window(i)
-            if self.bitwise:  # (token trees are refused in forward; a paged cache: its rows' blocks gathered)
+            if attend is not None:
+                attn = attend(i, q, key, v, window)
+            elif self.bitwise:  # (token trees are refused in forward; a paged cache: its rows' blocks gathered)
                 attn = invariant_attention(q, *cache.layer(i), bound, a.attn_scale, window=window)
             elif causal and window is None and a.attn_softcap is None and tree is None:
                 attn = causal_prefix_attention(q, *cache.layer(i), a.attn_scale)
