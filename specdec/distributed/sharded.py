@@ -91,6 +91,14 @@ class ShardedFastLlama(FastLlama):
     def all_reduce(self) -> str:
         return self.reduce.kind
 
+    def all_ranks_min(self, value: int) -> int:
+        """The smallest `value` over the ranks (collective: every rank calls it together). What each rank sizes from
+        its own free memory — the paged pool's blocks — must be the same everywhere, or the ranks' schedulers part
+        (one preempts where another does not) and the next all-reduce waits forever."""
+        t = torch.tensor([int(value)], dtype=torch.int64, device=self.embed.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
+        return int(t.item())
+
     def _row_parallel(self, x: torch.Tensor, inp: torch.Tensor, weight: torch.Tensor,
                       kernel: str = "reference") -> torch.Tensor:
         """x + Σ_r inp_r @ W_rᵀ `[N, dim]` (a new tensor): rank 0's GEMM adds the residual, then one all-reduce."""

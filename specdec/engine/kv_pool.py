@@ -310,5 +310,8 @@ def paged_caches(cache, draft_cache, feature_dim: int, config, max_batch: int
     budget = kv_budget(config.kv_cache_memory, static, memory.available_memory(cache.model.device), cache.model.device)
     block_bytes = sum(PagedSlotCache.block_bytes(m, size) for m in models) + size * feature_bytes
     num_blocks = pool_blocks(budget, block_bytes, max_batch, num_positions // size)
+    agree = getattr(cache.model, "all_ranks_min", None)  # a tensor-parallel shard: every rank the same pool
+    if agree is not None:
+        num_blocks = agree(num_blocks)
     pool = KVPool(num_blocks, size, max_batch, num_positions, cache.model.device)
     return pool, PagedSlotCache(models[0], pool), None if draft_cache is None else PagedSlotCache(models[1], pool)

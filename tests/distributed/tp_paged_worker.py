@@ -1,0 +1,108 @@
+"""Run by test_tensor_parallel_paged.py under `torchrun --nproc-per-node 2`: the engine on the paged pool, sharded.
+
+argv: OUT.json TARGET_DIR DRAFT_DIR. Every rank builds one `Engine` over its shard of the target (a model drafter
+replicated) with a tiny paged pool — so running requests are preempted and recomputed —, prefix caching on, and
+requests of different draft caps (plain, γ 2, γ 3), temperatures and seeds, some sharing a prompt prefix, some
+arriving while others run. Rank 0 writes each request's tokens, the pool's counters, and whether every rank
+produced the same; `traffic` is the one definition of that workload, which the test replays in one process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+torch.set_num_threads(1)
+
+from specdec.distributed import (init_tensor_parallel, is_main_rank, load_sharded,  # noqa: E402
+                                 shutdown_tensor_parallel)
+from specdec.engine import Engine, EngineConfig  # noqa: E402
+from specdec.request import SamplingParams  # noqa: E402
+
+SHARED = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]  # three blocks of 4: what later prompts find cached
+REQUESTS = [  # (prompt, num_draft_tokens, temperature, seed, arrives at step)
+    (SHARED + [20, 21], 3, 0.0, 0, 0),
+    ([12, 3], 0, 1.0, 7, 0),
+    ([7, 7, 8, 9, 7, 7], 2, 1.0, 8, 0),
+    (SHARED + [30], 2, 0.0, 0, 4),
+    (SHARED + [31, 32, 33], 0, 0.0, 0, 6),
+    ([40, 41, 42, 43, 44], 3, 1.0, 9, 6),
+]
+MAX_NEW = 14
+CONFIG = dict(max_batch_size=4, max_seq_len=64, max_draft_tokens=3, kv_layout="paged", block_size=4,
+              kv_cache_memory=None, enable_prefix_caching=True)
+
+
+def pool_bytes(target, drafter) -> int:
+    """The bytes of a pool of 16 blocks of 4 positions: this rank's shard of the target's K/V and the replicated
+    drafter's, every layer, fp32 — room for about two running requests of this workload, so the others wait and
+    running ones are preempted. The same 16 blocks on every rank and in one process."""
+    shape, config = target.shape, drafter.config
+    target_position = 2 * shape.n_layers * shape.n_kv_heads * shape.head_dim * 4
+    head_dim = config.hidden_size // config.num_attention_heads
+    draft_position = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * 4
+    return 16 * 4 * (target_position + draft_position)
+
+
+def traffic(target, drafter, kv_cache_memory: int, requests=REQUESTS) -> dict:
+    """The workload (`requests`) on one engine: {request index: tokens}, plus the pool's counters."""
+    engine = Engine(target, drafter, EngineConfig(**{**CONFIG, "kv_cache_memory": kv_cache_memory}))
+    tokens: dict[str, list[int]] = {}
+    ids: dict[str, int] = {}
+    step = 0
+    pending = list(enumerate(requests))
+    while pending or engine.has_unfinished():
+        while pending and pending[0][1][4] <= step:
+            index, (prompt, gamma, temperature, seed, _) = pending.pop(0)
+            params = SamplingParams(temperature=temperature, seed=seed, max_new_tokens=MAX_NEW,
+                                    num_draft_tokens=gamma)
+            ids[engine.add_request(prompt, params)] = index
+        for out in engine.step():
+            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+        step += 1
+    usage = engine.kv_cache_usage
+    return {"tokens": {str(ids[k]): v for k, v in tokens.items()}, "preemptions": usage.num_preemptions,
+            "prefix_hits": engine.prefix_cache.hits if engine.prefix_cache is not None else 0,
+            "kv_heads": target.shape.n_kv_heads}
+
+
+def pool_agreement(target, drafter) -> int:
+    """The blocks of a pool sized as a fraction of free memory when each rank sees different free memory (rank r:
+    (r + 1) × 64 MiB; the fraction buys 16 blocks on rank 0, 32 on rank 1): the ranks must agree on one pool."""
+    from specdec.engine import memory
+
+    free = (dist.get_rank() + 1) * (64 << 20)
+    fraction = pool_bytes(target, drafter) / (64 << 20)
+    real, memory.available_memory = memory.available_memory, lambda device: free
+    try:
+        engine = Engine(target, drafter, EngineConfig(**{**CONFIG, "kv_cache_memory": fraction}))
+    finally:
+        memory.available_memory = real
+    return engine.kv_cache_usage.num_blocks
+
+
+def main() -> None:
+    from transformers import AutoModelForCausalLM
+
+    out, target_dir, draft_dir = sys.argv[1:]
+    device = init_tensor_parallel(int(os.environ["WORLD_SIZE"]), "cpu")
+    drafter = AutoModelForCausalLM.from_pretrained(draft_dir, local_files_only=True).eval().to(device)
+    model = load_sharded(target_dir, device=device, dtype=torch.float32)
+    result = traffic(model, drafter, pool_bytes(model, drafter))
+    result["blocks_from_a_fraction"] = pool_agreement(model, drafter)
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, result)  # (equal results include equal pools)
+    if is_main_rank():
+        with open(out, "w", encoding="utf-8") as fh:
+            json.dump({"result": result, "ranks_agree": all(g == result for g in gathered),
+                       "clean_shutdown": shutdown_tensor_parallel(model)}, fh)
+    else:
+        shutdown_tensor_parallel(model)
+
+
+if __name__ == "__main__":
+    main()
