@@ -54,6 +54,23 @@ def _int(value, name: str, low: int) -> int:
     return int(value)
 
 
+def _ids(values: list, where) -> torch.Tensor:
+    """Non-negative ints as a CPU long tensor (one conversion for the whole batch), or an error naming the argument:
+    `where(i)` names entry i's row."""
+    try:
+        ids = torch.tensor(values)
+    except (TypeError, ValueError, RuntimeError):
+        ids = None
+    if ids is None or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        entries = [v for row in values for v in row] if values and isinstance(values[0], list) else values
+        bad = next((i for i, v in enumerate(entries) if isinstance(v, bool) or not isinstance(v, int)), 0)
+        raise TypeError(f"{where(bad)} must hold ints, got {entries[bad]!r}")
+    ids = ids.long().flatten()
+    if ids.numel() and int(ids.min()) < 0:
+        raise ValueError(f"{where(int((ids < 0).nonzero()[0]))} holds a negative id ({int(ids.min())})")
+    return ids
+
+
 @dataclass(frozen=True)
 class RaggedBatch:
     """A ragged pass's inputs on the device, built by `from_rows` (which checks them). Shapes: B rows, N tokens, M
@@ -103,54 +120,57 @@ class RaggedBatch:
         block_size = _int(block_size, "block_size", 1)
         if isinstance(rows, RaggedRow) or not isinstance(rows, Sequence) or not rows:
             raise ValueError("rows must be a non-empty sequence of RaggedRow")
-        counts, starts, wants, tables, flat = [], [], [], [], []
+        counts, starts, wants, tables, flat, row_of = [], [], [], [], [], []
         for b, row in enumerate(rows):
             if not isinstance(row, RaggedRow):
                 raise TypeError(f"rows[{b}] must be a RaggedRow, got {type(row).__name__}")
-            tokens = [_int(t, f"rows[{b}].tokens[{i}]", 0) for i, t in enumerate(row.tokens)]
+            tokens, blocks = list(row.tokens), list(row.blocks)
             if not tokens:
                 raise ValueError(f"rows[{b}].tokens is empty: a row brings at least one new token")
             start = _int(row.start, f"rows[{b}].start", 0)
             want = _int(row.num_logits, f"rows[{b}].num_logits", 0)
             if want > len(tokens):
                 raise ValueError(f"rows[{b}].num_logits ({want}) exceeds its {len(tokens)} tokens")
-            blocks = [_int(x, f"rows[{b}].blocks[{i}]", 0) for i, x in enumerate(row.blocks)]
-            end = start + len(tokens)
-            if len(blocks) * block_size < end:
-                raise ValueError(f"rows[{b}].blocks: {len(blocks)} blocks of {block_size} hold {len(blocks) * block_size}"
-                                 f" positions, the row writes up to position {end - 1}")
-            written = blocks[start // block_size : -(-end // block_size)]
-            if 0 in written:
-                raise ValueError(f"rows[{b}].blocks: a position the row writes maps to the null block 0")
+            if len(blocks) * block_size < start + len(tokens):
+                raise ValueError(f"rows[{b}].blocks: {len(blocks)} blocks of {block_size} hold "
+                                 f"{len(blocks) * block_size} positions, the row writes up to position "
+                                 f"{start + len(tokens) - 1}")
             counts.append(len(tokens)), starts.append(start), wants.append(want), tables.append(blocks)
-            flat.extend(tokens)
-        width = max(len(t) for t in tables) if table_width is None else _int(table_width, "table_width", 1)
-        if width < max(len(t) for t in tables):
-            raise ValueError(f"table_width ({width}) is narrower than a row's {max(len(t) for t in tables)} blocks")
-        table = torch.zeros(len(rows), width, dtype=torch.int32)
-        for b, blocks in enumerate(tables):
-            table[b, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
-        positions = torch.cat([torch.arange(s, s + c) for s, c in zip(starts, counts)])
-        row_of = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor(counts))
-        slots = table[row_of, positions // block_size].long() * block_size + positions % block_size
-        if torch.unique(slots).numel() != slots.numel():
-            raise ValueError("rows: two rows write the same pool entry (their blocks overlap where they write)")
-        query_start = [0]
-        for c in counts:
+            flat.extend(tokens), row_of.extend([b] * len(tokens))
+        most = max(len(t) for t in tables)
+        width = most if table_width is None else _int(table_width, "table_width", 1)
+        if width < most:
+            raise ValueError(f"table_width ({width}) is narrower than a row's {most} blocks")
+        # one tensor per kind, checked at once (a bad entry's row named from where it sits)
+        flat = _ids(flat, lambda i: f"rows[{row_of[i]}].tokens")
+        table = _ids([t + [0] * (width - len(t)) for t in tables],
+                     lambda i: f"rows[{i // width}].blocks").view(len(rows), width)
+        query_start, logits_start, index = [0], [0], []
+        for c, want in zip(counts, wants):
             query_start.append(query_start[-1] + c)
-        index, logits_start = [], [0]
-        for b, (c, want) in enumerate(zip(counts, wants)):
-            index.extend(range(query_start[b + 1] - want, query_start[b + 1]))
+            index.extend(range(query_start[-1] - want, query_start[-1]))
             logits_start.append(logits_start[-1] + want)
-        dev = torch.device(device)
-        qs, pos, tab = (torch.tensor(query_start, dtype=torch.int32).to(dev), positions.to(dev), table.to(dev))
+        row_ids, n = torch.tensor(row_of), len(row_of)
+        first = torch.tensor(query_start[:-1]) - torch.tensor(starts)  # token i of row b: position i − first[b]
+        positions = torch.arange(n) - first[row_ids]
+        slots = table[row_ids, positions // block_size] * block_size + positions % block_size
+        null = (slots < block_size).nonzero()
+        if null.numel():
+            raise ValueError(f"rows[{row_of[int(null[0])]}].blocks: a position the row writes maps to the null block 0")
+        if torch.unique(slots).numel() != n:
+            raise ValueError("rows: two rows write the same pool entry (their blocks overlap where they write)")
+        # two host → device copies: the long vectors in one buffer, the int32 ones in another
+        longs = torch.cat([flat, positions, slots, torch.tensor(index, dtype=torch.long),
+                           torch.tensor(starts, dtype=torch.long)]).to(device)
+        tokens, pos, slot_mapping, logits_index, row_starts = longs.split([n, n, n, len(index), len(rows)])
+        ints = torch.cat([torch.tensor(query_start, dtype=torch.int32), table.view(-1).int()]).to(device)
+        qs, tab = ints[: len(rows) + 1], ints[len(rows) + 1 :].view(len(rows), width)
         return cls(
-            tokens=torch.tensor(flat, dtype=torch.long).to(dev), query_start=qs,
-            starts=torch.tensor(starts, dtype=torch.long).to(dev), positions=pos, block_table=tab,
-            slot_mapping=slots.to(dev), logits_index=torch.tensor(index, dtype=torch.long).to(dev),
-            counts=tuple(counts), start_positions=tuple(starts), num_logits=tuple(wants),
-            logits_start=tuple(logits_start), block_size=block_size, max_block=int(table.max()),
-            max_token=max(flat), layout=RaggedLayout(tuple(counts), tuple(starts), qs, pos, tab))
+            tokens=tokens, query_start=qs, starts=row_starts, positions=pos, block_table=tab,
+            slot_mapping=slot_mapping, logits_index=logits_index, counts=tuple(counts), start_positions=tuple(starts),
+            num_logits=tuple(wants), logits_start=tuple(logits_start), block_size=block_size,
+            max_block=int(table.max()), max_token=int(flat.max()),
+            layout=RaggedLayout(tuple(counts), tuple(starts), qs, pos, tab))
 
 
 def _check(model, batch: RaggedBatch, cache) -> None:

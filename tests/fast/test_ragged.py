@@ -239,8 +239,12 @@ def test_the_batch_names_bad_arguments():
         RaggedBatch.from_rows([row, row], block_size=4)
     with pytest.raises(ValueError, match=r"rows\[0\].start must be >= 0"):
         RaggedBatch.from_rows([dataclasses.replace(row, start=-1)], block_size=4)
-    with pytest.raises(TypeError, match=r"rows\[0\].tokens\[1\] must be an int"):
-        RaggedBatch.from_rows([dataclasses.replace(row, tokens=[5, 6.0])], block_size=4)
+    with pytest.raises(TypeError, match=r"rows\[1\].tokens must hold ints, got 6.5"):
+        RaggedBatch.from_rows([row, RaggedRow([5, 6.5], 0, [9], 0)], block_size=4)
+    with pytest.raises(TypeError, match=r"rows\[1\].blocks must hold ints, got '9'"):
+        RaggedBatch.from_rows([row, RaggedRow([5], 0, ["9"], 0)], block_size=4)
+    with pytest.raises(ValueError, match=r"rows\[1\].tokens holds a negative id"):
+        RaggedBatch.from_rows([row, RaggedRow([5, -1], 0, [9], 0)], block_size=4)
     with pytest.raises(ValueError, match="table_width"):
         RaggedBatch.from_rows([row], block_size=4, table_width=1)
     batch = RaggedBatch.from_rows([row, RaggedRow([9], 0, [7], 0)], block_size=4, table_width=3)
