@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from specdec.fast.kernels.ragged_attention import RaggedLayout, ragged_attention
 from specdec.fast.kernels.select import check_kernel
+from specdec.fast.model import FastLlama
 
 __all__ = ["RaggedRow", "RaggedBatch", "forward_ragged"]
 
@@ -174,6 +175,9 @@ class RaggedBatch:
 
 
 def _check(model, batch: RaggedBatch, cache) -> None:
+    if type(model) is not FastLlama:
+        raise TypeError(f"model must be a FastLlama (its own eager body), got {type(model).__name__}: subclasses "
+                        "(EAGLE layers, tensor-parallel shards) are not covered")
     s = model.shape
     if not isinstance(batch, RaggedBatch):
         raise TypeError(f"batch must be a RaggedBatch (RaggedBatch.from_rows), got {type(batch).__name__}")

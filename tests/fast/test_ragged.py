@@ -223,6 +223,22 @@ def test_negative_controls_a_wrong_block_and_an_off_by_one_mask(make_llama):
                                   atol=1e-3)
 
 
+def test_the_pass_names_bad_arguments(make_llama):
+    fast = family("llama", make_llama)
+    pool = Pool(fast)
+    batch = RaggedBatch.from_rows([RaggedRow([5, 6], 0, [3], 1)], block_size=BLOCK)
+    with pytest.raises(TypeError, match="model must be a FastLlama"):
+        forward_ragged(torch.nn.Linear(2, 2), batch, pool.cache)
+    with pytest.raises(ValueError, match="past the vocabulary"):
+        forward_ragged(fast, RaggedBatch.from_rows([RaggedRow([64], 0, [3], 1)], block_size=BLOCK), pool.cache)
+    with pytest.raises(ValueError, match="block_size"):
+        forward_ragged(fast, RaggedBatch.from_rows([RaggedRow([5], 0, [3], 1)], block_size=8), pool.cache)
+    with pytest.raises(ValueError, match="the pool has 120 blocks"):
+        forward_ragged(fast, RaggedBatch.from_rows([RaggedRow([5], 0, [130], 1)], block_size=BLOCK), pool.cache)
+    with pytest.raises(ValueError, match="cache must hold"):
+        forward_ragged(fast, batch, object())
+
+
 def test_the_batch_names_bad_arguments():
     row = RaggedRow([5, 6, 7], 2, [3, 4], 1)
     with pytest.raises(ValueError, match="rows must be"):
