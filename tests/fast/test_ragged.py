@@ -132,11 +132,13 @@ def test_a_row_does_not_depend_on_the_others(name, make_llama):
                 assert check(other[n], base[n]), (n, seed)
 
 
-def test_chunked_ragged_prefill_then_greedy_equals_a_whole_prefill(make_llama):
+@pytest.mark.parametrize("bitwise", [False, True])
+def test_chunked_ragged_prefill_then_greedy_equals_a_whole_prefill(bitwise, make_llama):
     """Three prompts prefilled in chunks of different sizes over ragged passes shared with each other (the chunks
     of one row land in different passes), then greedy decoding one ragged row each: the tokens of a whole
-    prefill and greedy forwards on a static cache, and the same final logits."""
+    prefill and greedy forwards on a static cache, and the same final logits (the same bits under bitwise)."""
     fast = family("llama", make_llama)
+    fast.bitwise = bitwise
     prompts = [TEXT[0][:29], TEXT[1][:11], TEXT[2][:20]]
     chunks = [7, 4, 20]
     with torch.inference_mode():
@@ -166,11 +168,29 @@ def test_chunked_ragged_prefill_then_greedy_equals_a_whole_prefill(make_llama):
         for b, p in enumerate(prompts):
             cache = fast.new_cache(1, 63)
             whole = fast(torch.tensor([p]), cache)[0, -1]
-            torch.testing.assert_close(last[b], whole, atol=1e-5, rtol=0)
+            torch.testing.assert_close(last[b], whole, atol=0 if bitwise else 1e-5, rtol=0)
             want = [int(whole.argmax())]
             for _ in range(6):
                 want.append(int(fast(torch.tensor([[want[-1]]]), cache)[0, -1].argmax()))
             assert outs[b] == want
+
+
+def test_the_pool_is_the_paged_caches_layout(make_llama):
+    """K/V a ragged pass wrote are read by today's `FastLlama.forward` over a `PagedKVCache` of the same blocks: a
+    step after a ragged prefill is the static cache's step (bits under bitwise)."""
+    fast = family("llama", make_llama)
+    fast.bitwise = True
+    prompts, more = [TEXT[0][:13], TEXT[1][:6]], torch.tensor([TEXT[2][:3], TEXT[3][:3]])
+    with torch.inference_mode():
+        pool = Pool(fast, seed=4)
+        rows = [RaggedRow(p, 0, pool.table(b, 20), 0) for b, p in enumerate(prompts)]
+        forward_ragged(fast, RaggedBatch.from_rows(rows, block_size=BLOCK), pool.cache)
+        table = torch.tensor([pool.blocks[0], pool.blocks[1]], dtype=torch.int32)
+        paged = PagedKVCache(pool.cache.keys, pool.cache.values, torch.tensor([13, 6]), table)
+        static = fast.new_cache(2, 19)
+        fast(torch.tensor([prompts[0], prompts[1] + [0] * 7]), static,
+             torch.tensor([[True] * 13, [True] * 6 + [False] * 7]))
+        assert torch.equal(fast(more, paged), fast(more, static))
 
 
 def test_triton_kernel_in_the_pass(make_llama):
