@@ -8,7 +8,8 @@ static cache), interleaved A/B in one run, random weights.
 
 Arms: "ragged" (one forward_ragged, eager, the Triton varlen attention on CUDA); "separate" (prefill forward with
 kernels="reference", as the engine prefills, then the decode forward with the model's kernels — on CUDA the fused
-layer — both eager); on CUDA also "separate+graph" (the decode forward replayed as a CUDA graph, as the engine's
+layer — both eager); "separate-paged" (the same two passes over the pool the ragged pass uses, through
+`PagedKVCache` views: the eager layers, as kv_layout="paged" runs them); on CUDA also "separate+graph" (the decode forward replayed as a CUDA graph, as the engine's
 step runs it; the prefill eager). Times are wall milliseconds per step (host launch included), median and range over
 --repeats; the batch's host build (`RaggedBatch.from_rows`) is timed apart.
 """
@@ -45,7 +46,8 @@ def build(args):
     decode = torch.randint(3, s.vocab_size, (args.rows, k), generator=gen)
     chunk = torch.randint(3, s.vocab_size, (1, args.chunk), generator=gen)
     # the ragged pass's pool: every row's blocks, in order (where they sit does not change the work)
-    need = [-(-(args.context + k) // BLOCK)] * args.rows + [-(-(args.prefill_start + args.chunk) // BLOCK)]
+    # (+1 position: a PagedKVCache's last slot is its junk slot, for the separate passes over the same pool)
+    need = [-(-(args.context + k + 1) // BLOCK)] * args.rows + [-(-(args.prefill_start + args.chunk + 1) // BLOCK)]
     size = (sum(need) + 1, BLOCK, s.n_kv_heads, s.head_dim)
     pools = [[torch.zeros(size, device=device, dtype=dtype) for _ in range(s.n_layers)] for _ in range(2)]
     paged = PagedKVCache(*pools, torch.zeros(1, dtype=torch.long, device=device),
@@ -61,11 +63,15 @@ def build(args):
     start = time.perf_counter()
     batch = RaggedBatch.from_rows(rows, block_size=BLOCK, device=device)
     build_ms = (time.perf_counter() - start) * 1e3
+    table = batch.block_table
+    lengths = torch.tensor([args.context] * args.rows + [args.prefill_start], device=device)
+    paged_views = (PagedKVCache(*pools, lengths[:-1], table[:-1, : need[0]].contiguous()),
+                   PagedKVCache(*pools, lengths[-1:], table[-1:, : need[-1]].contiguous()))
     decode_cache = model.new_cache(args.rows, args.context + k)
     prefill_cache = model.new_cache(1, args.prefill_start + args.chunk)
     decode_cache.lengths.fill_(args.context)
     prefill_cache.lengths.fill_(args.prefill_start)
-    return model, batch, paged, decode.to(device), chunk.to(device), decode_cache, prefill_cache, build_ms
+    return model, batch, paged, decode.to(device), chunk.to(device), decode_cache, prefill_cache, paged_views, build_ms
 
 
 def main(argv=None):
@@ -83,7 +89,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, batch, paged, decode, chunk, decode_cache, prefill_cache, build_ms = build(args)
+    model, batch, paged, decode, chunk, decode_cache, prefill_cache, paged_views, build_ms = build(args)
     cuda = model.device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
@@ -96,7 +102,11 @@ def main(argv=None):
     def step():
         return model(decode, decode_cache, advance=False)
 
-    arms = {"ragged": ragged, "separate": lambda: (prefill(), step())}
+    def separate_paged():  # the same two passes over the pool the ragged pass reads (kv_layout="paged")
+        model(chunk, paged_views[1], last_only=True, advance=False, kernels="reference")
+        return model(decode, paged_views[0], advance=False)
+
+    arms = {"ragged": ragged, "separate": lambda: (prefill(), step()), "separate-paged": separate_paged}
     if cuda:
         from specdec.fast.graphs import CapturedStep
 
