@@ -213,7 +213,11 @@ def forward_ragged(model, batch: RaggedBatch, cache, *, return_hidden: bool = Fa
     `model.feature_layers` set the states entering those layers `[M, len·dim]` (feature heads).
     compute_logits=False: logits None. kernels: the attention's kernel ("auto" | "triton" | "reference"; default
     the model's `kernels`); under `model.bitwise` the batch-invariant GEMMs and attention run (torch on CPU).
-    The eager layers always (the fused layer writes the static layout)."""
+    The eager layers always (the fused layer writes the static layout).
+
+    Exactness: a row's logits are what `FastLlama.forward` computes for it alone on a static cache — the same bits
+    under `bitwise` (CPU: every GEMM and attention batch-invariant), otherwise equal to fp32 rounding (the CPU GEMMs
+    pick their blocking by row count, SDPA by shape: `tests/fast/test_ragged.py`)."""
     _check(model, batch, cache)
     s, a = model.shape, model.shape.arch
     mode = model.kernels if kernels is None else check_kernel(kernels, "kernels")
