@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def test_kernel_on_the_device_matches_the_reference():
-    from kernels.test_ragged_attention import layout_for, pools  # (tests/fast/kernels: the CPU tests' builders)
+    from fast.kernels.test_ragged_attention import layout_for, pools  # (the CPU tests' builders)
 
     counts, starts = (300, 1, 5, 9, 1), (0, 700, 40, 2, 1500)
     lay, _ = layout_for(counts, starts, 16, 200, seed=1)
@@ -33,7 +33,7 @@ def test_kernel_on_the_device_matches_the_reference():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_mixed_batch_equals_each_row_alone_on_cuda(dtype):
-    from test_ragged import MIX, TEXT, Pool, ragged  # (tests/fast: the CPU test's rows and pool)
+    from fast.test_ragged import MIX, TEXT, Pool, ragged  # (the CPU test's rows and pool)
 
     shape = LlamaShape(vocab_size=64, dim=256, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=32,
                        intermediate_size=512)
