@@ -683,10 +683,10 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee -a "$OUT/run.log"
-timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/fast/test_ragged_gpu.py 2>&1 | tail -20 \
+timeout 180 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/fast/test_ragged_gpu.py 2>&1 | tail -20 \
     | tee -a "$OUT/run.log"
 for g in 0 3; do
-  timeout 150 python3 scripts/bench_ragged.py --device cuda --shape llama-8b --rows 64 --gamma $g --chunk 512 \
+  timeout 180 python3 scripts/bench_ragged.py --device cuda --shape llama-8b --rows 64 --gamma $g --chunk 512 \
       --context 1024 --repeats 10 --out "$OUT/ragged_g$g.json" 2>&1 | tail -6 | tee -a "$OUT/run.log"
 done
 }
