@@ -193,6 +193,22 @@ def test_the_pool_is_the_paged_caches_layout(make_llama):
         assert torch.equal(fast(more, paged), fast(more, static))
 
 
+def test_one_batch_drives_the_target_and_a_drafter(make_llama):
+    """One `RaggedBatch` (one set of block tables) over two models, each its own pool of the same blocks (the
+    target's and a cached drafter's, as `engine.kv_pool` lays them out): each model's rows equal their rows alone."""
+    target, draft = family("llama", make_llama), FastLlama.from_hf(make_llama(5, layers=1), kernels="reference")
+    rows = [r for r in MIX if r[0] in ("middle", "verify3", "decode")]
+    with torch.inference_mode():
+        pool = Pool(target, seed=6)
+        got = ragged(target, pool, rows)
+        draft_pool = Pool(draft)
+        draft_pool.blocks = pool.blocks  # (the same blocks: every row's table is already long enough)
+        mine = ragged(draft, draft_pool, rows)
+        for n, t, s, k, m in rows:
+            torch.testing.assert_close(got[n], alone(target, t, s, k, m)[0], atol=1e-5, rtol=0)
+            torch.testing.assert_close(mine[n], alone(draft, t, s, k, m)[0], atol=1e-5, rtol=0)
+
+
 def test_triton_kernel_in_the_pass(make_llama):
     """The pass with the Triton varlen kernel (Triton's interpreter on CPU) equals each row alone: windows and a
     softcap (Gemma 2)."""
