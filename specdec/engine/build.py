@@ -2,7 +2,10 @@
 
 Coverage is `specdec.fast.families.FAMILIES` (each config checked by `LlamaShape.from_hf`, which names what it refuses).
 
-Anything the engine does not cover raises `UnsupportedModel` here, before any compute.
+Anything the engine does not cover raises `UnsupportedModel` here, before any compute. `EngineConfig.model_impl`
+routes a model the fast bodies do not cover to the transformers backend (`fast.hf_backend`: the model's own modules,
+the engine's attention and cache; "auto" does, with one log line); `covers` / `uncovered_reason` keep naming the
+fast bodies' coverage (what the entry points route by).
 
 A transformers model's weights are held once: the engine's `FastLlama` reads the model's own storage
 (`fast.held_once.adopt_hf`; q|k|v and gate|up are stacked once and the model's parameters re-pointed into the stacks),
@@ -23,6 +26,7 @@ from specdec.engine.config import UnsupportedModel
 from specdec.engine.drafters import EngineLookupDrafter, EngineModelDrafter, EngineNGramDrafter
 from specdec.drafters.formats import is_drafter, load_drafter
 from specdec.fast.held_once import adopt_hf
+from specdec.fast.hf_backend import HFBackendModel
 from specdec.fast.model import FAMILIES, FastLlama
 
 logger = logging.getLogger(__name__)
@@ -151,8 +155,10 @@ def _fast_model(model, check_only: bool = False) -> FastLlama | None:
             from None
 
 
-def build_model(target, kernels: str = "auto", bitwise: bool = False) -> FastLlama:
-    model = _fast_model(target)
+def build_model(target, kernels: str = "auto", bitwise: bool = False, model_impl: str = "auto") -> FastLlama:
+    """The engine's target body: `model_impl` (`EngineConfig.model_impl`) picks a fast family body or the
+    transformers backend (`fast.hf_backend.HFBackendModel`)."""
+    model = _model_body(target, model_impl, bitwise)
     model.kernels = kernels
     # (a ValueError for families it does not cover: never a silent fallback). Drafters keep their own kernels: under
     # bitwise every committed token is the target's own (argmax, or `verify_coupled`'s race draw), so a draft only
@@ -166,6 +172,43 @@ def build_model(target, kernels: str = "auto", bitwise: bool = False) -> FastLla
     return model
 
 
+def _model_body(model, model_impl: str = "auto", bitwise: bool = False):
+    """The fast body (`_fast_model`) or the transformers backend, as `model_impl` says ("auto": fast where it covers
+    the model, else the backend, one log line per model type)."""
+    if isinstance(model, HFBackendModel) or model_impl == "transformers":
+        return model if isinstance(model, HFBackendModel) else HFBackendModel(_hf_module(model))
+    try:
+        return _fast_model(model)
+    except UnsupportedModel as err:
+        if model_impl == "fast" or bitwise or isinstance(model, FastLlama):
+            raise
+        backend = HFBackendModel(_hf_module(model))
+        if backend.shape.model_type not in _noticed:
+            _noticed.add(backend.shape.model_type)
+            logger.info("model_type %r runs on the engine's transformers backend (its own modules, the engine's "
+                        "attention and KV cache): %s", backend.shape.model_type, err)
+        return backend
+
+
+def _hf_module(model):
+    """The transformers model behind a specdec wrapper (`HFCausalLM`, `ModelDrafter`, ...) or a local folder."""
+    if isinstance(model, (str, Path)):
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(str(model), dtype="auto", local_files_only=True)
+    inner = getattr(model, "model", None)
+    if not isinstance(model, torch.nn.Module) and inner is not None:
+        return _hf_module(inner)
+    return model
+
+
+def _backend_drafter(drafter) -> bool:
+    """A draft model the transformers backend can take (a transformers model or a specdec model drafter)."""
+    from specdec.drafters.model import ModelDrafter
+
+    return isinstance(drafter, (torch.nn.Module, str, Path)) or type(drafter) is ModelDrafter
+
+
 def build_drafter(drafter, engine):
     vocab = engine.vocab_size
     if isinstance(drafter, PromptLookupDrafter):
@@ -175,6 +218,9 @@ def build_drafter(drafter, engine):
             raise ValueError(f"draft and target vocabularies differ: drafter has {drafter.vocab_size} tokens, "
                              f"target has {vocab}")
         return EngineNGramDrafter(drafter, engine.device)
+    if is_drafter(drafter) and isinstance(engine.model, HFBackendModel):
+        raise UnsupportedModel(f"feature heads read the target's hidden states from a fast family body; the target "
+                               f"runs on the transformers backend ({engine.model.shape.model_type})")
     if is_drafter(drafter):  # a head or its folder (any `drafters.formats` format): drafts from target features
         from specdec.engine.feature_drafter import EngineFeatureDrafter, EngineMedusaDrafter
         from specdec.fast.medusa import MedusaHeads
@@ -184,13 +230,17 @@ def build_drafter(drafter, engine):
             return EngineMedusaDrafter(head, engine.state)
         return EngineFeatureDrafter(head, engine.state, engine.max_batch, engine.num_positions,
                                     engine.max_draft_tokens)
-    if not covers_drafter(drafter):
+    impl = engine.config.model_impl
+    if not covers_drafter(drafter) and (impl == "fast" or not _backend_drafter(drafter)):
         raise UnsupportedModel(f"the engine does not run {type(drafter).__name__} drafters (use engine='hf')")
-    model = _fast_model(drafter)
+    model = _model_body(drafter, impl)
     if model.device != engine.device:
         model = model.to(engine.device)
     from specdec.drafters.cross_vocab import CrossVocabDrafter
 
+    if isinstance(drafter, CrossVocabDrafter) and isinstance(model, HFBackendModel):
+        raise UnsupportedModel("the cross-vocabulary drafter embeds the target's tokens in its own model: it needs a "
+                               "fast family body (model_impl='fast' or 'auto' with a covered draft model)")
     if isinstance(drafter, CrossVocabDrafter):  # another tokenizer: drafts through the vocabulary bridge
         from specdec.engine.cross_vocab_drafter import EngineCrossVocabDrafter
 

@@ -6,9 +6,10 @@ from dataclasses import dataclass
 
 from specdec.request import as_int, check_num_draft_tokens
 
-__all__ = ["EngineConfig", "UnsupportedModel", "BATCH_BUCKETS", "MIN_POSITIONS", "positions_bucket", "length_buckets"]
+__all__ = ["EngineConfig", "UnsupportedModel", "BATCH_BUCKETS", "MODEL_IMPLS", "MIN_POSITIONS", "positions_bucket", "length_buckets"]
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+MODEL_IMPLS = ("auto", "fast", "transformers")  # EngineConfig.model_impl (vLLM's names; "fast" for its "vllm")
 MIN_POSITIONS = 64  # the shortest cache-length bucket a step attends over (buckets are powers of two)
 
 
@@ -100,6 +101,11 @@ class EngineConfig:
                       free at construction (vLLM's gpu_memory_utilization, of free memory); None = the bytes the
                       static layout would take, at most 2 GiB and half the free memory on CPU (vLLM's CPU KV space
                       default is a fixed size too), at most 0.9 of the free memory on CUDA
+    model_impl        which body runs the target and a model drafter (vLLM's `--model-impl`): "auto" (the default)
+                      the fast family bodies (`fast/families.py`) where they cover the model, else the transformers
+                      backend (`fast/hf_backend.py`: the model's own modules with the engine's attention and cache,
+                      one log line naming the model type); "fast" the family bodies only (else `UnsupportedModel`);
+                      "transformers" the backend for every model
     enable_prefix_caching  paged pool only (vLLM's name): full blocks of committed text stay cached, named by a hash
                       chain, and a later prompt starting with them skips their prefill, the target's and a cached
                       drafter's (`engine/prefix_cache.py`); off by default (opt-in); off for feature drafters
@@ -125,8 +131,11 @@ class EngineConfig:
     block_size: int = 16
     kv_cache_memory: int | float | None = None
     enable_prefix_caching: bool = False
+    model_impl: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.model_impl not in MODEL_IMPLS:
+            raise ValueError(f"model_impl must be one of {', '.join(MODEL_IMPLS)}, got {self.model_impl!r}")
         if self.kv_layout not in ("static", "paged"):
             raise ValueError(f"kv_layout must be 'static' or 'paged', got {self.kv_layout!r}")
         as_int(self.block_size, "block_size", minimum=1, maximum=64)

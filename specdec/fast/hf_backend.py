@@ -1,0 +1,361 @@
+"""The transformers backend: any decoder-only transformers model runs in the engine with its own modules.
+
+vLLM's Transformers backend, for specdec's engine: the model's own embeddings, norms, projections, RoPE, MLPs,
+experts and LM head run as transformers wrote them; only the attention is the engine's. transformers calls one
+attention function per layer through its registry (`transformers.AttentionInterface`, selected by
+`config._attn_implementation`), after the layer's own q/k/v projections and RoPE. `HFBackendModel` registers
+`engine_attention` there and names it in the model's configs for the length of each forward (the model is not
+changed outside one: the text API, `specdec check` and the eager loop keep its own attention). The function writes
+the layer's new keys and values into the engine's cache at the rows' write slots (`fast.cache.KVCache` or
+`PagedKVCache`, the same calls as `FastLlama`'s layers) and attends over the cache with the engine's masks
+(`kernels.attention.slot_attention`: positions, the junk slot, sliding windows, soft-caps, token trees). No model
+code is copied; the model runs with no transformers cache (`use_cache=False`) and no mask of its own.
+
+`HFBackendModel` presents `FastLlama`'s interface to the engine (`shape`, `device`, `dtype`, `forward(tokens, cache,
+valid, ...)` with the same slots, positions, junk slot and tree semantics, `new_cache`, `rope_tables`,
+`feature_layers`, `weight_bytes`, `kernels`, `bitwise`), so block tables, rollback (a length move), per-request
+parameters, processors, grammar, logprobs and continuous batching run unchanged.
+
+Built by a probe (`probe`): one token through the model finds, in call order, the modules that call the attention
+function (the engine's layer index of each), their query and key/value heads, head dims and windows; then a short
+text through the engine's path must give the model's own logits. A model whose attention does not go through the
+registry (Bloom's and Falcon's ALiBi, MPT; transformers builds their bias inside their own attention), whose layers
+keep state outside K/V (state-space or recurrent layers), or whose attention takes inputs the engine does not give
+(attention sinks, relative position biases) is refused with `UnsupportedModel`, naming why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec.fast.cache import KVCache, PagedKVCache, TreeNodes, round_up
+from specdec.fast.kernels.attention import causal_prefix_attention, slot_attention, slot_attention_bias
+from specdec.fast.kernels.select import check_kernel
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["HFBackendModel", "BackendShape", "BackendArch", "engine_attention", "ATTENTION_NAME"]
+
+#: the attention implementation's name in transformers' registry
+ATTENTION_NAME = "specdec_engine"
+_FORWARD: ContextVar["_Forward | None"] = ContextVar("specdec_engine_forward", default=None)
+#: attention keyword arguments the engine's attention cannot honour (their value must be None)
+_REFUSED_KWARGS = {"s_aux": "attention sinks", "sinks": "attention sinks", "position_bias": "a relative position bias",
+                   "attention_chunk_size": "chunked attention"}
+
+
+def _refusal(why: str) -> Exception:
+    from specdec.engine.config import UnsupportedModel  # (the engine's error; imported here to keep fast/ below it)
+
+    return UnsupportedModel(why)
+
+
+@dataclass(frozen=True)
+class BackendArch:
+    """What the engine reads of a model's attention pattern (`FastLlama`'s `shape.arch` fields it uses)."""
+
+    layer_windows: tuple = ()  # per layer: its sliding window, or None (() = no layer has one)
+    rope_limit: int | None = None
+    embed_scale: float | None = None
+    fusable: bool = False  # never the fused Triton layer: the model's own modules run
+
+    def window(self, layer: int) -> int | None:
+        return self.layer_windows[layer] if self.layer_windows else None
+
+
+@dataclass(frozen=True)
+class BackendShape:
+    """The numbers the engine sizes caches and checks requests by (`FastLlama.shape`'s fields it reads)."""
+
+    model_type: str
+    vocab_size: int
+    dim: int
+    n_layers: int  # layers that attend (one KV cache layer each)
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    max_positions: int | None = None
+    arch: BackendArch = field(default_factory=BackendArch)
+
+    @property
+    def context(self) -> int | None:
+        return self.max_positions
+
+
+@dataclass
+class _Forward:
+    """One forward's attention inputs, shared by every layer (built once per forward, like `FastLlama`'s)."""
+
+    layers: dict  # id(attention module) → its layer in the cache
+    cache: KVCache | PagedKVCache | None = None
+    write_index: torch.Tensor | None = None
+    bound: torch.Tensor | None = None  # [B, k] what each query sees up to (its position; a tree node its slot)
+    tree: object = None  # kernels.attention.TreeMask
+    kernel: str = "reference"
+    causal: bool = False
+    masks: dict = field(default_factory=dict)
+    found: list | None = None  # the probe's record: (module, query shape, key shape, value shape, window)
+
+
+def engine_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
+                     softcap=None, **kwargs):
+    """transformers' attention-function signature: query `[B, H, k, D]`, key/value `[B, H_kv, k, D]` of the k fed
+    tokens (after the layer's projections and RoPE) → (output `[B, k, H, D]`, None). Writes K/V into the engine's
+    cache and attends over it; `attention_mask` is unused (the engine's masks come from positions)."""
+    step = _FORWARD.get()
+    if step is None:
+        raise RuntimeError(f"{ATTENTION_NAME} attention ran outside an engine forward (the model's configs name it "
+                           "only while `HFBackendModel.forward` runs; is the model shared with another thread?)")
+    for name, what in _REFUSED_KWARGS.items():
+        if kwargs.get(name) is not None:
+            raise _refusal(f"{type(module).__name__} passes {name} ({what}) to its attention: the engine's attention "
+                           "does not compute it")
+    if kwargs.get("is_causal") is False:
+        raise _refusal(f"{type(module).__name__} attends bidirectionally (is_causal=False): not a decoder")
+    window = int(sliding_window) if sliding_window else None
+    if step.found is not None:  # the probe: one token, whose attention over itself is its value
+        step.found.append((module, tuple(query.shape), tuple(key.shape), tuple(value.shape), window))
+        group = query.shape[1] // value.shape[1]
+        return value.transpose(1, 2).repeat_interleave(group, dim=2), None
+    layer = step.layers.get(id(module))
+    if layer is None:
+        raise RuntimeError(f"{type(module).__name__} was not an attention layer when the backend was built")
+    cache = step.cache
+    dtype = cache.keys[layer].dtype
+    q = query.transpose(1, 2).to(dtype)  # [B, k, H, D]
+    cache.write(layer, step.write_index, key.transpose(1, 2).to(dtype), value.transpose(1, 2).to(dtype))
+    group = q.shape[2] // key.shape[1]
+    if step.causal and window is None and softcap is None and step.tree is None:
+        out = causal_prefix_attention(q, *cache.layer(layer), scaling)
+    else:
+        if window not in step.masks and (step.kernel == "reference" or step.kernel == "auto" and not q.is_cuda):
+            step.masks[window] = slot_attention_bias(step.bound, cache.span, group, dtype, window, step.tree)
+        keys, values, table = cache.attention_inputs(layer)
+        out = slot_attention(q, keys, values, step.bound, scaling, window=window, softcap=softcap, kernel=step.kernel,
+                             bias=step.masks.get(window), tree=step.tree, block_table=table)
+    return out.to(query.dtype), None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, engine_attention)
+
+
+class HFBackendModel(torch.nn.Module):
+    """A transformers causal LM behind `FastLlama`'s interface (see the module doc); holds the model itself (its
+    weights are not copied), in eval mode."""
+
+    normed_output = True
+
+    def __init__(self, model: torch.nn.Module, kernels: str = "auto"):
+        super().__init__()
+        from transformers import PretrainedConfig, PreTrainedModel
+
+        config = getattr(model, "config", None)
+        if not isinstance(model, PreTrainedModel) or config is None:
+            raise _refusal(f"the transformers backend needs a transformers model, got {type(model).__name__}")
+        model_type = getattr(config, "model_type", None)
+        if getattr(config, "is_encoder_decoder", False):
+            raise _refusal(f"{model_type} is an encoder-decoder model: the transformers backend runs decoders")
+        if not type(model)._can_set_attn_implementation():
+            raise _refusal(f"{model_type} ({type(model).__name__}) computes attention inside its own modules, not "
+                           "through transformers' attention interface (e.g. an ALiBi bias built in its eager "
+                           "attention): the engine cannot plug its attention in")
+        self.hf = model.eval()
+        self._kernels = check_kernel(kernels, "kernels")
+        self._configs = []  # every config a module reads `_attn_implementation` from (a text config included)
+        for module in model.modules():
+            sub = getattr(module, "config", None)
+            if isinstance(sub, PretrainedConfig) and all(sub is not c for c in self._configs):
+                self._configs.append(sub)
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        self.config, self.generation_config = config, getattr(model, "generation_config", None)
+        self.feature_layers: tuple[int, ...] | None = None  # (the backend serves no feature heads: build refuses them)
+        self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        _register()
+        self._layers: dict = {}
+        self.shape = self._probe(model_type, text)
+
+    # ------------------------------------------------------------------------------------------- the probe
+    def _probe(self, model_type: str, text) -> BackendShape:
+        """Find the attention layers in call order, then check the engine's path against the model's own logits."""
+        step = _Forward(layers={}, found=[])
+        ids = torch.ones(1, 1, dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            logits = self._run(step, ids, ids * 0, None, compute_logits=True)
+        found = step.found
+        if not found:
+            raise _refusal(f"{model_type} never called the attention function it names: its attention does not go "
+                           "through transformers' attention interface")
+        modules = [f[0] for f in found]
+        if len({id(m) for m in modules}) != len(modules):
+            raise _refusal(f"{model_type} calls one attention module more than once per forward (shared layers): "
+                           "each needs its own KV cache layer")
+        layers = getattr(text, "num_hidden_layers", len(found))
+        if len(found) != layers:
+            raise _refusal(f"{model_type} attends in {len(found)} of its {layers} layers: the others (state-space, "
+                           "recurrent or convolution layers) keep a state the engine's KV cache does not hold")
+        _, q_shape, k_shape, v_shape, _ = found[0]
+        for module, q, k, v, _ in found:
+            if (q[1], k[1:], v[1:]) != (q_shape[1], k_shape[1:], k_shape[1:]):
+                raise _refusal(f"{model_type}'s attention layers differ in heads or head dims ({q} / {k} / {v}; "
+                               f"layer 0: {q_shape} / {k_shape}) or its values' head dim differs from its keys': "
+                               "the engine keeps one K/V shape for every layer")
+        self._layers = {id(m): i for i, m in enumerate(modules)}
+        windows = tuple(f[4] for f in found)
+        shape = BackendShape(
+            model_type=str(model_type), vocab_size=int(logits.shape[-1]), dim=int(getattr(text, "hidden_size", 0) or 0),
+            n_layers=len(found), n_heads=q_shape[1], n_kv_heads=k_shape[1], head_dim=k_shape[3],
+            max_positions=_context(text), arch=BackendArch(layer_windows=windows if any(windows) else ()))
+        self.shape = shape
+        self._self_check(model_type)
+        return shape
+
+    def _self_check(self, model_type: str) -> None:
+        """A short text through the engine's path (a prefill, then one token) must give the model's own logits."""
+        vocab = self.shape.vocab_size
+        ids = (torch.arange(6, device=self.device) * 7 + 3) % vocab
+        with torch.inference_mode():
+            try:
+                ref = self.hf(input_ids=ids[None], use_cache=False).logits[0].float()
+            except Exception as err:  # noqa: BLE001 (its own attention may not run here: nothing to compare with)
+                logger.debug("%s: the model's own forward failed (%s); the backend's self-check is skipped",
+                             model_type, err)
+                return
+            cache = self.new_cache(1, 16)
+            first = self(ids[None, :5], cache)[0]
+            last = self(ids[None, 5:], cache)[0]
+        ours = torch.cat([first, last])
+        tol = (1e-3 if self.dtype == torch.float32 else 5e-2) * max(1.0, float(ref.abs().max()))
+        err = float((ours - ref).abs().max())
+        if not err <= tol:
+            raise _refusal(f"{model_type} computes other logits through the engine's attention than through its own "
+                           f"(max difference {err:.3g}): it needs something the engine's attention does not give it "
+                           "(a bias in its mask, a state outside K/V)")
+
+    # ------------------------------------------------------------------------------------------- FastLlama's interface
+    @property
+    def kernels(self) -> str:
+        """The attention kernel (`slot_attention`'s "auto" / "triton" / "reference"); the layers are the model's."""
+        return self._kernels
+
+    @kernels.setter
+    def kernels(self, value: str) -> None:
+        self._kernels = check_kernel(value, "kernels")
+
+    @property
+    def bitwise(self) -> bool:
+        return False
+
+    @bitwise.setter
+    def bitwise(self, value: bool) -> None:
+        if value:
+            raise ValueError("bitwise=True runs the fast Llama body's batch-invariant kernels; the transformers "
+                             f"backend ({self.shape.model_type}) runs the model's own modules")
+
+    @property
+    def device(self) -> torch.device:
+        return self.hf.get_input_embeddings().weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        weight = self.hf.get_input_embeddings().weight
+        return weight.dtype if weight.is_floating_point() else torch.float32
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes a decode step reads: every parameter and buffer once, the input embeddings only when tied."""
+        embed = self.hf.get_input_embeddings().weight
+        head = self.hf.get_output_embeddings()
+        tied = head is not None and head.weight is embed
+        seen, total = set(), 0
+        for p in list(self.hf.parameters()) + list(self.hf.buffers()):
+            if id(p) in seen or (p is embed and not tied):
+                continue
+            seen.add(id(p))
+            total += p.numel() * p.element_size()
+        return total
+
+    def new_cache(self, batch_size: int, num_slots: int) -> KVCache:
+        """A zeroed cache with at least `num_slots` usable slots (+1 junk slot, rounded up to 16)."""
+        s = self.shape
+        size = (batch_size, s.n_kv_heads, round_up(num_slots + 1, 16), s.head_dim)
+        make = lambda: torch.zeros(size, device=self.device, dtype=self.dtype)  # noqa: E731
+        return KVCache([make() for _ in range(s.n_layers)], [make() for _ in range(s.n_layers)],
+                       torch.zeros(batch_size, dtype=torch.long, device=self.device))
+
+    def rope_tables(self, num_positions: int) -> tuple[None, None]:
+        """The model computes its own RoPE (nothing to build before a capture)."""
+        return None, None
+
+    def forward(self, tokens: torch.Tensor | None, cache, valid: torch.Tensor | None = None, *,
+                embeds: torch.Tensor | None = None, last_only: bool = False, advance: bool = True,
+                return_hidden: bool = False, compute_logits: bool = True, kernels: str | None = None,
+                tree: TreeNodes | None = None, causal_prefix: bool = False):
+        """`FastLlama.forward`'s contract: `tokens [B, k]` appended at each row's own slots → logits `[B, k, V]`
+        float32 (`[B, 1, V]` with last_only; None with compute_logits=False); `(logits, None)` with return_hidden
+        (no hidden states: feature heads need the fast body)."""
+        if embeds is not None:
+            raise ValueError("the transformers backend takes token ids (embeds= is for the fast body's drafters)")
+        batch, k = tokens.shape
+        junk, added = cache.span - 1, k
+        tree_mask = None
+        if tree is not None:
+            positions, slots, tree_mask = tree.place(cache.lengths, junk)
+        elif valid is None:
+            positions = cache.lengths[:, None] + torch.arange(k, device=tokens.device)[None, :]
+            slots = positions.clamp(max=junk)
+        else:
+            valid_long = valid.long()
+            positions = (cache.lengths[:, None] + valid_long.cumsum(1) - 1).clamp_min(0)
+            slots = torch.where(valid, positions.clamp(max=junk), torch.full_like(positions, junk))
+            added = valid_long.sum(1)
+        rope_pos = positions.clamp(max=junk)
+        step = _Forward(self._layers, cache, cache.write_index(slots), rope_pos if tree is None else slots, tree_mask,
+                        self._kernels if kernels is None else check_kernel(kernels, "kernels"), causal_prefix)
+        logits = self._run(step, tokens, rope_pos, 1 if last_only else 0, compute_logits)
+        if advance:
+            cache.lengths.add_(added)
+        return (logits, None) if return_hidden else logits
+
+    # ------------------------------------------------------------------------------------------- the model's forward
+    def _run(self, step: _Forward, tokens, positions, keep: int | None, compute_logits: bool):
+        kwargs = dict(input_ids=tokens, position_ids=positions, use_cache=False)
+        if self._logits_to_keep:
+            kwargs["logits_to_keep"] = 1 if not compute_logits else (keep or 0)
+        held = _FORWARD.set(step)
+        try:
+            with self._engine_attention():
+                logits = self.hf(**kwargs).logits
+        finally:
+            _FORWARD.reset(held)
+        if not compute_logits:
+            return None
+        return (logits[:, -1:] if keep == 1 else logits).float()
+
+    @contextlib.contextmanager
+    def _engine_attention(self):
+        """Every config of the model names the engine's attention for the length of one forward."""
+        before = [c._attn_implementation_internal for c in self._configs]
+        for c in self._configs:
+            c._attn_implementation_internal = ATTENTION_NAME
+        try:
+            yield
+        finally:
+            for c, name in zip(self._configs, before):
+                c._attn_implementation_internal = name
+
+
+def _context(config) -> int | None:
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None

@@ -1,0 +1,80 @@
+"""Tiny random decoders of many transformers architectures (fp32, CPU, seeded) for the transformers backend's tests:
+`MATRIX` (name → a builder), `REFUSED` (architectures the backend must refuse, with the reason's words), `make`."""
+
+from __future__ import annotations
+
+import torch
+import transformers as T
+
+VOCAB = 64
+C = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=128,
+         pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+GQA = dict(C, intermediate_size=64, num_key_value_heads=2)
+WINDOW = 6  # shorter than the texts: windowed layers drop positions
+MOE = dict(num_local_experts=4, num_experts_per_tok=2)
+
+MATRIX = {
+    # the fast bodies' families, through the backend
+    "llama": lambda: T.LlamaForCausalLM(T.LlamaConfig(**GQA)),
+    "mistral-window": lambda: T.MistralForCausalLM(T.MistralConfig(**GQA, sliding_window=WINDOW)),
+    "qwen2": lambda: T.Qwen2ForCausalLM(T.Qwen2Config(**GQA)),
+    "qwen3": lambda: T.Qwen3ForCausalLM(T.Qwen3Config(**GQA, head_dim=8)),
+    "gemma": lambda: T.GemmaForCausalLM(T.GemmaConfig(**GQA, head_dim=16)),
+    "gemma2-softcap-window": lambda: T.Gemma2ForCausalLM(T.Gemma2Config(
+        **GQA, head_dim=16, query_pre_attn_scalar=12, sliding_window=WINDOW, attn_logit_softcapping=4.0,
+        final_logit_softcapping=6.0)),
+    "gemma3": lambda: T.Gemma3ForCausalLM(T.Gemma3TextConfig(
+        **GQA, head_dim=16, query_pre_attn_scalar=16, sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention"])),
+    "phi3": lambda: T.Phi3ForCausalLM(T.Phi3Config(**GQA)),
+    "gpt-neox": lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(**GQA, rotary_pct=0.5)),
+    "gpt2": lambda: T.GPT2LMHeadModel(T.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=128,
+                                                   tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)),
+    "starcoder2": lambda: T.Starcoder2ForCausalLM(T.Starcoder2Config(**GQA)),
+    "granite": lambda: T.GraniteForCausalLM(T.GraniteConfig(
+        **GQA, embedding_multiplier=3.0, attention_multiplier=0.2, residual_multiplier=0.6, logits_scaling=2.5)),
+    # what only the backend runs
+    "opt": lambda: T.OPTForCausalLM(T.OPTConfig(**{k: v for k, v in C.items()}, ffn_dim=64, word_embed_proj_dim=32)),
+    "gptj": lambda: T.GPTJForCausalLM(T.GPTJConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, rotary_dim=4,
+                                                   n_positions=128, tie_word_embeddings=False)),
+    "phi": lambda: T.PhiForCausalLM(T.PhiConfig(**GQA, partial_rotary_factor=0.5)),
+    "stablelm": lambda: T.StableLmForCausalLM(T.StableLmConfig(**GQA)),
+    "olmo": lambda: T.OlmoForCausalLM(T.OlmoConfig(**GQA)),
+    "olmo2": lambda: T.Olmo2ForCausalLM(T.Olmo2Config(**GQA)),
+    "cohere": lambda: T.CohereForCausalLM(T.CohereConfig(**GQA, logit_scale=0.5)),
+    "mixtral": lambda: T.MixtralForCausalLM(T.MixtralConfig(**GQA, **MOE)),
+    "qwen2-moe": lambda: T.Qwen2MoeForCausalLM(T.Qwen2MoeConfig(
+        **GQA, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)),
+    "olmoe": lambda: T.OlmoeForCausalLM(T.OlmoeConfig(**GQA, num_experts=4, num_experts_per_tok=2)),
+    "codegen": lambda: T.CodeGenForCausalLM(T.CodeGenConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4,
+                                                            rotary_dim=4, n_positions=128, n_ctx=128,
+                                                            tie_word_embeddings=False)),
+    "persimmon": lambda: T.PersimmonForCausalLM(T.PersimmonConfig(**C, intermediate_size=64)),
+}
+
+#: architecture → (builder, words the refusal must contain)
+REFUSED = {
+    "bloom": (lambda: T.BloomForCausalLM(T.BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4)),
+              "attention interface"),
+    "falcon": (lambda: T.FalconForCausalLM(T.FalconConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                                          num_attention_heads=4)), "attention interface"),
+}
+
+
+def make(name: str, seed: int = 0, noise: float = 0.0) -> torch.nn.Module:
+    """`MATRIX[name]` with random weights of unit scale (transformers' init leaves the tiny models near-constant),
+    peaked logits; `noise` > 0: the same model moved a little (a drafter that agrees often, not always)."""
+    torch.manual_seed(seed)
+    model = MATRIX[name]()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, p.shape[-1] ** -0.5)
+            else:
+                p.add_(torch.randn_like(p) * 0.1)
+        head = model.get_output_embeddings().weight
+        head.mul_(4.0 / max(float(head.std()), 1e-6) * head.shape[-1] ** -0.5)
+        torch.manual_seed(seed + 1)
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * noise * p.abs().mean())
+    return model.eval()
