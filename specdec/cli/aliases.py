@@ -30,6 +30,11 @@ ENGINES = ("auto", "fast", "hf")
 RUNNER_OF_ENGINE = {"auto": "auto", "fast": "engine", "hf": "fallback"}
 ENGINE_HELP = ("the runner: auto (the engine where it covers the model on CUDA, else hf), fast (the request-level "
                "engine), hf (the eager transformers loop)")
+#: --model-impl: the engine's body for the target (`EngineConfig.model_impl`, vLLM's flag and names)
+MODEL_IMPLS = ("auto", "fast", "transformers")
+MODEL_IMPL_HELP = ("the engine's body for the target: auto (the fast family bodies; a model they do not cover runs "
+                   "on the hf loop), fast, transformers (the engine's transformers backend: the model's own modules "
+                   "with the engine's attention and KV cache, continuous batching for any decoder)")
 #: `--speculative-config` keys (vLLM's) this CLI honours; any other key is refused by name
 SPECULATIVE_KEYS = ("model", "num_speculative_tokens", "method")
 #: vLLM's `method` → specdec's --draft (a checkpoint method needs "model")
@@ -61,6 +66,11 @@ def add_engine_argument(parser, *, default: str = "auto", legacy_runner: bool = 
     if legacy_runner:
         parser.add_argument("--runner", dest="engine", choices=("auto", "engine", "fallback"), default=argparse.SUPPRESS,
                             action=DeprecatedRunner, help="deprecated: --engine (engine = fast, fallback = hf)")
+
+
+def add_model_impl_argument(parser) -> None:
+    """--model-impl {auto,fast,transformers} (vLLM's flag; "fast" in place of its "vllm")."""
+    parser.add_argument("--model-impl", choices=MODEL_IMPLS, default="auto", help=MODEL_IMPL_HELP)
 
 
 class Deprecated(argparse.Action):

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from specdec.cli.aliases import (BATCH_FLAGS, GAMMA_FLAGS, MAX_LEN_FLAGS, RUNNER_OF_ENGINE, add_engine_argument,
-                                 add_model_arguments)
+                                 add_model_arguments, add_model_impl_argument)
 from specdec.cli.common import add_checkpoint_options, add_model_options, apply_model_options, check_int
 
 MAX_CONNECTIONS = 1 << 16
@@ -58,6 +58,7 @@ def add_parser(subparsers) -> None:
                    help="bit-for-bit exact mode: a request's greedy / seeded output and logprobs do not depend on "
                         "the batch, γ or speculation (batch-invariant kernels; slower; needs the engine)")
     add_engine_argument(p, legacy_runner=True)
+    add_model_impl_argument(p)
     add_model_options(p, seed_help="seed for requests that send none: with it, the n-th such request gets the same "
                       "draws on every run (default: fresh randomness per request)")
     add_checkpoint_options(p)
@@ -156,6 +157,8 @@ def check_args(args: argparse.Namespace) -> None:
     alpha = getattr(args, "synthetic_acceptance", None)
     if alpha is not None and not (math.isfinite(alpha) and 0 <= alpha <= 1):
         raise CLIError(f"--synthetic-acceptance: synthetic_acceptance must be in [0, 1], got {alpha}")
+    if getattr(args, "model_impl", "auto") == "transformers" and args.engine == "hf":
+        raise CLIError("--model-impl transformers runs the model on the engine (not --engine hf)")
     if getattr(args, "bitwise", False) and (args.engine == "hf" or getattr(args, "tensor_parallel_size", 1) > 1):
         raise CLIError("--bitwise needs the request-level engine on one device (not --engine hf, not "
                        "--tensor-parallel-size > 1)")
@@ -196,7 +199,8 @@ def build(args: argparse.Namespace):
                        allow_weight_mismatch=getattr(args, "allow_weight_mismatch", False),
                        bitwise=getattr(args, "bitwise", False), prefill_budget=_prefill_budget(args),
                        prefill_steps=getattr(args, "prefill_steps", 0) or None,
-                       prefill_stall=getattr(args, "prefill_stall", None))
+                       prefill_stall=getattr(args, "prefill_stall", None),
+                       model_impl=getattr(args, "model_impl", "auto"))
     name = args.served_model_name or resolve_model_source(args.target, model_kwargs=model_options(args)).display_name
     guard = GuardConfig(allowed_hosts=tuple(getattr(args, "allowed_hosts", ())),
                         allowed_origins=tuple(getattr(args, "allowed_origins", ())),

@@ -180,7 +180,10 @@ def _model_body(model, model_impl: str = "auto", bitwise: bool = False):
     try:
         return _fast_model(model)
     except UnsupportedModel as err:
-        if model_impl == "fast" or bitwise or isinstance(model, FastLlama):
+        if bitwise and model_impl == "auto":
+            raise UnsupportedModel(f"{err}; bitwise=True needs a fast family body (the transformers backend runs "
+                                   "the model's own modules)") from None
+        if model_impl == "fast" or isinstance(model, FastLlama):
             raise
         backend = HFBackendModel(_hf_module(model))
         if backend.shape.model_type not in _noticed:

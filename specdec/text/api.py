@@ -44,7 +44,7 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
          draft_model_kwargs: dict | None = None, allow_weight_mismatch: bool = False,
          tensor_parallel_all_reduce: str = "auto", bitwise: bool = False,
          prefill_budget: int | str | None = None, prefill_steps: int | None = None,
-         prefill_stall: float | None = None) -> "LLM":
+         prefill_stall: float | None = None, model_impl: str = "auto") -> "LLM":
     """Load a target (and a draft) for text generation.
 
     target          a checkpoint folder, a .gguf file, a hub id (org/name) in the local Hugging Face cache
@@ -73,6 +73,11 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
     bitwise         bit-for-bit exact mode (the engine's `EngineConfig.bitwise`): greedy and seeded output and
                     log-probabilities are the same bits alone or in any batch, for any γ, drafter, speculation on or
                     off; needs the engine (refused on the fallback runner and with tensor parallelism); slower
+    model_impl      the engine's body for the target (`EngineConfig.model_impl`, vLLM's --model-impl): "auto" (the
+                    fast family bodies; a model they do not cover takes the eager loop, as runner="auto" says),
+                    "fast", or "transformers" (the engine's transformers backend: the model's own modules with the
+                    engine's attention and KV cache, for any decoder whose attention goes through transformers'
+                    attention interface)
     prefill_budget  the engine's chunked prefill (`EngineConfig.prefill_budget`): prompt tokens prefilled per step
                     while requests run; None / 0 = off (admitted prompts prefill whole), the default; "auto": sized
                     from the measured decode step (`prefill_stall` of it); `prefill_steps` K: each request fed
@@ -98,7 +103,9 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
     from specdec.engine.config import EngineConfig
 
     EngineConfig(prefill_budget=prefill_budget, prefill_steps=prefill_steps,
-                 prefill_stall=prefill_stall)  # (checked before anything loads)
+                 prefill_stall=prefill_stall, model_impl=model_impl)  # (checked before anything loads)
+    if model_impl == "transformers" and runner == "fallback":
+        raise ValueError("model_impl='transformers' runs the model on the engine (not runner='fallback')")
     if bitwise and (runner == "fallback" or tensor_parallel_size > 1):
         raise ValueError("bitwise=True needs the request-level engine on one device (not runner='fallback', not "
                          "tensor_parallel_size > 1)")
@@ -144,7 +151,7 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
     return LLM(target_model, tokenizer, drafter, num_draft_tokens=num_draft_tokens, runner=runner,
                max_batch_size=max_batch_size, max_seq_len=max_seq_len, synthetic_acceptance=synthetic_acceptance,
                bitwise=bitwise, prefill_budget=prefill_budget, prefill_steps=prefill_steps,
-               prefill_stall=prefill_stall)
+               prefill_stall=prefill_stall, model_impl=model_impl)
 
 
 class LLM:
@@ -154,8 +161,9 @@ class LLM:
                  max_batch_size: int = 32, max_seq_len: int | None = None,
                  synthetic_acceptance: float | None = None, tensor_parallel=None, bitwise: bool = False,
                  prefill_budget: int | str | None = None, prefill_steps: int | None = None,
-                 prefill_stall: float | None = None):
+                 prefill_stall: float | None = None, model_impl: str = "auto"):
         self.target = target
+        self.model_impl = model_impl  # the engine's body for the target (see `load`)
         self.tensor_parallel = tensor_parallel  # a CommandChannel under torchrun (text/tensor_parallel.py), or None
         self._tensor_parallel_started = False
         self.tokenizer = tokenizer
@@ -223,7 +231,7 @@ class LLM:
         """The engine (or the eager loop where it cannot run: `text.runner.build_runner`), with the drafter."""
         spec = RunnerSpec(self.runner_choice, self.num_draft_tokens, self.max_batch_size, self._max_seq_len,
                           self.synthetic_acceptance, self.bitwise, self.prefill_budget, self.prefill_steps,
-                          self.prefill_stall)
+                          self.prefill_stall, self.model_impl)
         runner, report = build_runner(self.target, self.drafter, spec)
         if report is not None:
             self.warmups[self.num_draft_tokens] = report

@@ -61,6 +61,7 @@ class RunnerSpec:
     prefill_budget: int | str | None = None
     prefill_steps: int | None = None
     prefill_stall: float | None = None
+    model_impl: str = "auto"  # EngineConfig.model_impl; "auto" keeps routing by the fast bodies' coverage
 
 
 def build_runner(target, drafter, spec: RunnerSpec) -> tuple["Runner", dict | None]:
@@ -80,11 +81,13 @@ def build_runner(target, drafter, spec: RunnerSpec) -> tuple["Runner", dict | No
                               num_draft_tokens=gamma, max_draft_tokens=max(8, gamma if isinstance(gamma, int) else 0),
                               synthetic_acceptance=spec.synthetic_acceptance, bitwise=spec.bitwise,
                               prefill_budget=spec.prefill_budget, prefill_steps=spec.prefill_steps,
-                              prefill_stall=spec.prefill_stall)
+                              prefill_stall=spec.prefill_stall,
+                              # "auto": a model the fast bodies do not cover still takes the eager loop here
+                              model_impl="fast" if spec.model_impl == "auto" else spec.model_impl)
         try:
             engine = Engine(target, drafter, config=config)
         except UnsupportedModel as err:
-            if spec.runner == "engine" or spec.bitwise:
+            if spec.runner == "engine" or spec.bitwise or spec.model_impl == "transformers":
                 raise
             from specdec.engine.build import notice_fallback
 

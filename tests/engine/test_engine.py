@@ -167,7 +167,7 @@ def test_errors_name_the_argument(make_llama, opt):
     with pytest.raises(TypeError, match="seed"):
         SamplingParams(seed=1.5)
     with pytest.raises(UnsupportedModel, match="model_type"):
-        Engine(opt)
+        Engine(opt, config=EngineConfig(model_impl="fast"))
     with pytest.raises(ValueError, match="engine"):
         specdec.generate(target, [[1]], engine="turbo")
     with pytest.raises(ValueError, match="num_draft_tokens"):

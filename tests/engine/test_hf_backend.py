@@ -1,0 +1,205 @@
+"""The transformers backend (`fast/hf_backend.py`): every architecture of `hf_models.MATRIX` runs in the engine with
+its own modules, and its greedy text is transformers' `generate(do_sample=False)`, alone and under continuous
+batching (requests joining mid-flight, mixed lengths, the static and the paged cache), with speculation on (prompt
+lookup; a draft model sharing the vocabulary, on the backend too); seeded sampling gives a request the same tokens
+alone and in a batch; a backend whose attention ignores the cache, or writes K/V one slot off, fails the same
+comparison; architectures whose attention cannot be plugged in are refused by name."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import pytest
+import torch
+
+import specdec
+from helpers import hf_greedy
+from hf_models import MATRIX, REFUSED, make
+from specdec.engine import Engine, EngineConfig, UnsupportedModel
+from specdec.fast import hf_backend
+from specdec.fast.cache import KVCache
+from specdec.fast.hf_backend import HFBackendModel
+from specdec.request import SamplingParams
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12], [3, 4, 5, 3, 4, 5, 3, 9, 9, 9, 9, 9], list(range(20, 40))]
+NEW = [12, 9, 14, 10]
+BACKEND = dict(model_impl="transformers", max_seq_len=64, num_draft_tokens=3)
+
+
+def run(engine: Engine, prompts, news, params: SamplingParams | None = None, seeds=None) -> list[list[int]]:
+    """Requests added one per step (joining while others run), greedy unless `params` (then seeded by `seeds`);
+    each request's tokens, in order."""
+    ids, outputs, pending = {}, {}, list(range(len(prompts)))
+    while pending or engine.has_unfinished():
+        if pending:
+            i = pending.pop(0)
+            p = replace(params or SamplingParams(temperature=0), max_new_tokens=news[i],
+                        seed=None if seeds is None else seeds[i])
+            ids[engine.add_request(prompts[i], p)] = i
+        for out in engine.step():
+            outputs.setdefault(ids[out.request_id], []).extend(out.new_token_ids)
+    return [outputs[i] for i in range(len(prompts))]
+
+
+@pytest.fixture(scope="module", params=sorted(MATRIX))
+def arch(request):
+    name = request.param
+    target = make(name)
+    return name, target, [hf_greedy(target, p, n, []) for p, n in zip(PROMPTS, NEW)]
+
+
+def test_alone_equals_transformers(arch):
+    """One request at a time on a paged pool, prompt lookup drafting: transformers' greedy text."""
+    name, target, refs = arch
+    engine = Engine(target, specdec.PromptLookupDrafter(), EngineConfig(max_batch_size=1, kv_layout="paged",
+                                                                        block_size=8, **BACKEND))
+    assert isinstance(engine.model, HFBackendModel)
+    for prompt, new, ref in zip(PROMPTS, NEW, refs):
+        assert run(engine, [prompt], [new]) == [ref], name
+
+
+def test_continuous_batching_with_a_draft_model(arch):
+    """Four requests of mixed lengths joining one per step into two slots (slot moves, refills), a draft model on the
+    backend too (the target moved a little): every text is transformers' own, and drafts were accepted and
+    rejected."""
+    name, target, refs = arch
+    draft = make(name, noise=0.3)
+    engine = Engine(target, draft, EngineConfig(max_batch_size=2, **BACKEND))
+    assert isinstance(engine.drafter.model, HFBackendModel)
+    assert run(engine, PROMPTS, NEW) == refs, name
+    stats = engine.stats
+    assert stats.drafted_tokens > stats.accepted_tokens > 0, name  # speculation ran, and rolled back
+
+
+@pytest.mark.parametrize("name", ["opt", "mixtral"])
+def test_seeded_sampling_alone_equals_in_a_batch(name):
+    """A sampled request's tokens depend on its prompt, parameters and seed only: alone = with three others."""
+    target = make(name)
+    params = SamplingParams(temperature=1.0, top_k=20, max_new_tokens=1)
+    seeds = [11, 12, 13, 14]
+    batched = run(Engine(target, specdec.PromptLookupDrafter(), EngineConfig(max_batch_size=4, **BACKEND)),
+                  PROMPTS, NEW, params, seeds)
+    alone = Engine(target, specdec.PromptLookupDrafter(), EngineConfig(max_batch_size=1, **BACKEND))
+    for i in range(len(PROMPTS)):
+        assert run(alone, [PROMPTS[i]], [NEW[i]], params, [seeds[i]]) == [batched[i]]
+    assert len({tuple(t) for t in batched}) == len(batched) and any(len(set(t)) > 2 for t in batched)
+
+
+def test_token_trees_keep_the_greedy_text():
+    name = "olmo"
+    target, draft = make(name), make(name, noise=0.3)
+    engine = Engine(target, draft, EngineConfig(max_batch_size=2, **BACKEND))
+    for prompt, new in zip(PROMPTS[:2], NEW):
+        params = SamplingParams(temperature=0, max_new_tokens=new, draft_tree=(2, 2))
+        rid, out = engine.add_request(prompt, params), []
+        while engine.has_unfinished():
+            out += [t for o in engine.step() if o.request_id == rid for t in o.new_token_ids]
+        assert out == hf_greedy(target, prompt, new, [])
+
+
+def _broken(monkeypatch, how: str) -> None:
+    if how == "ignores the cache":  # each query attends to its own token only
+        real = hf_backend.slot_attention
+
+        def own_token(q, keys, values, positions, scale, **kw):
+            return real(q, keys, values, positions, scale, window=1, softcap=kw.get("softcap"), kernel="reference",
+                        block_table=kw.get("block_table"))
+
+        monkeypatch.setattr(hf_backend, "slot_attention", own_token)
+        monkeypatch.setattr(hf_backend, "causal_prefix_attention",
+                            lambda q, keys, values, scale: own_token(q, keys, values, torch.arange(
+                                q.shape[1]).expand(q.shape[0], -1), scale))
+    else:  # K/V written one slot past where the model reads them
+        real = KVCache.write_index
+        monkeypatch.setattr(KVCache, "write_index", lambda self, slots: real(self, (slots + 1).clamp(
+            max=self.span - 1)))
+
+
+@pytest.mark.parametrize("how", ["ignores the cache", "writes one slot off"])
+def test_negative_control_a_broken_attention_fails(monkeypatch, how):
+    """The same comparison as above catches an attention that does not use the engine's cache properly."""
+    target = make("mixtral")
+    refs = [hf_greedy(target, p, n, []) for p, n in zip(PROMPTS, NEW)]
+    HFBackendModel(target)  # (built before the breakage: its self-check would refuse it)
+    _broken(monkeypatch, how)
+    monkeypatch.setattr(HFBackendModel, "_self_check", lambda self, model_type: None)
+    engine = Engine(target, specdec.PromptLookupDrafter(), EngineConfig(max_batch_size=2, **BACKEND))
+    assert run(engine, PROMPTS, NEW) != refs
+
+
+def test_the_self_check_refuses_what_the_engine_computes_differently(monkeypatch):
+    _broken(monkeypatch, "writes one slot off")
+    with pytest.raises(UnsupportedModel, match="other logits through the engine's attention"):
+        HFBackendModel(make("olmo"))
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_architectures_without_the_attention_interface_are_refused(name):
+    build, words = REFUSED[name]
+    with pytest.raises(UnsupportedModel, match=words):
+        Engine(build().eval(), None, EngineConfig(max_batch_size=1, model_impl="transformers"))
+
+
+def test_model_impl_routes_and_names_the_backend(caplog, make_llama):
+    opt, llama = make("opt"), make_llama(0)
+    with pytest.raises(UnsupportedModel, match="model_type"):
+        Engine(opt, None, EngineConfig(max_batch_size=1, model_impl="fast"))
+    hf_backend_logger = "specdec.engine.build"
+    with caplog.at_level(logging.INFO, logger=hf_backend_logger):
+        auto = Engine(opt, None, EngineConfig(max_batch_size=1))
+    assert isinstance(auto.model, HFBackendModel)
+    lines = [r.getMessage() for r in caplog.records if "transformers backend" in r.getMessage()]
+    assert len(lines) == 1 and "'opt'" in lines[0]
+    assert not isinstance(Engine(llama, None, EngineConfig(max_batch_size=1)).model, HFBackendModel)
+    assert isinstance(Engine(llama, None, EngineConfig(max_batch_size=1, model_impl="transformers")).model,
+                      HFBackendModel)
+    with pytest.raises(ValueError, match="model_impl"):
+        EngineConfig(model_impl="vllm")
+    with pytest.raises(ValueError, match="bitwise"):
+        Engine(opt, None, EngineConfig(max_batch_size=1, bitwise=True))
+
+
+def test_the_model_keeps_its_own_attention_outside_the_engine():
+    target = make("phi")
+    before = target.config._attn_implementation
+    engine = Engine(target, None, EngineConfig(max_batch_size=1, model_impl="transformers"))
+    run(engine, PROMPTS[:1], NEW[:1])
+    assert target.config._attn_implementation == before
+    assert hf_greedy(target, PROMPTS[0], NEW[0], []) == run(engine, PROMPTS[:1], NEW[:1])[0]
+
+
+def test_peft_lora_model():
+    peft = pytest.importorskip("peft", reason="peft is not installed in this environment")
+    target = make("opt")
+    lora = peft.get_peft_model(target, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    merged_ref = [hf_greedy(lora, p, n, []) for p, n in zip(PROMPTS, NEW)]
+    engine = Engine(lora.base_model.model, None, EngineConfig(max_batch_size=2, **BACKEND))
+    assert run(engine, PROMPTS, NEW) == merged_ref
+
+
+def test_dynamically_quantized_model_is_refused_by_the_self_check():
+    """torch.ao's dynamic int8 linears quantize each call's activations with one scale for the whole call, so a
+    token's logits depend on what shares its forward (a verify pass ≠ generate's one-token steps): refused, not run
+    inexactly."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        target = torch.ao.quantization.quantize_dynamic(make("llama"), {torch.nn.Linear}, dtype=torch.qint8).eval()
+    with pytest.raises(UnsupportedModel, match="activations quantized per call"):
+        Engine(target, None, EngineConfig(max_batch_size=1, model_impl="transformers"))
+
+
+def test_load_takes_the_backend_only_when_asked(ckpt):
+    """`specdec.load(model_impl="transformers")` serves an uncovered model on the engine; "auto" keeps the eager
+    loop for it (the entry points route by the fast bodies' coverage); both give the same greedy text."""
+    target = make("opt")
+    with specdec.load(target, tokenizer=ckpt / "target", model_impl="transformers") as backend, \
+            specdec.load(target, tokenizer=ckpt / "target") as loop:
+        assert (backend.runner_kind, loop.runner_kind) == ("engine", "fallback")
+        for prompt in ("w1 w2 w3", "w5 w5 w5 w5"):
+            assert backend.generate(prompt, max_new_tokens=8).token_ids == \
+                loop.generate(prompt, max_new_tokens=8).token_ids
+    with pytest.raises(ValueError, match="model_impl"):
+        specdec.load(target, tokenizer=ckpt / "target", model_impl="transformers", runner="fallback")
