@@ -238,8 +238,8 @@ class HFBackendModel(torch.nn.Module):
         if not err <= tol:
             raise _refusal(f"{model_type} computes other logits through the engine's attention than through its own "
                            f"(max difference {err:.3g}): it needs something the engine's attention does not give it "
-                           "(a bias in its mask, a state outside K/V) or its outputs depend on what shares a forward (activations "
-                           "quantized per call)")
+                           "(a bias in its mask, a state outside K/V) or its outputs depend on what shares a forward "
+                           "(activations quantized per call)")
 
     # ------------------------------------------------------------------------------------------- FastLlama's interface
     @property

@@ -63,7 +63,7 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
     chat_template   a Jinja chat template (string or file) replacing the tokenizer's own
     allow_pickle    load .bin/.pt weights (pickle can run code); safetensors only by default
     runner          "auto": the request-level engine when it covers the model, else the eager loop;
-                    "engine" / "fallback" to force one
+                    "engine" / "fallback" to force one (model_impl: `EngineConfig.model_impl`'s, "auto" routing as here)
     synthetic_acceptance  BENCHMARK ONLY (the engine's `EngineConfig.synthetic_acceptance`): each draft is
                     accepted with this probability, so a random pair serves at a known α; the output is then
                     NOT the target's distribution
@@ -73,11 +73,6 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
     bitwise         bit-for-bit exact mode (the engine's `EngineConfig.bitwise`): greedy and seeded output and
                     log-probabilities are the same bits alone or in any batch, for any γ, drafter, speculation on or
                     off; needs the engine (refused on the fallback runner and with tensor parallelism); slower
-    model_impl      the engine's body for the target (`EngineConfig.model_impl`, vLLM's --model-impl): "auto" (the
-                    fast family bodies; a model they do not cover takes the eager loop, as runner="auto" says),
-                    "fast", or "transformers" (the engine's transformers backend: the model's own modules with the
-                    engine's attention and KV cache, for any decoder whose attention goes through transformers'
-                    attention interface)
     prefill_budget  the engine's chunked prefill (`EngineConfig.prefill_budget`): prompt tokens prefilled per step
                     while requests run; None / 0 = off (admitted prompts prefill whole), the default; "auto": sized
                     from the measured decode step (`prefill_stall` of it); `prefill_steps` K: each request fed
@@ -104,8 +99,6 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
 
     EngineConfig(prefill_budget=prefill_budget, prefill_steps=prefill_steps,
                  prefill_stall=prefill_stall, model_impl=model_impl)  # (checked before anything loads)
-    if model_impl == "transformers" and runner == "fallback":
-        raise ValueError("model_impl='transformers' runs the model on the engine (not runner='fallback')")
     if bitwise and (runner == "fallback" or tensor_parallel_size > 1):
         raise ValueError("bitwise=True needs the request-level engine on one device (not runner='fallback', not "
                          "tensor_parallel_size > 1)")
@@ -163,7 +156,6 @@ class LLM:
                  prefill_budget: int | str | None = None, prefill_steps: int | None = None,
                  prefill_stall: float | None = None, model_impl: str = "auto"):
         self.target = target
-        self.model_impl = model_impl  # the engine's body for the target (see `load`)
         self.tensor_parallel = tensor_parallel  # a CommandChannel under torchrun (text/tensor_parallel.py), or None
         self._tensor_parallel_started = False
         self.tokenizer = tokenizer
@@ -174,7 +166,7 @@ class LLM:
         self.synthetic_acceptance = synthetic_acceptance  # BENCHMARK ONLY (see `load`)
         self.bitwise = bitwise  # the engine's bit-exact mode (see `load`)
         self.prefill_budget, self.prefill_steps = prefill_budget, prefill_steps  # the engine's chunked prefill
-        self.prefill_stall = prefill_stall
+        self.prefill_stall, self.model_impl = prefill_stall, model_impl  # (model_impl: the engine's body, `load`)
         self.num_draft_tokens = check_num_draft_tokens(num_draft_tokens if drafter is not None else 0)
         if drafter is not None and self.num_draft_tokens == 0:
             raise ValueError("num_draft_tokens must be >= 1 when a draft is given (requests may still ask for "

@@ -104,6 +104,8 @@ def build_runner(target, drafter, spec: RunnerSpec) -> tuple["Runner", dict | No
             return engine, report
     if spec.bitwise:
         raise ValueError("bitwise=True needs the request-level engine (runner='engine')")
+    if spec.model_impl == "transformers":
+        raise ValueError("model_impl='transformers' runs the model on the engine (not runner='fallback')")
     if spec.synthetic_acceptance is not None:
         raise ValueError("synthetic_acceptance needs the request-level engine (runner='engine'); this model "
                          "runs on the fallback runner")

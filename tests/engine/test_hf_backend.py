@@ -172,7 +172,8 @@ def test_the_model_keeps_its_own_attention_outside_the_engine():
 def test_peft_lora_model():
     peft = pytest.importorskip("peft", reason="peft is not installed in this environment")
     target = make("opt")
-    lora = peft.get_peft_model(target, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    config = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    lora = peft.get_peft_model(target, config)
     merged_ref = [hf_greedy(lora, p, n, []) for p, n in zip(PROMPTS, NEW)]
     engine = Engine(lora.base_model.model, None, EngineConfig(max_batch_size=2, **BACKEND))
     assert run(engine, PROMPTS, NEW) == merged_ref
