@@ -204,3 +204,42 @@ def test_load_takes_the_backend_only_when_asked(ckpt):
                 loop.generate(prompt, max_new_tokens=8).token_ids
     with pytest.raises(ValueError, match="model_impl"):
         specdec.load(target, tokenizer=ckpt / "target", model_impl="transformers", runner="fallback")
+
+
+def test_backend_equals_the_fast_body_with_processors_and_logprobs(make_llama):
+    """On a family both bodies run: the same tokens and log-probabilities under a repetition penalty, a logit bias
+    and min_tokens, greedy and seeded (the engine's per-request processors act on the backend's logits unchanged)."""
+    target = make("llama")
+    params = [SamplingParams(temperature=0, max_new_tokens=10, repetition_penalty=1.3, logprobs=True,
+                             logit_bias=((11, 2.0),)),
+              SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=10, seed=5, min_tokens=4, eos_token_ids=(2,),
+                             logprobs=True)]
+    results = {}
+    for impl in ("fast", "transformers"):
+        engine = Engine(target, specdec.PromptLookupDrafter(), EngineConfig(max_batch_size=2, max_seq_len=64,
+                                                                            num_draft_tokens=3, model_impl=impl))
+        ids = {engine.add_request(PROMPTS[i], params[i]): i for i in range(2)}
+        outs = {i: ([], []) for i in range(2)}
+        while engine.has_unfinished():
+            for out in engine.step():
+                outs[ids[out.request_id]][0].extend(out.new_token_ids)
+                outs[ids[out.request_id]][1].extend(out.logprobs or [])
+        results[impl] = outs
+    for i in range(2):
+        assert results["fast"][i][0] == results["transformers"][i][0]
+        torch.testing.assert_close(torch.tensor(results["fast"][i][1]), torch.tensor(results["transformers"][i][1]),
+                                   atol=1e-4, rtol=0)
+
+
+def test_the_speed_script_runs_on_a_tiny_model(tmp_path, capsys):
+    """scripts/bench_hf_backend.py (the GPU comparison against the loop) on CPU: both arms, the same texts."""
+    import json
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_hf_backend.py"
+    out = tmp_path / "row.json"
+    runpy.run_path(str(script))["main"](["--shape", "tiny", "--device", "cpu", "--requests", "3", "--new", "6",
+                                         "--prompt-len", "8", "--repeats", "1", "--out", str(out)])
+    row = json.loads(out.read_text())
+    assert row["identical"] and row["tokens"] == 18 and row["engine_tok_s"] > 0 and row["loop_tok_s"] > 0
