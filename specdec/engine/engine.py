@@ -122,7 +122,9 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
             self.model.rope_tables(self.num_positions)  # built before any capture (graphs keep their address)
             if self.drafter_cached:
                 self.drafter.model.rope_tables(self.num_positions)
-        on_cuda = self.device.type == "cuda"  # (paged too: graphs read the block table by address)
+        on_cuda = self.device.type == "cuda" and getattr(self.model, "capturable", True)
+        # (paged too: graphs read the block table by address; not the transformers backend: a model's own code may
+        # sync the host, so its steps run eagerly)
         if config.cuda_graphs and not on_cuda:
             raise ValueError("cuda_graphs=True needs the model on a CUDA device")
         self.cuda_graphs = on_cuda if config.cuda_graphs is None else config.cuda_graphs

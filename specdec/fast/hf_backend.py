@@ -153,6 +153,7 @@ class HFBackendModel(torch.nn.Module):
     weights are not copied), in eval mode."""
 
     normed_output = True
+    capturable = False  # eager steps: a model's own code may sync the host (MoE routing), which a CUDA graph cannot
 
     def __init__(self, model: torch.nn.Module, kernels: str = "auto"):
         super().__init__()

@@ -243,3 +243,33 @@ def test_the_speed_script_runs_on_a_tiny_model(tmp_path, capsys):
                                          "--prompt-len", "8", "--repeats", "1", "--out", str(out)])
     row = json.loads(out.read_text())
     assert row["identical"] and row["tokens"] == 18 and row["engine_tok_s"] > 0 and row["loop_tok_s"] > 0
+
+
+def test_a_backend_target_with_a_fast_body_draft_model(make_llama):
+    """The two bodies in one engine: an OPT target on the backend, a tiny Llama drafter (same vocabulary) on its
+    family body; requests joining mid-flight keep transformers' greedy text."""
+    target, draft = make("opt"), make_llama(1, layers=1)
+    engine = Engine(target, draft, EngineConfig(max_batch_size=2, max_seq_len=64, num_draft_tokens=2))
+    assert isinstance(engine.model, HFBackendModel) and not isinstance(engine.drafter.model, HFBackendModel)
+    assert run(engine, PROMPTS, NEW) == [hf_greedy(target, p, n, []) for p, n in zip(PROMPTS, NEW)]
+    assert engine.stats.drafted_tokens > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", ["opt", "mixtral", "gemma2-softcap-window"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_backend_on_cuda(name, dtype):
+    """On a GPU (eager steps, the Triton attention kernel): fp32 greedy = transformers'; bf16 may differ only at a
+    near-tie of the target's logits."""
+    from helpers import assert_same_greedy
+
+    target = make(name).to("cuda", dtype)
+    engine = Engine(target, specdec.PromptLookupDrafter(), EngineConfig(max_batch_size=2, **BACKEND))
+    assert not engine.cuda_graphs
+    for prompt, ours in zip(PROMPTS, run(engine, PROMPTS, NEW)):
+        ref = hf_greedy(target, prompt, len(ours), [])
+        if dtype == torch.float32:
+            assert ours == ref, name
+        else:
+            assert_same_greedy(target, prompt, ours, ref, tie=0.1)
