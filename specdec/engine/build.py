@@ -26,7 +26,7 @@ from specdec.engine.config import UnsupportedModel
 from specdec.engine.drafters import EngineLookupDrafter, EngineModelDrafter, EngineNGramDrafter
 from specdec.drafters.formats import is_drafter, load_drafter
 from specdec.fast.held_once import adopt_hf
-from specdec.fast.hf_backend import HFBackendModel
+from specdec.fast.hf_backend import HFBackendModel, UnsupportedArchitecture
 from specdec.fast.model import FAMILIES, FastLlama
 
 logger = logging.getLogger(__name__)
@@ -176,7 +176,7 @@ def _model_body(model, model_impl: str = "auto", bitwise: bool = False):
     """The fast body (`_fast_model`) or the transformers backend, as `model_impl` says ("auto": fast where it covers
     the model, else the backend, one log line per model type)."""
     if isinstance(model, HFBackendModel) or model_impl == "transformers":
-        return model if isinstance(model, HFBackendModel) else HFBackendModel(_hf_module(model))
+        return model if isinstance(model, HFBackendModel) else _backend(model)
     try:
         return _fast_model(model)
     except UnsupportedModel as err:
@@ -185,12 +185,19 @@ def _model_body(model, model_impl: str = "auto", bitwise: bool = False):
                                    "the model's own modules)") from None
         if model_impl == "fast" or isinstance(model, FastLlama):
             raise
-        backend = HFBackendModel(_hf_module(model))
+        backend = _backend(model)
         if backend.shape.model_type not in _noticed:
             _noticed.add(backend.shape.model_type)
             logger.info("model_type %r runs on the engine's transformers backend (its own modules, the engine's "
                         "attention and KV cache): %s", backend.shape.model_type, err)
         return backend
+
+
+def _backend(model) -> HFBackendModel:
+    try:
+        return HFBackendModel(_hf_module(model))
+    except UnsupportedArchitecture as err:
+        raise UnsupportedModel(str(err)) from None
 
 
 def _hf_module(model):

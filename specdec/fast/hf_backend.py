@@ -21,7 +21,7 @@ function (the engine's layer index of each), their query and key/value heads, he
 text through the engine's path must give the model's own logits. A model whose attention does not go through the
 registry (Bloom's and Falcon's ALiBi, MPT; transformers builds their bias inside their own attention), whose layers
 keep state outside K/V (state-space or recurrent layers), or whose attention takes inputs the engine does not give
-(attention sinks, relative position biases) is refused with `UnsupportedModel`, naming why.
+(attention sinks, relative position biases) is refused with `UnsupportedArchitecture` (the engine's `UnsupportedModel`), naming why.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ from specdec.fast.kernels.select import check_kernel
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["HFBackendModel", "BackendShape", "BackendArch", "engine_attention", "ATTENTION_NAME"]
+__all__ = ["HFBackendModel", "BackendShape", "BackendArch", "UnsupportedArchitecture", "engine_attention",
+           "ATTENTION_NAME"]
 
 #: the attention implementation's name in transformers' registry
 ATTENTION_NAME = "specdec_engine"
@@ -50,10 +51,12 @@ _REFUSED_KWARGS = {"s_aux": "attention sinks", "sinks": "attention sinks", "posi
                    "attention_chunk_size": "chunked attention"}
 
 
-def _refusal(why: str) -> Exception:
-    from specdec.engine.config import UnsupportedModel  # (the engine's error; imported here to keep fast/ below it)
+class UnsupportedArchitecture(ValueError):
+    """The backend cannot run this model (the engine's build turns it into `UnsupportedModel`)."""
 
-    return UnsupportedModel(why)
+
+def _refusal(why: str) -> Exception:
+    return UnsupportedArchitecture(why)
 
 
 @dataclass(frozen=True)

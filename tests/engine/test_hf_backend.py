@@ -19,7 +19,7 @@ from hf_models import MATRIX, REFUSED, make
 from specdec.engine import Engine, EngineConfig, UnsupportedModel
 from specdec.fast import hf_backend
 from specdec.fast.cache import KVCache
-from specdec.fast.hf_backend import HFBackendModel
+from specdec.fast.hf_backend import HFBackendModel, UnsupportedArchitecture
 from specdec.request import SamplingParams
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12], [3, 4, 5, 3, 4, 5, 3, 9, 9, 9, 9, 9], list(range(20, 40))]
@@ -130,7 +130,7 @@ def test_negative_control_a_broken_attention_fails(monkeypatch, how):
 
 def test_the_self_check_refuses_what_the_engine_computes_differently(monkeypatch):
     _broken(monkeypatch, "writes one slot off")
-    with pytest.raises(UnsupportedModel, match="other logits through the engine's attention"):
+    with pytest.raises(UnsupportedArchitecture, match="other logits through the engine's attention"):
         HFBackendModel(make("olmo"))
 
 
