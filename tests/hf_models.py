@@ -50,6 +50,20 @@ MATRIX = {
                                                             rotary_dim=4, n_positions=128, n_ctx=128,
                                                             tie_word_embeddings=False)),
     "persimmon": lambda: T.PersimmonForCausalLM(T.PersimmonConfig(**C, intermediate_size=64)),
+    "qwen3-moe": lambda: T.Qwen3MoeForCausalLM(T.Qwen3MoeConfig(
+        **GQA, head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)),
+    "granitemoe": lambda: T.GraniteMoeForCausalLM(T.GraniteMoeConfig(**GQA, **MOE)),
+    "cohere2-window": lambda: T.Cohere2ForCausalLM(T.Cohere2Config(
+        **GQA, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"])),
+    "smollm3": lambda: T.SmolLM3ForCausalLM(T.SmolLM3Config(**GQA)),
+    "helium": lambda: T.HeliumForCausalLM(T.HeliumConfig(**GQA, head_dim=8)),
+    "nemotron": lambda: T.NemotronForCausalLM(T.NemotronConfig(**GQA)),
+    "gpt-bigcode": lambda: T.GPTBigCodeForCausalLM(T.GPTBigCodeConfig(
+        vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=128, tie_word_embeddings=False)),
+    "deepseek-v3": lambda: T.DeepseekV3ForCausalLM(T.DeepseekV3Config(
+        **GQA, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, q_lora_rank=16, kv_lora_rank=16,
+        qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8, n_group=1, topk_group=1, first_k_dense_replace=1)),
+    "exaone4": lambda: T.Exaone4ForCausalLM(T.Exaone4Config(**GQA, head_dim=8)),
 }
 
 #: architecture → (builder, words the refusal must contain)
@@ -58,6 +72,17 @@ REFUSED = {
               "attention interface"),
     "falcon": (lambda: T.FalconForCausalLM(T.FalconConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
                                                           num_attention_heads=4)), "attention interface"),
+    "mpt": (lambda: T.MptForCausalLM(T.MptConfig(vocab_size=VOCAB, d_model=32, n_heads=4, n_layers=2)),
+            "attention interface"),
+    "gpt-neo": (lambda: T.GPTNeoForCausalLM(T.GPTNeoConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4,
+                                                           attention_types=[[["global", "local"], 1]])),
+                "attention interface"),
+    "gpt-oss": (lambda: T.GptOssForCausalLM(T.GptOssConfig(
+        **GQA, head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention"])), "attention sinks"),
+    "jamba": (lambda: T.JambaForCausalLM(T.JambaConfig(
+        **GQA, num_experts=2, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1,
+        use_mamba_kernels=False)), "state-space"),
 }
 
 
