@@ -5,7 +5,7 @@ requests: N greedy requests (random prompts, prompt-lookup drafting), all submit
     python scripts/bench_hf_backend.py --shape tiny --device cpu --requests 4 --new 8      # a smoke run
 
 Shapes are random-weight models built on the device (`transformers.*Config`, no download): "opt-1.3b" (OPT-1.3B's
-dimensions), "mixtral-small" (a 4-layer Mixtral, 8 experts, top-2), "tiny" (CPU). Rows: the backend engine
+dimensions), "mixtral-small" (a 4-layer Mixtral, 8 experts, top-2), "opt-small" (a 6-layer, 512-wide OPT for CPU runs), "tiny" (a smoke run). Rows: the backend engine
 (`EngineConfig(model_impl="transformers")`, eager steps), the loop (`specdec.generate(engine="hf")`), tokens per
 second of each, the speed-up, and whether their texts are identical.
 """
@@ -26,6 +26,9 @@ from specdec.request import SamplingParams
 SHAPES = {
     "tiny": lambda: transformers.OPTConfig(vocab_size=64, hidden_size=32, ffn_dim=64, num_hidden_layers=2,
                                            num_attention_heads=4, max_position_embeddings=512, word_embed_proj_dim=32),
+    "opt-small": lambda: transformers.OPTConfig(vocab_size=8192, hidden_size=512, ffn_dim=2048, num_hidden_layers=6,
+                                                num_attention_heads=8, max_position_embeddings=1024,
+                                                word_embed_proj_dim=512),
     "opt-1.3b": lambda: transformers.OPTConfig(vocab_size=50272, hidden_size=2048, ffn_dim=8192, num_hidden_layers=24,
                                                num_attention_heads=32, max_position_embeddings=2048,
                                                word_embed_proj_dim=2048),

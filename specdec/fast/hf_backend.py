@@ -325,7 +325,10 @@ class HFBackendModel(torch.nn.Module):
         rope_pos = positions.clamp(max=junk)
         step = _Forward(self._layers, cache, cache.write_index(slots), rope_pos if tree is None else slots, tree_mask,
                         self._kernels if kernels is None else check_kernel(kernels, "kernels"), causal_prefix)
-        logits = self._run(step, tokens, rope_pos, 1 if last_only else 0, compute_logits)
+        context = self.shape.max_positions  # (a learned position table ends there; positions past it belong to
+        # drafts beyond a row's budget, whose outputs are never committed: clamped, as FastLlama's)
+        model_pos = rope_pos if context is None else rope_pos.clamp(max=context - 1)
+        logits = self._run(step, tokens, model_pos, 1 if last_only else 0, compute_logits)
         if advance:
             cache.lengths.add_(added)
         return (logits, None) if return_hidden else logits

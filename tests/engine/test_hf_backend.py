@@ -273,3 +273,15 @@ def test_backend_on_cuda(name, dtype):
             assert ours == ref, name
         else:
             assert_same_greedy(target, prompt, ours, ref, tie=0.1)
+
+
+@pytest.mark.parametrize("name", ["opt", "gpt2"])
+def test_a_request_fills_a_learned_position_table(name):
+    """Prompt + new tokens = the whole context of a model with learned positions, drafting to the end: the verify
+    pass's drafts past the budget sit past the table (clamped there, never committed); the text is transformers'."""
+    target = make(name)
+    engine = Engine(target, specdec.PromptLookupDrafter(), EngineConfig(max_batch_size=1, num_draft_tokens=3,
+                                                                        model_impl="transformers"))
+    prompt = [3, 4, 5, 6] * 25
+    assert engine.max_seq_len == 128
+    assert run(engine, [prompt], [28]) == [hf_greedy(target, prompt, 28, [])]
