@@ -285,3 +285,25 @@ def test_a_request_fills_a_learned_position_table(name):
     prompt = [3, 4, 5, 6] * 25
     assert engine.max_seq_len == 128
     assert run(engine, [prompt], [28]) == [hf_greedy(target, prompt, 28, [])]
+
+
+def test_serve_passes_model_impl_to_load(capsys, ckpt, monkeypatch):
+    """`specdec serve --model-impl transformers` reaches `specdec.load(model_impl=...)`; with `--engine hf` it is
+    refused in one line before anything loads."""
+    pytest.importorskip("uvicorn")
+    from specdec.cli import main
+
+    seen = {}
+
+    def fake_load(*args, **kwargs):
+        seen.update(kwargs)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(specdec, "load", fake_load)
+    with pytest.raises(SystemExit):
+        main(["serve", "--target", str(ckpt / "target"), "--model-impl", "transformers"])
+    assert seen["model_impl"] == "transformers"
+    monkeypatch.setattr(specdec, "load", lambda *a, **k: pytest.fail("loaded before the error"))
+    code = main(["serve", "--target", str(ckpt / "target"), "--model-impl", "transformers", "--engine", "hf"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--model-impl" in err and len(err.strip().splitlines()) == 1
