@@ -356,6 +356,25 @@ timeout "${2:-360}" python3 scripts/bench_paged.py --out "$OUT/paged.json" 2>&1 
 log done
 }
 
+# ==== hf-backend
+# The engine's transformers backend at 32 requests against the eager transformers loop, one GPU, one device call
+# (≈ 3–6 min): random-weight OPT-1.3B and a small Mixtral, bf16, greedy, prompt lookup, the same requests each;
+# then the backend's tests (CPU, fp32).
+#   bash scripts/device_run.sh hf-backend
+# Lands in $OUT: hf_backend_<shape>.json (engine_tok_s, loop_tok_s, speedup, identical), tests.log, run.log.
+recipe_hf_backend() {
+set -o pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>&1 | tee -a "$OUT/run.log"
+for shape in opt-1.3b mixtral-small; do
+  timeout 240 python3 scripts/bench_hf_backend.py --shape "$shape" --device cuda --requests 32 --prompt-len 128 \
+    --new 128 --gamma 4 --repeats 3 --out "$OUT/hf_backend_$shape.json" 2>&1 | tee -a "$OUT/run.log"
+done
+timeout 300 python3 -m pytest -q tests/engine/test_hf_backend.py -x 2>&1 | tail -20 | tee "$OUT/tests.log"
+}
+
 # ==== pair
 # The zoo gpu pair + its feature head, then the engine benchmark on them, on one GPU (two calls: the machine
 # stays warm between them, and /tmp/pair with it). From the repo root with data/code carried:
