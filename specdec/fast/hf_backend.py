@@ -214,6 +214,10 @@ class HFBackendModel(torch.nn.Module):
                                "the engine keeps one K/V shape for every layer")
         self._layers = {id(m): i for i, m in enumerate(modules)}
         windows = tuple(f[4] for f in found)
+        types = set(getattr(text, "layer_types", None) or ())
+        if types - {"full_attention", "sliding_attention"} or "sliding_attention" in types and not any(windows):
+            raise _refusal(f"{model_type}'s layer types {sorted(types)} are not all given to its attention as "
+                           "full or sliding-window attention (a window or chunk kept only in its own mask)")
         shape = BackendShape(
             model_type=str(model_type), vocab_size=int(logits.shape[-1]), dim=int(getattr(text, "hidden_size", 0) or 0),
             n_layers=len(found), n_heads=q_shape[1], n_kv_heads=k_shape[1], head_dim=k_shape[3],
