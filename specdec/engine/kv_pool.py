@@ -135,6 +135,7 @@ class KVPool:
         self.table = torch.full((max_batch, self.max_blocks), NULL_BLOCK, dtype=torch.int32, device=device)
         self.blocks: list[list[int]] = [[] for _ in range(max_batch)]
         self.num_preemptions = 0  # requests whose blocks were taken back to make room (engine's count)
+        self.stashes: dict[int, list[int]] = {}  # blocks held for a beam group's rows, by its first row (beam_blocks)
 
     @property
     def num_positions(self) -> int:
@@ -190,8 +191,9 @@ class KVPool:
         self.table[[a, b]] = self.table[[b, a]]
 
     def check(self) -> None:
-        """`BlockAllocator.check` over every row's blocks, and the table equal to them."""
-        self.allocator.check(self.blocks)
+        """`BlockAllocator.check` over every row's blocks and every beam group's stash, and the table equal to the
+        rows' blocks."""
+        self.allocator.check(self.blocks + list(self.stashes.values()))
         host = torch.full(self.table.shape, NULL_BLOCK, dtype=torch.int32)
         for row, blocks in enumerate(self.blocks):
             host[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
