@@ -256,7 +256,8 @@ def test_abort_and_empty_budget(pair, layout):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_engine_beams_on_cuda_equal_transformers_beside_chains(make_llama):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_engine_beams_on_cuda_equal_transformers_beside_chains(make_llama, layout):
     """On a CUDA engine (fp32 tiny Llamas: the fused layers, the Triton tree mask, the chain rows captured as CUDA
     graphs beside the groups) the beams are transformers' (fp32, where bf16 would only show near-ties) and the
     chains' tokens plain greedy's."""
@@ -268,7 +269,8 @@ def test_engine_beams_on_cuda_equal_transformers_beside_chains(make_llama):
     chain_refs = [hf_greedy(target, p, n, []) for p, n in chains]
     target, draft = target.cuda(), draft.cuda()
     for w, u, gamma in cases:
-        engine = Engine(target, draft, EngineConfig(max_batch_size=16, max_seq_len=64, num_draft_tokens=3))
+        engine = Engine(target, draft, EngineConfig(max_batch_size=16, max_seq_len=64, num_draft_tokens=3,
+                                                    kv_layout=layout))
         assert engine.cuda_graphs
         ids = [engine.add_request(p, SamplingParams(temperature=0, max_new_tokens=N, eos_token_ids=(7,)),
                                   beams=BeamParams(w, u, gamma, num_return_sequences=w)) for p in PROMPTS]
@@ -279,6 +281,8 @@ def test_engine_beams_on_cuda_equal_transformers_beside_chains(make_llama):
                 tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
                 if out.finished:
                     finals[out.request_id] = out
+            if engine.kv_pool is not None:
+                engine.kv_pool.check()
         for rid, prompt in zip(ids, PROMPTS):
             ref_beams, ref_scores = refs[(w, tuple(prompt))]
             assert [list(b) for b in finals[rid].beams] == ref_beams
