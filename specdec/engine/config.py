@@ -93,8 +93,9 @@ class EngineConfig:
                       construction; "paged": one pool of fixed-size blocks per model (`engine/kv_pool.py`), a block
                       table per row, blocks taken as a request grows and returned when it leaves; a request that
                       needs a block when none is free is preempted (its blocks freed, re-queued first, recomputed
-                      on readmission, vLLM's recompute preemption). Eager layers only (no fused kernels, no CUDA
-                      graphs yet); no token trees or beam groups
+                      on readmission, vLLM's recompute preemption); steps captured as CUDA graphs over the block
+                      table like static ones; token trees and beam groups (their prompt's blocks shared
+                      copy-on-write)
     block_size        positions per block of the paged pool (vLLM's name; a power of two in [1, 64])
     kv_cache_memory   the paged pool's budget: an int of bytes, or a float in (0, 1]: that fraction of the memory
                       free at construction (vLLM's gpu_memory_utilization, of free memory); None = the bytes the
