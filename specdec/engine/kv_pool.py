@@ -309,8 +309,9 @@ def paged_caches(cache, draft_cache, feature_dim: int, config, max_batch: int
     models = [cache.model] + ([draft_cache.model] if draft_cache is not None else [])
     feature_bytes = feature_dim * cache.model.dtype.itemsize  # (the target's dtype: `FeatureStore`)
     static = sum(c.nbytes for c in [cache, draft_cache] if c is not None) + max_batch * num_positions * feature_bytes
-    budget = kv_budget(config.kv_cache_memory, static, memory.available_memory(cache.model.device), cache.model.device)
     block_bytes = sum(PagedSlotCache.block_bytes(m, size) for m in models) + size * feature_bytes
+    static += block_bytes  # (the null block: every row's whole context, as the static layout holds, still fits)
+    budget = kv_budget(config.kv_cache_memory, static, memory.available_memory(cache.model.device), cache.model.device)
     num_blocks = pool_blocks(budget, block_bytes, max_batch, num_positions // size)
     agree = getattr(cache.model, "all_ranks_min", None)  # a tensor-parallel shard: every rank the same pool
     if agree is not None:
