@@ -66,7 +66,7 @@ class BeamBlocks:
         for i, row in enumerate(self.rows):
             blocks = self.pool.blocks[row]
             table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
-        self.pool.table[self.start : self.start + self.width] = table.to(self.pool.table.device)
+        self.pool.table[self.start : self.start + self.width] = table.to(self.pool.table.device, non_blocking=True)
 
     def _take(self) -> int:
         return self.stash.pop()

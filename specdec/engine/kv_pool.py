@@ -124,6 +124,12 @@ class BlockAllocator:
             raise PoolAccountingError(f"blocks held a number of times other than their counts: {wrong[:16]}")
 
 
+def _to_device(blocks: list[int], device: torch.device) -> torch.Tensor:
+    """Block ids as an int32 tensor on `device`, copied without a stream synchronization (a pageable source is
+    consumed before the copy call returns; a blocking copy would wait for the device at every new block)."""
+    return torch.tensor(blocks, dtype=torch.int32).to(device, non_blocking=True)
+
+
 class KVPool:
     """Block tables for `max_batch` rows over one `BlockAllocator`: `table [max_batch, max_blocks]` int32 on
     `device`, and each row's blocks on the host (`blocks[row]`)."""
@@ -157,7 +163,7 @@ class KVPool:
             return False
         have = len(self.blocks[row])
         self.blocks[row].extend(new)
-        self.table[row, have : have + n] = torch.tensor(new, dtype=torch.int32).to(self.table.device)
+        self.table[row, have : have + n] = _to_device(new, self.table.device)
         return True
 
     def share_row(self, row: int, blocks: list[int], owned: list[int] = ()) -> None:
@@ -168,7 +174,7 @@ class KVPool:
         self.allocator.touch(blocks)
         blocks = list(blocks) + list(owned)
         self.blocks[row] = blocks
-        self.table[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32).to(self.table.device)
+        self.table[row, : len(blocks)] = _to_device(blocks, self.table.device)
 
     def release(self, row: int) -> None:
         """Return row's blocks to the pool, last first (a prefix cache evicts a text's tail before its head); its
