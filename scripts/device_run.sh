@@ -349,7 +349,8 @@ log() { echo "=== $* $(date +%T)" | tee -a "$OUT/run.log"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee -a "$OUT/run.log"
 log "paged GPU tests"
 timeout "${1:-200}" python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/engine/test_engine_paged_graphs.py \
-    tests/engine/test_engine_paged.py tests/fast/test_model_paged.py tests/fast/kernels/test_attention_paged.py \
+    tests/engine/test_engine_paged.py tests/engine/test_engine_beam.py tests/fast/test_model_paged.py \
+    tests/fast/kernels/test_attention_paged.py \
     2>&1 | tee "$OUT/paged_tests.log" | tail -30 | tee -a "$OUT/run.log"
 log "bench: static vs paged, 8B shape, batch 1 and 64; 64 requests at 32k context"
 timeout "${2:-360}" python3 scripts/bench_paged.py --out "$OUT/paged.json" 2>&1 | tail -40 | tee -a "$OUT/run.log"

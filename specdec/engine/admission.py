@@ -281,7 +281,7 @@ class Admission:
     def _check_pool(self, prompt_len: int, params: SamplingParams, beams) -> None:
         """What a request asks of the paged pool, refused at `add_request` when it could never be met."""
         if beams is not None:
-            raise ValueError("beams: beam groups need kv_layout='static'")
+            return self._check_beam_pool(prompt_len, params, beams)  # (beam.py: the group's blocks)
         need = blocks_for(prompt_len + params.max_new_tokens + self._pool_margin(params), self.kv_pool.block_size)
         usable = self.kv_pool.allocator.num_usable_blocks
         if need > usable:

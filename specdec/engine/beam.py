@@ -12,7 +12,9 @@ slot caches (target and draft model), so nothing of that search is spelled twice
 Slots. Chain requests fill slots 0..n−1 as always; beam groups take w consecutive slots from the top of the cache
 down (the highest free run), and chain admission stops at the largest batch bucket below the lowest slot a group
 holds or the next waiting group will take (`_chain_limit`), so a chain step's rows `[:bucket]` never reach a beam
-row. A waiting group is admitted (before the chains of that step) once its run is free of chain buckets.
+row. A waiting group is admitted (before the chains of that step) once its run is free of chain buckets — and, on
+the paged pool, once the blocks its rows may ever hold are free (`beam_blocks`: the prompt's blocks forked by table,
+reorders as table edits, copy-on-write; the group is never preempted).
 
 Step. Each `Engine.step` runs one pass of every running group *as its own forwards*, before the chains' step (which
 is timed for the γ policy without it): beam groups and chain rows do not share a forward. Eager (no CUDA graphs;
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specdec.engine.beam_blocks import BeamBlocks, group_blocks
 from specdec.engine.beam_slots import SlotTreeLM
 from specdec.engine.config import BATCH_BUCKETS
 from specdec.fast.kernels.attention import MAX_TREE_SLOTS
@@ -103,6 +106,7 @@ class BeamGroup:
     search: BeamSearch
     state: BeamState
     stats: SpecStats = field(default_factory=SpecStats)
+    blocks: BeamBlocks | None = None  # paged: its rows of the pool (`beam_blocks`)
 
 
 class Beams:
@@ -210,6 +214,9 @@ class Beams:
             self._aborted -= hit
             self._known -= hit
             self._beam_waiting = deque(x for x in self._beam_waiting if x[0].request_id not in hit)
+        for g in self._beam_groups:
+            if g.request_id in hit and g.blocks is not None:
+                g.blocks.release()
         self._beam_groups = [g for g in self._beam_groups if g.request_id not in hit]
         return [RequestOutput(rid, [], None, 0, 0, True, "abort") for rid in sorted(hit)]
 
@@ -227,6 +234,8 @@ class Beams:
             start = self._beam_run(beams.num_beams)
             if start is None or start < self._chain_rows():
                 return
+            if self.kv_pool is not None and self._beam_stash(request, beams) > self.kv_pool.allocator.num_free_blocks:
+                return  # (its blocks come free as requests leave)
             with self._lock:
                 self._beam_waiting.popleft()
             self._beam_groups.append(self._start_group(request, beams, start))
@@ -237,15 +246,39 @@ class Beams:
         u = beams.width
         need = self._beam_positions(len(request.prompt), params.max_new_tokens, u * gamma)
         chunk = self.config.prefill_chunk
-        lm = SlotTreeLM(self.model, self.cache, start, w, need, chunk)
-        draft = SlotTreeLM(self.drafter.model, self.drafter.cache, start, w, need, chunk) if gamma else None
+        blocks = None
+        if self.kv_pool is not None:  # every model's cache lives in the group's blocks
+            caches = [self.cache] + ([self.drafter.cache] if self.drafter_cached else [])
+            blocks = BeamBlocks(self.kv_pool, caches, start, w, len(request.prompt) - 1, need)
+        lm = SlotTreeLM(self.model, self.cache, start, w, need, chunk, blocks)
+        draft = SlotTreeLM(self.drafter.model, self.drafter.cache, start, w, need, chunk, blocks, owner=False) \
+            if gamma else None
         config = BeamConfig(w, params.max_new_tokens, tuple(params.eos_token_ids), beams.length_penalty,
                             beams.early_stopping)
         search = BeamSearch(lm, draft, config, u, gamma)
         began = time.perf_counter()
         state = search.start([request.prompt])
         request.stats.add_prefill(time.perf_counter() - began, lm.begin_forward_passes)
-        return BeamGroup(request.request_id, params, beams, request.arrival, start, search, state, request.stats)
+        return BeamGroup(request.request_id, params, beams, request.arrival, start, search, state, request.stats,
+                         blocks)
+
+    def _beam_stash(self, request, beams: BeamParams) -> int:
+        """Paged: the blocks a beam group takes at admission (`beam_blocks.group_blocks`)."""
+        gamma = self._check_beams(request.params, beams, len(request.prompt))
+        need = self._beam_positions(len(request.prompt), request.params.max_new_tokens, beams.width * gamma)
+        return group_blocks(len(request.prompt) - 1, need, beams.num_beams, self.kv_pool.block_size)
+
+    def _check_beam_pool(self, request_prompt_length: int, params: SamplingParams, beams: BeamParams) -> None:
+        """Paged: a beam request whose group could never get its blocks is refused at `add_request`."""
+        gamma = self._check_beams(params, beams, request_prompt_length)
+        need = self._beam_positions(request_prompt_length, params.max_new_tokens, beams.width * gamma)
+        blocks = group_blocks(request_prompt_length - 1, need, beams.num_beams, self.kv_pool.block_size)
+        usable = self.kv_pool.allocator.num_usable_blocks
+        if blocks > usable:
+            raise ValueError(f"num_beams={beams.num_beams} over prompt length {request_prompt_length} + "
+                             f"max_new_tokens {params.max_new_tokens} needs {blocks} KV blocks of "
+                             f"{self.kv_pool.block_size} positions; the pool holds {usable} "
+                             "(raise kv_cache_memory / --kv-cache-memory)")
 
     def _step_beams(self) -> list[RequestOutput]:
         """One pass of every running beam group (its own forwards); the groups that finished report and leave."""
@@ -255,6 +288,8 @@ class Beams:
                 group.state = group.search.step(group.state)
             if bool(group.state.done.all()):
                 outputs.append(self._finish_group(group))
+                if group.blocks is not None:
+                    group.blocks.release()
             else:
                 running.append(group)
         self._beam_groups = running

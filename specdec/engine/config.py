@@ -90,12 +90,15 @@ class EngineConfig:
                       leniency or token trees; costs speed (BENCHMARKS.md)
     max_tree_nodes    the largest token tree a request may ask for (`SamplingParams.draft_tree`), root included
                       (sizes the caches: a tree pass writes that many slots; 0 = no trees; at most 64)
-    kv_layout         "static" (the default): every slot owns K/V for max_seq_len positions, allocated at
-                      construction; "paged": one pool of fixed-size blocks per model (`engine/kv_pool.py`), a block
+    kv_layout         "paged" (the default; None resolves to it): one pool of fixed-size blocks per model
+                      (`engine/kv_pool.py`), sized by kv_cache_memory, a block
                       table per row, blocks taken as a request grows and returned when it leaves; a request that
                       needs a block when none is free is preempted (its blocks freed, re-queued first, recomputed
-                      on readmission, vLLM's recompute preemption). Eager layers only (no fused kernels, no CUDA
-                      graphs yet); no token trees or beam groups
+                      on readmission, vLLM's recompute preemption); steps captured as CUDA graphs over the block
+                      table like static ones; token trees and beam groups (their prompt's blocks shared
+                      copy-on-write). "static": every slot owns K/V for max_seq_len positions, allocated at
+                      construction (slots × longest request). bitwise=True stays on "static" (None resolves to
+                      it): its batch-invariant fused layer reads a static cache; kv_layout="paged" with it is refused
     block_size        positions per block of the paged pool (vLLM's name; a power of two in [1, 64])
     kv_cache_memory   the paged pool's budget: an int of bytes, or a float in (0, 1]: that fraction of the memory
                       free at construction (vLLM's gpu_memory_utilization, of free memory); None = the bytes the
@@ -127,7 +130,7 @@ class EngineConfig:
     prefill_budget: int | str | None = None
     prefill_steps: int | None = None
     prefill_stall: float | None = None
-    kv_layout: str = "static"
+    kv_layout: str | None = None
     block_size: int = 16
     kv_cache_memory: int | float | None = None
     enable_prefix_caching: bool = False
@@ -136,6 +139,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.model_impl not in MODEL_IMPLS:
             raise ValueError(f"model_impl must be one of {', '.join(MODEL_IMPLS)}, got {self.model_impl!r}")
+        if self.kv_layout is None:  # (bitwise=True: the batch-invariant fused layer reads a static cache)
+            object.__setattr__(self, "kv_layout", "static" if self.bitwise is True else "paged")
         if self.kv_layout not in ("static", "paged"):
             raise ValueError(f"kv_layout must be 'static' or 'paged', got {self.kv_layout!r}")
         as_int(self.block_size, "block_size", minimum=1, maximum=64)
@@ -188,6 +193,9 @@ class EngineConfig:
             raise ValueError(f"kernels must be 'auto', 'triton' or 'reference', got {self.kernels!r}")
         if not isinstance(self.bitwise, bool):
             raise TypeError(f"bitwise must be True or False, got {self.bitwise!r}")
+        if self.bitwise and self.kv_layout == "paged":
+            raise ValueError("bitwise=True runs on kv_layout='static' (its batch-invariant fused layer reads a static "
+                             "KV cache)")
         if self.cuda_graphs not in (None, True, False):
             raise TypeError(f"cuda_graphs must be None, True or False, got {self.cuda_graphs!r}")
         if self.prefill_graphs not in (None, True, False):

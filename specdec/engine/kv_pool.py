@@ -124,6 +124,12 @@ class BlockAllocator:
             raise PoolAccountingError(f"blocks held a number of times other than their counts: {wrong[:16]}")
 
 
+def _to_device(blocks: list[int], device: torch.device) -> torch.Tensor:
+    """Block ids as an int32 tensor on `device`, copied without a stream synchronization (a pageable source is
+    consumed before the copy call returns; a blocking copy would wait for the device at every new block)."""
+    return torch.tensor(blocks, dtype=torch.int32).to(device, non_blocking=True)
+
+
 class KVPool:
     """Block tables for `max_batch` rows over one `BlockAllocator`: `table [max_batch, max_blocks]` int32 on
     `device`, and each row's blocks on the host (`blocks[row]`)."""
@@ -135,6 +141,7 @@ class KVPool:
         self.table = torch.full((max_batch, self.max_blocks), NULL_BLOCK, dtype=torch.int32, device=device)
         self.blocks: list[list[int]] = [[] for _ in range(max_batch)]
         self.num_preemptions = 0  # requests whose blocks were taken back to make room (engine's count)
+        self.stashes: dict[int, list[int]] = {}  # blocks held for a beam group's rows, by its first row (beam_blocks)
 
     @property
     def num_positions(self) -> int:
@@ -156,7 +163,7 @@ class KVPool:
             return False
         have = len(self.blocks[row])
         self.blocks[row].extend(new)
-        self.table[row, have : have + n] = torch.tensor(new, dtype=torch.int32).to(self.table.device)
+        self.table[row, have : have + n] = _to_device(new, self.table.device)
         return True
 
     def share_row(self, row: int, blocks: list[int], owned: list[int] = ()) -> None:
@@ -167,7 +174,7 @@ class KVPool:
         self.allocator.touch(blocks)
         blocks = list(blocks) + list(owned)
         self.blocks[row] = blocks
-        self.table[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32).to(self.table.device)
+        self.table[row, : len(blocks)] = _to_device(blocks, self.table.device)
 
     def release(self, row: int) -> None:
         """Return row's blocks to the pool, last first (a prefix cache evicts a text's tail before its head); its
@@ -190,8 +197,9 @@ class KVPool:
         self.table[[a, b]] = self.table[[b, a]]
 
     def check(self) -> None:
-        """`BlockAllocator.check` over every row's blocks, and the table equal to them."""
-        self.allocator.check(self.blocks)
+        """`BlockAllocator.check` over every row's blocks and every beam group's stash, and the table equal to the
+        rows' blocks."""
+        self.allocator.check(self.blocks + list(self.stashes.values()))
         host = torch.full(self.table.shape, NULL_BLOCK, dtype=torch.int32)
         for row, blocks in enumerate(self.blocks):
             host[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
@@ -307,8 +315,9 @@ def paged_caches(cache, draft_cache, feature_dim: int, config, max_batch: int
     models = [cache.model] + ([draft_cache.model] if draft_cache is not None else [])
     feature_bytes = feature_dim * cache.model.dtype.itemsize  # (the target's dtype: `FeatureStore`)
     static = sum(c.nbytes for c in [cache, draft_cache] if c is not None) + max_batch * num_positions * feature_bytes
-    budget = kv_budget(config.kv_cache_memory, static, memory.available_memory(cache.model.device), cache.model.device)
     block_bytes = sum(PagedSlotCache.block_bytes(m, size) for m in models) + size * feature_bytes
+    static += block_bytes  # (the null block: every row's whole context, as the static layout holds, still fits)
+    budget = kv_budget(config.kv_cache_memory, static, memory.available_memory(cache.model.device), cache.model.device)
     num_blocks = pool_blocks(budget, block_bytes, max_batch, num_positions // size)
     agree = getattr(cache.model, "all_ranks_min", None)  # a tensor-parallel shard: every rank the same pool
     if agree is not None:

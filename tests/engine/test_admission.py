@@ -13,10 +13,11 @@ from specdec.request import SamplingParams
 LONG = [[(7 * i + 3) % 50 + 1 for i in range(30)], [(5 * i + 1) % 40 + 2 for i in range(24)]]
 
 
-def _engine(make_llama, rows=4):
+def _engine(make_llama, rows=4, **config):
     target = make_llama(0)
     twin = make_llama(0)  # the drafter is the target itself: with an exact cache, every greedy draft is accepted
-    return target, Engine(target, twin, EngineConfig(max_batch_size=rows, max_seq_len=128, num_draft_tokens="auto"))
+    return target, Engine(target, twin, EngineConfig(max_batch_size=rows, max_seq_len=128, num_draft_tokens="auto",
+                                                     **config))
 
 
 def _run(engine, pattern, outputs):
@@ -27,7 +28,7 @@ def _run(engine, pattern, outputs):
 
 
 def test_a_request_admitted_in_a_plain_run_is_fed_to_the_drafter_by_the_catch_up(make_llama):
-    target, engine = _engine(make_llama)
+    target, engine = _engine(make_llama, kv_layout="static")  # (its cache compared slot by slot)
     params = SamplingParams(temperature=0, max_new_tokens=24)
     first = [engine.add_request(p, params) for p in RAGGED_PROMPTS[:2]]
     outputs: dict = {}
@@ -104,8 +105,8 @@ def test_a_feature_head_admitted_in_a_plain_run_catches_up_to_a_fresh_prefill(ma
     target = make_llama(0)
     trainable = TrainableHead(HeadConfig.for_target(LlamaShape.from_hf(target.config)), seed=1)
     trainable.init_from(target)
-    engine = Engine(target, trainable.to_feature_head(),
-                    EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens="auto"))
+    engine = Engine(target, trainable.to_feature_head(),  # (static: its cache compared slot by slot)
+                    EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens="auto", kv_layout="static"))
     params = SamplingParams(temperature=0, max_new_tokens=30)
     first = [engine.add_request(p, params) for p in RAGGED_PROMPTS[:2]]
     outputs: dict = {}

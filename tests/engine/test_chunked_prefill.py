@@ -13,6 +13,7 @@ from prefill_helpers import drive as _drive
 from prefill_helpers import head as _head
 from prefill_helpers import mixed_params as _mixed_params
 from prefill_helpers import prompt as _prompt
+from specdec.engine.kv_pool import PagedSlotCache
 from specdec.engine.slots import SlotCache
 from specdec.request import SamplingParams
 
@@ -81,6 +82,8 @@ def test_a_filling_request_exchanges_slots_with_a_younger_one_and_aborts_leave(m
     swaps = []
     swap = SlotCache.swap
     monkeypatch.setattr(SlotCache, "swap", lambda self, *a: swaps.append(a) or swap(self, *a))
+    paged_swap = PagedSlotCache.swap  # (the default layout: the rows' block tables exchanged)
+    monkeypatch.setattr(PagedSlotCache, "swap", lambda self, *a: swaps.append(a) or paged_swap(self, *a))
     prompts = [_prompt(5, 1), _prompt(6, 2), _prompt(7, 3), _prompt(90, 4), _prompt(8, 5), _prompt(30, 6)]
     # slots 0-2 run; the long one fills slot 3; slot 1's request finishes first, so the next one fills slot 2
     params = [SamplingParams(temperature=1.0, seed=i, max_new_tokens=m) for i, m in enumerate([40, 8, 40, 10, 10, 6])]

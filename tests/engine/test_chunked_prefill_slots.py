@@ -63,7 +63,8 @@ def test_a_ragged_prefill_writes_what_an_aligned_one_does(make_llama):
     target = make_llama(0)
     caches = []
     for ragged in (False, True):
-        engine = Engine(target, _head(target), EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=2))
+        engine = Engine(target, _head(target), EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=2,
+                                                            kv_layout="static"))  # (slots compared)
         prompts = [_prompt(90, 1), _prompt(40, 2), _prompt(70, 3)]
         rows, cache, state = slice(0, 3), engine.cache, engine.state
         feed = prefill_ragged if ragged else prefill_rows

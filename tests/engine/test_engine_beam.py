@@ -1,7 +1,8 @@
 """Speculative beam search inside the engine (`engine/beam.py`): a beam request's beams equal transformers'
 `generate(num_beams=w, do_sample=False)` and the loop's `beam_search`, with and without a drafter, with EOS, and
 while chain requests run and join in the same engine (neither changes the other's tokens); a deliberately wrong rule
-fails the same comparison; refusals name what beams cannot combine with."""
+fails the same comparison; refusals name what beams cannot combine with. Over both KV layouts: on the paged pool
+(`engine/beam_blocks.py`) the books balance after every step (`KVPool.check`) and a leaked block is caught."""
 
 import functools
 
@@ -34,11 +35,16 @@ def _hf(model, prompt: tuple, w: int, eos: tuple, length_penalty: float = 1.0, e
     return hf_beams(model, prompt, w, eos, N, length_penalty, early_stopping)
 
 
+LAYOUTS = ["static", "paged"]
+
+
 def engine_beams(target, draft, requests, *, max_batch=8, chains=(), late_chains=(), **config):
     """Run beam `requests` [(prompt, SamplingParams, BeamParams)] and chain requests [(prompt, SamplingParams)]
-    in one engine; `late_chains` join after two steps → (beam outputs, chain tokens, late chain tokens)."""
+    in one engine; `late_chains` join after two steps → (beam outputs, chain tokens, late chain tokens). Paged:
+    the pool's books are checked after every step and every block is back at the end."""
     engine = Engine(target, draft, EngineConfig(max_batch_size=max_batch, max_seq_len=64, num_draft_tokens=3,
                                                 **config))
+    engine_beams.last = engine
     ids = [engine.add_request(p, s, beams=b) for p, s, b in requests]
     chain_ids = [engine.add_request(p, s) for p, s in chains]
     tokens, finals, steps = {}, {}, 0
@@ -49,8 +55,12 @@ def engine_beams(target, draft, requests, *, max_batch=8, chains=(), late_chains
             if out.finished:
                 finals[out.request_id] = out
         steps += 1
+        if engine.kv_pool is not None:
+            engine.kv_pool.check()
         if steps == 2:
             late_ids = [engine.add_request(p, s) for p, s in late_chains]
+    if engine.kv_pool is not None:
+        assert engine.kv_cache_usage.num_used_blocks == 0
     return [finals[i] for i in ids], [tokens.get(i, []) for i in chain_ids], [tokens.get(i, []) for i in late_ids]
 
 
@@ -69,12 +79,13 @@ def assert_transformers_beams(model, outs, w, eos, **kw):
         assert out.finish_reason == ("stop" if out.new_token_ids[-1] in eos else "length")
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("w, u, gamma, eos", [(1, 2, 3, (7,)), (2, 2, 1, ()), (2, 4, 3, (7,)), (4, 4, 3, ()),
                                               (4, 8, 2, (7, 20))])
-def test_engine_beams_equal_transformers_and_the_loop(pair, w, u, gamma, eos):
+def test_engine_beams_equal_transformers_and_the_loop(pair, w, u, gamma, eos, layout):
     target, draft = pair
     requests = [(p, greedy(eos), BeamParams(w, u, gamma, num_return_sequences=w)) for p in PROMPTS]
-    outs, _, _ = engine_beams(target, draft, requests, max_batch=8 if w < 4 else 16)
+    outs, _, _ = engine_beams(target, draft, requests, max_batch=8 if w < 4 else 16, kv_layout=layout)
     assert_transformers_beams(target, outs, w, eos)
     loop = beam_search(target, PROMPTS, draft, num_beams=w, draft_beams=u, num_draft_tokens=gamma,
                        max_new_tokens=N, eos_token_id=list(eos))
@@ -87,26 +98,29 @@ def test_engine_beams_equal_transformers_and_the_loop(pair, w, u, gamma, eos):
         assert [o.new_token_ids for o in outs] == [hf_greedy(target, p, N, list(eos)) for p in PROMPTS]
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("w", [1, 2, 4])
-def test_plain_engine_beams_without_a_drafter(pair, w):
+def test_plain_engine_beams_without_a_drafter(pair, w, layout):
     target, _ = pair
     requests = [(p, greedy(), BeamParams(w, num_return_sequences=w)) for p in PROMPTS]
-    outs, _, _ = engine_beams(target, None, requests)
+    outs, _, _ = engine_beams(target, None, requests, kv_layout=layout)
     assert_transformers_beams(target, outs, w, ())
     assert all(o.beam_stats.passes == N and o.beam_stats.draft_nodes == 0 for o in outs)
 
 
-def test_length_rules_on_the_engine(pair):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_length_rules_on_the_engine(pair, layout):
     target, draft = pair
     for lp, es in [(2.0, "never"), (0.5, True)]:
         requests = [(p, greedy((7, 20)), BeamParams(3, 4, 2, length_penalty=lp, early_stopping=es,
                                                      num_return_sequences=3)) for p in PROMPTS]
-        outs, _, _ = engine_beams(target, draft, requests)
+        outs, _, _ = engine_beams(target, draft, requests, kv_layout=layout)
         assert_transformers_beams(target, outs, 3, (7, 20), length_penalty=lp, early_stopping=es)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("prefill_budget", [None, 16])
-def test_beams_and_chains_share_the_engine_without_changing_each_other(pair, prefill_budget):
+def test_beams_and_chains_share_the_engine_without_changing_each_other(pair, prefill_budget, layout):
     """Beam groups run next to chain rows (admitted before and after them; with chunked prefill, late chains fill
     their slots a few tokens per step below the groups): every request's tokens are what it gives alone."""
     target, draft = pair
@@ -114,7 +128,7 @@ def test_beams_and_chains_share_the_engine_without_changing_each_other(pair, pre
     late = [(list(range(21, 61)), greedy(n=9)), ([4], greedy(n=12))]  # 40 prompt tokens: 3 budgets
     requests = [(p, greedy((7,)), BeamParams(2, 4, 3, num_return_sequences=2)) for p in PROMPTS[:2]]
     outs, chain_tokens, late_tokens = engine_beams(target, draft, requests, max_batch=16, chains=chains,
-                                                   late_chains=late, prefill_budget=prefill_budget)
+                                                   late_chains=late, prefill_budget=prefill_budget, kv_layout=layout)
     alone_beams = [engine_beams(target, draft, [r])[0][0] for r in requests]
     assert [o.beams for o in outs] == [o.beams for o in alone_beams]
     assert_transformers_beams(target, outs, 2, (7,))
@@ -122,13 +136,14 @@ def test_beams_and_chains_share_the_engine_without_changing_each_other(pair, pre
         assert got == hf_greedy(target, prompt, params.max_new_tokens, [])
 
 
-def test_a_beam_group_waits_for_slots_and_chains_wait_for_it(pair):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_beam_group_waits_for_slots_and_chains_wait_for_it(pair, layout):
     """max_batch 4: a w=4 group takes every slot, so the chains wait for it (and it for them), in order."""
     target, draft = pair
     chains = [([3, 9, 2, 14], greedy(n=5))]
     requests = [(PROMPTS[0], greedy(), BeamParams(4, 4, 2, num_return_sequences=4))]
     outs, chain_tokens, late_tokens = engine_beams(target, draft, requests, max_batch=4, chains=chains,
-                                                   late_chains=[([4, 5], greedy(n=4))])
+                                                   late_chains=[([4, 5], greedy(n=4))], kv_layout=layout)
     assert [list(b) for b in outs[0].beams] == _hf(target, tuple(PROMPTS[0]), 4, ())[0]
     assert chain_tokens[0] == hf_greedy(target, [3, 9, 2, 14], 5, [])
     assert late_tokens[0] == hf_greedy(target, [4, 5], 4, [])
@@ -214,9 +229,10 @@ def test_refusals_name_what_beams_cannot_combine_with(pair):
         plain.add_request([1, 2], greedy(), beams=BeamParams(2, num_draft_tokens=2))
 
 
-def test_abort_and_empty_budget(pair):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_abort_and_empty_budget(pair, layout):
     target, draft = pair
-    engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=64))
+    engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=64, kv_layout=layout))
     a = engine.add_request(PROMPTS[0], greedy(), beams=BeamParams(2))
     b = engine.add_request(PROMPTS[1], greedy(n=0), beams=BeamParams(2))
     first = engine.step()
@@ -233,11 +249,15 @@ def test_abort_and_empty_budget(pair):
     while engine.has_unfinished():
         outs += engine.step()
     assert [o.request_id for o in outs] == [c] and isinstance(outs[0], engine_beam.BeamOutput)
+    if engine.kv_pool is not None:  # the aborted group's blocks came back
+        engine.kv_pool.check()
+        assert engine.kv_cache_usage.num_used_blocks == 0
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_engine_beams_on_cuda_equal_transformers_beside_chains(make_llama):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_engine_beams_on_cuda_equal_transformers_beside_chains(make_llama, layout):
     """On a CUDA engine (fp32 tiny Llamas: the fused layers, the Triton tree mask, the chain rows captured as CUDA
     graphs beside the groups) the beams are transformers' (fp32, where bf16 would only show near-ties) and the
     chains' tokens plain greedy's."""
@@ -249,7 +269,8 @@ def test_engine_beams_on_cuda_equal_transformers_beside_chains(make_llama):
     chain_refs = [hf_greedy(target, p, n, []) for p, n in chains]
     target, draft = target.cuda(), draft.cuda()
     for w, u, gamma in cases:
-        engine = Engine(target, draft, EngineConfig(max_batch_size=16, max_seq_len=64, num_draft_tokens=3))
+        engine = Engine(target, draft, EngineConfig(max_batch_size=16, max_seq_len=64, num_draft_tokens=3,
+                                                    kv_layout=layout))
         assert engine.cuda_graphs
         ids = [engine.add_request(p, SamplingParams(temperature=0, max_new_tokens=N, eos_token_ids=(7,)),
                                   beams=BeamParams(w, u, gamma, num_return_sequences=w)) for p in PROMPTS]
@@ -260,6 +281,8 @@ def test_engine_beams_on_cuda_equal_transformers_beside_chains(make_llama):
                 tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
                 if out.finished:
                     finals[out.request_id] = out
+            if engine.kv_pool is not None:
+                engine.kv_pool.check()
         for rid, prompt in zip(ids, PROMPTS):
             ref_beams, ref_scores = refs[(w, tuple(prompt))]
             assert [list(b) for b in finals[rid].beams] == ref_beams

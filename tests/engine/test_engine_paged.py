@@ -142,7 +142,7 @@ def test_config_errors_name_the_option():
     with pytest.raises(ValueError, match="block_size must be a power of two"):
         EngineConfig(kv_layout="paged", block_size=24)
     with pytest.raises(ValueError, match="needs kv_layout='paged'"):
-        EngineConfig(kv_cache_memory=1 << 20)
+        EngineConfig(kv_layout="static", kv_cache_memory=1 << 20)
     with pytest.raises(ValueError, match=r"fraction of free memory in \(0, 1\]"):
         EngineConfig(kv_layout="paged", kv_cache_memory=1.5)
 

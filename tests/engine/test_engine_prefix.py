@@ -207,7 +207,7 @@ def test_options_and_feature_drafters(pair, caplog):
     from specdec.zoo.feature_head import TrainableHead
 
     with pytest.raises(ValueError, match="enable_prefix_caching=True .* needs kv_layout='paged'"):
-        EngineConfig(enable_prefix_caching=True)
+        EngineConfig(kv_layout="static", enable_prefix_caching=True)
     with pytest.raises(TypeError, match="enable_prefix_caching must be True or False"):
         EngineConfig(kv_layout="paged", enable_prefix_caching=1)
     target = pair[0]
@@ -217,5 +217,5 @@ def test_options_and_feature_drafters(pair, caplog):
         engine = Engine(target, head.to_feature_head(), _config(True))
     assert engine.prefix_cache is None and "prefix caching is off" in caplog.text
     assert engine.prefix_cache_hits == engine.prefix_cache_queries == 0
-    static = Engine(target, None, EngineConfig(max_batch_size=2, max_seq_len=64))
+    static = Engine(target, None, EngineConfig(max_batch_size=2, max_seq_len=64, kv_layout="static"))
     assert static.prefix_cache is None and static.prefix_cache_queries == 0

@@ -189,7 +189,8 @@ def test_negative_control_children_verified_as_iid_fail(sharp_pair, monkeypatch)
 
 def test_negative_control_without_the_path_copy_greedy_breaks(pair, twin, monkeypatch):
     """Leaving the accepted nodes' K/V where the tree put them (no copy into chain order) changes the tokens."""
-    monkeypatch.setattr(tree_step, "commit_path", lambda *args: None)
+    monkeypatch.setattr(tree_step, "commit_path", lambda *args: None)  # (static)
+    monkeypatch.setattr(tree_step.PagedSlotCache, "copy_positions", lambda *args: None)  # (paged, the default)
     target, _ = pair
     res = specdec.generate(target, RAGGED_PROMPTS, drafter=twin, draft_tree=[3, 2], max_new_tokens=16,
                            temperature=0, eos_token_id=[], engine="fast")

@@ -65,7 +65,8 @@ def test_greedy_is_the_targets_for_fixed_and_auto_gamma(target, head):
 
 
 def test_requests_join_mid_flight_and_features_stay_the_targets(target, head):
-    engine = Engine(target, head, EngineConfig(max_batch_size=2, max_seq_len=128, num_draft_tokens=3))
+    engine = Engine(target, head, EngineConfig(max_batch_size=2, max_seq_len=128, num_draft_tokens=3,
+                                               kv_layout="static"))  # (its stored features compared per slot)
     prompts = RAGGED_PROMPTS + [[4, 4, 9], [11, 12, 13, 14, 15, 16, 17, 18]]
     outputs, ids = {}, {}
     pending = list(enumerate(prompts))
@@ -90,7 +91,8 @@ def test_requests_join_mid_flight_and_features_stay_the_targets(target, head):
 def test_plain_steps_between_speculative_ones_leave_only_true_head_entries(target, head):
     """After speculative steps, plain steps and the catch-up, the head's cache below the proposal window holds
     exactly the entries (f_t, x_{t+1}) a fresh prefill writes (none left from drafts' predicted features)."""
-    engine = Engine(target, head, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens="auto"))
+    engine = Engine(target, head, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens="auto",
+                                               kv_layout="static"))  # (its cache compared per slot)
     for prompt in RAGGED_PROMPTS:
         engine.add_request(prompt, SamplingParams(temperature=0, max_new_tokens=40))
     drafter = engine.drafter

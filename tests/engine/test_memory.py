@@ -1,5 +1,6 @@
 """The engine's buffers are counted before anything is allocated: a size the device cannot hold is refused in one
-line naming the options (with a made-up free memory), a size that fits loads, and the count is each buffer's bytes."""
+line naming the options (with a made-up free memory), a size that fits loads, and the count is each buffer's bytes
+(the static layout's slots; the paged pool is sized within free memory: tests/engine/test_engine_paged.py)."""
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ def test_a_size_past_free_memory_is_refused_before_allocating(make_llama, monkey
     _free(monkeypatch, 1 << 20)  # 1 MiB
     with pytest.raises(ValueError, match=r"max_batch_size=64 \(--max-batch-size\).*max_seq_len.*need.*available") \
             as err:
-        Engine(target, make_llama(1), EngineConfig(max_batch_size=64, max_seq_len=256))
+        Engine(target, make_llama(1), EngineConfig(max_batch_size=64, max_seq_len=256, kv_layout="static"))
     assert "\n" not in str(err.value)
     big = [a for a in allocated if a and isinstance(a[0], tuple) and len(a[0]) == 5]
     assert big == []  # no K/V cache was allocated (the refusal came first)
@@ -30,7 +31,7 @@ def test_a_size_past_free_memory_is_refused_before_allocating(make_llama, monkey
 def test_a_size_that_fits_loads_and_reports_its_bytes(make_llama, monkeypatch):
     target, draft = make_llama(0), make_llama(1)
     _free(monkeypatch, 1 << 40)  # negative control of the refusal: the same engine with memory to spare
-    engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=64))
+    engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=64, kv_layout="static"))
     m = engine.memory
     assert m.target_kv == engine.cache.keys.numel() * 4 * 2 == engine.cache.nbytes
     assert m.drafter_kv == engine.drafter.cache.nbytes > 0

@@ -216,7 +216,10 @@ def slot_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, po
         if kernel == "auto":
             return reference()
         raise ValueError(f"kernel='triton': {why}")
-    paged = {} if pool is None else dict(block_table=block_table.contiguous())
+    # (the kernel takes the table's row stride: a view of the engine's [max_batch, max_blocks] table is read in place,
+    # no copy per layer in every decode step)
+    table = None if pool is None else block_table if block_table.stride(-1) == 1 else block_table.contiguous()
+    paged = {} if pool is None else dict(block_table=table)
     if tree is None:
         return module.attention(q, keys, values, positions, scale, num_splits=num_splits, window=window,
                                 softcap=softcap, **paged)
