@@ -18,7 +18,7 @@ from helpers import hf_greedy
 from hf_models import MATRIX, REFUSED, make
 from specdec.engine import Engine, EngineConfig, UnsupportedModel
 from specdec.fast import hf_backend
-from specdec.fast.cache import KVCache
+from specdec.fast.cache import KVCache, PagedKVCache
 from specdec.fast.hf_backend import HFBackendModel, UnsupportedArchitecture
 from specdec.request import SamplingParams
 
@@ -111,9 +111,10 @@ def _broken(monkeypatch, how: str) -> None:
                             lambda q, keys, values, scale: own_token(q, keys, values, torch.arange(
                                 q.shape[1]).expand(q.shape[0], -1), scale))
     else:  # K/V written one slot past where the model reads them
-        real = KVCache.write_index
-        monkeypatch.setattr(KVCache, "write_index", lambda self, slots: real(self, (slots + 1).clamp(
-            max=self.span - 1)))
+        for cls in (KVCache, PagedKVCache):  # (whichever layout the engine runs)
+            real = cls.write_index
+            monkeypatch.setattr(cls, "write_index", lambda self, slots, real=real: real(self, (slots + 1).clamp(
+                max=self.span - 1)))
 
 
 @pytest.mark.parametrize("how", ["ignores the cache", "writes one slot off"])
