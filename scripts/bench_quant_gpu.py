@@ -96,7 +96,9 @@ def op_rows(out, formats) -> None:
 
 SWEEP = [(bn, 128, sk, 4, 3, "reshape") for bn in (32, 64, 128) for sk in (1, 2, 4)] + [
     (64, 64, 1, 4, 3, "reshape"), (64, 128, 1, 8, 4, "reshape"),
-    (32, 128, 2, 4, 3, "gather"), (64, 128, 1, 4, 3, "gather"), (64, 128, 2, 4, 3, "gather")]
+    (32, 128, 2, 4, 3, "gather"), (64, 128, 1, 4, 3, "gather"), (64, 128, 2, 4, 3, "gather")] + [
+    (bn, 128, sk, 4, 3, unpack) for bn, sk in ((32, 2), (64, 1), (64, 2), (128, 1)) for unpack in ("reshape-magic",
+                                                                                                  "gather-magic")]
 
 
 def sweep(out, formats) -> None:
@@ -112,7 +114,7 @@ def sweep(out, formats) -> None:
             xs = [torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16, generator=gen) for m in (1, 5)]
             best = None
             for entry in SWEEP:
-                if fmt != "gptq" and entry[5] == "gather":
+                if fmt != "gptq" and entry[5] != "reshape":
                     continue  # (FP8 has nothing to unpack)
                 cfg = quant_linear.QuantConfig(*entry[:3], 16, *entry[3:])
                 try:

@@ -8,7 +8,9 @@ One kernel, three weight formats (FORMAT, a compile-time constant):
   2  fp8   weight e4m3 `[N, K]`, float32 scales per 128 × 128 block `[⌈N/128⌉, ⌈K/128⌉]`
 
 int4 unpacking (config.unpack): "reshape" loads each packed int32 once and spreads its 8 nibbles along K in
-registers; "gather" loads it once per nibble (the repeats are L1 hits) and shifts each by its own amount.
+registers; "gather" loads it once per nibble (the repeats are L1 hits) and shifts each by its own amount; a
+"-magic" suffix turns a nibble into bf16 / fp16 without a conversion instruction (the bits 0x4300 | q are the bf16
+128 + q, 0x6400 | q the fp16 1024 + q; minus 128 + z, resp. 1024 + z: exact).
 
 Program (pid_n, pid_k, pid_m) computes out[m-block, n-block] over K slice pid_k, tiles held transposed
 `[BLOCK_N, BLOCK_M]` (the weight is the wide operand of `tl.dot`, the few activation rows the narrow one), so every
@@ -33,6 +35,7 @@ def _quant_kernel(x_ptr, q_ptr, z_ptr, s_ptr, b_ptr, r_ptr, o_ptr, p_ptr,
                   M, N, K, k_per_split, stride_xm, stride_q, stride_s, stride_rm, stride_om,
                   FORMAT: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                   SPLIT: tl.constexpr, IEEE: tl.constexpr, STAGES: tl.constexpr, GATHER: tl.constexpr,
+                  MAGIC: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -62,7 +65,12 @@ def _quant_kernel(x_ptr, q_ptr, z_ptr, s_ptr, b_ptr, r_ptr, o_ptr, p_ptr,
             g = k0 // GROUP
             z = tl.load(z_ptr + g * stride_s + offs_n, mask=n_mask, other=0).to(tl.int32)
             s = tl.load(s_ptr + g * stride_s + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-            w = (q - z[:, None]).to(xt.dtype)  # small integers: exact
+            if MAGIC == 1:  # bf16: the bits 0x4300 | q are 128 + q (no int → float conversion), minus 128 + z
+                w = (q | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True) - (z + 128).to(tl.bfloat16)[:, None]
+            elif MAGIC == 2:  # fp16: 0x6400 | q is 1024 + q
+                w = (q | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - (z + 1024).to(tl.float16)[:, None]
+            else:
+                w = (q - z[:, None]).to(xt.dtype)  # small integers: exact either way
             if IEEE:
                 part = tl.dot(w, xt, input_precision="ieee")
             else:
@@ -113,7 +121,8 @@ def launch(x: torch.Tensor, fmt: int, q: torch.Tensor, zeros, scales: torch.Tens
         m, n, k, k_per_split, x.stride(0), q.stride(0), scales.stride(0) if scales.dim() == 2 else 0,
         residual.stride(0) if residual is not None else 0, out.stride(0),
         FORMAT=fmt, GROUP=group, HAS_BIAS=bias is not None, HAS_RES=residual is not None, SPLIT=splits > 1,
-        IEEE=x.dtype == torch.float32, STAGES=config.num_stages, GATHER=config.unpack == "gather",
+        IEEE=x.dtype == torch.float32, STAGES=config.num_stages, GATHER=config.unpack.startswith("gather"),
+        MAGIC=({torch.bfloat16: 1, torch.float16: 2}.get(x.dtype, 0) if config.unpack.endswith("magic") else 0),
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=block_k, num_warps=config.num_warps,
         num_stages=config.num_stages)
     if splits > 1:

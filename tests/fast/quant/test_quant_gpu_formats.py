@@ -150,3 +150,15 @@ def test_bitwise_on_cpu_refused(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # (the interpreter would run the kernel on CPU tensors)
     with pytest.raises(ValueError, match="bitwise"):
         weight_only(torch.randn(2, K), qw, kernel="bitwise")
+
+
+@pytest.mark.parametrize("unpack", ["reshape", "gather", "reshape-magic", "gather-magic"])
+def test_int4_unpackings_fp16_interpreted(interpret, unpack):
+    """Every int4 unpacking on fp16 activations (the interpreter has no bf16; the CUDA tests run bf16): the
+    "-magic" ones build 1024 + q from its bits, then subtract 1024 + z (exact)."""
+    qw = formats()["gptq"]
+    d = qw.dequantize()
+    x = torch.randn(3, K, generator=torch.Generator().manual_seed(8)).half()
+    y = run_kernel(x, "int4", qw.qweight, qw.zeros, qw.scales, G, N, config=QuantConfig(32, 128, 1, unpack=unpack))
+    ref = x.float() @ d.t()
+    assert ((y.float() - ref).abs() <= 2**-10 * (x.float().abs() @ d.abs().t()) + 1e-4).all()
