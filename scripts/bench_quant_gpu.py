@@ -5,7 +5,7 @@
     python scripts/bench_quant_gpu.py --smoke --sweep                             # CPU dry run (tiny, interpreter)
 
 Rows (JSON lines, printed and appended to --out):
-  "op"      µs per product y = x @ Wᵀ of each 8B matrix (q|k|v, o, gate|up, down) at M = 1, 5, 16 rows, in a CUDA
+  "op"      µs per product y = x @ Wᵀ of each 8B matrix (q|k|v, o, gate|up, down, LM head) at M = 1, 5, 16, in a CUDA
             graph (`fast.graphs.graph_time_us`): bf16 cuBLAS, the quantized kernel (int4 GPTQ, FP8 per channel, FP8
             128 × 128 blocks) and `torch._scaled_mm` (FP8 W8A8, per-token activations); GB/s of the weight bytes
   "sweep"   (--sweep) the fastest kernel config per (format, N, K) over a small grid at M = 1 and 5 (their sum),
@@ -15,7 +15,8 @@ Rows (JSON lines, printed and appended to --out):
   "plain"   the engine's plain greedy decoding at batch 1 (prompt 128, --new tokens, the second of two runs), tok/s,
             and the speed-up over bf16 in the same run
 Formats: bf16, gptq (int4, group 128), awq, fp8 (per channel), fp8-block, fp8-scaled-mm (per channel, through
-`torch._scaled_mm`). The LM head stays bf16 (as GPTQ / AWQ / FP8 checkpoints ship it) unless --quantize-head.
+`torch._scaled_mm`); a "+head" suffix quantizes the LM head too. The LM head stays bf16 otherwise (as GPTQ / AWQ /
+FP8 checkpoints ship it), or with --quantize-head for every format.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-MATRICES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+MATRICES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
+            "head": (128256, 4096)}
 SMOKE_MATRICES = {"qkv": (256, 128), "down": (128, 256)}
 DEVICE = "cuda"
 
@@ -71,7 +73,12 @@ def op_rows(out, formats) -> None:
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     for name, (n, k) in (MATRICES if DEVICE == "cuda" else SMOKE_MATRICES).items():
         w = torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16, generator=gen) * 0.02
-        qws = {fmt: quantized(fmt, w) for fmt in formats if fmt not in ("bf16",)}
+        qws = {}
+        for fmt in dict.fromkeys(f.removesuffix("+head") for f in formats if f != "bf16"):
+            try:
+                qws[fmt] = quantized(fmt, w)
+            except Exception as exc:  # noqa: BLE001
+                emit({"row": "op", "matrix": name, "format": fmt, "error": f"{type(exc).__name__}: {exc}"[:200]}, out)
         for m in (1, 5, 16):
             x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16, generator=gen)
             row = {"row": "op", "matrix": name, "n": n, "k": k, "m": m}
@@ -105,14 +112,16 @@ def sweep(out, formats) -> None:
     from specdec.fast.kernels import quant_linear
 
     gen = torch.Generator(device=DEVICE).manual_seed(1)
-    for fmt in sorted({"gptq" if f in ("gptq", "awq") else "fp8" for f in formats if f not in ("bf16", "fp8-block",
-                                                                                                 "fp8-scaled-mm")}):
+    kinds = {f.removesuffix("+head") for f in formats} - {"bf16", "fp8-scaled-mm"}
+    for fmt in sorted({"gptq" if f in ("gptq", "awq") else "fp8" for f in kinds}):
         for name, (n, k) in (MATRICES if DEVICE == "cuda" else SMOKE_MATRICES).items():
             w = torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16, generator=gen) * 0.02
             qw = quantized(fmt, w)
             kind, q, zeros, scales, group = qw.kernel_args()
             xs = [torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16, generator=gen) for m in (1, 5)]
             best = None
+            default = sum(time_us(lambda x=x: quant_linear.run_kernel(x, kind, q, zeros, scales, group, n), calls=20,
+                                  reps=5) for x in xs)
             for entry in SWEEP:
                 if fmt != "gptq" and entry[5] != "reshape":
                     continue  # (FP8 has nothing to unpack)
@@ -126,12 +135,14 @@ def sweep(out, formats) -> None:
                 if best is None or total < best[0]:
                     best = (total, entry)
             if best is not None:
-                quant_linear.CONFIGS[("int4" if fmt == "gptq" else "fp8", n, k)] = best[1]
+                quant_linear.CONFIGS[("int4" if fmt == "gptq" else "fp8", n, k)] = tuple(best[1])
                 emit({"row": "sweep", "format": fmt, "matrix": name, "n": n, "k": k, "config": list(best[1]),
-                      "us_m1_plus_m5": round(best[0], 2)}, out)
+                      "us_m1_plus_m5": round(best[0], 2), "heuristic_us_m1_plus_m5": round(default, 2)}, out)
             del w, qw
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()
+    emit({"row": "configs", "CONFIGS": {f"{f}|{n}|{k}": list(v) for (f, n, k), v in quant_linear.CONFIGS.items()}},
+         out)
 
 
 def build(fmt: str, shape, quantize_head: bool):
@@ -139,8 +150,10 @@ def build(fmt: str, shape, quantize_head: bool):
     from specdec.fast.quant.gpu_attach import quantize_model
 
     model = FastLlama.random(shape, device=DEVICE, dtype=torch.bfloat16 if DEVICE == "cuda" else torch.float32)
+    head = quantize_head or fmt.endswith("+head")
+    fmt = fmt.removesuffix("+head")
     if fmt != "bf16":
-        quantize_model(model, "fp8" if fmt == "fp8-scaled-mm" else fmt, lm_head=quantize_head)
+        quantize_model(model, "fp8" if fmt == "fp8-scaled-mm" else fmt, lm_head=head)
     if DEVICE == "cuda":
         torch.cuda.synchronize()
     return model
@@ -161,7 +174,8 @@ def step_row(model, fmt: str, out) -> dict:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--formats", nargs="+", default=["bf16", "gptq", "fp8", "fp8-block", "fp8-scaled-mm", "awq"])
+    ap.add_argument("--formats", nargs="+",
+                    default=["bf16", "gptq", "fp8", "fp8-scaled-mm", "fp8-block", "gptq+head", "awq"])
     ap.add_argument("--shape", default="8b")
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--prompt-len", type=int, default=128)
