@@ -14,6 +14,8 @@ Rows (JSON lines, printed and appended to --out):
             γ + 1 = 5 rows (a verify pass); verify_over_plain = their ratio
   "plain"   the engine's plain greedy decoding at batch 1 (prompt 128, --new tokens, the second of two runs), tok/s,
             and the speed-up over bf16 in the same run
+  "spec"    (--spec-alpha α) the same with a random bf16 drafter accepted with probability α (synthetic), γ = --gamma:
+            tok/s, over this format's plain, and that ratio over bf16's
 Formats: bf16, gptq (int4, group 128), awq, fp8 (per channel), fp8-block, fp8-scaled-mm (per channel, through
 `torch._scaled_mm`); a "+head" suffix quantizes the LM head too. The LM head stays bf16 otherwise (as GPTQ / AWQ /
 FP8 checkpoints ship it), or with --quantize-head for every format.
@@ -184,6 +186,11 @@ def main(argv=None) -> None:
     ap.add_argument("--quantize-head", action="store_true")
     ap.add_argument("--out", default=None)
     ap.add_argument("--smoke", action="store_true", help="a CPU dry run: tiny shapes, Triton's interpreter")
+    ap.add_argument("--spec-alpha", type=float, default=None,
+                    help="also decode speculatively: a random bf16 drafter (--draft-shape), each draft accepted with "
+                         "probability α (EngineConfig.synthetic_acceptance: benchmark only)")
+    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--draft-shape", default="1b")
     args = ap.parse_args(argv)
     global DEVICE
     if args.smoke:
@@ -208,8 +215,14 @@ def main(argv=None) -> None:
 
         shape = dataclasses.replace(shape, vocab_size=512, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32,
                                     intermediate_size=256)
-    base = None
+    base = spec_base = drafter = None
     device = torch.device(DEVICE)
+    if args.spec_alpha is not None:
+        from specdec.fast.model import FastLlama
+
+        draft_shape = shape if args.smoke else llama_shape(args.draft_shape)
+        drafter = FastLlama.random(draft_shape, device=DEVICE, dtype=torch.bfloat16 if DEVICE == "cuda" else
+                                   torch.float32, seed=1)
     for fmt in args.formats:
         os.environ["SPECDEC_FP8_KERNEL"] = "scaled_mm" if fmt == "fp8-scaled-mm" else "triton"
         started = time.perf_counter()
@@ -227,6 +240,17 @@ def main(argv=None) -> None:
                   "gb_per_step": round(quant_bytes(model) / 1e9, 3), "weights": describe(model) or "bf16",
                   "verify_over_plain": step["verify_over_plain"], "first_tokens": result["tokens"][0][:8],
                   "build_s": round(time.perf_counter() - started, 1)}, args.out)
+            if drafter is not None:
+                engine = None
+                config = EngineConfig(max_batch_size=1, max_seq_len=args.prompt_len + args.new + 16,
+                                      num_draft_tokens=args.gamma, synthetic_acceptance=args.spec_alpha)
+                engine = Engine(model, drafter, config)
+                spec, _ = timed(engine, prompts, SamplingParams(temperature=0, max_new_tokens=args.new), device)
+                spec_s = spec["decode_tokens"] / spec["decode_s"]
+                spec_base = spec_s / tok_s if fmt == "bf16" else spec_base
+                emit({"row": "spec", "format": fmt, "alpha": args.spec_alpha, "gamma": args.gamma,
+                      "tok_per_s": round(spec_s, 1), "over_plain": round(spec_s / tok_s, 3),
+                      "over_plain_vs_bf16s": round(spec_s / tok_s / spec_base, 3) if spec_base else None}, args.out)
         except Exception as exc:  # noqa: BLE001 - the other formats still run
             emit({"row": "plain", "format": fmt, "error": f"{type(exc).__name__}: {exc}"[:400]}, args.out)
         finally:

@@ -669,7 +669,9 @@ ls -la "$OUT" | tee -a "$OUT/run.log"
 # the reference packers): µs per product of each 8B matrix (bf16 cuBLAS, the Triton kernel, torch._scaled_mm), a
 # config sweep, then per format (bf16, gptq, fp8, fp8-block, fp8-scaled-mm, awq) one forward at 1 and 5 rows (the
 # verify cost over a plain step) and the engine's plain greedy tok/s at batch 1 with the speed-up over bf16.
-#   bash scripts/device_run.sh quant-gpu [TESTS_S] [BENCH_S]
+#   bash scripts/device_run.sh quant-gpu [TESTS_S] [BENCH_S] [SPEC_ALPHA]
+# SPEC_ALPHA (off by default): also speculative rows per format, a random bf16 1B-shaped drafter accepted with that
+# probability (synthetic), γ = 4. FORMATS="bf16 gptq fp8" narrows the formats.
 # Lands in $OUT: run.log, quant_tests.log, quant_gpu.jsonl.
 recipe_quant_gpu() {
 set -o pipefail
@@ -685,7 +687,8 @@ timeout "${1:-150}" python3 -m pytest -q -p no:cacheprovider -rfE tests/fast/qua
     tests/loading/test_quantized_checkpoints.py 2>&1 \
     | tee "$OUT/quant_tests.log" | tail -25 | tee -a "$OUT/run.log"
 log "8B-shaped bench: ops, sweep, plain decoding per format"
-timeout "${2:-390}" python3 scripts/bench_quant_gpu.py --sweep --out "$OUT/quant_gpu.jsonl" 2>&1 \
+timeout "${2:-390}" python3 scripts/bench_quant_gpu.py --sweep --out "$OUT/quant_gpu.jsonl" \
+    ${3:+--spec-alpha $3} ${FORMATS:+--formats $FORMATS} 2>&1 \
     | grep -v "^INFO" | tail -80 | tee -a "$OUT/run.log"
 log done
 }
