@@ -27,7 +27,8 @@ _DEFAULT_SMS = 132
 @dataclass(frozen=True)
 class QuantConfig:
     """One launch shape: output columns and K per tile, K slices, rows per program, warps, pipeline stages, and
-    the int4 unpacking ("reshape" or "gather": `quant_triton`'s module doc)."""
+    the int4 unpacking ("reshape", "gather", "-magic" variants) and the split-K sum ("fused" or "kernel"): see
+    `quant_triton`'s module doc."""
 
     block_n: int = 64
     block_k: int = 128
@@ -36,6 +37,7 @@ class QuantConfig:
     num_warps: int = 4
     num_stages: int = 3
     unpack: str = "reshape"
+    split_reduce: str = "fused"
 
 
 # (format, N, K) → QuantConfig fields (block_n, block_k, split_k, num_warps, num_stages, unpack); format "int4" or

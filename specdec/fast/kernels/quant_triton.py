@@ -17,8 +17,10 @@ Program (pid_n, pid_k, pid_m) computes out[m-block, n-block] over K slice pid_k,
 weight byte is read once per call for up to BLOCK_M rows. Dequantization stays exact: the integers (q − z) and e4m3
 values are exact in bf16/fp16, the dot accumulates them in fp32 against x, and the group / block scale multiplies
 the fp32 partial of its tile (the tile never crosses a group: BLOCK_K divides G, and 128 for the block format).
-Split-K (SPLIT): each slice writes an fp32 partial `[S, M, N]`, summed in slice order by `_linear_triton`'s
-reduce kernel (deterministic, no atomics).
+Split-K: each slice writes an fp32 partial `[S, M, N]`, summed in slice order (deterministic) by the tile's last
+slice to arrive (an arrival counter per tile, `_linear_triton`'s: no second launch; "fused") or by `_linear_triton`'s
+reduce kernel ("kernel"; also when the counters cannot be set up inside a graph capture). Launches on one stream at
+a time share the counters with the dense kernel's.
 """
 
 from __future__ import annotations
@@ -27,11 +29,11 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.fast.kernels._linear_triton import _split_reduce_kernel
+from specdec.fast.kernels._linear_triton import _counters, _epilogue, _split_reduce_kernel
 
 
 @triton.jit(do_not_specialize=["M"])
-def _quant_kernel(x_ptr, q_ptr, z_ptr, s_ptr, b_ptr, r_ptr, o_ptr, p_ptr,
+def _quant_kernel(x_ptr, q_ptr, z_ptr, s_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr,
                   M, N, K, k_per_split, stride_xm, stride_q, stride_s, stride_rm, stride_om,
                   FORMAT: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                   SPLIT: tl.constexpr, IEEE: tl.constexpr, STAGES: tl.constexpr, GATHER: tl.constexpr,
@@ -94,14 +96,23 @@ def _quant_kernel(x_ptr, q_ptr, z_ptr, s_ptr, b_ptr, r_ptr, o_ptr, p_ptr,
     if FORMAT == 1:
         acc = acc * tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)[:, None]
     mask = n_mask[:, None] & m_mask[None, :]
-    if SPLIT:
-        tl.store(p_ptr + pid_k * M * N + offs_m[None, :] * N + offs_n[:, None], acc, mask=mask)
-    else:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-        if HAS_RES:
-            acc += tl.load(r_ptr + offs_m[None, :] * stride_rm + offs_n[:, None], mask=mask, other=0.0).to(tl.float32)
-        tl.store(o_ptr + offs_m[None, :] * stride_om + offs_n[:, None], acc.to(o_ptr.dtype.element_ty), mask=mask)
+    if SPLIT == 0:
+        _epilogue(acc, offs_m, offs_n, N, mask, b_ptr, r_ptr, o_ptr, stride_rm, stride_om, HAS_BIAS, HAS_RES)
+    else:  # this slice's fp32 partial p[pid_k, m, n]; summed in slice order by the reduce kernel (SPLIT 1) or by
+        p_tile = p_ptr + offs_m[None, :] * N + offs_n[:, None]  # the tile's last slice to arrive (SPLIT 2)
+        tl.store(p_tile + pid_k * M * N, acc, mask=mask)
+        if SPLIT == 2:
+            num_splits = tl.num_programs(1)
+            counter = c_ptr + pid_m * tl.num_programs(0) + pid_n
+            tl.debug_barrier()  # every thread's partial stores precede the release below
+            arrived = tl.atomic_add(counter, 1, sem="acq_rel")
+            if arrived == num_splits - 1:
+                total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+                for sl in range(0, num_splits):
+                    total += tl.load(p_tile + sl * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+                _epilogue(total, offs_m, offs_n, N, mask, b_ptr, r_ptr, o_ptr, stride_rm, stride_om, HAS_BIAS,
+                          HAS_RES)
+                tl.atomic_xchg(counter, 0)  # zero again for the next launch
 
 
 def launch(x: torch.Tensor, fmt: int, q: torch.Tensor, zeros, scales: torch.Tensor, group: int, n: int, bias,
@@ -114,18 +125,23 @@ def launch(x: torch.Tensor, fmt: int, q: torch.Tensor, zeros, scales: torch.Tens
     splits = triton.cdiv(k, k_per_split)
     grid = (triton.cdiv(n, config.block_n), splits, triton.cdiv(m, block_m))
     dummy = out
-    partial = torch.empty(splits, m, n, device=x.device, dtype=torch.float32) if splits > 1 else dummy
+    partial, counters, mode = dummy, dummy, 0
+    if splits > 1:
+        partial = torch.empty(splits, m, n, device=x.device, dtype=torch.float32)
+        counters = _counters(x.device, grid[0] * grid[2]) if config.split_reduce == "fused" else None
+        mode = 1 if counters is None else 2
+        counters = dummy if counters is None else counters
     _quant_kernel[grid](
         x, q, zeros if zeros is not None else dummy, scales, bias if bias is not None else dummy,
-        residual if residual is not None else dummy, out, partial,
+        residual if residual is not None else dummy, out, partial, counters,
         m, n, k, k_per_split, x.stride(0), q.stride(0), scales.stride(0) if scales.dim() == 2 else 0,
         residual.stride(0) if residual is not None else 0, out.stride(0),
-        FORMAT=fmt, GROUP=group, HAS_BIAS=bias is not None, HAS_RES=residual is not None, SPLIT=splits > 1,
+        FORMAT=fmt, GROUP=group, HAS_BIAS=bias is not None, HAS_RES=residual is not None, SPLIT=mode,
         IEEE=x.dtype == torch.float32, STAGES=config.num_stages, GATHER=config.unpack.startswith("gather"),
         MAGIC=({torch.bfloat16: 1, torch.float16: 2}.get(x.dtype, 0) if config.unpack.endswith("magic") else 0),
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=block_k, num_warps=config.num_warps,
         num_stages=config.num_stages)
-    if splits > 1:
+    if mode == 1:
         block = min(1024, triton.next_power_of_2(n))
         _split_reduce_kernel[(triton.cdiv(n, block), m)](
             partial, bias if bias is not None else dummy, residual if residual is not None else dummy, out,
