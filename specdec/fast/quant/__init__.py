@@ -10,6 +10,8 @@ Terms:
                built once per host); more rows, or no compiler, dequantize a few thousand weight rows at a time.
   attach       `attach.py`: a `FastLlama`'s linear weights replaced by `QuantWeight`s read from its GGUF, the GEMM
                helpers (`fast.kernels.cpu_linear`) dispatching on them.
+  GPU formats  `int4.py` (GPTQ / AWQ) and `fp8.py` (e4m3): weight-only matrices for CUDA through the same hook
+               (`gpu_attach.py`), their kernel `fast.kernels.quant_linear`; `pack.py`: reference packers.
 """
 
 from specdec.fast.quant.blocks import SUPPORTED, from_blocks
