@@ -9,7 +9,8 @@ Rows (JSON lines, printed and appended to --out):
             graph (`fast.graphs.graph_time_us`): bf16 cuBLAS, the quantized kernel (int4 GPTQ, FP8 per channel, FP8
             128 × 128 blocks) and `torch._scaled_mm` (FP8 W8A8, per-token activations); GB/s of the weight bytes
   "sweep"   (--sweep) the fastest kernel config per (format, N, K) over a small grid at M = 1 and 5 (their sum),
-            put in `quant_linear.CONFIGS` for the rows after it
+            put in `quant_linear.CONFIGS` for the rows after it; "sweep_few_rows": the FMA variant against it at 1
+            and 4 rows (kept for ≤ 4 rows where it wins)
   "step"    one forward of the whole model at batch 1 (CUDA graph, 128 cached tokens): 1 row (a plain step) and
             γ + 1 = 5 rows (a verify pass); verify_over_plain = their ratio
   "plain"   the engine's plain greedy decoding at batch 1 (prompt 128, --new tokens, the second of two runs), tok/s,
@@ -110,6 +111,10 @@ SWEEP = [(bn, 128, sk, 4, 3, "reshape") for bn in (32, 64, 128) for sk in (1, 2,
                                                                                                   "gather-magic")]
 
 
+FMA_SWEEP = [(bn, bk, sk, 4, 3, "reshape-magic", "fma") for bn, bk, sk in ((16, 128, 1), (16, 128, 2), (32, 64, 1),
+                                                                        (32, 64, 2), (32, 128, 1), (64, 64, 2))]
+
+
 def sweep(out, formats) -> None:
     from specdec.fast.kernels import quant_linear
 
@@ -137,13 +142,33 @@ def sweep(out, formats) -> None:
                 if best is None or total < best[0]:
                     best = (total, entry)
             if best is not None:
-                quant_linear.CONFIGS[("int4" if fmt == "gptq" else "fp8", n, k)] = tuple(best[1])
+                key = ("int4" if fmt == "gptq" else "fp8", n, k)
+                quant_linear.CONFIGS[key] = tuple(best[1])
                 emit({"row": "sweep", "format": fmt, "matrix": name, "n": n, "k": k, "config": list(best[1]),
                       "us_m1_plus_m5": round(best[0], 2), "heuristic_us_m1_plus_m5": round(default, 2)}, out)
+                # ≤ 4 rows: the FMA variant against the dot winner, at 1 and 4 rows
+                few = [xs[0], torch.randn(4, k, device=DEVICE, dtype=torch.bfloat16, generator=gen)]
+                timed = lambda cfg: sum(time_us(lambda x=x: quant_linear.run_kernel(  # noqa: E731
+                    x, kind, q, zeros, scales, group, n, config=cfg), calls=20, reps=5) for x in few)
+                dot_few = timed(quant_linear.pick_config(key[0], n, k, 1))
+                fma_best = None
+                for entry in FMA_SWEEP:
+                    try:
+                        t = timed(quant_linear.QuantConfig(*entry[:3], 4, *entry[3:6], "fused", entry[6]))
+                    except Exception:  # noqa: BLE001
+                        continue
+                    if fma_best is None or t < fma_best[0]:
+                        fma_best = (t, entry)
+                if fma_best is not None and fma_best[0] < dot_few:
+                    quant_linear.CONFIGS[(*key, 4)] = tuple(fma_best[1])
+                emit({"row": "sweep_few_rows", "format": fmt, "matrix": name, "dot_us_m1_plus_m4": round(dot_few, 2),
+                      "fma_us_m1_plus_m4": round(fma_best[0], 2) if fma_best else None,
+                      "fma_config": list(fma_best[1]) if fma_best else None,
+                      "chosen": "fma" if (*key, 4) in quant_linear.CONFIGS else "dot"}, out)
             del w, qw
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()
-    emit({"row": "configs", "CONFIGS": {f"{f}|{n}|{k}": list(v) for (f, n, k), v in quant_linear.CONFIGS.items()}},
+    emit({"row": "configs", "CONFIGS": {"|".join(map(str, key)): list(v) for key, v in quant_linear.CONFIGS.items()}},
          out)
 
 

@@ -26,9 +26,9 @@ _DEFAULT_SMS = 132
 
 @dataclass(frozen=True)
 class QuantConfig:
-    """One launch shape: output columns and K per tile, K slices, rows per program, warps, pipeline stages, and
-    the int4 unpacking ("reshape", "gather", "-magic" variants) and the split-K sum ("fused" or "kernel"): see
-    `quant_triton`'s module doc."""
+    """One launch shape: output columns and K per tile, K slices, rows per program, warps, pipeline stages, the
+    int4 unpacking ("reshape", "gather", "-magic" variants), the split-K sum ("fused" or "kernel") and the product
+    ("dot" or "fma": ≤ 4 rows): see `quant_triton`'s module doc."""
 
     block_n: int = 64
     block_k: int = 128
@@ -38,10 +38,11 @@ class QuantConfig:
     num_stages: int = 3
     unpack: str = "reshape"
     split_reduce: str = "fused"
+    variant: str = "dot"
 
 
-# (format, N, K) → QuantConfig fields (block_n, block_k, split_k, num_warps, num_stages, unpack); format "int4" or
-# "fp8".
+# (format, N, K[, M bucket]) → QuantConfig fields (block_n, block_k, split_k, num_warps, num_stages, unpack[,
+# variant]); format "int4" or "fp8"; an entry with M bucket 4 ("fma" configs) serves ≤ 4 rows, the 3-key one the rest.
 # Empty until a device sweep fills it (scripts/bench_quant_gpu.py prints the table it measured).
 CONFIGS: dict[tuple[str, int, int], tuple] = {}
 
@@ -63,10 +64,12 @@ def pick_config(fmt: str, n: int, k: int, m: int = 1, num_sms: int = _DEFAULT_SM
     128 (or the largest that divides K and the group), K split until there are ≥ 2 programs per SM. block_m:
     16, or 32 / 64 for more rows (per row count: never under `invariant`, which keeps 16 and the table's split)."""
     block_m = 16 if invariant or m <= 16 else (32 if m <= 32 else 64)
-    entry = CONFIGS.get((fmt, n, k))
+    entry = None if invariant or m > 4 else CONFIGS.get((fmt, n, k, 4))
+    entry = entry or CONFIGS.get((fmt, n, k))
     if entry is not None:
-        block_n, block_k, split_k, warps, stages, unpack = entry
-        return QuantConfig(block_n, block_k, split_k, block_m, warps, stages, unpack)
+        block_n, block_k, split_k, warps, stages, unpack, *variant = entry
+        block_m = 4 if variant == ["fma"] else block_m
+        return QuantConfig(block_n, block_k, split_k, block_m, warps, stages, unpack, "fused", *variant)
     block_k = 128
     while block_k > 16 and (k % block_k or group % block_k):
         block_k //= 2

@@ -9,8 +9,11 @@ One kernel, three weight formats (FORMAT, a compile-time constant):
 
 int4 unpacking (config.unpack): "reshape" loads each packed int32 once and spreads its 8 nibbles along K in
 registers; "gather" loads it once per nibble (the repeats are L1 hits) and shifts each by its own amount; a
-"-magic" suffix turns a nibble into bf16 / fp16 without a conversion instruction (the bits 0x4300 | q are the bf16
-128 + q, 0x6400 | q the fp16 1024 + q; minus 128 + z, resp. 1024 + z: exact).
+"-magic" suffix turns a nibble into bf16 / fp16 / fp32 without a conversion instruction (the bits 0x4300 | q are the
+bf16 128 + q, 0x6400 | q the fp16 1024 + q, 0x4B000000 | q the fp32 2²³ + q; minus the same + z: exact).
+
+Variants (config.variant): "dot" (tensor cores, rows padded to 16) or "fma" (few rows: the dequantized fp32 weight
+times x summed in registers, rows padded to a power of two ≤ block_m).
 
 Program (pid_n, pid_k, pid_m) computes out[m-block, n-block] over K slice pid_k, tiles held transposed
 `[BLOCK_N, BLOCK_M]` (the weight is the wide operand of `tl.dot`, the few activation rows the narrow one), so every
@@ -32,12 +35,51 @@ import triton.language as tl
 from specdec.fast.kernels._linear_triton import _counters, _epilogue, _split_reduce_kernel
 
 
+@triton.jit
+def _weight_tile(q_ptr, z_ptr, s_ptr, k0, offs_k, offs_n, n_mask, stride_q, stride_s, dtype: tl.constexpr,
+                 FORMAT: tl.constexpr, GROUP: tl.constexpr, GATHER: tl.constexpr, MAGIC: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(w `[BLOCK_N, BLOCK_K]` in `dtype`, scale `[BLOCK_N]` fp32) of the tile at k0: int4 (q − z) and its group's
+    scale, e4m3 values and their block's scale (FORMAT 2), or e4m3 values and ones (FORMAT 1: scaled at the end)."""
+    if FORMAT == 0:
+        if GATHER:  # each int32 loaded once per k it holds (the repeats hit L1), shifted by k's nibble
+            packed = tl.load(q_ptr + (offs_k[None, :] // 8).to(tl.int64) * stride_q + offs_n[:, None],
+                             mask=n_mask[:, None], other=0)  # [BLOCK_N, BLOCK_K] int32
+            q = (packed >> ((offs_k[None, :] % 8) * 4)) & 0xF
+        else:  # each int32 loaded once, its 8 nibbles spread along a new axis, then merged into K
+            offs_p = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+            packed = tl.load(q_ptr + offs_p[None, :].to(tl.int64) * stride_q + offs_n[:, None],
+                             mask=n_mask[:, None], other=0)  # [BLOCK_N, BLOCK_K / 8] int32
+            shifts = tl.arange(0, 8) * 4
+            q = (packed[:, :, None] >> shifts[None, None, :]) & 0xF  # [BLOCK_N, BLOCK_K / 8, 8]
+            q = tl.reshape(q, (BLOCK_N, BLOCK_K))  # k = 8 i + j
+        g = k0 // GROUP
+        z = tl.load(z_ptr + g * stride_s + offs_n, mask=n_mask, other=0).to(tl.int32)
+        s = tl.load(s_ptr + g * stride_s + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        if MAGIC == 1:  # bf16: the bits 0x4300 | q are 128 + q (no int → float conversion), minus 128 + z
+            w = (q | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True) - (z + 128).to(tl.bfloat16)[:, None]
+        elif MAGIC == 2:  # fp16: 0x6400 | q is 1024 + q
+            w = (q | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - (z + 1024).to(tl.float16)[:, None]
+        elif MAGIC == 3:  # fp32: 0x4B000000 | q is 2²³ + q
+            w = (q | 0x4B000000).to(tl.float32, bitcast=True) - (z + 8388608).to(tl.float32)[:, None]
+        else:
+            w = (q - z[:, None]).to(dtype)  # small integers: exact either way
+    else:
+        w = tl.load(q_ptr + offs_n[:, None].to(tl.int64) * stride_q + offs_k[None, :], mask=n_mask[:, None],
+                    other=0.0).to(dtype)  # e4m3 → bf16/fp16/fp32: exact
+        if FORMAT == 2:
+            s = tl.load(s_ptr + (offs_n // 128) * stride_s + k0 // 128, mask=n_mask, other=0.0)
+        else:
+            s = tl.full((BLOCK_N,), 1.0, tl.float32)
+    return w.to(dtype), s
+
+
 @triton.jit(do_not_specialize=["M"])
 def _quant_kernel(x_ptr, q_ptr, z_ptr, s_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr,
                   M, N, K, k_per_split, stride_xm, stride_q, stride_s, stride_rm, stride_om,
                   FORMAT: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                   SPLIT: tl.constexpr, IEEE: tl.constexpr, STAGES: tl.constexpr, GATHER: tl.constexpr,
-                  MAGIC: tl.constexpr,
+                  MAGIC: tl.constexpr, FMA: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -48,51 +90,34 @@ def _quant_kernel(x_ptr, q_ptr, z_ptr, s_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr,
     m_mask = offs_m < M
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    if FMA:  # few rows: products summed in fp32 registers, no tensor cores
+        acc3 = tl.zeros((BLOCK_N, BLOCK_M, BLOCK_K), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=STAGES):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + offs_k[:, None], mask=m_mask[None, :], other=0.0)
-        if FORMAT == 0:
-            if GATHER:  # each int32 loaded once per k it holds (the repeats hit L1), shifted by k's nibble
-                packed = tl.load(q_ptr + (offs_k[None, :] // 8).to(tl.int64) * stride_q + offs_n[:, None],
-                                 mask=n_mask[:, None], other=0)  # [BLOCK_N, BLOCK_K] int32
-                q = (packed >> ((offs_k[None, :] % 8) * 4)) & 0xF
-            else:  # each int32 loaded once, its 8 nibbles spread along a new axis, then merged into K
-                offs_p = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-                packed = tl.load(q_ptr + offs_p[None, :].to(tl.int64) * stride_q + offs_n[:, None],
-                                 mask=n_mask[:, None], other=0)  # [BLOCK_N, BLOCK_K / 8] int32
-                shifts = tl.arange(0, 8) * 4
-                q = (packed[:, :, None] >> shifts[None, None, :]) & 0xF  # [BLOCK_N, BLOCK_K / 8, 8]
-                q = tl.reshape(q, (BLOCK_N, BLOCK_K))  # k = 8 i + j
-            g = k0 // GROUP
-            z = tl.load(z_ptr + g * stride_s + offs_n, mask=n_mask, other=0).to(tl.int32)
-            s = tl.load(s_ptr + g * stride_s + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-            if MAGIC == 1:  # bf16: the bits 0x4300 | q are 128 + q (no int → float conversion), minus 128 + z
-                w = (q | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True) - (z + 128).to(tl.bfloat16)[:, None]
-            elif MAGIC == 2:  # fp16: 0x6400 | q is 1024 + q
-                w = (q | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - (z + 1024).to(tl.float16)[:, None]
-            else:
-                w = (q - z[:, None]).to(xt.dtype)  # small integers: exact either way
+        if FMA:
+            xr = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=m_mask[:, None],
+                         other=0.0).to(tl.float32)  # [BLOCK_M, BLOCK_K]
+            w, s = _weight_tile(q_ptr, z_ptr, s_ptr, k0, offs_k, offs_n, n_mask, stride_q, stride_s, tl.float32,
+                                FORMAT, GROUP, GATHER, MAGIC, BLOCK_N, BLOCK_K)
+            if FORMAT != 1:
+                w = w * s[:, None]  # the dequantized fp32 weight (exact: a small integer or e4m3 times the scale)
+            acc3 += w[:, None, :] * xr[None, :, :]
+        else:
+            xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + offs_k[:, None], mask=m_mask[None, :], other=0.0)
+            w, s = _weight_tile(q_ptr, z_ptr, s_ptr, k0, offs_k, offs_n, n_mask, stride_q, stride_s, xt.dtype,
+                                FORMAT, GROUP, GATHER, MAGIC, BLOCK_N, BLOCK_K)
             if IEEE:
                 part = tl.dot(w, xt, input_precision="ieee")
             else:
                 part = tl.dot(w, xt)
-            acc += part * s[:, None]
-        else:
-            w = tl.load(q_ptr + offs_n[:, None].to(tl.int64) * stride_q + offs_k[None, :], mask=n_mask[:, None],
-                        other=0.0).to(xt.dtype)  # e4m3 → bf16/fp16/fp32: exact
             if FORMAT == 1:
-                if IEEE:
-                    acc = tl.dot(w, xt, acc, input_precision="ieee")
-                else:
-                    acc = tl.dot(w, xt, acc)
+                acc += part
             else:
-                s = tl.load(s_ptr + (offs_n // 128) * stride_s + k0 // 128, mask=n_mask, other=0.0)
-                if IEEE:
-                    part = tl.dot(w, xt, input_precision="ieee")
-                else:
-                    part = tl.dot(w, xt)
                 acc += part * s[:, None]
+    if FMA:
+        acc = tl.sum(acc3, axis=2)
     if FORMAT == 1:
         acc = acc * tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)[:, None]
     mask = n_mask[:, None] & m_mask[None, :]
@@ -115,12 +140,22 @@ def _quant_kernel(x_ptr, q_ptr, z_ptr, s_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr,
                 tl.atomic_xchg(counter, 0)  # zero again for the next launch
 
 
+def _magic(config, dtype) -> int:
+    """Which bit trick turns a nibble into a float ("-magic" unpackings): 1 bf16, 2 fp16, 3 fp32, 0 none."""
+    if not config.unpack.endswith("magic"):
+        return 0
+    if config.variant == "fma":
+        return 3
+    return {torch.bfloat16: 1, torch.float16: 2}.get(dtype, 0)
+
+
 def launch(x: torch.Tensor, fmt: int, q: torch.Tensor, zeros, scales: torch.Tensor, group: int, n: int, bias,
            residual, out: torch.Tensor, config) -> None:
     """out `[M, N]` = x `[M, K]` @ Wᵀ (+ bias) (+ residual `[M, N]`), W given by (fmt, q, zeros, scales) as the
     module doc lays out; x, residual and out row-contiguous. config: `quant_linear.QuantConfig`."""
     m, k = x.shape
-    block_k, block_m = config.block_k, config.block_m
+    block_k = config.block_k
+    block_m = config.block_m if config.variant == "dot" else min(config.block_m, triton.next_power_of_2(m))
     k_per_split = triton.cdiv(triton.cdiv(k, config.split_k), block_k) * block_k
     splits = triton.cdiv(k, k_per_split)
     grid = (triton.cdiv(n, config.block_n), splits, triton.cdiv(m, block_m))
@@ -138,7 +173,7 @@ def launch(x: torch.Tensor, fmt: int, q: torch.Tensor, zeros, scales: torch.Tens
         residual.stride(0) if residual is not None else 0, out.stride(0),
         FORMAT=fmt, GROUP=group, HAS_BIAS=bias is not None, HAS_RES=residual is not None, SPLIT=mode,
         IEEE=x.dtype == torch.float32, STAGES=config.num_stages, GATHER=config.unpack.startswith("gather"),
-        MAGIC=({torch.bfloat16: 1, torch.float16: 2}.get(x.dtype, 0) if config.unpack.endswith("magic") else 0),
+        MAGIC=_magic(config, x.dtype), FMA=config.variant == "fma",
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=block_k, num_warps=config.num_warps,
         num_stages=config.num_stages)
     if mode == 1:

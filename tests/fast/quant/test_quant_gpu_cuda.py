@@ -123,13 +123,13 @@ def test_every_sweep_config_compiles_and_matches(fmt):
     qw = quantize(torch.randn(1024, 1024, device="cuda", generator=gen) * 0.02, fmt, 128)
     d = qw.dequantize()
     kind, q, zeros, scales, group = qw.kernel_args()
-    for entry in bench.SWEEP:
-        if fmt != "gptq" and entry[5] != "reshape":
-            continue
-        for rows in (1, 5):
+    configs = [QuantConfig(*e[:3], 16, *e[3:]) for e in bench.SWEEP if fmt == "gptq" or e[5] == "reshape"]
+    configs += [QuantConfig(*e[:3], 4, *e[3:6], "fused", e[6]) for e in bench.FMA_SWEEP]
+    for config in configs:
+        for rows in (1, 4, 5):
             x = torch.randn(rows, 1024, device="cuda", generator=gen).to(torch.bfloat16)
-            y = run_kernel(x, kind, q, zeros, scales, group, 1024, config=QuantConfig(*entry[:3], 16, *entry[3:]))
-            assert ((y.float() - x.float() @ d.t()).abs() <= bound(x, d, 2**-7)).all(), entry
+            y = run_kernel(x, kind, q, zeros, scales, group, 1024, config=config)
+            assert ((y.float() - x.float() @ d.t()).abs() <= bound(x, d, 2**-7)).all(), config
 
 
 @pytest.mark.parametrize("fmt", ["gptq", "fp8-block"])

@@ -105,8 +105,12 @@ def test_kernel_matches_reference_interpreted(interpret, fmt, rows):
     x = torch.randn(rows, K, generator=torch.Generator().manual_seed(2))
     bias = torch.randn(N, generator=torch.Generator().manual_seed(3))
     ref = x @ d.t() + bias
-    for config in (QuantConfig(64, 128, 1), QuantConfig(32, 64, 2), QuantConfig(16, 128, 1, unpack="gather"),
-                   QuantConfig(32, 64, 4, split_reduce="kernel")):
+    configs = [QuantConfig(64, 128, 1), QuantConfig(32, 64, 2), QuantConfig(16, 128, 1, unpack="gather"),
+               QuantConfig(32, 64, 4, split_reduce="kernel")]
+    if rows <= 5:  # (the FMA variant's few rows; its 3-D accumulator is slow in the interpreter)
+        configs += [QuantConfig(16, 64, 2, 4, variant="fma"), QuantConfig(16, 128, 1, 2, unpack="gather-magic",
+                                                                          variant="fma")]
+    for config in configs:
         y = run_kernel(x, *qw.kernel_args()[:4], qw.kernel_args()[4], N, bias, config=config)
         assert close(y, ref, x, d), (fmt, config, (y - ref).abs().max())
     residual = torch.randn(rows, N)
