@@ -61,3 +61,17 @@ def test_wrong_zero_point_drifts():
                              qw.scales, qw.group, qw.shape, qw.source)  # GPTQ v1's stored z − 1 taken as the zero
             p.specdec_quant = bad
     assert greedy(quant) != want
+
+
+def test_speculative_greedy_equals_plain_on_quantized_target():
+    """A quantized target with a dense drafter: speculative greedy tokens are the target's plain ones."""
+    quant = quantize_model(FastLlama.random(SHAPE, device="cpu", dtype=torch.float32, std=0.05, seed=2), "gptq")
+    drafter = FastLlama.random(SHAPE, device="cpu", dtype=torch.float32, std=0.05, seed=3)
+    plain = greedy(quant)
+    engine = Engine(quant, drafter, EngineConfig(max_batch_size=2, max_seq_len=64, num_draft_tokens=3))
+    ids = [engine.add_request(p, SamplingParams(temperature=0, max_new_tokens=16)) for p in PROMPTS]
+    tokens = {i: [] for i in ids}
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens[out.request_id] += out.new_token_ids
+    assert [tokens[i] for i in ids] == plain
