@@ -5,12 +5,12 @@
     python scripts/bench_quant_gpu.py --smoke --sweep                             # CPU dry run (tiny, interpreter)
 
 Rows (JSON lines, printed and appended to --out):
-  "op"      µs per product y = x @ Wᵀ of each 8B matrix (q|k|v, o, gate|up, down, LM head) at M = 1, 5, 16, in a CUDA
+  "op"      µs per product y = x @ Wᵀ of each 8B matrix (q|k|v, o, gate|up, down, LM head) at M = 1 and 5, in a CUDA
             graph (`fast.graphs.graph_time_us`): bf16 cuBLAS, the quantized kernel (int4 GPTQ, FP8 per channel, FP8
             128 × 128 blocks) and `torch._scaled_mm` (FP8 W8A8, per-token activations); GB/s of the weight bytes
-  "sweep"   (--sweep) the fastest kernel config per (format, N, K) over a small grid at M = 1 and 5 (their sum),
-            put in `quant_linear.CONFIGS` for the rows after it; "sweep_few_rows": the FMA variant against it at 1
-            and 4 rows (kept for ≤ 4 rows where it wins)
+  "sweep"   (--sweep, first) the fastest kernel config per (format, N, K): compile-time candidates × K splits at
+            1 row, the best 4 also at 5 (their sum decides); the FMA variant against it at 1 + 4 rows (kept for ≤ 4
+            rows where faster); put in `quant_linear.CONFIGS` for every row after it
   "step"    one forward of the whole model at batch 1 (CUDA graph, 128 cached tokens): 1 row (a plain step) and
             γ + 1 = 5 rows (a verify pass); verify_over_plain = their ratio
   "plain"   the engine's plain greedy decoding at batch 1 (prompt 128, --new tokens, the second of two runs), tok/s,
@@ -82,7 +82,7 @@ def op_rows(out, formats) -> None:
                 qws[fmt] = quantized(fmt, w)
             except Exception as exc:  # noqa: BLE001
                 emit({"row": "op", "matrix": name, "format": fmt, "error": f"{type(exc).__name__}: {exc}"[:200]}, out)
-        for m in (1, 5, 16):
+        for m in (1, 5):
             x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16, generator=gen)
             row = {"row": "op", "matrix": name, "n": n, "k": k, "m": m}
             runs = {"bf16": (lambda: F.linear(x, w), n * k * 2)}
@@ -104,68 +104,83 @@ def op_rows(out, formats) -> None:
             torch.cuda.empty_cache()
 
 
-SWEEP = [(bn, 128, sk, 4, 3, "reshape") for bn in (32, 64, 128) for sk in (1, 2, 4)] + [
-    (64, 64, 1, 4, 3, "reshape"), (64, 128, 1, 8, 4, "reshape"),
-    (32, 128, 2, 4, 3, "gather"), (64, 128, 1, 4, 3, "gather"), (64, 128, 2, 4, 3, "gather")] + [
-    (bn, 128, sk, 4, 3, unpack) for bn, sk in ((32, 2), (64, 1), (64, 2), (128, 1)) for unpack in ("reshape-magic",
-                                                                                                  "gather-magic")]
+# Kernel configs the sweep tries: compile-time candidates (block_n, block_k, num_warps, num_stages, unpack, variant,
+# prefetch), each at every K split in SPLITS (a run-time value: no recompilation).
+DOT_INT4 = [(bn, 128, 4, 3, unpack, "dot", pre) for bn in (64, 128) for unpack in ("reshape", "reshape-magic")
+            for pre in (False, True)] + [(32, 128, 4, 3, "reshape-magic", "dot", True)]
+DOT_FP8 = [(bn, bk, 4, 3, "reshape", "dot", pre) for bn, bk in ((64, 128), (128, 128), (64, 256)) for pre in (False, True)]
+FMA = [(bn, 128, 4, 3, "reshape-magic", "fma", True) for bn in (32, 64)]
+SPLITS = (1, 2, 4, 8, 16, 32)
 
 
-FMA_SWEEP = [(bn, bk, sk, 4, 3, "reshape-magic", "fma") for bn, bk, sk in ((16, 128, 1), (16, 128, 2), (32, 64, 1),
-                                                                        (32, 64, 2), (32, 128, 1), (64, 64, 2))]
+def candidates(fmt: str, few: bool = False) -> list:
+    """The sweep's configs for a format: "gptq" / "fp8" (the dot variant) or, few=True, the FMA one (≤ 4 rows)."""
+    return FMA if few else (DOT_INT4 if fmt == "gptq" else DOT_FP8)
+
+
+def config_of(entry, split: int):
+    from specdec.fast.kernels.quant_linear import QuantConfig
+
+    block_n, block_k, warps, stages, unpack, variant, prefetch = entry
+    return QuantConfig(block_n, block_k, split, 4 if variant == "fma" else 16, warps, stages, unpack, "fused",
+                       variant, prefetch)
 
 
 def sweep(out, formats) -> None:
+    """Per (format, matrix): every candidate × split at 1 row, the 4 fastest also at 5 (the sum decides); then the
+    FMA variant at 1 and 4 rows against the winner, kept for ≤ 4 rows where it is faster."""
     from specdec.fast.kernels import quant_linear
 
     gen = torch.Generator(device=DEVICE).manual_seed(1)
     kinds = {f.removesuffix("+head") for f in formats} - {"bf16", "fp8-scaled-mm"}
+    head = any(f.endswith("+head") for f in formats)
     for fmt in sorted({"gptq" if f in ("gptq", "awq") else "fp8" for f in kinds}):
-        for name, (n, k) in (MATRICES if DEVICE == "cuda" else SMOKE_MATRICES).items():
+        matrices = dict(MATRICES if DEVICE == "cuda" else SMOKE_MATRICES)
+        if not (head and fmt == "gptq"):
+            matrices.pop("head", None)
+        for name, (n, k) in matrices.items():
             w = torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16, generator=gen) * 0.02
             qw = quantized(fmt, w)
+            del w
             kind, q, zeros, scales, group = qw.kernel_args()
-            xs = [torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16, generator=gen) for m in (1, 5)]
-            best = None
-            default = sum(time_us(lambda x=x: quant_linear.run_kernel(x, kind, q, zeros, scales, group, n), calls=20,
-                                  reps=5) for x in xs)
-            for entry in SWEEP:
-                if fmt != "gptq" and entry[5] != "reshape":
-                    continue  # (FP8 has nothing to unpack)
-                cfg = quant_linear.QuantConfig(*entry[:3], 16, *entry[3:])
-                try:
-                    total = sum(time_us(lambda x=x: quant_linear.run_kernel(x, kind, q, zeros, scales, group, n,
-                                                                              config=cfg), calls=20, reps=5)
-                                for x in xs)
-                except Exception:  # noqa: BLE001 - a config that does not compile / fit is skipped
-                    continue
-                if best is None or total < best[0]:
-                    best = (total, entry)
-            if best is not None:
-                key = ("int4" if fmt == "gptq" else "fp8", n, k)
-                quant_linear.CONFIGS[key] = tuple(best[1])
-                emit({"row": "sweep", "format": fmt, "matrix": name, "n": n, "k": k, "config": list(best[1]),
-                      "us_m1_plus_m5": round(best[0], 2), "heuristic_us_m1_plus_m5": round(default, 2)}, out)
-                # ≤ 4 rows: the FMA variant against the dot winner, at 1 and 4 rows
-                few = [xs[0], torch.randn(4, k, device=DEVICE, dtype=torch.bfloat16, generator=gen)]
-                timed = lambda cfg: sum(time_us(lambda x=x: quant_linear.run_kernel(  # noqa: E731
-                    x, kind, q, zeros, scales, group, n, config=cfg), calls=20, reps=5) for x in few)
-                dot_few = timed(quant_linear.pick_config(key[0], n, k, 1))
-                fma_best = None
-                for entry in FMA_SWEEP:
-                    try:
-                        t = timed(quant_linear.QuantConfig(*entry[:3], 4, *entry[3:6], "fused", entry[6]))
-                    except Exception:  # noqa: BLE001
-                        continue
-                    if fma_best is None or t < fma_best[0]:
-                        fma_best = (t, entry)
-                if fma_best is not None and fma_best[0] < dot_few:
-                    quant_linear.CONFIGS[(*key, 4)] = tuple(fma_best[1])
-                emit({"row": "sweep_few_rows", "format": fmt, "matrix": name, "dot_us_m1_plus_m4": round(dot_few, 2),
-                      "fma_us_m1_plus_m4": round(fma_best[0], 2) if fma_best else None,
-                      "fma_config": list(fma_best[1]) if fma_best else None,
-                      "chosen": "fma" if (*key, 4) in quant_linear.CONFIGS else "dot"}, out)
-            del w, qw
+            xs = {m: torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16, generator=gen) for m in (1, 4, 5)}
+
+            def us(cfg, m):
+                return time_us(lambda: quant_linear.run_kernel(xs[m], kind, q, zeros, scales, group, n, config=cfg),
+                               calls=20, reps=5)
+
+            def ranked(entries, m):
+                found = []
+                for entry in entries:
+                    for split in SPLITS:
+                        if k // split < entry[1]:
+                            continue
+                        try:
+                            found.append((us(config_of(entry, split), m), entry, split))
+                        except Exception:  # noqa: BLE001 - a config that does not compile / fit is skipped
+                            pass
+                return sorted(found, key=lambda r: r[0])
+
+            key = ("int4" if fmt == "gptq" else "fp8", n, k)
+            default = us(quant_linear.pick_config(key[0], n, k, 1), 1)
+            dots = [(t + us(config_of(e, sp), 5), t, e, sp) for t, e, sp in ranked(candidates(fmt), 1)[:4]]
+            if not dots:
+                continue
+            total, m1, entry, split = min(dots, key=lambda r: r[0])
+            bn, bk, warps, stages, unpack, variant, pre = entry
+            quant_linear.CONFIGS[key] = (bn, bk, split, warps, stages, unpack, variant, pre)
+            fma = [(t + us(config_of(e, sp), 4), t, e, sp) for t, e, sp in ranked(candidates(fmt, True), 1)[:2]]
+            dot4 = m1 + us(config_of(entry, split), 4)
+            best_fma = min(fma, key=lambda r: r[0]) if fma else None
+            if best_fma is not None and best_fma[0] < dot4:
+                bn, bk, warps, stages, unpack, variant, pre = best_fma[2]
+                quant_linear.CONFIGS[(*key, 4)] = (bn, bk, best_fma[3], warps, stages, unpack, variant, pre)
+            emit({"row": "sweep", "format": fmt, "matrix": name, "n": n, "k": k, "config": list(quant_linear.CONFIGS[key]),
+                  "m1_us": round(m1, 2), "m1_plus_m5_us": round(total, 2), "heuristic_m1_us": round(default, 2),
+                  "gb_s_m1": round(qw.nbytes / m1 / 1e3, 1), "dot_m1_plus_m4_us": round(dot4, 2),
+                  "fma_m1_plus_m4_us": round(best_fma[0], 2) if best_fma else None,
+                  "few_rows_config": list(quant_linear.CONFIGS.get((*key, 4), [])) or None}, out)
+            del qw, q, zeros, scales
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()
     emit({"row": "configs", "CONFIGS": {"|".join(map(str, key)): list(v) for key, v in quant_linear.CONFIGS.items()}},
@@ -201,8 +216,10 @@ def step_row(model, fmt: str, out) -> dict:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--formats", nargs="+",
-                    default=["bf16", "gptq", "fp8", "fp8-scaled-mm", "fp8-block", "gptq+head", "awq"])
+    ap.add_argument("--formats", nargs="+", default=["bf16", "gptq", "fp8", "fp8-block", "gptq+head"],
+                    help="the end-to-end rows' formats (and the sweep's)")
+    ap.add_argument("--ops-formats", nargs="+", default=["awq", "fp8-scaled-mm"],
+                    help="formats measured in the op rows only (beside --formats)")
     ap.add_argument("--shape", default="8b")
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--prompt-len", type=int, default=128)
@@ -222,6 +239,7 @@ def main(argv=None) -> None:
         os.environ.setdefault("TRITON_INTERPRET", "1")
         DEVICE = "cpu"
         args.formats = [f for f in args.formats if f != "fp8-scaled-mm"]
+        args.ops_formats = [f for f in args.ops_formats if f != "fp8-scaled-mm"]
     from tp_probe import llama_shape, timed
 
     from specdec.engine import Engine, EngineConfig
@@ -230,10 +248,10 @@ def main(argv=None) -> None:
 
     gpu = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu"
     emit({"row": "env", "gpu": gpu, "torch": torch.__version__, "triton": __import__("triton").__version__}, out=args.out)
-    if not args.no_ops:
-        op_rows(args.out, args.formats)
     if args.sweep:
         sweep(args.out, args.formats)
+    if not args.no_ops:
+        op_rows(args.out, args.formats + [f for f in args.ops_formats if f not in args.formats])
     shape = llama_shape(args.shape)
     if args.smoke:
         import dataclasses

@@ -664,14 +664,15 @@ ls -la "$OUT" | tee -a "$OUT/run.log"
 }
 
 # ==== quant-gpu
-# FP8 and int4 (GPTQ / AWQ) weights on one H100/H200, one device call from the repo root (~6 min): the GPU-marked
-# quantized-kernel tests, then scripts/bench_quant_gpu.py on an 8B shape (random weights, quantized on the device by
-# the reference packers): µs per product of each 8B matrix (bf16 cuBLAS, the Triton kernel, torch._scaled_mm), a
-# config sweep, then per format (bf16, gptq, fp8, fp8-block, fp8-scaled-mm, awq) one forward at 1 and 5 rows (the
-# verify cost over a plain step) and the engine's plain greedy tok/s at batch 1 with the speed-up over bf16.
+# FP8 and int4 (GPTQ / AWQ) weights on one H100/H200, one device call from the repo root (≈ 4 min): the GPU-marked
+# quantized-kernel tests (and the checkpoint loader's), then scripts/bench_quant_gpu.py on an 8B shape (random
+# weights, quantized on the device by the reference packers): a kernel config sweep per matrix, µs per product of
+# each 8B matrix (bf16 cuBLAS, the Triton kernel, torch._scaled_mm), then per format (bf16, gptq, fp8, fp8-block,
+# gptq+head) one forward at 1 and 5 rows (the verify cost over a plain step) and the engine's plain greedy tok/s at
+# batch 1 with the speed-up over bf16.
 #   bash scripts/device_run.sh quant-gpu [TESTS_S] [BENCH_S] [SPEC_ALPHA]
 # SPEC_ALPHA (off by default): also speculative rows per format, a random bf16 1B-shaped drafter accepted with that
-# probability (synthetic), γ = 4. FORMATS="bf16 gptq fp8" narrows the formats.
+# probability (synthetic), γ = 4. FORMATS="bf16 gptq fp8" narrows the end-to-end formats.
 # Lands in $OUT: run.log, quant_tests.log, quant_gpu.jsonl.
 recipe_quant_gpu() {
 set -o pipefail
@@ -681,13 +682,11 @@ mkdir -p "$OUT"
 log() { echo "=== $* $(date +%T)" | tee -a "$OUT/run.log"; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader 2>&1 | tee -a "$OUT/run.log"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" 2>&1 | tee -a "$OUT/run.log"
-log "GPU-marked quantized-kernel tests (+ the CPU ones, which run the kernel on CUDA here)"
-timeout "${1:-150}" python3 -m pytest -q -p no:cacheprovider -rfE tests/fast/quant/test_quant_gpu_cuda.py \
-    tests/fast/quant/test_quant_gpu_formats.py tests/fast/quant/test_quant_gpu_model.py \
-    tests/loading/test_quantized_checkpoints.py 2>&1 \
-    | tee "$OUT/quant_tests.log" | tail -25 | tee -a "$OUT/run.log"
-log "8B-shaped bench: ops, sweep, plain decoding per format"
-timeout "${2:-390}" python3 scripts/bench_quant_gpu.py --sweep --out "$OUT/quant_gpu.jsonl" \
+log "GPU-marked quantized-kernel tests, the quantized-checkpoint loader's tests"
+timeout "${1:-100}" python3 -m pytest -q -p no:cacheprovider -rfE tests/fast/quant/test_quant_gpu_cuda.py \
+    tests/loading/test_quantized_checkpoints.py 2>&1 | tee "$OUT/quant_tests.log" | tail -25 | tee -a "$OUT/run.log"
+log "8B-shaped bench: sweep, ops, plain decoding per format"
+timeout "${2:-230}" python3 scripts/bench_quant_gpu.py --sweep --out "$OUT/quant_gpu.jsonl" \
     ${3:+--spec-alpha $3} ${FORMATS:+--formats $FORMATS} 2>&1 \
     | grep -v "^INFO" | tail -80 | tee -a "$OUT/run.log"
 log done

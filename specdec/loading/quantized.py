@@ -157,7 +157,7 @@ def kernel_name(device: torch.device) -> str:
     if device.type != "cuda":
         return "the reference (each weight dequantized, then F.linear) on CPU"
     extra = "; FP8 per-channel / per-tensor through torch._scaled_mm" if fp8_kernel() == "scaled_mm" else ""
-    return f"specdec's Triton weight-only kernel (≤ 64 rows; dequantized + cuBLAS above){extra}"
+    return f"specdec's Triton weight-only kernel (≤ 4096 rows; dequantized + cuBLAS above){extra}"
 
 
 def load_quantized(source, *, device=None, dtype: torch.dtype | None = None, kernels: str = "auto"):

@@ -2,16 +2,17 @@
 `fast.quant.int4`) or FP8 e4m3 (`fast.quant.fp8`), read quantized by one Triton kernel (`quant_triton.py`).
 
 Every weight byte is streamed once per call for up to `block_m` rows (16 by default, 32 or 64 for a batch of verify
-passes), so a verify pass of γ + 1 rows costs about one plain step. Configs: `CONFIGS` (keyed by format, N, K; filled
-from a device sweep, `scripts/bench_quant_gpu.py --sweep`) else the heuristic of `pick_config`; no autotuning at run
-time, so a call inside CUDA-graph capture launches what its warm-up launched. Rows above `TRITON_ROWS` (prefill)
-take the reference: the weight dequantized to x's dtype, then cuBLAS — unless `invariant`, where every row count
-runs the kernel with one config per weight shape (one summation order per output element whatever the batch: the
-bitwise mode's contract).
+passes or a prefill chunk), so a verify pass of γ + 1 rows costs about one plain step. Configs: `CONFIGS` (keyed by
+format, N, K; filled from a device sweep, `scripts/bench_quant_gpu.py --sweep`) else the heuristic of `pick_config`;
+no autotuning at run time, so a call inside CUDA-graph capture launches what its warm-up launched. Rows above
+`TRITON_ROWS` (a long prefill chunk) take the reference: the weight dequantized to x's dtype, then cuBLAS — unless
+`invariant`, where every row count runs the kernel with one config per weight shape (one summation order per output
+element whatever the batch: the bitwise mode's contract).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass
@@ -20,7 +21,8 @@ import torch
 
 __all__ = ["QuantConfig", "CONFIGS", "TRITON_ROWS", "pick_config", "triton_rows_ok", "run_kernel"]
 
-TRITON_ROWS = 64  # rows up to which "auto" runs the kernel on CUDA (a batch of verify passes); above: dequant + cuBLAS
+TRITON_ROWS = 4096  # rows up to which "auto" runs the kernel on CUDA (64-row tiles above 32 rows: verify batches and
+# prefill chunks re-read the weight per tile); above: the weight dequantized to x's dtype, then cuBLAS
 _DEFAULT_SMS = 132
 
 
@@ -28,7 +30,8 @@ _DEFAULT_SMS = 132
 class QuantConfig:
     """One launch shape: output columns and K per tile, K slices, rows per program, warps, pipeline stages, the
     int4 unpacking ("reshape", "gather", "-magic" variants), the split-K sum ("fused" or "kernel") and the product
-    ("dot" or "fma": ≤ 4 rows): see `quant_triton`'s module doc."""
+    ("dot" or "fma": ≤ 4 rows), and whether the next tile's loads are issued by hand: see `quant_triton`'s module
+    doc."""
 
     block_n: int = 64
     block_k: int = 128
@@ -39,10 +42,11 @@ class QuantConfig:
     unpack: str = "reshape"
     split_reduce: str = "fused"
     variant: str = "dot"
+    prefetch: bool = False
 
 
-# (format, N, K[, M bucket]) → QuantConfig fields (block_n, block_k, split_k, num_warps, num_stages, unpack[,
-# variant]); format "int4" or "fp8"; an entry with M bucket 4 ("fma" configs) serves ≤ 4 rows, the 3-key one the rest.
+# (format, N, K[, M bucket]) → QuantConfig fields (block_n, block_k, split_k, num_warps, num_stages, unpack, variant,
+# prefetch); format "int4" or "fp8"; an entry with M bucket 4 serves ≤ 4 rows, the 3-key one the rest.
 # Empty until a device sweep fills it (scripts/bench_quant_gpu.py prints the table it measured).
 CONFIGS: dict[tuple[str, int, int], tuple] = {}
 
@@ -67,9 +71,11 @@ def pick_config(fmt: str, n: int, k: int, m: int = 1, num_sms: int = _DEFAULT_SM
     entry = None if invariant or m > 4 else CONFIGS.get((fmt, n, k, 4))
     entry = entry or CONFIGS.get((fmt, n, k))
     if entry is not None:
-        block_n, block_k, split_k, warps, stages, unpack, *variant = entry
-        block_m = 4 if variant == ["fma"] else block_m
-        return QuantConfig(block_n, block_k, split_k, block_m, warps, stages, unpack, "fused", *variant)
+        block_n, block_k, split_k, warps, stages, unpack, variant, prefetch = entry
+        if k % block_k or (fmt == "int4" and group % block_k):
+            raise ValueError(f"CONFIGS[{fmt!r}, {n}, {k}]: block_k {block_k} must divide K and the group")
+        block_m = 4 if variant == "fma" else block_m
+        return QuantConfig(block_n, block_k, split_k, block_m, warps, stages, unpack, "fused", variant, prefetch)
     block_k = 128
     while block_k > 16 and (k % block_k or group % block_k):
         block_k //= 2
@@ -117,6 +123,8 @@ def run_kernel(x: torch.Tensor, fmt: str, q: torch.Tensor, zeros, scales: torch.
     if config is None:
         config = pick_config(key, n, k, m, _num_sms(x.device.index if x.is_cuda else None),
                              group=group if fmt == "int4" else 128, invariant=invariant)
+        if fmt == "fp8_block" and config.block_k > 128:  # (a per-channel config: a tile must not cross a block)
+            config = dataclasses.replace(config, block_k=128)
     if k % config.block_k or (fmt == "int4" and group % config.block_k) or (fmt == "fp8_block" and 128 % config.block_k):
         raise ValueError(f"block_k {config.block_k} must divide K = {k} and the group ({group})")
     res2 = None if residual is None else residual.reshape(-1, n)

@@ -13,13 +13,15 @@ registers; "gather" loads it once per nibble (the repeats are L1 hits) and shift
 bf16 128 + q, 0x6400 | q the fp16 1024 + q, 0x4B000000 | q the fp32 2²³ + q; minus the same + z: exact).
 
 Variants (config.variant): "dot" (tensor cores, rows padded to 16) or "fma" (few rows: the dequantized fp32 weight
-times x summed in registers, rows padded to a power of two ≤ block_m).
+times x summed in registers, rows padded to a power of two ≤ block_m). config.prefetch: the next tile's loads are
+issued before this tile's math (two tiles in flight per program whatever the compiler pipelines).
 
 Program (pid_n, pid_k, pid_m) computes out[m-block, n-block] over K slice pid_k, tiles held transposed
 `[BLOCK_N, BLOCK_M]` (the weight is the wide operand of `tl.dot`, the few activation rows the narrow one), so every
 weight byte is read once per call for up to BLOCK_M rows. Dequantization stays exact: the integers (q − z) and e4m3
 values are exact in bf16/fp16, the dot accumulates them in fp32 against x, and the group / block scale multiplies
-the fp32 partial of its tile (the tile never crosses a group: BLOCK_K divides G, and 128 for the block format).
+the fp32 partial of its tile (the tile never crosses a group: BLOCK_K divides G, and 128 for the block format;
+per-channel scales multiply the sum at the end, so BLOCK_K may be any power of two dividing K there).
 Split-K: each slice writes an fp32 partial `[S, M, N]`, summed in slice order (deterministic) by the tile's last
 slice to arrive (an arrival counter per tile, `_linear_triton`'s: no second launch; "fused") or by `_linear_triton`'s
 reduce kernel ("kernel"; also when the counters cannot be set up inside a graph capture). Launches on one stream at
@@ -36,26 +38,45 @@ from specdec.fast.kernels._linear_triton import _counters, _epilogue, _split_red
 
 
 @triton.jit
-def _weight_tile(q_ptr, z_ptr, s_ptr, k0, offs_k, offs_n, n_mask, stride_q, stride_s, dtype: tl.constexpr,
-                 FORMAT: tl.constexpr, GROUP: tl.constexpr, GATHER: tl.constexpr, MAGIC: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """(w `[BLOCK_N, BLOCK_K]` in `dtype`, scale `[BLOCK_N]` fp32) of the tile at k0: int4 (q − z) and its group's
-    scale, e4m3 values and their block's scale (FORMAT 2), or e4m3 values and ones (FORMAT 1: scaled at the end)."""
+def _load_tile(q_ptr, z_ptr, s_ptr, k0, k_end, offs_n, n_mask, stride_q, stride_s, FORMAT: tl.constexpr,
+               GROUP: tl.constexpr, GATHER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The raw weight tile at k0 (int4: the packed words, `[BLOCK_N, BLOCK_K / 8]`, or `[BLOCK_N, BLOCK_K]` when
+    GATHER; fp8: e4m3 `[BLOCK_N, BLOCK_K]`), its zero points (int4) and its scale `[BLOCK_N]` fp32 (FORMAT 1: ones,
+    the scale is applied at the end). Nothing is loaded at or past k_end (a prefetch past the slice's end)."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    rows = n_mask & ((tl.zeros((BLOCK_N,), dtype=tl.int32) + k0) < k_end)
     if FORMAT == 0:
-        if GATHER:  # each int32 loaded once per k it holds (the repeats hit L1), shifted by k's nibble
-            packed = tl.load(q_ptr + (offs_k[None, :] // 8).to(tl.int64) * stride_q + offs_n[:, None],
-                             mask=n_mask[:, None], other=0)  # [BLOCK_N, BLOCK_K] int32
-            q = (packed >> ((offs_k[None, :] % 8) * 4)) & 0xF
-        else:  # each int32 loaded once, its 8 nibbles spread along a new axis, then merged into K
+        if GATHER:  # each int32 loaded once per k it holds (the repeats hit L1)
+            raw = tl.load(q_ptr + (offs_k[None, :] // 8).to(tl.int64) * stride_q + offs_n[:, None],
+                          mask=rows[:, None], other=0)
+        else:  # each int32 loaded once
             offs_p = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-            packed = tl.load(q_ptr + offs_p[None, :].to(tl.int64) * stride_q + offs_n[:, None],
-                             mask=n_mask[:, None], other=0)  # [BLOCK_N, BLOCK_K / 8] int32
-            shifts = tl.arange(0, 8) * 4
-            q = (packed[:, :, None] >> shifts[None, None, :]) & 0xF  # [BLOCK_N, BLOCK_K / 8, 8]
-            q = tl.reshape(q, (BLOCK_N, BLOCK_K))  # k = 8 i + j
+            raw = tl.load(q_ptr + offs_p[None, :].to(tl.int64) * stride_q + offs_n[:, None], mask=rows[:, None],
+                          other=0)
         g = k0 // GROUP
-        z = tl.load(z_ptr + g * stride_s + offs_n, mask=n_mask, other=0).to(tl.int32)
-        s = tl.load(s_ptr + g * stride_s + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + g * stride_s + offs_n, mask=rows, other=0).to(tl.int32)
+        s = tl.load(s_ptr + g * stride_s + offs_n, mask=rows, other=0.0).to(tl.float32)
+    else:
+        raw = tl.load(q_ptr + offs_n[:, None].to(tl.int64) * stride_q + offs_k[None, :], mask=rows[:, None],
+                      other=0.0)
+        z = tl.zeros((BLOCK_N,), dtype=tl.int32)
+        if FORMAT == 2:
+            s = tl.load(s_ptr + (offs_n // 128) * stride_s + k0 // 128, mask=rows, other=0.0)
+        else:
+            s = tl.full((BLOCK_N,), 1.0, tl.float32)
+    return raw, z, s
+
+
+@triton.jit
+def _decode_tile(raw, z, k0, dtype: tl.constexpr, FORMAT: tl.constexpr, GATHER: tl.constexpr, MAGIC: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """w `[BLOCK_N, BLOCK_K]` in `dtype`: int4 (q − z), or the e4m3 values widened (both exact)."""
+    if FORMAT == 0:
+        if GATHER:
+            q = (raw >> (((k0 + tl.arange(0, BLOCK_K)) % 8) * 4)[None, :]) & 0xF
+        else:  # the 8 nibbles of each word spread along a new axis, then merged into K (k = 8 i + j)
+            q = (raw[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 0xF
+            q = tl.reshape(q, (BLOCK_N, BLOCK_K))
         if MAGIC == 1:  # bf16: the bits 0x4300 | q are 128 + q (no int → float conversion), minus 128 + z
             w = (q | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True) - (z + 128).to(tl.bfloat16)[:, None]
         elif MAGIC == 2:  # fp16: 0x6400 | q is 1024 + q
@@ -63,15 +84,10 @@ def _weight_tile(q_ptr, z_ptr, s_ptr, k0, offs_k, offs_n, n_mask, stride_q, stri
         elif MAGIC == 3:  # fp32: 0x4B000000 | q is 2²³ + q
             w = (q | 0x4B000000).to(tl.float32, bitcast=True) - (z + 8388608).to(tl.float32)[:, None]
         else:
-            w = (q - z[:, None]).to(dtype)  # small integers: exact either way
+            w = q - z[:, None]
     else:
-        w = tl.load(q_ptr + offs_n[:, None].to(tl.int64) * stride_q + offs_k[None, :], mask=n_mask[:, None],
-                    other=0.0).to(dtype)  # e4m3 → bf16/fp16/fp32: exact
-        if FORMAT == 2:
-            s = tl.load(s_ptr + (offs_n // 128) * stride_s + k0 // 128, mask=n_mask, other=0.0)
-        else:
-            s = tl.full((BLOCK_N,), 1.0, tl.float32)
-    return w.to(dtype), s
+        w = raw
+    return w.to(dtype)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -79,7 +95,7 @@ def _quant_kernel(x_ptr, q_ptr, z_ptr, s_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr,
                   M, N, K, k_per_split, stride_xm, stride_q, stride_s, stride_rm, stride_om,
                   FORMAT: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                   SPLIT: tl.constexpr, IEEE: tl.constexpr, STAGES: tl.constexpr, GATHER: tl.constexpr,
-                  MAGIC: tl.constexpr, FMA: tl.constexpr,
+                  MAGIC: tl.constexpr, FMA: tl.constexpr, PREFETCH: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -94,20 +110,27 @@ def _quant_kernel(x_ptr, q_ptr, z_ptr, s_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr,
         acc3 = tl.zeros((BLOCK_N, BLOCK_M, BLOCK_K), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    wdt = tl.float32 if FMA else x_ptr.dtype.element_ty
+    if PREFETCH:  # the next tile's loads issued before this tile's math (two tiles in flight per program)
+        raw, z, s = _load_tile(q_ptr, z_ptr, s_ptr, k_start, k_end, offs_n, n_mask, stride_q, stride_s,
+                               FORMAT, GROUP, GATHER, BLOCK_N, BLOCK_K)
     for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=STAGES):
+        if PREFETCH:
+            nraw, nz, ns = _load_tile(q_ptr, z_ptr, s_ptr, k0 + BLOCK_K, k_end, offs_n, n_mask,
+                                      stride_q, stride_s, FORMAT, GROUP, GATHER, BLOCK_N, BLOCK_K)
+        else:
+            raw, z, s = _load_tile(q_ptr, z_ptr, s_ptr, k0, k_end, offs_n, n_mask, stride_q, stride_s, FORMAT,
+                                   GROUP, GATHER, BLOCK_N, BLOCK_K)
         offs_k = k0 + tl.arange(0, BLOCK_K)
+        w = _decode_tile(raw, z, k0, wdt, FORMAT, GATHER, MAGIC, BLOCK_N, BLOCK_K)
         if FMA:
             xr = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=m_mask[:, None],
                          other=0.0).to(tl.float32)  # [BLOCK_M, BLOCK_K]
-            w, s = _weight_tile(q_ptr, z_ptr, s_ptr, k0, offs_k, offs_n, n_mask, stride_q, stride_s, tl.float32,
-                                FORMAT, GROUP, GATHER, MAGIC, BLOCK_N, BLOCK_K)
             if FORMAT != 1:
                 w = w * s[:, None]  # the dequantized fp32 weight (exact: a small integer or e4m3 times the scale)
             acc3 += w[:, None, :] * xr[None, :, :]
         else:
             xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + offs_k[:, None], mask=m_mask[None, :], other=0.0)
-            w, s = _weight_tile(q_ptr, z_ptr, s_ptr, k0, offs_k, offs_n, n_mask, stride_q, stride_s, xt.dtype,
-                                FORMAT, GROUP, GATHER, MAGIC, BLOCK_N, BLOCK_K)
             if IEEE:
                 part = tl.dot(w, xt, input_precision="ieee")
             else:
@@ -116,6 +139,8 @@ def _quant_kernel(x_ptr, q_ptr, z_ptr, s_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr,
                 acc += part
             else:
                 acc += part * s[:, None]
+        if PREFETCH:
+            raw, z, s = nraw, nz, ns
     if FMA:
         acc = tl.sum(acc3, axis=2)
     if FORMAT == 1:
@@ -173,7 +198,7 @@ def launch(x: torch.Tensor, fmt: int, q: torch.Tensor, zeros, scales: torch.Tens
         residual.stride(0) if residual is not None else 0, out.stride(0),
         FORMAT=fmt, GROUP=group, HAS_BIAS=bias is not None, HAS_RES=residual is not None, SPLIT=mode,
         IEEE=x.dtype == torch.float32, STAGES=config.num_stages, GATHER=config.unpack.startswith("gather"),
-        MAGIC=_magic(config, x.dtype), FMA=config.variant == "fma",
+        MAGIC=_magic(config, x.dtype), FMA=config.variant == "fma", PREFETCH=config.prefetch,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=block_k, num_warps=config.num_warps,
         num_stages=config.num_stages)
     if mode == 1:

@@ -24,18 +24,21 @@ import torch
 __all__ = ["Int4Weight", "from_gptq", "from_awq", "join", "unpack_rows", "unpack_columns", "pack_rows", "AWQ_ORDER"]
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble p of an AWQ int32 holds column 8i + AWQ_ORDER[p]
-_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
+
+
+def _shifts(device) -> torch.Tensor:
+    return torch.arange(0, 32, 4, dtype=torch.int32, device=device)  # (made on the device: no copy, capture-safe)
 
 
 def unpack_rows(packed: torch.Tensor) -> torch.Tensor:
     """int32 `[R/8, C]` packed along rows (row 8i + j in bits 4j) → uint8 `[R, C]`."""
-    q = (packed[:, None, :] >> _SHIFTS.to(packed.device)[None, :, None]) & 0xF
+    q = (packed[:, None, :] >> _shifts(packed.device)[None, :, None]) & 0xF
     return q.reshape(-1, packed.shape[1]).to(torch.uint8)
 
 
 def pack_rows(q: torch.Tensor) -> torch.Tensor:
     """uint8 values 0..15 `[R, C]` (R % 8 == 0) → int32 `[R/8, C]` (row 8i + j in bits 4j): `unpack_rows`'s inverse."""
-    parts = q.to(torch.int32).view(-1, 8, q.shape[1]) << _SHIFTS.to(q.device)[None, :, None]
+    parts = q.to(torch.int32).view(-1, 8, q.shape[1]) << _shifts(q.device)[None, :, None]
     out = parts[:, 0].contiguous()
     for j in range(1, 8):
         out |= parts[:, j]
@@ -44,7 +47,7 @@ def pack_rows(q: torch.Tensor) -> torch.Tensor:
 
 def unpack_columns(packed: torch.Tensor, order: tuple[int, ...] | None = None) -> torch.Tensor:
     """int32 `[R, C/8]` packed along columns (nibble p holds column 8i + order[p], order None = p) → uint8 `[R, C]`."""
-    q = (packed[:, :, None] >> _SHIFTS.to(packed.device)[None, None, :]) & 0xF  # [R, C/8, nibble]
+    q = (packed[:, :, None] >> _shifts(packed.device)[None, None, :]) & 0xF  # [R, C/8, nibble]
     if order is not None:
         where = [order.index(c) for c in range(8)]  # column c's nibble
         q = q[:, :, where]

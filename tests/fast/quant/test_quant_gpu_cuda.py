@@ -113,8 +113,6 @@ def test_every_sweep_config_compiles_and_matches(fmt):
     import importlib.util
     from pathlib import Path
 
-    from specdec.fast.kernels.quant_linear import QuantConfig
-
     spec = importlib.util.spec_from_file_location("bench_quant_gpu", Path(__file__).parents[3] / "scripts" /
                                                   "bench_quant_gpu.py")
     bench = importlib.util.module_from_spec(spec)
@@ -123,8 +121,9 @@ def test_every_sweep_config_compiles_and_matches(fmt):
     qw = quantize(torch.randn(1024, 1024, device="cuda", generator=gen) * 0.02, fmt, 128)
     d = qw.dequantize()
     kind, q, zeros, scales, group = qw.kernel_args()
-    configs = [QuantConfig(*e[:3], 16, *e[3:]) for e in bench.SWEEP if fmt == "gptq" or e[5] == "reshape"]
-    configs += [QuantConfig(*e[:3], 4, *e[3:6], "fused", e[6]) for e in bench.FMA_SWEEP]
+    configs = [bench.config_of(e, split) for few in (False, True)
+               for e in bench.candidates("gptq" if fmt == "gptq" else "fp8", few) for split in (1, 4)
+               if not (fmt == "fp8-block" and e[1] > 128)]
     for config in configs:
         for rows in (1, 4, 5):
             x = torch.randn(rows, 1024, device="cuda", generator=gen).to(torch.bfloat16)

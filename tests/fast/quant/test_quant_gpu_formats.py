@@ -106,10 +106,11 @@ def test_kernel_matches_reference_interpreted(interpret, fmt, rows):
     bias = torch.randn(N, generator=torch.Generator().manual_seed(3))
     ref = x @ d.t() + bias
     configs = [QuantConfig(64, 128, 1), QuantConfig(32, 64, 2), QuantConfig(16, 128, 1, unpack="gather"),
-               QuantConfig(32, 64, 4, split_reduce="kernel")]
+               QuantConfig(32, 64, 4, split_reduce="kernel"), QuantConfig(32, 64, 2, prefetch=True),
+               QuantConfig(16, 128, 1, unpack="gather", prefetch=True)]
     if rows <= 5:  # (the FMA variant's few rows; its 3-D accumulator is slow in the interpreter)
         configs += [QuantConfig(16, 64, 2, 4, variant="fma"), QuantConfig(16, 128, 1, 2, unpack="gather-magic",
-                                                                          variant="fma")]
+                                                                          variant="fma", prefetch=True)]
     for config in configs:
         y = run_kernel(x, *qw.kernel_args()[:4], qw.kernel_args()[4], N, bias, config=config)
         assert close(y, ref, x, d), (fmt, config, (y - ref).abs().max())
@@ -164,6 +165,7 @@ def test_int4_unpackings_fp16_interpreted(interpret, unpack):
     qw = formats()["gptq"]
     d = qw.dequantize()
     x = torch.randn(3, K, generator=torch.Generator().manual_seed(8)).half()
-    y = run_kernel(x, "int4", qw.qweight, qw.zeros, qw.scales, G, N, config=QuantConfig(32, 128, 1, unpack=unpack))
+    y = run_kernel(x, "int4", qw.qweight, qw.zeros, qw.scales, G, N,
+                   config=QuantConfig(32, 64, 2, unpack=unpack, prefetch=True))
     ref = x.float() @ d.t()
     assert ((y.float() - ref).abs() <= 2**-10 * (x.float().abs() @ d.abs().t()) + 1e-4).all()
