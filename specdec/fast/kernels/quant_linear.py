@@ -65,20 +65,23 @@ def _interpreting() -> bool:
 def pick_config(fmt: str, n: int, k: int, m: int = 1, num_sms: int = _DEFAULT_SMS, *, group: int = 128,
                 invariant: bool = False) -> QuantConfig:
     """The table's config for (format, N, K), else: 64 columns a program (32 / 16 where N is small), K tiles of
-    128 (or the largest that divides K and the group), K split until there are ≥ 2 programs per SM. block_m:
+    one group (int4) or 128 (FP8; smaller where 128 does not divide K), K split until there are ≥ 2 programs per SM. block_m:
     16, or 32 / 64 for more rows (per row count: never under `invariant`, which keeps 16 and the table's split)."""
     block_m = 16 if invariant or m <= 16 else (32 if m <= 32 else 64)
     entry = None if invariant or m > 4 else CONFIGS.get((fmt, n, k, 4))
     entry = entry or CONFIGS.get((fmt, n, k))
     if entry is not None:
         block_n, block_k, split_k, warps, stages, unpack, variant, prefetch = entry
-        if k % block_k or (fmt == "int4" and group % block_k):
-            raise ValueError(f"CONFIGS[{fmt!r}, {n}, {k}]: block_k {block_k} must divide K and the group")
+        if k % block_k or (fmt == "int4" and group != block_k):
+            raise ValueError(f"CONFIGS[{fmt!r}, {n}, {k}]: block_k {block_k} must divide K (int4: equal the group)")
         block_m = 4 if variant == "fma" else block_m
         return QuantConfig(block_n, block_k, split_k, block_m, warps, stages, unpack, "fused", variant, prefetch)
-    block_k = 128
-    while block_k > 16 and (k % block_k or group % block_k):
-        block_k //= 2
+    if fmt == "int4":  # (one group per tile)
+        block_k = group
+    else:
+        block_k = 128
+        while block_k > 16 and k % block_k:
+            block_k //= 2
     block_n = 64
     while block_n > 16 and -(-n // block_n) < num_sms:
         block_n //= 2
@@ -125,8 +128,6 @@ def run_kernel(x: torch.Tensor, fmt: str, q: torch.Tensor, zeros, scales: torch.
                              group=group if fmt == "int4" else 128, invariant=invariant)
         if fmt == "fp8_block" and config.block_k > 128:  # (a per-channel config: a tile must not cross a block)
             config = dataclasses.replace(config, block_k=128)
-    if k % config.block_k or (fmt == "int4" and group % config.block_k) or (fmt == "fp8_block" and 128 % config.block_k):
-        raise ValueError(f"block_k {config.block_k} must divide K = {k} and the group ({group})")
     res2 = None if residual is None else residual.reshape(-1, n)
     if res2 is not None and res2.stride(-1) != 1:
         res2 = res2.contiguous()

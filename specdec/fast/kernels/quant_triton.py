@@ -2,8 +2,8 @@
 Triton is installed).
 
 One kernel, three weight formats (FORMAT, a compile-time constant):
-  0  int4  qweight int32 `[K/8, N]` (GPTQ's packing: k = 8i + j in bits 4j..4j+3 of row i), zeros uint8 and scales
-           `[K/G, N]`: w[n, k] = (q − z) · s per group of G rows of K
+  0  int4  qweight int32 `[N, K/8]` (k = 8i + j in bits 4j..4j+3 of word i of row n: GPTQ's words, transposed so a
+           row's words are contiguous), zeros uint8 and scales `[K/G, N]`: w[n, k] = (q − z) · s per group of G
   1  fp8   weight e4m3 `[N, K]`, one float32 scale per output column `[N]` (per-tensor scales are broadcast)
   2  fp8   weight e4m3 `[N, K]`, float32 scales per 128 × 128 block `[⌈N/128⌉, ⌈K/128⌉]`
 
@@ -13,15 +13,17 @@ registers; "gather" loads it once per nibble (the repeats are L1 hits) and shift
 bf16 128 + q, 0x6400 | q the fp16 1024 + q, 0x4B000000 | q the fp32 2²³ + q; minus the same + z: exact).
 
 Variants (config.variant): "dot" (tensor cores, rows padded to 16) or "fma" (few rows: the dequantized fp32 weight
-times x summed in registers, rows padded to a power of two ≤ block_m). config.prefetch: the next tile's loads are
-issued before this tile's math (two tiles in flight per program whatever the compiler pipelines).
+times x summed in registers, rows padded to a power of two ≤ block_m).
 
 Program (pid_n, pid_k, pid_m) computes out[m-block, n-block] over K slice pid_k, tiles held transposed
 `[BLOCK_N, BLOCK_M]` (the weight is the wide operand of `tl.dot`, the few activation rows the narrow one), so every
 weight byte is read once per call for up to BLOCK_M rows. Dequantization stays exact: the integers (q − z) and e4m3
 values are exact in bf16/fp16, the dot accumulates them in fp32 against x, and the group / block scale multiplies
-the fp32 partial of its tile (the tile never crosses a group: BLOCK_K divides G, and 128 for the block format;
+the fp32 partial of its tile (int4 and block tiles are one group / block deep: BLOCK_K = G, resp. 128;
 per-channel scales multiply the sum at the end, so BLOCK_K may be any power of two dividing K there).
+The loop follows `_linear_triton`'s: pointers advanced per tile, the activation tile `[BLOCK_M, BLOCK_K]` fetched
+by hand one tile ahead (an L2 hit whose latency would otherwise stall each step), the weight loads pipelined by the
+compiler (STAGES) or, config.prefetch, also fetched one tile ahead by hand.
 Split-K: each slice writes an fp32 partial `[S, M, N]`, summed in slice order (deterministic) by the tile's last
 slice to arrive (an arrival counter per tile, `_linear_triton`'s: no second launch; "fused") or by `_linear_triton`'s
 reduce kernel ("kernel"; also when the counters cannot be set up inside a graph capture). Launches on one stream at
@@ -38,42 +40,23 @@ from specdec.fast.kernels._linear_triton import _counters, _epilogue, _split_red
 
 
 @triton.jit
-def _load_tile(q_ptr, z_ptr, s_ptr, k0, k_end, offs_n, n_mask, stride_q, stride_s, FORMAT: tl.constexpr,
-               GROUP: tl.constexpr, GATHER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The raw weight tile at k0 (int4: the packed words, `[BLOCK_N, BLOCK_K / 8]`, or `[BLOCK_N, BLOCK_K]` when
-    GATHER; fp8: e4m3 `[BLOCK_N, BLOCK_K]`), its zero points (int4) and its scale `[BLOCK_N]` fp32 (FORMAT 1: ones,
-    the scale is applied at the end). Nothing is loaded at or past k_end (a prefetch past the slice's end)."""
-    offs_k = k0 + tl.arange(0, BLOCK_K)
-    rows = n_mask & ((tl.zeros((BLOCK_N,), dtype=tl.int32) + k0) < k_end)
+def _load_raw(ptrs, mask, FORMAT: tl.constexpr):
+    """A weight tile, masked-out entries 0 (int4 words) or 0.0 (e4m3)."""
     if FORMAT == 0:
-        if GATHER:  # each int32 loaded once per k it holds (the repeats hit L1)
-            raw = tl.load(q_ptr + (offs_k[None, :] // 8).to(tl.int64) * stride_q + offs_n[:, None],
-                          mask=rows[:, None], other=0)
-        else:  # each int32 loaded once
-            offs_p = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-            raw = tl.load(q_ptr + offs_p[None, :].to(tl.int64) * stride_q + offs_n[:, None], mask=rows[:, None],
-                          other=0)
-        g = k0 // GROUP
-        z = tl.load(z_ptr + g * stride_s + offs_n, mask=rows, other=0).to(tl.int32)
-        s = tl.load(s_ptr + g * stride_s + offs_n, mask=rows, other=0.0).to(tl.float32)
+        raw = tl.load(ptrs, mask=mask, other=0)
     else:
-        raw = tl.load(q_ptr + offs_n[:, None].to(tl.int64) * stride_q + offs_k[None, :], mask=rows[:, None],
-                      other=0.0)
-        z = tl.zeros((BLOCK_N,), dtype=tl.int32)
-        if FORMAT == 2:
-            s = tl.load(s_ptr + (offs_n // 128) * stride_s + k0 // 128, mask=rows, other=0.0)
-        else:
-            s = tl.full((BLOCK_N,), 1.0, tl.float32)
-    return raw, z, s
+        raw = tl.load(ptrs, mask=mask, other=0.0)
+    return raw
 
 
 @triton.jit
-def _decode_tile(raw, z, k0, dtype: tl.constexpr, FORMAT: tl.constexpr, GATHER: tl.constexpr, MAGIC: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """w `[BLOCK_N, BLOCK_K]` in `dtype`: int4 (q − z), or the e4m3 values widened (both exact)."""
+def _decode(raw, z, s, dtype: tl.constexpr, FORMAT: tl.constexpr, GATHER: tl.constexpr, MAGIC: tl.constexpr,
+            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """w `[BLOCK_N, BLOCK_K]` in `dtype` from the raw tile: int4 (q − z) (GATHER: raw holds each word once per
+    nibble), or the e4m3 values widened (both exact)."""
     if FORMAT == 0:
         if GATHER:
-            q = (raw >> (((k0 + tl.arange(0, BLOCK_K)) % 8) * 4)[None, :]) & 0xF
+            q = (raw >> ((tl.arange(0, BLOCK_K) % 8) * 4)[None, :]) & 0xF
         else:  # the 8 nibbles of each word spread along a new axis, then merged into K (k = 8 i + j)
             q = (raw[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 0xF
             q = tl.reshape(q, (BLOCK_N, BLOCK_K))
@@ -90,11 +73,12 @@ def _decode_tile(raw, z, k0, dtype: tl.constexpr, FORMAT: tl.constexpr, GATHER: 
     return w.to(dtype)
 
 
+# M is not specialized (Triton would compile M = 1 and M % 16 == 0 apart): one binary serves every row count.
 @triton.jit(do_not_specialize=["M"])
 def _quant_kernel(x_ptr, q_ptr, z_ptr, s_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr,
                   M, N, K, k_per_split, stride_xm, stride_q, stride_s, stride_rm, stride_om,
-                  FORMAT: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-                  SPLIT: tl.constexpr, IEEE: tl.constexpr, STAGES: tl.constexpr, GATHER: tl.constexpr,
+                  FORMAT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr,
+                  IEEE: tl.constexpr, EVEN_K: tl.constexpr, STAGES: tl.constexpr, GATHER: tl.constexpr,
                   MAGIC: tl.constexpr, FMA: tl.constexpr, PREFETCH: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n = tl.program_id(0)
@@ -104,43 +88,71 @@ def _quant_kernel(x_ptr, q_ptr, z_ptr, s_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr,
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     n_mask = offs_n < N
     m_mask = offs_m < M
-    k_start = pid_k * k_per_split
-    k_end = tl.minimum(k_start + k_per_split, K)
+    k_start = pid_k * k_per_split  # (a multiple of BLOCK_K; tiles of the last slice past K are fully masked)
+    offs_k = k_start + tl.arange(0, BLOCK_K)
+    rows = offs_n[:, None].to(tl.int64) * stride_q
+    if FORMAT == 0:  # int4: the packed words, once (or once per nibble: GATHER); one group per tile
+        words = tl.arange(0, BLOCK_K) // 8 if GATHER else tl.arange(0, BLOCK_K // 8)
+        w_ptrs = q_ptr + rows + (k_start // 8 + words)[None, :]
+        w_step = BLOCK_K // 8
+        zs_off = (k_start // BLOCK_K) * stride_s + offs_n  # zeros and scales `[K/G, N]`
+        zs_step = stride_s
+    else:
+        w_ptrs = q_ptr + rows + offs_k[None, :]
+        w_step = BLOCK_K
+        zs_off = (offs_n // 128) * stride_s + k_start // 128  # block scales (FORMAT 2): one block per tile
+        zs_step = 1
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]  # [BLOCK_M, BLOCK_K]
     if FMA:  # few rows: products summed in fp32 registers, no tensor cores
         acc3 = tl.zeros((BLOCK_N, BLOCK_M, BLOCK_K), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     wdt = tl.float32 if FMA else x_ptr.dtype.element_ty
-    if PREFETCH:  # the next tile's loads issued before this tile's math (two tiles in flight per program)
-        raw, z, s = _load_tile(q_ptr, z_ptr, s_ptr, k_start, k_end, offs_n, n_mask, stride_q, stride_s,
-                               FORMAT, GROUP, GATHER, BLOCK_N, BLOCK_K)
-    for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=STAGES):
-        if PREFETCH:
-            nraw, nz, ns = _load_tile(q_ptr, z_ptr, s_ptr, k0 + BLOCK_K, k_end, offs_n, n_mask,
-                                      stride_q, stride_s, FORMAT, GROUP, GATHER, BLOCK_N, BLOCK_K)
+    xr = tl.load(x_ptrs, mask=m_mask[:, None] & (offs_k[None, :] < K), other=0.0)
+    k0 = k_start
+    if PREFETCH:
+        raw = _load_raw(w_ptrs, (n_mask & (offs_n * 0 + k0 < K))[:, None], FORMAT)
+    for _ in tl.range(0, k_per_split, BLOCK_K, num_stages=STAGES):
+        live = n_mask & (offs_n * 0 + k0 < K)  # (EVEN_K: n_mask; else the last slice's tiles past K load nothing)
+        if not PREFETCH:
+            if EVEN_K:
+                raw = _load_raw(w_ptrs, n_mask[:, None], FORMAT)
+            else:
+                raw = _load_raw(w_ptrs, live[:, None], FORMAT)
+        if FORMAT == 0:
+            z = tl.load(z_ptr + zs_off, mask=live, other=0).to(tl.int32)
+            s = tl.load(s_ptr + zs_off, mask=live, other=0.0).to(tl.float32)
+        elif FORMAT == 2:
+            z = offs_n * 0
+            s = tl.load(s_ptr + zs_off, mask=live, other=0.0)
         else:
-            raw, z, s = _load_tile(q_ptr, z_ptr, s_ptr, k0, k_end, offs_n, n_mask, stride_q, stride_s, FORMAT,
-                                   GROUP, GATHER, BLOCK_N, BLOCK_K)
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        w = _decode_tile(raw, z, k0, wdt, FORMAT, GATHER, MAGIC, BLOCK_N, BLOCK_K)
+            z = offs_n * 0
+            s = tl.full((BLOCK_N,), 1.0, tl.float32)
+        w_ptrs += w_step
+        zs_off += zs_step
+        x_ptrs += BLOCK_K
+        offs_k += BLOCK_K
+        k0 += BLOCK_K
+        if PREFETCH:  # the next weight tile's loads issued before this tile's math
+            raw_next = _load_raw(w_ptrs, (n_mask & (offs_n * 0 + k0 < K))[:, None], FORMAT)
+        x_next = tl.load(x_ptrs, mask=m_mask[:, None] & (offs_k[None, :] < K), other=0.0)
+        w = _decode(raw, z, s, wdt, FORMAT, GATHER, MAGIC, BLOCK_N, BLOCK_K)
         if FMA:
-            xr = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=m_mask[:, None],
-                         other=0.0).to(tl.float32)  # [BLOCK_M, BLOCK_K]
             if FORMAT != 1:
                 w = w * s[:, None]  # the dequantized fp32 weight (exact: a small integer or e4m3 times the scale)
-            acc3 += w[:, None, :] * xr[None, :, :]
+            acc3 += w[:, None, :] * xr.to(tl.float32)[None, :, :]
         else:
-            xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + offs_k[:, None], mask=m_mask[None, :], other=0.0)
             if IEEE:
-                part = tl.dot(w, xt, input_precision="ieee")
+                part = tl.dot(w, tl.trans(xr), input_precision="ieee")
             else:
-                part = tl.dot(w, xt)
+                part = tl.dot(w, tl.trans(xr))
             if FORMAT == 1:
                 acc += part
             else:
                 acc += part * s[:, None]
+        xr = x_next
         if PREFETCH:
-            raw, z, s = nraw, nz, ns
+            raw = raw_next
     if FMA:
         acc = tl.sum(acc3, axis=2)
     if FORMAT == 1:
@@ -180,6 +192,9 @@ def launch(x: torch.Tensor, fmt: int, q: torch.Tensor, zeros, scales: torch.Tens
     module doc lays out; x, residual and out row-contiguous. config: `quant_linear.QuantConfig`."""
     m, k = x.shape
     block_k = config.block_k
+    if (fmt == 0 and block_k != group) or (fmt == 2 and block_k != 128) or k % block_k:
+        raise ValueError(f"block_k {block_k}: int4 tiles are one group deep ({group}), block-scaled FP8 tiles 128, "
+                         f"and K = {k} must be a multiple")
     block_m = config.block_m if config.variant == "dot" else min(config.block_m, triton.next_power_of_2(m))
     k_per_split = triton.cdiv(triton.cdiv(k, config.split_k), block_k) * block_k
     splits = triton.cdiv(k, k_per_split)
@@ -196,8 +211,9 @@ def launch(x: torch.Tensor, fmt: int, q: torch.Tensor, zeros, scales: torch.Tens
         residual if residual is not None else dummy, out, partial, counters,
         m, n, k, k_per_split, x.stride(0), q.stride(0), scales.stride(0) if scales.dim() == 2 else 0,
         residual.stride(0) if residual is not None else 0, out.stride(0),
-        FORMAT=fmt, GROUP=group, HAS_BIAS=bias is not None, HAS_RES=residual is not None, SPLIT=mode,
-        IEEE=x.dtype == torch.float32, STAGES=config.num_stages, GATHER=config.unpack.startswith("gather"),
+        FORMAT=fmt, HAS_BIAS=bias is not None, HAS_RES=residual is not None, SPLIT=mode,
+        IEEE=x.dtype == torch.float32, EVEN_K=splits * k_per_split == k, STAGES=config.num_stages,
+        GATHER=config.unpack.startswith("gather"),
         MAGIC=_magic(config, x.dtype), FMA=config.variant == "fma", PREFETCH=config.prefetch,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=block_k, num_warps=config.num_warps,
         num_stages=config.num_stages)

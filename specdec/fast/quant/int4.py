@@ -3,8 +3,9 @@
 
     w[n, k] = (q[k, n] − z[k // G, n]) · s[k // G, n]        q, z ∈ 0..15 (z ≤ 16: GPTQ's stored zero + 1), G = group
 
-qweight int32 `[K/8, N]`: k = 8i + j sits in bits 4j..4j+3 of row i (GPTQ's own packing, kept as it is); zeros uint8
-`[K/G, N]` (unpacked: 1/64 of the packed weight's bytes at G = 128); scales `[K/G, N]` in the checkpoint's dtype.
+qweight int32 `[N, K/8]`: k = 8i + j sits in bits 4j..4j+3 of word i of row n (GPTQ's own words, transposed so each
+output row's words are contiguous, as the kernel's K-major tiles read them); zeros uint8 `[K/G, N]` (unpacked: 1/64
+of the packed weight's bytes at G = 128); scales `[K/G, N]` in the checkpoint's dtype.
 
 Layouts read (`from_gptq`, `from_awq`), exactly — the same integers, zeros and scales, so the dequantized weight is
 the checkpoint's own:
@@ -69,7 +70,7 @@ class Int4Weight:
         n, k = self.shape
         if self.group < 16 or self.group & (self.group - 1) or k % self.group:
             raise ValueError(f"Int4Weight: the group must be a power of two ≥ 16 dividing K = {k}, got {self.group}")
-        checks = (("qweight", self.qweight, (k // 8, n), (torch.int32,)),
+        checks = (("qweight", self.qweight, (n, k // 8), (torch.int32,)),
                   ("zeros", self.zeros, (k // self.group, n), (torch.uint8,)),
                   ("scales", self.scales, (k // self.group, n), (torch.float16, torch.bfloat16, torch.float32)))
         for name, t, want, dtypes in checks:
@@ -91,7 +92,7 @@ class Int4Weight:
 
     def values(self) -> torch.Tensor:
         """q as uint8 `[K, N]`."""
-        return unpack_rows(self.qweight)
+        return unpack_rows(self.qweight.t())
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """`[N, K]` in `dtype`, computed in float32 (the reference the kernel is tested against)."""
@@ -121,12 +122,12 @@ class Int4Weight:
 
 
 def join(weights: list) -> "Int4Weight":
-    """Stack matrices of one K by output columns (q|k|v, gate|up): the kernel's layout is column-major in N."""
+    """Stack matrices of one K by output rows (q|k|v, gate|up)."""
     first = weights[0]
     if any(w.shape[1] != first.shape[1] or w.group != first.group for w in weights):
         raise ValueError(f"join: K and group must agree, got {[(w.shape, w.group) for w in weights]}")
     cat = lambda name: torch.cat([getattr(w, name) for w in weights], dim=1).contiguous()  # noqa: E731
-    return Int4Weight(cat("qweight"), cat("zeros"), torch.cat([w.scales for w in weights], 1).contiguous(),
+    return Int4Weight(torch.cat([w.qweight for w in weights]).contiguous(), cat("zeros"), cat("scales"),
                       first.group, (sum(w.shape[0] for w in weights), first.shape[1]), first.source)
 
 
@@ -149,7 +150,7 @@ def from_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
         raise ValueError(f"{name}: act-order GPTQ (desc_act, a permuted g_idx) is not covered")
     zeros = unpack_columns(qzeros.to(torch.int32))[:, :n].to(torch.int16)
     zeros = zeros + 1 if checkpoint_format == "gptq" else zeros
-    return Int4Weight(qweight.to(torch.int32).contiguous(), zeros.to(torch.uint8).contiguous(),
+    return Int4Weight(qweight.to(torch.int32).t().contiguous(), zeros.to(torch.uint8).contiguous(),
                       scales.contiguous(), group, (n, k), "GPTQ")
 
 
@@ -164,4 +165,4 @@ def from_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, 
         raise ValueError(f"{name}: K = {k} is not a multiple of 8")
     q = unpack_columns(qweight.to(torch.int32), AWQ_ORDER)
     zeros = unpack_columns(qzeros.to(torch.int32), AWQ_ORDER)[:, :n]
-    return Int4Weight(pack_rows(q), zeros.contiguous(), scales.contiguous(), group, (n, k), "AWQ")
+    return Int4Weight(pack_rows(q).t().contiguous(), zeros.contiguous(), scales.contiguous(), group, (n, k), "AWQ")

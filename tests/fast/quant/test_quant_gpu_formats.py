@@ -105,12 +105,14 @@ def test_kernel_matches_reference_interpreted(interpret, fmt, rows):
     x = torch.randn(rows, K, generator=torch.Generator().manual_seed(2))
     bias = torch.randn(N, generator=torch.Generator().manual_seed(3))
     ref = x @ d.t() + bias
-    configs = [QuantConfig(64, 128, 1), QuantConfig(32, 64, 2), QuantConfig(16, 128, 1, unpack="gather"),
-               QuantConfig(32, 64, 4, split_reduce="kernel"), QuantConfig(32, 64, 2, prefetch=True),
+    configs = [QuantConfig(64, 128, 1), QuantConfig(32, 128, 2), QuantConfig(16, 128, 1, unpack="gather"),
+               QuantConfig(32, 128, 2, split_reduce="kernel"), QuantConfig(32, 128, 2, prefetch=True),
                QuantConfig(16, 128, 1, unpack="gather", prefetch=True)]
+    if fmt in ("fp8-tensor", "fp8-channel"):  # (per-channel scales: tiles of any depth dividing K)
+        configs += [QuantConfig(32, 64, 2, prefetch=True), QuantConfig(16, 256, 1)]
     if rows <= 5:  # (the FMA variant's few rows; its 3-D accumulator is slow in the interpreter)
-        configs += [QuantConfig(16, 64, 2, 4, variant="fma"), QuantConfig(16, 128, 1, 2, unpack="gather-magic",
-                                                                          variant="fma", prefetch=True)]
+        configs += [QuantConfig(16, 128, 2, 4, variant="fma"), QuantConfig(16, 128, 1, 2, unpack="gather-magic",
+                                                                           variant="fma", prefetch=True)]
     for config in configs:
         y = run_kernel(x, *qw.kernel_args()[:4], qw.kernel_args()[4], N, bias, config=config)
         assert close(y, ref, x, d), (fmt, config, (y - ref).abs().max())
@@ -166,6 +168,18 @@ def test_int4_unpackings_fp16_interpreted(interpret, unpack):
     d = qw.dequantize()
     x = torch.randn(3, K, generator=torch.Generator().manual_seed(8)).half()
     y = run_kernel(x, "int4", qw.qweight, qw.zeros, qw.scales, G, N,
-                   config=QuantConfig(32, 64, 2, unpack=unpack, prefetch=True))
+                   config=QuantConfig(32, 128, 2, unpack=unpack, prefetch=True))
     ref = x.float() @ d.t()
     assert ((y.float() - ref).abs() <= 2**-10 * (x.float().abs() @ d.abs().t()) + 1e-4).all()
+
+
+@pytest.mark.parametrize("fmt", ["gptq", "fp8-block", "fp8-channel"])
+def test_kernel_uneven_split_interpreted(interpret, fmt):
+    """K = 384 in two slices of 256: the second slice's tile past K loads nothing (prefetched or not)."""
+    qw = formats(9, n=48, k=384)[fmt]
+    d = qw.dequantize()
+    x = torch.randn(2, 384, generator=torch.Generator().manual_seed(10))
+    for prefetch in (False, True):
+        y = run_kernel(x, *qw.kernel_args()[:4], qw.kernel_args()[4], 48,
+                       config=QuantConfig(16, 128, 2, prefetch=prefetch))
+        assert close(y, x @ d.t(), x, d)
