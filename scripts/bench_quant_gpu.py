@@ -5,7 +5,7 @@
     python scripts/bench_quant_gpu.py --smoke --sweep                             # CPU dry run (tiny, interpreter)
 
 Rows (JSON lines, printed and appended to --out):
-  "op"      µs per product y = x @ Wᵀ of each 8B matrix (q|k|v, o, gate|up, down, LM head) at M = 1 and 5, in a CUDA
+  "op"      (last) µs per product y = x @ Wᵀ of each 8B matrix (q|k|v, o, gate|up, down, LM head) at M = 1 and 5, in a CUDA
             graph (`fast.graphs.graph_time_us`): bf16 cuBLAS, the quantized kernel (int4 GPTQ, FP8 per channel, FP8
             128 × 128 blocks) and `torch._scaled_mm` (FP8 W8A8, per-token activations); GB/s of the weight bytes
   "sweep"   (--sweep, first) the fastest kernel config per (format, N, K): compile-time candidates × K splits at
@@ -106,16 +106,20 @@ def op_rows(out, formats) -> None:
 
 # Kernel configs the sweep tries: compile-time candidates (block_n, block_k, num_warps, num_stages, unpack, variant,
 # prefetch), each at every K split in SPLITS (a run-time value: no recompilation).
-DOT_INT4 = [(bn, 128, 4, 3, unpack, "dot", pre) for bn in (64, 128) for unpack in ("reshape", "reshape-magic")
-            for pre in (False, True)] + [(32, 128, 4, 3, "reshape-magic", "dot", True)]
-DOT_FP8 = [(bn, bk, 4, 3, "reshape", "dot", pre) for bn, bk in ((64, 128), (128, 128), (64, 256)) for pre in (False, True)]
-FMA = [(bn, 128, 4, 3, "reshape-magic", "fma", True) for bn in (32, 64)]
+DOT_INT4 = [(bn, 128, 4, 3, "reshape-magic", "dot", pre) for bn in (64, 128) for pre in (False, True)] + [
+    (64, 128, 4, 3, "reshape", "dot", False)]
+DOT_FP8 = [(64, 128, 4, 3, "reshape", "dot", False), (64, 128, 4, 3, "reshape", "dot", True),
+           (128, 128, 4, 3, "reshape", "dot", False), (64, 256, 4, 3, "reshape", "dot", False)]
+FMA_INT4 = [(bn, 128, 4, 3, "reshape-magic", "fma", True) for bn in (32, 64)]
+FMA_FP8 = [(64, 128, 4, 3, "reshape", "fma", True)]
 SPLITS = (1, 2, 4, 8, 16, 32)
 
 
 def candidates(fmt: str, few: bool = False) -> list:
     """The sweep's configs for a format: "gptq" / "fp8" (the dot variant) or, few=True, the FMA one (≤ 4 rows)."""
-    return FMA if few else (DOT_INT4 if fmt == "gptq" else DOT_FP8)
+    if few:
+        return FMA_INT4 if fmt == "gptq" else FMA_FP8
+    return DOT_INT4 if fmt == "gptq" else DOT_FP8
 
 
 def config_of(entry, split: int):
@@ -149,6 +153,8 @@ def sweep(out, formats) -> None:
                 return time_us(lambda: quant_linear.run_kernel(xs[m], kind, q, zeros, scales, group, n, config=cfg),
                                calls=20, reps=5)
 
+            failed = []
+
             def ranked(entries, m):
                 found = []
                 for entry in entries:
@@ -157,14 +163,15 @@ def sweep(out, formats) -> None:
                             continue
                         try:
                             found.append((us(config_of(entry, split), m), entry, split))
-                        except Exception:  # noqa: BLE001 - a config that does not compile / fit is skipped
-                            pass
+                        except Exception as exc:  # noqa: BLE001 - a config that does not compile / fit is skipped
+                            failed.append(f"{list(entry)} split {split}: {type(exc).__name__}: {exc}"[:160])
                 return sorted(found, key=lambda r: r[0])
 
             key = ("int4" if fmt == "gptq" else "fp8", n, k)
             default = us(quant_linear.pick_config(key[0], n, k, 1), 1)
             dots = [(t + us(config_of(e, sp), 5), t, e, sp) for t, e, sp in ranked(candidates(fmt), 1)[:4]]
             if not dots:
+                emit({"row": "sweep", "format": fmt, "matrix": name, "error": "no config ran", "failed": failed[:3]}, out)
                 continue
             total, m1, entry, split = min(dots, key=lambda r: r[0])
             bn, bk, warps, stages, unpack, variant, pre = entry
@@ -179,7 +186,8 @@ def sweep(out, formats) -> None:
                   "m1_us": round(m1, 2), "m1_plus_m5_us": round(total, 2), "heuristic_m1_us": round(default, 2),
                   "gb_s_m1": round(qw.nbytes / m1 / 1e3, 1), "dot_m1_plus_m4_us": round(dot4, 2),
                   "fma_m1_plus_m4_us": round(best_fma[0], 2) if best_fma else None,
-                  "few_rows_config": list(quant_linear.CONFIGS.get((*key, 4), [])) or None}, out)
+                  "few_rows_config": list(quant_linear.CONFIGS.get((*key, 4), [])) or None,
+                  "failed": failed[:3], "failed_count": len(failed)}, out)
             del qw, q, zeros, scales
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()
@@ -250,8 +258,6 @@ def main(argv=None) -> None:
     emit({"row": "env", "gpu": gpu, "torch": torch.__version__, "triton": __import__("triton").__version__}, out=args.out)
     if args.sweep:
         sweep(args.out, args.formats)
-    if not args.no_ops:
-        op_rows(args.out, args.formats + [f for f in args.ops_formats if f not in args.formats])
     shape = llama_shape(args.shape)
     if args.smoke:
         import dataclasses
@@ -301,6 +307,8 @@ def main(argv=None) -> None:
             gc.collect()
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()
+    if not args.no_ops:  # (last: what a time limit cuts first)
+        op_rows(args.out, args.formats + [f for f in args.ops_formats if f not in args.formats])
 
 
 if __name__ == "__main__":

@@ -664,12 +664,12 @@ ls -la "$OUT" | tee -a "$OUT/run.log"
 }
 
 # ==== quant-gpu
-# FP8 and int4 (GPTQ / AWQ) weights on one H100/H200, one device call from the repo root (≈ 4 min): the GPU-marked
+# FP8 and int4 (GPTQ / AWQ) weights on one H100/H200, one device call from the repo root (≤ 4 min): the GPU-marked
 # quantized-kernel tests (and the checkpoint loader's), then scripts/bench_quant_gpu.py on an 8B shape (random
-# weights, quantized on the device by the reference packers): a kernel config sweep per matrix, µs per product of
-# each 8B matrix (bf16 cuBLAS, the Triton kernel, torch._scaled_mm), then per format (bf16, gptq, fp8, fp8-block,
-# gptq+head) one forward at 1 and 5 rows (the verify cost over a plain step) and the engine's plain greedy tok/s at
-# batch 1 with the speed-up over bf16.
+# weights, quantized on the device by the reference packers): a kernel config sweep per matrix, then per format
+# (bf16, gptq, fp8, fp8-block, gptq+head) one forward at 1 and 5 rows (the verify cost over a plain step) and the
+# engine's plain greedy tok/s at batch 1 with the speed-up over bf16, then µs per product of each 8B matrix (bf16
+# cuBLAS, the Triton kernel, torch._scaled_mm).
 #   bash scripts/device_run.sh quant-gpu [TESTS_S] [BENCH_S] [SPEC_ALPHA]
 # SPEC_ALPHA (off by default): also speculative rows per format, a random bf16 1B-shaped drafter accepted with that
 # probability (synthetic), γ = 4. FORMATS="bf16 gptq fp8" narrows the end-to-end formats.
@@ -685,8 +685,8 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 log "GPU-marked quantized-kernel tests, the quantized-checkpoint loader's tests"
 timeout "${1:-100}" python3 -m pytest -q -p no:cacheprovider -rfE tests/fast/quant/test_quant_gpu_cuda.py \
     tests/loading/test_quantized_checkpoints.py 2>&1 | tee "$OUT/quant_tests.log" | tail -25 | tee -a "$OUT/run.log"
-log "8B-shaped bench: sweep, ops, plain decoding per format"
-timeout "${2:-230}" python3 scripts/bench_quant_gpu.py --sweep --out "$OUT/quant_gpu.jsonl" \
+log "8B-shaped bench: sweep, plain decoding per format, ops"
+timeout "${2:-140}" python3 scripts/bench_quant_gpu.py --sweep --out "$OUT/quant_gpu.jsonl" \
     ${3:+--spec-alpha $3} ${FORMATS:+--formats $FORMATS} 2>&1 \
     | grep -v "^INFO" | tail -80 | tee -a "$OUT/run.log"
 log done
