@@ -92,8 +92,10 @@ def _quant_kernel(x_ptr, q_ptr, z_ptr, s_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr,
     offs_k = k_start + tl.arange(0, BLOCK_K)
     rows = offs_n[:, None].to(tl.int64) * stride_q
     if FORMAT == 0:  # int4: the packed words, once (or once per nibble: GATHER); one group per tile
-        words = tl.arange(0, BLOCK_K) // 8 if GATHER else tl.arange(0, BLOCK_K // 8)
-        w_ptrs = q_ptr + rows + (k_start // 8 + words)[None, :]
+        if GATHER:
+            w_ptrs = q_ptr + rows + (k_start // 8 + tl.arange(0, BLOCK_K) // 8)[None, :]
+        else:
+            w_ptrs = q_ptr + rows + (k_start // 8 + tl.arange(0, BLOCK_K // 8))[None, :]
         w_step = BLOCK_K // 8
         zs_off = (k_start // BLOCK_K) * stride_s + offs_n  # zeros and scales `[K/G, N]`
         zs_step = stride_s
@@ -107,7 +109,6 @@ def _quant_kernel(x_ptr, q_ptr, z_ptr, s_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr,
         acc3 = tl.zeros((BLOCK_N, BLOCK_M, BLOCK_K), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    wdt = tl.float32 if FMA else x_ptr.dtype.element_ty
     xr = tl.load(x_ptrs, mask=m_mask[:, None] & (offs_k[None, :] < K), other=0.0)
     k0 = k_start
     if PREFETCH:
@@ -136,19 +137,23 @@ def _quant_kernel(x_ptr, q_ptr, z_ptr, s_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr,
         if PREFETCH:  # the next weight tile's loads issued before this tile's math
             raw_next = _load_raw(w_ptrs, (n_mask & (offs_n * 0 + k0 < K))[:, None], FORMAT)
         x_next = tl.load(x_ptrs, mask=m_mask[:, None] & (offs_k[None, :] < K), other=0.0)
-        w = _decode(raw, z, s, wdt, FORMAT, GATHER, MAGIC, BLOCK_N, BLOCK_K)
         if FMA:
+            w = _decode(raw, z, s, tl.float32, FORMAT, GATHER, MAGIC, BLOCK_N, BLOCK_K)
             if FORMAT != 1:
                 w = w * s[:, None]  # the dequantized fp32 weight (exact: a small integer or e4m3 times the scale)
             acc3 += w[:, None, :] * xr.to(tl.float32)[None, :, :]
         else:
-            if IEEE:
-                part = tl.dot(w, tl.trans(xr), input_precision="ieee")
+            w = _decode(raw, z, s, x_ptr.dtype.element_ty, FORMAT, GATHER, MAGIC, BLOCK_N, BLOCK_K)
+            if FORMAT == 1:  # (one scale per column: the products accumulate in the dot, scaled at the end)
+                if IEEE:
+                    acc = tl.dot(w, tl.trans(xr), acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(w, tl.trans(xr), acc)
             else:
-                part = tl.dot(w, tl.trans(xr))
-            if FORMAT == 1:
-                acc += part
-            else:
+                if IEEE:
+                    part = tl.dot(w, tl.trans(xr), input_precision="ieee")
+                else:
+                    part = tl.dot(w, tl.trans(xr))
                 acc += part * s[:, None]
         xr = x_next
         if PREFETCH:
