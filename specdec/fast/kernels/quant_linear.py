@@ -64,9 +64,11 @@ def _interpreting() -> bool:
 
 def pick_config(fmt: str, n: int, k: int, m: int = 1, num_sms: int = _DEFAULT_SMS, *, group: int = 128,
                 invariant: bool = False) -> QuantConfig:
-    """The table's config for (format, N, K), else: 64 columns a program (32 / 16 where N is small), K tiles of
-    one group (int4) or 128 (FP8; smaller where 128 does not divide K), K split until there are ≥ 2 programs per SM. block_m:
-    16, or 32 / 64 for more rows (per row count: never under `invariant`, which keeps 16 and the table's split)."""
+    """The table's config for (format, N, K), else: 64 columns a program, K tiles of one group (int4) or 128 (FP8;
+    smaller where 128 does not divide K), K split until there are ≥ 4 programs per SM (a weight GEMV wants many
+    loads in flight: the 8B shapes ran at a fifth of the bandwidth with ≤ 2 per SM), each slice ≥ 2 tiles deep, and
+    the "-magic" int4 unpacking. block_m: 16, or 32 / 64 for more rows (per row count: never under `invariant`,
+    which keeps 16 and the table's split)."""
     block_m = 16 if invariant or m <= 16 else (32 if m <= 32 else 64)
     entry = None if invariant or m > 4 else CONFIGS.get((fmt, n, k, 4))
     entry = entry or CONFIGS.get((fmt, n, k))
@@ -83,13 +85,11 @@ def pick_config(fmt: str, n: int, k: int, m: int = 1, num_sms: int = _DEFAULT_SM
         while block_k > 16 and k % block_k:
             block_k //= 2
     block_n = 64
-    while block_n > 16 and -(-n // block_n) < num_sms:
-        block_n //= 2
     tiles = -(-n // block_n)
     split_k = 1
-    while tiles * split_k < 2 * num_sms and k // (2 * split_k) >= 4 * block_k:
+    while tiles * split_k < 4 * num_sms and k // (2 * split_k) >= 2 * block_k:
         split_k *= 2
-    return QuantConfig(block_n, block_k, split_k, block_m, 4, 3)
+    return QuantConfig(block_n, block_k, split_k, block_m, 4, 3, "reshape-magic" if fmt == "int4" else "reshape")
 
 
 @functools.lru_cache(maxsize=None)
