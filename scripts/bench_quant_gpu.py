@@ -9,8 +9,8 @@ Rows (JSON lines, printed and appended to --out):
             graph (`fast.graphs.graph_time_us`): bf16 cuBLAS, the quantized kernel (int4 GPTQ, FP8 per channel, FP8
             128 × 128 blocks) and `torch._scaled_mm` (FP8 W8A8, per-token activations); GB/s of the weight bytes
   "sweep"   (--sweep, first) the fastest kernel config per (format, N, K): compile-time candidates × K splits at
-            1 row, the best 4 also at 5 (their sum decides); the FMA variant against it at 1 + 4 rows (kept for ≤ 4
-            rows where faster); put in `quant_linear.CONFIGS` for every row after it
+            1 row, the best 4 also at 5 (their sum decides); the FMA variant against it at 1 row (kept for one row
+            where faster); put in `quant_linear.CONFIGS` for every row after it
   "step"    one forward of the whole model at batch 1 (CUDA graph, 128 cached tokens): 1 row (a plain step) and
             γ + 1 = 5 rows (a verify pass); verify_over_plain = their ratio
   "plain"   the engine's plain greedy decoding at batch 1 (prompt 128, --new tokens, the second of two runs), tok/s,
@@ -116,7 +116,7 @@ SPLITS = (1, 2, 4, 8, 16, 32)
 
 
 def candidates(fmt: str, few: bool = False) -> list:
-    """The sweep's configs for a format: "gptq" / "fp8" (the dot variant) or, few=True, the FMA one (≤ 4 rows)."""
+    """The sweep's configs for a format: "gptq" / "fp8" (the dot variant) or, few=True, the FMA one (one row)."""
     if few:
         return FMA_INT4 if fmt == "gptq" else FMA_FP8
     return DOT_INT4 if fmt == "gptq" else DOT_FP8
@@ -132,7 +132,7 @@ def config_of(entry, split: int):
 
 def sweep(out, formats) -> None:
     """Per (format, matrix): every candidate × split at 1 row, the 4 fastest also at 5 (the sum decides); then the
-    FMA variant at 1 and 4 rows against the winner, kept for ≤ 4 rows where it is faster."""
+    FMA variant at 1 row against the winner, kept for one row where it is faster."""
     from specdec.fast.kernels import quant_linear
 
     gen = torch.Generator(device=DEVICE).manual_seed(1)
@@ -147,7 +147,7 @@ def sweep(out, formats) -> None:
             qw = quantized(fmt, w)
             del w
             kind, q, zeros, scales, group = qw.kernel_args()
-            xs = {m: torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16, generator=gen) for m in (1, 4, 5)}
+            xs = {m: torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16, generator=gen) for m in (1, 5)}
 
             def us(cfg, m):
                 return time_us(lambda: quant_linear.run_kernel(xs[m], kind, q, zeros, scales, group, n, config=cfg),
@@ -176,17 +176,16 @@ def sweep(out, formats) -> None:
             total, m1, entry, split = min(dots, key=lambda r: r[0])
             bn, bk, warps, stages, unpack, variant, pre = entry
             quant_linear.CONFIGS[key] = (bn, bk, split, warps, stages, unpack, variant, pre)
-            fma = [(t + us(config_of(e, sp), 4), t, e, sp) for t, e, sp in ranked(candidates(fmt, True), 1)[:2]]
-            dot4 = m1 + us(config_of(entry, split), 4)
-            best_fma = min(fma, key=lambda r: r[0]) if fma else None
-            if best_fma is not None and best_fma[0] < dot4:
-                bn, bk, warps, stages, unpack, variant, pre = best_fma[2]
-                quant_linear.CONFIGS[(*key, 4)] = (bn, bk, best_fma[3], warps, stages, unpack, variant, pre)
+            fma = ranked(candidates(fmt, True), 1)  # one row (plain decoding at batch 1): the FMA variant
+            best_fma = fma[0] if fma else None
+            if best_fma is not None and best_fma[0] < m1:
+                bn, bk, warps, stages, unpack, variant, pre = best_fma[1]
+                quant_linear.CONFIGS[(*key, 1)] = (bn, bk, best_fma[2], warps, stages, unpack, variant, pre)
             emit({"row": "sweep", "format": fmt, "matrix": name, "n": n, "k": k, "config": list(quant_linear.CONFIGS[key]),
                   "m1_us": round(m1, 2), "m1_plus_m5_us": round(total, 2), "heuristic_m1_us": round(default, 2),
-                  "gb_s_m1": round(qw.nbytes / m1 / 1e3, 1), "dot_m1_plus_m4_us": round(dot4, 2),
-                  "fma_m1_plus_m4_us": round(best_fma[0], 2) if best_fma else None,
-                  "few_rows_config": list(quant_linear.CONFIGS.get((*key, 4), [])) or None,
+                  "gb_s_m1": round(qw.nbytes / m1 / 1e3, 1),
+                  "fma_m1_us": round(best_fma[0], 2) if best_fma else None,
+                  "one_row_config": list(quant_linear.CONFIGS.get((*key, 1), [])) or None,
                   "failed": failed[:3], "failed_count": len(failed)}, out)
             del qw, q, zeros, scales
             if DEVICE == "cuda":

@@ -30,7 +30,7 @@ _DEFAULT_SMS = 132
 class QuantConfig:
     """One launch shape: output columns and K per tile, K slices, rows per program, warps, pipeline stages, the
     int4 unpacking ("reshape", "gather", "-magic" variants), the split-K sum ("fused" or "kernel") and the product
-    ("dot" or "fma": ≤ 4 rows), and whether the next tile's loads are issued by hand: see `quant_triton`'s module
+    ("dot", or "fma" for a row or a few), and whether the next tile's loads are issued by hand: see `quant_triton`'s module
     doc."""
 
     block_n: int = 64
@@ -46,7 +46,8 @@ class QuantConfig:
 
 
 # (format, N, K[, M bucket]) → QuantConfig fields (block_n, block_k, split_k, num_warps, num_stages, unpack, variant,
-# prefetch); format "int4" or "fp8"; an entry with M bucket 4 serves ≤ 4 rows, the 3-key one the rest.
+# prefetch); format "int4" or "fp8"; an entry with M bucket 1 serves one row (plain decoding at batch 1: where the FMA
+# variant may win), the 3-key one the rest.
 # Empty until a device sweep fills it (scripts/bench_quant_gpu.py prints the table it measured).
 CONFIGS: dict[tuple[str, int, int], tuple] = {}
 
@@ -70,13 +71,13 @@ def pick_config(fmt: str, n: int, k: int, m: int = 1, num_sms: int = _DEFAULT_SM
     the "-magic" int4 unpacking. block_m: 16, or 32 / 64 for more rows (per row count: never under `invariant`,
     which keeps 16 and the table's split)."""
     block_m = 16 if invariant or m <= 16 else (32 if m <= 32 else 64)
-    entry = None if invariant or m > 4 else CONFIGS.get((fmt, n, k, 4))
+    entry = None if invariant or m > 1 else CONFIGS.get((fmt, n, k, 1))
     entry = entry or CONFIGS.get((fmt, n, k))
     if entry is not None:
         block_n, block_k, split_k, warps, stages, unpack, variant, prefetch = entry
         if k % block_k or (fmt == "int4" and group != block_k):
             raise ValueError(f"CONFIGS[{fmt!r}, {n}, {k}]: block_k {block_k} must divide K (int4: equal the group)")
-        block_m = 4 if variant == "fma" else block_m
+        block_m = 4 if variant == "fma" else block_m  # (fma: rows padded to a power of two ≤ 4)
         return QuantConfig(block_n, block_k, split_k, block_m, warps, stages, unpack, "fused", variant, prefetch)
     if fmt == "int4":  # (one group per tile)
         block_k = group

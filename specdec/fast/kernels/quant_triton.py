@@ -12,7 +12,7 @@ registers; "gather" loads it once per nibble (the repeats are L1 hits) and shift
 "-magic" suffix turns a nibble into bf16 / fp16 / fp32 without a conversion instruction (the bits 0x4300 | q are the
 bf16 128 + q, 0x6400 | q the fp16 1024 + q, 0x4B000000 | q the fp32 2²³ + q; minus the same + z: exact).
 
-Variants (config.variant): "dot" (tensor cores, rows padded to 16) or "fma" (few rows: the dequantized fp32 weight
+Variants (config.variant): "dot" (tensor cores, rows padded to 16) or "fma" (a row or a few: the dequantized fp32 weight
 times x summed in registers, rows padded to a power of two ≤ block_m).
 
 Program (pid_n, pid_k, pid_m) computes out[m-block, n-block] over K slice pid_k, tiles held transposed

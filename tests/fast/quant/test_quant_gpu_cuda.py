@@ -38,7 +38,7 @@ def test_kernel_bf16_matches_reference(fmt, rows):
     y = qw.linear(x, kernel="triton")
     assert y.dtype == torch.bfloat16
     assert ((y.float() - ref).abs() <= bound(x, d, 2**-7)).all()
-    auto = qw.linear(x)  # ≤ 64 rows: the kernel; above: dequantized + cuBLAS
+    auto = qw.linear(x)  # ("auto": the kernel up to TRITON_ROWS rows)
     assert ((auto.float() - ref).abs() <= bound(x, d, 2**-7)).all()
     residual = torch.randn(rows, n, device="cuda", generator=gen).to(torch.bfloat16)
     out = qw.add_linear_(residual.clone(), x, kernel="triton")
