@@ -107,6 +107,26 @@ def test_engine_tokens_equal_dequantized_model_fp32(fmt):
     assert outs[0] == outs[1]
 
 
+@pytest.mark.parametrize("fmt", ["gptq", "fp8-block"])
+def test_bitwise_model_verify_pass_equals_single_steps(fmt):
+    """bitwise=True on a quantized bf16 model: the logits of 5 tokens in one pass are the bits of 5 one-token passes."""
+    from specdec.fast.model import FastLlama, LlamaShape
+
+    shape = LlamaShape(vocab_size=512, dim=256, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64,
+                       intermediate_size=512, rope_theta=10000.0, tie_word_embeddings=False, max_positions=512)
+    model = quantize_model(FastLlama.random(shape, device="cuda", dtype=torch.bfloat16, std=0.05, seed=6), fmt)
+    model.bitwise = True
+    prompt = torch.arange(3, 103, device="cuda")[None]
+    tokens = torch.tensor([[7, 8, 9, 10, 11]], device="cuda")
+    cache = model.new_cache(1, 256)
+    model(prompt, cache)
+    together = model(tokens, cache, advance=False)
+    alone = []
+    for j in range(5):
+        alone.append(model(tokens[:, j:j + 1], cache))
+    assert torch.equal(together, torch.cat(alone, dim=1))
+
+
 @pytest.mark.parametrize("fmt", ["gptq", "fp8", "fp8-block"])
 def test_every_sweep_config_compiles_and_matches(fmt):
     """The configs the device sweep tries (scripts/bench_quant_gpu.py): each compiles and gives the reference."""
@@ -129,23 +149,3 @@ def test_every_sweep_config_compiles_and_matches(fmt):
             x = torch.randn(rows, 1024, device="cuda", generator=gen).to(torch.bfloat16)
             y = run_kernel(x, kind, q, zeros, scales, group, 1024, config=config)
             assert ((y.float() - x.float() @ d.t()).abs() <= bound(x, d, 2**-7)).all(), config
-
-
-@pytest.mark.parametrize("fmt", ["gptq", "fp8-block"])
-def test_bitwise_model_verify_pass_equals_single_steps(fmt):
-    """bitwise=True on a quantized bf16 model: the logits of 5 tokens in one pass are the bits of 5 one-token passes."""
-    from specdec.fast.model import FastLlama, LlamaShape
-
-    shape = LlamaShape(vocab_size=512, dim=256, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64,
-                       intermediate_size=512, rope_theta=10000.0, tie_word_embeddings=False, max_positions=512)
-    model = quantize_model(FastLlama.random(shape, device="cuda", dtype=torch.bfloat16, std=0.05, seed=6), fmt)
-    model.bitwise = True
-    prompt = torch.arange(3, 103, device="cuda")[None]
-    tokens = torch.tensor([[7, 8, 9, 10, 11]], device="cuda")
-    cache = model.new_cache(1, 256)
-    model(prompt, cache)
-    together = model(tokens, cache, advance=False)
-    alone = []
-    for j in range(5):
-        alone.append(model(tokens[:, j:j + 1], cache))
-    assert torch.equal(together, torch.cat(alone, dim=1))
