@@ -63,9 +63,9 @@ def emit(row: dict, out) -> None:
 
 
 def quantized(fmt: str, w: torch.Tensor):
-    from specdec.fast.quant.gpu_attach import _quantize
+    from specdec.fast.quant.gpu_attach import quantize_weight
 
-    return _quantize(w, "fp8" if fmt == "fp8-scaled-mm" else fmt, 128)
+    return quantize_weight(w, "fp8" if fmt == "fp8-scaled-mm" else fmt, 128)
 
 
 def op_rows(out, formats) -> None:

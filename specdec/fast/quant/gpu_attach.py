@@ -18,7 +18,7 @@ from specdec.fast.quant.weight import ATTRIBUTE, quantized
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FORMATS", "LINEAR_NAMES", "attach", "quantize_model", "quantized_weights", "quant_bytes", "describe"]
+__all__ = ["FORMATS", "LINEAR_NAMES", "attach", "quantize_model", "quantize_weight", "quantized_weights", "quant_bytes", "describe"]
 
 FORMATS = ("gptq", "awq", "fp8", "fp8-tensor", "fp8-block")
 LINEAR_NAMES = ("wqkv", "wo", "w_gate_up", "w_down")  # per layer; "lm_head" once
@@ -72,7 +72,7 @@ def describe(fast) -> str:
     return ", ".join(f"{n} × {k}" for k, n in sorted(kinds.items()))
 
 
-def _quantize(weight: torch.Tensor, fmt: str, group: int):
+def quantize_weight(weight: torch.Tensor, fmt: str, group: int):
     from specdec.fast.quant import pack
     from specdec.fast.quant.fp8 import Fp8Weight
     from specdec.fast.quant.int4 import from_awq, from_gptq
@@ -95,9 +95,9 @@ def quantize_model(fast, fmt: str, *, group: int = 128, lm_head: bool = False):
     with torch.no_grad():
         for name in LINEAR_NAMES:
             for i, p in enumerate(getattr(fast, name)):
-                weights[(name, i)] = _quantize(p, fmt, group)
+                weights[(name, i)] = quantize_weight(p, fmt, group)
                 attach(fast, {(name, i): weights.pop((name, i))})  # one at a time: the dense copy is freed as it goes
         if lm_head and not fast.shape.tie_word_embeddings:
-            attach(fast, {("lm_head", None): _quantize(fast.lm_head, fmt, group)})
+            attach(fast, {("lm_head", None): quantize_weight(fast.lm_head, fmt, group)})
     logger.info("weights quantized to %s: %s", fmt, describe(fast))
     return fast

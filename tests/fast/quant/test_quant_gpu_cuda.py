@@ -15,7 +15,7 @@ import torch
 
 from specdec.fast.kernels.quant_linear import run_kernel
 from specdec.fast.quant.gpu_attach import quantize_model
-from specdec.fast.quant.gpu_attach import _quantize as quantize
+from specdec.fast.quant.gpu_attach import quantize_weight as quantize
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
