@@ -4,7 +4,8 @@ and measured interleaved (`--repeats` rounds; median and range of the decode tok
 long context: an engine for 64 requests of up to 32k tokens (`max_seq_len=32768`, the pool sized by
 `kv_cache_memory` as a fraction of free memory), which the static layout refuses (it would need every slot's whole
 context), serving 64 concurrent requests — `--long` of them with ~30k-token prompts, the rest ~2k — with the pool's
-numbers (blocks, tokens it holds, full 32k contexts it holds at once, peak usage, preemptions).
+numbers (blocks, tokens it holds, full 32k contexts it holds at once, peak usage, preemptions). On CUDA, between the
+two: the decode attention kernel alone, static vs through a block table (µs per call in a CUDA graph).
 
     python scripts/bench_paged.py --out $OUT/paged.json                 (≈ 3–5 min on an H200)
     python scripts/bench_paged.py --device cpu --tiny --out /tmp/p.json  (the same code on a tiny shape, CPU)
@@ -106,6 +107,38 @@ def ab_rows(target: FastLlama, batches: list[int], new: int, repeats: int, max_s
     del engines
 
 
+def attention_rows(batches: list[int], spans=(256, 2048), page: int = 16) -> None:
+    """The decode attention alone (the Triton split-K kernel, one query per row, 8B heads: 32 query, 8 KV, dim 128,
+    bf16), static `[B, H_kv, S, D]` against a pool `[N, page, H_kv, D]` read through a scrambled block table:
+    µs per call in a CUDA graph — where a paged step's time goes, if it goes anywhere."""
+    from specdec.fast.graphs import graph_time_us
+    from specdec.fast.kernels.attention import slot_attention
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for batch in batches:
+        for span in spans:
+            q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+            keys = torch.randn(batch, 8, span, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+            values = torch.randn_like(keys)
+            blocks = span // page
+            order = torch.randperm(batch * blocks, device="cuda", generator=gen) + 1
+            table = order.view(batch, blocks).to(torch.int32)
+            pool_k = torch.zeros(batch * blocks + 1, page, 8, 128, device="cuda", dtype=torch.bfloat16)
+            pool_v = torch.zeros_like(pool_k)
+            pool_k[table.long()] = keys.transpose(1, 2).reshape(batch, blocks, page, 8, 128)
+            pool_v[table.long()] = values.transpose(1, 2).reshape(batch, blocks, page, 8, 128)
+            positions = torch.full((batch, 1), span - 2, device="cuda", dtype=torch.long)
+            static_us = graph_time_us(lambda: slot_attention(q, keys, values, positions, kernel="triton"))
+            paged_us = graph_time_us(lambda: slot_attention(q, pool_k, pool_v, positions, kernel="triton",
+                                                            block_table=table))
+            same = torch.allclose(slot_attention(q, keys, values, positions, kernel="triton").float(),
+                                  slot_attention(q, pool_k, pool_v, positions, kernel="triton",
+                                                 block_table=table).float(), atol=2e-2)
+            emit({"what": "decode attention us", "batch": batch, "span": span, "page": page,
+                  "static_us": round(static_us, 2), "paged_us": round(paged_us, 2),
+                  "paged_vs_static": round(static_us / paged_us, 4), "same_output": same})
+
+
 def fit_rows(target: FastLlama, max_batch: int, max_seq_len: int, long: int, long_prompt: int, short_prompt: int,
              new: int, fraction: float) -> None:
     """64 requests at up to 32k context: the static layout refused, the paged pool serving them."""
@@ -179,6 +212,11 @@ def main() -> None:
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     emit({"what": "setup", "device": name, "torch": torch.__version__, "shape": "tiny" if args.tiny else "8B"})
     ab_rows(target, args.batch, args.new, args.repeats, args.ab_seq_len)
+    if args.device == "cuda":
+        try:  # (a diagnosis: a failure here leaves the other rows standing)
+            attention_rows(args.batch)
+        except Exception as error:  # noqa: BLE001
+            emit({"what": "decode attention us", "error": repr(error)[:300]})
     if not args.skip_fit:
         gc.collect()  # (the A/B engines' graphs and caches)
         if args.device == "cuda":
