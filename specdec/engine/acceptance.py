@@ -108,26 +108,18 @@ def pass_caps(given, caps, fixed, top: int, was_capped: bool, gamma: int = 0, ru
 
 
 class Cusum:
-    """One sequential test (a request's, or the drafter's); see the module doc."""
+    """The drafter's sequential test and fall-back state (a request's are lists in `AcceptanceWatch`)."""
 
-    __slots__ = ("score", "cooldown", "left", "probing", "alarms", "steps")
+    __slots__ = ("score", "cooldown", "left", "probing", "alarms")
 
     def __init__(self, cooldown: int):
-        self.score = 0.0
-        self.cooldown = cooldown  # the next fall-back's steps
-        self.left = 0  # steps of fall-back still to run (> 0: falling back)
-        self.probing = 0  # steps since the last probe began (0: not probing)
-        self.alarms = 0
-        self.steps = 0  # steps watched
-
-    def add(self, llr: float, h: float) -> bool:
-        self.score = max(0.0, self.score + llr)
-        return self.score >= h
+        self.score, self.cooldown, self.left, self.probing, self.alarms = 0.0, cooldown, 0, 0, 0
 
 
 class AcceptanceWatch:
     """Per request and per drafter: whether a row drafts this step (`caps`), updated from each step's accepted
-    and drafted counts (`observe`). Requests' state lives on the request (`request.acceptance_watch`)."""
+    and drafted counts (`observe`). A request's state is keyed by its id while the watch holds a reference to it
+    (the rows of the last decision, and those falling back), so no id is reused meanwhile."""
 
     def __init__(self, false_alarm: float | None = 1e-6, ratio: float = 0.25, cooldown: int = 32,
                  max_cooldown: int = 512, recovered: int = 16, min_positions: int = 32):
@@ -142,8 +134,10 @@ class AcceptanceWatch:
         self.ratio, self.base_cooldown, self.max_cooldown, self.recovered = ratio, cooldown, max_cooldown, recovered
         self.min_positions = min_positions
         self.drafter = Cusum(cooldown)
-        self._alpha: dict[int, float] = {}  # id(row) → its α₀ at the last decision
-        self._pooled: float | None = None  # (None: not tested yet)
+        self._rows: tuple = ()  # the last decision's rows (referenced: their ids stay theirs)
+        self._tested: dict[int, list] = {}  # id(row) → [score, llr accepted, llr rejected] (rows with evidence)
+        self._back: dict[int, list] = {}  # id(row) → [steps left, next cool-down, probe steps, the row] (alarmed)
+        self._pooled: tuple | None = None  # the pooled α₀'s llr terms (None: not tested yet)
         self.collapses = 0  # requests' alarms
         self.fallback_steps = 0  # row-steps a request spent falling back
         self.drafter_steps = 0  # steps speculation was off drafter-wide
@@ -152,67 +146,74 @@ class AcceptanceWatch:
     def enabled(self) -> bool:
         return self.threshold is not None
 
-    def _state(self, row) -> Cusum:
-        state = getattr(row, "acceptance_watch", None)
-        if state is None:
-            state = row.acceptance_watch = Cusum(self.base_cooldown)
-        return state
-
     def decided(self, running, alphas, pooled: float, reached) -> None:
         """The γ policy's last decision: each running row's α₀ (`alphas`, in `running` order), the pooled α, and
         each row's verified positions (`reached`): a row is tested against its α₀ only once that rests on
         `min_positions` of its own (before, α₀ is mostly the prior: a row below the pool's α is no collapse), the
         drafter once the rows together have that many."""
-        least = self.min_positions
-        self._alpha = {id(r): a for r, a, n in zip(running, alphas, reached) if n >= least}
-        self._pooled = pooled if sum(reached) >= least else None
+        least, old = self.min_positions, self._tested
+        self._rows = tuple(running)
+        self._tested = {id(r): [old[id(r)][0] if id(r) in old else 0.0, *self._terms(a)]
+                        for r, a, n in zip(running, alphas, reached) if n >= least}
+        self._pooled = self._terms(pooled) if sum(reached) >= least else None
+        alive = {id(r) for r in running}
+        self._back = {key: entry for key, entry in self._back.items() if key in alive}
 
     def drafter_off(self) -> bool:
         return self.drafter.left > 0
 
     def caps(self, running) -> list[int | None]:
         """Per running row: 0 (falling back: plain this step) or None (drafts as the policy decides)."""
-        if not self.enabled:
+        if not self.enabled or not (self._back or self.drafter.left):
             return [None] * len(running)
-        off = self.drafter_off()
-        return [0 if off or getattr(r, "acceptance_watch", None) is not None and r.acceptance_watch.left > 0
-                else None for r in running]
+        if self.drafter.left:
+            return [0] * len(running)
+        back = self._back
+        return [0 if id(r) in back and back[id(r)][0] > 0 else None for r in running]
 
     def observe(self, running, accepted, drafted) -> None:
         """One step of `running` rows (slot order): row i accepted `accepted[i]` of its `drafted[i]` drafts."""
         if not self.enabled:
             return
-        h, pooled = self.threshold, 0.0
-        any_drafted = False
+        h, pooled, any_drafted = self.threshold, 0.0, False
+        tested, back, terms = self._tested, self._back, self._pooled
         for row, a, d in zip(running, accepted, drafted):
-            state = self._state(row)
-            state.steps += 1
-            if state.left > 0:  # falling back: the cool-down runs
-                state.left -= 1
+            key = id(row)
+            entry = back.get(key) if back else None
+            if entry is not None and entry[0] > 0:  # falling back: the cool-down runs
+                entry[0] -= 1
                 self.fallback_steps += 1
-                if state.left == 0:
-                    state.score, state.probing = h / 2, 1
+                if entry[0] == 0:  # probe, the test restarted at h / 2
+                    entry[2] = 1
+                    if key in tested:
+                        tested[key][0] = h / 2
                 continue
             if d <= 0:
                 continue
             any_drafted = True
-            if self._pooled is not None:
-                pooled += self._llr(self._pooled, a, d)
-            alpha0 = self._alpha.get(id(row))
-            if alpha0 is None:
+            if terms is not None:
+                pooled += a * terms[0] + (terms[1] if a < d else 0.0)
+            test = tested.get(key)
+            if test is None:
                 continue
-            if state.add(self._llr(alpha0, a, d), h):
-                self._alarm(state, h)
+            score = test[0] + a * test[1] + (test[2] if a < d else 0.0)
+            test[0] = score if score > 0.0 else 0.0
+            if score >= h:
+                test[0] = 0.0
                 self.collapses += 1
-            elif state.probing:
-                state.probing += 1
-                if state.probing > self.recovered:
-                    state.probing, state.cooldown = 0, self.base_cooldown
-        self._drafter_step(pooled, any_drafted and self._pooled is not None, h)
+                if entry is None:
+                    entry = back[key] = [0, self.base_cooldown, 0, row]
+                if entry[2]:  # (an alarm in a probe: the collapse persists, so wait longer)
+                    entry[1] = min(entry[1] * 2, self.max_cooldown)
+                entry[0], entry[2] = entry[1], 0
+            elif entry is not None and entry[2]:
+                entry[2] += 1
+                if entry[2] > self.recovered:  # recovered: forgotten
+                    del back[key]
+        self._drafter_step(pooled, any_drafted and terms is not None, h)
 
     def _drafter_step(self, llr: float, drafted: bool, h: float) -> None:
         state = self.drafter
-        state.steps += 1
         if state.left > 0:
             state.left -= 1
             self.drafter_steps += 1
@@ -221,26 +222,23 @@ class AcceptanceWatch:
             return
         if not drafted:
             return
-        if state.add(llr, h):
-            self._alarm(state, h)
+        state.score = max(0.0, state.score + llr)
+        if state.score >= h:
+            state.alarms += 1
+            if state.probing:
+                state.cooldown = min(state.cooldown * 2, self.max_cooldown)
+            state.left, state.score, state.probing = state.cooldown, 0.0, 0
         elif state.probing:
             state.probing += 1
             if state.probing > self.recovered:
                 state.probing, state.cooldown = 0, self.base_cooldown
 
-    def _alarm(self, state: Cusum, h: float) -> None:
-        state.alarms += 1
-        if state.probing:  # (an alarm in a probe: the collapse persists, so wait longer)
-            state.cooldown = min(state.cooldown * 2, self.max_cooldown)
-        state.left = state.cooldown
-        state.score, state.probing = 0.0, 0
-
-    def _llr(self, alpha0: float, accepted: int, drafted: int) -> float:
-        """Σ over the step's verified positions of ln(L₁ / L₀) (α₁ = ratio · α₀; α₀ clipped inside (0, 1))."""
+    def _terms(self, alpha0: float) -> tuple[float, float]:
+        """ln(L₁ / L₀) of an accepted and of a rejected position (α₁ = ratio · α₀; α₀ clipped inside (0, 1)): a
+        step that accepted a of d drafts adds a · the first, plus the second when a < d."""
         a0 = min(max(alpha0, 1e-3), 1.0 - 1e-3)
         a1 = self.ratio * a0
-        rejected = 1 if accepted < drafted else 0
-        return accepted * math.log(a1 / a0) + rejected * math.log((1.0 - a1) / (1.0 - a0))
+        return math.log(a1 / a0), math.log((1.0 - a1) / (1.0 - a0))
 
     def report(self) -> dict:
         """JSON-ready counts: request collapses, their fall-back row-steps, drafter-wide collapses and their steps."""

@@ -12,7 +12,7 @@ length, rounded up to a power of two, at least 64) as
 T(b, γ, ℓ): the measured wall time of a whole step (device and host), the lower median of its last `_WINDOW`
 timed steps (noise in step times is one-sided: a straggler is only ever slower). An arm not timed at (b, ℓ)
 borrows its time from the nearest length bucket at b that timed it, scaled by the arms timed at both
-(`policy_times.borrow`); γ's not timed at b are interpolated linearly in γ between the timed ones. Only while b has timed
+(`borrow`); γ's not timed at b are interpolated linearly in γ between the timed ones. Only while b has timed
 fewer than two arms are times borrowed from other batch buckets (their ratios do not carry over well:
 speculation costs relatively more in a big batch than in a small one).
 
@@ -58,11 +58,10 @@ Cadence: reading the rows' totals costs a host sync, so a decision is kept `_HOL
 changes, or until fewer than `_SAME_ROWS` of its rows still run (batch 1: a new request; a few rows coming and
 going, as under continuous admission, keep it), or until a row's fixed cap needs more. "auto" rows share the step's
 γ: its time is set by its shape (every row computes γ + 1 positions), so one drafting less saves nothing there.
-
 Per-row caps (`row_caps`): a request whose acceptance collapses, or every "auto" row on a drafter-wide collapse,
 falls back to plain (cap 0, counted so in the choice) for a cool-down; with `row_cost="tokens"` (a ragged step) an
-"auto" row drafts only the depths that pay (`specdec.engine.acceptance`). Exactness holds at every cap.
-`report()`: what was measured and chosen (stored per row by the traffic bench), and the collapse counts.
+"auto" row drafts only the depths that pay (`specdec.engine.acceptance`). Exactness holds at every cap. `report()`:
+what was measured and chosen (stored per row by the traffic bench), and the collapse counts.
 """
 
 from __future__ import annotations
@@ -100,8 +99,7 @@ class GammaPolicy:
     def __init__(self, spec, max_draft_tokens: int, plain_catches_up: bool = False, watch=None,
                  row_cost: str = "shape"):
         self.fixed = None if spec == "auto" else int(spec)
-        self.watch = AcceptanceWatch() if watch is None else watch  # collapses (`acceptance`)
-        self.row_cost = check_row_cost(row_cost)  # "tokens": a row pays for its own drafted positions
+        self.watch, self.row_cost = AcceptanceWatch() if watch is None else watch, check_row_cost(row_cost)
         self._row_caps, self._capped, self._watching = None, False, False  # (`row_caps`)
         self.plain_catches_up = plain_catches_up  # a plain run costs the drafter a catch-up later (see the doc)
         self.max_draft_tokens = max_draft_tokens
@@ -186,8 +184,7 @@ class GammaPolicy:
         None (the row is "auto"); None = every row takes the engine's default (`fixed`, or "auto")."""
         self.gaps.choosing()
         self._step_rows = tuple(running)  # (a snapshot: the engine releases finished rows before `record_step`)
-        given = caps
-        caps, self._watching = held_caps(self.watch, running, caps, self.fixed)  # falling back: counted at cap 0
+        given, (caps, self._watching) = caps, held_caps(self.watch, running, caps, self.fixed)  # (held rows: cap 0)
         floor, auto = ((self.fixed or 0), self.fixed is None) if caps is None else \
             (max([c for c in caps if c is not None], default=0), None in caps)
         self._auto_step = auto and bool(self.candidates)

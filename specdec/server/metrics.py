@@ -122,8 +122,8 @@ class ServerMetrics:
         self.kv_free = Gauge(f"{p}kv_cache_free_blocks", "Free blocks of the paged KV pool.", kv, registry=r)
         self.kv_used = Gauge(f"{p}kv_cache_used_blocks", "Blocks of the paged KV pool held by requests.", kv, registry=r)
         self.preemptions = counter("num_preemptions", "Requests whose KV blocks were taken back to make room.")
-        collapses = Gauge(f"{p}spec_decode_collapses", "Acceptance collapses the γ policy saw (kind=request: a request "
-                          "fell back to plain decoding for a cool-down; drafter: speculation off).", kv + ["kind"], registry=r)
+        collapses = Gauge(f"{p}spec_decode_collapses", "Acceptance collapses the γ policy saw (kind=request: a "
+                          "request fell back to plain decoding; drafter: speculation off).", kv + ["kind"], registry=r)
         for kind, key in (("request", "collapses"), ("drafter", "drafter_collapses")):
             collapses.labels(kind=kind, **m).set_function(lambda key=key: self._collapses(key))
         self._preemptions_seen = 0

@@ -21,7 +21,8 @@ def test_metrics_export_the_acceptance_collapses():
 
     def samples():
         text = metrics.render().decode()
-        return {(s.name, s.labels.get("kind")): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+        families = text_string_to_metric_families(text)
+        return {(s.name, s.labels.get("kind")): s.value for f in families for s in f.samples}
 
     assert samples()[("specdec:spec_decode_collapses", "request")] == 0  # no engine watched yet
     metrics.watch_runner(engine)
