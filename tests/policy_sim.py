@@ -109,9 +109,12 @@ def warm_shapes(cell: Cell, gammas) -> set:
 
 def simulate(cell: Cell, gamma="auto", requests: int | None = None, seed: int = 0, eos: float = 0.004,
              policy: GammaPolicy | None = None, warm: bool = True, captured: set | None = None,
-             use_ready: bool = True, report_admissions: bool = True, report_depths: bool = True) -> dict:
+             use_ready: bool = True, report_admissions: bool = True, report_depths: bool = True,
+             collapse: tuple | None = None) -> dict:
     """Run the traffic through a policy ("auto" or a fixed γ) → {tok_s, steps, gammas (γ → steps), catch_ups,
-    captures}."""
+    captures}. Each row verifies min(γ, its cap) drafts, the caps `policy.row_caps()` gives (None: γ).
+    collapse = (first step, last step, α): every row's acceptance is that α over those steps (a drafter-wide
+    collapse)."""
     rng = random.Random(seed)  # the traffic (the same under every policy), then the step-time noise
     count = requests or cell.requests or max(6 * cell.slots, 160)
     policy = policy or GammaPolicy(gamma, 8, plain_catches_up=cell.catch_up_s > 0)
@@ -167,6 +170,9 @@ def simulate(cell: Cell, gamma="auto", requests: int | None = None, seed: int = 
         longest = max(r.length for r in running)
         ready = (lambda gm: shape(bucket, gm, longest) in captured) if use_ready else None
         g = policy.choose(bucket, running, estimates, length=longest, ready=ready)
+        caps = policy.row_caps() or [g] * n
+        step = sum(gammas.values())
+        collapsed = collapse is not None and collapse[0] <= step <= collapse[1]
         gammas[g] = gammas.get(g, 0) + 1
         lagging = g > 0 and plain_run > FREE_PLAIN and cell.catch_up_s > 0  # what the plain run committed
         unfed = [r for r in running if r.unfed] if g > 0 else []  # and the prompts it admitted
@@ -188,9 +194,11 @@ def simulate(cell: Cell, gamma="auto", requests: int | None = None, seed: int = 
             captured.add(shape(bucket, g, longest))
             t += cell.capture_s
             captures += 1
-        produced, accepted_rows = 0, []
-        for row in running:
-            accepted = _accepted(row.alpha, g, cell.acceptance, row.rng, cell.deep)
+        produced, accepted_rows, drafted_rows = 0, [], []
+        for row, cap in zip(running, caps):
+            d = min(g, cap)
+            accepted = _accepted(collapse[2] if collapsed else row.alpha, d, cell.acceptance, row.rng, cell.deep)
+            drafted_rows.append(d)
             made = accepted + 1
             accepted_rows.append(accepted)
             produced += made
@@ -198,9 +206,9 @@ def simulate(cell: Cell, gamma="auto", requests: int | None = None, seed: int = 
             row_steps += 1
             if g:
                 row.totals[0] += accepted  # β at T = 0: each verified position accepted (1) or not (0)
-                row.totals[1] += min(accepted + 1, g)
+                row.totals[1] += min(accepted + 1, d)
                 row.totals[2] += 1
-                row.totals[3] += 1
+                row.totals[3] += d > 0
             committed = min(made, row.budget)  # the commit rule: the budget (EOS included) cuts the step's tokens
             row.budget -= committed
             row.length += committed
@@ -211,7 +219,7 @@ def simulate(cell: Cell, gamma="auto", requests: int | None = None, seed: int = 
         else:
             policy.record_step(bucket, g, t, produced / n, length=longest, catch_up_of=plain_run if caught_up else 0,
                                rows=n, catch_up_share=share if report_admissions else 1.0, catch_up_prompts=fed,
-                               accepted=accepted_rows if report_depths else None,
+                               accepted=accepted_rows if report_depths else None, drafted=drafted_rows,
                                draft_seconds=cell.draft_token_s * g * n if cell.draft_token_s and g else None)
         plain_run = plain_run + 1 if g == 0 else 0
         running = [r for r in running if r.budget > 0]
@@ -234,3 +242,32 @@ def _accepted(alpha: float, gamma: int, acceptance: str, rng: random.Random, dee
 def fixed_rates(cell: Cell, gammas=(0, 1, 2, 3, 4, 6, 8), seed: int = 1) -> dict:
     """Every fixed γ through the same traffic → γ → tokens/s."""
     return {g: simulate(cell, g, seed=seed)["tok_s"] for g in gammas}
+
+
+def run_rows(policy: GammaPolicy, alphas, steps: int, cell: Cell, seed: int = 0) -> list[tuple[int, tuple]]:
+    """`len(alphas(0))` rows that never finish, row i accepting i.i.d. at `alphas(step)[i]` → per step (γ, the rows'
+    verify caps: `row_caps()`, else γ each). The step costs are the cell's at that batch bucket."""
+    rng = random.Random(seed)
+    n = len(alphas(0))
+    rows = [_Row(100, 1 << 30, a, rng.getrandbits(32)) for a in alphas(0)]
+    bucket = next(b for b in BATCH_BUCKETS if b >= n)
+    out = []
+    for step in range(steps):
+        g = policy.choose(bucket, rows, lambda: [tuple(r.totals) for r in rows], length=100)
+        caps = tuple(policy.row_caps() or [g] * n)
+        out.append((g, tuple(min(g, c) for c in caps)))
+        accepted, drafted = [], []
+        for row, alpha, cap in zip(rows, alphas(step), caps):
+            d = min(g, cap)
+            a = _accepted(alpha, d, "iid", row.rng)
+            accepted.append(a)
+            drafted.append(d)
+            if g:
+                row.totals[0] += a
+                row.totals[1] += min(a + 1, d)
+                row.totals[2] += 1
+                row.totals[3] += d > 0
+        t = cell.step_seconds(bucket, g, 100) * rng.lognormvariate(0.0, 0.05)
+        policy.record_step(bucket, g, t, sum(accepted) / n + 1, length=100, rows=n, accepted=accepted,
+                           drafted=drafted)
+    return out

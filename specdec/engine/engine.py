@@ -297,6 +297,9 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
                 ready = lambda g: (batch, g, self._positions(longest, g), flavor) in steps  # noqa: E731
             gamma = self.policy.choose(batch, running, self._row_estimates, length=longest, ready=ready,
                                        caps=self._caps)
+            capped = self.policy.row_caps()  # rows the policy holds below their caps this step (a collapse)
+            if capped is not None:
+                self.draft_caps[:n].copy_(torch.tensor(capped), non_blocking=True)
         else:  # a tree of depth D: no γ to choose
             gamma, tree = len(tree), self._tree(tree)
         started = time.perf_counter()  # the step's time: not the policy's reads, not admission (see _admit)

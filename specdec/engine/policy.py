@@ -12,7 +12,7 @@ length, rounded up to a power of two, at least 64) as
 T(b, γ, ℓ): the measured wall time of a whole step (device and host), the lower median of its last `_WINDOW`
 timed steps (noise in step times is one-sided: a straggler is only ever slower). An arm not timed at (b, ℓ)
 borrows its time from the nearest length bucket at b that timed it, scaled by the arms timed at both
-(`_borrow`); γ's not timed at b are interpolated linearly in γ between the timed ones. Only while b has timed
+(`borrow`); γ's not timed at b are interpolated linearly in γ between the timed ones. Only while b has timed
 fewer than two arms are times borrowed from other batch buckets (their ratios do not carry over well:
 speculation costs relatively more in a big batch than in a small one).
 
@@ -58,16 +58,20 @@ Cadence: reading the rows' totals costs a host sync, so a decision is kept `_HOL
 changes, or until fewer than `_SAME_ROWS` of its rows still run (batch 1: a new request; a few rows coming and
 going, as under continuous admission, keep it), or until a row's fixed cap needs more. "auto" rows share the step's
 γ: its time is set by its shape (every row computes γ + 1 positions), so one drafting less saves nothing there.
-`report()`: what was measured and chosen (the traffic bench stores it per row).
+Per-row caps (`row_caps`): a request whose acceptance collapses, or every "auto" row on a drafter-wide collapse,
+falls back to plain (cap 0, counted so in the choice) for a cool-down; with `row_cost="tokens"` (a ragged step) an
+"auto" row drafts only the depths that pay (`specdec.engine.acceptance`). Exactness holds at every cap. `report()`:
+what was measured and chosen (stored per row by the traffic bench), and the collapse counts.
 """
 
 from __future__ import annotations
 
+from specdec.engine.acceptance import AcceptanceWatch, check_row_cost, held_caps, pass_caps
 from specdec.engine.policy_admission import AdmissionCost
 from specdec.engine.policy_depth import (DepthProfile, extra_tokens as _extra_tokens, row_estimate as _estimate,
                                          row_rates)
-from specdec.engine.policy_times import (Gaps, borrow as _borrow, interpolate as _interpolate, length_bucket,
-                                         median as _median)
+from specdec.engine.policy_times import (Gaps, batch_times, capture_cost, catch_up_cost, interpolate as _interpolate,
+                                         length_bucket, median as _median)
 
 
 __all__ = ["GammaPolicy", "CANDIDATES"]
@@ -92,8 +96,11 @@ _PRIOR_ALPHA, _PRIOR_WEIGHT = 0.5, 8.0  # α before any row was verified; weight
 
 
 class GammaPolicy:
-    def __init__(self, spec, max_draft_tokens: int, plain_catches_up: bool = False):
+    def __init__(self, spec, max_draft_tokens: int, plain_catches_up: bool = False, watch=None,
+                 row_cost: str = "shape"):
         self.fixed = None if spec == "auto" else int(spec)
+        self.watch, self.row_cost = AcceptanceWatch() if watch is None else watch, check_row_cost(row_cost)
+        self._row_caps, self._capped, self._watching = None, False, False  # (`row_caps`)
         self.plain_catches_up = plain_catches_up  # a plain run costs the drafter a catch-up later (see the doc)
         self.max_draft_tokens = max_draft_tokens
         self.candidates = sorted({g for g in CANDIDATES if g <= max_draft_tokens} | (
@@ -150,7 +157,7 @@ class GammaPolicy:
                 cell.setdefault("by_length_ms", {})[str(ell)] = round(_median(values) * 1e3, 3)
         for (b, g), gaps in sorted(self.gaps.report().items()):
             buckets.setdefault(str(b), {}).setdefault(str(g), {}).update(gaps)
-        return {"buckets": buckets, "clock_s": self._clock, **self.admission.report(),
+        return {"buckets": buckets, "clock_s": self._clock, **self.admission.report(), **self.watch.report(),
                 "depth_shape": self.depth.report(), "catch_up_ms": {
             str(b): [round(v * 1e3, 2) for v in values] for b, values in self.catch_up_events.items()}}
 
@@ -176,6 +183,8 @@ class GammaPolicy:
         module doc for `only_ready` and captures. caps: per running row its fixed draft cap (an int, 0 = plain) or
         None (the row is "auto"); None = every row takes the engine's default (`fixed`, or "auto")."""
         self.gaps.choosing()
+        self._step_rows = tuple(running)  # (a snapshot: the engine releases finished rows before `record_step`)
+        given, (caps, self._watching) = caps, held_caps(self.watch, running, caps, self.fixed)  # (held rows: cap 0)
         floor, auto = ((self.fixed or 0), self.fixed is None) if caps is None else \
             (max([c for c in caps if c is not None], default=0), None in caps)
         self._auto_step = auto and bool(self.candidates)
@@ -184,8 +193,8 @@ class GammaPolicy:
                 [g for g in (*self.candidates, self.fixed or 0) if g > floor and ready(g)]
             gamma = min(above, default=floor)
             self._plain_run = self._plain_run + 1 if gamma == 0 else 0
+            self._set_row_caps(given, caps, gamma, running)
             return gamma
-        self._step_rows = tuple(running)  # (a snapshot: the engine releases finished rows before `record_step`)
         kept = self._choice is not None and self._bucket == batch and self._age < self._keep and self._choice >= floor
         overlap = self._overlap(running) if kept else 1.0
         if kept and overlap >= _SAME_ROWS and (ready is None or ready(self._choice)):
@@ -199,7 +208,17 @@ class GammaPolicy:
             if keep == _HOLD:
                 self._winner = gamma
         self._plain_run = self._plain_run + 1 if gamma == 0 else 0
+        self._set_row_caps(given, caps, gamma, running, batch, length)
         return gamma
+
+    def row_caps(self) -> tuple[int, ...] | None:
+        """The last `choose`'s verify caps per row for `Engine.draft_caps` (`acceptance.pass_caps`; None: unchanged)."""
+        return self._row_caps
+
+    def _set_row_caps(self, given, caps, gamma: int, running, batch: int = 0, length: int | None = None) -> None:
+        times = self._times(batch, length_bucket(length or 1)) if self.row_cost == "tokens" and gamma else {}
+        self._row_caps, self._capped = pass_caps(given, caps, self.fixed, self.max_draft_tokens, self._capped, gamma,
+                                                 running, self.depth, times, self.predicted.get(gamma, 1.0))
 
     def _overlap(self, running) -> float:
         """The share of the rows the kept decision was made for that still run (of the larger of the two sets)."""
@@ -229,6 +248,7 @@ class GammaPolicy:
         totals = estimates() if estimates is not None else [_estimate(r).totals() for r in running]
         self.prior_alpha, rows = row_rates(totals, self.prior_alpha, _PRIOR_WEIGHT)
         self.depth.decided(running, rows, self.prior_alpha)
+        self.watch.decided(running, [a for a, _ in rows], self.prior_alpha, [t[1] for t in totals])
         times = self._times(batch, ell)
         per_step = self.catch_up.get(batch) or [v for values in self.catch_up.values() for v in values]
         plain_extra = _median(per_step) if per_step else 0.0
@@ -296,33 +316,16 @@ class GammaPolicy:
         return arm, _PROBE
 
     def _catch_up_cost(self, batch: int, times: dict[int, float]) -> float:
-        """One catch-up's seconds at bucket b: measured (at b, else at any bucket), else `_CATCH_UP_PRIOR` plain
-        steps."""
-        events = self.catch_up_events.get(batch) or [v for values in self.catch_up_events.values() for v in values]
-        return _median(events) if events else _CATCH_UP_PRIOR * _interpolate(times, 0)
+        return catch_up_cost(self.catch_up_events, batch, times, _CATCH_UP_PRIOR)
 
     def _capture_cost(self, batch: int, times: dict[int, float]) -> float:
-        """One graph capture's seconds: measured (`record_capture`), else `_CAPTURE_PRIOR` plain steps at b."""
-        if self.capture_events:
-            return _median(self.capture_events)
-        return _CAPTURE_PRIOR * _interpolate(times, 0) if times else 0.0
+        return capture_cost(self.capture_events, times, _CAPTURE_PRIOR)
 
     def _timed(self, batch: int, gamma: int) -> int:
         return self._counts.get((batch, gamma), 0)
 
     def _times(self, batch: int, ell: int) -> dict[int, float]:
-        """γ → T(b, γ, ℓ) for every γ timed at b (`_borrow` across length buckets at b); when b timed fewer than
-        two arms, also those timed at other batch buckets (the nearest first), scaled by the arms timed at both.
-        (Two arms timed at b — plain and one speculative γ — interpolate the rest better than another bucket's
-        ratios do: speculation costs relatively more in a big batch than in a small one.)"""
-        grid = self._grid
-        if batch not in grid:
-            return {}
-        own = _borrow(grid[batch], ell)
-        if len(own) >= 2:
-            return own
-        rows = {b: _borrow(cells, ell) for b, cells in grid.items()}
-        return _borrow(rows, batch)
+        return batch_times(self._grid, batch, ell)
 
     # ------------------------------------------------------------------------------------ measurements
     def record_step(self, batch: int, gamma: int, seconds: float, tokens_per_row: float,
@@ -343,6 +346,8 @@ class GammaPolicy:
             self.admission.drafted(draft_seconds, sum(drafted[:rows]) if drafted is not None else gamma * rows)
         if gamma and accepted is not None and self._auto_step:  # (the rows' α are those "auto" last decided on)
             self.depth.observe(self._step_rows, accepted, drafted if drafted is not None else [gamma] * len(accepted))
+        if accepted is not None and self._watching:  # (every step of "auto" rows, plain ones too: cool-downs)
+            self.watch.observe(self._step_rows, accepted, drafted if drafted is not None else [gamma] * len(accepted))
         if catch_up_of > 0:
             usual = self.step_time(batch, gamma, length) if (batch, gamma) in self._counts else None
             if usual is not None and catch_up_share > 0:

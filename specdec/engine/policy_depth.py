@@ -118,6 +118,10 @@ class DepthProfile:
         self._alpha_of = {id(r): alpha for r, (alpha, _) in zip(running, rows)}
         self._default = pooled
 
+    def alpha_of(self, row) -> float:
+        """A row's α at the last decision (the pooled α for a row it did not see)."""
+        return self._alpha_of.get(id(row), self._default)
+
     def observe(self, running, accepted, drafted) -> None:
         """A speculative step of `running` rows (slot order) accepted `accepted[i]` of its `drafted[i]` drafts."""
         depth = self.max_depth

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import time
 
-__all__ = ["borrow", "median", "interpolate", "length_bucket", "Gaps"]
+__all__ = ["borrow", "median", "interpolate", "length_bucket", "Gaps", "batch_times", "catch_up_cost", "capture_cost"]
 
 _MIN_LENGTH_BUCKET = 64
 
@@ -81,3 +81,30 @@ class Gaps:
         """(b, γ) → {after_ms: the mean gap after a step at (b, γ), after_max_ms: the longest, gaps: how many}."""
         return {key: {"after_ms": round(total / n * 1e3, 3), "after_max_ms": round(longest * 1e3, 3), "gaps": n}
                 for key, (total, n, longest) in self._sums.items()}
+
+
+def catch_up_cost(events: dict[int, list[float]], batch: int, times: dict[int, float], prior: float) -> float:
+    """One catch-up's seconds at bucket b: measured (`events`: b → whole catch-ups' seconds; at b, else at any
+    bucket), else `prior` plain steps."""
+    found = events.get(batch) or [v for values in events.values() for v in values]
+    return median(found) if found else prior * interpolate(times, 0)
+
+
+def capture_cost(events: list[float], times: dict[int, float], prior: float) -> float:
+    """One graph capture's seconds: measured (`events`), else `prior` plain steps (times: γ → T at b)."""
+    if events:
+        return median(events)
+    return prior * interpolate(times, 0) if times else 0.0
+
+
+def batch_times(grid: dict, batch: int, ell: int) -> dict[int, float]:
+    """γ → T(b, γ, ℓ) for every γ timed at b (grid: b → ℓ → γ → T; `borrow` across length buckets at b); when b
+    timed fewer than two arms, also those timed at other batch buckets (the nearest first), scaled by the arms
+    timed at both. (Two arms timed at b — plain and one speculative γ — interpolate the rest better than another
+    bucket's ratios do: speculation costs relatively more in a big batch than in a small one.)"""
+    if batch not in grid:
+        return {}
+    own = borrow(grid[batch], ell)
+    if len(own) >= 2:
+        return own
+    return borrow({b: borrow(cells, ell) for b, cells in grid.items()}, batch)

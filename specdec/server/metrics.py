@@ -25,6 +25,8 @@ and where serving time goes (to tell an engine stall from a server one):
                                        paged: blocks, static: slots)
   kv_cache_free_blocks / kv_cache_used_blocks  the paged pool's blocks (kv_layout="paged")
   num_preemptions_total                requests whose KV blocks were taken back to make room (paged pool)
+  spec_decode_collapses{kind}          acceptance collapses the engine's γ policy saw (engine.acceptance): kind
+                                       "request" (it fell back to plain decoding for a cool-down) or "drafter"
   gc_pause_seconds{generation}         Python garbage collections: each pauses every thread (the driver's steps
                                        and the event loop alike); a full (generation 2) pass over a heap holding
                                        torch, transformers and the captured steps takes ~0.1-0.7 s unless the
@@ -120,6 +122,10 @@ class ServerMetrics:
         self.kv_free = Gauge(f"{p}kv_cache_free_blocks", "Free blocks of the paged KV pool.", kv, registry=r)
         self.kv_used = Gauge(f"{p}kv_cache_used_blocks", "Blocks of the paged KV pool held by requests.", kv, registry=r)
         self.preemptions = counter("num_preemptions", "Requests whose KV blocks were taken back to make room.")
+        collapses = Gauge(f"{p}spec_decode_collapses", "Acceptance collapses the γ policy saw (kind=request: a "
+                          "request fell back to plain decoding; drafter: speculation off).", kv + ["kind"], registry=r)
+        for kind, key in (("request", "collapses"), ("drafter", "drafter_collapses")):
+            collapses.labels(kind=kind, **m).set_function(lambda key=key: self._collapses(key))
         self._preemptions_seen = 0
         self._kv_runner = None  # the engine runner whose KV cache usage is exported
         self.gc_pause = histogram("gc_pause_seconds", "Python garbage collection pauses (every thread waits).",
@@ -234,6 +240,10 @@ class ServerMetrics:
                 children[i].inc(count)
         self._step_sums = [0, 0, 0, 0]
         self._step_per_pos = []
+
+    def _collapses(self, key: str) -> int:
+        watch = getattr(getattr(self._kv_runner, "policy", None), "watch", None)  # (the engine's γ policy)
+        return watch.report()[key] if watch is not None else 0
 
     def delivered(self, seconds: float) -> None:
         self.delivery.observe(seconds)
