@@ -43,6 +43,8 @@ class Commit:
                        for r, t, a, d, lp, top in zip(running, tokens, accepted, drafted, logprobs, record.top_logprobs)]
         for request, t in zip(running, tokens):
             request.length += len(t)
+        if self.prefix_cache is not None:  # (the committed text a prefix cache names its blocks by)
+            self.prefix_cache.extend(running, tokens)
         self._stats.add_step(record)
         if record.num_finished:
             self._finish([slot for slot, f in enumerate(record.finished[: len(running)]) if f], record, outputs)

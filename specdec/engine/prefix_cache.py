@@ -20,7 +20,9 @@ held by nobody, taken over by the row (out of the index until stable again). So 
 ever written. Only committed text makes a block eligible, and only once every model's K/V hold it (`stable`): the
 target holds [0, length − 1), the drafter [0, its valid length) and writes nothing below length − WINDOW again,
 so rejected drafts (written past the committed length) never enter the cache. Prompt blocks are entered every
-step (`commit_rows`, host lists only); generated blocks when the request leaves (`commit_row`: one device read).
+step (`commit_rows`, host lists only), generated ones too — the host keeps each request's committed tokens
+(`extend`, from the step's record) — so a block is shareable from the step its models hold it, while its request
+runs: concurrent requests with one system prompt, and `n > 1` copies of a prompt, share it.
 Feature drafters keep the target's hidden states per row, not per block: prefix caching is off for them (logged).
 """
 
@@ -58,11 +60,13 @@ def block_hashes(tokens: list[int], block_size: int, seed: bytes, parents: list[
 
 @dataclass
 class RequestBlocks:
-    """One request's side of the cache: its blocks' hash chain as far as known, and how many leading blocks of
-    its row are in the index (hit at admission, or entered since)."""
+    """One request's side of the cache: its committed text as the host knows it (the prompt, then each step's
+    committed tokens: never a rejected draft), its blocks' hash chain as far as known, and how many leading blocks
+    of its row are in the index (hit at admission, or entered since)."""
 
     hashes: list[bytes] = field(default_factory=list)
     num_cached_blocks: int = 0
+    tokens: list[int] = field(default_factory=list)
 
 
 class PrefixCache:
@@ -99,7 +103,7 @@ class PrefixCache:
         """Admission of `request` (an `EngineRequest`) into `slot`, which holds no blocks: its prompt's longest
         cached leading run of blocks becomes the row's first blocks → the cached tokens (also set on the request)."""
         prompt, allocator = request.prompt, self.pool.allocator
-        state = RequestBlocks(block_hashes(prompt, self.block_size, self.seed))
+        state = RequestBlocks(block_hashes(prompt, self.block_size, self.seed), tokens=list(prompt))
         usable = max(len(prompt) - 1, 0) // self.block_size  # the target's first write: prompt length − 1
         shareable = max(len(prompt) - self.write_back, 0) // self.block_size  # and a model drafter's re-feed
         blocks = []
@@ -164,23 +168,35 @@ class PrefixCache:
                 self._blocks[h], self._hashes[b] = b, h
         state.num_cached_blocks = full
 
+    def extend(self, running, tokens) -> None:
+        """After a step: each running request's committed tokens (`StepRecord.tokens`, row i = slot i) join the text
+        its blocks are named by (host lists; only committed tokens, so a rejected draft never names a block)."""
+        for request, t in zip(running, tokens):
+            if request.prefix is not None and t:
+                request.prefix.tokens.extend(t)
+
     def commit_rows(self, running, drafter_synced: bool | None) -> None:
-        """Each step: the running requests' prompt blocks that became stable (drafter_synced: the engine's
-        `_drafter_synced` — True: every row's drafter holds all but its last 2 tokens, False: its `draft_valid`;
-        None: no cached drafter)."""
+        """Each step: the running requests' full blocks of committed text — prompt and generated alike — that
+        became stable enter the index while they run (drafter_synced: the engine's `_drafter_synced` — True: every
+        row's drafter holds all but its last 2 tokens, False: its `draft_valid`; None: no cached drafter)."""
+        size = self.block_size
         for slot, request in enumerate(running):
             state = request.prefix
-            if state is not None and state.num_cached_blocks * self.block_size + self.block_size <= len(request.prompt):
-                self.commit(slot, request, request.prompt, self.stable(request, _valid(request, drafter_synced)))
+            if state is None or (state.num_cached_blocks + 1) * size > min(len(state.tokens), request.length):
+                continue
+            stable = self.stable(request, _valid(request, drafter_synced))
+            if stable // size > state.num_cached_blocks:
+                self.commit(slot, request, state.tokens, stable)
 
     def commit_row(self, slot: int, request, state_tokens, drafter_synced: bool | None) -> None:
-        """A running request leaves `slot`: its stable blocks, generated ones included, stay cached
-        (`state_tokens`: the slot state's token table, read once here, only when a new block is stable)."""
+        """A running request leaves `slot`: its stable blocks, generated ones included, stay cached (its host text;
+        `state_tokens`, the slot state's token table, is read only if that text were short of its length)."""
         state = request.prefix
         stable = self.stable(request, _valid(request, drafter_synced), leaving=True)
         if state is None or stable // self.block_size <= state.num_cached_blocks:
             return
-        self.commit(slot, request, state_tokens[slot, : request.length].tolist(), stable)
+        tokens = state.tokens if len(state.tokens) >= request.length else state_tokens[slot, : request.length].tolist()
+        self.commit(slot, request, tokens, stable)
 
     def check(self) -> None:
         """The index and its reverse agree, and every cached block is a real block (not the null block)."""

@@ -143,8 +143,45 @@ def test_copies_of_a_prompt_share_its_blocks(pair):
         shared = max(shared, sum(1 for b in set(rows[0]) if sum(b in r for r in rows) > 1))
     assert shared == 4  # the prompt's 4 blocks a hit may take ((42 − WINDOW) // 8) held by several rows at once
     assert [finals[i].num_cached_tokens for i in ids] == [0, 32, 32, 32]
-    off, _ = _serve(Engine(target, draft, _config(False, max_batch_size=4)), [PROMPTS[2]] * 4, params, waves=False)
+    reference = Engine(target, draft, _config(False, max_batch_size=4))
+    off, _ = _serve(reference, [PROMPTS[2]] * 4, params, waves=False)
     assert [outputs[i] for i in ids] == off
+    # the prompt's shared blocks were prefilled once: by the first copy alone, for the target and the drafter
+    assert engine.prefix_cache_hits == 3 * 32
+    assert reference.prefill_tokens - engine.prefill_tokens == 2 * engine.prefix_cache_hits
+
+
+def test_generated_blocks_are_shared_while_their_request_runs(pair):
+    """A's committed answer enters the index while A still runs (rejected drafts never do: only the tokens it
+    outputs name a block); B, a turn that re-sends A's prompt and the first 24 tokens of A's answer, added while A
+    still decodes, hits past A's prompt — and both give caching off's tokens. Negative control: the blocks B hits
+    hold A's generated text, so a B whose text differs from A's answer in its last block hits less."""
+    target, draft = pair
+    params = SamplingParams(temperature=1.0, max_new_tokens=40, seed=7)
+    engine = Engine(target, draft, _config(True))
+    outputs, finals = {}, {}
+    first = engine.add_request(PROMPTS[0], params)
+    while len(outputs.get(first, [])) < 30:
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
+    assert engine.has_unfinished() and engine.prefix_cache.num_cached_blocks > len(PROMPTS[0]) // 8
+    turn = PROMPTS[0] + outputs[first][:24] + [4, 5]
+    second = engine.add_request(turn, SamplingParams(temperature=0.0, max_new_tokens=8))
+    _drain(engine, outputs, finals)
+    assert finals[second].num_cached_tokens == (len(PROMPTS[0]) + 24) // 8 * 8 > len(PROMPTS[0]) // 8 * 8
+    reference = Engine(target, draft, _config(False))
+    off, _ = _serve(reference, [PROMPTS[0]], [params])
+    assert outputs[first] == off[0]
+    alone, _ = _serve(Engine(target, draft, _config(False)), [turn], [SamplingParams(temperature=0.0, max_new_tokens=8)])
+    assert outputs[second] == alone[0]
+    wrong = list(turn)
+    wrong[len(PROMPTS[0]) + 20] += 1  # one token of the answer changed inside B's last hit block
+    engine2 = Engine(target, draft, _config(True))
+    engine2.add_request(PROMPTS[0], params)
+    for _ in range(12):
+        engine2.step()
+    _, wrong_finals = _serve(engine2, [wrong], [SamplingParams(temperature=0.0, max_new_tokens=8)])
+    assert wrong_finals[0].num_cached_tokens == (len(PROMPTS[0]) + 20) // 8 * 8
 
 
 def test_a_stale_block_changes_the_output(pair):
