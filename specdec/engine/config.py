@@ -111,7 +111,7 @@ class EngineConfig:
                       "transformers" the backend for every model
     enable_prefix_caching  paged pool only (vLLM's name): full blocks of committed text stay cached, named by a hash
                       chain, and a later prompt starting with them skips their prefill, the target's and a cached
-                      drafter's (`engine/prefix_cache.py`); off by default (opt-in); off for feature drafters
+                      drafter's or a feature head's (`engine/prefix_cache.py`); off by default (opt-in)
     """
 
     max_batch_size: int = 64

@@ -23,22 +23,20 @@ so rejected drafts (written past the committed length) never enter the cache. Pr
 step (`commit_rows`, host lists only), generated ones too — the host keeps each request's committed tokens
 (`extend`, from the step's record) — so a block is shareable from the step its models hold it, while its request
 runs: concurrent requests with one system prompt, and `n > 1` copies of a prompt, share it.
-Feature drafters keep the target's hidden states per row, not per block: prefix caching is off for them (logged).
+Feature drafters: the target's stored features live in the pool's blocks too (`features.FeatureStore`), so a
+hit holds them, and a feature head's own K/V with them; a head re-feeds a window before each feed (`refeed`), so
+its hit blocks in that window are copied, and its entries count as stable only below that window.
 """
 
 from __future__ import annotations
 
 import hashlib
-import logging
 from dataclasses import dataclass, field
 
 from specdec.drafters.protocol import CachedSlotDrafter
 from specdec.engine.drafters import WINDOW
 
-__all__ = ["PrefixCache", "RequestBlocks", "block_hashes", "build_prefix_cache", "model_key"]
-
-logger = logging.getLogger(__name__)
-
+__all__ = ["FeatureBlocks", "PrefixCache", "RequestBlocks", "block_hashes", "build_prefix_cache", "model_key"]
 
 def model_key(*parts) -> bytes:
     """The seed of every hash chain: a digest of what besides the text changes K/V (models, dtypes, adapters)."""
@@ -72,10 +70,13 @@ class RequestBlocks:
 class PrefixCache:
     """The cached-block index of one `KVPool` (hash → block and back) and its lookups' counters."""
 
-    def __init__(self, pool, seed: bytes, write_back: int, caches: tuple = ()):
+    def __init__(self, pool, seed: bytes, write_back: int, caches: tuple = (), refeed: int = 0):
         self.pool, self.seed, self.caches = pool, seed, tuple(caches)  # caches: every model's `PagedSlotCache`
-        self.block_size = pool.block_size
+        self.block_size = pool.block_size  # (and the stored features' blocks: `FeatureBlocks`)
         self.write_back = int(write_back)  # a request writes no position below its length − write_back
+        # a drafter's feed from position s rewrites [s − refeed, s) too, and its valid count may include that many
+        # entries drafted from predicted features (a feature head's window: `EngineFeatureDrafter.prefill`)
+        self.refeed = int(refeed)
         self._blocks: dict[bytes, int] = {}
         self._hashes: dict[int, bytes] = {}
         self.queries = 0  # prompt tokens looked up (vLLM's prefix_cache_queries)
@@ -112,6 +113,9 @@ class PrefixCache:
             if b is None:
                 break
             blocks.append(b)
+        # a feature head's feed from the hit re-feeds its window before it: those blocks are written too (and its
+        # entry at a block's last position reads the next block's first token, which only a hit past it matched)
+        shareable = min(shareable, max(len(blocks) * self.block_size - self.refeed, 0) // self.block_size)
         owned = []  # hits the drafter's re-feed will write: copy-on-write, or taken over when nobody holds them
         for b in blocks[shareable:]:
             if allocator.ref_count(b) == 0:
@@ -149,7 +153,7 @@ class PrefixCache:
         """Positions [0, stable) of a running request that every model's K/V hold and it never writes again
         (`leaving`: it writes nothing more, so all the target holds, [0, length − 1), and the drafter's)."""
         end = request.length - (1 if leaving else max(self.write_back, 1))
-        return end if drafter_valid is None else min(end, drafter_valid)
+        return end if drafter_valid is None else min(end, drafter_valid - self.refeed)
 
     def commit(self, slot: int, request, tokens: list[int], stable: int) -> None:
         """Enter the request's full blocks below `stable` (its committed `tokens` cover them) into the index."""
@@ -212,18 +216,39 @@ def _valid(request, drafter_synced: bool | None) -> int | None:
     return request.length - 2 if drafter_synced else request.draft_valid
 
 
+class FeatureBlocks:
+    """The stored target features' side of a block (`features.FeatureStore` over the pool: a block's positions are
+    entries [block · size, (block + 1) · size)), for copy-on-write beside every model's K/V; the store is read
+    when a copy is made (the engine enables it after the cache is built)."""
+
+    def __init__(self, state, block_size: int):
+        self.state, self.block_size = state, block_size
+
+    def copy_block(self, src: int, dst: int) -> None:
+        data, size = self.state.feature_store.data, self.block_size
+        data[dst * size : (dst + 1) * size] = data[src * size : (src + 1) * size]
+
+
 def build_prefix_cache(config, pool, model, cache, drafter, features: bool) -> PrefixCache | None:
-    """The engine's prefix cache (`config.enable_prefix_caching`, paged pool) over the target's `cache` and a
-    cached drafter's, or None; `features`: the drafter reads the target's hidden states (then None, logged)."""
+    """The engine's prefix cache (`config.enable_prefix_caching`, paged pool) over the target's `cache`, a cached
+    drafter's and, for a drafter reading the target's hidden states (`features`), the stored features (in the
+    same blocks), or None. A feature head (`EngineFeatureDrafter`) re-feeds a window of γ_max + 1 entries before
+    each feed and each proposal: its blocks are shared only below that."""
     if not config.enable_prefix_caching:
         return None
     drafter_cached = isinstance(drafter, CachedSlotDrafter)
-    if features:
-        logger.info("prefix caching is off: the feature drafter %s keeps the target's hidden states per row, not "
-                    "per KV block", type(drafter).__name__)
-        return None
     draft = getattr(drafter, "model", None) if drafter_cached else None
     seed = model_key(type(model).__name__, repr(model.shape), str(model.dtype), type(drafter).__name__,
-                     None if draft is None else (repr(draft.shape), str(draft.dtype)))
+                     None if draft is None else (repr(draft.shape), str(draft.dtype)),
+                     getattr(drafter, "feature_layers", None) if features else None)
     caches = (cache, drafter.cache) if drafter_cached else (cache,)
+    if features:
+        caches += (FeatureBlocks(drafter.state, pool.block_size),)
+        window = getattr(drafter, "window", 0) if drafter_cached else 0
+        if window:  # a head: its proposal writes its entries from length − 1 − window
+            return PrefixCache(pool, seed, window + 1, caches, refeed=window)
+        if drafter_cached:
+            raise ValueError(f"enable_prefix_caching: the feature drafter {type(drafter).__name__} keeps a cache "
+                             "but names no re-feed window (`window`): which of its entries it rewrites is unknown")
+        return PrefixCache(pool, seed, 1, caches)
     return PrefixCache(pool, seed, WINDOW if drafter_cached else 1, caches)

@@ -5,8 +5,6 @@ small enough to preempt and evict; `n > 1` copies of a prompt share its blocks; 
 the books balance after every step; hits are counted and reported. The negative control: a cached block whose K/V
 are corrupted changes the output, so the exactness tests do see the reuse."""
 
-import logging
-
 import pytest
 import torch
 
@@ -238,21 +236,71 @@ def test_a_tight_pool_evicts_and_preempts_and_the_tokens_stay(pair, budget):
     assert engine.prefix_cache.evictions > 0
 
 
-def test_options_and_feature_drafters(pair, caplog):
+def _head(target, seed=1):
     from specdec.fast.head import HeadConfig
     from specdec.fast.model import LlamaShape
     from specdec.zoo.feature_head import TrainableHead
 
+    head = TrainableHead(HeadConfig.for_target(LlamaShape.from_hf(target.config)), seed=seed)
+    head.init_from(target)
+    return head.to_feature_head()
+
+
+def test_options():
     with pytest.raises(ValueError, match="enable_prefix_caching=True .* needs kv_layout='paged'"):
         EngineConfig(kv_layout="static", enable_prefix_caching=True)
     with pytest.raises(TypeError, match="enable_prefix_caching must be True or False"):
         EngineConfig(kv_layout="paged", enable_prefix_caching=1)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_feature_head_hits_the_targets_features_and_its_own_cache(pair, temperature):
+    """A feature head (EAGLE-style): the target's stored features and the head's own K/V live in the hit blocks, so
+    a hit skips the target's prefill and the head's catch-up alike (its feed starts past the hit: fed tokens drop by
+    twice the hits) and the tokens — greedy and seeded — are caching off's; the head's window before the hit is
+    re-fed into copies, never into a shared block."""
     target = pair[0]
-    head = TrainableHead(HeadConfig.for_target(LlamaShape.from_hf(target.config)), seed=1)
-    head.init_from(target)
-    with caplog.at_level(logging.INFO, logger="specdec.engine.prefix_cache"):
-        engine = Engine(target, head.to_feature_head(), _config(True))
-    assert engine.prefix_cache is None and "prefix caching is off" in caplog.text
-    assert engine.prefix_cache_hits == engine.prefix_cache_queries == 0
-    static = Engine(target, None, EngineConfig(max_batch_size=2, max_seq_len=64, kv_layout="static"))
-    assert static.prefix_cache is None and static.prefix_cache_queries == 0
+    head = _head(target)
+    params = [SamplingParams(temperature=temperature, max_new_tokens=16 + 2 * i, seed=11 + i) for i in range(3)]
+    reference = Engine(target, head, _config(False, max_draft_tokens=3))
+    off, _ = _serve(reference, PROMPTS, params)
+    engine = Engine(target, head, _config(True, max_draft_tokens=3))
+    assert engine.prefix_cache is not None and engine.prefix_cache.refeed == engine.drafter.window == 4
+    on, finals = _serve(engine, PROMPTS, params)
+    assert on == off
+    cached = [f.num_cached_tokens for f in finals]
+    assert cached[0] == 0 and all(c >= 32 for c in cached[1:3]) and cached[3] == 16
+    assert reference.prefill_tokens - engine.prefill_tokens == 2 * engine.prefix_cache_hits
+    assert engine.prefix_cache.copies + engine.prefix_cache.num_cached_blocks > 0
+
+
+def test_a_stale_head_block_changes_the_drafts(pair):
+    """Negative control for the head's share of a block: with the cached blocks' head K/V and stored features
+    corrupted, greedy tokens stay the target's (exactness) but the head drafts differently — seeded sampling
+    accepts another number of drafts: the hit's entries are the ones the head drafts from, not recomputed."""
+    target = pair[0]
+    head = _head(target)
+
+    def second(corrupt, temperature):
+        engine = Engine(target, head, _config(True, max_draft_tokens=3))
+        _serve(engine, PROMPTS[:1], [SamplingParams(temperature=temperature, max_new_tokens=16, seed=1)])
+        if corrupt:
+            blocks, size = sorted(engine.prefix_cache._hashes), engine.kv_pool.block_size
+            values, data = engine.drafter.cache._values, engine.state.feature_store.data
+            generator = torch.Generator().manual_seed(0)
+            with torch.inference_mode():
+                values[:, blocks] = torch.randn(values[:, blocks].shape, generator=generator) * 5
+                for b in blocks:
+                    data[b * size : (b + 1) * size] = torch.randn(size, data.shape[1], generator=generator) * 5
+        params = SamplingParams(temperature=temperature, max_new_tokens=30, seed=2)
+        out, finals = _serve(engine, PROMPTS[1:2], [params])
+        assert finals[0].num_cached_tokens == 32
+        return out[0], finals[0].stats.accepted_tokens
+
+    assert second(False, 0.0)[0] == second(True, 0.0)[0]
+    assert second(False, 1.0) != second(True, 1.0)
+
+
+def test_static_layout_has_no_prefix_cache(pair):
+    static = Engine(pair[0], None, EngineConfig(max_batch_size=2, max_seq_len=64, kv_layout="static"))
+    assert static.prefix_cache is None and static.prefix_cache_queries == static.prefix_cache_hits == 0
