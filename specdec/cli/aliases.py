@@ -73,6 +73,17 @@ def add_model_impl_argument(parser) -> None:
     parser.add_argument("--model-impl", choices=MODEL_IMPLS, default="auto", help=MODEL_IMPL_HELP)
 
 
+def add_prefix_caching_arguments(parser) -> None:
+    """vLLM's --enable-prefix-caching / --no-enable-prefix-caching (and --no-prefix-caching) → `enable_prefix_caching`
+    True / False; neither: None, the engine's default."""
+    parser.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action="store_const", const=True,
+                        default=None, help="prompts reuse the KV blocks of text served before (the engine's prefix "
+                        "cache, on the paged KV pool; vLLM's flag) (default: the engine's, off)")
+    parser.add_argument("--no-enable-prefix-caching", "--no-prefix-caching", dest="enable_prefix_caching",
+                        action="store_const", const=False, default=argparse.SUPPRESS,
+                        help="prefix caching off (for A/B runs; vLLM's spelling first)")
+
+
 class Deprecated(argparse.Action):
     """A deprecated spelling of another option: stores as that option does, and says once on stderr which to use."""
 
@@ -225,6 +236,12 @@ def config_arguments(options: dict, parser: argparse.ArgumentParser) -> list[str
                 raise CLIError(f"--config: {key} must be true or false, got {value!r}")
             if value == isinstance(action, argparse._StoreTrueAction):
                 out.append(flag)
+            continue
+        if isinstance(action, argparse._StoreConstAction) and isinstance(action.const, bool):  # a flag pair
+            if not isinstance(value, bool):
+                raise CLIError(f"--config: {key} must be true or false, got {value!r}")
+            other = [a for a in parser._actions if a.dest == action.dest and a is not action]
+            out.append(flag if value or not other else other[0].option_strings[0])
             continue
         values = value if isinstance(value, list) else [value]
         text = [json.dumps(v) if isinstance(v, dict) else str(v) for v in values]

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from specdec.cli.aliases import (BATCH_FLAGS, GAMMA_FLAGS, MAX_LEN_FLAGS, RUNNER_OF_ENGINE, add_engine_argument,
-                                 add_model_arguments, add_model_impl_argument)
+                                 add_model_arguments, add_model_impl_argument, add_prefix_caching_arguments)
 from specdec.cli.common import add_checkpoint_options, add_model_options, apply_model_options, check_int
 
 MAX_CONNECTIONS = 1 << 16
@@ -57,6 +57,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--bitwise", action="store_true",
                    help="bit-for-bit exact mode: a request's greedy / seeded output and logprobs do not depend on "
                         "the batch, γ or speculation (batch-invariant kernels; slower; needs the engine)")
+    add_prefix_caching_arguments(p)
     add_engine_argument(p, legacy_runner=True)
     add_model_impl_argument(p)
     add_model_options(p, seed_help="seed for requests that send none: with it, the n-th such request gets the same "
@@ -159,6 +160,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise CLIError(f"--synthetic-acceptance: synthetic_acceptance must be in [0, 1], got {alpha}")
     if getattr(args, "model_impl", "auto") == "transformers" and args.engine == "hf":
         raise CLIError("--model-impl transformers runs the model on the engine (not --engine hf)")
+    if getattr(args, "enable_prefix_caching", None) and args.engine == "hf":
+        raise CLIError("--enable-prefix-caching needs the request-level engine (not --engine hf)")
     if getattr(args, "bitwise", False) and (args.engine == "hf" or getattr(args, "tensor_parallel_size", 1) > 1):
         raise CLIError("--bitwise needs the request-level engine on one device (not --engine hf, not "
                        "--tensor-parallel-size > 1)")
@@ -200,7 +203,8 @@ def build(args: argparse.Namespace):
                        bitwise=getattr(args, "bitwise", False), prefill_budget=_prefill_budget(args),
                        prefill_steps=getattr(args, "prefill_steps", 0) or None,
                        prefill_stall=getattr(args, "prefill_stall", None),
-                       model_impl=getattr(args, "model_impl", "auto"))
+                       model_impl=getattr(args, "model_impl", "auto"),
+                       enable_prefix_caching=getattr(args, "enable_prefix_caching", None))
     name = args.served_model_name or resolve_model_source(args.target, model_kwargs=model_options(args)).display_name
     guard = GuardConfig(allowed_hosts=tuple(getattr(args, "allowed_hosts", ())),
                         allowed_origins=tuple(getattr(args, "allowed_origins", ())),

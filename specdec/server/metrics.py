@@ -27,6 +27,9 @@ and where serving time goes (to tell an engine stall from a server one):
   num_preemptions_total                requests whose KV blocks were taken back to make room (paged pool)
   spec_decode_collapses{kind}          acceptance collapses the engine's γ policy saw (engine.acceptance): kind
                                        "request" (it fell back to plain decoding for a cool-down) or "drafter"
+  prefix_cache_queries_total / prefix_cache_hits_total  prompt tokens looked up in the engine's prefix cache, and
+                                       those found cached (vLLM's names; `--enable-prefix-caching`): hits / queries
+                                       is the hit rate; both 0 with caching off
   gc_pause_seconds{generation}         Python garbage collections: each pauses every thread (the driver's steps
                                        and the event loop alike); a full (generation 2) pass over a heap holding
                                        torch, transformers and the captured steps takes ~0.1-0.7 s unless the
@@ -127,6 +130,9 @@ class ServerMetrics:
         for kind, key in (("request", "collapses"), ("drafter", "drafter_collapses")):
             collapses.labels(kind=kind, **m).set_function(lambda key=key: self._collapses(key))
         self._preemptions_seen = 0
+        self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
+        self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache (of the queries).")
+        self._prefix_seen = (None, 0, 0)  # (the runner, its queries and hits exported so far)
         self._kv_runner = None  # the engine runner whose KV cache usage is exported
         self.gc_pause = histogram("gc_pause_seconds", "Python garbage collection pauses (every thread waits).",
                                   _STEP_BUCKETS, ["generation"])
@@ -261,12 +267,27 @@ class ServerMetrics:
             if preemptions > self._preemptions_seen:
                 self.preemptions.inc(preemptions - self._preemptions_seen)
                 self._preemptions_seen = preemptions
+            self._add_prefix_counts(runner)
         if usage is not None:
             self.kv_usage.set(usage.usage_perc)
             if usage.num_free_blocks is not None:
                 self.kv_free.labels(model_name=self.model_name).set(usage.num_free_blocks)
                 self.kv_used.labels(model_name=self.model_name).set(usage.num_used_blocks)
         return _without_created(generate_latest(self.registry))
+
+
+    def _add_prefix_counts(self, runner) -> None:
+        """The runner's prefix-cache counters (cumulative, per runner) into ours: what they gained since the last
+        render (a runner rebuilt after a failure starts from 0)."""
+        queries, hits = getattr(runner, "prefix_cache_queries", 0), getattr(runner, "prefix_cache_hits", 0)
+        seen, seen_queries, seen_hits = self._prefix_seen
+        if seen is not runner:
+            seen_queries = seen_hits = 0
+        if queries > seen_queries:
+            self.prefix_queries.inc(queries - seen_queries)
+        if hits > seen_hits:
+            self.prefix_hits.inc(hits - seen_hits)
+        self._prefix_seen = (runner, max(queries, seen_queries), max(hits, seen_hits))
 
 
 def _without_created(text: bytes) -> bytes:

@@ -17,10 +17,16 @@ def new_id(prefix: str) -> str:
 
 
 def usage(prompts: list[list[int]], completions: list[Completion]) -> dict:
-    """Prompt tokens once per prompt (n choices share it), completion tokens over every choice."""
+    """Prompt tokens once per prompt (n choices share it), completion tokens over every choice; OpenAI's
+    `prompt_tokens_details.cached_tokens`: per prompt, the tokens the prefix cache held for every one of its choices
+    (`Completion.num_cached_tokens`; choices in prompt order, n each: the first of n copies prefills the prompt
+    the others hit, so a fresh prompt counts 0 however large n is)."""
     prompt = sum(len(p) for p in prompts)
     generated = sum(len(c.token_ids) for c in completions)
-    return {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated}
+    n = max(len(completions) // max(len(prompts), 1), 1)
+    cached = sum(min(c.num_cached_tokens for c in completions[i : i + n]) for i in range(0, len(completions), n))
+    return {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def specdec_extra(stats: list[RequestStats], gamma) -> dict:

@@ -150,7 +150,7 @@ def response_body(typed: ResponsesRequest, run, model_name: str, status: str | N
     if done:
         u = R.usage(run.parsed.prompts, [completion])
         body["usage"] = {"input_tokens": u["prompt_tokens"], "output_tokens": u["completion_tokens"],
-                         "total_tokens": u["total_tokens"], "input_tokens_details": {"cached_tokens": 0},
+                         "total_tokens": u["total_tokens"], "input_tokens_details": dict(u["prompt_tokens_details"]),
                          "output_tokens_details": {"reasoning_tokens": 0}}
         body["specdec"] = R.specdec_extra([completion.stats], run.gamma)
     return body

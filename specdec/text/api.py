@@ -27,10 +27,9 @@ from specdec.text.drafts import load_draft
 from specdec.text.outputs import Completion, TextDelta, TextRequest
 from specdec.text.prompts import (GenerationDefaults, check_num_draft_tokens, encode_prompts, make_params,
                                   read_chat_template, render_chat)
-from specdec.text.runner import FallbackRunner, RunnerSpec, build_runner
+from specdec.text.runner import FallbackRunner, RunnerSpec, build_runner, prefix_options
 from specdec.text.shapes import check_conversations, request_params, shape_outputs
 from specdec.text.warmup import cache_bytes, graph_captures, step_shapes, step_shapes_run
-
 
 __all__ = ["load", "LLM", "TextStream"]
 
@@ -44,7 +43,7 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
          draft_model_kwargs: dict | None = None, allow_weight_mismatch: bool = False,
          tensor_parallel_all_reduce: str = "auto", bitwise: bool = False,
          prefill_budget: int | str | None = None, prefill_steps: int | None = None,
-         prefill_stall: float | None = None, model_impl: str = "auto") -> "LLM":
+         prefill_stall: float | None = None, model_impl: str = "auto", enable_prefix_caching: bool | None = None) -> "LLM":
     """Load a target (and a draft) for text generation.
 
     target          a checkpoint folder, a .gguf file, a hub id (org/name) in the local Hugging Face cache
@@ -80,6 +79,8 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
     tensor_parallel_all_reduce  how the ranks sum the row-parallel products: "auto" (one_shot where the GPUs
                     reach each other by P2P, else group), "group" (NCCL / gloo) or "one_shot" (torch symmetric
                     memory over NVLink, CUDA); see `specdec.distributed.allreduce`
+    enable_prefix_caching  vLLM's name (`EngineConfig.enable_prefix_caching`): True = prompts reuse the KV blocks of
+                    text served before (on the paged KV pool), False = off, None = the engine's default
     """
     from specdec.loading import load_model, load_tokenizer, source_options
 
@@ -97,8 +98,8 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
         raise TypeError(f"bitwise must be True or False, got {bitwise!r}")
     from specdec.engine.config import EngineConfig
 
-    EngineConfig(prefill_budget=prefill_budget, prefill_steps=prefill_steps,
-                 prefill_stall=prefill_stall, model_impl=model_impl)  # (checked before anything loads)
+    EngineConfig(prefill_budget=prefill_budget, prefill_steps=prefill_steps, prefill_stall=prefill_stall,
+                 model_impl=model_impl, **prefix_options(enable_prefix_caching))  # (checked before anything loads)
     if bitwise and (runner == "fallback" or tensor_parallel_size > 1):
         raise ValueError("bitwise=True needs the request-level engine on one device (not runner='fallback', not "
                          "tensor_parallel_size > 1)")
@@ -117,8 +118,8 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
                 tok.chat_template = read_chat_template(chat_template)
             drafter = load_draft(draft, model, tok, allow_pickle, ngram_data, draft_model_kwargs=draft_model_kwargs)
             return LLM(model, tok, drafter, num_draft_tokens=num_draft_tokens, runner=runner,
-                       max_batch_size=max_batch_size, max_seq_len=max_seq_len,
-                       synthetic_acceptance=synthetic_acceptance, tensor_parallel=channel)
+                       max_batch_size=max_batch_size, max_seq_len=max_seq_len, synthetic_acceptance=synthetic_acceptance,
+                       tensor_parallel=channel, enable_prefix_caching=enable_prefix_caching)
 
         return load_tensor_parallel(target, tensor_parallel_size, device=device, dtype=dtype, make_llm=make_llm,
                                     all_reduce=tensor_parallel_all_reduce)
@@ -126,11 +127,10 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
     if isinstance(target, (str, Path)):
         if tokenizer is None:  # the target's own: same revision / gguf_file / subfolder
             tokenizer, tokenizer_kwargs = target, model_kwargs
-    else:
-        if model_kwargs is not None:
-            raise ValueError("model_kwargs apply when target is a path or hub id, not a model object")
-        if tokenizer is None:
-            raise ValueError("tokenizer is required when target is a model object (pass a folder or a tokenizer)")
+    elif model_kwargs is not None:
+        raise ValueError("model_kwargs apply when target is a path or hub id, not a model object")
+    elif tokenizer is None:
+        raise ValueError("tokenizer is required when target is a model object (pass a folder or a tokenizer)")
     if isinstance(tokenizer, (str, Path)):  # (before the weights: a malformed tokenizer costs no weight read)
         tokenizer = load_tokenizer(tokenizer, model_kwargs=source_options(tokenizer_kwargs))
     target_model = target
@@ -144,7 +144,7 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
     return LLM(target_model, tokenizer, drafter, num_draft_tokens=num_draft_tokens, runner=runner,
                max_batch_size=max_batch_size, max_seq_len=max_seq_len, synthetic_acceptance=synthetic_acceptance,
                bitwise=bitwise, prefill_budget=prefill_budget, prefill_steps=prefill_steps,
-               prefill_stall=prefill_stall, model_impl=model_impl)
+               prefill_stall=prefill_stall, model_impl=model_impl, enable_prefix_caching=enable_prefix_caching)
 
 
 class LLM:
@@ -154,7 +154,7 @@ class LLM:
                  max_batch_size: int = 32, max_seq_len: int | None = None,
                  synthetic_acceptance: float | None = None, tensor_parallel=None, bitwise: bool = False,
                  prefill_budget: int | str | None = None, prefill_steps: int | None = None,
-                 prefill_stall: float | None = None, model_impl: str = "auto"):
+                 prefill_stall: float | None = None, model_impl: str = "auto", enable_prefix_caching: bool | None = None):
         self.target = target
         self.tensor_parallel = tensor_parallel  # a CommandChannel under torchrun (text/tensor_parallel.py), or None
         self._tensor_parallel_started = False
@@ -164,7 +164,7 @@ class LLM:
         self.max_batch_size = as_int(max_batch_size, "max_batch_size", minimum=1, maximum=4096)
         self._max_seq_len = max_seq_len
         self.synthetic_acceptance = synthetic_acceptance  # BENCHMARK ONLY (see `load`)
-        self.bitwise = bitwise  # the engine's bit-exact mode (see `load`)
+        self.bitwise, self.enable_prefix_caching = bitwise, enable_prefix_caching  # (the engine's: see `load`)
         self.prefill_budget, self.prefill_steps = prefill_budget, prefill_steps  # the engine's chunked prefill
         self.prefill_stall, self.model_impl = prefill_stall, model_impl  # (model_impl: the engine's body, `load`)
         self.num_draft_tokens = check_num_draft_tokens(num_draft_tokens if drafter is not None else 0)
@@ -223,7 +223,7 @@ class LLM:
         """The engine (or the eager loop where it cannot run: `text.runner.build_runner`), with the drafter."""
         spec = RunnerSpec(self.runner_choice, self.num_draft_tokens, self.max_batch_size, self._max_seq_len,
                           self.synthetic_acceptance, self.bitwise, self.prefill_budget, self.prefill_steps,
-                          self.prefill_stall, self.model_impl)
+                          self.prefill_stall, self.model_impl, self.enable_prefix_caching)
         runner, report = build_runner(self.target, self.drafter, spec)
         if report is not None:
             self.warmups[self.num_draft_tokens] = report

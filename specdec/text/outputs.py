@@ -90,6 +90,7 @@ class Completion:
     stats: RequestStats
     stop_string: str | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None  # per token, its N most likely (id, log p) if asked
+    num_cached_tokens: int = 0  # prompt tokens the engine's prefix cache held at admission (vLLM's name)
 
 
 class TextRequest:
@@ -106,6 +107,7 @@ class TextRequest:
         self.top_logprobs: list[list[tuple[int, float]]] = []
         self.finished = False
         self.finish_reason: str | None = None
+        self.num_cached_tokens = 0  # (the engine's final output says)
         self._counts = {"steps": 0, "drafts": 0, "drafted": 0, "accepted": 0}
         self._per_pos: list[int] = []
         self._spec: SpecStats | None = None
@@ -151,6 +153,7 @@ class TextRequest:
             self.finished = True
             self.t_end = time.perf_counter()
             self._spec = output.stats
+            self.num_cached_tokens = int(getattr(output, "num_cached_tokens", 0) or 0)
             tail = self.text.finish()
             if tail and pieces:
                 last = pieces[-1]
@@ -183,4 +186,5 @@ class TextRequest:
             prompt_token_ids=self.prompt_ids, logprobs=list(self.logprobs) if self.want_logprobs else None,
             stats=self.stats(), stop_string=self.text.stop_string,
             top_logprobs=list(self.top_logprobs) if self.want_logprobs and self.top_logprobs else None,
+            num_cached_tokens=self.num_cached_tokens,
         )

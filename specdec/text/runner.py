@@ -62,6 +62,18 @@ class RunnerSpec:
     prefill_steps: int | None = None
     prefill_stall: float | None = None
     model_impl: str = "auto"  # EngineConfig.model_impl; "auto" keeps routing by the fast bodies' coverage
+    enable_prefix_caching: bool | None = None  # None: the engine's default
+
+
+def prefix_options(enable_prefix_caching) -> dict:
+    """`EngineConfig` options of `load(enable_prefix_caching=...)`: True is the prefix cache on the paged KV pool
+    it shares blocks of; False, off; None, the engine's defaults."""
+    if enable_prefix_caching is None:
+        return {}
+    if not isinstance(enable_prefix_caching, bool):
+        raise TypeError(f"enable_prefix_caching must be True, False or None, got {enable_prefix_caching!r}")
+    return {"kv_layout": "paged", "enable_prefix_caching": True} if enable_prefix_caching else \
+        {"enable_prefix_caching": False}
 
 
 def build_runner(target, drafter, spec: RunnerSpec) -> tuple["Runner", dict | None]:
@@ -83,7 +95,8 @@ def build_runner(target, drafter, spec: RunnerSpec) -> tuple["Runner", dict | No
                               prefill_budget=spec.prefill_budget, prefill_steps=spec.prefill_steps,
                               prefill_stall=spec.prefill_stall,
                               # "auto": a model the fast bodies do not cover still takes the eager loop here
-                              model_impl="fast" if spec.model_impl == "auto" else spec.model_impl)
+                              model_impl="fast" if spec.model_impl == "auto" else spec.model_impl,
+                              **prefix_options(spec.enable_prefix_caching))
         try:
             engine = Engine(target, drafter, config=config)
         except UnsupportedModel as err:
@@ -106,6 +119,9 @@ def build_runner(target, drafter, spec: RunnerSpec) -> tuple["Runner", dict | No
         raise ValueError("bitwise=True needs the request-level engine (runner='engine')")
     if spec.model_impl == "transformers":
         raise ValueError("model_impl='transformers' runs the model on the engine (not runner='fallback')")
+    if spec.enable_prefix_caching:
+        raise ValueError("enable_prefix_caching=True needs the request-level engine (runner='engine'); this model "
+                         "runs on the fallback runner")
     if spec.synthetic_acceptance is not None:
         raise ValueError("synthetic_acceptance needs the request-level engine (runner='engine'); this model "
                          "runs on the fallback runner")

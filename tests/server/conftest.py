@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -44,23 +45,26 @@ def chat_template_file(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def server(chat_template_file):
-    """Base URL of a `specdec serve` subprocess; its log is printed if it fails to start.
+def serve_command(port: int, chat_template_file: Path, *extra: str) -> list[str]:
+    """`specdec serve` on the demo pair with the tests' chat template, γ and name, plus `extra` options."""
+    return [sys.executable, "-m", "specdec", "serve", "--target", str(DEMO / "target"), "--draft", str(DEMO / "draft"),
+            "--port", str(port), "--num-draft-tokens", str(GAMMA), "--chat-template", str(chat_template_file),
+            "--served-model-name", "demo", "--max-batch-size", "16", *extra]
 
-    While the subprocess loads, this process loads the same pair for `local_llm` (two cores, both busy).
-    """
-    port = _free_port()
+
+@contextlib.contextmanager
+def live_server(chat_template_file: Path, log_name: str, *extra: str, while_loading=None):
+    """Base URL of a `specdec serve` subprocess (`serve_command` + `extra`), stopped on exit; its log (`log_name`,
+    beside the chat template) is printed if it fails to start. while_loading: called while the subprocess loads."""
+    port, log = _free_port(), chat_template_file.parent / log_name
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    log = chat_template_file.parent / "serve.log"
-    cmd = [sys.executable, "-m", "specdec", "serve", "--target", str(DEMO / "target"), "--draft", str(DEMO / "draft"),
-           "--port", str(port), "--num-draft-tokens", str(GAMMA), "--chat-template", str(chat_template_file),
-           "--served-model-name", "demo", "--max-batch-size", "16"]
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        proc = subprocess.Popen(serve_command(port, chat_template_file, *extra), stdout=out,
+                                stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     base = f"http://127.0.0.1:{port}"
     try:
-        _LOCAL.append(_load_local(chat_template_file))
+        if while_loading is not None:
+            while_loading()
         deadline = time.time() + 120
         while True:
             if proc.poll() is not None:
@@ -80,6 +84,19 @@ def server(chat_template_file):
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture(scope="session")
+def server(chat_template_file):
+    """Base URL of a `specdec serve` subprocess; its log is printed if it fails to start.
+
+    While the subprocess loads, this process loads the same pair for `local_llm` (two cores, both busy).
+    """
+    try:
+        load = lambda: _LOCAL.append(_load_local(chat_template_file))  # noqa: E731
+        with live_server(chat_template_file, "serve.log", while_loading=load) as base:
+            yield base
+    finally:
         for llm in _LOCAL:
             llm.close()
 
@@ -127,6 +144,18 @@ def wait_idle(base: str, timeout: float = 10.0) -> dict:
         if time.time() > deadline:
             raise AssertionError(f"server still busy: {values}")
         time.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def start_server(chat_template_file):
+    """`live_server` with the tests' chat template: `with start_server("name.log", *options) as base: ...`."""
+    return lambda log_name, *extra: live_server(chat_template_file, log_name, *extra)
+
+
+@pytest.fixture(scope="session")
+def metrics_of():
+    """`metric_values` of any live server's base URL."""
+    return metric_values
 
 
 @pytest.fixture(scope="session")
