@@ -25,7 +25,7 @@ from specdec.bench.traffic import TrafficSpec, run_traffic
 from specdec.bench.traffic_table import markdown_table, never_drafted, plot_table, summary
 from specdec.engine import Engine, EngineConfig
 
-__all__ = ["DRAFTERS", "TrafficSetup", "quick_setup", "pair_setup", "target_setup", "draft_kind", "chat_pool",
+__all__ = ["DRAFTERS", "TrafficSetup", "quick_models", "quick_setup", "pair_setup", "target_setup", "draft_kind", "chat_pool",
            "run_and_write"]
 
 #: every drafter the engine runs: a small model, a feature head, prompt lookup, an n-gram (bigram) table
@@ -68,10 +68,11 @@ def _arms(target, drafters, config, *, draft=None, head=None, corpus=None) -> di
     return arms
 
 
-def quick_setup(drafters=DRAFTERS, max_batch: int = 8) -> TrafficSetup:
+def quick_models(with_head: bool = True) -> tuple:
+    """(target, model drafter, feature head or None): a tiny random 4-layer Llama (vocabulary 256), a perturbed
+    2-layer copy of it (α high) and an untrained feature head started from its last layer."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from specdec.bench.presets import motif_prompts
     from specdec.fast.head import HeadConfig
     from specdec.fast.model import LlamaShape
     from specdec.zoo.feature_head import TrainableHead
@@ -88,10 +89,17 @@ def quick_setup(drafters=DRAFTERS, max_batch: int = 8) -> TrafficSetup:
         for p in draft.parameters():
             p.add_(torch.randn(p.shape, generator=gen) * 0.003)
     head = None
-    if "head" in drafters:
+    if with_head:
         trainable = TrainableHead(HeadConfig.for_target(LlamaShape.from_hf(target.config)), seed=1)
         trainable.init_from(target)
         head = trainable.to_feature_head()
+    return target, draft, head
+
+
+def quick_setup(drafters=DRAFTERS, max_batch: int = 8) -> TrafficSetup:
+    from specdec.bench.presets import motif_prompts
+
+    target, draft, head = quick_models(with_head="head" in drafters)
     pool = motif_prompts(256, 16, 48, seed=2)
     config = _config(max_batch, 256)
     arms = _arms(target, drafters, config, draft=draft, head=head, corpus=pool)

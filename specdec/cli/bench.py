@@ -4,6 +4,7 @@ requests arriving over time); the presets compare our decoding with Hugging Face
     specdec bench --pair runs/gpu --head runs/gpu/head --data data/code --out OUT   # CUDA: the traffic table
     specdec bench --quick --json                            # CPU, tiny random models: the same table's structure
     specdec bench --target SmolLM2-135M-Instruct.Q4_1.gguf --draft specdec/assets/smol_head --out OUT  # a real model
+    specdec bench --preset chat --quick --json              # CPU: chat traffic, prefix caching × speculation
     specdec bench --preset smoke --json                     # CPU, tiny random models, < 1 minute
     specdec bench --preset gpu --data data/code --train     # train the zoo gpu pair, then benchmark it
     specdec bench --preset gpu --data data/code --pair runs/gpu
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 
 from specdec.cli import CLIError
+from specdec.cli.bench_chat import CHAT_ONLY, add_chat_options, run_chat_preset
 from specdec.cli.bench_traffic import MAX_BENCH_GAMMA, TRAFFIC_DRAFTERS, TRAFFIC_ONLY, check_traffic, given, run_traffic
 from specdec.cli.aliases import GAMMA_FLAGS, Deprecated, add_model_arguments
 from specdec.cli.common import add_model_options, apply_model_options, check_int, dumps, log, print_json
@@ -31,8 +33,9 @@ from specdec.cli.common import add_model_options, apply_model_options, check_int
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("bench", help="benchmark ours vs transformers generate (tokens/s, α, c, Thm 3.8)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", choices=("traffic", "smoke", "gpu", "system"), default="traffic",
-                   help="(default: traffic: serving traffic through the engine; CUDA, or --quick on CPU)")
+    p.add_argument("--preset", choices=("traffic", "chat", "smoke", "gpu", "system"), default="traffic",
+                   help="(default: traffic: serving traffic through the engine; CUDA, or --quick on CPU; chat: "
+                        "multi-turn chat traffic, prefix caching on/off × speculation on/off)")
     p.add_argument("--out", default=None, help="folder for the JSON, Markdown and PNG files (default: runs/bench)")
     p.add_argument("--json", action="store_true", help="print one JSON summary object on the last line")
     p.add_argument("--pair", default=None, help="gpu: folder of a trained zoo pair (target/, draft0/), or `random`")
@@ -76,6 +79,7 @@ def add_parser(subparsers) -> None:
                         "the demo pair on CPU) under streaming clients, plain vs speculative requests per level")
     t.add_argument("--clients", type=int, nargs="+", default=None,
                    help="--serve: closed-loop clients per level, 1..4096 (default: 8 32 64 128; --quick 1 2)")
+    add_chat_options(p)
     add_model_options(p, seed_help="traffic: the seed of the requests (default: 0); the presets: unused", dtype="auto")
     p.set_defaults(run=run)
 
@@ -109,6 +113,12 @@ def _check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     global _ARGS
     _ARGS = args
+    if args.preset == "chat":
+        apply_model_options(args)
+        return run_chat_preset(args, _log)
+    for name in CHAT_ONLY:
+        if given(args, name):
+            raise CLIError(f"--{name.replace('_', '-')} belongs to --preset chat")
     if args.preset == "traffic":
         spec, drafters = check_traffic(args)
         apply_model_options(args)
