@@ -23,6 +23,11 @@ so rejected drafts (written past the committed length) never enter the cache. Pr
 step (`commit_rows`, host lists only), generated ones too — the host keeps each request's committed tokens
 (`extend`, from the step's record) — so a block is shareable from the step its models hold it, while its request
 runs: concurrent requests with one system prompt, and `n > 1` copies of a prompt, share it.
+Checks (`verify`, `watch_weights`): a hit compares each cached block's stored (parent hash, tokens) with the
+prompt's, so a hash collision is refused (`collisions`), never served; the models' weights (the engine shares the
+user's) are sampled once a step before any hit or entry, and changed in place — an adapter merged, a state dict
+loaded — the index is cleared (`reset`, vLLM's reset_prefix_cache) and blocks admitted under the old weights
+never enter: nothing cached survives a change of weights (another model is another engine, another pool).
 Feature drafters: the target's stored features live in the pool's blocks too (`features.FeatureStore`), so a
 hit holds them, and a feature head's own K/V with them; a head re-feeds a window before each feed (`refeed`), so
 its hit blocks in that window are copied, and its entries count as stable only below that window.
@@ -31,12 +36,17 @@ its hit blocks in that window are copied, and its entries count as stable only b
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass, field
+
+import torch
 
 from specdec.drafters.protocol import CachedSlotDrafter
 from specdec.engine.drafters import WINDOW
 
 __all__ = ["FeatureBlocks", "PrefixCache", "RequestBlocks", "block_hashes", "build_prefix_cache", "model_key"]
+
+logger = logging.getLogger(__name__)
 
 def model_key(*parts) -> bytes:
     """The seed of every hash chain: a digest of what besides the text changes K/V (models, dtypes, adapters)."""
@@ -65,18 +75,34 @@ class RequestBlocks:
     hashes: list[bytes] = field(default_factory=list)
     num_cached_blocks: int = 0
     tokens: list[int] = field(default_factory=list)
+    epoch: int = 0  # the cache's epoch at its admission: blocks of an older one (other weights) never enter
 
 
 class PrefixCache:
     """The cached-block index of one `KVPool` (hash → block and back) and its lookups' counters."""
 
-    def __init__(self, pool, seed: bytes, write_back: int, caches: tuple = (), refeed: int = 0):
+    def __init__(self, pool, seed: bytes, write_back: int, caches: tuple = (), refeed: int = 0, models: tuple = ()):
         self.pool, self.seed, self.caches = pool, seed, tuple(caches)  # caches: every model's `PagedSlotCache`
         self.block_size = pool.block_size  # (and the stored features' blocks: `FeatureBlocks`)
         self.write_back = int(write_back)  # a request writes no position below its length − write_back
         # a drafter's feed from position s rewrites [s − refeed, s) too, and its valid count may include that many
         # entries drafted from predicted features (a feature head's window: `EngineFeatureDrafter.prefill`)
         self.refeed = int(refeed)
+        # checks: each cached block's (parent hash, tokens), compared at every hit (a hash collision is no hit), and
+        # the weights of `models` (modules whose K/V or features the blocks hold; the engine shares the user's
+        # weights): changed in place — an adapter merged, a state dict loaded — the index is cleared (`reset`)
+        # before the next hit. Weights are compared by a strided sample of each tensor (~64 entries), once a step
+        self.verify = True
+        self.watch_weights = True
+        self._entries: dict[int, tuple] = {}
+        self.models = tuple(m for m in models if isinstance(m, torch.nn.Module))
+        self._samples = [(t, torch.arange(0, t.numel(), max(1, t.numel() // 64) | 1, device=t.device))
+                         for m in self.models for t in m.state_dict(keep_vars=True).values() if t.numel()]
+        self._weights = self._fingerprint()
+        self._weights_checked = False  # since the last step (`commit_rows`)
+        self.epoch = 0
+        self.collisions = 0  # lookups whose hash matched a block of other text (refused)
+        self.resets = 0  # index cleared because the models' weights changed
         self._blocks: dict[bytes, int] = {}
         self._hashes: dict[int, bytes] = {}
         self.queries = 0  # prompt tokens looked up (vLLM's prefix_cache_queries)
@@ -98,19 +124,53 @@ class PrefixCache:
         h = self._hashes.pop(block, None)
         if h is not None:
             del self._blocks[h]
+            del self._entries[block]
         return h is not None
+
+    def _fingerprint(self) -> torch.Tensor | None:
+        """The watched weights' strided samples, as float64 `[n]` (None: nothing watched)."""
+        if not self._samples:
+            return None
+        with torch.no_grad():
+            return torch.cat([t.detach().reshape(-1)[i].to(torch.float64).cpu() for t, i in self._samples])
+
+    def reset(self, why: str = "reset") -> None:
+        """Forget every cached block (they stay where they are: held ones with their requests, free ones free);
+        running requests' blocks never enter again (a new epoch). vLLM's reset_prefix_cache."""
+        if self._blocks:
+            logger.info("prefix cache cleared (%d blocks): %s", len(self._blocks), why)
+        self._blocks.clear()
+        self._hashes.clear()
+        self._entries.clear()
+        self.epoch += 1
+        self.resets += 1
+
+    def _check_weights(self) -> None:
+        """Before a hit or an entry, once a step: the watched weights' sample unchanged, or the index cleared."""
+        if not self._samples or self._weights_checked or not self.watch_weights:
+            return
+        self._weights_checked = True
+        state = self._fingerprint()
+        if state is not None and not torch.equal(state, self._weights):
+            self._weights = state
+            self.reset("the models' weights changed")
 
     def attach(self, slot: int, request) -> int:
         """Admission of `request` (an `EngineRequest`) into `slot`, which holds no blocks: its prompt's longest
         cached leading run of blocks becomes the row's first blocks → the cached tokens (also set on the request)."""
-        prompt, allocator = request.prompt, self.pool.allocator
-        state = RequestBlocks(block_hashes(prompt, self.block_size, self.seed), tokens=list(prompt))
+        prompt, allocator, size = request.prompt, self.pool.allocator, self.block_size
+        self._check_weights()
+        state = RequestBlocks(block_hashes(prompt, size, self.seed), tokens=list(prompt), epoch=self.epoch)
         usable = max(len(prompt) - 1, 0) // self.block_size  # the target's first write: prompt length − 1
         shareable = max(len(prompt) - self.write_back, 0) // self.block_size  # and a model drafter's re-feed
         blocks = []
-        for h in state.hashes[:usable]:
+        for i, h in enumerate(state.hashes[:usable]):
             b = self._blocks.get(h)
             if b is None:
+                break
+            if self.verify and self._entries[b] != (state.hashes[i - 1] if i else self.seed,
+                                                    tuple(prompt[i * size : (i + 1) * size])):
+                self.collisions += 1  # the hash named another text: not a hit
                 break
             blocks.append(b)
         # a feature head's feed from the hit re-feeds its window before it: those blocks are written too (and its
@@ -164,12 +224,17 @@ class PrefixCache:
         full = min(stable, len(tokens)) // self.block_size
         if full <= state.num_cached_blocks:
             return
+        self._check_weights()
+        if state.epoch != self.epoch:  # (admitted under other weights: its K/V never enter)
+            return
         if len(state.hashes) < full:
             state.hashes = block_hashes(tokens[: full * self.block_size], self.block_size, self.seed, state.hashes)
         for i in range(state.num_cached_blocks, full):
             h, b = state.hashes[i], blocks[i]
             if h not in self._blocks and b not in self._hashes:  # (another request's copy may be cached already)
                 self._blocks[h], self._hashes[b] = b, h
+                parent = state.hashes[i - 1] if i else self.seed
+                self._entries[b] = (parent, tuple(tokens[i * self.block_size : (i + 1) * self.block_size]))
         state.num_cached_blocks = full
 
     def extend(self, running, tokens) -> None:
@@ -183,7 +248,7 @@ class PrefixCache:
         """Each step: the running requests' full blocks of committed text — prompt and generated alike — that
         became stable enter the index while they run (drafter_synced: the engine's `_drafter_synced` — True: every
         row's drafter holds all but its last 2 tokens, False: its `draft_valid`; None: no cached drafter)."""
-        size = self.block_size
+        size, self._weights_checked = self.block_size, False
         for slot, request in enumerate(running):
             state = request.prefix
             if state is None or (state.num_cached_blocks + 1) * size > min(len(state.tokens), request.length):
@@ -208,6 +273,8 @@ class PrefixCache:
             raise AssertionError("the prefix cache's index and its reverse disagree")
         if 0 in self._hashes:
             raise AssertionError("the null block is cached")
+        if self._entries.keys() != self._hashes.keys():
+            raise AssertionError("the prefix cache's entries and its index disagree")
 
 
 def _valid(request, drafter_synced: bool | None) -> int | None:
@@ -242,13 +309,14 @@ def build_prefix_cache(config, pool, model, cache, drafter, features: bool) -> P
                      None if draft is None else (repr(draft.shape), str(draft.dtype)),
                      getattr(drafter, "feature_layers", None) if features else None)
     caches = (cache, drafter.cache) if drafter_cached else (cache,)
+    models = (model, draft, getattr(drafter, "head", None), getattr(drafter, "heads", None))
     if features:
         caches += (FeatureBlocks(drafter.state, pool.block_size),)
         window = getattr(drafter, "window", 0) if drafter_cached else 0
         if window:  # a head: its proposal writes its entries from length − 1 − window
-            return PrefixCache(pool, seed, window + 1, caches, refeed=window)
+            return PrefixCache(pool, seed, window + 1, caches, refeed=window, models=models)
         if drafter_cached:
             raise ValueError(f"enable_prefix_caching: the feature drafter {type(drafter).__name__} keeps a cache "
                              "but names no re-feed window (`window`): which of its entries it rewrites is unknown")
-        return PrefixCache(pool, seed, 1, caches)
-    return PrefixCache(pool, seed, WINDOW if drafter_cached else 1, caches)
+        return PrefixCache(pool, seed, 1, caches, models=models)
+    return PrefixCache(pool, seed, WINDOW if drafter_cached else 1, caches, models=models)

@@ -304,3 +304,69 @@ def test_a_stale_head_block_changes_the_drafts(pair):
 def test_static_layout_has_no_prefix_cache(pair):
     static = Engine(pair[0], None, EngineConfig(max_batch_size=2, max_seq_len=64, kv_layout="static"))
     assert static.prefix_cache is None and static.prefix_cache_queries == static.prefix_cache_hits == 0
+
+
+def test_a_forced_hash_collision_is_caught(pair, monkeypatch):
+    """Negative control with the check that catches it: hashes forced to name a block by its position alone, so
+    another text of the same length collides with every cached block. Each cached block's (parent hash, tokens)
+    is compared at a hit: the collision is refused (counted) and the tokens are caching off's; with the comparison
+    off (`verify = False`) the stale blocks are used and the output changes."""
+    import hashlib
+
+    from specdec.engine import prefix_cache
+
+    def positional(tokens, block_size, seed, parents=None, extra=b""):
+        count = len(tokens) // block_size
+        return [hashlib.sha256(seed + str(i).encode()).digest() for i in range(count)]
+
+    monkeypatch.setattr(prefix_cache, "block_hashes", positional)
+    target = pair[0]
+    params = [SamplingParams(temperature=0, max_new_tokens=16)]
+    other = [(t * 5 + 1) % 61 + 2 for t in PROMPTS[1]]  # another text of PROMPTS[1]'s length
+    off, _ = _serve(Engine(target, None, _config(False, num_draft_tokens=0)), [other], params)
+    outputs = []
+    for verify in (True, False):
+        engine = Engine(target, None, _config(True, num_draft_tokens=0))
+        engine.prefix_cache.verify = verify
+        _serve(engine, PROMPTS[:1], params)
+        got, finals = _serve(engine, [other], params)
+        outputs.append((got[0], finals[0].num_cached_tokens, engine.prefix_cache.collisions))
+    (checked, checked_hits, collisions), (unchecked, unchecked_hits, _) = outputs
+    assert checked == off[0] and checked_hits == 0 and collisions == 1
+    assert unchecked_hits == 32 and unchecked != off[0]
+
+
+def test_weights_changed_in_place_clear_the_cache(make_llama):
+    """Nothing cached survives a change of the weights (an adapter merged in place, a state dict loaded): the engine
+    shares the model's weights, and the cache watches their version — the next admission finds the index cleared,
+    so the repeated prompt is prefilled again and decodes (seeded) as a fresh engine on the new weights does. Negative
+    control: with the watch off the blocks of the old weights hit (the tiny model's tokens happen not to change:
+    `test_a_stale_block_changes_the_output` shows a stale block does change them)."""
+    outputs = []
+    for watch in (True, False):
+        target = make_llama(0)
+        params = [SamplingParams(temperature=1.0, max_new_tokens=16, seed=3)]
+        engine = Engine(target, None, _config(True, num_draft_tokens=0))
+        if not watch:
+            engine.prefix_cache.watch_weights = False
+        _serve(engine, PROMPTS[:1], params)
+        with torch.no_grad():
+            for layer in target.model.layers:  # (the "adapter": the values every cached block holds change)
+                layer.self_attn.v_proj.weight.mul_(-3.0)
+        got, finals = _serve(engine, PROMPTS[:1], params)
+        fresh, _ = _serve(Engine(target, None, _config(False, num_draft_tokens=0)), PROMPTS[:1], params)
+        outputs.append((got[0], finals[0].num_cached_tokens, fresh[0], engine.prefix_cache.resets))
+    (got, cached, fresh, resets), (_, stale_cached, _, stale_resets) = outputs
+    assert cached == 0 and resets == 1 and got == fresh
+    assert stale_cached == 32 and stale_resets == 0  # unwatched, the blocks of the old weights would be reused
+
+
+def test_a_prompt_longer_than_the_pool_is_refused(pair):
+    target, draft = pair
+    roomy = Engine(target, draft, _config(False))
+    block = sum(PagedSlotCache.block_bytes(m, 8) for m in (roomy.model, roomy.drafter.model))
+    engine = Engine(target, draft, _config(True, kv_cache_memory=6 * block))
+    with pytest.raises(ValueError, match=r"prompt length 60 \+ max_new_tokens 8 needs 10 KV blocks of 8 positions; "
+                                         r"the pool holds \d+ \(raise kv_cache_memory"):
+        engine.add_request(list(range(2, 62)), SamplingParams(max_new_tokens=8))
+    assert not engine.has_unfinished() and engine.prefix_cache_queries == 0
