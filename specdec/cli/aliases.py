@@ -78,7 +78,7 @@ def add_prefix_caching_arguments(parser) -> None:
     True / False; neither: None, the engine's default."""
     parser.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action="store_const", const=True,
                         default=None, help="prompts reuse the KV blocks of text served before (the engine's prefix "
-                        "cache, on the paged KV pool; vLLM's flag) (default: the engine's, off)")
+                        "cache, on the paged KV pool; vLLM's flag) (default: the engine's: on with the paged pool)")
     parser.add_argument("--no-enable-prefix-caching", "--no-prefix-caching", dest="enable_prefix_caching",
                         action="store_const", const=False, default=argparse.SUPPRESS,
                         help="prefix caching off (for A/B runs; vLLM's spelling first)")

@@ -111,7 +111,8 @@ class EngineConfig:
                       "transformers" the backend for every model
     enable_prefix_caching  paged pool only (vLLM's name): full blocks of committed text stay cached, named by a hash
                       chain, and a later prompt starting with them skips their prefill, the target's and a cached
-                      drafter's or a feature head's (`engine/prefix_cache.py`); off by default (opt-in)
+                      drafter's or a feature head's (`engine/prefix_cache.py`); None (the default) = on with
+                      kv_layout="paged" (vLLM's default), off with the static layout; False for A/B runs
     """
 
     max_batch_size: int = 64
@@ -133,7 +134,7 @@ class EngineConfig:
     kv_layout: str | None = None
     block_size: int = 16
     kv_cache_memory: int | float | None = None
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool | None = None  # None: on with the paged pool (resolved in __post_init__)
     model_impl: str = "auto"
 
     def __post_init__(self) -> None:
@@ -155,8 +156,10 @@ class EngineConfig:
                 as_int(memory, "kv_cache_memory", minimum=1, maximum=1 << 50)
             if self.kv_layout != "paged":
                 raise ValueError(f"kv_cache_memory={memory!r} sizes the paged pool: it needs kv_layout='paged'")
+        if self.enable_prefix_caching is None:
+            object.__setattr__(self, "enable_prefix_caching", self.kv_layout == "paged")
         if not isinstance(self.enable_prefix_caching, bool):
-            raise TypeError(f"enable_prefix_caching must be True or False, got {self.enable_prefix_caching!r}")
+            raise TypeError(f"enable_prefix_caching must be True, False or None, got {self.enable_prefix_caching!r}")
         if self.enable_prefix_caching and self.kv_layout != "paged":
             raise ValueError("enable_prefix_caching=True shares KV blocks: it needs kv_layout='paged'")
         as_int(self.max_batch_size, "max_batch_size", minimum=1, maximum=BATCH_BUCKETS[-1])

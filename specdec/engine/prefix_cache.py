@@ -1,4 +1,4 @@
-"""Prefix caching on the paged KV pool (`EngineConfig(enable_prefix_caching=True)`, with kv_layout="paged").
+"""Prefix caching on the paged KV pool (`EngineConfig.enable_prefix_caching`: on by default with kv_layout="paged").
 
 A full block of a request's committed text is named by a hash chain: hash(parent's hash, the block's tokens, extra
 keys), the chain seeded by the engine's model key (target and drafter identity, dtype), so equal hashes mean equal

@@ -249,8 +249,13 @@ def _head(target, seed=1):
 def test_options():
     with pytest.raises(ValueError, match="enable_prefix_caching=True .* needs kv_layout='paged'"):
         EngineConfig(kv_layout="static", enable_prefix_caching=True)
-    with pytest.raises(TypeError, match="enable_prefix_caching must be True or False"):
+    with pytest.raises(TypeError, match="enable_prefix_caching must be True, False or None"):
         EngineConfig(kv_layout="paged", enable_prefix_caching=1)
+    # vLLM's default: on with the paged pool, off with the static layout
+    assert EngineConfig(kv_layout="paged").enable_prefix_caching is True
+    assert EngineConfig(kv_layout="static").enable_prefix_caching is False
+    assert EngineConfig().enable_prefix_caching is (EngineConfig().kv_layout == "paged")  # (the default layout's)
+    assert EngineConfig(kv_layout="paged", enable_prefix_caching=False).enable_prefix_caching is False
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

@@ -1,8 +1,8 @@
 """Prefix caching through the server, read with the official `openai` client: a live `specdec serve
 --enable-prefix-caching` reports OpenAI's `usage.prompt_tokens_details.cached_tokens` in completions, chat and the
 streaming usage chunk, and vLLM's `prefix_cache_queries` / `prefix_cache_hits` counters in /metrics (under the
-server's prefix); a repeated prompt's answer is the same with or without the hit. The negative control: the session
-server (caching off) reports 0 cached tokens for the same repeated prompt, and its counters stay at 0."""
+server's prefix); a repeated prompt's answer is the same with or without the hit. The negative control: a server
+started with --no-prefix-caching reports 0 cached tokens for the same repeated prompt, its counters at 0."""
 
 from __future__ import annotations
 
@@ -62,8 +62,15 @@ def test_completions_chat_and_stream_report_cached_tokens(cached_server, metrics
     assert 'specdec:prefix_cache_hits_total{model_name="demo"}' in text and "prefix_cache_queries_created" not in text
 
 
-def test_caching_off_reports_zero(server, metrics_of):
-    """Negative control: the session server runs without prefix caching."""
+@pytest.fixture(scope="module")
+def uncached_server(start_server):
+    with start_server("serve_no_prefix.log", "--no-prefix-caching") as base:
+        yield base
+
+
+def test_caching_off_reports_zero(uncached_server, metrics_of):
+    """Negative control: a server with --no-prefix-caching (vLLM's --no-enable-prefix-caching)."""
+    server = uncached_server
     client = _client(server)
     usages = [client.completions.create(model="demo", prompt=PREFIX + "def main(", max_tokens=4, temperature=0).usage
               for _ in range(2)]
