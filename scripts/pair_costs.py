@@ -42,13 +42,14 @@ def pass_times(models: dict, ks: dict, context: int, repeats: int, clock: str = 
     one thread: several threads spin while waiting for each other, which counts as CPU time too)."""
     caches = {}
     gen = torch.Generator().manual_seed(0)
+    high = min(model.shape.vocab_size for model in models.values())
     for name, model in models.items():
         cache = model.new_cache(1, context + max(ks[name]) + 1)
-        prompt = torch.randint(100, 20000, (1, context), generator=gen)
+        prompt = torch.randint(0, high, (1, context), generator=gen)
         model(prompt, cache, last_only=True)  # prefill (advances the cache to `context`)
         caches[name] = cache
     times = {name: {k: [] for k in ks[name]} for name in models}
-    tokens = {k: torch.randint(100, 20000, (1, k), generator=gen) for k in {k for v in ks.values() for k in v}}
+    tokens = {k: torch.randint(0, high, (1, k), generator=gen) for k in {k for v in ks.values() for k in v}}
     for name, model in models.items():  # warm-up: one pass of each k
         for k in ks[name]:
             model(tokens[k], caches[name], advance=False)

