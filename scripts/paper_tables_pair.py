@@ -136,7 +136,8 @@ def predictions(alpha: float, c: float, verify: dict[int, float], max_gamma: int
     paper = {g: expected_tokens(alpha, g) / (g * c + 1) for g in range(1, max_gamma + 1)}
     costed = {g: expected_tokens(alpha, g) / (g * c + verify[g + 1]) for g in range(1, max_gamma + 1) if g + 1 in verify}
     paper[0] = costed[0] = 1.0  # plain decoding, where every γ loses
-    gp, gc = max(paper, key=paper.get), max(costed, key=costed.get)
+    best = lambda table: max(table, key=lambda g: (round(table[g], 9), g == 0, -g))  # noqa: E731 (ties: plain, small γ)
+    gp, gc = best(paper), best(costed)
     return {"gamma_paper": gp, "speedup_paper": round(paper[gp], 3), "gamma_costed": gc,
             "speedup_costed": round(costed[gc], 3), "costed_by_gamma": {g: round(s, 3) for g, s in costed.items()}}
 
