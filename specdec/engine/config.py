@@ -112,6 +112,10 @@ class EngineConfig:
     enable_prefix_caching  paged pool only (vLLM's name): full blocks of committed text stay cached, named by a hash
                       chain, and a later prompt starting with them skips their prefill, the target's and a cached
                       drafter's (`engine/prefix_cache.py`); off by default (opt-in); off for feature drafters
+    gguf_weights      a model read from a GGUF, on the CPU in float32: "quantized" keeps the file's blocks and
+                      multiplies by 8-bit activations (`fast.quant`), "dequantized" keeps dense float32 weights;
+                      "auto" = the process default (`--gguf-weights`, env SPECDEC_GGUF_WEIGHTS), else
+                      "dequantized" (docs/benchmarks/quantized_cpu.md says why)
     """
 
     max_batch_size: int = 64
@@ -135,6 +139,7 @@ class EngineConfig:
     kv_cache_memory: int | float | None = None
     enable_prefix_caching: bool = False
     model_impl: str = "auto"
+    gguf_weights: str = "auto"
 
     def __post_init__(self) -> None:
         if self.model_impl not in MODEL_IMPLS:
@@ -155,6 +160,8 @@ class EngineConfig:
                 as_int(memory, "kv_cache_memory", minimum=1, maximum=1 << 50)
             if self.kv_layout != "paged":
                 raise ValueError(f"kv_cache_memory={memory!r} sizes the paged pool: it needs kv_layout='paged'")
+        if self.gguf_weights not in ("auto", "quantized", "dequantized"):
+            raise ValueError(f"gguf_weights must be 'auto', 'quantized' or 'dequantized', got {self.gguf_weights!r}")
         if not isinstance(self.enable_prefix_caching, bool):
             raise TypeError(f"enable_prefix_caching must be True or False, got {self.enable_prefix_caching!r}")
         if self.enable_prefix_caching and self.kv_layout != "paged":
