@@ -13,6 +13,9 @@
       the demo's target as the engine's `FastLlama`, quantized (q8_mm) and dequantized (oneDNN fp32), in one
       process: ms per forward of 1 row (a decode step) and 5 rows (a γ-4 verify pass) after a CONTEXT-token
       prefill, the two models interleaved REPEATS times; one JSON line per model and row count (median, min, max)
+  python scripts/bench_quant_cpu.py logits
+      the demo's target kept quantized against transformers' dequantized float32 model: the logits' largest and
+      mean difference, argmax agreement and KL on an 11-token prompt and 64 seeded random tokens; one JSON line each
   python scripts/bench_quant_cpu.py memory GGUF
       resident memory (RSS) the engine's model adds, the transformers model dropped: the quantized path
       (`SPECDEC_GGUF_WEIGHTS` unset) or the dense float32 one (`SPECDEC_GGUF_WEIGHTS=dequantized`), against the
@@ -146,6 +149,26 @@ def decode(args) -> None:
                       "identical": texts["plain"] == texts["speculative"]}))
 
 
+def logits(args) -> None:
+    from specdec.cli.demo_chat import find_gguf, load_gguf
+    from specdec.fast.quant.attach import quantized_from_hf
+
+    target, _ = load_gguf(find_gguf())
+    fast = quantized_from_hf(target, weights="quantized")
+    prompts = {"11 tokens": torch.tensor([[1, 504, 3458, 314, 260, 1345, 28, 339, 2000, 17, 5]]),
+               "64 random tokens": torch.randint(100, 20000, (1, 64), generator=torch.Generator().manual_seed(0))}
+    with torch.inference_mode():
+        for name, ids in prompts.items():
+            lq, lh = fast(ids, fast.new_cache(1, 128)), target(ids).logits
+            d = (lq - lh).abs()
+            p, q = torch.log_softmax(lh, -1), torch.log_softmax(lq, -1)
+            kl = (p.exp() * (p - q)).sum(-1)
+            print(json.dumps({"prompt": name, "max_abs_diff": round(d.max().item(), 3),
+                              "max_abs_logit": round(lh.abs().max().item(), 2), "mean_abs_diff": round(d.mean().item(), 3),
+                              "argmax_equal": f"{int((lq.argmax(-1) == lh.argmax(-1)).sum())}/{ids.shape[1]}",
+                              "kl_mean": round(kl.mean().item(), 5), "kl_max": round(kl.max().item(), 5)}))
+
+
 def step(args) -> None:
     from specdec.cli.demo_chat import find_gguf, load_gguf
     from specdec.fast.model import FastLlama
@@ -189,10 +212,11 @@ def main(argv=None) -> None:
     d.add_argument("--threads", type=int, default=2)
     d.add_argument("--prompts", type=int, default=2)
     d.add_argument("--tokens", type=int, default=64)
+    sub.add_parser("logits")
     m = sub.add_parser("memory")
     m.add_argument("gguf")
     args = parser.parse_args(argv)
-    {"gemm": gemm, "decode": decode, "memory": memory, "step": step}[args.what](args)
+    {"gemm": gemm, "decode": decode, "memory": memory, "step": step, "logits": logits}[args.what](args)
 
 
 if __name__ == "__main__":
