@@ -171,6 +171,22 @@ def test_the_option_and_its_precedence(hf_model, monkeypatch):
     assert quantized_from_hf(FastLlama.from_hf(hf_model)) is None  # not from a GGUF: nothing to keep
 
 
+def test_the_cli_flag_sets_the_process_default(capsys):
+    import argparse
+
+    from specdec.cli.common import add_model_options, apply_model_options
+
+    parser = argparse.ArgumentParser()
+    add_model_options(parser, device="cpu")
+    apply_model_options(parser.parse_args(["--gguf-weights", "quantized", "--threads", "0"]))
+    assert resolve_weights() == "quantized"
+    apply_model_options(parser.parse_args(["--gguf-weights", "dequantized", "--threads", "0"]))
+    assert resolve_weights() == "dequantized"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--gguf-weights", "int4"])
+    assert "--gguf-weights" in capsys.readouterr().err
+
+
 def test_the_engine_takes_the_option(hf_model):
     from specdec.engine import Engine, EngineConfig
 
