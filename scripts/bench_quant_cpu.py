@@ -9,6 +9,13 @@
       the chat demo's target (SmolLM2-135M-Instruct Q4_1, `specdec demo`'s GGUF) and shipped head: greedy tokens/s of
       plain and speculative decoding (γ 4) on the engine over its first prompts, after a warm-up, and whether the
       texts are identical; one JSON line. Run it twice, with and without SPECDEC_GGUF_WEIGHTS=dequantized
+  python scripts/bench_quant_cpu.py step [--threads 1] [--repeats 5] [--context 128]
+      the demo's target as the engine's `FastLlama`, quantized (q8_mm) and dequantized (oneDNN fp32), in one
+      process: ms per forward of 1 row (a decode step) and 5 rows (a γ-4 verify pass) after a CONTEXT-token
+      prefill, the two models interleaved REPEATS times; one JSON line per model and row count (median, min, max)
+  python scripts/bench_quant_cpu.py logits
+      the demo's target kept quantized against transformers' dequantized float32 model: the logits' largest and
+      mean difference, argmax agreement and KL on an 11-token prompt and 64 seeded random tokens; one JSON line each
   python scripts/bench_quant_cpu.py memory GGUF
       resident memory (RSS) the engine's model adds, the transformers model dropped: the quantized path
       (`SPECDEC_GGUF_WEIGHTS` unset) or the dense float32 one (`SPECDEC_GGUF_WEIGHTS=dequantized`), against the
@@ -142,9 +149,62 @@ def decode(args) -> None:
                       "identical": texts["plain"] == texts["speculative"]}))
 
 
+def logits(args) -> None:
+    from specdec.cli.demo_chat import find_gguf, load_gguf
+    from specdec.fast.quant.attach import quantized_from_hf
+
+    target, _ = load_gguf(find_gguf())
+    fast = quantized_from_hf(target, weights="quantized")
+    prompts = {"11 tokens": torch.tensor([[1, 504, 3458, 314, 260, 1345, 28, 339, 2000, 17, 5]]),
+               "64 random tokens": torch.randint(100, 20000, (1, 64), generator=torch.Generator().manual_seed(0))}
+    with torch.inference_mode():
+        for name, ids in prompts.items():
+            lq, lh = fast(ids, fast.new_cache(1, 128)), target(ids).logits
+            d = (lq - lh).abs()
+            p, q = torch.log_softmax(lh, -1), torch.log_softmax(lq, -1)
+            kl = (p.exp() * (p - q)).sum(-1)
+            print(json.dumps({"prompt": name, "max_abs_diff": round(d.max().item(), 3),
+                              "max_abs_logit": round(lh.abs().max().item(), 2), "mean_abs_diff": round(d.mean().item(), 3),
+                              "argmax_equal": f"{int((lq.argmax(-1) == lh.argmax(-1)).sum())}/{ids.shape[1]}",
+                              "kl_mean": round(kl.mean().item(), 5), "kl_max": round(kl.max().item(), 5)}))
+
+
+def step(args) -> None:
+    from specdec.cli.demo_chat import find_gguf, load_gguf
+    from specdec.fast.model import FastLlama
+    from specdec.fast.quant.attach import quantized_from_hf
+
+    torch.set_num_threads(args.threads)
+    target, _ = load_gguf(find_gguf())
+    models = {"quantized": quantized_from_hf(target, weights="quantized"), "dequantized": FastLlama.from_hf(target)}
+    prompt = torch.randint(100, 20000, (1, args.context), generator=torch.Generator().manual_seed(0))
+    times = {(name, rows): [] for name in models for rows in (1, 5)}
+    with torch.inference_mode():
+        caches = {name: m.new_cache(1, args.context + 64) for name, m in models.items()}
+        for name, m in models.items():
+            m(prompt, caches[name])
+        for _ in range(args.repeats):
+            for name, m in models.items():
+                for rows in (1, 5):
+                    x = prompt[:, :rows]
+                    for _ in range(2):  # (a warm call, then the timed one, at the same positions)
+                        caches[name].lengths.fill_(args.context)  # (rewound: the prompt's K/V stay)
+                        start = time.perf_counter()
+                        m(x, caches[name])
+                    times[(name, rows)].append((time.perf_counter() - start) * 1e3)
+    for (name, rows), t in times.items():
+        print(json.dumps({"weights": name, "rows": rows, "threads": args.threads, "context": args.context,
+                          "ms_median": round(float(np.median(t)), 2), "ms_min": round(min(t), 2),
+                          "ms_max": round(max(t), 2), "load": round(os.getloadavg()[0], 1)}))
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="what", required=True)
+    st = sub.add_parser("step")
+    st.add_argument("--threads", type=int, default=1)
+    st.add_argument("--repeats", type=int, default=5)
+    st.add_argument("--context", type=int, default=128)
     g = sub.add_parser("gemm")
     g.add_argument("--threads", type=int, default=2)
     g.add_argument("--rows", type=int, nargs="+", default=[1, 5])
@@ -152,10 +212,11 @@ def main(argv=None) -> None:
     d.add_argument("--threads", type=int, default=2)
     d.add_argument("--prompts", type=int, default=2)
     d.add_argument("--tokens", type=int, default=64)
+    sub.add_parser("logits")
     m = sub.add_parser("memory")
     m.add_argument("gguf")
     args = parser.parse_args(argv)
-    {"gemm": gemm, "decode": decode, "memory": memory}[args.what](args)
+    {"gemm": gemm, "decode": decode, "memory": memory, "step": step, "logits": logits}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,9 @@ def add_model_options(parser: argparse.ArgumentParser, *, device: str = "auto", 
     group.add_argument("--quiet", action="store_true", help="no diagnostics on stderr (errors still are)")
     group.add_argument("--allow-pickle", action="store_true",
                        help="also load pickled .bin weights (unpickling can run code: only for checkpoints you trust)")
+    group.add_argument("--gguf-weights", choices=("auto", "quantized", "dequantized"), default="auto",
+                       help="a .gguf model on the CPU: keep its quantized blocks (8-bit activation kernel) or "
+                            "dequantize to float32; auto = dequantized")
 
 
 def add_checkpoint_options(parser, *, draft: bool = True) -> None:
@@ -106,6 +109,10 @@ def apply_model_options(args: argparse.Namespace) -> None:
         resolve_dtype(args.dtype, device)
     except (ValueError, TypeError) as err:
         raise CLIError(f"--dtype: {err}") from None
+    if getattr(args, "gguf_weights", "auto") != "auto":
+        from specdec.fast.quant.attach import set_default
+
+        set_default(args.gguf_weights)
     if args.threads:
         import torch
 

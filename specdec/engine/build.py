@@ -100,12 +100,13 @@ def covers_drafter(drafter) -> bool:
     return covers(drafter)
 
 
-def _fast_model(model, check_only: bool = False) -> FastLlama | None:
+def _fast_model(model, check_only: bool = False, gguf_weights: str = "auto",
+                bitwise: bool = False) -> FastLlama | None:
     if isinstance(model, FastLlama):
         return model
     inner = getattr(model, "model", None)  # specdec wrappers: HFCausalLM, ModelDrafter, FastTarget, FastDrafter
     if not isinstance(model, torch.nn.Module) and inner is not None and not isinstance(model, (str, Path)):
-        return _fast_model(inner, check_only)
+        return _fast_model(inner, check_only, gguf_weights, bitwise)
     if isinstance(model, (str, Path)):
         from transformers import AutoConfig
 
@@ -148,17 +149,19 @@ def _fast_model(model, check_only: bool = False) -> FastLlama | None:
             return FastLlama.from_hf(model)
         from specdec.fast.quant.attach import quantized_from_hf  # a GGUF on the CPU: its weights stay quantized
 
-        fast = quantized_from_hf(model)
+        fast = quantized_from_hf(model, weights=gguf_weights, bitwise=bitwise)
         return fast if fast is not None else adopt_hf(model)
     except (KeyError, AttributeError, TypeError) as err:  # a layout the copy does not know: not a crash
         raise UnsupportedModel(f"the engine cannot copy this {model_type} model ({type(err).__name__}: {err})") \
             from None
 
 
-def build_model(target, kernels: str = "auto", bitwise: bool = False, model_impl: str = "auto") -> FastLlama:
+def build_model(target, kernels: str = "auto", bitwise: bool = False, model_impl: str = "auto",
+                gguf_weights: str = "auto") -> FastLlama:
     """The engine's target body: `model_impl` (`EngineConfig.model_impl`) picks a fast family body or the
-    transformers backend (`fast.hf_backend.HFBackendModel`)."""
-    model = _model_body(target, model_impl, bitwise)
+    transformers backend (`fast.hf_backend.HFBackendModel`); `gguf_weights` (`EngineConfig.gguf_weights`) whether a
+    GGUF's weights stay quantized on the CPU (`fast.quant.attach`)."""
+    model = _model_body(target, model_impl, bitwise, gguf_weights)
     model.kernels = kernels
     # (a ValueError for families it does not cover: never a silent fallback). Drafters keep their own kernels: under
     # bitwise every committed token is the target's own (argmax, or `verify_coupled`'s race draw), so a draft only
@@ -172,13 +175,13 @@ def build_model(target, kernels: str = "auto", bitwise: bool = False, model_impl
     return model
 
 
-def _model_body(model, model_impl: str = "auto", bitwise: bool = False):
+def _model_body(model, model_impl: str = "auto", bitwise: bool = False, gguf_weights: str = "auto"):
     """The fast body (`_fast_model`) or the transformers backend, as `model_impl` says ("auto": fast where it covers
     the model, else the backend, one log line per model type)."""
     if isinstance(model, HFBackendModel) or model_impl == "transformers":
         return model if isinstance(model, HFBackendModel) else _backend(model)
     try:
-        return _fast_model(model)
+        return _fast_model(model, gguf_weights=gguf_weights, bitwise=bitwise)
     except UnsupportedModel as err:
         if bitwise and model_impl == "auto":
             raise UnsupportedModel(f"{err}; bitwise=True needs a fast family body (the transformers backend runs "
@@ -243,7 +246,7 @@ def build_drafter(drafter, engine):
     impl = engine.config.model_impl
     if not covers_drafter(drafter) and (impl == "fast" or not _backend_drafter(drafter)):
         raise UnsupportedModel(f"the engine does not run {type(drafter).__name__} drafters (use engine='hf')")
-    model = _model_body(drafter, impl)
+    model = _model_body(drafter, impl, gguf_weights=engine.config.gguf_weights)
     if model.device != engine.device:
         model = model.to(engine.device)
     from specdec.drafters.cross_vocab import CrossVocabDrafter

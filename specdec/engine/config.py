@@ -113,6 +113,10 @@ class EngineConfig:
                       chain, and a later prompt starting with them skips their prefill, the target's and a cached
                       drafter's or a feature head's (`engine/prefix_cache.py`); None (the default) = on with
                       kv_layout="paged" (vLLM's default), off with the static layout; False for A/B runs
+    gguf_weights      a model read from a GGUF, on the CPU in float32: "quantized" keeps the file's blocks and
+                      multiplies by 8-bit activations (`fast.quant`), "dequantized" keeps dense float32 weights;
+                      "auto" = the process default (`--gguf-weights`, env SPECDEC_GGUF_WEIGHTS), else
+                      "dequantized" (docs/benchmarks/quantized_cpu.md says why)
     """
 
     max_batch_size: int = 64
@@ -136,6 +140,7 @@ class EngineConfig:
     kv_cache_memory: int | float | None = None
     enable_prefix_caching: bool | None = None  # None: on with the paged pool (resolved in __post_init__)
     model_impl: str = "auto"
+    gguf_weights: str = "auto"
 
     def __post_init__(self) -> None:
         if self.model_impl not in MODEL_IMPLS:
@@ -156,6 +161,8 @@ class EngineConfig:
                 as_int(memory, "kv_cache_memory", minimum=1, maximum=1 << 50)
             if self.kv_layout != "paged":
                 raise ValueError(f"kv_cache_memory={memory!r} sizes the paged pool: it needs kv_layout='paged'")
+        if self.gguf_weights not in ("auto", "quantized", "dequantized"):
+            raise ValueError(f"gguf_weights must be 'auto', 'quantized' or 'dequantized', got {self.gguf_weights!r}")
         if self.enable_prefix_caching is None:
             object.__setattr__(self, "enable_prefix_caching", self.kv_layout == "paged")
         if not isinstance(self.enable_prefix_caching, bool):

@@ -71,7 +71,7 @@ class Engine(Admission, ChunkedPrefill, Commit, Warmup, Beams):
 
         self.config = config = config or EngineConfig()
         with torch.inference_mode():
-            self.model = build_model(target, config.kernels, config.bitwise, config.model_impl)
+            self.model = build_model(target, config.kernels, config.bitwise, config.model_impl, config.gguf_weights)
             shape = self.model.shape
             self.device = self.model.device
             self.vocab_size = shape.vocab_size

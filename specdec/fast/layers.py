@@ -22,16 +22,16 @@ from specdec.fast.kernels.linear import FASTER_THAN_CUBLAS, linear
 from specdec.fast.kernels.mlp import silu_mul
 from specdec.fast.kernels.norm import add_rms_norm, rms_norm
 from specdec.fast.kernels.rope import rope_cache_write
-from specdec.fast.quant.kernel import quant_add_linear_, quant_linear
+from specdec.fast.quant.kernel import kernel_available, quant_add_linear_, quant_linear
 from specdec.fast.quant.weight import QuantWeight, quantized
 
 __all__ = ["LlamaLayers"]
 
 
 def _unless_bitwise(quant, kernel: str):
-    if kernel == "bitwise":  # (its prefill chunks run the BLAS on dequantized rows: not one order for every count)
-        raise ValueError(f"bitwise=True does not cover GGUF weights kept quantized ({quant.source}); set "
-                         "SPECDEC_GGUF_WEIGHTS=dequantized to run them in float32")
+    if kernel == "bitwise" and not kernel_available():  # (q8_mm is row-count invariant; its BLAS fallback is not)
+        raise ValueError(f"bitwise=True does not cover GGUF weights kept quantized ({quant.source}) without the "
+                         "quantized kernel; set gguf_weights='dequantized' to run them in float32")
     return quant
 
 

@@ -1,8 +1,8 @@
 """A GGUF's quantized tensors on the engine: a tiny Llama GGUF holding every block type (written here with gguf's
 writer; the K-quants as random raw blocks) loads through `load_model`, and the engine's `FastLlama` keeps its linear
-weights quantized (`fast.quant.attach`): the same logits as the dense float32 copy within rounding, greedy plain ==
-speculative with a quantized draft model, one log line naming the types and the kernel; and on the real
-SmolLM2-135M-Instruct Q4_1 file (skipped when it is not installed).
+weights quantized (`fast.quant.attach`): logits near the dense float32 copy's (the kernel rounds activations to 8
+bits), greedy plain == speculative with a quantized draft model, one log line naming the types and the kernel, the
+option's precedence; and on the real SmolLM2-135M-Instruct Q4_1 file (skipped when it is not installed).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from fast.quant.test_blocks import raw_tensor  # noqa: E402
 from gguf_helpers import CHARS, smollm2_gguf, smollm2_marks  # noqa: E402
 
 from specdec.fast.model import FastLlama  # noqa: E402
-from specdec.fast.quant.attach import ENV, quantized_from_hf  # noqa: E402
+from specdec.fast.quant import attach  # noqa: E402
+from specdec.fast.quant.attach import ENV, quantized_from_hf, resolve_weights, set_default  # noqa: E402
 from specdec.fast.quant.weight import quantized  # noqa: E402
 from specdec.loading import load_model  # noqa: E402
 from specdec.loading.gguf_tensors import gguf_origin, read_quantized, tensor_types  # noqa: E402
@@ -79,9 +80,10 @@ def write_quantized_gguf(path: Path) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def opted_in(monkeypatch):
-    """The kept-quantized path is opt-in (`SPECDEC_GGUF_WEIGHTS=quantized`); these tests are about it."""
-    monkeypatch.setenv(ENV, "quantized")
+def no_process_default(monkeypatch):
+    """No --gguf-weights / SPECDEC_GGUF_WEIGHTS from outside: these tests set what they test."""
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr(attach, "_default", [])
 
 
 @pytest.fixture(scope="module")
@@ -105,9 +107,9 @@ def test_the_file_holds_every_block_type_and_the_loader_remembers_it(quantized_g
 
 def test_the_engine_model_keeps_them_quantized_with_the_dense_logits(hf_model, caplog):
     with caplog.at_level(logging.INFO, logger="specdec.fast.quant.attach"):
-        fast = quantized_from_hf(hf_model)
+        fast = quantized_from_hf(hf_model, weights="quantized")
     lines = [r.getMessage() for r in caplog.records if "kept quantized" in r.getMessage()]
-    assert len(lines) == 1 and "Q4_K+Q6_K" in lines[0] and ("quant_mm" in lines[0] or "chunks" in lines[0])
+    assert len(lines) == 1 and "Q4_K+Q6_K" in lines[0] and ("q8_mm" in lines[0] or "chunks" in lines[0])
     for name in ("wqkv", "wo", "w_gate_up", "w_down"):
         assert all(p.is_meta and quantized(p) is not None for p in getattr(fast, name))
     assert fast.lm_head.is_meta and not fast.embed.is_meta  # untied: the head quantized, the embedding gathered
@@ -117,18 +119,19 @@ def test_the_engine_model_keeps_them_quantized_with_the_dense_logits(hf_model, c
         cq, cd = fast.new_cache(1, 32), dense.new_cache(1, 32)
         for chunk in (tokens, tokens[:, :1], tokens[:, :5]):  # a prefill, a decode step, a verify pass
             lq, ld = fast(chunk, cq), dense(chunk, cd)
-            assert (lq - ld).abs().max() <= 1e-4 * ld.abs().max() + 1e-5
-        wrong = dense.wo[0].detach().clone()
-        dense.wo[0].mul_(1.01)  # the negative control: a 1% scale error in one matrix is far outside that bound
+            assert (lq - ld).norm() <= 0.04 * ld.norm()  # (8-bit activations, random weights: measured 1.2–2%)
+        wrong = dense.w_down[1].detach().clone()
+        dense.w_down[1].mul_(2.0)  # the negative control: one matrix scaled twice over is outside that bound
         cq, cd = fast.new_cache(1, 32), dense.new_cache(1, 32)
         lq, ld = fast(tokens, cq), dense(tokens, cd)
-        assert (lq - ld).abs().max() > 1e-4 * ld.abs().max() + 1e-5
-        dense.wo[0].copy_(wrong)
+        assert (lq - ld).norm() > 0.04 * ld.norm()
+        dense.w_down[1].copy_(wrong)
 
 
 def test_greedy_plain_equals_speculative_on_the_quantized_engine(quantized_gguf, hf_model):
     import specdec
 
+    set_default("quantized")  # (what --gguf-weights quantized sets)
     draft = load_model(quantized_gguf, device="cpu", dtype="float32", what="draft")  # quantized too
     prompt = [0, 5, 9, 14, 3, 22]
     plain = specdec.generate(hf_model, [prompt], drafter=None, max_new_tokens=24, temperature=0, engine="fast")
@@ -138,20 +141,62 @@ def test_greedy_plain_equals_speculative_on_the_quantized_engine(quantized_gguf,
     assert spec.stats.alpha == 1.0  # (the drafter is the target: every draft accepted)
 
 
-def test_opting_in_out_and_bitwise(hf_model, monkeypatch):
+def test_the_option_and_its_precedence(hf_model, monkeypatch):
+    """EngineConfig's gguf_weights, else the process default (--gguf-weights), else the environment's alias, else
+    `DEFAULT` (dequantized under bitwise); a bad value is refused by name."""
+    assert resolve_weights() == attach.DEFAULT and resolve_weights(bitwise=True) == "dequantized"
+    assert quantized_from_hf(hf_model, weights="dequantized") is None
     monkeypatch.setenv(ENV, "dequantized")
-    assert quantized_from_hf(hf_model) is None
+    assert resolve_weights() == "dequantized" and quantized_from_hf(hf_model) is None
+    assert resolve_weights("quantized") == "quantized"
+    set_default("quantized")
+    assert resolve_weights() == "quantized"
+    set_default("auto")
     monkeypatch.setenv(ENV, "fp4")
     with pytest.raises(ValueError, match=ENV):
         quantized_from_hf(hf_model)
+    with pytest.raises(ValueError, match="gguf_weights"):
+        resolve_weights("int4")
+    from specdec.engine import EngineConfig
+
+    with pytest.raises(ValueError, match="gguf_weights"):
+        EngineConfig(gguf_weights="int4")
     monkeypatch.delenv(ENV)
-    assert quantized_from_hf(hf_model) is None  # the default: dequantized
-    monkeypatch.setenv(ENV, "quantized")
+    set_default("quantized")
     fast = quantized_from_hf(hf_model)
-    fast.bitwise = True
+    fast.bitwise = True  # (the kernel is row-count invariant: bitwise covers it; without it, refused)
+    monkeypatch.setattr("specdec.fast.layers.kernel_available", lambda: False)
     with pytest.raises(ValueError, match="bitwise=True does not cover GGUF weights"):
         fast(torch.tensor([[0, 5]]), fast.new_cache(1, 8))
     assert quantized_from_hf(FastLlama.from_hf(hf_model)) is None  # not from a GGUF: nothing to keep
+
+
+def test_the_cli_flag_sets_the_process_default(capsys):
+    import argparse
+
+    from specdec.cli.common import add_model_options, apply_model_options
+
+    parser = argparse.ArgumentParser()
+    add_model_options(parser, device="cpu")
+    apply_model_options(parser.parse_args(["--gguf-weights", "quantized", "--threads", "0"]))
+    assert resolve_weights() == "quantized"
+    apply_model_options(parser.parse_args(["--gguf-weights", "dequantized", "--threads", "0"]))
+    assert resolve_weights() == "dequantized"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--gguf-weights", "int4"])
+    assert "--gguf-weights" in capsys.readouterr().err
+
+
+def test_the_engine_takes_the_option(hf_model):
+    from specdec.engine import Engine, EngineConfig
+
+    def kept(config):
+        return quantized(Engine(hf_model, None, config).model.wo[0]) is not None
+
+    assert kept(EngineConfig(max_batch_size=1, max_seq_len=32, gguf_weights="quantized"))
+    assert not kept(EngineConfig(max_batch_size=1, max_seq_len=32, gguf_weights="dequantized"))
+    assert kept(EngineConfig(max_batch_size=1, max_seq_len=32)) == (attach.DEFAULT == "quantized")
+    assert not kept(EngineConfig(max_batch_size=1, max_seq_len=32, bitwise=True))
 
 
 SMOL = smollm2_gguf()
@@ -160,14 +205,48 @@ SMOL = smollm2_gguf()
 def test_smollm2s_tensors_on_the_kernel():
     assert tensor_types(SMOL) == {"Q4_1": 210, "F32": 61, "Q8_0": 1}
     model = load_model(SMOL, device="cpu", dtype="float32", what="target")
-    fast, dense = quantized_from_hf(model), FastLlama.from_hf(model)
+    fast, dense = quantized_from_hf(model, weights="quantized"), FastLlama.from_hf(model)
     assert quantized(fast.embed).source == "Q8_0" and fast.lm_head is fast.embed  # tied: the head's quantized copy
     ids = torch.tensor([[1, 504, 3458, 314, 260, 1345, 28, 339, 2000, 17, 5]])
     with torch.inference_mode():
         lq, ld = fast(ids, fast.new_cache(1, 32)), dense(ids, dense.new_cache(1, 32))
-    assert (lq - ld).abs().max() <= 1e-4 * ld.abs().max()  # (measured: 9.5e-5 on logits of magnitude 31)
-    assert torch.equal(lq.argmax(-1), ld.argmax(-1))
+    # 8-bit activations in every product: measured max |Δ| 1.33 on logits of magnitude 31 (4.3%), mean 0.25; the
+    # argmax equal at 9 of 11 positions; KL(dense || quantized) 0.0066 nats mean (docs/benchmarks/quantized_cpu.md)
+    assert (lq - ld).abs().max() <= 0.08 * ld.abs().max()
+    assert (lq - ld).abs().mean() <= 0.02 * ld.abs().max()
+    assert (lq.argmax(-1) == ld.argmax(-1)).float().mean() >= 0.7
 
 
 for _mark in smollm2_marks(SMOL):
     test_smollm2s_tensors_on_the_kernel = _mark(test_smollm2s_tensors_on_the_kernel)
+
+
+def test_smollm2_greedy_plain_equals_speculative_quantized():
+    """The demo's target kept quantized with its shipped head, in bitwise mode (which covers the quantized kernel:
+    row-count invariant): the same greedy tokens with and without speculation. (Outside bitwise mode the CPU
+    attention is not row-count invariant, and the 8-bit rounding of the activations can turn its last-bit
+    differences into another token: measured at the 23rd token of this prompt; docs/benchmarks/quantized_cpu.md.)"""
+    from specdec.cli.demo_chat import SHIPPED_HEAD, load_gguf
+    from specdec.engine import Engine, EngineConfig
+    from specdec.request import SamplingParams
+    from specdec.zoo.instructions import DEMO_PROMPTS
+    from specdec.zoo.responses import chat_prompt_ids
+
+    target, tokenizer = load_gguf(SMOL)
+    ids = chat_prompt_ids(tokenizer, list(DEMO_PROMPTS)[:1])[0]
+    texts = []
+    for drafter in (None, str(SHIPPED_HEAD)):
+        engine = Engine(target, drafter, EngineConfig(max_batch_size=1, max_seq_len=256, num_draft_tokens=4,
+                                                      bitwise=True, gguf_weights="quantized"))
+        assert quantized(engine.model.wo[0]) is not None
+        engine.add_request(ids, SamplingParams(max_new_tokens=32, temperature=0))
+        tokens = []
+        while engine.has_unfinished():
+            for out in engine.step():
+                tokens += out.new_token_ids
+        texts.append(tokens)
+    assert len(texts[0]) == 32 and texts[0] == texts[1]
+
+
+for _mark in smollm2_marks(SMOL):
+    test_smollm2_greedy_plain_equals_speculative_quantized = _mark(test_smollm2_greedy_plain_equals_speculative_quantized)

@@ -9,10 +9,11 @@ the `QuantWeight` (`quantized(weight)`), which `FastLlama`'s GEMM helpers send t
 float32 copy of those weights is never made in the `FastLlama` (the transformers model keeps its own until released).
 A tied LM head keeps the dense embedding for gathers and multiplies by its quantized copy.
 
-Opt-in: `SPECDEC_GGUF_WEIGHTS=quantized` (environment) turns it on; the default, "dequantized", keeps every weight
-dense float32. The kept-quantized model holds 0.42x the bytes (SmolLM2 Q4_1: 214 MiB against 513) but decodes no
-faster here yet: the demo read 24.5 → 44.4 tok/s quantized against 29.3 → 57.5 dequantized, plain → speculative,
-in the same window (docs/benchmarks/quantized_cpu.md), so it stays off until its kernel beats oneDNN's fp32 product.
+Which weights a GGUF gets (`resolve_weights`): `EngineConfig(gguf_weights=...)` when not "auto", else the process
+default (`specdec ... --gguf-weights`, `set_default`; `SPECDEC_GGUF_WEIGHTS` in the environment is an alias of it),
+else `DEFAULT`. "quantized" keeps the file's blocks (this module); "dequantized" keeps every weight dense float32
+(transformers' dequantization, oneDNN's packed product). Bitwise mode under "auto" runs dequantized (its invariant
+GEMMs are the dense ones).
 """
 
 from __future__ import annotations
@@ -27,9 +28,38 @@ from specdec.fast.quant.weight import ATTRIBUTE as _ATTR, quantized
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["quantized", "quantized_from_hf", "quantized_bytes", "ENV"]
+__all__ = ["quantized", "quantized_from_hf", "quantized_bytes", "resolve_weights", "set_default", "ENV", "WEIGHTS",
+           "DEFAULT"]
 
-ENV = "SPECDEC_GGUF_WEIGHTS"  # "quantized" | "dequantized" (default)
+ENV = "SPECDEC_GGUF_WEIGHTS"  # an alias of `set_default` / --gguf-weights: "quantized" | "dequantized"
+WEIGHTS = ("auto", "quantized", "dequantized")
+DEFAULT = "dequantized"  # until the demo measures "quantized" faster, and greedy-identical (docs/benchmarks/quantized_cpu.md)
+_default: list[str] = []  # the process default (`set_default`), at most one
+
+
+def _checked(value, name: str) -> str:
+    if value not in WEIGHTS:
+        raise ValueError(f"{name} must be one of {', '.join(WEIGHTS)}, got {value!r}")
+    return value
+
+
+def set_default(value: str) -> None:
+    """The process default of `gguf_weights` (the CLI's --gguf-weights); "auto" clears it."""
+    _default[:] = [] if _checked(value, "gguf_weights") == "auto" else [value]
+
+
+def resolve_weights(value: str | None = "auto", bitwise: bool = False) -> str:
+    """"quantized" or "dequantized" for a GGUF model: `value` unless "auto" (or None), then the process default, the
+    environment's alias, and `DEFAULT` (under bitwise, "auto" means "dequantized")."""
+    value = _checked("auto" if value is None else value, "gguf_weights")
+    if value != "auto":
+        return value
+    if _default:
+        return _default[0]
+    env = os.environ.get(ENV)
+    if env:
+        return _checked(env, ENV) if env != "auto" else ("dequantized" if bitwise else DEFAULT)
+    return "dequantized" if bitwise else DEFAULT
 
 
 def _placeholder(qw) -> torch.nn.Parameter:
@@ -53,13 +83,11 @@ def quantized_bytes(fast) -> int:
     return sum(q.nbytes for q in _weights(fast))
 
 
-def _why_not(model, file) -> str | None:
+def _why_not(model, weights: str) -> str | None:
     from specdec.fast.families import LlamaShape
 
-    if os.environ.get(ENV, "dequantized") not in ("quantized", "dequantized"):
-        raise ValueError(f"{ENV} must be 'quantized' or 'dequantized', got {os.environ[ENV]!r}")
-    if os.environ.get(ENV, "dequantized") == "dequantized":
-        return f"{ENV}=dequantized (the default; {ENV}=quantized keeps the file's blocks)"
+    if weights == "dequantized":
+        return "gguf_weights='dequantized'"
     ref = model.get_input_embeddings().weight
     if ref.device.type != "cpu" or ref.dtype != torch.float32:
         return f"the model is {ref.dtype} on {ref.device.type} (quantized weights run on the CPU in float32)"
@@ -80,10 +108,10 @@ def _same(qw, tensor: torch.Tensor, rows: int = 256) -> bool:
     return torch.equal(qw.select_rows(picked).dequantize(), tensor.index_select(0, picked))
 
 
-def quantized_from_hf(model, kernels: str = "auto"):
+def quantized_from_hf(model, kernels: str = "auto", weights: str | None = "auto", bitwise: bool = False):
     """A `FastLlama` with the GGUF's linear weights kept quantized, or None when `model` did not come from a GGUF, or
-    its weights cannot stay quantized here (the reason logged once). ValueError when the file's weights are not the
-    model's (never silently)."""
+    `weights` (`resolve_weights`) says "dequantized", or its weights cannot stay quantized here (the reason logged
+    once). ValueError when the file's weights are not the model's (never silently)."""
     from specdec.fast.model import FastLlama
     from specdec.fast.quant.kernel import kernel_name
     from specdec.fast.weights import hf_ropes, hf_weights
@@ -92,7 +120,7 @@ def quantized_from_hf(model, kernels: str = "auto"):
     file = gguf_origin(model)
     if file is None:
         return None
-    reason = _why_not(model, file)
+    reason = _why_not(model, resolve_weights(weights, bitwise))
     if reason is not None:
         logger.info("%s: weights dequantized to float32 (%s)", file.name, reason)
         return None

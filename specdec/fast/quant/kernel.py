@@ -1,13 +1,17 @@
 """The products over a `QuantWeight`: y = x @ Wᵀ (+ bias), or residual += x @ Wᵀ, without a dense copy of W.
 
-Up to `KERNEL_ROWS` rows (a decode step, a verify pass, a prefill chunk) run `quant_cpu.cpp`, which reads the
-weight quantized (torch's
-own weight-only CPU ops, `_weight_int4pack_mm_for_cpu` / `_weight_int8pack_mm`, ran 8–50x slower than oneDNN's fp32
-product on this machine's AVX-512 EPYC at these shapes, so they are not used; `scripts/bench_quant_cpu.py`). More rows
-dequantize `CHUNK_ROWS` weight rows at a time and call the BLAS: one chunk's fp32 at a time, never
-the whole matrix. The extension is built once per host with `torch.utils.cpp_extension` (g++ and ninja, no
-download) into torch's extension cache; where it cannot be built (`kernel_available()` False, the reason logged once)
-every product takes the chunked path — correct, slower.
+Every row count runs `q8_cpu.cpp` (a C++ extension built once per host with `torch.utils.cpp_extension`: g++ and
+ninja, no download, into torch's extension cache): each row of x quantized to 8 bits per block of 32 (a scale and
+the sums of its halves), integer dot products against W's 4- or 8-bit blocks (AVX-512 VNNI `vpdpbusd` or AVX2
+`maddubs`, chosen at run time from the CPU's flags; portable C++ elsewhere — all three give the same bits), float
+accumulation in a fixed order, output columns across torch's threads. A row's output does not depend on how many
+rows are in the call, so a verify pass of γ + 1 rows gives each row what a one-row decode step gives it.
+
+The activation quantization makes the product differ from the dequantized float32 one (W is exact; x is rounded to
+8 bits per block): relative error ~0.3–1% of the output's scale on random tensors, bounded per block type in
+`tests/fast/quant/test_kernel.py`. Where the extension cannot be built (`kernel_available()` False, the reason logged
+once) every product dequantizes `CHUNK_ROWS` weight rows at a time and calls the BLAS: the exact float32 product,
+slower, and not row-count invariant.
 """
 
 from __future__ import annotations
@@ -23,12 +27,12 @@ from specdec.fast.quant.weight import QuantWeight
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["KERNEL_ROWS", "CHUNK_ROWS", "kernel_available", "kernel_name", "quant_linear", "quant_add_linear_"]
+__all__ = ["CHUNK_ROWS", "ISAS", "kernel_available", "kernel_name", "kernel_isa", "quant_linear",
+           "quant_add_linear_"]
 
-KERNEL_ROWS = 512  # rows up to which the quantized kernel runs (in row tiles of 8, each re-reading the weight: a
-# 3072 x 576 Q4_1 product of 128 rows took 36-47 ms against 150-290 ms dequantized + BLAS, on the loaded 2-core host)
-CHUNK_ROWS = 4096  # weight rows dequantized at once on the chunked path (a vocabulary-sized head: 12 chunks)
-_SOURCE = Path(__file__).with_name("quant_cpu.cpp")
+CHUNK_ROWS = 4096  # weight rows dequantized at once on the fallback path (a vocabulary-sized head: 12 chunks)
+ISAS = {0: "auto", 1: "C++", 2: "AVX2", 3: "AVX-512 VNNI"}  # the kernel's `isa` argument
+_SOURCE = Path(__file__).with_name("q8_cpu.cpp")
 
 
 @functools.cache
@@ -37,11 +41,9 @@ def _load() -> str | None:
     try:
         from torch.utils import cpp_extension
 
-        capability = torch.backends.cpu.get_cpu_capability().lower()
-        name = f"specdec_quant_cpu_{capability}"  # (-march=native: one build per kind of host)
-        cpp_extension.load(name=name, sources=[str(_SOURCE)], extra_cflags=["-O3", "-march=native"],
-                           is_python_module=False, verbose=False)
-        torch.ops.specdec_quant.quant_mm  # noqa: B018 - registered by the library's load
+        cpp_extension.load(name="specdec_quant_q8", sources=[str(_SOURCE)],
+                           extra_cflags=["-O3", "-ffp-contract=off"], is_python_module=False, verbose=False)
+        torch.ops.specdec_q8.q8_mm  # noqa: B018 - registered by the library's load
     except Exception as err:  # noqa: BLE001 - no compiler, no ninja, a failed build: the chunked path instead
         reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
         logger.warning("specdec's quantized CPU kernel is unavailable (%s); quantized weights run dequantized in "
@@ -51,15 +53,19 @@ def _load() -> str | None:
 
 
 def kernel_available() -> bool:
-    """Whether the quantized kernel (`quant_cpu.cpp`) is built and loaded on this host (builds it on first call)."""
+    """Whether the quantized kernel (`q8_cpu.cpp`) is built and loaded on this host (builds it on first call)."""
     return _load() is None
 
 
+def kernel_isa() -> int:
+    """The best `isa` this CPU runs (3 AVX-512 VNNI, 2 AVX2, 1 portable C++); 0 without the kernel."""
+    return int(torch.ops.specdec_q8.q8_isa()) if kernel_available() else 0
+
+
 def kernel_name() -> str:
-    """The kernel's name for log lines: "specdec quant_mm (…)" or the chunked fallback."""
+    """The kernel's name for log lines: "specdec q8_mm (…)" or the chunked fallback."""
     if kernel_available():
-        return f"specdec quant_mm ({torch.backends.cpu.get_cpu_capability()}, ≤ {KERNEL_ROWS} rows; BLAS on " \
-               f"{CHUNK_ROWS}-row dequantized chunks above)"
+        return f"specdec q8_mm (8-bit activations × quantized weights, {ISAS[kernel_isa()]})"
     return "dequantized chunks + BLAS (the quantized kernel did not build)"
 
 
@@ -75,11 +81,11 @@ def _chunked(x2: torch.Tensor, weight: QuantWeight, out: torch.Tensor, bias: tor
 
 
 def _product(x2: torch.Tensor, weight: QuantWeight, out: torch.Tensor, bias: torch.Tensor | None,
-             accumulate: bool) -> None:
-    if x2.shape[0] <= KERNEL_ROWS and kernel_available():
+             accumulate: bool, isa: int = 0) -> None:
+    if kernel_available():
         offset = weight.offset if weight.offset is not None else weight.scale.new_empty(0)
-        torch.ops.specdec_quant.quant_mm(x2, weight.qs, weight.scale, offset, weight.bits, weight.group,
-                                         None if bias is None else bias.contiguous(), out, accumulate)
+        torch.ops.specdec_q8.q8_mm(x2, weight.qs, weight.scale, offset, weight.bits, weight.group,
+                                   None if bias is None else bias.contiguous(), out, accumulate, isa)
     else:
         _chunked(x2, weight, out, bias, accumulate)
 
@@ -90,13 +96,15 @@ def _check(x: torch.Tensor, weight: QuantWeight) -> None:
                          f"{x.dtype} {x.device.type} {tuple(x.shape)}")
 
 
-def quant_linear(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x `[..., K]` @ Wᵀ (+ bias `[N]`) → `[..., N]` float32, W the quantized `[N, K]`."""
+def quant_linear(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None = None, *,
+                 isa: int = 0) -> torch.Tensor:
+    """x `[..., K]` @ Wᵀ (+ bias `[N]`) → `[..., N]` float32, W the quantized `[N, K]`; `isa` (tests) forces a path
+    of the kernel (`ISAS`), 0 the best this CPU runs."""
     _check(x, weight)
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
     out = x2.new_empty(x2.shape[0], weight.shape[0])
     if x2.shape[0]:
-        _product(x2, weight, out, bias, accumulate=False)
+        _product(x2, weight, out, bias, False, isa)
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
