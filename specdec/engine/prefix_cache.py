@@ -97,7 +97,8 @@ class PrefixCache:
         self._entries: dict[int, tuple] = {}
         self.models = tuple(m for m in models if isinstance(m, torch.nn.Module))
         self._samples = [(t, torch.arange(0, t.numel(), max(1, t.numel() // 64) | 1, device=t.device))
-                         for m in self.models for t in m.state_dict(keep_vars=True).values() if t.numel()]
+                         for m in self.models for t in m.state_dict(keep_vars=True).values()
+                         if t.numel() and not t.is_meta]  # (meta: a weight held elsewhere, e.g. kept quantized)
         self._weights = self._fingerprint()
         self._weights_checked = False  # since the last step (`commit_rows`)
         self.epoch = 0
@@ -224,7 +225,9 @@ class PrefixCache:
         full = min(stable, len(tokens)) // self.block_size
         if full <= state.num_cached_blocks:
             return
-        self._check_weights()
+        # (no weight check here, only before a hit — `attach`: blocks entered after a change of weights are
+        # cleared by the check that precedes the next hit, before any request can read them; checking on every
+        # entry gathered a sample of every weight tensor and synchronized the device about once a step)
         if state.epoch != self.epoch:  # (admitted under other weights: its K/V never enter)
             return
         if len(state.hashes) < full:
