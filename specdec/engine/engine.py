@@ -18,6 +18,10 @@ sums on the device (`SlotState.counters`) and an engine-wide sum, read when a re
 requests leave and their slots are refilled at the next step. Rollback is free: each row's cache write
 position is its committed length − 1, reset at every step.
 
+Who runs is the scheduler's (`engine/scheduler.py`: queues, slots, the paged pool's tables, admission, preemption,
+caps); the tensors are the runner's (`engine/runner.py`: models, caches, slot state, step shapes); between them a
+step is a frozen `StepInput` in and a `StepRecord` out, which `engine.commit` folds into outputs.
+
 Graphs are captured once per (batch bucket, γ, length bucket, flavor) and replayed; the cache is allocated
 once. Each request carries its own parameters and seed; its random draws are a function of (seed, position)
 (`specdec.rng`), so with a fixed γ its tokens do not depend on the other requests in the batch.
@@ -56,14 +60,15 @@ def _forward(owner: str, name: str, doc: str | None = None) -> property:
     return property(lambda self: getattr(getattr(self, owner), name), doc=doc)
 
 
-class Engine(Beams):
+class Engine:
     """See the module doc. `add_request` and `abort` are thread-safe; `step` runs on one thread.
 
     Its parts are objects with their own state: the `scheduler` (`engine/scheduler.py`: queues, slots, the paged
     pool's tables, admission, preemption, caps), the `runner` (`engine/runner.py`: models, caches, slot state, step
     shapes), the γ `policy` and the chunked prefill's budget (`prefill.ChunkedPrefill`). A step is: the scheduler's
     decisions (admission, `engine/admission.py`; chunked prefill, `engine/prefill.py`), a `StepInput` the runner
-    runs into a `StepRecord`, and `commit.commit` of that record into outputs. Beam groups: `beam.Beams`."""
+    runs into a `StepRecord`, and `commit.commit` of that record into outputs; beam groups (`beam.Beams`) run their
+    own forwards on the runner's slots above the chains'."""
 
     def __init__(self, target, drafter=None, config: EngineConfig | None = None):
         self.config = config = config or EngineConfig()
@@ -81,7 +86,7 @@ class Engine(Beams):
         self.stats = SpecStats()
         self._caps_from = self._step_caps = None  # the scheduler's caps record, and the one the steps run with (a
         # policy's per-row hold, `row_caps`, replaces its first rows until the rows change)
-        self._init_beams()
+        self.beams = Beams(self.scheduler, runner)
 
     # the runner's and the scheduler's numbers and parts, read where the engine was asked before the split
     model, cache, state, drafter, drafter_cached, device, vocab_size = (_forward("runner", n) for n in (
@@ -98,12 +103,9 @@ class Engine(Beams):
     kv_pool, prefix_cache, num_admissions, admit_min = (_forward("scheduler", n) for n in (
         "kv_pool", "prefix_cache", "num_admissions", "admit_min"))
     _steps = _forward("runner", "steps", "Step shapes built so far, by key (read by `text.warmup`).")
-    _running, _filling, _lock = (_forward("scheduler", n) for n in ("running", "filling", "lock"))
     _num_steps, _free_since, _catch_up_share = (_forward("scheduler", n) for n in (
         "num_steps", "free_since", "catch_up_share"))
-    _aborted = property(lambda self: self.scheduler.aborted,
-                        lambda self, value: setattr(self.scheduler, "aborted", value))  # (beam.py's aborts)
-    _known = property(lambda self: self.scheduler.known, lambda self, value: setattr(self.scheduler, "known", value))
+    num_beam_groups = _forward("beams", "num_beam_groups", "Beam requests running (each holds num_beams slots).")
     prefill_budget = _forward("chunked", "budget")
     step_prefill_budget = _forward("chunked", "step_prefill_budget", "The prompt tokens the next step may prefill "
                                    "(`prefill.ChunkedPrefill.step_prefill_budget`; None: chunked prefill is off).")
@@ -165,7 +167,7 @@ class Engine(Beams):
 
     def has_unfinished(self) -> bool:
         s = self.scheduler
-        return bool(s.running or s.filling or s.waiting or s.aborted or self._beam_groups or self._beam_waiting)
+        return bool(s.running or s.filling or s.waiting or s.aborted or self.beams.has_unfinished)
 
     def add_request(self, prompt_ids, params: SamplingParams | None = None, request_id: str | None = None, *,
                     beams: BeamParams | None = None) -> str:
@@ -179,7 +181,7 @@ class Engine(Beams):
         if self.kv_pool is not None:
             self.scheduler.check_pool(len(prompt), params, beams)
         if beams is not None:
-            self._check_beams(params, beams, len(prompt))
+            self.beams._check_beams(params, beams, len(prompt))
         if params.processors:
             with torch.inference_mode():
                 self.state.enable_processors(self.vocab_size)
@@ -188,7 +190,7 @@ class Engine(Beams):
         def build(request_id: str) -> EngineRequest:
             return EngineRequest(request_id, prompt, params, seed, time.perf_counter(), len(prompt),
                                  flavor=Flavor.of(params))
-        enqueue = None if beams is None else (lambda request: self._queue_beams(request, beams))
+        enqueue = None if beams is None else (lambda request: self.beams._queue_beams(request, beams))
         return self.scheduler.add(request_id, build, enqueue)
 
     def abort(self, request_id: str) -> None:
@@ -221,10 +223,11 @@ class Engine(Beams):
     # ------------------------------------------------------------------------------------------- the step
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
-        outputs = self._beam_aborts() + self._handle_aborts()
-        self._admit_beams(outputs)  # (beam groups: their own forwards, before the chains' timed step)
+        beams = self.beams
+        outputs = beams._beam_aborts() + self._handle_aborts()
+        beams._admit_beams(outputs)  # (beam groups: their own forwards, before the chains' timed step)
         self._admit(outputs)
-        outputs += self._step_beams()
+        outputs += beams._step_beams()
         scheduler, runner = self.scheduler, self.runner
         if scheduler.filling:  # at most one budget of prompt tokens, then the decode step (see prefill.py)
             self._prefill_step()
@@ -287,7 +290,7 @@ class Engine(Beams):
         return admission.handle_aborts(self.scheduler, self.runner)
 
     def _admit(self, outputs: list[RequestOutput]) -> None:
-        admission.admit(self.scheduler, self.runner, self.policy, self.chunked, outputs, self._chain_limit())
+        admission.admit(self.scheduler, self.runner, self.policy, self.chunked, outputs, self.beams._chain_limit())
 
     def _prefill_step(self) -> bool:
         return prefill_step(self.scheduler, self.runner, self.policy, self.chunked)
