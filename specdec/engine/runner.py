@@ -46,7 +46,7 @@ class Runner:
 
         self.config = config = config or EngineConfig()
         with torch.inference_mode():
-            self.model = build_model(target, config.kernels, config.bitwise)
+            self.model = build_model(target, config.kernels, config.bitwise, config.model_impl)
             shape = self.model.shape
             self.device = self.model.device
             self.vocab_size = shape.vocab_size
@@ -95,7 +95,9 @@ class Runner:
             self.model.rope_tables(self.num_positions)  # built before any capture (graphs keep their address)
             if self.drafter_cached:
                 self.drafter.model.rope_tables(self.num_positions)
-        on_cuda = self.device.type == "cuda"  # (paged too: graphs read the block table by address)
+        on_cuda = self.device.type == "cuda" and getattr(self.model, "capturable", True)
+        # (paged too: graphs read the block table by address; not the transformers backend: a model's own code may
+        # sync the host, so its steps run eagerly)
         if config.cuda_graphs and not on_cuda:
             raise ValueError("cuda_graphs=True needs the model on a CUDA device")
         cuda_graphs = on_cuda if config.cuda_graphs is None else config.cuda_graphs
