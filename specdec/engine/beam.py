@@ -124,8 +124,9 @@ class Beams:
     _lock = property(lambda self: self.scheduler.lock)
     _aborted = property(lambda self: self.scheduler.aborted, lambda self, v: setattr(self.scheduler, "aborted", v))
     _known = property(lambda self: self.scheduler.known, lambda self, v: setattr(self.scheduler, "known", v))
-    config, model, cache, drafter = (property(lambda self, n=n: getattr(self.runner, n)) for n in (
-        "config", "model", "cache", "drafter"))
+    config, model, cache, drafter, drafter_cached = (property(lambda self, n=n: getattr(self.runner, n)) for n in (
+        "config", "model", "cache", "drafter", "drafter_cached"))
+    kv_pool = property(lambda self: self.scheduler.kv_pool)
     max_batch, vocab_size, num_positions = (property(lambda self, n=n: getattr(self.runner, n)) for n in (
         "max_batch", "vocab_size", "num_positions"))
 

@@ -178,8 +178,9 @@ class Engine:
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
         prompt = normalize_prompts([prompt_ids], None, self.vocab_size)[0]
         check_request(len(prompt), params, self.limits)
-        if self.kv_pool is not None:
-            self.scheduler.check_pool(len(prompt), params, beams)
+        if self.kv_pool is not None:  # (a beam group's blocks: beam.py)
+            self.scheduler.check_pool(len(prompt), params) if beams is None else \
+                self.beams._check_beam_pool(len(prompt), params, beams)
         if beams is not None:
             self.beams._check_beams(params, beams, len(prompt))
         if params.processors:

@@ -214,10 +214,9 @@ class Scheduler:
         """Positions past a row's committed length that one step may write (`request_checks.pool_margin`)."""
         return pool_margin(params, self.max_draft_tokens)
 
-    def check_pool(self, prompt_len: int, params: SamplingParams, beams) -> None:
-        """What a request asks of the paged pool, refused at `add_request` when it could never be met."""
-        if beams is not None:
-            raise ValueError("beams: beam groups need kv_layout='static'")
+    def check_pool(self, prompt_len: int, params: SamplingParams) -> None:
+        """What a chain request asks of the paged pool, refused at `add_request` when it could never be met (a beam
+        group's: `beam.Beams._check_beam_pool`)."""
         need = blocks_for(prompt_len + params.max_new_tokens + self.pool_margin(params), self.kv_pool.block_size)
         usable = self.kv_pool.allocator.num_usable_blocks
         if need > usable:
