@@ -46,7 +46,7 @@ class Runner:
 
         self.config = config = config or EngineConfig()
         with torch.inference_mode():
-            self.model = build_model(target, config.kernels, config.bitwise, config.model_impl)
+            self.model = build_model(target, config.kernels, config.bitwise, config.model_impl, config.gguf_weights)
             shape = self.model.shape
             self.device = self.model.device
             self.vocab_size = shape.vocab_size
