@@ -92,6 +92,17 @@ def _within(module: str, *prefixes: str) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
+def _engine_role(module: str) -> str | None:
+    """The engine's two sides: "runner" (`engine/runner*.py` and the step shapes it builds: `step_runner`,
+    `tree_step`), "scheduler" (`engine/scheduler*.py`), None for the rest."""
+    name = module.removeprefix("specdec.engine.") if module.startswith("specdec.engine.") else None
+    if name is None:
+        return None
+    if name.startswith("runner") or name in ("step_runner", "tree_step"):
+        return "runner"
+    return "scheduler" if name.startswith("scheduler") else None
+
+
 def broken_arrows(graph: dict[str, set[str]]) -> list[str]:
     """ARCHITECTURE.md's arrows, each broken import as "rule: importer -> imported"."""
     broken = []
@@ -105,6 +116,9 @@ def broken_arrows(graph: dict[str, set[str]]) -> list[str]:
             if (_within(module, "specdec.loop") and _within(target, "specdec.engine")) or (
                     _within(module, "specdec.engine") and _within(target, "specdec.loop")):
                 broken.append(f"the loop and the engine never import each other: {module} -> {target}")
+            sides = {_engine_role(module), _engine_role(target)}
+            if sides == {"runner", "scheduler"}:
+                broken.append(f"the engine's scheduler and runner never import each other: {module} -> {target}")
             if _within(target, "specdec.cli") and not _within(module, "specdec.cli", "specdec.__main__"):
                 broken.append(f"nothing of the library imports the CLI: {module} -> {target}")
             if _within(module, "specdec.bench") and _within(target, "specdec.cli"):
@@ -198,6 +212,9 @@ def test_the_module_table_names_every_subpackage():
     ("specdec.drafters.model", "specdec.loop.chain", "models and drafters never import a runner"),
     ("specdec.models.hf", "specdec.decoding", "models and drafters never import a runner"),
     ("specdec.engine.engine", "specdec.text.api", "the library never imports the outer ring"),
+    ("specdec.engine.runner", "specdec.engine.scheduler", "the engine's scheduler and runner never import"),
+    ("specdec.engine.step_runner", "specdec.engine.scheduler", "the engine's scheduler and runner never import"),
+    ("specdec.engine.scheduler", "specdec.engine.runner_parts", "the engine's scheduler and runner never import"),
     ("specdec.decoding", "specdec.server.app", "the library never imports the outer ring"),
 ])
 def test_each_arrow_rule_reports_an_import_that_breaks_it(importer, imported, rule):

@@ -136,7 +136,7 @@ class SlotDrafter(Protocol):
 class CachedSlotDrafter(SlotDrafter, Protocol):
     """A slot drafter with its own slot cache over a `fast.model.FastLlama`-like `model` (RoPE tables built by
     the engine before any capture). `cache` is an `engine.slots.SlotCache` (the engine moves and swaps its slots
-    with the target's: `Admission._move_slot`); `state` an `engine.slots.SlotState`.
+    with the target's: `Runner.move_slot`); `state` an `engine.slots.SlotState`.
 
     Optional (not part of the protocol, so a drafter written against it keeps working): `prefill_ragged(state,
     rows, starts, ends, chunk, *, extent=None)`, the same feed with each row's columns taken from its own start

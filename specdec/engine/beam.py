@@ -1,4 +1,4 @@
-"""Speculative beam search on the engine: a beam request is a *beam group* of w slots (mixed into `Engine`).
+"""Speculative beam search on the engine: a beam request is a *beam group* of w slots (the engine's `Beams`).
 
     engine.add_request(prompt, SamplingParams(temperature=0, max_new_tokens=64, eos_token_ids=eos),
                        beams=BeamParams(num_beams=4, draft_beams=4, num_draft_tokens=3))
@@ -110,11 +110,29 @@ class BeamGroup:
 
 
 class Beams:
-    """`Engine`'s beam groups (see the module doc). State set up by `_init_beams` in `Engine.__init__`."""
+    """The engine's beam groups (see the module doc): their queue and running groups, over the scheduler's request
+    books (ids, aborts, the chain rows' slots) and the runner's models and caches, which it is given."""
 
-    def _init_beams(self) -> None:
+    def __init__(self, scheduler, runner):
+        self.scheduler, self.runner = scheduler, runner
         self._beam_waiting: deque = deque()  # (EngineRequest, BeamParams), in arrival order
         self._beam_groups: list[BeamGroup] = []
+
+    # what the groups read of the scheduler (requests, slots) and of the runner (models, caches, sizes)
+    _running = property(lambda self: self.scheduler.running)
+    _filling = property(lambda self: self.scheduler.filling)
+    _lock = property(lambda self: self.scheduler.lock)
+    _aborted = property(lambda self: self.scheduler.aborted, lambda self, v: setattr(self.scheduler, "aborted", v))
+    _known = property(lambda self: self.scheduler.known, lambda self, v: setattr(self.scheduler, "known", v))
+    config, model, cache, drafter, drafter_cached = (property(lambda self, n=n: getattr(self.runner, n)) for n in (
+        "config", "model", "cache", "drafter", "drafter_cached"))
+    kv_pool = property(lambda self: self.scheduler.kv_pool)
+    max_batch, vocab_size, num_positions = (property(lambda self, n=n: getattr(self.runner, n)) for n in (
+        "max_batch", "vocab_size", "num_positions"))
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self._beam_groups or self._beam_waiting)
 
     @property
     def num_beam_groups(self) -> int:

@@ -1,13 +1,11 @@
 """One decode step shape of the engine (batch bucket, γ, length bucket, flavor): its draft and verify halves,
 run eagerly or captured once as CUDA graphs and replayed; each row verifies at most its own draft cap
-(`Engine.draft_caps`, a static tensor: per-row caps add no shape) and what its budget can still commit. The verify
-half verifies, commits and counts on the device and packs the step's one device → host transfer (`step.pack_step`; `Engine.step` reads it back as a
+(`StepParts.draft_caps`, a static tensor: per-row caps add no shape) and what its budget can still commit. The verify
+half verifies, commits and counts on the device and packs the step's one device → host transfer (`step.pack_step`; `Runner.run` reads it back as a
 `step.StepRecord`); an all-greedy step does all of that after the forward in three launches (`fast.kernels.argmax`,
 `greedy_commit`)."""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,13 +16,11 @@ from specdec.drafters.base import empty_proposal
 from specdec.engine.drafters import Flavor, StepView
 from specdec.engine.greedy_commit import covers as greedy_commit_covers
 from specdec.engine.greedy_commit import greedy_commit
+from specdec.engine.runner_parts import StepParts
 from specdec.fast.graphs import CapturedStep
 from specdec.fast.kernels.argmax import greedy_tokens
 from specdec.sequences import write_tokens
 from specdec.step import StepCounts, StepLayout, commit_counts, pack_step, step_counters
-
-if TYPE_CHECKING:
-    from specdec.engine.engine import Engine
 
 __all__ = ["StepRunner"]
 
@@ -35,7 +31,7 @@ class CapturedHalves:
     `verify_body`, `eager`, and the tensors each capture must restore (`_draft_restore`: None = a static proposal,
     drafted once and never replayed; `_verify_restore`)."""
 
-    engine: "Engine"
+    parts: StepParts
     _draft_graph = _verify_graph = None
     _host_table = _copied = None  # the verify table's pinned host copy and its event (`verify`)
 
@@ -48,7 +44,7 @@ class CapturedHalves:
         """Capture both halves once (CUDA graphs); a no-op when the step runs eagerly."""
         if self.eager or self._verify_graph is not None:
             return
-        pool, restore = self.engine._pool, self._draft_restore()
+        pool, restore = self.parts.graph_pool, self._draft_restore()
         if restore is None:
             self.drafts = self.draft_body()
         else:
@@ -86,20 +82,20 @@ class CapturedHalves:
 class StepRunner(CapturedHalves):
     """The draft and verify halves of one step shape, eager or captured (each once)."""
 
-    def __init__(self, engine: Engine, batch: int, gamma: int, positions: int, flavor: Flavor):
-        self.engine, self.batch, self.gamma, self.positions, self.flavor = engine, batch, gamma, positions, flavor
-        self.view = StepView(engine.state, batch, positions, flavor)
-        self.view.coupled = engine.config.bitwise  # drafts race q with the target's noise (`verify_coupled`)
+    def __init__(self, parts: StepParts, batch: int, gamma: int, positions: int, flavor: Flavor):
+        self.parts, self.batch, self.gamma, self.positions, self.flavor = parts, batch, gamma, positions, flavor
+        self.view = StepView(parts.state, batch, positions, flavor)
+        self.view.coupled = parts.config.bitwise  # drafts race q with the target's noise (`verify_coupled`)
         self.layout = StepLayout(gamma, logprobs=flavor.logprobs, top_logprobs=flavor.top_logprobs,
-                                 drafter=type(engine.drafter).__name__)  # (named by an invalid proposal's error)
+                                 drafter=type(parts.drafter).__name__)  # (named by an invalid proposal's error)
         self.drafts = None
         self.ran = False
         self._draft_graph = self._verify_graph = None
 
-    # The graph bodies read and write only the engine's static tensors (state, caches, these drafts).
+    # The graph bodies read and write only the runner's static tensors (state, caches, these drafts).
     def draft_body(self):
         """The draft half, a `Proposal` (drafts [b, γ], q, lengths): what the draft graph captures."""
-        e, gamma = self.engine, self.gamma
+        e, gamma = self.parts, self.gamma
         if gamma == 0:
             return empty_proposal(self.view.lengths.shape[0], e.device)  # the bucket, cut at max_batch_size
         return e.drafter.propose(self.view, gamma)
@@ -107,8 +103,8 @@ class StepRunner(CapturedHalves):
     def verify_body(self) -> torch.Tensor:
         """Verify and commit on the device → the step's transfer, `pack_step`'s int64 table for `self.layout`
         (`StepRecord.unpack` reads it). The acceptance counters stay on the device: they are added into
-        `state.counters` (per slot) and `engine.counter_sums`."""
-        e, view, gamma, flavor = self.engine, self.view, self.gamma, self.flavor
+        `state.counters` (per slot) and `parts.counter_sums`."""
+        e, view, gamma, flavor = self.parts, self.view, self.gamma, self.flavor
         rows, state = slice(0, self.batch), e.state
         drafts = self.drafts
         draft_tokens, draft_probs, draft_lengths = drafts.tokens, drafts.probs, drafts.lengths
@@ -185,15 +181,15 @@ class StepRunner(CapturedHalves):
     @property
     def eager(self) -> bool:
         """Runs without graphs: the engine runs eagerly, or a row's constraint is called on the host mid-step."""
-        return not self.engine.cuda_graphs or self.flavor.constrained
+        return not self.parts.cuda_graphs or self.flavor.constrained
 
     def _draft_restore(self) -> list | None:
         if self.gamma == 0:
             return None  # nothing to draft: a static empty proposal
-        return [self.engine.drafter.cache.lengths] if self.engine.drafter_cached else []
+        return [self.parts.drafter.cache.lengths] if self.parts.drafter_cached else []
 
     def _verify_restore(self) -> list:
-        e, s = self.engine, self.engine.state
+        e, s = self.parts, self.parts.state
         restore = [s.tokens, s.lengths, s.generated, e.cache.lengths, s.counters, e.counter_sums]
         return restore + ([s.history.counts] if s.history is not None else [])
 

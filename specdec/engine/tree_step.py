@@ -22,7 +22,6 @@ tree [1, …, 1] draws exactly what a chain of the same γ draws. The final toke
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,12 +32,10 @@ from specdec.drafters.protocol import TreeProposal
 from specdec.engine.drafters import EngineModelDrafter, Flavor, StepView, refeed_window
 from specdec.engine.kv_pool import PagedSlotCache
 from specdec.fast.cache import TreeNodes
+from specdec.engine.runner_parts import StepParts
 from specdec.engine.step_runner import CapturedHalves
 from specdec.sequences import write_tokens
 from specdec.step import StepCounts, StepLayout, commit_counts, pack_step, step_counters
-
-if TYPE_CHECKING:
-    from specdec.engine.engine import Engine
 
 __all__ = ["EngineTree", "TreeStepRunner", "propose_tree", "walk_tree", "walk_all_nodes", "commit_path", "commit_rows"]
 
@@ -193,17 +190,17 @@ def commit_rows(slot_cache, rows: slice, positions: int, root: torch.Tensor, pat
 class TreeStepRunner(CapturedHalves):
     """The draft and verify halves of one token-tree step shape, eager or captured (each once)."""
 
-    def __init__(self, engine: Engine, batch: int, tree: EngineTree, positions: int, flavor: Flavor):
-        self.engine, self.batch, self.tree, self.positions, self.flavor = engine, batch, tree, positions, flavor
+    def __init__(self, parts: StepParts, batch: int, tree: EngineTree, positions: int, flavor: Flavor):
+        self.parts, self.batch, self.tree, self.positions, self.flavor = parts, batch, tree, positions, flavor
         self.gamma = tree.spec.depth
-        self.view = StepView(engine.state, batch, positions, flavor)
+        self.view = StepView(parts.state, batch, positions, flavor)
         self.layout = StepLayout(tree.spec.depth, logprobs=flavor.logprobs, top_logprobs=flavor.top_logprobs)
         self.drafts = None
         self.ran = False
         self._draft_graph = self._verify_graph = None
 
     def draft_body(self):
-        return propose_tree(self.engine.drafter, self.view, self.tree)
+        return propose_tree(self.parts.drafter, self.view, self.tree)
 
     def _verify(self, tokens: torch.Tensor, probs: torch.Tensor | None, logits: torch.Tensor) -> TreeVerifyResult:
         """The loop's rules on the device: recursive rejection sampling (without replacement) or the argmax path;
@@ -233,7 +230,7 @@ class TreeStepRunner(CapturedHalves):
 
     def verify_body(self) -> torch.Tensor:
         """Score, verify, commit and count on the device → `pack_step`'s table for `self.layout`."""
-        e, view, spec, flavor = self.engine, self.view, self.tree.spec, self.flavor
+        e, view, spec, flavor = self.parts, self.view, self.tree.spec, self.flavor
         rows, state = slice(0, self.batch), e.state
         tokens, probs = self.drafts.tokens, self.drafts.probs
         lengths = view.lengths
@@ -272,11 +269,11 @@ class TreeStepRunner(CapturedHalves):
 
     @property
     def eager(self) -> bool:
-        return not self.engine.cuda_graphs
+        return not self.parts.cuda_graphs
 
     def _draft_restore(self) -> list:
-        return [self.engine.drafter.cache.lengths]
+        return [self.parts.drafter.cache.lengths]
 
     def _verify_restore(self) -> list:
-        e, s = self.engine, self.engine.state
+        e, s = self.parts, self.parts.state
         return [s.tokens, s.lengths, s.generated, e.cache.lengths, s.counters, e.tree_counter_sums]

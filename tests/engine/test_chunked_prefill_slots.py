@@ -20,7 +20,7 @@ def test_a_budget_computes_the_rows_it_feeds_not_every_filling_row(make_llama, m
     columns from its own start) and grouped: per step, the token slots its forwards compute stay within the
     tokens fed plus one `prefill_chunk` per forward; one absolute slice over the same steps' fed rows (the control)
     would compute more than twice that. Tokens: those of a whole prefill."""
-    import specdec.engine.prefill as prefill_module
+    import specdec.engine.runner as prefill_module  # (the runner feeds what chunked prefill plans)
 
     target = make_llama(0)  # (no drafter: the target's feeds of consecutive requests share steps)
     calls = []
