@@ -102,7 +102,7 @@ def test_eagle3_features_stay_the_targets_mid_flight(target, folders):
             with torch.no_grad():
                 states = target(text[None], output_hidden_states=True).hidden_states
             expected = torch.cat([states[2], states[4], states[5]], -1)[0, : length - 1]
-            torch.testing.assert_close(engine.state.features[slot, : length - 1], expected, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(engine.state.feature_store.read(slice(slot, slot + 1), torch.arange(length - 1)[None])[0], expected, atol=1e-5, rtol=1e-5)
             checked += 1
     assert checked > 5
 
