@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from specdec.drafters.protocol import LoopDrafter, is_slot_drafter
+from specdec.drafters.protocol import LoopDrafter, SlotDrafter, is_slot_drafter
 from specdec.engine.config import UnsupportedModel
 from specdec.engine.drafters import EngineModelDrafter
 from specdec.drafters.formats import is_drafter, load_drafter
@@ -236,11 +236,23 @@ def build_drafter(drafter, engine):
         if size is not None and size != vocab:
             raise ValueError(f"draft and target vocabularies differ: drafter has {size} tokens, target has {vocab}")
         return drafter
+    if is_drafter(drafter) and isinstance(engine.model, HFBackendModel):
+        raise UnsupportedModel(f"feature heads read the target's hidden states from a fast family body; the target "
+                               f"runs on the transformers backend ({engine.model.shape.model_type})")
+    if is_drafter(drafter):  # a head or its folder (any `drafters.formats` format): drafts from target features
+        from specdec.engine.feature_drafter import EngineFeatureDrafter, EngineMedusaDrafter
+        from specdec.fast.medusa import MedusaHeads
+
+        head = load_drafter(drafter, engine.model, name="drafter")
+        if isinstance(head, MedusaHeads):
+            return EngineMedusaDrafter(head, engine.state)
+        return EngineFeatureDrafter(head, engine.state, engine.max_batch, engine.num_positions,
+                                    engine.max_draft_tokens)
     impl = engine.config.model_impl
     if not covers_drafter(drafter) and (impl == "fast" or not _backend_drafter(drafter)):
-        raise UnsupportedModel(f"the engine does not run {type(drafter).__name__} drafters (its propose needs the "
-                               "loop's sampling arguments; the engine calls propose(context, num_draft_tokens)): "
-                               "use engine='hf'")
+        why = (" (its propose needs the loop's sampling arguments; the engine calls propose(context, "
+               "num_draft_tokens))" if isinstance(drafter, SlotDrafter) else "")
+        raise UnsupportedModel(f"the engine does not run {type(drafter).__name__} drafters{why}: use engine='hf'")
     model = _model_body(drafter, impl, gguf_weights=engine.config.gguf_weights)
     if model.device != engine.device:
         model = model.to(engine.device)

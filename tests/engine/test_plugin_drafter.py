@@ -117,3 +117,12 @@ def test_one_hot_plugin_keeps_the_targets_law(target):
 def test_negative_control_a_drafter_that_lies_about_q_fails(target):
     pvalue, _ = _two_token_pvalue(target, LyingTable(16), SamplingConfig(1.0))
     assert pvalue < FAIL
+
+
+def test_auto_runs_a_plugin_drafter_on_the_engine(target):
+    """`engine="auto"` on a CPU takes the transformers loop for loop drafters; a drafter only the engine can call
+    goes to the engine (the loop would refuse it: it is not a `LoopDrafter`)."""
+    plain = specdec.generate(target, PROMPTS, max_new_tokens=8, temperature=0, eos_token_id=[], engine="hf")
+    spec = specdec.generate(target, PROMPTS, drafter=RepeatLast(), max_new_tokens=8, temperature=0, eos_token_id=[],
+                            num_draft_tokens=2)
+    assert spec.sequences == plain.sequences and spec.stats.drafted_tokens > 0
