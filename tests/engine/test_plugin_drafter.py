@@ -37,7 +37,9 @@ class BigramTable:
 
     def propose(self, context, num_draft_tokens) -> Proposal:
         last = context.tokens.gather(1, (context.lengths - 1)[:, None]).squeeze(1)  # [b]
-        table = self.logits.to(last.device)
+        if self.logits.device != last.device:  # once (a graph's warm-up call), never inside a capture
+            self.logits = self.logits.to(last.device)
+        table = self.logits
         return context.draft_chain(num_draft_tokens, lambda i, prev: table[last if prev is None else prev], 0)
 
 
@@ -126,3 +128,23 @@ def test_auto_runs_a_plugin_drafter_on_the_engine(target):
     spec = specdec.generate(target, PROMPTS, drafter=RepeatLast(), max_new_tokens=8, temperature=0, eos_token_id=[],
                             num_draft_tokens=2)
     assert spec.sequences == plain.sequences and spec.stats.drafted_tokens > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_plugin_and_table_drafters_in_captured_graphs(make_llama):
+    """On CUDA the engine captures the drafter's propose in a graph: a plugin, prompt lookup and the n-gram tables
+    (one class each for both runners) keep greedy = plain decoding there."""
+    target = make_llama(10, vocab=16).cuda()
+    plain = specdec.generate(target, PROMPTS, max_new_tokens=12, temperature=0, eos_token_id=[], engine="fast")
+    ngram = specdec.NGramDrafter(2).fit(PROMPTS, 16)
+    for drafter in (RepeatLast(), BigramTable(16), specdec.PromptLookupDrafter(), ngram):
+        engine = Engine(target, drafter, EngineConfig(max_batch_size=4, max_seq_len=64, num_draft_tokens=3))
+        assert engine.cuda_graphs and engine.drafter is drafter
+        ids = {engine.add_request(p, specdec.SamplingParams(max_new_tokens=12, temperature=0)): i
+               for i, p in enumerate(PROMPTS)}
+        out = [[] for _ in PROMPTS]
+        while engine.has_unfinished():
+            for o in engine.step():
+                out[ids[o.request_id]] += o.new_token_ids
+        assert out == plain.sequences, type(drafter).__name__
