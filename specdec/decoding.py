@@ -309,7 +309,7 @@ def _use_engine(engine, target, drafter, num_draft_tokens) -> bool:
         raise ValueError(f"engine must be 'auto', 'fast' or 'hf', got {engine!r}")
     if engine == "hf":
         return False
-    if engine == "fast" or _is_feature_head(drafter):  # a feature head runs on the engine only
+    if engine == "fast" or _is_feature_head(drafter) or _engine_only(drafter):  # heads and plugins: the engine only
         return True
     if not (num_draft_tokens == "auto" or (isinstance(num_draft_tokens, int) and not isinstance(num_draft_tokens, bool))):
         return False  # the transformers loop's policies
@@ -336,6 +336,14 @@ def _loop_cannot_run(target, drafter) -> bool:
             except ValueError:
                 return True
     return False
+
+
+def _engine_only(drafter) -> bool:
+    """A drafter written against the engine's protocol alone (`drafters.protocol.is_slot_drafter`, not a loop
+    drafter): only the engine can call it."""
+    from specdec.drafters.protocol import LoopDrafter, is_slot_drafter
+
+    return is_slot_drafter(drafter) and not isinstance(drafter, LoopDrafter)
 
 
 def _is_feature_head(drafter) -> bool:

@@ -11,12 +11,12 @@ import weakref
 
 import torch
 
-from specdec.core import SamplingConfig
+from specdec.core import SamplingConfig, sample, standardize_logits
 from specdec.core.proposals import proposal_check
 from specdec.drafters.protocol import Proposal
 from specdec.sequences import TokenBuffer
 
-__all__ = ["Drafter", "Proposal", "checked_proposal", "empty_proposal"]
+__all__ = ["Drafter", "Proposal", "draw_draft", "checked_proposal", "empty_proposal"]
 
 
 class Drafter:
@@ -65,6 +65,21 @@ class Drafter:
                 f"drafter: this {type(self).__name__} was taken over by another generate/stream call (its cache "
                 "follows one batch at a time); give each concurrent call its own drafter"
             )
+
+
+def draw_draft(logits: torch.Tensor, sampling: SamplingConfig, *, generator: torch.Generator | None = None,
+               noise: torch.Tensor | None = None, confidence: bool = False, check_nan: bool = True):
+    """One draft token per row under the loop's one law, the step every model drafter of the loop takes
+    (`ModelDrafter`, `fast.target.FastDrafter`): logits `[B, V]` → (token `[B]`, q `[B, V]` — the law it was drawn
+    from, None when greedy —, the token's probability `[B]` for a confidence stop — greedy: the softmax's max —,
+    None unless `confidence`). noise: Exp(1) `[B, V]` drawn by the caller (outside a captured graph), else
+    `generator`; check_nan False inside a graph (no host sync)."""
+    if sampling.greedy:
+        token = logits.argmax(-1)
+        return token, None, logits.float().softmax(-1).max(-1).values if confidence else None
+    q = standardize_logits(logits, sampling, check_nan=check_nan)
+    token = sample(q, generator, noise=noise)
+    return token, q, q.gather(1, token[:, None]).squeeze(1) if confidence else None
 
 
 def checked_proposal(proposal: Proposal, batch_size: int, num_draft_tokens: int, vocab_size: int,

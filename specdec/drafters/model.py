@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from specdec.core import SamplingConfig, sample, standardize_logits
-from specdec.drafters.base import Drafter, Proposal
+from specdec.core import SamplingConfig
+from specdec.drafters.base import Drafter, Proposal, draw_draft
 from specdec.models.hf import HFCausalLM
 from specdec.sequences import TokenBuffer
 
@@ -54,14 +54,10 @@ class ModelDrafter(Drafter):
             if processor is not None:
                 drafted = torch.stack(tokens, 1) if tokens else context.lengths.new_zeros(context.batch_size, 0)
                 logits = processor(logits, drafted)
-            if sampling.greedy:
-                token = logits.argmax(-1)
-                q_token = logits.float().softmax(-1).max(-1).values if confidence_threshold is not None else None
-            else:
-                q = standardize_logits(logits, sampling)
-                token = sample(q, generator)
+            token, q, q_token = draw_draft(logits, sampling, generator=generator,
+                                           confidence=confidence_threshold is not None)
+            if q is not None:
                 probs.append(q)
-                q_token = q.gather(1, token[:, None]).squeeze(1)
             tokens.append(token)
             lengths += active.long()
             if confidence_threshold is not None:

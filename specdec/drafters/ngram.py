@@ -4,6 +4,11 @@ q is a real distribution over the whole vocabulary, so sampling stays exact:
   unigram   q(x)        = (count(x) + smoothing) / Σ
   bigram    q(x | prev) = count(prev, x)/count(prev) over the `top_k_successors` most frequent
             successors of prev, plus the remaining mass spread as the unigram law (prev unseen: unigram).
+
+One implementation for both runners: the table rule (`_distribution`) is the drafter; only the draw is the
+runner's. The loop calls `propose(context, γ, sampling, generator)` — one law and one generator for the batch —;
+the engine calls `propose(context, γ)` with its `StepView`, whose `draft_chain` draws each row with its own law
+and counter-based seed (`drafters.protocol`: why the engine's law lives on its context).
 """
 
 from __future__ import annotations
@@ -82,6 +87,8 @@ class NGramDrafter(Drafter):
     def _tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """(unigram, successors, successor_probs) on `device`, copied there once (a copy per draft token cost
         ~0.8 ms on a GPU: the bigram drafter ran at 0.2-0.6x of plain decoding)."""
+        if self.unigram is None:
+            raise ValueError("NGramDrafter is not fitted: call .fit(sequences, vocab_size) first")
         if self._device_tables is None or self._device_tables[0].device != device:
             self._device_tables = tuple(None if t is None else t.to(device)
                                         for t in (self.unigram, self.successors, self.successor_probs))
@@ -110,9 +117,15 @@ class NGramDrafter(Drafter):
             raise ValueError("NGramDrafter is not fitted: call .fit(sequences, vocab_size) first")
 
     @torch.inference_mode()
-    def propose(self, context, num_draft_tokens, sampling: SamplingConfig, generator,
+    def propose(self, context, num_draft_tokens, sampling: SamplingConfig | None = None, generator=None,
                 confidence_threshold=None) -> Proposal:
+        """Drafts `[B, γ]` from q(· | previous token) and that q `[B, γ, V]` (None when greedy). sampling None: the
+        engine's call — the rows' laws and seeds are on `context` (`StepView.draft_chain`)."""
         prev = context.tokens.gather(1, (context.lengths - 1)[:, None]).squeeze(1)
+        if sampling is None:
+            self._tables(prev.device)  # (fitted? and the tables on the device before any capture)
+            return context.draft_chain(num_draft_tokens, lambda i, previous: self._distribution(
+                prev if previous is None else previous).clamp_min(1e-30).log(), 0)
         tokens, probs = [], []
         if sampling.greedy:
             greedy_next = self._greedy_next(prev.device)

@@ -1,6 +1,9 @@
 """Prompt lookup: copy what followed the most recent earlier occurrence of the text's last n-gram.
 
 Deterministic (q is one-hot). Rows with no match propose nothing that step (plain decoding for them).
+One implementation for both runners: `propose` reads only the context's `tokens` / `lengths` (and an
+encoder-decoder row's `source`), which the loop's `TokenBuffer` and the engine's `StepView` both carry, and
+draws nothing, so the loop's sampling arguments are optional (the engine calls `propose(context, γ)`).
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ class PromptLookupDrafter(Drafter):
         return hay.to(context.tokens.device), torch.tensor([len(r) for r in rows], device=context.tokens.device)
 
     @torch.inference_mode()
-    def propose(self, context, num_draft_tokens, sampling, generator, confidence_threshold=None) -> Proposal:
+    def propose(self, context, num_draft_tokens, sampling=None, generator=None, confidence_threshold=None) -> Proposal:
+        """Copied tokens `[B, γ]` (one-hot q) and per-row lengths `[B]` (0 where nothing matched); sampling,
+        generator, confidence_threshold: unused (the loop passes them, the engine does not)."""
         hay, lengths = self._haystack(context)
         batch, width = hay.shape
         device = hay.device

@@ -7,9 +7,10 @@ verification rule (`core.verify`) then makes the output law exactly the target's
     propose(context, num_draft_tokens, ...) -> Proposal(tokens [B, γ], probs [B, γ, V] | None, lengths [B] | None,
                                                        forward_passes)
 
-`context` is the batch's committed text: `tokens [B, ≥ L]` right-padded and `lengths [B]` (so a text rule, e.g.
-prompt lookup, runs unchanged under both runners: the engine's `EngineLookupDrafter` calls the loop's
-`PromptLookupDrafter` on its step view). The members of the family differ only in what else a call carries:
+`context` is the batch's committed text: `tokens [B, ≥ L]` right-padded and `lengths [B]` (so a text rule runs
+unchanged under both runners: `PromptLookupDrafter` and `NGramDrafter` are ONE class each, called by the loop with
+its sampling arguments and by the engine without). The members of the family differ only in what else a call
+carries:
 
   LoopDrafter   the eager transformers loop (`specdec.loop.chain`): `context` is a `TokenBuffer`;
                 `propose(context, num_draft_tokens, sampling, generator, confidence_threshold=None)`, plus
@@ -39,15 +40,24 @@ engine's `StepView.processors` for the same reason.
 
 The protocols are `runtime_checkable`: the runners find a drafter's capabilities with `isinstance`, never by
 probing attribute names. (Only methods and attributes are checked, not their signatures: `SlotDrafter` alone is
-"has `propose`", which every member shares — the engine never takes a drafter it did not build
-(`engine.build.build_drafter`), and reads only the capabilities, whose members are their own. The shared
-`(context, num_draft_tokens)` head of every shipped drafter's `propose` is checked by
-`tests/drafters/test_protocol.py`.) `as_drafter` is the loop's entry: a transformers model becomes a
-`ModelDrafter` (`Seq2SeqModelDrafter`), vocabularies checked.
+"has `propose`", which every member shares — so `is_slot_drafter`, the engine's door (`engine.build.build_drafter`),
+adds the one thing `isinstance` cannot see: that `propose` takes the engine's two-argument call. A drafter that does
+— prompt lookup, the n-gram tables, or one written against this protocol in the user's own file — runs on the
+engine as it is; a loop-only drafter, whose `propose` needs `sampling` and `generator`, is refused by name. The
+shared `(context, num_draft_tokens)` head of every shipped drafter's `propose` is checked by
+`tests/drafters/test_protocol.py`; a plugin drafter on the engine by `tests/engine/test_plugin_drafter.py`.)
+`as_drafter` is the loop's entry: a transformers model becomes a `ModelDrafter` (`Seq2SeqModelDrafter`),
+vocabularies checked.
+
+Writing a drafter for the engine: `propose(context, num_draft_tokens) -> Proposal` over the `StepView`; draw with
+`context.draft_chain(γ, next_logits, forward_passes)` (each row's own law, processors and counter-based seed; q is
+what was drawn from) or return one-hot tokens with `probs=None`; no host synchronization if it is to be captured
+in a CUDA graph (`EngineConfig(cuda_graphs=False)` otherwise). q is checked every step (`core.proposals`).
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import dataclass
 from typing import Protocol, Union, runtime_checkable
@@ -58,7 +68,7 @@ from specdec.core import SamplingConfig
 from specdec.sequences import TokenBuffer
 
 __all__ = ["Proposal", "TreeProposal", "LoopDrafter", "SlotDrafter", "CachedSlotDrafter", "FeatureSlotDrafter", "TreeLoopDrafter",
-           "AnyDrafter", "as_drafter", "check_same_vocabulary", "check_drafter_argument"]
+           "AnyDrafter", "is_slot_drafter", "as_drafter", "check_same_vocabulary", "check_drafter_argument"]
 
 
 @dataclass(frozen=True)
@@ -189,6 +199,18 @@ class TreeLoopDrafter(Protocol):
 
 
 AnyDrafter = Union[LoopDrafter, SlotDrafter, TreeLoopDrafter]  # the family: what a runner may be handed
+
+
+def is_slot_drafter(drafter) -> bool:
+    """True when the engine can call `drafter` as it is: a `SlotDrafter` whose `propose` binds the engine's call
+    `(context, num_draft_tokens)` — the loop's sampling arguments, where it takes them, optional."""
+    if drafter is None or isinstance(drafter, type) or not isinstance(drafter, SlotDrafter):
+        return False
+    try:
+        inspect.signature(drafter.propose).bind(None, 0)
+    except (TypeError, ValueError):  # (ValueError: a builtin without a signature)
+        return False
+    return True
 
 
 def as_drafter(drafter, target):

@@ -19,11 +19,9 @@ from pathlib import Path
 
 import torch
 
-from specdec.drafters.base import Drafter
-from specdec.drafters.ngram import NGramDrafter
-from specdec.drafters.prompt_lookup import PromptLookupDrafter
+from specdec.drafters.protocol import LoopDrafter, SlotDrafter, is_slot_drafter
 from specdec.engine.config import UnsupportedModel
-from specdec.engine.drafters import EngineLookupDrafter, EngineModelDrafter, EngineNGramDrafter
+from specdec.engine.drafters import EngineModelDrafter
 from specdec.drafters.formats import is_drafter, load_drafter
 from specdec.fast.held_once import adopt_hf
 from specdec.fast.hf_backend import HFBackendModel, UnsupportedArchitecture
@@ -85,19 +83,25 @@ def _uncopyable(model: torch.nn.Module) -> str | None:
 
 
 def covers_drafter(drafter) -> bool:
-    """True for the drafters the engine runs: None, prompt lookup, n-gram tables, feature heads (specdec's, EAGLE,
-    EAGLE-3, Medusa, speculators: objects or folders, `drafters.formats`), and models it covers (transformers models,
-    `ModelDrafter`, `FastDrafter`); other `Drafter` kinds run on the transformers loop."""
-    if drafter is None or isinstance(drafter, (PromptLookupDrafter, NGramDrafter)) or is_drafter(drafter):
+    """True for the drafters the engine runs: None, any `SlotDrafter` (`drafters.protocol.is_slot_drafter`: prompt
+    lookup, n-gram tables, a drafter written against the protocol), feature heads (specdec's, EAGLE, EAGLE-3,
+    Medusa, speculators: objects or folders, `drafters.formats`), and draft models it covers (transformers models,
+    `ModelDrafter`, `FastDrafter`, `CrossVocabDrafter`); other loop drafters run on the transformers loop."""
+    if drafter is None or is_slot_drafter(drafter) or is_drafter(drafter):
         return True
-    if isinstance(drafter, Drafter):
-        from specdec.drafters.cross_vocab import CrossVocabDrafter
-        from specdec.drafters.model import ModelDrafter
-        from specdec.fast.target import FastDrafter
-
-        if type(drafter) not in (ModelDrafter, FastDrafter, CrossVocabDrafter):
-            return False
+    if isinstance(drafter, LoopDrafter) and type(drafter) not in _model_drafter_kinds():
+        return False
     return covers(drafter)
+
+
+def _model_drafter_kinds() -> tuple[type, ...]:
+    """The loop's model drafters whose model the engine drafts with (`EngineModelDrafter`, the cross-vocabulary
+    bridge): their `propose` is the loop's, their model is what the engine takes."""
+    from specdec.drafters.cross_vocab import CrossVocabDrafter
+    from specdec.drafters.model import ModelDrafter
+    from specdec.fast.target import FastDrafter
+
+    return ModelDrafter, FastDrafter, CrossVocabDrafter
 
 
 def _fast_model(model, check_only: bool = False, gguf_weights: str = "auto",
@@ -223,14 +227,15 @@ def _backend_drafter(drafter) -> bool:
 
 
 def build_drafter(drafter, engine):
+    """The engine's drafter for what a user passed: a `SlotDrafter` as it is (prompt lookup, n-gram tables, a
+    plugin: `drafters.protocol.is_slot_drafter`), a feature head bound to the target, or an `EngineModelDrafter`
+    (`EngineCrossVocabDrafter`) over a draft model; `UnsupportedModel` for a drafter only the loop runs."""
     vocab = engine.vocab_size
-    if isinstance(drafter, PromptLookupDrafter):
-        return EngineLookupDrafter(drafter)
-    if isinstance(drafter, NGramDrafter):
-        if drafter.vocab_size is not None and drafter.vocab_size != vocab:
-            raise ValueError(f"draft and target vocabularies differ: drafter has {drafter.vocab_size} tokens, "
-                             f"target has {vocab}")
-        return EngineNGramDrafter(drafter, engine.device)
+    if is_slot_drafter(drafter):  # one implementation for both runners, or written against the engine's protocol
+        size = drafter.vocab_size if isinstance(drafter, LoopDrafter) else None  # (a plugin: q checked per step)
+        if size is not None and size != vocab:
+            raise ValueError(f"draft and target vocabularies differ: drafter has {size} tokens, target has {vocab}")
+        return drafter
     if is_drafter(drafter) and isinstance(engine.model, HFBackendModel):
         raise UnsupportedModel(f"feature heads read the target's hidden states from a fast family body; the target "
                                f"runs on the transformers backend ({engine.model.shape.model_type})")
@@ -245,7 +250,9 @@ def build_drafter(drafter, engine):
                                     engine.max_draft_tokens)
     impl = engine.config.model_impl
     if not covers_drafter(drafter) and (impl == "fast" or not _backend_drafter(drafter)):
-        raise UnsupportedModel(f"the engine does not run {type(drafter).__name__} drafters (use engine='hf')")
+        why = (" (its propose needs the loop's sampling arguments; the engine calls propose(context, "
+               "num_draft_tokens))" if isinstance(drafter, SlotDrafter) else "")
+        raise UnsupportedModel(f"the engine does not run {type(drafter).__name__} drafters{why}: use engine='hf'")
     model = _model_body(drafter, impl, gguf_weights=engine.config.gguf_weights)
     if model.device != engine.device:
         model = model.to(engine.device)

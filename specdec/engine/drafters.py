@@ -1,15 +1,14 @@
 """Drafters as the engine runs them: they read the slot state and draw per-row randomness by counter.
 
-Each engine drafter is a `drafters.protocol.SlotDrafter`: `propose(context, num_draft_tokens) -> Proposal` —
+Every drafter the engine runs is a `drafters.protocol.SlotDrafter`: `propose(context, num_draft_tokens) -> Proposal` —
 `tokens [b, γ]`, the q they were drawn from (`[b, γ, V]`, None when every row's q is one-hot), per-row draft
 lengths (None = all γ) and its model calls — with no host synchronization, so a whole step can be captured;
-`context` is a `StepView`, which carries each row's sampling law and seed. The rules come from the ordinary
-drafters and the core; only the bookkeeping is here.
+`context` is a `StepView`, which carries each row's sampling law and seed (`draw`, `draft_chain`: how a drafter
+samples on the engine). Prompt lookup and the n-gram tables are the `drafters` package's own classes, which take
+this call as they are; what is here is the view and the drafter that needs the engine's slot cache:
 
   EngineModelDrafter   a small fast model with its own slot cache; each proposal re-feeds the last
                        `WINDOW` committed tokens, so rejected drafts never need to be rolled back
-  EngineLookupDrafter  `PromptLookupDrafter` over the committed tokens (deterministic)
-  EngineNGramDrafter   `NGramDrafter`'s tables, sampled per row
 """
 
 from __future__ import annotations
@@ -28,14 +27,12 @@ from specdec.core.processors import (
     process_draft,
     text_bans,
 )
-from specdec.drafters.ngram import NGramDrafter
 from specdec.drafters.protocol import Proposal
-from specdec.drafters.prompt_lookup import PromptLookupDrafter
 from specdec.engine.slots import SlotCache, SlotState, prefill_ragged, prefill_rows
 from specdec.fast.kernels.argmax import argmax
 from specdec.fast.model import FastLlama
 
-__all__ = ["Flavor", "StepView", "EngineModelDrafter", "EngineLookupDrafter", "EngineNGramDrafter", "WINDOW", "refeed_window"]
+__all__ = ["Flavor", "StepView", "EngineModelDrafter", "WINDOW", "refeed_window"]
 
 WINDOW = 4  # committed tokens a model drafter re-feeds per proposal
 
@@ -180,30 +177,3 @@ class EngineModelDrafter:
         first = self.model(window, cache, valid, last_only=True)[:, 0]
         return context.draft_chain(num_draft_tokens, lambda i, prev: first if i == 0 else
                                    self.model(prev[:, None], cache, last_only=True)[:, 0], num_draft_tokens)
-
-
-class EngineLookupDrafter:
-    """Prompt lookup (copy what followed the last earlier occurrence of the text's final n-gram)."""
-
-    def __init__(self, drafter: PromptLookupDrafter):
-        self.drafter = drafter
-
-    def propose(self, context: StepView, num_draft_tokens: int) -> Proposal:
-        # the loop's drafter on the step view (it reads only `tokens` / `lengths`, deterministic: no sampling law)
-        proposal = self.drafter.propose(context, num_draft_tokens, None, None)
-        return Proposal(proposal.tokens, None, proposal.lengths, 0)
-
-
-class EngineNGramDrafter:
-    """Unigram / bigram tables (`NGramDrafter`), each row drafting with its own parameters and seed."""
-
-    def __init__(self, drafter: NGramDrafter, device: torch.device):
-        if drafter.unigram is None:
-            raise ValueError("NGramDrafter is not fitted: call .fit(sequences, vocab_size) first")
-        self.tables = drafter  # the same rule (`_distribution`); it copies its tables to the device once
-        drafter._tables(device)
-
-    def propose(self, context: StepView, num_draft_tokens: int) -> Proposal:
-        last = context.tokens.gather(1, (context.lengths - 1)[:, None]).squeeze(1)
-        return context.draft_chain(num_draft_tokens, lambda i, prev: self.tables._distribution(
-            last if prev is None else prev).clamp_min(1e-30).log(), 0)

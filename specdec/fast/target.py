@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from specdec.core import SamplingConfig, sample, standardize_logits
-from specdec.drafters.base import Drafter, Proposal
+from specdec.core import SamplingConfig
+from specdec.drafters.base import Drafter, Proposal, draw_draft
 from specdec.fast.graphs import CapturedStep, graph_options, new_pool
 from specdec.fast.model import FastLlama, KVCache
 from specdec.sequences import TokenBuffer
@@ -229,16 +229,13 @@ def _draft_step(model: FastLlama, cache: KVCache, inputs: dict, gamma: int, samp
     for i in range(gamma):
         if i > 0:
             logits = model(tokens[-1][:, None], cache, last_only=True)[:, 0]
-        if sampling.greedy:
-            token = logits.argmax(-1)
-            if confidence_threshold is not None:
-                confident.append(logits.softmax(-1).max(-1).values >= confidence_threshold)
-        else:
-            q = standardize_logits(logits, sampling, check_nan=False)  # no host sync inside a graph
-            token = sample(q, noise=inputs["noise"][:, i])  # noise drawn outside, from the caller's generator
+        noise = None if sampling.greedy else inputs["noise"][:, i]  # drawn outside, from the caller's generator
+        token, q, q_token = draw_draft(logits, sampling, noise=noise, confidence=confidence_threshold is not None,
+                                       check_nan=False)  # (no host sync inside a graph)
+        if q is not None:
             probs.append(q)
-            if confidence_threshold is not None:
-                confident.append(q.gather(1, token[:, None]).squeeze(1) >= confidence_threshold)
+        if confidence_threshold is not None:
+            confident.append(q_token >= confidence_threshold)
         tokens.append(token)
     lengths = None
     if confidence_threshold is not None:
@@ -252,12 +249,3 @@ def pair_inputs(tokens: torch.Tensor, lengths: torch.Tensor) -> dict:
     """The last two committed tokens of each row and where they go: `pair [B, 2]`, `valid [B, 2]`, `base [B]`."""
     pos = lengths[:, None] - 2 + torch.arange(2, device=tokens.device)[None, :]
     return {"pair": tokens.gather(1, pos.clamp_min(0)), "valid": pos >= 0, "base": (lengths - 2).clamp_min(0)}
-
-
-def draft_from_buffer(drafter: FastDrafter, tokens: torch.Tensor, lengths: torch.Tensor, gamma: int,
-                      sampling: SamplingConfig, noise: torch.Tensor | None):
-    """Graph body for the fused engine: draft straight from the (static) committed-token buffer."""
-    inputs = pair_inputs(tokens, lengths)
-    if noise is not None:
-        inputs["noise"] = noise
-    return _draft_step(drafter.model, drafter.lm.cache, inputs, gamma, sampling, None)

@@ -10,7 +10,7 @@ import torch
 import specdec
 from specdec.drafters import (CachedSlotDrafter, FeatureSlotDrafter, LoopDrafter, ModelDrafter, NGramDrafter,
                               PromptLookupDrafter, Proposal, SlotDrafter)
-from specdec.drafters.protocol import as_drafter
+from specdec.drafters.protocol import as_drafter, is_slot_drafter
 from specdec.engine import Engine, EngineConfig
 from specdec.models import as_target
 
@@ -18,9 +18,20 @@ from specdec.models import as_target
 def test_loop_drafters_satisfy_the_loop_protocol(llama_draft):
     for drafter in (NGramDrafter(2), PromptLookupDrafter(), ModelDrafter(llama_draft)):
         assert isinstance(drafter, LoopDrafter), type(drafter).__name__
-        # the engine builds its own slot drafters (`engine.build.build_drafter`): a loop drafter has no capability
-        # the engine looks for (`SlotDrafter` alone is only "has propose", which both doors share)
+        # a loop drafter has no capability the engine looks for (`SlotDrafter` alone is only "has propose")
         assert not isinstance(drafter, (CachedSlotDrafter, FeatureSlotDrafter)), type(drafter).__name__
+    # prompt lookup and the n-gram tables are one class for both runners: the engine takes them as they are; the
+    # model drafter's propose needs the loop's sampling arguments (the engine drafts with its model instead)
+    assert is_slot_drafter(NGramDrafter(2)) and is_slot_drafter(PromptLookupDrafter())
+    assert not is_slot_drafter(ModelDrafter(llama_draft)) and not is_slot_drafter(_DuckDrafter())
+    assert not is_slot_drafter(PromptLookupDrafter) and not is_slot_drafter(None)  # (a class, nothing)
+
+
+def test_the_engine_runs_one_implementation_of_lookup_and_ngram(llama):
+    for drafter in (PromptLookupDrafter(), NGramDrafter(2).fit([[1, 2, 3, 4]], llama.config.vocab_size)):
+        engine = Engine(llama, drafter, EngineConfig(max_batch_size=2, max_seq_len=64, num_draft_tokens=2,
+                                                     cuda_graphs=False))
+        assert engine.drafter is drafter  # passed through: no engine copy of the kind
 
 
 @pytest.mark.parametrize("kind", ["model", "lookup"])
@@ -58,11 +69,10 @@ def _loop_drafter_classes():
 
 def _engine_drafter_classes():
     from specdec.engine.cross_vocab_drafter import EngineCrossVocabDrafter
-    from specdec.engine.drafters import EngineLookupDrafter, EngineModelDrafter, EngineNGramDrafter
+    from specdec.engine.drafters import EngineModelDrafter
     from specdec.engine.feature_drafter import EngineFeatureDrafter, EngineMedusaDrafter
 
-    return [EngineModelDrafter, EngineLookupDrafter, EngineNGramDrafter, EngineFeatureDrafter, EngineMedusaDrafter,
-            EngineCrossVocabDrafter]
+    return [EngineModelDrafter, EngineFeatureDrafter, EngineMedusaDrafter, EngineCrossVocabDrafter]
 
 
 def propose_mismatches(classes, method="propose", head=("context", "num_draft_tokens"), record="Proposal") -> list[str]:
