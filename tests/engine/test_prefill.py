@@ -253,9 +253,12 @@ class _CountingGraphs(PrefillGraphs):
 
 
 def test_warmup_covers_every_prompt_length_of_a_lone_admission(make_llama):
-    """After warm-up, a request admitted alone meets only chunk shapes warm-up ran `after + 1` times."""
+    """After warm-up, a request admitted alone meets only chunk shapes warm-up ran `after + 1` times. (Without prefix
+    hits: these prompts share their first tokens, and a prefill that starts past a hit is a shape warm-up does not
+    run yet.)"""
     engine = Engine(make_llama(0), make_llama(1, layers=1), EngineConfig(max_batch_size=2, max_seq_len=96,
-                                                                      num_draft_tokens=2, prefill_chunk=32))
+                                                                      num_draft_tokens=2, prefill_chunk=32,
+                                                                      enable_prefix_caching=False))
     engine.prefill_graphs = graphs = _CountingGraphs()
     with torch.inference_mode():
         runs = engine._warm_prefill(96)
