@@ -8,6 +8,16 @@
 #
 # Each recipe below is its comment block (the help) and a function recipe_NAME; only the chosen one runs.
 
+# Every recipe begins with `prologue`: pipefail, unbuffered Python from the repo root, $OUT (the device tool's
+# folder, /tmp/out elsewhere) and its run.log, written through `log`.
+prologue() {
+  set -o pipefail
+  export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+  OUT=${OUT:-/tmp/out}
+  mkdir -p "$OUT"
+}
+log() { echo "=== $* $(date +%T)" | tee -a "$OUT/run.log"; }
+
 # ==== check
 # `specdec check` on a GPU, one device call from the repo root: the shipped demo pair through the engine (CUDA
 # graphs) in fp32 and in bf16, plus the transformers loop in bf16, each timed. fp32 must PASS; bf16 shows what the
@@ -38,10 +48,7 @@ done
 # tests: the GPU-marked kernel, fast-model and engine tests; bench: linear, attention and whole-forward benchmarks.
 # Everything lands in $OUT (run.log, *.json).
 recipe_kernels() {
-set -o pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+prologue
 MODE=${1:-all}
 log() { echo "=== $* $(date +%T)" | tee -a "$OUT/run.log"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv 2>&1 | tee -a "$OUT/run.log"
@@ -70,11 +77,7 @@ log done
 #   bash scripts/device_run.sh tests [TESTS_S] [PROBE_S]
 # Lands in $OUT: run.log, tests.log, kernel_tests.log, tp_probe.jsonl.
 recipe_tests() {
-set -o pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-log() { echo "=== $* $(date +%T)" | tee -a "$OUT/run.log"; }
+prologue
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=$PWD:/tmp/site
@@ -212,10 +215,7 @@ ls -la "$OUT" "$OUT/ende" | tee -a "$OUT/run.log"
 #                                                     # EXTRA="--no-shapes" skips those) and `specdec serve`
 # Everything lands in $OUT: run.log and <mode>/engine.json.
 recipe_engine() {
-set -o pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+prologue
 MODE=${1:-validate}
 log() { echo "=== $* $(date +%T)" | tee -a "$OUT/run.log"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee -a "$OUT/run.log"
@@ -251,10 +251,7 @@ log done
 #   bash scripts/device_run.sh families [TESTS_S] [BENCH_S]
 # Lands in $OUT: families_tests.log, families_bench.jsonl, families_bench.log.
 recipe_families() {
-set -o pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+prologue
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>&1 | tee "$OUT/families_bench.log"
 timeout "${1:-150}" python3 -m pytest -q -p no:cacheprovider -m gpu -rfEs tests/fast/test_families.py \
   tests/fast/kernels/test_attention.py 2>&1 | tee "$OUT/families_tests.log" | tail -30
@@ -270,11 +267,7 @@ timeout "${2:-150}" python3 scripts/bench_families.py --prompt 128 --new 128 --b
 #    transformers paths, greedy identity between them → $OUT/fast_seq2seq.json.
 # The EnDe tables themselves (scripts/device_run.sh ende-tables) pick the fast path on their own ("path" in the JSON).
 recipe_fast_seq2seq() {
-set -o pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-log() { echo "=== $* $(date +%T)" | tee -a "$OUT/run.log"; }
+prologue
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee -a "$OUT/run.log"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
     2>&1 | tee -a "$OUT/run.log"
@@ -341,11 +334,7 @@ log done
 #   bash scripts/device_run.sh paged [TESTS_S] [BENCH_S]
 # Lands in $OUT: run.log, paged_tests.log, paged.json.
 recipe_paged() {
-set -o pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-log() { echo "=== $* $(date +%T)" | tee -a "$OUT/run.log"; }
+prologue
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee -a "$OUT/run.log"
 log "paged GPU tests"
 timeout "${1:-200}" python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/engine/test_engine_paged_graphs.py \
@@ -364,10 +353,7 @@ log done
 #   bash scripts/device_run.sh hf-backend
 # Lands in $OUT: hf_backend_<shape>.json (engine_tok_s, loop_tok_s, speedup, identical), tests.log, run.log.
 recipe_hf_backend() {
-set -o pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+prologue
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>&1 | tee -a "$OUT/run.log"
 for shape in opt-1.3b mixtral-small; do
   timeout 240 python3 scripts/bench_hf_backend.py --shape "$shape" --device cuda --requests 32 --prompt-len 128 \
@@ -390,10 +376,7 @@ timeout 300 python3 -m pytest -q tests/engine/test_hf_backend.py -x 2>&1 | tail 
 #                                                             # table (engine_bench --sections batch1, 32 prompts/arm)
 # Everything lands in $OUT: run.log, summary/log JSON, engine.json.
 recipe_pair() {
-set -o pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+prologue
 MODE=${1:-train}
 log() { echo "=== $* $(date +%T)" | tee -a "$OUT/run.log"; }
 if [ "$MODE" = all ]; then  # the issue-12 table from nothing, in one command: train, then measure
@@ -455,11 +438,7 @@ log done
 #   bash scripts/device_run.sh prefill [BUDGETS...]        → $OUT/prefill/prefill_serve.{json,md}, $OUT/run.log
 # The pair and its head are trained first (short budgets: ~4 min) when /tmp/pair/head is not there.
 recipe_prefill() {
-set -o pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-log() { echo "=== $* $(date +%T)" | tee -a "$OUT/run.log"; }
+prologue
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$OUT/run.log"
 if [ -d .whl ]; then  # the server's dependencies travel as wheels (see the device README)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
@@ -581,11 +560,7 @@ log done
 # or level starts after it; the rows measured so far are written), cut so the whole command ends within TOTAL
 # seconds (default 540) when training ran long.
 recipe_traffic() {
-set -o pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-log() { echo "=== $* $(date +%T)" | tee -a "$OUT/run.log"; }
+prologue
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$OUT/run.log"
 if [ -d .whl ]; then  # the server's dependencies travel as wheels (see the device README)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
@@ -675,11 +650,7 @@ ls -la "$OUT" | tee -a "$OUT/run.log"
 # probability (synthetic), γ = 4. FORMATS="bf16 gptq fp8" narrows the end-to-end formats.
 # Lands in $OUT: run.log, quant_tests.log, quant_gpu.jsonl.
 recipe_quant_gpu() {
-set -o pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-log() { echo "=== $* $(date +%T)" | tee -a "$OUT/run.log"; }
+prologue
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader 2>&1 | tee -a "$OUT/run.log"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" 2>&1 | tee -a "$OUT/run.log"
 log "GPU-marked quantized-kernel tests, the quantized-checkpoint loader's tests"
@@ -700,10 +671,7 @@ log done
 #   bash scripts/device_run.sh ragged
 # Lands in $OUT: run.log, ragged_g0.json, ragged_g3.json.
 recipe_ragged() {
-set -o pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+prologue
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee -a "$OUT/run.log"
 timeout 180 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/fast/test_ragged_gpu.py 2>&1 | tail -20 \
     | tee -a "$OUT/run.log"
