@@ -24,7 +24,7 @@ from collections import Counter
 
 import torch
 
-from specdec.fast.quant.weight import ATTRIBUTE as _ATTR, quantized
+from specdec.fast.quant.weight import ATTRIBUTE as _ATTR, quantized, quantized_weights
 
 logger = logging.getLogger(__name__)
 
@@ -68,19 +68,9 @@ def _placeholder(qw) -> torch.nn.Parameter:
     return p
 
 
-def _weights(fast) -> list:
-    """The distinct `QuantWeight`s of a model's parameters."""
-    found = {}
-    for p in fast.parameters():
-        q = quantized(p)
-        if q is not None:
-            found[id(q)] = q
-    return list(found.values())
-
-
 def quantized_bytes(fast) -> int:
     """Bytes of the quantized weights a `FastLlama` holds."""
-    return sum(q.nbytes for q in _weights(fast))
+    return sum(q.nbytes for q in quantized_weights(fast))
 
 
 def _why_not(model, weights: str) -> str | None:
@@ -153,7 +143,7 @@ def quantized_from_hf(model, kernels: str = "auto", weights: str | None = "auto"
                 setattr(target, _ATTR, qw)
     fast.config = model.config
     fast.generation_config = getattr(model, "generation_config", None)
-    kinds = Counter(q.source for q in _weights(fast))
+    kinds = Counter(q.source for q in quantized_weights(fast))
     logger.info("%s: %s kept quantized (%.1f MiB) on %s", file.name,
                 ", ".join(f"{n} × {k}" for k, n in sorted(kinds.items())), quantized_bytes(fast) / 2**20, kernel_name())
     return fast.eval()

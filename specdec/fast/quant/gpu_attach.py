@@ -14,7 +14,7 @@ from collections import Counter
 
 import torch
 
-from specdec.fast.quant.weight import ATTRIBUTE, quantized
+from specdec.fast.quant.weight import ATTRIBUTE, quantized, quantized_weights
 
 logger = logging.getLogger(__name__)
 
@@ -42,16 +42,6 @@ def attach(fast, weights: dict) -> None:
             setattr(fast, name, _placeholder(qw))
         else:
             getattr(fast, name)[layer] = _placeholder(qw)
-
-
-def quantized_weights(fast) -> list:
-    """The distinct quantized matrices a model's parameters carry."""
-    found = {}
-    for p in fast.parameters():
-        q = quantized(p)
-        if q is not None:
-            found[id(q)] = q
-    return list(found.values())
 
 
 def quant_bytes(fast) -> int:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["QuantWeight", "join", "quantized", "ATTRIBUTE"]
+__all__ = ["QuantWeight", "join", "quantized", "quantized_weights", "ATTRIBUTE"]
 
 ATTRIBUTE = "specdec_quant"  # the attribute of a model's parameter that carries its QuantWeight (`fast.quant.attach`)
 
@@ -27,6 +27,16 @@ ATTRIBUTE = "specdec_quant"  # the attribute of a model's parameter that carries
 def quantized(weight: torch.Tensor) -> "QuantWeight | None":
     """The `QuantWeight` a model's weight stands for (`fast.quant.attach`), or None for a plain tensor."""
     return getattr(weight, ATTRIBUTE, None)
+
+
+def quantized_weights(model) -> list:
+    """The distinct quantized matrices (`quantized` of each parameter: GGUF blocks, FP8, int4) a model carries."""
+    found = {}
+    for p in model.parameters():
+        q = quantized(p)
+        if q is not None:
+            found[id(q)] = q
+    return list(found.values())
 
 
 @dataclass(frozen=True, eq=False)
