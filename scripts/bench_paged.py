@@ -1,9 +1,9 @@
 """The paged KV pool against the static slot cache on one GPU: an 8B-shaped Llama (random bf16 weights), plain
-decoding through the engine (CUDA graphs on both layouts) at batch 1 and 64, the two layouts built side by side
-and measured interleaved (`--repeats` rounds; median and range of the decode tokens/s); then what the pool buys at
-long context: an engine for 64 requests of up to 32k tokens (`max_seq_len=32768`, the pool sized by
-`kv_cache_memory` as a fraction of free memory), which the static layout refuses (it would need every slot's whole
-context), serving 64 concurrent requests — `--long` of them with ~30k-token prompts, the rest ~2k — with the pool's
+decoding through the engine (CUDA graphs on both layouts) at batch 1 and 64, the layouts built side by side
+(the pool with prefix caching off, and on as by default: fresh prompts each round, so it never hits) and measured
+interleaved (`--repeats` rounds; median and range of the decode tokens/s); then what the pool buys at long context: an
+engine for 64 requests of up to 32k tokens (`max_seq_len=32768`, the pool sized by `kv_cache_memory` as a fraction
+of free memory), which the static layout refuses (it would need every slot's whole context), serving 64 concurrent requests — `--long` of them with ~30k-token prompts, the rest ~2k — with the pool's
 numbers (blocks, tokens it holds, full 32k contexts it holds at once, peak usage, preemptions). On CUDA, between the
 two: the decode attention kernel alone, static vs through a block table (µs per call in a CUDA graph).
 
@@ -74,35 +74,43 @@ def drive(engine: Engine, prompts, params) -> dict:
     return dict(tokens=tokens, seconds=end - start, decode_tok_s=decode, outs=[outs[r] for r in ids], peak=peak)
 
 
+ARMS = {"static": dict(kv_layout="static"), "paged": dict(kv_layout="paged", enable_prefix_caching=False),
+        "paged+prefix": dict(kv_layout="paged", enable_prefix_caching=True)}  # (the last one is the default)
+
+
 def ab_rows(target: FastLlama, batches: list[int], new: int, repeats: int, max_seq_len: int) -> None:
-    """Plain decoding, static vs paged, interleaved in one process."""
+    """Plain decoding, static vs paged (prefix caching off) vs paged with prefix caching (the default), interleaved
+    in one process. Every round has prompts of its own, so the prefix cache never hits: the "paged+prefix" arm is
+    the cost of indexing blocks when nothing is shared."""
     vocab = target.shape.vocab_size
-    prompts = [[(1000 + 7 * i + j) % vocab for j in range(128)] for i in range(max(batches))]
+
+    def prompts(round_: int, batch: int) -> list[list[int]]:
+        return [[(1000 + 7 * i + 131 * round_ + j) % vocab for j in range(128)] for i in range(batch)]
+
     params = SamplingParams(temperature=0, max_new_tokens=new, seed=0)
-    engines = {layout: Engine(target, None, EngineConfig(max_batch_size=max(batches), max_seq_len=max_seq_len,
-                                                         kv_layout=layout))
-               for layout in ("static", "paged")}
-    for layout, engine in engines.items():
-        emit({"what": "engine", "layout": layout, "cuda_graphs": engine.cuda_graphs,
-              "kv_cache_bytes": engine.kv_cache_bytes})
+    engines = {arm: Engine(target, None, EngineConfig(max_batch_size=max(batches), max_seq_len=max_seq_len, **kw))
+               for arm, kw in ARMS.items()}
+    for arm, engine in engines.items():
+        emit({"what": "engine", "arm": arm, "cuda_graphs": engine.cuda_graphs, "kv_cache_bytes": engine.kv_cache_bytes})
         for batch in batches:  # warm: kernels picked, graphs captured for these shapes
-            drive(engine, prompts[:batch], params)
+            drive(engine, prompts(repeats, batch), params)
     measured: dict = {}
     outputs: dict = {}
-    for _ in range(repeats):
+    for round_ in range(repeats):
         for batch in batches:
-            for layout, engine in engines.items():
-                run = drive(engine, prompts[:batch], params)
-                measured.setdefault((layout, batch), []).append(run["decode_tok_s"] or 0.0)
-                outputs[(layout, batch)] = run["outs"]
+            for arm, engine in engines.items():
+                run = drive(engine, prompts(round_, batch), params)
+                measured.setdefault((arm, batch), []).append(run["decode_tok_s"] or 0.0)
+                outputs.setdefault((arm, batch), []).append(run["outs"])
     for batch in batches:
         row = {"what": "plain decode tok/s", "batch": batch, "new_tokens": new, "repeats": repeats}
-        for layout in engines:
-            values = measured[(layout, batch)]
-            row[layout] = round(statistics.median(values), 1)
-            row[f"{layout}_range"] = [round(min(values), 1), round(max(values), 1)]
-        row["paged_vs_static"] = round(row["paged"] / row["static"], 4) if row["static"] else None
-        row["same_tokens"] = outputs[("paged", batch)] == outputs[("static", batch)]
+        for arm in engines:
+            values = measured[(arm, batch)]
+            row[arm] = round(statistics.median(values), 1)
+            row[f"{arm}_range"] = [round(min(values), 1), round(max(values), 1)]
+        for arm in ("paged", "paged+prefix"):
+            row[f"{arm}_vs_static"] = round(row[arm] / row["static"], 4) if row["static"] else None
+            row[f"{arm}_same_tokens"] = outputs[(arm, batch)] == outputs[("static", batch)]
         emit(row)
     del engines
 

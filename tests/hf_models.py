@@ -22,7 +22,7 @@ MATRIX = {
     "gemma": lambda: T.GemmaForCausalLM(T.GemmaConfig(**GQA, head_dim=16)),
     "gemma2-softcap-window": lambda: T.Gemma2ForCausalLM(T.Gemma2Config(
         **GQA, head_dim=16, query_pre_attn_scalar=12, sliding_window=WINDOW, attn_logit_softcapping=4.0,
-        final_logit_softcapping=6.0)),
+        final_logit_softcapping=6.0, attn_implementation="eager")),  # (sdpa drops or refuses the softcap)
     "gemma3": lambda: T.Gemma3ForCausalLM(T.Gemma3TextConfig(
         **GQA, head_dim=16, query_pre_attn_scalar=16, sliding_window=WINDOW,
         layer_types=["sliding_attention", "full_attention"])),

@@ -231,8 +231,9 @@ class HFBackendModel(torch.nn.Module):
         vocab = self.shape.vocab_size
         ids = (torch.arange(6, device=self.device) * 7 + 3) % vocab
         with torch.inference_mode():
-            try:
-                ref = self.hf(input_ids=ids[None], use_cache=False).logits[0].float()
+            try:  # its eager attention: what the model computes (sdpa drops Gemma 2's softcap in transformers 5.17)
+                with self._attention("eager"):
+                    ref = self.hf(input_ids=ids[None], use_cache=False).logits[0].float()
             except Exception as err:  # noqa: BLE001 (its own attention may not run here: nothing to compare with)
                 logger.debug("%s: the model's own forward failed (%s); the backend's self-check is skipped",
                              model_type, err)
@@ -352,12 +353,16 @@ class HFBackendModel(torch.nn.Module):
             return None
         return (logits[:, -1:] if keep == 1 else logits).float()
 
-    @contextlib.contextmanager
     def _engine_attention(self):
         """Every config of the model names the engine's attention for the length of one forward."""
+        return self._attention(ATTENTION_NAME)
+
+    @contextlib.contextmanager
+    def _attention(self, implementation: str):
+        """Every config of the model names `implementation` (a transformers attention function) while it is open."""
         before = [c._attn_implementation_internal for c in self._configs]
         for c in self._configs:
-            c._attn_implementation_internal = ATTENTION_NAME
+            c._attn_implementation_internal = implementation
         try:
             yield
         finally:

@@ -135,6 +135,20 @@ def test_the_self_check_refuses_what_the_engine_computes_differently(monkeypatch
         HFBackendModel(make("olmo"))
 
 
+def test_the_self_check_compares_with_the_models_eager_attention(caplog):
+    """Gemma 2 configured with sdpa: transformers' sdpa drops its attention softcap (5.17) or refuses it (5.24), so
+    the self-check's reference is the eager attention (what the model computes) — the backend is built, its text is
+    the eager model's, and the model's own setting is left as it was."""
+    target = make("gemma2-softcap-window")
+    eager = hf_greedy(target, PROMPTS[0], NEW[0], [])
+    target.config._attn_implementation_internal = "sdpa"
+    with caplog.at_level(logging.DEBUG, logger=hf_backend.__name__):
+        engine = Engine(target, specdec.PromptLookupDrafter(), EngineConfig(max_batch_size=2, **BACKEND))
+    assert "self-check is skipped" not in caplog.text  # (it ran)
+    assert run(engine, PROMPTS[:1], NEW[:1])[0] == eager
+    assert target.config._attn_implementation == "sdpa"
+
+
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_architectures_without_the_attention_interface_are_refused(name):
     build, words = REFUSED[name]
