@@ -115,6 +115,40 @@ def ab_rows(target: FastLlama, batches: list[int], new: int, repeats: int, max_s
     del engines
 
 
+def host_rows(target: FastLlama, batches: list[int], max_seq_len: int, steps: int = 60) -> None:
+    """Each arm's host work per decode step: the step's model bodies replaced by a replay of one real step's output
+    (`scripts/host_overhead.py --stub`), so the step time is the engine's bookkeeping, launches and its one device →
+    host read — whether a paged step's extra time is the host's or the device's."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from host_overhead import _stub_bodies
+
+    vocab = target.shape.vocab_size
+    params = SamplingParams(temperature=0, max_new_tokens=10 * steps, seed=0)
+    for batch in batches:
+        row = {"what": "host us per decode step (stub bodies)", "batch": batch, "steps": steps}
+        for arm, kw in ARMS.items():
+            engine = Engine(target, None, EngineConfig(max_batch_size=max(batches), max_seq_len=max_seq_len, **kw))
+            for i in range(batch):
+                engine.add_request([(5 + 3 * i + j) % vocab for j in range(128)], params)
+            for _ in range(4):
+                engine.step()
+            restore = _stub_bodies(engine)
+            times = []
+            try:
+                for _ in range(steps):
+                    start = time.perf_counter()
+                    engine.step()
+                    times.append(time.perf_counter() - start)
+            finally:
+                restore()
+            row[arm] = round(statistics.median(times) * 1e6, 1)
+            del engine
+        emit(row)
+
+
 def attention_rows(batches: list[int], spans=(256, 2048), page: int = 16) -> None:
     """The decode attention alone (the Triton split-K kernel, one query per row, 8B heads: 32 query, 8 KV, dim 128,
     bf16), static `[B, H_kv, S, D]` against a pool `[N, page, H_kv, D]` read through a scrambled block table:
@@ -220,6 +254,7 @@ def main() -> None:
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     emit({"what": "setup", "device": name, "torch": torch.__version__, "shape": "tiny" if args.tiny else "8B"})
     ab_rows(target, args.batch, args.new, args.repeats, args.ab_seq_len)
+    host_rows(target, args.batch, args.ab_seq_len)
     if args.device == "cuda":
         try:  # (a diagnosis: a failure here leaves the other rows standing)
             attention_rows(args.batch)

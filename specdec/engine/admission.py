@@ -159,6 +159,7 @@ def reserve_blocks(scheduler, runner) -> None:
         scheduler.prefix_cache.commit_rows(scheduler.running, scheduler.drafter_state)
     while scheduler.short_row() is not None:
         preempt(scheduler, runner, scheduler.preemption_victim())
+    scheduler.kv_pool.flush()  # (the step's graph reads the table by address: the new blocks land before it runs)
 
 
 def preempt(scheduler, runner, request: EngineRequest) -> None:

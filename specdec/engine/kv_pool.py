@@ -138,10 +138,27 @@ class KVPool:
         self.allocator = BlockAllocator(num_blocks, block_size)
         self.block_size = int(block_size)
         self.max_blocks = blocks_for(max_positions, block_size)
-        self.table = torch.full((max_batch, self.max_blocks), NULL_BLOCK, dtype=torch.int32, device=device)
+        self._table = torch.full((max_batch, self.max_blocks), NULL_BLOCK, dtype=torch.int32, device=device)
+        self._pending: list[tuple[int, int, int]] = []  # (row, column, block) reserved, not yet in the device table
         self.blocks: list[list[int]] = [[] for _ in range(max_batch)]
         self.num_preemptions = 0  # requests whose blocks were taken back to make room (engine's count)
         self.stashes: dict[int, list[int]] = {}  # blocks held for a beam group's rows, by its first row (beam_blocks)
+
+    @property
+    def table(self) -> torch.Tensor:
+        """`[max_batch, max_blocks]` int32 on the device, every reservation written (see `flush`)."""
+        self.flush()
+        return self._table
+
+    def flush(self) -> None:
+        """Write the blocks `reserve` handed out since the last flush into the device table, in one transfer: a step
+        reserves a block for each row crossing a block boundary (at batch 64, several a step), and one copy per
+        block cost the step more host time than the paged attention saved. Every read of `table` flushes first; the
+        engine flushes before a step whose CUDA graph reads the table by address (`admission.reserve_blocks`)."""
+        if self._pending:
+            rows, cols, ids = torch.tensor(self._pending, dtype=torch.int64).T.to(self._table.device, non_blocking=True)
+            self._pending.clear()
+            self._table[rows, cols] = ids.to(torch.int32)
 
     @property
     def num_positions(self) -> int:
@@ -163,7 +180,7 @@ class KVPool:
             return False
         have = len(self.blocks[row])
         self.blocks[row].extend(new)
-        self.table[row, have : have + n] = _to_device(new, self.table.device)
+        self._pending.extend((row, have + i, block) for i, block in enumerate(new))
         return True
 
     def share_row(self, row: int, blocks: list[int], owned: list[int] = ()) -> None:

@@ -68,6 +68,21 @@ def test_rows_reserve_move_swap_and_release_through_the_table():
         pool.reserve(0, 4), pool.reserve(1, 4), pool.move(0, 1)
 
 
+def test_reservations_reach_the_device_table_in_one_flush():
+    """A step's reservations are written together (`flush`); any read of `table` flushes first, so nothing reads a
+    stale row — and without the flush the device table would still point at the null block (the control)."""
+    pool = KVPool(num_blocks=11, block_size=4, max_batch=3, max_positions=20, device=torch.device("cpu"))
+    assert pool.reserve(0, 5) and pool.reserve(1, 3) and pool.reserve(0, 9)
+    assert pool._table.eq(NULL_BLOCK).all()  # (pending: the device table not yet written)
+    assert len(pool._pending) == 4
+    assert pool.table[0, :3].tolist() == pool.blocks[0] and pool.table[1, :1].tolist() == pool.blocks[1]
+    assert not pool._pending
+    pool.reserve(1, 8)
+    pool.release(1)  # (a release after a pending reservation: flushed first, then the row is nulled)
+    assert pool.table[1].tolist() == [NULL_BLOCK] * 5
+    pool.check()
+
+
 def test_the_budget_is_bytes_a_fraction_or_a_default():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert kv_budget(1000, 10**12, 10**9, cpu) == 1000
