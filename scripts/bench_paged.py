@@ -1,11 +1,13 @@
 """The paged KV pool against the static slot cache on one GPU: an 8B-shaped Llama (random bf16 weights), plain
-decoding through the engine (CUDA graphs on both layouts) at batch 1 and 64, the layouts built side by side
-(the pool with prefix caching off, and on as by default: fresh prompts each round, so it never hits) and measured
-interleaved (`--repeats` rounds; median and range of the decode tokens/s); then what the pool buys at long context: an
-engine for 64 requests of up to 32k tokens (`max_seq_len=32768`, the pool sized by `kv_cache_memory` as a fraction
-of free memory), which the static layout refuses (it would need every slot's whole context), serving 64 concurrent requests — `--long` of them with ~30k-token prompts, the rest ~2k — with the pool's
-numbers (blocks, tokens it holds, full 32k contexts it holds at once, peak usage, preemptions). On CUDA, between the
-two: the decode attention kernel alone, static vs through a block table (µs per call in a CUDA graph).
+decoding through the engine (CUDA graphs on both layouts) at batch 1 and 64, the layouts built side by side (the
+pool with prefix caching off, and on as by default: fresh prompts each round, so it never hits) and measured
+interleaved (`--repeats` rounds; median and range of the decode tokens/s), each arm's host µs per step (stub
+bodies); then what the pool buys at long context: an engine for 64 requests of up to 32k tokens
+(`max_seq_len=32768`, the pool sized by `kv_cache_memory` as a fraction of free memory), which the static layout
+refuses (it would need every slot's whole context), serving 64 concurrent requests — `--long` of them with
+~30k-token prompts, the rest ~2k — with the pool's numbers (blocks, tokens it holds, full 32k contexts it holds at
+once, peak usage, preemptions). On CUDA, between the two: the decode attention kernel alone, static vs through a
+block table (µs per call in a CUDA graph).
 
     python scripts/bench_paged.py --out $OUT/paged.json                 (≈ 3–5 min on an H200)
     python scripts/bench_paged.py --device cpu --tiny --out /tmp/p.json  (the same code on a tiny shape, CPU)
@@ -126,7 +128,7 @@ def host_rows(target: FastLlama, batches: list[int], max_seq_len: int, steps: in
     from host_overhead import _stub_bodies
 
     vocab = target.shape.vocab_size
-    params = SamplingParams(temperature=0, max_new_tokens=10 * steps, seed=0)
+    params = SamplingParams(temperature=0, max_new_tokens=min(10 * steps, max_seq_len - 128), seed=0)
     for batch in batches:
         row = {"what": "host us per decode step (stub bodies)", "batch": batch, "steps": steps}
         for arm, kw in ARMS.items():

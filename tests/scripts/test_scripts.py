@@ -227,6 +227,9 @@ def test_bench_paged_runs_on_a_tiny_model(tmp_path, monkeypatch, capsys):
                                                    "--out", str(out)], monkeypatch)
     rows = json.loads(out.read_text())
     ab = [r for r in rows if r["what"] == "plain decode tok/s"]
-    assert [r["batch"] for r in ab] == [1, 4] and all(r["same_tokens"] for r in ab)
+    assert [r["batch"] for r in ab] == [1, 4]
+    assert all(r["paged_same_tokens"] and r["paged+prefix_same_tokens"] for r in ab)
+    host = [r for r in rows if r["what"].startswith("host us per decode step")]
+    assert [r["batch"] for r in host] == [1, 4] and all(r[arm] > 0 for r in host for arm in ("static", "paged"))
     served = next(r for r in rows if r["what"] == "concurrent requests at long context")
     assert served["all_finished"] and served["requests"] == 4
