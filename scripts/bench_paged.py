@@ -86,8 +86,8 @@ def ab_rows(target: FastLlama, batches: list[int], new: int, repeats: int, max_s
     the cost of indexing blocks when nothing is shared."""
     vocab = target.shape.vocab_size
 
-    def prompts(round_: int, batch: int) -> list[list[int]]:
-        return [[(1000 + 7 * i + 131 * round_ + j) % vocab for j in range(128)] for i in range(batch)]
+    def prompts(round_: int, batch: int) -> list[list[int]]:  # (a text of its own per round, batch and row)
+        return [[(1000 + 7 * i + 131 * round_ + 977 * batch + j) % vocab for j in range(128)] for i in range(batch)]
 
     params = SamplingParams(temperature=0, max_new_tokens=new, seed=0)
     engines = {arm: Engine(target, None, EngineConfig(max_batch_size=max(batches), max_seq_len=max_seq_len, **kw))
