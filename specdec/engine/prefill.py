@@ -27,11 +27,13 @@ tokens are the same with or without a budget (tests/engine/test_chunked_prefill.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from specdec.engine.engine_request import EngineRequest
+from specdec.engine.step_input import PrefillChunks
 from specdec.engine.prefill_budget import DEFAULT_STALL, DEFAULT_STEPS, AutoBudget
 
-__all__ = ["ChunkedPrefill", "prefill_step"]
+__all__ = ["ChunkedPrefill", "MixedFeed", "finish_mixed", "plan_mixed", "prefill_step", "promote_ready"]
 
 
 class ChunkedPrefill:
@@ -39,9 +41,11 @@ class ChunkedPrefill:
     or None: off), the deadline K (`prefill_steps`), and what each step feeds of the filling requests."""
 
     def __init__(self, config):
-        self.budget = config.prefill_budget or None
+        self.mixed = config.mixed_step  # (the chunks ride in the step's target forward: `plan_mixed`)
+        self.budget = config.prefill_budget or ("auto" if self.mixed else None)
         auto = self.budget == "auto"
         self.auto = AutoBudget(config.prefill_stall or DEFAULT_STALL) if auto else None
+        self._decode = self.auto or AutoBudget()  # the decode step's median (a mixed step's excess over it: its chunks)
         self.steps = config.prefill_steps or (DEFAULT_STEPS if auto else None)
         self.chunk = config.prefill_chunk
 
@@ -64,8 +68,13 @@ class ChunkedPrefill:
 
     def decoded(self, seconds: float) -> None:
         """A decode step took `seconds` ("auto" sizes the budget from it)."""
-        if self.auto is not None:
-            self.auto.decoded(seconds)
+        self._decode.decoded(seconds)
+
+    def mixed_share(self, seconds: float) -> float:
+        """Of a mixed step's `seconds`, what its chunks cost: the excess over the measured decode step (all of it
+        before a decode step is measured)."""
+        step = self._decode.step_seconds()
+        return max(seconds - step, 0.0) if step is not None else seconds
 
     def step_budget(self, filling: list[EngineRequest], num_steps: int, drafter_cached: bool) -> int:
         """This step's budget: `prefill_budget`, or with `prefill_steps` K more where the backlog needs it, so every
@@ -141,12 +150,22 @@ def prefill_step(scheduler, runner, policy, chunked: ChunkedPrefill) -> bool:
     fed_target = sum(e - s for s, e in target.values())
     fed_drafter = sum(e - s for s, e in drafter.values())
     chunked.measure_prefill(fed_target + fed_drafter, seconds)
+    ready = promote_ready(scheduler, runner, target, drafter, seconds)
+    policy.admission.prefilled(fed_target, middle - start, fed_drafter,
+                               time.perf_counter() - middle if drafter else None, len(ready),
+                               sum(len(r.prompt) for r in ready))
+    return bool(target or drafter)
+
+
+def promote_ready(scheduler, runner, target: dict, drafter: dict, seconds: float) -> list[EngineRequest]:
+    """The filling requests fed this step (`target` / `drafter`: {slot: (start, end)}) count `seconds` of prefill;
+    those whose prompts are fed in full move into slot n and join the decode steps → them."""
     ready = []
     for request in list(scheduler.filling):
         if target.get(request.slot) or drafter.get(request.slot):
             request.stats.add_prefill(seconds, 1 if request.slot in target else 0)
         if request.prefilled == len(request.prompt) - 1 and (
-                not cached or request.draft_valid >= len(request.prompt) - 2):
+                not runner.drafter_cached or request.draft_valid >= len(request.prompt) - 2):
             ready.append(request)
     for request in ready:  # it moves into slot n and joins the decode steps
         move = scheduler.promote(request)
@@ -158,10 +177,47 @@ def prefill_step(scheduler, runner, policy, chunked: ChunkedPrefill) -> bool:
             else:  # a younger request fills slot n: the two exchange slots
                 runner.swap_slots(src, dst, positions)
         runner.state.active[request.slot] = True
-    policy.admission.prefilled(fed_target, middle - start, fed_drafter,
-                               time.perf_counter() - middle if drafter else None, len(ready),
+    return ready
+
+
+@dataclass(frozen=True)
+class MixedFeed:
+    """What a mixed step feeds (`plan_mixed`): `chunks` in its target forward (None: no target chunk this step,
+    the step is a decode step), and `target` / `drafter` ({slot: (start, end)}: `ChunkedPrefill.plan`'s)."""
+
+    chunks: PrefillChunks | None
+    target: dict
+    drafter: dict
+
+
+def plan_mixed(scheduler, chunked: ChunkedPrefill, drafter_cached: bool) -> MixedFeed:
+    """This step's budget of the filling requests' prompts (`ChunkedPrefill.step_budget` / `plan`, oldest first),
+    the target's share as the chunks of the step's forward."""
+    budget = chunked.step_budget(scheduler.filling, scheduler.num_steps, drafter_cached)
+    target, drafter = chunked.plan(scheduler.filling, budget, drafter_cached)
+    chunks = None
+    if target:
+        bounds = list(target.values())
+        chunks = PrefillChunks(tuple(target), tuple(s for s, _ in bounds), tuple(e for _, e in bounds),
+                               tuple(r.length for r in scheduler.running))
+    return MixedFeed(chunks, target, drafter)
+
+
+def finish_mixed(scheduler, runner, policy, chunked: ChunkedPrefill, feed: MixedFeed, step_seconds: float) -> None:
+    """After a mixed step (its forward fed `feed.chunks`; it took `step_seconds`): a cached drafter's feed of the
+    planned prompt positions, in its own pass (it reads the target's features the step stored); the feeds measured
+    (the target's share of the step: `ChunkedPrefill.mixed_share`); the requests fed in full join the decode steps."""
+    start = time.perf_counter()
+    if feed.drafter:
+        runner.feed([], chunked.groups(feed.drafter, ragged=runner.drafter_ragged))
+    drafter_seconds = time.perf_counter() - start if feed.drafter else None
+    fed_target = sum(e - s for s, e in feed.target.values())
+    fed_drafter = sum(e - s for s, e in feed.drafter.values())
+    share = chunked.mixed_share(step_seconds) if fed_target else 0.0
+    chunked.measure_prefill(fed_target + fed_drafter, share + (drafter_seconds or 0.0))
+    ready = promote_ready(scheduler, runner, feed.target, feed.drafter, share + (drafter_seconds or 0.0))
+    policy.admission.prefilled(fed_target, share, fed_drafter, drafter_seconds, len(ready),
                                sum(len(r.prompt) for r in ready))
-    return bool(target or drafter)
 
 
 def _rectangle(bounds: list[tuple[int, int]]) -> int:
