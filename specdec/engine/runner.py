@@ -116,6 +116,7 @@ class Runner:
         self.prefill_tokens = 0  # tokens prefilled so far: prompts (target and cached drafter) and catch-ups
         self.steps: dict = {}  # step shapes by (batch, γ or tree branching, positions, flavor)
         self.mixed_steps: dict = {}  # mixed steps' shapes (eager) by (rows, γ, positions, flavor)
+        self.num_mixed_steps = 0  # steps that fed prompt chunks in their target forward (`EngineConfig.mixed_step`)
         self.trees: dict[tuple, EngineTree] = {}
         self._last_run = (None, None)
         self._clock = Clock(self.device)
@@ -183,6 +184,7 @@ class Runner:
         if step.prefill is not None:  # (a mixed step: the filling rows' chunks ride in its target forward)
             run.prefill = step.prefill
             self.prefill_tokens += step.prefill.num_tokens
+            self.num_mixed_steps += 1
         if step.draft_caps is not self._caps_written:  # (the rows or their caps changed)
             self.draft_caps.copy_(torch.tensor(step.draft_caps), non_blocking=True)
             self._caps_written = step.draft_caps

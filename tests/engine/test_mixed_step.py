@@ -148,3 +148,18 @@ def test_a_long_prompt_rides_in_the_decode_steps(make_llama):
     assert max(between[1:]) <= 32 and sum(1 for b in between if b) >= (len(long) - 1) // 32
     assert max(whole_between[1:]) > 32  # (without it, the step that admits the prompt prefills all of it)
     assert mixed_tokens == whole_tokens
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kind", ["plain", "model", "head"])
+def test_mixed_step_on_cuda_gives_the_tokens_of_a_whole_prefill(make_llama, kind):
+    """On CUDA (the steps without filling rows replayed as graphs, the mixed ones eager through the Triton varlen
+    attention), fp32: the tokens of a whole prefill, greedy and seeded T = 1."""
+    target = make_llama(0).cuda()
+    draft = _drafter(kind, make_llama, target)
+    draft = draft.cuda() if kind == "model" else draft
+    mixed, engine, _ = _run(target, draft, True)
+    whole, _, _ = _run(target, draft, False)
+    assert engine.runner.mixed_steps and engine.cuda_graphs
+    assert mixed == whole
