@@ -163,3 +163,48 @@ def test_mixed_step_on_cuda_gives_the_tokens_of_a_whole_prefill(make_llama, kind
     whole, _, _ = _run(target, draft, False)
     assert engine.runner.mixed_steps and engine.cuda_graphs
     assert mixed == whole
+
+
+def test_mixed_step_past_a_prefix_cache_hit(make_llama):
+    """Requests sharing a 40-token system prompt arrive mid-flight, one after another: the later ones hit the prefix
+    cache and their chunks start past the hit (attending over the shared blocks through their tables); the tokens
+    stay a whole prefill's."""
+    target, draft = make_llama(0), make_llama(5, layers=1)
+    system = prompt(40, 9)
+    late = [system + prompt(n, 20 + n) for n in (30, 5, 17, 44)]
+    params = mixed_params(len(EARLY) + len(late), max_new=24)
+    runs = []
+    for mixed in (True, False):
+        engine = Engine(target, draft, EngineConfig(max_batch_size=3, max_seq_len=160, num_draft_tokens=2,
+                                                    admit_min=1, mixed_step=mixed, prefill_budget=16 if mixed else None))
+        ids = [engine.add_request(p, q) for p, q in zip(EARLY, params)]
+        outputs: dict = {}
+        for step in range(2000):
+            if 2 <= step < 2 + 6 * len(late) and (step - 2) % 6 == 0:  # one arrival every 6 steps
+                i = (step - 2) // 6
+                ids.append(engine.add_request(late[i], params[len(EARLY) + i]))
+            if step > 2 + 6 * len(late) and not engine.has_unfinished():
+                break
+            for out in engine.step():
+                outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
+        runs.append(([outputs[i] for i in ids], engine.prefix_cache_hits, engine.runner.num_mixed_steps))
+    (mixed_tokens, hits, steps), (whole_tokens, _, _) = runs
+    assert hits > 0 and steps > 0, "no prefix hit or no mixed step: the scenario lost its point"
+    assert mixed_tokens == whole_tokens
+
+
+def test_token_tree_requests_keep_the_separate_prefill(make_llama):
+    """Running token-tree requests (`SamplingParams.draft_tree`) are not mixed: the step keeps the separate chunked
+    prefill, and the tokens are a whole prefill's."""
+    target, draft = make_llama(0), make_llama(5, layers=1)
+    params = [SamplingParams(temperature=0, max_new_tokens=12, draft_tree=(2, 2)) for _ in range(6)]
+    runs = []
+    for mixed in (True, False):
+        engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=2,
+                                                    admit_min=1, mixed_step=mixed, prefill_budget=24 if mixed else None))
+        filling = []
+        tokens = drive(engine, EARLY, LATE, params, watch=lambda e, _, filling=filling: filling.append(e.num_prefilling))
+        runs.append((tokens, engine.runner.num_mixed_steps, max(filling)))
+    (mixed_tokens, steps, filled), (whole_tokens, _, _) = runs
+    assert filled > 0 and steps == 0  # (requests did fill across steps, in the separate prefill)
+    assert mixed_tokens == whole_tokens
