@@ -6,7 +6,8 @@
         for out in engine.step(): ...          # RequestOutput: new tokens, finished, finish_reason
 
 One `step()`: admit waiting requests into free slots (prefill, eager, chunked; with `prefill_budget`, at most that
-many prompt tokens per step while others run: `engine.prefill`), then one decode step for
+many prompt tokens per step while others run: `engine.prefill`; with `mixed_step` those chunks ride in the
+step's own target forward, `engine.mixed_step`), then one decode step for
 every running request: the policy picks γ (each row drafts at most its own cap, `SamplingParams.num_draft_tokens`,
 and its budget: per-row draft lengths, so plain and speculative requests share a step); the drafter proposes (one
 graph), the target scores [last, x_1..x_γ] and `core.verify` accepts (a second graph, which also commits with

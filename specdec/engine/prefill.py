@@ -16,6 +16,11 @@ feeds more when the backlog needs it, so every request is fed within K steps of 
 `ChunkedPrefill` holds the budget and decides what each step feeds (a scheduling decision, like vLLM's token
 budget); `prefill_step` hands that to the runner (`Runner.feed`) and moves the ready requests into the running rows.
 
+With `EngineConfig.mixed_step` the plan is the same but the target's share is not a pass of its own:
+`plan_mixed` hands it to the step as `PrefillChunks` (`StepInput.prefill`), the step's one target forward feeds it
+beside the verify rows (`engine/mixed_step.py`), and `finish_mixed` then runs a cached drafter's feed (its own pass,
+in the same step), measures the feeds and moves the ready requests (`promote_ready`, this path's too).
+
 Invariants: running requests hold slots 0..n-1 (as without a budget); filling requests hold slots ≥ n, in any
 order, below the beam groups' (`beam.py` counts them as chain rows). An inactive filling row inside a step's batch bucket is padding: the step writes its target cache at
 positions ≥ its prompt length − 1 and its drafter's at ≥ length − WINDOW (the state holds its prompt length),
