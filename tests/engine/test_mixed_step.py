@@ -208,3 +208,38 @@ def test_token_tree_requests_keep_the_separate_prefill(make_llama):
     (mixed_tokens, steps, filled), (whole_tokens, _, _) = runs
     assert filled > 0 and steps == 0  # (requests did fill across steps, in the separate prefill)
     assert mixed_tokens == whole_tokens
+
+
+def test_mixed_step_with_processors_logprobs_and_an_abort(make_llama):
+    """Rows with a repetition penalty, top-k / top-p and log-probabilities beside the chunks, and a filling request
+    aborted mid-feed: the others' tokens are a whole prefill's and their log-probabilities equal to fp32 rounding."""
+    target, draft = make_llama(0), make_llama(5, layers=1)
+    kinds = [dict(repetition_penalty=1.3), dict(top_k=5, top_p=0.9, temperature=0.8), dict(logprobs=True)]
+    params = [SamplingParams(seed=50 + i, max_new_tokens=16, **kinds[i % 3]) for i in range(len(EARLY) + len(LATE))]
+    runs = []
+    for mixed in (True, False):
+        engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=3,
+                                                    admit_min=1, mixed_step=mixed, prefill_budget=24 if mixed else None))
+        ids = [engine.add_request(p, q) for p, q in zip(EARLY, params)]
+        tokens, logprobs, aborted = {}, {}, None
+        for step in range(500):
+            if step == 2:
+                ids += [engine.add_request(p, q) for p, q in zip(LATE, params[len(EARLY):])]
+            if step == 4:
+                aborted = ids[2]  # the 70-token prompt: still filling at a 24-token budget
+                filling = mixed and engine.num_prefilling > 0
+                engine.abort(aborted)
+            if step > 4 and not engine.has_unfinished():
+                break
+            for out in engine.step():
+                tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+                logprobs.setdefault(out.request_id, []).extend(out.logprobs or [])
+        kept = [i for i in ids if i != aborted]
+        runs.append(([tokens[i] for i in kept], [logprobs[i] for i in kept], engine.runner.num_mixed_steps))
+        if mixed:
+            assert filling, "the aborted request was not filling: the scenario lost its point"
+    (mixed_tokens, mixed_logprobs, steps), (whole_tokens, whole_logprobs, _) = runs
+    assert steps > 0 and mixed_tokens == whole_tokens
+    assert any(mixed_logprobs)
+    for got, want in zip(mixed_logprobs, whole_logprobs):
+        assert got == pytest.approx(want, abs=1e-4)
