@@ -51,6 +51,7 @@ class ChunkedPrefill:
         auto = self.budget == "auto"
         self.auto = AutoBudget(config.prefill_stall or DEFAULT_STALL) if auto else None
         self._decode = self.auto or AutoBudget()  # the decode step's median (a mixed step's excess over it: its chunks)
+        self._mixed = AutoBudget()  # mixed steps' seconds against their chunk tokens: a + b·n, a = the step alone
         self.steps = config.prefill_steps or (DEFAULT_STEPS if auto else None)
         self.chunk = config.prefill_chunk
 
@@ -59,12 +60,18 @@ class ChunkedPrefill:
         """The prompt tokens the next step may prefill before its deadlines (`prefill_steps`) ask for more: the fixed
         budget, or "auto"'s from the measured decode step and prefill rate (None: chunked prefill is off)."""
         if self.auto is not None:
-            return self.auto.budget()
+            return self.auto.budget(self._decode_seconds()) if self.mixed else self.auto.budget()
         return self.budget
 
     def report(self) -> dict | None:
         """JSON-ready: "auto"'s measurements and budget now (None unless prefill_budget="auto")."""
-        return None if self.auto is None else self.auto.report()
+        if self.auto is None:
+            return None
+        report = self.auto.report()
+        if report["decode_step_ms"] is None and self._decode_seconds() is not None:  # (every step mixed so far)
+            report["decode_step_ms"] = self._decode_seconds() * 1e3
+        report["budget"] = self.step_prefill_budget
+        return report
 
     def measure_prefill(self, tokens: int, seconds: float) -> None:
         """A prefill fed `tokens` prompt tokens (target and drafter) in `seconds` ("auto" sizes the budget from it)."""
@@ -75,10 +82,19 @@ class ChunkedPrefill:
         """A decode step took `seconds` ("auto" sizes the budget from it)."""
         self._decode.decoded(seconds)
 
-    def mixed_share(self, seconds: float) -> float:
-        """Of a mixed step's `seconds`, what its chunks cost: the excess over the measured decode step (all of it
-        before a decode step is measured)."""
+    def _decode_seconds(self) -> float | None:
+        """The decode step: the median of the measured ones, else (every step mixed: traffic that never stops
+        filling) the mixed steps' fitted cost at no chunk tokens (None: neither yet)."""
         step = self._decode.step_seconds()
+        if step is None and self._mixed.feed_cost() is not None:
+            step = self._mixed.feed_cost()[0] or None
+        return step
+
+    def mixed_share(self, tokens: int, seconds: float) -> float:
+        """A mixed step fed `tokens` chunk tokens in `seconds`: what its chunks cost, its excess over the decode step
+        (`_decode_seconds`; all of it before anything is measured)."""
+        self._mixed.fed(tokens, seconds)
+        step = self._decode_seconds()
         return max(seconds - step, 0.0) if step is not None else seconds
 
     def step_budget(self, filling: list[EngineRequest], num_steps: int, drafter_cached: bool) -> int:
@@ -218,7 +234,7 @@ def finish_mixed(scheduler, runner, policy, chunked: ChunkedPrefill, feed: Mixed
     drafter_seconds = time.perf_counter() - start if feed.drafter else None
     fed_target = sum(e - s for s, e in feed.target.values())
     fed_drafter = sum(e - s for s, e in feed.drafter.values())
-    share = chunked.mixed_share(step_seconds) if fed_target else 0.0
+    share = chunked.mixed_share(fed_target, step_seconds) if fed_target else 0.0
     chunked.measure_prefill(fed_target + fed_drafter, share + (drafter_seconds or 0.0))
     ready = promote_ready(scheduler, runner, feed.target, feed.drafter, share + (drafter_seconds or 0.0))
     policy.admission.prefilled(fed_target, share, fed_drafter, drafter_seconds, len(ready),

@@ -243,3 +243,31 @@ def test_mixed_step_with_processors_logprobs_and_an_abort(make_llama):
     assert any(mixed_logprobs)
     for got, want in zip(mixed_logprobs, whole_logprobs):
         assert got == pytest.approx(want, abs=1e-4)
+
+
+def test_the_auto_budget_learns_from_mixed_steps_alone():
+    """Traffic that never stops filling (every step mixed, no decode step measured): the budget comes from the mixed
+    steps' seconds against their chunk tokens — their fit's cost at no tokens is the decode step, the rest the
+    chunks' — and settles at the tokens whose cost is `stall` × that step (synthetic: 10 ms + 2 µs a token); before
+    any mixed step it is the cold budget, and a step's whole time taken as its chunks' cost (the control) lands
+    far from it."""
+    import random
+
+    from specdec.engine.prefill import ChunkedPrefill
+    from specdec.engine.prefill_budget import COLD
+
+    step, per_token, stall = 0.010, 2e-6, 0.5
+    chunked = ChunkedPrefill(EngineConfig(mixed_step=True, prefill_stall=stall))
+    control = ChunkedPrefill(EngineConfig(mixed_step=True, prefill_stall=stall))
+    assert chunked.step_prefill_budget == COLD
+    rng = random.Random(0)
+    for _ in range(200):
+        for prefill, share_of in ((chunked, chunked.mixed_share), (control, None)):
+            tokens = rng.randint(max(prefill.step_prefill_budget // 4, 1), prefill.step_prefill_budget)
+            seconds = step + per_token * tokens
+            share = share_of(tokens, seconds) if share_of else seconds
+            prefill.measure_prefill(tokens, share)
+    want = stall * step / per_token
+    assert chunked.step_prefill_budget == pytest.approx(want, rel=0.05) == chunked.report()["budget"]
+    assert chunked.report()["decode_step_ms"] == pytest.approx(1e3 * step, rel=0.05)
+    assert abs(control.step_prefill_budget - want) > 0.5 * want
