@@ -19,6 +19,7 @@ step's tokens arrive together); TTFT: first tokens − arrival; throughput: gene
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import statistics
@@ -193,6 +194,7 @@ def main(argv=None) -> int:
             row = drive(engine, requests, args.clients or args.slots, args.poisson, args.seed)
             emit({"what": "traffic", "mode": mode, "arm": arm, **row})
             del engine
+            gc.collect()  # (its graphs and pool, before the next arm's)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     by = {(r["mode"], r["arm"]): r for r in rows if r.get("what") == "traffic"}
