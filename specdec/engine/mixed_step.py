@@ -101,6 +101,11 @@ class MixedStepRunner(StepRunner):
         logits, hidden = forward_ragged(e.model, batch, cache, return_hidden=True)
         n, k = tokens.shape
         fed = n * k
-        if store is not None and batch.num_tokens > fed:  # (paged: a pool entry per position, the K/V's own)
-            store.data.index_copy_(0, batch.slot_mapping[fed:], hidden[fed:].to(store.data.dtype))
+        if store is not None and batch.num_tokens > fed:
+            self.store_features(store, batch.slot_mapping[fed:], hidden[fed:])
         return logits.view(n, k, -1), hidden[:fed].view(n, k, -1)
+
+    @staticmethod
+    def store_features(store, entries: torch.Tensor, hidden: torch.Tensor) -> None:
+        """The chunks' features `[T, dim]` into a paged `FeatureStore` at their pool entries `[T]` (the K/V's own)."""
+        store.data.index_copy_(0, entries, hidden.to(store.data.dtype))

@@ -271,3 +271,45 @@ def test_the_auto_budget_learns_from_mixed_steps_alone():
     assert chunked.step_prefill_budget == pytest.approx(want, rel=0.05) == chunked.report()["budget"]
     assert chunked.report()["decode_step_ms"] == pytest.approx(1e3 * step, rel=0.05)
     assert abs(control.step_prefill_budget - want) > 0.5 * want
+
+
+def test_mixed_step_with_an_eagle3_head(make_llama, tmp_path):
+    """An EAGLE-3 head (features: the residual stream entering three of the target's layers, `feature_layers`): the
+    chunks' features come from the same forward's captured layers, and the tokens are a whole prefill's."""
+    from drafters import format_checkpoints
+    from specdec.drafters.formats import load_drafter
+    from specdec.fast.model import FastLlama
+
+    target = make_llama(0, layers=8)  # (EAGLE-3's layers 2, L // 2, L − 3: distinct from 7 layers up)
+    folder = format_checkpoints.write_eagle3(tmp_path / "eagle3", target, list(range(64)))
+    runs = []
+    for mixed in (True, False):
+        head = load_drafter(str(folder), FastLlama.from_hf(target))
+        assert head.feature_layers is not None
+        tokens, engine, _ = _run(target, head, mixed)
+        runs.append((tokens, engine.runner.num_mixed_steps))
+    (mixed_tokens, steps), (whole_tokens, _) = runs
+    assert steps > 0 and mixed_tokens == whole_tokens
+
+
+def test_a_feature_head_without_the_chunks_features_drafts_otherwise(make_llama, monkeypatch):
+    """Negative control of the features' feed: with the chunks' features not stored (the head's feed then reads
+    what the pool held), the drafts change — the accepted counts and the sampled rows' tokens differ from a whole
+    prefill's — while with them stored both are equal."""
+    target = make_llama(0)
+
+    def run(mixed):
+        engine = Engine(target, head(target), EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=3,
+                                                           admit_min=1, mixed_step=mixed,
+                                                           prefill_budget=24 if mixed else None))
+        accepted: dict = {}
+
+        def watch(e, outs):
+            for out in outs:
+                accepted[out.request_id] = accepted.get(out.request_id, 0) + out.num_accepted
+        tokens = drive(engine, EARLY, LATE, mixed_params(len(EARLY) + len(LATE)), watch=watch)
+        return tokens, sorted(accepted.items())
+    whole = run(False)
+    assert run(True) == whole
+    monkeypatch.setattr(mixed_module.MixedStepRunner, "store_features", staticmethod(lambda *args: None))
+    assert run(True) != whole
