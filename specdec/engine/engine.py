@@ -264,15 +264,14 @@ class Engine:
             gamma, written = len(tree), runner.tree(tree).spec.num_nodes - 1
         started = time.perf_counter()  # the step's time: not the policy's reads, not admission (see _admit)
         caught_up = self._catch_up_drafter(gamma)
-        if chunks is not None:  # (a mixed step: eager over the running rows alone, no padding rows)
-            batch = n
-        constraints = tuple([r.constraint for r in running] + [None] * (min(batch, self.max_batch) - n)) \
+        rows = batch if chunks is None else n  # (a mixed step: eager over the running rows alone, no padding rows)
+        constraints = tuple([r.constraint for r in running] + [None] * (min(rows, self.max_batch) - n)) \
             if flavor.constrained else None
-        step = StepInput(n, batch, gamma, runner.positions(longest, written), flavor, self._step_caps, tree,
+        step = StepInput(n, rows, gamma, runner.positions(longest, written), flavor, self._step_caps, tree,
                          constraints, chunks)
         shape = self._step_for(step)
         first_run = not shape.ran  # its time includes graph capture, or a warmed graph's first replay: no step time
-        capturing = self.cuda_graphs and not shape.captured
+        capturing = self.cuda_graphs and not shape.captured and chunks is None  # (a mixed step is never captured)
         record = runner.run(step, shape)
         if flavor.constrained:
             commit_constraints([r.constraint for r in running], record.tokens)
@@ -281,10 +280,10 @@ class Engine:
         seconds = time.perf_counter() - started
         # the policy weighs whole steps, device time and the host's share alike; a first run's time includes its
         # graph capture (no step time); a catch-up step's excess over the usual step is the plain steps' cost
-        if chunks is not None:  # (its time holds the chunks': measured apart, `finish_mixed`; no decode step's)
-            pass
-        elif not first_run and tree is None:
-            self.policy.record_step(batch, gamma, seconds, produced / n, length=longest, rows=n,
+        # a mixed step's time holds its chunks' (`ChunkedPrefill.mixed_share`): the rest is its decode step's
+        share = self.chunked.mixed_share(chunks.num_tokens, seconds) if chunks is not None else 0.0
+        if not first_run and tree is None and share < seconds:
+            self.policy.record_step(batch, gamma, seconds - share, produced / n, length=longest, rows=n,
                                     catch_up_of=scheduler.plain_run if caught_up else 0,
                                     catch_up_share=scheduler.catch_up_share,
                                     catch_up_prompts=scheduler.catch_up_prompts,
@@ -295,7 +294,7 @@ class Engine:
         if not first_run and chunks is None:
             self.chunked.decoded(seconds)  # ("auto" prefill budget: a fraction of the decode step)
         if feed is not None:  # the drafter's feed of the planned prompts; fed requests join (prefill.finish_mixed)
-            finish_mixed(scheduler, runner, self.policy, self.chunked, feed, seconds)
+            finish_mixed(scheduler, runner, self.policy, self.chunked, feed, share)
         scheduler.plain_run = scheduler.plain_run + 1 if gamma == 0 else 0
         return outputs + committed
 

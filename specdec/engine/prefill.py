@@ -91,10 +91,13 @@ class ChunkedPrefill:
         return step
 
     def mixed_share(self, tokens: int, seconds: float) -> float:
-        """A mixed step fed `tokens` chunk tokens in `seconds`: what its chunks cost, its excess over the decode step
-        (`_decode_seconds`; all of it before anything is measured)."""
+        """A mixed step fed `tokens` chunk tokens in `seconds` → what its chunks cost: once the mixed steps' seconds
+        are fitted against their tokens (a + b·n), b·tokens; before, its excess over the measured decode step (all
+        of it before one is measured). The rest is the step's decode (the γ policy's sample)."""
         self._mixed.fed(tokens, seconds)
-        step = self._decode_seconds()
+        if self._mixed.fitted:
+            return min(self._mixed.feed_cost()[1] * tokens, seconds)
+        step = self._decode.step_seconds()
         return max(seconds - step, 0.0) if step is not None else seconds
 
     def step_budget(self, filling: list[EngineRequest], num_steps: int, drafter_cached: bool) -> int:
@@ -224,17 +227,16 @@ def plan_mixed(scheduler, chunked: ChunkedPrefill, drafter_cached: bool) -> Mixe
     return MixedFeed(chunks, target, drafter)
 
 
-def finish_mixed(scheduler, runner, policy, chunked: ChunkedPrefill, feed: MixedFeed, step_seconds: float) -> None:
-    """After a mixed step (its forward fed `feed.chunks`; it took `step_seconds`): a cached drafter's feed of the
-    planned prompt positions, in its own pass (it reads the target's features the step stored); the feeds measured
-    (the target's share of the step: `ChunkedPrefill.mixed_share`); the requests fed in full join the decode steps."""
+def finish_mixed(scheduler, runner, policy, chunked: ChunkedPrefill, feed: MixedFeed, share: float) -> None:
+    """After a mixed step (its forward fed `feed.chunks` for `share` of its seconds: `ChunkedPrefill.mixed_share`):
+    a cached drafter's feed of the planned prompt positions, in its own pass (it reads the target's features the
+    step stored); the feeds measured; the requests fed in full join the decode steps."""
     start = time.perf_counter()
     if feed.drafter:
         runner.feed([], chunked.groups(feed.drafter, ragged=runner.drafter_ragged))
     drafter_seconds = time.perf_counter() - start if feed.drafter else None
     fed_target = sum(e - s for s, e in feed.target.values())
     fed_drafter = sum(e - s for s, e in feed.drafter.values())
-    share = chunked.mixed_share(fed_target, step_seconds) if fed_target else 0.0
     chunked.measure_prefill(fed_target + fed_drafter, share + (drafter_seconds or 0.0))
     ready = promote_ready(scheduler, runner, feed.target, feed.drafter, share + (drafter_seconds or 0.0))
     policy.admission.prefilled(fed_target, share, fed_drafter, drafter_seconds, len(ready),

@@ -86,6 +86,11 @@ class AutoBudget:
             return a * scale, b * scale
         return 0.0, mean_s / mean_t
 
+    @property
+    def fitted(self) -> bool:
+        """Whether the feeds' sizes have spread enough to fit a and b apart (`feed_cost`)."""
+        return self.feed_cost() is not None and self._fit is not None
+
     def seconds_per_token(self) -> float | None:
         """The fitted seconds per prompt token b (None: nothing fed yet)."""
         cost = self.feed_cost()
