@@ -86,8 +86,8 @@ class EngineConfig:
     mixed_step        the mixed prefill/decode step (vLLM's chunked prefill, its V1 scheduler's mixed batches): while
                       requests fill, a step runs ONE target forward (`fast.ragged.forward_ragged`, over the paged
                       pool's block tables) over the running rows' verify tokens (1 + γ each) and the filling rows'
-                      prompt chunks, under the prefill budget (`prefill_budget`; None or 0 = "auto"; the share of a
-                      step past the measured decode step is the chunks' cost), so an admission never stops the
+                      prompt chunks, under the prefill budget (`prefill_budget`; None or 0 = "auto", from the mixed
+                      steps' seconds fitted against their chunk tokens), so an admission never stops the
                       running rows; a cached drafter's feed of those chunks runs right after, in the same step
                       (`engine/mixed_step.py`). Steps with nothing filling are today's (graphed on CUDA); the mixed
                       step itself runs eagerly. Off by default (the separate chunked prefill stays the default);
