@@ -681,6 +681,29 @@ for g in 0 3; do
 done
 }
 
+# ==== mixed
+# The mixed prefill/decode step (EngineConfig.mixed_step: filling rows' chunks in the running rows' verify forward) on
+# one GPU, one device call from the repo root (≈ 5–8 min on an H200): its GPU-marked tests (the tokens of a whole
+# prefill under CUDA graphs), then scripts/bench_mixed_step.py on the 8B shape (random bf16 weights): a closed loop
+# of 32 clients over 96 requests (prompts 256–1536, ~128 new tokens), plain and speculative (a random 2-layer draft,
+# γ = 3, synthetic acceptance 0.7), each with admission's whole prefill, the separate chunked prefill ("auto") and
+# the mixed step, ITL p99 / TTFT / throughput in the same run; and the mixed batch's host build against from_rows.
+#   bash scripts/device_run.sh mixed [TESTS_S] [BENCH_S] [BENCH ARGS...]
+# Lands in $OUT: run.log, mixed_tests.log, mixed_step.json.
+recipe_mixed() {
+prologue
+local tests_s=${1:-150} bench_s=${2:-330}
+shift $(( $# < 2 ? $# : 2 ))
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee -a "$OUT/run.log"
+log "mixed step GPU tests"
+timeout "$tests_s" python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/engine/test_mixed_step.py \
+    tests/fast/test_ragged_gpu.py 2>&1 | tee "$OUT/mixed_tests.log" | tail -20 | tee -a "$OUT/run.log"
+log "bench: whole / chunked / mixed, plain and speculative, 8B shape"
+timeout "$bench_s" python3 scripts/bench_mixed_step.py --device cuda --shape llama-8b --out "$OUT/mixed_step.json" \
+    "$@" 2>&1 | tail -20 | tee -a "$OUT/run.log"
+log done
+}
+
 RECIPES=$(sed -n "s/^# ==== //p" "${BASH_SOURCE[0]}" | tr "\n" " ")  # every "# ==== name" block above
 
 help_of() {  # the comment block of one recipe, without the leading "# "

@@ -52,6 +52,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--prefill-stall", type=float, default=None, metavar="FRACTION",
                    help="with --prefill-budget auto: the prefill seconds a step may add, as a fraction of the "
                         "measured decode step (default: 0.5)")
+    p.add_argument("--mixed-step", action="store_true",
+                   help="with requests filling, one forward per step over the running rows' verify tokens and the "
+                        "filling rows' prompt chunks (EngineConfig.mixed_step; its budget: --prefill-budget, "
+                        "0 = auto); needs the engine and the paged KV pool")
     p.add_argument("--max-tokens", type=int, default=None, help="largest max_tokens a request may ask for "
                    "(default: the context)")
     p.add_argument("--bitwise", action="store_true",
@@ -133,6 +137,8 @@ def check_args(args: argparse.Namespace) -> None:
     if budget != "auto" and not (budget.isdigit() and (int(budget) == 0 or 16 <= int(budget) <= 1 << 20)):
         raise CLIError(f"--prefill-budget must be 0 (off), auto or a number of tokens in [16, {1 << 20}], "
                        f"got {budget!r}")
+    if getattr(args, "mixed_step", False) and budget == "0":
+        budget = "auto"  # (the mixed step's budget: EngineConfig.mixed_step)
     steps = getattr(args, "prefill_steps", 0)
     if steps and (steps < 0 or steps > 1024 or budget == "0"):
         raise CLIError(f"--prefill-steps must be in [0, 1024] and needs --prefill-budget, got {steps}")
@@ -202,6 +208,7 @@ def build(args: argparse.Namespace):
                        allow_weight_mismatch=getattr(args, "allow_weight_mismatch", False),
                        bitwise=getattr(args, "bitwise", False), prefill_budget=_prefill_budget(args),
                        prefill_steps=getattr(args, "prefill_steps", 0) or None,
+                       mixed_step=getattr(args, "mixed_step", False),
                        prefill_stall=getattr(args, "prefill_stall", None),
                        model_impl=getattr(args, "model_impl", "auto"),
                        enable_prefix_caching=getattr(args, "enable_prefix_caching", None))

@@ -83,6 +83,15 @@ class EngineConfig:
     prefill_stall     with prefill_budget="auto": the prefill seconds a step may add, as a fraction of the measured
                       decode step (None = 0.5: a running stream's gap is at most 1.5 decode steps but where the
                       deadline needs more)
+    mixed_step        the mixed prefill/decode step (vLLM's chunked prefill, its V1 scheduler's mixed batches): while
+                      requests fill, a step runs ONE target forward (`fast.ragged.forward_ragged`, over the paged
+                      pool's block tables) over the running rows' verify tokens (1 + γ each) and the filling rows'
+                      prompt chunks, under the prefill budget (`prefill_budget`; None or 0 = "auto", from the mixed
+                      steps' seconds fitted against their chunk tokens), so an admission never stops the
+                      running rows; a cached drafter's feed of those chunks runs right after, in the same step
+                      (`engine/mixed_step.py`). Steps with nothing filling are today's (graphed on CUDA); the mixed
+                      step itself runs eagerly. Off by default (the separate chunked prefill stays the default);
+                      needs kv_layout="paged" and a target on the fast Llama body
     bitwise           bit-for-bit exact mode: the target runs batch-invariant GEMM and attention kernels in every
                       forward (`fast.kernels.invariant`) and sampled rows verify by a shared race
                       (`core.verify_coupled`), so greedy and seeded output and log-probabilities are plain decoding's
@@ -135,6 +144,7 @@ class EngineConfig:
     prefill_budget: int | str | None = None
     prefill_steps: int | None = None
     prefill_stall: float | None = None
+    mixed_step: bool = False
     kv_layout: str | None = None
     block_size: int = 16
     kv_cache_memory: int | float | None = None
@@ -179,6 +189,12 @@ class EngineConfig:
                 raise ValueError(f"prefill_budget must be None, 0, 'auto' or an int of prompt tokens per step, "
                                  f"got {budget!r}")
             as_int(budget, "prefill_budget", minimum=16, maximum=1 << 20)
+        if not isinstance(self.mixed_step, bool):
+            raise TypeError(f"mixed_step must be True or False, got {self.mixed_step!r}")
+        if self.mixed_step and self.kv_layout != "paged":
+            raise ValueError("mixed_step=True runs over the paged pool's block tables: it needs kv_layout='paged'")
+        if self.mixed_step and not budget:
+            budget = "auto"  # (the mixed step's token budget: measured, `ChunkedPrefill`)
         if self.prefill_steps is not None:
             as_int(self.prefill_steps, "prefill_steps", minimum=1, maximum=1 << 10)
             if not budget:

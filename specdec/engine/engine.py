@@ -6,7 +6,8 @@
         for out in engine.step(): ...          # RequestOutput: new tokens, finished, finish_reason
 
 One `step()`: admit waiting requests into free slots (prefill, eager, chunked; with `prefill_budget`, at most that
-many prompt tokens per step while others run: `engine.prefill`), then one decode step for
+many prompt tokens per step while others run: `engine.prefill`; with `mixed_step` those chunks ride in the
+step's own target forward, `engine.mixed_step`), then one decode step for
 every running request: the policy picks γ (each row drafts at most its own cap, `SamplingParams.num_draft_tokens`,
 and its budget: per-row draft lengths, so plain and speculative requests share a step); the drafter proposes (one
 graph), the target scores [last, x_1..x_γ] and `core.verify` accepts (a second graph, which also commits with
@@ -41,7 +42,7 @@ from specdec.engine.drafters import WINDOW, Flavor
 from specdec.engine.engine_request import EngineRequest
 from specdec.engine.memory import KVCacheUsage
 from specdec.engine.policy import GammaPolicy
-from specdec.engine.prefill import ChunkedPrefill, prefill_step
+from specdec.engine.prefill import ChunkedPrefill, finish_mixed, plan_mixed, prefill_step
 from specdec.engine.request_checks import check_request
 from specdec.engine.runner import Runner
 from specdec.engine.scheduler import Scheduler
@@ -230,12 +231,18 @@ class Engine:
         self._admit(outputs)
         outputs += beams._step_beams()
         scheduler, runner = self.scheduler, self.runner
-        if scheduler.filling:  # at most one budget of prompt tokens, then the decode step (see prefill.py)
+        # mixed_step: the filling rows' chunks ride in the step's own target forward (prefill.plan_mixed); else at
+        # most one budget of prompt tokens, then the decode step (see prefill.py)
+        mixing = self.chunked.mixed and bool(scheduler.filling and scheduler.running) \
+            and scheduler.running[0].params.draft_tree is None
+        if scheduler.filling and not mixing:
             self._prefill_step()
         if self.kv_pool is not None:  # blocks for what the step may write, preempting where the pool is short
             admission.reserve_blocks(scheduler, runner)
         if not scheduler.running:
             return outputs
+        feed = plan_mixed(scheduler, self.chunked, runner.drafter_cached) if mixing and scheduler.filling else None
+        chunks = feed.chunks if feed is not None else None
         running = scheduler.running
         n = len(running)
         batch, longest, flavor = scheduler.step_rows(self.policy.fixed)
@@ -257,13 +264,14 @@ class Engine:
             gamma, written = len(tree), runner.tree(tree).spec.num_nodes - 1
         started = time.perf_counter()  # the step's time: not the policy's reads, not admission (see _admit)
         caught_up = self._catch_up_drafter(gamma)
-        constraints = tuple([r.constraint for r in running] + [None] * (min(batch, self.max_batch) - n)) \
+        rows = batch if chunks is None else n  # (a mixed step: eager over the running rows alone, no padding rows)
+        constraints = tuple([r.constraint for r in running] + [None] * (min(rows, self.max_batch) - n)) \
             if flavor.constrained else None
-        step = StepInput(n, batch, gamma, runner.positions(longest, written), flavor, self._step_caps, tree,
-                         constraints)
+        step = StepInput(n, rows, gamma, runner.positions(longest, written), flavor, self._step_caps, tree,
+                         constraints, chunks)
         shape = self._step_for(step)
         first_run = not shape.ran  # its time includes graph capture, or a warmed graph's first replay: no step time
-        capturing = self.cuda_graphs and not shape.captured
+        capturing = self.cuda_graphs and not shape.captured and chunks is None  # (a mixed step is never captured)
         record = runner.run(step, shape)
         if flavor.constrained:
             commit_constraints([r.constraint for r in running], record.tokens)
@@ -272,8 +280,10 @@ class Engine:
         seconds = time.perf_counter() - started
         # the policy weighs whole steps, device time and the host's share alike; a first run's time includes its
         # graph capture (no step time); a catch-up step's excess over the usual step is the plain steps' cost
-        if not first_run and tree is None:
-            self.policy.record_step(batch, gamma, seconds, produced / n, length=longest, rows=n,
+        # a mixed step's time holds its chunks' (`ChunkedPrefill.mixed_share`): the rest is its decode step's
+        share = self.chunked.mixed_share(chunks.num_tokens, seconds) if chunks is not None else 0.0
+        if not first_run and tree is None and share < seconds:
+            self.policy.record_step(batch, gamma, seconds - share, produced / n, length=longest, rows=n,
                                     catch_up_of=scheduler.plain_run if caught_up else 0,
                                     catch_up_share=scheduler.catch_up_share,
                                     catch_up_prompts=scheduler.catch_up_prompts,
@@ -281,8 +291,10 @@ class Engine:
                                     draft_seconds=record.draft_time_s)
         elif capturing:  # a capture in the middle of traffic (a shape the warm-up did not build): what it cost
             self.policy.record_capture(seconds)
-        if not first_run:
+        if not first_run and chunks is None:
             self.chunked.decoded(seconds)  # ("auto" prefill budget: a fraction of the decode step)
+        if feed is not None:  # the drafter's feed of the planned prompts; fed requests join (prefill.finish_mixed)
+            finish_mixed(scheduler, runner, self.policy, self.chunked, feed, share)
         scheduler.plain_run = scheduler.plain_run + 1 if gamma == 0 else 0
         return outputs + committed
 

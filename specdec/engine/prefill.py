@@ -16,6 +16,11 @@ feeds more when the backlog needs it, so every request is fed within K steps of 
 `ChunkedPrefill` holds the budget and decides what each step feeds (a scheduling decision, like vLLM's token
 budget); `prefill_step` hands that to the runner (`Runner.feed`) and moves the ready requests into the running rows.
 
+With `EngineConfig.mixed_step` the plan is the same but the target's share is not a pass of its own:
+`plan_mixed` hands it to the step as `PrefillChunks` (`StepInput.prefill`), the step's one target forward feeds it
+beside the verify rows (`engine/mixed_step.py`), and `finish_mixed` then runs a cached drafter's feed (its own pass,
+in the same step), measures the feeds and moves the ready requests (`promote_ready`, this path's too).
+
 Invariants: running requests hold slots 0..n-1 (as without a budget); filling requests hold slots ≥ n, in any
 order, below the beam groups' (`beam.py` counts them as chain rows). An inactive filling row inside a step's batch bucket is padding: the step writes its target cache at
 positions ≥ its prompt length − 1 and its drafter's at ≥ length − WINDOW (the state holds its prompt length),
@@ -27,11 +32,13 @@ tokens are the same with or without a budget (tests/engine/test_chunked_prefill.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from specdec.engine.engine_request import EngineRequest
+from specdec.engine.step_input import PrefillChunks
 from specdec.engine.prefill_budget import DEFAULT_STALL, DEFAULT_STEPS, AutoBudget
 
-__all__ = ["ChunkedPrefill", "prefill_step"]
+__all__ = ["ChunkedPrefill", "MixedFeed", "finish_mixed", "plan_mixed", "prefill_step", "promote_ready"]
 
 
 class ChunkedPrefill:
@@ -39,9 +46,12 @@ class ChunkedPrefill:
     or None: off), the deadline K (`prefill_steps`), and what each step feeds of the filling requests."""
 
     def __init__(self, config):
-        self.budget = config.prefill_budget or None
+        self.mixed = config.mixed_step  # (the chunks ride in the step's target forward: `plan_mixed`)
+        self.budget = config.prefill_budget or ("auto" if self.mixed else None)
         auto = self.budget == "auto"
         self.auto = AutoBudget(config.prefill_stall or DEFAULT_STALL) if auto else None
+        self._decode = self.auto or AutoBudget()  # the decode step's median (a mixed step's excess over it: its chunks)
+        self._mixed = AutoBudget()  # mixed steps' seconds against their chunk tokens: a + b·n, a = the step alone
         self.steps = config.prefill_steps or (DEFAULT_STEPS if auto else None)
         self.chunk = config.prefill_chunk
 
@@ -50,12 +60,18 @@ class ChunkedPrefill:
         """The prompt tokens the next step may prefill before its deadlines (`prefill_steps`) ask for more: the fixed
         budget, or "auto"'s from the measured decode step and prefill rate (None: chunked prefill is off)."""
         if self.auto is not None:
-            return self.auto.budget()
+            return self.auto.budget(self._decode_seconds()) if self.mixed else self.auto.budget()
         return self.budget
 
     def report(self) -> dict | None:
         """JSON-ready: "auto"'s measurements and budget now (None unless prefill_budget="auto")."""
-        return None if self.auto is None else self.auto.report()
+        if self.auto is None:
+            return None
+        report = self.auto.report()
+        if report["decode_step_ms"] is None and self._decode_seconds() is not None:  # (every step mixed so far)
+            report["decode_step_ms"] = self._decode_seconds() * 1e3
+        report["budget"] = self.step_prefill_budget
+        return report
 
     def measure_prefill(self, tokens: int, seconds: float) -> None:
         """A prefill fed `tokens` prompt tokens (target and drafter) in `seconds` ("auto" sizes the budget from it)."""
@@ -64,8 +80,25 @@ class ChunkedPrefill:
 
     def decoded(self, seconds: float) -> None:
         """A decode step took `seconds` ("auto" sizes the budget from it)."""
-        if self.auto is not None:
-            self.auto.decoded(seconds)
+        self._decode.decoded(seconds)
+
+    def _decode_seconds(self) -> float | None:
+        """The decode step: the median of the measured ones, else (every step mixed: traffic that never stops
+        filling) the mixed steps' fitted cost at no chunk tokens (None: neither yet)."""
+        step = self._decode.step_seconds()
+        if step is None and self._mixed.feed_cost() is not None:
+            step = self._mixed.feed_cost()[0] or None
+        return step
+
+    def mixed_share(self, tokens: int, seconds: float) -> float:
+        """A mixed step fed `tokens` chunk tokens in `seconds` → what its chunks cost: once the mixed steps' seconds
+        are fitted against their tokens (a + b·n), b·tokens; before, its excess over the measured decode step (all
+        of it before one is measured). The rest is the step's decode (the γ policy's sample)."""
+        self._mixed.fed(tokens, seconds)
+        if self._mixed.fitted:
+            return min(self._mixed.feed_cost()[1] * tokens, seconds)
+        step = self._decode.step_seconds()
+        return max(seconds - step, 0.0) if step is not None else seconds
 
     def step_budget(self, filling: list[EngineRequest], num_steps: int, drafter_cached: bool) -> int:
         """This step's budget: `prefill_budget`, or with `prefill_steps` K more where the backlog needs it, so every
@@ -141,12 +174,22 @@ def prefill_step(scheduler, runner, policy, chunked: ChunkedPrefill) -> bool:
     fed_target = sum(e - s for s, e in target.values())
     fed_drafter = sum(e - s for s, e in drafter.values())
     chunked.measure_prefill(fed_target + fed_drafter, seconds)
+    ready = promote_ready(scheduler, runner, target, drafter, seconds)
+    policy.admission.prefilled(fed_target, middle - start, fed_drafter,
+                               time.perf_counter() - middle if drafter else None, len(ready),
+                               sum(len(r.prompt) for r in ready))
+    return bool(target or drafter)
+
+
+def promote_ready(scheduler, runner, target: dict, drafter: dict, seconds: float) -> list[EngineRequest]:
+    """The filling requests fed this step (`target` / `drafter`: {slot: (start, end)}) count `seconds` of prefill;
+    those whose prompts are fed in full move into slot n and join the decode steps → them."""
     ready = []
     for request in list(scheduler.filling):
         if target.get(request.slot) or drafter.get(request.slot):
             request.stats.add_prefill(seconds, 1 if request.slot in target else 0)
         if request.prefilled == len(request.prompt) - 1 and (
-                not cached or request.draft_valid >= len(request.prompt) - 2):
+                not runner.drafter_cached or request.draft_valid >= len(request.prompt) - 2):
             ready.append(request)
     for request in ready:  # it moves into slot n and joins the decode steps
         move = scheduler.promote(request)
@@ -158,10 +201,46 @@ def prefill_step(scheduler, runner, policy, chunked: ChunkedPrefill) -> bool:
             else:  # a younger request fills slot n: the two exchange slots
                 runner.swap_slots(src, dst, positions)
         runner.state.active[request.slot] = True
-    policy.admission.prefilled(fed_target, middle - start, fed_drafter,
-                               time.perf_counter() - middle if drafter else None, len(ready),
+    return ready
+
+
+@dataclass(frozen=True)
+class MixedFeed:
+    """What a mixed step feeds (`plan_mixed`): `chunks` in its target forward (None: no target chunk this step,
+    the step is a decode step), and `target` / `drafter` ({slot: (start, end)}: `ChunkedPrefill.plan`'s)."""
+
+    chunks: PrefillChunks | None
+    target: dict
+    drafter: dict
+
+
+def plan_mixed(scheduler, chunked: ChunkedPrefill, drafter_cached: bool) -> MixedFeed:
+    """This step's budget of the filling requests' prompts (`ChunkedPrefill.step_budget` / `plan`, oldest first),
+    the target's share as the chunks of the step's forward."""
+    budget = chunked.step_budget(scheduler.filling, scheduler.num_steps, drafter_cached)
+    target, drafter = chunked.plan(scheduler.filling, budget, drafter_cached)
+    chunks = None
+    if target:
+        bounds = list(target.values())
+        chunks = PrefillChunks(tuple(target), tuple(s for s, _ in bounds), tuple(e for _, e in bounds),
+                               tuple(r.length for r in scheduler.running))
+    return MixedFeed(chunks, target, drafter)
+
+
+def finish_mixed(scheduler, runner, policy, chunked: ChunkedPrefill, feed: MixedFeed, share: float) -> None:
+    """After a mixed step (its forward fed `feed.chunks` for `share` of its seconds: `ChunkedPrefill.mixed_share`):
+    a cached drafter's feed of the planned prompt positions, in its own pass (it reads the target's features the
+    step stored); the feeds measured; the requests fed in full join the decode steps."""
+    start = time.perf_counter()
+    if feed.drafter:
+        runner.feed([], chunked.groups(feed.drafter, ragged=runner.drafter_ragged))
+    drafter_seconds = time.perf_counter() - start if feed.drafter else None
+    fed_target = sum(e - s for s, e in feed.target.values())
+    fed_drafter = sum(e - s for s, e in feed.drafter.values())
+    chunked.measure_prefill(fed_target + fed_drafter, share + (drafter_seconds or 0.0))
+    ready = promote_ready(scheduler, runner, feed.target, feed.drafter, share + (drafter_seconds or 0.0))
+    policy.admission.prefilled(fed_target, share, fed_drafter, drafter_seconds, len(ready),
                                sum(len(r.prompt) for r in ready))
-    return bool(target or drafter)
 
 
 def _rectangle(bounds: list[tuple[int, int]]) -> int:

@@ -86,14 +86,21 @@ class AutoBudget:
             return a * scale, b * scale
         return 0.0, mean_s / mean_t
 
+    @property
+    def fitted(self) -> bool:
+        """Whether the feeds' sizes have spread enough to fit a and b apart (`feed_cost`)."""
+        return self.feed_cost() is not None and self._fit is not None
+
     def seconds_per_token(self) -> float | None:
         """The fitted seconds per prompt token b (None: nothing fed yet)."""
         cost = self.feed_cost()
         return None if cost is None else cost[1]
 
-    def budget(self) -> int:
-        """This step's budget in prompt tokens (`COLD` until a decode step and a feed are measured)."""
+    def budget(self, step_seconds: float | None = None) -> int:
+        """This step's budget in prompt tokens (`COLD` until a decode step and a feed are measured); step_seconds: the
+        decode step where none is measured (a mixed step's fitted cost without chunks)."""
         step, cost = self.step_seconds(), self.feed_cost()
+        step = step_seconds if step is None else step
         if step is None or cost is None:
             return COLD
         a, b = cost

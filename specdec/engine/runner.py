@@ -22,6 +22,7 @@ from specdec.engine.drafters import Flavor
 from specdec.engine.features import FeatureStore
 from specdec.engine.kv_pool import paged_caches
 from specdec.engine.memory import check_engine
+from specdec.engine.mixed_step import MixedStepRunner
 from specdec.engine.prefix_cache import build_prefix_cache
 from specdec.engine.request_checks import RequestLimits
 from specdec.engine.runner_parts import StepParts
@@ -31,6 +32,7 @@ from specdec.engine.step_runner import StepRunner
 from specdec.engine.tree_step import EngineTree, TreeStepRunner
 from specdec.fast.cache import round_up
 from specdec.fast.graphs import new_pool
+from specdec.fast.model import FastLlama
 from specdec.metrics import Clock
 from specdec.step import StepCounts, StepRecord
 
@@ -48,6 +50,9 @@ class Runner:
         with torch.inference_mode():
             self.model = build_model(target, config.kernels, config.bitwise, config.model_impl, config.gguf_weights)
             shape = self.model.shape
+            if config.mixed_step and type(self.model) is not FastLlama:  # (forward_ragged runs that body's layers)
+                raise ValueError(f"mixed_step=True runs the fast Llama body's ragged forward; this target runs on "
+                                 f"{type(self.model).__name__}")
             self.device = self.model.device
             self.vocab_size = shape.vocab_size
             context = shape.context or 4096
@@ -110,6 +115,8 @@ class Runner:
         self._caps_written: tuple | None = None  # the `StepInput.draft_caps` last copied there
         self.prefill_tokens = 0  # tokens prefilled so far: prompts (target and cached drafter) and catch-ups
         self.steps: dict = {}  # step shapes by (batch, γ or tree branching, positions, flavor)
+        self.mixed_steps: dict = {}  # mixed steps' shapes (eager) by (rows, γ, positions, flavor)
+        self.num_mixed_steps = 0  # steps that fed prompt chunks in their target forward (`EngineConfig.mixed_step`)
         self.trees: dict[tuple, EngineTree] = {}
         self._last_run = (None, None)
         self._clock = Clock(self.device)
@@ -161,7 +168,12 @@ class Runner:
         return run
 
     def shape(self, step: StepInput):
-        """The step shape `step` runs on."""
+        """The step shape `step` runs on (a mixed step's: `mixed_step.MixedStepRunner`, eager, one per key)."""
+        if step.prefill is not None:
+            key = (step.batch, step.gamma, step.positions, step.flavor)
+            if key not in self.mixed_steps:
+                self.mixed_steps[key] = MixedStepRunner(self.parts, *key)
+            return self.mixed_steps[key]
         tree = None if step.tree is None else self.tree(step.tree)
         return self.step_for(step.batch, step.gamma, step.positions, step.flavor, tree)
 
@@ -169,6 +181,10 @@ class Runner:
         """One decode/verify step over rows 0..num_rows−1 → its record (the step's one synchronization)."""
         run = shape if shape is not None else self.shape(step)
         run.ran = True
+        if step.prefill is not None:  # (a mixed step: the filling rows' chunks ride in its target forward)
+            run.prefill = step.prefill
+            self.prefill_tokens += step.prefill.num_tokens
+            self.num_mixed_steps += 1
         if step.draft_caps is not self._caps_written:  # (the rows or their caps changed)
             self.draft_caps.copy_(torch.tensor(step.draft_caps), non_blocking=True)
             self._caps_written = step.draft_caps

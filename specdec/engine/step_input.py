@@ -13,7 +13,23 @@ from dataclasses import dataclass
 
 from specdec.engine.drafters import Flavor
 
-__all__ = ["StepInput"]
+__all__ = ["PrefillChunks", "StepInput"]
+
+
+@dataclass(frozen=True)
+class PrefillChunks:
+    """The filling rows' prompt chunks a mixed step feeds in its one target forward (`EngineConfig.mixed_step`,
+    `engine/mixed_step.py`): slot `slots[i]` is fed prompt positions [starts[i], ends[i]); `lengths` are the running
+    rows' committed lengths (host: their verify rows start at length − 1, as `state.lengths` holds on the device)."""
+
+    slots: tuple[int, ...]
+    starts: tuple[int, ...]
+    ends: tuple[int, ...]
+    lengths: tuple[int, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(e - s for s, e in zip(self.starts, self.ends))
 
 
 @dataclass(frozen=True)
@@ -25,7 +41,8 @@ class StepInput:
     token-tree step; tree: the `SamplingParams.draft_tree` branching of a tree step (None: a chain); draft_caps: each
     slot's cap as the verify pass reads it, `[max_batch]` ("auto" rows: max_draft_tokens, idle slots 0) — the same
     tuple object while the rows keep their caps; constraints: the rows' host `TokenConstraint`s in slot order, padded
-    with None to the batch (a constrained flavor only)."""
+    with None to the batch (a constrained flavor only); prefill: the filling rows' chunks riding in the same target
+    forward (a mixed step: eager, batch = num_rows; None: a decode/verify step alone)."""
 
     num_rows: int
     batch: int
@@ -35,4 +52,5 @@ class StepInput:
     draft_caps: tuple[int, ...]
     tree: tuple[int, ...] | None = None
     constraints: tuple | None = None
+    prefill: PrefillChunks | None = None
 

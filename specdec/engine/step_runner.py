@@ -117,7 +117,7 @@ class StepRunner(CapturedHalves):
         cache.lengths.copy_(lengths - 1)
         last = state.tokens[rows].gather(1, (lengths - 1)[:, None])
         features = state.features
-        logits, hidden = e.model(torch.cat([last, draft_tokens], 1), cache, return_hidden=True)  # [b, γ+1, V]
+        logits, hidden = self.target_forward(torch.cat([last, draft_tokens], 1), cache)  # [b, γ+1, V]
         synthetic = e.config.synthetic_acceptance
         target_tokens = None
         if flavor.all_greedy and view.processors is None and synthetic is None:  # argmax + NaN check in one pass
@@ -177,6 +177,11 @@ class StepRunner(CapturedHalves):
         check = proposal_check(draft_tokens, draft_probs, draft_lengths, e.vocab_size, active) if gamma else None
         return pack_step(self.layout, new_tokens, counts, result.num_accepted, draft_lengths, finished, hit_eos,
                          active, has_nan, logprobs=logprobs, top=top, proposal=check)
+
+    def target_forward(self, tokens: torch.Tensor, cache):
+        """The target's scores of the verify rows' tokens `[b, γ+1]` → (logits `[b, γ+1, V]`, hidden `[b, γ+1, ·]`);
+        a mixed step's runner (`mixed_step.MixedStepRunner`) feeds the filling rows' chunks in the same forward."""
+        return self.parts.model(tokens, cache, return_hidden=True)
 
     @property
     def eager(self) -> bool:

@@ -81,7 +81,8 @@ class RaggedBatch:
     positions     `[N]` long         block_table  `[B, W]` int32 (null block 0 past a row's blocks)
     slot_mapping  `[N]` long         logits_index `[M]` long
     counts, start_positions, num_logits, logits_start: the same on the host (tuples); block_size; max_block
-    (the largest block id named, for the pool's check); layout: what the attention reads.
+    (the largest block id named, for the pool's check); layout: what the attention reads; hidden_index
+    (optional): the flat tokens whose hidden states `forward_ragged(return_hidden=True)` returns.
     """
 
     tokens: torch.Tensor
@@ -99,6 +100,8 @@ class RaggedBatch:
     max_block: int
     max_token: int
     layout: RaggedLayout
+    hidden_index: torch.Tensor | None = None  # `[H]` long: the flat tokens whose hidden states `return_hidden`
+    # gives (None: the scored ones, logits_index) — a mixed step's prefill chunks feed a feature head's store
 
     @property
     def num_rows(self) -> int:
@@ -209,8 +212,9 @@ def forward_ragged(model, batch: RaggedBatch, cache, *, return_hidden: bool = Fa
     `PagedKVCache`, or anything with per-layer `keys` / `values` pools `[num_blocks, block_size, H_kv, D]`) →
     logits `[M, V]` float32 of the wanted positions (`batch.logits_index`, row by row).
 
-    return_hidden: `(logits, hidden)`, hidden `[M, dim]` the final-normed states of those positions, or with
-    `model.feature_layers` set the states entering those layers `[M, len·dim]` (feature heads).
+    return_hidden: `(logits, hidden)`, hidden `[M, dim]` the final-normed states of those positions (of
+    `batch.hidden_index` `[H]` instead where the batch has one), or with `model.feature_layers` set the states
+    entering those layers `[M, len·dim]` (feature heads).
     compute_logits=False: logits None. kernels: the attention's kernel ("auto" | "triton" | "reference"; default
     the model's `kernels`); under `model.bitwise` the batch-invariant GEMMs and attention run (torch on CPU).
     The eager layers always (the fused layer writes the static layout).
@@ -241,12 +245,18 @@ def forward_ragged(model, batch: RaggedBatch, cache, *, return_hidden: bool = Fa
 
     capture = [] if return_hidden and model.feature_layers else None
     x = model._eager_layers(x.view(1, n, s.dim), None, positions.view(1, n), None, tables, capture, attend=attend)
-    x = x[0].index_select(0, batch.logits_index)  # [M, dim]: only the scored positions reach the head
+    states = x[0]
+    x = states.index_select(0, batch.logits_index)  # [M, dim]: only the scored positions reach the head
     if model.normed_output:
         x = model._norm(x, model.final_norm, model.final_norm_bias)
     logits = model._logits(x, "bitwise" if model.bitwise else "reference") if compute_logits else None
     if not return_hidden:
         return logits
+    index = batch.logits_index if batch.hidden_index is None else batch.hidden_index
     if capture is not None:
-        x = torch.cat([c[0].index_select(0, batch.logits_index) for c in capture], -1)
+        x = torch.cat([c[0].index_select(0, index) for c in capture], -1)
+    elif batch.hidden_index is not None:
+        x = states.index_select(0, index)
+        if model.normed_output:
+            x = model._norm(x, model.final_norm, model.final_norm_bias)
     return logits, x

@@ -42,7 +42,7 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
          synthetic_acceptance: float | None = None, tensor_parallel_size: int = 1, model_kwargs: dict | None = None,
          draft_model_kwargs: dict | None = None, allow_weight_mismatch: bool = False,
          tensor_parallel_all_reduce: str = "auto", bitwise: bool = False,
-         prefill_budget: int | str | None = None, prefill_steps: int | None = None,
+         prefill_budget: int | str | None = None, prefill_steps: int | None = None, mixed_step: bool = False,
          prefill_stall: float | None = None, model_impl: str = "auto", enable_prefix_caching: bool | None = None) -> "LLM":
     """Load a target (and a draft) for text generation.
 
@@ -73,9 +73,9 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
                     log-probabilities are the same bits alone or in any batch, for any γ, drafter, speculation on or
                     off; needs the engine (refused on the fallback runner and with tensor parallelism); slower
     prefill_budget  the engine's chunked prefill (`EngineConfig.prefill_budget`): prompt tokens prefilled per step
-                    while requests run; None / 0 = off (admitted prompts prefill whole), the default; "auto": sized
-                    from the measured decode step (`prefill_stall` of it); `prefill_steps` K: each request fed
-                    within K steps (`EngineConfig.prefill_steps`, `EngineConfig.prefill_stall`)
+                    while requests run; None / 0 = off (prompts prefill whole), the default; "auto": from the measured
+                    decode step (`prefill_stall` of it); `prefill_steps` K: each request fed within K steps;
+                    mixed_step: the chunks ride in the decode step's own forward (`EngineConfig.mixed_step`)
     tensor_parallel_all_reduce  how the ranks sum the row-parallel products: "auto" (one_shot where the GPUs
                     reach each other by P2P, else group), "group" (NCCL / gloo) or "one_shot" (torch symmetric
                     memory over NVLink, CUDA); see `specdec.distributed.allreduce`
@@ -99,7 +99,7 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
     from specdec.engine.config import EngineConfig
 
     EngineConfig(prefill_budget=prefill_budget, prefill_steps=prefill_steps, prefill_stall=prefill_stall,
-                 model_impl=model_impl, **prefix_options(enable_prefix_caching))  # (checked before anything loads)
+                 mixed_step=mixed_step, model_impl=model_impl, **prefix_options(enable_prefix_caching))  # (checked now)
     if bitwise and (runner == "fallback" or tensor_parallel_size > 1):
         raise ValueError("bitwise=True needs the request-level engine on one device (not runner='fallback', not "
                          "tensor_parallel_size > 1)")
@@ -143,7 +143,7 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
                           draft_model_kwargs=draft_model_kwargs, allow_weight_mismatch=allow_weight_mismatch)
     return LLM(target_model, tokenizer, drafter, num_draft_tokens=num_draft_tokens, runner=runner,
                max_batch_size=max_batch_size, max_seq_len=max_seq_len, synthetic_acceptance=synthetic_acceptance,
-               bitwise=bitwise, prefill_budget=prefill_budget, prefill_steps=prefill_steps,
+               bitwise=bitwise, prefill_budget=prefill_budget, prefill_steps=prefill_steps, mixed_step=mixed_step,
                prefill_stall=prefill_stall, model_impl=model_impl, enable_prefix_caching=enable_prefix_caching)
 
 
@@ -153,7 +153,7 @@ class LLM:
     def __init__(self, target, tokenizer, drafter=None, *, num_draft_tokens=4, runner: str = "auto",
                  max_batch_size: int = 32, max_seq_len: int | None = None,
                  synthetic_acceptance: float | None = None, tensor_parallel=None, bitwise: bool = False,
-                 prefill_budget: int | str | None = None, prefill_steps: int | None = None,
+                 prefill_budget: int | str | None = None, prefill_steps: int | None = None, mixed_step: bool = False,
                  prefill_stall: float | None = None, model_impl: str = "auto", enable_prefix_caching: bool | None = None):
         self.target = target
         self.tensor_parallel = tensor_parallel  # a CommandChannel under torchrun (text/tensor_parallel.py), or None
@@ -165,7 +165,7 @@ class LLM:
         self._max_seq_len = max_seq_len
         self.synthetic_acceptance = synthetic_acceptance  # BENCHMARK ONLY (see `load`)
         self.bitwise, self.enable_prefix_caching = bitwise, enable_prefix_caching  # (the engine's: see `load`)
-        self.prefill_budget, self.prefill_steps = prefill_budget, prefill_steps  # the engine's chunked prefill
+        self.prefill_budget, self.prefill_steps, self.mixed_step = prefill_budget, prefill_steps, mixed_step  # (prefill)
         self.prefill_stall, self.model_impl = prefill_stall, model_impl  # (model_impl: the engine's body, `load`)
         self.num_draft_tokens = check_num_draft_tokens(num_draft_tokens if drafter is not None else 0)
         if drafter is not None and self.num_draft_tokens == 0:
@@ -223,7 +223,7 @@ class LLM:
         """The engine (or the eager loop where it cannot run: `text.runner.build_runner`), with the drafter."""
         spec = RunnerSpec(self.runner_choice, self.num_draft_tokens, self.max_batch_size, self._max_seq_len,
                           self.synthetic_acceptance, self.bitwise, self.prefill_budget, self.prefill_steps,
-                          self.prefill_stall, self.model_impl, self.enable_prefix_caching)
+                          self.prefill_stall, self.model_impl, self.enable_prefix_caching, self.mixed_step)
         runner, report = build_runner(self.target, self.drafter, spec)
         if report is not None:
             self.warmups[self.num_draft_tokens] = report

@@ -63,6 +63,7 @@ class RunnerSpec:
     prefill_stall: float | None = None
     model_impl: str = "auto"  # EngineConfig.model_impl; "auto" keeps routing by the fast bodies' coverage
     enable_prefix_caching: bool | None = None  # None: the engine's default
+    mixed_step: bool = False  # EngineConfig.mixed_step (the engine only)
 
 
 def prefix_options(enable_prefix_caching) -> dict:
@@ -93,6 +94,7 @@ def build_runner(target, drafter, spec: RunnerSpec) -> tuple["Runner", dict | No
                               num_draft_tokens=gamma, max_draft_tokens=max(8, gamma if isinstance(gamma, int) else 0),
                               synthetic_acceptance=spec.synthetic_acceptance, bitwise=spec.bitwise,
                               prefill_budget=spec.prefill_budget, prefill_steps=spec.prefill_steps,
+                              mixed_step=spec.mixed_step,
                               prefill_stall=spec.prefill_stall,
                               # "auto": a model the fast bodies do not cover still takes the eager loop here
                               model_impl="fast" if spec.model_impl == "auto" else spec.model_impl,
@@ -100,7 +102,7 @@ def build_runner(target, drafter, spec: RunnerSpec) -> tuple["Runner", dict | No
         try:
             engine = Engine(target, drafter, config=config)
         except UnsupportedModel as err:
-            if spec.runner == "engine" or spec.bitwise or spec.model_impl == "transformers":
+            if spec.runner == "engine" or spec.bitwise or spec.mixed_step or spec.model_impl == "transformers":
                 raise
             from specdec.engine.build import notice_fallback
 
@@ -117,6 +119,8 @@ def build_runner(target, drafter, spec: RunnerSpec) -> tuple["Runner", dict | No
             return engine, report
     if spec.bitwise:
         raise ValueError("bitwise=True needs the request-level engine (runner='engine')")
+    if spec.mixed_step:
+        raise ValueError("mixed_step=True needs the request-level engine (runner='engine')")
     if spec.model_impl == "transformers":
         raise ValueError("model_impl='transformers' runs the model on the engine (not runner='fallback')")
     if spec.enable_prefix_caching:

@@ -233,3 +233,18 @@ def test_bench_paged_runs_on_a_tiny_model(tmp_path, monkeypatch, capsys):
     assert [r["batch"] for r in host] == [1, 4] and all(r[arm] > 0 for r in host for arm in ("static", "paged"))
     served = next(r for r in rows if r["what"] == "concurrent requests at long context")
     assert served["all_finished"] and served["requests"] == 4
+
+
+def test_bench_mixed_step_runs_on_a_tiny_model(tmp_path, monkeypatch):
+    """The mixed-step benchmark's own code on a tiny random shape (CPU): every arm serves every request in full, the
+    mixed arms run mixed steps, the others none, and the host-build row times both builders."""
+    out = tmp_path / "mixed.json"
+    _run_main(ROOT / "scripts" / "bench_mixed_step.py", ["--shape", "tiny", "--requests", "8", "--slots", "3",
+                                                         "--prompt", "16", "60", "--new", "8", "--host-rows", "4",
+                                                         "--host-repeats", "1", "--out", str(out)], monkeypatch)
+    rows = json.loads(out.read_text())
+    traffic = [r for r in rows if r["what"] == "traffic"]
+    assert len(traffic) == 6 and len({r["generated"] for r in traffic}) == 1 and traffic[0]["generated"] > 0
+    assert all((r["mixed_steps"] > 0) == (r["arm"] == "mixed") for r in traffic)
+    host = next(r for r in rows if r["what"] == "host build ms")
+    assert host["mixed_batch_ms"] > 0 and host["from_rows_ms"] > 0

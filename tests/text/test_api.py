@@ -241,6 +241,24 @@ def test_load_passes_the_prefill_budget_to_the_engine_and_checks_it_first(tmp_pa
         llm.close()
 
 
+def test_load_passes_mixed_step_to_the_engine_and_checks_it_first(tmp_path):
+    """`specdec.load(mixed_step=True)` reaches `EngineConfig.mixed_step` (its budget "auto" unless given); a bad value
+    is refused by name before anything loads, and the eager loop refuses it."""
+    import specdec
+    from specdec.bench.demo_pair import DEMO_PAIR
+
+    with pytest.raises(TypeError, match="mixed_step"):
+        specdec.load(tmp_path / "missing", mixed_step="yes")
+    llm = specdec.load(DEMO_PAIR / "target", DEMO_PAIR / "draft", device="cpu", dtype="float32", mixed_step=True)
+    try:
+        assert llm.runner(2).config.mixed_step and llm.runner(2).prefill_budget == "auto"
+    finally:
+        llm.close()
+    with pytest.raises(ValueError, match="mixed_step"):
+        specdec.load(DEMO_PAIR / "target", DEMO_PAIR / "draft", device="cpu", dtype="float32", mixed_step=True,
+                     runner="fallback")  # (refused at load, as bitwise is)
+
+
 def test_a_runner_rebuilt_after_the_heap_was_frozen_is_frozen_too():
     """`specdec serve` freezes its start-up heap (gc.freeze) so full collections skip it; a runner rebuilt later (its
     step raised: `Driver.failed`) joins the frozen heap. Without a frozen heap nothing is frozen (the control)."""

@@ -96,7 +96,10 @@ class RaggedLayout:
         key = ("tiles", block_m, group, rows)
         if key not in self._memo:
             pairs = [(row, t) for row in rows for t in range(-(-self.counts[row] * group // block_m))]
-            self._memo[key] = torch.tensor(pairs, dtype=torch.int32).view(-1, 2).to(self.positions.device)
+            host, device = torch.tensor(pairs, dtype=torch.int32).view(-1, 2), self.positions.device
+            if device.type == "cuda":  # (pinned: the copy never waits for the work queued before it)
+                host = host.pin_memory()
+            self._memo[key] = host.to(device, non_blocking=True)
         return self._memo[key]
 
     def memo(self, key, build):

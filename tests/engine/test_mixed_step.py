@@ -1,0 +1,315 @@
+"""The mixed prefill/decode step (`EngineConfig.mixed_step`, `engine/mixed_step.py`): the filling rows' prompt chunks
+ride in the running rows' verify forward, and a request's tokens are those of a whole prefill at admission —
+greedy and seeded T = 1, plain / a draft model / a feature head, arrivals mid-flight, more requests than slots, a
+tiny pool that preempts; the mixed steps did run (the running rows produced tokens in steps that fed chunks); a
+chunk fed one position off, or a verify row one position off, fails the same comparison (negative controls); the
+host-built batch equals `RaggedBatch.from_rows`'; the option's validation."""
+
+import pytest
+import torch
+
+from helpers import hf_greedy
+from prefill_helpers import drive, head, mixed_params, prompt
+from specdec.engine import Engine, EngineConfig
+from specdec.engine import mixed_step as mixed_module
+from specdec.engine.step_input import PrefillChunks
+from specdec.fast.ragged import RaggedBatch, RaggedRow
+from specdec.request import SamplingParams
+
+EARLY = [prompt(5, 1), prompt(9, 2)]
+LATE = [prompt(70, 3), prompt(4, 4), prompt(41, 5), prompt(12, 6)]  # longer than the budget, and shorter
+
+
+def _drafter(kind, make_llama, target):
+    if kind == "plain":
+        return None
+    return make_llama(5, layers=1) if kind == "model" else head(target)
+
+
+def _run(target, draft, mixed: bool, budget=24, watch=None, **config):
+    options = dict(max_batch_size=4, max_seq_len=128, num_draft_tokens=3 if draft is not None else 0, admit_min=1)
+    options.update(config)
+    engine = Engine(target, draft, EngineConfig(mixed_step=mixed, prefill_budget=budget if mixed else None,
+                                                **options))
+    seen = {"mixed": 0, "stalled": 0}
+
+    def look(e, outs):
+        if e.runner.mixed_steps and any(s.ran for s in e.runner.mixed_steps.values()):
+            seen["mixed"] += 1
+        if watch is not None:
+            watch(e, outs)
+    tokens = drive(engine, EARLY, LATE, mixed_params(len(EARLY) + len(LATE)), watch=look)
+    return tokens, engine, seen
+
+
+@pytest.mark.parametrize("kind", ["plain", "model", "head"])
+def test_mixed_step_gives_the_tokens_of_a_whole_prefill(make_llama, kind):
+    """Six requests through four slots, four of them arriving mid-flight (one 70-token prompt fed over three steps of
+    a 24-token budget): the tokens of prefilling each prompt whole at admission, greedy and seeded T = 1."""
+    target = make_llama(0)
+    draft = _drafter(kind, make_llama, target)
+    fed_beside = []  # steps that fed a chunk while running rows went on (each produced a token)
+
+    def watch(e, outs):
+        if e.num_prefilling and outs:
+            fed_beside.append(all(o.new_token_ids or o.finished for o in outs))
+    mixed, engine, _ = _run(target, draft, True, watch=watch)
+    whole, _, _ = _run(target, draft, False)
+    assert engine.runner.mixed_steps and fed_beside and all(fed_beside)  # (the mixed steps ran: not vacuous)
+    assert mixed == whole
+    assert mixed[2] == hf_greedy(target, LATE[0], 20, [])  # the longest, greedy: the target's own tokens
+
+
+def test_mixed_step_under_a_tiny_pool_that_preempts(make_llama):
+    """A pool too small for every request at once: running and filling requests are preempted (recomputed on
+    readmission) and the tokens stay a whole prefill's."""
+    target, draft = make_llama(0), make_llama(5, layers=1)
+    memory = dict(kv_cache_memory=26 * 2 * 1024)  # (a few dozen blocks of the tiny pair's)
+    mixed, engine, _ = _run(target, draft, True, **memory)
+    assert engine.kv_pool.num_preemptions > 0, "the pool did not preempt: the scenario lost its point"
+    whole, _, _ = _run(target, draft, False, **memory)
+    assert mixed == whole
+
+
+@pytest.mark.parametrize("wrong", ["chunk", "verify"])
+def test_a_row_fed_one_position_off_fails_the_comparison(make_llama, monkeypatch, wrong):
+    """Negative controls: the same comparison fails when the batch builder puts each chunk one position later, or
+    each verify row one position later (its K/V and its queries at the wrong place)."""
+    target = make_llama(0)
+    build = mixed_module.mixed_batch
+
+    def shifted(verify, chunks, *args, **kwargs):
+        if wrong == "chunk":
+            chunks = PrefillChunks(chunks.slots, tuple(s + 1 for s in chunks.starts),
+                                   tuple(e + 1 for e in chunks.ends), chunks.lengths)
+        else:
+            chunks = PrefillChunks(chunks.slots, chunks.starts, chunks.ends, tuple(n + 1 for n in chunks.lengths))
+        return build(verify, chunks, *args, **kwargs)
+    whole, _, _ = _run(target, None, False)
+    monkeypatch.setattr(mixed_module, "mixed_batch", shifted)
+    off, engine, _ = _run(target, None, True)
+    assert engine.runner.mixed_steps
+    assert off != whole
+
+
+def test_the_device_built_batch_is_from_rows_batch(make_llama):
+    """`mixed_batch` (O(rows) on the host) builds what `RaggedBatch.from_rows` builds from the same rows: tokens,
+    positions, slot mapping, query starts, block tables, scored positions."""
+    table = torch.zeros(6, 8, dtype=torch.int32)
+    table[0, :3] = torch.tensor([3, 4, 5])
+    table[1, :2] = torch.tensor([7, 8])
+    table[4, :4] = torch.tensor([9, 10, 11, 12])
+    tokens = torch.arange(6 * 64).view(6, 64) % 50
+    verify = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    chunks = PrefillChunks((4,), (20,), (37,), (30, 9))
+    batch = mixed_module.mixed_batch(verify, chunks, table, 16, tokens, num_blocks=16)
+    rows = [RaggedRow([1, 2, 3], 29, [3, 4, 5], 3), RaggedRow([4, 5, 6], 8, [7, 8], 3),
+            RaggedRow(tokens[4, 20:37].tolist(), 20, [9, 10, 11], 0)]  # (the blocks it writes)
+    want = RaggedBatch.from_rows(rows, block_size=16, table_width=batch.block_table.shape[1])
+    for name in ("tokens", "positions", "slot_mapping", "query_start", "block_table", "logits_index", "starts"):
+        assert torch.equal(getattr(batch, name), getattr(want, name)), name
+    assert (batch.counts, batch.start_positions, batch.num_logits, batch.logits_start) == \
+        (want.counts, want.start_positions, want.num_logits, want.logits_start)
+
+
+def test_mixed_step_is_off_by_default_and_checked(make_llama):
+    assert EngineConfig().mixed_step is False
+    with pytest.raises(TypeError, match="mixed_step"):
+        EngineConfig(mixed_step=1)
+    with pytest.raises(ValueError, match="mixed_step"):
+        EngineConfig(mixed_step=True, kv_layout="static")
+    engine = Engine(make_llama(0), None, EngineConfig(max_batch_size=2, max_seq_len=64, mixed_step=True))
+    assert engine.prefill_budget == "auto"  # (its token budget: measured)
+    with pytest.raises(ValueError, match="prefill_steps"):
+        EngineConfig(prefill_steps=2)  # (without mixed_step or a budget: still refused)
+    EngineConfig(mixed_step=True, prefill_steps=2, prefill_stall=0.25)  # (the "auto" budget's own options)
+
+
+def test_a_long_prompt_rides_in_the_decode_steps(make_llama):
+    """A 200-token prompt admitted mid-flight is fed a budget per step inside the running rows' forwards: the
+    running rows produce a token in every one of those steps, no step feeds more than the budget, and the tokens
+    are a whole prefill's."""
+    target = make_llama(0)
+    long = prompt(200, 7)
+    params = [SamplingParams(temperature=0, max_new_tokens=40)] * 2 + [SamplingParams(temperature=0, max_new_tokens=6)]
+    runs = []
+    for mixed in (True, False):
+        engine = Engine(target, None, EngineConfig(max_batch_size=3, max_seq_len=250, num_draft_tokens=0,
+                                                   admit_min=1, mixed_step=mixed, prefill_budget=32 if mixed else None))
+        between, seen = [], {"fed": 0}
+
+        def watch(e, outs, between=between, seen=seen):
+            between.append(e.prefill_tokens - seen["fed"])
+            seen["fed"] = e.prefill_tokens
+            if e.num_prefilling:
+                assert all(o.new_token_ids for o in outs if not o.finished)
+        runs.append((drive(engine, EARLY, [long], params, join_after=2, watch=watch), between))
+    (mixed_tokens, between), (whole_tokens, whole_between) = runs
+    assert max(between[1:]) <= 32 and sum(1 for b in between if b) >= (len(long) - 1) // 32
+    assert max(whole_between[1:]) > 32  # (without it, the step that admits the prompt prefills all of it)
+    assert mixed_tokens == whole_tokens
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kind", ["plain", "model", "head"])
+def test_mixed_step_on_cuda_gives_the_tokens_of_a_whole_prefill(make_llama, kind):
+    """On CUDA (the steps without filling rows replayed as graphs, the mixed ones eager through the Triton varlen
+    attention), fp32: the tokens of a whole prefill, greedy and seeded T = 1."""
+    target = make_llama(0).cuda()
+    draft = _drafter(kind, make_llama, target)
+    draft = draft.cuda() if kind == "model" else draft
+    mixed, engine, _ = _run(target, draft, True)
+    whole, _, _ = _run(target, draft, False)
+    assert engine.runner.mixed_steps and engine.cuda_graphs
+    assert mixed == whole
+
+
+def test_mixed_step_past_a_prefix_cache_hit(make_llama):
+    """Requests sharing a 40-token system prompt arrive mid-flight, one after another: the later ones hit the prefix
+    cache and their chunks start past the hit (attending over the shared blocks through their tables); the tokens
+    stay a whole prefill's."""
+    target, draft = make_llama(0), make_llama(5, layers=1)
+    system = prompt(40, 9)
+    late = [system + prompt(n, 20 + n) for n in (30, 5, 17, 44)]
+    params = mixed_params(len(EARLY) + len(late), max_new=24)
+    runs = []
+    for mixed in (True, False):
+        engine = Engine(target, draft, EngineConfig(max_batch_size=3, max_seq_len=160, num_draft_tokens=2,
+                                                    admit_min=1, mixed_step=mixed, prefill_budget=16 if mixed else None))
+        ids = [engine.add_request(p, q) for p, q in zip(EARLY, params)]
+        outputs: dict = {}
+        for step in range(2000):
+            if 2 <= step < 2 + 6 * len(late) and (step - 2) % 6 == 0:  # one arrival every 6 steps
+                i = (step - 2) // 6
+                ids.append(engine.add_request(late[i], params[len(EARLY) + i]))
+            if step > 2 + 6 * len(late) and not engine.has_unfinished():
+                break
+            for out in engine.step():
+                outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
+        runs.append(([outputs[i] for i in ids], engine.prefix_cache_hits, engine.runner.num_mixed_steps))
+    (mixed_tokens, hits, steps), (whole_tokens, _, _) = runs
+    assert hits > 0 and steps > 0, "no prefix hit or no mixed step: the scenario lost its point"
+    assert mixed_tokens == whole_tokens
+
+
+def test_token_tree_requests_keep_the_separate_prefill(make_llama):
+    """Running token-tree requests (`SamplingParams.draft_tree`) are not mixed: the step keeps the separate chunked
+    prefill, and the tokens are a whole prefill's."""
+    target, draft = make_llama(0), make_llama(5, layers=1)
+    params = [SamplingParams(temperature=0, max_new_tokens=12, draft_tree=(2, 2)) for _ in range(6)]
+    runs = []
+    for mixed in (True, False):
+        engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=2,
+                                                    admit_min=1, mixed_step=mixed, prefill_budget=24 if mixed else None))
+        filling = []
+        tokens = drive(engine, EARLY, LATE, params, watch=lambda e, _, filling=filling: filling.append(e.num_prefilling))
+        runs.append((tokens, engine.runner.num_mixed_steps, max(filling)))
+    (mixed_tokens, steps, filled), (whole_tokens, _, _) = runs
+    assert filled > 0 and steps == 0  # (requests did fill across steps, in the separate prefill)
+    assert mixed_tokens == whole_tokens
+
+
+def test_mixed_step_with_processors_logprobs_and_an_abort(make_llama):
+    """Rows with a repetition penalty, top-k / top-p and log-probabilities beside the chunks, and a filling request
+    aborted mid-feed: the others' tokens are a whole prefill's and their log-probabilities equal to fp32 rounding."""
+    target, draft = make_llama(0), make_llama(5, layers=1)
+    kinds = [dict(repetition_penalty=1.3), dict(top_k=5, top_p=0.9, temperature=0.8), dict(logprobs=True)]
+    params = [SamplingParams(seed=50 + i, max_new_tokens=16, **kinds[i % 3]) for i in range(len(EARLY) + len(LATE))]
+    runs = []
+    for mixed in (True, False):
+        engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=3,
+                                                    admit_min=1, mixed_step=mixed, prefill_budget=24 if mixed else None))
+        ids = [engine.add_request(p, q) for p, q in zip(EARLY, params)]
+        tokens, logprobs, aborted = {}, {}, None
+        for step in range(500):
+            if step == 2:
+                ids += [engine.add_request(p, q) for p, q in zip(LATE, params[len(EARLY):])]
+            if step == 4:
+                aborted = ids[2]  # the 70-token prompt: still filling at a 24-token budget
+                filling = mixed and engine.num_prefilling > 0
+                engine.abort(aborted)
+            if step > 4 and not engine.has_unfinished():
+                break
+            for out in engine.step():
+                tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+                logprobs.setdefault(out.request_id, []).extend(out.logprobs or [])
+        kept = [i for i in ids if i != aborted]
+        runs.append(([tokens[i] for i in kept], [logprobs[i] for i in kept], engine.runner.num_mixed_steps))
+        if mixed:
+            assert filling, "the aborted request was not filling: the scenario lost its point"
+    (mixed_tokens, mixed_logprobs, steps), (whole_tokens, whole_logprobs, _) = runs
+    assert steps > 0 and mixed_tokens == whole_tokens
+    assert any(mixed_logprobs)
+    for got, want in zip(mixed_logprobs, whole_logprobs):
+        assert got == pytest.approx(want, abs=1e-4)
+
+
+def test_the_auto_budget_learns_from_mixed_steps_alone():
+    """Traffic that never stops filling (every step mixed, no decode step measured): the budget comes from the mixed
+    steps' seconds against their chunk tokens — their fit's cost at no tokens is the decode step, the rest the
+    chunks' — and settles at the tokens whose cost is `stall` × that step (synthetic: 10 ms + 2 µs a token); before
+    any mixed step it is the cold budget, and a step's whole time taken as its chunks' cost (the control) lands
+    far from it."""
+    import random
+
+    from specdec.engine.prefill import ChunkedPrefill
+    from specdec.engine.prefill_budget import COLD
+
+    step, per_token, stall = 0.010, 2e-6, 0.5
+    chunked = ChunkedPrefill(EngineConfig(mixed_step=True, prefill_stall=stall))
+    control = ChunkedPrefill(EngineConfig(mixed_step=True, prefill_stall=stall))
+    assert chunked.step_prefill_budget == COLD
+    rng = random.Random(0)
+    for _ in range(200):
+        for prefill, share_of in ((chunked, chunked.mixed_share), (control, None)):
+            tokens = rng.randint(max(prefill.step_prefill_budget // 4, 1), prefill.step_prefill_budget)
+            seconds = step + per_token * tokens
+            share = share_of(tokens, seconds) if share_of else seconds
+            prefill.measure_prefill(tokens, share)
+    want = stall * step / per_token
+    assert chunked.step_prefill_budget == pytest.approx(want, rel=0.05) == chunked.report()["budget"]
+    assert chunked.report()["decode_step_ms"] == pytest.approx(1e3 * step, rel=0.05)
+    assert abs(control.step_prefill_budget - want) > 0.5 * want
+
+
+def test_mixed_step_with_an_eagle3_head(make_llama, tmp_path):
+    """An EAGLE-3 head (features: the residual stream entering three of the target's layers, `feature_layers`): the
+    chunks' features come from the same forward's captured layers, and the tokens are a whole prefill's."""
+    from drafters import format_checkpoints
+    from specdec.drafters.formats import load_drafter
+    from specdec.fast.model import FastLlama
+
+    target = make_llama(0, layers=8)  # (EAGLE-3's layers 2, L // 2, L − 3: distinct from 7 layers up)
+    folder = format_checkpoints.write_eagle3(tmp_path / "eagle3", target, list(range(64)))
+    runs = []
+    for mixed in (True, False):
+        head = load_drafter(str(folder), FastLlama.from_hf(target))
+        assert head.feature_layers is not None
+        tokens, engine, _ = _run(target, head, mixed)
+        runs.append((tokens, engine.runner.num_mixed_steps))
+    (mixed_tokens, steps), (whole_tokens, _) = runs
+    assert steps > 0 and mixed_tokens == whole_tokens
+
+
+def test_a_feature_head_without_the_chunks_features_drafts_otherwise(make_llama, monkeypatch):
+    """Negative control of the features' feed: with the chunks' features not stored (the head's feed then reads
+    what the pool held), the drafts change — the accepted counts and the sampled rows' tokens differ from a whole
+    prefill's — while with them stored both are equal."""
+    target = make_llama(0)
+
+    def run(mixed):
+        engine = Engine(target, head(target), EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=3,
+                                                           admit_min=1, mixed_step=mixed,
+                                                           prefill_budget=24 if mixed else None))
+        accepted: dict = {}
+
+        def watch(e, outs):
+            for out in outs:
+                accepted[out.request_id] = accepted.get(out.request_id, 0) + out.num_accepted
+        tokens = drive(engine, EARLY, LATE, mixed_params(len(EARLY) + len(LATE)), watch=watch)
+        return tokens, sorted(accepted.items())
+    whole = run(False)
+    assert run(True) == whole
+    monkeypatch.setattr(mixed_module.MixedStepRunner, "store_features", staticmethod(lambda *args: None))
+    assert run(True) != whole
