@@ -5,7 +5,8 @@ arm with and without chunked prefill sits side by side. A budget may carry the s
 a colon ("1024:0.0005" = --prefill-budget 1024 --switch-interval 0.0005: the hand-offs between the driver thread
 — an eager prefill chunk is hundreds of launches from Python — and the event loop streaming every client's tokens),
 --prefill-steps after a slash ("256/4" = --prefill-budget 256 --prefill-steps 4), and "auto"'s --prefill-stall after
-an @ ("auto@0.25/8" = --prefill-budget auto --prefill-stall 0.25 --prefill-steps 8).
+an @ ("auto@0.25/8" = --prefill-budget auto --prefill-stall 0.25 --prefill-steps 8), and the mixed prefill/decode
+step after a + ("auto+mixed" = --prefill-budget auto --mixed-step: the chunks ride in the decode step's forward).
 
     python3 scripts/bench_prefill_serve.py --quick --budgets 0 32 --clients 1 2 --out /tmp/quick   # CPU smoke
     python3 scripts/bench_prefill_serve.py --pair /tmp/pair --head /tmp/pair/head --data data/code \\
@@ -36,7 +37,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="CPU smoke run: the shipped demo pair, short requests")
     p.add_argument("--budgets", nargs="+", default=["0", "1024"],
                    help="--prefill-budget values (0: off, auto, tokens), each optionally "
-                        "BUDGET[@STALL][/STEPS][:SWITCH_INTERVAL_SECONDS]")
+                        "BUDGET[+mixed][@STALL][/STEPS][:SWITCH_INTERVAL_SECONDS]")
     p.add_argument("--clients", nargs="+", type=int, default=[8, 32, 64, 128])
     p.add_argument("--requests-per-client", type=int, default=2)
     p.add_argument("--out", type=Path, required=True)
@@ -49,6 +50,9 @@ def main(argv=None) -> int:
         b, _, switch = text.partition(":")
         b, _, steps = b.partition("/")
         b, _, stall = b.partition("@")
+        b, _, mode = b.partition("+")
+        if mode not in ("", "mixed"):
+            p.error(f"--budgets: {text!r}: +{mode} is not +mixed (the mixed step) after a budget")
         if not (b == "auto" or b.isdigit() and (int(b) == 0 or int(b) >= 16)):
             p.error(f"--budgets: {text!r}: {b!r} is not 0, auto or an integer >= 16")
         if steps and not (steps.isdigit() and b != "0" and 1 <= int(steps) <= 1024):
@@ -67,7 +71,7 @@ def main(argv=None) -> int:
             p.error(f"--budgets: {text!r}: the switch interval must be in (0, 1] seconds")
         extra = ("--prefill-budget", b) + (("--prefill-steps", steps) if steps else ()) + \
             (("--prefill-stall", stall) if stall else ()) + \
-            (("--switch-interval", switch) if switch else ())
+            (("--switch-interval", switch) if switch else ()) + (("--mixed-step",) if mode else ())
         variants.append((text, extra))
 
     from specdec.bench.traffic import TrafficSpec

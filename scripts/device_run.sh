@@ -434,7 +434,8 @@ log done
 # .whl carried): the serving table through `specdec serve` (zoo pair + feature head, --num-draft-tokens auto,
 # 8 / 32 / 64 / 128 streaming clients, plain and speculative requests on the same server) once per
 # --prefill-budget (default: 0 = off, auto = a stall of 0.5 decode steps with K = 4, auto/8 = K = 8; also e.g.
-# 256/4 = 256 tokens with --prefill-steps 4, 1024:0.0005 = 1024 with --switch-interval 0.0005, auto@0.25):
+# 256/4 = 256 tokens with --prefill-steps 4, 1024:0.0005 = 1024 with --switch-interval 0.0005, auto@0.25,
+# auto+mixed = the mixed prefill/decode step, --mixed-step):
 #   bash scripts/device_run.sh prefill [BUDGETS...]        → $OUT/prefill/prefill_serve.{json,md}, $OUT/run.log
 # The pair and its head are trained first (short budgets: ~4 min) when /tmp/pair/head is not there.
 recipe_prefill() {
