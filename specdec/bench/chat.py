@@ -15,6 +15,11 @@ per second of wall time, the prefix cache's hit rate (hit prompt tokens / prompt
 prefix_cache_hits / prefix_cache_queries), tokens prefilled (the target's and the drafter's), and whether each
 answer equals the caching-off arm's of the same speculation (exactness). `repeats` R: every arm run R times in
 rotated orders, each figure the median over the runs with its range.
+
+`random_prompts` (`--random-prompts`): the same arrivals, turns and answers, but nothing shared — each turn sends a
+fresh prompt of random ids, as long as a first turn (`system_tokens` + a user message), and no history — so the
+caching arms measure what the prefix cache costs when nothing hits (vLLM's random dataset; the target: throughput
+within 2% of caching off, `throughput_caching_on_over_off_*` in the summary).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class ChatSpec:
     num_draft_tokens: int = 4  # γ of the speculative arms
     repeats: int = 1
     seed: int = 0
+    random_prompts: bool = False  # nothing shared: each turn a fresh random prompt, no history (see the module doc)
 
     def __post_init__(self):
         for name in ("conversations", "clients", "system_tokens", "num_draft_tokens", "repeats"):
@@ -49,6 +55,8 @@ class ChatSpec:
             lo, hi = getattr(self, name)
             if not 1 <= lo <= hi:
                 raise ValueError(f"{name} must be (lo, hi) with 1 <= lo <= hi, got {(lo, hi)}")
+        if not isinstance(self.random_prompts, bool):
+            raise TypeError(f"random_prompts must be True or False, got {self.random_prompts!r}")
 
 
 @dataclass(frozen=True)
@@ -66,10 +74,12 @@ ARMS = (ChatArm(False, False), ChatArm(True, False), ChatArm(False, True), ChatA
 
 def chat_workload(spec: ChatSpec, texts: list[list[int]] | None, vocab: int) -> dict:
     """The conversations every arm serves: {"system": ids, "users": [[ids per turn] per conversation], "answers":
-    [[max_new_tokens per turn] ...]}. texts: token ids the system prompt and the user messages are cut from (a real
-    tokenizer's prompts), None = random ids in [2, vocab)."""
+    [[max_new_tokens per turn] ...], "resend": whether a turn re-sends the history}. texts: token ids the system
+    prompt and the user messages are cut from (a real tokenizer's prompts), None = random ids in [2, vocab).
+    `spec.random_prompts`: no system prompt, each turn's message random ids of `system_tokens` + a user message's
+    length (two fresh texts share no block: a block of 16 random ids repeats with probability ~vocab^-16)."""
     rng = random.Random(spec.seed)
-    pool = [t for t in (texts or []) if t]
+    pool = [] if spec.random_prompts else [t for t in (texts or []) if t]
 
     def draw(n: int) -> list[int]:
         if not pool:
@@ -81,11 +91,12 @@ def chat_workload(spec: ChatSpec, texts: list[list[int]] | None, vocab: int) -> 
             out += text[start : start + n - len(out)]
         return out
 
-    system = draw(spec.system_tokens)
+    system = [] if spec.random_prompts else draw(spec.system_tokens)
+    extra = spec.system_tokens if spec.random_prompts else 0  # (a fresh prompt as long as a first turn)
     turns = [rng.randint(*spec.turns) for _ in range(spec.conversations)]
-    users = [[draw(rng.randint(*spec.user_tokens)) for _ in range(k)] for k in turns]
+    users = [[draw(extra + rng.randint(*spec.user_tokens)) for _ in range(k)] for k in turns]
     answers = [[rng.randint(*spec.answer_tokens) for _ in range(k)] for k in turns]
-    return {"system": system, "users": users, "answers": answers}
+    return {"system": system, "users": users, "answers": answers, "resend": not spec.random_prompts}
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -110,7 +121,7 @@ def run_chat_arm(engine, workload: dict, spec: ChatSpec, eos_ids=(), speculation
         engine.step()
     del warm
     queries0, hits0, fed0 = engine.prefix_cache_queries, engine.prefix_cache_hits, engine.prefill_tokens
-    users, budgets = workload["users"], workload["answers"]
+    users, budgets, resend = workload["users"], workload["answers"], workload.get("resend", True)
     history = {c: list(workload["system"]) for c in range(len(users))}
     turn = {c: 0 for c in range(len(users))}
     answers: dict[tuple, list[int]] = {}
@@ -122,7 +133,7 @@ def run_chat_arm(engine, workload: dict, spec: ChatSpec, eos_ids=(), speculation
 
     def send(c: int) -> None:
         nonlocal prompt_tokens
-        prompt = history[c] + users[c][turn[c]]
+        prompt = (history[c] if resend else []) + users[c][turn[c]]
         history[c] = prompt
         rid = engine.add_request(prompt, params(budgets[c][turn[c]]))
         owner[rid], sent_at[rid] = c, time.perf_counter()
@@ -210,6 +221,11 @@ def _summary(rows: list[dict]) -> dict:
                 off["ttft_p50_s"] / on["ttft_p50_s"]
     if (True, True) in by and (True, False) in by:
         out["hit_rate_points_speculative_minus_plain"] = 100 * (by[(True, True)]["hit_rate"] - by[(True, False)]["hit_rate"])
+    for spec_on in (False, True):  # (the cost of caching where nothing hits: --random-prompts)
+        on, off = by.get((True, spec_on)), by.get((False, spec_on))
+        if on and off and on["throughput_tok_s"] and off["throughput_tok_s"]:
+            out[f"throughput_caching_on_over_off_{'speculative' if spec_on else 'plain'}"] = \
+                on["throughput_tok_s"] / off["throughput_tok_s"]
     plain, spec = by.get((True, False)), by.get((True, True))
     if plain and spec and plain["itl_p99_s"] and spec["itl_p99_s"]:
         out["itl_p99_speculative_over_plain_with_caching"] = spec["itl_p99_s"] / plain["itl_p99_s"]

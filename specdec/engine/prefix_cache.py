@@ -25,7 +25,8 @@ step (`commit_rows`, host lists only), generated ones too — the host keeps eac
 runs: concurrent requests with one system prompt, and `n > 1` copies of a prompt, share it.
 Checks (`verify`, `watch_weights`): a hit compares each cached block's stored (parent hash, tokens) with the
 prompt's, so a hash collision is refused (`collisions`), never served; the models' weights (the engine shares the
-user's) are sampled once a step before any hit or entry, and changed in place — an adapter merged, a state dict
+user's) are sampled before a hit (at most once a step, and only when a prompt's first block is cached: a prompt
+that shares nothing costs no read of them), and changed in place — an adapter merged, a state dict
 loaded — the index is cleared (`reset`, vLLM's reset_prefix_cache) and blocks admitted under the old weights
 never enter: nothing cached survives a change of weights (another model is another engine, another pool).
 Feature drafters: the target's stored features live in the pool's blocks too (`features.FeatureStore`), so a
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from array import array
 from dataclasses import dataclass, field
 
 import torch
@@ -56,11 +58,12 @@ def model_key(*parts) -> bytes:
 def block_hashes(tokens: list[int], block_size: int, seed: bytes, parents: list[bytes] | None = None,
                  extra: bytes = b"") -> list[bytes]:
     """The hash chain of `tokens`' full blocks: block i's hash is sha256(block i−1's hash (block 0: `seed`), its
-    tokens, `extra`). parents: the hashes of the leading blocks already known (extended, not recomputed)."""
+    tokens (8 bytes each), `extra`). parents: the hashes of the leading blocks already known (extended, not
+    recomputed)."""
     hashes = list(parents or [])
     for start in range(len(hashes) * block_size, len(tokens) - block_size + 1, block_size):
         h = hashlib.sha256(hashes[-1] if hashes else seed)
-        h.update(b",".join(str(t).encode() for t in tokens[start : start + block_size]))
+        h.update(array("q", tokens[start : start + block_size]).tobytes())
         h.update(b"|" + extra)
         hashes.append(h.digest())
     return hashes
@@ -132,8 +135,11 @@ class PrefixCache:
         """The watched weights' strided samples, as float64 `[n]` (None: nothing watched)."""
         if not self._samples:
             return None
+        groups: dict = {}  # (per device: one copy to the host each)
         with torch.no_grad():
-            return torch.cat([t.detach().reshape(-1)[i].to(torch.float64).cpu() for t, i in self._samples])
+            for t, i in self._samples:
+                groups.setdefault(t.device, []).append(t.detach().reshape(-1)[i].to(torch.float64))
+            return torch.cat([torch.cat(parts).cpu() for parts in groups.values()])
 
     def reset(self, why: str = "reset") -> None:
         """Forget every cached block (they stay where they are: held ones with their requests, free ones free);
@@ -147,7 +153,7 @@ class PrefixCache:
         self.resets += 1
 
     def _check_weights(self) -> None:
-        """Before a hit or an entry, once a step: the watched weights' sample unchanged, or the index cleared."""
+        """Before a possible hit, once a step: the watched weights' sample unchanged, or the index cleared."""
         if not self._samples or self._weights_checked or not self.watch_weights:
             return
         self._weights_checked = True
@@ -160,8 +166,10 @@ class PrefixCache:
         """Admission of `request` (an `EngineRequest`) into `slot`, which holds no blocks: its prompt's longest
         cached leading run of blocks becomes the row's first blocks → the cached tokens (also set on the request)."""
         prompt, allocator, size = request.prompt, self.pool.allocator, self.block_size
-        self._check_weights()
-        state = RequestBlocks(block_hashes(prompt, size, self.seed), tokens=list(prompt), epoch=self.epoch)
+        hashes = block_hashes(prompt, size, self.seed)
+        if hashes and hashes[0] in self._blocks:  # (a hit is possible: only then the weights' sample is read)
+            self._check_weights()
+        state = RequestBlocks(hashes, tokens=list(prompt), epoch=self.epoch)
         usable = max(len(prompt) - 1, 0) // self.block_size  # the target's first write: prompt length − 1
         shareable = max(len(prompt) - self.write_back, 0) // self.block_size  # and a model drafter's re-feed
         blocks = []
