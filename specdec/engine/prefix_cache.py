@@ -113,6 +113,7 @@ class PrefixCache:
         self.hits = 0  # of those, found cached (vLLM's prefix_cache_hits)
         self.evictions = 0  # cached blocks handed out for other K/V
         self.copies = 0  # hit blocks copied for a request that writes them (copy-on-write)
+        self.held = False  # `pending` held a request back for blocks an admission is about to prefill
         pool.allocator.evict = self.evict
 
     @property
@@ -208,15 +209,30 @@ class PrefixCache:
 
     def pending(self, request, admitted: list) -> bool:
         """Whether `request` would hit blocks that one of `admitted` (admitted with it, not prefilled yet) is about
-        to enter: its first block is theirs and not cached (`n > 1` copies of a prompt: one prefills, the others
-        wait a step and share it)."""
+        to enter: its first block is theirs and not cached (`n > 1` copies of a prompt: one prefills, then the
+        others are admitted and hit — in the same step, `take_held`). Sets `held` when so."""
         size, back = self.block_size, self.write_back
         if not admitted or len(request.prompt) - back < size:
             return False
         first = request.prompt[:size]
         if not any(len(a.prompt) - back >= size and a.prompt[:size] == first for a in admitted):
             return False
-        return block_hashes(first, size, self.seed)[0] not in self._blocks
+        held = block_hashes(first, size, self.seed)[0] not in self._blocks
+        self.held = self.held or held
+        return held
+
+    def take_held(self, running, drafter_synced: bool | None) -> bool:
+        """After an admission's prefill: whether `pending` held a request back for the blocks just prefilled, and
+        those blocks are cached now (`commit_rows` first) — then the engine admits again in the same step, and the
+        held copies hit: `n > 1` choices share the prompt's blocks from their first step (the hit's copy-on-write
+        of a drafter's re-fed window reads the K/V the prefill just wrote). False when the drafter was not fed (a
+        run of plain steps): nothing is stable yet, and they wait a step as before."""
+        if not self.held:
+            return False
+        self.held = False
+        before = len(self._blocks)
+        self.commit_rows(running, drafter_synced)
+        return len(self._blocks) > before
 
     def stable(self, request, drafter_valid: int | None, leaving: bool = False) -> int:
         """Positions [0, stable) of a running request that every model's K/V hold and it never writes again
@@ -259,7 +275,7 @@ class PrefixCache:
         """Each step: the running requests' full blocks of committed text — prompt and generated alike — that
         became stable enter the index while they run (drafter_synced: the engine's `_drafter_synced` — True: every
         row's drafter holds all but its last 2 tokens, False: its `draft_valid`; None: no cached drafter)."""
-        size, self._weights_checked = self.block_size, False
+        size, self._weights_checked, self.held = self.block_size, False, False  # (a step's flags)
         for slot, request in enumerate(running):
             state = request.prefix
             if state is None or (state.num_cached_blocks + 1) * size > min(len(state.tokens), request.length):
