@@ -6,9 +6,9 @@ text from position 0 under the same models, and nothing cached survives a change
 
   cached block   a block whose hash is in the index: its K/V (every model's: `PagedSlotCache` keeps the target's
                  and a cached drafter's in the same block) hold exactly that text. It stays cached after its
-                 request leaves (reference count 0, on the allocator's free list) until the allocator hands it
-                 out again: the free list is in order of release, so the least recently used goes first
-                 (`BlockAllocator.evict` calls `evict` here before a cached block is reused)
+                 request leaves (reference count 0, on the allocator's cached free list) until the allocator hands
+                 it out again: only when no other block is free, and in order of release, so the least recently
+                 used goes first (`BlockAllocator.evict` calls `evict` here before a cached block is reused)
   hit            admission finds the longest run of a prompt's leading blocks in the index; the row's table starts
                  with them (`KVPool.share_row`: counts up, free ones taken off the free list) and the target's
                  prefill and the drafter's feed start past them (`EngineRequest.num_cached_tokens`)
@@ -115,6 +115,7 @@ class PrefixCache:
         self.copies = 0  # hit blocks copied for a request that writes them (copy-on-write)
         self.held = False  # `pending` held a request back for blocks an admission is about to prefill
         pool.allocator.evict = self.evict
+        pool.allocator.cached = self._hashes.__contains__  # (a freed block it names waits on the cached free list)
 
     @property
     def num_cached_blocks(self) -> int:
@@ -150,6 +151,7 @@ class PrefixCache:
         self._blocks.clear()
         self._hashes.clear()
         self._entries.clear()
+        self.pool.allocator.uncache()
         self.epoch += 1
         self.resets += 1
 
