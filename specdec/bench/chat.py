@@ -11,7 +11,9 @@ others run. Text is token ids glued together (no chat template between turns: th
 Per arm (`ChatArm`: caching, speculation) a fresh engine (nothing cached from another arm), warmed up on a prompt
 that shares nothing; reported: TTFT p50/p99 (add_request → first output with tokens), ITL p99 (between a request's
 successive outputs: a step's tokens arrive together, the server's `inter_token_latency_seconds`), generated tokens
-per second of wall time, the prefix cache's hit rate (hit prompt tokens / prompt tokens looked up, vLLM's
+per second of wall time (and of the process's CPU time, `cpu_s`: steadier on a shared machine), the time spent
+inside the prefix cache's own methods (`prefix_cache_s`, its host bookkeeping: what caching costs when nothing
+hits, measured in the run), the prefix cache's hit rate (hit prompt tokens / prompt tokens looked up, vLLM's
 prefix_cache_hits / prefix_cache_queries), tokens prefilled (the target's and the drafter's), and whether each
 answer equals the caching-off arm's of the same speculation (exactness). `repeats` R: every arm run R times in
 rotated orders, each figure the median over the runs with its range.
@@ -106,6 +108,32 @@ def _percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
+_CACHE_METHODS = ("attach", "pending", "take_held", "commit_rows", "commit_row", "extend", "evict")
+
+
+def _time_cache(cache) -> list[float]:
+    """Wrap the prefix cache's methods (this instance's) to add their seconds to the returned one-element list (the
+    outermost call only: `take_held` runs `commit_rows`, `attach` an eviction)."""
+    spent, depth = [0.0], [0]
+
+    def timed(method):
+        def run(*args, **kw):
+            depth[0] += 1
+            start = time.perf_counter()
+            try:
+                return method(*args, **kw)
+            finally:
+                depth[0] -= 1
+                if not depth[0]:
+                    spent[0] += time.perf_counter() - start
+        return run
+
+    for name in _CACHE_METHODS:
+        setattr(cache, name, timed(getattr(cache, name)))
+    cache.pool.allocator.evict = cache.evict
+    return spent
+
+
 def run_chat_arm(engine, workload: dict, spec: ChatSpec, eos_ids=(), speculation: bool = True) -> tuple[dict, list]:
     """One arm on a fresh `engine` → (its row, every turn's answer tokens in (conversation, turn) order)."""
     from specdec.request import SamplingParams
@@ -140,7 +168,8 @@ def run_chat_arm(engine, workload: dict, spec: ChatSpec, eos_ids=(), speculation
         answers[(c, turn[c])] = []
         prompt_tokens += len(prompt)
 
-    start = time.perf_counter()
+    spent = _time_cache(engine.prefix_cache) if engine.prefix_cache is not None else [0.0]
+    start, cpu = time.perf_counter(), time.process_time()
     while waiting or active:
         if waiting and len(active) < spec.clients:  # (one conversation joins per step: arrivals while others run)
             c = waiting.pop(0)
@@ -165,7 +194,7 @@ def run_chat_arm(engine, workload: dict, spec: ChatSpec, eos_ids=(), speculation
                     send(c)
                 else:
                     active.discard(c)
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     queries, hits = engine.prefix_cache_queries - queries0, engine.prefix_cache_hits - hits0
     generated = sum(len(a) for a in answers.values())
     row = {"requests": len(answers), "prompt_tokens": prompt_tokens, "generated_tokens": generated,
@@ -173,11 +202,14 @@ def run_chat_arm(engine, workload: dict, spec: ChatSpec, eos_ids=(), speculation
            "prefix_cache_hits": hits, "hit_rate": hits / queries if queries else 0.0,
            "cached_tokens_per_request": sum(cached) / len(cached) if cached else 0.0,
            "ttft_p50_s": _percentile(ttft, 50), "ttft_p99_s": _percentile(ttft, 99), "itl_p99_s": _percentile(itl, 99),
-           "throughput_tok_s": generated / seconds if seconds else None, "wall_s": seconds}
+           "throughput_tok_s": generated / seconds if seconds else None, "wall_s": seconds, "cpu_s": cpu,
+           "tokens_per_cpu_s": generated / cpu if cpu else None, "prefix_cache_s": spent[0],
+           "prefix_cache_share": spent[0] / seconds if seconds else None}
     return row, [answers[k] for k in sorted(answers)]
 
 
-_TIMED = ("ttft_p50_s", "ttft_p99_s", "itl_p99_s", "throughput_tok_s", "wall_s")
+_TIMED = ("ttft_p50_s", "ttft_p99_s", "itl_p99_s", "throughput_tok_s", "wall_s", "cpu_s", "tokens_per_cpu_s",
+          "prefix_cache_s", "prefix_cache_share")
 
 
 def run_chat(make_engine, spec: ChatSpec, workload: dict, eos_ids=(), arms=ARMS, log=None) -> dict:
@@ -223,9 +255,13 @@ def _summary(rows: list[dict]) -> dict:
         out["hit_rate_points_speculative_minus_plain"] = 100 * (by[(True, True)]["hit_rate"] - by[(True, False)]["hit_rate"])
     for spec_on in (False, True):  # (the cost of caching where nothing hits: --random-prompts)
         on, off = by.get((True, spec_on)), by.get((False, spec_on))
+        name = "speculative" if spec_on else "plain"
         if on and off and on["throughput_tok_s"] and off["throughput_tok_s"]:
-            out[f"throughput_caching_on_over_off_{'speculative' if spec_on else 'plain'}"] = \
-                on["throughput_tok_s"] / off["throughput_tok_s"]
+            out[f"throughput_caching_on_over_off_{name}"] = on["throughput_tok_s"] / off["throughput_tok_s"]
+        if on and off and on["tokens_per_cpu_s"] and off["tokens_per_cpu_s"]:
+            out[f"tokens_per_cpu_s_caching_on_over_off_{name}"] = on["tokens_per_cpu_s"] / off["tokens_per_cpu_s"]
+        if on and on["prefix_cache_share"] is not None:
+            out[f"prefix_cache_share_of_wall_{name}"] = on["prefix_cache_share"]
     plain, spec = by.get((True, False)), by.get((True, True))
     if plain and spec and plain["itl_p99_s"] and spec["itl_p99_s"]:
         out["itl_p99_speculative_over_plain_with_caching"] = spec["itl_p99_s"] / plain["itl_p99_s"]

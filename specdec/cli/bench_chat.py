@@ -110,10 +110,10 @@ def markdown(result: dict) -> str:
     def ms(v):
         return "" if v is None else f"{1000 * v:.1f}"
 
-    lines = ["| arm | hit rate | TTFT p50 ms | TTFT p99 ms | ITL p99 ms | tok/s | prefill tokens | = caching off |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| arm | hit rate | TTFT p50 ms | TTFT p99 ms | ITL p99 ms | tok/s | tok/CPU-s | cache ms | prefill tokens "
+             "| = caching off |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         lines.append(f"| {r['arm']} | {r['hit_rate']:.3f} | {ms(r['ttft_p50_s'])} | {ms(r['ttft_p99_s'])} | "
-                     f"{ms(r['itl_p99_s'])} | {r['throughput_tok_s']:.1f} | {r['prefill_tokens']} | "
-                     f"{r['tokens_equal_caching_off']} |")
+                     f"{ms(r['itl_p99_s'])} | {r['throughput_tok_s']:.1f} | {r['tokens_per_cpu_s']:.1f} | "
+                     f"{ms(r['prefix_cache_s'])} | {r['prefill_tokens']} | {r['tokens_equal_caching_off']} |")
     return "\n".join(lines + ["", json.dumps(result["summary"])])

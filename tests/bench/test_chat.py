@@ -57,7 +57,12 @@ def test_random_prompts_share_nothing(tmp_path, capsys):
     for row in result["rows"]:
         assert row["hit_rate"] == 0 and row["prefix_cache_hits"] == 0 and row["tokens_equal_caching_off"] is True
         assert row["prefill_tokens"] >= row["prompt_tokens"] - row["requests"]  # every prompt prefilled whole
-    assert {"throughput_caching_on_over_off_plain", "throughput_caching_on_over_off_speculative"} <= set(summary)
+    assert {"throughput_caching_on_over_off_plain", "throughput_caching_on_over_off_speculative",
+            "tokens_per_cpu_s_caching_on_over_off_plain", "prefix_cache_share_of_wall_speculative"} <= set(summary)
+    rows = {(r["caching"], r["speculation"]): r for r in result["rows"]}
+    for spec_on in (False, True):  # the cache's own time: measured with caching on, none without
+        assert 0 < rows[(True, spec_on)]["prefix_cache_s"] < rows[(True, spec_on)]["wall_s"]
+        assert rows[(False, spec_on)]["prefix_cache_s"] == 0 and rows[(True, spec_on)]["cpu_s"] > 0
     spec = ChatSpec(**{**result["spec"], "turns": tuple(result["spec"]["turns"]),
                        "user_tokens": tuple(result["spec"]["user_tokens"]),
                        "answer_tokens": tuple(result["spec"]["answer_tokens"])})
