@@ -705,6 +705,40 @@ timeout "$bench_s" python3 scripts/bench_mixed_step.py --device cuda --shape lla
 log done
 }
 
+# ==== chat
+# The chat benchmark of issue 40 on one GPU: SmolLM2-135M-Instruct (the GGUF file, bf16) with the shipped feature
+# head, prefix caching on/off × speculation on/off in one run at CLIENTS clients (3 × CLIENTS conversations of 3–8
+# turns, a 1,000-token shared system prompt), then the same arrivals with --random-prompts (nothing shared: what
+# caching costs when nothing hits; 2 × CLIENTS conversations). The GGUF must be on the device (under shared/).
+#   GGUF=shared/SmolLM2-135M-Instruct.Q4_1.gguf bash scripts/device_run.sh chat [CLIENTS] [REPEATS]   (32, 2)
+# Each part is time-boxed (CHAT_S seconds, default 280; the JSON is written at its end): PARTS="chat" or "random"
+# with CHAT_S=580 runs one part per device call. Lands in $OUT: run.log, chat/chat.json, random/chat.json.
+# CHAT_DEVICE=cpu CHAT_TINY=1 runs tiny sizes on the CPU (a check of the recipe).
+recipe_chat() {
+prologue
+GGUF=${GGUF:-shared/SmolLM2-135M-Instruct.Q4_1.gguf}
+CLIENTS=${1:-32}
+REPEATS=${2:-2}
+DEVICE=${CHAT_DEVICE:-cuda}
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>&1 | tee -a "$OUT/run.log"
+for part in ${PARTS:-chat random}; do
+  if [ -n "${CHAT_TINY:-}" ]; then
+    sizes="--conversations 2 --turns 2 2 --system-tokens 48 --user-tokens 4 8 --new-tokens 2 4"
+  elif [ $part = chat ]; then
+    sizes="--conversations $((3 * CLIENTS)) --turns 3 8 --system-tokens 1000"
+  else
+    sizes="--conversations $((2 * CLIENTS)) --turns 3 8 --system-tokens 1000"
+  fi
+  [ $part = random ] && sizes="$sizes --random-prompts"
+  log "$part"
+  timeout "${CHAT_S:-280}" python3 -m specdec bench --preset chat --target "$GGUF" --draft specdec/assets/smol_head \
+      --device "$DEVICE" --clients "$CLIENTS" $sizes --num-draft-tokens 4 --repeats "$REPEATS" --out "$OUT/$part" \
+      --json 2>&1 | tail -12 | tee -a "$OUT/run.log"
+  echo "$part rc=${PIPESTATUS[0]}" | tee -a "$OUT/run.log"
+done
+log done
+}
+
 RECIPES=$(sed -n "s/^# ==== //p" "${BASH_SOURCE[0]}" | tr "\n" " ")  # every "# ==== name" block above
 
 help_of() {  # the comment block of one recipe, without the leading "# "

@@ -11,10 +11,17 @@ others run. Text is token ids glued together (no chat template between turns: th
 Per arm (`ChatArm`: caching, speculation) a fresh engine (nothing cached from another arm), warmed up on a prompt
 that shares nothing; reported: TTFT p50/p99 (add_request → first output with tokens), ITL p99 (between a request's
 successive outputs: a step's tokens arrive together, the server's `inter_token_latency_seconds`), generated tokens
-per second of wall time, the prefix cache's hit rate (hit prompt tokens / prompt tokens looked up, vLLM's
+per second of wall time (and of the process's CPU time, `cpu_s`: steadier on a shared machine), the time spent
+inside the prefix cache's own methods (`prefix_cache_s`, its host bookkeeping: what caching costs when nothing
+hits, measured in the run), the prefix cache's hit rate (hit prompt tokens / prompt tokens looked up, vLLM's
 prefix_cache_hits / prefix_cache_queries), tokens prefilled (the target's and the drafter's), and whether each
 answer equals the caching-off arm's of the same speculation (exactness). `repeats` R: every arm run R times in
 rotated orders, each figure the median over the runs with its range.
+
+`random_prompts` (`--random-prompts`): the same arrivals, turns and answers, but nothing shared — each turn sends a
+fresh prompt of random ids, as long as a first turn (`system_tokens` + a user message), and no history — so the
+caching arms measure what the prefix cache costs when nothing hits (vLLM's random dataset; the target: throughput
+within 2% of caching off, `throughput_caching_on_over_off_*` in the summary).
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ class ChatSpec:
     num_draft_tokens: int = 4  # γ of the speculative arms
     repeats: int = 1
     seed: int = 0
+    random_prompts: bool = False  # nothing shared: each turn a fresh random prompt, no history (see the module doc)
 
     def __post_init__(self):
         for name in ("conversations", "clients", "system_tokens", "num_draft_tokens", "repeats"):
@@ -49,6 +57,8 @@ class ChatSpec:
             lo, hi = getattr(self, name)
             if not 1 <= lo <= hi:
                 raise ValueError(f"{name} must be (lo, hi) with 1 <= lo <= hi, got {(lo, hi)}")
+        if not isinstance(self.random_prompts, bool):
+            raise TypeError(f"random_prompts must be True or False, got {self.random_prompts!r}")
 
 
 @dataclass(frozen=True)
@@ -66,10 +76,12 @@ ARMS = (ChatArm(False, False), ChatArm(True, False), ChatArm(False, True), ChatA
 
 def chat_workload(spec: ChatSpec, texts: list[list[int]] | None, vocab: int) -> dict:
     """The conversations every arm serves: {"system": ids, "users": [[ids per turn] per conversation], "answers":
-    [[max_new_tokens per turn] ...]}. texts: token ids the system prompt and the user messages are cut from (a real
-    tokenizer's prompts), None = random ids in [2, vocab)."""
+    [[max_new_tokens per turn] ...], "resend": whether a turn re-sends the history}. texts: token ids the system
+    prompt and the user messages are cut from (a real tokenizer's prompts), None = random ids in [2, vocab).
+    `spec.random_prompts`: no system prompt, each turn's message random ids of `system_tokens` + a user message's
+    length (two fresh texts share no block: a block of 16 random ids repeats with probability ~vocab^-16)."""
     rng = random.Random(spec.seed)
-    pool = [t for t in (texts or []) if t]
+    pool = [] if spec.random_prompts else [t for t in (texts or []) if t]
 
     def draw(n: int) -> list[int]:
         if not pool:
@@ -81,11 +93,12 @@ def chat_workload(spec: ChatSpec, texts: list[list[int]] | None, vocab: int) -> 
             out += text[start : start + n - len(out)]
         return out
 
-    system = draw(spec.system_tokens)
+    system = [] if spec.random_prompts else draw(spec.system_tokens)
+    extra = spec.system_tokens if spec.random_prompts else 0  # (a fresh prompt as long as a first turn)
     turns = [rng.randint(*spec.turns) for _ in range(spec.conversations)]
-    users = [[draw(rng.randint(*spec.user_tokens)) for _ in range(k)] for k in turns]
+    users = [[draw(extra + rng.randint(*spec.user_tokens)) for _ in range(k)] for k in turns]
     answers = [[rng.randint(*spec.answer_tokens) for _ in range(k)] for k in turns]
-    return {"system": system, "users": users, "answers": answers}
+    return {"system": system, "users": users, "answers": answers, "resend": not spec.random_prompts}
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -93,6 +106,32 @@ def _percentile(values: list[float], q: float) -> float | None:
         return None
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+
+
+_CACHE_METHODS = ("attach", "pending", "take_held", "commit_rows", "commit_row", "extend", "evict")
+
+
+def _time_cache(cache) -> list[float]:
+    """Wrap the prefix cache's methods (this instance's) to add their seconds to the returned one-element list (the
+    outermost call only: `take_held` runs `commit_rows`, `attach` an eviction)."""
+    spent, depth = [0.0], [0]
+
+    def timed(method):
+        def run(*args, **kw):
+            depth[0] += 1
+            start = time.perf_counter()
+            try:
+                return method(*args, **kw)
+            finally:
+                depth[0] -= 1
+                if not depth[0]:
+                    spent[0] += time.perf_counter() - start
+        return run
+
+    for name in _CACHE_METHODS:
+        setattr(cache, name, timed(getattr(cache, name)))
+    cache.pool.allocator.evict = cache.evict
+    return spent
 
 
 def run_chat_arm(engine, workload: dict, spec: ChatSpec, eos_ids=(), speculation: bool = True) -> tuple[dict, list]:
@@ -110,7 +149,7 @@ def run_chat_arm(engine, workload: dict, spec: ChatSpec, eos_ids=(), speculation
         engine.step()
     del warm
     queries0, hits0, fed0 = engine.prefix_cache_queries, engine.prefix_cache_hits, engine.prefill_tokens
-    users, budgets = workload["users"], workload["answers"]
+    users, budgets, resend = workload["users"], workload["answers"], workload.get("resend", True)
     history = {c: list(workload["system"]) for c in range(len(users))}
     turn = {c: 0 for c in range(len(users))}
     answers: dict[tuple, list[int]] = {}
@@ -122,14 +161,15 @@ def run_chat_arm(engine, workload: dict, spec: ChatSpec, eos_ids=(), speculation
 
     def send(c: int) -> None:
         nonlocal prompt_tokens
-        prompt = history[c] + users[c][turn[c]]
+        prompt = (history[c] if resend else []) + users[c][turn[c]]
         history[c] = prompt
         rid = engine.add_request(prompt, params(budgets[c][turn[c]]))
         owner[rid], sent_at[rid] = c, time.perf_counter()
         answers[(c, turn[c])] = []
         prompt_tokens += len(prompt)
 
-    start = time.perf_counter()
+    spent = _time_cache(engine.prefix_cache) if engine.prefix_cache is not None else [0.0]
+    start, cpu = time.perf_counter(), time.process_time()
     while waiting or active:
         if waiting and len(active) < spec.clients:  # (one conversation joins per step: arrivals while others run)
             c = waiting.pop(0)
@@ -154,7 +194,7 @@ def run_chat_arm(engine, workload: dict, spec: ChatSpec, eos_ids=(), speculation
                     send(c)
                 else:
                     active.discard(c)
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     queries, hits = engine.prefix_cache_queries - queries0, engine.prefix_cache_hits - hits0
     generated = sum(len(a) for a in answers.values())
     row = {"requests": len(answers), "prompt_tokens": prompt_tokens, "generated_tokens": generated,
@@ -162,11 +202,14 @@ def run_chat_arm(engine, workload: dict, spec: ChatSpec, eos_ids=(), speculation
            "prefix_cache_hits": hits, "hit_rate": hits / queries if queries else 0.0,
            "cached_tokens_per_request": sum(cached) / len(cached) if cached else 0.0,
            "ttft_p50_s": _percentile(ttft, 50), "ttft_p99_s": _percentile(ttft, 99), "itl_p99_s": _percentile(itl, 99),
-           "throughput_tok_s": generated / seconds if seconds else None, "wall_s": seconds}
+           "throughput_tok_s": generated / seconds if seconds else None, "wall_s": seconds, "cpu_s": cpu,
+           "tokens_per_cpu_s": generated / cpu if cpu else None, "prefix_cache_s": spent[0],
+           "prefix_cache_share": spent[0] / seconds if seconds else None}
     return row, [answers[k] for k in sorted(answers)]
 
 
-_TIMED = ("ttft_p50_s", "ttft_p99_s", "itl_p99_s", "throughput_tok_s", "wall_s")
+_TIMED = ("ttft_p50_s", "ttft_p99_s", "itl_p99_s", "throughput_tok_s", "wall_s", "cpu_s", "tokens_per_cpu_s",
+          "prefix_cache_s", "prefix_cache_share")
 
 
 def run_chat(make_engine, spec: ChatSpec, workload: dict, eos_ids=(), arms=ARMS, log=None) -> dict:
@@ -210,6 +253,15 @@ def _summary(rows: list[dict]) -> dict:
                 off["ttft_p50_s"] / on["ttft_p50_s"]
     if (True, True) in by and (True, False) in by:
         out["hit_rate_points_speculative_minus_plain"] = 100 * (by[(True, True)]["hit_rate"] - by[(True, False)]["hit_rate"])
+    for spec_on in (False, True):  # (the cost of caching where nothing hits: --random-prompts)
+        on, off = by.get((True, spec_on)), by.get((False, spec_on))
+        name = "speculative" if spec_on else "plain"
+        if on and off and on["throughput_tok_s"] and off["throughput_tok_s"]:
+            out[f"throughput_caching_on_over_off_{name}"] = on["throughput_tok_s"] / off["throughput_tok_s"]
+        if on and off and on["tokens_per_cpu_s"] and off["tokens_per_cpu_s"]:
+            out[f"tokens_per_cpu_s_caching_on_over_off_{name}"] = on["tokens_per_cpu_s"] / off["tokens_per_cpu_s"]
+        if on and on["prefix_cache_share"] is not None:
+            out[f"prefix_cache_share_of_wall_{name}"] = on["prefix_cache_share"]
     plain, spec = by.get((True, False)), by.get((True, True))
     if plain and spec and plain["itl_p99_s"] and spec["itl_p99_s"]:
         out["itl_p99_speculative_over_plain_with_caching"] = spec["itl_p99_s"] / plain["itl_p99_s"]

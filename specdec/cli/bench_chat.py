@@ -14,7 +14,7 @@ from specdec.cli import CLIError
 from specdec.cli.common import check_int, dumps, print_json
 
 #: the chat preset's own options (refused with the other presets)
-CHAT_ONLY = ("conversations", "turns", "system_tokens", "user_tokens", "chat_drafter")
+CHAT_ONLY = ("conversations", "turns", "system_tokens", "user_tokens", "chat_drafter", "random_prompts")
 #: other presets' options the chat preset does not read (refused by name)
 NOT_CHAT = ("head", "drafters", "slots", "arrival", "policy", "requests_per_slot", "prompt_tokens", "sampled_share",
             "max_seconds", "serve", "pair", "data", "train", "no_hf", "profile", "max_new_tokens")
@@ -31,6 +31,9 @@ def add_chat_options(p) -> None:
                    help="tokens of each new user message, uniform (default: 16 64)")
     c.add_argument("--chat-drafter", choices=("model", "head"), default=None,
                    help="--quick: the tiny drafter, a model or an untrained feature head (default: model)")
+    c.add_argument("--random-prompts", action="store_true", default=None,
+                   help="nothing shared: each turn a fresh prompt of random ids (--system-tokens + a user message "
+                        "long), no history — what prefix caching costs when nothing hits")
 
 
 def _given(args, name: str) -> bool:
@@ -61,7 +64,7 @@ def chat_spec(args: argparse.Namespace):
                "turns": tuple(args.turns) if args.turns else None, "system_tokens": args.system_tokens,
                "user_tokens": tuple(args.user_tokens) if args.user_tokens else None,
                "answer_tokens": tuple(args.new_tokens) if args.new_tokens else None, "num_draft_tokens": args.gamma,
-               "repeats": args.repeats, "seed": args.seed}
+               "repeats": args.repeats, "seed": args.seed, "random_prompts": args.random_prompts}
     check_int("--conversations", args.conversations, 1, 100_000)
     check_int("--clients", options["clients"], 1, 256)
     check_int("--system-tokens", args.system_tokens, 1, 1 << 17)
@@ -87,8 +90,8 @@ def run_chat_preset(args: argparse.Namespace, log) -> int:
     else:
         make, texts, vocab, eos, notes = model_setup(spec, Path(args.target), Path(args.draft), device)
     workload = chat_workload(spec, texts, vocab)
-    log(f"chat: {spec.conversations} conversations, {spec.clients} at once, system prompt {spec.system_tokens} "
-        f"tokens, 4 arms × {spec.repeats}")
+    shared = "random prompts (nothing shared)" if spec.random_prompts else f"system prompt {spec.system_tokens} tokens"
+    log(f"chat: {spec.conversations} conversations, {spec.clients} at once, {shared}, 4 arms × {spec.repeats}")
     result = run_chat(make, spec, workload, eos, log=log)
     result["notes"] = notes
     out = Path(args.out or "runs/bench")
@@ -107,10 +110,10 @@ def markdown(result: dict) -> str:
     def ms(v):
         return "" if v is None else f"{1000 * v:.1f}"
 
-    lines = ["| arm | hit rate | TTFT p50 ms | TTFT p99 ms | ITL p99 ms | tok/s | prefill tokens | = caching off |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| arm | hit rate | TTFT p50 ms | TTFT p99 ms | ITL p99 ms | tok/s | tok/CPU-s | cache ms | prefill tokens "
+             "| = caching off |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         lines.append(f"| {r['arm']} | {r['hit_rate']:.3f} | {ms(r['ttft_p50_s'])} | {ms(r['ttft_p99_s'])} | "
-                     f"{ms(r['itl_p99_s'])} | {r['throughput_tok_s']:.1f} | {r['prefill_tokens']} | "
-                     f"{r['tokens_equal_caching_off']} |")
+                     f"{ms(r['itl_p99_s'])} | {r['throughput_tok_s']:.1f} | {r['tokens_per_cpu_s']:.1f} | "
+                     f"{ms(r['prefix_cache_s'])} | {r['prefill_tokens']} | {r['tokens_equal_caching_off']} |")
     return "\n".join(lines + ["", json.dumps(result["summary"])])

@@ -40,10 +40,11 @@ def handle_aborts(scheduler, runner) -> list[RequestOutput]:
     return outputs
 
 
-def admit(scheduler, runner, policy, chunked, outputs: list[RequestOutput], limit: int) -> None:
+def admit(scheduler, runner, policy, chunked, outputs: list[RequestOutput], limit: int, again: bool = False) -> None:
     """Move waiting requests into free slots below `limit` (the slots beam groups leave to chains); those admitted
-    together prefill together (with a prefill budget, while requests run: they start filling, `place`)."""
-    if scheduler.admission_waits(limit):
+    together prefill together (with a prefill budget, while requests run: they start filling, `place`). again: a
+    second round in the same step, for copies of a prompt just prefilled (`PrefixCache.take_held`)."""
+    if not again and scheduler.admission_waits(limit):
         return
     occupied = len(scheduler.running) + len(scheduler.filling)
     admitted = scheduler.select(limit, outputs, runner.vocab_size)
@@ -80,6 +81,9 @@ def admit(scheduler, runner, policy, chunked, outputs: list[RequestOutput], limi
     for request, n in zip(admitted, lengths):
         request.stats.add_prefill(seconds, 1 if n > 1 else 0)
     chunked.measure_prefill(runner.prefill_tokens - fed, seconds)  # ("auto" budget: the prefill rate, from the start)
+    cache = scheduler.prefix_cache  # (`n > 1`: copies held back for these prompts' blocks hit them now, this step)
+    if cache is not None and not again and cache.take_held(scheduler.running, scheduler.drafter_state):
+        admit(scheduler, runner, policy, chunked, outputs, limit, again=True)
 
 
 def prefill(scheduler, runner, policy, rows: slice, lengths: list[int], graphs, drafter: bool = True,

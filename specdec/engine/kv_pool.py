@@ -9,8 +9,10 @@ Terms (vLLM's):
   null block   block 0, never handed out: padding tokens write there and unused table entries point there (read
                only under the attention mask)
 
-`BlockAllocator` owns which blocks are free (a free list and a reference count per block, ready for blocks shared
-by several requests: a prefix cache); `KVPool` owns the table and which blocks each row holds (host lists, the
+`BlockAllocator` owns which blocks are free (a reference count per block, ready for blocks shared by several
+requests: a prefix cache) in two lists, each in order of release: free blocks that hold nothing anyone may ask for,
+handed out first, and free blocks a prefix cache names, handed out (evicted) only when the first list is empty,
+least recently released first; `KVPool` owns the table and which blocks each row holds (host lists, the
 table their device copy). Rollback is a length move (blocks stay with the row); moving a request between rows
 is a table-row edit (`move`, `swap`), never a K/V copy; `release` returns a row's blocks. `check` is the
 accounting: every block is free or held, as many times as its count says (a leak or a double free is named).
@@ -19,7 +21,7 @@ accounting: every block is free or held, as many times as its count says (a leak
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import OrderedDict, deque
 
 import torch
 
@@ -41,19 +43,33 @@ def blocks_for(positions: int, block_size: int) -> int:
 
 
 class BlockAllocator:
-    """A free list over blocks 1..num_blocks−1 (block 0 is the null block) with a reference count per block."""
+    """Free lists over blocks 1..num_blocks−1 (block 0 is the null block) with a reference count per block: the
+    plain free list, and the cached one (free blocks for which `cached(block)` held when they were freed: a prefix
+    cache's), handed out only once the plain one is empty, least recently released first."""
 
     def __init__(self, num_blocks: int, block_size: int):
         if num_blocks < 2:
             raise ValueError(f"the KV pool needs at least 2 blocks (one is the null block), got {num_blocks}")
         self.num_blocks, self.block_size = int(num_blocks), int(block_size)
         self._free: deque[int] = deque(range(1, self.num_blocks))
+        self._cached: OrderedDict[int, None] = OrderedDict()  # free and cached, oldest release first
         self._refs = [0] * self.num_blocks
         self.evict = None  # a prefix cache's hook: called with blocks handed out again (`engine/prefix_cache.py`)
+        self.cached = None  # a prefix cache's test: whether a block being freed is in its index
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return len(self._free) + len(self._cached)
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        """Free blocks a prefix cache names (handed out only when no other block is free)."""
+        return len(self._cached)
+
+    def uncache(self) -> None:
+        """The prefix cache forgot every block (`PrefixCache.reset`): its free ones join the plain free list."""
+        self._free.extend(self._cached)
+        self._cached.clear()
 
     @property
     def num_usable_blocks(self) -> int:
@@ -70,13 +86,16 @@ class BlockAllocator:
         return self.num_used_blocks / self.num_usable_blocks
 
     def allocate(self, n: int) -> list[int] | None:
-        """n free blocks (reference count 1 each), or None (nothing taken) when fewer than n are free."""
-        if n > len(self._free):
+        """n free blocks (reference count 1 each), or None (nothing taken) when fewer than n are free: the plain
+        free list's first, then cached ones, least recently released first (evicted: `evict`)."""
+        if n > self.num_free_blocks:
             return None
-        blocks = [self._free.popleft() for _ in range(n)]
+        plain = min(n, len(self._free))
+        blocks = [self._free.popleft() for _ in range(plain)]
+        blocks += [self._cached.popitem(last=False)[0] for _ in range(n - plain)]
         for b in blocks:
             self._refs[b] = 1
-        if self.evict is not None:  # (free blocks may still be cached: they are overwritten now)
+        if self.evict is not None:  # (the index forgets them: overwritten now)
             self.evict(blocks)
         return blocks
 
@@ -84,10 +103,13 @@ class BlockAllocator:
         return self._refs[block]
 
     def touch(self, blocks: list[int]) -> None:
-        """One more holder of each block, a free one (cached, unreferenced) taken off the free list (a prefix hit)."""
+        """One more holder of each block, a free one (cached, unreferenced) taken off its free list (a prefix hit)."""
         for b in blocks:
             if self._refs[b] == 0:
-                self._free.remove(b)
+                if b in self._cached:
+                    del self._cached[b]
+                else:  # (a scan of the plain list: never a hit's case)
+                    self._free.remove(b)
             self._refs[b] += 1
 
     def share(self, blocks: list[int]) -> None:
@@ -104,7 +126,10 @@ class BlockAllocator:
                 raise PoolAccountingError(f"block {b} freed but not held (a double free)")
             self._refs[b] -= 1
             if self._refs[b] == 0:
-                self._free.append(b)
+                if self.cached is not None and self.cached(b):
+                    self._cached[b] = None
+                else:
+                    self._free.append(b)
 
     def check(self, holders: list[list[int]]) -> None:
         """The books balance for these holders' blocks (each list one holder's): every block is free xor held, and
@@ -113,9 +138,9 @@ class BlockAllocator:
         for blocks in holders:
             for b in blocks:
                 held[b] += 1
-        free = set(self._free)
-        if len(free) != len(self._free) or NULL_BLOCK in free:
-            raise PoolAccountingError("the free list holds a block twice or the null block")
+        free = set(self._free) | set(self._cached)
+        if len(free) != self.num_free_blocks or NULL_BLOCK in free:
+            raise PoolAccountingError("the free lists hold a block twice or the null block")
         leaked = [b for b in range(1, self.num_blocks) if b not in free and held[b] == 0]
         if leaked:
             raise PoolAccountingError(f"{len(leaked)} blocks leaked (neither free nor held): {leaked[:16]}")

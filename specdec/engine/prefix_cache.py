@@ -6,9 +6,9 @@ text from position 0 under the same models, and nothing cached survives a change
 
   cached block   a block whose hash is in the index: its K/V (every model's: `PagedSlotCache` keeps the target's
                  and a cached drafter's in the same block) hold exactly that text. It stays cached after its
-                 request leaves (reference count 0, on the allocator's free list) until the allocator hands it
-                 out again: the free list is in order of release, so the least recently used goes first
-                 (`BlockAllocator.evict` calls `evict` here before a cached block is reused)
+                 request leaves (reference count 0, on the allocator's cached free list) until the allocator hands
+                 it out again: only when no other block is free, and in order of release, so the least recently
+                 used goes first (`BlockAllocator.evict` calls `evict` here before a cached block is reused)
   hit            admission finds the longest run of a prompt's leading blocks in the index; the row's table starts
                  with them (`KVPool.share_row`: counts up, free ones taken off the free list) and the target's
                  prefill and the drafter's feed start past them (`EngineRequest.num_cached_tokens`)
@@ -25,7 +25,8 @@ step (`commit_rows`, host lists only), generated ones too — the host keeps eac
 runs: concurrent requests with one system prompt, and `n > 1` copies of a prompt, share it.
 Checks (`verify`, `watch_weights`): a hit compares each cached block's stored (parent hash, tokens) with the
 prompt's, so a hash collision is refused (`collisions`), never served; the models' weights (the engine shares the
-user's) are sampled once a step before any hit or entry, and changed in place — an adapter merged, a state dict
+user's) are sampled before a hit (at most once a step, and only when a prompt's first block is cached: a prompt
+that shares nothing costs no read of them), and changed in place — an adapter merged, a state dict
 loaded — the index is cleared (`reset`, vLLM's reset_prefix_cache) and blocks admitted under the old weights
 never enter: nothing cached survives a change of weights (another model is another engine, another pool).
 Feature drafters: the target's stored features live in the pool's blocks too (`features.FeatureStore`), so a
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from array import array
 from dataclasses import dataclass, field
 
 import torch
@@ -56,11 +58,12 @@ def model_key(*parts) -> bytes:
 def block_hashes(tokens: list[int], block_size: int, seed: bytes, parents: list[bytes] | None = None,
                  extra: bytes = b"") -> list[bytes]:
     """The hash chain of `tokens`' full blocks: block i's hash is sha256(block i−1's hash (block 0: `seed`), its
-    tokens, `extra`). parents: the hashes of the leading blocks already known (extended, not recomputed)."""
+    tokens (8 bytes each), `extra`). parents: the hashes of the leading blocks already known (extended, not
+    recomputed)."""
     hashes = list(parents or [])
     for start in range(len(hashes) * block_size, len(tokens) - block_size + 1, block_size):
         h = hashlib.sha256(hashes[-1] if hashes else seed)
-        h.update(b",".join(str(t).encode() for t in tokens[start : start + block_size]))
+        h.update(array("q", tokens[start : start + block_size]).tobytes())
         h.update(b"|" + extra)
         hashes.append(h.digest())
     return hashes
@@ -110,7 +113,9 @@ class PrefixCache:
         self.hits = 0  # of those, found cached (vLLM's prefix_cache_hits)
         self.evictions = 0  # cached blocks handed out for other K/V
         self.copies = 0  # hit blocks copied for a request that writes them (copy-on-write)
+        self.held = False  # `pending` held a request back for blocks an admission is about to prefill
         pool.allocator.evict = self.evict
+        pool.allocator.cached = self._hashes.__contains__  # (a freed block it names waits on the cached free list)
 
     @property
     def num_cached_blocks(self) -> int:
@@ -132,8 +137,11 @@ class PrefixCache:
         """The watched weights' strided samples, as float64 `[n]` (None: nothing watched)."""
         if not self._samples:
             return None
+        groups: dict = {}  # (per device: one copy to the host each)
         with torch.no_grad():
-            return torch.cat([t.detach().reshape(-1)[i].to(torch.float64).cpu() for t, i in self._samples])
+            for t, i in self._samples:
+                groups.setdefault(t.device, []).append(t.detach().reshape(-1)[i].to(torch.float64))
+            return torch.cat([torch.cat(parts).cpu() for parts in groups.values()])
 
     def reset(self, why: str = "reset") -> None:
         """Forget every cached block (they stay where they are: held ones with their requests, free ones free);
@@ -143,11 +151,12 @@ class PrefixCache:
         self._blocks.clear()
         self._hashes.clear()
         self._entries.clear()
+        self.pool.allocator.uncache()
         self.epoch += 1
         self.resets += 1
 
     def _check_weights(self) -> None:
-        """Before a hit or an entry, once a step: the watched weights' sample unchanged, or the index cleared."""
+        """Before a possible hit, once a step: the watched weights' sample unchanged, or the index cleared."""
         if not self._samples or self._weights_checked or not self.watch_weights:
             return
         self._weights_checked = True
@@ -160,8 +169,10 @@ class PrefixCache:
         """Admission of `request` (an `EngineRequest`) into `slot`, which holds no blocks: its prompt's longest
         cached leading run of blocks becomes the row's first blocks → the cached tokens (also set on the request)."""
         prompt, allocator, size = request.prompt, self.pool.allocator, self.block_size
-        self._check_weights()
-        state = RequestBlocks(block_hashes(prompt, size, self.seed), tokens=list(prompt), epoch=self.epoch)
+        hashes = block_hashes(prompt, size, self.seed)
+        if hashes and hashes[0] in self._blocks:  # (a hit is possible: only then the weights' sample is read)
+            self._check_weights()
+        state = RequestBlocks(hashes, tokens=list(prompt), epoch=self.epoch)
         usable = max(len(prompt) - 1, 0) // self.block_size  # the target's first write: prompt length − 1
         shareable = max(len(prompt) - self.write_back, 0) // self.block_size  # and a model drafter's re-feed
         blocks = []
@@ -200,15 +211,30 @@ class PrefixCache:
 
     def pending(self, request, admitted: list) -> bool:
         """Whether `request` would hit blocks that one of `admitted` (admitted with it, not prefilled yet) is about
-        to enter: its first block is theirs and not cached (`n > 1` copies of a prompt: one prefills, the others
-        wait a step and share it)."""
+        to enter: its first block is theirs and not cached (`n > 1` copies of a prompt: one prefills, then the
+        others are admitted and hit — in the same step, `take_held`). Sets `held` when so."""
         size, back = self.block_size, self.write_back
         if not admitted or len(request.prompt) - back < size:
             return False
         first = request.prompt[:size]
         if not any(len(a.prompt) - back >= size and a.prompt[:size] == first for a in admitted):
             return False
-        return block_hashes(first, size, self.seed)[0] not in self._blocks
+        held = block_hashes(first, size, self.seed)[0] not in self._blocks
+        self.held = self.held or held
+        return held
+
+    def take_held(self, running, drafter_synced: bool | None) -> bool:
+        """After an admission's prefill: whether `pending` held a request back for the blocks just prefilled, and
+        those blocks are cached now (`commit_rows` first) — then the engine admits again in the same step, and the
+        held copies hit: `n > 1` choices share the prompt's blocks from their first step (the hit's copy-on-write
+        of a drafter's re-fed window reads the K/V the prefill just wrote). False when the drafter was not fed (a
+        run of plain steps): nothing is stable yet, and they wait a step as before."""
+        if not self.held:
+            return False
+        self.held = False
+        before = len(self._blocks)
+        self.commit_rows(running, drafter_synced)
+        return len(self._blocks) > before
 
     def stable(self, request, drafter_valid: int | None, leaving: bool = False) -> int:
         """Positions [0, stable) of a running request that every model's K/V hold and it never writes again
@@ -251,7 +277,7 @@ class PrefixCache:
         """Each step: the running requests' full blocks of committed text — prompt and generated alike — that
         became stable enter the index while they run (drafter_synced: the engine's `_drafter_synced` — True: every
         row's drafter holds all but its last 2 tokens, False: its `draft_valid`; None: no cached drafter)."""
-        size, self._weights_checked = self.block_size, False
+        size, self._weights_checked, self.held = self.block_size, False, False  # (a step's flags)
         for slot, request in enumerate(running):
             state = request.prefix
             if state is None or (state.num_cached_blocks + 1) * size > min(len(state.tokens), request.length):

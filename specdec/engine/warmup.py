@@ -63,24 +63,34 @@ def warm_steps(runner, gammas, batch_sizes=(1,), max_length: int | None = None, 
 
 def warm_prefill(runner, max_length: int) -> int:
     """Capture the prefill graphs of a request admitted alone into slot 0, for every prompt length up to
-    `max_length` (one length per distinct set of chunk shapes; slot 0 must be free) → lengths run."""
+    `max_length` (one length per distinct set of chunk shapes; slot 0 must be free) → lengths run. With a prefix
+    cache, also the prefills that start past a hit (every block boundary a hit of that prompt may end at: its
+    chunks start there and attend past it), until the graphs' `limit` is reached (later shapes run eagerly)."""
     graphs = runner.prefill_graphs
     if graphs is None:
         return 0
     capacity, runs, chunk = runner.state.capacity, 0, runner.config.prefill_chunk
     drafter_positions = runner.drafter.cache.num_positions if runner.drafter_cached else None
+    window = getattr(runner.drafter, "window", 0) if runner.drafter_cached else 0  # (a head re-feeds its window)
+    block = runner.kv_pool.block_size if getattr(runner, "prefix_cache", None) is not None else None
     seen: set = set()
-    for n in range(2, max_length + 1):
-        shapes = {("target", *x) for x in chunk_shapes([0], [n - 1], chunk, 0, capacity, runner.cache.num_positions)}
-        if drafter_positions is not None:
-            shapes |= {("drafter", *x) for x in chunk_shapes([0], [max(n - 2, 0)], chunk, 0, capacity,
-                                                             drafter_positions)}
-        if shapes <= seen:
-            continue
-        seen |= shapes
-        for _ in range(graphs.after + 1):  # seen `after` times, then captured
-            runner.prefill_target(slice(0, 1), [0], [n - 1], graphs)
-            if runner.drafter_cached:
-                runner.prefill_drafter(slice(0, 1), [0], [max(n - 2, 0)], graphs)
-        runs += 1
+    for hit in range(0, max_length, block or max_length):
+        for n in range(max(2, hit + 2), max_length + 1):  # (a hit ends before the prompt's last token)
+            if len(seen) >= graphs.limit:
+                return runs
+            draft_end = max(n - 2, 0)
+            shapes = {("target", *x) for x in chunk_shapes([hit], [n - 1], chunk, 0, capacity,
+                                                           runner.cache.num_positions)}
+            if drafter_positions is not None:
+                draft_start = max(hit - window, 0) if draft_end > hit else hit  # (as `EngineFeatureDrafter.prefill`)
+                shapes |= {("drafter", *x) for x in chunk_shapes([draft_start], [draft_end], chunk, 0, capacity,
+                                                                 drafter_positions)}
+            if shapes <= seen:
+                continue
+            seen |= shapes
+            for _ in range(graphs.after + 1):  # seen `after` times, then captured
+                runner.prefill_target(slice(0, 1), [hit], [n - 1], graphs)
+                if runner.drafter_cached:
+                    runner.prefill_drafter(slice(0, 1), [hit], [draft_end], graphs)
+            runs += 1
     return runs

@@ -125,8 +125,9 @@ def test_a_running_requests_block_the_drafter_would_write_is_copied(pair):
 
 
 def test_copies_of_a_prompt_share_its_blocks(pair):
-    """`n > 1`: four copies added at once; one prefills, the others wait a step and share its blocks (held by
-    several rows at once, the books balanced); seeded sampling gives each its own tokens, those of caching off."""
+    """`n > 1`: four copies added at once; one prefills, the others are admitted right after it (the same step,
+    tests/engine/test_prefix_sharing.py) and share its blocks (held by several rows at once, the books balanced);
+    seeded sampling gives each its own tokens, those of caching off."""
     target, draft = pair
     params = [SamplingParams(temperature=1.0, max_new_tokens=12, seed=s) for s in range(4)]
     engine = Engine(target, draft, _config(True, max_batch_size=4))

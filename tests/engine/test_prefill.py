@@ -252,20 +252,47 @@ class _CountingGraphs(PrefillGraphs):
         body(bounds)
 
 
-def test_warmup_covers_every_prompt_length_of_a_lone_admission(make_llama):
-    """After warm-up, a request admitted alone meets only chunk shapes warm-up ran `after + 1` times. (Without prefix
-    hits: these prompts share their first tokens, and a prefill that starts past a hit is a shape warm-up does not
-    run yet.)"""
-    engine = Engine(make_llama(0), make_llama(1, layers=1), EngineConfig(max_batch_size=2, max_seq_len=96,
-                                                                      num_draft_tokens=2, prefill_chunk=32,
-                                                                      enable_prefix_caching=False))
+def _head_of(target):
+    from specdec.zoo.feature_head import TrainableHead
+
+    head = TrainableHead(HeadConfig.for_target(LlamaShape.from_hf(target.config)), seed=1)
+    head.init_from(target)
+    return head.to_feature_head()
+
+
+def _lone_admissions(engine, hits_warmed: bool = True) -> tuple[dict, dict, int]:
+    """Warm-up (hits_warmed=False: as if no prefix cache — the negative control), then prompts admitted alone that
+    share their first tokens, so later ones start past a prefix hit → (warmed keys, keys met, runs)."""
     engine.prefill_graphs = graphs = _CountingGraphs()
+    cache = engine.runner.prefix_cache
+    if not hits_warmed:
+        engine.runner.prefix_cache = None
     with torch.inference_mode():
         runs = engine._warm_prefill(96)
+    engine.runner.prefix_cache = cache
     warmed = dict(graphs.seen)
-    assert 0 < runs < 96 and all(count >= graphs.after + 1 for count in warmed.values())
     for n in (2, 3, 17, 33, 64, 65, 90):
         engine.add_request([1 + i % 60 for i in range(n)], SamplingParams(temperature=0, max_new_tokens=2))
         while engine.has_unfinished():
             engine.step()
-    assert set(graphs.seen) == set(warmed)  # no new chunk shape
+    return warmed, dict(graphs.seen), runs
+
+
+@pytest.mark.parametrize("drafter", ["model", "head"])
+@pytest.mark.parametrize("caching", [False, True])
+def test_warmup_covers_every_prompt_length_of_a_lone_admission(make_llama, drafter, caching):
+    """After warm-up, a request admitted alone meets only chunk shapes warm-up ran `after + 1` times — with prefix
+    caching too, whose hits start a prefill past a block boundary (these prompts share their first tokens: later
+    ones hit), for a model drafter and a feature head (which re-feeds a window before the hit)."""
+    target = make_llama(0)
+    draft = make_llama(1, layers=1) if drafter == "model" else _head_of(target)
+    config = EngineConfig(max_batch_size=2, max_seq_len=96, num_draft_tokens=2, prefill_chunk=32,
+                          kv_layout="paged", enable_prefix_caching=caching)
+    engine = Engine(target, draft, config)
+    warmed, met, runs = _lone_admissions(engine)
+    assert 0 < runs and all(count >= engine.prefill_graphs.after + 1 for count in warmed.values())
+    assert engine.prefix_cache_hits > 0 if caching else engine.prefix_cache is None
+    assert set(met) == set(warmed)  # no new chunk shape
+    if caching:  # negative control: warm-up without the starts past a hit misses the shapes those prefills meet
+        warmed, met, _ = _lone_admissions(Engine(target, draft, config), hits_warmed=False)
+        assert set(met) - set(warmed)

@@ -77,28 +77,67 @@ def test_a_drafter_holds_back_what_it_rewrites():
     assert cache.attach(1, _request(range(10, 22))) == 8  # (12 − 4) // 4 = 2 blocks may hit
 
 
-def test_eviction_takes_the_least_recently_released_and_never_a_held_block():
+def test_eviction_only_when_nothing_else_is_free_least_recently_released_first_never_a_held_block():
     pool, cache = _setup(num_blocks=9)  # 8 usable blocks of 4
     a, b = _request(range(100, 109)), _request(range(200, 209))  # 9 tokens: 2 cached blocks each (+1 uncached)
     _admit(pool, cache, 0, a)
     _admit(pool, cache, 1, b)
-    a_blocks, b_blocks = list(pool.blocks[0][:2]), list(pool.blocks[1][:2])
+    a_all, b_all = list(pool.blocks[0]), list(pool.blocks[1])
+    a_blocks, b_blocks = a_all[:2], b_all[:2]
+    never = sorted(set(range(1, 9)) - set(a_all) - set(b_all))
     pool.release(0)  # a leaves first (least recently used), then b
     pool.release(1)
     pool.check()
     cache.check()
     assert cache.num_cached_blocks == 4 and pool.allocator.num_free_blocks == 8  # cached, and free
+    assert pool.allocator.num_cached_free_blocks == 4
     held = _request(range(200, 209))  # b's text comes back: its blocks are held again
     assert cache.attach(0, held) == 8 and pool.blocks[0] == b_blocks
     assert pool.allocator.num_free_blocks == 6
-    # free now, oldest first: the 2 never used, a's 3 (released tail first), b's uncached third; taking 5 evicts
-    # a's cached two, the tail before the head, and never b's (held)
+    # free now: the 2 never used and a's and b's uncached thirds, handed out first (in order of release), then the
+    # cached: a's two (released tail first). Taking 5 evicts one, a's tail; a's head stays, b's (held) too
     assert pool.reserve(1, 20)
-    assert pool.blocks[1][2:] == [a_blocks[1] + 1, a_blocks[1], a_blocks[0]]
-    assert not set(b_blocks) & set(pool.blocks[1])
-    assert cache.num_cached_blocks == 2 and cache.attach(2, _request(range(100, 109))) == 0
-    assert cache.attach(2, _request(range(200, 209))) == 8 and pool.blocks[2] == b_blocks  # (held: shared again)
+    assert pool.blocks[1] == never + [a_all[2], b_all[2], a_blocks[1]]
+    assert cache.evictions == 1 and cache.num_cached_blocks == 3
+    assert cache.attach(2, _request(range(100, 109))) == 4 and pool.blocks[2] == a_blocks[:1]  # a's head survived
+    pool.release(2)
+    assert pool.reserve(2, 4) and pool.blocks[2] == a_blocks[:1] and cache.evictions == 2  # the last free block
+    pool.release(1)
+    assert cache.attach(1, _request(range(200, 209))) == 8 and pool.blocks[1] == b_blocks  # (held: shared again)
     pool.check()
+    cache.check()
+
+
+@pytest.mark.parametrize("apart", [True, False])
+def test_cached_blocks_are_evicted_only_when_the_pool_needs_them(apart):
+    """Short texts come and go (2 blocks each, none cached) in a pool of 11: no cached block is handed out,
+    however long ago it was released. Negative control (apart=False: one free list in order of release, the cached
+    blocks not kept apart) — the third text takes the first's cached blocks while others are free."""
+    pool, cache = _setup(num_blocks=12)
+    if not apart:
+        pool.allocator.cached = None
+    first = _request(range(100, 109))
+    _admit(pool, cache, 0, first)
+    pool.release(0)
+    for i in range(6):
+        other = _request(range(300 + 20 * i, 304 + 20 * i))
+        _admit(pool, cache, 1, other)
+        pool.release(1)
+    hits = cache.attach(0, _request(range(100, 109)))
+    assert (cache.evictions, hits) == ((0, 8) if apart else (2, 0))
+    pool.check()
+    cache.check()
+
+
+def test_reset_returns_cached_free_blocks_to_the_plain_list():
+    pool, cache = _setup()
+    request = _request(range(10, 22))
+    _admit(pool, cache, 0, request)
+    pool.release(0)
+    assert pool.allocator.num_cached_free_blocks == 2
+    cache.reset("test")
+    assert pool.allocator.num_cached_free_blocks == 0 and pool.allocator.num_free_blocks == 8
+    assert cache.attach(0, _request(range(10, 22))) == 0
     pool.check()
     cache.check()
 
