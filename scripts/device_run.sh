@@ -18,6 +18,31 @@ prologue() {
 }
 log() { echo "=== $* $(date +%T)" | tee -a "$OUT/run.log"; }
 
+# `wheels`: the server's and tests' dependencies travel as wheels (see the device README): installed into /tmp/site
+# and put on PYTHONPATH when .whl is there (false otherwise).
+wheels() {
+  [ -d .whl ] || return 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PWD:/tmp/site
+}
+
+# `train_pair SCALE PAIR_S HEAD_S HEAD_LIMIT_S`: the zoo gpu pair (`specdec train pair --budget-scale SCALE`, at most
+# PAIR_S s) and its feature head (HEAD_S s of training, at most HEAD_LIMIT_S s) into /tmp/pair, its summary.json into
+# $OUT — unless /tmp/pair/head/feature_head.json is there already.
+train_pair() {
+  [ -f /tmp/pair/head/feature_head.json ] && return 0
+  log "train the zoo gpu pair (budget scale $1)"
+  rm -rf /tmp/pair
+  timeout "$2" python3 -m specdec train pair --preset gpu --data data/code --out /tmp/pair --budget-scale "$1" \
+      --no-progress 2>&1 | grep -v "^INFO" | tail -12 | tee -a "$OUT/run.log"
+  log "train the feature head ($3 s)"
+  timeout "$4" python3 -m specdec train head --target /tmp/pair/target --data data/code --out /tmp/pair/head \
+      --max-seconds "$3" --generate 2048 --gen-batch-size 1024 --feature-cache-tokens 4000000 \
+      2>&1 | tail -8 | tee -a "$OUT/run.log"
+  cp /tmp/pair/summary.json "$OUT/summary.json" 2>/dev/null
+  return 0
+}
+
 # ==== check
 # `specdec check` on a GPU, one device call from the repo root: the shipped demo pair through the engine (CUDA
 # graphs) in fp32 and in bf16, plus the transformers loop in bf16, each timed. fp32 must PASS; bf16 shows what the
@@ -50,7 +75,6 @@ done
 recipe_kernels() {
 prologue
 MODE=${1:-all}
-log() { echo "=== $* $(date +%T)" | tee -a "$OUT/run.log"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv 2>&1 | tee -a "$OUT/run.log"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" 2>&1 | tee -a "$OUT/run.log"
 if [ "$MODE" = tests ] || [ "$MODE" = all ]; then
@@ -78,10 +102,7 @@ log done
 # Lands in $OUT: run.log, tests.log, kernel_tests.log, tp_probe.jsonl.
 recipe_tests() {
 prologue
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=$PWD:/tmp/site
-fi
+wheels
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
   2>&1 | tee -a "$OUT/run.log"
@@ -217,7 +238,6 @@ ls -la "$OUT" "$OUT/ende" | tee -a "$OUT/run.log"
 recipe_engine() {
 prologue
 MODE=${1:-validate}
-log() { echo "=== $* $(date +%T)" | tee -a "$OUT/run.log"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee -a "$OUT/run.log"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
     2>&1 | tee -a "$OUT/run.log"
@@ -230,8 +250,7 @@ if [ "$MODE" = validate ]; then
       --max-new-tokens 128 2>&1 | tail -150 | tee -a "$OUT/run.log"
 fi
 if [ "$MODE" = full ]; then
-  # the server's dependencies travel as wheels (.whl, see the device README)
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=$PWD:/tmp/site
+  wheels  # (the server's dependencies)
   log "train the zoo gpu pair + engine bench"
   timeout "${3:-400}" python3 -m specdec.bench.engine_bench --pair /tmp/pair --train --budget-scale "${2:-0.5}" \
       --data data/code --out "$OUT/full" --max-new-tokens 128 ${5:-} 2>&1 | grep -v "^INFO" | tail -200 \
@@ -294,7 +313,6 @@ PY=${PYTHON:-python3}
 RES=/tmp/results
 mkdir -p "$OUT" "$RES"
 MODE=${1:-validate}
-log() { echo "=== $* $(date +%T)" | tee -a "$OUT/run.log"; }
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
   $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
@@ -378,7 +396,6 @@ timeout 300 python3 -m pytest -q tests/engine/test_hf_backend.py -x 2>&1 | tail 
 recipe_pair() {
 prologue
 MODE=${1:-train}
-log() { echo "=== $* $(date +%T)" | tee -a "$OUT/run.log"; }
 if [ "$MODE" = all ]; then  # the issue-12 table from nothing, in one command: train, then measure
   set -- train "${2:-0.55}" "${3:-100}"
   DO_TABLE=1
@@ -418,8 +435,8 @@ if [ "$MODE" = serve ]; then  # the step split on the trained pair, then serving
   timeout "${2:-150}" python3 scripts/step_costs.py --out "$OUT/step_costs_pair.json" --pair /tmp/pair \
       --head /tmp/pair/head --data data/code --sizes 8 32 64 --temperatures 0 1 2>&1 | grep -v "^INFO" | tail -22 \
       | tee -a "$OUT/run.log"
-  if [ -d .whl ]; then  # the server's dependencies travel as wheels (see the device README)
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=$PWD:/tmp/site
+  if [ -d .whl ]; then
+    wheels
     log "serving bench (specdec serve, streaming clients)"
     timeout "${3:-240}" python3 scripts/bench_serve.py --target /tmp/pair/target --draft /tmp/pair/draft0 \
         --concurrency 1 8 8 32 32 64 64 --max-tokens 128 --device cuda --dtype bfloat16 --out "$OUT/serve.json" \
@@ -441,20 +458,8 @@ log done
 recipe_prefill() {
 prologue
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$OUT/run.log"
-if [ -d .whl ]; then  # the server's dependencies travel as wheels (see the device README)
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
-      && export PYTHONPATH=$PWD:/tmp/site
-fi
-if [ ! -f /tmp/pair/head/feature_head.json ]; then
-  log "train the zoo gpu pair (budget scale 0.2)"
-  rm -rf /tmp/pair
-  timeout 170 python3 -m specdec train pair --preset gpu --data data/code --out /tmp/pair --budget-scale 0.2 \
-      --no-progress 2>&1 | grep -v "^INFO" | tail -6 | tee -a "$OUT/run.log"
-  log "train the feature head (30 s)"
-  timeout 90 python3 -m specdec train head --target /tmp/pair/target --data data/code --out /tmp/pair/head \
-      --max-seconds 30 --generate 2048 --gen-batch-size 1024 --feature-cache-tokens 4000000 \
-      2>&1 | tail -4 | tee -a "$OUT/run.log"
-fi
+wheels
+train_pair 0.2 170 30 90
 BUDGETS=${*:-0 auto auto/8}
 LEFT=$(( ${TOTAL:-345} - SECONDS ))
 log "serving table per prefill budget ($BUDGETS), $LEFT s left"
@@ -563,21 +568,8 @@ log done
 recipe_traffic() {
 prologue
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$OUT/run.log"
-if [ -d .whl ]; then  # the server's dependencies travel as wheels (see the device README)
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
-      && export PYTHONPATH=$PWD:/tmp/site
-fi
-if [ ! -f /tmp/pair/head/feature_head.json ]; then
-  log "train the zoo gpu pair (budget scale ${1:-0.3})"
-  rm -rf /tmp/pair
-  timeout 260 python3 -m specdec train pair --preset gpu --data data/code --out /tmp/pair --budget-scale "${1:-0.3}" \
-      --no-progress 2>&1 | grep -v "^INFO" | tail -12 | tee -a "$OUT/run.log"
-  log "train the feature head (${2:-50} s)"
-  timeout 150 python3 -m specdec train head --target /tmp/pair/target --data data/code --out /tmp/pair/head \
-      --max-seconds "${2:-50}" --generate 2048 --gen-batch-size 1024 --feature-cache-tokens 4000000 \
-      2>&1 | tail -8 | tee -a "$OUT/run.log"
-  cp /tmp/pair/summary.json "$OUT/summary.json" 2>/dev/null
-fi
+wheels
+train_pair "${1:-0.3}" 260 "${2:-50}" 150
 left() { echo $(( ${TOTAL:-540} - SECONDS )); }
 clamp() { local v=$1; [ "$v" -gt "$2" ] && v=$2; [ "$v" -lt "$3" ] && v=$3; echo "$v"; }
 T_S=$(clamp $(( $(left) - 150 - 40 - 45 )) "${3:-110}" 30)  # (leaves the serve and host stages their time)

@@ -119,3 +119,17 @@ def save_tiny_pair(root):
     save_tiny_checkpoint(root / "target", seed=0, layers=2)
     save_tiny_checkpoint(root / "draft", seed=1, layers=1)
     return root
+
+
+def run_main(path, argv: list[str], monkeypatch) -> None:
+    """Run the script at `path` as `__main__` with `argv` (its folder first on the path); a SystemExit must be a
+    success (0 or None)."""
+    import runpy
+    import sys
+
+    monkeypatch.setattr(sys, "argv", [str(path), *argv])
+    monkeypatch.syspath_prepend(str(path.parent))
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as stop:
+        assert stop.code in (0, None), f"{path.name} exited with {stop.code}"

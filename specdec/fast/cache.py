@@ -3,7 +3,9 @@ static (row b's slot t is entry t of its own `[H_kv, S, D]`), and `PagedKVCache`
 blocks through a block table (`specdec.engine.kv_pool`). A forward reaches either through the same three calls:
 `span` (positions a row's view has, the last the junk slot), `write_index` + `write` (K/V of the fed tokens into
 their slots), `layer` (one layer's keys and values as `[B, H_kv, span, D]`) and `attention_inputs` (what
-`kernels.attention.slot_attention` reads: those, or a paged layer's pools and block table)."""
+`kernels.attention.slot_attention` reads: those, or a paged layer's pools and block table). `place_tokens` is where
+one forward's fed tokens go (positions, slots, the tree mask, the length move): one definition for every model body
+the engine runs (`FastLlama`, the transformers backend)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import torch
 
 from specdec.fast.kernels.attention import TreeMask
 
-__all__ = ["KVCache", "PagedKVCache", "TreeNodes", "round_up"]
+__all__ = ["KVCache", "PagedKVCache", "TreeNodes", "Placement", "place_tokens", "round_up"]
 
 
 @dataclass
@@ -23,6 +25,15 @@ class KVCache:
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     lengths: torch.Tensor
+
+    @classmethod
+    def zeros(cls, shape, batch_size: int, num_slots: int, *, device, dtype: torch.dtype) -> "KVCache":
+        """A zeroed cache for a model of `shape` (its n_layers, n_kv_heads, head_dim) with at least `num_slots` usable
+        slots per row (+1 junk slot, rounded up to 16: aligned for the fused attention kernels)."""
+        size = (batch_size, shape.n_kv_heads, round_up(num_slots + 1, 16), shape.head_dim)
+        make = lambda: torch.zeros(size, device=device, dtype=dtype)  # noqa: E731
+        return cls([make() for _ in range(shape.n_layers)], [make() for _ in range(shape.n_layers)],
+                   torch.zeros(batch_size, dtype=torch.long, device=device))
 
     @property
     def num_slots(self) -> int:
@@ -176,3 +187,38 @@ class TreeNodes:
         slots = (lengths[:, None] + torch.arange(k, device=lengths.device)[None, :]).clamp(max=junk)
         positions = root[:, None] + self.depths.expand(batch, k)
         return positions, slots, TreeMask(root, self.ancestors.expand(batch, k))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one forward's k fed tokens go (`place_tokens`).
+
+    positions  [B, k] long: each token's position (RoPE, a learned table), clamped to the junk slot
+    slots      [B, k] long: the slot its K/V are written to (padding: the junk slot); a tree node's attention bound
+    tree       the token tree's `TreeMask`, or None for a chain
+    added      how far each row's length moves: k, or `[B]` long (each row's valid tokens)
+    """
+
+    positions: torch.Tensor
+    slots: torch.Tensor
+    tree: TreeMask | None
+    added: int | torch.Tensor
+
+
+def place_tokens(lengths: torch.Tensor, k: int, junk: int, valid: torch.Tensor | None = None,
+                 tree: TreeNodes | None = None) -> Placement:
+    """k tokens fed to rows of `lengths [B]` (see `specdec.fast.model`): a chain at slots lengths..lengths + k − 1
+    (past the end: the junk slot `junk`; callers size the cache so that never happens); with valid `[B, k]` bool each
+    row's valid tokens written contiguously from its length, padding to the junk slot; or the nodes of `tree`."""
+    tree_mask, added = None, k
+    if tree is not None:
+        positions, slots, tree_mask = tree.place(lengths, junk)
+    elif valid is None:
+        positions = lengths[:, None] + torch.arange(k, device=lengths.device)[None, :]
+        slots = positions.clamp(max=junk)
+    else:
+        valid_long = valid.long()
+        positions = (lengths[:, None] + valid_long.cumsum(1) - 1).clamp_min(0)
+        slots = torch.where(valid, positions.clamp(max=junk), torch.full_like(positions, junk))
+        added = valid_long.sum(1)
+    return Placement(positions.clamp(max=junk), slots, tree_mask, added)

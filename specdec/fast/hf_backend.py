@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec.fast.cache import KVCache, PagedKVCache, TreeNodes, round_up
+from specdec.fast.cache import KVCache, PagedKVCache, TreeNodes, place_tokens
 from specdec.fast.kernels.attention import causal_prefix_attention, slot_attention, slot_attention_bias
-from specdec.fast.kernels.select import check_kernel
+from specdec.fast.kernels.select import KernelChoice, check_kernel
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ class HFBackendModel(torch.nn.Module):
                            "through transformers' attention interface (e.g. an ALiBi bias built in its eager "
                            "attention): the engine cannot plug its attention in")
         self.hf = model.eval()
-        self._kernels = check_kernel(kernels, "kernels")
+        self.kernels = kernels
         self._configs = []  # every config a module reads `_attn_implementation` from (a text config included)
         for module in model.modules():
             sub = getattr(module, "config", None)
@@ -251,14 +251,8 @@ class HFBackendModel(torch.nn.Module):
                            "(activations quantized per call)")
 
     # ------------------------------------------------------------------------------------------- FastLlama's interface
-    @property
-    def kernels(self) -> str:
-        """The attention kernel (`slot_attention`'s "auto" / "triton" / "reference"); the layers are the model's."""
-        return self._kernels
-
-    @kernels.setter
-    def kernels(self, value: str) -> None:
-        self._kernels = check_kernel(value, "kernels")
+    kernels = KernelChoice("The attention kernel (`slot_attention`'s \"auto\" / \"triton\" / \"reference\"); the "
+                           "layers are the model's.")
 
     @property
     def bitwise(self) -> bool:
@@ -295,11 +289,7 @@ class HFBackendModel(torch.nn.Module):
 
     def new_cache(self, batch_size: int, num_slots: int) -> KVCache:
         """A zeroed cache with at least `num_slots` usable slots (+1 junk slot, rounded up to 16)."""
-        s = self.shape
-        size = (batch_size, s.n_kv_heads, round_up(num_slots + 1, 16), s.head_dim)
-        make = lambda: torch.zeros(size, device=self.device, dtype=self.dtype)  # noqa: E731
-        return KVCache([make() for _ in range(s.n_layers)], [make() for _ in range(s.n_layers)],
-                       torch.zeros(batch_size, dtype=torch.long, device=self.device))
+        return KVCache.zeros(self.shape, batch_size, num_slots, device=self.device, dtype=self.dtype)
 
     def rope_tables(self, num_positions: int) -> tuple[None, None]:
         """The model computes its own RoPE (nothing to build before a capture)."""
@@ -314,28 +304,16 @@ class HFBackendModel(torch.nn.Module):
         (no hidden states: feature heads need the fast body)."""
         if embeds is not None:
             raise ValueError("the transformers backend takes token ids (embeds= is for the fast body's drafters)")
-        batch, k = tokens.shape
-        junk, added = cache.span - 1, k
-        tree_mask = None
-        if tree is not None:
-            positions, slots, tree_mask = tree.place(cache.lengths, junk)
-        elif valid is None:
-            positions = cache.lengths[:, None] + torch.arange(k, device=tokens.device)[None, :]
-            slots = positions.clamp(max=junk)
-        else:
-            valid_long = valid.long()
-            positions = (cache.lengths[:, None] + valid_long.cumsum(1) - 1).clamp_min(0)
-            slots = torch.where(valid, positions.clamp(max=junk), torch.full_like(positions, junk))
-            added = valid_long.sum(1)
-        rope_pos = positions.clamp(max=junk)
-        step = _Forward(self._layers, cache, cache.write_index(slots), rope_pos if tree is None else slots, tree_mask,
+        placed = place_tokens(cache.lengths, tokens.shape[1], cache.span - 1, valid, tree)
+        rope_pos, slots = placed.positions, placed.slots
+        step = _Forward(self._layers, cache, cache.write_index(slots), rope_pos if tree is None else slots, placed.tree,
                         self._kernels if kernels is None else check_kernel(kernels, "kernels"), causal_prefix)
         context = self.shape.max_positions  # (a learned position table ends there; positions past it belong to
         # drafts beyond a row's budget, whose outputs are never committed: clamped, as FastLlama's)
         model_pos = rope_pos if context is None else rope_pos.clamp(max=context - 1)
         logits = self._run(step, tokens, model_pos, 1 if last_only else 0, compute_logits)
         if advance:
-            cache.lengths.add_(added)
+            cache.lengths.add_(placed.added)
         return (logits, None) if return_hidden else logits
 
     # ------------------------------------------------------------------------------------------- the model's forward

@@ -37,12 +37,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specdec.fast.cache import KVCache, PagedKVCache, TreeNodes, round_up
+from specdec.fast.cache import KVCache, PagedKVCache, TreeNodes, place_tokens
 from specdec.fast.families import FAMILIES, Arch, LlamaShape, rope_table
 from specdec.fast.layers import LlamaLayers
 from specdec.fast.weights import hf_ropes, hf_weights
 from specdec.fast.kernels.norm import rms_norm
-from specdec.fast.kernels.select import check_kernel, use_triton
+from specdec.fast.quant.weight import quantized, quantized_weights
+from specdec.fast.kernels.select import KernelChoice, check_kernel, use_triton
 
 __all__ = ["LlamaShape", "Arch", "FAMILIES", "KVCache", "FastLlama"]
 
@@ -163,14 +164,7 @@ class FastLlama(LlamaLayers, torch.nn.Module):
         return fast.eval()
 
     # ------------------------------------------------------------------------------------------- helpers
-    @property
-    def kernels(self) -> str:
-        """Which layer kernels forward runs: "auto", "triton" or "reference" (see the module doc)."""
-        return self._kernels
-
-    @kernels.setter
-    def kernels(self, value: str) -> None:
-        self._kernels = check_kernel(value, "kernels")
+    kernels = KernelChoice('Which layer kernels forward runs: "auto", "triton" or "reference" (see the module doc).')
 
     @property
     def bitwise(self) -> bool:
@@ -214,23 +208,20 @@ class FastLlama(LlamaLayers, torch.nn.Module):
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes a decode step must read (every weight once; the embeddings are only gathered)."""
+        """Bytes a decode step must read: every weight once (the embeddings are only gathered); a weight kept
+        quantized (`fast.quant`: a meta placeholder, or a tied embedding's quantized copy), its quantized matrix."""
         seen, total = set(), 0
         for name, p in self.named_parameters():
-            if id(p) in seen or name == "pos_embed" or name == "embed" and not self.shape.tie_word_embeddings:
+            if id(p) in seen or p.is_meta or quantized(p) is not None or name == "pos_embed" or (
+                    name == "embed" and not self.shape.tie_word_embeddings):
                 continue
             seen.add(id(p))
             total += p.numel() * p.element_size()
-        return total
+        return total + sum(q.nbytes for q in quantized_weights(self))
 
     def new_cache(self, batch_size: int, num_slots: int) -> KVCache:
         """A zeroed cache with at least `num_slots` usable slots (+1 junk slot, rounded up to 16)."""
-        s = self.shape
-        total = round_up(num_slots + 1, 16)  # aligned for the fused attention kernels
-        size = (batch_size, s.n_kv_heads, total, s.head_dim)
-        make = lambda: torch.zeros(size, device=self.device, dtype=self.dtype)  # noqa: E731
-        lengths = torch.zeros(batch_size, dtype=torch.long, device=self.device)
-        return KVCache([make() for _ in range(s.n_layers)], [make() for _ in range(s.n_layers)], lengths)
+        return KVCache.zeros(self.shape, batch_size, num_slots, device=self.device, dtype=self.dtype)
 
     def rope_tables(self, num_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin `[P, R]` (R rotated dims) of table 0 in the model dtype, as HF computes them (float32 then cast);
@@ -272,24 +263,12 @@ class FastLlama(LlamaLayers, torch.nn.Module):
         mask (`kernels.attention.causal_prefix_attention`: on CUDA the flash kernel, no per-shape setup).
         """
         s, a = self.shape, self.shape.arch
-        batch, k = (tokens if embeds is None else embeds).shape[:2]
-        device, num_slots_total = cache.lengths.device, cache.span
-        junk = num_slots_total - 1
-        tree_mask, added = None, k
+        k = (tokens if embeds is None else embeds).shape[1]
         if tree is not None and self.bitwise:
             raise ValueError("bitwise=True does not cover token trees (tree=): its attention has no tree mask")
-        if tree is not None:
-            positions, slots, tree_mask = tree.place(cache.lengths, junk)
-        elif valid is None:
-            positions = cache.lengths[:, None] + torch.arange(k, device=device)[None, :]
-            slots = positions.clamp(max=junk)  # past the end: junk (callers size the cache so this never happens)
-        else:
-            valid_long = valid.long()
-            positions = (cache.lengths[:, None] + valid_long.cumsum(1) - 1).clamp_min(0)
-            slots = torch.where(valid, positions.clamp(max=junk), torch.full_like(positions, junk))
-            added = valid_long.sum(1)
-        tables = self._tables(num_slots_total)
-        rope_pos = positions.clamp(max=junk)
+        placed = place_tokens(cache.lengths, k, cache.span - 1, valid, tree)
+        rope_pos, slots, tree_mask = placed.positions, placed.slots, placed.tree
+        tables = self._tables(cache.span)
         if embeds is None:
             x = F.embedding(tokens, self.embed)  # [B, k, dim]
             if a.embed_scale is not None:  # (Gemma: the scale rounded to the model dtype first, as transformers does)
@@ -318,7 +297,7 @@ class FastLlama(LlamaLayers, torch.nn.Module):
         gemm = self._gemm(self.lm_head) if fused or self.bitwise else "reference"
         logits = self._logits(x, gemm) if compute_logits else None
         if advance:
-            cache.lengths.add_(added)
+            cache.lengths.add_(placed.added)
         if capture is not None:
             x = torch.cat([c[:, -1:] if last_only else c for c in capture], -1)
         return (logits, x) if return_hidden else logits

@@ -22,6 +22,7 @@ from specdec.drafters.base import Drafter, Proposal
 from specdec.fast.graphs import CapturedStep, graph_options, new_pool
 from specdec.fast.t5 import FastT5, T5Cache, check_t5
 from specdec.fast.target import _draft_step, crop_lengths, owned_proposal, pair_inputs
+from specdec.models.seq2seq import check_encoder_inputs
 from specdec.sequences import TokenBuffer
 
 __all__ = ["FastSeq2SeqTarget", "FastSeq2SeqDrafter", "covers_seq2seq", "load_fast_t5"]
@@ -93,11 +94,7 @@ class _FastSeq2SeqLM:
 
     def encode(self, sources: list[list[int]], num_slots: int) -> None:
         """Run the encoder on `sources` and make (or reuse) the cache for them with `num_slots` decoder slots."""
-        if not sources:
-            raise ValueError("prompts is empty: give at least one encoder input")
-        for i, source in enumerate(sources):
-            if len(source) == 0:
-                raise ValueError(f"prompt {i} is empty: every encoder input needs at least one token")
+        check_encoder_inputs(sources)
         longest = max(len(p) for p in sources)
         key = (len(sources), num_slots, source_width(longest))
         ids = torch.full((len(sources), key[2]), self.pad_token_id, dtype=torch.long)

@@ -69,6 +69,16 @@ def decoder_start_token_id(model: torch.nn.Module) -> int:
     )
 
 
+def check_encoder_inputs(sources) -> None:
+    """A ValueError unless `sources` holds at least one encoder input and each at least one token (naming the row):
+    the one check of both seq2seq targets (this one and `fast.seq2seq.FastSeq2SeqTarget`)."""
+    if not sources:
+        raise ValueError("prompts is empty: give at least one encoder input")
+    for i, source in enumerate(sources):
+        if len(source) == 0:
+            raise ValueError(f"prompt {i} is empty: every encoder input needs at least one token")
+
+
 class HFSeq2SeqLM:
     """One batch of requests through a `transformers` encoder-decoder model; owns encoder states and caches.
 
@@ -141,11 +151,7 @@ class HFSeq2SeqLM:
     @torch.inference_mode()
     def encode(self, prompts: list[list[int]]) -> None:
         """Reset to `len(prompts)` rows and run the encoder once (prompts right-padded, masked)."""
-        if not prompts:
-            raise ValueError("prompts is empty: give at least one encoder input")
-        for i, prompt in enumerate(prompts):
-            if len(prompt) == 0:
-                raise ValueError(f"prompt {i} is empty: every encoder input needs at least one token")
+        check_encoder_inputs(prompts)
         longest = max(len(p) for p in prompts)
         if self.position_limit is not None and longest > self.position_limit:
             raise ValueError(f"prompt length {longest} exceeds the encoder's context of {self.position_limit} tokens")

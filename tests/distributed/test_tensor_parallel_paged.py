@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import save_tiny_checkpoint
 from specdec.fast.model import FastLlama
 
 transformers = pytest.importorskip("transformers")
@@ -34,11 +33,9 @@ def _worker():
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    base = tmp_path_factory.mktemp("tp_paged")
-    save_tiny_checkpoint(base / "llama", seed=0)
-    save_tiny_checkpoint(base / "draft", seed=1, layers=1)
-    return {name: str(base / name) for name in ("llama", "draft")}
+def checkpoints(ckpt):
+    """conftest's tiny pair: a 2-layer Llama (seed 0) and a 1-layer draft (seed 1)."""
+    return {"llama": str(ckpt / "target"), "draft": str(ckpt / "draft")}
 
 
 def _one_process(worker, checkpoints, **overrides) -> dict:

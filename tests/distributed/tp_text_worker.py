@@ -25,11 +25,11 @@ def main() -> None:
     sampled = [c.text for c in llm.generate(PROMPTS, max_new_tokens=12, temperature=1.0, seed=5)]
     streamed = "".join(llm.stream(PROMPTS[0], max_new_tokens=12, temperature=0))
     other_gamma = llm.generate(PROMPTS[1], max_new_tokens=12, temperature=0, num_draft_tokens=2).text
-    unseeded = llm.generate(PROMPTS[2], max_new_tokens=12, temperature=1.0).text  # the leader picks the seed
+    unseeded = llm.generate(PROMPTS[2], max_new_tokens=12, temperature=1.0)  # the leader picks the seed
     llm.close()
     with open(out, "w", encoding="utf-8") as fh:
         json.dump({"greedy": greedy, "sampled": sampled, "streamed": streamed, "other_gamma": other_gamma,
-                   "unseeded": unseeded}, fh)
+                   "unseeded": {"tokens": len(unseeded.token_ids), "finish_reason": unseeded.finish_reason}}, fh)
 
 
 if __name__ == "__main__":

@@ -261,6 +261,10 @@ def test_refuses_what_it_does_not_cover(pairs):
     target.begin(SOURCES[:1], max_new_tokens=8)
     with pytest.raises(ValueError, match="max_draft_tokens"):
         target.forward(torch.zeros(1, 4, dtype=torch.long))
+    for sources, words in (([], "prompts is empty: give at least one encoder input"),
+                           ([[5], []], "prompt 1 is empty: every encoder input needs at least one token")):
+        with pytest.raises(ValueError, match=words):  # (the transformers target's check, `models.seq2seq`)
+            target.begin(sources, max_new_tokens=8)
     assert [source_width(n) for n in (1, 16, 17, 100)] == [16, 16, 32, 128]
 
 

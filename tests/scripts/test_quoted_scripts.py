@@ -2,11 +2,11 @@
 tokens): they still run against today's library and write the rows the table is read from."""
 
 import json
-import runpy
-import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import run_main
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "specdec" / "assets" / "demo_pair"
@@ -14,13 +14,7 @@ pytestmark = pytest.mark.skipif(not (DEMO / "target" / "config.json").is_file(),
 
 
 def run_script(name: str, argv: list[str], monkeypatch) -> None:
-    path = ROOT / "scripts" / name
-    monkeypatch.setattr(sys, "argv", [str(path), *argv])
-    monkeypatch.syspath_prepend(str(path.parent))
-    try:
-        runpy.run_path(str(path), run_name="__main__")
-    except SystemExit as stop:
-        assert stop.code in (0, None), f"{name} exited with {stop.code}"
+    run_main(ROOT / "scripts" / name, argv, monkeypatch)
 
 
 def test_processors_cost(tmp_path, monkeypatch):

@@ -7,10 +7,11 @@ import ast
 import json
 import re
 import runpy
-import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import run_main
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted((ROOT / "scripts").glob("*.py"))
@@ -66,18 +67,9 @@ def test_script_imports(path, monkeypatch):
     assert callable(namespace.get("main")), f"{path.name} has no main()"
 
 
-def _run_main(path: Path, argv: list[str], monkeypatch) -> None:
-    monkeypatch.setattr(sys, "argv", [str(path), *argv])
-    monkeypatch.syspath_prepend(str(path.parent))
-    try:
-        runpy.run_path(str(path), run_name="__main__")
-    except SystemExit as stop:
-        assert stop.code in (0, None), f"{path.name} exited with {stop.code}"
-
-
 def test_host_overhead_runs_on_tiny_models(tmp_path, monkeypatch):
     out = tmp_path / "host.json"
-    _run_main(ROOT / "scripts" / "host_overhead.py", ["--sizes", "1,2", "--gammas", "0,2", "--steps", "2",
+    run_main(ROOT / "scripts" / "host_overhead.py", ["--sizes", "1,2", "--gammas", "0,2", "--steps", "2",
                                                         "--json", str(out)], monkeypatch)
     rows = json.loads(out.read_text())
     assert {(r["gamma"], r["n"]) for r in rows} == {(0, 1), (0, 2), (2, 1), (2, 2)}
@@ -88,7 +80,7 @@ def test_host_overhead_runs_on_tiny_models(tmp_path, monkeypatch):
 def test_engine_table_prints_the_batch1_rows(tmp_path, monkeypatch, capsys):
     rows = {"plain": {"tok_s": 100.0}, "draft_gamma4": {"tok_s": 180.0, "speedup": 1.8, "alpha": 0.7, "tau": 2.9}}
     (tmp_path / "engine.json").write_text(json.dumps({"batch1_T0": rows}))
-    _run_main(ROOT / "scripts" / "engine_table.py", [str(tmp_path / "engine.json")], monkeypatch)
+    run_main(ROOT / "scripts" / "engine_table.py", [str(tmp_path / "engine.json")], monkeypatch)
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "Batch 1, T=0"
     assert "| plain | – | 100 | 1 |" in lines[4] and "| draft | 4 | 180 | 1.80x | 0.70 | 2.90 |" in lines[5]
@@ -99,7 +91,7 @@ def test_demo_repetition_runs_on_the_shipped_pair(monkeypatch, capsys):
 
     if not (DEMO_PAIR / "target" / "config.json").is_file():
         pytest.skip("the demo pair is not installed")
-    _run_main(ROOT / "scripts" / "demo_repetition.py", ["--max-new-tokens", "3"], monkeypatch)
+    run_main(ROOT / "scripts" / "demo_repetition.py", ["--max-new-tokens", "3"], monkeypatch)
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == len(PAIR_PROMPTS) + 1  # a line per prompt, then the total
     assert re.fullmatch(r"all: repeated lines \d+/\d+ = [\d.]+, distinct 4-grams \d+/\d+ = [\d.]+", lines[-1])
@@ -111,7 +103,7 @@ def test_bench_engine_beams_runs_on_the_shipped_pair(tmp_path, monkeypatch, caps
     if not (DEMO_PAIR / "target" / "config.json").is_file():
         pytest.skip("the demo pair is not installed")
     out = tmp_path / "beams.json"
-    _run_main(ROOT / "scripts" / "bench_engine_beams.py", ["--device", "cpu", "--prompts", "1", "--max-new-tokens",
+    run_main(ROOT / "scripts" / "bench_engine_beams.py", ["--device", "cpu", "--prompts", "1", "--max-new-tokens",
                                                             "4", "--configs", "4:2,8:1", "--ops", "--out", str(out)],
               monkeypatch)
     rows = json.loads(out.read_text())["rows"]
@@ -124,7 +116,7 @@ def test_bench_engine_beams_runs_on_the_shipped_pair(tmp_path, monkeypatch, caps
 def test_profile_decode_runs_on_a_tiny_model(tmp_path, monkeypatch, capsys):
     """The decode profile on CPU: every row kind, the GEMMs attributed to their projections, c from the pair."""
     out = tmp_path / "profile.jsonl"
-    _run_main(ROOT / "scripts" / "profile_decode.py", ["--shape", "tiny", "--pair", "tiny", "--device", "cpu",
+    run_main(ROOT / "scripts" / "profile_decode.py", ["--shape", "tiny", "--pair", "tiny", "--device", "cpu",
                                                          "--new", "3", "--prompt-len", "5", "--copy-mb", "8",
                                                          "--gamma", "2", "--out", str(out)], monkeypatch)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -136,7 +128,7 @@ def test_profile_decode_runs_on_a_tiny_model(tmp_path, monkeypatch, capsys):
     assert profile["groups"]["qkv"]["kernels"] == 2 and profile["groups"]["lm_head"]["kernels"] == 1  # 2 layers
     assert draft["c"] > 0 and draft["draft_groups"]["lm_head"]["kernels"] == 2  # γ = 2 chained drafter forwards
     assert "tiny / auto" in capsys.readouterr().err  # the table was printed
-    _run_main(ROOT / "scripts" / "profile_tables.py", [str(out)], monkeypatch)  # the Markdown of those rows
+    run_main(ROOT / "scripts" / "profile_tables.py", [str(out)], monkeypatch)  # the Markdown of those rows
     text = capsys.readouterr().out
     assert "| tiny | auto | " in text and "| qkv | " in text and f"| {draft['c']:.3f} |" in text
 
@@ -144,7 +136,7 @@ def test_profile_decode_runs_on_a_tiny_model(tmp_path, monkeypatch, capsys):
 def test_profile_engine_runs_on_a_tiny_model(tmp_path, monkeypatch, capsys):
     """The engine-vs-bare profile on CPU: structure only (no device timeline there, said so), both γ."""
     out = tmp_path / "engine_profile.jsonl"
-    _run_main(ROOT / "scripts" / "profile_engine.py", ["--shape", "tiny", "--device", "cpu", "--new", "13", "--steps",
+    run_main(ROOT / "scripts" / "profile_engine.py", ["--shape", "tiny", "--device", "cpu", "--new", "13", "--steps",
                                                         "3", "--prompt-len", "6", "--gammas", "0", "2", "--torch-tail",
                                                         "--out", str(out)], monkeypatch)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -187,7 +179,7 @@ def test_profile_engine_runs_on_a_tiny_model(tmp_path, monkeypatch, capsys):
     with open(out, "a", encoding="utf-8") as fh:
         fh.write("".join(json.dumps(r) + "\n" for r in gpu))
     capsys.readouterr()
-    _run_main(ROOT / "scripts" / "profile_tables.py", [str(out)], monkeypatch)
+    run_main(ROOT / "scripts" / "profile_tables.py", [str(out)], monkeypatch)
     text = capsys.readouterr().out
     assert "**γ = 0**" in text and "**γ = 2**" in text and "| engine_torch_tail | " in text
     assert "| engine | 56.0 | 43.0 | 12.0 | 4.0 | 42.0 | 2.0 | 1.00 | 1.0 (1.00) | 9 (1) |" in text and "- 1 × `commit`: 2.0 µs" in text
@@ -220,7 +212,7 @@ def test_bench_paged_runs_on_a_tiny_model(tmp_path, monkeypatch, capsys):
     """The paged-vs-static benchmark's own code on a tiny random shape (CPU): both layouts' rows, the same tokens,
     the long-context engine serving its requests from the pool."""
     out = tmp_path / "paged.json"
-    _run_main(ROOT / "scripts" / "bench_paged.py", ["--device", "cpu", "--tiny", "--batch", "1", "4", "--new", "6",
+    run_main(ROOT / "scripts" / "bench_paged.py", ["--device", "cpu", "--tiny", "--batch", "1", "4", "--new", "6",
                                                    "--repeats", "1", "--ab-seq-len", "256", "--fit-seq-len", "1024",
                                                    "--fit-batch", "4", "--long", "1", "--long-prompt", "600",
                                                    "--short-prompt", "40", "--fit-new", "4", "--fraction", "0.001",

@@ -8,7 +8,8 @@ live length, and are merged one after the other in split order (`_merge`); a spl
 position (or before its window) adds nothing, exactly, so a query's result does not depend on the
 tile's other queries, the batch or the span (which only changes how many empty splits run). With one
 split (a span of at most SPLIT_SLOTS) the program stores acc / sum itself — the merge of a single split
-gives exactly that. (Different SPLIT_SLOTS give different bits: it is a constant.)
+gives exactly that. (Different SPLIT_SLOTS give different bits: it is a constant.) The query rows, visibility and
+online-softmax step are `_softmax_triton`'s, inlined: the same program as when they were spelled out here.
 """
 
 from __future__ import annotations
@@ -19,18 +20,11 @@ import torch
 import triton
 import triton.language as tl
 
+from specdec.fast.kernels._softmax_triton import dot, online_step, query_rows, visible
+
 __all__ = ["SPLIT_SLOTS", "BLOCK_M", "key_block", "attention"]
 
 SPLIT_SLOTS = 512  # slots per split, aligned at slot 0 (a multiple of every `key_block`); a constant
-
-
-@triton.jit
-def _dot(a, b, IEEE: tl.constexpr):
-    if IEEE:
-        c = tl.dot(a, b, input_precision="ieee")
-    else:
-        c = tl.dot(a, b)
-    return c
 
 
 @triton.jit(do_not_specialize=["spb", "k_len", "num_slots", "rows_pad", "window", "num_splits"])
@@ -43,12 +37,7 @@ def _attention_kernel(Q, K, V, POS, OUT, PART_ACC, PART_M, PART_L,
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     tile = tl.program_id(2)
-    b = (pid_bh // KV_HEADS).to(tl.int64)
-    kvh = pid_bh % KV_HEADS
-    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # tile row r = query i · GROUP + head-in-group g
-    row_ok = rows < GROUP * k_len
-    qi = rows // GROUP
-    head = kvh * GROUP + rows % GROUP
+    b, kvh, rows, row_ok, qi, head = query_rows(pid_bh, tile, k_len, KV_HEADS, GROUP, BLOCK_M)
     d = tl.arange(0, HEAD_DIM)
     pos = tl.load(POS + b * spb + qi * spk, mask=row_ok, other=-1).to(tl.int32)
     pos = tl.minimum(pos, num_slots - 2)  # never the junk slot
@@ -70,18 +59,11 @@ def _attention_kernel(Q, K, V, POS, OUT, PART_ACC, PART_M, PART_L,
         j = start + tl.arange(0, BLOCK_N)
         j_ok = j < hi
         keys = tl.load(k_base + j[:, None] * sks + d[None, :] * skd, mask=j_ok[:, None], other=0.0)
-        s = _dot(q, tl.trans(keys), IEEE) * scale_log2
-        seen = (j[None, :] <= pos[:, None]) & j_ok[None, :]
-        if WINDOWED:
-            seen = seen & (j[None, :] > pos[:, None] - window)
-        s = tl.where(seen, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet stay at zero weight
-        alpha = tl.exp2(m - m_safe)  # exactly 1 where this block adds nothing to a row that saw something
-        p = tl.exp2(s - m_safe[:, None])
-        lsum = lsum * alpha + tl.sum(p, axis=1)
+        s = dot(q, tl.trans(keys), IEEE) * scale_log2
+        seen = visible(j, j_ok, pos, window, WINDOWED)
+        p, alpha, m_new, lsum = online_step(s, seen, m, lsum)  # (alpha exactly 1 where a block adds nothing)
         vals = tl.load(v_base + j[:, None] * svs + d[None, :] * svd, mask=j_ok[:, None], other=0.0)
-        acc = acc * alpha[:, None] + _dot(p.to(vals.dtype), vals, IEEE)
+        acc = acc * alpha[:, None] + dot(p.to(vals.dtype), vals, IEEE)
         m = m_new
 
     if ONE_SPLIT:  # what `_merge` makes of one split, bit for bit

@@ -20,13 +20,13 @@ chooses; "auto" takes the kernel on CUDA where triton imports and the shape is s
 
 from __future__ import annotations
 
-import functools
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from specdec.fast.kernels.select import interpreting, kernel_module
 
 __all__ = ["slot_attention", "slot_attention_reference", "slot_attention_bias", "causal_prefix_attention",
            "triton_unsupported", "TreeMask", "MAX_TREE_SLOTS", "SDPA_BACKENDS"]
@@ -124,15 +124,9 @@ _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_TRITON_K = 32  # longer query blocks (prefill chunks) take the reference under kernel="auto"
 
 
-@functools.cache
 def _triton_module():
-    """The Triton kernels' module, or None where triton does not import (imported on first use, so that
-    TRITON_INTERPRET set before it takes effect)."""
-    try:
-        from specdec.fast.kernels import triton_attention
-    except ImportError:
-        return None
-    return triton_attention
+    """The Triton kernels' module (`triton_attention`), or None where triton does not import."""
+    return kernel_module("triton_attention")
 
 
 def triton_unsupported(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -143,8 +137,7 @@ def triton_unsupported(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
         return f"q, keys and values must share one of {_TRITON_DTYPES}, got {q.dtype}, {keys.dtype}, {values.dtype}"
     if dim < 16 or dim > 256 or dim & (dim - 1):
         return f"head dim must be a power of two in [16, 256], got {dim}"
-    interpreting = os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
-    if not (q.is_cuda or interpreting):
+    if not (q.is_cuda or interpreting()):
         return "needs CUDA tensors (or TRITON_INTERPRET=1 for CPU tensors)"
     if positions.dtype not in (torch.int32, torch.int64):
         return f"positions must be int32 or int64, got {positions.dtype}"

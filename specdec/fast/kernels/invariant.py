@@ -31,10 +31,9 @@ to end by tests/engine/test_engine_bitwise.py). What this module does not make i
 
 from __future__ import annotations
 
-import functools
-import os
-
 import torch
+
+from specdec.fast.kernels.select import interpreting, kernel_module
 
 __all__ = ["invariant_linear", "invariant_attention", "invariant_linear_reference",
            "invariant_attention_reference", "ROW_TILE", "KEY_BLOCK", "invariant_unsupported",
@@ -44,18 +43,9 @@ ROW_TILE = 8  # CPU: rows per BLAS call (every call has exactly this many rows; 
 KEY_BLOCK = 32  # slots per attention block, aligned at slot 0 (CPU and Triton)
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-@functools.cache
 def _triton():
-    """The Triton kernels' module, or None where Triton does not import."""
-    try:
-        from specdec.fast.kernels import _invariant_triton
-    except ImportError:
-        return None
-    return _invariant_triton
+    """The Triton kernels' module (`_invariant_triton`), or None where Triton does not import."""
+    return kernel_module("_invariant_triton")
 
 
 def triton_kernels():
@@ -72,7 +62,7 @@ def _use_triton(t: torch.Tensor, kernel: str) -> bool:
     if kernel == "triton":
         if _triton() is None:
             raise ValueError("kernel='triton' needs the triton package (pip install 'specdec[kernels]')")
-        if not (t.is_cuda or _interpreting()):
+        if not (t.is_cuda or interpreting()):
             raise ValueError(f"kernel='triton' needs CUDA tensors (or TRITON_INTERPRET=1), got device {t.device}")
         return True
     if not t.is_cuda:

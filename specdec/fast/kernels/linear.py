@@ -19,12 +19,12 @@ without it.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from specdec.fast.kernels.select import NUM_SMS, interpreting, kernel_module, sm_count
 
 __all__ = ["LinearConfig", "linear", "linear_reference", "pick_config", "CONFIGS", "M_BUCKETS"]
 
@@ -111,9 +111,6 @@ FASTER_THAN_CUBLAS: frozenset[tuple[int, int]] = frozenset({
     (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096),
 })
 
-_DEFAULT_SMS = 132  # H100/H200; the real count is read from the device
-
-
 def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                      residual: torch.Tensor | None = None) -> torch.Tensor:
     """The eager definition: x `[..., K]`, weight `[N, K]`, bias `[N]`, residual `[..., N]` → `[..., N]`.
@@ -127,25 +124,9 @@ def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     return out.view(residual.shape)
 
 
-@functools.lru_cache(maxsize=None)
 def _triton():
-    """(triton, the kernels) or None where Triton is not installed."""
-    try:
-        from specdec.fast.kernels import _linear_triton
-    except ImportError:
-        return None
-    return _linear_triton
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(device_index: int | None) -> int:
-    if device_index is None or not torch.cuda.is_available():
-        return _DEFAULT_SMS
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+    """The kernels' module (`_linear_triton`), or None where Triton is not installed."""
+    return kernel_module("_linear_triton")
 
 
 def _m_bucket(m: int) -> int:
@@ -155,7 +136,7 @@ def _m_bucket(m: int) -> int:
     return M_BUCKETS[-1]
 
 
-def pick_config(m: int, n: int, k: int, num_sms: int = _DEFAULT_SMS) -> LinearConfig:
+def pick_config(m: int, n: int, k: int, num_sms: int = NUM_SMS) -> LinearConfig:
     """The table's config for (M bucket, N, K), else a heuristic: the widest column block (64, 32, 16) that
     can still fill the SMs, then K split in halves until there are ≥ 2 programs per SM, keeping slices ≥ 2
     tiles deep."""
@@ -200,7 +181,7 @@ def _triton_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Where "auto" runs the kernel: CUDA, few rows, 16-bit floats, K a multiple of 16 and K-contiguous weight
     rows (16-byte loads)."""
     rows = x.numel() // max(x.shape[-1], 1)
-    return (x.is_cuda and weight.is_cuda and not _interpreting() and 1 <= rows <= 16 and weight.stride(1) == 1
+    return (x.is_cuda and weight.is_cuda and not interpreting() and 1 <= rows <= 16 and weight.stride(1) == 1
             and x.dtype in (torch.bfloat16, torch.float16) and x.shape[-1] % 16 == 0 and _triton() is not None)
 
 
@@ -231,7 +212,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     use_triton = kernel == "triton" or (kernel == "auto" and _triton_supported(x, weight))
     if use_triton and _triton() is None:
         raise ValueError("kernel='triton' needs Triton installed")
-    if use_triton and not (x.is_cuda or _interpreting()):
+    if use_triton and not (x.is_cuda or interpreting()):
         raise ValueError("kernel='triton' needs CUDA tensors or TRITON_INTERPRET=1")
     if not use_triton:
         result = linear_reference(x, weight, bias, residual=residual)
@@ -241,7 +222,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     x2 = x.reshape(-1, x.shape[-1])
     m = x2.shape[0]
     if config is None:
-        config = pick_config(m, n, k, _num_sms(x.device.index if x.is_cuda else None))
+        config = pick_config(m, n, k, sm_count(x.device))
     if split_k is not None:
         config = dataclasses.replace(config, split_k=split_k)
     res2 = None if residual is None else residual.reshape(-1, n)

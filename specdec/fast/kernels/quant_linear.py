@@ -13,17 +13,16 @@ element whatever the batch: the bitwise mode's contract).
 from __future__ import annotations
 
 import dataclasses
-import functools
-import os
 from dataclasses import dataclass
 
 import torch
+
+from specdec.fast.kernels.select import NUM_SMS, interpreting, kernel_module, sm_count
 
 __all__ = ["QuantConfig", "CONFIGS", "TRITON_ROWS", "pick_config", "triton_rows_ok", "run_kernel"]
 
 TRITON_ROWS = 4096  # rows up to which "auto" runs the kernel on CUDA (64-row tiles above 32 rows: verify batches and
 # prefill chunks re-read the weight per tile); above: the weight dequantized to x's dtype, then cuBLAS
-_DEFAULT_SMS = 132
 
 
 @dataclass(frozen=True)
@@ -52,18 +51,7 @@ class QuantConfig:
 CONFIGS: dict[tuple[str, int, int], tuple] = {}
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(index: int | None) -> int:
-    if index is None or not torch.cuda.is_available():
-        return _DEFAULT_SMS
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-def pick_config(fmt: str, n: int, k: int, m: int = 1, num_sms: int = _DEFAULT_SMS, *, group: int = 128,
+def pick_config(fmt: str, n: int, k: int, m: int = 1, num_sms: int = NUM_SMS, *, group: int = 128,
                 invariant: bool = False) -> QuantConfig:
     """The table's config for (format, N, K), else: 64 columns a program, K tiles of one group (int4) or 128 (FP8;
     smaller where 128 does not divide K), K split until there are ≥ 4 programs per SM (a weight GEMV wants many
@@ -93,19 +81,15 @@ def pick_config(fmt: str, n: int, k: int, m: int = 1, num_sms: int = _DEFAULT_SM
     return QuantConfig(block_n, block_k, split_k, block_m, 4, 3, "reshape-magic" if fmt == "int4" else "reshape")
 
 
-@functools.lru_cache(maxsize=None)
 def _triton():
-    try:
-        from specdec.fast.kernels import quant_triton
-    except ImportError:
-        return None
-    return quant_triton
+    """The kernel's module (`quant_triton`), or None where Triton is not installed."""
+    return kernel_module("quant_triton")
 
 
 def triton_rows_ok(x: torch.Tensor, rows: int, invariant: bool = False) -> bool:
     """Whether "auto" runs the kernel for this input: CUDA (or the interpreter) with Triton, 16/32-bit floats, and
     ≤ TRITON_ROWS rows (any count when `invariant`)."""
-    return ((x.is_cuda or _interpreting()) and (invariant or rows <= TRITON_ROWS) and _triton() is not None
+    return ((x.is_cuda or interpreting()) and (invariant or rows <= TRITON_ROWS) and _triton() is not None
             and x.dtype in (torch.bfloat16, torch.float16, torch.float32))
 
 
@@ -125,7 +109,7 @@ def run_kernel(x: torch.Tensor, fmt: str, q: torch.Tensor, zeros, scales: torch.
     m = x2.shape[0]
     key = "int4" if fmt == "int4" else "fp8"
     if config is None:
-        config = pick_config(key, n, k, m, _num_sms(x.device.index if x.is_cuda else None),
+        config = pick_config(key, n, k, m, sm_count(x.device),
                              group=group if fmt == "int4" else 128, invariant=invariant)
         if fmt == "fp8_block" and config.block_k > 128:  # (a per-channel config: a tile must not cross a block)
             config = dataclasses.replace(config, block_k=128)
@@ -152,7 +136,7 @@ def weight_only(x: torch.Tensor, weight, bias: torch.Tensor | None = None, resid
     rows = x.numel() // max(k, 1)
     invariant = kernel == "bitwise"
     if kernel in ("triton", "bitwise"):
-        if _triton() is None or not (x.is_cuda or _interpreting()):
+        if _triton() is None or not (x.is_cuda or interpreting()):
             raise ValueError(f"kernel={kernel!r} on a quantized weight needs Triton and CUDA tensors (or "
                              "TRITON_INTERPRET=1)")
         use = True

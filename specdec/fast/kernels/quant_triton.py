@@ -24,10 +24,10 @@ per-channel scales multiply the sum at the end, so BLOCK_K may be any power of t
 The loop follows `_linear_triton`'s: pointers advanced per tile, the activation tile `[BLOCK_M, BLOCK_K]` fetched
 by hand one tile ahead (an L2 hit whose latency would otherwise stall each step), the weight loads pipelined by the
 compiler (STAGES) or, config.prefetch, also fetched one tile ahead by hand.
-Split-K: each slice writes an fp32 partial `[S, M, N]`, summed in slice order (deterministic) by the tile's last
-slice to arrive (an arrival counter per tile, `_linear_triton`'s: no second launch; "fused") or by `_linear_triton`'s
-reduce kernel ("kernel"; also when the counters cannot be set up inside a graph capture). Launches on one stream at
-a time share the counters with the dense kernel's.
+Split-K, the tiles and the epilogue are `_splitk_triton`'s, the dense kernel's too: each slice writes an fp32
+partial `[S, M, N]`, summed in slice order (deterministic) by the tile's last slice to arrive (config.split_reduce
+"fused": no second launch) or by the reduce kernel ("kernel"; also when the counters cannot be set up inside a graph
+capture). Launches on one stream at a time share the counters with the dense kernel's.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.fast.kernels._linear_triton import _counters, _epilogue, _split_reduce_kernel
+from specdec.fast.kernels._splitk_triton import plan_splits, store_tile, tile_offsets
 
 
 @triton.jit
@@ -81,13 +81,7 @@ def _quant_kernel(x_ptr, q_ptr, z_ptr, s_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr,
                   IEEE: tl.constexpr, EVEN_K: tl.constexpr, STAGES: tl.constexpr, GATHER: tl.constexpr,
                   MAGIC: tl.constexpr, FMA: tl.constexpr, PREFETCH: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    n_mask = offs_n < N
-    m_mask = offs_m < M
+    pid_k, offs_n, offs_m, n_mask, m_mask = tile_offsets(M, N, BLOCK_M, BLOCK_N)
     k_start = pid_k * k_per_split  # (a multiple of BLOCK_K; tiles of the last slice past K are fully masked)
     offs_k = k_start + tl.arange(0, BLOCK_K)
     rows = offs_n[:, None].to(tl.int64) * stride_q
@@ -163,23 +157,8 @@ def _quant_kernel(x_ptr, q_ptr, z_ptr, s_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr,
     if FORMAT == 1:
         acc = acc * tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)[:, None]
     mask = n_mask[:, None] & m_mask[None, :]
-    if SPLIT == 0:
-        _epilogue(acc, offs_m, offs_n, N, mask, b_ptr, r_ptr, o_ptr, stride_rm, stride_om, HAS_BIAS, HAS_RES)
-    else:  # this slice's fp32 partial p[pid_k, m, n]; summed in slice order by the reduce kernel (SPLIT 1) or by
-        p_tile = p_ptr + offs_m[None, :] * N + offs_n[:, None]  # the tile's last slice to arrive (SPLIT 2)
-        tl.store(p_tile + pid_k * M * N, acc, mask=mask)
-        if SPLIT == 2:
-            num_splits = tl.num_programs(1)
-            counter = c_ptr + pid_m * tl.num_programs(0) + pid_n
-            tl.debug_barrier()  # every thread's partial stores precede the release below
-            arrived = tl.atomic_add(counter, 1, sem="acq_rel")
-            if arrived == num_splits - 1:
-                total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-                for sl in range(0, num_splits):
-                    total += tl.load(p_tile + sl * M * N, mask=mask, other=0.0, cache_modifier=".cg")
-                _epilogue(total, offs_m, offs_n, N, mask, b_ptr, r_ptr, o_ptr, stride_rm, stride_om, HAS_BIAS,
-                          HAS_RES)
-                tl.atomic_xchg(counter, 0)  # zero again for the next launch
+    store_tile(acc, offs_m, offs_n, M, N, mask, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr, stride_rm, stride_om, HAS_BIAS,
+               HAS_RES, SPLIT)
 
 
 def _magic(config, dtype) -> int:
@@ -201,30 +180,18 @@ def launch(x: torch.Tensor, fmt: int, q: torch.Tensor, zeros, scales: torch.Tens
         raise ValueError(f"block_k {block_k}: int4 tiles are one group deep ({group}), block-scaled FP8 tiles 128, "
                          f"and K = {k} must be a multiple")
     block_m = config.block_m if config.variant == "dot" else min(config.block_m, triton.next_power_of_2(m))
-    k_per_split = triton.cdiv(triton.cdiv(k, config.split_k), block_k) * block_k
-    splits = triton.cdiv(k, k_per_split)
-    grid = (triton.cdiv(n, config.block_n), splits, triton.cdiv(m, block_m))
+    sk = plan_splits(x, out, block_m=block_m, block_n=config.block_n, block_k=block_k, split_k=config.split_k,
+                     fused=config.split_reduce == "fused")
     dummy = out
-    partial, counters, mode = dummy, dummy, 0
-    if splits > 1:
-        partial = torch.empty(splits, m, n, device=x.device, dtype=torch.float32)
-        counters = _counters(x.device, grid[0] * grid[2]) if config.split_reduce == "fused" else None
-        mode = 1 if counters is None else 2
-        counters = dummy if counters is None else counters
-    _quant_kernel[grid](
+    _quant_kernel[sk.grid](
         x, q, zeros if zeros is not None else dummy, scales, bias if bias is not None else dummy,
-        residual if residual is not None else dummy, out, partial, counters,
-        m, n, k, k_per_split, x.stride(0), q.stride(0), scales.stride(0) if scales.dim() == 2 else 0,
+        residual if residual is not None else dummy, out, sk.partial, sk.counters,
+        m, n, k, sk.k_per_split, x.stride(0), q.stride(0), scales.stride(0) if scales.dim() == 2 else 0,
         residual.stride(0) if residual is not None else 0, out.stride(0),
-        FORMAT=fmt, HAS_BIAS=bias is not None, HAS_RES=residual is not None, SPLIT=mode,
-        IEEE=x.dtype == torch.float32, EVEN_K=splits * k_per_split == k, STAGES=config.num_stages,
+        FORMAT=fmt, HAS_BIAS=bias is not None, HAS_RES=residual is not None, SPLIT=sk.mode,
+        IEEE=x.dtype == torch.float32, EVEN_K=sk.even_k, STAGES=config.num_stages,
         GATHER=config.unpack.startswith("gather"),
         MAGIC=_magic(config, x.dtype), FMA=config.variant == "fma", PREFETCH=config.prefetch,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=block_k, num_warps=config.num_warps,
         num_stages=config.num_stages)
-    if mode == 1:
-        block = min(1024, triton.next_power_of_2(n))
-        _split_reduce_kernel[(triton.cdiv(n, block), m)](
-            partial, bias if bias is not None else dummy, residual if residual is not None else dummy, out,
-            m, n, splits, residual.stride(0) if residual is not None else 0, out.stride(0),
-            HAS_BIAS=bias is not None, HAS_RES=residual is not None, BLOCK=block, num_warps=4)
+    sk.reduce(bias, residual, out)

@@ -18,7 +18,7 @@ import functools
 
 import torch
 
-from specdec.fast.kernels.select import _interpreting, next_power_of_2
+from specdec.fast.kernels.select import interpreting, next_power_of_2
 
 __all__ = ["exponentials", "uniforms", "race", "neg_log_unit", "race_splits"]
 
@@ -48,7 +48,7 @@ def exponentials(seed: torch.Tensor, position: torch.Tensor, stream: int, size: 
     if out.numel():
         _triton().exponentials_kernel[(rows * n, triton_cdiv(size, BLOCK))](
             s, p, out, s.stride(0), s.stride(1), p.stride(0), p.stride(1), n, size,
-            STREAM=int(stream), BLOCK=BLOCK, INTERPRET=_interpreting(), num_warps=4)
+            STREAM=int(stream), BLOCK=BLOCK, INTERPRET=interpreting(), num_warps=4)
     return out
 
 
@@ -93,7 +93,7 @@ def race(probs: torch.Tensor, seed: torch.Tensor, position: torch.Tensor, stream
         parts_idx = torch.empty(rows, splits, dtype=torch.int32, device=probs.device)
     k.race_kernel[(rows, splits)](
         probs, seed, position, token, parts_val, parts_idx, probs.stride(0), seed.stride(0), position.stride(0),
-        size, chunk, STREAM=int(stream), BLOCK=RACE_BLOCK, SPLITS=splits, INTERPRET=_interpreting(), num_warps=4)
+        size, chunk, STREAM=int(stream), BLOCK=RACE_BLOCK, SPLITS=splits, INTERPRET=interpreting(), num_warps=4)
     if splits > 1:
         k.race_combine_kernel[(rows,)](parts_val, parts_idx, token, SPLITS=splits,
                                        BLOCK=max(32, next_power_of_2(splits)), num_warps=1)
@@ -107,7 +107,7 @@ def neg_log_unit(bits: torch.Tensor) -> torch.Tensor:
     if flat.numel():
         block = 1024
         _triton().neg_log_unit_kernel[(triton_cdiv(flat.numel(), block),)](
-            flat, out, flat.numel(), BLOCK=block, INTERPRET=_interpreting(), num_warps=4)
+            flat, out, flat.numel(), BLOCK=block, INTERPRET=interpreting(), num_warps=4)
     return out.view(bits.shape)
 
 

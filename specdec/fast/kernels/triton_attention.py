@@ -13,7 +13,8 @@ is the same walk with each slot's address read through the row's block table (`_
 
 With one split the program writes the output; with several, each writes its unnormalized accumulator and its
 (max, sum) to fp32 scratch and `_combine` merges the splits. The split count comes from shapes only, so one
-CUDA graph captures a fixed launch whatever the lengths.
+CUDA graph captures a fixed launch whatever the lengths. The query rows, scores, visibility and online-softmax step
+are `_softmax_triton`'s (the bitwise kernel's too).
 """
 
 from __future__ import annotations
@@ -26,27 +27,13 @@ import torch
 import triton
 import triton.language as tl
 
+from specdec.fast.kernels._softmax_triton import dot, online_step, query_rows, scores, visible
+from specdec.fast.kernels.select import NUM_SMS, sm_count
+
 __all__ = ["attention", "plan", "choose_splits", "sm_count", "LaunchPlan", "NUM_SMS"]
 
-NUM_SMS = 132  # an H200's; the split heuristic reads the device's own count where there is one
 MIN_SLOTS_PER_SPLIT = 256  # of the cache size S: about 128 live slots per split at half-full caches
 MAX_SPLITS = 32
-
-
-@triton.jit
-def _dot(a, b, IEEE: tl.constexpr):
-    """a @ b in fp32; IEEE (fp32 inputs) keeps full fp32 products instead of TF32."""
-    if IEEE:
-        c = tl.dot(a, b, input_precision="ieee")
-    else:
-        c = tl.dot(a, b)
-    return c
-
-
-@triton.jit
-def _tanh(x):
-    """tanh from exp (saturates to ±1 without overflow trouble: exp → inf gives 1, exp → 0 gives −1)."""
-    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
 
 
 @triton.jit
@@ -70,12 +57,7 @@ def _split_attention(Q, K, V, POS, OUT, PART_ACC, PART_M, PART_L, TREE_BASE, TRE
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     tile = tl.program_id(2)
-    b = (pid_bh // KV_HEADS).to(tl.int64)
-    kvh = pid_bh % KV_HEADS
-    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # tile row r = query i · GROUP + head-in-group g
-    row_ok = rows < GROUP * k_len
-    qi = rows // GROUP
-    head = kvh * GROUP + rows % GROUP
+    b, kvh, rows, row_ok, qi, head = query_rows(pid_bh, tile, k_len, KV_HEADS, GROUP, BLOCK_M)
     d = tl.arange(0, HEAD_DIM)
 
     # Query i sees slots j <= positions[b, i] (and j > positions[b, i] - window), never the junk slot S-1;
@@ -106,26 +88,16 @@ def _split_attention(Q, K, V, POS, OUT, PART_ACC, PART_M, PART_L, TREE_BASE, TRE
         j_ok = j < hi
         k_at = _slot_offsets(TABLE, b, j, j_ok, sab, skb, sks, PAGED, PAGE)
         keys = tl.load(k_base + k_at[:, None] + d[None, :] * skd, mask=j_ok[:, None], other=0.0)
-        if SOFTCAP:  # c·tanh(s·scale / c), then into base 2
-            s = softcap * _tanh(_dot(q, tl.trans(keys), IEEE) * (scale / softcap)) * 1.4426950408889634
-        else:
-            s = _dot(q, tl.trans(keys), IEEE) * scale_log2  # [BLOCK_M, BLOCK_N] fp32
-        seen = (j[None, :] <= pos[:, None]) & j_ok[None, :]
-        if WINDOWED:
-            seen = seen & (j[None, :] > pos[:, None] - window)
+        s = scores(q, keys, scale_log2, softcap, scale, SOFTCAP, IEEE)  # [BLOCK_M, BLOCK_N] fp32, base 2
+        seen = visible(j, j_ok, pos, window, WINDOWED)
         if TREE:
             rel = tl.minimum(tl.maximum(j - base, 0), 63).to(tl.int64)
             ancestor = ((bits[:, None] >> rel[None, :]) & 1) != 0
             seen = seen & ((j[None, :] < base) | ancestor)
-        s = tl.where(seen, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet stay at zero weight
-        alpha = tl.exp2(m - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        lsum = lsum * alpha + tl.sum(p, axis=1)
+        p, alpha, m_new, lsum = online_step(s, seen, m, lsum)
         v_at = k_at if PAGED else b * svb + j * svs  # (a pool's keys and values share one layout)
         vals = tl.load(v_base + v_at[:, None] + d[None, :] * svd, mask=j_ok[:, None], other=0.0)
-        acc = acc * alpha[:, None] + _dot(p.to(vals.dtype), vals, IEEE)
+        acc = acc * alpha[:, None] + dot(p.to(vals.dtype), vals, IEEE)
         m = m_new
 
     if NUM_SPLITS == 1:
@@ -158,13 +130,6 @@ def _combine(PART_ACC, PART_M, PART_L, OUT, sob, sok, soh, sod, rows_pad,
     out = tl.sum(acc * w[:, None], axis=0) / tl.sum(w * lsum, axis=0)
     head = kvh * GROUP + row % GROUP
     tl.store(OUT + b * sob + (row // GROUP) * sok + head * soh + d * sod, out.to(OUT.dtype.element_ty))
-
-
-@functools.cache
-def sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return NUM_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def choose_splits(batch: int, kv_heads: int, num_slots: int, row_tiles: int = 1, num_sms: int = NUM_SMS) -> int:

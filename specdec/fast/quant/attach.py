@@ -24,7 +24,7 @@ from collections import Counter
 
 import torch
 
-from specdec.fast.quant.weight import ATTRIBUTE as _ATTR, quantized, quantized_weights
+from specdec.fast.quant.weight import ATTRIBUTE as _ATTR, put_quantized, quantized, quantized_weights
 
 logger = logging.getLogger(__name__)
 
@@ -60,12 +60,6 @@ def resolve_weights(value: str | None = "auto", bitwise: bool = False) -> str:
     if env:
         return _checked(env, ENV) if env != "auto" else ("dequantized" if bitwise else DEFAULT)
     return "dequantized" if bitwise else DEFAULT
-
-
-def _placeholder(qw) -> torch.nn.Parameter:
-    p = torch.nn.Parameter(torch.empty(qw.shape, device="meta"), requires_grad=False)
-    setattr(p, _ATTR, qw)
-    return p
 
 
 def quantized_bytes(fast) -> int:
@@ -132,10 +126,7 @@ def quantized_from_hf(model, kernels: str = "auto", weights: str | None = "auto"
                 raise ValueError(f"{file.name}: the quantized {name}{'' if layer is None else f'[{layer}]'} does not "
                                  "dequantize to the transformers model's tensor")
             if qw is not None and name != "embed":
-                if layer is None:
-                    setattr(fast, name, _placeholder(qw))
-                else:
-                    getattr(fast, name)[layer] = _placeholder(qw)
+                put_quantized(fast, name, layer, qw)
                 continue
             target = getattr(fast, name) if layer is None else getattr(fast, name)[layer]
             target.copy_(tensor.detach())  # (the embedding: dense, for the gathers)

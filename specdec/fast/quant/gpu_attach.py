@@ -14,7 +14,7 @@ from collections import Counter
 
 import torch
 
-from specdec.fast.quant.weight import ATTRIBUTE, quantized, quantized_weights
+from specdec.fast.quant.weight import put_quantized, quantized_weights
 
 logger = logging.getLogger(__name__)
 
@@ -22,12 +22,6 @@ __all__ = ["FORMATS", "LINEAR_NAMES", "attach", "quantize_model", "quantize_weig
 
 FORMATS = ("gptq", "awq", "fp8", "fp8-tensor", "fp8-block")
 LINEAR_NAMES = ("wqkv", "wo", "w_gate_up", "w_down")  # per layer; "lm_head" once
-
-
-def _placeholder(qw) -> torch.nn.Parameter:
-    p = torch.nn.Parameter(torch.empty(qw.shape, device="meta"), requires_grad=False)
-    setattr(p, ATTRIBUTE, qw)
-    return p
 
 
 def attach(fast, weights: dict) -> None:
@@ -38,22 +32,13 @@ def attach(fast, weights: dict) -> None:
         if tuple(current.shape) != tuple(qw.shape):
             where = name if layer is None else f"{name}[{layer}]"
             raise ValueError(f"{where}: the quantized weight is {tuple(qw.shape)}, the model's {tuple(current.shape)}")
-        if layer is None:
-            setattr(fast, name, _placeholder(qw))
-        else:
-            getattr(fast, name)[layer] = _placeholder(qw)
+        put_quantized(fast, name, layer, qw)
 
 
 def quant_bytes(fast) -> int:
-    """Bytes a decode step reads: the quantized matrices plus every dense weight but the gathered embedding."""
-    dense = 0
-    seen = set()
-    for name, p in fast.named_parameters():
-        if id(p) in seen or p.is_meta or name == "pos_embed" or name == "embed" and not fast.shape.tie_word_embeddings:
-            continue
-        seen.add(id(p))
-        dense += p.numel() * p.element_size()
-    return dense + sum(q.nbytes for q in quantized_weights(fast))
+    """Bytes a decode step reads: the quantized matrices plus every dense weight but the gathered embedding
+    (`FastLlama.weight_bytes`, which counts a quantized weight as its quantized matrix)."""
+    return fast.weight_bytes
 
 
 def describe(fast) -> str:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["QuantWeight", "join", "quantized", "quantized_weights", "ATTRIBUTE"]
+__all__ = ["QuantWeight", "join", "quantized", "quantized_weights", "put_quantized", "ATTRIBUTE"]
 
 ATTRIBUTE = "specdec_quant"  # the attribute of a model's parameter that carries its QuantWeight (`fast.quant.attach`)
 
@@ -27,6 +27,17 @@ ATTRIBUTE = "specdec_quant"  # the attribute of a model's parameter that carries
 def quantized(weight: torch.Tensor) -> "QuantWeight | None":
     """The `QuantWeight` a model's weight stands for (`fast.quant.attach`), or None for a plain tensor."""
     return getattr(weight, ATTRIBUTE, None)
+
+
+def put_quantized(model, name: str, layer: int | None, weight) -> None:
+    """`model`'s parameter `name` (or `name[layer]`) replaced in place by a "meta" parameter of the quantized
+    `weight`'s shape carrying it under `ATTRIBUTE` (GGUF blocks, FP8, int4: the one hook the GEMM helpers read)."""
+    p = torch.nn.Parameter(torch.empty(weight.shape, device="meta"), requires_grad=False)
+    setattr(p, ATTRIBUTE, weight)
+    if layer is None:
+        setattr(model, name, p)
+    else:
+        getattr(model, name)[layer] = p
 
 
 def quantized_weights(model) -> list:

@@ -134,12 +134,13 @@ def test_without_triton_auto_takes_the_reference_and_triton_says_why(monkeypatch
     import sys
 
     from specdec.fast import kernels
-    from specdec.fast.kernels import attention as attn
+    from specdec.fast.kernels import select
 
     monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` raises ImportError
     monkeypatch.delitem(sys.modules, "specdec.fast.kernels.triton_attention", raising=False)
     monkeypatch.delattr(kernels, "triton_attention", raising=False)
-    attn._triton_module.cache_clear()
+    select.triton_available.cache_clear()
+    select.kernel_module.cache_clear()
     try:
         keys, values = slot_cache_views(1, 2, 30, 16)
         q, positions = torch.randn(1, 2, 4, 16), torch.tensor([[3, 4]])
@@ -148,7 +149,8 @@ def test_without_triton_auto_takes_the_reference_and_triton_says_why(monkeypatch
         with pytest.raises(ValueError, match="triton does not import"):
             slot_attention(q, keys, values, positions, kernel="triton")
     finally:
-        attn._triton_module.cache_clear()
+        select.triton_available.cache_clear()
+        select.kernel_module.cache_clear()
 
 
 def test_split_count_comes_from_shapes_only():

@@ -61,7 +61,7 @@ def test_split_reductions_fused_and_kernel_give_the_same_bits():
     assert torch.equal(fused, linear(x, w, b, residual=r, kernel="triton", config=config, split_reduce="kernel"))
     assert rel_err(fused, linear_reference(x, w, b, residual=r)) < 1e-5
     # The fused path leaves its arrival counters at zero for the next launch.
-    from specdec.fast.kernels._linear_triton import _COUNTERS
+    from specdec.fast.kernels._splitk_triton import _COUNTERS
     assert not _COUNTERS[x.device].any()
     assert torch.equal(fused, linear(x, w, b, residual=r, kernel="triton", config=config))
 
@@ -152,14 +152,14 @@ def test_cuda_graph_replay_equals_eager_and_split_k_is_deterministic(m, monkeypa
     for _ in range(20):  # fixed-order split-K sum: bitwise repeatable, whichever slice finishes last
         assert torch.equal(eager, linear(x, w, residual=r, config=config))
     assert torch.equal(eager, linear(x, w, residual=r, config=config, split_reduce="kernel"))
-    from specdec.fast.kernels import _linear_triton
+    from specdec.fast.kernels import _splitk_triton
     for counters_ready in (True, False):  # without counters (first use inside a capture): the two-kernel reduce
         if not counters_ready:
-            monkeypatch.setattr(_linear_triton, "_COUNTERS", {})
+            monkeypatch.setattr(_splitk_triton, "_COUNTERS", {})
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             captured = linear(x, w, residual=r, config=config)
-        assert (x.device in _linear_triton._COUNTERS) == counters_ready
+        assert (x.device in _splitk_triton._COUNTERS) == counters_ready
         captured.zero_()
         graph.replay()
         torch.cuda.synchronize()
