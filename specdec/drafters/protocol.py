@@ -203,9 +203,14 @@ AnyDrafter = Union[LoopDrafter, SlotDrafter, TreeLoopDrafter]  # the family: wha
 
 def is_slot_drafter(drafter) -> bool:
     """True when the engine can call `drafter` as it is: a `SlotDrafter` whose `propose` binds the engine's call
-    `(context, num_draft_tokens)` — the loop's sampling arguments, where it takes them, optional."""
+    `(context, num_draft_tokens)` — the loop's sampling arguments, where it takes them, optional — and, for a
+    `ModelDrafter`, holding the engine's state (`engine.build` binds one over the loop's: `with_state`)."""
+    from specdec.drafters.model import ModelDrafter
+
     if drafter is None or isinstance(drafter, type) or not isinstance(drafter, SlotDrafter):
         return False
+    if isinstance(drafter, ModelDrafter) and not drafter.on_engine:
+        return False  # a model drafter over the loop's cache: the engine binds it to its own state first
     try:
         inspect.signature(drafter.propose).bind(None, 0)
     except (TypeError, ValueError):  # (ValueError: a builtin without a signature)
