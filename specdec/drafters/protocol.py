@@ -68,7 +68,7 @@ from specdec.core import SamplingConfig
 from specdec.sequences import TokenBuffer
 
 __all__ = ["Proposal", "TreeProposal", "LoopDrafter", "SlotDrafter", "CachedSlotDrafter", "FeatureSlotDrafter", "TreeLoopDrafter",
-           "AnyDrafter", "is_slot_drafter", "as_drafter", "check_same_vocabulary", "check_drafter_argument"]
+           "AnyDrafter", "is_slot_drafter", "takes_engine_call", "as_drafter", "check_same_vocabulary", "check_drafter_argument"]
 
 
 @dataclass(frozen=True)
@@ -207,10 +207,15 @@ def is_slot_drafter(drafter) -> bool:
     `ModelDrafter`, holding the engine's state (`engine.build` binds one over the loop's: `with_state`)."""
     from specdec.drafters.model import ModelDrafter
 
-    if drafter is None or isinstance(drafter, type) or not isinstance(drafter, SlotDrafter):
-        return False
     if isinstance(drafter, ModelDrafter) and not drafter.on_engine:
         return False  # a model drafter over the loop's cache: the engine binds it to its own state first
+    return takes_engine_call(drafter)
+
+
+def takes_engine_call(drafter) -> bool:
+    """True when `drafter` is a `SlotDrafter` whose `propose` binds `(context, num_draft_tokens)`."""
+    if drafter is None or isinstance(drafter, type) or not isinstance(drafter, SlotDrafter):
+        return False
     try:
         inspect.signature(drafter.propose).bind(None, 0)
     except (TypeError, ValueError):  # (ValueError: a builtin without a signature)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from specdec.drafters.protocol import LoopDrafter, SlotDrafter, is_slot_drafter
+from specdec.drafters.protocol import LoopDrafter, SlotDrafter, is_slot_drafter, takes_engine_call
 from specdec.engine.config import UnsupportedModel
 from specdec.drafters.model import ModelDrafter
 from specdec.engine.drafters import SlotModel
@@ -91,8 +91,8 @@ def covers_drafter(drafter) -> bool:
     drafters run on the transformers loop."""
     if drafter is None or is_drafter(drafter):
         return True
-    if isinstance(drafter, ModelDrafter):
-        return drafter.on_engine or covers(drafter.model)
+    if isinstance(drafter, ModelDrafter):  # (a subclass whose propose needs the loop's arguments stays there)
+        return takes_engine_call(drafter) and (drafter.on_engine or covers(drafter.model))
     if is_slot_drafter(drafter):
         return True
     return not isinstance(drafter, LoopDrafter) and covers(drafter)
@@ -232,7 +232,7 @@ def build_drafter(drafter, engine):
                                     engine.max_draft_tokens)
     if isinstance(drafter, (torch.nn.Module, str, Path)):  # a draft model: the model drafter over it
         return _bind_model(drafter, None, engine)
-    if isinstance(drafter, ModelDrafter):  # one class for both runners: bound to the engine's state
+    if isinstance(drafter, ModelDrafter) and takes_engine_call(drafter):  # one class for both runners: bound
         return _bind_model(drafter.model, drafter, engine)
     if is_slot_drafter(drafter):  # one implementation for both runners, or written against the engine's protocol
         size = drafter.vocab_size if isinstance(drafter, LoopDrafter) else None  # (a plugin: q checked per step)
@@ -249,11 +249,8 @@ def _bind_model(draft_model, drafter: ModelDrafter | None, engine) -> ModelDraft
     """`drafter` (a new `ModelDrafter` when None) over the engine's state (`engine.drafters.SlotModel`): a slot cache
     over the engine's body of `draft_model` (a fast family body, or the transformers backend as `model_impl` says)."""
     impl, vocab = engine.config.model_impl, engine.vocab_size
-    cross_vocab = drafter is not None and drafter.engine_inputs() is not None
-    if impl == "fast" and not covers(draft_model):
-        kind = "transformers model" if drafter is None else type(drafter).__name__
-        raise UnsupportedModel(f"the engine does not run this {kind} drafter on a fast family body: use "
-                               "model_impl='auto' or engine='hf'")
+    inputs = None if drafter is None else drafter.engine_inputs()  # (a cross-vocabulary draft's spelling)
+    cross_vocab = inputs is not None
     model = _model_body(draft_model, impl, gguf_weights=engine.config.gguf_weights)
     if model.device != engine.device:
         model = model.to(engine.device)
@@ -266,10 +263,9 @@ def _bind_model(draft_model, drafter: ModelDrafter | None, engine) -> ModelDraft
                          else f"draft and target vocabularies differ: drafter has {size} tokens, target has {vocab}; "
                          "speculative decoding needs the same vocabulary")
     model.kernels = engine.config.kernels
-    inputs = None if drafter is None else drafter.engine_inputs()
-    if inputs is not None and model.shape.vocab_size < drafter.draft_vocab_size:
+    if cross_vocab and model.shape.vocab_size < drafter.draft_vocab_size:
         raise ValueError(f"the draft model has {model.shape.vocab_size} logits; its tokenizer has "
                          f"{drafter.draft_vocab_size} ids")
     state = SlotModel(model, engine.max_batch, engine.num_positions, inputs=inputs,
-                      state=engine.state if inputs is not None else None)
+                      state=engine.state if cross_vocab else None)
     return ModelDrafter(state=state) if drafter is None else drafter.with_state(state)

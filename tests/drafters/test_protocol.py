@@ -35,6 +35,26 @@ def test_the_engine_runs_one_implementation_of_lookup_and_ngram(llama):
         assert engine.drafter is drafter  # passed through: no engine copy of the kind
 
 
+def test_one_model_drafter_class_serves_both_runners(llama, llama_draft):
+    from specdec.engine.config import UnsupportedModel
+
+    drafter = ModelDrafter(llama_draft)
+    engine = Engine(llama, drafter, EngineConfig(max_batch_size=2, max_seq_len=64, num_draft_tokens=2,
+                                                 cuda_graphs=False))
+    # bound to the engine's state (`with_state`): the same class, the loop's instance left as it was
+    assert type(engine.drafter) is ModelDrafter and engine.drafter.on_engine and not drafter.on_engine
+    assert is_slot_drafter(engine.drafter) and isinstance(engine.drafter, CachedSlotDrafter)
+    assert engine.drafter.state is not drafter.state and drafter.model is llama_draft
+
+    class LoopOnlyModel(ModelDrafter):  # negative control: a subclass whose propose needs the loop's arguments
+        def propose(self, context, num_draft_tokens, sampling, generator, confidence_threshold=None) -> Proposal:
+            return super().propose(context, num_draft_tokens, sampling, generator, confidence_threshold)
+
+    with pytest.raises(UnsupportedModel, match="LoopOnlyModel drafters"):
+        Engine(llama, LoopOnlyModel(llama_draft), EngineConfig(max_batch_size=2, max_seq_len=64, num_draft_tokens=2,
+                                                                cuda_graphs=False))
+
+
 @pytest.mark.parametrize("kind", ["model", "lookup"])
 def test_engine_finds_capabilities_from_the_protocols(llama, llama_draft, kind):
     drafter = llama_draft if kind == "model" else PromptLookupDrafter()
