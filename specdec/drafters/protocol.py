@@ -47,7 +47,9 @@ engine as it is; a loop-only drafter, whose `propose` needs `sampling` and `gene
 shared `(context, num_draft_tokens)` head of every shipped drafter's `propose` is checked by
 `tests/drafters/test_protocol.py`; a plugin drafter on the engine by `tests/engine/test_plugin_drafter.py`.)
 `as_drafter` is the loop's entry: a transformers model becomes a `ModelDrafter` (`Seq2SeqModelDrafter`),
-vocabularies checked.
+vocabularies checked. A `ModelDrafter` (its cross-vocabulary kind and `fast.FastDrafter` included) is one class for
+both runners too, its cache in a state holder: the engine binds it to a state of its own first (`engine.build`:
+`with_state`), so `is_slot_drafter` is False for one over the loop's cache.
 
 Writing a drafter for the engine: `propose(context, num_draft_tokens) -> Proposal` over the `StepView`; draw with
 `context.draft_chain(γ, next_logits, forward_passes)` (each row's own law, processors and counter-based seed; q is
