@@ -18,12 +18,12 @@ import torch
 
 from specdec.core import SamplingConfig
 from specdec.drafters.base import LoopDraws, Proposal
-from specdec.drafters.model import DraftState, ModelDrafter, chain_proposal
+from specdec.drafters.model import DraftState, ModelDrafter
 from specdec.fast.graphs import CapturedStep, graph_options, new_pool
 from specdec.fast.model import FastLlama, KVCache
 from specdec.sequences import TokenBuffer
 
-__all__ = ["FastTarget", "FastDrafter", "load_fast_llama"]
+__all__ = ["FastTarget", "FastDrafter", "FastLoopState", "PairFeed", "load_fast_llama"]
 
 
 def load_fast_llama(model, *, device=None, dtype: torch.dtype | None = None) -> FastLlama:
@@ -167,8 +167,10 @@ class FastLoopState(DraftState):
     Each proposal re-feeds the last two committed tokens (static shape [B, 2]) at positions L−2, L−1, so the cache
     needs no commit bookkeeping: slots before L−2 always hold committed text."""
 
-    def __init__(self, lm: _FastLM):
-        self.lm = lm
+    kind = "FastDrafter"  # (for errors)
+
+    def __init__(self, lm):
+        self.lm = lm  # a `_FastLM` (or `fast.seq2seq`'s encoder-decoder one)
         self.model, self.vocab_size = lm.model, lm.vocab_size
 
     def begin(self, context: TokenBuffer) -> None:
@@ -185,7 +187,7 @@ class FastLoopState(DraftState):
         """`chain` over the pair feed, with the noise drawn here from the loop's generator (outside the graph)."""
         lm, gamma, sampling = self.lm, num_draft_tokens, draws.sampling
         if gamma > lm.max_draft_tokens:
-            raise ValueError(f"FastDrafter was built for at most {lm.max_draft_tokens} draft tokens (got {gamma})")
+            raise ValueError(f"{self.kind} was built for at most {lm.max_draft_tokens} draft tokens (got {gamma})")
         inputs = pair_inputs(context.tokens, context.lengths)
         if not sampling.greedy:
             noise = torch.empty(context.batch_size, gamma, lm.vocab_size, device=lm.device)
@@ -237,16 +239,6 @@ def owned_proposal(tokens: torch.Tensor, probs: torch.Tensor | None, lengths: to
     """A `Proposal` of a graph's outputs, copied: the static tensors are overwritten by the next replay."""
     return Proposal(tokens=tokens.clone(), probs=probs.clone() if probs is not None else None,
                     lengths=lengths.clone() if lengths is not None else None, forward_passes=gamma)
-
-
-def _draft_step(model, cache, inputs: dict, gamma: int, sampling: SamplingConfig,
-                confidence_threshold: float | None):
-    """γ autoregressive drafter forwards (a graph body; `FastSeq2SeqDrafter`'s): the model drafter's rule
-    (`chain_proposal`) over the pair feed → tokens [B, γ], q [B, γ, V] or None, lengths or None."""
-    draws = LoopDraws(sampling, None, confidence_threshold=confidence_threshold, noise=inputs.get("noise"),
-                      host_stop=False)
-    proposal = chain_proposal(PairFeed(model, cache), inputs, draws, gamma)
-    return proposal.tokens, proposal.probs, proposal.lengths
 
 
 def pair_inputs(tokens: torch.Tensor, lengths: torch.Tensor) -> dict:
