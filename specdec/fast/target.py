@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 
-from specdec.core import SamplingConfig
 from specdec.drafters.base import LoopDraws, Proposal
 from specdec.drafters.model import DraftState, ModelDrafter
 from specdec.fast.graphs import CapturedStep, graph_options, new_pool
