@@ -85,13 +85,16 @@ class VocabBridge:
             out[t] = ids[0] if ids else (unk if unk is not None else 0)
         return out
 
+    def shared_ids(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(target ids, draft ids) of the shared tokens `[S]` each, on `device` (copied there once)."""
+        if self._device_ids is None or self._device_ids[0].device != device:
+            self._device_ids = (self.target_ids.to(device), self.draft_ids.to(device))
+        return self._device_ids
+
     def target_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
         """Draft logits `[B, V_d]` → logits over the target vocabulary `[B, V_t]`, -inf outside the shared tokens (the
         ids copied to the device once: no host transfer inside a captured graph)."""
-        device = draft_logits.device
-        if self._device_ids is None or self._device_ids[0].device != device:
-            self._device_ids = (self.target_ids.to(device), self.draft_ids.to(device))
-        target_ids, draft_ids = self._device_ids
+        target_ids, draft_ids = self.shared_ids(draft_logits.device)
         out = draft_logits.new_full((draft_logits.shape[0], self.target_vocab_size), float("-inf"))
         return out.index_copy_(1, target_ids, draft_logits.index_select(1, draft_ids))
 
@@ -191,6 +194,10 @@ class CrossVocabDrafter(ModelDrafter):
         if vocab_size != self.vocab_size:
             raise ValueError(f"the vocabulary bridge maps into {self.vocab_size} target ids; the target has {vocab_size}")
         super().begin(context, vocab_size)
+
+    def with_state(self, state) -> "CrossVocabDrafter":
+        self.bridge.shared_ids(state.model.device)  # (on the state's device before any graph capture)
+        return super().with_state(state)
 
     def engine_inputs(self) -> torch.Tensor:
         """`[V_t]`: one draft id per target id (`VocabBridge.single_spelling`), what the engine feeds."""
