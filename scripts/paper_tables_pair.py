@@ -87,7 +87,7 @@ def lookup_proposals(seq: list[int], start: int, max_n: int = 3) -> list[int | N
 
 
 class CrossVocabQ:
-    """SmolLM2's law over the target's ids, as `EngineCrossVocabDrafter` drafts: every target token fed as one
+    """SmolLM2's law over the target's ids, as `CrossVocabDrafter` drafts on the engine: every target token fed as one
     SmolLM2 token (`VocabBridge.single_spelling`), logits of the shared tokens at their target ids, −inf elsewhere."""
 
     def __init__(self, model, bridge):

@@ -72,7 +72,7 @@ def profile_steps(fn, steps: int, device: torch.device) -> dict:
 def forward_costs(lm, batch: int, ks, prompt_len: int = 128, iters: int = 50, kernels: tuple = ()) -> dict:
     """Graph-replayed forward time (ms) of a fast model on k new tokens after `prompt_len` cached ones.
 
-    `lm` is a FastTarget or a FastDrafter's `.lm`. Shows how much a (γ+1)-token verification costs over a
+    `lm` is a FastTarget or a FastDrafter's `.state.lm`. Shows how much a (γ+1)-token verification costs over a
     1-token plain step: Thm 3.8 assumes the two cost the same.
     """
     from specdec.fast.graphs import CapturedStep
@@ -173,7 +173,7 @@ def profile_setup(setup, log=None) -> dict:
         probe_ks = (1, min(setup.gamma + 1, top)) if batch == 1 else ()
         costs[f"target_b{batch}"] = forward_costs(setup.target, batch, ks, kernels=probe_ks)
         if setup.drafter is not None:
-            costs[f"draft_b{batch}"] = forward_costs(setup.drafter.lm, batch, [1, 2])
+            costs[f"draft_b{batch}"] = forward_costs(setup.drafter.state.lm, batch, [1, 2])
     out["forward_ms"] = costs
     log(f"forward ms by k: {dumps(costs)}")
     return out

@@ -21,7 +21,8 @@ import specdec
 from specdec.analysis import median_timed
 from specdec.metrics import SpecStats
 from specdec.bench.device import mbu, peak_memory
-from specdec.fast import FastDrafter, FastTarget
+from specdec.drafters.model import ModelDrafter
+from specdec.fast import FastTarget
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ class BenchSetup:
     name: str
     device: torch.device
     target: FastTarget
-    drafter: FastDrafter | None
+    drafter: ModelDrafter | None  # a `fast.FastDrafter`: the model drafter over a FastLlama
     prompts: list[list[int]]  # a pool; batch size b uses the first b
     max_new_tokens: int
     gamma: int
@@ -79,7 +80,7 @@ def make_drafter(setup: BenchSetup, kind: str):
 def _release(setup: BenchSetup) -> None:
     setup.target.release()
     if setup.drafter is not None:
-        setup.drafter.lm.release()
+        setup.drafter.state.lm.release()
 
 
 def measure_ours(setup: BenchSetup, engine: str, kind: str, temperature: float, batch: int, gamma: int, *,

@@ -1,9 +1,9 @@
 """Drafters: the cheap models M_q. Each proposes γ tokens and reports the q it sampled them from.
 
-Kinds: `ModelDrafter` (a smaller transformers model), `NGramDrafter` (unigram/bigram tables),
-`PromptLookupDrafter` (copy from the context; deterministic), `HierarchicalDrafter` (a draft model decoded
-speculatively by an inner drafter), `CrossVocabDrafter` (a draft model with another tokenizer: token-level
-intersection). Published head formats (EAGLE, EAGLE-3, Medusa, speculators) are read by `formats`. Adding a drafter is one file:
+Kinds, one class each for both runners: `ModelDrafter` (a smaller model; its cache in the runner's state holder),
+`NGramDrafter` (unigram/bigram tables), `PromptLookupDrafter` (copy from the context; deterministic),
+`CrossVocabDrafter` (a `ModelDrafter` with another tokenizer: token-level intersection); on the loop only,
+`HierarchicalDrafter` (a draft model decoded speculatively by an inner drafter). Published head formats (EAGLE, EAGLE-3, Medusa, speculators) are read by `formats`. Adding a drafter is one file:
 subclass `Drafter` and implement `propose`. What each runner calls on a drafter is written down in `protocol.py`:
 one family (`LoopDrafter` for the eager loop, `SlotDrafter` and its capabilities for the engine, `TreeLoopDrafter`
 for the loop's token trees) whose `propose(context, num_draft_tokens, ...)` returns one record, `Proposal`.

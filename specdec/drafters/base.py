@@ -16,7 +16,7 @@ from specdec.core.proposals import proposal_check
 from specdec.drafters.protocol import Proposal
 from specdec.sequences import TokenBuffer
 
-__all__ = ["Drafter", "Proposal", "draw_draft", "checked_proposal", "empty_proposal"]
+__all__ = ["Drafter", "Proposal", "LoopDraws", "draw_draft", "checked_proposal", "empty_proposal"]
 
 
 class Drafter:
@@ -70,7 +70,7 @@ class Drafter:
 def draw_draft(logits: torch.Tensor, sampling: SamplingConfig, *, generator: torch.Generator | None = None,
                noise: torch.Tensor | None = None, confidence: bool = False, check_nan: bool = True):
     """One draft token per row under the loop's one law, the step every model drafter of the loop takes
-    (`ModelDrafter`, `fast.target.FastDrafter`): logits `[B, V]` → (token `[B]`, q `[B, V]` — the law it was drawn
+    (`LoopDraws.draft_chain`: `ModelDrafter`, `fast.FastDrafter`): logits `[B, V]` → (token `[B]`, q `[B, V]` — the law it was drawn
     from, None when greedy —, the token's probability `[B]` for a confidence stop — greedy: the softmax's max —,
     None unless `confidence`). noise: Exp(1) `[B, V]` drawn by the caller (outside a captured graph), else
     `generator`; check_nan False inside a graph (no host sync)."""
@@ -80,6 +80,50 @@ def draw_draft(logits: torch.Tensor, sampling: SamplingConfig, *, generator: tor
     q = standardize_logits(logits, sampling, check_nan=check_nan)
     token = sample(q, generator, noise=noise)
     return token, q, q.gather(1, token[:, None]).squeeze(1) if confidence else None
+
+
+class LoopDraws:
+    """The loop's side of the one proposal call: `draft_chain(γ, next_logits, forward_passes) -> Proposal`, the same
+    call the engine's `StepView` answers, drawn by the loop's one law for the batch (`sampling`, one `generator`).
+
+    A model drafter's rule is written once against it (`drafters.model.ModelDrafter`): the runner's context (the
+    engine's view) or these draws (the loop) turn logits into tokens and q. processor: `Drafter.accepts_processor`'s
+    callable (logits `[B, V]`, drafted `[B, i]`) → q̃'s logits. confidence_threshold: a row stops after its first
+    draft whose probability is below it (per-row `lengths`; `host_stop` ends the chain once every row stopped, a host
+    sync). noise: Exp(1) `[B, γ, V]` drawn outside a captured graph (`fast.target`), else `generator` draws.
+    """
+
+    def __init__(self, sampling: SamplingConfig, generator: torch.Generator | None, *,
+                 confidence_threshold: float | None = None, processor=None, noise: torch.Tensor | None = None,
+                 host_stop: bool = True):
+        self.sampling, self.generator, self.processor, self.noise = sampling, generator, processor, noise
+        self.confidence_threshold, self.host_stop = confidence_threshold, host_stop
+
+    def draft_chain(self, gamma: int, next_logits, forward_passes: int) -> Proposal:
+        """γ tokens drawn one after another: next_logits(i, previous token [B] or None) → logits `[B, V]` of token i
+        → `Proposal(tokens [B, ≤ γ], q [B, ≤ γ, V] or None when greedy, lengths [B] under a confidence threshold,
+        forward_passes: the caller's count for γ tokens, scaled to the tokens drafted when every row stopped early)`."""
+        threshold = self.confidence_threshold
+        tokens, probs, token, active, lengths = [], [], None, None, None
+        for i in range(gamma):
+            logits = next_logits(i, token)
+            if self.processor is not None:
+                drafted = torch.stack(tokens, 1) if tokens else logits.new_zeros(logits.shape[0], 0, dtype=torch.long)
+                logits = self.processor(logits, drafted)
+            token, q, q_token = draw_draft(logits, self.sampling, generator=self.generator,
+                                           noise=None if self.noise is None else self.noise[:, i],
+                                           confidence=threshold is not None, check_nan=self.noise is None)
+            tokens.append(token)
+            if q is not None:
+                probs.append(q)
+            if threshold is not None:  # a row keeps drafting while every earlier draft was confident
+                active = torch.ones_like(token, dtype=torch.bool) if active is None else active
+                lengths = active.long() if lengths is None else lengths + active.long()
+                active = active & (q_token >= threshold)
+                if self.host_stop and i + 1 < gamma and not bool(active.any()):
+                    break
+        passes = forward_passes if len(tokens) == gamma else forward_passes * len(tokens) // gamma
+        return Proposal(torch.stack(tokens, 1), torch.stack(probs, 1) if probs else None, lengths, passes)
 
 
 def checked_proposal(proposal: Proposal, batch_size: int, num_draft_tokens: int, vocab_size: int,

@@ -11,21 +11,21 @@ Terms:
                   other is the draft tokenizer's encoding of its string (a valid spelling of the same text,
                   not always the canonical one; the law does not depend on it, only how well the draft guesses)
 
-The tokens proposed are target ids drawn from the q reported, so `core.verify` keeps the target's law. Runs
-on the transformers loop (batched, any causal LM as draft); the draft's KV cache follows the draft text and
-is cropped after each step like `ModelDrafter`'s.
+The tokens proposed are target ids drawn from the q reported, so `core.verify` keeps the target's law. One class
+for both runners (a `ModelDrafter`: the same rule and draws): on the transformers loop (batched, any causal LM as
+draft) the draft's KV cache follows the draft text and is cropped after each step; on the engine each target token
+is fed as one draft token (`VocabBridge.single_spelling`), so its slot cache keeps the target's positions.
 """
 
 from __future__ import annotations
 
 import torch
 
-from specdec.core import SamplingConfig, sample, standardize_logits
-from specdec.drafters.base import Drafter, Proposal
+from specdec.drafters.model import LoopState, ModelDrafter
 from specdec.models.hf import HFCausalLM
 from specdec.sequences import TokenBuffer
 
-__all__ = ["VocabBridge", "CrossVocabDrafter", "bridge_if_needed"]
+__all__ = ["VocabBridge", "CrossVocabDrafter", "SpelledLoopState", "bridge_if_needed"]
 
 
 class VocabBridge:
@@ -49,6 +49,7 @@ class VocabBridge:
         self.target_to_draft[self.target_ids] = self.draft_ids
         self._target_tokenizer, self._draft_tokenizer = target_tokenizer, draft_tokenizer
         self._spelling: dict[int, list[int]] = {}
+        self._device_ids: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def num_shared(self) -> int:
@@ -84,36 +85,33 @@ class VocabBridge:
             out[t] = ids[0] if ids else (unk if unk is not None else 0)
         return out
 
+    def shared_ids(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(target ids, draft ids) of the shared tokens `[S]` each, on `device` (copied there once)."""
+        if self._device_ids is None or self._device_ids[0].device != device:
+            self._device_ids = (self.target_ids.to(device), self.draft_ids.to(device))
+        return self._device_ids
+
     def target_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
-        """Draft logits `[B, V_d]` → logits over the target vocabulary `[B, V_t]`, -inf outside the shared tokens."""
+        """Draft logits `[B, V_d]` → logits over the target vocabulary `[B, V_t]`, -inf outside the shared tokens (the
+        ids copied to the device once: no host transfer inside a captured graph)."""
+        target_ids, draft_ids = self.shared_ids(draft_logits.device)
         out = draft_logits.new_full((draft_logits.shape[0], self.target_vocab_size), float("-inf"))
-        device = draft_logits.device
-        out[:, self.target_ids.to(device)] = draft_logits[:, self.draft_ids.to(device)]
-        return out
+        return out.index_copy_(1, target_ids, draft_logits.index_select(1, draft_ids))
 
 
-class CrossVocabDrafter(Drafter):
-    """Drafts with a `transformers` causal LM whose tokenizer differs from the target's (see the module doc)."""
+class SpelledLoopState(LoopState):
+    """The loop's state of a `CrossVocabDrafter`: the draft's cache follows the draft text (the committed target
+    tokens spelled in full) and is cropped after each step like `ModelDrafter`'s."""
 
-    def __init__(self, model: torch.nn.Module, bridge: VocabBridge):
-        self.lm = HFCausalLM(model)
-        if self.lm.vocab_size < bridge.draft_vocab_size:
-            raise ValueError(f"the draft model has {self.lm.vocab_size} logits; its tokenizer has "
-                             f"{bridge.draft_vocab_size} ids")
+    def __init__(self, lm, bridge: VocabBridge):
+        super().__init__(lm)
         self.bridge = bridge
-        self.vocab_size = bridge.target_vocab_size  # proposes target ids
         self._text: list[list[int]] = []  # per row: the draft text of the committed target tokens
         self._spelled: list[list[int]] = []  # per row: draft text length after each committed target token
-        self._bos = getattr(getattr(model, "config", None), "bos_token_id", None)
+        self._bos = getattr(getattr(lm.model, "config", None), "bos_token_id", None)
+        self._to_draft: torch.Tensor | None = None
 
-    @property
-    def model(self) -> torch.nn.Module:
-        return self.lm.model
-
-    def begin(self, context: TokenBuffer, vocab_size: int) -> None:
-        if vocab_size != self.vocab_size:
-            raise ValueError(f"the vocabulary bridge maps into {self.vocab_size} target ids; the target has {vocab_size}")
-        self._claim(context)
+    def begin(self, context: TokenBuffer) -> None:
         self.lm.reset(context.batch_size)
         self._text = [[] for _ in range(context.batch_size)]
         self._spelled = [[] for _ in range(context.batch_size)]
@@ -139,10 +137,7 @@ class CrossVocabDrafter(Drafter):
                 self._text[b].extend(self.bridge.spell(int(t)))
                 self._spelled[b].append(len(self._text[b]))
 
-    @torch.inference_mode()
-    def propose(self, context: TokenBuffer, num_draft_tokens: int, sampling: SamplingConfig,
-                generator: torch.Generator | None, confidence_threshold: float | None = None) -> Proposal:
-        self._check_owner(context)
+    def feed(self, context: TokenBuffer) -> torch.Tensor:
         self._translate(context)
         device = self.lm.device
         texts = self._text
@@ -155,27 +150,16 @@ class CrossVocabDrafter(Drafter):
         for b, (text, n) in enumerate(zip(texts, unseen)):  # right-aligned: the last column is each row's last
             block[b, width - n :] = torch.tensor(text[len(text) - n :])
             valid[b, width - n :] = True
-        logits = self.lm.forward(block.to(device), valid.to(device))[:, -1]
-        tokens, probs = [], []
-        to_draft = self.bridge.target_to_draft.to(device)
-        for i in range(num_draft_tokens):
-            if i > 0:
-                logits = self.lm.forward(to_draft[tokens[-1]][:, None])[:, -1]
-            target_logits = self.bridge.target_logits(logits.float())
-            if sampling.greedy:
-                token = target_logits.argmax(-1)
-            else:
-                q = standardize_logits(target_logits, sampling)
-                token = sample(q, generator)
-                probs.append(q)
-            tokens.append(token)
-        return Proposal(tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1) if probs else None,
-                        forward_passes=len(tokens))
+        return self.lm.forward(block.to(device), valid.to(device))[:, -1]
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self._to_draft is None or self._to_draft.device != tokens.device:
+            self._to_draft = self.bridge.target_to_draft.to(tokens.device)
+        return self.lm.forward(self._to_draft[tokens][:, None])[:, -1]  # (drafts are shared tokens)
 
     def commit(self, context: TokenBuffer) -> None:
         # The cache holds the old draft text and the drafts' draft ids; the accepted drafts spell themselves
         # (shared tokens), so it stays valid up to the committed text without its last target token.
-        self._check_owner(context)
         self._translate(context)
         keep = [s[-2] if len(s) >= 2 else start for s, start in zip(self._spelled, self._start)]
         self.lm.crop(torch.minimum(self.lm.lengths, torch.tensor(keep, device=self.lm.device)))
@@ -185,6 +169,42 @@ class CrossVocabDrafter(Drafter):
         rows = index.tolist()
         self._text = [self._text[i] for i in rows]
         self._spelled = [self._spelled[i] for i in rows]
+
+
+class CrossVocabDrafter(ModelDrafter):
+    """Drafts with a causal LM whose tokenizer differs from the target's (see the module doc): the model drafter's
+    one rule, its logits restricted to the shared tokens and placed at their target ids. On the loop its state
+    spells the committed text in full (`SpelledLoopState`); on the engine (`engine.build`: `with_state`) every target
+    token reaches the draft as ONE draft token (`engine_inputs`), so the slot cache keeps the target's positions —
+    the law does not depend on the spelling, only α does."""
+
+    accepts_processor = False
+
+    def __init__(self, model: torch.nn.Module, bridge: VocabBridge):
+        lm = HFCausalLM(model)
+        if lm.vocab_size < bridge.draft_vocab_size:
+            raise ValueError(f"the draft model has {lm.vocab_size} logits; its tokenizer has "
+                             f"{bridge.draft_vocab_size} ids")
+        super().__init__(state=SpelledLoopState(lm, bridge))
+        self.bridge = bridge
+        self.vocab_size = bridge.target_vocab_size  # proposes target ids
+        self.draft_vocab_size = bridge.draft_vocab_size
+
+    def begin(self, context: TokenBuffer, vocab_size: int) -> None:
+        if vocab_size != self.vocab_size:
+            raise ValueError(f"the vocabulary bridge maps into {self.vocab_size} target ids; the target has {vocab_size}")
+        super().begin(context, vocab_size)
+
+    def with_state(self, state) -> "CrossVocabDrafter":
+        self.bridge.shared_ids(state.model.device)  # (on the state's device before any graph capture)
+        return super().with_state(state)
+
+    def engine_inputs(self) -> torch.Tensor:
+        """`[V_t]`: one draft id per target id (`VocabBridge.single_spelling`), what the engine feeds."""
+        return self.bridge.single_spelling()
+
+    def target_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.bridge.target_logits(logits.float())
 
 
 def bridge_if_needed(draft_model, draft_folder, target_tokenizer, target_vocab_size: int):

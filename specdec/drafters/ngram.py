@@ -6,9 +6,10 @@ q is a real distribution over the whole vocabulary, so sampling stays exact:
             successors of prev, plus the remaining mass spread as the unigram law (prev unseen: unigram).
 
 One implementation for both runners: the table rule (`_distribution`) is the drafter; only the draw is the
-runner's. The loop calls `propose(context, γ, sampling, generator)` — one law and one generator for the batch —;
-the engine calls `propose(context, γ)` with its `StepView`, whose `draft_chain` draws each row with its own law
-and counter-based seed (`drafters.protocol`: why the engine's law lives on its context).
+runner's, through the one call `draft_chain`: the loop calls `propose(context, γ, sampling, generator)` — one law and
+one generator for the batch, `base.LoopDraws` —; the engine calls `propose(context, γ)` with its `StepView`, whose
+`draft_chain` draws each row with its own law and counter-based seed (`drafters.protocol`: why the engine's law
+lives on its context).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from specdec.core import SamplingConfig, sample, standardize_logits
-from specdec.drafters.base import Drafter, Proposal
+from specdec.core import SamplingConfig
+from specdec.drafters.base import Drafter, LoopDraws, Proposal
 from specdec.sequences import TokenBuffer
 
 
@@ -122,20 +123,13 @@ class NGramDrafter(Drafter):
         """Drafts `[B, γ]` from q(· | previous token) and that q `[B, γ, V]` (None when greedy). sampling None: the
         engine's call — the rows' laws and seeds are on `context` (`StepView.draft_chain`)."""
         prev = context.tokens.gather(1, (context.lengths - 1)[:, None]).squeeze(1)
-        if sampling is None:
-            self._tables(prev.device)  # (fitted? and the tables on the device before any capture)
-            return context.draft_chain(num_draft_tokens, lambda i, previous: self._distribution(
-                prev if previous is None else previous).clamp_min(1e-30).log(), 0)
-        tokens, probs = [], []
-        if sampling.greedy:
-            greedy_next = self._greedy_next(prev.device)
+        if sampling is not None and sampling.greedy:  # the loop's greedy drafts: one gather per token
+            tokens, greedy_next = [], self._greedy_next(prev.device)
             for _ in range(num_draft_tokens):
                 prev = greedy_next[prev]
                 tokens.append(prev)
             return Proposal(tokens=torch.stack(tokens, 1), probs=None)
-        for _ in range(num_draft_tokens):
-            q = standardize_logits(self._distribution(prev).clamp_min(1e-30).log(), sampling)
-            prev = sample(q, generator)
-            tokens.append(prev)
-            probs.append(q)
-        return Proposal(tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1))
+        self._tables(prev.device)  # (fitted? and the tables on the device before any capture)
+        draws = context if sampling is None else LoopDraws(sampling, generator)  # the engine's view, or the loop's law
+        return draws.draft_chain(num_draft_tokens, lambda i, previous: self._distribution(
+            prev if previous is None else previous).clamp_min(1e-30).log(), 0)

@@ -47,7 +47,9 @@ engine as it is; a loop-only drafter, whose `propose` needs `sampling` and `gene
 shared `(context, num_draft_tokens)` head of every shipped drafter's `propose` is checked by
 `tests/drafters/test_protocol.py`; a plugin drafter on the engine by `tests/engine/test_plugin_drafter.py`.)
 `as_drafter` is the loop's entry: a transformers model becomes a `ModelDrafter` (`Seq2SeqModelDrafter`),
-vocabularies checked.
+vocabularies checked. A `ModelDrafter` (its cross-vocabulary kind and `fast.FastDrafter` included) is one class for
+both runners too, its cache in a state holder: the engine binds it to a state of its own first (`engine.build`:
+`with_state`), so `is_slot_drafter` is False for one over the loop's cache.
 
 Writing a drafter for the engine: `propose(context, num_draft_tokens) -> Proposal` over the `StepView`; draw with
 `context.draft_chain(γ, next_logits, forward_passes)` (each row's own law, processors and counter-based seed; q is
@@ -68,7 +70,7 @@ from specdec.core import SamplingConfig
 from specdec.sequences import TokenBuffer
 
 __all__ = ["Proposal", "TreeProposal", "LoopDrafter", "SlotDrafter", "CachedSlotDrafter", "FeatureSlotDrafter", "TreeLoopDrafter",
-           "AnyDrafter", "is_slot_drafter", "as_drafter", "check_same_vocabulary", "check_drafter_argument"]
+           "AnyDrafter", "is_slot_drafter", "takes_engine_call", "as_drafter", "check_same_vocabulary", "check_drafter_argument"]
 
 
 @dataclass(frozen=True)
@@ -203,7 +205,17 @@ AnyDrafter = Union[LoopDrafter, SlotDrafter, TreeLoopDrafter]  # the family: wha
 
 def is_slot_drafter(drafter) -> bool:
     """True when the engine can call `drafter` as it is: a `SlotDrafter` whose `propose` binds the engine's call
-    `(context, num_draft_tokens)` — the loop's sampling arguments, where it takes them, optional."""
+    `(context, num_draft_tokens)` — the loop's sampling arguments, where it takes them, optional — and, for a
+    `ModelDrafter`, holding the engine's state (`engine.build` binds one over the loop's: `with_state`)."""
+    from specdec.drafters.model import ModelDrafter
+
+    if isinstance(drafter, ModelDrafter) and not drafter.on_engine:
+        return False  # a model drafter over the loop's cache: the engine binds it to its own state first
+    return takes_engine_call(drafter)
+
+
+def takes_engine_call(drafter) -> bool:
+    """True when `drafter` is a `SlotDrafter` whose `propose` binds `(context, num_draft_tokens)`."""
     if drafter is None or isinstance(drafter, type) or not isinstance(drafter, SlotDrafter):
         return False
     try:

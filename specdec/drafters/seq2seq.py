@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.drafters.model import ModelDrafter
+from specdec.drafters.model import LoopState, ModelDrafter
 from specdec.models.seq2seq import HFSeq2SeqLM
 from specdec.sequences import TokenBuffer
 
@@ -22,8 +22,7 @@ class Seq2SeqModelDrafter(ModelDrafter):
     """
 
     def __init__(self, model: torch.nn.Module):
-        self.lm = HFSeq2SeqLM(model)
-        self.vocab_size = self.lm.vocab_size
+        super().__init__(state=LoopState(HFSeq2SeqLM(model)))
 
     def begin(self, context: TokenBuffer, vocab_size: int) -> None:
         self._claim(context)
@@ -32,4 +31,4 @@ class Seq2SeqModelDrafter(ModelDrafter):
                 "Seq2SeqModelDrafter needs an encoder-decoder target: the context carries no encoder inputs "
                 "(context.source is None)"
             )
-        self.lm.encode(context.source)
+        self.state.lm.encode(context.source)

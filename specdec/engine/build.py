@@ -19,9 +19,10 @@ from pathlib import Path
 
 import torch
 
-from specdec.drafters.protocol import LoopDrafter, SlotDrafter, is_slot_drafter
+from specdec.drafters.protocol import LoopDrafter, SlotDrafter, is_slot_drafter, takes_engine_call
 from specdec.engine.config import UnsupportedModel
-from specdec.engine.drafters import EngineModelDrafter
+from specdec.drafters.model import ModelDrafter
+from specdec.engine.drafters import SlotModel
 from specdec.drafters.formats import is_drafter, load_drafter
 from specdec.fast.held_once import adopt_hf
 from specdec.fast.hf_backend import HFBackendModel, UnsupportedArchitecture
@@ -86,22 +87,15 @@ def covers_drafter(drafter) -> bool:
     """True for the drafters the engine runs: None, any `SlotDrafter` (`drafters.protocol.is_slot_drafter`: prompt
     lookup, n-gram tables, a drafter written against the protocol), feature heads (specdec's, EAGLE, EAGLE-3,
     Medusa, speculators: objects or folders, `drafters.formats`), and draft models it covers (transformers models,
-    `ModelDrafter`, `FastDrafter`, `CrossVocabDrafter`); other loop drafters run on the transformers loop."""
-    if drafter is None or is_slot_drafter(drafter) or is_drafter(drafter):
+    folders, a `ModelDrafter` — the cross-vocabulary and `fast.target` ones included — over one); other loop
+    drafters run on the transformers loop."""
+    if drafter is None or is_drafter(drafter):
         return True
-    if isinstance(drafter, LoopDrafter) and type(drafter) not in _model_drafter_kinds():
-        return False
-    return covers(drafter)
-
-
-def _model_drafter_kinds() -> tuple[type, ...]:
-    """The loop's model drafters whose model the engine drafts with (`EngineModelDrafter`, the cross-vocabulary
-    bridge): their `propose` is the loop's, their model is what the engine takes."""
-    from specdec.drafters.cross_vocab import CrossVocabDrafter
-    from specdec.drafters.model import ModelDrafter
-    from specdec.fast.target import FastDrafter
-
-    return ModelDrafter, FastDrafter, CrossVocabDrafter
+    if isinstance(drafter, ModelDrafter):  # (a subclass whose propose needs the loop's arguments stays there)
+        return takes_engine_call(drafter) and (drafter.on_engine or covers(drafter.model))
+    if is_slot_drafter(drafter):
+        return True
+    return not isinstance(drafter, LoopDrafter) and covers(drafter)
 
 
 def _fast_model(model, check_only: bool = False, gguf_weights: str = "auto",
@@ -219,23 +213,11 @@ def _hf_module(model):
     return model
 
 
-def _backend_drafter(drafter) -> bool:
-    """A draft model the transformers backend can take (a transformers model or a specdec model drafter)."""
-    from specdec.drafters.model import ModelDrafter
-
-    return isinstance(drafter, (torch.nn.Module, str, Path)) or type(drafter) is ModelDrafter
-
-
 def build_drafter(drafter, engine):
     """The engine's drafter for what a user passed: a `SlotDrafter` as it is (prompt lookup, n-gram tables, a
-    plugin: `drafters.protocol.is_slot_drafter`), a feature head bound to the target, or an `EngineModelDrafter`
-    (`EngineCrossVocabDrafter`) over a draft model; `UnsupportedModel` for a drafter only the loop runs."""
-    vocab = engine.vocab_size
-    if is_slot_drafter(drafter):  # one implementation for both runners, or written against the engine's protocol
-        size = drafter.vocab_size if isinstance(drafter, LoopDrafter) else None  # (a plugin: q checked per step)
-        if size is not None and size != vocab:
-            raise ValueError(f"draft and target vocabularies differ: drafter has {size} tokens, target has {vocab}")
-        return drafter
+    plugin: `drafters.protocol.is_slot_drafter`), a feature head bound to the target, or a `ModelDrafter` (its
+    cross-vocabulary kind included) bound to the engine's state over a draft model; `UnsupportedModel` for a
+    drafter only the loop runs."""
     if is_drafter(drafter) and isinstance(engine.model, HFBackendModel):
         raise UnsupportedModel(f"feature heads read the target's hidden states from a fast family body; the target "
                                f"runs on the transformers backend ({engine.model.shape.model_type})")
@@ -248,28 +230,42 @@ def build_drafter(drafter, engine):
             return EngineMedusaDrafter(head, engine.state)
         return EngineFeatureDrafter(head, engine.state, engine.max_batch, engine.num_positions,
                                     engine.max_draft_tokens)
-    impl = engine.config.model_impl
-    if not covers_drafter(drafter) and (impl == "fast" or not _backend_drafter(drafter)):
-        why = (" (its propose needs the loop's sampling arguments; the engine calls propose(context, "
-               "num_draft_tokens))" if isinstance(drafter, SlotDrafter) else "")
-        raise UnsupportedModel(f"the engine does not run {type(drafter).__name__} drafters{why}: use engine='hf'")
-    model = _model_body(drafter, impl, gguf_weights=engine.config.gguf_weights)
+    if isinstance(drafter, (torch.nn.Module, str, Path)):  # a draft model: the model drafter over it
+        return _bind_model(drafter, None, engine)
+    if isinstance(drafter, ModelDrafter) and takes_engine_call(drafter):  # one class for both runners: bound
+        return _bind_model(drafter.model, drafter, engine)
+    if is_slot_drafter(drafter):  # one implementation for both runners, or written against the engine's protocol
+        size = drafter.vocab_size if isinstance(drafter, LoopDrafter) else None  # (a plugin: q checked per step)
+        if size is not None and size != engine.vocab_size:
+            raise ValueError(f"draft and target vocabularies differ: drafter has {size} tokens, target has "
+                             f"{engine.vocab_size}")
+        return drafter
+    why = (" (its propose needs the loop's sampling arguments; the engine calls propose(context, num_draft_tokens))"
+           if isinstance(drafter, SlotDrafter) else "")
+    raise UnsupportedModel(f"the engine does not run {type(drafter).__name__} drafters{why}: use engine='hf'")
+
+
+def _bind_model(draft_model, drafter: ModelDrafter | None, engine) -> ModelDrafter:
+    """`drafter` (a new `ModelDrafter` when None) over the engine's state (`engine.drafters.SlotModel`): a slot cache
+    over the engine's body of `draft_model` (a fast family body, or the transformers backend as `model_impl` says)."""
+    impl, vocab = engine.config.model_impl, engine.vocab_size
+    inputs = None if drafter is None else drafter.engine_inputs()  # (a cross-vocabulary draft's spelling)
+    cross_vocab = inputs is not None
+    model = _model_body(draft_model, impl, gguf_weights=engine.config.gguf_weights)
     if model.device != engine.device:
         model = model.to(engine.device)
-    from specdec.drafters.cross_vocab import CrossVocabDrafter
-
-    if isinstance(drafter, CrossVocabDrafter) and isinstance(model, HFBackendModel):
+    if cross_vocab and isinstance(model, HFBackendModel):
         raise UnsupportedModel("the cross-vocabulary drafter embeds the target's tokens in its own model: it needs a "
                                "fast family body (model_impl='fast' or 'auto' with a covered draft model)")
-    if isinstance(drafter, CrossVocabDrafter):  # another tokenizer: drafts through the vocabulary bridge
-        from specdec.engine.cross_vocab_drafter import EngineCrossVocabDrafter
-
-        if drafter.vocab_size != vocab:
-            raise ValueError(f"the vocabulary bridge maps into {drafter.vocab_size} target ids; the target has {vocab}")
-        model.kernels = engine.config.kernels
-        return EngineCrossVocabDrafter(model, drafter.bridge, engine.state, engine.max_batch, engine.num_positions)
-    if model.shape.vocab_size != vocab:
-        raise ValueError(f"draft and target vocabularies differ: drafter has {model.shape.vocab_size} tokens, "
-                         f"target has {vocab}; speculative decoding needs the same vocabulary")
+    size = drafter.vocab_size if cross_vocab else model.shape.vocab_size
+    if size != vocab:
+        raise ValueError(f"the vocabulary bridge maps into {size} target ids; the target has {vocab}" if cross_vocab
+                         else f"draft and target vocabularies differ: drafter has {size} tokens, target has {vocab}; "
+                         "speculative decoding needs the same vocabulary")
     model.kernels = engine.config.kernels
-    return EngineModelDrafter(model, engine.max_batch, engine.num_positions)
+    if cross_vocab and model.shape.vocab_size < drafter.draft_vocab_size:
+        raise ValueError(f"the draft model has {model.shape.vocab_size} logits; its tokenizer has "
+                         f"{drafter.draft_vocab_size} ids")
+    state = SlotModel(model, engine.max_batch, engine.num_positions, inputs=inputs,
+                      state=engine.state if cross_vocab else None)
+    return ModelDrafter(state=state) if drafter is None else drafter.with_state(state)

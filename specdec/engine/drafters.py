@@ -4,11 +4,12 @@ Every drafter the engine runs is a `drafters.protocol.SlotDrafter`: `propose(con
 `tokens [b, γ]`, the q they were drawn from (`[b, γ, V]`, None when every row's q is one-hot), per-row draft
 lengths (None = all γ) and its model calls — with no host synchronization, so a whole step can be captured;
 `context` is a `StepView`, which carries each row's sampling law and seed (`draw`, `draft_chain`: how a drafter
-samples on the engine). Prompt lookup and the n-gram tables are the `drafters` package's own classes, which take
-this call as they are; what is here is the view and the drafter that needs the engine's slot cache:
+samples on the engine). Every drafter kind is ONE class for both runners (`drafters`); what is here is the view
+and the engine's state holder of a draft model:
 
-  EngineModelDrafter   a small fast model with its own slot cache; each proposal re-feeds the last
-                       `WINDOW` committed tokens, so rejected drafts never need to be rolled back
+  SlotModel   a `drafters.model.ModelDrafter`'s (and `CrossVocabDrafter`'s) state on the engine: a small fast model
+              with its own slot cache; each proposal re-feeds the last `WINDOW` committed tokens, so rejected drafts
+              never need to be rolled back (`engine.build` binds a drafter to it: `ModelDrafter.with_state`)
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from specdec import rng
 from specdec.core import FILTERS, standardize_rows
@@ -27,12 +29,13 @@ from specdec.core.processors import (
     process_draft,
     text_bans,
 )
+from specdec.drafters.model import DraftState, ModelDrafter
 from specdec.drafters.protocol import Proposal
 from specdec.engine.slots import SlotCache, SlotState, prefill_ragged, prefill_rows
 from specdec.fast.kernels.argmax import argmax
 from specdec.fast.model import FastLlama
 
-__all__ = ["Flavor", "StepView", "EngineModelDrafter", "WINDOW", "refeed_window"]
+__all__ = ["Flavor", "StepView", "SlotModel", "EngineModelDrafter", "WINDOW", "refeed_window"]
 
 WINDOW = 4  # committed tokens a model drafter re-feeds per proposal
 
@@ -150,30 +153,72 @@ def refeed_window(view: "StepView", cache) -> tuple[torch.Tensor, torch.Tensor]:
     return view.tokens.gather(1, pos.clamp_min(0)) * valid, valid
 
 
-class EngineModelDrafter:
-    """A small `FastLlama` drafting γ tokens autoregressively from its own slot cache."""
+class SlotModel(DraftState):
+    """The engine's state holder of a `drafters.model.ModelDrafter` (the one model drafter class; the cross-vocabulary
+    one too): a small `FastLlama` and its own slot cache, which the engine prefills, catches up, moves and captures.
 
-    def __init__(self, model: FastLlama, max_batch: int, num_positions: int):
-        self.model = model
+    inputs: `[V_t]` the draft id fed for each target id (`ModelDrafter.engine_inputs`: a cross-vocabulary draft's
+    one-token spelling, so the draft's text keeps the target's positions), None = the same ids; state: the engine's
+    `SlotState`, whose tokens a spelled prefill reads (static tensors: a prefill graph replays them)."""
+
+    on_engine = True
+
+    def __init__(self, model: FastLlama, max_batch: int, num_positions: int, *, inputs: torch.Tensor | None = None,
+                 state: SlotState | None = None):
+        if inputs is not None and state is None:
+            raise ValueError("SlotModel: spelled inputs need the engine's state (state=)")
+        self.model, self.state = model, state
         self.cache = SlotCache(model, max_batch, num_positions)
         self.vocab_size = model.shape.vocab_size
+        self.inputs = None if inputs is None else inputs.to(model.device)
+        self._view = None  # this proposal's cache view (`feed` rolls it back, `step` appends)
+
+    def _ids(self, tokens: torch.Tensor) -> torch.Tensor:
+        return tokens if self.inputs is None else self.inputs[tokens]
+
+    def _entries(self, rows: slice, first: int, width: int) -> torch.Tensor:
+        """The draft's input vectors at positions [first, first + width) of `rows`: `[b, width, dim]`."""
+        tokens = self.state.tokens[rows]
+        cols = (first + torch.arange(width, device=tokens.device)).clamp(max=tokens.shape[1] - 1)
+        return self._embed(tokens[:, cols])
+
+    def _entries_at(self, rows: slice, cols: torch.Tensor) -> torch.Tensor:
+        """`_entries` at per-row positions `cols [b, width]`."""
+        tokens = self.state.tokens[rows]
+        return self._embed(tokens.gather(1, cols.clamp(max=tokens.shape[1] - 1)))
+
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Target tokens `[b, k]` → the draft's input vectors `[b, k, dim]` (its own embedding scale applied)."""
+        x = F.embedding(self._ids(tokens), self.model.embed)
+        scale = self.model.shape.arch.embed_scale
+        return x if scale is None else x * torch.tensor(scale, dtype=x.dtype)
 
     def prefill(self, state: SlotState, rows: slice, starts: list[int], ends: list[int], chunk: int, *,
                 extent: int | None = None, graphs=None) -> None:
         """Feed committed positions [starts[i], ends[i]) of the slots in `rows` (eager; the cache then holds them).
         extent, graphs: as `prefill_rows` (extent: no row holds an entry at or past it that must survive, None =
         unknown; graphs: a `PrefillGraphs` replaying chunk shapes seen before, None = eager)."""
-        prefill_rows(self.model, self.cache, state, rows, starts, ends, chunk, extent=extent, graphs=graphs)
+        prefill_rows(self.model, self.cache, state, rows, starts, ends, chunk, extent=extent, graphs=graphs,
+                     embeds=None if self.inputs is None else self._entries)
 
     def prefill_ragged(self, state: SlotState, rows: slice, starts: list[int], ends: list[int], chunk: int, *,
                        extent: int | None = None) -> None:
         """`prefill` with each row's columns from its own start (`slots.prefill_ragged`: rows at different offsets,
         a catch-up's, share a forward without computing the columns between them)."""
-        prefill_ragged(self.model, self.cache, state, rows, starts, ends, chunk, extent=extent)
+        prefill_ragged(self.model, self.cache, state, rows, starts, ends, chunk, extent=extent,
+                       embeds=None if self.inputs is None else self._entries_at)
 
-    def propose(self, context: StepView, num_draft_tokens: int) -> Proposal:
-        cache = self.cache.view(slice(0, context.batch), context.num_positions)
-        window, valid = refeed_window(context, cache)
-        first = self.model(window, cache, valid, last_only=True)[:, 0]
-        return context.draft_chain(num_draft_tokens, lambda i, prev: first if i == 0 else
-                                   self.model(prev[:, None], cache, last_only=True)[:, 0], num_draft_tokens)
+    def feed(self, context: StepView) -> torch.Tensor:
+        """Re-feed each row's last `WINDOW` committed tokens (rejected drafts are overwritten, never rolled back) →
+        the first draft's logits `[b, V_d]`."""
+        self._view = self.cache.view(slice(0, context.batch), context.num_positions)
+        window, valid = refeed_window(context, self._view)
+        return self.model(self._ids(window), self._view, valid, last_only=True)[:, 0]
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model(self._ids(tokens)[:, None], self._view, last_only=True)[:, 0]
+
+
+# The name the engine's runner, beams and token trees read (`type(drafter) is EngineModelDrafter`: a plain model
+# drafter on the engine's state — the cross-vocabulary subclass grows no trees): the one model drafter class.
+EngineModelDrafter = ModelDrafter

@@ -138,14 +138,14 @@ def drafter_laws(drafter, target_vocab: int, contexts: list[list[int]], sampling
     propose one token and its reported q is taken (None probs = a deterministic, one-hot q).
     """
     from specdec.drafters.base import Drafter
-    from specdec.drafters.model import ModelDrafter
+    from specdec.drafters.model import LoopState, ModelDrafter
     from specdec.sequences import TokenBuffer
 
     from specdec.drafters.formats import is_drafter
 
     if is_drafter(drafter):
         return None  # a head (specdec's, EAGLE, EAGLE-3, Medusa) or its folder: q needs the target's features
-    if type(drafter) is ModelDrafter:
+    if type(drafter) is ModelDrafter and type(drafter.state) is LoopState:  # (over a transformers model)
         drafter = drafter.model
     if isinstance(drafter, torch.nn.Module) and getattr(drafter, "config", None) is not None:
         return model_laws(drafter, contexts, sampling)

@@ -8,7 +8,8 @@ Terms:
   KVCache      `[B, H_kv, S, D]` per layer; row b's token at position t lives in slot t (no holes), so
                rollback is a pointer move: `crop(lengths)` only sets `lengths`
   FastTarget   the target interface of `specdec.models.hf.HFCausalLM` (begin / forward / crop / select_rows)
-  FastDrafter  a `specdec.drafters.base.Drafter` whose γ single-token steps are one captured graph
+  FastDrafter  the model drafter (`specdec.drafters.model.ModelDrafter`) over a FastLlama: its γ
+               single-token steps and draws one captured graph (`fast.target.FastLoopState`)
 
 Use them with the ordinary loop: `specdec.generate(FastTarget(m), prompts, drafter=FastDrafter(d))`.
 Both set `drop_finished_rows = False`: shapes stay fixed for a whole request, so graphs stay valid.

@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import torch
 
-from specdec.core import SamplingConfig
-from specdec.drafters.base import Drafter, Proposal
+from specdec.drafters.model import ModelDrafter
 from specdec.fast.graphs import CapturedStep, graph_options, new_pool
 from specdec.fast.t5 import FastT5, T5Cache, check_t5
-from specdec.fast.target import _draft_step, crop_lengths, owned_proposal, pair_inputs
+from specdec.fast.target import FastLoopState, crop_lengths
 from specdec.models.seq2seq import check_encoder_inputs
 from specdec.sequences import TokenBuffer
 
-__all__ = ["FastSeq2SeqTarget", "FastSeq2SeqDrafter", "covers_seq2seq", "load_fast_t5"]
+__all__ = ["FastSeq2SeqTarget", "FastSeq2SeqDrafter", "FastSeq2SeqState", "covers_seq2seq", "load_fast_t5"]
 
 MIN_SOURCE_WIDTH = 16
 MAX_STATES = 32  # cache shapes (batch, decoder slots, source width) kept with their graphs
@@ -192,32 +191,14 @@ class FastSeq2SeqTarget(_FastSeq2SeqLM):
         crop_lengths(self.cache.lengths, lengths)
 
 
-class FastSeq2SeqDrafter(Drafter):
-    """A small T5 drafting γ decoder tokens per step; on CUDA the whole proposal is one graph replay.
+class FastSeq2SeqState(FastLoopState):
+    """A `ModelDrafter`'s state over a small `FastT5` behind the loop (`fast.target.FastLoopState`: the pair re-fed
+    from L − 2, the whole proposal one graph replay on CUDA; position 0 reads its own decoder start token). It
+    encodes the target's encoder inputs (`context.source`) once per request with its own encoder."""
 
-    It encodes the target's encoder inputs (`context.source`) once per request with its own encoder. Each
-    proposal re-feeds the last two committed tokens at positions L−2, L−1 (as `FastDrafter`), so its cache
-    needs no commit bookkeeping. Position 0 reads its own decoder start token.
-    """
+    kind = "FastSeq2SeqDrafter"
 
-    drop_finished_rows = False
-
-    def __init__(self, model, *, device=None, dtype: torch.dtype | None = None, max_draft_tokens: int = 16,
-                 cuda_graphs: bool | None = None):
-        self.lm = _FastSeq2SeqLM(model, device, dtype, max_draft_tokens, cuda_graphs)
-        self.vocab_size = self.lm.vocab_size
-        self.max_draft_tokens = max_draft_tokens
-
-    @property
-    def model(self) -> FastT5:
-        return self.lm.model
-
-    @property
-    def device(self) -> torch.device:
-        return self.lm.device
-
-    def begin(self, context: TokenBuffer, vocab_size: int) -> None:
-        self._claim(context)
+    def begin(self, context: TokenBuffer) -> None:
         if context.source is None:
             raise ValueError(
                 "FastSeq2SeqDrafter needs an encoder-decoder target: the context carries no encoder inputs "
@@ -225,29 +206,11 @@ class FastSeq2SeqDrafter(Drafter):
             )
         self.lm.encode(context.source, context.capacity + self.lm.max_draft_tokens)
 
-    def propose(self, context: TokenBuffer, num_draft_tokens: int, sampling: SamplingConfig,
-                generator: torch.Generator | None, confidence_threshold: float | None = None) -> Proposal:
-        self._check_owner(context)
-        lm = self.lm
-        gamma = num_draft_tokens
-        if gamma > lm.max_draft_tokens:
-            raise ValueError(f"FastSeq2SeqDrafter was built for at most {lm.max_draft_tokens} draft tokens (got {gamma})")
-        inputs = {"tokens": context.tokens, "lengths": context.lengths}  # the pair to re-feed is read in the graph
-        if not sampling.greedy:
-            noise = torch.empty(context.batch_size, gamma, lm.vocab_size, device=lm.device)
-            inputs["noise"] = noise.exponential_(generator=generator)
-        cache, model = lm.cache, lm.model
 
-        def make(static):
-            def step():
-                step_inputs = {**pair_inputs(static["tokens"], static["lengths"]), "noise": static.get("noise")}
-                return _draft_step(model, cache, step_inputs, gamma, sampling, confidence_threshold)
-
-            return step
-
-        with torch.inference_mode():
-            key = ("draft", tuple(context.tokens.shape), gamma, sampling, confidence_threshold)
-            return owned_proposal(*lm.run(key, make, inputs), gamma)
-
-    def select_rows(self, index: torch.Tensor) -> None:
-        self.lm.select_rows(index)
+def FastSeq2SeqDrafter(model, *, device=None, dtype: torch.dtype | None = None, max_draft_tokens: int = 16,
+                       cuda_graphs: bool | None = None) -> ModelDrafter:
+    """The model drafter (`drafters.model.ModelDrafter`) over a small T5 (`FastSeq2SeqState`): γ decoder tokens per
+    step, on CUDA one graph replay. Finished rows stay in the batch (static shapes); no processors on the drafts."""
+    drafter = ModelDrafter(state=FastSeq2SeqState(_FastSeq2SeqLM(model, device, dtype, max_draft_tokens, cuda_graphs)))
+    drafter.drop_finished_rows, drafter.accepts_processor = False, False
+    return drafter

@@ -1,4 +1,5 @@
-"""`FastTarget` and `FastDrafter`: the fast Llama behind the same interfaces as `HFCausalLM` / `ModelDrafter`.
+"""`FastTarget` and `FastDrafter`: the fast Llama behind the same interfaces as `HFCausalLM` / `ModelDrafter`
+(`FastDrafter` IS a `ModelDrafter`, the one model drafter class, over a `FastLoopState`).
 
     target = FastTarget(hf_llama, dtype=torch.bfloat16, device="cuda")
     drafter = FastDrafter(hf_small_llama, dtype=torch.bfloat16, device="cuda")
@@ -15,13 +16,13 @@ from __future__ import annotations
 
 import torch
 
-from specdec.core import SamplingConfig
-from specdec.drafters.base import Drafter, Proposal, draw_draft
+from specdec.drafters.base import LoopDraws, Proposal
+from specdec.drafters.model import DraftState, ModelDrafter
 from specdec.fast.graphs import CapturedStep, graph_options, new_pool
 from specdec.fast.model import FastLlama, KVCache
 from specdec.sequences import TokenBuffer
 
-__all__ = ["FastTarget", "FastDrafter", "load_fast_llama"]
+__all__ = ["FastTarget", "FastDrafter", "FastLoopState", "PairFeed", "load_fast_llama"]
 
 
 def load_fast_llama(model, *, device=None, dtype: torch.dtype | None = None) -> FastLlama:
@@ -158,29 +159,20 @@ class FastTarget(_FastLM):
         crop_lengths(self.cache.lengths, lengths)
 
 
-class FastDrafter(Drafter):
-    """A small Llama drafting γ tokens per step; on CUDA the whole proposal is one graph replay.
+class FastLoopState(DraftState):
+    """A `ModelDrafter`'s state behind the transformers loop over a `FastLlama` (see `FastDrafter`): a per-row cache
+    sized once per request shape, the whole proposal — γ single-token forwards plus the draws — one graph on CUDA.
 
-    Each proposal re-feeds the last two committed tokens (static shape [B, 2]) at positions L−2, L−1, so the
-    drafter's cache needs no commit bookkeeping: slots before L−2 always hold committed text.
-    """
+    Each proposal re-feeds the last two committed tokens (static shape [B, 2]) at positions L−2, L−1, so the cache
+    needs no commit bookkeeping: slots before L−2 always hold committed text."""
 
-    drop_finished_rows = False
+    kind = "FastDrafter"  # (for errors)
 
-    def __init__(self, model, *, device=None, dtype: torch.dtype | None = None, max_draft_tokens: int = 16,
-                 cuda_graphs: bool | None = None):
-        self.lm = _FastLM(model, device, dtype, max_draft_tokens, cuda_graphs)
-        self.vocab_size = self.lm.vocab_size
+    def __init__(self, lm):
+        self.lm = lm  # a `_FastLM` (or `fast.seq2seq`'s encoder-decoder one)
+        self.model, self.vocab_size = lm.model, lm.vocab_size
 
-    @property
-    def model(self) -> FastLlama:
-        return self.lm.model
-
-    @property
-    def device(self) -> torch.device:
-        return self.lm.device
-
-    def begin(self, context: TokenBuffer, vocab_size: int) -> None:
+    def begin(self, context: TokenBuffer) -> None:
         lm = self.lm
         lm.allocate(context.batch_size, context.capacity + lm.max_draft_tokens)
         prefix = (context.lengths - 2).clamp_min(0)
@@ -190,27 +182,55 @@ class FastDrafter(Drafter):
             with torch.inference_mode():
                 lm.model(context.tokens[:, :width] * valid, lm.cache, valid, last_only=True)
 
-    def propose(self, context: TokenBuffer, num_draft_tokens: int, sampling: SamplingConfig,
-                generator: torch.Generator | None, confidence_threshold: float | None = None) -> Proposal:
-        lm = self.lm
-        gamma = num_draft_tokens
+    def run(self, context: TokenBuffer, draws: LoopDraws, num_draft_tokens: int, chain) -> Proposal:
+        """`chain` over the pair feed, with the noise drawn here from the loop's generator (outside the graph)."""
+        lm, gamma, sampling = self.lm, num_draft_tokens, draws.sampling
         if gamma > lm.max_draft_tokens:
-            raise ValueError(f"FastDrafter was built for at most {lm.max_draft_tokens} draft tokens (got {gamma})")
+            raise ValueError(f"{self.kind} was built for at most {lm.max_draft_tokens} draft tokens (got {gamma})")
         inputs = pair_inputs(context.tokens, context.lengths)
         if not sampling.greedy:
             noise = torch.empty(context.batch_size, gamma, lm.vocab_size, device=lm.device)
-            inputs["noise"] = noise.exponential_(generator=generator)
-        cache, model = lm.cache, lm.model
+            inputs["noise"] = noise.exponential_(generator=draws.generator)
+        feed, threshold = PairFeed(lm.model, lm.cache), draws.confidence_threshold
 
         def make(static):
-            return lambda: _draft_step(model, cache, static, gamma, sampling, confidence_threshold)
+            graph_draws = LoopDraws(sampling, None, confidence_threshold=threshold, noise=static.get("noise"),
+                                    host_stop=False)  # (no host sync inside a graph)
+            return lambda: chain(feed, static, graph_draws, gamma)
 
-        with torch.inference_mode():
-            key = ("draft", context.batch_size, gamma, sampling, confidence_threshold)
-            return owned_proposal(*lm.run(key, make, inputs), gamma)
+        key = ("draft", context.batch_size, gamma, sampling, threshold)
+        proposal = lm.run(key, make, inputs)
+        return owned_proposal(proposal.tokens, proposal.probs, proposal.lengths, gamma)
+
+    def commit(self, context: TokenBuffer) -> None:
+        """Nothing to drop: the next proposal re-feeds from L − 2."""
 
     def select_rows(self, index: torch.Tensor) -> None:
         self.lm.select_rows(index)
+
+
+class PairFeed(DraftState):
+    """The feed of a cache re-fed from L − 2 (`pair_inputs`' `pair`, `valid`, `base` as the context)."""
+
+    def __init__(self, model, cache: KVCache):
+        self.model, self.cache = model, cache
+
+    def feed(self, inputs: dict) -> torch.Tensor:
+        self.cache.lengths.copy_(inputs["base"])
+        return self.model(inputs["pair"], self.cache, inputs["valid"], last_only=True)[:, 0]
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model(tokens[:, None], self.cache, last_only=True)[:, 0]
+
+
+def FastDrafter(model, *, device=None, dtype: torch.dtype | None = None, max_draft_tokens: int = 16,
+                cuda_graphs: bool | None = None) -> ModelDrafter:
+    """The model drafter (`drafters.model.ModelDrafter`, one class for both runners) over a `FastLlama` behind the
+    transformers loop (`FastLoopState`): on CUDA the whole proposal is one graph replay. Finished rows stay in the
+    batch (static shapes); no logits processors on the drafts (a host hook in a graph)."""
+    drafter = ModelDrafter(state=FastLoopState(_FastLM(model, device, dtype, max_draft_tokens, cuda_graphs)))
+    drafter.drop_finished_rows, drafter.accepts_processor = False, False
+    return drafter
 
 
 def owned_proposal(tokens: torch.Tensor, probs: torch.Tensor | None, lengths: torch.Tensor | None,
@@ -218,31 +238,6 @@ def owned_proposal(tokens: torch.Tensor, probs: torch.Tensor | None, lengths: to
     """A `Proposal` of a graph's outputs, copied: the static tensors are overwritten by the next replay."""
     return Proposal(tokens=tokens.clone(), probs=probs.clone() if probs is not None else None,
                     lengths=lengths.clone() if lengths is not None else None, forward_passes=gamma)
-
-
-def _draft_step(model: FastLlama, cache: KVCache, inputs: dict, gamma: int, sampling: SamplingConfig,
-                confidence_threshold: float | None):
-    """γ autoregressive drafter forwards (graph body): returns tokens [B, γ], q [B, γ, V] or None, lengths or None."""
-    cache.lengths.copy_(inputs["base"])
-    logits = model(inputs["pair"], cache, inputs["valid"], last_only=True)[:, 0]
-    tokens, probs, confident = [], [], []
-    for i in range(gamma):
-        if i > 0:
-            logits = model(tokens[-1][:, None], cache, last_only=True)[:, 0]
-        noise = None if sampling.greedy else inputs["noise"][:, i]  # drawn outside, from the caller's generator
-        token, q, q_token = draw_draft(logits, sampling, noise=noise, confidence=confidence_threshold is not None,
-                                       check_nan=False)  # (no host sync inside a graph)
-        if q is not None:
-            probs.append(q)
-        if confidence_threshold is not None:
-            confident.append(q_token >= confidence_threshold)
-        tokens.append(token)
-    lengths = None
-    if confidence_threshold is not None:
-        # A row keeps drafting while every earlier draft was confident (as ModelDrafter's early stop).
-        streak = torch.stack(confident[:-1], 1).long().cumprod(1).sum(1) if gamma > 1 else tokens[0] * 0
-        lengths = streak + 1
-    return torch.stack(tokens, 1), (torch.stack(probs, 1) if probs else None), lengths
 
 
 def pair_inputs(tokens: torch.Tensor, lengths: torch.Tensor) -> dict:

@@ -75,13 +75,13 @@ class FromScratchDrafter(CrossVocabDrafter):
     """The same drafts without a cache: the draft model re-run over each row's whole spelled text."""
 
     def propose(self, context, num_draft_tokens, sampling, generator, confidence_threshold=None):
-        self._translate(context)
+        self.state._translate(context)
         rows = []
-        for text in self._text:
+        for text in self.state._text:
             seq, row = list(text), []
             for _ in range(num_draft_tokens):
                 with torch.no_grad():
-                    logits = self.lm.model(torch.tensor([seq])).logits[0, -1]
+                    logits = self.model(torch.tensor([seq])).logits[0, -1]
                 token = int(self.bridge.target_logits(logits[None].float())[0].argmax())
                 row.append(token)
                 seq.append(int(self.bridge.target_to_draft[token]))
@@ -89,7 +89,7 @@ class FromScratchDrafter(CrossVocabDrafter):
         return Proposal(tokens=torch.tensor(rows), forward_passes=num_draft_tokens)
 
     def commit(self, context):
-        self._translate(context)
+        self.state._translate(context)
 
 
 @pytest.mark.parametrize("gamma", [1, 3])

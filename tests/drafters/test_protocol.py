@@ -18,10 +18,11 @@ from specdec.models import as_target
 def test_loop_drafters_satisfy_the_loop_protocol(llama_draft):
     for drafter in (NGramDrafter(2), PromptLookupDrafter(), ModelDrafter(llama_draft)):
         assert isinstance(drafter, LoopDrafter), type(drafter).__name__
-        # a loop drafter has no capability the engine looks for (`SlotDrafter` alone is only "has propose")
+    for drafter in (NGramDrafter(2), PromptLookupDrafter()):
+        # a table drafter has no capability the engine looks for (`SlotDrafter` alone is only "has propose")
         assert not isinstance(drafter, (CachedSlotDrafter, FeatureSlotDrafter)), type(drafter).__name__
-    # prompt lookup and the n-gram tables are one class for both runners: the engine takes them as they are; the
-    # model drafter's propose needs the loop's sampling arguments (the engine drafts with its model instead)
+    # every kind is one class for both runners: the engine takes prompt lookup and the n-gram tables as they are; a
+    # model drafter over the loop's cache it binds to its own state first (`ModelDrafter.with_state`)
     assert is_slot_drafter(NGramDrafter(2)) and is_slot_drafter(PromptLookupDrafter())
     assert not is_slot_drafter(ModelDrafter(llama_draft)) and not is_slot_drafter(_DuckDrafter())
     assert not is_slot_drafter(PromptLookupDrafter) and not is_slot_drafter(None)  # (a class, nothing)
@@ -32,6 +33,26 @@ def test_the_engine_runs_one_implementation_of_lookup_and_ngram(llama):
         engine = Engine(llama, drafter, EngineConfig(max_batch_size=2, max_seq_len=64, num_draft_tokens=2,
                                                      cuda_graphs=False))
         assert engine.drafter is drafter  # passed through: no engine copy of the kind
+
+
+def test_one_model_drafter_class_serves_both_runners(llama, llama_draft):
+    from specdec.engine.config import UnsupportedModel
+
+    drafter = ModelDrafter(llama_draft)
+    engine = Engine(llama, drafter, EngineConfig(max_batch_size=2, max_seq_len=64, num_draft_tokens=2,
+                                                 cuda_graphs=False))
+    # bound to the engine's state (`with_state`): the same class, the loop's instance left as it was
+    assert type(engine.drafter) is ModelDrafter and engine.drafter.on_engine and not drafter.on_engine
+    assert is_slot_drafter(engine.drafter) and isinstance(engine.drafter, CachedSlotDrafter)
+    assert engine.drafter.state is not drafter.state and drafter.model is llama_draft
+
+    class LoopOnlyModel(ModelDrafter):  # negative control: a subclass whose propose needs the loop's arguments
+        def propose(self, context, num_draft_tokens, sampling, generator, confidence_threshold=None) -> Proposal:
+            return super().propose(context, num_draft_tokens, sampling, generator, confidence_threshold)
+
+    with pytest.raises(UnsupportedModel, match="LoopOnlyModel drafters"):
+        Engine(llama, LoopOnlyModel(llama_draft), EngineConfig(max_batch_size=2, max_seq_len=64, num_draft_tokens=2,
+                                                                cuda_graphs=False))
 
 
 @pytest.mark.parametrize("kind", ["model", "lookup"])
@@ -68,11 +89,9 @@ def _loop_drafter_classes():
 
 
 def _engine_drafter_classes():
-    from specdec.engine.cross_vocab_drafter import EngineCrossVocabDrafter
-    from specdec.engine.drafters import EngineModelDrafter
     from specdec.engine.feature_drafter import EngineFeatureDrafter, EngineMedusaDrafter
 
-    return [EngineModelDrafter, EngineFeatureDrafter, EngineMedusaDrafter, EngineCrossVocabDrafter]
+    return [EngineFeatureDrafter, EngineMedusaDrafter]  # (the model drafters are the loop's classes: one each)
 
 
 def propose_mismatches(classes, method="propose", head=("context", "num_draft_tokens"), record="Proposal") -> list[str]:
@@ -91,8 +110,10 @@ def propose_mismatches(classes, method="propose", head=("context", "num_draft_to
 def test_every_drafter_proposes_through_one_head_and_one_record():
     loop, engine = _loop_drafter_classes(), _engine_drafter_classes()
     names = {c.__name__ for c in loop}
-    assert {"Drafter", "ModelDrafter", "NGramDrafter", "PromptLookupDrafter", "CrossVocabDrafter",
-            "HierarchicalDrafter", "FastDrafter", "FastSeq2SeqDrafter"} <= names, names
+    assert {"Drafter", "ModelDrafter", "NGramDrafter", "PromptLookupDrafter",
+            "HierarchicalDrafter"} <= names, names
+    # the model drafter's one propose: the cross-vocabulary kind maps its logits, the fast loop drafters are states
+    assert not {"CrossVocabDrafter", "FastDrafter", "FastSeq2SeqDrafter"} & names, names
     assert propose_mismatches(loop + engine) == []
     from specdec.drafters.tree import TreeModelDrafter
 

@@ -14,7 +14,7 @@ import seq2seq_models
 import specdec
 from seq2seq_models import teacher_forced_logits
 from specdec.drafters.base import Drafter, Proposal
-from specdec.fast.seq2seq import FastSeq2SeqDrafter, FastSeq2SeqTarget, covers_seq2seq, source_width
+from specdec.fast.seq2seq import FastSeq2SeqDrafter, FastSeq2SeqState, FastSeq2SeqTarget, covers_seq2seq, source_width
 from specdec.models.seq2seq import decoder_start_token_id
 
 VOCAB = 64
@@ -92,7 +92,9 @@ def test_graph_bodies_never_read_device_data_on_the_host(pairs):
     """encode_into, forward and the drafter's γ steps run on the meta device: no .item(), no host branching
     on tensor values, no host-made tensors, so on CUDA they can be captured in graphs."""
     from specdec.fast.t5 import FastT5, T5Shape
-    from specdec.fast.target import _draft_step, pair_inputs
+    from specdec.drafters.base import LoopDraws
+    from specdec.drafters.model import chain_proposal
+    from specdec.fast.target import PairFeed, pair_inputs
 
     fast = FastT5(T5Shape.from_hf(pairs["v1.1"][0].config), device="meta", dtype=torch.float32)
     cache = fast.new_cache(2, 20, 16)
@@ -104,8 +106,8 @@ def test_graph_bodies_never_read_device_data_on_the_host(pairs):
                              torch.ones(2, dtype=torch.long, device="meta"))
         inputs["noise"] = torch.empty(2, 3, VOCAB, device="meta")
         for sampling in (specdec.SamplingConfig(temperature=0), specdec.SamplingConfig(temperature=0.7, top_p=0.9)):
-            tokens, _, _ = _draft_step(fast, cache, inputs, 3, sampling, None)
-            assert tokens.shape == (2, 3)
+            draws = LoopDraws(sampling, None, noise=inputs["noise"], host_stop=False)  # (the graph body's draws)
+            assert chain_proposal(PairFeed(fast, cache), inputs, draws, 3).tokens.shape == (2, 3)
 
 
 def greedy_reference(model, source, max_new_tokens, eos):
@@ -149,7 +151,7 @@ def test_greedy_equals_transformers(version, pairs):
 class CheckingDrafter(Drafter):
     """Wraps a FastSeq2SeqDrafter; checks every row's reported q against the drafter model, teacher-forced."""
 
-    def __init__(self, inner: FastSeq2SeqDrafter, hf_model, sampling: specdec.SamplingConfig):
+    def __init__(self, inner, hf_model, sampling: specdec.SamplingConfig):
         self.inner, self.hf_model, self.sampling = inner, hf_model, sampling
         self.vocab_size, self.drop_finished_rows, self.checked = inner.vocab_size, False, 0
 
@@ -277,7 +279,7 @@ def test_table2_measurement_picks_the_fast_path(pairs):
     assert speed_models(model, drafters, 3)[2] == "transformers"  # "auto" on CPU
     assert speed_models(model, {"bart": seq2seq_models.make_bart(0, vocab=VOCAB)}, 3, "always")[2] == "transformers"
     target, fast, path = speed_models(model, drafters, 3, "always")
-    assert path == "fast" and isinstance(target, FastSeq2SeqTarget) and isinstance(fast["small"], FastSeq2SeqDrafter)
+    assert path == "fast" and isinstance(target, FastSeq2SeqTarget) and isinstance(fast["small"].state, FastSeq2SeqState)
     assert fast["bigram"] is bigram
     rows = speed_table(target, fast, SOURCES[:2], gammas=(1, 3), temperatures=(0.0,), max_new_tokens=6, warmup=True)
     assert len(rows) == 1 + 2 * 2 and all(r["tokens_per_s"] > 0 for r in rows)
@@ -308,7 +310,7 @@ def test_graphs_equal_eager_on_cuda(temperature, pairs):
 def test_greedy_equals_transformers_on_cuda(pairs):
     model, draft = (copy.deepcopy(m).to("cuda") for m in pairs["v1.1"])
     target, drafter = FastSeq2SeqTarget(model), FastSeq2SeqDrafter(draft)
-    assert target.cuda_graphs and drafter.lm.cuda_graphs
+    assert target.cuda_graphs and drafter.state.lm.cuda_graphs
     for source in SOURCES:
         ref = greedy_reference(model, source, 16, [1])
         for gamma in (1, 4):
