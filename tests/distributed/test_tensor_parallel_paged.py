@@ -112,3 +112,28 @@ def test_two_ranks_mixed_step_match_one_process(checkpoints, tmp_path):
     # negative control: the same workload, its mixed forwards' partial sums left unreduced, parts from the tokens
     assert tp["no_reduce"]["chunks"] > 0
     assert tp["no_reduce"]["tokens"] != ref["mixed"]["tokens"]
+
+
+@pytest.mark.xfail(strict=True, reason="text/api.py's tensor-parallel make_llm does not pass mixed_step / prefill_budget "
+                   "/ prefill_steps / prefill_stall to LLM (dropped: no mixed step runs); remove this mark with that fix")
+def test_text_api_two_ranks_mixed_step_match_one_process(checkpoints, tmp_path):
+    """`specdec.load(tensor_parallel_size=2, mixed_step=True)`: rank 0 schedules and sends each admission and step
+    over the channel, rank 1 follows; with 2 slots for 4 prompts the later ones fill inside the verify steps, under
+    the "auto" budget each rank times apart — the texts of one process with whole prefills (greedy, seeded)."""
+    import specdec
+
+    sys.path.insert(0, str(WORKER.parent))
+    try:
+        from tp_text_worker import MIXED_PROMPTS
+    finally:
+        sys.path.remove(str(WORKER.parent))
+    _, torchrun = _worker()
+    out = tmp_path / "text.json"
+    torchrun(str(WORKER.with_name("tp_text_worker.py")), str(out), checkpoints["llama"], checkpoints["draft"], "mixed")
+    got = json.loads(out.read_text())
+    assert got["mixed_steps"] > 0  # (the later prompts were fed inside verify steps)
+    with specdec.load(checkpoints["llama"], checkpoints["draft"], device="cpu", num_draft_tokens=3) as llm:
+        assert got["greedy"] == [c.text for c in llm.generate(MIXED_PROMPTS, max_new_tokens=12, temperature=0)]
+        assert got["sampled"] == [c.text for c in llm.generate(MIXED_PROMPTS, max_new_tokens=12, temperature=1.0,
+                                                               seed=5)]
+    assert len(set(got["greedy"] + got["sampled"])) > 3  # not one degenerate text
