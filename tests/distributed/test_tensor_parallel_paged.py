@@ -86,14 +86,27 @@ def test_two_ranks_mixed_step_match_one_process(checkpoints, tmp_path):
     preempts, greedy and seeded rows of draft caps 0 / 2 / 3 — the tokens of one unsharded process, with the mixed
     step and without it (whole prefills); an "auto" budget sized apart on each rank feeds rank 0's; and a shard
     whose mixed forward skips the row-parallel all-reduces does not give those tokens (the negative control)."""
+    _mixed_runs_match_one_process(checkpoints, tmp_path, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+def test_two_gpus_mixed_step_match_one_process(checkpoints, tmp_path):
+    """The same on 2 GPUs over NCCL (fp32): the Triton ragged attention on each rank's heads, the all-reduces of
+    the eager mixed forward, rank 0's "auto" budget broadcast on the device."""
+    _mixed_runs_match_one_process(checkpoints, tmp_path, "cuda")
+
+
+def _mixed_runs_match_one_process(checkpoints, tmp_path, device: str) -> None:
     worker, torchrun = _worker()
     out = tmp_path / "out.json"
-    torchrun(str(WORKER), str(out), checkpoints["llama"], checkpoints["draft"], "mixed", nproc=2)
+    torchrun(str(WORKER), str(out), checkpoints["llama"], checkpoints["draft"], "mixed", nproc=2,
+             env_extra={"TP_DEVICE": device})
     got = json.loads(out.read_text())
     assert got["ranks_agree"] and got["clean_shutdown"]
     tp = got["result"]
-    drafter = transformers.AutoModelForCausalLM.from_pretrained(checkpoints["draft"]).eval()
-    target = FastLlama.from_hf(checkpoints["llama"], device="cpu", dtype=torch.float32)
+    drafter = transformers.AutoModelForCausalLM.from_pretrained(checkpoints["draft"]).eval().to(device)
+    target = FastLlama.from_hf(checkpoints["llama"], device=device, dtype=torch.float32)
     pool = worker.pool_bytes(target, drafter, worker.MIXED_BLOCKS)
     ref = {name: worker.traffic(target, drafter, pool, worker.MIXED_REQUESTS, **config)
            for name, config in (("mixed", worker.MIXED), ("whole", worker.WHOLE))}

@@ -1,6 +1,7 @@
 """Run by test_tensor_parallel_paged.py under `torchrun --nproc-per-node 2`: the engine on the paged pool, sharded.
 
-argv: OUT.json TARGET_DIR DRAFT_DIR [mixed]. Every rank builds one `Engine` over its shard of the target (a model drafter
+argv: OUT.json TARGET_DIR DRAFT_DIR [mixed]; the device is $TP_DEVICE ("cpu": gloo, default; "cuda": nccl, fp32).
+Every rank builds one `Engine` over its shard of the target (a model drafter
 replicated) with a tiny paged pool — so running requests are preempted and recomputed —, prefix caching on, and
 requests of different draft caps (plain, γ 2, γ 3), temperatures and seeds, some sharing a prompt prefix, some
 arriving while others run. Rank 0 writes each request's tokens, the pool's counters, and whether every rank
@@ -166,7 +167,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     out, target_dir, draft_dir, *mode = sys.argv[1:]  # mode "mixed": the mixed step's runs (`mixed_runs`)
-    device = init_tensor_parallel(int(os.environ["WORLD_SIZE"]), "cpu")
+    device = init_tensor_parallel(int(os.environ["WORLD_SIZE"]), os.environ.get("TP_DEVICE", "cpu"))  # (cuda: nccl)
     drafter = AutoModelForCausalLM.from_pretrained(draft_dir, local_files_only=True).eval().to(device)
     model = load_sharded(target_dir, device=device, dtype=torch.float32)
     if mode == ["mixed"]:
