@@ -125,6 +125,9 @@ def _mixed_runs_match_one_process(checkpoints, tmp_path, device: str) -> None:
     # negative control: the same workload, its mixed forwards' partial sums left unreduced, parts from the tokens
     assert tp["no_reduce"]["chunks"] > 0
     assert tp["no_reduce"]["tokens"] != ref["mixed"]["tokens"]
+    # and one rank's heads' K/V of the chunks matter: rank 1 alone feeding them one token off parts too
+    assert tp["rank1_shifted"]["chunks"] > 0
+    assert tp["rank1_shifted"]["tokens"] != ref["mixed"]["tokens"]
 
 
 @pytest.mark.xfail(strict=True, reason="text/api.py's tensor-parallel make_llm does not pass mixed_step / prefill_budget "

@@ -114,8 +114,10 @@ def chunk_counts(chunks) -> dict:
 def mixed_runs(model, drafter) -> dict:
     """This rank's runs of the mixed workload: "mixed" (budget 16), "whole" (mixed_step off), "auto" (the "auto"
     budget, sized apart on each rank: rank r's own would be 16·(r + 1); the engine must feed rank 0's — the budgets
-    it asked for and agreed on are recorded), "no_reduce" (negative control: the mixed forward's row-parallel
-    products not all-reduced, on every rank)."""
+    it asked for and agreed on are recorded), and two negative controls: "no_reduce" (the mixed forward's
+    row-parallel products not all-reduced, on every rank) and "rank1_shifted" (rank 1 alone feeds each chunk's
+    tokens one position off: its heads' K/V of those blocks wrong, rank 0's right)."""
+    from specdec.engine import mixed_step
     from specdec.engine.mixed_step import MixedStepRunner
     from specdec.engine.prefill_budget import AutoBudget
 
@@ -145,6 +147,16 @@ def mixed_runs(model, drafter) -> dict:
         out["no_reduce"] = traffic(model, drafter, pool, MIXED_REQUESTS, **MIXED)
     finally:
         MixedStepRunner.target_forward = real_forward
+    build = mixed_step.mixed_batch
+
+    def shifted(verify, chunks, table, block_size, tokens, **kwargs):  # (the same shapes: no collective differs)
+        return build(verify, chunks, table, block_size, tokens.roll(-1, 1) if model.rank == 1 else tokens, **kwargs)
+
+    mixed_step.mixed_batch = shifted
+    try:
+        out["rank1_shifted"] = traffic(model, drafter, pool, MIXED_REQUESTS, **MIXED)
+    finally:
+        mixed_step.mixed_batch = build
     return out
 
 
