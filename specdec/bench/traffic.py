@@ -217,6 +217,7 @@ def drive(engine, requests: list[TrafficRequest], slots: int, arrival: Arrival, 
     ids: dict[str, int] = {}
     engine.stats = SpecStats()
     captures = step_shapes(engine)
+    mixed = engine.runner.num_mixed_steps  # (steps that fed prompt chunks in their forward: `--mixed-step`)
     clock = policy_report(engine, 0.0, 0.0)["clock_s"]
     if engine.device.type == "cuda":
         import torch
@@ -272,7 +273,7 @@ def drive(engine, requests: list[TrafficRequest], slots: int, arrival: Arrival, 
             "captures": step_shapes(engine) - captures, "completed_per_s": len(requests) / seconds,
             "tpot_p50_greedy_s": percentile(by_temperature[True], 0.5),
             "tpot_p50_sampled_s": percentile(by_temperature[False], 0.5), "policy": policy_report(engine, clock, seconds),
-            "stalls": stalls.summary(seconds)}
+            "stalls": stalls.summary(seconds), "mixed_steps": engine.runner.num_mixed_steps - mixed}
 
 
 def warm_engine(spec: TrafficSpec, name: str, engine, log=None) -> dict:

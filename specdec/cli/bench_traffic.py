@@ -15,7 +15,7 @@ MAX_BENCH_GAMMA = 8
 #: specdec.bench.traffic_setup.DRAFTERS (not imported here: `specdec --help` stays free of torch)
 TRAFFIC_DRAFTERS = ("model", "head", "lookup", "ngram")
 TRAFFIC_ONLY = ("quick", "head", "target", "draft", "drafters", "slots", "arrival", "policy", "requests_per_slot", "prompt_tokens",
-                 "new_tokens", "sampled_share", "max_seconds", "serve", "clients")
+                 "new_tokens", "sampled_share", "max_seconds", "serve", "clients", "mixed_step")
 PRESET_ONLY = ("train", "gamma", "no_hf", "profile", "max_new_tokens")  # (--repeats: both, one meaning)
 
 
@@ -157,7 +157,7 @@ def run_traffic(args: argparse.Namespace, spec, drafters, log) -> int:
     if args.serve:
         clients = args.clients or ((1, 2) if args.quick else (8, 32, 64, 128))
         result = serve_and_write(spec, out, pair=args.pair, data=args.data, head=args.head, clients=clients,
-                                 quick=args.quick, log=log, max_seconds=args.max_seconds)
+                                 quick=args.quick, log=log, max_seconds=args.max_seconds, mixed_step=args.mixed_step)
         print(result["markdown"])
         if args.json:
             print_json({"preset": "traffic", "serve": True, "levels": [
@@ -166,7 +166,7 @@ def run_traffic(args: argparse.Namespace, spec, drafters, log) -> int:
         return 0
     max_batch = max(spec.slots)
     if args.quick:
-        setup = quick_setup(drafters, max_batch=max_batch)
+        setup = quick_setup(drafters, max_batch=max_batch, mixed_step=args.mixed_step)
     elif args.target is not None:
         from specdec.bench.traffic_setup import target_setup
         from specdec.loading import resolve_device
@@ -174,7 +174,8 @@ def run_traffic(args: argparse.Namespace, spec, drafters, log) -> int:
         try:
             context = min(4096, spec.prompt_tokens[1] + spec.new_tokens[1] + 64)  # (the cache: no larger than asked)
             setup = target_setup(Path(args.target), Path(args.draft) if args.draft else None, drafters,
-                                 max_batch=max_batch, device=resolve_device(args.device), max_context=context)
+                                 max_batch=max_batch, device=resolve_device(args.device), max_context=context,
+                                 mixed_step=args.mixed_step)
         except (ValueError, FileNotFoundError, ImportError) as err:
             raise CLIError(str(err)) from None
     else:
@@ -184,7 +185,7 @@ def run_traffic(args: argparse.Namespace, spec, drafters, log) -> int:
         if device.type != "cuda":
             raise CLIError(f"--device: the traffic table runs on CUDA (or --quick on the CPU), got {args.device!r}")
         setup = pair_setup(Path(args.pair), Path(args.data), Path(args.head) if args.head else None, drafters,
-                           max_batch=max_batch, device=device)
+                           max_batch=max_batch, device=device, mixed_step=args.mixed_step)
     log(f"traffic: {setup.device}; slots {list(spec.slots)}; arrivals {[a.label for a in spec.arrivals]}; "
          f"drafters {list(setup.arms)}; policies {list(spec.policies)}")
     result = run_and_write(spec, setup, out, log=log, max_seconds=args.max_seconds)

@@ -16,7 +16,9 @@ Per layer, with N ranks and rank r:
 Every rank ends with the full logits `[B, k, V]`.
 
 `ShardedFastLlama.shape` is the per-rank shape (nq/N heads, nkv/N kv heads, I/N intermediate): the engine
-sizes its KV cache from it and runs the unchanged `FastLlama.forward`; `full_shape` is the model's.
+sizes its KV cache from it and runs the unchanged `FastLlama.forward`; `full_shape` is the model's. The mixed
+prefill/decode step's ragged pass (`fast.ragged.forward_ragged`) runs the same eager layers, so on a shard each
+rank writes its heads' K/V of every chunk and verify row, and the sums are these all-reduces.
 Every rank must call forward with the same inputs in the same order (the engine does: its random draws
 are a function of (seed, position), the same on every rank; the seed must be the same too).
 
@@ -97,6 +99,14 @@ class ShardedFastLlama(FastLlama):
         (one preempts where another does not) and the next all-reduce waits forever."""
         t = torch.tensor([int(value)], dtype=torch.int64, device=self.embed.device)
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
+        return int(t.item())
+
+    def leader_int(self, value: int) -> int:
+        """Rank 0's `value` on every rank (collective). What the engine decides from this rank's own timings — the
+        "auto" prefill budget (`engine.prefill.ChunkedPrefill.agree`) — is rank 0's decision on every rank: rank 0
+        schedules, the others follow, and every forward's batch is the same on every rank."""
+        t = torch.tensor([int(value)], dtype=torch.int64, device=self.embed.device)
+        dist.broadcast(t, src=dist.get_global_rank(self.group, 0) if self.group is not None else 0, group=self.group)
         return int(t.item())
 
     def _row_parallel(self, x: torch.Tensor, inp: torch.Tensor, weight: torch.Tensor,

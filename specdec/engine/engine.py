@@ -74,7 +74,8 @@ class Engine:
     def __init__(self, target, drafter=None, config: EngineConfig | None = None):
         self.config = config = config or EngineConfig()
         self.runner = runner = Runner(target, drafter, config)
-        self.chunked = ChunkedPrefill(config)  # chunked prefill: prefill_budget an int, "auto" or None (off)
+        self.chunked = ChunkedPrefill(config, agree=getattr(runner.model, "leader_int", None))  # chunked prefill:
+        # prefill_budget an int, "auto" or None (off); a sharded target's ranks feed rank 0's "auto" budget
         admit_min = config.admit_min or max(1, runner.max_batch // 16)  # free slots worth one admission
         if self.chunked.budget and config.admit_min is None:  # (grouping admissions saves launches of whole
             admit_min = 1  # prefills; chunked feeds batch the filling rows anyway: a group only delays them)

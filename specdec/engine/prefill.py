@@ -45,11 +45,14 @@ class ChunkedPrefill:
     """The prefill budget (`EngineConfig.prefill_budget`: an int, "auto" — `prefill_budget.AutoBudget`, measured —
     or None: off), the deadline K (`prefill_steps`), and what each step feeds of the filling requests."""
 
-    def __init__(self, config):
+    def __init__(self, config, agree=None):
         self.mixed = config.mixed_step  # (the chunks ride in the step's target forward: `plan_mixed`)
         self.budget = config.prefill_budget or ("auto" if self.mixed else None)
         auto = self.budget == "auto"
         self.auto = AutoBudget(config.prefill_stall or DEFAULT_STALL) if auto else None
+        # agree(int) → int, collective (a sharded target's `leader_int`): "auto" sizes from this rank's timings,
+        # so under tensor parallelism each step's budget is rank 0's, or the ranks would feed different chunks
+        self.agree = agree if auto else None
         self._decode = self.auto or AutoBudget()  # the decode step's median (a mixed step's excess over it: its chunks)
         self._mixed = AutoBudget()  # mixed steps' seconds against their chunk tokens: a + b·n, a = the step alone
         self.steps = config.prefill_steps or (DEFAULT_STEPS if auto else None)
@@ -105,6 +108,8 @@ class ChunkedPrefill:
         filling request is fed within K steps of its admission — fed oldest first, request i (its own and the older
         requests' unfed tokens C_i, d_i steps left to its deadline) needs ⌈C_i / d_i⌉ this step."""
         budget, steps = self.step_prefill_budget, self.steps
+        if self.agree is not None:
+            budget = self.agree(budget)
         if not steps:
             return budget
         backlog = 0

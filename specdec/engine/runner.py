@@ -32,7 +32,7 @@ from specdec.engine.step_runner import StepRunner
 from specdec.engine.tree_step import EngineTree, TreeStepRunner
 from specdec.fast.cache import round_up
 from specdec.fast.graphs import new_pool
-from specdec.fast.model import FastLlama
+from specdec.fast.ragged import covers as ragged_covers
 from specdec.metrics import Clock
 from specdec.step import StepCounts, StepRecord
 
@@ -50,7 +50,7 @@ class Runner:
         with torch.inference_mode():
             self.model = build_model(target, config.kernels, config.bitwise, config.model_impl, config.gguf_weights)
             shape = self.model.shape
-            if config.mixed_step and type(self.model) is not FastLlama:  # (forward_ragged runs that body's layers)
+            if config.mixed_step and not ragged_covers(self.model):  # (forward_ragged runs that body's layers)
                 raise ValueError(f"mixed_step=True runs the fast Llama body's ragged forward; this target runs on "
                                  f"{type(self.model).__name__}")
             self.device = self.model.device

@@ -33,7 +33,7 @@ from specdec.fast.kernels.ragged_attention import RaggedLayout, ragged_attention
 from specdec.fast.kernels.select import check_kernel
 from specdec.fast.model import FastLlama
 
-__all__ = ["RaggedRow", "RaggedBatch", "forward_ragged"]
+__all__ = ["RaggedRow", "RaggedBatch", "forward_ragged", "covers"]
 
 
 @dataclass(frozen=True)
@@ -177,10 +177,17 @@ class RaggedBatch:
             layout=RaggedLayout(tuple(counts), tuple(starts), qs, pos, tab))
 
 
+def covers(model) -> bool:
+    """Whether `forward_ragged` runs `model`: a `FastLlama` whose eager layers are FastLlama's own. A subclass that
+    overrides only the GEMM helpers and the head (`distributed.ShardedFastLlama`: its row-parallel products
+    all-reduced, its vocab-parallel logits gathered) is covered; one with layers of its own (EAGLE's) is not."""
+    return isinstance(model, FastLlama) and type(model)._eager_layers is FastLlama._eager_layers
+
+
 def _check(model, batch: RaggedBatch, cache) -> None:
-    if type(model) is not FastLlama:
+    if not covers(model):
         raise TypeError(f"model must be a FastLlama (its own eager body), got {type(model).__name__}: subclasses "
-                        "(EAGLE layers, tensor-parallel shards) are not covered")
+                        "with layers of their own (EAGLE layers) are not covered")
     s = model.shape
     if not isinstance(batch, RaggedBatch):
         raise TypeError(f"batch must be a RaggedBatch (RaggedBatch.from_rows), got {type(batch).__name__}")

@@ -75,3 +75,78 @@ def test_the_workload_is_sensitive_to_its_seeds(checkpoints):
     greedy = [str(i) for i, r in enumerate(worker.REQUESTS) if r[2] == 0]
     assert any(other["tokens"][i] != ref["tokens"][i] for i in sampled)
     assert all(other["tokens"][i] == ref["tokens"][i] for i in greedy)
+
+
+def test_two_ranks_mixed_step_match_one_process(checkpoints, tmp_path):
+    """The mixed prefill/decode step under TP (`tp_paged_worker.mixed_runs`): prompts longer than a budget of 16,
+    arriving while others run, fed in chunks inside the verify steps' one forward on each rank's shard, a pool that
+    preempts, greedy and seeded rows of draft caps 0 / 2 / 3 — the tokens of one unsharded process, with the mixed
+    step and without it (whole prefills); an "auto" budget sized apart on each rank feeds rank 0's; and a shard
+    whose mixed forward skips the row-parallel all-reduces does not give those tokens (the negative control)."""
+    _mixed_runs_match_one_process(checkpoints, tmp_path, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+def test_two_gpus_mixed_step_match_one_process(checkpoints, tmp_path):
+    """The same on 2 GPUs over NCCL (fp32): the Triton ragged attention on each rank's heads, the all-reduces of
+    the eager mixed forward, rank 0's "auto" budget broadcast on the device."""
+    _mixed_runs_match_one_process(checkpoints, tmp_path, "cuda")
+
+
+def _mixed_runs_match_one_process(checkpoints, tmp_path, device: str) -> None:
+    worker, torchrun = _worker()
+    out = tmp_path / "out.json"
+    torchrun(str(WORKER), str(out), checkpoints["llama"], checkpoints["draft"], "mixed", nproc=2,
+             env_extra={"TP_DEVICE": device})
+    got = json.loads(out.read_text())
+    assert got["ranks_agree"] and got["clean_shutdown"]
+    tp = got["result"]
+    drafter = transformers.AutoModelForCausalLM.from_pretrained(checkpoints["draft"]).eval().to(device)
+    target = FastLlama.from_hf(checkpoints["llama"], device=device, dtype=torch.float32)
+    pool = worker.pool_bytes(target, drafter, worker.MIXED_BLOCKS)
+    ref = {name: worker.traffic(target, drafter, pool, worker.MIXED_REQUESTS, **config)
+           for name, config in (("mixed", worker.MIXED), ("whole", worker.WHOLE))}
+    assert tp["mixed"]["kv_heads"] == 1 and ref["mixed"]["kv_heads"] == 2
+    assert ref["mixed"]["tokens"] == ref["whole"]["tokens"]  # (one process: the mixed step's own exactness)
+    assert len(ref["mixed"]["tokens"]) == len(worker.MIXED_REQUESTS)
+    assert all(len(t) == worker.MAX_NEW for t in ref["mixed"]["tokens"].values())
+    for name in ("mixed", "whole", "auto"):
+        assert tp[name]["tokens"] == ref["mixed"]["tokens"], name
+    # the workload exercises what it claims: chunks in mixed steps, prompts split over steps, preemptions
+    assert tp["mixed"] == {**ref["mixed"], "kv_heads": 1}  # (the same chunks and preemptions as one process)
+    assert tp["mixed"]["split_chunks"] > 0 and tp["auto"]["split_chunks"] > 0
+    assert tp["mixed"]["preemptions"] > 0 and tp["whole"]["chunks"] == 0
+    # "auto": rank r sized its own budget 16·(r + 1); every step fed rank 0's (rank 1 asked 32, agreed 16)
+    assert got["budgets"] == [[[worker.BUDGET, worker.BUDGET]], [[2 * worker.BUDGET, worker.BUDGET]]]
+    # negative control: the same workload, its mixed forwards' partial sums left unreduced, parts from the tokens
+    assert tp["no_reduce"]["chunks"] > 0
+    assert tp["no_reduce"]["tokens"] != ref["mixed"]["tokens"]
+    # and one rank's heads' K/V of the chunks matter: rank 1 alone feeding them one token off parts too
+    assert tp["rank1_shifted"]["chunks"] > 0
+    assert tp["rank1_shifted"]["tokens"] != ref["mixed"]["tokens"]
+
+
+@pytest.mark.xfail(strict=True, reason="text/api.py's tensor-parallel make_llm does not pass mixed_step / prefill_budget "
+                   "/ prefill_steps / prefill_stall to LLM (dropped: no mixed step runs); remove this mark with that fix")
+def test_text_api_two_ranks_mixed_step_match_one_process(checkpoints, tmp_path):
+    """`specdec.load(tensor_parallel_size=2, mixed_step=True)`: rank 0 schedules and sends each admission and step
+    over the channel, rank 1 follows; with 2 slots for 4 prompts the later ones fill inside the verify steps, under
+    the "auto" budget each rank times apart — the texts of one process with whole prefills (greedy, seeded)."""
+    import specdec
+
+    sys.path.insert(0, str(WORKER.parent))
+    try:
+        from tp_text_worker import MIXED_PROMPTS
+    finally:
+        sys.path.remove(str(WORKER.parent))
+    _, torchrun = _worker()
+    out = tmp_path / "text.json"
+    torchrun(str(WORKER.with_name("tp_text_worker.py")), str(out), checkpoints["llama"], checkpoints["draft"], "mixed")
+    got = json.loads(out.read_text())
+    assert got["mixed_steps"] > 0  # (the later prompts were fed inside verify steps)
+    with specdec.load(checkpoints["llama"], checkpoints["draft"], device="cpu", num_draft_tokens=3) as llm:
+        assert got["greedy"] == [c.text for c in llm.generate(MIXED_PROMPTS, max_new_tokens=12, temperature=0)]
+        assert got["sampled"] == [c.text for c in llm.generate(MIXED_PROMPTS, max_new_tokens=12, temperature=1.0,
+                                                               seed=5)]
+    assert len(set(got["greedy"] + got["sampled"])) > 3  # not one degenerate text

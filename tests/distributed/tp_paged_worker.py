@@ -1,10 +1,12 @@
 """Run by test_tensor_parallel_paged.py under `torchrun --nproc-per-node 2`: the engine on the paged pool, sharded.
 
-argv: OUT.json TARGET_DIR DRAFT_DIR. Every rank builds one `Engine` over its shard of the target (a model drafter
+argv: OUT.json TARGET_DIR DRAFT_DIR [mixed]; the device is $TP_DEVICE ("cpu": gloo, default; "cuda": nccl, fp32).
+Every rank builds one `Engine` over its shard of the target (a model drafter
 replicated) with a tiny paged pool — so running requests are preempted and recomputed —, prefix caching on, and
 requests of different draft caps (plain, γ 2, γ 3), temperatures and seeds, some sharing a prompt prefix, some
 arriving while others run. Rank 0 writes each request's tokens, the pool's counters, and whether every rank
 produced the same; `traffic` is the one definition of that workload, which the test replays in one process.
+With "mixed": the mixed prefill/decode step's runs instead (`mixed_runs`: `traffic` over longer prompts).
 """
 
 from __future__ import annotations
@@ -37,20 +39,22 @@ CONFIG = dict(max_batch_size=4, max_seq_len=64, max_draft_tokens=3, kv_layout="p
               kv_cache_memory=None, enable_prefix_caching=True)
 
 
-def pool_bytes(target, drafter) -> int:
-    """The bytes of a pool of 16 blocks of 4 positions: this rank's shard of the target's K/V and the replicated
-    drafter's, every layer, fp32 — room for about two running requests of this workload, so the others wait and
-    running ones are preempted. The same 16 blocks on every rank and in one process."""
+def pool_bytes(target, drafter, blocks: int = 16) -> int:
+    """The bytes of a pool of `blocks` blocks of 4 positions: this rank's shard of the target's K/V and the
+    replicated drafter's, every layer, fp32 — 16: room for about two running requests of this workload, so the
+    others wait and running ones are preempted. The same blocks on every rank and in one process."""
     shape, config = target.shape, drafter.config
     target_position = 2 * shape.n_layers * shape.n_kv_heads * shape.head_dim * 4
     head_dim = config.hidden_size // config.num_attention_heads
     draft_position = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * 4
-    return 16 * 4 * (target_position + draft_position)
+    return blocks * 4 * (target_position + draft_position)
 
 
-def traffic(target, drafter, kv_cache_memory: int, requests=REQUESTS) -> dict:
-    """The workload (`requests`) on one engine: {request index: tokens}, plus the pool's counters."""
-    engine = Engine(target, drafter, EngineConfig(**{**CONFIG, "kv_cache_memory": kv_cache_memory}))
+def traffic(target, drafter, kv_cache_memory: int, requests=REQUESTS, **config) -> dict:
+    """The workload (`requests`) on one engine (`config` overrides `CONFIG`): {request index: tokens}, plus the
+    pool's counters and what the mixed steps fed (`chunk_counts`)."""
+    engine = Engine(target, drafter, EngineConfig(**{**CONFIG, "kv_cache_memory": kv_cache_memory, **config}))
+    chunks = record_chunks(engine)
     tokens: dict[str, list[int]] = {}
     ids: dict[str, int] = {}
     step = 0
@@ -67,7 +71,93 @@ def traffic(target, drafter, kv_cache_memory: int, requests=REQUESTS) -> dict:
     usage = engine.kv_cache_usage
     return {"tokens": {str(ids[k]): v for k, v in tokens.items()}, "preemptions": usage.num_preemptions,
             "prefix_hits": engine.prefix_cache.hits if engine.prefix_cache is not None else 0,
-            "kv_heads": target.shape.n_kv_heads}
+            "kv_heads": target.shape.n_kv_heads, **chunk_counts(chunks)}
+
+
+# ------------------------------------------------------------------ the mixed prefill/decode step under TP
+MIXED_REQUESTS = [  # prompts longer than the budget, arriving while others run: fed in chunks in their verify steps
+    (list(range(3, 27)), 3, 0.0, 0, 0),
+    ([9, 4] * 15, 2, 1.0, 11, 1),
+    (list(range(30, 50)), 0, 1.0, 12, 2),
+    (list(range(20, 60)) + [5], 3, 1.0, 13, 4),
+    ([7] * 17 + [8, 9], 2, 0.0, 0, 6),
+    (list(range(3, 20)) + [50] * 10, 3, 1.0, 14, 8),
+]
+BUDGET = 16  # prompt tokens a step (EngineConfig's smallest budget)
+MIXED = dict(mixed_step=True, prefill_budget=BUDGET, max_seq_len=96,
+             enable_prefix_caching=False)  # (no hits: a preempted request is re-fed in chunks too)
+WHOLE = {**MIXED, "mixed_step": False, "prefill_budget": None}  # whole prefills at admission
+MIXED_BLOCKS = 28  # two or three running requests: the others wait, running ones are preempted
+
+
+def record_chunks(engine) -> list[tuple[int, int]]:
+    """Each chunk a mixed step of `engine` feeds, as (its end, the prompt's end: its length − 1), appended while
+    the engine runs (the runner's `run` wrapped: the StepInput's `prefill`)."""
+    chunks, runner, real = [], engine.runner, engine.runner.run
+
+    def run(step, shape):
+        if step.prefill is not None:
+            ends = {r.slot: len(r.prompt) - 1 for r in engine.scheduler.filling}
+            chunks.extend((e, ends[s]) for s, e in zip(step.prefill.slots, step.prefill.ends))
+        return real(step, shape)
+
+    runner.run = run
+    return chunks
+
+
+def chunk_counts(chunks) -> dict:
+    """What the mixed steps fed: their chunks, and those that stopped before their prompt's end (a prompt split
+    over steps)."""
+    return {"chunks": len(chunks), "split_chunks": sum(end < last for end, last in chunks)}
+
+
+def mixed_runs(model, drafter) -> dict:
+    """This rank's runs of the mixed workload: "mixed" (budget 16), "whole" (mixed_step off), "auto" (the "auto"
+    budget, sized apart on each rank: rank r's own would be 16·(r + 1); the engine must feed rank 0's — the budgets
+    it asked for and agreed on are recorded), and two negative controls: "no_reduce" (the mixed forward's
+    row-parallel products not all-reduced, on every rank) and "rank1_shifted" (rank 1 alone feeds each chunk's
+    tokens one position off: its heads' K/V of those blocks wrong, rank 0's right)."""
+    from specdec.engine import mixed_step
+    from specdec.engine.mixed_step import MixedStepRunner
+    from specdec.engine.prefill_budget import AutoBudget
+
+    pool = pool_bytes(model, drafter, MIXED_BLOCKS)
+    out = {name: traffic(model, drafter, pool, MIXED_REQUESTS, **config)
+           for name, config in (("mixed", MIXED), ("whole", WHOLE))}
+    asked = []
+    model.leader_int = lambda value: asked.append((value, type(model).leader_int(model, value))) or asked[-1][1]
+    real_budget, AutoBudget.budget = AutoBudget.budget, lambda self, step_seconds=None: BUDGET * (model.rank + 1)
+    try:
+        out["auto"] = traffic(model, drafter, pool, MIXED_REQUESTS, **{**MIXED, "prefill_budget": "auto"})
+    finally:
+        AutoBudget.budget = real_budget
+        del model.leader_int
+    out["budgets"] = sorted(set(asked))  # (rank r's own: (asked, agreed) pairs; the ranks differ here by design)
+    real_forward = MixedStepRunner.target_forward
+
+    def unreduced(self, tokens, cache):
+        reduce, model.reduce = model.reduce, lambda partial: partial
+        try:
+            return real_forward(self, tokens, cache)
+        finally:
+            model.reduce = reduce
+
+    MixedStepRunner.target_forward = unreduced
+    try:
+        out["no_reduce"] = traffic(model, drafter, pool, MIXED_REQUESTS, **MIXED)
+    finally:
+        MixedStepRunner.target_forward = real_forward
+    build = mixed_step.mixed_batch
+
+    def shifted(verify, chunks, table, block_size, tokens, **kwargs):  # (the same shapes: no collective differs)
+        return build(verify, chunks, table, block_size, tokens.roll(-1, 1) if model.rank == 1 else tokens, **kwargs)
+
+    mixed_step.mixed_batch = shifted
+    try:
+        out["rank1_shifted"] = traffic(model, drafter, pool, MIXED_REQUESTS, **MIXED)
+    finally:
+        mixed_step.mixed_batch = build
+    return out
 
 
 def pool_agreement(target, drafter) -> int:
@@ -88,18 +178,22 @@ def pool_agreement(target, drafter) -> int:
 def main() -> None:
     from transformers import AutoModelForCausalLM
 
-    out, target_dir, draft_dir = sys.argv[1:]
-    device = init_tensor_parallel(int(os.environ["WORLD_SIZE"]), "cpu")
+    out, target_dir, draft_dir, *mode = sys.argv[1:]  # mode "mixed": the mixed step's runs (`mixed_runs`)
+    device = init_tensor_parallel(int(os.environ["WORLD_SIZE"]), os.environ.get("TP_DEVICE", "cpu"))  # (cuda: nccl)
     drafter = AutoModelForCausalLM.from_pretrained(draft_dir, local_files_only=True).eval().to(device)
     model = load_sharded(target_dir, device=device, dtype=torch.float32)
-    result = traffic(model, drafter, pool_bytes(model, drafter))
-    result["blocks_from_a_fraction"] = pool_agreement(model, drafter)
+    if mode == ["mixed"]:
+        result = mixed_runs(model, drafter)
+    else:
+        result = traffic(model, drafter, pool_bytes(model, drafter))
+        result["blocks_from_a_fraction"] = pool_agreement(model, drafter)
+    budgets = result.pop("budgets", None)
     gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, result)  # (equal results include equal pools)
+    dist.all_gather_object(gathered, (result, budgets))  # (equal results include equal pools)
     if is_main_rank():
         with open(out, "w", encoding="utf-8") as fh:
-            json.dump({"result": result, "ranks_agree": all(g == result for g in gathered),
-                       "clean_shutdown": shutdown_tensor_parallel(model)}, fh)
+            json.dump({"result": result, "ranks_agree": all(g == result for g, _ in gathered),
+                       "budgets": [b for _, b in gathered], "clean_shutdown": shutdown_tensor_parallel(model)}, fh)
     else:
         shutdown_tensor_parallel(model)
 

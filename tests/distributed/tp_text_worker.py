@@ -1,7 +1,8 @@
 """Run by test_tensor_parallel.py under `torchrun --nproc-per-node 2`: the text API with tensor_parallel_size=2.
 
-argv: OUT.json TARGET_DIR DRAFT_DIR. Rank 0 generates (a batch, a stream, a request asking another γ) and closes
-the LLM; rank 1 follows inside `specdec.load` and exits there. Rank 0 writes the texts.
+argv: OUT.json TARGET_DIR DRAFT_DIR [mixed]. Rank 0 generates (a batch, a stream, a request asking another γ) and
+closes the LLM; rank 1 follows inside `specdec.load` and exits there. Rank 0 writes the texts. With "mixed": the
+mixed prefill/decode step's run (`mixed`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,28 @@ import specdec  # noqa: E402
 PROMPTS = ["w1 w2 w3 w4", "w5 w6", "w7 w7 w8 w9 w7"]
 
 
+MIXED_PROMPTS = [" ".join(f"w{i}" for i in range(1, 25)), "w5 w6 w7", " ".join(f"w{i % 7 + 30}" for i in range(30)),
+                 " ".join(f"w{i}" for i in range(40, 59))]
+
+
+def mixed(out: str, target: str, draft: str) -> None:
+    """The mixed step through the leader/follower channel: 2 slots for 4 prompts, so the later ones are admitted
+    while others run and fed inside their verify steps, under the "auto" budget (each rank times its own steps;
+    the ranks feed rank 0's: `ShardedFastLlama.leader_int`)."""
+    llm = specdec.load(target, draft, device="cpu", num_draft_tokens=3, tensor_parallel_size=2, max_batch_size=2,
+                       mixed_step=True)
+    greedy = [c.text for c in llm.generate(MIXED_PROMPTS, max_new_tokens=12, temperature=0)]
+    sampled = [c.text for c in llm.generate(MIXED_PROMPTS, max_new_tokens=12, temperature=1.0, seed=5)]
+    mixed_steps = llm.runner().runner.num_mixed_steps
+    llm.close()
+    with open(out, "w", encoding="utf-8") as fh:
+        json.dump({"greedy": greedy, "sampled": sampled, "mixed_steps": mixed_steps}, fh)
+
+
 def main() -> None:
-    out, target, draft = sys.argv[1:]
+    out, target, draft, *mode = sys.argv[1:]
+    if mode == ["mixed"]:
+        return mixed(out, target, draft)
     llm = specdec.load(target, draft, device="cpu", num_draft_tokens=3, tensor_parallel_size=2)  # rank 1 stays here
     greedy = [c.text for c in llm.generate(PROMPTS, max_new_tokens=12, temperature=0)]
     sampled = [c.text for c in llm.generate(PROMPTS, max_new_tokens=12, temperature=1.0, seed=5)]

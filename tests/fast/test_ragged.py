@@ -14,7 +14,7 @@ import torch
 
 from specdec.fast import FastLlama
 from specdec.fast.cache import PagedKVCache
-from specdec.fast.ragged import RaggedBatch, RaggedRow, forward_ragged
+from specdec.fast.ragged import RaggedBatch, RaggedRow, covers, forward_ragged
 
 transformers = pytest.importorskip("transformers")
 T = transformers
@@ -257,6 +257,23 @@ def test_negative_controls_a_wrong_block_and_an_off_by_one_mask(make_llama):
         off = dataclasses.replace(good, layout=shifted)
         assert not torch.allclose(off.row_logits(forward_ragged(fast, off, pool.cache), 1), want["verify3"],
                                   atol=1e-3)
+
+
+def test_the_pass_covers_subclasses_that_keep_the_eager_layers(make_llama):
+    """A subclass overriding only the GEMM helpers (a tensor-parallel shard: `distributed.ShardedFastLlama`, run
+    on 2 gloo ranks by tests/distributed/test_tensor_parallel_paged.py) runs the pass; one with layers of its own
+    (EAGLE's) is refused by name."""
+    from specdec.distributed.sharded import ShardedFastLlama
+    from specdec.fast.eagle import EagleLayer
+
+    fast = family("llama", make_llama)
+    assert covers(fast) and ShardedFastLlama._eager_layers is FastLlama._eager_layers
+    own = type("OwnLayers", (FastLlama,), {"_eager_layers": lambda self, *a, **k: None})
+    mine = own(fast.shape)
+    assert not covers(mine) and EagleLayer._eager_layers is not FastLlama._eager_layers
+    batch = RaggedBatch.from_rows([RaggedRow([5, 6], 0, [3], 1)], block_size=BLOCK)
+    with pytest.raises(TypeError, match="got OwnLayers"):
+        forward_ragged(mine, batch, Pool(fast).cache)
 
 
 def test_the_pass_names_bad_arguments(make_llama):

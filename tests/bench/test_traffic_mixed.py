@@ -1,0 +1,37 @@
+"""`specdec bench --mixed-step`: the traffic table with every arm's engine on the mixed prefill/decode step (CPU
+`--quick` smoke run: the table's structure and that chunks rode in the steps, not speed)."""
+
+from __future__ import annotations
+
+import json
+
+from specdec.cli import main
+
+ARGS = ["bench", "--quick", "--slots", "2", "--arrival", "closed", "--drafters", "model", "--new-tokens", "4", "8",
+        "--prompt-tokens", "40", "100", "--requests-per-slot", "3", "--json"]
+
+
+def test_bench_quick_mixed_step_runs_every_arm_on_the_mixed_step(tmp_path, capsys):
+    assert main(ARGS + ["--mixed-step", "--out", str(tmp_path / "mixed")]) == 0
+    result = json.loads((tmp_path / "mixed" / "traffic.json").read_text())
+    assert result["mixed_step"] is True and any("mixed step on" in n for n in result["notes"])
+    rows = result["rows"]
+    assert [r["drafter"] for r in rows] == ["plain", "model"]
+    for r in rows:  # requests arrive while others run (a closed loop over more requests than slots): chunks ride
+        assert r["tokens"] > 0 and r["extra"]["mixed_steps"] > 0
+    assert rows[1]["vs_plain"] is not None
+
+
+def test_without_the_flag_no_step_is_mixed(tmp_path, capsys):
+    """Negative control: the same run without --mixed-step counts no mixed step (the count is the engine's own)."""
+    assert main(ARGS + ["--out", str(tmp_path / "off")]) == 0
+    result = json.loads((tmp_path / "off" / "traffic.json").read_text())
+    assert result["mixed_step"] is False and not any("mixed step on" in n for n in result["notes"])
+    assert all(r["extra"]["mixed_steps"] == 0 for r in result["rows"])
+
+
+def test_mixed_step_belongs_to_the_traffic_table(capsys):
+    assert main(["bench", "--preset", "smoke", "--mixed-step"]) == 2
+    assert "--mixed-step" in capsys.readouterr().err
+    assert main(["bench", "--preset", "chat", "--quick", "--mixed-step"]) == 2
+    assert "--mixed-step" in capsys.readouterr().err
