@@ -80,3 +80,24 @@ def test_serve_refuses_a_bad_size_before_loading(capsys, monkeypatch):
                                           / "target"), "--kv-cache-memory", "4 GiBs"])
     err = capsys.readouterr().err
     assert code == 2 and "--kv-cache-memory" in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("flags, said", [([], "the default budget"), (["--kv-cache-memory", "16MiB"],
+                                                                     "--kv-cache-memory 16.0 MiB")])
+def test_serve_sizes_the_pool_by_the_flag_and_says_so_at_start_up(flags, said):
+    pytest.importorskip("fastapi")
+    from pathlib import Path
+
+    import specdec
+    from specdec.cli.serve import build
+    from specdec.cli.serve_startup import kv_cache_line
+
+    demo = Path(specdec.__file__).parent / "assets" / "demo_pair"
+    _, llm = build(parse(["serve", str(demo / "target"), "--draft", str(demo / "draft"), "--max-batch-size", "2",
+                          "--block-size", "8", *flags]))
+    with llm:
+        engine = llm.runner()
+        usage = engine.kv_cache_usage
+        line = kv_cache_line(engine)
+        assert f"{usage.num_blocks} blocks of 8 tokens = {usage.num_blocks * 8} tokens" in line and said in line, line
+        assert (engine.kv_cache_bytes <= 16 << 20) == bool(flags)
