@@ -26,8 +26,8 @@ GAMMA_FLAGS = ("--num-draft-tokens", "--draft-max")
 ENGINES = ("auto", "fast", "hf")
 #: --engine → `specdec.load(runner=...)`'s names for the same runners
 RUNNER_OF_ENGINE = {"auto": "auto", "fast": "engine", "hf": "fallback"}
-ENGINE_HELP = ("the runner: auto (the engine where it covers the model on CUDA, else hf), fast (the request-level "
-               "engine), hf (the eager transformers loop)")
+ENGINE_HELP = ("the runner: auto (the request-level engine on every device; hf only for a model or drafter it "
+               "refuses), fast (the engine), hf (the eager transformers loop)")
 #: `--speculative-config` keys (vLLM's) this CLI honours; any other key is refused by name
 SPECULATIVE_KEYS = ("model", "num_speculative_tokens", "method")
 #: vLLM's `method` → specdec's --draft (a checkpoint method needs "model")

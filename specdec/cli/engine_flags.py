@@ -70,8 +70,8 @@ ENGINE_FLAGS = (
         type=float, metavar="FRACTION", help="with --prefill-budget auto: the prefill seconds a step may add, as a "
         "fraction of the measured decode step (default: 0.5)")),
     EngineFlag(("--model-impl",), "model_impl", dict(
-        choices=MODEL_IMPLS, help="the engine's body for the target: auto (the fast family bodies; a model they do "
-        "not cover runs on the hf loop), fast, transformers (the engine's transformers backend: the model's own "
+        choices=MODEL_IMPLS, help="the engine's body for the target: auto (the fast family bodies where they cover "
+        "the model, else the transformers backend), fast, transformers (the engine's transformers backend: the model's own "
         "modules with the engine's attention and KV cache, continuous batching for any decoder) (vLLM's flag)")),
     EngineFlag(("--bitwise",), "bitwise", dict(
         action="store_true", help="bit-for-bit exact mode: a request's greedy / seeded output and logprobs do not "
@@ -132,7 +132,7 @@ def check_engine_flags(args: argparse.Namespace, *, num_draft_tokens=None, loop:
         engine_config(checked, gamma or None)
         refusal = loop_refusal(checked) if loop else None
         if refusal is not None:
-            raise ValueError(refusal)
+            raise ValueError(f"not with --engine hf: {refusal}")
     except (ValueError, TypeError) as err:
         raise CLIError(f"{_flag_of(str(err), options)}: {err}") from None
     return checked

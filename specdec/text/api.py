@@ -59,8 +59,9 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
                     same engine, in the same batches
     chat_template   a Jinja chat template (string or file) replacing the tokenizer's own
     allow_pickle    load .bin/.pt weights (pickle can run code); safetensors only by default
-    runner          "auto": the request-level engine when it covers the model, else the eager loop;
-                    "engine" / "fallback" to force one (model_impl: `EngineConfig.model_impl`'s, "auto" routing as here)
+    runner          "auto": the request-level engine (a fast family body, else the transformers backend:
+                    `EngineConfig.model_impl`), the eager loop only for a model or drafter it refuses;
+                    "engine" / "fallback" to force one
     tensor_parallel_size  N > 1: run under `torchrun --nproc-per-node N`; every rank loads its shard of the
                     target folder; rank 0 gets the LLM, the other ranks follow its steps and exit the process
                     when rank 0 closes it (`specdec/text/tensor_parallel.py`); γ must be a fixed integer

@@ -59,8 +59,9 @@ class RunnerSpec:
 
 
 def build_runner(target, drafter, spec: RunnerSpec) -> tuple["Runner", dict | None]:
-    """(the request-level engine when it covers the model — falling back only on `UnsupportedModel` — else the
-    eager loop's `FallbackRunner`, its start-up warm-up report on CUDA or None). One runner for every γ: it holds the
+    """(the request-level engine — a fast family body or the transformers backend, `EngineConfig.model_impl` —
+    falling back to the eager loop's `FallbackRunner` only where the engine refuses the model or drafter
+    (`UnsupportedModel`, with runner="auto"), its start-up warm-up report on CUDA or None). One runner for every γ: it holds the
     drafter, and plain requests run on it too (rows capped at 0, `SamplingParams.num_draft_tokens`)."""
     gamma, options = spec.num_draft_tokens, dict(spec.options)
     if spec.runner != "fallback":
@@ -71,9 +72,8 @@ def build_runner(target, drafter, spec: RunnerSpec) -> tuple["Runner", dict | No
         if isinstance(gamma, str) and gamma != "auto":
             raise ValueError(f"num_draft_tokens={gamma!r}: the engine takes an int or 'auto' "
                              "(policy names run on runner='fallback')")
-        impl = options.get("model_impl", "auto")
-        # "auto": a model the fast bodies do not cover still takes the eager loop here
-        config = engine_config({**options, "model_impl": "fast" if impl == "auto" else impl}, gamma)
+        impl = options.get("model_impl", "auto")  # "auto": a model the fast bodies do not cover takes the backend
+        config = engine_config(options, gamma)
         try:
             engine = Engine(target, drafter, config=config)
         except UnsupportedModel as err:
