@@ -25,6 +25,7 @@ def serve_traffic(target: Path, draft, pool: list[list[int]], spec: TrafficSpec,
     """Start `specdec serve --target TARGET --draft DRAFT` (and `server_args`) and run every level on requests cut
     from `pool` (token ids) → {"server_log", "levels": [LevelResult dicts with vs_plain and itl_p99_vs_plain],
     "markdown"}."""
+    from specdec.engine.config import BATCH_BUCKETS
     from specdec.server.bench import ServerProcess, markdown_table, run_traffic_level
 
     config = json.loads((Path(target) / "config.json").read_text())
@@ -32,8 +33,9 @@ def serve_traffic(target: Path, draft, pool: list[list[int]], spec: TrafficSpec,
     requests = make_requests(pool, max(clients) * requests_per_client, spec, (), spec.seed, max_total=context)
     bodies = [{"prompt": r.prompt, "max_tokens": r.params.max_new_tokens, "temperature": r.params.temperature,
                "seed": r.params.seed} for r in requests]
+    batch = min(max(clients), BATCH_BUCKETS[-1])  # (the engine's largest batch; more clients queue)
     args = ["--target", str(target), "--draft", str(draft), "--num-draft-tokens", str(num_draft_tokens),
-            "--max-batch-size", str(max(clients)), "--device", device, "--dtype", dtype, *server_args]
+            "--max-batch-size", str(batch), "--device", device, "--dtype", dtype, *server_args]
     start, results = time.perf_counter(), []
     server = ServerProcess(args, start_timeout_s=400)
     with server as url:

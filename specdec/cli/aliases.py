@@ -18,23 +18,16 @@ from pathlib import Path
 
 from specdec.cli import CLIError
 
-#: specdec's flag first, then vLLM's / llama.cpp's spellings of the same option
+#: specdec's flag first, then vLLM's / llama.cpp's spellings of the same option (the engine's: `cli/engine_flags.py`)
 TARGET_FLAGS = ("--target", "--model", "-m")
 DRAFT_FLAGS = ("--draft", "-md", "--model-draft")
 GAMMA_FLAGS = ("--num-draft-tokens", "--draft-max")
-MAX_LEN_FLAGS = ("--max-seq-len", "--max-model-len", "-c", "--ctx-size")
-BATCH_FLAGS = ("--max-batch-size", "--max-num-seqs")
 #: the runner, one vocabulary on every command (`specdec.generate(engine=...)`'s)
 ENGINES = ("auto", "fast", "hf")
 #: --engine → `specdec.load(runner=...)`'s names for the same runners
 RUNNER_OF_ENGINE = {"auto": "auto", "fast": "engine", "hf": "fallback"}
-ENGINE_HELP = ("the runner: auto (the engine where it covers the model on CUDA, else hf), fast (the request-level "
-               "engine), hf (the eager transformers loop)")
-#: --model-impl: the engine's body for the target (`EngineConfig.model_impl`, vLLM's flag and names)
-MODEL_IMPLS = ("auto", "fast", "transformers")
-MODEL_IMPL_HELP = ("the engine's body for the target: auto (the fast family bodies; a model they do not cover runs "
-                   "on the hf loop), fast, transformers (the engine's transformers backend: the model's own modules "
-                   "with the engine's attention and KV cache, continuous batching for any decoder)")
+ENGINE_HELP = ("the runner: auto (the request-level engine on every device; hf only for a model or drafter it "
+               "refuses), fast (the engine), hf (the eager transformers loop)")
 #: `--speculative-config` keys (vLLM's) this CLI honours; any other key is refused by name
 SPECULATIVE_KEYS = ("model", "num_speculative_tokens", "method")
 #: vLLM's `method` → specdec's --draft (a checkpoint method needs "model")
@@ -66,22 +59,6 @@ def add_engine_argument(parser, *, default: str = "auto", legacy_runner: bool = 
     if legacy_runner:
         parser.add_argument("--runner", dest="engine", choices=("auto", "engine", "fallback"), default=argparse.SUPPRESS,
                             action=DeprecatedRunner, help="deprecated: --engine (engine = fast, fallback = hf)")
-
-
-def add_model_impl_argument(parser) -> None:
-    """--model-impl {auto,fast,transformers} (vLLM's flag; "fast" in place of its "vllm")."""
-    parser.add_argument("--model-impl", choices=MODEL_IMPLS, default="auto", help=MODEL_IMPL_HELP)
-
-
-def add_prefix_caching_arguments(parser) -> None:
-    """vLLM's --enable-prefix-caching / --no-enable-prefix-caching (and --no-prefix-caching) → `enable_prefix_caching`
-    True / False; neither: None, the engine's default."""
-    parser.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action="store_const", const=True,
-                        default=None, help="prompts reuse the KV blocks of text served before (the engine's prefix "
-                        "cache, on the paged KV pool; vLLM's flag) (default: the engine's: on with the paged pool)")
-    parser.add_argument("--no-enable-prefix-caching", "--no-prefix-caching", dest="enable_prefix_caching",
-                        action="store_const", const=False, default=argparse.SUPPRESS,
-                        help="prefix caching off (for A/B runs; vLLM's spelling first)")
 
 
 class Deprecated(argparse.Action):

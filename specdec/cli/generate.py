@@ -10,6 +10,7 @@ from specdec.cli import CLIError
 from specdec.cli.aliases import GAMMA_FLAGS, RUNNER_OF_ENGINE, add_engine_argument, add_model_arguments
 from specdec.cli.common import (add_checkpoint_options, add_model_options, apply_model_options, check_int,
                                 encode_prompts, load_drafter, loader_kwargs, log, print_json)
+from specdec.cli.engine_flags import add_engine_flags, check_engine_flags
 
 DRAFT_KINDS = ("ngram", "bigram", "unigram", "prompt-lookup")
 POLICY_NAMES = ("fixed", "heuristic", "optimal", "threshold", "guarded")  # = specdec.policy.POLICY_NAMES
@@ -63,9 +64,7 @@ def add_parser(subparsers) -> None:
                    help="how the ranks sum partial products: group (NCCL/gloo), one_shot (symmetric memory over "
                         "NVLink, CUDA) or auto (one_shot where the GPUs reach each other by P2P) (default: auto)")
     add_engine_argument(p)
-    p.add_argument("--bitwise", action="store_true",
-                   help="bit-for-bit exact mode: output and logprobs do not depend on the batch, γ or speculation "
-                        "(batch-invariant kernels; slower; needs the engine)")
+    add_engine_flags(p)
     p.add_argument("--json", action="store_true", help="print one JSON object with the texts and stats (stdout)")
     p.set_defaults(run=run)
 
@@ -146,14 +145,20 @@ def run(args: argparse.Namespace) -> int:
                        "--leniency, --draft-tree or --tensor-parallel-size")
     if args.tensor_parallel_all_reduce != "auto" and args.tensor_parallel_size == 1:
         raise CLIError(f"--tensor-parallel-all-reduce {args.tensor_parallel_all_reduce} needs --tensor-parallel-size > 1")
-    if args.bitwise and args.tensor_parallel_size != 1:
+    options = check_engine_flags(args, num_draft_tokens=gamma, loop=args.engine == "hf")
+    bitwise = bool(options.get("bitwise"))
+    if bitwise and args.tensor_parallel_size != 1:
         raise CLIError("--bitwise needs one device (not --tensor-parallel-size > 1)")
-    if args.bitwise and args.engine == "hf":
-        raise CLIError("--bitwise needs the request-level engine (not --engine hf)")
+    if options and (args.leniency != 1.0 or args.draft_tree is not None):
+        raise CLIError(f"--leniency / --draft-tree run on specdec.generate, which takes no engine options (given: "
+                       f"{', '.join(sorted(options))})")
     if check_int("--tensor-parallel-size", args.tensor_parallel_size, 1, 1024) > 1:
         if args.model_option or args.draft_model_option or args.allow_weight_mismatch:
             raise CLIError("--tensor-parallel-size reads a safetensors folder per rank: --model-option, "
                            "--draft-model-option and --allow-weight-mismatch are not supported with it")
+        if options:
+            raise CLIError(f"--tensor-parallel-size runs specdec.generate over the shards, which takes no engine "
+                           f"options (given: {', '.join(sorted(options))})")
         from specdec.cli.tensor_parallel import run_tensor_parallel
 
         return run_tensor_parallel(args, gamma)
@@ -173,8 +178,6 @@ def run(args: argparse.Namespace) -> int:
     if drafter is not None and isinstance(gamma, int) and gamma < 1:
         raise ValueError(f"num_draft_tokens must be >= 1 with a draft (got {gamma}); omit --draft for plain decoding")
 
-    if args.bitwise and (args.leniency != 1.0 or args.draft_tree is not None):
-        raise CLIError("--bitwise cannot be combined with --leniency or --draft-tree")
     if args.leniency != 1.0 or args.draft_tree is not None:  # run on specdec.generate (docs/EXTENSIONS.md)
         from specdec.cli.extensions import run_generate
 
@@ -191,9 +194,10 @@ def run(args: argparse.Namespace) -> int:
     # on a CPU); a request longer than the model's context is still refused by the runner, naming it
     needed = max(len(ids) for ids in prompts) + args.max_new_tokens + 1
     context = context_length(target)
+    options.setdefault("max_batch_size", len(prompts))
+    options.setdefault("max_seq_len", needed if context is None or needed <= context else None)
     with LLM(target, tokenizer, drafter, num_draft_tokens=gamma if drafter is not None else 0,
-             max_batch_size=len(prompts), max_seq_len=needed if context is None or needed <= context else None,
-             runner="engine" if args.bitwise else RUNNER_OF_ENGINE[args.engine], bitwise=args.bitwise) as llm:
+             runner="engine" if bitwise else RUNNER_OF_ENGINE[args.engine], **options) as llm:
         if single and not args.json:
             # deltas are whole characters and concatenate to the final text (no reprinting)
             stream = llm.stream(prompts[0], **params)

@@ -17,9 +17,9 @@ import os
 import sys
 from pathlib import Path
 
-from specdec.cli.aliases import (BATCH_FLAGS, GAMMA_FLAGS, MAX_LEN_FLAGS, RUNNER_OF_ENGINE, add_engine_argument,
-                                 add_model_arguments, add_model_impl_argument, add_prefix_caching_arguments)
+from specdec.cli.aliases import GAMMA_FLAGS, RUNNER_OF_ENGINE, add_engine_argument, add_model_arguments
 from specdec.cli.common import add_checkpoint_options, add_model_options, apply_model_options, check_int
+from specdec.cli.engine_flags import add_engine_flags, check_engine_flags
 
 MAX_CONNECTIONS = 1 << 16
 
@@ -38,32 +38,10 @@ def add_parser(subparsers) -> None:
                    help="model name in responses (default: the hub id, the .gguf file's stem or the folder's name)")
     p.add_argument(*GAMMA_FLAGS, dest="num_draft_tokens", default="4",
                    help="γ for speculative requests (requests may ask for 0 = plain; llama.cpp's --draft-max)")
-    p.add_argument(*BATCH_FLAGS, dest="max_batch_size", type=int, default=32,
-                   help="requests decoded together (vLLM's --max-num-seqs)")
-    p.add_argument(*MAX_LEN_FLAGS, dest="max_seq_len", type=int, default=None,
-                   help="context per request (default: the model's; vLLM's --max-model-len, llama.cpp's -c)")
-    p.add_argument("--prefill-budget", default="0", metavar="TOKENS",
-                   help="chunked prefill: prompt tokens prefilled per engine step while requests run, interleaved "
-                        "with decoding (0: off, admitted prompts prefill whole; auto: a step prefills for at most "
-                        "--prefill-stall of the measured decode step, each request fed within --prefill-steps, 4)")
-    p.add_argument("--prefill-steps", type=int, default=0, metavar="K",
-                   help="with --prefill-budget: every request is fed within K steps of its admission (the budget "
-                        "grows with the backlog); 0: the budget is a hard cap (auto: 4)")
-    p.add_argument("--prefill-stall", type=float, default=None, metavar="FRACTION",
-                   help="with --prefill-budget auto: the prefill seconds a step may add, as a fraction of the "
-                        "measured decode step (default: 0.5)")
-    p.add_argument("--mixed-step", action="store_true",
-                   help="with requests filling, one forward per step over the running rows' verify tokens and the "
-                        "filling rows' prompt chunks (EngineConfig.mixed_step; its budget: --prefill-budget, "
-                        "0 = auto); needs the engine and the paged KV pool")
     p.add_argument("--max-tokens", type=int, default=None, help="largest max_tokens a request may ask for "
                    "(default: the context)")
-    p.add_argument("--bitwise", action="store_true",
-                   help="bit-for-bit exact mode: a request's greedy / seeded output and logprobs do not depend on "
-                        "the batch, γ or speculation (batch-invariant kernels; slower; needs the engine)")
-    add_prefix_caching_arguments(p)
     add_engine_argument(p, legacy_runner=True)
-    add_model_impl_argument(p)
+    add_engine_flags(p)
     add_model_options(p, seed_help="seed for requests that send none: with it, the n-th such request gets the same "
                       "draws on every run (default: fresh randomness per request)")
     add_checkpoint_options(p)
@@ -95,9 +73,6 @@ def add_parser(subparsers) -> None:
                      help="open connections at most; more get 503 and are closed")
     net.add_argument("--metrics-prefix", default="specdec:",
                      help="prefix of every Prometheus metric name ('vllm:' for vLLM's dashboards)")
-    p.add_argument("--synthetic-acceptance", type=float, default=None, metavar="ALPHA",
-                   help="BENCHMARK ONLY: accept each draft with probability ALPHA (a random pair at a known α); "
-                        "the output is then NOT the target's distribution")
     p.add_argument("--switch-interval", type=float, default=None, metavar="SECONDS",
                    help="Python's thread switch interval (sys.setswitchinterval; default: Python's 0.005)")
     p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
@@ -131,21 +106,10 @@ def check_args(args: argparse.Namespace) -> None:
         if not gamma.isdigit():
             raise CLIError(f"--tensor-parallel-size needs an integer --num-draft-tokens, got {gamma!r} (the 'auto' "
                            "policy times each step, and the ranks' timings differ)")
-    for name in ("max_batch_size", "max_seq_len", "max_tokens"):
-        check_int(f"--{name.replace('_', '-')}", getattr(args, name), 1)
-    budget = str(getattr(args, "prefill_budget", "0")).strip()
-    if budget != "auto" and not (budget.isdigit() and (int(budget) == 0 or 16 <= int(budget) <= 1 << 20)):
-        raise CLIError(f"--prefill-budget must be 0 (off), auto or a number of tokens in [16, {1 << 20}], "
-                       f"got {budget!r}")
-    if getattr(args, "mixed_step", False) and budget == "0":
-        budget = "auto"  # (the mixed step's budget: EngineConfig.mixed_step)
-    steps = getattr(args, "prefill_steps", 0)
-    if steps and (steps < 0 or steps > 1024 or budget == "0"):
-        raise CLIError(f"--prefill-steps must be in [0, 1024] and needs --prefill-budget, got {steps}")
-    stall = getattr(args, "prefill_stall", None)
-    if stall is not None and not (math.isfinite(stall) and 0.01 <= stall <= 100 and budget == "auto"):
-        raise CLIError(f"--prefill-stall must be a fraction in [0.01, 100] and needs --prefill-budget auto, "
-                       f"got {stall}")
+    check_int("--max-tokens", args.max_tokens, 1)
+    options = _engine_options(args)
+    if options.get("bitwise") and getattr(args, "tensor_parallel_size", 1) > 1:
+        raise CLIError("--bitwise needs the request-level engine on one device (not --tensor-parallel-size > 1)")
     check_int("--max-connections", getattr(args, "max_connections", 512), 1, MAX_CONNECTIONS)
     for flag, name in (("--timeout-keep-alive", "timeout_keep_alive"), ("--timeout-read", "timeout_read")):
         value = getattr(args, name, 1.0)
@@ -161,16 +125,6 @@ def check_args(args: argparse.Namespace) -> None:
     interval = getattr(args, "switch_interval", None)
     if interval is not None and not (math.isfinite(interval) and 0 < interval <= 1):
         raise CLIError(f"--switch-interval must be a number of seconds in (0, 1], got {interval}")
-    alpha = getattr(args, "synthetic_acceptance", None)
-    if alpha is not None and not (math.isfinite(alpha) and 0 <= alpha <= 1):
-        raise CLIError(f"--synthetic-acceptance: synthetic_acceptance must be in [0, 1], got {alpha}")
-    if getattr(args, "model_impl", "auto") == "transformers" and args.engine == "hf":
-        raise CLIError("--model-impl transformers runs the model on the engine (not --engine hf)")
-    if getattr(args, "enable_prefix_caching", None) and args.engine == "hf":
-        raise CLIError("--enable-prefix-caching needs the request-level engine (not --engine hf)")
-    if getattr(args, "bitwise", False) and (args.engine == "hf" or getattr(args, "tensor_parallel_size", 1) > 1):
-        raise CLIError("--bitwise needs the request-level engine on one device (not --engine hf, not "
-                       "--tensor-parallel-size > 1)")
     prefix = getattr(args, "metrics_prefix", "specdec:")
     if not re.fullmatch(PREFIX_PATTERN, prefix):
         raise CLIError(f"--metrics-prefix must match {PREFIX_PATTERN} (e.g. vllm:), got {prefix!r}")
@@ -194,24 +148,13 @@ def build(args: argparse.Namespace):
     from specdec.server import create_app
     from specdec.server.guard import GuardConfig
 
-    gamma = args.num_draft_tokens.strip()
-    gamma = int(gamma) if gamma.isdigit() else gamma
     llm = specdec.load(args.target, args.draft, tokenizer=args.tokenizer, device=args.device, dtype=args.dtype,
-                       num_draft_tokens=gamma, chat_template=str(args.chat_template) if args.chat_template else None,
-                       allow_pickle=args.allow_pickle, runner=RUNNER_OF_ENGINE[args.engine],
-                       max_batch_size=args.max_batch_size,
-                       max_seq_len=args.max_seq_len, ngram_data=args.ngram_data,
-                       synthetic_acceptance=getattr(args, "synthetic_acceptance", None),
+                       num_draft_tokens=_gamma(args), chat_template=str(args.chat_template) if args.chat_template else None,
+                       allow_pickle=args.allow_pickle, runner=RUNNER_OF_ENGINE[args.engine], ngram_data=args.ngram_data,
                        tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),  # ranks > 0 exit inside
                        tensor_parallel_all_reduce=getattr(args, "tensor_parallel_all_reduce", "auto"),
                        model_kwargs=model_options(args), draft_model_kwargs=model_options(args, "draft"),
-                       allow_weight_mismatch=getattr(args, "allow_weight_mismatch", False),
-                       bitwise=getattr(args, "bitwise", False), prefill_budget=_prefill_budget(args),
-                       prefill_steps=getattr(args, "prefill_steps", 0) or None,
-                       mixed_step=getattr(args, "mixed_step", False),
-                       prefill_stall=getattr(args, "prefill_stall", None),
-                       model_impl=getattr(args, "model_impl", "auto"),
-                       enable_prefix_caching=getattr(args, "enable_prefix_caching", None))
+                       allow_weight_mismatch=getattr(args, "allow_weight_mismatch", False), **_engine_options(args))
     name = args.served_model_name or resolve_model_source(args.target, model_kwargs=model_options(args)).display_name
     guard = GuardConfig(allowed_hosts=tuple(getattr(args, "allowed_hosts", ())),
                         allowed_origins=tuple(getattr(args, "allowed_origins", ())),
@@ -243,10 +186,14 @@ def _grammar_compiles(args: argparse.Namespace):
                            cache_mb=getattr(args, "grammar_cache_mb", 512))
 
 
-def _prefill_budget(args: argparse.Namespace):
-    """--prefill-budget as `EngineConfig.prefill_budget`: None (0: off), "auto" or an int."""
-    budget = str(getattr(args, "prefill_budget", "0")).strip()
-    return "auto" if budget == "auto" else int(budget) or None
+def _gamma(args: argparse.Namespace):
+    gamma = args.num_draft_tokens.strip()
+    return int(gamma) if gamma.isdigit() else gamma
+
+
+def _engine_options(args: argparse.Namespace) -> dict:
+    """The engine flags given (`cli.engine_flags`), checked as `specdec.load` checks them, naming the flag."""
+    return check_engine_flags(args, num_draft_tokens=_gamma(args), loop=args.engine == "hf")
 
 
 def dropped_generation_config(model) -> list[str]:

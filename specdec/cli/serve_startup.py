@@ -95,12 +95,25 @@ def kv_cache_line(runner) -> str:
         return "KV cache: transformers' dynamic cache, allocated per batch as it runs (eager loop)"
     shape = runner.model.shape
     pool = runner.kv_pool
-    holds = (f"{pool.allocator.num_usable_blocks} blocks of {pool.block_size} tokens (paged; up to "
+    holds = (f"{pool.allocator.num_usable_blocks} blocks of {pool.block_size} tokens = "
+             f"{pool.allocator.num_usable_blocks * pool.block_size} tokens (paged, {_budget(runner.config)}; up to "
              f"{runner.max_batch} sequences × {runner.num_positions} positions)" if pool is not None else
              f"{runner.max_batch} sequences × {runner.num_positions} positions")
     return (f"KV cache: {format_bytes(runner.kv_cache_bytes)} ({runner.memory.describe()}) — {holds}, "
             f"target {shape.n_layers} layers × {shape.n_kv_heads} KV heads × {shape.head_dim} dims, "
             f"{str(runner.model.dtype).removeprefix('torch.')} on {runner.device}")
+
+
+def _budget(config) -> str:
+    """Where the paged pool's size came from (`EngineConfig.kv_cache_memory`)."""
+    memory = config.kv_cache_memory
+    if memory is None:
+        return "the default budget: every slot's whole context, at most 0.9 of free GPU memory or 2 GiB on a CPU"
+    if isinstance(memory, float):
+        return f"--kv-cache-memory {memory:g} of the free memory"
+    from specdec.engine.memory import format_bytes
+
+    return f"--kv-cache-memory {format_bytes(memory)}"
 
 
 def warmup_line(runner, warmups: dict) -> str | None:

@@ -163,14 +163,23 @@ def _run(engine: Engine, rows, params, gamma, holder) -> Iterator[TokenEvent]:
     engine.stats = SpecStats()
     ids = [engine.add_request(row, p) for row, p in zip(rows, params)]
     index = {rid: i for i, rid in enumerate(ids)}
+    pending = set(ids)
     outputs: list[list[int]] = [[] for _ in rows]
     prefill = 0.0
     step = 0
+    token = engine.__dict__["_generate_call"] = object()  # the call stepping this (cached) engine now
     try:
-        while engine.has_unfinished():
+        while pending and engine.has_unfinished():
+            if engine.__dict__.get("_generate_call") is not token:
+                raise ValueError("drafter: the engine of this target and drafter is serving another generate/stream "
+                                 "call, started before this one finished: finish or close one stream first")
             event_rows, event_tokens, finished = [], [], []
             for out in engine.step():
-                i = index[out.request_id]
+                i = index.get(out.request_id)
+                if i is None:  # a request of a call this one took the engine over from
+                    continue
+                if out.finished:
+                    pending.discard(out.request_id)
                 if out.new_token_ids:
                     outputs[i].extend(out.new_token_ids)
                     event_rows.append(i)
@@ -184,8 +193,8 @@ def _run(engine: Engine, rows, params, gamma, holder) -> Iterator[TokenEvent]:
     finally:
         for rid in ids:  # a stream closed early leaves nothing running
             engine.abort(rid)
-        if engine.has_unfinished():
-            engine.step()
+        if engine.__dict__.get("_generate_call") is token and engine.has_unfinished():
+            engine.step()  # (not while another call steps it: this step's outputs would be that call's)
     stats = engine.stats
     stats.add_prefill(prefill, sum(1 for r in rows if len(r) > 1))
     stats.set_wall_time(time.perf_counter() - start)

@@ -337,6 +337,6 @@ def check(target, drafter, prompts, *, temperature: float = 1.0, top_k: int = 0,
 
 def _runner(engine: str, target, drafter, gamma) -> str:
     """The runner `specdec.generate(engine=...)` picks for the speculative runs (the same rule, not a copy)."""
-    from specdec.decoding import _use_engine
+    from specdec.decoding.route import runner_for
 
-    return "fast" if _use_engine(engine, target, drafter, gamma) else "hf"
+    return runner_for(engine, target, drafter, gamma)

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from types import MappingProxyType
 
 from specdec.request import MAX_NUM_DRAFT_TOKENS, as_int, resolve_eos
 from specdec.text.driver import Driver
@@ -27,7 +28,8 @@ from specdec.text.drafts import load_draft
 from specdec.text.outputs import Completion, TextDelta, TextRequest
 from specdec.text.prompts import (GenerationDefaults, check_num_draft_tokens, encode_prompts, make_params,
                                   read_chat_template, render_chat)
-from specdec.text.runner import FallbackRunner, RunnerSpec, build_runner, prefix_options
+from specdec.text.options import check_engine_options, engine_config, loop_refusal
+from specdec.text.runner import FallbackRunner, RunnerSpec, build_runner
 from specdec.text.shapes import check_conversations, request_params, shape_outputs
 from specdec.text.warmup import cache_bytes, graph_captures, step_shapes, step_shapes_run
 
@@ -37,13 +39,9 @@ RUNNERS = ("auto", "engine", "fallback")
 
 
 def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num_draft_tokens=4,
-         chat_template: str | None = None, allow_pickle: bool = False, runner: str = "auto",
-         max_batch_size: int = 32, max_seq_len: int | None = None, ngram_data=None,
-         synthetic_acceptance: float | None = None, tensor_parallel_size: int = 1, model_kwargs: dict | None = None,
-         draft_model_kwargs: dict | None = None, allow_weight_mismatch: bool = False,
-         tensor_parallel_all_reduce: str = "auto", bitwise: bool = False,
-         prefill_budget: int | str | None = None, prefill_steps: int | None = None, mixed_step: bool = False,
-         prefill_stall: float | None = None, model_impl: str = "auto", enable_prefix_caching: bool | None = None) -> "LLM":
+         chat_template: str | None = None, allow_pickle: bool = False, runner: str = "auto", ngram_data=None,
+         tensor_parallel_size: int = 1, tensor_parallel_all_reduce: str = "auto", model_kwargs: dict | None = None,
+         draft_model_kwargs: dict | None = None, allow_weight_mismatch: bool = False, **engine_options) -> "LLM":
     """Load a target (and a draft) for text generation.
 
     target          a checkpoint folder, a .gguf file, a hub id (org/name) in the local Hugging Face cache
@@ -61,26 +59,22 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
                     same engine, in the same batches
     chat_template   a Jinja chat template (string or file) replacing the tokenizer's own
     allow_pickle    load .bin/.pt weights (pickle can run code); safetensors only by default
-    runner          "auto": the request-level engine when it covers the model, else the eager loop;
-                    "engine" / "fallback" to force one (model_impl: `EngineConfig.model_impl`'s, "auto" routing as here)
-    synthetic_acceptance  BENCHMARK ONLY (the engine's `EngineConfig.synthetic_acceptance`): each draft is
-                    accepted with this probability, so a random pair serves at a known α; the output is then
-                    NOT the target's distribution
+    runner          "auto": the request-level engine (a fast family body, else the transformers backend:
+                    `EngineConfig.model_impl`), the eager loop only for a model or drafter it refuses;
+                    "engine" / "fallback" to force one
     tensor_parallel_size  N > 1: run under `torchrun --nproc-per-node N`; every rank loads its shard of the
                     target folder; rank 0 gets the LLM, the other ranks follow its steps and exit the process
                     when rank 0 closes it (`specdec/text/tensor_parallel.py`); γ must be a fixed integer
-    bitwise         bit-for-bit exact mode (the engine's `EngineConfig.bitwise`): greedy and seeded output and
-                    log-probabilities are the same bits alone or in any batch, for any γ, drafter, speculation on or
-                    off; needs the engine (refused on the fallback runner and with tensor parallelism); slower
-    prefill_budget  the engine's chunked prefill (`EngineConfig.prefill_budget`): prompt tokens prefilled per step
-                    while requests run; None / 0 = off (prompts prefill whole), the default; "auto": from the measured
-                    decode step (`prefill_stall` of it); `prefill_steps` K: each request fed within K steps;
-                    mixed_step: the chunks ride in the decode step's own forward (`EngineConfig.mixed_step`)
     tensor_parallel_all_reduce  how the ranks sum the row-parallel products: "auto" (one_shot where the GPUs
                     reach each other by P2P, else group), "group" (NCCL / gloo) or "one_shot" (torch symmetric
                     memory over NVLink, CUDA); see `specdec.distributed.allreduce`
-    enable_prefix_caching  vLLM's name (`EngineConfig.enable_prefix_caching`): True = prompts reuse the KV blocks of
-                    text served before (on the paged KV pool), False = off, None = the engine's default
+    engine_options  the engine's options by `specdec.engine.EngineConfig`'s field names, each documented and checked
+                    there (`text/options.py`): max_batch_size (32 here), max_seq_len (None: the model's context),
+                    kv_cache_memory (the paged KV pool: bytes, "4GiB", or a fraction of the free memory), block_size,
+                    enable_prefix_caching, bitwise (bit-for-bit exact mode; one device), prefill_budget /
+                    prefill_steps / prefill_stall (chunked prefill), model_impl, synthetic_acceptance (BENCHMARK
+                    ONLY: the output is then NOT the target's distribution), ...; an unknown name is a TypeError
+                    naming it. The eager loop honours max_batch_size and max_seq_len and refuses the others by name
     """
     from specdec.loading import load_model, load_tokenizer, source_options
 
@@ -94,15 +88,9 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
 
     if check_all_reduce(tensor_parallel_all_reduce) != "auto" and tensor_parallel_size == 1:
         raise ValueError(f"tensor_parallel_all_reduce={tensor_parallel_all_reduce!r} needs tensor_parallel_size > 1")
-    if not isinstance(bitwise, bool):
-        raise TypeError(f"bitwise must be True or False, got {bitwise!r}")
-    from specdec.engine.config import EngineConfig
-
-    EngineConfig(prefill_budget=prefill_budget, prefill_steps=prefill_steps, prefill_stall=prefill_stall,
-                 mixed_step=mixed_step, model_impl=model_impl, **prefix_options(enable_prefix_caching))  # (checked now)
-    if bitwise and (runner == "fallback" or tensor_parallel_size > 1):
-        raise ValueError("bitwise=True needs the request-level engine on one device (not runner='fallback', not "
-                         "tensor_parallel_size > 1)")
+    options = _checked_options(engine_options, runner, num_draft_tokens)  # (before anything loads)
+    if options.get("bitwise") and tensor_parallel_size > 1:
+        raise ValueError("bitwise=True needs the request-level engine on one device (not tensor_parallel_size > 1)")
     if tensor_parallel_size > 1:
         if model_kwargs is not None or allow_weight_mismatch:
             raise ValueError("tensor_parallel_size > 1 reads a safetensors folder per rank: model_kwargs and "
@@ -117,9 +105,8 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
             if chat_template is not None:
                 tok.chat_template = read_chat_template(chat_template)
             drafter = load_draft(draft, model, tok, allow_pickle, ngram_data, draft_model_kwargs=draft_model_kwargs)
-            return LLM(model, tok, drafter, num_draft_tokens=num_draft_tokens, runner=runner,
-                       max_batch_size=max_batch_size, max_seq_len=max_seq_len, synthetic_acceptance=synthetic_acceptance,
-                       tensor_parallel=channel, enable_prefix_caching=enable_prefix_caching)
+            return LLM(model, tok, drafter, num_draft_tokens=num_draft_tokens, runner=runner, tensor_parallel=channel,
+                       **options)
 
         return load_tensor_parallel(target, tensor_parallel_size, device=device, dtype=dtype, make_llm=make_llm,
                                     all_reduce=tensor_parallel_all_reduce)
@@ -141,36 +128,41 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
         tokenizer.chat_template = read_chat_template(chat_template)
     drafter = load_draft(draft, target_model, tokenizer, allow_pickle, ngram_data,
                           draft_model_kwargs=draft_model_kwargs, allow_weight_mismatch=allow_weight_mismatch)
-    return LLM(target_model, tokenizer, drafter, num_draft_tokens=num_draft_tokens, runner=runner,
-               max_batch_size=max_batch_size, max_seq_len=max_seq_len, synthetic_acceptance=synthetic_acceptance,
-               bitwise=bitwise, prefill_budget=prefill_budget, prefill_steps=prefill_steps, mixed_step=mixed_step,
-               prefill_stall=prefill_stall, model_impl=model_impl, enable_prefix_caching=enable_prefix_caching)
+    return LLM(target_model, tokenizer, drafter, num_draft_tokens=num_draft_tokens, runner=runner, **options)
+
+
+def _checked_options(engine_options: dict, runner: str, num_draft_tokens) -> dict:
+    """The engine options, each name known and each value checked by building the `EngineConfig` once (γ where it is
+    the engine's kind), and refused by name on runner='fallback' when the loop cannot honour them."""
+    options = check_engine_options(engine_options)
+    gamma = num_draft_tokens if num_draft_tokens == "auto" or type(num_draft_tokens) is int else None
+    engine_config(options, gamma if gamma != 0 else None)
+    refusal = loop_refusal(options) if runner == "fallback" else None
+    if refusal is not None:
+        raise ValueError(refusal)
+    return options
 
 
 class LLM:
-    """A target (+ drafter) and its tokenizer, serving text requests through runners on a background thread."""
+    """A target (+ drafter) and its tokenizer, serving text requests through runners on a background thread.
+    `engine_options`: `load`'s (EngineConfig's fields by name)."""
 
     def __init__(self, target, tokenizer, drafter=None, *, num_draft_tokens=4, runner: str = "auto",
-                 max_batch_size: int = 32, max_seq_len: int | None = None,
-                 synthetic_acceptance: float | None = None, tensor_parallel=None, bitwise: bool = False,
-                 prefill_budget: int | str | None = None, prefill_steps: int | None = None, mixed_step: bool = False,
-                 prefill_stall: float | None = None, model_impl: str = "auto", enable_prefix_caching: bool | None = None):
+                 tensor_parallel=None, **engine_options):
+        if runner not in RUNNERS:
+            raise ValueError(f"runner must be one of {', '.join(RUNNERS)}, got {runner!r}")
         self.target = target
         self.tensor_parallel = tensor_parallel  # a CommandChannel under torchrun (text/tensor_parallel.py), or None
         self._tensor_parallel_started = False
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.runner_choice = runner
-        self.max_batch_size = as_int(max_batch_size, "max_batch_size", minimum=1, maximum=4096)
-        self._max_seq_len = max_seq_len
-        self.synthetic_acceptance = synthetic_acceptance  # BENCHMARK ONLY (see `load`)
-        self.bitwise, self.enable_prefix_caching = bitwise, enable_prefix_caching  # (the engine's: see `load`)
-        self.prefill_budget, self.prefill_steps, self.mixed_step = prefill_budget, prefill_steps, mixed_step  # (prefill)
-        self.prefill_stall, self.model_impl = prefill_stall, model_impl  # (model_impl: the engine's body, `load`)
         self.num_draft_tokens = check_num_draft_tokens(num_draft_tokens if drafter is not None else 0)
         if drafter is not None and self.num_draft_tokens == 0:
             raise ValueError("num_draft_tokens must be >= 1 when a draft is given (requests may still ask for "
                              "num_draft_tokens=0, plain decoding)")
+        #: the engine options as given (`text.options`; what the runner is built from, read-only)
+        self.engine_options = MappingProxyType(_checked_options(engine_options, runner, self.num_draft_tokens))
         # an encoder-decoder's prompt is the encoder's input, not text its output continues
         self._continues_prompt = not getattr(getattr(target, "config", None), "is_encoder_decoder", False)
         eos = resolve_eos(None, target) or ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
@@ -185,6 +177,15 @@ class LLM:
         self.vocab_size = int(first.vocab_size)
         self.max_seq_len = int(first.max_seq_len)
         self._tensor_parallel_started = True  # runners made from now on are made on every rank by command
+
+    @property
+    def bitwise(self) -> bool:
+        return bool(self.engine_options.get("bitwise", False))
+
+    @property
+    def synthetic_acceptance(self) -> float | None:
+        """BENCHMARK ONLY (see `load`): drafts accepted with this probability, or None."""
+        return self.engine_options.get("synthetic_acceptance")
 
     # --- the runner ---------------------------------------------------------------------------------
     def runner(self, num_draft_tokens=None):
@@ -221,9 +222,7 @@ class LLM:
 
     def _build_runner(self):
         """The engine (or the eager loop where it cannot run: `text.runner.build_runner`), with the drafter."""
-        spec = RunnerSpec(self.runner_choice, self.num_draft_tokens, self.max_batch_size, self._max_seq_len,
-                          self.synthetic_acceptance, self.bitwise, self.prefill_budget, self.prefill_steps,
-                          self.prefill_stall, self.model_impl, self.enable_prefix_caching, self.mixed_step)
+        spec = RunnerSpec(self.runner_choice, self.num_draft_tokens, self.engine_options)
         runner, report = build_runner(self.target, self.drafter, spec)
         if report is not None:
             self.warmups[self.num_draft_tokens] = report

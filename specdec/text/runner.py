@@ -13,6 +13,7 @@ import itertools
 import logging
 import threading
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
@@ -54,55 +55,29 @@ class RunnerSpec:
 
     runner: str  # "auto" | "engine" | "fallback"
     num_draft_tokens: int | str  # the default γ of a request that names none
-    max_batch_size: int
-    max_seq_len: int | None
-    synthetic_acceptance: float | None = None
-    bitwise: bool = False
-    prefill_budget: int | str | None = None
-    prefill_steps: int | None = None
-    prefill_stall: float | None = None
-    model_impl: str = "auto"  # EngineConfig.model_impl; "auto" keeps routing by the fast bodies' coverage
-    enable_prefix_caching: bool | None = None  # None: the engine's default
-    mixed_step: bool = False  # EngineConfig.mixed_step (the engine only)
-
-
-def prefix_options(enable_prefix_caching) -> dict:
-    """`EngineConfig` options of `load(enable_prefix_caching=...)`: True is the prefix cache on the paged KV pool
-    it shares blocks of; False, off; None, the engine's defaults."""
-    if enable_prefix_caching is None:
-        return {}
-    if not isinstance(enable_prefix_caching, bool):
-        raise TypeError(f"enable_prefix_caching must be True, False or None, got {enable_prefix_caching!r}")
-    return {"kv_layout": "paged", "enable_prefix_caching": True} if enable_prefix_caching else \
-        {"enable_prefix_caching": False}
+    options: Mapping = field(default_factory=dict)  # the engine options given (`text.options`: EngineConfig's fields)
 
 
 def build_runner(target, drafter, spec: RunnerSpec) -> tuple["Runner", dict | None]:
-    """(the request-level engine when it covers the model — falling back only on `UnsupportedModel` — else the
-    eager loop's `FallbackRunner`, its start-up warm-up report on CUDA or None). One runner for every γ: it holds the
+    """(the request-level engine — a fast family body or the transformers backend, `EngineConfig.model_impl` —
+    falling back to the eager loop's `FallbackRunner` only where the engine refuses the model or drafter
+    (`UnsupportedModel`, with runner="auto"), its start-up warm-up report on CUDA or None). One runner for every γ: it holds the
     drafter, and plain requests run on it too (rows capped at 0, `SamplingParams.num_draft_tokens`)."""
-    gamma = spec.num_draft_tokens
+    gamma, options = spec.num_draft_tokens, dict(spec.options)
     if spec.runner != "fallback":
-        from specdec.engine import Engine, EngineConfig, UnsupportedModel
-        from specdec.engine.config import BATCH_BUCKETS
+        from specdec.engine import Engine, UnsupportedModel
+        from specdec.text.options import engine_config
         from specdec.text.warmup import MAX_WARMUP_SHAPES, warm_up
 
         if isinstance(gamma, str) and gamma != "auto":
             raise ValueError(f"num_draft_tokens={gamma!r}: the engine takes an int or 'auto' "
                              "(policy names run on runner='fallback')")
-        config = EngineConfig(max_batch_size=min(spec.max_batch_size, BATCH_BUCKETS[-1]), max_seq_len=spec.max_seq_len,
-                              num_draft_tokens=gamma, max_draft_tokens=max(8, gamma if isinstance(gamma, int) else 0),
-                              synthetic_acceptance=spec.synthetic_acceptance, bitwise=spec.bitwise,
-                              prefill_budget=spec.prefill_budget, prefill_steps=spec.prefill_steps,
-                              mixed_step=spec.mixed_step,
-                              prefill_stall=spec.prefill_stall,
-                              # "auto": a model the fast bodies do not cover still takes the eager loop here
-                              model_impl="fast" if spec.model_impl == "auto" else spec.model_impl,
-                              **prefix_options(spec.enable_prefix_caching))
+        impl = options.get("model_impl", "auto")  # "auto": a model the fast bodies do not cover takes the backend
+        config = engine_config(options, gamma)
         try:
             engine = Engine(target, drafter, config=config)
         except UnsupportedModel as err:
-            if spec.runner == "engine" or spec.bitwise or spec.mixed_step or spec.model_impl == "transformers":
+            if spec.runner == "engine" or options.get("bitwise") or impl == "transformers":
                 raise
             from specdec.engine.build import notice_fallback
 
@@ -117,20 +92,14 @@ def build_runner(target, drafter, spec: RunnerSpec) -> tuple["Runner", dict | No
                         f" up to {report['max_length']} tokens: longer requests capture on first use (bound: "
                         f"{MAX_WARMUP_SHAPES} shapes)")
             return engine, report
-    if spec.bitwise:
-        raise ValueError("bitwise=True needs the request-level engine (runner='engine')")
-    if spec.mixed_step:
-        raise ValueError("mixed_step=True needs the request-level engine (runner='engine')")
-    if spec.model_impl == "transformers":
-        raise ValueError("model_impl='transformers' runs the model on the engine (not runner='fallback')")
-    if spec.enable_prefix_caching:
-        raise ValueError("enable_prefix_caching=True needs the request-level engine (runner='engine'); this model "
-                         "runs on the fallback runner")
-    if spec.synthetic_acceptance is not None:
-        raise ValueError("synthetic_acceptance needs the request-level engine (runner='engine'); this model "
-                         "runs on the fallback runner")
-    return FallbackRunner(target, drafter, num_draft_tokens=gamma, max_batch_size=spec.max_batch_size,
-                          max_seq_len=spec.max_seq_len), None
+    from specdec.text.options import ENTRY_DEFAULTS, loop_refusal
+
+    refusal = loop_refusal(options)
+    if refusal is not None:
+        raise ValueError(refusal)
+    return FallbackRunner(target, drafter, num_draft_tokens=gamma,
+                          max_batch_size=options.get("max_batch_size") or ENTRY_DEFAULTS["max_batch_size"],
+                          max_seq_len=options.get("max_seq_len")), None
 
 
 @dataclass

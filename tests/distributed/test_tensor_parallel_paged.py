@@ -127,8 +127,6 @@ def _mixed_runs_match_one_process(checkpoints, tmp_path, device: str) -> None:
     assert tp["rank1_shifted"]["tokens"] != ref["mixed"]["tokens"]
 
 
-@pytest.mark.xfail(strict=True, reason="text/api.py's tensor-parallel make_llm does not pass mixed_step / prefill_budget "
-                   "/ prefill_steps / prefill_stall to LLM (dropped: no mixed step runs); remove this mark with that fix")
 def test_text_api_two_ranks_mixed_step_match_one_process(checkpoints, tmp_path):
     """`specdec.load(tensor_parallel_size=2, mixed_step=True)`: rank 0 schedules and sends each admission and step
     over the channel, rank 1 follows; with 2 slots for 4 prompts the later ones fill inside the verify steps, under

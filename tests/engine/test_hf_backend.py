@@ -207,16 +207,19 @@ def test_dynamically_quantized_model_is_refused_by_the_self_check():
         Engine(target, None, EngineConfig(max_batch_size=1, model_impl="transformers"))
 
 
-def test_load_takes_the_backend_only_when_asked(ckpt):
-    """`specdec.load(model_impl="transformers")` serves an uncovered model on the engine; "auto" keeps the eager
-    loop for it (the entry points route by the fast bodies' coverage); both give the same greedy text."""
+def test_load_takes_the_backend_for_an_uncovered_model(ckpt):
+    """`specdec.load` serves an uncovered model on the engine's transformers backend, by default ("auto") as with
+    model_impl="transformers"; the eager loop only when asked (runner="fallback"); the same greedy text."""
     target = make("opt")
     with specdec.load(target, tokenizer=ckpt / "target", model_impl="transformers") as backend, \
-            specdec.load(target, tokenizer=ckpt / "target") as loop:
-        assert (backend.runner_kind, loop.runner_kind) == ("engine", "fallback")
+            specdec.load(target, tokenizer=ckpt / "target") as auto, \
+            specdec.load(target, tokenizer=ckpt / "target", runner="fallback") as loop:
+        assert (backend.runner_kind, auto.runner_kind, loop.runner_kind) == ("engine", "engine", "fallback")
+        assert type(auto.runner().model).__name__ == "HFBackendModel"
         for prompt in ("w1 w2 w3", "w5 w5 w5 w5"):
-            assert backend.generate(prompt, max_new_tokens=8).token_ids == \
-                loop.generate(prompt, max_new_tokens=8).token_ids
+            want = loop.generate(prompt, max_new_tokens=8).token_ids
+            assert backend.generate(prompt, max_new_tokens=8).token_ids == want
+            assert auto.generate(prompt, max_new_tokens=8).token_ids == want
     with pytest.raises(ValueError, match="model_impl"):
         specdec.load(target, tokenizer=ckpt / "target", model_impl="transformers", runner="fallback")
 

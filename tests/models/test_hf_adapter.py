@@ -53,7 +53,9 @@ def test_automatic_compaction_keeps_greedy_output(llama, llama_draft, monkeypatc
     from specdec.models import hf
 
     prompts = [[5, 6, 7], [9], [10, 11, 12, 13, 14]]
-    expected = specdec.generate(llama, prompts, drafter=llama_draft, temperature=0, max_new_tokens=40, eos_token_id=[])
+    # (the eager loop's adapter: engine="hf")
+    expected = specdec.generate(llama, prompts, drafter=llama_draft, temperature=0, max_new_tokens=40, eos_token_id=[],
+                                engine="hf")
     calls = []
     original_init, original_compact = hf.HFCausalLM.__init__, hf.HFCausalLM.compact
 
@@ -67,6 +69,7 @@ def test_automatic_compaction_keeps_greedy_output(llama, llama_draft, monkeypatc
 
     monkeypatch.setattr(hf.HFCausalLM, "__init__", init)
     monkeypatch.setattr(hf.HFCausalLM, "compact", compact)
-    got = specdec.generate(llama, prompts, drafter=llama_draft, temperature=0, max_new_tokens=40, eos_token_id=[])
+    got = specdec.generate(llama, prompts, drafter=llama_draft, temperature=0, max_new_tokens=40, eos_token_id=[],
+                           engine="hf")
     assert calls, "compaction never ran"
     assert got.sequences == expected.sequences

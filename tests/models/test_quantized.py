@@ -1,4 +1,5 @@
-"""Models the engine cannot copy (quantized with torch.ao, custom layers) run on the eager loop, never crash."""
+"""Models the fast bodies cannot copy (quantized with torch.ao, custom layers) run on the engine's transformers backend
+or the eager loop, never crash."""
 
 from __future__ import annotations
 
@@ -56,18 +57,24 @@ class _Scaled(torch.nn.Module):  # a layer type the engine does not know
         return self.inner(x) * 1.0
 
 
-def test_custom_layer_falls_back_with_a_notice(ckpt, caplog):
+def test_custom_layer_runs_on_the_transformers_backend_with_a_notice(ckpt, caplog, monkeypatch):
+    """A layer type the fast bodies do not know: the engine runs the model's own modules (its transformers backend),
+    said in one log line; the loop stays what runner="fallback" asks for."""
     from specdec.loading import load_model, load_tokenizer
     from specdec.text import LLM
     from specdec.text.runner import FallbackRunner
 
+    monkeypatch.setattr("specdec.engine.build._noticed", set())  # (the line is said once per process and model type)
     model = load_model(ckpt / "target", device="cpu")
     model.model.layers[0].mlp.down_proj = _Scaled(model.model.layers[0].mlp.down_proj)
     assert "_Scaled" in uncovered_reason(model)
-    with caplog.at_level(logging.WARNING, logger="specdec.engine.build"):
+    with caplog.at_level(logging.INFO, logger="specdec.engine.build"):
         with LLM(model, load_tokenizer(ckpt / "target"), runner="auto") as llm:
-            assert isinstance(llm.runner(0), FallbackRunner) and llm.runner_kind == "fallback"
+            assert type(llm.runner(0).model).__name__ == "HFBackendModel" and llm.runner_kind == "engine"
             out = llm.generate([3, 4, 5], max_new_tokens=6, temperature=0)
-    notices = [r.getMessage() for r in caplog.records if "eager transformers loop" in r.getMessage()]
+    notices = [r.getMessage() for r in caplog.records if "transformers backend" in r.getMessage()]
     assert len(notices) == 1 and "_Scaled" in notices[0]
     assert out.token_ids == hf_greedy(model, [3, 4, 5], 6, [model.config.eos_token_id])
+    with LLM(model, load_tokenizer(ckpt / "target"), runner="fallback") as loop:
+        assert isinstance(loop.runner(0), FallbackRunner)
+        assert loop.generate([3, 4, 5], max_new_tokens=6, temperature=0).token_ids == out.token_ids

@@ -190,18 +190,33 @@ def test_token_prompts_to_the_library_loop_point_at_the_text_api(llm):
         specdec.generate(llm.target, llm.tokenizer(["w1 w2"]))
 
 
-def test_the_engine_serves_llama_and_the_fallback_serves_the_rest(llm, ckpt, opt):
+def test_the_engine_serves_llama_and_opt_and_the_fallback_serves_what_it_refuses(llm, ckpt, opt, caplog, monkeypatch):
+    """Llama on a fast family body, OPT on the engine's transformers backend (its own modules), Bloom (attention
+    outside transformers' interface) on the eager loop: each said in one log line; the same greedy tokens."""
+    import logging
+
+    from transformers import BloomConfig, BloomForCausalLM
+
+    monkeypatch.setattr("specdec.engine.build._noticed", set())  # (each line is said once per process)
     assert llm.runner_kind == "engine"
     with specdec.load(ckpt / "target", draft=ckpt / "draft", num_draft_tokens=3, runner="fallback") as loop:
         assert loop.runner_kind == "fallback"
         for prompt in ("w1 w2 w3", "w5 w5 w5 w5"):
             assert loop.generate(prompt, max_new_tokens=10).token_ids == llm.generate(prompt, max_new_tokens=10).token_ids
-    with specdec.load(opt, tokenizer=llm.tokenizer) as other:
-        assert other.runner_kind == "fallback"
-        ids = llm.tokenizer.encode("w1 w2")
+    ids = llm.tokenizer.encode("w1 w2")
+    with caplog.at_level(logging.INFO, logger="specdec"), specdec.load(opt, tokenizer=llm.tokenizer) as other:
+        assert other.runner_kind == "engine" and type(other.runner().model).__name__ == "HFBackendModel"
         assert other.generate("w1 w2", max_new_tokens=6).token_ids == reference(other, ids, 6)
-    with pytest.raises(Exception, match="UnsupportedModel|not|cover"):
-        specdec.load(opt, tokenizer=llm.tokenizer, runner="engine")
+    torch.manual_seed(0)
+    bloom = BloomForCausalLM(BloomConfig(vocab_size=opt.config.vocab_size, hidden_size=32, n_layer=2, n_head=4)).eval()
+    with caplog.at_level(logging.INFO, logger="specdec"), specdec.load(bloom, tokenizer=llm.tokenizer) as other:
+        assert other.runner_kind == "fallback"
+        assert other.generate("w1 w2", max_new_tokens=6).token_ids == reference(other, ids, 6)
+    said = [r.getMessage() for r in caplog.records]
+    assert any("'opt' runs on the engine's transformers backend" in m for m in said), said
+    assert any("bloom" in m and "eager transformers loop" in m for m in said), said
+    with pytest.raises(Exception, match="UnsupportedModel|not|cover|attention"):
+        specdec.load(bloom, tokenizer=llm.tokenizer, runner="engine")
 
 
 def test_token_trees_and_lenience_per_request(llm):

@@ -1,8 +1,9 @@
 """The front door: `generate` / `stream` (keyword arguments → one `SamplingParams`) and `stream_request`, which
-picks the runner for a call — token trees (`loop.tree_decoding`, or the engine's), the request-level engine
-(`specdec.engine`) or the eager chain loop over transformers models (`loop.chain`); `beam_search` likewise picks
-transformers' forward passes (`search.beam`) or the engine's beam groups (`engine.beam_run`). It imports both runners
-(the engine lazily); neither runner imports the other or this module.
+picks the runner for a call (`route.py`) — the request-level engine (`specdec.engine`, its token trees included) by
+default on every device, or the eager loop (`loop.chain`, `loop.tree_decoding`) for what the engine does not take;
+`beam_search` likewise picks transformers' forward passes (`search.beam`) or the engine's beam groups
+(`engine.beam_run`); `stops.py` cuts `stop_strings`. It imports both runners (the engine lazily); neither runner
+imports the other or this package.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from specdec.drafters.protocol import check_drafter_argument
 from specdec.loop.chain import run_chain
 from specdec.policy import DraftLengthPolicy
 from specdec.request import SamplingParams, resolve_eos
+from specdec.decoding.route import engine_or_none, is_feature_head, use_engine
+from specdec.decoding.stops import StopCut
 from specdec.step import GenerateResult, GenerationStream, TokenEvent
 
 __all__ = ["generate", "stream", "stream_request", "beam_search", "GenerateResult", "TokenEvent", "GenerationStream"]
@@ -69,11 +72,12 @@ def generate(
     eos_token_id    int or list; None = the target's generation_config / config EOS (as in transformers)
     seed            int → reproducible; otherwise pass `generator` or get fresh OS randomness
     on_tokens       called with a `TokenEvent` after every step (streaming)
-    engine          "auto": the request-level engine (`specdec.engine`) when the target is on CUDA and its
-                    architecture is covered (`specdec.fast.families.FAMILIES`), or on any device when the
-                    transformers loop cannot roll the model back (sliding windows), else the transformers loop here;
-                    "fast": the engine (also on CPU, without graphs; an error for an uncovered model);
-                    "hf": this module's loop over the transformers model
+    engine          "auto" (the default, on every device): the request-level engine (`specdec.engine`) — a fast
+                    family body (`specdec.fast.families`) where one covers the model, else the engine's transformers
+                    backend (the model's own modules; one log line) — and the eager transformers loop only for what
+                    the engine refuses (`decoding/route.py`: draft-length policies, loop-only drafters, models
+                    neither body runs: one log line); "fast": the engine (an error where it refuses);
+                    "hf": the eager loop over the transformers model
     leniency        l ∈ (0, 1]: 1 = exact; l < 1 accepts more drafts and is LOSSY (appendix A.5, `core.verify`)
     draft_tree      [k_1, ..., k_D]: verify a token tree per step instead of a chain (`specdec.loop.tree_decoding`)
     processors      logits processors, keyword arguments of `SamplingParams`: repetition_penalty,
@@ -186,6 +190,8 @@ def stream_request(
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
     check_drafter_argument(drafter, "drafter")  # (its kind, before any runner starts)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     if params.logprobs:
         raise ValueError("logprobs: specdec.generate / stream return no log-probabilities; "
                          "use specdec.load(...).generate(..., logprobs=True)")
@@ -196,27 +202,27 @@ def stream_request(
                          "and the engine), not on draft_tree")
     if lenient and draft_tree is not None:
         raise ValueError("leniency is not supported with draft_tree: token trees verify exactly (leniency=1.0)")
-    if _is_feature_head(drafter) and (engine == "hf" or draft_tree is not None):
+    if is_feature_head(drafter) and (engine == "hf" or draft_tree is not None):
         from specdec.engine.config import UnsupportedModel
 
         raise UnsupportedModel("drafter: a feature head reads the target's hidden states, which only the engine "
                                "keeps: use engine='fast' (or 'auto'), without draft_tree")
-    if draft_tree is not None and (engine == "fast" or isinstance(drafter, torch.nn.Module)
-                                   and _use_engine(engine, target, drafter, num_draft_tokens)):
-        from specdec.engine.generate import engine_stream  # token trees on the engine: a draft model drafts them
-
-        return engine_stream(target, prompts, drafter, replace(params, draft_tree=tuple(draft_tree)), num_draft_tokens,
-                             generator=generator, attention_mask=attention_mask)
-    if draft_tree is not None:
+    if draft_tree is not None:  # token trees: on the engine a draft model drafts them
+        tree_params = replace(params, draft_tree=tuple(draft_tree))
+        if engine == "fast" or isinstance(drafter, torch.nn.Module) and use_engine(engine, target, drafter,
+                                                                                   num_draft_tokens):
+            run = engine_or_none(engine, target, prompts, drafter, tree_params, num_draft_tokens, generator,
+                                 attention_mask)
+            if run is not None:
+                return run
         from specdec.loop.tree_decoding import run_tree
 
         return run_tree(target, prompts, drafter, draft_tree, params, generator=generator,
                         attention_mask=attention_mask)
-    if _use_engine(engine, target, drafter, num_draft_tokens):
-        from specdec.engine.generate import engine_stream
-
-        return engine_stream(target, prompts, drafter, params, num_draft_tokens, generator=generator,
-                             attention_mask=attention_mask)
+    if use_engine(engine, target, drafter, num_draft_tokens):
+        run = engine_or_none(engine, target, prompts, drafter, params, num_draft_tokens, generator, attention_mask)
+        if run is not None:
+            return run
     return run_chain(target, prompts, drafter, params, num_draft_tokens, generator=generator,
                      attention_mask=attention_mask)
 
@@ -255,104 +261,6 @@ def _prompt_tensor(prompts, attention_mask) -> torch.Tensor:
     return torch.tensor([row], dtype=torch.long)
 
 
-class StopCut:
-    """`stop_strings` at the ids level: each row's text decoded as its tokens arrive; a row ends after the first
-    token whose text completes a stop string (kept in the output, as transformers keeps it)."""
-
-    def __init__(self, stops: tuple[str, ...], tokenizer, rows: int):
-        self.stops, self.tokenizer = stops, tokenizer
-        self.tokens: list[list[int]] = [[] for _ in range(rows)]
-        self.ends: list[int | None] = [None] * rows  # tokens kept per row once it met a stop string
-
-    @staticmethod
-    def check(stop_strings, tokenizer) -> tuple[str, ...]:
-        """The stop strings as a tuple (() for None), refused in one line when malformed or without a tokenizer."""
-        if stop_strings is None:
-            return ()
-        stops = (stop_strings,) if isinstance(stop_strings, str) else stop_strings
-        if not isinstance(stops, (list, tuple)) or not stops or not all(isinstance(x, str) and x for x in stops):
-            raise TypeError(f"stop_strings must be a non-empty string or list of them, got {stop_strings!r:.80}")
-        if not callable(getattr(tokenizer, "decode", None)):
-            raise ValueError("stop_strings needs tokenizer= (the target's tokenizer), as in transformers")
-        return tuple(stops)
-
-    def _hit(self, tokens: list[int]) -> bool:
-        text = self.tokenizer.decode(tokens)
-        return any(stop in text for stop in self.stops)
-
-    def feed(self, event: TokenEvent) -> TokenEvent:
-        """Record a step's tokens; the same event restricted to what is shown (nothing past a row's stop)."""
-        rows, shown = [], []
-        for row, new in zip(event.rows, event.tokens):
-            if self.ends[row] is not None:
-                continue
-            before = len(self.tokens[row])
-            self.tokens[row].extend(new)
-            if self._hit(self.tokens[row]):  # the first k whose text holds a stop (none did before this step)
-                lo, hi = before + 1, len(self.tokens[row])
-                while lo < hi:
-                    mid = (lo + hi) // 2
-                    lo, hi = (lo, mid) if self._hit(self.tokens[row][:mid]) else (mid + 1, hi)
-                self.ends[row] = lo
-                new = self.tokens[row][before:lo]
-            rows.append(row)
-            shown.append(list(new))
-        return TokenEvent(event.step, rows, shown, event.finished, None)
-
-    def cut(self, sequences: list[list[int]]) -> list[list[int]]:
-        return [seq if end is None else seq[:end] for seq, end in zip(sequences, self.ends)]
-
-
-def _use_engine(engine, target, drafter, num_draft_tokens) -> bool:
-    """The runner for this call (see `generate`'s `engine` argument)."""
-    if engine not in ("auto", "fast", "hf"):
-        raise ValueError(f"engine must be 'auto', 'fast' or 'hf', got {engine!r}")
-    if engine == "hf":
-        return False
-    if engine == "fast" or _is_feature_head(drafter) or _engine_only(drafter):  # heads and plugins: the engine only
-        return True
-    if not (num_draft_tokens == "auto" or (isinstance(num_draft_tokens, int) and not isinstance(num_draft_tokens, bool))):
-        return False  # the transformers loop's policies
-    device = getattr(target, "device", None)
-    if (not isinstance(device, torch.device) or device.type != "cuda") and not _loop_cannot_run(target, drafter):
-        return False
-    from specdec.engine.build import notice_fallback, uncovered_reason
-
-    reason = uncovered_reason(target, drafter)
-    if reason is not None:
-        notice_fallback(reason)
-    return reason is None
-
-
-def _loop_cannot_run(target, drafter) -> bool:
-    """True when the transformers loop would refuse the target's or the drafter's cache (sliding windows)."""
-    from specdec.models.protocol import check_supported_model
-
-    for model in (target, drafter):
-        config = getattr(model, "config", None)
-        if isinstance(model, torch.nn.Module) and config is not None:
-            try:
-                check_supported_model(config)
-            except ValueError:
-                return True
-    return False
-
-
-def _engine_only(drafter) -> bool:
-    """A drafter written against the engine's protocol alone (`drafters.protocol.is_slot_drafter`, not a loop
-    drafter): only the engine can call it."""
-    from specdec.drafters.protocol import LoopDrafter, is_slot_drafter
-
-    return is_slot_drafter(drafter) and not isinstance(drafter, LoopDrafter)
-
-
-def _is_feature_head(drafter) -> bool:
-    """A head or head folder (specdec's, EAGLE, EAGLE-3, Medusa, speculators): drafts from target features."""
-    from specdec.drafters.formats import is_drafter  # lazily: the transformers loop does not need the fast model
-
-    return is_drafter(drafter)
-
-
 def beam_search(target, prompts, drafter=None, *, engine: str = "auto", **options):
     """Speculative beam search of width `num_beams` = w: the w beams of transformers'
     `generate(num_beams=w, do_sample=False)` per prompt, best first, with their scores (`BeamSearchResult`).
@@ -361,18 +269,15 @@ def beam_search(target, prompts, drafter=None, *, engine: str = "auto", **option
     eos_token_id, length_penalty, early_stopping, attention_mask.
     engine   "hf": transformers' forward passes, the prompts batched (`search.beam`); "fast": inside the engine, one
              beam group of w slots per prompt (`engine.beam_run`; a covered family, else `UnsupportedModel`);
-             "auto": "fast" for a covered target (and drafter) on CUDA, else "hf"
+             "auto": "fast" for a target (and drafter) a fast family body covers, on every device, else "hf"
     """
-    if engine == "auto":
-        device = getattr(target, "device", None)
-        engine = "hf"
-        if isinstance(device, torch.device) and device.type == "cuda":
-            from specdec.engine.build import notice_fallback, uncovered_reason
+    if engine == "auto":  # (the engine's beam groups run on the fast family bodies)
+        from specdec.engine.build import notice_fallback, uncovered_reason
 
-            reason = uncovered_reason(target, drafter)
-            if reason is not None:
-                notice_fallback(reason)
-            engine = "fast" if reason is None else "hf"
+        reason = uncovered_reason(target, drafter)
+        if reason is not None:
+            notice_fallback(reason)
+        engine = "fast" if reason is None else "hf"
     if engine == "hf":
         from specdec.search.beam import beam_search as loop_beam_search
 

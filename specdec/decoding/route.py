@@ -1,0 +1,138 @@
+"""Which runner a `specdec.generate` / `stream` call takes: the request-level engine on every device by default
+(`engine="auto"`), the eager chain loop only for what the engine does not take — a draft-length policy (a name or a
+`DraftLengthPolicy` object), a drafter the engine does not call (`HierarchicalDrafter`, a duck-typed loop drafter), or
+a model neither engine body runs (the engine's build refuses it with `UnsupportedModel`: no fast family body
+covers it and the transformers backend refuses it — Bloom, Falcon, MPT (attention outside transformers' attention
+interface), encoder-decoders (T5, BART), state outside K/V (Jamba, Mamba), attention sinks (gpt-oss)). The refusal is
+logged once and kept on the model, so later calls go straight to the loop (`runner_for` reports the runner taken).
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+
+import torch
+
+__all__ = ["use_engine", "engine_or_none", "runner_for", "engine_needed", "is_feature_head"]
+
+
+#: model → {id(drafter): (the drafter, weakly; why the engine refused the pair)}: later calls go straight to the
+#: loop, and `runner_for` says so
+_REFUSED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def engine_or_none(engine, target, prompts, drafter, params, num_draft_tokens, generator, attention_mask):
+    """The engine's stream, or None where engine="auto" and the engine refuses the model or drafter
+    (`UnsupportedModel`: neither a fast family body nor the transformers backend runs it; one log line, and the
+    refusal is kept on the model so the next call does not build again)."""
+    from specdec.engine.config import UnsupportedModel
+    from specdec.engine.generate import engine_stream
+
+    if engine == "auto" and _refused(target, drafter) and not engine_needed(drafter):
+        return None
+    try:
+        return engine_stream(target, prompts, drafter, params, num_draft_tokens, generator=generator,
+                             attention_mask=attention_mask)
+    except UnsupportedModel as err:
+        if engine != "auto" or engine_needed(drafter):
+            raise
+        from specdec.engine.build import notice_fallback
+
+        notice_fallback(str(err))
+        owner = _owner(target)
+        if _weak(owner):
+            _REFUSED.setdefault(owner, {})[id(drafter)] = (_ref(drafter), str(err))
+        return None
+
+
+def _owner(target):
+    return target if isinstance(target, torch.nn.Module) else getattr(target, "model", target)
+
+
+def _weak(owner) -> bool:
+    try:
+        weakref.ref(owner)
+    except TypeError:
+        return False
+    return True
+
+
+def _ref(obj):
+    try:
+        return weakref.ref(obj)
+    except TypeError:  # None and other objects without weak references
+        return lambda: obj
+
+
+def _refused(target, drafter) -> bool:
+    """Whether the engine refused this (target, drafter) before (`_REFUSED`; the same drafter object, not its id)."""
+    owner = _owner(target)
+    entry = _REFUSED.get(owner, {}).get(id(drafter)) if _weak(owner) else None
+    return entry is not None and entry[0]() is drafter
+
+
+def runner_for(engine: str, target, drafter, num_draft_tokens) -> str:
+    """The runner `stream_request` took (or takes) for this call: "fast" (the engine) or "hf" (the chain loop) —
+    `specdec.check` reports it."""
+    if not use_engine(engine, target, drafter, num_draft_tokens):
+        return "hf"
+    return "hf" if engine == "auto" and _refused(target, drafter) and not engine_needed(drafter) else "fast"
+
+
+def use_engine(engine, target, drafter, num_draft_tokens) -> bool:
+    """Whether this call goes to the engine (see `generate`'s `engine` argument): "hf" never; "fast", a feature head
+    and a drafter only the engine calls always; "auto" on every device unless the call asks for what only the chain
+    loop has — a draft-length policy (a name or a `DraftLengthPolicy`: the engine takes an int or "auto") or a drafter
+    the engine does not call (a loop drafter without a model: `HierarchicalDrafter`, a duck-typed one). A model
+    neither engine body runs falls back to the loop when the engine refuses it (`engine_or_none`)."""
+    if engine not in ("auto", "fast", "hf"):
+        raise ValueError(f"engine must be 'auto', 'fast' or 'hf', got {engine!r}")
+    if engine == "hf":
+        return False
+    if engine == "fast" or engine_needed(drafter):
+        return True
+    if not (num_draft_tokens == "auto" or (isinstance(num_draft_tokens, int) and not isinstance(num_draft_tokens, bool))):
+        return False  # the transformers loop's policies
+    return _engine_drafts(drafter)
+
+
+def _engine_drafts(drafter) -> bool:
+    """Whether the engine can call this drafter, without building anything: a draft model (the fast bodies or the
+    transformers backend may take it), a folder, or of the loop drafters only the kinds written for both runners
+    (n-grams, prompt lookup, the model drafters the engine drafts with: `engine.build.covers_drafter`) — another
+    `LoopDrafter` subclass may need the loop's sampling arguments, which the engine's call does not pass."""
+    if drafter is None or isinstance(drafter, (torch.nn.Module, str, os.PathLike)):
+        return True
+    from specdec.drafters.cross_vocab import CrossVocabDrafter
+    from specdec.drafters.model import ModelDrafter
+    from specdec.drafters.ngram import NGramDrafter
+    from specdec.drafters.prompt_lookup import PromptLookupDrafter
+    from specdec.drafters.protocol import LoopDrafter
+    from specdec.engine.build import covers_drafter
+    from specdec.fast.target import FastDrafter
+
+    if isinstance(drafter, LoopDrafter) and not isinstance(drafter, (NGramDrafter, PromptLookupDrafter)):
+        return type(drafter) is ModelDrafter or type(drafter) in (FastDrafter, CrossVocabDrafter) and \
+            covers_drafter(drafter)
+    return covers_drafter(drafter)
+
+
+def engine_needed(drafter) -> bool:
+    """A drafter only the engine runs: a feature head or a plugin written against the engine's protocol."""
+    return is_feature_head(drafter) or _engine_only(drafter)
+
+
+def _engine_only(drafter) -> bool:
+    """A drafter written against the engine's protocol alone (`drafters.protocol.is_slot_drafter`, not a loop
+    drafter): only the engine can call it."""
+    from specdec.drafters.protocol import LoopDrafter, is_slot_drafter
+
+    return is_slot_drafter(drafter) and not isinstance(drafter, LoopDrafter)
+
+
+def is_feature_head(drafter) -> bool:
+    """A head or head folder (specdec's, EAGLE, EAGLE-3, Medusa, speculators): drafts from target features."""
+    from specdec.drafters.formats import is_drafter  # lazily: the transformers loop does not need the fast model
+
+    return is_drafter(drafter)

@@ -1,0 +1,92 @@
+"""`specdec.generate`'s runner (`decoding/route.py`), on a CPU as on CUDA: the engine by default — a fast family body
+(Llama), the transformers backend (OPT) — and the eager loop only where the engine refuses (Bloom: attention outside
+transformers' interface; a draft-length policy), one log line, the refusal remembered so the next call builds nothing."""
+
+import logging
+
+import pytest
+import torch
+
+import specdec
+from specdec.decoding import route
+from specdec.policy import FixedPolicy
+
+PROMPTS = [[1, 2, 3, 4], [5, 6, 7]]
+
+
+def greedy(model, drafter=None, **kw):
+    return specdec.generate(model, PROMPTS, drafter, max_new_tokens=8, temperature=0, **kw).sequences
+
+
+def engines_on(model) -> list:
+    return [entry[1] for entry in model.__dict__.get("_specdec_engines", {}).values()]
+
+
+@pytest.fixture
+def bloom(opt):
+    from transformers import BloomConfig, BloomForCausalLM
+
+    torch.manual_seed(0)
+    return BloomForCausalLM(BloomConfig(vocab_size=opt.config.vocab_size, hidden_size=32, n_layer=2, n_head=4)).eval()
+
+
+@pytest.fixture
+def fresh_opt(opt):
+    """An OPT of its own (the session's `opt` may hold an engine of an earlier test's call: no build, no log line)."""
+    from transformers import OPTForCausalLM
+
+    torch.manual_seed(1)
+    return OPTForCausalLM(opt.config).eval()
+
+
+def test_a_covered_model_and_a_backend_model_run_on_the_engine_on_a_cpu(llama, llama_draft, fresh_opt, caplog,
+                                                                         monkeypatch):
+    opt = fresh_opt
+    monkeypatch.setattr("specdec.engine.build._noticed", set())
+    with caplog.at_level(logging.INFO, logger="specdec"):
+        assert greedy(llama, llama_draft) == greedy(llama, llama_draft, engine="hf")
+        assert greedy(opt) == greedy(opt, engine="hf")
+    assert route.runner_for("auto", llama, llama_draft, 4) == "fast" == route.runner_for("auto", opt, None, 4)
+    assert [type(e.model).__name__ for e in engines_on(opt)] == ["HFBackendModel"]
+    assert any(type(e.model).__name__ == "FastLlama" for e in engines_on(llama))
+    assert any("'opt' runs on the engine's transformers backend" in r.getMessage() for r in caplog.records)
+
+
+def test_what_the_engine_refuses_runs_on_the_loop_once_said_and_never_rebuilt(bloom, caplog, monkeypatch):
+    monkeypatch.setattr("specdec.engine.build._noticed", set())
+    from specdec.engine import generate as engine_generate
+
+    calls = []
+    real = engine_generate.engine_stream
+    monkeypatch.setattr(engine_generate, "engine_stream", lambda *a, **k: calls.append(1) or real(*a, **k))
+    with caplog.at_level(logging.WARNING, logger="specdec"):
+        first = greedy(bloom)
+        again = greedy(bloom)
+    assert first == again == greedy(bloom, engine="hf")
+    assert len(calls) == 1 and route.runner_for("auto", bloom, None, 4) == "hf"  # the refusal was kept
+    assert [r.getMessage() for r in caplog.records if "eager transformers loop" in r.getMessage()] != []
+    with pytest.raises(Exception, match="attention"):
+        greedy(bloom, engine="fast")  # forced: the refusal is an error, not a fallback
+
+
+def test_a_draft_length_policy_runs_on_the_loop(llama, llama_draft):
+    assert route.runner_for("auto", llama, llama_draft, FixedPolicy(3)) == "hf"
+    assert route.runner_for("auto", llama, llama_draft, "heuristic") == "hf"
+    assert route.runner_for("hf", llama, llama_draft, 4) == "hf"
+    assert greedy(llama, llama_draft, num_draft_tokens=FixedPolicy(3)) == greedy(llama, llama_draft, engine="hf")
+
+
+class _LoopOnly(specdec.Drafter):
+    """A loop drafter whose propose takes anything (it would bind the engine's call, then need the loop's
+    sampling arguments)."""
+
+    vocab_size = 64
+
+    def propose(self, *args, **kwargs):
+        raise AssertionError("not called by this test")
+
+
+def test_only_the_loop_drafters_written_for_both_runners_go_to_the_engine(llama):
+    assert route.runner_for("auto", llama, specdec.PromptLookupDrafter(), 4) == "fast"
+    assert route.runner_for("auto", llama, specdec.NGramDrafter(2), 4) == "fast"
+    assert route.runner_for("auto", llama, _LoopOnly(), 4) == "hf"
