@@ -38,6 +38,7 @@ _STACK: list = []  # [(owner, rows, part, start, child seconds)]
 def _timed(part: str, fn, method: bool = True):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        label = part
         if part == "forward":
             model, x = args[0], args[1] if len(args) > 1 and args[1] is not None else kwargs.get("embeds")
             owner = "target" if getattr(model, "_profile_target", False) else type(model).__name__
@@ -46,8 +47,8 @@ def _timed(part: str, fn, method: bool = True):
             return fn(*args, **kwargs)
         else:
             owner, rows = _STACK[-1][0], _STACK[-1][1]
-            part = "lm_head" if _STACK[-1][2] == "lm_head" else part  # (the head's own product)
-        _STACK.append([owner, rows, part, time.perf_counter(), 0.0])
+            label = "lm_head" if _STACK[-1][2] == "lm_head" else part  # (the head's own product)
+        _STACK.append([owner, rows, label, time.perf_counter(), 0.0])
         try:
             return fn(*args, **kwargs)
         finally:

@@ -103,7 +103,7 @@ def quantized_from_hf(model, kernels: str = "auto", weights: str | None = "auto"
     `weights` (`resolve_weights`) says "dequantized", or its weights cannot stay quantized here (the reason logged
     once). ValueError when the file's weights are not the model's (never silently)."""
     from specdec.fast.model import FastLlama
-    from specdec.fast.quant.kernel import kernel_name
+    from specdec.fast.quant.kernel import kernel_available, kernel_name
     from specdec.fast.weights import hf_ropes, hf_weights
     from specdec.loading.gguf_tensors import gguf_origin, read_quantized
 
@@ -143,6 +143,7 @@ def quantized_from_hf(model, kernels: str = "auto", weights: str | None = "auto"
                 setattr(target, _ATTR, qw)
     fast.config = model.config
     fast.generation_config = getattr(model, "generation_config", None)
+    fast.cpu_attention = kernel_available()  # (decode / verify attention row-count invariant: `fast.quant.attention`)
     kinds = Counter(q.source for q in quantized_weights(fast))
     logger.info("%s: %s kept quantized (%.1f MiB) on %s", file.name,
                 ", ".join(f"{n} × {k}" for k, n in sorted(kinds.items())), quantized_bytes(fast) / 2**20, kernel_name())
