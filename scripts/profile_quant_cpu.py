@@ -35,19 +35,24 @@ _COUNTS: collections.Counter = collections.Counter()
 _STACK: list = []  # [(owner, rows, part, start, child seconds)]
 
 
-def _timed(part: str, fn, method: bool = True):
+HEAD_ROWS = 20000  # a product with more output rows than this is the LM head (SmolLM2's: 49152)
+
+
+def _timed(part: str, fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         label = part
         if part == "forward":
             model, x = args[0], args[1] if len(args) > 1 and args[1] is not None else kwargs.get("embeds")
-            owner = "target" if getattr(model, "_profile_target", False) else type(model).__name__
+            owner = "target" if getattr(model, "profile_target", False) else type(model).__name__
             rows = int(x.shape[1]) if x is not None else 0
         elif not _STACK:
             return fn(*args, **kwargs)
         else:
             owner, rows = _STACK[-1][0], _STACK[-1][1]
-            label = "lm_head" if _STACK[-1][2] == "lm_head" else part  # (the head's own product)
+            weight = args[2] if part == "add_matmul" else args[1]
+            label = "lm_head" if part != "attention" and weight.shape[0] > HEAD_ROWS else \
+                "matmul" if part == "add_matmul" else part
         _STACK.append([owner, rows, label, time.perf_counter(), 0.0])
         try:
             return fn(*args, **kwargs)
@@ -63,17 +68,19 @@ def _timed(part: str, fn, method: bool = True):
 
 
 def _install() -> None:
+    """Timers around the public functions the layers call (their module's names, so the layers call the timed ones)."""
     from specdec.fast import layers
-    from specdec.fast.layers import LlamaLayers
+    from specdec.fast.cache import KVCache, PagedKVCache
+    from specdec.fast.kernels import cpu_linear
     from specdec.fast.model import FastLlama
 
     FastLlama.forward = _timed("forward", FastLlama.forward)
-    LlamaLayers._logits = _timed("lm_head", LlamaLayers._logits)
-    LlamaLayers._linear = _timed("matmul", LlamaLayers._linear)
-    LlamaLayers._row_parallel = _timed("matmul", LlamaLayers._row_parallel)
+    layers.quant_linear = _timed("matmul", layers.quant_linear)
+    layers.quant_add_linear_ = _timed("add_matmul", layers.quant_add_linear_)
+    cpu_linear.linear = _timed("matmul", cpu_linear.linear)
+    cpu_linear.add_linear_ = _timed("add_matmul", cpu_linear.add_linear_)
     layers.slot_attention = _timed("attention", layers.slot_attention)
-    from specdec.fast.cache import KVCache, PagedKVCache
-
+    layers.cpu_attention = _timed("attention", layers.cpu_attention)
     for cls in (KVCache, PagedKVCache):
         cls.write = _timed("attention", cls.write)
 
@@ -120,7 +127,7 @@ def main(argv=None) -> None:
             config = EngineConfig(max_batch_size=1, max_seq_len=1024, num_draft_tokens="auto", max_draft_tokens=8,
                                   gguf_weights=weights)
             engine = Engine(target, drafter, config)
-            engine.model._profile_target = True
+            engine.model.profile_target = True  # (its forwards are the target's)
             arms[(weights, mode)] = engine
     gammas = {"plain": 0, "speculative": args.gamma}
     with torch.inference_mode():

@@ -110,6 +110,7 @@ def test_the_engine_model_keeps_them_quantized_with_the_dense_logits(hf_model, c
         fast = quantized_from_hf(hf_model, weights="quantized")
     lines = [r.getMessage() for r in caplog.records if "kept quantized" in r.getMessage()]
     assert len(lines) == 1 and "Q4_K+Q6_K" in lines[0] and ("q8_mm" in lines[0] or "chunks" in lines[0])
+    assert ("attn_decode" in lines[0]) == fast.cpu_attention
     for name in ("wqkv", "wo", "w_gate_up", "w_down"):
         assert all(p.is_meta and quantized(p) is not None for p in getattr(fast, name))
     assert fast.lm_head.is_meta and not fast.embed.is_meta  # untied: the head quantized, the embedding gathered
@@ -169,6 +170,10 @@ def test_the_option_and_its_precedence(hf_model, monkeypatch):
     with pytest.raises(ValueError, match="bitwise=True does not cover GGUF weights"):
         fast(torch.tensor([[0, 5]]), fast.new_cache(1, 8))
     assert quantized_from_hf(FastLlama.from_hf(hf_model)) is None  # not from a GGUF: nothing to keep
+    set_default("auto")
+    monkeypatch.setattr("specdec.fast.quant.kernel.kernel_available", lambda: False)
+    assert resolve_weights() == "dequantized"  # "auto" without the CPU kernels: the dense path
+    assert resolve_weights("quantized") == "quantized"  # (asked for: the chunked fallback)
 
 
 def test_the_cli_flag_sets_the_process_default(capsys):
