@@ -32,6 +32,8 @@ import torch.nn.functional as F
 
 from specdec.fast.kernels import cpu_linear
 from specdec.fast.model import FastLlama, KVCache, LlamaShape
+from specdec.fast.quant.kernel import quant_linear
+from specdec.fast.quant.weight import QuantWeight, quantized
 
 __all__ = ["HeadConfig", "FeatureHead", "is_feature_head", "load_feature_head", "CONFIG_NAME", "WEIGHTS_NAME"]
 
@@ -96,6 +98,7 @@ class FeatureHead(torch.nn.Module):
             raise ValueError(f"draft_vocab_size must be in [1, {config.vocab_size}], got {n}")
         self.register_buffer("draft_vocab", None if n is None else torch.arange(n, device=layer.device))
         self._draft_lm_head: torch.Tensor | None = None  # the target's LM head rows of draft_vocab (at bind)
+        self._draft_quant = None  # the same rows still quantized, where the target's head is (`fast.quant`)
         self._target: tuple[FastLlama, ...] = ()  # a tuple, so the target's weights are not this module's
 
     # ------------------------------------------------------------------------------------------ binding
@@ -109,9 +112,13 @@ class FeatureHead(torch.nn.Module):
         """Share `target`'s token embedding and LM head (checked: same width and vocabulary); returns self."""
         check_matches(self.config, target.shape, name)
         self._target = (target,)
-        self._draft_lm_head = None
+        self._draft_lm_head = self._draft_quant = None
         if self.draft_vocab is not None:
             self._draft_lm_head = target.lm_head.detach().index_select(0, self.draft_vocab.to(target.lm_head.device))
+            quant = quantized(target.lm_head)  # a GGUF's head kept quantized: its rows too (a quarter of the bytes)
+            if isinstance(quant, QuantWeight) and self.device.type == "cpu":
+                self._draft_quant = quant.select_rows(self.draft_vocab.cpu())
+        self.layer.cpu_attention = getattr(target, "cpu_attention", False)  # (the target's CPU decode attention, `fast.quant.attention`)
         return self
 
     def set_draft_vocab(self, token_ids: torch.Tensor) -> "FeatureHead":
@@ -123,7 +130,7 @@ class FeatureHead(torch.nn.Module):
             raise ValueError(f"draft vocabulary: token ids must lie in [0, {self.config.vocab_size})")
         self.config = replace(self.config, draft_vocab_size=int(ids.numel()))
         self.draft_vocab = ids.to(self.fc.device)
-        self._target, self._draft_lm_head = (), None
+        self._target, self._draft_lm_head, self._draft_quant = (), None, None
         return self
 
     @property
@@ -166,7 +173,10 @@ class FeatureHead(torch.nn.Module):
         target = self.target
         if self._draft_lm_head is None:
             return target._logits(hidden.to(target.dtype))
-        scores = cpu_linear.linear(hidden.to(target.dtype), self._draft_lm_head).float()  # [B, k, N] (F.linear off CPU)
+        if self._draft_quant is not None:
+            scores = quant_linear(hidden.to(torch.float32), self._draft_quant)  # [B, k, N]
+        else:
+            scores = cpu_linear.linear(hidden.to(target.dtype), self._draft_lm_head).float()  # [B, k, N] (F.linear off CPU)
         full = scores.new_full((*scores.shape[:-1], self.config.vocab_size), torch.finfo(torch.float32).min)
         return full.scatter_(-1, self.draft_vocab.expand(*scores.shape[:-1], -1), scores)
 

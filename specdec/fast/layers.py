@@ -22,6 +22,7 @@ from specdec.fast.kernels.linear import FASTER_THAN_CUBLAS, linear
 from specdec.fast.kernels.mlp import silu_mul
 from specdec.fast.kernels.norm import add_rms_norm, rms_norm
 from specdec.fast.kernels.rope import rope_cache_write
+from specdec.fast.quant.attention import CPU_ATTENTION_MAX_QUERIES, cpu_attention
 from specdec.fast.quant.kernel import kernel_available, quant_add_linear_, quant_linear
 from specdec.fast.quant.weight import QuantWeight, quantized
 
@@ -41,6 +42,9 @@ class LlamaLayers:
     # (N, K) weight shapes that linear_kernel="auto" sends to the Triton GEMM; None = `linear.FASTER_THAN_CUBLAS`
     # (a measured set: `kernels.linear_choice.faster_shapes`)
     triton_linear_shapes: frozenset | None = None
+    # the eager body's attention of up to CPU_ATTENTION_MAX_QUERIES new tokens a row on the CPU: `fast.quant.attention`
+    # (row-count invariant, reads only the live slots) in place of SDPA; `fast.quant.attach` sets it on GGUF models
+    cpu_attention = False
 
     def _gemm(self, weight: torch.Tensor) -> str:
         """The `kernels.linear` mode for this weight on the fused path (see `linear_kernel`); "bitwise" =
@@ -147,6 +151,10 @@ class LlamaLayers:
                 attn = attend(i, q, key, v, window)
             elif self.bitwise:  # (token trees are refused in forward; a paged cache: its rows' blocks gathered)
                 attn = invariant_attention(q, *cache.layer(i), bound, a.attn_scale, window=window)
+            elif self.cpu_attention and tree is None and k <= CPU_ATTENTION_MAX_QUERIES and x.device.type == "cpu":
+                keys, values, table = cache.attention_inputs(i)  # (each query its own live slots: row-count
+                attn = cpu_attention(q, keys, values, bound, a.attn_scale, window=window,  # invariant)
+                                     softcap=a.attn_softcap, block_table=table)
             elif causal and window is None and a.attn_softcap is None and tree is None:
                 attn = causal_prefix_attention(q, *cache.layer(i), a.attn_scale)
             else:

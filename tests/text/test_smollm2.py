@@ -23,6 +23,18 @@ pytestmark = smollm2_marks(GGUF)
 CHAT = [{"role": "user", "content": "Write a Python function that returns the square of a number."}]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def dequantized_weights():
+    """transformers' reference is the dequantized float32 model, so the engine runs those weights here (by default a
+    GGUF's stay quantized, with 8-bit activations: other tokens than transformers'; tests/loading/test_gguf_tensors.py
+    checks that path)."""
+    from specdec.fast.quant.attach import set_default
+
+    set_default("dequantized")
+    yield
+    set_default("auto")
+
+
 @pytest.fixture(scope="module")
 def served():
     """`specdec serve --target <the GGUF>` on the CPU (float32), built without starting uvicorn."""

@@ -11,9 +11,17 @@ A tied LM head keeps the dense embedding for gathers and multiplies by its quant
 
 Which weights a GGUF gets (`resolve_weights`): `EngineConfig(gguf_weights=...)` when not "auto", else the process
 default (`specdec ... --gguf-weights`, `set_default`; `SPECDEC_GGUF_WEIGHTS` in the environment is an alias of it),
-else `DEFAULT`. "quantized" keeps the file's blocks (this module); "dequantized" keeps every weight dense float32
-(transformers' dequantization, oneDNN's packed product). Bitwise mode under "auto" runs dequantized (its invariant
-GEMMs are the dense ones).
+else `DEFAULT` ("quantized" where the CPU kernels build, else "dequantized"). "quantized" keeps the file's blocks
+(this module; its decode attention `fast.quant.attention`); "dequantized" keeps every weight dense float32
+(transformers' dequantization, oneDNN's packed product: the model transformers' `generate` runs, so the reference
+that greedy equality with transformers is tested against). Bitwise mode under "auto" runs dequantized (its invariant
+GEMMs are the dense ones; "quantized" is covered too when asked for).
+
+Why quantized by default: on the chat demo (SmolLM2-135M-Instruct Q4_1 with its shipped head, this 2-core CPU) it
+is several times faster than the dense path in one interleaved run, and its greedy text is the same with and
+without speculation (every product and the decode attention are row-count invariant) — BENCHMARKS.md and
+docs/benchmarks/quantized_cpu.md have the runs. Its tokens are not transformers' dequantized model's: the
+activations are rounded to 8 bits per block of 32, as llama.cpp's CPU path rounds them.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ __all__ = ["quantized", "quantized_from_hf", "quantized_bytes", "resolve_weights
 
 ENV = "SPECDEC_GGUF_WEIGHTS"  # an alias of `set_default` / --gguf-weights: "quantized" | "dequantized"
 WEIGHTS = ("auto", "quantized", "dequantized")
-DEFAULT = "dequantized"  # until the demo measures "quantized" faster, and greedy-identical (docs/benchmarks/quantized_cpu.md)
+DEFAULT = "quantized"  # (measured faster on the demo and greedy-identical: the module doc; "dequantized" without the kernel)
 _default: list[str] = []  # the process default (`set_default`), at most one
 
 
@@ -50,16 +58,20 @@ def set_default(value: str) -> None:
 
 def resolve_weights(value: str | None = "auto", bitwise: bool = False) -> str:
     """"quantized" or "dequantized" for a GGUF model: `value` unless "auto" (or None), then the process default, the
-    environment's alias, and `DEFAULT` (under bitwise, "auto" means "dequantized")."""
+    environment's alias, and `DEFAULT` (under bitwise, "auto" means "dequantized"; without the CPU kernels too)."""
     value = _checked("auto" if value is None else value, "gguf_weights")
     if value != "auto":
         return value
     if _default:
         return _default[0]
     env = os.environ.get(ENV)
-    if env:
-        return _checked(env, ENV) if env != "auto" else ("dequantized" if bitwise else DEFAULT)
-    return "dequantized" if bitwise else DEFAULT
+    if env and env != "auto":
+        return _checked(env, ENV)
+    if bitwise or DEFAULT == "dequantized":
+        return "dequantized"
+    from specdec.fast.quant import kernel
+
+    return DEFAULT if kernel.kernel_available() else "dequantized"  # (no compiler: the dense path is the faster)
 
 
 def quantized_bytes(fast) -> int:
@@ -97,7 +109,7 @@ def quantized_from_hf(model, kernels: str = "auto", weights: str | None = "auto"
     `weights` (`resolve_weights`) says "dequantized", or its weights cannot stay quantized here (the reason logged
     once). ValueError when the file's weights are not the model's (never silently)."""
     from specdec.fast.model import FastLlama
-    from specdec.fast.quant.kernel import kernel_name
+    from specdec.fast.quant.kernel import kernel_available, kernel_name
     from specdec.fast.weights import hf_ropes, hf_weights
     from specdec.loading.gguf_tensors import gguf_origin, read_quantized
 
@@ -134,7 +146,9 @@ def quantized_from_hf(model, kernels: str = "auto", weights: str | None = "auto"
                 setattr(target, _ATTR, qw)
     fast.config = model.config
     fast.generation_config = getattr(model, "generation_config", None)
+    fast.cpu_attention = kernel_available()  # (decode / verify attention row-count invariant: `fast.quant.attention`)
     kinds = Counter(q.source for q in quantized_weights(fast))
-    logger.info("%s: %s kept quantized (%.1f MiB) on %s", file.name,
-                ", ".join(f"{n} × {k}" for k, n in sorted(kinds.items())), quantized_bytes(fast) / 2**20, kernel_name())
+    logger.info("%s: %s kept quantized (%.1f MiB) on %s%s", file.name,
+                ", ".join(f"{n} × {k}" for k, n in sorted(kinds.items())), quantized_bytes(fast) / 2**20, kernel_name(),
+                "; decode attention: specdec attn_decode (row-count invariant)" if fast.cpu_attention else "")
     return fast.eval()

@@ -17,6 +17,7 @@ slower, and not row-count invariant.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 from pathlib import Path
 
@@ -32,7 +33,7 @@ __all__ = ["CHUNK_ROWS", "ISAS", "kernel_available", "kernel_name", "kernel_isa"
 
 CHUNK_ROWS = 4096  # weight rows dequantized at once on the fallback path (a vocabulary-sized head: 12 chunks)
 ISAS = {0: "auto", 1: "C++", 2: "AVX2", 3: "AVX-512 VNNI"}  # the kernel's `isa` argument
-_SOURCE = Path(__file__).with_name("q8_cpu.cpp")
+_SOURCES = [str(Path(__file__).with_name(name)) for name in ("q8_cpu.cpp", "attn_cpu.cpp")]  # (+ the attention)
 
 
 @functools.cache
@@ -41,9 +42,11 @@ def _load() -> str | None:
     try:
         from torch.utils import cpp_extension
 
-        cpp_extension.load(name="specdec_quant_q8", sources=[str(_SOURCE)],
+        # (one build folder per source version: checkouts of other versions never rebuild each other's)
+        digest = hashlib.sha256(b"".join(Path(p).read_bytes() for p in _SOURCES)).hexdigest()[:12]
+        cpp_extension.load(name=f"specdec_quant_cpu_{digest}", sources=_SOURCES,
                            extra_cflags=["-O3", "-ffp-contract=off"], is_python_module=False, verbose=False)
-        torch.ops.specdec_q8.q8_mm  # noqa: B018 - registered by the library's load
+        torch.ops.specdec_q8.q8_mm, torch.ops.specdec_attn.attn_decode  # noqa: B018 - registered by the load
     except Exception as err:  # noqa: BLE001 - no compiler, no ninja, a failed build: the chunked path instead
         reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
         logger.warning("specdec's quantized CPU kernel is unavailable (%s); quantized weights run dequantized in "
