@@ -43,7 +43,8 @@ def add_model_options(parser: argparse.ArgumentParser, *, device: str = "auto", 
                        help="also load pickled .bin weights (unpickling can run code: only for checkpoints you trust)")
     group.add_argument("--gguf-weights", choices=("auto", "quantized", "dequantized"), default="auto",
                        help="a .gguf model on the CPU: keep its quantized blocks (8-bit activation kernel) or "
-                            "dequantize to float32; auto = dequantized")
+                            "dequantize to float32; auto = quantized where the CPU kernels build (dequantized "
+                            "under --bitwise)")
 
 
 def add_checkpoint_options(parser, *, draft: bool = True) -> None:

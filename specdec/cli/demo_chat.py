@@ -119,7 +119,11 @@ def run_chat(args, print_json, columns, compare_runs) -> int:
     }
     if not args.json:
         width = 56
-        print(f"{TARGET_NAME} ({summary['target_params'] / 1e6:.0f}M params, {gguf.name} dequantized to fp32) with "
+        from specdec.fast.quant.attach import resolve_weights
+
+        kept = "kept quantized" if resolve_weights(getattr(args, "gguf_weights", "auto")) == "quantized" else \
+            "dequantized to fp32"
+        print(f"{TARGET_NAME} ({summary['target_params'] / 1e6:.0f}M params, {gguf.name} {kept}) with "
               f"the {draft_label} ({head_params / 1e6:.1f}M params, drafts from "
               f"{summary['draft_vocab_size'] or 'all'} tokens); greedy, batch 1, γ={gamma}, "
               f"{torch.get_num_threads()} CPU threads\n")
