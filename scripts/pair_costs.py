@@ -1,7 +1,7 @@
 """Forward costs of the Qwen2.5-Coder pair on the CPU: T(target pass of k tokens) / T(one-token target pass) for
 k = 1..9 (a verify pass of γ + 1 tokens is k = γ + 1), and T(draft pass of k tokens) / T(one-token target pass).
 
-    SPECDEC_QWEN_PAIR=/work/models python scripts/pair_costs.py [--modes weight_major linear] [--repeats 5]
+    SPECDEC_QWEN_PAIR=/work/models python scripts/pair_costs.py [--modes onednn weight_major] [--repeats 5]
 
 Each pass appends k tokens to a cache already holding `--context` tokens (not advanced: every pass sees the same
 context), through the engine's own `FastLlama` over the models' weights (held once). Every repeat times every
@@ -78,11 +78,13 @@ def summarize(times: dict, base: tuple[str, int] = ("target", 1)) -> dict:
 
 
 def main(argv=None) -> int:
-    from specdec.bench.demo_pair import qwen_pair_folder
+    from specdec.bench.demo_pair import QWEN_CPU_LINEAR, qwen_pair_folder
     from specdec.fast.kernels import cpu_linear
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--modes", nargs="+", default=["weight_major", "linear"], choices=cpu_linear.MODES)
+    ap.add_argument("--modes", nargs="+", default=[QWEN_CPU_LINEAR, "weight_major"], choices=cpu_linear.MODES,
+                    help=f"cpu_linear modes, one JSON line each (default: {QWEN_CPU_LINEAR}, the pair's, and "
+                         "weight_major; packed holds a second copy of every weight: ≈ 8 GB more)")
     ap.add_argument("--ks", type=int, nargs="+", default=list(range(1, 10)))
     ap.add_argument("--draft-ks", type=int, nargs="+", default=[1, 2, 5])
     ap.add_argument("--context", type=int, default=128)
