@@ -307,9 +307,11 @@ def main(argv=None) -> int:
     verify = {k: costs[f"target_k{k}"]["ratio"] for k in range(1, 10)}
     c, c_smol = costs["draft_k1"]["ratio"], costs["smol_k1"]["ratio"] if every else None
     result["costs"] = costs
+    print(json.dumps({"c": c, "verify_ratio": verify, "cpu_linear": cpu_linear.MODE}), flush=True)  # (first: rows follow)
     del fast
 
-    sets = {k: v for k, v in prompt_sets(tokenizer, args.prompts).items() if k in args.sets}
+    every_set = prompt_sets(tokenizer, args.prompts)
+    sets = {k: every_set[k] for k in args.sets}  # (in --sets order: rows print as they finish)
     vocab = target.config.vocab_size
     drafters = {DRAFT_NAME: lambda seq, s: logits_of(draft, seq, s)}
     if every:
