@@ -231,7 +231,7 @@ def test_bench_mixed_step_runs_on_a_tiny_model(tmp_path, monkeypatch):
     """The mixed-step benchmark's own code on a tiny random shape (CPU): every arm serves every request in full, the
     mixed arms run mixed steps, the others none, and the host-build row times both builders."""
     out = tmp_path / "mixed.json"
-    _run_main(ROOT / "scripts" / "bench_mixed_step.py", ["--shape", "tiny", "--requests", "8", "--slots", "3",
+    run_main(ROOT / "scripts" / "bench_mixed_step.py", ["--shape", "tiny", "--requests", "8", "--slots", "3",
                                                          "--prompt", "16", "60", "--new", "8", "--host-rows", "4",
                                                          "--host-repeats", "1", "--out", str(out)], monkeypatch)
     rows = json.loads(out.read_text())
