@@ -125,7 +125,7 @@ def host_rows(target: FastLlama, batches: list[int], max_seq_len: int, steps: in
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from host_overhead import _stub_bodies
+    from host_overhead import stub_step_us
 
     vocab = target.shape.vocab_size
     params = SamplingParams(temperature=0, max_new_tokens=min(10 * steps, max_seq_len - 128), seed=0)
@@ -135,18 +135,7 @@ def host_rows(target: FastLlama, batches: list[int], max_seq_len: int, steps: in
             engine = Engine(target, None, EngineConfig(max_batch_size=max(batches), max_seq_len=max_seq_len, **kw))
             for i in range(batch):
                 engine.add_request([(5 + 3 * i + j) % vocab for j in range(128)], params)
-            for _ in range(4):
-                engine.step()
-            restore = _stub_bodies(engine)
-            times = []
-            try:
-                for _ in range(steps):
-                    start = time.perf_counter()
-                    engine.step()
-                    times.append(time.perf_counter() - start)
-            finally:
-                restore()
-            row[arm] = round(statistics.median(times) * 1e6, 1)
+            row[arm] = round(stub_step_us(engine, steps, warm=4), 1)
             del engine
         emit(row)
 
