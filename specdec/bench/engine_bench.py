@@ -252,7 +252,13 @@ def main(argv=None) -> dict:
                         help="what to run (default: all; e.g. `--sections batch1` for the batch-1 table alone)")
     parser.add_argument("--batch1-prompts", type=int, default=None,
                         help="prompts per batch-1 arm (default 48, --quick 12)")
+    parser.add_argument("--kv-layout", choices=("paged", "static"), default="paged",
+                        help="the engines' K/V layout (default paged, the engine's default; static for before/after)")
+    parser.add_argument("--no-prefix-caching", action="store_true",
+                        help="turn the paged pool's prefix cache off (it is on by default)")
     args = parser.parse_args(argv)
+    if args.kv_layout == "static" and args.no_prefix_caching:
+        parser.error("--no-prefix-caching applies to --kv-layout paged (the static layout has no prefix cache)")
     if args.batch1_prompts is not None and not 1 <= args.batch1_prompts <= 160:
         parser.error(f"--batch1-prompts must be in [1, 160], got {args.batch1_prompts}")
     sections = set(args.sections)
@@ -276,7 +282,12 @@ def main(argv=None) -> dict:
                           "median": statistics.median(map(len, prompts)), "max": max(map(len, prompts))}
     from specdec.zoo.data import TokenData
 
-    config = EngineConfig(max_batch_size=8 if args.quick else 64, max_seq_len=seq, num_draft_tokens="auto", max_draft_tokens=8)
+    layout = {"kv_layout": args.kv_layout}
+    if args.kv_layout == "paged":
+        layout["enable_prefix_caching"] = not args.no_prefix_caching
+    config = EngineConfig(max_batch_size=8 if args.quick else 64, max_seq_len=seq, num_draft_tokens="auto",
+                          max_draft_tokens=8, **layout)
+    results["kv_layout"] = layout
     engines = {"plain": (Engine(hf_target, None, config), 0), "model": (Engine(hf_target, hf_draft, config), "auto")}
     if "concurrent" in sections:
         corpus = TokenData.load(Path(args.data)).train[:4_000_000].astype("int64").tolist()
