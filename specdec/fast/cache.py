@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.fast.kernels.attention import TreeMask
+from specdec.fast.kernels.paged_index import paged_slots
 
 __all__ = ["KVCache", "PagedKVCache", "TreeNodes", "Placement", "place_tokens", "round_up"]
 
@@ -119,10 +120,7 @@ class PagedKVCache:
 
     def write_index(self, slots: torch.Tensor) -> torch.Tensor:
         """Flat pool entries `[B·k]` (block · block_size + offset) of slots `[B, k]`; the junk slot → the null block."""
-        size = self.block_size
-        block = self.block_table.gather(1, (slots // size).clamp(max=self.block_table.shape[1] - 1)).long()
-        flat = block * size + slots % size
-        return torch.where(slots >= self.span - 1, torch.zeros_like(flat), flat).reshape(-1)
+        return paged_slots(self.block_table, slots, self.block_size).reshape(-1)  # (one launch on CUDA)
 
     def write(self, layer: int, index: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
         heads, dim = key.shape[-2:]
