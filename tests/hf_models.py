@@ -1,5 +1,6 @@
 """Tiny random decoders of many transformers architectures (fp32, CPU, seeded) for the transformers backend's tests:
-`MATRIX` (name → a builder), `REFUSED` (architectures the backend must refuse, with the reason's words), `make`."""
+`MATRIX` (name → a builder), `EXTRAS` (matrix entries whose attention adds something to the engine's masks, and
+what), `REFUSED` (architectures the backend must refuse, with the reason's words), `make`."""
 
 from __future__ import annotations
 
@@ -86,8 +87,16 @@ MATRIX = {
         window_size=WINDOW, attention_types=[[["global", "local"], 1]], tie_word_embeddings=False, **IDS)),
 }
 
+#: matrix entry → what its attention adds to the engine's masks (the negative controls drop it)
+EXTRAS = {"gpt-oss": "sinks", "falcon-alibi": "alibi", "bloom": "alibi", "mpt": "alibi", "gpt-neo": "window"}
+
 #: architecture → (builder, words the refusal must contain)
 REFUSED = {
+    "xglm": (lambda: T.XGLMForCausalLM(T.XGLMConfig(vocab_size=VOCAB, d_model=32, num_layers=2, attention_heads=4,
+                                                    ffn_dim=64)), "attention interface"),
+    "bloom-slow-but-exact": (lambda: T.BloomForCausalLM(T.BloomConfig(
+        vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4, pretraining_tp=2, slow_but_exact=True)),
+        "slow_but_exact"),
     "jamba": (lambda: T.JambaForCausalLM(T.JambaConfig(
         **GQA, num_experts=2, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1,
         use_mamba_kernels=False)), "state-space"),

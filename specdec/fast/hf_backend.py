@@ -51,6 +51,8 @@ ATTENTION_NAME = "specdec_engine"
 _FORWARD: ContextVar["_Forward | None"] = ContextVar("specdec_engine_forward", default=None)
 #: attention keyword arguments the engine's attention cannot honour (their value must be None)
 _REFUSED_KWARGS = {"position_bias": "a relative position bias", "attention_chunk_size": "chunked attention"}
+#: the self-check's text covers sliding windows up to this many tokens (gpt-oss's 128, GPT-Neo's 256)
+SELF_CHECK_WINDOW = 256
 #: attention keyword arguments naming per-head attention sinks (gpt-oss: one more logit in each softmax denominator)
 _SINK_KWARGS = ("s_aux", "sinks")
 
@@ -258,7 +260,15 @@ class HFBackendModel(torch.nn.Module):
     def _self_check(self, model_type: str) -> None:
         """A short text through the engine's path (a prefill, then one token) must give the model's own logits."""
         vocab = self.shape.vocab_size
-        ids = (torch.arange(6, device=self.device) * 7 + 3) % vocab
+        # the windows the engine's path found and those the config declares (a window lost on the way is checked)
+        text = self.config.get_text_config() if hasattr(self.config, "get_text_config") else self.config
+        windows = [w for w in self.shape.arch.layer_windows if w] + [
+            w for name in ("sliding_window", "window_size") if isinstance(w := getattr(text, name, None), int) and w > 0]
+        # (long enough that a window of up to SELF_CHECK_WINDOW tokens drops a position; longer ones are not checked)
+        length = max(6, min(min(windows, default=0) + 2, SELF_CHECK_WINDOW + 2))
+        if self.shape.max_positions is not None:
+            length = min(length, self.shape.max_positions)
+        ids = (torch.arange(length, device=self.device) * 7 + 3) % vocab
         with torch.inference_mode():
             try:  # its eager attention: what the model computes (sdpa drops Gemma 2's softcap in transformers 5.17;
                 # an adapted module may name another: `hf_adapters.Adapter.reference`)
@@ -268,9 +278,9 @@ class HFBackendModel(torch.nn.Module):
                 logger.debug("%s: the model's own forward failed (%s); the backend's self-check is skipped",
                              model_type, err)
                 return
-            cache = self.new_cache(1, 16)
-            first = self(ids[None, :5], cache)[0]
-            last = self(ids[None, 5:], cache)[0]
+            cache = self.new_cache(1, length)
+            first = self(ids[None, :-1], cache)[0]
+            last = self(ids[None, -1:], cache)[0]
         ours = torch.cat([first, last])
         tol = (1e-3 if self.dtype == torch.float32 else 5e-2) * max(1.0, float(ref.abs().max()))
         err = float((ours - ref).abs().max())
