@@ -111,6 +111,7 @@ class _Forward:
     masks: dict = field(default_factory=dict)
     found: list | None = None  # the probe's record: (module, query shape, key shape, value shape, window)
     extras: dict = field(default_factory=dict)  # what every layer of this forward shares (an ALiBi bias per span)
+    key_positions: torch.Tensor | None = None  # [B, S] a token tree's: slot j's position (chains: j itself)
 
     def extra(self, key, build):
         """`build()` once per forward for `key` (an ALiBi bias: every layer of a model shares it)."""
@@ -157,7 +158,7 @@ def engine_attention(module, query, key, value, attention_mask, scaling=None, dr
         key_mask = ("extras", window)
         if key_mask not in step.masks:
             step.masks[key_mask] = slot_attention_bias(step.bound, cache.span, 1, torch.float32, window, step.tree)
-        bias = None if alibi is None else step.extra(("alibi", alibi), lambda: alibi(cache.span))
+        bias = None if alibi is None else step.extra(("alibi", alibi), lambda: _key_bias(alibi, cache.span, step))
         out = extras_attention(q, *cache.layer(layer), step.masks[key_mask], scaling, softcap=softcap, alibi=bias,
                                sinks=sinks)
     elif step.causal and window is None and softcap is None and step.tree is None:
@@ -169,6 +170,15 @@ def engine_attention(module, query, key, value, attention_mask, scaling=None, dr
         out = slot_attention(q, keys, values, step.bound, scaling, window=window, softcap=softcap, kernel=step.kernel,
                              bias=step.masks.get(window), tree=step.tree, block_table=table)
     return out.to(query.dtype), None
+
+
+def _key_bias(alibi, span: int, step: _Forward) -> torch.Tensor:
+    """An ALiBi bias by key position: `[H, S]` where slot j holds position j (chains); a token tree's nodes sit at
+    slots past their positions, so each row's slots read the bias of their own positions → `[B, H, S]`."""
+    table = alibi(span)  # [H, S]: the bias of position j
+    if step.key_positions is None:
+        return table
+    return table[:, step.key_positions].transpose(0, 1)
 
 
 def _register() -> None:
@@ -348,6 +358,10 @@ class HFBackendModel(torch.nn.Module):
         rope_pos, slots = placed.positions, placed.slots
         step = _Forward(self._layers, cache, cache.write_index(slots), rope_pos if tree is None else slots, placed.tree,
                         self._kernels if kernels is None else check_kernel(kernels, "kernels"), causal_prefix)
+        if tree is not None and self._adapted:  # (an ALiBi bias reads keys' positions, not their slots)
+            span = cache.span
+            keys = torch.arange(span, device=slots.device).expand(slots.shape[0], span).clone()
+            step.key_positions = keys.scatter_(1, slots.clamp(max=span - 1), rope_pos.clamp(max=span - 1))
         context = self.shape.max_positions  # (a learned position table ends there; positions past it belong to
         # drafts beyond a row's budget, whose outputs are never committed: clamped, as FastLlama's)
         model_pos = rope_pos if context is None else rope_pos.clamp(max=context - 1)

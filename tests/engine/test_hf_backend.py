@@ -93,13 +93,25 @@ def test_token_trees_keep_the_greedy_text(name):
     """Draft trees verified in one forward (an ALiBi bias under the tree mask too; the engine refuses trees on
     targets with sliding-window layers, gpt-oss's and GPT-Neo's included)."""
     target, draft = make(name), make(name, noise=0.3)
-    engine = Engine(target, draft, EngineConfig(max_batch_size=2, **BACKEND))
     for prompt, new in zip(PROMPTS[:2], NEW):
-        params = SamplingParams(temperature=0, max_new_tokens=new, draft_tree=(2, 2))
-        rid, out = engine.add_request(prompt, params), []
-        while engine.has_unfinished():
-            out += [t for o in engine.step() if o.request_id == rid for t in o.new_token_ids]
-        assert out == hf_greedy(target, prompt, new, [])
+        assert _tree_text(target, draft, prompt, new) == hf_greedy(target, prompt, new, []), name
+
+
+def _tree_text(target, draft, prompt, new) -> list[int]:
+    engine = Engine(target, draft, EngineConfig(max_batch_size=2, **BACKEND))
+    params = SamplingParams(temperature=0, max_new_tokens=new, draft_tree=(2, 2))
+    rid, out = engine.add_request(prompt, params), []
+    while engine.has_unfinished():
+        out += [t for o in engine.step() if o.request_id == rid for t in o.new_token_ids]
+    return out
+
+
+def test_negative_control_alibi_by_slot_under_a_tree_fails(monkeypatch):
+    """A tree's nodes sit at slots past their positions: an ALiBi bias read by slot (not by the key's position)
+    gives MPT another text."""
+    target, draft = make("mpt"), make("mpt", noise=0.3)
+    monkeypatch.setattr(hf_backend, "_key_bias", lambda alibi, span, step: alibi(span))
+    assert any(_tree_text(target, draft, p, n) != hf_greedy(target, p, n, []) for p, n in zip(PROMPTS, NEW))
 
 
 def _broken(monkeypatch, how: str) -> None:
