@@ -133,10 +133,12 @@ def _broken(monkeypatch, how: str) -> None:
                 max=self.span - 1)))
 
 
+@pytest.mark.parametrize("name", ["mixtral", "falcon"])
 @pytest.mark.parametrize("how", ["ignores the cache", "writes one slot off"])
-def test_negative_control_a_broken_attention_fails(monkeypatch, how):
-    """The same comparison as above catches an attention that does not use the engine's cache properly."""
-    target = make("mixtral")
+def test_negative_control_a_broken_attention_fails(monkeypatch, how, name):
+    """The same comparison as above catches an attention that does not use the engine's cache properly (through the
+    attention interface, Mixtral; through an adapter, Falcon)."""
+    target = make(name)
     refs = [hf_greedy(target, p, n, []) for p, n in zip(PROMPTS, NEW)]
     HFBackendModel(target)  # (built before the breakage: its self-check would refuse it)
     _broken(monkeypatch, how)
