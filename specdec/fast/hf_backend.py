@@ -129,9 +129,9 @@ def engine_attention(module, query, key, value, attention_mask, scaling=None, dr
     cache and attends over it; `attention_mask` is unused (the engine's masks come from positions).
 
     Beyond the engine's own masks it honours attention sinks (`s_aux` / `sinks` `[H]`: gpt-oss) and an ALiBi bias
-    (`alibi`: a function of the span S → `[H, S]`, the bias of slot j = absolute position j, passed by the adapters of
-    `fast.hf_adapters`): such a layer takes `hf_attention.extras_attention` over its gathered slots, on every device
-    (the Triton kernel takes neither)."""
+    (`alibi`: a function of the span S → `[H, S]`, the bias of absolute position j, passed by the adapters of
+    `fast.hf_adapters`; each key reads its own position's, `_key_bias`): such a layer takes
+    `hf_attention.extras_attention` over its gathered slots, on every device (the Triton kernel takes neither)."""
     step = _FORWARD.get()
     if step is None:
         raise RuntimeError(f"{ATTENTION_NAME} attention ran outside an engine forward (the model's configs name it "
@@ -409,6 +409,8 @@ class HFBackendModel(torch.nn.Module):
         before = [c._attn_implementation_internal for c in configs]
         for c in configs:
             c._attn_implementation_internal = implementation
+        own = [vars(module).get("forward") for module, _ in self._adapted] if adapt else []  # (an instance's own
+        # forward, e.g. an accelerate hook's, comes back after)
         if adapt:
             for module, adapter in self._adapted:
                 module.forward = functools.partial(adapter.forward, module)
@@ -417,9 +419,11 @@ class HFBackendModel(torch.nn.Module):
         finally:
             for c, name in zip(configs, before):
                 c._attn_implementation_internal = name
-            if adapt:
-                for module, _ in self._adapted:
+            for (module, _), forward in zip(self._adapted if adapt else [], own):
+                if forward is None:
                     del module.forward
+                else:
+                    module.forward = forward
 
 
 def _context(config) -> int | None:

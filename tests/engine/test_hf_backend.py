@@ -179,6 +179,10 @@ def test_adapted_modules_keep_their_own_forward_outside_the_engine():
     run(engine, PROMPTS[:1], NEW[:1])
     assert all("forward" not in vars(m) for m in target.modules())
     assert target.config._attn_implementation == "sdpa"
+    attention = target.transformer.h[0].self_attention
+    attention.forward = hooked = attention.forward  # an instance's own forward (as an accelerate hook sets one)
+    run(engine, PROMPTS[:1], NEW[:1])
+    assert vars(attention)["forward"] is hooked
     assert hf_greedy(target, PROMPTS[0], NEW[0], []) == run(engine, PROMPTS[:1], NEW[:1])[0]
 
 
