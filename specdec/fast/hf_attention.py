@@ -1,9 +1,10 @@
-"""What the transformers backend's attention adds to the engine's: ALiBi biases and attention sinks.
+"""What the transformers backend's attention adds to the engine's: ALiBi biases (and attention sinks with them).
 
-The fast bodies never pass these, so the engine's kernels (`kernels.attention`: SDPA with a positional mask, the
-Triton split-K kernel) do not take them. `extras_attention` is the eager definition with both, over a row's slots
-gathered from the cache (`fast.cache.KVCache.layer` / `PagedKVCache.layer`: every layout, every device — on CUDA too,
-where the backend routes a layer with a bias or sinks here instead of the Triton kernel):
+The fast bodies never pass an ALiBi bias, so the engine's kernels (`kernels.attention`: SDPA with a positional mask,
+the Triton split-K kernel) do not take one; they do take attention sinks alone (`slot_attention(sinks=...)`).
+`extras_attention` is the eager definition with both, over a row's slots gathered from the cache
+(`fast.cache.KVCache.layer` / `PagedKVCache.layer`: every layout, every device — on CUDA too, where the backend
+routes a layer with a bias here instead of the Triton kernel):
 
     logits[b, h, i, j] = scale · q[b, i, h] · k[b, j, h // G]  (then c·tanh(·/c) with a softcap c)
                          + alibi[h, j]        (an ALiBi bias by the absolute position of slot j's key, scaled)

@@ -128,10 +128,11 @@ def engine_attention(module, query, key, value, attention_mask, scaling=None, dr
     tokens (after the layer's projections and RoPE) → (output `[B, k, H, D]`, None). Writes K/V into the engine's
     cache and attends over it; `attention_mask` is unused (the engine's masks come from positions).
 
-    Beyond the engine's own masks it honours attention sinks (`s_aux` / `sinks` `[H]`: gpt-oss) and an ALiBi bias
-    (`alibi`: a function of the span S → `[H, S]`, the bias of absolute position j, passed by the adapters of
-    `fast.hf_adapters`; each key reads its own position's, `_key_bias`): such a layer takes
-    `hf_attention.extras_attention` over its gathered slots, on every device (the Triton kernel takes neither)."""
+    Beyond the engine's own masks it honours attention sinks (`s_aux` / `sinks` `[H]`: gpt-oss; `slot_attention`
+    takes them, the Triton kernel included) and an ALiBi bias (`alibi`: a function of the span S → `[H, S]`, the
+    bias of absolute position j, passed by the adapters of `fast.hf_adapters`; each key reads its own position's,
+    `_key_bias`): a layer with a bias takes `hf_attention.extras_attention` over its gathered slots, on every device
+    (the Triton kernel takes no bias)."""
     step = _FORWARD.get()
     if step is None:
         raise RuntimeError(f"{ATTENTION_NAME} attention ran outside an engine forward (the model's configs name it "
@@ -156,21 +157,21 @@ def engine_attention(module, query, key, value, attention_mask, scaling=None, dr
     cache.write(layer, step.write_index, key.transpose(1, 2).to(dtype), value.transpose(1, 2).to(dtype))
     group = q.shape[2] // key.shape[1]
     sinks = next((kwargs[n] for n in _SINK_KWARGS if kwargs.get(n) is not None), None)
-    if sinks is not None or alibi is not None:
+    if alibi is not None:
         key_mask = ("extras", window)
         if key_mask not in step.masks:
             step.masks[key_mask] = slot_attention_bias(step.bound, cache.span, 1, torch.float32, window, step.tree)
         bias = None if alibi is None else step.extra(("alibi", alibi), lambda: _key_bias(alibi, cache.span, step))
         out = extras_attention(q, *cache.layer(layer), step.masks[key_mask], scaling, softcap=softcap, alibi=bias,
                                sinks=sinks)
-    elif step.causal and window is None and softcap is None and step.tree is None:
+    elif step.causal and window is None and softcap is None and step.tree is None and sinks is None:
         out = causal_prefix_attention(q, *cache.layer(layer), scaling)
     else:
         if window not in step.masks and (step.kernel == "reference" or step.kernel == "auto" and not q.is_cuda):
             step.masks[window] = slot_attention_bias(step.bound, cache.span, group, dtype, window, step.tree)
         keys, values, table = cache.attention_inputs(layer)
         out = slot_attention(q, keys, values, step.bound, scaling, window=window, softcap=softcap, kernel=step.kernel,
-                             bias=step.masks.get(window), tree=step.tree, block_table=table)
+                             bias=step.masks.get(window), tree=step.tree, block_table=table, sinks=sinks)
     return out.to(query.dtype), None
 
 

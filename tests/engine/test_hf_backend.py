@@ -336,9 +336,9 @@ def test_a_backend_target_with_a_fast_body_draft_model(make_llama):
                                   "bloom", "mpt", "gpt-neo"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_backend_on_cuda(name, dtype):
-    """On a GPU (eager steps, the Triton attention kernel; sinks and ALiBi biases take `hf_attention`'s torch path
-    over the gathered slots): fp32 greedy = transformers'; bf16 may differ only at a near-tie of the target's
-    logits."""
+    """On a GPU (eager steps, the Triton attention kernel, gpt-oss's sinks included; ALiBi biases take
+    `hf_attention`'s torch path over the gathered slots): fp32 greedy = transformers'; bf16 may differ only at a
+    near-tie of the target's logits."""
     from helpers import assert_same_greedy
 
     target = make(name).to("cuda", dtype)
