@@ -1,5 +1,6 @@
 """Tiny random decoders of many transformers architectures (fp32, CPU, seeded) for the transformers backend's tests:
-`MATRIX` (name → a builder), `REFUSED` (architectures the backend must refuse, with the reason's words), `make`."""
+`MATRIX` (name → a builder), `EXTRAS` (matrix entries whose attention adds something to the engine's masks, and
+what), `REFUSED` (architectures the backend must refuse, with the reason's words), `make`."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ C = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_he
 GQA = dict(C, intermediate_size=64, num_key_value_heads=2)
 WINDOW = 6  # shorter than the texts: windowed layers drop positions
 MOE = dict(num_local_experts=4, num_experts_per_tok=2)
+IDS = dict(bos_token_id=1, eos_token_id=2)
+FALCON = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=128,
+              tie_word_embeddings=False, **IDS)
 
 MATRIX = {
     # the fast bodies' families, through the backend
@@ -64,22 +68,35 @@ MATRIX = {
         **GQA, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, q_lora_rank=16, kv_lora_rank=16,
         qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8, n_group=1, topk_group=1, first_k_dense_replace=1)),
     "exaone4": lambda: T.Exaone4ForCausalLM(T.Exaone4Config(**GQA, head_dim=8)),
+    # attention sinks (engine_attention's `s_aux`)
+    "gpt-oss": lambda: T.GptOssForCausalLM(T.GptOssConfig(
+        **GQA, head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention"])),
+    # attention inside their own modules (fast.hf_adapters)
+    "falcon": lambda: T.FalconForCausalLM(T.FalconConfig(**FALCON)),  # RoPE, multi-query, parallel attention
+    "falcon-gqa": lambda: T.FalconForCausalLM(T.FalconConfig(**FALCON, new_decoder_architecture=True,
+                                                             num_kv_heads=2)),
+    "falcon-alibi": lambda: T.FalconForCausalLM(T.FalconConfig(**FALCON, alibi=True, multi_query=False,
+                                                               parallel_attn=False, bias=True)),  # (Falcon-RW)
+    "bloom": lambda: T.BloomForCausalLM(T.BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4,
+                                                      tie_word_embeddings=False, **IDS)),
+    "mpt": lambda: T.MptForCausalLM(T.MptConfig(vocab_size=VOCAB, d_model=32, n_heads=4, n_layers=2,
+                                                max_seq_len=128, tie_word_embeddings=False, **IDS)),
+    "gpt-neo": lambda: T.GPTNeoForCausalLM(T.GPTNeoConfig(
+        vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, max_position_embeddings=128,
+        window_size=WINDOW, attention_types=[[["global", "local"], 1]], tie_word_embeddings=False, **IDS)),
 }
+
+#: matrix entry → what its attention adds to the engine's masks (the negative controls drop it)
+EXTRAS = {"gpt-oss": "sinks", "falcon-alibi": "alibi", "bloom": "alibi", "mpt": "alibi", "gpt-neo": "window"}
 
 #: architecture → (builder, words the refusal must contain)
 REFUSED = {
-    "bloom": (lambda: T.BloomForCausalLM(T.BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4)),
-              "attention interface"),
-    "falcon": (lambda: T.FalconForCausalLM(T.FalconConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
-                                                          num_attention_heads=4)), "attention interface"),
-    "mpt": (lambda: T.MptForCausalLM(T.MptConfig(vocab_size=VOCAB, d_model=32, n_heads=4, n_layers=2)),
-            "attention interface"),
-    "gpt-neo": (lambda: T.GPTNeoForCausalLM(T.GPTNeoConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4,
-                                                           attention_types=[[["global", "local"], 1]])),
-                "attention interface"),
-    "gpt-oss": (lambda: T.GptOssForCausalLM(T.GptOssConfig(
-        **GQA, head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
-        layer_types=["sliding_attention", "full_attention"])), "attention sinks"),
+    "xglm": (lambda: T.XGLMForCausalLM(T.XGLMConfig(vocab_size=VOCAB, d_model=32, num_layers=2, attention_heads=4,
+                                                    ffn_dim=64)), "attention interface"),
+    "bloom-slow-but-exact": (lambda: T.BloomForCausalLM(T.BloomConfig(
+        vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4, pretraining_tp=2, slow_but_exact=True)),
+        "slow_but_exact"),
     "jamba": (lambda: T.JambaForCausalLM(T.JambaConfig(
         **GQA, num_experts=2, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1,
         use_mamba_kernels=False)), "state-space"),

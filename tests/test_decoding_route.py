@@ -1,6 +1,6 @@
 """`specdec.generate`'s runner (`decoding/route.py`), on a CPU as on CUDA: the engine by default — a fast family body
-(Llama), the transformers backend (OPT) — and the eager loop only where the engine refuses (Bloom: attention outside
-transformers' interface; a draft-length policy), one log line, the refusal remembered so the next call builds nothing."""
+(Llama), the transformers backend (OPT) — and the eager loop only where the engine refuses (XGLM: attention
+outside transformers' interface, no backend adapter; a draft-length policy), one log line, the refusal remembered so the next call builds nothing."""
 
 import logging
 
@@ -23,11 +23,13 @@ def engines_on(model) -> list:
 
 
 @pytest.fixture
-def bloom(opt):
-    from transformers import BloomConfig, BloomForCausalLM
+def refused(opt):
+    """A model the engine refuses (XGLM: its attention bypasses the attention interface, no backend adapter)."""
+    from transformers import XGLMConfig, XGLMForCausalLM
 
     torch.manual_seed(0)
-    return BloomForCausalLM(BloomConfig(vocab_size=opt.config.vocab_size, hidden_size=32, n_layer=2, n_head=4)).eval()
+    return XGLMForCausalLM(XGLMConfig(vocab_size=opt.config.vocab_size, d_model=32, num_layers=2, attention_heads=4,
+                                      ffn_dim=64)).eval()
 
 
 @pytest.fixture
@@ -52,7 +54,7 @@ def test_a_covered_model_and_a_backend_model_run_on_the_engine_on_a_cpu(llama, l
     assert any("'opt' runs on the engine's transformers backend" in r.getMessage() for r in caplog.records)
 
 
-def test_what_the_engine_refuses_runs_on_the_loop_once_said_and_never_rebuilt(bloom, caplog, monkeypatch):
+def test_what_the_engine_refuses_runs_on_the_loop_once_said_and_never_rebuilt(refused, caplog, monkeypatch):
     monkeypatch.setattr("specdec.engine.build._noticed", set())
     from specdec.engine import generate as engine_generate
 
@@ -60,13 +62,13 @@ def test_what_the_engine_refuses_runs_on_the_loop_once_said_and_never_rebuilt(bl
     real = engine_generate.engine_stream
     monkeypatch.setattr(engine_generate, "engine_stream", lambda *a, **k: calls.append(1) or real(*a, **k))
     with caplog.at_level(logging.WARNING, logger="specdec"):
-        first = greedy(bloom)
-        again = greedy(bloom)
-    assert first == again == greedy(bloom, engine="hf")
-    assert len(calls) == 1 and route.runner_for("auto", bloom, None, 4) == "hf"  # the refusal was kept
+        first = greedy(refused)
+        again = greedy(refused)
+    assert first == again == greedy(refused, engine="hf")
+    assert len(calls) == 1 and route.runner_for("auto", refused, None, 4) == "hf"  # the refusal was kept
     assert [r.getMessage() for r in caplog.records if "eager transformers loop" in r.getMessage()] != []
     with pytest.raises(Exception, match="attention"):
-        greedy(bloom, engine="fast")  # forced: the refusal is an error, not a fallback
+        greedy(refused, engine="fast")  # forced: the refusal is an error, not a fallback
 
 
 def test_a_draft_length_policy_runs_on_the_loop(llama, llama_draft):
@@ -90,3 +92,15 @@ def test_only_the_loop_drafters_written_for_both_runners_go_to_the_engine(llama)
     assert route.runner_for("auto", llama, specdec.PromptLookupDrafter(), 4) == "fast"
     assert route.runner_for("auto", llama, specdec.NGramDrafter(2), 4) == "fast"
     assert route.runner_for("auto", llama, _LoopOnly(), 4) == "hf"
+
+
+@pytest.mark.parametrize("name", ["falcon", "gpt-oss"])
+def test_families_the_loop_ran_before_the_backend_took_them_run_on_the_engine(name):
+    """Falcon (through `fast.hf_adapters`) and gpt-oss (attention sinks) take the engine by default now, with
+    transformers' greedy text."""
+    from helpers import hf_greedy
+    from hf_models import make
+
+    target = make(name)
+    assert greedy(target) == [hf_greedy(target, p, 8, []) for p in PROMPTS]
+    assert engines_on(target) and route.runner_for("auto", target, None, 4) == "fast"

@@ -2,8 +2,9 @@
 (`engine="auto"`), the eager chain loop only for what the engine does not take — a draft-length policy (a name or a
 `DraftLengthPolicy` object), a drafter the engine does not call (`HierarchicalDrafter`, a duck-typed loop drafter), or
 a model neither engine body runs (the engine's build refuses it with `UnsupportedModel`: no fast family body
-covers it and the transformers backend refuses it — Bloom, Falcon, MPT (attention outside transformers' attention
-interface), encoder-decoders (T5, BART), state outside K/V (Jamba, Mamba), attention sinks (gpt-oss)). The refusal is
+covers it and the transformers backend refuses it — encoder-decoders (T5, BART), state outside K/V (Jamba, Mamba),
+attention outside transformers' attention interface with no adapter in `fast.hf_adapters` (XGLM); Falcon, Bloom, MPT,
+GPT-Neo and gpt-oss run on the backend). The refusal is
 logged once and kept on the model, so later calls go straight to the loop (`runner_for` reports the runner taken).
 """
 

@@ -18,15 +18,18 @@ parameters, processors, grammar, logprobs and continuous batching run unchanged.
 
 Built by a probe (`probe`): one token through the model finds, in call order, the modules that call the attention
 function (the engine's layer index of each), their query and key/value heads, head dims and windows; then a short
-text through the engine's path must give the model's own logits. A model whose attention does not go through the
-registry (Bloom's and Falcon's ALiBi, MPT; transformers builds their bias inside their own attention), whose layers
-keep state outside K/V (state-space or recurrent layers), or whose attention takes inputs the engine does not give
-(attention sinks, relative position biases) is refused with `UnsupportedArchitecture` (the engine's `UnsupportedModel`), naming why.
+text through the engine's path must give the model's own logits. Attention sinks (gpt-oss's `s_aux`) and ALiBi
+biases are honoured (`fast.hf_attention`); the families whose attention does not go through the registry (Falcon,
+Bloom, MPT, GPT-Neo) run through per-family stand-ins for their attention modules' `forward` (`fast.hf_adapters`).
+A model whose attention bypasses the registry with no adapter (XGLM), whose layers keep state outside K/V
+(state-space or recurrent layers), or whose attention takes inputs the engine does not give (relative position
+biases, chunked attention) is refused with `UnsupportedArchitecture` (the engine's `UnsupportedModel`), naming why.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 from contextvars import ContextVar
@@ -35,6 +38,8 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.fast.cache import KVCache, PagedKVCache, TreeNodes, place_tokens
+from specdec.fast.hf_adapters import adapter_for
+from specdec.fast.hf_attention import extras_attention
 from specdec.fast.kernels.attention import causal_prefix_attention, slot_attention, slot_attention_bias
 from specdec.fast.kernels.select import KernelChoice, check_kernel
 
@@ -47,8 +52,11 @@ __all__ = ["HFBackendModel", "BackendShape", "BackendArch", "UnsupportedArchitec
 ATTENTION_NAME = "specdec_engine"
 _FORWARD: ContextVar["_Forward | None"] = ContextVar("specdec_engine_forward", default=None)
 #: attention keyword arguments the engine's attention cannot honour (their value must be None)
-_REFUSED_KWARGS = {"s_aux": "attention sinks", "sinks": "attention sinks", "position_bias": "a relative position bias",
-                   "attention_chunk_size": "chunked attention"}
+_REFUSED_KWARGS = {"position_bias": "a relative position bias", "attention_chunk_size": "chunked attention"}
+#: the self-check's text covers sliding windows up to this many tokens (gpt-oss's 128, GPT-Neo's 256)
+SELF_CHECK_WINDOW = 256
+#: attention keyword arguments naming per-head attention sinks (gpt-oss: one more logit in each softmax denominator)
+_SINK_KWARGS = ("s_aux", "sinks")
 
 
 class UnsupportedArchitecture(ValueError):
@@ -104,13 +112,27 @@ class _Forward:
     causal: bool = False
     masks: dict = field(default_factory=dict)
     found: list | None = None  # the probe's record: (module, query shape, key shape, value shape, window)
+    extras: dict = field(default_factory=dict)  # what every layer of this forward shares (an ALiBi bias per span)
+    key_positions: torch.Tensor | None = None  # [B, S] a token tree's: slot j's position (chains: j itself)
+
+    def extra(self, key, build):
+        """`build()` once per forward for `key` (an ALiBi bias: every layer of a model shares it)."""
+        if key not in self.extras:
+            self.extras[key] = build()
+        return self.extras[key]
 
 
 def engine_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
-                     softcap=None, **kwargs):
+                     softcap=None, alibi=None, **kwargs):
     """transformers' attention-function signature: query `[B, H, k, D]`, key/value `[B, H_kv, k, D]` of the k fed
     tokens (after the layer's projections and RoPE) → (output `[B, k, H, D]`, None). Writes K/V into the engine's
-    cache and attends over it; `attention_mask` is unused (the engine's masks come from positions)."""
+    cache and attends over it; `attention_mask` is unused (the engine's masks come from positions).
+
+    Beyond the engine's own masks it honours attention sinks (`s_aux` / `sinks` `[H]`: gpt-oss; `slot_attention`
+    takes them, the Triton kernel included) and an ALiBi bias (`alibi`: a function of the span S → `[H, S]`, the
+    bias of absolute position j, passed by the adapters of `fast.hf_adapters`; each key reads its own position's,
+    `_key_bias`): a layer with a bias takes `hf_attention.extras_attention` over its gathered slots, on every device
+    (the Triton kernel takes no bias)."""
     step = _FORWARD.get()
     if step is None:
         raise RuntimeError(f"{ATTENTION_NAME} attention ran outside an engine forward (the model's configs name it "
@@ -134,15 +156,32 @@ def engine_attention(module, query, key, value, attention_mask, scaling=None, dr
     q = query.transpose(1, 2).to(dtype)  # [B, k, H, D]
     cache.write(layer, step.write_index, key.transpose(1, 2).to(dtype), value.transpose(1, 2).to(dtype))
     group = q.shape[2] // key.shape[1]
-    if step.causal and window is None and softcap is None and step.tree is None:
+    sinks = next((kwargs[n] for n in _SINK_KWARGS if kwargs.get(n) is not None), None)
+    if alibi is not None:
+        key_mask = ("extras", window)
+        if key_mask not in step.masks:
+            step.masks[key_mask] = slot_attention_bias(step.bound, cache.span, 1, torch.float32, window, step.tree)
+        bias = None if alibi is None else step.extra(("alibi", alibi), lambda: _key_bias(alibi, cache.span, step))
+        out = extras_attention(q, *cache.layer(layer), step.masks[key_mask], scaling, softcap=softcap, alibi=bias,
+                               sinks=sinks)
+    elif step.causal and window is None and softcap is None and step.tree is None and sinks is None:
         out = causal_prefix_attention(q, *cache.layer(layer), scaling)
     else:
         if window not in step.masks and (step.kernel == "reference" or step.kernel == "auto" and not q.is_cuda):
             step.masks[window] = slot_attention_bias(step.bound, cache.span, group, dtype, window, step.tree)
         keys, values, table = cache.attention_inputs(layer)
         out = slot_attention(q, keys, values, step.bound, scaling, window=window, softcap=softcap, kernel=step.kernel,
-                             bias=step.masks.get(window), tree=step.tree, block_table=table)
+                             bias=step.masks.get(window), tree=step.tree, block_table=table, sinks=sinks)
     return out.to(query.dtype), None
+
+
+def _key_bias(alibi, span: int, step: _Forward) -> torch.Tensor:
+    """An ALiBi bias by key position: `[H, S]` where slot j holds position j (chains); a token tree's nodes sit at
+    slots past their positions, so each row's slots read the bias of their own positions → `[B, H, S]`."""
+    table = alibi(span)  # [H, S]: the bias of position j
+    if step.key_positions is None:
+        return table
+    return table[:, step.key_positions].transpose(0, 1)
 
 
 def _register() -> None:
@@ -168,10 +207,15 @@ class HFBackendModel(torch.nn.Module):
         model_type = getattr(config, "model_type", None)
         if getattr(config, "is_encoder_decoder", False):
             raise _refusal(f"{model_type} is an encoder-decoder model: the transformers backend runs decoders")
-        if not type(model)._can_set_attn_implementation():
+        self._adapted = [(m, a) for m in model.modules() if (a := adapter_for(m)) is not None]
+        for module, adapter in self._adapted:
+            why = adapter.why_not(module)
+            if why is not None:
+                raise _refusal(f"{model_type}: the engine's attention does not compute {why}")
+        if not self._adapted and not type(model)._can_set_attn_implementation():
             raise _refusal(f"{model_type} ({type(model).__name__}) computes attention inside its own modules, not "
-                           "through transformers' attention interface (e.g. an ALiBi bias built in its eager "
-                           "attention): the engine cannot plug its attention in")
+                           "through transformers' attention interface, and `fast.hf_adapters` has no adapter for "
+                           "it: the engine cannot plug its attention in")
         self.hf = model.eval()
         self.kernels = kernels
         self._configs = []  # every config a module reads `_attn_implementation` from (a text config included)
@@ -229,18 +273,27 @@ class HFBackendModel(torch.nn.Module):
     def _self_check(self, model_type: str) -> None:
         """A short text through the engine's path (a prefill, then one token) must give the model's own logits."""
         vocab = self.shape.vocab_size
-        ids = (torch.arange(6, device=self.device) * 7 + 3) % vocab
+        # the windows the engine's path found and those the config declares (a window lost on the way is checked)
+        text = self.config.get_text_config() if hasattr(self.config, "get_text_config") else self.config
+        windows = [w for w in self.shape.arch.layer_windows if w] + [
+            w for name in ("sliding_window", "window_size") if isinstance(w := getattr(text, name, None), int) and w > 0]
+        # (long enough that a window of up to SELF_CHECK_WINDOW tokens drops a position; longer ones are not checked)
+        length = max(6, min(min(windows, default=0) + 2, SELF_CHECK_WINDOW + 2))
+        if self.shape.max_positions is not None:
+            length = min(length, self.shape.max_positions)
+        ids = (torch.arange(length, device=self.device) * 7 + 3) % vocab
         with torch.inference_mode():
-            try:  # its eager attention: what the model computes (sdpa drops Gemma 2's softcap in transformers 5.17)
-                with self._attention("eager"):
+            try:  # its eager attention: what the model computes (sdpa drops Gemma 2's softcap in transformers 5.17;
+                # an adapted module may name another: `hf_adapters.Adapter.reference`)
+                with self._attention(self._reference()):
                     ref = self.hf(input_ids=ids[None], use_cache=False).logits[0].float()
             except Exception as err:  # noqa: BLE001 (its own attention may not run here: nothing to compare with)
                 logger.debug("%s: the model's own forward failed (%s); the backend's self-check is skipped",
                              model_type, err)
                 return
-            cache = self.new_cache(1, 16)
-            first = self(ids[None, :5], cache)[0]
-            last = self(ids[None, 5:], cache)[0]
+            cache = self.new_cache(1, length)
+            first = self(ids[None, :-1], cache)[0]
+            last = self(ids[None, -1:], cache)[0]
         ours = torch.cat([first, last])
         tol = (1e-3 if self.dtype == torch.float32 else 5e-2) * max(1.0, float(ref.abs().max()))
         err = float((ours - ref).abs().max())
@@ -308,6 +361,10 @@ class HFBackendModel(torch.nn.Module):
         rope_pos, slots = placed.positions, placed.slots
         step = _Forward(self._layers, cache, cache.write_index(slots), rope_pos if tree is None else slots, placed.tree,
                         self._kernels if kernels is None else check_kernel(kernels, "kernels"), causal_prefix)
+        if tree is not None and self._adapted:  # (an ALiBi bias reads keys' positions, not their slots)
+            span = cache.span
+            keys = torch.arange(span, device=slots.device).expand(slots.shape[0], span).clone()
+            step.key_positions = keys.scatter_(1, slots.clamp(max=span - 1), rope_pos.clamp(max=span - 1))
         context = self.shape.max_positions  # (a learned position table ends there; positions past it belong to
         # drafts beyond a row's budget, whose outputs are never committed: clamped, as FastLlama's)
         model_pos = rope_pos if context is None else rope_pos.clamp(max=context - 1)
@@ -335,21 +392,43 @@ class HFBackendModel(torch.nn.Module):
         """Every config of the model names the engine's attention for the length of one forward."""
         return self._attention(ATTENTION_NAME)
 
+    def _reference(self) -> str:
+        """The attention implementation the self-check compares with: eager, or what the adapted modules name."""
+        names = {adapter.reference(module) for module, adapter in self._adapted} or {"eager"}
+        if len(names) != 1:
+            raise _refusal(f"{self.shape.model_type}'s attention modules compute their attention differently "
+                           f"({sorted(names)}): nothing to check the backend against")
+        return names.pop()
+
     @contextlib.contextmanager
     def _attention(self, implementation: str):
-        """Every config of the model names `implementation` (a transformers attention function) while it is open."""
-        before = [c._attn_implementation_internal for c in self._configs]
-        for c in self._configs:
+        """Every config of the model names `implementation` (a transformers attention function) while it is open;
+        with the engine's, the adapted modules (`hf_adapters`) run their adapters instead, and the configs keep the
+        model's own name (its forward builds the masks it passes by that name; the adapters do not read them)."""
+        adapt = implementation == ATTENTION_NAME and bool(self._adapted)
+        configs = [] if adapt else self._configs
+        before = [c._attn_implementation_internal for c in configs]
+        for c in configs:
             c._attn_implementation_internal = implementation
+        own = [vars(module).get("forward") for module, _ in self._adapted] if adapt else []  # (an instance's own
+        # forward, e.g. an accelerate hook's, comes back after)
+        if adapt:
+            for module, adapter in self._adapted:
+                module.forward = functools.partial(adapter.forward, module)
         try:
             yield
         finally:
-            for c, name in zip(self._configs, before):
+            for c, name in zip(configs, before):
                 c._attn_implementation_internal = name
+            for (module, _), forward in zip(self._adapted if adapt else [], own):
+                if forward is None:
+                    del module.forward
+                else:
+                    module.forward = forward
 
 
 def _context(config) -> int | None:
-    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "max_seq_len"):
         value = getattr(config, name, None)
         if isinstance(value, int) and value > 0:
             return value

@@ -3,7 +3,9 @@ its own modules, and its greedy text is transformers' `generate(do_sample=False)
 batching (requests joining mid-flight, mixed lengths, the static and the paged cache), with speculation on (prompt
 lookup; a draft model sharing the vocabulary, on the backend too); seeded sampling gives a request the same tokens
 alone and in a batch; a backend whose attention ignores the cache, or writes K/V one slot off, fails the same
-comparison; architectures whose attention cannot be plugged in are refused by name."""
+comparison; attention sinks (gpt-oss), ALiBi biases (Falcon-RW, Bloom, MPT) and per-layer local windows (GPT-Neo) are
+honoured — dropping one fails both the comparison and the backend's self-check; architectures whose attention cannot
+be plugged in are refused by name."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import torch
 
 import specdec
 from helpers import hf_greedy
-from hf_models import MATRIX, REFUSED, make
+from hf_models import EXTRAS, MATRIX, REFUSED, make
 from specdec.engine import Engine, EngineConfig, UnsupportedModel
 from specdec.fast import hf_backend
 from specdec.fast.cache import KVCache, PagedKVCache
@@ -86,16 +88,30 @@ def test_seeded_sampling_alone_equals_in_a_batch(name):
     assert len({tuple(t) for t in batched}) == len(batched) and any(len(set(t)) > 2 for t in batched)
 
 
-def test_token_trees_keep_the_greedy_text():
-    name = "olmo"
+@pytest.mark.parametrize("name", ["olmo", "bloom", "mpt"])
+def test_token_trees_keep_the_greedy_text(name):
+    """Draft trees verified in one forward (an ALiBi bias under the tree mask too; the engine refuses trees on
+    targets with sliding-window layers, gpt-oss's and GPT-Neo's included)."""
     target, draft = make(name), make(name, noise=0.3)
-    engine = Engine(target, draft, EngineConfig(max_batch_size=2, **BACKEND))
     for prompt, new in zip(PROMPTS[:2], NEW):
-        params = SamplingParams(temperature=0, max_new_tokens=new, draft_tree=(2, 2))
-        rid, out = engine.add_request(prompt, params), []
-        while engine.has_unfinished():
-            out += [t for o in engine.step() if o.request_id == rid for t in o.new_token_ids]
-        assert out == hf_greedy(target, prompt, new, [])
+        assert _tree_text(target, draft, prompt, new) == hf_greedy(target, prompt, new, []), name
+
+
+def _tree_text(target, draft, prompt, new) -> list[int]:
+    engine = Engine(target, draft, EngineConfig(max_batch_size=2, **BACKEND))
+    params = SamplingParams(temperature=0, max_new_tokens=new, draft_tree=(2, 2))
+    rid, out = engine.add_request(prompt, params), []
+    while engine.has_unfinished():
+        out += [t for o in engine.step() if o.request_id == rid for t in o.new_token_ids]
+    return out
+
+
+def test_negative_control_alibi_by_slot_under_a_tree_fails(monkeypatch):
+    """A tree's nodes sit at slots past their positions: an ALiBi bias read by slot (not by the key's position)
+    gives MPT another text."""
+    target, draft = make("mpt"), make("mpt", noise=0.3)
+    monkeypatch.setattr(hf_backend, "_key_bias", lambda alibi, span, step: alibi(span))
+    assert any(_tree_text(target, draft, p, n) != hf_greedy(target, p, n, []) for p, n in zip(PROMPTS, NEW))
 
 
 def _broken(monkeypatch, how: str) -> None:
@@ -117,16 +133,57 @@ def _broken(monkeypatch, how: str) -> None:
                 max=self.span - 1)))
 
 
+@pytest.mark.parametrize("name", ["mixtral", "falcon"])
 @pytest.mark.parametrize("how", ["ignores the cache", "writes one slot off"])
-def test_negative_control_a_broken_attention_fails(monkeypatch, how):
-    """The same comparison as above catches an attention that does not use the engine's cache properly."""
-    target = make("mixtral")
+def test_negative_control_a_broken_attention_fails(monkeypatch, how, name):
+    """The same comparison as above catches an attention that does not use the engine's cache properly (through the
+    attention interface, Mixtral; through an adapter, Falcon)."""
+    target = make(name)
     refs = [hf_greedy(target, p, n, []) for p, n in zip(PROMPTS, NEW)]
     HFBackendModel(target)  # (built before the breakage: its self-check would refuse it)
     _broken(monkeypatch, how)
     monkeypatch.setattr(HFBackendModel, "_self_check", lambda self, model_type: None)
     engine = Engine(target, specdec.PromptLookupDrafter(), EngineConfig(max_batch_size=2, **BACKEND))
     assert run(engine, PROMPTS, NEW) != refs
+
+
+def _drop(monkeypatch, what: str) -> None:
+    """The engine's attention ignores `what` the model passes ("sinks", "alibi" or "window")."""
+    real = hf_backend.engine_attention
+    names = {"sinks": ("s_aux", "sinks"), "alibi": ("alibi",), "window": ("sliding_window",)}[what]
+
+    def without(*args, **kwargs):
+        return real(*args, **{k: v for k, v in kwargs.items() if k not in names})
+
+    monkeypatch.setattr(hf_backend, "engine_attention", without)  # (the registry and the adapters call it by name)
+
+
+@pytest.mark.parametrize("name", sorted(EXTRAS))
+def test_negative_control_dropping_what_the_attention_adds_fails(monkeypatch, name):
+    """Sinks, an ALiBi bias or a local window ignored: the backend's self-check refuses the model, and with the
+    self-check off the engine's greedy text is not transformers'."""
+    target = make(name)
+    refs = [hf_greedy(target, p, n, []) for p, n in zip(PROMPTS, NEW)]
+    _drop(monkeypatch, EXTRAS[name])
+    with pytest.raises(UnsupportedArchitecture, match="other logits through the engine's attention"):
+        HFBackendModel(target)
+    monkeypatch.setattr(HFBackendModel, "_self_check", lambda self, model_type: None)
+    engine = Engine(target, specdec.PromptLookupDrafter(), EngineConfig(max_batch_size=2, **BACKEND))
+    assert run(engine, PROMPTS, NEW) != refs, name
+
+
+def test_adapted_modules_keep_their_own_forward_outside_the_engine():
+    """The adapters (`fast.hf_adapters`) stand in for the attention modules' forward during engine forwards only."""
+    target = make("falcon-alibi")
+    engine = Engine(target, None, EngineConfig(max_batch_size=1, model_impl="transformers"))
+    run(engine, PROMPTS[:1], NEW[:1])
+    assert all("forward" not in vars(m) for m in target.modules())
+    assert target.config._attn_implementation == "sdpa"
+    attention = target.transformer.h[0].self_attention
+    attention.forward = hooked = attention.forward  # an instance's own forward (as an accelerate hook sets one)
+    run(engine, PROMPTS[:1], NEW[:1])
+    assert vars(attention)["forward"] is hooked
+    assert hf_greedy(target, PROMPTS[0], NEW[0], []) == run(engine, PROMPTS[:1], NEW[:1])[0]
 
 
 def test_the_self_check_refuses_what_the_engine_computes_differently(monkeypatch):
@@ -275,10 +332,12 @@ def test_a_backend_target_with_a_fast_body_draft_model(make_llama):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("name", ["opt", "mixtral", "gemma2-softcap-window"])
+@pytest.mark.parametrize("name", ["opt", "mixtral", "gemma2-softcap-window", "gpt-oss", "falcon", "falcon-alibi",
+                                  "bloom", "mpt", "gpt-neo"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_backend_on_cuda(name, dtype):
-    """On a GPU (eager steps, the Triton attention kernel): fp32 greedy = transformers'; bf16 may differ only at a
+    """On a GPU (eager steps, the Triton attention kernel, gpt-oss's sinks included; ALiBi biases take
+    `hf_attention`'s torch path over the gathered slots): fp32 greedy = transformers'; bf16 may differ only at a
     near-tie of the target's logits."""
     from helpers import assert_same_greedy
 

@@ -71,13 +71,15 @@ def slot_attention_bias(positions: torch.Tensor, num_slots: int, group: int, dty
 def slot_attention_reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
                              scale: float | None = None, *, bias: torch.Tensor | None = None,
                              window: int | None = None, softcap: float | None = None,
-                             tree: TreeMask | None = None) -> torch.Tensor:
+                             tree: TreeMask | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The eager definition: q `[B, k, H, D]`, keys/values `[B, H_kv, S, D]`, positions `[B, k]` → `[B, k, H, D]`.
 
     One SDPA call over the whole cache with an additive mask (`slot_attention_bias`; pass `bias` when it is
     already built for these positions, this span and this window); the query heads that share a KV head are
     folded into the query length (plain MHA over H_kv heads). With a softcap, the scores are computed as
-    transformers' eager attention does (matmul · scale, c·tanh(·/c), + mask, softmax in float32).
+    transformers' eager attention does (matmul · scale, c·tanh(·/c), + mask, softmax in float32). sinks `[H]`
+    (gpt-oss's attention sinks): one more logit per head in each softmax denominator, read by no value (the scores
+    computed as with a softcap).
     """
     batch, k, heads, dim = q.shape
     kv_heads, num_slots = keys.shape[1], keys.shape[2]
@@ -85,13 +87,21 @@ def slot_attention_reference(q: torch.Tensor, keys: torch.Tensor, values: torch.
     if bias is None:
         bias = slot_attention_bias(positions, num_slots, group, q.dtype, window, tree)
     q = q.reshape(batch, k, kv_heads, group, dim).permute(0, 2, 3, 1, 4).reshape(batch, kv_heads, group * k, dim)
-    if softcap is None:
+    if softcap is None and sinks is None:
         with sdpa_kernel(SDPA_BACKENDS):
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=scale)
     else:
         scores = torch.matmul(q, keys.transpose(2, 3)) * (dim ** -0.5 if scale is None else scale)
-        scores = torch.tanh(scores / softcap) * softcap + bias
-        out = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), values)
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        scores = scores + bias
+        if sinks is None:
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
+        else:  # folded row g·k + i is head kv·G + g
+            sink = sinks.to(scores.dtype).view(1, kv_heads, group, 1, 1).expand(batch, kv_heads, group, k, 1)
+            scores = torch.cat([scores, sink.reshape(batch, kv_heads, group * k, 1)], dim=-1)
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32)[..., :-1]
+        out = torch.matmul(probs.to(q.dtype), values)
     return out.view(batch, kv_heads, group, k, dim).permute(0, 3, 1, 2, 4).reshape(batch, k, heads, dim)
 
 
@@ -148,7 +158,7 @@ def slot_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, po
                    scale: float | None = None, *, window: int | None = None, softcap: float | None = None,
                    kernel: str = "auto", num_splits: int | None = None,
                    bias: torch.Tensor | None = None, tree: TreeMask | None = None,
-                   block_table: torch.Tensor | None = None) -> torch.Tensor:
+                   block_table: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """`slot_attention_reference`'s function. kernel: "auto" (the fused kernel where one runs), "triton", "reference".
 
     block_table `[B, max_blocks]` int32 (optional): keys/values are a block pool `[N, block_size, H_kv, D]` and row
@@ -158,7 +168,8 @@ def slot_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, po
     "auto" takes the Triton split-K kernel for CUDA tensors of a supported shape with k <= 32 when triton
     imports, else the reference; "triton" insists (ValueError where it cannot run). num_splits overrides the
     kernel's split count (tests); None picks it from shapes. bias: the reference's mask when already built
-    (tree included). tree: a token tree's visibility (`TreeMask`; not with a window).
+    (tree included). tree: a token tree's visibility (`TreeMask`; not with a window). sinks `[H]`: attention sinks
+    (one more logit per head in each softmax denominator; both implementations).
     """
     if kernel not in ("auto", "triton", "reference"):
         raise ValueError(f"kernel must be 'auto', 'triton' or 'reference', got {kernel!r}")
@@ -167,6 +178,8 @@ def slot_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, po
     if softcap is not None and not softcap > 0:
         raise ValueError(f"softcap must be positive or None, got {softcap!r}")
     batch, k, heads, dim = q.shape
+    if sinks is not None and (sinks.shape != (heads,) or not sinks.is_floating_point()):
+        raise ValueError(f"sinks must be a floating-point [H] = [{heads}], got {sinks.dtype} {tuple(sinks.shape)}")
     if tree is not None:
         if window is not None:
             raise ValueError("tree: token-tree attention with a sliding window is not supported")
@@ -193,7 +206,7 @@ def slot_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, po
 
     def reference():
         return slot_attention_reference(q, *rows(), positions, scale, bias=bias, window=window, softcap=softcap,
-                                        tree=tree)
+                                        tree=tree, sinks=sinks)
 
     if kernel == "reference" or (kernel == "auto" and (not q.is_cuda or k > MAX_TRITON_K)):
         return reference()
@@ -213,6 +226,8 @@ def slot_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, po
     # no copy per layer in every decode step)
     table = None if pool is None else block_table if block_table.stride(-1) == 1 else block_table.contiguous()
     paged = {} if pool is None else dict(block_table=table)
+    if sinks is not None:
+        paged["sinks"] = sinks.contiguous()
     if tree is None:
         return module.attention(q, keys, values, positions, scale, num_splits=num_splits, window=window,
                                 softcap=softcap, **paged)

@@ -47,13 +47,13 @@ def _slot_offsets(TABLE, b, j, j_ok, sab, stride_row, stride_slot, PAGED: tl.con
 
 
 @triton.jit(do_not_specialize=["spb", "k_len", "num_slots", "rows_pad", "window", "stb", "stk", "sab"])  # no recompile per k or length
-def _split_attention(Q, K, V, POS, OUT, PART_ACC, PART_M, PART_L, TREE_BASE, TREE_BITS, TABLE,
+def _split_attention(Q, K, V, POS, OUT, PART_ACC, PART_M, PART_L, TREE_BASE, TREE_BITS, TABLE, SINKS,
                      sqb, sqk, sqh, sqd, skb, skh, sks, skd, svb, svh, svs, svd, spb, spk, sob, sok, soh, sod,
                      stb, stk, sab, k_len, num_slots, rows_pad, scale_log2, window, softcap, scale,
                      KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr,
                      WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr, TREE: tl.constexpr, PAGED: tl.constexpr,
-                     PAGE: tl.constexpr):
+                     PAGE: tl.constexpr, HAS_SINKS: tl.constexpr = False):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     tile = tl.program_id(2)
@@ -101,6 +101,9 @@ def _split_attention(Q, K, V, POS, OUT, PART_ACC, PART_M, PART_L, TREE_BASE, TRE
         m = m_new
 
     if NUM_SPLITS == 1:
+        if HAS_SINKS:  # one more logit per head in the denominator (base 2, against the row maximum m)
+            sink = tl.load(SINKS + head, mask=row_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+            lsum = lsum + tl.exp2(sink - tl.where(m == float("-inf"), sink, m))
         out = acc / tl.where(lsum == 0.0, 1.0, lsum)[:, None]  # padding rows (not stored) saw nothing
         tl.store(OUT + b * sob + qi[:, None] * sok + head[:, None] * soh + d[None, :] * sod,
                  out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
@@ -112,9 +115,9 @@ def _split_attention(Q, K, V, POS, OUT, PART_ACC, PART_M, PART_L, TREE_BASE, TRE
 
 
 @triton.jit
-def _combine(PART_ACC, PART_M, PART_L, OUT, sob, sok, soh, sod, rows_pad,
+def _combine(PART_ACC, PART_M, PART_L, OUT, SINKS, sob, sok, soh, sod, rows_pad,
              KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-             NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
+             NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, HAS_SINKS: tl.constexpr = False):
     pid_bh = tl.program_id(0)
     row = tl.program_id(1)
     b = (pid_bh // KV_HEADS).to(tl.int64)
@@ -126,9 +129,13 @@ def _combine(PART_ACC, PART_M, PART_L, OUT, sob, sok, soh, sod, rows_pad,
     m = tl.load(PART_M + part, mask=sp_ok, other=float("-inf"))
     lsum = tl.load(PART_L + part, mask=sp_ok, other=0.0)
     acc = tl.load(PART_ACC + part[:, None] * HEAD_DIM + d[None, :], mask=sp_ok[:, None], other=0.0)
-    w = tl.exp2(m - tl.max(m, axis=0))  # splits that saw nothing (m = -inf) weigh 0
-    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(w * lsum, axis=0)
+    top = tl.max(m, axis=0)
+    w = tl.exp2(m - top)  # splits that saw nothing (m = -inf) weigh 0
     head = kvh * GROUP + row % GROUP
+    total = tl.sum(w * lsum, axis=0)
+    if HAS_SINKS:  # one more logit per head in the denominator (base 2, against the row maximum)
+        total = total + tl.exp2(tl.load(SINKS + head).to(tl.float32) * 1.4426950408889634 - top)
+    out = tl.sum(acc * w[:, None], axis=0) / total
     tl.store(OUT + b * sob + (row // GROUP) * sok + head * soh + d * sod, out.to(OUT.dtype.element_ty))
 
 
@@ -178,7 +185,8 @@ def plan(batch: int, k: int, heads: int, kv_heads: int, dim: int, num_slots: int
 def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
               scale: float | None = None, num_splits: int | None = None, window: int | None = None,
               softcap: float | None = None, tree_base: torch.Tensor | None = None,
-              tree_bits: torch.Tensor | None = None, block_table: torch.Tensor | None = None) -> torch.Tensor:
+              tree_bits: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
+              sinks: torch.Tensor | None = None) -> torch.Tensor:
     """`slot_attention_reference` by the split-K kernel; shapes and arguments are checked by the caller.
 
     q `[B, k, H, D]`, keys/values `[B, H_kv, S, D]` (any strides), positions `[B, k]` → `[B, k, H, D]` in q's dtype;
@@ -186,6 +194,7 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positio
     block_table `[B, max_blocks]` int32 (contiguous rows): keys/values are a block pool `[N, page, H_kv, D]` of one
     layout (`fast.cache.PagedKVCache`) and row b's slot j is pool entry (table[b, j // page], j % page); S =
     max_blocks · page. The plan (splits, tiles) is the static cache's of the same S: one launch per shape.
+    sinks `[H]` (contiguous, optional): attention sinks, one more logit per head in each softmax denominator.
     """
     batch, k, heads, dim = q.shape
     paged = block_table is not None
@@ -212,17 +221,18 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positio
     _split_attention[(batch * kv_heads, p.splits, p.row_tiles)](
         q, keys, values, positions, out, part_acc, part_m, part_l, tree_base if tree else positions,
         tree_bits if tree else positions, block_table if paged else positions,
-        *q.stride(), *k_strides, *v_strides, *positions.stride(), *out.stride(),
+        positions if sinks is None else sinks, *q.stride(), *k_strides, *v_strides, *positions.stride(), *out.stride(),
         *(tree_bits.stride() if tree else (0, 0)), block_table.stride(0) if paged else 0,
         k, num_slots, rows_pad, scale * math.log2(math.e), window or 0, float(softcap or 1.0), scale,
         KV_HEADS=kv_heads, GROUP=group, HEAD_DIM=dim, BLOCK_M=p.block_m, BLOCK_N=p.block_n, NUM_SPLITS=p.splits,
         IEEE=q.dtype == torch.float32, WINDOWED=window is not None, SOFTCAP=softcap is not None, TREE=tree,
-        PAGED=paged, PAGE=page, num_warps=p.num_warps, num_stages=p.num_stages,
+        PAGED=paged, PAGE=page, HAS_SINKS=sinks is not None, num_warps=p.num_warps, num_stages=p.num_stages,
     )
     if p.splits > 1:
         _combine[(batch * kv_heads, group * k)](
-            part_acc, part_m, part_l, out, *out.stride(), rows_pad,
+            part_acc, part_m, part_l, out, positions if sinks is None else sinks, *out.stride(), rows_pad,
             KV_HEADS=kv_heads, GROUP=group, HEAD_DIM=dim, NUM_SPLITS=p.splits,
-            SPLITS_P2=triton.next_power_of_2(p.splits), num_warps=4 if dim >= 128 else 2,
+            SPLITS_P2=triton.next_power_of_2(p.splits), HAS_SINKS=sinks is not None,
+            num_warps=4 if dim >= 128 else 2,
         )
     return out

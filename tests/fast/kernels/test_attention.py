@@ -298,10 +298,10 @@ for dtype, dim, block_n in (("bf16", 256, 32), ("fp32", 64, 32)):
                                            (False, False, True, True)):
             sig = dict(Q=f"*{dtype}", K=f"*{dtype}", V=f"*{dtype}", POS="*i64", OUT=f"*{dtype}", PART_ACC="*fp32",
                        PART_M="*fp32", PART_L="*fp32", TREE_BASE="*i64", TREE_BITS="*i64", TABLE="*i32",
-                       **{n: "i32" for n in strides}, scale_log2="fp32", window="i32", softcap="fp32", scale="fp32")
+                       SINKS="*fp32", **{n: "i32" for n in strides}, scale_log2="fp32", window="i32", softcap="fp32", scale="fp32")
             consts = dict(KV_HEADS=4, GROUP=2, HEAD_DIM=dim, BLOCK_M=16, BLOCK_N=block_n, NUM_SPLITS=4,
                           IEEE=dtype == "fp32", WINDOWED=windowed, SOFTCAP=softcap, TREE=tree, PAGED=paged,
-                          PAGE=16)
+                          PAGE=16, HAS_SINKS=windowed)  # (attention sinks: gpt-oss's windowed layers have them)
             src = ASTSource(fn=ta._split_attention, signature={**sig, **{k: "constexpr" for k in consts}},
                             constexprs=consts)
             triton.compile(src, target=GPUTarget("cuda", 90, 32))
@@ -311,7 +311,7 @@ print("compiled")
 
 def test_window_and_softcap_variants_compile_for_sm90():
     """What only the compiler sees (the interpreter tests above check the arithmetic): every window/softcap/tree
-    variant, static and paged (a block table), lowers to an sm_90 cubin. No GPU needed; a subprocess, since the session sets TRITON_INTERPRET."""
+    variant, static and paged (a block table), with and without attention sinks, lowers to an sm_90 cubin. No GPU needed; a subprocess, since the session sets TRITON_INTERPRET."""
     import os
     import subprocess
     import sys

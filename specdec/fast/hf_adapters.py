@@ -1,0 +1,175 @@
+"""Attention adapters: the transformers families whose attention does not go through the attention interface.
+
+Falcon, Bloom, MPT and GPT-Neo compute attention inside their attention module's own `forward` (transformers 5
+gives them no `AttentionInterface` call), so the backend cannot plug the engine's attention in by name. For each,
+an adapter stands in for that module's `forward` while an engine forward runs (`HFBackendModel` sets it on the
+module instance and removes it after; the model is unchanged outside): it calls the module's own projections,
+head split, RoPE function and output projection in the order its `forward` does, and hands the heads to
+`hf_backend.engine_attention` with what the module's attention adds to the engine's masks:
+
+- Falcon: RoPE (the family's `apply_rotary_pos_emb`), or with `alibi=True` an ALiBi bias; multi-query and grouped
+  ("new decoder architecture") K/V keep one copy per KV head in the cache (the module broadcasts them over its
+  query heads: the same values);
+- Bloom, MPT: an ALiBi bias (`Alibi`), MPT's `clip_qkv`;
+- GPT-Neo: no 1/√d scaling, and a sliding window of `config.window_size` on its "local" layers.
+
+`Alibi` is the bias by absolute position, built with the family's own slope function, so a slot's bias is the one
+the model's own forward gives the same position. The backend's self-check compares every adapter against the
+model's own forward (`reference`: the attention implementation whose output the model's default computes) and
+refuses a model where they differ — a transformers release that changes one of these modules is refused, not run
+inexactly.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+__all__ = ["Adapter", "Alibi", "adapter_for"]
+
+
+@dataclass(frozen=True)
+class Alibi:
+    """An ALiBi bias by absolute position for one family: `bias(span)` → `[H, span]` (slot j holds position j), the
+    value the family's forward adds to head h's logit of key position j (up to a constant per query, which the
+    softmax does not see). Hashable: a forward builds it once for all its layers (`_Forward.extra`)."""
+
+    family: str  # "bloom" / "falcon" / "mpt"
+    module: str  # the family's modeling module (its slope functions)
+    heads: int
+    dtype: torch.dtype
+    device: torch.device
+    scale: float = 1.0  # Falcon adds alibi / √d
+
+    def __call__(self, span: int) -> torch.Tensor:
+        fam = sys.modules[self.module]
+        if self.family == "mpt":  # slope · (j − (span − 1)): the family's table over `span` keys (as MptModel calls
+            # it: its default alibi_bias_max)
+            return fam.build_mpt_alibi_tensor(self.heads, span, device=self.device).view(
+                self.heads, span).to(self.dtype)
+        ones = torch.ones(1, span, dtype=torch.long, device=self.device)  # slope · j, as from an all-ones mask
+        alibi = fam.build_alibi_tensor(ones, self.heads, self.dtype).view(self.heads, span)
+        return alibi if self.scale == 1.0 else alibi / self.scale
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """`forward(module, *args, **kwargs)`: the module's outputs with its attention through the engine's;
+    `reference(module)`: the attention implementation the self-check compares with; `why_not(module)`: a reason the
+    adapter cannot run this module's configuration, or None."""
+
+    forward: Callable
+    reference: Callable = lambda module: "eager"
+    why_not: Callable = lambda module: None
+
+
+def _attend(module, query, key, value, **kwargs):
+    from specdec.fast.hf_backend import engine_attention
+
+    return engine_attention(module, query, key, value, None, **kwargs)[0]  # [B, k, H, D]
+
+
+def _family(module):
+    return sys.modules[type(module).__module__]
+
+
+def _weight(module) -> torch.Tensor:
+    return next(p for p in module.parameters())
+
+
+def _alibi(module, family: str, heads: int, **kw) -> Alibi:
+    weight = _weight(module)
+    dtype = weight.dtype if weight.is_floating_point() else torch.float32
+    return Alibi(family, type(module).__module__, heads, dtype, weight.device, **kw)
+
+
+# --------------------------------------------------------------------------------------------------- Falcon
+def _falcon(module, hidden_states, alibi=None, attention_mask=None, position_ids=None, layer_past=None,
+            use_cache=False, output_attentions=False, position_embeddings=None, **kwargs):
+    query, key, value = module._split_heads(module.query_key_value(hidden_states))  # [B, k, H | H_kv, D]
+    batch, length = query.shape[:2]
+    if module.new_decoder_architecture:  # K/V broadcast over each KV head's query group: one copy per KV head
+        group = module.num_heads // module.num_kv_heads
+        key, value = (t.reshape(batch, length, module.num_kv_heads, group, module.head_dim)[:, :, :, 0]
+                      for t in (key, value))
+    query, key, value = (t.transpose(1, 2) for t in (query, key, value))  # [B, H, k, D]
+    bias = None
+    if alibi is None:
+        query, key = _family(module).apply_rotary_pos_emb(query, key, *position_embeddings)
+    else:
+        bias = _alibi(module, "falcon", module.num_heads, scale=math.sqrt(module.head_dim))
+    out = _attend(module, query, key, value, scaling=module.inv_norm_factor, alibi=bias)
+    return module.dense(out.reshape(batch, length, module.num_heads * module.head_dim)), None
+
+
+def _falcon_reference(module) -> str:
+    # transformers 5's eager Falcon attention adds the ALiBi bias twice (once to the scores, once more in the mask
+    # its model forward builds); its sdpa path — the default — adds it once, as Falcon's original code does
+    return "sdpa" if module.config.alibi else "eager"
+
+
+# --------------------------------------------------------------------------------------------------- Bloom
+def _bloom(module, hidden_states, residual, alibi=None, attention_mask=None, layer_past=None, use_cache=False,
+           output_attentions=False, **kwargs):
+    batch, length, _ = hidden_states.shape
+    query, key, value = module._reshape(module.query_key_value(hidden_states))  # [B, H, k, D]
+    bias = _alibi(module, "bloom", module.num_heads)  # baddbmm(alibi, q, kᵀ, beta=1, alpha=1/√d)
+    out = _attend(module, query, key, value, scaling=module.inv_norm_factor, alibi=bias)
+    output = module.dense(out.reshape(batch, length, module.num_heads * module.head_dim))
+    return _family(module).dropout_add(output, residual, module.hidden_dropout, module.training), None
+
+
+def _bloom_why_not(module) -> str | None:
+    if module.beta != 1.0:
+        return f"Bloom's attention scales its ALiBi bias by beta = {module.beta}"
+    if module.pretraining_tp > 1 and module.slow_but_exact:
+        return "Bloom's slow_but_exact tensor-parallel output projection (pretraining_tp > 1)"
+    return None
+
+
+# --------------------------------------------------------------------------------------------------- MPT
+def _mpt(module, hidden_states, position_bias=None, cache=None, attention_mask=None, **kwargs):
+    batch, length = hidden_states.shape[:2]
+    mixed = module.Wqkv(hidden_states)
+    if module.clip_qkv:
+        mixed = mixed.clamp(min=-module.clip_qkv, max=module.clip_qkv)
+    query, key, value = (t.reshape(batch, length, module.n_heads, module.head_dim).transpose(1, 2)
+                         for t in mixed.chunk(3, dim=2))
+    bias = None
+    if position_bias is not None:
+        bias = _alibi(module, "mpt", module.n_heads)
+    out = _attend(module, query, key, value, scaling=module.softmax_scale, alibi=bias)
+    return module.out_proj(out.reshape(batch, length, -1)), None
+
+
+# --------------------------------------------------------------------------------------------------- GPT-Neo
+def _gpt_neo(module, hidden_states, attention_mask=None, layer_past=None, use_cache=False, output_attentions=False,
+             **kwargs):
+    query, key, value = (module._split_heads(proj(hidden_states), module.num_heads, module.head_dim)
+                         for proj in (module.q_proj, module.k_proj, module.v_proj))  # [B, H, k, D]
+    window = module.config.window_size if module.attention_type == "local" else None
+    out = _attend(module, query, key, value, scaling=1.0, sliding_window=window)  # (GPT-Neo does not scale)
+    out = module.out_proj(out.reshape(*hidden_states.shape[:2], module.num_heads * module.head_dim))
+    return module.resid_dropout(out), None
+
+
+#: (modeling module, attention class) → its adapter (subclasses match: Falcon's flash-attention class)
+_ADAPTERS = {
+    ("transformers.models.falcon.modeling_falcon", "FalconAttention"): Adapter(_falcon, _falcon_reference),
+    ("transformers.models.bloom.modeling_bloom", "BloomAttention"): Adapter(_bloom, why_not=_bloom_why_not),
+    ("transformers.models.mpt.modeling_mpt", "MptAttention"): Adapter(_mpt),
+    ("transformers.models.gpt_neo.modeling_gpt_neo", "GPTNeoSelfAttention"): Adapter(_gpt_neo),
+}
+
+
+def adapter_for(module: torch.nn.Module) -> Adapter | None:
+    """The adapter of this module's attention class (or of a class it derives from), or None."""
+    for cls in type(module).__mro__:
+        found = _ADAPTERS.get((cls.__module__, cls.__name__))
+        if found is not None:
+            return found
+    return None
