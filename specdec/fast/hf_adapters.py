@@ -68,7 +68,7 @@ class Adapter:
 
 
 def _attend(module, query, key, value, **kwargs):
-    from specdec.fast.hf_backend import engine_attention
+    from specdec.fast.hf_engine_attention import engine_attention
 
     return engine_attention(module, query, key, value, None, **kwargs)[0]  # [B, k, H, D]
 

@@ -19,7 +19,7 @@ import specdec
 from helpers import hf_greedy
 from hf_models import EXTRAS, MATRIX, REFUSED, make
 from specdec.engine import Engine, EngineConfig, UnsupportedModel
-from specdec.fast import hf_backend
+from specdec.fast import hf_backend, hf_engine_attention
 from specdec.fast.cache import KVCache, PagedKVCache
 from specdec.fast.hf_backend import HFBackendModel, UnsupportedArchitecture
 from specdec.request import SamplingParams
@@ -110,20 +110,20 @@ def test_negative_control_alibi_by_slot_under_a_tree_fails(monkeypatch):
     """A tree's nodes sit at slots past their positions: an ALiBi bias read by slot (not by the key's position)
     gives MPT another text."""
     target, draft = make("mpt"), make("mpt", noise=0.3)
-    monkeypatch.setattr(hf_backend, "_key_bias", lambda alibi, span, step: alibi(span))
+    monkeypatch.setattr(hf_engine_attention, "_key_bias", lambda alibi, span, step: alibi(span))
     assert any(_tree_text(target, draft, p, n) != hf_greedy(target, p, n, []) for p, n in zip(PROMPTS, NEW))
 
 
 def _broken(monkeypatch, how: str) -> None:
     if how == "ignores the cache":  # each query attends to its own token only
-        real = hf_backend.slot_attention
+        real = hf_engine_attention.slot_attention
 
         def own_token(q, keys, values, positions, scale, **kw):
             return real(q, keys, values, positions, scale, window=1, softcap=kw.get("softcap"), kernel="reference",
                         block_table=kw.get("block_table"))
 
-        monkeypatch.setattr(hf_backend, "slot_attention", own_token)
-        monkeypatch.setattr(hf_backend, "causal_prefix_attention",
+        monkeypatch.setattr(hf_engine_attention, "slot_attention", own_token)
+        monkeypatch.setattr(hf_engine_attention, "causal_prefix_attention",
                             lambda q, keys, values, scale: own_token(q, keys, values, torch.arange(
                                 q.shape[1]).expand(q.shape[0], -1), scale))
     else:  # K/V written one slot past where the model reads them
@@ -149,13 +149,13 @@ def test_negative_control_a_broken_attention_fails(monkeypatch, how, name):
 
 def _drop(monkeypatch, what: str) -> None:
     """The engine's attention ignores `what` the model passes ("sinks", "alibi" or "window")."""
-    real = hf_backend.engine_attention
+    real = hf_engine_attention.engine_attention
     names = {"sinks": ("s_aux", "sinks"), "alibi": ("alibi",), "window": ("sliding_window",)}[what]
 
     def without(*args, **kwargs):
         return real(*args, **{k: v for k, v in kwargs.items() if k not in names})
 
-    monkeypatch.setattr(hf_backend, "engine_attention", without)  # (the registry and the adapters call it by name)
+    monkeypatch.setattr(hf_engine_attention, "engine_attention", without)  # (the registry and the adapters call it by name)
 
 
 @pytest.mark.parametrize("name", sorted(EXTRAS))
