@@ -44,8 +44,9 @@ def _llama(seed: int, layers: int, positions: int = 1024) -> torch.nn.Module:
     return transformers.LlamaForCausalLM(cfg).eval()
 
 
-def _stub_bodies(engine: Engine):
-    """Each step shape runs for real once; later steps of that shape replay its verify output, no model work."""
+def _stub_bodies(engine: Engine, real: list | None = None):
+    """Each step shape runs for real once; later steps of that shape replay its verify output, no model work.
+    real: a one-element count of the real runs, bumped at each (a step that ran one is no host-only step)."""
     runner = step_runner_module.StepRunner
     saved = runner.draft, runner.verify
 
@@ -56,6 +57,8 @@ def _stub_bodies(engine: Engine):
     def verify(self):
         if not hasattr(self, "_stub"):
             self._stub = saved[1](self)
+            if real is not None:
+                real[0] += 1
         return self._stub
 
     runner.draft, runner.verify = draft, verify
@@ -79,27 +82,58 @@ def stub_step_us(engine: Engine, steps: int, warm: int, clock=time.perf_counter,
 
 
 def stub_step_times(engine: Engine, steps: int, warm: int, clock=time.perf_counter) -> list[float]:
-    """Seconds of each of `steps` stub-body steps (`stub_step_us`)."""
+    """Seconds of each of `steps` stub-body steps (`stub_step_us`), leaving out those that ran a step shape for real
+    (its first run: the stub replays it after; a row's length crossing into a new positions bucket is a new shape)."""
     for _ in range(warm):
         engine.step()
-    restore = _stub_bodies(engine)
+    real = [0]
+    restore = _stub_bodies(engine, real)
     times = []
     try:
         for _ in range(steps):
+            ran = real[0]
             start = clock()
             engine.step()
-            times.append(clock() - start)
+            elapsed = clock() - start
+            if real[0] == ran:
+                times.append(elapsed)
     finally:
         restore()
+    if not times:
+        raise RuntimeError(f"every one of {steps} stub steps ran its shape for real: no host-only step to time")
     return times
+
+
+PREFIX_CACHE_METHODS = ("attach", "pending", "take_held", "commit_rows", "commit_row", "extend", "evict")
+
+
+def time_prefix_cache(cache) -> list[float]:
+    """Wrap this prefix cache's own methods (`PREFIX_CACHE_METHODS`; the pool's eviction hook re-pointed) to add
+    their wall seconds to the returned one-element list, the outermost call only (`take_held` runs `commit_rows`)."""
+    spent, depth = [0.0], [0]
+
+    def timed(method):
+        def run(*args, **kw):
+            depth[0] += 1
+            start = time.perf_counter()
+            try:
+                return method(*args, **kw)
+            finally:
+                depth[0] -= 1
+                if not depth[0]:
+                    spent[0] += time.perf_counter() - start
+        return run
+
+    for name in PREFIX_CACHE_METHODS:
+        setattr(cache, name, timed(getattr(cache, name)))
+    cache.pool.allocator.evict = cache.evict
+    return spent
 
 
 def prefix_ab(target, draft, n: int, gamma: int, steps: int, repeats: int) -> dict:
     """Prefix caching off vs on, paged pool, stub bodies, `n` rows of distinct random prompts (nothing shared),
     interleaved rounds → per arm the mean and median CPU µs per step (thread clock; min over rounds) and, for "on",
     the µs per step inside the prefix cache's methods."""
-    from specdec.bench.chat import _time_cache
-
     engines = {}
     new = (repeats + 1) * steps * (gamma + 1) + 40  # (the stub never finishes a row: room for every step's tokens)
     if new + 64 > target.config.max_position_embeddings:
@@ -115,7 +149,7 @@ def prefix_ab(target, draft, n: int, gamma: int, steps: int, repeats: int) -> di
                                SamplingParams(temperature=0, max_new_tokens=new, seed=i))
         for _ in range(3):  # (admission and prefill, each shape's first real run)
             engine.step()
-    spent = _time_cache(engines["on"].prefix_cache)
+    spent = time_prefix_cache(engines["on"].prefix_cache)
     rounds: dict = {arm: [] for arm in engines}
     cache_us = []
     for _ in range(repeats):
