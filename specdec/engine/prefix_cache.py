@@ -22,7 +22,10 @@ target holds [0, length − 1), the drafter [0, its valid length) and writes not
 so rejected drafts (written past the committed length) never enter the cache. Prompt blocks are entered every
 step (`commit_rows`, host lists only), generated ones too — the host keeps each request's committed tokens
 (`extend`, from the step's record) — so a block is shareable from the step its models hold it, while its request
-runs: concurrent requests with one system prompt, and `n > 1` copies of a prompt, share it.
+runs: concurrent requests with one system prompt, and `n > 1` copies of a prompt, share it. What that costs a step
+when nothing is shared: `extend` appends each row's tokens and notes the rows whose length reached `due` (the
+length below which their next block cannot be stable); `commit_rows` reads only those, the rows joined since, or
+every row after a release moved one; each new block's text is read once (its hash and its entry, bytes).
 Checks (`verify`, `watch_weights`): a hit compares each cached block's stored (parent hash, tokens) with the
 prompt's, so a hash collision is refused (`collisions`), never served; the models' weights (the engine shares the
 user's) are sampled before a hit (at most once a step, and only when a prompt's first block is cached: a prompt
