@@ -136,6 +136,7 @@ class PrefixCache:
         self._due: list[int] = []
         self._known = 0
         self._scan = True
+        self._admitted: tuple = (None, 0, set())  # `pending`'s admission round: (its list, requests seen, first blocks)
         pool.allocator.evict = self.evict
         pool.allocator.cached = self._hashes.__contains__  # (a freed block it names waits on the cached free list)
 
@@ -239,8 +240,15 @@ class PrefixCache:
         size, back = self.block_size, self.write_back
         if not admitted or len(request.prompt) - back < size:
             return False
+        if admitted is not self._admitted[0]:  # (one admission round grows one list: its first blocks kept as a
+            self._admitted = (admitted, 0, set())  # set, each admitted request's taken once — not a scan a call)
+        _, seen, firsts = self._admitted
+        for a in admitted[seen:]:
+            if len(a.prompt) - back >= size:
+                firsts.add(tuple(a.prompt[:size]))
+        self._admitted = (admitted, len(admitted), firsts)
         first = request.prompt[:size]
-        if not any(len(a.prompt) - back >= size and a.prompt[:size] == first for a in admitted):
+        if tuple(first) not in firsts:
             return False
         held = block_hashes(first, size, self.seed)[0] not in self._blocks
         self.held = self.held or held
