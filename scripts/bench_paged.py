@@ -1,8 +1,10 @@
 """The paged KV pool against the static slot cache on one GPU: an 8B-shaped Llama (random bf16 weights), plain
 decoding through the engine (CUDA graphs on both layouts) at batch 1 and 64, the layouts built side by side (the
 pool with prefix caching off, and on as by default: fresh prompts each round, so it never hits) and measured
-interleaved (`--repeats` rounds; median and range of the decode tokens/s), each arm's host µs per step (stub
-bodies); then what the pool buys at long context: an engine for 64 requests of up to 32k tokens
+interleaved (`--repeats` rounds, the arms' order rotated each round so none always runs last; median and range of
+the decode tokens/s), each arm's host µs per step (stub bodies: median, and mean over whole blocks of steps — the
+rows run in lockstep, so every row crosses a block boundary at the same step — plus the prefix cache's own µs per
+step); then what the pool buys at long context: an engine for 64 requests of up to 32k tokens
 (`max_seq_len=32768`, the pool sized by `kv_cache_memory` as a fraction of free memory), which the static layout
 refuses (it would need every slot's whole context), serving 64 concurrent requests — `--long` of them with
 ~30k-token prompts, the rest ~2k — with the pool's numbers (blocks, tokens it holds, full 32k contexts it holds at
@@ -10,6 +12,8 @@ once, peak usage, preemptions). On CUDA, between the two: the decode attention k
 block table (µs per call in a CUDA graph).
 
     python scripts/bench_paged.py --out $OUT/paged.json                 (≈ 3–5 min on an H200)
+    python scripts/bench_paged.py --skip-fit --skip-attention --batch 64 --arms paged paged+prefix --repeats 6 \
+        --out $OUT/paged.json                                            (prefix caching's cost alone, ≈ 1–2 min)
     python scripts/bench_paged.py --device cpu --tiny --out /tmp/p.json  (the same code on a tiny shape, CPU)
 
 Prints one JSON line per measurement and writes them all to --out after every row.
@@ -80,18 +84,20 @@ ARMS = {"static": dict(kv_layout="static"), "paged": dict(kv_layout="paged", ena
         "paged+prefix": dict(kv_layout="paged", enable_prefix_caching=True)}  # (the last one is the default)
 
 
-def ab_rows(target: FastLlama, batches: list[int], new: int, repeats: int, max_seq_len: int) -> None:
+def ab_rows(target: FastLlama, batches: list[int], new: int, repeats: int, max_seq_len: int,
+            arms: list[str] = tuple(ARMS)) -> None:
     """Plain decoding, static vs paged (prefix caching off) vs paged with prefix caching (the default), interleaved
-    in one process. Every round has prompts of its own, so the prefix cache never hits: the "paged+prefix" arm is
-    the cost of indexing blocks when nothing is shared."""
+    in one process, the arms' order rotated each round. Every round has prompts of its own, so the prefix cache never
+    hits: the "paged+prefix" arm is the cost of indexing blocks when nothing is shared."""
     vocab = target.shape.vocab_size
+    arms = list(arms)
 
     def prompts(round_: int, batch: int) -> list[list[int]]:  # (a text of its own per round, batch and row)
         return [[(1000 + 7 * i + 131 * round_ + 977 * batch + j) % vocab for j in range(128)] for i in range(batch)]
 
     params = SamplingParams(temperature=0, max_new_tokens=new, seed=0)
-    engines = {arm: Engine(target, None, EngineConfig(max_batch_size=max(batches), max_seq_len=max_seq_len, **kw))
-               for arm, kw in ARMS.items()}
+    engines = {arm: Engine(target, None, EngineConfig(max_batch_size=max(batches), max_seq_len=max_seq_len,
+                                                      **ARMS[arm])) for arm in arms}
     for arm, engine in engines.items():
         emit({"what": "engine", "arm": arm, "cuda_graphs": engine.cuda_graphs, "kv_cache_bytes": engine.kv_cache_bytes})
         for batch in batches:  # warm: kernels picked, graphs captured for these shapes
@@ -99,9 +105,10 @@ def ab_rows(target: FastLlama, batches: list[int], new: int, repeats: int, max_s
     measured: dict = {}
     outputs: dict = {}
     for round_ in range(repeats):
+        order = arms[round_ % len(arms):] + arms[: round_ % len(arms)]  # (no arm always last)
         for batch in batches:
-            for arm, engine in engines.items():
-                run = drive(engine, prompts(round_, batch), params)
+            for arm in order:
+                run = drive(engines[arm], prompts(round_, batch), params)
                 measured.setdefault((arm, batch), []).append(run["decode_tok_s"] or 0.0)
                 outputs.setdefault((arm, batch), []).append(run["outs"])
     for batch in batches:
@@ -110,32 +117,50 @@ def ab_rows(target: FastLlama, batches: list[int], new: int, repeats: int, max_s
             values = measured[(arm, batch)]
             row[arm] = round(statistics.median(values), 1)
             row[f"{arm}_range"] = [round(min(values), 1), round(max(values), 1)]
-        for arm in ("paged", "paged+prefix"):
-            row[f"{arm}_vs_static"] = round(row[arm] / row["static"], 4) if row["static"] else None
-            row[f"{arm}_same_tokens"] = outputs[(arm, batch)] == outputs[("static", batch)]
+        reference = "static" if "static" in engines else arms[0]  # (whose tokens the others must equal)
+        for arm in arms:
+            if arm == reference:
+                continue
+            if reference == "static":
+                row[f"{arm}_vs_static"] = round(row[arm] / row["static"], 4) if row["static"] else None
+            row[f"{arm}_same_tokens"] = outputs[(arm, batch)] == outputs[(reference, batch)]
+        if "paged" in engines and "paged+prefix" in engines:  # (prefix caching's cost, nothing shared)
+            row["prefix_vs_paged"] = round(row["paged+prefix"] / row["paged"], 4) if row["paged"] else None
         emit(row)
     del engines
 
 
-def host_rows(target: FastLlama, batches: list[int], max_seq_len: int, steps: int = 60) -> None:
+def host_rows(target: FastLlama, batches: list[int], max_seq_len: int, steps: int = 64,
+              arms: list[str] = tuple(ARMS)) -> None:
     """Each arm's host work per decode step: the step's model bodies replaced by a replay of one real step's output
     (`scripts/host_overhead.py --stub`), so the step time is the engine's bookkeeping, launches and its one device →
-    host read — whether a paged step's extra time is the host's or the device's."""
+    host read — whether a paged step's extra time is the host's or the device's. The median step, and the mean
+    (`{arm}_mean`: `steps` a multiple of the block size, the rows in lockstep as in the A/B, so the steps at which
+    every row takes a block and enters one in the prefix cache count); for paged+prefix also the µs per step inside
+    the prefix cache's own methods (`prefix_cache_us`)."""
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from host_overhead import stub_step_us
+    from host_overhead import stub_step_times, time_prefix_cache
 
     vocab = target.shape.vocab_size
     params = SamplingParams(temperature=0, max_new_tokens=min(10 * steps, max_seq_len - 128), seed=0)
     for batch in batches:
         row = {"what": "host us per decode step (stub bodies)", "batch": batch, "steps": steps}
-        for arm, kw in ARMS.items():
-            engine = Engine(target, None, EngineConfig(max_batch_size=max(batches), max_seq_len=max_seq_len, **kw))
+        for arm in arms:
+            engine = Engine(target, None, EngineConfig(max_batch_size=max(batches), max_seq_len=max_seq_len,
+                                                       **ARMS[arm]))
             for i in range(batch):
                 engine.add_request([(5 + 3 * i + j) % vocab for j in range(128)], params)
-            row[arm] = round(stub_step_us(engine, steps, warm=4), 1)
+            spent = time_prefix_cache(engine.prefix_cache) if engine.prefix_cache is not None else None
+            engine.step()  # (admission and prefill: not a decode step's)
+            before = spent[0] if spent else 0.0
+            times = stub_step_times(engine, steps, warm=3)
+            row[arm] = round(statistics.median(times) * 1e6, 1)
+            row[f"{arm}_mean"] = round(statistics.mean(times) * 1e6, 1)
+            if spent is not None:  # (its warm steps included: µs per step over warm + measured)
+                row["prefix_cache_us"] = round((spent[0] - before) / (steps + 3) * 1e6, 1)
             del engine
         emit(row)
 
@@ -237,6 +262,11 @@ def main() -> None:
     parser.add_argument("--fit-new", type=int, default=32)
     parser.add_argument("--fraction", type=float, default=0.7, help="kv_cache_memory of the long-context engine")
     parser.add_argument("--skip-fit", action="store_true")
+    parser.add_argument("--skip-attention", action="store_true", help="no decode-attention rows (CUDA)")
+    parser.add_argument("--skip-host", action="store_true", help="no host-µs rows")
+    parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS),
+                        help="which layouts the A/B and host rows build (default: all three)")
+    parser.add_argument("--host-steps", type=int, default=64, help="stub steps per host row (a multiple of 16)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     OUT_PATH = args.out
@@ -244,9 +274,10 @@ def main() -> None:
     target = FastLlama.random(TINY if args.tiny else LLAMA_8B, device=args.device, dtype=dtype)
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     emit({"what": "setup", "device": name, "torch": torch.__version__, "shape": "tiny" if args.tiny else "8B"})
-    ab_rows(target, args.batch, args.new, args.repeats, args.ab_seq_len)
-    host_rows(target, args.batch, args.ab_seq_len)
-    if args.device == "cuda":
+    ab_rows(target, args.batch, args.new, args.repeats, args.ab_seq_len, args.arms)
+    if not args.skip_host:
+        host_rows(target, args.batch, args.ab_seq_len, args.host_steps, args.arms)
+    if args.device == "cuda" and not args.skip_attention:
         try:  # (a diagnosis: a failure here leaves the other rows standing)
             attention_rows(args.batch)
         except Exception as error:  # noqa: BLE001

@@ -1,7 +1,7 @@
 """Host (Python) work per engine step, isolated on CPU: a tiny random Llama pair, n concurrent requests.
 
     OMP_NUM_THREADS=1 PYTHONPATH=$PWD python scripts/host_overhead.py [--sizes 1,8,64] [--gammas 0,4]
-        [--steps 40] [--repeats 1] [--temperature 0] [--stub] [--churn] [--json out.json]
+        [--steps 40] [--repeats 1] [--temperature 0] [--stub] [--churn] [--prefix-ab] [--json out.json]
 
 Per step it measures the whole `Engine.step()` wall time and the time inside the model bodies (the drafter's
 proposal and the verify pass — on a GPU these are graph replays); the rest is host work, which is split
@@ -12,12 +12,19 @@ requests (`churn`) times steps in which requests finish and new ones are admitte
 stands still, its host bookkeeping runs as usual): the step time is then host work alone, free of the noise of
 the forwards on a shared CPU; with `--device cuda` it includes the step's device→host transfer and the graph
 launches. Prints µs per step (medians over steps).
+`--prefix-ab` (stub bodies, paged pool): prefix caching off vs on over distinct prompts that share nothing, the two
+engines' steps interleaved (`--repeats` rounds of `--steps`), each step timed by the thread's CPU clock (the time
+another process holds the core is not counted: a loaded shared machine still gives the host work) — mean and median
+µs per step of each arm, and the µs per step spent inside the prefix cache's own methods (`bench.chat`'s timer).
+Steps span whole blocks (`--steps` a multiple of the block size), so the steps at which rows cross a block
+boundary — every row at once when they run in lockstep — count in the mean as in a throughput.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import time
 
@@ -30,15 +37,16 @@ from specdec.engine.profile import phase_timer
 from specdec.request import SamplingParams
 
 
-def _llama(seed: int, layers: int) -> torch.nn.Module:
+def _llama(seed: int, layers: int, positions: int = 1024) -> torch.nn.Module:
     torch.manual_seed(seed)
     cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=positions)
     return transformers.LlamaForCausalLM(cfg).eval()
 
 
-def _stub_bodies(engine: Engine):
-    """Each step shape runs for real once; later steps of that shape replay its verify output, no model work."""
+def _stub_bodies(engine: Engine, real: list | None = None):
+    """Each step shape runs for real once; later steps of that shape replay its verify output, no model work.
+    real: a one-element count of the real runs, bumped at each (a step that ran one is no host-only step)."""
     runner = step_runner_module.StepRunner
     saved = runner.draft, runner.verify
 
@@ -49,6 +57,8 @@ def _stub_bodies(engine: Engine):
     def verify(self):
         if not hasattr(self, "_stub"):
             self._stub = saved[1](self)
+            if real is not None:
+                real[0] += 1
         return self._stub
 
     runner.draft, runner.verify = draft, verify
@@ -65,21 +75,98 @@ def measure_stub(target, draft, n: int, gamma: int, steps: int, temperature: flo
     return {"n": n, "gamma": gamma, "stub": True, "us": {"total": host, "model": 0.0, "host": host}}
 
 
-def stub_step_us(engine: Engine, steps: int, warm: int) -> float:
-    """Median µs of `engine.step()` over `steps` steps with stub bodies, after `warm` real steps (each shape's first
-    run is real; the stub replays it)."""
+def stub_step_us(engine: Engine, steps: int, warm: int, clock=time.perf_counter, stat=statistics.median) -> float:
+    """`stat` (median) µs of `engine.step()` over `steps` steps with stub bodies, after `warm` real steps (each
+    shape's first run is real; the stub replays it). clock: `time.thread_time` counts the host's CPU work alone."""
+    return stat(stub_step_times(engine, steps, warm, clock)) * 1e6
+
+
+def stub_step_times(engine: Engine, steps: int, warm: int, clock=time.perf_counter) -> list[float]:
+    """Seconds of each of `steps` stub-body steps (`stub_step_us`), leaving out those that ran a step shape for real
+    (its first run: the stub replays it after; a row's length crossing into a new positions bucket is a new shape)."""
     for _ in range(warm):
         engine.step()
-    restore = _stub_bodies(engine)
+    real = [0]
+    restore = _stub_bodies(engine, real)
     times = []
     try:
         for _ in range(steps):
-            start = time.perf_counter()
+            ran = real[0]
+            start = clock()
             engine.step()
-            times.append(time.perf_counter() - start)
+            elapsed = clock() - start
+            if real[0] == ran:
+                times.append(elapsed)
     finally:
         restore()
-    return statistics.median(times) * 1e6
+    if not times:
+        raise RuntimeError(f"every one of {steps} stub steps ran its shape for real: no host-only step to time")
+    return times
+
+
+PREFIX_CACHE_METHODS = ("attach", "pending", "take_held", "commit_rows", "commit_row", "extend", "evict")
+
+
+def time_prefix_cache(cache) -> list[float]:
+    """Wrap this prefix cache's own methods (`PREFIX_CACHE_METHODS`; the pool's eviction hook re-pointed) to add
+    their wall seconds to the returned one-element list, the outermost call only (`take_held` runs `commit_rows`)."""
+    spent, depth = [0.0], [0]
+
+    def timed(method):
+        def run(*args, **kw):
+            depth[0] += 1
+            start = time.perf_counter()
+            try:
+                return method(*args, **kw)
+            finally:
+                depth[0] -= 1
+                if not depth[0]:
+                    spent[0] += time.perf_counter() - start
+        return run
+
+    for name in PREFIX_CACHE_METHODS:
+        setattr(cache, name, timed(getattr(cache, name)))
+    cache.pool.allocator.evict = cache.evict
+    return spent
+
+
+def prefix_ab(target, draft, n: int, gamma: int, steps: int, repeats: int) -> dict:
+    """Prefix caching off vs on, paged pool, stub bodies, `n` rows of distinct random prompts (nothing shared),
+    interleaved rounds → per arm the mean and median CPU µs per step (thread clock; min over rounds) and, for "on",
+    the µs per step inside the prefix cache's methods."""
+    engines = {}
+    new = (repeats + 1) * steps * (gamma + 1) + 40  # (the stub never finishes a row: room for every step's tokens)
+    if new + 64 > target.config.max_position_embeddings:
+        raise ValueError(f"--steps {steps} × --repeats {repeats} at γ {gamma} may run rows to {new + 64} positions, "
+                         f"past the models' {target.config.max_position_embeddings}: fewer steps or repeats")
+    for arm in ("off", "on"):
+        config = EngineConfig(max_batch_size=max(n, 1), max_seq_len=new + 64, num_draft_tokens=gamma,
+                              max_draft_tokens=8, kv_layout="paged", enable_prefix_caching=arm == "on")
+        engine = engines[arm] = Engine(target, draft if gamma else None, config)
+        for i in range(n):
+            rng = random.Random(1000 + i)
+            engine.add_request([rng.randrange(1, 60) for _ in range(24)],
+                               SamplingParams(temperature=0, max_new_tokens=new, seed=i))
+        for _ in range(3):  # (admission and prefill, each shape's first real run)
+            engine.step()
+    spent = time_prefix_cache(engines["on"].prefix_cache)
+    rounds: dict = {arm: [] for arm in engines}
+    cache_us = []
+    for _ in range(repeats):
+        for arm, engine in engines.items():
+            before = spent[0]
+            times = stub_step_times(engine, steps, warm=0, clock=time.thread_time)
+            rounds[arm].append((statistics.mean(times) * 1e6, statistics.median(times) * 1e6))
+            if arm == "on":
+                cache_us.append((spent[0] - before) / steps * 1e6)
+    assert engines["on"].prefix_cache_hits == 0, "the A/B prompts share nothing"
+    row = {"n": n, "gamma": gamma, "steps": steps, "repeats": repeats}
+    for arm, values in rounds.items():
+        row[f"{arm}_mean_us"] = round(min(v[0] for v in values), 1)
+        row[f"{arm}_median_us"] = round(min(v[1] for v in values), 1)
+    row["on_minus_off_mean_us"] = round(row["on_mean_us"] - row["off_mean_us"], 1)
+    row["in_cache_us"] = round(min(cache_us), 1)  # (wall clock inside its methods: min over rounds)
+    return row
 
 
 def measure(target, draft, n: int, gamma: int, steps: int, temperature: float, churn: bool) -> dict:
@@ -132,12 +219,25 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cuda: the same on a GPU (graphs on; --stub recommended)")
     parser.add_argument("--stub", action="store_true", help="no model work: host time alone (see the doc)")
     parser.add_argument("--repeats", type=int, default=1, help="keep each number's minimum over repeats")
+    parser.add_argument("--prefix-ab", action="store_true", help="prefix caching off vs on, nothing shared (doc)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    target, draft = _llama(0, 2).to(args.device), _llama(1, 1).to(args.device)
+    positions = 16384 if args.prefix_ab else 1024  # (the A/B's rows never finish under the stub: room for them)
+    target, draft = _llama(0, 2, positions).to(args.device), _llama(1, 1, positions).to(args.device)
     gammas = [g if g == "auto" else int(g) for g in args.gammas.split(",")]
     sizes = [int(x) for x in args.sizes.split(",")]
+    if args.prefix_ab:
+        rows = []
+        with torch.inference_mode():
+            for gamma in gammas:
+                for n in sizes:
+                    rows.append(prefix_ab(target, draft, n, gamma, args.steps, args.repeats))
+                    print(json.dumps(rows[-1]), flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        return
     best: dict = {}  # (γ, n) → per-part minimum over repeats of the per-step medians (a shared CPU drifts)
     with torch.inference_mode():
         for _ in range(args.repeats):

@@ -22,7 +22,10 @@ target holds [0, length − 1), the drafter [0, its valid length) and writes not
 so rejected drafts (written past the committed length) never enter the cache. Prompt blocks are entered every
 step (`commit_rows`, host lists only), generated ones too — the host keeps each request's committed tokens
 (`extend`, from the step's record) — so a block is shareable from the step its models hold it, while its request
-runs: concurrent requests with one system prompt, and `n > 1` copies of a prompt, share it.
+runs: concurrent requests with one system prompt, and `n > 1` copies of a prompt, share it. What that costs a step
+when nothing is shared: `extend` appends each row's tokens and notes the rows whose length reached `due` (the
+length below which their next block cannot be stable); `commit_rows` reads only those, the rows joined since, or
+every row after a release moved one; each new block's text is read once (its hash and its entry, bytes).
 Checks (`verify`, `watch_weights`): a hit compares each cached block's stored (parent hash, tokens) with the
 prompt's, so a hash collision is refused (`collisions`), never served; the models' weights (the engine shares the
 user's) are sampled before a hit (at most once a step, and only when a prompt's first block is cached: a prompt
@@ -56,17 +59,27 @@ def model_key(*parts) -> bytes:
 
 
 def block_hashes(tokens: list[int], block_size: int, seed: bytes, parents: list[bytes] | None = None,
-                 extra: bytes = b"") -> list[bytes]:
-    """The hash chain of `tokens`' full blocks: block i's hash is sha256(block i−1's hash (block 0: `seed`), its
-    tokens (8 bytes each), `extra`). parents: the hashes of the leading blocks already known (extended, not
-    recomputed)."""
+                 extra: bytes = b"", stop: int | None = None) -> list[bytes]:
+    """The hash chain of `tokens`' full blocks (of its first `stop` tokens: None = all): block i's hash is
+    sha256(block i−1's hash (block 0: `seed`), its tokens (8 bytes each), `extra`) (`_digest` of `_block_data`).
+    parents: the hashes of the leading blocks already known (extended, not recomputed: a block is hashed once)."""
     hashes = list(parents or [])
-    for start in range(len(hashes) * block_size, len(tokens) - block_size + 1, block_size):
-        h = hashlib.sha256(hashes[-1] if hashes else seed)
-        h.update(array("q", tokens[start : start + block_size]).tobytes())
-        h.update(b"|" + extra)
-        hashes.append(h.digest())
+    end = len(tokens) if stop is None else min(stop, len(tokens))
+    parent = hashes[-1] if hashes else seed
+    for start in range(len(hashes) * block_size, end - block_size + 1, block_size):
+        parent = _digest(parent, _block_data(tokens, start, block_size, extra))
+        hashes.append(parent)
     return hashes
+
+
+def _block_data(tokens: list[int], start: int, block_size: int, extra: bytes = b"") -> bytes:
+    """What names a block besides its parent: its tokens (8 bytes each), then `extra`."""
+    return array("q", tokens[start : start + block_size]).tobytes() + b"|" + extra
+
+
+def _digest(parent: bytes, data: bytes) -> bytes:
+    """A block's hash: sha256 of its parent's hash and its `_block_data`."""
+    return hashlib.sha256(parent + data).digest()
 
 
 @dataclass
@@ -79,6 +92,9 @@ class RequestBlocks:
     num_cached_blocks: int = 0
     tokens: list[int] = field(default_factory=list)
     epoch: int = 0  # the cache's epoch at its admission: blocks of an older one (other weights) never enter
+    # the committed length below which its next block cannot be stable (`PrefixCache.due`): a step's rows shorter
+    # than this are not looked at (0: look)
+    due: int = 0
 
 
 class PrefixCache:
@@ -97,7 +113,7 @@ class PrefixCache:
         # before the next hit. Weights are compared by a strided sample of each tensor (~64 entries), once a step
         self.verify = True
         self.watch_weights = True
-        self._entries: dict[int, tuple] = {}
+        self._entries: dict[int, bytes] = {}  # block → its parent's hash + its `_block_data` (bytes: no GC work)
         self.models = tuple(m for m in models if isinstance(m, torch.nn.Module))
         self._samples = [(t, torch.arange(0, t.numel(), max(1, t.numel() // 64) | 1, device=t.device))
                          for m in self.models for t in m.state_dict(keep_vars=True).values()
@@ -114,6 +130,13 @@ class PrefixCache:
         self.evictions = 0  # cached blocks handed out for other K/V
         self.copies = 0  # hit blocks copied for a request that writes them (copy-on-write)
         self.held = False  # `pending` held a request back for blocks an admission is about to prefill
+        # what `commit_rows` looks at (a step's host work must not grow with the rows that have nothing to enter):
+        # the slots `extend` found due at the end of the last step, the rows past the `_known` it covered (joined
+        # since), or every row after a release reordered the slots (`_scan`, set by `commit_row`)
+        self._due: list[int] = []
+        self._known = 0
+        self._scan = True
+        self._admitted: tuple = (None, 0, set())  # `pending`'s admission round: (its list, requests seen, first blocks)
         pool.allocator.evict = self.evict
         pool.allocator.cached = self._hashes.__contains__  # (a freed block it names waits on the cached free list)
 
@@ -172,7 +195,7 @@ class PrefixCache:
         hashes = block_hashes(prompt, size, self.seed)
         if hashes and hashes[0] in self._blocks:  # (a hit is possible: only then the weights' sample is read)
             self._check_weights()
-        state = RequestBlocks(hashes, tokens=list(prompt), epoch=self.epoch)
+        state = RequestBlocks(hashes, tokens=list(prompt), epoch=self.epoch)  # (due 0: its first step looks)
         usable = max(len(prompt) - 1, 0) // self.block_size  # the target's first write: prompt length − 1
         shareable = max(len(prompt) - self.write_back, 0) // self.block_size  # and a model drafter's re-feed
         blocks = []
@@ -180,8 +203,8 @@ class PrefixCache:
             b = self._blocks.get(h)
             if b is None:
                 break
-            if self.verify and self._entries[b] != (state.hashes[i - 1] if i else self.seed,
-                                                    tuple(prompt[i * size : (i + 1) * size])):
+            if self.verify and self._entries[b] != (state.hashes[i - 1] if i else self.seed) + _block_data(
+                    prompt, i * size, size):
                 self.collisions += 1  # the hash named another text: not a hit
                 break
             blocks.append(b)
@@ -203,6 +226,7 @@ class PrefixCache:
         if blocks:
             self.pool.share_row(slot, blocks[:shareable], owned)
         state.num_cached_blocks = min(len(blocks), shareable)  # (the owned ones enter again once stable)
+        state.due = self.due(state)
         request.prefix = state
         request.num_cached_tokens = cached = len(blocks) * self.block_size
         self.queries += len(prompt)
@@ -216,8 +240,15 @@ class PrefixCache:
         size, back = self.block_size, self.write_back
         if not admitted or len(request.prompt) - back < size:
             return False
+        if admitted is not self._admitted[0]:  # (one admission round grows one list: its first blocks kept as a
+            self._admitted = (admitted, 0, set())  # set, each admitted request's taken once — not a scan a call)
+        _, seen, firsts = self._admitted
+        for a in admitted[seen:]:
+            if len(a.prompt) - back >= size:
+                firsts.add(tuple(a.prompt[:size]))
+        self._admitted = (admitted, len(admitted), firsts)
         first = request.prompt[:size]
-        if not any(len(a.prompt) - back >= size and a.prompt[:size] == first for a in admitted):
+        if tuple(first) not in firsts:
             return False
         held = block_hashes(first, size, self.seed)[0] not in self._blocks
         self.held = self.held or held
@@ -255,32 +286,54 @@ class PrefixCache:
         # cleared by the check that precedes the next hit, before any request can read them; checking on every
         # entry gathered a sample of every weight tensor and synchronized the device about once a step)
         if state.epoch != self.epoch:  # (admitted under other weights: its K/V never enter)
+            state.due = _NEVER
             return
-        if len(state.hashes) < full:
-            state.hashes = block_hashes(tokens[: full * self.block_size], self.block_size, self.seed, state.hashes)
-        for i in range(state.num_cached_blocks, full):
-            h, b = state.hashes[i], blocks[i]
-            if h not in self._blocks and b not in self._hashes:  # (another request's copy may be cached already)
-                self._blocks[h], self._hashes[b] = b, h
-                parent = state.hashes[i - 1] if i else self.seed
-                self._entries[b] = (parent, tuple(tokens[i * self.block_size : (i + 1) * self.block_size]))
+        size, hashes, index = self.block_size, state.hashes, self._blocks
+        for i in range(state.num_cached_blocks, full):  # (each new block's text read once: hashed, and its entry)
+            parent = hashes[i - 1] if i else self.seed
+            data = _block_data(tokens, i * size, size)
+            if i == len(hashes):  # (its hash not known yet: a generated block's, or a prompt's past the hits)
+                hashes.append(_digest(parent, data))
+            h, b = hashes[i], blocks[i]
+            if h not in index and b not in self._hashes:  # (another request's copy may be cached already)
+                index[h], self._hashes[b] = b, h
+                self._entries[b] = parent + data
         state.num_cached_blocks = full
+        state.due = self.due(state)
+
+    def due(self, state: RequestBlocks) -> int:
+        """The committed length a request must reach before its next block can be stable: every model holds it and
+        it is never written again needs length − max(write_back, 1) ≥ its end (`stable` is at most that)."""
+        return (state.num_cached_blocks + 1) * self.block_size + max(self.write_back, 1)
 
     def extend(self, running, tokens) -> None:
         """After a step: each running request's committed tokens (`StepRecord.tokens`, row i = slot i) join the text
-        its blocks are named by (host lists; only committed tokens, so a rejected draft never names a block)."""
-        for request, t in zip(running, tokens):
-            if request.prefix is not None and t:
-                request.prefix.tokens.extend(t)
+        its blocks are named by (host lists; only committed tokens, so a rejected draft never names a block), and
+        the slots whose length reached their `due` are noted for the next `commit_rows` (only those are looked at:
+        a row between block boundaries costs the step one comparison)."""
+        due = []
+        for slot, (request, t) in enumerate(zip(running, tokens)):
+            state = request.prefix
+            if state is not None:
+                state.tokens += t
+                if request.length >= state.due:
+                    due.append(slot)
+        self._due, self._known = due, len(running)
 
     def commit_rows(self, running, drafter_synced: bool | None) -> None:
         """Each step: the running requests' full blocks of committed text — prompt and generated alike — that
         became stable enter the index while they run (drafter_synced: the engine's `_drafter_synced` — True: every
         row's drafter holds all but its last 2 tokens, False: its `draft_valid`; None: no cached drafter)."""
         size, self._weights_checked, self.held = self.block_size, False, False  # (a step's flags)
-        for slot, request in enumerate(running):
+        if self._scan or self._known > len(running):  # (a release moved rows since `extend`: every row)
+            slots = range(len(running))
+        else:  # the slots `extend` found due, and the rows that joined since (their prompts' blocks)
+            slots = self._due + list(range(self._known, len(running)))
+        self._due, self._known, self._scan = [], len(running), False
+        for slot in slots:
+            request = running[slot]
             state = request.prefix
-            if state is None or (state.num_cached_blocks + 1) * size > min(len(state.tokens), request.length):
+            if state is None or request.length < state.due or (state.num_cached_blocks + 1) * size > len(state.tokens):
                 continue
             stable = self.stable(request, _valid(request, drafter_synced))
             if stable // size > state.num_cached_blocks:
@@ -289,6 +342,7 @@ class PrefixCache:
     def commit_row(self, slot: int, request, state_tokens, drafter_synced: bool | None) -> None:
         """A running request leaves `slot`: its stable blocks, generated ones included, stay cached (its host text;
         `state_tokens`, the slot state's token table, is read only if that text were short of its length)."""
+        self._scan = True  # (the last running row moves into `slot`: `extend`'s due slots are stale)
         state = request.prefix
         stable = self.stable(request, _valid(request, drafter_synced), leaving=True)
         if state is None or stable // self.block_size <= state.num_cached_blocks:
@@ -304,6 +358,9 @@ class PrefixCache:
             raise AssertionError("the null block is cached")
         if self._entries.keys() != self._hashes.keys():
             raise AssertionError("the prefix cache's entries and its index disagree")
+
+
+_NEVER = 1 << 62  # a `due` no length reaches (a request admitted under other weights: nothing of it enters)
 
 
 def _valid(request, drafter_synced: bool | None) -> int | None:

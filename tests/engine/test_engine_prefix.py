@@ -321,11 +321,10 @@ def test_a_forced_hash_collision_is_caught(pair, monkeypatch):
 
     from specdec.engine import prefix_cache
 
-    def positional(tokens, block_size, seed, parents=None, extra=b""):
-        count = len(tokens) // block_size
-        return [hashlib.sha256(seed + str(i).encode()).digest() for i in range(count)]
+    def positional(parent, data):  # (block i's hash: the seed hashed i + 1 times, whatever its text)
+        return hashlib.sha256(parent).digest()
 
-    monkeypatch.setattr(prefix_cache, "block_hashes", positional)
+    monkeypatch.setattr(prefix_cache, "_digest", positional)
     target = pair[0]
     params = [SamplingParams(temperature=0, max_new_tokens=16)]
     other = [(t * 5 + 1) % 61 + 2 for t in PROMPTS[1]]  # another text of PROMPTS[1]'s length

@@ -227,6 +227,30 @@ def test_bench_paged_runs_on_a_tiny_model(tmp_path, monkeypatch, capsys):
     assert served["all_finished"] and served["requests"] == 4
 
 
+def test_bench_paged_prefix_arms_alone(tmp_path, monkeypatch):
+    """The short run that re-measures prefix caching's cost: two arms, rotated rounds, the host row's mean and the
+    prefix cache's own µs (only the prefix arm has one)."""
+    out = tmp_path / "paged.json"
+    run_main(ROOT / "scripts" / "bench_paged.py", ["--device", "cpu", "--tiny", "--batch", "2", "--new", "4",
+                                                   "--repeats", "2", "--ab-seq-len", "256", "--skip-fit",
+                                                   "--arms", "paged", "paged+prefix", "--host-steps", "16",
+                                                   "--out", str(out)], monkeypatch)
+    rows = json.loads(out.read_text())
+    ab = next(r for r in rows if r["what"] == "plain decode tok/s")
+    assert ab["paged+prefix_same_tokens"] and ab["prefix_vs_paged"] > 0 and "static" not in ab
+    host = next(r for r in rows if r["what"].startswith("host us per decode step"))
+    assert host["paged_mean"] > 0 and host["paged+prefix_mean"] > 0 and host["prefix_cache_us"] > 0
+
+
+def test_host_overhead_prefix_ab(tmp_path, monkeypatch):
+    out = tmp_path / "ab.json"
+    run_main(ROOT / "scripts" / "host_overhead.py", ["--prefix-ab", "--sizes", "2", "--gammas", "0,2", "--steps",
+                                                        "16", "--repeats", "1", "--json", str(out)], monkeypatch)
+    rows = json.loads(out.read_text())
+    assert [(r["n"], r["gamma"]) for r in rows] == [(2, 0), (2, 2)]
+    assert all(r["off_mean_us"] > 0 and r["on_mean_us"] > 0 and r["in_cache_us"] > 0 for r in rows)
+
+
 def test_bench_mixed_step_runs_on_a_tiny_model(tmp_path, monkeypatch):
     """The mixed-step benchmark's own code on a tiny random shape (CPU): every arm serves every request in full, the
     mixed arms run mixed steps, the others none, and the host-build row times both builders."""
