@@ -23,7 +23,7 @@ from specdec.engine.features import FeatureStore
 from specdec.engine.kv_pool import paged_caches
 from specdec.engine.memory import check_engine
 from specdec.engine.mixed_step import MixedStepRunner
-from specdec.engine.prefix_cache import build_prefix_cache
+from specdec.engine.prefix_build import build_prefix_cache
 from specdec.engine.request_checks import RequestLimits
 from specdec.engine.runner_parts import StepParts
 from specdec.engine.slots import PrefillGraphs, SlotCache, SlotState, prefill_ragged, prefill_rows
