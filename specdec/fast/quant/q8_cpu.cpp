@@ -20,11 +20,12 @@
 // pass. Compiled with -ffp-contract=off (no fusing the compiler chooses); the SIMD paths are compiled with target
 // attributes and chosen at run time from the CPU's flags (no -march: the build runs on any x86-64).
 //
-// Cost: a chunk's weights (8 blocks of 32, or 4 for G 16) are decoded once into registers and applied to a tile of
-// up to 8 rows; a row's share is its integer dots, a horizontal-add tree (8 blocks → 8 lanes), and per 8 groups one
-// convert, one multiply and two fused multiply-adds — so a verify pass of 5 rows reads and decodes each weight block
-// once, and the per-row float work is an eighth of a per-block one. Output columns are split across torch's
-// intra-op threads (the split changes no column's arithmetic).
+// Cost: a chunk's 4-bit weights (8 blocks of 32, two blocks a register against activations stored in the same pair
+// order) are decoded once and applied to a tile of up to 8 rows (8-bit blocks: read from L1 by each row); a row's
+// share is its integer dots, a horizontal-add tree (8 groups → 8 lanes) and, per 8 groups, one convert, one multiply
+// and two fused multiply-adds (the layout before spent those per block). The AVX-512 path is the AVX2 one
+// with vpdpbusd (256-bit) for the dots. Output columns are split across torch's intra-op threads (the split changes
+// no column's arithmetic).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
