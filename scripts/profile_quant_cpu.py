@@ -188,7 +188,8 @@ def main(argv=None) -> None:
         snap = snapshot[(weights, mode)]
         report = {"weights": weights, "mode": mode, "threads": args.threads, "tokens": tokens,
                   "tokens_per_second": round(tokens / seconds, 2), "steps": steps,
-                  "identical": texts[(weights, "plain")] == texts[(weights, "speculative" if mode == "plain" else mode)]}
+                  "identical": texts[(weights, "plain")] == texts[(weights,
+                                                                   "speculative" if mode == "plain" else mode)]}
         inside = 0.0
         for owner in sorted({k[0] for k in snap if k[0] != "count"}):
             for rows in sorted({k[1] for k in snap if k[0] == owner}):
