@@ -1,7 +1,7 @@
 """Where the CPU engine's time goes on the chat demo's GGUF, quantized against dequantized weights, in one process.
 
     python scripts/profile_quant_cpu.py [--gguf PATH] [--threads 2] [--prompts 2] [--tokens 64] [--repeats 2]
-        [--weights quantized,dequantized] [--gamma 4]
+        [--weights quantized,dequantized] [--gamma 4] [--dense-head-arm]
 
 Builds one engine per weights arm (`EngineConfig(gguf_weights=...)`) for plain decoding and one for speculative
 decoding with the shipped head (γ fixed), runs the demo's chat prompts greedily on each, the arms interleaved prompt by
@@ -85,6 +85,28 @@ def _install() -> None:
         cls.write = _timed("attention", cls.write)
 
 
+def _feature_heads(engine, depth: int = 4):
+    """The `FeatureHead`s an engine holds (its attributes searched `depth` deep)."""
+    from specdec.fast.head import FeatureHead
+
+    found, seen, frontier = [], set(), [engine]
+    for _ in range(depth):
+        nxt = []
+        for obj in frontier:
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            if isinstance(obj, FeatureHead):
+                found.append(obj)
+                continue
+            if isinstance(obj, torch.nn.Module):
+                found.extend(m for m in obj.modules() if isinstance(m, FeatureHead))
+                continue
+            nxt.extend(v for v in vars(obj).values() if hasattr(v, "__dict__"))
+        frontier = nxt
+    return list({id(h): h for h in found}.values())
+
+
 def _run(engine, ids, params, gamma):
     engine.policy.set_fixed(gamma)
     engine.add_request(ids, params)
@@ -106,6 +128,9 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--weights", default="quantized,dequantized")
+    parser.add_argument("--dense-head-arm", action="store_true",
+                        help="one more speculative arm per weights arm whose head keeps its dense products "
+                             "(FeatureHead.use_quantized_products(False)): the head's 8-bit copies against none")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     from pathlib import Path
@@ -123,13 +148,18 @@ def main(argv=None) -> None:
                             eos_token_ids=tuple(stop_token_ids(target, tokenizer)))
     arms = {}
     for weights in args.weights.split(","):
-        for mode, drafter in (("plain", None), ("speculative", str(SHIPPED_HEAD))):
+        modes = [("plain", None), ("speculative", str(SHIPPED_HEAD))]
+        modes += [("speculative-dense-head", str(SHIPPED_HEAD))] if args.dense_head_arm else []
+        for mode, drafter in modes:
             config = EngineConfig(max_batch_size=1, max_seq_len=1024, num_draft_tokens="auto", max_draft_tokens=8,
                                   gguf_weights=weights)
             engine = Engine(target, drafter, config)
             engine.model.profile_target = True  # (its forwards are the target's)
+            if mode == "speculative-dense-head":
+                for head in _feature_heads(engine):
+                    head.use_quantized_products(False)
             arms[(weights, mode)] = engine
-    gammas = {"plain": 0, "speculative": args.gamma}
+    gammas = {"plain": 0, "speculative": args.gamma, "speculative-dense-head": args.gamma}
     with torch.inference_mode():
         for (weights, mode), engine in arms.items():  # warm-up
             _run(engine, prompts[0], SamplingParams(max_new_tokens=8, temperature=0.0), gammas[mode])
@@ -158,7 +188,8 @@ def main(argv=None) -> None:
         snap = snapshot[(weights, mode)]
         report = {"weights": weights, "mode": mode, "threads": args.threads, "tokens": tokens,
                   "tokens_per_second": round(tokens / seconds, 2), "steps": steps,
-                  "identical": texts[(weights, "plain")] == texts[(weights, "speculative")]}
+                  "identical": texts[(weights, "plain")] == texts[(weights,
+                                                                   "speculative" if mode == "plain" else mode)]}
         inside = 0.0
         for owner in sorted({k[0] for k in snap if k[0] != "count"}):
             for rows in sorted({k[1] for k in snap if k[0] == owner}):

@@ -119,6 +119,23 @@ class FeatureHead(torch.nn.Module):
             if isinstance(quant, QuantWeight) and self.device.type == "cpu":
                 self._draft_quant = quant.select_rows(self.draft_vocab.cpu())
         self.layer.cpu_attention = getattr(target, "cpu_attention", False)  # (the target's CPU decode attention, `fast.quant.attention`)
+        self.use_quantized_products(isinstance(quantized(target.lm_head), QuantWeight))
+        return self
+
+    def _linear_weights(self) -> list:
+        return [self.fc] + [p for name, p in self.layer.named_parameters()
+                            if name.split(".")[0] in ("wqkv", "wo", "w_gate_up", "w_down")]
+
+    def use_quantized_products(self, on: bool) -> "FeatureHead":
+        """`on` (what `bind` passes: whether the target's LM head is GGUF blocks on `fast.quant`'s kernel): fc and
+        the layer's linears multiply through 8-bit block copies (`fast.quant.dense`; the dense tensors stay), on a
+        float32 CPU head with the kernel built; off: dense products. Returns self."""
+        from specdec.fast.quant import dense
+        from specdec.fast.quant.kernel import kernel_available
+
+        dense.detach(self._linear_weights())
+        if on and self.device.type == "cpu" and self.dtype == torch.float32 and kernel_available():
+            dense.attach(self._linear_weights())
         return self
 
     def set_draft_vocab(self, token_ids: torch.Tensor) -> "FeatureHead":
@@ -145,7 +162,9 @@ class FeatureHead(torch.nn.Module):
     def inputs(self, features: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
         """fc(concat(target_embed[next_tokens], features)): `[B, k, dim]`, `[B, k]` → `[B, k, dim]`."""
         embedded = F.embedding(next_tokens, self.target.embed).to(self.dtype)
-        return cpu_linear.linear(torch.cat([embedded, features.to(self.dtype)], -1), self.fc)  # (F.linear off CPU)
+        x = torch.cat([embedded, features.to(self.dtype)], -1)
+        quant = quantized(self.fc)  # (an 8-bit copy on the quantized CPU path: `_quantize_products`)
+        return quant_linear(x, quant) if quant is not None else cpu_linear.linear(x, self.fc)  # (F.linear off CPU)
 
     feature_layers = None  # reads the target's final-normed state (see `FastLlama.feature_layers`)
 

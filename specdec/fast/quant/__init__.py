@@ -8,6 +8,8 @@ Terms:
                (`blocks.py`, its table).
   kernel       `kernel.py` / `quant_cpu.cpp`: y = x @ Wᵀ for up to 512 rows reading W quantized (a C++ extension
                built once per host); more rows, or no compiler, dequantize a few thousand weight rows at a time.
+  dense        `dense.py`: 8-bit block copies of dense float32 matrices (a feature head's, bound to a quantized
+               target), attached beside the dense tensors for the same kernel.
   attach       `attach.py`: a `FastLlama`'s linear weights replaced by `QuantWeight`s read from its GGUF, the GEMM
                helpers (`fast.kernels.cpu_linear`) dispatching on them.
   GPU formats  `int4.py` (GPTQ / AWQ) and `fp8.py` (e4m3): weight-only matrices for CUDA through the same hook

@@ -8,18 +8,24 @@
 //   out    [M, N] float32; accumulate: out += x @ Wᵀ (the residual add), else out = x @ Wᵀ (+ bias)
 //   isa    0 the best this CPU runs, 1 portable C++, 2 AVX2, 3 AVX-512 VNNI (a test forces each)
 //
-// Each row of x is quantized on its own, per block of 32: d = max|x| / 127, qx = round(x / d) ∈ −127..127, with the
-// sums d·Σqx of its two halves (for the offsets). A block's product is then an integer dot product, exact in int32:
-//   4-bit: Σ q·qx (q ∈ 0..15 unsigned, qx signed: maddubs / vpdpbusd directly)
-//   8-bit: Σ |q|·sign(qx, q) (the unsigned × signed form; |q| ≤ 128, each pair ≤ 2·128·127 < 2¹⁵: no saturation)
-// summed in 8 int32 lanes (lane i: the block's values 4i..4i+3; lanes 0–3 the first 16, 4–7 the second: group 16
-// scales apply per half), converted to float and fused-multiply-added into 8 float lanes by scale·d; the offsets add
-// offset·d·Σqx apart; at the end the 8 lanes are summed in a fixed order. Every ISA path runs these same integer
-// sums and float operations in the same order, so the output is bit for bit the same on every path and for every
-// row count M (each row quantized and reduced alone): greedy decoding gives the same tokens one row at a time or in
-// a verify pass. Compiled with -ffp-contract=off (no fusing the compiler chooses); the SIMD paths are compiled with
-// target attributes and chosen at run time from the CPU's flags (no -march: the build runs on any x86-64).
-// Output columns are split across torch's intra-op threads (the split changes no column's arithmetic).
+// Each row of x is quantized on its own, per block of 32: d = max|x| / 127, qx = round(x / d) ∈ −127..127. Per group
+// g of G weights (the scale's groups) the product is an integer dot product, exact in int32:
+//   dot_g = Σ q·qx   (4-bit: q ∈ 0..15 unsigned × qx signed; 8-bit: |q| · sign(qx, q), |q| ≤ 128: no saturation)
+// and the float arithmetic is, per row, over chunks of 8 groups, group j of a chunk in float lane L(j) =
+// 4·(j mod 2) + ⌊j/2⌋ (the order the integer reductions leave the groups in):
+//   acc[L] = fma(float(dot_g), scale_g · d_g, acc[L])       off[L] = fma(offset_g, d_g · Σ_g qx, off[L])
+// and at the end the 16 lanes (acc, off) are summed in a fixed order. Every ISA path runs these same integer sums and
+// float operations in the same order, so the output is bit for bit the same on every path and for every row count M
+// (each row quantized and reduced alone): greedy decoding gives the same tokens one row at a time or in a verify
+// pass. Compiled with -ffp-contract=off (no fusing the compiler chooses); the SIMD paths are compiled with target
+// attributes and chosen at run time from the CPU's flags (no -march: the build runs on any x86-64).
+//
+// Cost: a chunk's 4-bit weights (8 blocks of 32, two blocks a register against activations stored in the same pair
+// order) are decoded once and applied to a tile of up to 8 rows (8-bit blocks: read from L1 by each row); a row's
+// share is its integer dots, a horizontal-add tree (8 groups → 8 lanes) and, per 8 groups, one convert, one multiply
+// and two fused multiply-adds (the layout before spent those per block). The AVX-512 path is the AVX2 one
+// with vpdpbusd (256-bit) for the dots. Output columns are split across torch's intra-op threads (the split changes
+// no column's arithmetic).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -37,34 +43,52 @@
 
 namespace {
 
+inline int lane_of_group(int64_t j) { return static_cast<int>((j & 1) * 4 + ((j >> 1) & 3)); }  // j: within a chunk
+
 struct Act {  // the quantized rows of x
-  std::vector<int8_t> q;   // [M, K]
-  std::vector<float> dx;   // [M, K/32, 8]: the block's scale d, once per int32 lane
-  std::vector<float> cdx;  // [M, K/32, 8]: d · (the sum of the lane's 4 values) — the offsets' factor
-  int64_t K = 0;
+  // q [M, row]: bits 8: the K values as they are (row = K); bits 4: blocks in pairs (2p, 2p + 1), 64 bytes a pair:
+  //   x_2p[0:16] x_2p+1[0:16] x_2p[16:32] x_2p+1[16:32] (the weights' nibble order; a missing odd block: zeros)
+  std::vector<int8_t> q;
+  std::vector<float> d;   // [M, chunks, 8]: lane L(j) of chunk c: the scale d of the block holding group 8c + j
+  std::vector<float> cs;  // [M, chunks, 8]: d · Σ qx over that group (the offsets' factor); 0 past the last group
+  int64_t K = 0, row = 0, groups = 0, chunks = 0;
 };
 
-void quantize_rows(const float* x, int64_t M, int64_t K, Act& a) {
+inline int64_t x4_index(int64_t b, int j) {  // where value j of block b sits in a bits-4 row of Act::q
+  return (b / 2) * 64 + (b & 1) * 16 + (j < 16 ? j : j + 16);
+}
+
+void quantize_rows(const float* x, int64_t M, int64_t K, int bits, int G, Act& a) {
   const int64_t B = K / 32;
   a.K = K;
-  a.q.resize(M * K);
-  a.dx.resize(M * B * 8);
-  a.cdx.resize(M * B * 8);
-  for (int64_t i = 0; i < M * B; ++i) {
-    const float* v = x + i * 32;
-    float amax = 0.f;
-    for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(v[j]));
-    const float d = amax / 127.f, id = d > 0.f ? 127.f / amax : 0.f;
-    int8_t* q = a.q.data() + i * 32;
-    for (int j = 0; j < 32; ++j) q[j] = static_cast<int8_t>(std::nearbyint(v[j] * id));
-    for (int l = 0; l < 8; ++l) {
-      a.dx[i * 8 + l] = d;
-      a.cdx[i * 8 + l] = d * static_cast<float>(q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
+  a.groups = K / G;
+  a.chunks = (a.groups + 7) / 8;
+  a.row = bits == 4 ? (B + 1) / 2 * 64 : K;
+  a.q.assign(M * a.row, 0);
+  a.d.assign(M * a.chunks * 8, 0.f);
+  a.cs.assign(M * a.chunks * 8, 0.f);
+  for (int64_t m = 0; m < M; ++m) {
+    int8_t* row = a.q.data() + m * a.row;
+    for (int64_t b = 0; b < B; ++b) {
+      const float* v = x + m * K + b * 32;
+      float amax = 0.f;
+      for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(v[j]));
+      const float d = amax / 127.f, id = d > 0.f ? 127.f / amax : 0.f;
+      int8_t q[32];
+      for (int j = 0; j < 32; ++j) q[j] = static_cast<int8_t>(std::nearbyint(v[j] * id));
+      for (int j = 0; j < 32; ++j) row[bits == 4 ? x4_index(b, j) : b * 32 + j] = q[j];
+      for (int h = 0; h < 32 / G; ++h) {
+        const int64_t g = b * (32 / G) + h, at = (m * a.chunks + g / 8) * 8 + lane_of_group(g % 8);
+        int s = 0;
+        for (int j = h * G; j < (h + 1) * G; ++j) s += q[j];
+        a.d[at] = d;
+        a.cs[at] = d * static_cast<float>(s);
+      }
     }
   }
 }
 
-// The 16 float lanes (lanes 0–7: even blocks, 8–15: odd blocks) summed in the fixed order every path ends with.
+// The 16 float lanes (0–7: acc, 8–15: off) summed in the fixed order every path ends with.
 inline float lanes_sum(const float* l) {
   float t[8];
   for (int i = 0; i < 8; ++i) t[i] = l[i] + l[i + 8];
@@ -87,34 +111,31 @@ inline void store(const Args& p, int64_t m, int64_t n, float y) {
   *o = p.accumulate ? *o + y : y + (p.bias ? p.bias[n] : 0.f);
 }
 
-// ---- portable C++: the reference the SIMD paths equal bit for bit ----
-// Block b's lane i (its values 4i..4i+3) is float lane 8·(b mod 2) + i:
-//   acc = fma(cdx, offset, acc) (with offsets), then acc = fma(float(Σ q·qx), scale · d, acc).
+// ---- portable C++: the reference the SIMD paths equal bit for bit (the module comment's arithmetic, group by group)
 template <int BITS, int G>
 void cols_ref(const Args& p, int64_t M, int64_t n0, int64_t n1) {
-  const int64_t K = p.a->K, B = K / 32, row_bytes = BITS == 4 ? K / 2 : K, gpb = 32 / G;
+  const Act& a = *p.a;
+  const int64_t K = a.K, row_bytes = BITS == 4 ? K / 2 : K;
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* qrow = p.qs + n * row_bytes;
-    const float* sc = p.scale + n * (K / G);
-    const float* of = p.offset ? p.offset + n * (K / G) : nullptr;
+    const float* sc = p.scale + n * a.groups;
+    const float* of = p.offset ? p.offset + n * a.groups : nullptr;
     for (int64_t m = 0; m < M; ++m) {
       float acc[16] = {0};
-      const int8_t* xq = p.a->q.data() + m * K;
-      for (int64_t b = 0; b < B; ++b) {
-        int32_t lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int j = 0; j < 32; ++j) {
+      const int8_t* xq = a.q.data() + m * a.row;
+      for (int64_t g = 0; g < a.groups; ++g) {
+        int32_t dot = 0;
+        for (int64_t k = g * G; k < (g + 1) * G; ++k) {
+          const int64_t b = k / 32;
+          const int j = static_cast<int>(k % 32);
           const int w = BITS == 4 ? (j < 16 ? qrow[b * 16 + j] & 15 : qrow[b * 16 + j - 16] >> 4)
-                                  : static_cast<int8_t>(qrow[b * 32 + j]);
-          lane[j / 4] += w * xq[b * 32 + j];
+                                  : static_cast<int8_t>(qrow[k]);
+          dot += w * xq[BITS == 4 ? x4_index(b, j) : k];
         }
-        const float* dx = p.a->dx.data() + (m * B + b) * 8;
-        const float* cdx = p.a->cdx.data() + (m * B + b) * 8;
-        for (int i = 0; i < 8; ++i) {
-          const int64_t g = b * gpb + (i < 4 ? 0 : gpb - 1);
-          float& a = acc[8 * (b & 1) + i];
-          if (of) a = std::fma(cdx[i], of[g], a);
-          a = std::fma(static_cast<float>(lane[i]), sc[g] * dx[i], a);
-        }
+        const int L = lane_of_group(g % 8);
+        const int64_t at = (m * a.chunks + g / 8) * 8 + L;
+        acc[L] = std::fma(static_cast<float>(dot), sc[g] * a.d[at], acc[L]);
+        if (of) acc[8 + L] = std::fma(of[g], a.cs[at], acc[8 + L]);
       }
       store(p, m, n, lanes_sum(acc));
     }
@@ -125,130 +146,182 @@ void cols_ref(const Args& p, int64_t M, int64_t n0, int64_t n1) {
 #define SPECDEC_AVX2 __attribute__((target("avx2,fma")))
 #define SPECDEC_AVX512 __attribute__((target("avx2,fma,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni")))
 
-// ---- AVX2: one block at a time, maddubs + madd; two accumulators per row (even / odd blocks) ----
-template <int G>
-SPECDEC_AVX2 inline __m256 halves256(const float* v, int64_t b) {  // a block's two halves' values, 4 lanes each
-  return G == 32 ? _mm256_set1_ps(v[b]) : _mm256_set_m128(_mm_set1_ps(v[2 * b + 1]), _mm_set1_ps(v[2 * b]));
+// ---- shared by the AVX2 and the AVX-512 paths (these inline into both) ----
+constexpr int kMaxUnits = 8;  // per chunk: 4-bit: 4 block pairs; 8-bit: 8 blocks (G 32) or 4 (G 16)
+
+template <int BITS, int G>
+constexpr int units() { return BITS == 4 || G == 16 ? 4 : 8; }
+
+// v[8c + j] in lane L(j) (0 past `groups`): a chunk's scales or offsets in the lanes' order
+SPECDEC_AVX2 inline __m256 chunk_lanes(const float* v, int64_t g0, int64_t groups) {
+  const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+  if (g0 + 8 <= groups) return _mm256_permutevar8x32_ps(_mm256_loadu_ps(v + g0), order);
+  const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(groups - g0)),
+                                          _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  return _mm256_permutevar8x32_ps(_mm256_maskload_ps(v + g0, live), order);  // (the lanes past the end: 0, unread)
+}
+
+// The weights' stream a few chunks ahead (the hardware prefetcher alone left the single-row pass waiting on loads):
+// the `bytes` of values a chunk reads and its 32 bytes of scales (and offsets), `kAhead` bytes of values ahead.
+constexpr int kAhead = 2048;
+SPECDEC_AVX2 inline void prefetch_ahead(const uint8_t* qs, int bytes, const float* sc, const float* of) {
+  for (int i = 0; i < bytes; i += 64) _mm_prefetch(reinterpret_cast<const char*>(qs) + kAhead + i, _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(sc) + kAhead / 4, _MM_HINT_T0);
+  if (of) _mm_prefetch(reinterpret_cast<const char*>(of) + kAhead / 4, _MM_HINT_T0);
+}
+
+// A chunk's weights, decoded once for every row: 4-bit: w[2i], w[2i + 1] = pair i's low / high nibbles (lanes 0–15
+// the even block's, 16–31 the odd one's; a missing odd block zero); 8-bit: nothing staged.
+// Returns how many units (pairs / blocks) the chunk has.
+template <int BITS, int G>
+SPECDEC_AVX2 inline int chunk_weights(const uint8_t* qrow, int64_t c, int64_t B, __m256i* w) {
+  const int64_t b0 = c * (8 * G / 32);
+  if (BITS == 4) {
+    const __m256i low4 = _mm256_set1_epi8(15);
+    int n = 0;
+    for (int i = 0; i < 4 && b0 + 2 * i < B; ++i, ++n) {
+      const uint8_t* at = qrow + (b0 + 2 * i) * 16;
+      const __m256i y = b0 + 2 * i + 1 < B ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at))
+          : _mm256_set_m128i(_mm_setzero_si128(), _mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
+      w[2 * i] = _mm256_and_si256(y, low4);
+      w[2 * i + 1] = _mm256_and_si256(_mm256_srli_epi16(y, 4), low4);
+    }
+    return n;
+  }
+  // (8-bit: each row reads the block from L1 itself — staging 16 registers cost more than it saved)
+  const int64_t left = B - b0;
+  return left < units<BITS, G>() ? static_cast<int>(left) : units<BITS, G>();
+}
+
+// Units' int32 dots (4 lanes a block for 4-bit pairs, 8 for an 8-bit block) → one int32 a group, in the lanes' order.
+template <int BITS, int G>
+SPECDEC_AVX2 inline __m256i lanes_of(const __m256i* v) {
+  if (BITS == 4 || G == 16)  // (pairs: [b0 b2 b4 b6 | b1 b3 b5 b7]; G 16: [b0h0 .. b3h0 | b0h1 .. b3h1])
+    return _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+  __m256i t[4];  // 8 blocks: first in pairs as the 4-bit ones are, [b 4 lanes | b + 1 4 lanes] (its halves added)
+  for (int i = 0; i < 4; ++i)
+    t[i] = _mm256_add_epi32(_mm256_permute2x128_si256(v[2 * i], v[2 * i + 1], 0x20),
+                            _mm256_permute2x128_si256(v[2 * i], v[2 * i + 1], 0x31));
+  return _mm256_hadd_epi32(_mm256_hadd_epi32(t[0], t[1]), _mm256_hadd_epi32(t[2], t[3]));
+}
+
+template <int MT>
+SPECDEC_AVX2 inline void finish(const Args& p, int64_t m0, int R, int64_t n, const __m256* acc, const __m256* off) {
+  for (int r = 0; r < R; ++r) {
+    alignas(32) float l[16];
+    _mm256_store_ps(l, acc[r]);
+    _mm256_store_ps(l + 8, off[r]);
+    store(p, m0 + r, n, lanes_sum(l));
+  }
+}
+
+// ---- AVX2: maddubs + madd for the dots (4-bit pairs: the two nibble halves' int16 sums added first, ≤ 7620) ----
+template <int BITS, int G>
+SPECDEC_AVX2 inline __m256i unit_dot_avx2(const __m256i* w, const uint8_t* qrow, const int8_t* xr, int64_t c, int i) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  if (BITS == 4) {
+    const int8_t* x = xr + (c * 4 + i) * 64;
+    const __m256i lo = _mm256_maddubs_epi16(w[2 * i], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+    const __m256i hi = _mm256_maddubs_epi16(w[2 * i + 1], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32)));
+    return _mm256_madd_epi16(_mm256_add_epi16(lo, hi), ones);
+  }
+  const int64_t b = c * units<BITS, G>() + i;
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + b * 32));
+  const __m256i wb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qrow + b * 32));
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wb, wb), _mm256_sign_epi8(x, wb)), ones);
 }
 
 template <int BITS, int G, int MT>
 SPECDEC_AVX2 void cols_avx2(const Args& p, int64_t M, int64_t n0, int64_t n1) {
-  const int64_t K = p.a->K, B = K / 32, row_bytes = BITS == 4 ? K / 2 : K;
-  const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  const Act& a = *p.a;
+  const int64_t B = a.K / 32, row_bytes = BITS == 4 ? a.K / 2 : a.K;
+  constexpr int U = units<BITS, G>();
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* qrow = p.qs + n * row_bytes;
-    const float* sc = p.scale + n * (K / G);
-    const float* of = p.offset ? p.offset + n * (K / G) : nullptr;
+    const float* sc = p.scale + n * a.groups;
+    const float* of = p.offset ? p.offset + n * a.groups : nullptr;
     for (int64_t m0 = 0; m0 < M; m0 += MT) {
       const int R = M - m0 < MT ? static_cast<int>(M - m0) : MT;
-      __m256 acc[MT][2];
-      for (int r = 0; r < MT; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-      for (int64_t b = 0; b < B; ++b) {
-        __m256i w;
-        if (BITS == 4) {
-          const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qrow + b * 16));
-          w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(h, 4), h), low4);
-        } else {
-          w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qrow + b * 32));
-        }
-        const __m256i u = BITS == 4 ? w : _mm256_sign_epi8(w, w);
-        const __m256 sw = halves256<G>(sc, b), ow = of ? halves256<G>(of, b) : _mm256_setzero_ps();
+      __m256 acc[MT], off[MT];
+      for (int r = 0; r < MT; ++r) acc[r] = off[r] = _mm256_setzero_ps();
+      for (int64_t c = 0; c < a.chunks; ++c) {
+        __m256i w[kMaxUnits];
+        constexpr int bytes = BITS == 4 ? 128 : 32 * U;
+        prefetch_ahead(qrow + c * bytes, bytes, sc + c * 8, of ? of + c * 8 : nullptr);
+        const int nu = chunk_weights<BITS, G>(qrow, c, B, w);
+        const __m256 sw = chunk_lanes(sc, c * 8, a.groups), ow = of ? chunk_lanes(of, c * 8, a.groups) : sw;
         for (int r = 0; r < R; ++r) {
-          const int64_t mb = (m0 + r) * B + b;
-          __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.a->q.data() + mb * 32));
-          if (BITS == 8) xq = _mm256_sign_epi8(xq, w);
-          const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, xq), ones));
-          __m256 a = acc[r][b & 1];
-          if (of) a = _mm256_fmadd_ps(_mm256_loadu_ps(p.a->cdx.data() + mb * 8), ow, a);
-          acc[r][b & 1] = _mm256_fmadd_ps(f, _mm256_mul_ps(sw, _mm256_loadu_ps(p.a->dx.data() + mb * 8)), a);
+          const int64_t m = m0 + r;
+          const int8_t* xr = a.q.data() + m * a.row;
+          __m256i v[kMaxUnits];
+          if (nu == U) {
+            for (int i = 0; i < U; ++i) v[i] = unit_dot_avx2<BITS, G>(w, qrow, xr, c, i);
+          } else {
+            for (int i = 0; i < U; ++i)
+              v[i] = i < nu ? unit_dot_avx2<BITS, G>(w, qrow, xr, c, i) : _mm256_setzero_si256();
+          }
+          const float* dl = a.d.data() + (m * a.chunks + c) * 8;
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes_of<BITS, G>(v)), _mm256_mul_ps(sw, _mm256_loadu_ps(dl)),
+                                   acc[r]);
+          if (of) off[r] = _mm256_fmadd_ps(ow, _mm256_loadu_ps(a.cs.data() + (m * a.chunks + c) * 8), off[r]);
         }
       }
-      for (int r = 0; r < R; ++r) {
-        alignas(32) float l[16];
-        _mm256_store_ps(l, acc[r][0]);
-        _mm256_store_ps(l + 8, acc[r][1]);
-        store(p, m0 + r, n, lanes_sum(l));
-      }
+      finish<MT>(p, m0, R, n, acc, off);
     }
   }
 }
 
-// ---- AVX-512 VNNI: two blocks at a time in 16 lanes, vpdpbusd; the odd last block on the low 8 lanes ----
-template <int G>
-SPECDEC_AVX512 inline __m512 halves512(const float* v, int64_t pair) {  // blocks 2·pair, 2·pair + 1
-  if (G == 32) {
-    const __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(
-        reinterpret_cast<const double*>(v + 2 * pair)))));
+// ---- AVX-512 VNNI: the AVX2 path with vpdpbusd (ymm) for the dots: the same int32 sums, the same float steps ----
+template <int BITS, int G>
+SPECDEC_AVX512 inline __m256i unit_dot_vnni(const __m256i* w, const uint8_t* qrow, const int8_t* xr, int64_t c, int i) {
+  if (BITS == 4) {
+    const int8_t* x = xr + (c * 4 + i) * 64;
+    const __m256i lo = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w[2 * i],
+                                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+    return _mm256_dpbusd_epi32(lo, w[2 * i + 1], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32)));
   }
-  const __m512i idx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-  return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_loadu_ps(v + 4 * pair)));
+  const int64_t b = c * units<BITS, G>() + i;
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + b * 32));
+  const __m256i wb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qrow + b * 32));
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(wb, wb), _mm256_sign_epi8(x, wb));
 }
 
 template <int BITS, int G, int MT>
 SPECDEC_AVX512 void cols_avx512(const Args& p, int64_t M, int64_t n0, int64_t n1) {
-  const int64_t K = p.a->K, B = K / 32, row_bytes = BITS == 4 ? K / 2 : K;
-  const __m256i low4 = _mm256_set1_epi8(15);
-  const __m512i zero = _mm512_setzero_si512();
+  const Act& a = *p.a;
+  const int64_t B = a.K / 32, row_bytes = BITS == 4 ? a.K / 2 : a.K;
+  constexpr int U = units<BITS, G>();
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* qrow = p.qs + n * row_bytes;
-    const float* sc = p.scale + n * (K / G);
-    const float* of = p.offset ? p.offset + n * (K / G) : nullptr;
+    const float* sc = p.scale + n * a.groups;
+    const float* of = p.offset ? p.offset + n * a.groups : nullptr;
     for (int64_t m0 = 0; m0 < M; m0 += MT) {
       const int R = M - m0 < MT ? static_cast<int>(M - m0) : MT;
-      __m512 acc[MT];
-      for (int r = 0; r < MT; ++r) acc[r] = _mm512_setzero_ps();
-      for (int64_t b = 0; b + 1 < B; b += 2) {
-        __m512i u;
-        __mmask64 neg = 0;
-        if (BITS == 4) {
-          const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qrow + b * 16));
-          const __m256i lo = _mm256_and_si256(y, low4), hi = _mm256_and_si256(_mm256_srli_epi16(y, 4), low4);
-          const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);  // b lo, b+1 lo, b hi, b+1 hi
-          u = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));
-        } else {
-          const __m512i w = _mm512_loadu_si512(qrow + b * 32);
-          u = _mm512_abs_epi8(w);
-          neg = _mm512_movepi8_mask(w);
-        }
-        const __m512 sw = halves512<G>(sc, b / 2), ow = of ? halves512<G>(of, b / 2) : _mm512_setzero_ps();
+      __m256 acc[MT], off[MT];
+      for (int r = 0; r < MT; ++r) acc[r] = off[r] = _mm256_setzero_ps();
+      for (int64_t c = 0; c < a.chunks; ++c) {
+        __m256i w[kMaxUnits];
+        constexpr int bytes = BITS == 4 ? 128 : 32 * U;
+        prefetch_ahead(qrow + c * bytes, bytes, sc + c * 8, of ? of + c * 8 : nullptr);
+        const int nu = chunk_weights<BITS, G>(qrow, c, B, w);
+        const __m256 sw = chunk_lanes(sc, c * 8, a.groups), ow = of ? chunk_lanes(of, c * 8, a.groups) : sw;
         for (int r = 0; r < R; ++r) {
-          const int64_t mb = (m0 + r) * B + b;
-          __m512i xq = _mm512_loadu_si512(p.a->q.data() + mb * 32);
-          if (BITS == 8) xq = _mm512_mask_sub_epi8(xq, neg, zero, xq);
-          const __m512 f = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, u, xq));
-          __m512 a = acc[r];
-          if (of) a = _mm512_fmadd_ps(_mm512_loadu_ps(p.a->cdx.data() + mb * 8), ow, a);
-          acc[r] = _mm512_fmadd_ps(f, _mm512_mul_ps(sw, _mm512_loadu_ps(p.a->dx.data() + mb * 8)), a);
+          const int64_t m = m0 + r;
+          const int8_t* xr = a.q.data() + m * a.row;
+          __m256i v[kMaxUnits];
+          if (nu == U) {
+            for (int i = 0; i < U; ++i) v[i] = unit_dot_vnni<BITS, G>(w, qrow, xr, c, i);
+          } else {
+            for (int i = 0; i < U; ++i)
+              v[i] = i < nu ? unit_dot_vnni<BITS, G>(w, qrow, xr, c, i) : _mm256_setzero_si256();
+          }
+          const float* dl = a.d.data() + (m * a.chunks + c) * 8;
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes_of<BITS, G>(v)), _mm256_mul_ps(sw, _mm256_loadu_ps(dl)),
+                                   acc[r]);
+          if (of) off[r] = _mm256_fmadd_ps(ow, _mm256_loadu_ps(a.cs.data() + (m * a.chunks + c) * 8), off[r]);
         }
       }
-      if (B & 1) {  // the last block, even: the low 8 lanes
-        const int64_t b = B - 1;
-        __m256i u, w;
-        if (BITS == 4) {
-          const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qrow + b * 16));
-          u = w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(h, 4), h), low4);
-        } else {
-          w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qrow + b * 32));
-          u = _mm256_sign_epi8(w, w);
-        }
-        const __m256 sw = halves256<G>(sc, b), ow = of ? halves256<G>(of, b) : _mm256_setzero_ps();
-        for (int r = 0; r < R; ++r) {
-          const int64_t mb = (m0 + r) * B + b;
-          __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.a->q.data() + mb * 32));
-          if (BITS == 8) xq = _mm256_sign_epi8(xq, w);
-          const __m256 f = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, xq));
-          __m256 a = _mm512_castps512_ps256(acc[r]);
-          if (of) a = _mm256_fmadd_ps(_mm256_loadu_ps(p.a->cdx.data() + mb * 8), ow, a);
-          a = _mm256_fmadd_ps(f, _mm256_mul_ps(sw, _mm256_loadu_ps(p.a->dx.data() + mb * 8)), a);
-          acc[r] = _mm512_insertf32x8(acc[r], a, 0);
-        }
-      }
-      for (int r = 0; r < R; ++r) {
-        alignas(64) float l[16];
-        _mm512_store_ps(l, acc[r]);
-        store(p, m0 + r, n, lanes_sum(l));
-      }
+      finish<MT>(p, m0, R, n, acc, off);
     }
   }
 }
@@ -271,7 +344,7 @@ void run(const Args& p, int64_t M, int isa) {
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
 #ifdef SPECDEC_X86
     if (isa == 3) return cols_avx512<BITS, G, 8>(p, M, n0, n1);
-    if (isa == 2) return cols_avx2<BITS, G, 4>(p, M, n0, n1);
+    if (isa == 2) return cols_avx2<BITS, G, 8>(p, M, n0, n1);
 #endif
     cols_ref<BITS, G>(p, M, n0, n1);
   });
@@ -301,7 +374,7 @@ void q8_mm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale, c
   }
   if (M == 0 || N == 0) return;
   Act a;
-  quantize_rows(x.data_ptr<float>(), M, K, a);
+  quantize_rows(x.data_ptr<float>(), M, K, static_cast<int>(bits), static_cast<int>(group), a);
   const Args p{&a, static_cast<const uint8_t*>(qs.data_ptr()), scale.data_ptr<float>(),
                has_offset ? offset.data_ptr<float>() : nullptr, out.data_ptr<float>(), N, b, accumulate};
   const int use = isa == 0 ? best : static_cast<int>(isa);

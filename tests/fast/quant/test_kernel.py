@@ -91,13 +91,32 @@ def test_a_rows_output_is_the_same_bits_whatever_the_call(kind):
     weight = from_blocks(kind, raw, (70, k))
     x = torch.randn(40, k) * torch.rand(40, 1) * 4
     alone = torch.cat([qkernel.quant_linear(x[i:i + 1], weight) for i in range(40)])
-    for rows in (2, 5, 9, 16, 17, 40):
+    for rows in (2, 5, 8, 9, 16, 17, 40):
         assert torch.equal(qkernel.quant_linear(x[:rows], weight), alone[:rows]), rows
     for isa in isas():
         assert torch.equal(qkernel.quant_linear(x, weight, isa=isa), alone), qkernel.ISAS[isa]
     bias, residual = torch.randn(70), torch.randn(40, 70)
     assert torch.equal(qkernel.quant_linear(x, weight, bias), alone + bias)
     assert torch.equal(qkernel.quant_add_linear_(residual.clone(), x, weight), residual + alone)
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0", "Q6_K"])
+@pytest.mark.parametrize("k", [576, 1536])
+def test_a_row_among_5_or_8_rows_is_the_row_alone(kind, k):
+    """The register tiles over rows (up to 8 a pass over a weight block) at SmolLM2's K (576: a partial last chunk of
+    8 groups; 1536: whole chunks): a row gives the same bits alone and at every place among 5 or 8 rows, on every
+    instruction set this CPU runs."""
+    if kind.endswith("_K") and k % 256:
+        k = 768
+    torch.manual_seed(6)
+    weight = from_blocks(kind, raw_tensor(kind, 24, k, seed=6), (24, k))
+    x = torch.randn(8, k) * torch.rand(8, 1) * 3
+    alone = torch.cat([qkernel.quant_linear(x[i:i + 1], weight) for i in range(8)])
+    for rows in (5, 8):
+        for shift in range(rows):
+            order = (torch.arange(rows) + shift) % rows
+            for isa in isas():
+                assert torch.equal(qkernel.quant_linear(x[order], weight, isa=isa), alone[order]), (rows, shift, isa)
 
 
 def test_the_invariance_check_can_fail():
