@@ -25,7 +25,7 @@ from specdec.drafters.model import ModelDrafter
 from specdec.engine.drafters import SlotModel
 from specdec.drafters.formats import is_drafter, load_drafter
 from specdec.fast.held_once import adopt_hf
-from specdec.fast.held_quantized import is_released, quantized_over, share_embedding
+from specdec.fast.held_quantized import is_released, quantized_over, share_dense_tensors
 from specdec.fast.hf_backend import HFBackendModel, UnsupportedArchitecture
 from specdec.fast.model import FAMILIES, FastLlama
 
@@ -151,7 +151,7 @@ def _fast_model(model, check_only: bool = False, gguf_weights: str = "auto",
         from specdec.fast.quant.attach import quantized_from_hf  # a GGUF on the CPU: its weights stay quantized
 
         fast = quantized_from_hf(model, weights=gguf_weights, bitwise=bitwise)
-        return share_embedding(model, fast) if fast is not None else adopt_hf(model)
+        return share_dense_tensors(model, fast) if fast is not None else adopt_hf(model)
     except (KeyError, AttributeError, TypeError) as err:  # a layout the copy does not know: not a crash
         raise UnsupportedModel(f"the engine cannot copy this {model_type} model ({type(err).__name__}: {err})") \
             from None

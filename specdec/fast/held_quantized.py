@@ -4,7 +4,7 @@
 transformers model `load_model` made from the GGUF still holds every weight dequantized to float32 (SmolLM2-135M:
 0.54 GB beside 0.11 GB of blocks, issue 36). Two steps remove the copies:
 
-- `share_embedding` (every quantized build, `engine.build`): the `FastLlama`'s dense token embedding and norms
+- `share_dense_tensors` (every quantized build, `engine.build`): the `FastLlama`'s dense token embedding and norms
   (copies) are replaced by the model's own tensors (equal, checked), a tied LM head's blocks carried over.
 - `release_dense_weights` (what `specdec.load` loaded itself, `release_loaded`): each `nn.Linear` of the model whose
   weight the `FastLlama` holds quantized becomes a `QuantizedLinear` over those blocks (its rows of a stacked q|k|v or
@@ -30,10 +30,10 @@ from specdec.fast.held_once import release_freed_memory
 from specdec.fast.quant.weight import ATTRIBUTE, quantized
 from specdec.fast.weights import hf_weights
 
-__all__ = ["QuantizedLinear", "share_embedding", "quantized_over", "release_dense_weights", "release_loaded",
+__all__ = ["QuantizedLinear", "share_dense_tensors", "quantized_over", "release_dense_weights", "release_loaded",
            "is_released"]
 
-#: model → a weak reference to the quantized FastLlama built over it (`share_embedding`)
+#: model → a weak reference to the quantized FastLlama built over it (`share_dense_tensors`)
 _BUILT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 #: released model → its FastLlama, held (a rebuilt engine needs it: the model no longer has the dense weights)
 _RELEASED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -62,7 +62,7 @@ class QuantizedLinear(torch.nn.Module):
 
 
 @torch.inference_mode(False)
-def share_embedding(model: torch.nn.Module, fast):
+def share_dense_tensors(model: torch.nn.Module, fast):
     """`fast` (a FastLlama with quantized weights, built over `model`) reading `model`'s own tensors instead of its
     copies of them — the token embedding (a tied LM head keeps its quantized blocks), the norms — where equal;
     remembered for `release_dense_weights`. Returns `fast`."""
