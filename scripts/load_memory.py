@@ -8,7 +8,8 @@ the load, and after one request; the bytes of the weights (the distinct storages
 engines' FastLlamas, `fast.held_once.held_bytes`, plus a GGUF's quantized blocks, `quant_gb`, counted once), of the
 CPU GEMMs' packed copies and of the KV caches; and `model_ratio` = (RSS after the request − RSS after the imports −
 KV bytes) / weight bytes, the quantity issue 36 bounds by 1.2 (`model_ratio_anon`: the same of RssAnon, without the
-libraries' code pages first read after the imports). `--cpu-linear` picks `fast.kernels.cpu_linear.MODE` (packed copies or none).
+libraries' code pages first read after the imports). `--cpu-linear` picks `fast.kernels.cpu_linear.MODE` (packed
+copies or none).
 """
 
 from __future__ import annotations

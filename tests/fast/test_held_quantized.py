@@ -21,7 +21,8 @@ from loading.test_gguf_tensors import write_quantized_gguf  # noqa: E402
 import specdec  # noqa: E402
 from specdec.engine.build import build_model  # noqa: E402
 from specdec.fast.held_once import held_bytes  # noqa: E402
-from specdec.fast.held_quantized import QuantizedLinear, is_released, quantized_over, release_dense_weights  # noqa: E402
+from specdec.fast.held_quantized import (QuantizedLinear, is_released, quantized_over,  # noqa: E402
+                                         release_dense_weights)
 from specdec.fast.quant import attach  # noqa: E402
 from specdec.loading import load_model  # noqa: E402
 
