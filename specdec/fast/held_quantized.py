@@ -6,7 +6,8 @@ transformers model `load_model` made from the GGUF still holds every weight dequ
 
 - `share_dense_tensors` (every quantized build, `engine.build`): the `FastLlama`'s dense token embedding and norms
   (copies) are replaced by the model's own tensors (equal, checked), a tied LM head's blocks carried over.
-- `release_dense_weights` (what `specdec.load` loaded itself, `release_loaded`): each `nn.Linear` of the model whose
+- `release_dense_weights` (what `specdec.load` loaded itself, `release_when_built`: as soon as the body is built,
+  before the KV cache is allocated): each `nn.Linear` of the model whose
   weight the `FastLlama` holds quantized becomes a `QuantizedLinear` over those blocks (its rows of a stacked q|k|v or
   gate|up), replaced only where the blocks dequantize to the dense weight bit for bit (so every forward of the model
   — the eager loop, `specdec check`, logprobs of the fallback path — gives the same float32 as before, one layer's
@@ -30,13 +31,15 @@ from specdec.fast.held_once import release_freed_memory
 from specdec.fast.quant.weight import ATTRIBUTE, quantized
 from specdec.fast.weights import hf_weights
 
-__all__ = ["QuantizedLinear", "share_dense_tensors", "quantized_over", "release_dense_weights", "release_loaded",
+__all__ = ["QuantizedLinear", "share_dense_tensors", "quantized_over", "release_dense_weights", "release_when_built",
            "is_released"]
 
 #: model → a weak reference to the quantized FastLlama built over it (`share_dense_tensors`)
 _BUILT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 #: released model → its FastLlama, held (a rebuilt engine needs it: the model no longer has the dense weights)
 _RELEASED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+#: models whose dense weights are released when their quantized body is built (`release_when_built`)
+_OWNED: "weakref.WeakSet" = weakref.WeakSet()
 
 
 class QuantizedLinear(torch.nn.Module):
@@ -83,8 +86,10 @@ def share_dense_tensors(model: torch.nn.Module, fast):
         setattr(fast, name, shared)
         if tied:
             fast.lm_head = shared
-    release_freed_memory()
     _BUILT[model] = weakref.ref(fast)
+    if model in _OWNED:
+        release_dense_weights(model)
+    release_freed_memory()
     return fast
 
 
@@ -134,13 +139,12 @@ def release_dense_weights(model: torch.nn.Module) -> int:
     return released
 
 
-def release_loaded(llm, target, draft):
-    """`llm` (what `specdec.load` made) with the dense weights of the models it loaded itself (`target` / `draft` a
-    path, not a model object) released where its engine holds them quantized; returns `llm`."""
-    owned = [llm.target] if isinstance(target, (str, Path)) else []
-    if isinstance(draft, (str, Path)) and isinstance(getattr(llm.drafter, "model", None), torch.nn.Module):
-        owned.append(llm.drafter.model)
-    for model in owned:
-        if isinstance(model, torch.nn.Module):
-            release_dense_weights(model)
-    return llm
+def release_when_built(target, model, draft=None, drafter=None) -> None:
+    """Mark the models `specdec.load` loads itself (`target` / `draft` a path, not a model object: `model`, and
+    `drafter.model`) so that their dense linear weights are released as soon as the engine's quantized body of them
+    is built (`share_dense_tensors`), before the KV cache is allocated: the start-up peak never holds both."""
+    if isinstance(target, (str, Path)) and isinstance(model, torch.nn.Module):
+        _OWNED.add(model)
+    draft_model = getattr(drafter, "model", None)
+    if isinstance(draft, (str, Path)) and isinstance(draft_model, torch.nn.Module):
+        _OWNED.add(draft_model)

@@ -78,7 +78,7 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
     """
     from specdec.loading import load_model, load_tokenizer, source_options
     from specdec.drafters.protocol import check_drafter_argument
-    from specdec.fast.held_quantized import release_loaded  # (a GGUF kept quantized: its dense copy released)
+    from specdec.fast.held_quantized import release_when_built
 
     check_drafter_argument(draft, "draft")  # (its kind, before anything loads)
     if runner not in RUNNERS:
@@ -128,8 +128,8 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
         tokenizer.chat_template = read_chat_template(chat_template)
     drafter = load_draft(draft, target_model, tokenizer, allow_pickle, ngram_data,
                           draft_model_kwargs=draft_model_kwargs, allow_weight_mismatch=allow_weight_mismatch)
-    return release_loaded(LLM(target_model, tokenizer, drafter, num_draft_tokens=num_draft_tokens, runner=runner,
-                              **options), target, draft)
+    release_when_built(target, target_model, draft, drafter)  # (a GGUF kept quantized: no dense copy beside it)
+    return LLM(target_model, tokenizer, drafter, num_draft_tokens=num_draft_tokens, runner=runner, **options)
 
 
 def _checked_options(engine_options: dict, runner: str, num_draft_tokens) -> dict:
