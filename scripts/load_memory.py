@@ -5,9 +5,11 @@
 
 Prints one JSON line: RSS (anonymous and file-backed, from /proc/self/status) after the libraries are imported, after
 the load, and after one request; the bytes of the weights (the distinct storages of both models' parameters and the
-engines' FastLlamas, `fast.held_once.held_bytes`), of the CPU GEMMs' packed copies and of the KV caches; and
-`model_ratio` = (RSS after the request − RSS after the imports − KV bytes) / weight bytes, the quantity issue 36 bounds
-by 1.2. `--cpu-linear` picks `fast.kernels.cpu_linear.MODE` (packed copies or none).
+engines' FastLlamas, `fast.held_once.held_bytes`, plus a GGUF's quantized blocks, `quant_gb`, counted once), of the
+CPU GEMMs' packed copies and of the KV caches; and `model_ratio` = (RSS after the request − RSS after the imports −
+KV bytes) / weight bytes, the quantity issue 36 bounds by 1.2 (`model_ratio_anon`: the same of RssAnon, without the
+libraries' code pages first read after the imports). `--cpu-linear` picks `fast.kernels.cpu_linear.MODE` (packed
+copies or none).
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ def main(argv: list[str] | None = None) -> None:
 
     import specdec
     from specdec.fast.held_once import held_bytes
+    from specdec.fast.held_quantized import QuantizedLinear
+    from specdec.fast.quant.weight import quantized_weights
     from specdec.fast.kernels import cpu_linear
 
     if args.cpu_linear is not None:
@@ -69,7 +73,11 @@ def main(argv: list[str] | None = None) -> None:
     engine = llm.runner(llm.num_draft_tokens)
     models = [m for m in (llm.target, getattr(llm.drafter, "model", None), getattr(engine, "model", None),
                           getattr(getattr(engine, "drafter", None), "model", None)) if isinstance(m, torch.nn.Module)]
-    row["weight_gb"] = round(held_bytes(*models) / 1e9, 3)
+    quant = {id(q): q for m in models for q in quantized_weights(m)}  # a GGUF's blocks (the engine's FastLlama;
+    quant.update({id(m.quant): m.quant for model in models for m in model.modules()  # the transformers model's
+                  if isinstance(m, QuantizedLinear)})  # layers read the same ones once released)
+    row["quant_gb"] = round(sum(q.nbytes for q in quant.values()) / 1e9, 3)
+    row["weight_gb"] = round(held_bytes(*models) / 1e9 + row["quant_gb"], 3)
     row["packed_gb"] = round(cpu_linear.packed_bytes() / 1e9, 3) if hasattr(cpu_linear, "packed_bytes") else None
     caches = [c for c in (getattr(engine, "cache", None), getattr(getattr(engine, "drafter", None), "cache", None))
               if c is not None]
@@ -80,6 +88,8 @@ def main(argv: list[str] | None = None) -> None:
     row["kv_gb"] = round(_tensor_bytes(kv) / 1e9, 3)
     model_gb = row["after_request"]["VmRSS"] - row["imports"]["VmRSS"] - row["kv_gb"]
     row["model_ratio"] = round(model_gb / row["weight_gb"], 3)
+    anon_gb = row["after_request"]["RssAnon"] - row["imports"]["RssAnon"] - row["kv_gb"]  # (without the libraries'
+    row["model_ratio_anon"] = round(anon_gb / row["weight_gb"], 3)  # code pages read after the imports)
     llm.close()
     print(json.dumps(row), flush=True)
 

@@ -25,6 +25,7 @@ from specdec.drafters.model import ModelDrafter
 from specdec.engine.drafters import SlotModel
 from specdec.drafters.formats import is_drafter, load_drafter
 from specdec.fast.held_once import adopt_hf
+from specdec.fast.held_quantized import is_released, quantized_over, share_dense_tensors
 from specdec.fast.hf_backend import HFBackendModel, UnsupportedArchitecture
 from specdec.fast.model import FAMILIES, FastLlama
 
@@ -113,6 +114,8 @@ def _fast_model(model, check_only: bool = False, gguf_weights: str = "auto",
         config = getattr(model, "config", None)
         if config is None or not isinstance(model, torch.nn.Module):
             raise UnsupportedModel(f"the engine needs a transformers model or a local folder, got {type(model).__name__}")
+        if is_released(model):  # its dense weights live in the quantized FastLlama now (`fast.held_quantized`)
+            return None if check_only else _released_body(model, gguf_weights, bitwise)
     model_type = getattr(config, "model_type", None)
     if getattr(config, "is_encoder_decoder", False) or model_type not in FAMILIES:
         raise UnsupportedModel(
@@ -148,10 +151,21 @@ def _fast_model(model, check_only: bool = False, gguf_weights: str = "auto",
         from specdec.fast.quant.attach import quantized_from_hf  # a GGUF on the CPU: its weights stay quantized
 
         fast = quantized_from_hf(model, weights=gguf_weights, bitwise=bitwise)
-        return fast if fast is not None else adopt_hf(model)
+        return share_dense_tensors(model, fast) if fast is not None else adopt_hf(model)
     except (KeyError, AttributeError, TypeError) as err:  # a layout the copy does not know: not a crash
         raise UnsupportedModel(f"the engine cannot copy this {model_type} model ({type(err).__name__}: {err})") \
             from None
+
+
+def _released_body(model, gguf_weights: str, bitwise: bool) -> FastLlama:
+    """The quantized FastLlama a released model's weights live in; refused where the dense weights are asked for."""
+    from specdec.fast.quant.attach import resolve_weights
+
+    if resolve_weights(gguf_weights, bitwise) != "quantized":
+        raise ValueError("this GGUF model's dense weights were released to its quantized engine model "
+                         "(`specdec.load`: `fast.held_quantized`); load it again for gguf_weights='dequantized' or "
+                         "bitwise=True")
+    return quantized_over(model)
 
 
 def build_model(target, kernels: str = "auto", bitwise: bool = False, model_impl: str = "auto",

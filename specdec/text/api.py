@@ -77,8 +77,8 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
                     naming it. The eager loop honours max_batch_size and max_seq_len and refuses the others by name
     """
     from specdec.loading import load_model, load_tokenizer, source_options
-
     from specdec.drafters.protocol import check_drafter_argument
+    from specdec.fast.held_quantized import release_when_built
 
     check_drafter_argument(draft, "draft")  # (its kind, before anything loads)
     if runner not in RUNNERS:
@@ -128,6 +128,7 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
         tokenizer.chat_template = read_chat_template(chat_template)
     drafter = load_draft(draft, target_model, tokenizer, allow_pickle, ngram_data,
                           draft_model_kwargs=draft_model_kwargs, allow_weight_mismatch=allow_weight_mismatch)
+    release_when_built(target, target_model, draft, drafter)  # (a GGUF kept quantized: no dense copy beside it)
     return LLM(target_model, tokenizer, drafter, num_draft_tokens=num_draft_tokens, runner=runner, **options)
 
 
