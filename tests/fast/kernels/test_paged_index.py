@@ -8,9 +8,10 @@ from specdec.fast.kernels.paged_index import paged_slots, paged_slots_reference
 
 triton = pytest.importorskip("triton")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # (without CUDA, conftest runs Triton's interpreter)
 
 
-def _case(batch: int, cols: int, k: int, size: int, device="cpu", seed: int = 0):
+def _case(batch: int, cols: int, k: int, size: int, device=DEVICE, seed: int = 0):
     """A table view with a row stride wider than its columns (as `PagedSlotCache.view` cuts it), block ids > 0,
     and slots covering every offset, the junk slot (span − 1) and positions past the span."""
     g = torch.Generator().manual_seed(seed)
@@ -45,7 +46,7 @@ def test_the_definition_is_the_caches_rule():
     """`PagedKVCache.write_index` (the caches' writes) is these entries, flattened."""
     from specdec.fast.cache import PagedKVCache
 
-    table, slots = _case(2, 3, 4, 16)
+    table, slots = _case(2, 3, 4, 16, device="cpu")
     pool = [torch.zeros(1000, 16, 1, 2)]
     cache = PagedKVCache(pool, pool, torch.zeros(2, dtype=torch.long), table)
     assert torch.equal(cache.write_index(slots), paged_slots_reference(table, slots, 16).reshape(-1))
