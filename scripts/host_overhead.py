@@ -31,6 +31,7 @@ import time
 import torch
 import transformers
 
+from specdec.bench.chat import time_prefix_cache  # (bench_paged imports it from here)
 from specdec.engine import Engine, EngineConfig
 from specdec.engine import step_runner as step_runner_module
 from specdec.engine.profile import phase_timer
@@ -102,32 +103,6 @@ def stub_step_times(engine: Engine, steps: int, warm: int, clock=time.perf_count
     if not times:
         raise RuntimeError(f"every one of {steps} stub steps ran its shape for real: no host-only step to time")
     return times
-
-
-PREFIX_CACHE_METHODS = ("attach", "pending", "take_held", "commit_rows", "commit_row", "extend", "evict")
-
-
-def time_prefix_cache(cache) -> list[float]:
-    """Wrap this prefix cache's own methods (`PREFIX_CACHE_METHODS`; the pool's eviction hook re-pointed) to add
-    their wall seconds to the returned one-element list, the outermost call only (`take_held` runs `commit_rows`)."""
-    spent, depth = [0.0], [0]
-
-    def timed(method):
-        def run(*args, **kw):
-            depth[0] += 1
-            start = time.perf_counter()
-            try:
-                return method(*args, **kw)
-            finally:
-                depth[0] -= 1
-                if not depth[0]:
-                    spent[0] += time.perf_counter() - start
-        return run
-
-    for name in PREFIX_CACHE_METHODS:
-        setattr(cache, name, timed(getattr(cache, name)))
-    cache.pool.allocator.evict = cache.evict
-    return spent
 
 
 def prefix_ab(target, draft, n: int, gamma: int, steps: int, repeats: int) -> dict:

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 __all__ = ["ChatSpec", "ChatArm", "ARMS", "QUICK", "chat_workload", "run_chat_arm", "run_chat", "quick_setup",
-           "model_setup"]
+           "model_setup", "time_prefix_cache"]
 
 
 @dataclass(frozen=True)
@@ -108,10 +108,10 @@ def _percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
-_CACHE_METHODS = ("attach", "pending", "take_held", "commit_rows", "commit_row", "extend", "evict")
+PREFIX_CACHE_METHODS = ("attach", "pending", "take_held", "commit_rows", "commit_row", "extend", "evict")
 
 
-def _time_cache(cache) -> list[float]:
+def time_prefix_cache(cache) -> list[float]:
     """Wrap the prefix cache's methods (this instance's) to add their seconds to the returned one-element list (the
     outermost call only: `take_held` runs `commit_rows`, `attach` an eviction)."""
     spent, depth = [0.0], [0]
@@ -128,7 +128,7 @@ def _time_cache(cache) -> list[float]:
                     spent[0] += time.perf_counter() - start
         return run
 
-    for name in _CACHE_METHODS:
+    for name in PREFIX_CACHE_METHODS:
         setattr(cache, name, timed(getattr(cache, name)))
     cache.pool.allocator.evict = cache.evict
     return spent
@@ -168,7 +168,7 @@ def run_chat_arm(engine, workload: dict, spec: ChatSpec, eos_ids=(), speculation
         answers[(c, turn[c])] = []
         prompt_tokens += len(prompt)
 
-    spent = _time_cache(engine.prefix_cache) if engine.prefix_cache is not None else [0.0]
+    spent = time_prefix_cache(engine.prefix_cache) if engine.prefix_cache is not None else [0.0]
     start, cpu = time.perf_counter(), time.process_time()
     while waiting or active:
         if waiting and len(active) < spec.clients:  # (one conversation joins per step: arrivals while others run)
