@@ -103,9 +103,9 @@ def check_args(args: argparse.Namespace) -> None:
         raise CLIError(f"--tensor-parallel-all-reduce {args.tensor_parallel_all_reduce} needs --tensor-parallel-size > 1")
     if check_int("--tensor-parallel-size", getattr(args, "tensor_parallel_size", 1), 1, 1024) > 1:
         gamma = args.num_draft_tokens.strip()
-        if not gamma.isdigit():
-            raise CLIError(f"--tensor-parallel-size needs an integer --num-draft-tokens, got {gamma!r} (the 'auto' "
-                           "policy times each step, and the ranks' timings differ)")
+        if not gamma.isdigit() and gamma != "auto":
+            raise CLIError(f"--tensor-parallel-size needs an integer or 'auto' --num-draft-tokens, got {gamma!r} (a "
+                           "draft-length policy runs on the transformers loop, which has no sharded path)")
     check_int("--max-tokens", args.max_tokens, 1)
     options = _engine_options(args)
     if options.get("bitwise") and getattr(args, "tensor_parallel_size", 1) > 1:

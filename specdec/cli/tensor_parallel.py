@@ -18,9 +18,9 @@ __all__ = ["run_tensor_parallel"]
 
 
 def _check(args: argparse.Namespace, gamma) -> None:
-    if not isinstance(gamma, int):
-        raise CLIError(f"--tensor-parallel-size needs an integer --num-draft-tokens, got {gamma!r} (a policy times "
-                       "each step, and the ranks' timings differ)")
+    if not isinstance(gamma, int) and gamma != "auto":
+        raise CLIError(f"--tensor-parallel-size needs an integer or 'auto' --num-draft-tokens, got {gamma!r} (a "
+                       "draft-length policy runs on the transformers loop, which has no sharded path)")
     if args.leniency != 1.0 or args.draft_tree is not None:
         raise CLIError("--leniency and --draft-tree run on the transformers loop, not with --tensor-parallel-size")
     if args.allow_pickle:
@@ -59,7 +59,7 @@ def run_tensor_parallel(args: argparse.Namespace, gamma) -> int:
         prompts = encode_prompts(tokenizer, args.prompt)
 
         drafter = load_drafter(args, tokenizer, target.shape.vocab_size, prompts, device, dtype)
-        if drafter is not None and gamma < 1:
+        if drafter is not None and gamma != "auto" and gamma < 1:
             raise ValueError(f"num_draft_tokens must be >= 1 with a draft (got {gamma}); omit --draft for plain decoding")
         defaults = GenerationDefaults.from_model(target, resolve_eos(None, target))
         pick = lambda given, default: default if given is None else given  # noqa: E731

@@ -105,9 +105,14 @@ class ShardedFastLlama(FastLlama):
         """Rank 0's `value` on every rank (collective). What the engine decides from this rank's own timings — the
         "auto" prefill budget (`engine.prefill.ChunkedPrefill.agree`) — is rank 0's decision on every rank: rank 0
         schedules, the others follow, and every forward's batch is the same on every rank."""
-        t = torch.tensor([int(value)], dtype=torch.int64, device=self.embed.device)
+        return self.leader_ints((value,))[0]
+
+    def leader_ints(self, values) -> tuple[int, ...]:
+        """Rank 0's `values` (a sequence of ints, the same length on every rank) on every rank, in one broadcast
+        (collective): the γ policy's step choice and per-row caps (`engine.agreement.agree_choice`)."""
+        t = torch.tensor([int(v) for v in values], dtype=torch.int64, device=self.embed.device)
         dist.broadcast(t, src=dist.get_global_rank(self.group, 0) if self.group is not None else 0, group=self.group)
-        return int(t.item())
+        return tuple(int(v) for v in t.tolist())
 
     def _row_parallel(self, x: torch.Tensor, inp: torch.Tensor, weight: torch.Tensor,
                       kernel: str = "reference") -> torch.Tensor:

@@ -35,6 +35,7 @@ import time
 import torch
 
 from specdec.engine import admission
+from specdec.engine.agreement import agree_choice, timed_choice
 from specdec.engine.beam import BeamParams, Beams
 from specdec.engine.commit import commit, finish, finished_slots, row_estimates
 from specdec.engine.config import EngineConfig
@@ -76,6 +77,7 @@ class Engine:
         self.runner = runner = Runner(target, drafter, config)
         self.chunked = ChunkedPrefill(config, agree=getattr(runner.model, "leader_int", None))  # chunked prefill:
         # prefill_budget an int, "auto" or None (off); a sharded target's ranks feed rank 0's "auto" budget
+        self._agree = getattr(runner.model, "leader_ints", None)  # (and run rank 0's "auto" γ: engine.agreement)
         admit_min = config.admit_min or max(1, runner.max_batch // 16)  # free slots worth one admission
         if self.chunked.budget and config.admit_min is None:  # (grouping admissions saves launches of whole
             admit_min = 1  # prefills; chunked feeds batch the filling rows anyway: a group only delays them)
@@ -258,6 +260,8 @@ class Engine:
             gamma = self.policy.choose(batch, running, self._row_estimates, length=longest, ready=ready,
                                        caps=scheduler.caps)
             capped = self.policy.row_caps()  # rows the policy holds below their caps this step (a collapse)
+            if self._agree is not None and timed_choice(self.policy.fixed, scheduler.caps):  # (tensor parallel)
+                gamma, capped = agree_choice(self._agree, gamma, capped, n)
             if capped is not None:
                 self._step_caps = tuple(capped) + self._step_caps[n:]
             written = gamma

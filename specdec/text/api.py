@@ -204,11 +204,11 @@ class LLM:
             return made
 
     def check_gamma(self, num_draft_tokens):
-        """A request's γ checked against this model (a draft for γ ≠ 0; a fixed γ under tensor parallelism)."""
+        """A request's γ checked against this model (a draft for γ ≠ 0; an int or "auto" under tensor parallelism)."""
         key = check_num_draft_tokens(num_draft_tokens)
         if key != 0 and self.drafter is None:
             raise ValueError(f"num_draft_tokens={key!r} needs a draft model; this model was loaded without one")
-        if self.tensor_parallel is not None and key != self.num_draft_tokens:
+        if self.tensor_parallel is not None:
             from specdec.text.tensor_parallel import check_gamma
 
             check_gamma(key)

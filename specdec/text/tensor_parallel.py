@@ -5,8 +5,9 @@ same `LLM`. Rank 0 (the leader) serves: its runners are wrapped in `LeaderRunner
 abort and step to the other ranks (`CommandChannel`) before running it; the followers run `follow(llm)`,
 applying the leader's commands to their own engines in the same order, so all ranks step together and commit
 the same tokens (an all-reduced logit is the same on every rank). Requests get their seed on the leader, so a
-request without one still samples the same tokens everywhere. γ must be a fixed integer (the default and every
-request's): the "auto" policy times each step, and the ranks' timings differ. One runner serves every γ.
+request without one still samples the same tokens everywhere. γ may be "auto" (the default or a request's): the
+policy times each step on each rank, and the engine runs rank 0's choice on every rank (`engine.agreement`, one
+broadcast a step). One runner serves every γ.
 
 A runner rebuilt after start-up (its step raised) is rebuilt on every rank too: the leader sends ("runner", γ)
 first. `LLM.close()` on the leader sends ("stop", …); the followers return from `follow`.
@@ -26,9 +27,11 @@ logger = logging.getLogger(__name__)
 
 
 def check_gamma(gamma) -> None:
-    if not isinstance(gamma, int) or isinstance(gamma, bool):
-        raise ValueError(f"num_draft_tokens={gamma!r}: tensor parallelism needs a fixed integer γ (the 'auto' "
-                         "policy times each step, and the ranks' timings differ)")
+    """γ under tensor parallelism: an int or "auto" (the engine's; rank 0's choice on every rank) — not a
+    draft-length policy name, which runs on the transformers loop (no sharded path)."""
+    if not (gamma == "auto" or (isinstance(gamma, int) and not isinstance(gamma, bool))):
+        raise ValueError(f"num_draft_tokens={gamma!r}: tensor parallelism runs the engine, which takes an integer γ "
+                         "or 'auto' (a draft-length policy runs on the transformers loop, which has no sharded path)")
 
 
 class LeaderRunner:
@@ -71,9 +74,7 @@ def make_runner(llm, *, announce: bool):
     """`llm`'s runner on this rank: the engine (never the eager loop: it has no sharded path), wrapped in a
     `LeaderRunner` on rank 0. `announce`: tell the followers to make it too (after start-up, where every rank
     makes its first runner by itself)."""
-    gamma = llm.num_draft_tokens
-    check_gamma(gamma)
-    channel = llm.tensor_parallel
+    gamma, channel = llm.num_draft_tokens, llm.tensor_parallel
     if llm.runner_choice == "fallback":
         raise ValueError("tensor parallelism runs on the request-level engine (runner='engine' or 'auto')")
     llm.runner_choice = "engine"

@@ -191,7 +191,7 @@ def test_cli_refuses_without_torchrun_or_wrong_world_size(checkpoints, capsys, m
     assert main([*args, "0"]) == 2
     assert "--tensor-parallel-size must be >= 1" in capsys.readouterr().err
     assert main([*args, "2", "--num-draft-tokens", "heuristic"]) == 2
-    assert "integer --num-draft-tokens" in capsys.readouterr().err
+    assert "integer or 'auto' --num-draft-tokens" in capsys.readouterr().err
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR"):
         monkeypatch.delenv(name)
     assert main([*args[:-1], "--tensor-parallel-all-reduce", "one_shot"]) == 2  # without --tensor-parallel-size
@@ -253,7 +253,7 @@ def test_shutdown_releases_cached_engines_without_a_group(checkpoints):
 
 def test_text_api_tensor_parallel_matches_one_process(checkpoints, tmp_path):
     """`specdec.load(..., tensor_parallel_size=2)`: rank 0 serves (batches, a stream, a second γ created after
-    start-up, a request without a seed), rank 1 follows its commands and exits when rank 0 closes the LLM; the
+    start-up, "auto" requests, a request without a seed), rank 1 follows its commands and exits when rank 0 closes the LLM; the
     texts are the single-process ones."""
     out = tmp_path / "text.json"
     _torchrun(str(WORKER.with_name("tp_text_worker.py")), str(out), checkpoints["llama"], checkpoints["draft"])
@@ -264,6 +264,7 @@ def test_text_api_tensor_parallel_matches_one_process(checkpoints, tmp_path):
         assert got["sampled"] == [c.text for c in llm.generate(prompts, max_new_tokens=12, temperature=1.0, seed=5)]
         assert got["streamed"] == got["greedy"][0]
         assert got["other_gamma"] == got["greedy"][1]
+        assert got["auto_gamma"] == got["greedy"]  # ("auto": rank 0's choice each step, `engine.agreement`)
     # (its seed is drawn fresh: its text is not known, only that it ended honestly — at the budget or at an EOS —
     # on every rank: ranks that sampled apart would have stepped apart and failed the launch)
     unseeded = got["unseeded"]
@@ -278,10 +279,12 @@ def specdec_load(checkpoints):
     return specdec.load(checkpoints["llama"], checkpoints["draft"], device="cpu", num_draft_tokens=3)
 
 
-def test_text_api_tensor_parallel_refuses_auto_gamma_and_model_objects(checkpoints, monkeypatch):
+def test_text_api_tensor_parallel_refuses_policies_and_model_objects(checkpoints, monkeypatch):
     import specdec
 
-    with pytest.raises(ValueError, match="fixed integer"):
+    with pytest.raises(ValueError, match="num_draft_tokens"):
+        specdec.load(checkpoints["llama"], checkpoints["draft"], num_draft_tokens="heuristic", tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="torchrun"):  # ("auto" is taken: rank 0's choice runs on every rank)
         specdec.load(checkpoints["llama"], checkpoints["draft"], num_draft_tokens="auto", tensor_parallel_size=2)
     with pytest.raises(ValueError, match="torchrun"):
         specdec.load(checkpoints["llama"], checkpoints["draft"], num_draft_tokens=3, tensor_parallel_size=2)

@@ -64,6 +64,39 @@ def test_two_ranks_paged_pool_match_one_process(checkpoints, tmp_path):
     assert result["blocks_from_a_fraction"] == 15  # (16 blocks, the null block not counted)
 
 
+def test_two_ranks_auto_gamma_run_rank_zeros_choice(checkpoints, tmp_path):
+    """The "auto" γ policy under TP (`engine.agreement`): each rank's policy chooses from its own clock, so the
+    engine runs rank 0's γ and per-row caps on every rank. Scripted apart (rank 0 and rank 1 choose differently at
+    every decision), the ranks agree and give one process's tokens under rank 0's script — and rank 1's script in
+    one process gives other tokens (the negative control: the choice the ranks run is rank 0's, not a γ-blind
+    comparison); the real timed policy on both ranks agrees too, greedy rows = one process's."""
+    worker, torchrun = _worker()
+    out = tmp_path / "out.json"
+    torchrun(str(WORKER), str(out), checkpoints["llama"], checkpoints["draft"], "auto", nproc=2)
+    got = json.loads(out.read_text())
+    assert got["ranks_agree"] and got["clean_shutdown"]
+    tp = got["result"]
+    assert got["budgets"][1] > 0  # rank 1 asked for other choices than it ran
+    assert tp["agreed"] and any(a[1] for a in tp["agreed"])  # (decisions broadcast, some with per-row caps)
+    drafter = transformers.AutoModelForCausalLM.from_pretrained(checkpoints["draft"]).eval()
+    target = FastLlama.from_hf(checkpoints["llama"], device="cpu", dtype=torch.float32)
+    pool = worker.pool_bytes(target, drafter)
+    runs = {}
+    for rank in (0, 1):
+        patch, restore = worker.scripted_policy(worker.SCRIPTS[rank])
+        patch()
+        try:
+            runs[rank] = worker.traffic(target, drafter, pool, worker.AUTO_REQUESTS, **worker.AUTO)
+        finally:
+            restore()
+    assert tp["scripted"]["tokens"] == runs[0]["tokens"]
+    sampled = [str(i) for i, r in enumerate(worker.AUTO_REQUESTS) if r[2] > 0]
+    assert any(runs[1]["tokens"][i] != runs[0]["tokens"][i] for i in sampled)
+    assert tp["timed_agreed"]  # the real policy's choices were broadcast as well
+    greedy = [str(i) for i, r in enumerate(worker.AUTO_REQUESTS) if r[2] == 0]
+    assert all(tp["timed"]["tokens"][i] == runs[0]["tokens"][i] for i in greedy)
+
+
 def test_the_workload_is_sensitive_to_its_seeds(checkpoints):
     """Negative control for the equality above: the same workload with other seeds gives other sampled tokens (a
     comparison that could not tell two runs apart would pass the TP test vacuously)."""

@@ -1,12 +1,13 @@
 """Run by test_tensor_parallel_paged.py under `torchrun --nproc-per-node 2`: the engine on the paged pool, sharded.
 
-argv: OUT.json TARGET_DIR DRAFT_DIR [mixed]; the device is $TP_DEVICE ("cpu": gloo, default; "cuda": nccl, fp32).
+argv: OUT.json TARGET_DIR DRAFT_DIR [mixed | auto]; the device is $TP_DEVICE ("cpu": gloo, default; "cuda": nccl, fp32).
 Every rank builds one `Engine` over its shard of the target (a model drafter
 replicated) with a tiny paged pool — so running requests are preempted and recomputed —, prefix caching on, and
 requests of different draft caps (plain, γ 2, γ 3), temperatures and seeds, some sharing a prompt prefix, some
 arriving while others run. Rank 0 writes each request's tokens, the pool's counters, and whether every rank
 produced the same; `traffic` is the one definition of that workload, which the test replays in one process.
-With "mixed": the mixed prefill/decode step's runs instead (`mixed_runs`: `traffic` over longer prompts).
+With "mixed": the mixed prefill/decode step's runs instead (`mixed_runs`: `traffic` over longer prompts); with
+"auto": the "auto" γ policy's runs (`auto_runs`: each rank's choice scripted apart, then the real policy).
 """
 
 from __future__ import annotations
@@ -160,6 +161,57 @@ def mixed_runs(model, drafter) -> dict:
     return out
 
 
+# ------------------------------------------------------------------ "auto" γ under TP: rank 0's choice on every rank
+AUTO_REQUESTS = [(p, None if g == 3 else g, t, s, a) for p, g, t, s, a in REQUESTS]  # (None: the engine's "auto")
+AUTO = dict(num_draft_tokens="auto")
+SCRIPTS = {0: (3, 1, 2, 0, 3, 2), 1: (1, 3, 0, 2, 2, 1)}  # each rank's scripted γ per decision (they differ)
+
+
+def scripted_policy(script):
+    """`GammaPolicy.choose` replaced by a script: a step with an "auto" row takes decision k → γ = script[k % len]
+    and, every third decision, per-row caps of min(1, the row's cap) (`row_caps`) — a stand-in for the clock-driven
+    choice, which differs by rank; a step of fixed caps alone takes the largest, as the real policy does.
+    → (patch, restore)."""
+    from specdec.engine.policy import GammaPolicy
+
+    real = GammaPolicy.choose
+
+    def choose(self, batch, running, estimates=None, length=None, ready=None, caps=None):
+        rows = list(caps) if caps is not None else [None] * len(running)
+        if None not in rows:  # (no "auto" row: the real rule, every row its own cap, the same on every rank)
+            self._row_caps = None
+            return max(rows, default=0)
+        k = self.__dict__.setdefault("_scripted", 0)
+        self._scripted = k + 1
+        self._row_caps = tuple(min(1, 3 if c is None else c) for c in rows) if k % 3 == 2 else None
+        return script[k % len(script)]
+
+    return (lambda: setattr(GammaPolicy, "choose", choose)), (lambda: setattr(GammaPolicy, "choose", real))
+
+
+def auto_runs(model, drafter) -> dict:
+    """This rank's "auto" γ runs: "scripted" (each rank's policy scripted apart, `SCRIPTS[rank]`: the engine must run
+    rank 0's choices and caps — each broadcast's (asked, agreed) recorded) and "timed" (the real policy, each rank
+    timing its own steps)."""
+    pool = pool_bytes(model, drafter)
+    asked = []
+    model.leader_ints = lambda values: asked.append(
+        (tuple(values), type(model).leader_ints(model, values))) or asked[-1][1]
+    patch, restore = scripted_policy(SCRIPTS[model.rank])
+    patch()
+    try:
+        out = {"scripted": traffic(model, drafter, pool, AUTO_REQUESTS, **AUTO)}
+    finally:
+        restore()
+    out["agreed"] = [list(a) for _, a in asked]
+    out["asked_apart"] = sum(q != a for q, a in asked)
+    del asked[:]
+    out["timed"] = traffic(model, drafter, pool, AUTO_REQUESTS, **AUTO)
+    out["timed_agreed"] = [list(a) for _, a in asked]
+    del model.leader_ints
+    return out
+
+
 def pool_agreement(target, drafter) -> int:
     """The blocks of a pool sized as a fraction of free memory when each rank sees different free memory (rank r:
     (r + 1) × 64 MiB; the fraction buys 16 blocks on rank 0, 32 on rank 1): the ranks must agree on one pool."""
@@ -184,6 +236,10 @@ def main() -> None:
     model = load_sharded(target_dir, device=device, dtype=torch.float32)
     if mode == ["mixed"]:
         result = mixed_runs(model, drafter)
+    elif mode == ["auto"]:
+        result = auto_runs(model, drafter)
+        apart = result.pop("asked_apart")
+        result["budgets"] = apart if model.rank else None  # (rank-specific: kept out of the ranks' comparison)
     else:
         result = traffic(model, drafter, pool_bytes(model, drafter))
         result["blocks_from_a_fraction"] = pool_agreement(model, drafter)

@@ -1,6 +1,6 @@
 """Run by test_tensor_parallel.py under `torchrun --nproc-per-node 2`: the text API with tensor_parallel_size=2.
 
-argv: OUT.json TARGET_DIR DRAFT_DIR [mixed]. Rank 0 generates (a batch, a stream, a request asking another γ) and
+argv: OUT.json TARGET_DIR DRAFT_DIR [mixed]. Rank 0 generates (a batch, a stream, requests asking another γ and "auto") and
 closes the LLM; rank 1 follows inside `specdec.load` and exits there. Rank 0 writes the texts. With "mixed": the
 mixed prefill/decode step's run (`mixed`).
 """
@@ -46,10 +46,11 @@ def main() -> None:
     sampled = [c.text for c in llm.generate(PROMPTS, max_new_tokens=12, temperature=1.0, seed=5)]
     streamed = "".join(llm.stream(PROMPTS[0], max_new_tokens=12, temperature=0))
     other_gamma = llm.generate(PROMPTS[1], max_new_tokens=12, temperature=0, num_draft_tokens=2).text
+    auto_gamma = [c.text for c in llm.generate(PROMPTS, max_new_tokens=12, temperature=0, num_draft_tokens="auto")]
     unseeded = llm.generate(PROMPTS[2], max_new_tokens=12, temperature=1.0)  # the leader picks the seed
     llm.close()
     with open(out, "w", encoding="utf-8") as fh:
-        json.dump({"greedy": greedy, "sampled": sampled, "streamed": streamed, "other_gamma": other_gamma,
+        json.dump({"greedy": greedy, "sampled": sampled, "streamed": streamed, "other_gamma": other_gamma, "auto_gamma": auto_gamma,
                    "unseeded": {"tokens": len(unseeded.token_ids), "finish_reason": unseeded.finish_reason}}, fh)
 
 
