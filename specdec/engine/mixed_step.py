@@ -151,6 +151,9 @@ class MixedStepRunner(StepRunner):
         if self.prefill is None or self.source is None:
             raise RuntimeError("MixedStepRunner.prefill / source are unset: Runner.run and mixed_shape set them")
         self.load(self.prefill)
+        constraints = getattr(self.view, "constraints", None)
+        if constraints is not None:  # (Runner.run sets them on the shape it runs: the draft half reads them too)
+            self.source.view.constraints = constraints
         self.source.draft()
         drafts = self.source.drafts
         if self.eager:

@@ -150,3 +150,50 @@ def test_warmup_builds_every_shape_a_run_reaches(make_llama):
     assert len(ran) >= 2 and after == warmed  # (mixed steps of several shapes ran; none was new)
     assert not cold_warmed and len(cold_ran) >= 2 and cold_after == cold_ran  # (each built as the run reached it)
     assert tokens == cold_tokens
+
+
+def test_the_triton_path_reads_the_device_meta_alone(make_llama):
+    """What a captured graph replays (the step's host values frozen at capture): through the Triton attention (its
+    interpreter on CPU) the bounded batch's forward reads the device meta and lengths alone — built with another
+    step's host row counts and starts it gives the same logits and K/V; the reference attention, which groups rows
+    on the host, does not (the control)."""
+    pytest.importorskip("triton")
+    from types import SimpleNamespace
+
+    from specdec.fast.kernels.ragged_attention import block_m_for
+    from specdec.fast.model import FastLlama
+    from specdec.fast.ragged import forward_ragged
+
+    model = FastLlama.from_hf(make_llama(0, hidden=64))  # (head dim 16: the Triton kernel's least)
+    s = model.shape
+    group, bs, blocks = s.n_heads // s.n_kv_heads, 16, 40
+    layout = MixedLayout(2, 3, 32, 4, group, block_m_for(1 << 30, s.head_dim, True), s.head_dim, True)
+    table = torch.zeros(4, 8, dtype=torch.int32)
+    for slot in range(4):
+        table[slot, :4] = torch.arange(1 + 4 * slot, 5 + 4 * slot)
+    tokens = torch.randint(2, s.vocab_size, (4, 64), generator=torch.Generator().manual_seed(0))
+    verify = tokens[:2, 20:23].clone()
+    lengths = torch.tensor([21, 34])
+    verify_tiles = torch.tensor(layout.verify_tiles(block_m_for(group * 3, s.head_dim, True)),
+                                dtype=torch.int32).view(-1, 2)
+    gen = torch.Generator().manual_seed(1)
+    pools = [torch.randn(blocks, bs, s.n_kv_heads, s.head_dim, generator=gen) for _ in range(2 * s.n_layers)]
+    step = PrefillChunks((2, 3), (0, 16), (20, 27), (21, 34))
+    other = PrefillChunks((3,), (5,), (6,), (9, 4))  # (another step's host rows: what a replay would hold)
+    meta, counts, starts = host_meta(layout, step, 2)
+    _, other_counts, other_starts = host_meta(layout, other, 2)
+
+    def run(rows, kernels):
+        cache = SimpleNamespace(keys=[p.clone() for p in pools[: s.n_layers]],
+                                values=[p.clone() for p in pools[s.n_layers:]])
+        batch = mixed_module.mixed_batch(torch.tensor(meta), verify, lengths, table, bs, tokens, layout,
+                                         verify_tiles, row_counts=rows[0], row_starts=rows[1], num_blocks=blocks)
+        return forward_ragged(model, batch, cache, kernels=kernels), cache.keys[-1]
+    logits, keys = run((counts, starts), "triton")
+    frozen, frozen_keys = run((other_counts, other_starts), "triton")
+    assert torch.equal(logits, frozen) and torch.equal(keys, frozen_keys)
+    reference, _ = run((counts, starts), "reference")
+    torch.testing.assert_close(reference, logits, atol=1e-4, rtol=0)
+    with pytest.raises(Exception):  # (its groups follow the host's rows: another step's do not fit this batch)
+        wrong, _ = run((other_counts, other_starts), "reference")
+        torch.testing.assert_close(wrong, logits, atol=1e-4, rtol=0)
