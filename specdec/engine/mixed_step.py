@@ -187,6 +187,8 @@ class MixedStepRunner(StepRunner):
         self.verify()
         for t, s in zip(restore, saved):
             t.copy_(s)
+        if self.parts.device.type == "cuda":  # (its meta's pinned copy done before a step rewrites it)
+            torch.cuda.current_stream().synchronize()
 
     def target_forward(self, tokens: torch.Tensor, cache):
         """tokens `[b, γ+1]` → (logits `[b, γ+1, V]`, hidden `[b, γ+1, ·]`) of the verify rows; the chunks' K/V (and
