@@ -99,7 +99,9 @@ class MixedLayout:
 
     @property
     def num_tiles(self) -> int:
-        return -(-self.group * self.tokens // self.block_m) + self.max_chunks + 1
+        """The chunk launch's tiles at most: Σ ⌈G·c_i / block_m⌉ over the rows that feed tokens (Σ c_i = T, each
+        c_i ≥ 1: at most min(max_chunks + 1, T) such rows, each a partial tile at most)."""
+        return -(-self.group * self.tokens // self.block_m) + min(self.max_chunks + 1, self.tokens)
 
     @property
     def meta_size(self) -> int:
@@ -134,6 +136,8 @@ def host_meta(layout: MixedLayout, chunks, n: int) -> tuple[list[int], tuple[int
     for i, count in enumerate(counts_c + [pad]):
         for part in range(-(-layout.group * count // layout.block_m)):
             tiles += (layout.batch + i, part)
+    if len(tiles) // 2 > layout.num_tiles:  # (cannot happen: `num_tiles` bounds it)
+        raise AssertionError(f"{len(tiles) // 2} tiles past the layout's {layout.num_tiles}")
     tiles += (0, UNUSED_TILE) * (layout.num_tiles - len(tiles) // 2)
     meta = [n] + starts + counts_c + slots + [pad] + tiles
     row_counts = (layout.k,) * layout.batch + tuple(counts_c) + (pad,)

@@ -197,3 +197,77 @@ def test_the_triton_path_reads_the_device_meta_alone(make_llama):
     with pytest.raises(Exception):  # (its groups follow the host's rows: another step's do not fit this batch)
         wrong, _ = run((other_counts, other_starts), "reference")
         torch.testing.assert_close(wrong, logits, atol=1e-4, rtol=0)
+
+
+def test_the_captured_path_on_cpu_with_a_stand_in_graph(make_llama, monkeypatch):
+    """The graph path's own code on CPU: `CapturedStep` stood in by a body run at capture (twice, state put back)
+    and at each replay, the mixed shapes made non-eager — the drafts copied into the shape's static buffers every
+    step, the verify half "captured" once per shape after its drafts, the source decode shape drafting; the tokens
+    are a whole prefill's, greedy and T = 1 with a draft model. A stale copy of the drafts (the control: copied at
+    capture, never after) changes them."""
+    target, draft = make_llama(0), make_llama(5, layers=1)
+    params = mixed_params(len(EARLY) + len(LATE))
+    whole = drive(Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=3,
+                                                     admit_min=1)), EARLY, LATE, params)
+    captures = []
+
+    class StandIn:
+        def __init__(self, fn, *, pool=None, restore=()):
+            saved = [t.clone() for t in restore]
+            for _ in range(2):
+                fn()
+            for t, s in zip(restore, saved):
+                t.copy_(s)
+            self.fn, self.outputs = fn, None
+            captures.append(fn)
+
+        def replay(self):
+            return self.fn()
+
+    def verify(self):
+        self.capture()
+        return self._verify_graph.replay()
+    monkeypatch.setattr(mixed_module, "CapturedStep", StandIn)
+    monkeypatch.setattr(mixed_module.MixedStepRunner, "eager", property(lambda self: False))
+    monkeypatch.setattr(mixed_module.MixedStepRunner, "verify", verify)
+    engine = _engine(target, draft, budget=20)
+    assert drive(engine, EARLY, LATE, params) == whole
+    shapes = [s for s in engine.runner.mixed_steps.values() if s.ran]
+    assert shapes and len(captures) == len(shapes) and all(s.drafts is s._static for s in shapes)
+    stale = mixed_module.MixedStepRunner.draft
+
+    def once(self):
+        if self._static is None:
+            return stale(self)
+        self.load(self.prefill)
+        self.source.draft()  # (its drafts never reach the static buffers)
+    monkeypatch.setattr(mixed_module.MixedStepRunner, "draft", once)
+    assert drive(_engine(target, draft, budget=20), EARLY, LATE, params) != whole
+
+
+def test_the_chunk_launch_covers_every_query_row_once_within_its_fixed_tiles():
+    """`host_meta`'s tiles (seeded random steps): every query row of every chunk and of the pad row in exactly one
+    used tile, the rest unused, never more than the layout's fixed count."""
+    import random
+
+    from specdec.engine.mixed_shapes import UNUSED_TILE
+
+    rng = random.Random(0)
+    for _ in range(300):
+        group, block_m = rng.choice([1, 2, 4, 8]), rng.choice([16, 64, 128])
+        layout = MixedLayout(rng.choice([1, 2, 4]), 4, rng.choice([16, 24, 48, 128]), rng.randint(1, 12), group, block_m)
+        c = rng.randint(0, min(layout.max_chunks, layout.tokens))
+        cuts = sorted(rng.sample(range(1, layout.tokens + 1), c)) if c else []
+        counts = [b - a for a, b in zip([0] + cuts, cuts)]
+        chunks = PrefillChunks(tuple(range(c)), (0,) * c, tuple(counts), (5,) * layout.batch)
+        meta, row_counts, _ = host_meta(layout, chunks, layout.batch)
+        tiles = meta[2 + 3 * layout.max_chunks:]
+        assert len(tiles) == 2 * layout.num_tiles
+        seen = {}
+        for row, part in zip(tiles[::2], tiles[1::2]):
+            if part == UNUSED_TILE:
+                continue
+            for r in range(part * block_m, min((part + 1) * block_m, group * row_counts[row])):
+                seen[(row, r)] = seen.get((row, r), 0) + 1
+        want = {(row, r) for row in range(layout.batch, layout.num_rows) for r in range(group * row_counts[row])}
+        assert set(seen) == want and set(seen.values()) <= {1}
