@@ -12,7 +12,9 @@ the output is not the target's law; a step's cost and its commits are what they 
 closed loop of --clients streams (a client sends its next request when its last finishes) over --requests
 requests, prompt lengths uniform in --prompt, new tokens uniform in [--new / 2, 1.5 · --new], the same seeded requests for every arm; or
 `--poisson RATE` arrivals per second. Each arm runs a warm pass (a quarter of the requests: graph captures, Triton
-builds) then the timed pass. ITL: the wall gap between two outputs of a request that carry tokens (a speculative
+builds; with --warmup first `warmup.warm_steps` over every batch bucket, which builds every mixed step shape too) then
+the timed pass. Arm "mixed_eager" is "mixed" with the mixed steps' graphs off (`Runner.mixed_graphs`): graphs on/off
+in the same run. ITL: the wall gap between two outputs of a request that carry tokens (a speculative
 step's tokens arrive together); TTFT: first tokens − arrival; throughput: generated tokens / the pass's wall time.
 """
 
@@ -29,6 +31,7 @@ from collections import deque
 import torch
 
 from specdec.engine import Engine, EngineConfig
+from specdec.engine.warmup import warm_steps
 from specdec.fast import FastLlama, LlamaShape
 from specdec.request import SamplingParams
 
@@ -37,7 +40,8 @@ SHAPES = {
                      intermediate_size=14336, rope_theta=500000.0),
     "tiny": dict(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, intermediate_size=128),
 }
-ARMS = ("whole", "chunked", "mixed")  # admission's whole prefill | prefill_budget="auto" | mixed_step=True
+ARMS = ("whole", "chunked", "mixed", "mixed_eager")  # admission's whole prefill | prefill_budget="auto" |
+# mixed_step=True (its verify halves CUDA graphs where decode steps are) | the same with the mixed steps eager
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -107,8 +111,10 @@ def drive(engine: Engine, requests, clients: int, poisson: float | None, seed: i
 
 
 def host_build(target, args) -> dict:
-    """The host's cost of a mixed step's batch (64 verify rows + one 512-token chunk by default): `mixed_batch`
-    (O(rows) host ints, the rest on the device) against `RaggedBatch.from_rows` (per token on the host), median ms."""
+    """The host's cost of a mixed step's batch (64 verify rows + one 512-token chunk by default): the bounded path
+    (`mixed_shapes.host_meta`: O(rows + tiles) host ints, one copy, the rest `mixed_step.mixed_batch` on the device)
+    against `RaggedBatch.from_rows` (per token on the host), median ms."""
+    from specdec.engine.mixed_shapes import MixedLayout, host_meta
     from specdec.engine.mixed_step import mixed_batch
     from specdec.engine.step_input import PrefillChunks
     from specdec.fast.ragged import RaggedBatch, RaggedRow
@@ -121,14 +127,22 @@ def host_build(target, args) -> dict:
         table[r, :n] = torch.arange(1 + r * per_row, 1 + r * per_row + n)
     tokens = torch.randint(3, 200, (rows + 1, context + chunk), device=device)
     verify = torch.randint(3, 200, (rows, k), device=device)
+    lengths = torch.full((rows,), context, device=device)
     chunks = PrefillChunks((rows,), (0,), (chunk,), (context,) * rows)
+    s = target.shape
+    layout = MixedLayout(rows, k, chunk, rows + 1, s.n_heads // s.n_kv_heads, 128, s.head_dim, False)
+    verify_tiles = torch.tensor(layout.verify_tiles(32), dtype=torch.int32, device=device).view(-1, 2)
+    meta_device = torch.zeros(layout.meta_size, dtype=torch.long, device=device)
     device_table = table.to(device)
     ours, theirs = [], []
     for _ in range(args.host_repeats):
         if device.type == "cuda":
             torch.cuda.synchronize()
         t = time.perf_counter()
-        mixed_batch(verify, chunks, device_table, block, tokens, num_blocks=int(table.max()) + 1)
+        meta, counts, starts = host_meta(layout, chunks, rows)
+        meta_device.copy_(torch.tensor(meta), non_blocking=True)
+        mixed_batch(meta_device, verify, lengths, device_table, block, tokens, layout, verify_tiles,
+                    row_counts=counts, row_starts=starts, num_blocks=int(table.max()) + 1)
         ours.append(time.perf_counter() - t)
         host_rows = [RaggedRow(verify[r].tolist(), context - 1, table[r].tolist()[:per_row], k) for r in range(rows)]
         host_rows.append(RaggedRow(tokens[rows, :chunk].tolist(), 0, table[rows].tolist(), 0))
@@ -157,6 +171,7 @@ def main(argv=None) -> int:
     p.add_argument("--alpha", type=float, default=0.7, help="synthetic acceptance of the speculative arms")
     p.add_argument("--budget", default="auto", help="prefill_budget of the chunked and mixed arms (auto or tokens)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmup", action="store_true", help="warm_steps over every batch bucket before each arm")
     p.add_argument("--host-rows", type=int, default=64)
     p.add_argument("--host-repeats", type=int, default=20)
     p.add_argument("--out", default=None)
@@ -187,12 +202,22 @@ def main(argv=None) -> int:
             config = EngineConfig(max_batch_size=args.slots, max_seq_len=seq_len, admit_min=1,
                                   num_draft_tokens=args.gamma if spec else 0, max_draft_tokens=max(args.gamma, 1),
                                   synthetic_acceptance=args.alpha if spec else None,
-                                  prefill_budget=budget if arm != "whole" else None, mixed_step=arm == "mixed")
+                                  prefill_budget=budget if arm != "whole" else None,
+                                  mixed_step=arm.startswith("mixed"))
             engine = Engine(target, draft if spec else None, config)
+            engine.runner.mixed_graphs = arm != "mixed_eager"
+            warmup_s = None
+            if args.warmup:
+                t = time.perf_counter()
+                warm_steps(engine.runner, sorted({0, *engine.policy.candidates}), range(1, args.slots + 1), seq_len)
+                engine.policy.only_ready = True  # (as Engine.warmup; its prefill graphs are not this benchmark's)
+                warmup_s = time.perf_counter() - t
             warm = max(len(requests) // 4, 1)
             drive(engine, requests[:warm], args.clients or args.slots, args.poisson, args.seed)
             row = drive(engine, requests, args.clients or args.slots, args.poisson, args.seed)
-            emit({"what": "traffic", "mode": mode, "arm": arm, **row})
+            captured = sum(1 for m in engine.runner.mixed_steps.values() if m.captured)
+            emit({"what": "traffic", "mode": mode, "arm": arm, "warmup_s": warmup_s,
+                  "mixed_shapes": len(engine.runner.mixed_steps), "mixed_captured": captured, **row})
             del engine
             gc.collect()  # (its graphs and pool, before the next arm's)
             if device.type == "cuda":

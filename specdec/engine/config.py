@@ -89,8 +89,9 @@ class EngineConfig:
                       prompt chunks, under the prefill budget (`prefill_budget`; None or 0 = "auto", from the mixed
                       steps' seconds fitted against their chunk tokens), so an admission never stops the
                       running rows; a cached drafter's feed of those chunks runs right after, in the same step
-                      (`engine/mixed_step.py`). Steps with nothing filling are today's (graphed on CUDA); the mixed
-                      step itself runs eagerly. Off by default (the separate chunked prefill stays the default);
+                      (`engine/mixed_step.py`). Steps with nothing filling are today's; a mixed step runs at one of
+                      a finite set of padded shapes (`engine/mixed_shapes.py`: warmed, and graphed with
+                      cuda_graphs). Off by default (the separate chunked prefill stays the default);
                       needs kv_layout="paged" and a target on the fast Llama body
     bitwise           bit-for-bit exact mode: the target runs batch-invariant GEMM and attention kernels in every
                       forward (`fast.kernels.invariant`) and sampled rows verify by a shared race

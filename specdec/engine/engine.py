@@ -269,14 +269,14 @@ class Engine:
             gamma, written = len(tree), runner.tree(tree).spec.num_nodes - 1
         started = time.perf_counter()  # the step's time: not the policy's reads, not admission (see _admit)
         caught_up = self._catch_up_drafter(gamma)
-        rows = batch if chunks is None else n  # (a mixed step: eager over the running rows alone, no padding rows)
+        rows = batch  # (a mixed step too: its verify rows padded to the bucket, `engine/mixed_shapes.py`)
         constraints = tuple([r.constraint for r in running] + [None] * (min(rows, self.max_batch) - n)) \
             if flavor.constrained else None
         step = StepInput(n, rows, gamma, runner.positions(longest, written), flavor, self._step_caps, tree,
                          constraints, chunks)
         shape = self._step_for(step)
         first_run = not shape.ran  # its time includes graph capture, or a warmed graph's first replay: no step time
-        capturing = self.cuda_graphs and not shape.captured and chunks is None  # (a mixed step is never captured)
+        capturing = self.cuda_graphs and not shape.captured and chunks is None  # (a mixed capture: not the policy's)
         record = runner.run(step, shape)
         if flavor.constrained:
             commit_constraints([r.constraint for r in running], record.tokens)

@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass
 
 from specdec.engine.engine_request import EngineRequest
+from specdec.engine.mixed_shapes import token_buckets, token_floor
 from specdec.engine.step_input import PrefillChunks
 from specdec.engine.prefill_budget import DEFAULT_STALL, DEFAULT_STEPS, AutoBudget
 
@@ -47,6 +48,7 @@ class ChunkedPrefill:
 
     def __init__(self, config, agree=None):
         self.mixed = config.mixed_step  # (the chunks ride in the step's target forward: `plan_mixed`)
+        self.mixed_buckets = token_buckets(config) if self.mixed else None  # (its bounded shapes: mixed_shapes.py)
         self.budget = config.prefill_budget or ("auto" if self.mixed else None)
         auto = self.budget == "auto"
         self.auto = AutoBudget(config.prefill_stall or DEFAULT_STALL) if auto else None
@@ -221,8 +223,11 @@ class MixedFeed:
 
 def plan_mixed(scheduler, chunked: ChunkedPrefill, drafter_cached: bool) -> MixedFeed:
     """This step's budget of the filling requests' prompts (`ChunkedPrefill.step_budget` / `plan`, oldest first),
-    the target's share as the chunks of the step's forward."""
+    the target's share as the chunks of the step's forward: at most the largest token bucket
+    (`mixed_shapes.token_cap`; an "auto" budget rounded down to a bucket), so a step's shape is a warmed one."""
     budget = chunked.step_budget(scheduler.filling, scheduler.num_steps, drafter_cached)
+    buckets = chunked.mixed_buckets  # at most the largest token bucket ("auto": down to a bucket, padding nothing)
+    budget = token_floor(min(budget, buckets[-1]), buckets) if chunked.auto is not None else min(budget, buckets[-1])
     target, drafter = chunked.plan(scheduler.filling, budget, drafter_cached)
     chunks = None
     if target:

@@ -22,7 +22,7 @@ from specdec.engine.drafters import Flavor
 from specdec.engine.features import FeatureStore
 from specdec.engine.kv_pool import paged_caches
 from specdec.engine.memory import check_engine
-from specdec.engine.mixed_step import MixedStepRunner
+from specdec.engine.mixed_step import mixed_shape
 from specdec.engine.prefix_build import build_prefix_cache
 from specdec.engine.request_checks import RequestLimits
 from specdec.engine.runner_parts import StepParts
@@ -115,7 +115,7 @@ class Runner:
         self._caps_written: tuple | None = None  # the `StepInput.draft_caps` last copied there
         self.prefill_tokens = 0  # tokens prefilled so far: prompts (target and cached drafter) and catch-ups
         self.steps: dict = {}  # step shapes by (batch, γ or tree branching, positions, flavor)
-        self.mixed_steps: dict = {}  # mixed steps' shapes (eager) by (rows, γ, positions, flavor)
+        self.mixed_steps: dict = {}  # mixed steps' shapes by (batch bucket, γ, flavor, token bucket): mixed_shapes.py
         self.num_mixed_steps = 0  # steps that fed prompt chunks in their target forward (`EngineConfig.mixed_step`)
         self.trees: dict[tuple, EngineTree] = {}
         self._last_run = (None, None)
@@ -168,12 +168,9 @@ class Runner:
         return run
 
     def shape(self, step: StepInput):
-        """The step shape `step` runs on (a mixed step's: `mixed_step.MixedStepRunner`, eager, one per key)."""
-        if step.prefill is not None:
-            key = (step.batch, step.gamma, step.positions, step.flavor)
-            if key not in self.mixed_steps:
-                self.mixed_steps[key] = MixedStepRunner(self.parts, *key)
-            return self.mixed_steps[key]
+        """The step shape `step` runs on (a mixed step's: `mixed_step.MixedStepRunner`, one per bounded key)."""
+        if step.prefill is not None:  # (its bounded shape: batch bucket, γ, flavor, token bucket)
+            return mixed_shape(self, step)
         tree = None if step.tree is None else self.tree(step.tree)
         return self.step_for(step.batch, step.gamma, step.positions, step.flavor, tree)
 

@@ -42,7 +42,7 @@ class StepInput:
     slot's cap as the verify pass reads it, `[max_batch]` ("auto" rows: max_draft_tokens, idle slots 0) — the same
     tuple object while the rows keep their caps; constraints: the rows' host `TokenConstraint`s in slot order, padded
     with None to the batch (a constrained flavor only); prefill: the filling rows' chunks riding in the same target
-    forward (a mixed step: eager, batch = num_rows; None: a decode/verify step alone)."""
+    forward (a mixed step: at a bounded shape, `engine/mixed_shapes.py`; None: a decode/verify step alone)."""
 
     num_rows: int
     batch: int

@@ -1,6 +1,8 @@
 """Warm-up: capture the runner's graphs ahead of traffic.
 
-`warm_steps` captures the decode step graphs for chosen batch sizes, γ values, length buckets and temperatures;
+`warm_steps` captures the decode step graphs for chosen batch sizes, γ values, length buckets and temperatures,
+and with `mixed_step` every mixed step shape of those batch sizes, γ values and temperatures (`mixed_shapes`: each
+token bucket; captured on CUDA, else run once — the Triton builds, the code path);
 `warm_prefill` the prefill graphs of a request admitted alone into slot 0 (`EngineConfig.prefill_graphs`).
 Both run on a `Runner` (`Engine.warmup` calls them while no request runs).
 """
@@ -11,6 +13,8 @@ import torch
 
 from specdec.engine.config import BATCH_BUCKETS, length_buckets
 from specdec.engine.drafters import Flavor
+from specdec.engine.mixed_shapes import mixed_keys
+from specdec.engine.mixed_step import mixed_for
 from specdec.engine.request_checks import check_tree
 from specdec.engine.slots import chunk_shapes
 from specdec.request import SamplingParams, as_int
@@ -21,8 +25,9 @@ __all__ = ["warm_prefill", "warm_steps"]
 def warm_steps(runner, gammas, batch_sizes=(1,), max_length: int | None = None, temperatures=(0.0,),
                draft_trees=(), progress=None) -> int:
     """Capture the decode graphs for these batch sizes, γ values, every length bucket up to `max_length` (None:
-    max_seq_len), these temperatures (no top-k/top-p) and the token-tree steps of `draft_trees` → how many step
-    shapes were built. `progress(built, total)` is called after each shape (a start-up progress bar)."""
+    max_seq_len), these temperatures (no top-k/top-p), the token-tree steps of `draft_trees` and (`mixed_step`) the
+    mixed steps of those batch sizes, γ values and temperatures at every token bucket → how many step shapes were
+    built. `progress(built, total)` is called after each shape (a start-up progress bar)."""
     for size in batch_sizes:
         as_int(size, "batch_sizes", minimum=1, maximum=runner.max_batch)
     for gamma in gammas:
@@ -42,7 +47,8 @@ def warm_steps(runner, gammas, batch_sizes=(1,), max_length: int | None = None, 
     built = 0
     batches = sorted({next(b for b in BATCH_BUCKETS if b >= s) for s in batch_sizes})
     buckets = length_buckets(runner.num_positions, limit)
-    total = len(batches) * len(buckets) * (len(gammas) + len(trees)) * len(flavors)
+    mixed = mixed_keys(batches, gammas, sorted(flavors, key=repr), runner.config) if runner.config.mixed_step else []
+    total = len(batches) * len(buckets) * (len(gammas) + len(trees)) * len(flavors) + len(mixed)
     with torch.inference_mode():
         for batch in batches:
             for positions in buckets:
@@ -58,6 +64,12 @@ def warm_steps(runner, gammas, batch_sizes=(1,), max_length: int | None = None, 
                         built += 1
                         if progress is not None:
                             progress(built, total)
+        for key in mixed:  # every shape a mixed step can reach (`mixed_shapes`), its draft half the decode step's
+            batch, gamma, flavor, _ = key
+            mixed_for(runner, key).warm(runner.step_for(batch, gamma, buckets[0], flavor))
+            built += 1
+            if progress is not None:
+                progress(built, total)
     return built
 
 

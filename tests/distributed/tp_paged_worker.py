@@ -150,8 +150,9 @@ def mixed_runs(model, drafter) -> dict:
         MixedStepRunner.target_forward = real_forward
     build = mixed_step.mixed_batch
 
-    def shifted(verify, chunks, table, block_size, tokens, **kwargs):  # (the same shapes: no collective differs)
-        return build(verify, chunks, table, block_size, tokens.roll(-1, 1) if model.rank == 1 else tokens, **kwargs)
+    def shifted(meta, verify, lengths, table, block_size, tokens, *args, **kwargs):  # (the same shapes: no collective
+        return build(meta, verify, lengths, table, block_size, tokens.roll(-1, 1) if model.rank == 1 else tokens,
+                     *args, **kwargs)  # differs)
 
     mixed_step.mixed_batch = shifted
     try:

@@ -3,7 +3,7 @@ ride in the running rows' verify forward, and a request's tokens are those of a 
 greedy and seeded T = 1, plain / a draft model / a feature head, arrivals mid-flight, more requests than slots, a
 tiny pool that preempts; the mixed steps did run (the running rows produced tokens in steps that fed chunks); a
 chunk fed one position off, or a verify row one position off, fails the same comparison (negative controls); the
-host-built batch equals `RaggedBatch.from_rows`'; the option's validation."""
+option's validation. The bounded shapes (padding, buckets, warm-up): tests/engine/test_mixed_step_shapes.py."""
 
 import pytest
 import torch
@@ -13,7 +13,6 @@ from prefill_helpers import drive, head, mixed_params, prompt
 from specdec.engine import Engine, EngineConfig
 from specdec.engine import mixed_step as mixed_module
 from specdec.engine.step_input import PrefillChunks
-from specdec.fast.ragged import RaggedBatch, RaggedRow
 from specdec.request import SamplingParams
 
 EARLY = [prompt(5, 1), prompt(9, 2)]
@@ -73,43 +72,25 @@ def test_mixed_step_under_a_tiny_pool_that_preempts(make_llama):
 
 @pytest.mark.parametrize("wrong", ["chunk", "verify"])
 def test_a_row_fed_one_position_off_fails_the_comparison(make_llama, monkeypatch, wrong):
-    """Negative controls: the same comparison fails when the batch builder puts each chunk one position later, or
-    each verify row one position later (its K/V and its queries at the wrong place)."""
+    """Negative controls: the same comparison fails when each chunk is fed one position later (the host's meta), or
+    each verify row one position later (the device lengths the batch builder reads: K/V and queries misplaced)."""
     target = make_llama(0)
-    build = mixed_module.mixed_batch
-
-    def shifted(verify, chunks, *args, **kwargs):
-        if wrong == "chunk":
-            chunks = PrefillChunks(chunks.slots, tuple(s + 1 for s in chunks.starts),
-                                   tuple(e + 1 for e in chunks.ends), chunks.lengths)
-        else:
-            chunks = PrefillChunks(chunks.slots, chunks.starts, chunks.ends, tuple(n + 1 for n in chunks.lengths))
-        return build(verify, chunks, *args, **kwargs)
     whole, _, _ = _run(target, None, False)
-    monkeypatch.setattr(mixed_module, "mixed_batch", shifted)
+    if wrong == "chunk":
+        meta = mixed_module.host_meta
+
+        def shifted(layout, chunks, n):
+            return meta(layout, PrefillChunks(chunks.slots, tuple(s + 1 for s in chunks.starts),
+                                              tuple(e + 1 for e in chunks.ends), chunks.lengths), n)
+        monkeypatch.setattr(mixed_module, "host_meta", shifted)
+    else:
+        build = mixed_module.mixed_batch
+        monkeypatch.setattr(mixed_module, "mixed_batch",
+                            lambda meta, verify, lengths, *args, **kwargs: build(meta, verify, lengths + 1, *args,
+                                                                                 **kwargs))
     off, engine, _ = _run(target, None, True)
     assert engine.runner.mixed_steps
     assert off != whole
-
-
-def test_the_device_built_batch_is_from_rows_batch(make_llama):
-    """`mixed_batch` (O(rows) on the host) builds what `RaggedBatch.from_rows` builds from the same rows: tokens,
-    positions, slot mapping, query starts, block tables, scored positions."""
-    table = torch.zeros(6, 8, dtype=torch.int32)
-    table[0, :3] = torch.tensor([3, 4, 5])
-    table[1, :2] = torch.tensor([7, 8])
-    table[4, :4] = torch.tensor([9, 10, 11, 12])
-    tokens = torch.arange(6 * 64).view(6, 64) % 50
-    verify = torch.tensor([[1, 2, 3], [4, 5, 6]])
-    chunks = PrefillChunks((4,), (20,), (37,), (30, 9))
-    batch = mixed_module.mixed_batch(verify, chunks, table, 16, tokens, num_blocks=16)
-    rows = [RaggedRow([1, 2, 3], 29, [3, 4, 5], 3), RaggedRow([4, 5, 6], 8, [7, 8], 3),
-            RaggedRow(tokens[4, 20:37].tolist(), 20, [9, 10, 11], 0)]  # (the blocks it writes)
-    want = RaggedBatch.from_rows(rows, block_size=16, table_width=batch.block_table.shape[1])
-    for name in ("tokens", "positions", "slot_mapping", "query_start", "block_table", "logits_index", "starts"):
-        assert torch.equal(getattr(batch, name), getattr(want, name)), name
-    assert (batch.counts, batch.start_positions, batch.num_logits, batch.logits_start) == \
-        (want.counts, want.start_positions, want.num_logits, want.logits_start)
 
 
 def test_mixed_step_is_off_by_default_and_checked(make_llama):
@@ -154,8 +135,9 @@ def test_a_long_prompt_rides_in_the_decode_steps(make_llama):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("kind", ["plain", "model", "head"])
 def test_mixed_step_on_cuda_gives_the_tokens_of_a_whole_prefill(make_llama, kind):
-    """On CUDA (the steps without filling rows replayed as graphs, the mixed ones eager through the Triton varlen
-    attention), fp32: the tokens of a whole prefill, greedy and seeded T = 1."""
+    """On CUDA (every step replayed as graphs, the mixed ones' verify halves through the Triton varlen attention;
+    graphs on / off: tests/engine/test_mixed_step_gpu.py), fp32: the tokens of a whole prefill, greedy and seeded
+    T = 1."""
     target = make_llama(0).cuda()
     draft = _drafter(kind, make_llama, target)
     draft = draft.cuda() if kind == "model" else draft

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specdec.fast.kernels.ragged_attention import block_m_for
+
 __all__ = ["attention"]
 
 
@@ -88,6 +90,18 @@ def _ragged_attention(Q, K, V, OUT, POS, QSTART, TABLE, TILES,
 SHORT_ROWS = 32  # query rows (G · count) up to which a row is launched in small tiles (decode / verify rows)
 
 
+def _launches(layout, group: int, dim: int, fp32: bool) -> list:
+    """(tiles, BLOCK_M) of the short rows and of the long ones, from the batch's counts (rows of count 0: none)."""
+    short = tuple(r for r, c in enumerate(layout.counts) if 0 < c * group <= SHORT_ROWS)
+    long = tuple(r for r, c in enumerate(layout.counts) if c * group > SHORT_ROWS)
+    out = []
+    for rows in (short, long):
+        if rows:
+            block_m = block_m_for(max(layout.counts[r] for r in rows) * group, dim, fp32)
+            out.append((layout.tiles(block_m, group, rows), block_m))
+    return out
+
+
 def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, layout, scale: float, *,
               window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """q `[N, H, D]` (unit stride on D), pools `[num_blocks, PAGE, H_kv, D]` (contiguous), a `RaggedLayout` →
@@ -102,14 +116,7 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, layout,
     table = layout.block_table if layout.block_table.stride(-1) == 1 else layout.block_table.contiguous()
     out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     block_n = (16 if dim > 128 else 32) if fp32 else (32 if dim > 128 else 64)
-    short = tuple(r for r, c in enumerate(layout.counts) if c * group <= SHORT_ROWS)
-    long = tuple(r for r, c in enumerate(layout.counts) if c * group > SHORT_ROWS)
-    for rows in (short, long):
-        if not rows:
-            continue
-        longest = max(layout.counts[r] for r in rows) * group
-        block_m = min(max(16, triton.next_power_of_2(longest)), 64 if dim > 128 or fp32 else 128)
-        tiles = layout.tiles(block_m, group, rows)
+    for tiles, block_m in layout.launches or _launches(layout, group, dim, fp32):
         _ragged_attention[(tiles.shape[0], kv_heads)](
             q, keys, values, out, layout.positions, layout.query_start, table, tiles,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),

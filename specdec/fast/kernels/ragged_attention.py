@@ -42,7 +42,7 @@ import torch
 from specdec.fast.kernels.attention import slot_attention_bias, slot_attention_reference
 from specdec.fast.kernels.invariant import invariant_attention
 
-__all__ = ["RaggedLayout", "ragged_attention", "ragged_attention_reference", "ragged_unsupported"]
+__all__ = ["RaggedLayout", "block_m_for", "ragged_attention", "ragged_attention_reference", "ragged_unsupported"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,10 @@ class RaggedLayout:
     query_start  `[B + 1]` int32 on the device (cu_seqlens)
     positions    `[N]` long on the device: each token's position, starts[row] + i
     block_table  `[B, max_blocks]` int32 on the device: row b's position t in block table[b, t // block_size]
+    launches     (optional) the Triton path's launches, fixed: ((tiles `[T, 2]` int32, BLOCK_M), ...) — a mixed step's
+                 bounded batch (`engine.mixed_shapes`), whose grids must not follow the step's counts (CUDA graphs);
+                 a tile past its row's query rows does nothing. None: built from `counts` per batch
+    Rows may feed no token (count 0: a bounded batch's unused rows): no group, no tile.
     """
 
     counts: tuple[int, ...]
@@ -61,6 +65,7 @@ class RaggedLayout:
     query_start: torch.Tensor
     positions: torch.Tensor
     block_table: torch.Tensor
+    launches: tuple | None = None
     _memo: dict = field(default_factory=dict, compare=False, repr=False)  # groups, masks, tiles: per batch, reused
 
     @property
@@ -77,7 +82,8 @@ class RaggedLayout:
         if "groups" not in self._memo:
             by_count: dict[int, list[int]] = {}
             for row, count in enumerate(self.counts):
-                by_count.setdefault(count, []).append(row)
+                if count:
+                    by_count.setdefault(count, []).append(row)
             first = [0]
             for count in self.counts:
                 first.append(first[-1] + count)
@@ -107,6 +113,12 @@ class RaggedLayout:
         if key not in self._memo:
             self._memo[key] = build()
         return self._memo[key]
+
+
+def block_m_for(query_rows: int, dim: int, fp32: bool) -> int:
+    """The Triton launch's BLOCK_M (tile query rows) for rows of up to `query_rows` query rows (G · count): the next
+    power of two ≥ 16, at most 64 (head dim > 128 or fp32) or 128."""
+    return min(max(16, 1 << max(query_rows - 1, 0).bit_length()), 64 if dim > 128 or fp32 else 128)
 
 
 def _gather(pool: torch.Tensor, table: torch.Tensor, span: int) -> torch.Tensor:

@@ -87,6 +87,32 @@ def test_triton_kernel_half_precision_and_long_chunks():
     assert rel_err(ragged_attention(q, keys, values, lay, kernel="triton"), ref) < 1e-5
 
 
+def test_fixed_launches_with_unused_tiles_and_empty_rows_equal_the_reference():
+    """A bounded batch's launches (`RaggedLayout.launches`, the mixed step's CUDA graphs): rows of no token, one
+    tile size for the chunks however short, and unused tiles (past every row: their programs exit) give the
+    reference's output; a launch missing a row's tile leaves that row unwritten (the control)."""
+    pytest.importorskip("triton")
+    from specdec.engine.mixed_shapes import UNUSED_TILE
+
+    counts, starts = (3, 3, 0, 20, 2, 0), (9, 30, 0, 5, 40, 0)
+    lay, _ = layout_for(counts, starts, 4, 60, seed=3, width=16)
+    keys, values = pools(60, 4, 2, 16, seed=5)
+    q = torch.randn(sum(counts), 4, 16, generator=torch.Generator().manual_seed(2))
+    ref = ragged_attention(q, keys, values, lay, 0.4, kernel="reference")
+
+    def tiles(pairs):
+        return torch.tensor(pairs, dtype=torch.int32).view(-1, 2)
+    short = tiles([(0, 0), (1, 0)])  # 2 · 3 query rows: one 16-row tile each
+    chunks = [(3, 0), (3, 1), (4, 0)] + [(0, UNUSED_TILE)] * 3  # 32-row tiles: row 3's 40 query rows take two
+    fixed = dataclasses.replace(lay, launches=((short, 16), (tiles(chunks), 32)), _memo={})
+    out = ragged_attention(q, keys, values, fixed, 0.4, kernel="triton")
+    assert rel_err(out, ref) < 1e-5
+    missing = dataclasses.replace(lay, launches=((short, 16), (tiles(chunks[:1] + chunks[2:]), 32)), _memo={})
+    rows = slice(6 + 16, 6 + 20)  # row 3's query rows 32..39 (its tokens 16..19) sit in its second tile
+    bad = ragged_attention(q, keys, values, missing, 0.4, kernel="triton")
+    assert not torch.allclose(bad[rows], ref[rows]) and torch.allclose(bad[:rows.start], ref[:rows.start], atol=1e-5)
+
+
 def test_invariant_path_is_the_same_bits_in_any_mix():
     """Under `invariant=True` a row's outputs do not depend on the rows beside it (nor on where its blocks are)."""
     page, heads, kv_heads, dim = 4, 4, 2, 16
