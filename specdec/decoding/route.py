@@ -1,11 +1,13 @@
 """Which runner a `specdec.generate` / `stream` call takes: the request-level engine on every device by default
-(`engine="auto"`), the eager chain loop only for what the engine does not take — a draft-length policy (a name or a
-`DraftLengthPolicy` object), a drafter the engine does not call (`HierarchicalDrafter`, a duck-typed loop drafter), or
-a model neither engine body runs (the engine's build refuses it with `UnsupportedModel`: no fast family body
-covers it and the transformers backend refuses it — encoder-decoders (T5, BART), state outside K/V (Jamba, Mamba),
-attention outside transformers' attention interface with no adapter in `fast.hf_adapters` (XGLM); Falcon, Bloom, MPT,
-GPT-Neo and gpt-oss run on the backend). The refusal is
-logged once and kept on the model, so later calls go straight to the loop (`runner_for` reports the runner taken).
+(`engine="auto"`), draft-length policies included (a name or a `DraftLengthPolicy` object: asked and told every step
+on the engine as on the loop, `engine.policy_loop`), and the eager chain loop only for what the engine does not take
+— a drafter the engine does not call (`HierarchicalDrafter`, a duck-typed loop drafter whose `propose` needs the
+loop's sampling arguments and keeps state through `begin` / `commit` / `select_rows`: `drafters.protocol`), or a
+model neither engine body runs (the engine's build refuses it with `UnsupportedModel`: no fast family body covers it
+and the transformers backend refuses it — encoder-decoders (T5, BART), state outside K/V (Jamba, Mamba), attention
+outside transformers' attention interface with no adapter in `fast.hf_adapters` (XGLM); Falcon, Bloom, MPT, GPT-Neo
+and gpt-oss run on the backend). The refusal is logged once and kept on the model, so later calls go straight to
+the loop (`runner_for` reports the runner taken); a refused model takes its policy to the loop.
 """
 
 from __future__ import annotations
@@ -83,18 +85,16 @@ def runner_for(engine: str, target, drafter, num_draft_tokens) -> str:
 
 def use_engine(engine, target, drafter, num_draft_tokens) -> bool:
     """Whether this call goes to the engine (see `generate`'s `engine` argument): "hf" never; "fast", a feature head
-    and a drafter only the engine calls always; "auto" on every device unless the call asks for what only the chain
-    loop has — a draft-length policy (a name or a `DraftLengthPolicy`: the engine takes an int or "auto") or a drafter
-    the engine does not call (a loop drafter without a model: `HierarchicalDrafter`, a duck-typed one). A model
-    neither engine body runs falls back to the loop when the engine refuses it (`engine_or_none`)."""
+    and a drafter only the engine calls always; "auto" on every device, whatever `num_draft_tokens` is (an int,
+    "auto", a policy name or a `DraftLengthPolicy`), unless the drafter is one the engine does not call (a loop
+    drafter without a model: `HierarchicalDrafter`, a duck-typed one). A model neither engine body runs falls back
+    to the loop when the engine refuses it (`engine_or_none`)."""
     if engine not in ("auto", "fast", "hf"):
         raise ValueError(f"engine must be 'auto', 'fast' or 'hf', got {engine!r}")
     if engine == "hf":
         return False
     if engine == "fast" or engine_needed(drafter):
         return True
-    if not (num_draft_tokens == "auto" or (isinstance(num_draft_tokens, int) and not isinstance(num_draft_tokens, bool))):
-        return False  # the transformers loop's policies
     return _engine_drafts(drafter)
 
 
