@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import torch
 
+from specdec.drafters.loop_adapter import is_loop_only
 from specdec.engine.config import EngineConfig, UnsupportedModel
 from specdec.engine.engine import Engine
 from specdec.fast.model import FastLlama, LlamaShape
@@ -90,7 +91,8 @@ def engine_for(target, drafter, *, seq_len: int, batch: int, num_draft_tokens, t
         fast_models = owner.__dict__.setdefault("_specdec_fast_models", _Cached())
         fast_model = fast_models.get(device)
         config = EngineConfig(max_batch_size=min(buckets, 64), max_seq_len=want, num_draft_tokens="auto",
-                              max_draft_tokens=max_draft, max_tree_nodes=max(EngineConfig.max_tree_nodes, tree_nodes))
+                              max_draft_tokens=max_draft, max_tree_nodes=max(EngineConfig.max_tree_nodes, tree_nodes),
+                              cuda_graphs=False if is_loop_only(drafter) else None)  # (loop drafters: host reads)
         engine = Engine(fast_model if fast_model is not None else target, drafter, config)
         fast_models[device] = engine.model
         store[key] = (_ref(drafter), engine)
