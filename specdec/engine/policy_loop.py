@@ -23,6 +23,8 @@ Per row, where the engine is not the loop's static batch (tests/engine/test_poli
   - `confidence_threshold()` is not honoured: the engine's drafters draft in a captured graph with no host stop,
     so a `ThresholdPolicy` drafts its `max_draft_tokens` every step, as its doc says of drafters that do not know
     their confidence (its γ sequence is the loop's; its rows' draft lengths are γ).
+Timings: the runner's draft and verify halves; a cached drafter's catch-up after plain steps runs before them
+(`engine.admission`), where the loop's model drafter feeds its lag inside `propose` (so inside its draft time).
 With CUDA graphs the step runs at the smallest built shape at or above γ where γ's is not built (its rows keep
 their caps, so nothing changes but a capture saved). Exactness never depends on γ.
 """

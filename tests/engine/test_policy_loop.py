@@ -164,3 +164,27 @@ def test_the_engine_is_sized_to_the_policys_own_bound():
     assert isinstance(policy_loop.loop_choice("heuristic", 8).policy, HeuristicPolicy)
     with pytest.raises(ValueError, match="unknown draft-length policy"):
         policy_loop.loop_choice("bogus", 8)
+
+
+def test_with_continuous_batching_the_policy_sees_each_steps_rows(pair):
+    """More requests than slots on an `Engine` told a policy directly: rows join as others leave, every step tells
+    the policy its own rows, and the greedy tokens are plain decoding's."""
+    from specdec.engine import Engine, EngineConfig
+    from specdec.request import SamplingParams
+
+    target, draft = pair
+    prompts = [[1, 2, 3, 4], [5, 6, 7], [9, 8], [4, 4, 2, 7, 1]]
+    budgets = [6, 14, 9, 12]
+    engine = Engine(target, draft, EngineConfig(max_batch_size=2, max_seq_len=64, cuda_graphs=False))
+    policy = told(HeuristicPolicy)
+    engine.policy.set_fixed(policy)
+    ids = {engine.add_request(p, SamplingParams(temperature=0, max_new_tokens=n, eos_token_ids=())): i
+           for i, (p, n) in enumerate(zip(prompts, budgets))}
+    out = [[] for _ in prompts]
+    while engine.has_unfinished():
+        for o in engine.step():
+            out[ids[o.request_id]].extend(o.new_token_ids)
+    plain = [specdec.generate(target, [p], None, max_new_tokens=n, temperature=0, eos_token_id=[]).sequences[0]
+             for p, n in zip(prompts, budgets)]
+    assert out == plain
+    assert {len(accepted) for _, accepted, _ in policy.log} == {1, 2} and engine.policy.loop.asked
