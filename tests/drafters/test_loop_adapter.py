@@ -79,7 +79,7 @@ def test_a_duck_typed_loop_drafter_runs_on_the_engine_with_plain_greedy_tokens(p
     plain = specdec.generate(target, PROMPTS, None, max_new_tokens=16, temperature=0, eos_token_id=[]).sequences
     out = gen(target, drafter, engine="auto")
     assert out.sequences == plain == gen(target, EchoDrafter(), engine="hf").sequences
-    assert drafter.begun > len(PROMPTS) and out.stats.drafted_tokens > 0  # begun per row, every step
+    assert drafter.begun == 1 and out.stats.drafted_tokens > 0  # greedy: the batch followed from step to step
     engine = next(e for e in target.__dict__["_specdec_engines"].values() if e[0]() is drafter)[1]
     assert isinstance(engine.drafter, LoopOnEngine) and not engine.cuda_graphs
 
@@ -100,6 +100,65 @@ def test_sampled_drafts_depend_only_on_the_requests_own_seed_and_position(pair):
     batched = gen(target, EchoDrafter(), PROMPTS, temperature=1.0, seed=7)
     assert batched.sequences[0] == alone and batched.stats.accepted_tokens > 0
     assert gen(target, EchoDrafter(), PROMPTS, temperature=1.0, seed=7).sequences == batched.sequences
+
+
+class TrackingDrafter(EchoDrafter):
+    """Checks the loop's protocol on every call: what `begin` / `commit` / `select_rows` told it is the text `propose`
+    is given, and a `commit`'s text extends what it held (the drafter's state follows the committed text)."""
+
+    def begin(self, context, vocab_size):
+        super().begin(context, vocab_size)
+        self.rows = [context.row(b) for b in range(context.batch_size)]
+
+    def commit(self, context):
+        for b in range(context.batch_size):
+            assert context.row(b)[: len(self.rows[b])] == self.rows[b], "commit: a row's text does not extend its state"
+        self.rows = [context.row(b) for b in range(context.batch_size)]
+
+    def select_rows(self, index):
+        self.rows = [self.rows[i] for i in index.tolist()]
+        self.selected = getattr(self, "selected", 0) + 1
+
+    def propose(self, context, num_draft_tokens, sampling, generator, confidence_threshold=None):
+        assert self.rows == [context.row(b) for b in range(context.batch_size)], "propose: state is not the text"
+        return super().propose(context, num_draft_tokens, sampling, generator, confidence_threshold)
+
+
+def run_engine(target, drafter, prompts, budgets):
+    """Greedy requests of different budgets on one `Engine` (rows leave at different steps, slots move)."""
+    from specdec.engine import Engine, EngineConfig
+    from specdec.request import SamplingParams
+
+    engine = Engine(target, drafter, EngineConfig(max_batch_size=4, max_seq_len=64, num_draft_tokens=3,
+                                                  cuda_graphs=False))
+    ids = {engine.add_request(p, SamplingParams(temperature=0, max_new_tokens=n, eos_token_ids=())): i
+           for i, (p, n) in enumerate(zip(prompts, budgets))}
+    out = [[] for _ in prompts]
+    while engine.has_unfinished():
+        for o in engine.step():
+            out[ids[o.request_id]].extend(o.new_token_ids)
+    return out
+
+
+BUDGETS = [5, 16, 9, 12]
+
+
+def test_a_greedy_batch_is_followed_through_the_loops_protocol_as_rows_leave_and_move(pair):
+    target, _ = pair
+    drafter, prompts = TrackingDrafter(), PROMPTS + [[2, 7, 1, 8, 2, 8]]
+    plain = [specdec.generate(target, [p], None, max_new_tokens=n, temperature=0, eos_token_id=[]).sequences[0]
+             for p, n in zip(prompts, BUDGETS)]
+    assert run_engine(target, drafter, prompts, BUDGETS) == plain
+    # followed, not begun per step: begun again only when a row the last batch lacked appears (a request joining,
+    # or the batch bucket's padding row in a freed slot), here once
+    assert drafter.begun <= 2 and drafter.selected >= 2
+
+
+def test_negative_control_a_follower_that_skips_select_rows_breaks_the_protocol(pair, monkeypatch):
+    target, _ = pair
+    monkeypatch.setattr(TrackingDrafter, "select_rows", lambda self, index: None)  # rows left, the state kept them
+    with pytest.raises(AssertionError, match="state is not the text|does not extend"):
+        run_engine(target, TrackingDrafter(), PROMPTS + [[2, 7, 1, 8, 2, 8]], BUDGETS)
 
 
 def test_negative_control_one_shared_stream_for_every_row_breaks_the_batch_invariance(pair, monkeypatch):
