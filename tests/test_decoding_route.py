@@ -1,6 +1,6 @@
 """`specdec.generate`'s runner (`decoding/route.py`), on a CPU as on CUDA: the engine by default — a fast family body
 (Llama), the transformers backend (OPT) — and the eager loop only where the engine refuses (XGLM: attention
-outside transformers' interface, no backend adapter; a draft-length policy), one log line, the refusal remembered so the next call builds nothing."""
+outside transformers' interface, no backend adapter), one log line, the refusal remembered so the next call builds nothing."""
 
 import logging
 
@@ -71,11 +71,14 @@ def test_what_the_engine_refuses_runs_on_the_loop_once_said_and_never_rebuilt(re
         greedy(refused, engine="fast")  # forced: the refusal is an error, not a fallback
 
 
-def test_a_draft_length_policy_runs_on_the_loop(llama, llama_draft):
-    assert route.runner_for("auto", llama, llama_draft, FixedPolicy(3)) == "hf"
-    assert route.runner_for("auto", llama, llama_draft, "heuristic") == "hf"
-    assert route.runner_for("hf", llama, llama_draft, 4) == "hf"
+def test_a_draft_length_policy_runs_on_the_engine(llama, llama_draft, refused):
+    assert route.runner_for("auto", llama, llama_draft, FixedPolicy(3)) == "fast"
+    assert route.runner_for("auto", llama, llama_draft, "heuristic") == "fast"
+    assert route.runner_for("hf", llama, llama_draft, "heuristic") == "hf"
     assert greedy(llama, llama_draft, num_draft_tokens=FixedPolicy(3)) == greedy(llama, llama_draft, engine="hf")
+    engine = [e for e in engines_on(llama) if e.drafter is not None]
+    assert engine and all(e.policy.loop is None for e in engine)  # (the call's policy left the kept engine)
+    assert greedy(refused, num_draft_tokens="heuristic") == greedy(refused, engine="hf")  # refused: the loop's
 
 
 class _LoopOnly(specdec.Drafter):

@@ -74,9 +74,10 @@ def generate(
     on_tokens       called with a `TokenEvent` after every step (streaming)
     engine          "auto" (the default, on every device): the request-level engine (`specdec.engine`) — a fast
                     family body (`specdec.fast.families`) where one covers the model, else the engine's transformers
-                    backend (the model's own modules; one log line) — and the eager transformers loop only for what
-                    the engine refuses (`decoding/route.py`: draft-length policies, loop-only drafters, models
-                    neither body runs: one log line); "fast": the engine (an error where it refuses);
+                    backend (the model's own modules; one log line), draft-length policies included — and the eager
+                    transformers loop only for what the engine refuses or would run slower (`decoding/route.py`: a
+                    loop-only drafter holding a model, models neither body runs: one log line); "fast": the engine
+                    (an error where it refuses);
                     "hf": the eager loop over the transformers model
     leniency        l ∈ (0, 1]: 1 = exact; l < 1 accepts more drafts and is LOSSY (appendix A.5, `core.verify`)
     draft_tree      [k_1, ..., k_D]: verify a token tree per step instead of a chain (`specdec.loop.tree_decoding`)

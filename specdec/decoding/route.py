@@ -1,11 +1,15 @@
 """Which runner a `specdec.generate` / `stream` call takes: the request-level engine on every device by default
-(`engine="auto"`), the eager chain loop only for what the engine does not take — a draft-length policy (a name or a
-`DraftLengthPolicy` object), a drafter the engine does not call (`HierarchicalDrafter`, a duck-typed loop drafter), or
-a model neither engine body runs (the engine's build refuses it with `UnsupportedModel`: no fast family body
-covers it and the transformers backend refuses it — encoder-decoders (T5, BART), state outside K/V (Jamba, Mamba),
-attention outside transformers' attention interface with no adapter in `fast.hf_adapters` (XGLM); Falcon, Bloom, MPT,
-GPT-Neo and gpt-oss run on the backend). The refusal is
-logged once and kept on the model, so later calls go straight to the loop (`runner_for` reports the runner taken).
+(`engine="auto"`), draft-length policies included (a name or a `DraftLengthPolicy` object: asked and told every step
+on the engine as on the loop, `engine.policy_loop`) and loop-only drafters that hold no model (a duck-typed loop
+drafter whose `propose` needs the loop's sampling arguments: called through `drafters.loop_adapter.LoopOnEngine`),
+and the eager chain loop only for what the engine does not take well or at all — a loop drafter holding a model
+(`HierarchicalDrafter`: the adapter re-begins its state over each row's whole text every step, exact but a prefill
+per step, while the loop's state follows its static batch; `engine="fast"` takes it to the adapter), or a model
+neither engine body runs (the engine's build refuses it with `UnsupportedModel`: no fast family body covers it and
+the transformers backend refuses it — encoder-decoders (T5, BART), state outside K/V (Jamba, Mamba), attention
+outside transformers' attention interface with no adapter in `fast.hf_adapters` (XGLM); Falcon, Bloom, MPT, GPT-Neo
+and gpt-oss run on the backend). The refusal is logged once and kept on the model, so later calls go straight to
+the loop (`runner_for` reports the runner taken); a refused model takes its policy and drafter to the loop.
 """
 
 from __future__ import annotations
@@ -83,29 +87,32 @@ def runner_for(engine: str, target, drafter, num_draft_tokens) -> str:
 
 def use_engine(engine, target, drafter, num_draft_tokens) -> bool:
     """Whether this call goes to the engine (see `generate`'s `engine` argument): "hf" never; "fast", a feature head
-    and a drafter only the engine calls always; "auto" on every device unless the call asks for what only the chain
-    loop has — a draft-length policy (a name or a `DraftLengthPolicy`: the engine takes an int or "auto") or a drafter
-    the engine does not call (a loop drafter without a model: `HierarchicalDrafter`, a duck-typed one). A model
-    neither engine body runs falls back to the loop when the engine refuses it (`engine_or_none`)."""
+    and a drafter only the engine calls always; "auto" on every device, whatever `num_draft_tokens` is (an int,
+    "auto", a policy name or a `DraftLengthPolicy`), unless the drafter is one the engine does not call as it is
+    and is not worth the adapter (`_engine_drafts`: a loop drafter holding a model, `HierarchicalDrafter`). A model neither engine body runs falls back
+    to the loop when the engine refuses it (`engine_or_none`)."""
     if engine not in ("auto", "fast", "hf"):
         raise ValueError(f"engine must be 'auto', 'fast' or 'hf', got {engine!r}")
     if engine == "hf":
         return False
     if engine == "fast" or engine_needed(drafter):
         return True
-    if not (num_draft_tokens == "auto" or (isinstance(num_draft_tokens, int) and not isinstance(num_draft_tokens, bool))):
-        return False  # the transformers loop's policies
     return _engine_drafts(drafter)
 
 
 def _engine_drafts(drafter) -> bool:
     """Whether the engine can call this drafter, without building anything: a draft model (the fast bodies or the
-    transformers backend may take it), a folder, or of the loop drafters only the kinds written for both runners
-    (n-grams, prompt lookup, the model drafters the engine drafts with: `engine.build.covers_drafter`) — another
-    `LoopDrafter` subclass may need the loop's sampling arguments, which the engine's call does not pass."""
+    transformers backend may take it), a folder, of the loop drafters the kinds written for both runners (n-grams,
+    prompt lookup, the model drafters the engine drafts with: `engine.build.covers_drafter`), and a loop-only drafter
+    (its `propose` needs the loop's sampling arguments) that holds no model: the engine calls it through
+    `drafters.loop_adapter.LoopOnEngine`, which begins it over each row's text every step — free for a table or a
+    rule, a prefill of the whole text per step for a drafter with a model (`HierarchicalDrafter`), which stays on the
+    loop (its state there follows the batch step by step; engine="fast" takes it to the adapter). Another
+    `LoopDrafter` subclass whose `propose` binds the engine's call may still need the loop's arguments: the loop."""
     if drafter is None or isinstance(drafter, (torch.nn.Module, str, os.PathLike)):
         return True
     from specdec.drafters.cross_vocab import CrossVocabDrafter
+    from specdec.drafters.loop_adapter import holds_model, is_loop_only
     from specdec.drafters.model import ModelDrafter
     from specdec.drafters.ngram import NGramDrafter
     from specdec.drafters.prompt_lookup import PromptLookupDrafter
@@ -113,6 +120,8 @@ def _engine_drafts(drafter) -> bool:
     from specdec.engine.build import covers_drafter
     from specdec.fast.target import FastDrafter
 
+    if is_loop_only(drafter):  # through `drafters.loop_adapter`, begun row by row every step: cheap without a model
+        return not holds_model(drafter)
     if isinstance(drafter, LoopDrafter) and not isinstance(drafter, (NGramDrafter, PromptLookupDrafter)):
         return type(drafter) is ModelDrafter or type(drafter) in (FastDrafter, CrossVocabDrafter) and \
             covers_drafter(drafter)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from specdec.drafters.loop_adapter import LoopOnEngine, is_loop_only
 from specdec.drafters.protocol import LoopDrafter, SlotDrafter, is_slot_drafter, takes_engine_call
 from specdec.engine.config import UnsupportedModel
 from specdec.drafters.model import ModelDrafter
@@ -230,8 +231,9 @@ def _hf_module(model):
 def build_drafter(drafter, engine):
     """The engine's drafter for what a user passed: a `SlotDrafter` as it is (prompt lookup, n-gram tables, a
     plugin: `drafters.protocol.is_slot_drafter`), a feature head bound to the target, or a `ModelDrafter` (its
-    cross-vocabulary kind included) bound to the engine's state over a draft model; `UnsupportedModel` for a
-    drafter only the loop runs."""
+    cross-vocabulary kind included) bound to the engine's state over a draft model, a loop-only drafter
+    (`HierarchicalDrafter`, a duck-typed `LoopDrafter`) behind `drafters.loop_adapter.LoopOnEngine` (eager steps
+    only); `UnsupportedModel` for anything else."""
     if is_drafter(drafter) and isinstance(engine.model, HFBackendModel):
         raise UnsupportedModel(f"feature heads read the target's hidden states from a fast family body; the target "
                                f"runs on the transformers backend ({engine.model.shape.model_type})")
@@ -254,6 +256,12 @@ def build_drafter(drafter, engine):
             raise ValueError(f"draft and target vocabularies differ: drafter has {size} tokens, target has "
                              f"{engine.vocab_size}")
         return drafter
+    if is_loop_only(drafter):  # a loop drafter, begun and called row by row every step (`drafters.loop_adapter`)
+        if engine.device.type == "cuda" and engine.config.cuda_graphs is not False and \
+                getattr(engine.model, "capturable", True):
+            raise UnsupportedModel(f"{type(drafter).__name__} is a loop drafter (host reads every step): on the engine "
+                                   "it needs EngineConfig(cuda_graphs=False) (specdec.generate sets it), or engine='hf'")
+        return LoopOnEngine(drafter, engine.vocab_size)
     why = (" (its propose needs the loop's sampling arguments; the engine calls propose(context, num_draft_tokens))"
            if isinstance(drafter, SlotDrafter) else "")
     raise UnsupportedModel(f"the engine does not run {type(drafter).__name__} drafters{why}: use engine='hf'")

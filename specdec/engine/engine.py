@@ -278,6 +278,8 @@ class Engine:
         first_run = not shape.ran  # its time includes graph capture, or a warmed graph's first replay: no step time
         capturing = self.cuda_graphs and not shape.captured and chunks is None  # (a mixed capture: not the policy's)
         record = runner.run(step, shape)
+        if tree is None:
+            self.policy.observe(record)  # (every chain step, first runs too: a draft-length policy's feedback)
         if flavor.constrained:
             commit_constraints([r.constraint for r in running], record.tokens)
         committed = self._commit(record)

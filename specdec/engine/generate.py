@@ -15,10 +15,13 @@ from collections.abc import Iterator
 
 import torch
 
+from specdec.drafters.loop_adapter import is_loop_only
 from specdec.engine.config import EngineConfig, UnsupportedModel
 from specdec.engine.engine import Engine
 from specdec.fast.model import FastLlama, LlamaShape
+from specdec.engine.policy_loop import declared_max
 from specdec.metrics import SpecStats
+from specdec.policy import DraftLengthPolicy, resolve_policy
 from specdec.request import (
     SamplingParams,
     check_num_draft_tokens,
@@ -88,7 +91,8 @@ def engine_for(target, drafter, *, seq_len: int, batch: int, num_draft_tokens, t
         fast_models = owner.__dict__.setdefault("_specdec_fast_models", _Cached())
         fast_model = fast_models.get(device)
         config = EngineConfig(max_batch_size=min(buckets, 64), max_seq_len=want, num_draft_tokens="auto",
-                              max_draft_tokens=max_draft, max_tree_nodes=max(EngineConfig.max_tree_nodes, tree_nodes))
+                              max_draft_tokens=max_draft, max_tree_nodes=max(EngineConfig.max_tree_nodes, tree_nodes),
+                              cuda_graphs=False if is_loop_only(drafter) else None)  # (loop drafters: host reads)
         engine = Engine(fast_model if fast_model is not None else target, drafter, config)
         fast_models[device] = engine.model
         store[key] = (_ref(drafter), engine)
@@ -124,15 +128,19 @@ def engine_stream(target, prompts, drafter, params: SamplingParams, num_draft_to
                   attention_mask=None) -> GenerationStream:
     """`specdec.stream_request` on the engine (arguments validated now; see the module doc): prompt i runs as a
     request with `params` and the seed (s, i)."""
+    policy = None  # a draft-length policy (`engine.policy_loop`): a name or a `DraftLengthPolicy`
+    if num_draft_tokens != "auto" and isinstance(num_draft_tokens, (str, DraftLengthPolicy)):
+        policy = resolve_policy(num_draft_tokens)  # (checked, and reset for this call, with a drafter or not)
+    elif num_draft_tokens != "auto" and (isinstance(num_draft_tokens, bool) or not hasattr(num_draft_tokens,
+                                                                                         "__index__")):
+        raise ValueError(f"num_draft_tokens must be an integer >= 1, 'auto', a policy name or a DraftLengthPolicy, "
+                         f"got {num_draft_tokens!r}")
     if drafter is None:
-        gamma = 0
+        gamma, policy = 0, None
+    elif policy is not None:
+        gamma = policy
     elif num_draft_tokens == "auto":
         gamma = "auto"
-    elif isinstance(num_draft_tokens, str) or not hasattr(num_draft_tokens, "__index__"):
-        raise ValueError(
-            f"the engine takes num_draft_tokens as an integer or 'auto', got {num_draft_tokens!r} "
-            "(draft-length policy objects run on the transformers path: engine='hf')"
-        )
     else:
         gamma = check_num_draft_tokens(num_draft_tokens)
     owner = _owner(target)
@@ -149,7 +157,8 @@ def engine_stream(target, prompts, drafter, params: SamplingParams, num_draft_to
     base_seed = resolve_seed(seed)
     per_row = [replace(params, seed=_request_seed(base_seed, i)) for i in range(len(rows))]
     tree = params.draft_tree  # sizes the engine: γ up to its depth, its nodes
-    sizing = gamma if tree is None else max(len(tree), gamma if isinstance(gamma, int) else 8)
+    gamma_bound = declared_max(policy) if policy is not None else gamma  # (a policy: the largest γ it asks)
+    sizing = gamma_bound if tree is None else max(len(tree), gamma_bound if isinstance(gamma_bound, int) else 8)
     nodes = 0 if tree is None else sum(math.prod(tree[:d]) for d in range(len(tree) + 1))
     engine = engine_for(target, drafter, seq_len=max(len(r) for r in rows) + params.max_new_tokens, batch=len(rows),
                         num_draft_tokens=sizing, tree_nodes=nodes)
@@ -159,7 +168,7 @@ def engine_stream(target, prompts, drafter, params: SamplingParams, num_draft_to
 
 def _run(engine: Engine, rows, params, gamma, holder) -> Iterator[TokenEvent]:
     start = time.perf_counter()
-    engine.policy.set_fixed(gamma)
+    engine.policy.set_fixed(gamma)  # (a `DraftLengthPolicy`: asked and told every step, `engine.policy_loop`)
     engine.stats = SpecStats()
     ids = [engine.add_request(row, p) for row, p in zip(rows, params)]
     index = {rid: i for i, rid in enumerate(ids)}
@@ -195,6 +204,8 @@ def _run(engine: Engine, rows, params, gamma, holder) -> Iterator[TokenEvent]:
             engine.abort(rid)
         if engine.__dict__.get("_generate_call") is token and engine.has_unfinished():
             engine.step()  # (not while another call steps it: this step's outputs would be that call's)
+        if engine.__dict__.get("_generate_call") is token and engine.policy.loop is not None:
+            engine.policy.set_fixed("auto")  # (the kept engine holds no caller's policy after the call)
     stats = engine.stats
     stats.add_prefill(prefill, sum(1 for r in rows if len(r) > 1))
     stats.set_wall_time(time.perf_counter() - start)

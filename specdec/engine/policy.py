@@ -23,9 +23,8 @@ anything. Greedy and sampled rows, new and old ones, each weigh in with their ow
 
 Plain steps and a drafter that keeps a cache (model, feature head): the first speculative step after more than
 `_FREE_PLAIN` plain steps in a row feeds the drafter what they committed (the engine's catch-up, an eager
-prefill: 55–78 ms at 8–32 rows on an H200, 30–40 plain steps' worth). The engine reports it with that step
-(`record_step(..., catch_up_of=plain steps)`): the time beyond the usual step at its cell is spread over the
-plain steps that caused it and added to T(b, 0). A switch into a run of plain steps, or out of one, commits to
+prefill: 30–40 plain steps' worth on an H200), reported with that step (`record_step(..., catch_up_of=plain
+steps)`): the time beyond the usual step at its cell is spread over the plain steps that caused it, added to T(b, 0). A switch into a run of plain steps, or out of one, commits to
 one catch-up: the arm switched to carries it spread over `_REGIME` steps (hysteresis: no flip-flopping that pays
 a catch-up each time; before any catch-up was measured it is taken as `_CATCH_UP_PRIOR` plain steps). The
 engine's drafters re-feed their last 4 committed tokens, so up to `_FREE_PLAIN` = 2 plain steps need no
@@ -42,12 +41,10 @@ arms' times. The runner-up, when its time is borrowed from another batch bucket,
 (unless that would interrupt a plain run and pay a catch-up). Otherwise, at most every `_EXPLORE_MIN` decisions
 another arm (the runner-up, then the others in turn) runs for `_PROBE` steps, and only while the probes' expected
 loss (their steps at the arm's predicted rate instead of the winner's, plus the catch-up a probe out of a plain
-run causes) stays under `_EXPLORE_BUDGET` of the time run so far: arms that predict close are re-timed often; a far-off
-arm, or speculation out of a long plain run, rarely.
+run causes) stays under `_EXPLORE_BUDGET` of the time run so far: close arms are re-timed often, far-off ones rarely.
 
 Shapes and captures. Every (batch bucket, γ, length bucket, flavor) is one step shape whose CUDA graphs are
-captured once (~0.1 s of a 24-layer target on an H200: every running row waits). The engine passes
-`ready(γ)`: whether this step's shape at γ is built. After the engine's warm-up (which builds every γ of the
+captured once (every running row waits). The engine passes `ready(γ)`: whether this step's shape at γ is built. After the engine's warm-up (which builds every γ of the
 menu, 0 and `candidates`, for every batch and length bucket and the common flavors) `only_ready` is set and only
 built arms are chosen, so traffic never captures mid-run (a shape the warm-up left out — a top-k flavor, a
 length past its bound — has no arm built and captures whatever runs). Without a warm-up an arm not built yet
@@ -61,17 +58,19 @@ going, as under continuous admission, keep it), or until a row's fixed cap needs
 Per-row caps (`row_caps`): a request whose acceptance collapses, or every "auto" row on a drafter-wide collapse,
 falls back to plain (cap 0, counted so in the choice) for a cool-down; with `row_cost="tokens"` (a ragged step) an
 "auto" row drafts only the depths that pay (`specdec.engine.acceptance`). Exactness holds at every cap. `report()`:
-what was measured and chosen (stored per row by the traffic bench), and the collapse counts.
+what was measured and chosen (stored per row by the traffic bench), and the collapse counts. A draft-length
+policy of the loop (`set_fixed(policy)`) chooses instead of all this: `specdec.engine.policy_loop`.
 """
 
 from __future__ import annotations
 
 from specdec.engine.acceptance import AcceptanceWatch, check_row_cost, held_caps, pass_caps
 from specdec.engine.policy_admission import AdmissionCost
+from specdec.engine.policy_loop import loop_choice
 from specdec.engine.policy_depth import (DepthProfile, extra_tokens as _extra_tokens, row_estimate as _estimate,
                                          row_rates)
 from specdec.engine.policy_times import (Gaps, batch_times, capture_cost, catch_up_cost, interpolate as _interpolate,
-                                         length_bucket, median as _median)
+                                         keep_last, length_bucket, median as _median, pooled_medians)
 
 
 __all__ = ["GammaPolicy", "CANDIDATES"]
@@ -98,7 +97,7 @@ _PRIOR_ALPHA, _PRIOR_WEIGHT = 0.5, 8.0  # α before any row was verified; weight
 class GammaPolicy:
     def __init__(self, spec, max_draft_tokens: int, plain_catches_up: bool = False, watch=None,
                  row_cost: str = "shape"):
-        self.fixed = None if spec == "auto" else int(spec)
+        self.fixed, self.loop = None if spec == "auto" else int(spec), None  # loop: a draft-length policy's choice
         self.watch, self.row_cost = AcceptanceWatch() if watch is None else watch, check_row_cost(row_cost)
         self._row_caps, self._capped, self._watching = None, False, False  # (`row_caps`)
         self.plain_catches_up = plain_catches_up  # a plain run costs the drafter a catch-up later (see the doc)
@@ -136,10 +135,7 @@ class GammaPolicy:
     @property
     def times(self) -> dict[tuple[int, int], float]:
         """(b, γ) → the median of the last timed steps over every length bucket (a report)."""
-        pooled: dict[tuple[int, int], list[float]] = {}
-        for (b, g, _), values in self.samples.items():
-            pooled.setdefault((b, g), []).extend(values)
-        return {key: _median(values) for key, values in pooled.items() if values}
+        return pooled_medians(self.samples)
 
     def report(self) -> dict:
         """JSON-ready, over the policy's life: batch bucket → γ → {median step ms, timed steps, decisions that
@@ -169,8 +165,10 @@ class GammaPolicy:
 
     # ---------------------------------------------------------------------------------- the choice
     def set_fixed(self, spec) -> None:
-        """Switch between a fixed γ (an int, 0 = plain) and "auto" (for a new call on a kept engine)."""
-        self.fixed = None if spec == "auto" else int(spec)
+        """Switch between a fixed γ (an int, 0 = plain), "auto" and a draft-length policy (a `DraftLengthPolicy` or
+        its name: asked every step, told every step's outcome, `policy_loop`), for a new call on a kept engine."""
+        self.loop = loop_choice(spec, self.max_draft_tokens)
+        self.fixed = None if spec == "auto" or self.loop is not None else int(spec)
         if self.fixed is not None and self.fixed > self.max_draft_tokens:
             raise ValueError(f"num_draft_tokens {self.fixed} exceeds this engine's max_draft_tokens")
         self._choice, self._auto_step = None, self.fixed is None
@@ -184,6 +182,11 @@ class GammaPolicy:
         None (the row is "auto"); None = every row takes the engine's default (`fixed`, or "auto")."""
         self.gaps.choosing()
         self._step_rows = tuple(running)  # (a snapshot: the engine releases finished rows before `record_step`)
+        if self.loop is not None:  # a draft-length policy chooses; "auto"'s models learn nothing from its steps
+            gamma, self._row_caps = self.loop.choose(running, ready, caps)
+            self._auto_step = self._watching = False
+            self._plain_run = self._plain_run + 1 if gamma == 0 else 0
+            return gamma
         given, (caps, self._watching) = caps, held_caps(self.watch, running, caps, self.fixed)  # (held rows: cap 0)
         floor, auto = ((self.fixed or 0), self.fixed is None) if caps is None else \
             (max([c for c in caps if c is not None], default=0), None in caps)
@@ -210,6 +213,11 @@ class GammaPolicy:
         self._plain_run = self._plain_run + 1 if gamma == 0 else 0
         self._set_row_caps(given, caps, gamma, running, batch, length)
         return gamma
+
+    def observe(self, record) -> None:
+        """Every chain step's `StepRecord`, a shape's first run included: a draft-length policy's feedback."""
+        if self.loop is not None:
+            self.loop.observe(record)
 
     def row_caps(self) -> tuple[int, ...] | None:
         """The last `choose`'s verify caps per row for `Engine.draft_caps` (`acceptance.pass_caps`; None: unchanged)."""
@@ -356,10 +364,7 @@ class GammaPolicy:
                 self.admission.fed(max(seconds - usual, 0.0) * (1.0 - catch_up_share), catch_up_prompts)
             return
         ell = length_bucket(length or 1)
-        values = self.samples.setdefault((batch, gamma, ell), [])
-        values.append(seconds)
-        if len(values) > _WINDOW:
-            del values[0]
+        values = keep_last(self.samples.setdefault((batch, gamma, ell), []), seconds, _WINDOW)
         self._grid.setdefault(batch, {}).setdefault(ell, {})[gamma] = _median(values)
         self._counts[(batch, gamma)] = self._counts.get((batch, gamma), 0) + 1
         old = self.tokens.get((batch, gamma))
@@ -377,19 +382,14 @@ class GammaPolicy:
     def record_capture(self, seconds: float) -> None:
         """A step that first built its shape (captured its graphs) took `seconds`, the capture included."""
         self._clock += max(seconds, 0.0)
-        self.capture_events.append(max(seconds, 0.0))
-        if len(self.capture_events) > _WINDOW:
-            del self.capture_events[0]
+        keep_last(self.capture_events, max(seconds, 0.0), _WINDOW)
 
     def record_catch_up(self, batch: int, seconds: float, plain_steps: int) -> None:
         """A speculative step at bucket b that first fed the drafter what `plain_steps` plain steps committed
         took `seconds` longer than that step usually takes: each of those plain steps cost that much more."""
         for store, value in ((self.catch_up, max(seconds, 0.0) / max(plain_steps, 1)),
                              (self.catch_up_events, max(seconds, 0.0))):
-            values = store.setdefault(batch, [])
-            values.append(value)
-            if len(values) > _WINDOW:
-                del values[0]
+            keep_last(store.setdefault(batch, []), value, _WINDOW)
 
     def record_row(self, request, beta_sum: float, reached: int, drafting: int) -> None:
         """One speculative step of one request: its Σβ, verified positions, and whether it drafted anything."""

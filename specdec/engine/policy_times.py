@@ -30,6 +30,21 @@ def borrow(cells: dict[int, dict[int, float]], key: int) -> dict[int, float]:
     return here
 
 
+def keep_last(values: list[float], value: float, window: int) -> list[float]:
+    """`values` with `value` appended, the oldest dropped past `window` (a policy's sample windows)."""
+    values.append(value)
+    del values[:-window]
+    return values
+
+
+def pooled_medians(samples: dict[tuple[int, int, int], list[float]]) -> dict[tuple[int, int], float]:
+    """(b, γ, ℓ) → step times ⇒ (b, γ) → the median of them all, over every length bucket (a report)."""
+    pooled: dict[tuple[int, int], list[float]] = {}
+    for (b, g, _), values in samples.items():
+        pooled.setdefault((b, g), []).extend(values)
+    return {key: median(values) for key, values in pooled.items() if values}
+
+
 def median(values: list[float]) -> float:
     """The lower median: noise in step times is one-sided (a straggler is only ever slower), so of two middle
     values the lower one is the typical step."""

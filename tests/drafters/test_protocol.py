@@ -50,9 +50,14 @@ def test_one_model_drafter_class_serves_both_runners(llama, llama_draft):
         def propose(self, context, num_draft_tokens, sampling, generator, confidence_threshold=None) -> Proposal:
             return super().propose(context, num_draft_tokens, sampling, generator, confidence_threshold)
 
-    with pytest.raises(UnsupportedModel, match="LoopOnlyModel drafters"):
-        Engine(llama, LoopOnlyModel(llama_draft), EngineConfig(max_batch_size=2, max_seq_len=64, num_draft_tokens=2,
-                                                                cuda_graphs=False))
+    from specdec.drafters.loop_adapter import LoopOnEngine
+
+    loop_only = Engine(llama, LoopOnlyModel(llama_draft), EngineConfig(max_batch_size=2, max_seq_len=64,
+                                                                       num_draft_tokens=2, cuda_graphs=False))
+    # not bound as the engine's model drafter: called through the loop's protocol, row by row (`loop_adapter`)
+    assert isinstance(loop_only.drafter, LoopOnEngine) and not loop_only.drafter_cached
+    with pytest.raises(UnsupportedModel, match="engine does not run object drafters"):
+        Engine(llama, object(), EngineConfig(max_batch_size=2, max_seq_len=64, num_draft_tokens=2, cuda_graphs=False))
 
 
 @pytest.mark.parametrize("kind", ["model", "lookup"])
