@@ -10,7 +10,8 @@
 //
 // Each row of x is quantized on its own, per block of 32: d = max|x| / 127, qx = round(x / d) ∈ −127..127. Per group
 // g of G weights (the scale's groups) the product is an integer dot product, exact in int32:
-//   dot_g = Σ q·qx   (4-bit: q ∈ 0..15 unsigned × qx signed; 8-bit: |q| · sign(qx, q), |q| ≤ 128: no saturation)
+//   dot_g = Σ q·qx   (4-bit: q ∈ 0..15 unsigned × qx signed; 8-bit: |q| · sign(qx, q), |q| ≤ 128: no saturation, or
+//                    on VNNI with 2 rows or more Σ (qx + 128)·q − 128·Σq: the same int32)
 // and the float arithmetic is, per row, over chunks of 8 groups, group j of a chunk in float lane L(j) =
 // 4·(j mod 2) + ⌊j/2⌋ (the order the integer reductions leave the groups in):
 //   acc[L] = fma(float(dot_g), scale_g · d_g, acc[L])       off[L] = fma(offset_g, d_g · Σ_g qx, off[L])
@@ -21,10 +22,12 @@
 // attributes and chosen at run time from the CPU's flags (no -march: the build runs on any x86-64).
 //
 // Cost: a chunk's 4-bit weights (8 blocks of 32, two blocks a register against activations stored in the same pair
-// order) are decoded once and applied to a tile of up to 8 rows (8-bit blocks: read from L1 by each row); a row's
-// share is its integer dots, a horizontal-add tree (8 groups → 8 lanes) and, per 8 groups, one convert, one multiply
-// and two fused multiply-adds (the layout before spent those per block). The AVX-512 path is the AVX2 one
-// with vpdpbusd (256-bit) for the dots. Output columns are split across torch's intra-op threads (the split changes
+// order) are decoded once and applied to a tile of up to 8 rows; 8-bit weights (Q5_*, Q6_K, Q8_0) are staged the same
+// way for 2 rows or more (G 32: block pairs in the 4-bit pair order; AVX2 |w| once a chunk, VNNI −128 · Σw once a
+// chunk against activations biased by 128), and read from L1 by the row itself at one row (staging costs one row
+// more than it saves). A row's share is its integer dots, a horizontal-add tree (8 groups → 8 lanes) and, per 8
+// groups, one convert, one multiply and two fused multiply-adds. The AVX-512 path is the AVX2 one with vpdpbusd
+// (256-bit) for the dots. Output columns are split across torch's intra-op threads (the split changes
 // no column's arithmetic).
 
 #include <ATen/Parallel.h>
@@ -46,24 +49,28 @@ namespace {
 inline int lane_of_group(int64_t j) { return static_cast<int>((j & 1) * 4 + ((j >> 1) & 3)); }  // j: within a chunk
 
 struct Act {  // the quantized rows of x
-  // q [M, row]: bits 8: the K values as they are (row = K); bits 4: blocks in pairs (2p, 2p + 1), 64 bytes a pair:
-  //   x_2p[0:16] x_2p+1[0:16] x_2p[16:32] x_2p+1[16:32] (the weights' nibble order; a missing odd block: zeros)
+  // q [M, row]: unpaired: the K values as they are (row = K); paired (bits 4, and bits 8 with G 32 in the staged
+  //   loop): blocks in pairs (2p, 2p + 1), 64 bytes a pair: x_2p[0:16] x_2p+1[0:16] x_2p[16:32] x_2p+1[16:32] (the
+  //   4-bit weights' nibble order, and the order the 8-bit ones are staged in; a missing odd block: zeros);
+  //   biased (bits 8 in the staged loop on AVX-512 VNNI): every byte qx + 128 (qx ^ 0x80), vpdpbusd's unsigned operand
   std::vector<int8_t> q;
   std::vector<float> d;   // [M, chunks, 8]: lane L(j) of chunk c: the scale d of the block holding group 8c + j
   std::vector<float> cs;  // [M, chunks, 8]: d · Σ qx over that group (the offsets' factor); 0 past the last group
   int64_t K = 0, row = 0, groups = 0, chunks = 0;
+  bool paired = false;
 };
 
-inline int64_t x4_index(int64_t b, int j) {  // where value j of block b sits in a bits-4 row of Act::q
+inline int64_t x4_index(int64_t b, int j) {  // where value j of block b sits in a paired row of Act::q
   return (b / 2) * 64 + (b & 1) * 16 + (j < 16 ? j : j + 16);
 }
 
-void quantize_rows(const float* x, int64_t M, int64_t K, int bits, int G, Act& a) {
+void quantize_rows(const float* x, int64_t M, int64_t K, int G, bool paired, bool biased, Act& a) {
   const int64_t B = K / 32;
   a.K = K;
   a.groups = K / G;
   a.chunks = (a.groups + 7) / 8;
-  a.row = bits == 4 ? (B + 1) / 2 * 64 : K;
+  a.paired = paired;
+  a.row = paired ? (B + 1) / 2 * 64 : K;
   a.q.assign(M * a.row, 0);
   a.d.assign(M * a.chunks * 8, 0.f);
   a.cs.assign(M * a.chunks * 8, 0.f);
@@ -76,7 +83,7 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int bits, int G, Act& a
       const float d = amax / 127.f, id = d > 0.f ? 127.f / amax : 0.f;
       int8_t q[32];
       for (int j = 0; j < 32; ++j) q[j] = static_cast<int8_t>(std::nearbyint(v[j] * id));
-      for (int j = 0; j < 32; ++j) row[bits == 4 ? x4_index(b, j) : b * 32 + j] = q[j];
+      for (int j = 0; j < 32; ++j) row[paired ? x4_index(b, j) : b * 32 + j] = q[j];
       for (int h = 0; h < 32 / G; ++h) {
         const int64_t g = b * (32 / G) + h, at = (m * a.chunks + g / 8) * 8 + lane_of_group(g % 8);
         int s = 0;
@@ -86,6 +93,8 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int bits, int G, Act& a
       }
     }
   }
+  if (biased)
+    for (int8_t& v : a.q) v = static_cast<int8_t>(v ^ 0x80);
 }
 
 // The 16 float lanes (0–7: acc, 8–15: off) summed in the fixed order every path ends with.
@@ -130,7 +139,7 @@ void cols_ref(const Args& p, int64_t M, int64_t n0, int64_t n1) {
           const int j = static_cast<int>(k % 32);
           const int w = BITS == 4 ? (j < 16 ? qrow[b * 16 + j] & 15 : qrow[b * 16 + j - 16] >> 4)
                                   : static_cast<int8_t>(qrow[k]);
-          dot += w * xq[BITS == 4 ? x4_index(b, j) : k];
+          dot += w * xq[a.paired ? x4_index(b, j) : k];
         }
         const int L = lane_of_group(g % 8);
         const int64_t at = (m * a.chunks + g / 8) * 8 + L;
@@ -145,15 +154,22 @@ void cols_ref(const Args& p, int64_t M, int64_t n0, int64_t n1) {
 #ifdef SPECDEC_X86
 #define SPECDEC_AVX2 __attribute__((target("avx2,fma")))
 #define SPECDEC_AVX512 __attribute__((target("avx2,fma,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni")))
+#define SPECDEC_INLINE inline __attribute__((always_inline))  // (helpers of the inner loop: never a call)
 
-// ---- shared by the AVX2 and the AVX-512 paths (these inline into both) ----
-constexpr int kMaxUnits = 8;  // per chunk: 4-bit: 4 block pairs; 8-bit: 8 blocks (G 32) or 4 (G 16)
+// ==== the staged loop (8-bit weights, 2 rows or more; helpers shared by the AVX2 and the AVX-512 paths) ====
+// A chunk (8 groups) is 4 units, staged in registers once for the tile of rows: G 32: block pairs (2 blocks of 32
+// bytes, 256 in all) as the 4-bit pairs are laid — low halves [b | b + 1], high halves [b | b + 1] — against
+// activations in the same pair order; G 16: single blocks (32 bytes, 128 in all). Every unit's dot leaves 8 int32
+// lanes (pairs: 4 a block; G 16: 4 a half block), which one two-level horizontal-add tree reduces (a row's share: its
+// dots and 3 hadds a chunk, where the one-row loop below pays 8 loads, 16 sign ops and a 3-level tree of 8 blocks).
+constexpr int kUnits = 4;
+constexpr int kStaged = 16;  // registers a chunk's staged weights take at most
 
 template <int BITS, int G>
-constexpr int units() { return BITS == 4 || G == 16 ? 4 : 8; }
+constexpr int chunk_bytes() { return G == 16 ? 128 : 256; }
 
 // v[8c + j] in lane L(j) (0 past `groups`): a chunk's scales or offsets in the lanes' order
-SPECDEC_AVX2 inline __m256 chunk_lanes(const float* v, int64_t g0, int64_t groups) {
+SPECDEC_AVX2 SPECDEC_INLINE __m256 chunk_lanes(const float* v, int64_t g0, int64_t groups) {
   const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
   if (g0 + 8 <= groups) return _mm256_permutevar8x32_ps(_mm256_loadu_ps(v + g0), order);
   const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(groups - g0)),
@@ -164,17 +180,166 @@ SPECDEC_AVX2 inline __m256 chunk_lanes(const float* v, int64_t g0, int64_t group
 // The weights' stream a few chunks ahead (the hardware prefetcher alone left the single-row pass waiting on loads):
 // the `bytes` of values a chunk reads and its 32 bytes of scales (and offsets), `kAhead` bytes of values ahead.
 constexpr int kAhead = 2048;
-SPECDEC_AVX2 inline void prefetch_ahead(const uint8_t* qs, int bytes, const float* sc, const float* of) {
+SPECDEC_AVX2 SPECDEC_INLINE void prefetch_ahead(const uint8_t* qs, int bytes, const float* sc, const float* of) {
   for (int i = 0; i < bytes; i += 64) _mm_prefetch(reinterpret_cast<const char*>(qs) + kAhead + i, _MM_HINT_T0);
   _mm_prefetch(reinterpret_cast<const char*>(sc) + kAhead / 4, _MM_HINT_T0);
   if (of) _mm_prefetch(reinterpret_cast<const char*>(of) + kAhead / 4, _MM_HINT_T0);
 }
 
+// Unit i of chunk c as two registers (8-bit G 32: [b low | b + 1 low], [b high | b + 1 high]; a missing odd block:
+// zeros) or one (8-bit G 16: the block); returns how many units the chunk has.
+template <int BITS, int G>
+SPECDEC_AVX2 SPECDEC_INLINE int units_of(int64_t c, int64_t B) {
+  const int64_t b0 = c * (8 * G / 32), left = B - b0;
+  const int64_t n = G == 32 ? (left + 1) / 2 : left;
+  return n < kUnits ? static_cast<int>(n) : kUnits;
+}
+
+SPECDEC_AVX2 SPECDEC_INLINE void pair8(const uint8_t* qrow, int64_t b, int64_t B, __m256i* lo, __m256i* hi) {
+  const __m256i y0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qrow + b * 32));
+  const __m256i y1 = b + 1 < B ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qrow + (b + 1) * 32))
+                               : _mm256_setzero_si256();
+  *lo = _mm256_permute2x128_si256(y0, y1, 0x20);
+  *hi = _mm256_permute2x128_si256(y0, y1, 0x31);
+}
+
+// The 4 units' int32 lanes → one int32 a group, in the lanes' order (pairs: [b0 b2 b4 b6 | b1 b3 b5 b7]; G 16:
+// [b0h0 .. b3h0 | b0h1 .. b3h1]).
+SPECDEC_AVX2 SPECDEC_INLINE __m256i lanes_of(const __m256i* v) {
+  return _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+}
+
+template <int MT>
+SPECDEC_AVX2 SPECDEC_INLINE void finish(const Args& p, int64_t m0, int R, int64_t n, const __m256* acc, const __m256* off) {
+  for (int r = 0; r < R; ++r) {
+    alignas(32) float l[16];
+    _mm256_store_ps(l, acc[r]);
+    _mm256_store_ps(l + 8, off[r]);
+    store(p, m0 + r, n, lanes_sum(l));
+  }
+}
+
+// Where unit i of chunk c's activations start in a row of Act::q (paired: 64 bytes a unit; G 16: 32)
+template <int BITS, int G>
+SPECDEC_INLINE const int8_t* unit_x(const int8_t* xr, int64_t c, int i) {
+  return xr + (c * kUnits + i) * (G == 32 ? 64 : 32);
+}
+
+SPECDEC_AVX2 SPECDEC_INLINE __m256i ld(const void* at) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)); }
+
+// ---- AVX2: maddubs + madd: |w| (staged) · sign(qx, w), each half's int16 pairs (≤ 2 · 128 · 127 = 32512) widened by
+// madd before they are added ----
+template <int BITS, int G>
+SPECDEC_AVX2 SPECDEC_INLINE void stage_avx2(const uint8_t* qrow, int64_t c, int64_t B, int nu, __m256i* w) {
+  for (int i = 0; i < nu; ++i) {
+    if (G == 32) {  // w[4i .. 4i + 3]: lo, hi, |lo|, |hi|
+      pair8(qrow, c * 8 + 2 * i, B, &w[4 * i], &w[4 * i + 1]);
+      w[4 * i + 2] = _mm256_sign_epi8(w[4 * i], w[4 * i]);
+      w[4 * i + 3] = _mm256_sign_epi8(w[4 * i + 1], w[4 * i + 1]);
+    } else {  // w[2i], w[2i + 1]: the block, |block|
+      w[2 * i] = ld(qrow + (c * 4 + i) * 32);
+      w[2 * i + 1] = _mm256_sign_epi8(w[2 * i], w[2 * i]);
+    }
+  }
+}
+
+template <int BITS, int G>
+SPECDEC_AVX2 SPECDEC_INLINE __m256i unit_dot_avx2(const __m256i* w, const int8_t* x, int i) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  if (G == 32) {
+    const __m256i lo = _mm256_maddubs_epi16(w[4 * i + 2], _mm256_sign_epi8(ld(x), w[4 * i]));
+    const __m256i hi = _mm256_maddubs_epi16(w[4 * i + 3], _mm256_sign_epi8(ld(x + 32), w[4 * i + 1]));
+    return _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones));
+  }
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(w[2 * i + 1], _mm256_sign_epi8(ld(x), w[2 * i])), ones);
+}
+
+// ---- AVX-512 VNNI: vpdpbusd (ymm): unsigned qx + 128 (Act biased) × signed w, the lanes started at −128 · Σw
+// (staged once a chunk): Σ (qx + 128) · w − 128 · Σ w = Σ qx · w, exact (no saturation; int32 sums far from wrapping) ----
+template <int BITS, int G>
+SPECDEC_AVX512 SPECDEC_INLINE void stage_vnni(const uint8_t* qrow, int64_t c, int64_t B, int nu, __m256i* w) {
+  const __m256i k128 = _mm256_set1_epi8(static_cast<char>(0x80)), zero = _mm256_setzero_si256();
+  for (int i = 0; i < nu; ++i) {
+    if (G == 32) {  // w[3i .. 3i + 2]: lo, hi, −128 · Σw per lane
+      pair8(qrow, c * 8 + 2 * i, B, &w[3 * i], &w[3 * i + 1]);
+      w[3 * i + 2] = _mm256_sub_epi32(
+          zero, _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(zero, k128, w[3 * i]), k128, w[3 * i + 1]));
+    } else {  // w[2i], w[2i + 1]: the block, −128 · Σw per lane
+      w[2 * i] = ld(qrow + (c * 4 + i) * 32);
+      w[2 * i + 1] = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, k128, w[2 * i]));
+    }
+  }
+}
+
+template <int BITS, int G>
+SPECDEC_AVX512 SPECDEC_INLINE __m256i unit_dot_vnni(const __m256i* w, const int8_t* x, int i) {
+  if (G == 32) return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(w[3 * i + 2], ld(x), w[3 * i]), ld(x + 32), w[3 * i + 1]);
+  return _mm256_dpbusd_epi32(w[2 * i + 1], ld(x), w[2 * i]);
+}
+
+// The loop both SIMD paths run, each compiled with its own target (STAGE / DOT: that path's functions): per output
+// column, per tile of up to MT rows, per chunk: the weights staged once, then every row's dots, one convert, one
+// multiply and two fused multiply-adds.
+#define SPECDEC_COLS(STAGE, DOT)                                                                                   \
+  const Act& a = *p.a;                                                                                              \
+  const int64_t B = a.K / 32, row_bytes = BITS == 4 ? a.K / 2 : a.K;                                                \
+  for (int64_t n = n0; n < n1; ++n) {                                                                               \
+    const uint8_t* qrow = p.qs + n * row_bytes;                                                                     \
+    const float* sc = p.scale + n * a.groups;                                                                       \
+    const float* of = p.offset ? p.offset + n * a.groups : nullptr;                                                 \
+    for (int64_t m0 = 0; m0 < M; m0 += MT) {                                                                        \
+      const int R = M - m0 < MT ? static_cast<int>(M - m0) : MT;                                                    \
+      __m256 acc[MT], off[MT];                                                                                      \
+      for (int r = 0; r < MT; ++r) acc[r] = off[r] = _mm256_setzero_ps();                                           \
+      for (int64_t c = 0; c < a.chunks; ++c) {                                                                      \
+        __m256i w[kStaged];                                                                                         \
+        constexpr int bytes = chunk_bytes<BITS, G>();                                                               \
+        prefetch_ahead(qrow + c * bytes, bytes, sc + c * 8, of ? of + c * 8 : nullptr);                             \
+        const int nu = units_of<BITS, G>(c, B);                                                                     \
+        if (nu == kUnits) STAGE<BITS, G>(qrow, c, B, kUnits, w); /* (a constant count: unrolled, in registers) */  \
+        else STAGE<BITS, G>(qrow, c, B, nu, w);                                                                     \
+        const __m256 sw = chunk_lanes(sc, c * 8, a.groups), ow = of ? chunk_lanes(of, c * 8, a.groups) : sw;         \
+        for (int r = 0; r < R; ++r) {                                                                               \
+          const int64_t m = m0 + r;                                                                                 \
+          const int8_t* xr = a.q.data() + m * a.row;                                                                \
+          __m256i v[kUnits];                                                                                        \
+          if (nu == kUnits) {                                                                                       \
+            for (int i = 0; i < kUnits; ++i) v[i] = DOT<BITS, G>(w, unit_x<BITS, G>(xr, c, i), i);                  \
+          } else {                                                                                                  \
+            for (int i = 0; i < kUnits; ++i)                                                                        \
+              v[i] = i < nu ? DOT<BITS, G>(w, unit_x<BITS, G>(xr, c, i), i) : _mm256_setzero_si256();               \
+          }                                                                                                         \
+          const float* dl = a.d.data() + (m * a.chunks + c) * 8;                                                    \
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes_of(v)), _mm256_mul_ps(sw, _mm256_loadu_ps(dl)), acc[r]); \
+          if (of) off[r] = _mm256_fmadd_ps(ow, _mm256_loadu_ps(a.cs.data() + (m * a.chunks + c) * 8), off[r]);      \
+        }                                                                                                           \
+      }                                                                                                             \
+      finish<MT>(p, m0, R, n, acc, off);                                                                            \
+    }                                                                                                               \
+  }
+
+template <int BITS, int G, int MT>
+SPECDEC_AVX2 void cols_staged_avx2(const Args& p, int64_t M, int64_t n0, int64_t n1) { SPECDEC_COLS(stage_avx2, unit_dot_avx2) }
+
+template <int BITS, int G, int MT>
+SPECDEC_AVX512 void cols_staged_avx512(const Args& p, int64_t M, int64_t n0, int64_t n1) {
+  SPECDEC_COLS(stage_vnni, unit_dot_vnni)
+}
+#undef SPECDEC_COLS
+
+// ==== one row at a time (4-bit weights at every row count, 8-bit at one row): each row reads its 8-bit blocks from
+// L1 itself (|w| · sign(qx, w) per block, 8 blocks' lanes reduced per row): no staging, which one row cannot
+// amortise (staged, a one-row product was 10-25% slower) ====
+constexpr int kMaxUnits = 8;  // per chunk: 4-bit: 4 block pairs; 8-bit: 8 blocks (G 32) or 4 (G 16)
+
+template <int BITS, int G>
+constexpr int units() { return BITS == 4 || G == 16 ? 4 : 8; }
+
 // A chunk's weights, decoded once for every row: 4-bit: w[2i], w[2i + 1] = pair i's low / high nibbles (lanes 0–15
 // the even block's, 16–31 the odd one's; a missing odd block zero); 8-bit: nothing staged.
 // Returns how many units (pairs / blocks) the chunk has.
 template <int BITS, int G>
-SPECDEC_AVX2 inline int chunk_weights(const uint8_t* qrow, int64_t c, int64_t B, __m256i* w) {
+SPECDEC_AVX2 SPECDEC_INLINE int chunk_weights(const uint8_t* qrow, int64_t c, int64_t B, __m256i* w) {
   const int64_t b0 = c * (8 * G / 32);
   if (BITS == 4) {
     const __m256i low4 = _mm256_set1_epi8(15);
@@ -195,7 +360,7 @@ SPECDEC_AVX2 inline int chunk_weights(const uint8_t* qrow, int64_t c, int64_t B,
 
 // Units' int32 dots (4 lanes a block for 4-bit pairs, 8 for an 8-bit block) → one int32 a group, in the lanes' order.
 template <int BITS, int G>
-SPECDEC_AVX2 inline __m256i lanes_of(const __m256i* v) {
+SPECDEC_AVX2 SPECDEC_INLINE __m256i lanes_of_blocks(const __m256i* v) {
   if (BITS == 4 || G == 16)  // (pairs: [b0 b2 b4 b6 | b1 b3 b5 b7]; G 16: [b0h0 .. b3h0 | b0h1 .. b3h1])
     return _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
   __m256i t[4];  // 8 blocks: first in pairs as the 4-bit ones are, [b 4 lanes | b + 1 4 lanes] (its halves added)
@@ -205,19 +370,9 @@ SPECDEC_AVX2 inline __m256i lanes_of(const __m256i* v) {
   return _mm256_hadd_epi32(_mm256_hadd_epi32(t[0], t[1]), _mm256_hadd_epi32(t[2], t[3]));
 }
 
-template <int MT>
-SPECDEC_AVX2 inline void finish(const Args& p, int64_t m0, int R, int64_t n, const __m256* acc, const __m256* off) {
-  for (int r = 0; r < R; ++r) {
-    alignas(32) float l[16];
-    _mm256_store_ps(l, acc[r]);
-    _mm256_store_ps(l + 8, off[r]);
-    store(p, m0 + r, n, lanes_sum(l));
-  }
-}
-
 // ---- AVX2: maddubs + madd for the dots (4-bit pairs: the two nibble halves' int16 sums added first, ≤ 7620) ----
 template <int BITS, int G>
-SPECDEC_AVX2 inline __m256i unit_dot_avx2(const __m256i* w, const uint8_t* qrow, const int8_t* xr, int64_t c, int i) {
+SPECDEC_AVX2 SPECDEC_INLINE __m256i block_dot_avx2(const __m256i* w, const uint8_t* qrow, const int8_t* xr, int64_t c, int i) {
   const __m256i ones = _mm256_set1_epi16(1);
   if (BITS == 4) {
     const int8_t* x = xr + (c * 4 + i) * 64;
@@ -232,7 +387,7 @@ SPECDEC_AVX2 inline __m256i unit_dot_avx2(const __m256i* w, const uint8_t* qrow,
 }
 
 template <int BITS, int G, int MT>
-SPECDEC_AVX2 void cols_avx2(const Args& p, int64_t M, int64_t n0, int64_t n1) {
+SPECDEC_AVX2 void cols_blocks_avx2(const Args& p, int64_t M, int64_t n0, int64_t n1) {
   const Act& a = *p.a;
   const int64_t B = a.K / 32, row_bytes = BITS == 4 ? a.K / 2 : a.K;
   constexpr int U = units<BITS, G>();
@@ -255,13 +410,13 @@ SPECDEC_AVX2 void cols_avx2(const Args& p, int64_t M, int64_t n0, int64_t n1) {
           const int8_t* xr = a.q.data() + m * a.row;
           __m256i v[kMaxUnits];
           if (nu == U) {
-            for (int i = 0; i < U; ++i) v[i] = unit_dot_avx2<BITS, G>(w, qrow, xr, c, i);
+            for (int i = 0; i < U; ++i) v[i] = block_dot_avx2<BITS, G>(w, qrow, xr, c, i);
           } else {
             for (int i = 0; i < U; ++i)
-              v[i] = i < nu ? unit_dot_avx2<BITS, G>(w, qrow, xr, c, i) : _mm256_setzero_si256();
+              v[i] = i < nu ? block_dot_avx2<BITS, G>(w, qrow, xr, c, i) : _mm256_setzero_si256();
           }
           const float* dl = a.d.data() + (m * a.chunks + c) * 8;
-          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes_of<BITS, G>(v)), _mm256_mul_ps(sw, _mm256_loadu_ps(dl)),
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes_of_blocks<BITS, G>(v)), _mm256_mul_ps(sw, _mm256_loadu_ps(dl)),
                                    acc[r]);
           if (of) off[r] = _mm256_fmadd_ps(ow, _mm256_loadu_ps(a.cs.data() + (m * a.chunks + c) * 8), off[r]);
         }
@@ -273,7 +428,7 @@ SPECDEC_AVX2 void cols_avx2(const Args& p, int64_t M, int64_t n0, int64_t n1) {
 
 // ---- AVX-512 VNNI: the AVX2 path with vpdpbusd (ymm) for the dots: the same int32 sums, the same float steps ----
 template <int BITS, int G>
-SPECDEC_AVX512 inline __m256i unit_dot_vnni(const __m256i* w, const uint8_t* qrow, const int8_t* xr, int64_t c, int i) {
+SPECDEC_AVX512 SPECDEC_INLINE __m256i block_dot_vnni(const __m256i* w, const uint8_t* qrow, const int8_t* xr, int64_t c, int i) {
   if (BITS == 4) {
     const int8_t* x = xr + (c * 4 + i) * 64;
     const __m256i lo = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w[2 * i],
@@ -287,7 +442,7 @@ SPECDEC_AVX512 inline __m256i unit_dot_vnni(const __m256i* w, const uint8_t* qro
 }
 
 template <int BITS, int G, int MT>
-SPECDEC_AVX512 void cols_avx512(const Args& p, int64_t M, int64_t n0, int64_t n1) {
+SPECDEC_AVX512 void cols_blocks_avx512(const Args& p, int64_t M, int64_t n0, int64_t n1) {
   const Act& a = *p.a;
   const int64_t B = a.K / 32, row_bytes = BITS == 4 ? a.K / 2 : a.K;
   constexpr int U = units<BITS, G>();
@@ -310,13 +465,13 @@ SPECDEC_AVX512 void cols_avx512(const Args& p, int64_t M, int64_t n0, int64_t n1
           const int8_t* xr = a.q.data() + m * a.row;
           __m256i v[kMaxUnits];
           if (nu == U) {
-            for (int i = 0; i < U; ++i) v[i] = unit_dot_vnni<BITS, G>(w, qrow, xr, c, i);
+            for (int i = 0; i < U; ++i) v[i] = block_dot_vnni<BITS, G>(w, qrow, xr, c, i);
           } else {
             for (int i = 0; i < U; ++i)
-              v[i] = i < nu ? unit_dot_vnni<BITS, G>(w, qrow, xr, c, i) : _mm256_setzero_si256();
+              v[i] = i < nu ? block_dot_vnni<BITS, G>(w, qrow, xr, c, i) : _mm256_setzero_si256();
           }
           const float* dl = a.d.data() + (m * a.chunks + c) * 8;
-          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes_of<BITS, G>(v)), _mm256_mul_ps(sw, _mm256_loadu_ps(dl)),
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes_of_blocks<BITS, G>(v)), _mm256_mul_ps(sw, _mm256_loadu_ps(dl)),
                                    acc[r]);
           if (of) off[r] = _mm256_fmadd_ps(ow, _mm256_loadu_ps(a.cs.data() + (m * a.chunks + c) * 8), off[r]);
         }
@@ -338,13 +493,20 @@ int best_isa() {
   return 1;
 }
 
+// The SIMD loop a call takes: 8-bit weights with 2 rows or more, the staged one (their blocks staged once a chunk for
+// the tile); else the blocks one (4-bit weights staged, 8-bit ones read by each row). Both give every row the same
+// int32 dots and float steps: the same bits whatever the loop.
 template <int BITS, int G>
 void run(const Args& p, int64_t M, int isa) {
   const int64_t N = p.N;
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
 #ifdef SPECDEC_X86
-    if (isa == 3) return cols_avx512<BITS, G, 8>(p, M, n0, n1);
-    if (isa == 2) return cols_avx2<BITS, G, 8>(p, M, n0, n1);
+    if constexpr (BITS == 8) {
+      if (isa == 3 && M > 1) return cols_staged_avx512<BITS, G, 8>(p, M, n0, n1);
+      if (isa == 2 && M > 1) return cols_staged_avx2<BITS, G, 8>(p, M, n0, n1);
+    }
+    if (isa == 3) return cols_blocks_avx512<BITS, G, 8>(p, M, n0, n1);
+    if (isa == 2) return cols_blocks_avx2<BITS, G, 8>(p, M, n0, n1);
 #endif
     cols_ref<BITS, G>(p, M, n0, n1);
   });
@@ -373,11 +535,13 @@ void q8_mm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& scale, c
     b = bias->data_ptr<float>();
   }
   if (M == 0 || N == 0) return;
-  Act a;
-  quantize_rows(x.data_ptr<float>(), M, K, static_cast<int>(bits), static_cast<int>(group), a);
+  const int use = isa == 0 ? best : static_cast<int>(isa);
+  Act a;  // (the staged SIMD loops read 8-bit G 32 activations paired as the 4-bit ones; VNNI reads them biased)
+  const bool stage8 = bits == 8 && use >= 2 && M > 1;  // (`staged`: the 8-bit loop that reads them so)
+  quantize_rows(x.data_ptr<float>(), M, K, static_cast<int>(group), bits == 4 || (stage8 && group == 32),
+                stage8 && use == 3, a);
   const Args p{&a, static_cast<const uint8_t*>(qs.data_ptr()), scale.data_ptr<float>(),
                has_offset ? offset.data_ptr<float>() : nullptr, out.data_ptr<float>(), N, b, accumulate};
-  const int use = isa == 0 ? best : static_cast<int>(isa);
   if (bits == 4) run<4, 32>(p, M, use);
   else if (group == 32) run<8, 32>(p, M, use);
   else run<8, 16>(p, M, use);
