@@ -14,8 +14,9 @@
       the chat demo's target (SmolLM2-135M-Instruct Q4_1, `specdec demo`'s GGUF) and shipped head: greedy tokens/s of
       plain and speculative decoding (γ 4) on the engine over its first prompts, after a warm-up, and whether the
       texts are identical; one JSON line. Run it twice, with and without SPECDEC_GGUF_WEIGHTS=dequantized
-  python scripts/bench_quant_cpu.py step [--threads 1] [--repeats 5] [--context 128]
-      the demo's target as the engine's `FastLlama`, quantized (q8_mm) and dequantized (oneDNN fp32), in one
+  python scripts/bench_quant_cpu.py step [--threads 1] [--repeats 5] [--context 128] [--gguf PATH]
+      [--weights quantized,dequantized]
+      the demo's target (or GGUF) as the engine's `FastLlama`, quantized (q8_mm) and dequantized (oneDNN fp32), in one
       process: ms per forward of 1 row (a decode step) and 5 rows (a γ-4 verify pass) after a CONTEXT-token
       prefill, the two models interleaved REPEATS times; one JSON line per model and row count (median, min, max)
   python scripts/bench_quant_cpu.py logits
@@ -223,8 +224,10 @@ def step(args) -> None:
     from specdec.fast.quant.attach import quantized_from_hf
 
     torch.set_num_threads(args.threads)
-    target, _ = load_gguf(find_gguf())
-    models = {"quantized": quantized_from_hf(target, weights="quantized"), "dequantized": FastLlama.from_hf(target)}
+    target, _ = load_gguf(find_gguf(args.gguf))
+    build = {"quantized": lambda: quantized_from_hf(target, weights="quantized"),
+             "dequantized": lambda: FastLlama.from_hf(target)}
+    models = {name: build[name]() for name in args.weights.split(",")}
     prompt = torch.randint(100, 20000, (1, args.context), generator=torch.Generator().manual_seed(0))
     times = {(name, rows): [] for name in models for rows in (1, 5)}
     with torch.inference_mode():
@@ -253,6 +256,8 @@ def main(argv=None) -> None:
     st.add_argument("--threads", type=int, default=1)
     st.add_argument("--repeats", type=int, default=5)
     st.add_argument("--context", type=int, default=128)
+    st.add_argument("--gguf", default=None, help="another GGUF than the demo's target (e.g. the Qwen pair's)")
+    st.add_argument("--weights", default="quantized,dequantized", help="the arms, comma-separated")
     g = sub.add_parser("gemm")
     g.add_argument("--threads", type=int, default=2)
     g.add_argument("--rows", type=int, nargs="+", default=[1, 5])
