@@ -11,7 +11,7 @@
 // Each row of x is quantized on its own, per block of 32: d = max|x| / 127, qx = round(x / d) ∈ −127..127. Per group
 // g of G weights (the scale's groups) the product is an integer dot product, exact in int32:
 //   dot_g = Σ q·qx   (4-bit: q ∈ 0..15 unsigned × qx signed; 8-bit: |q| · sign(qx, q), |q| ≤ 128: no saturation, or
-//                    on VNNI with 2 rows or more Σ (qx + 128)·q − 128·Σq: the same int32)
+//                    on VNNI Σ (qx + 128)·q − 128·Σq: the same int32)
 // and the float arithmetic is, per row, over chunks of 8 groups, group j of a chunk in float lane L(j) =
 // 4·(j mod 2) + ⌊j/2⌋ (the order the integer reductions leave the groups in):
 //   acc[L] = fma(float(dot_g), scale_g · d_g, acc[L])       off[L] = fma(offset_g, d_g · Σ_g qx, off[L])
@@ -22,12 +22,12 @@
 // attributes and chosen at run time from the CPU's flags (no -march: the build runs on any x86-64).
 //
 // Cost: a chunk's 4-bit weights (8 blocks of 32, two blocks a register against activations stored in the same pair
-// order) are decoded once and applied to a tile of up to 8 rows; 8-bit weights (Q5_*, Q6_K, Q8_0) are staged the same
-// way for 2 rows or more (G 32: block pairs in the 4-bit pair order; AVX2 |w| once a chunk, VNNI −128 · Σw once a
-// chunk against activations biased by 128), and read from L1 by the row itself at one row (staging costs one row
-// more than it saves). A row's share is its integer dots, a horizontal-add tree (8 groups → 8 lanes) and, per 8
-// groups, one convert, one multiply and two fused multiply-adds. The AVX-512 path is the AVX2 one with vpdpbusd
-// (256-bit) for the dots. Output columns are split across torch's intra-op threads (the split changes
+// order) are decoded once and applied to a tile of up to 8 rows; 8-bit weights (Q5_*, Q6_K, Q8_0) are staged once a
+// chunk too, transposed (Act's kTransposed: each group's partial sums in its own lane, so a row's dots need no
+// horizontal reduction; AVX2 stages |w|, VNNI −128 · Σw against activations biased by 128), at every row count. A
+// row's share is its integer dots (4-bit: and a horizontal-add tree, 8 groups → 8 lanes) and, per 8 groups, one
+// convert, one multiply and two fused multiply-adds. The AVX-512 path is the AVX2 one with vpdpbusd (256-bit) for
+// the dots. Output columns are split across torch's intra-op threads (the split changes
 // no column's arithmetic).
 
 #include <ATen/Parallel.h>
