@@ -5,7 +5,7 @@
       kernel (Q4_1; Q8_0 for the head, as the file has them), oneDNN's fp32 product on a packed copy (the engine's
       path before), and torch's weight-only CPU ops `_weight_int4pack_mm_for_cpu` / `_weight_int8pack_mm` (group 32 /
       per channel: what they would cost, not exact for these formats)
-  python scripts/bench_quant_cpu.py types [--threads 1] [--rows 1 5 8] [--kinds Q4_1 Q8_0 ...] [--rounds 5]
+  python scripts/bench_quant_cpu.py types [--threads 1] [--rows 1 5 8] [--kinds Q4_1 Q8_0 ...] [--rounds 5] [--isa 2]
       per block type (random values of its layout: 4-bit Q4_*, 8-bit Q5_* / Q6_K / Q8_0) at SmolLM2's gate|up and down
       shapes: µs per product of the quantized kernel at each row count, the types and row counts interleaved ROUNDS
       times (the minimum of each round's calls, then the median over rounds), and each row count's cost over one
@@ -114,15 +114,15 @@ def types(args) -> None:
             for rows in args.rows:
                 x = xs[(rows, key[1])]
                 for _ in range(3):
-                    quant_linear(x, w)
+                    quant_linear(x, w, isa=args.isa)
                 best = float("inf")
                 for _ in range(args.calls):
                     start = time.perf_counter()
-                    quant_linear(x, w)
+                    quant_linear(x, w, isa=args.isa)
                     best = min(best, time.perf_counter() - start)
                 times[(key, rows)].append(best * 1e6)
         load.append(os.getloadavg()[0])
-    print(json.dumps({"kernel": kernel_name(), "threads": args.threads, "rounds": args.rounds,
+    print(json.dumps({"kernel": kernel_name(), "isa": args.isa, "threads": args.threads, "rounds": args.rounds,
                       "load": [round(v, 1) for v in load]}))
     for key in weights:
         us = {rows: float(np.median(times[(key, rows)])) for rows in args.rows}
@@ -267,6 +267,7 @@ def main(argv=None) -> None:
     t.add_argument("--kinds", nargs="+", default=["Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q5_K", "Q6_K"])
     t.add_argument("--rounds", type=int, default=5)
     t.add_argument("--calls", type=int, default=20)
+    t.add_argument("--isa", type=int, default=0, help="the kernel's path: 0 the best, 1 C++, 2 AVX2, 3 AVX-512 VNNI")
     d = sub.add_parser("decode")
     d.add_argument("--threads", type=int, default=2)
     d.add_argument("--prompts", type=int, default=2)
