@@ -5,12 +5,18 @@
       kernel (Q4_1; Q8_0 for the head, as the file has them), oneDNN's fp32 product on a packed copy (the engine's
       path before), and torch's weight-only CPU ops `_weight_int4pack_mm_for_cpu` / `_weight_int8pack_mm` (group 32 /
       per channel: what they would cost, not exact for these formats)
+  python scripts/bench_quant_cpu.py types [--threads 1] [--rows 1 5 8] [--kinds Q4_1 Q8_0 ...] [--rounds 5] [--isa 2]
+      per block type (random values of its layout: 4-bit Q4_*, 8-bit Q5_* / Q6_K / Q8_0) at SmolLM2's gate|up and down
+      shapes: µs per product of the quantized kernel at each row count, the types and row counts interleaved ROUNDS
+      times (the minimum of each round's calls, then the median over rounds), and each row count's cost over one
+      row's; one JSON line per type and shape, with the load average
   python scripts/bench_quant_cpu.py decode [--prompts 2] [--tokens 64]
       the chat demo's target (SmolLM2-135M-Instruct Q4_1, `specdec demo`'s GGUF) and shipped head: greedy tokens/s of
       plain and speculative decoding (γ 4) on the engine over its first prompts, after a warm-up, and whether the
       texts are identical; one JSON line. Run it twice, with and without SPECDEC_GGUF_WEIGHTS=dequantized
-  python scripts/bench_quant_cpu.py step [--threads 1] [--repeats 5] [--context 128]
-      the demo's target as the engine's `FastLlama`, quantized (q8_mm) and dequantized (oneDNN fp32), in one
+  python scripts/bench_quant_cpu.py step [--threads 1] [--repeats 5] [--context 128] [--gguf PATH]
+      [--weights quantized,dequantized]
+      the demo's target (or GGUF) as the engine's `FastLlama`, quantized (q8_mm) and dequantized (oneDNN fp32), in one
       process: ms per forward of 1 row (a decode step) and 5 rows (a γ-4 verify pass) after a CONTEXT-token
       prefill, the two models interleaved REPEATS times; one JSON line per model and row count (median, min, max)
   python scripts/bench_quant_cpu.py logits
@@ -79,6 +85,49 @@ def gemm(args) -> None:
                        lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(x, int4, 32, scales_zeros), repeats),
                    "torch_int8pack_us": _time_us(lambda: torch.ops.aten._weight_int8pack_mm(x, int8, channel), repeats)}
             print(json.dumps({k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}))
+
+
+def _random_weight(kind: str, n: int, k: int, gen: torch.Generator):
+    """A `QuantWeight` with random values of `kind`'s layout (speed only: the values are not a real model's)."""
+    from specdec.fast.quant.weight import QuantWeight
+
+    bits, group = (4 if kind.startswith("Q4") else 8), (16 if kind == "Q6_K" else 32)
+    qs = (torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=gen) if bits == 4 else
+          torch.randint(-32, 32, (n, k), dtype=torch.int8, generator=gen))
+    scale = torch.rand(n, k // group, generator=gen) * 0.01
+    offset = None if kind in ("Q8_0", "Q6_K", "Q5_0") else -torch.rand(n, k // group, generator=gen) * 0.1
+    return QuantWeight(qs, scale, offset, bits, group, (n, k), kind)
+
+
+def types(args) -> None:
+    from specdec.fast.quant import kernel_name, quant_linear
+
+    torch.set_num_threads(args.threads)
+    gen = torch.Generator().manual_seed(0)
+    shapes = {"gate_up": (3072, 576), "down": (576, 1536)}
+    weights = {(kind, s): _random_weight(kind, *shapes[s], gen) for kind in args.kinds for s in shapes}
+    xs = {(rows, s): torch.randn(rows, shapes[s][1], generator=gen) for rows in args.rows for s in shapes}
+    times = {(key, rows): [] for key in weights for rows in args.rows}
+    load = [os.getloadavg()[0]]
+    for _ in range(args.rounds):
+        for key, w in weights.items():
+            for rows in args.rows:
+                x = xs[(rows, key[1])]
+                for _ in range(3):
+                    quant_linear(x, w, isa=args.isa)
+                best = float("inf")
+                for _ in range(args.calls):
+                    start = time.perf_counter()
+                    quant_linear(x, w, isa=args.isa)
+                    best = min(best, time.perf_counter() - start)
+                times[(key, rows)].append(best * 1e6)
+        load.append(os.getloadavg()[0])
+    print(json.dumps({"kernel": kernel_name(), "isa": args.isa, "threads": args.threads, "rounds": args.rounds,
+                      "load": [round(v, 1) for v in load]}))
+    for key in weights:
+        us = {rows: float(np.median(times[(key, rows)])) for rows in args.rows}
+        print(json.dumps({"type": key[0], "shape": key[1], **{f"us_{r}": round(v, 1) for r, v in us.items()},
+                          **{f"ratio_{r}_1": round(v / us[1], 2) for r, v in us.items() if r != 1 and 1 in us}}))
 
 
 def _rss() -> int:
@@ -175,8 +224,10 @@ def step(args) -> None:
     from specdec.fast.quant.attach import quantized_from_hf
 
     torch.set_num_threads(args.threads)
-    target, _ = load_gguf(find_gguf())
-    models = {"quantized": quantized_from_hf(target, weights="quantized"), "dequantized": FastLlama.from_hf(target)}
+    target, _ = load_gguf(find_gguf(args.gguf))
+    build = {"quantized": lambda: quantized_from_hf(target, weights="quantized"),
+             "dequantized": lambda: FastLlama.from_hf(target)}
+    models = {name: build[name]() for name in args.weights.split(",")}
     prompt = torch.randint(100, 20000, (1, args.context), generator=torch.Generator().manual_seed(0))
     times = {(name, rows): [] for name in models for rows in (1, 5)}
     with torch.inference_mode():
@@ -205,9 +256,18 @@ def main(argv=None) -> None:
     st.add_argument("--threads", type=int, default=1)
     st.add_argument("--repeats", type=int, default=5)
     st.add_argument("--context", type=int, default=128)
+    st.add_argument("--gguf", default=None, help="another GGUF than the demo's target (e.g. the Qwen pair's)")
+    st.add_argument("--weights", default="quantized,dequantized", help="the arms, comma-separated")
     g = sub.add_parser("gemm")
     g.add_argument("--threads", type=int, default=2)
     g.add_argument("--rows", type=int, nargs="+", default=[1, 5])
+    t = sub.add_parser("types")
+    t.add_argument("--threads", type=int, default=1)
+    t.add_argument("--rows", type=int, nargs="+", default=[1, 5, 8])
+    t.add_argument("--kinds", nargs="+", default=["Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q5_K", "Q6_K"])
+    t.add_argument("--rounds", type=int, default=5)
+    t.add_argument("--calls", type=int, default=20)
+    t.add_argument("--isa", type=int, default=0, help="the kernel's path: 0 the best, 1 C++, 2 AVX2, 3 AVX-512 VNNI")
     d = sub.add_parser("decode")
     d.add_argument("--threads", type=int, default=2)
     d.add_argument("--prompts", type=int, default=2)
@@ -216,7 +276,7 @@ def main(argv=None) -> None:
     m = sub.add_parser("memory")
     m.add_argument("gguf")
     args = parser.parse_args(argv)
-    {"gemm": gemm, "decode": decode, "memory": memory, "step": step, "logits": logits}[args.what](args)
+    {"gemm": gemm, "types": types, "decode": decode, "memory": memory, "step": step, "logits": logits}[args.what](args)
 
 
 if __name__ == "__main__":

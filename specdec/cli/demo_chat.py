@@ -62,16 +62,17 @@ def run_chat(args, print_json, columns, compare_runs) -> int:
         raise CLIError("--general and --prompt both choose the prompts: give one")
     head_dir = Path(args.draft) if args.draft else SHIPPED_HEAD
     is_head = is_feature_head(head_dir)
-    if not is_head and not (head_dir / "config.json").is_file():
+    if not is_head and not (head_dir / "config.json").is_file() and not (head_dir.suffix == ".gguf" and
+                                                                         head_dir.is_file()):
         raise CLIError(f"--draft {head_dir}: neither a feature head folder (feature_head.json) nor a draft model "
-                       "folder (config.json)")
+                       "(a folder with config.json, or a GGUF file)")
     gguf = find_gguf(args.target)
     if args.device != "cpu" or args.dtype not in (None, "float32", "auto"):
         raise CLIError("the chat demo runs the target in float32 on the CPU (--device cpu, --dtype float32)")
     target, tokenizer = load_gguf(gguf)
     if is_head:
         drafter, draft_label = str(head_dir), "feature head " + head_dir.name
-    else:  # a small draft model over the target's vocabulary (scripts/train_smol_drafter.py --kinds draft)
+    else:  # a small draft model over the target's vocabulary (scripts/train_smol_drafter.py --kinds draft; a GGUF)
         from specdec.loading import load_model
 
         drafter, draft_label = load_model(head_dir, device="cpu", dtype="float32", what="draft").eval(), \

@@ -15,6 +15,8 @@ kept quantized, when the kernel builds): CPU float32, no token tree.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from specdec.fast.quant.kernel import kernel_available
@@ -23,6 +25,13 @@ __all__ = ["cpu_attention", "cpu_attention_unsupported", "CPU_ATTENTION_MAX_QUER
 
 CPU_ATTENTION_MAX_QUERIES = 32  # new tokens a row up to which the layers take it (decode / verify; prefill chunks:
 # SDPA, whose cost per query does not grow with the chunk as this loop's does)
+
+
+@functools.lru_cache(maxsize=64)
+def _indices(batch: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the static cache's table `[B, 1]` int32: block b = row b, each query's row `[B·k]`): made once per shape (a
+    decode step's layers all ask for the same; the op only reads them) — 3 small tensor ops a layer less."""
+    return torch.arange(batch, dtype=torch.int32).view(batch, 1), torch.arange(batch).repeat_interleave(k)
 
 
 def cpu_attention_unsupported(q: torch.Tensor, keys: torch.Tensor, tree=None) -> str | None:
@@ -45,16 +54,17 @@ def cpu_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos
     if not kernel_available():
         raise RuntimeError("cpu_attention: specdec's CPU kernels did not build (the reason was logged)")
     batch, k, heads, dim = q.shape
+    static, rows = _indices(batch, k)
     if block_table is None:
-        pool_k, pool_v = keys.transpose(1, 2), values.transpose(1, 2)  # [B, S, H_kv, D]: block b = row b
-        table = torch.arange(batch, dtype=torch.int32).view(batch, 1)
+        pool_k, pool_v, table = keys.transpose(1, 2), values.transpose(1, 2), static  # [B, S, H_kv, D]: block b = row b
     else:
         pool_k, pool_v, table = keys, values, block_table.contiguous()
     span = table.shape[1] * pool_k.shape[1]
     out = torch.empty(batch * k, heads, dim)
-    rows = torch.arange(batch).repeat_interleave(k)
+    pos = positions.reshape(-1)
     torch.ops.specdec_attn.attn_decode(q.reshape(batch * k, heads, dim), pool_k, pool_v, table, rows,
-                                       positions.reshape(-1).long().contiguous(),
+                                       pos if pos.dtype == torch.int64 and pos.is_contiguous() else
+                                       pos.long().contiguous(),
                                        dim ** -0.5 if scale is None else float(scale), window or 0,
                                        float(softcap or 0.0), span - 2, out)
     return out.view(batch, k, heads, dim)

@@ -83,12 +83,15 @@ def _chunked(x2: torch.Tensor, weight: QuantWeight, out: torch.Tensor, bias: tor
             out[:, start:stop] = part
 
 
+_NO_OFFSET = torch.empty(0)  # (the op's "no offset": one shared empty tensor, not one made per call)
+
+
 def _product(x2: torch.Tensor, weight: QuantWeight, out: torch.Tensor, bias: torch.Tensor | None,
              accumulate: bool, isa: int = 0) -> None:
     if kernel_available():
-        offset = weight.offset if weight.offset is not None else weight.scale.new_empty(0)
-        torch.ops.specdec_q8.q8_mm(x2, weight.qs, weight.scale, offset, weight.bits, weight.group,
-                                   None if bias is None else bias.contiguous(), out, accumulate, isa)
+        torch.ops.specdec_q8.q8_mm(x2, weight.qs, weight.scale, _NO_OFFSET if weight.offset is None else weight.offset,
+                                   weight.bits, weight.group, None if bias is None else bias.contiguous(), out,
+                                   accumulate, isa)
     else:
         _chunked(x2, weight, out, bias, accumulate)
 

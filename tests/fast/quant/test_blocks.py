@@ -77,6 +77,28 @@ def test_the_chunked_path_without_the_kernel(monkeypatch):
     assert within_rounding(qkernel.quant_add_linear_(residual, x, weight), x, dense)
 
 
+def test_a_failed_build_falls_back_with_its_reason(monkeypatch):
+    """A host whose compiler fails the extension (other CPU flags, no g++): `_load` answers the reason, the kernel is
+    unavailable, and the products take the chunked path — no exception reaches the caller."""
+    from torch.utils import cpp_extension
+
+    def broken(**_):
+        raise RuntimeError("Error building extension 'specdec_quant_cpu'\nmore lines")
+
+    monkeypatch.setattr(cpp_extension, "load", broken)
+    qkernel._load.cache_clear()
+    try:
+        assert qkernel._load() == "RuntimeError: Error building extension 'specdec_quant_cpu'"
+        assert not qkernel.kernel_available() and qkernel.kernel_isa() == 0
+        assert "did not build" in qkernel.kernel_name()
+        raw = raw_tensor("Q8_0", 8, 64)
+        weight, dense = from_blocks("Q8_0", raw, (8, 64)), reference("Q8_0", raw)
+        x = torch.randn(5, 64)
+        assert within_rounding(qkernel.quant_linear(x, weight), x, dense)
+    finally:
+        qkernel._load.cache_clear()  # (the next call loads the real extension again: built, so no rebuild)
+
+
 def test_join_widens_mixed_types_exactly():
     """q|k|v of a Q4_K_M file: Q4_K q and k with a Q6_K v → one 8-bit group-16 matrix, the same weights."""
     parts = [("Q4_K", 64), ("Q4_K", 32), ("Q6_K", 32)]

@@ -100,14 +100,15 @@ def test_a_rows_output_is_the_same_bits_whatever_the_call(kind):
     assert torch.equal(qkernel.quant_add_linear_(residual.clone(), x, weight), residual + alone)
 
 
-@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0", "Q6_K"])
-@pytest.mark.parametrize("k", [576, 1536])
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("k", [544, 576, 1536])
 def test_a_row_among_5_or_8_rows_is_the_row_alone(kind, k):
-    """The register tiles over rows (up to 8 a pass over a weight block) at SmolLM2's K (576: a partial last chunk of
-    8 groups; 1536: whole chunks): a row gives the same bits alone and at every place among 5 or 8 rows, on every
-    instruction set this CPU runs."""
+    """The register tiles over rows (up to 8 a pass over a weight block, 4- and 8-bit blocks alike) at SmolLM2's K
+    (576: a partial last chunk of 8 groups; 1536: whole chunks) and at 544 (17 blocks: a last block pair without its
+    odd block): a row gives the same bits alone and at every place among 5 or 8 rows, on every instruction set this
+    CPU runs."""
     if kind.endswith("_K") and k % 256:
-        k = 768
+        k = 768 if k == 576 else 1280
     torch.manual_seed(6)
     weight = from_blocks(kind, raw_tensor(kind, 24, k, seed=6), (24, k))
     x = torch.randn(8, k) * torch.rand(8, 1) * 3
@@ -117,6 +118,29 @@ def test_a_row_among_5_or_8_rows_is_the_row_alone(kind, k):
             order = (torch.arange(rows) + shift) % rows
             for isa in isas():
                 assert torch.equal(qkernel.quant_linear(x[order], weight, isa=isa), alone[order]), (rows, shift, isa)
+
+
+@pytest.mark.parametrize("group", [32, 16])
+def test_8_bit_extremes_are_exact_on_every_path(group):
+    """Full-range 8-bit values (−128 and 127 included: Q8_0's int8 holds them) against activations at ±127: the
+    integer dots neither saturate nor wrap on any path (AVX2's |w| · sign(qx, w) pairs, VNNI's (qx + 128) · w less
+    128 · Σw), so every instruction set gives the same bits and the exact arithmetic; a scale 1% off fails it."""
+    gen = torch.Generator().manual_seed(7)
+    n, k = 24, 544
+    qs = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=gen)
+    qs[:, :64] = -128
+    qs[:, 64:96] = 127
+    scale = torch.rand(n, k // group, generator=gen) * 0.01 + 1e-3
+    weight = QuantWeight(qs, scale, None, 8, group, (n, k), "Q8_0" if group == 32 else "Q6_K")
+    dense = weight.dequantize()
+    x = torch.randn(6, k, generator=gen)
+    x[:, :96] = torch.where(torch.rand(6, 96, generator=gen) < 0.5, -1.0, 1.0) * 5  # qx = ±127 there
+    ys = [qkernel.quant_linear(x, weight, isa=isa) for isa in isas()]
+    assert all(torch.equal(y, ys[0]) for y in ys)
+    assert exact_arithmetic(ys[-1], x, dense)
+    bad = QuantWeight(qs, scale.clone(), None, 8, group, (n, k), weight.source)
+    bad.scale[2, 0] *= 1.01
+    assert not exact_arithmetic(qkernel.quant_linear(x, bad), x, dense)
 
 
 def test_the_invariance_check_can_fail():
