@@ -1,0 +1,254 @@
+"""Async scheduling (`EngineConfig.async_scheduling`, vLLM's name; SGLang's overlap scheduler): the host launches
+decode step N+1 before it reads step N's record, so the device does not idle through the host's bookkeeping.
+
+    engine = Engine(target, drafter, EngineConfig(num_draft_tokens=4, async_scheduling=True))
+
+`Engine.step` with no step in flight runs the synchronous step (aborts, admission, prefill, the decode step and its
+commit), then launches the next decode step ahead where it needs no decision of the host (`AsyncSteps.plan`). With a
+step N in flight, a call launches step N+1 first — where it too needs nothing of the host — then reads N's record (a
+copy into pinned host memory behind a CUDA event; on CPU the step ran already: the same code path, synchronously)
+and commits it. Where N+1 cannot run ahead the call commits N alone, and the next call is synchronous.
+
+What N+1 needs of N, and where it is: N's committed tokens, lengths and budgets are in the slot state on the device
+(the verify pass wrote them); the host's part — which rows run, their caps, γ, the batch bucket — is what N ran with,
+unchanged while nothing joins or leaves; the length bucket is known when every length N can leave (each row commits
+1..γ+1 tokens) falls in N's bucket. Rows that finished in N are masked on the device before N+1 runs (`mask`:
+`SlotState.active` cleared from N's table, so they commit and count nothing), keep their slots until N+1 is read
+(`zombies`), and then leave: their N+1 rows are discarded, never emitted.
+
+A step runs ahead only as a chain step (no token trees, beam groups, host constraints or mixed steps), at a fixed γ
+(every row's cap an int: "auto" decides from the records it would not have yet), with nothing filling or admissible
+(no waiting request while a slot is free), no abort pending, N's step shape, no drafter catch-up, and (paged) blocks
+for both steps without a preemption; `fallbacks` counts the other steps by reason. An abort seen while a step is in
+flight drops that step's output of the request (the synchronous engine would not have run it for the request) and
+the request leaves at the next call, as it would have.
+
+Each call still returns one decode step's outputs (the step launched ahead is the next call's); every request's tokens
+are the synchronous engine's (with a fixed γ a request's tokens do not depend on its batch), but a request added while
+a step runs ahead joins one step later. Steps launched ahead carry no draft / verify times (`StepRecord`: 0).
+`Engine.stats` read while a step is in flight holds that step's acceptance counters (device sums) but not yet its
+host counts.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from specdec.engine import admission
+from specdec.engine.commit import commit, finish, finished_slots
+from specdec.engine.step_input import StepInput
+from specdec.step import RequestOutput, StepRecord
+
+__all__ = ["AsyncSteps", "InFlight"]
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A launched step not yet read: its input and shape; its `pack_step` table on the device (`device`, read by the
+    next step's `mask`) and on its way to the host (`table`, valid once `event` has passed; no event on CPU); the slot
+    state's counters after it (`counters [rows, width]`, host: the finished rows' statistics, read without waiting
+    for the next step); its drafter's passes; the longest row's host length its bucket was chosen for; whether a
+    drafter catch-up preceded it; whether it was its shape's first run (a capture: no step time); its launch time."""
+
+    step: StepInput
+    run: object
+    device: torch.Tensor
+    table: torch.Tensor
+    counters: torch.Tensor
+    event: object
+    drafter_calls: int
+    longest: int
+    caught_up: bool
+    first_run: bool
+    launched: float
+
+
+class AsyncSteps:
+    """See the module doc: the engine's step in the async order, with its own state (the step in flight, the
+    zombie slots, the pinned host buffers, the counts of steps run ahead and of fallbacks by reason)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.pending: InFlight | None = None
+        self.zombies: list[int] = []  # slots finished in a committed step while the next ran (masked there)
+        self.ahead = 0  # steps launched before the step before them was read
+        self.fallbacks: dict[str, int] = {}  # why a step did not run ahead → how often
+        self._rings: dict[tuple, list] = {}  # (table shape, counters shape) → [toggle, two (table, counters, event)]
+        self._read_at = 0.0
+
+    # ----------------------------------------------------------------------------------------------- the step
+    def step(self) -> list[RequestOutput]:
+        e = self.engine
+        pending = self.pending
+        if pending is None:  # the synchronous step, then the next one launched ahead where it can be
+            outputs = e._step()
+            self.pending = self._ahead(None)
+            return outputs
+        aborted = set(e.scheduler.aborted)  # (seen now: dropped from the step in flight, leave at the next call)
+        after = self._ahead(pending) if not aborted else self._fallback("abort")
+        record = self.read(pending)
+        self.pending = after
+        return self._commit(pending, record, after is not None, aborted)
+
+    def _fallback(self, why: str) -> None:
+        self.fallbacks[why] = self.fallbacks.get(why, 0) + 1
+        return None
+
+    def _ahead(self, pending: InFlight | None) -> InFlight | None:
+        plan = self.plan(pending)
+        if isinstance(plan, str):
+            return self._fallback(plan)
+        return self._launch(pending, *plan)
+
+    def plan(self, pending: InFlight | None):
+        """The next step, run ahead of `pending`'s read (None: of nothing; the host's lengths are exact) → (its
+        `StepInput`, shape, longest host length, caught up?), or why it cannot run ahead (a reason string). Past the
+        pure checks it has the synchronous step's side effects (caps, the policy's choice, blocks, a catch-up)."""
+        e = self.engine
+        s, runner = e.scheduler, e.runner
+        running = s.running
+        if not running:
+            return "idle"
+        if self.zombies:
+            return "finished"
+        if s.aborted:
+            return "abort"
+        if s.filling:
+            return "filling"
+        if e.beams.has_unfinished:
+            return "beams"
+        if s.waiting and len(running) < e.beams._chain_limit():
+            return "admission"
+        if running[0].params.draft_tree is not None:
+            return "tree"
+        n = len(running)
+        batch, longest, flavor = s.step_rows(e.policy.fixed)
+        if flavor.constrained:
+            return "constrained"
+        if e.policy.fixed is None or None in s.caps:
+            return "auto"
+        length = longest
+        if pending is not None:
+            last = pending.step
+            if (batch, n, flavor) != (last.batch, last.num_rows, last.flavor):
+                return "shape"
+            gamma = last.gamma  # (the rows and caps of `last`: the policy's choice is the same)
+            length = longest + gamma + 1  # every length `last` can leave lies in longest + 1 .. + γ + 1
+            if runner.positions(longest + 1, gamma) != last.positions or runner.positions(length, gamma) != last.positions:
+                return "length bucket"
+            if runner.drafter_cached and s.drafter_synced != (gamma > 0):
+                return "catch-up"  # (a catch-up or a plain step's bookkeeping reads the host's lengths)
+        pool = e.kv_pool
+        if pool is not None:  # blocks for what the step may write (past `last`'s commit, when one is in flight)
+            if s.prefix_cache is not None:
+                s.prefix_cache.commit_rows(running, s.drafter_state)
+            if pending is None:
+                if s.short_row() is not None:
+                    return "pool"
+            elif any(not pool.reserve(i, r.length + gamma + 1 + s.pool_margin(r.params)) for i, r in enumerate(running)):
+                return "pool"
+            pool.flush()
+        if s.device_caps is not e._caps_from:
+            e._caps_from = e._step_caps = s.device_caps
+        ready = None
+        if e.cuda_graphs or e.policy.only_ready:
+            steps = runner.steps
+            ready = lambda g: (batch, g, runner.positions(length, g), flavor) in steps  # noqa: E731
+        gamma = e.policy.choose(batch, running, e._row_estimates, length=length, ready=ready, caps=s.caps)
+        capped = e.policy.row_caps()
+        if capped is not None:
+            e._step_caps = tuple(capped) + e._step_caps[n:]
+        if pending is not None and gamma != pending.step.gamma:
+            return "gamma"
+        caught_up = e._catch_up_drafter(gamma)
+        step = StepInput(n, batch, gamma, runner.positions(length, gamma), flavor, e._step_caps)
+        shape = e._step_for(step)
+        if pending is not None and shape is not pending.run:
+            return "shape"
+        return step, shape, length, caught_up
+
+    def _launch(self, pending: InFlight | None, step: StepInput, shape, length: int, caught_up: bool) -> InFlight:
+        runner = self.engine.runner
+        first_run = not shape.ran
+        if pending is not None:
+            self.mask(pending)
+            self.ahead += 1
+        launched = time.perf_counter()
+        device = runner.launch(step, shape)
+        counters = runner.state.counters[: device.shape[0] - 1]
+        if device.is_cuda:  # both copies land in pinned memory behind one event
+            table, held, event = self._buffers(device, counters)
+            table.copy_(device, non_blocking=True)
+            held.copy_(counters, non_blocking=True)
+            event.record()
+        else:  # (CPU: the step ran already)
+            table, held, event = device, counters.clone(), None
+        return InFlight(step, shape, device, table, held, event, shape.drafts.forward_passes, length, caught_up,
+                        first_run, launched)
+
+    def _buffers(self, device: torch.Tensor, counters: torch.Tensor):
+        """Two sets of pinned buffers per table shape, taken in turn: one step's being read while the next lands."""
+        key = (tuple(device.shape), tuple(counters.shape))
+        ring = self._rings.get(key)
+        if ring is None:
+            ring = self._rings[key] = [0] + [
+                (torch.empty(device.shape, dtype=device.dtype, pin_memory=True),
+                 torch.empty(counters.shape, dtype=counters.dtype, pin_memory=True), torch.cuda.Event())
+                for _ in range(2)]
+        ring[0] ^= 1
+        return ring[1 + ring[0]]
+
+    def mask(self, pending: InFlight) -> None:
+        """Rows that finished in `pending` commit nothing more: their `active` cleared on the device from its table
+        (column `finished`, `step.StepLayout`), in stream order before the next step reads it."""
+        rows = pending.device.shape[0] - 1
+        active = self.engine.runner.state.active[:rows]
+        active.logical_and_(pending.device[:rows, pending.run.layout.k + 3] == 0)
+
+    def read(self, pending: InFlight) -> StepRecord:
+        """The step's record, once its copy has landed (the step's one wait)."""
+        if pending.event is not None:
+            pending.event.synchronize()
+        return StepRecord.unpack(pending.table, pending.run.layout, drafter_calls=pending.drafter_calls)
+
+    # --------------------------------------------------------------------------------------------- the commit
+    def _commit(self, pending: InFlight, record: StepRecord, hold: bool, aborted: set) -> list[RequestOutput]:
+        """`Engine._commit` of a step read late: the zombie rows' (empty) outputs discarded, the aborted requests'
+        dropped; rows that finished wait in their slots (`hold`: the next step is in flight) or leave now, with the
+        zombies."""
+        e = self.engine
+        s = e.scheduler
+        outputs = commit(record, s, e._stats)
+        finished = finished_slots(record, len(s.running))  # (zombies are inactive: never among them)
+        if finished:
+            finish(finished, pending.counters[finished].tolist(), record, outputs, s, e.max_draft_tokens)
+            s.forget([s.running[i].request_id for i in finished])
+        self._record(pending, record)
+        gone = set(self.zombies)
+        kept = [out for i, out in enumerate(outputs) if i not in gone and out.request_id not in aborted]
+        if hold:
+            self.zombies = finished
+        else:
+            for slot in sorted(gone.union(finished), reverse=True):
+                admission.release(s, e.runner, slot)
+            self.zombies = []
+        return kept
+
+    def _record(self, pending: InFlight, record: StepRecord) -> None:
+        """The policy's and the prefill budget's measurements of the step (`Engine._step`'s), its time the span since
+        the later of its launch and the last read (the device's step period while steps run ahead)."""
+        e, step = self.engine, pending.step
+        s = e.scheduler
+        now = time.perf_counter()
+        seconds, self._read_at = now - max(pending.launched, self._read_at), now
+        if not pending.first_run:
+            e.policy.record_step(step.batch, step.gamma, seconds, record.num_produced / step.num_rows,
+                                 length=pending.longest, rows=step.num_rows,
+                                 catch_up_of=s.plain_run if pending.caught_up else 0,
+                                 catch_up_share=s.catch_up_share, catch_up_prompts=s.catch_up_prompts,
+                                 accepted=record.num_accepted, drafted=record.num_drafted)
+            e.chunked.decoded(seconds)
+        s.plain_run = s.plain_run + 1 if step.gamma == 0 else 0
