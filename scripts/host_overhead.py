@@ -199,7 +199,7 @@ def async_ab(target, draft, n: int, gamma: int, steps: int, temperature: float, 
                               async_scheduling=arm == "on")
         engine = Engine(target, draft if gamma else None, config)
         if cuda:
-            engine.warmup(batch_sizes=(max(n, 1),), gammas=[gamma], max_length=1024)
+            engine.warmup(batch_sizes=(max(n, 1),), gammas=[gamma], max_length=1024, temperatures=(temperature,))
         new = min(steps * (gamma + 1) + 40, 1024 - 24)
         for i in range(n):
             engine.add_request([(3 * i + j) % 60 + 1 for j in range(8)],

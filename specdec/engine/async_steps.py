@@ -179,24 +179,25 @@ class AsyncSteps:
         launched = time.perf_counter()
         device = runner.launch(step, shape)
         counters = runner.state.counters[: device.shape[0] - 1]
-        if device.is_cuda:  # both copies land in pinned memory behind one event
-            table, held, event = self._buffers(device, counters)
-            table.copy_(device, non_blocking=True)
-            held.copy_(counters, non_blocking=True)
+        table, held, event = self._buffers(device, counters)  # (CUDA: pinned, both copies behind one event; CPU:
+        table.copy_(device, non_blocking=True)  # the step ran already, the same buffers taken in turn)
+        held.copy_(counters, non_blocking=True)
+        if event is not None:
             event.record()
-        else:  # (CPU: the step ran already)
-            table, held, event = device, counters.clone(), None
         return InFlight(step, shape, device, table, held, event, shape.drafts.forward_passes, length, caught_up,
                         first_run, launched)
 
     def _buffers(self, device: torch.Tensor, counters: torch.Tensor):
-        """Two sets of pinned buffers per table shape, taken in turn: one step's being read while the next lands."""
+        """Two sets of host buffers per table shape (pinned, with an event, on CUDA), taken in turn: one step's is
+        read while the next step's lands."""
         key = (tuple(device.shape), tuple(counters.shape))
         ring = self._rings.get(key)
         if ring is None:
+            cuda = device.is_cuda
             ring = self._rings[key] = [0] + [
-                (torch.empty(device.shape, dtype=device.dtype, pin_memory=True),
-                 torch.empty(counters.shape, dtype=counters.dtype, pin_memory=True), torch.cuda.Event())
+                (torch.empty(device.shape, dtype=device.dtype, pin_memory=cuda),
+                 torch.empty(counters.shape, dtype=counters.dtype, pin_memory=cuda),
+                 torch.cuda.Event() if cuda else None)
                 for _ in range(2)]
         ring[0] ^= 1
         return ring[1 + ring[0]]

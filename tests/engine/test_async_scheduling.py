@@ -9,6 +9,7 @@ from specdec.drafters.ngram import NGramDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
 from specdec.engine import Engine, EngineConfig
 from specdec.engine.async_steps import AsyncSteps
+from specdec.engine.kv_pool import PagedSlotCache
 from specdec.request import SamplingParams
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12], [3, 4, 5], [7, 7, 7, 7, 8, 9, 7, 7, 7, 7, 8], [4, 4, 9], [11, 12, 13, 14]]
@@ -17,10 +18,10 @@ PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12], [3, 4, 5], [7, 7, 7, 7, 8, 9, 7, 7, 7,
 def _drive(engine, arrivals, aborts=None, calls=400):
     """Run `engine` over `arrivals` [(call, prompt, params)], aborting request i before call `aborts[i]` → (per
     request its tokens, its finish reason, the requests that emitted after their finish or abort, the tokens emitted
-    in all)."""
+    in all, per request its log-probabilities)."""
     aborts = aborts or {}
     pending = sorted(enumerate(arrivals), key=lambda x: x[1][0])
-    ids, tokens, reasons, late = {}, {}, {}, []
+    ids, tokens, reasons, late, logprobs = {}, {}, {}, [], {}
     for call in range(calls):
         while pending and pending[0][1][0] <= call:
             i, (_, prompt, params) = pending.pop(0)
@@ -34,13 +35,14 @@ def _drive(engine, arrivals, aborts=None, calls=400):
             if i in reasons or (out.new_token_ids and aborts.get(i, calls) <= call):
                 late.append(i)  # (after its finish, or tokens of a step run after its abort)
             tokens[i] += out.new_token_ids
+            logprobs[i] = logprobs.get(i, []) + (out.logprobs or [])
             if out.finished:
                 reasons[i] = out.finish_reason
         if not pending and not engine.has_unfinished():
             break
     else:
         raise AssertionError("the engine did not finish")
-    return tokens, reasons, late, sum(len(t) for t in tokens.values())
+    return tokens, reasons, late, sum(len(t) for t in tokens.values()), logprobs
 
 
 def _both(make, arrivals, aborts=None):
@@ -105,6 +107,27 @@ def test_eos_finishes_and_aborts(pair, layout):
     assert engine.overlap.ahead > 5, engine.overlap.fallbacks
 
 
+def test_a_tight_pool_processors_and_logprobs(pair):
+    """Paged, a pool too small for the traffic (preemptions: those steps are synchronous), repetition penalties and
+    log-probabilities: the synchronous engine's tokens and log-probabilities."""
+    target, draft = pair
+    arrivals = [(i, PROMPTS[i], SamplingParams(temperature=0, max_new_tokens=36 + 2 * i, logprobs=i % 2 == 0,
+                                               repetition_penalty=1.3 if i % 3 == 0 else 1.0)) for i in range(5)]
+    probe = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=3))
+    block = PagedSlotCache.block_bytes(probe.model, 16) + PagedSlotCache.block_bytes(probe.drafter.model, 16)
+
+    def make(on):
+        return Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=3,
+                                                  kv_cache_memory=8 * block, async_scheduling=on))
+    sync, run, engine = _both(make, arrivals)
+    assert engine.kv_cache_usage.num_preemptions > 0
+    assert run[0] == sync[0] and run[1] == sync[1] and not run[2]
+    assert {i: len(v) for i, v in run[4].items()} == {i: len(v) for i, v in sync[4].items()}
+    for i in run[4]:
+        assert run[4][i] == pytest.approx(sync[4][i], abs=1e-5)
+    assert engine.overlap.ahead > 5 and engine.overlap.fallbacks.get("pool"), engine.overlap.fallbacks
+
+
 def test_a_finished_row_never_emits_after_its_finish(pair):
     """Every token the device committed is emitted (`stats.num_generated_tokens`), none after a request's finish;
     the finished rows were masked while the next step ran (zombies seen)."""
@@ -119,7 +142,7 @@ def test_a_finished_row_never_emits_after_its_finish(pair):
     engine = _maker(pair, slots=4)(True)
     AsyncSteps.mask = mask
     try:
-        tokens, reasons, late, emitted = _drive(engine, arrivals)
+        tokens, reasons, late, emitted, _ = _drive(engine, arrivals)
     finally:
         AsyncSteps.mask = original
     assert any(seen), "no step ran ahead of a finish: the test would not test the mask"
@@ -134,7 +157,7 @@ def test_negative_control_an_unmasked_finished_row_commits_past_its_finish(pair,
     arrivals = _traffic(eos=(eos_run[0][4],), n=4, new=24)
     engine = _maker(pair, slots=4)(True)
     monkeypatch.setattr(AsyncSteps, "mask", lambda self, pending: None)
-    _, _, _, emitted = _drive(engine, arrivals)
+    emitted = _drive(engine, arrivals)[3]
     assert engine.stats.num_generated_tokens > emitted
 
 
@@ -180,3 +203,20 @@ def test_cuda_graphs_tokens_are_the_synchronous_engines(make_llama, layout, temp
     assert {i: t for i, t in run[0].items() if i != 2} == {i: t for i, t in sync[0].items() if i != 2}
     assert engine.overlap.ahead > 10, engine.overlap.fallbacks
     assert engine.stats.num_generated_tokens == run[3]
+
+
+def test_negative_control_one_host_buffer_reads_the_next_steps_record(pair, monkeypatch):
+    """The two host buffers per shape are what keeps a step's record from being overwritten by the step launched
+    ahead of its read: with one, the tokens differ."""
+    arrivals = _traffic(n=3, new=20)
+    sync = _drive(_maker(pair)(False), arrivals)
+    original = AsyncSteps._buffers
+
+    def one(self, device, counters):
+        original(self, device, counters)
+        ring = self._rings[(tuple(device.shape), tuple(counters.shape))]
+        ring[0] = 1  # (always the second set)
+        return ring[2]
+    monkeypatch.setattr(AsyncSteps, "_buffers", one)
+    engine = _maker(pair)(True)
+    assert _drive(engine, arrivals)[0] != sync[0]
