@@ -27,7 +27,7 @@ Each call still returns one decode step's outputs (the step launched ahead is th
 are the synchronous engine's (with a fixed γ a request's tokens do not depend on its batch), but a request added while
 a step runs ahead joins one step later. Steps launched ahead carry no draft / verify times (`StepRecord`: 0).
 `Engine.stats` read while a step is in flight holds that step's acceptance counters (device sums) but not yet its
-host counts.
+host counts; assigned while one is in flight, that step counts on neither side (`stats_reset`).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ import torch
 from specdec.engine import admission
 from specdec.engine.commit import commit, finish, finished_slots
 from specdec.engine.step_input import StepInput
+from specdec.metrics import SpecStats
 from specdec.step import RequestOutput, StepRecord
 
 __all__ = ["AsyncSteps", "InFlight"]
@@ -78,6 +79,7 @@ class AsyncSteps:
         self.fallbacks: dict[str, int] = {}  # why a step did not run ahead → how often
         self._rings: dict[tuple, list] = {}  # (table shape, counters shape) → [toggle, two (table, counters, event)]
         self._read_at = 0.0
+        self._unstated: InFlight | None = None  # the step in flight when `Engine.stats` was reset (`stats_reset`)
 
     # ----------------------------------------------------------------------------------------------- the step
     def step(self) -> list[RequestOutput]:
@@ -215,6 +217,11 @@ class AsyncSteps:
             pending.event.synchronize()
         return StepRecord.unpack(pending.table, pending.run.layout, drafter_calls=pending.drafter_calls)
 
+    def stats_reset(self) -> None:
+        """`Engine.stats` was assigned: the device sums were zeroed behind the step in flight (stream order), so its
+        host counts stay out of the new statistics too (else its tokens would count without its acceptance)."""
+        self._unstated = self.pending
+
     # --------------------------------------------------------------------------------------------- the commit
     def _commit(self, pending: InFlight, record: StepRecord, hold: bool, aborted: set) -> list[RequestOutput]:
         """`Engine._commit` of a step read late: the zombie rows' (empty) outputs discarded, the aborted requests'
@@ -222,7 +229,7 @@ class AsyncSteps:
         zombies."""
         e = self.engine
         s = e.scheduler
-        outputs = commit(record, s, e._stats)
+        outputs = commit(record, s, e._stats if pending is not self._unstated else SpecStats())
         finished = finished_slots(record, len(s.running))  # (zombies are inactive: never among them)
         if finished:
             finish(finished, pending.counters[finished].tolist(), record, outputs, s, e.max_draft_tokens)

@@ -132,8 +132,10 @@ class Engine:
 
     @stats.setter
     def stats(self, value: SpecStats) -> None:
-        self.runner.zero_counter_sums()
+        self.runner.zero_counter_sums()  # (a step in flight: its counts leave both sides, `AsyncSteps.stats_reset`)
         self._stats = value
+        if getattr(self, "overlap", None) is not None:
+            self.overlap.stats_reset()
 
     @property
     def kv_cache_bytes(self) -> int:

@@ -220,3 +220,25 @@ def test_negative_control_one_host_buffer_reads_the_next_steps_record(pair, monk
     monkeypatch.setattr(AsyncSteps, "_buffers", one)
     engine = _maker(pair)(True)
     assert _drive(engine, arrivals)[0] != sync[0]
+
+
+@pytest.mark.parametrize("control", [False, True])
+def test_stats_assigned_while_a_step_runs_ahead_stay_consistent(pair, monkeypatch, control):
+    """`Engine.stats` reset mid-run: the step in flight counts on neither side, so the host's committed tokens equal
+    the device counters' (accepted + 1 per active row-step; no EOS, draft lengths capped by the budgets: no cut).
+    Control: with the reset not told to the async steps, the host counts one step the device sums lost."""
+    from specdec.metrics import SpecStats
+    if control:
+        monkeypatch.setattr(AsyncSteps, "stats_reset", lambda self: None)
+    engine = _maker(pair)(True)
+    for prompt in PROMPTS[:3]:
+        engine.add_request(prompt, SamplingParams(temperature=0, max_new_tokens=30))
+    for _ in range(5):
+        engine.step()
+    assert engine.overlap.pending is not None
+    engine.stats = SpecStats()
+    while engine.has_unfinished():
+        engine.step()
+    stats = engine.stats
+    assert stats.num_generated_tokens > 0
+    assert (stats.num_generated_tokens == stats.algorithm_tokens) != control
