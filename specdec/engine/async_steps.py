@@ -17,7 +17,8 @@ unchanged while nothing joins or leaves; the length bucket is known when every l
 (`zombies`), and then leave: their N+1 rows are discarded, never emitted.
 
 A step runs ahead only as a chain step (no token trees, beam groups, host constraints or mixed steps), at a fixed γ
-(every row's cap an int: "auto" decides from the records it would not have yet), with nothing filling or admissible
+(every row's cap an int — `num_draft_tokens` fixed, or each request's own, or no drafter: "auto" decides from the
+records it would not have yet), with nothing filling or admissible
 (no waiting request while a slot is free), no abort pending, N's step shape, no drafter catch-up, and (paged) blocks
 for both steps without a preemption; `fallbacks` counts the other steps by reason. An abort seen while a step is in
 flight drops that step's output of the request (the synchronous engine would not have run it for the request) and
@@ -130,8 +131,8 @@ class AsyncSteps:
         batch, longest, flavor = s.step_rows(e.policy.fixed)
         if flavor.constrained:
             return "constrained"
-        if e.policy.fixed is None or None in s.caps:
-            return "auto"
+        if None in s.caps:  # (an "auto" row: its γ and caps come from the records; every cap an int: the choice
+            return "auto"  # is a function of the rows, the same for the step ahead)
         length = longest
         if pending is not None:
             last = pending.step

@@ -161,13 +161,20 @@ def test_negative_control_an_unmasked_finished_row_commits_past_its_finish(pair,
     assert engine.stats.num_generated_tokens > emitted
 
 
-def test_auto_gamma_never_runs_ahead(pair):
+def test_auto_rows_never_run_ahead_and_rows_with_their_own_caps_do(pair):
+    """The engine's γ "auto": a step with an "auto" row is the synchronous one; rows that each ask for a fixed
+    `num_draft_tokens` run ahead, with the synchronous engine's tokens."""
     target, draft = pair
-    engine = Engine(target, draft, EngineConfig(max_batch_size=2, max_seq_len=64, async_scheduling=True))
-    sync = Engine(target, draft, EngineConfig(max_batch_size=2, max_seq_len=64))
-    got = _drive(engine, _traffic(n=2))
-    assert got[0] == _drive(sync, _traffic(n=2))[0] or True  # ("auto" picks γ from timings: tokens may differ)
+    make = lambda on: Engine(target, draft, EngineConfig(max_batch_size=2, max_seq_len=64,  # noqa: E731
+                                                         async_scheduling=on))
+    engine = make(True)
+    _drive(engine, _traffic(n=2))
     assert engine.overlap.ahead == 0 and engine.overlap.fallbacks.get("auto")
+    own = [(at, prompt, SamplingParams(temperature=0, max_new_tokens=p.max_new_tokens, num_draft_tokens=2 + i % 2))
+           for i, (at, prompt, p) in enumerate(_traffic(n=3))]
+    sync, run, engine = _both(make, own)
+    assert run[0] == sync[0] and run[1] == sync[1] and engine.overlap.ahead > 5
+    assert not engine.overlap.fallbacks.get("auto")
 
 
 def test_config_and_flag():
