@@ -90,11 +90,19 @@ class AsyncSteps:
             outputs = e._step()
             self.pending = self._ahead(None)
             return outputs
-        aborted = set(e.scheduler.aborted)  # (seen now: dropped from the step in flight, leave at the next call)
+        aborted = self._aborted()  # (seen now: dropped from the step in flight, leave at the next call)
         after = self._ahead(pending) if not aborted else self._fallback("abort")
         record = self.read(pending)
         self.pending = after
         return self._commit(pending, record, after is not None, aborted)
+
+    def _aborted(self) -> set[str]:
+        """The ids aborted so far (a copy under the scheduler's lock: `abort` may add to the set from another thread)."""
+        s = self.engine.scheduler
+        if not s.aborted:
+            return set()
+        with s.lock:
+            return set(s.aborted)
 
     def _fallback(self, why: str) -> None:
         self.fallbacks[why] = self.fallbacks.get(why, 0) + 1
