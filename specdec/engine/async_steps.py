@@ -40,6 +40,8 @@ import torch
 
 from specdec.engine import admission
 from specdec.engine.commit import commit, finish, finished_slots
+from specdec.engine.config import BATCH_BUCKETS
+from specdec.engine.drafters import Flavor
 from specdec.engine.step_input import StepInput
 from specdec.metrics import SpecStats
 from specdec.step import RequestOutput, StepRecord
@@ -121,26 +123,28 @@ class AsyncSteps:
         e = self.engine
         s, runner = e.scheduler, e.runner
         running = s.running
-        if not running:
-            return "idle"
-        if self.zombies:
-            return "finished"
+        n, zombies = len(running), self.zombies
+        if n == len(zombies):
+            return "idle" if not n else "finished"
         if s.aborted:
             return "abort"
         if s.filling:
             return "filling"
         if e.beams.has_unfinished:
             return "beams"
-        if s.waiting and len(running) < e.beams._chain_limit():
+        if s.waiting and self._admits(e.beams._chain_limit(), n - len(zombies)):
             return "admission"
         if running[0].params.draft_tree is not None:
             return "tree"
-        n = len(running)
         batch, longest, flavor = s.step_rows(e.policy.fixed)
         if flavor.constrained:
             return "constrained"
         if None in s.caps:  # (an "auto" row: its γ and caps come from the records; every cap an int: the choice
             return "auto"  # is a function of the rows, the same for the step ahead)
+        if zombies:  # finished rows kept masked in their slots: the live rows' step must be the one they would run
+            longest = self._beside(zombies, batch, flavor)
+            if isinstance(longest, str):
+                return longest
         length = longest
         if pending is not None:
             last = pending.step
@@ -150,6 +154,8 @@ class AsyncSteps:
             length = longest + gamma + 1  # every length `last` can leave lies in longest + 1 .. + γ + 1
             if runner.positions(longest + 1, gamma) != last.positions or runner.positions(length, gamma) != last.positions:
                 return "length bucket"
+            if zombies and runner.positions(max(running[i].length for i in zombies), gamma) > last.positions:
+                return "finished"  # (a zombie's junk writes stay inside the step's positions)
             if runner.drafter_cached and s.drafter_synced != (gamma > 0):
                 return "catch-up"  # (a catch-up or a plain step's bookkeeping reads the host's lengths)
         pool = e.kv_pool
@@ -180,6 +186,34 @@ class AsyncSteps:
         if pending is not None and shape is not pending.run:
             return "shape"
         return step, shape, length, caught_up
+
+    def _admits(self, limit: int, occupied: int) -> bool:
+        """Whether the next synchronous call would admit a waiting request, `occupied` slots of `limit` held (the
+        zombies' counted free): `Scheduler.admission_waits`' rule, whose side effect (when a free slot started
+        waiting) is made only where the answer is to wait — the synchronous call then decides the same."""
+        s = self.engine.scheduler
+        free = limit - occupied
+        if free <= 0:
+            s.free_since = None
+            return False
+        if free < s.admit_min:
+            since = s.num_steps if s.free_since is None else s.free_since
+            if s.num_steps - since < s.admit_max_wait:
+                s.free_since = since
+                return False
+        return True
+
+    def _beside(self, zombies: list[int], batch: int, flavor) -> int | str:
+        """With zombie rows in the step: the longest live row's length, or why the step is not the live rows' own
+        (their batch bucket, flavor or largest cap would differ: the zombies must leave first)."""
+        s = self.engine.scheduler
+        gone = set(zombies)
+        live = [r for i, r in enumerate(s.running) if i not in gone]
+        caps = [c for i, c in enumerate(s.caps) if i not in gone]
+        if next(b for b in BATCH_BUCKETS if b >= len(live)) != batch or Flavor.union(r.flavor for r in live) != flavor \
+                or max(s.caps[i] for i in zombies) > max(caps):
+            return "finished"
+        return max(r.length for r in live)
 
     def _launch(self, pending: InFlight | None, step: StepInput, shape, length: int, caught_up: bool) -> InFlight:
         runner = self.engine.runner
@@ -247,7 +281,7 @@ class AsyncSteps:
         gone = set(self.zombies)
         kept = [out for i, out in enumerate(outputs) if i not in gone and out.request_id not in aborted]
         if hold:
-            self.zombies = finished
+            self.zombies = self.zombies + finished
         else:
             for slot in sorted(gone.union(finished), reverse=True):
                 admission.release(s, e.runner, slot)

@@ -259,3 +259,32 @@ def test_stats_assigned_while_a_step_runs_ahead_stay_consistent(pair, monkeypatc
     stats = engine.stats
     assert stats.num_generated_tokens > 0
     assert (stats.num_generated_tokens == stats.algorithm_tokens) != control
+
+
+def test_finished_rows_wait_masked_while_the_rest_run_ahead(pair, monkeypatch):
+    """No request waiting: finished rows stay in their slots, masked, while the others keep running ahead (until
+    the live rows' batch bucket would shrink); an admission that waits for `admit_min` free slots lets steps run
+    ahead meanwhile. Tokens: the synchronous engine's."""
+    target, draft = pair
+    beside = []
+    original = AsyncSteps._launch
+
+    def launch(self, pending, *plan):
+        beside.append(len(self.zombies))
+        return original(self, pending, *plan)
+    monkeypatch.setattr(AsyncSteps, "_launch", launch)
+    arrivals = [(0, PROMPTS[i % 6] + [i], SamplingParams(temperature=0, max_new_tokens=10 + 6 * i)) for i in range(8)]
+    make = lambda on: Engine(target, draft, EngineConfig(max_batch_size=8, max_seq_len=128,  # noqa: E731
+                                                         num_draft_tokens=3, async_scheduling=on))
+    sync, run, engine = _both(make, arrivals)
+    assert run[0] == sync[0] and run[1] == sync[1] and not run[2]
+    assert max(beside) >= 2 and engine.overlap.fallbacks.get("finished")  # (8 rows → 4: bucket 8 → 4)
+    assert engine.stats.num_generated_tokens == run[3]
+    beside.clear()
+    arrivals = [(0 if i < 4 else 3, PROMPTS[i], SamplingParams(temperature=0, max_new_tokens=8 + 5 * i))
+                for i in range(6)]  # (two wait for admit_min = 2 free slots of 4)
+    make = lambda on: Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=128,  # noqa: E731
+                                                         num_draft_tokens=3, admit_min=2, async_scheduling=on))
+    sync, run, engine = _both(make, arrivals)
+    assert run[0] == sync[0] and run[1] == sync[1] and not run[2]
+    assert any(beside), "no step ran ahead beside a finished row while requests waited"
