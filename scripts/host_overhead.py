@@ -1,7 +1,7 @@
 """Host (Python) work per engine step, isolated on CPU: a tiny random Llama pair, n concurrent requests.
 
     OMP_NUM_THREADS=1 PYTHONPATH=$PWD python scripts/host_overhead.py [--sizes 1,8,64] [--gammas 0,4]
-        [--steps 40] [--repeats 1] [--temperature 0] [--stub] [--churn] [--prefix-ab] [--async-ab] [--json out.json]
+        [--steps 40] [--repeats 1] [--temperature 0] [--stub] [--churn] [--prefix-ab] [--async-ab] [--async-scheduling] [--json out.json]
 
 Per step it measures the whole `Engine.step()` wall time and the time inside the model bodies (the drafter's
 proposal and the verify pass — on a GPU these are graph replays); the rest is host work, which is split
@@ -18,6 +18,7 @@ another process holds the core is not counted: a loaded shared machine still giv
 µs per step of each arm, and the µs per step spent inside the prefix cache's own methods (`bench.chat`'s timer).
 Steps span whole blocks (`--steps` a multiple of the block size), so the steps at which rows cross a block
 boundary — every row at once when they run in lockstep — count in the mean as in a throughput.
+`--stub --async-scheduling`: the same host-only steps with async scheduling on (its launch stubbed as well).
 `--async-ab` (real bodies; `--device cuda` is the point): async scheduling off vs on (`EngineConfig.async_scheduling`,
 fixed γ, the decode graphs warmed up first), `--steps` steady-state steps each: per step the period (wall clock over
 the window / steps), the host µs (each `step()` call less the time it waited on a CUDA event for the device), the
@@ -54,10 +55,10 @@ def _stub_bodies(engine: Engine, real: list | None = None):
     """Each step shape runs for real once; later steps of that shape replay its verify output, no model work.
     real: a one-element count of the real runs, bumped at each (a step that ran one is no host-only step)."""
     runner = step_runner_module.StepRunner
-    saved = runner.draft, runner.verify
+    saved = runner.draft, runner.verify, runner.launch_verify
 
     def draft(self):
-        if not hasattr(self, "_stub"):
+        if not hasattr(self, "_stub") and not hasattr(self, "_stub_device"):
             saved[0](self)
 
     def verify(self):
@@ -67,12 +68,22 @@ def _stub_bodies(engine: Engine, real: list | None = None):
                 real[0] += 1
         return self._stub
 
-    runner.draft, runner.verify = draft, verify
-    return lambda: (setattr(runner, "draft", saved[0]), setattr(runner, "verify", saved[1]))
+    def launch_verify(self):  # (async scheduling's launch: the first run's table, kept on the device)
+        if not hasattr(self, "_stub_device"):
+            self._stub_device = saved[2](self).clone()
+            if real is not None:
+                real[0] += 1
+        return self._stub_device
+
+    runner.draft, runner.verify, runner.launch_verify = draft, verify, launch_verify
+    return lambda: (setattr(runner, "draft", saved[0]), setattr(runner, "verify", saved[1]),
+                    setattr(runner, "launch_verify", saved[2]))
 
 
-def measure_stub(target, draft, n: int, gamma: int, steps: int, temperature: float) -> dict:
-    config = EngineConfig(max_batch_size=max(n, 1), max_seq_len=1024, num_draft_tokens=gamma, max_draft_tokens=8)
+def measure_stub(target, draft, n: int, gamma: int, steps: int, temperature: float,
+                 async_scheduling: bool = False) -> dict:
+    config = EngineConfig(max_batch_size=max(n, 1), max_seq_len=1024, num_draft_tokens=gamma, max_draft_tokens=8,
+                          async_scheduling=async_scheduling)
     engine = Engine(target, draft if gamma else None, config)
     for i in range(n):
         engine.add_request([(3 * i + j) % 60 + 1 for j in range(8)],
@@ -279,6 +290,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="keep each number's minimum over repeats")
     parser.add_argument("--prefix-ab", action="store_true", help="prefix caching off vs on, nothing shared (doc)")
     parser.add_argument("--async-ab", action="store_true", help="async scheduling off vs on, real bodies (doc)")
+    parser.add_argument("--async-scheduling", action="store_true", help="with --stub: the engines schedule async")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -314,7 +326,8 @@ def main() -> None:
             for gamma in gammas:
                 for n in sizes:
                     if args.stub:
-                        r = measure_stub(target, draft, n, gamma, args.steps, args.temperature)
+                        r = measure_stub(target, draft, n, gamma, args.steps, args.temperature,
+                                         args.async_scheduling)
                     else:
                         r = measure(target, draft, n, gamma, args.steps, args.temperature, args.churn)
                     kept = best.setdefault((gamma, n), r)
