@@ -1,7 +1,7 @@
 """Host (Python) work per engine step, isolated on CPU: a tiny random Llama pair, n concurrent requests.
 
     OMP_NUM_THREADS=1 PYTHONPATH=$PWD python scripts/host_overhead.py [--sizes 1,8,64] [--gammas 0,4]
-        [--steps 40] [--repeats 1] [--temperature 0] [--stub] [--churn] [--prefix-ab] [--json out.json]
+        [--steps 40] [--repeats 1] [--temperature 0] [--stub] [--churn] [--prefix-ab] [--async-ab] [--async-scheduling] [--json out.json]
 
 Per step it measures the whole `Engine.step()` wall time and the time inside the model bodies (the drafter's
 proposal and the verify pass — on a GPU these are graph replays); the rest is host work, which is split
@@ -18,6 +18,12 @@ another process holds the core is not counted: a loaded shared machine still giv
 µs per step of each arm, and the µs per step spent inside the prefix cache's own methods (`bench.chat`'s timer).
 Steps span whole blocks (`--steps` a multiple of the block size), so the steps at which rows cross a block
 boundary — every row at once when they run in lockstep — count in the mean as in a throughput.
+`--stub --async-scheduling`: the same host-only steps with async scheduling on (its launch stubbed as well).
+`--async-ab` (real bodies; `--device cuda` is the point): async scheduling off vs on (`EngineConfig.async_scheduling`,
+fixed γ, the decode graphs warmed up first), `--steps` steady-state steps each: per step the period (wall clock over
+the window / steps), the host µs (each `step()` call less the time it waited on a CUDA event for the device), the
+device's busy µs (CUDA events around each step's draft + verify launch) and the device's idle µs per step (period −
+busy), and with async on the share of steps launched ahead of the previous step's read.
 """
 
 from __future__ import annotations
@@ -49,10 +55,10 @@ def _stub_bodies(engine: Engine, real: list | None = None):
     """Each step shape runs for real once; later steps of that shape replay its verify output, no model work.
     real: a one-element count of the real runs, bumped at each (a step that ran one is no host-only step)."""
     runner = step_runner_module.StepRunner
-    saved = runner.draft, runner.verify
+    saved = runner.draft, runner.verify, runner.launch_verify
 
     def draft(self):
-        if not hasattr(self, "_stub"):
+        if not hasattr(self, "_stub") and not hasattr(self, "_stub_device"):
             saved[0](self)
 
     def verify(self):
@@ -62,12 +68,22 @@ def _stub_bodies(engine: Engine, real: list | None = None):
                 real[0] += 1
         return self._stub
 
-    runner.draft, runner.verify = draft, verify
-    return lambda: (setattr(runner, "draft", saved[0]), setattr(runner, "verify", saved[1]))
+    def launch_verify(self):  # (async scheduling's launch: the first run's table, kept on the device)
+        if not hasattr(self, "_stub_device"):
+            self._stub_device = saved[2](self).clone()
+            if real is not None:
+                real[0] += 1
+        return self._stub_device
+
+    runner.draft, runner.verify, runner.launch_verify = draft, verify, launch_verify
+    return lambda: (setattr(runner, "draft", saved[0]), setattr(runner, "verify", saved[1]),
+                    setattr(runner, "launch_verify", saved[2]))
 
 
-def measure_stub(target, draft, n: int, gamma: int, steps: int, temperature: float) -> dict:
-    config = EngineConfig(max_batch_size=max(n, 1), max_seq_len=1024, num_draft_tokens=gamma, max_draft_tokens=8)
+def measure_stub(target, draft, n: int, gamma: int, steps: int, temperature: float,
+                 async_scheduling: bool = False) -> dict:
+    config = EngineConfig(max_batch_size=max(n, 1), max_seq_len=1024, num_draft_tokens=gamma, max_draft_tokens=8,
+                          async_scheduling=async_scheduling)
     engine = Engine(target, draft if gamma else None, config)
     for i in range(n):
         engine.add_request([(3 * i + j) % 60 + 1 for j in range(8)],
@@ -184,6 +200,84 @@ def measure(target, draft, n: int, gamma: int, steps: int, temperature: float, c
     return {"n": n, "gamma": gamma, "churn": churn, "us": med}
 
 
+def async_ab(target, draft, n: int, gamma: int, steps: int, temperature: float, device: str) -> dict:
+    """Async scheduling off vs on at `n` rows and a fixed γ → {arm: period / host / busy / idle µs per step} (the
+    module doc's `--async-ab`)."""
+    cuda = device == "cuda"
+    row = {"n": n, "gamma": gamma, "steps": steps}
+    for arm in ("off", "on"):
+        config = EngineConfig(max_batch_size=max(n, 1), max_seq_len=1024, num_draft_tokens=gamma, max_draft_tokens=8,
+                              async_scheduling=arm == "on")
+        engine = Engine(target, draft if gamma else None, config)
+        if cuda:
+            engine.warmup(batch_sizes=(max(n, 1),), gammas=[gamma], max_length=1024, temperatures=(temperature,))
+        new = min(steps * (gamma + 1) + 40, 1024 - 24)
+        for i in range(n):
+            engine.add_request([(3 * i + j) % 60 + 1 for j in range(8)],
+                               SamplingParams(temperature=temperature, max_new_tokens=new, seed=i))
+        for _ in range(4):  # (admission, prefill, the first runs)
+            engine.step()
+        marks: list = []
+        blocked = [0.0]
+        restore = _time_device(engine, marks, blocked, cuda)
+        hosts = []
+        try:
+            start = time.perf_counter()
+            for _ in range(steps):
+                began, waited = time.perf_counter(), blocked[0]
+                engine.step()
+                hosts.append(time.perf_counter() - began - (blocked[0] - waited))
+            if cuda:
+                torch.cuda.synchronize()
+            period = (time.perf_counter() - start) / steps
+        finally:
+            restore()
+        busy = [a.elapsed_time(b) / 1e3 for a, b in marks] if cuda else [b - a for a, b in marks]
+        overlap = engine.overlap
+        row[arm] = {"period_us": round(period * 1e6, 1), "host_us": round(statistics.median(hosts) * 1e6, 1),
+                    "busy_us": round(statistics.mean(busy) * 1e6, 1) if busy else None,
+                    "idle_us": round((period - statistics.mean(busy)) * 1e6, 1) if busy else None}
+        if overlap is not None:
+            row[arm]["ahead"] = overlap.ahead
+            row[arm]["fallbacks"] = dict(overlap.fallbacks)
+    return row
+
+
+def _time_device(engine: Engine, marks: list, blocked: list, cuda: bool):
+    """Time each step's device work (CUDA events, or the host clock on CPU) around `Runner.run` / `Runner.launch`,
+    and add the host's waits on CUDA events into `blocked[0]` → a function that undoes both."""
+    runner = engine.runner
+    clock = (lambda: torch.cuda.Event(enable_timing=True)) if cuda else None
+
+    def timed(fn):
+        def inner(step, shape=None):
+            if cuda:
+                a, b = clock(), clock()
+                a.record()
+                out = fn(step, shape)
+                b.record()
+                marks.append((a, b))
+                return out
+            a = time.perf_counter()
+            out = fn(step, shape)
+            marks.append((a, time.perf_counter()))
+            return out
+        return inner
+    runner.run, runner.launch = timed(runner.run), timed(runner.launch)
+    original = torch.cuda.Event.synchronize
+
+    def synchronize(event):
+        began = time.perf_counter()
+        original(event)
+        blocked[0] += time.perf_counter() - began
+    torch.cuda.Event.synchronize = synchronize
+
+    def restore():
+        del runner.run, runner.launch
+        torch.cuda.Event.synchronize = original
+    return restore
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="1,8,64")
@@ -195,6 +289,8 @@ def main() -> None:
     parser.add_argument("--stub", action="store_true", help="no model work: host time alone (see the doc)")
     parser.add_argument("--repeats", type=int, default=1, help="keep each number's minimum over repeats")
     parser.add_argument("--prefix-ab", action="store_true", help="prefix caching off vs on, nothing shared (doc)")
+    parser.add_argument("--async-ab", action="store_true", help="async scheduling off vs on, real bodies (doc)")
+    parser.add_argument("--async-scheduling", action="store_true", help="with --stub: the engines schedule async")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -213,13 +309,25 @@ def main() -> None:
             with open(args.json, "w") as f:
                 json.dump(rows, f, indent=1)
         return
+    if args.async_ab:
+        rows = []
+        with torch.inference_mode():
+            for gamma in gammas:
+                for n in sizes:
+                    rows.append(async_ab(target, draft, n, gamma, args.steps, args.temperature, args.device))
+                    print(json.dumps(rows[-1]), flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        return
     best: dict = {}  # (γ, n) → per-part minimum over repeats of the per-step medians (a shared CPU drifts)
     with torch.inference_mode():
         for _ in range(args.repeats):
             for gamma in gammas:
                 for n in sizes:
                     if args.stub:
-                        r = measure_stub(target, draft, n, gamma, args.steps, args.temperature)
+                        r = measure_stub(target, draft, n, gamma, args.steps, args.temperature,
+                                         args.async_scheduling)
                     else:
                         r = measure(target, draft, n, gamma, args.steps, args.temperature, args.churn)
                     kept = best.setdefault((gamma, n), r)

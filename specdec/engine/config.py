@@ -123,6 +123,10 @@ class EngineConfig:
                       chain, and a later prompt starting with them skips their prefill, the target's and a cached
                       drafter's or a feature head's (`engine/prefix_cache.py`); None (the default) = on with
                       kv_layout="paged" (vLLM's default), off with the static layout; False for A/B runs
+    async_scheduling  the host ahead of the device (vLLM's name): steady-state decode steps are launched before the
+                      previous step's record is read, finished rows masked on the device (`engine/async_steps.py`);
+                      each request's tokens unchanged (one added while a step runs ahead joins a step later); rows
+                      of a fixed γ only (an "auto" row's step never runs ahead). Off by default
     gguf_weights      a model read from a GGUF, on the CPU in float32: "quantized" keeps the file's blocks and
                       multiplies by 8-bit activations (`fast.quant`), "dequantized" keeps dense float32 weights;
                       "auto" = the process default (`--gguf-weights`, env SPECDEC_GGUF_WEIGHTS), else
@@ -152,6 +156,7 @@ class EngineConfig:
     enable_prefix_caching: bool | None = None  # None: on with the paged pool (resolved in __post_init__)
     model_impl: str = "auto"
     gguf_weights: str = "auto"
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         if self.model_impl not in MODEL_IMPLS:
@@ -223,6 +228,8 @@ class EngineConfig:
         if self.bitwise and self.kv_layout == "paged":
             raise ValueError("bitwise=True runs on kv_layout='static' (its batch-invariant fused layer reads a static "
                              "KV cache)")
+        if not isinstance(self.async_scheduling, bool):
+            raise TypeError(f"async_scheduling must be True or False, got {self.async_scheduling!r}")
         if self.cuda_graphs not in (None, True, False):
             raise TypeError(f"cuda_graphs must be None, True or False, got {self.cuda_graphs!r}")
         if self.prefill_graphs not in (None, True, False):

@@ -36,6 +36,7 @@ import torch
 
 from specdec.engine import admission
 from specdec.engine.agreement import agree_choice, timed_choice
+from specdec.engine.async_steps import AsyncSteps
 from specdec.engine.beam import BeamParams, Beams
 from specdec.engine.commit import commit, finish, finished_slots, row_estimates
 from specdec.engine.config import EngineConfig
@@ -91,6 +92,7 @@ class Engine:
         self._caps_from = self._step_caps = None  # the scheduler's caps record, and the one the steps run with (a
         # policy's per-row hold, `row_caps`, replaces its first rows until the rows change)
         self.beams = Beams(self.scheduler, runner)
+        self.overlap = AsyncSteps(self) if config.async_scheduling else None  # (`engine/async_steps.py`)
 
     # the runner's and the scheduler's numbers and parts, read where the engine was asked before the split
     model, cache, state, drafter, drafter_cached, device, vocab_size = (_forward("runner", n) for n in (
@@ -132,8 +134,10 @@ class Engine:
 
     @stats.setter
     def stats(self, value: SpecStats) -> None:
-        self.runner.zero_counter_sums()
+        self.runner.zero_counter_sums()  # (a step in flight: its counts leave both sides, `AsyncSteps.stats_reset`)
         self._stats = value
+        if getattr(self, "overlap", None) is not None:
+            self.overlap.stats_reset()
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -228,6 +232,9 @@ class Engine:
     # ------------------------------------------------------------------------------------------- the step
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
+        return self._step() if self.overlap is None else self.overlap.step()  # (async scheduling: its own order)
+
+    def _step(self) -> list[RequestOutput]:
         beams = self.beams
         outputs = beams._beam_aborts() + self._handle_aborts()
         beams._admit_beams(outputs)  # (beam groups: their own forwards, before the chains' timed step)

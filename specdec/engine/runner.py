@@ -177,6 +177,26 @@ class Runner:
     def run(self, step: StepInput, shape=None) -> StepRecord:
         """One decode/verify step over rows 0..num_rows−1 → its record (the step's one synchronization)."""
         run = shape if shape is not None else self.shape(step)
+        self._prepare(step, run)
+        clock = self._clock
+        clock.mark(0)
+        run.draft()
+        clock.mark(1)
+        packed = run.verify()
+        clock.mark(2)
+        return StepRecord.unpack(packed, run.layout, drafter_calls=run.drafts.forward_passes,  # (the proposal's)
+                                 draft_time_s=clock.elapsed(0, 1), verify_time_s=clock.elapsed(1, 2),
+                                 has_beta=step.tree is None)
+
+    def launch(self, step: StepInput, shape) -> torch.Tensor:
+        """`run` without its read: the step's draft and verify launched → its `pack_step` table on the device, not
+        waited for (async scheduling, `engine/async_steps.py`, reads it behind an event; a chain step, no mixed one)."""
+        self._prepare(step, shape)
+        shape.draft()
+        return shape.launch_verify()
+
+    def _prepare(self, step: StepInput, run) -> None:
+        """What a step hands its shape before it runs: a mixed step's chunks, changed draft caps, host constraints."""
         run.ran = True
         if step.prefill is not None:  # (a mixed step: the filling rows' chunks ride in its target forward)
             run.prefill = step.prefill
@@ -187,15 +207,6 @@ class Runner:
             self._caps_written = step.draft_caps
         if step.constraints is not None:  # the host constraints of the rows, in slot order
             run.view.constraints = list(step.constraints)
-        clock = self._clock
-        clock.mark(0)
-        run.draft()
-        clock.mark(1)
-        packed = run.verify()
-        clock.mark(2)
-        return StepRecord.unpack(packed, run.layout, drafter_calls=run.drafts.forward_passes,  # (the proposal's)
-                                 draft_time_s=clock.elapsed(0, 1), verify_time_s=clock.elapsed(1, 2),
-                                 has_beta=step.tree is None)
 
     # ------------------------------------------------------------------------------------------------ rows
     def admit_rows(self, first: int, requests) -> None:

@@ -61,6 +61,14 @@ class CapturedHalves:
         if self._draft_graph is not None:
             self._draft_graph.replay()
 
+    def launch_verify(self) -> torch.Tensor:
+        """The verify half launched and not waited for → its `pack_step` table on the device (async scheduling reads
+        it later behind an event, `engine/async_steps.py`); eager, as the body returns it."""
+        if self.eager:
+            return self.verify_body()
+        self.capture()
+        return self._verify_graph.replay()
+
     def verify(self) -> torch.Tensor:
         """The step's table (`pack_step`): from a graph replay it comes back in pinned host memory, read with one
         asynchronous copy and an event (a pageable `.tolist()` of the device table cost the host ~30 µs a step

@@ -251,6 +251,25 @@ def test_host_overhead_prefix_ab(tmp_path, monkeypatch):
     assert all(r["off_mean_us"] > 0 and r["on_mean_us"] > 0 and r["in_cache_us"] > 0 for r in rows)
 
 
+def test_host_overhead_async_ab(tmp_path, monkeypatch):
+    out = tmp_path / "async.json"
+    run_main(ROOT / "scripts" / "host_overhead.py", ["--async-ab", "--sizes", "2", "--gammas", "0,2", "--steps", "6",
+                                                        "--json", str(out)], monkeypatch)
+    rows = json.loads(out.read_text())
+    assert [(r["n"], r["gamma"]) for r in rows] == [(2, 0), (2, 2)]
+    for row in rows:  # both arms timed; with async on every measured step ran ahead of the one before it
+        assert all(row[arm]["period_us"] > 0 and row[arm]["busy_us"] > 0 for arm in ("off", "on"))
+        assert row["on"]["ahead"] >= 6 and "ahead" not in row["off"]
+
+
+def test_host_overhead_stub_async(tmp_path, monkeypatch):
+    out = tmp_path / "stub.json"
+    run_main(ROOT / "scripts" / "host_overhead.py", ["--stub", "--async-scheduling", "--sizes", "2", "--gammas", "2",
+                                                        "--steps", "6", "--json", str(out)], monkeypatch)
+    rows = json.loads(out.read_text())
+    assert [(r["n"], r["gamma"]) for r in rows] == [(2, 2)] and rows[0]["us"]["host"] > 0
+
+
 def test_bench_mixed_step_runs_on_a_tiny_model(tmp_path, monkeypatch):
     """The mixed-step benchmark's own code on a tiny random shape (CPU): every arm serves every request in full, the
     mixed arms run mixed steps, the others none, and the host-build row times both builders."""
