@@ -171,7 +171,7 @@ def test_errors_name_the_argument(make_llama, opt):
     with pytest.raises(ValueError, match="engine"):
         specdec.generate(target, [[1]], engine="turbo")
     with pytest.raises(ValueError, match="num_draft_tokens"):
-        specdec.generate(target, [[1]], drafter=make_llama(1, layers=1), num_draft_tokens="heuristic", engine="fast")
+        specdec.generate(target, [[1]], drafter=make_llama(1, layers=1), num_draft_tokens="bogus", engine="fast")
 
 
 def test_sliding_window_texts_longer_than_the_window_are_exact():
