@@ -6,13 +6,13 @@ a model (re-begun every step, it would prefill the whole text each time) on the 
 
 from __future__ import annotations
 
-import copy
 
 import numpy as np
 import pytest
 import torch
 
 import specdec
+from helpers import perturbed_copy
 from specdec.decoding import route
 from specdec.drafters import loop_adapter
 from specdec.drafters.loop_adapter import LoopOnEngine, holds_model, is_loop_only
@@ -57,12 +57,7 @@ class EchoDrafter:
 @pytest.fixture(scope="module")
 def pair(make_llama):
     target = make_llama(0)
-    draft = copy.deepcopy(target)
-    torch.manual_seed(5)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(0.3 * p.std() * torch.randn_like(p))
-    return target, draft
+    return target, perturbed_copy(target, 0.4, seed=5)
 
 
 def gen(target, drafter, prompts=PROMPTS, engine="fast", **kw):
