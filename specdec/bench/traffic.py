@@ -218,6 +218,7 @@ def drive(engine, requests: list[TrafficRequest], slots: int, arrival: Arrival, 
     engine.stats = SpecStats()
     captures = step_shapes(engine)
     mixed = engine.runner.num_mixed_steps  # (steps that fed prompt chunks in their forward: `--mixed-step`)
+    ahead = _ahead(engine)  # (steps launched before the previous record was read: `--async-scheduling`)
     clock = policy_report(engine, 0.0, 0.0)["clock_s"]
     if engine.device.type == "cuda":
         import torch
@@ -273,7 +274,13 @@ def drive(engine, requests: list[TrafficRequest], slots: int, arrival: Arrival, 
             "captures": step_shapes(engine) - captures, "completed_per_s": len(requests) / seconds,
             "tpot_p50_greedy_s": percentile(by_temperature[True], 0.5),
             "tpot_p50_sampled_s": percentile(by_temperature[False], 0.5), "policy": policy_report(engine, clock, seconds),
-            "stalls": stalls.summary(seconds), "mixed_steps": engine.runner.num_mixed_steps - mixed}
+            "stalls": stalls.summary(seconds), "mixed_steps": engine.runner.num_mixed_steps - mixed,
+            "ahead_steps": _ahead(engine) - ahead}
+
+
+def _ahead(engine) -> int:
+    """Steps the engine launched before the previous step's record was read (0 without async scheduling)."""
+    return engine.overlap.ahead if engine.overlap is not None else 0
 
 
 def warm_engine(spec: TrafficSpec, name: str, engine, log=None) -> dict:

@@ -47,18 +47,36 @@ class TrafficSetup:
 MAX_DRAFT_TOKENS = 8
 
 
-def _config(max_batch: int, max_seq_len: int | None, mixed_step: bool = False) -> EngineConfig:
-    """Every arm's engine config (plain's too); mixed_step: the mixed prefill/decode step (`EngineConfig.mixed_step`,
-    its "auto" budget) on the paged pool it needs, prefix caching off (as on the static layout: the table compares
-    drafters, not caching)."""
-    paged = dict(kv_layout="paged", mixed_step=True, enable_prefix_caching=False) if mixed_step else {}
+@dataclass(frozen=True)
+class EngineVariant:
+    """The engine options every arm of one table shares (plain's too), for A/B tables: mixed_step — the mixed
+    prefill/decode step (`EngineConfig.mixed_step`, its "auto" budget) on the paged pool it needs, prefix caching off
+    (the table compares drafters, not caching); async_scheduling — the host ahead of the device
+    (`EngineConfig.async_scheduling`)."""
+
+    mixed_step: bool = False
+    async_scheduling: bool = False
+
+    def options(self) -> dict:
+        paged = dict(kv_layout="paged", mixed_step=True, enable_prefix_caching=False) if self.mixed_step else {}
+        return {**paged, **(dict(async_scheduling=True) if self.async_scheduling else {})}
+
+    def notes(self) -> list[str]:
+        return ((["mixed step on: every arm's engine (plain's too) on the paged pool (prefix caching off), prompt "
+                  "chunks inside the decode / verify steps' one forward under the 'auto' budget"] if self.mixed_step
+                 else [])
+                + (["async scheduling on: every arm's engine launches a step before the previous record is read"]
+                   if self.async_scheduling else []))
+
+    def server_args(self) -> tuple[str, ...]:
+        return (("--mixed-step",) if self.mixed_step else ()) + (("--async-scheduling",) if self.async_scheduling
+                                                                else ())
+
+
+def _config(max_batch: int, max_seq_len: int | None, variant: EngineVariant = EngineVariant()) -> EngineConfig:
+    """Every arm's engine config (plain's too), with the table's `EngineVariant`."""
     return EngineConfig(max_batch_size=max_batch, max_seq_len=max_seq_len, num_draft_tokens="auto",
-                        max_draft_tokens=MAX_DRAFT_TOKENS, **paged)
-
-
-def _mixed_note(mixed_step: bool) -> list[str]:
-    return ["mixed step on: every arm's engine (plain's too) on the paged pool (prefix caching off), prompt chunks "
-            "inside the decode / verify steps' one forward under the 'auto' budget"] if mixed_step else []
+                        max_draft_tokens=MAX_DRAFT_TOKENS, **variant.options())
 
 
 def _arms(target, drafters, config, *, draft=None, head=None, corpus=None) -> dict:
@@ -105,20 +123,20 @@ def quick_models(with_head: bool = True) -> tuple:
     return target, draft, head
 
 
-def quick_setup(drafters=DRAFTERS, max_batch: int = 8, mixed_step: bool = False) -> TrafficSetup:
+def quick_setup(drafters=DRAFTERS, max_batch: int = 8, variant: EngineVariant = EngineVariant()) -> TrafficSetup:
     from specdec.bench.presets import motif_prompts
 
     target, draft, head = quick_models(with_head="head" in drafters)
     pool = motif_prompts(256, 16, 48, seed=2)
-    config = _config(max_batch, 256, mixed_step)
+    config = _config(max_batch, 256, variant)
     arms = _arms(target, drafters, config, draft=draft, head=head, corpus=pool)
     return TrafficSetup(Engine(target, None, config), arms, pool, (2,), 256, "cpu",
                         ["quick: tiny random Llamas on CPU (EOS = token 2): a check of the harness, not a speed claim",
-                         *_mixed_note(mixed_step)])
+                         *variant.notes()])
 
 
 def pair_setup(pair: Path, data: Path, head: Path | None, drafters=DRAFTERS, max_batch: int = 64,
-               device: torch.device | None = None, mixed_step: bool = False) -> TrafficSetup:
+               device: torch.device | None = None, variant: EngineVariant = EngineVariant()) -> TrafficSetup:
     from specdec.bench.presets import load_pair
 
     device = device or torch.device("cuda")
@@ -134,11 +152,11 @@ def pair_setup(pair: Path, data: Path, head: Path | None, drafters=DRAFTERS, max
         corpus = [TokenData.load(Path(data)).train[:4_000_000].astype("int64").tolist()]
     eos = target.config.eos_token_id
     eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
-    config = _config(max_batch, max_total, mixed_step)
+    config = _config(max_batch, max_total, variant)
     arms = _arms(target, drafters, config, draft=draft, head=str(head) if head else None, corpus=corpus)
     notes = [f"zoo pair {pair} (context {max_total} tokens: prompts are cut to fit prompt + max_new_tokens)",
              f"EOS ids {list(eos_ids)}; prompts from {len(pool)} held-in code prompts (specdec.bench.prompts)",
-             *_mixed_note(mixed_step)]
+             *variant.notes()]
     return TrafficSetup(Engine(target, None, config), arms, pool, eos_ids, max_total, torch.cuda.get_device_name(device),
                         notes)
 
@@ -179,7 +197,8 @@ def chat_pool(tokenizer, count: int = 160, max_tokens: int = 1024) -> list[list[
 
 
 def target_setup(target: Path, draft: Path | None, drafters=DRAFTERS, max_batch: int = 64,
-                 device: torch.device | None = None, max_context: int = 4096, mixed_step: bool = False) -> TrafficSetup:
+                 device: torch.device | None = None, max_context: int = 4096,
+                 variant: EngineVariant = EngineVariant()) -> TrafficSetup:
     """A real model and the drafter trained for it: bf16 on CUDA, fp32 on the CPU. drafters: "head" / "model" (the
     one `draft` is, see `draft_kind`), "lookup", "ngram" (a bigram fitted on the prompts)."""
     from specdec.loading import load_model, load_tokenizer
@@ -203,14 +222,14 @@ def target_setup(target: Path, draft: Path | None, drafters=DRAFTERS, max_batch:
             raise ValueError(f"--draft {draft}: {small.config.vocab_size} tokens, the target has "
                              f"{model.config.vocab_size}")
     eos_ids = tuple(stop_token_ids(model, tokenizer))
-    config = _config(max_batch, max_total, mixed_step)
+    config = _config(max_batch, max_total, variant)
     arms = _arms(model, drafters, config, draft=small, head=str(draft) if "head" in drafters else None, corpus=pool)
     name = Path(target).name
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     notes = [f"target {name} ({dtype}, context {max_total} tokens), drafter {draft.name if draft else 'none'} ({kind}); "
              f"{len(pool)} chat/code prompts through the chat template (the demo's, the general questions, "
              "build_prompts seed 1; some may be among the drafter's training prompts), glued to the lengths drawn",
-             f"EOS ids {list(eos_ids)}; the bigram is fitted on the prompts", *_mixed_note(mixed_step)]
+             f"EOS ids {list(eos_ids)}; the bigram is fitted on the prompts", *variant.notes()]
     if device.type == "cpu":
         notes.append(f"CPU ({torch.get_num_threads()} threads): fp32, not comparable with the GPU rows")
     return TrafficSetup(Engine(model, None, config), arms, pool, eos_ids, max_total, where, notes)
@@ -237,10 +256,11 @@ def demo_pool() -> list[list[int]]:
 
 
 def serve_and_write(spec: TrafficSpec, out: Path, *, pair: Path | None, data: Path | None, head: Path | None,
-                    clients, quick: bool, log=None, max_seconds: float | None = None, mixed_step: bool = False) -> dict:
+                    clients, quick: bool, log=None, max_seconds: float | None = None,
+                    variant: EngineVariant = EngineVariant()) -> dict:
     """The serving levels (`specdec.bench.traffic_serve`): the zoo pair on CUDA (drafter: `head`, else draft0), or
-    with `quick` the shipped demo pair on the CPU; writes `serve.json` and `serve.md` under `out`. mixed_step: the
-    server runs `--mixed-step`."""
+    with `quick` the shipped demo pair on the CPU; writes `serve.json` and `serve.md` under `out`. variant: the
+    server's flags (`--mixed-step`, `--async-scheduling`)."""
     from specdec.bench.traffic_serve import serve_traffic
     from specdec.bench.demo_pair import DEMO_PAIR
     from specdec.strict_json import dumps
@@ -254,9 +274,9 @@ def serve_and_write(spec: TrafficSpec, out: Path, *, pair: Path | None, data: Pa
         pool = code_pool(data, min(int(config.get("max_position_embeddings") or 4096), 4096))
     start = time.perf_counter()
     result = serve_traffic(target, draft, pool, spec, tuple(clients), device=device, dtype=dtype, log=log,
-                           max_seconds=max_seconds, server_args=("--mixed-step",) if mixed_step else ())
+                           max_seconds=max_seconds, server_args=variant.server_args())
     result["seconds"] = round(time.perf_counter() - start, 1)
-    result["mixed_step"] = mixed_step
+    result["mixed_step"], result["async_scheduling"] = variant.mixed_step, variant.async_scheduling
     result["spec"] = _spec_dict(spec)
     (out / "serve.json").write_text(dumps({k: v for k, v in result.items() if k != "markdown"}, indent=1))
     (out / "serve.md").write_text(result["markdown"] + "\n")
@@ -290,6 +310,7 @@ def run_and_write(spec: TrafficSpec, setup: TrafficSetup, out: Path, log=None, m
         setup.notes.append(f"--max-seconds {max_seconds:g}: {len(rows)} of {planned} rows measured, the rest skipped")
     result = {"device": setup.device, "notes": setup.notes, "spec": _spec_dict(spec), "warmup": warmups,
               "mixed_step": setup.plain.config.mixed_step,
+              "async_scheduling": setup.plain.config.async_scheduling,
               "rows": [r.to_dict() for r in rows], "summary": summary(rows),
               "seconds": round(time.perf_counter() - start, 1)}
     table = markdown_table(rows)

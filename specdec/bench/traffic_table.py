@@ -40,14 +40,16 @@ def arm_row(slots: int, arrival, rate: float | None, drafter: str, policy, timed
     """An arm's row from its timed `drive` runs (one per round) and plain's runs of the same rounds, in the same
     order (see `traffic`'s module doc): the median run's numbers, the median of the per-round ratios to plain."""
     timed = [{k: v for k, v in t.items() if k != "completed_per_s"} for t in timed]  # (= requests / seconds)
-    per_t = [{k: t.pop(k) for k in ("tpot_p50_greedy_s", "tpot_p50_sampled_s", "policy", "stalls", "mixed_steps")}
+    per_t = [{k: t.pop(k) for k in ("tpot_p50_greedy_s", "tpot_p50_sampled_s", "policy", "stalls", "mixed_steps",
+                                       "ahead_steps")}
              for t in timed]
     ratios = [t["tok_s"] / p["tok_s"] if p["tok_s"] else None for t, p in zip(timed, plains)]
     middle = sorted(range(len(timed)), key=lambda j: timed[j]["tok_s"])[(len(timed) - 1) // 2]  # the median run
     mine, plain = per_t[middle], plains[middle]
     extra = {"rate_per_s": rate} if rate is not None else {}
     extra.update(mine)  # the policy's read-out, the stalls, the TPOT p50 of the greedy and of the sampled requests,
-    # the steps that fed prompt chunks in their forward (`EngineConfig.mixed_step`; 0 without it)
+    # the steps that fed prompt chunks in their forward (`EngineConfig.mixed_step`; 0 without it), the steps run
+    # ahead (`EngineConfig.async_scheduling`; 0 without it)
     extra.update({f"speedup_{kind}": _ratio(plain[f"tpot_p50_{kind}_s"], mine[f"tpot_p50_{kind}_s"])
                   for kind in ("greedy", "sampled")})  # plain's TPOT p50 over this arm's, greedy and sampled requests
     if len(timed) > 1:

@@ -80,6 +80,9 @@ def add_parser(subparsers) -> None:
     t.add_argument("--mixed-step", action="store_true",
                    help="every arm's engine (plain's too) with the mixed prefill/decode step (EngineConfig.mixed_step, "
                         "its 'auto' budget) on the paged pool, prefix caching off; --serve: the server's --mixed-step")
+    t.add_argument("--async-scheduling", action="store_true",
+                   help="every arm's engine (plain's too) with the host ahead of the device "
+                        "(EngineConfig.async_scheduling); --serve: the server's --async-scheduling")
     t.add_argument("--clients", type=int, nargs="+", default=None,
                    help="--serve: closed-loop clients per level, 1..4096 (default: 8 32 64 128; --quick 1 2)")
     add_chat_options(p)

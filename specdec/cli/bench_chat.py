@@ -17,7 +17,8 @@ from specdec.cli.common import check_int, dumps, print_json
 CHAT_ONLY = ("conversations", "turns", "system_tokens", "user_tokens", "chat_drafter", "random_prompts")
 #: other presets' options the chat preset does not read (refused by name)
 NOT_CHAT = ("head", "drafters", "slots", "arrival", "policy", "requests_per_slot", "prompt_tokens", "sampled_share",
-            "max_seconds", "serve", "pair", "data", "train", "no_hf", "profile", "max_new_tokens", "mixed_step")
+            "max_seconds", "serve", "pair", "data", "train", "no_hf", "profile", "max_new_tokens", "mixed_step",
+            "async_scheduling")
 
 
 def add_chat_options(p) -> None:

@@ -15,7 +15,8 @@ MAX_BENCH_GAMMA = 8
 #: specdec.bench.traffic_setup.DRAFTERS (not imported here: `specdec --help` stays free of torch)
 TRAFFIC_DRAFTERS = ("model", "head", "lookup", "ngram")
 TRAFFIC_ONLY = ("quick", "head", "target", "draft", "drafters", "slots", "arrival", "policy", "requests_per_slot", "prompt_tokens",
-                 "new_tokens", "sampled_share", "max_seconds", "serve", "clients", "mixed_step")
+                 "new_tokens", "sampled_share", "max_seconds", "serve", "clients", "mixed_step",
+                 "async_scheduling")
 PRESET_ONLY = ("train", "gamma", "no_hf", "profile", "max_new_tokens")  # (--repeats: both, one meaning)
 
 
@@ -150,6 +151,12 @@ def check_target(args: argparse.Namespace, drafters: tuple) -> tuple:
     return drafters
 
 
+def _variant(args: argparse.Namespace):
+    from specdec.bench.traffic_setup import EngineVariant
+
+    return EngineVariant(mixed_step=args.mixed_step, async_scheduling=args.async_scheduling)
+
+
 def run_traffic(args: argparse.Namespace, spec, drafters, log) -> int:
     from specdec.bench.traffic_setup import pair_setup, quick_setup, run_and_write, serve_and_write
 
@@ -157,7 +164,7 @@ def run_traffic(args: argparse.Namespace, spec, drafters, log) -> int:
     if args.serve:
         clients = args.clients or ((1, 2) if args.quick else (8, 32, 64, 128))
         result = serve_and_write(spec, out, pair=args.pair, data=args.data, head=args.head, clients=clients,
-                                 quick=args.quick, log=log, max_seconds=args.max_seconds, mixed_step=args.mixed_step)
+                                 quick=args.quick, log=log, max_seconds=args.max_seconds, variant=_variant(args))
         print(result["markdown"])
         if args.json:
             print_json({"preset": "traffic", "serve": True, "levels": [
@@ -166,7 +173,7 @@ def run_traffic(args: argparse.Namespace, spec, drafters, log) -> int:
         return 0
     max_batch = max(spec.slots)
     if args.quick:
-        setup = quick_setup(drafters, max_batch=max_batch, mixed_step=args.mixed_step)
+        setup = quick_setup(drafters, max_batch=max_batch, variant=_variant(args))
     elif args.target is not None:
         from specdec.bench.traffic_setup import target_setup
         from specdec.loading import resolve_device
@@ -175,7 +182,7 @@ def run_traffic(args: argparse.Namespace, spec, drafters, log) -> int:
             context = min(4096, spec.prompt_tokens[1] + spec.new_tokens[1] + 64)  # (the cache: no larger than asked)
             setup = target_setup(Path(args.target), Path(args.draft) if args.draft else None, drafters,
                                  max_batch=max_batch, device=resolve_device(args.device), max_context=context,
-                                 mixed_step=args.mixed_step)
+                                 variant=_variant(args))
         except (ValueError, FileNotFoundError, ImportError) as err:
             raise CLIError(str(err)) from None
     else:
@@ -185,7 +192,7 @@ def run_traffic(args: argparse.Namespace, spec, drafters, log) -> int:
         if device.type != "cuda":
             raise CLIError(f"--device: the traffic table runs on CUDA (or --quick on the CPU), got {args.device!r}")
         setup = pair_setup(Path(args.pair), Path(args.data), Path(args.head) if args.head else None, drafters,
-                           max_batch=max_batch, device=device, mixed_step=args.mixed_step)
+                           max_batch=max_batch, device=device, variant=_variant(args))
     log(f"traffic: {setup.device}; slots {list(spec.slots)}; arrivals {[a.label for a in spec.arrivals]}; "
          f"drafters {list(setup.arms)}; policies {list(spec.policies)}")
     result = run_and_write(spec, setup, out, log=log, max_seconds=args.max_seconds)

@@ -85,6 +85,8 @@ class _FakeEngine:
     class runner:
         num_mixed_steps = 0
 
+    overlap = None  # (no async scheduling)
+
     def __init__(self):
         self.running, self.peak, self.stats_value = {}, 0, None
 
@@ -306,7 +308,7 @@ def _fake_drive(log: list, speeds):
         return {"requests": len(requests), "tokens": 100, "seconds": 100 / tok_s, "tok_s": tok_s, "ttft_p50_s": 0.1,
                 "ttft_p99_s": 0.2, "itl_p50_s": 0.01, "itl_p99_s": 0.01 * k + 0.02, "tpot_p50_s": 0.01, "alpha": None,
                 "mean_gamma": 0.0 if gamma == 0 else 2.0, "captures": 0, "completed_per_s": 1.0, "tpot_p50_greedy_s": 0.01,
-                "tpot_p50_sampled_s": None, "policy": {}, "stalls": {}, "mixed_steps": 0}
+                "tpot_p50_sampled_s": None, "policy": {}, "stalls": {}, "mixed_steps": 0, "ahead_steps": 0}
     return drive_
 
 

@@ -35,3 +35,19 @@ def test_mixed_step_belongs_to_the_traffic_table(capsys):
     assert "--mixed-step" in capsys.readouterr().err
     assert main(["bench", "--preset", "chat", "--quick", "--mixed-step"]) == 2
     assert "--mixed-step" in capsys.readouterr().err
+
+
+def test_bench_quick_async_scheduling_runs_steps_ahead(tmp_path, capsys):
+    """`--async-scheduling`: every arm's engine launches steps ahead (the engine's own count); a fixed γ so the
+    speculative arm's rows can run ahead too ("auto" rows step synchronously)."""
+    assert main(ARGS + ["--async-scheduling", "--policy", "2", "--out", str(tmp_path / "async")]) == 0
+    result = json.loads((tmp_path / "async" / "traffic.json").read_text())
+    assert result["async_scheduling"] is True and any("async scheduling on" in n for n in result["notes"])
+    assert all(r["extra"]["ahead_steps"] > 0 for r in result["rows"])
+
+
+def test_without_the_flag_no_step_runs_ahead(tmp_path, capsys):
+    """Negative control: without --async-scheduling no step runs ahead."""
+    assert main(ARGS + ["--policy", "2", "--out", str(tmp_path / "sync")]) == 0
+    result = json.loads((tmp_path / "sync" / "traffic.json").read_text())
+    assert result["async_scheduling"] is False and all(r["extra"]["ahead_steps"] == 0 for r in result["rows"])
