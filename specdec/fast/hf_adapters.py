@@ -88,17 +88,29 @@ def _alibi(module, family: str, heads: int, **kw) -> Alibi:
 
 
 # --------------------------------------------------------------------------------------------------- Falcon
-def _falcon(module, hidden_states, alibi=None, attention_mask=None, position_ids=None, layer_past=None,
-            use_cache=False, output_attentions=False, position_embeddings=None, **kwargs):
-    query, key, value = module._split_heads(module.query_key_value(hidden_states))  # [B, k, H | H_kv, D]
+def _falcon_split(module, fused: torch.Tensor):
+    """Falcon's fused QKV [B, k, (H + 2·H_kv)·D] → query [B, k, H, D], key and value [B, k, H_kv, D] (its three
+    layouts: grouped per KV head, multi-query, interleaved per head; split here, not by a private helper of the
+    attention class, which transformers has renamed between releases)."""
+    batch, length = fused.shape[:2]
+    d = module.head_dim
+    if module.new_decoder_architecture:  # per KV head: its group's queries, then its key, then its value
+        grouped = fused.view(batch, length, module.num_kv_heads, -1, d)
+        return grouped[..., :-2, :].flatten(2, 3), grouped[..., -2, :], grouped[..., -1, :]
+    heads = fused.view(batch, length, -1, d)
+    if module.multi_query:
+        return heads.split([module.num_heads, 1, 1], dim=2)
+    return heads.unflatten(2, (module.num_heads, 3)).unbind(3)  # per head: its query, key and value
+
+
+def _falcon(module, hidden_states, *args, position_embeddings=None, **kwargs):
+    # transformers ≤ 5.24 passes the ALiBi tensor to the attention, later releases fold it into the mask; either
+    # way the engine builds its own bias from the config
+    query, key, value = _falcon_split(module, module.query_key_value(hidden_states))
     batch, length = query.shape[:2]
-    if module.new_decoder_architecture:  # K/V broadcast over each KV head's query group: one copy per KV head
-        group = module.num_heads // module.num_kv_heads
-        key, value = (t.reshape(batch, length, module.num_kv_heads, group, module.head_dim)[:, :, :, 0]
-                      for t in (key, value))
-    query, key, value = (t.transpose(1, 2) for t in (query, key, value))  # [B, H, k, D]
+    query, key, value = (t.transpose(1, 2) for t in (query, key, value))  # [B, H | H_kv, k, D]
     bias = None
-    if alibi is None:
+    if not module.config.alibi:
         query, key = _family(module).apply_rotary_pos_emb(query, key, *position_embeddings)
     else:
         bias = _alibi(module, "falcon", module.num_heads, scale=math.sqrt(module.head_dim))
