@@ -11,9 +11,12 @@ flavors × `token_buckets`), finite and known from the config, which the warm-up
 CUDA graphs capture once each.
 
 Token buckets: 16, 32, 48, 64, 96, 128, 192, ... (powers of two and their midpoints 3·2^k: a step pads at most a
-third of its chunk tokens) up to `token_cap`: an int `prefill_budget`'s bucket, else `prefill_chunk`'s ("auto"),
-which `prefill.plan_mixed` never exceeds (with "auto" its budget is rounded down to a bucket, so full steps pad
-nothing).
+third of its chunk tokens) up to `token_cap`: an int `prefill_budget`'s bucket, else ("auto") max(`prefill_chunk`,
+`AUTO_CAP`)'s, which `prefill.plan_mixed` never exceeds (with "auto" its budget is rounded down to a bucket, so full
+steps pad nothing). The buckets up to `graph_cap` (the int budget's, else `prefill_chunk`'s) are warmed and graphed;
+"auto"'s larger ones run eagerly and only when its deadline asks for them: on one H200 a cap at `prefill_chunk`
+(512) starved 64 speculative slots — they finish requests ~τ times faster than plain ones, and 512 prompt tokens a
+step could not refill them (head "auto" 0.80x plain, most steps at 16 rows; BENCHMARKS.md).
 
 `host_meta` is the step's one host → device transfer: O(rows + tiles) integers in a fixed-length vector (n, the
 chunks' starts, counts and slots, the pad count, and the Triton chunk launch's tiles, unused tiles pointing past
@@ -24,10 +27,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["MIN_TOKENS", "MixedLayout", "host_meta", "mixed_keys", "token_bucket", "token_buckets", "token_cap",
+__all__ = ["AUTO_CAP", "MIN_TOKENS", "MixedLayout", "graph_buckets", "graph_cap", "host_meta", "mixed_keys",
+           "token_bucket", "token_buckets", "token_cap",
            "token_floor"]
 
 MIN_TOKENS = 16  # the smallest token bucket
+AUTO_CAP = 4096  # "auto"'s most chunk tokens a step, where its deadline asks (peers budget thousands a step)
 UNUSED_TILE = 1 << 16  # a tile's part past any row's query rows (G · count < 2^16 · BLOCK_M): its program exits
 
 
@@ -42,8 +47,19 @@ def _buckets_to(top: int) -> list[int]:
 
 
 def token_cap(config) -> int:
-    """The most chunk tokens a mixed step feeds: an int `prefill_budget`'s bucket (the smallest ≥ it), else
-    `prefill_chunk`'s."""
+    """The most chunk tokens a mixed step feeds: an int `prefill_budget`'s bucket (the smallest ≥ it), else ("auto")
+    the bucket of max(`prefill_chunk`, `AUTO_CAP`) — what "auto"'s deadline (`prefill_steps`) may need when
+    speculation empties the slots faster than a `prefill_chunk` a step refills them."""
+    budget = config.prefill_budget
+    if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0:
+        return _buckets_to(max(budget, MIN_TOKENS))[-1]
+    return _buckets_to(max(int(config.prefill_chunk), AUTO_CAP, MIN_TOKENS))[-1]
+
+
+def graph_cap(config) -> int:
+    """The largest token bucket warmed ahead of traffic and captured as CUDA graphs: an int `prefill_budget`'s
+    bucket, else `prefill_chunk`'s; the buckets past it (up to `token_cap`, "auto" only) run eagerly, built when a
+    step first reaches them (a forward of that many tokens is bound by its work, not its launches)."""
     budget = config.prefill_budget
     want = budget if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0 else config.prefill_chunk
     return _buckets_to(max(int(want), MIN_TOKENS))[-1]
@@ -52,6 +68,11 @@ def token_cap(config) -> int:
 def token_buckets(config) -> tuple[int, ...]:
     """Every chunk-token bucket a mixed step of this config can reach, ascending (the last is `token_cap`)."""
     return tuple(_buckets_to(token_cap(config)))
+
+
+def graph_buckets(config) -> tuple[int, ...]:
+    """The token buckets warmed and graphed (`graph_cap`), ascending."""
+    return tuple(_buckets_to(graph_cap(config)))
 
 
 def token_bucket(tokens: int, buckets: tuple[int, ...]) -> int:
@@ -69,8 +90,9 @@ def token_floor(tokens: int, buckets: tuple[int, ...]) -> int:
 
 
 def mixed_keys(batches, gammas, flavors, config) -> list[tuple]:
-    """The mixed step shapes (batch bucket, γ, flavor, token bucket) of these batch buckets, γ values and flavors."""
-    return [(b, g, f, t) for b in batches for g in gammas for f in flavors for t in token_buckets(config)]
+    """The mixed step shapes (batch bucket, γ, flavor, token bucket) of these batch buckets, γ values and flavors
+    that the warm-up builds: the graphed token buckets (`graph_buckets`)."""
+    return [(b, g, f, t) for b in batches for g in gammas for f in flavors for t in graph_buckets(config)]
 
 
 @dataclass(frozen=True)

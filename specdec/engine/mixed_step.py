@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from specdec.drafters.protocol import Proposal
-from specdec.engine.mixed_shapes import MixedLayout, host_meta, token_bucket, token_buckets
+from specdec.engine.mixed_shapes import MixedLayout, graph_cap, host_meta, token_bucket, token_buckets
 from specdec.engine.step_input import PrefillChunks
 from specdec.engine.step_runner import StepRunner
 from specdec.fast.graphs import CapturedStep
@@ -216,11 +216,13 @@ class MixedStepRunner(StepRunner):
 
 def mixed_for(runner, key: tuple) -> MixedStepRunner:
     """The mixed step shape of `key` (batch bucket, γ, flavor, token bucket), built once (`runner.mixed_steps`);
-    captured as CUDA graphs where decode steps are, unless `runner.mixed_graphs` is set False."""
+    captured as CUDA graphs where decode steps are and its token bucket is at most `graph_cap`, unless
+    `runner.mixed_graphs` is set False."""
     shape = runner.mixed_steps.get(key)
     if shape is None:
         shape = runner.mixed_steps[key] = MixedStepRunner(runner.parts, *key)
-    shape.graphs = getattr(runner, "mixed_graphs", True)  # (a benchmark's switch: the mixed steps' graphs alone)
+    graphed = key[3] <= graph_cap(runner.config)  # ("auto"'s buckets past prefill_chunk's run eagerly)
+    shape.graphs = getattr(runner, "mixed_graphs", True) and graphed  # (mixed_graphs: a benchmark's switch)
     return shape
 
 

@@ -295,3 +295,36 @@ def test_a_feature_head_without_the_chunks_features_drafts_otherwise(make_llama,
     assert run(True) == whole
     monkeypatch.setattr(mixed_module.MixedStepRunner, "store_features", staticmethod(lambda *args: None))
     assert run(True) != whole
+
+
+def test_auto_feeds_past_prefill_chunk_when_its_deadline_asks(make_llama, monkeypatch):
+    """"auto" with a deadline of one step (`prefill_steps=1`): a 200-token prompt admitted mid-flight is fed in one
+    mixed step past `prefill_chunk` (64: the graphed buckets' cap; the bucket it runs at is eager), the running rows
+    keep producing tokens, and the tokens are a whole prefill's; with the cap at prefill_chunk's bucket (the control:
+    the cap before) no step feeds more than 64 and the prompt takes several steps."""
+    from specdec.engine import mixed_shapes
+
+    target = make_llama(0)
+    long = prompt(200, 8)
+    params = [SamplingParams(temperature=0, max_new_tokens=30)] * 2 + [SamplingParams(temperature=0, max_new_tokens=6)]
+
+    def run(mixed):
+        engine = Engine(target, None, EngineConfig(max_batch_size=3, max_seq_len=250, num_draft_tokens=0, admit_min=1,
+                                                   mixed_step=mixed, prefill_chunk=64,
+                                                   prefill_steps=1 if mixed else None))
+        between, seen = [], {"fed": 0}
+
+        def watch(e, outs):
+            between.append(e.prefill_tokens - seen["fed"])
+            seen["fed"] = e.prefill_tokens
+            if e.num_prefilling:
+                assert all(o.new_token_ids for o in outs if not o.finished)
+        return drive(engine, EARLY, [long], params, join_after=2, watch=watch), between, engine
+
+    whole, _, _ = run(False)
+    tokens, between, engine = run(True)
+    assert tokens == whole and max(between[1:]) > 64
+    assert any(key[3] > 64 and shape.ran and not shape.graphs for key, shape in engine.runner.mixed_steps.items())
+    monkeypatch.setattr(mixed_shapes, "token_cap", mixed_shapes.graph_cap)
+    capped, capped_between, _ = run(True)
+    assert capped == whole and max(capped_between[1:]) <= 64 and sum(1 for b in capped_between if b) >= 4

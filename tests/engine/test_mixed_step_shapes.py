@@ -9,8 +9,8 @@ import torch
 from prefill_helpers import drive, mixed_params, prompt
 from specdec.engine import Engine, EngineConfig
 from specdec.engine import mixed_step as mixed_module
-from specdec.engine.mixed_shapes import MixedLayout, host_meta, mixed_keys, token_bucket, token_buckets, token_cap, \
-    token_floor
+from specdec.engine.mixed_shapes import AUTO_CAP, MixedLayout, graph_buckets, graph_cap, host_meta, mixed_keys, \
+    token_bucket, token_buckets, token_cap, token_floor
 from specdec.engine.step_input import PrefillChunks
 from specdec.fast.ragged import RaggedBatch, RaggedRow
 from specdec.request import SamplingParams
@@ -102,28 +102,34 @@ def test_padding_that_writes_a_real_block_changes_the_outputs(make_llama, monkey
 
 
 def test_token_buckets_and_the_plans_cap(make_llama):
-    """Buckets 16, 24, 32, 48, ... up to the cap (an int budget's bucket, else prefill_chunk's); a mixed step never
-    feeds past the cap, though its budget asks for more ("auto" before anything is measured, a deadline)."""
-    assert token_buckets(EngineConfig(mixed_step=True, prefill_chunk=512)) == \
+    """Buckets 16, 24, 32, 48, ... up to the cap (an int budget's bucket, else max(prefill_chunk, AUTO_CAP)'s); the
+    warm-up's and the graphs' buckets stop at the int budget's or prefill_chunk's; a mixed step never feeds past the
+    cap, though its budget asks for more ("auto" before anything is measured, a deadline)."""
+    assert graph_buckets(EngineConfig(mixed_step=True, prefill_chunk=512)) == \
         (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
-    assert token_cap(EngineConfig(mixed_step=True, prefill_budget=100)) == 128
+    assert token_buckets(EngineConfig(mixed_step=True, prefill_chunk=512))[-4:] == (1536, 2048, 3072, AUTO_CAP)
+    assert token_cap(EngineConfig(mixed_step=True, prefill_budget=100)) == 128 == \
+        graph_cap(EngineConfig(mixed_step=True, prefill_budget=100))
     assert token_cap(EngineConfig(mixed_step=True, prefill_budget=16)) == 16
+    assert token_cap(EngineConfig(mixed_step=True, prefill_chunk=8192)) == 8192  # (a larger prefill_chunk: its own)
     assert token_bucket(25, (16, 24, 32)) == 32 and token_floor(31, (16, 24, 32)) == 24
     with pytest.raises(ValueError, match="largest token bucket"):
         token_bucket(33, (16, 24, 32))
     assert len(mixed_keys((1, 2), (0, 3), ("f",), EngineConfig(mixed_step=True, prefill_budget=24))) == 2 * 2 * 2
+    assert {k[3] for k in mixed_keys((1,), (0,), ("f",), EngineConfig(mixed_step=True, prefill_chunk=64))} == \
+        {16, 24, 32, 48, 64}  # (the warm-up builds the graphed buckets only)
     from types import SimpleNamespace
 
     from specdec.engine.prefill import ChunkedPrefill, plan_mixed
 
-    def plan(**config):
+    def plan(length=300, **config):
         chunked = ChunkedPrefill(EngineConfig(mixed_step=True, **config))
-        request = SimpleNamespace(prompt=list(range(300)), prefilled=0, draft_valid=0, slot=1, fed_by=2)
+        request = SimpleNamespace(prompt=list(range(length)), prefilled=0, draft_valid=0, slot=1, fed_by=2)
         scheduler = SimpleNamespace(filling=[request], num_steps=0, running=[SimpleNamespace(length=5)])
         asked = chunked.step_budget(scheduler.filling, 0, False)
         return asked, plan_mixed(scheduler, chunked, False).chunks.num_tokens
-    assert plan(prefill_chunk=64) == (512, 64)  # ("auto" before anything is measured asks for 512)
-    assert plan(prefill_chunk=100) == (512, 128)
+    assert plan(prefill_chunk=64) == (512, 299)  # ("auto" cold asks 512: the whole prompt but its last token)
+    assert plan(length=20000, prefill_chunk=64) == (10000, AUTO_CAP)  # (a deadline: at most the cap)
     assert plan(prefill_budget=20, prefill_steps=2) == (150, 24)  # (a deadline asks for more; an int's bucket)
     assert plan(prefill_budget=20) == (20, 20)
 
