@@ -11,9 +11,9 @@ flavors × `token_buckets`), finite and known from the config, which the warm-up
 CUDA graphs capture once each.
 
 Token buckets: 16, 32, 48, 64, 96, 128, 192, ... (powers of two and their midpoints 3·2^k: a step pads at most a
-third of its chunk tokens) up to `token_cap`: an int `prefill_budget`'s bucket, else `prefill_chunk`'s ("auto"),
-which `prefill.plan_mixed` never exceeds (with "auto" its budget is rounded down to a bucket, so full steps pad
-nothing).
+third of its chunk tokens) up to `token_cap`: an int `prefill_budget`'s bucket, else `prefill_chunk`'s ("auto"; with
+`prefill_steps`, the larger), which `prefill.plan_mixed` never exceeds (with "auto" its budget is rounded down to a
+bucket, so full steps pad nothing).
 
 `host_meta` is the step's one host → device transfer: O(rows + tiles) integers in a fixed-length vector (n, the
 chunks' starts, counts and slots, the pad count, and the Triton chunk launch's tiles, unused tiles pointing past
@@ -43,9 +43,12 @@ def _buckets_to(top: int) -> list[int]:
 
 def token_cap(config) -> int:
     """The most chunk tokens a mixed step feeds: an int `prefill_budget`'s bucket (the smallest ≥ it), else
-    `prefill_chunk`'s."""
+    `prefill_chunk`'s; with `prefill_steps` (a deadline may ask a step for more than the budget) the larger of the
+    two, so a backlog is fed within its K steps while its share per step fits `prefill_chunk`."""
     budget = config.prefill_budget
     want = budget if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0 else config.prefill_chunk
+    if config.prefill_steps:
+        want = max(want, config.prefill_chunk)
     return _buckets_to(max(int(want), MIN_TOKENS))[-1]
 
 

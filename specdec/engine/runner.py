@@ -17,7 +17,7 @@ import time
 import torch
 
 from specdec.drafters.protocol import CachedSlotDrafter, FeatureSlotDrafter
-from specdec.engine.config import EngineConfig, positions_bucket
+from specdec.engine.config import EngineConfig, positions_bucket, resolve_mixed_step
 from specdec.engine.drafters import Flavor
 from specdec.engine.features import FeatureStore
 from specdec.engine.kv_pool import paged_caches
@@ -50,9 +50,8 @@ class Runner:
         with torch.inference_mode():
             self.model = build_model(target, config.kernels, config.bitwise, config.model_impl, config.gguf_weights)
             shape = self.model.shape
-            if config.mixed_step and not ragged_covers(self.model):  # (forward_ragged runs that body's layers)
-                raise ValueError(f"mixed_step=True runs the fast Llama body's ragged forward; this target runs on "
-                                 f"{type(self.model).__name__}")
+            # mixed_step True / False from here on (forward_ragged runs that body's layers; True where not: refused)
+            self.config = config = resolve_mixed_step(config, ragged_covers(self.model), type(self.model).__name__)
             self.device = self.model.device
             self.vocab_size = shape.vocab_size
             context = shape.context or 4096
