@@ -274,8 +274,9 @@ class Runner:
         return time.perf_counter() - start
 
     def feed(self, target: list, drafter: list) -> float:
-        """Chunked prefill: the target's groups (rows, starts, ends: `prefill.ChunkedPrefill.groups`) ragged, then a
-        cached drafter's, each finished on the device → the `time.perf_counter()` between the two."""
+        """Prompt feeds outside a step (`prefill.ChunkBudget.groups`: rows, starts, ends): the target's ragged (the rest
+        of a prompt left filling when nothing runs, `prefill.prefill_rest`), then a cached drafter's (a mixed step's
+        feed, `prefill.finish_mixed`), each finished on the device → the `time.perf_counter()` between the two."""
         cuda = self.device.type == "cuda"
         for rows, starts, ends in target:
             prefill_ragged(self.model, self.cache, self.state, rows, starts, ends, self.config.prefill_chunk,
