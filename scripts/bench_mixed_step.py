@@ -1,6 +1,6 @@
-"""The mixed prefill/decode step (`EngineConfig.mixed_step`) under traffic with arrivals, against admission's whole
-prefill (the default) and the separate chunked prefill (`prefill_budget="auto"`), plain and speculative, in one
-run: ITL p99, TTFT and throughput per arm, and the mixed batch's host build against `RaggedBatch.from_rows`.
+"""The mixed prefill/decode step (`EngineConfig.mixed_step`, the engine's chunked prefill) under traffic with arrivals,
+against admission's whole prefill (the default), plain and speculative, in one run: ITL p99, TTFT and throughput
+per arm, and the mixed batch's host build against `RaggedBatch.from_rows`.
 
     PYTHONPATH=$PWD python scripts/bench_mixed_step.py --shape tiny --requests 12 --slots 4 \\
         --prompt 16 96 --new 16 --out /tmp/mixed.json                        # CPU smoke (fp32)
@@ -40,8 +40,8 @@ SHAPES = {
                      intermediate_size=14336, rope_theta=500000.0),
     "tiny": dict(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, intermediate_size=128),
 }
-ARMS = ("whole", "chunked", "mixed", "mixed_eager")  # admission's whole prefill | prefill_budget="auto" |
-# mixed_step=True (its verify halves CUDA graphs where decode steps are) | the same with the mixed steps eager
+ARMS = ("whole", "mixed", "mixed_eager")  # admission's whole prefill | mixed_step=True (its verify halves CUDA
+# graphs where decode steps are) | the same with the mixed steps eager
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -169,7 +169,7 @@ def main(argv=None) -> int:
     p.add_argument("--new", type=int, default=128)
     p.add_argument("--gamma", type=int, default=3)
     p.add_argument("--alpha", type=float, default=0.7, help="synthetic acceptance of the speculative arms")
-    p.add_argument("--budget", default="auto", help="prefill_budget of the chunked and mixed arms (auto or tokens)")
+    p.add_argument("--budget", default="auto", help="prefill_budget of the mixed arms (auto or tokens)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup", action="store_true", help="warm_steps over every batch bucket before each arm")
     p.add_argument("--host-rows", type=int, default=64)

@@ -704,8 +704,8 @@ done
 # one GPU, one device call from the repo root (≈ 5–8 min on an H200): its GPU-marked tests (the tokens of a whole
 # prefill under CUDA graphs), then scripts/bench_mixed_step.py on the 8B shape (random bf16 weights): a closed loop
 # of 32 clients over 96 requests (prompts 256–1536, ~128 new tokens), plain and speculative (a random 2-layer draft,
-# γ = 3, synthetic acceptance 0.7), each with admission's whole prefill, the separate chunked prefill ("auto"), the
-# mixed step (its verify halves CUDA graphs) and the mixed step eager (arm mixed_eager), ITL p99 / TTFT / throughput
+# γ = 3, synthetic acceptance 0.7), each with admission's whole prefill, the mixed step ("auto" budget; its verify
+# halves CUDA graphs) and the mixed step eager (arm mixed_eager), ITL p99 / TTFT / throughput
 # in the same run; and the mixed batch's host build against from_rows. BENCH ARGS --warmup: Engine.warmup first.
 #   bash scripts/device_run.sh mixed [TESTS_S] [BENCH_S] [BENCH ARGS...]
 # Lands in $OUT: run.log, mixed_tests.log, mixed_step.json.
@@ -717,7 +717,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee 
 log "mixed step GPU tests"
 timeout "$tests_s" python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/engine/test_mixed_step.py \
     tests/engine/test_mixed_step_gpu.py tests/fast/test_ragged_gpu.py 2>&1 | tee "$OUT/mixed_tests.log" | tail -20 | tee -a "$OUT/run.log"
-log "bench: whole / chunked / mixed, plain and speculative, 8B shape"
+log "bench: whole / mixed / mixed_eager, plain and speculative, 8B shape"
 timeout "$bench_s" python3 scripts/bench_mixed_step.py --device cuda --shape llama-8b --out "$OUT/mixed_step.json" \
     "$@" 2>&1 | tail -20 | tee -a "$OUT/run.log"
 log done

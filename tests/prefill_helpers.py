@@ -1,4 +1,4 @@
-"""Helpers of the chunked-prefill tests (tests/engine/test_chunked_prefill*.py): prompts, a feature head, and a
+"""Helpers of the chunked-prefill (mixed step) tests (tests/engine/test_mixed_*.py): prompts, a feature head, and a
 driver admitting requests mid-flight."""
 
 from specdec.request import SamplingParams

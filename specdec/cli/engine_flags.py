@@ -27,6 +27,19 @@ def _int_or_auto(text: str):
     return int(text) if text.isdigit() else text
 
 
+#: --mixed-step's words for `EngineConfig.mixed_step`'s values (a bare --mixed-step is True)
+MIXED_STEP_WORDS = {"true": True, "on": True, "yes": True, "1": True, "false": False, "off": False, "no": False,
+                    "0": False, "auto": "auto"}
+
+
+def _mixed_step(text: str):
+    """--mixed-step's value: true / false / auto (and on / off, yes / no, 1 / 0), or argparse's error naming them."""
+    word = text.strip().lower()
+    if word not in MIXED_STEP_WORDS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not true, false or auto (a bare --mixed-step is true)")
+    return MIXED_STEP_WORDS[word]
+
+
 @dataclass(frozen=True)
 class EngineFlag:
     """One row: the flags (specdec's first, then vLLM's / llama.cpp's spellings), the `EngineConfig` field they set,
@@ -61,8 +74,9 @@ ENGINE_FLAGS = (
         action="store_const", const=False, help="prefix caching off (for A/B runs; vLLM's spelling first)")),
     EngineFlag(("--prefill-budget",), "prefill_budget", dict(
         type=_int_or_auto, metavar="TOKENS", help="chunked prefill: prompt tokens prefilled per engine step while "
-        "requests run, interleaved with decoding; 0: off, admitted prompts prefill whole; auto: a step prefills for at "
-        "most --prefill-stall of the measured decode step, each request fed within --prefill-steps, 4 (default: 0)")),
+        "requests run, riding in the running rows' forwards (the mixed step, on wherever it runs); 0: off, admitted "
+        "prompts prefill whole; auto: a step prefills for at most --prefill-stall of the measured decode step, each "
+        "request fed within --prefill-steps, 4 (default: 0, or auto with --mixed-step)")),
     EngineFlag(("--prefill-steps",), "prefill_steps", dict(
         type=int, metavar="K", help="with --prefill-budget: every request is fed within K steps of its admission (the "
         "budget grows with the backlog) (default: the budget is a hard cap; auto: 4)")),
@@ -70,9 +84,11 @@ ENGINE_FLAGS = (
         type=float, metavar="FRACTION", help="with --prefill-budget auto: the prefill seconds a step may add, as a "
         "fraction of the measured decode step (default: 0.5)")),
     EngineFlag(("--mixed-step",), "mixed_step", dict(
-        action="store_const", const=True, help="with requests filling, one forward per step over the running rows' "
-        "verify tokens and the filling rows' prompt chunks (EngineConfig.mixed_step; its budget: --prefill-budget, "
-        "auto when not given); needs the paged KV pool")),
+        nargs="?", const=True, type=_mixed_step, metavar="true|false|auto", help="with requests filling, one forward "
+        "per step over the running rows' verify tokens and the filling rows' prompt chunks (EngineConfig.mixed_step; "
+        "its budget: --prefill-budget, auto when not given); true (a bare --mixed-step) needs the paged KV pool and "
+        "the fast Llama body, auto runs it where they are and prefills whole elsewhere (default: false, unless "
+        "--prefill-budget)")),
     EngineFlag(("--model-impl",), "model_impl", dict(
         choices=MODEL_IMPLS, help="the engine's body for the target: auto (the fast family bodies where they cover "
         "the model, else the transformers backend), fast, transformers (the engine's transformers backend: the model's own "

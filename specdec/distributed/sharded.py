@@ -103,7 +103,7 @@ class ShardedFastLlama(FastLlama):
 
     def leader_int(self, value: int) -> int:
         """Rank 0's `value` on every rank (collective). What the engine decides from this rank's own timings — the
-        "auto" prefill budget (`engine.prefill.ChunkedPrefill.agree`) — is rank 0's decision on every rank: rank 0
+        "auto" prefill budget (`engine.prefill.ChunkBudget.agree`) — is rank 0's decision on every rank: rank 0
         schedules, the others follow, and every forward's batch is the same on every rank."""
         return self.leader_ints((value,))[0]
 

@@ -1,14 +1,14 @@
 """Admission: requests enter and leave the engine's slots — the scheduler's decisions handed to the runner.
 
 Each function takes the `Scheduler` (who, where: queues, slots, blocks) and the `Runner` (the tensors) it joins:
-`admit` moves waiting requests into free slots and prefills them together (target, then the drafter if it keeps
-a cache, timed for the γ policy) — while others run, once `admit_min` slots are free or one has waited
-`admit_max_wait` steps; with a prefill budget, while others run, `place` starts them filling instead
-(`engine/prefill.py`); `handle_aborts` drops cancelled ones; `release` frees a slot (the last running request moves
-into it, so running requests stay in slots 0..n−1); `catch_up_drafter` feeds a cached drafter the text that plain
-(γ = 0) steps committed without it, and the prompts admitted during them (not fed at admission); `reserve_blocks`
-and `preempt` keep the paged pool ahead of each step.
-"""
+`admit` moves waiting requests into free slots and prefills them together (target, then the drafter if it keeps a
+cache, timed for the γ policy) — while others run, once `admit_min` slots are free or one has waited `admit_max_wait`
+steps; with the mixed step on (a prefill budget), while others run, `place` starts chain requests filling instead,
+their chunks riding in the steps' forwards (`engine/prefill.py`; token-tree requests prefill whole: a tree step has
+no mixed form); `handle_aborts` drops cancelled ones; `release` frees a slot (the last running request moves into it,
+so running requests stay in slots 0..n−1); `catch_up_drafter` feeds a cached drafter the text that plain (γ = 0)
+steps committed without it, and the prompts admitted during them (not fed at admission); `reserve_blocks` and
+`preempt` keep the paged pool ahead of each step."""
 
 from __future__ import annotations
 
@@ -42,15 +42,16 @@ def handle_aborts(scheduler, runner) -> list[RequestOutput]:
 
 def admit(scheduler, runner, policy, chunked, outputs: list[RequestOutput], limit: int, again: bool = False) -> None:
     """Move waiting requests into free slots below `limit` (the slots beam groups leave to chains); those admitted
-    together prefill together (with a prefill budget, while requests run: they start filling, `place`). again: a
-    second round in the same step, for copies of a prompt just prefilled (`PrefixCache.take_held`)."""
+    together prefill together (with the mixed step's budget, while requests run, chains start filling: `place`).
+    again: a second round in the same step, for copies of a prompt just prefilled (`PrefixCache.take_held`)."""
     if not again and scheduler.admission_waits(limit):
         return
     occupied = len(scheduler.running) + len(scheduler.filling)
     admitted = scheduler.select(limit, outputs, runner.vocab_size)
     if not admitted:
         return
-    if chunked.budget and occupied:  # others run (or fill): chunks of a budget per step, not now
+    if chunked.budget and occupied and admitted[0].params.draft_tree is None:  # others run (or fill): chunks of a
+        # budget per step in the mixed steps, not now (they share one tree shape or none: `Scheduler.select`)
         place(scheduler, runner, chunked, admitted, limit)
         return
     first = scheduler.start(admitted)
@@ -113,7 +114,7 @@ def place(scheduler, runner, chunked, admitted: list[EngineRequest], limit: int)
     a filling row inside the decode step's batch bucket is padding whose prompt the step's positions span must cover
     (a 2,000-token prompt filling beside short rows would double the span, so every decode step's attention, while
     it fills); from the top they stay outside the bucket while a slot there is free. Ready, a request moves down
-    into slot n (`prefill.ready`: one copy of its cache)."""
+    into slot n (`prefill.promote_ready`: one copy of its cache)."""
     taken = {r.slot for r in scheduler.filling}  # (below the slots beam groups hold: `beam._chain_limit`)
     free = (s for s in range(limit - 1, len(scheduler.running) - 1, -1) if s not in taken)
     for request in admitted:
@@ -122,7 +123,7 @@ def place(scheduler, runner, chunked, admitted: list[EngineRequest], limit: int)
         runner.state.active[request.slot] = False  # not a row of the decode steps until it is ready
         resume(scheduler, runner, request.slot, request)  # (its blocks, paged; a preempted request's generated count)
         request.prefilled = request.draft_valid = request.num_cached_tokens  # (0, or a prefix cache's hit)
-        request.fed_by = scheduler.num_steps + (chunked.steps or 0)  # (this step counts: `ChunkedPrefill.step_budget`)
+        request.fed_by = scheduler.num_steps + (chunked.steps or 0)  # (this step counts: `ChunkBudget.step_budget`)
         scheduler.filling.append(request)
 
 

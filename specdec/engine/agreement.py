@@ -3,7 +3,7 @@
 Under tensor parallelism every rank runs the same engine over its shard (`specdec.distributed`): the ranks' step
 batches must be the same or the forwards' all-reduces do not match. Everything the scheduler decides from the
 requests alone (admission, preemption, block tables, fixed draft caps) is the same on every rank; what the engine
-decides from this rank's own clock is not — the "auto" prefill budget (`prefill.ChunkedPrefill`'s `agree`) and the
+decides from this rank's own clock is not — the "auto" prefill budget (`prefill.ChunkBudget`'s `agree`) and the
 γ policy's choice when a step is "auto" (its measured step times; `policy.GammaPolicy`). `agree_choice` hands the
 policy's γ and per-row caps to rank 0's on every rank: rank 0 schedules, the others follow.
 """

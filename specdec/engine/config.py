@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from copy import copy
 from dataclasses import dataclass
 
 from specdec.request import as_int, check_num_draft_tokens
 
-__all__ = ["EngineConfig", "UnsupportedModel", "BATCH_BUCKETS", "MODEL_IMPLS", "MIN_POSITIONS", "positions_bucket", "length_buckets"]
+__all__ = ["EngineConfig", "UnsupportedModel", "BATCH_BUCKETS", "DEFAULT_MIXED_STEP", "MODEL_IMPLS", "MIN_POSITIONS",
+           "positions_bucket", "length_buckets", "resolve_mixed_step"]
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MODEL_IMPLS = ("auto", "fast", "transformers")  # EngineConfig.model_impl (vLLM's names; "fast" for its "vllm")
 MIN_POSITIONS = 64  # the shortest cache-length bucket a step attends over (buckets are powers of two)
+DEFAULT_MIXED_STEP = False  # EngineConfig.mixed_step's default: False, True or "auto" (`resolve_mixed_step`)
 
 
 def positions_bucket(need: int, num_positions: int) -> int:
@@ -63,18 +66,21 @@ class EngineConfig:
                       waiting requests are admitted at once.
     admit_max_wait    steps a free slot waits for `admit_min` (what it adds to a request's time to first token)
     prefill_budget    chunked prefill: prompt tokens prefilled per engine step while requests run (the target's and
-                      a cached drafter's feeds together, oldest admitted request first), interleaved with the decode
-                      steps, as vLLM's max_num_batched_tokens / SGLang's chunked_prefill_size: a long prompt admitted
-                      mid-flight holds its slot and prefills a budget per step while the running rows keep decoding
-                      (it joins the decode steps once fully prefilled); with nothing running, admission prefills
-                      at once. None or 0 = off (the default): admitted prompts prefill whole before the step (every
-                      running row waits for them). Off by default because a fixed budget below the traffic's prompt
-                      tokens per step starves the slots: on one H200 (zoo pair, head, "auto", BENCHMARKS.md) 1,024
-                      bounded the speculative ITL p99 at 8 / 32 clients (1.20x / 1.40x plain's, from 3.18x / 2.02x)
-                      but at 64 / 128 clients held slots filling for seconds (TTFT p50 1.4 / 3.6 s, 0.61x plain).
-                      "auto": derived from what the engine measures (`engine/prefill_budget.py`): a step prefills
-                      for at most `prefill_stall` × the measured decode step (tokens from the measured seconds per
-                      prompt token), and every request is fed within `prefill_steps` steps (4 unless given)
+                      a cached drafter's feeds together, oldest admitted request first), as vLLM's
+                      max_num_batched_tokens / SGLang's chunked_prefill_size: a prompt admitted mid-flight holds its
+                      slot and its chunks ride in the running rows' steps (the mixed step, `mixed_step`: one target
+                      forward over the verify tokens and the chunks) until it is fed, then joins the decode steps; with
+                      nothing running, admission prefills at once. Setting one turns the mixed step on where it can
+                      run (`resolve_mixed_step`); where it cannot, prompts prefill whole at admission and the engine's
+                      `prefill_budget` reads None. None or 0 = off (the default, unless `mixed_step` is on: then
+                      "auto"): admitted prompts prefill whole before the step (every running row waits for them). A
+                      fixed budget below the traffic's prompt tokens per step starves the slots: on one H200 (zoo
+                      pair, head, "auto", BENCHMARKS.md) 1,024 bounded the speculative ITL p99 at 8 / 32 clients
+                      (1.20x / 1.40x plain's, from 3.18x / 2.02x) but at 64 / 128 clients held slots filling for
+                      seconds (TTFT p50 1.4 / 3.6 s, 0.61x plain). "auto": derived from what the engine measures
+                      (`engine/prefill_budget.py`): a step prefills for at most `prefill_stall` × the measured decode
+                      step (tokens from the mixed steps' seconds fitted against their chunk tokens), and every request
+                      is fed within `prefill_steps` steps (4 unless given)
     prefill_steps     with a prefill_budget: every request is fed within this many steps of its admission (a step
                       feeds more than the budget when the backlog needs it: the budget adapts to the load instead
                       of capping it, so slots cannot stay filling while the queue grows); None = the budget is a
@@ -83,16 +89,20 @@ class EngineConfig:
     prefill_stall     with prefill_budget="auto": the prefill seconds a step may add, as a fraction of the measured
                       decode step (None = 0.5: a running stream's gap is at most 1.5 decode steps but where the
                       deadline needs more)
-    mixed_step        the mixed prefill/decode step (vLLM's chunked prefill, its V1 scheduler's mixed batches): while
-                      requests fill, a step runs ONE target forward (`fast.ragged.forward_ragged`, over the paged
-                      pool's block tables) over the running rows' verify tokens (1 + γ each) and the filling rows'
-                      prompt chunks, under the prefill budget (`prefill_budget`; None or 0 = "auto", from the mixed
-                      steps' seconds fitted against their chunk tokens), so an admission never stops the
-                      running rows; a cached drafter's feed of those chunks runs right after, in the same step
-                      (`engine/mixed_step.py`). Steps with nothing filling are today's; a mixed step runs at one of
-                      a finite set of padded shapes (`engine/mixed_shapes.py`: warmed, and graphed with
-                      cuda_graphs). Off by default (the separate chunked prefill stays the default);
-                      needs kv_layout="paged" and a target on the fast Llama body
+    mixed_step        the mixed prefill/decode step, the engine's one way of chunking prompts (vLLM's chunked
+                      prefill, its V1 scheduler's mixed batches): while requests fill, a step runs ONE target forward
+                      (`fast.ragged.forward_ragged`, over the paged pool's block tables) over the running rows' verify
+                      tokens (1 + γ each) and the filling rows' prompt chunks, under the prefill budget
+                      (`prefill_budget`; None or 0 = "auto"), so an admission never stops the running rows; a cached
+                      drafter's feed of those chunks runs right after, in the same step (`engine/mixed_step.py`).
+                      Steps with nothing filling are decode steps; a mixed step runs at one of a finite set of padded
+                      shapes (`engine/mixed_shapes.py`: warmed, and graphed with cuda_graphs). False, True or "auto",
+                      resolved once when the engine is built (`resolve_mixed_step`): True needs it supported — the
+                      paged layout and a target body the ragged forward covers — (refused otherwise); "auto" is True
+                      where supported, else False; False (`DEFAULT_MIXED_STEP`) is off unless a prefill_budget asks
+                      for chunks. Where it is off, or in a step it cannot run, prompts prefill whole: token-tree
+                      requests at admission (a tree step has no mixed form), and requests left filling when nothing
+                      runs (no step to carry their chunks) the rest of their prompts at once
     bitwise           bit-for-bit exact mode: the target runs batch-invariant GEMM and attention kernels in every
                       forward (`fast.kernels.invariant`) and sampled rows verify by a shared race
                       (`core.verify_coupled`), so greedy and seeded output and log-probabilities are plain decoding's
@@ -149,7 +159,7 @@ class EngineConfig:
     prefill_budget: int | str | None = None
     prefill_steps: int | None = None
     prefill_stall: float | None = None
-    mixed_step: bool = False
+    mixed_step: bool | str = DEFAULT_MIXED_STEP
     kv_layout: str | None = None
     block_size: int = 16
     kv_cache_memory: int | float | None = None
@@ -195,16 +205,18 @@ class EngineConfig:
                 raise ValueError(f"prefill_budget must be None, 0, 'auto' or an int of prompt tokens per step, "
                                  f"got {budget!r}")
             as_int(budget, "prefill_budget", minimum=16, maximum=1 << 20)
-        if not isinstance(self.mixed_step, bool):
-            raise TypeError(f"mixed_step must be True or False, got {self.mixed_step!r}")
-        if self.mixed_step and self.kv_layout != "paged":
+        mixed = self.mixed_step
+        if not (isinstance(mixed, bool) or (isinstance(mixed, str) and mixed == "auto")):
+            raise TypeError(f"mixed_step must be True, False or 'auto', got {mixed!r}")
+        if mixed is True and self.kv_layout != "paged":
             raise ValueError("mixed_step=True runs over the paged pool's block tables: it needs kv_layout='paged'")
-        if self.mixed_step and not budget:
-            budget = "auto"  # (the mixed step's token budget: measured, `ChunkedPrefill`)
+        if mixed and not budget:
+            budget = "auto"  # (the mixed step's token budget: measured, `prefill.ChunkBudget`)
         if self.prefill_steps is not None:
             as_int(self.prefill_steps, "prefill_steps", minimum=1, maximum=1 << 10)
             if not budget:
-                raise ValueError(f"prefill_steps={self.prefill_steps} needs a prefill_budget (chunked prefill is off)")
+                raise ValueError(f"prefill_steps={self.prefill_steps} needs a prefill_budget or mixed_step "
+                                 "(chunked prefill is off)")
         stall = self.prefill_stall
         if stall is not None:
             if isinstance(stall, bool) or not isinstance(stall, (int, float)) or not 0.01 <= stall <= 100:
@@ -234,3 +246,24 @@ class EngineConfig:
             raise TypeError(f"cuda_graphs must be None, True or False, got {self.cuda_graphs!r}")
         if self.prefill_graphs not in (None, True, False):
             raise TypeError(f"prefill_graphs must be None, True or False, got {self.prefill_graphs!r}")
+
+
+def resolve_mixed_step(config: EngineConfig, covered: bool, body: str = "this body") -> EngineConfig:
+    """`config` with `mixed_step` resolved to True or False, once, when the engine is built (`Runner`): the mixed
+    step is supported where the layout is "paged" (not "static", so never with bitwise=True) and `covered` — the
+    built target's body is one `fast.ragged.forward_ragged` runs (`fast.ragged.covers`: the fast Llama body, a
+    tensor-parallel shard of it; not the transformers backend or a body of its own). True where unsupported is
+    refused (a ValueError naming why); "auto", or False with a `prefill_budget` set, is True where supported, else
+    False (prompts prefill whole, the budget unused); False without a budget stays False. `body`: the target's
+    body, named in the refusal."""
+    supported = config.kv_layout == "paged" and covered
+    mixed = config.mixed_step
+    if mixed is True and not supported:
+        raise ValueError(f"mixed_step=True runs the fast Llama body's ragged forward; this target runs on {body} "
+                         "(mixed_step='auto' prefills prompts whole where the mixed step cannot run)")
+    resolved = supported if mixed is True or mixed == "auto" or config.prefill_budget else False
+    if resolved is mixed:
+        return config
+    out = copy(config)  # (not `replace`: the options checked once stay as given, the budget's too)
+    object.__setattr__(out, "mixed_step", resolved)
+    return out

@@ -5,9 +5,9 @@
     while engine.has_unfinished():
         for out in engine.step(): ...          # RequestOutput: new tokens, finished, finish_reason
 
-One `step()`: admit waiting requests into free slots (prefill, eager, chunked; with `prefill_budget`, at most that
-many prompt tokens per step while others run: `engine.prefill`; with `mixed_step` those chunks ride in the
-step's own target forward, `engine.mixed_step`), then one decode step for
+One `step()`: admit waiting requests into free slots (prefill, eager, chunked; with the mixed step, `mixed_step` /
+`prefill_budget`, at most a budget of prompt tokens per step while others run, riding in the step's own target
+forward: `engine.prefill`, `engine.mixed_step`), then one decode step for
 every running request: the policy picks γ (each row drafts at most its own cap, `SamplingParams.num_draft_tokens`,
 and its budget: per-row draft lengths, so plain and speculative requests share a step); the drafter proposes (one
 graph), the target scores [last, x_1..x_γ] and `core.verify` accepts (a second graph, which also commits with
@@ -44,7 +44,7 @@ from specdec.engine.drafters import WINDOW, Flavor
 from specdec.engine.engine_request import EngineRequest
 from specdec.engine.memory import KVCacheUsage
 from specdec.engine.policy import GammaPolicy
-from specdec.engine.prefill import ChunkedPrefill, finish_mixed, plan_mixed, prefill_step
+from specdec.engine.prefill import ChunkBudget, finish_mixed, plan_mixed, prefill_rest
 from specdec.engine.request_checks import check_request
 from specdec.engine.runner import Runner
 from specdec.engine.scheduler import Scheduler
@@ -68,16 +68,16 @@ class Engine:
 
     Its parts are objects with their own state: the `scheduler` (`engine/scheduler.py`: queues, slots, the paged
     pool's tables, admission, preemption, caps), the `runner` (`engine/runner.py`: models, caches, slot state, step
-    shapes), the γ `policy` and the chunked prefill's budget (`prefill.ChunkedPrefill`). A step is: the scheduler's
-    decisions (admission, `engine/admission.py`; chunked prefill, `engine/prefill.py`), a `StepInput` the runner
-    runs into a `StepRecord`, and `commit.commit` of that record into outputs; beam groups (`beam.Beams`) run their
-    own forwards on the runner's slots above the chains'."""
+    shapes), the γ `policy` and the mixed step's prefill budget (`chunked`, a `prefill.ChunkBudget`). A step is: the
+    scheduler's decisions (admission, `engine/admission.py`; chunked prefill, `engine/prefill.py`), a `StepInput`
+    the runner runs into a `StepRecord`, and `commit.commit` of that record into outputs; beam groups
+    (`beam.Beams`) run their own forwards on the runner's slots above the chains'."""
 
     def __init__(self, target, drafter=None, config: EngineConfig | None = None):
-        self.config = config = config or EngineConfig()
-        self.runner = runner = Runner(target, drafter, config)
-        self.chunked = ChunkedPrefill(config, agree=getattr(runner.model, "leader_int", None))  # chunked prefill:
-        # prefill_budget an int, "auto" or None (off); a sharded target's ranks feed rank 0's "auto" budget
+        self.runner = runner = Runner(target, drafter, config or EngineConfig())
+        self.config = config = runner.config  # (its mixed_step resolved: `config.resolve_mixed_step`)
+        self.chunked = ChunkBudget(config, agree=getattr(runner.model, "leader_int", None))  # the mixed step's
+        # budget: an int, "auto" or None (off); a sharded target's ranks feed rank 0's "auto" budget
         self._agree = getattr(runner.model, "leader_ints", None)  # (and run rank 0's "auto" γ: engine.agreement)
         admit_min = config.admit_min or max(1, runner.max_batch // 16)  # free slots worth one admission
         if self.chunked.budget and config.admit_min is None:  # (grouping admissions saves launches of whole
@@ -114,7 +114,7 @@ class Engine:
     num_beam_groups = _forward("beams", "num_beam_groups", "Beam requests running (each holds num_beams slots).")
     prefill_budget = _forward("chunked", "budget")
     step_prefill_budget = _forward("chunked", "step_prefill_budget", "The prompt tokens the next step may prefill "
-                                   "(`prefill.ChunkedPrefill.step_prefill_budget`; None: chunked prefill is off).")
+                                   "(`prefill.ChunkBudget.step_prefill_budget`; None: chunked prefill is off).")
     prefill_report = property(lambda self: self.chunked.report(), doc="\"auto\" prefill budget's report (or None).")
     prefix_cache_queries = property(lambda self: self.prefix_cache.queries if self.prefix_cache else 0)  # (tokens)
     prefix_cache_hits = property(lambda self: self.prefix_cache.hits if self.prefix_cache else 0)
@@ -241,17 +241,16 @@ class Engine:
         self._admit(outputs)
         outputs += beams._step_beams()
         scheduler, runner = self.scheduler, self.runner
-        # mixed_step: the filling rows' chunks ride in the step's own target forward (prefill.plan_mixed); else at
-        # most one budget of prompt tokens, then the decode step (see prefill.py)
-        mixing = self.chunked.mixed and bool(scheduler.filling and scheduler.running) \
-            and scheduler.running[0].params.draft_tree is None
-        if scheduler.filling and not mixing:
-            self._prefill_step()
+        # the filling rows' chunks ride in the step's own target forward (prefill.plan_mixed); with no chain step to
+        # carry them (nothing runs; tree rows never run beside filling ones: admission.admit) the rest of their
+        # prompts prefill whole now (prefill.prefill_rest)
+        if scheduler.filling and (not scheduler.running or scheduler.running[0].params.draft_tree is not None):
+            self._prefill_rest()
         if self.kv_pool is not None:  # blocks for what the step may write, preempting where the pool is short
             admission.reserve_blocks(scheduler, runner)
         if not scheduler.running:
             return outputs
-        feed = plan_mixed(scheduler, self.chunked, runner.drafter_cached) if mixing and scheduler.filling else None
+        feed = plan_mixed(scheduler, self.chunked, runner.drafter_cached) if scheduler.filling else None
         chunks = feed.chunks if feed is not None else None
         running = scheduler.running
         n = len(running)
@@ -294,7 +293,7 @@ class Engine:
         seconds = time.perf_counter() - started
         # the policy weighs whole steps, device time and the host's share alike; a first run's time includes its
         # graph capture (no step time); a catch-up step's excess over the usual step is the plain steps' cost
-        # a mixed step's time holds its chunks' (`ChunkedPrefill.mixed_share`): the rest is its decode step's
+        # a mixed step's time holds its chunks' (`ChunkBudget.mixed_share`): the rest is its decode step's
         share = self.chunked.mixed_share(chunks.num_tokens, seconds) if chunks is not None else 0.0
         if not first_run and tree is None and share < seconds:
             self.policy.record_step(batch, gamma, seconds - share, produced / n, length=longest, rows=n,
@@ -319,8 +318,8 @@ class Engine:
     def _admit(self, outputs: list[RequestOutput]) -> None:
         admission.admit(self.scheduler, self.runner, self.policy, self.chunked, outputs, self.beams._chain_limit())
 
-    def _prefill_step(self) -> bool:
-        return prefill_step(self.scheduler, self.runner, self.policy, self.chunked)
+    def _prefill_rest(self) -> bool:
+        return prefill_rest(self.scheduler, self.runner, self.policy, self.chunked)
 
     def _catch_up_drafter(self, gamma: int) -> bool:
         return admission.catch_up_drafter(self.scheduler, self.runner, gamma, WINDOW)

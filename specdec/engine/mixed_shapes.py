@@ -11,9 +11,10 @@ flavors × `token_buckets`), finite and known from the config, which the warm-up
 CUDA graphs capture once each.
 
 Token buckets: 16, 32, 48, 64, 96, 128, 192, ... (powers of two and their midpoints 3·2^k: a step pads at most a
-third of its chunk tokens) up to `token_cap`: an int `prefill_budget`'s bucket, else ("auto") max(`prefill_chunk`,
-`AUTO_CAP`)'s, which `prefill.plan_mixed` never exceeds (with "auto" its budget is rounded down to a bucket, so full
-steps pad nothing). The buckets up to `graph_cap` (the int budget's, else `prefill_chunk`'s) are warmed and graphed;
+third of its chunk tokens) up to `token_cap`: an int `prefill_budget`'s bucket (with `prefill_steps`, the larger of it
+and `prefill_chunk`), else ("auto") max(`prefill_chunk`, `AUTO_CAP`)'s, which `prefill.plan_mixed` never exceeds
+(with "auto" its budget is rounded down to a bucket, so full steps pad nothing). The buckets up to `graph_cap` (the
+int budget's — with `prefill_steps` at least `prefill_chunk`'s —, else `prefill_chunk`'s) are warmed and graphed;
 "auto"'s larger ones run eagerly and only when its deadline asks for them: on one H200 a cap at `prefill_chunk`
 (512) starved 64 speculative slots — they finish requests ~τ times faster than plain ones, and 512 prompt tokens a
 step could not refill them (head "auto" 0.80x plain, most steps at 16 rows; BENCHMARKS.md).
@@ -47,21 +48,24 @@ def _buckets_to(top: int) -> list[int]:
 
 
 def token_cap(config) -> int:
-    """The most chunk tokens a mixed step feeds: an int `prefill_budget`'s bucket (the smallest ≥ it), else ("auto")
-    the bucket of max(`prefill_chunk`, `AUTO_CAP`) — what "auto"'s deadline (`prefill_steps`) may need when
-    speculation empties the slots faster than a `prefill_chunk` a step refills them."""
+    """The most chunk tokens a mixed step feeds: `graph_cap` for an int `prefill_budget`, else ("auto") the bucket of
+    max(`prefill_chunk`, `AUTO_CAP`) — what "auto"'s deadline (`prefill_steps`) may need when speculation empties
+    the slots faster than a `prefill_chunk` a step refills them."""
     budget = config.prefill_budget
     if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0:
-        return _buckets_to(max(budget, MIN_TOKENS))[-1]
+        return graph_cap(config)
     return _buckets_to(max(int(config.prefill_chunk), AUTO_CAP, MIN_TOKENS))[-1]
 
 
 def graph_cap(config) -> int:
     """The largest token bucket warmed ahead of traffic and captured as CUDA graphs: an int `prefill_budget`'s
-    bucket, else `prefill_chunk`'s; the buckets past it (up to `token_cap`, "auto" only) run eagerly, built when a
-    step first reaches them (a forward of that many tokens is bound by its work, not its launches)."""
+    bucket (with `prefill_steps` — a deadline may ask a step for more than the budget — the larger of it and
+    `prefill_chunk`'s), else `prefill_chunk`'s; the buckets past it (up to `token_cap`, "auto" only) run eagerly,
+    built when a step first reaches them (a forward of that many tokens is bound by its work, not its launches)."""
     budget = config.prefill_budget
     want = budget if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0 else config.prefill_chunk
+    if config.prefill_steps:
+        want = max(want, config.prefill_chunk)
     return _buckets_to(max(int(want), MIN_TOKENS))[-1]
 
 

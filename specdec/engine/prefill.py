@@ -1,32 +1,36 @@
-"""Chunked prefill interleaved with decode steps (`EngineConfig.prefill_budget`).
+"""Chunked prefill as the mixed prefill/decode step (`EngineConfig.prefill_budget`, `EngineConfig.mixed_step`).
 
-With a budget, a request admitted while others run does not prefill at admission: it takes a free slot past the
-running ones and is *filling* there (`Scheduler.filling`, oldest first) — its row's state is written but inactive, so the
-decode steps over the running rows leave it alone. Each `step()` first runs `prefill_step`: at most
-`prefill_budget` prompt tokens, the target's and a cached drafter's feeds together, oldest request first (each
-request's target prefill, then the drafter's feed of the same prompt, which reads the target's features), in
-batched forwards over groups of consecutive fed slots (`ChunkedPrefill.groups`; the target's ragged, `slots.prefill_ragged`);
-a request whose prompt is fully fed is *ready*: it moves into slot
-n (the first past the running ones; a younger filling request there swaps into its slot) and joins the decode
-steps. So between two decode steps of a running request the engine prefills at most one budget, and the
-budgeted phase is timed apart from the step, as admission is (the γ policy sees each feed's seconds:
-`policy_admission.AdmissionCost.prefilled`). The budget is a fixed number of tokens or "auto" (`prefill_budget.py`:
-a fraction of the measured decode step, at the measured prefill rate); with `prefill_steps` K (4 with "auto") a step
-feeds more when the backlog needs it, so every request is fed within K steps of its admission (`step_budget`).
-`ChunkedPrefill` holds the budget and decides what each step feeds (a scheduling decision, like vLLM's token
-budget); `prefill_step` hands that to the runner (`Runner.feed`) and moves the ready requests into the running rows.
+With the mixed step on, a request admitted while others run does not prefill at admission: it takes a free slot past
+the running ones and is *filling* there (`Scheduler.filling`, oldest first) — its row's state is written but
+inactive, so the steps' verify rows leave it alone. Each step `plan_mixed` takes at most one budget of the filling
+requests' prompts, the target's and a cached drafter's feeds together, oldest request first (each request's target
+prefill, then the drafter's feed of the same prompt, which reads the target's features: `ChunkBudget.plan`); the
+target's share rides in the step's one target forward as `PrefillChunks` (`StepInput.prefill`) beside the verify
+rows (`engine/mixed_step.py`), and `finish_mixed` then runs a cached drafter's feed (its own pass, in the same step:
+batched over groups of consecutive fed slots, `ChunkBudget.groups`), measures the feeds and moves the ready requests
+— those whose prompts are fed in full — into slot n, the first past the running ones (`promote_ready`: a younger
+filling request there swaps into its slot). So between two decode steps of a running request the engine prefills
+at most one budget, and the chunks' share of the step's seconds is timed apart (`ChunkBudget.mixed_share`; the γ
+policy sees it: `policy_admission.AdmissionCost.prefilled`). The budget is a fixed number of tokens or "auto"
+(`prefill_budget.py`: a fraction of the measured decode step, at the measured prefill rate); with `prefill_steps`
+K (4 with "auto") a step feeds more when the backlog needs it, so every request is fed within K steps of its
+admission (`step_budget`).
 
-With `EngineConfig.mixed_step` the plan is the same but the target's share is not a pass of its own:
-`plan_mixed` hands it to the step as `PrefillChunks` (`StepInput.prefill`), the step's one target forward feeds it
-beside the verify rows (`engine/mixed_step.py`), and `finish_mixed` then runs a cached drafter's feed (its own pass,
-in the same step), measures the feeds and moves the ready requests (`promote_ready`, this path's too).
+Where the mixed step cannot run the prompts prefill whole: with it off (`config.resolve_mixed_step`: the static
+layout, a target body the ragged forward does not cover) and for token-tree requests (no mixed tree step) at
+admission (`admission.admit`); requests left filling when nothing runs (every running request finished: no step to
+carry their chunks) the rest of their prompts at once, `prefill_rest`, before the step that then runs them.
 
 Invariants: running requests hold slots 0..n-1 (as without a budget); filling requests hold slots ≥ n, in any
-order, below the beam groups' (`beam.py` counts them as chain rows). An inactive filling row inside a step's batch bucket is padding: the step writes its target cache at
-positions ≥ its prompt length − 1 and its drafter's at ≥ length − WINDOW (the state holds its prompt length),
-which its first own step rewrites before anything reads them, and prefill only ever attends below them.
-Exactness: a chunk feeds the same positions with the same tokens as an admission prefill would, so a request's
-tokens are the same with or without a budget (tests/engine/test_chunked_prefill.py).
+order, below the beam groups' (`beam.py` counts them as chain rows), and are always chain requests beside chain
+rows (`Scheduler.select` admits one tree shape at a time, and tree requests never fill). In a mixed step the rows
+past the n running ones are dead (the null block, `mixed_step.mixed_batch`); in a decode step beside filling rows
+(a step whose budget fed a cached drafter alone, no target chunk) an inactive filling row inside the batch bucket
+is padding: the step writes its target cache at positions ≥ its prompt length − 1 and its drafter's at ≥ length −
+WINDOW (the state holds its prompt length), which its first own step rewrites before anything reads them, and
+prefill only ever attends below them. Exactness: a chunk feeds the same positions with the same tokens as an
+admission prefill would, so a request's tokens are the same with or without a budget
+(tests/engine/test_mixed_prefill.py).
 """
 
 from __future__ import annotations
@@ -39,17 +43,18 @@ from specdec.engine.mixed_shapes import token_buckets, token_floor
 from specdec.engine.step_input import PrefillChunks
 from specdec.engine.prefill_budget import DEFAULT_STALL, DEFAULT_STEPS, AutoBudget
 
-__all__ = ["ChunkedPrefill", "MixedFeed", "finish_mixed", "plan_mixed", "prefill_step", "promote_ready"]
+__all__ = ["ChunkBudget", "MixedFeed", "finish_mixed", "plan_mixed", "prefill_rest", "promote_ready"]
 
 
-class ChunkedPrefill:
-    """The prefill budget (`EngineConfig.prefill_budget`: an int, "auto" — `prefill_budget.AutoBudget`, measured —
-    or None: off), the deadline K (`prefill_steps`), and what each step feeds of the filling requests."""
+class ChunkBudget:
+    """The mixed step's prefill budget (`EngineConfig.prefill_budget`: an int or "auto" — `prefill_budget.AutoBudget`,
+    measured; None: the mixed step is off, `config.mixed_step` resolved False), the deadline K (`prefill_steps`), and
+    what each step feeds of the filling requests."""
 
     def __init__(self, config, agree=None):
-        self.mixed = config.mixed_step  # (the chunks ride in the step's target forward: `plan_mixed`)
-        self.mixed_buckets = token_buckets(config) if self.mixed else None  # (its bounded shapes: mixed_shapes.py)
-        self.budget = config.prefill_budget or ("auto" if self.mixed else None)
+        mixed = config.mixed_step is True  # (resolved: `config.resolve_mixed_step`, when the runner is built)
+        self.mixed_buckets = token_buckets(config) if mixed else None  # (its bounded shapes: mixed_shapes.py)
+        self.budget = (config.prefill_budget or "auto") if mixed else None
         auto = self.budget == "auto"
         self.auto = AutoBudget(config.prefill_stall or DEFAULT_STALL) if auto else None
         # agree(int) → int, collective (a sharded target's `leader_int`): "auto" sizes from this rank's timings,
@@ -65,7 +70,7 @@ class ChunkedPrefill:
         """The prompt tokens the next step may prefill before its deadlines (`prefill_steps`) ask for more: the fixed
         budget, or "auto"'s from the measured decode step and prefill rate (None: chunked prefill is off)."""
         if self.auto is not None:
-            return self.auto.budget(self._decode_seconds()) if self.mixed else self.auto.budget()
+            return self.auto.budget(self._decode_seconds())
         return self.budget
 
     def report(self) -> dict | None:
@@ -105,13 +110,17 @@ class ChunkedPrefill:
         step = self._decode.step_seconds()
         return max(seconds - step, 0.0) if step is not None else seconds
 
-    def step_budget(self, filling: list[EngineRequest], num_steps: int, drafter_cached: bool) -> int:
-        """This step's budget: `prefill_budget`, or with `prefill_steps` K more where the backlog needs it, so every
-        filling request is fed within K steps of its admission — fed oldest first, request i (its own and the older
-        requests' unfed tokens C_i, d_i steps left to its deadline) needs ⌈C_i / d_i⌉ this step."""
+    def step_budget(self, filling: list[EngineRequest], num_steps: int, drafter_cached: bool,
+                    buckets: tuple[int, ...] | None = None) -> int:
+        """This step's budget: `prefill_budget` ("auto"'s rounded down to one of `buckets`, where given: a full step
+        pads nothing), or with `prefill_steps` K more where the backlog needs it, so every filling request is fed
+        within K steps of its admission — fed oldest first, request i (its own and the older requests' unfed tokens
+        C_i, d_i steps left to its deadline) needs ⌈C_i / d_i⌉ this step."""
         budget, steps = self.step_prefill_budget, self.steps
         if self.agree is not None:
             budget = self.agree(budget)
+        if buckets is not None and self.auto is not None:
+            budget = token_floor(min(budget, buckets[-1]), buckets)
         if not steps:
             return budget
         backlog = 0
@@ -167,13 +176,12 @@ class ChunkedPrefill:
         return [(slice(g[0], g[-1] + 1), [fed[s][0] for s in g], [fed[s][1] for s in g]) for g in groups]
 
 
-def prefill_step(scheduler, runner, policy, chunked: ChunkedPrefill) -> bool:
-    """Feed at most one budget of the filling requests' prompts (oldest first); the ones fully fed join the
-    running rows. → whether anything was fed."""
-    # with nothing running no decode step waits: everything filling is fed at once
+def prefill_rest(scheduler, runner, policy, chunked: ChunkBudget) -> bool:
+    """Nothing runs, so no step carries chunks: every filling request's unfed prompt prefilled whole now (the
+    target's, then a cached drafter's, ragged from where their chunks stopped), and they join the running rows (the
+    step then runs them). → whether anything was fed."""
     cached = runner.drafter_cached
-    budget = chunked.step_budget(scheduler.filling, scheduler.num_steps, cached) if scheduler.running else 1 << 62
-    target, drafter = chunked.plan(scheduler.filling, budget, cached)
+    target, drafter = chunked.plan(scheduler.filling, 1 << 62, cached)
     start = time.perf_counter()
     middle = runner.feed(chunked.groups(target, ragged=True) if target else [],
                          chunked.groups(drafter, ragged=runner.drafter_ragged) if drafter else [])
@@ -214,20 +222,20 @@ def promote_ready(scheduler, runner, target: dict, drafter: dict, seconds: float
 @dataclass(frozen=True)
 class MixedFeed:
     """What a mixed step feeds (`plan_mixed`): `chunks` in its target forward (None: no target chunk this step,
-    the step is a decode step), and `target` / `drafter` ({slot: (start, end)}: `ChunkedPrefill.plan`'s)."""
+    the step is a decode step), and `target` / `drafter` ({slot: (start, end)}: `ChunkBudget.plan`'s)."""
 
     chunks: PrefillChunks | None
     target: dict
     drafter: dict
 
 
-def plan_mixed(scheduler, chunked: ChunkedPrefill, drafter_cached: bool) -> MixedFeed:
-    """This step's budget of the filling requests' prompts (`ChunkedPrefill.step_budget` / `plan`, oldest first),
+def plan_mixed(scheduler, chunked: ChunkBudget, drafter_cached: bool) -> MixedFeed:
+    """This step's budget of the filling requests' prompts (`ChunkBudget.step_budget` / `plan`, oldest first),
     the target's share as the chunks of the step's forward: at most the largest token bucket
-    (`mixed_shapes.token_cap`; an "auto" budget rounded down to a bucket), so a step's shape is a warmed one."""
-    budget = chunked.step_budget(scheduler.filling, scheduler.num_steps, drafter_cached)
+    (`mixed_shapes.token_cap`; an "auto" budget rounded down to a bucket, a deadline's need not), so a step's shape
+    is a warmed one."""
     buckets = chunked.mixed_buckets  # at most the largest token bucket ("auto": down to a bucket, padding nothing)
-    budget = token_floor(min(budget, buckets[-1]), buckets) if chunked.auto is not None else min(budget, buckets[-1])
+    budget = min(chunked.step_budget(scheduler.filling, scheduler.num_steps, drafter_cached, buckets), buckets[-1])
     target, drafter = chunked.plan(scheduler.filling, budget, drafter_cached)
     chunks = None
     if target:
@@ -237,8 +245,8 @@ def plan_mixed(scheduler, chunked: ChunkedPrefill, drafter_cached: bool) -> Mixe
     return MixedFeed(chunks, target, drafter)
 
 
-def finish_mixed(scheduler, runner, policy, chunked: ChunkedPrefill, feed: MixedFeed, share: float) -> None:
-    """After a mixed step (its forward fed `feed.chunks` for `share` of its seconds: `ChunkedPrefill.mixed_share`):
+def finish_mixed(scheduler, runner, policy, chunked: ChunkBudget, feed: MixedFeed, share: float) -> None:
+    """After a mixed step (its forward fed `feed.chunks` for `share` of its seconds: `ChunkBudget.mixed_share`):
     a cached drafter's feed of the planned prompt positions, in its own pass (it reads the target's features the
     step stored); the feeds measured; the requests fed in full join the decode steps."""
     start = time.perf_counter()

@@ -17,7 +17,7 @@ step. So the budget is set in *time*, and a deadline guarantees progress:
   exceeds the allowed stall no budget meets it; a / b tokens at least do half work in the time they take;
 - no starvation: with `EngineConfig.prefill_steps` K (4 by default with "auto") a step feeds more than that when
   the backlog needs it, so every admitted request is fed in full within K steps of its admission
-  (`prefill.ChunkedPrefill.step_budget`): the slots cannot stay filling while requests finish around them.
+  (`prefill.ChunkBudget.step_budget`): the slots cannot stay filling while requests finish around them.
 
 Before anything is measured (the first admissions of a run) the budget is `COLD` tokens. Once the budget settles
 on one size the feeds no longer tell a from b: the last fit stays, scaled to the recent feeds' cost; with feeds

@@ -8,7 +8,8 @@ The engine never calls this; a benchmark wraps one engine's phases for a while a
 exit. Phases (the names a benchmark reads; the engine's methods behind them stay private to the engine):
 
   aborts       cancelled requests leave            admit        waiting requests join and prefill
-  prefill      one budget of chunked prefill (`EngineConfig.prefill_budget`; truthy: the calls that fed something)
+  prefill      filling requests' prompts prefilled whole when nothing runs to carry their chunks (the mixed step's
+               `prefill.prefill_rest`; truthy: the calls that fed something)
   catch_up     a cached drafter fed what plain steps committed (truthy: the calls that fed something)
   commit       the step record → outputs, statistics, finished requests
   step_shape   the step's runner found (or built: a capture) for its (batch, γ, length, flavor)
@@ -30,7 +31,7 @@ from specdec.engine.step_runner import StepRunner
 
 __all__ = ["PHASES", "PhaseTimer", "phase_timer"]
 
-PHASES = {"aborts": "_handle_aborts", "admit": "_admit", "prefill": "_prefill_step", "catch_up": "_catch_up_drafter",
+PHASES = {"aborts": "_handle_aborts", "admit": "_admit", "prefill": "_prefill_rest", "catch_up": "_catch_up_drafter",
           "commit": "_commit", "step_shape": "_step_for"}
 _BODIES = {"MODEL draft": "draft", "MODEL verify": "verify"}
 

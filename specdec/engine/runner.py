@@ -17,7 +17,7 @@ import time
 import torch
 
 from specdec.drafters.protocol import CachedSlotDrafter, FeatureSlotDrafter
-from specdec.engine.config import EngineConfig, positions_bucket
+from specdec.engine.config import EngineConfig, positions_bucket, resolve_mixed_step
 from specdec.engine.drafters import Flavor
 from specdec.engine.features import FeatureStore
 from specdec.engine.kv_pool import paged_caches
@@ -50,9 +50,8 @@ class Runner:
         with torch.inference_mode():
             self.model = build_model(target, config.kernels, config.bitwise, config.model_impl, config.gguf_weights)
             shape = self.model.shape
-            if config.mixed_step and not ragged_covers(self.model):  # (forward_ragged runs that body's layers)
-                raise ValueError(f"mixed_step=True runs the fast Llama body's ragged forward; this target runs on "
-                                 f"{type(self.model).__name__}")
+            # mixed_step True / False from here on (forward_ragged runs that body's layers; True where not: refused)
+            self.config = config = resolve_mixed_step(config, ragged_covers(self.model), type(self.model).__name__)
             self.device = self.model.device
             self.vocab_size = shape.vocab_size
             context = shape.context or 4096
@@ -275,8 +274,9 @@ class Runner:
         return time.perf_counter() - start
 
     def feed(self, target: list, drafter: list) -> float:
-        """Chunked prefill: the target's groups (rows, starts, ends: `prefill.ChunkedPrefill.groups`) ragged, then a
-        cached drafter's, each finished on the device → the `time.perf_counter()` between the two."""
+        """Prompt feeds outside a step (`prefill.ChunkBudget.groups`: rows, starts, ends): the target's ragged (the rest
+        of a prompt left filling when nothing runs, `prefill.prefill_rest`), then a cached drafter's (a mixed step's
+        feed, `prefill.finish_mixed`), each finished on the device → the `time.perf_counter()` between the two."""
         cuda = self.device.type == "cuda"
         for rows, starts, ends in target:
             prefill_ragged(self.model, self.cache, self.state, rows, starts, ends, self.config.prefill_chunk,

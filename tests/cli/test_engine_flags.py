@@ -45,6 +45,10 @@ def test_flags_not_given_leave_the_librarys_defaults(command):
     (["--no-prefix-caching", "--model-impl", "transformers"], {"enable_prefix_caching": False, "model_impl": "transformers"}),
     (["--prefill-budget", "auto", "--prefill-steps", "2"], {"prefill_budget": "auto", "prefill_steps": 2}),
     (["--bitwise"], {"bitwise": True}),
+    (["--mixed-step"], {"mixed_step": True}),  # (bare: True, as before it took a value)
+    (["--mixed-step", "auto"], {"mixed_step": "auto"}),
+    (["--mixed-step=false", "--max-num-seqs", "4"], {"mixed_step": False, "max_batch_size": 4}),
+    (["--mixed-step", "On", "--prefill-budget", "64"], {"mixed_step": True, "prefill_budget": 64}),
 ])
 def test_flags_map_onto_engine_options(argv, want):
     for command in (["serve", "M"], ["generate", "M", "--prompt", "x"]):
@@ -63,6 +67,14 @@ def test_bad_values_are_refused_naming_the_flag(argv, flag):
     with pytest.raises(CLIError) as info:
         check_engine_flags(parse(["serve", "M", *argv]))
     assert str(info.value).startswith(flag), info.value
+
+
+def test_a_bad_mixed_step_value_is_refused_naming_the_flag_and_its_values(capsys):
+    with pytest.raises(SystemExit):
+        parse(["serve", "M", "--mixed-step", "sometimes"])
+    err = capsys.readouterr().err
+    assert "--mixed-step" in err and "'sometimes' is not true, false or auto" in err, err
+    assert engine_options(parse(["serve", "M", "--mixed-step", "no"])) == {"mixed_step": False}  # (the control)
 
 
 def test_the_loop_refuses_the_engines_options_naming_the_flag():

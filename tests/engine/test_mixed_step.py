@@ -3,7 +3,8 @@ ride in the running rows' verify forward, and a request's tokens are those of a 
 greedy and seeded T = 1, plain / a draft model / a feature head, arrivals mid-flight, more requests than slots, a
 tiny pool that preempts; the mixed steps did run (the running rows produced tokens in steps that fed chunks); a
 chunk fed one position off, or a verify row one position off, fails the same comparison (negative controls); the
-option's validation. The bounded shapes (padding, buckets, warm-up): tests/engine/test_mixed_step_shapes.py."""
+option's validation and its resolution at build (True, False, "auto"); token-tree requests prefill whole. The
+bounded shapes (padding, buckets, warm-up): tests/engine/test_mixed_step_shapes.py."""
 
 import pytest
 import torch
@@ -94,9 +95,13 @@ def test_a_row_fed_one_position_off_fails_the_comparison(make_llama, monkeypatch
 
 
 def test_mixed_step_is_off_by_default_and_checked(make_llama):
-    assert EngineConfig().mixed_step is False
-    with pytest.raises(TypeError, match="mixed_step"):
-        EngineConfig(mixed_step=1)
+    from specdec.engine.config import DEFAULT_MIXED_STEP
+
+    assert EngineConfig().mixed_step is DEFAULT_MIXED_STEP is False
+    for bad in (1, 0, "Auto", "yes", None):
+        with pytest.raises(TypeError, match="mixed_step must be True, False or 'auto'"):
+            EngineConfig(mixed_step=bad)
+    assert EngineConfig(mixed_step="auto", kv_layout="static").mixed_step == "auto"  # (resolved at build: False)
     with pytest.raises(ValueError, match="mixed_step"):
         EngineConfig(mixed_step=True, kv_layout="static")
     engine = Engine(make_llama(0), None, EngineConfig(max_batch_size=2, max_seq_len=64, mixed_step=True))
@@ -104,6 +109,33 @@ def test_mixed_step_is_off_by_default_and_checked(make_llama):
     with pytest.raises(ValueError, match="prefill_steps"):
         EngineConfig(prefill_steps=2)  # (without mixed_step or a budget: still refused)
     EngineConfig(mixed_step=True, prefill_steps=2, prefill_stall=0.25)  # (the "auto" budget's own options)
+
+
+def test_mixed_step_resolves_once_at_build(make_llama):
+    """`config.resolve_mixed_step`: True where supported (the paged layout, a target body the ragged forward covers),
+    refused where not; "auto" — or False with a prefill_budget — True where supported, else False (whole
+    prefills); False alone stays False. On engines: the fast body on the paged pool resolves "auto" True (its budget
+    "auto"); the transformers backend and the static layout resolve it False (no budget), and refuse True naming
+    the body (the controls)."""
+    from specdec.engine.config import resolve_mixed_step
+
+    def resolved(mixed, covered, **options):
+        return resolve_mixed_step(EngineConfig(mixed_step=mixed, **options), covered).mixed_step
+    assert [resolved(m, True) for m in (True, "auto", False)] == [True, True, False]
+    assert [resolved(m, False) for m in ("auto", False)] == [False, False]
+    assert resolved(False, True, prefill_budget=32) is True and resolved(False, False, prefill_budget=32) is False
+    assert resolved("auto", True, kv_layout="static") is False
+    with pytest.raises(ValueError, match="mixed_step=True runs the fast Llama body's ragged forward; this target"):
+        resolve_mixed_step(EngineConfig(mixed_step=True), False)
+    target = make_llama(0)
+    small = dict(max_batch_size=2, max_seq_len=64)
+    fast = Engine(target, None, EngineConfig(mixed_step="auto", **small))
+    assert fast.config.mixed_step is True and fast.prefill_budget == "auto"
+    for options in (dict(model_impl="transformers"), dict(kv_layout="static")):
+        engine = Engine(target, None, EngineConfig(mixed_step="auto", **small, **options))
+        assert engine.config.mixed_step is False and engine.prefill_budget is None, options
+    with pytest.raises(ValueError, match="mixed_step=True .* this target runs on"):
+        Engine(target, None, EngineConfig(mixed_step=True, model_impl="transformers", **small))
 
 
 def test_a_long_prompt_rides_in_the_decode_steps(make_llama):
@@ -175,20 +207,23 @@ def test_mixed_step_past_a_prefix_cache_hit(make_llama):
     assert mixed_tokens == whole_tokens
 
 
-def test_token_tree_requests_keep_the_separate_prefill(make_llama):
-    """Running token-tree requests (`SamplingParams.draft_tree`) are not mixed: the step keeps the separate chunked
-    prefill, and the tokens are a whole prefill's."""
+def test_token_tree_requests_prefill_whole(make_llama):
+    """A token-tree step (`SamplingParams.draft_tree`) has no mixed form: with the mixed step on, tree requests
+    admitted mid-flight prefill whole at admission (none fills, no mixed step runs), and the tokens are a whole
+    prefill's. Control: chain requests in the same engine configuration fill across mixed steps."""
     target, draft = make_llama(0), make_llama(5, layers=1)
-    params = [SamplingParams(temperature=0, max_new_tokens=12, draft_tree=(2, 2)) for _ in range(6)]
+    trees = [SamplingParams(temperature=0, max_new_tokens=12, draft_tree=(2, 2)) for _ in range(6)]
+    chains = [SamplingParams(temperature=0, max_new_tokens=12) for _ in range(6)]
     runs = []
-    for mixed in (True, False):
+    for mixed, params in ((True, trees), (False, trees), (True, chains)):
         engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=2,
                                                     admit_min=1, mixed_step=mixed, prefill_budget=24 if mixed else None))
         filling = []
         tokens = drive(engine, EARLY, LATE, params, watch=lambda e, _, filling=filling: filling.append(e.num_prefilling))
         runs.append((tokens, engine.runner.num_mixed_steps, max(filling)))
-    (mixed_tokens, steps, filled), (whole_tokens, _, _) = runs
-    assert filled > 0 and steps == 0  # (requests did fill across steps, in the separate prefill)
+    (mixed_tokens, steps, filled), (whole_tokens, _, _), (_, chain_steps, chain_filled) = runs
+    assert filled == 0 and steps == 0  # tree requests: whole prefills
+    assert chain_filled > 0 and chain_steps > 0  # the control: chains fill, in mixed steps
     assert mixed_tokens == whole_tokens
 
 
@@ -235,12 +270,12 @@ def test_the_auto_budget_learns_from_mixed_steps_alone():
     far from it."""
     import random
 
-    from specdec.engine.prefill import ChunkedPrefill
+    from specdec.engine.prefill import ChunkBudget
     from specdec.engine.prefill_budget import COLD
 
     step, per_token, stall = 0.010, 2e-6, 0.5
-    chunked = ChunkedPrefill(EngineConfig(mixed_step=True, prefill_stall=stall))
-    control = ChunkedPrefill(EngineConfig(mixed_step=True, prefill_stall=stall))
+    chunked = ChunkBudget(EngineConfig(mixed_step=True, prefill_stall=stall))
+    control = ChunkBudget(EngineConfig(mixed_step=True, prefill_stall=stall))
     assert chunked.step_prefill_budget == COLD
     rng = random.Random(0)
     for _ in range(200):

@@ -102,9 +102,10 @@ def test_padding_that_writes_a_real_block_changes_the_outputs(make_llama, monkey
 
 
 def test_token_buckets_and_the_plans_cap(make_llama):
-    """Buckets 16, 24, 32, 48, ... up to the cap (an int budget's bucket, else max(prefill_chunk, AUTO_CAP)'s); the
-    warm-up's and the graphs' buckets stop at the int budget's or prefill_chunk's; a mixed step never feeds past the
-    cap, though its budget asks for more ("auto" before anything is measured, a deadline)."""
+    """Buckets 16, 24, 32, 48, ... up to the cap (an int budget's bucket — with a deadline, `prefill_steps`, the
+    larger of it and prefill_chunk's —, else max(prefill_chunk, AUTO_CAP)'s); the warm-up's and the graphs' buckets
+    stop at the int budget's or prefill_chunk's; a mixed step never feeds past the cap, though its budget asks for
+    more ("auto" before anything is measured, a deadline)."""
     assert graph_buckets(EngineConfig(mixed_step=True, prefill_chunk=512)) == \
         (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
     assert token_buckets(EngineConfig(mixed_step=True, prefill_chunk=512))[-4:] == (1536, 2048, 3072, AUTO_CAP)
@@ -112,6 +113,7 @@ def test_token_buckets_and_the_plans_cap(make_llama):
         graph_cap(EngineConfig(mixed_step=True, prefill_budget=100))
     assert token_cap(EngineConfig(mixed_step=True, prefill_budget=16)) == 16
     assert token_cap(EngineConfig(mixed_step=True, prefill_chunk=8192)) == 8192  # (a larger prefill_chunk: its own)
+    assert token_cap(EngineConfig(mixed_step=True, prefill_budget=16, prefill_steps=2, prefill_chunk=100)) == 128
     assert token_bucket(25, (16, 24, 32)) == 32 and token_floor(31, (16, 24, 32)) == 24
     with pytest.raises(ValueError, match="largest token bucket"):
         token_bucket(33, (16, 24, 32))
@@ -120,17 +122,18 @@ def test_token_buckets_and_the_plans_cap(make_llama):
         {16, 24, 32, 48, 64}  # (the warm-up builds the graphed buckets only)
     from types import SimpleNamespace
 
-    from specdec.engine.prefill import ChunkedPrefill, plan_mixed
+    from specdec.engine.prefill import ChunkBudget, plan_mixed
 
     def plan(length=300, **config):
-        chunked = ChunkedPrefill(EngineConfig(mixed_step=True, **config))
+        chunked = ChunkBudget(EngineConfig(mixed_step=True, **config))
         request = SimpleNamespace(prompt=list(range(length)), prefilled=0, draft_valid=0, slot=1, fed_by=2)
         scheduler = SimpleNamespace(filling=[request], num_steps=0, running=[SimpleNamespace(length=5)])
         asked = chunked.step_budget(scheduler.filling, 0, False)
         return asked, plan_mixed(scheduler, chunked, False).chunks.num_tokens
     assert plan(prefill_chunk=64) == (512, 299)  # ("auto" cold asks 512: the whole prompt but its last token)
     assert plan(length=20000, prefill_chunk=64) == (10000, AUTO_CAP)  # (a deadline: at most the cap)
-    assert plan(prefill_budget=20, prefill_steps=2) == (150, 24)  # (a deadline asks for more; an int's bucket)
+    assert plan(prefill_budget=20, prefill_steps=2) == (150, 150)  # (a deadline asks for more: it gets it)
+    assert plan(prefill_budget=20, prefill_steps=2, prefill_chunk=64) == (150, 64)  # (up to prefill_chunk's bucket)
     assert plan(prefill_budget=20) == (20, 20)
 
 

@@ -1,6 +1,7 @@
-"""Chunked prefill with `prefill_budget="auto"` (`engine/prefill_budget.py`): the same tokens as a whole prefill
-(greedy and seeded T = 1, model drafter and feature head, fixed γ and "auto"), the stall bound (no step feeds more
-than the budget it announced before the step, unless a deadline asked for more; negative control: budget off), no
+"""The mixed step's "auto" prefill budget (`prefill_budget="auto"`, `engine/prefill_budget.py`): the same tokens as
+a whole prefill (greedy and seeded T = 1, model drafter and feature head, fixed γ and "auto"), the stall bound (no
+step feeds more than the budget it announced before the step, unless a deadline asked for more; negative control:
+budget off), no
 starvation (a burst of long prompts is fed within `prefill_steps` K steps of its admission; negative control: a
 deadline far away leaves them filling longer), what it measures, and the options' validation.
 
@@ -22,7 +23,7 @@ from specdec.request import SamplingParams
 @pytest.fixture
 def small(monkeypatch):
     """"auto" announces 16 tokens a step, whatever this CPU measured."""
-    monkeypatch.setattr(AutoBudget, "budget", lambda self: 16)
+    monkeypatch.setattr(AutoBudget, "budget", lambda self, step_seconds=None: 16)
 
 
 @pytest.mark.parametrize("drafter", ["model", "head"])

@@ -1,7 +1,8 @@
-"""Chunked prefill's feeds and slots (`engine/prefill.py`, `slots.prefill_ragged`): a budget computes the rows it
-feeds (grouped, ragged), a ragged feed writes what an aligned one does, filling rows sit outside the decode step's
-bucket, a freed slot is refilled at once with a budget, and a prompt admitted in a plain run needs no catch-up —
-each with a negative control."""
+"""The mixed step's feeds and slots (`engine/prefill.py`, `slots.prefill_ragged`): a budget's mixed step computes the
+tokens it feeds (ragged chunks, padded to a bucket), a ragged feed (a cached drafter's, the rest of a prompt left
+filling when nothing runs) writes what an aligned one does, filling rows sit outside the decode step's bucket, a freed
+slot is refilled at once with a budget, and a prompt admitted in a plain run needs no catch-up — each with a negative
+control."""
 
 import torch
 
@@ -13,45 +14,41 @@ from specdec.engine import Engine, EngineConfig
 from specdec.request import SamplingParams
 
 
-def test_a_budget_computes_the_rows_it_feeds_not_every_filling_row(make_llama, monkeypatch):
+def test_a_budget_computes_the_tokens_it_feeds_not_every_filling_row(make_llama, monkeypatch):
     """A forward over a slice of rows computes every row of it over its columns: one slice over the fed rows at
-    absolute columns [first start, last end) (`prefill_rows`) computed rows × columns, not tokens (30 filling rows,
-    2 fed at different offsets, was 15x the tokens). The target's feeds are ragged (`prefill_ragged`: each row's
-    columns from its own start) and grouped: per step, the token slots its forwards compute stay within the
-    tokens fed plus one `prefill_chunk` per forward; one absolute slice over the same steps' fed rows (the control)
-    would compute more than twice that. Tokens: those of a whole prefill."""
-    import specdec.engine.runner as prefill_module  # (the runner feeds what chunked prefill plans)
+    absolute columns [first start, last end) computed rows × columns, not tokens (30 filling rows, 2 fed at different
+    offsets, was 15x the tokens). A mixed step's forward computes its chunks' tokens alone, each chunk a ragged row
+    of its own, padded to a token bucket (`mixed_shapes`: the smallest bucket ≥ them, at most half again or the
+    smallest bucket, 16); one absolute slice over the same steps' fed rows (the control) would compute more than
+    twice that. Tokens: those of a whole prefill."""
+    from specdec.engine import mixed_step as mixed_module
 
-    target = make_llama(0)  # (no drafter: the target's feeds of consecutive requests share steps)
+    target = make_llama(0)  # (no drafter: the target's chunks of consecutive requests share steps)
     calls = []
-    real = prefill_module.prefill_ragged
+    real = mixed_module.host_meta
 
-    def recording(model, cache, state, rows, starts, ends, *args, **kwargs):
-        calls.append((rows, list(starts), list(ends)))
-        return real(model, cache, state, rows, starts, ends, *args, **kwargs)
+    def recording(layout, chunks, n):
+        calls.append((layout.tokens, list(chunks.slots), list(chunks.starts), list(chunks.ends)))
+        return real(layout, chunks, n)
 
-    monkeypatch.setattr(prefill_module, "prefill_ragged", recording)
+    monkeypatch.setattr(mixed_module, "host_meta", recording)
     early = [_prompt(5, 1)]
     late = [_prompt(110, 3), _prompt(23, 4), _prompt(70, 5), _prompt(97, 6), _prompt(41, 7), _prompt(64, 8)]
     params = _mixed_params(len(early) + len(late), max_new=24)
-    runs, steps = [], []
+    runs = []
     for budget in (None, 48):
         engine = Engine(target, None, EngineConfig(max_batch_size=8, max_seq_len=160, admit_min=1,
                                                    prefill_budget=budget, prefill_chunk=16))
         calls.clear()
-        runs.append(_drive(engine, early, late, params, join_after=1,
-                           watch=(lambda e, _: steps.append(list(calls)) or calls.clear()) if budget else None))
+        runs.append(_drive(engine, early, late, params, join_after=1))
     assert runs[1] == runs[0]
-    computed = fed = forwards = one_slice = 0
-    for step in steps:
-        for rows, starts, ends in step:
-            computed += (rows.stop - rows.start) * max(e - s for s, e in zip(starts, ends))
-            fed += sum(e - s for s, e in zip(starts, ends))
-            forwards += 1
-        if step:
-            slots = [i for rows, _, _ in step for i in range(rows.start, rows.stop)]
-            one_slice += (max(slots) - min(slots) + 1) * (max(max(e) for _, _, e in step) - min(min(s) for _, s, _ in step))
-    assert fed >= sum(len(p) - 1 for p in late) and computed <= fed + forwards * 16
+    computed = fed = one_slice = 0
+    for tokens, slots, starts, ends in calls:
+        step = sum(e - s for s, e in zip(starts, ends))
+        assert tokens <= max(16, 3 * step // 2), (tokens, step)  # the step's bucket: its chunks, padded
+        computed, fed = computed + tokens, fed + step
+        one_slice += (max(slots) - min(slots) + 1) * (max(ends) - min(starts))
+    assert fed >= sum(len(p) - 1 for p in late)
     assert one_slice > 2 * computed  # the control: the scenario has steps feeding rows far apart in columns
 
 

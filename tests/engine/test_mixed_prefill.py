@@ -1,8 +1,10 @@
-"""Chunked prefill interleaved with decode steps (`EngineConfig.prefill_budget`, `engine/prefill.py`): the same tokens
-as prefilling whole at admission (greedy and seeded T = 1, the model drafter and the feature head, γ fixed and
-"auto"), at most one budget of prompt tokens between two decode steps of a running request while a 2,000-token
-prompt is admitted (negative control: without a budget one step prefills it whole), slot exchanges and aborts of
-filling requests, and the option's validation."""
+"""Chunked prefill as the mixed step (`EngineConfig.prefill_budget`, `engine/prefill.py`): a budget's chunks ride in
+the running rows' steps (`mixed_step` resolved True) and give the same tokens as prefilling whole at admission
+(greedy and seeded T = 1, the model drafter and the feature head, γ fixed and "auto"), at most one budget of prompt
+tokens between two decode steps of a running request while a 2,000-token prompt is admitted (negative control:
+without a budget one step prefills it whole), slot exchanges and aborts of filling requests, deadlines
+(`prefill_steps`), where the mixed step cannot run (the static layout, bitwise: whole prefills; control: the paged
+layout fills), and the option's validation. The mixed step's own forward: tests/engine/test_mixed_step.py."""
 
 import pytest
 import torch
@@ -22,18 +24,20 @@ BUDGET = 24
 
 @pytest.mark.parametrize("drafter", ["model", "head"])
 @pytest.mark.parametrize("gamma", [3, "auto"])
-def test_chunked_prefill_gives_the_tokens_of_a_whole_prefill(make_llama, drafter, gamma):
+def test_a_budget_gives_the_tokens_of_a_whole_prefill(make_llama, drafter, gamma):
     target = make_llama(0)
     draft = make_llama(5, layers=1) if drafter == "model" else _head(target)
     early = [_prompt(5, 1), _prompt(9, 2)]
     late = [_prompt(70, 3), _prompt(4, 4), _prompt(41, 5), _prompt(12, 6)]  # longer than the budget, and shorter
     params = _mixed_params(len(early) + len(late))
-    runs, filling = [], []
+    runs, filling, mixed = [], [], []
     for budget in (None, BUDGET):
         engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=gamma,
                                                     admit_min=1, prefill_budget=budget))
         runs.append(_drive(engine, early, late, params, watch=lambda e, _: filling.append(e.num_prefilling)))
+        mixed.append((engine.config.mixed_step, engine.runner.num_mixed_steps))
     assert max(filling) >= 1  # the budgeted run did fill requests across steps (not a vacuous comparison)
+    assert mixed[0] == (False, 0) and mixed[1][0] is True and mixed[1][1] > 0  # its chunks rode in mixed steps
     compared = range(len(params)) if gamma != "auto" else range(0, len(params), 2)  # auto: γ follows the clock
     for i in compared:
         assert runs[1][i] == runs[0][i], (i, params[i].temperature)
@@ -65,6 +69,7 @@ def test_a_long_prompt_admitted_mid_flight_does_not_stall_the_running_rows(make_
                 assert len(outs) == e.num_running + sum(o.finished for o in outs)
 
         results[setting] = (_drive(engine, early, [long], params, join_after=2, watch=watch), between, stalled)
+        assert (engine.runner.num_mixed_steps > 0) == (setting is not None)  # (the chunks: in the verify forwards)
     tokens, between, stalled = results[budget]
     assert max(between[1:]) <= budget and sum(between) >= 2 * (len(long) - 2)  # target and drafter, a budget a step
     assert sum(1 for b in between if b) >= (2 * len(long) - 3) // budget  # spread over that many steps
@@ -128,26 +133,31 @@ def test_prefill_budget_is_checked_before_anything_allocates(budget, error):
 
 
 def test_prefill_budget_is_off_by_default_and_zero_is_off(make_llama):
+    """No budget (None or 0) and mixed_step False: whole prefills, the mixed step resolved off; a budget turns it on."""
     assert EngineConfig().prefill_budget is None
     for budget in (0, None):
-        assert Engine(make_llama(0), None, EngineConfig(max_batch_size=2, max_seq_len=64,
-                                                        prefill_budget=budget)).prefill_budget is None
-    assert Engine(make_llama(0), None, EngineConfig(max_batch_size=2, max_seq_len=64,
-                                                    prefill_budget=32)).prefill_budget == 32
+        engine = Engine(make_llama(0), None, EngineConfig(max_batch_size=2, max_seq_len=64, prefill_budget=budget))
+        assert engine.prefill_budget is None and engine.config.mixed_step is False
+    engine = Engine(make_llama(0), None, EngineConfig(max_batch_size=2, max_seq_len=64, prefill_budget=32))
+    assert engine.prefill_budget == 32 and engine.config.mixed_step is True
 
 
-def test_bitwise_logprobs_do_not_depend_on_the_prefill_budget(make_llama):
-    """Bitwise mode (batch-invariant kernels): a 40-token prompt admitted mid-flight and prefilled a budget of 16 per
-    step (chunks starting anywhere, beside other rows) leaves the bits of a whole prefill: same log-probabilities."""
+@pytest.mark.parametrize("layout", [dict(kv_layout="static"), dict(bitwise=True)])
+def test_where_the_mixed_step_cannot_run_a_budget_leaves_whole_prefills(make_llama, layout):
+    """The static layout (bitwise mode's too) has no mixed step (`config.resolve_mixed_step`): a budget there leaves
+    prompts prefilling whole at admission — nothing fills, the engine reports no budget — with the same tokens and
+    log-probabilities as no budget; mixed_step="auto" resolves False there and mixed_step=True is refused. Control:
+    the same budget on the paged layout fills a 40-token prompt across steps in mixed steps."""
     target, draft = make_llama(0), make_llama(5, layers=1)
     early = [_prompt(5, 1), _prompt(9, 2)]
     late = [_prompt(40, 3)]
     params = [SamplingParams(temperature=0.9 if i else 0, top_p=0.9, seed=i, max_new_tokens=10, logprobs=True)
               for i in range(3)]
-    results = []
-    for budget in (None, 16):
+    results, filled = [], []
+    for options in ({**layout, "prefill_budget": None}, {**layout, "prefill_budget": 16}, {"prefill_budget": 16},
+                    {**layout, "mixed_step": "auto"}):
         engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=3,
-                                                    admit_min=1, prefill_budget=budget, bitwise=True))
+                                                    admit_min=1, **options))
         ids = [engine.add_request(p, q) for p, q in zip(early, params)]
         logprobs: dict = {}
         filling = 0
@@ -160,8 +170,12 @@ def test_bitwise_logprobs_do_not_depend_on_the_prefill_budget(make_llama):
                 logprobs.setdefault(out.request_id, []).extend(out.logprobs or [])
             filling = max(filling, engine.num_prefilling)
         results.append([logprobs[i] for i in ids])
-    assert filling >= 1  # (the budgeted run did fill across steps)
-    assert len(results[1][2]) == 10 and results[1] == results[0]
+        filled.append((filling, engine.config.mixed_step, engine.prefill_budget, engine.runner.num_mixed_steps))
+    assert filled[0] == filled[1] == filled[3] == (0, False, None, 0)  # whole prefills: no budget, no mixed step
+    assert filled[2][0] >= 1 and filled[2][1:3] == (True, 16) and filled[2][3] > 0  # the control: paged fills
+    assert len(results[1][2]) == 10 and results[1] == results[0] == results[3]
+    with pytest.raises(ValueError, match="mixed_step=True"):
+        EngineConfig(mixed_step=True, **layout)
 
 
 def test_the_policy_sees_what_each_budget_of_prefill_cost():
@@ -170,7 +184,7 @@ def test_the_policy_sees_what_each_budget_of_prefill_cost():
     from specdec.engine.policy_admission import AdmissionCost
 
     cost = AdmissionCost()
-    cost.prefilled(100, 0.010, 0, None, 0, 0)  # a budget of the target alone (a long prompt's first part)
+    cost.prefilled(100, 0.010, 0, None, 0, 0)  # a budget of the target alone (a long prompt's first chunks)
     assert cost.feed_per_prompt_token() is None and cost.report()["target_prefill_us_per_prompt_token"] == 100.0
     cost.prefilled(50, 0.005, 50, 0.001, 1, 150)  # the rest, then the drafter's feed: the request joins
     assert cost.feed_per_prompt_token() == pytest.approx(20e-6)  # min(feed 20 µs, target 100, ratio 0.2 × 100)
@@ -182,9 +196,9 @@ def test_the_policy_sees_what_each_budget_of_prefill_cost():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("drafter", ["model", "head"])
-def test_chunked_prefill_under_cuda_graphs_gives_the_tokens_of_a_whole_prefill(make_llama, drafter):
-    """On CUDA (decode steps replayed as graphs, filling rows inside their batch bucket as padding): the tokens of a
-    whole prefill, greedy and seeded T = 1 at a fixed γ."""
+def test_a_budget_under_cuda_graphs_gives_the_tokens_of_a_whole_prefill(make_llama, drafter):
+    """On CUDA (decode and mixed steps replayed as graphs, filling rows inside their batch bucket dead or padding): the
+    tokens of a whole prefill, greedy and seeded T = 1 at a fixed γ."""
     target = make_llama(0).cuda()
     draft = make_llama(5, layers=1).cuda() if drafter == "model" else _head(target)
     early = [_prompt(5, 1), _prompt(9, 2), _prompt(3, 9)]
@@ -194,7 +208,7 @@ def test_chunked_prefill_under_cuda_graphs_gives_the_tokens_of_a_whole_prefill(m
     for budget in (0, 256, 16, "auto"):
         engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=200, num_draft_tokens=3,
                                                     admit_min=1, prefill_budget=budget))
-        assert engine.prefill_budget == (budget or None)
+        assert engine.prefill_budget == (budget or None) and engine.config.mixed_step is bool(budget)
         runs.append(_drive(engine, early, late, params))
     assert runs[1] == runs[0] and runs[2] == runs[0] and runs[3] == runs[0]
 
@@ -232,7 +246,7 @@ def test_the_drafters_catch_up_is_whole_with_a_budget(make_llama):
         assert all(a == 3 * 4 for a in accepted[14:])  # q = p: every draft accepted, sampled rows too
 
 
-def test_chunked_prefill_beside_beam_groups(make_llama):
+def test_a_budget_beside_beam_groups(make_llama):
     """Filling requests stay below the slots beam groups hold (and a group waits above them): a long chain prompt
     filling a budget per step while chains run and a beam group is admitted gives transformers' tokens and beams."""
     from helpers import hf_beams
@@ -255,7 +269,7 @@ def test_chunked_prefill_beside_beam_groups(make_llama):
         for out in engine.step():
             outputs.setdefault(out.request_id, []).append(out)
         filling = max(filling, engine.num_prefilling)
-    assert filling >= 1
+    assert filling >= 1 and engine.runner.num_mixed_steps > 0
     for rid, prompt in zip(ids, prompts):
         assert [t for o in outputs[rid] for t in o.new_token_ids] == hf_greedy(target, prompt, 12, [])
     final = outputs[beam][-1]
@@ -293,7 +307,30 @@ def test_prefill_steps_feeds_every_request_within_k_steps_of_its_admission(make_
 
 
 def test_prefill_steps_needs_a_budget():
-    with pytest.raises(ValueError, match="prefill_steps=4 needs a prefill_budget"):
+    with pytest.raises(ValueError, match="prefill_steps=4 needs a prefill_budget or mixed_step"):
         EngineConfig(prefill_steps=4)
+    EngineConfig(prefill_steps=4, mixed_step="auto")  # (its "auto" budget, where the mixed step runs)
     with pytest.raises(ValueError, match="prefill_steps"):
         EngineConfig(prefill_budget=64, prefill_steps=0)
+
+
+def test_a_request_left_filling_when_nothing_runs_prefills_its_rest_whole(make_llama):
+    """No step carries chunks once every running request finished: a 90-token prompt filling 16 tokens a step
+    beside one short request has the rest of its prompt (target and drafter) prefilled at once in the step after
+    that request finishes (`prefill.prefill_rest`, the profile's "prefill" phase), joins, and gives a whole
+    prefill's tokens. Control: beside a request that outlives its fill, no such prefill runs."""
+    from specdec.engine.profile import phase_timer
+
+    target, draft = make_llama(0), make_llama(5, layers=1)
+    long = _prompt(90, 3)
+    runs, rests = {}, {}
+    for budget, first in ((None, 3), (16, 3), (16, 60)):
+        params = [SamplingParams(temperature=0, max_new_tokens=first), SamplingParams(temperature=1.0, seed=4,
+                                                                                      max_new_tokens=12)]
+        engine = Engine(target, draft, EngineConfig(max_batch_size=2, max_seq_len=128, num_draft_tokens=2,
+                                                    admit_min=1, prefill_budget=budget))
+        with phase_timer(engine, phases=("prefill",)) as timer:
+            runs[(budget, first)] = _drive(engine, [_prompt(5, 1)], [long], params, join_after=1)
+        rests[(budget, first)] = timer.truthy.get("prefill", 0)
+    assert rests[(16, 3)] == 1 and runs[(16, 3)] == runs[(None, 3)]
+    assert rests[(16, 60)] == 0  # the control: its chunks rode in the running row's steps
