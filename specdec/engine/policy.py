@@ -170,8 +170,8 @@ class GammaPolicy:
         self._choice, self._auto_step, self._carried = None, self.fixed is None, None
 
     def carry(self, running, gamma: int) -> None:
-        """The last `choose` (γ, for `running`) was for a step that could not run: the next, of the same rows, takes it."""
-        self._carried = (tuple(map(id, running)), gamma, self._row_caps, tuple(running))  # (held: no id is reused)
+        """The last `choose` (γ, for `running`) could not run its step: the next over those rows (any order) takes it."""
+        self._carried = (gamma, dict(zip(map(id, running), self._row_caps or [None] * len(running))), tuple(running))
 
     def choose(self, batch: int, running, estimates=None, length: int | None = None, ready=None, caps=None) -> int:
         """γ for the next step at batch bucket `batch`, the longest running row holding `length` tokens (None: one
@@ -181,9 +181,10 @@ class GammaPolicy:
         module doc for `only_ready` and captures. caps: per running row its fixed draft cap (an int, 0 = plain) or
         None (the row is "auto"); None = every row takes the engine's default (`fixed`, or "auto")."""
         carried, self._carried = self._carried, None
-        if carried is not None and carried[0] == tuple(map(id, running)):  # (`carry`: the step it was made for)
-            self._row_caps = carried[2]
-            return carried[1]
+        if carried is not None and carried[1].keys() == {id(r) for r in running}:  # (`carry`: its step's rows)
+            caps = [carried[1][id(r)] for r in running]
+            self._step_rows, self._row_caps = tuple(running), None if None in caps else tuple(caps)
+            return carried[0]
         self.gaps.choosing()
         self._step_rows = tuple(running)  # (a snapshot: the engine releases finished rows before `record_step`)
         if self.loop is not None:  # a draft-length policy chooses; "auto"'s models learn nothing from its steps
