@@ -13,7 +13,8 @@ were it one record behind. The step ahead of N attends over the length bucket of
 The policy decides for the live rows (finished ones kept masked in their slots, `AsyncSteps.zombies`, are not its
 rows: the synchronous engine would have released them). A choice whose step then proves unable to run ahead (a
 catch-up, a zombie's writes past its positions: both known only with γ) is carried to the synchronous step
-(`GammaPolicy.carry`): the policy's books hold one decision per step that ran.
+(`GammaPolicy.carry`): the policy's books hold one decision per step that ran — unless a row finished in the step
+read meanwhile, when the synchronous step decides again for the rows that remain (the dropped choice stays counted).
 """
 
 from __future__ import annotations
