@@ -239,7 +239,7 @@ def async_ab(target, draft, n: int, gamma: int, steps: int, temperature: float, 
                     "idle_us": round((period - statistics.mean(busy)) * 1e6, 1) if busy else None}
         if overlap is not None:
             row[arm]["ahead"] = overlap.ahead
-            row[arm]["fallbacks"] = dict(overlap.fallbacks)
+            row[arm]["fallbacks"] = dict(overlap.synchronous_fallbacks)
     return row
 
 

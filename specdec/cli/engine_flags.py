@@ -98,7 +98,8 @@ ENGINE_FLAGS = (
         "depend on the batch, γ or speculation (batch-invariant kernels; slower; needs the engine)")),
     EngineFlag(("--async-scheduling",), "async_scheduling", dict(
         action="store_const", const=True, help="the host prepares and launches the next decode step before it reads "
-        "the last one's output (vLLM's flag; a fixed --num-draft-tokens only; tokens unchanged) (default: off)")),
+        "the last one's output (vLLM's flag; \"auto\" chooses the step's γ one record late; greedy tokens unchanged) "
+        "(default: off)")),
     EngineFlag(("--synthetic-acceptance",), "synthetic_acceptance", dict(
         type=float, metavar="ALPHA", help="BENCHMARK ONLY: accept each draft with probability ALPHA (a random pair "
         "at a known α); the output is then NOT the target's distribution")),

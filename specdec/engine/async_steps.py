@@ -10,25 +10,32 @@ copy into pinned host memory behind a CUDA event; on CPU the step ran already: t
 and commits it. Where N+1 cannot run ahead the call commits N alone, and the next call is synchronous.
 
 What N+1 needs of N, and where it is: N's committed tokens, lengths and budgets are in the slot state on the device
-(the verify pass wrote them); the host's part — which rows run, their caps, γ, the batch bucket — is what N ran with,
-unchanged while nothing joins or leaves; the length bucket is known when every length N can leave (each row commits
-1..γ+1 tokens) falls in N's bucket. Rows that finished in N are masked on the device before N+1 runs (`mask`:
-`SlotState.active` cleared from N's table, so they commit and count nothing), keep their slots until N+1 is read
-(`zombies`), and then leave: their N+1 rows are discarded, never emitted.
+(the verify pass wrote them); the host's part — which rows run, their caps, the batch bucket — is what N ran with,
+unchanged while nothing joins or leaves; γ is the rows' fixed floor (N's) or, for "auto" rows, the policy's choice
+from the last record read (N − 1's: one step late, `engine/async_plan.py`); the length bucket is that of the bound
+every length N can leave (each row commits 1..γ_N+1 tokens; fixed caps: it must be N's bucket, so N's shape). Rows
+that finished in N are masked on the device before N+1 runs (`mask`: `SlotState.active` cleared from N's table, so
+they commit and count nothing), keep their slots until N+1 is read (`zombies`), and then leave: their N+1 rows are
+discarded, never emitted.
 
-A step runs ahead only as a chain step (no token trees, beam groups, host constraints or mixed steps), at a fixed γ
-(every row's cap an int — `num_draft_tokens` fixed, or each request's own, or no drafter: "auto" decides from the
-records it would not have yet), with nothing filling or admissible
-(no waiting request while a slot is free), no abort pending, N's step shape, no drafter catch-up, and (paged) blocks
-for both steps without a preemption; `fallbacks` counts the other steps by reason. An abort seen while a step is in
-flight drops that step's output of the request (the synchronous engine would not have run it for the request) and
-the request leaves at the next call, as it would have.
+A step runs ahead where its shape is known without N's record: a chain step (no token tree, beam group, host
+constraint or mixed step; γ not a draft-length policy's, which is told each record before its next choice; "auto"
+not under tensor parallelism, whose ranks agree on rank 0's choice), nothing filling or admissible (no waiting
+request while a slot is free), no abort pending, N's batch, rows and flavor (and, fixed caps, N's γ and shape), no
+drafter catch-up (a cached drafter switching between plain and speculative steps: its bookkeeping reads the host's
+lengths), zombies inside the step's positions and the live rows' own batch bucket and flavor, and (paged) blocks for
+both steps without a preemption. Every other step is the synchronous one; `synchronous_fallbacks` counts them by
+reason, `ahead` the steps that ran ahead (`report()`). An abort seen while a step is in flight drops that step's
+output of the request (the synchronous engine would not have run it for the request) and the request leaves at the
+next call, as it would have.
 
-Each call still returns one decode step's outputs (the step launched ahead is the next call's); every request's tokens
-are the synchronous engine's (with a fixed γ a request's tokens do not depend on its batch), but a request added while
-a step runs ahead joins one step later. Steps launched ahead carry no draft / verify times (`StepRecord`: 0).
-`Engine.stats` read while a step is in flight holds that step's acceptance counters (device sums) but not yet its
-host counts; assigned while one is in flight, that step counts on neither side (`stats_reset`).
+Each call still returns one decode step's outputs (the step launched ahead is the next call's). With fixed caps every
+request's tokens are the synchronous engine's (a request's tokens do not depend on its batch); with "auto" rows its
+greedy tokens are (exactness at any γ), its sampled ones follow the target's law but not the synchronous engine's
+draws (their γ's differ: one step late). A request added while a step runs ahead joins one step later. Steps
+launched ahead carry no draft / verify times (`StepRecord`: 0). `Engine.stats` read while a step is in flight holds
+that step's acceptance counters (device sums) but not yet its host counts; assigned while one is in flight, that step
+counts on neither side (`stats_reset`).
 """
 
 from __future__ import annotations
@@ -38,10 +45,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.engine import admission
+from specdec.engine import admission, async_plan
 from specdec.engine.commit import commit, finish, finished_slots
-from specdec.engine.config import BATCH_BUCKETS
-from specdec.engine.drafters import Flavor
 from specdec.engine.step_input import StepInput
 from specdec.metrics import SpecStats
 from specdec.step import RequestOutput, StepRecord
@@ -72,14 +77,17 @@ class InFlight:
 
 class AsyncSteps:
     """See the module doc: the engine's step in the async order, with its own state (the step in flight, the
-    zombie slots, the pinned host buffers, the counts of steps run ahead and of fallbacks by reason)."""
+    zombie slots, the pinned host buffers, the last read step's slot counters, the counts of steps run ahead and
+    of synchronous fallbacks by reason: `report()`)."""
 
     def __init__(self, engine):
         self.engine = engine
         self.pending: InFlight | None = None
         self.zombies: list[int] = []  # slots finished in a committed step while the next ran (masked there)
         self.ahead = 0  # steps launched before the step before them was read
-        self.fallbacks: dict[str, int] = {}  # why a step did not run ahead → how often
+        self.synchronous_fallbacks: dict[str, int] = {}  # why a step did not run ahead → how often
+        self.read_counters: torch.Tensor | None = None  # the slot counters the last read step left (host, [rows, w])
+        self.chosen: list[int] = []  # the slots of the policy's last choice (live rows, slot order)
         self._rings: dict[tuple, list] = {}  # (table shape, counters shape) → [toggle, two (table, counters, event)]
         self._read_at = 0.0
         self._unstated: InFlight | None = None  # the step in flight when `Engine.stats` was reset (`stats_reset`)
@@ -107,8 +115,12 @@ class AsyncSteps:
             return set(s.aborted)
 
     def _fallback(self, why: str) -> None:
-        self.fallbacks[why] = self.fallbacks.get(why, 0) + 1
+        self.synchronous_fallbacks[why] = self.synchronous_fallbacks.get(why, 0) + 1
         return None
+
+    def report(self) -> dict:
+        """JSON-ready: the steps launched ahead of the step before them, and the synchronous fallbacks by reason."""
+        return {"ahead": self.ahead, "synchronous_fallbacks": dict(sorted(self.synchronous_fallbacks.items()))}
 
     def _ahead(self, pending: InFlight | None) -> InFlight | None:
         plan = self.plan(pending)
@@ -117,103 +129,16 @@ class AsyncSteps:
         return self._launch(pending, *plan)
 
     def plan(self, pending: InFlight | None):
-        """The next step, run ahead of `pending`'s read (None: of nothing; the host's lengths are exact) → (its
-        `StepInput`, shape, longest host length, caught up?), or why it cannot run ahead (a reason string). Past the
-        pure checks it has the synchronous step's side effects (caps, the policy's choice, blocks, a catch-up)."""
-        e = self.engine
-        s, runner = e.scheduler, e.runner
-        running = s.running
-        n, zombies = len(running), self.zombies
-        if n == len(zombies):
-            return "idle" if not n else "finished"
-        if s.aborted:
-            return "abort"
-        if s.filling:
-            return "filling"
-        if e.beams.has_unfinished:
-            return "beams"
-        if s.waiting and self._admits(e.beams._chain_limit(), n - len(zombies)):
-            return "admission"
-        if running[0].params.draft_tree is not None:
-            return "tree"
-        batch, longest, flavor = s.step_rows(e.policy.fixed)
-        if flavor.constrained:
-            return "constrained"
-        if None in s.caps:  # (an "auto" row: its γ and caps come from the records; every cap an int: the choice
-            return "auto"  # is a function of the rows, the same for the step ahead)
-        if zombies:  # finished rows kept masked in their slots: the live rows' step must be the one they would run
-            longest = self._beside(zombies, batch, flavor)
-            if isinstance(longest, str):
-                return longest
-        length = longest
-        if pending is not None:
-            last = pending.step
-            if (batch, n, flavor) != (last.batch, last.num_rows, last.flavor):
-                return "shape"
-            gamma = last.gamma  # (the rows and caps of `last`: the policy's choice is the same)
-            length = longest + gamma + 1  # every length `last` can leave lies in longest + 1 .. + γ + 1
-            if runner.positions(longest + 1, gamma) != last.positions or runner.positions(length, gamma) != last.positions:
-                return "length bucket"
-            if zombies and runner.positions(max(running[i].length for i in zombies), gamma) > last.positions:
-                return "finished"  # (a zombie's junk writes stay inside the step's positions)
-            if runner.drafter_cached and s.drafter_synced != (gamma > 0):
-                return "catch-up"  # (a catch-up or a plain step's bookkeeping reads the host's lengths)
-        pool = e.kv_pool
-        if pool is not None:  # blocks for what the step may write (past `last`'s commit, when one is in flight)
-            if s.prefix_cache is not None:
-                s.prefix_cache.commit_rows(running, s.drafter_state)
-            if pending is None:
-                if s.short_row() is not None:
-                    return "pool"
-            elif any(not pool.reserve(i, r.length + gamma + 1 + s.pool_margin(r.params)) for i, r in enumerate(running)):
-                return "pool"
-            pool.flush()
-        if s.device_caps is not e._caps_from:
-            e._caps_from = e._step_caps = s.device_caps
-        ready = None
-        if e.cuda_graphs or e.policy.only_ready:
-            steps = runner.steps
-            ready = lambda g: (batch, g, runner.positions(length, g), flavor) in steps  # noqa: E731
-        gamma = e.policy.choose(batch, running, e._row_estimates, length=length, ready=ready, caps=s.caps)
-        capped = e.policy.row_caps()
-        if capped is not None:
-            e._step_caps = tuple(capped) + e._step_caps[n:]
-        if pending is not None and gamma != pending.step.gamma:
-            return "gamma"
-        caught_up = e._catch_up_drafter(gamma)
-        step = StepInput(n, batch, gamma, runner.positions(length, gamma), flavor, e._step_caps)
-        shape = e._step_for(step)
-        if pending is not None and shape is not pending.run:
-            return "shape"
-        return step, shape, length, caught_up
+        """The next step, run ahead of `pending`'s read → (its `StepInput`, shape, longest host length, caught up?),
+        or why it cannot run ahead (`engine/async_plan.py`)."""
+        return async_plan.plan(self, pending)
 
-    def _admits(self, limit: int, occupied: int) -> bool:
-        """Whether the next synchronous call would admit a waiting request, `occupied` slots of `limit` held (the
-        zombies' counted free): `Scheduler.admission_waits`' rule, whose side effect (when a free slot started
-        waiting) is made only where the answer is to wait — the synchronous call then decides the same."""
+    def estimates(self, live: list[int]) -> list[tuple]:
+        """The policy's per-row totals (`commit.row_estimates`) of the slots `live` as the last read step left them
+        (`read_counters`, host: never the step in flight's) and the steps committed so far."""
         s = self.engine.scheduler
-        free = limit - occupied
-        if free <= 0:
-            s.free_since = None
-            return False
-        if free < s.admit_min:
-            since = s.num_steps if s.free_since is None else s.free_since
-            if s.num_steps - since < s.admit_max_wait:
-                s.free_since = since
-                return False
-        return True
-
-    def _beside(self, zombies: list[int], batch: int, flavor) -> int | str:
-        """With zombie rows in the step: the longest live row's length, or why the step is not the live rows' own
-        (their batch bucket, flavor or largest cap would differ: the zombies must leave first)."""
-        s = self.engine.scheduler
-        gone = set(zombies)
-        live = [r for i, r in enumerate(s.running) if i not in gone]
-        caps = [c for i, c in enumerate(s.caps) if i not in gone]
-        if next(b for b in BATCH_BUCKETS if b >= len(live)) != batch or Flavor.union(r.flavor for r in live) != flavor \
-                or max(s.caps[i] for i in zombies) > max(caps):
-            return "finished"
-        return max(r.length for r in live)
+        sums = async_plan.counter_totals(self.read_counters[live], self.engine.max_draft_tokens)
+        return [(b, r, s.spec_steps - s.running[i].admitted_at[1], d) for i, (b, r, d) in zip(live, sums)]
 
     def _launch(self, pending: InFlight | None, step: StepInput, shape, length: int, caught_up: bool) -> InFlight:
         runner = self.engine.runner
@@ -278,6 +203,7 @@ class AsyncSteps:
             finish(finished, pending.counters[finished].tolist(), record, outputs, s, e.max_draft_tokens)
             s.forget([s.running[i].request_id for i in finished])
         self._record(pending, record)
+        self.read_counters = pending.counters.clone()  # (the ring's buffer is taken again two launches on)
         gone = set(self.zombies)
         kept = [out for i, out in enumerate(outputs) if i not in gone and out.request_id not in aborted]
         if hold:
@@ -290,16 +216,20 @@ class AsyncSteps:
 
     def _record(self, pending: InFlight, record: StepRecord) -> None:
         """The policy's and the prefill budget's measurements of the step (`Engine._step`'s), its time the span since
-        the later of its launch and the last read (the device's step period while steps run ahead)."""
+        the later of its launch and the last read (the device's step period while steps run ahead); its rows the ones
+        it ran (the zombies masked), its per-row counts those of the rows of the policy's last choice (`chosen`: the
+        step's, or the live ones of the step launched after it — a subset)."""
         e, step = self.engine, pending.step
         s = e.scheduler
         now = time.perf_counter()
         seconds, self._read_at = now - max(pending.launched, self._read_at), now
         if not pending.first_run:
-            e.policy.record_step(step.batch, step.gamma, seconds, record.num_produced / step.num_rows,
-                                 length=pending.longest, rows=step.num_rows,
+            rows = max(step.num_rows - len(self.zombies), 1)
+            accepted, drafted = ([counts[i] for i in self.chosen] for counts in (record.num_accepted, record.num_drafted))
+            e.policy.record_step(step.batch, step.gamma, seconds, record.num_produced / rows,
+                                 length=pending.longest, rows=rows,
                                  catch_up_of=s.plain_run if pending.caught_up else 0,
                                  catch_up_share=s.catch_up_share, catch_up_prompts=s.catch_up_prompts,
-                                 accepted=record.num_accepted, drafted=record.num_drafted)
+                                 accepted=accepted, drafted=drafted)
             e.chunked.decoded(seconds)
         s.plain_run = s.plain_run + 1 if step.gamma == 0 else 0

@@ -135,8 +135,9 @@ class EngineConfig:
                       kv_layout="paged" (vLLM's default), off with the static layout; False for A/B runs
     async_scheduling  the host ahead of the device (vLLM's name): steady-state decode steps are launched before the
                       previous step's record is read, finished rows masked on the device (`engine/async_steps.py`);
-                      each request's tokens unchanged (one added while a step runs ahead joins a step later); rows
-                      of a fixed γ only (an "auto" row's step never runs ahead). Off by default
+                      a fixed-γ row's tokens unchanged (one added while a step runs ahead joins a step later); an
+                      "auto" step's γ is chosen from the last record read, one step late (`engine/async_plan.py`:
+                      sampled tokens then follow that γ sequence, the target's law unchanged). Off by default
     gguf_weights      a model read from a GGUF, on the CPU in float32: "quantized" keeps the file's blocks and
                       multiplies by 8-bit activations (`fast.quant`), "dequantized" keeps dense float32 weights;
                       "auto" = the process default (`--gguf-weights`, env SPECDEC_GGUF_WEIGHTS), else

@@ -67,8 +67,7 @@ from __future__ import annotations
 from specdec.engine.acceptance import AcceptanceWatch, check_row_cost, held_caps, pass_caps
 from specdec.engine.policy_admission import AdmissionCost
 from specdec.engine.policy_loop import loop_choice
-from specdec.engine.policy_depth import (DepthProfile, extra_tokens as _extra_tokens, row_estimate as _estimate,
-                                         row_rates)
+from specdec.engine.policy_depth import DepthProfile, extra_tokens as _extra_tokens, row_estimate as _estimate, row_rates
 from specdec.engine.policy_times import (Gaps, batch_times, capture_cost, catch_up_cost, interpolate as _interpolate,
                                          keep_last, length_bucket, median as _median, pooled_medians)
 
@@ -95,15 +94,12 @@ _PRIOR_ALPHA, _PRIOR_WEIGHT = 0.5, 8.0  # α before any row was verified; weight
 
 
 class GammaPolicy:
-    def __init__(self, spec, max_draft_tokens: int, plain_catches_up: bool = False, watch=None,
-                 row_cost: str = "shape"):
+    def __init__(self, spec, max_draft_tokens: int, plain_catches_up: bool = False, watch=None, row_cost="shape"):
         self.fixed, self.loop = None if spec == "auto" else int(spec), None  # loop: a draft-length policy's choice
         self.watch, self.row_cost = AcceptanceWatch() if watch is None else watch, check_row_cost(row_cost)
-        self._row_caps, self._capped, self._watching = None, False, False  # (`row_caps`)
-        self.plain_catches_up = plain_catches_up  # a plain run costs the drafter a catch-up later (see the doc)
-        self.max_draft_tokens = max_draft_tokens
-        self.candidates = sorted({g for g in CANDIDATES if g <= max_draft_tokens} | (
-            {max_draft_tokens} if max_draft_tokens else set()))
+        self._row_caps, self._capped, self._watching, self._carried = None, False, False, None  # (`row_caps`, `carry`)
+        self.plain_catches_up, self.max_draft_tokens = plain_catches_up, max_draft_tokens  # (see the doc)
+        self.candidates = sorted({g for g in CANDIDATES if g <= max_draft_tokens} | ({max_draft_tokens} if max_draft_tokens else set()))
         self.default = min(_FIRST_GAMMA, max_draft_tokens) if max_draft_tokens else 0  # the first speculative probe
         self.samples: dict[tuple[int, int, int], list[float]] = {}  # (b, γ, ℓ) → its last step times (seconds)
         self._grid: dict[int, dict[int, dict[int, float]]] = {}  # b → ℓ → γ → T (the samples' lower median)
@@ -171,7 +167,11 @@ class GammaPolicy:
         self.fixed = None if spec == "auto" or self.loop is not None else int(spec)
         if self.fixed is not None and self.fixed > self.max_draft_tokens:
             raise ValueError(f"num_draft_tokens {self.fixed} exceeds this engine's max_draft_tokens")
-        self._choice, self._auto_step = None, self.fixed is None
+        self._choice, self._auto_step, self._carried = None, self.fixed is None, None
+
+    def carry(self, running, gamma: int) -> None:
+        """The last `choose` (γ, for `running`) could not run its step: the next over those rows (any order) takes it."""
+        self._carried = (gamma, dict(zip(map(id, running), self._row_caps or [None] * len(running))), tuple(running))
 
     def choose(self, batch: int, running, estimates=None, length: int | None = None, ready=None, caps=None) -> int:
         """γ for the next step at batch bucket `batch`, the longest running row holding `length` tokens (None: one
@@ -180,6 +180,11 @@ class GammaPolicy:
         when the policy re-decides). ready(γ) → whether this step's shape at γ is built (None: all are); see the
         module doc for `only_ready` and captures. caps: per running row its fixed draft cap (an int, 0 = plain) or
         None (the row is "auto"); None = every row takes the engine's default (`fixed`, or "auto")."""
+        carried, self._carried = self._carried, None
+        if carried is not None and carried[1].keys() == {id(r) for r in running}:  # (`carry`: its step's rows)
+            caps = [carried[1][id(r)] for r in running]
+            self._step_rows, self._row_caps = tuple(running), None if None in caps else tuple(caps)
+            return carried[0]
         self.gaps.choosing()
         self._step_rows = tuple(running)  # (a snapshot: the engine releases finished rows before `record_step`)
         if self.loop is not None:  # a draft-length policy chooses; "auto"'s models learn nothing from its steps
@@ -201,8 +206,7 @@ class GammaPolicy:
         kept = self._choice is not None and self._bucket == batch and self._age < self._keep and self._choice >= floor
         overlap = self._overlap(running) if kept else 1.0
         if kept and overlap >= _SAME_ROWS and (ready is None or ready(self._choice)):
-            gamma = self._choice
-            self._age += 1
+            gamma, self._age = self._choice, self._age + 1
         else:
             gamma, keep = self._decide(batch, running, estimates, length_bucket(length or 1), ready, floor, caps)
             self._choice, self._bucket, self._age, self._keep = gamma, batch, 1, keep
@@ -230,9 +234,7 @@ class GammaPolicy:
 
     def _overlap(self, running) -> float:
         """The share of the rows the kept decision was made for that still run (of the larger of the two sets)."""
-        members = self._members
-        same = sum([id(r) in members for r in running])
-        return same / max(len(members), len(running), 1)
+        return sum([id(r) in self._members for r in running]) / max(len(self._members), len(running), 1)
 
     def _decide(self, batch: int, running, estimates, ell: int, ready, floor: int = 0, caps=None) -> tuple[int, int]:
         """→ (γ, steps to keep it): an arm ≥ floor; each row counted at min(γ, its cap) (caps: see `choose`)."""
@@ -276,8 +278,7 @@ class GammaPolicy:
             tau = 1.0 + extra[gamma] / len(rows) if gamma and rows else 1.0
             seconds = _interpolate(times, gamma) + (plain_extra if gamma == 0 else pending + tau * admit)
             seconds += capture if gamma in unready else 0.0
-            predicted[gamma] = tau
-            rates[gamma] = tau / max(seconds, 1e-12)
+            predicted[gamma], rates[gamma] = tau, tau / max(seconds, 1e-12)
         self.last_rates, self.predicted = rates, predicted
         ranked = sorted(rates, key=lambda g: (-rates[g], g))
         return self._explore_or_win(batch, ranked, times, unready)
@@ -293,8 +294,7 @@ class GammaPolicy:
             return tuple(g for g in arms if g not in unready), frozenset()
         return arms, unready
 
-    def _explore_or_win(self, batch: int, ranked: list[int], times: dict[int, float],
-                        unready=frozenset()) -> tuple[int, int]:
+    def _explore_or_win(self, batch: int, ranked: list[int], times: dict[int, float], unready=frozenset()):
         """(the winner, `_HOLD`), or now and then (another arm, `_PROBE`): see the module doc."""
         count = self._decisions[batch] = self._decisions.get(batch, 0) + 1
         state = self._explore.setdefault(batch, {"after": count + _EXPLORE_MIN, "since": self._clock, "turn": 0})

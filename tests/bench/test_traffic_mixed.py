@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from specdec.cli import main
 
 ARGS = ["bench", "--quick", "--slots", "2", "--arrival", "closed", "--drafters", "model", "--new-tokens", "4", "8",
@@ -37,10 +39,11 @@ def test_mixed_step_belongs_to_the_traffic_table(capsys):
     assert "--mixed-step" in capsys.readouterr().err
 
 
-def test_bench_quick_async_scheduling_runs_steps_ahead(tmp_path, capsys):
-    """`--async-scheduling`: every arm's engine launches steps ahead (the engine's own count); a fixed γ so the
-    speculative arm's rows can run ahead too ("auto" rows step synchronously)."""
-    assert main(ARGS + ["--async-scheduling", "--policy", "2", "--out", str(tmp_path / "async")]) == 0
+@pytest.mark.parametrize("policy", [["--policy", "2"], []], ids=["fixed", "auto"])
+def test_bench_quick_async_scheduling_runs_steps_ahead(tmp_path, capsys, policy):
+    """`--async-scheduling`: every arm's engine launches steps ahead (the engine's own count), at a fixed γ and at the
+    default "auto" (its γ chosen one record late)."""
+    assert main(ARGS + ["--async-scheduling", *policy, "--out", str(tmp_path / "async")]) == 0
     result = json.loads((tmp_path / "async" / "traffic.json").read_text())
     assert result["async_scheduling"] is True and any("async scheduling on" in n for n in result["notes"])
     assert all(r["extra"]["ahead_steps"] > 0 for r in result["rows"])

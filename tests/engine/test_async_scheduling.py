@@ -12,52 +12,7 @@ from specdec.engine.async_steps import AsyncSteps
 from specdec.engine.kv_pool import PagedSlotCache
 from specdec.request import SamplingParams
 
-PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12], [3, 4, 5], [7, 7, 7, 7, 8, 9, 7, 7, 7, 7, 8], [4, 4, 9], [11, 12, 13, 14]]
-
-
-def _drive(engine, arrivals, aborts=None, calls=400):
-    """Run `engine` over `arrivals` [(call, prompt, params)], aborting request i before call `aborts[i]` → (per
-    request its tokens, its finish reason, the requests that emitted after their finish or abort, the tokens emitted
-    in all, per request its log-probabilities)."""
-    aborts = aborts or {}
-    pending = sorted(enumerate(arrivals), key=lambda x: x[1][0])
-    ids, tokens, reasons, late, logprobs = {}, {}, {}, [], {}
-    for call in range(calls):
-        while pending and pending[0][1][0] <= call:
-            i, (_, prompt, params) = pending.pop(0)
-            ids[engine.add_request(prompt, params)] = i
-            tokens[i] = []
-        for i, at in aborts.items():
-            if at == call:
-                engine.abort(next(r for r, j in ids.items() if j == i))
-        for out in engine.step():
-            i = ids[out.request_id]
-            if i in reasons or (out.new_token_ids and aborts.get(i, calls) <= call):
-                late.append(i)  # (after its finish, or tokens of a step run after its abort)
-            tokens[i] += out.new_token_ids
-            logprobs[i] = logprobs.get(i, []) + (out.logprobs or [])
-            if out.finished:
-                reasons[i] = out.finish_reason
-        if not pending and not engine.has_unfinished():
-            break
-    else:
-        raise AssertionError("the engine did not finish")
-    return tokens, reasons, late, sum(len(t) for t in tokens.values()), logprobs
-
-
-def _both(make, arrivals, aborts=None):
-    """The same traffic through a synchronous and an async engine (`make(async_scheduling)`) → both results and
-    the async engine."""
-    sync = _drive(make(False), arrivals, aborts)
-    engine = make(True)
-    return sync, _drive(engine, arrivals, aborts), engine
-
-
-def _traffic(temperature=0.0, eos=None, spread=1, n=6, new=14):
-    return [(i * spread, PROMPTS[i % len(PROMPTS)],
-             SamplingParams(temperature=temperature, max_new_tokens=new + 3 * (i % 4), seed=100 + i,
-                            eos_token_ids=eos or ()))
-            for i in range(n)]
+from async_helpers import PROMPTS, _both, _drive, _traffic
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +39,7 @@ def test_tokens_are_the_synchronous_engines(pair, drafter, temperature):
     ahead."""
     sync, run, engine = _both(_maker(pair, drafter), _traffic(temperature, spread=2))
     assert run[0] == sync[0] and run[1] == sync[1] and not run[2]
-    assert engine.overlap.ahead > 5, engine.overlap.fallbacks
+    assert engine.overlap.ahead > 5, engine.overlap.synchronous_fallbacks
 
 
 @pytest.mark.parametrize("layout", ["static", "paged"])
@@ -104,7 +59,7 @@ def test_eos_finishes_and_aborts(pair, layout):
     full = _drive(_maker(pair, layout=layout)(False), arrivals)[0]
     assert {i: t for i, t in run[0].items() if i not in aborts} == {i: t for i, t in sync[0].items() if i not in aborts}
     assert all(full[i][: len(run[0][i])] == run[0][i] for i in aborts)
-    assert engine.overlap.ahead > 5, engine.overlap.fallbacks
+    assert engine.overlap.ahead > 5, engine.overlap.synchronous_fallbacks
 
 
 def test_a_tight_pool_processors_and_logprobs(pair):
@@ -125,7 +80,7 @@ def test_a_tight_pool_processors_and_logprobs(pair):
     assert {i: len(v) for i, v in run[4].items()} == {i: len(v) for i, v in sync[4].items()}
     for i in run[4]:
         assert run[4][i] == pytest.approx(sync[4][i], abs=1e-5)
-    assert engine.overlap.ahead > 5 and engine.overlap.fallbacks.get("pool"), engine.overlap.fallbacks
+    assert engine.overlap.ahead > 5 and engine.overlap.synchronous_fallbacks.get("pool"), engine.overlap.synchronous_fallbacks
 
 
 def test_a_finished_row_never_emits_after_its_finish(pair):
@@ -161,20 +116,19 @@ def test_negative_control_an_unmasked_finished_row_commits_past_its_finish(pair,
     assert engine.stats.num_generated_tokens > emitted
 
 
-def test_auto_rows_never_run_ahead_and_rows_with_their_own_caps_do(pair):
-    """The engine's γ "auto": a step with an "auto" row is the synchronous one; rows that each ask for a fixed
-    `num_draft_tokens` run ahead, with the synchronous engine's tokens."""
+def test_auto_rows_run_ahead_and_rows_with_their_own_caps_do(pair):
+    """The engine's γ "auto" runs ahead too (its γ one record late: `test_async_auto.py`); rows that each ask for a
+    fixed `num_draft_tokens` run ahead at their floor, with the synchronous engine's tokens (sampled ones too)."""
     target, draft = pair
     make = lambda on: Engine(target, draft, EngineConfig(max_batch_size=2, max_seq_len=64,  # noqa: E731
                                                          async_scheduling=on))
-    engine = make(True)
-    _drive(engine, _traffic(n=2))
-    assert engine.overlap.ahead == 0 and engine.overlap.fallbacks.get("auto")
-    own = [(at, prompt, SamplingParams(temperature=0, max_new_tokens=p.max_new_tokens, num_draft_tokens=2 + i % 2))
+    sync, run, engine = _both(make, _traffic(n=2))
+    assert run[0] == sync[0] and engine.overlap.ahead > 5, engine.overlap.report()
+    own = [(at, prompt, SamplingParams(temperature=1.0, max_new_tokens=p.max_new_tokens, seed=p.seed,
+                                       num_draft_tokens=2 + i % 2))
            for i, (at, prompt, p) in enumerate(_traffic(n=3))]
     sync, run, engine = _both(make, own)
     assert run[0] == sync[0] and run[1] == sync[1] and engine.overlap.ahead > 5
-    assert not engine.overlap.fallbacks.get("auto")
 
 
 def test_config_and_flag():
@@ -217,7 +171,7 @@ def test_cuda_graphs_tokens_are_the_synchronous_engines(make_llama, layout, temp
     assert engine.cuda_graphs
     assert run[1] == sync[1] and not run[2] and run[1][2] == "abort"
     assert {i: t for i, t in run[0].items() if i != 2} == {i: t for i, t in sync[0].items() if i != 2}
-    assert engine.overlap.ahead > 10, engine.overlap.fallbacks
+    assert engine.overlap.ahead > 10, engine.overlap.synchronous_fallbacks
     engine = make(True)  # without the abort: every token the device committed was emitted
     emitted = _drive(engine, [a for i, a in enumerate(arrivals) if i != 2])[3]
     assert engine.stats.num_generated_tokens == emitted > 0
@@ -279,7 +233,7 @@ def test_finished_rows_wait_masked_while_the_rest_run_ahead(pair, monkeypatch):
                                                          num_draft_tokens=3, async_scheduling=on))
     sync, run, engine = _both(make, arrivals)
     assert run[0] == sync[0] and run[1] == sync[1] and not run[2]
-    assert max(beside) >= 2 and engine.overlap.fallbacks.get("finished")  # (8 rows → 4: bucket 8 → 4)
+    assert max(beside) >= 2 and engine.overlap.synchronous_fallbacks.get("finished")  # (8 rows → 4: bucket 8 → 4)
     assert engine.stats.num_generated_tokens == run[3]
     beside.clear()
     arrivals = [(0 if i < 4 else 3, PROMPTS[i], SamplingParams(temperature=0, max_new_tokens=8 + 5 * i))
