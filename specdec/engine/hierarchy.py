@@ -100,8 +100,9 @@ class EngineHierarchy:
     # -- the proposal
     @torch.inference_mode()
     def propose(self, context: StepView, num_draft_tokens: int) -> Proposal:
-        """`context`: the engine's `StepView` (tokens `[b, P]`, lengths `[b]`) → `Proposal(tokens [b, γ], q [b, γ, V]
-        or None when every row is greedy, lengths None: every row drafts γ, forward_passes: middle passes)`."""
+        """`context`: the engine's `StepView` (tokens `[b, P]`, lengths `[b]`) → `Proposal(tokens [b, γ],
+        q [b, γ, V] or None when every row is greedy, lengths None: every row drafts γ, forward_passes: middle
+        passes)`."""
         if not context.flavor.all_greedy:  # the middle model's own chain: its law, each row's draws
             self.drafter.counters.middle_calls += num_draft_tokens
             return chain_proposal(self.state, context, context, num_draft_tokens)
