@@ -67,12 +67,15 @@ def test_an_inner_drafter_holding_a_model_keeps_the_loop_adapter(pair):
         EngineHierarchy(nested, None)
 
 
-def test_continuous_batching_keeps_plain_greedy_tokens(pair):
+@pytest.mark.parametrize("layout", ["static", "paged"])
+def test_continuous_batching_keeps_plain_greedy_tokens(pair, layout):
     """Four requests joining two slots one per step, one of them plain (its row drafts nothing): the middle's cache
-    is prefilled, caught up after plain steps and moved with its row; every text is plain decoding's."""
+    is prefilled, caught up after plain steps and moved with its row (on the paged pool, its blocks shared by the
+    prefix cache); every text is plain decoding's."""
     target, draft = pair
+    pool = dict(kv_layout="paged", block_size=8, enable_prefix_caching=True) if layout == "paged" else {}
     engine = Engine(target, hierarchy_of(draft, k=3), EngineConfig(max_batch_size=2, max_seq_len=64,
-                                                                   num_draft_tokens=3, cuda_graphs=False))
+                                                                   num_draft_tokens=3, cuda_graphs=False, **pool))
     caps = [None, 0, 2, None]
     ids, outs, pending = {}, {}, list(range(len(PROMPTS)))
     while pending or engine.has_unfinished():
