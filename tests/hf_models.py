@@ -85,6 +85,9 @@ MATRIX = {
     "gpt-neo": lambda: T.GPTNeoForCausalLM(T.GPTNeoConfig(
         vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, max_position_embeddings=128,
         window_size=WINDOW, attention_types=[[["global", "local"], 1]], tie_word_embeddings=False, **IDS)),
+    "xglm": lambda: T.XGLMForCausalLM(T.XGLMConfig(vocab_size=VOCAB, d_model=32, num_layers=2, attention_heads=4,
+                                                   ffn_dim=64, max_position_embeddings=128, pad_token_id=0,
+                                                   tie_word_embeddings=False, **IDS)),  # sinusoidal positions
 }
 
 #: matrix entry → what its attention adds to the engine's masks (the negative controls drop it)
@@ -92,8 +95,9 @@ EXTRAS = {"gpt-oss": "sinks", "falcon-alibi": "alibi", "bloom": "alibi", "mpt": 
 
 #: architecture → (builder, words the refusal must contain)
 REFUSED = {
-    "xglm": (lambda: T.XGLMForCausalLM(T.XGLMConfig(vocab_size=VOCAB, d_model=32, num_layers=2, attention_heads=4,
-                                                    ffn_dim=64)), "attention interface"),
+    "gpt-neox-japanese": (lambda: T.GPTNeoXJapaneseForCausalLM(T.GPTNeoXJapaneseConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_multiple_size=2,
+        max_position_embeddings=128, **IDS)), "attention interface"),
     "bloom-slow-but-exact": (lambda: T.BloomForCausalLM(T.BloomConfig(
         vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4, pretraining_tp=2, slow_but_exact=True)),
         "slow_but_exact"),

@@ -1,6 +1,7 @@
 """`specdec.generate`'s runner (`decoding/route.py`), on a CPU as on CUDA: the engine by default — a fast family body
-(Llama), the transformers backend (OPT) — and the eager loop only where the engine refuses (XGLM: attention
-outside transformers' interface, no backend adapter), one log line, the refusal remembered so the next call builds nothing."""
+(Llama), the transformers backend (OPT) — and the eager loop only where the engine refuses (GPT-NeoX-Japanese:
+attention outside transformers' interface, no backend adapter), one log line, the refusal remembered so the next
+call builds nothing."""
 
 import logging
 
@@ -24,12 +25,14 @@ def engines_on(model) -> list:
 
 @pytest.fixture
 def refused(opt):
-    """A model the engine refuses (XGLM: its attention bypasses the attention interface, no backend adapter)."""
-    from transformers import XGLMConfig, XGLMForCausalLM
+    """A model the engine refuses (GPT-NeoX-Japanese: its attention bypasses the attention interface, no backend
+    adapter)."""
+    from transformers import GPTNeoXJapaneseConfig, GPTNeoXJapaneseForCausalLM
 
     torch.manual_seed(0)
-    return XGLMForCausalLM(XGLMConfig(vocab_size=opt.config.vocab_size, d_model=32, num_layers=2, attention_heads=4,
-                                      ffn_dim=64)).eval()
+    return GPTNeoXJapaneseForCausalLM(GPTNeoXJapaneseConfig(
+        vocab_size=opt.config.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_multiple_size=2, bos_token_id=1, eos_token_id=2)).eval()
 
 
 @pytest.fixture
@@ -97,10 +100,10 @@ def test_only_the_loop_drafters_written_for_both_runners_go_to_the_engine(llama)
     assert route.runner_for("auto", llama, _LoopOnly(), 4) == "hf"
 
 
-@pytest.mark.parametrize("name", ["falcon", "gpt-oss"])
+@pytest.mark.parametrize("name", ["falcon", "gpt-oss", "xglm"])
 def test_families_the_loop_ran_before_the_backend_took_them_run_on_the_engine(name):
-    """Falcon (through `fast.hf_adapters`) and gpt-oss (attention sinks) take the engine by default now, with
-    transformers' greedy text."""
+    """Falcon and XGLM (through `fast.hf_adapters`) and gpt-oss (attention sinks) take the engine by default now,
+    with transformers' greedy text."""
     from helpers import hf_greedy
     from hf_models import make
 

@@ -2,14 +2,16 @@
 (`engine="auto"`), draft-length policies included (a name or a `DraftLengthPolicy` object: asked and told every step
 on the engine as on the loop, `engine.policy_loop`) and loop-only drafters that hold no model (a duck-typed loop
 drafter whose `propose` needs the loop's sampling arguments: called through `drafters.loop_adapter.LoopOnEngine`),
-and the eager chain loop only for what the engine does not take well or at all — a loop drafter holding a model
-(`HierarchicalDrafter`: the adapter re-begins its state over each row's whole text every step, exact but a prefill
-per step, while the loop's state follows its static batch; `engine="fast"` takes it to the adapter), or a model
+and a `HierarchicalDrafter` over a model-free inner drafter (`engine.hierarchy`: its middle model on a slot cache),
+and the eager chain loop only for what the engine does not take well or at all — another loop drafter holding a model
+(a hierarchy over a model: the adapter re-begins its state over each row's whole text every step, exact but a
+prefill per step, while the loop's state follows its static batch; `engine="fast"` takes it to the adapter), or a model
 neither engine body runs (the engine's build refuses it with `UnsupportedModel`: no fast family body covers it and
 the transformers backend refuses it — encoder-decoders (T5, BART), state outside K/V (Jamba, Mamba), attention
-outside transformers' attention interface with no adapter in `fast.hf_adapters` (XGLM); Falcon, Bloom, MPT, GPT-Neo
-and gpt-oss run on the backend). The refusal is logged once and kept on the model, so later calls go straight to
-the loop (`runner_for` reports the runner taken); a refused model takes its policy and drafter to the loop.
+outside transformers' attention interface with no adapter in `fast.hf_adapters` (GPT-NeoX-Japanese); Falcon, Bloom,
+MPT, GPT-Neo, XGLM and gpt-oss run on the backend). The refusal is logged once and kept on the model, so later calls
+go straight to the loop (`runner_for` reports the runner taken); a refused model takes its policy and drafter to the
+loop.
 """
 
 from __future__ import annotations
@@ -89,8 +91,8 @@ def use_engine(engine, target, drafter, num_draft_tokens) -> bool:
     """Whether this call goes to the engine (see `generate`'s `engine` argument): "hf" never; "fast", a feature head
     and a drafter only the engine calls always; "auto" on every device, whatever `num_draft_tokens` is (an int,
     "auto", a policy name or a `DraftLengthPolicy`), unless the drafter is one the engine does not call as it is
-    and is not worth the adapter (`_engine_drafts`: a loop drafter holding a model, `HierarchicalDrafter`). A model neither engine body runs falls back
-    to the loop when the engine refuses it (`engine_or_none`)."""
+    and is not worth the adapter (`_engine_drafts`: a loop drafter holding a model, a `HierarchicalDrafter` over
+    one). A model neither engine body runs falls back to the loop when the engine refuses it (`engine_or_none`)."""
     if engine not in ("auto", "fast", "hf"):
         raise ValueError(f"engine must be 'auto', 'fast' or 'hf', got {engine!r}")
     if engine == "hf":
@@ -106,8 +108,9 @@ def _engine_drafts(drafter) -> bool:
     prompt lookup, the model drafters the engine drafts with: `engine.build.covers_drafter`), and a loop-only drafter
     (its `propose` needs the loop's sampling arguments) that holds no model: the engine calls it through
     `drafters.loop_adapter.LoopOnEngine`, which begins it over each row's text every step — free for a table or a
-    rule, a prefill of the whole text per step for a drafter with a model (`HierarchicalDrafter`), which stays on the
-    loop (its state there follows the batch step by step; engine="fast" takes it to the adapter). Another
+    rule, a prefill of the whole text per step for a drafter with a model (a `HierarchicalDrafter` over one), which
+    stays on the loop (its state there follows the batch step by step; engine="fast" takes it to the adapter) — but
+    a `HierarchicalDrafter` over a model-free inner drafter runs natively (`engine.hierarchy.runs_on_engine`). Another
     `LoopDrafter` subclass whose `propose` binds the engine's call may still need the loop's arguments: the loop."""
     if drafter is None or isinstance(drafter, (torch.nn.Module, str, os.PathLike)):
         return True
@@ -121,7 +124,9 @@ def _engine_drafts(drafter) -> bool:
     from specdec.fast.target import FastDrafter
 
     if is_loop_only(drafter):  # through `drafters.loop_adapter`, begun row by row every step: cheap without a model
-        return not holds_model(drafter)
+        from specdec.engine.hierarchy import runs_on_engine
+
+        return not holds_model(drafter) or runs_on_engine(drafter)  # (a hierarchy: `engine.hierarchy`)
     if isinstance(drafter, LoopDrafter) and not isinstance(drafter, (NGramDrafter, PromptLookupDrafter)):
         return type(drafter) is ModelDrafter or type(drafter) in (FastDrafter, CrossVocabDrafter) and \
             covers_drafter(drafter)

@@ -14,7 +14,8 @@ What the loop's protocol needs that the engine's call does not carry, and how ea
              keeps nothing. Exact either way (a loop drafter's state is a function of the committed text: `commit`
              drops what rejected drafts built), but sampled, a drafter holding a model pays a prefill of each row's
              whole text every step — why `engine="auto"` keeps such drafters on the loop (`holds_model`;
-             `decoding.route`) and sends the others here.
+             `decoding.route`; a `HierarchicalDrafter` over a model-free inner drafter runs natively instead,
+             `engine.hierarchy`) and sends the others here.
   sampling   one `SamplingConfig` per call: the row's own temperature (0: greedy, one-hot q). Its top-k / top-p /
              min-p and processors are not applied to q: verification corrects any q (`core.verify` is exact for
              every q the drafts were really drawn from), so only acceptance depends on it.

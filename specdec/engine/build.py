@@ -231,9 +231,10 @@ def _hf_module(model):
 def build_drafter(drafter, engine):
     """The engine's drafter for what a user passed: a `SlotDrafter` as it is (prompt lookup, n-gram tables, a
     plugin: `drafters.protocol.is_slot_drafter`), a feature head bound to the target, or a `ModelDrafter` (its
-    cross-vocabulary kind included) bound to the engine's state over a draft model, a loop-only drafter
-    (`HierarchicalDrafter`, a duck-typed `LoopDrafter`) behind `drafters.loop_adapter.LoopOnEngine` (eager steps
-    only); `UnsupportedModel` for anything else."""
+    cross-vocabulary kind included) bound to the engine's state over a draft model, a `HierarchicalDrafter` whose
+    inner drafter holds no model as `engine.hierarchy.EngineHierarchy` (its middle model bound as a draft model's),
+    another loop-only drafter (a duck-typed `LoopDrafter`, a hierarchy over a model) behind
+    `drafters.loop_adapter.LoopOnEngine` (eager steps only, both); `UnsupportedModel` for anything else."""
     if is_drafter(drafter) and isinstance(engine.model, HFBackendModel):
         raise UnsupportedModel(f"feature heads read the target's hidden states from a fast family body; the target "
                                f"runs on the transformers backend ({engine.model.shape.model_type})")
@@ -261,6 +262,10 @@ def build_drafter(drafter, engine):
                 getattr(engine.model, "capturable", True):
             raise UnsupportedModel(f"{type(drafter).__name__} is a loop drafter (host reads every step): on the engine "
                                    "it needs EngineConfig(cuda_graphs=False) (specdec.generate sets it), or engine='hf'")
+        from specdec.engine.hierarchy import EngineHierarchy, runs_on_engine
+
+        if runs_on_engine(drafter):  # its middle model on the engine's slot state, its inner drafter as it is
+            return EngineHierarchy(drafter, _bind_model(drafter.model, None, engine).state)
         return LoopOnEngine(drafter, engine.vocab_size)
     why = (" (its propose needs the loop's sampling arguments; the engine calls propose(context, num_draft_tokens))"
            if isinstance(drafter, SlotDrafter) else "")

@@ -1,6 +1,6 @@
 """Attention adapters: the transformers families whose attention does not go through the attention interface.
 
-Falcon, Bloom, MPT and GPT-Neo compute attention inside their attention module's own `forward` (transformers 5
+Falcon, Bloom, MPT, GPT-Neo and XGLM compute attention inside their attention module's own `forward` (transformers 5
 gives them no `AttentionInterface` call), so the backend cannot plug the engine's attention in by name. For each,
 an adapter stands in for that module's `forward` while an engine forward runs (`HFBackendModel` sets it on the
 module instance and removes it after; the model is unchanged outside): it calls the module's own projections,
@@ -11,7 +11,10 @@ head split, RoPE function and output projection in the order its `forward` does,
   ("new decoder architecture") K/V keep one copy per KV head in the cache (the module broadcasts them over its
   query heads: the same values);
 - Bloom, MPT: an ALiBi bias (`Alibi`), MPT's `clip_qkv`;
-- GPT-Neo: no 1/√d scaling, and a sliding window of `config.window_size` on its "local" layers.
+- GPT-Neo: no 1/√d scaling, and a sliding window of `config.window_size` on its "local" layers;
+- XGLM: nothing added to the masks (its sinusoidal positions join the embeddings outside attention, from the
+  position ids the backend passes; the query is scaled by 1/√d before the product, as the module does);
+  cross-attention (an encoder's states) is refused.
 
 `Alibi` is the bias by absolute position, built with the family's own slope function, so a slot's bias is the one
 the model's own forward gives the same position. The backend's self-check compares every adapter against the
@@ -169,12 +172,27 @@ def _gpt_neo(module, hidden_states, attention_mask=None, layer_past=None, use_ca
     return module.resid_dropout(out), None
 
 
+# --------------------------------------------------------------------------------------------------- XGLM
+def _xglm(module, hidden_states, key_value_states=None, cache=None, attention_mask=None, **kwargs):
+    if key_value_states is not None:
+        from specdec.fast.hf_engine_attention import UnsupportedArchitecture
+
+        raise UnsupportedArchitecture("XGLM's cross-attention (encoder states): the engine runs decoders")
+    batch, length = hidden_states.shape[:2]
+    query = module.q_proj(hidden_states) * module.scaling  # (scaled before the product, as the module does)
+    query, key, value = (t.view(batch, length, module.num_heads, module.head_dim).transpose(1, 2)
+                         for t in (query, module.k_proj(hidden_states), module.v_proj(hidden_states)))  # [B, H, k, D]
+    out = _attend(module, query, key, value, scaling=1.0)
+    return module.out_proj(out.reshape(batch, length, module.embed_dim)), None
+
+
 #: (modeling module, attention class) → its adapter (subclasses match: Falcon's flash-attention class)
 _ADAPTERS = {
     ("transformers.models.falcon.modeling_falcon", "FalconAttention"): Adapter(_falcon, _falcon_reference),
     ("transformers.models.bloom.modeling_bloom", "BloomAttention"): Adapter(_bloom, why_not=_bloom_why_not),
     ("transformers.models.mpt.modeling_mpt", "MptAttention"): Adapter(_mpt),
     ("transformers.models.gpt_neo.modeling_gpt_neo", "GPTNeoSelfAttention"): Adapter(_gpt_neo),
+    ("transformers.models.xglm.modeling_xglm", "XGLMAttention"): Adapter(_xglm),
 }
 
 

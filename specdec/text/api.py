@@ -54,9 +54,9 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
                     quantization_config, low_cpu_mem_usage, variant; `draft_model_kwargs` the same for the draft
     allow_weight_mismatch  load checkpoints whose weights do not fill the model (missing tensors would be
                     randomly initialised) or hold tensors it does not use; refused by default
-    num_draft_tokens default γ of a request that names none (an int, "auto", or a policy name on the fallback
-                    runner); 0 = plain decoding. A request's own `num_draft_tokens` (0, 1..8 or "auto") runs on the
-                    same engine, in the same batches
+    num_draft_tokens default γ of a request that names none (an int, "auto", or a policy name — "heuristic",
+                    ... — choosing the engine's γ each step); 0 = plain decoding. A request's own γ (0, 1..8 or
+                    "auto") runs on the same engine, in the same batches
     chat_template   a Jinja chat template (string or file) replacing the tokenizer's own
     allow_pickle    load .bin/.pt weights (pickle can run code); safetensors only by default
     runner          "auto": the request-level engine (a fast family body, else the transformers backend:

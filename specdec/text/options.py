@@ -24,7 +24,7 @@ __all__ = ["ENTRY_DEFAULTS", "LOOP_OPTIONS", "OWN_ARGUMENTS", "engine_option_nam
 ENTRY_DEFAULTS = MappingProxyType({"max_batch_size": 32})
 #: what the eager loop (`text.runner.FallbackRunner`) honours of the engine options
 LOOP_OPTIONS = ("max_batch_size", "max_seq_len")
-#: `EngineConfig` fields that `load` / `LLM` take as named arguments of their own (γ: a policy name on the loop too)
+#: `EngineConfig` fields that `load` / `LLM` take as named arguments of their own (γ: a policy name too)
 OWN_ARGUMENTS = ("num_draft_tokens",)
 
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}

@@ -176,7 +176,7 @@ def _from_encoding(encoding, vocab_size: int) -> tuple[list[list[int]], bool]:
 
 def check_num_draft_tokens(value):
     """γ: an int in [0, MAX_NUM_DRAFT_TOKENS] (0 = plain decoding), "auto" (the engine picks γ each step), or a
-    draft-length policy name of the eager loop (runner="fallback")."""
+    draft-length policy's name (a model's default γ: `text.runner.build_runner` sets it on the engine)."""
     from specdec.policy import POLICY_NAMES
     from specdec.request import check_num_draft_tokens as check
 

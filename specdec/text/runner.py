@@ -62,18 +62,20 @@ def build_runner(target, drafter, spec: RunnerSpec) -> tuple["Runner", dict | No
     """(the request-level engine — a fast family body or the transformers backend, `EngineConfig.model_impl` —
     falling back to the eager loop's `FallbackRunner` only where the engine refuses the model or drafter
     (`UnsupportedModel`, with runner="auto"), its start-up warm-up report on CUDA or None). One runner for every γ: it holds the
-    drafter, and plain requests run on it too (rows capped at 0, `SamplingParams.num_draft_tokens`)."""
+    drafter, and plain requests run on it too (rows capped at 0, `SamplingParams.num_draft_tokens`). A default γ that
+    is a draft-length policy's name ("heuristic", ...: `specdec.policy.resolve_policy`, a misspelled one refused by
+    name) runs on the engine too: built as for "auto", then `engine.policy.set_fixed(policy)` — the policy chooses
+    every step's γ, up to the engine's `max_draft_tokens`, for the rows that name no γ of their own."""
     gamma, options = spec.num_draft_tokens, dict(spec.options)
     if spec.runner != "fallback":
         from specdec.engine import Engine, UnsupportedModel
         from specdec.text.options import engine_config
         from specdec.text.warmup import MAX_WARMUP_SHAPES, warm_up
 
-        if isinstance(gamma, str) and gamma != "auto":
-            raise ValueError(f"num_draft_tokens={gamma!r}: the engine takes an int or 'auto' "
-                             "(policy names run on runner='fallback')")
+        named = isinstance(gamma, str) and gamma != "auto"  # a draft-length policy's name: checked now, by name
+        policy = resolve_policy(gamma) if named else None
         impl = options.get("model_impl", "auto")  # "auto": a model the fast bodies do not cover takes the backend
-        config = engine_config(options, gamma)
+        config = engine_config(options, "auto" if named else gamma)  # (a policy: the engine sized as for "auto")
         try:
             engine = Engine(target, drafter, config=config)
         except UnsupportedModel as err:
@@ -83,6 +85,8 @@ def build_runner(target, drafter, spec: RunnerSpec) -> tuple["Runner", dict | No
 
             notice_fallback(str(err))
         else:
+            if policy is not None:
+                engine.policy.set_fixed(policy)  # asked every step, told every outcome (`engine.policy_loop`)
             if not engine.cuda_graphs:
                 return engine, None
             report = warm_up(engine, engine.max_batch)  # every decode shape (plain's too) now, not while serving

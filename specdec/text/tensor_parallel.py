@@ -28,10 +28,10 @@ logger = logging.getLogger(__name__)
 
 def check_gamma(gamma) -> None:
     """γ under tensor parallelism: an int or "auto" (the engine's; rank 0's choice on every rank) — not a
-    draft-length policy name, which runs on the transformers loop (no sharded path)."""
+    draft-length policy's name (the sharded path does not take one)."""
     if not (gamma == "auto" or (isinstance(gamma, int) and not isinstance(gamma, bool))):
         raise ValueError(f"num_draft_tokens={gamma!r}: tensor parallelism runs the engine, which takes an integer γ "
-                         "or 'auto' (a draft-length policy runs on the transformers loop, which has no sharded path)")
+                         "or 'auto' (a draft-length policy's name is not taken under tensor parallelism)")
 
 
 class LeaderRunner:

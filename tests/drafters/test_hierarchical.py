@@ -59,7 +59,8 @@ def test_two_token_joint_law_matches_target(make_llama, sampling, kind):
     cls = HierarchicalDrafter if kind == "exact" else _Unverified  # negative control: must fail
     drafter = cls(middle, drafter=bigram(16), num_inner_draft_tokens=2)
     res = specdec.generate(target, [PROMPT] * ROWS, drafter=drafter, max_new_tokens=2, temperature=1.0,
-                           top_k=sampling.top_k, top_p=sampling.top_p, num_draft_tokens=3, seed=5, eos_token_id=[])
+                           top_k=sampling.top_k, top_p=sampling.top_p, num_draft_tokens=3, seed=5, eos_token_id=[],
+                           engine="hf")  # (the loop's inner speculation; the engine's sampled step drafts M_m's chain)
     with torch.no_grad():
         p1 = standardize_logits(target(torch.tensor([PROMPT])).logits[0, -1], sampling)
         p2 = standardize_logits(target(torch.tensor([PROMPT + [t] for t in range(16)])).logits[:, -1], sampling)

@@ -80,13 +80,16 @@ def test_a_duck_typed_loop_drafter_runs_on_the_engine_with_plain_greedy_tokens(p
 
 
 def test_a_hierarchical_drafter_runs_on_the_engine_with_plain_greedy_tokens(pair):
+    """Its inner drafter a model (one over lookup alone runs natively: `engine.hierarchy`)."""
     target, draft = pair
-    drafter = specdec.HierarchicalDrafter(draft, specdec.PromptLookupDrafter(), num_inner_draft_tokens=2)
+    drafter = specdec.HierarchicalDrafter(draft, perturbed_copy(draft, 0.2, seed=6), num_inner_draft_tokens=2)
     plain = specdec.generate(target, PROMPTS, None, max_new_tokens=16, temperature=0, eos_token_id=[]).sequences
     assert route.runner_for("auto", target, drafter, 3) == "hf" and holds_model(drafter)  # (the loop by default)
     out = gen(target, drafter)
     assert out.sequences == plain == gen(target, drafter, engine="hf").sequences
     assert out.stats.accepted_tokens > 0  # its drafts were verified, some accepted
+    engine = next(e for e in target.__dict__["_specdec_engines"].values() if e[0]() is drafter)[1]
+    assert isinstance(engine.drafter, LoopOnEngine)
 
 
 def test_sampled_drafts_depend_only_on_the_requests_own_seed_and_position(pair):

@@ -3,9 +3,9 @@ its own modules, and its greedy text is transformers' `generate(do_sample=False)
 batching (requests joining mid-flight, mixed lengths, the static and the paged cache), with speculation on (prompt
 lookup; a draft model sharing the vocabulary, on the backend too); seeded sampling gives a request the same tokens
 alone and in a batch; a backend whose attention ignores the cache, or writes K/V one slot off, fails the same
-comparison; attention sinks (gpt-oss), ALiBi biases (Falcon-RW, Bloom, MPT) and per-layer local windows (GPT-Neo) are
-honoured — dropping one fails both the comparison and the backend's self-check; architectures whose attention cannot
-be plugged in are refused by name."""
+comparison; attention sinks (gpt-oss), ALiBi biases (Falcon-RW, Bloom, MPT), per-layer local windows (GPT-Neo) and
+XGLM's query scaling are honoured — dropping one fails both the comparison and the backend's self-check;
+architectures whose attention cannot be plugged in are refused by name."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import specdec
 from helpers import hf_greedy
 from hf_models import EXTRAS, MATRIX, REFUSED, make
 from specdec.engine import Engine, EngineConfig, UnsupportedModel
-from specdec.fast import hf_backend, hf_engine_attention
+from specdec.fast import hf_adapters, hf_backend, hf_engine_attention
 from specdec.fast.cache import KVCache, PagedKVCache
 from specdec.fast.hf_backend import HFBackendModel, UnsupportedArchitecture
 from specdec.request import SamplingParams
@@ -170,6 +170,20 @@ def test_negative_control_dropping_what_the_attention_adds_fails(monkeypatch, na
     monkeypatch.setattr(HFBackendModel, "_self_check", lambda self, model_type: None)
     engine = Engine(target, specdec.PromptLookupDrafter(), EngineConfig(max_batch_size=2, **BACKEND))
     assert run(engine, PROMPTS, NEW) != refs, name
+
+
+def test_negative_control_xglm_without_its_query_scaling_fails(monkeypatch):
+    """XGLM's adapter scales the query by 1/√d before the product, as its module does: undone, the self-check refuses
+    the model, and with the self-check off the engine's greedy text is not transformers'."""
+    target = make("xglm")
+    refs = [hf_greedy(target, p, n, []) for p, n in zip(PROMPTS, NEW)]
+    real = hf_adapters._attend
+    monkeypatch.setattr(hf_adapters, "_attend", lambda module, q, *a, **kw: real(module, q / module.scaling, *a, **kw))
+    with pytest.raises(UnsupportedArchitecture, match="other logits through the engine's attention"):
+        HFBackendModel(target)
+    monkeypatch.setattr(HFBackendModel, "_self_check", lambda self, model_type: None)
+    engine = Engine(target, specdec.PromptLookupDrafter(), EngineConfig(max_batch_size=2, **BACKEND))
+    assert run(engine, PROMPTS, NEW) != refs
 
 
 def test_adapted_modules_keep_their_own_forward_outside_the_engine():

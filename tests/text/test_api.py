@@ -191,12 +191,12 @@ def test_token_prompts_to_the_library_loop_point_at_the_text_api(llm):
 
 
 def test_the_engine_serves_llama_and_opt_and_the_fallback_serves_what_it_refuses(llm, ckpt, opt, caplog, monkeypatch):
-    """Llama on a fast family body, OPT on the engine's transformers backend (its own modules), XGLM (attention
-    outside transformers' interface, no backend adapter) on the eager loop: each said in one log line; the same
-    greedy tokens."""
+    """Llama on a fast family body, OPT on the engine's transformers backend (its own modules), GPT-NeoX-Japanese
+    (attention outside transformers' interface, no backend adapter) on the eager loop: each said in one log line;
+    the same greedy tokens."""
     import logging
 
-    from transformers import XGLMConfig, XGLMForCausalLM
+    from transformers import GPTNeoXJapaneseConfig, GPTNeoXJapaneseForCausalLM
 
     monkeypatch.setattr("specdec.engine.build._noticed", set())  # (each line is said once per process)
     assert llm.runner_kind == "engine"
@@ -209,16 +209,17 @@ def test_the_engine_serves_llama_and_opt_and_the_fallback_serves_what_it_refuses
         assert other.runner_kind == "engine" and type(other.runner().model).__name__ == "HFBackendModel"
         assert other.generate("w1 w2", max_new_tokens=6).token_ids == reference(other, ids, 6)
     torch.manual_seed(0)
-    bloom = XGLMForCausalLM(XGLMConfig(vocab_size=opt.config.vocab_size, d_model=32, num_layers=2, attention_heads=4,
-                                       ffn_dim=64)).eval()  # (refused by the engine)
-    with caplog.at_level(logging.INFO, logger="specdec"), specdec.load(bloom, tokenizer=llm.tokenizer) as other:
+    refused = GPTNeoXJapaneseForCausalLM(GPTNeoXJapaneseConfig(
+        vocab_size=opt.config.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_multiple_size=2, bos_token_id=1, eos_token_id=2)).eval()  # (refused by the engine)
+    with caplog.at_level(logging.INFO, logger="specdec"), specdec.load(refused, tokenizer=llm.tokenizer) as other:
         assert other.runner_kind == "fallback"
         assert other.generate("w1 w2", max_new_tokens=6).token_ids == reference(other, ids, 6)
     said = [r.getMessage() for r in caplog.records]
     assert any("'opt' runs on the engine's transformers backend" in m for m in said), said
-    assert any("xglm" in m and "eager transformers loop" in m for m in said), said
+    assert any("gpt_neox_japanese" in m and "eager transformers loop" in m for m in said), said
     with pytest.raises(Exception, match="UnsupportedModel|not|cover|attention"):
-        specdec.load(bloom, tokenizer=llm.tokenizer, runner="engine")
+        specdec.load(refused, tokenizer=llm.tokenizer, runner="engine")
 
 
 def test_token_trees_and_lenience_per_request(llm):

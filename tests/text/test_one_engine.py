@@ -11,6 +11,7 @@ from specdec.request import SamplingParams
 PROMPTS = ["w1 w2 w3", "w4 w5", "w2 w2 w9", "w7", "w3 w1", "w8 w8 w8"]
 GAMMAS = [0, None, 1, "auto", 0, 3]  # plain, the model's default (2), fixed 1, the policy, plain, fixed 3
 MAX_NEW = (48, 16, 16, 16, 16, 16)
+NAMES_IT = r"(?s)(?=.*'heuristc')(?=.*heuristic, optimal, threshold, guarded)"  # the bad name and the valid ones
 
 
 def run_together(llm, gammas, max_new=MAX_NEW) -> list:
@@ -69,3 +70,27 @@ def test_a_request_gamma_is_checked_against_the_model(ckpt):
         with pytest.raises(ValueError, match="needs a draft model"):
             plain.generate("w1", max_new_tokens=2, num_draft_tokens=2)
         assert len(plain.generate("w1", max_new_tokens=3, num_draft_tokens=0, temperature=0).token_ids) == 3
+
+
+def test_a_policy_name_runs_on_the_engine_and_its_greedy_text_is_plain_decodings(ckpt):
+    """A default γ naming a draft-length policy ("heuristic") builds the engine, not the eager loop: the policy is
+    the engine's (`engine.policy.set_fixed`), asked every speculative step, and the greedy tokens are plain
+    decoding's. Negative control: a misspelled name is refused, naming it and the policy names."""
+    from specdec.engine import Engine
+    from specdec.policy import HeuristicPolicy
+    from specdec.text.runner import RunnerSpec, build_runner
+
+    with specdec.load(ckpt / "target", draft=ckpt / "draft", num_draft_tokens="heuristic", max_batch_size=4,
+                      dtype="float32") as llm:
+        engine = llm.runner()
+        assert llm.runner_kind == "engine" and isinstance(engine, Engine)
+        assert isinstance(engine.policy.loop.policy, HeuristicPolicy) and engine.policy.fixed is None
+        named = [llm.generate(p, max_new_tokens=16, temperature=0) for p in PROMPTS[:3]]
+        plain = [llm.generate(p, max_new_tokens=16, temperature=0, num_draft_tokens=0) for p in PROMPTS[:3]]
+        assert engine.policy.loop.asked  # the policy chose the speculative steps' γ
+        assert sum(c.stats.num_draft_tokens for c in named) > 0
+        assert [c.token_ids for c in named] == [c.token_ids for c in plain]
+    with pytest.raises(ValueError, match=NAMES_IT):
+        specdec.load(ckpt / "target", draft=ckpt / "draft", num_draft_tokens="heuristc", dtype="float32")
+    with pytest.raises(ValueError, match=NAMES_IT):  # the runner's own check, below the entry point
+        build_runner(llm.target, llm.drafter, RunnerSpec("auto", "heuristc", {}))
