@@ -25,13 +25,14 @@ AB_FORMATS = ("gptq", "fp8", "fp8-block")
 AB_ROWS = (1, 4, 8)
 
 
-def sweep_candidates(m: int) -> list:
-    """The sweep's configs at M rows: FMA tiles (a few rows: 8 rows spill ptxas's registers) and tensor-core ones,
-    each at the table's automatic split and at fixed ones."""
+def sweep_candidates(fmt: str, m: int) -> list:
+    """The sweep's configs for a format at M rows: FMA tiles (int4 up to 2 rows, FP8 one: the FMAs and registers grow
+    with the rows) and tensor-core ones, each at the automatic split and at fixed ones."""
     from specdec.fast.kernels.quant_gemv import GemvConfig
 
-    fma = [GemvConfig(block_n=bn, block_k=128, num_warps=w, prefetch=pre, variant="fma")
-           for bn in (32, 64) for w in (4, 8) for pre in (True, False)] if m <= 4 else []
+    fma_rows = 2 if fmt in ("gptq", "awq") else 1
+    fma = [GemvConfig(block_n=bn, block_k=128, num_warps=w, num_stages=st, prefetch=pre, variant="fma")
+           for bn in (64, 128) for w in (4, 8) for st, pre in ((2, False), (1, True))] if m <= fma_rows else []
     dot = [GemvConfig(block_n=bn, block_k=bk, num_stages=st, prefetch=False, variant="dot")
            for bn in (64, 128) for bk in (64, 128) for st in (3, 4)]
     out = []
@@ -105,7 +106,7 @@ def _sweep_one(emit, time_us, qw, x, d, name, fmt, m, best, deadline) -> None:
     fmt_key = qw.kernel_args()[0]
     default = pick_gemv_config(fmt_key, *qw.shape, m, group=qw.kernel_args()[4])
     found, failed = [], []
-    for config in [default] + sweep_candidates(m):
+    for config in [default] + sweep_candidates(fmt, m):
         if time.perf_counter() > deadline:
             break
         if fmt_key == "fp8_block" and config.block_k > 128:

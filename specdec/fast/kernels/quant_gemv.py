@@ -102,15 +102,16 @@ def row_bucket(m: int) -> int:
     return 1 if m <= 1 else (4 if m <= 4 else 8)
 
 
-# (format, shape class, row bucket) → config. Unmeasured defaults, sized by ptxas's sm_90 register counts (≤ 128
-# registers a thread: ≥ 4 programs of 4 warps per SM): a row through FMAs (int4 32 columns, FP8 64, the next tile
-# fetched by hand), more rows through tensor cores (the compiler's 3-stage pipeline: no FMA tile of 8 rows fits the
-# registers). A device sweep (`scripts/bench_quant_gpu.py --gemv-ab --gemv-sweep`) prints the measured table.
-_INT4_ONE = GemvConfig(block_n=32, block_k=128, variant="fma", prefetch=True, num_stages=2)
-_FP8_ONE = GemvConfig(block_n=64, block_k=128, variant="fma", prefetch=True, num_stages=2)
+# (format, shape class, row bucket) → config. Unmeasured defaults, sized by ptxas's sm_90 output for this kernel
+# (registers a thread, SASS instructions a weight element in the loop — the budget for streaming at the H200's
+# bandwidth is about 3.5 an int4 element, 7 an e4m3 one): one int4 row through FMAs (≈ 7 an element at 64 columns,
+# 80 registers; the split-K kernel's FMA variant ≈ 26, its tensor-core one ≈ 12); int4 above one row and every FP8
+# count through tensor cores (FP8 ≈ 4.6 an element) with the compiler's 3-stage pipeline. A device sweep
+# (`scripts/bench_quant_gpu.py --gemv-ab --gemv-sweep`) prints the measured table.
+_INT4_ONE = GemvConfig(block_n=64, block_k=128, variant="fma", prefetch=False, num_stages=2)
 _DOT = GemvConfig(block_n=64, block_k=128, variant="dot", prefetch=False, num_stages=3)
 GEMV_CONFIGS: dict[tuple[str, str, int], GemvConfig] = {
-    (fmt, cls, bucket): (_DOT if bucket > 1 else _INT4_ONE if fmt == "int4" else _FP8_ONE)
+    (fmt, cls, bucket): (_INT4_ONE if (fmt, bucket) == ("int4", 1) else _DOT)
     for fmt in ("int4", "fp8") for cls in ("square", "wide", "deep", "head") for bucket in (1, 4, 8)}
 
 
@@ -119,7 +120,7 @@ def pick_gemv_config(fmt: str, n: int, k: int, m: int, *, group: int = 128) -> G
     entries) — with block_k fitted: at most the int4 group, at most 128 for 128-block scales, at most K's next power
     of two (and ≥ 16)."""
     key = ("int4" if fmt == "int4" else "fp8", shape_class(n, k), row_bucket(m))
-    config = GEMV_CONFIGS.get(key) or (_DOT if m > 1 else _INT4_ONE if fmt == "int4" else _FP8_ONE)
+    config = GEMV_CONFIGS.get(key) or (_INT4_ONE if (key[0], key[2]) == ("int4", 1) else _DOT)
     limit = group if fmt == "int4" else (128 if fmt == "fp8_block" else 1 << max(4, (k - 1).bit_length()))
     block_k = max(16, min(config.block_k, limit))
     return config if block_k == config.block_k else dataclasses.replace(config, block_k=block_k)

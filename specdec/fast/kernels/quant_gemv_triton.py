@@ -13,11 +13,14 @@ Program (pid_n, pid_k) owns BLOCK_N output columns over K slice pid_k and reads 
 BLOCK_K]` once for all M rows (M ≤ M_PAD, the rows padded to a power of two; tensor-core variant: ≥ 16). A tile lies
 inside one int4 group / one FP8 128-block (BLOCK_K divides G, resp. 128), so its scale multiplies the tile's fp32
 partial: the integers (q − z) and the e4m3 values are exact in fp32 and in bf16 / fp16, the sums are fp32.
-Products (DOT, compile-time):
-  "fma"  the tile widened to fp32 in registers (int4: by shifts, or MAGIC: the bits 0x4B000000 | q are the fp32
-         2²³ + q, minus 2²³ + z, no conversion instruction), times x `[M_PAD, BLOCK_K]`, summed along K per tile
+Products (DOT, compile-time; `_tile`'s MODE):
   "dot"  the tile in x's dtype (MAGIC: 0x4300 | q is the bf16 128 + q, 0x6400 | q the fp16 1024 + q), `tl.dot` against
          xᵀ `[BLOCK_K, M_PAD]` (tensor cores; fp32 x: IEEE)
+  "fma"  int4: each word unpacked in its own registers, nibble j at a time (no reshape of the tile), (q − z) as an
+         exact fp32 (MAGIC: the bits 0x4B000000 | q are 2²³ + q, minus 2²³ + z, no conversion instruction) times
+         x's column 8i + j (x `[M_PAD, BLOCK_K/8, 8]` split along its last axis), the products kept per word column
+         `[BLOCK_N, M_PAD, BLOCK_K/8]` and summed across threads once, after the loop; FP8 of one row: the widened
+         tile times x kept `[BLOCK_N, BLOCK_K]`, summed after the loop; FP8 of more rows: summed per tile
 PREFETCH: the next tile's weight loads issued by hand before this tile's math (else the compiler's pipeline,
 num_stages). Split-K: `_splitk_triton.store_tile` (SPLIT 0: one slice, stored with bias / residual; 1: each slice's
 fp32 partial `[S, M, N]` written, summed in slice order by `split_reduce_kernel` — no atomics; 2: summed by the tile's
@@ -55,11 +58,17 @@ def _load_tile(q_ptr, offs_n, n_mask, k0, k_end, K, stride_qn, stride_qk, FORMAT
 
 
 @triton.jit
-def _load_x(x_rows, m_mask, k0, K, BLOCK_K: tl.constexpr):
-    """The activation tile `[M_PAD, BLOCK_K]` at K offset k0 (padded rows, and columns past K — a prefetch past
-    the end included: 0)."""
-    offs_k = k0 + tl.arange(0, BLOCK_K)
-    return tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & (offs_k[None, :] < K), other=0.0)
+def _load_x(x_rows, m_mask, k0, K, NIBBLES: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The activation tile at K offset k0: `[M_PAD, BLOCK_K]`, or (NIBBLES) `[M_PAD, BLOCK_K/8, 8]` (k = 8i + j);
+    padded rows and columns past K (a prefetch past the end included) 0."""
+    if NIBBLES:
+        offs_k = k0 + 8 * tl.arange(0, BLOCK_K // 8)[:, None] + tl.arange(0, 8)[None, :]
+        xr = tl.load(x_rows[:, :, None] + offs_k[None, :, :],
+                     mask=m_mask[:, None, None] & (offs_k[None, :, :] < K), other=0.0)
+    else:
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        xr = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & (offs_k[None, :] < K), other=0.0)
+    return xr
 
 
 @triton.jit
@@ -73,8 +82,6 @@ def _widen(raw, z, dtype: tl.constexpr, FORMAT: tl.constexpr, MAGIC: tl.constexp
             w = (q | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True) - (z + 128).to(tl.bfloat16)[:, None]
         elif MAGIC == 2:
             w = (q | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - (z + 1024).to(tl.float16)[:, None]
-        elif MAGIC == 3:
-            w = (q | 0x4B000000).to(tl.float32, bitcast=True) - (z + 8388608).to(tl.float32)[:, None]
         else:
             w = q - z[:, None]
     else:
@@ -83,19 +90,63 @@ def _widen(raw, z, dtype: tl.constexpr, FORMAT: tl.constexpr, MAGIC: tl.constexp
 
 
 @triton.jit
-def _tile_sum(raw, xr, z, FORMAT: tl.constexpr, MAGIC: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Σ_k w[n, k] · x[m, k] over one tile, fp32 `[BLOCK_N, M_PAD]` (unscaled)."""
-    if DOT:
+def _nibble(part, words, j: tl.constexpr, z, xj, MAGIC: tl.constexpr):
+    """part + (q_j − z) · x_j `[BLOCK_N, M_PAD, BLOCK_K/8]` (one FMA each): nibble j of each word (uint32 `[BLOCK_N,
+    BLOCK_K/8]`) as an exact fp32 (MAGIC 3: the bits 0x4B000000 | q are 2²³ + q, minus 2²³ + z), times its rows' x
+    `[M_PAD, BLOCK_K/8]`."""
+    if MAGIC == 3:
+        q = ((words >> (4 * j)) & 0xF) | 0x4B000000
+        w = q.to(tl.float32, bitcast=True) - (z + 8388608).to(tl.float32)[:, None]
+    else:
+        w = (((words >> (4 * j)) & 0xF).to(tl.int32) - z[:, None]).to(tl.float32)
+    return part + w[:, None, :] * xj[None, :, :]
+
+
+@triton.jit
+def _int4_fma(raw, xt, z, MAGIC: tl.constexpr, M_PAD: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Σ_j (q − z) · x over each word's 8 nibbles, fp32 `[BLOCK_N, M_PAD, BLOCK_K/8]`: the words unpacked in their
+    own registers (no reshape), x `[M_PAD, BLOCK_K/8, 8]` split into its 8 nibble columns."""
+    xb = tl.reshape(xt.to(tl.float32), (M_PAD, BLOCK_K // 8, 2, 2, 2))  # j = 4 b2 + 2 b1 + b0
+    x_even, x_odd = tl.split(xb)  # b0
+    x04, x26 = tl.split(x_even)
+    x15, x37 = tl.split(x_odd)
+    x0, x4 = tl.split(x04)
+    x2, x6 = tl.split(x26)
+    x1, x5 = tl.split(x15)
+    x3, x7 = tl.split(x37)
+    words = raw.to(tl.uint32, bitcast=True)  # (logical shifts)
+    part = _nibble(tl.zeros((raw.shape[0], M_PAD, BLOCK_K // 8), tl.float32), words, 0, z, x0, MAGIC)
+    part = _nibble(part, words, 1, z, x1, MAGIC)
+    part = _nibble(part, words, 2, z, x2, MAGIC)
+    part = _nibble(part, words, 3, z, x3, MAGIC)
+    part = _nibble(part, words, 4, z, x4, MAGIC)
+    part = _nibble(part, words, 5, z, x5, MAGIC)
+    part = _nibble(part, words, 6, z, x6, MAGIC)
+    return _nibble(part, words, 7, z, x7, MAGIC)
+
+
+@triton.jit
+def _tile(acc, raw, xr, z, s, FORMAT: tl.constexpr, MODE: tl.constexpr, MAGIC: tl.constexpr, IEEE: tl.constexpr,
+          M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc plus this tile's products times its scale s `[BLOCK_N]` (per-column FP8: 1, scaled at the end), by
+    MODE: 0 dot (acc `[BLOCK_N, M_PAD]`), 1 int4 FMA (acc `[BLOCK_N, M_PAD, BLOCK_K/8]`), 2 FP8 FMA of one row
+    (acc `[BLOCK_N, BLOCK_K]`), 3 FP8 FMA summed per tile (acc `[BLOCK_N, M_PAD]`)."""
+    if MODE == 0:
         w = _widen(raw, z, xr.dtype, FORMAT, MAGIC, BLOCK_N, BLOCK_K)
         if IEEE:
             part = tl.dot(w, tl.trans(xr), input_precision="ieee")
         else:
             part = tl.dot(w, tl.trans(xr))
+        acc += part * s[:, None]
+    elif MODE == 1:
+        acc += _int4_fma(raw, xr, z, MAGIC, M_PAD, BLOCK_K) * s[:, None, None]
+    elif MODE == 2:
+        x1 = tl.sum(xr.to(tl.float32), axis=0)  # (one row: [BLOCK_K])
+        acc += raw.to(tl.float32) * s[:, None] * x1[None, :]
     else:
-        w = _widen(raw, z, tl.float32, FORMAT, MAGIC, BLOCK_N, BLOCK_K)
-        part = tl.sum(w[:, None, :] * xr.to(tl.float32)[None, :, :], axis=2)
-    return part
+        part = tl.sum(raw.to(tl.float32)[:, None, :] * xr.to(tl.float32)[None, :, :], axis=2)
+        acc += part * s[:, None]
+    return acc
 
 
 # M and the slice length are not specialized: one binary serves every row count ≤ M_PAD and every split.
@@ -106,6 +157,7 @@ def _gemv_kernel(x_ptr, q_ptr, z_ptr, s_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr,
                  MAGIC: tl.constexpr, IEEE: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr,
                  EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                  M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    MODE: tl.constexpr = 0 if DOT else (1 if FORMAT == 0 else (2 if M_PAD == 1 else 3))
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -114,35 +166,43 @@ def _gemv_kernel(x_ptr, q_ptr, z_ptr, s_ptr, b_ptr, r_ptr, o_ptr, p_ptr, c_ptr,
     m_mask = offs_m < M
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    acc = tl.zeros((BLOCK_N, M_PAD), dtype=tl.float32)
+    if MODE == 1:
+        acc = tl.zeros((BLOCK_N, M_PAD, BLOCK_K // 8), dtype=tl.float32)
+    elif MODE == 2:
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_N, M_PAD), dtype=tl.float32)
     x_rows = x_ptr + offs_m[:, None] * stride_xm
+    ones = tl.full((BLOCK_N,), 1.0, tl.float32)
     if PREFETCH:  # the first tiles, ahead of the loop
         raw = _load_tile(q_ptr, offs_n, n_mask, k_start, k_end, K, stride_qn, stride_qk, FORMAT, EVEN_K, BLOCK_K)
-        xr = _load_x(x_rows, m_mask, k_start, K, BLOCK_K)
+        xr = _load_x(x_rows, m_mask, k_start, K, MODE == 1, BLOCK_K)
     for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=STAGES):
         if PREFETCH:  # the next tiles' loads issued before this tile's math
             raw_next = _load_tile(q_ptr, offs_n, n_mask, k0 + BLOCK_K, k_end, K, stride_qn, stride_qk, FORMAT,
                                   EVEN_K, BLOCK_K)
-            x_next = _load_x(x_rows, m_mask, k0 + BLOCK_K, K, BLOCK_K)
+            x_next = _load_x(x_rows, m_mask, k0 + BLOCK_K, K, MODE == 1, BLOCK_K)
         else:
             raw = _load_tile(q_ptr, offs_n, n_mask, k0, k_end, K, stride_qn, stride_qk, FORMAT, EVEN_K, BLOCK_K)
-            xr = _load_x(x_rows, m_mask, k0, K, BLOCK_K)
+            xr = _load_x(x_rows, m_mask, k0, K, MODE == 1, BLOCK_K)
         if FORMAT == 0:  # one group per tile: its zeros and scales `[BLOCK_N]`
             zs = (k0 // GROUP) * stride_s + offs_n
             z = tl.load(z_ptr + zs, mask=n_mask, other=0).to(tl.int32)
-            part = _tile_sum(raw, xr, z, FORMAT, MAGIC, DOT, IEEE, BLOCK_N, BLOCK_K)
-            acc += part * tl.load(s_ptr + zs, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+            s = tl.load(s_ptr + zs, mask=n_mask, other=0.0).to(tl.float32)
         elif FORMAT == 2:  # one 128-block of K per tile; the block row varies along N
             z = offs_n * 0
-            part = _tile_sum(raw, xr, z, FORMAT, MAGIC, DOT, IEEE, BLOCK_N, BLOCK_K)
             s = tl.load(s_ptr + (offs_n // 128) * stride_s + k0 // 128, mask=n_mask, other=0.0)
-            acc += part * s[:, None]
         else:
             z = offs_n * 0
-            acc += _tile_sum(raw, xr, z, FORMAT, MAGIC, DOT, IEEE, BLOCK_N, BLOCK_K)
+            s = ones
+        acc = _tile(acc, raw, xr, z, s, FORMAT, MODE, MAGIC, IEEE, M_PAD, BLOCK_N, BLOCK_K)
         if PREFETCH:
             raw = raw_next
             xr = x_next
+    if MODE == 1:
+        acc = tl.sum(acc, axis=2)
+    elif MODE == 2:
+        acc = tl.sum(acc, axis=1)[:, None]
     if FORMAT == 1:  # (per-column scales: once, on the slice's sum)
         acc = acc * tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)[:, None]
     mask = n_mask[:, None] & m_mask[None, :]

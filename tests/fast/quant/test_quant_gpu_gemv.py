@@ -215,7 +215,8 @@ COMPILE = textwrap.dedent('''
 
     names = list(g._gemv_kernel.arg_names)
     for fmt, dot, magic, prefetch, split, m_pad in ((0, False, 3, True, 2, 8), (0, True, 1, False, 1, 16),
-                                                    (1, False, 0, True, 1, 1), (2, True, 0, True, 2, 16)):
+                                                    (1, False, 0, True, 1, 1), (1, False, 0, False, 1, 4),
+                                                    (2, True, 0, True, 2, 16)):
         sig = dict(x_ptr="*bf16", q_ptr="*i32" if fmt == 0 else "*fp8e4nv", z_ptr="*u8", s_ptr="*fp32",
                    b_ptr="*bf16", r_ptr="*bf16", o_ptr="*bf16", p_ptr="*fp32", c_ptr="*i32", M="i32", N="i32",
                    K="i32", k_per_split="i32", stride_xm="i32", stride_qn="i32", stride_qk="i32", stride_s="i32",
@@ -230,8 +231,9 @@ COMPILE = textwrap.dedent('''
 
 
 def test_kernel_variants_compile_for_sm90():
-    """What only the compiler sees (layouts of the unpack and the dot, types merged across branches): int4 FMA of 8
-    rows and dot, FP8 per channel (odd K) and 128-blocks, each lowered to an sm_90 cubin."""
+    """What only the compiler sees (layouts of the unpack, the split x and the dot, types merged across branches):
+    int4 FMA of 8 rows and dot, FP8 per channel (odd K) FMA of one row and of four, FP8 128-blocks through the dot,
+    each lowered to an sm_90 cubin."""
     triton = pytest.importorskip("triton")
     if tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 3):
         pytest.skip("the ASTSource signature format used here is Triton >= 3.3")
