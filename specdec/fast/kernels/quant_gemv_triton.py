@@ -14,8 +14,10 @@ BLOCK_K]` once for all M rows (M ≤ M_PAD, the rows padded to a power of two; t
 inside one int4 group / one FP8 128-block (BLOCK_K divides G, resp. 128), so its scale multiplies the tile's fp32
 partial: the integers (q − z) and the e4m3 values are exact in fp32 and in bf16 / fp16, the sums are fp32.
 Products (DOT, compile-time; `_tile`'s MODE):
-  "dot"  the tile in x's dtype (MAGIC: 0x4300 | q is the bf16 128 + q, 0x6400 | q the fp16 1024 + q), `tl.dot` against
-         xᵀ `[BLOCK_K, M_PAD]` (tensor cores; fp32 x: IEEE)
+  "dot"  the tile in x's dtype, `tl.dot` against xᵀ `[BLOCK_K, M_PAD]` (tensor cores; fp32 x: IEEE); int4 with
+         MAGIC: the bits 0x4300 | q are the bf16 128 + q (0x6400 | q the fp16 1024 + q), fed as they are, and
+         (128 + z) · Σ_k x taken off the tile's fp32 partial (no subtraction an element; the offset's fp32
+         accumulation errs by ≲ 2⁻¹⁷ of Σ|x| a tile, far inside the bf16 / fp16 output's rounding; fp32 x: q − z)
   "fma"  int4: each word unpacked in its own registers, nibble j at a time (no reshape of the tile), (q − z) as an
          exact fp32 (MAGIC: the bits 0x4B000000 | q are 2²³ + q, minus 2²³ + z, no conversion instruction) times
          x's column 8i + j (x `[M_PAD, BLOCK_K/8, 8]` split along its last axis), the products kept per word column
@@ -72,21 +74,27 @@ def _load_x(x_rows, m_mask, k0, K, NIBBLES: tl.constexpr, BLOCK_K: tl.constexpr)
 
 
 @triton.jit
-def _widen(raw, z, dtype: tl.constexpr, FORMAT: tl.constexpr, MAGIC: tl.constexpr, BLOCK_N: tl.constexpr,
-           BLOCK_K: tl.constexpr):
-    """`[BLOCK_N, BLOCK_K]` in dtype: int4 (q − z) (z `[BLOCK_N]`), or the e4m3 values; exact either way."""
+def _dot_tile(raw, z, dtype: tl.constexpr, FORMAT: tl.constexpr, MAGIC: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr):
+    """The dot's weight tile `[BLOCK_N, BLOCK_K]` in dtype and the offset it carries per column `[BLOCK_N]` (fp32):
+    int4 with MAGIC 128 + q (the bf16 bits 0x4300 | q; 2: the fp16 1024 + q) and 128 + z (1024 + z), else q − z
+    and 0; e4m3 widened, 0. Exact either way."""
     if FORMAT == 0:
         q = (raw[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 0xF  # [BLOCK_N, BLOCK_K/8, 8]: k = 8i + j
         q = tl.reshape(q, (BLOCK_N, BLOCK_K))
         if MAGIC == 1:
-            w = (q | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True) - (z + 128).to(tl.bfloat16)[:, None]
+            w = (q | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
+            off = (z + 128).to(tl.float32)
         elif MAGIC == 2:
-            w = (q | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - (z + 1024).to(tl.float16)[:, None]
+            w = (q | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
+            off = (z + 1024).to(tl.float32)
         else:
             w = q - z[:, None]
+            off = z.to(tl.float32) * 0.0
     else:
         w = raw
-    return w.to(dtype)
+        off = z.to(tl.float32) * 0.0
+    return w.to(dtype), off
 
 
 @triton.jit
@@ -132,11 +140,13 @@ def _tile(acc, raw, xr, z, s, FORMAT: tl.constexpr, MODE: tl.constexpr, MAGIC: t
     MODE: 0 dot (acc `[BLOCK_N, M_PAD]`), 1 int4 FMA (acc `[BLOCK_N, M_PAD, BLOCK_K/8]`), 2 FP8 FMA of one row
     (acc `[BLOCK_N, BLOCK_K]`), 3 FP8 FMA summed per tile (acc `[BLOCK_N, M_PAD]`)."""
     if MODE == 0:
-        w = _widen(raw, z, xr.dtype, FORMAT, MAGIC, BLOCK_N, BLOCK_K)
+        w, off = _dot_tile(raw, z, xr.dtype, FORMAT, MAGIC, BLOCK_N, BLOCK_K)
         if IEEE:
             part = tl.dot(w, tl.trans(xr), input_precision="ieee")
         else:
             part = tl.dot(w, tl.trans(xr))
+        if FORMAT == 0 and MAGIC != 0:  # (the offset's products: (128 + z) · Σ_k x, off the fp32 partial)
+            part -= off[:, None] * tl.sum(xr.to(tl.float32), axis=1)[None, :]
         acc += part * s[:, None]
     elif MODE == 1:
         acc += _int4_fma(raw, xr, z, MAGIC, M_PAD, BLOCK_K) * s[:, None, None]
