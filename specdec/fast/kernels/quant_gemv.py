@@ -105,8 +105,8 @@ def row_bucket(m: int) -> int:
 # (format, shape class, row bucket) → config. Unmeasured defaults, sized by ptxas's sm_90 output for this kernel
 # (registers a thread, SASS instructions a weight element in the loop — the budget for streaming at the H200's
 # bandwidth is about 3.5 an int4 element, 7 an e4m3 one): one int4 row through FMAs (≈ 7 an element at 64 columns,
-# 80 registers; the split-K kernel's FMA variant ≈ 26, its tensor-core one ≈ 12); int4 above one row and every FP8
-# count through tensor cores (FP8 ≈ 4.6 an element) with the compiler's 3-stage pipeline. A device sweep
+# 80 registers; the split-K kernel's FMA variant ≈ 21, its tensor-core one ≈ 12); int4 above one row (≈ 9) and every
+# FP8 count (≈ 5, as the split-K kernel) through tensor cores with the compiler's 3-stage pipeline. A device sweep
 # (`scripts/bench_quant_gpu.py --gemv-ab --gemv-sweep`) prints the measured table.
 _INT4_ONE = GemvConfig(block_n=64, block_k=128, variant="fma", prefetch=False, num_stages=2)
 _DOT = GemvConfig(block_n=64, block_k=128, variant="dot", prefetch=False, num_stages=3)
