@@ -27,7 +27,8 @@ AB_ROWS = (1, 4, 8)
 
 def sweep_candidates(fmt: str, m: int) -> list:
     """The sweep's configs for a format at M rows: FMA tiles (int4 up to 2 rows, FP8 one: the FMAs and registers grow
-    with the rows) and tensor-core ones, each at the automatic split and at fixed ones."""
+    with the rows) and tensor-core ones, each at the automatic split summed by the reduce kernel, at 8 slices, and
+    at the automatic split summed by the last slice to arrive."""
     from specdec.fast.kernels.quant_gemv import GemvConfig
 
     fma_rows = 2 if fmt in ("gptq", "awq") else 1
@@ -36,8 +37,8 @@ def sweep_candidates(fmt: str, m: int) -> list:
     dot = [GemvConfig(block_n=bn, block_k=bk, num_stages=st, prefetch=False, variant="dot")
            for bn in (64, 128) for bk in (64, 128) for st in (3, 4)]
     out = []
-    for c in fma + dot:
-        out += [c] + [dataclasses.replace(c, split_k=s) for s in (2, 8)]
+    for c in fma + dot:  # (the splits share one binary; the last-arrival sum is a second one)
+        out += [c, dataclasses.replace(c, split_k=8), dataclasses.replace(c, reduce="fused")]
     return out
 
 
