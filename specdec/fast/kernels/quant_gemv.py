@@ -190,8 +190,11 @@ def gemv(x: torch.Tensor, weight, bias: torch.Tensor | None = None, residual: to
     limit = group if fmt == "int4" else 128 if fmt == "fp8_block" else None
     if limit is not None and limit % config.block_k:
         raise ValueError(f"GemvConfig.block_k {config.block_k} must divide {limit} for {fmt!r} weights")
+    layout = layout or int4_layout()  # (read for every format: a bad value fails on FP8 models too)
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     if fmt == "int4":
-        q, stride_qn, stride_qk = _int4_words(weight, layout or int4_layout())
+        q, stride_qn, stride_qk = _int4_words(weight, layout)
     else:
         stride_qn, stride_qk = q.stride(0), 1
     res2 = None if residual is None else residual.reshape(-1, n)

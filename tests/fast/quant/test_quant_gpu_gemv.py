@@ -187,6 +187,11 @@ def test_bad_environment_values_are_named(interpret, monkeypatch):
     assert torch.equal(quant_gemv._KN_WORDS[qw], qw.qweight.t())  # (the transposed copy, kept beside the weight)
     with pytest.raises(ValueError, match="1–8 rows"):
         gemv(rows(9, qw.shape[1]), qw)
+    with pytest.raises(ValueError, match="layout must be one of nk, kn"):
+        gemv(x, qw, layout="row")
+    monkeypatch.setenv(quant_gemv.ENV_LAYOUT, "nkk")  # (an FP8 weight reads the variable too)
+    with pytest.raises(ValueError, match="SPECDEC_INT4_LAYOUT"):
+        gemv(rows(1, 200), quantized("fp8"))
 
 
 def test_configs_and_their_choices():
