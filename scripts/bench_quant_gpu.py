@@ -24,8 +24,9 @@ Rows (JSON lines, printed and appended to --out):
             (`scripts/quant_gemv_ab.py`'s doc)
 Formats: bf16, gptq (int4, group 128), awq, fp8 (per channel), fp8-block, fp8-scaled-mm (per channel, through
 `torch._scaled_mm`); a "+head" suffix quantizes the LM head too; an "@gemv" suffix (or "@gemv-kn": int4 words
-transposed) runs that format's rows under SPECDEC_QUANT_KERNEL=gemv (the decode GEMV for ≤ 8 rows), none the default. The LM head stays bf16 otherwise (as GPTQ / AWQ /
-FP8 checkpoints ship it), or with --quantize-head for every format.
+transposed) runs that format's rows under SPECDEC_QUANT_KERNEL=gemv (the decode GEMV for ≤ 8 rows), none the
+default. The LM head stays bf16 otherwise (as GPTQ / AWQ / FP8 checkpoints ship it), or with --quantize-head for
+every format.
 """
 
 from __future__ import annotations
