@@ -3,6 +3,8 @@
     python scripts/bench_quant_gpu.py --out $OUT/quant_gpu.jsonl                 # ops, then the end-to-end rows
     python scripts/bench_quant_gpu.py --sweep --formats bf16 gptq fp8 --new 128  # pick the kernel configs first
     python scripts/bench_quant_gpu.py --smoke --sweep                             # CPU dry run (tiny, interpreter)
+    python scripts/bench_quant_gpu.py --gemv-ab [--gemv-sweep] --out $OUT/quant_gemv.jsonl   # split-K vs GEMV vs bf16
+    python scripts/bench_quant_gpu.py --formats bf16 gptq gptq@gemv fp8 fp8@gemv --no-ops    # end to end, each kernel
 
 Rows (JSON lines, printed and appended to --out):
   "op"      (last) µs per product y = x @ Wᵀ of each 8B matrix (q|k|v, o, gate|up, down, LM head) at M = 1 and 5, in a CUDA
@@ -17,9 +19,14 @@ Rows (JSON lines, printed and appended to --out):
             and the speed-up over bf16 in the same run
   "spec"    (--spec-alpha α) the same with a random bf16 drafter accepted with probability α (synthetic), γ = --gamma:
             tok/s, over this format's plain, and that ratio over bf16's
+  "gemv_ab" (--gemv-ab, instead of the rows above) µs / GB/s per product at the 8B shapes, M = 1, 4, 8: bf16, the
+            split-K kernel, the GEMV (`fast.kernels.quant_gemv`); "gemv_sweep" / "gemv_configs" with --gemv-sweep
+            (`scripts/quant_gemv_ab.py`'s doc)
 Formats: bf16, gptq (int4, group 128), awq, fp8 (per channel), fp8-block, fp8-scaled-mm (per channel, through
-`torch._scaled_mm`); a "+head" suffix quantizes the LM head too. The LM head stays bf16 otherwise (as GPTQ / AWQ /
-FP8 checkpoints ship it), or with --quantize-head for every format.
+`torch._scaled_mm`); a "+head" suffix quantizes the LM head too; an "@gemv" suffix (or "@gemv-kn": int4 words
+transposed) runs that format's rows under SPECDEC_QUANT_KERNEL=gemv (the decode GEMV for ≤ 8 rows), none the
+default. The LM head stays bf16 otherwise (as GPTQ / AWQ / FP8 checkpoints ship it), or with --quantize-head for
+every format.
 """
 
 from __future__ import annotations
@@ -240,6 +247,9 @@ def main(argv=None) -> None:
                          "probability α (EngineConfig.synthetic_acceptance: benchmark only)")
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--draft-shape", default="1b")
+    ap.add_argument("--gemv-ab", action="store_true", help="only the GEMV A/B rows (scripts/quant_gemv_ab.py)")
+    ap.add_argument("--gemv-sweep", action="store_true", help="with --gemv-ab: sweep GEMV configs too")
+    ap.add_argument("--gemv-sweep-s", type=float, default=90.0, help="the sweep's time budget (s)")
     args = ap.parse_args(argv)
     global DEVICE
     if args.smoke:
@@ -255,8 +265,13 @@ def main(argv=None) -> None:
 
     gpu = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu"
     emit({"row": "env", "gpu": gpu, "torch": torch.__version__, "triton": __import__("triton").__version__}, out=args.out)
+    if args.gemv_ab:
+        from quant_gemv_ab import ab_rows
+
+        ab_rows(lambda row: emit(row, args.out), time_us, DEVICE, sweep_s=args.gemv_sweep_s if args.gemv_sweep else 0)
+        return
     if args.sweep:
-        sweep(args.out, args.formats)
+        sweep(args.out, [f.partition("@")[0] for f in args.formats])
     shape = llama_shape(args.shape)
     if args.smoke:
         import dataclasses
@@ -272,10 +287,13 @@ def main(argv=None) -> None:
         drafter = FastLlama.random(draft_shape, device=DEVICE, dtype=torch.bfloat16 if DEVICE == "cuda" else
                                    torch.float32, seed=1)
     for fmt in args.formats:
-        os.environ["SPECDEC_FP8_KERNEL"] = "scaled_mm" if fmt == "fp8-scaled-mm" else "triton"
+        os.environ["SPECDEC_FP8_KERNEL"] = "scaled_mm" if fmt.startswith("fp8-scaled-mm") else "triton"
+        kernel = fmt.partition("@")[2]  # "", "gemv" or "gemv-kn"
+        os.environ["SPECDEC_QUANT_KERNEL"] = "gemv" if kernel.startswith("gemv") else "splitk"
+        os.environ["SPECDEC_INT4_LAYOUT"] = "kn" if kernel == "gemv-kn" else "nk"
         started = time.perf_counter()
         try:
-            model = build(fmt, shape, args.quantize_head)
+            model = build(fmt.partition("@")[0], shape, args.quantize_head)
             step = step_row(model, fmt, args.out)
             prompts = [[(3 * j) % 1000 + 5 for j in range(args.prompt_len)]]
             config = EngineConfig(max_batch_size=1, max_seq_len=args.prompt_len + args.new + 16, num_draft_tokens=0)
@@ -306,8 +324,10 @@ def main(argv=None) -> None:
             gc.collect()
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()
+    os.environ["SPECDEC_QUANT_KERNEL"], os.environ["SPECDEC_INT4_LAYOUT"] = "splitk", "nk"
     if not args.no_ops:  # (last: what a time limit cuts first)
-        op_rows(args.out, args.formats + [f for f in args.ops_formats if f not in args.formats])
+        formats = list(dict.fromkeys(f.partition("@")[0] for f in args.formats))
+        op_rows(args.out, formats + [f for f in args.ops_formats if f not in formats])
 
 
 if __name__ == "__main__":

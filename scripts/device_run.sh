@@ -681,6 +681,34 @@ timeout "${2:-140}" python3 scripts/bench_quant_gpu.py --sweep --out "$OUT/quant
 log done
 }
 
+# ==== quant-gemv
+# The decode-shape quantized GEMV (fast/kernels/quant_gemv.py, opt-in SPECDEC_QUANT_KERNEL=gemv) against the split-K
+# kernel and bf16 on one H100/H200, one device call from the repo root (≤ 7.5 min): its GPU-marked tests, then
+# scripts/bench_quant_gpu.py --gemv-ab (µs and GB/s per product at the 8B shapes o / up / down / head for M = 1, 4, 8:
+# bf16 cuBLAS, split-K, GEMV in the nk and kn int4 layouts; with a config sweep of SWEEP_S s and the measured
+# GEMV_CONFIGS table), then the engine's plain greedy tok/s at batch 1 per format under each kernel.
+#   bash scripts/device_run.sh quant-gemv [TESTS_S] [AB_S] [E2E_S] [SWEEP_S]      (defaults 140 190 110 100)
+# FORMATS="bf16 gptq gptq@gemv" narrows the end-to-end rows ("@gemv": SPECDEC_QUANT_KERNEL=gemv; "@gemv-kn": also
+# SPECDEC_INT4_LAYOUT=kn).
+# Lands in $OUT: run.log, quant_gemv_tests.log, quant_gemv.jsonl ("gemv_ab", "gemv_sweep", "gemv_configs" rows),
+# quant_gemv_e2e.jsonl ("step", "plain" rows).
+recipe_quant_gemv() {
+prologue
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader 2>&1 | tee -a "$OUT/run.log"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" 2>&1 | tee -a "$OUT/run.log"
+log "GPU-marked GEMV tests"
+timeout "${1:-140}" python3 -m pytest -q -p no:cacheprovider -rfE tests/fast/quant/test_quant_gpu_gemv_cuda.py 2>&1 \
+    | tee "$OUT/quant_gemv_tests.log" | tail -25 | tee -a "$OUT/run.log"
+log "A/B per product: bf16, split-K, GEMV (sweep ${4:-100} s)"
+timeout "${2:-190}" python3 scripts/bench_quant_gpu.py --gemv-ab --gemv-sweep --gemv-sweep-s "${4:-100}" \
+    --out "$OUT/quant_gemv.jsonl" 2>&1 | grep -v "^INFO" | cut -c1-400 | tail -60 | tee -a "$OUT/run.log"
+log "plain decoding per format and kernel"
+timeout "${3:-110}" python3 scripts/bench_quant_gpu.py --no-ops --out "$OUT/quant_gemv_e2e.jsonl" \
+    --formats ${FORMATS:-bf16 gptq gptq@gemv fp8 fp8@gemv gptq@gemv-kn} 2>&1 \
+    | grep -v "^INFO" | cut -c1-400 | tail -20 | tee -a "$OUT/run.log"
+log done
+}
+
 # ==== ragged
 # The ragged forward (fast/ragged.py: decode rows and a prefill chunk in one pass over the paged pool) on one GPU, one
 # device call from the repo root (≈ 3 min): its GPU-marked tests, then one ragged forward against the separate

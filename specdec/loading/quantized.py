@@ -156,7 +156,11 @@ def kernel_name(device: torch.device) -> str:
 
     if device.type != "cuda":
         return "the reference (each weight dequantized, then F.linear) on CPU"
+    from specdec.fast.kernels.quant_gemv import GEMV_ROWS, quant_kernel
+
     extra = "; FP8 per-channel / per-tensor through torch._scaled_mm" if fp8_kernel() == "scaled_mm" else ""
+    if quant_kernel() == "gemv":
+        extra += f"; ≤ {GEMV_ROWS} rows through the decode GEMV (SPECDEC_QUANT_KERNEL=gemv)"
     return f"specdec's Triton weight-only kernel (≤ 4096 rows; dequantized + cuBLAS above){extra}"
 
 

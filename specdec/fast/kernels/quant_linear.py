@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.fast.kernels.quant_gemv import gemv, gemv_ok, quant_kernel
 from specdec.fast.kernels.select import NUM_SMS, interpreting, kernel_module, sm_count
 
 __all__ = ["QuantConfig", "CONFIGS", "TRITON_ROWS", "pick_config", "triton_rows_ok", "run_kernel"]
@@ -127,14 +128,20 @@ def weight_only(x: torch.Tensor, weight, bias: torch.Tensor | None = None, resid
                 kernel: str = "auto") -> torch.Tensor:
     """x `[..., K]` @ Wᵀ (+ bias) (+ residual, written in place when given) for a GPU-format quantized weight
     (`Int4Weight`, `Fp8Weight`: their `kernel_args()` and `dequantize`). kernel: "bitwise" (the kernel, one config
-    per shape for every row count; CUDA or the interpreter), "triton" (forced: CUDA or the interpreter), anything
+    per shape for every row count; CUDA or the interpreter), "gemv" (`quant_gemv`, forced: 1–8 rows), "triton"
+    (forced: CUDA or the interpreter; `quant_gemv` for ≤ 8 rows under SPECDEC_QUANT_KERNEL=gemv), anything
     else ("auto", "reference", the GEMM helpers' modes): the kernel on CUDA for ≤ TRITON_ROWS rows, else the
-    reference — the weight dequantized to x's dtype, then F.linear (cuBLAS on CUDA, the BLAS on CPU)."""
+    reference — the weight dequantized to x's dtype, then F.linear (cuBLAS on CUDA, the BLAS on CPU); on CUDA
+    under SPECDEC_QUANT_KERNEL=gemv, ≤ 8 rows take `quant_gemv`."""
     n, k = weight.shape
     if x.shape[-1] != k:
         raise ValueError(f"x's last dimension ({x.shape[-1]}) must equal the weight's K ({k})")
     rows = x.numel() // max(k, 1)
     invariant = kernel == "bitwise"
+    choice = quant_kernel()  # (read on every call: a bad SPECDEC_QUANT_KERNEL fails here, naming itself)
+    if kernel == "gemv" or (choice == "gemv" and not invariant and gemv_ok(x, rows)
+                            and (x.is_cuda or kernel == "triton")):
+        return gemv(x, weight, bias, residual)
     if kernel in ("triton", "bitwise"):
         if _triton() is None or not (x.is_cuda or interpreting()):
             raise ValueError(f"kernel={kernel!r} on a quantized weight needs Triton and CUDA tensors (or "

@@ -121,7 +121,7 @@ class Fp8Weight:
     def _product(self, x, bias, residual, kernel):
         from specdec.fast.kernels.quant_linear import weight_only
 
-        if (kernel not in ("bitwise", "triton") and x.is_cuda and self.scheme != "block"
+        if (kernel not in ("bitwise", "triton", "gemv") and x.is_cuda and self.scheme != "block"
                 and fp8_kernel() == "scaled_mm"):
             y = scaled_mm_linear(x, self, bias)
             return y if residual is None else residual.add_(y)
