@@ -36,7 +36,9 @@ def _mixed_step(text: str):
     """--mixed-step's value: true / false / auto (and on / off, yes / no, 1 / 0), or argparse's error naming them."""
     word = text.strip().lower()
     if word not in MIXED_STEP_WORDS:
-        raise argparse.ArgumentTypeError(f"{text!r} is not true, false or auto (a bare --mixed-step is true)")
+        hint = (" — a model path right after the flag is read as its value: put the model first, or write "
+                "--mixed-step true" if "/" in text or "." in text else "")
+        raise argparse.ArgumentTypeError(f"{text!r} is not true, false or auto (a bare --mixed-step is true){hint}")
     return MIXED_STEP_WORDS[word]
 
 

@@ -75,6 +75,9 @@ def test_a_bad_mixed_step_value_is_refused_naming_the_flag_and_its_values(capsys
     err = capsys.readouterr().err
     assert "--mixed-step" in err and "'sometimes' is not true, false or auto" in err, err
     assert engine_options(parse(["serve", "M", "--mixed-step", "no"])) == {"mixed_step": False}  # (the control)
+    with pytest.raises(SystemExit):  # (a model path read as the flag's value: the error says how to write it)
+        parse(["serve", "--mixed-step", "models/m.gguf"])
+    assert "put the model first" in capsys.readouterr().err
 
 
 def test_the_loop_refuses_the_engines_options_naming_the_flag():
