@@ -1,0 +1,99 @@
+"""The γ policy's step-time table under mixed steps (`specdec.engine.policy_mixed`): pure decode steps' times
+first, mixed steps' corrected by their chunks' cost fitted per γ.
+
+The law: with chunk tokens costing a fixed part plus a per-token part that grows with γ on top of the true decode
+step (`policy_sim.Chunks`), and chunks riding mostly in speculative steps, the table recovers the true T(b, γ, ℓ)
+within 12% at a length bucket pure steps time and within 15% at one only mixed steps time, and "auto" runs the γ a
+run without chunks runs. Negative control: the engine's old attribution (the step less `ChunkBudget.mixed_share`,
+recorded as a decode step) inflates γ > 0 by 25%+ and runs a lower γ.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from specdec.engine.policy import GammaPolicy
+from specdec.engine.policy_mixed import MIN_FIT, ChunkCost, MixedTimes
+from policy_sim import Cell, Chunks, run_mixed
+
+CELL = Cell("h200-like", 64, 2.5e-3, ((2, 1.3), (4, 1.4), (8, 1.9)), 0.7)  # γ 4 wins at α 0.7 by ~18%
+CHUNKS = Chunks(fixed_s=3e-3, token_s=2e-6, per_gamma=0.5, tokens=(512, 1024), odds=(0.3, 0.9))
+STEPS = 1500
+SEEDS = (0, 1, 2)
+
+
+def _mean_gamma(gammas: dict) -> float:
+    return sum(g * n for g, n in gammas.items()) / sum(gammas.values())
+
+
+def _dominant(gammas: dict) -> int:
+    return max(gammas, key=lambda g: (gammas[g], g))
+
+
+def _error(policy: GammaPolicy, gamma: int, length: int) -> float:
+    true = CELL.step_seconds(64, gamma, length)
+    return policy.step_time(64, gamma, length) / true - 1.0
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The runs without chunks: seed → gammas."""
+    return {seed: run_mixed(CELL, None, STEPS, seed=seed)["gammas"] for seed in SEEDS}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_table_recovers_decode_costs(seed):
+    chunks = Chunks(**{**CHUNKS.__dict__, "mixed_lengths": (1000,)})  # every 4th step at a mixed-only length
+    policy = run_mixed(CELL, chunks, STEPS, seed=seed)["policy"]
+    mixed_only = {key for key in policy.samples if key not in policy.mixed.pure}
+    assert {(64, g, 1024) for g in (0, 2, 4)} <= mixed_only  # (the corrected path is exercised)
+    for gamma in (0, 1, 2, 4, 8):
+        assert abs(_error(policy, gamma, 100)) <= 0.12, (gamma, _error(policy, gamma, 100))
+        assert abs(_error(policy, gamma, 1000)) <= 0.15, (gamma, _error(policy, gamma, 1000))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_choice_matches_a_run_without_chunks(seed, reference):
+    gammas = run_mixed(CELL, CHUNKS, STEPS, seed=seed)["gammas"]
+    assert _dominant(gammas) == _dominant(reference[seed]) == 4
+    assert _mean_gamma(gammas) >= _mean_gamma(reference[seed]) - 0.6
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_negative_control_old_split_inflates_speculation(seed, reference):
+    out = run_mixed(CELL, CHUNKS, STEPS, attribution="split", seed=seed)
+    policy = out["policy"]
+    assert all(_error(policy, g, 100) >= 0.25 for g in (1, 2, 4, 8)), [_error(policy, g, 100) for g in (1, 2, 4, 8)]
+    assert _mean_gamma(out["gammas"]) <= _mean_gamma(reference[seed]) - 1.0
+
+
+def test_chunk_cost_fit_is_robust_and_per_gamma():
+    rng = random.Random(0)
+    cost = ChunkCost()
+    for i in range(16):  # γ 2: 1 ms + 3 µs/token, sizes 256..1024, one straggler
+        n = rng.randint(256, 1024)
+        cost.measured(2, n, (1e-3 + 3e-6 * n) * (5.0 if i == 7 else rng.uniform(0.98, 1.02)))
+    a, c = cost.fit(2)
+    assert a == pytest.approx(1e-3, rel=0.15) and c == pytest.approx(3e-6, rel=0.1)
+    for _ in range(MIN_FIT):  # γ 8 at one size: its intercept with γ 2's slope
+        cost.measured(8, 600, 2e-3 + 3e-6 * 600)
+    assert cost.fit(8) == pytest.approx((2e-3, 3e-6), rel=0.1)
+    assert cost.cost(4, 600) == pytest.approx((1e-3 + 2e-3) / 2 + 3e-6 * 600, rel=0.1)  # linear in γ between
+    assert cost.cost(0, 600) == pytest.approx(cost.cost(2, 600))  # below the smallest fitted γ: its cost
+    assert ChunkCost().seconds(2, 600, 0.01, fallback=0.004) == 0.004  # nothing measured: the engine's split
+    assert cost.seconds(2, 600, 1e-3, fallback=0.0) == 1e-3  # at most the whole step
+
+
+def test_pure_steps_own_the_table():
+    times = MixedTimes(8)
+    key = (64, 4, 128)
+    mixed = times.sample(key, 0.009, 512, 0.004, [])
+    assert list(mixed) == [key] and mixed[key] == pytest.approx([0.005])  # no pure step yet: the engine's split stands in
+    pure = times.sample(key, 0.004, 0, 0.0, mixed[key])
+    assert pure == {key: [0.004]}  # the first pure step drops the corrected samples
+    assert times.sample(key, 0.009, 512, 0.004, pure[key]) == {}  # a mixed step there: an excess, not a sample
+    assert times.chunks.fit(None) == pytest.approx((0.0, 0.005 / 512))
+    negative = MixedTimes(8)  # control: with no pure step, mixed ones do enter the table
+    assert negative.sample(key, 0.009, 512, 0.004, []) != {}
