@@ -97,3 +97,32 @@ def test_pure_steps_own_the_table():
     assert times.chunks.fit(None) == pytest.approx((0.0, 0.005 / 512))
     negative = MixedTimes(8)  # control: with no pure step, mixed ones do enter the table
     assert negative.sample(key, 0.009, 512, 0.004, []) != {}
+
+
+def test_the_engine_hands_mixed_steps_whole_to_the_policy(make_llama, monkeypatch):
+    """An "auto" engine on the mixed step: each recorded mixed step reaches the policy whole, with its chunk tokens
+    and the budget's split (at most the step), and the greedy rows' tokens are those of whole prefills."""
+    from prefill_helpers import drive, mixed_params, prompt
+    from specdec.engine import Engine, EngineConfig
+
+    target = make_llama(0)
+    early, late = [prompt(12 + 5 * i, i) for i in range(3)], [prompt(40 + 10 * i, 10 + i) for i in range(3)]
+    calls, runs = [], []
+    for mixed in (True, False):
+        engine = Engine(target, make_llama(5, layers=1), EngineConfig(
+            max_batch_size=4, max_seq_len=128, num_draft_tokens="auto", max_draft_tokens=4, admit_min=1,
+            mixed_step=mixed, prefill_budget=24 if mixed else None))
+        record = engine.policy.record_step
+
+        def spy(*args, **kwargs):
+            calls.append((mixed, args[2], kwargs.get("chunk_tokens", 0), kwargs.get("chunk_share", 0.0)))
+            return record(*args, **kwargs)
+        monkeypatch.setattr(engine.policy, "record_step", spy)
+        params = mixed_params(len(early) + len(late))
+        runs.append((drive(engine, early, late, params), [p.temperature == 0 for p in params]))
+    fed = [(s, n, share) for m, s, n, share in calls if m and n > 0]
+    assert fed and all(0.0 <= share < s for s, _, share in fed)  # (mixed steps were recorded: not vacuous)
+    assert not any(n for m, _, n, _ in calls if not m)  # control: without the mixed step no step carries chunks
+    (mixed_tokens, greedy), (whole_tokens, _) = runs
+    pick = lambda tokens: [t for t, g in zip(tokens, greedy) if g]  # noqa: E731 (in request order)
+    assert pick(mixed_tokens) == pick(whole_tokens)
