@@ -88,6 +88,8 @@ class Engine:
                                    kv_pool=runner.kv_pool, prefix_cache=runner.prefix_cache)
         self.policy = GammaPolicy(config.num_draft_tokens if drafter is not None else 0, runner.max_draft_tokens,
                                   plain_catches_up=runner.drafter_cached)
+        # the mixed step feeds a cached drafter every filling prompt in every regime: no charge to speculating
+        self.policy.admission.every_regime = bool(self.chunked.budget) and runner.drafter_cached
         self.stats = SpecStats()
         self._caps_from = self._step_caps = None  # the scheduler's caps record, and the one the steps run with (a
         # policy's per-row hold, `row_caps`, replaces its first rows until the rows change)

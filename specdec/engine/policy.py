@@ -33,7 +33,8 @@ catch-up: a plain probe runs `_PROBE` = 2 steps, and plain probes are separated 
 
 Admission. A drafter that keeps a cache is fed every admitted prompt (at admission while speculating, else by the
 next catch-up), a cost no step time shows: speculative steps carry it per token they produce, and leaving a plain
-run carries the prompts that run admitted (`specdec.engine.policy_admission`, measured whatever the regime).
+run carries the prompts that run admitted (`specdec.engine.policy_admission`, measured whatever the regime; no
+charge under the mixed step, which feeds the drafter in every regime).
 
 Exploration. The very first bucket times γ = `_FIRST_GAMMA` (or the built γ nearest it; cheap even where
 speculation is compute-bound) and plain steps, `_FIRST_SAMPLES` steps each; a later new bucket times the arm the
@@ -72,7 +73,6 @@ from specdec.engine.policy_mixed import MixedTimes
 from specdec.engine.policy_depth import DepthProfile, extra_tokens as _extra_tokens, row_estimate as _estimate, row_rates
 from specdec.engine.policy_times import (Gaps, batch_times, bucket_report, capture_cost, catch_up_cost, interpolate as _interpolate,
                                          keep_last, length_bucket, median as _median, pooled_medians)
-
 
 __all__ = ["GammaPolicy", "CANDIDATES"]
 

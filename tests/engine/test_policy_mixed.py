@@ -126,3 +126,47 @@ def test_the_engine_hands_mixed_steps_whole_to_the_policy(make_llama, monkeypatc
     (mixed_tokens, greedy), (whole_tokens, _) = runs
     pick = lambda tokens: [t for t, g in zip(tokens, greedy) if g]  # noqa: E731 (in request order)
     assert pick(mixed_tokens) == pick(whole_tokens)
+
+
+def test_the_mixed_step_charges_no_prompt_feeding_to_speculation(make_llama):
+    """The mixed step feeds a cached drafter every filling prompt whatever the regime: `AdmissionCost.every_regime`
+    (set by the engine with the mixed step on and a cached drafter) makes the charge per speculative token 0.
+    Negative control: the same measurements without it charge the feeding."""
+    from specdec.engine import Engine, EngineConfig
+    from specdec.engine.policy_admission import AdmissionCost
+
+    def measured(every_regime: bool) -> AdmissionCost:
+        cost = AdmissionCost()
+        cost.every_regime = every_regime
+        for _ in range(8):
+            cost.prefilled(256, 2e-3, 256, 1e-3, 1, 256)
+            cost.stepped(4, 64 * 4.0, 64)
+        return cost
+    assert measured(False).per_token() > 0 and measured(True).per_token() == 0.0
+    target = make_llama(0)
+    flags = {mixed: Engine(target, make_llama(5, layers=1), EngineConfig(
+        max_batch_size=2, max_seq_len=64, num_draft_tokens="auto", mixed_step=mixed)).policy.admission.every_regime
+        for mixed in (True, False)}
+    assert flags == {True: True, False: False}
+
+
+@pytest.mark.parametrize("every_regime", [True, False])
+def test_h200_record_speculates_once_feeding_is_not_charged(every_regime):
+    """The mixed step's "auto" row of the H200 traffic A/B (zoo pair, feature head, 64 slots: its table at batch 64,
+    its feed cost, prompt and output lengths; α 0.955): with the drafter's prompt feeding uncharged, as the mixed
+    step pays it in every regime, "auto" speculates (γ 4 or 8); charged (the negative control), a plain step ranks
+    first."""
+    from policy_sim import _Row
+
+    policy = GammaPolicy("auto", 8)
+    table = {0: 2.378e-3, 1: 2.825e-3, 2: 4.439e-3, 4: 6.469e-3, 8: 7.925e-3}
+    policy.admission.every_regime = every_regime
+    for _ in range(8):
+        for gamma, seconds in table.items():
+            policy.record_step(64, gamma, seconds, 0.0, length=1000, rows=64)
+        policy.admission.prefilled(473, 473 * 14e-6, 473, 473 * 4.9e-6, 1, 473)  # a request of 473 prompt tokens
+        policy.admission.stepped(4, 97.0, 64)  # ... joins, another finishes: 97 tokens a request
+    assert policy.admission.report()["feed_us_per_prompt_token"] == pytest.approx(4.9)
+    rows = [_Row(1000, 1 << 30, 0.955, i) for i in range(64)]
+    gamma = policy.choose(64, rows, lambda: [(955.0, 1000.0, 250.0, 250.0)] * 64, length=1000)
+    assert (gamma >= 4) if every_regime else (gamma == 0), (gamma, policy.last_rates)
