@@ -120,7 +120,7 @@ class ChunkCost:
         """JSON-ready: γ → {fixed_ms, us_per_token, excesses} of the fits in use ("all": pooled over every γ)."""
         out = {}
         for key, points in sorted(self._points.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
-            a, c = self._fits.get(key) or _fit(points)
+            a, c = self.fit(key) or _fit(points)  # (a γ short of `MIN_FIT`: its points' own line, for the record)
             out["all" if key is None else str(key)] = {
                 "fixed_ms": round(a * 1e3, 3), "us_per_token": round(c * 1e6, 3), "excesses": len(points)}
         return out
