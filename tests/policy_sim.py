@@ -271,3 +271,71 @@ def run_rows(policy: GammaPolicy, alphas, steps: int, cell: Cell, seed: int = 0)
         policy.record_step(bucket, g, t, sum(accepted) / n + 1, length=100, rows=n, accepted=accepted,
                            drafted=drafted)
     return out
+
+
+@dataclass(frozen=True)
+class Chunks:
+    """Mixed steps (`EngineConfig.mixed_step`) on a cell: a step feeds prompt chunks with odds `odds` (γ = 0, γ > 0:
+    chunks ride mostly in speculative steps), `tokens` of them drawn uniformly; they cost `fixed_s` + `token_s` ×
+    (1 + `per_gamma` · γ) per token on top of the cell's decode step (chunks beside more verify tokens cost more).
+    `mixed_lengths`: rows this long run mixed steps only (a key no pure decode step times)."""
+
+    token_s: float = 2e-6
+    fixed_s: float = 1e-3
+    per_gamma: float = 0.25
+    odds: tuple = (0.3, 0.9)
+    tokens: tuple = (256, 512)
+    mixed_lengths: tuple = ()
+
+    def seconds(self, gamma: int, tokens: int) -> float:
+        return self.fixed_s + self.token_s * (1.0 + self.per_gamma * gamma) * tokens
+
+
+def run_mixed(cell: Cell, chunks: Chunks | None, steps: int, alpha: float = 0.7, attribution: str = "policy",
+              rows: int = 64, length: int = 100, seed: int = 0, policy: GammaPolicy | None = None) -> dict:
+    """`rows` rows that never finish, each at about `alpha`, under "auto" through `steps` steps at the cell's
+    costs, with `chunks`' mixed steps (None: none) → {gammas: γ → steps, policy}. The step's chunk share is the
+    engine's split (`prefill.ChunkBudget.mixed_share`, "auto" budget); `attribution`: "policy" — reported as the
+    engine does (`record_step(..., chunk_tokens=, chunk_share=)`) — or "split", the step less that share reported
+    as a decode step (the engine before `policy_mixed`: the negative control). Every `length`-row step; each 4th
+    step at `chunks.mixed_lengths`' first length, if any (mixed only)."""
+    from specdec.engine.config import EngineConfig
+    from specdec.engine.prefill import ChunkBudget
+
+    rng = random.Random(seed)
+    policy = policy or GammaPolicy("auto", 8)
+    budget = ChunkBudget(EngineConfig(mixed_step=True, kv_layout="paged"))
+    running = [_Row(length, 1 << 30, min(max(rng.gauss(alpha, 0.05), 0.05), 0.95), rng.getrandbits(32))
+               for _ in range(rows)]
+    bucket = next(b for b in BATCH_BUCKETS if b >= rows)
+    gammas: dict[int, int] = {}
+    for step in range(steps):
+        longest = chunks.mixed_lengths[0] if chunks and chunks.mixed_lengths and step % 4 == 3 else length
+        g = policy.choose(bucket, running, lambda: [tuple(r.totals) for r in running], length=longest)
+        gammas[g] = gammas.get(g, 0) + 1
+        t = cell.step_seconds(bucket, g, longest) * rng.lognormvariate(0.0, 0.05)
+        if rng.random() < 0.02:
+            t *= 3.0  # a straggler
+        mixed = chunks is not None and (longest != length or rng.random() < chunks.odds[g > 0])
+        n = rng.randint(*chunks.tokens) if mixed else 0
+        t += chunks.seconds(g, n) if mixed else 0.0
+        accepted = [_accepted(r.alpha, g, "iid", r.rng) for r in running]
+        for r, a in zip(running, accepted):
+            if g:
+                r.totals[0] += a
+                r.totals[1] += min(a + 1, g)
+                r.totals[2] += 1
+                r.totals[3] += 1
+        share = budget.mixed_share(n, t) if mixed else 0.0
+        if not mixed:
+            budget.decoded(t)
+        produced = sum(accepted) / rows + 1
+        if share >= t:
+            continue  # (the engine records no step whose share is all of it)
+        if attribution == "split":
+            policy.record_step(bucket, g, t - share, produced, length=longest, rows=rows, accepted=accepted,
+                               drafted=[g] * rows)
+        else:
+            policy.record_step(bucket, g, t, produced, length=longest, rows=rows, accepted=accepted,
+                               drafted=[g] * rows, chunk_tokens=n, chunk_share=share)
+    return {"gammas": gammas, "policy": policy}

@@ -88,6 +88,8 @@ class Engine:
                                    kv_pool=runner.kv_pool, prefix_cache=runner.prefix_cache)
         self.policy = GammaPolicy(config.num_draft_tokens if drafter is not None else 0, runner.max_draft_tokens,
                                   plain_catches_up=runner.drafter_cached)
+        # the mixed step feeds a cached drafter every filling prompt in every regime: no charge to speculating
+        self.policy.admission.every_regime = bool(self.chunked.budget) and runner.drafter_cached
         self.stats = SpecStats()
         self._caps_from = self._step_caps = None  # the scheduler's caps record, and the one the steps run with (a
         # policy's per-row hold, `row_caps`, replaces its first rows until the rows change)
@@ -293,10 +295,12 @@ class Engine:
         seconds = time.perf_counter() - started
         # the policy weighs whole steps, device time and the host's share alike; a first run's time includes its
         # graph capture (no step time); a catch-up step's excess over the usual step is the plain steps' cost
-        # a mixed step's time holds its chunks' (`ChunkBudget.mixed_share`): the rest is its decode step's
+        # a mixed step's time holds its chunks' (`ChunkBudget.mixed_share`, the prefill budget's split); the policy
+        # takes its decode's share, pure decode steps' times first (`policy_mixed`)
         share = self.chunked.mixed_share(chunks.num_tokens, seconds) if chunks is not None else 0.0
         if not first_run and tree is None and share < seconds:
-            self.policy.record_step(batch, gamma, seconds - share, produced / n, length=longest, rows=n,
+            self.policy.record_step(batch, gamma, seconds, produced / n, length=longest, rows=n,
+                                    chunk_tokens=chunks.num_tokens if chunks is not None else 0, chunk_share=share,
                                     catch_up_of=scheduler.plain_run if caught_up else 0,
                                     catch_up_share=scheduler.catch_up_share,
                                     catch_up_prompts=scheduler.catch_up_prompts,

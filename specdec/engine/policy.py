@@ -10,8 +10,9 @@ length, rounded up to a power of two, at least 64) as
     γ* = argmax over γ ≥ floor in {0} ∪ candidates of  mean over running rows of τ_row(min(γ, cap))  /  T(b, γ, ℓ)
 
 T(b, γ, ℓ): the measured wall time of a whole step (device and host), the lower median of its last `_WINDOW`
-timed steps (noise in step times is one-sided: a straggler is only ever slower). An arm not timed at (b, ℓ)
-borrows its time from the nearest length bucket at b that timed it, scaled by the arms timed at both
+timed steps (noise in step times is one-sided: a straggler is only ever slower); under mixed steps a decode step's
+alone (pure decode steps' where any, else mixed ones less their chunks' fitted cost: `policy_mixed`). An arm
+not timed at (b, ℓ) borrows its time from the nearest length bucket at b that timed it, scaled by the arms timed at both
 (`borrow`); γ's not timed at b are interpolated linearly in γ between the timed ones. Only while b has timed
 fewer than two arms are times borrowed from other batch buckets (their ratios do not carry over well:
 speculation costs relatively more in a big batch than in a small one).
@@ -32,7 +33,8 @@ catch-up: a plain probe runs `_PROBE` = 2 steps, and plain probes are separated 
 
 Admission. A drafter that keeps a cache is fed every admitted prompt (at admission while speculating, else by the
 next catch-up), a cost no step time shows: speculative steps carry it per token they produce, and leaving a plain
-run carries the prompts that run admitted (`specdec.engine.policy_admission`, measured whatever the regime).
+run carries the prompts that run admitted (`specdec.engine.policy_admission`, measured whatever the regime; no
+charge under the mixed step, which feeds the drafter in every regime).
 
 Exploration. The very first bucket times γ = `_FIRST_GAMMA` (or the built γ nearest it; cheap even where
 speculation is compute-bound) and plain steps, `_FIRST_SAMPLES` steps each; a later new bucket times the arm the
@@ -67,10 +69,10 @@ from __future__ import annotations
 from specdec.engine.acceptance import AcceptanceWatch, check_row_cost, held_caps, pass_caps
 from specdec.engine.policy_admission import AdmissionCost
 from specdec.engine.policy_loop import loop_choice
+from specdec.engine.policy_mixed import MixedTimes
 from specdec.engine.policy_depth import DepthProfile, extra_tokens as _extra_tokens, row_estimate as _estimate, row_rates
-from specdec.engine.policy_times import (Gaps, batch_times, capture_cost, catch_up_cost, interpolate as _interpolate,
+from specdec.engine.policy_times import (Gaps, batch_times, bucket_report, capture_cost, catch_up_cost, interpolate as _interpolate,
                                          keep_last, length_bucket, median as _median, pooled_medians)
-
 
 __all__ = ["GammaPolicy", "CANDIDATES"]
 
@@ -102,6 +104,7 @@ class GammaPolicy:
         self.candidates = sorted({g for g in CANDIDATES if g <= max_draft_tokens} | ({max_draft_tokens} if max_draft_tokens else set()))
         self.default = min(_FIRST_GAMMA, max_draft_tokens) if max_draft_tokens else 0  # the first speculative probe
         self.samples: dict[tuple[int, int, int], list[float]] = {}  # (b, γ, ℓ) → its last step times (seconds)
+        self.mixed = MixedTimes(_WINDOW)  # which steps those are under mixed steps (`policy_mixed`)
         self._grid: dict[int, dict[int, dict[int, float]]] = {}  # b → ℓ → γ → T (the samples' lower median)
         self._counts: dict[tuple[int, int], int] = {}  # (b, γ) → timed steps
         self.catch_up: dict[int, list[float]] = {}  # b → the last catch-up costs per plain step (seconds)
@@ -137,19 +140,11 @@ class GammaPolicy:
         """JSON-ready, over the policy's life: batch bucket → γ → {median step ms, timed steps, decisions that
         chose it, its median per length bucket, the gaps after its steps (`Gaps`)}; the last catch-ups' ms; `clock_s`, the seconds of the steps
         recorded; `admit_ms_per_token`, the drafter's prompt feeding charged per token of speculative steps, and its
-        factors (`policy_admission`); the depth profile (`policy_depth`)."""
-        buckets: dict = {}
-        for (b, g), seconds in sorted(self.times.items()):
-            buckets.setdefault(str(b), {})[str(g)] = {"ms": round(seconds * 1e3, 3), "timed": self._timed(b, g)}
-        for (b, g), n in sorted(self.chosen.items()):
-            buckets.setdefault(str(b), {}).setdefault(str(g), {})["chosen"] = n
-        for (b, g, ell), values in sorted(self.samples.items()):  # per length bucket: runs compare at one shape
-            if values:
-                cell = buckets.setdefault(str(b), {}).setdefault(str(g), {})
-                cell.setdefault("by_length_ms", {})[str(ell)] = round(_median(values) * 1e3, 3)
-        for (b, g), gaps in sorted(self.gaps.report().items()):
-            buckets.setdefault(str(b), {}).setdefault(str(g), {}).update(gaps)
+        factors (`policy_admission`); the depth profile (`policy_depth`); the mixed steps' chunk cost fits
+        (`policy_mixed`)."""
+        buckets = bucket_report(self.samples, self._counts, self.chosen, self.gaps.report())
         return {"buckets": buckets, "clock_s": self._clock, **self.admission.report(), **self.watch.report(),
+                "mixed_chunk_cost": self.mixed.chunks.report(),
                 "depth_shape": self.depth.report(), "catch_up_ms": {
             str(b): [round(v * 1e3, 2) for v in values] for b, values in self.catch_up_events.items()}}
 
@@ -339,14 +334,17 @@ class GammaPolicy:
     def record_step(self, batch: int, gamma: int, seconds: float, tokens_per_row: float,
                     length: int | None = None, catch_up_of: int = 0, catch_up_share: float = 1.0,
                     rows: int = 1, catch_up_prompts: int = 0, accepted=None, drafted=None,
-                    draft_seconds: float | None = None) -> None:
+                    draft_seconds: float | None = None, chunk_tokens: int = 0, chunk_share: float = 0.0) -> None:
         """A whole step at (b, γ, the longest row's `length`) took `seconds` and each of its `rows` running rows
         produced `tokens_per_row` on average. catch_up_of > 0: the step first fed the drafter what that many plain
         steps committed; `catch_up_share` of its time beyond the usual step at its cell is charged to them
         (`record_catch_up`; the rest fed `catch_up_prompts` prompt tokens admitted in the plain run, which admission
         feeds otherwise: a sample of the drafter's seconds per prompt token, `policy_admission`). accepted / drafted:
         per running row (slot order) its accepted drafts and its draft length (`policy_depth`; None: not told);
-        draft_seconds: the step's drafting (a bound on the drafter's feed cost per token, `policy_admission`)."""
+        draft_seconds: the step's drafting (a bound on the drafter's feed cost per token, `policy_admission`);
+        chunk_tokens > 0: a mixed step that fed so many prompt tokens, `chunk_share` of its seconds the engine's split
+        (`ChunkBudget.mixed_share`): the table takes its decode's share (`policy_mixed`)."""
+        whole, seconds = seconds, self.mixed.decode_seconds(gamma, seconds, chunk_tokens, chunk_share)
         self._clock += max(seconds, 0.0)
         self.gaps.stepped(batch, gamma)
         self.admission.stepped(gamma, tokens_per_row * rows, rows)
@@ -363,9 +361,11 @@ class GammaPolicy:
             if usual is not None and catch_up_prompts > 0 and catch_up_share < 1:
                 self.admission.fed(max(seconds - usual, 0.0) * (1.0 - catch_up_share), catch_up_prompts)
             return
-        ell = length_bucket(length or 1)
-        values = keep_last(self.samples.setdefault((batch, gamma, ell), []), seconds, _WINDOW)
-        self._grid.setdefault(batch, {}).setdefault(ell, {})[gamma] = _median(values)
+        key = (batch, gamma, length_bucket(length or 1))  # (a mixed step: pure steps' times first, `policy_mixed`)
+        for (b, g, ell), values in self.mixed.sample(key, whole, chunk_tokens, chunk_share,
+                                                     self.samples.get(key, [])).items():
+            self.samples[(b, g, ell)] = values
+            self._grid.setdefault(b, {}).setdefault(ell, {})[g] = _median(values)
         self._counts[(batch, gamma)] = self._counts.get((batch, gamma), 0) + 1
         old = self.tokens.get((batch, gamma))
         self.tokens[(batch, gamma)] = tokens_per_row if old is None else 0.8 * old + 0.2 * tokens_per_row

@@ -30,6 +30,14 @@ in every speculative step, the probes and first timings of a plain run included:
 the first admissions and their cold ratio to the target's prefill, never re-measured in the plain run that estimate
 caused — and "auto" read 0.80x plain where a fixed γ = 4 read 1.62x (its feeds: 1.6 µs per prompt token). (The
 least, not the median: each sample is a bound, and batch-1 steps draft at 26-48 µs a token on the H200.)
+
+Under the mixed step (`EngineConfig.mixed_step`, `engine/prefill.py`) the drafter is fed every filling prompt's
+chunks whatever the regime, plain runs included: the feeding is then no cost of speculating — every arm pays it —
+and `every_regime` (set by the engine) makes `per_token` 0, as the mixed step's chunks are kept out of the step
+times (`policy_mixed`). (On one H200, zoo pair, feature head, 64 slots closed loop, the mixed step's "auto" row
+read a charge of 0.024 ms per token — 0.007 without mixed steps —: at 64 rows and τ ≈ 4.6 (α 0.955) 7 ms added to
+the 6.5 ms its table gave γ = 4, which put a 2.4 ms plain step first; "auto" ran a mean γ of 1.68 against 4.17.)
+`backlog` stays: a whole prefill at admission with nothing running is still fed only while speculating.
 """
 
 from __future__ import annotations
@@ -53,6 +61,7 @@ class AdmissionCost:
         self._flow = [0.0, 0.0]  # decayed (requests finished, tokens produced): every step
         self._rows_before, self._joined = 0, 0  # rows of the last step; requests admitted since
         self._unfed = 0.0  # prompt tokens admitted unfed since the last speculative step
+        self.every_regime = False  # the drafter is fed every prompt whatever the regime (the mixed step): no charge
 
     def feed_per_prompt_token(self) -> float | None:
         """The drafter's median seconds per prompt token over its last feeds, at most the target's over its last
@@ -67,9 +76,10 @@ class AdmissionCost:
         return min(b for b in bounds if b is not None)
 
     def per_token(self) -> float:
-        """Seconds of prompt feeding per token of a speculative step (0 before anything was fed or finished)."""
+        """Seconds of prompt feeding per token of a speculative step (0 before anything was fed or finished, and
+        with `every_regime`: every arm pays the feeding)."""
         feed, (prompts, requests), (finished, produced) = self.feed_per_prompt_token(), self._prompts, self._flow
-        if feed is None or requests <= 0 or produced <= 0:
+        if feed is None or requests <= 0 or produced <= 0 or self.every_regime:
             return 0.0
         return feed * prompts / requests * finished / produced
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import time
 
-__all__ = ["borrow", "median", "interpolate", "length_bucket", "Gaps", "batch_times", "catch_up_cost", "capture_cost"]
+__all__ = ["bucket_report", "borrow", "median", "interpolate", "length_bucket", "Gaps", "batch_times", "catch_up_cost", "capture_cost"]
 
 _MIN_LENGTH_BUCKET = 64
 
@@ -43,6 +43,24 @@ def pooled_medians(samples: dict[tuple[int, int, int], list[float]]) -> dict[tup
     for (b, g, _), values in samples.items():
         pooled.setdefault((b, g), []).extend(values)
     return {key: median(values) for key, values in pooled.items() if values}
+
+
+def bucket_report(samples: dict, counts: dict, chosen: dict, gaps: dict) -> dict:
+    """The policy's table, JSON-ready (`GammaPolicy.report`): batch bucket → γ → {ms: the median over every length
+    bucket, timed: steps timed (`counts`), chosen: decisions (`chosen`), by_length_ms: per length bucket (runs
+    compare at one shape), the gaps after its steps (`gaps`: `Gaps.report`)}."""
+    buckets: dict = {}
+    for (b, g), seconds in sorted(pooled_medians(samples).items()):
+        buckets.setdefault(str(b), {})[str(g)] = {"ms": round(seconds * 1e3, 3), "timed": counts.get((b, g), 0)}
+    for (b, g), n in sorted(chosen.items()):
+        buckets.setdefault(str(b), {}).setdefault(str(g), {})["chosen"] = n
+    for (b, g, ell), values in sorted(samples.items()):
+        if values:
+            cell = buckets.setdefault(str(b), {}).setdefault(str(g), {})
+            cell.setdefault("by_length_ms", {})[str(ell)] = round(median(values) * 1e3, 3)
+    for (b, g), gap in sorted(gaps.items()):
+        buckets.setdefault(str(b), {}).setdefault(str(g), {}).update(gap)
+    return buckets
 
 
 def median(values: list[float]) -> float:
