@@ -116,8 +116,8 @@ def _release_embedding(model: torch.nn.Module, quant) -> int:
 @torch.inference_mode(False)
 def share_dense_tensors(model: torch.nn.Module, fast):
     """`fast` (a FastLlama with quantized weights, built over `model`) reading `model`'s own tensors instead of its
-    copies of them — the token embedding (a tied LM head keeps its quantized blocks), the norms — where equal;
-    remembered for `release_dense_weights`. Returns `fast`."""
+    copies of them — the norms, a token embedding of a float type (a quantized one stays quantized: a meta
+    parameter, never shared) — where equal; remembered for `release_dense_weights`. Returns `fast`."""
     own_storage = {p.untyped_storage().data_ptr() for p in model.parameters()}
     for name, layer, tensor in hf_weights(model, fast.shape):
         held = getattr(fast, name) if layer is None else getattr(fast, name)[layer]

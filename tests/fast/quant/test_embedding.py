@@ -135,16 +135,23 @@ def test_the_engine_model_holds_no_dense_table_and_computes_what_it_did(gguf_fil
 
 
 def test_greedy_on_the_engine_is_the_dense_tables(gguf_file, tmp_path):
-    """The engine (`specdec.load`: the HF model's table released to a `QuantizedEmbedding`) gives the greedy tokens
-    of the FastLlama holding the dense table."""
+    """The engine (`specdec.load`: the HF model's table released to a `QuantizedEmbedding`, a tied head to a
+    `QuantizedLinear` over the same blocks) gives the greedy tokens of the FastLlama holding the dense table; the
+    released transformers model (the fallback paths') the logits of one never released."""
     import specdec
-    from specdec.fast.held_quantized import QuantizedEmbedding
+    from specdec.fast.held_quantized import QuantizedEmbedding, QuantizedLinear
 
     tokenizer = str(write_tiny_gguf(tmp_path / "tiny-tok.gguf"))
     llm = specdec.load(gguf_file, tokenizer=tokenizer, device="cpu", dtype="float32", max_batch_size=2,
                        max_seq_len=64)
     fast = llm.runner().model
     assert isinstance(llm.target.get_input_embeddings(), QuantizedEmbedding) and fast.embed.is_meta
+    head = llm.target.get_output_embeddings()
+    assert isinstance(head, QuantizedLinear) and (head.quant is quantized(fast.embed)) == \
+        llm.target.config.tie_word_embeddings  # a tied head: over the table's blocks, all its rows
+    control = load_model(gguf_file, device="cpu", dtype="float32", what="target")
+    with torch.inference_mode():  # the released transformers model computes what it did, bit for bit
+        assert torch.equal(llm.target(torch.tensor([PROMPT])).logits, control(torch.tensor([PROMPT])).logits)
     text = llm.generate(PROMPT, max_new_tokens=8, temperature=0.0).token_ids
     reference_tokens, _ = _greedy(_dense_embedding_copy(fast), PROMPT, 8)
     assert list(text) == reference_tokens[len(PROMPT):]
