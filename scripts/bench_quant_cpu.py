@@ -25,7 +25,9 @@
   python scripts/bench_quant_cpu.py memory GGUF
       resident memory (RSS) the engine's model adds, the transformers model dropped: the quantized path
       (`SPECDEC_GGUF_WEIGHTS` unset) or the dense float32 one (`SPECDEC_GGUF_WEIGHTS=dequantized`), against the
-      file's size; one JSON line
+      file's size — on the process's first load (with the modules transformers' load imports), what that left once
+      the model was dropped, and on a second load (the model's own); the model's bytes against the file's; one
+      JSON line
 
 Benchmarks are not tests: nothing is asserted. The machine's load changes the times: quote medians of paired runs.
 """
@@ -138,35 +140,54 @@ def _rss() -> int:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
-def memory(args) -> None:
-    import transformers  # noqa: F401 - imported before the baseline: its own pages are not the model's
+def _trim() -> None:
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)  # (freed heap pages back to the system: RSS then counts what is held)
 
+
+def _engine_model(path: str):
+    """The engine's model of the GGUF `path`, the transformers model it was built over dropped; and that model's
+    parameter bytes."""
     from specdec.engine.build import build_model
-    from specdec.fast.quant.attach import quantized_bytes
     from specdec.loading import load_model
 
-    from specdec.fast.quant import kernel_available
-
-    kernel_available()  # (the extension's pages before the baseline too)
-    gc.collect()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-    base = _rss()
-    model = load_model(args.gguf, device="cpu", dtype="float32", what="target")
+    model = load_model(path, device="cpu", dtype="float32", what="target")
     fast = build_model(model)
     hf_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     del model
-    gc.collect()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)  # (freed heap pages back to the system: RSS then counts what is held)
-    held = _rss() - base
+    _trim()
+    return fast, hf_bytes
+
+
+def memory(args) -> None:
+    import transformers  # noqa: F401 - imported before the baseline: its own pages are not the model's
+
+    from specdec.fast.quant import kernel_available
+    from specdec.fast.quant.attach import quantized_bytes
+
+    kernel_available()  # (the extension's pages before the baseline too)
+    _trim()
+    base = _rss()
+    fast, hf_bytes = _engine_model(args.gguf)
+    cold = _rss() - base  # the first load in the process: with the imports of transformers' modeling stack
+    quant = quantized_bytes(fast)
+    dense = sum(p.numel() * p.element_size() for p in {id(p): p for p in fast.parameters() if not p.is_meta}.values())
+    del fast
+    _trim()
+    left = _rss() - base  # nothing of the model is alive: the code and interpreter state those imports left
+    base_warm = _rss()
+    fast, _ = _engine_model(args.gguf)
+    warm = _rss() - base_warm  # a second load in the same process: what the model itself adds
     size = Path(args.gguf).stat().st_size
-    print(json.dumps({"file": Path(args.gguf).name, "file_mib": round(size / 2**20, 1),
+    mib = lambda b: round(b / 2**20, 1)  # noqa: E731
+    print(json.dumps({"file": Path(args.gguf).name, "file_mib": mib(size),
                       "weights": os.environ.get("SPECDEC_GGUF_WEIGHTS", "quantized"),
-                      "rss_added_mib": round(held / 2**20, 1), "rss_vs_file": round(held / size, 2),
-                      "quantized_mib": round(quantized_bytes(fast) / 2**20, 1),
-                      "dense_mib": round(sum(p.numel() * p.element_size() for p in
-                                             {id(p): p for p in fast.parameters() if not p.is_meta}.values())
-                                         / 2**20, 1),
-                      "transformers_model_mib": round(hf_bytes / 2**20, 1)}))
+                      "rss_added_mib": mib(cold), "rss_vs_file": round(cold / size, 2),
+                      "rss_left_by_first_load_mib": mib(left),
+                      "rss_added_second_load_mib": mib(warm), "rss_second_load_vs_file": round(warm / size, 2),
+                      "quantized_mib": mib(quant), "dense_mib": mib(dense),
+                      "model_vs_file": round((quant + dense) / size, 2), "transformers_model_mib": mib(hf_bytes),
+                      "load_average": round(os.getloadavg()[0], 2)}))
 
 
 def decode(args) -> None:

@@ -107,14 +107,14 @@ def vocab_size(model) -> int:
     `config.vocab_size`, padded for speed), a fast model's `shape.vocab_size`, a specdec target's `vocab_size`."""
     embeddings = getattr(model, "get_output_embeddings", None)
     layer = embeddings() if callable(embeddings) else None
-    weight = getattr(layer, "weight", None)
-    if isinstance(weight, torch.Tensor) and weight.dim() == 2 and weight.is_floating_point():
-        return int(weight.shape[0])
-    # a quantized head (torch.ao's quantize_dynamic: `weight` is a method; bitsandbytes: packed rows) says its
-    # width in out_features
+    # a Linear says its width in out_features (a quantized head too: torch.ao's quantize_dynamic, whose `weight` is a
+    # method; bitsandbytes' packed rows; `fast.held_quantized.QuantizedLinear`, whose `weight` dequantizes them all)
     rows = getattr(layer, "out_features", None)
     if isinstance(rows, int) and not isinstance(rows, bool) and rows > 0:
         return rows
+    weight = getattr(layer, "weight", None)
+    if isinstance(weight, torch.Tensor) and weight.dim() == 2 and weight.is_floating_point():
+        return int(weight.shape[0])
     for source in (getattr(model, "shape", None), model, getattr(model, "config", None)):
         value = getattr(source, "vocab_size", None)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:

@@ -16,6 +16,7 @@ import torch
 from specdec.fast.eagle import EagleConfig, EagleHead
 from specdec.fast.medusa import MedusaConfig, MedusaHeads
 from specdec.fast.model import FastLlama
+from specdec.fast.quant.weight import dense_table
 
 __all__ = ["load_eagle", "load_eagle3", "load_medusa", "load_speculators", "read_config", "key_names"]
 
@@ -199,7 +200,8 @@ def _own_embedding(embed: torch.Tensor | None, target: FastLlama) -> bool:
     """Keep the checkpoint's embedding only where it is not the target's (the reference loads it over the target's)."""
     if embed is None:
         return False
-    return tuple(embed.shape) != tuple(target.embed.shape) or not torch.equal(embed.to(target.embed), target.embed)
+    table = dense_table(target.embed)  # (a target's quantized table: dequantized once, for this comparison)
+    return tuple(embed.shape) != tuple(table.shape) or not torch.equal(embed.to(table), table)
 
 
 def _build_eagle(config: EagleConfig, raw: dict, target: FastLlama) -> EagleHead:

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from specdec.fast.kernels.attention import slot_attention_bias, slot_attention_reference
 from specdec.fast.model import FastLlama, KVCache, LlamaShape
+from specdec.fast.quant.weight import embedding
 
 __all__ = ["EagleConfig", "EagleLayer", "EagleHead"]
 
@@ -208,7 +209,7 @@ class EagleHead(torch.nn.Module):
     # ------------------------------------------------------------------------------------------ forward
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         table = self.embed if self.embed is not None else self.target.embed
-        return F.embedding(tokens, table).to(self.dtype)
+        return embedding(tokens, table).to(self.dtype)  # (a quantized target's table: its rows dequantized)
 
     def inputs(self, features: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
         """Entries from target features `[B, k, feature_dim]` and tokens x_{t+1} `[B, k]` → `[B, k, layer input]`."""

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from specdec.fast.kernels import cpu_linear
 from specdec.fast.model import FastLlama, KVCache, LlamaShape
 from specdec.fast.quant.kernel import quant_linear
-from specdec.fast.quant.weight import QuantWeight, quantized
+from specdec.fast.quant.weight import QuantWeight, embedding, quantized
 
 __all__ = ["HeadConfig", "FeatureHead", "is_feature_head", "load_feature_head", "CONFIG_NAME", "WEIGHTS_NAME"]
 
@@ -161,7 +161,7 @@ class FeatureHead(torch.nn.Module):
     # ------------------------------------------------------------------------------------------ forward
     def inputs(self, features: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
         """fc(concat(target_embed[next_tokens], features)): `[B, k, dim]`, `[B, k]` → `[B, k, dim]`."""
-        embedded = F.embedding(next_tokens, self.target.embed).to(self.dtype)
+        embedded = embedding(next_tokens, self.target.embed).to(self.dtype)  # (a quantized target's: its rows)
         x = torch.cat([embedded, features.to(self.dtype)], -1)
         quant = quantized(self.fc)  # (an 8-bit copy on the quantized CPU path: `_quantize_products`)
         return quant_linear(x, quant) if quant is not None else cpu_linear.linear(x, self.fc)  # (F.linear off CPU)

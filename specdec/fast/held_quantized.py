@@ -4,14 +4,18 @@
 transformers model `load_model` made from the GGUF still holds every weight dequantized to float32 (SmolLM2-135M:
 0.54 GB beside 0.11 GB of blocks, issue 36). Two steps remove the copies:
 
-- `share_dense_tensors` (every quantized build, `engine.build`): the `FastLlama`'s dense token embedding and norms
-  (copies) are replaced by the model's own tensors (equal, checked), a tied LM head's blocks carried over.
+- `share_dense_tensors` (every quantized build, `engine.build`): the `FastLlama`'s dense norms (and a float
+  embedding: copies) are replaced by the model's own tensors (equal, checked). A quantized token embedding stays
+  quantized in the `FastLlama` (`fast.quant.attach`: rows dequantized on gather), never shared dense.
 - `release_dense_weights` (what `specdec.load` loaded itself, `release_when_built`: as soon as the body is built,
   before the KV cache is allocated): each `nn.Linear` of the model whose
   weight the `FastLlama` holds quantized becomes a `QuantizedLinear` over those blocks (its rows of a stacked q|k|v or
   gate|up), replaced only where the blocks dequantize to the dense weight bit for bit (so every forward of the model
   — the eager loop, `specdec check`, logprobs of the fallback path — gives the same float32 as before, one layer's
-  weight dequantized at a time). The model's dense weights are then freed (`held_once.release_freed_memory`).
+  weight dequantized at a time). Its token embedding, where the `FastLlama` holds it quantized and it dequantizes to
+  the model's table bit for bit (every row compared), becomes a `QuantizedEmbedding` over those blocks, and a tied
+  LM head a `QuantizedLinear` over all their rows. The model's dense weights are then freed
+  (`held_once.release_freed_memory`).
 
 A rebuilt engine over a released model (the text API rebuilds one after a step raised) gets the same `FastLlama`
 back (`quantized_over`); one asking for the dense weights (`gguf_weights="dequantized"`, bitwise) is refused by
@@ -31,7 +35,7 @@ from specdec.fast.held_once import release_freed_memory
 from specdec.fast.quant.weight import ATTRIBUTE, quantized
 from specdec.fast.weights import hf_weights
 
-__all__ = ["QuantizedLinear", "share_dense_tensors", "quantized_over", "release_dense_weights", "release_when_built",
+__all__ = ["QuantizedLinear", "QuantizedEmbedding", "share_dense_tensors", "quantized_over", "release_dense_weights", "release_when_built",
            "is_released"]
 
 #: model → a weak reference to the quantized FastLlama built over it (`share_dense_tensors`)
@@ -64,11 +68,56 @@ class QuantizedLinear(torch.nn.Module):
                f"{self.quant.source} {tuple(self.quant.shape)}"
 
 
+class QuantizedEmbedding(torch.nn.Module):
+    """`nn.Embedding` over a `QuantWeight` `[V, dim]`: `forward(ids [...])` → float32 `[..., dim]`, the rows asked for
+    dequantized (`QuantWeight.gather`); `weight` dequantizes the whole table (`[V, dim]`, made for each read and
+    dropped after it: for code that inspects the table, never the forward)."""
+
+    def __init__(self, quant, padding_idx: int | None = None):
+        super().__init__()
+        self.quant, self.padding_idx = quant, padding_idx
+        self.num_embeddings, self.embedding_dim = (int(n) for n in quant.shape)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.quant.dequantize()
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.quant.gather(ids)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self.quant.source} (rows dequantized on gather)"
+
+
+def _dequantizes_to(quant, weight: torch.Tensor, rows: int = 4096) -> bool:
+    """Whether every row of `quant` dequantizes to `weight`'s, bit for bit (a few thousand rows at a time)."""
+    if tuple(weight.shape) != tuple(quant.shape) or weight.dtype != torch.float32:
+        return False
+    return all(torch.equal(quant.dequantize(i, i + rows), weight[i:i + rows]) for i in range(0, weight.shape[0], rows))
+
+
+def _release_embedding(model: torch.nn.Module, quant) -> int:
+    """`model`'s token embedding (and its tied LM head) over `quant`, where equal bit for bit; the bytes released."""
+    embed = model.get_input_embeddings()
+    if quant is None or not isinstance(embed, torch.nn.Embedding) or embed.weight.is_meta or \
+            not _dequantizes_to(quant, embed.weight):
+        return 0
+    head = model.get_output_embeddings()
+    tied = head is not None and getattr(head, "weight", None) is embed.weight
+    if tied and not isinstance(head, torch.nn.Linear):
+        return 0  # (a head of another kind reading the table: the table stays dense)
+    released = embed.weight.numel() * embed.weight.element_size()
+    model.set_input_embeddings(QuantizedEmbedding(quant, embed.padding_idx))
+    if tied:
+        model.set_output_embeddings(QuantizedLinear(quant, 0, quant.shape[0], head.bias))
+    return released
+
+
 @torch.inference_mode(False)
 def share_dense_tensors(model: torch.nn.Module, fast):
     """`fast` (a FastLlama with quantized weights, built over `model`) reading `model`'s own tensors instead of its
-    copies of them — the token embedding (a tied LM head keeps its quantized blocks), the norms — where equal;
-    remembered for `release_dense_weights`. Returns `fast`."""
+    copies of them — the norms, a token embedding of a float type (a quantized one stays quantized: a meta
+    parameter, never shared) — where equal; remembered for `release_dense_weights`. Returns `fast`."""
     own_storage = {p.untyped_storage().data_ptr() for p in model.parameters()}
     for name, layer, tensor in hf_weights(model, fast.shape):
         held = getattr(fast, name) if layer is None else getattr(fast, name)[layer]
@@ -134,7 +183,8 @@ def release_dense_weights(model: torch.nn.Module) -> int:
             linears.remove(entry)
             released += weight.numel() * weight.element_size()
         del tensor
-    _RELEASED[model] = fast
+    released += _release_embedding(model, quantized(fast.embed) if fast.embed.is_meta else None)  # (after the
+    _RELEASED[model] = fast  # linears: `hf_weights` reads the model's embedding parameter)
     release_freed_memory()
     return released
 

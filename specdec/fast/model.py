@@ -42,7 +42,7 @@ from specdec.fast.families import FAMILIES, Arch, LlamaShape, rope_table
 from specdec.fast.layers import LlamaLayers
 from specdec.fast.weights import hf_ropes, hf_weights
 from specdec.fast.kernels.norm import rms_norm
-from specdec.fast.quant.weight import quantized, quantized_weights
+from specdec.fast.quant.weight import embedding, quantized, quantized_weights
 from specdec.fast.kernels.select import KernelChoice, check_kernel, use_triton
 
 __all__ = ["LlamaShape", "Arch", "FAMILIES", "KVCache", "FastLlama"]
@@ -200,16 +200,18 @@ class FastLlama(LlamaLayers, torch.nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.embed.device
+        quant = quantized(self.embed) if self.embed.is_meta else None  # (a GGUF's embedding kept quantized)
+        return self.embed.device if quant is None else quant.scale.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed.dtype
+        return self.embed.dtype  # (a quantized embedding's placeholder: float32, the dtype of its gathered rows)
 
     @property
     def weight_bytes(self) -> int:
         """Bytes a decode step must read: every weight once (the embeddings are only gathered); a weight kept
-        quantized (`fast.quant`: a meta placeholder, or a tied embedding's quantized copy), its quantized matrix."""
+        quantized (`fast.quant`: a meta placeholder, or a tied embedding's quantized copy), its quantized matrix (an
+        untied quantized embedding's: not read, gathered)."""
         seen, total = set(), 0
         for name, p in self.named_parameters():
             if id(p) in seen or p.is_meta or quantized(p) is not None or name == "pos_embed" or (
@@ -217,7 +219,8 @@ class FastLlama(LlamaLayers, torch.nn.Module):
                 continue
             seen.add(id(p))
             total += p.numel() * p.element_size()
-        return total + sum(q.nbytes for q in quantized_weights(self))
+        gathered = quantized(self.embed) if not self.shape.tie_word_embeddings else None
+        return total + sum(q.nbytes for q in quantized_weights(self) if q is not gathered)
 
     def new_cache(self, batch_size: int, num_slots: int) -> KVCache:
         """A zeroed cache with at least `num_slots` usable slots (+1 junk slot, rounded up to 16)."""
@@ -270,7 +273,7 @@ class FastLlama(LlamaLayers, torch.nn.Module):
         rope_pos, slots, tree_mask = placed.positions, placed.slots, placed.tree
         tables = self._tables(cache.span)
         if embeds is None:
-            x = F.embedding(tokens, self.embed)  # [B, k, dim]
+            x = embedding(tokens, self.embed)  # [B, k, dim] (a quantized table: its rows dequantized)
             if a.embed_scale is not None:  # (Gemma: the scale rounded to the model dtype first, as transformers does)
                 x = x * (torch.tensor(a.embed_scale, dtype=self.dtype) if a.round_embed_scale else a.embed_scale)
         else:

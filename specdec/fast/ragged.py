@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from specdec.fast.kernels.ragged_attention import RaggedLayout, ragged_attention
 from specdec.fast.kernels.select import check_kernel
 from specdec.fast.model import FastLlama
+from specdec.fast.quant.weight import embedding
 
 __all__ = ["RaggedRow", "RaggedBatch", "forward_ragged", "covers"]
 
@@ -234,7 +235,7 @@ def forward_ragged(model, batch: RaggedBatch, cache, *, return_hidden: bool = Fa
     mode = model.kernels if kernels is None else check_kernel(kernels, "kernels")
     n = batch.num_tokens
     positions = batch.positions
-    x = F.embedding(batch.tokens, model.embed)  # [N, dim] (as FastLlama.forward embeds)
+    x = embedding(batch.tokens, model.embed)  # [N, dim] (as FastLlama.forward embeds)
     if a.embed_scale is not None:
         x = x * (torch.tensor(a.embed_scale, dtype=model.dtype) if a.round_embed_scale else a.embed_scale)
     if a.learned_positions:

@@ -1,7 +1,7 @@
 """A GGUF kept quantized is held once (`fast.held_quantized`, issue 36): after `specdec.load` the transformers model's
-linear layers read the engine's blocks (no dense float32 copy of them is alive) and the engine's embedding is the
-model's own tensor; the transformers model still computes what it did, bit for bit; a rebuilt engine gets the same
-body back; a model the user passed is never released. The duplicate's return is what the byte counts would see
+linear layers and its token embedding read the engine's blocks (no dense float32 copy of them is alive; the engine's
+embedding is quantized too, its rows dequantized on gather); the transformers model still computes what it did, bit
+for bit; a rebuilt engine gets the same body back; a model the user passed is never released. The duplicate's return is what the byte counts would see
 (the control: the same model before `release_dense_weights` holds every linear weight dense)."""
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from loading.test_gguf_tensors import write_quantized_gguf  # noqa: E402
 import specdec  # noqa: E402
 from specdec.engine.build import build_model  # noqa: E402
 from specdec.fast.held_once import held_bytes  # noqa: E402
-from specdec.fast.held_quantized import (QuantizedLinear, is_released, quantized_over,  # noqa: E402
-                                         release_dense_weights)
+from specdec.fast.held_quantized import (QuantizedEmbedding, QuantizedLinear, is_released,  # noqa: E402
+                                         quantized_over, release_dense_weights)
 from specdec.fast.quant import attach  # noqa: E402
+from specdec.fast.quant.weight import quantized  # noqa: E402
 from specdec.loading import load_model  # noqa: E402
 
 PROMPT = [0, 5, 9, 14, 3, 22, 7]
@@ -56,7 +57,7 @@ def _logits(model) -> torch.Tensor:
         return model(torch.tensor([PROMPT])).logits
 
 
-def test_load_releases_the_dense_linear_weights_and_shares_the_embedding(gguf_file, tokenizer):
+def test_load_releases_the_dense_linear_weights_and_the_embedding(gguf_file, tokenizer):
     control = load_model(gguf_file, device="cpu", dtype="float32", what="target")
     reference = _logits(control)
     llm = specdec.load(gguf_file, tokenizer=tokenizer, device="cpu", dtype="float32", max_batch_size=2, max_seq_len=64)
@@ -65,8 +66,10 @@ def test_load_releases_the_dense_linear_weights_and_shares_the_embedding(gguf_fi
     assert _dense_linear_bytes(model) == 0 and is_released(model) and quantized_over(model) is fast
     replaced = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
     assert len(replaced) == len([m for m in control.modules() if isinstance(m, torch.nn.Linear)])  # every one
-    embed = model.get_input_embeddings().weight
-    assert fast.embed.data_ptr() == embed.data_ptr()  # one embedding, the model's own
+    embed = model.get_input_embeddings()
+    assert isinstance(embed, QuantizedEmbedding) and fast.embed.is_meta and embed.quant is quantized(fast.embed)
+    assert torch.equal(embed.weight, control.get_input_embeddings().weight)  # the same table, bit for bit
+    assert not any(isinstance(m, torch.nn.Embedding) for m in model.modules())  # no dense table left
     assert held_bytes(model, fast) == held_bytes(model)  # the engine holds no dense tensor the model does not
     assert torch.equal(_logits(model), reference)  # the transformers model computes what it did, bit for bit
     text = llm.generate(PROMPT, max_new_tokens=8, temperature=0.0).token_ids
@@ -88,5 +91,6 @@ def test_a_model_the_user_passes_is_not_released(gguf_file, tokenizer):
     dense = _dense_linear_bytes(model)
     llm = specdec.load(model, tokenizer=tokenizer, device="cpu", dtype="float32", max_batch_size=2, max_seq_len=64)
     assert not is_released(model) and _dense_linear_bytes(model) == dense
-    assert llm.runner().model.embed.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    assert isinstance(model.get_input_embeddings(), torch.nn.Embedding)  # its own table, kept
+    assert llm.runner().model.embed.is_meta  # (the engine's: quantized, gathered)
     llm.close()

@@ -46,7 +46,9 @@ def _quantized(writer, name: str, kind: str, n: int, k: int, seed: int) -> None:
     writer.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType[kind])
 
 
-def write_quantized_gguf(path: Path) -> Path:
+def write_quantized_gguf(path: Path, *, tied: bool = False) -> Path:
+    """The tiny Llama GGUF of every block type (its token embedding Q8_0); `tied`: no output.weight (the LM head is
+    the embedding, as SmolLM2's)."""
     writer = gguf.GGUFWriter(str(path), "llama")
     for add, value in ((writer.add_block_count, len(LAYER_TYPES)), (writer.add_context_length, 256),
                        (writer.add_embedding_length, DIM), (writer.add_feed_forward_length, FF),
@@ -71,7 +73,8 @@ def write_quantized_gguf(path: Path) -> Path:
         for j, (name, kind) in enumerate(types.items()):
             _quantized(writer, f"blk.{i}.{name}.weight", kind, *rows[name], seed=10 * i + j)
     writer.add_tensor("output_norm.weight", np.ones(DIM, np.float32))
-    _quantized(writer, "output.weight", "Q4_1", VOCAB, DIM, 101)
+    if not tied:
+        _quantized(writer, "output.weight", "Q4_1", VOCAB, DIM, 101)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -113,7 +116,8 @@ def test_the_engine_model_keeps_them_quantized_with_the_dense_logits(hf_model, c
     assert ("attn_decode" in lines[0]) == fast.cpu_attention
     for name in ("wqkv", "wo", "w_gate_up", "w_down"):
         assert all(p.is_meta and quantized(p) is not None for p in getattr(fast, name))
-    assert fast.lm_head.is_meta and not fast.embed.is_meta  # untied: the head quantized, the embedding gathered
+    assert fast.lm_head.is_meta and fast.embed.is_meta and quantized(fast.embed).source == "Q8_0"  # untied: both
+    assert quantized(fast.lm_head) is not quantized(fast.embed)  # quantized, the embedding's rows gathered from its own
     dense = FastLlama.from_hf(hf_model)
     tokens = torch.tensor([[0, 5, 9, 14, 3, 22, 7, 30]])
     with torch.inference_mode():

@@ -1,13 +1,15 @@
 """A `FastLlama` whose linear weights stay GGUF-quantized: `quantized_from_hf(model)` for a transformers model that
 `load_model` read from a GGUF, on the CPU in float32.
 
-The plain tensors (norms, biases, and the token embedding the layers gather from) are copied from the transformers
-model as `FastLlama.from_hf` does; each linear weight (q|k|v, o, gate|up, down, the LM head) is read from the file
+The plain tensors (norms, biases; a token embedding of a float type) are copied from the transformers model as
+`FastLlama.from_hf` does; each linear weight (q|k|v, o, gate|up, down, the LM head) is read from the file
 (`loading.gguf_tensors.read_quantized`), checked equal, bit for bit, to the transformers model's dequantized tensor
 (so a mapping or decoding slip can never run), and put in place as a "meta" parameter of the right shape carrying
 the `QuantWeight` (`quantized(weight)`), which `FastLlama`'s GEMM helpers send to `fast.quant.kernel`. The dense
 float32 copy of those weights is never made in the `FastLlama` (the transformers model keeps its own until released).
-A tied LM head keeps the dense embedding for gathers and multiplies by its quantized copy.
+A quantized token embedding is held so too: its rows are dequantized when gathered (`weight.embedding`: the layers'
+input, the feature heads' next-token rows), the same float32 as the dense table's; a tied LM head is the same
+parameter, multiplied by the quantized kernel.
 
 Which weights a GGUF gets (`resolve_weights`): `EngineConfig(gguf_weights=...)` when not "auto", else the process
 default (`specdec ... --gguf-weights`, `set_default`; `SPECDEC_GGUF_WEIGHTS` in the environment is an alias of it),
@@ -32,7 +34,7 @@ from collections import Counter
 
 import torch
 
-from specdec.fast.quant.weight import ATTRIBUTE as _ATTR, put_quantized, quantized, quantized_weights
+from specdec.fast.quant.weight import put_quantized, quantized, quantized_weights
 
 logger = logging.getLogger(__name__)
 
@@ -137,13 +139,13 @@ def quantized_from_hf(model, kernels: str = "auto", weights: str | None = "auto"
             if qw is not None and not _same(qw, tensor.detach()):
                 raise ValueError(f"{file.name}: the quantized {name}{'' if layer is None else f'[{layer}]'} does not "
                                  "dequantize to the transformers model's tensor")
-            if qw is not None and name != "embed":
-                put_quantized(fast, name, layer, qw)
+            if qw is not None:
+                put_quantized(fast, name, layer, qw)  # (the embedding too: its rows dequantized on gather)
+                if name == "embed" and shape.tie_word_embeddings:  # the tied LM head: the same quantized table
+                    fast.lm_head = fast.embed
                 continue
             target = getattr(fast, name) if layer is None else getattr(fast, name)[layer]
-            target.copy_(tensor.detach())  # (the embedding: dense, for the gathers)
-            if qw is not None and shape.tie_word_embeddings:  # the tied LM head multiplies by the quantized copy
-                setattr(target, _ATTR, qw)
+            target.copy_(tensor.detach())
     fast.config = model.config
     fast.generation_config = getattr(model, "generation_config", None)
     fast.cpu_attention = kernel_available()  # (decode / verify attention row-count invariant: `fast.quant.attention`)

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["QuantWeight", "join", "quantized", "quantized_weights", "put_quantized", "ATTRIBUTE"]
+__all__ = ["QuantWeight", "join", "quantized", "quantized_weights", "put_quantized", "embedding", "dense_table",
+           "ATTRIBUTE"]
 
 ATTRIBUTE = "specdec_quant"  # the attribute of a model's parameter that carries its QuantWeight (`fast.quant.attach`)
 
@@ -38,6 +39,24 @@ def put_quantized(model, name: str, layer: int | None, weight) -> None:
         setattr(model, name, p)
     else:
         getattr(model, name)[layer] = p
+
+
+def embedding(tokens: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """`F.embedding(tokens, table)`: tokens `[...]` → `[..., dim]`; a table kept quantized (a "meta" parameter
+    carrying a `QuantWeight`, `fast.quant.attach`) gathers its rows dequantized (`QuantWeight.gather`: the same
+    float32 as the dense dequantized table's rows, bit for bit), so no dense copy of the table is ever held."""
+    if table.is_meta:
+        quant = quantized(table)
+        if not isinstance(quant, QuantWeight):
+            raise ValueError(f"embedding: a meta table {tuple(table.shape)} without the quantized rows to gather")
+        return quant.gather(tokens)
+    return torch.nn.functional.embedding(tokens, table)
+
+
+def dense_table(table: torch.Tensor) -> torch.Tensor:
+    """`table` `[V, dim]` as a dense tensor: itself, or a quantized one's every row dequantized (a transient copy:
+    for the rare whole-table comparison, never the hot path)."""
+    return quantized(table).dequantize() if table.is_meta and quantized(table) is not None else table
 
 
 def quantized_weights(model) -> list:
@@ -98,6 +117,12 @@ class QuantWeight:
         if self.offset is not None:
             w = w + self.offset[start:stop, :, None]
         return w.view(-1, self.shape[1])
+
+    def gather(self, index: torch.Tensor) -> torch.Tensor:
+        """The rows `index` (any shape, int64) dequantized: float32 `[*index.shape, K]`, each row the same values as
+        `dequantize()`'s (the same elementwise products; only the rows asked for are made) — an embedding's gather."""
+        flat = index.reshape(-1).to(device=self.qs.device, dtype=torch.long)
+        return self.select_rows(flat).dequantize().view(*index.shape, self.shape[1])
 
     def select_rows(self, index: torch.Tensor) -> "QuantWeight":
         """The rows `index` (a permutation or subset), still quantized."""
