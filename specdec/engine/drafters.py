@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from specdec import rng
 from specdec.core import FILTERS, standardize_rows
@@ -32,6 +31,7 @@ from specdec.core.processors import (
 from specdec.drafters.model import DraftState, ModelDrafter
 from specdec.drafters.protocol import Proposal
 from specdec.engine.slots import SlotCache, SlotState, prefill_ragged, prefill_rows
+from specdec.fast.quant.weight import embedding
 from specdec.fast.kernels.argmax import argmax
 from specdec.fast.model import FastLlama
 
@@ -189,7 +189,7 @@ class SlotModel(DraftState):
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """Target tokens `[b, k]` → the draft's input vectors `[b, k, dim]` (its own embedding scale applied)."""
-        x = F.embedding(self._ids(tokens), self.model.embed)
+        x = embedding(self._ids(tokens), self.model.embed)  # (a GGUF table kept quantized: its rows gathered)
         scale = self.model.shape.arch.embed_scale
         return x if scale is None else x * torch.tensor(scale, dtype=x.dtype)
 
