@@ -64,7 +64,7 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
                     "engine" / "fallback" to force one
     tensor_parallel_size  N > 1: run under `torchrun --nproc-per-node N`; every rank loads its shard of the
                     target folder; rank 0 gets the LLM, the other ranks follow its steps and exit the process
-                    when rank 0 closes it (`specdec/text/tensor_parallel.py`); γ an integer or "auto" (rank 0 decides)
+                    when rank 0 closes it (`specdec/text/tensor_parallel.py`); γ an int, "auto" or a policy (rank 0 decides)
     tensor_parallel_all_reduce  how the ranks sum the row-parallel products: "auto" (one_shot where the GPUs
                     reach each other by P2P, else group), "group" (NCCL / gloo) or "one_shot" (torch symmetric
                     memory over NVLink, CUDA); see `specdec.distributed.allreduce`
