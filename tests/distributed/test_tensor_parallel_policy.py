@@ -45,3 +45,21 @@ def test_text_api_tensor_parallel_runs_rank_zeros_policy_choice(checkpoints, tmp
     with specdec_load(checkpoints) as llm:
         prompts = ["w1 w2 w3 w4", "w5 w6", "w7 w7 w8 w9 w7"]
         assert got["greedy"] == [c.text for c in llm.generate(prompts, max_new_tokens=12, temperature=0)]
+
+
+def test_cli_torchrun_runs_a_policy_name_with_the_single_process_text(checkpoints, capsys):
+    """`generate --tensor-parallel-size 2 --num-draft-tokens optimal`: the optimal policy times each rank's own steps
+    (so the ranks' choices may differ); every rank runs rank 0's, and rank 0 prints the single-process greedy text.
+    Negative control: a name that is no policy is still refused, in one line."""
+    from specdec.cli import main
+
+    _torchrun, _ = _helpers()
+    common = ["--device", "cpu", "--target", checkpoints["llama"], "--draft", checkpoints["draft"],
+              "--prompt", "w1 w2 w3 w4", "--temperature", "0", "--max-new-tokens", "10", "--quiet",
+              "--num-draft-tokens", "optimal"]
+    proc = _torchrun("-m", "specdec", "generate", "--tensor-parallel-size", "2", *common)
+    assert main(["generate", *common]) == 0
+    single = capsys.readouterr().out
+    assert len(single.split()) > 4 and proc.stdout == single
+    assert main(["generate", *common[:-1], "optimall", "--tensor-parallel-size", "2"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
