@@ -184,12 +184,18 @@ PER_REQUEST_POLICY = ("a draft-length policy chooses one γ per step for the who
 def check_num_draft_tokens(value):
     """A request's own γ: an int in [0, MAX_NUM_DRAFT_TOKENS] (0 = plain decoding; its draft cap) or "auto" (the
     engine picks γ each step). A draft-length policy's name or object is refused, saying why (`PER_REQUEST_POLICY`)."""
-    from specdec.policy import POLICY_NAMES, DraftLengthPolicy
     from specdec.request import check_num_draft_tokens as check
+
+    refuse_request_policy(value)
+    return check(value, minimum=0, names=("auto",))
+
+
+def refuse_request_policy(value) -> None:
+    """A ValueError saying why (`PER_REQUEST_POLICY`) where one request's γ is a draft-length policy's name or object."""
+    from specdec.policy import POLICY_NAMES, DraftLengthPolicy
 
     if isinstance(value, DraftLengthPolicy) or isinstance(value, str) and value.strip().lower() in POLICY_NAMES:
         raise ValueError(f"num_draft_tokens={gamma_label(value)!r} for one request: {PER_REQUEST_POLICY}")
-    return check(value, minimum=0, names=("auto",))
 
 
 def check_default_gamma(value):
