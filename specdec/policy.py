@@ -27,18 +27,8 @@ import torch
 from specdec.analysis import optimal_gamma, walltime_improvement
 from specdec.request import MAX_NUM_DRAFT_TOKENS, as_int
 
-__all__ = [
-    "StepOutcome",
-    "DraftLengthPolicy",
-    "FixedPolicy",
-    "HeuristicPolicy",
-    "OptimalPolicy",
-    "ThresholdPolicy",
-    "GuardedPolicy",
-    "OnlineEstimates",
-    "resolve_policy",
-    "POLICY_NAMES",
-]
+__all__ = ["StepOutcome", "DraftLengthPolicy", "FixedPolicy", "HeuristicPolicy", "OptimalPolicy", "ThresholdPolicy",
+           "GuardedPolicy", "OnlineEstimates", "resolve_policy", "check_policy", "POLICY_NAMES", "POLICY_METHODS"]
 
 logger = logging.getLogger(__name__)
 
@@ -357,11 +347,11 @@ def resolve_policy(spec: int | str | DraftLengthPolicy) -> DraftLengthPolicy:
     """An int → FixedPolicy; a name → a fresh policy with default settings; a policy passes through.
 
     Names: "fixed" (γ = 4), "heuristic", "optimal", "threshold", "guarded" (guarding "optimal").
-    A policy instance is `reset()` (a new generation starts with it) and returned. Integers are bounded:
-    1 <= γ <= MAX_NUM_DRAFT_TOKENS.
+    A policy instance is checked (`check_policy`), `reset()` (a new generation starts with it) and returned.
+    Integers are bounded: 1 <= γ <= MAX_NUM_DRAFT_TOKENS.
     """
     if isinstance(spec, DraftLengthPolicy):
-        spec.reset()
+        check_policy(spec).reset()
         return spec
     if not isinstance(spec, (bool, str, float)) and hasattr(spec, "__index__"):  # int, numpy / torch integers
         return FixedPolicy(spec)
@@ -382,4 +372,26 @@ def resolve_policy(spec: int | str | DraftLengthPolicy) -> DraftLengthPolicy:
             return factories[name]()
         raise ValueError(f"num_draft_tokens: unknown draft-length policy {spec!r}: use an int >= 1 or one of "
                          f"{', '.join(POLICY_NAMES)}")
-    raise ValueError(f"num_draft_tokens must be an int >= 1, a policy name or a DraftLengthPolicy, got {spec!r}")
+    if isinstance(spec, (bool, float)) or spec is None:
+        raise ValueError(f"num_draft_tokens must be an int >= 1, a policy name or a DraftLengthPolicy, got {spec!r}")
+    return check_policy(spec)  # (refused: an object of another class, naming what it lacks)
+
+
+def check_policy(policy) -> DraftLengthPolicy:
+    """`policy` if it is a draft-length policy object: a `DraftLengthPolicy` (subclass) implementing
+    `num_draft_tokens()` (`update`, `reset`, `confidence_threshold` have defaults); else a ValueError naming what
+    it lacks (for an object of another class: which of those methods it has not, and to subclass the base)."""
+    kind = type(policy).__name__
+    if isinstance(policy, DraftLengthPolicy):
+        if type(policy).num_draft_tokens is DraftLengthPolicy.num_draft_tokens:
+            raise ValueError(f"num_draft_tokens: {kind} does not implement num_draft_tokens() (a DraftLengthPolicy "
+                             "subclass must: the γ of the next step)")
+        return policy
+    missing = [f"{m}()" for m in POLICY_METHODS if not callable(getattr(policy, m, None))]
+    lacks = f"lacks {', '.join(missing)} and " if missing else ""
+    raise ValueError(f"num_draft_tokens: a policy object must be a specdec.DraftLengthPolicy; {kind} {lacks}does not "
+                     f"subclass it (the protocol: {', '.join(f'{m}()' for m in POLICY_METHODS)})")
+
+
+#: The draft-length policy protocol's methods (`DraftLengthPolicy`: only `num_draft_tokens` has no default).
+POLICY_METHODS = ("num_draft_tokens", "update", "reset", "confidence_threshold")

@@ -102,10 +102,12 @@ def check_args(args: argparse.Namespace) -> None:
     if getattr(args, "tensor_parallel_all_reduce", "auto") != "auto" and getattr(args, "tensor_parallel_size", 1) == 1:
         raise CLIError(f"--tensor-parallel-all-reduce {args.tensor_parallel_all_reduce} needs --tensor-parallel-size > 1")
     if check_int("--tensor-parallel-size", getattr(args, "tensor_parallel_size", 1), 1, 1024) > 1:
+        from specdec.policy import POLICY_NAMES
+
         gamma = args.num_draft_tokens.strip()
-        if not gamma.isdigit() and gamma != "auto":
-            raise CLIError(f"--tensor-parallel-size needs an integer or 'auto' --num-draft-tokens, got {gamma!r} (a "
-                           "draft-length policy runs on the transformers loop, which has no sharded path)")
+        if not gamma.isdigit() and gamma.lower() not in ("auto", *POLICY_NAMES):  # (a policy: rank 0's γ runs)
+            raise CLIError(f"--tensor-parallel-size needs an integer, 'auto' or a policy name --num-draft-tokens, "
+                           f"got {gamma!r}")
     check_int("--max-tokens", args.max_tokens, 1)
     options = _engine_options(args)
     if options.get("bitwise") and getattr(args, "tensor_parallel_size", 1) > 1:

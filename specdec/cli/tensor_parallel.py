@@ -3,7 +3,8 @@
 Every rank joins the process group (gloo on CPU, nccl on CUDA), loads its shard of the target
 (`specdec.distributed.load_sharded`: only its safetensors slices) and a full copy of the drafter, and runs
 the same `specdec.generate(..., engine="fast")` on token ids with the same seed (rank 0's, broadcast), so
-all ranks commit the same tokens. Only rank 0 prints; the text is decoded as the single-process command does.
+all ranks commit the same tokens (an "auto" γ or a draft-length policy: each rank's chooses, and every rank runs
+rank 0's choice, `engine.agreement`). Only rank 0 prints; the text is decoded as the single-process command does.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ __all__ = ["run_tensor_parallel"]
 
 
 def _check(args: argparse.Namespace, gamma) -> None:
-    if not isinstance(gamma, int) and gamma != "auto":
-        raise CLIError(f"--tensor-parallel-size needs an integer or 'auto' --num-draft-tokens, got {gamma!r} (a "
-                       "draft-length policy runs on the transformers loop, which has no sharded path)")
+    from specdec.policy import POLICY_NAMES
+
+    if not isinstance(gamma, int) and gamma != "auto" and gamma not in POLICY_NAMES:  # (a policy: rank 0's γ runs)
+        raise CLIError(f"--tensor-parallel-size needs an integer, 'auto' or a policy name --num-draft-tokens, got "
+                       f"{gamma!r}")
     if args.leniency != 1.0 or args.draft_tree is not None:
         raise CLIError("--leniency and --draft-tree run on the transformers loop, not with --tensor-parallel-size")
     if args.allow_pickle:
@@ -59,7 +62,7 @@ def run_tensor_parallel(args: argparse.Namespace, gamma) -> int:
         prompts = encode_prompts(tokenizer, args.prompt)
 
         drafter = load_drafter(args, tokenizer, target.shape.vocab_size, prompts, device, dtype)
-        if drafter is not None and gamma != "auto" and gamma < 1:
+        if drafter is not None and isinstance(gamma, int) and gamma < 1:
             raise ValueError(f"num_draft_tokens must be >= 1 with a draft (got {gamma}); omit --draft for plain decoding")
         defaults = GenerationDefaults.from_model(target, resolve_eos(None, target))
         pick = lambda given, default: default if given is None else given  # noqa: E731

@@ -129,8 +129,10 @@ def engine_stream(target, prompts, drafter, params: SamplingParams, num_draft_to
     """`specdec.stream_request` on the engine (arguments validated now; see the module doc): prompt i runs as a
     request with `params` and the seed (s, i)."""
     policy = None  # a draft-length policy (`engine.policy_loop`): a name or a `DraftLengthPolicy`
-    if num_draft_tokens != "auto" and isinstance(num_draft_tokens, (str, DraftLengthPolicy)):
-        policy = resolve_policy(num_draft_tokens)  # (checked, and reset for this call, with a drafter or not)
+    if num_draft_tokens != "auto" and (isinstance(num_draft_tokens, (str, DraftLengthPolicy)) or not isinstance(
+            num_draft_tokens, (bool, float, type(None))) and not hasattr(num_draft_tokens, "__index__")):
+        policy = resolve_policy(num_draft_tokens)  # (checked — an object of another class refused, naming what it
+        # lacks: `policy.check_policy` — and reset for this call, with a drafter or not)
     elif num_draft_tokens != "auto" and (isinstance(num_draft_tokens, bool) or not hasattr(num_draft_tokens,
                                                                                          "__index__")):
         raise ValueError(f"num_draft_tokens must be an integer >= 1, 'auto', a policy name or a DraftLengthPolicy, "

@@ -34,6 +34,7 @@ from specdec.server import responses as R
 from specdec.server.guard import GuardConfig, GuardMiddleware
 from specdec.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from specdec.server.runs import Health, Mailbox, Run, SeedSource, describe
+from specdec.text.prompts import gamma_label
 from specdec.server.structured import compile_on, constraint_of
 from specdec.server.tool_parsers import FORMATS, ToolCallStream, detect_format, marker_ids
 from specdec.server.tools import ToolPlan, plan_tools
@@ -134,7 +135,7 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
     @app.get("/v1/models")
     async def models():
         card = {"id": model_name, "object": "model", "created": R.created(), "owned_by": "specdec",
-                "max_model_len": llm.max_seq_len, "num_draft_tokens": llm.num_draft_tokens}
+                "max_model_len": llm.max_seq_len, "num_draft_tokens": gamma_label(llm.num_draft_tokens)}
         return {"object": "list", "data": [card]}
 
     @app.get("/v1/models/{name:path}")
@@ -143,7 +144,7 @@ def create_app(llm, *, model_name: str = "specdec", max_tokens_limit: int | None
             raise P.APIError(f"The model `{name}` does not exist", status=404, param="model", type="NotFoundError",
                              code="model_not_found")
         return {"id": model_name, "object": "model", "created": R.created(), "owned_by": "specdec",
-                "max_model_len": llm.max_seq_len, "num_draft_tokens": llm.num_draft_tokens}
+                "max_model_len": llm.max_seq_len, "num_draft_tokens": gamma_label(llm.num_draft_tokens)}
 
     @app.get("/metrics")
     async def prometheus():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 __all__ = ["CompletionRequest", "ChatRequest", "Message", "StreamOptions", "SpecdecOptions", "refusal",
            "MAX_CHOICES", "MAX_PROMPTS", "MAX_TOP_LOGPROBS"]
@@ -36,8 +36,20 @@ class StreamOptions(_Strict):
     include_obfuscation: bool | None = None  # OpenAI
 
 
+def _no_policy(value):
+    """One request's γ is an integer: a draft-length policy's name is refused saying why (`PER_REQUEST_POLICY`)."""
+    from specdec.text.prompts import refuse_request_policy
+
+    refuse_request_policy(value)
+    return value
+
+
+#: A request's own γ (0 = plain decoding; 1..the engine's max_draft_tokens), or None: the server's.
+RequestGamma = Annotated[int | None, BeforeValidator(_no_policy)]
+
+
 class SpecdecOptions(_Strict):
-    num_draft_tokens: int | None = None  # 0 = plain decoding; else the server's γ
+    num_draft_tokens: RequestGamma = None  # 0 = plain decoding; else the server's γ
     token_details: bool = False  # stream each token's text and kind (accepted / resampled / bonus / plain)
     leniency: float | None = Field(default=None, gt=0.0, le=1.0)  # l < 1: lossy verification (1 = exact)
     draft_tree: list[Annotated[int, Field(ge=1, le=MAX_TREE_WIDTH)]] | None = Field(default=None, min_length=1,
@@ -107,7 +119,7 @@ class _Common(_Strict):
     vllm_xargs: Any = None
     # specdec's own
     specdec: SpecdecOptions | None = None
-    num_draft_tokens: int | None = None  # the same as specdec.num_draft_tokens
+    num_draft_tokens: RequestGamma = None  # the same as specdec.num_draft_tokens
 
     @property
     def draft_tokens(self) -> int | None:

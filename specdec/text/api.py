@@ -26,8 +26,8 @@ from specdec.request import MAX_NUM_DRAFT_TOKENS, as_int, resolve_eos
 from specdec.text.driver import Driver
 from specdec.text.drafts import load_draft
 from specdec.text.outputs import Completion, TextDelta, TextRequest
-from specdec.text.prompts import (GenerationDefaults, check_num_draft_tokens, encode_prompts, make_params,
-                                  read_chat_template, render_chat)
+from specdec.text.prompts import (GenerationDefaults, check_default_gamma, check_num_draft_tokens, encode_prompts,
+                                  gamma_label, make_params, read_chat_template, render_chat)
 from specdec.text.options import check_engine_options, engine_config, loop_refusal
 from specdec.text.runner import FallbackRunner, RunnerSpec, build_runner
 from specdec.text.shapes import check_conversations, request_params, shape_outputs
@@ -54,9 +54,9 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
                     quantization_config, low_cpu_mem_usage, variant; `draft_model_kwargs` the same for the draft
     allow_weight_mismatch  load checkpoints whose weights do not fill the model (missing tensors would be
                     randomly initialised) or hold tensors it does not use; refused by default
-    num_draft_tokens default γ of a request that names none (an int, "auto", or a policy name — "heuristic",
-                    ... — choosing the engine's γ each step); 0 = plain decoding. A request's own γ (0, 1..8 or
-                    "auto") runs on the same engine, in the same batches
+    num_draft_tokens default γ of a request that names none (an int, "auto", or a draft-length policy — a name,
+                    "heuristic", ..., or a `DraftLengthPolicy` object — choosing the engine's γ each step); 0 = plain
+                    decoding. A request's own γ (0, 1..8 or "auto"; not a policy) runs on the same engine, batched
     chat_template   a Jinja chat template (string or file) replacing the tokenizer's own
     allow_pickle    load .bin/.pt weights (pickle can run code); safetensors only by default
     runner          "auto": the request-level engine (a fast family body, else the transformers backend:
@@ -64,7 +64,7 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
                     "engine" / "fallback" to force one
     tensor_parallel_size  N > 1: run under `torchrun --nproc-per-node N`; every rank loads its shard of the
                     target folder; rank 0 gets the LLM, the other ranks follow its steps and exit the process
-                    when rank 0 closes it (`specdec/text/tensor_parallel.py`); γ an integer or "auto" (rank 0 decides)
+                    when rank 0 closes it (`specdec/text/tensor_parallel.py`); γ an int, "auto" or a policy (rank 0 decides)
     tensor_parallel_all_reduce  how the ranks sum the row-parallel products: "auto" (one_shot where the GPUs
                     reach each other by P2P, else group), "group" (NCCL / gloo) or "one_shot" (torch symmetric
                     memory over NVLink, CUDA); see `specdec.distributed.allreduce`
@@ -97,7 +97,7 @@ def load(target, draft=None, *, tokenizer=None, device="auto", dtype="auto", num
                              "allow_weight_mismatch are not supported with it")
         from specdec.text.tensor_parallel import check_gamma, load_tensor_parallel
 
-        check_gamma(check_num_draft_tokens(num_draft_tokens))
+        check_gamma(check_default_gamma(num_draft_tokens))
 
         def make_llm(model, channel):
             tok = tokenizer if tokenizer is not None else target
@@ -158,7 +158,7 @@ class LLM:
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.runner_choice = runner
-        self.num_draft_tokens = check_num_draft_tokens(num_draft_tokens if drafter is not None else 0)
+        self.num_draft_tokens = check_default_gamma(num_draft_tokens if drafter is not None else 0)
         if drafter is not None and self.num_draft_tokens == 0:
             raise ValueError("num_draft_tokens must be >= 1 when a draft is given (requests may still ask for "
                              "num_draft_tokens=0, plain decoding)")
@@ -170,7 +170,7 @@ class LLM:
         self.defaults = GenerationDefaults.from_model(target, eos)
         self.driver = Driver()
         self._runner = None  # the one runner: every request, whatever its γ (`runner`)
-        self.warmups: dict = {}  # the default γ → the start-up capture's report (`text.warmup.warm_up`), CUDA only
+        self.warmups: dict = {}  # the default γ (`gamma_label`) → the start-up capture's report (`text.warmup.warm_up`), CUDA only
         self._runner_lock = threading.Lock()
         self._ids = itertools.count()
         first = self.runner()  # fails now (not at the first request) on a bad setup
@@ -226,7 +226,7 @@ class LLM:
         spec = RunnerSpec(self.runner_choice, self.num_draft_tokens, self.engine_options)
         runner, report = build_runner(self.target, self.drafter, spec)
         if report is not None:
-            self.warmups[self.num_draft_tokens] = report
+            self.warmups[gamma_label(self.num_draft_tokens)] = report
         return runner
 
     # --- requests -------------------------------------------------------------------------------------
@@ -256,8 +256,8 @@ class LLM:
         self.driver.abort(request_id)
 
     def runner_key(self, runner):
-        """The default num_draft_tokens of `runner` if this model holds it (None for another)."""
-        return self.num_draft_tokens if runner is self._runner and runner is not None else None
+        """The default num_draft_tokens of `runner` if this model holds it (`gamma_label`; None for another)."""
+        return gamma_label(self.num_draft_tokens) if runner is self._runner and runner is not None else None
 
     @property
     def num_runners(self) -> int:

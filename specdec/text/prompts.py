@@ -174,13 +174,45 @@ def _from_encoding(encoding, vocab_size: int) -> tuple[list[list[int]], bool]:
     return [_ids(r, i, vocab_size) for i, r in enumerate(rows)], single
 
 
+#: Why one request's γ is never a draft-length policy (`specdec.policy`: a name or an object).
+PER_REQUEST_POLICY = ("a draft-length policy chooses one γ per step for the whole batch (its rows share one verify "
+                      "pass, and the policy is told the batch's outcome), so it is a model's default γ "
+                      "(`specdec.load(num_draft_tokens=...)`), not one request's: a request takes an integer "
+                      "(its own draft cap, 0 = plain decoding) or 'auto'")
+
+
 def check_num_draft_tokens(value):
-    """γ: an int in [0, MAX_NUM_DRAFT_TOKENS] (0 = plain decoding), "auto" (the engine picks γ each step), or a
-    draft-length policy's name (a model's default γ: `text.runner.build_runner` sets it on the engine)."""
-    from specdec.policy import POLICY_NAMES
+    """A request's own γ: an int in [0, MAX_NUM_DRAFT_TOKENS] (0 = plain decoding; its draft cap) or "auto" (the
+    engine picks γ each step). A draft-length policy's name or object is refused, saying why (`PER_REQUEST_POLICY`)."""
     from specdec.request import check_num_draft_tokens as check
 
-    return check(value, minimum=0, names=("auto", *POLICY_NAMES))
+    refuse_request_policy(value)
+    return check(value, minimum=0, names=("auto",))
+
+
+def refuse_request_policy(value) -> None:
+    """A ValueError saying why (`PER_REQUEST_POLICY`) where one request's γ is a draft-length policy's name or object."""
+    from specdec.policy import POLICY_NAMES, DraftLengthPolicy
+
+    if isinstance(value, DraftLengthPolicy) or isinstance(value, str) and value.strip().lower() in POLICY_NAMES:
+        raise ValueError(f"num_draft_tokens={gamma_label(value)!r} for one request: {PER_REQUEST_POLICY}")
+
+
+def check_default_gamma(value):
+    """A model's default γ: a request's (`check_num_draft_tokens`), a draft-length policy's name, or a policy object
+    (`specdec.policy.check_policy`: a `DraftLengthPolicy` implementing `num_draft_tokens()`; another object refused,
+    naming what it lacks). `text.runner.build_runner` sets a policy on the engine."""
+    from specdec.policy import POLICY_NAMES, check_policy
+    from specdec.request import check_num_draft_tokens as check
+
+    if isinstance(value, (str, bool, float)) or hasattr(value, "__index__"):
+        return check(value, minimum=0, names=("auto", *POLICY_NAMES))
+    return check_policy(value)
+
+
+def gamma_label(value):
+    """A default γ as reports and labels name it: an int or a name as it is, a policy object by its class's name."""
+    return value if isinstance(value, (int, str)) else type(value).__name__
 
 
 def make_params(llm, prompt_len: int, params: dict):
@@ -202,8 +234,10 @@ def make_params(llm, prompt_len: int, params: dict):
         raise ValueError(f"max_new_tokens={max_new} does not fit: the prompt has {prompt_len} tokens and the "
                          f"model context of {llm.max_seq_len} tokens leaves room for at most {room} new tokens")
     cap = params.get("num_draft_tokens")
+    if cap is llm.num_draft_tokens or isinstance(cap, str) and cap.strip().lower() == llm.num_draft_tokens:
+        cap = None  # (the model's default as it is: a policy's name or object too)
     cap = None if cap is None else llm.check_gamma(cap)  # (a draft for γ ≠ 0; SamplingParams: an int or "auto")
-    cap = None if cap == llm.num_draft_tokens else cap  # (the default as it is: also a loop policy's name)
+    cap = None if cap == llm.num_draft_tokens else cap
     gamma = llm.num_draft_tokens if cap is None else cap
     sampling = SamplingParams(
         max_new_tokens=max_new,

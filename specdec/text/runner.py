@@ -20,7 +20,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from specdec.metrics import SpecStats
-from specdec.policy import resolve_policy
+from specdec.policy import DraftLengthPolicy, resolve_policy
 from specdec.request import SamplingParams, as_int, context_length, vocab_size
 from specdec.step import RequestOutput, StepCounts
 
@@ -63,19 +63,23 @@ def build_runner(target, drafter, spec: RunnerSpec) -> tuple["Runner", dict | No
     falling back to the eager loop's `FallbackRunner` only where the engine refuses the model or drafter
     (`UnsupportedModel`, with runner="auto"), its start-up warm-up report on CUDA or None). One runner for every γ: it holds the
     drafter, and plain requests run on it too (rows capped at 0, `SamplingParams.num_draft_tokens`). A default γ that
-    is a draft-length policy's name ("heuristic", ...: `specdec.policy.resolve_policy`, a misspelled one refused by
-    name) runs on the engine too: built as for "auto", then `engine.policy.set_fixed(policy)` — the policy chooses
-    every step's γ, up to the engine's `max_draft_tokens`, for the rows that name no γ of their own."""
+    is a draft-length policy — its name ("heuristic", ...: `specdec.policy.resolve_policy`, a misspelled one refused
+    by name) or a `DraftLengthPolicy` object (`specdec.policy.check_policy`) — runs on the engine too: built as for
+    "auto" (`max_draft_tokens` at least the policy's `declared_max`), then `engine.policy.set_fixed(policy)` — the
+    policy chooses every step's γ, up to the engine's `max_draft_tokens`, for the rows that name no γ of their own."""
     gamma, options = spec.num_draft_tokens, dict(spec.options)
     if spec.runner != "fallback":
         from specdec.engine import Engine, UnsupportedModel
+        from specdec.engine.policy_loop import declared_max
         from specdec.text.options import engine_config
         from specdec.text.warmup import MAX_WARMUP_SHAPES, warm_up
 
-        named = isinstance(gamma, str) and gamma != "auto"  # a draft-length policy's name: checked now, by name
-        policy = resolve_policy(gamma) if named else None
+        chosen = isinstance(gamma, DraftLengthPolicy) or isinstance(gamma, str) and gamma != "auto"
+        policy = resolve_policy(gamma) if chosen else None  # (a name checked now, by name; an object by its methods)
         impl = options.get("model_impl", "auto")  # "auto": a model the fast bodies do not cover takes the backend
-        config = engine_config(options, "auto" if named else gamma)  # (a policy: the engine sized as for "auto")
+        config = engine_config(options, "auto" if chosen else gamma)  # (a policy: the engine sized as for "auto",
+        if policy is not None and "max_draft_tokens" not in options:  # and to the largest γ it declares)
+            config = replace(config, max_draft_tokens=max(config.max_draft_tokens, declared_max(policy)))
         try:
             engine = Engine(target, drafter, config=config)
         except UnsupportedModel as err:

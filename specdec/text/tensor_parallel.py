@@ -7,7 +7,7 @@ applying the leader's commands to their own engines in the same order, so all ra
 the same tokens (an all-reduced logit is the same on every rank). Requests get their seed on the leader, so a
 request without one still samples the same tokens everywhere. γ may be "auto" (the default or a request's): the
 policy times each step on each rank, and the engine runs rank 0's choice on every rank (`engine.agreement`, one
-broadcast a step). One runner serves every γ.
+broadcast a step); so does a draft-length policy as the default (`check_gamma`). One runner serves every γ.
 
 A runner rebuilt after start-up (its step raised) is rebuilt on every rank too: the leader sends ("runner", γ)
 first. `LLM.close()` on the leader sends ("stop", …); the followers return from `follow`.
@@ -27,11 +27,16 @@ logger = logging.getLogger(__name__)
 
 
 def check_gamma(gamma) -> None:
-    """γ under tensor parallelism: an int or "auto" (the engine's; rank 0's choice on every rank) — not a
-    draft-length policy's name (the sharded path does not take one)."""
-    if not (gamma == "auto" or (isinstance(gamma, int) and not isinstance(gamma, bool))):
-        raise ValueError(f"num_draft_tokens={gamma!r}: tensor parallelism runs the engine, which takes an integer γ "
-                         "or 'auto' (a draft-length policy's name is not taken under tensor parallelism)")
+    """γ under tensor parallelism: an int, "auto" or (the model's default) a draft-length policy — a name or a
+    `DraftLengthPolicy` object, built on every rank (each rank runs the same script): each rank's policy is asked
+    and told every step, and the engine runs rank 0's choice of γ and row caps on every rank (`engine.agreement`:
+    the same broadcast as "auto"'s, in every step with a row that takes the default)."""
+    from specdec.policy import POLICY_NAMES, DraftLengthPolicy
+
+    if not (gamma == "auto" or gamma in POLICY_NAMES or isinstance(gamma, DraftLengthPolicy)
+            or (isinstance(gamma, int) and not isinstance(gamma, bool))):
+        raise ValueError(f"num_draft_tokens={gamma!r}: tensor parallelism runs the engine, which takes an integer "
+                         "γ, 'auto' or a draft-length policy")
 
 
 class LeaderRunner:
@@ -74,7 +79,9 @@ def make_runner(llm, *, announce: bool):
     """`llm`'s runner on this rank: the engine (never the eager loop: it has no sharded path), wrapped in a
     `LeaderRunner` on rank 0. `announce`: tell the followers to make it too (after start-up, where every rank
     makes its first runner by itself)."""
-    gamma, channel = llm.num_draft_tokens, llm.tensor_parallel
+    from specdec.text.prompts import gamma_label
+
+    gamma, channel = gamma_label(llm.num_draft_tokens), llm.tensor_parallel  # (a policy object: by its class's name)
     if llm.runner_choice == "fallback":
         raise ValueError("tensor parallelism runs on the request-level engine (runner='engine' or 'auto')")
     llm.runner_choice = "engine"

@@ -188,3 +188,22 @@ def test_with_continuous_batching_the_policy_sees_each_steps_rows(pair):
              for p, n in zip(prompts, budgets)]
     assert out == plain
     assert {len(accepted) for _, accepted, _ in policy.log} == {1, 2} and engine.policy.loop.asked
+
+
+class _Duck:
+    """Not a `DraftLengthPolicy`: it has `num_draft_tokens` and `update`, not `reset` or `confidence_threshold`."""
+
+    def num_draft_tokens(self) -> int:
+        return 2
+
+    def update(self, outcome) -> None: ...
+
+
+@pytest.mark.parametrize("engine", ["fast", "hf"])
+def test_an_object_outside_the_protocol_is_refused_naming_what_it_lacks(pair, engine):
+    """Both runners check a policy object by `policy.check_policy`: an object of another class is refused naming the
+    methods it lacks (the control: a DraftLengthPolicy subclass with the same two methods runs)."""
+    with pytest.raises(ValueError, match=r"_Duck lacks reset\(\), confidence_threshold\(\) and does not subclass"):
+        run(pair, [[1, 2, 3]], _Duck(), engine=engine, max_new_tokens=4)
+    subclass = type("Subclassed", (DraftLengthPolicy,), dict(vars(_Duck)))
+    assert len(run(pair, [[1, 2, 3]], subclass(), engine=engine, max_new_tokens=4).sequences[0]) == 4

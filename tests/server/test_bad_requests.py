@@ -108,6 +108,10 @@ def test_the_messages_say_what_is_wrong(server):
 
     error = message(*completion(specdec={"num_draft_tokens": 4.0}))
     assert error["param"] == "specdec" and "num_draft_tokens" in error["message"] and "integer" in error["message"]
+    for body in (completion(specdec={"num_draft_tokens": "heuristic"}), completion(num_draft_tokens="Optimal")):
+        error = message(*body)  # a draft-length policy: a model's default γ only, and why
+        assert "for one request" in error["message"] and "whole batch" in error["message"], error
+    assert "whole batch" not in message(*completion(num_draft_tokens="four"))["message"]  # (no policy: no reason)
     assert "nests" in message(*CASES["nested 100k deep"])["message"]
     assert "NaN" in message(*CASES["temperature NaN"])["message"]
     error = message(*completion(whatever=1))

@@ -49,10 +49,19 @@ def serve(capsys, *extra) -> tuple[int, str]:
     (["--grammar-compile-timeout", "0"], "--grammar-compile-timeout"),
     (["--grammar-compile-timeout", "inf"], "--grammar-compile-timeout"),
     (["--grammar-compile-workers", "0"], "--grammar-compile-workers"), (["--grammar-cache-mb", "-1"], "--grammar-cache-mb"),
+    (["--tensor-parallel-size", "2", "--num-draft-tokens", "heuristc"], "'auto' or a policy name --num-draft-tokens"),
 ])
 def test_bad_options_are_one_line_before_loading(capsys, no_loading, extra, fragment):
     code, err = serve(capsys, *extra)
     assert code == 2 and len(err.strip().splitlines()) == 1 and fragment in err and "Traceback" not in err, err
+
+
+def test_a_policy_name_passes_the_tensor_parallel_check(capsys, no_loading):
+    """Under --tensor-parallel-size a policy name is taken (every rank runs rank 0's choice): the launch passes every
+    check and reaches `specdec.load` (here refused by the fixture), where a misspelled name is refused before it
+    (the negative control, in the table above)."""
+    code, err = serve(capsys, "--tensor-parallel-size", "2", "--num-draft-tokens", "heuristic")
+    assert code == 2 and "the model was loaded" in err and "--num-draft-tokens" not in err, err
 
 
 def test_a_busy_port_is_one_line_before_loading(capsys, no_loading):
