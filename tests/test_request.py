@@ -56,7 +56,12 @@ def test_one_check_of_num_draft_tokens():
     from specdec.text.api import check_num_draft_tokens as text_check
 
     assert check_num_draft_tokens(np_int(3)) == 3 and check_num_draft_tokens(" 5 ") == 5
-    assert text_check("Auto") == "auto" and text_check(0) == 0 and text_check("heuristic") == "heuristic"
+    from specdec.text.prompts import check_default_gamma
+
+    assert text_check("Auto") == "auto" and text_check(0) == 0
+    with pytest.raises(ValueError, match="for one request"):  # (a policy is a model's default γ, not a request's)
+        text_check("heuristic")
+    assert check_default_gamma("heuristic") == "heuristic"  # (the control: as the default it is taken)
     for bad, kind in ((0, ValueError), (MAX_NUM_DRAFT_TOKENS + 1, ValueError), ("auto", ValueError), (2.5, TypeError)):
         with pytest.raises(kind, match="num_draft_tokens"):
             check_num_draft_tokens(bad)
