@@ -11,7 +11,8 @@ the transformers backend refuses it — encoder-decoders (T5, BART), state outsi
 outside transformers' attention interface with no adapter in `fast.hf_adapters` (GPT-NeoX-Japanese); Falcon, Bloom,
 MPT, GPT-Neo, XGLM and gpt-oss run on the backend). The refusal is logged once and kept on the model, so later calls
 go straight to the loop (`runner_for` reports the runner taken); a refused model takes its policy and drafter to the
-loop.
+loop. `specdec.beam_search` routes the same way (`beams_or_none`): the engine's beam groups on either body, the loop's
+`search.beam` where the engine refuses (the build's refusals, and targets with sliding-window layers).
 """
 
 from __future__ import annotations

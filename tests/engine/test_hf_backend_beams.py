@@ -178,3 +178,13 @@ def test_what_the_engine_refuses_takes_the_loop_with_one_log_line(caplog, monkey
         assert len(tried) == 1  # the second call went straight to the loop
         lines = [r.getMessage() for r in caplog.records]
         assert len(lines) == 1 and words in lines[0] and "eager transformers loop" in lines[0], lines
+
+
+def test_a_fast_body_and_a_backend_model_share_one_beam_search(monkeypatch):
+    """A Llama target (a fast family body) with an OPT draft model (the backend), and the other way round: the
+    engine runs the pair (the loop is not called), transformers' beams."""
+    _no_loop(monkeypatch)
+    for target, draft in [(make("llama"), make("opt")), (make("opt"), make("llama"))]:
+        res = specdec.beam_search(target, PROMPTS, draft, num_beams=2, draft_beams=4, num_draft_tokens=2,
+                                  max_new_tokens=N, eos_token_id=[])
+        assert res.sequences == [hf_beams(target, tuple(p), 2, (), N, 1.0, False)[0] for p in PROMPTS]
