@@ -1,7 +1,8 @@
 """`specdec beam`: beam search from local checkpoints, speculative when a draft model is given.
 
 The beams are identical to transformers' `generate(num_beams=w, do_sample=False)` (see specdec/search/beam.py);
-the draft model only saves target passes. --engine fast runs them inside the engine (specdec/engine/beam.py).
+the draft model only saves target passes. They run inside the engine (specdec/engine/beam.py; --engine auto, the
+default, for every model the engine runs, else the transformers loop; --engine hf: the loop).
 """
 
 from __future__ import annotations

@@ -268,23 +268,22 @@ def beam_search(target, prompts, drafter=None, *, engine: str = "auto", **option
 
     Options (`search.beam.beam_search`): num_beams, draft_beams u ≥ w, num_draft_tokens γ, max_new_tokens,
     eos_token_id, length_penalty, early_stopping, attention_mask.
-    engine   "hf": transformers' forward passes, the prompts batched (`search.beam`); "fast": inside the engine, one
-             beam group of w slots per prompt (`engine.beam_run`; a covered family, else `UnsupportedModel`);
-             "auto": "fast" for a target (and drafter) a fast family body covers, on every device, else "hf"
+    engine   "hf": transformers' forward passes over transformers' own cache, the prompts batched (`search.beam`);
+             "fast": inside the engine, one beam group of w slots per prompt (`engine.beam_run`), on whichever body
+             the engine's build gives the model — a fast family body, else the transformers backend (OPT, Falcon,
+             Mixtral, ...: the model's own modules over the engine's paged attention) —, `UnsupportedModel` where the
+             engine refuses it (the build refuses the model or drafter; a target with sliding-window layers);
+             "auto" (default): "fast" on every device, and "hf" where the engine refuses (one log line, kept on the
+             model: `decoding.route.beams_or_none`)
     """
-    if engine == "auto":  # (the engine's beam groups run on the fast family bodies)
-        from specdec.engine.build import notice_fallback, uncovered_reason
+    if engine not in ("auto", "hf", "fast"):
+        raise ValueError(f"engine must be 'auto', 'hf' or 'fast', got {engine!r}")
+    if engine != "hf":
+        from specdec.decoding.route import beams_or_none
 
-        reason = uncovered_reason(target, drafter)
-        if reason is not None:
-            notice_fallback(reason)
-        engine = "fast" if reason is None else "hf"
-    if engine == "hf":
-        from specdec.search.beam import beam_search as loop_beam_search
+        result = beams_or_none(engine, target, prompts, drafter, options)
+        if result is not None:
+            return result
+    from specdec.search.beam import beam_search as loop_beam_search
 
-        return loop_beam_search(target, prompts, drafter, **options)
-    if engine == "fast":
-        from specdec.engine.beam_run import engine_beam_search
-
-        return engine_beam_search(target, prompts, drafter, **options)
-    raise ValueError(f"engine must be 'auto', 'hf' or 'fast', got {engine!r}")
+    return loop_beam_search(target, prompts, drafter, **options)

@@ -11,7 +11,8 @@ the transformers backend refuses it — encoder-decoders (T5, BART), state outsi
 outside transformers' attention interface with no adapter in `fast.hf_adapters` (GPT-NeoX-Japanese); Falcon, Bloom,
 MPT, GPT-Neo, XGLM and gpt-oss run on the backend). The refusal is logged once and kept on the model, so later calls
 go straight to the loop (`runner_for` reports the runner taken); a refused model takes its policy and drafter to the
-loop.
+loop. `specdec.beam_search` routes the same way (`beams_or_none`): the engine's beam groups on either body, the loop's
+`search.beam` where the engine refuses (the build's refusals, and targets with sliding-window layers).
 """
 
 from __future__ import annotations
@@ -21,12 +22,15 @@ import weakref
 
 import torch
 
-__all__ = ["use_engine", "engine_or_none", "runner_for", "engine_needed", "is_feature_head"]
+__all__ = ["use_engine", "engine_or_none", "beams_or_none", "runner_for", "engine_needed", "is_feature_head"]
 
 
 #: model → {id(drafter): (the drafter, weakly; why the engine refused the pair)}: later calls go straight to the
 #: loop, and `runner_for` says so
 _REFUSED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+#: the same for beam search: what the engine refused beam groups for (the build's refusals, and targets with
+#: sliding-window layers, which the engine's tree passes do not run)
+_BEAMS_REFUSED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def engine_or_none(engine, target, prompts, drafter, params, num_draft_tokens, generator, attention_mask):
@@ -53,6 +57,30 @@ def engine_or_none(engine, target, prompts, drafter, params, num_draft_tokens, g
         return None
 
 
+def beams_or_none(engine, target, prompts, drafter, options):
+    """`specdec.beam_search` on the engine's beam groups (`engine.beam_run`: a fast family body or the transformers
+    backend), or None where engine="auto" and the engine refuses (`UnsupportedModel`: a model the build refuses, a
+    target with sliding-window layers; one log line, kept on the model so the next call goes straight to the loop).
+    engine="fast" raises the refusal."""
+    from specdec.engine.beam_run import engine_beam_search
+    from specdec.engine.config import UnsupportedModel
+
+    if engine == "auto" and (_refused(target, drafter, _BEAMS_REFUSED) or _refused(target, drafter)):
+        return None
+    try:
+        return engine_beam_search(target, prompts, drafter, **options)
+    except UnsupportedModel as err:
+        if engine != "auto":
+            raise
+        from specdec.engine.build import notice_fallback
+
+        notice_fallback(str(err))
+        owner = _owner(target)
+        if _weak(owner):
+            _BEAMS_REFUSED.setdefault(owner, {})[id(drafter)] = (_ref(drafter), str(err))
+        return None
+
+
 def _owner(target):
     return target if isinstance(target, torch.nn.Module) else getattr(target, "model", target)
 
@@ -72,10 +100,11 @@ def _ref(obj):
         return lambda: obj
 
 
-def _refused(target, drafter) -> bool:
-    """Whether the engine refused this (target, drafter) before (`_REFUSED`; the same drafter object, not its id)."""
+def _refused(target, drafter, table=_REFUSED) -> bool:
+    """Whether the engine refused this (target, drafter) before (`table`: `_REFUSED` or `_BEAMS_REFUSED`; the same
+    drafter object, not its id)."""
     owner = _owner(target)
-    entry = _REFUSED.get(owner, {}).get(id(drafter)) if _weak(owner) else None
+    entry = table.get(owner, {}).get(id(drafter)) if _weak(owner) else None
     return entry is not None and entry[0]() is drafter
 
 

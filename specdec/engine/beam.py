@@ -35,7 +35,7 @@ import torch
 
 from specdec.engine.beam_blocks import BeamBlocks, group_blocks
 from specdec.engine.beam_slots import SlotTreeLM
-from specdec.engine.config import BATCH_BUCKETS
+from specdec.engine.config import BATCH_BUCKETS, UnsupportedModel
 from specdec.fast.kernels.attention import MAX_TREE_SLOTS
 from specdec.search.beam import MAX_BEAMS, BeamSearch, BeamStats
 from specdec.search.beam_rules import BeamConfig, BeamState
@@ -161,7 +161,8 @@ class Beams:
             if bad:
                 raise ValueError(message)
         if any(self.model.shape.arch.window(i) is not None for i in range(self.model.shape.n_layers)):
-            raise ValueError("beams: the target has sliding-window layers, which tree passes do not support")
+            raise UnsupportedModel("beams: the target has sliding-window layers, which the engine's tree passes do "
+                                   "not run")
         model_drafter = type(self.drafter) is EngineModelDrafter
         gamma = beams.num_draft_tokens if beams.num_draft_tokens is not None else (3 if model_drafter else 0)
         if gamma and not model_drafter:

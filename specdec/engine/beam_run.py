@@ -1,4 +1,5 @@
-"""`specdec.beam_search(..., engine="fast")`: the prompts as beam requests of one engine (`engine/beam.py`).
+"""`specdec.beam_search(..., engine="fast" or "auto")`: the prompts as beam requests of one engine (`engine/beam.py`),
+on whichever body the engine's build gives the model (a fast family body or the transformers backend).
 
 Each prompt is one beam group (w slots); the engine holds w × prompts slots up to the engine's default 64 (or w),
 so they run side by side (more wait for slots). The engine runs each group's pass as its own forwards, so P
