@@ -8,10 +8,10 @@ and the eager chain loop only for what the engine does not take well or at all â
 prefill per step, while the loop's state follows its static batch; `engine="fast"` takes it to the adapter), or a model
 neither engine body runs (the engine's build refuses it with `UnsupportedModel`: no fast family body covers it and
 the transformers backend refuses it â€” encoder-decoders (T5, BART), state outside K/V (Jamba, Mamba), attention
-outside transformers' attention interface with no adapter in `fast.hf_adapters` (GPT-NeoX-Japanese); Falcon, Bloom,
-MPT, GPT-Neo, XGLM and gpt-oss run on the backend). The refusal is logged once and kept on the model, so later calls
-go straight to the loop (`runner_for` reports the runner taken); a refused model takes its policy and drafter to the
-loop.
+outside transformers' attention interface with no adapter in `fast.hf_adapters` (CPM-Ant); Falcon, Bloom,
+MPT, GPT-Neo, XGLM, GPT-NeoX-Japanese and gpt-oss run on the backend). The refusal is logged once and kept on the
+model, so later calls go straight to the loop (`runner_for` reports the runner taken); a refused model takes its
+policy and drafter to the loop.
 """
 
 from __future__ import annotations
