@@ -92,13 +92,19 @@ def use_engine(engine, target, drafter, num_draft_tokens) -> bool:
     and a drafter only the engine calls always; "auto" on every device, whatever `num_draft_tokens` is (an int,
     "auto", a policy name or a `DraftLengthPolicy`), unless the drafter is one the engine does not call as it is
     and is not worth the adapter (`_engine_drafts`: a loop drafter holding a model, a `HierarchicalDrafter` over
-    one). A model neither engine body runs falls back to the loop when the engine refuses it (`engine_or_none`)."""
+    one), or the target is a user's `Target` (`models.protocol.own_methods`: the engine would run the model inside
+    it, not its methods). A model neither engine body runs falls back to the loop when the engine refuses it
+    (`engine_or_none`)."""
     if engine not in ("auto", "fast", "hf"):
         raise ValueError(f"engine must be 'auto', 'fast' or 'hf', got {engine!r}")
     if engine == "hf":
         return False
     if engine == "fast" or engine_needed(drafter):
         return True
+    from specdec.models.protocol import own_methods
+
+    if own_methods(target):  # a user's `Target`: the engine would not call its methods (`engine.build`)
+        return False
     return _engine_drafts(drafter)
 
 
