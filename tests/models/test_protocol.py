@@ -55,7 +55,7 @@ class _Named(HFCausalLM):
 def test_a_users_target_runs_its_own_methods_on_the_loop_never_the_model_inside(make_llama):
     """The engine runs the transformers model a specdec target wraps over its own cache: a user's target whose class
     defines a protocol method (here `forward`) takes the loop on "auto" — its own law, even after an engine was
-    kept on the model inside — and engine="fast" refuses it by name, as `beam_search` does; the model itself, and a
+    kept on the model inside — and engine="fast" refuses it by name, as `beam_search` and token trees do; the model itself, and a
     subclass that overrides no protocol method (the negative control), still run on the engine."""
     from specdec.decoding import route
     from specdec.engine import UnsupportedModel
@@ -76,5 +76,7 @@ def test_a_users_target_runs_its_own_methods_on_the_loop_never_the_model_inside(
         greedy(biased, "fast")
     with pytest.raises(TypeError, match="whose forward its own class defines"):
         specdec.beam_search(biased, prompts, max_new_tokens=2, num_beams=2)
+    with pytest.raises(TypeError, match="whose forward its own class defines"):  # (token trees: the loop's too)
+        specdec.generate(biased, prompts, make_llama(6), max_new_tokens=2, temperature=0, draft_tree=(2, 2))
     assert route.runner_for("auto", named, None, 4) == "fast" == route.runner_for("auto", model, None, 4)
     assert greedy(named, "auto") == plain == greedy(model, "auto")  # (no refusal was kept on the model inside)
