@@ -99,10 +99,10 @@ def test_only_the_loop_drafters_written_for_both_runners_go_to_the_engine(llama)
     assert route.runner_for("auto", llama, _LoopOnly(), 4) == "hf"
 
 
-@pytest.mark.parametrize("name", ["falcon", "gpt-oss", "xglm"])
+@pytest.mark.parametrize("name", ["falcon", "gpt-oss", "xglm", "gpt-neox-japanese", "bloom-slow-but-exact"])
 def test_families_the_loop_ran_before_the_backend_took_them_run_on_the_engine(name):
-    """Falcon and XGLM (through `fast.hf_adapters`) and gpt-oss (attention sinks) take the engine by default now,
-    with transformers' greedy text."""
+    """Falcon, XGLM, GPT-NeoX-Japanese and Bloom with `slow_but_exact` (through `fast.hf_adapters`) and gpt-oss
+    (attention sinks) take the engine by default now, with transformers' greedy text."""
     from helpers import hf_greedy
     from hf_models import make
 
