@@ -1,11 +1,16 @@
 """Tiny random decoders of many transformers architectures (fp32, CPU, seeded) for the transformers backend's tests:
 `MATRIX` (name → a builder), `EXTRAS` (matrix entries whose attention adds something to the engine's masks, and
-what), `REFUSED` (architectures the backend must refuse, with the reason's words), `make`."""
+what), `REFUSED` (architectures the backend must refuse, with the reason's words), `make`; the requests the tests
+run (`PROMPTS`, `NEW`, `BACKEND`, `run`)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import transformers as T
+
+from specdec.request import SamplingParams
 
 VOCAB = 64
 C = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=128,
@@ -80,6 +85,9 @@ MATRIX = {
                                                                parallel_attn=False, bias=True)),  # (Falcon-RW)
     "bloom": lambda: T.BloomForCausalLM(T.BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4,
                                                       tie_word_embeddings=False, **IDS)),
+    "bloom-slow-but-exact": lambda: T.BloomForCausalLM(T.BloomConfig(  # (its output projections summed per slice)
+        vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4, pretraining_tp=2, slow_but_exact=True,
+        tie_word_embeddings=False, **IDS)),
     "mpt": lambda: T.MptForCausalLM(T.MptConfig(vocab_size=VOCAB, d_model=32, n_heads=4, n_layers=2,
                                                 max_seq_len=128, tie_word_embeddings=False, **IDS)),
     "gpt-neo": lambda: T.GPTNeoForCausalLM(T.GPTNeoConfig(
@@ -88,6 +96,9 @@ MATRIX = {
     "xglm": lambda: T.XGLMForCausalLM(T.XGLMConfig(vocab_size=VOCAB, d_model=32, num_layers=2, attention_heads=4,
                                                    ffn_dim=64, max_position_embeddings=128, pad_token_id=0,
                                                    tie_word_embeddings=False, **IDS)),  # sinusoidal positions
+    "gpt-neox-japanese": lambda: T.GPTNeoXJapaneseForCausalLM(T.GPTNeoXJapaneseConfig(  # partial RoPE, output bias
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_multiple_size=2,
+        max_position_embeddings=128, rotary_pct=0.5, tie_word_embeddings=False, **IDS)),
 }
 
 #: matrix entry → what its attention adds to the engine's masks (the negative controls drop it)
@@ -95,12 +106,9 @@ EXTRAS = {"gpt-oss": "sinks", "falcon-alibi": "alibi", "bloom": "alibi", "mpt": 
 
 #: architecture → (builder, words the refusal must contain)
 REFUSED = {
-    "gpt-neox-japanese": (lambda: T.GPTNeoXJapaneseForCausalLM(T.GPTNeoXJapaneseConfig(
-        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_multiple_size=2,
-        max_position_embeddings=128, **IDS)), "attention interface"),
-    "bloom-slow-but-exact": (lambda: T.BloomForCausalLM(T.BloomConfig(
-        vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4, pretraining_tp=2, slow_but_exact=True)),
-        "slow_but_exact"),
+    "cpmant": (lambda: T.CpmAntForCausalLM(T.CpmAntConfig(  # (its own attention, with a relative position bias)
+        vocab_size=VOCAB, hidden_size=32, num_attention_heads=4, dim_head=8, dim_ff=64, num_hidden_layers=2,
+        prompt_length=4, position_bias_num_buckets=32, position_bias_max_distance=64)), "attention interface"),
     "jamba": (lambda: T.JambaForCausalLM(T.JambaConfig(
         **GQA, num_experts=2, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1,
         use_mamba_kernels=False)), "state-space"),
@@ -124,3 +132,23 @@ def make(name: str, seed: int = 0, noise: float = 0.0) -> torch.nn.Module:
         for p in model.parameters():
             p.add_(torch.randn_like(p) * noise * p.abs().mean())
     return model.eval()
+
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12], [3, 4, 5, 3, 4, 5, 3, 9, 9, 9, 9, 9], list(range(20, 40))]
+NEW = [12, 9, 14, 10]
+BACKEND = dict(model_impl="transformers", max_seq_len=64, num_draft_tokens=3)
+
+
+def run(engine, prompts, news, params: SamplingParams | None = None, seeds=None) -> list[list[int]]:
+    """Requests added one per step (joining while others run), greedy unless `params` (then seeded by `seeds`);
+    each request's tokens, in order."""
+    ids, outputs, pending = {}, {}, list(range(len(prompts)))
+    while pending or engine.has_unfinished():
+        if pending:
+            i = pending.pop(0)
+            p = replace(params or SamplingParams(temperature=0), max_new_tokens=news[i],
+                        seed=None if seeds is None else seeds[i])
+            ids[engine.add_request(prompts[i], p)] = i
+        for out in engine.step():
+            outputs.setdefault(ids[out.request_id], []).extend(out.new_token_ids)
+    return [outputs[i] for i in range(len(prompts))]

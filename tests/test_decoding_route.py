@@ -1,7 +1,7 @@
 """`specdec.generate`'s runner (`decoding/route.py`), on a CPU as on CUDA: the engine by default — a fast family body
-(Llama), the transformers backend (OPT) — and the eager loop only where the engine refuses (GPT-NeoX-Japanese:
-attention outside transformers' interface, no backend adapter), one log line, the refusal remembered so the next
-call builds nothing."""
+(Llama), the transformers backend (OPT) — and the eager loop only where the engine refuses (a torch.ao dynamically
+quantized Llama: its activations are quantized per call, so a verify pass is not `generate`'s one-token steps),
+one log line, the refusal remembered so the next call builds nothing."""
 
 import logging
 
@@ -24,15 +24,14 @@ def engines_on(model) -> list:
 
 
 @pytest.fixture
-def refused(opt):
-    """A model the engine refuses (GPT-NeoX-Japanese: its attention bypasses the attention interface, no backend
-    adapter)."""
-    from transformers import GPTNeoXJapaneseConfig, GPTNeoXJapaneseForCausalLM
+def refused(make_llama):
+    """A model the engine refuses (torch.ao's dynamic int8 linears: the fast bodies cannot copy them, and the
+    backend's self-check finds each call's activations quantized together)."""
+    import warnings
 
-    torch.manual_seed(0)
-    return GPTNeoXJapaneseForCausalLM(GPTNeoXJapaneseConfig(
-        vocab_size=opt.config.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_multiple_size=2, bos_token_id=1, eos_token_id=2)).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao's deprecation notices
+        return torch.ao.quantization.quantize_dynamic(make_llama(3), {torch.nn.Linear}, dtype=torch.qint8).eval()
 
 
 @pytest.fixture
@@ -70,7 +69,7 @@ def test_what_the_engine_refuses_runs_on_the_loop_once_said_and_never_rebuilt(re
     assert first == again == greedy(refused, engine="hf")
     assert len(calls) == 1 and route.runner_for("auto", refused, None, 4) == "hf"  # the refusal was kept
     assert [r.getMessage() for r in caplog.records if "eager transformers loop" in r.getMessage()] != []
-    with pytest.raises(Exception, match="attention"):
+    with pytest.raises(Exception, match="quantized"):
         greedy(refused, engine="fast")  # forced: the refusal is an error, not a fallback
 
 
@@ -100,10 +99,10 @@ def test_only_the_loop_drafters_written_for_both_runners_go_to_the_engine(llama)
     assert route.runner_for("auto", llama, _LoopOnly(), 4) == "hf"
 
 
-@pytest.mark.parametrize("name", ["falcon", "gpt-oss", "xglm"])
+@pytest.mark.parametrize("name", ["falcon", "gpt-oss", "xglm", "gpt-neox-japanese", "bloom-slow-but-exact"])
 def test_families_the_loop_ran_before_the_backend_took_them_run_on_the_engine(name):
-    """Falcon and XGLM (through `fast.hf_adapters`) and gpt-oss (attention sinks) take the engine by default now,
-    with transformers' greedy text."""
+    """Falcon, XGLM, GPT-NeoX-Japanese and Bloom with `slow_but_exact` (through `fast.hf_adapters`) and gpt-oss
+    (attention sinks) take the engine by default now, with transformers' greedy text."""
     from helpers import hf_greedy
     from hf_models import make
 

@@ -8,11 +8,12 @@ and the eager chain loop only for what the engine does not take well or at all â
 prefill per step, while the loop's state follows its static batch; `engine="fast"` takes it to the adapter), or a model
 neither engine body runs (the engine's build refuses it with `UnsupportedModel`: no fast family body covers it and
 the transformers backend refuses it â€” encoder-decoders (T5, BART), state outside K/V (Jamba, Mamba), attention
-outside transformers' attention interface with no adapter in `fast.hf_adapters` (GPT-NeoX-Japanese); Falcon, Bloom,
-MPT, GPT-Neo, XGLM and gpt-oss run on the backend). The refusal is logged once and kept on the model, so later calls
-go straight to the loop (`runner_for` reports the runner taken); a refused model takes its policy and drafter to the
-loop. `specdec.beam_search` routes the same way (`beams_or_none`): the engine's beam groups on either body, the loop's
-`search.beam` where the engine refuses (the build's refusals, and targets with sliding-window layers).
+outside transformers' attention interface with no adapter in `fast.hf_adapters` (CPM-Ant); Falcon, Bloom,
+MPT, GPT-Neo, XGLM, GPT-NeoX-Japanese and gpt-oss run on the backend). The refusal is logged once and kept on the
+model, so later calls go straight to the loop (`runner_for` reports the runner taken); a refused model takes its
+policy and drafter to the loop. `specdec.beam_search` routes the same way (`beams_or_none`): the engine's beam
+groups on either body, the loop's `search.beam` where the engine refuses (the build's refusals, and targets with
+sliding-window layers).
 """
 
 from __future__ import annotations
@@ -121,13 +122,19 @@ def use_engine(engine, target, drafter, num_draft_tokens) -> bool:
     and a drafter only the engine calls always; "auto" on every device, whatever `num_draft_tokens` is (an int,
     "auto", a policy name or a `DraftLengthPolicy`), unless the drafter is one the engine does not call as it is
     and is not worth the adapter (`_engine_drafts`: a loop drafter holding a model, a `HierarchicalDrafter` over
-    one). A model neither engine body runs falls back to the loop when the engine refuses it (`engine_or_none`)."""
+    one), or the target is a user's `Target` (`models.protocol.own_methods`: the engine would run the model inside
+    it, not its methods). A model neither engine body runs falls back to the loop when the engine refuses it
+    (`engine_or_none`)."""
     if engine not in ("auto", "fast", "hf"):
         raise ValueError(f"engine must be 'auto', 'fast' or 'hf', got {engine!r}")
     if engine == "hf":
         return False
     if engine == "fast" or engine_needed(drafter):
         return True
+    from specdec.models.protocol import own_methods
+
+    if own_methods(target):  # a user's `Target`: the engine would not call its methods (`engine.build`)
+        return False
     return _engine_drafts(drafter)
 
 

@@ -100,12 +100,25 @@ def covers_drafter(drafter) -> bool:
     return not isinstance(drafter, LoopDrafter) and covers(drafter)
 
 
+def refuse_own_target(model) -> None:
+    """`UnsupportedModel` for a user's `Target` (`models.protocol.own_methods`): the engine runs the transformers model
+    a specdec target wraps over the engine's own cache and would never call the target's methods."""
+    from specdec.models.protocol import own_methods
+
+    own = own_methods(model)
+    if own:
+        raise UnsupportedModel(f"{type(model).__name__} is a specdec Target whose {', '.join(own)} its own class "
+                               "defines: the engine runs a transformers model's modules over its own KV cache and "
+                               "never calls a Target's methods (the eager loop does)")
+
+
 def _fast_model(model, check_only: bool = False, gguf_weights: str = "auto",
                 bitwise: bool = False) -> FastLlama | None:
     if isinstance(model, FastLlama):
         return model
     inner = getattr(model, "model", None)  # specdec wrappers: HFCausalLM, ModelDrafter, FastTarget, FastDrafter
     if not isinstance(model, torch.nn.Module) and inner is not None and not isinstance(model, (str, Path)):
+        refuse_own_target(model)
         return _fast_model(inner, check_only, gguf_weights, bitwise)
     if isinstance(model, (str, Path)):
         from transformers import AutoConfig
@@ -224,6 +237,7 @@ def _hf_module(model):
         return AutoModelForCausalLM.from_pretrained(str(model), dtype="auto", local_files_only=True)
     inner = getattr(model, "model", None)
     if not isinstance(model, torch.nn.Module) and inner is not None:
+        refuse_own_target(model)
         return _hf_module(inner)
     return model
 

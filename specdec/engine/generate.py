@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import torch
 
 from specdec.drafters.loop_adapter import is_loop_only
+from specdec.engine.build import refuse_own_target
 from specdec.engine.config import EngineConfig, UnsupportedModel
 from specdec.engine.engine import Engine
 from specdec.fast.model import FastLlama, LlamaShape
@@ -62,6 +63,7 @@ def _owner(target):
 def engine_for(target, drafter, *, seq_len: int, batch: int, num_draft_tokens, tree_nodes: int = 0) -> Engine:
     """The cached engine for (target, drafter), rebuilt larger when this call needs more (tree_nodes: the token
     tree a request asks for, root included)."""
+    refuse_own_target(target)  # (before the engines kept on the model it wraps: they never call its methods)
     owner = _owner(target)
     store = owner.__dict__.setdefault("_specdec_engines", _Cached())
     device = _device(owner)

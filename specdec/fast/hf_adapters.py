@@ -1,20 +1,23 @@
 """Attention adapters: the transformers families whose attention does not go through the attention interface.
 
-Falcon, Bloom, MPT, GPT-Neo and XGLM compute attention inside their attention module's own `forward` (transformers 5
-gives them no `AttentionInterface` call), so the backend cannot plug the engine's attention in by name. For each,
-an adapter stands in for that module's `forward` while an engine forward runs (`HFBackendModel` sets it on the
-module instance and removes it after; the model is unchanged outside): it calls the module's own projections,
-head split, RoPE function and output projection in the order its `forward` does, and hands the heads to
-`hf_backend.engine_attention` with what the module's attention adds to the engine's masks:
+Falcon, Bloom, MPT, GPT-Neo, XGLM and GPT-NeoX-Japanese compute attention inside their attention module's own
+`forward` (transformers 5 gives them no `AttentionInterface` call), so the backend cannot plug the engine's
+attention in by name. For each, an adapter stands in for that module's `forward` while an engine forward runs
+(`HFBackendModel` sets it on the module instance and removes it after; the model is unchanged outside): it calls
+the module's own projections, head split, RoPE function and output projection in the order its `forward` does,
+and hands the heads to `hf_backend.engine_attention` with what the module's attention adds to the engine's masks:
 
 - Falcon: RoPE (the family's `apply_rotary_pos_emb`), or with `alibi=True` an ALiBi bias; multi-query and grouped
   ("new decoder architecture") K/V keep one copy per KV head in the cache (the module broadcasts them over its
   query heads: the same values);
-- Bloom, MPT: an ALiBi bias (`Alibi`), MPT's `clip_qkv`;
+- Bloom, MPT: an ALiBi bias (`Alibi`), MPT's `clip_qkv`; Bloom's `slow_but_exact` output projection (with
+  `pretraining_tp` > 1: the sum of one bias-free product per slice, as the module computes it);
 - GPT-Neo: no 1/√d scaling, and a sliding window of `config.window_size` on its "local" layers;
 - XGLM: nothing added to the masks (its sinusoidal positions join the embeddings outside attention, from the
   position ids the backend passes; the query is scaled by 1/√d before the product, as the module does);
-  cross-attention (an encoder's states) is refused.
+  cross-attention (an encoder's states) is refused;
+- GPT-NeoX-Japanese: RoPE on the first `rotary_ndims` of each head (its partial rotary factor), its fused QKV
+  interleaved per head, and the output bias it hands the layer apart (`dense_bias`, the last layer's only).
 
 `Alibi` is the bias by absolute position, built with the family's own slope function, so a slot's bias is the one
 the model's own forward gives the same position. The backend's self-check compares every adapter against the
@@ -134,15 +137,26 @@ def _bloom(module, hidden_states, residual, alibi=None, attention_mask=None, lay
     query, key, value = module._reshape(module.query_key_value(hidden_states))  # [B, H, k, D]
     bias = _alibi(module, "bloom", module.num_heads)  # baddbmm(alibi, q, kᵀ, beta=1, alpha=1/√d)
     out = _attend(module, query, key, value, scaling=module.inv_norm_factor, alibi=bias)
-    output = module.dense(out.reshape(batch, length, module.num_heads * module.head_dim))
+    output = _bloom_dense(module, out.reshape(batch, length, module.num_heads * module.head_dim))
     return _family(module).dropout_add(output, residual, module.hidden_dropout, module.training), None
+
+
+def _bloom_dense(module, context: torch.Tensor) -> torch.Tensor:
+    """Bloom's output projection of `[B, k, hidden]`; with `slow_but_exact` and `pretraining_tp` > 1 the module sums
+    one product per slice of the hidden size, without the projection's bias (as transformers computes it)."""
+    if not (module.pretraining_tp > 1 and module.slow_but_exact):
+        return module.dense(context)
+    slices = module.hidden_size / module.pretraining_tp
+    output = torch.zeros_like(context)
+    for i in range(module.pretraining_tp):
+        span = slice(int(i * slices), int((i + 1) * slices))
+        output = output + torch.nn.functional.linear(context[:, :, span], module.dense.weight[:, span])
+    return output
 
 
 def _bloom_why_not(module) -> str | None:
     if module.beta != 1.0:
         return f"Bloom's attention scales its ALiBi bias by beta = {module.beta}"
-    if module.pretraining_tp > 1 and module.slow_but_exact:
-        return "Bloom's slow_but_exact tensor-parallel output projection (pretraining_tp > 1)"
     return None
 
 
@@ -186,6 +200,19 @@ def _xglm(module, hidden_states, key_value_states=None, cache=None, attention_ma
     return module.out_proj(out.reshape(batch, length, module.embed_dim)), None
 
 
+# --------------------------------------------------------------------------------------------------- GPT-NeoX-Japanese
+def _gpt_neox_japanese(module, hidden_states, attention_mask=None, position_ids=None, layer_past=None,
+                       use_cache=False, output_attentions=False, position_embeddings=None, **kwargs):
+    batch, length = hidden_states.shape[:2]
+    d, heads, rot = module.head_size, module.num_attention_heads, module.rotary_ndims
+    fused = module.query_key_value(hidden_states).view(batch, length, heads, 3 * d).transpose(1, 2)
+    query, key, value = fused.split(d, dim=-1)  # per head: its query, key and value, [B, H, k, D] each
+    q_rot, k_rot = _family(module).apply_rotary_pos_emb(query[..., :rot], key[..., :rot], *position_embeddings)
+    query, key = torch.cat((q_rot, query[..., rot:]), dim=-1), torch.cat((k_rot, key[..., rot:]), dim=-1)
+    out = _attend(module, query, key, value, scaling=1.0 / module.norm_factor)
+    return module.dense(out.reshape(batch, length, heads * d)), None, module.dense_bias
+
+
 #: (modeling module, attention class) → its adapter (subclasses match: Falcon's flash-attention class)
 _ADAPTERS = {
     ("transformers.models.falcon.modeling_falcon", "FalconAttention"): Adapter(_falcon, _falcon_reference),
@@ -193,6 +220,8 @@ _ADAPTERS = {
     ("transformers.models.mpt.modeling_mpt", "MptAttention"): Adapter(_mpt),
     ("transformers.models.gpt_neo.modeling_gpt_neo", "GPTNeoSelfAttention"): Adapter(_gpt_neo),
     ("transformers.models.xglm.modeling_xglm", "XGLMAttention"): Adapter(_xglm),
+    ("transformers.models.gpt_neox_japanese.modeling_gpt_neox_japanese", "GPTNeoXJapaneseAttention"):
+        Adapter(_gpt_neox_japanese),
 }
 
 

@@ -20,8 +20,8 @@ Built by a probe (`probe`): one token through the model finds, in call order, th
 function (the engine's layer index of each), their query and key/value heads, head dims and windows; then a short
 text through the engine's path must give the model's own logits. Attention sinks (gpt-oss's `s_aux`) and ALiBi
 biases are honoured (`fast.hf_attention`); the families whose attention does not go through the registry (Falcon,
-Bloom, MPT, GPT-Neo, XGLM) run through per-family stand-ins for their attention modules' `forward`
-(`fast.hf_adapters`). A model whose attention bypasses the registry with no adapter (GPT-NeoX-Japanese), whose
+Bloom, MPT, GPT-Neo, XGLM, GPT-NeoX-Japanese) run through per-family stand-ins for their attention modules' `forward`
+(`fast.hf_adapters`). A model whose attention bypasses the registry with no adapter (CPM-Ant), whose
 layers keep state outside K/V (state-space or recurrent layers), or whose attention takes inputs the engine does not
 give (relative position biases, chunked attention) is refused with `UnsupportedArchitecture` (the engine's `UnsupportedModel`), naming why.
 """

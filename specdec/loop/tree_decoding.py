@@ -169,6 +169,11 @@ def _checked_tree(proposal, batch: int, spec: TreeSpec, vocab_size: int, child_p
 
 
 def _tree_target(target) -> TreeCausalLM:
+    from specdec.models.protocol import own_methods
+
+    if own_methods(target):  # (a tree verifies through the model's own forward, never the target's methods)
+        raise TypeError(f"draft_tree needs a transformers decoder-only target model, got {type(target).__name__}, a "
+                        f"Target whose {', '.join(own_methods(target))} its own class defines")
     model = getattr(target, "model", target) if not isinstance(target, torch.nn.Module) else target
     config = getattr(model, "config", None)
     if not isinstance(model, torch.nn.Module) or config is None:

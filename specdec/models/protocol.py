@@ -3,7 +3,8 @@
 A target owns its KV cache; its text per row is a sequence of valid slots (ARCHITECTURE.md, "The target
 contract"). `Target` is what every target offers (`HFCausalLM`, `HFSeq2SeqLM`, `fast.target.FastTarget`,
 `fast.seq2seq.FastSeq2SeqTarget`, or a user's own object); `as_target` turns a transformers model into one,
-refusing before any compute what the adapters cannot roll back (`check_supported_model`).
+refusing before any compute what the adapters cannot roll back (`check_supported_model`). `own_methods` names the
+protocol methods a user's class defines (the engine never calls them: such a target runs on the eager loop).
 
 Optional, with the default the loop assumes when absent (class attributes of the adapters):
   drop_finished_rows     True: finished rows leave the batch (`select_rows`); False for static shapes (the loop
@@ -21,7 +22,7 @@ import torch
 
 from specdec.sequences import TokenBuffer
 
-__all__ = ["Target", "as_target", "check_supported_model"]
+__all__ = ["Target", "as_target", "check_supported_model", "own_methods"]
 
 
 @runtime_checkable
@@ -48,6 +49,25 @@ class Target(Protocol):
 
     def select_rows(self, index: torch.Tensor) -> None:
         """Keep only the rows in `index` `[B']`."""
+
+
+#: the protocol's methods (what a target computes its law and keeps its cache by)
+_METHODS = ("begin", "forward", "crop", "select_rows")
+
+
+def own_methods(target) -> tuple[str, ...]:
+    """The `Target` methods `target`'s class defines outside specdec (a user's target, or a user's subclass of
+    `HFCausalLM` overriding them); () for specdec's own targets and for anything that is not a `Target` (a
+    transformers model). The engine runs the transformers model a specdec target wraps with its own cache and
+    attention, so it would not call these: such a target runs on the eager loop."""
+    if isinstance(target, torch.nn.Module) or not isinstance(target, Target):
+        return ()
+    found = []
+    for name in _METHODS:
+        owner = next((k for k in type(target).__mro__ if name in vars(k)), None)
+        if owner is None or not owner.__module__.startswith("specdec."):
+            found.append(name)
+    return tuple(found)
 
 
 def check_supported_model(config, what: str = "model") -> None:

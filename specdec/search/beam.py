@@ -334,6 +334,11 @@ def _int_in(name: str, value, low: int, high: int) -> int:
 
 
 def decoder_only(model, what: str) -> torch.nn.Module:
+    from specdec.models.protocol import own_methods
+
+    if own_methods(model):  # (its own begin / forward / crop would not be called: the model inside would run)
+        raise TypeError(f"{what} must be a transformers decoder-only model, got {type(model).__name__}, a Target "
+                        f"whose {', '.join(own_methods(model))} its own class defines")
     inner = getattr(model, "model", None) if not isinstance(model, torch.nn.Module) else model
     if not isinstance(inner, torch.nn.Module) or getattr(inner, "config", None) is None:
         raise TypeError(f"{what} must be a transformers decoder-only model, got {type(model).__name__}")

@@ -10,39 +10,18 @@ architectures whose attention cannot be plugged in are refused by name."""
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 
 import pytest
 import torch
 
 import specdec
 from helpers import hf_greedy
-from hf_models import EXTRAS, MATRIX, REFUSED, make
+from hf_models import BACKEND, EXTRAS, MATRIX, NEW, PROMPTS, REFUSED, make, run
 from specdec.engine import Engine, EngineConfig, UnsupportedModel
 from specdec.fast import hf_adapters, hf_backend, hf_engine_attention
 from specdec.fast.cache import KVCache, PagedKVCache
 from specdec.fast.hf_backend import HFBackendModel, UnsupportedArchitecture
 from specdec.request import SamplingParams
-
-PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12], [3, 4, 5, 3, 4, 5, 3, 9, 9, 9, 9, 9], list(range(20, 40))]
-NEW = [12, 9, 14, 10]
-BACKEND = dict(model_impl="transformers", max_seq_len=64, num_draft_tokens=3)
-
-
-def run(engine: Engine, prompts, news, params: SamplingParams | None = None, seeds=None) -> list[list[int]]:
-    """Requests added one per step (joining while others run), greedy unless `params` (then seeded by `seeds`);
-    each request's tokens, in order."""
-    ids, outputs, pending = {}, {}, list(range(len(prompts)))
-    while pending or engine.has_unfinished():
-        if pending:
-            i = pending.pop(0)
-            p = replace(params or SamplingParams(temperature=0), max_new_tokens=news[i],
-                        seed=None if seeds is None else seeds[i])
-            ids[engine.add_request(prompts[i], p)] = i
-        for out in engine.step():
-            outputs.setdefault(ids[out.request_id], []).extend(out.new_token_ids)
-    return [outputs[i] for i in range(len(prompts))]
-
 
 @pytest.fixture(scope="module", params=sorted(MATRIX))
 def arch(request):

@@ -190,13 +190,13 @@ def test_token_prompts_to_the_library_loop_point_at_the_text_api(llm):
         specdec.generate(llm.target, llm.tokenizer(["w1 w2"]))
 
 
-def test_the_engine_serves_llama_and_opt_and_the_fallback_serves_what_it_refuses(llm, ckpt, opt, caplog, monkeypatch):
-    """Llama on a fast family body, OPT on the engine's transformers backend (its own modules), GPT-NeoX-Japanese
-    (attention outside transformers' interface, no backend adapter) on the eager loop: each said in one log line;
-    the same greedy tokens."""
+def test_the_engine_serves_llama_and_opt_and_the_fallback_serves_what_it_refuses(llm, ckpt, opt, make_llama, caplog,
+                                                                                  monkeypatch):
+    """Llama on a fast family body, OPT on the engine's transformers backend (its own modules), a torch.ao
+    dynamically quantized Llama (activations quantized per call: the engine refuses it) on the eager loop: each said
+    in one log line; the same greedy tokens."""
     import logging
-
-    from transformers import GPTNeoXJapaneseConfig, GPTNeoXJapaneseForCausalLM
+    import warnings
 
     monkeypatch.setattr("specdec.engine.build._noticed", set())  # (each line is said once per process)
     assert llm.runner_kind == "engine"
@@ -208,16 +208,16 @@ def test_the_engine_serves_llama_and_opt_and_the_fallback_serves_what_it_refuses
     with caplog.at_level(logging.INFO, logger="specdec"), specdec.load(opt, tokenizer=llm.tokenizer) as other:
         assert other.runner_kind == "engine" and type(other.runner().model).__name__ == "HFBackendModel"
         assert other.generate("w1 w2", max_new_tokens=6).token_ids == reference(other, ids, 6)
-    torch.manual_seed(0)
-    refused = GPTNeoXJapaneseForCausalLM(GPTNeoXJapaneseConfig(
-        vocab_size=opt.config.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_multiple_size=2, bos_token_id=1, eos_token_id=2)).eval()  # (refused by the engine)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao's deprecation notices
+        refused = torch.ao.quantization.quantize_dynamic(make_llama(3, vocab=opt.config.vocab_size), {torch.nn.Linear},
+                                                         dtype=torch.qint8).eval()  # (refused by the engine)
     with caplog.at_level(logging.INFO, logger="specdec"), specdec.load(refused, tokenizer=llm.tokenizer) as other:
         assert other.runner_kind == "fallback"
         assert other.generate("w1 w2", max_new_tokens=6).token_ids == reference(other, ids, 6)
     said = [r.getMessage() for r in caplog.records]
     assert any("'opt' runs on the engine's transformers backend" in m for m in said), said
-    assert any("gpt_neox_japanese" in m and "eager transformers loop" in m for m in said), said
+    assert any("quantized" in m and "eager transformers loop" in m for m in said), said
     with pytest.raises(Exception, match="UnsupportedModel|not|cover|attention"):
         specdec.load(refused, tokenizer=llm.tokenizer, runner="engine")
 
