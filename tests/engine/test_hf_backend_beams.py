@@ -3,7 +3,7 @@ models no fast family body covers (OPT, Mixtral, Qwen2-MoE, Falcon, Phi, Bloom's
 engine's beam groups give transformers' `generate(num_beams=w, do_sample=False)` beams and scores, with a draft model
 (on the backend too) and without, over the static slots and the paged pool (forks by table, reorders as table edits,
 copy-on-write: the books checked after every step); `specdec.beam_search` takes the engine for them by default and
-the loop only where the engine refuses (the build: GPT-NeoX-Japanese; beams: sliding-window layers), with one log
+the loop only where the engine refuses (the build: torch.ao's dynamic int8; beams: sliding-window layers), with one log
 line. Negative controls: beams re-gathered without their K/V, or a dropped length penalty, fail the comparison."""
 
 from __future__ import annotations
@@ -146,16 +146,20 @@ def test_beam_search_takes_the_engine_for_a_backend_model(monkeypatch, name):
 
 
 def test_what_the_engine_refuses_takes_the_loop_with_one_log_line(caplog, monkeypatch):
-    """GPT-Neo (local windows: the engine runs its chains, not tree passes) and GPT-NeoX-Japanese (no attention
-    interface: the build refuses it) run their beams on the loop under "auto" — one warning line, the refusal kept
+    """GPT-Neo (local windows: the engine runs its chains, not tree passes) and an OPT under torch.ao's dynamic int8
+    (the build refuses it: each call's activations quantized together) run their beams on the loop under "auto" — one warning line, the refusal kept
     on the model (a second call neither tries the engine nor logs) — and raise `UnsupportedModel` under
     engine="fast"."""
+    import warnings
+
     import torch
 
     from specdec.engine import beam_run, build
 
     torch.manual_seed(0)
-    japanese = REFUSED["gpt-neox-japanese"][0]().eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao's deprecation notices
+        refused = torch.ao.quantization.quantize_dynamic(make("opt"), {torch.nn.Linear}, dtype=torch.qint8).eval()
     tried, run = [], beam_run.engine_beam_search
 
     def counted(*args, **kwargs):
@@ -163,7 +167,7 @@ def test_what_the_engine_refuses_takes_the_loop_with_one_log_line(caplog, monkey
         return run(*args, **kwargs)
 
     monkeypatch.setattr(beam_run, "engine_beam_search", counted)
-    for model, words in [(make("gpt-neo"), "sliding-window"), (japanese, "attention interface")]:
+    for model, words in [(make("gpt-neo"), "sliding-window"), (refused, "quantiz")]:
         monkeypatch.setattr(build, "_noticed", set())
         kw = dict(num_beams=2, max_new_tokens=6, eos_token_id=[])
         ref = hf_beams(model, tuple(PROMPTS[0]), 2, (), 6, 1.0, False)[0]
