@@ -2,10 +2,11 @@
 (`engine="auto"`), draft-length policies included (a name or a `DraftLengthPolicy` object: asked and told every step
 on the engine as on the loop, `engine.policy_loop`) and loop-only drafters that hold no model (a duck-typed loop
 drafter whose `propose` needs the loop's sampling arguments: called through `drafters.loop_adapter.LoopOnEngine`),
-and a `HierarchicalDrafter` over a model-free inner drafter (`engine.hierarchy`: its middle model on a slot cache),
-and the eager chain loop only for what the engine does not take well or at all — another loop drafter holding a model
-(a hierarchy over a model: the adapter re-begins its state over each row's whole text every step, exact but a
-prefill per step, while the loop's state follows its static batch; `engine="fast"` takes it to the adapter), or a model
+and a `HierarchicalDrafter` over a table, a rule, a draft model or another such hierarchy (`engine.hierarchy`: each
+of its models on a slot cache of its own), and the eager chain loop only for what the engine does not take well or at
+all — another loop drafter holding a model (a duck-typed one, a hierarchy subclass: the adapter re-begins its state
+over each row's whole text every step, exact but a prefill per step, while the loop's state follows its static batch;
+`engine="fast"` takes it to the adapter), or a model
 neither engine body runs (the engine's build refuses it with `UnsupportedModel`: no fast family body covers it and
 the transformers backend refuses it — encoder-decoders (T5, BART), state outside K/V (Jamba, Mamba), attention
 outside transformers' attention interface with no adapter in `fast.hf_adapters` (GPT-NeoX-Japanese); Falcon, Bloom,
@@ -91,8 +92,9 @@ def use_engine(engine, target, drafter, num_draft_tokens) -> bool:
     """Whether this call goes to the engine (see `generate`'s `engine` argument): "hf" never; "fast", a feature head
     and a drafter only the engine calls always; "auto" on every device, whatever `num_draft_tokens` is (an int,
     "auto", a policy name or a `DraftLengthPolicy`), unless the drafter is one the engine does not call as it is
-    and is not worth the adapter (`_engine_drafts`: a loop drafter holding a model, a `HierarchicalDrafter` over
-    one). A model neither engine body runs falls back to the loop when the engine refuses it (`engine_or_none`)."""
+    and is not worth the adapter (`_engine_drafts`: a loop drafter holding a model that the engine does not bind, a
+    hierarchy subclass). A model neither engine body runs falls back to the loop when the engine refuses it
+    (`engine_or_none`)."""
     if engine not in ("auto", "fast", "hf"):
         raise ValueError(f"engine must be 'auto', 'fast' or 'hf', got {engine!r}")
     if engine == "hf":
@@ -108,10 +110,11 @@ def _engine_drafts(drafter) -> bool:
     prompt lookup, the model drafters the engine drafts with: `engine.build.covers_drafter`), and a loop-only drafter
     (its `propose` needs the loop's sampling arguments) that holds no model: the engine calls it through
     `drafters.loop_adapter.LoopOnEngine`, which begins it over each row's text every step — free for a table or a
-    rule, a prefill of the whole text per step for a drafter with a model (a `HierarchicalDrafter` over one), which
-    stays on the loop (its state there follows the batch step by step; engine="fast" takes it to the adapter) — but
-    a `HierarchicalDrafter` over a model-free inner drafter runs natively (`engine.hierarchy.runs_on_engine`). Another
-    `LoopDrafter` subclass whose `propose` binds the engine's call may still need the loop's arguments: the loop."""
+    rule, a prefill of the whole text per step for a drafter with a model, which stays on the loop (its state there
+    follows the batch step by step; engine="fast" takes it to the adapter) — but a `HierarchicalDrafter` over a
+    table, a rule, a `ModelDrafter` or another such hierarchy runs natively, each model on its own slot cache
+    (`engine.hierarchy.runs_on_engine`). Another `LoopDrafter` subclass whose `propose` binds the engine's call may
+    still need the loop's arguments: the loop."""
     if drafter is None or isinstance(drafter, (torch.nn.Module, str, os.PathLike)):
         return True
     from specdec.drafters.cross_vocab import CrossVocabDrafter
@@ -126,7 +129,7 @@ def _engine_drafts(drafter) -> bool:
     if is_loop_only(drafter):  # through `drafters.loop_adapter`, begun row by row every step: cheap without a model
         from specdec.engine.hierarchy import runs_on_engine
 
-        return not holds_model(drafter) or runs_on_engine(drafter)  # (a hierarchy: `engine.hierarchy`)
+        return not holds_model(drafter) or runs_on_engine(drafter)  # (a hierarchy, its models: `engine.hierarchy`)
     if isinstance(drafter, LoopDrafter) and not isinstance(drafter, (NGramDrafter, PromptLookupDrafter)):
         return type(drafter) is ModelDrafter or type(drafter) in (FastDrafter, CrossVocabDrafter) and \
             covers_drafter(drafter)
