@@ -6,13 +6,14 @@ and a `HierarchicalDrafter` over a table, a rule, a draft model or another such 
 of its models on a slot cache of its own), and the eager chain loop only for what the engine does not take well or at
 all — another loop drafter holding a model (a duck-typed one, a hierarchy subclass: the adapter re-begins its state
 over each row's whole text every step, exact but a prefill per step, while the loop's state follows its static batch;
-`engine="fast"` takes it to the adapter), or a model
-neither engine body runs (the engine's build refuses it with `UnsupportedModel`: no fast family body covers it and
+`engine="fast"` takes it to the adapter), or a model neither engine body runs (the engine's build refuses it with `UnsupportedModel`: no fast family body covers it and
 the transformers backend refuses it — encoder-decoders (T5, BART), state outside K/V (Jamba, Mamba), attention
 outside transformers' attention interface with no adapter in `fast.hf_adapters` (GPT-NeoX-Japanese); Falcon, Bloom,
 MPT, GPT-Neo, XGLM and gpt-oss run on the backend). The refusal is logged once and kept on the model, so later calls
 go straight to the loop (`runner_for` reports the runner taken); a refused model takes its policy and drafter to the
-loop.
+loop. Token trees (`draft_tree`) take the engine for a draft model or a `TreeModelDrafter` over one
+(`engine_tree_drafter`: the engine drafts from its model) and the loop's trees only where the engine refuses the
+pair, or for another tree drafter (a `TreeModelDrafter` subclass, one written against `TreeLoopDrafter`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import weakref
 
 import torch
 
-__all__ = ["use_engine", "engine_or_none", "runner_for", "engine_needed", "is_feature_head"]
+__all__ = ["use_engine", "engine_or_none", "runner_for", "engine_needed", "is_feature_head", "engine_tree_drafter"]
 
 
 #: model → {id(drafter): (the drafter, weakly; why the engine refused the pair)}: later calls go straight to the
@@ -134,6 +135,15 @@ def _engine_drafts(drafter) -> bool:
         return type(drafter) is ModelDrafter or type(drafter) in (FastDrafter, CrossVocabDrafter) and \
             covers_drafter(drafter)
     return covers_drafter(drafter)
+
+
+def engine_tree_drafter(drafter):
+    """What the engine drafts a `draft_tree` call's token trees from: a `drafters.tree.TreeModelDrafter` (the class
+    itself: a subclass may change its rule) as its draft model — the engine grows trees from a draft model
+    (`engine.tree_step`), the same rule — and anything else as it is (another tree drafter keeps the loop's trees)."""
+    from specdec.drafters.tree import TreeModelDrafter
+
+    return drafter.model if type(drafter) is TreeModelDrafter else drafter
 
 
 def engine_needed(drafter) -> bool:
