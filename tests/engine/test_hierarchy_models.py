@@ -3,8 +3,9 @@
 `engine="auto"` takes it there; its greedy text is plain decoding's and the loop's, alone and under continuous
 batching (rows joining, a plain row, a sampled row, the paged pool with its prefix cache); every inner proposal is
 the inner model's own greedy continuation of the text it is given — its cache follows the text through rounds,
-plain steps and sampled steps — which a control that skips the closing sync breaks; every hierarchy proposal is the
-middle model's greedy continuation, which a control accepting the inner drafts unverified breaks."""
+plain steps, sampled steps and prefix-cache hits — which a control that skips the closing sync breaks, and one whose
+group feeds prompts to the middle model alone; every hierarchy proposal is the middle model's greedy continuation,
+which a control accepting the inner drafts unverified breaks."""
 
 from __future__ import annotations
 
@@ -114,6 +115,9 @@ def test_continuous_batching_keeps_plain_greedy_tokens(models, layout, kind):
     assert engine.stats.drafted_tokens > engine.stats.accepted_tokens > 0
 
 
+SHARED = [7, 3, 9, 1, 4, 4, 2, 8, 6, 5, 3, 3, 1, 9, 2, 7, 4]  # 17 tokens: two full blocks of 8 to share
+
+
 def _inner_proposals(target, drafter, monkeypatch, layout: str = "static"):
     """(text, drafts) of every inner model proposal (active rows), over greedy requests beside a sampled one and a
     plain one (sampled steps draft the middle's chain; a plain step leaves the models behind: a catch-up)."""
@@ -131,20 +135,23 @@ def _inner_proposals(target, drafter, monkeypatch, layout: str = "static"):
         return proposal
 
     monkeypatch.setattr(ModelDrafter, "propose", spy)
-    pool = dict(kv_layout="paged", block_size=8, enable_prefix_caching=True) if layout == "paged" else {}
+    pool = dict(kv_layout="paged", block_size=8, enable_prefix_caching=True) if layout != "static" else {}
     engines.append(Engine(target, drafter, EngineConfig(max_batch_size=2, max_seq_len=64, num_draft_tokens=3,
                                                         cuda_graphs=False, **pool)))
     temps, caps = [0, 1.0, 0, 0, 0], [None, None, 0, 2, None]
-    prompts = PROMPTS + [[3, 1, 4, 1, 5]]
+    prompts = PROMPTS + [[3, 1, 4, 1, 5]] if layout != "shared" else [SHARED + p for p in PROMPTS + [[3, 1, 4, 1, 5]]]
     outs = _run(engines[0], [(p, SamplingParams(temperature=t, max_new_tokens=NEW, num_draft_tokens=c, seed=11))
                              for p, t, c in zip(prompts, temps, caps)])
     want = plain(target, prompts)
     assert all(outs[i] == want[i] for i, t in enumerate(temps) if t == 0)
+    assert (engines[0].prefix_cache_hits > 0) == (layout == "shared")  # (shared: later prompts' blocks hit)
     return seen
 
 
-@pytest.mark.parametrize("layout", ["static", "paged"])
+@pytest.mark.parametrize("layout", ["static", "paged", "shared"])
 def test_every_inner_proposal_is_the_inner_models_greedy_continuation(models, monkeypatch, layout):
+    """static, the paged pool, and the paged pool with prompts sharing two blocks (every model's entries in a hit
+    block: the prefix cache's copy-on-write across the group's caches)."""
     target, middle, small = models
     seen = _inner_proposals(target, over_model(middle, small, k=3), monkeypatch, layout)
     assert len(seen) > 20
@@ -154,6 +161,16 @@ def test_every_inner_proposal_is_the_inner_models_greedy_continuation(models, mo
 def test_negative_control_without_the_closing_sync_the_inner_cache_goes_stale(models, monkeypatch):
     target, middle, small = models
     monkeypatch.setattr(EngineHierarchy, "_follow", lambda self, inner, text, gamma: None)
+    seen = _inner_proposals(target, over_model(middle, small, k=3), monkeypatch)
+    assert any(drafts != greedy(small, text, len(drafts)) for text, drafts in seen)
+
+
+def test_negative_control_a_group_that_feeds_only_the_middle_model_leaves_the_inner_cache_empty(models, monkeypatch):
+    target, middle, small = models
+    for name in ("prefill", "prefill_ragged"):
+        real = getattr(SlotGroup, name)
+        monkeypatch.setattr(SlotGroup, name, lambda self, *a, real=real, **k: real(
+            type("Middle", (), {"states": self.states[:1]})(), *a, **k))
     seen = _inner_proposals(target, over_model(middle, small, k=3), monkeypatch)
     assert any(drafts != greedy(small, text, len(drafts)) for text, drafts in seen)
 
