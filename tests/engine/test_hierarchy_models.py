@@ -136,22 +136,27 @@ def _inner_proposals(target, drafter, monkeypatch, layout: str = "static"):
 
     monkeypatch.setattr(ModelDrafter, "propose", spy)
     pool = dict(kv_layout="paged", block_size=8, enable_prefix_caching=True) if layout != "static" else {}
+    if layout == "mixed":
+        pool["mixed_step"] = True
     engines.append(Engine(target, drafter, EngineConfig(max_batch_size=2, max_seq_len=64, num_draft_tokens=3,
                                                         cuda_graphs=False, **pool)))
     temps, caps = [0, 1.0, 0, 0, 0], [None, None, 0, 2, None]
-    prompts = PROMPTS + [[3, 1, 4, 1, 5]] if layout != "shared" else [SHARED + p for p in PROMPTS + [[3, 1, 4, 1, 5]]]
+    shared = layout in ("shared", "mixed")
+    prompts = [SHARED + p if shared else p for p in PROMPTS + [[3, 1, 4, 1, 5]]]
     outs = _run(engines[0], [(p, SamplingParams(temperature=t, max_new_tokens=NEW, num_draft_tokens=c, seed=11))
                              for p, t, c in zip(prompts, temps, caps)])
     want = plain(target, prompts)
     assert all(outs[i] == want[i] for i, t in enumerate(temps) if t == 0)
-    assert (engines[0].prefix_cache_hits > 0) == (layout == "shared")  # (shared: later prompts' blocks hit)
+    assert (engines[0].prefix_cache_hits > 0) == shared  # (shared: later prompts' blocks hit)
+    assert (engines[0].runner.num_mixed_steps > 0) == (layout == "mixed")  # (prompt chunks in running steps)
     return seen
 
 
-@pytest.mark.parametrize("layout", ["static", "paged", "shared"])
+@pytest.mark.parametrize("layout", ["static", "paged", "shared", "mixed"])
 def test_every_inner_proposal_is_the_inner_models_greedy_continuation(models, monkeypatch, layout):
-    """static, the paged pool, and the paged pool with prompts sharing two blocks (every model's entries in a hit
-    block: the prefix cache's copy-on-write across the group's caches)."""
+    """static, the paged pool, the paged pool with prompts sharing two blocks (every model's entries in a hit
+    block: the prefix cache's copy-on-write across the group's caches), and that with mixed steps (prompt chunks fed
+    to every model in ragged feeds)."""
     target, middle, small = models
     seen = _inner_proposals(target, over_model(middle, small, k=3), monkeypatch, layout)
     assert len(seen) > 20
