@@ -133,3 +133,44 @@ def run_main(path, argv: list[str], monkeypatch) -> None:
         runpy.run_path(str(path), run_name="__main__")
     except SystemExit as stop:
         assert stop.code in (0, None), f"{path.name} exited with {stop.code}"
+
+
+def engine_hierarchy_proposals(target, drafter, monkeypatch, prompts, texts, new: int) -> list[tuple[list, list]]:
+    """(committed text, drafts) of every proposal `drafter` (a `HierarchicalDrafter`) makes on the engine, one greedy
+    request at a time (batch 1: no padding rows; a hierarchy nested inside it is not recorded); each request's text
+    is checked against `texts` (the target's verification keeps it, whatever is drafted)."""
+    from specdec.engine import Engine, EngineConfig
+    from specdec.engine.hierarchy import EngineHierarchy
+    from specdec.request import SamplingParams
+
+    seen, real = [], EngineHierarchy.propose
+
+    def spy(self, context, gamma):
+        proposal = real(self, context, gamma)
+        if self.drafter is drafter:
+            n = int(context.lengths[0])
+            seen.append((context.tokens[0, :n].tolist(), proposal.tokens[0].tolist()))
+        return proposal
+
+    monkeypatch.setattr(EngineHierarchy, "propose", spy)
+    for prompt, want in zip(prompts, texts):
+        engine = Engine(target, drafter, EngineConfig(max_batch_size=1, max_seq_len=64, num_draft_tokens=3,
+                                                      cuda_graphs=False))
+        rid, out = engine.add_request(prompt, SamplingParams(temperature=0, max_new_tokens=new)), []
+        while engine.has_unfinished():
+            out += [t for o in engine.step() if o.request_id == rid for t in o.new_token_ids]
+        assert out == want
+    return seen
+
+
+def accepting_unverified(real):
+    """Negative control: `verify_greedy` (`real`) that accepts every inner draft, whatever the middle model scored."""
+    from dataclasses import replace
+
+    def unverified(drafts, logits, draft_lengths=None, **kw):
+        result = real(drafts, logits, draft_lengths=draft_lengths, **kw)
+        width = drafts.shape[1]
+        return replace(result, num_accepted=result.num_accepted * 0 + width if draft_lengths is None else
+                       draft_lengths.clamp(max=width))
+
+    return unverified

@@ -18,7 +18,7 @@ from specdec.drafters.protocol import check_drafter_argument
 from specdec.loop.chain import run_chain
 from specdec.policy import DraftLengthPolicy
 from specdec.request import SamplingParams, resolve_eos
-from specdec.decoding.route import engine_or_none, is_feature_head, use_engine
+from specdec.decoding.route import engine_or_none, engine_tree_drafter, is_feature_head, use_engine
 from specdec.decoding.stops import StopCut
 from specdec.step import GenerateResult, GenerationStream, TokenEvent
 
@@ -208,11 +208,12 @@ def stream_request(
 
         raise UnsupportedModel("drafter: a feature head reads the target's hidden states, which only the engine "
                                "keeps: use engine='fast' (or 'auto'), without draft_tree")
-    if draft_tree is not None:  # token trees: on the engine a draft model drafts them
+    if draft_tree is not None:  # token trees: on the engine a draft model drafts them (a `TreeModelDrafter`'s too)
         tree_params = replace(params, draft_tree=tuple(draft_tree))
-        if engine == "fast" or isinstance(drafter, torch.nn.Module) and use_engine(engine, target, drafter,
-                                                                                   num_draft_tokens):
-            run = engine_or_none(engine, target, prompts, drafter, tree_params, num_draft_tokens, generator,
+        model = engine_tree_drafter(drafter)
+        if engine == "fast" or isinstance(model, torch.nn.Module) and use_engine(engine, target, model,
+                                                                                 num_draft_tokens):
+            run = engine_or_none(engine, target, prompts, model, tree_params, num_draft_tokens, generator,
                                  attention_mask)
             if run is not None:
                 return run

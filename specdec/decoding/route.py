@@ -2,18 +2,20 @@
 (`engine="auto"`), draft-length policies included (a name or a `DraftLengthPolicy` object: asked and told every step
 on the engine as on the loop, `engine.policy_loop`) and loop-only drafters that hold no model (a duck-typed loop
 drafter whose `propose` needs the loop's sampling arguments: called through `drafters.loop_adapter.LoopOnEngine`),
-and a `HierarchicalDrafter` over a model-free inner drafter (`engine.hierarchy`: its middle model on a slot cache),
-and the eager chain loop only for what the engine does not take well or at all — another loop drafter holding a model
-(a hierarchy over a model: the adapter re-begins its state over each row's whole text every step, exact but a
-prefill per step, while the loop's state follows its static batch; `engine="fast"` takes it to the adapter), or a model
-neither engine body runs (the engine's build refuses it with `UnsupportedModel`: no fast family body covers it and
+and a `HierarchicalDrafter` over a table, a rule, a draft model or another such hierarchy (`engine.hierarchy`: each
+of its models on a slot cache of its own), and the eager chain loop only for what the engine does not take well or at
+all — another loop drafter holding a model (a duck-typed one, a hierarchy subclass: the adapter re-begins its state
+over each row's whole text every step, exact but a prefill per step, while the loop's state follows its static batch;
+`engine="fast"` takes it to the adapter), or a model neither engine body runs (the engine's build refuses it with `UnsupportedModel`: no fast family body covers it and
 the transformers backend refuses it — encoder-decoders (T5, BART), state outside K/V (Jamba, Mamba), attention
 outside transformers' attention interface with no adapter in `fast.hf_adapters` (CPM-Ant); Falcon, Bloom,
 MPT, GPT-Neo, XGLM, GPT-NeoX-Japanese and gpt-oss run on the backend). The refusal is logged once and kept on the
 model, so later calls go straight to the loop (`runner_for` reports the runner taken); a refused model takes its
 policy and drafter to the loop. `specdec.beam_search` routes the same way (`beams_or_none`): the engine's beam
 groups on either body, the loop's `search.beam` where the engine refuses (the build's refusals, and targets with
-sliding-window layers).
+sliding-window layers). Token trees (`draft_tree`) take the engine for a draft model or a `TreeModelDrafter`
+over one (`engine_tree_drafter`: the engine drafts from its model) and the loop's trees only where the engine refuses
+the pair, or for another tree drafter (a `TreeModelDrafter` subclass, one written against `TreeLoopDrafter`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import weakref
 
 import torch
 
-__all__ = ["use_engine", "engine_or_none", "beams_or_none", "runner_for", "engine_needed", "is_feature_head"]
+__all__ = ["use_engine", "engine_or_none", "beams_or_none", "runner_for", "engine_needed", "is_feature_head",
+           "engine_tree_drafter"]
 
 
 #: model → {id(drafter): (the drafter, weakly; why the engine refused the pair)}: later calls go straight to the
@@ -121,9 +124,9 @@ def use_engine(engine, target, drafter, num_draft_tokens) -> bool:
     """Whether this call goes to the engine (see `generate`'s `engine` argument): "hf" never; "fast", a feature head
     and a drafter only the engine calls always; "auto" on every device, whatever `num_draft_tokens` is (an int,
     "auto", a policy name or a `DraftLengthPolicy`), unless the drafter is one the engine does not call as it is
-    and is not worth the adapter (`_engine_drafts`: a loop drafter holding a model, a `HierarchicalDrafter` over
-    one), or the target is a user's `Target` (`models.protocol.own_methods`: the engine would run the model inside
-    it, not its methods). A model neither engine body runs falls back to the loop when the engine refuses it
+    and is not worth the adapter (`_engine_drafts`: a loop drafter holding a model that the engine does not bind, a
+    hierarchy subclass), or the target is a user's `Target` (`models.protocol.own_methods`: the engine would run the
+    model inside it, not its methods). A model neither engine body runs falls back to the loop when the engine refuses it
     (`engine_or_none`)."""
     if engine not in ("auto", "fast", "hf"):
         raise ValueError(f"engine must be 'auto', 'fast' or 'hf', got {engine!r}")
@@ -144,10 +147,11 @@ def _engine_drafts(drafter) -> bool:
     prompt lookup, the model drafters the engine drafts with: `engine.build.covers_drafter`), and a loop-only drafter
     (its `propose` needs the loop's sampling arguments) that holds no model: the engine calls it through
     `drafters.loop_adapter.LoopOnEngine`, which begins it over each row's text every step — free for a table or a
-    rule, a prefill of the whole text per step for a drafter with a model (a `HierarchicalDrafter` over one), which
-    stays on the loop (its state there follows the batch step by step; engine="fast" takes it to the adapter) — but
-    a `HierarchicalDrafter` over a model-free inner drafter runs natively (`engine.hierarchy.runs_on_engine`). Another
-    `LoopDrafter` subclass whose `propose` binds the engine's call may still need the loop's arguments: the loop."""
+    rule, a prefill of the whole text per step for a drafter with a model, which stays on the loop (its state there
+    follows the batch step by step; engine="fast" takes it to the adapter) — but a `HierarchicalDrafter` over a
+    table, a rule, a `ModelDrafter` or another such hierarchy runs natively, each model on its own slot cache
+    (`engine.hierarchy.runs_on_engine`). Another `LoopDrafter` subclass whose `propose` binds the engine's call may
+    still need the loop's arguments: the loop."""
     if drafter is None or isinstance(drafter, (torch.nn.Module, str, os.PathLike)):
         return True
     from specdec.drafters.cross_vocab import CrossVocabDrafter
@@ -162,11 +166,20 @@ def _engine_drafts(drafter) -> bool:
     if is_loop_only(drafter):  # through `drafters.loop_adapter`, begun row by row every step: cheap without a model
         from specdec.engine.hierarchy import runs_on_engine
 
-        return not holds_model(drafter) or runs_on_engine(drafter)  # (a hierarchy: `engine.hierarchy`)
+        return not holds_model(drafter) or runs_on_engine(drafter)  # (a hierarchy, its models: `engine.hierarchy`)
     if isinstance(drafter, LoopDrafter) and not isinstance(drafter, (NGramDrafter, PromptLookupDrafter)):
         return type(drafter) is ModelDrafter or type(drafter) in (FastDrafter, CrossVocabDrafter) and \
             covers_drafter(drafter)
     return covers_drafter(drafter)
+
+
+def engine_tree_drafter(drafter):
+    """What the engine drafts a `draft_tree` call's token trees from: a `drafters.tree.TreeModelDrafter` (the class
+    itself: a subclass may change its rule) as its draft model — the engine grows trees from a draft model
+    (`engine.tree_step`), the same rule — and anything else as it is (another tree drafter keeps the loop's trees)."""
+    from specdec.drafters.tree import TreeModelDrafter
+
+    return drafter.model if type(drafter) is TreeModelDrafter else drafter
 
 
 def engine_needed(drafter) -> bool:

@@ -1,7 +1,7 @@
-"""A loop-only drafter on the engine: `LoopOnEngine` calls a `LoopDrafter` (`HierarchicalDrafter`, a duck-typed one
-whose `propose` needs the loop's sampling arguments) through the engine's protocol, `propose(context, γ)`.
+"""A loop-only drafter on the engine: `LoopOnEngine` calls a `LoopDrafter` (a duck-typed one whose `propose` needs the
+loop's sampling arguments, a `HierarchicalDrafter` subclass) through the engine's protocol, `propose(context, γ)`.
 
-    specdec.generate(target, prompts, drafter=HierarchicalDrafter(...), engine="fast")   # wrapped by engine.build
+    specdec.generate(target, prompts, drafter=MyLoopDrafter(...), engine="fast")   # wrapped by engine.build
 
 What the loop's protocol needs that the engine's call does not carry, and how each is supplied, row by row:
   state      the loop drafter's state follows ONE static batch (`begin` once, `commit` after each step,
@@ -14,8 +14,8 @@ What the loop's protocol needs that the engine's call does not carry, and how ea
              keeps nothing. Exact either way (a loop drafter's state is a function of the committed text: `commit`
              drops what rejected drafts built), but sampled, a drafter holding a model pays a prefill of each row's
              whole text every step — why `engine="auto"` keeps such drafters on the loop (`holds_model`;
-             `decoding.route`; a `HierarchicalDrafter` over a model-free inner drafter runs natively instead,
-             `engine.hierarchy`) and sends the others here.
+             `decoding.route`; a `HierarchicalDrafter` over a table, a rule, a model drafter or another such
+             hierarchy runs natively instead, `engine.hierarchy`) and sends the others here.
   sampling   one `SamplingConfig` per call: the row's own temperature (0: greedy, one-hot q). Its top-k / top-p /
              min-p and processors are not applied to q: verification corrects any q (`core.verify` is exact for
              every q the drafts were really drawn from), so only acceptance depends on it.

@@ -29,7 +29,7 @@ from specdec.drafters.base import Drafter, LoopDraws, Proposal
 from specdec.models.hf import HFCausalLM
 from specdec.sequences import TokenBuffer
 
-__all__ = ["ModelDrafter", "DraftState", "LoopState", "chain_proposal"]
+__all__ = ["ModelDrafter", "DraftState", "LoopState", "StateHeld", "chain_proposal"]
 
 
 class DraftState:
@@ -93,7 +93,38 @@ def chain_proposal(state: DraftState, context, draws, num_draft_tokens: int, tar
     return draws.draft_chain(num_draft_tokens, next_logits, num_draft_tokens)
 
 
-class ModelDrafter(Drafter):
+class StateHeld:
+    """A drafter whose model and, on the engine, slot caches its state holder `self.state` holds: the engine's
+    capabilities of a cached drafter (`drafters.protocol.CachedSlotDrafter`) passed to it (`ModelDrafter`, over a
+    `SlotModel`; `engine.hierarchy.EngineHierarchy`, over its middle model's or a `engine.slot_group.SlotGroup`)."""
+
+    state: DraftState
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The draft model the state holds (a transformers model on the loop; the engine's `FastLlama`)."""
+        return self.state.model
+
+    @property
+    def cache(self):
+        return self.state.cache
+
+    @cache.setter
+    def cache(self, value) -> None:  # (the engine swaps in the paged pool's cache)
+        self.state.cache = value
+
+    def prefill(self, state, rows: slice, starts: list[int], ends: list[int], chunk: int, *,
+                extent: int | None = None, graphs=None) -> None:
+        """Feed committed positions [starts[i], ends[i]) of the engine's slots in `rows` (`SlotModel.prefill`)."""
+        self.state.prefill(state, rows, starts, ends, chunk, extent=extent, graphs=graphs)
+
+    def prefill_ragged(self, state, rows: slice, starts: list[int], ends: list[int], chunk: int, *,
+                       extent: int | None = None) -> None:
+        """`prefill` with each row's columns from its own start (`SlotModel.prefill_ragged`)."""
+        self.state.prefill_ragged(state, rows, starts, ends, chunk, extent=extent)
+
+
+class ModelDrafter(StateHeld, Drafter):
     """Drafts autoregressively with a draft model over the target's vocabulary (see the module doc).
 
     `ModelDrafter(model)` (a transformers model) drafts on the loop; `engine.build` binds it to the engine
@@ -107,11 +138,6 @@ class ModelDrafter(Drafter):
             raise TypeError("ModelDrafter takes a draft model or a state holder (state=), exactly one")
         self.state = LoopState(HFCausalLM(model)) if state is None else state
         self.vocab_size = self.state.vocab_size
-
-    @property
-    def model(self) -> torch.nn.Module:
-        """The draft model the state holds (a transformers model on the loop; the engine's `FastLlama`)."""
-        return self.state.model
 
     @property
     def on_engine(self) -> bool:
@@ -132,25 +158,6 @@ class ModelDrafter(Drafter):
     def target_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """The draft's logits `[B, V_d]` over the target's vocabulary `[B, V]` (here the same)."""
         return logits
-
-    # -- the engine's capabilities (`drafters.protocol.CachedSlotDrafter`), held by the engine's state
-    @property
-    def cache(self):
-        return self.state.cache
-
-    @cache.setter
-    def cache(self, value) -> None:  # (the engine swaps in the paged pool's cache)
-        self.state.cache = value
-
-    def prefill(self, state, rows: slice, starts: list[int], ends: list[int], chunk: int, *,
-                extent: int | None = None, graphs=None) -> None:
-        """Feed committed positions [starts[i], ends[i]) of the engine's slots in `rows` (`SlotModel.prefill`)."""
-        self.state.prefill(state, rows, starts, ends, chunk, extent=extent, graphs=graphs)
-
-    def prefill_ragged(self, state, rows: slice, starts: list[int], ends: list[int], chunk: int, *,
-                       extent: int | None = None) -> None:
-        """`prefill` with each row's columns from its own start (`SlotModel.prefill_ragged`)."""
-        self.state.prefill_ragged(state, rows, starts, ends, chunk, extent=extent)
 
     # -- the loop's calls (`drafters.protocol.LoopDrafter`)
     def begin(self, context: TokenBuffer, vocab_size: int) -> None:

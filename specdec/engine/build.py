@@ -245,9 +245,9 @@ def _hf_module(model):
 def build_drafter(drafter, engine):
     """The engine's drafter for what a user passed: a `SlotDrafter` as it is (prompt lookup, n-gram tables, a
     plugin: `drafters.protocol.is_slot_drafter`), a feature head bound to the target, or a `ModelDrafter` (its
-    cross-vocabulary kind included) bound to the engine's state over a draft model, a `HierarchicalDrafter` whose
-    inner drafter holds no model as `engine.hierarchy.EngineHierarchy` (its middle model bound as a draft model's),
-    another loop-only drafter (a duck-typed `LoopDrafter`, a hierarchy over a model) behind
+    cross-vocabulary kind included) bound to the engine's state over a draft model, a `HierarchicalDrafter` over a
+    table, a rule, a model drafter or another such hierarchy as `engine.hierarchy.EngineHierarchy` (each model bound
+    as a draft model's), another loop-only drafter (a duck-typed `LoopDrafter`, a hierarchy subclass) behind
     `drafters.loop_adapter.LoopOnEngine` (eager steps only, both); `UnsupportedModel` for anything else."""
     if is_drafter(drafter) and isinstance(engine.model, HFBackendModel):
         raise UnsupportedModel(f"feature heads read the target's hidden states from a fast family body; the target "
@@ -276,14 +276,27 @@ def build_drafter(drafter, engine):
                 getattr(engine.model, "capturable", True):
             raise UnsupportedModel(f"{type(drafter).__name__} is a loop drafter (host reads every step): on the engine "
                                    "it needs EngineConfig(cuda_graphs=False) (specdec.generate sets it), or engine='hf'")
-        from specdec.engine.hierarchy import EngineHierarchy, runs_on_engine
+        from specdec.engine.hierarchy import runs_on_engine
 
-        if runs_on_engine(drafter):  # its middle model on the engine's slot state, its inner drafter as it is
-            return EngineHierarchy(drafter, _bind_model(drafter.model, None, engine).state)
+        if runs_on_engine(drafter):  # each of its models on the engine's slot state, a table or rule as it is
+            return _bind_hierarchy(drafter, engine)
         return LoopOnEngine(drafter, engine.vocab_size)
     why = (" (its propose needs the loop's sampling arguments; the engine calls propose(context, num_draft_tokens))"
            if isinstance(drafter, SlotDrafter) else "")
     raise UnsupportedModel(f"the engine does not run {type(drafter).__name__} drafters{why}: use engine='hf'")
+
+
+def _bind_hierarchy(drafter, engine):
+    """A `HierarchicalDrafter` as `engine.hierarchy.EngineHierarchy`, its middle model and any model under it (a model
+    drafter, another hierarchy: bound in turn) each on a slot state of its own."""
+    from specdec.engine.hierarchy import EngineHierarchy, runs_on_engine
+
+    inner = drafter.inner
+    if runs_on_engine(inner):
+        inner = _bind_hierarchy(inner, engine)
+    elif isinstance(inner, ModelDrafter):
+        inner = _bind_model(inner.model, inner, engine)
+    return EngineHierarchy(drafter, _bind_model(drafter.model, None, engine).state, inner)
 
 
 def _bind_model(draft_model, drafter: ModelDrafter | None, engine) -> ModelDrafter:

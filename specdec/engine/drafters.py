@@ -143,13 +143,13 @@ class StepView:
         return Proposal(torch.stack(tokens, 1), torch.stack(probs, 1) if probs else None, None, forward_passes)
 
 
-def refeed_window(view: "StepView", cache) -> tuple[torch.Tensor, torch.Tensor]:
-    """A model drafter's re-feed: its cache view rolled back to each row's length − `WINDOW`, and the last `WINDOW`
-    committed tokens `[b, WINDOW]` with their validity (False before a row's first token) to feed again."""
+def refeed_window(view: "StepView", cache, width: int = WINDOW) -> tuple[torch.Tensor, torch.Tensor]:
+    """A model drafter's re-feed: its cache view rolled back to each row's length − `width` (`WINDOW`), and the last
+    `width` tokens of each row `[b, width]` with their validity (False before a row's first token) to feed again."""
     lengths = view.lengths
-    pos = lengths[:, None] - WINDOW + torch.arange(WINDOW, device=lengths.device)[None, :]
+    pos = lengths[:, None] - width + torch.arange(width, device=lengths.device)[None, :]
     valid = pos >= 0
-    cache.lengths.copy_((lengths - WINDOW).clamp_min(0))
+    cache.lengths.copy_((lengths - width).clamp_min(0))
     return view.tokens.gather(1, pos.clamp_min(0)) * valid, valid
 
 
@@ -208,11 +208,11 @@ class SlotModel(DraftState):
         prefill_ragged(self.model, self.cache, state, rows, starts, ends, chunk, extent=extent,
                        embeds=None if self.inputs is None else self._entries_at)
 
-    def feed(self, context: StepView) -> torch.Tensor:
-        """Re-feed each row's last `WINDOW` committed tokens (rejected drafts are overwritten, never rolled back) →
-        the first draft's logits `[b, V_d]`."""
+    def feed(self, context: StepView, width: int = WINDOW) -> torch.Tensor:
+        """Re-feed each row's last `width` (`WINDOW`) committed tokens (rejected drafts are overwritten, never rolled
+        back) → the first draft's logits `[b, V_d]`."""
         self._view = self.cache.view(slice(0, context.batch), context.num_positions)
-        window, valid = refeed_window(context, self._view)
+        window, valid = refeed_window(context, self._view, width)
         return self.model(self._ids(window), self._view, valid, last_only=True)[:, 0]
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:

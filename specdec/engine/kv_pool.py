@@ -348,15 +348,17 @@ def kv_budget(kv_cache_memory: int | float | None, static_bytes: int, free: int 
 def paged_caches(cache, draft_cache, feature_dim: int, config, max_batch: int
                  ) -> tuple[KVPool, PagedSlotCache, PagedSlotCache | None]:
     """kv_layout="paged": the engine's pool (`config.kv_cache_memory`, `config.block_size`) and the target's and a
-    cached drafter's caches over it, in place of their static `SlotCache`s (`cache`, `draft_cache` or None; sized,
-    never allocated). One block holds the same positions of both and of the stored target features (`feature_dim`
-    per position, 0 = none), so a block's bytes are theirs together; the default budget is the static layout's."""
+    cached drafter's caches over it, in place of their static `SlotCache`s (`cache`, `draft_cache` or None — a
+    hierarchy's `slot_group.CacheGroup` one per model; sized, never allocated). One block holds the same positions
+    of all and of the stored target features (`feature_dim` per position, 0 = none), so a block's bytes are theirs
+    together; the default budget is the static layout's."""
     from specdec.engine import memory  # (looked up at call: tests replace `available_memory`)
 
     size, num_positions = config.block_size, cache.num_positions
-    models = [cache.model] + ([draft_cache.model] if draft_cache is not None else [])
+    drafts = [] if draft_cache is None else list(getattr(draft_cache, "parts", [draft_cache]))  # (a `CacheGroup`)
+    models = [cache.model] + [c.model for c in drafts]
     feature_bytes = feature_dim * cache.model.dtype.itemsize  # (the target's dtype: `FeatureStore`)
-    static = sum(c.nbytes for c in [cache, draft_cache] if c is not None) + max_batch * num_positions * feature_bytes
+    static = sum(c.nbytes for c in [cache, *drafts]) + max_batch * num_positions * feature_bytes
     block_bytes = sum(PagedSlotCache.block_bytes(m, size) for m in models) + size * feature_bytes
     static += block_bytes  # (the null block: every row's whole context, as the static layout holds, still fits)
     budget = kv_budget(config.kv_cache_memory, static, memory.available_memory(cache.model.device), cache.model.device)
@@ -365,4 +367,6 @@ def paged_caches(cache, draft_cache, feature_dim: int, config, max_batch: int
     if agree is not None:
         num_blocks = agree(num_blocks)
     pool = KVPool(num_blocks, size, max_batch, num_positions, cache.model.device)
-    return pool, PagedSlotCache(models[0], pool), None if draft_cache is None else PagedSlotCache(models[1], pool)
+    paged = [PagedSlotCache(m, pool) for m in models[1:]]  # (a hierarchy's group: one per model, the same blocks)
+    draft = None if draft_cache is None else draft_cache.with_parts(paged) if hasattr(draft_cache, "parts") else paged[0]
+    return pool, PagedSlotCache(models[0], pool), draft

@@ -33,11 +33,13 @@ def build_prefix_cache(config, pool, model, cache, drafter, features: bool) -> P
         return None
     drafter_cached = isinstance(drafter, CachedSlotDrafter)
     draft = getattr(drafter, "model", None) if drafter_cached else None
+    under = [s.model for s in getattr(drafter, "states", [])[1:]] if drafter_cached else []  # (a hierarchy's)
     seed = model_key(type(model).__name__, repr(model.shape), str(model.dtype), type(drafter).__name__,
                      None if draft is None else (repr(draft.shape), str(draft.dtype)),
-                     getattr(drafter, "feature_layers", None) if features else None)
+                     getattr(drafter, "feature_layers", None) if features else None,
+                     *[(repr(m.shape), str(m.dtype)) for m in under])
     caches = (cache, drafter.cache) if drafter_cached else (cache,)
-    models = (model, draft, getattr(drafter, "head", None), getattr(drafter, "heads", None))
+    models = (model, draft, *under, getattr(drafter, "head", None), getattr(drafter, "heads", None))
     if features:
         caches += (FeatureBlocks(drafter.state, pool.block_size),)
         window = getattr(drafter, "window", 0) if drafter_cached else 0

@@ -199,7 +199,10 @@ class StepRunner(CapturedHalves):
     def _draft_restore(self) -> list | None:
         if self.gamma == 0:
             return None  # nothing to draft: a static empty proposal
-        return [self.parts.drafter.cache.lengths] if self.parts.drafter_cached else []
+        if not self.parts.drafter_cached:
+            return []
+        cache = self.parts.drafter.cache  # (a hierarchy's `slot_group.CacheGroup`: every model's)
+        return getattr(cache, "lengths_all", None) or [cache.lengths]
 
     def _verify_restore(self) -> list:
         e, s = self.parts, self.parts.state

@@ -79,10 +79,14 @@ def test_a_duck_typed_loop_drafter_runs_on_the_engine_with_plain_greedy_tokens(p
     assert isinstance(engine.drafter, LoopOnEngine) and not engine.cuda_graphs
 
 
-def test_a_hierarchical_drafter_runs_on_the_engine_with_plain_greedy_tokens(pair):
-    """Its inner drafter a model (one over lookup alone runs natively: `engine.hierarchy`)."""
+class OwnHierarchy(specdec.HierarchicalDrafter):
+    """A subclass of its own (it may change the rule): the engine binds only the class itself (`engine.hierarchy`)."""
+
+
+def test_a_hierarchical_drafter_subclass_runs_on_the_engine_with_plain_greedy_tokens(pair):
+    """Its inner drafter a model (the class itself over a model or a table runs natively: `engine.hierarchy`)."""
     target, draft = pair
-    drafter = specdec.HierarchicalDrafter(draft, perturbed_copy(draft, 0.2, seed=6), num_inner_draft_tokens=2)
+    drafter = OwnHierarchy(draft, perturbed_copy(draft, 0.2, seed=6), num_inner_draft_tokens=2)
     plain = specdec.generate(target, PROMPTS, None, max_new_tokens=16, temperature=0, eos_token_id=[]).sequences
     assert route.runner_for("auto", target, drafter, 3) == "hf" and holds_model(drafter)  # (the loop by default)
     out = gen(target, drafter)

@@ -1,4 +1,5 @@
-"""`HierarchicalDrafter` on the engine (`engine/hierarchy.py`) when its inner drafter holds no model: `engine="auto"`
+"""`HierarchicalDrafter` on the engine (`engine/hierarchy.py`) when its inner drafter holds no model (over a model:
+`test_hierarchy_models.py`): `engine="auto"`
 takes it there; its greedy text is plain decoding's, alone and under continuous batching (rows joining, a plain row
 beside speculative ones); each proposal is the middle model's own greedy continuation (the loop's rule), in fewer
 middle passes than tokens — a control that accepts the inner drafts unverified proposes other tokens (and the target's
@@ -6,12 +7,10 @@ verification still keeps the text); a sampled step drafts the middle model's cha
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 import specdec
-from helpers import hf_greedy, perturbed_copy
+from helpers import accepting_unverified, engine_hierarchy_proposals, hf_greedy, perturbed_copy
 from specdec.decoding import route
 from specdec.drafters.loop_adapter import LoopOnEngine
 from specdec.engine import Engine, EngineConfig, hierarchy
@@ -56,14 +55,19 @@ def test_auto_takes_a_model_free_inner_drafter_to_the_engine_with_plain_greedy_t
     assert c.inner_accepted > 0 and c.middle_calls < c.middle_tokens  # inner drafts saved middle passes
 
 
-def test_an_inner_drafter_holding_a_model_keeps_the_loop_adapter(pair):
+def test_an_inner_drafter_the_engine_does_not_bind_keeps_the_loop_adapter(pair):
+    """A hierarchy subclass as the inner drafter (it may change the rule; one over a model or another hierarchy of
+    the class itself runs natively: `tests/engine/test_hierarchy_models.py`)."""
+    from helpers import UnverifiedHierarchicalDrafter
+
     target, draft = pair
-    nested = specdec.HierarchicalDrafter(draft, hierarchy_of(draft), num_inner_draft_tokens=2)
+    inner = UnverifiedHierarchicalDrafter(draft, specdec.PromptLookupDrafter(), num_inner_draft_tokens=2)
+    nested = specdec.HierarchicalDrafter(draft, inner, num_inner_draft_tokens=2)
     assert not runs_on_engine(nested) and route.runner_for("auto", target, nested, 3) == "hf"
     engine = Engine(target, nested, EngineConfig(max_batch_size=2, max_seq_len=64, num_draft_tokens=3,
                                                  cuda_graphs=False))
     assert isinstance(engine.drafter, LoopOnEngine)
-    with pytest.raises(TypeError, match="inner drafter holds no model"):
+    with pytest.raises(TypeError, match="inner drafter the engine binds"):
         EngineHierarchy(nested, None)
 
 
@@ -90,25 +94,7 @@ def test_continuous_batching_keeps_plain_greedy_tokens(pair, layout):
 
 
 def _proposals(target, drafter, monkeypatch) -> list[tuple[list[int], list[int]]]:
-    """(committed text, drafts) of every proposal of one request at a time (batch 1: no padding rows)."""
-    seen = []
-    real = EngineHierarchy.propose
-
-    def spy(self, context, gamma):
-        proposal = real(self, context, gamma)
-        n = int(context.lengths[0])
-        seen.append((context.tokens[0, :n].tolist(), proposal.tokens[0].tolist()))
-        return proposal
-
-    monkeypatch.setattr(EngineHierarchy, "propose", spy)
-    for prompt, want in zip(PROMPTS, plain(target)):
-        engine = Engine(target, drafter, EngineConfig(max_batch_size=1, max_seq_len=64, num_draft_tokens=3,
-                                                      cuda_graphs=False))
-        rid, out = engine.add_request(prompt, SamplingParams(temperature=0, max_new_tokens=NEW)), []
-        while engine.has_unfinished():
-            out += [t for o in engine.step() if o.request_id == rid for t in o.new_token_ids]
-        assert out == want  # (the target's verification keeps the text, whatever is drafted)
-    return seen
+    return engine_hierarchy_proposals(target, drafter, monkeypatch, PROMPTS, plain(target), NEW)
 
 
 def test_each_proposal_is_the_middle_models_greedy_continuation(pair, monkeypatch):
@@ -120,15 +106,7 @@ def test_each_proposal_is_the_middle_models_greedy_continuation(pair, monkeypatc
 
 def test_negative_control_inner_drafts_accepted_unverified_are_not_the_middle_models(pair, monkeypatch):
     target, draft = pair
-    real = hierarchy.verify_greedy
-
-    def unverified(drafts, logits, draft_lengths=None, **kw):
-        result = real(drafts, logits, draft_lengths=draft_lengths, **kw)
-        width = drafts.shape[1]
-        return replace(result, num_accepted=result.num_accepted * 0 + width if draft_lengths is None else
-                       draft_lengths.clamp(max=width))
-
-    monkeypatch.setattr(hierarchy, "verify_greedy", unverified)
+    monkeypatch.setattr(hierarchy, "verify_greedy", accepting_unverified(hierarchy.verify_greedy))
     seen = _proposals(target, hierarchy_of(draft), monkeypatch)
     assert any(drafts != hf_greedy(draft, text, len(drafts), []) for text, drafts in seen)
 
