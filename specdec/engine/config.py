@@ -5,15 +5,17 @@ from __future__ import annotations
 from copy import copy
 from dataclasses import dataclass
 
+import torch
+
 from specdec.request import as_int, check_num_draft_tokens
 
 __all__ = ["EngineConfig", "UnsupportedModel", "BATCH_BUCKETS", "DEFAULT_MIXED_STEP", "MODEL_IMPLS", "MIN_POSITIONS",
-           "positions_bucket", "length_buckets", "resolve_mixed_step"]
+           "positions_bucket", "length_buckets", "resolve_mixed_step", "resolve_async"]
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MODEL_IMPLS = ("auto", "fast", "transformers")  # EngineConfig.model_impl (vLLM's names; "fast" for its "vllm")
 MIN_POSITIONS = 64  # the shortest cache-length bucket a step attends over (buckets are powers of two)
-DEFAULT_MIXED_STEP = False  # EngineConfig.mixed_step's default: False, True or "auto" (`resolve_mixed_step`)
+DEFAULT_MIXED_STEP = "auto"  # EngineConfig.mixed_step's default: False, True or "auto" (`resolve_mixed_step`)
 
 
 def positions_bucket(need: int, num_positions: int) -> int:
@@ -167,7 +169,7 @@ class EngineConfig:
     enable_prefix_caching: bool | None = None  # None: on with the paged pool (resolved in __post_init__)
     model_impl: str = "auto"
     gguf_weights: str = "auto"
-    async_scheduling: bool = False
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         if self.model_impl not in MODEL_IMPLS:
@@ -241,8 +243,8 @@ class EngineConfig:
         if self.bitwise and self.kv_layout == "paged":
             raise ValueError("bitwise=True runs on kv_layout='static' (its batch-invariant fused layer reads a static "
                              "KV cache)")
-        if not isinstance(self.async_scheduling, bool):
-            raise TypeError(f"async_scheduling must be True or False, got {self.async_scheduling!r}")
+        if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
+            raise TypeError(f"async_scheduling must be None, True or False, got {self.async_scheduling!r}")
         if self.cuda_graphs not in (None, True, False):
             raise TypeError(f"cuda_graphs must be None, True or False, got {self.cuda_graphs!r}")
         if self.prefill_graphs not in (None, True, False):
@@ -268,3 +270,13 @@ def resolve_mixed_step(config: EngineConfig, covered: bool, body: str = "this bo
     out = copy(config)  # (not `replace`: the options checked once stay as given, the budget's too)
     object.__setattr__(out, "mixed_step", resolved)
     return out
+
+
+def resolve_async(config: EngineConfig, device: torch.device) -> bool:
+    """Whether the engine runs the host ahead of the device (`EngineConfig.async_scheduling`): as given, or for None
+    (the default) on where the engine's device is CUDA — there the host's bookkeeping overlaps the step in flight —
+    and off on the CPU, where each step has run by the time it is launched (nothing to overlap; an "auto" γ would
+    only be chosen a record late)."""
+    if config.async_scheduling is not None:
+        return config.async_scheduling
+    return torch.device(device).type == "cuda"
