@@ -74,8 +74,9 @@ class EngineConfig:
                       forward over the verify tokens and the chunks) until it is fed, then joins the decode steps; with
                       nothing running, admission prefills at once. Setting one turns the mixed step on where it can
                       run (`resolve_mixed_step`); where it cannot, prompts prefill whole at admission and the engine's
-                      `prefill_budget` reads None. None or 0 = off (the default, unless `mixed_step` is on: then
-                      "auto"): admitted prompts prefill whole before the step (every running row waits for them). A
+                      `prefill_budget` reads None. None or 0 with `mixed_step` on (the default "auto", where it runs):
+                      "auto"; with mixed_step False: off, admitted prompts prefill whole before the step (every
+                      running row waits for them). A
                       fixed budget below the traffic's prompt tokens per step starves the slots: on one H200 (zoo
                       pair, head, "auto", BENCHMARKS.md) 1,024 bounded the speculative ITL p99 at 8 / 32 clients
                       (1.20x / 1.40x plain's, from 3.18x / 2.02x) but at 64 / 128 clients held slots filling for
@@ -101,8 +102,10 @@ class EngineConfig:
                       shapes (`engine/mixed_shapes.py`: warmed, and graphed with cuda_graphs). False, True or "auto",
                       resolved once when the engine is built (`resolve_mixed_step`): True needs it supported — the
                       paged layout and a target body the ragged forward covers — (refused otherwise); "auto" is True
-                      where supported, else False; False (`DEFAULT_MIXED_STEP`) is off unless a prefill_budget asks
-                      for chunks. Where it is off, or in a step it cannot run, prompts prefill whole: token-tree
+                      where supported, else False (`DEFAULT_MIXED_STEP`, the default: on one H200 the mixed step with
+                      async scheduling ran plain decoding 1.27x faster under closed-loop traffic, ITL p99 40 -> 14 ms,
+                      and the head drafter's "auto" at 0.99x the whole-prefill engine's, BENCHMARKS.md); False is off
+                      unless a prefill_budget asks for chunks (prompts prefill whole: A/B runs). Where it is off, or in a step it cannot run, prompts prefill whole: token-tree
                       requests at admission (a tree step has no mixed form), and requests left filling when nothing
                       runs (no step to carry their chunks) the rest of their prompts at once
     bitwise           bit-for-bit exact mode: the target runs batch-invariant GEMM and attention kernels in every
@@ -139,7 +142,9 @@ class EngineConfig:
                       previous step's record is read, finished rows masked on the device (`engine/async_steps.py`);
                       a fixed-γ row's tokens unchanged (one added while a step runs ahead joins a step later); an
                       "auto" step's γ is chosen from the last record read, one step late (`engine/async_plan.py`:
-                      sampled tokens then follow that γ sequence, the target's law unchanged). Off by default
+                      sampled tokens then follow that γ sequence, the target's law unchanged). None (the default):
+                      on where the engine's device is CUDA, off on the CPU (`resolve_async`: there each step has run
+                      when it is launched, nothing to overlap); True / False as given
     gguf_weights      a model read from a GGUF, on the CPU in float32: "quantized" keeps the file's blocks and
                       multiplies by 8-bit activations (`fast.quant`), "dequantized" keeps dense float32 weights;
                       "auto" = the process default (`--gguf-weights`, env SPECDEC_GGUF_WEIGHTS), else
