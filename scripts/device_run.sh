@@ -593,19 +593,20 @@ log done
 #   bash scripts/device_run.sh traffic-ab [SCALE] [HEAD_S] [TABLE_S] [SLOTS...]
 # 1. the zoo gpu pair + its feature head into /tmp/pair (as `traffic`; SCALE default 0.3, HEAD_S default 50)
 # 2. the same traffic table (`specdec bench`: plain vs the head drafter, "auto" and γ = 4, SLOTS default 64 8 1)
-#    twice in the same run: the default engine → $OUT/default/, then every arm's engine (plain's too) with the mixed
-#    prefill/decode step and async scheduling (`--mixed-step --async-scheduling`) → $OUT/mixed_async/. Each
-#    table's ratios are against plain on the same engine options; TABLE_S (default 100) is each table's
-#    --max-seconds.
+#    twice in the same run: every arm's engine (plain's too) with whole prefills and synchronous steps
+#    (`--mixed-step false --no-async-scheduling`, the engine before the mixed step and async scheduling were its
+#    default) → $OUT/whole_sync/, then the default engine (the mixed step, async scheduling on CUDA) →
+#    $OUT/default/. Each table's ratios are against plain on the same engine options; TABLE_S (default 100) is each
+#    table's --max-seconds.
 recipe_traffic_ab() {
 prologue
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$OUT/run.log"
 train_pair "${1:-0.3}" 260 "${2:-50}" 150
 local table_s=${3:-100}; shift $(( $# < 3 ? $# : 3 ))
 local slots=${*:-64 8 1}
-for variant in default mixed_async; do
-  local flags=""; [ $variant = mixed_async ] && flags="--mixed-step --async-scheduling"
-  log "traffic table ($variant: ${flags:-default engine}), slots $slots, --max-seconds $table_s"
+for variant in whole_sync default; do
+  local flags=""; [ $variant = whole_sync ] && flags="--mixed-step false --no-async-scheduling"
+  log "traffic table ($variant: ${flags:-the default engine}), slots $slots, --max-seconds $table_s"
   timeout $(( table_s + 60 )) python3 -m specdec bench --pair /tmp/pair --head /tmp/pair/head --data data/code \
       --drafters head --slots $slots --policy auto 4 --out "$OUT/$variant" --max-seconds "$table_s" $flags 2>&1 \
       | grep -v "^INFO" | tail -40 | tee -a "$OUT/run.log"

@@ -49,28 +49,42 @@ MAX_DRAFT_TOKENS = 8
 
 @dataclass(frozen=True)
 class EngineVariant:
-    """The engine options every arm of one table shares (plain's too), for A/B tables: mixed_step — the mixed
-    prefill/decode step (`EngineConfig.mixed_step`, its "auto" budget) on the paged pool it needs, prefix caching off
-    (the table compares drafters, not caching); async_scheduling — the host ahead of the device
-    (`EngineConfig.async_scheduling`)."""
+    """The engine options every arm of one table shares (plain's too), for A/B tables; None = the engine's default
+    (`EngineConfig`). mixed_step — the mixed prefill/decode step (`EngineConfig.mixed_step`: True, False or "auto";
+    given, the table runs on the paged pool it needs with prefix caching off: the table compares drafters, not
+    caching); async_scheduling — the host ahead of the device (`EngineConfig.async_scheduling`)."""
 
-    mixed_step: bool = False
-    async_scheduling: bool = False
+    mixed_step: bool | str | None = None
+    async_scheduling: bool | None = None
 
     def options(self) -> dict:
-        paged = dict(kv_layout="paged", mixed_step=True, enable_prefix_caching=False) if self.mixed_step else {}
-        return {**paged, **(dict(async_scheduling=True) if self.async_scheduling else {})}
+        out: dict = {}
+        if self.mixed_step is not None:
+            out.update(kv_layout="paged", mixed_step=self.mixed_step, enable_prefix_caching=False)
+        if self.async_scheduling is not None:
+            out["async_scheduling"] = self.async_scheduling
+        return out
 
     def notes(self) -> list[str]:
-        return ((["mixed step on: every arm's engine (plain's too) on the paged pool (prefix caching off), prompt "
-                  "chunks inside the decode / verify steps' one forward under the 'auto' budget"] if self.mixed_step
-                 else [])
-                + (["async scheduling on: every arm's engine launches a step before the previous record is read"]
-                   if self.async_scheduling else []))
+        notes = []
+        if self.mixed_step is not None:
+            word = {True: "on", False: "off"}.get(self.mixed_step, self.mixed_step)
+            notes.append(f"mixed step {word}: every arm's engine (plain's too) on the paged pool (prefix "
+                         "caching off)" + (", prompt chunks inside the decode / verify steps' one forward under the "
+                                           "'auto' budget" if self.mixed_step else ", prompts prefilled whole"))
+        if self.async_scheduling is not None:
+            notes.append(f"async scheduling {'on' if self.async_scheduling else 'off'}: every arm's engine "
+                         + ("launches a step before the previous record is read" if self.async_scheduling
+                            else "reads each step's record before it launches the next"))
+        return notes
 
     def server_args(self) -> tuple[str, ...]:
-        return (("--mixed-step",) if self.mixed_step else ()) + (("--async-scheduling",) if self.async_scheduling
-                                                                else ())
+        args: tuple[str, ...] = ()
+        if self.mixed_step is not None:
+            args += ("--mixed-step", str(self.mixed_step).lower())
+        if self.async_scheduling is not None:
+            args += ("--async-scheduling" if self.async_scheduling else "--no-async-scheduling",)
+        return args
 
 
 def _config(max_batch: int, max_seq_len: int | None, variant: EngineVariant = EngineVariant()) -> EngineConfig:
@@ -310,7 +324,7 @@ def run_and_write(spec: TrafficSpec, setup: TrafficSetup, out: Path, log=None, m
         setup.notes.append(f"--max-seconds {max_seconds:g}: {len(rows)} of {planned} rows measured, the rest skipped")
     result = {"device": setup.device, "notes": setup.notes, "spec": _spec_dict(spec), "warmup": warmups,
               "mixed_step": setup.plain.config.mixed_step,
-              "async_scheduling": setup.plain.config.async_scheduling,
+              "async_scheduling": setup.plain.overlap is not None,  # (resolved: on with CUDA unless given)
               "rows": [r.to_dict() for r in rows], "summary": summary(rows),
               "seconds": round(time.perf_counter() - start, 1)}
     table = markdown_table(rows)

@@ -27,6 +27,7 @@ from specdec.cli import CLIError
 from specdec.cli.bench_chat import CHAT_ONLY, add_chat_options, run_chat_preset
 from specdec.cli.bench_traffic import MAX_BENCH_GAMMA, TRAFFIC_DRAFTERS, TRAFFIC_ONLY, check_traffic, given, run_traffic
 from specdec.cli.aliases import GAMMA_FLAGS, Deprecated, add_model_arguments
+from specdec.cli.engine_flags import parse_mixed_step as _mixed_step
 from specdec.cli.common import add_model_options, apply_model_options, check_int, dumps, log, print_json
 
 
@@ -77,12 +78,14 @@ def add_parser(subparsers) -> None:
     t.add_argument("--serve", action="store_true",
                    help="instead of the engine table: `specdec serve` (the pair with --head, else its draft0; --quick: "
                         "the demo pair on CPU) under streaming clients, plain vs speculative requests per level")
-    t.add_argument("--mixed-step", action="store_true",
-                   help="every arm's engine (plain's too) with the mixed prefill/decode step (EngineConfig.mixed_step, "
-                        "its 'auto' budget) on the paged pool, prefix caching off; --serve: the server's --mixed-step")
-    t.add_argument("--async-scheduling", action="store_true",
-                   help="every arm's engine (plain's too) with the host ahead of the device "
-                        "(EngineConfig.async_scheduling); --serve: the server's --async-scheduling")
+    t.add_argument("--mixed-step", nargs="?", const=True, type=_mixed_step, default=None, metavar="true|false|auto",
+                   help="every arm's engine (plain's too) with the mixed prefill/decode step on or off "
+                        "(EngineConfig.mixed_step, its 'auto' budget) on the paged pool, prefix caching off; bare: "
+                        "true; --serve: the server's --mixed-step (default: the engine's, auto)")
+    t.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="every arm's engine (plain's too) with the host ahead of the device or not "
+                        "(EngineConfig.async_scheduling); --serve: the server's flag (default: the engine's, on with "
+                        "CUDA)")
     t.add_argument("--clients", type=int, nargs="+", default=None,
                    help="--serve: closed-loop clients per level, 1..4096 (default: 8 32 64 128; --quick 1 2)")
     add_chat_options(p)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from specdec.cli import CLIError
 
-__all__ = ["EngineFlag", "ENGINE_FLAGS", "add_engine_flags", "engine_options", "check_engine_flags"]
+__all__ = ["EngineFlag", "ENGINE_FLAGS", "add_engine_flags", "engine_options", "check_engine_flags", "parse_mixed_step"]
 
 #: --model-impl: the engine's body for the target (`EngineConfig.model_impl`, vLLM's flag and names)
 MODEL_IMPLS = ("auto", "fast", "transformers")
@@ -32,7 +32,7 @@ MIXED_STEP_WORDS = {"true": True, "on": True, "yes": True, "1": True, "false": F
                     "0": False, "auto": "auto"}
 
 
-def _mixed_step(text: str):
+def parse_mixed_step(text: str):
     """--mixed-step's value: true / false / auto (and on / off, yes / no, 1 / 0), or argparse's error naming them."""
     word = text.strip().lower()
     if word not in MIXED_STEP_WORDS:
@@ -86,11 +86,11 @@ ENGINE_FLAGS = (
         type=float, metavar="FRACTION", help="with --prefill-budget auto: the prefill seconds a step may add, as a "
         "fraction of the measured decode step (default: 0.5)")),
     EngineFlag(("--mixed-step",), "mixed_step", dict(
-        nargs="?", const=True, type=_mixed_step, metavar="true|false|auto", help="with requests filling, one forward "
+        nargs="?", const=True, type=parse_mixed_step, metavar="true|false|auto", help="with requests filling, one forward "
         "per step over the running rows' verify tokens and the filling rows' prompt chunks (EngineConfig.mixed_step; "
         "its budget: --prefill-budget, auto when not given); true (a bare --mixed-step) needs the paged KV pool and "
-        "the fast Llama body, auto runs it where they are and prefills whole elsewhere (default: false, unless "
-        "--prefill-budget)")),
+        "the fast Llama body, auto runs it where they are and prefills whole elsewhere; false prefills every prompt "
+        "whole (default: auto)")),
     EngineFlag(("--model-impl",), "model_impl", dict(
         choices=MODEL_IMPLS, help="the engine's body for the target: auto (the fast family bodies where they cover "
         "the model, else the transformers backend), fast, transformers (the engine's transformers backend: the model's own "
@@ -99,9 +99,9 @@ ENGINE_FLAGS = (
         action="store_true", help="bit-for-bit exact mode: a request's greedy / seeded output and logprobs do not "
         "depend on the batch, γ or speculation (batch-invariant kernels; slower; needs the engine)")),
     EngineFlag(("--async-scheduling",), "async_scheduling", dict(
-        action="store_const", const=True, help="the host prepares and launches the next decode step before it reads "
-        "the last one's output (vLLM's flag; \"auto\" chooses the step's γ one record late; greedy tokens unchanged) "
-        "(default: off)")),
+        action=argparse.BooleanOptionalAction, help="the host prepares and launches the next decode step before it "
+        "reads the last one's output (vLLM's flag; \"auto\" chooses the step's γ one record late; greedy tokens "
+        "unchanged); --no-async-scheduling reads every record first (default: on with CUDA, off on the CPU)")),
     EngineFlag(("--synthetic-acceptance",), "synthetic_acceptance", dict(
         type=float, metavar="ALPHA", help="BENCHMARK ONLY: accept each draft with probability ALPHA (a random pair "
         "at a known α); the output is then NOT the target's distribution")),

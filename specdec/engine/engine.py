@@ -39,7 +39,7 @@ from specdec.engine.agreement import agree_choice, timed_choice
 from specdec.engine.async_steps import AsyncSteps
 from specdec.engine.beam import BeamParams, Beams
 from specdec.engine.commit import commit, finish, finished_slots, row_estimates
-from specdec.engine.config import EngineConfig
+from specdec.engine.config import EngineConfig, resolve_async
 from specdec.engine.drafters import WINDOW, Flavor
 from specdec.engine.engine_request import EngineRequest
 from specdec.engine.memory import KVCacheUsage
@@ -94,7 +94,7 @@ class Engine:
         self._caps_from = self._step_caps = None  # the scheduler's caps record, and the one the steps run with (a
         # policy's per-row hold, `row_caps`, replaces its first rows until the rows change)
         self.beams = Beams(self.scheduler, runner)
-        self.overlap = AsyncSteps(self) if config.async_scheduling else None  # (`engine/async_steps.py`)
+        self.overlap = AsyncSteps(self) if resolve_async(config, runner.device) else None  # (`engine/async_steps.py`)
 
     # the runner's and the scheduler's numbers and parts, read where the engine was asked before the split
     model, cache, state, drafter, drafter_cached, device, vocab_size = (_forward("runner", n) for n in (

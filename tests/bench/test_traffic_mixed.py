@@ -24,11 +24,16 @@ def test_bench_quick_mixed_step_runs_every_arm_on_the_mixed_step(tmp_path, capsy
     assert rows[1]["vs_plain"] is not None
 
 
-def test_without_the_flag_no_step_is_mixed(tmp_path, capsys):
-    """Negative control: the same run without --mixed-step counts no mixed step (the count is the engine's own)."""
-    assert main(ARGS + ["--out", str(tmp_path / "off")]) == 0
+def test_the_default_engine_runs_mixed_steps_and_mixed_step_false_none(tmp_path, capsys):
+    """The engine's default ("auto": on the paged pool the table runs on) feeds chunks in mixed steps; the negative
+    control, `--mixed-step false`, counts no mixed step (the count is the engine's own)."""
+    assert main(ARGS + ["--out", str(tmp_path / "default")]) == 0
+    result = json.loads((tmp_path / "default" / "traffic.json").read_text())
+    assert result["mixed_step"] is True and not any("mixed step" in n for n in result["notes"])
+    assert all(r["extra"]["mixed_steps"] > 0 for r in result["rows"])
+    assert main(ARGS + ["--mixed-step", "false", "--out", str(tmp_path / "off")]) == 0
     result = json.loads((tmp_path / "off" / "traffic.json").read_text())
-    assert result["mixed_step"] is False and not any("mixed step on" in n for n in result["notes"])
+    assert result["mixed_step"] is False and any("mixed step off" in n for n in result["notes"])
     assert all(r["extra"]["mixed_steps"] == 0 for r in result["rows"])
 
 
@@ -49,8 +54,8 @@ def test_bench_quick_async_scheduling_runs_steps_ahead(tmp_path, capsys, policy)
     assert all(r["extra"]["ahead_steps"] > 0 for r in result["rows"])
 
 
-def test_without_the_flag_no_step_runs_ahead(tmp_path, capsys):
-    """Negative control: without --async-scheduling no step runs ahead."""
+def test_on_the_cpu_no_step_runs_ahead_by_default(tmp_path, capsys):
+    """Negative control: without --async-scheduling no step runs ahead on the CPU (the default: on with CUDA only)."""
     assert main(ARGS + ["--policy", "2", "--out", str(tmp_path / "sync")]) == 0
     result = json.loads((tmp_path / "sync" / "traffic.json").read_text())
     assert result["async_scheduling"] is False and all(r["extra"]["ahead_steps"] == 0 for r in result["rows"])

@@ -61,7 +61,7 @@ def test_flags_map_onto_engine_options(argv, want):
     (["--kv-cache-memory", "1GiB", "--kv-cache-memory-bytes", "2GiB"], "--kv-cache-memory"),
     (["--block-size", "24"], "--block-size"), (["--block-size", "128"], "--block-size"),
     (["--max-batch-size", "100000"], "--max-batch-size"),
-    (["--prefill-steps", "4"], "--prefill-steps"),
+    (["--prefill-steps", "4", "--mixed-step", "false"], "--prefill-steps"),
 ])
 def test_bad_values_are_refused_naming_the_flag(argv, flag):
     with pytest.raises(CLIError) as info:

@@ -33,7 +33,7 @@ def test_a_budget_gives_the_tokens_of_a_whole_prefill(make_llama, drafter, gamma
     runs, filling, mixed = [], [], []
     for budget in (None, BUDGET):
         engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=gamma,
-                                                    admit_min=1, prefill_budget=budget))
+                                                    admit_min=1, prefill_budget=budget, mixed_step=False))
         runs.append(_drive(engine, early, late, params, watch=lambda e, _: filling.append(e.num_prefilling)))
         mixed.append((engine.config.mixed_step, engine.runner.num_mixed_steps))
     assert max(filling) >= 1  # the budgeted run did fill requests across steps (not a vacuous comparison)
@@ -58,7 +58,7 @@ def test_a_long_prompt_admitted_mid_flight_does_not_stall_the_running_rows(make_
     results = {}
     for setting in (budget, None):
         engine = Engine(target, draft, EngineConfig(max_batch_size=5, max_seq_len=2048, num_draft_tokens=2,
-                                                    admit_min=1, prefill_budget=setting))
+                                                    admit_min=1, prefill_budget=setting, mixed_step=False))
         between, stalled, seen = [], [], {"fed": 0}
 
         def watch(e, outs, between=between, stalled=stalled, seen=seen):
@@ -132,13 +132,21 @@ def test_prefill_budget_is_checked_before_anything_allocates(budget, error):
         EngineConfig(prefill_budget=budget)
 
 
-def test_prefill_budget_is_off_by_default_and_zero_is_off(make_llama):
-    """No budget (None or 0) and mixed_step False: whole prefills, the mixed step resolved off; a budget turns it on."""
-    assert EngineConfig().prefill_budget is None
+def test_the_mixed_step_is_on_by_default_where_it_runs_and_false_without_a_budget_is_off(make_llama):
+    """The default (`DEFAULT_MIXED_STEP`, "auto"): the mixed step on the paged pool under its "auto" budget, whole
+    prefills on the static layout; mixed_step False with no budget (None or 0): whole prefills, the mixed step
+    resolved off; a budget turns it on."""
+    assert EngineConfig().prefill_budget is None and EngineConfig().mixed_step == "auto"
+    engine = Engine(make_llama(0), None, EngineConfig(max_batch_size=2, max_seq_len=64))
+    assert engine.prefill_budget == "auto" and engine.config.mixed_step is True
+    engine = Engine(make_llama(0), None, EngineConfig(max_batch_size=2, max_seq_len=64, kv_layout="static"))
+    assert engine.prefill_budget is None and engine.config.mixed_step is False
     for budget in (0, None):
-        engine = Engine(make_llama(0), None, EngineConfig(max_batch_size=2, max_seq_len=64, prefill_budget=budget))
+        engine = Engine(make_llama(0), None, EngineConfig(max_batch_size=2, max_seq_len=64, prefill_budget=budget,
+                                                          mixed_step=False))
         assert engine.prefill_budget is None and engine.config.mixed_step is False
-    engine = Engine(make_llama(0), None, EngineConfig(max_batch_size=2, max_seq_len=64, prefill_budget=32))
+    engine = Engine(make_llama(0), None, EngineConfig(max_batch_size=2, max_seq_len=64, prefill_budget=32,
+                                                      mixed_step=False))
     assert engine.prefill_budget == 32 and engine.config.mixed_step is True
 
 
@@ -308,8 +316,8 @@ def test_prefill_steps_feeds_every_request_within_k_steps_of_its_admission(make_
 
 def test_prefill_steps_needs_a_budget():
     with pytest.raises(ValueError, match="prefill_steps=4 needs a prefill_budget or mixed_step"):
-        EngineConfig(prefill_steps=4)
-    EngineConfig(prefill_steps=4, mixed_step="auto")  # (its "auto" budget, where the mixed step runs)
+        EngineConfig(prefill_steps=4, mixed_step=False)
+    EngineConfig(prefill_steps=4)  # (the default mixed_step "auto": its "auto" budget, where the mixed step runs)  # (its "auto" budget, where the mixed step runs)
     with pytest.raises(ValueError, match="prefill_steps"):
         EngineConfig(prefill_budget=64, prefill_steps=0)
 
