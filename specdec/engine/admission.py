@@ -50,8 +50,9 @@ def admit(scheduler, runner, policy, chunked, outputs: list[RequestOutput], limi
     admitted = scheduler.select(limit, outputs, runner.vocab_size)
     if not admitted:
         return
-    if chunked.budget and occupied and admitted[0].params.draft_tree is None:  # others run (or fill): chunks of a
-        # budget per step in the mixed steps, not now (they share one tree shape or none: `Scheduler.select`)
+    if chunked.budget and occupied and not again and admitted[0].params.draft_tree is None:  # others run (or fill):
+        # chunks of a budget per step in the mixed steps, not now (they share one tree shape or none:
+        # `Scheduler.select`); a second round's copies hit the blocks just prefilled: the rest whole, now, beside them
         place(scheduler, runner, chunked, admitted, limit)
         return
     first = scheduler.start(admitted)

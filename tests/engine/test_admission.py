@@ -63,8 +63,9 @@ def test_a_request_admitted_in_a_plain_run_is_fed_to_the_drafter_by_the_catch_up
 def test_admission_feeds_the_drafter_when_the_engine_speculates(make_llama):
     """The negative control: outside a plain run the drafter prefills admitted prompts at once (its batch-1 and
     fixed-γ behaviour is unchanged), and the policy is told what that prefill took; the target's prefill is timed
-    at every admission, plain run or not (the bound on the drafter's feed cost)."""
-    _, engine = _engine(make_llama)
+    at every admission, plain run or not (the bound on the drafter's feed cost). Whole prefills: the mixed step
+    feeds prompts in chunks inside the step (`test_mixed_step.py`)."""
+    _, engine = _engine(make_llama, mixed_step=False)
     fed, timed = [], []
     prefill, ragged = engine.drafter.prefill, engine.drafter.prefill_ragged  # (the catch-up feeds ragged)
     engine.drafter.prefill = lambda *a, **k: fed.append(a[1]) or prefill(*a, **k)

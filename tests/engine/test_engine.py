@@ -291,4 +291,6 @@ def test_admission_waits_for_admit_min_free_slots_or_admit_max_wait_steps(make_l
         EngineConfig(max_batch_size=4, admit_min=5)
     with pytest.raises(ValueError, match="admit_max_wait"):
         EngineConfig(admit_max_wait=-1)
-    assert Engine(target, None, EngineConfig(max_batch_size=64, max_seq_len=64)).admit_min == 4
+    whole = EngineConfig(max_batch_size=64, max_seq_len=64, mixed_step=False)
+    assert Engine(target, None, whole).admit_min == 4  # (whole prefills: a group is one launch for several)
+    assert Engine(target, None, EngineConfig(max_batch_size=64, max_seq_len=64)).admit_min == 1  # (the mixed step)

@@ -258,12 +258,14 @@ def test_warmup_builds_the_tree_steps_requests_will_run(pair):
     target, draft = pair
     engine = Engine(target, draft, EngineConfig(max_batch_size=2, max_seq_len=128, num_draft_tokens=2))
     built = engine.warmup(batch_sizes=(1, 2), gammas=[2], max_length=64, draft_trees=[(2, 2), [3, 1]])
-    assert built == len(engine._steps) > 0 and sum(isinstance(k[1], tuple) for k in engine._steps) == built * 2 // 3
-    shapes = len(engine._steps)
+    decode = len(engine._steps)  # (beside them: the mixed steps of those batch sizes and γ, no trees among them)
+    assert built == decode + len(engine.runner.mixed_steps) and len(engine.runner.mixed_steps) > 0
+    assert sum(isinstance(k[1], tuple) for k in engine._steps) == decode * 2 // 3
+    shapes, mixed = len(engine._steps), len(engine.runner.mixed_steps)
     for prompt in RAGGED_PROMPTS[:2]:
         engine.add_request(prompt, SamplingParams(temperature=0, max_new_tokens=20, draft_tree=(2, 2)))
     while engine.has_unfinished():
         engine.step()
-    assert len(engine._steps) == shapes  # nothing new to build
+    assert (len(engine._steps), len(engine.runner.mixed_steps)) == (shapes, mixed)  # nothing new to build
     with pytest.raises(ValueError, match="draft_tree"):
         engine.warmup(draft_trees=[(0,)])

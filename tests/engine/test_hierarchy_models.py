@@ -136,8 +136,7 @@ def _inner_proposals(target, drafter, monkeypatch, layout: str = "static"):
 
     monkeypatch.setattr(ModelDrafter, "propose", spy)
     pool = dict(kv_layout="paged", block_size=8, enable_prefix_caching=True) if layout != "static" else {}
-    if layout == "mixed":
-        pool["mixed_step"] = True
+    pool["mixed_step"] = layout == "mixed"  # (whole prefills elsewhere: the mixed step is the default where it runs)
     engines.append(Engine(target, drafter, EngineConfig(max_batch_size=2, max_seq_len=64, num_draft_tokens=3,
                                                         cuda_graphs=False, **pool)))
     temps, caps = [0, 1.0, 0, 0, 0], [None, None, 0, 2, None]

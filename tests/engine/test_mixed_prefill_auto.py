@@ -37,7 +37,7 @@ def test_the_auto_budget_gives_the_tokens_of_a_whole_prefill(make_llama, drafter
     runs, filling = [], []
     for budget in (None, "auto"):  # a tiny stall: the floor of 16 tokens a step on this CPU, prompts across steps
         engine = Engine(target, draft, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=gamma,
-                                                    admit_min=1, prefill_budget=budget,
+                                                    admit_min=1, prefill_budget=budget, mixed_step=bool(budget),
                                                     prefill_stall=0.01 if budget else None, prefill_steps=50 if budget else None))
         runs.append(_drive(engine, early, late, params, watch=lambda e, _: filling.append(e.num_prefilling)))
     assert max(filling) >= 1  # the auto run did fill requests across steps
@@ -55,7 +55,7 @@ def _long_prompt_run(make_llama, budget, steps):
     early = [_prompt(6 + i, 10 + i) for i in range(4)]
     params = [SamplingParams(temperature=0, max_new_tokens=100)] * 4 + [SamplingParams(temperature=0, max_new_tokens=8)]
     engine = Engine(target, draft, EngineConfig(max_batch_size=5, max_seq_len=2048, num_draft_tokens=2, admit_min=1,
-                                                prefill_budget=budget, prefill_steps=steps,
+                                                prefill_budget=budget, prefill_steps=steps, mixed_step=bool(budget),
                                                 prefill_stall=0.05 if budget == "auto" else None))
     steps_seen, stalled, seen = [], [], {"fed": 0, "announced": engine.step_prefill_budget, "running": 0}
 
@@ -95,7 +95,7 @@ def test_the_auto_budget_feeds_every_request_within_k_steps(make_llama, small):
     runs, filled = [], {}
     for budget, steps in ((None, None), ("auto", 3), ("auto", 1000), ("auto", None)):
         engine = Engine(target, draft, EngineConfig(max_batch_size=6, max_seq_len=160, num_draft_tokens=3, admit_min=1,
-                                                    prefill_budget=budget, prefill_steps=steps,
+                                                    prefill_budget=budget, prefill_steps=steps, mixed_step=bool(budget),
                                                     prefill_stall=0.01 if budget else None))
         filling = []
         runs.append(_drive(engine, early, late, params, join_after=2,
@@ -125,7 +125,7 @@ def test_the_auto_budget_is_cold_until_measured_and_a_fixed_one_is_announced_as_
 
 @pytest.mark.parametrize("kwargs, fragment", [
     ({"prefill_budget": 64, "prefill_stall": 0.5}, "prefill_stall=0.5 needs prefill_budget='auto'"),
-    ({"prefill_stall": 0.5}, "prefill_stall"),
+    ({"mixed_step": False, "prefill_stall": 0.5}, "prefill_stall"),
     ({"prefill_budget": "auto", "prefill_stall": 0}, "prefill_stall"),
     ({"prefill_budget": "auto", "prefill_stall": True}, "prefill_stall"),
     ({"prefill_budget": "auto", "prefill_stall": "half"}, "prefill_stall"),

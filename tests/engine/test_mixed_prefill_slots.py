@@ -38,7 +38,8 @@ def test_a_budget_computes_the_tokens_it_feeds_not_every_filling_row(make_llama,
     runs = []
     for budget in (None, 48):
         engine = Engine(target, None, EngineConfig(max_batch_size=8, max_seq_len=160, admit_min=1,
-                                                   prefill_budget=budget, prefill_chunk=16))
+                                                   prefill_budget=budget, prefill_chunk=16,
+                                                   mixed_step=bool(budget)))
         calls.clear()
         runs.append(_drive(engine, early, late, params, join_after=1))
     assert runs[1] == runs[0]
@@ -90,7 +91,7 @@ def test_a_filling_prompt_does_not_widen_the_decode_steps_while_a_slot_past_thei
     widened, runs = {}, []
     for slots, budget in ((8, None), (8, 16), (4, 16)):
         engine = Engine(target, draft, EngineConfig(max_batch_size=slots, max_seq_len=160, num_draft_tokens=2,
-                                                    admit_min=1, prefill_budget=budget))
+                                                    admit_min=1, prefill_budget=budget, mixed_step=bool(budget)))
         shapes = []  # step shapes built by the end of each step in which the long prompt was filling
         runs.append(_drive(engine, early, late, params, join_after=2,
                            watch=lambda e, _, shapes=shapes: shapes.append(e.num_step_shapes) if e.num_prefilling
@@ -111,7 +112,8 @@ def test_with_a_budget_a_freed_slot_is_refilled_at_once(make_llama):
     target = make_llama(0)
     waited = {}
     for budget in (None, 64):
-        engine = Engine(target, None, EngineConfig(max_batch_size=32, max_seq_len=64, prefill_budget=budget))
+        engine = Engine(target, None, EngineConfig(max_batch_size=32, max_seq_len=64, prefill_budget=budget,
+                                                   mixed_step=bool(budget)))
         for i in range(32):
             engine.add_request(_prompt(4, i), SamplingParams(temperature=0, max_new_tokens=3 if i == 0 else 40))
         engine.add_request(_prompt(5, 99), SamplingParams(temperature=0, max_new_tokens=4))
@@ -138,7 +140,7 @@ def test_with_a_budget_an_admitted_prompt_needs_no_catch_up(make_llama):
     for budget in (None, 32):
         engine = Engine(target, make_llama(5, layers=1), EngineConfig(max_batch_size=4, max_seq_len=160,
                                                                       num_draft_tokens="auto", admit_min=1,
-                                                                      prefill_budget=budget))
+                                                                      prefill_budget=budget, mixed_step=bool(budget)))
         ids = [engine.add_request(p, params) for p in early]
         engine.policy.set_fixed(2)
         engine.step()

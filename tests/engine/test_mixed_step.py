@@ -94,10 +94,10 @@ def test_a_row_fed_one_position_off_fails_the_comparison(make_llama, monkeypatch
     assert off != whole
 
 
-def test_mixed_step_is_off_by_default_and_checked(make_llama):
+def test_mixed_step_is_auto_by_default_and_checked(make_llama):
     from specdec.engine.config import DEFAULT_MIXED_STEP
 
-    assert EngineConfig().mixed_step is DEFAULT_MIXED_STEP is False
+    assert EngineConfig().mixed_step == DEFAULT_MIXED_STEP == "auto"
     for bad in (1, 0, "Auto", "yes", None):
         with pytest.raises(TypeError, match="mixed_step must be True, False or 'auto'"):
             EngineConfig(mixed_step=bad)
@@ -107,8 +107,11 @@ def test_mixed_step_is_off_by_default_and_checked(make_llama):
     engine = Engine(make_llama(0), None, EngineConfig(max_batch_size=2, max_seq_len=64, mixed_step=True))
     assert engine.prefill_budget == "auto"  # (its token budget: measured)
     with pytest.raises(ValueError, match="prefill_steps"):
-        EngineConfig(prefill_steps=2)  # (without mixed_step or a budget: still refused)
+        EngineConfig(mixed_step=False, prefill_steps=2)  # (without the mixed step or a budget: refused)
+    with pytest.raises(ValueError, match="prefill_stall"):
+        EngineConfig(mixed_step=False, prefill_stall=0.25)
     EngineConfig(mixed_step=True, prefill_steps=2, prefill_stall=0.25)  # (the "auto" budget's own options)
+    EngineConfig(prefill_steps=2, prefill_stall=0.25)  # (the default "auto": where it runs, the budget is "auto")
 
 
 def test_mixed_step_resolves_once_at_build(make_llama):

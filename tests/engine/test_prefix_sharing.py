@@ -30,12 +30,12 @@ def _drafter(kind, target, make_llama):
     return head.to_feature_head()
 
 
-def _copies(target, drafter, caching):
+def _copies(target, drafter, caching, mixed="auto"):
     """Four seeded copies of PROMPT added at once → (tokens per copy, step of each copy's first token, finals,
     engine)."""
     engine = Engine(target, drafter, EngineConfig(max_batch_size=4, max_seq_len=128, num_draft_tokens=3,
                                                   max_draft_tokens=3, block_size=8, kv_layout="paged",
-                                                  enable_prefix_caching=caching))
+                                                  enable_prefix_caching=caching, mixed_step=mixed))
     ids = [engine.add_request(PROMPT, SamplingParams(temperature=1.0, max_new_tokens=10, seed=s)) for s in range(4)]
     tokens, first, finals, step = {}, {}, {}, 0
     while engine.has_unfinished():
@@ -50,11 +50,14 @@ def _copies(target, drafter, caching):
     return [tokens[i] for i in ids], [first[i] for i in ids], [finals[i] for i in ids], engine
 
 
+@pytest.mark.parametrize("mixed", ["auto", False])
 @pytest.mark.parametrize("kind", ["model", "head"])
-def test_copies_hit_from_their_first_step(target, make_llama, kind, monkeypatch):
+def test_copies_hit_from_their_first_step(target, make_llama, kind, mixed, monkeypatch):
+    """With the mixed step (the default) and with whole prefills: the second round's copies prefill their rest
+    whole beside the first copy, not in chunks of a later step."""
     drafter = _drafter(kind, target, make_llama)
-    off, off_first, _, _ = _copies(target, drafter, False)
-    on, on_first, finals, engine = _copies(target, drafter, True)
+    off, off_first, _, _ = _copies(target, drafter, False, mixed)
+    on, on_first, finals, engine = _copies(target, drafter, True, mixed)
     assert on == off
     assert len(set(on_first)) == 1 and on_first == off_first  # all four start together, as without caching
     cached = [f.num_cached_tokens for f in finals]
@@ -62,6 +65,6 @@ def test_copies_hit_from_their_first_step(target, make_llama, kind, monkeypatch)
     assert engine.prefix_cache_hits == sum(cached)
     # negative control: without the second admission round the copies wait a step (and still hit)
     monkeypatch.setattr(prefix_cache.PrefixCache, "take_held", lambda self, running, synced: False)
-    late, late_first, late_finals, _ = _copies(target, drafter, True)
+    late, late_first, late_finals, _ = _copies(target, drafter, True, mixed)
     assert late == off and late_first[1] > late_first[0]
     assert [f.num_cached_tokens for f in late_finals] == cached

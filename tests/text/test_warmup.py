@@ -54,10 +54,13 @@ def test_the_engine_builds_exactly_the_planned_shapes_and_traffic_reaches_no_oth
     draft = specdec.loading.load_model(ckpt / "draft", device="cpu", dtype="auto", what="draft")
     engine = Engine(target, draft, EngineConfig(max_batch_size=6, max_seq_len=200, num_draft_tokens=3))
     assert runner_gammas(engine) == (0, 3)  # (plain requests share the engine)
-    plan = plan_warmup(engine.max_batch, runner_gammas(engine), engine.num_positions, engine.max_draft_tokens)
+    plan = plan_warmup(engine.max_batch, runner_gammas(engine), engine.num_positions, engine.max_draft_tokens,
+                       config=engine.runner.config)
     built = engine.warmup(batch_sizes=plan.batch_sizes, gammas=plan.gammas, max_length=plan.max_length,
                           temperatures=plan.temperatures)
-    assert built == plan.num_shapes == step_shapes(engine)
+    assert plan.num_mixed_shapes > 0  # (the mixed step is on: the default on the paged pool)
+    assert built == plan.num_shapes and (step_shapes(engine), len(engine.runner.mixed_steps)) == (
+        plan.num_decode_shapes, plan.num_mixed_shapes)
     assert graph_captures(engine) == 0 == step_shapes_run(engine)  # nothing is captured on CPU, nothing ran
     gen = torch.Generator().manual_seed(0)
     for n in (1, 2, 3, 6):  # buckets 1, 2, 4, 8 (cut at 6); prompts long enough for two length buckets
@@ -66,7 +69,7 @@ def test_the_engine_builds_exactly_the_planned_shapes_and_traffic_reaches_no_oth
                                SamplingParams(temperature=0, max_new_tokens=12, num_draft_tokens=(None, 0, 2)[i % 3]))
         while engine.has_unfinished():
             engine.step()
-    assert step_shapes(engine) == built
+    assert step_shapes(engine) == plan.num_decode_shapes and len(engine.runner.mixed_steps) == plan.num_mixed_shapes
     assert 4 <= step_shapes_run(engine) < built  # 4 batch buckets × 2 length buckets × γ 0 / 3 at most, greedy only
 
 
@@ -125,5 +128,7 @@ def test_warm_up_logs_its_plan_and_each_shape_as_progress(ckpt, caplog):
         report = warm_up(engine, engine.max_batch)
     records = [r for r in caplog.records if r.name == "specdec.text.warmup"]
     progress = [r.progress for r in records if hasattr(r, "progress")]
-    assert f"capturing {report['planned']} decode step shapes" in records[0].getMessage()
+    decode, mixed = report["planned"] - report["mixed_shapes"], report["mixed_shapes"]
+    assert f"capturing {decode} decode step shapes" in records[0].getMessage() and decode > 0 and mixed > 0
+    assert records[0].getMessage().endswith(f"and {mixed} mixed ones")
     assert progress == [(i, report["shapes"]) for i in range(1, report["shapes"] + 1)] and report["shapes"] > 1
